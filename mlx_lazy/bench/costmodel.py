@@ -1,0 +1,173 @@
+"""A linear cost model of prefill time, fitted on unpruned runs.
+
+Model::
+
+    t  ≈  a · token_layers  +  b · attention_pairs  +  c
+
+- ``token_layers``    = ``sum(stats.prefill_tokens_per_layer)``: one unit per token computed at
+  one layer (projections, MLP, norms, RoPE: everything linear in the number of tokens).
+- ``attention_pairs`` = ``stats.prefill_attention_pairs``: query-key pairs scored in prefill
+  (QKᵀ, mask, softmax, PV: everything quadratic in the context).
+- ``c``: fixed cost (embedding of the prompt, final norm + LM head on one position, Python).
+
+The coefficients are fitted by least squares (numpy) on *unpruned* runs at ≥ 3 distinct prompt
+lengths (the two count columns grow as N and ~N², so three lengths identify a, b and c). The model
+then predicts what a *pruned* run should cost from its own counts; a pruned run measured well
+above its prediction means the pruning machinery itself (scoring, gathers, the Aux Cache, host
+syncs) costs more than the work it saves. ``mlx_lazy.bench.speed`` reports the error of every
+pruned run against this prediction (target: within 10%).
+
+By default the fit minimises *relative* residuals (each row divided by its measured time), which
+matches the relative accuracy target and keeps the long runs from dominating the short ones.
+
+Example::
+
+    model = CostModel.fit([stats_1k, stats_2k, stats_4k], [t_1k, t_2k, t_4k])
+    model.predict(pruned_stats)          # seconds
+    model.relative_error(pruned_stats, measured_ttft)
+    json.dumps(model.as_dict())
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence, Union
+
+import numpy as np
+
+__all__ = ["PrefillCounts", "CostModel", "counts", "fit"]
+
+
+@dataclass(frozen=True)
+class PrefillCounts:
+    """The two work counts the cost model reads from one prefill."""
+
+    token_layers: int
+    attention_pairs: int
+
+
+#: Anything ``counts`` accepts: a GenerationStats (or any object with the two attributes), its
+#: ``as_dict()``, a PrefillCounts, or a ``(token_layers, attention_pairs)`` pair.
+StatsLike = Union[PrefillCounts, Mapping[str, Any], Sequence[int], Any]
+
+
+def counts(stats: StatsLike) -> PrefillCounts:
+    """Extract ``(token_layers, attention_pairs)`` from a GenerationStats-like value.
+
+    Accepts a :class:`PrefillCounts`, a ``(token_layers, attention_pairs)`` tuple, a mapping with
+    ``prefill_tokens_per_layer`` and ``prefill_attention_pairs`` (``GenerationStats.as_dict()``),
+    or any object with those two attributes (``GenerationStats`` itself).
+    """
+    if isinstance(stats, PrefillCounts):
+        return stats
+    if isinstance(stats, Mapping):
+        per_layer = stats["prefill_tokens_per_layer"]
+        pairs = stats["prefill_attention_pairs"]
+    elif isinstance(stats, (tuple, list)) and len(stats) == 2:
+        return PrefillCounts(int(stats[0]), int(stats[1]))
+    else:
+        try:
+            per_layer = stats.prefill_tokens_per_layer
+            pairs = stats.prefill_attention_pairs
+        except AttributeError as exc:
+            raise TypeError(
+                f"cannot read prefill counts from {type(stats).__name__}: expected a "
+                "GenerationStats, its as_dict(), a PrefillCounts or a (token_layers, "
+                "attention_pairs) pair"
+            ) from exc
+    return PrefillCounts(int(sum(per_layer)), int(pairs))
+
+
+@dataclass
+class CostModel:
+    """Fitted coefficients of ``t ≈ a·token_layers + b·attention_pairs + c`` (seconds).
+
+    Attributes:
+        a: seconds per token-layer.
+        b: seconds per scored query-key pair.
+        c: fixed seconds per prefill.
+        n_samples: number of runs the fit used.
+        rms_relative_residual: RMS of (measured − fitted) / measured over the fit's runs.
+        max_relative_residual: largest |measured − fitted| / measured over the fit's runs.
+    """
+
+    a: float
+    b: float
+    c: float
+    n_samples: int = 0
+    rms_relative_residual: float = 0.0
+    max_relative_residual: float = 0.0
+
+    @classmethod
+    def fit(
+        cls,
+        stats: Sequence[StatsLike],
+        times_s: Sequence[float],
+        *,
+        relative: bool = True,
+    ) -> "CostModel":
+        """Least-squares fit on runs given as parallel sequences of stats and measured seconds.
+
+        Args:
+            stats: one GenerationStats-like value per run (see :func:`counts`); unpruned runs.
+            times_s: measured prefill time (e.g. TTFT) of each run, in seconds.
+            relative: minimise relative residuals (rows weighted by 1/t) instead of absolute.
+
+        Raises:
+            ValueError: lengths differ, a time is not positive, or the runs cover fewer than
+                three distinct (token_layers, attention_pairs) points (a, b, c not identifiable:
+                add runs at more prompt lengths).
+        """
+        rows = [counts(s) for s in stats]
+        t = np.asarray(times_s, dtype=np.float64)
+        if len(rows) != len(t):
+            raise ValueError(f"got {len(rows)} stats but {len(t)} times; pass one time per run")
+        if np.any(~np.isfinite(t)) or np.any(t <= 0):
+            raise ValueError("times_s must be positive finite seconds")
+        distinct = {(r.token_layers, r.attention_pairs) for r in rows}
+        if len(distinct) < 3:
+            raise ValueError(
+                f"the fit needs runs at >= 3 distinct prompt lengths, got {len(distinct)} "
+                "distinct (token_layers, attention_pairs) points; add runs at more lengths"
+            )
+        X = np.array([[r.token_layers, r.attention_pairs, 1.0] for r in rows], dtype=np.float64)
+        # Scale columns to unit max so the solve is well conditioned (pairs ~1e9, ones ~1).
+        scale = np.abs(X).max(axis=0)
+        scale[scale == 0] = 1.0
+        Xs = X / scale
+        w = 1.0 / t if relative else np.ones_like(t)
+        coef, *_ = np.linalg.lstsq(Xs * w[:, None], t * w, rcond=None)
+        coef = coef / scale
+        fitted = X @ coef
+        rel = (t - fitted) / t
+        return cls(
+            a=float(coef[0]),
+            b=float(coef[1]),
+            c=float(coef[2]),
+            n_samples=len(rows),
+            rms_relative_residual=float(np.sqrt(np.mean(rel**2))),
+            max_relative_residual=float(np.max(np.abs(rel))),
+        )
+
+    def predict(self, stats: StatsLike) -> float:
+        """Predicted prefill seconds for a run with these counts (see :func:`counts`)."""
+        n = counts(stats)
+        return self.a * n.token_layers + self.b * n.attention_pairs + self.c
+
+    def relative_error(self, stats: StatsLike, measured_s: float) -> float:
+        """(measured − predicted) / predicted: positive means slower than the model predicts."""
+        predicted = self.predict(stats)
+        return (measured_s - predicted) / predicted
+
+    def as_dict(self) -> dict[str, float | int]:
+        """JSON-ready coefficients and fit quality."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CostModel":
+        """Inverse of :meth:`as_dict`."""
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+#: Module-level alias: ``costmodel.fit(stats, times)`` is ``CostModel.fit(stats, times)``.
+fit = CostModel.fit

@@ -1,0 +1,93 @@
+"""Tests for mlx_lazy.bench.costmodel (synthetic) and mlx_lazy.bench.speed (tiny model, quick)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from mlx_lazy.bench.costmodel import CostModel, PrefillCounts, counts, fit
+
+A, B, C = 2.5e-6, 4.0e-9, 0.12  # seconds per token-layer, per pair, fixed
+LAYERS = 30
+
+
+@dataclass
+class FakeStats:
+    """The two GenerationStats fields the cost model reads."""
+
+    prefill_tokens_per_layer: list[int] = field(default_factory=list)
+    prefill_attention_pairs: int = 0
+
+
+def _unpruned(n: int) -> FakeStats:
+    return FakeStats([n] * LAYERS, LAYERS * n * (n + 1) // 2)
+
+
+def _time(s: FakeStats) -> float:
+    return A * sum(s.prefill_tokens_per_layer) + B * s.prefill_attention_pairs + C
+
+
+def test_fit_recovers_exact_coefficients() -> None:
+    runs = [_unpruned(n) for n in (1024, 2048, 4096)]
+    model = fit(runs, [_time(s) for s in runs])
+    assert model.a == pytest.approx(A, rel=1e-6)
+    assert model.b == pytest.approx(B, rel=1e-6)
+    assert model.c == pytest.approx(C, rel=1e-5, abs=1e-9)
+    assert model.n_samples == 3
+    assert model.max_relative_residual < 1e-9
+
+
+def test_fit_with_noise_and_repeats_predicts_pruned_run() -> None:
+    rng = np.random.default_rng(0)
+    runs = [_unpruned(n) for n in (1024, 2048, 3072, 4096) for _ in range(3)]
+    times = [_time(s) * (1 + 0.01 * rng.standard_normal()) for s in runs]
+    model = CostModel.fit(runs, times)
+    assert model.a == pytest.approx(A, rel=0.1)
+    assert model.b == pytest.approx(B, rel=0.1)
+    assert 0 < model.rms_relative_residual < 0.03
+    # A pruned run: keep 60/40/25/15 % after layers 6/12/18/24 of a 4K prompt.
+    n, per_layer, pairs = 4096, [], 0
+    for layer in range(LAYERS):
+        frac = 1.0 if layer <= 6 else 0.6 if layer <= 12 else 0.4 if layer <= 18 else 0.25 if layer <= 24 else 0.15
+        k = int(n * frac)
+        per_layer.append(k)
+        pairs += k * (k + 1) // 2
+    pruned = FakeStats(per_layer, pairs)
+    assert model.predict(pruned) == pytest.approx(_time(pruned), rel=0.03)
+    assert abs(model.relative_error(pruned, _time(pruned))) < 0.03
+
+
+def test_predict_accepts_stats_dict_counts_and_tuple() -> None:
+    model = CostModel(a=A, b=B, c=C)
+    s = _unpruned(512)
+    expected = _time(s)
+    as_dict = {"prefill_tokens_per_layer": s.prefill_tokens_per_layer,
+               "prefill_attention_pairs": s.prefill_attention_pairs, "method": "full"}
+    c = counts(s)
+    assert c == PrefillCounts(512 * LAYERS, s.prefill_attention_pairs)
+    for value in (s, as_dict, c, (c.token_layers, c.attention_pairs)):
+        assert model.predict(value) == pytest.approx(expected)
+    with pytest.raises(TypeError):
+        model.predict(object())
+
+
+def test_as_dict_round_trip_is_json() -> None:
+    runs = [_unpruned(n) for n in (256, 512, 1024)]
+    model = fit(runs, [_time(s) for s in runs])
+    d = json.loads(json.dumps(model.as_dict()))
+    assert set(d) >= {"a", "b", "c", "n_samples"}
+    assert CostModel.from_dict(d) == model
+
+
+def test_fit_rejects_underdetermined_and_bad_input() -> None:
+    runs = [_unpruned(n) for n in (1024, 2048)] * 3
+    with pytest.raises(ValueError, match="3 distinct"):
+        fit(runs, [_time(s) for s in runs])
+    runs = [_unpruned(n) for n in (1024, 2048, 4096)]
+    with pytest.raises(ValueError, match="one time per run"):
+        fit(runs, [1.0, 2.0])
+    with pytest.raises(ValueError, match="positive"):
+        fit(runs, [1.0, 0.0, 2.0])
