@@ -1,0 +1,18 @@
+"""mlx-lazy: long-context token pruning (LazyLLM, SPEED) for Llama-family models on MLX."""
+
+from . import _blas  # noqa: F401  (must precede any mlx import)
+from .engine import GenerationStats, LazyEngine
+from .generate import GenerationResponse, generate, load, stream_generate
+from .schedule import METHODS, PruningConfig, Schedule
+
+__all__ = [
+    "METHODS",
+    "GenerationResponse",
+    "GenerationStats",
+    "LazyEngine",
+    "PruningConfig",
+    "Schedule",
+    "generate",
+    "load",
+    "stream_generate",
+]

@@ -1,0 +1,96 @@
+"""Run an mlx-lm model's own modules on arbitrary token subsets at explicit positions.
+
+No weights are re-implemented: embeddings, projections, q/k norms, RoPE, MLP, norms and the
+LM head are the loaded model's modules, so quantized and unquantized checkpoints of the
+supported families behave alike.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class ModelAdapter:
+    """Layer-level access to a Llama-family mlx-lm model.
+
+    Args:
+        model: a model returned by ``mlx_lm.load``.
+
+    Raises:
+        ValueError: for model types other than :data:`SUPPORTED_MODEL_TYPES` or models
+            with sliding-window layers.
+    """
+
+    def __init__(self, model: nn.Module):
+        model_type = getattr(model, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unsupported model type {model_type!r}; mlx-lazy supports "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        self.model = model
+        self.inner = model.model
+        self.layers = list(self.inner.layers)
+        if any(getattr(layer, "use_sliding", False) for layer in self.layers):
+            raise ValueError("sliding-window attention layers are not supported")
+        attn = self.layers[0].self_attn
+        self.n_heads: int = attn.n_heads
+        self.n_kv_heads: int = attn.n_kv_heads
+        self.scale: float = attn.scale
+        self.lm_head = getattr(model, "lm_head", None)
+        args = getattr(model, "args", None)
+        self.max_context: Optional[int] = getattr(args, "max_position_embeddings", None)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """(n,) token ids -> (1, n, D) hidden states."""
+        return self.inner.embed_tokens(tokens[None])
+
+    def logits(self, h: mx.array) -> mx.array:
+        """Final norm and LM head on (1, n, D) hidden states."""
+        h = self.inner.norm(h)
+        if self.lm_head is None:
+            return self.inner.embed_tokens.as_linear(h)
+        return self.lm_head(h)
+
+    def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
+        """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied.
+
+        Returns arrays shaped (1, heads, n, head_dim).
+        """
+        block = self.layers[layer]
+        attn = block.self_attn
+        x = block.input_layernorm(h)
+        n = x.shape[1]
+        q = attn.q_proj(x).reshape(1, n, self.n_heads, -1)
+        k = attn.k_proj(x).reshape(1, n, self.n_kv_heads, -1)
+        v = attn.v_proj(x).reshape(1, n, self.n_kv_heads, -1)
+        if hasattr(attn, "q_norm"):  # qwen3
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+        return _rope(attn.rope, q, positions), _rope(attn.rope, k, positions), v
+
+    def finish(self, layer: int, h: mx.array, attn_out: mx.array) -> mx.array:
+        """Output projection, residual and MLP: attention output (1, H, n, d) -> new h."""
+        block = self.layers[layer]
+        n = attn_out.shape[2]
+        h = h + block.self_attn.o_proj(attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1))
+        return h + block.mlp(block.post_attention_layernorm(h))
+
+
+def _rope(rope: nn.Module, x: mx.array, positions: np.ndarray) -> mx.array:
+    start = int(positions[0])
+    if positions[-1] - start == len(positions) - 1:  # contiguous (sorted, unique)
+        return rope(x, offset=start)
+    # mx.fast.rope takes one offset per batch row: move tokens onto the batch axis.
+    offsets = mx.array(positions.astype(np.int32))
+    return rope(x.transpose(2, 1, 0, 3), offset=offsets).transpose(2, 1, 0, 3)

@@ -1,0 +1,156 @@
+"""KV cache per layer, Aux Cache of hidden states, and per-token depth bookkeeping.
+
+Within a step the tokens used at layer l+1 are a subset of those used at layer l, so over
+a whole generation the layers at which a token has been computed form a prefix
+[0, depth). A token has KV at layer l exactly when depth > l; a token that stopped below
+the top has its hidden state at that depth in the Aux Cache, unless its ``limit`` (the
+depth it may ever reach) says it can never come back. Host-side bookkeeping is numpy;
+tensors stay in MLX.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import mlx.core as mx
+import numpy as np
+
+
+class LayerKV:
+    """One layer's keys and values, in the order tokens were computed.
+
+    Buffers grow in steps of :attr:`step` tokens and are written in place, like mlx-lm's
+    ``KVCache``; ``positions[slot]`` and ``slot_of[position]`` map between slots and token
+    positions.
+    """
+
+    step = 256
+
+    def __init__(self) -> None:
+        self.keys: Optional[mx.array] = None
+        self.values: Optional[mx.array] = None
+        self.size = 0
+        self.positions = np.zeros(0, np.int64)
+        self.slot_of = np.zeros(0, np.int64)
+
+    def append(self, k: mx.array, v: mx.array, positions: np.ndarray) -> None:
+        """Store keys/values (1, kv_heads, n, d) of tokens at ``positions``."""
+        n, end = k.shape[2], self.size + k.shape[2]
+        if self.keys is None or end > self.keys.shape[2]:
+            cap = -(-end // self.step) * self.step
+            shape_k = (1, k.shape[1], cap, k.shape[3])
+            shape_v = (1, v.shape[1], cap, v.shape[3])
+            new_k, new_v = mx.zeros(shape_k, k.dtype), mx.zeros(shape_v, v.dtype)
+            if self.size:
+                new_k[..., : self.size, :] = self.keys[..., : self.size, :]
+                new_v[..., : self.size, :] = self.values[..., : self.size, :]
+            self.keys, self.values = new_k, new_v
+            self.positions = np.resize(self.positions, cap)
+        self.keys[..., self.size : end, :] = k
+        self.values[..., self.size : end, :] = v
+        self.positions[self.size : end] = positions
+        top = int(positions.max()) + 1
+        if top > len(self.slot_of):
+            grown = np.full(max(top, 2 * len(self.slot_of)), -1, np.int64)
+            grown[: len(self.slot_of)] = self.slot_of
+            self.slot_of = grown
+        self.slot_of[positions] = np.arange(self.size, end)
+        self.size = end
+
+    def fetch(self, positions: Optional[np.ndarray] = None) -> Tuple[mx.array, mx.array]:
+        """Keys and values of ``positions`` in that order, or of every cached token."""
+        if positions is None:
+            return self.keys[..., : self.size, :], self.values[..., : self.size, :]
+        idx = mx.array(self.slot_of[positions].astype(np.int32))
+        return mx.take(self.keys, idx, axis=2), mx.take(self.values, idx, axis=2)
+
+    def cached_positions(self) -> np.ndarray:
+        """Positions of the cached tokens in slot order."""
+        return self.positions[: self.size]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached entries (from the arrays' shapes and dtypes)."""
+        if self.keys is None:
+            return 0
+        per_slot = (self.keys.nbytes + self.values.nbytes) // self.keys.shape[2]
+        return per_slot * self.size
+
+
+class AuxEntry:
+    """Hidden states (1, m, D) of tokens waiting at one depth, with their positions."""
+
+    def __init__(self, positions: np.ndarray, hidden: mx.array):
+        self.positions = positions
+        self.hidden = hidden
+
+
+class LazyCache:
+    """Everything a LazyLLM/SPEED generation keeps between steps.
+
+    Args:
+        num_layers: model depth.
+    """
+
+    def __init__(self, num_layers: int):
+        self.num_layers = num_layers
+        self.layers: List[LayerKV] = [LayerKV() for _ in range(num_layers)]
+        self.aux: Dict[int, AuxEntry] = {}
+        self.depth = np.zeros(0, np.int64)
+        self.limit = np.zeros(0, np.int64)
+        self.computed = np.zeros((num_layers, 0), np.int32)
+        self.revivals = 0
+
+    @property
+    def length(self) -> int:
+        """Number of tokens in the context."""
+        return len(self.depth)
+
+    def add_tokens(self, n: int) -> np.ndarray:
+        """Append ``n`` new tokens (depth 0, no limit) and return their positions."""
+        start = self.length
+        self.depth = np.concatenate([self.depth, np.zeros(n, np.int64)])
+        self.limit = np.concatenate([self.limit, np.full(n, self.num_layers, np.int64)])
+        if self.computed.shape[1] < start + n:
+            grown = np.zeros((self.num_layers, max(start + n, 2 * self.computed.shape[1])), np.int32)
+            grown[:, :start] = self.computed[:, :start]
+            self.computed = grown
+        return np.arange(start, start + n)
+
+    def mark_computed(self, layer: int, positions: np.ndarray) -> None:
+        """Record that ``positions`` went through ``layer`` (their depth is now layer+1)."""
+        self.computed[layer, positions] += 1
+        self.depth[positions] = layer + 1
+
+    def aux_put(self, depth: int, positions: np.ndarray, hidden: mx.array) -> None:
+        """Keep hidden states (1, m, D) of tokens that stopped at ``depth``."""
+        entry = self.aux.get(depth)
+        if entry is None:
+            self.aux[depth] = AuxEntry(positions, hidden)
+        else:
+            entry.positions = np.concatenate([entry.positions, positions])
+            entry.hidden = mx.concatenate([entry.hidden, hidden], axis=1)
+
+    def aux_take(self, depth: int, positions: np.ndarray) -> Tuple[np.ndarray, mx.array]:
+        """Remove ``positions`` from the Aux Cache at ``depth``; return them with their
+        hidden states, in the entry's order."""
+        entry = self.aux[depth]
+        hit = np.isin(entry.positions, positions)
+        taken = entry.positions[hit]
+        hidden = entry.hidden[:, mx.array(np.flatnonzero(hit).astype(np.int32))]
+        rest = np.flatnonzero(~hit)
+        if len(rest) == 0:
+            del self.aux[depth]
+        else:
+            entry.positions = entry.positions[rest]
+            entry.hidden = entry.hidden[:, mx.array(rest.astype(np.int32))]
+        self.revivals += len(taken)
+        return taken, hidden
+
+    @property
+    def kv_bytes_per_layer(self) -> List[int]:
+        return [layer.nbytes for layer in self.layers]
+
+    @property
+    def aux_bytes(self) -> int:
+        return sum(entry.hidden.nbytes for entry in self.aux.values())

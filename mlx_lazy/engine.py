@@ -1,0 +1,253 @@
+"""LazyLLM / SPEED forward passes over an mlx-lm model.
+
+``prefill`` runs the prompt layer by layer over its active set, in query blocks so memory
+never holds N x N scores; ``decode`` runs one new token and, for LazyLLM, re-selects the
+context at every pruning layer, reviving tokens from the Aux Cache when they come back.
+Every token keeps its original position for RoPE and for the causal mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, List, Optional, Union
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .adapter import ModelAdapter
+from .cache import LazyCache
+from .schedule import PruningConfig
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass
+class GenerationStats:
+    """Counts and timings of one generation (see the README for each field)."""
+
+    method: str = "full"
+    schedule: dict = field(default_factory=dict)
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+    prompt_tps: float = 0.0
+    generation_tps: float = 0.0
+    peak_memory_bytes: int = 0
+    kv_bytes: int = 0
+    aux_bytes: int = 0
+    kv_bytes_per_layer: List[int] = field(default_factory=list)
+    prompt_tokens_computed_pct: float = 0.0
+    tokens_computed_per_layer: List[int] = field(default_factory=list)
+    prefill_tokens_per_layer: List[int] = field(default_factory=list)
+    prefill_attention_pairs: int = 0
+    revivals: int = 0
+    host_syncs: int = 0
+    max_computations_per_token_layer: int = 0
+    text: str = ""
+
+    def as_dict(self) -> dict:
+        """JSON-friendly form with the keys scripts rely on."""
+        return asdict(self)
+
+
+class LazyEngine:
+    """Prefill and decode one sequence with a pruning schedule.
+
+    Args:
+        model: a model from ``mlx_lm.load`` (llama, mistral, qwen2 or qwen3).
+        config: the pruning configuration; None runs everything (``"full"``).
+        block_size: query block length of the prefill attention.
+
+    Raises:
+        ValueError: unsupported model or invalid configuration.
+    """
+
+    def __init__(
+        self, model: nn.Module, config: Optional[PruningConfig] = None, block_size: int = 512
+    ):
+        self.adapter = ModelAdapter(model)
+        self.config = config or PruningConfig()
+        self.schedule = self.config.resolve(self.adapter.num_layers)
+        self.block_size = block_size
+        self.cache = LazyCache(self.adapter.num_layers)
+        self.prompt_len = 0
+        self.prefill_attention_pairs = 0
+        self.prefill_tokens_per_layer: List[int] = []
+        self.host_syncs = 0
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, tokens: Union[mx.array, List[int]], progress: Optional[ProgressFn] = None) -> mx.array:
+        """Run the prompt; return the (vocab,) logits of the first output token (lazy)."""
+        tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens.reshape(-1)
+        n = tokens.size
+        if n == 0:
+            raise ValueError("the prompt is empty")
+        sched, a = self.schedule, self.adapter
+        cache = self.cache = LazyCache(a.num_layers)
+        self.prompt_len, self.prefill_attention_pairs, self.host_syncs = n, 0, 0
+        active = cache.add_tokens(n)
+        self._set_prompt_limits(n)
+        h = a.embed(tokens)
+        kept = active[cache.limit > 0]
+        if len(kept) < n:  # random drop before layer 0
+            h, active = h[:, mx.array(kept.astype(np.int32))], kept
+
+        for layer in range(a.num_layers):
+            h, active = self._restrict(layer, h, active)
+            q, k, v = a.qkv(layer, h, active)
+            cache.layers[layer].append(k, v, active)
+            h = a.finish(layer, h, self._blocked_attention(q, k, v))
+            cache.mark_computed(layer, active)
+            keep = sched.keep_after(layer)
+            if keep is not None:
+                selected = self._select(q[:, :, -1:], k, active, keep, n)
+                h, active = self._advance(layer, h, active, selected)
+            mx.eval(h)
+            if progress is not None:
+                progress(layer + 1, a.num_layers)
+        self.prefill_tokens_per_layer = cache.computed.sum(axis=1).tolist()
+        return a.logits(h[:, -1:])[0, 0]
+
+    def _set_prompt_limits(self, n: int) -> None:
+        """Depth limits of prompt tokens dropped for good (random drop, SPEED)."""
+        sched, limit = self.schedule, self.cache.limit
+        protected = np.zeros(n, bool)
+        protected[: sched.anchors] = True
+        protected[n - 1] = True  # the query token produces the first output token
+        if sched.random_keep is not None:
+            rng = np.random.default_rng(sched.seed)
+            free = np.flatnonzero(~protected)
+            k = max(0, round(sched.random_keep * n) - int(protected.sum()))
+            dropped = np.setdiff1d(free, rng.choice(free, size=min(k, len(free)), replace=False))
+            limit[dropped] = 0
+        limit[:n][~protected] = np.minimum(limit[:n][~protected], sched.prompt_depth)
+
+    def _blocked_attention(self, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
+        """Causal attention of sorted active tokens over themselves, in query blocks."""
+        n, bs, scale = q.shape[2], self.block_size, self.adapter.scale
+        if n == 1:
+            self.prefill_attention_pairs += 1
+            return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
+        outs = []
+        for i in range(0, n, bs):
+            j = min(i + bs, n)
+            self.prefill_attention_pairs += (j - i) * j
+            # "causal" aligns to the bottom right: row r sees keys [0, i + r].
+            outs.append(
+                mx.fast.scaled_dot_product_attention(
+                    q[:, :, i:j], k[:, :, :j], v[:, :, :j], scale=scale, mask="causal"
+                )
+            )
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+
+    # ------------------------------------------------------------------- decode
+    def decode(self, token: Union[int, mx.array]) -> mx.array:
+        """Run one new token through the model; return its (vocab,) next-token logits."""
+        if self.prompt_len == 0:
+            raise ValueError("call prefill() before decode()")
+        a, sched, cache = self.adapter, self.schedule, self.cache
+        token = mx.array([token]) if isinstance(token, int) else token.reshape(1)
+        comp = cache.add_tokens(1)  # tokens computed at the current layer
+        h = a.embed(token)
+        selected: Optional[np.ndarray] = None  # None: every token cached at the layer
+        n_ctx = cache.length
+        for layer in range(a.num_layers):
+            if selected is not None:
+                selected = selected[cache.limit[selected] > layer]
+                h, comp = self._restrict(layer, h, comp)
+            q, k, v = a.qkv(layer, h, comp)
+            kv = cache.layers[layer]
+            kv.append(k, v, comp)
+            keys, values = kv.fetch(selected)
+            mask = None
+            if len(comp) > 1:  # revived tokens see only keys at or before their position
+                kpos = kv.cached_positions() if selected is None else selected
+                mask = mx.array(kpos[None, :] <= comp[:, None])
+            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=a.scale, mask=mask)
+            h = a.finish(layer, h, out)
+            cache.mark_computed(layer, comp)
+            keep = sched.keep_after(layer) if sched.dynamic else None
+            if keep is not None:
+                candidates = kv.cached_positions() if selected is None else selected
+                selected = self._select(q[:, :, -1:], keys, candidates, keep, n_ctx)
+                h, comp = self._advance(layer, h, comp, selected)
+        return a.logits(h[:, -1:])[0, 0]
+
+    # ------------------------------------------------------------ shared steps
+    def _restrict(self, layer: int, h: mx.array, comp: np.ndarray):
+        """Drop computed tokens whose depth limit is reached (SPEED cutoff)."""
+        alive = self.cache.limit[comp] > layer
+        if alive.all():
+            return h, comp
+        return h[:, mx.array(np.flatnonzero(alive).astype(np.int32))], comp[alive]
+
+    def _select(
+        self, q_last: mx.array, keys: mx.array, candidates: np.ndarray, keep: float, n_ctx: int
+    ) -> np.ndarray:
+        """Top tokens by the query token's head-averaged attention; sorted positions.
+
+        ``keys`` (1, kv_heads, n, d) belong to ``candidates`` in the same order. The query
+        token (the last position) and the anchors are always kept.
+        """
+        a = self.adapter
+        _, kvh, n, d = keys.shape
+        q = q_last.reshape(1, kvh, a.n_heads // kvh, d) * a.scale
+        probs = mx.softmax(q @ keys.swapaxes(-1, -2), axis=-1, precise=True)
+        scores = np.array(probs.mean(axis=(0, 1, 2)))
+        self.host_syncs += 1
+        forced = (candidates < self.schedule.anchors) | (candidates == n_ctx - 1)
+        scores[forced] = np.inf
+        k = min(n, max(int(forced.sum()), round(keep * n_ctx), 1))
+        top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+        return np.sort(candidates[top])
+
+    def _advance(self, layer: int, h: mx.array, comp: np.ndarray, selected: np.ndarray):
+        """After pruning ``layer``: computed tokens outside ``selected`` stop (their hidden
+        state goes to the Aux Cache when they may come back); selected tokens whose depth
+        is layer+1 and that were not just computed are revived from the Aux Cache."""
+        cache, depth = self.cache, layer + 1
+        stay = np.isin(comp, selected)
+        leave = comp[~stay]
+        if len(leave):
+            if self.schedule.dynamic:
+                back = cache.limit[leave] > depth
+                rows = np.flatnonzero(~stay)[back]
+                if len(rows):
+                    cache.aux_put(depth, leave[back], h[:, mx.array(rows.astype(np.int32))])
+            else:
+                cache.limit[leave] = depth
+            h, comp = h[:, mx.array(np.flatnonzero(stay).astype(np.int32))], comp[stay]
+        revive = selected[(cache.depth[selected] == depth) & ~np.isin(selected, comp)]
+        if len(revive):
+            taken, hidden = cache.aux_take(depth, revive)
+            comp = np.concatenate([comp, taken])
+            order = np.argsort(comp)
+            h = mx.concatenate([h, hidden], axis=1)[:, mx.array(order.astype(np.int32))]
+            comp = comp[order]
+        return h, comp
+
+    # -------------------------------------------------------------------- stats
+    @property
+    def stats(self) -> GenerationStats:
+        """Counts of this generation so far (timings are filled in by the caller)."""
+        c, n = self.cache, self.prompt_len
+        kv = c.kv_bytes_per_layer
+        computed = c.computed[:, : c.length]
+        return GenerationStats(
+            method=self.schedule.method,
+            schedule=self.schedule.as_dict(),
+            prompt_tokens=n,
+            generation_tokens=max(0, c.length - n),
+            kv_bytes=sum(kv),
+            aux_bytes=c.aux_bytes,
+            kv_bytes_per_layer=kv,
+            prompt_tokens_computed_pct=100.0 * float(np.mean(c.depth[:n] == c.num_layers)) if n else 0.0,
+            tokens_computed_per_layer=computed.sum(axis=1).tolist(),
+            prefill_tokens_per_layer=list(self.prefill_tokens_per_layer),
+            prefill_attention_pairs=self.prefill_attention_pairs,
+            revivals=c.revivals,
+            host_syncs=self.host_syncs,
+            max_computations_per_token_layer=int(computed.max()) if computed.size else 0,
+        )

@@ -1,0 +1,232 @@
+"""Pruning configuration: which prompt tokens go through which layers.
+
+A :class:`PruningConfig` is what users write (a method name plus optional fields, with
+presets). :meth:`PruningConfig.resolve` checks it against a model's depth and returns a
+:class:`Schedule`, the concrete per-layer plan the engine executes. Every method is
+expressed with the same two mechanisms:
+
+* **dynamic keep sets** (LazyLLM): after each pruning layer, keep the top fraction of the
+  context by the query token's head-averaged attention; redone at every decode step;
+* **depth limits** (SPEED, static pruning, random drop): a prompt token that is dropped
+  permanently never goes above its limit, so it never needs an Aux Cache entry.
+
+Keep fractions are fractions of the whole context (prompt plus generated tokens) that
+survive past each pruning layer, so they must not increase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Optional, Tuple, Union
+
+METHODS = ("full", "lazy", "speed", "lazy+speed", "static", "random")
+
+# Preset pruning positions are fractions of the model's depth so one preset fits any
+# model; they resolve to layer indices in `PruningConfig.resolve`.
+_LAZY_LAYERS = (0.2, 0.4, 0.6, 0.8)
+_LAZY_KEEP = (0.6, 0.4, 0.25, 0.15)
+_LAZY_SPEED_LAYERS = (0.2, 0.4)
+_LAZY_SPEED_KEEP = (0.6, 0.4)
+_STATIC_LAYERS = (0.2,)
+_STATIC_KEEP = (0.4,)
+_RANDOM_KEEP = (0.5,)
+_SPEED_CUTOFF = 0.75
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A pruning plan resolved against a model with ``num_layers`` layers.
+
+    Attributes:
+        method: the method name this plan came from.
+        num_layers: depth of the model.
+        prune_layers: layer indices whose attention scores the context; the kept tokens
+            continue to the next layer.
+        keep: fraction of the context kept after each of ``prune_layers``.
+        dynamic: re-select at every decode step (LazyLLM) rather than once in prefill.
+        prompt_depth: number of layers that non-anchor prompt tokens may reach (SPEED
+            cutoff; ``num_layers`` when unused).
+        random_keep: fraction of prompt tokens kept before layer 0 (random drop), or None.
+        anchors: number of leading prompt tokens that are always kept at full depth.
+        seed: seed of the random drop.
+    """
+
+    method: str
+    num_layers: int
+    prune_layers: Tuple[int, ...] = ()
+    keep: Tuple[float, ...] = ()
+    dynamic: bool = False
+    prompt_depth: int = 0
+    random_keep: Optional[float] = None
+    anchors: int = 1
+    seed: int = 0
+
+    @property
+    def prunes(self) -> bool:
+        """True when any prompt token may skip a layer."""
+        return bool(self.prune_layers) or self.random_keep is not None or (
+            self.prompt_depth < self.num_layers
+        )
+
+    def keep_after(self, layer: int) -> Optional[float]:
+        """Fraction kept after ``layer``, or None when ``layer`` is not a pruning layer."""
+        if layer in self.prune_layers:
+            return self.keep[self.prune_layers.index(layer)]
+        return None
+
+    def as_dict(self) -> dict:
+        """JSON-friendly form."""
+        d = asdict(self)
+        d["prune_layers"] = list(self.prune_layers)
+        d["keep"] = list(self.keep)
+        return d
+
+
+@dataclass(frozen=True)
+class PruningConfig:
+    """What to prune, as a user states it.
+
+    Args:
+        method: one of ``"full"``, ``"lazy"``, ``"speed"``, ``"lazy+speed"``,
+            ``"static"``, ``"random"``.
+        prune_layers: layer indices after which tokens are pruned (LazyLLM, static).
+            None takes the preset's positions for the model's depth.
+        keep: fraction of the context that survives past each pruning layer
+            (non-increasing, in (0, 1]); for ``"random"`` a single fraction of the prompt
+            kept before layer 0. None takes the preset's values.
+        speed_cutoff: SPEED cutoff, a float fraction of the layers in (0, 1] or an int
+            number of layers in [1, num_layers]; prompt tokens other than the anchors and
+            the last one are computed only below it. None takes 0.75 for SPEED methods.
+        anchors: leading prompt tokens that are never pruned (SPEED's anchor; also
+            protected from LazyLLM selection).
+        seed: random-drop seed.
+    """
+
+    method: str = "full"
+    prune_layers: Optional[Tuple[int, ...]] = None
+    keep: Optional[Tuple[float, ...]] = None
+    speed_cutoff: Optional[Union[float, int]] = None
+    anchors: int = 1
+    seed: int = 0
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "PruningConfig":
+        """A named preset (see :data:`METHODS`) with optional field overrides."""
+        if name not in METHODS:
+            raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+        return replace(cls(method=name), **overrides)
+
+    def resolve(self, num_layers: int) -> Schedule:
+        """Check this configuration against a model depth and build its :class:`Schedule`.
+
+        Raises:
+            ValueError: with a message saying which value to change.
+        """
+        m = self.method
+        if m not in METHODS:
+            raise ValueError(f"unknown method {m!r}; choose one of {', '.join(METHODS)}")
+        if not isinstance(self.anchors, int) or self.anchors < 0:
+            raise ValueError(f"anchors must be a non-negative integer, got {self.anchors!r}")
+        uses_layers = m in ("lazy", "lazy+speed", "static")
+        uses_cutoff = m in ("speed", "lazy+speed")
+        if not uses_layers and self.prune_layers:
+            raise ValueError(f"method {m!r} takes no prune_layers; use 'lazy' or 'static'")
+        if not uses_cutoff and self.speed_cutoff is not None:
+            raise ValueError(f"method {m!r} takes no speed_cutoff; use 'speed' or 'lazy+speed'")
+        if m in ("full", "speed") and self.keep:
+            raise ValueError(f"method {m!r} takes no keep fractions")
+
+        prompt_depth = _resolve_cutoff(self.speed_cutoff, num_layers) if uses_cutoff else num_layers
+        prune_layers: Tuple[int, ...] = ()
+        keep: Tuple[float, ...] = ()
+        random_keep = None
+        if uses_layers:
+            default_layers, default_keep = {
+                "lazy": (_LAZY_LAYERS, _LAZY_KEEP),
+                "lazy+speed": (_LAZY_SPEED_LAYERS, _LAZY_SPEED_KEEP),
+                "static": (_STATIC_LAYERS, _STATIC_KEEP),
+            }[m]
+            if self.prune_layers is None:
+                prune_layers = tuple(max(0, round(f * num_layers) - 1) for f in default_layers)
+                # Presets for very shallow models may collide; keep the distinct ones.
+                prune_layers = tuple(sorted(set(prune_layers)))
+            else:
+                prune_layers = tuple(self.prune_layers)
+            keep = tuple(self.keep) if self.keep is not None else default_keep[: len(prune_layers)]
+            _check_layers(prune_layers, keep, num_layers, prompt_depth, m)
+        elif m == "random":
+            keep = tuple(self.keep) if self.keep is not None else _RANDOM_KEEP
+            if len(keep) != 1:
+                raise ValueError(f"method 'random' takes one keep fraction, got {len(keep)}")
+            _check_fraction(keep[0])
+            random_keep, keep = keep[0], ()
+        return Schedule(
+            method=m,
+            num_layers=num_layers,
+            prune_layers=prune_layers,
+            keep=keep,
+            dynamic=m in ("lazy", "lazy+speed"),
+            prompt_depth=prompt_depth,
+            random_keep=random_keep,
+            anchors=self.anchors,
+            seed=self.seed,
+        )
+
+
+def _check_fraction(k: float) -> None:
+    if not isinstance(k, (int, float)) or not 0.0 < k <= 1.0:
+        raise ValueError(f"keep fractions must be in (0, 1], got {k!r}")
+
+
+def _resolve_cutoff(cutoff: Optional[Union[float, int]], num_layers: int) -> int:
+    if cutoff is None:
+        cutoff = _SPEED_CUTOFF
+    if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float)):
+        raise ValueError(f"speed_cutoff must be a fraction or a layer count, got {cutoff!r}")
+    if isinstance(cutoff, float):
+        if not 0.0 < cutoff <= 1.0:
+            raise ValueError(
+                f"speed_cutoff {cutoff} as a fraction must be in (0, 1]; "
+                f"pass an int for a layer count"
+            )
+        layers = max(1, round(cutoff * num_layers))
+    else:
+        layers = cutoff
+    if not 1 <= layers <= num_layers:
+        raise ValueError(
+            f"speed_cutoff must keep between 1 and {num_layers} layers (the model's depth), "
+            f"got {layers}"
+        )
+    return layers
+
+
+def _check_layers(
+    layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: int, prompt_depth: int, m: str
+) -> None:
+    if not layers:
+        raise ValueError(f"method {m!r} needs at least one pruning layer")
+    if len(layers) != len(keep):
+        raise ValueError(
+            f"give one keep fraction per pruning layer: {len(layers)} layers, {len(keep)} fractions"
+        )
+    if m == "static" and len(layers) != 1:
+        raise ValueError("static pruning prunes once: give exactly one pruning layer")
+    for layer in layers:
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise ValueError(f"pruning layers must be integers, got {layer!r}")
+    last = min(num_layers, prompt_depth) - 2
+    if layers[0] < 0 or layers[-1] > last:
+        raise ValueError(
+            f"pruning layers must lie in [0, {last}] so that a layer follows each cut "
+            f"(model depth {num_layers}"
+            + (f", SPEED cutoff {prompt_depth}" if prompt_depth < num_layers else "")
+            + f"), got {list(layers)}"
+        )
+    if any(b <= a for a, b in zip(layers, layers[1:])):
+        raise ValueError(f"pruning layers must be strictly increasing, got {list(layers)}")
+    for k in keep:
+        _check_fraction(k)
+    if any(b > a for a, b in zip(keep, keep[1:])):
+        raise ValueError(
+            f"keep fractions must not increase (kept sets only shrink), got {list(keep)}"
+        )
