@@ -1,0 +1,89 @@
+"""Answer a question about a long document with pruned prefill (mlx-lazy's Python API).
+
+    python examples/long_document_qa.py                      # default model, built-in document
+    python examples/long_document_qa.py --document report.txt --question "Who signed it?"
+    python examples/long_document_qa.py --method lazy+speed --compare
+
+The built-in document is a generated logbook of fictional stations (so it is free to use
+and of any length) with one fact to find; the default question asks for that fact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+from mlx_lazy import PruningConfig, load, stream_generate
+from mlx_lazy.schedule import METHODS
+
+SECRET_STATION = "Station Juniper"
+SECRET_CODE = "BLUE HERON"
+DEFAULT_QUESTION = f"What is the password of {SECRET_STATION}? Answer with the password only."
+
+
+def build_document(n_entries: int = 40, seed: int = 0) -> str:
+    """A logbook of ``n_entries`` routine entries with the password of
+    ``SECRET_STATION`` stated once, about two thirds of the way in."""
+    rng = random.Random(seed)
+    places = ["Alder", "Birch", "Cedar", "Dogwood", "Elm", "Fir", "Hazel", "Larch", "Maple",
+              "Oak", "Pine", "Rowan", "Spruce", "Walnut", "Willow", "Yew"]
+    weather = ["clear skies", "light rain", "a strong westerly wind", "fog until noon",
+               "heavy snow", "a thunderstorm in the evening"]
+    tasks = ["replaced the anemometer", "cleared the access road", "logged river levels",
+             "repaired the radio mast", "counted migrating geese", "restocked the stores"]
+    entries = []
+    for day in range(1, n_entries + 1):
+        entries.append(
+            f"Day {day}. Station {rng.choice(places)} reported {rng.choice(weather)}; the crew "
+            f"{rng.choice(tasks)} and {rng.choice(tasks)}. Temperature {rng.randint(-12, 24)} "
+            f"degrees, visibility {rng.randint(1, 30)} km."
+        )
+    entries.insert(2 * n_entries // 3,
+                   f"Note: the password of {SECRET_STATION} is {SECRET_CODE}. Keep it safe.")
+    return "\n".join(entries)
+
+
+def ask(model, tokenizer, document: str, question: str, config: PruningConfig,
+        max_tokens: int) -> tuple[str, object]:
+    """Answer ``question`` about ``document``; return the answer text and its GenerationStats."""
+    messages = [{"role": "user", "content": f"{document}\n\n{question}"}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    tokens = tokenizer.encode(prompt, add_special_tokens=False)
+    pieces, resp = [], None
+    for resp in stream_generate(model, tokenizer, tokens, max_tokens=max_tokens, config=config):
+        pieces.append(resp.text)
+    return "".join(pieces).strip(), resp.stats
+
+
+def main() -> None:
+    """Parse arguments, answer the question and print the answer with pruning statistics."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="model folder (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--document", default=None, help="UTF-8 text file (default: built-in logbook)")
+    ap.add_argument("--question", default=DEFAULT_QUESTION)
+    ap.add_argument("--method", choices=METHODS, default="lazy")
+    ap.add_argument("--entries", type=int, default=40, help="length of the built-in document")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--compare", action="store_true", help="also answer without pruning")
+    args = ap.parse_args()
+
+    if args.document:
+        with open(args.document, encoding="utf-8") as f:
+            document = f.read()
+    else:
+        document = build_document(args.entries)
+    model, tokenizer = load(args.model)
+
+    methods = ["full", args.method] if args.compare else [args.method]
+    for method in methods:
+        answer, stats = ask(model, tokenizer, document, args.question,
+                            PruningConfig.preset(method), args.max_tokens)
+        print(f"[{method}] {answer!r}")
+        print(f"    {stats.prompt_tokens} prompt tokens, time to first token {stats.ttft_s:.2f} s, "
+              f"{stats.prompt_tokens_computed_pct:.0f}% of prompt tokens computed")
+    if not args.document:
+        print(f"(expected: {SECRET_CODE})")
+
+
+if __name__ == "__main__":
+    main()
