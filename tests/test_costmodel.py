@@ -91,3 +91,14 @@ def test_fit_rejects_underdetermined_and_bad_input() -> None:
         fit(runs, [1.0, 2.0])
     with pytest.raises(ValueError, match="positive"):
         fit(runs, [1.0, 0.0, 2.0])
+
+
+def test_nonnegative_fit_never_returns_negative_costs() -> None:
+    # Pure quadratic data with a dip at one length: unconstrained least squares goes negative.
+    runs = [_unpruned(n) for n in (128, 256, 512)]
+    times = [1.0, 0.9, 7.0]
+    free = fit(runs, times, nonnegative=False)
+    assert min(free.a, free.b, free.c) < 0
+    model = fit(runs, times)
+    assert min(model.a, model.b, model.c) >= 0
+    assert model.predict(_unpruned(64)) > 0

@@ -105,6 +105,7 @@ class CostModel:
         times_s: Sequence[float],
         *,
         relative: bool = True,
+        nonnegative: bool = True,
     ) -> "CostModel":
         """Least-squares fit on runs given as parallel sequences of stats and measured seconds.
 
@@ -112,6 +113,9 @@ class CostModel:
             stats: one GenerationStats-like value per run (see :func:`counts`); unpruned runs.
             times_s: measured prefill time (e.g. TTFT) of each run, in seconds.
             relative: minimise relative residuals (rows weighted by 1/t) instead of absolute.
+            nonnegative: constrain a, b, c to be >= 0 (costs cannot be negative; on noisy timings
+                an unconstrained fit can trade a negative term against another and then
+                extrapolate badly to pruned runs).
 
         Raises:
             ValueError: lengths differ, a time is not positive, or the runs cover fewer than
@@ -131,13 +135,8 @@ class CostModel:
                 "distinct (token_layers, attention_pairs) points; add runs at more lengths"
             )
         X = np.array([[r.token_layers, r.attention_pairs, 1.0] for r in rows], dtype=np.float64)
-        # Scale columns to unit max so the solve is well conditioned (pairs ~1e9, ones ~1).
-        scale = np.abs(X).max(axis=0)
-        scale[scale == 0] = 1.0
-        Xs = X / scale
         w = 1.0 / t if relative else np.ones_like(t)
-        coef, *_ = np.linalg.lstsq(Xs * w[:, None], t * w, rcond=None)
-        coef = coef / scale
+        coef = _lstsq(X, t, w, nonnegative)
         fitted = X @ coef
         rel = (t - fitted) / t
         return cls(
@@ -167,6 +166,34 @@ class CostModel:
     def from_dict(cls, d: Mapping[str, Any]) -> "CostModel":
         """Inverse of :meth:`as_dict`."""
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def _lstsq(X: np.ndarray, t: np.ndarray, w: np.ndarray, nonnegative: bool) -> np.ndarray:
+    """Weighted least squares ``min ||w·(X c − t)||``, optionally with ``c >= 0``.
+
+    The non-negative solution is found exactly by trying every subset of columns (2^3 − 1 = 7
+    unconstrained solves; the NNLS optimum is the best of the feasible ones).
+    """
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0
+    Xs = X / scale  # unit-max columns: pairs ~1e9 and ones ~1 in one well-conditioned solve
+    A, y = Xs * w[:, None], t * w
+    n = X.shape[1]
+    best, best_res = None, np.inf
+    subsets = [tuple(range(n))] if not nonnegative else [
+        tuple(j for j in range(n) if mask >> j & 1) for mask in range(1, 2**n)
+    ]
+    for cols in subsets:
+        sol, *_ = np.linalg.lstsq(A[:, cols], y, rcond=None)
+        if nonnegative and np.any(sol < 0):
+            continue
+        coef = np.zeros(n)
+        coef[list(cols)] = sol
+        res = float(np.sum((A @ coef - y) ** 2))
+        if res < best_res * (1 - 1e-12):
+            best, best_res = coef, res
+    assert best is not None  # single columns of positive data always give a feasible fit
+    return best / scale
 
 
 #: Module-level alias: ``costmodel.fit(stats, times)`` is ``CostModel.fit(stats, times)``.

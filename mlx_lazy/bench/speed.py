@@ -1,0 +1,532 @@
+"""Speed benchmark: mlx-lm vs our unpruned path vs LazyLLM / SPEED schedules, side by side.
+
+Usage::
+
+    python -m mlx_lazy.bench.speed                       # 4K prompt, SmolLM2, all default schedules
+    python -m mlx_lazy.bench.speed --lengths 1024,2048,4096 --max-tokens 32 --repeats 3 \\
+        --schedules lazy,lazy-2,lazy-mild,speed,lazy+speed --out /tmp/speed.json
+    python -m mlx_lazy.bench.speed --quick --model path/to/tiny   # seconds; smoke test
+
+What one run does, in one process:
+
+1. Loads the model (``mlx_lazy.load(--model)``; default SmolLM2-135M-Instruct, float32 on
+   this CPU with OpenBLAS) and builds a prompt of exactly N tokens of English prose (the Python
+   help texts, ``mlx_lazy.bench.tasks.prose_sentences``), given to every method as token ids.
+2. For each repeat, runs every method once at the *main* length (the largest of
+   ``--lengths``), in an order rotated every repeat so that no method always runs first:
+
+   * ``mlx-lm``: ``mlx_lm.stream_generate`` (its own prefill and decode loop, default
+     settings, its own KV cache);
+   * ``full``: ``mlx_lazy.stream_generate`` with ``PruningConfig("full")`` (our unpruned path);
+   * every schedule of ``--schedules`` (see :data:`SCHEDULES`).
+
+   It also runs ``full`` at each smaller length of ``--lengths``: the cost model
+   (:mod:`mlx_lazy.bench.costmodel`) is fitted on all ``full`` runs (≥ 3 lengths) and predicts
+   each pruned run's TTFT from its counts (``sum(prefill_tokens_per_layer)``,
+   ``prefill_attention_pairs``).
+3. Writes JSON (``--out``, rewritten after every repeat so a timeout keeps what was measured)
+   and prints a markdown table.
+
+Measurements (all methods measured identically, wall clock, ``time.perf_counter``):
+
+* **TTFT**: from calling ``stream_generate`` to receiving its first response. Both generators
+  only yield a token after evaluating it (``mx.eval`` / ``.item()``), so this is prefill plus
+  the first sample.
+* **TPOT**: (time of last response − time of first) / (responses − 1): the decode time per
+  token at N-token context. EOS is disabled for the measurement (``tokenizer.eos_token_ids``
+  emptied) so every method generates exactly ``--max-tokens`` tokens.
+* **Ratios**: per repeat, the method's time divided by mlx-lm's (and by ``full``'s) from the
+  same repeat; the table shows the median over repeats. Side-by-side ratios cancel most of the
+  noise of a shared machine; absolute seconds are medians too.
+* **Peak memory**: ``mx.reset_peak_memory()`` before each run, ``mx.get_peak_memory()``
+  after; "work" is the peak minus the memory active before the run (the weights).
+* **KV bytes**: ours from ``GenerationStats`` (``kv_bytes``, ``kv_bytes_per_layer``,
+  ``aux_bytes``); mlx-lm's from its prompt cache, ``nbytes`` of each layer's keys and values
+  up to its offset (the filled part; the allocation, rounded up to 256 positions, is in the JSON as
+  ``kv_bytes_allocated``).
+* **Cost-model error**: (measured TTFT − predicted) / predicted, for each pruned run; target
+  within ±10%. Positive means the pruning machinery (scoring, gathers, Aux Cache, host syncs)
+  costs more than the model of plain work accounts for.
+
+``--quick`` shrinks everything (lengths 48,64,96, 4 tokens, 1 repeat) for tests on tiny models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from mlx_lazy import PruningConfig, load
+from mlx_lazy import stream_generate as lazy_stream_generate
+from mlx_lazy import _blas
+
+import mlx.core as mx
+import mlx_lm
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_lazy.bench.costmodel import CostModel
+from mlx_lazy.bench.tasks import prose_sentences
+
+__all__ = [
+    "SCHEDULES",
+    "DEFAULT_SCHEDULES",
+    "RunResult",
+    "schedule_config",
+    "build_prompt",
+    "run_mlx_lm",
+    "run_ours",
+    "run_benchmark",
+    "summarize",
+    "markdown_table",
+    "main",
+]
+
+MLX_LM = "mlx-lm"
+FULL = "full"
+
+
+def _layers_at(fractions: Sequence[float], num_layers: int) -> tuple[int, ...]:
+    """Pruning layers at fractions of the depth, as ``PruningConfig.resolve`` places presets."""
+    return tuple(sorted({max(0, round(f * num_layers) - 1) for f in fractions}))
+
+
+def _lazy(fractions: Sequence[float], keep: Sequence[float]) -> Callable[[int], PruningConfig]:
+    """A LazyLLM schedule cutting at fractions of the depth with the given keep fractions."""
+
+    def make(num_layers: int) -> PruningConfig:
+        layers = _layers_at(fractions, num_layers)
+        return PruningConfig(method="lazy", prune_layers=layers, keep=tuple(keep[: len(layers)]))
+
+    return make
+
+
+#: Named schedules: name -> (model depth -> PruningConfig). Layer positions are fractions of the
+#: depth so every schedule also fits the tiny test models (30 layers: 0.2 -> layer 5).
+SCHEDULES: dict[str, Callable[[int], PruningConfig]] = {
+    FULL: lambda L: PruningConfig.preset("full"),
+    # The library preset: cuts after layers 5/11/17/23 of 30 keeping 60/40/25/15 % (48% of work).
+    "lazy": lambda L: PruningConfig.preset("lazy"),
+    # Two cuts, after layers 9/19 of 30, keeping 50/25 %.
+    "lazy-2": _lazy((1 / 3, 2 / 3), (0.5, 0.25)),
+    # Mild: two cuts after layers 11/20 of 30 keeping 70/50 %.
+    "lazy-mild": _lazy((0.4, 0.7), (0.7, 0.5)),
+    # SPEED at 75% of the depth (prompt KV only in layers 0..21 of 30), anchor = first token.
+    "speed": lambda L: PruningConfig.preset("speed"),
+    # The library preset: LazyLLM cuts after layers 5/11 keeping 60/40 %, SPEED cutoff 75%.
+    "lazy+speed": lambda L: PruningConfig.preset("lazy+speed"),
+    # Static pruning (once in prefill, after layer 5 of 30, keeping 40%).
+    "static": lambda L: PruningConfig.preset("static"),
+}
+DEFAULT_SCHEDULES = ("lazy", "lazy-2", "lazy-mild", "speed", "lazy+speed")
+
+
+def schedule_config(name: str, num_layers: int) -> PruningConfig:
+    """The :class:`PruningConfig` of a named schedule for a model of ``num_layers`` layers."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")
+    return SCHEDULES[name](num_layers)
+
+
+def build_prompt(tokenizer: Any, n_tokens: int) -> list[int]:
+    """Exactly ``n_tokens`` token ids of English prose (Python help texts, repeated if needed)."""
+    text = " ".join(prose_sentences())
+    ids = list(tokenizer.encode(text))
+    if not ids:
+        raise ValueError("the tokenizer produced no tokens for the benchmark prose")
+    while len(ids) < n_tokens:
+        ids = ids + ids
+    return ids[:n_tokens]
+
+
+@contextlib.contextmanager
+def no_eos(tokenizer: Any) -> Iterator[None]:
+    """Empty ``tokenizer.eos_token_ids`` so generation always runs to ``max_tokens``."""
+    saved = getattr(tokenizer, "eos_token_ids", None)
+    if saved is None:
+        yield
+        return
+    tokenizer.eos_token_ids = set()
+    try:
+        yield
+    finally:
+        tokenizer.eos_token_ids = saved
+
+
+@dataclass
+class RunResult:
+    """One measured generation."""
+
+    method: str
+    prompt_tokens: int
+    repeat: int
+    generated: int
+    ttft_s: float
+    tpot_s: Optional[float]
+    peak_memory_bytes: int
+    work_memory_bytes: int
+    kv_bytes: int
+    kv_bytes_per_layer: list[int]
+    aux_bytes: int
+    kv_bytes_allocated: Optional[int] = None
+    stats: Optional[dict[str, Any]] = None  # GenerationStats.as_dict() (ours only, text dropped)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def _clean() -> int:
+    """Free what can be freed, reset the peak counter; return active bytes (the baseline)."""
+    gc.collect()
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    return mx.get_active_memory()
+
+
+def _timed(responses: Iterator[Any]) -> tuple[list[float], Any, float]:
+    """Consume a response stream; return each response's arrival time, the last response, t0."""
+    times: list[float] = []
+    last = None
+    t0 = time.perf_counter()
+    for last in responses:
+        times.append(time.perf_counter())
+    return times, last, t0
+
+
+def _ttft_tpot(times: list[float], t0: float) -> tuple[float, Optional[float]]:
+    ttft = times[0] - t0
+    tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+    return ttft, tpot
+
+
+def run_mlx_lm(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, repeat: int = 0) -> RunResult:
+    """Greedy generation with ``mlx_lm.stream_generate`` and its own KV cache."""
+    cache = make_prompt_cache(model)
+    base = _clean()
+    with no_eos(tokenizer):
+        gen = mlx_lm.stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens,
+                                     prompt_cache=cache)
+        times, _, t0 = _timed(gen)
+    peak = mx.get_peak_memory()
+    ttft, tpot = _ttft_tpot(times, t0)
+    per_layer = [sum(a.nbytes for a in c.keys_and_values()) for c in cache]
+    allocated = sum(c.keys.nbytes + c.values.nbytes for c in cache if getattr(c, "keys", None) is not None)
+    return RunResult(MLX_LM, len(prompt), repeat, len(times), ttft, tpot, peak, peak - base,
+                     sum(per_layer), per_layer, 0, kv_bytes_allocated=allocated)
+
+
+def run_ours(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, config: PruningConfig,
+             name: str, repeat: int = 0) -> RunResult:
+    """Greedy generation with ``mlx_lazy.stream_generate`` under ``config``."""
+    base = _clean()
+    with no_eos(tokenizer):
+        gen = lazy_stream_generate(model, tokenizer, list(prompt), max_tokens=max_tokens, config=config)
+        times, last, t0 = _timed(gen)
+    peak = mx.get_peak_memory()
+    ttft, tpot = _ttft_tpot(times, t0)
+    stats = last.stats.as_dict()
+    stats.pop("text", None)
+    return RunResult(name, len(prompt), repeat, len(times), ttft, tpot, peak, peak - base,
+                     int(stats["kv_bytes"]), list(stats["kv_bytes_per_layer"]),
+                     int(stats["aux_bytes"]), stats=stats)
+
+
+def _num_layers(model: Any) -> int:
+    return len(model.layers)
+
+
+def machine_info(model: Any, argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Where and with what the benchmark ran."""
+    import numpy as np
+
+    dtypes = sorted({str(v.dtype).replace("mlx.core.", "") for _, v in _flat_params(model)})
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, "-m", "mlx_lazy.bench.speed",
+                             *(sys.argv[1:] if argv is None else argv)]),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "numpy": np.__version__,
+        "device": str(mx.default_device()),
+        "openblas": _blas.loaded_path,
+        "model_dtypes": dtypes,
+        "num_layers": _num_layers(model),
+    }
+
+
+def _flat_params(model: Any) -> list[tuple[str, Any]]:
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(model.parameters())
+
+
+def run_benchmark(
+    model: Any,
+    tokenizer: Any,
+    *,
+    lengths: Sequence[int] = (1024, 2048, 4096),
+    max_tokens: int = 32,
+    repeats: int = 3,
+    schedules: Sequence[str] = DEFAULT_SCHEDULES,
+    out: Optional[Path] = None,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+    info: Optional[dict[str, Any]] = None,
+) -> dict[str, Any]:
+    """Run the side-by-side benchmark; return (and optionally write) the JSON result.
+
+    Every ``full`` run at every length feeds the cost model; the other methods run only at the
+    largest length. Raises ValueError for fewer than 3 distinct lengths or an unknown schedule.
+    """
+    lengths = sorted(set(int(n) for n in lengths))
+    if len(lengths) < 3:
+        raise ValueError(f"--lengths needs >= 3 distinct prompt lengths for the cost model, got {lengths}")
+    if max_tokens < 2:
+        raise ValueError("--max-tokens must be >= 2 to measure time per output token")
+    main_len = lengths[-1]
+    L = _num_layers(model)
+    configs: dict[str, PruningConfig] = {FULL: schedule_config(FULL, L)}
+    skipped: dict[str, str] = {}
+    for name in schedules:
+        if name in (FULL, MLX_LM):
+            continue
+        cfg = schedule_config(name, L)
+        try:
+            cfg.resolve(L)
+        except ValueError as exc:  # e.g. a schedule too deep for a tiny model
+            skipped[name] = str(exc)
+            log(f"skipping schedule {name!r}: {exc}")
+            continue
+        configs[name] = cfg
+    prompts = {n: build_prompt(tokenizer, n) for n in lengths}
+    methods = [MLX_LM, *configs]
+    result: dict[str, Any] = {
+        "info": {**(info or machine_info(model)), "lengths": lengths, "main_length": main_len,
+                 "max_tokens": max_tokens, "repeats": repeats},
+        "schedules": {n: asdict(c) | {"resolved": c.resolve(L).as_dict()} for n, c in configs.items()},
+        "skipped": skipped,
+        "runs": [],
+    }
+
+    def one(method: str, n: int, r: int) -> RunResult:
+        if method == MLX_LM:
+            return run_mlx_lm(model, tokenizer, prompts[n], max_tokens, r)
+        return run_ours(model, tokenizer, prompts[n], max_tokens, configs[method], method, r)
+
+    # Warm-up: one short run of each method (first-call costs, allocator growth).
+    warm = prompts[lengths[0]][: min(64, lengths[0])]
+    for m in methods:
+        (run_mlx_lm(model, tokenizer, warm, 2) if m == MLX_LM
+         else run_ours(model, tokenizer, warm, 2, configs[m], m))
+    t_start = time.perf_counter()
+    for r in range(repeats):
+        order = [(FULL, n) for n in lengths[:-1]]
+        k = r % len(methods)
+        order += [(m, main_len) for m in methods[k:] + methods[:k]]
+        for m, n in order:
+            res = one(m, n, r)
+            result["runs"].append(res.as_dict())
+            log(f"[{time.perf_counter() - t_start:7.1f}s] repeat {r} {m:>10} N={n}: "
+                f"TTFT {res.ttft_s:.3f}s TPOT {1e3 * (res.tpot_s or 0):.1f}ms")
+        result["summary"] = summarize(result)
+        if out is not None:
+            out.write_text(json.dumps(result, indent=1))
+    result["summary"] = summarize(result)
+    if out is not None:
+        out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _median(xs: Sequence[float]) -> Optional[float]:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """Cost-model fit, per-method medians and side-by-side ratios from ``result["runs"]``."""
+    runs = result["runs"]
+    main_len = result["info"]["main_length"]
+    full_runs = [r for r in runs if r["method"] == FULL]
+    model: Optional[CostModel] = None
+    fit_error = None
+    try:
+        model = CostModel.fit([r["stats"] for r in full_runs], [r["ttft_s"] for r in full_runs])
+    except ValueError as exc:
+        fit_error = str(exc)
+    main = [r for r in runs if r["prompt_tokens"] == main_len]
+    by_repeat: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in main:
+        by_repeat.setdefault(r["repeat"], {})[r["method"]] = r
+    methods: list[str] = []
+    for r in main:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+    rows: dict[str, dict[str, Any]] = {}
+    for m in methods:
+        mine = [r for r in main if r["method"] == m]
+
+        def ratio(key: str, ref: str) -> Optional[float]:
+            vals = [rep[m][key] / rep[ref][key] for rep in by_repeat.values()
+                    if m in rep and ref in rep and rep[m][key] and rep[ref][key]]
+            return _median(vals)
+
+        row: dict[str, Any] = {
+            "n_runs": len(mine),
+            "ttft_s": _median([r["ttft_s"] for r in mine]),
+            "tpot_s": _median([r["tpot_s"] for r in mine]),
+            "ttft_vs_mlx_lm": ratio("ttft_s", MLX_LM),
+            "tpot_vs_mlx_lm": ratio("tpot_s", MLX_LM),
+            "ttft_vs_full": ratio("ttft_s", FULL),
+            "tpot_vs_full": ratio("tpot_s", FULL),
+            "kv_bytes": mine[-1]["kv_bytes"],
+            "kv_bytes_per_layer": mine[-1]["kv_bytes_per_layer"],
+            "aux_bytes": mine[-1]["aux_bytes"],
+            "peak_memory_bytes": max(r["peak_memory_bytes"] for r in mine),
+            "work_memory_bytes": max(r["work_memory_bytes"] for r in mine),
+        }
+        s = mine[-1]["stats"]
+        if s is not None:
+            row["token_layers_pct"] = 100.0 * sum(s["prefill_tokens_per_layer"]) / (
+                main_len * len(s["prefill_tokens_per_layer"]))
+            row["prompt_tokens_computed_pct"] = s.get("prompt_tokens_computed_pct")
+            row["revivals"] = s.get("revivals")
+            row["host_syncs"] = s.get("host_syncs")
+            if model is not None:
+                errs = [model.relative_error(r["stats"], r["ttft_s"]) for r in mine]
+                row["predicted_ttft_s"] = model.predict(s)
+                row["prediction_errors"] = errs
+                row["prediction_error_median"] = _median(errs)
+        rows[m] = row
+    return {
+        "cost_model": model.as_dict() if model else None,
+        "cost_model_error": fit_error,
+        "cost_model_fit_points": [
+            {"prompt_tokens": r["prompt_tokens"], "ttft_s": r["ttft_s"],
+             "fitted_s": model.predict(r["stats"]) if model else None} for r in full_runs],
+        "methods": rows,
+    }
+
+
+def _fmt(x: Optional[float], spec: str, scale: float = 1.0) -> str:
+    return "–" if x is None else format(x * scale, spec)
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    """The summary as markdown: one row per method at the main length, then the cost model."""
+    info, summ = result["info"], result["summary"]
+    mib = 1 / 2**20
+    ref_kv = summ["methods"].get(MLX_LM, {}).get("kv_bytes")
+    lines = [
+        f"Prompt {info['main_length']} tokens, {info['max_tokens']} generated tokens, "
+        f"{info['repeats']} repeats (medians; ratios are per-repeat side by side, then median).",
+        "",
+        "| method | TTFT s | TTFT × mlx-lm | TTFT × full | predicted s | pred. err | TPOT ms "
+        "| TPOT × mlx-lm | KV MiB | KV × mlx-lm | aux MiB | peak MiB | work MiB | token-layers % "
+        "| revivals | host syncs |",
+        "|---" * 16 + "|",
+    ]
+    for m, row in summ["methods"].items():
+        kv_ratio = row["kv_bytes"] / ref_kv if ref_kv else None
+        lines.append("| " + " | ".join([
+            m,
+            _fmt(row["ttft_s"], ".2f"),
+            _fmt(row["ttft_vs_mlx_lm"], ".3f"),
+            _fmt(row["ttft_vs_full"], ".3f"),
+            _fmt(row.get("predicted_ttft_s"), ".2f"),
+            _fmt(row.get("prediction_error_median"), "+.1f", 100.0) + ("%" if row.get("prediction_error_median") is not None else ""),
+            _fmt(row["tpot_s"], ".1f", 1e3),
+            _fmt(row["tpot_vs_mlx_lm"], ".3f"),
+            _fmt(row["kv_bytes"], ".1f", mib),
+            _fmt(kv_ratio, ".3f"),
+            _fmt(row["aux_bytes"], ".1f", mib),
+            _fmt(row["peak_memory_bytes"], ".0f", mib),
+            _fmt(row["work_memory_bytes"], ".0f", mib),
+            _fmt(row.get("token_layers_pct"), ".1f"),
+            str(row.get("revivals", "–")),
+            str(row.get("host_syncs", "–")),
+        ]) + " |")
+    cm = summ["cost_model"]
+    lines.append("")
+    if cm:
+        lines.append(
+            f"Cost model (fitted on {cm['n_samples']} unpruned runs at {info['lengths']} tokens): "
+            f"TTFT ≈ {cm['a'] * 1e6:.4g} µs·token_layers + {cm['b'] * 1e9:.4g} ns·attention_pairs "
+            f"+ {cm['c']:.3g} s; fit residual RMS {100 * cm['rms_relative_residual']:.1f}%, "
+            f"max {100 * cm['max_relative_residual']:.1f}%.")
+    else:
+        lines.append(f"Cost model not fitted: {summ['cost_model_error']}")
+    lines += ["", "KV bytes per layer (KiB):", ""]
+    for m, row in summ["methods"].items():
+        per = row["kv_bytes_per_layer"]
+        lines.append(f"- {m}: " + ", ".join(f"{b / 1024:.0f}" for b in per))
+    if result.get("skipped"):
+        lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items())]
+    return "\n".join(lines)
+
+
+def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mlx_lazy.bench.speed",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None,
+                   help="model folder or hub id for mlx_lazy.load (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--lengths", default="1024,2048,4096",
+                   help="comma-separated prompt lengths; >= 3; all fit the cost model, the "
+                        "largest is where every method is compared (default 1024,2048,4096)")
+    p.add_argument("--max-tokens", type=int, default=32, help="tokens generated per run (default 32)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats of every run (default 3)")
+    p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
+                   help=f"comma-separated schedules besides mlx-lm and full; known: {', '.join(SCHEDULES)} "
+                        f"(default {','.join(DEFAULT_SCHEDULES)})")
+    p.add_argument("--out", type=Path, default=None, help="write the JSON result here")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: lengths 48,64,96, 4 tokens, 1 repeat (unless given explicitly)")
+    args = p.parse_args(argv)
+    if args.quick:
+        given = set(a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:]))
+        if "--lengths" not in given:
+            args.lengths = "48,64,96"
+        if "--max-tokens" not in given:
+            args.max_tokens = 4
+        if "--repeats" not in given:
+            args.repeats = 1
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Command-line entry point; returns the result dict."""
+    args = _parse_args(argv)
+    model, tokenizer = load(args.model)
+    schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
+    for s in schedules:
+        if s not in SCHEDULES and s != MLX_LM:
+            raise SystemExit(f"unknown schedule {s!r}; choose from {', '.join(SCHEDULES)}")
+    info = machine_info(model, argv)
+    if info["model_dtypes"] != ["float32"]:
+        print(f"note: model weights are {info['model_dtypes']}, not float32", file=sys.stderr)
+    result = run_benchmark(
+        model, tokenizer,
+        lengths=[int(x) for x in args.lengths.split(",") if x.strip()],
+        max_tokens=args.max_tokens, repeats=args.repeats, schedules=schedules,
+        out=args.out, info=info,
+    )
+    print(markdown_table(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
