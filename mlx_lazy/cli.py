@@ -23,7 +23,8 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Callable, NoReturn, Optional, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterator, NoReturn, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import str2bool
@@ -193,7 +194,25 @@ def encode_prompt(tokenizer, text: str, system_prompt: Optional[str],
         messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
         messages.append({"role": "user", "content": text})
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer.encode(text, add_special_tokens=not use_template))
+    with _quiet_transformers():
+        return list(tokenizer.encode(text, add_special_tokens=not use_template))
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' warnings (its too-long-sequence one would duplicate the CLI's own
+    one-line context check)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def context_length(model, tokenizer) -> Optional[int]:
@@ -288,7 +307,8 @@ def first_divergence(a: RunResult, b: RunResult) -> Optional[int]:
 def format_summary(stats) -> str:
     """mlx-lm style statistics lines for one run, plus a pruning line."""
     return "\n".join([
-        f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec",
+        f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec "
+        f"(time to first token {stats.ttft_s:.3f} s)",
         f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec",
         f"Peak memory: {stats.peak_memory_bytes / 1e9:.3f} GB",
         f"Pruning ({stats.method}): {stats.prompt_tokens_computed_pct:.1f}% of prompt tokens "

@@ -1,0 +1,292 @@
+"""The command line interface, end to end in subprocesses, plus its pure helpers in-process.
+
+Each subprocess pays ~2-3 s to import mlx, so runs are few and generate only a handful of
+tokens; the SmolLM2 run is marked slow.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from mlx_lazy import cli
+
+REPO = Path(__file__).resolve().parents[1]
+STATS_KEYS = {
+    "method", "schedule", "prompt_tokens", "generation_tokens", "ttft_s", "tpot_s",
+    "prompt_tps", "generation_tps", "peak_memory_bytes", "kv_bytes", "aux_bytes",
+    "kv_bytes_per_layer", "prompt_tokens_computed_pct", "tokens_computed_per_layer",
+    "prefill_tokens_per_layer", "prefill_attention_pairs", "revivals", "host_syncs",
+    "max_computations_per_token_layer", "text",
+}
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 6
+
+
+def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 180,
+            module: str = "mlx_lazy.cli") -> subprocess.CompletedProcess:
+    """Run ``python -m <module> ARGS`` from the repository root.
+
+    ``mlx_lazy.cli`` is the default because ``python -m mlx_lazy.generate`` also prints
+    runpy's warning that the package imported the module first (see test_generate_module).
+    """
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], input=stdin, capture_output=True,
+        cwd=REPO, timeout=timeout,
+    )
+
+
+def assert_bad_input(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Exit status 2, one ``error:`` line on stderr, no traceback; returns that line."""
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, (proc.returncode, err)
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for frag in fragments:
+        assert frag in lines[0], (frag, lines[0])
+    return lines[0]
+
+
+def model_depth(model_path) -> int:
+    """Number of layers from the model folder's config.json."""
+    return json.loads((Path(model_path) / "config.json").read_text())["num_hidden_layers"]
+
+
+def check_stats(stats: dict, method: str, depth: int) -> None:
+    """The stats object has every contract key and respects the at-most-once invariant."""
+    assert set(stats) >= STATS_KEYS, STATS_KEYS - set(stats)
+    assert stats["method"] == method
+    assert stats["prompt_tokens"] > 0 and stats["generation_tokens"] >= 1
+    assert stats["ttft_s"] > 0
+    assert 0 < stats["prompt_tokens_computed_pct"] <= 100
+    assert len(stats["tokens_computed_per_layer"]) == depth
+    assert stats["max_computations_per_token_layer"] <= 1
+    assert isinstance(stats["schedule"], dict)
+    assert isinstance(stats["text"], str)
+
+
+# ---------------------------------------------------------------- tiny model, end to end
+
+
+def test_generate_tiny(tiny_model_path, tmp_path):
+    """A plain run prints the response and writes a complete stats object."""
+    out = tmp_path / "stats.json"
+    proc = run_cli("--model", str(tiny_model_path), "-p", PROMPT, "-m", "4",
+                   "--verbose", "False", "--stats-json", str(out))
+    assert proc.returncode == 0, proc.stderr.decode()
+    stats = json.loads(out.read_text())
+    check_stats(stats, "lazy", model_depth(tiny_model_path))
+    assert proc.stdout.decode().rstrip("\n") == stats["text"]
+
+
+def test_compare_and_overrides(tiny_model_path, tmp_path):
+    """--compare prints both runs and a table; explicit flags override the preset;
+    --stats-json holds both runs keyed by method."""
+    out = tmp_path / "stats.json"
+    proc = run_cli("--model", str(tiny_model_path), "-p", PROMPT, "-m", "5",
+                   "--method", "lazy", "--prune-layers", "0", "--keep", "0.5", "--anchors", "2",
+                   "--ignore-chat-template", "--compare", "--stats-json", str(out))
+    assert proc.returncode == 0, proc.stderr.decode()
+    stdout = proc.stdout.decode()
+    for row in ("metric", "time to first token (s)", "time per output token (ms)",
+                "prompt tokens computed (%)", "KV cache (MB)", "aux cache (MB)",
+                "peak memory (MB)", "outputs"):
+        assert row in stdout, row
+    assert "========== full" in stdout and "========== lazy" in stdout
+
+    both = json.loads(out.read_text())
+    assert set(both) == {"full", "lazy"}
+    depth = model_depth(tiny_model_path)
+    for method, stats in both.items():
+        check_stats(stats, method, depth)
+    full, lazy = both["full"], both["lazy"]
+    assert full["prompt_tokens"] == lazy["prompt_tokens"]
+    assert full["prompt_tokens_computed_pct"] == pytest.approx(100.0)
+    assert lazy["prefill_tokens_per_layer"][1] < lazy["prefill_tokens_per_layer"][0]
+    assert lazy["schedule"]["prune_layers"] == [0]
+    assert lazy["schedule"]["keep"] == [0.5]
+    assert lazy["schedule"]["anchors"] == 2
+    agree = "identical text" if full["text"] == lazy["text"] else "differ from output token"
+    assert agree in stdout.splitlines()[-1]
+
+
+def test_generate_module(tiny_model_path):
+    """``python -m mlx_lazy.generate`` runs the CLI and keeps its exit status."""
+    ok = run_cli("--model", str(tiny_model_path), "-p", "hi", "-m", "2", "--verbose", "False",
+                 module="mlx_lazy.generate")
+    assert ok.returncode == 0, ok.stderr.decode()
+    bad = run_cli("--model", str(tiny_model_path), "-p", " ", module="mlx_lazy.generate")
+    assert bad.returncode == 2
+    assert bad.stderr.decode().strip().splitlines()[-1] == "error: the prompt is empty"
+
+
+def test_prompt_from_stdin(tiny_model_path):
+    """``-p -`` reads the prompt from stdin (same result as passing it with -p)."""
+    args = ("--model", str(tiny_model_path), "-m", "3", "--verbose", "False",
+            "--method", "full")
+    piped = run_cli(*args, "-p", "-", stdin=PROMPT.encode())
+    direct = run_cli(*args, "-p", PROMPT)
+    assert piped.returncode == 0 and direct.returncode == 0, piped.stderr.decode()
+    assert piped.stdout == direct.stdout
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_unknown_model_path(tmp_path):
+    assert_bad_input(run_cli("--model", str(tmp_path / "missing"), "-p", "hi"), "missing")
+
+
+def test_model_folder_without_config(tmp_path):
+    assert_bad_input(run_cli("--model", str(tmp_path), "-p", "hi"), "cannot load model")
+
+
+def test_unsupported_architecture(unsupported_model_path):
+    assert_bad_input(run_cli("--model", str(unsupported_model_path), "-p", "hi"))
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (("--prune-layers", "99", "--keep", "0.5"), "pruning layers"),
+    (("--keep", "0.3,0.6"), "keep"),
+])
+def test_invalid_schedule(tiny_model_path, flags, fragment):
+    assert_bad_input(run_cli("--model", str(tiny_model_path), "-p", "hi", *flags), fragment)
+
+
+def test_empty_prompt():
+    assert_bad_input(run_cli("-p", "  \\n "), "empty")
+
+
+def test_prompt_longer_than_context(tiny_model_path, tmp_path):
+    config = json.loads((Path(tiny_model_path) / "config.json").read_text())
+    ctx = config["max_position_embeddings"]
+    long_file = tmp_path / "long.txt"
+    long_file.write_text("word " * (ctx + 10))
+    line = assert_bad_input(run_cli("--model", str(tiny_model_path), "--prompt-file",
+                                    str(long_file), "--ignore-chat-template"), str(ctx))
+    n_tokens = int(line.split("prompt has ")[1].split()[0])
+    assert n_tokens > ctx
+
+
+def test_unreadable_prompt_file(tmp_path):
+    assert_bad_input(run_cli("--prompt-file", str(tmp_path / "nope.txt")), "nope.txt")
+
+
+def test_non_utf8_prompt_file(tmp_path):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    assert_bad_input(run_cli("--prompt-file", str(bad)), "UTF-8", "offset 3")
+
+
+def test_bad_flag_value_is_one_line():
+    assert_bad_input(run_cli("--keep", "half"), "--keep")
+
+
+def test_compare_needs_a_pruning_method():
+    assert_bad_input(run_cli("--method", "full", "--compare"), "--compare")
+
+
+# ---------------------------------------------------------------- SmolLM2
+
+
+@pytest.mark.slow
+def test_smollm2_compare(smollm2_path, tmp_path):
+    """The real model: --compare with the lazy preset on a short chat prompt."""
+    out = tmp_path / "stats.json"
+    proc = run_cli("--model", str(smollm2_path), "-p",
+                   "Name three colours of the rainbow. " + PROMPT, "-m", "8",
+                   "--method", "lazy", "--compare", "--stats-json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()
+    both = json.loads(out.read_text())
+    for method, stats in both.items():
+        check_stats(stats, method, 30)
+        assert stats["generation_tokens"] >= 1 and stats["text"].strip()
+    assert "time to first token (s)" in proc.stdout.decode()
+
+
+# ---------------------------------------------------------------- helpers, in-process
+
+
+def _args(**kw) -> SimpleNamespace:
+    base = dict(method="lazy", prune_layers=None, keep=None, speed_cutoff=None, anchors=None,
+                seed=None)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_build_config_overrides_preset():
+    assert cli.build_config(_args()) == cli.PruningConfig.preset("lazy")
+    cfg = cli.build_config(_args(method="lazy+speed", prune_layers=(2, 4), keep=(0.6, 0.4),
+                                 speed_cutoff=24, anchors=3))
+    assert (cfg.method, cfg.prune_layers, cfg.keep, cfg.speed_cutoff, cfg.anchors) == (
+        "lazy+speed", (2, 4), (0.6, 0.4), 24, 3)
+    assert cli.build_config(_args(method="random", seed=7)).seed == 7
+    assert cli.build_config(_args(method="lazy", seed=7)).seed == 0  # only random uses it
+
+
+def test_flag_parsers():
+    ns = cli.build_parser().parse_args(
+        ["--prune-layers", "8,16,24", "--keep", "0.7,0.5,0.3", "--speed-cutoff", "0.75"])
+    assert ns.prune_layers == (8, 16, 24) and ns.keep == (0.7, 0.5, 0.3)
+    assert ns.speed_cutoff == 0.75 and isinstance(ns.speed_cutoff, float)
+    cutoff = cli.build_parser().parse_args(["--speed-cutoff", "24"]).speed_cutoff
+    assert cutoff == 24 and isinstance(cutoff, int)
+    assert cli.main(["--method", "bogus"]) == 2
+
+
+def test_first_divergence_and_table():
+    def result(method, text, tokens, pct):
+        stats = SimpleNamespace(prompt_tokens=100, generation_tokens=len(tokens), ttft_s=0.5,
+                                tpot_s=0.02, prompt_tokens_computed_pct=pct, kv_bytes=2e6,
+                                aux_bytes=1e5, peak_memory_bytes=3e8, revivals=4)
+        return cli.RunResult(method, stats, text, tokens)
+
+    full = result("full", "a b c", [1, 2, 3], 100.0)
+    assert cli.first_divergence(full, result("lazy", "a b c", [1, 2, 3], 50.0)) is None
+    other = result("lazy", "a b d", [1, 2, 9], 48.5)
+    assert cli.first_divergence(full, other) == 2
+    assert cli.first_divergence(full, result("lazy", "a b", [1, 2], 48.5)) == 2
+    table = cli.format_compare_table(full, other)
+    assert "lazy/full" in table.splitlines()[0]
+    assert "48.5" in table and "1.00x" in table
+    assert table.splitlines()[-1].endswith("differ from output token 2")
+
+
+def test_prefill_progress_bar():
+    buf = io.StringIO()
+    bar = cli.PrefillProgress("prefill", enabled=True, file=buf, delay=0)
+    for done in range(1, 5):
+        bar(done, 4)
+    assert bar._bar.n == bar._bar.total == 4
+    bar.close()
+    assert "prefill" in buf.getvalue() and "layer" in buf.getvalue()
+    silent = io.StringIO()
+    off = cli.PrefillProgress("prefill", enabled=False, file=silent, delay=0)
+    off(1, 4)
+    off.close()
+    assert silent.getvalue() == ""
+
+
+def test_context_length_sources():
+    model = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=2048))
+    assert cli.context_length(model, SimpleNamespace(model_max_length=512)) == 2048
+    bare = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=None))
+    assert cli.context_length(bare, SimpleNamespace(model_max_length=512)) == 512
+    assert cli.context_length(bare, SimpleNamespace(model_max_length=int(1e30))) is None
+
+
+def test_help_mentions_stats_json_layout(capsys):
+    assert cli.main(["--help"]) == 0
+    assert '{"full": {...}, "lazy": {...}}' in " ".join(capsys.readouterr().out.split())
+
+
+def test_console_entry_point_declared():
+    pyproject = REPO / "pyproject.toml"
+    if not pyproject.exists():
+        pytest.skip("pyproject.toml not written yet")
+    assert 'mlx-lazy-generate = "mlx_lazy.cli:main"' in pyproject.read_text()
