@@ -1,0 +1,125 @@
+"""``python -m mlx_lazy.bench``: accuracy vs time-to-first-token benchmark and calibration.
+
+Examples::
+
+    python -m mlx_lazy.bench --quick --out /tmp/bench           # < 10 min on 2 CPU cores
+    python -m mlx_lazy.bench --lengths 512,1024,2048 --samples 10 --methods mlx-lm,full,lazy
+    python -m mlx_lazy.bench --sweep --lengths 512,768 --samples 4 --out /tmp/sweep
+
+Writes ``results.json``, ``table.md`` and the PNG plots into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
+from .tasks import QUICK_TASKS, TASKS
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options."""
+    p = argparse.ArgumentParser(
+        prog="python -m mlx_lazy.bench",
+        description="Offline long-context accuracy vs TTFT benchmark: mlx-lm baseline, our "
+        "unpruned path, LazyLLM, SPEED, LazyLLM+SPEED, static and random pruning.",
+    )
+    p.add_argument("--quick", action="store_true",
+                   help=f"short run: tasks {','.join(QUICK_TASKS)}, lengths 512,1024, 2 samples "
+                   "(explicit options still override)")
+    p.add_argument("--sweep", action="store_true",
+                   help="calibration: single-layer (position x keep) and progressive LazyLLM "
+                   "schedules; picks the largest TTFT speedup at <= --max-loss accuracy loss")
+    p.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
+    p.add_argument("--model", default=None,
+                   help="model folder or Hugging Face id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--lengths", type=_ints, default=None,
+                   help="prompt lengths in tokens, comma-separated (default 512,1024)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="samples per (task, length) (default 5; quick 2)")
+    p.add_argument("--tasks", type=_names, default=None,
+                   help=f"comma-separated, from: {','.join(TASKS)} (default: all)")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated methods; separate with ';' when an override holds "
+                   "commas, e.g. 'mlx-lm;full;lazy:layers=6,12:keep=0.6,0.4' "
+                   "(default: mlx-lm,full,lazy,speed,lazy+speed,static,random)")
+    p.add_argument("--seed", type=int, default=0, help="task generator seed (default 0)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="generation budget per answer (default: each task's own, 12-40)")
+    p.add_argument("--max-loss", type=float, default=0.01,
+                   help="sweep: max relative accuracy loss (default 0.01)")
+    p.add_argument("--min-baseline", type=float, default=0.8,
+                   help="sweep: only lengths where mlx-lm scores at least this (default 0.8)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds after which no new sample starts; results so far are written "
+                   "(SIGTERM and Ctrl-C also stop cleanly after writing)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    """Split a --methods value on ';' if present, else on ',' (plain preset names)."""
+    sep = ";" if ";" in text else ","
+    return tuple(x.strip() for x in text.split(sep) if x.strip())
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; return the exit status."""
+    args = build_parser().parse_args(argv)
+    from . import harness, plots
+
+    opts = dict(tasks=args.tasks, lengths=args.lengths, samples=args.samples,
+                methods=parse_methods(args.methods) if args.methods else None)
+    opts = {k: v for k, v in opts.items() if v is not None}
+    cfg = harness.BenchConfig.quick(**opts) if args.quick else harness.BenchConfig(**opts)
+    cfg.model, cfg.seed, cfg.max_tokens = args.model, args.seed, args.max_tokens
+    cfg.out, cfg.progress = args.out, not args.no_progress
+    cfg.time_limit_s = args.time_limit
+    # `timeout` sends SIGTERM: treat it like Ctrl-C so the results so far are still written.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    unknown = [t for t in cfg.tasks if t not in TASKS]
+    if unknown:
+        print(f"error: unknown task(s) {unknown}; choose from {','.join(TASKS)}", file=sys.stderr)
+        return 2
+
+    from .. import load
+
+    model, tokenizer = load(cfg.model)
+    if args.sweep and args.methods is None:
+        cfg.methods = tuple(harness.sweep_methods(len(model.layers), quick=args.quick))
+    try:
+        for m in cfg.methods:
+            harness.parse_method(m)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result = harness.run_bench(cfg, model, tokenizer)
+    if args.sweep:
+        result.selection = harness.select_schedule(result.summary, args.max_loss,
+                                                   args.min_baseline)
+    out = Path(cfg.out)
+    data = harness.load_results(harness.write_results(result, out))
+    (out / "table.md").write_text(harness.render_table(data))
+    pngs = plots.write_plots(data, out)
+    print(harness.render_table(data))
+    print(f"wrote {out / 'results.json'}, {out / 'table.md'}, " + ", ".join(str(p) for p in pngs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

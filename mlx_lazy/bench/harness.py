@@ -1,0 +1,722 @@
+"""Side-by-side accuracy and latency harness: mlx-lm baseline vs our engine's methods.
+
+One process, one model, methods alternating per sample (the order rotates from sample to
+sample so no method always runs first). For every (sample, method) the harness records
+time to first token, time per output token, whole-generation time, peak memory (reset
+before each run), KV/aux bytes, % of prompt tokens computed and the scores; then it
+aggregates per (task, length, method) with ratios against the mlx-lm baseline and against
+our own unpruned path, and adds the cost model's predicted TTFT speedup beside the
+measured one.
+
+Methods are written as strings (see :func:`parse_method`):
+
+- ``mlx-lm``: ``mlx_lm.stream_generate`` itself (not our engine): the baseline;
+- a preset name of :class:`mlx_lazy.PruningConfig` (``full``, ``lazy``, ``speed``,
+  ``lazy+speed``, ``static``, ``random``);
+- a preset with overrides: ``lazy:layers=6,12,18,24:keep=0.6,0.4,0.25,0.15``,
+  ``speed:cutoff=0.6``, ``random:keep=0.5:seed=1`` (``layers``/``cutoff`` are short for
+  ``prune_layers``/``speed_cutoff``; any other PruningConfig field name works too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import _blas
+from . import metrics
+from .tasks import QUICK_TASKS, TASKS, Sample, build_suite
+
+import mlx.core as mx  # noqa: E402  (after _blas: OpenBLAS must load first)
+
+BASELINE = "mlx-lm"
+FULL = "full"
+DEFAULT_METHODS: tuple[str, ...] = (BASELINE, FULL, "lazy", "speed", "lazy+speed", "static", "random")
+_ALIASES = {"layers": "prune_layers", "cutoff": "speed_cutoff"}
+
+
+# ----------------------------------------------------------------------------------------
+# Methods
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named way of generating: the mlx-lm baseline (``config is None``) or our engine."""
+
+    name: str
+    config: Any = None  # mlx_lazy.PruningConfig, or None for the mlx-lm baseline
+
+    @property
+    def is_baseline(self) -> bool:
+        """True for the mlx-lm reference path."""
+        return self.config is None
+
+    @property
+    def family(self) -> str:
+        """``mlx-lm`` or the PruningConfig method (``full``, ``lazy``, ``speed`` ...)."""
+        return BASELINE if self.config is None else str(self.config.method)
+
+    def schedule(self) -> dict[str, Any]:
+        """The configuration as a JSON-friendly dict."""
+        if self.config is None:
+            return {"method": BASELINE}
+        if dataclasses.is_dataclass(self.config):
+            return _jsonable(dataclasses.asdict(self.config))
+        return _jsonable(dict(vars(self.config)))
+
+
+def _parse_value(text: str) -> Any:
+    """``"6,12"`` -> (6, 12); ``"0.5"`` -> 0.5; ``"true"`` -> True; else the string."""
+    if "," in text:
+        return tuple(_parse_value(t) for t in text.split(",") if t)
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def parse_method(spec: str) -> Method:
+    """Build a :class:`Method` from ``name[:field=value[:field=value...]]``.
+
+    Single-element tuple fields accept a bare value (``keep=0.4`` means ``keep=(0.4,)``).
+    Raises ValueError naming the valid forms when the spec cannot be understood.
+    """
+    spec = spec.strip()
+    if spec == BASELINE:
+        return Method(BASELINE)
+    from .. import PruningConfig
+
+    name, *overrides = spec.split(":")
+    try:
+        cfg = PruningConfig.preset(name)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(
+            f"unknown method {name!r} in {spec!r}: use 'mlx-lm', a PruningConfig preset "
+            "(full, lazy, speed, lazy+speed, static, random), optionally with overrides such "
+            "as 'lazy:layers=6,12:keep=0.6,0.4'"
+        ) from exc
+    if not overrides:
+        return Method(spec, cfg)
+    kwargs: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"bad override {item!r} in {spec!r}: expected field=value")
+        key, value = item.split("=", 1)
+        key = _ALIASES.get(key, key)
+        parsed = _parse_value(value)
+        if key in ("prune_layers", "keep") and not isinstance(parsed, tuple):
+            parsed = (parsed,)
+        kwargs[key] = parsed
+    try:
+        if dataclasses.is_dataclass(cfg):
+            cfg = dataclasses.replace(cfg, **kwargs)
+        else:
+            cfg = PruningConfig(method=name, **kwargs)
+    except TypeError as exc:
+        raise ValueError(f"bad override in {spec!r}: {exc}") from exc
+    return Method(spec, cfg)
+
+
+def lazy_spec(layers: Sequence[int], keep: Sequence[float]) -> str:
+    """The method string of a LazyLLM schedule (``lazy:layers=6,12:keep=0.6,0.4``)."""
+    return "lazy:layers={}:keep={}".format(
+        ",".join(str(int(x)) for x in layers), ",".join(f"{k:g}" for k in keep)
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# One measured run
+
+
+@dataclass
+class RunRecord:
+    """Everything measured for one (sample, method) pair."""
+
+    method: str
+    family: str
+    task: str
+    length: int
+    index: int
+    order: int  # position of this method within the sample's rotation
+    prompt_tokens: int
+    generation_tokens: int
+    ttft_s: float
+    tpot_s: float | None
+    total_s: float
+    peak_memory_bytes: int
+    kv_bytes: int
+    aux_bytes: int
+    prompt_tokens_computed_pct: float
+    tokens_computed_per_layer: list[int]
+    prefill_tokens_per_layer: list[int]
+    prefill_attention_pairs: int
+    prediction: str
+    score: float  # the task's primary metric
+    scores: dict[str, float]
+    predicted_ttft_s: float | None = None  # cost model, filled after the fit
+    stats: dict[str, Any] | None = None  # GenerationStats.as_dict() for engine runs
+
+
+def _timed(responses: Iterable[Any]) -> tuple[str, Any, float, float, float]:
+    """Drain a response stream; return (text, last response, t_start, t_first, t_end).
+
+    Both mlx-lm's and our ``stream_generate`` yield a token only after it has been
+    evaluated, so the first yield marks the first token.
+    """
+    pieces: list[str] = []
+    last = None
+    t0 = time.perf_counter()
+    t_first = None
+    for resp in responses:
+        if t_first is None:
+            t_first = time.perf_counter()
+        pieces.append(resp.text)
+        last = resp
+    t_end = time.perf_counter()
+    return "".join(pieces), last, t0, t_first if t_first is not None else t_end, t_end
+
+
+def _baseline_kv_bytes(cache: Sequence[Any]) -> int:
+    """Bytes of KV actually used in an mlx-lm prompt cache (excluding pre-allocated slack)."""
+    total = 0
+    for c in cache:
+        keys = getattr(c, "keys", None)
+        values = getattr(c, "values", None)
+        if keys is None or values is None:
+            continue
+        offset = int(getattr(c, "offset", keys.shape[-2]))
+        for arr in (keys, values):
+            per_token = arr.nbytes // max(arr.shape[-2], 1)
+            total += per_token * min(offset, arr.shape[-2])
+    return int(total)
+
+
+def run_one(model: Any, tokenizer: Any, method: Method, sample: Sample, order: int = 0,
+            max_tokens: int | None = None) -> RunRecord:
+    """Generate greedily for one sample with one method and measure it."""
+    import mlx_lm
+
+    n_max = max_tokens or sample.max_tokens
+    prompt = list(sample.tokens)
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    if method.is_baseline:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(model)
+        stream = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=n_max,
+                                        prompt_cache=cache)
+        text, last, t0, t1, t2 = _timed(stream)
+        peak = mx.get_peak_memory()
+        stats = None
+        kv, aux, pct = _baseline_kv_bytes(cache), 0, 100.0
+        n_layers = len(model.layers)
+        per_layer = [len(prompt)] * n_layers
+        prefill_pairs = len(prompt) * (len(prompt) + 1) // 2 * n_layers
+        computed = per_layer
+    else:
+        from .. import stream_generate
+
+        stream = stream_generate(model, tokenizer, prompt, max_tokens=n_max, config=method.config)
+        text, last, t0, t1, t2 = _timed(stream)
+        peak = mx.get_peak_memory()
+        st = last.stats
+        stats = _jsonable(st.as_dict())
+        kv, aux = int(st.kv_bytes), int(st.aux_bytes)
+        pct = float(st.prompt_tokens_computed_pct)
+        per_layer = [int(x) for x in st.prefill_tokens_per_layer]
+        prefill_pairs = int(st.prefill_attention_pairs)
+        computed = [int(x) for x in st.tokens_computed_per_layer]
+    gen = int(last.generation_tokens) if last is not None else 0
+    return RunRecord(
+        method=method.name,
+        family=method.family,
+        task=sample.task,
+        length=sample.target_tokens,
+        index=sample.index,
+        order=order,
+        prompt_tokens=sample.n_tokens,
+        generation_tokens=gen,
+        ttft_s=t1 - t0,
+        tpot_s=(t2 - t1) / (gen - 1) if gen > 1 else None,
+        total_s=t2 - t0,
+        peak_memory_bytes=int(peak),
+        kv_bytes=kv,
+        aux_bytes=aux,
+        prompt_tokens_computed_pct=pct,
+        tokens_computed_per_layer=computed,
+        prefill_tokens_per_layer=per_layer,
+        prefill_attention_pairs=prefill_pairs,
+        prediction=text,
+        score=metrics.score(text, sample.references, sample.match),
+        scores=metrics.score_all(text, sample.references),
+        stats=stats,
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Configuration and the main loop
+
+
+@dataclass
+class BenchConfig:
+    """What to run (the CLI's options)."""
+
+    model: str | None = None  # path or hub id; None -> the library's default SmolLM2
+    tasks: tuple[str, ...] = tuple(TASKS)
+    lengths: tuple[int, ...] = (512, 1024)
+    samples: int = 5
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    seed: int = 0
+    max_tokens: int | None = None  # None -> each task's own budget
+    out: str = "bench_out"
+    warmup: bool = True
+    progress: bool = True
+    time_limit_s: float | None = None  # stop starting new samples after this many seconds
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> "BenchConfig":
+        """The ``--quick`` preset: short lengths, few samples, the main tasks (< 10 min here)."""
+        base = dict(tasks=QUICK_TASKS, lengths=(512, 1024), samples=2)
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+
+@dataclass
+class BenchResult:
+    """Raw runs plus their aggregation (what results.json holds)."""
+
+    meta: dict[str, Any]
+    samples: list[dict[str, Any]]
+    runs: list[RunRecord]
+    summary: list[dict[str, Any]] = field(default_factory=list)
+    cost_model: dict[str, Any] | None = None
+    selection: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "meta": self.meta,
+            "cost_model": self.cost_model,
+            "selection": self.selection,
+            "summary": self.summary,
+            "samples": self.samples,
+            "runs": [dataclasses.asdict(r) for r in self.runs],
+        }
+
+
+def machine_info() -> dict[str, Any]:
+    """Where and with what the numbers were measured."""
+    import mlx_lm
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "device": str(mx.default_device()),
+        "openblas": _blas.loaded_path,
+    }
+
+
+def run_bench(
+    cfg: BenchConfig,
+    model: Any = None,
+    tokenizer: Any = None,
+    log: Callable[[str], None] = print,
+) -> BenchResult:
+    """Build the suite, run every method on every sample (alternating), aggregate."""
+    from tqdm.auto import tqdm
+
+    if model is None or tokenizer is None:
+        from .. import load
+
+        model, tokenizer = load(cfg.model)
+    methods = [parse_method(m) for m in cfg.methods]
+    if not any(m.is_baseline for m in methods):
+        methods.insert(0, parse_method(BASELINE))
+    suite = build_suite(tokenizer, cfg.tasks, cfg.lengths, cfg.samples, cfg.seed)
+    # Sample 0 of every (task, length) first, then sample 1, ...: a run stopped early by
+    # the time limit (or Ctrl-C) still covers every cell.
+    suite.sort(key=lambda s: s.index)
+    log(f"bench: {len(suite)} samples x {len(methods)} methods "
+        f"(tasks {', '.join(cfg.tasks)}; lengths {', '.join(map(str, cfg.lengths))})")
+    if cfg.warmup and suite:
+        # One untimed pass per method so first-call overheads do not land on sample 0.
+        shortest = min(suite, key=lambda s: s.n_tokens)
+        for m in methods:
+            run_one(model, tokenizer, m, shortest, max_tokens=2)
+    runs: list[RunRecord] = []
+    done: list[Sample] = []
+    stopped = None
+    bar = tqdm(total=len(suite) * len(methods), disable=not cfg.progress, unit="run",
+               desc="bench")
+    t_start = time.perf_counter()
+    try:
+        for k, sample in enumerate(suite):
+            if cfg.time_limit_s is not None and time.perf_counter() - t_start > cfg.time_limit_s:
+                stopped = f"time limit of {cfg.time_limit_s:g} s reached"
+                break
+            rot = k % len(methods)
+            sample_runs = []
+            for order, m in enumerate(methods[rot:] + methods[:rot]):
+                bar.set_postfix_str(f"{sample.task}@{sample.target_tokens} {m.name}"[:60])
+                sample_runs.append(run_one(model, tokenizer, m, sample, order, cfg.max_tokens))
+                bar.update(1)
+            runs += sample_runs  # only complete samples: every method sees the same prompts
+            done.append(sample)
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    bar.close()
+    if stopped:
+        log(f"bench: stopped early ({stopped}) after {len(done)} of {len(suite)} samples")
+    meta = {
+        "model": cfg.model or "default (SmolLM2-135M-Instruct)",
+        "config": _jsonable(dataclasses.asdict(cfg)),
+        "machine": machine_info(),
+        "methods": {m.name: m.schedule() for m in methods},
+        "n_layers": len(model.layers),
+        "stopped_early": stopped,
+        "samples_done": len(done),
+        "samples_planned": len(suite),
+    }
+    result = BenchResult(meta=meta, samples=[s.as_dict() for s in done], runs=runs)
+    result.cost_model = apply_cost_model(runs)
+    result.summary = summarize(runs)
+    return result
+
+
+# ----------------------------------------------------------------------------------------
+# Aggregation
+
+
+def apply_cost_model(runs: Sequence[RunRecord]) -> dict[str, Any] | None:
+    """Fit the speed helper's cost model on the unpruned ("full") runs; predict every run.
+
+    Returns the fitted coefficients (or a reason why there is no fit) and fills
+    ``RunRecord.predicted_ttft_s`` for engine runs.
+    """
+    try:
+        from .costmodel import CostModel
+    except ImportError:
+        return {"error": "mlx_lazy.bench.costmodel is not available"}
+    full = [r for r in runs if r.family == FULL]
+    try:
+        model = CostModel.fit([_counts(r) for r in full], [r.ttft_s for r in full])
+    except ValueError as exc:
+        return {"error": str(exc)}
+    for r in runs:
+        if r.family != BASELINE:
+            r.predicted_ttft_s = model.predict(_counts(r))
+    return {"fitted_on": FULL, "target": "ttft_s", **model.as_dict()}
+
+
+def _counts(r: RunRecord) -> tuple[int, int]:
+    return (sum(r.prefill_tokens_per_layer), r.prefill_attention_pairs)
+
+
+def _mean(xs: Iterable[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return statistics.fmean(vals) if vals else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def summarize(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
+    """Per (task, length, method) rows, plus ``task="all"`` rows averaged over tasks.
+
+    Speedups are ratios of mean times (baseline / method: > 1 means faster). Relative
+    accuracy loss is (baseline − method) / baseline against the mlx-lm baseline's score.
+    """
+    groups: dict[tuple[str, int, str], list[RunRecord]] = defaultdict(list)
+    for r in runs:
+        groups[(r.task, r.length, r.method)].append(r)
+        groups[("all", r.length, r.method)].append(r)
+    families = {r.method: r.family for r in runs}
+    rows = []
+    for (task, length, method), rs in groups.items():
+        base = groups.get((task, length, BASELINE), [])
+        full = groups.get((task, length, FULL), [])
+        row = _aggregate(rs)
+        b = _aggregate(base) if base else {}
+        f = _aggregate(full) if full else {}
+        bs = b.get("score")
+        row.update(
+            task=task,
+            length=length,
+            method=method,
+            family=families[method],
+            baseline_score=bs,
+            relative_accuracy_loss=(bs - row["score"]) / bs if bs else None,
+            ttft_speedup=_ratio(b.get("ttft_s"), row["ttft_s"]),
+            tpot_speedup=_ratio(b.get("tpot_s"), row["tpot_s"]),
+            generation_speedup=_ratio(b.get("total_s"), row["total_s"]),
+            ttft_speedup_vs_full=_ratio(f.get("ttft_s"), row["ttft_s"]),
+            generation_speedup_vs_full=_ratio(f.get("total_s"), row["total_s"]),
+            predicted_ttft_speedup_vs_full=_ratio(f.get("predicted_ttft_s"),
+                                                  row["predicted_ttft_s"]),
+        )
+        rows.append(row)
+    order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in runs))}
+    rows.sort(key=lambda x: (x["task"] == "all", x["task"], x["length"], order[x["method"]]))
+    return rows
+
+
+def _aggregate(rs: Sequence[RunRecord]) -> dict[str, Any]:
+    n_layers = max(len(r.tokens_computed_per_layer) for r in rs)
+    usage = [
+        _mean(r.tokens_computed_per_layer[i] / r.prompt_tokens * 100
+              for r in rs if i < len(r.tokens_computed_per_layer))
+        for i in range(n_layers)
+    ]
+    return {
+        "n": len(rs),
+        "prompt_tokens": _mean(r.prompt_tokens for r in rs),
+        "score": _mean(r.score for r in rs),
+        "scores": {k: _mean(r.scores[k] for r in rs) for k in metrics.MATCH_MODES},
+        "ttft_s": _mean(r.ttft_s for r in rs),
+        "tpot_s": _mean(r.tpot_s for r in rs),
+        "total_s": _mean(r.total_s for r in rs),
+        "predicted_ttft_s": _mean(r.predicted_ttft_s for r in rs),
+        "prompt_tokens_computed_pct": _mean(r.prompt_tokens_computed_pct for r in rs),
+        "kv_bytes": _mean(r.kv_bytes for r in rs),
+        "aux_bytes": _mean(r.aux_bytes for r in rs),
+        "peak_memory_bytes": max(r.peak_memory_bytes for r in rs),
+        "layer_usage_pct": usage,
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# Calibration sweep
+
+
+def sweep_methods(n_layers: int, quick: bool = False) -> list[str]:
+    """Method strings for the calibration sweep on a model with ``n_layers`` layers.
+
+    Single cuts (position × keep) show which depth finds the answer; progressive
+    schedules (2-4 pruning layers with decreasing keep fractions, placed at fractions of
+    the depth like the library's presets) are the candidates for the library default.
+    """
+    L = n_layers
+
+    def at(frac: float) -> int:
+        return min(L - 2, max(0, round(frac * L) - 1))
+
+    fracs = (0.2, 0.5, 0.8) if quick else (0.2, 0.4, 0.6, 0.8)
+    keeps = (0.3, 0.6) if quick else (0.25, 0.5, 0.75)
+    single = [lazy_spec((at(f),), (k,)) for f in fracs for k in keeps]
+    grid = [
+        ((1 / 3, 2 / 3), (0.7, 0.4)),
+        ((1 / 3, 2 / 3), (0.5, 0.25)),
+        ((0.5, 0.75), (0.5, 0.3)),
+        ((0.2, 0.4, 0.6, 0.8), (0.8, 0.6, 0.45, 0.3)),
+        ((0.2, 0.4, 0.6, 0.8), (0.6, 0.4, 0.25, 0.15)),  # the library's initial preset
+    ]
+    progressive = []
+    for fracs_, keep in grid[::2] if quick else grid:
+        layers = sorted({at(f) for f in fracs_})
+        progressive.append(lazy_spec(layers, keep[: len(layers)]))
+    return [BASELINE, FULL, *dict.fromkeys(single + progressive)]
+
+
+def select_schedule(
+    summary: Sequence[dict[str, Any]],
+    max_loss: float = 0.01,
+    min_baseline: float = 0.8,
+    family: str = "lazy",
+) -> dict[str, Any]:
+    """The schedule with the largest TTFT speedup at ≤ ``max_loss`` relative accuracy loss.
+
+    Only (task, length) cells where the mlx-lm baseline scores ≥ ``min_baseline`` count;
+    scores and times are pooled over those cells (accuracy: mean score vs mean baseline
+    score; speedups: mean of the per-cell speedups). Returns the full ranking too.
+    """
+    good = {(r["task"], r["length"]) for r in summary
+            if r["task"] != "all" and r["method"] == BASELINE
+            and (r["score"] or 0) >= min_baseline}
+    cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in summary:
+        if (r["task"], r["length"]) in good:
+            cells[r["method"]].append(r)
+    ranking = []
+    for method, rows in cells.items():
+        base = _mean(r["baseline_score"] for r in rows)
+        score = _mean(r["score"] for r in rows)
+        ranking.append(dict(
+            method=method,
+            family=rows[0]["family"],
+            score=score,
+            baseline_score=base,
+            relative_accuracy_loss=(base - score) / base if base else None,
+            ttft_speedup=_mean(r["ttft_speedup"] for r in rows),
+            ttft_speedup_vs_full=_mean(r["ttft_speedup_vs_full"] for r in rows),
+            predicted_ttft_speedup_vs_full=_mean(r["predicted_ttft_speedup_vs_full"]
+                                                 for r in rows),
+            prompt_tokens_computed_pct=_mean(r["prompt_tokens_computed_pct"] for r in rows),
+        ))
+    ranking.sort(key=lambda p: -(p["ttft_speedup"] or 0))
+    ok = [p for p in ranking if p["family"] == family
+          and p["relative_accuracy_loss"] is not None and p["relative_accuracy_loss"] <= max_loss]
+    return {
+        "criterion": f"largest TTFT speedup vs mlx-lm among '{family}' schedules with "
+                     f"relative accuracy loss <= {max_loss:.0%}, pooled over the (task, length) "
+                     f"cells where the mlx-lm baseline scores >= {min_baseline:.0%}",
+        "cells_used": sorted(f"{t}@{n}" for t, n in good),
+        "chosen": ok[0] if ok else None,
+        "ranking": ranking,
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# Output
+
+
+def _jsonable(obj: Any) -> Any:
+    """Tuples -> lists, numpy/mlx scalars -> Python, recursively."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    if hasattr(obj, "item"):
+        return obj.item()
+    return str(obj)
+
+
+def write_results(result: BenchResult, out: str | Path) -> Path:
+    """Write results.json under ``out`` (created if needed); return its path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    path.write_text(json.dumps(_jsonable(result.as_dict()), indent=1))
+    return path
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """Read a results.json written by :func:`write_results`."""
+    p = Path(path)
+    return json.loads((p / "results.json" if p.is_dir() else p).read_text())
+
+
+def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if x is None else f"{x:{spec}}{suffix}"
+
+
+def _mib(x: float | None) -> str:
+    return "–" if x is None else f"{x / 2**20:.1f}"
+
+
+def render_table(result: dict[str, Any]) -> str:
+    """Markdown tables shaped like the LazyLLM paper's Tables 1 and 2, per prompt length.
+
+    Table 1: score (mlx-lm baseline → method), relative loss, TTFT speedup vs mlx-lm, vs our
+    unpruned path, and the cost model's predicted speedup vs our unpruned path.
+    Table 2: % of prompt tokens computed over the whole generation, generation (end to end)
+    speedup, TPOT speedup, KV / aux / peak memory.
+    """
+    meta = result["meta"]
+    mach = meta["machine"]
+    lines = [
+        "# mlx-lazy benchmark",
+        "",
+        f"Model: {meta['model']} ({meta['n_layers']} layers). Machine: {mach['cpu']} "
+        f"({mach['cpu_count']} cores), {mach['platform']}, mlx {mach['mlx']}, mlx-lm "
+        f"{mach['mlx_lm']}, OpenBLAS: {'yes' if mach['openblas'] else 'no'}. Date: {mach['date']}.",
+        f"Samples per (task, length): {meta['config']['samples']}; seed {meta['config']['seed']}; "
+        "greedy decoding. Speedups are baseline time / method time (> 1 is faster).",
+        "",
+    ]
+    if meta.get("stopped_early"):
+        lines += [f"**Stopped early ({meta['stopped_early']}): {meta['samples_done']} of "
+                  f"{meta['samples_planned']} samples done.**", ""]
+    summary = result["summary"]
+    for length in sorted({r["length"] for r in summary}):
+        rows = [r for r in summary if r["length"] == length]
+        lines += [
+            f"## Prompt length ≤ {length} tokens",
+            "",
+            "Table 1 — accuracy and time to first token",
+            "",
+            "| Task | Method | Score (mlx-lm → method) | Rel. loss | TTFT speedup vs mlx-lm "
+            "| vs full | predicted vs full |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['task']} | {r['method']} | {_fmt(r['baseline_score'])} → "
+                f"{_fmt(r['score'])} | {_fmt(r['relative_accuracy_loss'], '.1%')} | "
+                f"{_fmt(r['ttft_speedup'], '.2f', '×')} | "
+                f"{_fmt(r['ttft_speedup_vs_full'], '.2f', '×')} | "
+                f"{_fmt(r['predicted_ttft_speedup_vs_full'], '.2f', '×')} |"
+            )
+        lines += [
+            "",
+            "Table 2 — prompt tokens computed and whole-generation time",
+            "",
+            "| Task | Method | % prompt tokens computed | Generation speedup | TPOT speedup "
+            "| KV MiB | Aux MiB | Peak MiB |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['task']} | {r['method']} | {_fmt(r['prompt_tokens_computed_pct'], '.1f', '%')} "
+                f"| {_fmt(r['generation_speedup'], '.2f', '×')} | "
+                f"{_fmt(r['tpot_speedup'], '.2f', '×')} | {_mib(r['kv_bytes'])} | "
+                f"{_mib(r['aux_bytes'])} | {_mib(r['peak_memory_bytes'])} |"
+            )
+        lines.append("")
+    sel = result.get("selection")
+    if sel:
+        lines += ["## Calibration", "", sel["criterion"] + ".",
+                  f"Cells used: {', '.join(sel['cells_used']) or 'none (the baseline failed everywhere)'}.",
+                  ""]
+        chosen = sel.get("chosen")
+        lines.append(f"**Chosen: `{chosen['method']}`**" if chosen else
+                     "**No schedule met the criterion.**")
+        lines += ["", "| Method | Score (mlx-lm → method) | Rel. loss | TTFT speedup vs mlx-lm "
+                  "| vs full | predicted vs full | % prompt computed |", "|---|---|---|---|---|---|---|"]
+        for p in sel["ranking"]:
+            lines.append(
+                f"| {p['method']} | {_fmt(p['baseline_score'])} → {_fmt(p['score'])} | "
+                f"{_fmt(p['relative_accuracy_loss'], '.1%')} | {_fmt(p['ttft_speedup'], '.2f', '×')} | "
+                f"{_fmt(p['ttft_speedup_vs_full'], '.2f', '×')} | "
+                f"{_fmt(p['predicted_ttft_speedup_vs_full'], '.2f', '×')} | "
+                f"{_fmt(p['prompt_tokens_computed_pct'], '.1f', '%')} |"
+            )
+        lines.append("")
+    cm = result.get("cost_model")
+    if cm and "a" in cm:
+        lines += [f"Cost model (fitted on {cm['n_samples']} unpruned runs, TTFT): "
+                  f"t = {cm['a']:.3g}·token_layers + {cm['b']:.3g}·attention_pairs + {cm['c']:.3g} s "
+                  f"(RMS relative residual {cm['rms_relative_residual']:.1%}).", ""]
+    elif cm:
+        lines += [f"Cost model: not fitted ({cm.get('error')}).", ""]
+    return "\n".join(lines)
