@@ -20,6 +20,7 @@ from . import _blas  # noqa: F401  (must precede any mlx import)
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -282,7 +283,7 @@ def _convert_hf(source: str, out_dir: Path | str, *, q_bits: int | None,
 
     target = Path(out_dir) / "model"  # mlx_lm refuses existing folders
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(io.StringIO()):  # keep our CLI's output to one line
             mlx_lm_convert(str(source), str(target), quantize=q_bits is not None,
                            q_bits=q_bits, q_group_size=q_group_size, dtype=dtype,
                            dequantize=dequantize)
