@@ -21,7 +21,7 @@ SECRET_CODE = "BLUE HERON"
 DEFAULT_QUESTION = f"What is the password of {SECRET_STATION}? Answer with the password only."
 
 
-def build_document(n_entries: int = 40, seed: int = 0) -> str:
+def build_document(n_entries: int = 20, seed: int = 0) -> str:
     """A logbook of ``n_entries`` routine entries with the password of
     ``SECRET_STATION`` stated once, about two thirds of the way in."""
     rng = random.Random(seed)
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--document", default=None, help="UTF-8 text file (default: built-in logbook)")
     ap.add_argument("--question", default=DEFAULT_QUESTION)
     ap.add_argument("--method", choices=METHODS, default="lazy")
-    ap.add_argument("--entries", type=int, default=40, help="length of the built-in document")
+    ap.add_argument("--entries", type=int, default=20, help="length of the built-in document")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--compare", action="store_true", help="also answer without pruning")
     args = ap.parse_args()

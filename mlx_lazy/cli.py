@@ -230,7 +230,8 @@ def context_length(model, tokenizer) -> Optional[int]:
 class PrefillProgress:
     """A tqdm bar over layers on stderr, fed by ``stream_generate``'s ``progress`` callback.
 
-    Appears only once the prefill has lasted ``delay`` seconds, and is removed when done.
+    Appears only once the prefill has lasted ``delay`` seconds, and is removed as soon as
+    the last layer is done.
     """
 
     def __init__(self, desc: str, enabled: bool, file=None, delay: float = 0.5) -> None:
@@ -249,6 +250,8 @@ class PrefillProgress:
             self._bar = tqdm(total=total_layers, desc=self.desc, unit="layer",
                              file=self.file, leave=False, delay=self.delay)
         self._bar.update(done_layers - self._bar.n)
+        if done_layers >= total_layers:  # clear the line before the output text starts
+            self.close()
 
     def close(self) -> None:
         """Remove the bar (safe to call when none was shown)."""

@@ -260,9 +260,11 @@ def test_first_divergence_and_table():
 def test_prefill_progress_bar():
     buf = io.StringIO()
     bar = cli.PrefillProgress("prefill", enabled=True, file=buf, delay=0)
-    for done in range(1, 5):
+    for done in range(1, 4):
         bar(done, 4)
-    assert bar._bar.n == bar._bar.total == 4
+    assert bar._bar.n == 3 and bar._bar.total == 4
+    bar(4, 4)
+    assert bar._bar is None  # closed (line cleared) once the last layer is done
     bar.close()
     assert "prefill" in buf.getvalue() and "layer" in buf.getvalue()
     silent = io.StringIO()
