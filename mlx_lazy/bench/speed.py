@@ -173,17 +173,26 @@ class RunResult:
     generated: int
     ttft_s: float
     tpot_s: Optional[float]
+    total_s: float
     peak_memory_bytes: int
     work_memory_bytes: int
     kv_bytes: int
     kv_bytes_per_layer: list[int]
     aux_bytes: int
     kv_bytes_allocated: Optional[int] = None
+    loadavg_1min: Optional[float] = None  # machine load when the run ended (noise indicator)
     stats: Optional[dict[str, Any]] = None  # GenerationStats.as_dict() (ours only, text dropped)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return asdict(self)
+
+
+def _loadavg() -> Optional[float]:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
 
 
 def _clean() -> int:
@@ -222,8 +231,9 @@ def run_mlx_lm(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, r
     ttft, tpot = _ttft_tpot(times, t0)
     per_layer = [sum(a.nbytes for a in c.keys_and_values()) for c in cache]
     allocated = sum(c.keys.nbytes + c.values.nbytes for c in cache if getattr(c, "keys", None) is not None)
-    return RunResult(MLX_LM, len(prompt), repeat, len(times), ttft, tpot, peak, peak - base,
-                     sum(per_layer), per_layer, 0, kv_bytes_allocated=allocated)
+    return RunResult(MLX_LM, len(prompt), repeat, len(times), ttft, tpot, times[-1] - t0, peak,
+                     peak - base, sum(per_layer), per_layer, 0, kv_bytes_allocated=allocated,
+                     loadavg_1min=_loadavg())
 
 
 def run_ours(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, config: PruningConfig,
@@ -237,9 +247,9 @@ def run_ours(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, con
     ttft, tpot = _ttft_tpot(times, t0)
     stats = last.stats.as_dict()
     stats.pop("text", None)
-    return RunResult(name, len(prompt), repeat, len(times), ttft, tpot, peak, peak - base,
-                     int(stats["kv_bytes"]), list(stats["kv_bytes_per_layer"]),
-                     int(stats["aux_bytes"]), stats=stats)
+    return RunResult(name, len(prompt), repeat, len(times), ttft, tpot, times[-1] - t0, peak,
+                     peak - base, int(stats["kv_bytes"]), list(stats["kv_bytes_per_layer"]),
+                     int(stats["aux_bytes"]), loadavg_1min=_loadavg(), stats=stats)
 
 
 def _num_layers(model: Any) -> int:
@@ -371,10 +381,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     by_repeat: dict[int, dict[str, dict[str, Any]]] = {}
     for r in main:
         by_repeat.setdefault(r["repeat"], {})[r["method"]] = r
-    methods: list[str] = []
-    for r in main:
-        if r["method"] not in methods:
-            methods.append(r["method"])
+    methods = list(dict.fromkeys(r["method"] for r in main))
+    full_pairs = next((r["stats"]["prefill_attention_pairs"] for r in main if r["method"] == FULL), None)
     rows: dict[str, dict[str, Any]] = {}
     for m in methods:
         mine = [r for r in main if r["method"] == m]
@@ -384,32 +392,44 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                     if m in rep and ref in rep and rep[m][key] and rep[ref][key]]
             return _median(vals)
 
-        row: dict[str, Any] = {
-            "n_runs": len(mine),
-            "ttft_s": _median([r["ttft_s"] for r in mine]),
-            "tpot_s": _median([r["tpot_s"] for r in mine]),
-            "ttft_vs_mlx_lm": ratio("ttft_s", MLX_LM),
-            "tpot_vs_mlx_lm": ratio("tpot_s", MLX_LM),
-            "ttft_vs_full": ratio("ttft_s", FULL),
-            "tpot_vs_full": ratio("tpot_s", FULL),
-            "kv_bytes": mine[-1]["kv_bytes"],
-            "kv_bytes_per_layer": mine[-1]["kv_bytes_per_layer"],
-            "aux_bytes": mine[-1]["aux_bytes"],
-            "peak_memory_bytes": max(r["peak_memory_bytes"] for r in mine),
-            "work_memory_bytes": max(r["work_memory_bytes"] for r in mine),
-        }
+        row: dict[str, Any] = {"n_runs": len(mine)}
+        for key in ("ttft_s", "tpot_s", "total_s"):
+            row[key] = _median([r[key] for r in mine])
+            row[key[:-2] + "_vs_mlx_lm"] = ratio(key, MLX_LM)
+            row[key[:-2] + "_vs_full"] = ratio(key, FULL)
+        row.update(
+            kv_bytes=mine[-1]["kv_bytes"],
+            kv_bytes_per_layer=mine[-1]["kv_bytes_per_layer"],
+            aux_bytes=mine[-1]["aux_bytes"],
+            peak_memory_bytes=max(r["peak_memory_bytes"] for r in mine),
+            work_memory_bytes=max(r["work_memory_bytes"] for r in mine),
+        )
         s = mine[-1]["stats"]
         if s is not None:
-            row["token_layers_pct"] = 100.0 * sum(s["prefill_tokens_per_layer"]) / (
-                main_len * len(s["prefill_tokens_per_layer"]))
-            row["prompt_tokens_computed_pct"] = s.get("prompt_tokens_computed_pct")
-            row["revivals"] = s.get("revivals")
-            row["host_syncs"] = s.get("host_syncs")
+            num_layers = len(s["prefill_tokens_per_layer"])
+            prefill_tl = sum(s["prefill_tokens_per_layer"])
+            # Decode steps = new tokens computed at layer 0 (nothing is ever revived there).
+            steps = max(1, s["tokens_computed_per_layer"][0] - s["prefill_tokens_per_layer"][0])
+            decode_tl = (sum(s["tokens_computed_per_layer"]) - prefill_tl) / steps
+            row.update(
+                token_layers_pct=100.0 * prefill_tl / (main_len * num_layers),
+                attention_pairs_pct=(100.0 * s["prefill_attention_pairs"] / full_pairs) if full_pairs else None,
+                prompt_tokens_computed_pct=s["prompt_tokens_computed_pct"],
+                revivals=s["revivals"],
+                host_syncs=s["host_syncs"],
+                max_computations_per_token_layer=s["max_computations_per_token_layer"],
+                decode_token_layers_per_step=decode_tl,
+            )
             if model is not None:
                 errs = [model.relative_error(r["stats"], r["ttft_s"]) for r in mine]
-                row["predicted_ttft_s"] = model.predict(s)
-                row["prediction_errors"] = errs
-                row["prediction_error_median"] = _median(errs)
+                row.update(
+                    predicted_ttft_s=model.predict(s),
+                    prediction_errors=errs,
+                    prediction_error_median=_median(errs),
+                    # Token-layer work a decode step does beyond its own token (revivals),
+                    # priced at the prefill's per-token-layer cost.
+                    modelled_revival_s_per_step=model.a * max(0.0, decode_tl - num_layers),
+                )
         rows[m] = row
     return {
         "cost_model": model.as_dict() if model else None,
@@ -421,58 +441,66 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _fmt(x: Optional[float], spec: str, scale: float = 1.0) -> str:
-    return "–" if x is None else format(x * scale, spec)
+def _fmt(x: Optional[float], spec: str, scale: float = 1.0, suffix: str = "") -> str:
+    return "–" if x is None else format(x * scale, spec) + suffix
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def markdown_table(result: dict[str, Any]) -> str:
-    """The summary as markdown: one row per method at the main length, then the cost model."""
+    """The summary as markdown: prefill table, decode/memory table, cost model, KV per layer."""
     info, summ = result["info"], result["summary"]
+    rows = summ["methods"]
     mib = 1 / 2**20
-    ref_kv = summ["methods"].get(MLX_LM, {}).get("kv_bytes")
+    ref_kv = rows.get(MLX_LM, {}).get("kv_bytes")
     lines = [
         f"Prompt {info['main_length']} tokens, {info['max_tokens']} generated tokens, "
-        f"{info['repeats']} repeats (medians; ratios are per-repeat side by side, then median).",
+        f"{info['repeats']} repeats; times are medians, ratios are per-repeat side-by-side "
+        "ratios, then the median.",
         "",
-        "| method | TTFT s | TTFT × mlx-lm | TTFT × full | predicted s | pred. err | TPOT ms "
-        "| TPOT × mlx-lm | KV MiB | KV × mlx-lm | aux MiB | peak MiB | work MiB | token-layers % "
-        "| revivals | host syncs |",
-        "|---" * 16 + "|",
     ]
-    for m, row in summ["methods"].items():
-        kv_ratio = row["kv_bytes"] / ref_kv if ref_kv else None
-        lines.append("| " + " | ".join([
-            m,
-            _fmt(row["ttft_s"], ".2f"),
-            _fmt(row["ttft_vs_mlx_lm"], ".3f"),
-            _fmt(row["ttft_vs_full"], ".3f"),
-            _fmt(row.get("predicted_ttft_s"), ".2f"),
-            _fmt(row.get("prediction_error_median"), "+.1f", 100.0) + ("%" if row.get("prediction_error_median") is not None else ""),
-            _fmt(row["tpot_s"], ".1f", 1e3),
-            _fmt(row["tpot_vs_mlx_lm"], ".3f"),
-            _fmt(row["kv_bytes"], ".1f", mib),
-            _fmt(kv_ratio, ".3f"),
-            _fmt(row["aux_bytes"], ".1f", mib),
-            _fmt(row["peak_memory_bytes"], ".0f", mib),
-            _fmt(row["work_memory_bytes"], ".0f", mib),
-            _fmt(row.get("token_layers_pct"), ".1f"),
-            str(row.get("revivals", "–")),
-            str(row.get("host_syncs", "–")),
-        ]) + " |")
+    lines += _table(
+        ["method", "TTFT s", "TTFT × mlx-lm", "TTFT × full", "predicted s", "pred. error",
+         "token-layers %", "attn pairs %", "host syncs"],
+        [[m, _fmt(r["ttft_s"], ".2f"), _fmt(r["ttft_vs_mlx_lm"], ".3f"), _fmt(r["ttft_vs_full"], ".3f"),
+          _fmt(r.get("predicted_ttft_s"), ".2f"), _fmt(r.get("prediction_error_median"), "+.1f", 100, "%"),
+          _fmt(r.get("token_layers_pct"), ".1f"), _fmt(r.get("attention_pairs_pct"), ".1f"),
+          str(r.get("host_syncs", "–"))] for m, r in rows.items()])
+    lines.append("")
+    lines += _table(
+        ["method", "TPOT ms", "TPOT × mlx-lm", "TPOT × full", "total × mlx-lm",
+         "decode token-layers/step", "revival ms/step (model)", "revivals", "KV MiB",
+         "KV × mlx-lm", "aux MiB", "peak MiB", "work MiB"],
+        [[m, _fmt(r["tpot_s"], ".1f", 1e3), _fmt(r["tpot_vs_mlx_lm"], ".3f"), _fmt(r["tpot_vs_full"], ".3f"),
+          _fmt(r["total_vs_mlx_lm"], ".3f"), _fmt(r.get("decode_token_layers_per_step"), ".1f"),
+          _fmt(r.get("modelled_revival_s_per_step"), ".1f", 1e3), str(r.get("revivals", "–")),
+          _fmt(r["kv_bytes"], ".1f", mib), _fmt(r["kv_bytes"] / ref_kv if ref_kv else None, ".3f"),
+          _fmt(r["aux_bytes"], ".1f", mib), _fmt(r["peak_memory_bytes"], ".0f", mib),
+          _fmt(r["work_memory_bytes"], ".0f", mib)] for m, r in rows.items()])
     cm = summ["cost_model"]
     lines.append("")
     if cm:
         lines.append(
             f"Cost model (fitted on {cm['n_samples']} unpruned runs at {info['lengths']} tokens): "
-            f"TTFT ≈ {cm['a'] * 1e6:.4g} µs·token_layers + {cm['b'] * 1e9:.4g} ns·attention_pairs "
+            f"TTFT ≈ {cm['a'] * 1e6:.4g} µs × token_layers + {cm['b'] * 1e9:.4g} ns × attention_pairs "
             f"+ {cm['c']:.3g} s; fit residual RMS {100 * cm['rms_relative_residual']:.1f}%, "
             f"max {100 * cm['max_relative_residual']:.1f}%.")
+        pts = summ["cost_model_fit_points"]
+        lines.append("Fit points (N: measured / fitted s): " + ", ".join(
+            f"{p['prompt_tokens']}: {p['ttft_s']:.2f}/{p['fitted_s']:.2f}" for p in pts))
     else:
         lines.append(f"Cost model not fitted: {summ['cost_model_error']}")
-    lines += ["", "KV bytes per layer (KiB):", ""]
-    for m, row in summ["methods"].items():
-        per = row["kv_bytes_per_layer"]
-        lines.append(f"- {m}: " + ", ".join(f"{b / 1024:.0f}" for b in per))
+    loads = [r["loadavg_1min"] for r in result["runs"] if r.get("loadavg_1min") is not None]
+    if loads:
+        lines.append(f"Machine load (1-min average at the end of each run): min {min(loads):.1f}, "
+                     f"median {statistics.median(loads):.1f}, max {max(loads):.1f} "
+                     f"on {info.get('cpu_count')} CPUs.")
+    lines += ["", "KV bytes per layer (KiB, layer 0 first):", ""]
+    for m, r in rows.items():
+        lines.append(f"- {m}: " + ", ".join(f"{b / 1024:.0f}" for b in r["kv_bytes_per_layer"]))
     if result.get("skipped"):
         lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items())]
     return "\n".join(lines)
