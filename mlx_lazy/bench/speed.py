@@ -48,6 +48,9 @@ Measurements (all methods measured identically, wall clock, ``time.perf_counter`
   within ±10%. Positive means the pruning machinery (scoring, gathers, Aux Cache, host syncs)
   costs more than the model of plain work accounts for.
 
+``--report results.json`` prints the tables of a saved result (e.g. one cut short by a timeout:
+the JSON is rewritten after every repeat).
+
 ``--quick`` shrinks everything (lengths 48,64,96, 4 tokens, 1 repeat) for tests on tiny models.
 """
 
@@ -521,6 +524,8 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help=f"comma-separated schedules besides mlx-lm and full; known: {', '.join(SCHEDULES)} "
                         f"(default {','.join(DEFAULT_SCHEDULES)})")
     p.add_argument("--out", type=Path, default=None, help="write the JSON result here")
+    p.add_argument("--report", type=Path, default=None,
+                   help="print the tables of a saved --out JSON (e.g. one cut short by a timeout) and exit")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: lengths 48,64,96, 4 tokens, 1 repeat (unless given explicitly)")
     args = p.parse_args(argv)
@@ -538,6 +543,11 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Command-line entry point; returns the result dict."""
     args = _parse_args(argv)
+    if args.report is not None:
+        result = json.loads(args.report.read_text())
+        result["summary"] = summarize(result)
+        print(markdown_table(result))
+        return result
     model, tokenizer = load(args.model)
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
     for s in schedules:
