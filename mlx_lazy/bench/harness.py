@@ -21,10 +21,8 @@ Methods are written as strings (see :func:`parse_method`):
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import math
-import os
 import platform
 import statistics
 import time
@@ -34,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import _blas
+from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from . import metrics
 from .tasks import QUICK_TASKS, TASKS, Sample, build_suite
 
@@ -318,30 +316,22 @@ class BenchResult:
         }
 
 
-def machine_info() -> dict[str, Any]:
-    """Where and with what the numbers were measured."""
-    import mlx_lm
+def machine_info(model: Any) -> dict[str, Any]:
+    """Where and with what the numbers were measured (the speed benchmark's fields + CPU)."""
+    from .speed import machine_info as speed_machine_info
 
-    cpu = platform.processor() or platform.machine()
+    info = speed_machine_info(model, argv=None)
+    info["command"] = info["command"].replace("mlx_lazy.bench.speed", "mlx_lazy.bench")
+    info["cpu"] = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
+                    info["cpu"] = line.split(":", 1)[1].strip()
                     break
     except OSError:
         pass
-    return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "mlx": mx.__version__,
-        "mlx_lm": mlx_lm.__version__,
-        "device": str(mx.default_device()),
-        "openblas": _blas.loaded_path,
-    }
+    return info
 
 
 def run_bench(
@@ -398,7 +388,7 @@ def run_bench(
     meta = {
         "model": cfg.model or "default (SmolLM2-135M-Instruct)",
         "config": _jsonable(dataclasses.asdict(cfg)),
-        "machine": machine_info(),
+        "machine": machine_info(model),
         "methods": {m.name: m.schedule() for m in methods},
         "n_layers": len(model.layers),
         "stopped_early": stopped,

@@ -1,0 +1,228 @@
+"""The evaluation harness: task generators, scorers, method parsing, selection, end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlx_lazy.bench import harness, metrics, tasks
+from mlx_lazy.bench.__main__ import main, parse_methods
+
+
+class WordTokenizer:
+    """Whitespace tokenizer with a chat template: enough for the generators, no model."""
+
+    bos_token = None
+    chat_template = "stub"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [len(w) for w in text.split()]
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return f"<user>\n{messages[0]['content']}\n<assistant>\n"
+
+
+TOK = WordTokenizer()
+
+
+# ---------------------------------------------------------------------------- generators
+
+
+@pytest.mark.parametrize("task", sorted(tasks.TASKS))
+def test_generators_are_deterministic_and_fit(task):
+    a = tasks.build_samples(TOK, task, 600, 3, seed=0)
+    b = tasks.build_samples(TOK, task, 600, 3, seed=0)
+    c = tasks.build_samples(TOK, task, 600, 3, seed=1)
+    assert [s.prompt for s in a] == [s.prompt for s in b]
+    assert [s.tokens for s in a] == [s.tokens for s in b]
+    assert [s.prompt for s in a] != [s.prompt for s in c]
+    assert len({s.prompt for s in a}) == 3  # samples differ from each other too
+    for s in a:
+        assert 0.75 * 600 < s.n_tokens <= 600
+        assert s.prompt.startswith("<user>")
+        assert all(ref in s.prompt for ref in s.references)
+        assert s.match in metrics.MATCH_MODES
+        assert s.as_dict()["prompt_tokens"] == s.n_tokens
+
+
+def test_needles_move_deeper_with_the_sample_index():
+    samples = tasks.build_samples(TOK, "niah_single", 800, 4, seed=3)
+    positions = [s.prompt.index("special magic numbers for") for s in samples]
+    assert [s.depths[0] for s in samples] == [0.125, 0.375, 0.625, 0.875]
+    assert positions == sorted(positions)
+
+
+def test_haystack_is_natural_prose():
+    sents = tasks.prose_sentences()
+    assert len(sents) > 500
+    assert all(s.endswith(".") and s[0].isupper() for s in sents)
+    assert not any(ch.isdigit() for s in sents for ch in s)  # no stray numbers near needles
+
+
+def test_too_short_length_and_unknown_task():
+    with pytest.raises(ValueError, match="too short"):
+        tasks.build_samples(TOK, "multidoc_qa", 20, 1)
+    with pytest.raises(ValueError, match="unknown task"):
+        tasks.get_task("nope")
+
+
+def test_suite_covers_every_cell():
+    suite = tasks.build_suite(TOK, ["passkey", "kv_retrieval"], [300, 500], 2, seed=0)
+    assert {(s.task, s.target_tokens) for s in suite} == {
+        (t, n) for t in ("passkey", "kv_retrieval") for n in (300, 500)}
+    assert len(suite) == 8
+
+
+@pytest.mark.slow
+def test_lengths_with_the_real_tokenizer(smollm2_path):
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    tok = load_tokenizer(smollm2_path)
+    for task in tasks.TASKS:
+        (s,) = tasks.build_samples(tok, task, 512, 1, seed=0)
+        assert 400 < s.n_tokens <= 512, task
+        assert s.prompt.startswith("<|im_start|>system")  # chat template applied
+        assert list(s.tokens) == tasks.encode(tok, s.prompt)
+
+
+# ------------------------------------------------------------------------------- scorers
+
+
+def test_normalization():
+    assert metrics.normalize_answer("The  Quick, brown fox!") == "quick brown fox"
+    assert metrics.normalize_answer("An apple; a PEAR.") == "apple pear"
+    assert metrics.normalize_answer("  ") == ""
+
+
+def test_exact_and_substring_match():
+    assert metrics.exact_match("The Answer.", ["answer"]) == 1.0
+    assert metrics.exact_match("answer two", ["answer"]) == 0.0
+    assert metrics.substring_match("Keys: 123, 456.", ["123", "456"], "all") == 1.0
+    assert metrics.substring_match("Keys: 123.", ["123", "456"], "all") == 0.0
+    assert metrics.substring_match("Keys: 123.", ["123", "456"], "any") == 1.0
+    assert metrics.substring_match("91234", ["123"], "any") == 0.0  # whole tokens only
+    assert metrics.substring_match("6776", ["67767"], "any") == 0.0  # partial digits fail
+    with pytest.raises(ValueError):
+        metrics.substring_match("x", ["x"], "some")
+
+
+def test_token_f1():
+    assert metrics.token_f1("the cat sat", ["a cat sat down"]) == pytest.approx(0.8)
+    assert metrics.token_f1("Lisbon.", ["lisbon"]) == 1.0
+    assert metrics.token_f1("Oslo", ["Lisbon", "Oslo"]) == 1.0  # best reference
+    assert metrics.token_f1("nothing here", ["Lisbon"]) == 0.0
+    assert metrics.token_f1("", [""]) == 1.0
+
+
+def test_score_modes():
+    text = " 67767.\nThe pass key is something else"
+    assert metrics.score(text, ["67767"], "exact") == 1.0  # first line only
+    assert metrics.score(text, ["67767"], "any") == 1.0
+    assert metrics.score(" Lisbon, a city\nmore", ["Lisbon"], "f1") == pytest.approx(2 / 3)
+    assert set(metrics.score_all(text, ["67767"])) == set(metrics.MATCH_MODES)
+    with pytest.raises(ValueError, match="unknown match mode"):
+        metrics.score(text, ["x"], "fuzzy")
+
+
+# ------------------------------------------------------------------- methods, selection
+
+
+def test_parse_method():
+    assert harness.parse_method("mlx-lm").is_baseline
+    m = harness.parse_method("lazy:layers=5,11:keep=0.6,0.4")
+    assert (m.config.method, m.config.prune_layers, m.config.keep) == ("lazy", (5, 11), (0.6, 0.4))
+    assert m.family == "lazy" and m.schedule()["keep"] == [0.6, 0.4]
+    s = harness.parse_method("static:layers=6:keep=0.4")
+    assert (s.config.prune_layers, s.config.keep) == ((6,), (0.4,))
+    assert harness.parse_method("speed:cutoff=0.5").config.speed_cutoff == 0.5
+    assert harness.parse_method(harness.lazy_spec((3,), (0.5,))).config.prune_layers == (3,)
+    with pytest.raises(ValueError, match="unknown method"):
+        harness.parse_method("nope")
+    with pytest.raises(ValueError, match="field=value"):
+        harness.parse_method("lazy:oops")
+    assert parse_methods("full,lazy") == ("full", "lazy")
+    assert parse_methods("full;lazy:layers=1,2:keep=0.5,0.2") == ("full", "lazy:layers=1,2:keep=0.5,0.2")
+
+
+def test_sweep_methods_are_valid_for_the_model_depth():
+    for depth in (4, 30):
+        specs = harness.sweep_methods(depth, quick=depth == 4)
+        assert specs[:2] == ["mlx-lm", "full"] and len(set(specs)) == len(specs)
+        for spec in specs[2:]:
+            harness.parse_method(spec).config.resolve(depth)  # raises if invalid
+
+
+def _row(task, method, score, speedup, family="lazy", base=1.0):
+    return dict(task=task, length=512, method=method, family=family, score=score,
+                baseline_score=base, ttft_speedup=speedup, ttft_speedup_vs_full=speedup,
+                predicted_ttft_speedup_vs_full=None, prompt_tokens_computed_pct=50.0)
+
+
+def test_select_schedule():
+    summary = [
+        _row("passkey", "mlx-lm", 1.0, 1.0, family="mlx-lm"),
+        _row("passkey", "fast-bad", 0.5, 3.0),
+        _row("passkey", "good", 1.0, 1.5),
+        _row("passkey", "slow-good", 1.0, 1.2),
+        _row("passkey", "speed", 1.0, 2.0, family="speed"),
+        _row("kv", "mlx-lm", 0.2, 1.0, family="mlx-lm", base=0.2),  # baseline fails: ignored
+        _row("kv", "good", 0.0, 1.5, base=0.2),
+    ]
+    sel = harness.select_schedule(summary, max_loss=0.01, min_baseline=0.8)
+    assert sel["cells_used"] == ["passkey@512"]
+    assert sel["chosen"]["method"] == "good"  # fastest lazy schedule without loss
+    assert [p["method"] for p in sel["ranking"]][:2] == ["fast-bad", "speed"]
+    assert harness.select_schedule(summary[:2])["chosen"] is None
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+def test_quick_end_to_end(tiny_model_path, tmp_path):
+    out = tmp_path / "bench"
+    assert main(["--quick", "--model", str(tiny_model_path), "--lengths", "600",
+                 "--samples", "1", "--max-tokens", "4", "--out", str(out), "--no-progress"]) == 0
+    for name in ("results.json", "table.md", "pareto.png", "token_usage.png"):
+        assert (out / name).stat().st_size > 0, name
+    data = json.loads((out / "results.json").read_text())
+    runs = data["runs"]
+    assert {r["method"] for r in runs} == set(harness.DEFAULT_METHODS)
+    assert {r["task"] for r in runs} == set(tasks.QUICK_TASKS)
+    # methods alternate: the first method differs from sample to sample
+    firsts = {r["task"]: r["method"] for r in runs if r["order"] == 0}
+    assert len(set(firsts.values())) > 1
+    for r in runs:
+        assert r["ttft_s"] > 0 and r["total_s"] >= r["ttft_s"]
+        assert 0.0 <= r["score"] <= 1.0 and r["peak_memory_bytes"] > 0
+        assert (r["stats"] is None) == (r["method"] == "mlx-lm")
+    base = [r for r in data["summary"] if r["method"] == "mlx-lm" and r["task"] == "all"]
+    assert base and base[0]["ttft_speedup"] == pytest.approx(1.0)
+    assert base[0]["baseline_score"] is not None  # the baseline's own accuracy is reported
+    lazy = next(r for r in data["summary"] if r["method"] == "lazy" and r["task"] == "all")
+    assert lazy["prompt_tokens_computed_pct"] < 100 and lazy["kv_bytes"] < base[0]["kv_bytes"]
+    table = (out / "table.md").read_text()
+    assert "Table 1" in table and "Table 2" in table and "| all | lazy |" in table
+
+
+def test_sweep_end_to_end(tiny_model_path, tmp_path):
+    out = tmp_path / "sweep"
+    assert main(["--sweep", "--quick", "--model", str(tiny_model_path), "--tasks", "passkey",
+                 "--lengths", "400", "--samples", "1", "--max-tokens", "3", "--min-baseline",
+                 "0", "--out", str(out), "--no-progress"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["selection"]["ranking"] and "criterion" in data["selection"]
+    assert (out / "sweep_heatmap.png").stat().st_size > 0
+    assert "## Calibration" in (out / "table.md").read_text()
+
+
+def test_time_limit_stops_between_samples(tiny_model_path, tmp_path):
+    from mlx_lazy import load
+
+    model, tok = load(str(tiny_model_path))
+    cfg = harness.BenchConfig(tasks=("passkey",), lengths=(400,), samples=3,
+                              methods=("mlx-lm", "full"), max_tokens=2, progress=False,
+                              warmup=False, time_limit_s=0.0)
+    result = harness.run_bench(cfg, model, tok, log=lambda msg: None)
+    assert result.meta["stopped_early"] and result.meta["samples_done"] <= 1
+    assert len(result.runs) == 2 * result.meta["samples_done"]
