@@ -36,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         "unpruned path, LazyLLM, SPEED, LazyLLM+SPEED, static and random pruning.",
     )
     p.add_argument("--quick", action="store_true",
-                   help=f"short run: tasks {','.join(QUICK_TASKS)}, lengths 512,1024, 2 samples "
-                   "(explicit options still override)")
+                   help=f"short run: tasks {','.join(QUICK_TASKS)}, lengths 512,1024, 2 samples, "
+                   "10-token answers (explicit options still override)")
     p.add_argument("--sweep", action="store_true",
                    help="calibration: single-layer (position x keep) and progressive LazyLLM "
                    "schedules; picks the largest TTFT speedup at <= --max-loss accuracy loss")
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: mlx-lm,full,lazy,speed,lazy+speed,static,random)")
     p.add_argument("--seed", type=int, default=0, help="task generator seed (default 0)")
     p.add_argument("--max-tokens", type=int, default=None,
-                   help="generation budget per answer (default: each task's own, 12-40)")
+                   help="generation budget per answer (default: each task's own, 12-40; quick 10)")
     p.add_argument("--max-loss", type=float, default=0.01,
                    help="sweep: max relative accuracy loss (default 0.01)")
     p.add_argument("--min-baseline", type=float, default=0.8,
@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                 methods=parse_methods(args.methods) if args.methods else None)
     opts = {k: v for k, v in opts.items() if v is not None}
     cfg = harness.BenchConfig.quick(**opts) if args.quick else harness.BenchConfig(**opts)
-    cfg.model, cfg.seed, cfg.max_tokens = args.model, args.seed, args.max_tokens
+    cfg.model, cfg.seed = args.model, args.seed
+    if args.max_tokens is not None:
+        cfg.max_tokens = args.max_tokens
     cfg.out, cfg.progress = args.out, not args.no_progress
     cfg.time_limit_s = args.time_limit
     # `timeout` sends SIGTERM: treat it like Ctrl-C so the results so far are still written.

@@ -128,7 +128,10 @@ def plot_token_usage(result: dict[str, Any], path: Path, max_methods: int = 12) 
     for r in _all_rows(result):
         if r.get("layer_usage_pct"):
             usage[r["method"]].append(r["layer_usage_pct"])
-    names = list(usage)[:max_methods]
+    methods = result["meta"]["methods"]
+    # Presets and progressive schedules first; single-layer sweep points only if room is left.
+    names = sorted(usage, key=lambda n: len(methods.get(n, {}).get("prune_layers") or ()) == 1)
+    names = names[:max_methods]
     n_layers = result["meta"]["n_layers"]
     stages = stage_bounds(n_layers)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(names) + 3), 4.2))

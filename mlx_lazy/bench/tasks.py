@@ -391,7 +391,7 @@ class MultiDocQA(Task):
 TASKS: dict[str, type[Task]] = {
     t.name: t for t in (Passkey, NiahSingle, NiahMultiKey, NiahMultiValue, KVRetrieval, MultiDocQA)
 }
-QUICK_TASKS: tuple[str, ...] = ("passkey", "niah_single", "kv_retrieval", "multidoc_qa")
+QUICK_TASKS: tuple[str, ...] = ("passkey", "niah_single", "multidoc_qa")
 
 
 def get_task(name: str) -> Task:
