@@ -140,6 +140,8 @@ class LazyEngine:
                     q[:, :, i:j], k[:, :, :j], v[:, :, :j], scale=scale, mask="causal"
                 )
             )
+            # One block's scores at a time: left lazy, the CPU backend may hold several.
+            mx.eval(outs[-1])
         return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
     # ------------------------------------------------------------------- decode

@@ -1,0 +1,182 @@
+"""The engine against mlx-lm's own forward pass, and LazyLLM / SPEED invariants."""
+
+import mlx.core as mx
+import mlx_lm
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_lazy import LazyEngine, PruningConfig
+
+KINDS = ("llama", "qwen2", "qwen3")
+
+
+def random_prompt(n, vocab, seed=0):
+    return mx.array(np.random.default_rng(seed).integers(0, vocab, n).astype(np.int32))
+
+
+def greedy_pair(model, engine, prompt, steps):
+    """Greedy decode with mlx-lm and with the engine side by side; return logits pairs."""
+    cache = make_prompt_cache(model)
+    ref = model(prompt[None], cache=cache)[0, -1]
+    ours = engine.prefill(prompt)
+    pairs = [(ref, ours)]
+    for _ in range(steps):
+        token = int(mx.argmax(ref))
+        assert token == int(mx.argmax(ours))
+        ref = model(mx.array([[token]]), cache=cache)[0, -1]
+        ours = engine.decode(token)
+        pairs.append((ref, ours))
+    return pairs
+
+
+def max_diff(pairs):
+    return max(mx.abs(a - b).max().item() for a, b in pairs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unpruned_matches_mlx_lm(tiny_model, kind):
+    model, _ = tiny_model(kind)
+    prompt = random_prompt(300, model.args.vocab_size)
+    # Small query blocks so the block-causal path runs several blocks.
+    engine = LazyEngine(model, PruningConfig("full"), block_size=64)
+    assert max_diff(greedy_pair(model, engine, prompt, 32)) < 1e-4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_speed_cutoff_at_full_depth_matches_mlx_lm(tiny_model, kind):
+    model, _ = tiny_model(kind)
+    prompt = random_prompt(200, model.args.vocab_size, seed=1)
+    engine = LazyEngine(model, PruningConfig("speed", speed_cutoff=1.0))
+    assert max_diff(greedy_pair(model, engine, prompt, 8)) < 1e-4
+
+
+@pytest.mark.slow
+def test_unpruned_matches_mlx_lm_on_smollm2(smollm2):
+    model, tokenizer = smollm2
+    text = "The history of the Roman Empire spans many centuries. " * 12
+    prompt = mx.array(tokenizer.encode(text))
+    engine = LazyEngine(model, PruningConfig("full"), block_size=64)
+    assert max_diff(greedy_pair(model, engine, prompt, 32)) < 1e-4
+
+
+def test_quantized_model_unpruned_matches_mlx_lm(tiny_model_dir):
+    model, _ = mlx_lm.load(str(tiny_model_dir("llama")))  # a fresh copy to quantize
+    nn.quantize(model, group_size=32, bits=4)
+    prompt = random_prompt(100, model.args.vocab_size, seed=2)
+    engine = LazyEngine(model, PruningConfig("lazy", prune_layers=(1,), keep=(1.0,)))
+    assert max_diff(greedy_pair(model, engine, prompt, 4)) < 1e-4
+
+
+def run(engine, prompt, steps):
+    token = int(mx.argmax(engine.prefill(prompt)))
+    for _ in range(steps):
+        token = int(mx.argmax(engine.decode(token)))
+    return engine.stats
+
+
+def test_lazy_aggressive_schedule_invariants(tiny_model):
+    model, _ = tiny_model("llama")
+    n = 400
+    config = PruningConfig("lazy", prune_layers=(0, 1, 2), keep=(0.5, 0.2, 0.05))
+    engine = LazyEngine(model, config)
+    stats = run(engine, random_prompt(n, model.args.vocab_size), 64)
+    assert stats.max_computations_per_token_layer == 1
+    assert stats.revivals > 0
+    assert stats.host_syncs == 3 + 64 * 3
+    assert stats.prefill_tokens_per_layer == [n, 200, 80, 20] + [20] * (model.args.num_hidden_layers - 4)
+    # Revivals can only add computation; never more than once per token and layer.
+    assert all(c <= n + 64 for c in stats.tokens_computed_per_layer)
+    assert stats.aux_bytes > 0 and 0 < stats.prompt_tokens_computed_pct < 100
+
+
+def test_revived_token_kv_matches_full_forward(tiny_model):
+    """Tokens pruned at the first pruning layer wait in the Aux Cache with their full-context
+    hidden state; when revived their KV must equal mlx-lm's full forward (RoPE positions)."""
+    model, _ = tiny_model("llama")
+    prompt = random_prompt(300, model.args.vocab_size, seed=3)
+    cache = make_prompt_cache(model)
+    model(prompt[None], cache=cache)
+    engine = LazyEngine(model, PruningConfig("lazy", prune_layers=(1,), keep=(0.3,)))
+    token = int(mx.argmax(engine.prefill(prompt)))
+    waiting = set(engine.cache.aux[2].positions.tolist())
+    for _ in range(16):
+        token = int(mx.argmax(engine.decode(token)))
+    kv = engine.cache.layers[2]
+    revived = [p for p in kv.cached_positions().tolist() if p in waiting]
+    assert revived, "the schedule should revive some prompt tokens"
+    keys, values = kv.fetch(np.array(revived))
+    ref_k = cache[2].keys[:, :, revived]
+    ref_v = cache[2].values[:, :, revived]
+    assert mx.abs(keys - ref_k).max().item() < 1e-4
+    assert mx.abs(values - ref_v).max().item() < 1e-4
+
+
+def test_long_prefill_never_holds_full_score_matrix(tiny_model):
+    model, _ = tiny_model("llama")
+    n = 4096
+    prompt = random_prompt(n, model.args.vocab_size, seed=4)
+    engine = LazyEngine(model, PruningConfig("full"))
+    mx.eval(prompt)
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()  # the models other tests hold
+    mx.eval(engine.prefill(prompt))
+    full_scores = n * n * model.args.num_attention_heads * 4
+    assert mx.get_peak_memory() - before < full_scores / 4
+
+
+def test_speed_upper_layers_hold_only_anchors_and_decode_tokens(tiny_model):
+    model, _ = tiny_model("llama")
+    n, steps, depth = 300, 5, model.args.num_hidden_layers
+    engine = LazyEngine(model, PruningConfig("speed", speed_cutoff=0.5, anchors=2))
+    stats = run(engine, random_prompt(n, model.args.vocab_size, seed=5), steps)
+    cutoff = engine.schedule.prompt_depth
+    for layer, kv in enumerate(engine.cache.layers):
+        positions = sorted(kv.cached_positions().tolist())
+        if layer < cutoff:
+            assert positions == list(range(n + steps))
+        else:
+            assert positions == [0, 1] + list(range(n - 1, n + steps))
+    assert stats.aux_bytes == 0 and stats.revivals == 0
+    per_layer = stats.kv_bytes_per_layer
+    assert per_layer[-1] < per_layer[0] * 0.05 and len(per_layer) == depth
+
+
+def test_static_pruning_never_revives(tiny_model):
+    model, _ = tiny_model("llama")
+    engine = LazyEngine(model, PruningConfig("static", prune_layers=(1,), keep=(0.25,)))
+    stats = run(engine, random_prompt(200, model.args.vocab_size, seed=6), 16)
+    assert stats.revivals == 0 and stats.aux_bytes == 0
+    assert stats.prefill_tokens_per_layer[2] == 50
+    assert stats.tokens_computed_per_layer[2] == 50 + 16
+
+
+def test_random_drop_is_deterministic_under_a_seed(tiny_model):
+    model, _ = tiny_model("llama")
+    prompt = random_prompt(200, model.args.vocab_size, seed=7)
+
+    def kept(seed):
+        engine = LazyEngine(model, PruningConfig("random", keep=(0.4,), seed=seed))
+        mx.eval(engine.prefill(prompt))
+        return engine.cache.layers[0].cached_positions().tolist()
+
+    assert kept(0) == kept(0)
+    assert kept(0) != kept(1)
+    assert len(kept(0)) == 80 and 0 in kept(0) and 199 in kept(0)
+
+
+def test_unsupported_model_type_is_a_value_error(tiny_model):
+    model, _ = tiny_model("llama")
+    model.model_type = "gpt2"
+    try:
+        with pytest.raises(ValueError, match="unsupported model type 'gpt2'.*llama"):
+            LazyEngine(model)
+    finally:
+        model.model_type = "llama"
+
+
+def test_decode_before_prefill_is_a_value_error(tiny_model):
+    model, _ = tiny_model("llama")
+    with pytest.raises(ValueError, match="prefill"):
+        LazyEngine(model).decode(1)
