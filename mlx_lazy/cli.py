@@ -22,7 +22,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from contextlib import contextmanager
 from typing import Callable, Iterator, NoReturn, Optional, Sequence
 
@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0, help="sampling top-p")
     p.add_argument("--seed", type=int, default=None,
-                   help="PRNG seed (also the drop seed of --method random)")
+                   help="PRNG seed (also the drop seed of --method random); with --compare "
+                        "each run is seeded alike (default 0)")
     p.add_argument("--system-prompt", default=None, help="system prompt for the chat template")
     p.add_argument("--ignore-chat-template", action="store_true",
                    help="use the raw prompt without the tokenizer's chat template")
@@ -292,9 +293,7 @@ def run_once(model, tokenizer, tokens: list[int], config: PruningConfig, args: a
         print()
     if resp is None:
         raise RuntimeError("stream_generate yielded no response")
-    text = "".join(pieces)
-    # stream_generate's stats do not carry the text; the CLI knows it, so fill it in.
-    return RunResult(config.method, replace(resp.stats, text=text), text, out_tokens)
+    return RunResult(config.method, resp.stats, "".join(pieces), out_tokens)
 
 
 def first_divergence(a: RunResult, b: RunResult) -> Optional[int]:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tiny_models import KINDS
 
 from mlx_lazy import cli
 
@@ -74,15 +76,28 @@ def check_stats(stats: dict, method: str, depth: int) -> None:
 # ---------------------------------------------------------------- tiny model, end to end
 
 
-def test_generate_tiny(tiny_model_path, tmp_path):
+@pytest.fixture
+def unsupported_model_path(tiny_model_path, tmp_path) -> Path:
+    """The tiny llama weights declared as SmolLM3: mlx-lm loads it, mlx-lazy does not run it."""
+    folder = tmp_path / "smollm3"
+    shutil.copytree(tiny_model_path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="smollm3", architectures=["SmolLM3ForCausalLM"], pad_token_id=None)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_generate_tiny(tiny_model_dir, kind, tmp_path):
     """A plain run prints the response and writes a complete stats object."""
+    model = tiny_model_dir(kind)
     out = tmp_path / "stats.json"
-    proc = run_cli("--model", str(tiny_model_path), "-p", PROMPT, "-m", "4",
+    proc = run_cli("--model", str(model), "-p", PROMPT, "-m", "4",
                    "--verbose", "False", "--stats-json", str(out))
     assert proc.returncode == 0, proc.stderr.decode()
     stats = json.loads(out.read_text())
-    check_stats(stats, "lazy", model_depth(tiny_model_path))
-    assert proc.stdout.decode().rstrip("\n") == stats["text"]
+    check_stats(stats, "lazy", model_depth(model))
+    assert proc.stdout.decode() == stats["text"] + "\n"
 
 
 def test_compare_and_overrides(tiny_model_path, tmp_path):
@@ -148,12 +163,14 @@ def test_model_folder_without_config(tmp_path):
 
 
 def test_unsupported_architecture(unsupported_model_path):
-    assert_bad_input(run_cli("--model", str(unsupported_model_path), "-p", "hi"))
+    assert_bad_input(run_cli("--model", str(unsupported_model_path), "-p", "hi"),
+                     "unsupported model type 'smollm3'")
 
 
 @pytest.mark.parametrize("flags, fragment", [
     (("--prune-layers", "99", "--keep", "0.5"), "pruning layers"),
-    (("--keep", "0.3,0.6"), "keep"),
+    (("--prune-layers", "0,1", "--keep", "0.3,0.6"), "must not increase"),
+    (("--method", "speed", "--speed-cutoff", "1.5"), "speed_cutoff"),
 ])
 def test_invalid_schedule(tiny_model_path, flags, fragment):
     assert_bad_input(run_cli("--model", str(tiny_model_path), "-p", "hi", *flags), fragment)
