@@ -216,6 +216,15 @@ def test_sweep_end_to_end(tiny_model_path, tmp_path):
     assert "## Calibration" in (out / "table.md").read_text()
 
 
+def test_cli_errors_are_one_line(tiny_model_path, tmp_path, capsys):
+    base = ["--model", str(tiny_model_path), "--out", str(tmp_path), "--no-progress"]
+    assert main([*base, "--tasks", "nope"]) == 2
+    assert main([*base, "--methods", "mlx-lm,bogus"]) == 2
+    assert main([*base, "--tasks", "multidoc_qa", "--lengths", "20"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown task" in err and "unknown method" in err and "too short" in err
+
+
 def test_time_limit_stops_between_samples(tiny_model_path, tmp_path):
     from mlx_lazy import load
 

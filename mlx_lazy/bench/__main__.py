@@ -110,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    result = harness.run_bench(cfg, model, tokenizer)
+    try:
+        result = harness.run_bench(cfg, model, tokenizer)
+    except ValueError as exc:  # e.g. a --lengths value too short for a task
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.sweep:
         result.selection = harness.select_schedule(result.summary, args.max_loss,
                                                    args.min_baseline)
