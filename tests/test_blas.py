@@ -81,7 +81,7 @@ def test_entry_point_loads_openblas(kind, target):
     proc = subprocess.run([sys.executable, "-c", _HOOK, kind, target, "--help"],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     report = _report(proc.stdout)
-    assert any("libopenblas" in lib for lib in report["libs"]), report
+    assert any("openblas-pthread/libopenblas" in lib for lib in report["libs"]), report
     assert report["before_mlx"] is True, report
 
 
@@ -107,7 +107,7 @@ def test_cli_generation_as_a_user_runs_it(tiny_model_path):
                 break
             if "libmlx" in maps:  # mlx is loaded: OpenBLAS must be there already
                 seen_mlx = True
-                seen_openblas = "libopenblas" in maps
+                seen_openblas = "openblas-pthread/libopenblas" in maps
                 break
             time.sleep(0.01)
     finally:
