@@ -35,6 +35,9 @@ Measurements (all methods measured identically, wall clock, ``time.perf_counter`
 * **TPOT**: (time of last response − time of first) / (responses − 1): the decode time per
   token at N-token context. EOS is disabled for the measurement (``tokenizer.eos_token_ids``
   emptied) so every method generates exactly ``--max-tokens`` tokens.
+* **CPU time**: the same TTFT/TPOT in process CPU seconds (``time.process_time``, all threads).
+  On a machine shared with other jobs, wall time stretches with their load while CPU time stays
+  close to the work done; both are reported, and the cost model is fitted on each.
 * **Ratios**: per repeat, the method's time divided by mlx-lm's (and by ``full``'s) from the
   same repeat; the table shows the median over repeats. Side-by-side ratios cancel most of the
   noise of a shared machine; absolute seconds are medians too.
@@ -168,15 +171,17 @@ def no_eos(tokenizer: Any) -> Iterator[None]:
 
 @dataclass
 class RunResult:
-    """One measured generation."""
+    """One measured generation (times in seconds; ``*_cpu_s``: process CPU time)."""
 
     method: str
     prompt_tokens: int
     repeat: int
-    generated: int
     ttft_s: float
     tpot_s: Optional[float]
     total_s: float
+    ttft_cpu_s: float
+    tpot_cpu_s: Optional[float]
+    generated: int
     peak_memory_bytes: int
     work_memory_bytes: int
     kv_bytes: int
@@ -206,20 +211,41 @@ def _clean() -> int:
     return mx.get_active_memory()
 
 
-def _timed(responses: Iterator[Any]) -> tuple[list[float], Any, float]:
-    """Consume a response stream; return each response's arrival time, the last response, t0."""
-    times: list[float] = []
+@dataclass
+class Timing:
+    """TTFT, TPOT and total time of one streamed generation, in wall and process-CPU seconds."""
+
+    ttft_s: float
+    tpot_s: Optional[float]
+    total_s: float
+    ttft_cpu_s: float
+    tpot_cpu_s: Optional[float]
+    generated: int
+
+
+def _timed(responses: Iterator[Any]) -> tuple[Timing, Any]:
+    """Consume a response stream, stamping each response's arrival; return timings and the last.
+
+    Wall time (``perf_counter``) is what a user sees; process CPU time (``process_time``: all
+    threads) is far less sensitive to other processes competing for the cores.
+    """
+    stamps: list[tuple[float, float]] = []
     last = None
-    t0 = time.perf_counter()
+    w0, c0 = time.perf_counter(), time.process_time()
     for last in responses:
-        times.append(time.perf_counter())
-    return times, last, t0
-
-
-def _ttft_tpot(times: list[float], t0: float) -> tuple[float, Optional[float]]:
-    ttft = times[0] - t0
-    tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-    return ttft, tpot
+        stamps.append((time.perf_counter(), time.process_time()))
+    if not stamps:
+        raise RuntimeError("the generator produced no tokens")
+    n = len(stamps)
+    (w1, c1), (wn, cn) = stamps[0], stamps[-1]
+    return Timing(
+        ttft_s=w1 - w0,
+        tpot_s=(wn - w1) / (n - 1) if n > 1 else None,
+        total_s=wn - w0,
+        ttft_cpu_s=c1 - c0,
+        tpot_cpu_s=(cn - c1) / (n - 1) if n > 1 else None,
+        generated=n,
+    ), last
 
 
 def run_mlx_lm(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, repeat: int = 0) -> RunResult:
@@ -229,13 +255,13 @@ def run_mlx_lm(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, r
     with no_eos(tokenizer):
         gen = mlx_lm.stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens,
                                      prompt_cache=cache)
-        times, _, t0 = _timed(gen)
+        timing, _ = _timed(gen)
     peak = mx.get_peak_memory()
-    ttft, tpot = _ttft_tpot(times, t0)
     per_layer = [sum(a.nbytes for a in c.keys_and_values()) for c in cache]
     allocated = sum(c.keys.nbytes + c.values.nbytes for c in cache if getattr(c, "keys", None) is not None)
-    return RunResult(MLX_LM, len(prompt), repeat, len(times), ttft, tpot, times[-1] - t0, peak,
-                     peak - base, sum(per_layer), per_layer, 0, kv_bytes_allocated=allocated,
+    return RunResult(MLX_LM, len(prompt), repeat, **asdict(timing), peak_memory_bytes=peak,
+                     work_memory_bytes=peak - base, kv_bytes=sum(per_layer),
+                     kv_bytes_per_layer=per_layer, aux_bytes=0, kv_bytes_allocated=allocated,
                      loadavg_1min=_loadavg())
 
 
@@ -245,14 +271,14 @@ def run_ours(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, con
     base = _clean()
     with no_eos(tokenizer):
         gen = lazy_stream_generate(model, tokenizer, list(prompt), max_tokens=max_tokens, config=config)
-        times, last, t0 = _timed(gen)
+        timing, last = _timed(gen)
     peak = mx.get_peak_memory()
-    ttft, tpot = _ttft_tpot(times, t0)
     stats = last.stats.as_dict()
     stats.pop("text", None)
-    return RunResult(name, len(prompt), repeat, len(times), ttft, tpot, times[-1] - t0, peak,
-                     peak - base, int(stats["kv_bytes"]), list(stats["kv_bytes_per_layer"]),
-                     int(stats["aux_bytes"]), loadavg_1min=_loadavg(), stats=stats)
+    return RunResult(name, len(prompt), repeat, **asdict(timing), peak_memory_bytes=peak,
+                     work_memory_bytes=peak - base, kv_bytes=int(stats["kv_bytes"]),
+                     kv_bytes_per_layer=list(stats["kv_bytes_per_layer"]),
+                     aux_bytes=int(stats["aux_bytes"]), loadavg_1min=_loadavg(), stats=stats)
 
 
 def _num_layers(model: Any) -> int:
@@ -375,9 +401,11 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     main_len = result["info"]["main_length"]
     full_runs = [r for r in runs if r["method"] == FULL]
     model: Optional[CostModel] = None
+    cpu_model: Optional[CostModel] = None
     fit_error = None
     try:
         model = CostModel.fit([r["stats"] for r in full_runs], [r["ttft_s"] for r in full_runs])
+        cpu_model = CostModel.fit([r["stats"] for r in full_runs], [r["ttft_cpu_s"] for r in full_runs])
     except ValueError as exc:
         fit_error = str(exc)
     main = [r for r in runs if r["prompt_tokens"] == main_len]
@@ -396,7 +424,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             return _median(vals)
 
         row: dict[str, Any] = {"n_runs": len(mine)}
-        for key in ("ttft_s", "tpot_s", "total_s"):
+        for key in ("ttft_s", "tpot_s", "total_s", "ttft_cpu_s", "tpot_cpu_s"):
             row[key] = _median([r[key] for r in mine])
             row[key[:-2] + "_vs_mlx_lm"] = ratio(key, MLX_LM)
             row[key[:-2] + "_vs_full"] = ratio(key, FULL)
@@ -429,17 +457,22 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                     predicted_ttft_s=model.predict(s),
                     prediction_errors=errs,
                     prediction_error_median=_median(errs),
+                    predicted_ttft_cpu_s=cpu_model.predict(s),
+                    prediction_errors_cpu=[cpu_model.relative_error(r["stats"], r["ttft_cpu_s"]) for r in mine],
                     # Token-layer work a decode step does beyond its own token (revivals),
                     # priced at the prefill's per-token-layer cost.
                     modelled_revival_s_per_step=model.a * max(0.0, decode_tl - num_layers),
                 )
+                row["prediction_error_cpu_median"] = _median(row["prediction_errors_cpu"])
         rows[m] = row
     return {
         "cost_model": model.as_dict() if model else None,
+        "cost_model_cpu": cpu_model.as_dict() if cpu_model else None,
         "cost_model_error": fit_error,
         "cost_model_fit_points": [
-            {"prompt_tokens": r["prompt_tokens"], "ttft_s": r["ttft_s"],
-             "fitted_s": model.predict(r["stats"]) if model else None} for r in full_runs],
+            {"prompt_tokens": r["prompt_tokens"], "ttft_s": r["ttft_s"], "ttft_cpu_s": r["ttft_cpu_s"],
+             "fitted_s": model.predict(r["stats"]) if model else None,
+             "fitted_cpu_s": cpu_model.predict(r["stats"]) if cpu_model else None} for r in full_runs],
         "methods": rows,
     }
 
@@ -467,17 +500,21 @@ def markdown_table(result: dict[str, Any]) -> str:
     ]
     lines += _table(
         ["method", "TTFT s", "TTFT × mlx-lm", "TTFT × full", "predicted s", "pred. error",
+         "CPU-s × mlx-lm", "CPU-s × full", "pred. error (CPU)",
          "token-layers %", "attn pairs %", "host syncs"],
         [[m, _fmt(r["ttft_s"], ".2f"), _fmt(r["ttft_vs_mlx_lm"], ".3f"), _fmt(r["ttft_vs_full"], ".3f"),
           _fmt(r.get("predicted_ttft_s"), ".2f"), _fmt(r.get("prediction_error_median"), "+.1f", 100, "%"),
+          _fmt(r["ttft_cpu_vs_mlx_lm"], ".3f"), _fmt(r["ttft_cpu_vs_full"], ".3f"),
+          _fmt(r.get("prediction_error_cpu_median"), "+.1f", 100, "%"),
           _fmt(r.get("token_layers_pct"), ".1f"), _fmt(r.get("attention_pairs_pct"), ".1f"),
           str(r.get("host_syncs", "–"))] for m, r in rows.items()])
     lines.append("")
     lines += _table(
-        ["method", "TPOT ms", "TPOT × mlx-lm", "TPOT × full", "total × mlx-lm",
+        ["method", "TPOT ms", "TPOT × mlx-lm", "TPOT × full", "TPOT CPU × mlx-lm", "total × mlx-lm",
          "decode token-layers/step", "revival ms/step (model)", "revivals", "KV MiB",
          "KV × mlx-lm", "aux MiB", "peak MiB", "work MiB"],
         [[m, _fmt(r["tpot_s"], ".1f", 1e3), _fmt(r["tpot_vs_mlx_lm"], ".3f"), _fmt(r["tpot_vs_full"], ".3f"),
+          _fmt(r["tpot_cpu_vs_mlx_lm"], ".3f"),
           _fmt(r["total_vs_mlx_lm"], ".3f"), _fmt(r.get("decode_token_layers_per_step"), ".1f"),
           _fmt(r.get("modelled_revival_s_per_step"), ".1f", 1e3), str(r.get("revivals", "–")),
           _fmt(r["kv_bytes"], ".1f", mib), _fmt(r["kv_bytes"] / ref_kv if ref_kv else None, ".3f"),
@@ -491,6 +528,12 @@ def markdown_table(result: dict[str, Any]) -> str:
             f"TTFT ≈ {cm['a'] * 1e6:.4g} µs × token_layers + {cm['b'] * 1e9:.4g} ns × attention_pairs "
             f"+ {cm['c']:.3g} s; fit residual RMS {100 * cm['rms_relative_residual']:.1f}%, "
             f"max {100 * cm['max_relative_residual']:.1f}%.")
+        cc = summ.get("cost_model_cpu")
+        if cc:
+            lines.append(
+                f"Same fit on process CPU time: {cc['a'] * 1e6:.4g} µs × token_layers + "
+                f"{cc['b'] * 1e9:.4g} ns × attention_pairs + {cc['c']:.3g} s; residual RMS "
+                f"{100 * cc['rms_relative_residual']:.1f}%, max {100 * cc['max_relative_residual']:.1f}%.")
         pts = summ["cost_model_fit_points"]
         lines.append("Fit points (N: measured / fitted s): " + ", ".join(
             f"{p['prompt_tokens']}: {p['ttft_s']:.2f}/{p['fitted_s']:.2f}" for p in pts))
