@@ -22,15 +22,15 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass, field
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, NoReturn, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import str2bool
 from mlx_lm.sample_utils import make_sampler
 
-from .engine import LazyEngine
+from .engine import GenerationStats, LazyEngine
 from .generate import load, stream_generate
 from .schedule import METHODS, PruningConfig
 
@@ -179,6 +179,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def _decode(data: bytes, source: str) -> str:
+    """UTF-8 text of ``data``; a UsageError naming ``source`` and the bad byte otherwise."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -266,7 +267,7 @@ class RunResult:
     """One generation: its statistics, full text and output token ids."""
 
     method: str
-    stats: object  # GenerationStats
+    stats: GenerationStats
     text: str
     tokens: list[int] = field(default_factory=list)
 
@@ -306,7 +307,7 @@ def first_divergence(a: RunResult, b: RunResult) -> Optional[int]:
     return min(len(a.tokens), len(b.tokens))
 
 
-def format_summary(stats) -> str:
+def format_summary(stats: GenerationStats) -> str:
     """mlx-lm style statistics lines for one run, plus a pruning line."""
     return "\n".join([
         f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec "
@@ -368,6 +369,7 @@ def _load_model(path: Optional[str]):
 
 
 def _check_stats_path(path: Optional[str]) -> None:
+    """Fail before any generation if ``--stats-json`` could never be written."""
     if path is None:
         return
     parent = os.path.dirname(os.path.abspath(path))
@@ -376,6 +378,9 @@ def _check_stats_path(path: Optional[str]) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    """Validate the input, load the model, generate (twice with --compare), report."""
+    if args.max_tokens < 1:
+        raise UsageError("--max-tokens must be at least 1")
     config = build_config(args)
     if args.compare and config.method == BASELINE:
         raise UsageError(f"--compare runs {BASELINE} against --method; choose another method")
@@ -432,14 +437,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or a usage error already printed
         return e.code if isinstance(e.code, int) else 0
-    if args.max_tokens < 1:
-        print("error: --max-tokens must be at least 1", file=sys.stderr)
-        return EXIT_BAD_INPUT
     try:
         _run(args)
     except (UsageError, ValueError, OSError) as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130  # the shell's convention for SIGINT
     return 0
 
 
