@@ -35,7 +35,8 @@ def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 180,
     """Run ``python -m <module> ARGS`` from the repository root.
 
     ``mlx_lazy.cli`` is the default because ``python -m mlx_lazy.generate`` also prints
-    runpy's warning that the package imported the module first (see test_generate_module_exit_status).
+    runpy's warning that the package imported the module first (see
+    test_generate_module_exit_status).
     """
     return subprocess.run(
         [sys.executable, "-m", module, *args], input=stdin, capture_output=True,
