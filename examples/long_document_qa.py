@@ -2,7 +2,7 @@
 
     python examples/long_document_qa.py                      # default model, built-in document
     python examples/long_document_qa.py --document report.txt --question "Who signed it?"
-    python examples/long_document_qa.py --method lazy+speed --compare
+    python examples/long_document_qa.py --method lazy+speed --no-compare
 
 The built-in document is a generated logbook of fictional stations (so it is free to use
 and of any length) with one fact to find; the default question asks for that fact.
@@ -64,7 +64,8 @@ def main() -> None:
     ap.add_argument("--method", choices=METHODS, default="lazy")
     ap.add_argument("--entries", type=int, default=20, help="length of the built-in document")
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--compare", action="store_true", help="also answer without pruning")
+    ap.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
+                    help="also answer without pruning (default: on)")
     args = ap.parse_args()
 
     if args.document:

@@ -320,6 +320,15 @@ def format_summary(stats: GenerationStats) -> str:
     ])
 
 
+def _prefill_work_pct(stats: GenerationStats) -> float:
+    """Share of the prompt's token-layer work done in prefill. Unlike
+    ``prompt_tokens_computed_pct`` (tokens that reached the top layer), this shows SPEED's
+    partial-depth savings."""
+    layers = stats.prefill_tokens_per_layer
+    full = stats.prompt_tokens * len(layers)
+    return 100.0 * sum(layers) / full if full else 0.0
+
+
 def format_compare_table(base: RunResult, other: RunResult) -> str:
     """Side-by-side table of the baseline and the pruned run, with a ratio column."""
     rows = [
@@ -329,6 +338,7 @@ def format_compare_table(base: RunResult, other: RunResult) -> str:
         ("time to first token (s)", lambda s: s.ttft_s, "{:.3f}", True),
         ("time per output token (ms)", lambda s: s.tpot_s * 1e3, "{:.2f}", True),
         ("prompt tokens computed (%)", lambda s: s.prompt_tokens_computed_pct, "{:.1f}", False),
+        ("prefill token-layers (%)", _prefill_work_pct, "{:.1f}", False),
         ("KV cache (MB)", lambda s: s.kv_bytes / MB, "{:.2f}", True),
         ("aux cache (MB)", lambda s: s.aux_bytes / MB, "{:.2f}", False),
         ("peak memory (MB)", lambda s: s.peak_memory_bytes / MB, "{:.1f}", True),

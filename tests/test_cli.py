@@ -111,8 +111,8 @@ def test_compare_and_overrides(tiny_model_path, tmp_path):
     assert proc.returncode == 0, proc.stderr.decode()
     stdout = proc.stdout.decode()
     for row in ("metric", "time to first token (s)", "time per output token (ms)",
-                "prompt tokens computed (%)", "KV cache (MB)", "aux cache (MB)",
-                "peak memory (MB)", "outputs"):
+                "prompt tokens computed (%)", "prefill token-layers (%)", "KV cache (MB)",
+                "aux cache (MB)", "peak memory (MB)", "outputs"):
         assert row in stdout, row
     assert "========== full" in stdout and "========== lazy" in stdout
 
@@ -261,6 +261,7 @@ def test_first_divergence_and_table():
     def result(method, text, tokens, pct):
         stats = SimpleNamespace(prompt_tokens=100, generation_tokens=len(tokens), ttft_s=0.5,
                                 tpot_s=0.02, prompt_tokens_computed_pct=pct, kv_bytes=2e6,
+                                prefill_tokens_per_layer=[100, 100, int(pct), int(pct)],
                                 aux_bytes=1e5, peak_memory_bytes=3e8, revivals=4)
         return cli.RunResult(method, stats, text, tokens)
 
@@ -272,6 +273,8 @@ def test_first_divergence_and_table():
     table = cli.format_compare_table(full, other)
     assert "lazy/full" in table.splitlines()[0]
     assert "48.5" in table and "1.00x" in table
+    work = next(line for line in table.splitlines() if line.startswith("prefill token-layers"))
+    assert work.split()[-2:] == ["100.0", "74.0"]  # (100 + 100 + 48 + 48) / 400
     assert table.splitlines()[-1].endswith("differ from output token 2")
 
 
