@@ -104,30 +104,34 @@ def test_nonnegative_fit_never_returns_negative_costs() -> None:
     assert model.predict(_unpruned(64)) > 0
 
 
-def test_speed_benchmark_quick_on_tiny_model(tiny_model, tmp_path) -> None:
-    """mlx_lazy.bench.speed end to end in quick mode: every method runs, the table renders."""
+def test_speed_benchmark_quick_on_tiny_model(tiny_model_path, tmp_path, capsys) -> None:
+    """``python -m mlx_lazy.bench.speed --quick`` end to end: every method runs, tables render."""
     from mlx_lazy.bench import speed
 
-    model, tokenizer = tiny_model("llama")
     out = tmp_path / "speed.json"
-    result = speed.run_benchmark(model, tokenizer, lengths=(32, 48, 64), max_tokens=3, repeats=1,
-                                 schedules=speed.DEFAULT_SCHEDULES, out=out, log=lambda s: None)
+    result = speed.main(["--quick", "--model", str(tiny_model_path), "--out", str(out)])
     saved = json.loads(out.read_text())
+    assert saved["info"]["lengths"] == [48, 64, 96] and saved["info"]["max_tokens"] == 4
     assert saved["summary"]["cost_model"] is not None
     methods = saved["summary"]["methods"]
-    assert {"mlx-lm", "full"} <= set(methods)
-    assert set(methods) | set(saved["skipped"]) >= {"mlx-lm", "full", *speed.DEFAULT_SCHEDULES}
+    assert set(methods) | set(saved["skipped"]) == {"mlx-lm", "full", *speed.DEFAULT_SCHEDULES}
+    assert {"mlx-lm", "full", "speed"} <= set(methods)
     for name, row in methods.items():
-        assert row["ttft_s"] > 0 and row["tpot_s"] > 0, name
+        assert row["ttft_s"] > 0 and row["tpot_s"] > 0 and row["ttft_cpu_s"] > 0, name
         assert row["kv_bytes"] == sum(row["kv_bytes_per_layer"]) > 0, name
-    # Every method generates exactly max_tokens tokens (EOS disabled) at the main length.
-    assert all(r["generated"] == 3 for r in saved["runs"])
+    # Every method generates exactly max_tokens tokens (EOS disabled).
+    assert all(r["generated"] == 4 for r in saved["runs"])
     # Unpruned KV has mlx-lm's bytes per position (mlx-lm's pipelined loop caches one extra
-    # decode step: 64 + 3 positions against our 64 + 2).
-    assert methods["full"]["kv_bytes"] * 67 == methods["mlx-lm"]["kv_bytes"] * 66
-    assert methods["full"]["ttft_vs_mlx_lm"] > 0
+    # decode step: 96 + 4 positions against our 96 + 3).
+    assert methods["full"]["kv_bytes"] * 100 == methods["mlx-lm"]["kv_bytes"] * 99
+    # SPEED keeps only anchor + last prompt token + decode tokens above its cutoff.
+    assert methods["speed"]["kv_bytes"] < methods["full"]["kv_bytes"]
     for name, row in methods.items():
         if name not in ("mlx-lm", "full"):
             assert row["predicted_ttft_s"] > 0 and len(row["prediction_errors"]) == 1
-    table = speed.markdown_table(result)
+    table = capsys.readouterr().out
     assert "| mlx-lm |" in table and "| full |" in table and "Cost model" in table
+    assert result["summary"] == saved["summary"]
+    # --report re-renders a saved result without a model.
+    speed.main(["--report", str(out)])
+    assert "| speed |" in capsys.readouterr().out
