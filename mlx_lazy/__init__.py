@@ -2,7 +2,7 @@
 
 from . import _blas  # noqa: F401  (must precede any mlx import)
 from .engine import GenerationStats, LazyEngine
-from .generate import GenerationResponse, generate, load, stream_generate
+from .api import GenerationResponse, generate, load, stream_generate
 from .schedule import METHODS, PruningConfig, Schedule
 
 __all__ = [

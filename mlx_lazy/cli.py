@@ -31,7 +31,7 @@ from mlx_lm.generate import str2bool
 from mlx_lm.sample_utils import make_sampler
 
 from .engine import GenerationStats, LazyEngine
-from .generate import load, stream_generate
+from .api import load, stream_generate
 from .schedule import METHODS, PruningConfig
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
@@ -119,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'True': stream output and statistics; 'False': print only the response")
 
     g = p.add_argument_group("pruning")
-    g.add_argument("--method", choices=METHODS, default="lazy",
-                   help="pruning preset (default: lazy); flags below override its fields")
+    g.add_argument("--method", choices=METHODS, default="full",
+                   help="pruning preset (default: full, i.e. no pruning: every approximation "
+                        "is opt-in); flags below override its fields")
     g.add_argument("--prune-layers", type=_int_list, default=None, metavar="L1,L2,...",
                    help="layer indices after which tokens are pruned, e.g. 8,16,24")
     g.add_argument("--keep", type=_float_list, default=None, metavar="F1,F2,...",
@@ -393,7 +394,8 @@ def _run(args: argparse.Namespace) -> None:
         raise UsageError("--max-tokens must be at least 1")
     config = build_config(args)
     if args.compare and config.method == BASELINE:
-        raise UsageError(f"--compare runs {BASELINE} against --method; choose another method")
+        raise UsageError(f"--compare runs {BASELINE} against --method; choose a pruning method "
+                         f"such as --method lazy")
     _check_stats_path(args.stats_json)
     text = read_prompt(args)
     model, tokenizer = _load_model(args.model)
@@ -456,7 +458,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(file=sys.stderr)
         return 130  # the shell's convention for SIGINT
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

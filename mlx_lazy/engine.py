@@ -162,18 +162,20 @@ class LazyEngine:
             q, k, v = a.qkv(layer, h, comp)
             kv = cache.layers[layer]
             kv.append(k, v, comp)
-            keys, values = kv.fetch(selected)
-            mask = None
-            if len(comp) > 1:  # revived tokens see only keys at or before their position
-                kpos = kv.cached_positions() if selected is None else selected
-                mask = mx.array(kpos[None, :] <= comp[:, None])
-            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=a.scale, mask=mask)
+            # Attend over the whole layer cache with a mask rather than gathering the
+            # selected keys: gathers are slow on the CPU and the cache holds only tokens
+            # that reached this layer anyway.
+            keys, values = kv.fetch()
+            kpos = kv.cached_positions()
+            visible = None if selected is None else np.isin(kpos, selected)
+            out = mx.fast.scaled_dot_product_attention(
+                q, keys, values, scale=a.scale, mask=_decode_mask(comp, kpos, visible)
+            )
             h = a.finish(layer, h, out)
             cache.mark_computed(layer, comp)
             keep = sched.keep_after(layer) if sched.dynamic else None
             if keep is not None:
-                candidates = kv.cached_positions() if selected is None else selected
-                selected = self._select(q[:, :, -1:], keys, candidates, keep, n_ctx)
+                selected = self._select(q[:, :, -1:], keys, kpos, keep, n_ctx, visible)
                 h, comp = self._advance(layer, h, comp, selected)
         return a.logits(h[:, -1:])[0, 0]
 
@@ -186,19 +188,33 @@ class LazyEngine:
         return h[:, mx.array(np.flatnonzero(alive).astype(np.int32))], comp[alive]
 
     def _select(
-        self, q_last: mx.array, keys: mx.array, candidates: np.ndarray, keep: float, n_ctx: int
+        self,
+        q_last: mx.array,
+        keys: mx.array,
+        positions: np.ndarray,
+        keep: float,
+        n_ctx: int,
+        visible: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         """Top tokens by the query token's head-averaged attention; sorted positions.
 
-        ``keys`` (1, kv_heads, n, d) belong to ``candidates`` in the same order. The query
-        token (the last position) and the anchors are always kept.
+        ``keys`` (1, kv_heads, n, d) belong to ``positions`` in the same order; only those
+        marked ``visible`` (all when None) are candidates. The query token (the last
+        position) and the anchors are always kept.
         """
         a = self.adapter
-        _, kvh, n, d = keys.shape
+        _, kvh, _, d = keys.shape
         q = q_last.reshape(1, kvh, a.n_heads // kvh, d) * a.scale
-        probs = mx.softmax(q @ keys.swapaxes(-1, -2), axis=-1, precise=True)
+        logits = q @ keys.swapaxes(-1, -2)
+        if visible is not None:
+            logits = mx.where(mx.array(visible), logits, -mx.inf)
+        probs = mx.softmax(logits, axis=-1, precise=True)
         scores = np.array(probs.mean(axis=(0, 1, 2)))
         self.host_syncs += 1
+        candidates = positions
+        if visible is not None:
+            candidates, scores = positions[visible], scores[visible]
+        n = len(candidates)
         forced = (candidates < self.schedule.anchors) | (candidates == n_ctx - 1)
         scores[forced] = np.inf
         k = min(n, max(int(forced.sum()), round(keep * n_ctx), 1))
@@ -253,3 +269,14 @@ class LazyEngine:
             host_syncs=self.host_syncs,
             max_computations_per_token_layer=int(computed.max()) if computed.size else 0,
         )
+
+
+def _decode_mask(comp: np.ndarray, kpos: np.ndarray, visible: Optional[np.ndarray]):
+    """Mask of decode queries at ``comp`` over cached keys at ``kpos``: only visible keys,
+    and revived tokens see only keys at or before their own position. None: no mask."""
+    if visible is None and len(comp) == 1:
+        return None
+    mask = kpos[None, :] <= comp[:, None]
+    if visible is not None:
+        mask &= visible[None, :]
+    return None if mask.all() else mx.array(mask)

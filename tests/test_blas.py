@@ -92,9 +92,9 @@ def test_expected_entry_points_are_covered():
 
 
 def test_cli_generation_as_a_user_runs_it(tiny_model_path):
-    """`python -m mlx_lazy.cli` doing real work, unwrapped: its live /proc/<pid>/maps."""
+    """`python -m mlx_lazy.generate` doing real work, unwrapped: its live /proc/<pid>/maps."""
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    cmd = [sys.executable, "-m", "mlx_lazy.cli", "--model", str(tiny_model_path),
+    cmd = [sys.executable, "-m", "mlx_lazy.generate", "--model", str(tiny_model_path),
            "-p", "The quick brown fox " * 20, "-m", "32"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)

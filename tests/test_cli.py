@@ -31,13 +31,8 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * 6
 
 
 def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 180,
-            module: str = "mlx_lazy.cli") -> subprocess.CompletedProcess:
-    """Run ``python -m <module> ARGS`` from the repository root.
-
-    ``mlx_lazy.cli`` is the default because ``python -m mlx_lazy.generate`` also prints
-    runpy's warning that the package imported the module first (see
-    test_generate_module_exit_status).
-    """
+            module: str = "mlx_lazy.generate") -> subprocess.CompletedProcess:
+    """Run ``python -m <module> ARGS`` from the repository root, as a user does."""
     return subprocess.run(
         [sys.executable, "-m", module, *args], input=stdin, capture_output=True,
         cwd=REPO, timeout=timeout,
@@ -93,7 +88,7 @@ def test_generate_tiny(tiny_model_dir, kind, tmp_path):
     """A plain run prints the response and writes a complete stats object."""
     model = tiny_model_dir(kind)
     out = tmp_path / "stats.json"
-    proc = run_cli("--model", str(model), "-p", PROMPT, "-m", "4",
+    proc = run_cli("--model", str(model), "-p", PROMPT, "-m", "4", "--method", "lazy",
                    "--verbose", "False", "--stats-json", str(out))
     assert proc.returncode == 0, proc.stderr.decode()
     stats = json.loads(out.read_text())
@@ -133,20 +128,19 @@ def test_compare_and_overrides(tiny_model_path, tmp_path):
 
 
 def test_generate_module_exit_status(tiny_model_path):
-    """``python -m mlx_lazy.generate`` keeps the CLI's exit status (its success is checked
-    in test_prompt_from_stdin)."""
-    bad = run_cli("--model", str(tiny_model_path), "-p", " ", module="mlx_lazy.generate")
+    """``python -m mlx_lazy.generate`` keeps the CLI's exit status and prints nothing but the
+    error (no runpy warning about the package importing the module first)."""
+    bad = run_cli("--model", str(tiny_model_path), "-p", " ")
     assert bad.returncode == 2
-    assert bad.stderr.decode().strip().splitlines()[-1] == "error: the prompt is empty"
+    assert bad.stderr.decode().strip().splitlines() == ["error: the prompt is empty"]
 
 
 def test_prompt_from_stdin(tiny_model_path):
-    """``-p -`` reads the prompt from stdin (same result as passing it with -p, here through
-    the ``python -m mlx_lazy.generate`` entry point)."""
+    """``-p -`` reads the prompt from stdin (same result as passing it with -p)."""
     args = ("--model", str(tiny_model_path), "-m", "3", "--verbose", "False",
             "--method", "full")
     piped = run_cli(*args, "-p", "-", stdin=PROMPT.encode())
-    direct = run_cli(*args, "-p", PROMPT, module="mlx_lazy.generate")
+    direct = run_cli(*args, "-p", PROMPT)
     assert piped.returncode == 0 and direct.returncode == 0, piped.stderr.decode()
     assert piped.stdout == direct.stdout
 
@@ -168,8 +162,9 @@ def test_unsupported_architecture(unsupported_model_path):
 
 
 @pytest.mark.parametrize("flags, fragment", [
-    (("--prune-layers", "99", "--keep", "0.5"), "pruning layers"),
-    (("--prune-layers", "0,1", "--keep", "0.3,0.6"), "must not increase"),
+    (("--method", "lazy", "--prune-layers", "99", "--keep", "0.5"), "pruning layers"),
+    (("--method", "lazy", "--prune-layers", "0,1", "--keep", "0.3,0.6"), "must not increase"),
+    (("--prune-layers", "2", "--keep", "0.5"), "method 'full' takes no prune_layers"),
     (("--method", "speed", "--speed-cutoff", "1.5"), "speed_cutoff"),
 ])
 def test_invalid_schedule(tiny_model_path, flags, fragment):
