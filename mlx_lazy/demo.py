@@ -2,7 +2,8 @@
 
 Loads the default model (SmolLM2-135M-Instruct, obtained and converted on first use), asks a
 question about a ~1,700-token public-domain text (the US Declaration of Independence, 1776)
-and prints the answer and the time to first token.
+with mlx-lm's own generate and then with LazyLLM pruning, and prints both answers and times
+to first token.
 """
 
 from __future__ import annotations
@@ -34,39 +35,66 @@ def demo_prompt(tokenizer: Any, question: str = QUESTION) -> str:
                                          add_generation_prompt=True, tokenize=False)
 
 
+def _answer_mlx_lm(model, tokenizer, prompt: str, max_tokens: int) -> tuple[str, float]:
+    """The baseline: mlx-lm's own generate. Returns (answer, time to first token)."""
+    import mlx_lm
+
+    start, ttft, text = time.perf_counter(), 0.0, ""
+    for resp in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens):
+        if not text and not ttft:
+            ttft = time.perf_counter() - start
+        text += resp.text
+    return text.strip(), ttft
+
+
+def _answer_pruned(model, tokenizer, prompt: str, max_tokens: int, config) -> tuple[str, Any]:
+    """Our engine with ``config``. Returns (answer, GenerationStats)."""
+    from .api import stream_generate
+
+    text, resp = "", None
+    for resp in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, config=config):
+        text += resp.text
+    return text.strip(), resp.stats
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the process exit code."""
+    from .schedule import METHODS, PruningConfig
+
     p = argparse.ArgumentParser(prog="python -m mlx_lazy.demo", description=__doc__.split("\n\n")[1])
     p.add_argument("--model", help="MLX model folder or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--method", choices=[m for m in METHODS if m != "full"], default="lazy",
+                   help="pruning preset shown against the baseline (default: lazy)")
     p.add_argument("--max-tokens", type=int, default=48)
     args = p.parse_args(argv)
 
-    import mlx_lm
-
-    from .default_model import DefaultModelUnavailable, default_model_path
+    from .api import load
+    from .default_model import DefaultModelUnavailable
 
     try:
-        path = args.model or str(default_model_path())
-    except DefaultModelUnavailable as e:
+        model, tokenizer = load(args.model)
+    except (DefaultModelUnavailable, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    model, tokenizer = mlx_lm.load(path)
     prompt = demo_prompt(tokenizer)
     n_prompt = len(tokenizer.encode(prompt, add_special_tokens=False))
-    print(f"model: {path}\nprompt: {n_prompt} tokens (the Declaration of Independence + a "
-          f"question)\nquestion: {QUESTION}\n")
-    start = time.perf_counter()
-    ttft = None
-    text = ""
-    for resp in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=args.max_tokens):
-        if ttft is None:
-            ttft = time.perf_counter() - start
-            print("answer: ", end="", flush=True)
-        print(resp.text, end="", flush=True)
-        text += resp.text
-    total = time.perf_counter() - start
-    print(f"\n\ntime to first token: {ttft:.2f} s   total: {total:.2f} s   "
-          f"({resp.prompt_tps:.0f} prompt tok/s, {resp.generation_tps:.1f} gen tok/s)")
+    print(f"prompt: {n_prompt} tokens (the Declaration of Independence + a question)\n"
+          f"question: {QUESTION}\n")
+
+    print("[mlx-lm, no pruning] ...", flush=True)
+    base_text, base_ttft = _answer_mlx_lm(model, tokenizer, prompt, args.max_tokens)
+    print(f"  answer: {base_text}\n  time to first token: {base_ttft:.2f} s\n")
+
+    config = PruningConfig.preset(args.method)
+    print(f"[mlx-lazy, {args.method}] ...", flush=True)
+    text, stats = _answer_pruned(model, tokenizer, prompt, args.max_tokens, config)
+    print(f"  answer: {text}\n  time to first token: {stats.ttft_s:.2f} s "
+          f"({base_ttft / stats.ttft_s:.2f}x faster than mlx-lm), "
+          f"{stats.prompt_tokens_computed_pct:.0f}% of prompt tokens reached the top layer, "
+          f"schedule {stats.schedule['prune_layers'] or ''} keep {stats.schedule['keep'] or ''}")
+    for name, answer in (("mlx-lm", base_text), (args.method, text)):
+        ok = all(word in answer.lower() for word in EXPECTED)
+        print(f"  {name:>10}: {'correct' if ok else 'incorrect'} (expects {', '.join(EXPECTED)})")
     return 0
 
 
