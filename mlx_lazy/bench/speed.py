@@ -24,7 +24,7 @@ What one run does, in one process:
    (:mod:`mlx_lazy.bench.costmodel`) is fitted on all ``full`` runs (≥ 3 lengths) and predicts
    each pruned run's TTFT from its counts (``sum(prefill_tokens_per_layer)``,
    ``prefill_attention_pairs``).
-3. Writes JSON (``--out``, rewritten after every repeat so a timeout keeps what was measured)
+3. Writes JSON (``--out``, rewritten after every run so a timeout keeps what was measured)
    and prints a markdown table.
 
 Measurements (all methods measured identically, wall clock, ``time.perf_counter``):
@@ -52,7 +52,7 @@ Measurements (all methods measured identically, wall clock, ``time.perf_counter`
   costs more than the model of plain work accounts for.
 
 ``--report results.json`` prints the tables of a saved result (e.g. one cut short by a timeout:
-the JSON is rewritten after every repeat).
+the JSON is rewritten after every run).
 
 ``--quick`` shrinks everything (lengths 48,64,96, 4 tokens, 1 repeat) for tests on tiny models.
 """
@@ -381,9 +381,9 @@ def run_benchmark(
             result["runs"].append(res.as_dict())
             log(f"[{time.perf_counter() - t_start:7.1f}s] repeat {r} {m:>10} N={n}: "
                 f"TTFT {res.ttft_s:.3f}s TPOT {1e3 * (res.tpot_s or 0):.1f}ms")
-        result["summary"] = summarize(result)
-        if out is not None:
-            out.write_text(json.dumps(result, indent=1))
+            if out is not None:  # after every run, so a timeout keeps everything measured
+                result["summary"] = summarize(result)
+                out.write_text(json.dumps(result, indent=1))
     result["summary"] = summarize(result)
     if out is not None:
         out.write_text(json.dumps(result, indent=1))
