@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=None,
                    help="seconds after which no new sample starts; results so far are written "
                    "(SIGTERM and Ctrl-C also stop cleanly after writing)")
+    p.add_argument("--report", metavar="DIR", default=None,
+                   help="re-aggregate an existing DIR/results.json (tables, selection, plots) "
+                   "without running anything")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -82,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return the exit status."""
     args = build_parser().parse_args(argv)
     from . import harness, plots
+
+    if args.report:
+        return report(Path(args.report), args.max_loss, args.min_baseline)
 
     opts = dict(tasks=args.tasks, lengths=args.lengths, samples=args.samples,
                 methods=parse_methods(args.methods) if args.methods else None)
@@ -118,13 +124,39 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         result.selection = harness.select_schedule(result.summary, args.max_loss,
                                                    args.min_baseline)
-    out = Path(cfg.out)
-    data = harness.load_results(harness.write_results(result, out))
-    (out / "table.md").write_text(harness.render_table(data))
+    harness.write_results(result, cfg.out)
+    return _write_reports(Path(cfg.out))
+
+
+def _write_reports(out: Path) -> int:
+    """table.md and the PNGs from out/results.json; print the table."""
+    from . import harness, plots
+
+    data = harness.load_results(out)
+    table = harness.render_table(data)
+    (out / "table.md").write_text(table)
     pngs = plots.write_plots(data, out)
-    print(harness.render_table(data))
+    print(table)
     print(f"wrote {out / 'results.json'}, {out / 'table.md'}, " + ", ".join(str(p) for p in pngs))
     return 0
+
+
+def report(out: Path, max_loss: float, min_baseline: float) -> int:
+    """Re-aggregate a saved run (summary, selection when it was a sweep, table, plots)."""
+    from . import harness
+
+    if not (out / "results.json").is_file():
+        print(f"error: no results.json in {out}", file=sys.stderr)
+        return 2
+    data = harness.load_results(out)
+    runs = [harness.RunRecord(**r) for r in data["runs"]]
+    result = harness.BenchResult(meta=data["meta"], samples=data["samples"], runs=runs,
+                                 cost_model=data.get("cost_model"))
+    result.summary = harness.summarize(runs)
+    if data.get("selection"):
+        result.selection = harness.select_schedule(result.summary, max_loss, min_baseline)
+    harness.write_results(result, out)
+    return _write_reports(out)
 
 
 if __name__ == "__main__":

@@ -364,6 +364,7 @@ def run_bench(
         shortest = min(suite, key=lambda s: s.n_tokens)
         for m in methods:
             run_one(model, tokenizer, m, shortest, max_tokens=2)
+    calibration = cost_model_runs(model, tokenizer, max(cfg.lengths)) if suite else []
     runs: list[RunRecord] = []
     done: list[Sample] = []
     stopped = None
@@ -399,7 +400,7 @@ def run_bench(
         "samples_planned": len(suite),
     }
     result = BenchResult(meta=meta, samples=[s.as_dict() for s in done], runs=runs)
-    result.cost_model = apply_cost_model(runs)
+    result.cost_model = apply_cost_model(runs, calibration)
     result.summary = summarize(runs)
     return result
 
@@ -408,17 +409,39 @@ def run_bench(
 # Aggregation
 
 
-def apply_cost_model(runs: Sequence[RunRecord]) -> dict[str, Any] | None:
-    """Fit the speed helper's cost model on the unpruned ("full") runs; predict every run.
+def cost_model_runs(model: Any, tokenizer: Any, max_length: int,
+                    fractions: Sequence[float] = (0.25, 0.5, 1.0)) -> list[RunRecord]:
+    """Unpruned one-token runs on plain prose at spread-out lengths, for the cost-model fit.
 
-    Returns the fitted coefficients (or a reason why there is no fit) and fills
-    ``RunRecord.predicted_ttft_s`` for engine runs.
+    The benchmark's own prompts all sit near a few target lengths, too close together to
+    separate the linear and quadratic terms; these runs add well-spaced points.
+    """
+    from .speed import build_prompt
+
+    full = parse_method(FULL)
+    runs = []
+    for frac in fractions:
+        n = max(16, round(frac * max_length))
+        sample = Sample(task="costmodel", index=0, seed=0, target_tokens=n, prompt="",
+                        tokens=tuple(build_prompt(tokenizer, n)), question="", references=("",),
+                        match="any", depths=(), max_tokens=1)
+        runs.append(run_one(model, tokenizer, full, sample))
+    return runs
+
+
+def apply_cost_model(runs: Sequence[RunRecord],
+                     calibration: Sequence[RunRecord] = ()) -> dict[str, Any] | None:
+    """Fit the speed helper's cost model on unpruned runs; predict every engine run's TTFT.
+
+    The fit uses the benchmark's ``full`` runs plus the ``calibration`` runs
+    (:func:`cost_model_runs`). Returns the coefficients (or why there is no fit) and fills
+    ``RunRecord.predicted_ttft_s``.
     """
     try:
         from .costmodel import CostModel
     except ImportError:
         return {"error": "mlx_lazy.bench.costmodel is not available"}
-    full = [r for r in runs if r.family == FULL]
+    full = [r for r in runs if r.family == FULL] + list(calibration)
     try:
         model = CostModel.fit([_counts(r) for r in full], [r.ttft_s for r in full])
     except ValueError as exc:
@@ -426,7 +449,10 @@ def apply_cost_model(runs: Sequence[RunRecord]) -> dict[str, Any] | None:
     for r in runs:
         if r.family != BASELINE:
             r.predicted_ttft_s = model.predict(_counts(r))
-    return {"fitted_on": FULL, "target": "ttft_s", **model.as_dict()}
+    return {"fitted_on": f"{FULL} runs + {len(calibration)} prose calibration runs",
+            "target": "ttft_s", **model.as_dict(),
+            "calibration_runs": [{"prompt_tokens": r.prompt_tokens, "ttft_s": r.ttft_s}
+                                 for r in calibration]}
 
 
 def _counts(r: RunRecord) -> tuple[int, int]:
@@ -438,29 +464,42 @@ def _mean(xs: Iterable[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return num / den if num is not None and den else None
+def paired_speedup(rs: Sequence[RunRecord], refs: dict[tuple[str, int, int], RunRecord],
+                   attr: str) -> float | None:
+    """Geometric mean over samples of ``ref.attr / run.attr`` (> 1: the run is faster).
+
+    Each run is paired with the reference method's run on the same sample, measured
+    moments apart, so slow drifts in machine load cancel out of the ratio.
+    """
+    logs = []
+    for r in rs:
+        ref = refs.get((r.task, r.length, r.index))
+        num, den = (getattr(ref, attr) if ref else None), getattr(r, attr)
+        if num and den and num > 0 and den > 0:
+            logs.append(math.log(num / den))
+    return math.exp(statistics.fmean(logs)) if logs else None
 
 
 def summarize(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
-    """Per (task, length, method) rows, plus ``task="all"`` rows averaged over tasks.
+    """Per (task, length, method) rows, plus ``task="all"`` rows pooled over tasks.
 
-    Speedups are ratios of mean times (baseline / method: > 1 means faster). Relative
-    accuracy loss is (baseline − method) / baseline against the mlx-lm baseline's score.
+    Speedups are geometric means of per-sample paired ratios, reference time / method
+    time (> 1 means faster; see :func:`paired_speedup`). Relative accuracy loss is
+    (baseline − method) / baseline against the mlx-lm baseline's mean score.
     """
     groups: dict[tuple[str, int, str], list[RunRecord]] = defaultdict(list)
+    by_method: dict[str, dict[tuple[str, int, int], RunRecord]] = defaultdict(dict)
     for r in runs:
         groups[(r.task, r.length, r.method)].append(r)
         groups[("all", r.length, r.method)].append(r)
+        by_method[r.method][(r.task, r.length, r.index)] = r
     families = {r.method: r.family for r in runs}
+    base_runs, full_runs = by_method.get(BASELINE, {}), by_method.get(FULL, {})
     rows = []
     for (task, length, method), rs in groups.items():
         base = groups.get((task, length, BASELINE), [])
-        full = groups.get((task, length, FULL), [])
         row = _aggregate(rs)
-        b = _aggregate(base) if base else {}
-        f = _aggregate(full) if full else {}
-        bs = b.get("score")
+        bs = _aggregate(base)["score"] if base else None
         row.update(
             task=task,
             length=length,
@@ -468,13 +507,12 @@ def summarize(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
             family=families[method],
             baseline_score=bs,
             relative_accuracy_loss=(bs - row["score"]) / bs if bs else None,
-            ttft_speedup=_ratio(b.get("ttft_s"), row["ttft_s"]),
-            tpot_speedup=_ratio(b.get("tpot_s"), row["tpot_s"]),
-            generation_speedup=_ratio(b.get("total_s"), row["total_s"]),
-            ttft_speedup_vs_full=_ratio(f.get("ttft_s"), row["ttft_s"]),
-            generation_speedup_vs_full=_ratio(f.get("total_s"), row["total_s"]),
-            predicted_ttft_speedup_vs_full=_ratio(f.get("predicted_ttft_s"),
-                                                  row["predicted_ttft_s"]),
+            ttft_speedup=paired_speedup(rs, base_runs, "ttft_s"),
+            tpot_speedup=paired_speedup(rs, base_runs, "tpot_s"),
+            generation_speedup=paired_speedup(rs, base_runs, "total_s"),
+            ttft_speedup_vs_full=paired_speedup(rs, full_runs, "ttft_s"),
+            generation_speedup_vs_full=paired_speedup(rs, full_runs, "total_s"),
+            predicted_ttft_speedup_vs_full=paired_speedup(rs, full_runs, "predicted_ttft_s"),
         )
         rows.append(row)
     order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in runs))}
@@ -728,7 +766,7 @@ def render_table(result: dict[str, Any]) -> str:
         lines.append("")
     cm = result.get("cost_model")
     if cm and "a" in cm:
-        lines += [f"Cost model (fitted on {cm['n_samples']} unpruned runs, TTFT): "
+        lines += [f"Cost model (fitted on {cm['n_samples']} unpruned runs: {cm['fitted_on']}; TTFT): "
                   f"t = {cm['a']:.3g}·token_layers + {cm['b']:.3g}·attention_pairs + {cm['c']:.3g} s "
                   f"(RMS relative residual {cm['rms_relative_residual']:.1%}).", ""]
     elif cm:
