@@ -180,3 +180,19 @@ def test_decode_before_prefill_is_a_value_error(tiny_model):
     model, _ = tiny_model("llama")
     with pytest.raises(ValueError, match="prefill"):
         LazyEngine(model).decode(1)
+
+
+def test_speed_75_cuts_prompt_kv_by_a_quarter(tiny_model):
+    model, _ = tiny_model("llama")
+    depth = model.args.num_hidden_layers
+    prompt = random_prompt(1000, model.args.vocab_size, seed=8)
+    kv = {}
+    for method in ("full", "speed"):
+        engine = LazyEngine(model, PruningConfig.preset(method))
+        kv[method] = run(engine, prompt, 2).kv_bytes
+    cutoff = LazyEngine(model, PruningConfig.preset("speed")).schedule.prompt_depth
+    assert cutoff == round(0.75 * depth)
+    # Upper layers keep the anchor, the last prompt token and 2 decode tokens.
+    expected = (cutoff * 1002 + (depth - cutoff) * 4) / (depth * 1002)
+    assert kv["speed"] / kv["full"] == pytest.approx(expected, rel=1e-6)
+    assert kv["speed"] / kv["full"] < 0.76
