@@ -54,6 +54,11 @@ Measurements (all methods measured identically, wall clock, ``time.perf_counter`
 ``--report results.json`` prints the tables of a saved result (e.g. one cut short by a timeout:
 the JSON is rewritten after every run).
 
+``--decode-interleaved STEPS`` measures decode alone, robustly on a busy machine: every method
+prefills once at the largest length, then STEPS single decode steps per method run interleaved
+round-robin; the table gives mean step time (wall, CPU) and ratios against mlx-lm's model and
+``KVCache`` stepped the same way (:func:`decode_interleaved`).
+
 ``--quick`` shrinks everything (lengths 48,64,96, 4 tokens, 1 repeat) for tests on tiny models.
 """
 
@@ -73,7 +78,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from mlx_lazy import PruningConfig, load
+from mlx_lazy import LazyEngine, PruningConfig, load
 from mlx_lazy import stream_generate as lazy_stream_generate
 from mlx_lazy import _blas
 
@@ -552,6 +557,95 @@ def markdown_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def decode_interleaved(
+    model: Any,
+    tokenizer: Any,
+    prompt: list[int],
+    steps: int,
+    configs: dict[str, PruningConfig],
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> dict[str, Any]:
+    """Decode time per token with every method's steps interleaved round-robin.
+
+    Each method first prefills ``prompt`` (mlx-lm: its model and ``KVCache`` in 2,048-token
+    chunks like ``generate_step``; ours: ``LazyEngine.prefill``). Then, ``steps`` times, every
+    method runs ONE greedy decode step (``mx.eval`` of the token), in an order rotated each round.
+    Neighbouring steps of different methods see the same machine load, so per-round ratios are
+    far less noisy than TPOT from whole generations run minutes apart. Steps are synchronous
+    (no async pipelining) for every method alike.
+    """
+    ids = mx.array(prompt)
+    n = len(prompt)
+    step_fns: dict[str, Callable[[mx.array], mx.array]] = {}
+    engines: dict[str, LazyEngine] = {}
+    tokens: dict[str, mx.array] = {}
+
+    cache = make_prompt_cache(model)
+    t0 = time.perf_counter()
+    for i in range(0, n - 1, 2048):
+        model(ids[i : min(i + 2048, n - 1)][None], cache=cache)
+        mx.eval([c.keys for c in cache] + [c.values for c in cache])
+    tokens[MLX_LM] = mx.argmax(model(ids[-1:][None], cache=cache)[0, -1])
+    mx.eval(tokens[MLX_LM])
+    step_fns[MLX_LM] = lambda y: mx.argmax(model(y.reshape(1, 1), cache=cache)[0, -1])
+    log(f"decode-interleaved: prefilled {MLX_LM} in {time.perf_counter() - t0:.1f}s")
+    for name, cfg in configs.items():
+        t0 = time.perf_counter()
+        eng = engines[name] = LazyEngine(model, cfg)
+        tokens[name] = mx.argmax(eng.prefill(ids))
+        mx.eval(tokens[name])
+        step_fns[name] = eng.decode  # returns logits; argmax taken below
+        log(f"decode-interleaved: prefilled {name} in {time.perf_counter() - t0:.1f}s")
+
+    methods = list(step_fns)
+    wall: dict[str, list[float]] = {m: [] for m in methods}
+    cpu: dict[str, list[float]] = {m: [] for m in methods}
+    revived: dict[str, list[int]] = {m: [] for m in engines}
+    for s in range(steps):
+        k = s % len(methods)
+        for m in methods[k:] + methods[:k]:
+            before = engines[m].cache.revivals if m in engines else 0
+            w, c = time.perf_counter(), time.process_time()
+            out = step_fns[m](tokens[m])
+            tokens[m] = out if m == MLX_LM else mx.argmax(out)
+            mx.eval(tokens[m])
+            wall[m].append(time.perf_counter() - w)
+            cpu[m].append(time.process_time() - c)
+            if m in engines:
+                revived[m].append(engines[m].cache.revivals - before)
+    rows: dict[str, Any] = {}
+    for m in methods:
+        per_round = [a / b for a, b in zip(wall[m], wall[MLX_LM])]
+        rows[m] = {
+            "mean_step_s": statistics.fmean(wall[m]),
+            "median_step_s": statistics.median(wall[m]),
+            "mean_step_cpu_s": statistics.fmean(cpu[m]),
+            "wall_vs_mlx_lm": sum(wall[m]) / sum(wall[MLX_LM]),
+            "cpu_vs_mlx_lm": sum(cpu[m]) / sum(cpu[MLX_LM]),
+            "median_round_ratio": statistics.median(per_round),
+            "step_s": wall[m],
+            "step_cpu_s": cpu[m],
+            "revivals_per_step": revived.get(m),
+        }
+    return {"prompt_tokens": n, "steps": steps, "methods": rows}
+
+
+def decode_table(dec: dict[str, Any]) -> str:
+    """Markdown table of :func:`decode_interleaved`'s result."""
+    rows = [
+        [m, _fmt(r["mean_step_s"], ".1f", 1e3), _fmt(r["median_step_s"], ".1f", 1e3),
+         _fmt(r["mean_step_cpu_s"], ".1f", 1e3), _fmt(r["wall_vs_mlx_lm"], ".3f"),
+         _fmt(r["cpu_vs_mlx_lm"], ".3f"), _fmt(r["median_round_ratio"], ".3f"),
+         "–" if r["revivals_per_step"] is None else str(sum(r["revivals_per_step"]))]
+        for m, r in dec["methods"].items()
+    ]
+    return "\n".join([
+        f"Decode at {dec['prompt_tokens']} tokens of context, {dec['steps']} steps per method, "
+        "interleaved round-robin (synchronous steps):", "",
+        *_table(["method", "mean step ms", "median step ms", "mean CPU ms", "wall × mlx-lm",
+                 "CPU × mlx-lm", "median per-round × mlx-lm", "revivals"], rows)])
+
+
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlx_lazy.bench.speed",
                                 description=__doc__.split("\n\n")[0],
@@ -567,6 +661,9 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help=f"comma-separated schedules besides mlx-lm and full; known: {', '.join(SCHEDULES)} "
                         f"(default {','.join(DEFAULT_SCHEDULES)})")
     p.add_argument("--out", type=Path, default=None, help="write the JSON result here")
+    p.add_argument("--decode-interleaved", type=int, default=0, metavar="STEPS",
+                   help="instead of the generation benchmark: prefill every method once at the largest "
+                        "length, then time STEPS decode steps per method interleaved round-robin")
     p.add_argument("--report", type=Path, default=None,
                    help="print the tables of a saved --out JSON (e.g. one cut short by a timeout) and exit")
     p.add_argument("--quick", action="store_true",
@@ -599,6 +696,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     info = machine_info(model, argv)
     if info["model_dtypes"] != ["float32"]:
         print(f"note: model weights are {info['model_dtypes']}, not float32", file=sys.stderr)
+    if args.decode_interleaved:
+        n = max(int(x) for x in args.lengths.split(",") if x.strip())
+        L = _num_layers(model)
+        configs = {name: schedule_config(name, L) for name in [FULL, *schedules] if name not in (FULL, MLX_LM) or name == FULL}
+        dec = decode_interleaved(model, tokenizer, build_prompt(tokenizer, n), args.decode_interleaved, configs)
+        result = {"info": info, "decode_interleaved": dec}
+        if args.out is not None:
+            args.out.write_text(json.dumps(result, indent=1))
+        print(decode_table(dec))
+        return result
     result = run_benchmark(
         model, tokenizer,
         lengths=[int(x) for x in args.lengths.split(",") if x.strip()],
