@@ -50,9 +50,11 @@ def test_fit_with_noise_and_repeats_predicts_pruned_run() -> None:
     assert 0 < model.rms_relative_residual < 0.03
     # A pruned run: keep 60/40/25/15 % after layers 6/12/18/24 of a 4K prompt.
     n, per_layer, pairs = 4096, [], 0
+    cuts = {6: 0.6, 12: 0.4, 18: 0.25, 24: 0.15}
+    frac = 1.0
     for layer in range(LAYERS):
-        frac = 1.0 if layer <= 6 else 0.6 if layer <= 12 else 0.4 if layer <= 18 else 0.25 if layer <= 24 else 0.15
         k = int(n * frac)
+        frac = cuts.get(layer, frac)
         per_layer.append(k)
         pairs += k * (k + 1) // 2
     pruned = FakeStats(per_layer, pairs)

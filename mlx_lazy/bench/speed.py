@@ -36,8 +36,10 @@ Measurements (all methods measured identically, wall clock, ``time.perf_counter`
   token at N-token context. EOS is disabled for the measurement (``tokenizer.eos_token_ids``
   emptied) so every method generates exactly ``--max-tokens`` tokens.
 * **CPU time**: the same TTFT/TPOT in process CPU seconds (``time.process_time``, all threads).
-  On a machine shared with other jobs, wall time stretches with their load while CPU time stays
-  close to the work done; both are reported, and the cost model is fitted on each.
+  On a machine shared with other jobs, wall time stretches with their load; CPU time stretches
+  much less (it still grows somewhat: BLAS threads spin while their partner thread waits for a
+  core). Both are reported, and the cost model is fitted on each. Check the machine-load line
+  under the tables (1-minute load average at the end of each run) before trusting a figure.
 * **Ratios**: per repeat, the method's time divided by mlx-lm's (and by ``full``'s) from the
   same repeat; the table shows the median over repeats. Side-by-side ratios cancel most of the
   noise of a shared machine; absolute seconds are medians too.
@@ -74,7 +76,7 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -98,6 +100,8 @@ __all__ = [
     "run_mlx_lm",
     "run_ours",
     "run_benchmark",
+    "decode_interleaved",
+    "decode_table",
     "summarize",
     "markdown_table",
     "main",
@@ -449,7 +453,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             decode_tl = (sum(s["tokens_computed_per_layer"]) - prefill_tl) / steps
             row.update(
                 token_layers_pct=100.0 * prefill_tl / (main_len * num_layers),
-                attention_pairs_pct=(100.0 * s["prefill_attention_pairs"] / full_pairs) if full_pairs else None,
+                attention_pairs_pct=(100.0 * s["prefill_attention_pairs"] / full_pairs
+                                     if full_pairs else None),
                 prompt_tokens_computed_pct=s["prompt_tokens_computed_pct"],
                 revivals=s["revivals"],
                 host_syncs=s["host_syncs"],
@@ -463,7 +468,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                     prediction_errors=errs,
                     prediction_error_median=_median(errs),
                     predicted_ttft_cpu_s=cpu_model.predict(s),
-                    prediction_errors_cpu=[cpu_model.relative_error(r["stats"], r["ttft_cpu_s"]) for r in mine],
+                    prediction_errors_cpu=[cpu_model.relative_error(r["stats"], r["ttft_cpu_s"])
+                                           for r in mine],
                     # Token-layer work a decode step does beyond its own token (revivals),
                     # priced at the prefill's per-token-layer cost.
                     modelled_revival_s_per_step=model.a * max(0.0, decode_tl - num_layers),
@@ -471,6 +477,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                 row["prediction_error_cpu_median"] = _median(row["prediction_errors_cpu"])
         rows[m] = row
     return {
+        "repeats_completed": sum(1 for rep in by_repeat.values() if set(methods) <= set(rep)),
         "cost_model": model.as_dict() if model else None,
         "cost_model_cpu": cpu_model.as_dict() if cpu_model else None,
         "cost_model_error": fit_error,
@@ -499,7 +506,8 @@ def markdown_table(result: dict[str, Any]) -> str:
     ref_kv = rows.get(MLX_LM, {}).get("kv_bytes")
     lines = [
         f"Prompt {info['main_length']} tokens, {info['max_tokens']} generated tokens, "
-        f"{info['repeats']} repeats; times are medians, ratios are per-repeat side-by-side "
+        f"{summ.get('repeats_completed', info['repeats'])} of {info['repeats']} repeats completed; "
+        "times are medians, ratios are per-repeat side-by-side "
         "ratios, then the median.",
         "",
     ]
@@ -699,8 +707,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     if args.decode_interleaved:
         n = max(int(x) for x in args.lengths.split(",") if x.strip())
         L = _num_layers(model)
-        configs = {name: schedule_config(name, L) for name in [FULL, *schedules] if name not in (FULL, MLX_LM) or name == FULL}
-        dec = decode_interleaved(model, tokenizer, build_prompt(tokenizer, n), args.decode_interleaved, configs)
+        configs = {name: schedule_config(name, L) for name in dict.fromkeys([FULL, *schedules])
+                   if name != MLX_LM}
+        dec = decode_interleaved(model, tokenizer, build_prompt(tokenizer, n),
+                                 args.decode_interleaved, configs)
         result = {"info": info, "decode_interleaved": dec}
         if args.out is not None:
             args.out.write_text(json.dumps(result, indent=1))
