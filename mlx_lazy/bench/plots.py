@@ -134,20 +134,19 @@ def plot_token_usage(result: dict[str, Any], path: Path, max_methods: int = 12) 
     names = names[:max_methods]
     n_layers = result["meta"]["n_layers"]
     stages = stage_bounds(n_layers)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(names) + 3), 4.2))
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.9 * len(names) + 3), 4.6 + 0.15 * len(names)))
     width = 0.8 / max(len(names), 1)
     for k, name in enumerate(names):
         per_layer = [statistics.fmean(col) for col in zip(*usage[name])]
         vals = [statistics.fmean(per_layer[a:b]) for a, b in stages]
         xs = [i + (k - (len(names) - 1) / 2) * width for i in range(len(stages))]
-        family = name.split(":")[0]
-        ax.bar(xs, vals, width, label=name, color=_COLORS.get(family),
-               alpha=0.55 + 0.45 * (k % 2))
+        color = _COLORS.get(name, plt.cm.tab20(k % 20))  # presets by family colour
+        ax.bar(xs, vals, width, label=name, color=color)
     ax.set_xticks(range(len(stages)), [f"layers {a + 1}–{b}" for a, b in stages])
     ax.set_ylabel("% of prompt tokens computed")
     ax.set_ylim(0, 105)
     ax.set_title("cumulative prompt-token usage by layer stage (whole generation)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
