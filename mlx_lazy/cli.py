@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(0.75) or a layer count (24)")
     g.add_argument("--anchors", type=int, default=None, metavar="N",
                    help="leading prompt tokens that are never pruned")
+    g.add_argument("--no-revive", dest="revive", action="store_false", default=None,
+                   help="LazyLLM: decode steps choose only among tokens that already have KV "
+                        "(no Aux Cache revivals; faster decoding, beyond the paper)")
     g.add_argument("--compare", action="store_true",
                    help=f"also run the unpruned baseline ({BASELINE}) and print a comparison table")
     g.add_argument("--stats-json", default=None, metavar="PATH",
@@ -147,6 +150,7 @@ def build_config(args: argparse.Namespace) -> PruningConfig:
             ("keep", args.keep),
             ("speed_cutoff", args.speed_cutoff),
             ("anchors", args.anchors),
+            ("revive", args.revive),
             ("seed", args.seed if args.method == "random" else None),
         )
         if value is not None

@@ -102,7 +102,7 @@ class LazyEngine:
             cache.mark_computed(layer, active)
             keep = sched.keep_after(layer)
             if keep is not None:
-                selected = self._select(q[:, :, -1:], k, active, keep, n)
+                selected = self._select(layer, q[:, :, -1:], k, active, keep, n)
                 h, active = self._advance(layer, h, active, selected)
             mx.eval(h)
             if progress is not None:
@@ -175,7 +175,7 @@ class LazyEngine:
             cache.mark_computed(layer, comp)
             keep = sched.keep_after(layer) if sched.dynamic else None
             if keep is not None:
-                selected = self._select(q[:, :, -1:], keys, kpos, keep, n_ctx, visible)
+                selected = self._select(layer, q[:, :, -1:], keys, kpos, keep, n_ctx, visible)
                 h, comp = self._advance(layer, h, comp, selected)
         return a.logits(h[:, -1:])[0, 0]
 
@@ -189,6 +189,7 @@ class LazyEngine:
 
     def _select(
         self,
+        layer: int,
         q_last: mx.array,
         keys: mx.array,
         positions: np.ndarray,
@@ -199,8 +200,8 @@ class LazyEngine:
         """Top tokens by the query token's head-averaged attention; sorted positions.
 
         ``keys`` (1, kv_heads, n, d) belong to ``positions`` in the same order; only those
-        marked ``visible`` (all when None) are candidates. The query token (the last
-        position) and the anchors are always kept.
+        marked ``visible`` (all when None) and able to reach ``layer + 1`` are candidates.
+        The query token (the last position) and the anchors are always kept.
         """
         a = self.adapter
         _, kvh, _, d = keys.shape
@@ -211,9 +212,10 @@ class LazyEngine:
         probs = mx.softmax(logits, axis=-1, precise=True)
         scores = np.array(probs.mean(axis=(0, 1, 2)))
         self.host_syncs += 1
-        candidates = positions
+        eligible = self.cache.limit[positions] > layer + 1
         if visible is not None:
-            candidates, scores = positions[visible], scores[visible]
+            eligible &= visible
+        candidates, scores = positions[eligible], scores[eligible]
         n = len(candidates)
         forced = (candidates < self.schedule.anchors) | (candidates == n_ctx - 1)
         scores[forced] = np.inf
@@ -223,13 +225,14 @@ class LazyEngine:
 
     def _advance(self, layer: int, h: mx.array, comp: np.ndarray, selected: np.ndarray):
         """After pruning ``layer``: computed tokens outside ``selected`` stop (their hidden
-        state goes to the Aux Cache when they may come back); selected tokens whose depth
-        is layer+1 and that were not just computed are revived from the Aux Cache."""
+        state goes to the Aux Cache when they may come back, else their depth is final);
+        selected tokens whose depth is layer+1 and that were not just computed are revived
+        from the Aux Cache."""
         cache, depth = self.cache, layer + 1
         stay = np.isin(comp, selected)
         leave = comp[~stay]
         if len(leave):
-            if self.schedule.dynamic:
+            if self.schedule.revive:
                 back = cache.limit[leave] > depth
                 rows = np.flatnonzero(~stay)[back]
                 if len(rows):

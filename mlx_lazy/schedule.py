@@ -44,6 +44,9 @@ class Schedule:
             continue to the next layer.
         keep: fraction of the context kept after each of ``prune_layers``.
         dynamic: re-select at every decode step (LazyLLM) rather than once in prefill.
+        revive: with ``dynamic``, pruned tokens keep their hidden state in the Aux Cache
+            and can come back; without, decode steps re-select only among tokens that
+            already have KV at the next layer.
         prompt_depth: number of layers that non-anchor prompt tokens may reach (SPEED
             cutoff; ``num_layers`` when unused).
         random_keep: fraction of prompt tokens kept before layer 0 (random drop), or None.
@@ -56,6 +59,7 @@ class Schedule:
     prune_layers: Tuple[int, ...] = ()
     keep: Tuple[float, ...] = ()
     dynamic: bool = False
+    revive: bool = False
     prompt_depth: int = 0
     random_keep: Optional[float] = None
     anchors: int = 1
@@ -100,6 +104,11 @@ class PruningConfig:
         anchors: leading prompt tokens that are never pruned (SPEED's anchor; also
             protected from LazyLLM selection).
         seed: random-drop seed.
+        revive: LazyLLM only. True (the paper): a token pruned in one step can come back in
+            a later one, computed from its Aux Cache hidden state. False: decode steps choose
+            only among tokens that already have KV at the next layer, so no decode step
+            computes prompt tokens (faster decoding on compute-bound machines, no Aux Cache;
+            an approximation beyond the paper).
     """
 
     method: str = "full"
@@ -108,6 +117,7 @@ class PruningConfig:
     speed_cutoff: Optional[Union[float, int]] = None
     anchors: int = 1
     seed: int = 0
+    revive: bool = True
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "PruningConfig":
@@ -135,6 +145,9 @@ class PruningConfig:
             raise ValueError(f"method {m!r} takes no speed_cutoff; use 'speed' or 'lazy+speed'")
         if m in ("full", "speed") and self.keep:
             raise ValueError(f"method {m!r} takes no keep fractions")
+        dynamic = m in ("lazy", "lazy+speed")
+        if not self.revive and not dynamic:
+            raise ValueError(f"revive=False applies to 'lazy' and 'lazy+speed', not {m!r}")
 
         prompt_depth = _resolve_cutoff(self.speed_cutoff, num_layers) if uses_cutoff else num_layers
         prune_layers: Tuple[int, ...] = ()
@@ -165,7 +178,8 @@ class PruningConfig:
             num_layers=num_layers,
             prune_layers=prune_layers,
             keep=keep,
-            dynamic=m in ("lazy", "lazy+speed"),
+            dynamic=dynamic,
+            revive=dynamic and self.revive,
             prompt_depth=prompt_depth,
             random_keep=random_keep,
             anchors=self.anchors,

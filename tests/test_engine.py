@@ -196,3 +196,22 @@ def test_speed_75_cuts_prompt_kv_by_a_quarter(tiny_model):
     expected = (cutoff * 1002 + (depth - cutoff) * 4) / (depth * 1002)
     assert kv["speed"] / kv["full"] == pytest.approx(expected, rel=1e-6)
     assert kv["speed"] / kv["full"] < 0.76
+
+
+def test_lazy_without_revival_computes_only_the_new_token_in_decode(tiny_model):
+    model, _ = tiny_model("llama")
+    n, steps = 400, 24
+    prompt = random_prompt(n, model.args.vocab_size, seed=9)
+    layers, keep = (0, 1), (0.5, 0.2)
+    stats = {}
+    for revive in (True, False):
+        config = PruningConfig("lazy", prune_layers=layers, keep=keep, revive=revive)
+        stats[revive] = run(LazyEngine(model, config), prompt, steps)
+    off = stats[False]
+    assert off.prefill_tokens_per_layer == stats[True].prefill_tokens_per_layer
+    assert off.revivals == 0 and off.aux_bytes == 0
+    assert [c - p for c, p in zip(off.tokens_computed_per_layer, off.prefill_tokens_per_layer)] == [
+        steps
+    ] * model.args.num_hidden_layers
+    assert off.host_syncs == len(layers) * (1 + steps)
+    assert stats[True].revivals > 0

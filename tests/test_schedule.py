@@ -47,6 +47,7 @@ def test_static_and_random_are_not_dynamic():
         (PruningConfig("lazy", speed_cutoff=0.5), "takes no speed_cutoff"),
         (PruningConfig("nope"), "unknown method"),
         (PruningConfig("speed", anchors=-1), "anchors"),
+        (PruningConfig("static", revive=False), "revive=False applies to"),
     ],
 )
 def test_invalid_configs_raise_helpful_errors(config, message):
