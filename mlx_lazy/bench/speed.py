@@ -53,6 +53,13 @@ Measurements (all methods measured identically, wall clock, ``time.perf_counter`
   within ±10%. Positive means the pruning machinery (scoring, gathers, Aux Cache, host syncs)
   costs more than the model of plain work accounts for.
 
+Other columns: *token-layers %* and *attn pairs %* are the prefill's work counts relative to an
+unpruned prefill; *decode token-layers/step* is the layer work per decode step (the model's depth
+for a plain step; more when LazyLLM revives tokens from the Aux Cache and computes them at the
+layers they had skipped); *revival ms/step (model)* prices that extra work at the cost model's
+per-token-layer rate; *total × mlx-lm* compares whole generations (TTFT + all decode steps);
+*work MiB* is the peak memory above what was allocated before the run (mostly the weights).
+
 ``--report results.json`` prints the tables of a saved result (e.g. one cut short by a timeout:
 the JSON is rewritten after every run).
 
