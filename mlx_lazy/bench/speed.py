@@ -50,7 +50,8 @@ Measurements (all methods measured identically, wall clock, ``time.perf_counter`
   up to its offset (the filled part; the allocation, rounded up to 256 positions, is in the JSON as
   ``kv_bytes_allocated``).
 * **Cost-model error**: (measured TTFT − predicted) / predicted, for each pruned run; target
-  within ±10%. Positive means the pruning machinery (scoring, gathers, Aux Cache, host syncs)
+  within ±10%. "× full vs predicted (CPU)" is the drift-free form: the measured CPU-time ratio
+  pruned/full (same repeat) against the model's predicted ratio, minus 1. Positive means the pruning machinery (scoring, gathers, Aux Cache, host syncs)
   costs more than the model of plain work accounts for.
 
 Other columns: *token-layers %* and *attn pairs %* are the prefill's work counts relative to an
@@ -482,6 +483,14 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                     modelled_revival_s_per_step=model.a * max(0.0, decode_tl - num_layers),
                 )
                 row["prediction_error_cpu_median"] = _median(row["prediction_errors_cpu"])
+                full_stats = next((r["stats"] for r in main if r["method"] == FULL), None)
+                if full_stats is not None and row["ttft_cpu_vs_full"] is not None:
+                    # Drift-free check: measured pruned/full ratio (same repeat, side by side)
+                    # against the model's predicted ratio; machine speed changes between
+                    # repeats cancel out.
+                    predicted_ratio = cpu_model.predict(s) / cpu_model.predict(full_stats)
+                    row["predicted_cpu_vs_full"] = predicted_ratio
+                    row["ratio_error_cpu"] = row["ttft_cpu_vs_full"] / predicted_ratio - 1
         rows[m] = row
     return {
         "repeats_completed": sum(1 for rep in by_repeat.values() if set(methods) <= set(rep)),
@@ -520,12 +529,13 @@ def markdown_table(result: dict[str, Any]) -> str:
     ]
     lines += _table(
         ["method", "TTFT s", "TTFT × mlx-lm", "TTFT × full", "predicted s", "pred. error",
-         "CPU-s × mlx-lm", "CPU-s × full", "pred. error (CPU)",
+         "CPU-s × mlx-lm", "CPU-s × full", "pred. error (CPU)", "× full vs predicted (CPU)",
          "token-layers %", "attn pairs %", "host syncs"],
         [[m, _fmt(r["ttft_s"], ".2f"), _fmt(r["ttft_vs_mlx_lm"], ".3f"), _fmt(r["ttft_vs_full"], ".3f"),
           _fmt(r.get("predicted_ttft_s"), ".2f"), _fmt(r.get("prediction_error_median"), "+.1f", 100, "%"),
           _fmt(r["ttft_cpu_vs_mlx_lm"], ".3f"), _fmt(r["ttft_cpu_vs_full"], ".3f"),
           _fmt(r.get("prediction_error_cpu_median"), "+.1f", 100, "%"),
+          _fmt(r.get("ratio_error_cpu"), "+.1f", 100, "%"),
           _fmt(r.get("token_layers_pct"), ".1f"), _fmt(r.get("attention_pairs_pct"), ".1f"),
           str(r.get("host_syncs", "–"))] for m, r in rows.items()])
     lines.append("")
