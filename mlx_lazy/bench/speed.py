@@ -162,13 +162,21 @@ def schedule_config(name: str, num_layers: int) -> PruningConfig:
 
 
 def build_prompt(tokenizer: Any, n_tokens: int) -> list[int]:
-    """Exactly ``n_tokens`` token ids of English prose (Python help texts, repeated if needed)."""
-    text = " ".join(prose_sentences())
-    ids = list(tokenizer.encode(text))
-    if not ids:
-        raise ValueError("the tokenizer produced no tokens for the benchmark prose")
+    """Exactly ``n_tokens`` token ids of English prose (Python help texts, repeated if needed).
+
+    The prose is encoded 100 sentences at a time, only as far as needed (no single encode
+    exceeds the tokenizer's maximum length, so transformers stays quiet).
+    """
+    sentences = prose_sentences()
+    ids: list[int] = []
+    i = 0
     while len(ids) < n_tokens:
-        ids = ids + ids
+        chunk = " ".join(sentences[(i + j) % len(sentences)] for j in range(100))
+        new = list(tokenizer.encode(chunk if not ids else " " + chunk))
+        if not new:
+            raise ValueError("the tokenizer produced no tokens for the benchmark prose")
+        ids += new
+        i += 100
     return ids[:n_tokens]
 
 
