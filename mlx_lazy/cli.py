@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(0.75) or a layer count (24)")
     g.add_argument("--anchors", type=int, default=None, metavar="N",
                    help="leading prompt tokens that are never pruned")
+    g.add_argument("--pool", type=int, default=None, metavar="R",
+                   help="LazyLLM/static: max-pool scores over R neighbouring tokens on each side "
+                        "before top-k, so spans survive together (default 0)")
     g.add_argument("--no-revive", dest="revive", action="store_false", default=None,
                    help="LazyLLM: decode steps choose only among tokens that already have KV "
                         "(no Aux Cache revivals; faster decoding, beyond the paper)")
@@ -151,6 +154,7 @@ def build_config(args: argparse.Namespace) -> PruningConfig:
             ("speed_cutoff", args.speed_cutoff),
             ("anchors", args.anchors),
             ("revive", args.revive),
+            ("pool", args.pool),
             ("seed", args.seed if args.method == "random" else None),
         )
         if value is not None

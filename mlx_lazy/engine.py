@@ -217,6 +217,8 @@ class LazyEngine:
             eligible &= visible
         candidates, scores = positions[eligible], scores[eligible]
         n = len(candidates)
+        if self.schedule.pool:
+            scores = _pool_by_position(candidates, scores, self.schedule.pool)
         forced = (candidates < self.schedule.anchors) | (candidates == n_ctx - 1)
         scores[forced] = np.inf
         k = min(n, max(int(forced.sum()), round(keep * n_ctx), 1))
@@ -283,3 +285,14 @@ def _decode_mask(comp: np.ndarray, kpos: np.ndarray, visible: Optional[np.ndarra
     if visible is not None:
         mask &= visible[None, :]
     return None if mask.all() else mx.array(mask)
+
+
+def _pool_by_position(positions: np.ndarray, scores: np.ndarray, radius: int) -> np.ndarray:
+    """Each score replaced by the maximum over ``radius`` neighbouring candidates (in
+    position order) on each side."""
+    order = np.argsort(positions)
+    padded = np.pad(scores[order], radius, constant_values=-np.inf)
+    pooled = np.lib.stride_tricks.sliding_window_view(padded, 2 * radius + 1).max(axis=1)
+    out = np.empty_like(scores)
+    out[order] = pooled
+    return out

@@ -49,6 +49,8 @@ class Schedule:
         revive: with ``dynamic``, pruned tokens keep their hidden state in the Aux Cache
             and can come back; without, decode steps re-select only among tokens that
             already have KV at the next layer.
+        pool: radius of the max-pooling of scores over neighbouring candidates before
+            top-k (0: none).
         prompt_depth: number of layers that non-anchor prompt tokens may reach (SPEED
             cutoff; ``num_layers`` when unused).
         random_keep: fraction of prompt tokens kept before layer 0 (random drop), or None.
@@ -62,6 +64,7 @@ class Schedule:
     keep: Tuple[float, ...] = ()
     dynamic: bool = False
     revive: bool = False
+    pool: int = 0
     prompt_depth: int = 0
     random_keep: Optional[float] = None
     anchors: int = 1
@@ -111,6 +114,10 @@ class PruningConfig:
             only among tokens that already have KV at the next layer, so no decode step
             computes prompt tokens (faster decoding on compute-bound machines, no Aux Cache;
             an approximation beyond the paper).
+        pool: LazyLLM and static only: before top-k, each candidate's score becomes the
+            maximum over itself and ``pool`` neighbouring candidates on each side, so kept
+            tokens come in spans (a number split into digit tokens stays whole). 0 (the
+            paper) scores tokens alone; an approximation beyond the paper.
     """
 
     method: str = "full"
@@ -120,6 +127,7 @@ class PruningConfig:
     anchors: int = 1
     seed: int = 0
     revive: bool = True
+    pool: int = 0
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "PruningConfig":
@@ -150,6 +158,10 @@ class PruningConfig:
         dynamic = m in ("lazy", "lazy+speed")
         if not self.revive and not dynamic:
             raise ValueError(f"revive=False applies to 'lazy' and 'lazy+speed', not {m!r}")
+        if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 0:
+            raise ValueError(f"pool must be a non-negative integer, got {self.pool!r}")
+        if self.pool and not uses_layers:
+            raise ValueError(f"pool applies to score-based methods (lazy, lazy+speed, static), not {m!r}")
 
         prompt_depth = _resolve_cutoff(self.speed_cutoff, num_layers) if uses_cutoff else num_layers
         prune_layers: Tuple[int, ...] = ()
@@ -182,6 +194,7 @@ class PruningConfig:
             keep=keep,
             dynamic=dynamic,
             revive=dynamic and self.revive,
+            pool=self.pool,
             prompt_depth=prompt_depth,
             random_keep=random_keep,
             anchors=self.anchors,

@@ -227,7 +227,7 @@ def test_smollm2_compare(smollm2_path, tmp_path):
 
 def _args(**kw) -> SimpleNamespace:
     base = dict(method="lazy", prune_layers=None, keep=None, speed_cutoff=None, anchors=None,
-                seed=None, revive=None)
+                seed=None, revive=None, pool=None)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -240,8 +240,8 @@ def test_build_config_overrides_preset():
     assert cli.build_config(_args(method="random", seed=7)).seed == 7
     assert cli.build_config(_args(method="lazy", seed=7)).seed == 0  # only random uses it
     assert cli.build_config(_args()).revive
-    args = cli.build_parser().parse_args(["--method", "lazy", "--no-revive"])
-    assert not cli.build_config(args).revive
+    args = cli.build_parser().parse_args(["--method", "lazy", "--no-revive", "--pool", "2"])
+    assert not cli.build_config(args).revive and cli.build_config(args).pool == 2
 
 
 def test_flag_parsers():

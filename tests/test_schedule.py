@@ -48,6 +48,8 @@ def test_static_and_random_are_not_dynamic():
         (PruningConfig("nope"), "unknown method"),
         (PruningConfig("speed", anchors=-1), "anchors"),
         (PruningConfig("static", revive=False), "revive=False applies to"),
+        (PruningConfig("lazy", pool=-1), "pool must be a non-negative integer"),
+        (PruningConfig("speed", pool=2), "pool applies to score-based methods"),
     ],
 )
 def test_invalid_configs_raise_helpful_errors(config, message):
