@@ -147,6 +147,8 @@ def _lazy(fractions: Sequence[float], keep: Sequence[float],
 SCHEDULES: dict[str, Callable[[int], PruningConfig]] = {
     FULL: lambda L: PruningConfig.preset("full"),
     "lazy": lambda L: PruningConfig.preset("lazy"),
+    # The preset without revival: decode re-selects only among tokens that have KV.
+    "lazy-norevive": lambda L: PruningConfig.preset("lazy", revive=False),
     # Four cuts after layers 5/11/17/23 of 30 keeping 60/40/25/15 % (48% of the token-layers).
     "lazy-4": _lazy((0.2, 0.4, 0.6, 0.8), (0.6, 0.4, 0.25, 0.15)),
     # Two cuts, after layers 9/19 of 30, keeping 50/25 %.
