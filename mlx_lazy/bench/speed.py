@@ -58,7 +58,8 @@ Other columns: *token-layers %* and *attn pairs %* are the prefill's work counts
 unpruned prefill; *decode token-layers/step* is the layer work per decode step (the model's depth
 for a plain step; more when LazyLLM revives tokens from the Aux Cache and computes them at the
 layers they had skipped); *revival ms/step (model)* prices that extra work at the cost model's
-per-token-layer rate; *total × mlx-lm* compares whole generations (TTFT + all decode steps);
+per-token-layer rate only (a lower bound: each revived token also attends over the layer's
+whole cache, work that GenerationStats does not count); *total × mlx-lm* compares whole generations (TTFT + all decode steps);
 *work MiB* is the peak memory above what was allocated before the run (mostly the weights).
 
 ``--report results.json`` prints the tables of a saved result (e.g. one cut short by a timeout:
