@@ -23,11 +23,11 @@ METHODS = ("full", "lazy", "speed", "lazy+speed", "static", "random")
 
 # Preset pruning positions are fractions of the model's depth so one preset fits any
 # model; they resolve to layer indices in `PruningConfig.resolve`. The LazyLLM preset is
-# the calibrated one (mlx_lazy/bench/README.md): on SmolLM2 every cut in the lower 40% of
-# the layers lost accuracy, cuts after 60% and 80% of the depth lost none.
-_LAZY_LAYERS = (0.6, 0.8)
+# calibrated on SmolLM2 (mlx_lazy/bench/README.md): cuts in the lower half of the layers
+# lost accuracy; cuts after layers 20 and 25 of 30 lost none on any task or on the demo.
+_LAZY_LAYERS = (0.7, 0.85)
 _LAZY_KEEP = (0.25, 0.15)
-_LAZY_SPEED_LAYERS = (0.6,)
+_LAZY_SPEED_LAYERS = (0.7,)
 _LAZY_SPEED_KEEP = (0.25,)
 _STATIC_LAYERS = (0.2,)
 _STATIC_KEEP = (0.4,)
@@ -174,9 +174,12 @@ class PruningConfig:
                 "static": (_STATIC_LAYERS, _STATIC_KEEP),
             }[m]
             if self.prune_layers is None:
-                prune_layers = tuple(max(0, round(f * num_layers) - 1) for f in default_layers)
-                # Presets for very shallow models may collide; keep the distinct ones.
-                prune_layers = tuple(sorted(set(prune_layers)))
+                # Clamped below the last usable layer; on shallow models positions may
+                # collide, so keep the distinct ones.
+                last = min(num_layers, prompt_depth) - 2
+                prune_layers = tuple(
+                    sorted({min(last, max(0, round(f * num_layers) - 1)) for f in default_layers})
+                )
             else:
                 prune_layers = tuple(self.prune_layers)
             keep = tuple(self.keep) if self.keep is not None else default_keep[: len(prune_layers)]
