@@ -76,8 +76,9 @@ def run(engine, prompt, steps):
     return engine.stats
 
 
-def test_lazy_aggressive_schedule_invariants(tiny_model):
-    model, _ = tiny_model("llama")
+@pytest.mark.parametrize("kind", KINDS)
+def test_lazy_aggressive_schedule_invariants(tiny_model, kind):
+    model, _ = tiny_model(kind)
     n = 400
     config = PruningConfig("lazy", prune_layers=(0, 1, 2), keep=(0.5, 0.2, 0.05))
     engine = LazyEngine(model, config)
@@ -91,10 +92,11 @@ def test_lazy_aggressive_schedule_invariants(tiny_model):
     assert stats.aux_bytes > 0 and 0 < stats.prompt_tokens_computed_pct < 100
 
 
-def test_revived_token_kv_matches_full_forward(tiny_model):
+@pytest.mark.parametrize("kind", KINDS)
+def test_revived_token_kv_matches_full_forward(tiny_model, kind):
     """Tokens pruned at the first pruning layer wait in the Aux Cache with their full-context
     hidden state; when revived their KV must equal mlx-lm's full forward (RoPE positions)."""
-    model, _ = tiny_model("llama")
+    model, _ = tiny_model(kind)
     prompt = random_prompt(300, model.args.vocab_size, seed=3)
     cache = make_prompt_cache(model)
     model(prompt[None], cache=cache)
