@@ -7,7 +7,7 @@ supported families behave alike.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -44,8 +44,6 @@ class ModelAdapter:
         self.n_kv_heads: int = attn.n_kv_heads
         self.scale: float = attn.scale
         self.lm_head = getattr(model, "lm_head", None)
-        args = getattr(model, "args", None)
-        self.max_context: Optional[int] = getattr(args, "max_position_embeddings", None)
 
     @property
     def num_layers(self) -> int:

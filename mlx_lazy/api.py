@@ -68,14 +68,47 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
         from .default_model import default_model_path
 
         path_or_repo = default_model_path()
+    from .convert import is_hub_id
+
     name = str(path_or_repo)
     path = Path(name).expanduser()
-    is_hub_id = not path.exists() and name.count("/") == 1 and not name.startswith((".", "/", "~"))
-    if is_hub_id:
+    if is_hub_id(name):
         return mlx_load(name)
     if not (path / "config.json").is_file():
         raise ValueError(f"no model found at {name} (expected a folder with config.json)")
     return mlx_load(str(path))
+
+
+# Hugging Face tokenizers without a configured limit report this huge sentinel.
+_NO_TOKENIZER_LIMIT = 10**12
+
+
+def context_length(model: nn.Module, tokenizer) -> Optional[int]:
+    """The model's context: ``max_position_embeddings`` of its config, else the tokenizer's
+    ``model_max_length``; None when neither states one."""
+    n = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    if n:
+        return int(n)
+    n = getattr(tokenizer, "model_max_length", None)
+    if isinstance(n, int) and 0 < n < _NO_TOKENIZER_LIMIT:
+        return n
+    return None
+
+
+def check_context(n_prompt: int, max_tokens: int, context: Optional[int]) -> None:
+    """Raise ValueError when the prompt, or the prompt plus ``max_tokens`` new tokens, does
+    not fit a context of ``context`` tokens (None: no known limit)."""
+    if context is None:
+        return
+    if n_prompt > context:
+        raise ValueError(
+            f"the prompt has {n_prompt} tokens but the model's context is {context} tokens"
+        )
+    if n_prompt + max_tokens > context:
+        raise ValueError(
+            f"the prompt has {n_prompt} tokens; with {max_tokens} new tokens it exceeds the "
+            f"model's context of {context} tokens (lower max_tokens)"
+        )
 
 
 def _encode(tokenizer: TokenizerWrapper, prompt: Union[str, List[int], mx.array]) -> List[int]:
@@ -119,12 +152,7 @@ def stream_generate(
     engine = LazyEngine(model, config)
     if not tokens:
         raise ValueError("the prompt is empty")
-    context = engine.adapter.max_context
-    if context is not None and len(tokens) + max_tokens > context:
-        raise ValueError(
-            f"prompt of {len(tokens)} tokens plus {max_tokens} new tokens exceeds the "
-            f"model's context of {context} tokens"
-        )
+    check_context(len(tokens), max_tokens, context_length(model, tokenizer))
     sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))
 
     def sample(logits: mx.array) -> Tuple[mx.array, mx.array]:

@@ -31,7 +31,7 @@ from mlx_lm.generate import str2bool
 from mlx_lm.sample_utils import make_sampler
 
 from .engine import GenerationStats, LazyEngine
-from .api import load, stream_generate
+from .api import check_context, context_length, load, stream_generate
 from .schedule import METHODS, PruningConfig
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
@@ -39,8 +39,6 @@ DEFAULT_MAX_TOKENS = 100
 BASELINE = "full"
 EXIT_BAD_INPUT = 2
 MB = 1e6  # tables report decimal megabytes, as mlx-lm reports decimal gigabytes
-# Hugging Face tokenizers without a configured limit report this huge sentinel.
-_NO_TOKENIZER_LIMIT = 10**12
 
 
 class UsageError(Exception):
@@ -54,24 +52,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"error: {message} (see --help)\n")
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    """Parse ``"8,16,24"`` into ``(8, 16, 24)``."""
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated layer indices like 8,16,24, got {text!r}"
-        ) from None
+def _number_list(cast: Callable[[str], float], example: str) -> Callable[[str], tuple]:
+    """An argparse type parsing comma-separated numbers like ``example`` with ``cast``."""
 
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(cast(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated numbers like {example}, got {text!r}"
+            ) from None
 
-def _float_list(text: str) -> tuple[float, ...]:
-    """Parse ``"0.7,0.5,0.3"`` into ``(0.7, 0.5, 0.3)``."""
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated fractions like 0.7,0.5,0.3, got {text!r}"
-        ) from None
+    return parse
 
 
 def _cutoff(text: str) -> float | int:
@@ -122,9 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--method", choices=METHODS, default="full",
                    help="pruning preset (default: full, i.e. no pruning: every approximation "
                         "is opt-in); flags below override its fields")
-    g.add_argument("--prune-layers", type=_int_list, default=None, metavar="L1,L2,...",
+    g.add_argument("--prune-layers", type=_number_list(int, "8,16,24"), default=None, metavar="L1,L2,...",
                    help="layer indices after which tokens are pruned, e.g. 8,16,24")
-    g.add_argument("--keep", type=_float_list, default=None, metavar="F1,F2,...",
+    g.add_argument("--keep", type=_number_list(float, "0.7,0.5,0.3"), default=None, metavar="F1,F2,...",
                    help="fraction of the context kept after each pruning layer, e.g. 0.7,0.5,0.3")
     g.add_argument("--speed-cutoff", type=_cutoff, default=None, metavar="X",
                    help="SPEED: prompt tokens get KV only below this depth; a fraction "
@@ -224,18 +216,6 @@ def _quiet_transformers() -> Iterator[None]:
         yield
     finally:
         hf_logging.set_verbosity(level)
-
-
-def context_length(model, tokenizer) -> Optional[int]:
-    """The model's context: ``max_position_embeddings`` of its config, else the tokenizer's
-    ``model_max_length``; None when neither states one."""
-    n = getattr(getattr(model, "args", None), "max_position_embeddings", None)
-    if n:
-        return int(n)
-    n = getattr(tokenizer, "model_max_length", None)
-    if isinstance(n, int) and 0 < n < _NO_TOKENIZER_LIMIT:
-        return n
-    return None
 
 
 class PrefillProgress:
@@ -411,11 +391,8 @@ def _run(args: argparse.Namespace) -> None:
     # that does not fit the model before any (baseline) run is spent.
     LazyEngine(model, config)
     tokens = encode_prompt(tokenizer, text, args.system_prompt, args.ignore_chat_template)
-    ctx = context_length(model, tokenizer)
-    if ctx is not None and len(tokens) > ctx:
-        raise UsageError(
-            f"the prompt has {len(tokens)} tokens but the model's context is {ctx} tokens"
-        )
+    # Checked here too so that nothing (no baseline run) starts before the error.
+    check_context(len(tokens), args.max_tokens, context_length(model, tokenizer))
 
     show_progress = bool(args.verbose) and sys.stderr.isatty()
     configs = [PruningConfig.preset(BASELINE), config] if args.compare else [config]
