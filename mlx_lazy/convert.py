@@ -112,14 +112,22 @@ def convert(
     if src.is_dir():
         if not (src / "config.json").is_file():
             raise ValueError(f"{src} is a folder without config.json (not a HF/MLX model)")
-    elif str(source).startswith((".", "/", "~")) or str(source).count("/") != 1 or str(
-        source
-    ).endswith(".gguf"):
+    elif not is_hub_id(str(source)):
         raise ValueError(f"no such file or folder: {source}")
     with _atomic_dir(out) as tmp:
         _convert_hf(str(source), tmp, q_bits=q_bits, q_group_size=q_group_size, dtype=dtype,
                     dequantize=dequantize)
     return out
+
+
+def is_hub_id(name: str) -> bool:
+    """True when ``name`` is no local path but reads as a hub id ``owner/name``."""
+    return (
+        not Path(name).expanduser().exists()
+        and name.count("/") == 1
+        and not name.startswith((".", "/", "~"))
+        and not name.endswith(".gguf")
+    )
 
 
 def convert_gguf(
@@ -429,7 +437,7 @@ def _build_tokenizer(meta: dict) -> tuple[Any, dict]:
         i = _scalar(meta, f"tokenizer.ggml.{key}_token_id")
         return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
 
-    bos, eos = token("bos"), token("eos")
+    bos = token("bos")
     add_bos = bool(_scalar(meta, "tokenizer.ggml.add_bos_token", False)) and bos is not None
     post = [processors.ByteLevel(trim_offsets=False)]
     if add_bos:
