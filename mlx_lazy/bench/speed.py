@@ -208,18 +208,24 @@ def no_eos(tokenizer: Any) -> Iterator[None]:
 
 
 @dataclass
-class RunResult:
-    """One measured generation (times in seconds; ``*_cpu_s``: process CPU time)."""
+class Timing:
+    """TTFT, TPOT and total time of one streamed generation, in wall and process-CPU seconds."""
 
-    method: str
-    prompt_tokens: int
-    repeat: int
     ttft_s: float
     tpot_s: Optional[float]
     total_s: float
     ttft_cpu_s: float
     tpot_cpu_s: Optional[float]
     generated: int
+
+
+@dataclass
+class RunResult(Timing):
+    """One measured generation: its :class:`Timing` plus what it was and what it held."""
+
+    method: str
+    prompt_tokens: int
+    repeat: int
     peak_memory_bytes: int
     work_memory_bytes: int
     kv_bytes: int
@@ -247,18 +253,6 @@ def _clean() -> int:
     mx.clear_cache()
     mx.reset_peak_memory()
     return mx.get_active_memory()
-
-
-@dataclass
-class Timing:
-    """TTFT, TPOT and total time of one streamed generation, in wall and process-CPU seconds."""
-
-    ttft_s: float
-    tpot_s: Optional[float]
-    total_s: float
-    ttft_cpu_s: float
-    tpot_cpu_s: Optional[float]
-    generated: int
 
 
 def _timed(responses: Iterator[Any]) -> tuple[Timing, Any]:
@@ -297,7 +291,8 @@ def run_mlx_lm(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, r
     peak = mx.get_peak_memory()
     per_layer = [sum(a.nbytes for a in c.keys_and_values()) for c in cache]
     allocated = sum(c.keys.nbytes + c.values.nbytes for c in cache if getattr(c, "keys", None) is not None)
-    return RunResult(MLX_LM, len(prompt), repeat, **asdict(timing), peak_memory_bytes=peak,
+    return RunResult(**asdict(timing), method=MLX_LM, prompt_tokens=len(prompt), repeat=repeat,
+                     peak_memory_bytes=peak,
                      work_memory_bytes=peak - base, kv_bytes=sum(per_layer),
                      kv_bytes_per_layer=per_layer, aux_bytes=0, kv_bytes_allocated=allocated,
                      loadavg_1min=_loadavg())
@@ -313,7 +308,8 @@ def run_ours(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, con
     peak = mx.get_peak_memory()
     stats = last.stats.as_dict()
     stats.pop("text", None)
-    return RunResult(name, len(prompt), repeat, **asdict(timing), peak_memory_bytes=peak,
+    return RunResult(**asdict(timing), method=name, prompt_tokens=len(prompt), repeat=repeat,
+                     peak_memory_bytes=peak,
                      work_memory_bytes=peak - base, kv_bytes=int(stats["kv_bytes"]),
                      kv_bytes_per_layer=list(stats["kv_bytes_per_layer"]),
                      aux_bytes=int(stats["aux_bytes"]), loadavg_1min=_loadavg(), stats=stats)
