@@ -34,7 +34,7 @@ def load_openblas() -> str | None:
     ``apt-get`` command. Set ``MLX_LAZY_NO_OPENBLAS=1`` to skip (used to measure the
     difference).
     """
-    global loaded_path, loaded_before_mlx, _warned
+    global loaded_path, loaded_before_mlx
     if loaded_path is not None or sys.platform != "linux":
         return loaded_path
     if os.environ.get("MLX_LAZY_NO_OPENBLAS"):

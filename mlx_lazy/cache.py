@@ -35,7 +35,7 @@ class LayerKV:
 
     def append(self, k: mx.array, v: mx.array, positions: np.ndarray) -> None:
         """Store keys/values (1, kv_heads, n, d) of tokens at ``positions``."""
-        n, end = k.shape[2], self.size + k.shape[2]
+        end = self.size + k.shape[2]
         if self.keys is None or end > self.keys.shape[2]:
             cap = -(-end // self.step) * self.step
             shape_k = (1, k.shape[1], cap, k.shape[3])

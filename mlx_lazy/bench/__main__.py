@@ -84,7 +84,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return the exit status."""
     args = build_parser().parse_args(argv)
-    from . import harness, plots
+    from . import harness
 
     if args.report:
         return report(Path(args.report), args.max_loss, args.min_baseline)
