@@ -62,7 +62,8 @@ class LayerKV:
         if positions is None:
             return self.keys[..., : self.size, :], self.values[..., : self.size, :]
         idx = mx.array(self.slot_of[positions].astype(np.int32))
-        return mx.take(self.keys, idx, axis=2), mx.take(self.values, idx, axis=2)
+        # Indexing is ~4x faster than mx.take(axis=2) on the CPU backend.
+        return self.keys[:, :, idx], self.values[:, :, idx]
 
     def cached_positions(self) -> np.ndarray:
         """Positions of the cached tokens in slot order."""

@@ -16,6 +16,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
+from .attention import attention, causal_mask
 from .cache import LazyCache
 from .schedule import PruningConfig
 
@@ -42,6 +43,7 @@ class GenerationStats:
     tokens_computed_per_layer: List[int] = field(default_factory=list)
     prefill_tokens_per_layer: List[int] = field(default_factory=list)
     prefill_attention_pairs: int = 0
+    decode_attention_pairs: int = 0
     revivals: int = 0
     host_syncs: int = 0
     max_computations_per_token_layer: int = 0
@@ -64,8 +66,11 @@ class LazyEngine:
         ValueError: unsupported model or invalid configuration.
     """
 
+    #: query rows per attention block of tokens revived in decode
+    revival_block = 64
+
     def __init__(
-        self, model: nn.Module, config: Optional[PruningConfig] = None, block_size: int = 512
+        self, model: nn.Module, config: Optional[PruningConfig] = None, block_size: int = 256
     ):
         self.adapter = ModelAdapter(model)
         self.config = config or PruningConfig()
@@ -74,6 +79,7 @@ class LazyEngine:
         self.cache = LazyCache(self.adapter.num_layers)
         self.prompt_len = 0
         self.prefill_attention_pairs = 0
+        self.decode_attention_pairs = 0
         self.prefill_tokens_per_layer: List[int] = []
         self.host_syncs = 0
 
@@ -86,7 +92,8 @@ class LazyEngine:
             raise ValueError("the prompt is empty")
         sched, a = self.schedule, self.adapter
         cache = self.cache = LazyCache(a.num_layers)
-        self.prompt_len, self.prefill_attention_pairs, self.host_syncs = n, 0, 0
+        self.prompt_len, self.host_syncs = n, 0
+        self.prefill_attention_pairs = self.decode_attention_pairs = 0
         active = cache.add_tokens(n)
         self._set_prompt_limits(n)
         h = a.embed(tokens)
@@ -131,17 +138,12 @@ class LazyEngine:
         n, bs, scale = q.shape[2], self.block_size, self.adapter.scale
         if n == 1:
             self.prefill_attention_pairs += 1
-            return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
+            return attention(q, k, v, scale)
         outs = []
         for i in range(0, n, bs):
             j = min(i + bs, n)
             self.prefill_attention_pairs += (j - i) * j
-            # "causal" aligns to the bottom right: row r sees keys [0, i + r].
-            outs.append(
-                mx.fast.scaled_dot_product_attention(
-                    q[:, :, i:j], k[:, :, :j], v[:, :, :j], scale=scale, mask="causal"
-                )
-            )
+            outs.append(attention(q[:, :, i:j], k[:, :, :j], v[:, :, :j], scale, causal_mask(j - i, j)))
             # One block's scores at a time: left lazy, the CPU backend may hold several.
             mx.eval(outs[-1])
         return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
@@ -164,15 +166,17 @@ class LazyEngine:
             q, k, v = a.qkv(layer, h, comp)
             kv = cache.layers[layer]
             kv.append(k, v, comp)
-            # Attend over the whole layer cache with a mask rather than gathering the
-            # selected keys: gathers are slow on the CPU and the cache holds only tokens
-            # that reached this layer anyway.
             keys, values = kv.fetch()
             kpos = kv.cached_positions()
             visible = None if selected is None else np.isin(kpos, selected)
-            out = mx.fast.scaled_dot_product_attention(
-                q, keys, values, scale=a.scale, mask=_decode_mask(comp, kpos, visible)
-            )
+            # The new token attends over the whole layer cache with a mask: one query row
+            # costs less than gathering the selected keys, which is slow on the CPU.
+            mask = None if visible is None or visible.all() else mx.array(visible[None])
+            out = attention(q[:, :, -1:], keys, values, a.scale, mask)
+            self.decode_attention_pairs += len(kpos)
+            if len(comp) > 1:  # tokens revived from the Aux Cache
+                revived = self._revived_attention(q[:, :, :-1], kv, comp[:-1], selected)
+                out = mx.concatenate([revived, out], axis=2)
             h = a.finish(layer, h, out)
             cache.mark_computed(layer, comp)
             keep = sched.keep_after(layer) if sched.dynamic else None
@@ -180,6 +184,23 @@ class LazyEngine:
                 selected = self._select(layer, q[:, :, -1:], keys, kpos, keep, n_ctx, visible)
                 h, comp = self._advance(layer, h, comp, selected)
         return a.logits(h[:, -1:])[0, 0]
+
+    def _revived_attention(
+        self, q: mx.array, kv, rows: np.ndarray, selected: np.ndarray
+    ) -> mx.array:
+        """Attention of revived tokens at sorted positions ``rows`` over the selected keys
+        at or before each row's position, in query blocks whose keys stop at the block's
+        last row (block-causal, like prefill)."""
+        keys, values = kv.fetch(selected)
+        outs = []
+        for i in range(0, len(rows), self.revival_block):
+            block = rows[i : i + self.revival_block]
+            end = int(np.searchsorted(selected, block[-1], side="right"))
+            mask = selected[None, :end] <= block[:, None]
+            self.decode_attention_pairs += len(block) * end
+            outs.append(attention(q[:, :, i : i + len(block)], keys[:, :, :end],
+                                  values[:, :, :end], self.adapter.scale, mx.array(mask)))
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
     # ------------------------------------------------------------ shared steps
     def _restrict(self, layer: int, h: mx.array, comp: np.ndarray):
@@ -272,21 +293,11 @@ class LazyEngine:
             tokens_computed_per_layer=computed.sum(axis=1).tolist(),
             prefill_tokens_per_layer=list(self.prefill_tokens_per_layer),
             prefill_attention_pairs=self.prefill_attention_pairs,
+            decode_attention_pairs=self.decode_attention_pairs,
             revivals=c.revivals,
             host_syncs=self.host_syncs,
             max_computations_per_token_layer=int(computed.max()) if computed.size else 0,
         )
-
-
-def _decode_mask(comp: np.ndarray, kpos: np.ndarray, visible: Optional[np.ndarray]):
-    """Mask of decode queries at ``comp`` over cached keys at ``kpos``: only visible keys,
-    and revived tokens see only keys at or before their own position. None: no mask."""
-    if visible is None and len(comp) == 1:
-        return None
-    mask = kpos[None, :] <= comp[:, None]
-    if visible is not None:
-        mask &= visible[None, :]
-    return None if mask.all() else mx.array(mask)
 
 
 def _pool_by_position(positions: np.ndarray, scores: np.ndarray, radius: int) -> np.ndarray:

@@ -1,0 +1,72 @@
+"""The CPU attention (polynomial exp2 fused by mx.compile) against mx.fast's attention."""
+
+import os
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_lazy import attention as A
+
+
+def _reference(q, k, v, scale, mask):
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+@pytest.mark.parametrize("n_heads,kv_heads", [(4, 4), (9, 3), (8, 1)])
+@pytest.mark.parametrize("n,s", [(1, 300), (37, 300), (256, 256)])
+def test_attention_matches_mx_fast(n_heads, kv_heads, n, s):
+    mx.random.seed(n * 7 + s + n_heads)
+    q = mx.random.normal((1, n_heads, n, 32))
+    k = mx.random.normal((1, kv_heads, s, 32))
+    v = mx.random.normal((1, kv_heads, s, 32))
+    ref = _reference(q, k, v, 0.3, "causal" if n > 1 else None)
+    out = A.attention(q, k, v, 0.3, A.causal_mask(n, s) if n > 1 else None)
+    assert mx.abs(out - ref).max().item() < 1e-5
+
+
+def test_attention_with_arbitrary_mask_and_extreme_scores():
+    mx.random.seed(1)
+    q = mx.random.normal((1, 6, 5, 16)) * 8  # logits spread over hundreds: weights underflow
+    k = mx.random.normal((1, 2, 200, 16)) * 8
+    v = mx.random.normal((1, 2, 200, 16))
+    mask = mx.array(np.random.default_rng(0).random((5, 200)) < 0.3)
+    mask[:, 0] = True
+    ref = _reference(q, k, v, 1.0, mask)
+    out = A.attention(q, k, v, 1.0, mask)
+    assert mx.abs(out - ref).max().item() < 1e-5
+    # A masked key with a huge score must not leak in.
+    k_hot = mx.where(mx.arange(200)[None, None, :, None] == 199, 1e3, k)
+    blocked = mx.array(np.arange(200) < 199)[None]
+    out = A.attention(q[:, :, :1], k_hot, v, 1.0, blocked)
+    ref = _reference(q[:, :, :1], k[:, :, :199], v[:, :, :199], 1.0, None)
+    assert mx.abs(out - ref).max().item() < 1e-5
+
+
+def test_exp2_relative_error_over_the_whole_range():
+    x = mx.array(np.linspace(-126, 0, 200_001, dtype=np.float32))[None]
+    got = np.array(A._exp2(x, mx.zeros((1, 1))), dtype=np.float64)
+    want = np.exp2(np.array(x, dtype=np.float64))
+    assert np.max(np.abs(got - want) / want) < 5e-7
+    below = A._exp2(mx.array([[-200.0, -mx.inf, 0.0]]), mx.zeros((1, 1)))
+    assert below.tolist() == [[0.0, 0.0, 1.0]]
+
+
+def test_fallback_without_compiled_kernels_matches(monkeypatch):
+    monkeypatch.setattr(A, "_kernels", False)
+    mx.random.seed(2)
+    q, k, v = (mx.random.normal((1, 4, 20, 16)) for _ in range(3))
+    out = A.attention(q, k, v, 0.25, A.causal_mask(20, 20))
+    assert mx.abs(out - _reference(q, k, v, 0.25, "causal")).max().item() < 1e-5
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc malloc tuning is Linux-only")
+@pytest.mark.parametrize("env,expected", [({}, "True"), ({"MLX_LAZY_NO_MALLOPT": "1"}, "False")])
+def test_malloc_tuning_on_import_and_opt_out(env, expected):
+    code = "import mlx_lazy._malloc as m; print(m.tuned)"
+    base = {k: v for k, v in os.environ.items() if k != "MLX_LAZY_NO_MALLOPT"}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected
