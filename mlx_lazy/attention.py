@@ -47,17 +47,24 @@ def _exp2_times(t: mx.array, shift: mx.array, two_n: mx.array) -> mx.array:
 _kernels = None
 
 
+def prepare() -> None:
+    """Build the CPU kernels now (MLX compiles them with the system C++ compiler the first
+    time on a machine, a few seconds, then loads them from its disk cache)."""
+    global _kernels
+    if _kernels is not None or mx.default_device() != mx.cpu:
+        return
+    try:
+        bits, times = mx.compile(_pow2_bits), mx.compile(_exp2_times)
+        x, top = mx.array([[0.0, -mx.inf]]), mx.zeros((1, 1))
+        mx.eval(times(x, top, bits(x, top).view(mx.float32)))
+        _kernels = bits, times
+    except Exception:  # no C++ compiler for MLX's CPU JIT: exact and slower
+        _kernels = False
+
+
 def _exp2(scores: mx.array, shift: mx.array) -> mx.array:
     """2**(scores - shift) for scores <= shift (their row maximum); 0 where scores = -inf."""
-    global _kernels
-    if _kernels is None:
-        try:
-            bits, times = mx.compile(_pow2_bits), mx.compile(_exp2_times)
-            x, top = mx.array([[0.0, -mx.inf]]), mx.zeros((1, 1))
-            mx.eval(times(x, top, bits(x, top).view(mx.float32)))
-            _kernels = bits, times
-        except Exception:  # no C++ compiler for MLX's CPU JIT: exact and slower
-            _kernels = False
+    prepare()
     if not _kernels:
         return mx.exp((scores - shift) * (1 / _LOG2E))
     bits, times = _kernels

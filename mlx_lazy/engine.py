@@ -16,7 +16,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .attention import attention, causal_mask
+from .attention import attention, causal_mask, prepare
 from .cache import LazyCache
 from .schedule import PruningConfig
 
@@ -76,6 +76,7 @@ class LazyEngine:
         self.config = config or PruningConfig()
         self.schedule = self.config.resolve(self.adapter.num_layers)
         self.block_size = block_size
+        prepare()  # outside any timed region: the CPU kernels' one-time build
         self.cache = LazyCache(self.adapter.num_layers)
         self.prompt_len = 0
         self.prefill_attention_pairs = 0
