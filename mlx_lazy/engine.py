@@ -3,7 +3,9 @@
 ``prefill`` runs the prompt layer by layer over its active set, in query blocks so memory
 never holds N x N scores; ``decode`` runs one new token and, for LazyLLM, re-selects the
 context at every pruning layer, reviving tokens from the Aux Cache when they come back.
-Every token keeps its original position for RoPE and for the causal mask.
+Every token keeps its original position for RoPE and for the causal mask. At the last layer
+only the newest token's output is ever used, so the other tokens computed there (the prompt
+in prefill, revived tokens in decode) get their keys and values and nothing more.
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ class LazyEngine:
             h, active = self._restrict(layer, h, active)
             q, k, v = a.qkv(layer, h, active)
             cache.layers[layer].append(k, v, active)
+            if layer == a.num_layers - 1:  # other tokens' outputs here are never used: KV only
+                q, h = q[:, :, -1:], h[:, -1:]
             h = a.finish(layer, h, self._blocked_attention(q, k, v))
             cache.mark_computed(layer, active)
             keep = sched.keep_after(layer)
@@ -137,8 +141,8 @@ class LazyEngine:
     def _blocked_attention(self, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
         """Causal attention of sorted active tokens over themselves, in query blocks."""
         n, bs, scale = q.shape[2], self.block_size, self.adapter.scale
-        if n == 1:
-            self.prefill_attention_pairs += 1
+        if n == 1:  # the last token: it sees every key
+            self.prefill_attention_pairs += k.shape[2]
             return attention(q, k, v, scale)
         outs = []
         for i in range(0, n, bs):
@@ -176,8 +180,11 @@ class LazyEngine:
             out = attention(q[:, :, -1:], keys, values, a.scale, mask)
             self.decode_attention_pairs += len(kpos)
             if len(comp) > 1:  # tokens revived from the Aux Cache
-                revived = self._revived_attention(q[:, :, :-1], kv, comp[:-1], selected)
-                out = mx.concatenate([revived, out], axis=2)
+                if layer == a.num_layers - 1:  # their outputs here are never used: KV only
+                    h = h[:, -1:]
+                else:
+                    revived = self._revived_attention(q[:, :, :-1], kv, comp[:-1], selected)
+                    out = mx.concatenate([revived, out], axis=2)
             h = a.finish(layer, h, out)
             cache.mark_computed(layer, comp)
             keep = sched.keep_after(layer) if sched.dynamic else None

@@ -246,3 +246,37 @@ def test_pooled_selection_keeps_spans(tiny_model):
     plain, pooled = kept_after_first_cut(0), kept_after_first_cut(2)
     assert len(plain) == len(pooled) == 60
     assert isolated(pooled) < isolated(plain)
+
+
+def test_decode_attention_pairs_count_the_whole_context_when_unpruned(tiny_model):
+    model, _ = tiny_model("llama")
+    n, steps = 50, 6
+    stats = run(LazyEngine(model, PruningConfig("full")), random_prompt(n, model.args.vocab_size), steps)
+    # Step i (1-based) attends over n + i keys at every layer.
+    assert stats.decode_attention_pairs == model.args.num_hidden_layers * sum(
+        n + i for i in range(1, steps + 1)
+    )
+
+
+def test_revived_rows_attend_to_selected_keys_up_to_their_position(tiny_model):
+    """Block-causal attention of revived tokens against a direct numpy softmax."""
+    model, _ = tiny_model("qwen2")
+    engine = LazyEngine(model, PruningConfig("full"))
+    engine.prefill(random_prompt(120, model.args.vocab_size, seed=3))
+    engine.revival_block = 4  # several blocks
+    kv = engine.cache.layers[1]
+    rng = np.random.default_rng(0)
+    selected = np.sort(rng.choice(120, 50, replace=False))
+    rows = np.sort(rng.choice(selected[selected > 5], 11, replace=False))
+    heads, d = engine.adapter.n_heads, kv.keys.shape[-1]
+    q = mx.array(rng.standard_normal((1, heads, len(rows), d)).astype(np.float32))
+    out = np.array(engine._revived_attention(q, kv, rows, selected))
+    keys, values = (np.array(a) for a in kv.fetch(selected))
+    rep = heads // keys.shape[1]
+    for r, pos in enumerate(rows):
+        seen = selected <= pos
+        for h in range(heads):
+            logits = keys[0, h // rep, seen] @ np.array(q[0, h, r]) * engine.adapter.scale
+            w = np.exp(logits - logits.max())
+            ref = (w / w.sum()) @ values[0, h // rep, seen]
+            np.testing.assert_allclose(out[0, h, r], ref, atol=1e-5)
