@@ -174,17 +174,18 @@ class LazyEngine:
             keys, values = kv.fetch()
             kpos = kv.cached_positions()
             visible = None if selected is None else np.isin(kpos, selected)
-            # The new token attends over the whole layer cache with a mask: one query row
-            # costs less than gathering the selected keys, which is slow on the CPU.
-            mask = None if visible is None or visible.all() else mx.array(visible[None])
-            out = attention(q[:, :, -1:], keys, values, a.scale, mask)
-            self.decode_attention_pairs += len(kpos)
-            if len(comp) > 1:  # tokens revived from the Aux Cache
-                if layer == a.num_layers - 1:  # their outputs here are never used: KV only
-                    h = h[:, -1:]
-                else:
-                    revived = self._revived_attention(q[:, :, :-1], kv, comp[:-1], selected)
-                    out = mx.concatenate([revived, out], axis=2)
+            rows = comp  # queries: the new token last, revived tokens before it
+            if len(rows) > 1 and layer == a.num_layers - 1:  # revived: KV only at the top
+                q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
+            if len(rows) > self.revival_block:
+                # Many revived tokens: block-causal over the gathered selected keys.
+                revived = self._revived_attention(q[:, :, :-1], kv, rows[:-1], selected)
+                new = self._cache_attention(q[:, :, -1:], keys, values, rows[-1:], kpos, visible)
+                out = mx.concatenate([revived, new], axis=2)
+            else:
+                # The new token (and a few revived ones) over the whole layer cache with a
+                # mask: cheaper than gathering the selected keys, which is slow on the CPU.
+                out = self._cache_attention(q, keys, values, rows, kpos, visible)
             h = a.finish(layer, h, out)
             cache.mark_computed(layer, comp)
             keep = sched.keep_after(layer) if sched.dynamic else None
@@ -192,6 +193,17 @@ class LazyEngine:
                 selected = self._select(layer, q[:, :, -1:], keys, kpos, keep, n_ctx, visible)
                 h, comp = self._advance(layer, h, comp, selected)
         return a.logits(h[:, -1:])[0, 0]
+
+    def _cache_attention(self, q, keys, values, rows: np.ndarray, kpos: np.ndarray,
+                         visible: Optional[np.ndarray]) -> mx.array:
+        """Queries at positions ``rows`` over the whole layer cache (keys at ``kpos``): each
+        sees the ``visible`` keys (all when None) at or before its own position."""
+        self.decode_attention_pairs += len(rows) * len(kpos)
+        mask = kpos[None, :] <= rows[:, None]
+        if visible is not None:
+            mask &= visible[None, :]
+        mask = None if mask.all() else mx.array(mask)
+        return attention(q, keys, values, self.adapter.scale, mask)
 
     def _revived_attention(
         self, q: mx.array, kv, rows: np.ndarray, selected: np.ndarray

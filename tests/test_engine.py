@@ -259,7 +259,8 @@ def test_decode_attention_pairs_count_the_whole_context_when_unpruned(tiny_model
 
 
 def test_revived_rows_attend_to_selected_keys_up_to_their_position(tiny_model):
-    """Block-causal attention of revived tokens against a direct numpy softmax."""
+    """Both attention paths of revived tokens (block-causal over gathered keys, masked over
+    the whole cache) against a direct numpy softmax."""
     model, _ = tiny_model("qwen2")
     engine = LazyEngine(model, PruningConfig("full"))
     engine.prefill(random_prompt(120, model.args.vocab_size, seed=3))
@@ -270,7 +271,11 @@ def test_revived_rows_attend_to_selected_keys_up_to_their_position(tiny_model):
     rows = np.sort(rng.choice(selected[selected > 5], 11, replace=False))
     heads, d = engine.adapter.n_heads, kv.keys.shape[-1]
     q = mx.array(rng.standard_normal((1, heads, len(rows), d)).astype(np.float32))
-    out = np.array(engine._revived_attention(q, kv, rows, selected))
+    gathered = np.array(engine._revived_attention(q, kv, rows, selected))
+    all_keys, all_values = kv.fetch()
+    kpos = kv.cached_positions()
+    masked = np.array(engine._cache_attention(q, all_keys, all_values, rows, kpos,
+                                              np.isin(kpos, selected)))
     keys, values = (np.array(a) for a in kv.fetch(selected))
     rep = heads // keys.shape[1]
     for r, pos in enumerate(rows):
@@ -279,4 +284,5 @@ def test_revived_rows_attend_to_selected_keys_up_to_their_position(tiny_model):
             logits = keys[0, h // rep, seen] @ np.array(q[0, h, r]) * engine.adapter.scale
             w = np.exp(logits - logits.max())
             ref = (w / w.sum()) @ values[0, h // rep, seen]
-            np.testing.assert_allclose(out[0, h, r], ref, atol=1e-5)
+            np.testing.assert_allclose(gathered[0, h, r], ref, atol=1e-5)
+            np.testing.assert_allclose(masked[0, h, r], ref, atol=1e-5)
