@@ -18,7 +18,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .attention import attention, causal_mask, prepare
+from .attention import attention, prepare
 from .cache import LazyCache
 from .schedule import PruningConfig
 
@@ -148,7 +148,7 @@ class LazyEngine:
         for i in range(0, n, bs):
             j = min(i + bs, n)
             self.prefill_attention_pairs += (j - i) * j
-            outs.append(attention(q[:, :, i:j], k[:, :, :j], v[:, :, :j], scale, causal_mask(j - i, j)))
+            outs.append(attention(q[:, :, i:j], k[:, :, :j], v[:, :, :j], scale, "causal"))
             # One block's scores at a time: left lazy, the CPU backend may hold several.
             mx.eval(outs[-1])
         return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)

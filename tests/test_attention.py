@@ -25,6 +25,8 @@ def test_attention_matches_mx_fast(n_heads, kv_heads, n, s):
     ref = _reference(q, k, v, 0.3, "causal" if n > 1 else None)
     out = A.attention(q, k, v, 0.3, A.causal_mask(n, s) if n > 1 else None)
     assert mx.abs(out - ref).max().item() < 1e-5
+    out = A.attention(q, k, v, 0.3, "causal")
+    assert mx.abs(out - _reference(q, k, v, 0.3, "causal")).max().item() < 1e-5
 
 
 def test_attention_with_arbitrary_mask_and_extreme_scores():
