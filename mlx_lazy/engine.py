@@ -19,7 +19,7 @@ import numpy as np
 
 from .adapter import ModelAdapter
 from .attention import attention, prepare
-from .cache import LazyCache
+from .cache import LayerKV, LazyCache
 from .schedule import PruningConfig
 
 ProgressFn = Callable[[int, int], None]
@@ -194,8 +194,8 @@ class LazyEngine:
                 h, comp = self._advance(layer, h, comp, selected)
         return a.logits(h[:, -1:])[0, 0]
 
-    def _cache_attention(self, q, keys, values, rows: np.ndarray, kpos: np.ndarray,
-                         visible: Optional[np.ndarray]) -> mx.array:
+    def _cache_attention(self, q: mx.array, keys: mx.array, values: mx.array, rows: np.ndarray,
+                         kpos: np.ndarray, visible: Optional[np.ndarray]) -> mx.array:
         """Queries at positions ``rows`` over the whole layer cache (keys at ``kpos``): each
         sees the ``visible`` keys (all when None) at or before its own position."""
         self.decode_attention_pairs += len(rows) * len(kpos)
@@ -206,7 +206,7 @@ class LazyEngine:
         return attention(q, keys, values, self.adapter.scale, mask)
 
     def _revived_attention(
-        self, q: mx.array, kv, rows: np.ndarray, selected: np.ndarray
+        self, q: mx.array, kv: LayerKV, rows: np.ndarray, selected: np.ndarray
     ) -> mx.array:
         """Attention of revived tokens at sorted positions ``rows`` over the selected keys
         at or before each row's position, in query blocks whose keys stop at the block's
