@@ -10,7 +10,7 @@ unavailable, MLX's own ``exp`` is used.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import mlx.core as mx
 
@@ -78,6 +78,31 @@ def causal_mask(n_queries: int, n_keys: int) -> mx.array:
     return mx.arange(n_keys)[None] <= rows
 
 
+def _weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.array]):
+    """Unnormalised softmax weights (1, kv_heads, rep, L, S) of queries (1, H, L, d) over keys
+    (1, kv_heads, S, d), and their row sums (1, kv_heads, rep, L, 1)."""
+    b, n_heads, n, d = q.shape
+    kv_heads, s = k.shape[1], k.shape[2]
+    rep = n_heads // kv_heads
+    # Heads h = g * rep + r share key head g: queries of a group stacked as one matrix.
+    # Scores in log2 units: softmax(s) = 2**(s log2 e - max) / sum.
+    scores = (q * (scale * _LOG2E)).reshape(b, kv_heads, rep * n, d) @ k.swapaxes(-1, -2)
+    scores = scores.reshape(b, kv_heads, rep, n, s)
+    if mask is not None:
+        scores = mx.where(mask, scores, -mx.inf)
+    weights = _exp2(scores, scores.max(axis=-1, keepdims=True))
+    return weights, weights.sum(axis=-1, keepdims=True)
+
+
+def attention_probs(
+    q: mx.array, k: mx.array, scale: float, mask: Optional[mx.array] = None
+) -> mx.array:
+    """Attention probabilities (1, kv_heads, H // kv_heads, L, S) of queries (1, H, L, d) over
+    keys (1, kv_heads, S, d); ``mask`` as in :func:`attention` (no ``"causal"``)."""
+    weights, total = _weights(q, k, scale, mask)
+    return weights / total
+
+
 def attention(
     q: mx.array, k: mx.array, v: mx.array, scale: float,
     mask: Union[None, str, mx.array] = None,
@@ -92,16 +117,8 @@ def attention(
             raise ValueError(f"mask must be None, 'causal' or a boolean array, got {mask!r}")
         mask = causal_mask(q.shape[2], k.shape[2])
     b, n_heads, n, d = q.shape
-    kv_heads, s = k.shape[1], k.shape[2]
-    rep = n_heads // kv_heads
-    # Heads h = g * rep + r share key head g: queries of a group stacked as one matrix.
-    # Scores in log2 units: softmax(s) = 2**(s log2 e - max) / sum.
-    scores = (q * (scale * _LOG2E)).reshape(b, kv_heads, rep * n, d) @ k.swapaxes(-1, -2)
-    scores = scores.reshape(b, kv_heads, rep, n, s)
-    if mask is not None:
-        scores = mx.where(mask, scores, -mx.inf)
-    weights = _exp2(scores, scores.max(axis=-1, keepdims=True))
-    total = weights.sum(axis=-1).reshape(b, kv_heads, rep * n, 1)
+    weights, total = _weights(q, k, scale, mask)
     # Normalise the (n, d) output rather than the (n, s) weights.
-    out = (weights.reshape(b, kv_heads, rep * n, s) @ v) / total
+    rows = weights.reshape(b, k.shape[1], -1, k.shape[2])
+    out = (rows @ v) / total.reshape(b, k.shape[1], -1, 1)
     return out.reshape(b, n_heads, n, d)

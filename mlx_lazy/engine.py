@@ -18,7 +18,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .attention import attention, prepare
+from .attention import attention, attention_probs, prepare
 from .cache import LayerKV, LazyCache
 from .schedule import PruningConfig
 
@@ -199,10 +199,13 @@ class LazyEngine:
         """Queries at positions ``rows`` over the whole layer cache (keys at ``kpos``): each
         sees the ``visible`` keys (all when None) at or before its own position."""
         self.decode_attention_pairs += len(rows) * len(kpos)
-        mask = kpos[None, :] <= rows[:, None]
-        if visible is not None:
-            mask &= visible[None, :]
-        mask = None if mask.all() else mx.array(mask)
+        if len(rows) == 1:  # the newest token: every cached key is at or before it
+            mask = visible
+        else:
+            mask = kpos[None, :] <= rows[:, None]
+            if visible is not None:
+                mask &= visible[None, :]
+        mask = None if mask is None or mask.all() else mx.array(mask)
         return attention(q, keys, values, self.adapter.scale, mask)
 
     def _revived_attention(
@@ -246,14 +249,9 @@ class LazyEngine:
         marked ``visible`` (all when None) and able to reach ``layer + 1`` are candidates.
         The query token (the last position) and the anchors are always kept.
         """
-        a = self.adapter
-        _, kvh, _, d = keys.shape
-        q = q_last.reshape(1, kvh, a.n_heads // kvh, d) * a.scale
-        logits = q @ keys.swapaxes(-1, -2)
-        if visible is not None:
-            logits = mx.where(mx.array(visible), logits, -mx.inf)
-        probs = mx.softmax(logits, axis=-1, precise=True)
-        scores = np.array(probs.mean(axis=(0, 1, 2)))
+        mask = None if visible is None else mx.array(visible)
+        probs = attention_probs(q_last, keys, self.adapter.scale, mask)
+        scores = np.array(probs.mean(axis=(0, 1, 2, 3)))
         self.host_syncs += 1
         eligible = self.cache.limit[positions] > layer + 1
         if visible is not None:

@@ -72,3 +72,15 @@ def test_malloc_tuning_on_import_and_opt_out(env, expected):
     out = subprocess.run([sys.executable, "-c", code], env={**base, **env},
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == expected
+
+
+def test_attention_probs_match_softmax_grouped_by_key_head():
+    mx.random.seed(3)
+    q, k = mx.random.normal((1, 6, 4, 16)), mx.random.normal((1, 2, 50, 16))
+    mask = mx.array(np.random.default_rng(1).random((4, 50)) < 0.5)
+    mask[:, 3] = True
+    probs = A.attention_probs(q, k, 0.5, mask)  # (1, 2, 3, 4, 50)
+    logits = (q.reshape(1, 2, 3, 4, 16) * 0.5) @ k[:, :, None].swapaxes(-1, -2)
+    ref = mx.softmax(mx.where(mask, logits, -mx.inf), axis=-1, precise=True)
+    assert probs.shape == (1, 2, 3, 4, 50)
+    assert mx.abs(probs - ref).max().item() < 1e-6
