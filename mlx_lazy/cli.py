@@ -264,7 +264,6 @@ class RunResult:
 def run_once(model, tokenizer, tokens: list[int], config: PruningConfig, args: argparse.Namespace,
              echo: bool, progress: Callable[[int, int], None] | None) -> RunResult:
     """Generate once with ``config``; stream the text to stdout when ``echo``."""
-    mx.reset_peak_memory()
     if args.seed is not None or args.compare:
         # Re-seed per run so sampled outputs of a comparison are comparable.
         mx.random.seed(args.seed if args.seed is not None else 0)

@@ -168,44 +168,12 @@ class RunRecord:
     stats: dict[str, Any] | None = None  # GenerationStats.as_dict() for engine runs
 
 
-def _timed(responses: Iterable[Any]) -> tuple[str, Any, float, float, float]:
-    """Drain a response stream; return (text, last response, t_start, t_first, t_end).
-
-    Both mlx-lm's and our ``stream_generate`` yield a token only after it has been
-    evaluated, so the first yield marks the first token.
-    """
-    pieces: list[str] = []
-    last = None
-    t0 = time.perf_counter()
-    t_first = None
-    for resp in responses:
-        if t_first is None:
-            t_first = time.perf_counter()
-        pieces.append(resp.text)
-        last = resp
-    t_end = time.perf_counter()
-    return "".join(pieces), last, t0, t_first if t_first is not None else t_end, t_end
-
-
-def _baseline_kv_bytes(cache: Sequence[Any]) -> int:
-    """Bytes of KV actually used in an mlx-lm prompt cache (excluding pre-allocated slack)."""
-    total = 0
-    for c in cache:
-        keys = getattr(c, "keys", None)
-        values = getattr(c, "values", None)
-        if keys is None or values is None:
-            continue
-        offset = int(getattr(c, "offset", keys.shape[-2]))
-        for arr in (keys, values):
-            per_token = arr.nbytes // max(arr.shape[-2], 1)
-            total += per_token * min(offset, arr.shape[-2])
-    return int(total)
-
-
 def run_one(model: Any, tokenizer: Any, method: Method, sample: Sample, order: int = 0,
             max_tokens: int | None = None) -> RunRecord:
     """Generate greedily for one sample with one method and measure it."""
     import mlx_lm
+
+    from .speed import mlx_lm_kv_bytes_per_layer, timed
 
     n_max = max_tokens or sample.max_tokens
     prompt = list(sample.tokens)
@@ -217,10 +185,10 @@ def run_one(model: Any, tokenizer: Any, method: Method, sample: Sample, order: i
         cache = make_prompt_cache(model)
         stream = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=n_max,
                                         prompt_cache=cache)
-        text, last, t0, t1, t2 = _timed(stream)
+        timing, last, text = timed(stream)
         peak = mx.get_peak_memory()
         stats = None
-        kv, aux, pct = _baseline_kv_bytes(cache), 0, 100.0
+        kv, aux, pct = sum(mlx_lm_kv_bytes_per_layer(cache)), 0, 100.0
         n_layers = len(model.layers)
         per_layer = [len(prompt)] * n_layers
         prefill_pairs = len(prompt) * (len(prompt) + 1) // 2 * n_layers
@@ -229,7 +197,7 @@ def run_one(model: Any, tokenizer: Any, method: Method, sample: Sample, order: i
         from .. import stream_generate
 
         stream = stream_generate(model, tokenizer, prompt, max_tokens=n_max, config=method.config)
-        text, last, t0, t1, t2 = _timed(stream)
+        timing, last, text = timed(stream)
         peak = mx.get_peak_memory()
         st = last.stats
         stats = _jsonable(st.as_dict())
@@ -238,7 +206,7 @@ def run_one(model: Any, tokenizer: Any, method: Method, sample: Sample, order: i
         per_layer = [int(x) for x in st.prefill_tokens_per_layer]
         prefill_pairs = int(st.prefill_attention_pairs)
         computed = [int(x) for x in st.tokens_computed_per_layer]
-    gen = int(last.generation_tokens) if last is not None else 0
+    gen = int(last.generation_tokens)
     return RunRecord(
         method=method.name,
         family=method.family,
@@ -248,9 +216,9 @@ def run_one(model: Any, tokenizer: Any, method: Method, sample: Sample, order: i
         order=order,
         prompt_tokens=sample.n_tokens,
         generation_tokens=gen,
-        ttft_s=t1 - t0,
-        tpot_s=(t2 - t1) / (gen - 1) if gen > 1 else None,
-        total_s=t2 - t0,
+        ttft_s=timing.ttft_s,
+        tpot_s=timing.tpot_s,
+        total_s=timing.total_s,
         peak_memory_bytes=int(peak),
         kv_bytes=kv,
         aux_bytes=aux,

@@ -260,17 +260,22 @@ def _clean() -> int:
     return mx.get_active_memory()
 
 
-def _timed(responses: Iterator[Any]) -> tuple[Timing, Any]:
-    """Consume a response stream, stamping each response's arrival; return timings and the last.
+def timed(responses: Iterator[Any]) -> tuple[Timing, Any, str]:
+    """Consume a response stream, stamping each response's arrival; return its timings, the
+    last response and the whole text.
 
-    Wall time (``perf_counter``) is what a user sees; process CPU time (``process_time``: all
-    threads) is far less sensitive to other processes competing for the cores.
+    Both mlx-lm's and our ``stream_generate`` yield a token only after evaluating it, so the
+    first stamp marks the first token. Wall time (``perf_counter``) is what a user sees;
+    process CPU time (``process_time``: all threads) is far less sensitive to other processes
+    competing for the cores.
     """
     stamps: list[tuple[float, float]] = []
+    pieces: list[str] = []
     last = None
     w0, c0 = time.perf_counter(), time.process_time()
     for last in responses:
         stamps.append((time.perf_counter(), time.process_time()))
+        pieces.append(last.text)
     if not stamps:
         raise RuntimeError("the generator produced no tokens")
     n = len(stamps)
@@ -284,7 +289,13 @@ def _timed(responses: Iterator[Any]) -> tuple[Timing, Any]:
         tpot_cpu_s=(cn - c1) / (n - 1) if n > 1 else None,
         generated=n,
         tpot_short_s=(stamps[short][0] - w1) / short if short else None,
-    ), last
+    ), last, "".join(pieces)
+
+
+def mlx_lm_kv_bytes_per_layer(cache: Sequence[Any]) -> list[int]:
+    """Bytes of the filled part of each layer of an mlx-lm prompt cache (not the 256-step
+    allocation, which is ``cache[i].nbytes``)."""
+    return [0 if c.empty() else sum(a.nbytes for a in c.keys_and_values()) for c in cache]
 
 
 def run_mlx_lm(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, repeat: int = 0) -> RunResult:
@@ -294,10 +305,10 @@ def run_mlx_lm(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, r
     with no_eos(tokenizer):
         gen = mlx_lm.stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens,
                                      prompt_cache=cache)
-        timing, _ = _timed(gen)
+        timing, _, _ = timed(gen)
     peak = mx.get_peak_memory()
-    per_layer = [sum(a.nbytes for a in c.keys_and_values()) for c in cache]
-    allocated = sum(c.keys.nbytes + c.values.nbytes for c in cache if getattr(c, "keys", None) is not None)
+    per_layer = mlx_lm_kv_bytes_per_layer(cache)
+    allocated = sum(c.nbytes for c in cache)
     return RunResult(**asdict(timing), method=MLX_LM, prompt_tokens=len(prompt), repeat=repeat,
                      peak_memory_bytes=peak,
                      work_memory_bytes=peak - base, kv_bytes=sum(per_layer),
@@ -311,7 +322,7 @@ def run_ours(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, con
     base = _clean()
     with no_eos(tokenizer):
         gen = lazy_stream_generate(model, tokenizer, list(prompt), max_tokens=max_tokens, config=config)
-        timing, last = _timed(gen)
+        timing, last, _ = timed(gen)
     peak = mx.get_peak_memory()
     stats = last.stats.as_dict()
     stats.pop("text", None)
