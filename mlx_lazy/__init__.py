@@ -2,6 +2,7 @@
 
 from . import _blas  # noqa: F401  (must precede any mlx import)
 from . import _malloc  # noqa: F401
+from .errors import UserInputError
 from .engine import GenerationStats, LazyEngine
 from .api import GenerationResponse, generate, load, stream_generate
 from .schedule import METHODS, PruningConfig, Schedule
@@ -13,6 +14,7 @@ __all__ = [
     "LazyEngine",
     "PruningConfig",
     "Schedule",
+    "UserInputError",
     "generate",
     "load",
     "stream_generate",
