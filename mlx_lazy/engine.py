@@ -21,6 +21,7 @@ from .adapter import ModelAdapter
 from .attention import attention, attention_probs, prepare
 from .cache import LayerKV, LazyCache
 from .schedule import PruningConfig
+from .scorers import ScoreContext, top_k
 
 ProgressFn = Callable[[int, int], None]
 
@@ -78,6 +79,7 @@ class LazyEngine:
         self.config = config or PruningConfig()
         self.schedule = self.config.resolve(self.adapter.num_layers)
         self.block_size = block_size
+        self.scorer = self.schedule.make_scorer()
         prepare()  # outside any timed region: the CPU kernels' one-time build
         self.cache = LazyCache(self.adapter.num_layers)
         self.prompt_len = 0
@@ -96,6 +98,7 @@ class LazyEngine:
         sched, a = self.schedule, self.adapter
         cache = self.cache = LazyCache(a.num_layers)
         self.prompt_len, self.host_syncs = n, 0
+        self.always_kept = self.scorer.always_kept(n)
         self.prefill_attention_pairs = self.decode_attention_pairs = 0
         active = cache.add_tokens(n)
         self._set_prompt_limits(n)
@@ -114,7 +117,8 @@ class LazyEngine:
             cache.mark_computed(layer, active)
             keep = sched.keep_after(layer)
             if keep is not None:
-                selected = self._select(layer, q[:, :, -1:], k, active, keep, n)
+                m = min(self.scorer.n_queries, len(active))  # scoring queries: the last m
+                selected = self._select(layer, q[:, :, -m:], active[-m:], k, active, keep, n)
                 h, active = self._advance(layer, h, active, selected)
             # A layer of prefill is a natural step boundary: it bounds the graph (and peak
             # memory) and drives the progress callback, at no measurable cost.
@@ -190,7 +194,8 @@ class LazyEngine:
             cache.mark_computed(layer, comp)
             keep = sched.keep_after(layer) if sched.dynamic else None
             if keep is not None:
-                selected = self._select(layer, q[:, :, -1:], keys, kpos, keep, n_ctx, visible)
+                selected = self._select(layer, q[:, :, -1:], rows[-1:], keys, kpos, keep, n_ctx,
+                                        visible)
                 h, comp = self._advance(layer, h, comp, selected)
         return a.logits(h[:, -1:])[0, 0]
 
@@ -236,35 +241,33 @@ class LazyEngine:
     def _select(
         self,
         layer: int,
-        q_last: mx.array,
+        queries: mx.array,
+        query_positions: np.ndarray,
         keys: mx.array,
         positions: np.ndarray,
         keep: float,
         n_ctx: int,
         visible: Optional[np.ndarray] = None,
     ) -> np.ndarray:
-        """Top tokens by the query token's head-averaged attention; sorted positions.
+        """Sorted positions of the tokens kept after ``layer``: the top ``keep`` fraction of
+        the context by the scorer's scores.
 
         ``keys`` (1, kv_heads, n, d) belong to ``positions`` in the same order; only those
         marked ``visible`` (all when None) and able to reach ``layer + 1`` are candidates.
-        The query token (the last position) and the anchors are always kept.
+        The query token (the last position), the anchors and the scorer's always-kept
+        positions are kept whatever their score.
         """
-        mask = None if visible is None else mx.array(visible)
-        probs = attention_probs(q_last, keys, self.adapter.scale, mask)
-        scores = np.array(probs.mean(axis=(0, 1, 2, 3)))
-        self.host_syncs += 1
         eligible = self.cache.limit[positions] > layer + 1
         if visible is not None:
             eligible &= visible
-        candidates, scores = positions[eligible], scores[eligible]
-        n = len(candidates)
-        if self.schedule.pool:
-            scores = _pool_by_position(candidates, scores, self.schedule.pool)
-        forced = (candidates < self.schedule.anchors) | (candidates == n_ctx - 1)
-        scores[forced] = np.inf
-        k = min(n, max(int(forced.sum()), round(keep * n_ctx), 1))
-        top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
-        return np.sort(candidates[top])
+        ctx = ScoreContext(layer, queries, query_positions, keys, positions, eligible, visible,
+                           self.adapter.scale, self.prompt_len)
+        scores = self.scorer.score(ctx)[eligible]
+        self.host_syncs += 1
+        candidates = positions[eligible]
+        forced = ((candidates < self.schedule.anchors) | (candidates == n_ctx - 1)
+                  | np.isin(candidates, self.always_kept))
+        return top_k(candidates, scores, forced, round(keep * n_ctx))
 
     def _advance(self, layer: int, h: mx.array, comp: np.ndarray, selected: np.ndarray):
         """After pruning ``layer``: computed tokens outside ``selected`` stop (their hidden
@@ -317,13 +320,3 @@ class LazyEngine:
             max_computations_per_token_layer=int(computed.max()) if computed.size else 0,
         )
 
-
-def _pool_by_position(positions: np.ndarray, scores: np.ndarray, radius: int) -> np.ndarray:
-    """Each score replaced by the maximum over ``radius`` neighbouring candidates (in
-    position order) on each side."""
-    order = np.argsort(positions)
-    padded = np.pad(scores[order], radius, constant_values=-np.inf)
-    pooled = np.lib.stride_tricks.sliding_window_view(padded, 2 * radius + 1).max(axis=1)
-    out = np.empty_like(scores)
-    out[order] = pooled
-    return out

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Optional, Tuple, Union
 
+from .scorers import HEAD_REDUCTIONS, SCORERS, Scorer, make_scorer
+
 METHODS = ("full", "lazy", "speed", "lazy+speed", "static", "random")
 
 # Preset pruning positions are fractions of the model's depth so one preset fits any
@@ -49,6 +51,10 @@ class Schedule:
         revive: with ``dynamic``, pruned tokens keep their hidden state in the Aux Cache
             and can come back; without, decode steps re-select only among tokens that
             already have KV at the next layer.
+        scorer: the registered scorer (:data:`mlx_lazy.scorers.SCORERS`) that ranks the
+            context at each cut.
+        heads: how the scorer reduces attention over heads, ``"mean"`` or ``"max"``.
+        window: the ``"window"`` scorer's number of trailing prompt queries (else None).
         pool: radius of the max-pooling of scores over neighbouring candidates before
             top-k (0: none).
         prompt_depth: number of layers that non-anchor prompt tokens may reach (SPEED
@@ -56,6 +62,8 @@ class Schedule:
         random_keep: fraction of prompt tokens kept before layer 0 (random drop), or None.
         anchors: number of leading prompt tokens that are always kept at full depth.
         seed: seed of the random drop.
+        source: where the cuts came from: ``"preset"``, ``"user"`` or
+            ``"calibrated:<file name>"``.
     """
 
     method: str
@@ -64,11 +72,15 @@ class Schedule:
     keep: Tuple[float, ...] = ()
     dynamic: bool = False
     revive: bool = False
+    scorer: str = "last"
+    heads: str = "mean"
+    window: Optional[int] = None
     pool: int = 0
     prompt_depth: int = 0
     random_keep: Optional[float] = None
     anchors: int = 1
     seed: int = 0
+    source: str = "preset"
 
     @property
     def prunes(self) -> bool:
@@ -82,6 +94,10 @@ class Schedule:
         if layer in self.prune_layers:
             return self.keep[self.prune_layers.index(layer)]
         return None
+
+    def make_scorer(self) -> Scorer:
+        """The scorer this plan selects with."""
+        return make_scorer(self.scorer, self.heads, self.window, self.pool)
 
     def as_dict(self) -> dict:
         """JSON-friendly form."""
@@ -118,6 +134,15 @@ class PruningConfig:
             maximum over itself and ``pool`` neighbouring candidates on each side, so kept
             tokens come in spans (a number split into digit tokens stays whole). 0 (the
             paper) scores tokens alone; an approximation beyond the paper.
+        scorer: score-based methods only: the registered scorer that ranks the context
+            (:data:`mlx_lazy.scorers.SCORERS`): ``"last"`` (the paper: the query token's
+            attention) or ``"window"`` (the last ``window`` prompt tokens' attention; the
+            window is always kept). None: the calibrated schedule's, else ``"last"``.
+        heads: how scores are reduced over attention heads, ``"mean"`` (the paper) or
+            ``"max"``. None: ``"mean"``.
+        window: the ``"window"`` scorer's size (default 8).
+        source: where these values come from (set by :meth:`from_file`); None lets
+            :meth:`resolve` say ``"preset"`` or ``"user"``.
     """
 
     method: str = "full"
@@ -128,6 +153,10 @@ class PruningConfig:
     seed: int = 0
     revive: bool = True
     pool: int = 0
+    scorer: Optional[str] = None
+    heads: Optional[str] = None
+    window: Optional[int] = None
+    source: Optional[str] = None
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "PruningConfig":
@@ -162,6 +191,22 @@ class PruningConfig:
             raise ValueError(f"pool must be a non-negative integer, got {self.pool!r}")
         if self.pool and not uses_layers:
             raise ValueError(f"pool applies to score-based methods (lazy, lazy+speed, static), not {m!r}")
+        scorer = self.scorer or "last"
+        if not uses_layers and (self.scorer, self.heads, self.window) != (None, None, None):
+            raise ValueError(f"scorer, heads and window apply to score-based methods (lazy, "
+                             f"lazy+speed, static), not {m!r}")
+        if scorer not in SCORERS:
+            raise ValueError(f"unknown scorer {scorer!r}; choose one of {', '.join(SCORERS)}")
+        heads = self.heads or "mean"
+        if heads not in HEAD_REDUCTIONS:
+            raise ValueError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, got {heads!r}")
+        window = self.window
+        if scorer == "window":
+            window = 8 if window is None else window
+            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+                raise ValueError(f"window must be a positive integer, got {window!r}")
+        elif window is not None:
+            raise ValueError(f"window applies to the 'window' scorer, not {scorer!r}")
 
         prompt_depth = _resolve_cutoff(self.speed_cutoff, num_layers) if uses_cutoff else num_layers
         prune_layers: Tuple[int, ...] = ()
@@ -197,11 +242,16 @@ class PruningConfig:
             keep=keep,
             dynamic=dynamic,
             revive=dynamic and self.revive,
+            scorer=scorer,
+            heads=heads,
+            window=window,
             pool=self.pool,
             prompt_depth=prompt_depth,
             random_keep=random_keep,
             anchors=self.anchors,
             seed=self.seed,
+            source=self.source or (
+                "preset" if self.prune_layers is None and self.keep is None else "user"),
         )
 
 

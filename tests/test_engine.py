@@ -219,35 +219,6 @@ def test_lazy_without_revival_computes_only_the_new_token_in_decode(tiny_model):
     assert stats[True].revivals > 0
 
 
-def test_pooling_spreads_scores_to_neighbours_in_position_order():
-    from mlx_lazy.engine import _pool_by_position
-
-    positions = np.array([7, 1, 3, 2, 9, 4])
-    scores = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1.0])  # position 4 is the peak
-    pooled = _pool_by_position(positions, scores, 1)
-    # In position order 1,2,3,4,7,9 the neighbours of 4 are 3 and 7.
-    assert dict(zip(positions.tolist(), pooled.tolist())) == {1: 0, 2: 0, 3: 1, 4: 1, 7: 1, 9: 0}
-
-
-def test_pooled_selection_keeps_spans(tiny_model):
-    model, _ = tiny_model("llama")
-    n = 300
-    prompt = random_prompt(n, model.args.vocab_size, seed=10)
-
-    def kept_after_first_cut(pool):
-        engine = LazyEngine(model, PruningConfig("lazy", prune_layers=(0,), keep=(0.2,), pool=pool))
-        mx.eval(engine.prefill(prompt))
-        return np.array(sorted(engine.cache.layers[1].cached_positions().tolist()))
-
-    def isolated(kept):  # kept tokens with neither neighbour kept
-        s = set(kept.tolist())
-        return sum(1 for p in s if p - 1 not in s and p + 1 not in s)
-
-    plain, pooled = kept_after_first_cut(0), kept_after_first_cut(2)
-    assert len(plain) == len(pooled) == 60
-    assert isolated(pooled) < isolated(plain)
-
-
 def test_decode_attention_pairs_count_the_whole_context_when_unpruned(tiny_model):
     model, _ = tiny_model("llama")
     n, steps = 50, 6

@@ -1,0 +1,183 @@
+"""Scorers: how much each context token matters at a pruning layer.
+
+A scorer is a small class with one ``score(ctx)`` that maps a :class:`ScoreContext` (the
+scoring queries, the candidate keys, their positions) to one score per key; the engine then
+keeps the top fraction of the candidates (:func:`top_k`), always keeping the anchors, the
+newest token and whatever the scorer's :meth:`Scorer.always_kept` names. Adding a scorer is
+one class plus one line in :data:`SCORERS`; ``PruningConfig(scorer=NAME)``, the CLI's
+``--scorer`` and the benchmarks' ``lazy:scorer=NAME`` all read that registry.
+
+* ``last`` (:class:`LastQuery`, the LazyLLM paper): attention of the query token (the last
+  prompt token in prefill, the newest token in decode), reduced over heads.
+* ``window`` (:class:`Window`, SnapKV's observation window): in prefill the mean over the last
+  ``window`` prompt tokens' attention (each causal); those tokens are always kept, so a
+  question at the end of the prompt is never pruned away. Decode scores with the newest token.
+
+Both are grouped-query aware and reduce over heads by ``mean`` (the paper) or ``max``.
+:class:`Pooled` wraps any scorer: each candidate's score becomes the maximum over itself and
+``radius`` neighbouring candidates on each side, so kept tokens come in spans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Dict, Optional, Type
+
+import mlx.core as mx
+import numpy as np
+
+from .attention import attention_probs
+
+HEAD_REDUCTIONS = ("mean", "max")
+
+
+@dataclass(frozen=True)
+class ScoreContext:
+    """What a scorer sees at one pruning layer.
+
+    Attributes:
+        layer: the pruning layer.
+        queries: (1, H, m, d) queries of the scoring tokens (RoPE applied), in position
+            order; the last row is the query token.
+        query_positions: (m,) their positions.
+        keys: (1, kv_heads, n, d) keys of the context at this layer.
+        key_positions: (n,) their positions (cache order, not necessarily sorted).
+        candidates: (n,) bool, the keys that may be kept.
+        visible: (n,) bool keys the query token attends to (None: all).
+        scale: the attention scale.
+        prompt_len: number of prompt tokens.
+    """
+
+    layer: int
+    queries: mx.array
+    query_positions: np.ndarray
+    keys: mx.array
+    key_positions: np.ndarray
+    candidates: np.ndarray
+    visible: Optional[np.ndarray]
+    scale: float
+    prompt_len: int
+
+
+class Scorer:
+    """Maps a :class:`ScoreContext` to one score per key (higher: keep)."""
+
+    #: trailing prefill tokens whose queries :meth:`score` reads (the query token included)
+    n_queries: int = 1
+
+    def score(self, ctx: ScoreContext) -> np.ndarray:
+        """(n,) float scores, one per key of ``ctx``; only candidates' scores are used."""
+        raise NotImplementedError
+
+    def always_kept(self, prompt_len: int) -> np.ndarray:
+        """Positions kept at every cut whatever their score (besides anchors and the newest
+        token)."""
+        return np.empty(0, np.int64)
+
+
+@dataclass(frozen=True)
+class LastQuery(Scorer):
+    """The query token's attention to each key, reduced over heads (LazyLLM)."""
+
+    heads: str = "mean"
+
+    def score(self, ctx: ScoreContext) -> np.ndarray:
+        mask = None if ctx.visible is None else mx.array(ctx.visible)
+        return _reduced_probs(ctx.queries[:, :, -1:], ctx.keys, ctx.scale, mask, self.heads)
+
+
+@dataclass(frozen=True)
+class Window(Scorer):
+    """Mean attention of the last ``size`` prompt tokens (each causal), reduced over heads;
+    the window itself is always kept."""
+
+    size: int = 8
+    heads: str = "mean"
+
+    @property
+    def n_queries(self) -> int:  # type: ignore[override]
+        return self.size
+
+    def score(self, ctx: ScoreContext) -> np.ndarray:
+        qpos = ctx.query_positions
+        mask = ctx.key_positions[None, :] <= qpos[:, None]
+        if ctx.visible is not None:
+            mask &= ctx.visible[None, :]
+        return _reduced_probs(ctx.queries, ctx.keys, ctx.scale, mx.array(mask), self.heads)
+
+    def always_kept(self, prompt_len: int) -> np.ndarray:
+        return np.arange(max(0, prompt_len - self.size), prompt_len)
+
+
+@dataclass(frozen=True)
+class Pooled(Scorer):
+    """``inner``'s scores max-pooled over ``radius`` neighbouring candidates (in position
+    order) on each side."""
+
+    inner: Scorer
+    radius: int
+
+    @property
+    def n_queries(self) -> int:  # type: ignore[override]
+        return self.inner.n_queries
+
+    def score(self, ctx: ScoreContext) -> np.ndarray:
+        scores = self.inner.score(ctx)
+        c = ctx.candidates
+        scores[c] = pool_by_position(ctx.key_positions[c], scores[c], self.radius)
+        return scores
+
+    def always_kept(self, prompt_len: int) -> np.ndarray:
+        return self.inner.always_kept(prompt_len)
+
+
+#: scorer name -> class; its fields other than ``heads`` come from PruningConfig by name
+SCORERS: Dict[str, Type[Scorer]] = {
+    "last": LastQuery,
+    "window": Window,
+}
+
+
+def make_scorer(name: str, heads: str = "mean", window: Optional[int] = None,
+                pool: int = 0) -> Scorer:
+    """Build the registered scorer ``name`` (wrapped in :class:`Pooled` when ``pool``)."""
+    if name not in SCORERS:
+        raise ValueError(f"unknown scorer {name!r}; choose one of {', '.join(SCORERS)}")
+    if heads not in HEAD_REDUCTIONS:
+        raise ValueError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, got {heads!r}")
+    scorer: Scorer = Window(window, heads) if name == "window" else SCORERS[name](heads)
+    return Pooled(scorer, pool) if pool else scorer
+
+
+def top_k(candidates: np.ndarray, scores: np.ndarray, forced: np.ndarray, k: int) -> np.ndarray:
+    """Sorted positions of the ``k`` best-scoring ``candidates`` (never fewer than the
+    ``forced`` ones, which are always kept); ties go to the lower position."""
+    n = len(candidates)
+    scores = np.where(forced, np.inf, scores)
+    k = min(n, max(int(forced.sum()), k, 1))
+    if k >= n:
+        return np.sort(candidates)
+    top = np.argpartition(-scores, k - 1)[:k]
+    return np.sort(candidates[top])
+
+
+def pool_by_position(positions: np.ndarray, scores: np.ndarray, radius: int) -> np.ndarray:
+    """Each score replaced by the maximum over ``radius`` neighbouring entries (in position
+    order) on each side."""
+    order = np.argsort(positions)
+    padded = np.pad(scores[order], radius, constant_values=-np.inf)
+    pooled = np.lib.stride_tricks.sliding_window_view(padded, 2 * radius + 1).max(axis=1)
+    out = np.empty_like(scores)
+    out[order] = pooled
+    return out
+
+
+def _reduced_probs(q: mx.array, keys: mx.array, scale: float, mask: Optional[mx.array],
+                   heads: str) -> np.ndarray:
+    """Attention probabilities of queries ``q`` over ``keys``, reduced over heads (mean or
+    max) and averaged over the queries: (n,) numpy."""
+    probs = attention_probs(q, keys, scale, mask)  # (1, kv_heads, rep, m, n)
+    b, g, r, m, n = probs.shape
+    per_head = probs.transpose(0, 3, 1, 2, 4).reshape(m, g * r, n)
+    reduced = per_head.mean(axis=1) if heads == "mean" else per_head.max(axis=1)
+    return np.array(reduced.mean(axis=0))

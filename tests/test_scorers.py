@@ -1,0 +1,206 @@
+"""Selection rules pinned: every registered scorer against an independent numpy reference,
+planted keys, windows, pooling spans, exact top-k sizes, and keep 1.0 == full."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_lazy import LazyEngine, PruningConfig
+from mlx_lazy.scorers import SCORERS, ScoreContext, make_scorer, pool_by_position, top_k
+
+SCORER_CONFIGS = [
+    dict(scorer="last"),
+    dict(scorer="last", heads="max"),
+    dict(scorer="window", window=6),
+    dict(scorer="window", window=6, heads="max"),
+]
+
+
+def test_every_registered_scorer_is_covered():
+    assert {c["scorer"] for c in SCORER_CONFIGS} == set(SCORERS)
+
+
+def random_prompt(n, vocab, seed=0):
+    return mx.array(np.random.default_rng(seed).integers(0, vocab, n).astype(np.int32))
+
+
+def reference_scores(q, k, scale, qpos, kpos, heads):
+    """numpy: per query row, causal softmax over keys; reduce heads; mean over rows."""
+    q, k = np.array(q)[0], np.array(k)[0]  # (H, m, d), (G, n, d)
+    rep = q.shape[0] // k.shape[0]
+    rows = []
+    for r, p in enumerate(qpos):
+        probs = []
+        for h in range(q.shape[0]):
+            logits = k[h // rep] @ q[h, r] * scale
+            logits = np.where(kpos <= p, logits, -np.inf)
+            w = np.exp(logits - logits.max())
+            probs.append(w / w.sum())
+        probs = np.stack(probs)
+        rows.append(probs.mean(0) if heads == "mean" else probs.max(0))
+    return np.mean(rows, axis=0)
+
+
+def reference_selection(scores, n, keep, forced):
+    k = max(round(keep * n), len(forced))
+    order = sorted(range(n), key=lambda i: (i not in forced, -scores[i]))
+    return sorted(order[:k])
+
+
+@pytest.mark.parametrize("fields", SCORER_CONFIGS, ids=lambda f: "-".join(map(str, f.values())))
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_prefill_selection_matches_numpy_reference(tiny_model, kind, fields):
+    """The tokens kept after the first cut are exactly the top-k of an independently
+    computed score (so random scores, a wrong head reduction or a wrong window fail)."""
+    model, _ = tiny_model(kind)
+    n, keep = 160, 0.3
+    prompt = random_prompt(n, model.args.vocab_size, seed=11)
+    engine = LazyEngine(model, PruningConfig("lazy", prune_layers=(0,), keep=(keep,), **fields))
+    mx.eval(engine.prefill(prompt))
+    kept = sorted(engine.cache.layers[1].cached_positions().tolist())
+
+    a = engine.adapter
+    positions = np.arange(n)
+    q, k, _ = a.qkv(0, a.embed(prompt), positions)
+    w = fields.get("window", 1)
+    scores = reference_scores(q[:, :, -w:], k, a.scale, positions[-w:], positions,
+                              fields.get("heads", "mean"))
+    forced = {0, n - 1} | set(range(n - w, n))
+    assert kept == reference_selection(scores, n, keep, forced)
+    assert len(kept) == round(keep * n)
+
+
+@pytest.mark.parametrize("fields", SCORER_CONFIGS, ids=lambda f: "-".join(map(str, f.values())))
+def test_decode_selection_matches_numpy_reference(tiny_model, fields):
+    """At a decode step every scorer scores with the newest token over the layer's cache."""
+    model, _ = tiny_model("llama")
+    n, keep = 120, 0.4
+    prompt = random_prompt(n, model.args.vocab_size, seed=12)
+    config = PruningConfig("lazy", prune_layers=(0,), keep=(keep,), **fields)
+    engine = LazyEngine(model, config)
+    token = int(mx.argmax(engine.prefill(prompt)))
+    before = engine.cache.layers[1].cached_positions().copy()
+    mx.eval(engine.decode(token))
+
+    a = engine.adapter
+    kv = engine.cache.layers[0]
+    keys, _ = kv.fetch()
+    kpos = kv.cached_positions()
+    q, _, _ = a.qkv(0, a.embed(mx.array([token])), np.array([n]))
+    scores = reference_scores(q, keys, a.scale, [n], kpos, fields.get("heads", "mean"))
+    by_pos = dict(zip(kpos.tolist(), scores))
+    w = fields.get("window", 0)
+    forced = {0, n} | set(range(n - w, n))
+    selected = reference_selection([by_pos[i] for i in range(n + 1)], n + 1, keep, forced)
+    # Layer 1 now holds the prefill selection, the new token and the revived tokens.
+    assert sorted(engine.cache.layers[1].cached_positions().tolist()) == sorted(
+        set(before.tolist()) | set(selected))
+
+
+@pytest.mark.parametrize("fields", SCORER_CONFIGS, ids=lambda f: "-".join(map(str, f.values())))
+def test_planted_key_is_always_kept(fields):
+    """A key aligned with every query is the most attended token: it survives a 5% cut."""
+    rng = np.random.default_rng(0)
+    heads, kv_heads, n, d, m = 4, 2, 200, 16, fields.get("window", 1)
+    q = rng.standard_normal((1, heads, m, d)).astype(np.float32) * 0.1
+    k = rng.standard_normal((1, kv_heads, n, d)).astype(np.float32) * 0.1
+    planted = 37
+    k[0, :, planted] = 5 * q[0, ::2].mean(axis=1)  # one direction per key head
+    kpos = np.arange(n)
+    ctx = ScoreContext(layer=3, queries=mx.array(q), query_positions=kpos[-m:],
+                       keys=mx.array(k), key_positions=kpos, candidates=np.ones(n, bool),
+                       visible=None, scale=d ** -0.5, prompt_len=n)
+    scorer = make_scorer(fields["scorer"], fields.get("heads", "mean"), fields.get("window"))
+    scores = scorer.score(ctx)
+    assert int(np.argmax(scores)) == planted
+    kept = top_k(kpos, scores, np.isin(kpos, scorer.always_kept(n)), 10)
+    assert planted in kept
+
+
+def test_window_scorer_keeps_its_window_at_every_cut(tiny_model):
+    model, _ = tiny_model("qwen2")
+    n, window = 200, 12
+    engine = LazyEngine(model, PruningConfig("lazy", prune_layers=(0, 1), keep=(0.2, 0.1),
+                                             scorer="window", window=window))
+    token = int(mx.argmax(engine.prefill(random_prompt(n, model.args.vocab_size, seed=5))))
+    mx.eval(engine.decode(token))
+    for layer in (1, 2):
+        kept = set(engine.cache.layers[layer].cached_positions().tolist())
+        assert set(range(n - window, n)) <= kept
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.237, 0.05])
+def test_top_k_sizes_are_exact(tiny_model, keep):
+    model, _ = tiny_model("llama")
+    n, steps = 150, 3
+    engine = LazyEngine(model, PruningConfig("lazy", prune_layers=(0,), keep=(keep,)))
+    sizes, select = [], engine._select
+    engine._select = lambda *a, **kw: sizes.append(len(r := select(*a, **kw))) or r
+    token = int(mx.argmax(engine.prefill(random_prompt(n, model.args.vocab_size, seed=6))))
+    for _ in range(steps):
+        token = int(mx.argmax(engine.decode(token)))
+    assert sizes == [round(keep * (n + i)) for i in range(steps + 1)]
+    assert engine.stats.prefill_tokens_per_layer[1] == round(keep * n)
+
+
+@pytest.mark.parametrize("fields", SCORER_CONFIGS, ids=lambda f: "-".join(map(str, f.values())))
+def test_keep_everything_at_every_cut_equals_full(tiny_model, fields):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, _ = tiny_model("llama")
+    prompt = random_prompt(100, model.args.vocab_size, seed=7)
+    layers = model.args.num_hidden_layers
+    config = PruningConfig("lazy", prune_layers=tuple(range(layers - 1)),
+                           keep=(1.0,) * (layers - 1), **fields)
+    engine = LazyEngine(model, config)
+    cache = make_prompt_cache(model)
+    ref, ours = model(prompt[None], cache=cache)[0, -1], engine.prefill(prompt)
+    for _ in range(8):
+        assert mx.abs(ref - ours).max().item() < 1e-4
+        token = int(mx.argmax(ref))
+        ref, ours = model(mx.array([[token]]), cache=cache)[0, -1], engine.decode(token)
+    assert engine.stats.revivals == 0
+
+
+def test_pooling_spreads_scores_to_neighbours_in_position_order():
+    positions = np.array([7, 1, 3, 2, 9, 4])
+    scores = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1.0])  # position 4 is the peak
+    pooled = pool_by_position(positions, scores, 1)
+    # In position order 1,2,3,4,7,9 the neighbours of 4 are 3 and 7.
+    assert dict(zip(positions.tolist(), pooled.tolist())) == {1: 0, 2: 0, 3: 1, 4: 1, 7: 1, 9: 0}
+
+
+def test_pooled_selection_keeps_spans(tiny_model):
+    model, _ = tiny_model("llama")
+    n = 300
+    prompt = random_prompt(n, model.args.vocab_size, seed=10)
+
+    def kept_after_first_cut(pool):
+        engine = LazyEngine(model, PruningConfig("lazy", prune_layers=(0,), keep=(0.2,), pool=pool))
+        mx.eval(engine.prefill(prompt))
+        return np.array(sorted(engine.cache.layers[1].cached_positions().tolist()))
+
+    def isolated(kept):  # kept tokens with neither neighbour kept
+        s = set(kept.tolist())
+        return sum(1 for p in s if p - 1 not in s and p + 1 not in s)
+
+    plain, pooled = kept_after_first_cut(0), kept_after_first_cut(2)
+    assert len(plain) == len(pooled) == 60
+    assert isolated(pooled) < isolated(plain)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(scorer="nope"), "unknown scorer"),
+        (dict(heads="median"), "heads must be one of"),
+        (dict(scorer="window", window=0), "window must be a positive integer"),
+        (dict(window=4), "applies to the 'window' scorer"),
+    ],
+)
+def test_bad_scorer_fields(fields, message):
+    with pytest.raises(ValueError) as err:
+        PruningConfig("lazy", **fields).resolve(30)
+    assert message in str(err.value)
+    with pytest.raises(ValueError, match="apply to score-based methods"):
+        PruningConfig("speed", scorer="last").resolve(30)
