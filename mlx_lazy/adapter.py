@@ -49,6 +49,18 @@ class ModelAdapter:
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def fingerprint(self) -> dict:
+        """What a calibrated schedule must match: architecture and shape of the model."""
+        args = self.model.args
+        return {
+            "model_type": self.model.model_type,
+            "num_layers": self.num_layers,
+            "hidden_size": int(args.hidden_size),
+            "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads,
+            "vocab_size": int(args.vocab_size),
+        }
+
     def embed(self, tokens: mx.array) -> mx.array:
         """(n,) token ids -> (1, n, D) hidden states."""
         return self.inner.embed_tokens(tokens[None])

@@ -16,7 +16,8 @@ import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .engine import GenerationStats, LazyEngine, ProgressFn
-from .schedule import PruningConfig
+from .adapter import ModelAdapter
+from .schedule import MODEL_SCHEDULE_FILE, PruningConfig
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -57,7 +58,9 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
 
     Args:
         path_or_repo: a local MLX folder or a hub id (where the network allows); None loads
-            the default model (SmolLM2-135M-Instruct), obtaining it when missing.
+            the default model (SmolLM2-135M-Instruct), obtaining it when missing. A folder
+            holding ``mlx_lazy_schedule.json`` (written by ``python -m mlx_lazy.calibrate``)
+            makes a plain ``"lazy"`` use that calibrated schedule.
 
     Raises:
         ValueError: the path does not exist or holds no loadable model.
@@ -76,7 +79,11 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
         return mlx_load(name)
     if not (path / "config.json").is_file():
         raise ValueError(f"no model found at {name} (expected a folder with config.json)")
-    return mlx_load(str(path))
+    model, tokenizer = mlx_load(str(path))
+    if (path / MODEL_SCHEDULE_FILE).is_file():  # a calibrated schedule for plain "lazy"
+        model.mlx_lazy_schedule = PruningConfig.from_file(
+            path / MODEL_SCHEDULE_FILE, ModelAdapter(model).fingerprint())
+    return model, tokenizer
 
 
 # Hugging Face tokenizers without a configured limit report this huge sentinel.

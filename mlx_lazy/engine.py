@@ -20,7 +20,7 @@ import numpy as np
 from .adapter import ModelAdapter
 from .attention import attention, attention_probs, prepare
 from .cache import LayerKV, LazyCache
-from .schedule import PruningConfig
+from .schedule import PruningConfig, calibrated
 from .scorers import ScoreContext, top_k
 
 ProgressFn = Callable[[int, int], None]
@@ -62,7 +62,9 @@ class LazyEngine:
 
     Args:
         model: a model from ``mlx_lm.load`` (llama, mistral, qwen2 or qwen3).
-        config: the pruning configuration; None runs everything (``"full"``).
+        config: the pruning configuration; None runs everything (``"full"``). A plain
+            ``"lazy"`` takes the model's calibrated schedule when there is one (see
+            :func:`mlx_lazy.schedule.calibrated`).
         block_size: query block length of the prefill attention.
 
     Raises:
@@ -76,7 +78,8 @@ class LazyEngine:
         self, model: nn.Module, config: Optional[PruningConfig] = None, block_size: int = 256
     ):
         self.adapter = ModelAdapter(model)
-        self.config = config or PruningConfig()
+        self.config = calibrated(config or PruningConfig(), self.adapter.fingerprint(),
+                                 getattr(model, "mlx_lazy_schedule", None))
         self.schedule = self.config.resolve(self.adapter.num_layers)
         self.block_size = block_size
         self.scorer = self.schedule.make_scorer()

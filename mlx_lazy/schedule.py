@@ -16,9 +16,12 @@ survive past each pruning layer, so they must not increase.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from typing import Optional, Tuple, Union
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple, Union
 
+from .errors import UserInputError
 from .scorers import HEAD_REDUCTIONS, SCORERS, Scorer, make_scorer
 
 METHODS = ("full", "lazy", "speed", "lazy+speed", "static", "random")
@@ -35,6 +38,15 @@ _STATIC_LAYERS = (0.2,)
 _STATIC_KEEP = (0.4,)
 _RANDOM_KEEP = (0.5,)
 _SPEED_CUTOFF = 0.75
+
+#: The ``format`` of schedule files (written by ``python -m mlx_lazy.calibrate``).
+SCHEDULE_FORMAT = "mlx-lazy-schedule/1"
+#: PruningConfig fields a schedule file sets; the rest (revive, anchors, seed) stay the caller's.
+SCHEDULE_FIELDS = ("method", "prune_layers", "keep", "scorer", "heads", "window", "pool")
+#: Calibrated schedules shipped with the package, matched to models by fingerprint.
+PACKAGED_SCHEDULES = Path(__file__).parent / "data" / "schedules"
+#: A model folder holding this file makes ``--method lazy`` use it (see ``mlx_lazy.load``).
+MODEL_SCHEDULE_FILE = "mlx_lazy_schedule.json"
 
 
 @dataclass(frozen=True)
@@ -164,6 +176,59 @@ class PruningConfig:
         if name not in METHODS:
             raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
         return replace(cls(method=name), **overrides)
+
+    @classmethod
+    def from_file(cls, path: Union[str, Path],
+                  fingerprint: Optional[Dict[str, Any]] = None) -> "PruningConfig":
+        """Load a calibrated schedule file (see :func:`write_schedule`).
+
+        Args:
+            path: the JSON file.
+            fingerprint: the model's (``ModelAdapter.fingerprint()``); when given, the file
+                must have been calibrated for a model with the same fingerprint.
+
+        Raises:
+            UserInputError: missing, malformed or mismatched file, naming the field.
+        """
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UserInputError(f"schedule file {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserInputError(f"cannot read schedule file {path}: {e}") from None
+        except json.JSONDecodeError as e:
+            raise UserInputError(f"schedule file {path} is not valid JSON: {e}") from None
+        if not isinstance(data, dict) or data.get("format") != SCHEDULE_FORMAT:
+            raise UserInputError(f"{path} is not an mlx-lazy schedule file (field 'format' must "
+                                 f"be {SCHEDULE_FORMAT!r})")
+        config, model = data.get("config"), data.get("model")
+        if not isinstance(config, dict) or not isinstance(model, dict) \
+                or not isinstance(model.get("fingerprint"), dict):
+            raise UserInputError(f"schedule file {path} lacks the 'config' or "
+                                 "'model.fingerprint' object")
+        unknown = sorted(set(config) - set(SCHEDULE_FIELDS))
+        if unknown:
+            raise UserInputError(f"schedule file {path}: unknown field config.{unknown[0]} "
+                                 f"(fields: {', '.join(SCHEDULE_FIELDS)})")
+        saved = model["fingerprint"]
+        if fingerprint is not None:
+            for key, value in fingerprint.items():
+                if saved.get(key) != value:
+                    raise UserInputError(
+                        f"schedule file {path} was calibrated for another model: "
+                        f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {value!r}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+        out = cls(**values, source=f"calibrated:{path.name}")
+        layers = saved.get("num_layers")
+        if not isinstance(layers, int) or layers < 1:
+            raise UserInputError(f"schedule file {path}: model.fingerprint.num_layers must be a "
+                                 f"positive integer, got {layers!r}")
+        try:
+            out.resolve(layers)
+        except ValueError as e:
+            raise UserInputError(f"schedule file {path}: invalid config: {e}") from None
+        return out
 
     def resolve(self, num_layers: int) -> Schedule:
         """Check this configuration against a model depth and build its :class:`Schedule`.
@@ -312,3 +377,43 @@ def _check_layers(
         raise ValueError(
             f"keep fractions must not increase (kept sets only shrink), got {list(keep)}"
         )
+
+
+def write_schedule(path: Union[str, Path], config: PruningConfig, fingerprint: Dict[str, Any],
+                   evidence: Dict[str, Any], model_name: str = "") -> Path:
+    """Write a schedule file: the config's :data:`SCHEDULE_FIELDS`, the model it was
+    calibrated for and the evidence behind it. :meth:`PruningConfig.from_file` reads it."""
+    config.resolve(fingerprint["num_layers"])  # never write an invalid file
+    values = {f.name: getattr(config, f.name) for f in fields(config)
+              if f.name in SCHEDULE_FIELDS and getattr(config, f.name) is not None}
+    values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+    doc = {"format": SCHEDULE_FORMAT, "model": {"name": model_name, "fingerprint": fingerprint},
+           "config": values, "evidence": evidence}
+    path = Path(path)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
+               attached: Optional[PruningConfig] = None) -> PruningConfig:
+    """The config to run: a plain ``lazy`` request (no cuts, keep fractions or scorer given)
+    takes the model's calibrated schedule, the one ``attached`` by ``mlx_lazy.load`` from the
+    model folder or else a packaged one with the same fingerprint; otherwise ``config``."""
+    plain = (config.method == "lazy" and config.source is None and not config.pool
+             and all(getattr(config, f) is None
+                     for f in ("prune_layers", "keep", "scorer", "heads", "window")))
+    if not plain:
+        return config
+    found = attached or packaged_schedule(fingerprint)
+    if found is None:
+        return config
+    return replace(found, revive=config.revive, anchors=config.anchors, seed=config.seed)
+
+
+def packaged_schedule(fingerprint: Dict[str, Any]) -> Optional[PruningConfig]:
+    """The packaged calibrated schedule whose model fingerprint equals ``fingerprint``."""
+    for path in sorted(PACKAGED_SCHEDULES.glob("*.json")):
+        saved = json.loads(path.read_text()).get("model", {}).get("fingerprint")
+        if saved == fingerprint:
+            return PruningConfig.from_file(path, fingerprint)
+    return None

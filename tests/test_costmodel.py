@@ -137,3 +137,27 @@ def test_speed_benchmark_quick_on_tiny_model(tiny_model_path, tmp_path, capsys) 
     # --report re-renders a saved result without a model.
     speed.main(["--report", str(out)])
     assert "| speed |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layers, keep", [((0,), (0.3,)), ((1, 2), (0.5, 0.2)), ((), ())])
+def test_predicted_counts_equal_the_engines(tiny_model, layers, keep):
+    import mlx.core as mx
+    import numpy as np
+
+    from mlx_lazy import LazyEngine, PruningConfig
+    from mlx_lazy.bench.costmodel import counts, predicted_counts
+
+    model, _ = tiny_model("llama")
+    n = 700  # several query blocks of 256
+    config = PruningConfig("lazy", prune_layers=layers, keep=keep) if layers else PruningConfig()
+    engine = LazyEngine(model, config)
+    prompt = np.random.default_rng(0).integers(0, model.args.vocab_size, n)
+    mx.eval(engine.prefill(mx.array(prompt.astype(np.int32))))
+    assert predicted_counts(engine.schedule, n) == counts(engine.stats)
+
+
+def test_prior_scales_with_layer_size(tiny_model):
+    from mlx_lazy.bench.costmodel import prior
+
+    small = prior(tiny_model("llama")[0])
+    assert small.a > 0 and small.b > 0 and small.c == 0

@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
-__all__ = ["PrefillCounts", "CostModel", "counts", "fit"]
+__all__ = ["PrefillCounts", "CostModel", "counts", "fit", "predicted_counts", "prior"]
 
 
 @dataclass(frozen=True)
@@ -198,3 +198,49 @@ def _lstsq(X: np.ndarray, t: np.ndarray, w: np.ndarray, nonnegative: bool) -> np
 
 #: Module-level alias: ``costmodel.fit(stats, times)`` is ``CostModel.fit(stats, times)``.
 fit = CostModel.fit
+
+#: The fit on SmolLM2-135M-Instruct float32 (2-core AMD EPYC, OpenBLAS; README): seconds per
+#: token-layer and per attention pair, and what they scale with.
+_REFERENCE = dict(a=94e-6, b=102e-9, params_per_layer=3_538_944, head_dims=9 * 64)
+
+
+def prior(model: Any) -> CostModel:
+    """A cost model for ``model`` without timing it: the SmolLM2 reference fit with the
+    per-token-layer cost scaled by the layer's linear parameters and the per-pair cost by
+    heads × head_dim. Good for ranking schedules (only ratios are used); measure to confirm.
+    """
+    import mlx.nn as nn
+
+    layer = model.layers[0]
+    params = 0
+    for _, m in layer.named_modules():
+        if isinstance(m, nn.QuantizedLinear):
+            params += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
+        elif isinstance(m, nn.Linear):
+            params += m.weight.size
+    attn = layer.self_attn
+    head_dims = attn.n_heads * round(attn.scale ** -2)
+    r = _REFERENCE
+    return CostModel(a=r["a"] * params / r["params_per_layer"],
+                     b=r["b"] * head_dims / r["head_dims"], c=0.0)
+
+
+def predicted_counts(schedule: Any, n: int, block_size: int = 256,
+                     forced: int = 2) -> PrefillCounts:
+    """Prefill counts of a LazyLLM schedule (a resolved ``Schedule``) on an ``n``-token prompt,
+    without running it: ``round(keep·n)`` tokens (at least the ``forced`` ones) after each cut;
+    block-causal pairs as the engine counts them; at the last layer one query.
+    """
+    layers = schedule.num_layers
+    active, token_layers, pairs = n, 0, 0
+    for layer in range(layers):
+        token_layers += active
+        if layer == layers - 1:
+            pairs += active
+        else:
+            pairs += sum((min(i + block_size, active) - i) * min(i + block_size, active)
+                         for i in range(0, active, block_size)) if active > 1 else active
+        keep = schedule.keep_after(layer)
+        if keep is not None:
+            active = min(active, max(forced, round(keep * n), 1))
+    return PrefillCounts(token_layers, pairs)
