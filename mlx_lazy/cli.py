@@ -23,7 +23,7 @@ import json
 import os
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, NoReturn, Optional, Sequence
 
 import mlx.core as mx
@@ -32,7 +32,9 @@ from mlx_lm.sample_utils import make_sampler
 
 from .engine import GenerationStats, LazyEngine
 from .api import check_context, context_length, load, stream_generate
-from .schedule import METHODS, PruningConfig
+from .adapter import ModelAdapter
+from .schedule import METHODS, SCHEDULE_FIELDS, PruningConfig
+from .scorers import HEAD_REDUCTIONS, SCORERS
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
 DEFAULT_MAX_TOKENS = 100
@@ -126,6 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pool", type=int, default=None, metavar="R",
                    help="LazyLLM/static: max-pool scores over R neighbouring tokens on each side "
                         "before top-k, so spans survive together (default 0)")
+    g.add_argument("--scorer", choices=tuple(SCORERS), default=None,
+                   help="LazyLLM/static: what ranks the context at each cut: 'last' (the query "
+                        "token's attention, the paper) or 'window' (the last --window prompt "
+                        "tokens' attention; the window is always kept)")
+    g.add_argument("--window", type=int, default=None, metavar="W",
+                   help="the window scorer's number of trailing prompt tokens (default 8)")
+    g.add_argument("--heads", choices=HEAD_REDUCTIONS, default=None,
+                   help="reduce scores over attention heads by mean (the paper) or max")
+    g.add_argument("--schedule", default=None, metavar="FILE",
+                   help="a calibrated schedule file (python -m mlx_lazy.calibrate) for this "
+                        "model; sets the method, cuts and scorer")
     g.add_argument("--no-revive", dest="revive", action="store_false", default=None,
                    help="LazyLLM: decode steps choose only among tokens that already have KV "
                         "(no Aux Cache revivals; faster decoding, beyond the paper)")
@@ -147,11 +160,21 @@ def build_config(args: argparse.Namespace) -> PruningConfig:
             ("anchors", args.anchors),
             ("revive", args.revive),
             ("pool", args.pool),
+            ("scorer", args.scorer),
+            ("window", args.window),
+            ("heads", args.heads),
             ("seed", args.seed if args.method == "random" else None),
         )
         if value is not None
     }
-    return PruningConfig.preset(args.method, **overrides)
+    if args.schedule is None:
+        return PruningConfig.preset(args.method, **overrides)
+    fixed = sorted(set(overrides) & set(SCHEDULE_FIELDS))
+    if fixed or args.method not in (BASELINE, "lazy"):
+        raise UsageError("--schedule sets the method, cuts and scorer; drop " + (
+            ", ".join("--" + f.replace("prune_layers", "prune-layers") for f in fixed)
+            if fixed else f"--method {args.method}"))
+    return replace(PruningConfig.from_file(args.schedule), **overrides)
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -386,6 +409,8 @@ def _run(args: argparse.Namespace) -> None:
     _check_stats_path(args.stats_json)
     text = read_prompt(args)
     model, tokenizer = _load_model(args.model)
+    if args.schedule is not None:  # calibrated for this model?
+        PruningConfig.from_file(args.schedule, ModelAdapter(model).fingerprint())
     # Constructing an engine is cheap; it reports an unsupported architecture or a schedule
     # that does not fit the model before any (baseline) run is spent.
     LazyEngine(model, config)

@@ -284,12 +284,7 @@ class PruningConfig:
                 "static": (_STATIC_LAYERS, _STATIC_KEEP),
             }[m]
             if self.prune_layers is None:
-                # Clamped below the last usable layer; on shallow models positions may
-                # collide, so keep the distinct ones.
-                last = min(num_layers, prompt_depth) - 2
-                prune_layers = tuple(
-                    sorted({min(last, max(0, round(f * num_layers) - 1)) for f in default_layers})
-                )
+                prune_layers = layers_at(default_layers, num_layers, prompt_depth)
             else:
                 prune_layers = tuple(self.prune_layers)
             keep = tuple(self.keep) if self.keep is not None else default_keep[: len(prune_layers)]
@@ -318,6 +313,16 @@ class PruningConfig:
             source=self.source or (
                 "preset" if self.prune_layers is None and self.keep is None else "user"),
         )
+
+
+def layers_at(fractions: Tuple[float, ...], num_layers: int,
+              prompt_depth: Optional[int] = None) -> Tuple[int, ...]:
+    """Pruning layers at fractions of the depth: fraction f cuts after layer
+    ``round(f * num_layers) - 1``, clamped so that a layer (below the SPEED cutoff
+    ``prompt_depth``) follows each cut; on shallow models positions may collide, so the
+    distinct ones are kept."""
+    last = min(num_layers, prompt_depth or num_layers) - 2
+    return tuple(sorted({min(last, max(0, round(f * num_layers) - 1)) for f in fractions}))
 
 
 def _check_fraction(k: float) -> None:

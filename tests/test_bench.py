@@ -145,35 +145,19 @@ def test_parse_method():
     assert parse_methods("full;lazy:layers=1,2:keep=0.5,0.2") == ("full", "lazy:layers=1,2:keep=0.5,0.2")
 
 
-def test_sweep_methods_are_valid_for_the_model_depth():
-    for depth in (4, 30):
-        specs = harness.sweep_methods(depth, quick=depth == 4)
-        assert specs[:2] == ["mlx-lm", "full"] and len(set(specs)) == len(specs)
-        for spec in specs[2:]:
-            harness.parse_method(spec).config.resolve(depth)  # raises if invalid
-
-
-def _row(task, method, score, speedup, family="lazy", base=1.0):
-    return dict(task=task, length=512, method=method, family=family, score=score,
-                baseline_score=base, ttft_speedup=speedup, ttft_speedup_vs_full=speedup,
-                predicted_ttft_speedup_vs_full=None, prompt_tokens_computed_pct=50.0)
-
-
-def test_select_schedule():
-    summary = [
-        _row("passkey", "mlx-lm", 1.0, 1.0, family="mlx-lm"),
-        _row("passkey", "fast-bad", 0.5, 3.0),
-        _row("passkey", "good", 1.0, 1.5),
-        _row("passkey", "slow-good", 1.0, 1.2),
-        _row("passkey", "speed", 1.0, 2.0, family="speed"),
-        _row("kv", "mlx-lm", 0.2, 1.0, family="mlx-lm", base=0.2),  # baseline fails: ignored
-        _row("kv", "good", 0.0, 1.5, base=0.2),
-    ]
-    sel = harness.select_schedule(summary, max_loss=0.01, min_baseline=0.8)
-    assert sel["cells_used"] == ["passkey@512"]
-    assert sel["chosen"]["method"] == "good"  # fastest lazy schedule without loss
-    assert [p["method"] for p in sel["ranking"]][:2] == ["fast-bad", "speed"]
-    assert harness.select_schedule(summary[:2])["chosen"] is None
+def test_named_methods_and_depth_fractions():
+    lazy4 = harness.parse_method("lazy-4", 30).config
+    assert lazy4.prune_layers == (5, 11, 17, 23) and lazy4.keep == (0.6, 0.4, 0.25, 0.15)
+    # On a 4-layer model the fractions collide and are clamped below the last layer.
+    shallow = harness.parse_method("lazy-4", 4).config
+    assert shallow.prune_layers == (0, 1, 2) and len(shallow.keep) == 3
+    shallow.resolve(4)
+    for name in harness.NAMED_METHODS:
+        harness.parse_method(name, 30).config.resolve(30)
+    with pytest.raises(ValueError, match="depth is needed"):
+        harness.parse_method("lazy:at=0.5:keep=0.3")
+    w = harness.parse_method("lazy:scorer=window:window=16:heads=max").config
+    assert (w.scorer, w.window, w.heads) == ("window", 16, "max")
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -203,17 +187,6 @@ def test_quick_end_to_end(tiny_model_path, tmp_path):
     assert lazy["prompt_tokens_computed_pct"] < 100 and lazy["kv_bytes"] < base[0]["kv_bytes"]
     table = (out / "table.md").read_text()
     assert "Table 1" in table and "Table 2" in table and "| all | lazy |" in table
-
-
-def test_sweep_end_to_end(tiny_model_path, tmp_path):
-    out = tmp_path / "sweep"
-    assert main(["--sweep", "--quick", "--model", str(tiny_model_path), "--tasks", "passkey",
-                 "--lengths", "400", "--samples", "1", "--max-tokens", "3", "--min-baseline",
-                 "0", "--out", str(out), "--no-progress"]) == 0
-    data = json.loads((out / "results.json").read_text())
-    assert data["selection"]["ranking"] and "criterion" in data["selection"]
-    assert (out / "sweep_heatmap.png").stat().st_size > 0
-    assert "## Calibration" in (out / "table.md").read_text()
 
 
 def test_cli_errors_are_one_line(tiny_model_path, tmp_path, capsys):

@@ -1,10 +1,11 @@
-"""``python -m mlx_lazy.bench``: accuracy vs time-to-first-token benchmark and calibration.
+"""``python -m mlx_lazy.bench``: accuracy vs time-to-first-token benchmark.
+
+Calibrating a schedule is ``python -m mlx_lazy.calibrate`` (:mod:`mlx_lazy.bench.calibrate`).
 
 Examples::
 
     python -m mlx_lazy.bench --quick --out /tmp/bench           # < 10 min on 2 CPU cores
     python -m mlx_lazy.bench --lengths 512,1024,2048 --samples 10 --methods mlx-lm,full,lazy
-    python -m mlx_lazy.bench --sweep --lengths 512,768 --samples 4 --out /tmp/sweep
 
 Writes ``results.json``, ``table.md`` and the PNG plots into ``--out``.
 """
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
+from .harness import parse_methods
 from .tasks import QUICK_TASKS, TASKS
 
 
@@ -38,9 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help=f"short run: tasks {','.join(QUICK_TASKS)}, lengths 512,1024, 2 samples, "
                    "10-token answers (explicit options still override)")
-    p.add_argument("--sweep", action="store_true",
-                   help="calibration: single-layer (position x keep) and progressive LazyLLM "
-                   "schedules; picks the largest TTFT speedup at <= --max-loss accuracy loss")
     p.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
     p.add_argument("--model", default=None,
                    help="model folder or Hugging Face id (default: SmolLM2-135M-Instruct)")
@@ -57,24 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="task generator seed (default 0)")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="generation budget per answer (default: each task's own, 12-40; quick 10)")
-    p.add_argument("--max-loss", type=float, default=0.01,
-                   help="sweep: max relative accuracy loss (default 0.01)")
-    p.add_argument("--min-baseline", type=float, default=0.8,
-                   help="sweep: only lengths where mlx-lm scores at least this (default 0.8)")
     p.add_argument("--time-limit", type=float, default=None,
                    help="seconds after which no new sample starts; results so far are written "
                    "(SIGTERM and Ctrl-C also stop cleanly after writing)")
     p.add_argument("--report", metavar="DIR", default=None,
-                   help="re-aggregate an existing DIR/results.json (tables, selection, plots) "
+                   help="re-aggregate an existing DIR/results.json (tables, plots) "
                    "without running anything")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
-
-
-def parse_methods(text: str) -> tuple[str, ...]:
-    """Split a --methods value on ';' if present, else on ',' (plain preset names)."""
-    sep = ";" if ";" in text else ","
-    return tuple(x.strip() for x in text.split(sep) if x.strip())
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -87,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import harness
 
     if args.report:
-        return report(Path(args.report), args.max_loss, args.min_baseline)
+        return report(Path(args.report))
 
     opts = dict(tasks=args.tasks, lengths=args.lengths, samples=args.samples,
                 methods=parse_methods(args.methods) if args.methods else None)
@@ -108,11 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     from .. import load
 
     model, tokenizer = load(cfg.model)
-    if args.sweep and args.methods is None:
-        cfg.methods = tuple(harness.sweep_methods(len(model.layers), quick=args.quick))
     try:
         for m in cfg.methods:
-            harness.parse_method(m)
+            harness.parse_method(m, len(model.layers))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -121,9 +108,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # e.g. a --lengths value too short for a task
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.sweep:
-        result.selection = harness.select_schedule(result.summary, args.max_loss,
-                                                   args.min_baseline)
     harness.write_results(result, cfg.out)
     return _write_reports(Path(cfg.out))
 
@@ -141,8 +125,8 @@ def _write_reports(out: Path) -> int:
     return 0
 
 
-def report(out: Path, max_loss: float, min_baseline: float) -> int:
-    """Re-aggregate a saved run (summary, selection when it was a sweep, table, plots)."""
+def report(out: Path) -> int:
+    """Re-aggregate a saved run (summary, table, plots)."""
     from . import harness
 
     if not (out / "results.json").is_file():
@@ -153,8 +137,6 @@ def report(out: Path, max_loss: float, min_baseline: float) -> int:
     result = harness.BenchResult(meta=data["meta"], samples=data["samples"], runs=runs,
                                  cost_model=data.get("cost_model"))
     result.summary = harness.summarize(runs)
-    if data.get("selection"):
-        result.selection = harness.select_schedule(result.summary, max_loss, min_baseline)
     harness.write_results(result, out)
     return _write_reports(out)
 

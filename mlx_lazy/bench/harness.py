@@ -14,8 +14,10 @@ Methods are written as strings (see :func:`parse_method`):
 - a preset name of :class:`mlx_lazy.PruningConfig` (``full``, ``lazy``, ``speed``,
   ``lazy+speed``, ``static``, ``random``);
 - a preset with overrides: ``lazy:layers=6,12,18,24:keep=0.6,0.4,0.25,0.15``,
-  ``speed:cutoff=0.6``, ``random:keep=0.5:seed=1`` (``layers``/``cutoff`` are short for
-  ``prune_layers``/``speed_cutoff``; any other PruningConfig field name works too).
+  ``speed:cutoff=0.6``, ``random:keep=0.5:seed=1``, ``lazy:scorer=window:window=8``
+  (``layers``/``cutoff`` are short for ``prune_layers``/``speed_cutoff``; ``at=`` gives the
+  cuts as fractions of the depth; any other PruningConfig field name works too);
+- a name of :data:`NAMED_METHODS` (``lazy-4``, ``lazy-norevive``, ...).
 """
 
 from __future__ import annotations
@@ -42,6 +44,21 @@ BASELINE = "mlx-lm"
 FULL = "full"
 DEFAULT_METHODS: tuple[str, ...] = (BASELINE, FULL, "lazy", "speed", "lazy+speed", "static", "random")
 _ALIASES = {"layers": "prune_layers", "cutoff": "speed_cutoff"}
+#: Named methods, the one registry both benchmarks read: name -> method string. ``at=`` gives
+#: cuts as fractions of the depth (fraction f cuts after layer round(f·depth) − 1, as the
+#: presets), so each fits any model.
+NAMED_METHODS: dict[str, str] = {
+    # The preset without revival: decode re-selects only among tokens that have KV.
+    "lazy-norevive": "lazy:revive=false",
+    # Four cuts after layers 5/11/17/23 of 30 keeping 60/40/25/15 % (48% of the token-layers).
+    "lazy-4": "lazy:at=0.2,0.4,0.6,0.8:keep=0.6,0.4,0.25,0.15",
+    # Two cuts, after layers 9/19 of 30, keeping 50/25 %.
+    "lazy-2": "lazy:at=0.3333,0.6667:keep=0.5,0.25",
+    # Mild: two cuts after layers 11/20 of 30 keeping 70/50 %.
+    "lazy-mild": "lazy:at=0.4,0.7:keep=0.7,0.5",
+    # LazyLLM cuts after layers 5/11 of 30 keeping 60/40 %, then the SPEED cutoff at 75%.
+    "lazy-2+speed": "lazy+speed:at=0.2,0.4:keep=0.6,0.4:cutoff=0.75",
+}
 
 
 # ----------------------------------------------------------------------------------------
@@ -86,28 +103,30 @@ def _parse_value(text: str) -> Any:
     return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
-def parse_method(spec: str) -> Method:
-    """Build a :class:`Method` from ``name[:field=value[:field=value...]]``.
+def parse_method(spec: str, num_layers: int | None = None) -> Method:
+    """Build a :class:`Method` from ``name[:field=value[:field=value...]]`` or a name of
+    :data:`NAMED_METHODS`.
 
-    Single-element tuple fields accept a bare value (``keep=0.4`` means ``keep=(0.4,)``).
-    Raises ValueError naming the valid forms when the spec cannot be understood.
+    Single-element tuple fields accept a bare value (``keep=0.4`` means ``keep=(0.4,)``);
+    ``at=`` (cuts at depth fractions) needs ``num_layers``. Raises ValueError naming the valid
+    forms when the spec cannot be understood.
     """
     spec = spec.strip()
     if spec == BASELINE:
         return Method(BASELINE)
     from .. import PruningConfig
+    from ..schedule import layers_at
 
-    name, *overrides = spec.split(":")
+    name, *overrides = NAMED_METHODS.get(spec, spec).split(":")
     try:
         cfg = PruningConfig.preset(name)
     except (ValueError, KeyError) as exc:
         raise ValueError(
             f"unknown method {name!r} in {spec!r}: use 'mlx-lm', a PruningConfig preset "
-            "(full, lazy, speed, lazy+speed, static, random), optionally with overrides such "
-            "as 'lazy:layers=6,12:keep=0.6,0.4'"
+            f"(full, lazy, speed, lazy+speed, static, random), a named method "
+            f"({', '.join(NAMED_METHODS)}), optionally with overrides such as "
+            "'lazy:layers=6,12:keep=0.6,0.4'"
         ) from exc
-    if not overrides:
-        return Method(spec, cfg)
     kwargs: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
@@ -115,17 +134,27 @@ def parse_method(spec: str) -> Method:
         key, value = item.split("=", 1)
         key = _ALIASES.get(key, key)
         parsed = _parse_value(value)
-        if key in ("prune_layers", "keep") and not isinstance(parsed, tuple):
+        if key in ("prune_layers", "keep", "at") and not isinstance(parsed, tuple):
             parsed = (parsed,)
+        if key == "at":
+            if num_layers is None:
+                raise ValueError(f"{spec!r} gives cuts as depth fractions (at=): the model's "
+                                 "depth is needed")
+            key, parsed = "prune_layers", layers_at(parsed, num_layers)
         kwargs[key] = parsed
+    if "prune_layers" in kwargs and "keep" in kwargs:  # colliding depth fractions
+        kwargs["keep"] = kwargs["keep"][: len(kwargs["prune_layers"])]
     try:
-        if dataclasses.is_dataclass(cfg):
-            cfg = dataclasses.replace(cfg, **kwargs)
-        else:
-            cfg = PruningConfig(method=name, **kwargs)
+        cfg = dataclasses.replace(cfg, **kwargs)
     except TypeError as exc:
         raise ValueError(f"bad override in {spec!r}: {exc}") from exc
     return Method(spec, cfg)
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    """Split a list of method strings on ';' if present, else on ',' (plain names)."""
+    sep = ";" if ";" in text else ","
+    return tuple(x.strip() for x in text.split(sep) if x.strip())
 
 
 def lazy_spec(layers: Sequence[int], keep: Sequence[float]) -> str:
@@ -273,14 +302,12 @@ class BenchResult:
     runs: list[RunRecord]
     summary: list[dict[str, Any]] = field(default_factory=list)
     cost_model: dict[str, Any] | None = None
-    selection: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return {
             "meta": self.meta,
             "cost_model": self.cost_model,
-            "selection": self.selection,
             "summary": self.summary,
             "samples": self.samples,
             "runs": [dataclasses.asdict(r) for r in self.runs],
@@ -318,7 +345,7 @@ def run_bench(
         from .. import load
 
         model, tokenizer = load(cfg.model)
-    methods = [parse_method(m) for m in cfg.methods]
+    methods = [parse_method(m, len(model.layers)) for m in cfg.methods]
     if not any(m.is_baseline for m in methods):
         methods.insert(0, parse_method(BASELINE))
     suite = build_suite(tokenizer, cfg.tasks, cfg.lengths, cfg.samples, cfg.seed)
@@ -532,87 +559,6 @@ def _aggregate(rs: Sequence[RunRecord]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------
-# Calibration sweep
-
-
-def sweep_methods(n_layers: int, quick: bool = False) -> list[str]:
-    """Method strings for the calibration sweep on a model with ``n_layers`` layers.
-
-    Single cuts (position × keep) show which depth finds the answer; progressive
-    schedules (2-4 pruning layers with decreasing keep fractions, placed at fractions of
-    the depth like the library's presets) are the candidates for the library default.
-    """
-    L = n_layers
-
-    def at(frac: float) -> int:
-        return min(L - 2, max(0, round(frac * L) - 1))
-
-    fracs = (0.2, 0.5, 0.8) if quick else (0.2, 0.4, 0.6, 0.8)
-    keeps = (0.3, 0.6) if quick else (0.25, 0.5, 0.75)
-    single = [lazy_spec((at(f),), (k,)) for f in fracs for k in keeps]
-    grid = [
-        ((1 / 3, 2 / 3), (0.7, 0.4)),
-        ((1 / 3, 2 / 3), (0.5, 0.25)),
-        ((0.5, 0.75), (0.5, 0.3)),
-        ((0.2, 0.4, 0.6, 0.8), (0.8, 0.6, 0.45, 0.3)),
-        ((0.2, 0.4, 0.6, 0.8), (0.6, 0.4, 0.25, 0.15)),  # the library's initial preset
-    ]
-    progressive = []
-    for fracs_, keep in grid[::2] if quick else grid:
-        layers = sorted({at(f) for f in fracs_})
-        progressive.append(lazy_spec(layers, keep[: len(layers)]))
-    return [BASELINE, FULL, *dict.fromkeys(single + progressive)]
-
-
-def select_schedule(
-    summary: Sequence[dict[str, Any]],
-    max_loss: float = 0.01,
-    min_baseline: float = 0.8,
-    family: str = "lazy",
-) -> dict[str, Any]:
-    """The schedule with the largest TTFT speedup at ≤ ``max_loss`` relative accuracy loss.
-
-    Only (task, length) cells where the mlx-lm baseline scores ≥ ``min_baseline`` count;
-    scores and times are pooled over those cells (accuracy: mean score vs mean baseline
-    score; speedups: mean of the per-cell speedups). Returns the full ranking too.
-    """
-    good = {(r["task"], r["length"]) for r in summary
-            if r["task"] != "all" and r["method"] == BASELINE
-            and (r["score"] or 0) >= min_baseline}
-    cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in summary:
-        if (r["task"], r["length"]) in good:
-            cells[r["method"]].append(r)
-    ranking = []
-    for method, rows in cells.items():
-        base = _mean(r["baseline_score"] for r in rows)
-        score = _mean(r["score"] for r in rows)
-        ranking.append(dict(
-            method=method,
-            family=rows[0]["family"],
-            score=score,
-            baseline_score=base,
-            relative_accuracy_loss=(base - score) / base if base else None,
-            ttft_speedup=_mean(r["ttft_speedup"] for r in rows),
-            ttft_speedup_vs_full=_mean(r["ttft_speedup_vs_full"] for r in rows),
-            predicted_ttft_speedup_vs_full=_mean(r["predicted_ttft_speedup_vs_full"]
-                                                 for r in rows),
-            prompt_tokens_computed_pct=_mean(r["prompt_tokens_computed_pct"] for r in rows),
-        ))
-    ranking.sort(key=lambda p: -(p["ttft_speedup"] or 0))
-    ok = [p for p in ranking if p["family"] == family
-          and p["relative_accuracy_loss"] is not None and p["relative_accuracy_loss"] <= max_loss]
-    return {
-        "criterion": f"largest TTFT speedup vs mlx-lm among '{family}' schedules with "
-                     f"relative accuracy loss <= {max_loss:.0%}, pooled over the (task, length) "
-                     f"cells where the mlx-lm baseline scores >= {min_baseline:.0%}",
-        "cells_used": sorted(f"{t}@{n}" for t, n in good),
-        "chosen": ok[0] if ok else None,
-        "ranking": ranking,
-    }
-
-
-# ----------------------------------------------------------------------------------------
 # Output
 
 
@@ -711,25 +657,6 @@ def render_table(result: dict[str, Any]) -> str:
                 f"| {_fmt(r['generation_speedup'], '.2f', '×')} | "
                 f"{_fmt(r['tpot_speedup'], '.2f', '×')} | {_mib(r['kv_bytes'])} | "
                 f"{_mib(r['aux_bytes'])} | {_mib(r['peak_memory_bytes'])} |"
-            )
-        lines.append("")
-    sel = result.get("selection")
-    if sel:
-        lines += ["## Calibration", "", sel["criterion"] + ".",
-                  f"Cells used: {', '.join(sel['cells_used']) or 'none (the baseline failed everywhere)'}.",
-                  ""]
-        chosen = sel.get("chosen")
-        lines.append(f"**Chosen: `{chosen['method']}`**" if chosen else
-                     "**No schedule met the criterion.**")
-        lines += ["", "| Method | Score (mlx-lm → method) | Rel. loss | TTFT speedup vs mlx-lm "
-                  "| vs full | predicted vs full | % prompt computed |", "|---|---|---|---|---|---|---|"]
-        for p in sel["ranking"]:
-            lines.append(
-                f"| {p['method']} | {_fmt(p['baseline_score'])} → {_fmt(p['score'])} | "
-                f"{_fmt(p['relative_accuracy_loss'], '.1%')} | {_fmt(p['ttft_speedup'], '.2f', '×')} | "
-                f"{_fmt(p['ttft_speedup_vs_full'], '.2f', '×')} | "
-                f"{_fmt(p['predicted_ttft_speedup_vs_full'], '.2f', '×')} | "
-                f"{_fmt(p['prompt_tokens_computed_pct'], '.1f', '%')} |"
             )
         lines.append("")
     cm = result.get("cost_model")

@@ -2,9 +2,8 @@
 
 - ``pareto.png``: accuracy vs TTFT speedup over mlx-lm, one curve per method family
   (the line joins that family's Pareto-optimal points), one panel per prompt length.
-- ``sweep_heatmap.png``: accuracy (relative to the baseline) of single-layer LazyLLM
-  schedules, pruning layer position × keep fraction, annotated with the TTFT speedup.
-  Only when the results contain a ``--sweep``.
+- ``pareto.png`` of a calibration (:func:`plot_calibration`): relative accuracy with its
+  paired 95% interval against the predicted pruning gain, one colour per scorer.
 - ``token_usage.png``: % of prompt tokens computed (cumulative over the whole
   generation) in each layer stage (the layers split in four, as in the paper's Figure 7).
 """
@@ -78,44 +77,6 @@ def plot_pareto(result: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def plot_sweep_heatmap(result: dict[str, Any], path: Path) -> Path | None:
-    """Single-layer sweep: accuracy / baseline by (pruning layer, keep); None if no sweep."""
-    methods = result["meta"]["methods"]
-    cells: dict[tuple[int, float], list[tuple[float, float | None]]] = defaultdict(list)
-    for r in _all_rows(result):
-        sched = methods.get(r["method"], {})
-        layers, keep = sched.get("prune_layers"), sched.get("keep")
-        if r["family"] != "lazy" or not layers or len(layers) != 1 or not keep:
-            continue
-        base = r["baseline_score"]
-        rel = r["score"] / base if base else float("nan")
-        cells[(int(layers[0]), float(keep[0]))].append((rel, r["ttft_speedup"]))
-    if not cells:
-        return None
-    xs = sorted({k[0] for k in cells})
-    ys = sorted({k[1] for k in cells})
-    grid = [[float("nan")] * len(xs) for _ in ys]
-    fig, ax = plt.subplots(figsize=(1.1 * len(xs) + 2.5, 0.8 * len(ys) + 2))
-    for (x, y), vals in cells.items():
-        rel = statistics.fmean(v[0] for v in vals)
-        sp = [v[1] for v in vals if v[1] is not None]
-        i, j = ys.index(y), xs.index(x)
-        grid[i][j] = rel
-        label = f"{rel:.2f}" + (f"\n{statistics.fmean(sp):.2f}×" if sp else "")
-        ax.text(j, i, label, ha="center", va="center", fontsize=8)
-    im = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1.05, origin="lower", aspect="auto")
-    ax.set_xticks(range(len(xs)), [str(x) for x in xs])
-    ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
-    ax.set_xlabel("pruning layer (tokens scored by this layer's attention)")
-    ax.set_ylabel("keep fraction")
-    ax.set_title("single-layer LazyLLM: accuracy / baseline (TTFT speedup)")
-    fig.colorbar(im, ax=ax, label="accuracy relative to mlx-lm")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def stage_bounds(n_layers: int, n_stages: int = 4) -> list[tuple[int, int]]:
     """Split ``n_layers`` into ``n_stages`` contiguous [start, end) ranges."""
     edges = [round(i * n_layers / n_stages) for i in range(n_stages + 1)]
@@ -129,7 +90,7 @@ def plot_token_usage(result: dict[str, Any], path: Path, max_methods: int = 12) 
         if r.get("layer_usage_pct"):
             usage[r["method"]].append(r["layer_usage_pct"])
     methods = result["meta"]["methods"]
-    # Presets and progressive schedules first; single-layer sweep points only if room is left.
+    # Presets and progressive schedules first; single-layer schedules only if room is left.
     names = sorted(usage, key=lambda n: len(methods.get(n, {}).get("prune_layers") or ()) == 1)
     names = names[:max_methods]
     n_layers = result["meta"]["n_layers"]
@@ -161,6 +122,46 @@ def write_plots(result: dict[str, Any], out: str | Path) -> list[Path]:
     if not result["summary"]:
         return []
     paths = [plot_pareto(result, out / "pareto.png"),
-             plot_sweep_heatmap(result, out / "sweep_heatmap.png"),
              plot_token_usage(result, out / "token_usage.png")]
-    return [p for p in paths if p is not None]
+    return paths
+
+
+def plot_calibration(doc: dict[str, Any], cells: list[str], path: Path) -> Path:
+    """Calibration candidates: relative accuracy (1 − paired relative loss, 95% bootstrap
+    interval) against the predicted pruning gain, one colour per scorer, marker size by
+    samples per cell."""
+    from .calibrate import candidate_rows
+
+    rows = candidate_rows(doc, cells)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    scorers = sorted({_scorer_label(r["config"]) for r in rows})
+    cmap = plt.get_cmap("tab10")
+    for i, label in enumerate(scorers):
+        mine = [r for r in rows if _scorer_label(r["config"]) == label]
+        x = [r["gain"] for r in mine]
+        y = [1 - r["paired"].rel_loss for r in mine]
+        err = [[r["paired"].rel_loss_ci[1] - r["paired"].rel_loss for r in mine],
+               [r["paired"].rel_loss - r["paired"].rel_loss_ci[0] for r in mine]]
+        ax.errorbar(x, y, yerr=err, fmt="none", ecolor=cmap(i), alpha=0.4)
+        ax.scatter(x, y, s=[8 + r["n"] for r in mine], color=cmap(i), label=label)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xlabel("predicted pruning gain at the gain length (our full prefill / pruned)")
+    ax.set_ylabel("accuracy relative to full (paired)")
+    ax.set_title(f"calibration ({', '.join(cells)}); marker size: samples per cell")
+    if rows:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _scorer_label(config: dict[str, Any]) -> str:
+    label = config.get("scorer", "last")
+    if config.get("window"):
+        label += f" {config['window']}"
+    if config.get("heads", "mean") != "mean":
+        label += f" {config['heads']}"
+    if config.get("pool"):
+        label += f" pool {config['pool']}"
+    return label

@@ -18,7 +18,8 @@ What one run does, in one process:
    * ``mlx-lm``: ``mlx_lm.stream_generate`` (its own prefill and decode loop, default
      settings, its own KV cache);
    * ``full``: ``mlx_lazy.stream_generate`` with ``PruningConfig("full")`` (our unpruned path);
-   * every schedule of ``--schedules`` (see :data:`SCHEDULES`).
+   * every schedule of ``--schedules``: method strings or named methods (see
+     :func:`mlx_lazy.bench.harness.parse_method`).
 
    It also runs ``full`` at each smaller length of ``--lengths``: the cost model
    (:mod:`mlx_lazy.bench.costmodel`) is fitted on all ``full`` runs (≥ 3 lengths) and predicts
@@ -91,6 +92,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from mlx_lazy import LazyEngine, PruningConfig, load
+from mlx_lazy.bench.harness import NAMED_METHODS, parse_method, parse_methods
 from mlx_lazy import stream_generate as lazy_stream_generate
 from mlx_lazy import _blas
 
@@ -102,7 +104,6 @@ from mlx_lazy.bench.costmodel import CostModel
 from mlx_lazy.bench.tasks import prose_sentences
 
 __all__ = [
-    "SCHEDULES",
     "DEFAULT_SCHEDULES",
     "RunResult",
     "schedule_config",
@@ -124,58 +125,18 @@ FULL = "full"
 SHORT_ANSWER = 16
 
 
-def _layers_at(fractions: Sequence[float], num_layers: int) -> tuple[int, ...]:
-    """Pruning layers at fractions of the depth, as ``PruningConfig.resolve`` places presets."""
-    return tuple(sorted({max(0, round(f * num_layers) - 1) for f in fractions}))
-
-
-def _lazy(fractions: Sequence[float], keep: Sequence[float],
-          speed_cutoff: Optional[float] = None) -> Callable[[int], PruningConfig]:
-    """A LazyLLM schedule cutting at fractions of the depth with the given keep fractions
-    (with a SPEED cutoff: the ``lazy+speed`` method)."""
-
-    def make(num_layers: int) -> PruningConfig:
-        layers = _layers_at(fractions, num_layers)
-        if speed_cutoff is None:
-            return PruningConfig(method="lazy", prune_layers=layers, keep=tuple(keep[: len(layers)]))
-        return PruningConfig(method="lazy+speed", prune_layers=layers,
-                             keep=tuple(keep[: len(layers)]), speed_cutoff=speed_cutoff)
-
-    return make
-
-
-#: Named schedules: name -> (model depth -> PruningConfig). ``lazy``, ``speed``, ``lazy+speed``
-#: and ``static`` are the library presets as they are when the benchmark runs (the JSON records
-#: each resolved schedule); the others are pinned here, with layer positions as fractions of the
-#: depth (placed like the presets: fraction f -> layer round(f * depth) - 1) so that every
-#: schedule also fits the tiny test models.
-SCHEDULES: dict[str, Callable[[int], PruningConfig]] = {
-    FULL: lambda L: PruningConfig.preset("full"),
-    "lazy": lambda L: PruningConfig.preset("lazy"),
-    # The preset without revival: decode re-selects only among tokens that have KV.
-    "lazy-norevive": lambda L: PruningConfig.preset("lazy", revive=False),
-    # Four cuts after layers 5/11/17/23 of 30 keeping 60/40/25/15 % (48% of the token-layers).
-    "lazy-4": _lazy((0.2, 0.4, 0.6, 0.8), (0.6, 0.4, 0.25, 0.15)),
-    # Two cuts, after layers 9/19 of 30, keeping 50/25 %.
-    "lazy-2": _lazy((1 / 3, 2 / 3), (0.5, 0.25)),
-    # Mild: two cuts after layers 11/20 of 30 keeping 70/50 %.
-    "lazy-mild": _lazy((0.4, 0.7), (0.7, 0.5)),
-    # SPEED at 75% of the depth (prompt KV only in layers 0..21 of 30), anchor = first token.
-    "speed": lambda L: PruningConfig.preset("speed"),
-    "lazy+speed": lambda L: PruningConfig.preset("lazy+speed"),
-    # LazyLLM cuts after layers 5/11 of 30 keeping 60/40 %, then the SPEED cutoff at 75%.
-    "lazy-2+speed": _lazy((0.2, 0.4), (0.6, 0.4), speed_cutoff=0.75),
-    # Static pruning (the preset: once in prefill, never revived).
-    "static": lambda L: PruningConfig.preset("static"),
-}
+#: Schedules run by default besides mlx-lm and ``full``: method strings or names of the
+#: benchmarks' one registry, :data:`mlx_lazy.bench.harness.NAMED_METHODS`.
 DEFAULT_SCHEDULES = ("lazy", "lazy-4", "lazy-2", "speed", "lazy+speed", "lazy-2+speed")
 
 
 def schedule_config(name: str, num_layers: int) -> PruningConfig:
-    """The :class:`PruningConfig` of a named schedule for a model of ``num_layers`` layers."""
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")
-    return SCHEDULES[name](num_layers)
+    """The :class:`PruningConfig` of a method string or named method for a model of
+    ``num_layers`` layers (see :func:`mlx_lazy.bench.harness.parse_method`)."""
+    method = parse_method(name, num_layers)
+    if method.is_baseline:
+        raise ValueError(f"{name!r} is the baseline, not a schedule of our engine")
+    return method.config
 
 
 def build_prompt(tokenizer: Any, n_tokens: int) -> list[int]:
@@ -719,8 +680,9 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=32, help="tokens generated per run (default 32)")
     p.add_argument("--repeats", type=int, default=3, help="repeats of every run (default 3)")
     p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
-                   help=f"comma-separated schedules besides mlx-lm and full; known: {', '.join(SCHEDULES)} "
-                        f"(default {','.join(DEFAULT_SCHEDULES)})")
+                   help="schedules besides mlx-lm and full: presets, named methods "
+                        f"({', '.join(NAMED_METHODS)}) or method strings, separated by ',' "
+                        f"(';' when a method string has commas; default {','.join(DEFAULT_SCHEDULES)})")
     p.add_argument("--out", type=Path, default=None, help="write the JSON result here")
     p.add_argument("--decode-interleaved", type=int, default=0, metavar="STEPS",
                    help="instead of the generation benchmark: prefill every method once at the largest "
@@ -750,10 +712,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         print(markdown_table(result))
         return result
     model, tokenizer = load(args.model)
-    schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
+    schedules = parse_methods(args.schedules)
     for s in schedules:
-        if s not in SCHEDULES and s != MLX_LM:
-            raise SystemExit(f"unknown schedule {s!r}; choose from {', '.join(SCHEDULES)}")
+        if s != MLX_LM:
+            try:
+                schedule_config(s, _num_layers(model))
+            except ValueError as e:
+                raise SystemExit(f"error: {e}") from None
     info = machine_info(model, argv)
     if info["model_dtypes"] != ["float32"]:
         print(f"note: model weights are {info['model_dtypes']}, not float32", file=sys.stderr)

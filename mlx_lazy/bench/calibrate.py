@@ -1,0 +1,451 @@
+"""Calibrate a LazyLLM schedule for one model: ``python -m mlx_lazy.calibrate``.
+
+1. **Cells.** The offline tasks at each ``--lengths`` value. The unpruned path (``full``) runs
+   on the first ``--pilot`` samples of each cell; only cells where it scores ≥ ``--min-base``
+   (0.8) are used, since a loss is only measurable where the model can do the task.
+2. **Candidates.** Scorers × cut schedules (cuts at fractions of the depth, keep fractions),
+   ranked by the pruning gain (our unpruned prefill ÷ the pruned one) that the cost model
+   predicts at ``--gain-length`` tokens from the schedule alone, so ranking needs no timing
+   on a busy machine.
+3. **Successive halving.** Every candidate runs on the first ``rungs[0]`` samples of each
+   cell; those within the loss allowance go on, the best predicted gains first and at most
+   ``--keep-per-rung`` of them, to ``rungs[1]`` samples, and so on. The last rung (≥ 50
+   samples per cell) confirms: the chosen schedule is the highest-gain candidate whose
+   paired relative loss against ``full`` pooled over the cells is ≤ ``--max-loss``.
+4. **Evidence.** Per cell and pooled: paired lost/won counts, Wilson intervals, a paired
+   bootstrap interval of the relative loss; teacher-forced agreement with ``full`` along
+   natural text; predicted and (unless ``--no-measure``) measured gain at ``--gain-length``.
+
+Writes into ``--out``: ``results.json`` (every run, rewritten after each rung, so a
+``--time-limit`` or an interrupt keeps what was measured), ``report.md``, ``pareto.png``
+and, only when a candidate was confirmed, ``schedule.json`` (load it with ``--schedule``,
+``PruningConfig.from_file``, or copy it into the model folder as ``mlx_lazy_schedule.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
+from .. import PruningConfig, load
+from ..adapter import ModelAdapter
+from ..errors import UserInputError
+from ..schedule import layers_at, write_schedule
+from . import fidelity, stats
+from .costmodel import predicted_counts, prior
+from .harness import Method, run_one
+from .tasks import TASKS, build_samples
+
+import mlx.core as mx  # noqa: E402
+
+#: Scorers tried (PruningConfig fields).
+SCORER_GRID: tuple[dict[str, Any], ...] = (
+    dict(scorer="last"),
+    dict(scorer="window", window=8),
+    dict(scorer="window", window=16),
+    dict(scorer="window", window=8, pool=2),
+    dict(scorer="window", window=8, heads="max"),
+)
+#: Cut schedules tried: (depth fractions, keep fractions). The last is the uncalibrated preset.
+CUT_GRID: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] = (
+    ((0.2, 0.4, 0.6, 0.8), (0.6, 0.4, 0.25, 0.15)),
+    ((0.25, 0.5), (0.5, 0.3)),
+    ((1 / 3, 2 / 3), (0.5, 0.25)),
+    ((0.4, 0.7), (0.4, 0.2)),
+    ((0.5, 0.75), (0.3, 0.15)),
+    ((0.6, 0.8), (0.3, 0.15)),
+    ((0.7, 0.85), (0.25, 0.15)),
+)
+DEFAULT_TASKS = ("passkey", "niah_single", "niah_multikey")
+
+
+@dataclass
+class Candidate:
+    """One schedule under test."""
+
+    name: str
+    config: PruningConfig
+    predicted_gain: float
+    token_layers_pct: float
+    scores: dict[str, list[float]] = field(default_factory=dict)  # cell -> per-sample scores
+    rung: int = 0  # last rung it was evaluated at
+    dropped_at: Optional[int] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["config"] = _config_dict(self.config)
+        return d
+
+
+def candidates(model: Any, gain_length: int,
+               scorer_grid: Sequence[dict[str, Any]] = SCORER_GRID,
+               cut_grid: Sequence[tuple[tuple[float, ...], tuple[float, ...]]] = CUT_GRID
+               ) -> list[Candidate]:
+    """Every scorer × cut schedule for ``model``, best predicted gain first."""
+    n_layers = len(model.layers)
+    cost = prior(model)
+    full = PruningConfig("full").resolve(n_layers)
+    full_counts = predicted_counts(full, gain_length)
+    full_t = cost.predict(full_counts)
+    out = []
+    for fracs, keep in cut_grid:
+        layers = layers_at(fracs, n_layers)
+        for fields_ in scorer_grid:
+            config = PruningConfig("lazy", prune_layers=layers, keep=keep[: len(layers)],
+                                   **fields_)
+            sched = config.resolve(n_layers)
+            c = predicted_counts(sched, gain_length, forced=2 + (sched.window or 0))
+            out.append(Candidate(
+                name=_name(config), config=config, predicted_gain=full_t / cost.predict(c),
+                token_layers_pct=100 * c.token_layers / full_counts.token_layers))
+    unique = {c.name: c for c in out}  # on shallow models cut positions may collide
+    return sorted(unique.values(), key=lambda c: -c.predicted_gain)
+
+
+def _name(config: PruningConfig) -> str:
+    """A method string in the benchmarks' syntax (``lazy:layers=..:keep=..:scorer=..``)."""
+    parts = ["lazy", "layers=" + ",".join(map(str, config.prune_layers)),
+             "keep=" + ",".join(f"{k:g}" for k in config.keep)]
+    for f in ("scorer", "window", "heads", "pool"):
+        v = getattr(config, f)
+        if v not in (None, 0):
+            parts.append(f"{f}={v}")
+    return ":".join(parts)
+
+
+def _scorer_spec(fields_: dict[str, Any]) -> str:
+    return ":".join([fields_["scorer"]] + [f"{k}={v}" for k, v in fields_.items() if k != "scorer"])
+
+
+def _config_dict(config: PruningConfig) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()
+            if v is not None}
+
+
+@dataclass
+class Calibration:
+    """Options of one calibration (the command's flags)."""
+
+    model: Optional[str] = None
+    out: str = "calibration"
+    tasks: tuple[str, ...] = DEFAULT_TASKS
+    lengths: tuple[int, ...] = (1024,)
+    rungs: tuple[int, ...] = (6, 20, 50)
+    keep_per_rung: tuple[int, ...] = (8, 3)
+    pilot: int = 10
+    min_base: float = 0.8
+    max_loss: float = 0.01
+    gain_length: int = 4096
+    scorers: tuple[dict[str, Any], ...] = SCORER_GRID
+    agreement_prompts: int = 8
+    agreement_steps: int = 32
+    measure: bool = True
+    time_limit_s: Optional[float] = None
+    seed: int = 0
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+def run(cal: Calibration) -> dict[str, Any]:
+    """Calibrate; write the outputs into ``cal.out``; return the results document."""
+    start = time.monotonic()
+    out = Path(cal.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load(cal.model)
+    fingerprint = ModelAdapter(model).fingerprint()
+    n_max = max(cal.rungs)
+    samples = {f"{t}@{n}": build_samples(tokenizer, t, n, n_max, cal.seed)
+               for t in cal.tasks for n in cal.lengths}
+    doc: dict[str, Any] = {"options": asdict(cal), "fingerprint": fingerprint, "cells": {},
+                           "full": {}, "candidates": [], "chosen": None, "complete": False}
+
+    def check_time() -> None:
+        if cal.time_limit_s is not None and time.monotonic() - start > cal.time_limit_s:
+            raise _OutOfTime
+
+    def score(config: Optional[PruningConfig], cell: str, i: int) -> float:
+        check_time()
+        method = Method("full" if config is None else _name(config), config or PruningConfig())
+        return run_one(model, tokenizer, method, samples[cell][i]).score
+
+    full: dict[str, list[float]] = {}
+
+    def full_scores(cell: str, n: int) -> list[float]:
+        have = full.setdefault(cell, [])
+        while len(have) < n:
+            have.append(score(None, cell, len(have)))
+        return have[:n]
+
+    cands = candidates(model, cal.gain_length, cal.scorers)
+    doc["candidates"] = cands
+    try:
+        # 1. cells where the unpruned path can do the task
+        for cell in samples:
+            base = full_scores(cell, cal.pilot)
+            doc["cells"][cell] = {"pilot_base": sum(base) / len(base),
+                                  "used": sum(base) / len(base) >= cal.min_base}
+            _log(f"pilot {cell}: full {sum(base):.0f}/{len(base)}")
+        cells = [c for c, v in doc["cells"].items() if v["used"]]
+        if not cells:
+            raise UserInputError(
+                f"full scores < {cal.min_base:.0%} on every cell; choose shorter --lengths or "
+                "other --tasks where this model can do the task")
+        # 2-3. successive halving
+        alive = list(cands)
+        for r, n in enumerate(cal.rungs):
+            for cand in alive:
+                for cell in cells:
+                    have = cand.scores.setdefault(cell, [])
+                    while len(have) < n:
+                        have.append(score(cand.config, cell, len(have)))
+                cand.rung = r
+                p = _pooled(full_scores, cand, cells, n)
+                _log(f"rung {r} n={n} {cand.name}: gain {cand.predicted_gain:.2f}x "
+                     f"lost {p.lost} won {p.won} rel loss {p.rel_loss:+.3f}")
+            passing = [c for c in alive
+                       if _within(_pooled(full_scores, c, cells, n), cal.max_loss, last=r == len(cal.rungs) - 1)]
+            for c in alive:
+                if c not in passing:
+                    c.dropped_at = r
+            if r < len(cal.keep_per_rung):
+                for c in passing[cal.keep_per_rung[r]:]:
+                    c.dropped_at = r
+                passing = passing[: cal.keep_per_rung[r]]
+            alive = passing
+            _write(out, doc, full, cells)
+            if not alive:
+                break
+        doc["complete"] = True
+    except (_OutOfTime, KeyboardInterrupt):
+        _log("stopped (time limit or interrupt): writing what was measured")
+    cells = [c for c, v in doc["cells"].items() if v["used"]]
+    confirmed = [c for c in cands if c.rung == len(cal.rungs) - 1 and c.dropped_at is None
+                 and doc["complete"]]
+    if confirmed:
+        chosen = confirmed[0]
+        evidence = _evidence(model, tokenizer, cal, chosen, full_scores, cells)
+        doc["chosen"] = {"name": chosen.name, **evidence}
+        write_schedule(out / "schedule.json", chosen.config, fingerprint, evidence,
+                       model_name=str(cal.model or "default"))
+        _log(f"chosen: {chosen.name}, wrote {out / 'schedule.json'}")
+    else:
+        _log("no candidate confirmed: no schedule written")
+    _write(out, doc, full, cells)
+    return json.loads((out / "results.json").read_text())
+
+
+def _pooled(full_scores, cand: Candidate, cells: Sequence[str], n: int) -> stats.Paired:
+    base = [s for c in cells for s in full_scores(c, n)]
+    mine = [s for c in cells for s in cand.scores[c][:n]]
+    return stats.paired(base, mine)
+
+
+def _within(p: stats.Paired, max_loss: float, last: bool) -> bool:
+    """The loss allowance: at the last rung the pooled relative loss ≤ ``max_loss``; before
+    it, one more net lost answer than that allows (few samples only rank candidates)."""
+    allowed = max_loss * p.base * p.n + (0 if last else 1)
+    return p.lost - p.won <= allowed
+
+
+def _evidence(model: Any, tokenizer: Any, cal: Calibration, cand: Candidate, full_scores,
+              cells: Sequence[str]) -> dict[str, Any]:
+    n = max(cal.rungs)
+    per_cell = {c: stats.paired(full_scores(c, n), cand.scores[c][:n]).as_dict() for c in cells}
+    ev: dict[str, Any] = {
+        "samples_per_cell": n,
+        "cells": per_cell,
+        "pooled": _pooled(full_scores, cand, cells, n).as_dict(),
+        "max_loss": cal.max_loss,
+        "predicted_gain": cand.predicted_gain,
+        "gain_length": cal.gain_length,
+        "token_layers_pct": cand.token_layers_pct,
+    }
+    hits: list[bool] = []
+    for i in range(cal.agreement_prompts):
+        prompt = fidelity.prose_prompt(tokenizer, max(cal.lengths), offset=37 * i)
+        ref = fidelity.greedy_tokens(model, prompt, cal.agreement_steps)
+        hits += fidelity.agreement(model, cand.config, prompt, ref)
+    ev["teacher_forced_agreement"] = {"steps": len(hits), "agree": sum(hits),
+                                      "rate": sum(hits) / len(hits) if hits else None,
+                                      "ci": stats.wilson(sum(hits), len(hits)),
+                                      "prompt_tokens": max(cal.lengths)}
+    if cal.measure:
+        ev["measured_gain"] = measure_gain(model, tokenizer, cand.config, cal.gain_length)
+    return ev
+
+
+def measure_gain(model: Any, tokenizer: Any, config: PruningConfig, n_tokens: int,
+                 repeats: int = 1) -> dict[str, Any]:
+    """Prefill time of ``full`` ÷ that of ``config`` on an ``n_tokens`` prose prompt,
+    measured side by side (alternating, after ``mx.eval``)."""
+    from .. import LazyEngine
+
+    prompt = mx.array(fidelity.prose_prompt(tokenizer, n_tokens))
+    times: dict[str, list[float]] = {"full": [], "pruned": []}
+    for _ in range(repeats):
+        for name, cfg in (("full", None), ("pruned", config)):
+            engine = LazyEngine(model, cfg)
+            tic = time.perf_counter()
+            mx.eval(engine.prefill(prompt))
+            times[name].append(time.perf_counter() - tic)
+    ratios = [f / p for f, p in zip(times["full"], times["pruned"])]
+    return {"prompt_tokens": n_tokens, "full_s": times["full"], "pruned_s": times["pruned"],
+            "gain": sorted(ratios)[len(ratios) // 2]}
+
+
+def _write(out: Path, doc: dict[str, Any], full: dict[str, list[float]],
+           cells: Sequence[str]) -> None:
+    doc = dict(doc, full=full, candidates=[c.as_dict() for c in doc["candidates"]])
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=_json_default))
+    (out / "report.md").write_text(report(doc, cells))
+    try:
+        from .plots import plot_calibration
+
+        plot_calibration(doc, cells, out / "pareto.png")
+    except ImportError:  # matplotlib missing: the table is enough
+        pass
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, tuple):
+        return list(o)
+    raise TypeError(type(o).__name__)
+
+
+def candidate_rows(doc: dict[str, Any], cells: Sequence[str]) -> list[dict[str, Any]]:
+    """Per candidate at the largest sample count it reached: pooled paired statistics."""
+    rows = []
+    for c in doc["candidates"]:
+        c = c if isinstance(c, dict) else c.as_dict()
+        n = min((len(c["scores"].get(cell, [])) for cell in cells), default=0)
+        if n == 0:
+            continue
+        base = [s for cell in cells for s in doc["full"][cell][:n]]
+        mine = [s for cell in cells for s in c["scores"][cell][:n]]
+        rows.append(dict(name=c["name"], config=c["config"], gain=c["predicted_gain"],
+                         token_layers_pct=c["token_layers_pct"], n=n,
+                         dropped_at=c["dropped_at"], paired=stats.paired(base, mine)))
+    return rows
+
+
+def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
+    """The markdown report: cells, every candidate's pooled paired result, the choice."""
+    lines = ["# Calibration", "", f"Model fingerprint: `{json.dumps(doc['fingerprint'])}`", "",
+             "| cell | full, pilot | used |", "|---|---|---|"]
+    for cell, v in doc["cells"].items():
+        lines.append(f"| {cell} | {v['pilot_base']:.2f} | {'yes' if v['used'] else 'no'} |")
+    lines += ["", "| candidate | predicted gain | token-layers % | samples/cell | full | method "
+              "(95% CI) | lost / won | relative loss (95% CI) | dropped at rung |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(candidate_rows(doc, cells), key=lambda r: -r["gain"]):
+        p = r["paired"]
+        lines.append(
+            f"| `{r['name']}` | {r['gain']:.2f}x | {r['token_layers_pct']:.0f} | {r['n']} | "
+            f"{p.base:.3f} | {p.score:.3f} ({p.score_ci[0]:.2f}-{p.score_ci[1]:.2f}) | "
+            f"{p.lost} / {p.won} | {p.rel_loss:+.3f} ({p.rel_loss_ci[0]:+.3f} to "
+            f"{p.rel_loss_ci[1]:+.3f}) | {'-' if r['dropped_at'] is None else r['dropped_at']} |")
+    chosen = doc.get("chosen")
+    lines += ["", f"Chosen: `{chosen['name']}`" if chosen else "Chosen: none confirmed"]
+    if chosen:
+        lines.append("")
+        lines.append("```json\n" + json.dumps(chosen, indent=1, default=_json_default) + "\n```")
+    return "\n".join(lines) + "\n"
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
+            from None
+
+
+def parse_scorer(spec: str) -> dict[str, Any]:
+    """``window:window=8:pool=2`` -> ``dict(scorer="window", window=8, pool=2)``."""
+    name, *items = spec.strip().split(":")
+    out: dict[str, Any] = {"scorer": name}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"bad scorer field {item!r} in {spec!r}: "
+                                             "expected field=value")
+        out[key] = int(value) if value.isdigit() else value
+    try:
+        PruningConfig("lazy", **out).resolve(30)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"bad scorer {spec!r}: {e}") from None
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options."""
+    p = argparse.ArgumentParser(prog="python -m mlx_lazy.calibrate",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="model folder or name (default SmolLM2)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
+                   help=f"comma-separated tasks ({','.join(TASKS)})")
+    p.add_argument("--lengths", type=_ints, default=(1024,), help="prompt lengths, e.g. 768,1024")
+    p.add_argument("--rungs", type=_ints, default=(6, 20, 50),
+                   help="samples per cell at each rung of successive halving; the last confirms")
+    p.add_argument("--keep-per-rung", type=_ints, default=(8, 3),
+                   help="most candidates kept after each rung but the last")
+    p.add_argument("--pilot", type=int, default=10, help="full-path samples per cell to pick cells")
+    p.add_argument("--min-base", type=float, default=0.8, help="least full-path score of a cell")
+    p.add_argument("--max-loss", type=float, default=0.01, help="largest relative accuracy loss")
+    p.add_argument("--gain-length", type=int, default=4096,
+                   help="prompt tokens at which the pruning gain is predicted and measured")
+    p.add_argument("--scorers", type=lambda t: tuple(parse_scorer(x) for x in t.split(",")),
+                   default=SCORER_GRID, help="scorers to try, e.g. last,window:window=8:pool=2 "
+                   "(default: " + ",".join(_scorer_spec(f) for f in SCORER_GRID) + ")")
+    p.add_argument("--no-measure", action="store_true", help="do not time the chosen schedule")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds; stop starting runs after it and write what was measured")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    bad = [t for t in tasks if t not in TASKS]
+    if bad or not args.lengths or not args.rungs or max(args.rungs) < 50 \
+            or not 0 <= args.max_loss < 1:
+        why = (f"unknown task {bad[0]!r} (choose from {', '.join(TASKS)})" if bad else
+               "the last rung must have >= 50 samples per cell (claims need them)"
+               if args.rungs and max(args.rungs) < 50 else
+               "--max-loss must be in [0, 1)" if not 0 <= args.max_loss < 1 else
+               "--lengths and --rungs need at least one value")
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    cal = Calibration(model=args.model, out=args.out, tasks=tasks, lengths=args.lengths,
+                      rungs=args.rungs, keep_per_rung=args.keep_per_rung, pilot=args.pilot,
+                      min_base=args.min_base, max_loss=args.max_loss,
+                      gain_length=args.gain_length, scorers=args.scorers,
+                      measure=not args.no_measure,
+                      time_limit_s=args.time_limit)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`: keep results
+    try:
+        doc = run(cal)
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print((Path(cal.out) / "report.md").read_text())
+    return 0 if doc.get("chosen") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Calibration mechanics, schedule files (round trip, bad input) and where a schedule comes
+from (preset, user, calibrated)."""
+
+import json
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_lazy import LazyEngine, PruningConfig, UserInputError, load
+from mlx_lazy.adapter import ModelAdapter
+from mlx_lazy.bench import stats
+from mlx_lazy.bench.calibrate import Calibration, candidates, main, run
+from mlx_lazy.schedule import MODEL_SCHEDULE_FILE, write_schedule
+
+
+def kept_positions(model, config, prompt):
+    engine = LazyEngine(model, config)
+    mx.eval(engine.prefill(prompt))
+    return [engine.cache.layers[l].cached_positions().tolist() for l in range(len(model.layers))]
+
+
+def tiny_calibration(path, out, **kw):
+    opts = dict(model=str(path), out=str(out), tasks=("passkey",), lengths=(200,), rungs=(2, 3),
+                keep_per_rung=(3,), pilot=2, agreement_prompts=1, agreement_steps=3,
+                gain_length=512, measure=False,
+                scorers=(dict(scorer="last"), dict(scorer="window", window=4)))
+    opts.update(kw)
+    return run(Calibration(**opts))
+
+
+def test_calibration_writes_a_schedule_that_reproduces_its_selections(tiny_model_path, tmp_path):
+    # Random weights score 0 everywhere: with min_base 0 every candidate passes, which
+    # exercises the whole pipeline; the choice is the highest predicted gain.
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0)
+    assert doc["complete"] and doc["chosen"]
+    gains = [c["predicted_gain"] for c in doc["candidates"]]
+    assert doc["chosen"]["predicted_gain"] == max(gains) and gains == sorted(gains, reverse=True)
+    ev = doc["chosen"]
+    assert ev["samples_per_cell"] == 3 and ev["teacher_forced_agreement"]["steps"] == 3
+    assert set(ev["cells"]) == {"passkey@200"}
+    sched = tmp_path / "cal" / "schedule.json"
+    model, _ = load(tiny_model_path)
+    loaded = PruningConfig.from_file(sched, ModelAdapter(model).fingerprint())
+    chosen = next(c for c in doc["candidates"] if c["name"] == ev["name"])
+    direct = PruningConfig(**{k: tuple(v) if isinstance(v, list) else v
+                              for k, v in chosen["config"].items()})
+    prompt = mx.array(np.random.default_rng(0).integers(0, 300, 150).astype(np.int32))
+    assert kept_positions(model, loaded, prompt) == kept_positions(model, direct, prompt)
+    assert (tmp_path / "cal" / "report.md").read_text().count("| `lazy:") == len(gains)
+
+
+def test_no_cell_the_full_path_can_do_is_bad_input(tiny_model_path, tmp_path):
+    with pytest.raises(UserInputError, match="full scores < 80%"):
+        tiny_calibration(tiny_model_path, tmp_path / "cal")
+
+
+def test_time_limit_writes_measurements_but_no_schedule(tiny_model_path, tmp_path):
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, time_limit_s=0.0)
+    assert not doc["complete"] and doc["chosen"] is None
+    assert (tmp_path / "cal" / "results.json").is_file()
+    assert not (tmp_path / "cal" / "schedule.json").exists()
+
+
+def test_the_command_refuses_claims_on_few_samples(tmp_path, capsys):
+    assert main(["--out", str(tmp_path), "--rungs", "4,16"]) == 2
+    assert ">= 50 samples" in capsys.readouterr().err
+
+
+def test_candidates_rank_by_predicted_gain(tiny_model):
+    model, _ = tiny_model("llama")
+    cands = candidates(model, 4096)
+    gains = [c.predicted_gain for c in cands]
+    assert gains == sorted(gains, reverse=True) and all(g > 1 for g in gains)
+    assert len({c.name for c in cands}) == len(cands)
+
+
+def test_paired_statistics():
+    p = stats.paired([1, 1, 1, 1, 0, 1], [1, 0, 1, 1, 1, 1])
+    assert (p.lost, p.won, p.n) == (1, 1, 6) and p.rel_loss == 0
+    lo, hi = stats.wilson(45, 50)
+    assert lo < 0.9 < hi and hi - lo < 0.2
+    worse = stats.paired([1] * 50, [1] * 40 + [0] * 10)
+    assert worse.rel_loss == pytest.approx(0.2) and worse.rel_loss_ci[0] > 0.05
+
+
+# ------------------------------------------------------------------ schedule files
+
+
+@pytest.fixture
+def schedule_file(tiny_model, tmp_path):
+    model, _ = tiny_model("llama")
+    fp = ModelAdapter(model).fingerprint()
+    config = PruningConfig("lazy", prune_layers=(0, 2), keep=(0.4, 0.2), scorer="window", window=4)
+    return write_schedule(tmp_path / "s.json", config, fp, {"note": "test"}), fp
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: None, "does not exist"),
+        (lambda d: "{not json", "not valid JSON"),
+        (lambda d: dict(d, format="other"), "field 'format'"),
+        (lambda d: dict(d, config=dict(d["config"], turbo=1)), "config.turbo"),
+        (lambda d: dict(d, config=dict(d["config"], keep=[0.4, 1.5])), "keep fractions must be in"),
+        (lambda d: dict(d, config=dict(d["config"], scorer="psychic")), "unknown scorer"),
+        (lambda d: dict(d, model={"fingerprint": dict(d["model"]["fingerprint"], num_layers=24)}),
+         "model.fingerprint.num_layers"),
+    ],
+)
+def test_bad_schedule_files_name_the_field(schedule_file, tmp_path, edit, message):
+    path, fp = schedule_file
+    doc = edit(json.loads(path.read_text()))
+    bad = tmp_path / "bad.json"
+    if doc is not None:
+        bad.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    with pytest.raises(UserInputError) as err:
+        PruningConfig.from_file(bad, fp)
+    assert message in str(err.value)
+
+
+def test_schedule_source_preset_user_and_calibrated_folder(tiny_model_path, schedule_file, tmp_path):
+    path, _ = schedule_file
+    model, _ = load(tiny_model_path)
+    assert LazyEngine(model, PruningConfig("lazy")).stats.schedule["source"] == "preset"
+    user = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,))
+    assert LazyEngine(model, user).stats.schedule["source"] == "user"
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_path, folder)
+    shutil.copy(path, folder / MODEL_SCHEDULE_FILE)
+    model, _ = load(folder)
+    engine = LazyEngine(model, PruningConfig("lazy", revive=False))
+    sched = engine.stats.schedule
+    assert sched["source"] == f"calibrated:{MODEL_SCHEDULE_FILE}"
+    assert (sched["prune_layers"], sched["scorer"], sched["window"]) == ([0, 2], "window", 4)
+    assert sched["revive"] is False  # the caller's own fields stay
+    # An explicit schedule wins over the folder's.
+    assert LazyEngine(model, user).stats.schedule["prune_layers"] == [1]
+
+
+def test_cli_schedule_flag(tiny_model_path, schedule_file, tmp_path, capsys):
+    from mlx_lazy.cli import main as cli
+
+    path, _ = schedule_file
+    stats_path = tmp_path / "stats.json"
+    assert cli(["--model", str(tiny_model_path), "-p", "hello there", "-m", "3",
+                "--schedule", str(path), "--stats-json", str(stats_path), "--verbose", "False"]) == 0
+    assert json.loads(stats_path.read_text())["schedule"]["source"] == "calibrated:s.json"
+    assert cli(["--model", str(tiny_model_path), "-p", "hi", "--schedule", str(path),
+                "--keep", "0.5"]) == 2
+    assert "drop --keep" in capsys.readouterr().err
