@@ -151,3 +151,17 @@ def test_cli_schedule_flag(tiny_model_path, schedule_file, tmp_path, capsys):
     assert cli(["--model", str(tiny_model_path), "-p", "hi", "--schedule", str(path),
                 "--keep", "0.5"]) == 2
     assert "drop --keep" in capsys.readouterr().err
+
+
+def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch):
+    first = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0)
+    from mlx_lazy.bench import calibrate
+
+    def no_new_runs(*a, **kw):
+        raise AssertionError("a run was repeated")
+
+    monkeypatch.setattr(calibrate, "run_one", no_new_runs)
+    again = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True)
+    assert again["chosen"]["name"] == first["chosen"]["name"]
+    with pytest.raises(UserInputError, match="another model, seed"):
+        tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True, seed=1)

@@ -10,8 +10,9 @@
 3. **Successive halving.** Every candidate runs on the first ``rungs[0]`` samples of each
    cell; those within the loss allowance go on, the best predicted gains first and at most
    ``--keep-per-rung`` of them, to ``rungs[1]`` samples, and so on. The last rung (≥ 50
-   samples per cell) confirms: the chosen schedule is the highest-gain candidate whose
-   paired relative loss against ``full`` pooled over the cells is ≤ ``--max-loss``.
+   samples per cell) confirms, best predicted gain first: the chosen schedule is the first
+   candidate whose paired relative loss against ``full`` pooled over the cells is
+   ≤ ``--max-loss``. ``--resume`` reuses an earlier run's samples in ``--out``.
 4. **Evidence.** Per cell and pooled: paired lost/won counts, Wilson intervals, a paired
    bootstrap interval of the relative loss; teacher-forced agreement with ``full`` along
    natural text; predicted and (unless ``--no-measure``) measured gain at ``--gain-length``.
@@ -149,6 +150,7 @@ class Calibration:
     measure: bool = True
     time_limit_s: Optional[float] = None
     seed: int = 0
+    resume: bool = False
 
 
 class _OutOfTime(Exception):
@@ -187,6 +189,8 @@ def run(cal: Calibration) -> dict[str, Any]:
 
     cands = candidates(model, cal.gain_length, cal.scorers)
     doc["candidates"] = cands
+    if cal.resume:
+        _resume(out, cal, fingerprint, full, cands)
     try:
         # 1. cells where the unpruned path can do the task
         for cell in samples:
@@ -199,9 +203,11 @@ def run(cal: Calibration) -> dict[str, Any]:
             raise UserInputError(
                 f"full scores < {cal.min_base:.0%} on every cell; choose shorter --lengths or "
                 "other --tasks where this model can do the task")
-        # 2-3. successive halving
+        # 2-3. successive halving; the last rung confirms, best predicted gain first
         alive = list(cands)
+        last = len(cal.rungs) - 1
         for r, n in enumerate(cal.rungs):
+            passing = []
             for cand in alive:
                 for cell in cells:
                     have = cand.scores.setdefault(cell, [])
@@ -209,13 +215,16 @@ def run(cal: Calibration) -> dict[str, Any]:
                         have.append(score(cand.config, cell, len(have)))
                 cand.rung = r
                 p = _pooled(full_scores, cand, cells, n)
+                ok = _within(p, cal.max_loss, last=r == last)
                 _log(f"rung {r} n={n} {cand.name}: gain {cand.predicted_gain:.2f}x "
-                     f"lost {p.lost} won {p.won} rel loss {p.rel_loss:+.3f}")
-            passing = [c for c in alive
-                       if _within(_pooled(full_scores, c, cells, n), cal.max_loss, last=r == len(cal.rungs) - 1)]
-            for c in alive:
-                if c not in passing:
-                    c.dropped_at = r
+                     f"lost {p.lost} won {p.won} rel loss {p.rel_loss:+.3f}"
+                     + ("" if ok else " (dropped)"))
+                if ok:
+                    passing.append(cand)
+                    if r == last:
+                        break  # confirmed: the others cannot beat its predicted gain
+                else:
+                    cand.dropped_at = r
             if r < len(cal.keep_per_rung):
                 for c in passing[cal.keep_per_rung[r]:]:
                     c.dropped_at = r
@@ -241,6 +250,27 @@ def run(cal: Calibration) -> dict[str, Any]:
         _log("no candidate confirmed: no schedule written")
     _write(out, doc, full, cells)
     return json.loads((out / "results.json").read_text())
+
+
+def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
+            full: dict[str, list[float]], cands: Sequence[Candidate]) -> None:
+    """Reuse the per-sample scores of an earlier run in ``out`` (same model and samples)."""
+    path = out / "results.json"
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text())
+    o = old.get("options", {})
+    same = (old.get("fingerprint") == fingerprint and o.get("seed") == cal.seed
+            and max(o.get("rungs") or [0]) == max(cal.rungs))
+    if not same:
+        raise UserInputError(f"--resume: {path} is from another model, seed or sample count; "
+                             "use another --out")
+    full.update({k: list(v) for k, v in old.get("full", {}).items()})
+    earlier = {c["name"]: c["scores"] for c in old.get("candidates", [])}
+    for c in cands:
+        c.scores = {k: list(v) for k, v in earlier.get(c.name, {}).items()}
+    _log(f"resumed {sum(map(len, full.values()))} full and "
+         f"{sum(len(v) for c in cands for v in c.scores.values())} candidate runs from {path}")
 
 
 def _pooled(full_scores, cand: Candidate, cells: Sequence[str], n: int) -> stats.Paired:
@@ -412,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
                    default=SCORER_GRID, help="scorers to try, e.g. last,window:window=8:pool=2 "
                    "(default: " + ",".join(_scorer_spec(f) for f in SCORER_GRID) + ")")
     p.add_argument("--no-measure", action="store_true", help="do not time the chosen schedule")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the runs of an earlier calibration in --out (same model, seed "
+                        "and largest rung)")
     p.add_argument("--time-limit", type=float, default=None,
                    help="seconds; stop starting runs after it and write what was measured")
     return p
@@ -436,7 +469,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       min_base=args.min_base, max_loss=args.max_loss,
                       gain_length=args.gain_length, scorers=args.scorers,
                       measure=not args.no_measure,
-                      time_limit_s=args.time_limit)
+                      time_limit_s=args.time_limit, resume=args.resume)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`: keep results
     try:
         doc = run(cal)
