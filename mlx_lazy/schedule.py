@@ -218,13 +218,13 @@ class PruningConfig:
                     raise UserInputError(
                         f"schedule file {path} was calibrated for another model: "
                         f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {value!r}")
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
-        out = cls(**values, source=f"calibrated:{path.name}")
         layers = saved.get("num_layers")
         if not isinstance(layers, int) or layers < 1:
             raise UserInputError(f"schedule file {path}: model.fingerprint.num_layers must be a "
                                  f"positive integer, got {layers!r}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
         try:
+            out = cls(**values, source=f"calibrated:{path.name}")
             out.resolve(layers)
         except ValueError as e:
             raise UserInputError(f"schedule file {path}: invalid config: {e}") from None
