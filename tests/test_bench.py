@@ -185,8 +185,13 @@ def test_quick_end_to_end(tiny_model_path, tmp_path):
     assert base[0]["baseline_score"] is not None  # the baseline's own accuracy is reported
     lazy = next(r for r in data["summary"] if r["method"] == "lazy" and r["task"] == "all")
     assert lazy["prompt_tokens_computed_pct"] < 100 and lazy["kv_bytes"] < base[0]["kv_bytes"]
+    # Paired against our unpruned path on the same samples, with a Wilson interval.
+    n = len([r for r in runs if r["method"] == "lazy"])
+    assert lazy["vs_full"]["n"] == n and lazy["vs_full"]["lost"] + lazy["vs_full"]["won"] <= n
+    assert 0 <= lazy["score_ci"][0] <= lazy["score"] <= lazy["score_ci"][1] <= 1
     table = (out / "table.md").read_text()
     assert "Table 1" in table and "Table 2" in table and "| all | lazy |" in table
+    assert "lost / won vs full" in table
 
 
 def test_cli_errors_are_one_line(tiny_model_path, tmp_path, capsys):

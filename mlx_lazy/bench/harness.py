@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
-from . import metrics
+from . import metrics, stats
 from .tasks import QUICK_TASKS, TASKS, Sample, build_suite
 
 import mlx.core as mx  # noqa: E402  (after _blas: OpenBLAS must load first)
@@ -508,11 +508,25 @@ def summarize(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
             ttft_speedup_vs_full=paired_speedup(rs, full_runs, "ttft_s"),
             generation_speedup_vs_full=paired_speedup(rs, full_runs, "total_s"),
             predicted_ttft_speedup_vs_full=paired_speedup(rs, full_runs, "predicted_ttft_s"),
+            score_ci=stats.wilson(sum(r.score for r in rs), len(rs)),
+            vs_full=_paired_vs(rs, full_runs),
         )
         rows.append(row)
     order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in runs))}
     rows.sort(key=lambda x: (x["task"] == "all", x["task"], x["length"], order[x["method"]]))
     return rows
+
+
+def _paired_vs(rs: Sequence[RunRecord], refs: dict[tuple[str, int, int], RunRecord]
+               ) -> dict[str, Any] | None:
+    """Paired statistics (lost/won answers, relative loss with its bootstrap interval) of
+    ``rs`` against the reference method's runs on the same samples."""
+    pairs = [(refs[k].score, r.score) for r in rs if (k := (r.task, r.length, r.index)) in refs]
+    if not pairs:
+        return None
+    p = stats.paired([a for a, _ in pairs], [b for _, b in pairs])
+    return {"n": p.n, "lost": p.lost, "won": p.won, "rel_loss": p.rel_loss,
+            "rel_loss_ci": list(p.rel_loss_ci)}
 
 
 def prompt_layer_usage(r: RunRecord) -> list[float]:
@@ -601,7 +615,8 @@ def _mib(x: float | None) -> str:
 def render_table(result: dict[str, Any]) -> str:
     """Markdown tables shaped like the LazyLLM paper's Tables 1 and 2, per prompt length.
 
-    Table 1: score (mlx-lm baseline → method), relative loss, TTFT speedup vs mlx-lm, vs our
+    Table 1: score (mlx-lm baseline → method) with its Wilson 95% interval, relative loss,
+    answers lost / won against our unpruned path on the same samples, TTFT speedup vs mlx-lm, vs our
     unpruned path, and the cost model's predicted speedup vs our unpruned path.
     Table 2: % of prompt tokens computed (at every layer, by the end of the generation), %
     of the unpruned prefill work (token-layers), generation (end to end) speedup, TPOT
@@ -630,14 +645,18 @@ def render_table(result: dict[str, Any]) -> str:
             "",
             "Table 1 — accuracy and time to first token",
             "",
-            "| Task | Method | Score (mlx-lm → method) | Rel. loss | TTFT speedup vs mlx-lm "
-            "| vs full | predicted vs full |",
-            "|---|---|---|---|---|---|---|",
+            "| Task | Method | Score (mlx-lm → method) | 95% CI | Rel. loss | lost / won vs full "
+            "| TTFT speedup vs mlx-lm | vs full | predicted vs full |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
+            ci, vs = r.get("score_ci"), r.get("vs_full")
+            ci_text = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "–"
+            paired_text = f"{vs['lost']} / {vs['won']}" if vs else "–"
             lines.append(
                 f"| {r['task']} | {r['method']} | {_fmt(r['baseline_score'])} → "
-                f"{_fmt(r['score'])} | {_fmt(r['relative_accuracy_loss'], '.1%')} | "
+                f"{_fmt(r['score'])} | {ci_text} | {_fmt(r['relative_accuracy_loss'], '.1%')} | "
+                f"{paired_text} | "
                 f"{_fmt(r['ttft_speedup'], '.2f', '×')} | "
                 f"{_fmt(r['ttft_speedup_vs_full'], '.2f', '×')} | "
                 f"{_fmt(r['predicted_ttft_speedup_vs_full'], '.2f', '×')} |"
