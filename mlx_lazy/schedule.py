@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 from .errors import UserInputError
-from .scorers import HEAD_REDUCTIONS, SCORERS, Scorer, make_scorer
+from .scorers import HEAD_REDUCTIONS, SCORERS, Scorer, has_window, make_scorer
 
 METHODS = ("full", "lazy", "speed", "lazy+speed", "static", "random")
 
@@ -266,12 +266,12 @@ class PruningConfig:
         if heads not in HEAD_REDUCTIONS:
             raise ValueError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, got {heads!r}")
         window = self.window
-        if scorer == "window":
-            window = 8 if window is None else window
-            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-                raise ValueError(f"window must be a positive integer, got {window!r}")
-        elif window is not None:
-            raise ValueError(f"window applies to the 'window' scorer, not {scorer!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                                   or window < 1):
+            raise ValueError(f"window must be a positive integer, got {window!r}")
+        make_scorer(scorer, heads, window, self.pool)  # checks the scorer's own fields
+        if window is None and has_window(scorer):
+            window = make_scorer(scorer, heads).size  # the scorer's default, recorded
 
         prompt_depth = _resolve_cutoff(self.speed_cutoff, num_layers) if uses_cutoff else num_layers
         prune_layers: Tuple[int, ...] = ()

@@ -20,13 +20,14 @@ Both are grouped-query aware and reduce over heads by ``mean`` (the paper) or ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar, Dict, Optional, Type
 
 import mlx.core as mx
 import numpy as np
 
 from .attention import attention_probs
+from .errors import UserInputError
 
 HEAD_REDUCTIONS = ("mean", "max")
 
@@ -131,7 +132,7 @@ class Pooled(Scorer):
         return self.inner.always_kept(prompt_len)
 
 
-#: scorer name -> class; its fields other than ``heads`` come from PruningConfig by name
+#: scorer name -> class (a dataclass with ``heads`` and, for windowed ones, ``size``)
 SCORERS: Dict[str, Type[Scorer]] = {
     "last": LastQuery,
     "window": Window,
@@ -140,13 +141,26 @@ SCORERS: Dict[str, Type[Scorer]] = {
 
 def make_scorer(name: str, heads: str = "mean", window: Optional[int] = None,
                 pool: int = 0) -> Scorer:
-    """Build the registered scorer ``name`` (wrapped in :class:`Pooled` when ``pool``)."""
+    """Build the registered scorer ``name`` (``window`` sets its ``size`` when it has one),
+    wrapped in :class:`Pooled` when ``pool``."""
     if name not in SCORERS:
-        raise ValueError(f"unknown scorer {name!r}; choose one of {', '.join(SCORERS)}")
+        raise UserInputError(f"unknown scorer {name!r}; choose one of {', '.join(SCORERS)}")
     if heads not in HEAD_REDUCTIONS:
-        raise ValueError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, got {heads!r}")
-    scorer: Scorer = Window(window, heads) if name == "window" else SCORERS[name](heads)
+        raise UserInputError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, got {heads!r}")
+    cls = SCORERS[name]
+    kwargs: Dict[str, object] = {"heads": heads}
+    if window is not None:
+        if not has_window(name):
+            raise UserInputError(f"window applies to scorers with a window "
+                             f"({', '.join(n for n in SCORERS if has_window(n))}), not {name!r}")
+        kwargs["size"] = window
+    scorer = cls(**kwargs)
     return Pooled(scorer, pool) if pool else scorer
+
+
+def has_window(name: str) -> bool:
+    """True when the registered scorer ``name`` takes a window ``size``."""
+    return "size" in {f.name for f in fields(SCORERS[name])}
 
 
 def top_k(candidates: np.ndarray, scores: np.ndarray, forced: np.ndarray, k: int) -> np.ndarray:

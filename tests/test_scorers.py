@@ -195,7 +195,7 @@ def test_pooled_selection_keeps_spans(tiny_model):
         (dict(scorer="nope"), "unknown scorer"),
         (dict(heads="median"), "heads must be one of"),
         (dict(scorer="window", window=0), "window must be a positive integer"),
-        (dict(window=4), "applies to the 'window' scorer"),
+        (dict(window=4), "window applies to scorers with a window"),
     ],
 )
 def test_bad_scorer_fields(fields, message):
