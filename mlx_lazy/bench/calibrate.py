@@ -7,11 +7,11 @@
    ranked by the pruning gain (our unpruned prefill ÷ the pruned one) that the cost model
    predicts at ``--gain-length`` tokens from the schedule alone, so ranking needs no timing
    on a busy machine.
-3. **Successive halving.** Every candidate runs on the first ``rungs[0]`` samples of each
-   cell; those within the loss allowance go on, the best predicted gains first and at most
-   ``--keep-per-rung`` of them, to ``rungs[1]`` samples, and so on. The last rung (≥ 50
-   samples per cell) confirms, best predicted gain first: the chosen schedule is the first
-   candidate whose paired relative loss against ``full`` pooled over the cells is
+3. **Successive halving.** Candidates run best predicted gain first on the first
+   ``rungs[0]`` samples of each cell; the first ``--keep-per-rung`` of them within the loss
+   allowance go on to ``rungs[1]`` samples (the rest are not run: they could not be chosen),
+   and so on. The last rung (≥ 50 samples per cell) confirms: the chosen schedule is the
+   first candidate whose paired relative loss against ``full`` pooled over the cells is
    ≤ ``--max-loss``. ``--resume`` reuses an earlier run's samples in ``--out``.
 4. **Evidence.** Per cell and pooled: paired lost/won counts, Wilson intervals, a paired
    bootstrap interval of the relative loss; teacher-forced agreement with ``full`` along
@@ -221,10 +221,14 @@ def run(cal: Calibration) -> dict[str, Any]:
                      + ("" if ok else " (dropped)"))
                 if ok:
                     passing.append(cand)
-                    if r == last:
-                        break  # confirmed: the others cannot beat its predicted gain
                 else:
                     cand.dropped_at = r
+                _write(out, doc, full, cells)  # after every candidate: --resume loses nothing
+                # Candidates are in predicted-gain order: once a rung has as many passing as
+                # go on (one at the last rung: confirmed), the rest could not be chosen.
+                if len(passing) >= (cal.keep_per_rung[r] if r < len(cal.keep_per_rung)
+                                    else 1 if r == last else len(alive)):
+                    break
             if r < len(cal.keep_per_rung):
                 for c in passing[cal.keep_per_rung[r]:]:
                     c.dropped_at = r
