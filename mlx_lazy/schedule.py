@@ -17,7 +17,11 @@ survive past each pruning layer, so they must not increase.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
+
+import numpy as np
+
+from .errors import UserInputError
 
 METHODS = ("full", "lazy", "speed", "lazy+speed", "static", "random")
 
@@ -129,39 +133,67 @@ class PruningConfig:
     revive: bool = True
     pool: int = 0
 
+    def __post_init__(self) -> None:
+        """Check field types (ranges that depend on the model are checked by :meth:`resolve`)
+        and normalise numpy scalars and lists to plain ints, floats and tuples."""
+        if not isinstance(self.method, str) or self.method not in METHODS:
+            raise UserInputError(
+                f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if not isinstance(self.revive, (bool, np.bool_)):
+            raise UserInputError(f"revive must be True or False, got {self.revive!r}")
+        fields = {
+            "revive": bool(self.revive),
+            "anchors": _non_negative_int("anchors", self.anchors),
+            "seed": _non_negative_int("seed", self.seed),
+            "pool": _non_negative_int("pool", self.pool),
+        }
+        if self.prune_layers is not None:
+            fields["prune_layers"] = tuple(
+                _integer("each pruning layer", x) for x in _sequence("prune_layers", self.prune_layers))
+        if self.keep is not None:
+            fields["keep"] = tuple(_real("each keep fraction", x) for x in _sequence("keep", self.keep))
+        if self.speed_cutoff is not None:
+            c = self.speed_cutoff
+            fields["speed_cutoff"] = (
+                _real("speed_cutoff", c) if isinstance(c, (float, np.floating))
+                else _integer("speed_cutoff", c)
+            )
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
     @classmethod
     def preset(cls, name: str, **overrides) -> "PruningConfig":
         """A named preset (see :data:`METHODS`) with optional field overrides."""
         if name not in METHODS:
-            raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+            raise UserInputError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
         return replace(cls(method=name), **overrides)
 
     def resolve(self, num_layers: int) -> Schedule:
         """Check this configuration against a model depth and build its :class:`Schedule`.
 
         Raises:
-            ValueError: with a message saying which value to change.
+            UserInputError: with a message saying which value to change.
         """
         m = self.method
         if m not in METHODS:
-            raise ValueError(f"unknown method {m!r}; choose one of {', '.join(METHODS)}")
+            raise UserInputError(f"unknown method {m!r}; choose one of {', '.join(METHODS)}")
         if not isinstance(self.anchors, int) or self.anchors < 0:
-            raise ValueError(f"anchors must be a non-negative integer, got {self.anchors!r}")
+            raise UserInputError(f"anchors must be a non-negative integer, got {self.anchors!r}")
         uses_layers = m in ("lazy", "lazy+speed", "static")
         uses_cutoff = m in ("speed", "lazy+speed")
         if not uses_layers and self.prune_layers:
-            raise ValueError(f"method {m!r} takes no prune_layers; use 'lazy' or 'static'")
+            raise UserInputError(f"method {m!r} takes no prune_layers; use 'lazy' or 'static'")
         if not uses_cutoff and self.speed_cutoff is not None:
-            raise ValueError(f"method {m!r} takes no speed_cutoff; use 'speed' or 'lazy+speed'")
+            raise UserInputError(f"method {m!r} takes no speed_cutoff; use 'speed' or 'lazy+speed'")
         if m in ("full", "speed") and self.keep:
-            raise ValueError(f"method {m!r} takes no keep fractions")
+            raise UserInputError(f"method {m!r} takes no keep fractions")
         dynamic = m in ("lazy", "lazy+speed")
         if not self.revive and not dynamic:
-            raise ValueError(f"revive=False applies to 'lazy' and 'lazy+speed', not {m!r}")
+            raise UserInputError(f"revive=False applies to 'lazy' and 'lazy+speed', not {m!r}")
         if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 0:
-            raise ValueError(f"pool must be a non-negative integer, got {self.pool!r}")
+            raise UserInputError(f"pool must be a non-negative integer, got {self.pool!r}")
         if self.pool and not uses_layers:
-            raise ValueError(f"pool applies to score-based methods (lazy, lazy+speed, static), not {m!r}")
+            raise UserInputError(f"pool applies to score-based methods (lazy, lazy+speed, static), not {m!r}")
 
         prompt_depth = _resolve_cutoff(self.speed_cutoff, num_layers) if uses_cutoff else num_layers
         prune_layers: Tuple[int, ...] = ()
@@ -177,6 +209,14 @@ class PruningConfig:
                 # Clamped below the last usable layer; on shallow models positions may
                 # collide, so keep the distinct ones.
                 last = min(num_layers, prompt_depth) - 2
+                if last < 0:
+                    bound, fix = (
+                        (f"SPEED cutoff {prompt_depth}", "raise speed_cutoff to at least 2")
+                        if prompt_depth < num_layers else
+                        (f"model depth {num_layers}", "use a model of at least 2 layers"))
+                    raise UserInputError(
+                        f"the {bound} leaves no room for the {m!r} preset's pruning cut, "
+                        f"which needs a layer after it below the cutoff ({fix})")
                 prune_layers = tuple(
                     sorted({min(last, max(0, round(f * num_layers) - 1)) for f in default_layers})
                 )
@@ -187,7 +227,7 @@ class PruningConfig:
         elif m == "random":
             keep = tuple(self.keep) if self.keep is not None else _RANDOM_KEEP
             if len(keep) != 1:
-                raise ValueError(f"method 'random' takes one keep fraction, got {len(keep)}")
+                raise UserInputError(f"method 'random' takes one keep fraction, got {len(keep)}")
             _check_fraction(keep[0])
             random_keep, keep = keep[0], ()
         return Schedule(
@@ -205,19 +245,46 @@ class PruningConfig:
         )
 
 
+def _integer(name: str, x: Any) -> int:
+    """``x`` as an int: Python and numpy integers pass, bools and anything else do not."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise UserInputError(f"{name} must be an integer, got {x!r}")
+    return int(x)
+
+
+def _non_negative_int(name: str, x: Any) -> int:
+    value = _integer(name, x)
+    if value < 0:
+        raise UserInputError(f"{name} must be a non-negative integer, got {x!r}")
+    return value
+
+
+def _real(name: str, x: Any) -> Union[float, int]:
+    """``x`` as a plain number: Python and numpy ints and floats pass, bools do not."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise UserInputError(f"{name} must be a number, got {x!r}")
+    return int(x) if isinstance(x, (int, np.integer)) else float(x)
+
+
+def _sequence(name: str, x: Any) -> tuple:
+    if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
+        raise UserInputError(f"{name} must be a sequence, got {x!r}")
+    return tuple(x)
+
+
 def _check_fraction(k: float) -> None:
     if not isinstance(k, (int, float)) or not 0.0 < k <= 1.0:
-        raise ValueError(f"keep fractions must be in (0, 1], got {k!r}")
+        raise UserInputError(f"keep fractions must be in (0, 1], got {k!r}")
 
 
 def _resolve_cutoff(cutoff: Optional[Union[float, int]], num_layers: int) -> int:
     if cutoff is None:
         cutoff = _SPEED_CUTOFF
     if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float)):
-        raise ValueError(f"speed_cutoff must be a fraction or a layer count, got {cutoff!r}")
+        raise UserInputError(f"speed_cutoff must be a fraction or a layer count, got {cutoff!r}")
     if isinstance(cutoff, float):
         if not 0.0 < cutoff <= 1.0:
-            raise ValueError(
+            raise UserInputError(
                 f"speed_cutoff {cutoff} as a fraction must be in (0, 1]; "
                 f"pass an int for a layer count"
             )
@@ -225,7 +292,7 @@ def _resolve_cutoff(cutoff: Optional[Union[float, int]], num_layers: int) -> int
     else:
         layers = cutoff
     if not 1 <= layers <= num_layers:
-        raise ValueError(
+        raise UserInputError(
             f"speed_cutoff must keep between 1 and {num_layers} layers (the model's depth), "
             f"got {layers}"
         )
@@ -236,29 +303,29 @@ def _check_layers(
     layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: int, prompt_depth: int, m: str
 ) -> None:
     if not layers:
-        raise ValueError(f"method {m!r} needs at least one pruning layer")
+        raise UserInputError(f"method {m!r} needs at least one pruning layer")
     if len(layers) != len(keep):
-        raise ValueError(
+        raise UserInputError(
             f"give one keep fraction per pruning layer: {len(layers)} layers, {len(keep)} fractions"
         )
     if m == "static" and len(layers) != 1:
-        raise ValueError("static pruning prunes once: give exactly one pruning layer")
+        raise UserInputError("static pruning prunes once: give exactly one pruning layer")
     for layer in layers:
         if isinstance(layer, bool) or not isinstance(layer, int):
-            raise ValueError(f"pruning layers must be integers, got {layer!r}")
+            raise UserInputError(f"pruning layers must be integers, got {layer!r}")
     last = min(num_layers, prompt_depth) - 2
     if layers[0] < 0 or layers[-1] > last:
-        raise ValueError(
+        raise UserInputError(
             f"pruning layers must lie in [0, {last}] so that a layer follows each cut "
             f"(model depth {num_layers}"
             + (f", SPEED cutoff {prompt_depth}" if prompt_depth < num_layers else "")
             + f"), got {list(layers)}"
         )
     if any(b <= a for a, b in zip(layers, layers[1:])):
-        raise ValueError(f"pruning layers must be strictly increasing, got {list(layers)}")
+        raise UserInputError(f"pruning layers must be strictly increasing, got {list(layers)}")
     for k in keep:
         _check_fraction(k)
     if any(b > a for a, b in zip(keep, keep[1:])):
-        raise ValueError(
+        raise UserInputError(
             f"keep fractions must not increase (kept sets only shrink), got {list(keep)}"
         )
