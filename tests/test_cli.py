@@ -283,9 +283,9 @@ def test_prefill_progress_bar():
         bar(done, 4)
     assert bar._bar.n == 3 and bar._bar.total == 4
     bar(4, 4)
-    assert bar._bar is None  # closed (line cleared) once the last layer is done
+    assert bar._bar is None  # closed (line cleared) once the whole prompt is done
     bar.close()
-    assert "prefill" in buf.getvalue() and "layer" in buf.getvalue()
+    assert "prefill" in buf.getvalue() and "tok" in buf.getvalue()
     silent = io.StringIO()
     off = cli.PrefillProgress("prefill", enabled=False, file=silent, delay=0)
     off(1, 4)
