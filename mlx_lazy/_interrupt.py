@@ -18,14 +18,15 @@ MODULE_PREFIX = "mlx_lazy"  # python -m mlx_lazy.generate, mlx_lazy.convert, mlx
 
 def running_a_tool() -> bool:
     """True when this process was started as an mlx-lazy console script or ``-m`` module."""
-    argv = list(getattr(sys, "orig_argv", ()))
-    for i, arg in enumerate(argv[1:], 1):
-        if arg == "-m" and i + 1 < len(argv):
-            return argv[i + 1].split(".")[0] == MODULE_PREFIX
+    argv = list(getattr(sys, "orig_argv", ()))[1:]
+    while argv and argv[0].startswith("-") and argv[0] != "-c":  # interpreter options
+        arg = argv.pop(0)
+        if arg == "-m":
+            return bool(argv) and argv[0].split(".")[0] == MODULE_PREFIX
         if arg.startswith("-m"):
             return arg[2:].split(".")[0] == MODULE_PREFIX
-        if not arg.startswith("-"):  # a script or -c's code: options end here
-            break
+        if arg in ("-W", "-X") and argv:  # options with a separate value
+            argv.pop(0)
     return os.path.basename(sys.argv[0] if sys.argv else "").startswith(SCRIPT_PREFIX)
 
 

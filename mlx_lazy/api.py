@@ -125,13 +125,16 @@ def _check_safetensors(file: Path) -> None:
     try:
         size = file.stat().st_size
         with open(file, "rb") as f:
-            head = f.read(8)
-            n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            header = json.loads(f.read(n)) if 0 < n <= size - 8 else None
+            n = int.from_bytes(f.read(8), "little") if size >= 8 else 0
+            if size < 8 or 8 + n > size:
+                raise UserInputError(
+                    f"{file} is truncated: {size} bytes, less than its header ({8 + n} bytes) "
+                    f"(copy or convert the model again)")
+            header = json.loads(f.read(n))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserInputError(f"cannot read {file}: {one_line(e)}") from None
+        raise UserInputError(f"{file} is not a readable safetensors file: {one_line(e)}") from None
     if not isinstance(header, dict):
-        raise UserInputError(f"{file} is not a safetensors file (bad or truncated header)")
+        raise UserInputError(f"{file} is not a safetensors file (its header is not a JSON object)")
     ends = [v["data_offsets"][1] for k, v in header.items()
             if k != "__metadata__" and isinstance(v, dict) and len(v.get("data_offsets", ())) == 2]
     expected = 8 + n + max(ends, default=0)
