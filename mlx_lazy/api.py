@@ -78,6 +78,9 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
     name = str(path_or_repo)
     path = Path(name).expanduser()
     if not is_hub_id(name):
+        if path.is_file():
+            hint = f" (convert it first: mlx-lazy-convert {name} OUT)" if path.suffix == ".gguf" else ""
+            raise UserInputError(f"cannot load model {name}: a file, not a model folder{hint}")
         if not path.is_dir():
             raise UserInputError(f"cannot load model {name}: no such folder")
         if not (path / "config.json").is_file():

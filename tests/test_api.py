@@ -150,6 +150,7 @@ def _llama_config(tiny_model_path, **changes):
     ("phi3", ["unsupported model type 'phi3'"]),
     ("no weights", ["no model*.safetensors"]),
     ("missing", ["no such folder"]),
+    ("a gguf file", ["a file, not a model folder", "mlx-lazy-convert"]),
 ])
 def test_broken_model_folders_are_one_short_message(tiny_model_path, tmp_path, case, fragments):
     edits = {
@@ -161,8 +162,12 @@ def test_broken_model_folders_are_one_short_message(tiny_model_path, tmp_path, c
         "phi3": _config_edit(_llama_config(tiny_model_path, model_type="phi3")),
         "no weights": lambda folder: (folder / "model.safetensors").unlink(),
         "missing": lambda folder: shutil.rmtree(folder),
+        "a gguf file": lambda folder: None,
     }
     folder = _folder_with(tiny_model_path, tmp_path, edits[case])
+    if case == "a gguf file":
+        folder = folder / "model.gguf"
+        folder.write_bytes(b"GGUF")
     with pytest.raises(UserInputError) as err:
         load(folder)
     message = str(err.value)

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 from tiny_models import KINDS
 
-from mlx_lazy import cli
+from mlx_lazy import api, cli
 
 REPO = Path(__file__).resolve().parents[1]
 STATS_KEYS = {
@@ -297,10 +297,10 @@ def test_prefill_progress_bar():
 
 def test_context_length_sources():
     model = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=2048))
-    assert cli.context_length(model, SimpleNamespace(model_max_length=512)) == 2048
+    assert api.context_length(model, SimpleNamespace(model_max_length=512)) == 2048
     bare = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=None))
-    assert cli.context_length(bare, SimpleNamespace(model_max_length=512)) == 512
-    assert cli.context_length(bare, SimpleNamespace(model_max_length=int(1e30))) is None
+    assert api.context_length(bare, SimpleNamespace(model_max_length=512)) == 512
+    assert api.context_length(bare, SimpleNamespace(model_max_length=int(1e30))) is None
 
 
 def test_help_mentions_stats_json_layout(capsys):
