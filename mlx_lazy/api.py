@@ -77,7 +77,8 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
 
     name = str(path_or_repo)
     path = Path(name).expanduser()
-    if not is_hub_id(name):
+    hub = is_hub_id(name)
+    if not hub:
         if path.is_file():
             hint = f" (convert it first: mlx-lazy-convert {name} OUT)" if path.suffix == ".gguf" else ""
             raise UserInputError(f"cannot load model {name}: a file, not a model folder{hint}")
@@ -87,7 +88,7 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
             raise UserInputError(f"cannot load model {name}: no config.json in it (not a model folder)")
         check_model_folder(path)
     try:
-        return mlx_load(name if is_hub_id(name) else str(path))
+        return mlx_load(name if hub else str(path))
     except (ValueError, OSError) as e:  # mlx-lm's checks of the files, or reading them
         raise UserInputError(f"cannot load model {name}: {one_line(e)}") from None
 
@@ -307,7 +308,8 @@ def stream_generate(
             e.g. ``mlx_lm.sample_utils.make_logits_processors(repetition_penalty=1.2)``.
         prompt_progress_callback: as in mlx-lm, called with ``(prompt tokens processed,
             total)``: ``(0, n)`` first, rising during prefill (the engine goes layer by layer,
-            so progress is counted in token-layers) and ``(n, n)`` once the first token is out.
+            so the layers done count as token equivalents) and ``(n, n)`` once the first
+            token is out.
         config: a :class:`PruningConfig`, a preset name, or None for no pruning.
         **mlx_lm_kwargs: mlx-lm's other options (:data:`MLX_LM_UNSUPPORTED`) are accepted as
             None only.

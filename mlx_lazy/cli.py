@@ -486,7 +486,7 @@ def _run(args: argparse.Namespace) -> None:
                 f.write("\n")
         except OSError as e:
             raise UserInputError(f"cannot write --stats-json {args.stats_json}: "
-                             f"{e.strerror or e}") from None
+                                 f"{e.strerror or e}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
