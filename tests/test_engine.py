@@ -124,7 +124,8 @@ def test_revived_token_kv_matches_full_forward(tiny_model, kind):
     assert mx.abs(values - ref_v).max().item() < 1e-4
 
 
-@pytest.mark.parametrize("attention_implementation", ["device default"])  # mx.fast's CPU fallback says nothing of the GPU's memory
+# The device's attention only: mx.fast's CPU fallback says nothing of the GPU's memory.
+@pytest.mark.parametrize("attention_implementation", ["device default"])
 def test_long_prefill_never_holds_full_score_matrix(tiny_model):
     model, _ = tiny_model("llama")
     n = 4096
