@@ -80,12 +80,14 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
     hub = is_hub_id(name)
     if not hub:
         if path.is_file():
-            hint = f" (convert it first: mlx-lazy-convert {name} OUT)" if path.suffix == ".gguf" else ""
+            hint = (f" (convert it first: mlx-lazy-convert {name} OUT)"
+                    if path.suffix == ".gguf" else "")
             raise UserInputError(f"cannot load model {name}: a file, not a model folder{hint}")
         if not path.is_dir():
             raise UserInputError(f"cannot load model {name}: no such folder")
         if not (path / "config.json").is_file():
-            raise UserInputError(f"cannot load model {name}: no config.json in it (not a model folder)")
+            raise UserInputError(
+                f"cannot load model {name}: no config.json in it (not a model folder)")
         check_model_folder(path)
     try:
         return mlx_load(name if hub else str(path))
@@ -213,7 +215,8 @@ def _as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfi
 
 
 def _check_max_tokens(max_tokens: int) -> None:
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+    integer = isinstance(max_tokens, (int, np.integer)) and not isinstance(max_tokens, bool)
+    if not integer or max_tokens < 1:
         raise UserInputError(f"max_tokens must be a positive integer, got {max_tokens!r}")
 
 

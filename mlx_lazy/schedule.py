@@ -148,10 +148,11 @@ class PruningConfig:
             "pool": _non_negative_int("pool", self.pool),
         }
         if self.prune_layers is not None:
-            fields["prune_layers"] = tuple(
-                _integer("each pruning layer", x) for x in _sequence("prune_layers", self.prune_layers))
+            layers = _sequence("prune_layers", self.prune_layers)
+            fields["prune_layers"] = tuple(_integer("each pruning layer", x) for x in layers)
         if self.keep is not None:
-            fields["keep"] = tuple(_real("each keep fraction", x) for x in _sequence("keep", self.keep))
+            keep = _sequence("keep", self.keep)
+            fields["keep"] = tuple(_real("each keep fraction", x) for x in keep)
         if self.speed_cutoff is not None:
             c = self.speed_cutoff
             fields["speed_cutoff"] = (

@@ -452,7 +452,7 @@ def test_ctrl_c_while_importing_is_one_line(tiny_model_path):
     (["python", "-m", "pytest", "tests"], "-m", False),
     (["python", "script.py", "-m", "mlx_lazy.generate"], "script.py", False),
     (["python", "-c", "import mlx_lazy"], "-c", False),
-    (["/venv/bin/python", "/venv/bin/mlx-lazy-generate", "-p", "hi"], "/venv/bin/mlx-lazy-generate", True),
+    (["/venv/bin/python", "/venv/bin/mlx-lazy-generate"], "/venv/bin/mlx-lazy-generate", True),
 ])
 def test_tool_detection_for_the_ctrl_c_hook(monkeypatch, orig_argv, argv0, expected):
     from mlx_lazy import _interrupt

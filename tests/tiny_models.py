@@ -1,4 +1,4 @@
-"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe) with a real tokenizer, for fast tests.
+"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe) with a real tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
