@@ -1,11 +1,33 @@
 """mlx-lazy: long-context token pruning (LazyLLM, SPEED) for Llama-family models on MLX."""
 
-from . import _blas  # noqa: F401  (must precede any mlx import)
-from . import _malloc  # noqa: F401
-from .errors import UserInputError
-from .engine import GenerationStats, LazyEngine
-from .api import GenerationResponse, generate, load, stream_generate
-from .schedule import METHODS, PruningConfig, Schedule
+import sys
+import types
+
+from . import _interrupt
+
+_interrupt.install()  # before the slow imports below: Ctrl-C there is one line in our tools
+
+from . import _blas  # noqa: E402,F401  (must precede any mlx import)
+from . import _malloc  # noqa: E402,F401
+from .errors import UserInputError  # noqa: E402
+from .engine import GenerationStats, LazyEngine  # noqa: E402
+from .api import GenerationResponse, generate, load, stream_generate  # noqa: E402
+from .schedule import METHODS, PruningConfig, Schedule  # noqa: E402
+
+
+class _Package(types.ModuleType):
+    """This package's module type. Importing the submodule ``mlx_lazy.generate`` (the
+    command-line entry, named like mlx-lm's) makes Python set it as the package attribute
+    ``generate``; that assignment is ignored so ``mlx_lazy.generate`` stays the function in
+    every import order. The submodule itself is in ``sys.modules`` as usual."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "generate" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "METHODS",

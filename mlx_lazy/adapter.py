@@ -7,13 +7,47 @@ supported families behave alike.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
 from typing import Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+from .errors import UserInputError
+
+# qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+# The mlx-lm releases whose model internals this adapter is tested against (it reads
+# ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm}``, ``use_sliding``,
+# ``embed_tokens.as_linear``): at least the first, below the second. Same as pyproject.toml.
+MLX_LM_VERSIONS = ((0, 32), (0, 33))
+
+
+def check_mlx_lm_version(installed: str | None = None) -> None:
+    """Raise UserInputError when the installed mlx-lm is outside :data:`MLX_LM_VERSIONS`."""
+    installed = installed or _installed_mlx_lm()
+    if installed is None:  # e.g. a source checkout on sys.path: trust it
+        return
+    lo, hi = (".".join(map(str, v)) for v in MLX_LM_VERSIONS)
+    try:
+        release = tuple(int(x) for x in installed.split(".")[:2])
+    except ValueError:
+        release = None
+    if release is None or not MLX_LM_VERSIONS[0] <= release < MLX_LM_VERSIONS[1]:
+        raise UserInputError(
+            f"mlx-lazy works with mlx-lm >={lo},<{hi} but mlx-lm {installed} is installed; "
+            f"run: pip install 'mlx-lm>={lo},<{hi}'"
+        )
+
+
+@lru_cache(maxsize=None)
+def _installed_mlx_lm() -> str | None:
+    try:
+        return version("mlx-lm")
+    except PackageNotFoundError:
+        return None
 
 
 class ModelAdapter:
@@ -23,14 +57,15 @@ class ModelAdapter:
         model: a model returned by ``mlx_lm.load``.
 
     Raises:
-        ValueError: for model types other than :data:`SUPPORTED_MODEL_TYPES` or models
-            with sliding-window layers.
+        UserInputError: for model types other than :data:`SUPPORTED_MODEL_TYPES`, models
+            with sliding-window layers, or an mlx-lm outside :data:`MLX_LM_VERSIONS`.
     """
 
     def __init__(self, model: nn.Module):
+        check_mlx_lm_version()
         model_type = getattr(model, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
+            raise UserInputError(
                 f"unsupported model type {model_type!r}; mlx-lazy supports "
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}"
             )
@@ -38,7 +73,7 @@ class ModelAdapter:
         self.inner = model.model
         self.layers = list(self.inner.layers)
         if any(getattr(layer, "use_sliding", False) for layer in self.layers):
-            raise ValueError("sliding-window attention layers are not supported")
+            raise UserInputError("sliding-window attention layers are not supported")
         attn = self.layers[0].self_attn
         self.n_heads: int = attn.n_heads
         self.n_kv_heads: int = attn.n_kv_heads
@@ -60,6 +95,11 @@ class ModelAdapter:
             "num_key_value_heads": self.n_kv_heads,
             "vocab_size": int(args.vocab_size),
         }
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the embedding table: valid token ids are 0 to vocab_size - 1."""
+        return self.inner.embed_tokens.weight.shape[0]
 
     def embed(self, tokens: mx.array) -> mx.array:
         """(n,) token ids -> (1, n, D) hidden states."""

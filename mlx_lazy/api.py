@@ -6,6 +6,7 @@ command-line interface (:mod:`mlx_lazy.cli`).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,10 +14,12 @@ from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from .adapter import SUPPORTED_MODEL_TYPES, ModelAdapter
 from .engine import GenerationStats, LazyEngine, ProgressFn
-from .adapter import ModelAdapter
+from .errors import UserInputError, one_line
 from .schedule import MODEL_SCHEDULE_FILE, PruningConfig
 
 Sampler = Callable[[mx.array], mx.array]
@@ -63,7 +66,8 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
             makes a plain ``"lazy"`` use that calibrated schedule.
 
     Raises:
-        ValueError: the path does not exist or holds no loadable model.
+        UserInputError: the path does not exist or holds no loadable model of a supported
+            family (the message names the file and the problem).
     """
     from mlx_lm import load as mlx_load
 
@@ -75,15 +79,82 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
 
     name = str(path_or_repo)
     path = Path(name).expanduser()
-    if is_hub_id(name):
-        return mlx_load(name)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"no model found at {name} (expected a folder with config.json)")
-    model, tokenizer = mlx_load(str(path))
-    if (path / MODEL_SCHEDULE_FILE).is_file():  # a calibrated schedule for plain "lazy"
+    hub = is_hub_id(name)
+    if not hub:
+        if path.is_file():
+            hint = (f" (convert it first: mlx-lazy-convert {name} OUT)"
+                    if path.suffix == ".gguf" else "")
+            raise UserInputError(f"cannot load model {name}: a file, not a model folder{hint}")
+        if not path.is_dir():
+            raise UserInputError(f"cannot load model {name}: no such folder")
+        if not (path / "config.json").is_file():
+            raise UserInputError(
+                f"cannot load model {name}: no config.json in it (not a model folder)")
+        check_model_folder(path)
+    try:
+        model, tokenizer = mlx_load(name if hub else str(path))
+    except (ValueError, OSError) as e:  # mlx-lm's checks of the files, or reading them
+        raise UserInputError(f"cannot load model {name}: {one_line(e)}") from None
+    if not hub and (path / MODEL_SCHEDULE_FILE).is_file():  # calibrated for plain "lazy"
         model.mlx_lazy_schedule = PruningConfig.from_file(
             path / MODEL_SCHEDULE_FILE, ModelAdapter(model).fingerprint())
     return model, tokenizer
+
+
+def check_model_folder(path: Path) -> None:
+    """Check what ``mlx_lm.load`` would otherwise fail on with a traceback or a page-long
+    message: config.json (a JSON object naming a supported ``model_type``) and the
+    safetensors files (present, each as long as its header says).
+
+    Raises:
+        UserInputError: naming the file and the problem.
+    """
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserInputError(f"cannot read {config_file}: {one_line(e)}") from None
+    if not isinstance(config, dict):
+        raise UserInputError(f"{config_file} must hold a JSON object, not {type(config).__name__}")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise UserInputError(f"{config_file} has no model_type (a string such as \"llama\")")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UserInputError(
+            f"unsupported model type {model_type!r} in {config_file}; mlx-lazy supports "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    weights = sorted(path.glob("model*.safetensors"))  # what mlx_lm.load reads
+    if not weights:
+        raise UserInputError(f"no model*.safetensors weights in {path}")
+    for file in weights:
+        _check_safetensors(file)
+
+
+def _check_safetensors(file: Path) -> None:
+    """A safetensors file is an 8-byte header length, a JSON header giving each tensor's
+    byte range, then the data: the file must be at least as long as the header says."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little") if size >= 8 else 0
+            if size < 8 or 8 + n > size:
+                raise UserInputError(
+                    f"{file} is truncated: {size} bytes, less than its header ({8 + n} bytes) "
+                    f"(copy or convert the model again)")
+            header = json.loads(f.read(n))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserInputError(f"{file} is not a readable safetensors file: {one_line(e)}") from None
+    if not isinstance(header, dict):
+        raise UserInputError(f"{file} is not a safetensors file (its header is not a JSON object)")
+    ends = [v["data_offsets"][1] for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict) and len(v.get("data_offsets", ())) == 2]
+    expected = 8 + n + max(ends, default=0)
+    if size < expected:
+        raise UserInputError(
+            f"{file} is truncated: {size} bytes, its header describes {expected} "
+            f"(copy or convert the model again)"
+        )
 
 
 # Hugging Face tokenizers without a configured limit report this huge sentinel.
@@ -103,26 +174,122 @@ def context_length(model: nn.Module, tokenizer) -> Optional[int]:
 
 
 def check_context(n_prompt: int, max_tokens: int, context: Optional[int]) -> None:
-    """Raise ValueError when the prompt, or the prompt plus ``max_tokens`` new tokens, does
+    """Raise UserInputError when the prompt, or the prompt plus ``max_tokens`` new tokens, does
     not fit a context of ``context`` tokens (None: no known limit)."""
     if context is None:
         return
     if n_prompt > context:
-        raise ValueError(
+        raise UserInputError(
             f"the prompt has {n_prompt} tokens but the model's context is {context} tokens"
         )
     if n_prompt + max_tokens > context:
-        raise ValueError(
+        raise UserInputError(
             f"the prompt has {n_prompt} tokens; with {max_tokens} new tokens it exceeds the "
             f"model's context of {context} tokens (lower max_tokens)"
         )
 
 
+# mlx-lm's keyword arguments of stream_generate / generate_step that mlx-lazy does not
+# implement; passing one (other than as None) raises instead of being silently ignored.
+MLX_LM_UNSUPPORTED = (
+    "draft_model", "num_draft_tokens", "prompt_cache", "max_kv_size", "kv_bits",
+    "kv_group_size", "quantized_kv_start", "prefill_step_size", "input_embeddings", "stream",
+)
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+PromptProgress = Callable[[int, int], None]
+
+
+def _check_unsupported(kwargs: dict) -> None:
+    unknown = sorted(set(kwargs) - set(MLX_LM_UNSUPPORTED))
+    if unknown:
+        raise TypeError(f"stream_generate() got unexpected keyword arguments: {', '.join(unknown)}")
+    given = sorted(k for k, v in kwargs.items() if v is not None)
+    if given:
+        raise UserInputError(
+            f"mlx-lazy does not support mlx-lm's {', '.join(given)}; supported options are "
+            f"max_tokens, sampler, logits_processors, prompt_progress_callback and config"
+        )
+
+
+def _as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
+    if isinstance(config, str):
+        return PruningConfig.preset(config)
+    if config is not None and not isinstance(config, PruningConfig):
+        raise UserInputError(
+            f"config must be a PruningConfig, a method name or None, got {config!r}")
+    return config
+
+
+def _check_max_tokens(max_tokens: int) -> None:
+    integer = isinstance(max_tokens, (int, np.integer)) and not isinstance(max_tokens, bool)
+    if not integer or max_tokens < 1:
+        raise UserInputError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+
+
 def _encode(tokenizer: TokenizerWrapper, prompt: Union[str, List[int], mx.array]) -> List[int]:
+    """Token ids of ``prompt``: text is encoded as mlx-lm does, ids are checked to be integers."""
     if isinstance(prompt, str):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UserInputError(
+                f"the prompt is not valid text: {prompt[e.start]!r} at index {e.start} (a byte "
+                f"that is not UTF-8, e.g. from a command line or file in another encoding)"
+            ) from None
         bos = tokenizer.bos_token
         return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
-    return [int(t) for t in (prompt.tolist() if isinstance(prompt, mx.array) else prompt)]
+    if isinstance(prompt, (mx.array, np.ndarray)):
+        integer = (mx.issubdtype(prompt.dtype, mx.integer) if isinstance(prompt, mx.array)
+                   else np.issubdtype(prompt.dtype, np.integer))
+        if prompt.ndim != 1 or not integer:
+            raise UserInputError(
+                f"a prompt array must be 1-D of integer token ids, got {prompt.dtype} "
+                f"of shape {tuple(prompt.shape)}"
+            )
+        return [int(t) for t in prompt.tolist()]
+    if not isinstance(prompt, (list, tuple)):
+        raise UserInputError(f"the prompt must be text or token ids, got {type(prompt).__name__}")
+    for t in prompt:
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise UserInputError(f"token ids must be integers, got {t!r}")
+    return [int(t) for t in prompt]
+
+
+def check_prompt(engine: LazyEngine, tokenizer, tokens: List[int], max_tokens: int) -> None:
+    """Raise UserInputError when ``engine`` cannot generate ``max_tokens`` tokens after
+    ``tokens``: an empty prompt, ids outside the vocabulary (MLX does not bounds-check its
+    embedding lookup), too long for the model's context, or more anchors than tokens."""
+    if not tokens:
+        raise UserInputError("the prompt is empty")
+    vocab = engine.adapter.vocab_size
+    bad = next((t for t in tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise UserInputError(
+            f"token id {bad} is outside the model's vocabulary of {vocab} tokens "
+            f"(ids 0 to {vocab - 1})"
+        )
+    check_context(len(tokens), max_tokens, context_length(engine.adapter.model, tokenizer))
+    anchors = engine.schedule.anchors
+    if engine.schedule.prunes and anchors > len(tokens):
+        raise UserInputError(
+            f"anchors={anchors} is more than the prompt's {len(tokens)} tokens, so nothing "
+            f"could be pruned (lower anchors)"
+        )
+
+
+def _token_progress(callback: PromptProgress, n: int) -> ProgressFn:
+    """The engine's per-layer progress as mlx-lm's ``(prompt tokens processed, total)``:
+    layers done in token equivalents, below ``n`` until the first token is out."""
+    last = 0
+
+    def on_layer(done: int, num_layers: int) -> None:
+        nonlocal last
+        processed = min(n - 1, n * done // num_layers)
+        if processed > last:
+            last = processed
+            callback(processed, n)
+
+    return on_layer
 
 
 def stream_generate(
@@ -130,9 +297,12 @@ def stream_generate(
     tokenizer,
     prompt: Union[str, List[int], mx.array],
     max_tokens: int = 256,
+    *,
     sampler: Optional[Sampler] = None,
+    logits_processors: Optional[List[LogitsProcessor]] = None,
+    prompt_progress_callback: Optional[PromptProgress] = None,
     config: Optional[Union[PruningConfig, str]] = None,
-    progress: Optional[ProgressFn] = None,
+    **mlx_lm_kwargs,
 ) -> Iterator[GenerationResponse]:
     """Generate text, yielding a :class:`GenerationResponse` per token.
 
@@ -140,44 +310,64 @@ def stream_generate(
         model: a model from :func:`load`.
         tokenizer: its tokenizer (wrapped into mlx-lm's ``TokenizerWrapper`` if needed).
         prompt: text (the chat template is not applied here) or token ids.
-        max_tokens: the most tokens to generate.
+        max_tokens: the most tokens to generate (a positive integer).
         sampler: maps log probabilities (1, vocab) to a token (1,); None is greedy.
+        logits_processors: as in mlx-lm, each called as ``processor(tokens, logits)`` with
+            every token so far (prompt and output) and the (1, vocab) logits, before sampling;
+            e.g. ``mlx_lm.sample_utils.make_logits_processors(repetition_penalty=1.2)``.
+        prompt_progress_callback: as in mlx-lm, called with ``(prompt tokens processed,
+            total)``: ``(0, n)`` first, rising during prefill (the engine goes layer by layer,
+            so the layers done count as token equivalents) and ``(n, n)`` once the first
+            token is out.
         config: a :class:`PruningConfig`, a preset name, or None for no pruning.
-        progress: called as ``progress(layers_done, num_layers)`` during prefill.
+        **mlx_lm_kwargs: mlx-lm's other options (:data:`MLX_LM_UNSUPPORTED`) are accepted as
+            None only.
 
     Raises:
-        ValueError: empty prompt, prompt longer than the model's context, bad config or
-            unsupported model.
+        UserInputError: empty prompt, token ids outside the vocabulary, prompt longer than
+            the model's context, bad ``max_tokens`` or config, an mlx-lm option mlx-lazy does
+            not support, or an unsupported model.
     """
+    _check_unsupported(mlx_lm_kwargs)
+    _check_max_tokens(max_tokens)
+    config = _as_config(config)
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
-    if isinstance(config, str):
-        config = PruningConfig.preset(config)
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     tokens = _encode(tokenizer, prompt)
     engine = LazyEngine(model, config)
-    if not tokens:
-        raise ValueError("the prompt is empty")
-    check_context(len(tokens), max_tokens, context_length(model, tokenizer))
+    check_prompt(engine, tokenizer, tokens, max_tokens)
     sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))
+    processors = list(logits_processors or [])
+    history = mx.array(tokens)  # every token so far, for the logits processors
 
     def sample(logits: mx.array) -> Tuple[mx.array, mx.array]:
+        logits = logits[None]
+        for processor in processors:
+            logits = processor(history, logits)
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        return sampler(logprobs[None]), logprobs
+        return sampler(logprobs), logprobs[0]
 
+    n_prompt = len(tokens)
+    on_layer = None
+    if prompt_progress_callback is not None:
+        prompt_progress_callback(0, n_prompt)
+        on_layer = _token_progress(prompt_progress_callback, n_prompt)
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
     mx.reset_peak_memory()
     tic = time.perf_counter()
-    y, logprobs = sample(engine.prefill(mx.array(tokens), progress))
+    y, logprobs = sample(engine.prefill(mx.array(tokens), on_layer))
     mx.eval(y, logprobs)
     ttft = time.perf_counter() - tic
+    if prompt_progress_callback is not None:
+        prompt_progress_callback(n_prompt, n_prompt)
     tic = time.perf_counter()
     n = 0
     while True:
         # Queue the next step before handing this token out, as mlx-lm does.
         if n + 1 < max_tokens:
+            if processors:
+                history = mx.concatenate([history, y.reshape(1).astype(history.dtype)])
             next_y, next_logprobs = sample(engine.decode(y))
             mx.async_eval(next_y, next_logprobs)
         token = y.item()

@@ -1,18 +1,28 @@
 """Scaled dot-product attention with a fast softmax on the CPU backend.
 
-On the GPU this is ``mx.fast.scaled_dot_product_attention``. On the CPU, MLX's attention is
-unfused and its ``exp`` is scalar (40-66 M/s on the 2-core x86 machines we test on), so the
-softmax dominates long-context attention. There we compute the same thing from matmuls (BLAS)
-and a polynomial ``exp2`` fused by ``mx.compile`` (relative error < 3e-7, like a vectorised
-libm): 1.6-2x faster attention than ``mx.fast`` on those machines. If the CPU compiler is
-unavailable, MLX's own ``exp`` is used.
+On the GPU this is ``mx.fast.scaled_dot_product_attention`` (``"fast"``). On the CPU, MLX's
+attention is unfused and its ``exp`` is scalar (40-66 M/s on the 2-core x86 machines we test
+on), so the softmax dominates long-context attention. There we compute the same thing from
+matmuls (BLAS) and a polynomial ``exp2`` fused by ``mx.compile`` (``"cpu-kernel"``; relative
+error < 3e-7, like a vectorised libm): 1.6-2x faster attention than ``mx.fast`` on those
+machines. If the CPU compiler is unavailable, MLX's own ``exp`` is used.
+
+The environment variable ``MLX_LAZY_ATTENTION`` (``fast`` | ``cpu-kernel``) overrides the
+choice by device; the tests use it to run the GPU branch (masks and all) on the CPU, where
+``mx.fast`` falls back to an exact reference computation.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Union
 
 import mlx.core as mx
+
+from .errors import UserInputError
+
+IMPLEMENTATIONS = ("fast", "cpu-kernel")
+ENV_VAR = "MLX_LAZY_ATTENTION"
 
 _LOG2E = 1.4426950408889634
 # Taylor coefficients of 2**f = exp(f ln 2) for |f| <= 1/2 (error < 2e-7).
@@ -45,6 +55,17 @@ def _exp2_times(t: mx.array, shift: mx.array, two_n: mx.array) -> mx.array:
 
 
 _kernels = None
+
+
+def implementation() -> str:
+    """The attention in use: ``$MLX_LAZY_ATTENTION`` when set, else ``"fast"`` on the GPU
+    and ``"cpu-kernel"`` on the CPU."""
+    name = os.environ.get(ENV_VAR)
+    if not name:
+        return "cpu-kernel" if mx.default_device() == mx.cpu else "fast"
+    if name not in IMPLEMENTATIONS:
+        raise UserInputError(f"{ENV_VAR} must be one of {', '.join(IMPLEMENTATIONS)}, got {name!r}")
+    return name
 
 
 def prepare() -> None:
@@ -110,7 +131,7 @@ def attention(
     """Attention of queries (1, H, L, d) over keys/values (1, kv_heads, S, d), grouped-query
     aware. ``mask``: None, ``"causal"`` (aligned to the bottom right, as in ``mx.fast``) or a
     boolean array broadcastable to (L, S), True = attend. Every query row must see a key."""
-    if mx.default_device() != mx.cpu:
+    if implementation() == "fast":
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     if isinstance(mask, str):
         if mask != "causal":

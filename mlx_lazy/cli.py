@@ -11,15 +11,19 @@ in one process and prints a side-by-side table. ``--stats-json PATH`` writes
 ``GenerationStats.as_dict()``; with ``--compare`` the file holds one such object per run,
 keyed by method name: ``{"full": {...}, "lazy": {...}}``.
 
-Bad input (unknown model, unsupported architecture, invalid schedule, empty or unreadable
-prompt, prompt longer than the model's context) prints a single ``error: ...`` line on
-stderr and exits with status 2.
+Bad input (unknown model, unsupported architecture, invalid schedule or flag value, empty,
+unreadable or non-UTF-8 prompt, prompt longer than the model's context, an unwritable
+``--stats-json``) raises :class:`~mlx_lazy.errors.UserInputError`, printed as a single
+``error: ...`` line on stderr with exit status 2, before the model is loaded where it can be.
+Any other exception is an internal error: its traceback is shown and the status is 1.
+Ctrl-C prints one line and exits with status 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -27,12 +31,12 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, NoReturn, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.generate import str2bool
 from mlx_lm.sample_utils import make_sampler
 
 from .engine import GenerationStats, LazyEngine
-from .api import check_context, context_length, load, stream_generate
 from .adapter import ModelAdapter
+from .api import check_prompt, load, stream_generate
+from .errors import UserInputError, one_line
 from .schedule import METHODS, SCHEDULE_FIELDS, PruningConfig
 from .scorers import HEAD_REDUCTIONS, SCORERS
 
@@ -40,11 +44,8 @@ DEFAULT_PROMPT = "hello"  # same default as mlx-lm
 DEFAULT_MAX_TOKENS = 100
 BASELINE = "full"
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
 MB = 1e6  # tables report decimal megabytes, as mlx-lm reports decimal gigabytes
-
-
-class UsageError(Exception):
-    """Bad user input detected by the CLI itself; reported as one ``error:`` line."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,6 +83,47 @@ def _cutoff(text: str) -> float | int:
         ) from None
 
 
+def _temperature(text: str) -> float:
+    t = _float(text)
+    if not (math.isfinite(t) and t >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0 (0: greedy), got {text!r}")
+    return t
+
+
+def _top_p(text: str) -> float:
+    p = _float(text)
+    if not 0 < p <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] (1: off), got {text!r}")
+    return p
+
+
+def _seed(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if not 0 <= seed < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {text!r}")
+    return seed
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _str2bool(text: str) -> bool:
+    """mlx-lm's reading of a boolean flag (anything but "false" / "f" is True), with a warning
+    line for words that are neither true nor false."""
+    value = text.lower() not in ("false", "f")
+    if text.lower() not in ("true", "t", "false", "f"):
+        print(f"warning: read {text!r} as {value}, as mlx-lm does; write True or False",
+              file=sys.stderr)
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (mlx-lm's names for shared options, plus pruning options)."""
     p = _Parser(
@@ -101,15 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-file", default=None, help="read the message from this UTF-8 file")
     p.add_argument("-m", "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help="maximum number of tokens to generate")
-    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    p.add_argument("--top-p", type=float, default=1.0, help="sampling top-p")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--temp", type=_temperature, default=0.0,
+                   help="sampling temperature (0: greedy)")
+    p.add_argument("--top-p", type=_top_p, default=1.0, help="sampling top-p, in (0, 1]")
+    p.add_argument("--seed", type=_seed, default=None,
                    help="PRNG seed (also the drop seed of --method random); with --compare "
                         "each run is seeded alike (default 0)")
     p.add_argument("--system-prompt", default=None, help="system prompt for the chat template")
     p.add_argument("--ignore-chat-template", action="store_true",
                    help="use the raw prompt without the tokenizer's chat template")
-    p.add_argument("--verbose", type=str2bool, default=True,
+    p.add_argument("--verbose", type=_str2bool, default=True,
                    help="'True': stream output and statistics; 'False': print only the response")
 
     g = p.add_argument_group("pruning")
@@ -171,7 +214,7 @@ def build_config(args: argparse.Namespace) -> PruningConfig:
         return PruningConfig.preset(args.method, **overrides)
     fixed = sorted(set(overrides) & set(SCHEDULE_FIELDS))
     if fixed or args.method not in (BASELINE, "lazy"):
-        raise UsageError("--schedule sets the method, cuts and scorer; drop " + (
+        raise UserInputError("--schedule sets the method, cuts and scorer; drop " + (
             ", ".join("--" + f.replace("prune_layers", "prune-layers") for f in fixed)
             if fixed else f"--method {args.method}"))
     return replace(PruningConfig.from_file(args.schedule), **overrides)
@@ -181,7 +224,7 @@ def read_prompt(args: argparse.Namespace) -> str:
     """The user message from ``--prompt`` (``-``: stdin) or ``--prompt-file``.
 
     Raises:
-        UsageError: unreadable or non-UTF-8 input, or an empty prompt.
+        UserInputError: unreadable or non-UTF-8 input, or an empty prompt.
     """
     if args.prompt_file is not None:
         source = f"prompt file {args.prompt_file!r}"
@@ -189,25 +232,31 @@ def read_prompt(args: argparse.Namespace) -> str:
             with open(args.prompt_file, "rb") as f:
                 data = f.read()
         except OSError as e:
-            raise UsageError(f"cannot read {source}: {e.strerror or e}") from None
+            raise UserInputError(f"cannot read {source}: {e.strerror or e}") from None
         text = _decode(data, source)
     elif args.prompt == "-":
         text = _decode(sys.stdin.buffer.read(), "stdin")
     else:
-        prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
+        prompt = DEFAULT_PROMPT if args.prompt is None else _from_argv(args.prompt, "--prompt")
         # mlx-lm lets shell users type \n and \t escapes in -p.
         text = prompt.replace("\\n", "\n").replace("\\t", "\t")
     if not text.strip():
-        raise UsageError("the prompt is empty")
+        raise UserInputError("the prompt is empty")
     return text
 
 
+def _from_argv(text: str, source: str) -> str:
+    """A command-line argument checked to be UTF-8 (Python keeps other bytes as lone
+    surrogates, which the tokenizer cannot encode)."""
+    return _decode(os.fsencode(text), source)
+
+
 def _decode(data: bytes, source: str) -> str:
-    """UTF-8 text of ``data``; a UsageError naming ``source`` and the bad byte otherwise."""
+    """UTF-8 text of ``data``; a UserInputError naming ``source`` and the bad byte otherwise."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UsageError(
+        raise UserInputError(
             f"{source} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})"
         ) from None
 
@@ -242,10 +291,11 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 class PrefillProgress:
-    """A tqdm bar over layers on stderr, fed by ``stream_generate``'s ``progress`` callback.
+    """A tqdm bar over prompt tokens on stderr, fed by ``stream_generate``'s
+    ``prompt_progress_callback(processed, total)`` (as mlx-lm's).
 
     Appears only once the prefill has lasted ``delay`` seconds, and is removed as soon as
-    the last layer is done.
+    the whole prompt is processed.
     """
 
     def __init__(self, desc: str, enabled: bool, file=None, delay: float = 0.5) -> None:
@@ -255,16 +305,16 @@ class PrefillProgress:
         self.delay = delay
         self._bar = None
 
-    def __call__(self, done_layers: int, total_layers: int) -> None:
+    def __call__(self, processed: int, total: int) -> None:
         if not self.enabled:
             return
         if self._bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_layers, desc=self.desc, unit="layer",
+            self._bar = tqdm(total=total, desc=self.desc, unit="tok",
                              file=self.file, leave=False, delay=self.delay)
-        self._bar.update(done_layers - self._bar.n)
-        if done_layers >= total_layers:  # clear the line before the output text starts
+        self._bar.update(processed - self._bar.n)
+        if processed >= total:  # clear the line before the output text starts
             self.close()
 
     def close(self) -> None:
@@ -295,7 +345,8 @@ def run_once(model, tokenizer, tokens: list[int], config: PruningConfig, args: a
     out_tokens: list[int] = []
     resp = None
     for resp in stream_generate(model, tokenizer, tokens, max_tokens=args.max_tokens,
-                                config=config, sampler=sampler, progress=progress):
+                                config=config, sampler=sampler,
+                                prompt_progress_callback=progress):
         pieces.append(resp.text)
         if resp.finish_reason != "stop":  # a "stop" response carries the EOS token
             out_tokens.append(resp.token)
@@ -374,49 +425,60 @@ def format_compare_table(base: RunResult, other: RunResult) -> str:
     return "\n".join(lines)
 
 
-def _one_line(exc: BaseException) -> str:
-    """An exception's message collapsed onto one line."""
-    msg = " ".join(str(exc).split())
-    return msg or type(exc).__name__
-
-
 def _load_model(path: Optional[str]):
-    """Load a model, reporting a missing or unloadable one as a UsageError."""
+    """Load a model; :func:`mlx_lazy.load` reports bad model folders as UserInputError."""
     try:
         return load(path)
-    except (ValueError, OSError) as e:
+    except OSError as e:  # reading the user's folder, or the default model's cache
         what = "the default model" if path is None else f"model {path!r}"
-        raise UsageError(f"cannot load {what}: {_one_line(e)}") from None
+        raise UserInputError(f"cannot load {what}: {one_line(e)}") from None
 
 
 def _check_stats_path(path: Optional[str]) -> None:
-    """Fail before any generation if ``--stats-json`` could never be written."""
+    """Fail before any generation if ``--stats-json`` cannot be written: open it for
+    appending (nothing truncated) and write zero bytes, which a device that refuses writes
+    (``/dev/full``) rejects; a file created by the probe is removed again."""
     if path is None:
         return
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UsageError(f"--stats-json: directory {parent} does not exist")
+    if os.path.isdir(path):
+        raise UserInputError(f"--stats-json {path} is a directory; give a file name")
+    existed = os.path.lexists(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, b"")
+        finally:
+            os.close(fd)
+            if not existed:
+                os.unlink(path)
+    except OSError as e:
+        raise UserInputError(f"cannot write --stats-json {path}: {e.strerror or e}") from None
 
 
 def _run(args: argparse.Namespace) -> None:
     """Validate the input, load the model, generate (twice with --compare), report."""
     if args.max_tokens < 1:
-        raise UsageError("--max-tokens must be at least 1")
+        raise UserInputError("--max-tokens must be at least 1")
+    if args.anchors is not None and args.method == BASELINE:
+        raise UserInputError(f"--anchors applies to pruning methods; --method {BASELINE} prunes "
+                             f"nothing")
     config = build_config(args)
     if args.compare and config.method == BASELINE:
-        raise UsageError(f"--compare runs {BASELINE} against --method; choose a pruning method "
-                         f"such as --method lazy")
+        raise UserInputError(f"--compare runs {BASELINE} against --method; choose a pruning method "
+                             f"such as --method lazy")
     _check_stats_path(args.stats_json)
     text = read_prompt(args)
+    system_prompt = (None if args.system_prompt is None
+                     else _from_argv(args.system_prompt, "--system-prompt"))
     model, tokenizer = _load_model(args.model)
     if args.schedule is not None:  # calibrated for this model?
         PruningConfig.from_file(args.schedule, ModelAdapter(model).fingerprint())
     # Constructing an engine is cheap; it reports an unsupported architecture or a schedule
     # that does not fit the model before any (baseline) run is spent.
-    LazyEngine(model, config)
-    tokens = encode_prompt(tokenizer, text, args.system_prompt, args.ignore_chat_template)
+    engine = LazyEngine(model, config)
+    tokens = encode_prompt(tokenizer, text, system_prompt, args.ignore_chat_template)
     # Checked here too so that nothing (no baseline run) starts before the error.
-    check_context(len(tokens), args.max_tokens, context_length(model, tokenizer))
+    check_prompt(engine, tokenizer, tokens, args.max_tokens)
 
     show_progress = bool(args.verbose) and sys.stderr.isatty()
     configs = [PruningConfig.preset(BASELINE), config] if args.compare else [config]
@@ -448,8 +510,8 @@ def _run(args: argparse.Namespace) -> None:
                 json.dump(payload, f, indent=2)
                 f.write("\n")
         except OSError as e:
-            raise UsageError(f"cannot write --stats-json {args.stats_json}: "
-                             f"{e.strerror or e}") from None
+            raise UserInputError(f"cannot write --stats-json {args.stats_json}: "
+                                 f"{e.strerror or e}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -460,10 +522,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 0
     try:
         _run(args)
-    except (UsageError, ValueError, OSError) as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+    except UserInputError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130  # the shell's convention for SIGINT
+        print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
+import numpy as np
+
 from .errors import UserInputError
 from .scorers import HEAD_REDUCTIONS, SCORERS, Scorer, has_window, make_scorer
 
@@ -170,11 +172,45 @@ class PruningConfig:
     window: Optional[int] = None
     source: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        """Check field types (ranges that depend on the model are checked by :meth:`resolve`)
+        and normalise numpy scalars and lists to plain ints, floats and tuples."""
+        if not isinstance(self.method, str) or self.method not in METHODS:
+            raise UserInputError(
+                f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if not isinstance(self.revive, (bool, np.bool_)):
+            raise UserInputError(f"revive must be True or False, got {self.revive!r}")
+        values = {
+            "revive": bool(self.revive),
+            "anchors": _non_negative_int("anchors", self.anchors),
+            "seed": _non_negative_int("seed", self.seed),
+            "pool": _non_negative_int("pool", self.pool),
+        }
+        if self.prune_layers is not None:
+            layers = _sequence("prune_layers", self.prune_layers)
+            values["prune_layers"] = tuple(_integer("each pruning layer", x) for x in layers)
+        if self.keep is not None:
+            keep = _sequence("keep", self.keep)
+            values["keep"] = tuple(_real("each keep fraction", x) for x in keep)
+        for name in ("scorer", "heads", "source"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise UserInputError(f"{name} must be a string, got {getattr(self, name)!r}")
+        if self.window is not None:
+            values["window"] = _integer("window", self.window)
+        if self.speed_cutoff is not None:
+            c = self.speed_cutoff
+            values["speed_cutoff"] = (
+                _real("speed_cutoff", c) if isinstance(c, (float, np.floating))
+                else _integer("speed_cutoff", c)
+            )
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
     @classmethod
     def preset(cls, name: str, **overrides) -> "PruningConfig":
         """A named preset (see :data:`METHODS`) with optional field overrides."""
         if name not in METHODS:
-            raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+            raise UserInputError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
         return replace(cls(method=name), **overrides)
 
     @classmethod
@@ -234,41 +270,41 @@ class PruningConfig:
         """Check this configuration against a model depth and build its :class:`Schedule`.
 
         Raises:
-            ValueError: with a message saying which value to change.
+            UserInputError: with a message saying which value to change.
         """
         m = self.method
         if m not in METHODS:
-            raise ValueError(f"unknown method {m!r}; choose one of {', '.join(METHODS)}")
+            raise UserInputError(f"unknown method {m!r}; choose one of {', '.join(METHODS)}")
         if not isinstance(self.anchors, int) or self.anchors < 0:
-            raise ValueError(f"anchors must be a non-negative integer, got {self.anchors!r}")
+            raise UserInputError(f"anchors must be a non-negative integer, got {self.anchors!r}")
         uses_layers = m in ("lazy", "lazy+speed", "static")
         uses_cutoff = m in ("speed", "lazy+speed")
         if not uses_layers and self.prune_layers:
-            raise ValueError(f"method {m!r} takes no prune_layers; use 'lazy' or 'static'")
+            raise UserInputError(f"method {m!r} takes no prune_layers; use 'lazy' or 'static'")
         if not uses_cutoff and self.speed_cutoff is not None:
-            raise ValueError(f"method {m!r} takes no speed_cutoff; use 'speed' or 'lazy+speed'")
+            raise UserInputError(f"method {m!r} takes no speed_cutoff; use 'speed' or 'lazy+speed'")
         if m in ("full", "speed") and self.keep:
-            raise ValueError(f"method {m!r} takes no keep fractions")
+            raise UserInputError(f"method {m!r} takes no keep fractions")
         dynamic = m in ("lazy", "lazy+speed")
         if not self.revive and not dynamic:
-            raise ValueError(f"revive=False applies to 'lazy' and 'lazy+speed', not {m!r}")
+            raise UserInputError(f"revive=False applies to 'lazy' and 'lazy+speed', not {m!r}")
         if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 0:
-            raise ValueError(f"pool must be a non-negative integer, got {self.pool!r}")
+            raise UserInputError(f"pool must be a non-negative integer, got {self.pool!r}")
         if self.pool and not uses_layers:
-            raise ValueError(f"pool applies to score-based methods (lazy, lazy+speed, static), not {m!r}")
+            raise UserInputError(f"pool applies to score-based methods (lazy, lazy+speed, static), not {m!r}")
         scorer = self.scorer or "last"
         if not uses_layers and (self.scorer, self.heads, self.window) != (None, None, None):
-            raise ValueError(f"scorer, heads and window apply to score-based methods (lazy, "
+            raise UserInputError(f"scorer, heads and window apply to score-based methods (lazy, "
                              f"lazy+speed, static), not {m!r}")
         if scorer not in SCORERS:
-            raise ValueError(f"unknown scorer {scorer!r}; choose one of {', '.join(SCORERS)}")
+            raise UserInputError(f"unknown scorer {scorer!r}; choose one of {', '.join(SCORERS)}")
         heads = self.heads or "mean"
         if heads not in HEAD_REDUCTIONS:
-            raise ValueError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, got {heads!r}")
+            raise UserInputError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, got {heads!r}")
         window = self.window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int)
                                    or window < 1):
-            raise ValueError(f"window must be a positive integer, got {window!r}")
+            raise UserInputError(f"window must be a positive integer, got {window!r}")
         make_scorer(scorer, heads, window, self.pool)  # checks the scorer's own fields
         if window is None and has_window(scorer):
             window = make_scorer(scorer, heads).size  # the scorer's default, recorded
@@ -284,6 +320,15 @@ class PruningConfig:
                 "static": (_STATIC_LAYERS, _STATIC_KEEP),
             }[m]
             if self.prune_layers is None:
+                last = min(num_layers, prompt_depth) - 2
+                if last < 0:
+                    bound, fix = (
+                        (f"SPEED cutoff {prompt_depth}", "raise speed_cutoff to at least 2")
+                        if prompt_depth < num_layers else
+                        (f"model depth {num_layers}", "use a model of at least 2 layers"))
+                    raise UserInputError(
+                        f"the {bound} leaves no room for the {m!r} preset's pruning cut, "
+                        f"which needs a layer after it below the cutoff ({fix})")
                 prune_layers = layers_at(default_layers, num_layers, prompt_depth)
             else:
                 prune_layers = tuple(self.prune_layers)
@@ -292,7 +337,7 @@ class PruningConfig:
         elif m == "random":
             keep = tuple(self.keep) if self.keep is not None else _RANDOM_KEEP
             if len(keep) != 1:
-                raise ValueError(f"method 'random' takes one keep fraction, got {len(keep)}")
+                raise UserInputError(f"method 'random' takes one keep fraction, got {len(keep)}")
             _check_fraction(keep[0])
             random_keep, keep = keep[0], ()
         return Schedule(
@@ -325,19 +370,46 @@ def layers_at(fractions: Tuple[float, ...], num_layers: int,
     return tuple(sorted({min(last, max(0, round(f * num_layers) - 1)) for f in fractions}))
 
 
+def _integer(name: str, x: Any) -> int:
+    """``x`` as an int: Python and numpy integers pass, bools and anything else do not."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise UserInputError(f"{name} must be an integer, got {x!r}")
+    return int(x)
+
+
+def _non_negative_int(name: str, x: Any) -> int:
+    value = _integer(name, x)
+    if value < 0:
+        raise UserInputError(f"{name} must be a non-negative integer, got {x!r}")
+    return value
+
+
+def _real(name: str, x: Any) -> Union[float, int]:
+    """``x`` as a plain number: Python and numpy ints and floats pass, bools do not."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise UserInputError(f"{name} must be a number, got {x!r}")
+    return int(x) if isinstance(x, (int, np.integer)) else float(x)
+
+
+def _sequence(name: str, x: Any) -> tuple:
+    if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
+        raise UserInputError(f"{name} must be a sequence, got {x!r}")
+    return tuple(x)
+
+
 def _check_fraction(k: float) -> None:
     if not isinstance(k, (int, float)) or not 0.0 < k <= 1.0:
-        raise ValueError(f"keep fractions must be in (0, 1], got {k!r}")
+        raise UserInputError(f"keep fractions must be in (0, 1], got {k!r}")
 
 
 def _resolve_cutoff(cutoff: Optional[Union[float, int]], num_layers: int) -> int:
     if cutoff is None:
         cutoff = _SPEED_CUTOFF
     if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float)):
-        raise ValueError(f"speed_cutoff must be a fraction or a layer count, got {cutoff!r}")
+        raise UserInputError(f"speed_cutoff must be a fraction or a layer count, got {cutoff!r}")
     if isinstance(cutoff, float):
         if not 0.0 < cutoff <= 1.0:
-            raise ValueError(
+            raise UserInputError(
                 f"speed_cutoff {cutoff} as a fraction must be in (0, 1]; "
                 f"pass an int for a layer count"
             )
@@ -345,7 +417,7 @@ def _resolve_cutoff(cutoff: Optional[Union[float, int]], num_layers: int) -> int
     else:
         layers = cutoff
     if not 1 <= layers <= num_layers:
-        raise ValueError(
+        raise UserInputError(
             f"speed_cutoff must keep between 1 and {num_layers} layers (the model's depth), "
             f"got {layers}"
         )
@@ -356,30 +428,30 @@ def _check_layers(
     layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: int, prompt_depth: int, m: str
 ) -> None:
     if not layers:
-        raise ValueError(f"method {m!r} needs at least one pruning layer")
+        raise UserInputError(f"method {m!r} needs at least one pruning layer")
     if len(layers) != len(keep):
-        raise ValueError(
+        raise UserInputError(
             f"give one keep fraction per pruning layer: {len(layers)} layers, {len(keep)} fractions"
         )
     if m == "static" and len(layers) != 1:
-        raise ValueError("static pruning prunes once: give exactly one pruning layer")
+        raise UserInputError("static pruning prunes once: give exactly one pruning layer")
     for layer in layers:
         if isinstance(layer, bool) or not isinstance(layer, int):
-            raise ValueError(f"pruning layers must be integers, got {layer!r}")
+            raise UserInputError(f"pruning layers must be integers, got {layer!r}")
     last = min(num_layers, prompt_depth) - 2
     if layers[0] < 0 or layers[-1] > last:
-        raise ValueError(
+        raise UserInputError(
             f"pruning layers must lie in [0, {last}] so that a layer follows each cut "
             f"(model depth {num_layers}"
             + (f", SPEED cutoff {prompt_depth}" if prompt_depth < num_layers else "")
             + f"), got {list(layers)}"
         )
     if any(b <= a for a, b in zip(layers, layers[1:])):
-        raise ValueError(f"pruning layers must be strictly increasing, got {list(layers)}")
+        raise UserInputError(f"pruning layers must be strictly increasing, got {list(layers)}")
     for k in keep:
         _check_fraction(k)
     if any(b > a for a, b in zip(keep, keep[1:])):
-        raise ValueError(
+        raise UserInputError(
             f"keep fractions must not increase (kept sets only shrink), got {list(keep)}"
         )
 

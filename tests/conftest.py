@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random-weight models (llama, qwen2, qwen3) and the real SmolLM2.
+"""Shared fixtures: tiny random-weight models (llama, qwen2, qwen3, qwen3_moe) and the real SmolLM2.
 
 * ``tiny_model(kind="llama") -> (model, tokenizer)``: factory, loaded once per kind per session.
 * ``tiny_model_dir(kind="llama") -> Path``: factory, the folder ``mlx_lm.load`` reads.

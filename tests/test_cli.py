@@ -9,15 +9,17 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from tiny_models import KINDS
 
-from mlx_lazy import cli
+from mlx_lazy import api, cli
 
 REPO = Path(__file__).resolve().parents[1]
 STATS_KEYS = {
@@ -283,9 +285,9 @@ def test_prefill_progress_bar():
         bar(done, 4)
     assert bar._bar.n == 3 and bar._bar.total == 4
     bar(4, 4)
-    assert bar._bar is None  # closed (line cleared) once the last layer is done
+    assert bar._bar is None  # closed (line cleared) once the whole prompt is done
     bar.close()
-    assert "prefill" in buf.getvalue() and "layer" in buf.getvalue()
+    assert "prefill" in buf.getvalue() and "tok" in buf.getvalue()
     silent = io.StringIO()
     off = cli.PrefillProgress("prefill", enabled=False, file=silent, delay=0)
     off(1, 4)
@@ -295,10 +297,10 @@ def test_prefill_progress_bar():
 
 def test_context_length_sources():
     model = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=2048))
-    assert cli.context_length(model, SimpleNamespace(model_max_length=512)) == 2048
+    assert api.context_length(model, SimpleNamespace(model_max_length=512)) == 2048
     bare = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=None))
-    assert cli.context_length(bare, SimpleNamespace(model_max_length=512)) == 512
-    assert cli.context_length(bare, SimpleNamespace(model_max_length=int(1e30))) is None
+    assert api.context_length(bare, SimpleNamespace(model_max_length=512)) == 512
+    assert api.context_length(bare, SimpleNamespace(model_max_length=int(1e30))) is None
 
 
 def test_help_mentions_stats_json_layout(capsys):
@@ -311,3 +313,150 @@ def test_console_entry_point_declared():
     if not pyproject.exists():
         pytest.skip("pyproject.toml not written yet")
     assert 'mlx-lazy-generate = "mlx_lazy.cli:main"' in pyproject.read_text()
+
+
+# ---------------------------------------------------------------- hostile input, in-process
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if the CLI gets as far as loading a model."""
+
+    def refuse(path):
+        raise AssertionError("the model was loaded before the bad input was reported")
+
+    monkeypatch.setattr(cli, "load", refuse)
+
+
+def main_error(capsys, *argv: str) -> str:
+    """Run the CLI in-process; assert exit status 2 and one ``error:`` line; return it."""
+    assert cli.main(list(argv)) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (("--temp", "-1"), ["--temp", "-1"]),
+    (("--temp", "nan"), ["--temp", "nan"]),
+    (("--temp", "inf"), ["--temp"]),
+    (("--top-p", "0"), ["--top-p", "(0, 1]"]),
+    (("--top-p", "2"), ["--top-p"]),
+    (("--top-p", "-1"), ["--top-p"]),
+    (("--seed", "-1"), ["--seed", "2**64"]),
+    (("--seed", str(2**64)), ["--seed"]),
+    (("--seed", "1.5"), ["--seed"]),
+    (("-p", "\udcff\udcfe hi"), ["--prompt is not valid UTF-8", "byte 0xff at offset 0"]),
+    (("--system-prompt", "ok \udce9"), ["--system-prompt is not valid UTF-8", "offset 3"]),
+    (("--anchors", "4"), ["--anchors applies to pruning methods"]),
+    (("--method", "lazy", "--anchors", "-2"), ["anchors must be a non-negative integer"]),
+    (("--stats-json", "{tmp}"), ["is a directory"]),
+    (("--stats-json", "/proc/x.json"), ["cannot write --stats-json /proc/x.json"]),
+    (("--stats-json", "/dev/full"), ["cannot write --stats-json /dev/full", "No space"]),
+])
+def test_bad_flags_fail_before_the_model_loads(no_model_load, capsys, tmp_path, flags, fragments):
+    if "/dev/full" in flags and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
+    line = main_error(capsys, *flags)
+    assert all(f in line for f in fragments), line
+
+
+def test_stats_json_probe_leaves_no_file(capsys, tmp_path):
+    out = tmp_path / "stats.json"
+    main_error(capsys, "--stats-json", str(out), "--model", str(tmp_path / "missing"))
+    assert not out.exists()
+
+
+def test_verbose_reads_like_mlx_lm_and_warns_on_other_words(capsys):
+    parse = cli.build_parser().parse_args
+    assert parse(["--verbose", "False"]).verbose is False
+    assert parse(["--verbose", "f"]).verbose is False
+    assert parse(["--verbose", "True"]).verbose is True
+    assert capsys.readouterr().err == ""
+    assert parse(["--verbose", "maybe"]).verbose is True  # as mlx-lm reads it
+    assert capsys.readouterr().err.strip() == (
+        "warning: read 'maybe' as True, as mlx-lm does; write True or False")
+
+
+def test_errors_found_after_loading_come_before_any_run(tiny_model_path, capsys, tmp_path):
+    """A SPEED cutoff with no room for the preset cut, or more anchors than prompt tokens:
+    one line, before the baseline run of --compare prints anything."""
+    model = str(tiny_model_path)
+    line = main_error(capsys, "--model", model, "-p", "hi", "--method", "lazy+speed",
+                      "--speed-cutoff", "1")
+    assert "SPEED cutoff 1 leaves no room" in line and "[-1]" not in line
+    line = main_error(capsys, "--model", model, "-p", "hi", "--method", "lazy",
+                      "--anchors", "1000", "--compare", "--ignore-chat-template")
+    assert "anchors=1000 is more than the prompt's" in line
+
+
+def test_broken_model_folder_is_one_line(tiny_model_path, tmp_path, capsys):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_path, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert "model.safetensors is truncated" in main_error(capsys, "--model", str(folder))
+
+
+@pytest.mark.parametrize("error", [ValueError("internal shape bug"), OSError(5, "I/O error"),
+                                   RuntimeError("boom")])
+def test_internal_errors_are_not_reported_as_bad_input(monkeypatch, error):
+    """Only UserInputError is bad input (exit 2); anything else keeps its traceback (exit 1
+    once it leaves main)."""
+
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr(cli, "_run", fail)
+    with pytest.raises(type(error)):
+        cli.main(["-p", "hi"])
+
+
+def test_ctrl_c_in_main_is_one_line(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run", interrupted)
+    assert cli.main(["-p", "hi"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["interrupted"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+def test_ctrl_c_while_importing_is_one_line(tiny_model_path):
+    """SIGINT once mlx is loaded, while mlx-lm and transformers are still importing (or,
+    on a fast machine, a little later): one line and the SIGINT exit status, no traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlx_lazy.generate", "--model", str(tiny_model_path), "-p", "hi"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if "libmlx" in maps.read_text():
+                break
+        except OSError:
+            pass
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (130, -signal.SIGINT), err.decode()
+    assert err.decode().strip().splitlines() == ["interrupted"]
+
+
+@pytest.mark.parametrize("orig_argv, argv0, expected", [
+    (["python", "-m", "mlx_lazy.generate", "-p", "hi"], "-m", True),
+    (["python", "-X", "dev", "-m", "mlx_lazy.convert"], "-m", True),
+    (["python", "-mmlx_lazy.bench"], "-m", True),
+    (["python", "-m", "pytest", "tests"], "-m", False),
+    (["python", "script.py", "-m", "mlx_lazy.generate"], "script.py", False),
+    (["python", "-c", "import mlx_lazy"], "-c", False),
+    (["/venv/bin/python", "/venv/bin/mlx-lazy-generate"], "/venv/bin/mlx-lazy-generate", True),
+])
+def test_tool_detection_for_the_ctrl_c_hook(monkeypatch, orig_argv, argv0, expected):
+    from mlx_lazy import _interrupt
+
+    monkeypatch.setattr(sys, "orig_argv", orig_argv)
+    monkeypatch.setattr(sys, "argv", [argv0])
+    assert _interrupt.running_a_tool() is expected

@@ -8,8 +8,17 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_lazy import LazyEngine, PruningConfig
+from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS
 
-KINDS = ("llama", "qwen2", "qwen3")
+KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe")
+
+
+@pytest.fixture(autouse=True, params=IMPLEMENTATIONS)
+def attention_implementation(request, monkeypatch):
+    """Every test runs with both attention implementations: ``fast`` is what the GPU runs
+    (mx.fast with "causal" or boolean masks), here through mx.fast's exact CPU fallback."""
+    monkeypatch.setenv(ENV_VAR, request.param)
+    return request.param
 
 
 def random_prompt(n, vocab, seed=0):
@@ -115,6 +124,8 @@ def test_revived_token_kv_matches_full_forward(tiny_model, kind):
     assert mx.abs(values - ref_v).max().item() < 1e-4
 
 
+# The device's attention only: mx.fast's CPU fallback says nothing of the GPU's memory.
+@pytest.mark.parametrize("attention_implementation", ["device default"])
 def test_long_prefill_never_holds_full_score_matrix(tiny_model):
     model, _ = tiny_model("llama")
     n = 4096
@@ -257,3 +268,55 @@ def test_revived_rows_attend_to_selected_keys_up_to_their_position(tiny_model):
             ref = (w / w.sum()) @ values[0, h // rep, seen]
             np.testing.assert_allclose(gathered[0, h, r], ref, atol=1e-5)
             np.testing.assert_allclose(masked[0, h, r], ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention_implementation", ["set-in-test"])
+def test_fast_branch_masks_for_blocks_revived_rows_and_visibility(tiny_model, monkeypatch):
+    """The GPU branch hands mx.fast "causal" for prefill blocks, (rows, keys) boolean masks
+    for revived rows and a (keys,) visibility mask for the newest token. Each must have
+    exactly that shape (a mask that merely broadcasts would apply one row's mask to all) and
+    line up with the keys: with every kind in play, the logits must equal those of the CPU
+    kernel path (itself exact against mlx-lm and numpy above)."""
+    model, _ = tiny_model("llama")
+    prompt = random_prompt(300, model.args.vocab_size, seed=11)
+    config = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2))
+    real = mx.fast.scaled_dot_product_attention
+    calls = []
+
+    def spy(q, k, v, *, scale, mask=None, **kw):
+        shape = mask if mask is None or isinstance(mask, str) else tuple(mask.shape)
+        calls.append((q.shape[2], k.shape[2], shape))
+        return real(q, k, v, scale=scale, mask=mask, **kw)
+
+    def run_with(implementation, tokens):
+        monkeypatch.setenv(ENV_VAR, implementation)
+        engine = LazyEngine(model, config, block_size=64)
+        engine.revival_block = 4  # many revived rows take the gathered-keys path
+        logits = [engine.prefill(prompt)]
+        for token in tokens:
+            logits.append(engine.decode(token))
+        mx.eval(logits)
+        return logits, engine.stats
+
+    # Greedy tokens from the CPU kernel path, fed to both so the steps stay comparable.
+    monkeypatch.setenv(ENV_VAR, "cpu-kernel")
+    engine = LazyEngine(model, config, block_size=64)
+    tokens = [int(mx.argmax(engine.prefill(prompt)))]
+    for _ in range(11):
+        tokens.append(int(mx.argmax(engine.decode(tokens[-1]))))
+    ref, ref_stats = run_with("cpu-kernel", tokens)
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", spy)
+    fast, stats = run_with("fast", tokens)
+
+    assert stats.revivals == ref_stats.revivals > 0
+    for a, b in zip(ref, fast):
+        assert mx.abs(a - b).max().item() < 1e-4
+    kinds = set()
+    for rows, keys, mask in calls:
+        if mask == "causal":
+            assert rows <= keys  # aligned to the bottom right: the block's own keys are last
+            kinds.add("causal block")
+        elif mask is not None:
+            assert mask in ((keys,), (rows, keys)), (rows, keys, mask)
+            kinds.add("visibility" if len(mask) == 1 else "revived rows")
+    assert kinds == {"causal block", "visibility", "revived rows"}

@@ -1,4 +1,4 @@
-"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3) with a real tokenizer, for fast tests.
+"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe) with a real tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
@@ -15,7 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_map
 
-KINDS = ("llama", "qwen2", "qwen3")
+KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -48,6 +48,10 @@ _KIND_CONFIG = {
     "llama": {"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": False},
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "tie_word_embeddings": True},  # q/k/v bias
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "tie_word_embeddings": True},  # q/k norm
+    # q/k norm; sparse MoE blocks (2 of 4 experts per token) except in the dense layer 1
+    "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "tie_word_embeddings": False,
+                  "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+                  "mlp_only_layers": [1], "moe_intermediate_size": 32, "norm_topk_prob": True},
 }
 
 
