@@ -36,6 +36,7 @@ from typing import Annotated, Any, AsyncIterator, Dict, List, Literal, Optional,
 
 import mlx.core as mx
 from fastapi import Depends, FastAPI, Request
+from jinja2 import TemplateError
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -321,8 +322,8 @@ class Worker:
             APIError: 503 with ``Retry-After`` when ``max_queue`` requests already wait.
         """
         with self._lock:
-            if self.waiting >= self.max_queue:
-                ahead = self.waiting + (self.current is not None)
+            ahead = self.waiting + (self.current is not None)
+            if ahead > self.max_queue:
                 retry = max(1, math.ceil(self.mean_seconds * ahead))
                 raise APIError(503, f"the server is busy ({self.waiting} requests queued); retry "
                                     f"in {retry} s", type="server_error", code="queue_full",
@@ -622,13 +623,16 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         return EventSourceResponse(sse(), ping=SSE_PING_S, sep="\n")
 
     def chat_tokens(messages: List[Message]) -> List[int]:
-        plain = [{"role": m.role, "content": m.content if isinstance(m.content, str) or m.content
-                  is None else "".join(p.text for p in m.content)} for m in messages]
-        if getattr(tokenizer, "has_chat_template", False):
+        plain = [{"role": m.role, "content": m.content if isinstance(m.content, str)
+                  else "".join(p.text for p in m.content or [])} for m in messages]
+        if not getattr(tokenizer, "has_chat_template", False):  # the contents, one per line
+            return _encode(tokenizer, "\n".join(m["content"] for m in plain))
+        try:
             text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
-            return list(tokenizer.encode(text, add_special_tokens=False))
-        # No template: the contents, one per line.
-        return _encode(tokenizer, "\n".join(m["content"] or "" for m in plain))
+        except TemplateError as e:  # e.g. "roles must alternate user/assistant"
+            raise APIError(400, f"the model's chat template rejects these messages: {e}",
+                           param="messages") from None
+        return list(tokenizer.encode(text, add_special_tokens=False))
 
     @app.get("/health")
     async def health() -> dict:
@@ -713,10 +717,14 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     Raises:
         UserInputError: a bad flag value or schedule file.
     """
-    for name in ("max_tokens", "max_queue", "max_body_bytes") + (
-            ("max_prompt_tokens",) if args.max_prompt_tokens is not None else ()):
-        if getattr(args, name) < (0 if name == "max_queue" else 1):
-            raise UserInputError(f"--{name.replace('_', '-')} must be positive")
+    least = {"max_tokens": 1, "max_queue": 0, "max_body_bytes": 1, "max_prompt_tokens": 1,
+             "temp": 0.0}
+    for name, low in least.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            raise UserInputError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+    if not 0.0 < args.top_p <= 1.0:
+        raise UserInputError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not 1 <= args.port <= 65535:
         raise UserInputError(f"--port must be in 1..65535, got {args.port}")
     if args.api_key is not None and not args.api_key:
@@ -753,7 +761,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"warning: listening on {args.host} with no authentication: anyone who can reach "
               f"this port can use the model (set --api-key)", file=sys.stderr)
     app = create_app(settings, worker)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=5)
     return 0
 
 
