@@ -375,19 +375,30 @@ def _wait_for(server: Server, predicate, what: str, timeout: float = 120) -> dic
     pytest.fail(f"timed out waiting for {what}; last /health: {health}")
 
 
-def test_disconnect_stops_generation_and_a_full_queue_is_refused(server, tiny_model):
-    before = server.health()
-    # A long streaming generation, read until its first token, then left running.
+def send_raw(server: Server, body: dict) -> socket.socket:
+    """POST ``body`` to /v1/completions on a raw socket, leaving the response unread."""
     sock = socket.create_connection((HOST, server.port))
-    body = json.dumps({"prompt": "Count", "max_tokens": 3000, "stream": True}).encode()
+    data = json.dumps(body).encode()
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    return sock
+
+
+def start_long_stream(server: Server) -> socket.socket:
+    """A streaming generation of 3,000 tokens, read until its first token, then left running."""
+    sock = send_raw(server, {"prompt": "Count", "max_tokens": 3000, "stream": True})
     received = b""
     while b"data: " not in received:
         received += sock.recv(4096)
     assert received.startswith(b"HTTP/1.1 200")
     _wait_for(server, lambda h: h["generating"] and h["generating"]["phase"] == "decode",
-              "the first request to decode")
+              "the long request to decode")
+    return sock
+
+
+def test_disconnect_stops_generation_and_a_full_queue_is_refused(server, tiny_model):
+    before = server.health()
+    sock = start_long_stream(server)
 
     # One more request may wait (--max-queue 1); the next is refused with Retry-After.
     prompt = "The quick brown fox jumps over"
@@ -461,3 +472,19 @@ def test_smollm2_full_equals_mlx_lm_and_lazy_reports_pruning(smollm2_path, smoll
         assert pruning["method"] == "lazy" and pruning["schedule_source"] == "request"
         assert pruning["prompt_tokens_computed_pct"] < 50
         assert result["r"].usage.prompt_tokens > 1500
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_whose_client_left_while_queued_is_never_generated(server, tiny_model, stream):
+    before = server.health()
+    running = start_long_stream(server)
+    waiting = send_raw(server, {"prompt": "Count", "max_tokens": 5, "stream": stream})
+    _wait_for(server, lambda h: h["queued"] == 1, "the second request to queue")
+    waiting.close()
+    time.sleep(2.0)  # the server notices within its 0.5 s disconnect poll (stream: at once)
+    running.close()
+    after = _wait_for(server, lambda h: h["generating"] is None and h["queued"] == 0,
+                      "the queue to drain")
+    assert (after["cancelled"], after["completed"]) == (before["cancelled"] + 2, before["completed"])
+    r = server.client().completions.create(model="any", prompt="Count", max_tokens=3)
+    assert r.choices[0].text == expected(tiny_model(), "Count", max_tokens=3)
