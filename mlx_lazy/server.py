@@ -36,11 +36,11 @@ from typing import Annotated, Any, AsyncIterator, Dict, List, Literal, Optional,
 
 import mlx.core as mx
 from fastapi import Depends, FastAPI, Request
-from jinja2 import TemplateError
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from jinja2 import TemplateError
 from mlx_lm.sample_utils import make_sampler
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse
@@ -482,7 +482,9 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
     model_id = settings.model or "default_model"
     created = int(time.time())
     tokenizer = worker.tokenizer
-    prompt_limit = settings.max_prompt_tokens or worker.context
+    # A prompt must leave room for one new token in the model's context.
+    limits = [n for n in (settings.max_prompt_tokens, worker.context and worker.context - 1) if n]
+    prompt_limit = min(limits) if limits else None
     bearer = HTTPBearer(auto_error=False)
 
     @app.exception_handler(APIError)
@@ -687,7 +689,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temp", type=float, default=0.0, help="default sampling temperature")
     p.add_argument("--top-p", type=float, default=1.0, help="default sampling top-p")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
-                   help="longer prompts are refused with HTTP 413 (default: the model's context)")
+                   help="longer prompts are refused with HTTP 413 (default and upper bound: "
+                        "what fits the model's context)")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help="requests that may wait behind the running one; more get HTTP 503 "
                         f"with Retry-After (default {DEFAULT_MAX_QUEUE})")

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import mlx.core as mx
+import openai
 import pytest
 from mlx_lm.sample_utils import make_sampler
 
 from mlx_lazy import PruningConfig, generate
 from mlx_lazy.server import StopText, is_loopback, main, pruning_config
-
-openai = pytest.importorskip("openai")
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"  # tests never bind any other address
@@ -50,7 +49,7 @@ class Server:
         self.port, self.proc, self.log = port, proc, log
         self.url = f"http://{HOST}:{port}"
 
-    def client(self, api_key: str = "unused", **kw) -> "openai.OpenAI":
+    def client(self, api_key: str = "unused", **kw) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0,
                              timeout=300, **kw)
 
