@@ -472,6 +472,18 @@ def test_smollm2_full_equals_mlx_lm_and_lazy_reports_pruning(smollm2_path, smoll
         assert pruning["prompt_tokens_computed_pct"] < 50
         assert result["r"].usage.prompt_tokens > 1500
 
+        # A client that leaves during the prefill stops it before its last layer.
+        before = s.health()
+        sock = send_raw(s, {"prompt": doc, "max_tokens": 50, "stream": True})
+        seen = [_wait_for(s, lambda h: h["generating"] and h["generating"]["layers_done"] >= 2,
+                          "the prefill", timeout=300)["generating"]]
+        sock.close()
+        while seen[-1] is not None:
+            time.sleep(0.05)
+            seen.append(s.health()["generating"])
+        assert seen[-2]["phase"] == "prefill" and seen[-2]["layers_done"] < 30, seen
+        assert s.health()["cancelled"] == before["cancelled"] + 1
+
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_request_whose_client_left_while_queued_is_never_generated(server, tiny_model, stream):
