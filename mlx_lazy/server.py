@@ -92,16 +92,14 @@ def _param(loc: Sequence[Union[str, int]]) -> Optional[str]:
 
 def _validation_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
-    if any(e["type"] == "json_invalid" for e in errors):
-        return APIError(400, f"malformed JSON in the request body: {errors[0]['ctx']['error']}")
+    bad_json = next((e for e in errors if e["type"] == "json_invalid"), None)
+    if bad_json is not None:
+        why = bad_json.get("ctx", {}).get("error", bad_json["msg"])
+        return APIError(400, f"malformed JSON in the request body: {why}")
     # A union reports one error per member (loc ends in the member's type): the field is the
     # common prefix of the first field's errors.
     locs = [tuple(e["loc"]) for e in errors if tuple(e["loc"][:2]) == tuple(errors[0]["loc"][:2])]
-    common = locs[0]
-    for loc in locs[1:]:
-        n = next((i for i, (a, b) in enumerate(zip(common, loc)) if a != b), min(len(common), len(loc)))
-        common = common[:n]
-    param = _param(common)
+    param = _param(os.path.commonprefix(locs))
     first = errors[0]
     msg = first["msg"] if len(locs) == 1 else f"{first['msg']} (or another accepted type)"
     where = param or "the request body"
@@ -367,7 +365,10 @@ class Worker:
                     self.current = None
                     self.completed += finished
                     self.cancelled += not finished
-                    self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * (time.perf_counter() - tic)
+                    took = time.perf_counter() - tic
+                    # a moving average of request durations, for Retry-After
+                    self.mean_seconds = (0.8 * self.mean_seconds + 0.2 * took
+                                         if self.mean_seconds else took)
 
     def _generate(self, job: Job) -> bool:
         """Run ``job``; True when it ran to its end (not cancelled, no error)."""

@@ -450,6 +450,7 @@ def test_smollm2_full_equals_mlx_lm_and_lazy_reports_pruning(smollm2_path, smoll
     assert ours == mlx_lm.generate(model, tokenizer, prompt=prompt, max_tokens=24)
 
     doc = (Path(mlx_lazy.__file__).parent / "data" / "declaration_of_independence.txt").read_text()
+    doc = doc[: len(doc) // 2]  # ~900 tokens: a prefill long enough to watch, short enough for CI
     long_messages = [{"role": "user", "content": doc + "\n\nWho wrote this?"}]
     with run_server(smollm2_path, tmp_path=tmp_path) as s:
         client = s.client()
@@ -470,7 +471,7 @@ def test_smollm2_full_equals_mlx_lm_and_lazy_reports_pruning(smollm2_path, smoll
         pruning = result["r"].usage.model_extra["pruning"]
         assert pruning["method"] == "lazy" and pruning["schedule_source"] == "request"
         assert pruning["prompt_tokens_computed_pct"] < 50
-        assert result["r"].usage.prompt_tokens > 1500
+        assert result["r"].usage.prompt_tokens > 800
 
         # A client that leaves during the prefill stops it before its last layer.
         before = s.health()

@@ -207,7 +207,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             s.bind((HOST, 0))
             port = s.getsockname()[1]
         host = HOST
-        proc = start_server(str(model_path), port, Path(tempfile.gettempdir()) / f"mlx-lazy-server-load-{port}.log")
+        log = Path(tempfile.gettempdir()) / f"mlx-lazy-server-load-{port}.log"
+        proc = start_server(str(model_path), port, log)
     try:
         rows = []
         for method in args.methods.split(","):
