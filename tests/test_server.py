@@ -1,0 +1,510 @@
+"""The HTTP server over real HTTP: a server subprocess on a free loopback port, spoken to with
+the official ``openai`` client and with raw HTTP (``http.client``, sockets).
+
+Expected texts come from ``mlx_lazy.generate`` in this process on the same model folder (and,
+for SmolLM2, from ``mlx_lm.generate``).
+"""
+
+from __future__ import annotations
+
+import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+import mlx.core as mx
+import openai
+import pytest
+from mlx_lm.sample_utils import make_sampler
+
+from mlx_lazy import PruningConfig, generate
+from mlx_lazy.schedule import SCHEDULE_FORMAT
+from mlx_lazy.server import StopText, is_loopback, main, pruning_config
+
+REPO = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"  # tests never bind any other address
+START_TIMEOUT_S = 180
+MAX_PROMPT_TOKENS = 600
+MAX_BODY_BYTES = 20_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A running ``python -m mlx_lazy.server`` subprocess."""
+
+    def __init__(self, port: int, proc: subprocess.Popen, log: Path) -> None:
+        self.port, self.proc, self.log = port, proc, log
+        self.url = f"http://{HOST}:{port}"
+
+    def client(self, api_key: str = "unused", **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0,
+                             timeout=300, **kw)
+
+    def request(self, method: str, path: str, body=None, headers: Optional[dict] = None):
+        """Raw HTTP: ``(status, headers, parsed JSON or text)``; ``body`` may be bytes."""
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=300)
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        conn.request(method, path, body=data, headers=hdrs)
+        resp = conn.getresponse()
+        raw = resp.read().decode()
+        conn.close()
+        try:
+            payload = json.loads(raw)
+        except json.JSONDecodeError:
+            payload = raw
+        return resp.status, dict(resp.getheaders()), payload
+
+    def health(self) -> dict:
+        return self.request("GET", "/health")[2]
+
+
+@contextmanager
+def run_server(model: Path, *args: str, tmp_path: Path) -> Iterator[Server]:
+    port = free_port()
+    log = tmp_path / f"server-{port}.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "mlx_lazy.server", "--model", str(model), "--host", HOST,
+           "--port", str(port), "--log-level", "warning", *args]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    server = Server(port, proc, log)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                if server.request("GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"server did not start in {START_TIMEOUT_S} s:\n{log.read_text()}")
+            time.sleep(0.2)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tmp_path_factory) -> Iterator[Server]:
+    with run_server(tiny_model_path, "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
+                    "--max-queue", "1", "--max-body-bytes", str(MAX_BODY_BYTES),
+                    tmp_path=tmp_path_factory.mktemp("server")) as s:
+        yield s
+
+
+def chat_prompt(tokenizer, messages: list) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def expected(model_tok, prompt: str, **kw) -> str:
+    model, tokenizer = model_tok
+    return generate(model, tokenizer, prompt, **kw)
+
+
+MESSAGES = [{"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "The quick brown fox jumps over the lazy dog."}]
+LONG_TEXT = ("Long prompts are expensive: every layer attends over every token. "
+             "The passkey is 12345. Remember it. ") * 12
+
+
+# ---------------------------------------------------------------- unit-level pieces
+
+
+def test_stop_text_withholds_a_possible_stop_and_cuts_at_the_first():
+    s = StopText(["END", "xy"])
+    assert s.feed("abcE") == ("abc", False)  # "E" may begin "END"
+    assert s.feed("Nx") == ("EN", False)  # "ENx" cannot be "END"; "x" may begin "xy"
+    assert s.feed("yz") == ("", True)  # "xy" found: cut before it
+    s = StopText(["END"])
+    assert s.feed("abE") == ("ab", False)
+    assert s.feed("F") == ("EF", False)
+    assert s.flush() == ""
+
+
+def test_pruning_field_builds_the_config_generically():
+    default = PruningConfig.preset("lazy", keep=(0.5, 0.2))
+    assert pruning_config("speed", default) == PruningConfig.preset("speed")
+    assert pruning_config({"method": "lazy", "keep": [0.6, 0.3]}, default) == \
+        PruningConfig.preset("lazy", keep=(0.6, 0.3))
+    assert pruning_config({"pool": 2}, default) == PruningConfig.preset("lazy", keep=(0.5, 0.2), pool=2)
+
+
+def test_loopback_detection():
+    assert all(map(is_loopback, ["127.0.0.1", "127.1.2.3", "::1", "localhost"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "192.168.1.2", "example.org"]))
+
+
+def test_bad_command_line_is_one_error_line(tmp_path, tiny_model_path, capsys):
+    assert main(["--model", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot load model")
+    bad = tmp_path / "s.json"
+    schedule = {"format": SCHEDULE_FORMAT, "model": {"fingerprint": {"num_layers": 4}},
+                "config": {"method": "lazy", "prune_layers": [0, 1], "keep": [0.5, 0.9]}}
+    bad.write_text(json.dumps(schedule))
+    assert main(["--model", str(tiny_model_path), "--schedule", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "keep fractions must not increase" in err[0], err
+    schedule["config"]["keep"] = [0.5, 0.3]  # valid, but calibrated for another model
+    bad.write_text(json.dumps(schedule))
+    assert main(["--model", str(tiny_model_path), "--schedule", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "calibrated for another model" in err[0], err
+
+
+# ---------------------------------------------------------------- endpoints
+
+
+def test_models_and_health(server):
+    ids = [m.id for m in server.client().models.list()]
+    assert ids == [str(server_model(server))]
+    health = server.health()
+    assert health["status"] == "ok" and health["queued"] == 0
+
+
+def server_model(server: Server) -> str:
+    return server.request("GET", "/v1/models")[2]["data"][0]["id"]
+
+
+def test_chat_non_streaming_equals_in_process(server, tiny_model):
+    tokenizer = tiny_model()[1]
+    prompt = chat_prompt(tokenizer, MESSAGES)
+    r = server.client().chat.completions.create(model="any", messages=MESSAGES, max_tokens=12)
+    assert r.object == "chat.completion" and r.model == server_model(server)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == expected(tiny_model(), prompt, max_tokens=12)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
+    assert r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+    pruning = r.usage.model_extra["pruning"]
+    assert pruning["method"] == "full" and pruning["schedule_source"] == "preset"
+    assert pruning["prompt_tokens_computed_pct"] == 100.0 and pruning["revivals"] == 0
+
+
+def test_chat_streaming_with_usage(server, tiny_model):
+    want = expected(tiny_model(), chat_prompt(tiny_model()[1], MESSAGES), max_tokens=10)
+    chunks = list(server.client().chat.completions.create(
+        model="any", messages=MESSAGES, max_tokens=10, stream=True,
+        stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+    # Raw: server-sent events, each "data: {json}", the last "data: [DONE]".
+    status, headers, text = server.request("POST", "/v1/chat/completions", {
+        "messages": MESSAGES, "max_tokens": 3, "stream": True})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    pieces = [json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]]
+    assert "".join(pieces) == expected(tiny_model(), chat_prompt(tiny_model()[1], MESSAGES), max_tokens=3)
+
+
+def test_completions_streaming_and_not(server, tiny_model):
+    prompt = "The quick brown fox jumps over"
+    want = expected(tiny_model(), prompt, max_tokens=8)
+    client = server.client()
+    r = client.completions.create(model="any", prompt=prompt, max_tokens=8)
+    assert r.object == "text_completion" and r.choices[0].text == want
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+    chunks = list(client.completions.create(model="any", prompt=prompt, max_tokens=8, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == want
+    # Token ids are a prompt too.
+    ids = tiny_model()[1].encode(prompt)
+    r = client.completions.create(model="any", prompt=ids, max_tokens=8)
+    assert r.choices[0].text == want
+
+
+def test_lazy_request_equals_in_process_and_reports_pruning(server, tiny_model):
+    messages = [{"role": "user", "content": LONG_TEXT + "What is the passkey?"}]
+    prompt = chat_prompt(tiny_model()[1], messages)
+    client = server.client()
+    for spec, config in [("lazy", PruningConfig.preset("lazy")),
+                         ({"method": "lazy", "prune_layers": [0], "keep": [0.3]},
+                          PruningConfig.preset("lazy", prune_layers=(0,), keep=(0.3,)))]:
+        r = client.chat.completions.create(model="any", messages=messages, max_tokens=6,
+                                           extra_body={"pruning": spec})
+        assert r.choices[0].message.content == expected(tiny_model(), prompt, max_tokens=6,
+                                                        config=config)
+        pruning = r.usage.model_extra["pruning"]
+        assert pruning["method"] == "lazy" and pruning["schedule_source"] == "request"
+        assert 0 < pruning["prompt_tokens_computed_pct"] < 100
+        assert pruning["kv_bytes"] > 0 and pruning["ttft_s"] > 0 and pruning["revivals"] >= 0
+
+
+def test_stop_sequences(server, tiny_model):
+    prompt = "Pruning keeps the tokens that matter"
+    full_text = expected(tiny_model(), prompt, max_tokens=16)
+    stop = full_text[5:8]
+    assert len(stop) == 3 and stop.strip()
+    want = full_text[: full_text.find(stop)]
+    client = server.client()
+    r = client.completions.create(model="any", prompt=prompt, max_tokens=16, stop=[stop, "\x00"])
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (want, "stop")
+    chunks = list(client.completions.create(model="any", prompt=prompt, max_tokens=16,
+                                            stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling(server, tiny_model):
+    prompt = "A language model predicts"
+    model, tokenizer = tiny_model()
+    mx.random.seed(7)
+    want = generate(model, tokenizer, prompt, max_tokens=10, sampler=make_sampler(1.0, 0.9))
+    client = server.client()
+    texts = [client.completions.create(model="any", prompt=prompt, max_tokens=10, temperature=1.0,
+                                       top_p=0.9, seed=7).choices[0].text for _ in range(2)]
+    assert texts == [want, want]
+    assert want != expected(tiny_model(), prompt, max_tokens=10)  # sampling did change it
+
+
+# ---------------------------------------------------------------- bad requests
+
+
+def _long_prompt(tokenizer, n: int) -> str:
+    text = ""
+    while len(tokenizer.encode(text)) < n:
+        text += "The passkey is 12345. Remember it. "
+    return text
+
+
+def bad_requests(tokenizer):
+    chat = "/v1/chat/completions"
+    ok = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    return [
+        # (path, body, status, param)
+        (chat, b'{"messages": [', 400, None),
+        (chat, {"max_tokens": 2}, 400, "messages"),
+        (chat, {"messages": "hi"}, 400, "messages"),
+        (chat, {"messages": []}, 400, "messages"),
+        (chat, {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+        (chat, {**ok, "max_tokens": -3}, 400, "max_tokens"),
+        (chat, {**ok, "max_tokens": "2"}, 400, "max_tokens"),
+        (chat, {**ok, "temperature": "hot"}, 400, "temperature"),
+        (chat, {**ok, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        (chat, {**ok, "n": 2}, 400, "n"),
+        (chat, {**ok, "pruning": "turbo"}, 400, "pruning"),
+        (chat, {**ok, "pruning": 7}, 400, "pruning"),
+        (chat, {**ok, "pruning": {"method": "warp"}}, 400, "pruning.method"),
+        (chat, {**ok, "pruning": {"method": "lazy", "kep": [0.5]}}, 400, "pruning.kep"),
+        (chat, {**ok, "pruning": {"method": "lazy", "keep": [0.2, 0.9]}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {"method": "lazy", "prune_layers": 3}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {"method": "speed", "speed_cutoff": 99}}, 400, "pruning"),
+        (chat, {**ok, "max_tokens": 4000, "messages": [
+            {"role": "user", "content": _long_prompt(tokenizer, 200)}]}, 400, "max_tokens"),
+        (chat, {**ok, "messages": [{"role": "user", "content": _long_prompt(
+            tokenizer, MAX_PROMPT_TOKENS + 50)}]}, 413, "messages"),
+        ("/v1/completions", {"prompt": "x" * (MAX_BODY_BYTES + 1)}, 413, None),
+        ("/v1/completions", {"prompt": [1, 2, 10**6]}, 400, "prompt"),
+        ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+        ("/v1/nothing", {}, 404, None),
+    ]
+
+
+def test_bad_requests_get_error_objects_and_the_server_keeps_serving(server, tiny_model):
+    tokenizer = tiny_model()[1]
+    for path, body, status, param in bad_requests(tokenizer):
+        got, _, payload = server.request("POST", path, body)
+        assert got == status, (body, payload)
+        error = payload["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"], payload
+        assert error["param"] == param, (body, error)
+    # A chunked body (no Content-Length) over the limit is refused as well.
+    conn = http.client.HTTPConnection(HOST, server.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=iter([b'{"prompt": "', b"y" * MAX_BODY_BYTES, b'"}']),
+                 headers={"Content-Type": "application/json"}, encode_chunked=True)
+    assert conn.getresponse().status == 413
+    conn.close()
+    # The openai client surfaces them as its own exceptions.
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client().chat.completions.create(model="any", messages=MESSAGES,
+                                                extra_body={"pruning": "turbo"})
+    assert e.value.body["param"] == "pruning"
+    r = server.client().chat.completions.create(model="any", messages=MESSAGES, max_tokens=4)
+    assert r.choices[0].message.content == expected(tiny_model(), chat_prompt(tokenizer, MESSAGES),
+                                                    max_tokens=4)
+
+
+# ---------------------------------------------------------------- concurrency
+
+
+def test_two_clients_at_once_get_their_own_answers(server, tiny_model):
+    prompts = ["The quick brown fox jumps over", "Question: where is the key? Answer:"]
+    wants = [expected(tiny_model(), p, max_tokens=10) for p in prompts]
+    assert wants[0] != wants[1]
+    got = [None, None]
+
+    def ask(i: int) -> None:
+        got[i] = server.client().completions.create(model="any", prompt=prompts[i],
+                                                    max_tokens=10).choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert got == wants
+
+
+def _wait_for(server: Server, predicate, what: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        health = server.health()
+        if predicate(health):
+            return health
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}; last /health: {health}")
+
+
+def send_raw(server: Server, body: dict) -> socket.socket:
+    """POST ``body`` to /v1/completions on a raw socket, leaving the response unread."""
+    sock = socket.create_connection((HOST, server.port))
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    return sock
+
+
+def start_long_stream(server: Server) -> socket.socket:
+    """A streaming generation of 3,000 tokens, read until its first token, then left running."""
+    sock = send_raw(server, {"prompt": "Count", "max_tokens": 3000, "stream": True})
+    received = b""
+    while b"data: " not in received:
+        received += sock.recv(4096)
+    assert received.startswith(b"HTTP/1.1 200")
+    _wait_for(server, lambda h: h["generating"] and h["generating"]["phase"] == "decode",
+              "the long request to decode")
+    return sock
+
+
+def test_disconnect_stops_generation_and_a_full_queue_is_refused(server, tiny_model):
+    before = server.health()
+    sock = start_long_stream(server)
+
+    # One more request may wait (--max-queue 1); the next is refused with Retry-After.
+    prompt = "The quick brown fox jumps over"
+    queued: dict = {}
+    waiter = threading.Thread(target=lambda: queued.update(r=server.client().completions.create(
+        model="any", prompt=prompt, max_tokens=5)))
+    waiter.start()
+    _wait_for(server, lambda h: h["queued"] == 1, "the second request to queue")
+    status, headers, payload = server.request("POST", "/v1/completions",
+                                              {"prompt": prompt, "max_tokens": 5})
+    assert status == 503 and int(headers["retry-after"]) >= 1
+    assert payload["error"]["code"] == "queue_full"
+
+    # Disconnecting stops the first generation; the queued request then completes correctly.
+    sock.close()
+    waiter.join(timeout=300)
+    assert queued["r"].choices[0].text == expected(tiny_model(), prompt, max_tokens=5)
+    after = _wait_for(server, lambda h: h["generating"] is None, "the queue to drain")
+    assert after["cancelled"] == before["cancelled"] + 1
+    assert after["completed"] == before["completed"] + 1
+
+
+# ---------------------------------------------------------------- authentication
+
+
+def test_api_key(tiny_model_path, tmp_path):
+    with run_server(tiny_model_path, "--api-key", "s3cret", tmp_path=tmp_path) as s:
+        assert s.request("GET", "/health")[0] == 200  # health needs no key
+        for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}]:
+            status, hdrs, payload = s.request("GET", "/v1/models", headers=headers)
+            assert status == 401 and payload["error"]["type"] == "authentication_error"
+            assert hdrs["www-authenticate"] == "Bearer"
+        with pytest.raises(openai.AuthenticationError):
+            s.client(api_key="wrong").completions.create(model="any", prompt="hi", max_tokens=2)
+        r = s.client(api_key="s3cret").completions.create(model="any", prompt="hi", max_tokens=2)
+        assert r.usage.completion_tokens == 2
+
+
+# ---------------------------------------------------------------- SmolLM2
+
+
+@pytest.mark.slow
+def test_smollm2_full_equals_mlx_lm_and_lazy_reports_pruning(smollm2_path, smollm2, tmp_path):
+    import mlx_lm
+
+    model, tokenizer = smollm2
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    prompt = chat_prompt(tokenizer, messages)
+    ours = generate(model, tokenizer, prompt, max_tokens=24)
+    assert ours == mlx_lm.generate(model, tokenizer, prompt=prompt, max_tokens=24)
+
+    doc = (Path(mlx_lazy.__file__).parent / "data" / "declaration_of_independence.txt").read_text()
+    doc = doc[: len(doc) // 2]  # ~900 tokens: a prefill long enough to watch, short enough for CI
+    long_messages = [{"role": "user", "content": doc + "\n\nWho wrote this?"}]
+    with run_server(smollm2_path, tmp_path=tmp_path) as s:
+        client = s.client()
+        r = client.chat.completions.create(model="any", messages=messages, max_tokens=24,
+                                           extra_body={"pruning": "full"})
+        assert r.choices[0].message.content == ours
+
+        # /health answers while a long lazy prefill runs, and sees it in progress.
+        result: dict = {}
+        t = threading.Thread(target=lambda: result.update(r=client.chat.completions.create(
+            model="any", messages=long_messages, max_tokens=2, extra_body={"pruning": "lazy"})))
+        t.start()
+        seen = _wait_for(s, lambda h: h["generating"] and h["generating"]["phase"] == "prefill"
+                         and 0 < h["generating"]["layers_done"] < h["generating"]["num_layers"],
+                         "the prefill", timeout=300)
+        assert seen["generating"]["num_layers"] == 30
+        t.join(timeout=600)
+        pruning = result["r"].usage.model_extra["pruning"]
+        assert pruning["method"] == "lazy" and pruning["schedule_source"] == "request"
+        assert pruning["prompt_tokens_computed_pct"] < 50
+        assert result["r"].usage.prompt_tokens > 800
+
+        # A client that leaves during the prefill stops it before its last layer.
+        before = s.health()
+        sock = send_raw(s, {"prompt": doc, "max_tokens": 50, "stream": True})
+        seen = [_wait_for(s, lambda h: h["generating"] and h["generating"]["layers_done"] >= 2,
+                          "the prefill", timeout=300)["generating"]]
+        sock.close()
+        while seen[-1] is not None:
+            time.sleep(0.05)
+            seen.append(s.health()["generating"])
+        assert seen[-2]["phase"] == "prefill" and seen[-2]["layers_done"] < 30, seen
+        assert s.health()["cancelled"] == before["cancelled"] + 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_whose_client_left_while_queued_is_never_generated(server, tiny_model, stream):
+    before = server.health()
+    running = start_long_stream(server)
+    waiting = send_raw(server, {"prompt": "Count", "max_tokens": 5, "stream": stream})
+    _wait_for(server, lambda h: h["queued"] == 1, "the second request to queue")
+    waiting.close()
+    time.sleep(2.0)  # the server notices within its 0.5 s disconnect poll (stream: at once)
+    running.close()
+    after = _wait_for(server, lambda h: h["generating"] is None and h["queued"] == 0,
+                      "the queue to drain")
+    assert (after["cancelled"], after["completed"]) == (before["cancelled"] + 2, before["completed"])
+    r = server.client().completions.create(model="any", prompt="Count", max_tokens=3)
+    assert r.choices[0].text == expected(tiny_model(), "Count", max_tokens=3)
