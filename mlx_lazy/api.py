@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from . import distributed
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .schedule import PruningConfig
 
@@ -52,18 +53,40 @@ class GenerationResponse:
     stats: Optional[GenerationStats] = None
 
 
-def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, TokenizerWrapper]:
+def load(
+    path_or_repo: Optional[Union[str, Path]] = None,
+    group: Optional[mx.distributed.Group] = None,
+) -> Tuple[nn.Module, TokenizerWrapper]:
     """Load a model and tokenizer like ``mlx_lm.load``.
 
     Args:
         path_or_repo: a local MLX folder or a hub id (where the network allows); None loads
             the default model (SmolLM2-135M-Instruct), obtaining it when missing.
+        group: an ``mx.distributed`` group of more than one rank (e.g.
+            ``mx.distributed.init()`` under ``mlx.launch``): every rank calls ``load``, and
+            each keeps its share of the model (mlx-lm's ``model.shard``). The ranks check
+            together that they loaded the same files; every rank raises the same error if
+            one fails. The engine and ``stream_generate`` then work unchanged.
 
     Raises:
-        ValueError: the path does not exist or holds no loadable model.
+        ValueError: the path does not exist or holds no loadable model, or (with ``group``)
+            the model cannot be sharded or another rank failed or loaded other files.
     """
     from mlx_lm import load as mlx_load
 
+    if group is None or group.size() == 1:
+        return mlx_load(_model_path(path_or_repo))
+    with distributed.together(group) as same:
+        path = _model_path(path_or_repo, local=True)
+        model, tokenizer = mlx_load(path, lazy=True)  # each rank reads only its share
+        same["model files"] = distributed.weights_digest(Path(path))
+        distributed.shard(model, group)
+        mx.eval(model.parameters())
+    return model, tokenizer
+
+
+def _model_path(path_or_repo: Optional[Union[str, Path]], local: bool = False) -> str:
+    """The folder (or hub id, downloaded first when ``local``) to load."""
     if path_or_repo is None:
         from .default_model import default_model_path
 
@@ -71,12 +94,15 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
     from .convert import is_hub_id
 
     name = str(path_or_repo)
-    path = Path(name).expanduser()
     if is_hub_id(name):
-        return mlx_load(name)
-    if not (path / "config.json").is_file():
+        if not local:
+            return name
+        from mlx_lm.utils import _download
+
+        return str(_download(name))
+    if not (Path(name).expanduser() / "config.json").is_file():
         raise ValueError(f"no model found at {name} (expected a folder with config.json)")
-    return mlx_load(str(path))
+    return str(Path(name).expanduser())
 
 
 # Hugging Face tokenizers without a configured limit report this huge sentinel.
@@ -157,7 +183,8 @@ def stream_generate(
 
     def sample(logits: mx.array) -> Tuple[mx.array, mx.array]:
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        return sampler(logprobs[None]), logprobs
+        # Sharded: every rank continues with rank 0's token, whatever its own sampler drew.
+        return distributed.from_rank0(sampler(logprobs[None]), engine.tp.group), logprobs
 
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()

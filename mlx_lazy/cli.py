@@ -14,15 +14,20 @@ keyed by method name: ``{"full": {...}, "lazy": {...}}``.
 Bad input (unknown model, unsupported architecture, invalid schedule, empty or unreadable
 prompt, prompt longer than the model's context) prints a single ``error: ...`` line on
 stderr and exits with status 2.
+
+Under ``mlx.launch`` with more than one rank the model is sharded over the ranks
+(:mod:`mlx_lazy.distributed`); only rank 0 prints and writes ``--stats-json``, and an error
+on any rank is printed once, by rank 0, and ends every rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, NoReturn, Optional, Sequence
 
@@ -30,6 +35,7 @@ import mlx.core as mx
 from mlx_lm.generate import str2bool
 from mlx_lm.sample_utils import make_sampler
 
+from . import distributed
 from .engine import GenerationStats, LazyEngine
 from .api import check_context, context_length, load, stream_generate
 from .schedule import METHODS, PruningConfig
@@ -43,6 +49,9 @@ MB = 1e6  # tables report decimal megabytes, as mlx-lm reports decimal gigabytes
 
 class UsageError(Exception):
     """Bad user input detected by the CLI itself; reported as one ``error:`` line."""
+
+
+_BAD_INPUT = (UsageError, ValueError, OSError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -357,10 +366,11 @@ def _one_line(exc: BaseException) -> str:
     return msg or type(exc).__name__
 
 
-def _load_model(path: Optional[str]):
-    """Load a model, reporting a missing or unloadable one as a UsageError."""
+def _load_model(path: Optional[str], group=None):
+    """Load a model (sharded over ``group``), reporting a missing or unloadable one as a
+    UsageError."""
     try:
-        return load(path)
+        return load(path, group=group)
     except (ValueError, OSError) as e:
         what = "the default model" if path is None else f"model {path!r}"
         raise UsageError(f"cannot load {what}: {_one_line(e)}") from None
@@ -375,23 +385,29 @@ def _check_stats_path(path: Optional[str]) -> None:
         raise UsageError(f"--stats-json: directory {parent} does not exist")
 
 
-def _run(args: argparse.Namespace) -> None:
+def _run(args: argparse.Namespace, group=None) -> None:
     """Validate the input, load the model, generate (twice with --compare), report."""
-    if args.max_tokens < 1:
-        raise UsageError("--max-tokens must be at least 1")
-    config = build_config(args)
-    if args.compare and config.method == BASELINE:
-        raise UsageError(f"--compare runs {BASELINE} against --method; choose a pruning method "
-                         f"such as --method lazy")
-    _check_stats_path(args.stats_json)
-    text = read_prompt(args)
-    model, tokenizer = _load_model(args.model)
-    # Constructing an engine is cheap; it reports an unsupported architecture or a schedule
-    # that does not fit the model before any (baseline) run is spent.
-    LazyEngine(model, config)
-    tokens = encode_prompt(tokenizer, text, args.system_prompt, args.ignore_chat_template)
-    # Checked here too so that nothing (no baseline run) starts before the error.
-    check_context(len(tokens), args.max_tokens, context_length(model, tokenizer))
+    # Each start-up step ends on every rank alike (distributed.together): one rank's
+    # error stops them all.
+    with distributed.together(group, _BAD_INPUT):
+        if args.max_tokens < 1:
+            raise UsageError("--max-tokens must be at least 1")
+        config = build_config(args)
+        if args.compare and config.method == BASELINE:
+            raise UsageError(f"--compare runs {BASELINE} against --method; choose a pruning "
+                             f"method such as --method lazy")
+        if distributed.is_rank0(group):
+            _check_stats_path(args.stats_json)
+        text = read_prompt(args)
+    model, tokenizer = _load_model(args.model, group)
+    with distributed.together(group, _BAD_INPUT) as same:
+        # Constructing an engine is cheap; it reports an unsupported architecture or a
+        # schedule that does not fit the model before any (baseline) run is spent.
+        LazyEngine(model, config)
+        tokens = encode_prompt(tokenizer, text, args.system_prompt, args.ignore_chat_template)
+        same["prompt tokens"] = distributed.digest(str(tokens).encode())
+        # Checked here too so that nothing (no baseline run) starts before the error.
+        check_context(len(tokens), args.max_tokens, context_length(model, tokenizer))
 
     show_progress = bool(args.verbose) and sys.stderr.isatty()
     configs = [PruningConfig.preset(BASELINE), config] if args.compare else [config]
@@ -413,7 +429,7 @@ def _run(args: argparse.Namespace) -> None:
 
     if args.compare:
         print(format_compare_table(results[0], results[1]))
-    if args.stats_json is not None:
+    if args.stats_json is not None and distributed.is_rank0(group):
         if args.compare:
             payload = {r.method: r.stats.as_dict() for r in results}
         else:
@@ -429,15 +445,32 @@ def _run(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    group = distributed.world()
+    rank0 = distributed.is_rank0(group)
     try:
-        args = build_parser().parse_args(argv)
+        # Every rank parses the same arguments: only rank 0 shows help and usage errors.
+        with redirect_stderr(sys.stderr if rank0 else io.StringIO()), \
+                redirect_stdout(sys.stdout if rank0 else io.StringIO()):
+            args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or a usage error already printed
         return e.code if isinstance(e.code, int) else 0
     try:
-        _run(args)
-    except (UsageError, ValueError, OSError) as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        with open(os.devnull, "w") as null, redirect_stdout(sys.stdout if rank0 else null):
+            _run(args, group)
+    except _BAD_INPUT as e:
+        if rank0:
+            print(f"error: {_one_line(e)}", file=sys.stderr)
+        distributed.barrier(group)  # no rank ends (and gets the others stopped) before it
         return EXIT_BAD_INPUT
+    except RuntimeError as e:
+        if distributed.lost_peer(e):
+            e = RuntimeError(f"another rank stopped (failed or was killed): {e}")
+        elif not isinstance(e, distributed.RankFailed):
+            raise
+        if rank0:
+            print(f"error: {_one_line(e)}", file=sys.stderr)
+        distributed.barrier(group)
+        return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130  # the shell's convention for SIGINT

@@ -20,6 +20,7 @@ import numpy as np
 from .adapter import ModelAdapter
 from .attention import attention, attention_probs, prepare
 from .cache import LayerKV, LazyCache
+from .distributed import Group, TensorParallel, model_group
 from .schedule import PruningConfig
 
 ProgressFn = Callable[[int, int], None]
@@ -49,6 +50,9 @@ class GenerationStats:
     revivals: int = 0
     host_syncs: int = 0
     max_computations_per_token_layer: int = 0
+    ranks: int = 1
+    allsum_bytes: int = 0
+    score_allsum_bytes: int = 0
     text: str = ""
 
     def as_dict(self) -> dict:
@@ -63,6 +67,8 @@ class LazyEngine:
         model: a model from ``mlx_lm.load`` (llama, mistral, qwen2 or qwen3).
         config: the pruning configuration; None runs everything (``"full"``).
         block_size: query block length of the prefill attention.
+        group: the ``mx.distributed`` group the model is sharded over; by default the one
+            :func:`mlx_lazy.distributed.shard` sharded it over, None if it was not.
 
     Raises:
         ValueError: unsupported model or invalid configuration.
@@ -72,9 +78,11 @@ class LazyEngine:
     revival_block = 64
 
     def __init__(
-        self, model: nn.Module, config: Optional[PruningConfig] = None, block_size: int = 256
+        self, model: nn.Module, config: Optional[PruningConfig] = None, block_size: int = 256,
+        group: Optional[Group] = None,
     ):
         self.adapter = ModelAdapter(model)
+        self.tp = TensorParallel(model, group if group is not None else model_group(model))
         self.config = config or PruningConfig()
         self.schedule = self.config.resolve(self.adapter.num_layers)
         self.block_size = block_size
@@ -97,6 +105,7 @@ class LazyEngine:
         cache = self.cache = LazyCache(a.num_layers)
         self.prompt_len, self.host_syncs = n, 0
         self.prefill_attention_pairs = self.decode_attention_pairs = 0
+        self.tp.restart()
         active = cache.add_tokens(n)
         self._set_prompt_limits(n)
         h = a.embed(tokens)
@@ -251,7 +260,10 @@ class LazyEngine:
         """
         mask = None if visible is None else mx.array(visible)
         probs = attention_probs(q_last, keys, self.adapter.scale, mask)
-        scores = np.array(probs.mean(axis=(0, 1, 2, 3)))
+        # Tensor parallel: the one point where ranks exchange data to decide. Each rank
+        # holds only its own heads; every rank gets the mean over all of them, so every
+        # rank selects (and revives) the same tokens.
+        scores = np.array(self.tp.head_mean(probs.mean(axis=(0, 1, 2, 3))))
         self.host_syncs += 1
         eligible = self.cache.limit[positions] > layer + 1
         if visible is not None:
@@ -315,6 +327,9 @@ class LazyEngine:
             revivals=c.revivals,
             host_syncs=self.host_syncs,
             max_computations_per_token_layer=int(computed.max()) if computed.size else 0,
+            ranks=self.tp.size,
+            allsum_bytes=self.tp.model_bytes,
+            score_allsum_bytes=self.tp.score_bytes,
         )
 
 
