@@ -469,7 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if rank0:
             print(f"error: {_one_line(e)}", file=sys.stderr)
-        distributed.barrier(group)
+        if isinstance(e, distributed.RankFailed):
+            distributed.barrier(group)
         return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)
