@@ -17,6 +17,7 @@ every rank raises the same error, or none.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections import Counter
 from contextlib import contextmanager
@@ -41,6 +42,9 @@ def world() -> Optional[Group]:
     (``mlx.launch``), else None."""
     if not mx.distributed.is_available():
         return None
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    if hostfile and os.path.isfile(hostfile) and not open(hostfile).read().strip():
+        return None  # ``mlx.launch -n 1`` writes an empty ring hostfile: one process
     group = mx.distributed.init()
     return group if group.size() > 1 else None
 
