@@ -237,3 +237,34 @@ def test_smollm2_lazy_over_three_ranks(smollm2_path, smollm2, tmp_path):
     tokens, logits, _ = single_process(model, PruningConfig("lazy", **config), prompt_len=300)
     assert runs[0][0]["tokens"] == tokens
     assert np.abs(runs[0][1] - logits).max() < 1e-3
+
+
+@pytest.fixture(scope="module")
+def qwen_path():
+    """The second evaluation model (Qwen2.5-Coder-0.5B-Instruct, 14 heads, 2 KV heads) if it
+    has been built into the cache."""
+    from mlx_lazy.default_model import cache_dir
+
+    path = cache_dir() / "Qwen2.5-Coder-0.5B-Instruct-float32"
+    if not (path / "config.json").is_file():
+        pytest.skip(f"no Qwen2.5-Coder-0.5B at {path}")
+    return path
+
+
+@pytest.mark.slow
+def test_qwen_full_and_lazy_over_two_ranks(qwen_path, tmp_path):
+    """Qwen2.5-Coder-0.5B's 14 heads and 2 KV heads split over 2 ranks."""
+    import mlx_lm
+
+    lazy = {"prune_layers": [8, 16], "keep": [0.4, 0.2]}
+    runs = run_engines(tmp_path, qwen_path, 2, {"full": {}, "lazy": lazy}, prompt_len=300)
+    model, _ = mlx_lm.load(str(qwen_path))
+    (full0, logits0), (full1, _) = runs["full"]
+    assert full0["tokens"] == full1["tokens"]
+    ref = mlx_lm_logits(model, full0["tokens"], prompt_len=300)
+    assert np.abs(logits0 - ref).max() < 1e-3  # 24 layers of float32 sums in another order
+    assert full0["tokens"] == [int(t) for t in ref.argmax(axis=-1)]
+    (lazy0, _), (lazy1, _) = runs["lazy"]
+    assert lazy0["selections"] == lazy1["selections"] and lazy0["selections"]
+    tokens, _, _ = single_process(model, PruningConfig("lazy", **lazy), prompt_len=300)
+    assert lazy0["tokens"] == tokens

@@ -6,8 +6,8 @@ Usage::
     python -m mlx_lazy.bench.distributed --model path/to/model --ranks 1,2 --length 2048 \\
         --max-tokens 16 --methods full,lazy --repeats 2 --out /tmp/dist.json
 
-The driver launches ``mlx.launch -n R --backend ring`` for each rank count in turn (in an
-order rotated every repeat), each launch running this file as a script on every rank. Each
+The driver starts R ranks of the ring backend on this machine for each rank count in turn
+(in an order rotated every repeat; :func:`launch`), each rank running this file. Each
 rank gets ``cores / R`` BLAS threads (``OPENBLAS_NUM_THREADS``), so that R ranks share the
 machine as R machines of a R-th of its size would. Every rank loads the model (sharded over
 the ranks, :func:`mlx_lazy.load` with ``group``), builds the same prompt of ``--length``
@@ -39,6 +39,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -51,7 +52,7 @@ import mlx.core as mx
 from mlx_lazy import distributed, load, stream_generate
 from mlx_lazy.bench.speed import build_prompt, no_eos, schedule_config, timed
 
-ALLSUM_REPEATS = 5
+ALLSUM_REPEATS = 7
 
 
 def allsum_seconds(sizes: Sequence[int], group: mx.distributed.Group) -> dict[int, float]:
@@ -118,18 +119,35 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def launch(ranks: int, args: argparse.Namespace, record: Path, rotate: int) -> list[dict]:
-    """Run every method on ``ranks`` ranks; return rank 0's records."""
+    """Run every method on ``ranks`` ranks; return rank 0's records.
+
+    The ranks are started the way ``mlx.launch --backend ring`` starts them on one machine
+    (``MLX_RANK``, ``MLX_HOSTFILE``), but without the launcher, whose output-forwarding
+    threads poll continuously: about a fifth of a core each, too much on a 2-core machine.
+    """
     threads = max(1, (os.cpu_count() or 1) // ranks)
-    launcher = Path(sys.executable).with_name("mlx.launch")
-    with socket.socket() as s:  # a free port, not the launcher's fixed default
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [str(launcher), "-n", str(ranks), "--backend", "ring", "--starting-port", str(port),
-           "--env", f"OPENBLAS_NUM_THREADS={threads}", "--python", sys.executable, "--",
-           __file__, "--rank", "--model", str(args.model), "--length", str(args.length),
-           "--max-tokens", str(args.max_tokens), "--methods", args.methods,
-           "--rotate", str(rotate), "--record", str(record)]
-    subprocess.run(cmd, check=True, timeout=args.timeout, stdin=subprocess.DEVNULL)
+    script = [sys.executable, __file__, "--rank", "--model", str(args.model),
+              "--length", str(args.length), "--max-tokens", str(args.max_tokens),
+              "--methods", args.methods, "--rotate", str(rotate), "--record", str(record)]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads))
+    with tempfile.TemporaryDirectory() as tmp:
+        if ranks > 1:
+            with socket.socket() as s:  # a free port, not the launcher's fixed default
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            hostfile = Path(tmp) / "hosts.json"
+            hostfile.write_text(json.dumps([[f"127.0.0.1:{port + r}"] for r in range(ranks)]))
+            env["MLX_HOSTFILE"] = str(hostfile)
+        procs = [subprocess.Popen(script, env=dict(env, MLX_RANK=str(r)), stdin=subprocess.DEVNULL)
+                 for r in range(ranks)]
+        try:
+            codes = [p.wait(timeout=args.timeout) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+    if any(codes):
+        raise RuntimeError(f"a rank failed (exit statuses {codes})")
     return json.loads(record.read_text())
 
 
