@@ -18,7 +18,7 @@ tokens of prose, and for each method runs ``stream_generate`` (EOS disabled) and
   ``down_proj`` outputs, counted where they are summed, :mod:`mlx_lazy.distributed`) in
   prefill and per decode step, and the selection scores' all-sums;
 * **all-sum time**: after the run, every all-sum size the run used is timed alone (median
-  of 5, ``mx.eval`` each) on all ranks together, and the run's time in all-sums is
+  of 7, ``mx.eval`` each) on all ranks together, and the run's time in all-sums is
   estimated as count x time per size. Dividing by TTFT (prefill) and TPOT (per decode
   step) gives the *communication share*. The score all-sums (one per selection, its mean
   size) are priced the same way. This prices each all-sum as if nothing overlapped
