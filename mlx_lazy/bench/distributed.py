@@ -13,7 +13,8 @@ machine as R machines of a R-th of its size would. Every rank loads the model (s
 the ranks, :func:`mlx_lazy.load` with ``group``), builds the same prompt of ``--length``
 tokens of prose, and for each method runs ``stream_generate`` (EOS disabled) and records:
 
-* **TTFT** and **TPOT**, wall clock on rank 0 (:func:`mlx_lazy.bench.speed.timed`);
+* **TTFT** and **TPOT**, wall clock on rank 0 (:func:`mlx_lazy.bench.speed.timed`), and
+  rank 0's process CPU time for the same spans (less sensitive to a busy machine);
 * **all-sum bytes**: the arrays all-summed by the model's layers (``o_proj`` and
   ``down_proj`` outputs, counted where they are summed, :mod:`mlx_lazy.distributed`) in
   prefill and per decode step, and the selection scores' all-sums;
@@ -95,6 +96,7 @@ def rank_main(args: argparse.Namespace) -> None:
             timing, last, _ = timed(responses())
         record = {"method": method, "ranks": 1 if group is None else group.size(),
                   "ttft_s": timing.ttft_s, "tpot_s": timing.tpot_s,
+                  "ttft_cpu_s": timing.ttft_cpu_s, "tpot_cpu_s": timing.tpot_cpu_s,
                   "generated": timing.generated, "stats": last.stats.as_dict()}
         record["stats"].pop("text")
         if counter:
