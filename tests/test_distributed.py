@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +26,8 @@ from mlx_lazy.cli import main as cli_main
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
-TIMEOUT = 240  # seconds per launch: two Python processes sharing two slow cores
+TIMEOUT = 240  # seconds per launch of tiny models: Python processes sharing two slow cores
+SLOW_TIMEOUT = 900  # seconds per launch of a real model
 LAZY = {"prune_layers": [0, 1, 2], "keep": [0.5, 0.3, 0.2]}  # many cuts: revivals in decode
 STEPS = 16
 
@@ -54,22 +56,31 @@ def _free(port: int) -> bool:
             return False
 
 
-def launch(n: int, *command: str) -> subprocess.CompletedProcess:
-    """Run ``command`` (a script and its arguments) on ``n`` ranks; time-bounded."""
+def launch(n: int, *command: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    """Run ``command`` (a script and its arguments) on ``n`` ranks; past ``timeout`` seconds
+    the launcher and every rank are killed and the test fails."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
     cmd = [str(LAUNCH), "-n", str(n), "--backend", "ring", "--starting-port", str(free_port(n)),
            "--python", sys.executable, "--", *command]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, not only the launcher
+        out, err = proc.communicate()
+        pytest.fail(f"{n} ranks still running after {timeout} s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def run_engines(tmp_path: Path, model_dir: Path, n: int, configs: dict, prompt_len: int = 200):
+def run_engines(tmp_path: Path, model_dir: Path, n: int, configs: dict, prompt_len: int = 200,
+                timeout: float = TIMEOUT):
     """Every method of ``configs`` sharded over ``n`` ranks; per method, each rank's record
     and logits."""
     r = launch(n, str(WORKER), "engine", str(tmp_path), str(model_dir),
                "--configs", json.dumps(configs), "--prompt-len", str(prompt_len),
-               "--steps", str(STEPS))
+               "--steps", str(STEPS), timeout=timeout)
     assert r.returncode == 0, r.stderr
     out = {}
     for method in configs:
@@ -231,7 +242,8 @@ def test_smollm2_lazy_over_three_ranks(smollm2_path, smollm2, tmp_path):
     """SmolLM2's 9 heads and 3 KV heads split over 3 ranks."""
     model, _ = smollm2
     config = {"prune_layers": [10, 20], "keep": [0.4, 0.2]}
-    runs = run_engines(tmp_path, smollm2_path, 3, {"lazy": config}, prompt_len=300)["lazy"]
+    runs = run_engines(tmp_path, smollm2_path, 3, {"lazy": config}, prompt_len=300,
+                       timeout=SLOW_TIMEOUT)["lazy"]
     selections = [rec["selections"] for rec, _ in runs]
     assert selections[0] == selections[1] == selections[2] and selections[0]
     tokens, logits, _ = single_process(model, PruningConfig("lazy", **config), prompt_len=300)
@@ -257,7 +269,8 @@ def test_qwen_full_and_lazy_over_two_ranks(qwen_path, tmp_path):
     import mlx_lm
 
     lazy = {"prune_layers": [8, 16], "keep": [0.4, 0.2]}
-    runs = run_engines(tmp_path, qwen_path, 2, {"full": {}, "lazy": lazy}, prompt_len=300)
+    runs = run_engines(tmp_path, qwen_path, 2, {"full": {}, "lazy": lazy}, prompt_len=300,
+                       timeout=SLOW_TIMEOUT)
     model, _ = mlx_lm.load(str(qwen_path))
     (full0, logits0), (full1, _) = runs["full"]
     assert full0["tokens"] == full1["tokens"]
