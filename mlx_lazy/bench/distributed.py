@@ -44,7 +44,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import mlx_lazy  # noqa: F401  (OpenBLAS before mlx.core)
 
