@@ -281,3 +281,21 @@ def test_qwen_full_and_lazy_over_two_ranks(qwen_path, tmp_path):
     assert lazy0["selections"] == lazy1["selections"] and lazy0["selections"]
     tokens, _, _ = single_process(model, PruningConfig("lazy", **lazy), prompt_len=300)
     assert lazy0["tokens"] == tokens
+
+
+def test_benchmark_counts_allsums(tiny_model_path, tmp_path):
+    from mlx_lazy.bench import distributed as bench
+
+    runs = bench.main(["--model", str(tiny_model_path), "--ranks", "1,2", "--length", "64",
+                       "--max-tokens", "3", "--methods", "full,lazy", "--timeout", str(TIMEOUT),
+                       "--out", str(tmp_path / "bench.json")])
+    assert sorted((r["ranks"], r["method"]) for r in runs) == [
+        (1, "full"), (1, "lazy"), (2, "full"), (2, "lazy")]
+    full = next(r for r in runs if (r["ranks"], r["method"]) == (2, "full"))
+    row = 2 * 64 * 4  # o_proj and down_proj outputs of one token, float32, hidden 64
+    # Prefill: 3 of 4 layers over the 64 tokens, the last over the newest one. Decode: the
+    # 2 steps after the first token, 4 layers of one token each.
+    assert full["prefill_allsum_bytes"] == row * (3 * 64 + 1)
+    assert full["decode_allsum_bytes_per_step"] == row * 4
+    assert full["prefill_allsum_s"] > 0
+    assert all("prefill_allsum_bytes" not in r for r in runs if r["ranks"] == 1)

@@ -26,9 +26,8 @@ tokens of prose, and for each method runs ``stream_generate`` (EOS disabled) and
   it; in the real run the CPU backend waits on each all-sum too, so it is a fair estimate
   there, an upper bound where communication overlaps compute.
 
-The counters see an all-sum when its graph is built: the first decode step's graph is
-built before the first token is handed out, so the prefill figures include one decode
-step (2 x layers x hidden x 4 bytes, negligible at 2K tokens).
+The counters see an all-sum when its graph is built; prefill and decode are told apart by
+the prefill's progress callback after its last layer.
 """
 
 from __future__ import annotations
@@ -85,15 +84,14 @@ def rank_main(args: argparse.Namespace) -> None:
         before = Counter(counter.by_size) if counter else Counter()
         split: list[Counter] = []
 
-        def responses():
-            for r in stream_generate(model, tokenizer, prompt, max_tokens=args.max_tokens,
-                                     config=config):
-                if not split and counter:  # prefill done (and one decode step's graph built)
-                    split.append(Counter(counter.by_size))
-                yield r
+        def prefill_done(layers: int, num_layers: int) -> None:
+            if layers == num_layers and counter:
+                split.append(Counter(counter.by_size))
 
         with no_eos(tokenizer):
-            timing, last, _ = timed(responses())
+            timing, last, _ = timed(stream_generate(
+                model, tokenizer, prompt, max_tokens=args.max_tokens, config=config,
+                progress=prefill_done))
         record = {"method": method, "ranks": 1 if group is None else group.size(),
                   "ttft_s": timing.ttft_s, "tpot_s": timing.tpot_s,
                   "ttft_cpu_s": timing.ttft_cpu_s, "tpot_cpu_s": timing.tpot_cpu_s,
