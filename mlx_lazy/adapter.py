@@ -91,8 +91,8 @@ class ModelAdapter:
             "model_type": self.model.model_type,
             "num_layers": self.num_layers,
             "hidden_size": int(args.hidden_size),
-            "num_attention_heads": self.n_heads,
-            "num_key_value_heads": self.n_kv_heads,
+            "num_attention_heads": int(args.num_attention_heads),  # all ranks' heads
+            "num_key_value_heads": int(args.num_key_value_heads),
             "vocab_size": int(args.vocab_size),
         }
 

@@ -17,6 +17,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from . import distributed
 from .adapter import SUPPORTED_MODEL_TYPES, ModelAdapter
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
@@ -56,7 +57,10 @@ class GenerationResponse:
     stats: Optional[GenerationStats] = None
 
 
-def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, TokenizerWrapper]:
+def load(
+    path_or_repo: Optional[Union[str, Path]] = None,
+    group: Optional[mx.distributed.Group] = None,
+) -> Tuple[nn.Module, TokenizerWrapper]:
     """Load a model and tokenizer like ``mlx_lm.load``.
 
     Args:
@@ -64,13 +68,41 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
             the default model (SmolLM2-135M-Instruct), obtaining it when missing. A folder
             holding ``mlx_lazy_schedule.json`` (written by ``python -m mlx_lazy.calibrate``)
             makes a plain ``"lazy"`` use that calibrated schedule.
+        group: an ``mx.distributed`` group of more than one rank (e.g.
+            ``mx.distributed.init()`` under ``mlx.launch``): every rank calls ``load``, and
+            each keeps its share of the model (mlx-lm's ``model.shard``). The ranks check
+            together that they loaded the same files; every rank raises the same error if
+            one fails. The engine and ``stream_generate`` then work unchanged.
 
     Raises:
         UserInputError: the path does not exist or holds no loadable model of a supported
-            family (the message names the file and the problem).
+            family (the message names the file and the problem), or (with ``group``) the
+            model cannot be sharded or another rank failed or loaded other files.
     """
     from mlx_lm import load as mlx_load
 
+    if group is None or group.size() == 1:
+        path = _model_path(path_or_repo)
+        try:
+            model, tokenizer = mlx_load(path)
+        except (ValueError, OSError) as e:  # mlx-lm's checks of the files, or reading them
+            raise UserInputError(f"cannot load model {path}: {one_line(e)}") from None
+    else:
+        with distributed.together(group) as same:
+            path = _model_path(path_or_repo, local=True)
+            model, tokenizer = mlx_load(path, lazy=True)  # each rank reads only its share
+            same["model files"] = distributed.weights_digest(Path(path))
+            distributed.shard(model, group)
+            mx.eval(model.parameters())
+    schedule = Path(path) / MODEL_SCHEDULE_FILE
+    if schedule.is_file():  # a calibrated schedule for plain "lazy"
+        model.mlx_lazy_schedule = PruningConfig.from_file(
+            schedule, ModelAdapter(model).fingerprint())
+    return model, tokenizer
+
+
+def _model_path(path_or_repo: Optional[Union[str, Path]], local: bool = False) -> str:
+    """The folder (or hub id, downloaded first when ``local``) to load."""
     if path_or_repo is None:
         from .default_model import default_model_path
 
@@ -78,27 +110,24 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
     from .convert import is_hub_id
 
     name = str(path_or_repo)
+    if is_hub_id(name):
+        if not local:
+            return name
+        from mlx_lm.utils import _download
+
+        return str(_download(name))
     path = Path(name).expanduser()
-    hub = is_hub_id(name)
-    if not hub:
-        if path.is_file():
-            hint = (f" (convert it first: mlx-lazy-convert {name} OUT)"
-                    if path.suffix == ".gguf" else "")
-            raise UserInputError(f"cannot load model {name}: a file, not a model folder{hint}")
-        if not path.is_dir():
-            raise UserInputError(f"cannot load model {name}: no such folder")
-        if not (path / "config.json").is_file():
-            raise UserInputError(
-                f"cannot load model {name}: no config.json in it (not a model folder)")
-        check_model_folder(path)
-    try:
-        model, tokenizer = mlx_load(name if hub else str(path))
-    except (ValueError, OSError) as e:  # mlx-lm's checks of the files, or reading them
-        raise UserInputError(f"cannot load model {name}: {one_line(e)}") from None
-    if not hub and (path / MODEL_SCHEDULE_FILE).is_file():  # calibrated for plain "lazy"
-        model.mlx_lazy_schedule = PruningConfig.from_file(
-            path / MODEL_SCHEDULE_FILE, ModelAdapter(model).fingerprint())
-    return model, tokenizer
+    if path.is_file():
+        hint = (f" (convert it first: mlx-lazy-convert {name} OUT)"
+                if path.suffix == ".gguf" else "")
+        raise UserInputError(f"cannot load model {name}: a file, not a model folder{hint}")
+    if not path.is_dir():
+        raise UserInputError(f"cannot load model {name}: no such folder")
+    if not (path / "config.json").is_file():
+        raise UserInputError(
+            f"cannot load model {name}: no config.json in it (not a model folder)")
+    check_model_folder(path)
+    return str(path)
 
 
 def check_model_folder(path: Path) -> None:
@@ -345,7 +374,8 @@ def stream_generate(
         for processor in processors:
             logits = processor(history, logits)
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        return sampler(logprobs), logprobs[0]
+        # Sharded: every rank continues with rank 0's token, whatever its own sampler drew.
+        return distributed.from_rank0(sampler(logprobs), engine.tp.group), logprobs[0]
 
     n_prompt = len(tokens)
     on_layer = None

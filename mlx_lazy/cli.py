@@ -17,22 +17,28 @@ unreadable or non-UTF-8 prompt, prompt longer than the model's context, an unwri
 ``error: ...`` line on stderr with exit status 2, before the model is loaded where it can be.
 Any other exception is an internal error: its traceback is shown and the status is 1.
 Ctrl-C prints one line and exits with status 130.
+
+Under ``mlx.launch`` with more than one rank the model is sharded over the ranks
+(:mod:`mlx_lazy.distributed`); only rank 0 prints and writes ``--stats-json``, and an error
+on any rank is printed once, by rank 0, and ends every rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, NoReturn, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.sample_utils import make_sampler
 
+from . import distributed
 from .engine import GenerationStats, LazyEngine
 from .adapter import ModelAdapter
 from .api import check_prompt, load, stream_generate
@@ -425,10 +431,11 @@ def format_compare_table(base: RunResult, other: RunResult) -> str:
     return "\n".join(lines)
 
 
-def _load_model(path: Optional[str]):
-    """Load a model; :func:`mlx_lazy.load` reports bad model folders as UserInputError."""
+def _load_model(path: Optional[str], group=None):
+    """Load a model (sharded over ``group``); :func:`mlx_lazy.load` reports bad model
+    folders as UserInputError."""
     try:
-        return load(path)
+        return load(path, group=group)
     except OSError as e:  # reading the user's folder, or the default model's cache
         what = "the default model" if path is None else f"model {path!r}"
         raise UserInputError(f"cannot load {what}: {one_line(e)}") from None
@@ -455,30 +462,36 @@ def _check_stats_path(path: Optional[str]) -> None:
         raise UserInputError(f"cannot write --stats-json {path}: {e.strerror or e}") from None
 
 
-def _run(args: argparse.Namespace) -> None:
+def _run(args: argparse.Namespace, group=None) -> None:
     """Validate the input, load the model, generate (twice with --compare), report."""
-    if args.max_tokens < 1:
-        raise UserInputError("--max-tokens must be at least 1")
-    if args.anchors is not None and args.method == BASELINE:
-        raise UserInputError(f"--anchors applies to pruning methods; --method {BASELINE} prunes "
-                             f"nothing")
-    config = build_config(args)
-    if args.compare and config.method == BASELINE:
-        raise UserInputError(f"--compare runs {BASELINE} against --method; choose a pruning method "
-                             f"such as --method lazy")
-    _check_stats_path(args.stats_json)
-    text = read_prompt(args)
-    system_prompt = (None if args.system_prompt is None
-                     else _from_argv(args.system_prompt, "--system-prompt"))
-    model, tokenizer = _load_model(args.model)
-    if args.schedule is not None:  # calibrated for this model?
-        PruningConfig.from_file(args.schedule, ModelAdapter(model).fingerprint())
-    # Constructing an engine is cheap; it reports an unsupported architecture or a schedule
-    # that does not fit the model before any (baseline) run is spent.
-    engine = LazyEngine(model, config)
-    tokens = encode_prompt(tokenizer, text, system_prompt, args.ignore_chat_template)
-    # Checked here too so that nothing (no baseline run) starts before the error.
-    check_prompt(engine, tokenizer, tokens, args.max_tokens)
+    # Each start-up step ends on every rank alike (distributed.together): one rank's
+    # error stops them all.
+    with distributed.together(group):
+        if args.max_tokens < 1:
+            raise UserInputError("--max-tokens must be at least 1")
+        if args.anchors is not None and args.method == BASELINE:
+            raise UserInputError(f"--anchors applies to pruning methods; --method {BASELINE} "
+                                 f"prunes nothing")
+        config = build_config(args)
+        if args.compare and config.method == BASELINE:
+            raise UserInputError(f"--compare runs {BASELINE} against --method; choose a pruning "
+                                 f"method such as --method lazy")
+        if distributed.is_rank0(group):
+            _check_stats_path(args.stats_json)
+        text = read_prompt(args)
+        system_prompt = (None if args.system_prompt is None
+                         else _from_argv(args.system_prompt, "--system-prompt"))
+    model, tokenizer = _load_model(args.model, group)
+    with distributed.together(group) as same:
+        if args.schedule is not None:  # calibrated for this model?
+            PruningConfig.from_file(args.schedule, ModelAdapter(model).fingerprint())
+        # Constructing an engine is cheap; it reports an unsupported architecture or a
+        # schedule that does not fit the model before any (baseline) run is spent.
+        engine = LazyEngine(model, config)
+        tokens = encode_prompt(tokenizer, text, system_prompt, args.ignore_chat_template)
+        same["prompt tokens"] = distributed.digest(str(tokens).encode())
+        # Checked here too so that nothing (no baseline run) starts before the error.
+        check_prompt(engine, tokenizer, tokens, args.max_tokens)
 
     show_progress = bool(args.verbose) and sys.stderr.isatty()
     configs = [PruningConfig.preset(BASELINE), config] if args.compare else [config]
@@ -500,7 +513,7 @@ def _run(args: argparse.Namespace) -> None:
 
     if args.compare:
         print(format_compare_table(results[0], results[1]))
-    if args.stats_json is not None:
+    if args.stats_json is not None and distributed.is_rank0(group):
         if args.compare:
             payload = {r.method: r.stats.as_dict() for r in results}
         else:
@@ -516,15 +529,33 @@ def _run(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    group = distributed.world()
+    rank0 = distributed.is_rank0(group)
     try:
-        args = build_parser().parse_args(argv)
+        # Every rank parses the same arguments: only rank 0 shows help and usage errors.
+        with redirect_stderr(sys.stderr if rank0 else io.StringIO()), \
+                redirect_stdout(sys.stdout if rank0 else io.StringIO()):
+            args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, or a usage error already printed
         return e.code if isinstance(e.code, int) else 0
     try:
-        _run(args)
+        with open(os.devnull, "w") as null, redirect_stdout(sys.stdout if rank0 else null):
+            _run(args, group)
     except UserInputError as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
+        if rank0:
+            print(f"error: {one_line(e)}", file=sys.stderr)
+        distributed.barrier(group)  # no rank ends (and gets the others stopped) before it
         return EXIT_BAD_INPUT
+    except RuntimeError as e:
+        if distributed.lost_peer(e):
+            e = RuntimeError(f"another rank stopped (failed or was killed): {e}")
+        elif not isinstance(e, distributed.RankFailed):
+            raise
+        if rank0:
+            print(f"error: {one_line(e)}", file=sys.stderr)
+        if isinstance(e, distributed.RankFailed):
+            distributed.barrier(group)
+        return 1
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -20,6 +20,7 @@ import numpy as np
 from .adapter import ModelAdapter
 from .attention import attention, attention_probs, prepare
 from .cache import LayerKV, LazyCache
+from .distributed import Group, TensorParallel, model_group
 from .schedule import PruningConfig, calibrated
 from .scorers import ScoreContext, top_k
 
@@ -50,6 +51,9 @@ class GenerationStats:
     revivals: int = 0
     host_syncs: int = 0
     max_computations_per_token_layer: int = 0
+    ranks: int = 1
+    allsum_bytes: int = 0
+    score_allsum_bytes: int = 0
     text: str = ""
 
     def as_dict(self) -> dict:
@@ -66,6 +70,8 @@ class LazyEngine:
             ``"lazy"`` takes the model's calibrated schedule when there is one (see
             :func:`mlx_lazy.schedule.calibrated`).
         block_size: query block length of the prefill attention.
+        group: the ``mx.distributed`` group the model is sharded over; by default the one
+            :func:`mlx_lazy.distributed.shard` sharded it over, None if it was not.
 
     Raises:
         ValueError: unsupported model or invalid configuration.
@@ -75,9 +81,11 @@ class LazyEngine:
     revival_block = 64
 
     def __init__(
-        self, model: nn.Module, config: Optional[PruningConfig] = None, block_size: int = 256
+        self, model: nn.Module, config: Optional[PruningConfig] = None, block_size: int = 256,
+        group: Optional[Group] = None,
     ):
         self.adapter = ModelAdapter(model)
+        self.tp = TensorParallel(model, group if group is not None else model_group(model))
         self.config = calibrated(config or PruningConfig(), self.adapter.fingerprint(),
                                  getattr(model, "mlx_lazy_schedule", None))
         self.schedule = self.config.resolve(self.adapter.num_layers)
@@ -103,6 +111,7 @@ class LazyEngine:
         self.prompt_len, self.host_syncs = n, 0
         self.always_kept = self.scorer.always_kept(n)
         self.prefill_attention_pairs = self.decode_attention_pairs = 0
+        self.tp.restart()
         active = cache.add_tokens(n)
         self._set_prompt_limits(n)
         h = a.embed(tokens)
@@ -263,8 +272,11 @@ class LazyEngine:
         eligible = self.cache.limit[positions] > layer + 1
         if visible is not None:
             eligible &= visible
+        # Tensor parallel: the scorer's head reduction (tp.reduce_heads) is the one point where
+        # ranks exchange data to decide; each holds only its own heads, every rank gets the
+        # reduction over all of them, so every rank selects (and revives) the same tokens.
         ctx = ScoreContext(layer, queries, query_positions, keys, positions, eligible, visible,
-                           self.adapter.scale, self.prompt_len)
+                           self.adapter.scale, self.prompt_len, self.tp.reduce_heads)
         scores = self.scorer.score(ctx)[eligible]
         self.host_syncs += 1
         candidates = positions[eligible]
@@ -321,5 +333,8 @@ class LazyEngine:
             revivals=c.revivals,
             host_syncs=self.host_syncs,
             max_computations_per_token_layer=int(computed.max()) if computed.size else 0,
+            ranks=self.tp.size,
+            allsum_bytes=self.tp.model_bytes,
+            score_allsum_bytes=self.tp.score_bytes,
         )
 

@@ -21,7 +21,7 @@ Both are grouped-query aware and reduce over heads by ``mean`` (the paper) or ``
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import ClassVar, Dict, Optional, Type
+from typing import Callable, Dict, Optional, Type
 
 import mlx.core as mx
 import numpy as np
@@ -47,6 +47,9 @@ class ScoreContext:
         visible: (n,) bool keys the query token attends to (None: all).
         scale: the attention scale.
         prompt_len: number of prompt tokens.
+        reduce_heads: completes a reduction over this process's heads, ``(scores, "mean" |
+            "max") -> scores``, into one over all heads of the model (tensor parallelism:
+            :meth:`mlx_lazy.distributed.TensorParallel.reduce_heads`); identity by default.
     """
 
     layer: int
@@ -58,6 +61,7 @@ class ScoreContext:
     visible: Optional[np.ndarray]
     scale: float
     prompt_len: int
+    reduce_heads: Callable[[mx.array, str], mx.array] = lambda scores, heads: scores
 
 
 class Scorer:
@@ -84,7 +88,7 @@ class LastQuery(Scorer):
 
     def score(self, ctx: ScoreContext) -> np.ndarray:
         mask = None if ctx.visible is None else mx.array(ctx.visible)
-        return _reduced_probs(ctx.queries[:, :, -1:], ctx.keys, ctx.scale, mask, self.heads)
+        return _reduced_probs(ctx.queries[:, :, -1:], ctx.keys, ctx, mask, self.heads)
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ class Window(Scorer):
         mask = ctx.key_positions[None, :] <= qpos[:, None]
         if ctx.visible is not None:
             mask &= ctx.visible[None, :]
-        return _reduced_probs(ctx.queries, ctx.keys, ctx.scale, mx.array(mask), self.heads)
+        return _reduced_probs(ctx.queries, ctx.keys, ctx, mx.array(mask), self.heads)
 
     def always_kept(self, prompt_len: int) -> np.ndarray:
         return np.arange(max(0, prompt_len - self.size), prompt_len)
@@ -186,12 +190,12 @@ def pool_by_position(positions: np.ndarray, scores: np.ndarray, radius: int) -> 
     return out
 
 
-def _reduced_probs(q: mx.array, keys: mx.array, scale: float, mask: Optional[mx.array],
+def _reduced_probs(q: mx.array, keys: mx.array, ctx: ScoreContext, mask: Optional[mx.array],
                    heads: str) -> np.ndarray:
     """Attention probabilities of queries ``q`` over ``keys``, reduced over heads (mean or
-    max) and averaged over the queries: (n,) numpy."""
-    probs = attention_probs(q, keys, scale, mask)  # (1, kv_heads, rep, m, n)
+    max, across every process's heads) and averaged over the queries: (n,) numpy."""
+    probs = attention_probs(q, keys, ctx.scale, mask)  # (1, kv_heads, rep, m, n)
     b, g, r, m, n = probs.shape
     per_head = probs.transpose(0, 3, 1, 2, 4).reshape(m, g * r, n)
     reduced = per_head.mean(axis=1) if heads == "mean" else per_head.max(axis=1)
-    return np.array(reduced.mean(axis=0))
+    return np.array(ctx.reduce_heads(reduced, heads).mean(axis=0))

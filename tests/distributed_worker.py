@@ -1,0 +1,100 @@
+"""One rank of the tensor-parallel tests, started by ``mlx.launch`` (see test_distributed.py).
+
+``engine OUT MODEL --configs JSON --prompt-len N --steps S``: load MODEL sharded over every
+rank; for each method of ``{method: PruningConfig fields}`` prefill a seeded random prompt and
+decode S greedy steps; write ``OUT/{method}-rank{r}.json`` (tokens, a digest of every selected
+token set, stats) and ``OUT/{method}-rank{r}.npy`` (the logits).
+
+``cli OUT [--rank1-model PATH] [--kill-rank1-at STEP] -- ARGS``: run ``mlx_lazy.cli.main(ARGS)``
+on every rank (rank 1 with ``--model PATH`` when given, or killing itself at a decode step)
+and write its exit status to ``OUT/rank{r}.rc``.
+"""
+
+from __future__ import annotations
+
+import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from mlx_lazy import LazyEngine, PruningConfig, distributed, load
+
+
+def run_engine(args: argparse.Namespace, out: Path) -> None:
+    group = distributed.world()
+    rank = group.rank()
+    model, _ = load(args.model, group=group)
+    prompt = np.random.default_rng(0).integers(0, model.args.vocab_size, args.prompt_len)
+    for method, fields in json.loads(args.configs).items():
+        engine = LazyEngine(model, PruningConfig(method, **fields))
+        selections = []
+        select = engine._select
+
+        def record(*a, **k):
+            chosen = select(*a, **k)
+            selections.append(hashlib.sha256(chosen.astype(np.int64).tobytes()).hexdigest())
+            return chosen
+
+        engine._select = record
+        logits = [engine.prefill(mx.array(prompt.astype(np.int32)))]
+        tokens = [int(mx.argmax(logits[-1]))]
+        for _ in range(args.steps):
+            logits.append(engine.decode(tokens[-1]))
+            tokens.append(int(mx.argmax(logits[-1])))
+        np.save(out / f"{method}-rank{rank}.npy", np.array(mx.stack(logits)))
+        (out / f"{method}-rank{rank}.json").write_text(json.dumps(
+            {"tokens": tokens, "selections": selections, "stats": engine.stats.as_dict()}))
+
+
+def run_cli(args: argparse.Namespace, out: Path) -> None:
+    from mlx_lazy import cli
+    from mlx_lazy.engine import LazyEngine as Engine
+
+    rank = int(os.environ.get("MLX_RANK", "0"))
+    argv = list(args.rest)
+    if rank == 1 and args.rank1_model:
+        argv += ["--model", args.rank1_model]
+    if rank == 1 and args.kill_rank1_at is not None:
+        decode, steps = Engine.decode, []
+
+        def dying(self, token):
+            steps.append(token)
+            if len(steps) == args.kill_rank1_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return decode(self, token)
+
+        Engine.decode = dying
+    rc = cli.main(argv)
+    (out / f"rank{rank}.rc").write_text(str(rc))
+    sys.exit(rc)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["engine", "cli"])
+    p.add_argument("out")
+    p.add_argument("model", nargs="?")
+    p.add_argument("--configs", default='{"full": {}}',
+                   help="JSON {method: PruningConfig fields}, run one after the other")
+    p.add_argument("--prompt-len", type=int, default=200)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--rank1-model")
+    p.add_argument("--kill-rank1-at", type=int)
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:split])
+    args.rest = argv[split + 1:]
+    out = Path(args.out)
+    run_engine(args, out) if args.mode == "engine" else run_cli(args, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""Tensor parallelism over ``mx.distributed``: 2 and 3 ranks on this machine through
+``mlx.launch`` (ring backend, 127.0.0.1), against single-process mlx-lm and mlx-lazy.
+
+Each launch runs tests/distributed_worker.py (or the installed console script) on every
+rank and is bounded in time, so a hang fails the test instead of stalling the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_lazy import LazyEngine, PruningConfig, UserInputError, distributed
+from mlx_lazy.cli import main as cli_main
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+LAUNCH = Path(sys.executable).with_name("mlx.launch")
+TIMEOUT = 240  # seconds per launch of tiny models: Python processes sharing two slow cores
+SLOW_TIMEOUT = 900  # seconds per launch of a real model
+LAZY = {"prune_layers": [0, 1, 2], "keep": [0.5, 0.3, 0.2]}  # many cuts: revivals in decode
+STEPS = 16
+
+pytestmark = pytest.mark.skipif(
+    not mx.distributed.is_available() or not LAUNCH.exists(),
+    reason="mx.distributed or mlx.launch unavailable",
+)
+
+
+def free_port(n: int) -> int:
+    """A port p such that p .. p + n - 1 were free a moment ago (the ring listens on them)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + n < 65536 and all(_free(port + i) for i in range(1, n)):
+            return port
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def launch(n: int, *command: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    """Run ``command`` (a script and its arguments) on ``n`` ranks; past ``timeout`` seconds
+    the launcher and every rank are killed and the test fails."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    cmd = [str(LAUNCH), "-n", str(n), "--backend", "ring", "--starting-port", str(free_port(n)),
+           "--python", sys.executable, "--", *command]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, not only the launcher
+        out, err = proc.communicate()
+        pytest.fail(f"{n} ranks still running after {timeout} s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def run_engines(tmp_path: Path, model_dir: Path, n: int, configs: dict, prompt_len: int = 200,
+                timeout: float = TIMEOUT):
+    """Every method of ``configs`` sharded over ``n`` ranks; per method, each rank's record
+    and logits."""
+    r = launch(n, str(WORKER), "engine", str(tmp_path), str(model_dir),
+               "--configs", json.dumps(configs), "--prompt-len", str(prompt_len),
+               "--steps", str(STEPS), timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    out = {}
+    for method in configs:
+        try:
+            out[method] = [(json.loads((tmp_path / f"{method}-rank{k}.json").read_text()),
+                            np.load(tmp_path / f"{method}-rank{k}.npy")) for k in range(n)]
+        except FileNotFoundError:
+            pytest.fail(f"rank output of {method} missing:\n{r.stdout}\n{r.stderr}")
+    return out
+
+
+def single_process(model, config: PruningConfig, prompt_len: int = 200):
+    """Greedy tokens, logits and stats of the unsharded engine on the worker's prompt."""
+    prompt = np.random.default_rng(0).integers(0, model.args.vocab_size, prompt_len)
+    engine = LazyEngine(model, config)
+    logits = [engine.prefill(mx.array(prompt.astype(np.int32)))]
+    tokens = [int(mx.argmax(logits[-1]))]
+    for _ in range(STEPS):
+        logits.append(engine.decode(tokens[-1]))
+        tokens.append(int(mx.argmax(logits[-1])))
+    return tokens, np.array(mx.stack(logits)), engine.stats
+
+
+def mlx_lm_logits(model, tokens, prompt_len: int = 200) -> np.ndarray:
+    """mlx-lm's own logits along ``tokens`` (teacher-forced) on the worker's prompt."""
+    prompt = np.random.default_rng(0).integers(0, model.args.vocab_size, prompt_len)
+    cache = make_prompt_cache(model)
+    logits = [model(mx.array(prompt.astype(np.int32))[None], cache=cache)[0, -1]]
+    for t in tokens[:-1]:
+        logits.append(model(mx.array([[t]]), cache=cache)[0, -1])
+    return np.array(mx.stack(logits))
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tiny_model_dir, tmp_path_factory):
+    """full, lazy and speed over 2 ranks of the tiny llama (4 heads, 2 KV heads): one launch."""
+    out = tmp_path_factory.mktemp("two-ranks")
+    return run_engines(out, tiny_model_dir("llama"), 2, {"full": {}, "lazy": LAZY, "speed": {}})
+
+
+def test_full_sharded_matches_mlx_lm(two_rank_runs, tiny_model):
+    model, _ = tiny_model("llama")
+    (rec0, logits0), (rec1, logits1) = two_rank_runs["full"]
+    assert rec0["tokens"] == rec1["tokens"]
+    np.testing.assert_array_equal(logits0, logits1)  # the all-sums leave every rank alike
+    ref = mlx_lm_logits(model, rec0["tokens"])
+    assert np.abs(logits0 - ref).max() < 1e-4
+    assert rec0["tokens"] == [int(t) for t in ref.argmax(axis=-1)]
+
+
+def test_full_stats_count_the_model_allsums(two_rank_runs):
+    stats = two_rank_runs["full"][0][0]["stats"]
+    # o_proj and down_proj all-sum (tokens, hidden 64) float32 at every layer; in prefill
+    # the last of the 4 layers computes only the newest of the 200 tokens.
+    row = 2 * 64 * 4
+    assert stats["allsum_bytes"] == row * (3 * 200 + 1 + 4 * STEPS)
+    assert stats["ranks"] == 2 and stats["score_allsum_bytes"] == 0
+
+
+def test_lazy_sharded_selects_alike_and_matches_single_process(two_rank_runs, tiny_model):
+    model, _ = tiny_model("llama")
+    (rec0, _), (rec1, _) = two_rank_runs["lazy"]
+    # 3 cuts in prefill and in each of the 16 decode steps.
+    assert len(rec0["selections"]) == 3 * (STEPS + 1)
+    assert rec0["selections"] == rec1["selections"]
+    stats = rec0["stats"]
+    assert stats["revivals"] > 0 and stats["score_allsum_bytes"] > 0
+    tokens, _, single = single_process(model, PruningConfig("lazy", **LAZY))
+    assert rec0["tokens"] == tokens
+    assert stats["revivals"] == single.revivals
+    assert stats["tokens_computed_per_layer"] == single.tokens_computed_per_layer
+
+
+def test_speed_sharded_kv_is_split_over_ranks(two_rank_runs, tiny_model):
+    model, _ = tiny_model("llama")
+    (rec0, _), (rec1, _) = two_rank_runs["speed"]
+    _, _, single = single_process(model, PruningConfig("speed"))
+    assert rec0["tokens"] == rec1["tokens"]
+    for rec in (rec0, rec1):
+        assert 2 * rec["stats"]["kv_bytes"] == single.kv_bytes
+        assert [2 * b for b in rec["stats"]["kv_bytes_per_layer"]] == single.kv_bytes_per_layer
+
+
+def test_console_script_under_mlx_launch(tiny_model_dir, tmp_path, capsys):
+    """The installed entry point, unchanged: rank 0 alone prints and writes the stats."""
+    script = shutil.which("mlx-lazy-generate", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("mlx-lazy-generate is not installed next to this Python")
+    args = ["--model", str(tiny_model_dir("llama")), "-p", "the quick brown fox " * 20,
+            "--method", "lazy", "--prune-layers", "1,2", "--keep", "0.5,0.3", "-m", "8",
+            "--verbose", "False"]
+    r = launch(2, script, *args, "--stats-json", str(tmp_path / "stats.json"))
+    assert r.returncode == 0 and "error" not in r.stderr, r.stderr
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["ranks"] == 2 and stats["allsum_bytes"] > 0 and stats["score_allsum_bytes"] > 0
+    assert cli_main(args) == 0
+    single = capsys.readouterr().out
+    assert r.stdout == single  # the same text, printed once
+
+
+def _cli_fails(tmp_path: Path, n: int, model: Path, *worker_args: str) -> str:
+    r = launch(n, str(WORKER), "cli", str(tmp_path), *worker_args, "--",
+               "--model", str(model), "-p", "hello " * 30, "-m", "4", "--verbose", "False")
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, r.stderr
+    return errors[0]
+
+
+def test_bad_path_on_one_rank_ends_every_rank(tiny_model_path, tmp_path):
+    line = _cli_fails(tmp_path, 2, tiny_model_path, "--rank1-model", str(tmp_path / "missing"))
+    assert "rank 1" in line and "no model found" in line
+    assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(2)] == ["2", "2"]
+
+
+def test_different_model_files_on_one_rank(tiny_model_path, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_path, other)
+    data = bytearray((other / "model.safetensors").read_bytes())
+    data[-4:] = bytes(4)  # one weight changed
+    (other / "model.safetensors").write_bytes(bytes(data))
+    line = _cli_fails(tmp_path, 2, tiny_model_path, "--rank1-model", str(other))
+    assert "model files differ between rank 0 and rank 1" in line
+    assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(2)] == ["2", "2"]
+
+
+def test_heads_not_divisible_by_ranks(tiny_model_path, tmp_path):
+    line = _cli_fails(tmp_path, 3, tiny_model_path)  # 4 heads over 3 ranks
+    assert "4 attention heads cannot be split evenly over 3 ranks" in line
+    assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(3)] == ["2"] * 3
+
+
+def test_killed_rank_ends_the_run(tiny_model_path, tmp_path):
+    r = launch(2, str(WORKER), "cli", str(tmp_path), "--kill-rank1-at", "2", "--",
+               "--model", str(tiny_model_path), "-p", "hello " * 30, "-m", "32",
+               "--verbose", "False")  # bounded by TIMEOUT: a hang fails here
+    assert not (tmp_path / "rank1.rc").exists()
+    assert "rank 1 exited with code -9" in r.stderr, r.stderr
+    # Rank 0 reports the lost rank itself, unless mlx.launch stopped it first.
+    reported = "error: another rank stopped (failed or was killed)" in r.stderr
+    stopped = "rank 0 was killed" in r.stderr or "rank 0 exited with code -15" in r.stderr
+    assert reported or stopped, r.stderr
+    rc0 = tmp_path / "rank0.rc"
+    assert not rc0.exists() or rc0.read_text() == "1"
+
+
+def test_shard_checks_head_counts_before_sharding(tiny_model):
+    class Group:
+        def size(self):
+            return 3
+
+    model, _ = tiny_model("llama")
+    with pytest.raises(UserInputError, match="4 attention heads .* over 3 ranks"):
+        distributed.shard(model, Group())
+    assert distributed.model_group(model) is None  # left unsharded
+
+
+@pytest.mark.slow
+def test_smollm2_lazy_over_three_ranks(smollm2_path, smollm2, tmp_path):
+    """SmolLM2's 9 heads and 3 KV heads split over 3 ranks."""
+    model, _ = smollm2
+    config = {"prune_layers": [10, 20], "keep": [0.4, 0.2]}
+    runs = run_engines(tmp_path, smollm2_path, 3, {"lazy": config}, prompt_len=300,
+                       timeout=SLOW_TIMEOUT)["lazy"]
+    selections = [rec["selections"] for rec, _ in runs]
+    assert selections[0] == selections[1] == selections[2] and selections[0]
+    tokens, logits, _ = single_process(model, PruningConfig("lazy", **config), prompt_len=300)
+    assert runs[0][0]["tokens"] == tokens
+    assert np.abs(runs[0][1] - logits).max() < 1e-3
+
+
+@pytest.fixture(scope="module")
+def qwen_path():
+    """The second evaluation model (Qwen2.5-Coder-0.5B-Instruct, 14 heads, 2 KV heads) if it
+    has been built into the cache."""
+    from mlx_lazy.default_model import cache_dir
+
+    path = cache_dir() / "Qwen2.5-Coder-0.5B-Instruct-float32"
+    if not (path / "config.json").is_file():
+        pytest.skip(f"no Qwen2.5-Coder-0.5B at {path}")
+    return path
+
+
+@pytest.mark.slow
+def test_qwen_full_and_lazy_over_two_ranks(qwen_path, tmp_path):
+    """Qwen2.5-Coder-0.5B's 14 heads and 2 KV heads split over 2 ranks."""
+    import mlx_lm
+
+    lazy = {"prune_layers": [8, 16], "keep": [0.4, 0.2]}
+    runs = run_engines(tmp_path, qwen_path, 2, {"full": {}, "lazy": lazy}, prompt_len=300,
+                       timeout=SLOW_TIMEOUT)
+    model, _ = mlx_lm.load(str(qwen_path))
+    (full0, logits0), (full1, _) = runs["full"]
+    assert full0["tokens"] == full1["tokens"]
+    ref = mlx_lm_logits(model, full0["tokens"], prompt_len=300)
+    assert np.abs(logits0 - ref).max() < 1e-3  # 24 layers of float32 sums in another order
+    assert full0["tokens"] == [int(t) for t in ref.argmax(axis=-1)]
+    (lazy0, _), (lazy1, _) = runs["lazy"]
+    assert lazy0["selections"] == lazy1["selections"] and lazy0["selections"]
+    tokens, _, _ = single_process(model, PruningConfig("lazy", **lazy), prompt_len=300)
+    assert lazy0["tokens"] == tokens
+
+
+def test_benchmark_counts_allsums(tiny_model_path, tmp_path):
+    from mlx_lazy.bench import distributed as bench
+
+    runs = bench.main(["--model", str(tiny_model_path), "--ranks", "1,2", "--length", "64",
+                       "--max-tokens", "3", "--methods", "full,lazy", "--timeout", str(TIMEOUT),
+                       "--out", str(tmp_path / "bench.json")])
+    assert sorted((r["ranks"], r["method"]) for r in runs) == [
+        (1, "full"), (1, "lazy"), (2, "full"), (2, "lazy")]
+    full = next(r for r in runs if (r["ranks"], r["method"]) == (2, "full"))
+    row = 2 * 64 * 4  # o_proj and down_proj outputs of one token, float32, hidden 64
+    # Prefill: 3 of 4 layers over the 64 tokens, the last over the newest one. Decode: the
+    # 2 steps after the first token, 4 layers of one token each.
+    assert full["prefill_allsum_bytes"] == row * (3 * 64 + 1)
+    assert full["decode_allsum_bytes_per_step"] == row * 4
+    assert full["prefill_allsum_s"] > 0
+    assert all("prefill_allsum_bytes" not in r for r in runs if r["ranks"] == 1)
