@@ -407,7 +407,7 @@ def test_internal_errors_are_not_reported_as_bad_input(monkeypatch, error):
     """Only UserInputError is bad input (exit 2); anything else keeps its traceback (exit 1
     once it leaves main)."""
 
-    def fail(args):
+    def fail(args, group=None):
         raise error
 
     monkeypatch.setattr(cli, "_run", fail)
