@@ -16,6 +16,7 @@ import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .engine import GenerationStats, LazyEngine, ProgressFn
+from .errors import UserInputError
 from .schedule import PruningConfig
 
 Sampler = Callable[[mx.array], mx.array]
@@ -56,26 +57,30 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
     """Load a model and tokenizer like ``mlx_lm.load``.
 
     Args:
-        path_or_repo: a local MLX folder or a hub id (where the network allows); None loads
-            the default model (SmolLM2-135M-Instruct), obtaining it when missing.
+        path_or_repo: a named model (``mlx_lazy.default_model.MODELS``, e.g.
+            "qwen2.5-coder-0.5b"; obtained into the cache on first use), a local MLX folder
+            or a hub id (where the network allows); None loads the default model
+            (SmolLM2-135M-Instruct, "smollm2-135m").
 
     Raises:
-        ValueError: the path does not exist or holds no loadable model.
+        UserInputError: the path does not exist or holds no loadable model, or a named model
+            cannot be obtained.
     """
     from mlx_lm import load as mlx_load
 
-    if path_or_repo is None:
-        from .default_model import default_model_path
+    from .default_model import DEFAULT_MODEL, MODELS, model_path
 
-        path_or_repo = default_model_path()
+    name = DEFAULT_MODEL if path_or_repo is None else str(path_or_repo)
+    path = Path(name).expanduser()
+    if name in MODELS and not path.exists():
+        return mlx_load(str(model_path(name)))
     from .convert import is_hub_id
 
-    name = str(path_or_repo)
-    path = Path(name).expanduser()
     if is_hub_id(name):
         return mlx_load(name)
     if not (path / "config.json").is_file():
-        raise ValueError(f"no model found at {name} (expected a folder with config.json)")
+        raise UserInputError(f"no model found at {name} (expected a folder with config.json, "
+                             f"a hub id or a named model: {', '.join(MODELS)})")
     return mlx_load(str(path))
 
 

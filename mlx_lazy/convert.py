@@ -176,6 +176,7 @@ def convert_gguf(
     reader = read_gguf(gguf)
     meta = {k: f.contents() for k, f in reader.fields.items()}
     tensors = {t.name: t for t in reader.tensors}
+    _check_types(tensors)
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise UserInputError(f"unsupported GGUF architecture {arch!r} "
@@ -502,14 +503,23 @@ def _affine(t: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     return packed, d, bias, bits
 
 
+def _check_types(tensors: dict) -> None:
+    """Fail on a tensor type the gguf package cannot dequantize (tried on one zero block)."""
+    from gguf import GGML_QUANT_SIZES, dequantize
+
+    for t in {t.tensor_type: t for t in tensors.values()}.values():
+        try:
+            dequantize(np.zeros((1, GGML_QUANT_SIZES[t.tensor_type][1]), np.uint8),
+                       t.tensor_type)
+        except NotImplementedError:
+            raise UserInputError(f"unsupported GGUF tensor type {t.tensor_type.name} for "
+                                 f"{t.name} (the gguf package cannot dequantize it)") from None
+
+
 def _dequantized(t: Any) -> np.ndarray:
     from gguf import dequantize
 
-    try:
-        return dequantize(np.asarray(t.data), t.tensor_type).reshape(_shape(t))
-    except NotImplementedError:
-        raise UserInputError(f"unsupported GGUF tensor type {t.tensor_type.name} for {t.name} "
-                             "(the gguf package cannot dequantize it)") from None
+    return dequantize(np.asarray(t.data), t.tensor_type).reshape(_shape(t))
 
 
 def _gguf_weights(arch: str, tensors: dict, config: dict,
