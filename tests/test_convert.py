@@ -125,11 +125,19 @@ def test_mlx_lm_load_and_greedy_generation(smollm2_path):
 
 @pytest.mark.slow
 def test_gguf_keep_quantized_matches_float32(smollm2, tmp_path):
-    """Keeping Q4_1/Q8_0 as affine triples (q/k scales and biases un-permuted too)."""
-    out = convert(default_model.gguf_path(), tmp_path / "q")
+    """Keeping Q4_1/Q8_0 as affine triples (q/k scales and biases un-permuted too); the
+    triples are bit for bit what MLX's own GGUF loader (``mx.load``) makes of them."""
+    gguf_file = default_model.gguf_path()
+    out = convert(gguf_file, tmp_path / "q")
     config = json.loads((out / "config.json").read_text())
     assert config["quantization"]["bits"] == 4 and config["quantization"]["group_size"] == 32
     assert config["quantization"]["model.embed_tokens"]["bits"] == 8
+    ours, theirs = mx.load(str(out / "model.safetensors")), mx.load(str(gguf_file))
+    for name, gname in (("model.embed_tokens", "token_embd"),
+                        ("model.layers.3.mlp.down_proj", "blk.3.ffn_down"),
+                        ("model.layers.3.self_attn.v_proj", "blk.3.attn_v")):
+        for key in ("weight", "scales", "biases"):
+            assert mx.array_equal(ours[f"{name}.{key}"], theirs[f"{gname}.{key}"]), (name, key)
     qmodel, _ = mlx_lm.load(str(out))
     model, tok = smollm2
     x = mx.array(tok.encode("The capital of France is Paris, and"))[None]
