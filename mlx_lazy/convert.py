@@ -394,11 +394,12 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     def g(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
+    required = ("attention.head_count", "embedding_length", "block_count",
+                "feed_forward_length")
+    if any(g(k) is None for k in required):
+        raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     n_heads, hidden, n_layers = (g("attention.head_count"), g("embedding_length"),
                                  g("block_count"))
-    if n_heads is None or hidden is None or n_layers is None:
-        raise UserInputError(f"GGUF metadata lacks {arch}.attention.head_count / "
-                             "embedding_length / block_count")
     n_kv = g("attention.head_count_kv", n_heads)
     if isinstance(n_heads, list) or isinstance(n_kv, list):
         raise UserInputError("GGUF with per-layer head counts is not supported")
@@ -408,6 +409,9 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     if g("rope.dimension_count", head_dim) != head_dim:
         raise UserInputError(f"GGUF with partial RoPE ({g('rope.dimension_count')} of "
                              f"{head_dim} dims) is not supported")
+    vocab = int(tensors["token_embd.weight"].shape[1])
+    if len(meta.get("tokenizer.ggml.tokens") or []) > vocab:
+        raise UserInputError(f"GGUF tokenizer has more tokens than the embedding's {vocab} rows")
     scaling = g("rope.scaling.type")
     if scaling not in (None, "none") or "rope_freqs.weight" in tensors:
         raise UserInputError(f"GGUF with RoPE scaling ({scaling or 'rope_freqs'}) is not "
@@ -424,7 +428,7 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(g("rope.freq_base", 10000.0)),
         "max_position_embeddings": g("context_length", 4096),
-        "vocab_size": int(tensors["token_embd.weight"].shape[1]),
+        "vocab_size": vocab,
         "tie_word_embeddings": "output.weight" not in tensors,
         "hidden_act": "silu",
     }
