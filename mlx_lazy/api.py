@@ -73,7 +73,12 @@ def load(path_or_repo: Optional[Union[str, Path]] = None) -> Tuple[nn.Module, To
     name = DEFAULT_MODEL if path_or_repo is None else str(path_or_repo)
     path = Path(name).expanduser()
     if name in MODELS and not path.exists():
-        return mlx_load(str(model_path(name)))
+        folder = model_path(name)
+        try:
+            return mlx_load(str(folder))
+        except (RuntimeError, ValueError, OSError) as e:
+            raise UserInputError(f"the cached model {folder} cannot be loaded ({e}); delete "
+                                 "that folder to rebuild it") from None
     from .convert import is_hub_id
 
     if is_hub_id(name):

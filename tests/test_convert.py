@@ -472,11 +472,11 @@ def test_sigterm_during_conversion_leaves_nothing(tiny_model_dir, tmp_path, monk
         os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(convert_module, "convert_gguf", killed_midway)
-    before = set(tmp_path.iterdir())
+    before, handler = set(tmp_path.iterdir()), signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit):
         convert(tmp_path / "m.gguf", tmp_path / "a" / "b" / "out")
     assert set(tmp_path.iterdir()) == before
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored
 
 
 def test_stale_temporary_folders_are_swept(tiny_model_dir, tmp_path):
@@ -588,6 +588,18 @@ def test_named_model_from_wheels_in_the_cache(tiny_registry, tiny_model, monkeyp
     assert sorted(p.name for p in cache.iterdir()) == [".lock", "Tiny-float32", "Tiny.gguf"]
     q = default_model.model_path("tiny", quantized=True)
     assert json.loads((q / "config.json").read_text())["quantization"]["bits"] == 4
+
+
+def test_corrupt_cached_folder_names_what_to_delete(tiny_registry):
+    import mlx_lazy
+
+    tiny_registry()
+    folder = default_model.model_path("tiny")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(UserInputError, match="delete that folder") as e:
+        mlx_lazy.load("tiny")
+    assert str(folder) in str(e.value)
 
 
 def test_concurrent_callers_get_one_copy(tiny_registry, monkeypatch):
