@@ -64,10 +64,12 @@ def load(
     """Load a model and tokenizer like ``mlx_lm.load``.
 
     Args:
-        path_or_repo: a local MLX folder or a hub id (where the network allows); None loads
-            the default model (SmolLM2-135M-Instruct), obtaining it when missing. A folder
-            holding ``mlx_lazy_schedule.json`` (written by ``python -m mlx_lazy.calibrate``)
-            makes a plain ``"lazy"`` use that calibrated schedule.
+        path_or_repo: a named model (``mlx_lazy.default_model.MODELS``, e.g.
+            "qwen2.5-coder-0.5b"; obtained into the cache on first use), a local MLX folder
+            or a hub id (where the network allows); None loads the default model
+            (SmolLM2-135M-Instruct, "smollm2-135m"). A folder holding
+            ``mlx_lazy_schedule.json`` (written by ``python -m mlx_lazy.calibrate``) makes a
+            plain ``"lazy"`` use that calibrated schedule.
         group: an ``mx.distributed`` group of more than one rank (e.g.
             ``mx.distributed.init()`` under ``mlx.launch``): every rank calls ``load``, and
             each keeps its share of the model (mlx-lm's ``model.shard``). The ranks check
@@ -76,17 +78,28 @@ def load(
 
     Raises:
         UserInputError: the path does not exist or holds no loadable model of a supported
-            family (the message names the file and the problem), or (with ``group``) the
-            model cannot be sharded or another rank failed or loaded other files.
+            family (the message names the file and the problem), a named model cannot be
+            obtained, or (with ``group``) the model cannot be sharded or another rank failed
+            or loaded other files.
     """
     from mlx_lm import load as mlx_load
 
+    from .default_model import MODELS
+
     if group is None or group.size() == 1:
         path = _model_path(path_or_repo)
+        named = str(path_or_repo or "") in MODELS or path_or_repo is None
         try:
             model, tokenizer = mlx_load(path)
         except (ValueError, OSError) as e:  # mlx-lm's checks of the files, or reading them
-            raise UserInputError(f"cannot load model {path}: {one_line(e)}") from None
+            raise UserInputError(f"cannot load model {path}: {one_line(e)}"
+                                 + ("; delete that cached folder to rebuild it" if named else "")
+                                 ) from None
+        except RuntimeError as e:  # MLX reading a damaged file of our own cache
+            if not named:
+                raise
+            raise UserInputError(f"the cached model {path} cannot be loaded ({one_line(e)}); "
+                                 "delete that folder to rebuild it") from None
     else:
         with distributed.together(group) as same:
             path = _model_path(path_or_repo, local=True)
@@ -102,27 +115,28 @@ def load(
 
 
 def _model_path(path_or_repo: Optional[Union[str, Path]], local: bool = False) -> str:
-    """The folder (or hub id, downloaded first when ``local``) to load."""
-    if path_or_repo is None:
-        from .default_model import default_model_path
-
-        path_or_repo = default_model_path()
+    """The folder to load (a named model's, obtained into the cache when missing), or a hub
+    id (downloaded first when ``local``)."""
     from .convert import is_hub_id
+    from .default_model import DEFAULT_MODEL, MODELS, model_path
 
-    name = str(path_or_repo)
+    name = DEFAULT_MODEL if path_or_repo is None else str(path_or_repo)
+    path = Path(name).expanduser()
+    if name in MODELS and not path.exists():
+        return str(model_path(name))
     if is_hub_id(name):
         if not local:
             return name
         from mlx_lm.utils import _download
 
         return str(_download(name))
-    path = Path(name).expanduser()
     if path.is_file():
         hint = (f" (convert it first: mlx-lazy-convert {name} OUT)"
                 if path.suffix == ".gguf" else "")
         raise UserInputError(f"cannot load model {name}: a file, not a model folder{hint}")
     if not path.is_dir():
-        raise UserInputError(f"cannot load model {name}: no such folder")
+        raise UserInputError(f"cannot load model {name}: no such folder (nor a hub id or a "
+                             f"named model: {', '.join(MODELS)})")
     if not (path / "config.json").is_file():
         raise UserInputError(
             f"cannot load model {name}: no config.json in it (not a model folder)")

@@ -141,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--model", default=None,
-                   help="local model folder or Hugging Face repo (default: SmolLM2-135M-Instruct, "
-                        "obtained when missing)")
+                   help="named model (smollm2-135m, qwen2.5-coder-0.5b; obtained when "
+                        "missing), local model folder or Hugging Face repo (default: "
+                        "smollm2-135m)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", default=None,
                      help=f"message to process ('-' reads stdin; default {DEFAULT_PROMPT!r})")

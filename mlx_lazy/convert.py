@@ -4,14 +4,17 @@ Two sources:
 
 * a Hugging Face / MLX folder or a hub id: delegated to ``mlx_lm.convert`` (optional
   quantization and dtype);
-* a GGUF file with the ``llama`` architecture (tensor types F32, F16, Q4_0, Q4_1, Q8_0):
-  weights are read with ``mx.load``, q/k rows are un-permuted from llama.cpp's RoPE layout to
-  the Hugging Face layout, and ``tokenizer.json`` / ``tokenizer_config.json`` are rebuilt from
-  the GGUF metadata. Quantized tensors are kept quantized (affine, group size 32) or
-  dequantized to a chosen dtype.
+* a GGUF file, read with the ``gguf`` package (llama.cpp's reference reader): architectures
+  ``llama`` (Mistral's GGUFs use it too), ``qwen2`` and ``qwen3``, and every tensor type that
+  package dequantizes. Q4_0/Q4_1/Q8_0 tensors map exactly onto MLX affine quantization (group
+  size 32) and stay quantized unless a dtype is given; the other types are dequantized (to
+  float32 on Linux, float16 elsewhere, unless a dtype is given). llama q/k rows are
+  un-permuted from llama.cpp's RoPE layout to the Hugging Face one; ``tokenizer.json`` /
+  ``tokenizer_config.json`` are rebuilt from the GGUF metadata.
 
-Every failure on bad input is a ``ValueError`` with a one-line message; the output folder is
-written to a temporary sibling and renamed at the end, so nothing half-written is left behind.
+Every failure on bad input is a :class:`UserInputError` with a one-line message. The output
+folder is written to a temporary sibling and renamed at the end; an error or a SIGTERM
+removes the temporary folder and any parent folder the run created.
 """
 
 from __future__ import annotations
@@ -20,37 +23,49 @@ from . import _blas  # noqa: F401  (must precede any mlx import)
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import os
 import shutil
-import struct
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import mlx.core as mx
+import numpy as np
+
+from .errors import UserInputError
 
 GGUF_GROUP_SIZE = 32
-# GGUF tensor type ids that mx.load reads natively (quantized ones as affine triples).
-GGUF_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
-_GGUF_TYPE_NAMES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K",
-                    13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 24: "I8", 25: "I16", 26: "I32",
-                    27: "I64", 28: "F64", 30: "BF16"}
 DTYPES = ("float32", "float16", "bfloat16")
+# Float dtype of dequantized GGUF tensors when none is given: float16 and quantized matmuls
+# bypass BLAS on the Linux CPU.
+DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
 
-# GPT-2 byte-level regex variants used by llama.cpp pre-tokenizers; "smollm" additionally
-# splits every digit into its own token before the GPT-2 regex.
+# GPT-2 byte-level regex variants of llama.cpp's pre-tokenizers; "smollm" splits every digit
+# into its own token before the GPT-2 regex.
 _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZERS = ("smollm", "gpt2", "default", "llama-bpe")
+_QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = ("smollm", "gpt2", "default", "llama-bpe", "qwen2")
+# Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list).
+_EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+              "<end_of_turn>", "<|end_of_text|>")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
@@ -59,6 +74,7 @@ _LAYER_NAMES = {
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "output": "lm_head"}
+_TMP_MARK = ".tmp-"
 
 
 # --------------------------------------------------------------------------- public API
@@ -78,43 +94,47 @@ def convert(
     Args:
         source: a ``.gguf`` file, a folder with ``config.json``, or a Hugging Face hub id.
         output: folder to create; it must not exist.
-        q_bits: quantize linear/embedding weights to 4 or 8 bits (affine).
-        q_group_size: quantization group size (mlx-lm's default 64 when None; GGUF keeps 32).
+        q_bits: quantize linear/embedding weights to 4 or 8 bits (affine, through mlx-lm).
+        q_group_size: quantization group size (mlx-lm's default 64 when None).
         dtype: float dtype of unquantized weights ("float32", "float16", "bfloat16"). For a
-            GGUF source, giving a dtype dequantizes all tensors to it; without dtype and
-            q_bits, GGUF tensors are kept as stored.
-        dequantize: dequantize an already quantized HF/MLX model.
+            GGUF source, a dtype dequantizes every tensor to it; without dtype and q_bits,
+            Q4_0/Q4_1/Q8_0 tensors stay quantized and the others become
+            ``DEFAULT_GGUF_DTYPE``.
+        dequantize: dequantize an already quantized model.
 
     Returns:
         The output folder.
 
     Raises:
-        ValueError: bad input (missing source, not GGUF, unsupported architecture / tensor
-            type / tokenizer, existing output, bad option), with a one-line message.
+        UserInputError: bad input (missing source, not GGUF, unsupported architecture /
+            tensor type / tokenizer, tensors that disagree with the metadata, existing or
+            uncreatable output, bad option), with a one-line message.
     """
     out = Path(output)
     if out.exists():
-        raise ValueError(f"output folder {out} already exists; remove it or choose another")
+        raise UserInputError(f"output folder {out} already exists; remove it or choose another")
     if q_bits is not None and q_bits not in (4, 8):
-        raise ValueError(f"--q-bits must be 4 or 8, not {q_bits}")
+        raise UserInputError(f"--q-bits must be 4 or 8, not {q_bits}")
     if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        raise UserInputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if q_group_size is not None and q_bits is None:
-        raise ValueError("--q-group-size needs --q-bits")
+        raise UserInputError("--q-group-size needs --q-bits")
     src = Path(source)
     if src.is_file():
-        _check_gguf_magic(src)
+        with open(src, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise UserInputError(f"{src} is not a GGUF file (and not a model folder)")
         if dequantize and dtype is None:
             dtype = "float32"
-        with _atomic_dir(out) as tmp:
+        with atomic_dir(out) as tmp:
             convert_gguf(src, tmp, dtype=dtype, q_bits=q_bits, q_group_size=q_group_size)
         return out
     if src.is_dir():
         if not (src / "config.json").is_file():
-            raise ValueError(f"{src} is a folder without config.json (not a HF/MLX model)")
+            raise UserInputError(f"{src} is a folder without config.json (not a HF/MLX model)")
     elif not is_hub_id(str(source)):
-        raise ValueError(f"no such file or folder: {source}")
-    with _atomic_dir(out) as tmp:
+        raise UserInputError(f"no such file or folder: {source}")
+    with atomic_dir(out) as tmp:
         _convert_hf(str(source), tmp, q_bits=q_bits, q_group_size=q_group_size, dtype=dtype,
                     dequantize=dequantize)
     return out
@@ -138,45 +158,38 @@ def convert_gguf(
     q_bits: int | None = None,
     q_group_size: int | None = None,
 ) -> None:
-    """Write an MLX folder for a llama-architecture GGUF into the existing folder ``out_dir``.
+    """Write an MLX folder for a GGUF model into the existing folder ``out_dir``.
 
-    Prefer :func:`convert`, which checks its arguments and writes atomically.
-    ``dtype=None`` keeps quantized tensors quantized (affine, group size 32, mixed bits are
-    recorded per layer in the config); a dtype dequantizes them. ``q_bits`` requantizes via
-    mlx-lm after dequantizing.
+    Prefer :func:`convert`, which checks its arguments and writes atomically. ``dtype=None``
+    keeps Q4_0/Q4_1/Q8_0 tensors quantized (affine, group size 32, mixed bits recorded per
+    layer in the config); a dtype dequantizes everything to it. ``q_bits`` requantizes
+    through mlx-lm after dequantizing.
     """
     gguf, out_dir = Path(gguf), Path(out_dir)
-    types = read_gguf_tensor_types(gguf)
-    for name, t in types.items():
-        if t not in GGUF_TYPES:
-            tname = _GGUF_TYPE_NAMES.get(t, f"type {t}")
-            raise ValueError(f"unsupported GGUF tensor type {tname} for {name} "
-                             f"(supported: {', '.join(GGUF_TYPES.values())})")
-    try:
-        tensors, meta = mx.load(str(gguf), return_metadata=True)
-    except Exception as e:  # mlx raises RuntimeError on malformed files
-        raise ValueError(f"cannot read GGUF {gguf}: {e}") from None
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"unsupported GGUF architecture {arch!r} (supported: 'llama')")
-
-    config = _llama_config(meta, tensors)
-    tokenizer, tokenizer_config = _build_tokenizer(meta)
-
     if q_bits is not None:
-        # Dequantize to a float folder, then let mlx-lm quantize it.
-        with tempfile.TemporaryDirectory(dir=out_dir.parent) as tmp:
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:  # inside: swept with it
             convert_gguf(gguf, tmp, dtype=dtype or "float16")
             _convert_hf(tmp, out_dir, q_bits=q_bits, q_group_size=q_group_size, dtype=None,
                         dequantize=False)
         return
 
-    weights, quant = _gguf_weights(tensors, config, dtype)
+    reader = read_gguf(gguf)
+    meta = {k: f.contents() for k, f in reader.fields.items()}
+    tensors = {t.name: t for t in reader.tensors}
+    _check_types(tensors)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UserInputError(f"unsupported GGUF architecture {arch!r} "
+                             f"(supported: {', '.join(map(repr, ARCHITECTURES))})")
+    config = _config(arch, meta, tensors)
+    tokenizer, tokenizer_config = _build_tokenizer(arch, meta)
+    config["eos_token_id"] = _eos_ids(meta)
+    _check_shapes(config, tensors)
+
+    weights, quant = _gguf_weights(arch, tensors, config, dtype)
     if quant:
         config["quantization"] = config["quantization_config"] = quant
-    if dtype is not None:
-        config["torch_dtype"] = dtype
-    out_dir.mkdir(parents=True, exist_ok=True)
+    config["torch_dtype"] = dtype or DEFAULT_GGUF_DTYPE
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     tokenizer.save(str(out_dir / "tokenizer.json"))
@@ -185,41 +198,89 @@ def convert_gguf(
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2))
 
 
-def read_gguf_tensor_types(path: str | os.PathLike) -> dict[str, int]:
-    """Return ``{tensor name: GGUF type id}`` from a GGUF header (metadata is skipped).
+def read_gguf(path: str | os.PathLike) -> Any:
+    """Open ``path`` with ``gguf.GGUFReader`` (memory-mapped).
 
-    Raises ValueError when the file is not GGUF or the header is truncated.
+    Raises:
+        UserInputError: the file is not GGUF, is truncated or malformed.
     """
-    path = Path(path)
+    from gguf import GGUFReader
+
     try:
-        with open(path, "rb") as f:
-            r = _Reader(f)
-            if r.read(4) != b"GGUF":
-                raise ValueError(f"{path} is not a GGUF file")
-            version = r.u32()
-            if version < 2:
-                raise ValueError(f"{path}: GGUF version {version} is not supported")
-            n_tensors, n_kv = r.u64(), r.u64()
-            for _ in range(n_kv):
-                r.string()
-                r.skip_value(r.u32())
-            types = {}
-            for _ in range(n_tensors):
-                name = r.string().decode("utf-8", "replace")
-                n_dims = r.u32()
-                r.read(8 * n_dims)
-                types[name] = r.u32()
-                r.u64()
-            return types
-    except (struct.error, EOFError, MemoryError, OverflowError):
-        raise ValueError(f"{path} is not a valid GGUF file (truncated header)") from None
+        return GGUFReader(path)
+    except Exception as e:  # the reader fails with ValueError/IndexError/... on bad files
+        raise UserInputError(f"{path} is not a valid GGUF file ({_one_line(e)})") from None
+
+
+@contextlib.contextmanager
+def atomic_dir(out: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder next to ``out``; rename it to ``out`` on success.
+
+    On any error, and on SIGTERM (in the main thread), the temporary folder and the parent
+    folders created for it are removed. Stale temporary folders left by killed processes are
+    swept first. The result's permissions follow the umask (not mkdtemp's 0700).
+    """
+    created = _make_parents(out.parent)
+    ok = False
+    try:
+        remove_stale_temps(out)
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), dir=out.parent))
+        except OSError as e:
+            raise UserInputError(f"cannot write to {out.parent}: {e.strerror or e}") from None
+        try:
+            with _sigterm_raises():
+                yield tmp
+                if out.exists():
+                    raise UserInputError(f"output folder {out} already exists; remove it or "
+                                         "choose another")
+                os.chmod(tmp, 0o777 & ~umask())
+                os.rename(tmp, out)
+            ok = True
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if not ok:
+            for d in reversed(created):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+
+
+def remove_stale_temps(target: Path) -> None:
+    """Remove the temporary files and folders for ``target`` (named by
+    :func:`temp_prefix`) of processes that have ended."""
+    prefix = f".{target.name}{_TMP_MARK}"
+    for path in target.parent.glob(f"{prefix}*"):
+        pid = path.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+
+def temp_prefix(target: Path) -> str:
+    """The name prefix of this process's temporary files for ``target`` (what
+    :func:`remove_stale_temps` sweeps once the process is gone)."""
+    return f".{target.name}{_TMP_MARK}{os.getpid()}-"
+
+
+def umask() -> int:
+    """The process umask (read without changing it for longer than two calls)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point (``mlx-lazy-convert``, ``python convert/convert.py``)."""
+    from .default_model import DEFAULT_MODEL, MODELS
+
     p = argparse.ArgumentParser(
         prog="mlx-lazy-convert",
-        description="Convert a GGUF file (llama architecture), a Hugging Face/MLX folder or "
+        description="Convert a GGUF file (llama, qwen2, qwen3), a Hugging Face/MLX folder or "
                     "a hub id to an MLX model folder.")
     p.add_argument("source", nargs="?", help="GGUF file, model folder or hub id")
     p.add_argument("output", nargs="?", help="output folder (must not exist)")
@@ -228,31 +289,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=DTYPES,
                    help="dtype of float weights (for GGUF: dequantize everything to it)")
     p.add_argument("--dequantize", action="store_true", help="dequantize a quantized model")
-    p.add_argument("--default", action="store_true",
-                   help="build (or find) the default SmolLM2-135M-Instruct model in the cache "
-                        "and print its folder")
-    p.add_argument("--default-quantized", action="store_true",
-                   help="with --default: the 4-bit copy (for Metal) instead of float32")
+    p.add_argument("--model", choices=sorted(MODELS),
+                   help="build (or find) this named model in the cache and print its folder")
+    p.add_argument("--default", action="store_const", const=DEFAULT_MODEL, dest="model",
+                   help=f"same as --model {DEFAULT_MODEL}")
+    p.add_argument("--default-quantized", "--quantized", action="store_true",
+                   dest="quantized", help="with --model/--default: the quantized copy (for "
+                                          "Metal) instead of float32")
     args = p.parse_args(argv)
     try:
-        if args.default:
-            from .default_model import default_model_path
+        if args.model:
+            from .default_model import model_path
 
-            print(default_model_path(quantized=args.default_quantized))
+            print(model_path(args.model, quantized=args.quantized))
             return 0
         if not args.source or not args.output:
             p.print_usage(sys.stderr)
-            print("error: source and output are required (or use --default)", file=sys.stderr)
+            print("error: source and output are required (or use --model NAME)",
+                  file=sys.stderr)
             return 2
         out = convert(args.source, args.output, q_bits=args.q_bits,
                       q_group_size=args.q_group_size, dtype=args.dtype,
                       dequantize=args.dequantize)
-    except ValueError as e:
+    except UserInputError as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
-    except RuntimeError as e:  # e.g. DefaultModelUnavailable
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 1
     print(f"wrote {out}")
     return 0
 
@@ -261,28 +322,54 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())
+    return " ".join(str(e).split()) or type(e).__name__
 
 
-def _check_gguf_magic(path: Path) -> None:
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file (and not a model folder)")
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """mkdir -p ``folder``; return the folders created, outermost first."""
+    missing = []
+    p = folder.absolute()
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    created = []
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+            created.append(d)
+    except OSError as e:
+        for d in reversed(created):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise UserInputError(f"cannot create folder {folder}: {e.strerror or e}") from None
+    return created
 
 
 @contextlib.contextmanager
-def _atomic_dir(out: Path) -> Iterator[Path]:
-    """Yield an empty temp folder next to ``out``; rename it to ``out`` on success."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+def _sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises SystemExit so that ``finally`` clauses clean up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
-        yield tmp
-        if out.exists():
-            raise ValueError(f"output folder {out} already exists; remove it or choose another")
-        os.rename(tmp, out)
+        yield
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _convert_hf(source: str, out_dir: Path | str, *, q_bits: int | None,
@@ -295,150 +382,238 @@ def _convert_hf(source: str, out_dir: Path | str, *, q_bits: int | None,
             mlx_lm_convert(str(source), str(target), quantize=q_bits is not None,
                            q_bits=q_bits, q_group_size=q_group_size, dtype=dtype,
                            dequantize=dequantize)
-    except ValueError:
-        raise
     except Exception as e:  # hub errors, missing weights, unknown model types
-        raise ValueError(f"cannot convert {source}: {type(e).__name__}: {_one_line(e)}") from None
+        raise UserInputError(f"cannot convert {source}: {type(e).__name__}: {_one_line(e)}") \
+            from None
     for item in target.iterdir():
         os.rename(item, Path(out_dir) / item.name)
     target.rmdir()
 
 
-def _scalar(meta: dict, key: str, default: Any = None) -> Any:
-    v = meta.get(key, default)
-    return v.item() if isinstance(v, mx.array) else v
+def _config(arch: str, meta: dict, tensors: dict) -> dict:
+    def g(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
 
-
-def _llama_config(meta: dict, tensors: dict) -> dict:
-    g = lambda k, d=None: _scalar(meta, f"llama.{k}", d)  # noqa: E731
-    n_heads = g("attention.head_count")
-    hidden = g("embedding_length")
-    if n_heads is None or hidden is None or g("block_count") is None:
-        raise ValueError("GGUF metadata lacks llama.attention.head_count / embedding_length / "
-                         "block_count")
-    head_dim = g("attention.key_length") or g("rope.dimension_count") or hidden // n_heads
-    if g("rope.scaling.type") not in (None, "none") or "rope_freqs.weight" in tensors:
-        raise ValueError("GGUF with RoPE scaling (rope_freqs) is not supported")
-    tokens = meta.get("tokenizer.ggml.tokens") or []
+    required = ("attention.head_count", "embedding_length", "block_count",
+                "feed_forward_length")
+    if any(g(k) is None for k in required):
+        raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
+    n_heads, hidden, n_layers = (g("attention.head_count"), g("embedding_length"),
+                                 g("block_count"))
+    n_kv = g("attention.head_count_kv", n_heads)
+    if isinstance(n_heads, list) or isinstance(n_kv, list):
+        raise UserInputError("GGUF with per-layer head counts is not supported")
+    if "token_embd.weight" not in tensors:
+        raise UserInputError("GGUF has no token_embd.weight tensor")
+    head_dim = g("attention.key_length") or hidden // n_heads
+    if g("rope.dimension_count", head_dim) != head_dim:
+        raise UserInputError(f"GGUF with partial RoPE ({g('rope.dimension_count')} of "
+                             f"{head_dim} dims) is not supported")
+    vocab = int(tensors["token_embd.weight"].shape[1])
+    if len(meta.get("tokenizer.ggml.tokens") or []) > vocab:
+        raise UserInputError(f"GGUF tokenizer has more tokens than the embedding's {vocab} rows")
+    scaling = g("rope.scaling.type")
+    if scaling not in (None, "none") or "rope_freqs.weight" in tensors:
+        raise UserInputError(f"GGUF with RoPE scaling ({scaling or 'rope_freqs'}) is not "
+                             "supported")
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
         "hidden_size": hidden,
         "intermediate_size": g("feed_forward_length"),
-        "num_hidden_layers": g("block_count"),
+        "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
-        "num_key_value_heads": g("attention.head_count_kv", n_heads),
+        "num_key_value_heads": n_kv,
         "head_dim": head_dim,
-        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(g("rope.freq_base", 10000.0)),
         "max_position_embeddings": g("context_length", 4096),
-        "vocab_size": g("vocab_size") or len(tokens) or tensors["token_embd.weight"].shape[0],
+        "vocab_size": vocab,
         "tie_word_embeddings": "output.weight" not in tensors,
         "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
     }
-    for key in ("bos_token_id", "eos_token_id"):
-        v = _scalar(meta, f"tokenizer.ggml.{key}")
-        if v is not None:
-            config[key] = int(v)
+    if arch == "llama":
+        config.update(attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias=False)
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    if bos is not None:
+        config["bos_token_id"] = int(bos)
     return config
 
 
-def _unpermute_rows(x: mx.array, n_heads: int) -> mx.array:
+def _hf_name(gguf_name: str) -> str:
+    base, _, suffix = gguf_name.rpartition(".")
+    parts = base.split(".")
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    if base in _TOP_NAMES:
+        return f"{_TOP_NAMES[base]}.{suffix}"
+    raise UserInputError(f"unsupported GGUF tensor {gguf_name}")
+
+
+def _shape(t: Any) -> tuple[int, ...]:
+    """A GGUF tensor's logical (row-major) shape."""
+    return tuple(int(n) for n in reversed(t.shape.tolist()))
+
+
+def _check_shapes(config: dict, tensors: dict) -> None:
+    """Compare the GGUF's tensors with the parameters of the model its metadata describes."""
+    from mlx.utils import tree_flatten
+
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))  # lazy: nothing is computed
+    expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
+    got = {_hf_name(name): _shape(t) for name, t in tensors.items()}
+    missing, extra = sorted(expected.keys() - got), sorted(got.keys() - expected)
+    if missing or extra:
+        what = (f"lacks {missing[0]}" if missing else f"has an unexpected tensor {extra[0]}")
+        raise UserInputError(f"GGUF tensors disagree with its metadata: it {what} "
+                             f"({len(missing)} missing, {len(extra)} unexpected)")
+    for name, shape in got.items():
+        if shape != expected[name]:
+            raise UserInputError(f"GGUF tensors disagree with its metadata: {name} has shape "
+                                 f"{shape}, the metadata implies {expected[name]}")
+
+
+def _unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (rows (h, 2, d/2) -> (h, d/2, 2) back to HF)."""
     rows = x.shape[0]
     return (x.reshape(n_heads, rows // n_heads // 2, 2, *x.shape[1:])
             .swapaxes(1, 2).reshape(x.shape))
 
 
-def _hf_name(gguf_base: str) -> str:
-    parts = gguf_base.split(".")
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
-    if gguf_base in _TOP_NAMES:
-        return _TOP_NAMES[gguf_base]
-    raise ValueError(f"unsupported GGUF tensor {gguf_base} for the llama architecture")
+def _affine(t: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """A Q4_0/Q4_1/Q8_0 tensor as MLX affine (packed uint32 weight, scales, biases, bits).
+
+    Each GGUF block of 32 values is one MLX group: Q8_0 is d·q (q int8) = d·(q+128) − 128d;
+    Q4_0 is d·(q−8); Q4_1 is d·q + m.
+    """
+    from gguf import GGMLQuantizationType as T
+
+    rows, cols = _shape(t)
+    blocks = np.asarray(t.data).reshape(rows, cols // GGUF_GROUP_SIZE, -1)
+    d = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
+    if t.tensor_type == T.Q8_0:
+        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        bias, bits = d * np.float16(-128), 8
+    else:
+        if t.tensor_type == T.Q4_1:
+            bias, qs = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0], \
+                blocks[..., 4:]
+        else:
+            bias, qs = d * np.float16(-8), blocks[..., 2:]
+        nibbles = np.concatenate([qs & 15, qs >> 4], axis=-1)  # a block's values in order
+        q, bits = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4), 4
+    packed = np.ascontiguousarray(q).reshape(rows, -1).view(np.uint32)
+    return packed, d, bias, bits
 
 
-def _gguf_weights(tensors: dict, config: dict, dtype: str | None) -> tuple[dict, dict]:
+def _check_types(tensors: dict) -> None:
+    """Fail on a tensor type the gguf package cannot dequantize (tried on one zero block)."""
+    from gguf import GGML_QUANT_SIZES, dequantize
+
+    for t in {t.tensor_type: t for t in tensors.values()}.values():
+        try:
+            dequantize(np.zeros((1, GGML_QUANT_SIZES[t.tensor_type][1]), np.uint8),
+                       t.tensor_type)
+        except NotImplementedError:
+            raise UserInputError(f"unsupported GGUF tensor type {t.tensor_type.name} for "
+                                 f"{t.name} (the gguf package cannot dequantize it)") from None
+
+
+def _dequantized(t: Any) -> np.ndarray:
+    from gguf import dequantize
+
+    return dequantize(np.asarray(t.data), t.tensor_type).reshape(_shape(t))
+
+
+def _gguf_weights(arch: str, tensors: dict, config: dict,
+                  dtype: str | None) -> tuple[dict, dict]:
     """Map GGUF tensors to mlx-lm names; return (weights, quantization config or {})."""
-    target = getattr(mx, dtype) if dtype else None
-    bases = sorted({k.rsplit(".", 1)[0] for k in tensors})
+    from gguf import GGMLQuantizationType as T
+
+    target = getattr(mx, dtype or DEFAULT_GGUF_DTYPE)
+    keep = {T.Q4_0, T.Q4_1, T.Q8_0} if dtype is None else set()
+    heads = {"self_attn.q_proj": config["num_attention_heads"],
+             "self_attn.k_proj": config["num_key_value_heads"]}
     weights: dict[str, mx.array] = {}
     bits_of: dict[str, int] = {}
-    for base in bases:
-        name = _hf_name(base)
-        w = tensors[f"{base}.weight"]
-        scales, biases = tensors.get(f"{base}.scales"), tensors.get(f"{base}.biases")
-        n_heads = {"self_attn.q_proj": config["num_attention_heads"],
-                   "self_attn.k_proj": config["num_key_value_heads"]}.get(
-                       name.split(".", 3)[-1])
-        if scales is not None:
-            bits = w.shape[-1] * 32 // (scales.shape[-1] * GGUF_GROUP_SIZE)
-            if target is not None:
-                w = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32),
-                                  group_size=GGUF_GROUP_SIZE, bits=bits).astype(target)
-                scales = biases = None
-            else:
-                bits_of[name] = bits
-        elif target is not None:
-            w = w.astype(target)
-        if n_heads is not None:
-            w = _unpermute_rows(w, n_heads)
-            if scales is not None:
-                scales, biases = _unpermute_rows(scales, n_heads), _unpermute_rows(biases, n_heads)
-        weights[f"{name}.weight"] = w
-        if scales is not None:
-            weights[f"{name}.scales"], weights[f"{name}.biases"] = scales, biases
+    for gname, t in tensors.items():
+        name = _hf_name(gname)
+        module, suffix = name.rsplit(".", 1)
+        # llama.cpp permutes q/k rows only for the llama family.
+        n_heads = heads.get(module.split(".", 3)[-1]) if arch == "llama" else None
+        if t.tensor_type in keep and suffix == "weight" and len(t.shape) == 2:
+            w, scales, biases, bits_of[module] = _affine(t)
+            parts = {"weight": w, "scales": scales, "biases": biases}
+        else:
+            parts = {suffix: _dequantized(t)}
+        for key, x in parts.items():
+            if n_heads is not None:
+                x = _unpermute_rows(x, n_heads)
+            # packed weights and their float16 scales/biases stay as they are
+            weights[f"{module}.{key}"] = mx.array(x) if len(parts) == 3 else \
+                mx.array(x).astype(target)
     quant: dict[str, Any] = {}
     if bits_of:
-        common = max(set(bits_of.values()), key=list(bits_of.values()).count)
+        values = list(bits_of.values())
+        common = max(set(values), key=values.count)
         quant = {"group_size": GGUF_GROUP_SIZE, "bits": common, "mode": "affine"}
-        for name, bits in bits_of.items():
+        for module, bits in bits_of.items():
             if bits != common:
-                quant[name] = {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": "affine"}
+                quant[module] = {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": "affine"}
     return weights, quant
 
 
-def _build_tokenizer(meta: dict) -> tuple[Any, dict]:
+def _eos_ids(meta: dict) -> list[int]:
+    """Every end-of-generation id: the GGUF's EOS/EOT/EOM and known end-of-turn controls."""
+    ids = [int(meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "eot", "eom")
+           if meta.get(f"tokenizer.ggml.{k}_token_id") is not None]
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    ids += [i for i, (tok, typ) in enumerate(zip(tokens, types)) if typ == 3 and tok in _EOG_TEXTS]
+    return list(dict.fromkeys(ids))
+
+
+def _build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     """Rebuild a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, \
-        processors
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, \
+        pre_tokenizers, processors
 
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (supported: 'gpt2' "
-                         "byte-level BPE)")
+        what = " (SentencePiece)" if kind == "llama" else ""
+        raise UserInputError(f"unsupported GGUF tokenizer model {kind!r}{what} (supported: "
+                             "'gpt2' byte-level BPE)")
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
-        raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r} "
-                         f"(supported: {', '.join(PRE_TOKENIZERS)})")
+        raise UserInputError(f"unsupported GGUF pre-tokenizer {pre!r} "
+                             f"(supported: {', '.join(PRE_TOKENIZERS)})")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-    types = meta.get("tokenizer.ggml.token_type")
-    types = types.tolist() if types is not None else [1] * len(tokens)
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
 
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                                fuse_unk=False, byte_fallback=False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre != "llama-bpe")
-    steps = [byte_level]
+    regex = {"llama-bpe": _LLAMA3_REGEX, "qwen2": _QWEN2_REGEX}.get(pre)
+    steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex is None)]
     if pre == "smollm":
         steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
-    elif pre == "llama-bpe":
-        steps.insert(0, pre_tokenizers.Split(Regex(_LLAMA3_REGEX), behavior="isolated"))
+    elif regex is not None:
+        steps.insert(0, pre_tokenizers.Split(Regex(regex), behavior="isolated"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    if pre == "qwen2":
+        tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
     # llama.cpp token types: 3 = control, 4 = user defined.
     tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                             for i, t in enumerate(types) if t in (3, 4)])
 
     def token(key: str) -> str | None:
-        i = _scalar(meta, f"tokenizer.ggml.{key}_token_id")
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
         return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
 
     bos = token("bos")
-    add_bos = bool(_scalar(meta, "tokenizer.ggml.add_bos_token", False)) and bos is not None
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
     post = [processors.ByteLevel(trim_offsets=False)]
     if add_bos:
         post.append(processors.TemplateProcessing(
@@ -451,7 +626,7 @@ def _build_tokenizer(meta: dict) -> tuple[Any, dict]:
         "clean_up_tokenization_spaces": False,
         "add_bos_token": add_bos,
         "add_eos_token": False,
-        "model_max_length": int(_scalar(meta, "llama.context_length", 4096)),
+        "model_max_length": int(meta.get(f"{arch}.context_length", 4096)),
     }
     for key in ("bos", "eos", "unknown", "padding"):
         t = token(key)
@@ -460,45 +635,6 @@ def _build_tokenizer(meta: dict) -> tuple[Any, dict]:
     if "tokenizer.chat_template" in meta:
         config["chat_template"] = meta["tokenizer.chat_template"]
     return tok, config
-
-
-class _Reader:
-    """Little-endian reader for the GGUF header."""
-
-    _SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-    def __init__(self, f: Any) -> None:
-        self.f = f
-
-    def read(self, n: int) -> bytes:
-        b = self.f.read(n)
-        if len(b) != n:
-            raise EOFError
-        return b
-
-    def u32(self) -> int:
-        return struct.unpack("<I", self.read(4))[0]
-
-    def u64(self) -> int:
-        return struct.unpack("<Q", self.read(8))[0]
-
-    def string(self) -> bytes:
-        return self.read(self.u64())
-
-    def skip_value(self, vtype: int) -> None:
-        if vtype == 8:
-            self.string()
-        elif vtype == 9:
-            inner, n = self.u32(), self.u64()
-            if inner in self._SIZES:
-                self.f.seek(self._SIZES[inner] * n, 1)
-            else:
-                for _ in range(n):
-                    self.skip_value(inner)
-        elif vtype in self._SIZES:
-            self.read(self._SIZES[vtype])
-        else:
-            raise EOFError
 
 
 if __name__ == "__main__":

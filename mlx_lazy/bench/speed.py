@@ -673,7 +673,8 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None,
-                   help="model folder or hub id for mlx_lazy.load (default: SmolLM2-135M-Instruct)")
+                   help="named model (e.g. qwen2.5-coder-0.5b), folder or hub id for mlx_lazy.load "
+                        "(default: smollm2-135m)")
     p.add_argument("--lengths", default="1024,2048,4096",
                    help="comma-separated prompt lengths; >= 3; all fit the cost model, the "
                         "largest is where every method is compared (default 1024,2048,4096)")
