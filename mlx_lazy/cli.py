@@ -543,8 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(os.devnull, "w") as null, redirect_stdout(sys.stdout if rank0 else null):
             _run(args, group)
     except UserInputError as e:
-        if rank0:
-            print(f"error: {one_line(e)}", file=sys.stderr)
+        if rank0:  # our own messages are short; the cut is for third-party ones
+            print(f"error: {one_line(e, limit=1000)}", file=sys.stderr)
         distributed.barrier(group)  # no rank ends (and gets the others stopped) before it
         return EXIT_BAD_INPUT
     except RuntimeError as e:

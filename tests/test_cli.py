@@ -416,7 +416,7 @@ def test_internal_errors_are_not_reported_as_bad_input(monkeypatch, error):
 
 
 def test_ctrl_c_in_main_is_one_line(monkeypatch, capsys):
-    def interrupted(args):
+    def interrupted(args, group=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "_run", interrupted)

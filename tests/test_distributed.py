@@ -191,7 +191,7 @@ def _cli_fails(tmp_path: Path, n: int, model: Path, *worker_args: str) -> str:
 
 def test_bad_path_on_one_rank_ends_every_rank(tiny_model_path, tmp_path):
     line = _cli_fails(tmp_path, 2, tiny_model_path, "--rank1-model", str(tmp_path / "missing"))
-    assert "rank 1" in line and "no model found" in line
+    assert "rank 1" in line and "no such folder" in line
     assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(2)] == ["2", "2"]
 
 

@@ -27,7 +27,7 @@ tokens of prose, and for each method runs ``stream_generate`` (EOS disabled) and
   there, an upper bound where communication overlaps compute.
 
 The counters see an all-sum when its graph is built; prefill and decode are told apart by
-the prefill's progress callback after its last layer.
+the prefill's progress callback once the first token is out.
 """
 
 from __future__ import annotations
@@ -84,14 +84,14 @@ def rank_main(args: argparse.Namespace) -> None:
         before = Counter(counter.by_size) if counter else Counter()
         split: list[Counter] = []
 
-        def prefill_done(layers: int, num_layers: int) -> None:
-            if layers == num_layers and counter:
+        def prefill_done(processed: int, total: int) -> None:  # (total, total): prefill over
+            if processed == total and counter:
                 split.append(Counter(counter.by_size))
 
         with no_eos(tokenizer):
             timing, last, _ = timed(stream_generate(
                 model, tokenizer, prompt, max_tokens=args.max_tokens, config=config,
-                progress=prefill_done))
+                prompt_progress_callback=prefill_done))
         record = {"method": method, "ranks": 1 if group is None else group.size(),
                   "ttft_s": timing.ttft_s, "tpot_s": timing.tpot_s,
                   "ttft_cpu_s": timing.ttft_cpu_s, "tpot_cpu_s": timing.tpot_cpu_s,
