@@ -147,7 +147,7 @@ def plot_calibration(doc: dict[str, Any], cells: list[str], path: Path) -> Path:
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xlabel("predicted pruning gain at the gain length (our full prefill / pruned)")
     ax.set_ylabel("accuracy relative to full (paired)")
-    ax.set_title(f"calibration ({', '.join(cells)}); marker size: samples per cell")
+    ax.set_title(f"{', '.join(cells)} (marker size: samples per cell)", fontsize=10)
     if rows:
         ax.legend(fontsize=8)
     fig.tight_layout()
