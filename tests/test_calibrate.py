@@ -158,6 +158,11 @@ def test_cli_schedule_flag(tiny_model_path, schedule_file, tmp_path, capsys):
 
 def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch):
     first = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0)
+    # A resume with fewer scorers keeps the others' runs in results.json.
+    fewer = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True,
+                             scorers=(dict(scorer="last"),))
+    ran = {c["name"] for c in first["candidates"] if c["scores"]}
+    assert ran <= {c["name"] for c in fewer["candidates"] if c["scores"]}
     from mlx_lazy.bench import calibrate
 
     def no_new_runs(*a, **kw):

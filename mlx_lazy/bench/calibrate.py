@@ -190,7 +190,7 @@ def run(cal: Calibration) -> dict[str, Any]:
     cands = candidates(model, cal.gain_length, cal.scorers)
     doc["candidates"] = cands
     if cal.resume:
-        _resume(out, cal, fingerprint, full, cands)
+        doc["earlier"] = _resume(out, cal, fingerprint, full, cands)
     try:
         # 1. cells where the unpruned path can do the task
         for cell in samples:
@@ -257,11 +257,12 @@ def run(cal: Calibration) -> dict[str, Any]:
 
 
 def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
-            full: dict[str, list[float]], cands: Sequence[Candidate]) -> None:
-    """Reuse the per-sample scores of an earlier run in ``out`` (same model and samples)."""
+            full: dict[str, list[float]], cands: Sequence[Candidate]) -> list[dict[str, Any]]:
+    """Reuse the per-sample scores of an earlier run in ``out`` (same model and samples);
+    return the earlier candidates that this run's grid lacks (kept in its results)."""
     path = out / "results.json"
     if not path.is_file():
-        return
+        return []
     old = json.loads(path.read_text())
     o = old.get("options", {})
     same = (old.get("fingerprint") == fingerprint and o.get("seed") == cal.seed
@@ -273,8 +274,11 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
     earlier = {c["name"]: c["scores"] for c in old.get("candidates", [])}
     for c in cands:
         c.scores = {k: list(v) for k, v in earlier.get(c.name, {}).items()}
+    names = {c.name for c in cands}
+    kept = [c for c in old.get("candidates", []) if c["name"] not in names]
     _log(f"resumed {sum(map(len, full.values()))} full and "
          f"{sum(len(v) for c in cands for v in c.scores.values())} candidate runs from {path}")
+    return kept
 
 
 def _pooled(full_scores, cand: Candidate, cells: Sequence[str], n: int) -> stats.Paired:
@@ -338,7 +342,8 @@ def measure_gain(model: Any, tokenizer: Any, config: PruningConfig, n_tokens: in
 
 def _write(out: Path, doc: dict[str, Any], full: dict[str, list[float]],
            cells: Sequence[str]) -> None:
-    doc = dict(doc, full=full, candidates=[c.as_dict() for c in doc["candidates"]])
+    doc = {k: v for k, v in doc.items() if k != "earlier"} | dict(
+        full=full, candidates=[c.as_dict() for c in doc["candidates"]] + doc.get("earlier", []))
     (out / "results.json").write_text(json.dumps(doc, indent=1, default=_json_default))
     (out / "report.md").write_text(report(doc, cells))
     try:
