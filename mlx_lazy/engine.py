@@ -18,7 +18,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .attention import attention, attention_probs, prepare
+from .attention import attention, prepare
 from .cache import LayerKV, LazyCache
 from .distributed import Group, TensorParallel, model_group
 from .schedule import PruningConfig, calibrated

@@ -12,7 +12,6 @@ from pathlib import Path
 import gguf
 import mlx.core as mx
 import mlx.nn as nn
-import mlx_lm
 import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models import qwen2
