@@ -166,7 +166,8 @@ def test_named_methods_and_depth_fractions():
 def test_quick_end_to_end(tiny_model_path, tmp_path):
     out = tmp_path / "bench"
     assert main(["--quick", "--model", str(tiny_model_path), "--lengths", "600",
-                 "--samples", "1", "--max-tokens", "4", "--out", str(out), "--no-progress"]) == 0
+                 "--samples", "1", "--max-tokens", "4", "--out", str(out), "--no-progress",
+                 "--agreement", "1", "--agreement-steps", "4"]) == 0
     for name in ("results.json", "table.md", "pareto.png", "token_usage.png"):
         assert (out / name).stat().st_size > 0, name
     data = json.loads((out / "results.json").read_text())
@@ -192,6 +193,11 @@ def test_quick_end_to_end(tiny_model_path, tmp_path):
     table = (out / "table.md").read_text()
     assert "Table 1" in table and "Table 2" in table and "| all | lazy |" in table
     assert "lost / won vs full" in table
+    # Teacher-forced agreement with full: every engine method but full, 4 steps each.
+    agreement = {a["method"]: a for a in data["agreement"]}
+    assert set(agreement) == set(harness.DEFAULT_METHODS) - {"mlx-lm", "full"}
+    assert all(a["steps"] == 4 and 0 <= a["rate"] <= 1 for a in agreement.values())
+    assert "Teacher-forced top-1 agreement" in table
 
 
 def test_cli_errors_are_one_line(tiny_model_path, tmp_path, capsys):

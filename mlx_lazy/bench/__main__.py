@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="DIR", default=None,
                    help="re-aggregate an existing DIR/results.json (tables, plots) "
                    "without running anything")
+    p.add_argument("--agreement", type=int, default=0, metavar="N",
+                   help="also measure teacher-forced top-1 agreement with full on N prose "
+                   "prompts per length (default 0: off)")
+    p.add_argument("--agreement-steps", type=int, default=32, metavar="T",
+                   help="steps along full's continuation per agreement prompt (default 32)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -88,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.max_tokens = args.max_tokens
     cfg.out, cfg.progress = args.out, not args.no_progress
     cfg.time_limit_s = args.time_limit
+    cfg.agreement_prompts, cfg.agreement_steps = args.agreement, args.agreement_steps
     # `timeout` sends SIGTERM: treat it like Ctrl-C so the results so far are still written.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     unknown = [t for t in cfg.tasks if t not in TASKS]
@@ -136,7 +142,8 @@ def report(out: Path) -> int:
     data = harness.load_results(out)
     runs = [harness.RunRecord(**r) for r in data["runs"]]
     result = harness.BenchResult(meta=data["meta"], samples=data["samples"], runs=runs,
-                                 cost_model=data.get("cost_model"))
+                                 cost_model=data.get("cost_model"),
+                                 agreement=data.get("agreement"))
     result.summary = harness.summarize(runs)
     harness.write_results(result, out)
     return _write_reports(out)

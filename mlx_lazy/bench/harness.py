@@ -281,6 +281,8 @@ class BenchConfig:
     warmup: bool = True
     progress: bool = True
     time_limit_s: float | None = None  # stop starting new samples after this many seconds
+    agreement_prompts: int = 0  # prose prompts per length for teacher-forced agreement
+    agreement_steps: int = 32  # steps along full's continuation per prompt
 
     @classmethod
     def quick(cls, **overrides: Any) -> "BenchConfig":
@@ -302,12 +304,14 @@ class BenchResult:
     runs: list[RunRecord]
     summary: list[dict[str, Any]] = field(default_factory=list)
     cost_model: dict[str, Any] | None = None
+    agreement: list[dict[str, Any]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return {
             "meta": self.meta,
             "cost_model": self.cost_model,
+            "agreement": self.agreement,
             "summary": self.summary,
             "samples": self.samples,
             "runs": [dataclasses.asdict(r) for r in self.runs],
@@ -397,7 +401,31 @@ def run_bench(
     result = BenchResult(meta=meta, samples=[s.as_dict() for s in done], runs=runs)
     result.cost_model = apply_cost_model(runs, calibration)
     result.summary = summarize(runs)
+    if cfg.agreement_prompts and not stopped:
+        result.agreement = teacher_forced(model, tokenizer, methods, cfg)
     return result
+
+
+def teacher_forced(model: Any, tokenizer: Any, methods: Sequence[Method],
+                   cfg: BenchConfig) -> list[dict[str, Any]]:
+    """Teacher-forced top-1 agreement of every engine method with ``full`` along ``full``'s
+    own greedy continuation of prose (:mod:`.fidelity`), per prompt length, with a Wilson
+    interval over the steps."""
+    from . import fidelity
+
+    rows = []
+    for length in cfg.lengths:
+        prompts = [fidelity.prose_prompt(tokenizer, length, offset=37 * i)
+                   for i in range(cfg.agreement_prompts)]
+        refs = [fidelity.greedy_tokens(model, p, cfg.agreement_steps) for p in prompts]
+        for m in methods:
+            if m.is_baseline or m.name == FULL:
+                continue
+            hits = [h for p, r in zip(prompts, refs) for h in fidelity.agreement(model, m.config, p, r)]
+            rows.append({"method": m.name, "length": length, "steps": len(hits),
+                         "agree": sum(hits), "rate": sum(hits) / len(hits),
+                         "ci": stats.wilson(sum(hits), len(hits))})
+    return rows
 
 
 # ----------------------------------------------------------------------------------------
@@ -677,6 +705,14 @@ def render_table(result: dict[str, Any]) -> str:
                 f"{_fmt(r['tpot_speedup'], '.2f', '×')} | {_mib(r['kv_bytes'])} | "
                 f"{_mib(r['aux_bytes'])} | {_mib(r['peak_memory_bytes'])} |"
             )
+        lines.append("")
+    agreement = result.get("agreement")
+    if agreement:
+        lines += ["Teacher-forced top-1 agreement with `full` along its own greedy continuation "
+                  "of prose (≥ 95% is the bar):", "",
+                  "| Length | Method | Agreement | 95% CI | Steps |", "|---|---|---|---|---|"]
+        lines += [f"| {a['length']} | {a['method']} | {a['rate']:.3f} | {a['ci'][0]:.3f}-"
+                  f"{a['ci'][1]:.3f} | {a['steps']} |" for a in agreement]
         lines.append("")
     cm = result.get("cost_model")
     if cm and "a" in cm:

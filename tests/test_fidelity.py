@@ -1,0 +1,17 @@
+"""Teacher-forced agreement: exact for the unpruned path, below 1 when pruning changes the
+model's predictions."""
+
+import numpy as np
+
+from mlx_lazy import PruningConfig
+from mlx_lazy.bench import fidelity
+
+
+def test_agreement_is_exact_for_full_and_drops_under_heavy_pruning(tiny_model):
+    model, tokenizer = tiny_model("llama")
+    prompt = fidelity.prose_prompt(tokenizer, 200)
+    assert len(prompt) == 200 and prompt != fidelity.prose_prompt(tokenizer, 200, offset=37)
+    ref = fidelity.greedy_tokens(model, prompt, 8)
+    assert fidelity.agreement(model, PruningConfig("full"), prompt, ref) == [True] * 8
+    dropped = fidelity.agreement(model, PruningConfig("random", keep=(0.05,)), prompt, ref)
+    assert len(dropped) == 8 and np.mean(dropped) < 1
