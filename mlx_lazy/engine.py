@@ -276,7 +276,7 @@ class LazyEngine:
         # ranks exchange data to decide; each holds only its own heads, every rank gets the
         # reduction over all of them, so every rank selects (and revives) the same tokens.
         ctx = ScoreContext(layer, queries, query_positions, keys, positions, eligible, visible,
-                           self.adapter.scale, self.prompt_len, self.tp.reduce_heads)
+                           self.adapter.scale, self.tp.reduce_heads)
         scores = self.scorer.score(ctx)[eligible]
         self.host_syncs += 1
         candidates = positions[eligible]

@@ -17,14 +17,15 @@ survive past each pruning layer, so they must not increase.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
 from .errors import UserInputError
-from .scorers import HEAD_REDUCTIONS, SCORERS, Scorer, has_window, make_scorer
+from .scorers import Scorer, default_window, make_scorer
 
 METHODS = ("full", "lazy", "speed", "lazy+speed", "static", "random")
 
@@ -272,11 +273,9 @@ class PruningConfig:
         Raises:
             UserInputError: with a message saying which value to change.
         """
+        # Field types were checked on construction (__post_init__); here, what depends on
+        # the method and the model.
         m = self.method
-        if m not in METHODS:
-            raise UserInputError(f"unknown method {m!r}; choose one of {', '.join(METHODS)}")
-        if not isinstance(self.anchors, int) or self.anchors < 0:
-            raise UserInputError(f"anchors must be a non-negative integer, got {self.anchors!r}")
         uses_layers = m in ("lazy", "lazy+speed", "static")
         uses_cutoff = m in ("speed", "lazy+speed")
         if not uses_layers and self.prune_layers:
@@ -288,26 +287,17 @@ class PruningConfig:
         dynamic = m in ("lazy", "lazy+speed")
         if not self.revive and not dynamic:
             raise UserInputError(f"revive=False applies to 'lazy' and 'lazy+speed', not {m!r}")
-        if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 0:
-            raise UserInputError(f"pool must be a non-negative integer, got {self.pool!r}")
         if self.pool and not uses_layers:
             raise UserInputError(f"pool applies to score-based methods (lazy, lazy+speed, static), not {m!r}")
-        scorer = self.scorer or "last"
         if not uses_layers and (self.scorer, self.heads, self.window) != (None, None, None):
             raise UserInputError(f"scorer, heads and window apply to score-based methods (lazy, "
-                             f"lazy+speed, static), not {m!r}")
-        if scorer not in SCORERS:
-            raise UserInputError(f"unknown scorer {scorer!r}; choose one of {', '.join(SCORERS)}")
-        heads = self.heads or "mean"
-        if heads not in HEAD_REDUCTIONS:
-            raise UserInputError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, got {heads!r}")
-        window = self.window
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
-                                   or window < 1):
+                                 f"lazy+speed, static), not {m!r}")
+        scorer, heads, window = self.scorer or "last", self.heads or "mean", self.window
+        if window is not None and window < 1:
             raise UserInputError(f"window must be a positive integer, got {window!r}")
-        make_scorer(scorer, heads, window, self.pool)  # checks the scorer's own fields
-        if window is None and has_window(scorer):
-            window = make_scorer(scorer, heads).size  # the scorer's default, recorded
+        make_scorer(scorer, heads, window, self.pool)  # the scorer checks its own fields
+        if window is None:
+            window = default_window(scorer)  # recorded in the schedule
 
         prompt_depth = _resolve_cutoff(self.speed_cutoff, num_layers) if uses_cutoff else num_layers
         prune_layers: Tuple[int, ...] = ()
@@ -435,9 +425,6 @@ def _check_layers(
         )
     if m == "static" and len(layers) != 1:
         raise UserInputError("static pruning prunes once: give exactly one pruning layer")
-    for layer in layers:
-        if isinstance(layer, bool) or not isinstance(layer, int):
-            raise UserInputError(f"pruning layers must be integers, got {layer!r}")
     last = min(num_layers, prompt_depth) - 2
     if layers[0] < 0 or layers[-1] > last:
         raise UserInputError(
@@ -461,8 +448,7 @@ def write_schedule(path: Union[str, Path], config: PruningConfig, fingerprint: D
     """Write a schedule file: the config's :data:`SCHEDULE_FIELDS`, the model it was
     calibrated for and the evidence behind it. :meth:`PruningConfig.from_file` reads it."""
     config.resolve(fingerprint["num_layers"])  # never write an invalid file
-    values = {f.name: getattr(config, f.name) for f in fields(config)
-              if f.name in SCHEDULE_FIELDS and getattr(config, f.name) is not None}
+    values = {f: getattr(config, f) for f in SCHEDULE_FIELDS if getattr(config, f) is not None}
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
     doc = {"format": SCHEDULE_FORMAT, "model": {"name": model_name, "fingerprint": fingerprint},
            "config": values, "evidence": evidence}
@@ -489,8 +475,18 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
 
 def packaged_schedule(fingerprint: Dict[str, Any]) -> Optional[PruningConfig]:
     """The packaged calibrated schedule whose model fingerprint equals ``fingerprint``."""
+    path = _packaged_paths().get(_key(fingerprint))
+    return None if path is None else PruningConfig.from_file(path, fingerprint)
+
+
+@lru_cache(maxsize=1)
+def _packaged_paths() -> Dict[tuple, Path]:
+    """Packaged schedule files by model fingerprint, read once per process."""
+    paths = {}
     for path in sorted(PACKAGED_SCHEDULES.glob("*.json")):
-        saved = json.loads(path.read_text()).get("model", {}).get("fingerprint")
-        if saved == fingerprint:
-            return PruningConfig.from_file(path, fingerprint)
-    return None
+        paths[_key(json.loads(path.read_text())["model"]["fingerprint"])] = path
+    return paths
+
+
+def _key(fingerprint: Dict[str, Any]) -> tuple:
+    return tuple(sorted(fingerprint.items()))

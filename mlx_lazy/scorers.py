@@ -46,7 +46,6 @@ class ScoreContext:
         candidates: (n,) bool, the keys that may be kept.
         visible: (n,) bool keys the query token attends to (None: all).
         scale: the attention scale.
-        prompt_len: number of prompt tokens.
         reduce_heads: completes a reduction over this process's heads, ``(scores, "mean" |
             "max") -> scores``, into one over all heads of the model (tensor parallelism:
             :meth:`mlx_lazy.distributed.TensorParallel.reduce_heads`); identity by default.
@@ -60,7 +59,6 @@ class ScoreContext:
     candidates: np.ndarray
     visible: Optional[np.ndarray]
     scale: float
-    prompt_len: int
     reduce_heads: Callable[[mx.array, str], mx.array] = lambda scores, heads: scores
 
 
@@ -87,8 +85,7 @@ class LastQuery(Scorer):
     heads: str = "mean"
 
     def score(self, ctx: ScoreContext) -> np.ndarray:
-        mask = None if ctx.visible is None else mx.array(ctx.visible)
-        return _reduced_probs(ctx.queries[:, :, -1:], ctx.keys, ctx, mask, self.heads)
+        return _reduced_probs(ctx.queries[:, :, -1:], ctx, _visible(ctx), self.heads)
 
 
 @dataclass(frozen=True)
@@ -104,11 +101,12 @@ class Window(Scorer):
         return self.size
 
     def score(self, ctx: ScoreContext) -> np.ndarray:
-        qpos = ctx.query_positions
-        mask = ctx.key_positions[None, :] <= qpos[:, None]
+        if len(ctx.query_positions) == 1:  # decode: the newest token sees every key
+            return _reduced_probs(ctx.queries, ctx, _visible(ctx), self.heads)
+        mask = ctx.key_positions[None, :] <= ctx.query_positions[:, None]
         if ctx.visible is not None:
             mask &= ctx.visible[None, :]
-        return _reduced_probs(ctx.queries, ctx.keys, ctx, mx.array(mask), self.heads)
+        return _reduced_probs(ctx.queries, ctx, mx.array(mask), self.heads)
 
     def always_kept(self, prompt_len: int) -> np.ndarray:
         return np.arange(max(0, prompt_len - self.size), prompt_len)
@@ -146,25 +144,29 @@ SCORERS: Dict[str, Type[Scorer]] = {
 def make_scorer(name: str, heads: str = "mean", window: Optional[int] = None,
                 pool: int = 0) -> Scorer:
     """Build the registered scorer ``name`` (``window`` sets its ``size`` when it has one),
-    wrapped in :class:`Pooled` when ``pool``."""
+    wrapped in :class:`Pooled` when ``pool``.
+
+    Raises:
+        UserInputError: unknown scorer or head reduction, or a window for a scorer without.
+    """
     if name not in SCORERS:
         raise UserInputError(f"unknown scorer {name!r}; choose one of {', '.join(SCORERS)}")
     if heads not in HEAD_REDUCTIONS:
         raise UserInputError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, got {heads!r}")
-    cls = SCORERS[name]
     kwargs: Dict[str, object] = {"heads": heads}
     if window is not None:
-        if not has_window(name):
-            raise UserInputError(f"window applies to scorers with a window "
-                             f"({', '.join(n for n in SCORERS if has_window(n))}), not {name!r}")
+        if default_window(name) is None:
+            windowed = ", ".join(n for n in SCORERS if default_window(n) is not None)
+            raise UserInputError(f"window applies to scorers with a window ({windowed}), "
+                                 f"not {name!r}")
         kwargs["size"] = window
-    scorer = cls(**kwargs)
+    scorer = SCORERS[name](**kwargs)
     return Pooled(scorer, pool) if pool else scorer
 
 
-def has_window(name: str) -> bool:
-    """True when the registered scorer ``name`` takes a window ``size``."""
-    return "size" in {f.name for f in fields(SCORERS[name])}
+def default_window(name: str) -> Optional[int]:
+    """The registered scorer's default window ``size``; None when it has no window."""
+    return next((f.default for f in fields(SCORERS[name]) if f.name == "size"), None)
 
 
 def top_k(candidates: np.ndarray, scores: np.ndarray, forced: np.ndarray, k: int) -> np.ndarray:
@@ -190,11 +192,15 @@ def pool_by_position(positions: np.ndarray, scores: np.ndarray, radius: int) -> 
     return out
 
 
-def _reduced_probs(q: mx.array, keys: mx.array, ctx: ScoreContext, mask: Optional[mx.array],
+def _visible(ctx: ScoreContext) -> Optional[mx.array]:
+    return None if ctx.visible is None else mx.array(ctx.visible)
+
+
+def _reduced_probs(q: mx.array, ctx: ScoreContext, mask: Optional[mx.array],
                    heads: str) -> np.ndarray:
-    """Attention probabilities of queries ``q`` over ``keys``, reduced over heads (mean or
-    max, across every process's heads) and averaged over the queries: (n,) numpy."""
-    probs = attention_probs(q, keys, ctx.scale, mask)  # (1, kv_heads, rep, m, n)
+    """Attention probabilities of queries ``q`` over the context's keys, reduced over heads
+    (mean or max, across every process's heads) and averaged over the queries: (n,) numpy."""
+    probs = attention_probs(q, ctx.keys, ctx.scale, mask)  # (1, kv_heads, rep, m, n)
     b, g, r, m, n = probs.shape
     per_head = probs.transpose(0, 3, 1, 2, 4).reshape(m, g * r, n)
     reduced = per_head.mean(axis=1) if heads == "mean" else per_head.max(axis=1)

@@ -109,7 +109,7 @@ def test_planted_key_is_always_kept(fields):
     kpos = np.arange(n)
     ctx = ScoreContext(layer=3, queries=mx.array(q), query_positions=kpos[-m:],
                        keys=mx.array(k), key_positions=kpos, candidates=np.ones(n, bool),
-                       visible=None, scale=d ** -0.5, prompt_len=n)
+                       visible=None, scale=d ** -0.5)
     scorer = make_scorer(fields["scorer"], fields.get("heads", "mean"), fields.get("window"))
     scores = scorer.score(ctx)
     assert int(np.argmax(scores)) == planted
