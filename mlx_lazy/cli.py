@@ -40,7 +40,6 @@ from mlx_lm.sample_utils import make_sampler
 
 from . import distributed
 from .engine import GenerationStats, LazyEngine
-from .adapter import ModelAdapter
 from .api import check_prompt, load, stream_generate
 from .errors import UserInputError, one_line
 from .schedule import METHODS, SCHEDULE_FIELDS, PruningConfig
@@ -484,10 +483,9 @@ def _run(args: argparse.Namespace, group=None) -> None:
                          else _from_argv(args.system_prompt, "--system-prompt"))
     model, tokenizer = _load_model(args.model, group)
     with distributed.together(group) as same:
-        if args.schedule is not None:  # calibrated for this model?
-            PruningConfig.from_file(args.schedule, ModelAdapter(model).fingerprint())
         # Constructing an engine is cheap; it reports an unsupported architecture or a
-        # schedule that does not fit the model before any (baseline) run is spent.
+        # schedule that does not fit (or was calibrated for another) model before any
+        # (baseline) run is spent.
         engine = LazyEngine(model, config)
         tokens = encode_prompt(tokenizer, text, system_prompt, args.ignore_chat_template)
         same["prompt tokens"] = distributed.digest(str(tokens).encode())

@@ -86,8 +86,10 @@ class LazyEngine:
     ):
         self.adapter = ModelAdapter(model)
         self.tp = TensorParallel(model, group if group is not None else model_group(model))
-        self.config = calibrated(config or PruningConfig(), self.adapter.fingerprint(),
+        fingerprint = self.adapter.fingerprint()
+        self.config = calibrated(config or PruningConfig(), fingerprint,
                                  getattr(model, "mlx_lazy_schedule", None))
+        self.config.check_model(fingerprint)
         self.schedule = self.config.resolve(self.adapter.num_layers)
         self.block_size = block_size
         self.scorer = self.schedule.make_scorer()

@@ -158,6 +158,8 @@ class PruningConfig:
         window: the ``"window"`` scorer's size (default 8).
         source: where these values come from (set by :meth:`from_file`); None lets
             :meth:`resolve` say ``"preset"`` or ``"user"``.
+        fingerprint: the model a calibrated schedule is for (set by :meth:`from_file`, as
+            sorted ``(key, value)`` pairs); ``LazyEngine`` refuses another model.
     """
 
     method: str = "full"
@@ -172,6 +174,7 @@ class PruningConfig:
     heads: Optional[str] = None
     window: Optional[int] = None
     source: Optional[str] = None
+    fingerprint: Optional[Tuple[Tuple[str, Any], ...]] = None
 
     def __post_init__(self) -> None:
         """Check field types (ranges that depend on the model are checked by :meth:`resolve`)
@@ -198,6 +201,10 @@ class PruningConfig:
                 raise UserInputError(f"{name} must be a string, got {getattr(self, name)!r}")
         if self.window is not None:
             values["window"] = _integer("window", self.window)
+        if self.fingerprint is not None:
+            pairs = (self.fingerprint.items() if isinstance(self.fingerprint, dict)
+                     else _sequence("fingerprint", self.fingerprint))
+            values["fingerprint"] = tuple(sorted((str(k), v) for k, v in pairs))
         if self.speed_cutoff is not None:
             c = self.speed_cutoff
             values["speed_cutoff"] = (
@@ -249,23 +256,34 @@ class PruningConfig:
             raise UserInputError(f"schedule file {path}: unknown field config.{unknown[0]} "
                                  f"(fields: {', '.join(SCHEDULE_FIELDS)})")
         saved = model["fingerprint"]
-        if fingerprint is not None:
-            for key, value in fingerprint.items():
-                if saved.get(key) != value:
-                    raise UserInputError(
-                        f"schedule file {path} was calibrated for another model: "
-                        f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {value!r}")
         layers = saved.get("num_layers")
         if not isinstance(layers, int) or layers < 1:
             raise UserInputError(f"schedule file {path}: model.fingerprint.num_layers must be a "
                                  f"positive integer, got {layers!r}")
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
         try:
-            out = cls(**values, source=f"calibrated:{path.name}")
+            out = cls(**values, source=f"calibrated:{path.name}", fingerprint=saved)
             out.resolve(layers)
         except ValueError as e:
             raise UserInputError(f"schedule file {path}: invalid config: {e}") from None
+        if fingerprint is not None:
+            out.check_model(fingerprint)
         return out
+
+    def check_model(self, fingerprint: Dict[str, Any]) -> None:
+        """Refuse a model other than the one this calibrated schedule was made for.
+
+        Raises:
+            UserInputError: naming the first fingerprint field that differs.
+        """
+        if self.fingerprint is None:
+            return
+        saved = dict(self.fingerprint)
+        for key, value in fingerprint.items():
+            if saved.get(key) != value:
+                raise UserInputError(
+                    f"the schedule {self.source or ''} was calibrated for another model: "
+                    f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {value!r}")
 
     def resolve(self, num_layers: int) -> Schedule:
         """Check this configuration against a model depth and build its :class:`Schedule`.

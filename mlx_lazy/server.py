@@ -740,8 +740,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         worker = Worker(settings.model, settings.max_queue)
         worker.wait_ready()
         try:
-            if args.schedule:  # calibrated for this model?
-                PruningConfig.from_file(args.schedule, ModelAdapter(worker.model).fingerprint())
+            settings.config.check_model(ModelAdapter(worker.model).fingerprint())
             settings.config.resolve(worker.num_layers)
         except ValueError as e:
             flag = f"--schedule {args.schedule}" if args.schedule else f"--method {args.method}"

@@ -123,6 +123,14 @@ def test_bad_schedule_files_name_the_field(schedule_file, tmp_path, edit, messag
     assert message in str(err.value)
 
 
+def test_a_schedule_for_another_model_is_refused_by_the_engine(schedule_file, tiny_model):
+    path, _ = schedule_file  # calibrated for the tiny llama
+    config = PruningConfig.from_file(path)  # read without a model
+    LazyEngine(tiny_model("llama")[0], config)
+    with pytest.raises(UserInputError, match="calibrated for another model"):
+        LazyEngine(tiny_model("qwen2")[0], config)
+
+
 def test_schedule_source_preset_user_and_calibrated_folder(tiny_model_path, schedule_file, tmp_path):
     path, _ = schedule_file
     model, _ = load(tiny_model_path)
