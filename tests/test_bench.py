@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from mlx_lazy import PruningConfig
 from mlx_lazy.bench import harness, metrics, tasks
 from mlx_lazy.bench.__main__ import main, parse_methods
 
@@ -136,13 +137,26 @@ def test_parse_method():
     s = harness.parse_method("static:layers=6:keep=0.4")
     assert (s.config.prune_layers, s.config.keep) == ((6,), (0.4,))
     assert harness.parse_method("speed:cutoff=0.5").config.speed_cutoff == 0.5
-    assert harness.parse_method(harness.lazy_spec((3,), (0.5,))).config.prune_layers == (3,)
+    spec = harness.method_spec(PruningConfig("lazy", prune_layers=(3,), keep=(0.5,)))
+    assert harness.parse_method(spec).config.prune_layers == (3,)
     with pytest.raises(ValueError, match="unknown method"):
         harness.parse_method("nope")
     with pytest.raises(ValueError, match="field=value"):
         harness.parse_method("lazy:oops")
     assert parse_methods("full,lazy") == ("full", "lazy")
     assert parse_methods("full;lazy:layers=1,2:keep=0.5,0.2") == ("full", "lazy:layers=1,2:keep=0.5,0.2")
+
+
+@pytest.mark.parametrize("config", [
+    dict(method="lazy", prune_layers=(3, 9), keep=(0.5, 0.25), scorer="window", window=8, pool=2),
+    dict(method="lazy", revive=False, heads="max"),
+    dict(method="lazy+speed", speed_cutoff=0.6, anchors=4),
+    dict(method="random", keep=(0.3,), seed=2),
+    dict(method="full"),
+])
+def test_method_spec_round_trips(config):
+    cfg = PruningConfig(**config)
+    assert harness.parse_method(harness.method_spec(cfg)).config == cfg
 
 
 def test_named_methods_and_depth_fractions():

@@ -5,12 +5,13 @@ import numpy as np
 
 from mlx_lazy import PruningConfig
 from mlx_lazy.bench import fidelity
+from mlx_lazy.bench.speed import build_prompt
 
 
 def test_agreement_is_exact_for_full_and_drops_under_heavy_pruning(tiny_model):
     model, tokenizer = tiny_model("llama")
-    prompt = fidelity.prose_prompt(tokenizer, 200)
-    assert len(prompt) == 200 and prompt != fidelity.prose_prompt(tokenizer, 200, offset=37)
+    prompt = build_prompt(tokenizer, 200)
+    assert len(prompt) == 200 and prompt != build_prompt(tokenizer, 200, offset=37)
     ref = fidelity.greedy_tokens(model, prompt, 8)
     assert fidelity.agreement(model, PruningConfig("full"), prompt, ref) == [True] * 8
     dropped = fidelity.agreement(model, PruningConfig("random", keep=(0.05,)), prompt, ref)

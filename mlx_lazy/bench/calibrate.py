@@ -41,7 +41,8 @@ from ..errors import UserInputError
 from ..schedule import layers_at, write_schedule
 from . import fidelity, stats
 from .costmodel import predicted_counts, prior
-from .harness import Method, run_one
+from .harness import Method, _jsonable, method_spec, parse_method, run_one
+from .speed import build_prompt
 from .tasks import TASKS, build_samples
 
 import mlx.core as mx  # noqa: E402
@@ -80,8 +81,8 @@ class Candidate:
     dropped_at: Optional[int] = None
 
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["config"] = _config_dict(self.config)
+        d = _jsonable(asdict(self))
+        d["config"] = {k: v for k, v in d["config"].items() if v is not None}
         return d
 
 
@@ -102,32 +103,16 @@ def candidates(model: Any, gain_length: int,
             config = PruningConfig("lazy", prune_layers=layers, keep=keep[: len(layers)],
                                    **fields_)
             sched = config.resolve(n_layers)
-            c = predicted_counts(sched, gain_length, forced=2 + (sched.window or 0))
+            c = predicted_counts(sched, gain_length)
             out.append(Candidate(
-                name=_name(config), config=config, predicted_gain=full_t / cost.predict(c),
+                name=method_spec(config), config=config, predicted_gain=full_t / cost.predict(c),
                 token_layers_pct=100 * c.token_layers / full_counts.token_layers))
     unique = {c.name: c for c in out}  # on shallow models cut positions may collide
     return sorted(unique.values(), key=lambda c: -c.predicted_gain)
 
 
-def _name(config: PruningConfig) -> str:
-    """A method string in the benchmarks' syntax (``lazy:layers=..:keep=..:scorer=..``)."""
-    parts = ["lazy", "layers=" + ",".join(map(str, config.prune_layers)),
-             "keep=" + ",".join(f"{k:g}" for k in config.keep)]
-    for f in ("scorer", "window", "heads", "pool"):
-        v = getattr(config, f)
-        if v not in (None, 0):
-            parts.append(f"{f}={v}")
-    return ":".join(parts)
-
-
 def _scorer_spec(fields_: dict[str, Any]) -> str:
     return ":".join([fields_["scorer"]] + [f"{k}={v}" for k, v in fields_.items() if k != "scorer"])
-
-
-def _config_dict(config: PruningConfig) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()
-            if v is not None}
 
 
 @dataclass
@@ -176,7 +161,8 @@ def run(cal: Calibration) -> dict[str, Any]:
 
     def score(config: Optional[PruningConfig], cell: str, i: int) -> float:
         check_time()
-        method = Method("full" if config is None else _name(config), config or PruningConfig())
+        method = Method("full" if config is None else method_spec(config),
+                        config or PruningConfig())
         return run_one(model, tokenizer, method, samples[cell][i]).score
 
     full: dict[str, list[float]] = {}
@@ -309,7 +295,7 @@ def _evidence(model: Any, tokenizer: Any, cal: Calibration, cand: Candidate, ful
     }
     hits: list[bool] = []
     for i in range(cal.agreement_prompts):
-        prompt = fidelity.prose_prompt(tokenizer, max(cal.lengths), offset=37 * i)
+        prompt = build_prompt(tokenizer, max(cal.lengths), offset=37 * i)
         ref = fidelity.greedy_tokens(model, prompt, cal.agreement_steps)
         hits += fidelity.agreement(model, cand.config, prompt, ref)
     ev["teacher_forced_agreement"] = {"steps": len(hits), "agree": sum(hits),
@@ -327,7 +313,7 @@ def measure_gain(model: Any, tokenizer: Any, config: PruningConfig, n_tokens: in
     measured side by side (alternating, after ``mx.eval``)."""
     from .. import LazyEngine
 
-    prompt = mx.array(fidelity.prose_prompt(tokenizer, n_tokens))
+    prompt = mx.array(build_prompt(tokenizer, n_tokens))
     times: dict[str, list[float]] = {"full": [], "pruned": []}
     for _ in range(repeats):
         for name, cfg in (("full", None), ("pruned", config)):
@@ -344,7 +330,7 @@ def _write(out: Path, doc: dict[str, Any], full: dict[str, list[float]],
            cells: Sequence[str]) -> None:
     doc = {k: v for k, v in doc.items() if k != "earlier"} | dict(
         full=full, candidates=[c.as_dict() for c in doc["candidates"]] + doc.get("earlier", []))
-    (out / "results.json").write_text(json.dumps(doc, indent=1, default=_json_default))
+    (out / "results.json").write_text(json.dumps(_jsonable(doc), indent=1))
     (out / "report.md").write_text(report(doc, cells))
     try:
         from .plots import plot_calibration
@@ -354,17 +340,10 @@ def _write(out: Path, doc: dict[str, Any], full: dict[str, list[float]],
         pass
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, tuple):
-        return list(o)
-    raise TypeError(type(o).__name__)
-
-
 def candidate_rows(doc: dict[str, Any], cells: Sequence[str]) -> list[dict[str, Any]]:
     """Per candidate at the largest sample count it reached: pooled paired statistics."""
     rows = []
     for c in doc["candidates"]:
-        c = c if isinstance(c, dict) else c.as_dict()
         n = min((len(c["scores"].get(cell, [])) for cell in cells), default=0)
         if n == 0:
             continue
@@ -396,7 +375,7 @@ def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
     lines += ["", f"Chosen: `{chosen['name']}`" if chosen else "Chosen: none confirmed"]
     if chosen:
         lines.append("")
-        lines.append("```json\n" + json.dumps(chosen, indent=1, default=_json_default) + "\n```")
+        lines.append("```json\n" + json.dumps(_jsonable(chosen), indent=1) + "\n```")
     return "\n".join(lines) + "\n"
 
 
@@ -413,20 +392,15 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def parse_scorer(spec: str) -> dict[str, Any]:
-    """``window:window=8:pool=2`` -> ``dict(scorer="window", window=8, pool=2)``."""
-    name, *items = spec.strip().split(":")
-    out: dict[str, Any] = {"scorer": name}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise argparse.ArgumentTypeError(f"bad scorer field {item!r} in {spec!r}: "
-                                             "expected field=value")
-        out[key] = int(value) if value.isdigit() else value
+    """``window:window=8:pool=2`` -> ``dict(scorer="window", window=8, pool=2)``: the scorer
+    part of a method string (:func:`~mlx_lazy.bench.harness.parse_method`)."""
     try:
-        PruningConfig("lazy", **out).resolve(30)
-    except (TypeError, ValueError) as e:
+        config = parse_method("lazy:scorer=" + spec.strip()).config
+        config.resolve(30)
+    except ValueError as e:
         raise argparse.ArgumentTypeError(f"bad scorer {spec!r}: {e}") from None
-    return out
+    return {f: getattr(config, f) for f in ("scorer", "window", "heads", "pool")
+            if getattr(config, f) not in (None, 0)}
 
 
 def build_parser() -> argparse.ArgumentParser:

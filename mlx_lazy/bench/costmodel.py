@@ -225,12 +225,13 @@ def prior(model: Any) -> CostModel:
                      b=r["b"] * head_dims / r["head_dims"], c=0.0)
 
 
-def predicted_counts(schedule: Any, n: int, block_size: int = 256,
-                     forced: int = 2) -> PrefillCounts:
+def predicted_counts(schedule: Any, n: int, block_size: int = 256) -> PrefillCounts:
     """Prefill counts of a LazyLLM schedule (a resolved ``Schedule``) on an ``n``-token prompt,
-    without running it: ``round(keep·n)`` tokens (at least the ``forced`` ones) after each cut;
-    block-causal pairs as the engine counts them; at the last layer one query.
+    without running it: ``round(keep·n)`` tokens (at least the always-kept ones: anchors and
+    the query token or the scorer's window) after each cut; block-causal pairs as the engine
+    counts them; at the last layer one query.
     """
+    forced = schedule.anchors + max(1, schedule.window or 0)
     layers = schedule.num_layers
     active, token_layers, pairs = n, 0, 0
     for layer in range(layers):

@@ -13,20 +13,6 @@ from typing import Any, Optional, Sequence
 import mlx.core as mx
 
 from .. import LazyEngine, PruningConfig
-from .tasks import prose_sentences
-
-
-def prose_prompt(tokenizer: Any, n_tokens: int, offset: int = 0) -> list[int]:
-    """``n_tokens`` token ids of English prose starting ``offset`` sentences into the
-    benchmark prose (different offsets give different texts)."""
-    sentences = prose_sentences()
-    ids: list[int] = []
-    i = offset
-    while len(ids) < n_tokens:
-        chunk = " ".join(sentences[(i + j) % len(sentences)] for j in range(20))
-        ids += list(tokenizer.encode(chunk if not ids else " " + chunk))
-        i += 20
-    return ids[:n_tokens]
 
 
 def greedy_tokens(model: Any, prompt: Sequence[int], steps: int,

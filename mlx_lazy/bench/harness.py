@@ -157,11 +157,34 @@ def parse_methods(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(sep) if x.strip())
 
 
-def lazy_spec(layers: Sequence[int], keep: Sequence[float]) -> str:
-    """The method string of a LazyLLM schedule (``lazy:layers=6,12:keep=0.6,0.4``)."""
-    return "lazy:layers={}:keep={}".format(
-        ",".join(str(int(x)) for x in layers), ",".join(f"{k:g}" for k in keep)
-    )
+#: Order of the fields in :func:`method_spec`: the cuts first, then how tokens are scored.
+_SPEC_FIELDS = ("prune_layers", "keep", "speed_cutoff", "anchors", "seed", "revive", "scorer",
+                "window", "heads", "pool")
+
+
+def method_spec(config: Any) -> str:
+    """The method string of a PruningConfig, naming the fields that differ from its preset
+    (``lazy:layers=6,12:keep=0.6,0.4:scorer=window:window=8``); :func:`parse_method` reads
+    it back."""
+    from .. import PruningConfig
+
+    preset = PruningConfig.preset(config.method)
+    short = {v: k for k, v in _ALIASES.items()}
+    parts = [config.method]
+    for f in _SPEC_FIELDS:
+        value = getattr(config, f)
+        if value != getattr(preset, f):
+            parts.append(f"{short.get(f, f)}={_spec_value(value)}")
+    return ":".join(parts)
+
+
+def _spec_value(x: Any) -> str:
+    """A field value as :func:`_parse_value` reads it back."""
+    if isinstance(x, tuple):
+        return ",".join(_spec_value(v) for v in x)
+    if isinstance(x, bool):
+        return str(x).lower()
+    return f"{x:g}" if isinstance(x, float) else str(x)
 
 
 # ----------------------------------------------------------------------------------------
@@ -412,10 +435,11 @@ def teacher_forced(model: Any, tokenizer: Any, methods: Sequence[Method],
     own greedy continuation of prose (:mod:`.fidelity`), per prompt length, with a Wilson
     interval over the steps."""
     from . import fidelity
+    from .speed import build_prompt
 
     rows = []
     for length in cfg.lengths:
-        prompts = [fidelity.prose_prompt(tokenizer, length, offset=37 * i)
+        prompts = [build_prompt(tokenizer, length, offset=37 * i)
                    for i in range(cfg.agreement_prompts)]
         refs = [fidelity.greedy_tokens(model, p, cfg.agreement_steps) for p in prompts]
         for m in methods:

@@ -139,15 +139,16 @@ def schedule_config(name: str, num_layers: int) -> PruningConfig:
     return method.config
 
 
-def build_prompt(tokenizer: Any, n_tokens: int) -> list[int]:
-    """Exactly ``n_tokens`` token ids of English prose (Python help texts, repeated if needed).
+def build_prompt(tokenizer: Any, n_tokens: int, offset: int = 0) -> list[int]:
+    """Exactly ``n_tokens`` token ids of English prose (Python help texts, repeated if needed),
+    starting ``offset`` sentences in (different offsets give different texts).
 
     The prose is encoded 100 sentences at a time, only as far as needed (no single encode
     exceeds the tokenizer's maximum length, so transformers stays quiet).
     """
     sentences = prose_sentences()
     ids: list[int] = []
-    i = 0
+    i = offset
     while len(ids) < n_tokens:
         chunk = " ".join(sentences[(i + j) % len(sentences)] for j in range(100))
         new = list(tokenizer.encode(chunk if not ids else " " + chunk))
