@@ -294,6 +294,8 @@ class Worker:
             UserInputError: the model cannot be loaded.
         """
         self._ready.wait()
+        if isinstance(self._load_error, UserInputError):  # load() worded it already
+            raise self._load_error
         if self._load_error is not None:
             what = "the default model" if self.model_path is None else f"model {self.model_path!r}"
             msg = " ".join(str(self._load_error).split())
@@ -387,7 +389,7 @@ class Worker:
                     finish = "stop" if hit else resp.finish_reason
                     if finish:
                         break
-            tail = "" if finish == "stop" else stop.flush()
+            tail = stop.flush()  # empty after a stop string; after EOS, the held-back text
             if tail:
                 job.emit(Delta(tail))
             s = resp.stats

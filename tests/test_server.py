@@ -141,6 +141,9 @@ def test_stop_text_withholds_a_possible_stop_and_cuts_at_the_first():
     assert s.feed("abE") == ("ab", False)
     assert s.feed("F") == ("EF", False)
     assert s.flush() == ""
+    s = StopText(["END"])  # generation ends (EOS) while "E" is held back: it is not lost
+    assert s.feed("xE") == ("x", False)
+    assert s.flush() == "E"
 
 
 def test_pruning_field_builds_the_config_generically():
@@ -160,6 +163,7 @@ def test_bad_command_line_is_one_error_line(tmp_path, tiny_model_path, capsys):
     assert main(["--model", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: cannot load model")
+    assert err[0].count("cannot load") == 1, err
     bad = tmp_path / "s.json"
     schedule = {"format": SCHEDULE_FORMAT, "model": {"fingerprint": {"num_layers": 4}},
                 "config": {"method": "lazy", "prune_layers": [0, 1], "keep": [0.5, 0.9]}}
