@@ -21,7 +21,7 @@ from . import distributed
 from .adapter import SUPPORTED_MODEL_TYPES, ModelAdapter
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
-from .schedule import MODEL_SCHEDULE_FILE, PruningConfig
+from .schedule import MODEL_SCHEDULE_FILE, PruningConfig, Schedule
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -300,23 +300,31 @@ def _encode(tokenizer: TokenizerWrapper, prompt: Union[str, List[int], mx.array]
 
 def check_prompt(engine: LazyEngine, tokenizer, tokens: List[int], max_tokens: int) -> None:
     """Raise UserInputError when ``engine`` cannot generate ``max_tokens`` tokens after
-    ``tokens``: an empty prompt, ids outside the vocabulary (MLX does not bounds-check its
-    embedding lookup), too long for the model's context, or more anchors than tokens."""
+    ``tokens`` (:func:`check_tokens`, :func:`check_context`, :func:`check_anchors`)."""
+    check_tokens(tokens, engine.adapter.vocab_size)
+    check_context(len(tokens), max_tokens, context_length(engine.adapter.model, tokenizer))
+    check_anchors(engine.schedule, len(tokens))
+
+
+def check_tokens(tokens: List[int], vocab_size: int) -> None:
+    """Raise UserInputError for an empty prompt or ids outside the vocabulary (MLX does not
+    bounds-check its embedding lookup)."""
     if not tokens:
         raise UserInputError("the prompt is empty")
-    vocab = engine.adapter.vocab_size
-    bad = next((t for t in tokens if not 0 <= t < vocab), None)
+    bad = next((t for t in tokens if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise UserInputError(
-            f"token id {bad} is outside the model's vocabulary of {vocab} tokens "
-            f"(ids 0 to {vocab - 1})"
+            f"token id {bad} is outside the model's vocabulary of {vocab_size} tokens "
+            f"(ids 0 to {vocab_size - 1})"
         )
-    check_context(len(tokens), max_tokens, context_length(engine.adapter.model, tokenizer))
-    anchors = engine.schedule.anchors
-    if engine.schedule.prunes and anchors > len(tokens):
+
+
+def check_anchors(schedule: Schedule, n_prompt: int) -> None:
+    """Raise UserInputError when a pruning schedule's anchors cover the whole prompt."""
+    if schedule.prunes and schedule.anchors > n_prompt:
         raise UserInputError(
-            f"anchors={anchors} is more than the prompt's {len(tokens)} tokens, so nothing "
-            f"could be pruned (lower anchors)"
+            f"anchors={schedule.anchors} is more than the prompt's {n_prompt} tokens, so "
+            f"nothing could be pruned (lower anchors)"
         )
 
 

@@ -47,7 +47,8 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .adapter import ModelAdapter
-from .api import _encode, check_context, context_length, load, stream_generate
+from .api import (_encode, check_anchors, check_context, check_tokens, context_length, load,
+                  stream_generate)
 from .errors import UserInputError
 from .schedule import METHODS, PruningConfig
 
@@ -332,7 +333,7 @@ class Worker:
         try:
             self.model, self.tokenizer = load(self.model_path)
             self.num_layers = len(self.model.layers)
-            self.vocab_size = int(self.model.args.vocab_size)
+            self.vocab_size = ModelAdapter(self.model).vocab_size
             self.context = context_length(self.model, self.tokenizer)
         except Exception as e:  # reported by wait_ready on the main thread
             self._load_error = e
@@ -507,11 +508,11 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
             config, source = settings.config, settings.config_source
         else:
             config, source = pruning_config(body.pruning, settings.config), "request"
-            try:
-                config.resolve(worker.num_layers)
-            except (ValueError, TypeError) as e:
-                raise APIError(400, f"pruning: {e}", param="pruning") from None
         n = len(tokens)
+        try:
+            check_anchors(config.resolve(worker.num_layers), n)
+        except ValueError as e:
+            raise APIError(400, f"pruning: {e}", param="pruning") from None
         if prompt_limit is not None and n > prompt_limit:
             raise APIError(413, f"the prompt has {n} tokens; this server accepts at most "
                                 f"{prompt_limit}", param="messages" if isinstance(body, ChatRequest)
@@ -645,10 +646,10 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         if isinstance(body.prompt, str):
             tokens = await run_in_threadpool(_encode, tokenizer, body.prompt)
         else:
-            bad = next((t for t in body.prompt if not 0 <= t < worker.vocab_size), None)
-            if bad is not None:
-                raise APIError(400, f"token id {bad} is outside the vocabulary "
-                                    f"[0, {worker.vocab_size})", param="prompt")
+            try:
+                check_tokens(body.prompt, worker.vocab_size)
+            except UserInputError as e:
+                raise APIError(400, str(e), param="prompt") from None
             tokens = list(body.prompt)
         return await respond(body, tokens, request, chat=False, max_tokens=body.max_tokens)
 

@@ -320,6 +320,7 @@ def bad_requests(tokenizer):
         (chat, {**ok, "pruning": {"method": "lazy", "keep": [0.2, 0.9]}}, 400, "pruning"),
         (chat, {**ok, "pruning": {"method": "lazy", "prune_layers": 3}}, 400, "pruning"),
         (chat, {**ok, "pruning": {"method": "speed", "speed_cutoff": 99}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {"method": "speed", "anchors": 1000}}, 400, "pruning"),
         (chat, {**ok, "max_tokens": 4000, "messages": [
             {"role": "user", "content": _long_prompt(tokenizer, 200)}]}, 400, "max_tokens"),
         (chat, {**ok, "messages": [{"role": "user", "content": _long_prompt(
