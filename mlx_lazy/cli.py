@@ -53,7 +53,7 @@ EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
 MB = 1e6  # tables report decimal megabytes, as mlx-lm reports decimal gigabytes
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """ArgumentParser whose errors are a single ``error: ...`` line (exit status 2)."""
 
     def error(self, message: str) -> NoReturn:
@@ -88,14 +88,14 @@ def _cutoff(text: str) -> float | int:
         ) from None
 
 
-def _temperature(text: str) -> float:
+def temperature_arg(text: str) -> float:
     t = _float(text)
     if not (math.isfinite(t) and t >= 0):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0 (0: greedy), got {text!r}")
     return t
 
 
-def _top_p(text: str) -> float:
+def top_p_arg(text: str) -> float:
     p = _float(text)
     if not 0 < p <= 1:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1] (1: off), got {text!r}")
@@ -131,7 +131,7 @@ def _str2bool(text: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (mlx-lm's names for shared options, plus pruning options)."""
-    p = _Parser(
+    p = OneLineParser(
         prog="mlx-lazy-generate",
         description="Generate text with LazyLLM / SPEED prompt pruning on MLX.",
         epilog=(
@@ -149,9 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-file", default=None, help="read the message from this UTF-8 file")
     p.add_argument("-m", "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help="maximum number of tokens to generate")
-    p.add_argument("--temp", type=_temperature, default=0.0,
+    p.add_argument("--temp", type=temperature_arg, default=0.0,
                    help="sampling temperature (0: greedy)")
-    p.add_argument("--top-p", type=_top_p, default=1.0, help="sampling top-p, in (0, 1]")
+    p.add_argument("--top-p", type=top_p_arg, default=1.0, help="sampling top-p, in (0, 1]")
     p.add_argument("--seed", type=_seed, default=None,
                    help="PRNG seed (also the drop seed of --method random); with --compare "
                         "each run is seeded alike (default 0)")

@@ -47,6 +47,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .adapter import ModelAdapter
+from .cli import OneLineParser, temperature_arg, top_p_arg
 from .api import (_encode, check_anchors, check_context, check_tokens, context_length, load,
                   stream_generate)
 from .errors import UserInputError
@@ -661,7 +662,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
 
 def build_parser() -> argparse.ArgumentParser:
     """The server's argument parser."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="mlx-lazy-server",
         description="OpenAI-compatible HTTP server with LazyLLM / SPEED pruning per request.")
     p.add_argument("--model", default=None,
@@ -676,8 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(overrides --method)")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help="default max_tokens of a request")
-    p.add_argument("--temp", type=float, default=0.0, help="default sampling temperature")
-    p.add_argument("--top-p", type=float, default=1.0, help="default sampling top-p")
+    p.add_argument("--temp", type=temperature_arg, default=0.0,
+                   help="default sampling temperature")
+    p.add_argument("--top-p", type=top_p_arg, default=1.0, help="default sampling top-p")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longer prompts are refused with HTTP 413 (default and upper bound: "
                         "what fits the model's context)")
@@ -710,14 +712,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     Raises:
         UserInputError: a bad flag value or schedule file.
     """
-    least = {"max_tokens": 1, "max_queue": 0, "max_body_bytes": 1, "max_prompt_tokens": 1,
-             "temp": 0.0}
+    least = {"max_tokens": 1, "max_queue": 0, "max_body_bytes": 1, "max_prompt_tokens": 1}
     for name, low in least.items():
         value = getattr(args, name)
         if value is not None and value < low:
             raise UserInputError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
-    if not 0.0 < args.top_p <= 1.0:
-        raise UserInputError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not 1 <= args.port <= 65535:
         raise UserInputError(f"--port must be in 1..65535, got {args.port}")
     if args.api_key is not None and not args.api_key:
