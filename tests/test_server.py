@@ -181,22 +181,18 @@ def test_bad_command_line_is_one_error_line(tmp_path, tiny_model_path, capsys):
 # ---------------------------------------------------------------- endpoints
 
 
-def test_models_and_health(server):
+def test_models_and_health(server, tiny_model_path):
     ids = [m.id for m in server.client().models.list()]
-    assert ids == [str(server_model(server))]
+    assert ids == [str(tiny_model_path)]  # the --model the server was started with
     health = server.health()
     assert health["status"] == "ok" and health["queued"] == 0
 
 
-def server_model(server: Server) -> str:
-    return server.request("GET", "/v1/models")[2]["data"][0]["id"]
-
-
-def test_chat_non_streaming_equals_in_process(server, tiny_model):
+def test_chat_non_streaming_equals_in_process(server, tiny_model, tiny_model_path):
     tokenizer = tiny_model()[1]
     prompt = chat_prompt(tokenizer, MESSAGES)
     r = server.client().chat.completions.create(model="any", messages=MESSAGES, max_tokens=12)
-    assert r.object == "chat.completion" and r.model == server_model(server)
+    assert r.object == "chat.completion" and r.model == str(tiny_model_path)
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == expected(tiny_model(), prompt, max_tokens=12)
     assert r.choices[0].finish_reason == "length"
