@@ -123,6 +123,26 @@ def test_bad_schedule_files_name_the_field(schedule_file, tmp_path, edit, messag
     assert message in str(err.value)
 
 
+def test_packaged_schedules_apply_by_fingerprint(schedule_file, tiny_model, tmp_path,
+                                                monkeypatch):
+    from mlx_lazy import schedule
+
+    path, _ = schedule_file  # calibrated for the tiny llama
+    packaged = tmp_path / "packaged"
+    packaged.mkdir()
+    shutil.copy(path, packaged / "tiny.json")
+    monkeypatch.setattr(schedule, "PACKAGED_SCHEDULES", packaged)
+    schedule._packaged_paths.cache_clear()
+    try:
+        llama = LazyEngine(tiny_model("llama")[0], PruningConfig("lazy")).stats.schedule
+        qwen = LazyEngine(tiny_model("qwen2")[0], PruningConfig("lazy")).stats.schedule
+    finally:
+        schedule._packaged_paths.cache_clear()
+    assert (llama["source"], llama["prune_layers"], llama["scorer"]) == (
+        "calibrated:tiny.json", [0, 2], "window")
+    assert qwen["source"] == "preset"  # another fingerprint: the preset
+
+
 def test_a_schedule_for_another_model_is_refused_by_the_engine(schedule_file, tiny_model):
     path, _ = schedule_file  # calibrated for the tiny llama
     config = PruningConfig.from_file(path)  # read without a model

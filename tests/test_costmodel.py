@@ -159,5 +159,13 @@ def test_predicted_counts_equal_the_engines(tiny_model, layers, keep):
 def test_prior_scales_with_layer_size(tiny_model):
     from mlx_lazy.bench.costmodel import prior
 
-    small = prior(tiny_model("llama")[0])
+    model, _ = tiny_model("llama")
+    small = prior(model)
     assert small.a > 0 and small.b > 0 and small.c == 0
+    # The SmolLM2 reference fit scaled by the layer's linear parameters and heads x head_dim.
+    a = model.args
+    head_dim = a.head_dim
+    params = (a.hidden_size * head_dim * (2 * a.num_attention_heads + 2 * a.num_key_value_heads)
+              + 3 * a.hidden_size * a.intermediate_size)
+    assert small.a == pytest.approx(94e-6 * params / 3_538_944)
+    assert small.b == pytest.approx(102e-9 * a.num_attention_heads * head_dim / 576)
