@@ -203,5 +203,6 @@ def _reduced_probs(q: mx.array, ctx: ScoreContext, mask: Optional[mx.array],
     probs = attention_probs(q, ctx.keys, ctx.scale, mask)  # (1, kv_heads, rep, m, n)
     b, g, r, m, n = probs.shape
     per_head = probs.transpose(0, 3, 1, 2, 4).reshape(m, g * r, n)
-    reduced = per_head.mean(axis=1) if heads == "mean" else per_head.max(axis=1)
-    return np.array(ctx.reduce_heads(reduced, heads).mean(axis=0))
+    if heads == "mean":  # linear: average the queries first, reduce (m times) fewer scores
+        return np.array(ctx.reduce_heads(per_head.mean(axis=(0, 1)), heads))
+    return np.array(ctx.reduce_heads(per_head.max(axis=1), heads).mean(axis=0))

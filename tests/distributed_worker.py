@@ -1,9 +1,12 @@
 """One rank of the tensor-parallel tests, started by ``mlx.launch`` (see test_distributed.py).
 
 ``engine OUT MODEL --configs JSON --prompt-len N --steps S``: load MODEL sharded over every
-rank; for each method of ``{method: PruningConfig fields}`` prefill a seeded random prompt and
-decode S greedy steps; write ``OUT/{method}-rank{r}.json`` (tokens, a digest of every selected
-token set, stats) and ``OUT/{method}-rank{r}.npy`` (the logits).
+rank; for each run of ``{name: PruningConfig fields}`` (the method is the name unless the
+fields give one) prefill a seeded random prompt and decode S greedy steps; write
+``OUT/{name}-rank{r}.json`` (tokens, a digest of every selected token set, stats) and
+``OUT/{name}-rank{r}.npy`` (the logits). Also ``OUT/checks-rank{r}.json``: the cross-rank
+reductions on rank-dependent inputs, and the tokens ``stream_generate`` returns when each
+rank's sampler draws a different token.
 
 ``cli OUT [--rank1-model PATH] [--kill-rank1-at STEP] -- ARGS``: run ``mlx_lazy.cli.main(ARGS)``
 on every rank (rank 1 with ``--model PATH`` when given, or killing itself at a decode step)
@@ -31,27 +34,43 @@ from mlx_lazy import LazyEngine, PruningConfig, distributed, load
 def run_engine(args: argparse.Namespace, out: Path) -> None:
     group = distributed.world()
     rank = group.rank()
-    model, _ = load(args.model, group=group)
+    model, tokenizer = load(args.model, group=group)
     prompt = np.random.default_rng(0).integers(0, model.args.vocab_size, args.prompt_len)
-    for method, fields in json.loads(args.configs).items():
-        engine = LazyEngine(model, PruningConfig(method, **fields))
-        selections = []
-        select = engine._select
-
-        def record(*a, **k):
-            chosen = select(*a, **k)
-            selections.append(hashlib.sha256(chosen.astype(np.int64).tobytes()).hexdigest())
-            return chosen
-
-        engine._select = record
-        logits = [engine.prefill(mx.array(prompt.astype(np.int32)))]
-        tokens = [int(mx.argmax(logits[-1]))]
-        for _ in range(args.steps):
-            logits.append(engine.decode(tokens[-1]))
-            tokens.append(int(mx.argmax(logits[-1])))
-        np.save(out / f"{method}-rank{rank}.npy", np.array(mx.stack(logits)))
-        (out / f"{method}-rank{rank}.json").write_text(json.dumps(
+    for name, fields in json.loads(args.configs).items():
+        engine = LazyEngine(model, PruningConfig(**{"method": name, **fields}))
+        tokens, logits, selections = greedy_run(engine, prompt, args.steps)
+        np.save(out / f"{name}-rank{rank}.npy", logits)
+        (out / f"{name}-rank{rank}.json").write_text(json.dumps(
             {"tokens": tokens, "selections": selections, "stats": engine.stats.as_dict()}))
+    tp = distributed.TensorParallel(model, group)
+    local = mx.array([[1.0, 4.0]] if rank == 0 else [[3.0, 2.0]])
+    drawn = [r.token for r in mlx_lazy.stream_generate(
+        model, tokenizer, prompt[:20].tolist(), max_tokens=4,
+        sampler=lambda logprobs: mx.array([5 + rank], mx.uint32))]
+    (out / f"checks-rank{rank}.json").write_text(json.dumps({
+        "mean": np.array(tp.reduce_heads(local, "mean")).tolist(),
+        "max": np.array(tp.reduce_heads(local, "max")).tolist(),
+        "from_rank0": distributed.from_rank0(mx.array([rank + 5]), group).item(),
+        "sampled": drawn}))
+
+
+def greedy_run(engine: LazyEngine, prompt: np.ndarray, steps: int):
+    """Greedy tokens, logits (steps + 1, vocab) and a digest of every selected token set."""
+    selections = []
+    select = engine._select
+
+    def record(*a, **k):
+        chosen = select(*a, **k)
+        selections.append(hashlib.sha256(chosen.astype(np.int64).tobytes()).hexdigest())
+        return chosen
+
+    engine._select = record
+    logits = [engine.prefill(mx.array(prompt.astype(np.int32)))]
+    tokens = [int(mx.argmax(logits[-1]))]
+    for _ in range(steps):
+        logits.append(engine.decode(tokens[-1]))
+        tokens.append(int(mx.argmax(logits[-1])))
+    return tokens, np.array(mx.stack(logits)), selections
 
 
 def run_cli(args: argparse.Namespace, out: Path) -> None:

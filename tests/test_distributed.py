@@ -24,6 +24,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lazy import LazyEngine, PruningConfig, UserInputError, distributed
 from mlx_lazy.cli import main as cli_main
 
+from distributed_worker import greedy_run
+
 WORKER = Path(__file__).with_name("distributed_worker.py")
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
 TIMEOUT = 240  # seconds per launch of tiny models: Python processes sharing two slow cores
@@ -93,15 +95,12 @@ def run_engines(tmp_path: Path, model_dir: Path, n: int, configs: dict, prompt_l
 
 
 def single_process(model, config: PruningConfig, prompt_len: int = 200):
-    """Greedy tokens, logits and stats of the unsharded engine on the worker's prompt."""
+    """Greedy tokens, logits, stats and selection digests of the unsharded engine on the
+    worker's prompt."""
     prompt = np.random.default_rng(0).integers(0, model.args.vocab_size, prompt_len)
     engine = LazyEngine(model, config)
-    logits = [engine.prefill(mx.array(prompt.astype(np.int32)))]
-    tokens = [int(mx.argmax(logits[-1]))]
-    for _ in range(STEPS):
-        logits.append(engine.decode(tokens[-1]))
-        tokens.append(int(mx.argmax(logits[-1])))
-    return tokens, np.array(mx.stack(logits)), engine.stats
+    tokens, logits, selections = greedy_run(engine, prompt, STEPS)
+    return tokens, logits, engine.stats, selections
 
 
 def mlx_lm_logits(model, tokens, prompt_len: int = 200) -> np.ndarray:
@@ -115,10 +114,18 @@ def mlx_lm_logits(model, tokens, prompt_len: int = 200) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def two_rank_runs(tiny_model_dir, tmp_path_factory):
-    """full, lazy and speed over 2 ranks of the tiny llama (4 heads, 2 KV heads): one launch."""
-    out = tmp_path_factory.mktemp("two-ranks")
-    return run_engines(out, tiny_model_dir("llama"), 2, {"full": {}, "lazy": LAZY, "speed": {}})
+def two_rank_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("two-ranks")
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tiny_model_dir, two_rank_dir):
+    """full, lazy (mean and max over heads, last-query and window scorers) and speed over 2
+    ranks of the tiny llama (4 heads, 2 KV heads): one launch."""
+    return run_engines(two_rank_dir, tiny_model_dir("llama"), 2, {
+        "full": {}, "lazy": LAZY, "speed": {},
+        "lazy-max": {"method": "lazy", **LAZY, "heads": "max"},
+        "lazy-window": {"method": "lazy", **LAZY, "scorer": "window", "window": 8}})
 
 
 def test_full_sharded_matches_mlx_lm(two_rank_runs, tiny_model):
@@ -148,16 +155,39 @@ def test_lazy_sharded_selects_alike_and_matches_single_process(two_rank_runs, ti
     assert rec0["selections"] == rec1["selections"]
     stats = rec0["stats"]
     assert stats["revivals"] > 0 and stats["score_allsum_bytes"] > 0
-    tokens, _, single = single_process(model, PruningConfig("lazy", **LAZY))
-    assert rec0["tokens"] == tokens
+    tokens, _, single, selections = single_process(model, PruningConfig("lazy", **LAZY))
+    assert rec0["tokens"] == tokens and rec0["selections"] == selections
     assert stats["revivals"] == single.revivals
     assert stats["tokens_computed_per_layer"] == single.tokens_computed_per_layer
+
+
+@pytest.mark.parametrize("run, fields", [("lazy-max", {"heads": "max"}),
+                                         ("lazy-window", {"scorer": "window", "window": 8})])
+def test_every_head_reduction_and_scorer_selects_as_one_process(two_rank_runs, tiny_model, run,
+                                                                 fields):
+    """Max over heads needs an all-max, the window scorer reduces (m, n) scores: both must
+    select exactly what the unsharded engine selects."""
+    model, _ = tiny_model("llama")
+    (rec0, _), (rec1, _) = two_rank_runs[run]
+    tokens, _, _, selections = single_process(model, PruningConfig("lazy", **LAZY, **fields))
+    assert rec0["selections"] == rec1["selections"] == selections
+    assert rec0["tokens"] == tokens
+
+
+def test_cross_rank_reductions_and_rank0_token(two_rank_runs, two_rank_dir):
+    checks = [json.loads(p.read_text()) for p in sorted(two_rank_dir.glob("checks-rank*.json"))]
+    assert len(checks) == 2
+    for c in checks:
+        assert c["mean"] == [[2.0, 3.0]]  # (1+3)/2, (4+2)/2: the mean over all heads
+        assert c["max"] == [[3.0, 4.0]]
+        assert c["from_rank0"] == 5
+        assert c["sampled"] == [5, 5, 5, 5]  # rank 1's sampler drew 6: rank 0's token wins
 
 
 def test_speed_sharded_kv_is_split_over_ranks(two_rank_runs, tiny_model):
     model, _ = tiny_model("llama")
     (rec0, _), (rec1, _) = two_rank_runs["speed"]
-    _, _, single = single_process(model, PruningConfig("speed"))
+    _, _, single, _ = single_process(model, PruningConfig("speed"))
     assert rec0["tokens"] == rec1["tokens"]
     for rec in (rec0, rec1):
         assert 2 * rec["stats"]["kv_bytes"] == single.kv_bytes
@@ -246,7 +276,7 @@ def test_smollm2_lazy_over_three_ranks(smollm2_path, smollm2, tmp_path):
                        timeout=SLOW_TIMEOUT)["lazy"]
     selections = [rec["selections"] for rec, _ in runs]
     assert selections[0] == selections[1] == selections[2] and selections[0]
-    tokens, logits, _ = single_process(model, PruningConfig("lazy", **config), prompt_len=300)
+    tokens, logits, _, _ = single_process(model, PruningConfig("lazy", **config), prompt_len=300)
     assert runs[0][0]["tokens"] == tokens
     assert np.abs(runs[0][1] - logits).max() < 1e-3
 
@@ -279,7 +309,7 @@ def test_qwen_full_and_lazy_over_two_ranks(qwen_path, tmp_path):
     assert full0["tokens"] == [int(t) for t in ref.argmax(axis=-1)]
     (lazy0, _), (lazy1, _) = runs["lazy"]
     assert lazy0["selections"] == lazy1["selections"] and lazy0["selections"]
-    tokens, _, _ = single_process(model, PruningConfig("lazy", **lazy), prompt_len=300)
+    tokens, _, _, _ = single_process(model, PruningConfig("lazy", **lazy), prompt_len=300)
     assert lazy0["tokens"] == tokens
 
 
