@@ -492,7 +492,7 @@ def _run(args: argparse.Namespace, group=None) -> None:
         # Checked here too so that nothing (no baseline run) starts before the error.
         check_prompt(engine, tokenizer, tokens, args.max_tokens)
 
-    show_progress = bool(args.verbose) and sys.stderr.isatty()
+    show_progress = bool(args.verbose) and sys.stderr.isatty() and distributed.is_rank0(group)
     configs = [PruningConfig.preset(BASELINE), config] if args.compare else [config]
     results = []
     for cfg in configs:

@@ -86,9 +86,12 @@ def shard(model: nn.Module, group: Group) -> None:
     ModelAdapter(model)  # unsupported architectures fail here, before any sharding
     if not hasattr(model, "shard"):
         raise UserInputError(f"mlx-lm cannot shard {model.model_type!r} models over ranks")
-    attn = model.layers[0].self_attn
-    sizes = {"attention heads": attn.n_heads, "key/value heads": attn.n_kv_heads,
-             "MLP width": model.layers[0].mlp.gate_proj.weight.shape[0]}
+    args = model.args  # mlx-lm's shard() only divides: uneven splits must be refused here
+    sizes = {"attention heads": args.num_attention_heads,
+             "key/value heads": args.num_key_value_heads,
+             "MLP width": args.intermediate_size}
+    if getattr(args, "moe_intermediate_size", None):
+        sizes["expert MLP width"] = args.moe_intermediate_size
     for what, size in sizes.items():
         if size % n:
             raise UserInputError(

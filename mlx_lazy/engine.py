@@ -20,7 +20,7 @@ import numpy as np
 from .adapter import ModelAdapter
 from .attention import attention, prepare
 from .cache import LayerKV, LazyCache
-from .distributed import Group, TensorParallel, model_group
+from .distributed import TensorParallel, model_group
 from .schedule import PruningConfig, calibrated
 from .scorers import ScoreContext, top_k
 
@@ -70,8 +70,6 @@ class LazyEngine:
             ``"lazy"`` takes the model's calibrated schedule when there is one (see
             :func:`mlx_lazy.schedule.calibrated`).
         block_size: query block length of the prefill attention.
-        group: the ``mx.distributed`` group the model is sharded over; by default the one
-            :func:`mlx_lazy.distributed.shard` sharded it over, None if it was not.
 
     Raises:
         ValueError: unsupported model or invalid configuration.
@@ -81,11 +79,11 @@ class LazyEngine:
     revival_block = 64
 
     def __init__(
-        self, model: nn.Module, config: Optional[PruningConfig] = None, block_size: int = 256,
-        group: Optional[Group] = None,
+        self, model: nn.Module, config: Optional[PruningConfig] = None, block_size: int = 256
     ):
         self.adapter = ModelAdapter(model)
-        self.tp = TensorParallel(model, group if group is not None else model_group(model))
+        # Sharded by mlx_lazy.distributed.shard: the group its ranks reduce scores over.
+        self.tp = TensorParallel(model, model_group(model))
         fingerprint = self.adapter.fingerprint()
         self.config = calibrated(config or PruningConfig(), fingerprint,
                                  getattr(model, "mlx_lazy_schedule", None))

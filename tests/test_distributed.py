@@ -256,12 +256,13 @@ def test_killed_rank_ends_the_run(tiny_model_path, tmp_path):
     assert not rc0.exists() or rc0.read_text() == "1"
 
 
-def test_shard_checks_head_counts_before_sharding(tiny_model):
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])  # MoE layers have no mlp.gate_proj
+def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
     class Group:
         def size(self):
             return 3
 
-    model, _ = tiny_model("llama")
+    model, _ = tiny_model(kind)
     with pytest.raises(UserInputError, match="4 attention heads .* over 3 ranks"):
         distributed.shard(model, Group())
     assert distributed.model_group(model) is None  # left unsharded
