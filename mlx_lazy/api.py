@@ -84,26 +84,16 @@ def load(
     """
     from mlx_lm import load as mlx_load
 
-    from .default_model import MODELS
-
-    if group is None or group.size() == 1:
-        path = _model_path(path_or_repo)
-        named = str(path_or_repo or "") in MODELS or path_or_repo is None
-        try:
-            model, tokenizer = mlx_load(path)
+    group = group if group is not None and group.size() > 1 else None
+    with distributed.together(group) as same:  # sharded: every rank fails alike, or none
+        path, cached = _model_path(path_or_repo, local=group is not None)
+        try:  # lazy when sharded: each rank reads only its share
+            model, tokenizer = mlx_load(path, lazy=group is not None)
         except (ValueError, OSError) as e:  # mlx-lm's checks of the files, or reading them
             raise UserInputError(f"cannot load model {path}: {one_line(e)}"
-                                 + ("; delete that cached folder to rebuild it" if named else "")
+                                 + (f"; delete {path} to rebuild it" if cached else "")
                                  ) from None
-        except RuntimeError as e:  # MLX reading a damaged file of our own cache
-            if not named:
-                raise
-            raise UserInputError(f"the cached model {path} cannot be loaded ({one_line(e)}); "
-                                 "delete that folder to rebuild it") from None
-    else:
-        with distributed.together(group) as same:
-            path = _model_path(path_or_repo, local=True)
-            model, tokenizer = mlx_load(path, lazy=True)  # each rank reads only its share
+        if group is not None:
             same["model files"] = distributed.weights_digest(Path(path))
             distributed.shard(model, group)
             mx.eval(model.parameters())
@@ -114,22 +104,29 @@ def load(
     return model, tokenizer
 
 
-def _model_path(path_or_repo: Optional[Union[str, Path]], local: bool = False) -> str:
-    """The folder to load (a named model's, obtained into the cache when missing), or a hub
-    id (downloaded first when ``local``)."""
+def _model_path(path_or_repo: Optional[Union[str, Path]],
+                local: bool = False) -> Tuple[str, bool]:
+    """The folder to load and whether it is a named model's in our cache (obtained when
+    missing), or a hub id (downloaded first when ``local``); the folder is checked
+    (:func:`check_model_folder`)."""
     from .convert import is_hub_id
     from .default_model import DEFAULT_MODEL, MODELS, model_path
 
     name = DEFAULT_MODEL if path_or_repo is None else str(path_or_repo)
     path = Path(name).expanduser()
     if name in MODELS and not path.exists():
-        return str(model_path(name))
+        folder = model_path(name)
+        try:
+            check_model_folder(folder)
+        except UserInputError as e:
+            raise UserInputError(f"{e}; delete that folder ({folder}) to rebuild it") from None
+        return str(folder), True
     if is_hub_id(name):
         if not local:
-            return name
+            return name, False
         from mlx_lm.utils import _download
 
-        return str(_download(name))
+        return str(_download(name)), False
     if path.is_file():
         hint = (f" (convert it first: mlx-lazy-convert {name} OUT)"
                 if path.suffix == ".gguf" else "")
@@ -141,7 +138,7 @@ def _model_path(path_or_repo: Optional[Union[str, Path]], local: bool = False) -
         raise UserInputError(
             f"cannot load model {name}: no config.json in it (not a model folder)")
     check_model_folder(path)
-    return str(path)
+    return str(path), False
 
 
 def check_model_folder(path: Path) -> None:

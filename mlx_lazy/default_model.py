@@ -88,9 +88,6 @@ class ModelUnavailable(UserInputError):
     """A named model could not be obtained (no network, pip failure, bad checksum)."""
 
 
-DefaultModelUnavailable = ModelUnavailable  # the name callers used before the registry
-
-
 def cache_dir() -> Path:
     """The cache folder: ``$MLX_LAZY_CACHE`` or ``~/.cache/mlx_lazy`` (created if missing)."""
     d = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "mlx_lazy").expanduser()
@@ -128,11 +125,6 @@ def model_path(name: str = DEFAULT_MODEL, quantized: bool = False) -> Path:
         options = src.quantized if quantized else {"dtype": "float32"}
         convert(_gguf(name), out, **options)
     return out
-
-
-def default_model_path(quantized: bool = False) -> Path:
-    """:func:`model_path` of the default model, SmolLM2-135M-Instruct."""
-    return model_path(DEFAULT_MODEL, quantized)
 
 
 def gguf_path(name: str = DEFAULT_MODEL) -> Path:

@@ -69,13 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from .api import load
-    from .default_model import DefaultModelUnavailable
+    from .errors import UserInputError, one_line
 
     try:
         model, tokenizer = load(args.model)
-    except (DefaultModelUnavailable, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except UserInputError as e:  # a bad --model, or the model cannot be obtained
+        print(f"error: {one_line(e, limit=1000)}", file=sys.stderr)
+        return 2
     prompt = demo_prompt(tokenizer)
     n_prompt = len(tokenizer.encode(prompt, add_special_tokens=False))
     print(f"prompt: {n_prompt} tokens (the Declaration of Independence + a question)\n"

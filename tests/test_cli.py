@@ -461,3 +461,11 @@ def test_tool_detection_for_the_ctrl_c_hook(monkeypatch, orig_argv, argv0, expec
     monkeypatch.setattr(sys, "orig_argv", orig_argv)
     monkeypatch.setattr(sys, "argv", [argv0])
     assert _interrupt.running_a_tool() is expected
+
+
+def test_demo_bad_model_is_one_line_exit_2(tmp_path, capsys):
+    from mlx_lazy import demo
+
+    assert demo.main(["--model", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot load model"), err

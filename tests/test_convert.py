@@ -519,7 +519,7 @@ def test_cli_script_as_a_user_runs_it(tmp_path):
 
 @pytest.mark.slow
 def test_default_model_is_cached(smollm2_path):
-    assert default_model.default_model_path() == smollm2_path
+    assert default_model.model_path(default_model.DEFAULT_MODEL) == smollm2_path
     assert smollm2_path == default_model.cache_dir() / "SmolLM2-135M-Instruct-float32"
     config = json.loads((smollm2_path / "config.json").read_text())
     assert config["num_hidden_layers"] == 30 and "quantization" not in config

@@ -187,9 +187,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from mlx_lm.utils import load_tokenizer
 
-    from ..default_model import default_model_path
+    from ..default_model import DEFAULT_MODEL, MODELS, model_path as named_model_path
 
-    model_path = Path(args.model) if args.model else default_model_path()
+    name = args.model or DEFAULT_MODEL
+    model_path = named_model_path(name) if name in MODELS else Path(name)
     tokenizer = load_tokenizer(model_path)
     n_prompts = args.clients * args.requests
     ids = build_prompt(tokenizer, args.prompt_tokens + PROMPT_STRIDE * n_prompts)
