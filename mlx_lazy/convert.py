@@ -38,7 +38,7 @@ from typing import Any, Iterator
 import mlx.core as mx
 import numpy as np
 
-from .errors import UserInputError
+from .errors import UserInputError, one_line
 
 GGUF_GROUP_SIZE = 32
 DTYPES = ("float32", "float16", "bfloat16")
@@ -209,7 +209,7 @@ def read_gguf(path: str | os.PathLike) -> Any:
     try:
         return GGUFReader(path)
     except Exception as e:  # the reader fails with ValueError/IndexError/... on bad files
-        raise UserInputError(f"{path} is not a valid GGUF file ({_one_line(e)})") from None
+        raise UserInputError(f"{path} is not a valid GGUF file ({one_line(e)})") from None
 
 
 @contextlib.contextmanager
@@ -312,17 +312,13 @@ def main(argv: list[str] | None = None) -> int:
                       q_group_size=args.q_group_size, dtype=args.dtype,
                       dequantize=args.dequantize)
     except UserInputError as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        print(f"error: {one_line(e, limit=1000)}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 def _alive(pid: int) -> bool:
@@ -383,7 +379,7 @@ def _convert_hf(source: str, out_dir: Path | str, *, q_bits: int | None,
                            q_bits=q_bits, q_group_size=q_group_size, dtype=dtype,
                            dequantize=dequantize)
     except Exception as e:  # hub errors, missing weights, unknown model types
-        raise UserInputError(f"cannot convert {source}: {type(e).__name__}: {_one_line(e)}") \
+        raise UserInputError(f"cannot convert {source}: {type(e).__name__}: {one_line(e)}") \
             from None
     for item in target.iterdir():
         os.rename(item, Path(out_dir) / item.name)

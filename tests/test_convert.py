@@ -263,8 +263,10 @@ GGUF_CASES = {
                                "output": T.F16, "*": T.Q8_0}, {}),
     "llama-kquants": ("llama", {"token_embd": T.Q8_0, "attn_q": T.Q4_K, "attn_k": T.Q5_K,
                                 "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
+    # RoPE theta and context length other than the converter's defaults (10000, 4096)
     "qwen2-mixed": ("qwen2", {"token_embd": T.Q5_0, "attn_v": T.Q5_1, "ffn_down": T.BF16,
-                              "attn_q": T.F16, "*": T.Q4_0}, {}),
+                              "attn_q": T.F16, "*": T.Q4_0},
+                    {"rope_theta": 1e6, "max_position_embeddings": 32768}),
     "qwen3-kquants": ("qwen3", {"token_embd": T.Q6_K, "attn_q": T.Q4_K, "attn_k": T.Q5_K,
                                 "attn_v": T.Q2_K, "attn_output": T.Q3_K, "ffn_up": T.IQ4_NL,
                                 "*": T.Q4_K}, KQ),
@@ -281,6 +283,9 @@ def test_gguf_matches_its_dequantized_tensors(case, dtype, tiny_model, tiny_mode
     path = tmp_path / "m.gguf"
     config, reference = write_gguf(path, kind, tiny_model_dir(kind), types, **overrides)
     out = convert(path, tmp_path / "out", dtype=dtype)
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["max_position_embeddings"] == config["max_position_embeddings"]
+    assert saved["rope_theta"] == config["rope_theta"]
     model, tok = mlx_lm.load(str(out))
     _, ref_tok = tiny_model(kind)
     ids = tok.encode(TEXT)
@@ -327,8 +332,9 @@ def test_requantize_with_q_bits(tiny_model_dir, tmp_path):
     kind, types, overrides = GGUF_CASES["qwen3-kquants"]
     config, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types,
                                    **overrides)
-    out = convert(tmp_path / "m.gguf", tmp_path / "q", q_bits=4, q_group_size=64)
-    assert json.loads((out / "config.json").read_text())["quantization"]["bits"] == 4
+    out = convert(tmp_path / "m.gguf", tmp_path / "q", q_bits=4, q_group_size=32)
+    quantization = json.loads((out / "config.json").read_text())["quantization"]
+    assert quantization["bits"] == 4 and quantization["group_size"] == 32  # not mlx-lm's 64
     model, _ = mlx_lm.load(str(out))
     x = mx.array([[5, 17, 42, 99, 200, 7]])
     got, ref = model(x).astype(mx.float32), reference_model(kind, config, reference)(x)
