@@ -52,15 +52,21 @@ SCORER_GRID: tuple[dict[str, Any], ...] = (
     dict(scorer="last"),
     dict(scorer="window", window=8),
     dict(scorer="window", window=16),
-    dict(scorer="window", window=8, pool=2),
+    dict(scorer="window", window=8, pool=3),
     dict(scorer="window", window=8, heads="max"),
 )
-#: Cut schedules tried: (depth fractions, keep fractions). The last is the uncalibrated preset.
+#: Cut schedules tried: (depth fractions, keep fractions). Single cuts are FastKV's "token
+#: propagation" layer; the last is the uncalibrated preset.
 CUT_GRID: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] = (
     ((0.2, 0.4, 0.6, 0.8), (0.6, 0.4, 0.25, 0.15)),
+    ((0.25,), (0.3,)),
     ((0.25, 0.5), (0.5, 0.3)),
+    ((0.25, 0.55), (0.5, 0.2)),
+    ((0.4,), (0.25,)),
+    ((0.4, 0.55), (0.5, 0.2)),
     ((1 / 3, 2 / 3), (0.5, 0.25)),
     ((0.4, 0.7), (0.4, 0.2)),
+    ((0.5,), (0.2,)),
     ((0.5, 0.75), (0.3, 0.15)),
     ((0.6, 0.8), (0.3, 0.15)),
     ((0.7, 0.85), (0.25, 0.15)),
