@@ -201,3 +201,47 @@ def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch
     assert again["chosen"]["name"] == first["chosen"]["name"]
     with pytest.raises(UserInputError, match="another model, seed"):
         tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True, seed=1)
+
+
+def test_every_last_rung_candidate_has_its_gain_measured(tiny_model_path, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from mlx_lazy.bench import calibrate
+    from mlx_lazy.bench.plots import main as plots_main
+
+    calls: dict[str, int] = {}
+
+    def fake_run_one(model, tokenizer, method, sample):
+        # full answers all; the best-gain candidate loses its third answer (dropped at the
+        # last rung), every other candidate answers all
+        calls[method.name] = calls.get(method.name, 0) + 1
+        victim = next((n for n in calls if n != "full"), None)
+        return SimpleNamespace(score=float(method.name != victim or calls[method.name] < 3))
+
+    timed = []
+
+    def fake_measure(model, tokenizer, config, n_tokens, repeats=1):
+        timed.append(config)
+        return {"prompt_tokens": n_tokens, "full_s": [2.0], "pruned_s": [1.0],
+                "gain": 2.0 + len(timed)}
+
+    monkeypatch.setattr(calibrate, "run_one", fake_run_one)
+    monkeypatch.setattr(calibrate, "measure_gain", fake_measure)
+    opts = dict(min_base=0.5, measure=True, keep_per_rung=(2,))
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", **opts)
+    final = [c for c in doc["candidates"] if min(map(len, c["scores"].values()), default=0) == 3]
+    # both candidates that reached the last rung are measured, the dropped one too
+    assert [c["dropped_at"] for c in final] == [1, None]
+    assert [c["measured_gain"]["gain"] for c in final] == [3.0, 4.0] and len(timed) == 2
+    assert doc["chosen"]["name"] == final[1]["name"]
+    assert doc["chosen"]["measured_gain"]["gain"] == 4.0
+    report = (tmp_path / "cal" / "report.md").read_text()
+    assert "| 3.00x |" in report and "| 4.00x |" in report
+    # a resume measures nothing again
+    tiny_calibration(tiny_model_path, tmp_path / "cal", resume=True, **opts)
+    assert len(timed) == 2
+    png = tmp_path / "front.png"
+    assert plots_main([str(tmp_path / "cal"), str(tmp_path / "cal"), "--out", str(png)]) == 0
+    assert png.stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        plots_main([str(tmp_path), "--out", str(png)])

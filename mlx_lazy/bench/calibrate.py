@@ -15,7 +15,9 @@
    ≤ ``--max-loss``. ``--resume`` reuses an earlier run's samples in ``--out``.
 4. **Evidence.** Per cell and pooled: paired lost/won counts, Wilson intervals, a paired
    bootstrap interval of the relative loss; teacher-forced agreement with ``full`` along
-   natural text; predicted and (unless ``--no-measure``) measured gain at ``--gain-length``.
+   natural text; predicted gain at ``--gain-length`` for every candidate and (unless
+   ``--no-measure``) the measured gain of every candidate that reached the last rung: the
+   frontier, prediction beside measurement.
 
 Writes into ``--out``: ``results.json`` (every run, rewritten after each rung, so a
 ``--time-limit`` or an interrupt keeps what was measured), ``report.md``, ``pareto.png``
@@ -85,6 +87,7 @@ class Candidate:
     scores: dict[str, list[float]] = field(default_factory=dict)  # cell -> per-sample scores
     rung: int = 0  # last rung it was evaluated at
     dropped_at: Optional[int] = None
+    measured_gain: Optional[dict[str, Any]] = None  # measure_gain(), last-rung candidates only
 
     def as_dict(self) -> dict[str, Any]:
         d = _jsonable(asdict(self))
@@ -229,12 +232,19 @@ def run(cal: Calibration) -> dict[str, Any]:
             _write(out, doc, full, cells)
             if not alive:
                 break
+        # 4. the frontier's measured gain, beside the predicted one
+        for cand in _final(cands, cells, cal) if cal.measure else []:
+            if cand.measured_gain is None:
+                check_time()
+                cand.measured_gain = measure_gain(model, tokenizer, cand.config, cal.gain_length)
+                _log(f"measured gain {cand.name}: {cand.measured_gain['gain']:.2f}x "
+                     f"(predicted {cand.predicted_gain:.2f}x)")
+                _write(out, doc, full, cells)
         doc["complete"] = True
     except (_OutOfTime, KeyboardInterrupt):
         _log("stopped (time limit or interrupt): writing what was measured")
     cells = [c for c, v in doc["cells"].items() if v["used"]]
-    confirmed = [c for c in cands if c.rung == len(cal.rungs) - 1 and c.dropped_at is None
-                 and doc["complete"]]
+    confirmed = [c for c in _final(cands, cells, cal) if c.dropped_at is None and doc["complete"]]
     if confirmed:
         chosen = confirmed[0]
         evidence = _evidence(model, tokenizer, cal, chosen, full_scores, cells)
@@ -246,6 +256,12 @@ def run(cal: Calibration) -> dict[str, Any]:
         _log("no candidate confirmed: no schedule written")
     _write(out, doc, full, cells)
     return json.loads((out / "results.json").read_text())
+
+
+def _final(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration) -> list[Candidate]:
+    """The candidates measured on every sample of the last rung, in predicted-gain order."""
+    return [c for c in cands if cells and c.rung == len(cal.rungs) - 1
+            and min(len(c.scores.get(cell, [])) for cell in cells) >= max(cal.rungs)]
 
 
 def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
@@ -263,9 +279,11 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
         raise UserInputError(f"--resume: {path} is from another model, seed or sample count; "
                              "use another --out")
     full.update({k: list(v) for k, v in old.get("full", {}).items()})
-    earlier = {c["name"]: c["scores"] for c in old.get("candidates", [])}
+    earlier = {c["name"]: c for c in old.get("candidates", [])}
     for c in cands:
-        c.scores = {k: list(v) for k, v in earlier.get(c.name, {}).items()}
+        if c.name in earlier:
+            c.scores = {k: list(v) for k, v in earlier[c.name]["scores"].items()}
+            c.measured_gain = earlier[c.name].get("measured_gain")
     names = {c.name for c in cands}
     kept = [c for c in old.get("candidates", []) if c["name"] not in names]
     _log(f"resumed {sum(map(len, full.values()))} full and "
@@ -308,8 +326,8 @@ def _evidence(model: Any, tokenizer: Any, cal: Calibration, cand: Candidate, ful
                                       "rate": sum(hits) / len(hits) if hits else None,
                                       "ci": stats.wilson(sum(hits), len(hits)),
                                       "prompt_tokens": max(cal.lengths)}
-    if cal.measure:
-        ev["measured_gain"] = measure_gain(model, tokenizer, cand.config, cal.gain_length)
+    if cand.measured_gain is not None:
+        ev["measured_gain"] = cand.measured_gain
     return ev
 
 
@@ -355,7 +373,9 @@ def candidate_rows(doc: dict[str, Any], cells: Sequence[str]) -> list[dict[str, 
             continue
         base = [s for cell in cells for s in doc["full"][cell][:n]]
         mine = [s for cell in cells for s in c["scores"][cell][:n]]
+        measured = c.get("measured_gain")
         rows.append(dict(name=c["name"], config=c["config"], gain=c["predicted_gain"],
+                         measured_gain=measured and measured["gain"],
                          token_layers_pct=c["token_layers_pct"], n=n,
                          dropped_at=c["dropped_at"], paired=stats.paired(base, mine)))
     return rows
@@ -367,13 +387,15 @@ def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
              "| cell | full, pilot | used |", "|---|---|---|"]
     for cell, v in doc["cells"].items():
         lines.append(f"| {cell} | {v['pilot_base']:.2f} | {'yes' if v['used'] else 'no'} |")
-    lines += ["", "| candidate | predicted gain | token-layers % | samples/cell | full | method "
-              "(95% CI) | lost / won | relative loss (95% CI) | dropped at rung |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| candidate | predicted gain | measured gain | token-layers % | samples/cell | "
+              "full | method (95% CI) | lost / won | relative loss (95% CI) | dropped at rung |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(candidate_rows(doc, cells), key=lambda r: -r["gain"]):
         p = r["paired"]
         lines.append(
-            f"| `{r['name']}` | {r['gain']:.2f}x | {r['token_layers_pct']:.0f} | {r['n']} | "
+            f"| `{r['name']}` | {r['gain']:.2f}x | "
+            f"{'-' if r['measured_gain'] is None else format(r['measured_gain'], '.2f') + 'x'} | "
+            f"{r['token_layers_pct']:.0f} | {r['n']} | "
             f"{p.base:.3f} | {p.score:.3f} ({p.score_ci[0]:.2f}-{p.score_ci[1]:.2f}) | "
             f"{p.lost} / {p.won} | {p.rel_loss:+.3f} ({p.rel_loss_ci[0]:+.3f} to "
             f"{p.rel_loss_ci[1]:+.3f}) | {'-' if r['dropped_at'] is None else r['dropped_at']} |")
@@ -430,7 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scorers", type=lambda t: tuple(parse_scorer(x) for x in t.split(",")),
                    default=SCORER_GRID, help="scorers to try, e.g. last,window:window=8:pool=2 "
                    "(default: " + ",".join(_scorer_spec(f) for f in SCORER_GRID) + ")")
-    p.add_argument("--no-measure", action="store_true", help="do not time the chosen schedule")
+    p.add_argument("--no-measure", action="store_true",
+                   help="do not time the candidates that reached the last rung")
     p.add_argument("--resume", action="store_true",
                    help="reuse the runs of an earlier calibration in --out (same model, seed "
                         "and largest rung)")

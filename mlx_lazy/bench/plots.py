@@ -3,7 +3,9 @@
 - ``pareto.png``: accuracy vs TTFT speedup over mlx-lm, one curve per method family
   (the line joins that family's Pareto-optimal points), one panel per prompt length.
 - ``pareto.png`` of a calibration (:func:`plot_calibration`): relative accuracy with its
-  paired 95% interval against the predicted pruning gain, one colour per scorer.
+  paired 95% interval against the predicted pruning gain (and the measured one, where
+  measured), one colour per scorer; :func:`plot_calibrations` (``python -m
+  mlx_lazy.bench.plots DIR ... --out PNG``) puts several models' side by side.
 - ``token_usage.png``: % of prompt tokens computed (cumulative over the whole
   generation) in each layer stage (the layers split in four, as in the paper's Figure 7).
 """
@@ -71,10 +73,7 @@ def plot_pareto(result: dict[str, Any], path: Path) -> Path:
         ax.set_ylim(-0.05, 1.05)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def stage_bounds(n_layers: int, n_stages: int = 4) -> list[tuple[int, int]]:
@@ -109,10 +108,7 @@ def plot_token_usage(result: dict[str, Any], path: Path, max_methods: int = 12) 
     ax.set_title("cumulative prompt-token usage by layer stage (whole generation)")
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_plots(result: dict[str, Any], out: str | Path) -> list[Path]:
@@ -129,11 +125,31 @@ def write_plots(result: dict[str, Any], out: str | Path) -> list[Path]:
 def plot_calibration(doc: dict[str, Any], cells: list[str], path: Path) -> Path:
     """Calibration candidates: relative accuracy (1 − paired relative loss, 95% bootstrap
     interval) against the predicted pruning gain, one colour per scorer, marker size by
-    samples per cell."""
+    samples per cell; a candidate whose gain was measured also shows it (×, joined by a line)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _draw_calibration(ax, doc, cells, f"{', '.join(cells)} (marker size: samples per cell)")
+    return _save(fig, path)
+
+
+def plot_calibrations(dirs: list[Path], path: Path) -> Path:
+    """One :func:`plot_calibration` panel per calibration output folder (one per model),
+    side by side: the frontier of every model in one figure."""
+    import json
+
+    fig, axes = plt.subplots(1, len(dirs), figsize=(6.5 * len(dirs), 4.5), squeeze=False)
+    for ax, d in zip(axes[0], dirs):
+        doc = json.loads((Path(d) / "results.json").read_text())
+        cells = [c for c, v in doc["cells"].items() if v["used"]]
+        model = (Path(doc["options"]["model"]).name if doc["options"].get("model")
+                 else f"default model ({doc['fingerprint']['model_type']})")
+        _draw_calibration(ax, doc, cells, f"{model}: {', '.join(cells)}")
+    return _save(fig, path)
+
+
+def _draw_calibration(ax: Any, doc: dict[str, Any], cells: list[str], title: str) -> None:
     from .calibrate import candidate_rows
 
     rows = candidate_rows(doc, cells)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     scorers = sorted({_scorer_label(r["config"]) for r in rows})
     cmap = plt.get_cmap("tab10")
     for i, label in enumerate(scorers):
@@ -144,16 +160,41 @@ def plot_calibration(doc: dict[str, Any], cells: list[str], path: Path) -> Path:
                [r["paired"].rel_loss - r["paired"].rel_loss_ci[0] for r in mine]]
         ax.errorbar(x, y, yerr=err, fmt="none", ecolor=cmap(i), alpha=0.4)
         ax.scatter(x, y, s=[8 + r["n"] for r in mine], color=cmap(i), label=label)
+        for r, yi in zip(mine, y):
+            if r["measured_gain"] is not None:
+                ax.plot([r["gain"], r["measured_gain"]], [yi, yi], color=cmap(i), lw=0.8)
+                ax.scatter([r["measured_gain"]], [yi], marker="x", color=cmap(i))
+    if any(r["measured_gain"] is not None for r in rows):
+        ax.scatter([], [], marker="x", color="gray", label="measured gain")
     ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xlabel("predicted pruning gain at the gain length (our full prefill / pruned)")
+    ax.set_xlabel("pruning gain at the gain length (our full prefill / pruned), predicted")
     ax.set_ylabel("accuracy relative to full (paired)")
-    ax.set_title(f"{', '.join(cells)} (marker size: samples per cell)", fontsize=10)
+    ax.set_title(title, fontsize=10)
     if rows:
         ax.legend(fontsize=8)
+
+
+def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mlx_lazy.bench.plots DIR [DIR ...] --out PNG``: the calibration frontiers
+    of the given ``python -m mlx_lazy.calibrate`` output folders side by side."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m mlx_lazy.bench.plots", description=main.__doc__)
+    p.add_argument("dirs", nargs="+", type=Path, help="calibration output folders")
+    p.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    args = p.parse_args(argv)
+    missing = [d for d in args.dirs if not (d / "results.json").is_file()]
+    if missing:
+        p.error(f"{missing[0]} holds no results.json of a calibration")
+    print(plot_calibrations(args.dirs, args.out))
+    return 0
 
 
 def _scorer_label(config: dict[str, Any]) -> str:
@@ -165,3 +206,7 @@ def _scorer_label(config: dict[str, Any]) -> str:
     if config.get("pool"):
         label += f" pool {config['pool']}"
     return label
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
