@@ -71,6 +71,27 @@ def test_the_command_refuses_claims_on_few_samples(tmp_path, capsys):
     assert ">= 50 samples" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("cuts, message", [
+    ("0.5,0.4/0.2,0.1", "increasing depth fractions"), ("0.5/0.2,0.1", "one keep fraction"),
+    ("0.5/2", "keep fractions must be in"), ("0.5", "depth fractions/keep fractions")])
+def test_bad_cut_schedules_are_one_error(tmp_path, capsys, cuts, message):
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "cal"), "--cuts", cuts])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "cal").exists()
+
+
+def test_cut_schedules_set_the_candidates(tiny_model):
+    from mlx_lazy.bench.calibrate import parse_cuts
+
+    grid = (parse_cuts("0.5/0.2"), parse_cuts("0.25,0.75/0.5,0.1"))
+    model, _ = tiny_model()
+    cands = candidates(model, 512, [dict(scorer="last")], grid)
+    n = len(model.layers)
+    assert {c.config.prune_layers for c in cands} == {
+        (round(0.5 * n) - 1,), (round(0.25 * n) - 1, min(n - 2, round(0.75 * n) - 1))}
+
+
 def test_candidates_rank_by_predicted_gain(tiny_model):
     model, _ = tiny_model("llama")
     cands = candidates(model, 4096)

@@ -139,6 +139,7 @@ class Calibration:
     max_loss: float = 0.01
     gain_length: int = 4096
     scorers: tuple[dict[str, Any], ...] = SCORER_GRID
+    cuts: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] = CUT_GRID
     agreement_prompts: int = 8
     agreement_steps: int = 32
     measure: bool = True
@@ -182,7 +183,7 @@ def run(cal: Calibration) -> dict[str, Any]:
             have.append(score(None, cell, len(have)))
         return have[:n]
 
-    cands = candidates(model, cal.gain_length, cal.scorers)
+    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts)
     doc["candidates"] = cands
     if cal.resume:
         doc["earlier"] = _resume(out, cal, fingerprint, full, cands)
@@ -419,6 +420,21 @@ def _ints(text: str) -> tuple[int, ...]:
             from None
 
 
+def parse_cuts(spec: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``0.5,0.75/0.3,0.15`` -> ``((0.5, 0.75), (0.3, 0.15))``: cuts at depth fractions, and
+    the fraction kept after each."""
+    try:
+        fracs, keep = (tuple(float(x) for x in part.split(",")) for part in spec.split("/"))
+        PruningConfig("lazy", prune_layers=layers_at(fracs, 30), keep=keep).resolve(30)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"bad cuts {spec!r} (expected depth fractions/keep "
+                                         f"fractions, e.g. 0.5,0.75/0.3,0.15): {e}") from None
+    if len(fracs) != len(keep) or not all(0 < f < 1 for f in fracs) or list(fracs) != sorted(fracs):
+        raise argparse.ArgumentTypeError(f"bad cuts {spec!r}: one keep fraction per cut, cuts "
+                                         "at increasing depth fractions in (0, 1)")
+    return fracs, keep
+
+
 def parse_scorer(spec: str) -> dict[str, Any]:
     """``window:window=8:pool=2`` -> ``dict(scorer="window", window=8, pool=2)``: the scorer
     part of a method string (:func:`~mlx_lazy.bench.harness.parse_method`)."""
@@ -452,6 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scorers", type=lambda t: tuple(parse_scorer(x) for x in t.split(",")),
                    default=SCORER_GRID, help="scorers to try, e.g. last,window:window=8:pool=2 "
                    "(default: " + ",".join(_scorer_spec(f) for f in SCORER_GRID) + ")")
+    p.add_argument("--cuts", type=parse_cuts, nargs="+", default=CUT_GRID, metavar="F,../K,..",
+                   help="cut schedules to try: depth fractions / keep fractions, e.g. "
+                        "0.5,0.75/0.3,0.15 0.5/0.2 (default: a grid from 0.2 to 0.85 of the "
+                        "depth)")
     p.add_argument("--no-measure", action="store_true",
                    help="do not time the candidates that reached the last rung")
     p.add_argument("--resume", action="store_true",
@@ -480,6 +500,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       rungs=args.rungs, keep_per_rung=args.keep_per_rung, pilot=args.pilot,
                       min_base=args.min_base, max_loss=args.max_loss,
                       gain_length=args.gain_length, scorers=args.scorers,
+                      cuts=tuple(args.cuts),
                       measure=not args.no_measure,
                       time_limit_s=args.time_limit, resume=args.resume)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`: keep results
