@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from mlx_lazy import PruningConfig
 from mlx_lazy.bench import harness, metrics, tasks
 from mlx_lazy.bench.__main__ import main, parse_methods
+from mlx_lazy.bench.common import MIB, RunRecord, fmt, markdown_table
 
 
 class WordTokenizer:
@@ -172,6 +174,161 @@ def test_named_methods_and_depth_fractions():
         harness.parse_method("lazy:at=0.5:keep=0.3")
     w = harness.parse_method("lazy:scorer=window:window=16:heads=max").config
     assert (w.scorer, w.window, w.heads) == ("window", 16, "max")
+
+
+# ------------------------------------------------------------------- records and tables
+
+
+def _record(method, ttft, *, task="passkey", index=0, repeat=0, prompt=100, score=1.0,
+            kv=2**20, layers=4):
+    """A run with known numbers: TPOT ttft / 10, total 2 ttft, CPU time 1.5 ttft."""
+    family = method.split(":")[0]
+    stats = None if method == "mlx-lm" else {
+        "method": family, "revivals": 0, "host_syncs": 0, "max_computations_per_token_layer": 1}
+    return RunRecord(
+        method=method, family=family, prompt_tokens=prompt, generation_tokens=4, ttft_s=ttft,
+        tpot_s=ttft / 10, total_s=2 * ttft, peak_memory_bytes=3 * 2**20, kv_bytes=kv, aux_bytes=0,
+        ttft_cpu_s=1.5 * ttft, tpot_cpu_s=0.15 * ttft, tpot_short_s=ttft / 10,
+        work_memory_bytes=2**20, kv_bytes_per_layer=[kv // layers] * layers,
+        prompt_tokens_computed_pct=100.0, tokens_computed_per_layer=[prompt + 3] * layers,
+        prefill_tokens_per_layer=[prompt] * layers,
+        prefill_attention_pairs=prompt * (prompt + 1) // 2 * layers, prediction="12345",
+        stats=stats, repeat=repeat, task=task, length=prompt, index=index, score=score,
+        scores={m: score for m in metrics.MATCH_MODES})
+
+
+def _tables(md):
+    """Every markdown table in ``md``: a list of rows, each a dict keyed by the header."""
+    def cells(line):
+        return [c.strip() for c in line.strip().strip("|").split("|")]
+
+    lines, tables = md.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.startswith("|---"):
+            head, rows = cells(lines[i - 1]), []
+            for row in lines[i + 1:]:
+                if not row.startswith("|"):
+                    break
+                assert len(cells(row)) == len(head), row
+                rows.append(dict(zip(head, cells(row))))
+            tables.append(rows)
+    return tables
+
+
+def test_markdown_table_and_fmt():
+    assert markdown_table(["a", "b"], [[1, None], ["x", "2.0%"]]) == (
+        "| a | b |\n|---|---|\n| 1 | – |\n| x | 2.0% |")
+    with pytest.raises(ValueError, match="3 cells for 2 columns"):
+        markdown_table(["a", "b"], [[1, 2, 3]])
+    assert fmt(None) == "–" and fmt(0.5) == "0.50"
+    assert fmt(-0.0312, "+.1f", 100, "%") == "-3.1%" and fmt(3 * 2**20, ".1f", MIB) == "3.0"
+
+
+def test_record_round_trips_through_json():
+    r = _record("lazy", 0.5)
+    assert RunRecord.from_dict(json.loads(json.dumps(dataclasses.asdict(r)))) == r
+
+
+def test_records_written_before_the_merge_are_read():
+    acc = dataclasses.asdict(_record("lazy", 0.5))
+    for k in ("ttft_cpu_s", "tpot_cpu_s", "tpot_short_s", "work_memory_bytes", "kv_bytes_per_layer",
+              "kv_bytes_allocated", "loadavg_1min", "repeat"):
+        del acc[k]
+    old = RunRecord.from_dict(acc)
+    assert old.score == 1.0 and old.ttft_cpu_s is None and old.prefill_attention_pairs == 20200
+    # The speed benchmark's RunResult: ``generated``, no family, the counts only in stats.
+    full = _record("full", 1.0)
+    speed = {k: v for k, v in dataclasses.asdict(full).items() if k in (
+        "ttft_s", "tpot_s", "total_s", "ttft_cpu_s", "tpot_cpu_s", "tpot_short_s", "method",
+        "prompt_tokens", "repeat", "peak_memory_bytes", "work_memory_bytes", "kv_bytes",
+        "kv_bytes_per_layer", "aux_bytes")}
+    counts = {"prompt_tokens_computed_pct": 100.0, "tokens_computed_per_layer": [103] * 4,
+              "prefill_tokens_per_layer": [100] * 4, "prefill_attention_pairs": 20200}
+    speed |= {"generated": 4, "stats": {**full.stats, **counts}}
+    r = RunRecord.from_dict(speed)
+    assert (r.family, r.generation_tokens, r.prefill_tokens_per_layer) == ("full", 4, [100] * 4)
+    assert RunRecord.from_dict({**speed, "method": "mlx-lm", "stats": None}).family == "mlx-lm"
+
+
+def test_accuracy_summary_and_table_from_known_runs():
+    # Two samples; lazy answers the second wrong. Paired TTFT ratios vs mlx-lm: 2 and 4.
+    runs = [_record("mlx-lm", 2.0), _record("full", 1.0), _record("lazy", 1.0, kv=2**19),
+            _record("mlx-lm", 4.0, index=1), _record("full", 2.0, index=1),
+            _record("lazy", 1.0, index=1, score=0.0, kv=2**19)]
+    summary = harness.summarize([RunRecord.from_dict(dataclasses.asdict(r)) for r in runs])
+    lazy = next(r for r in summary if (r["task"], r["method"]) == ("passkey", "lazy"))
+    assert lazy["ttft_speedup"] == pytest.approx(8 ** 0.5)  # geometric mean of 2 and 4
+    assert lazy["ttft_speedup_vs_full"] == pytest.approx(2 ** 0.5)
+    assert lazy["relative_accuracy_loss"] == pytest.approx(0.5)
+    meta = {"model": "m", "n_layers": 4, "config": {"samples": 2, "seed": 0},
+            "machine": {"cpu": "cpu", "cpu_count": 2, "platform": "p", "mlx": "0", "mlx_lm": "0",
+                        "openblas": None, "date": "d"}}
+    table1, table2 = _tables(harness.render_table({"meta": meta, "summary": summary}))
+    row1 = next(r for r in table1 if (r["Task"], r["Method"]) == ("passkey", "lazy"))
+    assert row1["Score (mlx-lm → method)"] == "1.00 → 0.50" and row1["Rel. loss"] == "50.0%"
+    assert row1["lost / won vs full"] == "1 / 0"
+    assert row1["TTFT speedup vs mlx-lm"] == "2.83×" and row1["vs full"] == "1.41×"
+    assert row1["predicted vs full"] == "–"
+    row2 = next(r for r in table2 if (r["Task"], r["Method"]) == ("all", "lazy"))
+    assert row2["Generation speedup"] == "2.83×" and row2["KV MiB"] == "0.5"
+    assert row2["Peak MiB"] == "3.0" and row2["% prefill work"] == "100.0%"
+
+
+def test_speed_summary_and_table_from_known_runs():
+    from mlx_lazy.bench import speed
+
+    # full at three lengths fits the cost model; at 400 tokens two repeats, speed only in the first.
+    runs = [_record("full", t, prompt=n) for n, t in ((100, 0.1), (200, 0.25))]
+    for rep, (base, full, lazy) in enumerate(((2.0, 1.0, 0.5), (4.0, 1.0, 1.0))):
+        runs += [_record("mlx-lm", base, prompt=400, repeat=rep, kv=2**20),
+                 _record("full", full, prompt=400, repeat=rep, kv=2**20),
+                 _record("lazy", lazy, prompt=400, repeat=rep, kv=2**19)]
+    runs.append(_record("speed", 1.0, prompt=400, kv=2**18))
+    summary = speed.summarize(runs, 400)
+    lazy = summary["methods"]["lazy"]
+    assert lazy["ttft_vs_mlx_lm"] == pytest.approx(0.25)  # 0.5 / 2 and 1 / 4
+    assert lazy["ttft_vs_full"] == pytest.approx(0.75)  # median of 0.5 and 1
+    assert summary["methods"]["speed"]["ttft_vs_mlx_lm"] == pytest.approx(0.5)  # repeat 0 only
+    assert summary["repeats_completed"] == 1
+    result = {"info": {"main_length": 400, "max_tokens": 4, "repeats": 2, "lengths": [100, 200, 400],
+                       "cpu_count": 2},
+              "summary": summary, "runs": [dataclasses.asdict(r) for r in runs], "skipped": {}}
+    text = speed.render_table(result)
+    assert "1 of 2 repeats completed" in text
+    prefill, decode = _tables(text)
+    row = next(r for r in prefill if r["method"] == "lazy")
+    assert (row["TTFT s"], row["TTFT × mlx-lm"], row["TTFT × full"]) == ("0.75", "0.250", "0.750")
+    assert row["CPU-s × mlx-lm"] == "0.250" and row["token-layers %"] == "100.0"
+    assert row["host syncs"] == "0"
+    row = next(r for r in decode if r["method"] == "lazy")
+    assert (row["TPOT ms"], row["TPOT × mlx-lm"], row["KV × mlx-lm"]) == ("75.0", "0.250", "0.500")
+    assert next(r for r in decode if r["method"] == "mlx-lm")["revivals"] == "–"
+
+
+def test_server_load_and_distributed_tables():
+    from mlx_lazy.bench import distributed, server_load
+
+    base = {"method": "full", "requests": 2, "completed": 2, "wall_s": 10.0, "requests_per_min": 12.0,
+            "tokens_per_s": 3.0, "ttft_p50_s": 2.0, "ttft_p90_s": 3.0, "ttft_max_s": 4.0,
+            "server_prefill_median_s": 1.5}
+    failed = {**base, "method": "lazy", "completed": 0, "requests_per_min": 0.0, "ttft_p50_s": None,
+              "ttft_p90_s": None, "ttft_max_s": None, "server_prefill_median_s": None}
+    fast = {**base, "method": "speed", "ttft_p50_s": 1.0, "requests_per_min": 24.0}
+    (rows,) = _tables(server_load.format_table([base, failed, fast]))
+    assert rows[1]["completed"] == "0/2" and rows[1]["TTFT p50 vs first"] == "–"
+    assert (rows[2]["TTFT p50 vs first"], rows[2]["req/min vs first"]) == ("0.50x", "2.00x")
+    stats = {"score_allsum_bytes": 0}
+    one = {"repeat": 0, "method": "full", "ranks": 1, "ttft_s": 2.0, "tpot_s": 0.02, "stats": stats}
+    two = {**one, "ranks": 2, "ttft_s": 1.0, "tpot_s": 0.04, "prefill_allsum_bytes": 3e6,
+           "prefill_allsum_s": 0.25, "decode_allsum_bytes_per_step": 2e3,
+           "decode_allsum_s_per_step": 0.01, "score_allsum_s": 0.0,
+           "stats": {"score_allsum_bytes": 4e3}}
+    (rows,) = _tables(distributed.table([one, two]))
+    assert rows[0]["all-sum share of TTFT"] == "–" and rows[0]["prefill all-sums MB"] == "0.0"
+    assert (rows[1]["TTFT × 1 rank"], rows[1]["TPOT × 1 rank"], rows[1]["TPOT ms"]) == (
+        "0.50", "2.00", "40.0")
+    assert (rows[1]["all-sum share of TTFT"], rows[1]["all-sum share of TPOT"]) == ("25.0%", "25.0%")
+    assert rows[1]["prefill all-sums MB"] == "3.0" and rows[1]["score all-sums KB"] == "4.0"
 
 
 # ---------------------------------------------------------------------------- end to end

@@ -122,7 +122,7 @@ def test_speed_benchmark_quick_on_tiny_model(tiny_model_path, tmp_path, capsys) 
         assert row["ttft_s"] > 0 and row["tpot_s"] > 0 and row["ttft_cpu_s"] > 0, name
         assert row["kv_bytes"] == sum(row["kv_bytes_per_layer"]) > 0, name
     # Every method generates exactly max_tokens tokens (EOS disabled).
-    assert all(r["generated"] == 4 for r in saved["runs"])
+    assert all(r["generation_tokens"] == 4 for r in saved["runs"])
     # Unpruned KV has mlx-lm's bytes per position (mlx-lm's pipelined loop caches one extra
     # decode step: 96 + 4 positions against our 96 + 3).
     assert methods["full"]["kv_bytes"] * 100 == methods["mlx-lm"]["kv_bytes"] * 99

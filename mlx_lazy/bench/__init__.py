@@ -5,5 +5,8 @@
 - ``python -m mlx_lazy.bench.speed``: prefill/decode speed and the cost model
   (:mod:`.speed`, :mod:`.costmodel`).
 
+Both record a run as one :class:`.common.RunRecord` and write their tables with
+:func:`.common.markdown_table`.
+
 Submodules are imported on demand so ``import mlx_lazy.bench`` stays cheap.
 """

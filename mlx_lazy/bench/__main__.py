@@ -140,7 +140,7 @@ def report(out: Path) -> int:
         print(f"error: no results.json in {out}", file=sys.stderr)
         return 2
     data = harness.load_results(out)
-    runs = [harness.RunRecord(**r) for r in data["runs"]]
+    runs = [harness.RunRecord.from_dict(r) for r in data["runs"]]
     result = harness.BenchResult(meta=data["meta"], samples=data["samples"], runs=runs,
                                  cost_model=data.get("cost_model"),
                                  agreement=data.get("agreement"))

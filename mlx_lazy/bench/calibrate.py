@@ -43,9 +43,9 @@ from ..errors import UserInputError
 from ..schedule import layers_at, write_schedule
 from . import fidelity, stats
 from .costmodel import predicted_counts, prior
+from .common import fmt, markdown_table
 from .harness import Method, _jsonable, method_spec, parse_method, run_one
-from .speed import build_prompt
-from .tasks import TASKS, build_samples
+from .tasks import TASKS, build_prompt, build_samples
 
 import mlx.core as mx  # noqa: E402
 
@@ -384,22 +384,23 @@ def candidate_rows(doc: dict[str, Any], cells: Sequence[str]) -> list[dict[str, 
 
 def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
     """The markdown report: cells, every candidate's pooled paired result, the choice."""
-    lines = ["# Calibration", "", f"Model fingerprint: `{json.dumps(doc['fingerprint'])}`", "",
-             "| cell | full, pilot | used |", "|---|---|---|"]
-    for cell, v in doc["cells"].items():
-        lines.append(f"| {cell} | {v['pilot_base']:.2f} | {'yes' if v['used'] else 'no'} |")
-    lines += ["", "| candidate | predicted gain | measured gain | token-layers % | samples/cell | "
-              "full | method (95% CI) | lost / won | relative loss (95% CI) | dropped at rung |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    cell_rows = [[cell, f"{v['pilot_base']:.2f}", "yes" if v["used"] else "no"]
+                 for cell, v in doc["cells"].items()]
+    candidates = []
     for r in sorted(candidate_rows(doc, cells), key=lambda r: -r["gain"]):
         p = r["paired"]
-        lines.append(
-            f"| `{r['name']}` | {r['gain']:.2f}x | "
-            f"{'-' if r['measured_gain'] is None else format(r['measured_gain'], '.2f') + 'x'} | "
-            f"{r['token_layers_pct']:.0f} | {r['n']} | "
-            f"{p.base:.3f} | {p.score:.3f} ({p.score_ci[0]:.2f}-{p.score_ci[1]:.2f}) | "
-            f"{p.lost} / {p.won} | {p.rel_loss:+.3f} ({p.rel_loss_ci[0]:+.3f} to "
-            f"{p.rel_loss_ci[1]:+.3f}) | {'-' if r['dropped_at'] is None else r['dropped_at']} |")
+        candidates.append([
+            f"`{r['name']}`", f"{r['gain']:.2f}x", fmt(r["measured_gain"], suffix="x"),
+            f"{r['token_layers_pct']:.0f}", r["n"],
+            f"{p.base:.3f}", f"{p.score:.3f} ({p.score_ci[0]:.2f}-{p.score_ci[1]:.2f})",
+            f"{p.lost} / {p.won}",
+            f"{p.rel_loss:+.3f} ({p.rel_loss_ci[0]:+.3f} to {p.rel_loss_ci[1]:+.3f})",
+            "-" if r["dropped_at"] is None else r["dropped_at"]])
+    lines = ["# Calibration", "", f"Model fingerprint: `{json.dumps(doc['fingerprint'])}`", "",
+             markdown_table(["cell", "full, pilot", "used"], cell_rows), "",
+             markdown_table(["candidate", "predicted gain", "measured gain", "token-layers %",
+                             "samples/cell", "full", "method (95% CI)", "lost / won",
+                             "relative loss (95% CI)", "dropped at rung"], candidates)]
     chosen = doc.get("chosen")
     lines += ["", f"Chosen: `{chosen['name']}`" if chosen else "Chosen: none confirmed"]
     if chosen:

@@ -13,7 +13,7 @@ machine as R machines of a R-th of its size would. Every rank loads the model (s
 the ranks, :func:`mlx_lazy.load` with ``group``), builds the same prompt of ``--length``
 tokens of prose, and for each method runs ``stream_generate`` (EOS disabled) and records:
 
-* **TTFT** and **TPOT**, wall clock on rank 0 (:func:`mlx_lazy.bench.speed.timed`), and
+* **TTFT** and **TPOT**, wall clock on rank 0 (:func:`mlx_lazy.bench.common.timed`), and
   rank 0's process CPU time for the same spans (less sensitive to a busy machine);
 * **all-sum bytes**: the arrays all-summed by the model's layers (``o_proj`` and
   ``down_proj`` outputs, counted where they are summed, :mod:`mlx_lazy.distributed`) in
@@ -50,7 +50,9 @@ import mlx_lazy  # noqa: F401  (OpenBLAS before mlx.core)
 import mlx.core as mx
 
 from mlx_lazy import distributed, load, stream_generate
-from mlx_lazy.bench.speed import build_prompt, no_eos, schedule_config, timed
+from mlx_lazy.bench.common import fmt, markdown_table, median, no_eos, ratio, timed
+from mlx_lazy.bench.speed import schedule_config
+from mlx_lazy.bench.tasks import build_prompt
 
 ALLSUM_REPEATS = 7
 
@@ -95,7 +97,7 @@ def rank_main(args: argparse.Namespace) -> None:
         record = {"method": method, "ranks": 1 if group is None else group.size(),
                   "ttft_s": timing.ttft_s, "tpot_s": timing.tpot_s,
                   "ttft_cpu_s": timing.ttft_cpu_s, "tpot_cpu_s": timing.tpot_cpu_s,
-                  "generated": timing.generated, "stats": last.stats.as_dict()}
+                  "generation_tokens": timing.generation_tokens, "stats": last.stats.as_dict()}
         record["stats"].pop("text")
         if counter:
             prefill = split[0] - before
@@ -104,7 +106,7 @@ def rank_main(args: argparse.Namespace) -> None:
             score_calls = stats["host_syncs"]  # one score all-sum per selection
             score_size = 4 * round(stats["score_allsum_bytes"] / 4 / score_calls) if score_calls else 0
             seconds = allsum_seconds(set(prefill) | set(decode) | ({score_size} - {0}), group)
-            steps = max(1, timing.generated - 1)
+            steps = max(1, timing.generation_tokens - 1)
             record |= {
                 "prefill_allsum_bytes": sum(s * c for s, c in prefill.items()),
                 "prefill_allsums": sum(prefill.values()),
@@ -151,40 +153,37 @@ def launch(ranks: int, args: argparse.Namespace, record: Path, rotate: int) -> l
     return json.loads(record.read_text())
 
 
-def _fmt(x: Optional[float], spec: str) -> str:
-    return "–" if x is None else format(x, spec)
-
-
 def table(runs: list[dict]) -> str:
     """Markdown: median per (ranks, method), TTFT and TPOT against 1 rank of the same repeat."""
     base = {(r["repeat"], r["method"]): r for r in runs if r["ranks"] == 1}
-    rows = ["| ranks | method | TTFT s | TTFT × 1 rank | TPOT ms | TPOT × 1 rank | "
-            "prefill all-sums MB | all-sum share of TTFT | decode all-sum KB/step | "
-            "all-sum share of TPOT | score all-sums KB | score all-sums s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    keys = sorted({(r["ranks"], r["method"]) for r in runs})
-    for ranks, method in keys:
+    rows = []
+    for ranks, method in sorted({(r["ranks"], r["method"]) for r in runs}):
         group = [r for r in runs if (r["ranks"], r["method"]) == (ranks, method)]
 
         def med(f):
-            vals = [f(r) for r in group]
-            vals = [v for v in vals if v is not None]
-            return statistics.median(vals) if vals else None
+            return median(f(r) for r in group)
 
-        one = lambda r, k: r[k] / base[(r["repeat"], method)][k] if (r["repeat"], method) in base else None  # noqa: E731
-        rows.append("| " + " | ".join([
-            str(ranks), method, _fmt(med(lambda r: r["ttft_s"]), ".2f"),
-            _fmt(med(lambda r: one(r, "ttft_s")), ".2f"),
-            _fmt(med(lambda r: r["tpot_s"] * 1e3), ".1f"),
-            _fmt(med(lambda r: one(r, "tpot_s")), ".2f"),
-            _fmt(med(lambda r: r.get("prefill_allsum_bytes", 0) / 1e6), ".1f"),
-            _fmt(med(lambda r: 100 * r["prefill_allsum_s"] / r["ttft_s"] if "prefill_allsum_s" in r else None), ".1f") + "%",
-            _fmt(med(lambda r: r.get("decode_allsum_bytes_per_step", 0) / 1e3), ".1f"),
-            _fmt(med(lambda r: 100 * r["decode_allsum_s_per_step"] / r["tpot_s"] if "decode_allsum_s_per_step" in r else None), ".1f") + "%",
-            _fmt(med(lambda r: r["stats"]["score_allsum_bytes"] / 1e3), ".1f"),
-            _fmt(med(lambda r: r.get("score_allsum_s")), ".3f"),
-        ]) + " |")
-    return "\n".join(rows)
+        def vs_one(r, k):
+            one = base.get((r["repeat"], method))
+            return ratio(r[k], one[k]) if one else None
+
+        rows.append([
+            ranks, method, fmt(med(lambda r: r["ttft_s"])),
+            fmt(med(lambda r: vs_one(r, "ttft_s"))),
+            fmt(med(lambda r: r["tpot_s"]), ".1f", 1e3),
+            fmt(med(lambda r: vs_one(r, "tpot_s"))),
+            fmt(med(lambda r: r.get("prefill_allsum_bytes", 0)), ".1f", 1e-6),
+            fmt(med(lambda r: ratio(r.get("prefill_allsum_s"), r["ttft_s"])), ".1f", 100, "%"),
+            fmt(med(lambda r: r.get("decode_allsum_bytes_per_step", 0)), ".1f", 1e-3),
+            fmt(med(lambda r: ratio(r.get("decode_allsum_s_per_step"), r["tpot_s"])), ".1f", 100,
+                "%"),
+            fmt(med(lambda r: r["stats"]["score_allsum_bytes"]), ".1f", 1e-3),
+            fmt(med(lambda r: r.get("score_allsum_s")), ".3f"),
+        ])
+    return markdown_table(
+        ["ranks", "method", "TTFT s", "TTFT × 1 rank", "TPOT ms", "TPOT × 1 rank",
+         "prefill all-sums MB", "all-sum share of TTFT", "decode all-sum KB/step",
+         "all-sum share of TPOT", "score all-sums KB", "score all-sums s"], rows)
 
 
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:

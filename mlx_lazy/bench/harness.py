@@ -24,24 +24,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import platform
-import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from . import metrics, stats
-from .tasks import QUICK_TASKS, TASKS, Sample, build_suite
+from .common import (BASELINE, FULL, MIB, Method, RunRecord, _jsonable, fmt, geomean,
+                     machine_info, markdown_table, mean, measure, paired_ratios)
+from .tasks import QUICK_TASKS, TASKS, Sample, build_prompt, build_suite
 
-import mlx.core as mx  # noqa: E402  (after _blas: OpenBLAS must load first)
-
-BASELINE = "mlx-lm"
-FULL = "full"
 DEFAULT_METHODS: tuple[str, ...] = (BASELINE, FULL, "lazy", "speed", "lazy+speed", "static", "random")
 _ALIASES = {"layers": "prune_layers", "cutoff": "speed_cutoff"}
 #: Named methods, the one registry both benchmarks read: name -> method string. ``at=`` gives
@@ -63,32 +57,6 @@ NAMED_METHODS: dict[str, str] = {
 
 # ----------------------------------------------------------------------------------------
 # Methods
-
-
-@dataclass(frozen=True)
-class Method:
-    """A named way of generating: the mlx-lm baseline (``config is None``) or our engine."""
-
-    name: str
-    config: Any = None  # mlx_lazy.PruningConfig, or None for the mlx-lm baseline
-
-    @property
-    def is_baseline(self) -> bool:
-        """True for the mlx-lm reference path."""
-        return self.config is None
-
-    @property
-    def family(self) -> str:
-        """``mlx-lm`` or the PruningConfig method (``full``, ``lazy``, ``speed`` ...)."""
-        return BASELINE if self.config is None else str(self.config.method)
-
-    def schedule(self) -> dict[str, Any]:
-        """The configuration as a JSON-friendly dict."""
-        if self.config is None:
-            return {"method": BASELINE}
-        if dataclasses.is_dataclass(self.config):
-            return _jsonable(dataclasses.asdict(self.config))
-        return _jsonable(dict(vars(self.config)))
 
 
 def _parse_value(text: str) -> Any:
@@ -191,98 +159,14 @@ def _spec_value(x: Any) -> str:
 # One measured run
 
 
-@dataclass
-class RunRecord:
-    """Everything measured for one (sample, method) pair."""
-
-    method: str
-    family: str
-    task: str
-    length: int
-    index: int
-    order: int  # position of this method within the sample's rotation
-    prompt_tokens: int
-    generation_tokens: int
-    ttft_s: float
-    tpot_s: float | None
-    total_s: float
-    peak_memory_bytes: int
-    kv_bytes: int
-    aux_bytes: int
-    prompt_tokens_computed_pct: float
-    tokens_computed_per_layer: list[int]
-    prefill_tokens_per_layer: list[int]
-    prefill_attention_pairs: int
-    prediction: str
-    score: float  # the task's primary metric
-    scores: dict[str, float]
-    predicted_ttft_s: float | None = None  # cost model, filled after the fit
-    stats: dict[str, Any] | None = None  # GenerationStats.as_dict() for engine runs
-
-
 def run_one(model: Any, tokenizer: Any, method: Method, sample: Sample, order: int = 0,
             max_tokens: int | None = None) -> RunRecord:
-    """Generate greedily for one sample with one method and measure it."""
-    import mlx_lm
-
-    from .speed import mlx_lm_kv_bytes_per_layer, timed
-
-    n_max = max_tokens or sample.max_tokens
-    prompt = list(sample.tokens)
-    mx.clear_cache()
-    mx.reset_peak_memory()
-    if method.is_baseline:
-        from mlx_lm.models.cache import make_prompt_cache
-
-        cache = make_prompt_cache(model)
-        stream = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=n_max,
-                                        prompt_cache=cache)
-        timing, last, text = timed(stream)
-        peak = mx.get_peak_memory()
-        stats = None
-        kv, aux, pct = sum(mlx_lm_kv_bytes_per_layer(cache)), 0, 100.0
-        n_layers = len(model.layers)
-        per_layer = [len(prompt)] * n_layers
-        prefill_pairs = len(prompt) * (len(prompt) + 1) // 2 * n_layers
-        computed = per_layer
-    else:
-        from .. import stream_generate
-
-        stream = stream_generate(model, tokenizer, prompt, max_tokens=n_max, config=method.config)
-        timing, last, text = timed(stream)
-        peak = mx.get_peak_memory()
-        st = last.stats
-        stats = _jsonable(st.as_dict())
-        kv, aux = int(st.kv_bytes), int(st.aux_bytes)
-        pct = float(st.prompt_tokens_computed_pct)
-        per_layer = [int(x) for x in st.prefill_tokens_per_layer]
-        prefill_pairs = int(st.prefill_attention_pairs)
-        computed = [int(x) for x in st.tokens_computed_per_layer]
-    gen = int(last.generation_tokens)
-    return RunRecord(
-        method=method.name,
-        family=method.family,
-        task=sample.task,
-        length=sample.target_tokens,
-        index=sample.index,
-        order=order,
-        prompt_tokens=sample.n_tokens,
-        generation_tokens=gen,
-        ttft_s=timing.ttft_s,
-        tpot_s=timing.tpot_s,
-        total_s=timing.total_s,
-        peak_memory_bytes=int(peak),
-        kv_bytes=kv,
-        aux_bytes=aux,
-        prompt_tokens_computed_pct=pct,
-        tokens_computed_per_layer=computed,
-        prefill_tokens_per_layer=per_layer,
-        prefill_attention_pairs=prefill_pairs,
-        prediction=text,
-        score=metrics.score(text, sample.references, sample.match),
-        scores=metrics.score_all(text, sample.references),
-        stats=stats,
-    )
+    """Generate greedily for one sample with one method, measure and score it."""
+    r = measure(model, tokenizer, method, sample.tokens, max_tokens or sample.max_tokens)
+    return dataclasses.replace(
+        r, task=sample.task, length=sample.target_tokens, index=sample.index, order=order,
+        score=metrics.score(r.prediction, sample.references, sample.match),
+        scores=metrics.score_all(r.prediction, sample.references))
 
 
 # ----------------------------------------------------------------------------------------
@@ -341,24 +225,6 @@ class BenchResult:
         }
 
 
-def machine_info(model: Any) -> dict[str, Any]:
-    """Where and with what the numbers were measured (the speed benchmark's fields + CPU)."""
-    from .speed import machine_info as speed_machine_info
-
-    info = speed_machine_info(model, argv=None)
-    info["command"] = info["command"].replace("mlx_lazy.bench.speed", "mlx_lazy.bench")
-    info["cpu"] = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return info
-
-
 def run_bench(
     cfg: BenchConfig,
     model: Any = None,
@@ -414,7 +280,7 @@ def run_bench(
     meta = {
         "model": cfg.model or "default (SmolLM2-135M-Instruct)",
         "config": _jsonable(dataclasses.asdict(cfg)),
-        "machine": machine_info(model),
+        "machine": machine_info(model, "mlx_lazy.bench"),
         "methods": {m.name: m.schedule() for m in methods},
         "n_layers": len(model.layers),
         "stopped_early": stopped,
@@ -435,7 +301,6 @@ def teacher_forced(model: Any, tokenizer: Any, methods: Sequence[Method],
     own greedy continuation of prose (:mod:`.fidelity`), per prompt length, with a Wilson
     interval over the steps."""
     from . import fidelity
-    from .speed import build_prompt
 
     rows = []
     for length in cfg.lengths:
@@ -463,8 +328,6 @@ def cost_model_runs(model: Any, tokenizer: Any, max_length: int,
     The benchmark's own prompts all sit near a few target lengths, too close together to
     separate the linear and quadratic terms; these runs add well-spaced points.
     """
-    from .speed import build_prompt
-
     full = parse_method(FULL)
     runs = []
     for frac in fractions:
@@ -490,41 +353,27 @@ def apply_cost_model(runs: Sequence[RunRecord],
         return {"error": "mlx_lazy.bench.costmodel is not available"}
     full = [r for r in runs if r.family == FULL] + list(calibration)
     try:
-        model = CostModel.fit([_counts(r) for r in full], [r.ttft_s for r in full])
+        model = CostModel.fit(full, [r.ttft_s for r in full])
     except ValueError as exc:
         return {"error": str(exc)}
     for r in runs:
         if r.family != BASELINE:
-            r.predicted_ttft_s = model.predict(_counts(r))
+            r.predicted_ttft_s = model.predict(r)
     return {"fitted_on": f"{FULL} runs + {len(calibration)} prose calibration runs",
             "target": "ttft_s", **model.as_dict(),
             "calibration_runs": [{"prompt_tokens": r.prompt_tokens, "ttft_s": r.ttft_s}
                                  for r in calibration]}
 
 
-def _counts(r: RunRecord) -> tuple[int, int]:
-    return (sum(r.prefill_tokens_per_layer), r.prefill_attention_pairs)
+def _sample(r: RunRecord) -> tuple[str, int, int]:
+    return (r.task, r.length, r.index)
 
 
-def _mean(xs: Iterable[float | None]) -> float | None:
-    vals = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return statistics.fmean(vals) if vals else None
-
-
-def paired_speedup(rs: Sequence[RunRecord], refs: dict[tuple[str, int, int], RunRecord],
-                   attr: str) -> float | None:
-    """Geometric mean over samples of ``ref.attr / run.attr`` (> 1: the run is faster).
-
-    Each run is paired with the reference method's run on the same sample, measured
-    moments apart, so slow drifts in machine load cancel out of the ratio.
-    """
-    logs = []
-    for r in rs:
-        ref = refs.get((r.task, r.length, r.index))
-        num, den = (getattr(ref, attr) if ref else None), getattr(r, attr)
-        if num and den and num > 0 and den > 0:
-            logs.append(math.log(num / den))
-    return math.exp(statistics.fmean(logs)) if logs else None
+def paired_speedup(rs: Sequence[RunRecord], refs: Sequence[RunRecord], attr: str) -> float | None:
+    """Geometric mean over samples of ``ref.attr / run.attr`` (> 1: the run is faster), each
+    run paired with the reference method's run on the same sample (:func:`paired_ratios`)."""
+    g = geomean(paired_ratios(rs, refs, attr, _sample))
+    return None if g is None else 1 / g
 
 
 def summarize(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
@@ -535,13 +384,13 @@ def summarize(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     (baseline − method) / baseline against the mlx-lm baseline's mean score.
     """
     groups: dict[tuple[str, int, str], list[RunRecord]] = defaultdict(list)
-    by_method: dict[str, dict[tuple[str, int, int], RunRecord]] = defaultdict(dict)
+    by_method: dict[str, list[RunRecord]] = defaultdict(list)
     for r in runs:
         groups[(r.task, r.length, r.method)].append(r)
         groups[("all", r.length, r.method)].append(r)
-        by_method[r.method][(r.task, r.length, r.index)] = r
+        by_method[r.method].append(r)
     families = {r.method: r.family for r in runs}
-    base_runs, full_runs = by_method.get(BASELINE, {}), by_method.get(FULL, {})
+    base_runs, full_runs = by_method[BASELINE], by_method[FULL]
     rows = []
     for (task, length, method), rs in groups.items():
         base = groups.get((task, length, BASELINE), [])
@@ -569,11 +418,11 @@ def summarize(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     return rows
 
 
-def _paired_vs(rs: Sequence[RunRecord], refs: dict[tuple[str, int, int], RunRecord]
-               ) -> dict[str, Any] | None:
+def _paired_vs(rs: Sequence[RunRecord], refs: Sequence[RunRecord]) -> dict[str, Any] | None:
     """Paired statistics (lost/won answers, relative loss with its bootstrap interval) of
     ``rs`` against the reference method's runs on the same samples."""
-    pairs = [(refs[k].score, r.score) for r in rs if (k := (r.task, r.length, r.index)) in refs]
+    by_sample = {_sample(r): r for r in refs}
+    pairs = [(by_sample[k].score, r.score) for r in rs if (k := _sample(r)) in by_sample]
     if not pairs:
         return None
     p = stats.paired([a for a, _ in pairs], [b for _, b in pairs])
@@ -605,20 +454,20 @@ def prefill_work_pct(r: RunRecord) -> float:
 def _aggregate(rs: Sequence[RunRecord]) -> dict[str, Any]:
     usages = [prompt_layer_usage(r) for r in rs]
     n_layers = max(len(u) for u in usages)
-    usage = [_mean(u[i] for u in usages if i < len(u)) for i in range(n_layers)]
+    usage = [mean(u[i] for u in usages if i < len(u)) for i in range(n_layers)]
     return {
         "n": len(rs),
-        "prompt_tokens": _mean(r.prompt_tokens for r in rs),
-        "score": _mean(r.score for r in rs),
-        "scores": {k: _mean(r.scores[k] for r in rs) for k in metrics.MATCH_MODES},
-        "ttft_s": _mean(r.ttft_s for r in rs),
-        "tpot_s": _mean(r.tpot_s for r in rs),
-        "total_s": _mean(r.total_s for r in rs),
-        "predicted_ttft_s": _mean(r.predicted_ttft_s for r in rs),
-        "prompt_tokens_computed_pct": _mean(r.prompt_tokens_computed_pct for r in rs),
-        "prefill_work_pct": _mean(prefill_work_pct(r) for r in rs),
-        "kv_bytes": _mean(r.kv_bytes for r in rs),
-        "aux_bytes": _mean(r.aux_bytes for r in rs),
+        "prompt_tokens": mean(r.prompt_tokens for r in rs),
+        "score": mean(r.score for r in rs),
+        "scores": {k: mean(r.scores[k] for r in rs) for k in metrics.MATCH_MODES},
+        "ttft_s": mean(r.ttft_s for r in rs),
+        "tpot_s": mean(r.tpot_s for r in rs),
+        "total_s": mean(r.total_s for r in rs),
+        "predicted_ttft_s": mean(r.predicted_ttft_s for r in rs),
+        "prompt_tokens_computed_pct": mean(r.prompt_tokens_computed_pct for r in rs),
+        "prefill_work_pct": mean(prefill_work_pct(r) for r in rs),
+        "kv_bytes": mean(r.kv_bytes for r in rs),
+        "aux_bytes": mean(r.aux_bytes for r in rs),
         "peak_memory_bytes": max(r.peak_memory_bytes for r in rs),
         "layer_usage_pct": usage,
     }
@@ -626,19 +475,6 @@ def _aggregate(rs: Sequence[RunRecord]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------
 # Output
-
-
-def _jsonable(obj: Any) -> Any:
-    """Tuples -> lists, numpy/mlx scalars -> Python, recursively."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    if hasattr(obj, "item"):
-        return obj.item()
-    return str(obj)
 
 
 def write_results(result: BenchResult, out: str | Path) -> Path:
@@ -654,14 +490,6 @@ def load_results(path: str | Path) -> dict[str, Any]:
     """Read a results.json written by :func:`write_results`."""
     p = Path(path)
     return json.loads((p / "results.json" if p.is_dir() else p).read_text())
-
-
-def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
-    return "–" if x is None else f"{x:{spec}}{suffix}"
-
-
-def _mib(x: float | None) -> str:
-    return "–" if x is None else f"{x / 2**20:.1f}"
 
 
 def render_table(result: dict[str, Any]) -> str:
@@ -692,52 +520,34 @@ def render_table(result: dict[str, Any]) -> str:
     summary = result["summary"]
     for length in sorted({r["length"] for r in summary}):
         rows = [r for r in summary if r["length"] == length]
-        lines += [
-            f"## Prompt length ≤ {length} tokens",
-            "",
-            "Table 1 — accuracy and time to first token",
-            "",
-            "| Task | Method | Score (mlx-lm → method) | 95% CI | Rel. loss | lost / won vs full "
-            "| TTFT speedup vs mlx-lm | vs full | predicted vs full |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in rows:
-            ci, vs = r.get("score_ci"), r.get("vs_full")
-            ci_text = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "–"
-            paired_text = f"{vs['lost']} / {vs['won']}" if vs else "–"
-            lines.append(
-                f"| {r['task']} | {r['method']} | {_fmt(r['baseline_score'])} → "
-                f"{_fmt(r['score'])} | {ci_text} | {_fmt(r['relative_accuracy_loss'], '.1%')} | "
-                f"{paired_text} | "
-                f"{_fmt(r['ttft_speedup'], '.2f', '×')} | "
-                f"{_fmt(r['ttft_speedup_vs_full'], '.2f', '×')} | "
-                f"{_fmt(r['predicted_ttft_speedup_vs_full'], '.2f', '×')} |"
-            )
-        lines += [
-            "",
-            "Table 2 — prompt tokens computed and whole-generation time",
-            "",
-            "| Task | Method | % prompt tokens computed | % prefill work | Generation speedup "
-            "| TPOT speedup | KV MiB | Aux MiB | Peak MiB |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in rows:
-            lines.append(
-                f"| {r['task']} | {r['method']} | {_fmt(r['prompt_tokens_computed_pct'], '.1f', '%')} "
-                f"| {_fmt(r['prefill_work_pct'], '.1f', '%')} "
-                f"| {_fmt(r['generation_speedup'], '.2f', '×')} | "
-                f"{_fmt(r['tpot_speedup'], '.2f', '×')} | {_mib(r['kv_bytes'])} | "
-                f"{_mib(r['aux_bytes'])} | {_mib(r['peak_memory_bytes'])} |"
-            )
-        lines.append("")
+        table1 = markdown_table(
+            ["Task", "Method", "Score (mlx-lm → method)", "95% CI", "Rel. loss",
+             "lost / won vs full", "TTFT speedup vs mlx-lm", "vs full", "predicted vs full"],
+            [[r["task"], r["method"], f"{fmt(r['baseline_score'])} → {fmt(r['score'])}",
+              f"{r['score_ci'][0]:.2f}-{r['score_ci'][1]:.2f}" if r.get("score_ci") else None,
+              fmt(r["relative_accuracy_loss"], ".1%"),
+              f"{r['vs_full']['lost']} / {r['vs_full']['won']}" if r.get("vs_full") else None,
+              fmt(r["ttft_speedup"], suffix="×"), fmt(r["ttft_speedup_vs_full"], suffix="×"),
+              fmt(r["predicted_ttft_speedup_vs_full"], suffix="×")] for r in rows])
+        table2 = markdown_table(
+            ["Task", "Method", "% prompt tokens computed", "% prefill work", "Generation speedup",
+             "TPOT speedup", "KV MiB", "Aux MiB", "Peak MiB"],
+            [[r["task"], r["method"], fmt(r["prompt_tokens_computed_pct"], ".1f", suffix="%"),
+              fmt(r["prefill_work_pct"], ".1f", suffix="%"),
+              fmt(r["generation_speedup"], suffix="×"), fmt(r["tpot_speedup"], suffix="×"),
+              fmt(r["kv_bytes"], ".1f", MIB), fmt(r["aux_bytes"], ".1f", MIB),
+              fmt(r["peak_memory_bytes"], ".1f", MIB)] for r in rows])
+        lines += [f"## Prompt length ≤ {length} tokens", "",
+                  "Table 1 — accuracy and time to first token", "", table1, "",
+                  "Table 2 — prompt tokens computed and whole-generation time", "", table2, ""]
     agreement = result.get("agreement")
     if agreement:
         lines += ["Teacher-forced top-1 agreement with `full` along its own greedy continuation "
                   "of prose (≥ 95% is the bar):", "",
-                  "| Length | Method | Agreement | 95% CI | Steps |", "|---|---|---|---|---|"]
-        lines += [f"| {a['length']} | {a['method']} | {a['rate']:.3f} | {a['ci'][0]:.3f}-"
-                  f"{a['ci'][1]:.3f} | {a['steps']} |" for a in agreement]
-        lines.append("")
+                  markdown_table(["Length", "Method", "Agreement", "95% CI", "Steps"],
+                                 [[a["length"], a["method"], f"{a['rate']:.3f}",
+                                   f"{a['ci'][0]:.3f}-{a['ci'][1]:.3f}", a["steps"]]
+                                  for a in agreement]), ""]
     cm = result.get("cost_model")
     if cm and "a" in cm:
         lines += [f"Cost model (fitted on {cm['n_samples']} unpruned runs: {cm['fitted_on']}; TTFT): "

@@ -22,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-BASELINE = "mlx-lm"
+from .common import BASELINE  # noqa: E402
 _COLORS = {
     "mlx-lm": "black", "full": "tab:gray", "lazy": "tab:blue", "speed": "tab:orange",
     "lazy+speed": "tab:green", "static": "tab:red", "random": "tab:purple",

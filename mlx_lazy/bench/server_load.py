@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 from urllib.parse import urlparse
 
-from .speed import build_prompt
+from .common import fmt, markdown_table, ratio
+from .tasks import build_prompt
 
 HOST = "127.0.0.1"
 PROMPT_STRIDE = 37  # tokens between consecutive requests' prompt slices
@@ -154,20 +155,15 @@ def start_server(model: Optional[str], port: int, log: Path) -> subprocess.Popen
 def format_table(rows: List[dict]) -> str:
     """A markdown table of the methods, with ratios to the first."""
     base = rows[0]
-    head = ("| method | completed | wall (s) | req/min | tok/s | TTFT p50 (s) | TTFT p90 (s) | "
-            "TTFT max (s) | server prefill (s) | TTFT p50 vs first | req/min vs first |")
-    lines = [head, "|" + "---|" * 11]
-    for r in rows:
-        if not r["completed"]:
-            lines.append(f"| {r['method']} | 0/{r['requests']} |" + " |" * 9)
-            continue
-        lines.append(
-            f"| {r['method']} | {r['completed']}/{r['requests']} | {r['wall_s']:.1f} | "
-            f"{r['requests_per_min']:.2f} | {r['tokens_per_s']:.2f} | {r['ttft_p50_s']:.2f} | "
-            f"{r['ttft_p90_s']:.2f} | {r['ttft_max_s']:.2f} | {r['server_prefill_median_s']:.2f} | "
-            f"{r['ttft_p50_s'] / base['ttft_p50_s']:.2f}x | "
-            f"{r['requests_per_min'] / base['requests_per_min']:.2f}x |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["method", "completed", "wall (s)", "req/min", "tok/s", "TTFT p50 (s)", "TTFT p90 (s)",
+         "TTFT max (s)", "server prefill (s)", "TTFT p50 vs first", "req/min vs first"],
+        [[r["method"], f"{r['completed']}/{r['requests']}", fmt(r["wall_s"], ".1f"),
+          fmt(r["requests_per_min"]), fmt(r["tokens_per_s"]), fmt(r["ttft_p50_s"]),
+          fmt(r["ttft_p90_s"]), fmt(r["ttft_max_s"]), fmt(r["server_prefill_median_s"]),
+          fmt(ratio(r["ttft_p50_s"], base["ttft_p50_s"]), suffix="x"),
+          fmt(ratio(r["requests_per_min"], base["requests_per_min"]), suffix="x")]
+         for r in rows])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -78,52 +78,37 @@ round-robin; the table gives mean step time (wall, CPU) and ratios against mlx-l
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime as _dt
-import gc
+import dataclasses
 import json
-import os
-import platform
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from mlx_lazy import LazyEngine, PruningConfig, load
-from mlx_lazy.bench.harness import NAMED_METHODS, parse_method, parse_methods
-from mlx_lazy import stream_generate as lazy_stream_generate
-from mlx_lazy import _blas
+from mlx_lazy.bench.common import (BASELINE, FULL, MIB, SHORT_ANSWER, RunRecord, fmt,
+                                   machine_info, markdown_table, measure, median, paired_ratios,
+                                   ratio)
+from mlx_lazy.bench.harness import NAMED_METHODS, Method, parse_method, parse_methods
+from mlx_lazy.bench.tasks import build_prompt
 
 import mlx.core as mx
-import mlx_lm
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_lazy.bench.costmodel import CostModel
-from mlx_lazy.bench.tasks import prose_sentences
 
 __all__ = [
     "DEFAULT_SCHEDULES",
-    "RunResult",
     "schedule_config",
     "build_prompt",
-    "run_mlx_lm",
-    "run_ours",
     "run_benchmark",
     "decode_interleaved",
     "decode_table",
     "summarize",
-    "markdown_table",
+    "render_table",
     "main",
 ]
-
-MLX_LM = "mlx-lm"
-FULL = "full"
-#: Decode steps of a short answer: TPOT is also reported over the first this many steps,
-#: where LazyLLM revives the most tokens.
-SHORT_ANSWER = 16
-
 
 #: Schedules run by default besides mlx-lm and ``full``: method strings or names of the
 #: benchmarks' one registry, :data:`mlx_lazy.bench.harness.NAMED_METHODS`.
@@ -137,195 +122,6 @@ def schedule_config(name: str, num_layers: int) -> PruningConfig:
     if method.is_baseline:
         raise ValueError(f"{name!r} is the baseline, not a schedule of our engine")
     return method.config
-
-
-def build_prompt(tokenizer: Any, n_tokens: int, offset: int = 0) -> list[int]:
-    """Exactly ``n_tokens`` token ids of English prose (Python help texts, repeated if needed),
-    starting ``offset`` sentences in (different offsets give different texts).
-
-    The prose is encoded 100 sentences at a time, only as far as needed (no single encode
-    exceeds the tokenizer's maximum length, so transformers stays quiet).
-    """
-    sentences = prose_sentences()
-    ids: list[int] = []
-    i = offset
-    while len(ids) < n_tokens:
-        chunk = " ".join(sentences[(i + j) % len(sentences)] for j in range(100))
-        new = list(tokenizer.encode(chunk if not ids else " " + chunk))
-        if not new:
-            raise ValueError("the tokenizer produced no tokens for the benchmark prose")
-        ids += new
-        i += 100
-    return ids[:n_tokens]
-
-
-@contextlib.contextmanager
-def no_eos(tokenizer: Any) -> Iterator[None]:
-    """Empty ``tokenizer.eos_token_ids`` so generation always runs to ``max_tokens``."""
-    saved = getattr(tokenizer, "eos_token_ids", None)
-    if saved is None:
-        yield
-        return
-    tokenizer.eos_token_ids = set()
-    try:
-        yield
-    finally:
-        tokenizer.eos_token_ids = saved
-
-
-@dataclass
-class Timing:
-    """TTFT, TPOT and total time of one streamed generation, in wall and process-CPU seconds."""
-
-    ttft_s: float
-    tpot_s: Optional[float]
-    total_s: float
-    ttft_cpu_s: float
-    tpot_cpu_s: Optional[float]
-    generated: int
-    tpot_short_s: Optional[float]  # TPOT over the first SHORT_ANSWER decode steps
-
-
-@dataclass
-class RunResult(Timing):
-    """One measured generation: its :class:`Timing` plus what it was and what it held."""
-
-    method: str
-    prompt_tokens: int
-    repeat: int
-    peak_memory_bytes: int
-    work_memory_bytes: int
-    kv_bytes: int
-    kv_bytes_per_layer: list[int]
-    aux_bytes: int
-    kv_bytes_allocated: Optional[int] = None
-    loadavg_1min: Optional[float] = None  # machine load when the run ended (noise indicator)
-    stats: Optional[dict[str, Any]] = None  # GenerationStats.as_dict() (ours only, text dropped)
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
-
-
-def _loadavg() -> Optional[float]:
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
-
-
-def _clean() -> int:
-    """Free what can be freed, reset the peak counter; return active bytes (the baseline)."""
-    gc.collect()
-    mx.clear_cache()
-    mx.reset_peak_memory()
-    return mx.get_active_memory()
-
-
-def timed(responses: Iterator[Any]) -> tuple[Timing, Any, str]:
-    """Consume a response stream, stamping each response's arrival; return its timings, the
-    last response and the whole text.
-
-    Both mlx-lm's and our ``stream_generate`` yield a token only after evaluating it, so the
-    first stamp marks the first token. Wall time (``perf_counter``) is what a user sees;
-    process CPU time (``process_time``: all threads) is far less sensitive to other processes
-    competing for the cores.
-    """
-    stamps: list[tuple[float, float]] = []
-    pieces: list[str] = []
-    last = None
-    w0, c0 = time.perf_counter(), time.process_time()
-    for last in responses:
-        stamps.append((time.perf_counter(), time.process_time()))
-        pieces.append(last.text)
-    if not stamps:
-        raise RuntimeError("the generator produced no tokens")
-    n = len(stamps)
-    (w1, c1), (wn, cn) = stamps[0], stamps[-1]
-    short = min(SHORT_ANSWER, n - 1)
-    return Timing(
-        ttft_s=w1 - w0,
-        tpot_s=(wn - w1) / (n - 1) if n > 1 else None,
-        total_s=wn - w0,
-        ttft_cpu_s=c1 - c0,
-        tpot_cpu_s=(cn - c1) / (n - 1) if n > 1 else None,
-        generated=n,
-        tpot_short_s=(stamps[short][0] - w1) / short if short else None,
-    ), last, "".join(pieces)
-
-
-def mlx_lm_kv_bytes_per_layer(cache: Sequence[Any]) -> list[int]:
-    """Bytes of the filled part of each layer of an mlx-lm prompt cache (not the 256-step
-    allocation, which is ``cache[i].nbytes``)."""
-    return [0 if c.empty() else sum(a.nbytes for a in c.keys_and_values()) for c in cache]
-
-
-def run_mlx_lm(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, repeat: int = 0) -> RunResult:
-    """Greedy generation with ``mlx_lm.stream_generate`` and its own KV cache."""
-    cache = make_prompt_cache(model)
-    base = _clean()
-    with no_eos(tokenizer):
-        gen = mlx_lm.stream_generate(model, tokenizer, mx.array(prompt), max_tokens=max_tokens,
-                                     prompt_cache=cache)
-        timing, _, _ = timed(gen)
-    peak = mx.get_peak_memory()
-    per_layer = mlx_lm_kv_bytes_per_layer(cache)
-    allocated = sum(c.nbytes for c in cache)
-    return RunResult(**asdict(timing), method=MLX_LM, prompt_tokens=len(prompt), repeat=repeat,
-                     peak_memory_bytes=peak,
-                     work_memory_bytes=peak - base, kv_bytes=sum(per_layer),
-                     kv_bytes_per_layer=per_layer, aux_bytes=0, kv_bytes_allocated=allocated,
-                     loadavg_1min=_loadavg())
-
-
-def run_ours(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, config: PruningConfig,
-             name: str, repeat: int = 0) -> RunResult:
-    """Greedy generation with ``mlx_lazy.stream_generate`` under ``config``."""
-    base = _clean()
-    with no_eos(tokenizer):
-        gen = lazy_stream_generate(model, tokenizer, list(prompt), max_tokens=max_tokens, config=config)
-        timing, last, _ = timed(gen)
-    peak = mx.get_peak_memory()
-    stats = last.stats.as_dict()
-    stats.pop("text", None)
-    return RunResult(**asdict(timing), method=name, prompt_tokens=len(prompt), repeat=repeat,
-                     peak_memory_bytes=peak,
-                     work_memory_bytes=peak - base, kv_bytes=int(stats["kv_bytes"]),
-                     kv_bytes_per_layer=list(stats["kv_bytes_per_layer"]),
-                     aux_bytes=int(stats["aux_bytes"]), loadavg_1min=_loadavg(), stats=stats)
-
-
-def _num_layers(model: Any) -> int:
-    return len(model.layers)
-
-
-def machine_info(model: Any, argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    """Where and with what the benchmark ran."""
-    import numpy as np
-
-    dtypes = sorted({str(v.dtype).replace("mlx.core.", "") for _, v in _flat_params(model)})
-    return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, "-m", "mlx_lazy.bench.speed",
-                             *(sys.argv[1:] if argv is None else argv)]),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "mlx": mx.__version__,
-        "mlx_lm": mlx_lm.__version__,
-        "numpy": np.__version__,
-        "device": str(mx.default_device()),
-        "openblas": _blas.loaded_path,
-        "model_dtypes": dtypes,
-        "num_layers": _num_layers(model),
-    }
-
-
-def _flat_params(model: Any) -> list[tuple[str, Any]]:
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(model.parameters())
 
 
 def run_benchmark(
@@ -351,205 +147,189 @@ def run_benchmark(
     if max_tokens < 2:
         raise ValueError("--max-tokens must be >= 2 to measure time per output token")
     main_len = lengths[-1]
-    L = _num_layers(model)
-    configs: dict[str, PruningConfig] = {FULL: schedule_config(FULL, L)}
+    L = len(model.layers)
+    methods: dict[str, Method] = {BASELINE: parse_method(BASELINE), FULL: parse_method(FULL)}
     skipped: dict[str, str] = {}
     for name in schedules:
-        if name in (FULL, MLX_LM):
+        if name in methods:
             continue
-        cfg = schedule_config(name, L)
+        method = parse_method(name, L)
         try:
-            cfg.resolve(L)
+            method.config.resolve(L)
         except ValueError as exc:  # e.g. a schedule too deep for a tiny model
             skipped[name] = str(exc)
             log(f"skipping schedule {name!r}: {exc}")
             continue
-        configs[name] = cfg
+        methods[name] = method
     prompts = {n: build_prompt(tokenizer, n) for n in lengths}
-    methods = [MLX_LM, *configs]
     result: dict[str, Any] = {
-        "info": {**(info or machine_info(model)), "lengths": lengths, "main_length": main_len,
-                 "max_tokens": max_tokens, "repeats": repeats},
-        "schedules": {n: asdict(c) | {"resolved": c.resolve(L).as_dict()} for n, c in configs.items()},
+        "info": {**(info or machine_info(model, "mlx_lazy.bench.speed")), "lengths": lengths,
+                 "main_length": main_len, "max_tokens": max_tokens, "repeats": repeats},
+        "schedules": {n: dataclasses.asdict(m.config) | {"resolved": m.config.resolve(L).as_dict()}
+                      for n, m in methods.items() if not m.is_baseline},
         "skipped": skipped,
         "runs": [],
     }
-
-    def one(method: str, n: int, r: int) -> RunResult:
-        if method == MLX_LM:
-            return run_mlx_lm(model, tokenizer, prompts[n], max_tokens, r)
-        return run_ours(model, tokenizer, prompts[n], max_tokens, configs[method], method, r)
+    runs: list[RunRecord] = []
 
     # Warm-up: one short run of each method (first-call costs, allocator growth).
     warm = prompts[lengths[0]][: min(64, lengths[0])]
-    for m in methods:
-        (run_mlx_lm(model, tokenizer, warm, 2) if m == MLX_LM
-         else run_ours(model, tokenizer, warm, 2, configs[m], m))
+    for m in methods.values():
+        measure(model, tokenizer, m, warm, 2, stop_at_eos=False)
     t_start = time.perf_counter()
+    names = list(methods)
     for r in range(repeats):
         order = [(FULL, n) for n in lengths[:-1]]
-        k = r % len(methods)
-        order += [(m, main_len) for m in methods[k:] + methods[:k]]
+        k = r % len(names)
+        order += [(m, main_len) for m in names[k:] + names[:k]]
         for m, n in order:
-            res = one(m, n, r)
-            result["runs"].append(res.as_dict())
+            res = measure(model, tokenizer, methods[m], prompts[n], max_tokens, stop_at_eos=False)
+            res.repeat = r
+            runs.append(res)
+            result["runs"].append(dataclasses.asdict(res))
             log(f"[{time.perf_counter() - t_start:7.1f}s] repeat {r} {m:>10} N={n}: "
                 f"TTFT {res.ttft_s:.3f}s TPOT {1e3 * (res.tpot_s or 0):.1f}ms")
             if out is not None:  # after every run, so a timeout keeps everything measured
-                result["summary"] = summarize(result)
+                result["summary"] = summarize(runs, main_len)
                 out.write_text(json.dumps(result, indent=1))
-    result["summary"] = summarize(result)
+    result["summary"] = summarize(runs, main_len)
     if out is not None:
         out.write_text(json.dumps(result, indent=1))
     return result
 
 
-def _median(xs: Sequence[float]) -> Optional[float]:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
-def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """Cost-model fit, per-method medians and side-by-side ratios from ``result["runs"]``."""
-    runs = result["runs"]
-    main_len = result["info"]["main_length"]
-    full_runs = [r for r in runs if r["method"] == FULL]
+def summarize(runs: Sequence[RunRecord], main_length: int) -> dict[str, Any]:
+    """Cost-model fit (on every ``full`` run), then per method at ``main_length``: medians and
+    side-by-side ratios against mlx-lm and ``full`` (per repeat, then the median)."""
+    full_runs = [r for r in runs if r.method == FULL]
     model: Optional[CostModel] = None
     cpu_model: Optional[CostModel] = None
     fit_error = None
     try:
-        model = CostModel.fit([r["stats"] for r in full_runs], [r["ttft_s"] for r in full_runs])
-        cpu_model = CostModel.fit([r["stats"] for r in full_runs], [r["ttft_cpu_s"] for r in full_runs])
+        model = CostModel.fit(full_runs, [r.ttft_s for r in full_runs])
+        cpu_model = CostModel.fit(full_runs, [r.ttft_cpu_s for r in full_runs])
     except ValueError as exc:
         fit_error = str(exc)
-    main = [r for r in runs if r["prompt_tokens"] == main_len]
-    by_repeat: dict[int, dict[str, dict[str, Any]]] = {}
-    for r in main:
-        by_repeat.setdefault(r["repeat"], {})[r["method"]] = r
-    methods = list(dict.fromkeys(r["method"] for r in main))
-    full_pairs = next((r["stats"]["prefill_attention_pairs"] for r in main if r["method"] == FULL), None)
+    by_method: dict[str, list[RunRecord]] = {}
+    for r in runs:
+        if r.prompt_tokens == main_length:
+            by_method.setdefault(r.method, []).append(r)
+    refs = {ref: by_method.get(ref, []) for ref in (BASELINE, FULL)}
+    full_first = refs[FULL][0] if refs[FULL] else None
+
+    def repeat(r: RunRecord) -> int:
+        return r.repeat
+
     rows: dict[str, dict[str, Any]] = {}
-    for m in methods:
-        mine = [r for r in main if r["method"] == m]
-
-        def ratio(key: str, ref: str) -> Optional[float]:
-            vals = [rep[m][key] / rep[ref][key] for rep in by_repeat.values()
-                    if m in rep and ref in rep and rep[m][key] and rep[ref][key]]
-            return _median(vals)
-
+    for m, mine in by_method.items():
         row: dict[str, Any] = {"n_runs": len(mine)}
         for key in ("ttft_s", "tpot_s", "tpot_short_s", "total_s", "ttft_cpu_s", "tpot_cpu_s"):
-            row[key] = _median([r[key] for r in mine])
-            row[key[:-2] + "_vs_mlx_lm"] = ratio(key, MLX_LM)
-            row[key[:-2] + "_vs_full"] = ratio(key, FULL)
+            row[key] = median(getattr(r, key) for r in mine)
+            row[key[:-2] + "_vs_mlx_lm"] = median(paired_ratios(mine, refs[BASELINE], key, repeat))
+            row[key[:-2] + "_vs_full"] = median(paired_ratios(mine, refs[FULL], key, repeat))
+        last = mine[-1]
         row.update(
-            kv_bytes=mine[-1]["kv_bytes"],
-            kv_bytes_per_layer=mine[-1]["kv_bytes_per_layer"],
-            aux_bytes=mine[-1]["aux_bytes"],
-            peak_memory_bytes=max(r["peak_memory_bytes"] for r in mine),
-            work_memory_bytes=max(r["work_memory_bytes"] for r in mine),
+            kv_bytes=last.kv_bytes,
+            kv_bytes_per_layer=last.kv_bytes_per_layer,
+            aux_bytes=last.aux_bytes,
+            peak_memory_bytes=max(r.peak_memory_bytes for r in mine),
+            work_memory_bytes=max(r.work_memory_bytes for r in mine),
         )
-        s = mine[-1]["stats"]
+        s = last.stats
         if s is not None:
-            num_layers = len(s["prefill_tokens_per_layer"])
-            prefill_tl = sum(s["prefill_tokens_per_layer"])
+            num_layers = len(last.prefill_tokens_per_layer)
+            prefill_tl = sum(last.prefill_tokens_per_layer)
             # Decode steps = new tokens computed at layer 0 (nothing is ever revived there).
-            steps = max(1, s["tokens_computed_per_layer"][0] - s["prefill_tokens_per_layer"][0])
-            decode_tl = (sum(s["tokens_computed_per_layer"]) - prefill_tl) / steps
+            steps = max(1, last.tokens_computed_per_layer[0] - last.prefill_tokens_per_layer[0])
+            decode_tl = (sum(last.tokens_computed_per_layer) - prefill_tl) / steps
+            full_pairs = full_first.prefill_attention_pairs if full_first else None
             row.update(
-                token_layers_pct=100.0 * prefill_tl / (main_len * num_layers),
-                attention_pairs_pct=(100.0 * s["prefill_attention_pairs"] / full_pairs
+                token_layers_pct=100.0 * prefill_tl / (main_length * num_layers),
+                attention_pairs_pct=(100.0 * last.prefill_attention_pairs / full_pairs
                                      if full_pairs else None),
-                prompt_tokens_computed_pct=s["prompt_tokens_computed_pct"],
+                prompt_tokens_computed_pct=last.prompt_tokens_computed_pct,
                 revivals=s["revivals"],
                 host_syncs=s["host_syncs"],
                 max_computations_per_token_layer=s["max_computations_per_token_layer"],
                 decode_token_layers_per_step=decode_tl,
             )
             if model is not None:
-                errs = [model.relative_error(r["stats"], r["ttft_s"]) for r in mine]
+                errs = [model.relative_error(r, r.ttft_s) for r in mine]
                 row.update(
-                    predicted_ttft_s=model.predict(s),
+                    predicted_ttft_s=model.predict(last),
                     prediction_errors=errs,
-                    prediction_error_median=_median(errs),
-                    predicted_ttft_cpu_s=cpu_model.predict(s),
-                    prediction_errors_cpu=[cpu_model.relative_error(r["stats"], r["ttft_cpu_s"])
-                                           for r in mine],
+                    prediction_error_median=median(errs),
+                    predicted_ttft_cpu_s=cpu_model.predict(last),
+                    prediction_errors_cpu=[cpu_model.relative_error(r, r.ttft_cpu_s) for r in mine],
                     # Token-layer work a decode step does beyond its own token (revivals),
                     # priced at the prefill's per-token-layer cost.
                     modelled_revival_s_per_step=model.a * max(0.0, decode_tl - num_layers),
                 )
-                row["prediction_error_cpu_median"] = _median(row["prediction_errors_cpu"])
-                full_stats = next((r["stats"] for r in main if r["method"] == FULL), None)
-                if full_stats is not None and row["ttft_cpu_vs_full"] is not None:
+                row["prediction_error_cpu_median"] = median(row["prediction_errors_cpu"])
+                if full_first is not None and row["ttft_cpu_vs_full"] is not None:
                     # Drift-free check: measured pruned/full ratio (same repeat, side by side)
                     # against the model's predicted ratio; machine speed changes between
                     # repeats cancel out.
-                    predicted_ratio = cpu_model.predict(s) / cpu_model.predict(full_stats)
+                    predicted_ratio = cpu_model.predict(last) / cpu_model.predict(full_first)
                     row["predicted_cpu_vs_full"] = predicted_ratio
                     row["ratio_error_cpu"] = row["ttft_cpu_vs_full"] / predicted_ratio - 1
         rows[m] = row
+    main_repeats: dict[int, set[str]] = {}
+    for rs in by_method.values():
+        for r in rs:
+            main_repeats.setdefault(r.repeat, set()).add(r.method)
     return {
-        "repeats_completed": sum(1 for rep in by_repeat.values() if set(methods) <= set(rep)),
+        "repeats_completed": sum(1 for ms in main_repeats.values() if ms == set(by_method)),
         "cost_model": model.as_dict() if model else None,
         "cost_model_cpu": cpu_model.as_dict() if cpu_model else None,
         "cost_model_error": fit_error,
         "cost_model_fit_points": [
-            {"prompt_tokens": r["prompt_tokens"], "ttft_s": r["ttft_s"], "ttft_cpu_s": r["ttft_cpu_s"],
-             "fitted_s": model.predict(r["stats"]) if model else None,
-             "fitted_cpu_s": cpu_model.predict(r["stats"]) if cpu_model else None} for r in full_runs],
+            {"prompt_tokens": r.prompt_tokens, "ttft_s": r.ttft_s, "ttft_cpu_s": r.ttft_cpu_s,
+             "fitted_s": model.predict(r) if model else None,
+             "fitted_cpu_s": cpu_model.predict(r) if cpu_model else None} for r in full_runs],
         "methods": rows,
     }
 
 
-def _fmt(x: Optional[float], spec: str, scale: float = 1.0, suffix: str = "") -> str:
-    return "–" if x is None else format(x * scale, spec) + suffix
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(r) + " |" for r in rows)]
-
-
-def markdown_table(result: dict[str, Any]) -> str:
+def render_table(result: dict[str, Any]) -> str:
     """The summary as markdown: prefill table, decode/memory table, cost model, KV per layer."""
     info, summ = result["info"], result["summary"]
     rows = summ["methods"]
-    mib = 1 / 2**20
-    ref_kv = rows.get(MLX_LM, {}).get("kv_bytes")
+    ref_kv = rows.get(BASELINE, {}).get("kv_bytes")
     lines = [
         f"Prompt {info['main_length']} tokens, {info['max_tokens']} generated tokens, "
         f"{summ.get('repeats_completed', info['repeats'])} of {info['repeats']} repeats completed; "
         "times are medians, ratios are per-repeat side-by-side "
         "ratios, then the median.",
         "",
+        markdown_table(
+            ["method", "TTFT s", "TTFT × mlx-lm", "TTFT × full", "predicted s", "pred. error",
+             "CPU-s × mlx-lm", "CPU-s × full", "pred. error (CPU)", "× full vs predicted (CPU)",
+             "token-layers %", "attn pairs %", "host syncs"],
+            [[m, fmt(r["ttft_s"]), fmt(r["ttft_vs_mlx_lm"], ".3f"), fmt(r["ttft_vs_full"], ".3f"),
+              fmt(r.get("predicted_ttft_s")), fmt(r.get("prediction_error_median"), "+.1f", 100, "%"),
+              fmt(r["ttft_cpu_vs_mlx_lm"], ".3f"), fmt(r["ttft_cpu_vs_full"], ".3f"),
+              fmt(r.get("prediction_error_cpu_median"), "+.1f", 100, "%"),
+              fmt(r.get("ratio_error_cpu"), "+.1f", 100, "%"),
+              fmt(r.get("token_layers_pct"), ".1f"), fmt(r.get("attention_pairs_pct"), ".1f"),
+              r.get("host_syncs")] for m, r in rows.items()]),
+        "",
+        markdown_table(
+            ["method", "TPOT ms", "TPOT × mlx-lm", "TPOT × full", "TPOT CPU × mlx-lm",
+             f"TPOT first {SHORT_ANSWER} × mlx-lm", "total × mlx-lm",
+             "decode token-layers/step", "revival ms/step (model)", "revivals", "KV MiB",
+             "KV × mlx-lm", "aux MiB", "peak MiB", "work MiB"],
+            [[m, fmt(r["tpot_s"], ".1f", 1e3), fmt(r["tpot_vs_mlx_lm"], ".3f"),
+              fmt(r["tpot_vs_full"], ".3f"), fmt(r["tpot_cpu_vs_mlx_lm"], ".3f"),
+              fmt(r.get("tpot_short_vs_mlx_lm"), ".3f"), fmt(r["total_vs_mlx_lm"], ".3f"),
+              fmt(r.get("decode_token_layers_per_step"), ".1f"),
+              fmt(r.get("modelled_revival_s_per_step"), ".1f", 1e3), r.get("revivals"),
+              fmt(r["kv_bytes"], ".1f", MIB), fmt(ratio(r["kv_bytes"], ref_kv), ".3f"),
+              fmt(r["aux_bytes"], ".1f", MIB), fmt(r["peak_memory_bytes"], ".0f", MIB),
+              fmt(r["work_memory_bytes"], ".0f", MIB)] for m, r in rows.items()]),
+        "",
     ]
-    lines += _table(
-        ["method", "TTFT s", "TTFT × mlx-lm", "TTFT × full", "predicted s", "pred. error",
-         "CPU-s × mlx-lm", "CPU-s × full", "pred. error (CPU)", "× full vs predicted (CPU)",
-         "token-layers %", "attn pairs %", "host syncs"],
-        [[m, _fmt(r["ttft_s"], ".2f"), _fmt(r["ttft_vs_mlx_lm"], ".3f"), _fmt(r["ttft_vs_full"], ".3f"),
-          _fmt(r.get("predicted_ttft_s"), ".2f"), _fmt(r.get("prediction_error_median"), "+.1f", 100, "%"),
-          _fmt(r["ttft_cpu_vs_mlx_lm"], ".3f"), _fmt(r["ttft_cpu_vs_full"], ".3f"),
-          _fmt(r.get("prediction_error_cpu_median"), "+.1f", 100, "%"),
-          _fmt(r.get("ratio_error_cpu"), "+.1f", 100, "%"),
-          _fmt(r.get("token_layers_pct"), ".1f"), _fmt(r.get("attention_pairs_pct"), ".1f"),
-          str(r.get("host_syncs", "–"))] for m, r in rows.items()])
-    lines.append("")
-    lines += _table(
-        ["method", "TPOT ms", "TPOT × mlx-lm", "TPOT × full", "TPOT CPU × mlx-lm",
-         f"TPOT first {SHORT_ANSWER} × mlx-lm", "total × mlx-lm",
-         "decode token-layers/step", "revival ms/step (model)", "revivals", "KV MiB",
-         "KV × mlx-lm", "aux MiB", "peak MiB", "work MiB"],
-        [[m, _fmt(r["tpot_s"], ".1f", 1e3), _fmt(r["tpot_vs_mlx_lm"], ".3f"), _fmt(r["tpot_vs_full"], ".3f"),
-          _fmt(r["tpot_cpu_vs_mlx_lm"], ".3f"), _fmt(r.get("tpot_short_vs_mlx_lm"), ".3f"),
-          _fmt(r["total_vs_mlx_lm"], ".3f"), _fmt(r.get("decode_token_layers_per_step"), ".1f"),
-          _fmt(r.get("modelled_revival_s_per_step"), ".1f", 1e3), str(r.get("revivals", "–")),
-          _fmt(r["kv_bytes"], ".1f", mib), _fmt(r["kv_bytes"] / ref_kv if ref_kv else None, ".3f"),
-          _fmt(r["aux_bytes"], ".1f", mib), _fmt(r["peak_memory_bytes"], ".0f", mib),
-          _fmt(r["work_memory_bytes"], ".0f", mib)] for m, r in rows.items()])
     cm = summ["cost_model"]
-    lines.append("")
     if cm:
         lines.append(
             f"Cost model (fitted on {cm['n_samples']} unpruned runs at {info['lengths']} tokens): "
@@ -570,7 +350,7 @@ def markdown_table(result: dict[str, Any]) -> str:
     loads = [r["loadavg_1min"] for r in result["runs"] if r.get("loadavg_1min") is not None]
     if loads:
         lines.append(f"Machine load (1-min average at the end of each run): min {min(loads):.1f}, "
-                     f"median {statistics.median(loads):.1f}, max {max(loads):.1f} "
+                     f"median {median(loads):.1f}, max {max(loads):.1f} "
                      f"on {info.get('cpu_count')} CPUs.")
     lines += ["", "KV bytes per layer (KiB, layer 0 first):", ""]
     for m, r in rows.items():
@@ -608,10 +388,10 @@ def decode_interleaved(
     for i in range(0, n - 1, 2048):
         model(ids[i : min(i + 2048, n - 1)][None], cache=cache)
         mx.eval([c.keys for c in cache] + [c.values for c in cache])
-    tokens[MLX_LM] = mx.argmax(model(ids[-1:][None], cache=cache)[0, -1])
-    mx.eval(tokens[MLX_LM])
-    step_fns[MLX_LM] = lambda y: mx.argmax(model(y.reshape(1, 1), cache=cache)[0, -1])
-    log(f"decode-interleaved: prefilled {MLX_LM} in {time.perf_counter() - t0:.1f}s")
+    tokens[BASELINE] = mx.argmax(model(ids[-1:][None], cache=cache)[0, -1])
+    mx.eval(tokens[BASELINE])
+    step_fns[BASELINE] = lambda y: mx.argmax(model(y.reshape(1, 1), cache=cache)[0, -1])
+    log(f"decode-interleaved: prefilled {BASELINE} in {time.perf_counter() - t0:.1f}s")
     for name, cfg in configs.items():
         t0 = time.perf_counter()
         eng = engines[name] = LazyEngine(model, cfg)
@@ -630,7 +410,7 @@ def decode_interleaved(
             before = engines[m].cache.revivals if m in engines else 0
             w, c = time.perf_counter(), time.process_time()
             out = step_fns[m](tokens[m])
-            tokens[m] = out if m == MLX_LM else mx.argmax(out)
+            tokens[m] = out if m == BASELINE else mx.argmax(out)
             mx.eval(tokens[m])
             wall[m].append(time.perf_counter() - w)
             cpu[m].append(time.process_time() - c)
@@ -638,13 +418,13 @@ def decode_interleaved(
                 revived[m].append(engines[m].cache.revivals - before)
     rows: dict[str, Any] = {}
     for m in methods:
-        per_round = [a / b for a, b in zip(wall[m], wall[MLX_LM])]
+        per_round = [a / b for a, b in zip(wall[m], wall[BASELINE])]
         rows[m] = {
             "mean_step_s": statistics.fmean(wall[m]),
             "median_step_s": statistics.median(wall[m]),
             "mean_step_cpu_s": statistics.fmean(cpu[m]),
-            "wall_vs_mlx_lm": sum(wall[m]) / sum(wall[MLX_LM]),
-            "cpu_vs_mlx_lm": sum(cpu[m]) / sum(cpu[MLX_LM]),
+            "wall_vs_mlx_lm": sum(wall[m]) / sum(wall[BASELINE]),
+            "cpu_vs_mlx_lm": sum(cpu[m]) / sum(cpu[BASELINE]),
             "median_round_ratio": statistics.median(per_round),
             "step_s": wall[m],
             "step_cpu_s": cpu[m],
@@ -656,17 +436,17 @@ def decode_interleaved(
 def decode_table(dec: dict[str, Any]) -> str:
     """Markdown table of :func:`decode_interleaved`'s result."""
     rows = [
-        [m, _fmt(r["mean_step_s"], ".1f", 1e3), _fmt(r["median_step_s"], ".1f", 1e3),
-         _fmt(r["mean_step_cpu_s"], ".1f", 1e3), _fmt(r["wall_vs_mlx_lm"], ".3f"),
-         _fmt(r["cpu_vs_mlx_lm"], ".3f"), _fmt(r["median_round_ratio"], ".3f"),
-         "–" if r["revivals_per_step"] is None else str(sum(r["revivals_per_step"]))]
+        [m, fmt(r["mean_step_s"], ".1f", 1e3), fmt(r["median_step_s"], ".1f", 1e3),
+         fmt(r["mean_step_cpu_s"], ".1f", 1e3), fmt(r["wall_vs_mlx_lm"], ".3f"),
+         fmt(r["cpu_vs_mlx_lm"], ".3f"), fmt(r["median_round_ratio"], ".3f"),
+         None if r["revivals_per_step"] is None else sum(r["revivals_per_step"])]
         for m, r in dec["methods"].items()
     ]
     return "\n".join([
         f"Decode at {dec['prompt_tokens']} tokens of context, {dec['steps']} steps per method, "
         "interleaved round-robin (synchronous steps):", "",
-        *_table(["method", "mean step ms", "median step ms", "mean CPU ms", "wall × mlx-lm",
-                 "CPU × mlx-lm", "median per-round × mlx-lm", "revivals"], rows)])
+        markdown_table(["method", "mean step ms", "median step ms", "mean CPU ms", "wall × mlx-lm",
+                        "CPU × mlx-lm", "median per-round × mlx-lm", "revivals"], rows)])
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -710,25 +490,26 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = _parse_args(argv)
     if args.report is not None:
         result = json.loads(args.report.read_text())
-        result["summary"] = summarize(result)
-        print(markdown_table(result))
+        runs = [RunRecord.from_dict(r) for r in result["runs"]]
+        result["summary"] = summarize(runs, result["info"]["main_length"])
+        print(render_table(result))
         return result
     model, tokenizer = load(args.model)
     schedules = parse_methods(args.schedules)
     for s in schedules:
-        if s != MLX_LM:
+        if s != BASELINE:
             try:
-                schedule_config(s, _num_layers(model))
+                schedule_config(s, len(model.layers))
             except ValueError as e:
                 raise SystemExit(f"error: {e}") from None
-    info = machine_info(model, argv)
+    info = machine_info(model, "mlx_lazy.bench.speed", argv)
     if info["model_dtypes"] != ["float32"]:
         print(f"note: model weights are {info['model_dtypes']}, not float32", file=sys.stderr)
     if args.decode_interleaved:
         n = max(int(x) for x in args.lengths.split(",") if x.strip())
-        L = _num_layers(model)
+        L = len(model.layers)
         configs = {name: schedule_config(name, L) for name in dict.fromkeys([FULL, *schedules])
-                   if name != MLX_LM}
+                   if name != BASELINE}
         dec = decode_interleaved(model, tokenizer, build_prompt(tokenizer, n),
                                  args.decode_interleaved, configs)
         result = {"info": info, "decode_interleaved": dec}
@@ -742,7 +523,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         max_tokens=args.max_tokens, repeats=args.repeats, schedules=schedules,
         out=args.out, info=info,
     )
-    print(markdown_table(result))
+    print(render_table(result))
     return result
 
 

@@ -17,6 +17,8 @@ Tasks (``TASKS``):
 - ``multidoc_qa``: several short documents (prose + one biographical fact each); exactly
   one document answers "In which city was X born?".
 
+:func:`build_prompt` gives plain prose of exactly N tokens (the speed benchmark's prompts).
+
 The same ``(seed, task, length, index)`` always gives the same prompt; the randomness is
 seeded with a string, which Python hashes deterministically (no ``PYTHONHASHSEED`` effect).
 """
@@ -149,6 +151,26 @@ def prose_sentences() -> tuple[str, ...]:
                 if _is_prose(sent):
                     sentences.append(sent)
     return tuple(sentences)
+
+
+def build_prompt(tokenizer: Any, n_tokens: int, offset: int = 0) -> list[int]:
+    """Exactly ``n_tokens`` token ids of English prose (:func:`prose_sentences`, repeated if
+    needed), starting ``offset`` sentences in (different offsets give different texts).
+
+    The prose is encoded 100 sentences at a time, only as far as needed (no single encode
+    exceeds the tokenizer's maximum length, so transformers stays quiet).
+    """
+    sentences = prose_sentences()
+    ids: list[int] = []
+    i = offset
+    while len(ids) < n_tokens:
+        chunk = " ".join(sentences[(i + j) % len(sentences)] for j in range(100))
+        new = list(tokenizer.encode(chunk if not ids else " " + chunk))
+        if not new:
+            raise ValueError("the tokenizer produced no tokens for the benchmark prose")
+        ids += new
+        i += 100
+    return ids[:n_tokens]
 
 
 def _is_prose(sentence: str) -> bool:
