@@ -2,9 +2,9 @@
 
 Shared options keep mlx-lm's names (``--model``, ``-p/--prompt``, ``-m/--max-tokens``,
 ``--temp``, ``--top-p``, ``--seed``, ``--system-prompt``, ``--ignore-chat-template``,
-``--verbose``); the pruning schedule is chosen with ``--method`` (a preset of
-:class:`~mlx_lazy.schedule.PruningConfig`) and refined with ``--prune-layers``, ``--keep``,
-``--speed-cutoff`` and ``--anchors``.
+``--verbose``); the pruning schedule is chosen with ``--method`` (``full`` or policies of
+:data:`~mlx_lazy.schedule.POLICIES` joined by ``+``, e.g. ``lazy+speed``) and refined with
+``--prune-layers``, ``--keep``, ``--speed-cutoff`` and ``--anchors``.
 
 ``--compare`` runs the unpruned baseline (``full``) and then ``--method`` on the same prompt
 in one process and prints a side-by-side table. ``--stats-json PATH`` writes
@@ -42,7 +42,8 @@ from . import distributed
 from .engine import GenerationStats, LazyEngine
 from .api import check_prompt, load, stream_generate
 from .errors import UserInputError, one_line
-from .schedule import METHODS, SCHEDULE_FIELDS, PruningConfig
+from .schedule import (POLICIES, SCHEDULE_FIELDS, PruningConfig, RandomDrop, canonical_method,
+                       compose)
 from .scorers import HEAD_REDUCTIONS, SCORERS
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
@@ -86,6 +87,20 @@ def _cutoff(text: str) -> float | int:
         raise argparse.ArgumentTypeError(
             f"expected a fraction like 0.75 or a layer count like 24, got {text!r}"
         ) from None
+
+
+def method_arg(text: str) -> str:
+    """Parse a pruning method (``full`` or policies joined by ``+``) into its canonical
+    spelling, so ``speed+lazy`` reads as ``lazy+speed``."""
+    try:
+        return canonical_method(text)
+    except UserInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+#: ``--method``'s help, shared by the tools that take one.
+METHOD_HELP = (f"pruning method: full (no pruning) or policies joined by '+' in any order "
+               f"({', '.join(POLICIES)}), e.g. lazy+speed")
 
 
 def temperature_arg(text: str) -> float:
@@ -153,8 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sampling temperature (0: greedy)")
     p.add_argument("--top-p", type=top_p_arg, default=1.0, help="sampling top-p, in (0, 1]")
     p.add_argument("--seed", type=_seed, default=None,
-                   help="PRNG seed (also the drop seed of --method random); with --compare "
-                        "each run is seeded alike (default 0)")
+                   help="PRNG seed (also the drop seed of a --method with random); with "
+                        "--compare each run is seeded alike (default 0)")
     p.add_argument("--system-prompt", default=None, help="system prompt for the chat template")
     p.add_argument("--ignore-chat-template", action="store_true",
                    help="use the raw prompt without the tokenizer's chat template")
@@ -162,9 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'True': stream output and statistics; 'False': print only the response")
 
     g = p.add_argument_group("pruning")
-    g.add_argument("--method", choices=METHODS, default="full",
-                   help="pruning preset (default: full, i.e. no pruning: every approximation "
-                        "is opt-in); flags below override its fields")
+    g.add_argument("--method", type=method_arg, default="full", metavar="METHOD",
+                   help=f"{METHOD_HELP} (default: full: every approximation is opt-in); flags "
+                        "below override its preset's fields")
     g.add_argument("--prune-layers", type=_number_list(int, "8,16,24"), default=None, metavar="L1,L2,...",
                    help="layer indices after which tokens are pruned, e.g. 8,16,24")
     g.add_argument("--keep", type=_number_list(float, "0.7,0.5,0.3"), default=None, metavar="F1,F2,...",
@@ -212,7 +227,7 @@ def build_config(args: argparse.Namespace) -> PruningConfig:
             ("scorer", args.scorer),
             ("window", args.window),
             ("heads", args.heads),
-            ("seed", args.seed if args.method == "random" else None),
+            ("seed", args.seed if RandomDrop in compose(args.method).values() else None),
         )
         if value is not None
     }

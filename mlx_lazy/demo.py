@@ -59,12 +59,20 @@ def _answer_pruned(model, tokenizer, prompt: str, max_tokens: int, config) -> tu
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the process exit code."""
-    from .schedule import METHODS, PruningConfig
+    from .cli import METHOD_HELP, method_arg
+    from .schedule import PruningConfig
+
+    def pruning_method(text: str) -> str:
+        method = method_arg(text)
+        if method == "full":
+            raise argparse.ArgumentTypeError("the demo shows a pruning method against mlx-lm: "
+                                             "choose one other than full")
+        return method
 
     p = argparse.ArgumentParser(prog="python -m mlx_lazy.demo", description=__doc__.split("\n\n")[1])
     p.add_argument("--model", help="MLX model folder or hub id (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--method", choices=[m for m in METHODS if m != "full"], default="lazy",
-                   help="pruning preset shown against the baseline (default: lazy)")
+    p.add_argument("--method", type=pruning_method, default="lazy", metavar="METHOD",
+                   help=f"{METHOD_HELP}, shown against the baseline (default: lazy)")
     p.add_argument("--max-tokens", type=int, default=48)
     args = p.parse_args(argv)
 

@@ -1,14 +1,16 @@
 """Pruning configuration: which prompt tokens go through which layers.
 
-A :class:`PruningConfig` is what users write (a method name plus optional fields, with
-presets). :meth:`PruningConfig.resolve` checks it against a model's depth and returns a
-:class:`Schedule`, the concrete per-layer plan the engine executes. Every method is
-expressed with the same two mechanisms:
+The data flows one way: a :class:`PruningConfig` is what users write (a method plus
+optional fields, with presets); its method names the :class:`Policy` units it composes
+(:data:`POLICIES`); :meth:`PruningConfig.resolve` lets each policy contribute its part to a
+:class:`Schedule`, the concrete per-layer plan the engine executes. A method is ``full``
+(no policy) or policy names joined by ``+``: ``lazy+speed`` is LazyLLM cuts composed with
+the SPEED cutoff. Every policy is one of two mechanisms:
 
-* **dynamic keep sets** (LazyLLM): after each pruning layer, keep the top fraction of the
-  context by the query token's head-averaged attention; redone at every decode step;
-* **depth limits** (SPEED, static pruning, random drop): a prompt token that is dropped
-  permanently never goes above its limit, so it never needs an Aux Cache entry.
+* **cuts** (LazyLLM, static pruning): after each pruning layer, keep the top fraction of
+  the context by a scorer (:mod:`mlx_lazy.scorers`); LazyLLM redoes it at every decode step;
+* **depth limits** (SPEED, random drop): a prompt token that is dropped permanently never
+  goes above its limit, so it never needs an Aux Cache entry.
 
 Keep fractions are fractions of the whole context (prompt plus generated tokens) that
 survive past each pruning layer, so they must not increase.
@@ -16,31 +18,17 @@ survive past each pruning layer, so they must not increase.
 
 from __future__ import annotations
 
+import itertools
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, Optional, Tuple, Type, Union
 
 import numpy as np
 
 from .errors import UserInputError
 from .scorers import Scorer, default_window, make_scorer
-
-METHODS = ("full", "lazy", "speed", "lazy+speed", "static", "random")
-
-# Preset pruning positions are fractions of the model's depth so one preset fits any
-# model; they resolve to layer indices in `PruningConfig.resolve`. The LazyLLM preset is
-# calibrated on SmolLM2 (mlx_lazy/bench/README.md): cuts in the lower half of the layers
-# lost accuracy; cuts after layers 20 and 25 of 30 lost none on any task or on the demo.
-_LAZY_LAYERS = (0.7, 0.85)
-_LAZY_KEEP = (0.25, 0.15)
-_LAZY_SPEED_LAYERS = (0.7,)
-_LAZY_SPEED_KEEP = (0.25,)
-_STATIC_LAYERS = (0.2,)
-_STATIC_KEEP = (0.4,)
-_RANDOM_KEEP = (0.5,)
-_SPEED_CUTOFF = 0.75
 
 #: The ``format`` of schedule files (written by ``python -m mlx_lazy.calibrate``).
 SCHEDULE_FORMAT = "mlx-lazy-schedule/1"
@@ -122,13 +110,224 @@ class Schedule:
         return d
 
 
+# ---------------------------------------------------------------------------- policies
+
+
+class Policy:
+    """One unit of a pruning method: which layers cut and how much, or what depth limit
+    applies. Adding one is a subclass plus a line in :data:`POLICIES`.
+
+    A policy is a frozen dataclass whose fields hold its preset; :meth:`apply` turns the
+    :class:`PruningConfig` fields it :attr:`takes` (the preset's values where they are None)
+    into its part of the :class:`Schedule`, checking them.
+    """
+
+    #: The PruningConfig fields this policy reads. A method refuses a field that none of its
+    #: policies takes; two policies that take the same field do not compose (the field would
+    #: mean two things). Fields no policy takes (anchors, seed) apply to every method.
+    takes: ClassVar[Tuple[str, ...]] = ()
+
+    @classmethod
+    def preset(cls, method: Dict[str, Type["Policy"]]) -> "Policy":
+        """This policy's preset within ``method`` (all the method's policies, by name)."""
+        return cls()
+
+    def apply(self, config: "PruningConfig", schedule: Schedule) -> Schedule:
+        """``schedule`` with this policy's part set from ``config``.
+
+        Raises:
+            UserInputError: a value of ``config`` that does not fit ``schedule``'s model.
+        """
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SpeedCutoff(Policy):
+    """SPEED: prompt tokens other than the anchors and the last one get KV only below the
+    cutoff, a fraction of the layers (float) or a layer count (int)."""
+
+    takes = ("speed_cutoff",)
+    cutoff: Union[float, int] = 0.75
+
+    def apply(self, config: "PruningConfig", schedule: Schedule) -> Schedule:
+        cutoff = self.cutoff if config.speed_cutoff is None else config.speed_cutoff
+        return replace(schedule, prompt_depth=_resolve_cutoff(cutoff, schedule.num_layers))
+
+
+@dataclass(frozen=True)
+class RandomDrop(Policy):
+    """Random drop (a baseline): before layer 0 keep one fraction of the prompt, drawn with
+    the config's ``seed``; the dropped tokens are never computed."""
+
+    takes = ("keep",)
+    keep: Tuple[float, ...] = (0.5,)
+
+    def apply(self, config: "PruningConfig", schedule: Schedule) -> Schedule:
+        keep = self.keep if config.keep is None else config.keep
+        if len(keep) != 1:
+            raise UserInputError(
+                f"method {schedule.method!r} takes one keep fraction, got {len(keep)}")
+        _check_fraction(keep[0])
+        return replace(schedule, random_keep=keep[0])
+
+
+@dataclass(frozen=True)
+class ScoredCuts(Policy):
+    """Cuts after chosen layers that keep the top fraction of the context by a scorer.
+
+    ``at`` (fractions of the depth, see :func:`layers_at`) and ``keep`` are the preset cuts,
+    placed below any depth limit already in the schedule.
+    """
+
+    takes = ("prune_layers", "keep", "pool", "scorer", "heads", "window")
+    #: re-select at every decode step (else once, in prefill)
+    dynamic: ClassVar[bool] = False
+    #: exactly one cut
+    once: ClassVar[bool] = False
+    at: Tuple[float, ...] = ()
+    keep: Tuple[float, ...] = ()
+
+    def apply(self, config: "PruningConfig", schedule: Schedule) -> Schedule:
+        scorer, heads, window = config.scorer or "last", config.heads or "mean", config.window
+        if window is not None and window < 1:
+            raise UserInputError(f"window must be a positive integer, got {window!r}")
+        make_scorer(scorer, heads, window, config.pool)  # the scorer checks its own fields
+        m, num_layers, depth = schedule.method, schedule.num_layers, schedule.prompt_depth
+        if config.prune_layers is None:
+            if min(num_layers, depth) < 2:
+                bound, fix = (
+                    (f"SPEED cutoff {depth}", "raise speed_cutoff to at least 2")
+                    if depth < num_layers else
+                    (f"model depth {num_layers}", "use a model of at least 2 layers"))
+                raise UserInputError(
+                    f"the {bound} leaves no room for the {m!r} preset's pruning cut, "
+                    f"which needs a layer after it below the cutoff ({fix})")
+            layers = layers_at(self.at, num_layers, depth)
+        else:
+            layers = config.prune_layers
+        keep = self.keep[: len(layers)] if config.keep is None else config.keep
+        _check_layers(layers, keep, num_layers, depth, m, self.once)
+        return replace(
+            schedule, prune_layers=layers, keep=keep, dynamic=self.dynamic,
+            revive=self.dynamic and config.revive, scorer=scorer, heads=heads,
+            window=default_window(scorer) if window is None else window, pool=config.pool)
+
+
+@dataclass(frozen=True)
+class LazyCuts(ScoredCuts):
+    """LazyLLM: cuts re-selected at every decode step; with ``revive`` (the paper) a pruned
+    token can come back from its Aux Cache hidden state.
+
+    The preset is calibrated on SmolLM2 (mlx_lazy/bench/README.md): cuts in the lower half
+    of the layers lost accuracy; cuts after layers 20 and 25 of 30 lost none on any task or
+    on the demo.
+    """
+
+    takes = ScoredCuts.takes + ("revive",)
+    dynamic = True
+    at: Tuple[float, ...] = (0.7, 0.85)
+    keep: Tuple[float, ...] = (0.25, 0.15)
+
+    @classmethod
+    def preset(cls, method: Dict[str, Type[Policy]]) -> "LazyCuts":
+        # Under a SPEED cutoff (75% of the depth by default) the 85% cut would sit above it.
+        return cls(at=(0.7,), keep=(0.25,)) if SpeedCutoff in method.values() else cls()
+
+
+@dataclass(frozen=True)
+class StaticCut(ScoredCuts):
+    """Static pruning (a baseline): one cut, chosen once in prefill; the tokens it prunes
+    never come back."""
+
+    once = True
+    at: Tuple[float, ...] = (0.2,)
+    keep: Tuple[float, ...] = (0.4,)
+
+
+#: Policy name -> class. A method names its policies in this order and resolution applies
+#: them last to first, so depth limits are in place before the cuts placed below them.
+POLICIES: Dict[str, Type[Policy]] = {
+    "lazy": LazyCuts,
+    "static": StaticCut,
+    "random": RandomDrop,
+    "speed": SpeedCutoff,
+}
+
+
+def _shared(a: str, b: str) -> Tuple[str, ...]:
+    """The PruningConfig fields both policies ``a`` and ``b`` take."""
+    return tuple(f for f in POLICIES[a].takes if f in POLICIES[b].takes)
+
+
+#: Every method in its canonical spelling: ``full``, each policy, then each composition of
+#: policies that take no field in common.
+METHODS: Tuple[str, ...] = ("full",) + tuple(
+    "+".join(names)
+    for n in range(1, len(POLICIES) + 1)
+    for names in itertools.combinations(POLICIES, n)
+    if not any(_shared(a, b) for a, b in itertools.combinations(names, 2))
+)
+
+
+def compose(method: Any) -> Dict[str, Type[Policy]]:
+    """The policies of a method string, by name in :data:`POLICIES` order: ``full`` is
+    none, ``"speed+lazy"`` is ``{"lazy": LazyCuts, "speed": SpeedCutoff}``.
+
+    Raises:
+        UserInputError: an unknown policy, one named twice, ``full`` with another, or two
+            policies that take the same field.
+    """
+    choose = f"choose one of {', '.join(METHODS)} (policies in any order)"
+    if not isinstance(method, str):
+        raise UserInputError(f"unknown method {method!r}; {choose}")
+    if method == "full":
+        return {}
+    names = method.split("+")
+    if "full" in names:
+        raise UserInputError(f"method {method!r}: full prunes nothing and composes with no "
+                             f"policy; {choose}")
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        detail = f" (no policy {unknown[0]!r})" if len(names) > 1 else ""
+        raise UserInputError(f"unknown method {method!r}{detail}; {choose}")
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise UserInputError(f"method {method!r} names {twice} twice")
+    ordered = [n for n in POLICIES if n in names]
+    for a, b in itertools.combinations(ordered, 2):
+        if _shared(a, b):
+            raise UserInputError(
+                f"method {method!r}: {a} and {b} do not compose (both take "
+                f"{', '.join(_shared(a, b))})")
+    return {n: POLICIES[n] for n in ordered}
+
+
+def canonical_method(method: Any) -> str:
+    """``method`` spelt as in :data:`METHODS` (its policies in registry order).
+
+    Raises:
+        UserInputError: as :func:`compose`.
+    """
+    return "+".join(compose(method)) or "full"
+
+
+def _with_policy(method: Dict[str, Type[Policy]], name: str) -> str:
+    """The method with policy ``name`` added where it composes, else ``name`` alone."""
+    try:
+        return canonical_method("+".join([*method, name]))
+    except UserInputError:
+        return name
+
+
 @dataclass(frozen=True)
 class PruningConfig:
     """What to prune, as a user states it.
 
     Args:
-        method: one of ``"full"``, ``"lazy"``, ``"speed"``, ``"lazy+speed"``,
-            ``"static"``, ``"random"``.
+        method: ``"full"`` or policy names of :data:`POLICIES` joined by ``+`` in any
+            order (``"lazy"``, ``"lazy+speed"``, ...); stored as spelt in :data:`METHODS`.
+            Each policy takes some of the fields below; a field set for a method none of
+            whose policies takes it is an error.
         prune_layers: layer indices after which tokens are pruned (LazyLLM, static).
             None takes the preset's positions for the model's depth.
         keep: fraction of the context that survives past each pruning layer
@@ -179,12 +378,11 @@ class PruningConfig:
     def __post_init__(self) -> None:
         """Check field types (ranges that depend on the model are checked by :meth:`resolve`)
         and normalise numpy scalars and lists to plain ints, floats and tuples."""
-        if not isinstance(self.method, str) or self.method not in METHODS:
-            raise UserInputError(
-                f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        method = canonical_method(self.method)
         if not isinstance(self.revive, (bool, np.bool_)):
             raise UserInputError(f"revive must be True or False, got {self.revive!r}")
         values = {
+            "method": method,
             "revive": bool(self.revive),
             "anchors": _non_negative_int("anchors", self.anchors),
             "seed": _non_negative_int("seed", self.seed),
@@ -216,9 +414,7 @@ class PruningConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "PruningConfig":
-        """A named preset (see :data:`METHODS`) with optional field overrides."""
-        if name not in METHODS:
-            raise UserInputError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+        """The preset of method ``name`` (see :data:`METHODS`) with optional field overrides."""
         return replace(cls(method=name), **overrides)
 
     @classmethod
@@ -293,79 +489,33 @@ class PruningConfig:
         """
         # Field types were checked on construction (__post_init__); here, what depends on
         # the method and the model.
-        m = self.method
-        uses_layers = m in ("lazy", "lazy+speed", "static")
-        uses_cutoff = m in ("speed", "lazy+speed")
-        if not uses_layers and self.prune_layers:
-            raise UserInputError(f"method {m!r} takes no prune_layers; use 'lazy' or 'static'")
-        if not uses_cutoff and self.speed_cutoff is not None:
-            raise UserInputError(f"method {m!r} takes no speed_cutoff; use 'speed' or 'lazy+speed'")
-        if m in ("full", "speed") and self.keep:
-            raise UserInputError(f"method {m!r} takes no keep fractions")
-        dynamic = m in ("lazy", "lazy+speed")
-        if not self.revive and not dynamic:
-            raise UserInputError(f"revive=False applies to 'lazy' and 'lazy+speed', not {m!r}")
-        if self.pool and not uses_layers:
-            raise UserInputError(f"pool applies to score-based methods (lazy, lazy+speed, static), not {m!r}")
-        if not uses_layers and (self.scorer, self.heads, self.window) != (None, None, None):
-            raise UserInputError(f"scorer, heads and window apply to score-based methods (lazy, "
-                                 f"lazy+speed, static), not {m!r}")
-        scorer, heads, window = self.scorer or "last", self.heads or "mean", self.window
-        if window is not None and window < 1:
-            raise UserInputError(f"window must be a positive integer, got {window!r}")
-        make_scorer(scorer, heads, window, self.pool)  # the scorer checks its own fields
-        if window is None:
-            window = default_window(scorer)  # recorded in the schedule
-
-        prompt_depth = _resolve_cutoff(self.speed_cutoff, num_layers) if uses_cutoff else num_layers
-        prune_layers: Tuple[int, ...] = ()
-        keep: Tuple[float, ...] = ()
-        random_keep = None
-        if uses_layers:
-            default_layers, default_keep = {
-                "lazy": (_LAZY_LAYERS, _LAZY_KEEP),
-                "lazy+speed": (_LAZY_SPEED_LAYERS, _LAZY_SPEED_KEEP),
-                "static": (_STATIC_LAYERS, _STATIC_KEEP),
-            }[m]
-            if self.prune_layers is None:
-                last = min(num_layers, prompt_depth) - 2
-                if last < 0:
-                    bound, fix = (
-                        (f"SPEED cutoff {prompt_depth}", "raise speed_cutoff to at least 2")
-                        if prompt_depth < num_layers else
-                        (f"model depth {num_layers}", "use a model of at least 2 layers"))
-                    raise UserInputError(
-                        f"the {bound} leaves no room for the {m!r} preset's pruning cut, "
-                        f"which needs a layer after it below the cutoff ({fix})")
-                prune_layers = layers_at(default_layers, num_layers, prompt_depth)
-            else:
-                prune_layers = tuple(self.prune_layers)
-            keep = tuple(self.keep) if self.keep is not None else default_keep[: len(prune_layers)]
-            _check_layers(prune_layers, keep, num_layers, prompt_depth, m)
-        elif m == "random":
-            keep = tuple(self.keep) if self.keep is not None else _RANDOM_KEEP
-            if len(keep) != 1:
-                raise UserInputError(f"method 'random' takes one keep fraction, got {len(keep)}")
-            _check_fraction(keep[0])
-            random_keep, keep = keep[0], ()
-        return Schedule(
-            method=m,
-            num_layers=num_layers,
-            prune_layers=prune_layers,
-            keep=keep,
-            dynamic=dynamic,
-            revive=dynamic and self.revive,
-            scorer=scorer,
-            heads=heads,
-            window=window,
-            pool=self.pool,
-            prompt_depth=prompt_depth,
-            random_keep=random_keep,
-            anchors=self.anchors,
-            seed=self.seed,
+        policies = compose(self.method)
+        self._check_taken(policies)
+        schedule = Schedule(
+            method=self.method, num_layers=num_layers, prompt_depth=num_layers,
+            anchors=self.anchors, seed=self.seed,
             source=self.source or (
-                "preset" if self.prune_layers is None and self.keep is None else "user"),
-        )
+                "preset" if self.prune_layers is None and self.keep is None else "user"))
+        for policy in reversed(policies.values()):  # depth limits first (see POLICIES)
+            schedule = policy.preset(policies).apply(self, schedule)
+        return schedule
+
+    def _check_taken(self, policies: Dict[str, Type[Policy]]) -> None:
+        """Refuse a policy field set away from its default that none of ``policies`` takes,
+        naming the methods that do take it."""
+        taken = {f for policy in policies.values() for f in policy.takes}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in taken or value == f.default:
+                continue
+            owners = [n for n, policy in POLICIES.items() if f.name in policy.takes]
+            if not owners:  # anchors, seed: every method carries them
+                continue
+            label = f"{f.name}={value}" if isinstance(value, bool) else f.name
+            uses = _listing([repr(_with_policy(policies, n)) for n in owners], "or")
+            raise UserInputError(f"method {self.method!r} takes no {label}; "
+                                 f"{_listing(owners, 'and')} {'do' if owners[1:] else 'does'}: "
+                                 f"use {uses}")
 
 
 def layers_at(fractions: Tuple[float, ...], num_layers: int,
@@ -376,6 +526,11 @@ def layers_at(fractions: Tuple[float, ...], num_layers: int,
     distinct ones are kept."""
     last = min(num_layers, prompt_depth or num_layers) - 2
     return tuple(sorted({min(last, max(0, round(f * num_layers) - 1)) for f in fractions}))
+
+
+def _listing(words: list[str], conjunction: str) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return ", ".join(words[:-1]) + f" {conjunction} " + words[-1] if words[1:] else words[0]
 
 
 def _integer(name: str, x: Any) -> int:
@@ -410,9 +565,7 @@ def _check_fraction(k: float) -> None:
         raise UserInputError(f"keep fractions must be in (0, 1], got {k!r}")
 
 
-def _resolve_cutoff(cutoff: Optional[Union[float, int]], num_layers: int) -> int:
-    if cutoff is None:
-        cutoff = _SPEED_CUTOFF
+def _resolve_cutoff(cutoff: Union[float, int], num_layers: int) -> int:
     if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float)):
         raise UserInputError(f"speed_cutoff must be a fraction or a layer count, got {cutoff!r}")
     if isinstance(cutoff, float):
@@ -432,17 +585,16 @@ def _resolve_cutoff(cutoff: Optional[Union[float, int]], num_layers: int) -> int
     return layers
 
 
-def _check_layers(
-    layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: int, prompt_depth: int, m: str
-) -> None:
+def _check_layers(layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: int,
+                  prompt_depth: int, m: str, once: bool) -> None:
     if not layers:
         raise UserInputError(f"method {m!r} needs at least one pruning layer")
     if len(layers) != len(keep):
         raise UserInputError(
             f"give one keep fraction per pruning layer: {len(layers)} layers, {len(keep)} fractions"
         )
-    if m == "static" and len(layers) != 1:
-        raise UserInputError("static pruning prunes once: give exactly one pruning layer")
+    if once and len(layers) != 1:
+        raise UserInputError(f"method {m!r} prunes once: give exactly one pruning layer")
     last = min(num_layers, prompt_depth) - 2
     if layers[0] < 0 or layers[-1] > last:
         raise UserInputError(

@@ -47,11 +47,11 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .adapter import ModelAdapter
-from .cli import OneLineParser, temperature_arg, top_p_arg
+from .cli import METHOD_HELP, OneLineParser, method_arg, temperature_arg, top_p_arg
 from .api import (_encode, check_anchors, check_context, check_tokens, context_length, load,
                   stream_generate)
 from .errors import UserInputError
-from .schedule import METHODS, PruningConfig
+from .schedule import PruningConfig, compose
 
 log = logging.getLogger("mlx_lazy.server")
 
@@ -161,7 +161,7 @@ class CompletionRequest(_Body):
 def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig) -> PruningConfig:
     """The configuration a ``"pruning"`` value asks for (not yet checked against a model).
 
-    A string is a preset name. An object holds :class:`PruningConfig` fields; with a
+    A string is a method (its preset). An object holds :class:`PruningConfig` fields; with a
     ``"method"`` it overrides that preset, without one the server's ``default``. JSON
     arrays become tuples.
 
@@ -178,9 +178,12 @@ def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig) -> 
         if unknown:
             raise APIError(400, f"unknown pruning field {unknown[0]!r}; fields are "
                                 f"{', '.join(sorted(names))}", param=f"pruning.{unknown[0]}")
-    if method is not None and (not isinstance(method, str) or method not in METHODS):
-        raise APIError(400, f"unknown pruning method {method!r}; choose one of {', '.join(METHODS)}",
-                       param="pruning" if isinstance(spec, str) else "pruning.method")
+    if method is not None:
+        try:
+            compose(method)
+        except UserInputError as e:
+            raise APIError(400, str(e),
+                           param="pruning" if isinstance(spec, str) else "pruning.method") from None
     try:  # PruningConfig checks its fields' types on construction
         if method is None:
             return dataclasses.replace(default, **fields)
@@ -670,8 +673,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    p.add_argument("--method", choices=METHODS, default="full",
-                   help="default pruning preset for requests without a 'pruning' field")
+    p.add_argument("--method", type=method_arg, default="full", metavar="METHOD",
+                   help=f"{METHOD_HELP}; the default for requests without a 'pruning' field "
+                        "(default: full)")
     p.add_argument("--schedule", default=None, metavar="FILE",
                    help="default pruning from a JSON file of PruningConfig fields "
                         "(overrides --method)")

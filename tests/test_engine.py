@@ -156,6 +156,44 @@ def test_speed_upper_layers_hold_only_anchors_and_decode_tokens(tiny_model):
     assert per_layer[-1] < per_layer[0] * 0.05 and len(per_layer) == depth
 
 
+def test_static_cut_under_a_speed_cutoff(tiny_model):
+    """static+speed: the cut keeps its fraction of the context up to the cutoff; above it
+    only the anchor, the query token and decode tokens have KV; nothing is revived."""
+    model, _ = tiny_model("llama")
+    n, steps = 200, 5
+    config = PruningConfig("static+speed", prune_layers=(0,), keep=(0.5,), speed_cutoff=2)
+    engine = LazyEngine(model, config)
+    stats = run(engine, random_prompt(n, model.args.vocab_size, seed=10), steps)
+    decoded = list(range(n, n + steps))
+    positions = [sorted(kv.cached_positions().tolist()) for kv in engine.cache.layers]
+    assert positions[0] == list(range(n + steps))
+    kept = positions[1][: len(positions[1]) - steps]
+    assert len(kept) == n // 2 and {0, n - 1} <= set(kept) and positions[1][-steps:] == decoded
+    assert positions[2] == positions[3] == [0, n - 1] + decoded
+    assert stats.prefill_tokens_per_layer == [n, n // 2, 2, 2]
+    assert stats.revivals == 0 and stats.aux_bytes == 0
+
+
+def test_random_drop_under_a_speed_cutoff(tiny_model):
+    """random+speed: the same tokens as random alone are dropped before layer 0; the
+    survivors stop at the cutoff, except the anchor and the query token."""
+    model, _ = tiny_model("llama")
+    n, steps = 200, 5
+    prompt = random_prompt(n, model.args.vocab_size, seed=11)
+    alone = LazyEngine(model, PruningConfig("random", keep=(0.4,), seed=3))
+    mx.eval(alone.prefill(prompt))
+    kept_alone = sorted(alone.cache.layers[0].cached_positions().tolist())
+    engine = LazyEngine(model, PruningConfig("random+speed", keep=(0.4,), seed=3,
+                                             speed_cutoff=2))
+    stats = run(engine, prompt, steps)
+    decoded = list(range(n, n + steps))
+    positions = [sorted(kv.cached_positions().tolist()) for kv in engine.cache.layers]
+    assert positions[0] == positions[1] == kept_alone + decoded and len(kept_alone) == 80
+    assert positions[2] == positions[3] == [0, n - 1] + decoded
+    assert stats.prefill_tokens_per_layer == [80, 80, 2, 2]
+    assert stats.revivals == 0 and stats.aux_bytes == 0
+
+
 def test_static_pruning_never_revives(tiny_model):
     model, _ = tiny_model("llama")
     engine = LazyEngine(model, PruningConfig("static", prune_layers=(1,), keep=(0.25,)))

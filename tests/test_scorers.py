@@ -202,5 +202,5 @@ def test_bad_scorer_fields(fields, message):
     with pytest.raises(ValueError) as err:
         PruningConfig("lazy", **fields).resolve(30)
     assert message in str(err.value)
-    with pytest.raises(ValueError, match="apply to score-based methods"):
+    with pytest.raises(ValueError, match="method .speed. takes no scorer; lazy and static do"):
         PruningConfig("speed", scorer="last").resolve(30)

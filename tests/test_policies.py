@@ -1,0 +1,179 @@
+"""Pruning policies (mlx_lazy.schedule.POLICIES): every registered policy and every
+composition resolves, refuses fields it does not take, round-trips through the benchmarks'
+method strings and runs through the engine; the presets are those of the fixed method
+names they replaced."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_lazy import LazyEngine, PruningConfig, Schedule, UserInputError
+from mlx_lazy.bench.harness import method_spec, parse_method
+from mlx_lazy.schedule import METHODS, POLICIES
+
+#: Recorded from the fixed-name implementation (before policies), for a 30- and a 24-layer
+#: model: the presets and some user configs must resolve exactly as they did.
+BEFORE = [
+    (PruningConfig.preset('full'), 30, Schedule(method='full', num_layers=30, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig.preset('lazy'), 30, Schedule(method='lazy', num_layers=30, prune_layers=(20, 25), keep=(0.25, 0.15), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig.preset('speed'), 30, Schedule(method='speed', num_layers=30, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=22, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig.preset('lazy+speed'), 30, Schedule(method='lazy+speed', num_layers=30, prune_layers=(20,), keep=(0.25,), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=22, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig.preset('static'), 30, Schedule(method='static', num_layers=30, prune_layers=(5,), keep=(0.4,), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig.preset('random'), 30, Schedule(method='random', num_layers=30, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=0.5, anchors=1, seed=0, source='preset')),
+    (PruningConfig.preset('full'), 24, Schedule(method='full', num_layers=24, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=24, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig.preset('lazy'), 24, Schedule(method='lazy', num_layers=24, prune_layers=(16, 19), keep=(0.25, 0.15), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=24, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig.preset('speed'), 24, Schedule(method='speed', num_layers=24, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=18, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig.preset('lazy+speed'), 24, Schedule(method='lazy+speed', num_layers=24, prune_layers=(16,), keep=(0.25,), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=18, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig.preset('static'), 24, Schedule(method='static', num_layers=24, prune_layers=(4,), keep=(0.4,), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=24, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig.preset('random'), 24, Schedule(method='random', num_layers=24, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=24, random_keep=0.5, anchors=1, seed=0, source='preset')),
+    (PruningConfig('lazy+speed', speed_cutoff=1.0), 30, Schedule(method='lazy+speed', num_layers=30, prune_layers=(20,), keep=(0.25,), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig('lazy+speed', speed_cutoff=2), 30, Schedule(method='lazy+speed', num_layers=30, prune_layers=(0,), keep=(0.25,), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=2, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig('lazy+speed', speed_cutoff=20, anchors=4), 24, Schedule(method='lazy+speed', num_layers=24, prune_layers=(16,), keep=(0.25,), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=20, random_keep=None, anchors=4, seed=0, source='preset')),
+    (PruningConfig('lazy', revive=False, pool=2, scorer='window', heads='max'), 30, Schedule(method='lazy', num_layers=30, prune_layers=(20, 25), keep=(0.25, 0.15), dynamic=True, revive=False, scorer='window', heads='max', window=8, pool=2, prompt_depth=30, random_keep=None, anchors=1, seed=0, source='preset')),
+    (PruningConfig('lazy', prune_layers=(3, 9), keep=(0.5, 0.2), scorer='window', window=4), 24, Schedule(method='lazy', num_layers=24, prune_layers=(3, 9), keep=(0.5, 0.2), dynamic=True, revive=True, scorer='window', heads='mean', window=4, pool=0, prompt_depth=24, random_keep=None, anchors=1, seed=0, source='user')),
+    (PruningConfig('static', prune_layers=(3,), keep=(0.4,), seed=5), 24, Schedule(method='static', num_layers=24, prune_layers=(3,), keep=(0.4,), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=24, random_keep=None, anchors=1, seed=5, source='user')),
+    (PruningConfig('random', keep=(0.3,), seed=4), 30, Schedule(method='random', num_layers=30, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=0.3, anchors=1, seed=4, source='user')),
+    (PruningConfig('speed', speed_cutoff=0.5, anchors=0), 24, Schedule(method='speed', num_layers=24, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=12, random_keep=None, anchors=0, seed=0, source='preset')),
+]
+
+#: A value for every field some policy takes (each differs from its default and from
+#: every preset, and fits a 30-layer model in any method that takes it).
+SAMPLE = {"prune_layers": (3,), "keep": (0.3,), "speed_cutoff": 0.5, "revive": False,
+          "pool": 1, "scorer": "window", "heads": "max", "window": 4}
+#: How each sampled field reads back from the resolved Schedule.
+READ_BACK = {
+    "prune_layers": lambda s: s.prune_layers,
+    "keep": lambda s: s.keep or (s.random_keep,),
+    "speed_cutoff": lambda s: s.prompt_depth / s.num_layers,
+    "revive": lambda s: s.revive,
+    "pool": lambda s: s.pool,
+    "scorer": lambda s: s.scorer,
+    "heads": lambda s: s.heads,
+    "window": lambda s: s.window,
+}
+#: The Schedule fields each policy sets.
+SETS = {
+    "lazy": {"prune_layers", "keep", "dynamic", "revive", "scorer", "heads", "window", "pool"},
+    "static": {"prune_layers", "keep", "scorer", "heads", "window", "pool"},
+    "random": {"random_keep"},
+    "speed": {"prompt_depth"},
+}
+SETS_ANY = set().union(*SETS.values())
+POLICY_FIELDS = {f for policy in POLICIES.values() for f in policy.takes}
+COMPOSITIONS = [m for m in METHODS if "+" in m]
+
+
+def taken(method):
+    return {f for name in method.split("+") if name in POLICIES for f in POLICIES[name].takes}
+
+
+def sampled(method):
+    return PruningConfig(method, **{f: SAMPLE[f] for f in taken(method)})
+
+
+@pytest.mark.parametrize("config, num_layers, expected", BEFORE)
+def test_schedules_are_those_of_the_fixed_method_names(config, num_layers, expected):
+    assert config.resolve(num_layers) == expected
+
+
+def test_methods_are_full_each_policy_and_the_compositions_that_compose():
+    assert METHODS == ("full", "lazy", "static", "random", "speed",
+                       "lazy+speed", "static+speed", "random+speed")
+    assert set(SAMPLE) == POLICY_FIELDS == set(READ_BACK) and set(SETS) == set(POLICIES)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_each_policy_resolves_alone_and_prunes(name):
+    s = PruningConfig(name).resolve(30)
+    assert s.method == name and s.prunes and s.source == "preset"
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_each_policy_refuses_the_fields_it_does_not_take(name):
+    assert set(POLICIES[name].takes) <= set(PruningConfig.__dataclass_fields__)
+    for field in sorted(POLICY_FIELDS - set(POLICIES[name].takes)):
+        with pytest.raises(UserInputError, match=f"method '{name}' takes no {field}"):
+            PruningConfig(name, **{field: SAMPLE[field]}).resolve(30)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_applies_every_field_its_policies_take(method):
+    s = sampled(method).resolve(30)
+    assert s.method == method
+    for field in taken(method):
+        expected = SAMPLE[field]
+        assert READ_BACK[field](s) == expected, field
+    # The rest of the plan is the unpruned one's: no policy sets another's part.
+    full = PruningConfig("full").resolve(30)
+    parts = set().union(*(SETS[n] for n in method.split("+") if n != "full"))
+    assert {f for f in SETS_ANY if getattr(s, f) != getattr(full, f)} <= parts
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_strings_round_trip_through_the_benchmark_syntax(method):
+    for config in (PruningConfig.preset(method), sampled(method)):
+        spec = method_spec(config)
+        assert spec.split(":")[0] == method
+        assert parse_method(spec).config == config
+
+
+def test_policies_compose_in_any_order_under_one_canonical_name():
+    assert PruningConfig("speed+lazy") == PruningConfig("lazy+speed")
+    assert PruningConfig.preset("speed+random").method == "random+speed"
+    assert parse_method("speed+static:cutoff=0.5").config.method == "static+speed"
+
+
+@pytest.mark.parametrize("method, message", [
+    ("lazy+static", "lazy and static do not compose (both take prune_layers, keep"),
+    ("random+lazy", "lazy and random do not compose (both take keep)"),
+    ("static+random+speed", "static and random do not compose (both take keep)"),
+    ("lazy+lazy", "names lazy twice"),
+    ("full+lazy", "full prunes nothing and composes with no policy"),
+    ("lazy+turbo", "unknown method 'lazy+turbo' (no policy 'turbo'); choose one of full, lazy"),
+    ("lazy+", "(no policy '')"),
+    ("Lazy", "unknown method 'Lazy'"),
+    (("lazy",), "unknown method ('lazy',)"),
+])
+def test_invalid_compositions_are_one_clear_error(method, message):
+    with pytest.raises(UserInputError) as err:
+        PruningConfig(method)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_depth_limits_are_applied_before_the_cuts_placed_below_them():
+    """Preset cuts are placed below the SPEED cutoff: applied the other way round they would
+    sit at the model-depth positions (5 and 20 of 30) and be refused."""
+    assert PruningConfig("static+speed", speed_cutoff=4).resolve(30).prune_layers == (2,)
+    assert PruningConfig("lazy+speed", speed_cutoff=2).resolve(30).prune_layers == (0,)
+
+
+def test_a_field_of_another_policy_names_the_methods_that_take_it():
+    with pytest.raises(UserInputError) as err:
+        PruningConfig("speed", keep=(0.5,)).resolve(30)
+    assert str(err.value) == ("method 'speed' takes no keep; lazy, static and random do: use "
+                              "'lazy+speed', 'static+speed' or 'random+speed'")
+
+
+def test_new_compositions_resolve_to_both_parts():
+    assert PruningConfig("static+speed").resolve(30) == Schedule(
+        method="static+speed", num_layers=30, prune_layers=(5,), keep=(0.4,), prompt_depth=22)
+    assert PruningConfig("random+speed", keep=(0.3,), seed=2).resolve(24) == Schedule(
+        method="random+speed", num_layers=24, prompt_depth=18, random_keep=0.3, seed=2,
+        source="user")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_generates_on_the_tiny_model(tiny_model, method):
+    model, _ = tiny_model("llama")
+    n, steps = 64, 3
+    prompt = mx.array(np.random.default_rng(0).integers(0, model.args.vocab_size, n)
+                      .astype(np.int32))
+    engine = LazyEngine(model, PruningConfig.preset(method))
+    tokens = [int(mx.argmax(engine.prefill(prompt)))]
+    for _ in range(steps):
+        tokens.append(int(mx.argmax(engine.decode(tokens[-1]))))
+    stats = engine.stats
+    assert stats.method == method and stats.generation_tokens == steps
+    assert all(0 <= t < model.args.vocab_size for t in tokens)
+    assert (stats.prompt_tokens_computed_pct < 100) == (method != "full")
