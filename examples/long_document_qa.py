@@ -14,7 +14,7 @@ import argparse
 import random
 
 from mlx_lazy import PruningConfig, load, stream_generate
-from mlx_lazy.schedule import METHODS
+from mlx_lazy.cli import METHOD_HELP, method_arg
 
 SECRET_STATION = "Station Juniper"
 SECRET_CODE = "BLUE HERON"
@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model folder (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--document", default=None, help="UTF-8 text file (default: built-in logbook)")
     ap.add_argument("--question", default=DEFAULT_QUESTION)
-    ap.add_argument("--method", choices=METHODS, default="lazy")
+    ap.add_argument("--method", type=method_arg, default="lazy", help=METHOD_HELP)
     ap.add_argument("--entries", type=int, default=20, help="length of the built-in document")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,

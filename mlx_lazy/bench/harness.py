@@ -83,15 +83,15 @@ def parse_method(spec: str, num_layers: int | None = None) -> Method:
     if spec == BASELINE:
         return Method(BASELINE)
     from .. import PruningConfig
-    from ..schedule import layers_at
+    from ..schedule import POLICIES, layers_at
 
     name, *overrides = NAMED_METHODS.get(spec, spec).split(":")
     try:
         cfg = PruningConfig.preset(name)
     except (ValueError, KeyError) as exc:
         raise ValueError(
-            f"unknown method {name!r} in {spec!r}: use 'mlx-lm', a PruningConfig preset "
-            f"(full, lazy, speed, lazy+speed, static, random), a named method "
+            f"unknown method {name!r} in {spec!r}: use 'mlx-lm', a PruningConfig method "
+            f"(full or policies joined by '+': {', '.join(POLICIES)}), a named method "
             f"({', '.join(NAMED_METHODS)}), optionally with overrides such as "
             "'lazy:layers=6,12:keep=0.6,0.4'"
         ) from exc
