@@ -266,3 +266,26 @@ def test_every_last_rung_candidate_has_its_gain_measured(tiny_model_path, tmp_pa
     assert png.stat().st_size > 10_000
     with pytest.raises(SystemExit):
         plots_main([str(tmp_path), "--out", str(png)])
+
+
+def test_when_the_last_rung_confirms_none_the_next_batch_is_tried(tiny_model_path, tmp_path,
+                                                                     monkeypatch):
+    from types import SimpleNamespace
+
+    from mlx_lazy.bench import calibrate
+
+    calls: dict[str, int] = {}
+
+    def fake_run_one(model, tokenizer, method, sample):
+        # full answers all; the first two candidates (rung 0's first batch with
+        # keep_per_rung 2) lose their third answer, every later one answers all
+        calls[method.name] = calls.get(method.name, 0) + 1
+        batch = [n for n in calls if n != "full"][:2]
+        return SimpleNamespace(score=float(method.name not in batch or calls[method.name] < 3))
+
+    monkeypatch.setattr(calibrate, "run_one", fake_run_one)
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.5, keep_per_rung=(2,))
+    names = [c["name"] for c in doc["candidates"]]
+    assert doc["complete"] and doc["chosen"]["name"] == names[2]
+    assert [c["dropped_at"] for c in doc["candidates"][:3]] == [1, 1, None]
+    assert not any(c["scores"] for c in doc["candidates"][4:])  # batch 2 stopped at its 2nd

@@ -9,10 +9,11 @@
    on a busy machine.
 3. **Successive halving.** Candidates run best predicted gain first on the first
    ``rungs[0]`` samples of each cell; the first ``--keep-per-rung`` of them within the loss
-   allowance go on to ``rungs[1]`` samples (the rest are not run: they could not be chosen),
-   and so on. The last rung (≥ 50 samples per cell) confirms: the chosen schedule is the
-   first candidate whose paired relative loss against ``full`` pooled over the cells is
-   ≤ ``--max-loss``. ``--resume`` reuses an earlier run's samples in ``--out``.
+   allowance go on to ``rungs[1]`` samples (the rest wait), and so on. The last rung (≥ 50
+   samples per cell) confirms: the chosen schedule is the first candidate whose paired
+   relative loss against ``full`` pooled over the cells is ≤ ``--max-loss``. When the last
+   rung confirms none, the next batch of candidates starts at rung 0 where the first stopped.
+   ``--resume`` reuses an earlier run's samples in ``--out``.
 4. **Evidence.** Per cell and pooled: paired lost/won counts, Wilson intervals, a paired
    bootstrap interval of the relative loss; teacher-forced agreement with ``full`` along
    natural text; predicted gain at ``--gain-length`` for every candidate and (unless
@@ -199,40 +200,44 @@ def run(cal: Calibration) -> dict[str, Any]:
             raise UserInputError(
                 f"full scores < {cal.min_base:.0%} on every cell; choose shorter --lengths or "
                 "other --tasks where this model can do the task")
-        # 2-3. successive halving; the last rung confirms, best predicted gain first
-        alive = list(cands)
+        # 2-3. successive halving in batches, best predicted gain first: a batch is what rung
+        # 0 takes in; when the last rung confirms none of it, the next batch starts where
+        # rung 0 stopped, until one candidate is confirmed or none is left.
+        pending, found = list(cands), False
         last = len(cal.rungs) - 1
-        for r, n in enumerate(cal.rungs):
-            passing = []
-            for cand in alive:
-                for cell in cells:
-                    have = cand.scores.setdefault(cell, [])
-                    while len(have) < n:
-                        have.append(score(cand.config, cell, len(have)))
-                cand.rung = r
-                p = _pooled(full_scores, cand, cells, n)
-                ok = _within(p, cal.max_loss, last=r == last)
-                _log(f"rung {r} n={n} {cand.name}: gain {cand.predicted_gain:.2f}x "
-                     f"lost {p.lost} won {p.won} rel loss {p.rel_loss:+.3f}"
-                     + ("" if ok else " (dropped)"))
-                if ok:
-                    passing.append(cand)
-                else:
-                    cand.dropped_at = r
-                _write(out, doc, full, cells)  # after every candidate: --resume loses nothing
-                # Candidates are in predicted-gain order: once a rung has as many passing as
-                # go on (one at the last rung: confirmed), the rest could not be chosen.
-                if len(passing) >= (cal.keep_per_rung[r] if r < len(cal.keep_per_rung)
-                                    else 1 if r == last else len(alive)):
+        while pending and not found:
+            alive = pending
+            for r, n in enumerate(cal.rungs):
+                passing, tried = [], 0
+                for cand in alive:
+                    tried += 1
+                    for cell in cells:
+                        have = cand.scores.setdefault(cell, [])
+                        while len(have) < n:
+                            have.append(score(cand.config, cell, len(have)))
+                    cand.rung = r
+                    p = _pooled(full_scores, cand, cells, n)
+                    ok = _within(p, cal.max_loss, last=r == last)
+                    _log(f"rung {r} n={n} {cand.name}: gain {cand.predicted_gain:.2f}x "
+                         f"lost {p.lost} won {p.won} rel loss {p.rel_loss:+.3f}"
+                         + ("" if ok else " (dropped)"))
+                    if ok:
+                        passing.append(cand)
+                    else:
+                        cand.dropped_at = r
+                    _write(out, doc, full, cells)  # after every candidate: --resume loses nothing
+                    # Candidates are in predicted-gain order: once a rung has as many passing
+                    # as go on (one at the last rung: confirmed), the rest could not be chosen.
+                    if len(passing) >= (cal.keep_per_rung[r] if r < len(cal.keep_per_rung)
+                                        else 1 if r == last else len(alive)):
+                        break
+                if r == 0:
+                    pending = alive[tried:]
+                alive = passing
+                _write(out, doc, full, cells)
+                if not alive:
                     break
-            if r < len(cal.keep_per_rung):
-                for c in passing[cal.keep_per_rung[r]:]:
-                    c.dropped_at = r
-                passing = passing[: cal.keep_per_rung[r]]
-            alive = passing
-            _write(out, doc, full, cells)
-            if not alive:
-                break
+            found = bool(alive)
         # 4. the frontier's measured gain, beside the predicted one
         for cand in _final(cands, cells, cal) if cal.measure else []:
             if cand.measured_gain is None:
