@@ -16,7 +16,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models import qwen2
 
-from mlx_lazy import LazyEngine, PruningConfig, generate, load
+from mlx_lazy import LazyEngine, PruningConfig, generate, load, stream_generate
 from mlx_lazy.bench.tasks import build_samples
 from mlx_lazy.default_model import ModelUnavailable, cache_dir, gguf_path, model_path
 from test_convert import gguf_name, gguf_permute, perplexity
@@ -132,6 +132,23 @@ def test_full_answers_a_2k_passkey(qwen):
     text = generate(model, tokenizer, list(sample.tokens), max_tokens=sample.max_tokens,
                     config="full")
     assert sample.references[0] in text, (sample.references, text)
+
+
+def test_plain_lazy_runs_the_packaged_calibrated_schedule(qwen):
+    """`lazy` on this model is the schedule `python -m mlx_lazy.calibrate` confirmed for it
+    (mlx_lazy/data/schedules/qwen2.5-coder-0.5b.json): its cut, and its answers on the first
+    calibration prompts of niah_single at 1,024 tokens, which `full` also answers."""
+    model, tokenizer = qwen
+    for sample in build_samples(tokenizer, "niah_single", 1024, 2, seed=0):
+        last, text = None, ""
+        for last in stream_generate(model, tokenizer, list(sample.tokens),
+                                    max_tokens=sample.max_tokens, config="lazy"):
+            text += last.text
+        schedule = last.stats.schedule
+        assert schedule["source"] == "calibrated:qwen2.5-coder-0.5b.json"
+        assert (schedule["prune_layers"], schedule["keep"], schedule["scorer"]) == (
+            [9], [0.25], "window")
+        assert sample.references[0] in text, (sample.references, text)
 
 
 def test_full_matches_mlx_lm_over_32_greedy_steps(qwen):
