@@ -107,6 +107,12 @@ def test_paired_statistics():
     assert lo < 0.9 < hi and hi - lo < 0.2
     worse = stats.paired([1] * 50, [1] * 40 + [0] * 10)
     assert worse.rel_loss == pytest.approx(0.2) and worse.rel_loss_ci[0] > 0.05
+    assert worse.lost_ci == stats.wilson(10, 50)
+    # none lost of 50: the bootstrap collapses to zero, the lost fraction's bound does not
+    same = stats.paired([1] * 50, [1] * 50)
+    assert same.rel_loss_ci == (0.0, 0.0) and same.lost_ci[1] == pytest.approx(0.0713, abs=1e-3)
+    # only the unpruned path's right answers can be lost
+    assert stats.paired([1] * 10 + [0] * 40, [0] * 50).lost_ci == stats.wilson(10, 10)
 
 
 # ------------------------------------------------------------------ schedule files

@@ -398,13 +398,14 @@ def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
             f"`{r['name']}`", f"{r['gain']:.2f}x", fmt(r["measured_gain"], suffix="x"),
             f"{r['token_layers_pct']:.0f}", r["n"],
             f"{p.base:.3f}", f"{p.score:.3f} ({p.score_ci[0]:.2f}-{p.score_ci[1]:.2f})",
-            f"{p.lost} / {p.won}",
+            f"{p.lost} / {p.won}", f"{p.lost_ci[1]:.3f}",
             f"{p.rel_loss:+.3f} ({p.rel_loss_ci[0]:+.3f} to {p.rel_loss_ci[1]:+.3f})",
             "-" if r["dropped_at"] is None else r["dropped_at"]])
     lines = ["# Calibration", "", f"Model fingerprint: `{json.dumps(doc['fingerprint'])}`", "",
              markdown_table(["cell", "full, pilot", "used"], cell_rows), "",
              markdown_table(["candidate", "predicted gain", "measured gain", "token-layers %",
                              "samples/cell", "full", "method (95% CI)", "lost / won",
+                             "lost of full's right, 95% upper bound",
                              "relative loss (95% CI)", "dropped at rung"], candidates)]
     chosen = doc.get("chosen")
     lines += ["", f"Chosen: `{chosen['name']}`" if chosen else "Chosen: none confirmed"]

@@ -39,6 +39,9 @@ class Paired:
         score: mean score of the method; ``score_ci`` its Wilson interval.
         lost: samples the unpruned path got right (score ≥ 0.5) and the method wrong.
         won: the reverse.
+        lost_ci: Wilson interval of the fraction of the unpruned path's right answers that
+            the method lost: with none lost the bootstrap interval of ``rel_loss`` collapses
+            to zero, this one still says how large a loss the samples cannot exclude.
         rel_loss: (base − score) / base (negative: the method scored higher).
         rel_loss_ci: 95% paired-bootstrap interval of ``rel_loss``.
     """
@@ -50,6 +53,7 @@ class Paired:
     score_ci: tuple[float, float]
     lost: int
     won: int
+    lost_ci: tuple[float, float]
     rel_loss: float
     rel_loss_ci: tuple[float, float]
 
@@ -81,6 +85,7 @@ def paired(base: Sequence[float], method: Sequence[float], resamples: int = 4000
         score_ci=wilson(float(m.sum()), n),
         lost=int(np.sum(right_b & ~right_m)),
         won=int(np.sum(~right_b & right_m)),
+        lost_ci=wilson(int(np.sum(right_b & ~right_m)), int(right_b.sum())),
         rel_loss=float(rel),
         rel_loss_ci=ci,
     )
