@@ -24,7 +24,7 @@ def kept_positions(model, config, prompt):
 def tiny_calibration(path, out, **kw):
     opts = dict(model=str(path), out=str(out), tasks=("passkey",), lengths=(200,), rungs=(2, 3),
                 keep_per_rung=(3,), pilot=2, agreement_prompts=1, agreement_steps=3,
-                gain_length=512, measure=False,
+                gain_length=512, measure=False, min_agreement=0.0,
                 scorers=(dict(scorer="last"), dict(scorer="window", window=4)))
     opts.update(kw)
     return run(Calibration(**opts))
@@ -295,3 +295,24 @@ def test_when_the_last_rung_confirms_none_the_next_batch_is_tried(tiny_model_pat
     assert doc["complete"] and doc["chosen"]["name"] == names[2]
     assert [c["dropped_at"] for c in doc["candidates"][:3]] == [1, 1, None]
     assert not any(c["scores"] for c in doc["candidates"][4:])  # batch 2 stopped at its 2nd
+
+
+def test_a_schedule_below_the_agreement_bar_is_not_chosen(tiny_model_path, tmp_path,
+                                                          monkeypatch):
+    from mlx_lazy.bench import calibrate, fidelity
+
+    seen: list = []
+
+    def fake_agreement(model, config, prompt, ref):
+        # the first candidate to reach it drifts from full (1 of 3 steps), the rest agree
+        seen.append(config)
+        return [config == seen[0] and i == 0 or config != seen[0] for i in range(3)]
+
+    monkeypatch.setattr(fidelity, "agreement", fake_agreement)
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, min_agreement=0.95)
+    names = [c["name"] for c in doc["candidates"]]
+    assert doc["chosen"]["name"] == names[1] and doc["candidates"][0]["dropped_at"] == 1
+    assert doc["candidates"][0]["agreement"]["rate"] == pytest.approx(1 / 3)
+    assert doc["chosen"]["teacher_forced_agreement"]["rate"] == 1.0
+    assert doc["chosen"]["min_agreement"] == 0.95
+    assert main(["--out", str(tmp_path / "x"), "--min-agreement", "1.5"]) == 2

@@ -11,7 +11,8 @@
    ``rungs[0]`` samples of each cell; the first ``--keep-per-rung`` of them within the loss
    allowance go on to ``rungs[1]`` samples (the rest wait), and so on. The last rung (≥ 50
    samples per cell) confirms: the chosen schedule is the first candidate whose paired
-   relative loss against ``full`` pooled over the cells is ≤ ``--max-loss``. When the last
+   relative loss against ``full`` pooled over the cells is ≤ ``--max-loss`` and whose
+   teacher-forced agreement with ``full`` along prose is ≥ ``--min-agreement``. When the last
    rung confirms none, the next batch of candidates starts at rung 0 where the first stopped.
    ``--resume`` reuses an earlier run's samples in ``--out``.
 4. **Evidence.** Per cell and pooled: paired lost/won counts, Wilson intervals, a paired
@@ -89,6 +90,7 @@ class Candidate:
     rung: int = 0  # last rung it was evaluated at
     dropped_at: Optional[int] = None
     measured_gain: Optional[dict[str, Any]] = None  # measure_gain(), last-rung candidates only
+    agreement: Optional[dict[str, Any]] = None  # teacher-forced, once accurate at the last rung
 
     def as_dict(self) -> dict[str, Any]:
         d = _jsonable(asdict(self))
@@ -143,6 +145,7 @@ class Calibration:
     cuts: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] = CUT_GRID
     agreement_prompts: int = 8
     agreement_steps: int = 32
+    min_agreement: float = 0.95
     measure: bool = True
     time_limit_s: Optional[float] = None
     seed: int = 0
@@ -184,6 +187,20 @@ def run(cal: Calibration) -> dict[str, Any]:
             have.append(score(None, cell, len(have)))
         return have[:n]
 
+    refs: list[tuple[list[int], list[int]]] = []
+
+    def agreement(config: PruningConfig) -> dict[str, Any]:
+        """Teacher-forced top-1 agreement with ``full`` along its own greedy continuation
+        of prose prompts (the references computed once)."""
+        if not refs:
+            for i in range(cal.agreement_prompts):
+                prompt = build_prompt(tokenizer, max(cal.lengths), offset=37 * i)
+                refs.append((prompt, fidelity.greedy_tokens(model, prompt, cal.agreement_steps)))
+        hits = [h for prompt, ref in refs for h in fidelity.agreement(model, config, prompt, ref)]
+        return {"steps": len(hits), "agree": sum(hits),
+                "rate": sum(hits) / len(hits) if hits else 1.0,
+                "ci": stats.wilson(sum(hits), len(hits)), "prompt_tokens": max(cal.lengths)}
+
     cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts)
     doc["candidates"] = cands
     if cal.resume:
@@ -218,8 +235,14 @@ def run(cal: Calibration) -> dict[str, Any]:
                     cand.rung = r
                     p = _pooled(full_scores, cand, cells, n)
                     ok = _within(p, cal.max_loss, last=r == last)
+                    if ok and r == last and cal.min_agreement > 0:
+                        if cand.agreement is None:
+                            cand.agreement = agreement(cand.config)
+                        ok = cand.agreement["rate"] >= cal.min_agreement
                     _log(f"rung {r} n={n} {cand.name}: gain {cand.predicted_gain:.2f}x "
                          f"lost {p.lost} won {p.won} rel loss {p.rel_loss:+.3f}"
+                         + (f" agreement {cand.agreement['rate']:.3f}"
+                            if r == last and cand.agreement else "")
                          + ("" if ok else " (dropped)"))
                     if ok:
                         passing.append(cand)
@@ -253,7 +276,9 @@ def run(cal: Calibration) -> dict[str, Any]:
     confirmed = [c for c in _final(cands, cells, cal) if c.dropped_at is None and doc["complete"]]
     if confirmed:
         chosen = confirmed[0]
-        evidence = _evidence(model, tokenizer, cal, chosen, full_scores, cells)
+        if chosen.agreement is None:  # --min-agreement 0
+            chosen.agreement = agreement(chosen.config)
+        evidence = _evidence(cal, chosen, full_scores, cells)
         doc["chosen"] = {"name": chosen.name, **evidence}
         write_schedule(out / "schedule.json", chosen.config, fingerprint, evidence,
                        model_name=str(cal.model or "default"))
@@ -290,6 +315,7 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
         if c.name in earlier:
             c.scores = {k: list(v) for k, v in earlier[c.name]["scores"].items()}
             c.measured_gain = earlier[c.name].get("measured_gain")
+            c.agreement = earlier[c.name].get("agreement")
     names = {c.name for c in cands}
     kept = [c for c in old.get("candidates", []) if c["name"] not in names]
     _log(f"resumed {sum(map(len, full.values()))} full and "
@@ -310,7 +336,7 @@ def _within(p: stats.Paired, max_loss: float, last: bool) -> bool:
     return p.lost - p.won <= allowed
 
 
-def _evidence(model: Any, tokenizer: Any, cal: Calibration, cand: Candidate, full_scores,
+def _evidence(cal: Calibration, cand: Candidate, full_scores,
               cells: Sequence[str]) -> dict[str, Any]:
     n = max(cal.rungs)
     per_cell = {c: stats.paired(full_scores(c, n), cand.scores[c][:n]).as_dict() for c in cells}
@@ -322,16 +348,9 @@ def _evidence(model: Any, tokenizer: Any, cal: Calibration, cand: Candidate, ful
         "predicted_gain": cand.predicted_gain,
         "gain_length": cal.gain_length,
         "token_layers_pct": cand.token_layers_pct,
+        "min_agreement": cal.min_agreement,
+        "teacher_forced_agreement": cand.agreement,
     }
-    hits: list[bool] = []
-    for i in range(cal.agreement_prompts):
-        prompt = build_prompt(tokenizer, max(cal.lengths), offset=37 * i)
-        ref = fidelity.greedy_tokens(model, prompt, cal.agreement_steps)
-        hits += fidelity.agreement(model, cand.config, prompt, ref)
-    ev["teacher_forced_agreement"] = {"steps": len(hits), "agree": sum(hits),
-                                      "rate": sum(hits) / len(hits) if hits else None,
-                                      "ci": stats.wilson(sum(hits), len(hits)),
-                                      "prompt_tokens": max(cal.lengths)}
     if cand.measured_gain is not None:
         ev["measured_gain"] = cand.measured_gain
     return ev
@@ -470,6 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pilot", type=int, default=10, help="full-path samples per cell to pick cells")
     p.add_argument("--min-base", type=float, default=0.8, help="least full-path score of a cell")
     p.add_argument("--max-loss", type=float, default=0.01, help="largest relative accuracy loss")
+    p.add_argument("--min-agreement", type=float, default=0.95,
+                   help="least teacher-forced top-1 agreement with full along prose for a "
+                        "schedule to be chosen (0: not required)")
     p.add_argument("--gain-length", type=int, default=4096,
                    help="prompt tokens at which the pruning gain is predicted and measured")
     p.add_argument("--scorers", type=lambda t: tuple(parse_scorer(x) for x in t.split(",")),
@@ -495,17 +517,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     bad = [t for t in tasks if t not in TASKS]
     if bad or not args.lengths or not args.rungs or max(args.rungs) < 50 \
-            or not 0 <= args.max_loss < 1:
+            or not 0 <= args.max_loss < 1 or not 0 <= args.min_agreement <= 1:
         why = (f"unknown task {bad[0]!r} (choose from {', '.join(TASKS)})" if bad else
                "the last rung must have >= 50 samples per cell (claims need them)"
                if args.rungs and max(args.rungs) < 50 else
                "--max-loss must be in [0, 1)" if not 0 <= args.max_loss < 1 else
+               "--min-agreement must be in [0, 1]" if not 0 <= args.min_agreement <= 1 else
                "--lengths and --rungs need at least one value")
         print(f"error: {why}", file=sys.stderr)
         return 2
     cal = Calibration(model=args.model, out=args.out, tasks=tasks, lengths=args.lengths,
                       rungs=args.rungs, keep_per_rung=args.keep_per_rung, pilot=args.pilot,
                       min_base=args.min_base, max_loss=args.max_loss,
+                      min_agreement=args.min_agreement,
                       gain_length=args.gain_length, scorers=args.scorers,
                       cuts=tuple(args.cuts),
                       measure=not args.no_measure,
