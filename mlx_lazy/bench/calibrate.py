@@ -187,19 +187,15 @@ def run(cal: Calibration) -> dict[str, Any]:
             have.append(score(None, cell, len(have)))
         return have[:n]
 
-    refs: list[tuple[list[int], list[int]]] = []
+    refs: list[fidelity.Reference] = []
 
     def agreement(config: PruningConfig) -> dict[str, Any]:
-        """Teacher-forced top-1 agreement with ``full`` along its own greedy continuation
-        of prose prompts (the references computed once)."""
+        """Teacher-forced agreement with ``full`` (the references computed once)."""
         if not refs:
-            for i in range(cal.agreement_prompts):
-                prompt = build_prompt(tokenizer, max(cal.lengths), offset=37 * i)
-                refs.append((prompt, fidelity.greedy_tokens(model, prompt, cal.agreement_steps)))
-        hits = [h for prompt, ref in refs for h in fidelity.agreement(model, config, prompt, ref)]
-        return {"steps": len(hits), "agree": sum(hits),
-                "rate": sum(hits) / len(hits) if hits else 1.0,
-                "ci": stats.wilson(sum(hits), len(hits)), "prompt_tokens": max(cal.lengths)}
+            refs.extend(fidelity.references(model, tokenizer, max(cal.lengths),
+                                            cal.agreement_prompts, cal.agreement_steps))
+        return {**fidelity.agreement_summary(model, config, refs),
+                "prompt_tokens": max(cal.lengths)}
 
     cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts)
     doc["candidates"] = cands
@@ -212,7 +208,7 @@ def run(cal: Calibration) -> dict[str, Any]:
             doc["cells"][cell] = {"pilot_base": sum(base) / len(base),
                                   "used": sum(base) / len(base) >= cal.min_base}
             _log(f"pilot {cell}: full {sum(base):.0f}/{len(base)}")
-        cells = [c for c, v in doc["cells"].items() if v["used"]]
+        cells = used_cells(doc)
         if not cells:
             raise UserInputError(
                 f"full scores < {cal.min_base:.0%} on every cell; choose shorter --lengths or "
@@ -272,7 +268,7 @@ def run(cal: Calibration) -> dict[str, Any]:
         doc["complete"] = True
     except (_OutOfTime, KeyboardInterrupt):
         _log("stopped (time limit or interrupt): writing what was measured")
-    cells = [c for c, v in doc["cells"].items() if v["used"]]
+    cells = used_cells(doc)
     confirmed = [c for c in _final(cands, cells, cal) if c.dropped_at is None and doc["complete"]]
     if confirmed:
         chosen = confirmed[0]
@@ -287,6 +283,11 @@ def run(cal: Calibration) -> dict[str, Any]:
         _log("no candidate confirmed: no schedule written")
     _write(out, doc, full, cells)
     return json.loads((out / "results.json").read_text())
+
+
+def used_cells(doc: dict[str, Any]) -> list[str]:
+    """The cells of a calibration (results) document where ``full`` scored enough."""
+    return [c for c, v in doc["cells"].items() if v["used"]]
 
 
 def _final(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration) -> list[Candidate]:

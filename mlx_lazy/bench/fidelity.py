@@ -13,6 +13,11 @@ from typing import Any, Optional, Sequence
 import mlx.core as mx
 
 from .. import LazyEngine, PruningConfig
+from . import stats
+from .tasks import build_prompt
+
+#: a prose prompt and the unpruned path's greedy continuation of it
+Reference = tuple[list[int], list[int]]
 
 
 def greedy_tokens(model: Any, prompt: Sequence[int], steps: int,
@@ -36,3 +41,24 @@ def agreement(model: Any, config: PruningConfig, prompt: Sequence[int],
         hits.append(int(mx.argmax(logits)) == token)
         logits = engine.decode(token)
     return hits
+
+
+def references(model: Any, tokenizer: Any, length: int, prompts: int,
+               steps: int) -> list[Reference]:
+    """``prompts`` prose prompts of ``length`` tokens (37 lines apart in the text), each with
+    the unpruned path's greedy continuation of ``steps`` tokens."""
+    out = []
+    for i in range(prompts):
+        prompt = build_prompt(tokenizer, length, offset=37 * i)
+        out.append((prompt, greedy_tokens(model, prompt, steps)))
+    return out
+
+
+def agreement_summary(model: Any, config: PruningConfig,
+                      refs: Sequence[Reference]) -> dict[str, Any]:
+    """Agreement of ``config`` along every reference: steps, agreeing steps, their rate (1.0
+    when there are no steps) and its Wilson interval."""
+    hits = [h for prompt, ref in refs for h in agreement(model, config, prompt, ref)]
+    return {"steps": len(hits), "agree": sum(hits),
+            "rate": sum(hits) / len(hits) if hits else 1.0,
+            "ci": stats.wilson(sum(hits), len(hits))}

@@ -304,16 +304,13 @@ def teacher_forced(model: Any, tokenizer: Any, methods: Sequence[Method],
 
     rows = []
     for length in cfg.lengths:
-        prompts = [build_prompt(tokenizer, length, offset=37 * i)
-                   for i in range(cfg.agreement_prompts)]
-        refs = [fidelity.greedy_tokens(model, p, cfg.agreement_steps) for p in prompts]
+        refs = fidelity.references(model, tokenizer, length, cfg.agreement_prompts,
+                                   cfg.agreement_steps)
         for m in methods:
             if m.is_baseline or m.name == FULL:
                 continue
-            hits = [h for p, r in zip(prompts, refs) for h in fidelity.agreement(model, m.config, p, r)]
-            rows.append({"method": m.name, "length": length, "steps": len(hits),
-                         "agree": sum(hits), "rate": sum(hits) / len(hits),
-                         "ci": stats.wilson(sum(hits), len(hits))})
+            rows.append({"method": m.name, "length": length,
+                         **fidelity.agreement_summary(model, m.config, refs)})
     return rows
 
 

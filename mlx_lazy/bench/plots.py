@@ -136,10 +136,12 @@ def plot_calibrations(dirs: list[Path], path: Path) -> Path:
     side by side: the frontier of every model in one figure."""
     import json
 
+    from .calibrate import used_cells
+
     fig, axes = plt.subplots(1, len(dirs), figsize=(6.5 * len(dirs), 4.5), squeeze=False)
     for ax, d in zip(axes[0], dirs):
         doc = json.loads((Path(d) / "results.json").read_text())
-        cells = [c for c, v in doc["cells"].items() if v["used"]]
+        cells = used_cells(doc)
         model = (Path(doc["options"]["model"]).name if doc["options"].get("model")
                  else f"default model ({doc['fingerprint']['model_type']})")
         _draw_calibration(ax, doc, cells, f"{model}: {', '.join(cells)}")
