@@ -1,5 +1,6 @@
 """mlx-lazy: long-context token pruning (LazyLLM, SPEED) for Llama-family models on MLX."""
 
+import importlib
 import sys
 import types
 
@@ -9,6 +10,9 @@ _interrupt.install()  # before the slow imports below: Ctrl-C there is one line 
 
 from . import _blas  # noqa: E402,F401  (must precede any mlx import)
 from . import _malloc  # noqa: E402,F401
+
+with _interrupt.held():  # a Ctrl-C inside mlx.core's C++ initialisation aborts the process
+    importlib.import_module("mlx.core")
 from .errors import UserInputError  # noqa: E402
 from .engine import GenerationStats, LazyEngine  # noqa: E402
 from .api import GenerationResponse, generate, load, stream_generate  # noqa: E402

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -447,6 +448,47 @@ def test_ctrl_c_while_importing_is_one_line(tiny_model_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode in (130, -signal.SIGINT), err.decode()
     assert err.decode().strip().splitlines() == ["interrupted"]
+
+
+def test_ctrl_c_turned_into_an_import_error_is_one_line():
+    """What CI once hit: SIGINT while mlx.core initialised reached the hook as the ImportError
+    the extension raised from the KeyboardInterrupt. Still one line and the SIGINT status."""
+    code = ("import sys\n"
+            "from mlx_lazy import _interrupt\n"
+            "sys.excepthook = _interrupt._hook\n"
+            "try:\n"
+            "    raise KeyboardInterrupt\n"
+            "except KeyboardInterrupt as error:\n"
+            "    raise ImportError('Encountered an error while initializing the extension.') from error\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode in (130, -signal.SIGINT), done.stderr
+    assert done.stderr.strip().splitlines() == ["interrupted"]
+
+
+def test_ctrl_c_is_held_back_until_the_block_ends(monkeypatch):
+    from mlx_lazy import _interrupt
+
+    monkeypatch.setattr(_interrupt, "running_a_tool", lambda: True)
+    reached_the_end = False
+    with pytest.raises(KeyboardInterrupt):
+        with _interrupt.held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # Python runs signal handlers between bytecodes: here, if not held
+            reached_the_end = True
+    assert reached_the_end
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_import_error_of_its_own_keeps_its_traceback():
+    code = ("import sys\n"
+            "from mlx_lazy import _interrupt\n"
+            "sys.excepthook = _interrupt._hook\n"
+            "raise ImportError('no such module')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1
+    assert "Traceback" in done.stderr and "no such module" in done.stderr
 
 
 @pytest.mark.parametrize("orig_argv, argv0, expected", [
