@@ -31,7 +31,6 @@ import time
 import traceback
 import uuid
 from contextlib import closing
-from pathlib import Path
 from typing import Annotated, Any, AsyncIterator, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
@@ -227,7 +226,7 @@ class Job:
     seed: Optional[int]
     stop: List[str]
     config: PruningConfig
-    source: str
+    per_request: bool  # the request set its own pruning
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -399,7 +398,8 @@ class Worker:
                 job.emit(Delta(tail))
             s = resp.stats
             job.emit(Done(finish, resp.prompt_tokens, resp.generation_tokens, {
-                "method": s.method, "schedule_source": job.source, "ttft_s": s.ttft_s,
+                "method": s.method, "ttft_s": s.ttft_s,
+                "schedule_source": "request" if job.per_request else s.schedule["source"],
                 "prompt_tokens_computed_pct": s.prompt_tokens_computed_pct,
                 "kv_bytes": s.kv_bytes, "revivals": s.revivals,
             }))
@@ -459,7 +459,6 @@ class ServerSettings:
 
     model: Optional[str] = None
     config: PruningConfig = dataclasses.field(default_factory=PruningConfig)
-    config_source: str = "preset"
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     top_p: float = 1.0
@@ -508,10 +507,8 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
                            headers={"WWW-Authenticate": "Bearer"})
 
     def make_job(body: _Body, tokens: List[int], max_tokens: Optional[int]) -> Job:
-        if body.pruning is None:
-            config, source = settings.config, settings.config_source
-        else:
-            config, source = pruning_config(body.pruning, settings.config), "request"
+        per_request = body.pruning is not None
+        config = pruning_config(body.pruning, settings.config) if per_request else settings.config
         n = len(tokens)
         try:
             check_anchors(config.resolve(worker.num_layers), n)
@@ -532,7 +529,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         return Job(tokens=tokens, max_tokens=max_tokens,
                    temperature=settings.temperature if body.temperature is None else body.temperature,
                    top_p=settings.top_p if body.top_p is None else body.top_p,
-                   seed=body.seed, stop=stop, config=config, source=source,
+                   seed=body.seed, stop=stop, config=config, per_request=per_request,
                    loop=asyncio.get_running_loop())
 
     async def events(job: Job, request: Optional[Request]) -> AsyncIterator[Union[Delta, Done]]:
@@ -726,11 +723,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.api_key is not None and not args.api_key:
         raise UserInputError("--api-key is empty")
     if args.schedule is not None:
-        config, source = PruningConfig.from_file(args.schedule), f"file:{Path(args.schedule).name}"
+        config = PruningConfig.from_file(args.schedule)
     else:
-        config, source = PruningConfig.preset(args.method), "preset"
+        config = PruningConfig.preset(args.method)
     return ServerSettings(
-        model=args.model, config=config, config_source=source, max_tokens=args.max_tokens,
+        model=args.model, config=config, max_tokens=args.max_tokens,
         temperature=args.temp, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens,
         max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, api_key=args.api_key)
 

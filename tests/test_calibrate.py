@@ -316,3 +316,17 @@ def test_a_schedule_below_the_agreement_bar_is_not_chosen(tiny_model_path, tmp_p
     assert doc["chosen"]["teacher_forced_agreement"]["rate"] == 1.0
     assert doc["chosen"]["min_agreement"] == 0.95
     assert main(["--out", str(tmp_path / "x"), "--min-agreement", "1.5"]) == 2
+    assert main(["--out", str(tmp_path / "x"), "--gain-repeats", "0"]) == 2
+
+
+def test_measured_gain_is_the_median_of_its_paired_repeats(tiny_model, monkeypatch):
+    from mlx_lazy.bench import calibrate
+
+    model, tokenizer = tiny_model("llama")
+    clock = iter([0, 4, 10, 11, 20, 26, 30, 33, 40, 42, 50, 52])  # full 4, 6, 2; pruned 1, 3, 2
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: next(clock))
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,))
+    got = calibrate.measure_gain(model, tokenizer, config, 64, repeats=3)
+    assert got["full_s"] == [4, 6, 2] and got["pruned_s"] == [1, 3, 2]
+    assert got["gain"] == 2.0  # ratios 4, 2, 1
+    assert "loadavg_1min" in got

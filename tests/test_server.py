@@ -12,6 +12,7 @@ import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,8 +27,9 @@ import openai
 import pytest
 from mlx_lm.sample_utils import make_sampler
 
-from mlx_lazy import PruningConfig, generate
-from mlx_lazy.schedule import SCHEDULE_FORMAT
+from mlx_lazy import PruningConfig, generate, load
+from mlx_lazy.adapter import ModelAdapter
+from mlx_lazy.schedule import MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, write_schedule
 from mlx_lazy.server import StopText, is_loopback, main, pruning_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,6 +181,23 @@ def test_bad_command_line_is_one_error_line(tmp_path, tiny_model_path, capsys):
 
 
 # ---------------------------------------------------------------- endpoints
+
+
+def test_usage_names_the_schedule_the_engine_used(tiny_model_path, tmp_path):
+    """``--method lazy`` on a model folder that holds a calibrated schedule runs that
+    schedule, and ``usage.pruning`` says so (not "preset")."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_path, folder)
+    fingerprint = ModelAdapter(load(folder)[0]).fingerprint()
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), scorer="window", window=2)
+    write_schedule(folder / MODEL_SCHEDULE_FILE, config, fingerprint, {"note": "test"})
+    with run_server(folder, "--method", "lazy", tmp_path=tmp_path) as server:
+        r = server.client().completions.create(model="any", prompt="one two three " * 8,
+                                               max_tokens=2)
+    pruning = r.usage.model_extra["pruning"]
+    assert pruning["method"] == "lazy"
+    assert pruning["schedule_source"] == f"calibrated:{MODEL_SCHEDULE_FILE}"
+    assert pruning["prompt_tokens_computed_pct"] < 100
 
 
 def test_models_and_health(server, tiny_model_path):

@@ -45,8 +45,8 @@ from ..errors import UserInputError
 from ..schedule import layers_at, write_schedule
 from . import fidelity, stats
 from .costmodel import predicted_counts, prior
-from .common import fmt, markdown_table
-from .harness import Method, _jsonable, method_spec, parse_method, run_one
+from .common import _jsonable, _loadavg, fmt, markdown_table, median
+from .harness import Method, method_spec, parse_method, run_one
 from .tasks import TASKS, build_prompt, build_samples
 
 import mlx.core as mx  # noqa: E402
@@ -147,6 +147,7 @@ class Calibration:
     agreement_steps: int = 32
     min_agreement: float = 0.95
     measure: bool = True
+    gain_repeats: int = 1
     time_limit_s: Optional[float] = None
     seed: int = 0
     resume: bool = False
@@ -261,7 +262,8 @@ def run(cal: Calibration) -> dict[str, Any]:
         for cand in _final(cands, cells, cal) if cal.measure else []:
             if cand.measured_gain is None:
                 check_time()
-                cand.measured_gain = measure_gain(model, tokenizer, cand.config, cal.gain_length)
+                cand.measured_gain = measure_gain(model, tokenizer, cand.config, cal.gain_length,
+                                                   cal.gain_repeats)
                 _log(f"measured gain {cand.name}: {cand.measured_gain['gain']:.2f}x "
                      f"(predicted {cand.predicted_gain:.2f}x)")
                 _write(out, doc, full, cells)
@@ -360,7 +362,8 @@ def _evidence(cal: Calibration, cand: Candidate, full_scores,
 def measure_gain(model: Any, tokenizer: Any, config: PruningConfig, n_tokens: int,
                  repeats: int = 1) -> dict[str, Any]:
     """Prefill time of ``full`` ÷ that of ``config`` on an ``n_tokens`` prose prompt,
-    measured side by side (alternating, after ``mx.eval``)."""
+    measured side by side (alternating, after ``mx.eval``); the gain is the median of the
+    ``repeats`` paired ratios, and the load average beside it says how busy the machine was."""
     from .. import LazyEngine
 
     prompt = mx.array(build_prompt(tokenizer, n_tokens))
@@ -373,7 +376,7 @@ def measure_gain(model: Any, tokenizer: Any, config: PruningConfig, n_tokens: in
             times[name].append(time.perf_counter() - tic)
     ratios = [f / p for f, p in zip(times["full"], times["pruned"])]
     return {"prompt_tokens": n_tokens, "full_s": times["full"], "pruned_s": times["pruned"],
-            "gain": sorted(ratios)[len(ratios) // 2]}
+            "gain": median(ratios), "loadavg_1min": _loadavg()}
 
 
 def _write(out: Path, doc: dict[str, Any], full: dict[str, list[float]],
@@ -504,6 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "depth)")
     p.add_argument("--no-measure", action="store_true",
                    help="do not time the candidates that reached the last rung")
+    p.add_argument("--gain-repeats", type=int, default=1,
+                   help="side-by-side timings per measured gain (the median is reported; a "
+                        "single one on a busy machine is noisy)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the runs of an earlier calibration in --out (same model, seed "
                         "and largest rung)")
@@ -518,12 +524,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     bad = [t for t in tasks if t not in TASKS]
     if bad or not args.lengths or not args.rungs or max(args.rungs) < 50 \
-            or not 0 <= args.max_loss < 1 or not 0 <= args.min_agreement <= 1:
+            or not 0 <= args.max_loss < 1 or not 0 <= args.min_agreement <= 1 \
+            or args.gain_repeats < 1:
         why = (f"unknown task {bad[0]!r} (choose from {', '.join(TASKS)})" if bad else
                "the last rung must have >= 50 samples per cell (claims need them)"
                if args.rungs and max(args.rungs) < 50 else
                "--max-loss must be in [0, 1)" if not 0 <= args.max_loss < 1 else
                "--min-agreement must be in [0, 1]" if not 0 <= args.min_agreement <= 1 else
+               "--gain-repeats must be >= 1" if args.gain_repeats < 1 else
                "--lengths and --rungs need at least one value")
         print(f"error: {why}", file=sys.stderr)
         return 2
@@ -533,7 +541,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       min_agreement=args.min_agreement,
                       gain_length=args.gain_length, scorers=args.scorers,
                       cuts=tuple(args.cuts),
-                      measure=not args.no_measure,
+                      measure=not args.no_measure, gain_repeats=args.gain_repeats,
                       time_limit_s=args.time_limit, resume=args.resume)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`: keep results
     try:
