@@ -450,18 +450,21 @@ def test_ctrl_c_while_importing_is_one_line(tiny_model_path):
     assert err.decode().strip().splitlines() == ["interrupted"]
 
 
+def _with_the_hook(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter with the tools' exception hook installed."""
+    hooked = "import sys\nfrom mlx_lazy import _interrupt\nsys.excepthook = _interrupt._hook\n"
+    return subprocess.run([sys.executable, "-c", hooked + code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
 def test_ctrl_c_turned_into_an_import_error_is_one_line():
     """What CI once hit: SIGINT while mlx.core initialised reached the hook as the ImportError
     the extension raised from the KeyboardInterrupt. Still one line and the SIGINT status."""
-    code = ("import sys\n"
-            "from mlx_lazy import _interrupt\n"
-            "sys.excepthook = _interrupt._hook\n"
-            "try:\n"
-            "    raise KeyboardInterrupt\n"
-            "except KeyboardInterrupt as error:\n"
-            "    raise ImportError('Encountered an error while initializing the extension.') from error\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    done = _with_the_hook("try:\n"
+                          "    raise KeyboardInterrupt\n"
+                          "except KeyboardInterrupt as error:\n"
+                          "    raise ImportError('Encountered an error while initializing the "
+                          "extension.') from error\n")
     assert done.returncode in (130, -signal.SIGINT), done.stderr
     assert done.stderr.strip().splitlines() == ["interrupted"]
 
@@ -481,12 +484,7 @@ def test_ctrl_c_is_held_back_until_the_block_ends(monkeypatch):
 
 
 def test_an_import_error_of_its_own_keeps_its_traceback():
-    code = ("import sys\n"
-            "from mlx_lazy import _interrupt\n"
-            "sys.excepthook = _interrupt._hook\n"
-            "raise ImportError('no such module')\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    done = _with_the_hook("raise ImportError('no such module')\n")
     assert done.returncode == 1
     assert "Traceback" in done.stderr and "no such module" in done.stderr
 
