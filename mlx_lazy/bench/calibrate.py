@@ -58,6 +58,7 @@ SCORER_GRID: tuple[dict[str, Any], ...] = (
     dict(scorer="window", window=16),
     dict(scorer="window", window=8, pool=3),
     dict(scorer="window", window=8, heads="max"),
+    dict(scorer="window", window=32, pool=8),  # covers a chat question; 17-token spans
 )
 #: Cut schedules tried: (depth fractions, keep fractions). Single cuts are FastKV's "token
 #: propagation" layer; the last is the uncalibrated preset.
