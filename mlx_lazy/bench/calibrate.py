@@ -524,16 +524,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     bad = [t for t in tasks if t not in TASKS]
-    if bad or not args.lengths or not args.rungs or max(args.rungs) < 50 \
-            or not 0 <= args.max_loss < 1 or not 0 <= args.min_agreement <= 1 \
-            or args.gain_repeats < 1:
-        why = (f"unknown task {bad[0]!r} (choose from {', '.join(TASKS)})" if bad else
-               "the last rung must have >= 50 samples per cell (claims need them)"
-               if args.rungs and max(args.rungs) < 50 else
-               "--max-loss must be in [0, 1)" if not 0 <= args.max_loss < 1 else
-               "--min-agreement must be in [0, 1]" if not 0 <= args.min_agreement <= 1 else
-               "--gain-repeats must be >= 1" if args.gain_repeats < 1 else
-               "--lengths and --rungs need at least one value")
+    why = next((message for failed, message in [
+        (bad, f"unknown task {bad[0]!r} (choose from {', '.join(TASKS)})" if bad else ""),
+        (args.rungs and max(args.rungs) < 50,
+         "the last rung must have >= 50 samples per cell (claims need them)"),
+        (not 0 <= args.max_loss < 1, "--max-loss must be in [0, 1)"),
+        (not 0 <= args.min_agreement <= 1, "--min-agreement must be in [0, 1]"),
+        (args.gain_repeats < 1, "--gain-repeats must be >= 1"),
+        (not args.lengths or not args.rungs, "--lengths and --rungs need at least one value"),
+    ] if failed), None)
+    if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
     cal = Calibration(model=args.model, out=args.out, tasks=tasks, lengths=args.lengths,
