@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any, ClassVar, Dict, Optional, Tuple, Type, Union
 import numpy as np
 
 from .errors import UserInputError
+from .inputs import MiB, read_json
 from .scorers import Scorer, default_window, make_scorer
 
 #: The ``format`` of schedule files (written by ``python -m mlx_lazy.calibrate``).
@@ -38,6 +40,14 @@ SCHEDULE_FIELDS = ("method", "prune_layers", "keep", "scorer", "heads", "window"
 PACKAGED_SCHEDULES = Path(__file__).parent / "data" / "schedules"
 #: A model folder holding this file makes ``--method lazy`` use it (see ``mlx_lazy.load``).
 MODEL_SCHEDULE_FILE = "mlx_lazy_schedule.json"
+#: Bounds of schedule files (calibrate writes a few KiB, nested 4 deep).
+SCHEDULE_MAX_BYTES = 1 * MiB
+SCHEDULE_MAX_DEPTH = 16
+#: The largest token count, position or layer index a config may hold: MLX indexes with
+#: int32, and larger values would only fail later, inside numpy or MLX.
+MAX_COUNT = 2**31 - 1
+#: Seeds are what ``mx.random.seed`` and numpy take: integers in [0, 2**64).
+SEED_LIMIT = 2**64
 
 
 @dataclass(frozen=True)
@@ -188,9 +198,9 @@ class ScoredCuts(Policy):
     keep: Tuple[float, ...] = ()
 
     def apply(self, config: "PruningConfig", schedule: Schedule) -> Schedule:
-        scorer, heads, window = config.scorer or "last", config.heads or "mean", config.window
-        if window is not None and window < 1:
-            raise UserInputError(f"window must be a positive integer, got {window!r}")
+        scorer = "last" if config.scorer is None else config.scorer
+        heads = "mean" if config.heads is None else config.heads
+        window = config.window
         make_scorer(scorer, heads, window, config.pool)  # the scorer checks its own fields
         m, num_layers, depth = schedule.method, schedule.num_layers, schedule.prompt_depth
         if config.prune_layers is None:
@@ -384,21 +394,24 @@ class PruningConfig:
         values = {
             "method": method,
             "revive": bool(self.revive),
-            "anchors": _non_negative_int("anchors", self.anchors),
-            "seed": _non_negative_int("seed", self.seed),
-            "pool": _non_negative_int("pool", self.pool),
+            "anchors": _bounded("anchors", self.anchors, 0, MAX_COUNT),
+            "seed": _bounded("seed", self.seed, 0, SEED_LIMIT - 1),
+            "pool": _bounded("pool", self.pool, 0, MAX_COUNT),
         }
         if self.prune_layers is not None:
             layers = _sequence("prune_layers", self.prune_layers)
-            values["prune_layers"] = tuple(_integer("each pruning layer", x) for x in layers)
+            # negative layers pass here: resolve() names the model's valid range
+            values["prune_layers"] = tuple(
+                _bounded("each pruning layer", x, -MAX_COUNT, MAX_COUNT) for x in layers)
         if self.keep is not None:
             keep = _sequence("keep", self.keep)
             values["keep"] = tuple(_real("each keep fraction", x) for x in keep)
         for name in ("scorer", "heads", "source"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise UserInputError(f"{name} must be a string, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise UserInputError(f"{name} must be a non-empty string, got {_shown(value)}")
         if self.window is not None:
-            values["window"] = _integer("window", self.window)
+            values["window"] = _bounded("window", self.window, 1, MAX_COUNT)
         if self.fingerprint is not None:
             pairs = (self.fingerprint.items() if isinstance(self.fingerprint, dict)
                      else _sequence("fingerprint", self.fingerprint))
@@ -407,7 +420,7 @@ class PruningConfig:
             c = self.speed_cutoff
             values["speed_cutoff"] = (
                 _real("speed_cutoff", c) if isinstance(c, (float, np.floating))
-                else _integer("speed_cutoff", c)
+                else _bounded("speed_cutoff", c, -MAX_COUNT, MAX_COUNT)
             )
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -431,14 +444,7 @@ class PruningConfig:
             UserInputError: missing, malformed or mismatched file, naming the field.
         """
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise UserInputError(f"schedule file {path} does not exist") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserInputError(f"cannot read schedule file {path}: {e}") from None
-        except json.JSONDecodeError as e:
-            raise UserInputError(f"schedule file {path} is not valid JSON: {e}") from None
+        data = read_json(path, f"schedule file {path}", SCHEDULE_MAX_BYTES, SCHEDULE_MAX_DEPTH)
         if not isinstance(data, dict) or data.get("format") != SCHEDULE_FORMAT:
             raise UserInputError(f"{path} is not an mlx-lazy schedule file (field 'format' must "
                                  f"be {SCHEDULE_FORMAT!r})")
@@ -453,9 +459,9 @@ class PruningConfig:
                                  f"(fields: {', '.join(SCHEDULE_FIELDS)})")
         saved = model["fingerprint"]
         layers = saved.get("num_layers")
-        if not isinstance(layers, int) or layers < 1:
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= MAX_COUNT:
             raise UserInputError(f"schedule file {path}: model.fingerprint.num_layers must be a "
-                                 f"positive integer, got {layers!r}")
+                                 f"positive integer, got {_shown(layers)}")
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
         try:
             out = cls(**values, source=f"calibrated:{path.name}", fingerprint=saved)
@@ -518,6 +524,22 @@ class PruningConfig:
                                  f"use {uses}")
 
 
+def check_fits(schedule: Schedule, context: Optional[int]) -> None:
+    """Refuse a schedule whose token counts exceed a model's context of ``context`` tokens
+    (None: no known limit): a pool radius or a scoring window longer than any prompt the
+    model can take.
+
+    Raises:
+        UserInputError: naming the field and the context.
+    """
+    if context is None:
+        return
+    for name, value in (("pool", schedule.pool), ("window", schedule.window)):
+        if value is not None and value > context:
+            raise UserInputError(f"{name}={value} is more than the model's context of "
+                                 f"{context} tokens (lower {name})")
+
+
 def layers_at(fractions: Tuple[float, ...], num_layers: int,
               prompt_depth: Optional[int] = None) -> Tuple[int, ...]:
     """Pruning layers at fractions of the depth: fraction f cuts after layer
@@ -536,15 +558,26 @@ def _listing(words: list[str], conjunction: str) -> str:
 def _integer(name: str, x: Any) -> int:
     """``x`` as an int: Python and numpy integers pass, bools and anything else do not."""
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
-        raise UserInputError(f"{name} must be an integer, got {x!r}")
+        raise UserInputError(f"{name} must be an integer, got {_shown(x)}")
     return int(x)
 
 
-def _non_negative_int(name: str, x: Any) -> int:
+def _bounded(name: str, x: Any, low: int, high: int) -> int:
+    """``x`` as an int in [low, high] (see :func:`_integer`)."""
     value = _integer(name, x)
-    if value < 0:
-        raise UserInputError(f"{name} must be a non-negative integer, got {x!r}")
+    if not low <= value <= high:
+        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(low)
+        bound = f"{kind} of at most {high}" if kind else f"an integer in [{low}, {high}]"
+        raise UserInputError(f"{name} must be {bound}, got {_shown(x)}")
     return value
+
+
+def _shown(x: Any) -> str:
+    """``repr(x)``, except that an integer too long to read (or for Python to print past its
+    4,300-digit limit) is shown by its number of digits."""
+    if isinstance(x, int) and x.bit_length() > 64:
+        return f"an integer of about {round(x.bit_length() * math.log10(2))} digits"
+    return repr(x)
 
 
 def _real(name: str, x: Any) -> Union[float, int]:
@@ -562,7 +595,7 @@ def _sequence(name: str, x: Any) -> tuple:
 
 def _check_fraction(k: float) -> None:
     if not isinstance(k, (int, float)) or not 0.0 < k <= 1.0:
-        raise UserInputError(f"keep fractions must be in (0, 1], got {k!r}")
+        raise UserInputError(f"keep fractions must be in (0, 1], got {_shown(k)}")
 
 
 def _resolve_cutoff(cutoff: Union[float, int], num_layers: int) -> int:

@@ -1,9 +1,13 @@
-"""PruningConfig presets and validation."""
+"""PruningConfig presets and validation; schedule files."""
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mlx_lazy import METHODS, PruningConfig, UserInputError
+from mlx_lazy.schedule import MAX_COUNT, SCHEDULE_FORMAT, SCHEDULE_MAX_BYTES, check_fits
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -104,3 +108,102 @@ def test_speed_cutoff_leaving_no_room_for_the_preset_cut_says_so():
     assert "SPEED cutoff 1 leaves no room" in message and "speed_cutoff" in message
     assert "[-1]" not in message  # no layers the user never gave
     assert PruningConfig("lazy+speed", speed_cutoff=2).resolve(30).prune_layers == (0,)
+
+
+# ------------------------------------------------------------------ input domains
+
+HUGE = 10**5000  # past Python's 4,300-digit limit for printing an int
+
+
+@pytest.mark.parametrize("fields, name", [
+    (dict(method="lazy", pool=10**20), "pool"),
+    (dict(method="lazy", pool=HUGE), "pool"),
+    (dict(method="lazy", pool=MAX_COUNT + 1), "pool"),
+    (dict(method="lazy", scorer="window", window=10**20), "window"),
+    (dict(method="speed", anchors=HUGE), "anchors"),
+    (dict(method="random", seed=2**64), "seed"),
+    (dict(method="lazy", prune_layers=(3, HUGE), keep=(0.5, 0.3)), "each pruning layer"),
+    (dict(method="lazy", prune_layers=(-HUGE,), keep=(0.5,)), "each pruning layer"),
+    (dict(method="speed", speed_cutoff=HUGE), "speed_cutoff"),
+])
+def test_integers_are_bounded_on_construction(fields, name):
+    with pytest.raises(UserInputError, match=f"^{name} must be") as err:
+        PruningConfig(**fields)
+    assert len(str(err.value)) < 200  # the value is described, not printed in full
+
+
+def test_bounds_are_inclusive():
+    assert PruningConfig("lazy", pool=MAX_COUNT).pool == MAX_COUNT
+    assert PruningConfig("random", seed=2**64 - 1).seed == 2**64 - 1
+
+
+def test_a_huge_keep_fraction_is_refused_by_name():
+    with pytest.raises(UserInputError, match="keep fractions must be in"):
+        PruningConfig("lazy", prune_layers=(3,), keep=(HUGE,)).resolve(30)
+
+
+@pytest.mark.parametrize("fields", [dict(scorer=""), dict(heads=""), dict(scorer=" "),
+                                    dict(heads="\t")])
+def test_names_are_non_empty(fields):
+    with pytest.raises(UserInputError, match=f"{next(iter(fields))} must be a non-empty string"):
+        PruningConfig("lazy", **fields)
+
+
+def test_pool_and_window_must_fit_the_context():
+    schedule = PruningConfig("lazy", pool=100, scorer="window", window=50).resolve(30)
+    check_fits(schedule, 100)  # equal to the context: fits
+    check_fits(schedule, None)  # no known context: nothing to check
+    with pytest.raises(UserInputError, match="pool=100 is more than the model's context of 99"):
+        check_fits(schedule, 99)
+    window = PruningConfig("lazy", scorer="window", window=50).resolve(30)
+    with pytest.raises(UserInputError, match="window=50 is more than the model's context of 49"):
+        check_fits(window, 49)
+
+
+# ------------------------------------------------------------------ schedule files
+
+
+def schedule_doc(**config) -> dict:
+    return {"format": SCHEDULE_FORMAT, "model": {"fingerprint": {"num_layers": 30}},
+            "config": {"method": "lazy", **config}}
+
+
+def test_a_valid_schedule_file_loads(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(schedule_doc(prune_layers=[20], keep=[0.3], pool=4)))
+    config = PruningConfig.from_file(path)
+    assert (config.prune_layers, config.keep, config.pool) == ((20,), (0.3,), 4)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("[" * 200_000, "nests arrays or objects more than 16 deep"),  # the parser's recursion
+    (json.dumps(dict(schedule_doc(), evidence=json.loads("[" * 16 + "]" * 16))),
+     "more than 16 deep"),  # parsed (17 deep), but deeper than the limit
+    (json.dumps(schedule_doc())[:-2] + ', "pool": ' + "9" * 5000 + "}}", "not valid JSON"),
+    (json.dumps(schedule_doc(pool=10**30)), "invalid config: pool must be"),
+    (json.dumps(schedule_doc(scorer="")), "invalid config: scorer must be a non-empty"),
+    (json.dumps(dict(schedule_doc(), model={"fingerprint": {"num_layers": 10**400}})),
+     "num_layers must be a positive integer"),
+    (json.dumps(schedule_doc()) + " " * (SCHEDULE_MAX_BYTES + 1 - len(json.dumps(schedule_doc()))),
+     "larger than the limit of 1 MiB"),
+    (b"\xff\xfe{}", "not valid UTF-8"),
+])
+def test_bad_schedule_files_are_user_errors_naming_the_file(tmp_path, text, fragment):
+    path = tmp_path / "bad.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(UserInputError) as err:
+        PruningConfig.from_file(path)
+    assert str(path) in str(err.value) and fragment in str(err.value)
+
+
+def test_the_largest_schedule_file_allowed_loads(tmp_path):
+    text = json.dumps(schedule_doc())
+    path = tmp_path / "s.json"
+    path.write_text(text + " " * (SCHEDULE_MAX_BYTES - len(text)))
+    assert PruningConfig.from_file(path).method == "lazy"
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_an_endless_schedule_file_is_cut_at_the_limit():
+    with pytest.raises(UserInputError, match="schedule file /dev/zero is larger than the limit"):
+        PruningConfig.from_file("/dev/zero")

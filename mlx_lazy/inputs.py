@@ -1,0 +1,79 @@
+"""Reading what a user names with bounds: a size limit (``/dev/zero`` never ends) and, for
+JSON, a nesting limit (deep nesting exhausts the parser's recursion)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, BinaryIO, Union
+
+from .errors import UserInputError
+
+MiB = 1 << 20
+
+
+def read_stream(f: BinaryIO, what: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``f``, all of it.
+
+    Raises:
+        UserInputError: ``f`` holds more than ``limit`` bytes, naming ``what``.
+    """
+    data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UserInputError(f"{what} is larger than the limit of {_size(limit)}")
+    return data
+
+
+def read_file(path: Union[str, Path], what: str, limit: int) -> bytes:
+    """The bytes of the file at ``path`` (at most ``limit``).
+
+    Raises:
+        UserInputError: a missing, unreadable or larger file, naming ``what``.
+    """
+    try:
+        with open(path, "rb") as f:
+            return read_stream(f, what, limit)
+    except FileNotFoundError:
+        raise UserInputError(f"{what} does not exist") from None
+    except OSError as e:
+        raise UserInputError(f"cannot read {what}: {e.strerror or e}") from None
+
+
+def read_json(path: Union[str, Path], what: str, limit: int, max_depth: int) -> Any:
+    """The JSON document in the UTF-8 file at ``path``, at most ``limit`` bytes and
+    ``max_depth`` arrays or objects deep.
+
+    Raises:
+        UserInputError: as :func:`read_file`, or text that is not UTF-8, not JSON (numbers
+            too long for Python's int conversion included) or nested too deeply.
+    """
+    data = read_file(path, what, limit)
+    deep = f"{what} nests arrays or objects more than {max_depth} deep"
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserInputError(f"{what} is not valid UTF-8 (offset {e.start})") from None
+    except RecursionError:  # the parser's own depth limit, far beyond max_depth
+        raise UserInputError(deep) from None
+    except ValueError as e:  # JSONDecodeError, or an integer of thousands of digits
+        raise UserInputError(f"{what} is not valid JSON: {e}") from None
+    if _depth(doc) > max_depth:
+        raise UserInputError(deep)
+    return doc
+
+
+def _depth(doc: Any) -> int:
+    """Nesting depth of arrays and objects in a parsed JSON document (a scalar: 0),
+    without recursion."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (list, dict)):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1)
+                         for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def _size(n: int) -> str:
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n:,} bytes"
