@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -41,7 +42,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from jinja2 import TemplateError
 from mlx_lm.sample_utils import make_sampler
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -49,7 +50,7 @@ from .adapter import ModelAdapter
 from .cli import METHOD_HELP, OneLineParser, method_arg, temperature_arg, top_p_arg
 from .api import (_encode, check_anchors, check_context, check_tokens, context_length, load,
                   stream_generate)
-from .errors import UserInputError
+from .errors import UserInputError, one_line
 from .schedule import PruningConfig, compose
 
 log = logging.getLogger("mlx_lazy.server")
@@ -58,6 +59,10 @@ DEFAULT_PORT = 8080
 DEFAULT_MAX_TOKENS = 512  # mlx-lm's server default
 DEFAULT_MAX_QUEUE = 8
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+DEFAULT_BODY_TIMEOUT_S = 30.0
+# A job with no prefill layer or decode step done for this long is reported stuck. The slowest
+# step here, a layer of an 8K-token prefill on a CPU, takes seconds.
+DEFAULT_STALL_TIMEOUT_S = 300.0
 SSE_PING_S = 15  # a comment line keeps proxies from closing a stream during a long prefill
 _LOOPBACK_NAMES = ("localhost",)
 
@@ -118,14 +123,27 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
+def _utf8(text: str) -> str:
+    """``text`` when it can be encoded (JSON's ``"\\ud800"`` decodes to a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid text: {text[e.start]!r} at index {e.start} is a lone "
+                         "surrogate") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+
+
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class Message(_Strict):
-    role: str
-    content: Union[str, List[TextPart], None] = None
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Union[Text, List[TextPart]]
 
 
 class StreamOptions(_Strict):
@@ -137,12 +155,12 @@ class _Body(_Strict):
     max_tokens: Optional[Annotated[int, Field(ge=1)]] = None
     temperature: Optional[Annotated[float, Field(ge=0.0, le=2.0)]] = None
     top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0)]] = None
-    seed: Optional[int] = None
+    seed: Optional[Annotated[int, Field(ge=0, lt=2**64)]] = None  # mx.random.seed's domain
     stop: Union[str, Annotated[List[str], Field(max_length=4)], None] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: Literal[1] = 1
-    pruning: Union[str, Dict[str, Any], None] = None
+    pruning: Union[Text, Dict[str, Any], None] = None
 
 
 class ChatRequest(_Body):
@@ -151,28 +169,44 @@ class ChatRequest(_Body):
 
 
 class CompletionRequest(_Body):
-    prompt: Union[Annotated[str, Field(min_length=1)], Annotated[List[int], Field(min_length=1)]]
+    prompt: Union[Annotated[Text, Field(min_length=1)], Annotated[List[int], Field(min_length=1)]]
 
 
 # ---------------------------------------------------------------- pruning per request
 
 
-def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig) -> PruningConfig:
-    """The configuration a ``"pruning"`` value asks for (not yet checked against a model).
+INTERNAL_FIELDS = ("source", "fingerprint")  # PruningConfig fields set by schedule files only
+TOKEN_FIELDS = ("pool", "window")  # PruningConfig fields counted in tokens
 
-    A string is a method (its preset). An object holds :class:`PruningConfig` fields; with a
-    ``"method"`` it overrides that preset, without one the server's ``default``. JSON
-    arrays become tuples.
+
+def check_token_fields(config: PruningConfig, context: Optional[int]) -> None:
+    """Raise UserInputError when a field counted in tokens exceeds a context of ``context``
+    tokens (None: no known limit); it would only cost memory and time."""
+    for name in TOKEN_FIELDS:
+        value = getattr(config, name)
+        if context is not None and value is not None and value > context:
+            raise UserInputError(f"{name}={value} exceeds the model's context of {context} tokens")
+
+
+def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig,
+                   context: Optional[int] = None) -> PruningConfig:
+    """The configuration a ``"pruning"`` value asks for (its layer ranges not yet checked
+    against a model).
+
+    A string is a method (its preset). An object holds :class:`PruningConfig` fields other
+    than :data:`INTERNAL_FIELDS`; with a ``"method"`` it overrides that preset, without one
+    the server's ``default``. JSON arrays become tuples.
 
     Raises:
-        APIError: 400 for an unknown preset, method or field, or a field of the wrong type.
+        APIError: 400 for an unknown preset, method or field, a field of the wrong type, or a
+            field of :data:`TOKEN_FIELDS` beyond ``context``.
     """
     if isinstance(spec, str):
         fields, method = {}, spec
     else:
         fields = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.items()}
         method = fields.pop("method", None)
-        names = {f.name for f in dataclasses.fields(PruningConfig)}
+        names = {f.name for f in dataclasses.fields(PruningConfig)} - set(INTERNAL_FIELDS)
         unknown = sorted(set(fields) - names)
         if unknown:
             raise APIError(400, f"unknown pruning field {unknown[0]!r}; fields are "
@@ -184,11 +218,12 @@ def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig) -> 
             raise APIError(400, str(e),
                            param="pruning" if isinstance(spec, str) else "pruning.method") from None
     try:  # PruningConfig checks its fields' types on construction
-        if method is None:
-            return dataclasses.replace(default, **fields)
-        return PruningConfig.preset(method, **fields)
+        config = (dataclasses.replace(default, **fields) if method is None
+                  else PruningConfig.preset(method, **fields))
+        check_token_fields(config, context)
     except UserInputError as e:
         raise APIError(400, str(e), param="pruning") from None
+    return config
 
 
 # ---------------------------------------------------------------- generation worker
@@ -219,6 +254,7 @@ class Done:
 class Job:
     """One validated request waiting for, or in, generation."""
 
+    id: str  # the response's id, also named in the log and in a 500's message
     tokens: List[int]
     max_tokens: int
     temperature: float
@@ -226,7 +262,6 @@ class Job:
     seed: Optional[int]
     stop: List[str]
     config: PruningConfig
-    per_request: bool  # the request set its own pruning
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -234,12 +269,17 @@ class Job:
     layers_done: int = 0
     generated: int = 0
 
-    def emit(self, item: Union[Delta, Done, BaseException]) -> None:
+    def emit(self, item: Union[Delta, Done, "APIError"]) -> None:
         """Hand ``item`` to the request's event loop (thread-safe)."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
         except RuntimeError:  # the loop has closed (shutdown)
             self.cancel.set()
+
+    def fail(self) -> None:
+        """End the request with a 500 that names it (the log has the traceback)."""
+        self.emit(APIError(500, f"generation failed (request {self.id}; see the server log)",
+                           type="server_error", code="generation_failed"))
 
 
 class StopText:
@@ -272,7 +312,9 @@ class Worker:
     """Owns the model on one thread and generates one :class:`Job` at a time, in order.
 
     The model is loaded on that thread too (MLX work stays on the thread that created it,
-    as in mlx-lm's server).
+    as in mlx-lm's server). The thread is supervised: an exception in a job fails that job
+    and the thread goes on to the next; should the thread itself end, the running and
+    waiting jobs fail and later ones are refused (``/health`` says ``"dead"``).
     """
 
     def __init__(self, model_path: Optional[str], max_queue: int) -> None:
@@ -283,13 +325,16 @@ class Worker:
         self.context: Optional[int] = None
         self.current: Optional[Job] = None
         self.waiting = 0
-        self.completed = self.cancelled = 0
+        self.completed = self.cancelled = self.failed = 0
         self.mean_seconds = 0.0
+        self.last_progress = time.monotonic()  # of the running job: a step, a prefill layer
         self._jobs: "queue.Queue[Job]" = queue.Queue()
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._load_error: Optional[BaseException] = None
-        threading.Thread(target=self._run, name="mlx-lazy-generation", daemon=True).start()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="mlx-lazy-generation", daemon=True)
+        self._thread.start()
 
     def wait_ready(self) -> None:
         """Block until the model is loaded.
@@ -305,13 +350,23 @@ class Worker:
             msg = " ".join(str(self._load_error).split())
             raise UserInputError(f"cannot load {what}: {msg}") from None
 
+    @property
+    def alive(self) -> bool:
+        """Whether the generation thread is running and taking jobs."""
+        return self._thread.is_alive() and not self._stopped
+
     def submit(self, job: Job) -> None:
         """Queue ``job``.
 
         Raises:
-            APIError: 503 with ``Retry-After`` when ``max_queue`` requests already wait.
+            APIError: 503, with ``Retry-After`` when ``max_queue`` requests already wait, or
+                when the generation thread has ended.
         """
         with self._lock:
+            if not self.alive:
+                raise APIError(503, "the generation worker has stopped (see the server log); "
+                                    "the server must be restarted", type="server_error",
+                               code="worker_dead")
             ahead = self.waiting + (self.current is not None)
             if ahead > self.max_queue:
                 retry = max(1, math.ceil(self.mean_seconds * ahead))
@@ -319,18 +374,19 @@ class Worker:
                                     f"in {retry} s", type="server_error", code="queue_full",
                                headers={"Retry-After": str(retry)})
             self.waiting += 1
-        self._jobs.put(job)
+            self._jobs.put(job)
 
     def status(self) -> dict:
         """What ``/health`` reports about the queue and the running generation."""
         job = self.current
         running = None if job is None else {
-            "phase": job.phase, "layers_done": job.layers_done, "num_layers": self.num_layers,
-            "prompt_tokens": len(job.tokens), "generated_tokens": job.generated,
-            "method": job.config.method,
+            "id": job.id, "phase": job.phase, "layers_done": job.layers_done,
+            "num_layers": self.num_layers, "prompt_tokens": len(job.tokens),
+            "generated_tokens": job.generated, "method": job.config.method,
+            "seconds_since_progress": round(time.monotonic() - self.last_progress, 3),
         }
         return {"queued": self.waiting, "generating": running, "completed": self.completed,
-                "cancelled": self.cancelled}
+                "cancelled": self.cancelled, "failed": self.failed}
 
     def _run(self) -> None:
         try:
@@ -343,31 +399,50 @@ class Worker:
             self._ready.set()
             return
         self._ready.set()
-        while True:
-            job = self._jobs.get()
+        try:
+            while True:
+                self._supervise(self._jobs.get())
+        except BaseException:  # SystemExit, KeyboardInterrupt or a bug here: fail what is left
+            log.critical("the generation worker stopped:\n%s", traceback.format_exc())
             with self._lock:
-                self.waiting -= 1
-                self.current = job
-            tic = time.perf_counter()
-            finished = False
-            try:
-                finished = self._generate(job)
-            finally:
-                with self._lock:
-                    self.current = None
-                    self.completed += finished
-                    self.cancelled += not finished
-                    took = time.perf_counter() - tic
-                    # a moving average of request durations, for Retry-After
-                    self.mean_seconds = (0.8 * self.mean_seconds + 0.2 * took
-                                         if self.mean_seconds else took)
+                self._stopped = True
+                left = [self.current] if self.current is not None else []
+                while not self._jobs.empty():
+                    left.append(self._jobs.get_nowait())
+            for job in left:
+                job.fail()
+
+    def _supervise(self, job: Job) -> None:
+        """Run ``job``, turning any exception into that job's failure, and count it."""
+        with self._lock:
+            self.waiting -= 1
+            self.current = job
+            self.last_progress = time.monotonic()
+        tic = time.perf_counter()
+        outcome = "cancelled"
+        try:
+            if self._generate(job):
+                outcome = "completed"
+        except Exception:  # an internal error: logged with the request's id, the request gets a 500
+            log.error("request %s failed:\n%s", job.id, traceback.format_exc())
+            job.fail()
+            outcome = "failed"
+        finally:
+            mx.clear_cache()
+        with self._lock:
+            self.current = None
+            setattr(self, outcome, getattr(self, outcome) + 1)
+            took = time.perf_counter() - tic
+            # a moving average of request durations, for Retry-After
+            self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * took if self.mean_seconds else took
 
     def _generate(self, job: Job) -> bool:
-        """Run ``job``; True when it ran to its end (not cancelled, no error)."""
+        """Run ``job``; True when it ran to its end, False when it was cancelled."""
         if job.cancel.is_set():
             return False
 
         def progress(processed: int, total: int) -> None:  # prompt tokens, as mlx-lm counts
+            self.last_progress = time.monotonic()
             job.layers_done = processed * self.num_layers // max(total, 1)
             if job.cancel.is_set():
                 raise _Cancelled
@@ -384,6 +459,7 @@ class Worker:
                 prompt_progress_callback=progress,
             )) as responses:
                 for resp in responses:
+                    self.last_progress = time.monotonic()
                     if job.cancel.is_set():
                         return False
                     job.phase, job.generated = "decode", resp.generation_tokens
@@ -393,35 +469,29 @@ class Worker:
                     finish = "stop" if hit else resp.finish_reason
                     if finish:
                         break
-            tail = stop.flush()  # empty after a stop string; after EOS, the held-back text
-            if tail:
-                job.emit(Delta(tail))
-            s = resp.stats
-            job.emit(Done(finish, resp.prompt_tokens, resp.generation_tokens, {
-                "method": s.method, "ttft_s": s.ttft_s,
-                "schedule_source": "request" if job.per_request else s.schedule["source"],
-                "prompt_tokens_computed_pct": s.prompt_tokens_computed_pct,
-                "kv_bytes": s.kv_bytes, "revivals": s.revivals,
-            }))
-            return True
         except _Cancelled:
             return False
-        except Exception as e:  # an internal error: logged, and the request gets a 500
-            log.error("generation failed:\n%s", traceback.format_exc())
-            job.emit(e)
-            return False
-        finally:
-            mx.clear_cache()
+        tail = stop.flush()  # empty after a stop string; after EOS, the held-back text
+        if tail:
+            job.emit(Delta(tail))
+        s = resp.stats
+        job.emit(Done(finish, resp.prompt_tokens, resp.generation_tokens, {
+            "method": s.method, "ttft_s": s.ttft_s, "schedule_source": s.schedule["source"],
+            "prompt_tokens_computed_pct": s.prompt_tokens_computed_pct,
+            "kv_bytes": s.kv_bytes, "revivals": s.revivals,
+        }))
+        return True
 
 
 # ---------------------------------------------------------------- the HTTP application
 
 
 class BodyLimit:
-    """ASGI middleware: a POST body over ``limit`` bytes is answered 413 before any parsing."""
+    """ASGI middleware: a POST body over ``limit`` bytes is answered 413, and one that has not
+    fully arrived ``timeout`` seconds after its headers 408, before any parsing."""
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, timeout: float) -> None:
+        self.app, self.limit, self.timeout = app, limit, timeout
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -432,8 +502,15 @@ class BodyLimit:
         if length.isdigit() and int(length) > self.limit:
             return await too_large.response()(scope, receive, send)
         chunks, size, more = [], 0, True
+        deadline = asyncio.get_running_loop().time() + self.timeout
         while more:  # a chunked body has no Content-Length: count as it arrives
-            message = await receive()
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(left, 0))
+            except asyncio.TimeoutError:
+                slow = APIError(408, f"the request body did not arrive within {self.timeout:g} s",
+                                code="request_timeout", headers={"Connection": "close"})
+                return await slow.response()(scope, receive, send)
             if message["type"] == "http.disconnect":
                 return
             chunks.append(message.get("body", b""))
@@ -455,7 +532,10 @@ class BodyLimit:
 
 @dataclasses.dataclass
 class ServerSettings:
-    """What the command line sets: the model, defaults for requests, limits, the API key."""
+    """What the command line sets: the model, defaults for requests, limits, the API key.
+
+    ``max_prompt_tokens`` None: what fits the model's context (one token left for the answer).
+    """
 
     model: Optional[str] = None
     config: PruningConfig = dataclasses.field(default_factory=PruningConfig)
@@ -466,18 +546,18 @@ class ServerSettings:
     max_queue: int = DEFAULT_MAX_QUEUE
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     api_key: Optional[str] = None
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
 
 
 def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
     """The FastAPI application serving ``worker``'s (loaded) model with ``settings``."""
     app = FastAPI(title="mlx-lazy", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, timeout=settings.body_timeout_s)
     model_id = settings.model or "default_model"
     created = int(time.time())
     tokenizer = worker.tokenizer
-    # A prompt must leave room for one new token in the model's context.
-    limits = [n for n in (settings.max_prompt_tokens, worker.context and worker.context - 1) if n]
-    prompt_limit = min(limits) if limits else None
+    prompt_limit = settings.max_prompt_tokens or (worker.context and worker.context - 1)
     bearer = HTTPBearer(auto_error=False)
 
     @app.exception_handler(APIError)
@@ -494,8 +574,10 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.error("internal error:\n%s", "".join(traceback.format_exception(exc)))
-        return APIError(500, "internal server error", type="server_error").response()
+        rid = "req-" + uuid.uuid4().hex
+        log.error("request %s failed:\n%s", rid, "".join(traceback.format_exception(exc)))
+        return APIError(500, f"internal server error (request {rid}; see the server log)",
+                        type="server_error").response()
 
     def authorize(credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
         if settings.api_key is None:
@@ -506,9 +588,9 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
                            type="authentication_error", code="invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
 
-    def make_job(body: _Body, tokens: List[int], max_tokens: Optional[int]) -> Job:
-        per_request = body.pruning is not None
-        config = pruning_config(body.pruning, settings.config) if per_request else settings.config
+    def make_job(rid: str, body: _Body, tokens: List[int], max_tokens: Optional[int]) -> Job:
+        config = (settings.config if body.pruning is None
+                  else pruning_config(body.pruning, settings.config, worker.context))
         n = len(tokens)
         try:
             check_anchors(config.resolve(worker.num_layers), n)
@@ -526,11 +608,10 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         except ValueError as e:
             raise APIError(400, str(e), param="max_tokens", code="context_length_exceeded") from None
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        return Job(tokens=tokens, max_tokens=max_tokens,
+        return Job(id=rid, tokens=tokens, max_tokens=max_tokens,
                    temperature=settings.temperature if body.temperature is None else body.temperature,
                    top_p=settings.top_p if body.top_p is None else body.top_p,
-                   seed=body.seed, stop=stop, config=config, per_request=per_request,
-                   loop=asyncio.get_running_loop())
+                   seed=body.seed, stop=stop, config=config, loop=asyncio.get_running_loop())
 
     async def events(job: Job, request: Optional[Request]) -> AsyncIterator[Union[Delta, Done]]:
         """The job's output; setting ``job.cancel`` when the consumer stops early. With
@@ -546,7 +627,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
                         if await request.is_disconnected():
                             return
                         continue
-                if isinstance(item, BaseException):
+                if isinstance(item, APIError):
                     raise item
                 yield item
                 if isinstance(item, Done):
@@ -561,22 +642,19 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
 
     async def respond(body: _Body, tokens: List[int], request: Request, chat: bool,
                       max_tokens: Optional[int]):
-        job = make_job(body, tokens, max_tokens)
-        worker.submit(job)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        job = make_job(rid, body, tokens, max_tokens)
+        worker.submit(job)
         obj = "chat.completion" if chat else "text_completion"
         head = {"id": rid, "object": obj, "created": int(time.time()), "model": model_id}
 
         if not body.stream:
             text, done = "", None
-            try:
-                async for item in events(job, request):
-                    if isinstance(item, Delta):
-                        text += item.text
-                    else:
-                        done = item
-            except Exception:
-                raise APIError(500, "generation failed (see the server log)", type="server_error")
+            async for item in events(job, request):  # a failed job raises its APIError
+                if isinstance(item, Delta):
+                    text += item.text
+                else:
+                    done = item
             if done is None:  # the client went away
                 return JSONResponse({}, status_code=499)
             out = ({"message": {"role": "assistant", "content": text}} if chat
@@ -608,9 +686,8 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
                     if include_usage:
                         yield json.dumps({**head, "object": "chat.completion.chunk" if chat
                                           else obj, "choices": [], "usage": usage(item)})
-            except Exception:
-                yield json.dumps(APIError(500, "generation failed (see the server log)",
-                                          type="server_error").body())
+            except APIError as e:  # the job failed
+                yield json.dumps(e.body())
             yield "[DONE]"
 
         return EventSourceResponse(sse(), ping=SSE_PING_S, sep="\n")
@@ -628,8 +705,15 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         return list(tokenizer.encode(text, add_special_tokens=False))
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "model": model_id, **worker.status()}
+    async def health() -> JSONResponse:
+        """200 with ``"status": "ok"``; 503 with ``"dead"`` when the generation thread has
+        ended, ``"stuck"`` when its job has made no progress for ``stall_timeout_s``."""
+        status = worker.status()
+        stalled = (status["generating"] is not None and
+                   status["generating"]["seconds_since_progress"] > settings.stall_timeout_s)
+        state = "dead" if not worker.alive else "stuck" if stalled else "ok"
+        return JSONResponse({"status": state, "model": model_id, **status},
+                            status_code=200 if state == "ok" else 503)
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models() -> dict:
@@ -674,8 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"{METHOD_HELP}; the default for requests without a 'pruning' field "
                         "(default: full)")
     p.add_argument("--schedule", default=None, metavar="FILE",
-                   help="default pruning from a JSON file of PruningConfig fields "
-                        "(overrides --method)")
+                   help="default pruning from a calibrated schedule file (as mlx-lazy-calibrate "
+                        "and mlx_lazy.write_schedule write them; overrides --method)")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help="default max_tokens of a request")
     p.add_argument("--temp", type=temperature_arg, default=0.0,
@@ -683,12 +767,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=top_p_arg, default=1.0, help="default sampling top-p")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longer prompts are refused with HTTP 413 (default and upper bound: "
-                        "what fits the model's context)")
+                        "the model's context less one token)")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help="requests that may wait behind the running one; more get HTTP 503 "
                         f"with Retry-After (default {DEFAULT_MAX_QUEUE})")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="larger request bodies get HTTP 413")
+    p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S, metavar="SECONDS",
+                   help="a request body not received this long after its headers gets HTTP 408 "
+                        f"(default {DEFAULT_BODY_TIMEOUT_S:g})")
+    p.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
+                   metavar="SECONDS",
+                   help="/health answers 503 'stuck' when a generation has made no progress "
+                        f"(a prefill layer, a token) for this long (default {DEFAULT_STALL_TIMEOUT_S:g})")
     p.add_argument("--api-key", default=os.environ.get("MLX_LAZY_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $MLX_LAZY_API_KEY; "
                         "none: no authentication)")
@@ -722,6 +813,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         raise UserInputError(f"--port must be in 1..65535, got {args.port}")
     if args.api_key is not None and not args.api_key:
         raise UserInputError("--api-key is empty")
+    for name in ("body_timeout", "stall_timeout"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            raise UserInputError(f"--{name.replace('_', '-')} must be a positive number of "
+                                 f"seconds, got {value}")
     if args.schedule is not None:
         config = PruningConfig.from_file(args.schedule)
     else:
@@ -729,7 +825,29 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(
         model=args.model, config=config, max_tokens=args.max_tokens,
         temperature=args.temp, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens,
-        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, api_key=args.api_key)
+        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, api_key=args.api_key,
+        body_timeout_s=args.body_timeout, stall_timeout_s=args.stall_timeout)
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (not yet listening).
+
+    Raises:
+        UserInputError: the address does not resolve, is not this machine's, or is in use.
+    """
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UserInputError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    family, kind, proto, _, address = info[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise UserInputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -740,23 +858,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     try:
         settings = settings_from_args(args)
+        sock = listen_socket(args.host, args.port)  # before the (slow) model load
         worker = Worker(settings.model, settings.max_queue)
         worker.wait_ready()
+        limit, context = settings.max_prompt_tokens, worker.context
+        if limit is not None and context is not None and limit >= context:
+            raise UserInputError(f"--max-prompt-tokens {limit} leaves no room for an answer in "
+                                 f"the model's context of {context} tokens (at most {context - 1})")
         try:
             settings.config.check_model(ModelAdapter(worker.model).fingerprint())
             settings.config.resolve(worker.num_layers)
+            check_token_fields(settings.config, context)
         except ValueError as e:
             flag = f"--schedule {args.schedule}" if args.schedule else f"--method {args.method}"
             raise UserInputError(f"{flag}: {e}") from None
     except UserInputError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     if not is_loopback(args.host) and settings.api_key is None:
         print(f"warning: listening on {args.host} with no authentication: anyone who can reach "
               f"this port can use the model (set --api-key)", file=sys.stderr)
-    app = create_app(settings, worker)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
+    config = uvicorn.Config(create_app(settings, worker), log_level=args.log_level,
+                            timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

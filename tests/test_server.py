@@ -37,6 +37,7 @@ HOST = "127.0.0.1"  # tests never bind any other address
 START_TIMEOUT_S = 180
 MAX_PROMPT_TOKENS = 600
 MAX_BODY_BYTES = 20_000
+BODY_TIMEOUT_S = 2.0
 
 
 def free_port() -> int:
@@ -112,6 +113,7 @@ def run_server(model: Path, *args: str, tmp_path: Path) -> Iterator[Server]:
 def server(tiny_model_path, tmp_path_factory) -> Iterator[Server]:
     with run_server(tiny_model_path, "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
                     "--max-queue", "1", "--max-body-bytes", str(MAX_BODY_BYTES),
+                    "--body-timeout", str(BODY_TIMEOUT_S),
                     tmp_path=tmp_path_factory.mktemp("server")) as s:
         yield s
 
@@ -161,43 +163,77 @@ def test_loopback_detection():
     assert not any(map(is_loopback, ["0.0.0.0", "::", "192.168.1.2", "example.org"]))
 
 
-def test_bad_command_line_is_one_error_line(tmp_path, tiny_model_path, capsys):
-    assert main(["--model", str(tmp_path / "missing")]) == 2
+def one_error_line(capsys, argv: list) -> str:
+    """``main(argv)``'s single stderr line, after checking it exits with status 2."""
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: cannot load model")
-    assert err[0].count("cannot load") == 1, err
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_bad_command_line_is_one_error_line(tmp_path, tiny_model_path, capsys):
+    model = ["--model", str(tiny_model_path), "--port", str(free_port())]
+    line = one_error_line(capsys, ["--model", str(tmp_path / "missing"), *model[2:]])
+    assert line.startswith("error: cannot load model") and line.count("cannot load") == 1, line
     bad = tmp_path / "s.json"
     schedule = {"format": SCHEDULE_FORMAT, "model": {"fingerprint": {"num_layers": 4}},
                 "config": {"method": "lazy", "prune_layers": [0, 1], "keep": [0.5, 0.9]}}
     bad.write_text(json.dumps(schedule))
-    assert main(["--model", str(tiny_model_path), "--schedule", str(bad)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "keep fractions must not increase" in err[0], err
+    assert "keep fractions must not increase" in one_error_line(capsys, [*model, "--schedule", str(bad)])
     schedule["config"]["keep"] = [0.5, 0.3]  # valid, but calibrated for another model
     bad.write_text(json.dumps(schedule))
-    assert main(["--model", str(tiny_model_path), "--schedule", str(bad)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "calibrated for another model" in err[0], err
+    assert "calibrated for another model" in one_error_line(capsys, [*model, "--schedule", str(bad)])
+    bad.write_text("[" * 200_000)  # a RecursionError once
+    assert str(bad) in one_error_line(capsys, [*model, "--schedule", str(bad)])
+    for flag in ("--body-timeout", "--stall-timeout"):
+        for value in ("0", "-1", "nan", "inf"):
+            assert flag in one_error_line(capsys, [*model, flag, value])
+
+
+def test_start_up_errors_are_one_line(tiny_model_path, tmp_path, capsys):
+    model = ["--model", str(tiny_model_path)]
+    line = one_error_line(capsys, [*model, "--host", "999.1.1.1", "--port", str(free_port())])
+    assert line.startswith("error: cannot listen on 999.1.1.1:"), line
+    with socket.socket() as busy:
+        busy.bind((HOST, 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        line = one_error_line(capsys, [*model, "--host", HOST, "--port", str(port)])
+    assert line.startswith(f"error: cannot listen on {HOST}:{port}") and "in use" in line, line
+    # A prompt limit the model's context cannot hold is refused, not clamped.
+    context = json.loads((tiny_model_path / "config.json").read_text())["max_position_embeddings"]
+    argv = [*model, "--port", str(free_port()), "--max-prompt-tokens"]
+    assert f"at most {context - 1}" in one_error_line(capsys, [*argv, str(context)])
+    # So is a default pruning whose pool reaches beyond the context.
+    fingerprint = ModelAdapter(load(tiny_model_path)[0]).fingerprint()
+    wide = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), pool=context + 1)
+    path = write_schedule(tmp_path / "wide.json", wide, fingerprint, {"note": "test"})
+    line = one_error_line(capsys, [*argv[:-1], "--schedule", str(path)])
+    assert f"pool={context + 1} exceeds the model's context of {context}" in line, line
 
 
 # ---------------------------------------------------------------- endpoints
 
 
 def test_usage_names_the_schedule_the_engine_used(tiny_model_path, tmp_path):
-    """``--method lazy`` on a model folder that holds a calibrated schedule runs that
-    schedule, and ``usage.pruning`` says so (not "preset")."""
+    """``--method lazy`` (or a request's ``"pruning": "lazy"``) on a model folder that holds a
+    calibrated schedule runs that schedule, and ``usage.pruning`` says so (not "preset" or
+    "request")."""
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_path, folder)
     fingerprint = ModelAdapter(load(folder)[0]).fingerprint()
     config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), scorer="window", window=2)
     write_schedule(folder / MODEL_SCHEDULE_FILE, config, fingerprint, {"note": "test"})
     with run_server(folder, "--method", "lazy", tmp_path=tmp_path) as server:
-        r = server.client().completions.create(model="any", prompt="one two three " * 8,
-                                               max_tokens=2)
-    pruning = r.usage.model_extra["pruning"]
-    assert pruning["method"] == "lazy"
-    assert pruning["schedule_source"] == f"calibrated:{MODEL_SCHEDULE_FILE}"
-    assert pruning["prompt_tokens_computed_pct"] < 100
+        # the server's default, then a request's own plain "lazy" (the same schedule runs)
+        answers = [server.client().completions.create(
+            model="any", prompt="one two three " * 8, max_tokens=2, **kw)
+            for kw in ({}, {"extra_body": {"pruning": "lazy"}})]
+    for r in answers:
+        pruning = r.usage.model_extra["pruning"]
+        assert pruning["method"] == "lazy"
+        assert pruning["schedule_source"] == f"calibrated:{MODEL_SCHEDULE_FILE}"
+        assert pruning["prompt_tokens_computed_pct"] < 100
 
 
 def test_models_and_health(server, tiny_model_path):
@@ -263,15 +299,16 @@ def test_lazy_request_equals_in_process_and_reports_pruning(server, tiny_model):
     messages = [{"role": "user", "content": LONG_TEXT + "What is the passkey?"}]
     prompt = chat_prompt(tiny_model()[1], messages)
     client = server.client()
-    for spec, config in [("lazy", PruningConfig.preset("lazy")),
-                         ({"method": "lazy", "prune_layers": [0], "keep": [0.3]},
-                          PruningConfig.preset("lazy", prune_layers=(0,), keep=(0.3,)))]:
+    for spec, config, source in [
+            ("lazy", PruningConfig.preset("lazy"), "preset"),
+            ({"method": "lazy", "prune_layers": [0], "keep": [0.3]},
+             PruningConfig.preset("lazy", prune_layers=(0,), keep=(0.3,)), "user")]:
         r = client.chat.completions.create(model="any", messages=messages, max_tokens=6,
                                            extra_body={"pruning": spec})
         assert r.choices[0].message.content == expected(tiny_model(), prompt, max_tokens=6,
                                                         config=config)
         pruning = r.usage.model_extra["pruning"]
-        assert pruning["method"] == "lazy" and pruning["schedule_source"] == "request"
+        assert pruning["method"] == "lazy" and pruning["schedule_source"] == source
         assert 0 < pruning["prompt_tokens_computed_pct"] < 100
         assert pruning["kv_bytes"] > 0 and pruning["ttft_s"] > 0 and pruning["revivals"] >= 0
 
@@ -313,9 +350,10 @@ def _long_prompt(tokenizer, n: int) -> str:
     return text
 
 
-def bad_requests(tokenizer):
+def bad_requests(tokenizer, context: int):
     chat = "/v1/chat/completions"
     ok = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    lazy = {"method": "lazy", "prune_layers": [0], "keep": [0.5]}
     return [
         # (path, body, status, param)
         (chat, b'{"messages": [', 400, None),
@@ -336,6 +374,35 @@ def bad_requests(tokenizer):
         (chat, {**ok, "pruning": {"method": "lazy", "prune_layers": 3}}, 400, "pruning"),
         (chat, {**ok, "pruning": {"method": "speed", "speed_cutoff": 99}}, 400, "pruning"),
         (chat, {**ok, "pruning": {"method": "speed", "anchors": 1000}}, 400, "pruning"),
+        # once a dead generation thread and a hung queue
+        (chat, {**ok, "seed": -1}, 400, "seed"),
+        (chat, {**ok, "seed": 2**64}, 400, "seed"),
+        (chat, {**ok, "seed": 2**80}, 400, "seed"),
+        # once a 500, or 8.5 GB and 47 s for pool=10**9
+        (chat, {**ok, "pruning": {**lazy, "pool": 10**20}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "pool": 10**9}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "pool": context + 1}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "scorer": "window", "window": context + 1}}, 400,
+         "pruning"),
+        # internal fields (a bad fingerprint was a 500)
+        (chat, {**ok, "pruning": {**lazy, "fingerprint": {"num_layers": 3}}}, 400,
+         "pruning.fingerprint"),
+        (chat, {**ok, "pruning": {**lazy, "source": "calibrated:x.json"}}, 400, "pruning.source"),
+        (chat, {**ok, "pruning": {**lazy, "scorer": ""}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "heads": ""}}, 400, "pruning"),
+        # once a 500 from the tokenizer
+        (chat, {**ok, "messages": [{"role": "user", "content": "a\ud800b"}]}, 400,
+         "messages[0].content"),
+        (chat, {**ok, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "\udfff"}]}]}, 400, "messages[0].content"),
+        ("/v1/completions", {"prompt": "\ud800", "max_tokens": 2}, 400, "prompt"),
+        # once a 200
+        (chat, {**ok, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+        (chat, {**ok, "messages": [{"role": "user", "content": None}]}, 400,
+         "messages[0].content"),
+        (chat, {**ok, "messages": [{"role": "user"}]}, 400, "messages[0].content"),
+        (chat, {**ok, "max_tokens": 10**20}, 400, "max_tokens"),
+        (chat, {**ok, "max_tokens": context}, 400, "max_tokens"),
         (chat, {**ok, "max_tokens": 4000, "messages": [
             {"role": "user", "content": _long_prompt(tokenizer, 200)}]}, 400, "max_tokens"),
         (chat, {**ok, "messages": [{"role": "user", "content": _long_prompt(
@@ -347,14 +414,20 @@ def bad_requests(tokenizer):
     ]
 
 
-def test_bad_requests_get_error_objects_and_the_server_keeps_serving(server, tiny_model):
+def test_bad_requests_get_error_objects_and_the_server_keeps_serving(server, tiny_model,
+                                                                      tiny_model_path):
     tokenizer = tiny_model()[1]
-    for path, body, status, param in bad_requests(tokenizer):
+    context = json.loads((tiny_model_path / "config.json").read_text())["max_position_embeddings"]
+    normal = {"prompt": "The quick brown fox", "max_tokens": 1}
+    for path, body, status, param in bad_requests(tokenizer, context):
         got, _, payload = server.request("POST", path, body)
         assert got == status, (body, payload)
         error = payload["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"], payload
         assert error["param"] == param, (body, error)
+        # every bad request leaves the server answering a normal one
+        assert server.request("POST", "/v1/completions", normal)[0] == 200, body
+    assert server.health()["status"] == "ok"
     # A chunked body (no Content-Length) over the limit is refused as well.
     conn = http.client.HTTPConnection(HOST, server.port, timeout=60)
     conn.request("POST", "/v1/completions", body=iter([b'{"prompt": "', b"y" * MAX_BODY_BYTES, b'"}']),
@@ -369,6 +442,33 @@ def test_bad_requests_get_error_objects_and_the_server_keeps_serving(server, tin
     r = server.client().chat.completions.create(model="any", messages=MESSAGES, max_tokens=4)
     assert r.choices[0].message.content == expected(tiny_model(), chat_prompt(tokenizer, MESSAGES),
                                                     max_tokens=4)
+
+
+@pytest.mark.parametrize("drip", [False, True])
+def test_a_half_sent_body_is_answered_408_and_closed(server, drip):
+    """A body that stops arriving, or arrives a byte at a time, is cut off at the timeout."""
+    sock = socket.create_connection((HOST, server.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: 1000\r\n\r\n{")
+    tic = time.monotonic()
+    sock.settimeout(0.25 if drip else 60)
+    received = b""
+    while True:
+        try:
+            data = sock.recv(4096)
+        except socket.timeout:  # the dripping client sends its next byte
+            sock.sendall(b" ")
+            continue
+        if not data:
+            break
+        received += data
+    took = time.monotonic() - tic
+    sock.close()
+    assert received.startswith(b"HTTP/1.1 408"), received
+    # closed at the timeout, not at the client's pace (the 1,000 bytes take 250 s dripped)
+    assert BODY_TIMEOUT_S - 0.1 < took < BODY_TIMEOUT_S + 5, took
+    r = server.client().completions.create(model="any", prompt="hi", max_tokens=2)
+    assert r.usage.completion_tokens == 2
 
 
 # ---------------------------------------------------------------- concurrency
