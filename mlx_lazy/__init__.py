@@ -15,7 +15,10 @@ with _interrupt.held():  # a Ctrl-C inside mlx.core's C++ initialisation aborts 
     importlib.import_module("mlx.core")
 from .errors import UserInputError  # noqa: E402
 from .engine import GenerationStats, LazyEngine  # noqa: E402
-from .api import GenerationResponse, generate, load, stream_generate  # noqa: E402
+from .prompt_cache import (PromptCache, can_trim_prompt_cache, load_prompt_cache,  # noqa: E402
+                           make_prompt_cache, resolve_config, save_prompt_cache,
+                           trim_prompt_cache)
+from .api import GenerationResponse, generate, generate_step, load, stream_generate  # noqa: E402
 from .schedule import METHODS, PruningConfig, Schedule  # noqa: E402
 
 
@@ -38,10 +41,18 @@ __all__ = [
     "GenerationResponse",
     "GenerationStats",
     "LazyEngine",
+    "PromptCache",
     "PruningConfig",
     "Schedule",
     "UserInputError",
+    "can_trim_prompt_cache",
     "generate",
+    "generate_step",
     "load",
+    "load_prompt_cache",
+    "make_prompt_cache",
+    "resolve_config",
+    "save_prompt_cache",
     "stream_generate",
+    "trim_prompt_cache",
 ]

@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Generator, Iterator, List, Optional, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -21,6 +21,7 @@ from . import distributed
 from .adapter import SUPPORTED_MODEL_TYPES, ModelAdapter
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
+from .prompt_cache import PromptCache, make_prompt_cache
 from .schedule import MODEL_SCHEDULE_FILE, PruningConfig, Schedule
 
 Sampler = Callable[[mx.array], mx.array]
@@ -232,7 +233,7 @@ def check_context(n_prompt: int, max_tokens: int, context: Optional[int]) -> Non
 # mlx-lm's keyword arguments of stream_generate / generate_step that mlx-lazy does not
 # implement; passing one (other than as None) raises instead of being silently ignored.
 MLX_LM_UNSUPPORTED = (
-    "draft_model", "num_draft_tokens", "prompt_cache", "max_kv_size", "kv_bits",
+    "draft_model", "num_draft_tokens", "max_kv_size", "kv_bits",
     "kv_group_size", "quantized_kv_start", "prefill_step_size", "input_embeddings", "stream",
 )
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -247,17 +248,9 @@ def _check_unsupported(kwargs: dict) -> None:
     if given:
         raise UserInputError(
             f"mlx-lazy does not support mlx-lm's {', '.join(given)}; supported options are "
-            f"max_tokens, sampler, logits_processors, prompt_progress_callback and config"
+            f"max_tokens, sampler, logits_processors, prompt_progress_callback, prompt_cache "
+            f"and config"
         )
-
-
-def _as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
-    if isinstance(config, str):
-        return PruningConfig.preset(config)
-    if config is not None and not isinstance(config, PruningConfig):
-        raise UserInputError(
-            f"config must be a PruningConfig, a method name or None, got {config!r}")
-    return config
 
 
 def _check_max_tokens(max_tokens: int) -> None:
@@ -340,6 +333,79 @@ def _token_progress(callback: PromptProgress, n: int) -> ProgressFn:
     return on_layer
 
 
+def generate_step(
+    prompt: Union[List[int], mx.array],
+    model: nn.Module,
+    *,
+    max_tokens: int = 256,
+    sampler: Optional[Sampler] = None,
+    logits_processors: Optional[List[LogitsProcessor]] = None,
+    prompt_cache: Optional[PromptCache] = None,
+    prompt_progress_callback: Optional[PromptProgress] = None,
+    config: Optional[Union[PruningConfig, str]] = None,
+) -> Generator[Tuple[int, mx.array], None, None]:
+    """Yield ``(token, logprobs)`` one generated token at a time, as mlx-lm's
+    ``generate_step``: the engine's only driver (``stream_generate``, the CLI, the server
+    and the benchmarks all run through it).
+
+    Args:
+        prompt: token ids, processed on top of ``prompt_cache``.
+        model: a model from :func:`load`.
+        max_tokens: the most tokens to generate.
+        sampler: maps log probabilities (1, vocab) to a token (1,); None is greedy. A
+            sampler that returns given tokens teacher-forces a continuation.
+        logits_processors: each called as ``processor(tokens, logits)`` with every token so
+            far (cached, prompt and output) and the (1, vocab) logits, before sampling.
+        prompt_cache: a :func:`make_prompt_cache` cache, updated in place with the prompt and
+            the generated tokens the model has run; None starts from an empty one.
+        prompt_progress_callback: called with ``(prompt tokens processed, total)``.
+        config: the pruning config (None: the cache's, or ``"full"`` without a cache); with
+            a cache it must be the one the cache was made for.
+
+    Raises:
+        UserInputError: a cache made for another model or config.
+    """
+    if prompt_cache is None:
+        prompt_cache = make_prompt_cache(model, config)
+    else:
+        prompt_cache.check(model, config)
+    engine = prompt_cache.engine
+    tokens = [int(t) for t in (prompt.tolist() if isinstance(prompt, mx.array) else prompt)]
+    engine.start_request()
+    sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))
+    processors = list(logits_processors or [])
+    history = mx.array(prompt_cache.tokens + tokens)  # for the logits processors
+
+    def sample(logits: mx.array) -> Tuple[mx.array, mx.array]:
+        logits = logits[None]
+        for processor in processors:
+            logits = processor(history, logits)
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        # Sharded: every rank continues with rank 0's token, whatever its own sampler drew.
+        return distributed.from_rank0(sampler(logprobs), engine.tp.group), logprobs[0]
+
+    on_layer = None
+    if prompt_progress_callback is not None:
+        on_layer = _token_progress(prompt_progress_callback, len(tokens))
+    y, logprobs = sample(prompt_cache.process(tokens, on_layer))
+    mx.eval(y, logprobs)
+    n = 0
+    while True:
+        # Queue the next step before handing this token out, as mlx-lm does: the cache then
+        # holds every token handed out, the last one included.
+        if processors:
+            history = mx.concatenate([history, y.reshape(1).astype(history.dtype)])
+        next_y, next_logprobs = sample(engine.decode(y))
+        mx.async_eval(next_y, next_logprobs)
+        token = y.item()
+        prompt_cache.tokens.append(token)
+        yield token, logprobs
+        n += 1
+        if n == max_tokens:
+            return
+        y, logprobs = next_y, next_logprobs
+
+
 def stream_generate(
     model: nn.Module,
     tokenizer,
@@ -350,6 +416,7 @@ def stream_generate(
     logits_processors: Optional[List[LogitsProcessor]] = None,
     prompt_progress_callback: Optional[PromptProgress] = None,
     config: Optional[Union[PruningConfig, str]] = None,
+    prompt_cache: Optional[PromptCache] = None,
     **mlx_lm_kwargs,
 ) -> Iterator[GenerationResponse]:
     """Generate text, yielding a :class:`GenerationResponse` per token.
@@ -357,7 +424,8 @@ def stream_generate(
     Args:
         model: a model from :func:`load`.
         tokenizer: its tokenizer (wrapped into mlx-lm's ``TokenizerWrapper`` if needed).
-        prompt: text (the chat template is not applied here) or token ids.
+        prompt: text (the chat template is not applied here) or token ids; with
+            ``prompt_cache``, what comes after the cached tokens.
         max_tokens: the most tokens to generate (a positive integer).
         sampler: maps log probabilities (1, vocab) to a token (1,); None is greedy.
         logits_processors: as in mlx-lm, each called as ``processor(tokens, logits)`` with
@@ -367,60 +435,53 @@ def stream_generate(
             total)``: ``(0, n)`` first, rising during prefill (the engine goes layer by layer,
             so the layers done count as token equivalents) and ``(n, n)`` once the first
             token is out.
-        config: a :class:`PruningConfig`, a preset name, or None for no pruning.
+        config: a :class:`PruningConfig`, a preset name, or None for no pruning (with a
+            prompt cache: the cache's config).
+        prompt_cache: a :func:`mlx_lazy.make_prompt_cache` cache: the prompt is processed on
+            top of it and the cache updated in place (prompt and generated tokens), as in
+            mlx-lm; ``stats.cached_tokens`` says how many tokens it held.
         **mlx_lm_kwargs: mlx-lm's other options (:data:`MLX_LM_UNSUPPORTED`) are accepted as
             None only.
 
     Raises:
         UserInputError: empty prompt, token ids outside the vocabulary, prompt longer than
-            the model's context, bad ``max_tokens`` or config, an mlx-lm option mlx-lazy does
-            not support, or an unsupported model.
+            the model's context, bad ``max_tokens`` or config, a cache made for another
+            model or config, an mlx-lm option mlx-lazy does not support, or an unsupported
+            model.
     """
     _check_unsupported(mlx_lm_kwargs)
     _check_max_tokens(max_tokens)
-    config = _as_config(config)
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     tokens = _encode(tokenizer, prompt)
-    engine = LazyEngine(model, config)
-    check_prompt(engine, tokenizer, tokens, max_tokens)
-    sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))
-    processors = list(logits_processors or [])
-    history = mx.array(tokens)  # every token so far, for the logits processors
-
-    def sample(logits: mx.array) -> Tuple[mx.array, mx.array]:
-        logits = logits[None]
-        for processor in processors:
-            logits = processor(history, logits)
-        logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        # Sharded: every rank continues with rank 0's token, whatever its own sampler drew.
-        return distributed.from_rank0(sampler(logprobs), engine.tp.group), logprobs[0]
+    if prompt_cache is None:
+        prompt_cache = make_prompt_cache(model, config)
+    elif not isinstance(prompt_cache, PromptCache):
+        raise UserInputError(f"prompt_cache must come from mlx_lazy.make_prompt_cache, got "
+                             f"{type(prompt_cache).__name__}")
+    else:
+        prompt_cache.check(model, config)
+    engine, cached = prompt_cache.engine, len(prompt_cache)
+    check_tokens(tokens, engine.adapter.vocab_size)
+    check_prompt(engine, tokenizer, prompt_cache.tokens + tokens, max_tokens)
 
     n_prompt = len(tokens)
-    on_layer = None
     if prompt_progress_callback is not None:
         prompt_progress_callback(0, n_prompt)
-        on_layer = _token_progress(prompt_progress_callback, n_prompt)
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
     mx.reset_peak_memory()
     tic = time.perf_counter()
-    y, logprobs = sample(engine.prefill(mx.array(tokens), on_layer))
-    mx.eval(y, logprobs)
-    ttft = time.perf_counter() - tic
-    if prompt_progress_callback is not None:
-        prompt_progress_callback(n_prompt, n_prompt)
-    tic = time.perf_counter()
-    n = 0
-    while True:
-        # Queue the next step before handing this token out, as mlx-lm does.
-        if n + 1 < max_tokens:
-            if processors:
-                history = mx.concatenate([history, y.reshape(1).astype(history.dtype)])
-            next_y, next_logprobs = sample(engine.decode(y))
-            mx.async_eval(next_y, next_logprobs)
-        token = y.item()
-        n += 1
+    steps = generate_step(tokens, model, max_tokens=max_tokens, sampler=sampler,
+                          logits_processors=logits_processors, prompt_cache=prompt_cache,
+                          prompt_progress_callback=prompt_progress_callback)
+    ttft = 0.0
+    for n, (token, logprobs) in enumerate(steps, start=1):
+        if n == 1:
+            ttft = time.perf_counter() - tic
+            if prompt_progress_callback is not None:
+                prompt_progress_callback(n_prompt, n_prompt)
+            tic = time.perf_counter()
         finish = "stop" if token in tokenizer.eos_token_ids else ("length" if n == max_tokens else None)
         if finish != "stop":
             detokenizer.add_token(token)
@@ -431,8 +492,10 @@ def stream_generate(
             engine.stats,
             ttft_s=ttft,
             tpot_s=elapsed / (n - 1) if n > 1 else 0.0,
-            prompt_tps=len(tokens) / ttft,
+            prompt_tps=n_prompt / ttft,
             generation_tps=(n - 1) / elapsed if n > 1 else 0.0,
+            prompt_tokens=cached + n_prompt,
+            cached_tokens=cached,
             generation_tokens=n,
             peak_memory_bytes=mx.get_peak_memory(),
             text=detokenizer.text,
@@ -442,7 +505,7 @@ def stream_generate(
             token=token,
             logprobs=logprobs,
             from_draft=False,
-            prompt_tokens=len(tokens),
+            prompt_tokens=n_prompt,
             prompt_tps=stats.prompt_tps,
             generation_tokens=n,
             generation_tps=stats.generation_tps,
@@ -452,7 +515,6 @@ def stream_generate(
         )
         if finish:
             return
-        y, logprobs = next_y, next_logprobs
 
 
 def generate(

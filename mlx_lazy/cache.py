@@ -65,6 +65,21 @@ class LayerKV:
         # Indexing is ~4x faster than mx.take(axis=2) on the CPU backend.
         return self.keys[:, :, idx], self.values[:, :, idx]
 
+    def trim(self, length: int) -> None:
+        """Forget the tokens at positions ``length`` and after."""
+        keep = self.positions[: self.size] < length
+        if keep.all():
+            return
+        slots = np.flatnonzero(keep)
+        if len(slots) and slots[-1] != len(slots) - 1:  # not a prefix of the slots: compact
+            idx = mx.array(slots.astype(np.int32))
+            self.keys[..., : len(slots), :] = self.keys[:, :, idx]
+            self.values[..., : len(slots), :] = self.values[:, :, idx]
+            self.positions[: len(slots)] = self.positions[slots]
+        self.size = len(slots)
+        self.slot_of = np.full(length, -1, np.int64)
+        self.slot_of[self.positions[: self.size]] = np.arange(self.size)
+
     def cached_positions(self) -> np.ndarray:
         """Positions of the cached tokens in slot order."""
         return self.positions[: self.size]
@@ -132,9 +147,11 @@ class LazyCache:
             entry.positions = np.concatenate([entry.positions, positions])
             entry.hidden = mx.concatenate([entry.hidden, hidden], axis=1)
 
-    def aux_take(self, depth: int, positions: np.ndarray) -> Tuple[np.ndarray, mx.array]:
+    def aux_take(self, depth: int, positions: np.ndarray,
+                 revival: bool = True) -> Tuple[np.ndarray, mx.array]:
         """Remove ``positions`` from the Aux Cache at ``depth``; return them with their
-        hidden states, in the entry's order."""
+        hidden states, in the entry's order. ``revival``: count them as revived (else they
+        are being completed)."""
         entry = self.aux[depth]
         hit = np.isin(entry.positions, positions)
         taken = entry.positions[hit]
@@ -145,8 +162,24 @@ class LazyCache:
         else:
             entry.positions = entry.positions[rest]
             entry.hidden = entry.hidden[:, mx.array(rest.astype(np.int32))]
-        self.revivals += len(taken)
+        if revival:
+            self.revivals += len(taken)
         return taken, hidden
+
+    def trim(self, length: int) -> None:
+        """Forget every token at position ``length`` and after: its KV at every layer, its
+        Aux Cache entry and its bookkeeping."""
+        for layer in self.layers:
+            layer.trim(length)
+        for depth, entry in list(self.aux.items()):
+            keep = np.flatnonzero(entry.positions < length)
+            if len(keep) == 0:
+                del self.aux[depth]
+            elif len(keep) < len(entry.positions):
+                entry.positions = entry.positions[keep]
+                entry.hidden = entry.hidden[:, mx.array(keep.astype(np.int32))]
+        self.depth, self.limit = self.depth[:length], self.limit[:length]
+        self.computed[:, length:] = 0
 
     @property
     def kv_bytes_per_layer(self) -> List[int]:

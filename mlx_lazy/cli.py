@@ -20,7 +20,8 @@ Ctrl-C prints one line and exits with status 130.
 
 Under ``mlx.launch`` with more than one rank the model is sharded over the ranks
 (:mod:`mlx_lazy.distributed`); only rank 0 prints and writes ``--stats-json``, and an error
-on any rank is printed once, by rank 0, and ends every rank.
+on any rank is printed once, by rank 0, and ends every rank. Every rank must be given the same
+model, prompt, pruning flags and :data:`GENERATION_OPTIONS`: a difference is such an error.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ import mlx.core as mx
 from mlx_lm.sample_utils import make_sampler
 
 from . import distributed
-from .engine import GenerationStats, LazyEngine
-from .api import check_prompt, load, stream_generate
+from .engine import GenerationStats
+from .api import check_prompt, context_length, load, stream_generate
+from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
+from .inputs import MiB, read_file, read_stream
 from .schedule import (POLICIES, SCHEDULE_FIELDS, PruningConfig, RandomDrop, canonical_method,
-                       compose)
+                       check_fits, compose)
 from .scorers import HEAD_REDUCTIONS, SCORERS
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
@@ -52,6 +55,11 @@ BASELINE = "full"
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
 MB = 1e6  # tables report decimal megabytes, as mlx-lm reports decimal gigabytes
+#: The most bytes read from --prompt-file or stdin: far more text than any model's context
+#: holds (a token is a few bytes), yet a bounded read of /dev/zero.
+PROMPT_MAX_BYTES = 16 * MiB
+#: Flags besides the prompt and the pruning schedule that shape what every rank computes.
+GENERATION_OPTIONS = ("max_tokens", "temp", "top_p", "seed", "compare")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -65,8 +73,12 @@ def _number_list(cast: Callable[[str], float], example: str) -> Callable[[str], 
     """An argparse type parsing comma-separated numbers like ``example`` with ``cast``."""
 
     def parse(text: str) -> tuple:
+        items = text.split(",")
+        if not all(x.strip() for x in items):
+            raise argparse.ArgumentTypeError(
+                f"an empty item in {text!r}; expected comma-separated numbers like {example}")
         try:
-            return tuple(cast(x) for x in text.split(",") if x.strip())
+            return tuple(cast(x) for x in items)
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"expected comma-separated numbers like {example}, got {text!r}"
@@ -154,14 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
             '{"full": {...}, "lazy": {...}}; otherwise a single stats object.'
         ),
     )
-    p.add_argument("--model", default=None,
-                   help="named model (smollm2-135m, qwen2.5-coder-0.5b; obtained when "
-                        "missing), local model folder or Hugging Face repo (default: "
-                        "smollm2-135m)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("-p", "--prompt", default=None,
-                     help=f"message to process ('-' reads stdin; default {DEFAULT_PROMPT!r})")
-    src.add_argument("--prompt-file", default=None, help="read the message from this UTF-8 file")
+    add_prompt_arguments(p)
     p.add_argument("-m", "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help="maximum number of tokens to generate")
     p.add_argument("--temp", type=temperature_arg, default=0.0,
@@ -170,12 +175,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=None,
                    help="PRNG seed (also the drop seed of a --method with random); with "
                         "--compare each run is seeded alike (default 0)")
-    p.add_argument("--system-prompt", default=None, help="system prompt for the chat template")
-    p.add_argument("--ignore-chat-template", action="store_true",
-                   help="use the raw prompt without the tokenizer's chat template")
     p.add_argument("--verbose", type=_str2bool, default=True,
                    help="'True': stream output and statistics; 'False': print only the response")
 
+    g = add_pruning_arguments(p)
+    g.add_argument("--prompt-cache-file", default=None, metavar="FILE",
+                   help="a prompt cache (python -m mlx_lazy.cache_prompt): the prompt given is "
+                        "appended to the cached one, which is not recomputed")
+    g.add_argument("--compare", action="store_true",
+                   help=f"also run the unpruned baseline ({BASELINE}) and print a comparison table")
+    g.add_argument("--stats-json", default=None, metavar="PATH",
+                   help="write generation statistics as JSON to PATH")
+    return p
+
+
+def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
+    """The model and prompt options (mlx-lm's names), shared by the tools that take a prompt."""
+    p.add_argument("--model", default=None,
+                   help="named model (smollm2-135m, qwen2.5-coder-0.5b; obtained when "
+                        "missing), local model folder or Hugging Face repo (default: "
+                        "smollm2-135m)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("-p", "--prompt", default=None,
+                     help=f"message to process ('-' reads stdin; default {DEFAULT_PROMPT!r})")
+    src.add_argument("--prompt-file", default=None, help="read the message from this UTF-8 file")
+    p.add_argument("--system-prompt", default=None, help="system prompt for the chat template")
+    p.add_argument("--ignore-chat-template", action="store_true",
+                   help="use the raw prompt without the tokenizer's chat template")
+
+
+def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The pruning options, shared by the tools that build a :class:`PruningConfig`
+    (:func:`build_config`); returns their group."""
     g = p.add_argument_group("pruning")
     g.add_argument("--method", type=method_arg, default="full", metavar="METHOD",
                    help=f"{METHOD_HELP} (default: full: every approximation is opt-in); flags "
@@ -206,11 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-revive", dest="revive", action="store_false", default=None,
                    help="LazyLLM: decode steps choose only among tokens that already have KV "
                         "(no Aux Cache revivals; faster decoding, beyond the paper)")
-    g.add_argument("--compare", action="store_true",
-                   help=f"also run the unpruned baseline ({BASELINE}) and print a comparison table")
-    g.add_argument("--stats-json", default=None, metavar="PATH",
-                   help="write generation statistics as JSON to PATH")
-    return p
+    return g
 
 
 def build_config(args: argparse.Namespace) -> PruningConfig:
@@ -227,7 +254,8 @@ def build_config(args: argparse.Namespace) -> PruningConfig:
             ("scorer", args.scorer),
             ("window", args.window),
             ("heads", args.heads),
-            ("seed", args.seed if RandomDrop in compose(args.method).values() else None),
+            ("seed", getattr(args, "seed", None)
+             if RandomDrop in compose(args.method).values() else None),
         )
         if value is not None
     }
@@ -245,18 +273,14 @@ def read_prompt(args: argparse.Namespace) -> str:
     """The user message from ``--prompt`` (``-``: stdin) or ``--prompt-file``.
 
     Raises:
-        UserInputError: unreadable or non-UTF-8 input, or an empty prompt.
+        UserInputError: unreadable, non-UTF-8 or larger than :data:`PROMPT_MAX_BYTES` input,
+            or an empty prompt.
     """
     if args.prompt_file is not None:
         source = f"prompt file {args.prompt_file!r}"
-        try:
-            with open(args.prompt_file, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise UserInputError(f"cannot read {source}: {e.strerror or e}") from None
-        text = _decode(data, source)
+        text = _decode(read_file(args.prompt_file, source, PROMPT_MAX_BYTES), source)
     elif args.prompt == "-":
-        text = _decode(sys.stdin.buffer.read(), "stdin")
+        text = _decode(read_stream(sys.stdin.buffer, "stdin", PROMPT_MAX_BYTES), "stdin")
     else:
         prompt = DEFAULT_PROMPT if args.prompt is None else _from_argv(args.prompt, "--prompt")
         # mlx-lm lets shell users type \n and \t escapes in -p.
@@ -283,15 +307,26 @@ def _decode(data: bytes, source: str) -> str:
 
 
 def encode_prompt(tokenizer, text: str, system_prompt: Optional[str],
-                  ignore_chat_template: bool) -> list[int]:
-    """Token ids of the prompt, with the chat template applied the way mlx-lm's CLI does."""
+                  ignore_chat_template: bool, part: str = "whole") -> list[int]:
+    """Token ids of the prompt, with the chat template applied the way mlx-lm's CLI does.
+
+    ``part`` splits the templated conversation around the user's text, as mlx-lm's
+    ``cache_prompt`` does: ``"prefix"`` is everything up to and including the text (what a
+    prompt cache holds), ``"suffix"`` the text and what follows it (what a later prompt adds
+    on top of that cache); ``"whole"`` is both.
+    """
     use_template = not ignore_chat_template and getattr(tokenizer, "has_chat_template", False)
     if use_template:
         messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
-        messages.append({"role": "user", "content": text})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        marker = "\x00mlx-lazy-text\x00"
+        messages.append({"role": "user", "content": marker})
+        templated = tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=True)
+        before, after = templated.split(marker)
+        text = {"whole": before + text + after, "prefix": before + text,
+                "suffix": text + after}[part]
     with _quiet_transformers():
-        return list(tokenizer.encode(text, add_special_tokens=not use_template))
+        return list(tokenizer.encode(text, add_special_tokens=not use_template and part != "suffix"))
 
 
 @contextmanager
@@ -355,9 +390,9 @@ class RunResult:
     tokens: list[int] = field(default_factory=list)
 
 
-def run_once(model, tokenizer, tokens: list[int], config: PruningConfig, args: argparse.Namespace,
+def run_once(model, tokenizer, tokens: list[int], cache: PromptCache, args: argparse.Namespace,
              echo: bool, progress: Callable[[int, int], None] | None) -> RunResult:
-    """Generate once with ``config``; stream the text to stdout when ``echo``."""
+    """Generate once on top of ``cache``; stream the text to stdout when ``echo``."""
     if args.seed is not None or args.compare:
         # Re-seed per run so sampled outputs of a comparison are comparable.
         mx.random.seed(args.seed if args.seed is not None else 0)
@@ -366,7 +401,7 @@ def run_once(model, tokenizer, tokens: list[int], config: PruningConfig, args: a
     out_tokens: list[int] = []
     resp = None
     for resp in stream_generate(model, tokenizer, tokens, max_tokens=args.max_tokens,
-                                config=config, sampler=sampler,
+                                prompt_cache=cache, sampler=sampler,
                                 prompt_progress_callback=progress):
         pieces.append(resp.text)
         if resp.finish_reason != "stop":  # a "stop" response carries the EOS token
@@ -377,7 +412,7 @@ def run_once(model, tokenizer, tokens: list[int], config: PruningConfig, args: a
         print()
     if resp is None:
         raise RuntimeError("stream_generate yielded no response")
-    return RunResult(config.method, resp.stats, "".join(pieces), out_tokens)
+    return RunResult(cache.schedule.method, resp.stats, "".join(pieces), out_tokens)
 
 
 def first_divergence(a: RunResult, b: RunResult) -> Optional[int]:
@@ -393,8 +428,9 @@ def first_divergence(a: RunResult, b: RunResult) -> Optional[int]:
 def format_summary(stats: GenerationStats) -> str:
     """mlx-lm style statistics lines for one run, plus a pruning line."""
     return "\n".join([
-        f"Prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.3f} tokens-per-sec "
-        f"(time to first token {stats.ttft_s:.3f} s)",
+        f"Prompt: {stats.prompt_tokens} tokens"
+        + (f" ({stats.cached_tokens} from the cache)" if stats.cached_tokens else "")
+        + f", {stats.prompt_tps:.3f} tokens-per-sec (time to first token {stats.ttft_s:.3f} s)",
         f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec",
         f"Peak memory: {stats.peak_memory_bytes / 1e9:.3f} GB",
         f"Pruning ({stats.method}): {stats.prompt_tokens_computed_pct:.1f}% of prompt tokens "
@@ -446,7 +482,7 @@ def format_compare_table(base: RunResult, other: RunResult) -> str:
     return "\n".join(lines)
 
 
-def _load_model(path: Optional[str], group=None):
+def load_model(path: Optional[str], group=None):
     """Load a model (sharded over ``group``); :func:`mlx_lazy.load` reports bad model
     folders as UserInputError."""
     try:
@@ -481,7 +517,9 @@ def _run(args: argparse.Namespace, group=None) -> None:
     """Validate the input, load the model, generate (twice with --compare), report."""
     # Each start-up step ends on every rank alike (distributed.together): one rank's
     # error stops them all.
-    with distributed.together(group):
+    with distributed.together(group) as same:
+        same["generation options"] = distributed.digest_of(
+            {name: getattr(args, name) for name in GENERATION_OPTIONS})
         if args.max_tokens < 1:
             raise UserInputError("--max-tokens must be at least 1")
         if args.anchors is not None and args.method == BASELINE:
@@ -491,31 +529,42 @@ def _run(args: argparse.Namespace, group=None) -> None:
         if args.compare and config.method == BASELINE:
             raise UserInputError(f"--compare runs {BASELINE} against --method; choose a pruning "
                                  f"method such as --method lazy")
+        if args.compare and args.prompt_cache_file is not None:
+            raise UserInputError("--compare starts both runs from an empty state; drop "
+                                 "--prompt-cache-file")
         if distributed.is_rank0(group):
             _check_stats_path(args.stats_json)
         text = read_prompt(args)
         system_prompt = (None if args.system_prompt is None
                          else _from_argv(args.system_prompt, "--system-prompt"))
-    model, tokenizer = _load_model(args.model, group)
+    model, tokenizer = load_model(args.model, group)
     with distributed.together(group) as same:
-        # Constructing an engine is cheap; it reports an unsupported architecture or a
-        # schedule that does not fit (or was calibrated for another) model before any
-        # (baseline) run is spent.
-        engine = LazyEngine(model, config)
-        tokens = encode_prompt(tokenizer, text, system_prompt, args.ignore_chat_template)
-        same["prompt tokens"] = distributed.digest(str(tokens).encode())
+        # Making a cache is cheap; it reports an unsupported architecture or a schedule
+        # that does not fit (or was calibrated for another) model before any (baseline) run
+        # is spent.
+        if args.prompt_cache_file is None:
+            cache = make_prompt_cache(model, config)
+        else:
+            cache = load_prompt_cache(args.prompt_cache_file, model)
+            cache.check(model, config)
+        tokens = encode_prompt(tokenizer, text, system_prompt, args.ignore_chat_template,
+                               "whole" if args.prompt_cache_file is None else "suffix")
+        same["prompt tokens"] = distributed.digest(str(cache.tokens + tokens).encode())
+        same["pruning schedules"] = distributed.digest_of(cache.schedule.as_dict())
         # Checked here too so that nothing (no baseline run) starts before the error.
-        check_prompt(engine, tokenizer, tokens, args.max_tokens)
+        check_prompt(cache.engine, tokenizer, cache.tokens + tokens, args.max_tokens)
+        check_fits(cache.schedule, context_length(model, tokenizer))
 
     show_progress = bool(args.verbose) and sys.stderr.isatty() and distributed.is_rank0(group)
-    configs = [PruningConfig.preset(BASELINE), config] if args.compare else [config]
+    caches = [make_prompt_cache(model, BASELINE), cache] if args.compare else [cache]
     results = []
-    for cfg in configs:
+    for run_cache in caches:
+        method = run_cache.schedule.method
         if args.verbose:
-            print("=" * 10 + (f" {cfg.method}" if args.compare else ""))
-        progress = PrefillProgress(f"prefill ({cfg.method})", show_progress)
+            print("=" * 10 + (f" {method}" if args.compare else ""))
+        progress = PrefillProgress(f"prefill ({method})", show_progress)
         try:
-            results.append(run_once(model, tokenizer, tokens, cfg, args,
+            results.append(run_once(model, tokenizer, tokens, run_cache, args,
                                     echo=bool(args.verbose), progress=progress))
         finally:
             progress.close()

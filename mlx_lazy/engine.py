@@ -21,7 +21,7 @@ from .adapter import ModelAdapter
 from .attention import attention, prepare
 from .cache import LayerKV, LazyCache
 from .distributed import TensorParallel, model_group
-from .schedule import PruningConfig, calibrated
+from .schedule import PruningConfig, Schedule
 from .scorers import ScoreContext, top_k
 
 ProgressFn = Callable[[int, int], None]
@@ -34,6 +34,7 @@ class GenerationStats:
     method: str = "full"
     schedule: dict = field(default_factory=dict)
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     generation_tokens: int = 0
     ttft_s: float = 0.0
     tpot_s: float = 0.0
@@ -51,6 +52,7 @@ class GenerationStats:
     revivals: int = 0
     host_syncs: int = 0
     max_computations_per_token_layer: int = 0
+    completed_token_layers: int = 0
     ranks: int = 1
     allsum_bytes: int = 0
     score_allsum_bytes: int = 0
@@ -62,60 +64,105 @@ class GenerationStats:
 
 
 class LazyEngine:
-    """Prefill and decode one sequence with a pruning schedule.
+    """Run one growing sequence with a pruning schedule: prompt chunks and decoded tokens.
+
+    The engine's state (:attr:`cache`) lives across calls: :meth:`extend` processes more
+    prompt on top of it (the first chunk is a prefill, a later one a follow-up turn or a tool
+    result), :meth:`decode` one generated token; :meth:`complete` finishes pruned tokens'
+    remaining layers from the Aux Cache. Over the whole life of the state every (token,
+    layer) is computed at most once.
 
     Args:
         model: a model from ``mlx_lm.load`` (llama, mistral, qwen2 or qwen3).
-        config: the pruning configuration; None runs everything (``"full"``). A plain
-            ``"lazy"`` takes the model's calibrated schedule when there is one (see
-            :func:`mlx_lazy.schedule.calibrated`).
+        schedule: the resolved plan (:func:`mlx_lazy.prompt_cache.resolve_config`); None runs
+            everything (``"full"``).
         block_size: query block length of the prefill attention.
 
     Raises:
-        ValueError: unsupported model or invalid configuration.
+        ValueError: unsupported model.
     """
 
-    #: query rows per attention block of tokens revived in decode
+    #: query rows per attention block of chunks and revived tokens after the first prefill
     revival_block = 64
 
-    def __init__(
-        self, model: nn.Module, config: Optional[PruningConfig] = None, block_size: int = 256
-    ):
+    def __init__(self, model: nn.Module, schedule: Optional[Schedule] = None,
+                 block_size: int = 256):
         self.adapter = ModelAdapter(model)
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise TypeError("LazyEngine takes a resolved Schedule; resolve a PruningConfig "
+                            "with mlx_lazy.resolve_config(model, config)")
         # Sharded by mlx_lazy.distributed.shard: the group its ranks reduce scores over.
         self.tp = TensorParallel(model, model_group(model))
-        fingerprint = self.adapter.fingerprint()
-        self.config = calibrated(config or PruningConfig(), fingerprint,
-                                 getattr(model, "mlx_lazy_schedule", None))
-        self.config.check_model(fingerprint)
-        self.schedule = self.config.resolve(self.adapter.num_layers)
+        self.schedule = schedule or PruningConfig().resolve(self.adapter.num_layers)
+        if self.schedule.num_layers != self.adapter.num_layers:
+            raise ValueError(f"the schedule is for {self.schedule.num_layers} layers, the "
+                             f"model has {self.adapter.num_layers}")
         self.block_size = block_size
         self.scorer = self.schedule.make_scorer()
         prepare()  # outside any timed region: the CPU kernels' one-time build
         self.cache = LazyCache(self.adapter.num_layers)
         self.prompt_len = 0
-        self.prefill_attention_pairs = 0
-        self.decode_attention_pairs = 0
-        self.prefill_tokens_per_layer: List[int] = []
-        self.host_syncs = 0
+        self.always_kept = np.empty(0, np.int64)
+        self.start_request()
 
-    # ------------------------------------------------------------------ prefill
+    def start_request(self) -> None:
+        """Zero the per-request counters of :attr:`stats` (the cache and its
+        once-per-layer counter live on)."""
+        self.prefill_attention_pairs = self.decode_attention_pairs = 0
+        self.prefill_tokens_per_layer = [0] * self.adapter.num_layers
+        self.host_syncs = 0
+        self.completed_token_layers = 0
+        self._revivals_before = self.cache.revivals
+        self.tp.restart()
+
+    def reset(self) -> None:
+        """Forget the sequence: an empty state, counters zeroed."""
+        self.cache = LazyCache(self.adapter.num_layers)
+        self.prompt_len = 0
+        self.always_kept = np.empty(0, np.int64)
+        self.start_request()
+
+    # ------------------------------------------------------------------ prompt
     def prefill(self, tokens: Union[mx.array, List[int]], progress: Optional[ProgressFn] = None) -> mx.array:
-        """Run the prompt; return the (vocab,) logits of the first output token (lazy)."""
+        """Start a new sequence with ``tokens``; return the (vocab,) logits of the next token."""
+        self.reset()
+        return self.extend(tokens, progress)
+
+    def extend(self, tokens: Union[mx.array, List[int]], progress: Optional[ProgressFn] = None) -> mx.array:
+        """Process prompt ``tokens`` on top of the current state (the whole prompt on an
+        empty one); return the (vocab,) logits of the token after them.
+
+        The chunk runs through every layer over the whole context. At each pruning layer
+        its scoring queries (the scorer's window within the chunk) select among all context
+        tokens, old and new: old ones selected but not computed at that layer are revived
+        from the Aux Cache, new ones not selected stop there and wait in it.
+        """
         tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens.reshape(-1)
         n = tokens.size
         if n == 0:
             raise ValueError("the prompt is empty")
-        sched, a = self.schedule, self.adapter
-        cache = self.cache = LazyCache(a.num_layers)
-        self.prompt_len, self.host_syncs = n, 0
-        self.always_kept = self.scorer.always_kept(n)
-        self.prefill_attention_pairs = self.decode_attention_pairs = 0
-        self.tp.restart()
-        active = cache.add_tokens(n)
-        self._set_prompt_limits(n)
+        start = self.cache.length
+        positions = self.cache.add_tokens(n)
+        self._set_prompt_limits(start, n)
+        self.always_kept = start + self.scorer.always_kept(n)
+        self.prompt_len = self.cache.length
+        before = self.cache.computed.sum(axis=1)
+        if start == 0:
+            logits = self._prefill(tokens, positions, progress)
+        else:
+            logits = self._step(tokens, positions, prompt=True, progress=progress)
+        done = self.cache.computed.sum(axis=1) - before
+        self.prefill_tokens_per_layer = [a + int(b) for a, b in
+                                         zip(self.prefill_tokens_per_layer, done)]
+        return logits
+
+    def _prefill(self, tokens: mx.array, active: np.ndarray,
+                 progress: Optional[ProgressFn]) -> mx.array:
+        """The first chunk: causal attention of the active tokens over themselves, in query
+        blocks, with no gathers (the layer cache holds exactly the active tokens)."""
+        sched, a, cache, n = self.schedule, self.adapter, self.cache, len(active)
         h = a.embed(tokens)
-        kept = active[cache.limit > 0]
+        kept = active[cache.limit[active] > 0]
         if len(kept) < n:  # random drop before layer 0
             h, active = h[:, mx.array(kept.astype(np.int32))], kept
 
@@ -137,22 +184,23 @@ class LazyEngine:
             mx.eval(h)
             if progress is not None:
                 progress(layer + 1, a.num_layers)
-        self.prefill_tokens_per_layer = cache.computed.sum(axis=1).tolist()
         return a.logits(h[:, -1:])[0, 0]
 
-    def _set_prompt_limits(self, n: int) -> None:
-        """Depth limits of prompt tokens dropped for good (random drop, SPEED)."""
+    def _set_prompt_limits(self, start: int, n: int) -> None:
+        """Depth limits of the prompt tokens ``start .. start+n-1`` dropped for good (random
+        drop, SPEED)."""
         sched, limit = self.schedule, self.cache.limit
-        protected = np.zeros(n, bool)
-        protected[: sched.anchors] = True
-        protected[n - 1] = True  # the query token produces the first output token
+        positions = np.arange(start, start + n)
+        protected = positions < sched.anchors
+        protected[-1] = True  # the chunk's last token produces the next output token
         if sched.random_keep is not None:
-            rng = np.random.default_rng(sched.seed)
-            free = np.flatnonzero(~protected)
+            rng = np.random.default_rng(sched.seed if start == 0 else (sched.seed, start))
+            free = positions[~protected]
             k = max(0, round(sched.random_keep * n) - int(protected.sum()))
             dropped = np.setdiff1d(free, rng.choice(free, size=min(k, len(free)), replace=False))
             limit[dropped] = 0
-        limit[:n][~protected] = np.minimum(limit[:n][~protected], sched.prompt_depth)
+        free = positions[~protected]
+        limit[free] = np.minimum(limit[free], sched.prompt_depth)
 
     def _blocked_attention(self, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
         """Causal attention of sorted active tokens over themselves, in query blocks."""
@@ -171,52 +219,67 @@ class LazyEngine:
 
     # ------------------------------------------------------------------- decode
     def decode(self, token: Union[int, mx.array]) -> mx.array:
-        """Run one new token through the model; return its (vocab,) next-token logits."""
-        if self.prompt_len == 0:
+        """Run one generated token; return its (vocab,) next-token logits."""
+        if self.cache.length == 0:
             raise ValueError("call prefill() before decode()")
-        a, sched, cache = self.adapter, self.schedule, self.cache
         token = mx.array([token]) if isinstance(token, int) else token.reshape(1)
-        comp = cache.add_tokens(1)  # tokens computed at the current layer
-        h = a.embed(token)
+        return self._step(token, self.cache.add_tokens(1), prompt=False)
+
+    def _step(self, tokens: mx.array, positions: np.ndarray, prompt: bool,
+              progress: Optional[ProgressFn] = None) -> mx.array:
+        """New tokens at ``positions`` (the newest of the context) through every layer on
+        top of the cache, re-selecting the context at each pruning layer (LazyLLM; static
+        cuts select in prompt chunks only)."""
+        a, sched, cache = self.adapter, self.schedule, self.cache
+        comp = positions  # tokens computed at the current layer, sorted
+        h = a.embed(tokens)
+        alive = cache.limit[comp] > 0
+        if not alive.all():  # random drop before layer 0
+            h, comp = h[:, mx.array(np.flatnonzero(alive).astype(np.int32))], comp[alive]
         selected: Optional[np.ndarray] = None  # None: every token cached at the layer
-        n_ctx = cache.length
+        n_ctx, first = cache.length, int(positions[0])
         for layer in range(a.num_layers):
             if selected is not None:
                 selected = selected[cache.limit[selected] > layer]
-                h, comp = self._restrict(layer, h, comp)
+            h, comp = self._restrict(layer, h, comp)
             q, k, v = a.qkv(layer, h, comp)
             kv = cache.layers[layer]
             kv.append(k, v, comp)
-            keys, values = kv.fetch()
             kpos = kv.cached_positions()
             visible = None if selected is None else np.isin(kpos, selected)
-            rows = comp  # queries: the new token last, revived tokens before it
-            if len(rows) > 1 and layer == a.num_layers - 1:  # revived: KV only at the top
+            rows = comp  # queries: the new tokens last, revived tokens before them
+            if len(rows) > 1 and layer == a.num_layers - 1:  # others: KV only at the top
                 q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
             if len(rows) > self.revival_block:
-                # Many revived tokens: block-causal over the gathered selected keys.
-                revived = self._revived_attention(q[:, :, :-1], kv, rows[:-1], selected)
-                new = self._cache_attention(q[:, :, -1:], keys, values, rows[-1:], kpos, visible)
-                out = mx.concatenate([revived, new], axis=2)
+                # Many rows: block-causal over the gathered visible keys in position order.
+                keys = np.sort(kpos if visible is None else kpos[visible])
+                out = self._revived_attention(q, kv, rows, keys, prompt)
             else:
-                # The new token (and a few revived ones) over the whole layer cache with a
-                # mask: cheaper than gathering the selected keys, which is slow on the CPU.
-                out = self._cache_attention(q, keys, values, rows, kpos, visible)
+                # A few rows over the whole layer cache with a mask: cheaper than gathering
+                # the visible keys, which is slow on the CPU.
+                keys, values = kv.fetch()
+                out = self._cache_attention(q, keys, values, rows, kpos, visible, prompt)
             h = a.finish(layer, h, out)
             cache.mark_computed(layer, comp)
-            keep = sched.keep_after(layer) if sched.dynamic else None
+            keep = sched.keep_after(layer) if sched.dynamic or prompt else None
             if keep is not None:
-                selected = self._select(layer, q[:, :, -1:], rows[-1:], keys, kpos, keep, n_ctx,
-                                        visible)
+                m = min(self.scorer.n_queries, int((rows >= first).sum()))
+                selected = self._select(layer, q[:, :, -m:], rows[-m:], kv.fetch()[0], kpos,
+                                        keep, n_ctx, visible)
                 h, comp = self._advance(layer, h, comp, selected)
+            if prompt:  # a chunk's layer is a step boundary, as in prefill
+                mx.eval(h)
+                if progress is not None:
+                    progress(layer + 1, a.num_layers)
         return a.logits(h[:, -1:])[0, 0]
 
     def _cache_attention(self, q: mx.array, keys: mx.array, values: mx.array, rows: np.ndarray,
-                         kpos: np.ndarray, visible: Optional[np.ndarray]) -> mx.array:
+                         kpos: np.ndarray, visible: Optional[np.ndarray],
+                         prompt: bool = False) -> mx.array:
         """Queries at positions ``rows`` over the whole layer cache (keys at ``kpos``): each
         sees the ``visible`` keys (all when None) at or before its own position."""
-        self.decode_attention_pairs += len(rows) * len(kpos)
-        if len(rows) == 1:  # the newest token: every cached key is at or before it
+        self._count_pairs(len(rows) * len(kpos), prompt)
+        if len(rows) == 1 and rows[0] >= kpos.max():  # the newest token: it sees every key
             mask = visible
         else:
             mask = kpos[None, :] <= rows[:, None]
@@ -226,21 +289,87 @@ class LazyEngine:
         return attention(q, keys, values, self.adapter.scale, mask)
 
     def _revived_attention(
-        self, q: mx.array, kv: LayerKV, rows: np.ndarray, selected: np.ndarray
+        self, q: mx.array, kv: LayerKV, rows: np.ndarray, selected: np.ndarray,
+        prompt: bool = False,
     ) -> mx.array:
-        """Attention of revived tokens at sorted positions ``rows`` over the selected keys
-        at or before each row's position, in query blocks whose keys stop at the block's
-        last row (block-causal, like prefill)."""
+        """Attention of rows at sorted positions ``rows`` over the ``selected`` keys (sorted
+        positions) at or before each row's position, in query blocks whose keys stop at the
+        block's last row (block-causal, like prefill)."""
         keys, values = kv.fetch(selected)
         outs = []
         for i in range(0, len(rows), self.revival_block):
             block = rows[i : i + self.revival_block]
             end = int(np.searchsorted(selected, block[-1], side="right"))
             mask = selected[None, :end] <= block[:, None]
-            self.decode_attention_pairs += len(block) * end
+            self._count_pairs(len(block) * end, prompt)
             outs.append(attention(q[:, :, i : i + len(block)], keys[:, :, :end],
                                   values[:, :, :end], self.adapter.scale, mx.array(mask)))
         return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+
+    def _count_pairs(self, pairs: int, prompt: bool) -> None:
+        if prompt:
+            self.prefill_attention_pairs += pairs
+        else:
+            self.decode_attention_pairs += pairs
+
+    # -------------------------------------------------------------- completion
+    def complete(self, max_token_layers: Optional[int] = None,
+                 should_stop: Optional[Callable[[], bool]] = None) -> int:
+        """Carry tokens waiting in the Aux Cache through their remaining layers, lowest
+        depth first, so later steps need no revivals and see them at every layer.
+
+        At each layer the waiting tokens attend causally to every key cached there, exactly
+        as the full model's layer would given their hidden states; each (token, layer) is
+        still computed at most once. Tokens stopped for good (SPEED, static, random drop)
+        stay as they are.
+
+        Args:
+            max_token_layers: stop after about this many token-layers (None: finish all).
+            should_stop: polled between layers; True stops early (a request arrived).
+
+        Returns:
+            The number of token-layers computed.
+        """
+        a, cache, done = self.adapter, self.cache, 0
+        carried, h = np.empty(0, np.int64), None
+        for layer in range(a.num_layers):
+            entry = cache.aux.get(layer)
+            if entry is not None:
+                taken, hidden = cache.aux_take(layer, entry.positions, revival=False)
+                h = hidden if h is None else mx.concatenate([h, hidden], axis=1)
+                carried = np.concatenate([carried, taken])
+                order = np.argsort(carried)
+                carried, h = carried[order], h[:, mx.array(order.astype(np.int32))]
+            if h is None:
+                continue
+            room = len(carried) if max_token_layers is None else max_token_layers - done
+            if should_stop is not None and should_stop():
+                room = 0
+            if room < len(carried):  # park the rest again at this depth; the oldest go on
+                room = max(room, 0)
+                cache.aux_put(layer, carried[room:], h[:, room:])
+                if room == 0:
+                    return done
+                carried, h = carried[:room], h[:, :room]
+            q, k, v = a.qkv(layer, h, carried)
+            kv = cache.layers[layer]
+            kv.append(k, v, carried)
+            cache.mark_computed(layer, carried)
+            done += len(carried)
+            self.completed_token_layers += len(carried)
+            if layer == a.num_layers - 1:  # the top layer: KV is all that is used
+                break
+            keys, values = kv.fetch()
+            out = self._cache_attention(q, keys, values, carried, kv.cached_positions(), None)
+            h = a.finish(layer, h, out)
+            mx.eval(h)
+        return done
+
+    @property
+    def pending_token_layers(self) -> int:
+        """Token-layers :meth:`complete` would compute to finish every waiting token."""
+        return sum(len(e.positions) * (self.adapter.num_layers - d)
+                   for d, e in self.cache.aux.items())
 
     # ------------------------------------------------------------ shared steps
     def _restrict(self, layer: int, h: mx.array, comp: np.ndarray):
@@ -266,8 +395,8 @@ class LazyEngine:
 
         ``keys`` (1, kv_heads, n, d) belong to ``positions`` in the same order; only those
         marked ``visible`` (all when None) and able to reach ``layer + 1`` are candidates.
-        The query token (the last position), the anchors and the scorer's always-kept
-        positions are kept whatever their score.
+        The newest token, the anchors and the scorer's always-kept positions are kept
+        whatever their score.
         """
         eligible = self.cache.limit[positions] > layer + 1
         if visible is not None:
@@ -330,9 +459,10 @@ class LazyEngine:
             prefill_tokens_per_layer=list(self.prefill_tokens_per_layer),
             prefill_attention_pairs=self.prefill_attention_pairs,
             decode_attention_pairs=self.decode_attention_pairs,
-            revivals=c.revivals,
+            revivals=c.revivals - self._revivals_before,
             host_syncs=self.host_syncs,
             max_computations_per_token_layer=int(computed.max()) if computed.size else 0,
+            completed_token_layers=self.completed_token_layers,
             ranks=self.tp.size,
             allsum_bytes=self.tp.model_bytes,
             score_allsum_bytes=self.tp.score_bytes,

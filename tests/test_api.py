@@ -192,8 +192,10 @@ def test_mlx_lm_load_errors_are_user_errors_and_short(tiny_model_path, tmp_path)
 def test_unsupported_mlx_lm_keywords_are_named(tiny_model):
     model, tokenizer = tiny_model("llama")
     with pytest.raises(UserInputError) as err:
-        list(stream_generate(model, tokenizer, PROMPT, max_tokens=2, prompt_cache=[], kv_bits=4))
-    assert "kv_bits, prompt_cache" in str(err.value)
+        list(stream_generate(model, tokenizer, PROMPT, max_tokens=2, max_kv_size=8, kv_bits=4))
+    assert "kv_bits, max_kv_size" in str(err.value)
+    with pytest.raises(UserInputError, match="make_prompt_cache"):  # mlx-lm's cache: a list
+        list(stream_generate(model, tokenizer, PROMPT, max_tokens=2, prompt_cache=[]))
     with pytest.raises(UserInputError, match="draft_model"):
         generate(model, tokenizer, PROMPT, max_tokens=2, draft_model=model)
     # mlx-lm's defaults (None) are accepted, so mlx-lm call sites work unchanged.

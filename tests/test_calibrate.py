@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lazy import LazyEngine, PruningConfig, UserInputError, load
+from mlx_lazy import LazyEngine, PruningConfig, UserInputError, load, resolve_config
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.bench import stats
 from mlx_lazy.bench.calibrate import Calibration, candidates, main, run
@@ -16,7 +16,7 @@ from mlx_lazy.schedule import MODEL_SCHEDULE_FILE, write_schedule
 
 
 def kept_positions(model, config, prompt):
-    engine = LazyEngine(model, config)
+    engine = LazyEngine(model, resolve_config(model, config))
     mx.eval(engine.prefill(prompt))
     return [engine.cache.layers[l].cached_positions().tolist() for l in range(len(model.layers))]
 
@@ -59,11 +59,117 @@ def test_no_cell_the_full_path_can_do_is_bad_input(tiny_model_path, tmp_path):
         tiny_calibration(tiny_model_path, tmp_path / "cal")
 
 
-def test_time_limit_writes_measurements_but_no_schedule(tiny_model_path, tmp_path):
-    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, time_limit_s=0.0)
-    assert not doc["complete"] and doc["chosen"] is None
-    assert (tmp_path / "cal" / "results.json").is_file()
+def fake_runs(monkeypatch, interrupt_at=None):
+    """Replace the model runs of a calibration: every method answers every sample; the
+    ``interrupt_at``-th run raises KeyboardInterrupt. Returns the (method, sample) runs."""
+    from types import SimpleNamespace
+
+    from mlx_lazy.bench import calibrate
+
+    runs = []
+
+    def fake_run_one(model, tokenizer, method, sample):
+        if len(runs) + 1 == interrupt_at:
+            raise KeyboardInterrupt
+        runs.append((method.name, sample.index))
+        return SimpleNamespace(score=1.0)
+
+    monkeypatch.setattr(calibrate, "run_one", fake_run_one)
+    return runs
+
+
+def test_a_time_limit_mid_rung_reports_the_partial_rung_and_resume_completes_it(
+        tiny_model_path, tmp_path, monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    from mlx_lazy.bench import calibrate
+
+    runs = fake_runs(monkeypatch)
+    # One clock tick per run: the pilot (2 runs of full), rung 0 (2 runs each of 3
+    # candidates), then the best candidate's third sample (tick 9) at rung 1; full's third
+    # (tick 10) is past the limit. The candidate then has more samples than full.
+    clock = iter(range(100))
+    monkeypatch.setattr(calibrate, "time", SimpleNamespace(
+        monotonic=lambda: next(clock), strftime=time.strftime, perf_counter=time.perf_counter))
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, time_limit_s=9.5)
+    assert doc["stopped"] == "time limit of 9.5 s" and not doc["complete"] and not doc["chosen"]
+    best = doc["candidates"][0]
+    assert len(best["scores"]["passkey@200"]) == 3 and len(doc["full"]["passkey@200"]) == 2
+    report = (tmp_path / "cal" / "report.md").read_text()
+    assert "Stopped early (time limit of 9.5 s)" in report
+    assert f"| `{best['name']}` |" in report and report.count("| 2 (partial) |") == 1
+    assert report.count("| 2 |") == 2  # the two other candidates finished rung 0
+    assert (tmp_path / "cal" / "pareto.png").is_file()
     assert not (tmp_path / "cal" / "schedule.json").exists()
+
+    runs.clear()
+    again = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True)
+    assert runs == [("full", 2)]  # only what the stop left unmeasured
+    assert again["complete"] and again["stopped"] is None
+    assert again["chosen"]["name"] == best["name"] and again["chosen"]["samples_per_cell"] == 3
+    assert "(partial)" not in (tmp_path / "cal" / "report.md").read_text()
+
+
+def test_ctrl_c_writes_what_was_measured_and_exits_130(tiny_model_path, tmp_path,
+                                                       monkeypatch, capsys):
+    fake_runs(monkeypatch, interrupt_at=2)  # in the pilot's second run of full
+    out = tmp_path / "cal"
+    assert main(["--model", str(tiny_model_path), "--out", str(out), "--tasks", "passkey",
+                 "--lengths", "200", "--rungs", "2,50", "--pilot", "3", "--min-base", "0",
+                 "--min-agreement", "0", "--no-measure", "--scorers", "last",
+                 "--cuts", "0.5/0.2"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "interrupted"
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["stopped"] == "interrupted" and doc["full"] == {"passkey@200": [1.0]}
+    assert "| passkey@200 | 1 of 3 samples (partial) |" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lengths", "0"], "--lengths needs prompt lengths >= 1"),
+    (["--lengths", "200,,300"], "expected comma-separated integers"),
+    (["--pilot", "-3"], "--pilot must be in [1, 50]"),
+    (["--pilot", "51"], "--pilot must be in [1, 50]"),
+    (["--rungs", "50,4"], "--rungs needs increasing sample counts"),
+    (["--time-limit", "-1"], "--time-limit must be a positive number"),
+    (["--time-limit", "nan"], "--time-limit must be a positive number"),
+    (["--keep-per-rung", "0"], "--keep-per-rung values must be >= 1"),
+    (["--gain-length", "0"], "--gain-length must be >= 1"),
+    (["--tasks", ""], "unknown task ''"),
+])
+def test_bad_options_are_one_error_line_before_any_work(tmp_path, monkeypatch, capsys, args,
+                                                        message):
+    from mlx_lazy.bench import calibrate
+
+    monkeypatch.setattr(calibrate, "load", lambda *a: pytest.fail("loaded a model"))
+    out = tmp_path / "cal"
+    assert exit_status(main, ["--out", str(out), *args]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("out, message", [
+    (lambda tmp: tmp / "file", "exists and is not a folder"),
+    (lambda tmp: "/proc/x", "cannot create --out /proc/x"),
+])
+def test_an_unusable_out_is_one_error_line(tmp_path, monkeypatch, capsys, out, message):
+    from mlx_lazy.bench import calibrate
+
+    monkeypatch.setattr(calibrate, "load", lambda *a: pytest.fail("loaded a model"))
+    (tmp_path / "file").write_text("mine")
+    assert main(["--out", str(out(tmp_path))]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def exit_status(main, argv):
+    """``main``'s status, whether returned or raised by the argument parser."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
 
 
 def test_the_command_refuses_claims_on_few_samples(tmp_path, capsys):
@@ -161,8 +267,8 @@ def test_packaged_schedules_apply_by_fingerprint(schedule_file, tiny_model, tmp_
     monkeypatch.setattr(schedule, "PACKAGED_SCHEDULES", packaged)
     schedule._packaged_paths.cache_clear()
     try:
-        llama = LazyEngine(tiny_model("llama")[0], PruningConfig("lazy")).stats.schedule
-        qwen = LazyEngine(tiny_model("qwen2")[0], PruningConfig("lazy")).stats.schedule
+        llama = LazyEngine(tiny_model("llama")[0], resolve_config(tiny_model("llama")[0], PruningConfig("lazy"))).stats.schedule
+        qwen = LazyEngine(tiny_model("qwen2")[0], resolve_config(tiny_model("qwen2")[0], PruningConfig("lazy"))).stats.schedule
     finally:
         schedule._packaged_paths.cache_clear()
     assert (llama["source"], llama["prune_layers"], llama["scorer"]) == (
@@ -173,29 +279,29 @@ def test_packaged_schedules_apply_by_fingerprint(schedule_file, tiny_model, tmp_
 def test_a_schedule_for_another_model_is_refused_by_the_engine(schedule_file, tiny_model):
     path, _ = schedule_file  # calibrated for the tiny llama
     config = PruningConfig.from_file(path)  # read without a model
-    LazyEngine(tiny_model("llama")[0], config)
+    LazyEngine(tiny_model("llama")[0], resolve_config(tiny_model("llama")[0], config))
     with pytest.raises(UserInputError, match="calibrated for another model"):
-        LazyEngine(tiny_model("qwen2")[0], config)
+        LazyEngine(tiny_model("qwen2")[0], resolve_config(tiny_model("qwen2")[0], config))
 
 
 def test_schedule_source_preset_user_and_calibrated_folder(tiny_model_path, schedule_file, tmp_path):
     path, _ = schedule_file
     model, _ = load(tiny_model_path)
-    assert LazyEngine(model, PruningConfig("lazy")).stats.schedule["source"] == "preset"
+    assert LazyEngine(model, resolve_config(model, PruningConfig("lazy"))).stats.schedule["source"] == "preset"
     user = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,))
-    assert LazyEngine(model, user).stats.schedule["source"] == "user"
+    assert LazyEngine(model, resolve_config(model, user)).stats.schedule["source"] == "user"
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_path, folder)
     shutil.copy(path, folder / MODEL_SCHEDULE_FILE)
     model, _ = load(folder)
-    engine = LazyEngine(model, PruningConfig("lazy", revive=False))
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", revive=False)))
     sched = engine.stats.schedule
     assert sched["source"] == f"calibrated:{MODEL_SCHEDULE_FILE}"
     assert (sched["prune_layers"], sched["scorer"], sched["window"]) == ([0, 2], "window", 4)
     assert sched["revive"] is False  # the caller's own fields stay
     # An explicit schedule wins over the folder's.
-    assert LazyEngine(model, user).stats.schedule["prune_layers"] == [1]
+    assert LazyEngine(model, resolve_config(model, user)).stats.schedule["prune_layers"] == [1]
 
 
 def test_cli_schedule_flag(tiny_model_path, schedule_file, tmp_path, capsys):

@@ -144,13 +144,13 @@ def test_predicted_counts_equal_the_engines(tiny_model, layers, keep):
     import mlx.core as mx
     import numpy as np
 
-    from mlx_lazy import LazyEngine, PruningConfig
+    from mlx_lazy import LazyEngine, PruningConfig, resolve_config
     from mlx_lazy.bench.costmodel import counts, predicted_counts
 
     model, _ = tiny_model("llama")
     n = 700  # several query blocks of 256
     config = PruningConfig("lazy", prune_layers=layers, keep=keep) if layers else PruningConfig()
-    engine = LazyEngine(model, config)
+    engine = LazyEngine(model, resolve_config(model, config))
     prompt = np.random.default_rng(0).integers(0, model.args.vocab_size, n)
     mx.eval(engine.prefill(mx.array(prompt.astype(np.int32))))
     assert predicted_counts(engine.schedule, n) == counts(engine.stats)

@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lazy import LazyEngine, PruningConfig, Schedule, UserInputError
+from mlx_lazy import LazyEngine, PruningConfig, Schedule, UserInputError, resolve_config
 from mlx_lazy.bench.harness import method_spec, parse_method
 from mlx_lazy.schedule import METHODS, POLICIES
 
@@ -169,7 +169,7 @@ def test_every_method_generates_on_the_tiny_model(tiny_model, method):
     n, steps = 64, 3
     prompt = mx.array(np.random.default_rng(0).integers(0, model.args.vocab_size, n)
                       .astype(np.int32))
-    engine = LazyEngine(model, PruningConfig.preset(method))
+    engine = LazyEngine(model, resolve_config(model, PruningConfig.preset(method)))
     tokens = [int(mx.argmax(engine.prefill(prompt)))]
     for _ in range(steps):
         tokens.append(int(mx.argmax(engine.decode(tokens[-1]))))

@@ -16,12 +16,13 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models import qwen2
 
-from mlx_lazy import LazyEngine, PruningConfig, generate, load, stream_generate
+from mlx_lazy import LazyEngine, PruningConfig, generate, load, resolve_config, stream_generate
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.bench.tasks import build_samples
 from mlx_lazy.default_model import ModelUnavailable, cache_dir, gguf_path, model_path
 from test_convert import gguf_name, gguf_permute, perplexity
-from test_engine import greedy_pair, max_diff
+from numerics import max_rel_err, rel_err
+from test_engine import greedy_pair
 
 NAME = "qwen2.5-coder-0.5b"
 SCHEDULES = Path(__file__).resolve().parents[1] / "docs" / "schedules"
@@ -77,7 +78,8 @@ def test_conversion_matches_the_independent_path(qwen):
     ref = independent_model()
     prompt = mx.array(tokenizer.encode(DECLARATION.read_text()[:600]))
     ours, theirs = model(prompt[None])[0, -1], ref(prompt[None])[0, -1]
-    assert mx.abs(ours - theirs).max().item() < 1e-4 * mx.abs(theirs).max().item()
+    # The same float32 weights through two builds of 24 layers: sums in another order.
+    assert rel_err(ours, theirs) < 1e-4
 
     def greedy(m):
         return [int(t) for t, _ in zip((tok for tok, _ in generate_step(prompt, m)), range(16))]
@@ -159,15 +161,16 @@ def test_the_calibrated_schedule_file_runs_its_cut_and_answers(qwen):
 def test_full_matches_mlx_lm_over_32_greedy_steps(qwen):
     model, tokenizer = qwen
     prompt = mx.array(tokenizer.encode(DECLARATION.read_text()[:1500]))
-    engine = LazyEngine(model, PruningConfig("full"), block_size=128)
-    assert max_diff(greedy_pair(model, engine, prompt, 32)) < 1e-4
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("full")), block_size=128)
+    # 24 layers and 32 steps of float32 sums in another order (measured ~1e-5 relative).
+    assert max_rel_err(greedy_pair(model, engine, prompt, 32)) < 1e-4
 
 
 @pytest.mark.parametrize("method", ["lazy", "speed"])
 def test_pruning_methods_run(qwen, method):
     model, tokenizer = qwen
     prompt = tokenizer.encode(DECLARATION.read_text()[:3000])
-    engine = LazyEngine(model, PruningConfig.preset(method))
+    engine = LazyEngine(model, resolve_config(model, PruningConfig.preset(method)))
     logits = engine.prefill(mx.array(prompt))
     for _ in range(8):
         logits = engine.decode(int(mx.argmax(logits)))

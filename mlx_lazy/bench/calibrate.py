@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import signal
 import sys
 import time
@@ -41,11 +43,14 @@ from typing import Any, Optional, Sequence
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import PruningConfig, load
 from ..adapter import ModelAdapter
+from ..cli import OneLineParser
 from ..errors import UserInputError
+from ..folders import write_text_atomic
 from ..schedule import layers_at, write_schedule
 from . import fidelity, stats
+from .calibration_results import report, used_cells
 from .costmodel import predicted_counts, prior
-from .common import _jsonable, _loadavg, fmt, markdown_table, median
+from .common import jsonable, loadavg, median
 from .harness import Method, method_spec, parse_method, run_one
 from .tasks import TASKS, build_prompt, build_samples
 
@@ -88,13 +93,13 @@ class Candidate:
     predicted_gain: float
     token_layers_pct: float
     scores: dict[str, list[float]] = field(default_factory=dict)  # cell -> per-sample scores
-    rung: int = 0  # last rung it was evaluated at
+    rung: int = 0  # the rung it reached (its samples fall short when a run stopped mid-rung)
     dropped_at: Optional[int] = None
     measured_gain: Optional[dict[str, Any]] = None  # measure_gain(), last-rung candidates only
     agreement: Optional[dict[str, Any]] = None  # teacher-forced, once accurate at the last rung
 
     def as_dict(self) -> dict[str, Any]:
-        d = _jsonable(asdict(self))
+        d = jsonable(asdict(self))
         d["config"] = {k: v for k, v in d["config"].items() if v is not None}
         return d
 
@@ -153,23 +158,65 @@ class Calibration:
     seed: int = 0
     resume: bool = False
 
+    def check(self) -> None:
+        """Raise UserInputError naming the first option outside its domain."""
+        bad = [t for t in self.tasks if t not in TASKS]
+        rungs, top, limit = self.rungs, max(self.rungs, default=1), self.time_limit_s
+        why = next((message for failed, message in [
+            (not self.tasks or bad, f"unknown task {(bad or [''])[0]!r} (choose from "
+                                    f"{', '.join(TASKS)})"),
+            (not self.lengths or min(self.lengths) < 1,
+             "--lengths needs prompt lengths >= 1 token"),
+            (not rungs or min(rungs) < 1 or list(rungs) != sorted(set(rungs)),
+             "--rungs needs increasing sample counts >= 1, e.g. 6,20,50"),
+            (any(k < 1 for k in self.keep_per_rung), "--keep-per-rung values must be >= 1"),
+            (not 1 <= self.pilot <= top, f"--pilot must be in [1, {top}] (the pilot runs on "
+                                         "the rungs' samples)"),
+            (not 0 <= self.min_base <= 1, "--min-base must be in [0, 1]"),
+            (not 0 <= self.max_loss < 1, "--max-loss must be in [0, 1)"),
+            (not 0 <= self.min_agreement <= 1, "--min-agreement must be in [0, 1]"),
+            (self.gain_length < 1, "--gain-length must be >= 1 token"),
+            (self.gain_repeats < 1, "--gain-repeats must be >= 1"),
+            (self.agreement_prompts < 1 or self.agreement_steps < 1,
+             "agreement_prompts and agreement_steps must be >= 1"),
+            (limit is not None and not (math.isfinite(limit) and limit > 0),
+             "--time-limit must be a positive number of seconds"),
+            (not self.scorers or not self.cuts, "--scorers and --cuts need at least one value"),
+        ] if failed), None)
+        if why:
+            raise UserInputError(why)
+
 
 class _OutOfTime(Exception):
     pass
 
 
 def run(cal: Calibration) -> dict[str, Any]:
-    """Calibrate; write the outputs into ``cal.out``; return the results document."""
+    """Calibrate; write the outputs into ``cal.out``; return the results document.
+
+    A time limit or a KeyboardInterrupt stops it early: the outputs then hold what was
+    measured (``doc["stopped"]`` says why) and ``resume=True`` continues from them.
+
+    Raises:
+        UserInputError: an option outside its domain, an unwritable ``out``, lengths too
+            short for a task, no cell the unpruned path can do, or a ``resume`` of another
+            calibration.
+    """
+    cal.check()
     start = time.monotonic()
     out = Path(cal.out)
-    out.mkdir(parents=True, exist_ok=True)
+    _prepare_out(out)
     model, tokenizer = load(cal.model)
     fingerprint = ModelAdapter(model).fingerprint()
     n_max = max(cal.rungs)
-    samples = {f"{t}@{n}": build_samples(tokenizer, t, n, n_max, cal.seed)
-               for t in cal.tasks for n in cal.lengths}
+    try:
+        samples = {f"{t}@{n}": build_samples(tokenizer, t, n, n_max, cal.seed)
+                   for t in cal.tasks for n in cal.lengths}
+    except ValueError as e:  # a length too short for a task's question and needles
+        raise UserInputError(str(e)) from None
     doc: dict[str, Any] = {"options": asdict(cal), "fingerprint": fingerprint, "cells": {},
-                           "full": {}, "candidates": [], "chosen": None, "complete": False}
+                           "full": {}, "candidates": [], "chosen": None, "complete": False,
+                           "stopped": None}
 
     def check_time() -> None:
         if cal.time_limit_s is not None and time.monotonic() - start > cal.time_limit_s:
@@ -226,11 +273,11 @@ def run(cal: Calibration) -> dict[str, Any]:
                 passing, tried = [], 0
                 for cand in alive:
                     tried += 1
+                    cand.rung = r
                     for cell in cells:
                         have = cand.scores.setdefault(cell, [])
                         while len(have) < n:
                             have.append(score(cand.config, cell, len(have)))
-                    cand.rung = r
                     p = _pooled(full_scores, cand, cells, n)
                     ok = _within(p, cal.max_loss, last=r == last)
                     if ok and r == last and cal.min_agreement > 0:
@@ -269,8 +316,12 @@ def run(cal: Calibration) -> dict[str, Any]:
                      f"(predicted {cand.predicted_gain:.2f}x)")
                 _write(out, doc, full, cells)
         doc["complete"] = True
-    except (_OutOfTime, KeyboardInterrupt):
-        _log("stopped (time limit or interrupt): writing what was measured")
+    except _OutOfTime:
+        doc["stopped"] = f"time limit of {cal.time_limit_s:g} s"
+    except KeyboardInterrupt:
+        doc["stopped"] = "interrupted"
+    if doc["stopped"]:
+        _log(f"stopped ({doc['stopped']}): writing what was measured")
     cells = used_cells(doc)
     confirmed = [c for c in _final(cands, cells, cal) if c.dropped_at is None and doc["complete"]]
     if confirmed:
@@ -288,9 +339,16 @@ def run(cal: Calibration) -> dict[str, Any]:
     return json.loads((out / "results.json").read_text())
 
 
-def used_cells(doc: dict[str, Any]) -> list[str]:
-    """The cells of a calibration (results) document where ``full`` scored enough."""
-    return [c for c, v in doc["cells"].items() if v["used"]]
+def _prepare_out(out: Path) -> None:
+    """Create the output folder, or fail with one line when it cannot hold the outputs."""
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"--out {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserInputError(f"cannot create --out {out}: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UserInputError(f"cannot write into --out {out}")
 
 
 def _final(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration) -> list[Candidate]:
@@ -306,7 +364,10 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
     path = out / "results.json"
     if not path.is_file():
         return []
-    old = json.loads(path.read_text())
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserInputError(f"--resume: cannot read {path} ({e}); use another --out") from None
     o = old.get("options", {})
     same = (old.get("fingerprint") == fingerprint and o.get("seed") == cal.seed
             and max(o.get("rungs") or [0]) == max(cal.rungs))
@@ -365,27 +426,28 @@ def measure_gain(model: Any, tokenizer: Any, config: PruningConfig, n_tokens: in
     """Prefill time of ``full`` ÷ that of ``config`` on an ``n_tokens`` prose prompt,
     measured side by side (alternating, after ``mx.eval``); the gain is the median of the
     ``repeats`` paired ratios, and the load average beside it says how busy the machine was."""
-    from .. import LazyEngine
+    from .. import LazyEngine, resolve_config
 
     prompt = mx.array(build_prompt(tokenizer, n_tokens))
     times: dict[str, list[float]] = {"full": [], "pruned": []}
     for _ in range(repeats):
         for name, cfg in (("full", None), ("pruned", config)):
-            engine = LazyEngine(model, cfg)
+            engine = LazyEngine(model, resolve_config(model, cfg))
             tic = time.perf_counter()
             mx.eval(engine.prefill(prompt))
             times[name].append(time.perf_counter() - tic)
     ratios = [f / p for f, p in zip(times["full"], times["pruned"])]
     return {"prompt_tokens": n_tokens, "full_s": times["full"], "pruned_s": times["pruned"],
-            "gain": median(ratios), "loadavg_1min": _loadavg()}
+            "gain": median(ratios), "loadavg_1min": loadavg()}
 
 
 def _write(out: Path, doc: dict[str, Any], full: dict[str, list[float]],
            cells: Sequence[str]) -> None:
     doc = {k: v for k, v in doc.items() if k != "earlier"} | dict(
         full=full, candidates=[c.as_dict() for c in doc["candidates"]] + doc.get("earlier", []))
-    (out / "results.json").write_text(json.dumps(_jsonable(doc), indent=1))
-    (out / "report.md").write_text(report(doc, cells))
+    # atomic: a Ctrl-C while writing leaves the previous file for --resume, not a torn one
+    write_text_atomic(out / "results.json", json.dumps(jsonable(doc), indent=1))
+    write_text_atomic(out / "report.md", report(doc, cells))
     try:
         from .plots import plot_calibration
 
@@ -394,58 +456,13 @@ def _write(out: Path, doc: dict[str, Any], full: dict[str, list[float]],
         pass
 
 
-def candidate_rows(doc: dict[str, Any], cells: Sequence[str]) -> list[dict[str, Any]]:
-    """Per candidate at the largest sample count it reached: pooled paired statistics."""
-    rows = []
-    for c in doc["candidates"]:
-        n = min((len(c["scores"].get(cell, [])) for cell in cells), default=0)
-        if n == 0:
-            continue
-        base = [s for cell in cells for s in doc["full"][cell][:n]]
-        mine = [s for cell in cells for s in c["scores"][cell][:n]]
-        measured = c.get("measured_gain")
-        rows.append(dict(name=c["name"], config=c["config"], gain=c["predicted_gain"],
-                         measured_gain=measured and measured["gain"],
-                         token_layers_pct=c["token_layers_pct"], n=n,
-                         dropped_at=c["dropped_at"], paired=stats.paired(base, mine)))
-    return rows
-
-
-def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
-    """The markdown report: cells, every candidate's pooled paired result, the choice."""
-    cell_rows = [[cell, f"{v['pilot_base']:.2f}", "yes" if v["used"] else "no"]
-                 for cell, v in doc["cells"].items()]
-    candidates = []
-    for r in sorted(candidate_rows(doc, cells), key=lambda r: -r["gain"]):
-        p = r["paired"]
-        candidates.append([
-            f"`{r['name']}`", f"{r['gain']:.2f}x", fmt(r["measured_gain"], suffix="x"),
-            f"{r['token_layers_pct']:.0f}", r["n"],
-            f"{p.base:.3f}", f"{p.score:.3f} ({p.score_ci[0]:.2f}-{p.score_ci[1]:.2f})",
-            f"{p.lost} / {p.won}", f"{p.lost_ci[1]:.3f}",
-            f"{p.rel_loss:+.3f} ({p.rel_loss_ci[0]:+.3f} to {p.rel_loss_ci[1]:+.3f})",
-            "-" if r["dropped_at"] is None else r["dropped_at"]])
-    lines = ["# Calibration", "", f"Model fingerprint: `{json.dumps(doc['fingerprint'])}`", "",
-             markdown_table(["cell", "full, pilot", "used"], cell_rows), "",
-             markdown_table(["candidate", "predicted gain", "measured gain", "token-layers %",
-                             "samples/cell", "full", "method (95% CI)", "lost / won",
-                             "lost of full's right, 95% upper bound",
-                             "relative loss (95% CI)", "dropped at rung"], candidates)]
-    chosen = doc.get("chosen")
-    lines += ["", f"Chosen: `{chosen['name']}`" if chosen else "Chosen: none confirmed"]
-    if chosen:
-        lines.append("")
-        lines.append("```json\n" + json.dumps(_jsonable(chosen), indent=1) + "\n```")
-    return "\n".join(lines) + "\n"
-
-
 def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
             from None
@@ -480,8 +497,7 @@ def parse_scorer(spec: str) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line options."""
-    p = argparse.ArgumentParser(prog="python -m mlx_lazy.calibrate",
-                                description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m mlx_lazy.calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model folder or name (default SmolLM2)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
@@ -520,37 +536,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Command-line entry point; returns the exit status."""
+    """Command-line entry point; returns the exit status (0: a schedule was chosen; 1: none
+    confirmed; 2: bad input; 130: interrupted, after writing what was measured)."""
     args = build_parser().parse_args(argv)
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    bad = [t for t in tasks if t not in TASKS]
-    why = next((message for failed, message in [
-        (bad, f"unknown task {bad[0]!r} (choose from {', '.join(TASKS)})" if bad else ""),
-        (args.rungs and max(args.rungs) < 50,
-         "the last rung must have >= 50 samples per cell (claims need them)"),
-        (not 0 <= args.max_loss < 1, "--max-loss must be in [0, 1)"),
-        (not 0 <= args.min_agreement <= 1, "--min-agreement must be in [0, 1]"),
-        (args.gain_repeats < 1, "--gain-repeats must be >= 1"),
-        (not args.lengths or not args.rungs, "--lengths and --rungs need at least one value"),
-    ] if failed), None)
-    if why:
-        print(f"error: {why}", file=sys.stderr)
-        return 2
-    cal = Calibration(model=args.model, out=args.out, tasks=tasks, lengths=args.lengths,
-                      rungs=args.rungs, keep_per_rung=args.keep_per_rung, pilot=args.pilot,
-                      min_base=args.min_base, max_loss=args.max_loss,
-                      min_agreement=args.min_agreement,
-                      gain_length=args.gain_length, scorers=args.scorers,
-                      cuts=tuple(args.cuts),
-                      measure=not args.no_measure, gain_repeats=args.gain_repeats,
-                      time_limit_s=args.time_limit, resume=args.resume)
+    cal = Calibration(model=args.model, out=args.out,
+                      tasks=tuple(t.strip() for t in args.tasks.split(",")),
+                      lengths=args.lengths, rungs=args.rungs, keep_per_rung=args.keep_per_rung,
+                      pilot=args.pilot, min_base=args.min_base, max_loss=args.max_loss,
+                      min_agreement=args.min_agreement, gain_length=args.gain_length,
+                      scorers=args.scorers, cuts=tuple(args.cuts), measure=not args.no_measure,
+                      gain_repeats=args.gain_repeats, time_limit_s=args.time_limit,
+                      resume=args.resume)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`: keep results
     try:
+        if max(cal.rungs, default=0) < 50:
+            raise UserInputError("the last rung must have >= 50 samples per cell (claims "
+                                 "need them)")
         doc = run(cal)
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print((Path(cal.out) / "report.md").read_text())
+    if doc["stopped"] == "interrupted":
+        print("interrupted", file=sys.stderr)
+        return 130
     return 0 if doc.get("chosen") else 1
 
 

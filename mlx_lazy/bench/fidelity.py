@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 
 import mlx.core as mx
 
-from .. import LazyEngine, PruningConfig
+from .. import LazyEngine, PruningConfig, resolve_config
 from . import stats
 from .tasks import build_prompt
 
@@ -23,7 +23,7 @@ Reference = tuple[list[int], list[int]]
 def greedy_tokens(model: Any, prompt: Sequence[int], steps: int,
                   config: Optional[PruningConfig] = None) -> list[int]:
     """The engine's greedy continuation of ``prompt`` (unpruned by default)."""
-    engine = LazyEngine(model, config)
+    engine = LazyEngine(model, resolve_config(model, config))
     logits, out = engine.prefill(mx.array(prompt)), []
     for _ in range(steps):
         out.append(int(mx.argmax(logits)))
@@ -35,7 +35,7 @@ def agreement(model: Any, config: PruningConfig, prompt: Sequence[int],
               reference: Sequence[int]) -> list[bool]:
     """Per step: does ``config``'s argmax equal ``reference`` (the unpruned continuation)
     when fed the reference tokens?"""
-    engine = LazyEngine(model, config)
+    engine = LazyEngine(model, resolve_config(model, config))
     logits, hits = engine.prefill(mx.array(prompt)), []
     for token in reference:
         hits.append(int(mx.argmax(logits)) == token)

@@ -86,7 +86,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from mlx_lazy import LazyEngine, PruningConfig, load
+from mlx_lazy import LazyEngine, PruningConfig, load, resolve_config
 from mlx_lazy.bench.common import (BASELINE, FULL, MIB, SHORT_ANSWER, RunRecord, fmt,
                                    machine_info, markdown_table, measure, median, paired_ratios,
                                    ratio)
@@ -394,7 +394,7 @@ def decode_interleaved(
     log(f"decode-interleaved: prefilled {BASELINE} in {time.perf_counter() - t0:.1f}s")
     for name, cfg in configs.items():
         t0 = time.perf_counter()
-        eng = engines[name] = LazyEngine(model, cfg)
+        eng = engines[name] = LazyEngine(model, resolve_config(model, cfg))
         tokens[name] = mx.argmax(eng.prefill(ids))
         mx.eval(tokens[name])
         step_fns[name] = eng.decode  # returns logits; argmax taken below

@@ -1,0 +1,60 @@
+"""``python -m mlx_lazy.cache_prompt``: process a prompt once and save the lazy state.
+
+As mlx-lm's ``cache_prompt``: the prompt (a long document, a system prompt) is run through
+the model with the chosen pruning method and the state is written to
+``--prompt-cache-file``; ``python -m mlx_lazy.generate --prompt-cache-file FILE -p
+QUESTION`` then appends the question to it instead of recomputing the document. With a
+chat template the cache holds the conversation up to the end of the prompt's text, and the
+later prompt continues that user message (mlx-lm's convention).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+from . import cli
+from .api import check_prompt
+from .errors import UserInputError, one_line
+from .prompt_cache import make_prompt_cache, save_prompt_cache
+
+
+def build_parser() -> cli.OneLineParser:
+    """The argument parser: the generate tool's model, prompt and pruning options."""
+    p = cli.OneLineParser(
+        prog="mlx-lazy-cache-prompt",
+        description="Process a prompt once with LazyLLM / SPEED pruning and save the state "
+                    "for python -m mlx_lazy.generate --prompt-cache-file.")
+    cli.add_prompt_arguments(p)
+    cli.add_pruning_arguments(p)
+    p.add_argument("--prompt-cache-file", required=True, metavar="FILE",
+                   help="the safetensors file to write")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the tool with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        config = cli.build_config(args)
+        text = cli.read_prompt(args)
+        model, tokenizer = cli.load_model(args.model)
+        cache = make_prompt_cache(model, config)
+        tokens = cli.encode_prompt(tokenizer, text, args.system_prompt,
+                                   args.ignore_chat_template, "prefix")
+        check_prompt(cache.engine, tokenizer, tokens, 1)
+        cache.process(tokens)
+        save_prompt_cache(args.prompt_cache_file, cache, {"model": str(args.model or "")})
+    except UserInputError as e:
+        print(f"error: {one_line(e, limit=1000)}", file=sys.stderr)
+        return cli.EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return cli.EXIT_INTERRUPTED
+    print(f"cached {len(cache)} tokens ({cache.nbytes / cli.MB:.1f} MB of KV and aux) in "
+          f"{args.prompt_cache_file}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,298 @@
+"""Prompt caches with mlx-lm's names: the lazy state kept across turns, requests and files.
+
+A :class:`PromptCache` holds one engine's state (per-layer KV, the Aux Cache of pruned
+tokens' hidden states, each token's depth), the token ids it has processed and the schedule
+it was made for. Passed to ``generate_step`` / ``stream_generate`` as ``prompt_cache=``, the
+prompt given is processed on top of it and the cache is updated in place, as in mlx-lm; a
+follow-up turn then re-selects the context at each pruning layer and revives from the Aux
+Cache what it needs, so over a whole conversation every (token, layer) is computed at most
+once.
+
+:func:`resolve_config` is the one place a :class:`PruningConfig` becomes the
+:class:`Schedule` an engine runs (calibrated lookup, fingerprint check, checks against the
+model's depth).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .adapter import ModelAdapter
+from .cache import LazyCache
+from .engine import LazyEngine, ProgressFn
+from .errors import UserInputError, one_line
+from .schedule import PruningConfig, Schedule, calibrated
+
+#: The ``format`` of prompt-cache files.
+CACHE_FORMAT = "mlx-lazy-prompt-cache/1"
+
+
+def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
+    """A config given as a :class:`PruningConfig`, a method name (its preset) or None.
+
+    Raises:
+        UserInputError: anything else, or an unknown method name.
+    """
+    if isinstance(config, str):
+        return PruningConfig.preset(config)
+    if config is not None and not isinstance(config, PruningConfig):
+        raise UserInputError(
+            f"config must be a PruningConfig, a method name or None, got {config!r}")
+    return config
+
+
+def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = None) -> Schedule:
+    """The schedule ``model`` runs for ``config``: a plain ``"lazy"`` takes the model's
+    calibrated schedule (:func:`mlx_lazy.schedule.calibrated`), a calibrated schedule must
+    match the model's fingerprint, and every value is checked against the model's depth.
+
+    Raises:
+        UserInputError: an invalid config or a schedule calibrated for another model.
+    """
+    adapter = ModelAdapter(model)
+    fingerprint = adapter.fingerprint()
+    chosen = calibrated(as_config(config) or PruningConfig(), fingerprint,
+                        getattr(model, "mlx_lazy_schedule", None))
+    chosen.check_model(fingerprint)
+    return chosen.resolve(adapter.num_layers)
+
+
+class PromptCache:
+    """The state of one growing sequence, reusable across calls (see the module docstring).
+
+    Attributes:
+        engine: the :class:`LazyEngine` whose state this is.
+        tokens: the token ids processed so far, in order (``len(cache)``).
+    """
+
+    def __init__(self, engine: LazyEngine, tokens: Optional[List[int]] = None):
+        self.engine = engine
+        self.tokens: List[int] = list(tokens or [])
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule this cache was made for."""
+        return self.engine.schedule
+
+    @property
+    def model(self) -> nn.Module:
+        return self.engine.adapter.model
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of KV and Aux Cache held."""
+        state = self.engine.cache
+        return sum(state.kv_bytes_per_layer) + state.aux_bytes
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def process(self, tokens: List[int], progress: Optional[ProgressFn] = None) -> mx.array:
+        """Run prompt ``tokens`` on top of this cache; return the (vocab,) logits of the
+        token after them."""
+        logits = self.engine.extend(mx.array(tokens), progress)
+        self.tokens.extend(tokens)
+        return logits
+
+    def check(self, model: nn.Module, config: Union[PruningConfig, str, None] = None) -> None:
+        """Refuse a cache made for another model, or for another config than ``config``
+        (None: any config).
+
+        Raises:
+            UserInputError: naming the mismatch.
+        """
+        if model is not self.model:
+            ours, theirs = self.engine.adapter.fingerprint(), ModelAdapter(model).fingerprint()
+            diff = next((k for k in ours if ours[k] != theirs.get(k)), None)
+            if diff is not None or weights_digest(model) != weights_digest(self.model):
+                what = (f"{diff} {ours[diff]!r}, the model has {theirs.get(diff)!r}"
+                        if diff is not None else "weights differ")
+                raise UserInputError(f"the prompt cache was made for another model ({what})")
+        if config is not None:
+            check_same_schedule(self.schedule, resolve_config(model, config), "the prompt cache")
+
+    def extend_prefix(self, tokens: List[int]) -> List[int]:
+        """Trim this cache to the longest prefix it shares with ``tokens`` (keeping at least
+        one token to process) and return the tokens still to process."""
+        common = 0
+        for a, b in zip(self.tokens, tokens):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(tokens) - 1)
+        if common < len(self.tokens):
+            trim_prompt_cache(self, len(self.tokens) - common)
+        return tokens[common:]
+
+
+def check_same_schedule(have: Schedule, want: Schedule, what: str) -> None:
+    """Raise UserInputError naming the first field where schedule ``want`` differs from the
+    ``have`` that ``what`` was made for."""
+    a, b = asdict(have), asdict(want)
+    diff = next((k for k in a if k != "source" and a[k] != b[k]), None)
+    if diff is not None:
+        raise UserInputError(f"{what} was made for another pruning config: {diff} is "
+                             f"{a[diff]!r} there, {b[diff]!r} here")
+
+
+def make_prompt_cache(model: nn.Module,
+                      config: Union[PruningConfig, str, None] = None) -> PromptCache:
+    """An empty prompt cache for ``model`` and pruning ``config`` (None: ``"full"``).
+
+    Raises:
+        UserInputError: an invalid config.
+    """
+    return PromptCache(LazyEngine(model, resolve_config(model, config)))
+
+
+def can_trim_prompt_cache(cache: PromptCache) -> bool:
+    """True: a lazy state can always drop its last tokens."""
+    return isinstance(cache, PromptCache)
+
+
+def trim_prompt_cache(cache: PromptCache, num_tokens: int) -> int:
+    """Drop the last ``num_tokens`` tokens from every layer's KV, the Aux Cache and the
+    bookkeeping (a client that edits or regenerates its last turn); return ``num_tokens``.
+
+    Raises:
+        UserInputError: ``num_tokens`` negative or more than the cache holds.
+    """
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) \
+            or not 0 <= num_tokens <= len(cache):
+        raise UserInputError(f"cannot trim {num_tokens!r} tokens from a prompt cache of "
+                             f"{len(cache)} tokens")
+    length = len(cache) - int(num_tokens)
+    engine = cache.engine
+    engine.cache.trim(length)
+    cache.tokens = cache.tokens[:length]
+    engine.prompt_len = min(engine.prompt_len, length)
+    engine.always_kept = engine.always_kept[engine.always_kept < length]
+    return int(num_tokens)
+
+
+def weights_digest(model: nn.Module) -> str:
+    """A short digest of a few fixed tensors (the embedding's first rows, the last norm):
+    tells apart models of the same shapes."""
+    import hashlib
+
+    inner = ModelAdapter(model).inner
+    digest = hashlib.sha256()
+    for array in (inner.embed_tokens.weight[:16], inner.norm.weight):
+        digest.update(np.array(array.astype(mx.float32)).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
+                      metadata: Optional[Dict[str, str]] = None) -> None:
+    """Write ``cache`` to a safetensors file (atomically) with JSON metadata: the format
+    version, the model's fingerprint and weights digest, the schedule and the token ids.
+
+    Args:
+        path: the file to write.
+        cache: the prompt cache.
+        metadata: extra string metadata kept in the file (returned by
+            :func:`load_prompt_cache` with ``return_metadata=True``).
+    """
+    engine, state = cache.engine, cache.engine.cache
+    arrays: Dict[str, mx.array] = {
+        "depth": mx.array(state.depth), "limit": mx.array(state.limit),
+        "computed": mx.array(state.computed[:, : state.length]),
+        "always_kept": mx.array(engine.always_kept.astype(np.int64)),
+    }
+    for i, layer in enumerate(state.layers):
+        if layer.size:
+            keys, values = layer.fetch()
+            arrays[f"layers.{i}.keys"], arrays[f"layers.{i}.values"] = keys, values
+            arrays[f"layers.{i}.positions"] = mx.array(layer.cached_positions())
+    for depth, entry in state.aux.items():
+        arrays[f"aux.{depth}.hidden"] = entry.hidden
+        arrays[f"aux.{depth}.positions"] = mx.array(entry.positions)
+    info = {
+        "format": CACHE_FORMAT,
+        "fingerprint": engine.adapter.fingerprint(),
+        "weights": weights_digest(engine.adapter.model),
+        "schedule": engine.schedule.as_dict(),
+        "tokens": cache.tokens,
+        "prompt_len": engine.prompt_len,
+        "revivals": state.revivals,
+    }
+    meta = {"mlx_lazy": json.dumps(info), **{str(k): str(v) for k, v in (metadata or {}).items()}}
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.safetensors")
+    try:
+        mx.save_safetensors(str(tmp), arrays, metadata=meta)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # mlx reports an unopenable file as RuntimeError
+        raise UserInputError(f"cannot write prompt cache {path}: {one_line(e)}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata: bool = False
+                      ) -> Union[PromptCache, Tuple[PromptCache, Dict[str, str]]]:
+    """Read a file written by :func:`save_prompt_cache` for ``model`` (unlike mlx-lm, the
+    model is needed: the cache is an engine's state).
+
+    Returns:
+        The cache, and with ``return_metadata`` also the extra metadata saved with it.
+
+    Raises:
+        UserInputError: a missing, truncated or foreign file, or one made for another model.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"prompt cache {path} does not exist")
+    try:
+        arrays, meta = mx.load(str(path), format="safetensors", return_metadata=True)
+        info = json.loads(meta["mlx_lazy"])
+    except (RuntimeError, ValueError, OSError, KeyError, json.JSONDecodeError) as e:
+        raise UserInputError(f"{path} is not an mlx-lazy prompt cache ({one_line(e)})") from None
+    if not isinstance(info, dict) or info.get("format") != CACHE_FORMAT:
+        raise UserInputError(f"{path} is not an mlx-lazy prompt cache of format {CACHE_FORMAT!r}")
+    adapter = ModelAdapter(model)
+    fingerprint = adapter.fingerprint()
+    saved = info["fingerprint"]
+    diff = next((k for k in fingerprint if saved.get(k) != fingerprint[k]), None)
+    if diff is not None:
+        raise UserInputError(f"prompt cache {path} was made for another model: {diff} is "
+                             f"{saved.get(diff)!r} there, {fingerprint[diff]!r} here")
+    if info["weights"] != weights_digest(model):
+        raise UserInputError(f"prompt cache {path} was made for another model (weights differ)")
+    fields = dict(info["schedule"])
+    schedule = Schedule(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    engine = LazyEngine(model, schedule)
+    state = LazyCache(adapter.num_layers)
+    try:
+        state.depth = np.array(arrays["depth"]).astype(np.int64)
+        state.limit = np.array(arrays["limit"]).astype(np.int64)
+        state.computed = np.array(arrays["computed"]).astype(np.int32)
+        for i, layer in enumerate(state.layers):
+            if f"layers.{i}.keys" in arrays:
+                layer.append(arrays[f"layers.{i}.keys"], arrays[f"layers.{i}.values"],
+                             np.array(arrays[f"layers.{i}.positions"]).astype(np.int64))
+        for key in arrays:
+            if key.startswith("aux.") and key.endswith(".positions"):
+                depth = int(key.split(".")[1])
+                state.aux_put(depth, np.array(arrays[key]).astype(np.int64),
+                              arrays[f"aux.{depth}.hidden"])
+        tokens = [int(t) for t in info["tokens"]]
+        if len(tokens) != state.length or state.computed.shape != (adapter.num_layers, len(tokens)):
+            raise ValueError("token count and state disagree")
+    except (KeyError, ValueError, TypeError) as e:
+        raise UserInputError(f"prompt cache {path} is corrupt: {one_line(e)}") from None
+    state.revivals = int(info.get("revivals", 0))
+    engine.cache = state
+    engine.prompt_len = int(info["prompt_len"])
+    engine.always_kept = np.array(arrays["always_kept"]).astype(np.int64)
+    engine.start_request()
+    cache = PromptCache(engine, tokens)
+    extra = {k: v for k, v in meta.items() if k != "mlx_lazy"}
+    return (cache, extra) if return_metadata else cache

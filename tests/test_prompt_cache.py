@@ -1,0 +1,326 @@
+"""Prompt caches: the lazy state kept across turns, trimmed, saved and loaded; completion of
+pruned tokens from the Aux Cache."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.generate import generate_step as mlx_lm_generate_step
+from mlx_lm.models.cache import make_prompt_cache as mlx_lm_make_prompt_cache
+
+from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, can_trim_prompt_cache,
+                      generate_step, load_prompt_cache, make_prompt_cache, resolve_config,
+                      save_prompt_cache, stream_generate, trim_prompt_cache)
+from mlx_lazy import scorers
+
+REPO = Path(__file__).resolve().parents[1]
+# Two float32 paths over the same tokens that differ only in how the work is chunked (and so
+# in summation order) agree to ~1e-6 of the logits' scale; 1e-4 leaves room for any BLAS.
+REL_TOL = 1e-4
+
+
+def rel_diff(a: mx.array, b: mx.array) -> float:
+    """max |a - b| over max |b|: logits differences relative to their scale."""
+    return (mx.abs(a - b).max() / mx.abs(b).max()).item()
+
+
+def ids(n: int, vocab: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+AGGRESSIVE = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_full_extend_equals_one_prefill(tiny_model, kind):
+    model, _ = tiny_model(kind)
+    a, b = ids(300, model.args.vocab_size, 0), ids(90, model.args.vocab_size, 1)
+    whole = make_prompt_cache(model).process(a + b)
+    cache = make_prompt_cache(model)
+    cache.process(a)
+    assert rel_diff(cache.process(b), whole) < REL_TOL
+    assert cache.tokens == a + b and cache.engine.stats.max_computations_per_token_layer == 1
+
+
+def test_full_with_a_cache_matches_mlx_lm_with_its_cache_over_three_turns(tiny_model):
+    """Three turns, each resending nothing: the new turn's tokens go on top of the cache.
+    Same greedy tokens and first-token logits as mlx-lm's generate_step with its cache, and as
+    our own run without a cache over the whole conversation."""
+    model, _ = tiny_model("llama")
+    vocab = model.args.vocab_size
+    turns = [ids(200, vocab, 2), ids(40, vocab, 3), ids(25, vocab, 4)]
+    ours, theirs = make_prompt_cache(model), mlx_lm_make_prompt_cache(model)
+    conversation: list[int] = []
+    for turn in turns:
+        conversation += turn
+        mine = list(generate_step(conversation[len(ours):], model, prompt_cache=ours,
+                                  max_tokens=6))
+        ref = list(mlx_lm_generate_step(mx.array(conversation[theirs[0].offset:]), model,
+                                        prompt_cache=theirs, max_tokens=6))
+        fresh = list(generate_step(conversation, model, max_tokens=6))
+        assert [t for t, _ in mine] == [t for t, _ in ref] == [t for t, _ in fresh]
+        assert rel_diff(mine[0][1], ref[0][1]) < REL_TOL
+        assert rel_diff(mine[0][1], fresh[0][1]) < REL_TOL
+        conversation += [t for t, _ in mine]
+    assert ours.tokens == conversation[:len(ours)] and len(ours) == theirs[0].offset
+
+
+@dataclass(frozen=True)
+class Targeted(scorers.Scorer):
+    """A test scorer: the positions in :attr:`target` score 1, the rest 0."""
+
+    heads: str = "mean"
+    target: tuple = ()
+
+    def score(self, ctx: scorers.ScoreContext) -> np.ndarray:
+        return np.isin(ctx.key_positions, Targeted.target).astype(np.float32)
+
+
+def test_a_needle_asked_about_only_in_turn_two_is_revived_then(tiny_model, monkeypatch):
+    """Turn 1 selects needle A at the cut after layer 1: needle B stops at depth 2 (no KV at
+    layers 2 and 3). Turn 2 selects B: its tokens are revived from the Aux Cache, get KV at
+    the deep layers in that turn, and no (token, layer) is computed twice."""
+    model, _ = tiny_model("llama")
+    monkeypatch.setitem(scorers.SCORERS, "targeted", Targeted)
+    vocab, depth = model.args.vocab_size, model.args.num_hidden_layers
+    doc = ids(400, vocab, 5)
+    needle_a, needle_b = np.arange(100, 110), np.arange(250, 262)
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.1,), scorer="targeted")
+    cache = make_prompt_cache(model, config)
+
+    monkeypatch.setattr(Targeted, "target", tuple(needle_a), raising=False)
+    list(generate_step(doc + ids(10, vocab, 6), model, prompt_cache=cache, max_tokens=4))
+    state = cache.engine.cache
+    assert (state.depth[needle_a] == depth).all()
+    assert (state.depth[needle_b] == 2).all()
+    for layer in (2, 3):
+        assert not np.isin(needle_b, state.layers[layer].cached_positions()).any()
+
+    monkeypatch.setattr(Targeted, "target", tuple(needle_b), raising=False)
+    cache.process(ids(12, vocab, 7))
+    stats = cache.engine.stats
+    for layer in (2, 3):
+        assert np.isin(needle_b, state.layers[layer].cached_positions()).all()
+    assert stats.revivals >= len(needle_b)
+    assert stats.max_computations_per_token_layer == 1
+
+
+def test_once_per_layer_over_three_turns_with_revivals(tiny_model):
+    model, _ = tiny_model("qwen2")
+    vocab = model.args.vocab_size
+    cache = make_prompt_cache(model, AGGRESSIVE)
+    revived, total = 0, 0
+    for turn, n in enumerate((300, 60, 80)):
+        steps = list(generate_step(ids(n, vocab, 10 + turn), model, prompt_cache=cache,
+                                   max_tokens=8))
+        assert len(steps) == 8
+        revived += cache.engine.stats.revivals
+        total = len(cache)
+    stats = cache.engine.stats
+    assert stats.max_computations_per_token_layer == 1
+    assert revived > 0
+    assert all(c <= total for c in stats.tokens_computed_per_layer)
+    assert stats.tokens_computed_per_layer[0] == total  # layer 0 computes every token once
+
+
+def test_trim_then_extend_equals_a_fresh_run_on_the_shorter_prefix(tiny_model):
+    model, _ = tiny_model("qwen3")
+    vocab = model.args.vocab_size
+    a, b, c = ids(200, vocab, 20), ids(50, vocab, 21), ids(30, vocab, 22)
+    cache = make_prompt_cache(model)
+    cache.process(a + b)
+    assert can_trim_prompt_cache(cache)
+    assert trim_prompt_cache(cache, len(b)) == len(b)
+    assert len(cache) == len(a) and all(kv.size == len(a) for kv in cache.engine.cache.layers)
+    fresh = make_prompt_cache(model).process(a + c)
+    assert rel_diff(cache.process(c), fresh) < REL_TOL
+
+
+def test_trim_keeps_revived_tokens_compacted(tiny_model):
+    """After revivals the layer caches hold tokens out of position order; trimming must keep
+    exactly the positions below the cut, each with its own keys."""
+    model, _ = tiny_model("llama")
+    cache = make_prompt_cache(model, AGGRESSIVE)
+    list(generate_step(ids(300, model.args.vocab_size, 23), model, prompt_cache=cache,
+                       max_tokens=12))
+    layer = cache.engine.cache.layers[2]
+    before = {int(p): np.array(layer.fetch(np.array([p]))[0]) for p in layer.cached_positions()}
+    trim_prompt_cache(cache, 100)
+    kept = layer.cached_positions()
+    assert sorted(kept.tolist()) == sorted(p for p in before if p < len(cache))
+    for p in kept.tolist():
+        np.testing.assert_array_equal(np.array(layer.fetch(np.array([p]))[0]), before[p])
+    assert all((e.positions < len(cache)).all() for e in cache.engine.cache.aux.values())
+
+
+def test_save_and_load_give_identical_next_token_logits(tiny_model, tmp_path):
+    model, _ = tiny_model("llama")
+    cache = make_prompt_cache(model, AGGRESSIVE)
+    list(generate_step(ids(250, model.args.vocab_size, 30), model, prompt_cache=cache,
+                       max_tokens=5))
+    assert cache.engine.cache.aux, "the schedule should leave tokens in the Aux Cache"
+    path = tmp_path / "state.safetensors"
+    save_prompt_cache(path, cache, {"note": "hello"})
+    loaded, meta = load_prompt_cache(path, model, return_metadata=True)
+    assert meta == {"note": "hello"} and loaded.tokens == cache.tokens
+    assert loaded.schedule == cache.schedule
+    more = ids(20, model.args.vocab_size, 31)
+    a, b = cache.process(more), loaded.process(more)
+    np.testing.assert_array_equal(np.array(a), np.array(b))
+    assert loaded.engine.stats.max_computations_per_token_layer == 1
+    assert [p for p in tmp_path.iterdir()] == [path]  # no temporary file left behind
+
+
+def test_bad_caches_are_user_errors(tiny_model, tmp_path):
+    model, tokenizer = tiny_model("llama")
+    other, _ = tiny_model("qwen2")
+    cache = make_prompt_cache(model, AGGRESSIVE)
+    cache.process(ids(120, model.args.vocab_size, 40))
+    path = tmp_path / "c.safetensors"
+    save_prompt_cache(path, cache)
+
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    foreign = tmp_path / "foreign.safetensors"
+    mx.save_safetensors(str(foreign), {"x": mx.zeros((2, 2))})
+    for bad, match in [(truncated, "not an mlx-lazy prompt cache"),
+                       (foreign, "not an mlx-lazy prompt cache"),
+                       (tmp_path / "missing.safetensors", "does not exist")]:
+        with pytest.raises(UserInputError, match=match):
+            load_prompt_cache(bad, model)
+    with pytest.raises(UserInputError, match="another model"):
+        load_prompt_cache(path, other)
+    with pytest.raises(UserInputError, match="another model"):
+        list(stream_generate(other, tokenizer, [1, 2, 3], max_tokens=1, prompt_cache=cache))
+    with pytest.raises(UserInputError, match="another pruning config: keep"):
+        list(stream_generate(model, tokenizer, [1, 2, 3], max_tokens=1, prompt_cache=cache,
+                             config=PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.3))))
+    for n in (len(cache) + 1, -1, 1.5):
+        with pytest.raises(UserInputError, match="cannot trim"):
+            trim_prompt_cache(cache, n)
+    with pytest.raises(UserInputError, match="cannot write"):
+        save_prompt_cache(tmp_path / "no" / "such" / "dir.safetensors", cache)
+    # The matching config, given again, is accepted.
+    list(stream_generate(model, tokenizer, [1, 2, 3], max_tokens=1, prompt_cache=cache,
+                         config=AGGRESSIVE))
+
+
+def test_stream_generate_reports_cached_tokens(tiny_model):
+    model, tokenizer = tiny_model("llama")
+    cache = make_prompt_cache(model, "full")
+    first = list(stream_generate(model, tokenizer, ids(100, model.args.vocab_size, 50),
+                                 max_tokens=4, prompt_cache=cache))
+    assert first[-1].stats.cached_tokens == 0
+    held = len(cache)
+    second = list(stream_generate(model, tokenizer, ids(10, model.args.vocab_size, 51),
+                                  max_tokens=4, prompt_cache=cache))
+    assert second[-1].stats.cached_tokens == held
+    assert second[-1].stats.prompt_tokens == held + 10 and second[-1].prompt_tokens == 10
+
+
+# ------------------------------------------------------------------------- completion
+
+
+def test_complete_carries_every_waiting_token_to_the_top_once(tiny_model):
+    """After complete(): every token that may reach the top has KV at every layer, nothing
+    waits, the counter stays at one per (token, layer); the KV completed at the first layer
+    above the cut equals mlx-lm's full forward (the hidden states waited there exactly)."""
+    model, _ = tiny_model("qwen2")
+    depth = model.args.num_hidden_layers
+    prompt = ids(300, model.args.vocab_size, 60)
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
+                                                                   keep=(0.3,))))
+    mx.eval(engine.prefill(mx.array(prompt)))
+    waiting = engine.cache.aux[2].positions.copy()
+    assert engine.pending_token_layers == len(waiting) * (depth - 2) > 0
+    done = engine.complete()
+    assert done == len(waiting) * (depth - 2) and engine.pending_token_layers == 0
+    assert not engine.cache.aux and (engine.cache.depth == depth).all()
+    assert engine.stats.max_computations_per_token_layer == 1
+    assert engine.stats.completed_token_layers == done and engine.stats.revivals == 0
+    ref = mlx_lm_make_prompt_cache(model)
+    model(mx.array(prompt)[None], cache=ref)
+    keys, values = engine.cache.layers[2].fetch(waiting)
+    assert rel_diff(keys, ref[2].keys[:, :, waiting.tolist()]) < REL_TOL
+    assert rel_diff(values, ref[2].values[:, :, waiting.tolist()]) < REL_TOL
+
+
+def test_complete_with_a_budget_goes_lowest_layer_first_and_resumes(tiny_model):
+    model, _ = tiny_model("llama")
+    engine = LazyEngine(model, resolve_config(model, AGGRESSIVE))
+    mx.eval(engine.prefill(mx.array(ids(300, model.args.vocab_size, 61))))
+    total = engine.pending_token_layers
+    steps = []
+    while engine.pending_token_layers:
+        steps.append(engine.complete(max_token_layers=50))
+        assert steps[-1] <= 50 and steps[-1] > 0
+    assert sum(steps) == total and engine.stats.max_computations_per_token_layer == 1
+    assert engine.complete(should_stop=lambda: True) == 0
+
+
+def test_nothing_pruned_completion_is_a_no_op_and_full_is_matched(tiny_model):
+    model, _ = tiny_model("llama")
+    prompt = mx.array(ids(200, model.args.vocab_size, 62))
+    kept_all = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
+                                                                     keep=(1.0,))))
+    full = LazyEngine(model, resolve_config(model, "full"))
+    a, b = kept_all.prefill(prompt), full.prefill(prompt)
+    assert kept_all.complete() == 0
+    assert rel_diff(a, b) < REL_TOL
+    assert rel_diff(kept_all.decode(5), full.decode(5)) < REL_TOL
+
+
+# --------------------------------------------------------------------------------- CLI
+
+
+def run_tool(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
+                          cwd=REPO, timeout=180)
+
+
+def test_cache_prompt_then_generate_with_the_cache_file(tiny_model_path, tmp_path):
+    """The document is cached once; generate appends the question and reports the cached
+    tokens; its text equals one run over both parts through the API."""
+    doc, question = "The quick brown fox jumps over the lazy dog. " * 8, " Where is the fox?"
+    cache_file, stats_file = tmp_path / "doc.safetensors", tmp_path / "stats.json"
+    common = ["--model", str(tiny_model_path), "--ignore-chat-template", "--method", "lazy",
+              "--prune-layers", "1", "--keep", "0.5"]
+    made = run_tool("mlx_lazy.cache_prompt", *common, "-p", doc,
+                    "--prompt-cache-file", str(cache_file))
+    assert made.returncode == 0, made.stderr.decode()
+    used = run_tool("mlx_lazy.generate", *common, "-p", question, "-m", "5",
+                    "--prompt-cache-file", str(cache_file), "--verbose", "False",
+                    "--stats-json", str(stats_file))
+    assert used.returncode == 0, used.stderr.decode()
+    stats = json.loads(stats_file.read_text())
+
+    from mlx_lazy import load
+    model, tokenizer = load(str(tiny_model_path))
+    doc_ids = tokenizer.encode(doc)
+    q_ids = tokenizer.encode(question, add_special_tokens=False)
+    assert stats["cached_tokens"] == len(doc_ids)
+    assert stats["prompt_tokens"] == len(doc_ids) + len(q_ids)
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,))
+    cache = make_prompt_cache(model, config)
+    cache.process(doc_ids)
+    text = "".join(r.text for r in stream_generate(model, tokenizer, q_ids, max_tokens=5,
+                                                   prompt_cache=cache))
+    assert used.stdout.decode() == text + "\n"
+
+    # Another config than the cache's, a truncated file: one error line, status 2.
+    other = run_tool("mlx_lazy.generate", "--model", str(tiny_model_path), "-p", question,
+                     "--prompt-cache-file", str(cache_file))
+    assert other.returncode == 2 and other.stderr.decode().startswith("error: ")
+    assert "another pruning config" in other.stderr.decode()
+    cache_file.write_bytes(cache_file.read_bytes()[:100])
+    broken = run_tool("mlx_lazy.generate", *common, "-p", question,
+                      "--prompt-cache-file", str(cache_file))
+    err = broken.stderr.decode().strip().splitlines()
+    assert broken.returncode == 2 and len(err) == 1 and err[0].startswith("error: "), err
