@@ -63,16 +63,16 @@ class Method:
         if self.config is None:
             return {"method": BASELINE}
         if dataclasses.is_dataclass(self.config):
-            return _jsonable(dataclasses.asdict(self.config))
-        return _jsonable(dict(vars(self.config)))
+            return jsonable(dataclasses.asdict(self.config))
+        return jsonable(dict(vars(self.config)))
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
     """Tuples -> lists, numpy/mlx scalars -> Python, recursively."""
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
     if hasattr(obj, "item"):
@@ -156,7 +156,7 @@ class RunRecord:
         return cls(**d)
 
 
-def _loadavg() -> float | None:
+def loadavg() -> float | None:
     try:
         return os.getloadavg()[0]
     except (OSError, AttributeError):
@@ -251,14 +251,14 @@ def measure(model: Any, tokenizer: Any, method: Method, prompt: Sequence[int], m
                          prompt_tokens=n, peak_memory_bytes=peak, work_memory_bytes=peak - before,
                          kv_bytes=sum(kv_per_layer), kv_bytes_per_layer=kv_per_layer, aux_bytes=0,
                          kv_bytes_allocated=sum(c.nbytes for c in cache), prediction=text,
-                         loadavg_1min=_loadavg(), **counts)
+                         loadavg_1min=loadavg(), **counts)
     from .. import stream_generate
 
     with eos:
         timing, last, text = timed(stream_generate(model, tokenizer, list(prompt),
                                                    max_tokens=max_tokens, config=method.config))
     peak = mx.get_peak_memory()
-    stats = _jsonable(last.stats.as_dict())
+    stats = jsonable(last.stats.as_dict())
     stats.pop("text")
     return RunRecord(**dataclasses.asdict(timing), method=method.name, family=method.family,
                      prompt_tokens=n, peak_memory_bytes=peak, work_memory_bytes=peak - before,
@@ -268,7 +268,7 @@ def measure(model: Any, tokenizer: Any, method: Method, prompt: Sequence[int], m
                      tokens_computed_per_layer=stats["tokens_computed_per_layer"],
                      prefill_tokens_per_layer=stats["prefill_tokens_per_layer"],
                      prefill_attention_pairs=stats["prefill_attention_pairs"],
-                     prediction=text, loadavg_1min=_loadavg(), stats=stats)
+                     prediction=text, loadavg_1min=loadavg(), stats=stats)
 
 
 def machine_info(model: Any, prog: str, argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import metrics, stats
-from .common import (BASELINE, FULL, MIB, Method, RunRecord, _jsonable, fmt, geomean,
+from .common import (BASELINE, FULL, MIB, Method, RunRecord, jsonable, fmt, geomean,
                      machine_info, markdown_table, mean, measure, paired_ratios)
 from .tasks import QUICK_TASKS, TASKS, Sample, build_prompt, build_suite
 
@@ -279,7 +279,7 @@ def run_bench(
         log(f"bench: stopped early ({stopped}) after {len(done)} of {len(suite)} samples")
     meta = {
         "model": cfg.model or "default (SmolLM2-135M-Instruct)",
-        "config": _jsonable(dataclasses.asdict(cfg)),
+        "config": jsonable(dataclasses.asdict(cfg)),
         "machine": machine_info(model, "mlx_lazy.bench"),
         "methods": {m.name: m.schedule() for m in methods},
         "n_layers": len(model.layers),
@@ -479,7 +479,7 @@ def write_results(result: BenchResult, out: str | Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
-    path.write_text(json.dumps(_jsonable(result.as_dict()), indent=1))
+    path.write_text(json.dumps(jsonable(result.as_dict()), indent=1))
     return path
 
 

@@ -136,7 +136,7 @@ def plot_calibrations(dirs: list[Path], path: Path) -> Path:
     side by side: the frontier of every model in one figure."""
     import json
 
-    from .calibrate import used_cells
+    from .calibration_results import used_cells
 
     fig, axes = plt.subplots(1, len(dirs), figsize=(6.5 * len(dirs), 4.5), squeeze=False)
     for ax, d in zip(axes[0], dirs):
@@ -149,7 +149,7 @@ def plot_calibrations(dirs: list[Path], path: Path) -> Path:
 
 
 def _draw_calibration(ax: Any, doc: dict[str, Any], cells: list[str], title: str) -> None:
-    from .calibrate import candidate_rows
+    from .calibration_results import candidate_rows
 
     rows = candidate_rows(doc, cells)
     scorers = sorted({_scorer_label(r["config"]) for r in rows})

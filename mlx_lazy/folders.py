@@ -1,0 +1,172 @@
+"""Writing folders and files atomically: a temporary sibling renamed into place at the end.
+
+Temporary names are ``.<target name>.tmp-<pid>-<random>`` (:func:`temp_prefix`), next to the
+target. A process killed mid-write (SIGKILL, power loss) leaves one behind; the next atomic
+write into the same folder sweeps every such name whose process has ended
+(:func:`sweep_stale_temps`), whatever its target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import UserInputError
+
+# tempfile's random part: 8 characters of [a-z0-9_]
+_TEMP_NAME = re.compile(r"\..+\.tmp-(?P<pid>[0-9]+)-[a-z0-9_]{8}")
+
+
+def temp_prefix(target: Path) -> str:
+    """The name prefix of this process's temporary files for ``target`` (what
+    :func:`sweep_stale_temps` removes once the process is gone)."""
+    return f".{target.name}.tmp-{os.getpid()}-"
+
+
+def sweep_stale_temps(folder: Path) -> list[Path]:
+    """Remove the temporary files and folders in ``folder`` named by :func:`temp_prefix` of
+    processes that have ended; return what was removed.
+
+    Only names of exactly that pattern, owned by this user, whose pid is not running. A pid
+    reused by a live process keeps its entry (the safe side).
+    """
+    removed = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:  # missing or unreadable: nothing of ours to sweep
+        return removed
+    for path in entries:
+        m = _TEMP_NAME.fullmatch(path.name)
+        if m is None or _alive(int(m["pid"])):
+            continue
+        try:
+            if path.lstat().st_uid != os.getuid():
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path)
+        except OSError:  # gone meanwhile, or not ours to remove
+            pass
+    return removed
+
+
+@contextlib.contextmanager
+def atomic_dir(out: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder next to ``out``; rename it to ``out`` on success.
+
+    On any error, and on SIGTERM (in the main thread), the temporary folder and the parent
+    folders created for it are removed. Stale temporary folders left by killed processes are
+    swept first. The result's permissions follow the umask (not mkdtemp's 0700).
+
+    Raises:
+        UserInputError: the parent cannot be created or written, or ``out`` appeared meanwhile.
+    """
+    created = _make_parents(out.parent)
+    ok = False
+    try:
+        sweep_stale_temps(out.parent)
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), dir=out.parent))
+        except OSError as e:
+            raise UserInputError(f"cannot write to {out.parent}: {e.strerror or e}") from None
+        try:
+            with _sigterm_raises():
+                yield tmp
+                if out.exists():
+                    raise UserInputError(f"output folder {out} already exists; remove it or "
+                                         "choose another")
+                os.chmod(tmp, 0o777 & ~umask())
+                os.rename(tmp, out)
+            ok = True
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if not ok:
+            for d in reversed(created):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
+    """Open a temporary sibling of ``path`` for writing; replace ``path`` with it when the
+    block ends without an error (readers see the old file or the new one, never a torn one)."""
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+        os.chmod(tmp, 0o666 & ~umask())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through :func:`atomic_file`."""
+    with atomic_file(path) as f:
+        f.write(text)
+
+
+def umask() -> int:
+    """The process umask (read without changing it for longer than two calls)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # someone else's process; not a pid of ours
+        return True
+    return True
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """mkdir -p ``folder``; return the folders created, outermost first."""
+    missing = []
+    p = folder.absolute()
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    created = []
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+            created.append(d)
+    except OSError as e:
+        for d in reversed(created):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise UserInputError(f"cannot create folder {folder}: {e.strerror or e}") from None
+    return created
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises SystemExit so that ``finally`` clauses clean up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
