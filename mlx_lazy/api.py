@@ -22,7 +22,7 @@ from .adapter import SUPPORTED_MODEL_TYPES, ModelAdapter
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
 from .prompt_cache import PromptCache, make_prompt_cache
-from .schedule import MODEL_SCHEDULE_FILE, PruningConfig, Schedule
+from .schedule import MODEL_SCHEDULE_FILE, PruningConfig, Schedule, parse_complete
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -389,20 +389,35 @@ def generate_step(
         on_layer = _token_progress(prompt_progress_callback, len(tokens))
     y, logprobs = sample(prompt_cache.process(tokens, on_layer))
     mx.eval(y, logprobs)
-    n = 0
-    while True:
-        # Queue the next step before handing this token out, as mlx-lm does: the cache then
-        # holds every token handed out, the last one included.
+    mode, budget = parse_complete(engine.schedule.complete)
+
+    def step(y: mx.array, token: int) -> Tuple[mx.array, mx.array]:
+        nonlocal history
         if processors:
             history = mx.concatenate([history, y.reshape(1).astype(history.dtype)])
-        next_y, next_logprobs = sample(engine.decode(y))
-        mx.async_eval(next_y, next_logprobs)
-        token = y.item()
+        out = sample(engine.decode(y))
+        mx.async_eval(*out)
         prompt_cache.tokens.append(token)
+        return out
+
+    n = 0
+    while True:
+        token = y.item()
+        # Queue the next step before handing this token out, as mlx-lm does: the cache then
+        # holds every token handed out, the last one included. Completing after the first
+        # token waits until it is out, so it keeps the pruned time to first token.
+        ahead = not (n == 0 and mode == "after-first")
+        if ahead:
+            next_y, next_logprobs = step(y, token)
         yield token, logprobs
         n += 1
         if n == max_tokens:
             return
+        if not ahead:  # after the first token: every waiting token, once
+            engine.complete()
+            next_y, next_logprobs = step(y, token)
+        elif budget:  # progressive: a budget of token-layers per step
+            engine.complete(budget)
         y, logprobs = next_y, next_logprobs
 
 

@@ -46,7 +46,7 @@ from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
 from .inputs import MiB, read_file, read_stream
 from .schedule import (POLICIES, SCHEDULE_FIELDS, PruningConfig, RandomDrop, canonical_method,
-                       check_fits, compose)
+                       check_fits, compose, parse_complete)
 from .scorers import HEAD_REDUCTIONS, SCORERS
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
@@ -113,6 +113,13 @@ def method_arg(text: str) -> str:
 #: ``--method``'s help, shared by the tools that take one.
 METHOD_HELP = (f"pruning method: full (no pruning) or policies joined by '+' in any order "
                f"({', '.join(POLICIES)}), e.g. lazy+speed")
+
+
+def _complete_arg(text: str) -> str:
+    try:
+        return parse_complete(text)[0]
+    except UserInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def temperature_arg(text: str) -> float:
@@ -234,6 +241,10 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     g.add_argument("--schedule", default=None, metavar="FILE",
                    help="a calibrated schedule file (python -m mlx_lazy.calibrate) for this "
                         "model; sets the method, cuts and scorer")
+    g.add_argument("--complete", type=_complete_arg, default=None, metavar="MODE",
+                   help="LazyLLM: carry pruned tokens through their remaining layers from the "
+                        "Aux Cache: none (the paper), after-first (all, right after the first "
+                        "token) or progressive:K (K token-layers per output token)")
     g.add_argument("--no-revive", dest="revive", action="store_false", default=None,
                    help="LazyLLM: decode steps choose only among tokens that already have KV "
                         "(no Aux Cache revivals; faster decoding, beyond the paper)")
@@ -250,6 +261,7 @@ def build_config(args: argparse.Namespace) -> PruningConfig:
             ("speed_cutoff", args.speed_cutoff),
             ("anchors", args.anchors),
             ("revive", args.revive),
+            ("complete", args.complete),
             ("pool", args.pool),
             ("scorer", args.scorer),
             ("window", args.window),

@@ -64,6 +64,8 @@ class Schedule:
         revive: with ``dynamic``, pruned tokens keep their hidden state in the Aux Cache
             and can come back; without, decode steps re-select only among tokens that
             already have KV at the next layer.
+        complete: with ``revive``, when tokens waiting in the Aux Cache are carried through
+            their remaining layers (see :func:`parse_complete`).
         scorer: the registered scorer (:data:`mlx_lazy.scorers.SCORERS`) that ranks the
             context at each cut.
         heads: how the scorer reduces attention over heads, ``"mean"`` or ``"max"``.
@@ -85,6 +87,7 @@ class Schedule:
     keep: Tuple[float, ...] = ()
     dynamic: bool = False
     revive: bool = False
+    complete: str = "none"
     scorer: str = "last"
     heads: str = "mean"
     window: Optional[int] = None
@@ -219,7 +222,9 @@ class ScoredCuts(Policy):
         _check_layers(layers, keep, num_layers, depth, m, self.once)
         return replace(
             schedule, prune_layers=layers, keep=keep, dynamic=self.dynamic,
-            revive=self.dynamic and config.revive, scorer=scorer, heads=heads,
+            revive=self.dynamic and config.revive,
+            complete=config.complete if self.dynamic and config.revive else "none",
+            scorer=scorer, heads=heads,
             window=default_window(scorer) if window is None else window, pool=config.pool)
 
 
@@ -233,7 +238,7 @@ class LazyCuts(ScoredCuts):
     on the demo.
     """
 
-    takes = ScoredCuts.takes + ("revive",)
+    takes = ScoredCuts.takes + ("revive", "complete")
     dynamic = True
     at: Tuple[float, ...] = (0.7, 0.85)
     keep: Tuple[float, ...] = (0.25, 0.15)
@@ -289,7 +294,7 @@ def compose(method: Any) -> Dict[str, Type[Policy]]:
     """
     choose = f"choose one of {', '.join(METHODS)} (policies in any order)"
     if not isinstance(method, str):
-        raise UserInputError(f"unknown method {method!r}; {choose}")
+        raise UserInputError(f"unknown method {_shown(method)}; {choose}")
     if method == "full":
         return {}
     names = method.split("+")
@@ -354,6 +359,12 @@ class PruningConfig:
             only among tokens that already have KV at the next layer, so no decode step
             computes prompt tokens (faster decoding on compute-bound machines, no Aux Cache;
             an approximation beyond the paper).
+        complete: LazyLLM with revive only: when tokens waiting in the Aux Cache are carried
+            through their remaining layers (:func:`parse_complete`): ``"none"`` (the paper:
+            only when a step selects them), ``"after-first"`` (all of them right after the
+            first output token, so decoding sees every token at every layer while the first
+            token keeps the pruned time), ``"progressive:K"`` (K token-layers after each
+            output token, lowest layer first). Each (token, layer) is still computed once.
         pool: LazyLLM and static only: before top-k, each candidate's score becomes the
             maximum over itself and ``pool`` neighbouring candidates on each side, so kept
             tokens come in spans (a number split into digit tokens stays whole). 0 (the
@@ -378,6 +389,7 @@ class PruningConfig:
     anchors: int = 1
     seed: int = 0
     revive: bool = True
+    complete: str = "none"
     pool: int = 0
     scorer: Optional[str] = None
     heads: Optional[str] = None
@@ -390,10 +402,11 @@ class PruningConfig:
         and normalise numpy scalars and lists to plain ints, floats and tuples."""
         method = canonical_method(self.method)
         if not isinstance(self.revive, (bool, np.bool_)):
-            raise UserInputError(f"revive must be True or False, got {self.revive!r}")
+            raise UserInputError(f"revive must be True or False, got {_shown(self.revive)}")
         values = {
             "method": method,
             "revive": bool(self.revive),
+            "complete": parse_complete(self.complete)[0],
             "anchors": _bounded("anchors", self.anchors, 0, MAX_COUNT),
             "seed": _bounded("seed", self.seed, 0, SEED_LIMIT - 1),
             "pool": _bounded("pool", self.pool, 0, MAX_COUNT),
@@ -540,6 +553,27 @@ def check_fits(schedule: Schedule, context: Optional[int]) -> None:
                                  f"{context} tokens (lower {name})")
 
 
+#: The ``complete`` modes (``progressive`` takes ``:K``).
+COMPLETE_MODES = ("none", "after-first", "progressive:K")
+
+
+def parse_complete(mode: Any) -> Tuple[str, Optional[int]]:
+    """A ``complete`` mode in its canonical spelling and its token-layer budget per step:
+    ``("none", 0)``, ``("after-first", None)`` (no limit, once) or ``("progressive:K", K)``.
+
+    Raises:
+        UserInputError: any other value.
+    """
+    if mode in ("none", "after-first"):
+        return mode, (0 if mode == "none" else None)
+    if isinstance(mode, str) and mode.startswith("progressive:"):
+        k = mode.split(":", 1)[1]
+        if k.isdigit() and 0 < int(k) < 2**31:
+            return f"progressive:{int(k)}", int(k)
+    raise UserInputError(f"complete must be one of none, after-first or progressive:K with K "
+                         f"a positive integer, got {_shown(mode)}")
+
+
 def layers_at(fractions: Tuple[float, ...], num_layers: int,
               prompt_depth: Optional[int] = None) -> Tuple[int, ...]:
     """Pruning layers at fractions of the depth: fraction f cuts after layer
@@ -573,23 +607,26 @@ def _bounded(name: str, x: Any, low: int, high: int) -> int:
 
 
 def _shown(x: Any) -> str:
-    """``repr(x)``, except that an integer too long to read (or for Python to print past its
-    4,300-digit limit) is shown by its number of digits."""
+    """``repr(x)``, except that an integer too long to read is shown by its number of digits
+    (Python refuses to print one past 4,300 digits, even inside a list)."""
     if isinstance(x, int) and x.bit_length() > 64:
         return f"an integer of about {round(x.bit_length() * math.log10(2))} digits"
-    return repr(x)
+    try:
+        return repr(x)
+    except ValueError:
+        return f"a {type(x).__name__} holding an integer too long to print"
 
 
 def _real(name: str, x: Any) -> Union[float, int]:
     """``x`` as a plain number: Python and numpy ints and floats pass, bools do not."""
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
-        raise UserInputError(f"{name} must be a number, got {x!r}")
+        raise UserInputError(f"{name} must be a number, got {_shown(x)}")
     return int(x) if isinstance(x, (int, np.integer)) else float(x)
 
 
 def _sequence(name: str, x: Any) -> tuple:
     if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
-        raise UserInputError(f"{name} must be a sequence, got {x!r}")
+        raise UserInputError(f"{name} must be a sequence, got {_shown(x)}")
     return tuple(x)
 
 
@@ -600,7 +637,7 @@ def _check_fraction(k: float) -> None:
 
 def _resolve_cutoff(cutoff: Union[float, int], num_layers: int) -> int:
     if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float)):
-        raise UserInputError(f"speed_cutoff must be a fraction or a layer count, got {cutoff!r}")
+        raise UserInputError(f"speed_cutoff must be a fraction or a layer count, got {_shown(cutoff)}")
     if isinstance(cutoff, float):
         if not 0.0 < cutoff <= 1.0:
             raise UserInputError(
@@ -673,7 +710,8 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
     found = attached or packaged_schedule(fingerprint)
     if found is None:
         return config
-    return replace(found, revive=config.revive, anchors=config.anchors, seed=config.seed)
+    return replace(found, revive=config.revive, complete=config.complete,
+                   anchors=config.anchors, seed=config.seed)
 
 
 def packaged_schedule(fingerprint: Dict[str, Any]) -> Optional[PruningConfig]:

@@ -324,3 +324,47 @@ def test_cache_prompt_then_generate_with_the_cache_file(tiny_model_path, tmp_pat
                       "--prompt-cache-file", str(cache_file))
     err = broken.stderr.decode().strip().splitlines()
     assert broken.returncode == 2 and len(err) == 1 and err[0].startswith("error: "), err
+
+
+def test_after_first_completes_once_the_first_token_is_out(tiny_model):
+    """``complete="after-first"``: when the first token is handed out the pruned tokens still
+    wait (the first token keeps the pruned time); by the second every token that may reach
+    the top has KV at every layer, each (token, layer) computed once."""
+    model, _ = tiny_model("llama")
+    config = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="after-first")
+    cache = make_prompt_cache(model, config)
+    steps = generate_step(ids(300, model.args.vocab_size, 70), model, prompt_cache=cache,
+                          max_tokens=6)
+    next(steps)
+    assert cache.engine.pending_token_layers > 0
+    next(steps)
+    state, depth = cache.engine.cache, model.args.num_hidden_layers
+    assert cache.engine.pending_token_layers == 0 and not state.aux
+    assert (state.depth == depth).all()
+    for _ in steps:  # decoding on: nothing waits again, nothing is computed twice
+        assert not state.aux
+    assert cache.engine.stats.max_computations_per_token_layer == 1
+    assert cache.engine.stats.completed_token_layers > 0
+
+
+def test_progressive_completion_spends_its_budget_per_step(tiny_model):
+    model, _ = tiny_model("llama")
+    config = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="progressive:40")
+    cache = make_prompt_cache(model, config)
+    engine, done = cache.engine, []
+    for _ in generate_step(ids(300, model.args.vocab_size, 71), model, prompt_cache=cache,
+                           max_tokens=40):
+        done.append(engine.completed_token_layers)
+    per_step = np.diff(done)
+    assert per_step.max() <= 40 and per_step.sum() > 0
+    assert engine.stats.max_computations_per_token_layer == 1
+
+
+def test_complete_flag_is_checked(tiny_model, tiny_model_path):
+    for bad in ("progressive:0", "progressive:x", "sometimes"):
+        proc = run_tool("mlx_lazy.generate", "--model", str(tiny_model_path), "--method", "lazy",
+                        "--complete", bad)
+        err = proc.stderr.decode().strip().splitlines()
+        assert proc.returncode == 2 and len(err) == 1 and "complete" in err[0], err
+    with pytest.raises(UserInputError, match="takes no complete"):
+        make_prompt_cache(tiny_model("llama")[0], PruningConfig("full", complete="after-first"))

@@ -85,7 +85,13 @@ def parse_method(spec: str, num_layers: int | None = None) -> Method:
     from .. import PruningConfig
     from ..schedule import POLICIES, layers_at
 
-    name, *overrides = NAMED_METHODS.get(spec, spec).split(":")
+    name, *pieces = NAMED_METHODS.get(spec, spec).split(":")
+    overrides: list[str] = []
+    for piece in pieces:  # a value may hold ':' itself (complete=progressive:8)
+        if overrides and "=" not in piece and piece[:1].isdigit():
+            overrides[-1] += ":" + piece
+        else:
+            overrides.append(piece)
     try:
         cfg = PruningConfig.preset(name)
     except (ValueError, KeyError) as exc:
@@ -127,7 +133,7 @@ def parse_methods(text: str) -> tuple[str, ...]:
 
 #: Order of the fields in :func:`method_spec`: the cuts first, then how tokens are scored.
 _SPEC_FIELDS = ("prune_layers", "keep", "speed_cutoff", "anchors", "seed", "revive", "scorer",
-                "window", "heads", "pool")
+                "window", "heads", "pool", "complete")
 
 
 def method_spec(config: Any) -> str:
