@@ -4,7 +4,8 @@
     python convert/convert.py HuggingFaceTB/SmolLM2-135M-Instruct out_folder --q-bits 4
     python convert/convert.py --default            # build/find the default SmolLM2 model
 
-Same as the installed ``mlx-lazy-convert`` command; the work is done in mlx_lazy.convert.
+Same as the installed ``mlx-lazy-convert`` command (mlx_lazy.convert); the conversion itself is
+mlx_lazy.conversion.
 """
 
 import sys

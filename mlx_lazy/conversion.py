@@ -1,0 +1,479 @@
+"""Convert models to MLX folders that ``mlx_lm.load`` reads (the command line is
+:mod:`mlx_lazy.convert`).
+
+Two sources:
+
+* a Hugging Face / MLX folder or a hub id: delegated to ``mlx_lm.convert`` (optional
+  quantization and dtype);
+* a GGUF file, read with the ``gguf`` package (llama.cpp's reference reader): architectures
+  ``llama`` (Mistral's GGUFs use it too), ``qwen2`` and ``qwen3``, and every tensor type that
+  package dequantizes. Q4_0/Q4_1/Q8_0 tensors map exactly onto MLX affine quantization (group
+  size 32) and stay quantized unless a dtype is given; the other types are dequantized (to
+  float32 on Linux, float16 elsewhere, unless a dtype is given). llama q/k rows are
+  un-permuted from llama.cpp's RoPE layout to the Hugging Face one; ``tokenizer.json`` /
+  ``tokenizer_config.json`` are rebuilt from the GGUF metadata.
+
+Every failure on bad input is a :class:`UserInputError` with a one-line message. The output
+folder is written to a temporary sibling and renamed at the end; an error or a SIGTERM
+removes the temporary folder and any parent folder the run created.
+"""
+
+from __future__ import annotations
+
+from . import _blas  # noqa: F401  (must precede any mlx import)
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from .errors import UserInputError, one_line
+from .folders import atomic_dir
+
+GGUF_GROUP_SIZE = 32
+DTYPES = ("float32", "float16", "bfloat16")
+# Float dtype of dequantized GGUF tensors when none is given: float16 and quantized matmuls
+# bypass BLAS on the Linux CPU.
+DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+
+# GPT-2 byte-level regex variants of llama.cpp's pre-tokenizers; "smollm" splits every digit
+# into its own token before the GPT-2 regex.
+_LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = ("smollm", "gpt2", "default", "llama-bpe", "qwen2")
+# Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list).
+_EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+              "<end_of_turn>", "<|end_of_text|>")
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+              "output": "lm_head"}
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def convert(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    q_bits: int | None = None,
+    q_group_size: int | None = None,
+    dtype: str | None = None,
+    dequantize: bool = False,
+) -> Path:
+    """Convert ``source`` (GGUF file, HF/MLX folder or hub id) into the MLX folder ``output``.
+
+    Args:
+        source: a ``.gguf`` file, a folder with ``config.json``, or a Hugging Face hub id.
+        output: folder to create; it must not exist.
+        q_bits: quantize linear/embedding weights to 4 or 8 bits (affine, through mlx-lm).
+        q_group_size: quantization group size (mlx-lm's default 64 when None).
+        dtype: float dtype of unquantized weights ("float32", "float16", "bfloat16"). For a
+            GGUF source, a dtype dequantizes every tensor to it; without dtype and q_bits,
+            Q4_0/Q4_1/Q8_0 tensors stay quantized and the others become
+            ``DEFAULT_GGUF_DTYPE``.
+        dequantize: dequantize an already quantized model.
+
+    Returns:
+        The output folder.
+
+    Raises:
+        UserInputError: bad input (missing source, not GGUF, unsupported architecture /
+            tensor type / tokenizer, tensors that disagree with the metadata, existing or
+            uncreatable output, bad option), with a one-line message.
+    """
+    out = Path(output)
+    if out.exists():
+        raise UserInputError(f"output folder {out} already exists; remove it or choose another")
+    if q_bits is not None and q_bits not in (4, 8):
+        raise UserInputError(f"--q-bits must be 4 or 8, not {q_bits}")
+    if dtype is not None and dtype not in DTYPES:
+        raise UserInputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if q_group_size is not None and q_bits is None:
+        raise UserInputError("--q-group-size needs --q-bits")
+    src = Path(source)
+    if src.exists() and not src.is_dir() and not src.is_file():  # /dev/zero, a FIFO: not read
+        raise UserInputError(f"{src} is not a GGUF file (not a regular file)")
+    if src.is_file():
+        with open(src, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise UserInputError(f"{src} is not a GGUF file (and not a model folder)")
+        if dequantize and dtype is None:
+            dtype = "float32"
+        with atomic_dir(out) as tmp:
+            convert_gguf(src, tmp, dtype=dtype, q_bits=q_bits, q_group_size=q_group_size)
+        return out
+    if src.is_dir():
+        if not (src / "config.json").is_file():
+            raise UserInputError(f"{src} is a folder without config.json (not a HF/MLX model)")
+    elif not is_hub_id(str(source)):
+        raise UserInputError(f"no such file or folder: {source}")
+    with atomic_dir(out) as tmp:
+        _convert_hf(str(source), tmp, q_bits=q_bits, q_group_size=q_group_size, dtype=dtype,
+                    dequantize=dequantize)
+    return out
+
+
+def is_hub_id(name: str) -> bool:
+    """True when ``name`` is no local path but reads as a hub id ``owner/name``."""
+    return (
+        not Path(name).expanduser().exists()
+        and name.count("/") == 1
+        and not name.startswith((".", "/", "~"))
+        and not name.endswith(".gguf")
+    )
+
+
+def convert_gguf(
+    gguf: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    q_bits: int | None = None,
+    q_group_size: int | None = None,
+) -> None:
+    """Write an MLX folder for a GGUF model into the existing folder ``out_dir``.
+
+    Prefer :func:`convert`, which checks its arguments and writes atomically. ``dtype=None``
+    keeps Q4_0/Q4_1/Q8_0 tensors quantized (affine, group size 32, mixed bits recorded per
+    layer in the config); a dtype dequantizes everything to it. ``q_bits`` requantizes
+    through mlx-lm after dequantizing.
+    """
+    gguf, out_dir = Path(gguf), Path(out_dir)
+    if q_bits is not None:
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:  # inside: swept with it
+            convert_gguf(gguf, tmp, dtype=dtype or "float16")
+            _convert_hf(tmp, out_dir, q_bits=q_bits, q_group_size=q_group_size, dtype=None,
+                        dequantize=False)
+        return
+
+    reader = read_gguf(gguf)
+    meta = {k: f.contents() for k, f in reader.fields.items()}
+    tensors = {t.name: t for t in reader.tensors}
+    _check_types(tensors)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UserInputError(f"unsupported GGUF architecture {arch!r} "
+                             f"(supported: {', '.join(map(repr, ARCHITECTURES))})")
+    config = _config(arch, meta, tensors)
+    tokenizer, tokenizer_config = _build_tokenizer(arch, meta)
+    config["eos_token_id"] = _eos_ids(meta)
+    _check_shapes(config, tensors)
+
+    weights, quant = _gguf_weights(arch, tensors, config, dtype)
+    if quant:
+        config["quantization"] = config["quantization_config"] = quant
+    config["torch_dtype"] = dtype or DEFAULT_GGUF_DTYPE
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2))
+
+
+def read_gguf(path: str | os.PathLike) -> Any:
+    """Open ``path`` with ``gguf.GGUFReader`` (memory-mapped).
+
+    Raises:
+        UserInputError: the file is not GGUF, is truncated or malformed.
+    """
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except Exception as e:  # the reader fails with ValueError/IndexError/... on bad files
+        raise UserInputError(f"{path} is not a valid GGUF file ({one_line(e)})") from None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _convert_hf(source: str, out_dir: Path | str, *, q_bits: int | None,
+                q_group_size: int | None, dtype: str | None, dequantize: bool) -> None:
+    from mlx_lm.convert import convert as mlx_lm_convert
+
+    target = Path(out_dir) / "model"  # mlx_lm refuses existing folders
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # keep our CLI's output to one line
+            mlx_lm_convert(str(source), str(target), quantize=q_bits is not None,
+                           q_bits=q_bits, q_group_size=q_group_size, dtype=dtype,
+                           dequantize=dequantize)
+    except Exception as e:  # hub errors, missing weights, unknown model types
+        raise UserInputError(f"cannot convert {source}: {type(e).__name__}: {one_line(e)}") \
+            from None
+    for item in target.iterdir():
+        os.rename(item, Path(out_dir) / item.name)
+    target.rmdir()
+
+
+def _config(arch: str, meta: dict, tensors: dict) -> dict:
+    def g(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    required = ("attention.head_count", "embedding_length", "block_count",
+                "feed_forward_length")
+    if any(g(k) is None for k in required):
+        raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
+    n_heads, hidden, n_layers = (g("attention.head_count"), g("embedding_length"),
+                                 g("block_count"))
+    n_kv = g("attention.head_count_kv", n_heads)
+    if isinstance(n_heads, list) or isinstance(n_kv, list):
+        raise UserInputError("GGUF with per-layer head counts is not supported")
+    if "token_embd.weight" not in tensors:
+        raise UserInputError("GGUF has no token_embd.weight tensor")
+    head_dim = g("attention.key_length") or hidden // n_heads
+    if g("rope.dimension_count", head_dim) != head_dim:
+        raise UserInputError(f"GGUF with partial RoPE ({g('rope.dimension_count')} of "
+                             f"{head_dim} dims) is not supported")
+    vocab = int(tensors["token_embd.weight"].shape[1])
+    if len(meta.get("tokenizer.ggml.tokens") or []) > vocab:
+        raise UserInputError(f"GGUF tokenizer has more tokens than the embedding's {vocab} rows")
+    scaling = g("rope.scaling.type")
+    if scaling not in (None, "none") or "rope_freqs.weight" in tensors:
+        raise UserInputError(f"GGUF with RoPE scaling ({scaling or 'rope_freqs'}) is not "
+                             "supported")
+    config = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "intermediate_size": g("feed_forward_length"),
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
+        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(g("rope.freq_base", 10000.0)),
+        "max_position_embeddings": g("context_length", 4096),
+        "vocab_size": vocab,
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "hidden_act": "silu",
+    }
+    if arch == "llama":
+        config.update(attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias=False)
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    if bos is not None:
+        config["bos_token_id"] = int(bos)
+    return config
+
+
+def _hf_name(gguf_name: str) -> str:
+    base, _, suffix = gguf_name.rpartition(".")
+    parts = base.split(".")
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    if base in _TOP_NAMES:
+        return f"{_TOP_NAMES[base]}.{suffix}"
+    raise UserInputError(f"unsupported GGUF tensor {gguf_name}")
+
+
+def _shape(t: Any) -> tuple[int, ...]:
+    """A GGUF tensor's logical (row-major) shape."""
+    return tuple(int(n) for n in reversed(t.shape.tolist()))
+
+
+def _check_shapes(config: dict, tensors: dict) -> None:
+    """Compare the GGUF's tensors with the parameters of the model its metadata describes."""
+    from mlx.utils import tree_flatten
+
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))  # lazy: nothing is computed
+    expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
+    got = {_hf_name(name): _shape(t) for name, t in tensors.items()}
+    missing, extra = sorted(expected.keys() - got), sorted(got.keys() - expected)
+    if missing or extra:
+        what = (f"lacks {missing[0]}" if missing else f"has an unexpected tensor {extra[0]}")
+        raise UserInputError(f"GGUF tensors disagree with its metadata: it {what} "
+                             f"({len(missing)} missing, {len(extra)} unexpected)")
+    for name, shape in got.items():
+        if shape != expected[name]:
+            raise UserInputError(f"GGUF tensors disagree with its metadata: {name} has shape "
+                                 f"{shape}, the metadata implies {expected[name]}")
+
+
+def _unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (rows (h, 2, d/2) -> (h, d/2, 2) back to HF)."""
+    rows = x.shape[0]
+    return (x.reshape(n_heads, rows // n_heads // 2, 2, *x.shape[1:])
+            .swapaxes(1, 2).reshape(x.shape))
+
+
+def _affine(t: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """A Q4_0/Q4_1/Q8_0 tensor as MLX affine (packed uint32 weight, scales, biases, bits).
+
+    Each GGUF block of 32 values is one MLX group: Q8_0 is d·q (q int8) = d·(q+128) − 128d;
+    Q4_0 is d·(q−8); Q4_1 is d·q + m.
+    """
+    from gguf import GGMLQuantizationType as T
+
+    rows, cols = _shape(t)
+    blocks = np.asarray(t.data).reshape(rows, cols // GGUF_GROUP_SIZE, -1)
+    d = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
+    if t.tensor_type == T.Q8_0:
+        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        bias, bits = d * np.float16(-128), 8
+    else:
+        if t.tensor_type == T.Q4_1:
+            bias, qs = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0], \
+                blocks[..., 4:]
+        else:
+            bias, qs = d * np.float16(-8), blocks[..., 2:]
+        nibbles = np.concatenate([qs & 15, qs >> 4], axis=-1)  # a block's values in order
+        q, bits = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4), 4
+    packed = np.ascontiguousarray(q).reshape(rows, -1).view(np.uint32)
+    return packed, d, bias, bits
+
+
+def _check_types(tensors: dict) -> None:
+    """Fail on a tensor type the gguf package cannot dequantize (tried on one zero block)."""
+    from gguf import GGML_QUANT_SIZES, dequantize
+
+    for t in {t.tensor_type: t for t in tensors.values()}.values():
+        try:
+            dequantize(np.zeros((1, GGML_QUANT_SIZES[t.tensor_type][1]), np.uint8),
+                       t.tensor_type)
+        except NotImplementedError:
+            raise UserInputError(f"unsupported GGUF tensor type {t.tensor_type.name} for "
+                                 f"{t.name} (the gguf package cannot dequantize it)") from None
+
+
+def _dequantized(t: Any) -> np.ndarray:
+    from gguf import dequantize
+
+    return dequantize(np.asarray(t.data), t.tensor_type).reshape(_shape(t))
+
+
+def _gguf_weights(arch: str, tensors: dict, config: dict,
+                  dtype: str | None) -> tuple[dict, dict]:
+    """Map GGUF tensors to mlx-lm names; return (weights, quantization config or {})."""
+    from gguf import GGMLQuantizationType as T
+
+    target = getattr(mx, dtype or DEFAULT_GGUF_DTYPE)
+    keep = {T.Q4_0, T.Q4_1, T.Q8_0} if dtype is None else set()
+    heads = {"self_attn.q_proj": config["num_attention_heads"],
+             "self_attn.k_proj": config["num_key_value_heads"]}
+    weights: dict[str, mx.array] = {}
+    bits_of: dict[str, int] = {}
+    for gname, t in tensors.items():
+        name = _hf_name(gname)
+        module, suffix = name.rsplit(".", 1)
+        # llama.cpp permutes q/k rows only for the llama family.
+        n_heads = heads.get(module.split(".", 3)[-1]) if arch == "llama" else None
+        if t.tensor_type in keep and suffix == "weight" and len(t.shape) == 2:
+            w, scales, biases, bits_of[module] = _affine(t)
+            parts = {"weight": w, "scales": scales, "biases": biases}
+        else:
+            parts = {suffix: _dequantized(t)}
+        for key, x in parts.items():
+            if n_heads is not None:
+                x = _unpermute_rows(x, n_heads)
+            # packed weights and their float16 scales/biases stay as they are
+            weights[f"{module}.{key}"] = mx.array(x) if len(parts) == 3 else \
+                mx.array(x).astype(target)
+    quant: dict[str, Any] = {}
+    if bits_of:
+        values = list(bits_of.values())
+        common = max(set(values), key=values.count)
+        quant = {"group_size": GGUF_GROUP_SIZE, "bits": common, "mode": "affine"}
+        for module, bits in bits_of.items():
+            if bits != common:
+                quant[module] = {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": "affine"}
+    return weights, quant
+
+
+def _eos_ids(meta: dict) -> list[int]:
+    """Every end-of-generation id: the GGUF's EOS/EOT/EOM and known end-of-turn controls."""
+    ids = [int(meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "eot", "eom")
+           if meta.get(f"tokenizer.ggml.{k}_token_id") is not None]
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    ids += [i for i, (tok, typ) in enumerate(zip(tokens, types)) if typ == 3 and tok in _EOG_TEXTS]
+    return list(dict.fromkeys(ids))
+
+
+def _build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
+    """Rebuild a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, \
+        pre_tokenizers, processors
+
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        what = " (SentencePiece)" if kind == "llama" else ""
+        raise UserInputError(f"unsupported GGUF tokenizer model {kind!r}{what} (supported: "
+                             "'gpt2' byte-level BPE)")
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise UserInputError(f"unsupported GGUF pre-tokenizer {pre!r} "
+                             f"(supported: {', '.join(PRE_TOKENIZERS)})")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                               fuse_unk=False, byte_fallback=False))
+    regex = {"llama-bpe": _LLAMA3_REGEX, "qwen2": _QWEN2_REGEX}.get(pre)
+    steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex is None)]
+    if pre == "smollm":
+        steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
+    elif regex is not None:
+        steps.insert(0, pre_tokenizers.Split(Regex(regex), behavior="isolated"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    if pre == "qwen2":
+        tok.normalizer = normalizers.NFC()
+    tok.decoder = decoders.ByteLevel()
+    # llama.cpp token types: 3 = control, 4 = user defined.
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                            for i, t in enumerate(types) if t in (3, 4)])
+
+    def token(key: str) -> str | None:
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+    bos = token("bos")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    post = [processors.ByteLevel(trim_offsets=False)]
+    if add_bos:
+        post.append(processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, tokens.index(bos))]))
+    tok.post_processor = processors.Sequence(post)
+
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": add_bos,
+        "add_eos_token": False,
+        "model_max_length": int(meta.get(f"{arch}.context_length", 4096)),
+    }
+    for key in ("bos", "eos", "unknown", "padding"):
+        t = token(key)
+        if t is not None:
+            config[{"unknown": "unk_token", "padding": "pad_token"}.get(key, f"{key}_token")] = t
+    if "tokenizer.chat_template" in meta:
+        config["chat_template"] = meta["tokenizer.chat_template"]
+    return tok, config
