@@ -10,19 +10,21 @@ tokens and its cache, Aux Cache and depths stay in step with the others'. The sa
 is taken from rank 0 (:func:`from_rank0`), so stops agree too.
 
 Start-up runs in :func:`together` blocks: every rank reports whether its part failed, and
-what it loaded (a digest of the model files, of the prompt), in one small all-gather; then
-every rank raises the same error, or none.
+what it loaded or was given (digests of the model files, the prompt, the pruning schedule,
+the generation options), in one small all-gather; then every rank raises the same error,
+or none.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Tuple, Type
+from typing import Any, Dict, Iterator, Optional, Tuple, Type
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -223,6 +225,11 @@ def weights_digest(path: Path, sample: int = 1 << 16, samples: int = 16) -> byte
 def digest(data: bytes) -> bytes:
     """sha256 of ``data``, for :func:`together`'s fingerprints."""
     return hashlib.sha256(data).digest()
+
+
+def digest_of(value: Any) -> bytes:
+    """:func:`digest` of a JSON-serialisable value (dict keys in any order)."""
+    return digest(json.dumps(value, sort_keys=True).encode())
 
 
 @contextmanager
