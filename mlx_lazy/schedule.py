@@ -568,7 +568,8 @@ def parse_complete(mode: Any) -> Tuple[str, Optional[int]]:
         return mode, (0 if mode == "none" else None)
     if isinstance(mode, str) and mode.startswith("progressive:"):
         k = mode.split(":", 1)[1]
-        if k.isdigit() and 0 < int(k) < 2**31:
+        # ASCII digits only ("²".isdigit() too), and few enough for int() to take
+        if k.isascii() and k.isdigit() and len(k) <= 10 and 0 < int(k) <= MAX_COUNT:
             return f"progressive:{int(k)}", int(k)
     raise UserInputError(f"complete must be one of none, after-first or progressive:K with K "
                          f"a positive integer, got {_shown(mode)}")

@@ -184,6 +184,9 @@ def top_k(candidates: np.ndarray, scores: np.ndarray, forced: np.ndarray, k: int
 def pool_by_position(positions: np.ndarray, scores: np.ndarray, radius: int) -> np.ndarray:
     """Each score replaced by the maximum over ``radius`` neighbouring entries (in position
     order) on each side."""
+    # A radius reaching past every entry pools over all of them: clamp it, so that the
+    # padding is O(len(scores)) whatever the radius.
+    radius = min(radius, len(scores))
     order = np.argsort(positions)
     padded = np.pad(scores[order], radius, constant_values=-np.inf)
     pooled = np.lib.stride_tricks.sliding_window_view(padded, 2 * radius + 1).max(axis=1)
