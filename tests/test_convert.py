@@ -25,6 +25,7 @@ from mlx.utils import tree_flatten
 from mlx_lazy import default_model
 from mlx_lazy.convert import DEFAULT_GGUF_DTYPE, convert, main
 from mlx_lazy.errors import UserInputError
+from numerics import rel_err
 from tiny_models import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,7 +144,7 @@ def test_gguf_keep_quantized_matches_float32(smollm2, tmp_path):
     x = mx.array(tok.encode("The capital of France is Paris, and"))[None]
     ref, got = model(x)[0].astype(mx.float32), qmodel(x)[0].astype(mx.float32)
     assert mx.array_equal(ref.argmax(-1), got.argmax(-1))
-    assert mx.abs(ref - got).max().item() < 0.05 * mx.abs(ref).max().item()
+    assert rel_err(got, ref) < 0.05  # 4-bit weights: close to float32's logits, not equal
 
 
 # ---------------------------------------------------------------- tiny GGUFs (gguf's writer)
@@ -291,9 +292,10 @@ def test_gguf_matches_its_dequantized_tensors(case, dtype, tiny_model, tiny_mode
     ids = tok.encode(TEXT)
     assert ids == ref_tok.encode(TEXT) and tok.decode(ids) == TEXT
     x = mx.array(ids)[None]
-    tol = 1e-4 if dtype else 2e-3  # kept Q4/Q8 run through MLX's quantized matmul
-    np.testing.assert_allclose(np.array(model(x)), np.array(reference_model(kind, config, reference)(x)),
-                               atol=tol, rtol=tol)
+    # float32: sums in another order; kept quantized: float16 tensors and scales (eps 9.8e-4),
+    # measured up to 1e-3 of the logits' scale.
+    tol = 1e-5 if dtype else 4e-3
+    assert rel_err(model(x), reference_model(kind, config, reference)(x)) < tol
 
 
 def test_legacy_quants_stay_quantized_exactly(tiny_model_dir, tmp_path):
@@ -357,10 +359,10 @@ def test_quantize_round_trip_via_mlx_lm(tiny_model, tiny_model_dir, tmp_path):
     ref, _ = tiny_model("llama")
     x = mx.array([[5, 17, 42, 99, 200, 7]])
     lq, ld, lr = qmodel(x), dmodel(x), ref(x)
-    np.testing.assert_allclose(np.array(lq), np.array(ld), atol=1e-4)  # same values
+    assert rel_err(lq, ld) < 1e-5  # same values: quantized and float matmuls sum in another order
     cos = (lq * lr).sum() / (mx.linalg.norm(lq) * mx.linalg.norm(lr))
     assert cos.item() > 0.9  # 4-bit is close to the original, not equal
-    assert not mx.allclose(lq, lr, atol=1e-6).item()
+    assert rel_err(lq, lr) > 1e-3  # 4-bit rounding moves the logits far beyond float32's noise
 
 
 # ---------------------------------------------------------------- bad input

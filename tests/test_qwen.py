@@ -78,8 +78,9 @@ def test_conversion_matches_the_independent_path(qwen):
     ref = independent_model()
     prompt = mx.array(tokenizer.encode(DECLARATION.read_text()[:600]))
     ours, theirs = model(prompt[None])[0, -1], ref(prompt[None])[0, -1]
-    # The same float32 weights through two builds of 24 layers: sums in another order.
-    assert rel_err(ours, theirs) < 1e-4
+    # The same float32 weights through the same mlx-lm code (measured equal); 1e-5 allows a
+    # layout that sums in another order.
+    assert rel_err(ours, theirs) < 1e-5
 
     def greedy(m):
         return [int(t) for t, _ in zip((tok for tok, _ in generate_step(prompt, m)), range(16))]
@@ -162,7 +163,8 @@ def test_full_matches_mlx_lm_over_32_greedy_steps(qwen):
     model, tokenizer = qwen
     prompt = mx.array(tokenizer.encode(DECLARATION.read_text()[:1500]))
     engine = LazyEngine(model, resolve_config(model, PruningConfig("full")), block_size=128)
-    # 24 layers and 32 steps of float32 sums in another order (measured ~1e-5 relative).
+    # 24 layers and 32 steps of float32 sums in another order: measured 3e-6 here, ~1e-5 on
+    # another CPU (an absolute 1e-4 failed there, at 1.1e-4 on logits of magnitude ~10).
     assert max_rel_err(greedy_pair(model, engine, prompt, 32)) < 1e-4
 
 
