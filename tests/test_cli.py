@@ -356,13 +356,39 @@ def main_error(capsys, *argv: str) -> str:
     (("--stats-json", "{tmp}"), ["is a directory"]),
     (("--stats-json", "/proc/x.json"), ["cannot write --stats-json /proc/x.json"]),
     (("--stats-json", "/dev/full"), ["cannot write --stats-json /dev/full", "No space"]),
+    (("--method", "lazy", "--prune-layers", "5,,6,", "--keep", "0.5,0.3"),
+     ["--prune-layers", "an empty item in '5,,6,'"]),
+    (("--method", "lazy", "--prune-layers", "5", "--keep", "0.5,"), ["--keep", "an empty item"]),
+    (("--method", "lazy", "--pool", str(10**20)), ["pool must be a non-negative integer of at most"]),
+    (("--method", "lazy", "--scorer", ""), ["--scorer", "invalid choice"]),
+    (("--schedule", "/dev/zero"), ["schedule file /dev/zero is larger than the limit of 1 MiB"]),
+    (("--schedule", "{tmp}/deep.json"), ["deep.json nests arrays or objects more than 16 deep"]),
+    (("--prompt-file", "/dev/zero"), ["prompt file '/dev/zero' is larger than the limit of 16 MiB"]),
 ])
 def test_bad_flags_fail_before_the_model_loads(no_model_load, capsys, tmp_path, flags, fragments):
-    if "/dev/full" in flags and not Path("/dev/full").exists():
-        pytest.skip("no /dev/full here")
+    if any(f in flags for f in ("/dev/full", "/dev/zero")) and not Path(flags[1]).exists():
+        pytest.skip(f"no {flags[1]} here")
+    (tmp_path / "deep.json").write_text("[" * 200_000)
     flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
     line = main_error(capsys, *flags)
     assert all(f in line for f in fragments), line
+
+
+def test_a_prompt_on_stdin_is_read_up_to_the_limit(no_model_load, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "PROMPT_MAX_BYTES", 8)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"123456789")))
+    assert "stdin is larger than the limit of 8 bytes" in main_error(capsys, "-p", "-")
+
+
+def test_a_pool_beyond_the_context_is_refused_before_any_run(tiny_model_path, capsys):
+    context = json.loads((tiny_model_path / "config.json").read_text())["max_position_embeddings"]
+    line = main_error(capsys, "--model", str(tiny_model_path), "-p", "hi", "--method", "lazy",
+                      "--pool", str(context + 1))
+    assert f"pool={context + 1} is more than the model's context of {context} tokens" in line
+    # the case: a radius of 10**9 once padded 7.45 GiB of scores
+    assert "pool=1000000000 is more than" in main_error(
+        capsys, "--model", str(tiny_model_path), "-p", "hi", "--method", "lazy",
+        "--pool", "1000000000")
 
 
 def test_stats_json_probe_leaves_no_file(capsys, tmp_path):
