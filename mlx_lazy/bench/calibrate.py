@@ -21,10 +21,12 @@
    ``--no-measure``) the measured gain of every candidate that reached the last rung: the
    frontier, prediction beside measurement.
 
-Writes into ``--out``: ``results.json`` (every run, rewritten after each rung, so a
-``--time-limit`` or an interrupt keeps what was measured), ``report.md``, ``pareto.png``
-and, only when a candidate was confirmed, ``schedule.json`` (load it with ``--schedule``,
-``PruningConfig.from_file``, or copy it into the model folder as ``mlx_lazy_schedule.json``).
+Writes into ``--out``: ``results.json`` (every run, replaced atomically after each
+candidate), ``report.md``, ``pareto.png`` and, only when a candidate was confirmed,
+``schedule.json`` (load it with ``--schedule``, ``PruningConfig.from_file``, or copy it into
+the model folder as ``mlx_lazy_schedule.json``). A ``--time-limit``, Ctrl-C or SIGTERM stops
+it early: the three files then hold what was measured (a rung or pilot left unfinished is
+marked partial; exit status 130 after an interrupt) and ``--resume`` continues from them.
 """
 
 from __future__ import annotations
