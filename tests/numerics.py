@@ -5,6 +5,8 @@ blocks, a fused exp2, sharded all-sums) differ by a few units in the last place 
 largest values involved, so an absolute bound passes or fails with the CPU's kernels and the
 values' scale. Every comparison here is ``max|got - want| / max|want|``: the error in units
 of the reference's own scale, which float32 rounding keeps near 1e-7 per operation.
+``pytest.approx`` with its default (relative 1e-6) is for values that are exact but for float
+rounding (ratios and means of given numbers).
 """
 
 from __future__ import annotations
