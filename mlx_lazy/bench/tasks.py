@@ -538,3 +538,55 @@ def build_suite(
 ) -> list[Sample]:
     """All samples for every (task, length), in a stable order."""
     return [s for t in tasks for L in lengths for s in build_samples(tokenizer, t, L, n, seed)]
+
+
+# ----------------------------------------------------------------------------------------
+# Conversations: one document, a question per turn about a needle no earlier turn asked about
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A document holding one magic-number needle per turn, and the turns' questions.
+
+    ``document`` is the first user message's text before its question; turn ``i`` asks
+    ``questions[i]``, the assistant's reply starts with ``answer_prefixes[i]`` and is right
+    when it holds ``references[i]``.
+    """
+
+    index: int
+    document: str
+    questions: tuple[str, ...]
+    answer_prefixes: tuple[str, ...]
+    references: tuple[str, ...]
+    depths: tuple[float, ...]
+
+
+def build_conversations(tokenizer: Any, length: int, n: int, turns: int = 4, seed: int = 0,
+                        digits: int = 7) -> list[Conversation]:
+    """``n`` conversations whose first prompt is at most ``length`` tokens; needle ``i`` (asked
+    in turn ``i``) sits at a random depth of the document."""
+    out = []
+    for i in range(n):
+        rng = random.Random(f"mlx-lazy-bench/conversation/{seed}/{length}/{i}")
+        keys = _distinct(rng, _word_key, turns)
+        values = _distinct(rng, lambda r: _digits(r, digits), turns)
+        depths = tuple(rng.uniform(0.05, 0.95) for _ in range(turns))
+        questions = tuple(f"What is the special magic number for {k} mentioned in the "
+                          "provided text?" for k in keys)
+        prefixes = tuple(f"The special magic number for {k} mentioned in the provided text is"
+                         for k in keys)
+        parts = Parts(instruction=_NIAH_INSTRUCTION,
+                      needles=tuple(_magic(k, v) for k, v in zip(keys, values)),
+                      question=questions[0], answer_prefix=prefixes[0],
+                      references=(values[0],), filler=_prose_stream(rng))
+        fitter = _Fitter(tokenizer, parts, depths)
+        fitter.fit(length)
+        n_units = 0
+        while fitter.length(n_units + 1) <= length:
+            n_units += 1
+        body = [fitter.unit(j) for j in range(n_units)]
+        for depth, needle in sorted(zip(depths, parts.needles), reverse=True):
+            body.insert(round(depth * n_units), needle)
+        document = f"{parts.instruction}\n\n{parts.separator.join(body)}"
+        out.append(Conversation(i, document, questions, prefixes, tuple(values), depths))
+    return out
