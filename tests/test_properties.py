@@ -29,8 +29,9 @@ from mlx_lazy.scorers import pool_by_position
 
 EXAMPLES = 200
 # A deadline far above an example's few milliseconds, so a loaded CI machine does not trip
-# it, yet an input that makes parsing crawl does.
-PROPERTY = settings(max_examples=EXAMPLES, deadline=timedelta(seconds=5),
+# it, yet an input that makes parsing crawl does. No example database: nothing is written
+# into the working tree (a failure prints its example and seed).
+PROPERTY = settings(max_examples=EXAMPLES, deadline=timedelta(seconds=5), database=None,
                     suppress_health_check=[HealthCheck.too_slow])
 NUM_LAYERS = 30
 POOL_BYTES = 1 << 20  # pooling 64 scores needs a few KiB; a user's radius must not scale it
@@ -102,7 +103,7 @@ def test_any_pruning_config_works_or_is_a_user_error(fields):
     assert pooled_peak(schedule.pool) < POOL_BYTES
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50, deadline=None, database=None)
 @given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=40), st.integers(0, 10**6))
 def test_a_pool_radius_past_every_candidate_pools_over_all(scores, radius):
     scores = np.array(scores)
