@@ -100,7 +100,7 @@ def test_a_time_limit_mid_rung_reports_the_partial_rung_and_resume_completes_it(
     assert "Stopped early (time limit of 9.5 s)" in report
     assert f"| `{best['name']}` |" in report and report.count("| 2 (partial) |") == 1
     assert report.count("| 2 |") == 2  # the two other candidates finished rung 0
-    assert (tmp_path / "cal" / "pareto.png").is_file()
+    assert hollow_markers(tmp_path / "cal", monkeypatch) == 1
     assert not (tmp_path / "cal" / "schedule.json").exists()
 
     runs.clear()
@@ -109,6 +109,24 @@ def test_a_time_limit_mid_rung_reports_the_partial_rung_and_resume_completes_it(
     assert again["complete"] and again["stopped"] is None
     assert again["chosen"]["name"] == best["name"] and again["chosen"]["samples_per_cell"] == 3
     assert "(partial)" not in (tmp_path / "cal" / "report.md").read_text()
+    assert hollow_markers(tmp_path / "cal", monkeypatch) == 0
+
+
+def hollow_markers(out, monkeypatch) -> int:
+    """Candidates drawn hollow (partial) in the plot of the calibration in ``out``; the plot
+    legend must say what hollow means."""
+    from mlx_lazy.bench import plots
+    from mlx_lazy.bench.calibration_results import used_cells
+
+    assert (out / "pareto.png").is_file()
+    monkeypatch.setattr(plots, "_save", lambda fig, path: fig)
+    doc = json.loads((out / "results.json").read_text())
+    ax = plots.plot_calibration(doc, used_cells(doc), out / "unused.png").axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    points = [c for c in ax.collections if c.get_label() in labels and len(c.get_offsets())]
+    hollow = sum(int((c.get_facecolors()[:, 3] == 0).sum()) for c in points)
+    assert (plots.PARTIAL_LABEL in labels) == (hollow > 0)
+    return hollow
 
 
 def test_ctrl_c_writes_what_was_measured_and_exits_130(tiny_model_path, tmp_path,

@@ -122,10 +122,15 @@ def write_plots(result: dict[str, Any], out: str | Path) -> list[Path]:
     return paths
 
 
+#: Legend entry of the hollow markers: candidates whose rung a stopped calibration left unfinished.
+PARTIAL_LABEL = "partial rung (stopped early)"
+
+
 def plot_calibration(doc: dict[str, Any], cells: list[str], path: Path) -> Path:
     """Calibration candidates: relative accuracy (1 − paired relative loss, 95% bootstrap
     interval) against the predicted pruning gain, one colour per scorer, marker size by
-    samples per cell; a candidate whose gain was measured also shows it (×, joined by a line)."""
+    samples per cell, hollow when its rung is unfinished (:data:`PARTIAL_LABEL`); a
+    candidate whose gain was measured also shows it (×, joined by a line)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     _draw_calibration(ax, doc, cells, f"{', '.join(cells)} (marker size: samples per cell)")
     return _save(fig, path)
@@ -161,13 +166,16 @@ def _draw_calibration(ax: Any, doc: dict[str, Any], cells: list[str], title: str
         err = [[r["paired"].rel_loss_ci[1] - r["paired"].rel_loss for r in mine],
                [r["paired"].rel_loss - r["paired"].rel_loss_ci[0] for r in mine]]
         ax.errorbar(x, y, yerr=err, fmt="none", ecolor=cmap(i), alpha=0.4)
-        ax.scatter(x, y, s=[8 + r["n"] for r in mine], color=cmap(i), label=label)
+        ax.scatter(x, y, s=[8 + r["n"] for r in mine], edgecolors=cmap(i), label=label,
+                   facecolors=[(0, 0, 0, 0) if r["partial"] else cmap(i) for r in mine])
         for r, yi in zip(mine, y):
             if r["measured_gain"] is not None:
                 ax.plot([r["gain"], r["measured_gain"]], [yi, yi], color=cmap(i), lw=0.8)
                 ax.scatter([r["measured_gain"]], [yi], marker="x", color=cmap(i))
     if any(r["measured_gain"] is not None for r in rows):
         ax.scatter([], [], marker="x", color="gray", label="measured gain")
+    if any(r["partial"] for r in rows):
+        ax.scatter([], [], facecolors="none", edgecolors="gray", label=PARTIAL_LABEL)
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xlabel("pruning gain at the gain length (our full prefill / pruned), predicted")
     ax.set_ylabel("accuracy relative to full (paired)")
