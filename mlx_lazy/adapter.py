@@ -7,6 +7,8 @@ supported families behave alike.
 
 from __future__ import annotations
 
+import hashlib
+
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Tuple
@@ -85,7 +87,8 @@ class ModelAdapter:
         return len(self.layers)
 
     def fingerprint(self) -> dict:
-        """What a calibrated schedule must match: architecture and shape of the model."""
+        """What a calibrated schedule or a prompt cache must match: the architecture, shapes
+        and (by :meth:`weights_digest`) weights of the model."""
         args = self.model.args
         return {
             "model_type": self.model.model_type,
@@ -94,7 +97,17 @@ class ModelAdapter:
             "num_attention_heads": int(args.num_attention_heads),  # all ranks' heads
             "num_key_value_heads": int(args.num_key_value_heads),
             "vocab_size": int(args.vocab_size),
+            "weights": self.weights_digest(),
         }
+
+    def weights_digest(self) -> str:
+        """A short digest of a few fixed tensors (the embedding's first rows, the last
+        norm): tells apart models of the same shapes, e.g. Qwen2.5-Coder-0.5B from
+        Qwen2.5-0.5B. Both tensors are whole on every rank of a sharded model."""
+        digest = hashlib.sha256()
+        for array in (self.inner.embed_tokens.weight[:16], self.inner.norm.weight):
+            digest.update(np.array(array.astype(mx.float32)).tobytes())
+        return digest.hexdigest()[:16]
 
     @property
     def vocab_size(self) -> int:

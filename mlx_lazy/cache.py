@@ -84,6 +84,19 @@ class LayerKV:
         """Positions of the cached tokens in slot order."""
         return self.positions[: self.size]
 
+    def copy(self) -> "LayerKV":
+        """An independent copy (MLX copies a buffer when one of two holders writes to it)."""
+        out = LayerKV()
+        if self.keys is not None:
+            out.keys, out.values = mx.array(self.keys), mx.array(self.values)
+        out.size, out.positions, out.slot_of = self.size, self.positions.copy(), self.slot_of.copy()
+        return out
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of the buffers, filled or not."""
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the cached entries (from the arrays' shapes and dtypes)."""
@@ -116,6 +129,15 @@ class LazyCache:
         self.limit = np.zeros(0, np.int64)
         self.computed = np.zeros((num_layers, 0), np.int32)
         self.revivals = 0
+
+    def copy(self) -> "LazyCache":
+        """An independent copy of the whole state."""
+        out = LazyCache(self.num_layers)
+        out.layers = [layer.copy() for layer in self.layers]
+        out.aux = {d: AuxEntry(e.positions.copy(), mx.array(e.hidden)) for d, e in self.aux.items()}
+        out.depth, out.limit = self.depth.copy(), self.limit.copy()
+        out.computed, out.revivals = self.computed.copy(), self.revivals
+        return out
 
     @property
     def length(self) -> int:

@@ -88,9 +88,17 @@ class PromptCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of KV and Aux Cache held."""
+        """Bytes of KV buffers (filled or not) and Aux Cache held."""
         state = self.engine.cache
-        return sum(state.kv_bytes_per_layer) + state.aux_bytes
+        return sum(layer.allocated_bytes for layer in state.layers) + state.aux_bytes
+
+    def copy(self) -> "PromptCache":
+        """An independent copy: generating on one leaves the other as it was."""
+        engine = LazyEngine(self.model, self.schedule, self.engine.block_size)
+        engine.cache = self.engine.cache.copy()
+        engine.prompt_len, engine.always_kept = self.engine.prompt_len, self.engine.always_kept
+        engine.start_request()
+        return PromptCache(engine, self.tokens)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -112,22 +120,27 @@ class PromptCache:
         if model is not self.model:
             ours, theirs = self.engine.adapter.fingerprint(), ModelAdapter(model).fingerprint()
             diff = next((k for k in ours if ours[k] != theirs.get(k)), None)
-            if diff is not None or weights_digest(model) != weights_digest(self.model):
-                what = (f"{diff} {ours[diff]!r}, the model has {theirs.get(diff)!r}"
-                        if diff is not None else "weights differ")
+            if diff is not None:
+                what = "weights differ" if diff == "weights" else (
+                    f"{diff} {ours[diff]!r}, the model has {theirs.get(diff)!r}")
                 raise UserInputError(f"the prompt cache was made for another model ({what})")
         if config is not None:
             check_same_schedule(self.schedule, resolve_config(model, config), "the prompt cache")
 
-    def extend_prefix(self, tokens: List[int]) -> List[int]:
-        """Trim this cache to the longest prefix it shares with ``tokens`` (keeping at least
-        one token to process) and return the tokens still to process."""
+    def reusable(self, tokens: List[int]) -> int:
+        """How many leading tokens of ``tokens`` this cache can serve: the prefix they share,
+        less one when that is all of ``tokens`` (the last token must run to give logits)."""
         common = 0
         for a, b in zip(self.tokens, tokens):
             if a != b:
                 break
             common += 1
-        common = min(common, len(tokens) - 1)
+        return min(common, len(tokens) - 1)
+
+    def extend_prefix(self, tokens: List[int]) -> List[int]:
+        """Trim this cache to the prefix :meth:`reusable` finds and return the tokens still
+        to process."""
+        common = self.reusable(tokens)
         if common < len(self.tokens):
             trim_prompt_cache(self, len(self.tokens) - common)
         return tokens[common:]
@@ -178,22 +191,11 @@ def trim_prompt_cache(cache: PromptCache, num_tokens: int) -> int:
     return int(num_tokens)
 
 
-def weights_digest(model: nn.Module) -> str:
-    """A short digest of a few fixed tensors (the embedding's first rows, the last norm):
-    tells apart models of the same shapes."""
-    import hashlib
-
-    inner = ModelAdapter(model).inner
-    digest = hashlib.sha256()
-    for array in (inner.embed_tokens.weight[:16], inner.norm.weight):
-        digest.update(np.array(array.astype(mx.float32)).tobytes())
-    return digest.hexdigest()[:16]
-
-
 def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
                       metadata: Optional[Dict[str, str]] = None) -> None:
     """Write ``cache`` to a safetensors file (atomically) with JSON metadata: the format
-    version, the model's fingerprint and weights digest, the schedule and the token ids.
+    version, the model's fingerprint (shapes and a digest of its weights), the schedule and
+    the token ids.
 
     Args:
         path: the file to write.
@@ -218,7 +220,6 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
     info = {
         "format": CACHE_FORMAT,
         "fingerprint": engine.adapter.fingerprint(),
-        "weights": weights_digest(engine.adapter.model),
         "schedule": engine.schedule.as_dict(),
         "tokens": cache.tokens,
         "prompt_len": engine.prompt_len,
@@ -264,8 +265,6 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
     if diff is not None:
         raise UserInputError(f"prompt cache {path} was made for another model: {diff} is "
                              f"{saved.get(diff)!r} there, {fingerprint[diff]!r} here")
-    if info["weights"] != weights_digest(model):
-        raise UserInputError(f"prompt cache {path} was made for another model (weights differ)")
     fields = dict(info["schedule"])
     schedule = Schedule(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
     engine = LazyEngine(model, schedule)
@@ -296,3 +295,62 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
     cache = PromptCache(engine, tokens)
     extra = {k: v for k, v in meta.items() if k != "mlx_lazy"}
     return (cache, extra) if return_metadata else cache
+
+
+class PromptCacheStore:
+    """Prompt caches kept between requests, as mlx-lm's server keeps its LRU of prefix caches.
+
+    :meth:`checkout` finds, among the caches made for the same schedule, the one sharing the
+    longest prefix with a request's tokens, and hands it out exclusively: a cache whose tokens
+    the request wholly extends leaves the store until :meth:`checkin`; one that would have to
+    be trimmed stays, and the request gets a trimmed copy. So no cache is ever used by two
+    generations at once, and caches of other pruning configs never mix.
+
+    Args:
+        max_entries: the most caches kept.
+        max_bytes: the most bytes (KV buffers and Aux Cache) kept; least recently used
+            caches are evicted first, and a cache larger than this is not kept.
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int):
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._entries: List[PromptCache] = []  # least recently used first
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the stored caches."""
+        return sum(c.nbytes for c in self._entries)
+
+    def checkout(self, model: nn.Module, schedule: Schedule, tokens: List[int]) -> PromptCache:
+        """A cache for ``tokens``, trimmed to the prefix it shares with them (an empty one when
+        no stored cache shares any); ``len(cache)`` tokens of ``tokens`` need no computing."""
+        best, common = None, 0
+        for cache in self._entries:
+            if cache.schedule == schedule and cache.model is model:
+                n = cache.reusable(tokens)
+                if n > common:
+                    best, common = cache, n
+        if best is None:
+            return PromptCache(LazyEngine(model, schedule))
+        if common == len(best):
+            self._entries.remove(best)
+        else:
+            best = best.copy()
+            trim_prompt_cache(best, len(best) - common)
+        return best
+
+    def checkin(self, cache: PromptCache) -> None:
+        """Keep ``cache`` as the most recent, evicting the least recent ones to fit."""
+        if self.max_entries < 1 or cache.nbytes > self.max_bytes or not len(cache):
+            return
+        while self._entries and (len(self._entries) >= self.max_entries
+                                 or self.nbytes + cache.nbytes > self.max_bytes):
+            self._entries.pop(0)
+        self._entries.append(cache)
+
+    def most_recent(self) -> Optional[PromptCache]:
+        """The cache checked in last, if any."""
+        return self._entries[-1] if self._entries else None

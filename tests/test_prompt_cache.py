@@ -368,3 +368,76 @@ def test_complete_flag_is_checked(tiny_model, tiny_model_path):
         assert proc.returncode == 2 and len(err) == 1 and "complete" in err[0], err
     with pytest.raises(UserInputError, match="takes no complete"):
         make_prompt_cache(tiny_model("llama")[0], PruningConfig("full", complete="after-first"))
+
+
+# --------------------------------------------------------------------------------- store
+
+
+def test_store_hands_out_each_cache_exclusively_and_never_mixes_configs(tiny_model):
+    from mlx_lazy.prompt_cache import PromptCacheStore
+
+    model, _ = tiny_model("llama")
+    vocab = model.args.vocab_size
+    store = PromptCacheStore(max_entries=4, max_bytes=10**9)
+    lazy, full = resolve_config(model, AGGRESSIVE), resolve_config(model, "full")
+    doc, q1, q2 = ids(200, vocab, 80), ids(20, vocab, 81), ids(20, vocab, 82)
+
+    first = store.checkout(model, lazy, doc + q1)
+    assert len(first) == 0
+    first.process(doc + q1)
+    store.checkin(first)
+    # A request extending the cache takes it out of the store: nobody else can use it now.
+    taken = store.checkout(model, lazy, doc + q1 + q2)
+    assert taken is first and len(store) == 0
+    store.checkin(taken)
+    # Another config never gets it.
+    assert len(store.checkout(model, full, doc + q1 + q2)) == 0
+    # A request sharing only the document gets a trimmed copy; the stored cache is intact.
+    before = list(first.tokens)
+    branch = store.checkout(model, lazy, doc + q2)
+    assert branch is not first and len(branch) == len(doc) and first.tokens == before
+    branch.process(q2)
+    again = store.checkout(model, lazy, before + q2)
+    assert again is first and len(again) == len(before)
+
+
+def test_store_stays_within_its_byte_and_entry_limits(tiny_model):
+    from mlx_lazy.prompt_cache import PromptCacheStore
+
+    model, _ = tiny_model("llama")
+    schedule = resolve_config(model, "full")
+    caches = []
+    for i, n in enumerate((100, 200, 300, 1000)):
+        c = make_prompt_cache(model)
+        c.process(ids(n, model.args.vocab_size, 90 + i))
+        caches.append(c)
+    limit = caches[1].nbytes + caches[2].nbytes
+    store = PromptCacheStore(max_entries=3, max_bytes=limit)
+    for c in caches[:3]:
+        store.checkin(c)
+        assert store.nbytes <= limit
+    assert store.most_recent() is caches[2] and len(store) == 2  # the oldest went first
+    store.checkin(caches[3])  # larger than the whole budget: not kept
+    assert store.most_recent() is caches[2] and store.nbytes <= limit
+    assert store.checkout(model, schedule, caches[0].tokens + [1]).tokens == []
+
+
+def test_a_schedule_for_a_model_of_the_same_shapes_is_refused(tiny_model, tmp_path):
+    """Fingerprints cover the weights: a schedule calibrated for one model is refused by
+    another of exactly the same architecture and shapes."""
+    import mlx_lm
+    from tiny_models import build_tiny_model
+
+    from mlx_lazy.adapter import ModelAdapter
+    from mlx_lazy.schedule import write_schedule
+
+    model, _ = tiny_model("llama")
+    twin, _ = mlx_lm.load(str(build_tiny_model("llama", tmp_path / "twin", seed=1)))
+    ours, theirs = ModelAdapter(model).fingerprint(), ModelAdapter(twin).fingerprint()
+    assert {k: v for k, v in ours.items() if k != "weights"} == \
+        {k: v for k, v in theirs.items() if k != "weights"}
+    path = write_schedule(tmp_path / "s.json", PruningConfig("lazy", prune_layers=(1,),
+                                                             keep=(0.5,)), ours, {})
+    assert PruningConfig.from_file(path, ours).prune_layers == (1,)
+    with pytest.raises(UserInputError, match="weights"):
+        PruningConfig.from_file(path, theirs)
