@@ -35,16 +35,20 @@ from contextlib import closing
 from typing import Annotated, Any, AsyncIterator, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
-from fastapi import Depends, FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from jinja2 import TemplateError
 from mlx_lm.sample_utils import make_sampler
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-from sse_starlette import EventSourceResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .extras import needs_extra
+
+with needs_extra("server", "the server"):
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.concurrency import run_in_threadpool
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+    from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+    from sse_starlette import EventSourceResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .adapter import ModelAdapter
 from .cli import METHOD_HELP, OneLineParser, method_arg, temperature_arg, top_p_arg

@@ -27,9 +27,11 @@ if [ "$(uname -s)" = "Linux" ]; then
     fi
 fi
 
-# Reinstall only when pyproject.toml changed since the last successful install.
+# Reinstall only when pyproject.toml changed since the last successful install, or when the
+# [test] extra (server, plots and test packages) is not importable.
 stamp=".setup-stamp"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! "$PYTHON" -c "import mlx_lazy, mlx_lm, pytest" >/dev/null 2>&1; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
+        || ! "$PYTHON" -c "import mlx_lazy, mlx_lm, fastapi, uvicorn, sse_starlette, matplotlib, pytest, openai, hypothesis" >/dev/null 2>&1; then
     "$PYTHON" -m pip install -q -e ".[test]"
     touch "$stamp"
 fi

@@ -17,7 +17,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from ..extras import needs_extra
+
+with needs_extra("bench", "the plots"):
+    import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
