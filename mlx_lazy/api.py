@@ -403,21 +403,23 @@ def generate_step(
     n = 0
     while True:
         token = y.item()
-        # Queue the next step before handing this token out, as mlx-lm does: the cache then
-        # holds every token handed out, the last one included. Completing after the first
-        # token waits until it is out, so it keeps the pruned time to first token.
-        ahead = not (n == 0 and mode == "after-first")
+        # From the second token on, queue the next step before handing this one out, as
+        # mlx-lm does (the cache then holds every token handed out). The first token goes
+        # out at once: a pruned decode step syncs with the host to select, and the time to
+        # first token must not include it; completing after the first token waits too.
+        ahead = n > 0
         if ahead:
             next_y, next_logprobs = step(y, token)
         yield token, logprobs
         n += 1
         if n == max_tokens:
             return
-        if not ahead:  # after the first token: every waiting token, once
+        if mode == "after-first" and n == 1:  # every waiting token, once
             engine.complete()
-            next_y, next_logprobs = step(y, token)
         elif budget:  # progressive: a budget of token-layers per step
             engine.complete(budget)
+        if not ahead:
+            next_y, next_logprobs = step(y, token)
         y, logprobs = next_y, next_logprobs
 
 

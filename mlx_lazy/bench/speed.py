@@ -84,9 +84,9 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
-from mlx_lazy import LazyEngine, PruningConfig, load, resolve_config
+from mlx_lazy import PromptCache, PruningConfig, generate_step, load, make_prompt_cache
 from mlx_lazy.bench.common import (BASELINE, FULL, MIB, SHORT_ANSWER, RunRecord, fmt,
                                    machine_info, markdown_table, measure, median, paired_ratios,
                                    ratio)
@@ -94,7 +94,6 @@ from mlx_lazy.bench.harness import NAMED_METHODS, Method, parse_method, parse_me
 from mlx_lazy.bench.tasks import build_prompt
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_lazy.bench.costmodel import CostModel
 
@@ -370,52 +369,43 @@ def decode_interleaved(
 ) -> dict[str, Any]:
     """Decode time per token with every method's steps interleaved round-robin.
 
-    Each method first prefills ``prompt`` (mlx-lm: its model and ``KVCache`` in 2,048-token
-    chunks like ``generate_step``; ours: ``LazyEngine.prefill``). Then, ``steps`` times, every
-    method runs ONE greedy decode step (``mx.eval`` of the token), in an order rotated each round.
+    Each method runs through its ``generate_step`` generator (mlx-lm's, with its own
+    ``KVCache``; ours, with a prompt cache): the first token is the prefill. Then, ``steps``
+    times, every method is asked for ONE more greedy token, in an order rotated each round.
     Neighbouring steps of different methods see the same machine load, so per-round ratios are
-    far less noisy than TPOT from whole generations run minutes apart. Steps are synchronous
-    (no async pipelining) for every method alike.
+    far less noisy than TPOT from whole generations run minutes apart. Both generators queue
+    their next step ahead alike.
     """
-    ids = mx.array(prompt)
-    n = len(prompt)
-    step_fns: dict[str, Callable[[mx.array], mx.array]] = {}
-    engines: dict[str, LazyEngine] = {}
-    tokens: dict[str, mx.array] = {}
+    from mlx_lm.generate import generate_step as mlx_lm_generate_step
 
-    cache = make_prompt_cache(model)
-    t0 = time.perf_counter()
-    for i in range(0, n - 1, 2048):
-        model(ids[i : min(i + 2048, n - 1)][None], cache=cache)
-        mx.eval([c.keys for c in cache] + [c.values for c in cache])
-    tokens[BASELINE] = mx.argmax(model(ids[-1:][None], cache=cache)[0, -1])
-    mx.eval(tokens[BASELINE])
-    step_fns[BASELINE] = lambda y: mx.argmax(model(y.reshape(1, 1), cache=cache)[0, -1])
-    log(f"decode-interleaved: prefilled {BASELINE} in {time.perf_counter() - t0:.1f}s")
-    for name, cfg in configs.items():
+    n = len(prompt)
+    gens: dict[str, Iterator[Any]] = {}
+    caches: dict[str, PromptCache] = {}
+    for name in (BASELINE, *configs):
         t0 = time.perf_counter()
-        eng = engines[name] = LazyEngine(model, resolve_config(model, cfg))
-        tokens[name] = mx.argmax(eng.prefill(ids))
-        mx.eval(tokens[name])
-        step_fns[name] = eng.decode  # returns logits; argmax taken below
+        if name == BASELINE:
+            gens[name] = mlx_lm_generate_step(mx.array(prompt), model, max_tokens=steps + 1)
+        else:
+            caches[name] = make_prompt_cache(model, configs[name])
+            gens[name] = generate_step(prompt, model, prompt_cache=caches[name],
+                                       max_tokens=steps + 1)
+        next(gens[name])
         log(f"decode-interleaved: prefilled {name} in {time.perf_counter() - t0:.1f}s")
 
-    methods = list(step_fns)
+    methods = list(gens)
     wall: dict[str, list[float]] = {m: [] for m in methods}
     cpu: dict[str, list[float]] = {m: [] for m in methods}
-    revived: dict[str, list[int]] = {m: [] for m in engines}
+    revived: dict[str, list[int]] = {m: [] for m in caches}
     for s in range(steps):
         k = s % len(methods)
         for m in methods[k:] + methods[:k]:
-            before = engines[m].cache.revivals if m in engines else 0
+            before = caches[m].engine.cache.revivals if m in caches else 0
             w, c = time.perf_counter(), time.process_time()
-            out = step_fns[m](tokens[m])
-            tokens[m] = out if m == BASELINE else mx.argmax(out)
-            mx.eval(tokens[m])
+            next(gens[m])
             wall[m].append(time.perf_counter() - w)
             cpu[m].append(time.process_time() - c)
-            if m in engines:
-                revived[m].append(engines[m].cache.revivals - before)
+            if m in caches:
+                revived[m].append(caches[m].engine.cache.revivals - before)
     rows: dict[str, Any] = {}
     for m in methods:
         per_round = [a / b for a, b in zip(wall[m], wall[BASELINE])]
@@ -444,7 +434,7 @@ def decode_table(dec: dict[str, Any]) -> str:
     ]
     return "\n".join([
         f"Decode at {dec['prompt_tokens']} tokens of context, {dec['steps']} steps per method, "
-        "interleaved round-robin (synchronous steps):", "",
+        "interleaved round-robin (each through its generate_step):", "",
         markdown_table(["method", "mean step ms", "median step ms", "mean CPU ms", "wall × mlx-lm",
                         "CPU × mlx-lm", "median per-round × mlx-lm", "revivals"], rows)])
 
