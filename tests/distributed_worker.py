@@ -8,9 +8,9 @@ fields give one) prefill a seeded random prompt and decode S greedy steps; write
 reductions on rank-dependent inputs, and the tokens ``stream_generate`` returns when each
 rank's sampler draws a different token.
 
-``cli OUT [--rank1-model PATH] [--kill-rank1-at STEP] -- ARGS``: run ``mlx_lazy.cli.main(ARGS)``
-on every rank (rank 1 with ``--model PATH`` when given, or killing itself at a decode step)
-and write its exit status to ``OUT/rank{r}.rc``.
+``cli OUT [--rank1-args=ARGS1] [--kill-rank1-at STEP] -- ARGS``: run ``mlx_lazy.cli.main(ARGS)``
+on every rank (rank 1 with the shell words ARGS1 appended, which override ARGS, or killing
+itself at a decode step) and write its exit status to ``OUT/rank{r}.rc``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -79,8 +80,8 @@ def run_cli(args: argparse.Namespace, out: Path) -> None:
 
     rank = int(os.environ.get("MLX_RANK", "0"))
     argv = list(args.rest)
-    if rank == 1 and args.rank1_model:
-        argv += ["--model", args.rank1_model]
+    if rank == 1:
+        argv += shlex.split(args.rank1_args)
     if rank == 1 and args.kill_rank1_at is not None:
         decode, steps = Engine.decode, []
 
@@ -105,7 +106,7 @@ def main() -> None:
                    help="JSON {method: PruningConfig fields}, run one after the other")
     p.add_argument("--prompt-len", type=int, default=200)
     p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--rank1-model")
+    p.add_argument("--rank1-args", default="")
     p.add_argument("--kill-rank1-at", type=int)
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -212,16 +213,19 @@ def test_console_script_under_mlx_launch(tiny_model_dir, tmp_path, capsys):
     assert r.stdout == single  # the same text, printed once
 
 
-def _cli_fails(tmp_path: Path, n: int, model: Path, *worker_args: str) -> str:
+def _cli_fails(tmp_path: Path, n: int, model: Path, *worker_args: str,
+               flags: tuple = ()) -> str:
     r = launch(n, str(WORKER), "cli", str(tmp_path), *worker_args, "--",
-               "--model", str(model), "-p", "hello " * 30, "-m", "4", "--verbose", "False")
+               "--model", str(model), "-p", "hello " * 30, "-m", "4", "--verbose", "False",
+               *flags)
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, r.stderr
     return errors[0]
 
 
 def test_bad_path_on_one_rank_ends_every_rank(tiny_model_path, tmp_path):
-    line = _cli_fails(tmp_path, 2, tiny_model_path, "--rank1-model", str(tmp_path / "missing"))
+    missing = shlex.quote(str(tmp_path / "missing"))
+    line = _cli_fails(tmp_path, 2, tiny_model_path, f"--rank1-args=--model {missing}")
     assert "rank 1" in line and "no such folder" in line
     assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(2)] == ["2", "2"]
 
@@ -232,8 +236,21 @@ def test_different_model_files_on_one_rank(tiny_model_path, tmp_path):
     data = bytearray((other / "model.safetensors").read_bytes())
     data[-4:] = bytes(4)  # one weight changed
     (other / "model.safetensors").write_bytes(bytes(data))
-    line = _cli_fails(tmp_path, 2, tiny_model_path, "--rank1-model", str(other))
+    line = _cli_fails(tmp_path, 2, tiny_model_path, f"--rank1-args=--model {shlex.quote(str(other))}")
     assert "model files differ between rank 0 and rank 1" in line
+    assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(2)] == ["2", "2"]
+
+
+@pytest.mark.parametrize("rank1_args, differ", [
+    ("--prune-layers 1 --keep 0.5", "pruning schedules"),  # the issue's case: it hung
+    ("--temp 0.5", "generation options"),
+])
+def test_ranks_given_different_flags_fail_together(tiny_model_path, tmp_path, rank1_args, differ):
+    """Different cuts make the ranks' all-sums disagree in number: without the check they
+    wait for each other forever (bounded here by TIMEOUT)."""
+    line = _cli_fails(tmp_path, 2, tiny_model_path, f"--rank1-args={rank1_args}",
+                      flags=("--method", "lazy"))
+    assert f"the {differ} differ between rank 0 and rank 1" in line
     assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(2)] == ["2", "2"]
 
 
