@@ -177,8 +177,13 @@ def top_k(candidates: np.ndarray, scores: np.ndarray, forced: np.ndarray, k: int
     k = min(n, max(int(forced.sum()), k, 1))
     if k >= n:
         return np.sort(candidates)
-    top = np.argpartition(-scores, k - 1)[:k]
-    return np.sort(candidates[top])
+    # argpartition is not stable: keep every score above the k-th best, then fill up with the
+    # lowest positions among those equal to it (O(n), plus a sort of the ties only).
+    kth = np.partition(scores, n - k)[n - k]
+    above = np.flatnonzero(scores > kth)
+    tied = np.flatnonzero(scores == kth)
+    tied = tied[np.argsort(candidates[tied])[: k - len(above)]]
+    return np.sort(candidates[np.concatenate([above, tied])])
 
 
 def pool_by_position(positions: np.ndarray, scores: np.ndarray, radius: int) -> np.ndarray:

@@ -130,6 +130,19 @@ def test_window_scorer_keeps_its_window_at_every_cut(tiny_model):
         assert set(range(n - window, n)) <= kept
 
 
+def test_top_k_ties_go_to_the_lower_position():
+    """Integer-valued scores tie by the hundred: the k kept are the best by score, then by
+    lower position (argpartition alone keeps an arbitrary subset of the ties)."""
+    rng = np.random.default_rng(0)
+    n, k = 1000, 300
+    candidates = rng.permutation(n) * 3  # positions, in no particular order
+    scores = rng.integers(0, 10, n).astype(np.float32)
+    forced = np.isin(candidates, [6, 2997])  # kept whatever their scores
+    ranked = np.lexsort((candidates, -np.where(forced, np.inf, scores)))
+    assert top_k(candidates, scores, forced, k).tolist() == sorted(candidates[ranked[:k]])
+    assert top_k(candidates, scores, forced, 1).tolist() == [6, 2997]  # never fewer than forced
+
+
 @pytest.mark.parametrize("keep", [0.5, 0.237, 0.05])
 def test_top_k_sizes_are_exact(tiny_model, keep):
     model, _ = tiny_model("llama")
