@@ -3,38 +3,16 @@ composition resolves, refuses fields it does not take, round-trips through the b
 method strings and runs through the engine; the presets are those of the fixed method
 names they replaced."""
 
+import dataclasses
+from itertools import combinations
+
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lazy import LazyEngine, PruningConfig, Schedule, UserInputError, resolve_config
+from mlx_lazy import LazyEngine, PruningConfig, UserInputError, resolve_config
 from mlx_lazy.bench.harness import method_spec, parse_method
 from mlx_lazy.schedule import METHODS, POLICIES
-
-#: Recorded from the fixed-name implementation (before policies), for a 30- and a 24-layer
-#: model: the presets and some user configs must resolve exactly as they did.
-BEFORE = [
-    (PruningConfig.preset('full'), 30, Schedule(method='full', num_layers=30, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig.preset('lazy'), 30, Schedule(method='lazy', num_layers=30, prune_layers=(20, 25), keep=(0.25, 0.15), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig.preset('speed'), 30, Schedule(method='speed', num_layers=30, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=22, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig.preset('lazy+speed'), 30, Schedule(method='lazy+speed', num_layers=30, prune_layers=(20,), keep=(0.25,), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=22, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig.preset('static'), 30, Schedule(method='static', num_layers=30, prune_layers=(5,), keep=(0.4,), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig.preset('random'), 30, Schedule(method='random', num_layers=30, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=0.5, anchors=1, seed=0, source='preset')),
-    (PruningConfig.preset('full'), 24, Schedule(method='full', num_layers=24, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=24, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig.preset('lazy'), 24, Schedule(method='lazy', num_layers=24, prune_layers=(16, 19), keep=(0.25, 0.15), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=24, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig.preset('speed'), 24, Schedule(method='speed', num_layers=24, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=18, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig.preset('lazy+speed'), 24, Schedule(method='lazy+speed', num_layers=24, prune_layers=(16,), keep=(0.25,), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=18, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig.preset('static'), 24, Schedule(method='static', num_layers=24, prune_layers=(4,), keep=(0.4,), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=24, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig.preset('random'), 24, Schedule(method='random', num_layers=24, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=24, random_keep=0.5, anchors=1, seed=0, source='preset')),
-    (PruningConfig('lazy+speed', speed_cutoff=1.0), 30, Schedule(method='lazy+speed', num_layers=30, prune_layers=(20,), keep=(0.25,), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig('lazy+speed', speed_cutoff=2), 30, Schedule(method='lazy+speed', num_layers=30, prune_layers=(0,), keep=(0.25,), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=2, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig('lazy+speed', speed_cutoff=20, anchors=4), 24, Schedule(method='lazy+speed', num_layers=24, prune_layers=(16,), keep=(0.25,), dynamic=True, revive=True, scorer='last', heads='mean', window=None, pool=0, prompt_depth=20, random_keep=None, anchors=4, seed=0, source='preset')),
-    (PruningConfig('lazy', revive=False, pool=2, scorer='window', heads='max'), 30, Schedule(method='lazy', num_layers=30, prune_layers=(20, 25), keep=(0.25, 0.15), dynamic=True, revive=False, scorer='window', heads='max', window=8, pool=2, prompt_depth=30, random_keep=None, anchors=1, seed=0, source='preset')),
-    (PruningConfig('lazy', prune_layers=(3, 9), keep=(0.5, 0.2), scorer='window', window=4), 24, Schedule(method='lazy', num_layers=24, prune_layers=(3, 9), keep=(0.5, 0.2), dynamic=True, revive=True, scorer='window', heads='mean', window=4, pool=0, prompt_depth=24, random_keep=None, anchors=1, seed=0, source='user')),
-    (PruningConfig('static', prune_layers=(3,), keep=(0.4,), seed=5), 24, Schedule(method='static', num_layers=24, prune_layers=(3,), keep=(0.4,), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=24, random_keep=None, anchors=1, seed=5, source='user')),
-    (PruningConfig('random', keep=(0.3,), seed=4), 30, Schedule(method='random', num_layers=30, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=30, random_keep=0.3, anchors=1, seed=4, source='user')),
-    (PruningConfig('speed', speed_cutoff=0.5, anchors=0), 24, Schedule(method='speed', num_layers=24, prune_layers=(), keep=(), dynamic=False, revive=False, scorer='last', heads='mean', window=None, pool=0, prompt_depth=12, random_keep=None, anchors=0, seed=0, source='preset')),
-]
 
 #: A value for every field some policy takes (each differs from its default and from
 #: every preset, and fits a 30-layer model in any method that takes it).
@@ -71,14 +49,13 @@ def sampled(method):
     return PruningConfig(method, **{f: SAMPLE[f] for f in taken(method)})
 
 
-@pytest.mark.parametrize("config, num_layers, expected", BEFORE)
-def test_schedules_are_those_of_the_fixed_method_names(config, num_layers, expected):
-    assert config.resolve(num_layers) == expected
-
-
 def test_methods_are_full_each_policy_and_the_compositions_that_compose():
-    assert METHODS == ("full", "lazy", "static", "random", "speed",
-                       "lazy+speed", "static+speed", "random+speed")
+    """Policies compose when no two take the same field; METHODS lists exactly those."""
+    names = list(POLICIES)
+    disjoint = [c for r in range(2, len(names) + 1) for c in combinations(names, r)
+                if all(not set(POLICIES[a].takes) & set(POLICIES[b].takes)
+                       for a, b in combinations(c, 2))]
+    assert METHODS == ("full", *names, *("+".join(c) for c in disjoint))
     assert set(SAMPLE) == POLICY_FIELDS == set(READ_BACK) and set(SETS) == set(POLICIES)
 
 
@@ -155,12 +132,17 @@ def test_a_field_of_another_policy_names_the_methods_that_take_it():
                               "'lazy+speed', 'static+speed' or 'random+speed'")
 
 
-def test_new_compositions_resolve_to_both_parts():
-    assert PruningConfig("static+speed").resolve(30) == Schedule(
-        method="static+speed", num_layers=30, prune_layers=(5,), keep=(0.4,), prompt_depth=22)
-    assert PruningConfig("random+speed", keep=(0.3,), seed=2).resolve(24) == Schedule(
-        method="random+speed", num_layers=24, prompt_depth=18, random_keep=0.3, seed=2,
-        source="user")
+@pytest.mark.parametrize("num_layers", [12, 24, 30])
+@pytest.mark.parametrize("method", [m for m in COMPOSITIONS if m.endswith("+speed")])
+def test_a_preset_with_speed_is_the_policy_s_preset_cut_at_speed_s_depth(method, num_layers):
+    """X+speed: SPEED's prompt depth, and X's preset with the cuts at or above it dropped."""
+    alone, speed = (PruningConfig.preset(m).resolve(num_layers) for m in (method[:-6], "speed"))
+    depth = speed.prompt_depth
+    cuts = [(layer, k) for layer, k in zip(alone.prune_layers, alone.keep) if layer < depth]
+    assert 0 < depth < num_layers
+    assert PruningConfig.preset(method).resolve(num_layers) == dataclasses.replace(
+        alone, method=method, prompt_depth=depth, prune_layers=tuple(c[0] for c in cuts),
+        keep=tuple(c[1] for c in cuts))
 
 
 @pytest.mark.parametrize("method", METHODS)
