@@ -1,11 +1,22 @@
-"""Teacher-forced agreement: exact for the unpruned path, below 1 when pruning changes the
-model's predictions."""
+"""Fidelity: KL divergence and same-top-1 against ``full`` along its greedy continuation,
+teacher-forced through generate_step, beside the 8/4-bit weight-rounding yardsticks."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
+import pytest
+from mlx.utils import tree_flatten
 
 from mlx_lazy import PruningConfig
-from mlx_lazy.bench import fidelity
+from mlx_lazy.bench import fidelity, yardstick
 from mlx_lazy.bench.speed import build_prompt
+
+LAZY = PruningConfig("lazy", prune_layers=(1,), keep=(0.3,))
 
 
 def test_agreement_is_exact_for_full_and_drops_under_heavy_pruning(tiny_model):
@@ -29,3 +40,139 @@ def test_references_and_summary(tiny_model):
     assert (summary["steps"], summary["agree"]) == (10, sum(hits))
     assert summary["rate"] == sum(hits) / 10 and summary["ci"][0] <= summary["rate"]
     assert fidelity.agreement_summary(model, PruningConfig("full"), refs)["rate"] == 1.0
+
+
+def test_forcing_sampler_forces_the_reference_tokens(tiny_model):
+    model, tokenizer = tiny_model("llama")
+    prompt = build_prompt(tokenizer, 120)
+    greedy = fidelity.greedy_tokens(model, prompt, 6)
+    forced = [(t * 7 + 11) % 300 for t in greedy]  # not what the model would pick
+    assert forced != greedy
+    run = fidelity.continuation(model, prompt, 6, LAZY, forced=forced)
+    assert run.tokens == forced and run.logprobs.shape == (6, model.args.vocab_size)
+
+
+def test_kl_divergence_matches_its_definition():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 3, 50))
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    want = (np.exp(logp[0]) * (logp[0] - logp[1])).sum(-1)
+    got = fidelity.kl_divergence(mx.array(logp[0], mx.float32), mx.array(logp[1], mx.float32))
+    # float32 sums of 50 terms of magnitude ~1: a few ulps relative to the largest value
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)) and np.all(want > 0)
+
+
+def test_kld_of_the_model_against_itself_is_zero_and_against_a_perturbed_copy_positive(tiny_model):
+    model, tokenizer = tiny_model("llama")
+    prompt = build_prompt(tokenizer, 120)
+    ref = fidelity.continuation(model, prompt, 6)
+    again = fidelity.continuation(model, prompt, 6, PruningConfig("full"), forced=ref.tokens)
+    same = fidelity.compare(ref, again)
+    assert same["kld"] == [0.0] * 6 and same["top1"] == [True] * 6 and same["prefill_work"] == 1
+    perturbed = yardstick.round_weights(model, 4)
+    drift = fidelity.compare(ref, fidelity.continuation(perturbed, prompt, 6, forced=ref.tokens))
+    assert min(drift["kld"]) > 0 and drift["prefill_work"] == 1
+    pruned = fidelity.compare(ref, fidelity.continuation(model, prompt, 6, LAZY, forced=ref.tokens))
+    # cut after layer 1 of 4 keeping 30%: 2 full layers + 2 at 30% (+ the kept last token)
+    assert 0.6 < pruned["prefill_work"] < 0.7 and min(pruned["kld"]) > 0
+
+
+def test_yardstick_weights_within_a_quantization_step(tiny_model):
+    model, _ = tiny_model("qwen2")  # tied embeddings: the embedding is the LM head too
+    before = dict(tree_flatten(model.parameters()))
+    quantized = {name for name, m in model.named_modules() if yardstick.quantizable(m)}
+    assert "model.embed_tokens" in quantized and "model.layers.0.mlp.down_proj" in quantized
+    for bits in yardstick.BITS:
+        rounded = dict(tree_flatten(yardstick.round_weights(model, bits).parameters()))
+        for name, w in before.items():
+            r = rounded[name]
+            assert r.dtype == w.dtype
+            if name.removesuffix(".weight") not in quantized:
+                assert mx.array_equal(r, w), name  # norms and biases untouched
+                continue
+            g = np.array(w).reshape(*w.shape[:-1], -1, yardstick.GROUP_SIZE)
+            err = np.abs(np.array(r).reshape(g.shape) - g)
+            _, scales, biases = mx.quantize(w, group_size=yardstick.GROUP_SIZE, bits=bits)
+            s, b = np.array(scales)[..., None], np.array(biases)[..., None]
+            codes = (g - b) / s  # a code in [0, 2^bits - 1] lies on the grid
+            on_grid = (codes > -0.5) & (codes < 2**bits - 0.5)
+            # float32 rounding of the weights' magnitude: relative slack of 1e-5
+            slack = 1e-5 * np.abs(g).max(axis=-1, keepdims=True)
+            assert np.all((err <= np.abs(s) / 2 + slack) | ~on_grid), (name, bits)
+            # mlx keeps zero exact, so a group's far end may be clipped: at most one step of
+            # the group's range (max - min) / (2^bits - 1)
+            step = (g.max(axis=-1, keepdims=True) - g.min(axis=-1, keepdims=True)) / (2**bits - 1)
+            assert np.all(err <= step + slack), (name, bits)
+            assert np.mean(err > 0) > 0.5, (name, bits)  # the weights were really rounded
+    assert all(mx.array_equal(v, before[k]) for k, v in tree_flatten(model.parameters()))
+
+
+def test_yardstick_rounds_switch_layers(tiny_model):
+    model, _ = tiny_model("qwen3_moe")
+    experts = [m for _, m in model.named_modules() if yardstick.quantizable(m)
+               and m.weight.ndim == 3]
+    assert experts  # the MoE experts' stacked weights are quantizable too
+    rounded = yardstick.round_weights(model, 4)
+    name, module = next((n, m) for n, m in rounded.named_modules() if n.endswith("switch_mlp.up_proj"))
+    original = dict(model.named_modules())[name]
+    assert not mx.array_equal(module.weight, original.weight)
+    assert not yardstick.quantizable(nn.Linear(48, 8))  # 48 is not a multiple of 64
+
+
+def test_row_summary_intervals_are_a_bootstrap_over_windows():
+    windows = [{"kld": [0.0] * 32, "top1": [True] * 32, "prefill_work": 0.5},
+               {"kld": [1.0] * 32, "top1": [False] * 32, "prefill_work": 1.0}]
+    s = fidelity.row_summary(windows)
+    assert (s["kld_mean"], s["same_top1"], s["prefill_work"], s["steps"]) == (0.5, 0.5, 0.75, 64)
+    # two windows: resampled means are 0, 0.5 or 1; over 64 independent steps the interval
+    # would be about ±0.12
+    assert s["kld_mean_ci"] == (0.0, 1.0) and s["same_top1_ci"] == (0.0, 1.0)
+    ramp = [{"kld": list(np.linspace(0, 1, 100)), "top1": [True] * 100, "prefill_work": 1.0}]
+    assert fidelity.row_summary(ramp)["kld_p99"] == pytest.approx(0.99, rel=1e-9)  # exact up to float
+
+
+def test_text_windows(tiny_model):
+    _, tokenizer = tiny_model("llama")
+    files = fidelity.code_files()
+    assert files == sorted(files) and all(p.suffix == ".py" for p in files)
+    windows, meta = fidelity.text_windows(tokenizer, files, 4, 100)
+    assert [len(w) for w in windows] == [100] * 4 and meta["disjoint"]
+    ids = [t for f in meta["files"] for t in fidelity.encode_file(tokenizer, Path(f["path"]))]
+    assert all(w == ids[s:s + 100] for w, s in zip(windows, meta["starts"]))
+    assert meta["starts"][1] >= 100 and meta["total_tokens"] == len(ids)
+    with pytest.raises(fidelity.UserInputError, match="fewer than one window"):
+        fidelity.text_windows(tokenizer, files[:1], 2, 10**7)
+
+
+def test_run_writes_tables_with_the_yardstick_rows(tiny_model, tmp_path):
+    model, tokenizer = tiny_model("llama")
+    methods = fidelity.resolve_methods(["lazy:layers=1:keep=0.3"], len(model.layers))
+    result = fidelity.run(model, tokenizer, methods, 2, 48, 3, out=tmp_path)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert set(saved["summary"]) == {"prose", "code", "all"}
+    for kind, rows in saved["summary"].items():
+        assert set(rows) == {"full", "lazy:layers=1:keep=0.3", "q8", "q4"}, kind
+        assert rows["full"]["kld_mean"] == 0 and rows["full"]["same_top1"] == 1
+        assert rows["q4"]["kld_mean"] > 0
+    assert saved["summary"]["all"]["q4"]["windows"] == 4
+    table = (tmp_path / "table.md").read_text()
+    assert table == fidelity.render(result) + "\n"
+    for kind in ("prose", "code", "all"):
+        section = table.split(f"**{kind}**")[1].split("**")[0]
+        assert "weights through 8-bit (group 64)" in section
+        assert "weights through 4-bit (group 64)" in section
+
+
+def test_cli_bad_input_is_one_error_line(tiny_model_path, tmp_path, capsys):
+    model = ["--model", str(tiny_model_path)]
+    for args, names in ((["--windows", "0"], "--windows"), (["--steps", "0"], "--steps"),
+                        ([*model, "--methods", "bogus"], "unknown method 'bogus'"),
+                        ([*model, "--methods", "mlx-lm"], "mlx-lm is not a method"),
+                        ([*model, "--methods", "lazy:layers=9"], "pruning layers must lie")):
+        assert fidelity.main([*args, "--out", str(tmp_path / "out")]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and names in err[0], (args, err)
+    proc = subprocess.run([sys.executable, "-m", "mlx_lazy.bench.fidelity", "--windows", "x",
+                           "--out", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("error: ")
