@@ -272,5 +272,20 @@ def test_mlx_lm_outside_the_tested_range_is_refused(tiny_model, monkeypatch):
 
 
 def test_pinned_mlx_lm_range_matches_the_check():
-    lo, hi = (".".join(map(str, v)) for v in MLX_LM_VERSIONS)
-    assert f'"mlx-lm>={lo},<{hi}"' in (REPO / "pyproject.toml").read_text()
+    """pip's requirement (the installed metadata) admits exactly the versions the check does."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    pinned = [r for r in map(Requirement, requires("mlx-lazy")) if r.name == "mlx-lm"]
+    assert len(pinned) == 1
+    (lo_major, lo_minor), (hi_major, hi_minor) = MLX_LM_VERSIONS
+    for version in (f"{lo_major}.{lo_minor - 1}.9", f"{lo_major}.{lo_minor}.0",
+                    f"{lo_major}.{lo_minor}.7", f"{hi_major}.{hi_minor - 1}.5",
+                    f"{hi_major}.{hi_minor}.0", f"{hi_major + 1}.0.0"):
+        try:
+            check_mlx_lm_version(version)
+            accepted = True
+        except UserInputError:
+            accepted = False
+        assert pinned[0].specifier.contains(version) == accepted, version
