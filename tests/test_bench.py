@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from mlx_lazy import PruningConfig
@@ -334,13 +335,29 @@ def test_server_load_and_distributed_tables():
 # ---------------------------------------------------------------------------- end to end
 
 
+def drawn(png, method: str) -> bool:
+    """Whether ``png`` has pixels of ``method``'s (chromatic) plot colour: its hue, whatever
+    the transparency over the white background."""
+    from matplotlib import colors, image
+
+    from mlx_lazy.bench.plots import COLORS
+
+    hsv = colors.rgb_to_hsv(image.imread(png)[..., :3])
+    hue = colors.rgb_to_hsv(colors.to_rgb(COLORS[method]))[0]
+    off = abs(hsv[..., 0] - hue)
+    return bool(((hsv[..., 1] > 0.3) & (np.minimum(off, 1 - off) < 0.01)).sum() > 20)
+
+
 def test_quick_end_to_end(tiny_model_path, tmp_path):
     out = tmp_path / "bench"
     assert main(["--quick", "--model", str(tiny_model_path), "--lengths", "600",
                  "--samples", "1", "--max-tokens", "4", "--out", str(out), "--no-progress",
                  "--agreement", "1", "--agreement-steps", "4"]) == 0
-    for name in ("results.json", "table.md", "pareto.png", "token_usage.png"):
-        assert (out / name).stat().st_size > 0, name
+    assert (out / "table.md").read_text().count("\n| ") > len(harness.DEFAULT_METHODS)
+    # Every pruning method's colour is drawn: the plots show the runs, not an empty frame.
+    pruned = set(harness.DEFAULT_METHODS) - {"mlx-lm", "full"}  # black and grey: no hue
+    assert {m for m in pruned if drawn(out / "pareto.png", m)} == pruned
+    assert drawn(out / "token_usage.png", "lazy") and drawn(out / "token_usage.png", "speed")
     data = json.loads((out / "results.json").read_text())
     runs = data["runs"]
     assert {r["method"] for r in runs} == set(harness.DEFAULT_METHODS)

@@ -26,7 +26,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .common import BASELINE  # noqa: E402
-_COLORS = {
+
+#: Each method family's colour in every plot.
+COLORS = {
     "mlx-lm": "black", "full": "tab:gray", "lazy": "tab:blue", "speed": "tab:orange",
     "lazy+speed": "tab:green", "static": "tab:red", "random": "tab:purple",
 }
@@ -56,7 +58,7 @@ def plot_pareto(result: dict[str, Any], path: Path) -> Path:
             if r["length"] == length and r["ttft_speedup"] is not None:
                 by_family[r["family"]].append(r)
         for family, rs in by_family.items():
-            color = _COLORS.get(family, None)
+            color = COLORS.get(family, None)
             pts = [(r["ttft_speedup"], r["score"]) for r in rs]
             marker = "*" if family == BASELINE else "o"
             ax.scatter(*zip(*pts), color=color, marker=marker, s=80 if marker == "*" else 25,
@@ -103,7 +105,7 @@ def plot_token_usage(result: dict[str, Any], path: Path, max_methods: int = 12) 
         per_layer = [statistics.fmean(col) for col in zip(*usage[name])]
         vals = [statistics.fmean(per_layer[a:b]) for a, b in stages]
         xs = [i + (k - (len(names) - 1) / 2) * width for i in range(len(stages))]
-        color = _COLORS.get(name, plt.cm.tab20(k % 20))  # presets by family colour
+        color = COLORS.get(name, plt.cm.tab20(k % 20))  # presets by family colour
         ax.bar(xs, vals, width, label=name, color=color)
     ax.set_xticks(range(len(stages)), [f"layers {a + 1}–{b}" for a, b in stages])
     ax.set_ylabel("% of prompt tokens computed")
