@@ -5,12 +5,13 @@ Checked from the child process's memory maps (/proc/<pid>/maps), not by timing.
 
 from __future__ import annotations
 
+import ast
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 import pytest
@@ -47,20 +48,30 @@ else:
 """
 
 
+def _runs_as_main(path: Path) -> bool:
+    """Whether the module has a top-level ``if __name__ == "__main__":`` block (parsed, so
+    quotes and spacing do not matter)."""
+    return any(isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+               for node in ast.parse(path.read_text()).body)
+
+
+def _console_scripts() -> list[EntryPoint]:
+    """The installed distribution's console scripts."""
+    return [ep for ep in entry_points(group="console_scripts") if ep.value.startswith("mlx_lazy")]
+
+
 def _entry_points() -> list[tuple[str, str]]:
-    """(kind, target) for every module with a __main__ block, script, and console script."""
+    """(kind, target) for every module with a __main__ block, script, and installed console
+    script."""
     found = []
     for path in sorted((REPO / "mlx_lazy").rglob("*.py")):
-        if 'if __name__ == "__main__"' in path.read_text():
+        if _runs_as_main(path):
             module = ".".join(path.relative_to(REPO).with_suffix("").parts)
             found.append(("module", module.removesuffix(".__main__")))
     for folder in ("convert", "examples"):
         found += [("script", str(p)) for p in sorted((REPO / folder).glob("*.py"))]
-    pyproject = (REPO / "pyproject.toml").read_text()
-    for name in re.findall(r'^"?([\w-]+)"?\s*=\s*"mlx_lazy[\w.]*:\w+"', pyproject, re.M):
-        exe = shutil.which(name)
-        if exe:
-            found.append(("script", exe))
+    found += [("script", exe) for exe in map(shutil.which, (ep.name for ep in _console_scripts()))
+              if exe]
     return found
 
 
@@ -85,10 +96,13 @@ def test_entry_point_loads_openblas(kind, target):
     assert report["before_mlx"] is True, report
 
 
-def test_expected_entry_points_are_covered():
-    names = {t for _, t in ENTRY_POINTS}
-    assert {"mlx_lazy.demo", "mlx_lazy.convert"} <= names
-    assert any(t.endswith("convert.py") for t in names)
+def test_every_installed_console_script_and_main_module_is_covered():
+    scripts = _console_scripts()
+    assert scripts and all(("script", shutil.which(ep.name)) in ENTRY_POINTS for ep in scripts)
+    # Each console script's module, run with -m, is the same tool: it has a __main__ block too
+    # or a sibling that runs it (mlx_lazy.generate for mlx_lazy.cli).
+    modules = {t for k, t in ENTRY_POINTS if k == "module"}
+    assert {ep.module for ep in scripts} - modules <= {"mlx_lazy.cli"}
 
 
 def test_cli_generation_as_a_user_runs_it(tiny_model_path):
