@@ -22,7 +22,7 @@ from .adapter import SUPPORTED_MODEL_TYPES, ModelAdapter
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
 from .prompt_cache import PromptCache, make_prompt_cache
-from .schedule import MODEL_SCHEDULE_FILE, PruningConfig, Schedule, parse_complete
+from .schedule import MODEL_SCHEDULE_FILE, PruningConfig, Schedule, check_fits, parse_complete
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -290,9 +290,12 @@ def _encode(tokenizer: TokenizerWrapper, prompt: Union[str, List[int], mx.array]
 
 def check_prompt(engine: LazyEngine, tokenizer, tokens: List[int], max_tokens: int) -> None:
     """Raise UserInputError when ``engine`` cannot generate ``max_tokens`` tokens after
-    ``tokens`` (:func:`check_tokens`, :func:`check_context`, :func:`check_anchors`)."""
+    ``tokens`` (:func:`check_tokens`, :func:`check_context`,
+    :func:`mlx_lazy.schedule.check_fits`, :func:`check_anchors`)."""
+    context = context_length(engine.adapter.model, tokenizer)
     check_tokens(tokens, engine.adapter.vocab_size)
-    check_context(len(tokens), max_tokens, context_length(engine.adapter.model, tokenizer))
+    check_context(len(tokens), max_tokens, context)
+    check_fits(engine.schedule, context)
     check_anchors(engine.schedule, len(tokens))
 
 

@@ -41,12 +41,12 @@ from mlx_lm.sample_utils import make_sampler
 
 from . import distributed
 from .engine import GenerationStats
-from .api import check_prompt, context_length, load, stream_generate
+from .api import check_prompt, load, stream_generate
 from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
 from .inputs import MiB, read_file, read_stream
 from .schedule import (POLICIES, SCHEDULE_FIELDS, PruningConfig, RandomDrop, canonical_method,
-                       check_fits, compose, parse_complete)
+                       compose, parse_complete)
 from .scorers import HEAD_REDUCTIONS, SCORERS
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
@@ -215,7 +215,7 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     """The pruning options, shared by the tools that build a :class:`PruningConfig`
     (:func:`build_config`); returns their group."""
     g = p.add_argument_group("pruning")
-    g.add_argument("--method", type=method_arg, default="full", metavar="METHOD",
+    g.add_argument("--method", type=method_arg, default=None, metavar="METHOD",
                    help=f"{METHOD_HELP} (default: full: every approximation is opt-in); flags "
                         "below override its preset's fields")
     g.add_argument("--prune-layers", type=_number_list(int, "8,16,24"), default=None, metavar="L1,L2,...",
@@ -251,33 +251,37 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     return g
 
 
+def pruning_given(args: argparse.Namespace) -> bool:
+    """Whether any pruning flag was given (a prompt cache's own config applies otherwise)."""
+    return args.method is not None or args.schedule is not None or any(
+        getattr(args, f) is not None for f in PRUNING_OVERRIDES)
+
+
+#: The pruning flags that override a method's preset fields (``args`` names).
+PRUNING_OVERRIDES = ("prune_layers", "keep", "speed_cutoff", "anchors", "revive", "complete",
+                     "pool", "scorer", "window", "heads")
+
+
 def build_config(args: argparse.Namespace) -> PruningConfig:
-    """The preset of ``args.method`` with the explicitly given pruning flags overriding it."""
+    """The preset of ``args.method`` (``full`` when not given) with the explicitly given
+    pruning flags overriding it."""
+    method = args.method or BASELINE
     overrides = {
         name: value
         for name, value in (
-            ("prune_layers", args.prune_layers),
-            ("keep", args.keep),
-            ("speed_cutoff", args.speed_cutoff),
-            ("anchors", args.anchors),
-            ("revive", args.revive),
-            ("complete", args.complete),
-            ("pool", args.pool),
-            ("scorer", args.scorer),
-            ("window", args.window),
-            ("heads", args.heads),
+            *((f, getattr(args, f)) for f in PRUNING_OVERRIDES),
             ("seed", getattr(args, "seed", None)
-             if RandomDrop in compose(args.method).values() else None),
+             if RandomDrop in compose(method).values() else None),
         )
         if value is not None
     }
     if args.schedule is None:
-        return PruningConfig.preset(args.method, **overrides)
+        return PruningConfig.preset(method, **overrides)
     fixed = sorted(set(overrides) & set(SCHEDULE_FIELDS))
-    if fixed or args.method not in (BASELINE, "lazy"):
+    if fixed or method not in (BASELINE, "lazy"):
         raise UserInputError("--schedule sets the method, cuts and scorer; drop " + (
             ", ".join("--" + f.replace("prune_layers", "prune-layers") for f in fixed)
-            if fixed else f"--method {args.method}"))
+            if fixed else f"--method {method}"))
     return replace(PruningConfig.from_file(args.schedule), **overrides)
 
 
@@ -534,7 +538,7 @@ def _run(args: argparse.Namespace, group=None) -> None:
             {name: getattr(args, name) for name in GENERATION_OPTIONS})
         if args.max_tokens < 1:
             raise UserInputError("--max-tokens must be at least 1")
-        if args.anchors is not None and args.method == BASELINE:
+        if args.anchors is not None and (args.method or BASELINE) == BASELINE:
             raise UserInputError(f"--anchors applies to pruning methods; --method {BASELINE} "
                                  f"prunes nothing")
         config = build_config(args)
@@ -558,14 +562,14 @@ def _run(args: argparse.Namespace, group=None) -> None:
             cache = make_prompt_cache(model, config)
         else:
             cache = load_prompt_cache(args.prompt_cache_file, model)
-            cache.check(model, config)
+            if pruning_given(args):  # else the cache's own config
+                cache.check(model, config)
         tokens = encode_prompt(tokenizer, text, system_prompt, args.ignore_chat_template,
                                "whole" if args.prompt_cache_file is None else "suffix")
         same["prompt tokens"] = distributed.digest(str(cache.tokens + tokens).encode())
         same["pruning schedules"] = distributed.digest_of(cache.schedule.as_dict())
         # Checked here too so that nothing (no baseline run) starts before the error.
         check_prompt(cache.engine, tokenizer, cache.tokens + tokens, args.max_tokens)
-        check_fits(cache.schedule, context_length(model, tokenizer))
 
     show_progress = bool(args.verbose) and sys.stderr.isatty() and distributed.is_rank0(group)
     caches = [make_prompt_cache(model, BASELINE), cache] if args.compare else [cache]

@@ -29,7 +29,7 @@ ProgressFn = Callable[[int, int], None]
 
 @dataclass
 class GenerationStats:
-    """Counts and timings of one generation (see the README for each field)."""
+    """Counts and timings of one generation (docs/api.md describes each field)."""
 
     method: str = "full"
     schedule: dict = field(default_factory=dict)

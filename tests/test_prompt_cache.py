@@ -314,9 +314,14 @@ def test_cache_prompt_then_generate_with_the_cache_file(tiny_model_path, tmp_pat
                                                    prompt_cache=cache))
     assert used.stdout.decode() == text + "\n"
 
+    # No pruning flag: the cache's own config runs (same text).
+    plain = run_tool("mlx_lazy.generate", "--model", str(tiny_model_path), "-p", question,
+                     "-m", "5", "--ignore-chat-template", "--verbose", "False",
+                     "--prompt-cache-file", str(cache_file))
+    assert plain.returncode == 0 and plain.stdout == used.stdout, plain.stderr.decode()
     # Another config than the cache's, a truncated file: one error line, status 2.
     other = run_tool("mlx_lazy.generate", "--model", str(tiny_model_path), "-p", question,
-                     "--prompt-cache-file", str(cache_file))
+                     "--method", "full", "--prompt-cache-file", str(cache_file))
     assert other.returncode == 2 and other.stderr.decode().startswith("error: ")
     assert "another pruning config" in other.stderr.decode()
     cache_file.write_bytes(cache_file.read_bytes()[:100])
