@@ -146,7 +146,7 @@ def test_text_windows(tiny_model):
 
 def test_run_writes_tables_with_the_yardstick_rows(tiny_model, tmp_path):
     model, tokenizer = tiny_model("llama")
-    methods = fidelity.resolve_methods(["lazy:layers=1:keep=0.3"], len(model.layers))
+    methods = fidelity.resolve_methods(["lazy:layers=1:keep=0.3"], model)
     result = fidelity.run(model, tokenizer, methods, 2, 48, 3, out=tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert set(saved["summary"]) == {"prose", "code", "all"}
@@ -172,6 +172,7 @@ def test_cli_bad_input_is_one_error_line(tiny_model_path, tmp_path, capsys):
         assert fidelity.main([*args, "--out", str(tmp_path / "out")]) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and names in err[0], (args, err)
+        assert not (tmp_path / "out" / "results.json").exists()  # refused before measuring
     proc = subprocess.run([sys.executable, "-m", "mlx_lazy.bench.fidelity", "--windows", "x",
                            "--out", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1

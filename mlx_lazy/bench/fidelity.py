@@ -295,11 +295,12 @@ def check_options(windows: int, length: int, steps: int) -> None:
             raise UserInputError(f"{name} must be at least {least}, got {value}")
 
 
-def resolve_methods(specs: Sequence[str], num_layers: int) -> dict[str, PruningConfig]:
-    """The methods to compare (``full`` first, always) as name -> config.
+def resolve_methods(specs: Sequence[str], model: Any) -> dict[str, PruningConfig]:
+    """The methods to compare on ``model`` (``full`` first, always) as name -> config.
 
     Raises:
-        UserInputError: an unknown or malformed method, or mlx-lm (not our engine).
+        UserInputError: an unknown or malformed method, one the model cannot run, or mlx-lm
+            (not our engine).
     """
     out: dict[str, PruningConfig] = {FULL: PruningConfig(FULL)}
     for spec in specs:
@@ -307,10 +308,10 @@ def resolve_methods(specs: Sequence[str], num_layers: int) -> dict[str, PruningC
             raise UserInputError("mlx-lm is not a method here: fidelity compares our engine's "
                                  "methods with `full`, our unpruned path")
         try:
-            config = parse_method(spec, num_layers).config
-            config.resolve(num_layers)
+            config = parse_method(spec, len(model.layers)).config
         except ValueError as e:
             raise UserInputError(str(e)) from None
+        make_prompt_cache(model, config)  # checks it against the model: fails now, not later
         out.setdefault(spec, config)
     return out
 
@@ -323,8 +324,6 @@ def run(model: Any, tokenizer: Any, methods: dict[str, PruningConfig], windows: 
     write ``results.json`` and ``table.md`` into ``out`` after every window (a run cut short
     keeps what it measured) and return the result."""
     check_options(windows, length, steps)
-    for config in methods.values():  # a bad config fails here, not after hours
-        make_prompt_cache(model, config)
     rounded = {yardstick_row(b): yardstick.round_weights(model, b) for b in yardstick.BITS}
     texts = {kind: text_windows(tokenizer, kind_files(kind), windows, length) for kind in KINDS}
     rows = [*methods, *rounded]
@@ -346,7 +345,6 @@ def run(model: Any, tokenizer: Any, methods: dict[str, PruningConfig], windows: 
                 forced = reference if row == FULL else continuation(
                     model_, prompt, steps, config, forced=reference.tokens)
                 records[row][kind].append(compare(reference, forced))
-            del reference
         result["summary"] = summarize(records)
         result["loadavg_1min"].append(loadavg())  # after each window: the noise of the machine
         if out is not None:
@@ -387,7 +385,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except OSError as e:
             raise UserInputError(f"cannot create --out {args.out}: {e.strerror or e}") from None
         model, tokenizer = load(args.model)
-        methods = resolve_methods(parse_methods(args.methods), len(model.layers))
+        methods = resolve_methods(parse_methods(args.methods), model)
         result = run(model, tokenizer, methods, args.windows, args.length, args.steps, args.out,
                      machine_info(model, "mlx_lazy.bench.fidelity", argv),
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
