@@ -163,7 +163,7 @@ def test_run_writes_tables_with_the_yardstick_rows(tiny_model, tmp_path):
         assert "weights through 4-bit (group 64)" in section
 
 
-def test_cli_bad_input_is_one_error_line(tiny_model_path, tmp_path, capsys):
+def test_cli_bad_input_is_one_error_line(tiny_model, tiny_model_path, tmp_path, capsys):
     model = ["--model", str(tiny_model_path)]
     for args, names in ((["--windows", "0"], "--windows"), (["--steps", "0"], "--steps"),
                         ([*model, "--methods", "bogus"], "unknown method 'bogus'"),
@@ -172,7 +172,9 @@ def test_cli_bad_input_is_one_error_line(tiny_model_path, tmp_path, capsys):
         assert fidelity.main([*args, "--out", str(tmp_path / "out")]) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and names in err[0], (args, err)
-        assert not (tmp_path / "out" / "results.json").exists()  # refused before measuring
+    model_, _ = tiny_model("llama")
+    with pytest.raises(fidelity.UserInputError, match="pruning layers"):  # before measuring
+        fidelity.resolve_methods(["lazy:layers=9"], model_)
     proc = subprocess.run([sys.executable, "-m", "mlx_lazy.bench.fidelity", "--windows", "x",
                            "--out", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
