@@ -1,7 +1,7 @@
 """Fidelity a user can read: KL divergence and same-top-1 against the unpruned path, beside
 the drift of 8- and 4-bit weights.
 
-``python -m mlx_lazy.bench.fidelity --out DIR [--model M] [--methods 'lazy;lazy:layers=14:keep=0.2']``
+``python -m mlx_lazy.bench.fidelity --out DIR [--model M] [--methods 'lazy;lazy:layers=14']``
 
 On fixed-length windows of two kinds of held-out text (prose: licence texts; code: mlx-lm's
 own modules), ``full`` generates its greedy continuation; every other row (each method, and
