@@ -25,6 +25,7 @@ def test_agreement_is_exact_for_full_and_drops_under_heavy_pruning(tiny_model):
     assert len(prompt) == 200 and prompt != build_prompt(tokenizer, 200, offset=37)
     ref = fidelity.greedy_tokens(model, prompt, 8)
     assert fidelity.agreement(model, PruningConfig("full"), prompt, ref) == [True] * 8
+    assert fidelity.agreement(model, PruningConfig("full"), prompt, []) == []
     dropped = fidelity.agreement(model, PruningConfig("random", keep=(0.05,)), prompt, ref)
     assert len(dropped) == 8 and np.mean(dropped) < 1
 

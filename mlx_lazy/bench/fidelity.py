@@ -34,6 +34,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .. import GenerationStats, PruningConfig, generate_step, make_prompt_cache  # noqa: E402
+from ..api import Sampler  # noqa: E402
 from ..cli import OneLineParser  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..folders import write_text_atomic  # noqa: E402
@@ -72,7 +73,7 @@ class Continuation:
     stats: GenerationStats
 
 
-def forcing_sampler(tokens: Sequence[int]) -> Callable[[mx.array], mx.array]:
+def forcing_sampler(tokens: Sequence[int]) -> Sampler:
     """A sampler returning ``tokens`` one by one, whatever log probabilities it gets
     (``generate_step`` asks once more after the last token: it gets the last again)."""
     it: Iterator[int] = iter(tokens)
@@ -87,7 +88,7 @@ def forcing_sampler(tokens: Sequence[int]) -> Callable[[mx.array], mx.array]:
 def continuation(model: Any, prompt: Sequence[int], steps: int,
                  config: Optional[PruningConfig] = None,
                  forced: Optional[Sequence[int]] = None) -> Continuation:
-    """Run ``config`` (None: ``full``) on ``prompt`` for ``steps`` tokens: greedy, or
+    """Run ``config`` (None: ``full``) on ``prompt`` for ``steps`` (≥ 1) tokens: greedy, or
     teacher-forced along ``forced``."""
     cache = make_prompt_cache(model, config)
     sampler = None if forced is None else forcing_sampler(forced[:steps])
@@ -109,6 +110,8 @@ def agreement(model: Any, config: PruningConfig, prompt: Sequence[int],
               reference: Sequence[int]) -> list[bool]:
     """Per step: does ``config``'s argmax equal ``reference`` (the unpruned continuation)
     when fed the reference tokens?"""
+    if not reference:
+        return []
     run = continuation(model, prompt, len(reference), config, forced=reference)
     return [bool(a == t) for a, t in zip(mx.argmax(run.logprobs, axis=-1).tolist(), reference)]
 
