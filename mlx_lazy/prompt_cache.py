@@ -157,13 +157,15 @@ def check_same_schedule(have: Schedule, want: Schedule, what: str) -> None:
 
 
 def make_prompt_cache(model: nn.Module,
-                      config: Union[PruningConfig, str, None] = None) -> PromptCache:
-    """An empty prompt cache for ``model`` and pruning ``config`` (None: ``"full"``).
+                      config: Union[PruningConfig, str, Schedule, None] = None) -> PromptCache:
+    """An empty prompt cache for ``model`` and pruning ``config`` (None: ``"full"``; a
+    :class:`Schedule` is taken as already resolved for this model).
 
     Raises:
         UserInputError: an invalid config.
     """
-    return PromptCache(LazyEngine(model, resolve_config(model, config)))
+    schedule = config if isinstance(config, Schedule) else resolve_config(model, config)
+    return PromptCache(LazyEngine(model, schedule))
 
 
 def can_trim_prompt_cache(cache: PromptCache) -> bool:
@@ -300,11 +302,13 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
 class PromptCacheStore:
     """Prompt caches kept between requests, as mlx-lm's server keeps its LRU of prefix caches.
 
-    :meth:`checkout` finds, among the caches made for the same schedule, the one sharing the
-    longest prefix with a request's tokens, and hands it out exclusively: a cache whose tokens
-    the request wholly extends leaves the store until :meth:`checkin`; one that would have to
-    be trimmed stays, and the request gets a trimmed copy. So no cache is ever used by two
-    generations at once, and caches of other pruning configs never mix.
+    :meth:`checkout` finds, among the caches made for the same model and schedule, the one
+    sharing the longest prefix with a request's tokens and hands out a copy trimmed to that
+    prefix: copies share their buffers until one of them writes (MLX copies a buffer on the
+    first write while another array holds it), so a copy costs little, no stored cache is
+    ever used by two generations at once, and a request that fails or is cancelled leaves
+    the stored cache as it was. :meth:`checkin` keeps a request's cache, replacing the
+    stored caches it extends. Caches of other pruning configs never mix.
 
     Args:
         max_entries: the most caches kept.
@@ -325,8 +329,9 @@ class PromptCacheStore:
         return sum(c.nbytes for c in self._entries)
 
     def checkout(self, model: nn.Module, schedule: Schedule, tokens: List[int]) -> PromptCache:
-        """A cache for ``tokens``, trimmed to the prefix it shares with them (an empty one when
-        no stored cache shares any); ``len(cache)`` tokens of ``tokens`` need no computing."""
+        """A private cache for ``tokens``: a copy of the stored one sharing the longest prefix
+        with them, trimmed to it (an empty cache when none shares any); ``len(cache)``
+        tokens of ``tokens`` need no computing."""
         best, common = None, 0
         for cache in self._entries:
             if cache.schedule == schedule and cache.model is model:
@@ -334,16 +339,20 @@ class PromptCacheStore:
                 if n > common:
                     best, common = cache, n
         if best is None:
-            return PromptCache(LazyEngine(model, schedule))
-        if common == len(best):
-            self._entries.remove(best)
-        else:
-            best = best.copy()
-            trim_prompt_cache(best, len(best) - common)
-        return best
+            return make_prompt_cache(model, schedule)
+        self._entries.remove(best)  # the most recently used again
+        self._entries.append(best)
+        mine = best.copy()
+        if common < len(mine):
+            trim_prompt_cache(mine, len(mine) - common)
+        return mine
 
     def checkin(self, cache: PromptCache) -> None:
-        """Keep ``cache`` as the most recent, evicting the least recent ones to fit."""
+        """Keep ``cache`` as the most recent, dropping the stored caches it extends and
+        evicting the least recent ones to fit."""
+        self._entries = [c for c in self._entries
+                         if not (c.schedule == cache.schedule and c.model is cache.model
+                                 and cache.tokens[: len(c)] == c.tokens)]
         if self.max_entries < 1 or cache.nbytes > self.max_bytes or not len(cache):
             return
         while self._entries and (len(self._entries) >= self.max_entries
@@ -352,5 +361,5 @@ class PromptCacheStore:
         self._entries.append(cache)
 
     def most_recent(self) -> Optional[PromptCache]:
-        """The cache checked in last, if any."""
+        """The cache used or kept last, if any."""
         return self._entries[-1] if self._entries else None

@@ -55,6 +55,7 @@ from .cli import METHOD_HELP, OneLineParser, method_arg, temperature_arg, top_p_
 from .api import (_encode, check_anchors, check_context, check_tokens, context_length, load,
                   stream_generate)
 from .errors import UserInputError, one_line
+from .prompt_cache import PromptCacheStore, make_prompt_cache, resolve_config
 from .schedule import PruningConfig, compose
 
 log = logging.getLogger("mlx_lazy.server")
@@ -67,6 +68,9 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 # A job with no prefill layer or decode step done for this long is reported stuck. The slowest
 # step here, a layer of an 8K-token prefill on a CPU, takes seconds.
 DEFAULT_STALL_TIMEOUT_S = 300.0
+DEFAULT_PROMPT_CACHE_SIZE = 10  # mlx-lm's server default
+# KV and Aux Cache bytes kept between requests: room on a 16 GB Mac beside a few-GB model.
+DEFAULT_PROMPT_CACHE_BYTES = 2 * 2**30
 SSE_PING_S = 15  # a comment line keeps proxies from closing a stream during a long prefill
 _LOOPBACK_NAMES = ("localhost",)
 
@@ -251,6 +255,7 @@ class Done:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int
     pruning: dict
 
 
@@ -273,7 +278,7 @@ class Job:
     layers_done: int = 0
     generated: int = 0
 
-    def emit(self, item: Union[Delta, Done, "APIError"]) -> None:
+    def emit(self, item: Union[Delta, Done, APIError]) -> None:
         """Hand ``item`` to the request's event loop (thread-safe)."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
@@ -316,13 +321,19 @@ class Worker:
     """Owns the model on one thread and generates one :class:`Job` at a time, in order.
 
     The model is loaded on that thread too (MLX work stays on the thread that created it,
-    as in mlx-lm's server). The thread is supervised: an exception in a job fails that job
+    as in mlx-lm's server). With a ``store``, each request starts from a copy of the stored
+    prompt cache sharing the longest prefix with it and its cache is kept afterwards; with
+    ``idle_complete``, while no request waits the most recent cache's pruned tokens are
+    carried through their remaining layers (a new request stops that between layers), so the
+    next turn of that conversation needs no revivals. The thread is supervised: an exception in a job fails that job
     and the thread goes on to the next; should the thread itself end, the running and
     waiting jobs fail and later ones are refused (``/health`` says ``"dead"``).
     """
 
-    def __init__(self, model_path: Optional[str], max_queue: int) -> None:
+    def __init__(self, model_path: Optional[str], max_queue: int,
+                 store: Optional[PromptCacheStore] = None, idle_complete: bool = False) -> None:
         self.model_path, self.max_queue = model_path, max_queue
+        self.store, self.idle_complete = store, idle_complete
         self.model = self.tokenizer = None
         self.num_layers = 0
         self.vocab_size = 0
@@ -389,8 +400,10 @@ class Worker:
             "generated_tokens": job.generated, "method": job.config.method,
             "seconds_since_progress": round(time.monotonic() - self.last_progress, 3),
         }
+        cached = None if self.store is None else {"entries": len(self.store),
+                                                  "bytes": self.store.nbytes}
         return {"queued": self.waiting, "generating": running, "completed": self.completed,
-                "cancelled": self.cancelled, "failed": self.failed}
+                "cancelled": self.cancelled, "failed": self.failed, "prompt_cache": cached}
 
     def _run(self) -> None:
         try:
@@ -406,6 +419,8 @@ class Worker:
         try:
             while True:
                 self._supervise(self._jobs.get())
+                if self.idle_complete and self.store is not None and self._jobs.empty():
+                    self._complete_recent()
         except BaseException:  # SystemExit, KeyboardInterrupt or a bug here: fail what is left
             log.critical("the generation worker stopped:\n%s", traceback.format_exc())
             with self._lock:
@@ -440,6 +455,15 @@ class Worker:
             # a moving average of request durations, for Retry-After
             self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * took if self.mean_seconds else took
 
+    def _complete_recent(self) -> None:
+        """Complete the most recent stored cache until a request arrives."""
+        cache = self.store.most_recent()
+        if cache is not None:
+            try:
+                cache.engine.complete(should_stop=lambda: not self._jobs.empty())
+            except Exception:  # a bug here must not stop the worker: log it, drop nothing
+                log.error("completing a cached prompt failed:\n%s", traceback.format_exc())
+
     def _generate(self, job: Job) -> bool:
         """Run ``job``; True when it ran to its end, False when it was cancelled."""
         if job.cancel.is_set():
@@ -456,10 +480,15 @@ class Worker:
         job.phase = "prefill"
         stop = StopText(job.stop)
         resp, finish = None, None
+        schedule = resolve_config(self.model, job.config)
+        if self.store is None:
+            cache = make_prompt_cache(self.model, schedule)
+        else:  # a private copy: a failed or cancelled request leaves the stored one intact
+            cache = self.store.checkout(self.model, schedule, job.tokens)
         try:
             with closing(stream_generate(
-                self.model, self.tokenizer, job.tokens, max_tokens=job.max_tokens,
-                sampler=make_sampler(job.temperature, job.top_p), config=job.config,
+                self.model, self.tokenizer, job.tokens[len(cache):], max_tokens=job.max_tokens,
+                sampler=make_sampler(job.temperature, job.top_p), prompt_cache=cache,
                 prompt_progress_callback=progress,
             )) as responses:
                 for resp in responses:
@@ -478,11 +507,15 @@ class Worker:
         tail = stop.flush()  # empty after a stop string; after EOS, the held-back text
         if tail:
             job.emit(Delta(tail))
+        if self.store is not None:
+            self.store.checkin(cache)
         s = resp.stats
-        job.emit(Done(finish, resp.prompt_tokens, resp.generation_tokens, {
+        job.emit(Done(finish, s.prompt_tokens, resp.generation_tokens, s.cached_tokens, {
             "method": s.method, "ttft_s": s.ttft_s, "schedule_source": s.schedule["source"],
             "prompt_tokens_computed_pct": s.prompt_tokens_computed_pct,
-            "kv_bytes": s.kv_bytes, "revivals": s.revivals,
+            "kv_bytes": s.kv_bytes, "aux_bytes": s.aux_bytes, "revivals": s.revivals,
+            "completed_token_layers": s.completed_token_layers,
+            "prefill_token_layers": sum(s.prefill_tokens_per_layer),
         }))
         return True
 
@@ -552,6 +585,9 @@ class ServerSettings:
     api_key: Optional[str] = None
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
+    prompt_cache_size: int = DEFAULT_PROMPT_CACHE_SIZE
+    prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
+    idle_complete: bool = True
 
 
 def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
@@ -642,6 +678,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
     def usage(done: Done) -> dict:
         return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
                 "total_tokens": done.prompt_tokens + done.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
                 "pruning": done.pruning}
 
     async def respond(body: _Body, tokens: List[int], request: Request, chat: bool,
@@ -784,6 +821,15 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="SECONDS",
                    help="/health answers 503 'stuck' when a generation has made no progress "
                         f"(a prefill layer, a token) for this long (default {DEFAULT_STALL_TIMEOUT_S:g})")
+    p.add_argument("--prompt-cache-size", type=int, default=DEFAULT_PROMPT_CACHE_SIZE,
+                   metavar="N", help="prompt caches kept between requests, as mlx-lm's server "
+                                     f"(0: none; default {DEFAULT_PROMPT_CACHE_SIZE})")
+    p.add_argument("--prompt-cache-bytes", type=int, default=DEFAULT_PROMPT_CACHE_BYTES,
+                   metavar="BYTES", help="most bytes of KV and Aux Cache those caches hold "
+                                         f"(default {DEFAULT_PROMPT_CACHE_BYTES})")
+    p.add_argument("--no-idle-complete", dest="idle_complete", action="store_false",
+                   help="do not carry the last conversation's pruned tokens through their "
+                        "remaining layers while the server is idle")
     p.add_argument("--api-key", default=os.environ.get("MLX_LAZY_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $MLX_LAZY_API_KEY; "
                         "none: no authentication)")
@@ -808,7 +854,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     Raises:
         UserInputError: a bad flag value or schedule file.
     """
-    least = {"max_tokens": 1, "max_queue": 0, "max_body_bytes": 1, "max_prompt_tokens": 1}
+    least = {"max_tokens": 1, "max_queue": 0, "max_body_bytes": 1, "max_prompt_tokens": 1,
+             "prompt_cache_size": 0, "prompt_cache_bytes": 0}
     for name, low in least.items():
         value = getattr(args, name)
         if value is not None and value < low:
@@ -830,7 +877,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         model=args.model, config=config, max_tokens=args.max_tokens,
         temperature=args.temp, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens,
         max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, api_key=args.api_key,
-        body_timeout_s=args.body_timeout, stall_timeout_s=args.stall_timeout)
+        body_timeout_s=args.body_timeout, stall_timeout_s=args.stall_timeout,
+        prompt_cache_size=args.prompt_cache_size, prompt_cache_bytes=args.prompt_cache_bytes,
+        idle_complete=args.idle_complete)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -863,7 +912,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         settings = settings_from_args(args)
         sock = listen_socket(args.host, args.port)  # before the (slow) model load
-        worker = Worker(settings.model, settings.max_queue)
+        store = (PromptCacheStore(settings.prompt_cache_size, settings.prompt_cache_bytes)
+                 if settings.prompt_cache_size else None)
+        worker = Worker(settings.model, settings.max_queue, store, settings.idle_complete)
         worker.wait_ready()
         limit, context = settings.max_prompt_tokens, worker.context
         if limit is not None and context is not None and limit >= context:

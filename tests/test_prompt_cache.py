@@ -19,16 +19,12 @@ from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, can_trim_prompt
                       generate_step, load_prompt_cache, make_prompt_cache, resolve_config,
                       save_prompt_cache, stream_generate, trim_prompt_cache)
 from mlx_lazy import scorers
+from numerics import rel_err
 
 REPO = Path(__file__).resolve().parents[1]
 # Two float32 paths over the same tokens that differ only in how the work is chunked (and so
 # in summation order) agree to ~1e-6 of the logits' scale; 1e-4 leaves room for any BLAS.
 REL_TOL = 1e-4
-
-
-def rel_diff(a: mx.array, b: mx.array) -> float:
-    """max |a - b| over max |b|: logits differences relative to their scale."""
-    return (mx.abs(a - b).max() / mx.abs(b).max()).item()
 
 
 def ids(n: int, vocab: int, seed: int) -> list[int]:
@@ -45,7 +41,7 @@ def test_full_extend_equals_one_prefill(tiny_model, kind):
     whole = make_prompt_cache(model).process(a + b)
     cache = make_prompt_cache(model)
     cache.process(a)
-    assert rel_diff(cache.process(b), whole) < REL_TOL
+    assert rel_err(cache.process(b), whole) < REL_TOL
     assert cache.tokens == a + b and cache.engine.stats.max_computations_per_token_layer == 1
 
 
@@ -66,8 +62,8 @@ def test_full_with_a_cache_matches_mlx_lm_with_its_cache_over_three_turns(tiny_m
                                         prompt_cache=theirs, max_tokens=6))
         fresh = list(generate_step(conversation, model, max_tokens=6))
         assert [t for t, _ in mine] == [t for t, _ in ref] == [t for t, _ in fresh]
-        assert rel_diff(mine[0][1], ref[0][1]) < REL_TOL
-        assert rel_diff(mine[0][1], fresh[0][1]) < REL_TOL
+        assert rel_err(mine[0][1], ref[0][1]) < REL_TOL
+        assert rel_err(mine[0][1], fresh[0][1]) < REL_TOL
         conversation += [t for t, _ in mine]
     assert ours.tokens == conversation[:len(ours)] and len(ours) == theirs[0].offset
 
@@ -140,7 +136,7 @@ def test_trim_then_extend_equals_a_fresh_run_on_the_shorter_prefix(tiny_model):
     assert trim_prompt_cache(cache, len(b)) == len(b)
     assert len(cache) == len(a) and all(kv.size == len(a) for kv in cache.engine.cache.layers)
     fresh = make_prompt_cache(model).process(a + c)
-    assert rel_diff(cache.process(c), fresh) < REL_TOL
+    assert rel_err(cache.process(c), fresh) < REL_TOL
 
 
 def test_trim_keeps_revived_tokens_compacted(tiny_model):
@@ -248,8 +244,8 @@ def test_complete_carries_every_waiting_token_to_the_top_once(tiny_model):
     ref = mlx_lm_make_prompt_cache(model)
     model(mx.array(prompt)[None], cache=ref)
     keys, values = engine.cache.layers[2].fetch(waiting)
-    assert rel_diff(keys, ref[2].keys[:, :, waiting.tolist()]) < REL_TOL
-    assert rel_diff(values, ref[2].values[:, :, waiting.tolist()]) < REL_TOL
+    assert rel_err(keys, ref[2].keys[:, :, waiting.tolist()]) < REL_TOL
+    assert rel_err(values, ref[2].values[:, :, waiting.tolist()]) < REL_TOL
 
 
 def test_complete_with_a_budget_goes_lowest_layer_first_and_resumes(tiny_model):
@@ -273,8 +269,8 @@ def test_nothing_pruned_completion_is_a_no_op_and_full_is_matched(tiny_model):
     full = LazyEngine(model, resolve_config(model, "full"))
     a, b = kept_all.prefill(prompt), full.prefill(prompt)
     assert kept_all.complete() == 0
-    assert rel_diff(a, b) < REL_TOL
-    assert rel_diff(kept_all.decode(5), full.decode(5)) < REL_TOL
+    assert rel_err(a, b) < REL_TOL
+    assert rel_err(kept_all.decode(5), full.decode(5)) < REL_TOL
 
 
 # --------------------------------------------------------------------------------- CLI
@@ -378,7 +374,7 @@ def test_complete_flag_is_checked(tiny_model, tiny_model_path):
 # --------------------------------------------------------------------------------- store
 
 
-def test_store_hands_out_each_cache_exclusively_and_never_mixes_configs(tiny_model):
+def test_store_hands_out_private_copies_and_never_mixes_configs(tiny_model):
     from mlx_lazy.prompt_cache import PromptCacheStore
 
     model, _ = tiny_model("llama")
@@ -391,19 +387,26 @@ def test_store_hands_out_each_cache_exclusively_and_never_mixes_configs(tiny_mod
     assert len(first) == 0
     first.process(doc + q1)
     store.checkin(first)
-    # A request extending the cache takes it out of the store: nobody else can use it now.
-    taken = store.checkout(model, lazy, doc + q1 + q2)
-    assert taken is first and len(store) == 0
-    store.checkin(taken)
+    stored_logits = store.checkout(model, lazy, doc + q1 + q2).process(q2)
+    # Two requests on the same prefix get independent copies: what one does (even a longer
+    # extension) changes neither the other's answer nor the stored cache.
+    a = store.checkout(model, lazy, doc + q1 + q2)
+    b = store.checkout(model, lazy, doc + q1 + q2)
+    assert a is not b and a is not first and len(a) == len(b) == len(first)
+    a.process(q1 + q2 + q1)
+    np.testing.assert_array_equal(np.array(b.process(q2)), np.array(stored_logits))
+    assert first.tokens == doc + q1 and len(first.engine.cache.depth) == len(doc + q1)
     # Another config never gets it.
     assert len(store.checkout(model, full, doc + q1 + q2)) == 0
-    # A request sharing only the document gets a trimmed copy; the stored cache is intact.
-    before = list(first.tokens)
+    # A request sharing only the document gets a copy trimmed to it.
     branch = store.checkout(model, lazy, doc + q2)
-    assert branch is not first and len(branch) == len(doc) and first.tokens == before
+    assert len(branch) == len(doc) and first.tokens == doc + q1
+    # Keeping an extension replaces the stored cache it extends; a branch is kept beside it.
+    store.checkin(b)
+    assert len(store) == 1 and store.most_recent() is b
     branch.process(q2)
-    again = store.checkout(model, lazy, before + q2)
-    assert again is first and len(again) == len(before)
+    store.checkin(branch)
+    assert len(store) == 2
 
 
 def test_store_stays_within_its_byte_and_entry_limits(tiny_model):

@@ -11,7 +11,9 @@ import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
 
 import http.client
 import json
+import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -30,7 +32,9 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lazy import PruningConfig, generate, load
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.schedule import MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, write_schedule
-from mlx_lazy.server import StopText, is_loopback, main, pruning_config
+from mlx_lazy import server as server_module
+from mlx_lazy.server import (ServerSettings, StopText, Worker, create_app, is_loopback,
+                             listen_socket, main, pruning_config)
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"  # tests never bind any other address
@@ -49,17 +53,18 @@ def free_port() -> int:
 class Server:
     """A running ``python -m mlx_lazy.server`` subprocess."""
 
-    def __init__(self, port: int, proc: subprocess.Popen, log: Path) -> None:
-        self.port, self.proc, self.log = port, proc, log
+    def __init__(self, port: int, proc: Optional[subprocess.Popen] = None,
+                 log: Optional[Path] = None, timeout: float = 300) -> None:
+        self.port, self.proc, self.log, self.timeout = port, proc, log, timeout
         self.url = f"http://{HOST}:{port}"
 
     def client(self, api_key: str = "unused", **kw) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0,
-                             timeout=300, **kw)
+                             timeout=self.timeout, **kw)
 
     def request(self, method: str, path: str, body=None, headers: Optional[dict] = None):
         """Raw HTTP: ``(status, headers, parsed JSON or text)``; ``body`` may be bytes."""
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=300)
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=self.timeout)
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         conn.request(method, path, body=data, headers=hdrs)
@@ -224,7 +229,9 @@ def test_usage_names_the_schedule_the_engine_used(tiny_model_path, tmp_path):
     fingerprint = ModelAdapter(load(folder)[0]).fingerprint()
     config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), scorer="window", window=2)
     write_schedule(folder / MODEL_SCHEDULE_FILE, config, fingerprint, {"note": "test"})
-    with run_server(folder, "--method", "lazy", tmp_path=tmp_path) as server:
+    # Idle completion off: the second request must not find the first one's state completed.
+    with run_server(folder, "--method", "lazy", "--no-idle-complete",
+                    tmp_path=tmp_path) as server:
         # the server's default, then a request's own plain "lazy" (the same schedule runs)
         answers = [server.client().completions.create(
             model="any", prompt="one two three " * 8, max_tokens=2, **kw)
@@ -451,13 +458,14 @@ def test_a_half_sent_body_is_answered_408_and_closed(server, drip):
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                  b"\r\nContent-Length: 1000\r\n\r\n{")
     tic = time.monotonic()
-    sock.settimeout(0.25 if drip else 60)
+    sock.settimeout(0.25)
     received = b""
-    while True:
+    while time.monotonic() - tic < BODY_TIMEOUT_S + 5:
         try:
             data = sock.recv(4096)
-        except socket.timeout:  # the dripping client sends its next byte
-            sock.sendall(b" ")
+        except socket.timeout:
+            if drip:  # the next byte
+                sock.sendall(b" ")
             continue
         if not data:
             break
@@ -546,6 +554,132 @@ def test_disconnect_stops_generation_and_a_full_queue_is_refused(server, tiny_mo
     after = _wait_for(server, lambda h: h["generating"] is None, "the queue to drain")
     assert after["cancelled"] == before["cancelled"] + 1
     assert after["completed"] == before["completed"] + 1
+
+
+# ---------------------------------------------------------------- a supervised worker
+
+
+@contextmanager
+def in_process_server(model: Path, **settings) -> Iterator[Server]:
+    """The app on uvicorn in a thread of this process, so a test can patch what its worker
+    calls; ``settings`` are :class:`ServerSettings` fields."""
+    import uvicorn
+
+    worker = Worker(str(model), max_queue=2)
+    worker.wait_ready()
+    sock = listen_socket(HOST, 0)
+    app = create_app(ServerSettings(model=str(model), **settings), worker)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.02)
+        yield Server(sock.getsockname()[1], timeout=60)  # a hang fails in a minute
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def request_id(payload: dict) -> str:
+    """The request id a 500's message names."""
+    found = re.search(r"request ((?:chatcmpl|cmpl|req)-[0-9a-f]{32})", payload["error"]["message"])
+    assert found, payload
+    return found.group(1)
+
+
+def test_a_failing_job_is_its_own_500_and_the_worker_goes_on(tiny_model, tiny_model_path,
+                                                              monkeypatch, caplog):
+    real = server_module.stream_generate
+    faults = [RuntimeError("injected fault A"), RuntimeError("injected fault B")]
+
+    def flaky(*args, **kw):
+        if faults:
+            raise faults.pop(0)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(server_module, "stream_generate", flaky)
+    caplog.set_level(logging.ERROR, logger="mlx_lazy.server")
+    body = {"prompt": "The quick brown fox jumps over", "max_tokens": 4}
+    with in_process_server(tiny_model_path) as s:
+        status, _, payload = s.request("POST", "/v1/completions", body)
+        assert status == 500 and payload["error"]["code"] == "generation_failed", payload
+        rid = request_id(payload)
+        # the log has the traceback under the same id
+        assert re.search(rf"request {rid} failed:\n.*Traceback.*injected fault A", caplog.text,
+                         re.S), caplog.text
+        # a stream ends with the error object, then [DONE]
+        status, _, text = s.request("POST", "/v1/completions", {**body, "stream": True})
+        events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+        assert status == 200 and events[-1] == "[DONE]", text
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "generation_failed" and request_id({"error": error}) in caplog.text
+        # the worker goes on
+        r = s.client().completions.create(model="any", **body)
+        assert r.choices[0].text == expected(tiny_model(), body["prompt"], max_tokens=4)
+        status, _, health = s.request("GET", "/health")
+        assert status == 200 and health["status"] == "ok", health
+        assert (health["failed"], health["completed"], health["cancelled"]) == (2, 1, 0)
+
+        # An internal error outside a job (here while checking a prompt) is named the same way.
+        def broken(*args, **kw):
+            raise RuntimeError("injected endpoint fault")
+
+        monkeypatch.setattr(server_module, "check_tokens", broken)
+        status, _, payload = s.request("POST", "/v1/completions", {"prompt": [1, 2], "max_tokens": 1})
+        assert status == 500 and payload["error"]["type"] == "server_error", payload
+        assert re.search(rf"request {request_id(payload)} failed:\n.*injected endpoint fault",
+                         caplog.text, re.S), caplog.text
+
+
+def test_a_stuck_job_makes_health_503_until_it_moves(tiny_model_path, monkeypatch):
+    real, release = server_module.stream_generate, threading.Event()
+
+    def hung(*args, **kw):
+        release.wait(timeout=120)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(server_module, "stream_generate", hung)
+    with in_process_server(tiny_model_path, stall_timeout_s=0.5) as s:
+        result: dict = {}
+        t = threading.Thread(target=lambda: result.update(r=s.request(
+            "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})))
+        t.start()
+        deadline = time.monotonic() + 60
+        while (status := s.request("GET", "/health"))[0] == 200:
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)
+        assert status[0] == 503 and status[2]["status"] == "stuck", status
+        assert status[2]["generating"]["seconds_since_progress"] > 0.5
+        release.set()
+        t.join(timeout=120)
+        assert result["r"][0] == 200
+        status, _, health = s.request("GET", "/health")
+        assert status == 200 and health["status"] == "ok"
+
+
+class _Fatal(BaseException):
+    """Not an Exception: what supervision does not catch (as SystemExit)."""
+
+
+def test_a_dead_worker_fails_its_job_and_health_says_503(tiny_model_path, monkeypatch, caplog):
+    def fatal(*args, **kw):
+        raise _Fatal("injected")
+
+    monkeypatch.setattr(server_module, "stream_generate", fatal)
+    caplog.set_level(logging.ERROR, logger="mlx_lazy.server")
+    body = {"prompt": "hi", "max_tokens": 2}
+    with in_process_server(tiny_model_path) as s:
+        status, _, payload = s.request("POST", "/v1/completions", body)
+        assert status == 500 and payload["error"]["code"] == "generation_failed", payload
+        assert "the generation worker stopped" in caplog.text
+        status, _, health = s.request("GET", "/health")
+        assert status == 503 and health["status"] == "dead", health
+        # later requests are refused at once, not queued forever
+        status, _, payload = s.request("POST", "/v1/completions", body)
+        assert status == 503 and payload["error"]["code"] == "worker_dead", payload
 
 
 # ---------------------------------------------------------------- authentication

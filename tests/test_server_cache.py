@@ -1,0 +1,141 @@
+"""The server's prompt caches: a shared prefix is computed once, concurrent requests on one
+cached prefix stay independent, a failing request leaves the stored cache intact, and the
+store never holds more than its byte limit."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from mlx_lazy import generate  # noqa: E402
+from mlx_lazy import server as server_module  # noqa: E402
+from mlx_lazy.prompt_cache import PromptCacheStore  # noqa: E402
+from mlx_lazy.server import ServerSettings, Worker, create_app, listen_socket  # noqa: E402
+from test_server import HOST, Server, run_server  # noqa: E402
+
+DOC = "The passkey is 12345. Remember it. Long prompts are expensive. " * 48
+
+
+def completion(s: Server, prompt: str, **kw) -> dict:
+    status, _, payload = s.request("POST", "/v1/completions",
+                                   {"prompt": prompt, "max_tokens": 4, **kw})
+    assert status == 200, payload
+    return payload
+
+
+def test_a_shared_prefix_is_computed_once_and_reported(tiny_model, tiny_model_path, tmp_path):
+    model, tokenizer = tiny_model("llama")
+    assert len(tokenizer.encode(DOC)) >= 1000
+    with run_server(tiny_model_path, "--no-idle-complete", tmp_path=tmp_path) as s:
+        first = completion(s, DOC + " Question one?")
+        second = completion(s, DOC + " Question two?")
+        assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= 1000 and cached < second["usage"]["prompt_tokens"]
+        # The second request computed only its new tokens: far less prefill work.
+        work = [r["usage"]["pruning"]["prefill_token_layers"] for r in (first, second)]
+        assert work[1] * 20 < work[0], work
+        for r, q in ((first, " Question one?"), (second, " Question two?")):
+            assert r["choices"][0]["text"] == generate(model, tokenizer, DOC + q, max_tokens=4)
+        health = s.health()
+        assert health["prompt_cache"]["entries"] >= 1 and health["prompt_cache"]["bytes"] > 0
+
+
+def test_concurrent_requests_on_one_cached_prefix_are_independent(tiny_model, tiny_model_path,
+                                                                   tmp_path):
+    model, tokenizer = tiny_model("llama")
+    questions = [f" Question {i}: what is the passkey?" for i in range(4)]
+    with run_server(tiny_model_path, "--no-idle-complete", tmp_path=tmp_path) as s:
+        completion(s, DOC)  # the prefix is cached
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda q: completion(s, DOC + q), questions))
+    for q, r in zip(questions, answers):
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= 1000
+        assert r["choices"][0]["text"] == generate(model, tokenizer, DOC + q, max_tokens=4)
+
+
+@contextmanager
+def cached_server(model: Path, store: PromptCacheStore,
+                  idle_complete: bool = False) -> Iterator[Server]:
+    """The app on uvicorn in a thread of this process with a prompt-cache store, so a test can
+    patch what the worker calls."""
+    import uvicorn
+
+    worker = Worker(str(model), max_queue=2, store=store, idle_complete=idle_complete)
+    worker.wait_ready()
+    sock = listen_socket(HOST, 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(ServerSettings(model=str(model)), worker),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.02)
+        yield Server(sock.getsockname()[1], timeout=60)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def test_a_failing_request_leaves_the_stored_cache_intact(tiny_model, tiny_model_path,
+                                                          monkeypatch):
+    model, tokenizer = tiny_model("llama")
+    store = PromptCacheStore(4, 2**30)
+    real = server_module.stream_generate
+
+    def failing_after_prefill(*args, **kw):
+        for i, resp in enumerate(real(*args, **kw)):
+            if i == 1:
+                raise RuntimeError("injected fault after the prefill")
+            yield resp
+
+    with cached_server(tiny_model_path, store) as s:
+        completion(s, DOC + " First?")
+        held = list(store.most_recent().tokens)
+        monkeypatch.setattr(server_module, "stream_generate", failing_after_prefill)
+        status, _, payload = s.request("POST", "/v1/completions",
+                                       {"prompt": DOC + " Second?", "max_tokens": 4})
+        assert status == 500, payload
+        assert store.most_recent().tokens == held and len(store) == 1
+        monkeypatch.setattr(server_module, "stream_generate", real)
+        again = completion(s, DOC + " Second?")
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 1000
+        assert again["choices"][0]["text"] == generate(model, tokenizer, DOC + " Second?",
+                                                       max_tokens=4)
+
+
+def test_the_store_never_exceeds_its_byte_limit(tiny_model_path, tmp_path):
+    limit = 3 * 2**20
+    with run_server(tiny_model_path, "--prompt-cache-bytes", str(limit), "--no-idle-complete",
+                    tmp_path=tmp_path) as s:
+        for i in range(4):
+            completion(s, f"Document {i}. " + DOC[: 400 * (i + 1)])
+            assert s.health()["prompt_cache"]["bytes"] <= limit
+
+
+@pytest.mark.parametrize("idle_complete", [False, True])
+def test_idle_completion_carries_the_last_state_to_every_layer(tiny_model_path, idle_complete):
+    """With idle completion, the lazy state kept after a request is carried through every
+    layer once the server is idle (each token-layer still once); without, tokens wait."""
+    store = PromptCacheStore(4, 2**30)
+    pruning = {"method": "lazy", "prune_layers": [1], "keep": [0.3]}
+    with cached_server(tiny_model_path, store, idle_complete) as s:
+        completion(s, DOC + " First?", pruning=pruning)
+        engine = store.most_recent().engine
+        deadline = time.monotonic() + 30
+        while idle_complete and engine.pending_token_layers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (engine.pending_token_layers == 0) == idle_complete
+        assert engine.stats.max_computations_per_token_layer == 1
+        second = completion(s, DOC + " Second?", pruning=pruning)
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 1000
