@@ -259,7 +259,7 @@ def _check_max_tokens(max_tokens: int) -> None:
         raise UserInputError(f"max_tokens must be a positive integer, got {max_tokens!r}")
 
 
-def _encode(tokenizer: TokenizerWrapper, prompt: Union[str, List[int], mx.array]) -> List[int]:
+def prompt_token_ids(tokenizer: TokenizerWrapper, prompt: Union[str, List[int], mx.array]) -> List[int]:
     """Token ids of ``prompt``: text is encoded as mlx-lm does, ids are checked to be integers."""
     if isinstance(prompt, str):
         try:
@@ -473,7 +473,7 @@ def stream_generate(
     _check_max_tokens(max_tokens)
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
-    tokens = _encode(tokenizer, prompt)
+    tokens = prompt_token_ids(tokenizer, prompt)
     if prompt_cache is None:
         prompt_cache = make_prompt_cache(model, config)
     elif not isinstance(prompt_cache, PromptCache):

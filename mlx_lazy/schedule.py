@@ -64,8 +64,8 @@ class Schedule:
         revive: with ``dynamic``, pruned tokens keep their hidden state in the Aux Cache
             and can come back; without, decode steps re-select only among tokens that
             already have KV at the next layer.
-        complete: with ``revive``, when tokens waiting in the Aux Cache are carried through
-            their remaining layers (see :func:`parse_complete`).
+        complete: when tokens waiting in the Aux Cache are carried through their remaining
+            layers (see :func:`parse_complete`; without ``revive`` none wait).
         scorer: the registered scorer (:data:`mlx_lazy.scorers.SCORERS`) that ranks the
             context at each cut.
         heads: how the scorer reduces attention over heads, ``"mean"`` or ``"max"``.
@@ -223,7 +223,7 @@ class ScoredCuts(Policy):
         return replace(
             schedule, prune_layers=layers, keep=keep, dynamic=self.dynamic,
             revive=self.dynamic and config.revive,
-            complete=config.complete if self.dynamic and config.revive else "none",
+            complete=config.complete if self.dynamic else "none",
             scorer=scorer, heads=heads,
             window=default_window(scorer) if window is None else window, pool=config.pool)
 
@@ -359,7 +359,8 @@ class PruningConfig:
             only among tokens that already have KV at the next layer, so no decode step
             computes prompt tokens (faster decoding on compute-bound machines, no Aux Cache;
             an approximation beyond the paper).
-        complete: LazyLLM with revive only: when tokens waiting in the Aux Cache are carried
+        complete: LazyLLM only (without revive no token waits): when tokens waiting in the
+            Aux Cache are carried
             through their remaining layers (:func:`parse_complete`): ``"none"`` (the paper:
             only when a step selects them), ``"after-first"`` (all of them right after the
             first output token, so decoding sees every token at every layer while the first

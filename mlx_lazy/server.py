@@ -52,7 +52,7 @@ with needs_extra("server", "the server"):
 
 from .adapter import ModelAdapter
 from .cli import METHOD_HELP, OneLineParser, method_arg, temperature_arg, top_p_arg
-from .api import (_encode, check_anchors, check_context, check_tokens, context_length, load,
+from .api import (check_anchors, check_context, check_tokens, context_length, load, prompt_token_ids,
                   stream_generate)
 from .errors import UserInputError, one_line
 from .prompt_cache import PromptCacheStore, make_prompt_cache, resolve_config
@@ -737,7 +737,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         plain = [{"role": m.role, "content": m.content if isinstance(m.content, str)
                   else "".join(p.text for p in m.content or [])} for m in messages]
         if not getattr(tokenizer, "has_chat_template", False):  # the contents, one per line
-            return _encode(tokenizer, "\n".join(m["content"] for m in plain))
+            return prompt_token_ids(tokenizer, "\n".join(m["content"] for m in plain))
         try:
             text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
         except TemplateError as e:  # e.g. "roles must alternate user/assistant"
@@ -770,7 +770,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request):
         if isinstance(body.prompt, str):
-            tokens = await run_in_threadpool(_encode, tokenizer, body.prompt)
+            tokens = await run_in_threadpool(prompt_token_ids, tokenizer, body.prompt)
         else:
             try:
                 check_tokens(body.prompt, worker.vocab_size)

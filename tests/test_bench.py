@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mlx_lazy import PruningConfig
-from mlx_lazy.bench import harness, metrics, tasks
+from mlx_lazy.bench import harness, methods, metrics, tasks
 from mlx_lazy.bench.__main__ import main, parse_methods
 from mlx_lazy.bench.common import MIB, RunRecord, fmt, markdown_table
 
@@ -133,19 +133,19 @@ def test_score_modes():
 
 
 def test_parse_method():
-    assert harness.parse_method("mlx-lm").is_baseline
-    m = harness.parse_method("lazy:layers=5,11:keep=0.6,0.4")
+    assert methods.parse_method("mlx-lm").is_baseline
+    m = methods.parse_method("lazy:layers=5,11:keep=0.6,0.4")
     assert (m.config.method, m.config.prune_layers, m.config.keep) == ("lazy", (5, 11), (0.6, 0.4))
     assert m.family == "lazy" and m.schedule()["keep"] == [0.6, 0.4]
-    s = harness.parse_method("static:layers=6:keep=0.4")
+    s = methods.parse_method("static:layers=6:keep=0.4")
     assert (s.config.prune_layers, s.config.keep) == ((6,), (0.4,))
-    assert harness.parse_method("speed:cutoff=0.5").config.speed_cutoff == 0.5
-    spec = harness.method_spec(PruningConfig("lazy", prune_layers=(3,), keep=(0.5,)))
-    assert harness.parse_method(spec).config.prune_layers == (3,)
+    assert methods.parse_method("speed:cutoff=0.5").config.speed_cutoff == 0.5
+    spec = methods.method_spec(PruningConfig("lazy", prune_layers=(3,), keep=(0.5,)))
+    assert methods.parse_method(spec).config.prune_layers == (3,)
     with pytest.raises(ValueError, match="unknown method"):
-        harness.parse_method("nope")
+        methods.parse_method("nope")
     with pytest.raises(ValueError, match="field=value"):
-        harness.parse_method("lazy:oops")
+        methods.parse_method("lazy:oops")
     assert parse_methods("full,lazy") == ("full", "lazy")
     assert parse_methods("full;lazy:layers=1,2:keep=0.5,0.2") == ("full", "lazy:layers=1,2:keep=0.5,0.2")
 
@@ -159,21 +159,21 @@ def test_parse_method():
 ])
 def test_method_spec_round_trips(config):
     cfg = PruningConfig(**config)
-    assert harness.parse_method(harness.method_spec(cfg)).config == cfg
+    assert methods.parse_method(methods.method_spec(cfg)).config == cfg
 
 
 def test_named_methods_and_depth_fractions():
-    lazy4 = harness.parse_method("lazy-4", 30).config
+    lazy4 = methods.parse_method("lazy-4", 30).config
     assert lazy4.prune_layers == (5, 11, 17, 23) and lazy4.keep == (0.6, 0.4, 0.25, 0.15)
     # On a 4-layer model the fractions collide and are clamped below the last layer.
-    shallow = harness.parse_method("lazy-4", 4).config
+    shallow = methods.parse_method("lazy-4", 4).config
     assert shallow.prune_layers == (0, 1, 2) and len(shallow.keep) == 3
     shallow.resolve(4)
-    for name in harness.NAMED_METHODS:
-        harness.parse_method(name, 30).config.resolve(30)
+    for name in methods.NAMED_METHODS:
+        methods.parse_method(name, 30).config.resolve(30)
     with pytest.raises(ValueError, match="depth is needed"):
-        harness.parse_method("lazy:at=0.5:keep=0.3")
-    w = harness.parse_method("lazy:scorer=window:window=16:heads=max").config
+        methods.parse_method("lazy:at=0.5:keep=0.3")
+    w = methods.parse_method("lazy:scorer=window:window=16:heads=max").config
     assert (w.scorer, w.window, w.heads) == ("window", 16, "max")
 
 

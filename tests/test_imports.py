@@ -11,7 +11,6 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mlx_lazy"
 # Private names these modules import from others; the lead moves them (issue 20 item 3).
-KNOWN_PRIVATE = {"mlx_lazy.server"}
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -109,10 +108,5 @@ def test_the_package_has_no_import_circles():
 
 
 def test_no_module_imports_private_names_of_another():
-    found = [p for p in private_imports(PACKAGE) if p.split(":")[0] not in KNOWN_PRIVATE]
+    found = private_imports(PACKAGE)
     assert not found, found
-
-
-@pytest.mark.xfail(strict=True, reason=f"{sorted(KNOWN_PRIVATE)} still import private names")
-def test_known_private_imports_are_gone():
-    assert [p for p in private_imports(PACKAGE) if p.split(":")[0] in KNOWN_PRIVATE] == []

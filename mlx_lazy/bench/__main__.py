@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
-from .harness import parse_methods
+from .methods import parse_method, parse_methods
 from .tasks import QUICK_TASKS, TASKS
 
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load(cfg.model)
     try:
         for m in cfg.methods:
-            harness.parse_method(m, len(model.layers))
+            parse_method(m, len(model.layers))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

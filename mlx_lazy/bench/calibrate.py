@@ -52,8 +52,9 @@ from ..schedule import layers_at, write_schedule
 from . import fidelity, stats
 from .calibration_results import report, used_cells
 from .costmodel import predicted_counts, prior
-from .common import jsonable, loadavg, median
-from .harness import Method, method_spec, parse_method, run_one
+from .common import Method, jsonable, loadavg, median
+from .harness import run_one
+from .methods import method_spec, parse_method
 from .tasks import TASKS, build_prompt, build_samples
 
 import mlx.core as mx  # noqa: E402
@@ -487,7 +488,7 @@ def parse_cuts(spec: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 def parse_scorer(spec: str) -> dict[str, Any]:
     """``window:window=8:pool=2`` -> ``dict(scorer="window", window=8, pool=2)``: the scorer
-    part of a method string (:func:`~mlx_lazy.bench.harness.parse_method`)."""
+    part of a method string (:func:`~mlx_lazy.bench.methods.parse_method`)."""
     try:
         config = parse_method("lazy:scorer=" + spec.strip()).config
         config.resolve(30)

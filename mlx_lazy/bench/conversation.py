@@ -41,7 +41,7 @@ from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 import mlx.core as mx
 
 from .common import jsonable, loadavg, machine_info, markdown_table, median, mlx_lm_kv_bytes_per_layer
-from .harness import parse_method, parse_methods
+from .methods import parse_method, parse_methods
 from .metrics import score
 from .stats import paired, wilson
 from .tasks import Conversation, build_conversations

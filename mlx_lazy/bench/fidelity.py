@@ -41,7 +41,7 @@ from ..folders import write_text_atomic  # noqa: E402
 from . import stats, yardstick  # noqa: E402
 from .common import (BASELINE, FULL, fmt, jsonable, loadavg, machine_info,  # noqa: E402
                      markdown_table)
-from .harness import parse_method, parse_methods  # noqa: E402
+from .methods import parse_method, parse_methods  # noqa: E402
 from .tasks import build_prompt  # noqa: E402
 
 #: a prose prompt and the unpruned path's greedy continuation of it

@@ -19,7 +19,7 @@ What one run does, in one process:
      settings, its own KV cache);
    * ``full``: ``mlx_lazy.stream_generate`` with ``PruningConfig("full")`` (our unpruned path);
    * every schedule of ``--schedules``: method strings or named methods (see
-     :func:`mlx_lazy.bench.harness.parse_method`).
+     :func:`mlx_lazy.bench.methods.parse_method`).
 
    It also runs ``full`` at each smaller length of ``--lengths``: the cost model
    (:mod:`mlx_lazy.bench.costmodel`) is fitted on all ``full`` runs (≥ 3 lengths) and predicts
@@ -90,7 +90,7 @@ from mlx_lazy import PromptCache, PruningConfig, generate_step, load, make_promp
 from mlx_lazy.bench.common import (BASELINE, FULL, MIB, SHORT_ANSWER, RunRecord, fmt,
                                    machine_info, markdown_table, measure, median, paired_ratios,
                                    ratio)
-from mlx_lazy.bench.harness import NAMED_METHODS, Method, parse_method, parse_methods
+from mlx_lazy.bench.methods import NAMED_METHODS, Method, parse_method, parse_methods
 from mlx_lazy.bench.tasks import build_prompt
 
 import mlx.core as mx
@@ -110,13 +110,13 @@ __all__ = [
 ]
 
 #: Schedules run by default besides mlx-lm and ``full``: method strings or names of the
-#: benchmarks' one registry, :data:`mlx_lazy.bench.harness.NAMED_METHODS`.
+#: benchmarks' one registry, :data:`mlx_lazy.bench.methods.NAMED_METHODS`.
 DEFAULT_SCHEDULES = ("lazy", "lazy-4", "lazy-2", "speed", "lazy+speed", "lazy-2+speed")
 
 
 def schedule_config(name: str, num_layers: int) -> PruningConfig:
     """The :class:`PruningConfig` of a method string or named method for a model of
-    ``num_layers`` layers (see :func:`mlx_lazy.bench.harness.parse_method`)."""
+    ``num_layers`` layers (see :func:`mlx_lazy.bench.methods.parse_method`)."""
     method = parse_method(name, num_layers)
     if method.is_baseline:
         raise ValueError(f"{name!r} is the baseline, not a schedule of our engine")
