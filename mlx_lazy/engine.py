@@ -1,11 +1,13 @@
-"""LazyLLM / SPEED forward passes over an mlx-lm model.
+"""LazyLLM / SPEED forward passes over an mlx-lm model, on a state that lives across calls.
 
-``prefill`` runs the prompt layer by layer over its active set, in query blocks so memory
-never holds N x N scores; ``decode`` runs one new token and, for LazyLLM, re-selects the
-context at every pruning layer, reviving tokens from the Aux Cache when they come back.
-Every token keeps its original position for RoPE and for the causal mask. At the last layer
-only the newest token's output is ever used, so the other tokens computed there (the prompt
-in prefill, revived tokens in decode) get their keys and values and nothing more.
+``extend`` runs prompt tokens on top of the state: the first chunk (``_prefill``) layer by
+layer over its active set, in query blocks so memory never holds N x N scores; a later chunk
+(a follow-up turn) and ``decode`` (one generated token) through ``_step``, which re-selects
+the context at every pruning layer among all tokens, old and new, reviving tokens from the
+Aux Cache when they come back. ``complete`` carries waiting tokens through their remaining
+layers. Every token keeps its original position for RoPE and for the causal mask. At the
+last layer only the newest token's output is ever used, so the other tokens computed there
+get their keys and values and nothing more.
 """
 
 from __future__ import annotations
