@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import hmac
 import ipaddress
 import json
@@ -49,6 +50,9 @@ with needs_extra("server", "the server"):
     from pydantic import AfterValidator, BaseModel, ConfigDict, Field
     from sse_starlette import EventSourceResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
+    import h11
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .adapter import ModelAdapter
 from .cli import METHOD_HELP, OneLineParser, method_arg, temperature_arg, top_p_arg
@@ -64,7 +68,7 @@ DEFAULT_PORT = 8080
 DEFAULT_MAX_TOKENS = 512  # mlx-lm's server default
 DEFAULT_MAX_QUEUE = 8
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
-DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_READ_TIMEOUT_S = 30.0
 # A job with no prefill layer or decode step done for this long is reported stuck. The slowest
 # step here, a layer of an 8K-token prefill on a CPU, takes seconds.
 DEFAULT_STALL_TIMEOUT_S = 300.0
@@ -567,6 +571,47 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+class HeaderDeadline(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose next request's headers have not all
+    arrived ``timeout`` seconds after it opened or after its last response (uvicorn times an
+    idle connection only until its first byte, so a client that stops mid-headers is held
+    forever). The body's deadline is :class:`BodyLimit`'s."""
+
+    def __init__(self, *args, timeout: float, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.timeout = timeout
+        self.deadline: Optional[asyncio.TimerHandle] = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)
+        self.arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # the request's headers are in
+            self.disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.IDLE:
+            self.arm()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.disarm()
+        super().connection_lost(exc)
+
+    def arm(self) -> None:
+        """Start (or restart) the headers' deadline."""
+        self.disarm()
+        self.deadline = self.loop.call_later(self.timeout, self.transport.close)
+
+    def disarm(self) -> None:
+        """Cancel the headers' deadline."""
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+
 @dataclasses.dataclass
 class ServerSettings:
     """What the command line sets: the model, defaults for requests, limits, the API key.
@@ -583,7 +628,7 @@ class ServerSettings:
     max_queue: int = DEFAULT_MAX_QUEUE
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     api_key: Optional[str] = None
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     prompt_cache_size: int = DEFAULT_PROMPT_CACHE_SIZE
     prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
@@ -593,7 +638,7 @@ class ServerSettings:
 def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
     """The FastAPI application serving ``worker``'s (loaded) model with ``settings``."""
     app = FastAPI(title="mlx-lazy", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, timeout=settings.body_timeout_s)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, timeout=settings.read_timeout_s)
     model_id = settings.model or "default_model"
     created = int(time.time())
     tokenizer = worker.tokenizer
@@ -814,9 +859,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"with Retry-After (default {DEFAULT_MAX_QUEUE})")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="larger request bodies get HTTP 413")
-    p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S, metavar="SECONDS",
-                   help="a request body not received this long after its headers gets HTTP 408 "
-                        f"(default {DEFAULT_BODY_TIMEOUT_S:g})")
+    p.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT_S, metavar="SECONDS",
+                   help="a request's headers, and then its body, must each arrive within this "
+                        "time: slow headers close the connection, a slow body gets HTTP 408 "
+                        f"(default {DEFAULT_READ_TIMEOUT_S:g})")
     p.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                    metavar="SECONDS",
                    help="/health answers 503 'stuck' when a generation has made no progress "
@@ -864,7 +910,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         raise UserInputError(f"--port must be in 1..65535, got {args.port}")
     if args.api_key is not None and not args.api_key:
         raise UserInputError("--api-key is empty")
-    for name in ("body_timeout", "stall_timeout"):
+    for name in ("read_timeout", "stall_timeout"):
         value = getattr(args, name)
         if not (math.isfinite(value) and value > 0):
             raise UserInputError(f"--{name.replace('_', '-')} must be a positive number of "
@@ -877,9 +923,17 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         model=args.model, config=config, max_tokens=args.max_tokens,
         temperature=args.temp, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens,
         max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, api_key=args.api_key,
-        body_timeout_s=args.body_timeout, stall_timeout_s=args.stall_timeout,
+        read_timeout_s=args.read_timeout, stall_timeout_s=args.stall_timeout,
         prompt_cache_size=args.prompt_cache_size, prompt_cache_bytes=args.prompt_cache_bytes,
         idle_complete=args.idle_complete)
+
+
+def uvicorn_server(app: FastAPI, settings: ServerSettings, log_level: str) -> uvicorn.Server:
+    """A uvicorn server for ``app`` whose connections have ``settings.read_timeout_s`` for a
+    request's headers (:class:`HeaderDeadline`)."""
+    protocol = functools.partial(HeaderDeadline, timeout=settings.read_timeout_s)
+    return uvicorn.Server(uvicorn.Config(app, http=protocol, log_level=log_level,
+                                         timeout_graceful_shutdown=5))
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -905,8 +959,6 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the server until interrupted; return the exit status (2 for bad input)."""
-    import uvicorn
-
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     try:
@@ -933,9 +985,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not is_loopback(args.host) and settings.api_key is None:
         print(f"warning: listening on {args.host} with no authentication: anyone who can reach "
               f"this port can use the model (set --api-key)", file=sys.stderr)
-    config = uvicorn.Config(create_app(settings, worker), log_level=args.log_level,
-                            timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn_server(create_app(settings, worker), settings, args.log_level).run(sockets=[sock])
     return 0
 
 
