@@ -172,7 +172,7 @@ class _Body(_Strict):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: Literal[1] = 1
-    pruning: Union[Text, Dict[str, Any], None] = None
+    pruning: Union[Text, Dict[Text, Any], None] = None
 
 
 class ChatRequest(_Body):

@@ -397,6 +397,7 @@ def bad_requests(tokenizer, context: int):
         (chat, {**ok, "pruning": {**lazy, "source": "calibrated:x.json"}}, 400, "pruning.source"),
         (chat, {**ok, "pruning": {**lazy, "scorer": ""}}, 400, "pruning"),
         (chat, {**ok, "pruning": {**lazy, "heads": ""}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "\ud800": 1}}, 400, "pruning"),  # a 500 once
         # once a 500 from the tokenizer
         (chat, {**ok, "messages": [{"role": "user", "content": "a\ud800b"}]}, 400,
          "messages[0].content"),
