@@ -342,8 +342,8 @@ def test_benchmark_counts_allsums(tiny_model_path, tmp_path):
         (1, "full"), (1, "lazy"), (2, "full"), (2, "lazy")]
     full = next(r for r in runs if (r["ranks"], r["method"]) == (2, "full"))
     row = 2 * 64 * 4  # o_proj and down_proj outputs of one token, float32, hidden 64
-    # Prefill: 3 of 4 layers over the 64 tokens, the last over the newest one. Decode: the
-    # 2 steps after the first token, 4 layers of one token each.
+    # Prefill: 3 of 4 layers over the 64 tokens, the last over the newest one. Decode: a
+    # step per generated token (each is run through the model), 4 layers of one token each.
     assert full["prefill_allsum_bytes"] == row * (3 * 64 + 1)
     assert full["decode_allsum_bytes_per_step"] == row * 4
     assert full["prefill_allsum_s"] > 0

@@ -106,7 +106,9 @@ def rank_main(args: argparse.Namespace) -> None:
             score_calls = stats["host_syncs"]  # one score all-sum per selection
             score_size = 4 * round(stats["score_allsum_bytes"] / 4 / score_calls) if score_calls else 0
             seconds = allsum_seconds(set(prefill) | set(decode) | ({score_size} - {0}), group)
-            steps = max(1, timing.generation_tokens - 1)
+            # generate_step runs every token it hands out through the model (as mlx-lm's, so
+            # the prompt cache holds them all): one decode step per generated token.
+            steps = max(1, timing.generation_tokens)
             record |= {
                 "prefill_allsum_bytes": sum(s * c for s, c in prefill.items()),
                 "prefill_allsums": sum(prefill.values()),
