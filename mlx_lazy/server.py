@@ -60,7 +60,7 @@ from .api import (check_anchors, check_context, check_tokens, context_length, lo
                   stream_generate)
 from .errors import UserInputError, one_line
 from .prompt_cache import PromptCacheStore, make_prompt_cache, resolve_config
-from .schedule import PruningConfig, compose
+from .schedule import PruningConfig, check_fits, compose
 
 log = logging.getLogger("mlx_lazy.server")
 
@@ -188,30 +188,17 @@ class CompletionRequest(_Body):
 
 
 INTERNAL_FIELDS = ("source", "fingerprint")  # PruningConfig fields set by schedule files only
-TOKEN_FIELDS = ("pool", "window")  # PruningConfig fields counted in tokens
 
 
-def check_token_fields(config: PruningConfig, context: Optional[int]) -> None:
-    """Raise UserInputError when a field counted in tokens exceeds a context of ``context``
-    tokens (None: no known limit); it would only cost memory and time."""
-    for name in TOKEN_FIELDS:
-        value = getattr(config, name)
-        if context is not None and value is not None and value > context:
-            raise UserInputError(f"{name}={value} exceeds the model's context of {context} tokens")
-
-
-def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig,
-                   context: Optional[int] = None) -> PruningConfig:
-    """The configuration a ``"pruning"`` value asks for (its layer ranges not yet checked
-    against a model).
+def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig) -> PruningConfig:
+    """The configuration a ``"pruning"`` value asks for (not yet checked against a model).
 
     A string is a method (its preset). An object holds :class:`PruningConfig` fields other
     than :data:`INTERNAL_FIELDS`; with a ``"method"`` it overrides that preset, without one
     the server's ``default``. JSON arrays become tuples.
 
     Raises:
-        APIError: 400 for an unknown preset, method or field, a field of the wrong type, or a
-            field of :data:`TOKEN_FIELDS` beyond ``context``.
+        APIError: 400 for an unknown preset, method or field, or a field of the wrong type.
     """
     if isinstance(spec, str):
         fields, method = {}, spec
@@ -230,12 +217,11 @@ def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig,
             raise APIError(400, str(e),
                            param="pruning" if isinstance(spec, str) else "pruning.method") from None
     try:  # PruningConfig checks its fields' types on construction
-        config = (dataclasses.replace(default, **fields) if method is None
-                  else PruningConfig.preset(method, **fields))
-        check_token_fields(config, context)
+        if method is None:
+            return dataclasses.replace(default, **fields)
+        return PruningConfig.preset(method, **fields)
     except UserInputError as e:
         raise APIError(400, str(e), param="pruning") from None
-    return config
 
 
 # ---------------------------------------------------------------- generation worker
@@ -446,6 +432,10 @@ class Worker:
         try:
             if self._generate(job):
                 outcome = "completed"
+        except UserInputError as e:  # the library refused what validation let through: a 400
+            log.warning("request %s refused: %s", job.id, one_line(e))
+            job.emit(APIError(400, one_line(e)))
+            outcome = "failed"
         except Exception:  # an internal error: logged with the request's id, the request gets a 500
             log.error("request %s failed:\n%s", job.id, traceback.format_exc())
             job.fail()
@@ -675,10 +665,12 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
 
     def make_job(rid: str, body: _Body, tokens: List[int], max_tokens: Optional[int]) -> Job:
         config = (settings.config if body.pruning is None
-                  else pruning_config(body.pruning, settings.config, worker.context))
+                  else pruning_config(body.pruning, settings.config))
         n = len(tokens)
         try:
-            check_anchors(config.resolve(worker.num_layers), n)
+            schedule = config.resolve(worker.num_layers)
+            check_anchors(schedule, n)
+            check_fits(schedule, worker.context)  # before the worker: 400, not its 500
         except ValueError as e:
             raise APIError(400, f"pruning: {e}", param="pruning") from None
         if prompt_limit is not None and n > prompt_limit:
@@ -974,8 +966,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  f"the model's context of {context} tokens (at most {context - 1})")
         try:
             settings.config.check_model(ModelAdapter(worker.model).fingerprint())
-            settings.config.resolve(worker.num_layers)
-            check_token_fields(settings.config, context)
+            check_fits(settings.config.resolve(worker.num_layers), context)
         except ValueError as e:
             flag = f"--schedule {args.schedule}" if args.schedule else f"--method {args.method}"
             raise UserInputError(f"{flag}: {e}") from None

@@ -168,6 +168,15 @@ def test_loopback_detection():
     assert not any(map(is_loopback, ["0.0.0.0", "::", "192.168.1.2", "example.org"]))
 
 
+@pytest.fixture
+def never_serve(monkeypatch) -> None:
+    """``main`` fails a test instead of serving forever when it passes its start-up checks."""
+    def refuse(*args, **kw):
+        raise AssertionError("main passed its start-up checks and would serve")
+
+    monkeypatch.setattr(server_module, "uvicorn_server", refuse)
+
+
 def one_error_line(capsys, argv: list) -> str:
     """``main(argv)``'s single stderr line, after checking it exits with status 2."""
     assert main(argv) == 2
@@ -176,7 +185,7 @@ def one_error_line(capsys, argv: list) -> str:
     return err[0]
 
 
-def test_bad_command_line_is_one_error_line(tmp_path, tiny_model_path, capsys):
+def test_bad_command_line_is_one_error_line(tmp_path, tiny_model_path, capsys, never_serve):
     model = ["--model", str(tiny_model_path), "--port", str(free_port())]
     line = one_error_line(capsys, ["--model", str(tmp_path / "missing"), *model[2:]])
     assert line.startswith("error: cannot load model") and line.count("cannot load") == 1, line
@@ -195,7 +204,7 @@ def test_bad_command_line_is_one_error_line(tmp_path, tiny_model_path, capsys):
             assert flag in one_error_line(capsys, [*model, flag, value])
 
 
-def test_start_up_errors_are_one_line(tiny_model_path, tmp_path, capsys):
+def test_start_up_errors_are_one_line(tiny_model_path, tmp_path, capsys, never_serve):
     model = ["--model", str(tiny_model_path)]
     line = one_error_line(capsys, [*model, "--host", "999.1.1.1", "--port", str(free_port())])
     assert line.startswith("error: cannot listen on 999.1.1.1:"), line
@@ -214,7 +223,7 @@ def test_start_up_errors_are_one_line(tiny_model_path, tmp_path, capsys):
     wide = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), pool=context + 1)
     path = write_schedule(tmp_path / "wide.json", wide, fingerprint, {"note": "test"})
     line = one_error_line(capsys, [*argv[:-1], "--schedule", str(path)])
-    assert f"pool={context + 1} exceeds the model's context of {context}" in line, line
+    assert f"pool={context + 1} is more than the model's context of {context}" in line, line
 
 
 # ---------------------------------------------------------------- endpoints
@@ -627,9 +636,16 @@ def test_a_failing_job_is_its_own_500_and_the_worker_goes_on(tiny_model, tiny_mo
         # the worker goes on
         r = s.client().completions.create(model="any", **body)
         assert r.choices[0].text == expected(tiny_model(), body["prompt"], max_tokens=4)
-        status, _, health = s.request("GET", "/health")
-        assert status == 200 and health["status"] == "ok", health
+        health = _wait_for(s, lambda h: h["generating"] is None, "the counts")
+        assert health["status"] == "ok", health
         assert (health["failed"], health["completed"], health["cancelled"]) == (2, 1, 0)
+
+        # A check the library makes that validation missed is still the client's 400.
+        monkeypatch.setattr(server_module, "check_fits", lambda schedule, context: None)
+        wide = {"method": "lazy", "prune_layers": [0], "keep": [0.5], "pool": 10**6}
+        status, _, payload = s.request("POST", "/v1/completions", {**body, "pruning": wide})
+        assert status == 400 and "pool=1000000 is more than" in payload["error"]["message"], payload
+        assert _wait_for(s, lambda h: h["generating"] is None, "the counts")["failed"] == 3
 
         # An internal error outside a job (here while checking a prompt) is named the same way.
         def broken(*args, **kw):
@@ -739,7 +755,9 @@ def test_smollm2_full_equals_mlx_lm_and_lazy_reports_pruning(smollm2_path, smoll
         assert seen["generating"]["num_layers"] == 30
         t.join(timeout=600)
         pruning = result["r"].usage.model_extra["pruning"]
-        assert pruning["method"] == "lazy" and pruning["schedule_source"] == "request"
+        calibrated = (smollm2_path / MODEL_SCHEDULE_FILE).exists()  # what a plain "lazy" runs
+        assert pruning["method"] == "lazy" and pruning["schedule_source"] == (
+            f"calibrated:{MODEL_SCHEDULE_FILE}" if calibrated else "preset")
         assert pruning["prompt_tokens_computed_pct"] < 50
         assert result["r"].usage.prompt_tokens > 800
 
