@@ -15,7 +15,6 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
-import mlx_lazy
 from mlx_lazy import LazyEngine, PruningConfig, UserInputError, generate, load, stream_generate
 from mlx_lazy.adapter import MLX_LM_VERSIONS, check_mlx_lm_version
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mlx_lazy"
 # Private names these modules import from others; the lead moves them (issue 20 item 3).
