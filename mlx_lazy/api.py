@@ -22,7 +22,7 @@ from .adapter import SUPPORTED_MODEL_TYPES, ModelAdapter
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
 from .prompt_cache import PromptCache, make_prompt_cache
-from .schedule import MODEL_SCHEDULE_FILE, PruningConfig, Schedule, check_fits, parse_complete
+from .schedule import PruningConfig, Schedule, check_fits, folder_schedules, parse_complete
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -70,7 +70,8 @@ def load(
             or a hub id (where the network allows); None loads the default model
             (SmolLM2-135M-Instruct, "smollm2-135m"). A folder holding
             ``mlx_lazy_schedule.json`` (written by ``python -m mlx_lazy.calibrate``) makes a
-            plain ``"lazy"`` use that calibrated schedule.
+            plain ``"lazy"`` use that calibrated schedule (``mlx_lazy_schedule.high.json``
+            for ``quality="high"``).
         group: an ``mx.distributed`` group of more than one rank (e.g.
             ``mx.distributed.init()`` under ``mlx.launch``): every rank calls ``load``, and
             each keeps its share of the model (mlx-lm's ``model.shard``). The ranks check
@@ -98,10 +99,8 @@ def load(
             same["model files"] = distributed.weights_digest(Path(path))
             distributed.shard(model, group)
             mx.eval(model.parameters())
-    schedule = Path(path) / MODEL_SCHEDULE_FILE
-    if schedule.is_file():  # a calibrated schedule for plain "lazy"
-        model.mlx_lazy_schedule = PruningConfig.from_file(
-            schedule, ModelAdapter(model).fingerprint())
+    # the folder's calibrated schedules, by quality, for plain "lazy"
+    model.mlx_lazy_schedules = folder_schedules(path, ModelAdapter(model).fingerprint())
     return model, tokenizer
 
 

@@ -45,8 +45,8 @@ from .api import check_prompt, load, stream_generate
 from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
 from .inputs import MiB, read_file, read_stream
-from .schedule import (POLICIES, SCHEDULE_FIELDS, PruningConfig, RandomDrop, canonical_method,
-                       compose, parse_complete)
+from .schedule import (POLICIES, QUALITIES, SCHEDULE_FIELDS, PruningConfig, RandomDrop,
+                       canonical_method, compose, parse_complete)
 from .scorers import HEAD_REDUCTIONS, SCORERS
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
@@ -245,6 +245,10 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
                    help="LazyLLM: carry pruned tokens through their remaining layers from the "
                         "Aux Cache: none (the paper), after-first (all, right after the first "
                         "token) or progressive:K (K token-layers per output token)")
+    g.add_argument("--quality", choices=QUALITIES, default=None,
+                   help="LazyLLM: which calibrated schedule --method lazy takes: default (the "
+                        "fastest that deviates from full at most as much as 4-bit weights) or "
+                        "high (at most a quarter of that)")
     g.add_argument("--no-revive", dest="revive", action="store_false", default=None,
                    help="LazyLLM: decode steps choose only among tokens that already have KV "
                         "(no Aux Cache revivals; faster decoding, beyond the paper)")
@@ -259,7 +263,7 @@ def pruning_given(args: argparse.Namespace) -> bool:
 
 #: The pruning flags that override a method's preset fields (``args`` names).
 PRUNING_OVERRIDES = ("prune_layers", "keep", "speed_cutoff", "anchors", "revive", "complete",
-                     "pool", "scorer", "window", "heads")
+                     "pool", "scorer", "window", "heads", "quality")
 
 
 def build_config(args: argparse.Namespace) -> PruningConfig:

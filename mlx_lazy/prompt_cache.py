@@ -60,7 +60,7 @@ def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = N
     adapter = ModelAdapter(model)
     fingerprint = adapter.fingerprint()
     chosen = calibrated(as_config(config) or PruningConfig(), fingerprint,
-                        getattr(model, "mlx_lazy_schedule", None))
+                        getattr(model, "mlx_lazy_schedules", None))
     chosen.check_model(fingerprint)
     return chosen.resolve(adapter.num_layers)
 

@@ -18,17 +18,20 @@ survive past each pruning layer, so they must not increase.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Optional, Tuple, Type, Union
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, Union
 
 import numpy as np
 
 from .errors import UserInputError
+from .folders import write_text_atomic
 from .inputs import MiB, read_json
 from .scorers import Scorer, default_window, make_scorer
 
@@ -40,6 +43,10 @@ SCHEDULE_FIELDS = ("method", "prune_layers", "keep", "scorer", "heads", "window"
 PACKAGED_SCHEDULES = Path(__file__).parent / "data" / "schedules"
 #: A model folder holding this file makes ``--method lazy`` use it (see ``mlx_lazy.load``).
 MODEL_SCHEDULE_FILE = "mlx_lazy_schedule.json"
+#: The schedules calibrate writes per model, by ``PruningConfig.quality``: ``default``, the
+#: fastest whose deviation (mean KLD against ``full``) is at most 4-bit weights'; ``high``,
+#: the fastest at most a quarter of that. Files are named ``X.json`` and ``X.high.json``.
+QUALITIES = ("default", "high")
 #: Bounds of schedule files (calibrate writes a few KiB, nested 4 deep).
 SCHEDULE_MAX_BYTES = 1 * MiB
 SCHEDULE_MAX_DEPTH = 16
@@ -377,6 +384,10 @@ class PruningConfig:
         heads: how scores are reduced over attention heads, ``"mean"`` (the paper) or
             ``"max"``. None: ``"mean"``.
         window: the ``"window"`` scorer's size (default 8).
+        quality: which calibrated schedule a plain ``"lazy"`` takes (:data:`QUALITIES`):
+            ``"default"`` (the fastest that deviates at most as much as 4-bit weights) or
+            ``"high"`` (the fastest that deviates at most a quarter of that); resolved by
+            :func:`calibrated`.
         source: where these values come from (set by :meth:`from_file`); None lets
             :meth:`resolve` say ``"preset"`` or ``"user"``.
         fingerprint: the model a calibrated schedule is for (set by :meth:`from_file`, as
@@ -395,6 +406,7 @@ class PruningConfig:
     scorer: Optional[str] = None
     heads: Optional[str] = None
     window: Optional[int] = None
+    quality: str = "default"
     source: Optional[str] = None
     fingerprint: Optional[Tuple[Tuple[str, Any], ...]] = None
 
@@ -404,6 +416,9 @@ class PruningConfig:
         method = canonical_method(self.method)
         if not isinstance(self.revive, (bool, np.bool_)):
             raise UserInputError(f"revive must be True or False, got {_shown(self.revive)}")
+        if self.quality not in QUALITIES:
+            raise UserInputError(f"quality must be one of {', '.join(QUALITIES)}, got "
+                                 f"{_shown(self.quality)}")
         values = {
             "method": method,
             "revive": bool(self.revive),
@@ -685,50 +700,124 @@ def _check_layers(layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: 
         )
 
 
+def schedule_file_name(stem: str, quality: str = "default") -> str:
+    """The file name of a ``quality`` schedule (:data:`QUALITIES`): ``stem.json`` for the
+    default, ``stem.high.json`` for ``high``."""
+    return f"{stem}.json" if quality == "default" else f"{stem}.{quality}.json"
+
+
 def write_schedule(path: Union[str, Path], config: PruningConfig, fingerprint: Dict[str, Any],
-                   evidence: Dict[str, Any], model_name: str = "") -> Path:
-    """Write a schedule file: the config's :data:`SCHEDULE_FIELDS`, the model it was
-    calibrated for and the evidence behind it. :meth:`PruningConfig.from_file` reads it."""
+                   evidence: Dict[str, Any], model_name: str = "",
+                   quality: str = "default") -> Path:
+    """Write a schedule file: the config's :data:`SCHEDULE_FIELDS`, its ``quality``, the
+    model it was calibrated for and the evidence behind it. :meth:`PruningConfig.from_file`
+    reads it."""
     config.resolve(fingerprint["num_layers"])  # never write an invalid file
     values = {f: getattr(config, f) for f in SCHEDULE_FIELDS if getattr(config, f) is not None}
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
-    doc = {"format": SCHEDULE_FORMAT, "model": {"name": model_name, "fingerprint": fingerprint},
+    doc = {"format": SCHEDULE_FORMAT, "quality": quality,
+           "model": {"name": model_name, "fingerprint": fingerprint},
            "config": values, "evidence": evidence}
     path = Path(path)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
     return path
 
 
 def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
-               attached: Optional[PruningConfig] = None) -> PruningConfig:
+               attached: Optional[Mapping[str, PruningConfig]] = None) -> PruningConfig:
     """The config to run: a plain ``lazy`` request (no cuts, keep fractions or scorer given)
-    takes the model's calibrated schedule, the one ``attached`` by ``mlx_lazy.load`` from the
-    model folder or else a packaged one with the same fingerprint; otherwise ``config``."""
+    takes the model's calibrated schedule of its ``quality``: the one ``attached`` by
+    ``mlx_lazy.load`` from the model folder (by quality, see :func:`folder_schedules`), else
+    the one ``python -m mlx_lazy.calibrate`` left in the cache for this fingerprint
+    (:func:`cached_schedule_path`), else a packaged one with the same fingerprint; a default
+    quality request without any keeps the preset. Any other request is ``config`` itself.
+
+    Raises:
+        UserInputError: ``quality="high"`` on a request that is not plain ``lazy``, or for a
+            model without a calibrated high-quality schedule.
+    """
     plain = (config.method == "lazy" and config.source is None and not config.pool
              and all(getattr(config, f) is None
                      for f in ("prune_layers", "keep", "scorer", "heads", "window")))
+    high = config.quality != "default"
     if not plain:
+        if high:
+            raise UserInputError(f"quality={config.quality!r} picks the model's calibrated "
+                                 "schedule: it takes a plain method 'lazy' (no cuts, keep "
+                                 "fractions, scorer or schedule file)")
         return config
-    found = attached or packaged_schedule(fingerprint)
+    found = (attached or {}).get(config.quality)
     if found is None:
+        try:
+            cached: Optional[Path] = cached_schedule_path(fingerprint, config.quality)
+        except UserInputError:  # no cache folder and none can be made: nothing cached
+            cached = None
+        found = (PruningConfig.from_file(cached, fingerprint) if cached and cached.is_file()
+                 else packaged_schedule(fingerprint, config.quality))
+    if found is None:
+        if high:
+            raise UserInputError(
+                f"no quality={config.quality!r} schedule is calibrated for this model; make one "
+                "with python -m mlx_lazy.calibrate --model MODEL, or drop quality")
         return config
     return replace(found, revive=config.revive, complete=config.complete,
-                   anchors=config.anchors, seed=config.seed)
+                   anchors=config.anchors, seed=config.seed, quality=config.quality)
 
 
-def packaged_schedule(fingerprint: Dict[str, Any]) -> Optional[PruningConfig]:
-    """The packaged calibrated schedule whose model fingerprint equals ``fingerprint``."""
-    path = _packaged_paths().get(_key(fingerprint))
-    return None if path is None else PruningConfig.from_file(path, fingerprint)
+def folder_schedules(folder: Union[str, Path],
+                     fingerprint: Dict[str, Any]) -> Dict[str, PruningConfig]:
+    """The calibrated schedules a model folder holds (``mlx_lazy_schedule.json`` and
+    ``mlx_lazy_schedule.high.json``), by quality, checked against the model's fingerprint.
+
+    Raises:
+        UserInputError: a malformed file, or one calibrated for another model.
+    """
+    stem = MODEL_SCHEDULE_FILE.removesuffix(".json")
+    paths = {q: Path(folder) / schedule_file_name(stem, q) for q in QUALITIES}
+    return {q: PruningConfig.from_file(p, fingerprint) for q, p in paths.items() if p.is_file()}
+
+
+def fingerprint_digest(fingerprint: Dict[str, Any]) -> str:
+    """A short digest of a model fingerprint (shapes and weights digest): the cache key of
+    the model's own calibrated schedules."""
+    text = json.dumps(sorted(fingerprint.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cached_schedule_path(fingerprint: Dict[str, Any], quality: str = "default") -> Path:
+    """Where ``python -m mlx_lazy.calibrate`` keeps a schedule for a model whose folder it
+    cannot write (a named model, a hub id, a read-only folder):
+    ``~/.cache/mlx_lazy/schedules/<fingerprint digest>[.high].json``."""
+    from .default_model import cache_dir
+
+    return cache_dir() / "schedules" / schedule_file_name(fingerprint_digest(fingerprint),
+                                                          quality)
+
+
+def packaged_schedule(fingerprint: Dict[str, Any],
+                      quality: str = "default") -> Optional[PruningConfig]:
+    """The packaged calibrated schedule of ``quality`` whose model fingerprint equals
+    ``fingerprint``."""
+    return _packaged().get((_key(fingerprint), quality))
 
 
 @lru_cache(maxsize=1)
-def _packaged_paths() -> Dict[tuple, Path]:
-    """Packaged schedule files by model fingerprint, read once per process."""
-    paths = {}
+def _packaged() -> Dict[tuple, PruningConfig]:
+    """Packaged schedules by (model fingerprint, quality), read once per process. A corrupt
+    file is skipped with one warning naming it, so the model keeps its preset."""
+    found = {}
     for path in sorted(PACKAGED_SCHEDULES.glob("*.json")):
-        paths[_key(json.loads(path.read_text())["model"]["fingerprint"])] = path
-    return paths
+        try:
+            config = PruningConfig.from_file(path)
+            quality = read_json(path, f"schedule file {path}", SCHEDULE_MAX_BYTES,
+                                SCHEDULE_MAX_DEPTH).get("quality", "default")
+            if quality not in QUALITIES:
+                raise UserInputError(f"field 'quality' must be one of {', '.join(QUALITIES)}")
+        except UserInputError as e:
+            warnings.warn(f"ignoring the packaged schedule {path}: {e}", stacklevel=2)
+            continue
+        found[(_key(dict(config.fingerprint)), quality)] = config
+    return found
 
 
 def _key(fingerprint: Dict[str, Any]) -> tuple:

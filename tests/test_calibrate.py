@@ -22,9 +22,11 @@ def kept_positions(model, config, prompt):
 
 
 def tiny_calibration(path, out, **kw):
+    # max_kld: random weights drift without bound, so the KLD bar admits any (see
+    # test_the_kld_bars_choose_the_default_and_high_quality_schedules for the bars)
     opts = dict(model=str(path), out=str(out), tasks=("passkey",), lengths=(200,), rungs=(2, 3),
-                keep_per_rung=(3,), pilot=2, agreement_prompts=1, agreement_steps=3,
-                gain_length=512, measure=False, min_agreement=0.0,
+                keep_per_rung=(3,), pilot=2, kld_windows=1, kld_length=64, kld_steps=3,
+                gain_length=512, measure=False, max_kld=1e9,
                 scorers=(dict(scorer="last"), dict(scorer="window", window=4)))
     opts.update(kw)
     return run(Calibration(**opts))
@@ -34,11 +36,14 @@ def test_calibration_writes_a_schedule_that_reproduces_its_selections(tiny_model
     # Random weights score 0 everywhere: with min_base 0 every candidate passes, which
     # exercises the whole pipeline; the choice is the highest predicted gain.
     doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0)
-    assert doc["complete"] and doc["chosen"]
+    assert doc["complete"] and doc["chosen"]["default"]
     gains = [c["predicted_gain"] for c in doc["candidates"]]
-    assert doc["chosen"]["predicted_gain"] == max(gains) and gains == sorted(gains, reverse=True)
-    ev = doc["chosen"]
-    assert ev["samples_per_cell"] == 3 and ev["teacher_forced_agreement"]["steps"] == 3
+    ev = doc["chosen"]["default"]
+    assert ev["predicted_gain"] == max(gains) and gains == sorted(gains, reverse=True)
+    # one window of prose and one of code, 3 steps each; both yardsticks on the same ones
+    assert ev["samples_per_cell"] == 3 and (ev["kld"]["windows"], ev["kld"]["steps"]) == (2, 6)
+    assert {k: v["steps"] for k, v in ev["yardsticks"].items()} == {"q8": 6, "q4": 6}
+    assert ev["yardsticks"]["q4"]["kld_mean"] > ev["yardsticks"]["q8"]["kld_mean"] > 0
     assert set(ev["cells"]) == {"passkey@200"}
     sched = tmp_path / "cal" / "schedule.json"
     model, _ = load(tiny_model_path)
@@ -48,10 +53,22 @@ def test_calibration_writes_a_schedule_that_reproduces_its_selections(tiny_model
                               for k, v in chosen["config"].items()})
     prompt = mx.array(np.random.default_rng(0).integers(0, 300, 150).astype(np.int32))
     assert kept_positions(model, loaded, prompt) == kept_positions(model, direct, prompt)
-    # Best gain first: rung 0 stops once keep_per_rung (3) candidates passed; the rest never ran.
+    # Best gain first, in batches of 3 (keep_per_rung): every one is confirmed (nothing is
+    # lost, the default bar admits any KLD), so the first is the default schedule; batches
+    # went on until one was within the high bar, a quarter of the 4-bit yardstick's KLD.
+    bar = doc["bars"]["high"]
+    assert bar == pytest.approx(ev["yardsticks"]["q4"]["kld_mean"] / 4)
     ran = [c for c in doc["candidates"] if c["scores"]]
-    assert len(ran) == 3 and ran == doc["candidates"][:3]
-    assert (tmp_path / "cal" / "report.md").read_text().count("| `lazy:") == 3
+    assert ran == doc["candidates"][:len(ran)] and len(ran) % 3 == 0
+    confirmed = [c for c in ran if c["rung"] == 1 and c["dropped_at"] is None]
+    high = next(c for c in confirmed if c["kld"]["kld_mean"] <= bar)
+    assert doc["chosen"]["high"]["name"] == high["name"] != ev["name"]
+    assert all(c["kld"]["kld_mean"] > bar for c in confirmed[:confirmed.index(high)])
+    assert len(ran) - confirmed.index(high) <= 3  # the batch that found it was the last
+    high_file = PruningConfig.from_file(tmp_path / "cal" / "schedule.high.json")
+    assert high_file.prune_layers == tuple(high["config"]["prune_layers"])
+    report = (tmp_path / "cal" / "report.md").read_text()
+    assert report.count("| `lazy:") == len(ran) and "weights through 4 bits" in report
 
 
 def test_no_cell_the_full_path_can_do_is_bad_input(tiny_model_path, tmp_path):
@@ -86,6 +103,7 @@ def test_a_time_limit_mid_rung_reports_the_partial_rung_and_resume_completes_it(
     from mlx_lazy.bench import calibrate
 
     runs = fake_runs(monkeypatch)
+    fake_deviation(monkeypatch)  # every KLD 0: the first confirmed is of both qualities
     # One clock tick per run: the pilot (2 runs of full), rung 0 (2 runs each of 3
     # candidates), then the best candidate's third sample (tick 9) at rung 1; full's third
     # (tick 10) is past the limit. The candidate then has more samples than full.
@@ -107,7 +125,8 @@ def test_a_time_limit_mid_rung_reports_the_partial_rung_and_resume_completes_it(
     again = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True)
     assert runs == [("full", 2)]  # only what the stop left unmeasured
     assert again["complete"] and again["stopped"] is None
-    assert again["chosen"]["name"] == best["name"] and again["chosen"]["samples_per_cell"] == 3
+    chosen = again["chosen"]["default"]
+    assert chosen["name"] == best["name"] and chosen["samples_per_cell"] == 3
     assert "(partial)" not in (tmp_path / "cal" / "report.md").read_text()
     assert hollow_markers(tmp_path / "cal", monkeypatch) == 0
 
@@ -135,7 +154,7 @@ def test_ctrl_c_writes_what_was_measured_and_exits_130(tiny_model_path, tmp_path
     out = tmp_path / "cal"
     assert main(["--model", str(tiny_model_path), "--out", str(out), "--tasks", "passkey",
                  "--lengths", "200", "--rungs", "2,50", "--pilot", "3", "--min-base", "0",
-                 "--min-agreement", "0", "--no-measure", "--scorers", "last",
+                 "--max-kld", "q8", "--no-measure", "--scorers", "last",
                  "--cuts", "0.5/0.2"]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == "interrupted"
     doc = json.loads((out / "results.json").read_text())
@@ -154,6 +173,12 @@ def test_ctrl_c_writes_what_was_measured_and_exits_130(tiny_model_path, tmp_path
     (["--keep-per-rung", "0"], "--keep-per-rung values must be >= 1"),
     (["--gain-length", "0"], "--gain-length must be >= 1"),
     (["--tasks", ""], "unknown task ''"),
+    (["--time-limit", "30 minutes"], "--time-limit takes seconds or a duration"),
+    (["--max-kld", "-1"], "--max-kld takes a non-negative number or q8 / q4"),
+    (["--max-kld", "x"], "--max-kld takes a non-negative number or q8 / q4"),
+    (["--max-kld", "inf"], "--max-kld takes a non-negative number"),
+    (["--min-agreement", "0.9"], "unrecognized arguments: --min-agreement"),
+    (["--kld-windows", "0"], "--kld-windows must be >= 1"),
 ])
 def test_bad_options_are_one_error_line_before_any_work(tmp_path, monkeypatch, capsys, args,
                                                         message):
@@ -283,12 +308,12 @@ def test_packaged_schedules_apply_by_fingerprint(schedule_file, tiny_model, tmp_
     packaged.mkdir()
     shutil.copy(path, packaged / "tiny.json")
     monkeypatch.setattr(schedule, "PACKAGED_SCHEDULES", packaged)
-    schedule._packaged_paths.cache_clear()
+    schedule._packaged.cache_clear()
     try:
         llama = LazyEngine(tiny_model("llama")[0], resolve_config(tiny_model("llama")[0], PruningConfig("lazy"))).stats.schedule
         qwen = LazyEngine(tiny_model("qwen2")[0], resolve_config(tiny_model("qwen2")[0], PruningConfig("lazy"))).stats.schedule
     finally:
-        schedule._packaged_paths.cache_clear()
+        schedule._packaged.cache_clear()
     assert (llama["source"], llama["prune_layers"], llama["scorer"]) == (
         "calibrated:tiny.json", [0, 2], "window")
     assert qwen["source"] == "preset"  # another fingerprint: the preset
@@ -348,8 +373,10 @@ def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch
         raise AssertionError("a run was repeated")
 
     monkeypatch.setattr(calibrate, "run_one", no_new_runs)
+    monkeypatch.setattr(calibrate.Deviation, "measure", no_new_runs)  # KLDs and yardsticks too
     again = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True)
-    assert again["chosen"]["name"] == first["chosen"]["name"]
+    assert again["chosen"] == first["chosen"] | {
+        q: dict(c, made=again["chosen"][q]["made"]) for q, c in first["chosen"].items()}
     with pytest.raises(UserInputError, match="another model, seed"):
         tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True, seed=1)
 
@@ -378,14 +405,15 @@ def test_every_last_rung_candidate_has_its_gain_measured(tiny_model_path, tmp_pa
 
     monkeypatch.setattr(calibrate, "run_one", fake_run_one)
     monkeypatch.setattr(calibrate, "measure_gain", fake_measure)
+    fake_deviation(monkeypatch)  # every KLD 0: the first confirmed is of both qualities
     opts = dict(min_base=0.5, measure=True, keep_per_rung=(2,))
     doc = tiny_calibration(tiny_model_path, tmp_path / "cal", **opts)
     final = [c for c in doc["candidates"] if min(map(len, c["scores"].values()), default=0) == 3]
     # both candidates that reached the last rung are measured, the dropped one too
     assert [c["dropped_at"] for c in final] == [1, None]
     assert [c["measured_gain"]["gain"] for c in final] == [3.0, 4.0] and len(timed) == 2
-    assert doc["chosen"]["name"] == final[1]["name"]
-    assert doc["chosen"]["measured_gain"]["gain"] == 4.0
+    assert doc["chosen"]["default"]["name"] == final[1]["name"]
+    assert doc["chosen"]["default"]["measured_gain"]["gain"] == 4.0
     report = (tmp_path / "cal" / "report.md").read_text()
     assert "| 3.00x |" in report and "| 4.00x |" in report
     # a resume measures nothing again
@@ -414,33 +442,61 @@ def test_when_the_last_rung_confirms_none_the_next_batch_is_tried(tiny_model_pat
         return SimpleNamespace(score=float(method.name not in batch or calls[method.name] < 3))
 
     monkeypatch.setattr(calibrate, "run_one", fake_run_one)
+    fake_deviation(monkeypatch)  # every KLD 0: the first confirmed is of both qualities
     doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.5, keep_per_rung=(2,))
     names = [c["name"] for c in doc["candidates"]]
-    assert doc["complete"] and doc["chosen"]["name"] == names[2]
+    assert doc["complete"] and doc["chosen"]["default"]["name"] == names[2]
     assert [c["dropped_at"] for c in doc["candidates"][:3]] == [1, 1, None]
     assert not any(c["scores"] for c in doc["candidates"][4:])  # batch 2 stopped at its 2nd
 
 
-def test_a_schedule_below_the_agreement_bar_is_not_chosen(tiny_model_path, tmp_path,
-                                                          monkeypatch):
-    from mlx_lazy.bench import calibrate, fidelity
+def fake_deviation(monkeypatch, klds=(), rest=0.0):
+    """Replace KLD measurements: the 8- and 4-bit yardsticks measure 0.02 and 0.4; the
+    i-th candidate configuration measured measures ``klds[i]``, later ones ``rest``."""
+    from mlx_lazy.bench import calibrate
 
     seen: list = []
 
-    def fake_agreement(model, config, prompt, ref):
-        # the first candidate to reach it drifts from full (1 of 3 steps), the rest agree
+    def measure(self, config, model=None):
+        if config is None:  # a yardstick: round_weights below returned its bits
+            return {"kld_mean": {8: 0.02, 4: 0.4}[model], "kld_mean_ci": (0, 1), "steps": 1}
         seen.append(config)
-        return [config == seen[0] and i == 0 or config != seen[0] for i in range(3)]
+        i = len(seen) - 1
+        return {"kld_mean": klds[i] if i < len(klds) else rest, "kld_mean_ci": (0, 1),
+                "steps": 1}
 
-    monkeypatch.setattr(fidelity, "agreement", fake_agreement)
-    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, min_agreement=0.95)
+    monkeypatch.setattr(calibrate.Deviation, "measure", measure)
+    monkeypatch.setattr(calibrate.yardstick, "round_weights", lambda model, bits: bits)
+    return seen
+
+
+@pytest.mark.parametrize("max_kld, default, high", [
+    ("q4", 1, 2),     # 0.5 > q4's 0.4: dropped; 0.2 <= 0.4; 0.05 <= 0.4 / 4
+    (0.3, 1, 2),      # a number as the bar
+    (0.6, 0, 2),      # a looser bar than q4: the high one still keeps to a quarter of q4's
+    ("q8", None, None),  # 0.05 > q8's 0.02: none admissible (and then none of high quality)
+])
+def test_the_kld_bars_choose_the_default_and_high_quality_schedules(
+        tiny_model_path, tmp_path, monkeypatch, max_kld, default, high):
+    seen = fake_deviation(monkeypatch, [0.5, 0.2, 0.05], rest=0.3)
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, max_kld=max_kld)
     names = [c["name"] for c in doc["candidates"]]
-    assert doc["chosen"]["name"] == names[1] and doc["candidates"][0]["dropped_at"] == 1
-    assert doc["candidates"][0]["agreement"]["rate"] == pytest.approx(1 / 3)
-    assert doc["chosen"]["teacher_forced_agreement"]["rate"] == 1.0
-    assert doc["chosen"]["min_agreement"] == 0.95
-    assert main(["--out", str(tmp_path / "x"), "--min-agreement", "1.5"]) == 2
-    assert main(["--out", str(tmp_path / "x"), "--gain-repeats", "0"]) == 2
+    chosen = {q: names.index(c["name"]) for q, c in doc["chosen"].items()}
+    assert chosen == {q: i for q, i in (("default", default), ("high", high)) if i is not None}
+    bar = {"q4": 0.4, "q8": 0.02}.get(max_kld, max_kld)
+    assert doc["bars"] == {"default": bar, "high": min(bar, 0.1)}
+    assert [c["dropped_at"] for c in doc["candidates"][:3]] == [
+        None if k <= bar else 1 for k in (0.5, 0.2, 0.05)]
+    for quality, name in (("default", "schedule.json"), ("high", "schedule.high.json")):
+        path = tmp_path / "cal" / name
+        assert path.is_file() == (quality in chosen)
+        if quality in chosen:
+            saved = json.loads(path.read_text())
+            assert saved["quality"] == saved["evidence"]["quality"] == quality
+            assert saved["evidence"]["kld_bar"] == doc["bars"][quality]
+            assert saved["evidence"]["yardsticks"]["q4"]["kld_mean"] == 0.4
+    if high is not None:  # the high one ends the search: nothing after it was measured
+        assert len(seen) == high + 1
 
 
 def test_measured_gain_is_the_median_of_its_paired_repeats(tiny_model, monkeypatch):

@@ -231,7 +231,7 @@ def test_smollm2_compare(smollm2_path, tmp_path):
 def _args(**kw) -> SimpleNamespace:
     base = dict(method="lazy", prune_layers=None, keep=None, speed_cutoff=None, anchors=None,
                 seed=None, revive=None, pool=None, scorer=None, window=None, heads=None,
-                complete=None, schedule=None)
+                complete=None, quality=None, schedule=None)
     return SimpleNamespace(**{**base, **kw})
 
 

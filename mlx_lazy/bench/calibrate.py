@@ -10,23 +10,32 @@
 3. **Successive halving.** Candidates run best predicted gain first on the first
    ``rungs[0]`` samples of each cell; the first ``--keep-per-rung`` of them within the loss
    allowance go on to ``rungs[1]`` samples (the rest wait), and so on. The last rung (≥ 50
-   samples per cell) confirms: the chosen schedule is the first candidate whose paired
-   relative loss against ``full`` pooled over the cells is ≤ ``--max-loss`` and whose
-   teacher-forced agreement with ``full`` along prose is ≥ ``--min-agreement``. When the last
-   rung confirms none, the next batch of candidates starts at rung 0 where the first stopped.
-   ``--resume`` reuses an earlier run's samples in ``--out``.
+   samples per cell) confirms: a schedule is **admissible** when its paired relative loss
+   against ``full`` pooled over the cells is ≤ ``--max-loss`` and its mean KL divergence from
+   ``full`` along full's own continuation (``--kld-windows`` windows of prose and of code,
+   :mod:`.fidelity`) is ≤ ``--max-kld``: a number, or ``q4`` / ``q8``, the mean KLD of the
+   model with its weights rounded through 4- / 8-bit quantization on the same windows
+   (:mod:`.yardstick`). The fastest admissible schedule is the default one; the fastest
+   whose KLD is also ≤ a quarter of the 4-bit yardstick's is the ``high`` quality one. When
+   the last rung leaves either unfound, the next batch of candidates starts at rung 0 where
+   the first stopped. ``--resume`` reuses an earlier run's samples in ``--out``.
 4. **Evidence.** Per cell and pooled: paired lost/won counts, Wilson intervals, a paired
-   bootstrap interval of the relative loss; teacher-forced agreement with ``full`` along
-   natural text; predicted gain at ``--gain-length`` for every candidate and (unless
-   ``--no-measure``) the measured gain of every candidate that reached the last rung: the
-   frontier, prediction beside measurement.
+   bootstrap interval of the relative loss; mean and p99 KLD and same-top-1 with bootstrap
+   intervals, beside both yardsticks; predicted gain at ``--gain-length`` for every candidate
+   and (unless ``--no-measure``) the measured gain of every candidate that reached the last
+   rung: the frontier, prediction beside measurement.
 
-Writes into ``--out``: ``results.json`` (every run, replaced atomically after each
-candidate), ``report.md``, ``pareto.png`` and, only when a candidate was confirmed,
-``schedule.json`` (load it with ``--schedule``, ``PruningConfig.from_file``, or copy it into
-the model folder as ``mlx_lazy_schedule.json``). A ``--time-limit``, Ctrl-C or SIGTERM stops
-it early: the three files then hold what was measured (a rung or pilot left unfinished is
-marked partial; exit status 130 after an interrupt) and ``--resume`` continues from them.
+Writes into ``--out`` (default: ``~/.cache/mlx_lazy/calibration/<fingerprint digest>``):
+``results.json`` (every run, replaced atomically after each candidate), ``report.md``,
+``pareto.png`` and, for each quality found, ``schedule.json`` / ``schedule.high.json`` (load
+one with ``--schedule`` or ``PruningConfig.from_file``). Without ``--out`` (or with
+``--install``) the schedules are also installed where ``mlx_lazy.load`` finds them: into a
+writable model folder as ``mlx_lazy_schedule.json`` / ``mlx_lazy_schedule.high.json``, else
+(a named model, a hub id, a read-only folder) into ``~/.cache/mlx_lazy/schedules/`` by
+fingerprint. A ``--time-limit`` (``1800``, ``30m``, ``2h``), Ctrl-C or SIGTERM stops it
+early: the files then hold what was measured (a rung or pilot left unfinished is marked
+partial; a schedule already confirmed is still written; exit status 130 after an interrupt)
+and ``--resume`` continues from them.
 """
 
 from __future__ import annotations
@@ -35,12 +44,13 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import PruningConfig, load
@@ -48,8 +58,9 @@ from ..adapter import ModelAdapter
 from ..cli import OneLineParser
 from ..errors import UserInputError
 from ..folders import write_text_atomic
-from ..schedule import layers_at, write_schedule
-from . import fidelity, stats
+from ..schedule import (MODEL_SCHEDULE_FILE, QUALITIES, cached_schedule_path,
+                        fingerprint_digest, layers_at, schedule_file_name, write_schedule)
+from . import fidelity, stats, yardstick
 from .calibration_results import report, used_cells
 from .costmodel import predicted_counts, prior
 from .common import Method, jsonable, loadavg, median
@@ -99,7 +110,7 @@ class Candidate:
     rung: int = 0  # the rung it reached (its samples fall short when a run stopped mid-rung)
     dropped_at: Optional[int] = None
     measured_gain: Optional[dict[str, Any]] = None  # measure_gain(), last-rung candidates only
-    agreement: Optional[dict[str, Any]] = None  # teacher-forced, once accurate at the last rung
+    kld: Optional[dict[str, Any]] = None  # Deviation.measure(), once accurate at the last rung
 
     def as_dict(self) -> dict[str, Any]:
         d = jsonable(asdict(self))
@@ -136,12 +147,48 @@ def _scorer_spec(fields_: dict[str, Any]) -> str:
     return ":".join([fields_["scorer"]] + [f"{k}={v}" for k, v in fields_.items() if k != "scorer"])
 
 
+#: Spellings of ``--max-kld`` that name a yardstick: the mean KLD of the model with its
+#: weights rounded through that many bits.
+YARDSTICKS = {fidelity.yardstick_row(b): b for b in yardstick.BITS}
+#: The ``high`` quality's bar: this fraction of the 4-bit yardstick's mean KLD.
+HIGH_FRACTION = 0.25
+
+
+def parse_max_kld(text: str) -> Union[float, str]:
+    """``--max-kld``: a yardstick name (``q4``, ``q8``) or a non-negative number."""
+    text = text.strip()
+    if text in YARDSTICKS:
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(
+            f"--max-kld takes a non-negative number or {' / '.join(YARDSTICKS)}, got {text!r}")
+    return value
+
+
+def parse_duration(text: str) -> float:
+    """``--time-limit``: seconds, or a number with ``s``, ``m`` or ``h`` (``30m``, ``2h``)."""
+    match = re.fullmatch(r"\s*([-+]?[0-9.]+(?:e[-+]?[0-9]+)?|nan|inf)\s*([smh]?)\s*",
+                         text.lower())
+    try:
+        value = float(match.group(1)) if match else None
+    except ValueError:
+        value = None
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"--time-limit takes seconds or a duration like 30m or 2h, got {text!r}")
+    return value * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
 @dataclass
 class Calibration:
     """Options of one calibration (the command's flags)."""
 
     model: Optional[str] = None
-    out: str = "calibration"
+    out: Optional[str] = None  # None: the cache, by model fingerprint
     tasks: tuple[str, ...] = DEFAULT_TASKS
     lengths: tuple[int, ...] = (1024,)
     rungs: tuple[int, ...] = (6, 20, 50)
@@ -152,9 +199,11 @@ class Calibration:
     gain_length: int = 4096
     scorers: tuple[dict[str, Any], ...] = SCORER_GRID
     cuts: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] = CUT_GRID
-    agreement_prompts: int = 8
-    agreement_steps: int = 32
-    min_agreement: float = 0.95
+    max_kld: Union[float, str] = "q4"
+    kld_windows: int = 8  # per kind of text
+    kld_length: int = 700
+    kld_steps: int = 32
+    install: bool = False  # also where mlx_lazy.load finds it (the model folder or the cache)
     measure: bool = True
     gain_repeats: int = 1
     time_limit_s: Optional[float] = None
@@ -177,17 +226,64 @@ class Calibration:
                                          "the rungs' samples)"),
             (not 0 <= self.min_base <= 1, "--min-base must be in [0, 1]"),
             (not 0 <= self.max_loss < 1, "--max-loss must be in [0, 1)"),
-            (not 0 <= self.min_agreement <= 1, "--min-agreement must be in [0, 1]"),
+            (not (self.max_kld in YARDSTICKS or isinstance(self.max_kld, (int, float))
+                  and math.isfinite(self.max_kld) and self.max_kld >= 0),
+             f"--max-kld takes a non-negative number or {' / '.join(YARDSTICKS)}"),
             (self.gain_length < 1, "--gain-length must be >= 1 token"),
             (self.gain_repeats < 1, "--gain-repeats must be >= 1"),
-            (self.agreement_prompts < 1 or self.agreement_steps < 1,
-             "agreement_prompts and agreement_steps must be >= 1"),
+            (self.kld_windows < 1, "--kld-windows must be >= 1"),
+            (self.kld_length < 2 or self.kld_steps < 1,
+             "kld_length must be >= 2 tokens and kld_steps >= 1"),
             (limit is not None and not (math.isfinite(limit) and limit > 0),
              "--time-limit must be a positive number of seconds"),
             (not self.scorers or not self.cuts, "--scorers and --cuts need at least one value"),
         ] if failed), None)
         if why:
             raise UserInputError(why)
+
+
+class Deviation:
+    """Mean KL divergence from ``full`` along full's own greedy continuation, on fixed
+    windows of each kind of text (:data:`.fidelity.KINDS`): of candidate schedules, and of
+    the quantization yardsticks (:data:`YARDSTICKS`) on the same windows. The windows and
+    full's runs are made on first use, the yardsticks once."""
+
+    def __init__(self, model: Any, tokenizer: Any, windows: int, length: int, steps: int):
+        self.model, self.tokenizer = model, tokenizer
+        self.windows, self.length, self.steps = windows, length, steps
+        self.texts: dict[str, Any] = {}  # kind -> what the windows came from
+        self._refs: list[tuple[list[int], fidelity.Continuation]] = []
+        self.yardsticks: dict[str, dict[str, Any]] = {}
+
+    def references(self) -> list[tuple[list[int], fidelity.Continuation]]:
+        """Every window with ``full``'s run along it."""
+        if not self._refs:
+            for kind in fidelity.KINDS:
+                prompts, self.texts[kind] = fidelity.text_windows(
+                    self.tokenizer, fidelity.kind_files(kind), self.windows, self.length)
+                self._refs += [(p, fidelity.continuation(self.model, p, self.steps))
+                               for p in prompts]
+        return self._refs
+
+    def measure(self, config: Optional[PruningConfig], model: Any = None) -> dict[str, Any]:
+        """:func:`.fidelity.row_summary` of ``config`` on ``model`` (default: the model)
+        teacher-forced along every reference."""
+        runs = [fidelity.compare(ref, fidelity.continuation(
+                    model or self.model, prompt, self.steps, config, forced=ref.tokens))
+                for prompt, ref in self.references()]
+        return fidelity.row_summary(runs)
+
+    def bars(self, max_kld: Union[float, str]) -> dict[str, float]:
+        """The largest mean KLD of each quality: ``max_kld`` (a yardstick's, by name) for the
+        default one; at most :data:`HIGH_FRACTION` of the 4-bit yardstick's for ``high``."""
+        for row, bits in YARDSTICKS.items():
+            if row not in self.yardsticks:
+                self.yardsticks[row] = self.measure(None, yardstick.round_weights(self.model,
+                                                                                  bits))
+        default = (self.yardsticks[max_kld]["kld_mean"] if isinstance(max_kld, str)
+                   else float(max_kld))
+        q4 = self.yardsticks[fidelity.yardstick_row(4)]["kld_mean"]
+        return {"default": default, "high": min(default, HIGH_FRACTION * q4)}
 
 
 class _OutOfTime(Exception):
@@ -207,10 +303,12 @@ def run(cal: Calibration) -> dict[str, Any]:
     """
     cal.check()
     start = time.monotonic()
-    out = Path(cal.out)
-    _prepare_out(out)
+    if cal.out is not None:
+        _prepare_out(Path(cal.out))  # before the model loads: a bad --out fails at once
     model, tokenizer = load(cal.model)
     fingerprint = ModelAdapter(model).fingerprint()
+    out = Path(cal.out) if cal.out is not None else work_folder(fingerprint)
+    _prepare_out(out)
     n_max = max(cal.rungs)
     try:
         samples = {f"{t}@{n}": build_samples(tokenizer, t, n, n_max, cal.seed)
@@ -218,7 +316,8 @@ def run(cal: Calibration) -> dict[str, Any]:
     except ValueError as e:  # a length too short for a task's question and needles
         raise UserInputError(str(e)) from None
     doc: dict[str, Any] = {"options": asdict(cal), "fingerprint": fingerprint, "cells": {},
-                           "full": {}, "candidates": [], "chosen": None, "complete": False,
+                           "full": {}, "candidates": [], "yardsticks": {}, "bars": None,
+                           "chosen": {}, "installed": {}, "out": str(out), "complete": False,
                            "stopped": None}
 
     def check_time() -> None:
@@ -239,20 +338,19 @@ def run(cal: Calibration) -> dict[str, Any]:
             have.append(score(None, cell, len(have)))
         return have[:n]
 
-    refs: list[fidelity.Reference] = []
+    deviation = Deviation(model, tokenizer, cal.kld_windows, cal.kld_length, cal.kld_steps)
+    doc["yardsticks"], doc["kld_texts"] = deviation.yardsticks, deviation.texts  # on first use
 
-    def agreement(config: PruningConfig) -> dict[str, Any]:
-        """Teacher-forced agreement with ``full`` (the references computed once)."""
-        if not refs:
-            refs.extend(fidelity.references(model, tokenizer, max(cal.lengths),
-                                            cal.agreement_prompts, cal.agreement_steps))
-        return {**fidelity.agreement_summary(model, config, refs),
-                "prompt_tokens": max(cal.lengths)}
+    def bars() -> dict[str, float]:
+        check_time()
+        doc["bars"] = deviation.bars(cal.max_kld)
+        return doc["bars"]
 
     cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts)
     doc["candidates"] = cands
     if cal.resume:
-        doc["earlier"] = _resume(out, cal, fingerprint, full, cands)
+        doc["earlier"] = _resume(out, cal, fingerprint, full, cands, deviation)
+    last = len(cal.rungs) - 1
     try:
         # 1. cells where the unpruned path can do the task
         for cell in samples:
@@ -266,11 +364,10 @@ def run(cal: Calibration) -> dict[str, Any]:
                 f"full scores < {cal.min_base:.0%} on every cell; choose shorter --lengths or "
                 "other --tasks where this model can do the task")
         # 2-3. successive halving in batches, best predicted gain first: a batch is what rung
-        # 0 takes in; when the last rung confirms none of it, the next batch starts where
-        # rung 0 stopped, until one candidate is confirmed or none is left.
-        pending, found = list(cands), False
-        last = len(cal.rungs) - 1
-        while pending and not found:
+        # 0 takes in; while the last rung leaves a quality unfound, the next batch starts
+        # where rung 0 stopped, until every quality is found or no candidate is left.
+        pending = list(cands)
+        while pending and len(_choose(cands, cells, cal, doc["bars"])) < len(QUALITIES):
             alive = pending
             for r, n in enumerate(cal.rungs):
                 passing, tried = [], 0
@@ -283,14 +380,16 @@ def run(cal: Calibration) -> dict[str, Any]:
                             have.append(score(cand.config, cell, len(have)))
                     p = _pooled(full_scores, cand, cells, n)
                     ok = _within(p, cal.max_loss, last=r == last)
-                    if ok and r == last and cal.min_agreement > 0:
-                        if cand.agreement is None:
-                            cand.agreement = agreement(cand.config)
-                        ok = cand.agreement["rate"] >= cal.min_agreement
+                    if ok and r == last:
+                        if cand.kld is None:
+                            check_time()
+                            cand.kld = deviation.measure(cand.config)
+                        ok = cand.kld["kld_mean"] <= bars()["default"]
                     _log(f"rung {r} n={n} {cand.name}: gain {cand.predicted_gain:.2f}x "
                          f"lost {p.lost} won {p.won} rel loss {p.rel_loss:+.3f}"
-                         + (f" agreement {cand.agreement['rate']:.3f}"
-                            if r == last and cand.agreement else "")
+                         + (f" KLD {cand.kld['kld_mean']:.4f} (bars "
+                            + ", ".join(f"{q} {b:.4f}" for q, b in doc["bars"].items()) + ")"
+                            if r == last and cand.kld and doc["bars"] else "")
                          + ("" if ok else " (dropped)"))
                     if ok:
                         passing.append(cand)
@@ -298,9 +397,13 @@ def run(cal: Calibration) -> dict[str, Any]:
                         cand.dropped_at = r
                     _write(out, doc, full, cells)  # after every candidate: --resume loses nothing
                     # Candidates are in predicted-gain order: once a rung has as many passing
-                    # as go on (one at the last rung: confirmed), the rest could not be chosen.
-                    if len(passing) >= (cal.keep_per_rung[r] if r < len(cal.keep_per_rung)
-                                        else 1 if r == last else len(alive)):
+                    # as go on (at the last rung: every quality found), the rest could not
+                    # be chosen.
+                    if r == last:
+                        if len(_choose(cands, cells, cal, doc["bars"])) == len(QUALITIES):
+                            break
+                    elif len(passing) >= (cal.keep_per_rung[r] if r < len(cal.keep_per_rung)
+                                          else len(alive)):
                         break
                 if r == 0:
                     pending = alive[tried:]
@@ -308,7 +411,6 @@ def run(cal: Calibration) -> dict[str, Any]:
                 _write(out, doc, full, cells)
                 if not alive:
                     break
-            found = bool(alive)
         # 4. the frontier's measured gain, beside the predicted one
         for cand in _final(cands, cells, cal) if cal.measure else []:
             if cand.measured_gain is None:
@@ -326,20 +428,52 @@ def run(cal: Calibration) -> dict[str, Any]:
     if doc["stopped"]:
         _log(f"stopped ({doc['stopped']}): writing what was measured")
     cells = used_cells(doc)
-    confirmed = [c for c in _final(cands, cells, cal) if c.dropped_at is None and doc["complete"]]
-    if confirmed:
-        chosen = confirmed[0]
-        if chosen.agreement is None:  # --min-agreement 0
-            chosen.agreement = agreement(chosen.config)
-        evidence = _evidence(cal, chosen, full_scores, cells)
-        doc["chosen"] = {"name": chosen.name, **evidence}
-        write_schedule(out / "schedule.json", chosen.config, fingerprint, evidence,
-                       model_name=str(cal.model or "default"))
-        _log(f"chosen: {chosen.name}, wrote {out / 'schedule.json'}")
-    else:
+    # A schedule confirmed before a stop stays the fastest admissible one: candidates reach
+    # the last rung in predicted-gain order, every faster one was dropped.
+    for quality, cand in _choose(cands, cells, cal, doc["bars"]).items():
+        evidence = _evidence(cal, cand, full_scores, cells, quality, doc, deviation)
+        doc["chosen"][quality] = {"name": cand.name, **evidence}
+        path = write_schedule(out / schedule_file_name("schedule", quality), cand.config,
+                              fingerprint, evidence, str(cal.model or "default"), quality)
+        _log(f"{quality} quality: {cand.name}, wrote {path}")
+        if cal.install:
+            target = install_path(cal.model, fingerprint, quality)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_schedule(target, cand.config, fingerprint, evidence,
+                           str(cal.model or "default"), quality)
+            doc["installed"][quality] = str(target)
+            _log(f"installed {target}")
+    if not doc["chosen"]:
         _log("no candidate confirmed: no schedule written")
     _write(out, doc, full, cells)
     return json.loads((out / "results.json").read_text())
+
+
+def _choose(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration,
+            bars: Optional[dict[str, float]]) -> dict[str, Candidate]:
+    """Per quality, the fastest confirmed candidate within its KLD bar (none before the
+    bars are known)."""
+    confirmed = [c for c in _final(cands, cells, cal) if c.dropped_at is None and c.kld]
+    chosen = {q: next((c for c in confirmed if c.kld["kld_mean"] <= bars[q]), None)
+              for q in QUALITIES} if bars else {}
+    return {q: c for q, c in chosen.items() if c is not None}
+
+
+def work_folder(fingerprint: dict[str, Any]) -> Path:
+    """The default ``--out``: the cache's calibration folder of this model."""
+    from ..default_model import cache_dir
+
+    return cache_dir() / "calibration" / fingerprint_digest(fingerprint)
+
+
+def install_path(model: Optional[str], fingerprint: dict[str, Any], quality: str) -> Path:
+    """Where ``mlx_lazy.load`` finds a schedule of ``quality`` for ``model``: inside a local
+    model folder it can write, else in the cache by fingerprint (a named model, a hub id,
+    a read-only folder)."""
+    folder = None if model is None else Path(model).expanduser()
+    if folder is not None and folder.is_dir() and os.access(folder, os.W_OK | os.X_OK):
+        return folder / schedule_file_name(MODEL_SCHEDULE_FILE.removesuffix(".json"), quality)
+    return cached_schedule_path(fingerprint, quality)
 
 
 def _prepare_out(out: Path) -> None:
@@ -361,9 +495,12 @@ def _final(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration) -
 
 
 def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
-            full: dict[str, list[float]], cands: Sequence[Candidate]) -> list[dict[str, Any]]:
-    """Reuse the per-sample scores of an earlier run in ``out`` (same model and samples);
-    return the earlier candidates that this run's grid lacks (kept in its results)."""
+            full: dict[str, list[float]], cands: Sequence[Candidate],
+            deviation: Deviation) -> list[dict[str, Any]]:
+    """Reuse the per-sample scores of an earlier run in ``out`` (same model and samples) and
+    its KLD measurements (when made on the same windows: same kld options); return the
+    earlier candidates that this run's grid lacks (kept in its results). Files written
+    before KLD replaced teacher-forced agreement resume without their agreement."""
     path = out / "results.json"
     if not path.is_file():
         return []
@@ -378,12 +515,17 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
         raise UserInputError(f"--resume: {path} is from another model, seed or sample count; "
                              "use another --out")
     full.update({k: list(v) for k, v in old.get("full", {}).items()})
+    same_windows = all(o.get(k) == getattr(cal, k)
+                       for k in ("kld_windows", "kld_length", "kld_steps"))
+    if same_windows:
+        deviation.yardsticks.update(old.get("yardsticks") or {})
+        deviation.texts.update(old.get("kld_texts") or {})
     earlier = {c["name"]: c for c in old.get("candidates", [])}
     for c in cands:
         if c.name in earlier:
             c.scores = {k: list(v) for k, v in earlier[c.name]["scores"].items()}
             c.measured_gain = earlier[c.name].get("measured_gain")
-            c.agreement = earlier[c.name].get("agreement")
+            c.kld = earlier[c.name].get("kld") if same_windows else None
     names = {c.name for c in cands}
     kept = [c for c in old.get("candidates", []) if c["name"] not in names]
     _log(f"resumed {sum(map(len, full.values()))} full and "
@@ -404,11 +546,14 @@ def _within(p: stats.Paired, max_loss: float, last: bool) -> bool:
     return p.lost - p.won <= allowed
 
 
-def _evidence(cal: Calibration, cand: Candidate, full_scores,
-              cells: Sequence[str]) -> dict[str, Any]:
+def _evidence(cal: Calibration, cand: Candidate, full_scores, cells: Sequence[str],
+              quality: str, doc: dict[str, Any], deviation: Deviation) -> dict[str, Any]:
+    """What a schedule file says about its schedule: the paired retrieval samples, its KLD
+    beside the yardsticks on the same windows, the gains, and how and when it was made."""
     n = max(cal.rungs)
     per_cell = {c: stats.paired(full_scores(c, n), cand.scores[c][:n]).as_dict() for c in cells}
     ev: dict[str, Any] = {
+        "quality": quality,
         "samples_per_cell": n,
         "cells": per_cell,
         "pooled": _pooled(full_scores, cand, cells, n).as_dict(),
@@ -416,8 +561,13 @@ def _evidence(cal: Calibration, cand: Candidate, full_scores,
         "predicted_gain": cand.predicted_gain,
         "gain_length": cal.gain_length,
         "token_layers_pct": cand.token_layers_pct,
-        "min_agreement": cal.min_agreement,
-        "teacher_forced_agreement": cand.agreement,
+        "kld": cand.kld,
+        "yardsticks": doc["yardsticks"],
+        "max_kld": cal.max_kld,
+        "kld_bar": doc["bars"][quality],
+        "kld_texts": deviation.texts,
+        "made": {"by": "python -m mlx_lazy.calibrate", "date": time.strftime("%Y-%m-%d"),
+                 "options": jsonable(asdict(cal))},
     }
     if cand.measured_gain is not None:
         ev["measured_gain"] = cand.measured_gain
@@ -502,7 +652,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line options."""
     p = OneLineParser(prog="python -m mlx_lazy.calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model folder or name (default SmolLM2)")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", default=None,
+                   help="output folder (default: ~/.cache/mlx_lazy/calibration/<fingerprint "
+                        "digest>, and the schedules are installed, see --install)")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                    help=f"comma-separated tasks ({','.join(TASKS)})")
     p.add_argument("--lengths", type=_ints, default=(1024,), help="prompt lengths, e.g. 768,1024")
@@ -513,9 +665,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pilot", type=int, default=10, help="full-path samples per cell to pick cells")
     p.add_argument("--min-base", type=float, default=0.8, help="least full-path score of a cell")
     p.add_argument("--max-loss", type=float, default=0.01, help="largest relative accuracy loss")
-    p.add_argument("--min-agreement", type=float, default=0.95,
-                   help="least teacher-forced top-1 agreement with full along prose for a "
-                        "schedule to be chosen (0: not required)")
+    p.add_argument("--max-kld", type=parse_max_kld, default="q4",
+                   help="largest mean KL divergence from full along its own continuation for "
+                        "a schedule to be chosen: a number, or q4 / q8, that of the model with "
+                        "its weights rounded through 4 / 8 bits on the same windows (default "
+                        "q4); the high quality schedule also keeps to a quarter of q4's")
+    p.add_argument("--kld-windows", type=int, default=8,
+                   help="windows of prose and of code each on which KLD is measured (default 8)")
+    p.add_argument("--install", action="store_true",
+                   help="with --out: also install the schedules where mlx_lazy.load finds them "
+                        "(the model folder, or the cache by fingerprint); always done without "
+                        "--out")
     p.add_argument("--gain-length", type=int, default=4096,
                    help="prompt tokens at which the pruning gain is predicted and measured")
     p.add_argument("--scorers", type=lambda t: tuple(parse_scorer(x) for x in t.split(",")),
@@ -533,8 +693,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="reuse the runs of an earlier calibration in --out (same model, seed "
                         "and largest rung)")
-    p.add_argument("--time-limit", type=float, default=None,
-                   help="seconds; stop starting runs after it and write what was measured")
+    p.add_argument("--time-limit", type=parse_duration, default=None,
+                   help="seconds, or a duration like 30m or 2h; stop starting runs after it "
+                        "and write what was measured")
     return p
 
 
@@ -546,7 +707,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       tasks=tuple(t.strip() for t in args.tasks.split(",")),
                       lengths=args.lengths, rungs=args.rungs, keep_per_rung=args.keep_per_rung,
                       pilot=args.pilot, min_base=args.min_base, max_loss=args.max_loss,
-                      min_agreement=args.min_agreement, gain_length=args.gain_length,
+                      max_kld=args.max_kld, kld_windows=args.kld_windows,
+                      install=args.out is None or args.install, gain_length=args.gain_length,
                       scorers=args.scorers, cuts=tuple(args.cuts), measure=not args.no_measure,
                       gain_repeats=args.gain_repeats, time_limit_s=args.time_limit,
                       resume=args.resume)
@@ -559,11 +721,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print((Path(cal.out) / "report.md").read_text())
+    print((Path(doc["out"]) / "report.md").read_text())
     if doc["stopped"] == "interrupted":
         print("interrupted", file=sys.stderr)
         return 130
-    return 0 if doc.get("chosen") else 1
+    return 0 if "default" in doc["chosen"] else 1
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ limit, Ctrl-C) leaves samples of an unfinished rung: every row compares a candid
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
+from ..schedule import QUALITIES
 from . import stats
 from .common import fmt, jsonable, markdown_table
 
@@ -41,15 +42,24 @@ def candidate_rows(doc: dict[str, Any], cells: Sequence[str]) -> list[dict[str, 
         mine = [s for cell in cells for s in c["scores"][cell][:n]]
         measured = c.get("measured_gain")
         rows.append(dict(name=c["name"], config=c["config"], gain=c["predicted_gain"],
-                         measured_gain=measured and measured["gain"],
+                         measured_gain=measured and measured["gain"], kld=c.get("kld"),
                          token_layers_pct=c["token_layers_pct"], n=n,
                          partial=n < rung_samples(doc, c["rung"]),
                          dropped_at=c["dropped_at"], paired=stats.paired(base, mine)))
     return rows
 
 
+def kld_text(summary: Optional[dict[str, Any]]) -> str:
+    """A :func:`~mlx_lazy.bench.fidelity.row_summary`'s mean KLD with its interval."""
+    if not summary:
+        return "–"
+    lo, hi = summary["kld_mean_ci"]
+    return f"{summary['kld_mean']:.4f} ({lo:.4f}-{hi:.4f})"
+
+
 def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
-    """The markdown report: cells, every candidate's pooled paired result, the choice."""
+    """The markdown report: cells, every candidate's pooled paired result and KLD, the
+    yardsticks, the choice of each quality."""
     pilot = doc["options"]["pilot"]
     cell_rows = [[cell, f"{v['pilot_base']:.2f}", "yes" if v["used"] else "no"]
                  for cell, v in doc["cells"].items()]
@@ -65,7 +75,7 @@ def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
             f"{p.base:.3f}", f"{p.score:.3f} ({p.score_ci[0]:.2f}-{p.score_ci[1]:.2f})",
             f"{p.lost} / {p.won}", f"{p.lost_ci[1]:.3f}",
             f"{p.rel_loss:+.3f} ({p.rel_loss_ci[0]:+.3f} to {p.rel_loss_ci[1]:+.3f})",
-            "-" if r["dropped_at"] is None else r["dropped_at"]])
+            kld_text(r["kld"]), "-" if r["dropped_at"] is None else r["dropped_at"]])
     lines = ["# Calibration", ""]
     if doc.get("stopped"):
         lines += [f"Stopped early ({doc['stopped']}): the tables hold what was measured; "
@@ -75,10 +85,20 @@ def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
               markdown_table(["candidate", "predicted gain", "measured gain", "token-layers %",
                               "samples/cell", "full", "method (95% CI)", "lost / won",
                               "lost of full's right, 95% upper bound",
-                              "relative loss (95% CI)", "dropped at rung"], candidates)]
-    chosen = doc.get("chosen")
-    lines += ["", f"Chosen: `{chosen['name']}`" if chosen else "Chosen: none confirmed"]
-    if chosen:
-        lines.append("")
-        lines.append("```json\n" + json.dumps(jsonable(chosen), indent=1) + "\n```")
+                              "relative loss (95% CI)", "mean KLD (95% CI)",
+                              "dropped at rung"], candidates)]
+    yardsticks = doc.get("yardsticks") or {}
+    if yardsticks:
+        lines += ["", "Yardsticks on the same windows (mean KLD from `full`, 95% CI): "
+                  + "; ".join(f"weights through {row[1:]} bits {kld_text(s)}"
+                              for row, s in yardsticks.items())
+                  + ". Largest mean KLD admitted: "
+                  + ", ".join(f"{q} quality {b:.4f}" for q, b in (doc.get("bars") or {}).items())]
+    chosen = doc.get("chosen") or {}
+    for quality in QUALITIES:
+        picked = chosen.get(quality)
+        lines += ["", f"Chosen, {quality} quality: "
+                  + (f"`{picked['name']}`" if picked else "none confirmed")]
+        if picked:
+            lines += ["", "```json\n" + json.dumps(jsonable(picked), indent=1) + "\n```"]
     return "\n".join(lines) + "\n"
