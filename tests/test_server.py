@@ -31,6 +31,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from mlx_lazy import PruningConfig, generate, load
 from mlx_lazy.adapter import ModelAdapter
+from mlx_lazy.prompt_cache import PromptCacheStore
 from mlx_lazy.schedule import MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, write_schedule
 from mlx_lazy import server as server_module
 from mlx_lazy.server import (ServerSettings, StopText, Worker, create_app, is_loopback,
@@ -579,10 +580,12 @@ def test_disconnect_stops_generation_and_a_full_queue_is_refused(server, tiny_mo
 
 
 @contextmanager
-def in_process_server(model: Path, **settings) -> Iterator[Server]:
+def in_process_server(model: Path, store: Optional[PromptCacheStore] = None,
+                      idle_complete: bool = False, **settings) -> Iterator[Server]:
     """The app on uvicorn in a thread of this process, so a test can patch what its worker
-    calls; ``settings`` are :class:`ServerSettings` fields."""
-    worker = Worker(str(model), max_queue=2)
+    calls; ``settings`` are :class:`ServerSettings` fields, ``store`` and ``idle_complete``
+    the worker's prompt caches."""
+    worker = Worker(str(model), max_queue=2, store=store, idle_complete=idle_complete)
     worker.wait_ready()
     sock = listen_socket(HOST, 0)
     settings = ServerSettings(model=str(model), **settings)

@@ -4,12 +4,8 @@ store never holds more than its byte limit."""
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -18,8 +14,7 @@ pytest.importorskip("fastapi")
 from mlx_lazy import generate  # noqa: E402
 from mlx_lazy import server as server_module  # noqa: E402
 from mlx_lazy.prompt_cache import PromptCacheStore  # noqa: E402
-from mlx_lazy.server import ServerSettings, Worker, create_app, listen_socket  # noqa: E402
-from test_server import HOST, Server, run_server  # noqa: E402
+from test_server import Server, in_process_server, run_server  # noqa: E402
 
 DOC = "The passkey is 12345. Remember it. Long prompts are expensive. " * 48
 
@@ -62,31 +57,6 @@ def test_concurrent_requests_on_one_cached_prefix_are_independent(tiny_model, ti
         assert r["choices"][0]["text"] == generate(model, tokenizer, DOC + q, max_tokens=4)
 
 
-@contextmanager
-def cached_server(model: Path, store: PromptCacheStore,
-                  idle_complete: bool = False) -> Iterator[Server]:
-    """The app on uvicorn in a thread of this process with a prompt-cache store, so a test can
-    patch what the worker calls."""
-    import uvicorn
-
-    worker = Worker(str(model), max_queue=2, store=store, idle_complete=idle_complete)
-    worker.wait_ready()
-    sock = listen_socket(HOST, 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(ServerSettings(model=str(model)), worker),
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            assert thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.02)
-        yield Server(sock.getsockname()[1], timeout=60)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-
-
 def test_a_failing_request_leaves_the_stored_cache_intact(tiny_model, tiny_model_path,
                                                           monkeypatch):
     model, tokenizer = tiny_model("llama")
@@ -99,7 +69,7 @@ def test_a_failing_request_leaves_the_stored_cache_intact(tiny_model, tiny_model
                 raise RuntimeError("injected fault after the prefill")
             yield resp
 
-    with cached_server(tiny_model_path, store) as s:
+    with in_process_server(tiny_model_path, store) as s:
         completion(s, DOC + " First?")
         held = list(store.most_recent().tokens)
         monkeypatch.setattr(server_module, "stream_generate", failing_after_prefill)
@@ -129,7 +99,7 @@ def test_idle_completion_carries_the_last_state_to_every_layer(tiny_model_path, 
     layer once the server is idle (each token-layer still once); without, tokens wait."""
     store = PromptCacheStore(4, 2**30)
     pruning = {"method": "lazy", "prune_layers": [1], "keep": [0.3]}
-    with cached_server(tiny_model_path, store, idle_complete) as s:
+    with in_process_server(tiny_model_path, store, idle_complete) as s:
         completion(s, DOC + " First?", pruning=pruning)
         engine = store.most_recent().engine
         deadline = time.monotonic() + 30
