@@ -64,7 +64,7 @@ class Turn:
 
 
 @dataclass
-class Path_:
+class Route:
     """A way of answering: mlx-lm or one of our methods, with or without a cache."""
 
     name: str
@@ -109,7 +109,7 @@ class Runner:
     def __init__(self, model: Any, tokenizer: Any, max_tokens: int):
         self.model, self.tokenizer, self.max_tokens = model, tokenizer, max_tokens
 
-    def answer(self, path: Path_, state: Any, prompt: List[int]) -> tuple[Turn, Any]:
+    def answer(self, path: Route, state: Any, prompt: List[int]) -> tuple[Turn, Any]:
         """One turn of ``path`` on ``prompt`` (the whole conversation); returns the turn and
         the state to keep."""
         from mlx_lm.generate import generate_step as mlx_lm_generate_step
@@ -161,14 +161,14 @@ class Runner:
         return turn, state
 
 
-def state_bytes(path: Path_, state: Any) -> int:
+def state_bytes(path: Route, state: Any) -> int:
     """KV (+ Aux) bytes of a path's state."""
     if path.config is None:
         return sum(mlx_lm_kv_bytes_per_layer(state[0]))
     return state.nbytes
 
 
-def run(model: Any, tokenizer: Any, paths: List[Path_], conversations: List[Conversation],
+def run(model: Any, tokenizer: Any, paths: List[Route], conversations: List[Conversation],
         max_tokens: int, time_limit: Optional[float] = None) -> int:
     """Run the conversations; return how many finished."""
     runner = Runner(model, tokenizer, max_tokens)
@@ -198,7 +198,7 @@ def run(model: Any, tokenizer: Any, paths: List[Path_], conversations: List[Conv
     return done
 
 
-def report(paths: List[Path_], turns: int) -> str:
+def report(paths: List[Route], turns: int) -> str:
     """The markdown tables."""
     by = {p.name: p for p in paths}
     rows = []
@@ -290,17 +290,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .. import load
 
     model, tokenizer = load(args.model)
-    paths: List[Path_] = []
+    paths: List[Route] = []
     if "mlx-lm" in kinds:
-        paths += [Path_(f"{MLX_LM}+cache", None, True), Path_(MLX_LM, None, False)]
+        paths += [Route(f"{MLX_LM}+cache", None, True), Route(MLX_LM, None, False)]
     for spec in parse_methods(args.methods):
         config = parse_method(spec, len(model.layers)).config
         if "cache" in kinds:
-            paths.append(Path_(f"{spec}+cache", config, True))
+            paths.append(Route(f"{spec}+cache", config, True))
         if "complete" in kinds and config.method != "full":
-            paths.append(Path_(f"{spec}+cache+complete", config, True, complete=True))
+            paths.append(Route(f"{spec}+cache+complete", config, True, complete=True))
         if "uncached" in kinds:
-            paths.append(Path_(spec, config, False))
+            paths.append(Route(spec, config, False))
     try:
         convs = build_conversations(tokenizer, args.length, args.conversations, args.turns,
                                     args.seed)
