@@ -134,6 +134,13 @@ def test_row_summary_intervals_are_a_bootstrap_over_windows():
     assert fidelity.row_summary(ramp)["kld_p99"] == pytest.approx(0.99, rel=1e-9)
 
 
+def test_spread_order_visits_every_window_spread_out():
+    assert fidelity.spread_order(8) == [0, 4, 2, 6, 1, 5, 3, 7]
+    assert all(sorted(fidelity.spread_order(n)) == list(range(n)) for n in range(1, 60))
+    first = fidelity.spread_order(50)[:8]  # a run cut short: both ends of the text are in
+    assert min(first) < 7 and max(first) > 42
+
+
 def test_text_windows(tiny_model):
     _, tokenizer = tiny_model("llama")
     files = fidelity.code_files()
@@ -158,6 +165,7 @@ def test_run_writes_tables_with_the_yardstick_rows(tiny_model, tmp_path):
         assert rows["full"]["kld_mean"] == 0 and rows["full"]["same_top1"] == 1
         assert rows["q4"]["kld_mean"] > 0
     assert saved["summary"]["all"]["q4"]["windows"] == 4
+    assert sorted(w["window"] for w in saved["records"]["q4"]["code"]) == [0, 1]
     table = (tmp_path / "table.md").read_text()
     assert table == fidelity.render(result) + "\n"
     for kind in ("prose", "code", "all"):

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 
 from .. import GenerationStats, PruningConfig, generate_step, make_prompt_cache  # noqa: E402
 from ..api import Sampler  # noqa: E402
-from ..cli import OneLineParser  # noqa: E402
+from .._args import OneLineParser  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..folders import write_text_atomic  # noqa: E402
 from . import stats, yardstick  # noqa: E402
@@ -216,6 +216,23 @@ def kind_files(kind: str) -> list[Path]:
 # Statistics
 
 
+def spread_order(n: int) -> list[int]:
+    """``range(n)`` in van der Corput order (0, n/2, n/4, 3n/4, ...): every prefix is spread
+    over the whole range, so a run cut short still samples the whole text."""
+    order: list[int] = []
+    seen: set[int] = set()
+    j = 0
+    while len(order) < n:  # the 2^m points of level m >= log2(n) hit every window
+        v, f, k = 0.0, 0.5, j
+        while k:
+            v, f, k = v + f * (k & 1), f / 2, k >> 1
+        if int(v * n) not in seen:
+            seen.add(int(v * n))
+            order.append(int(v * n))
+        j += 1
+    return order
+
+
 def row_summary(windows: Sequence[dict[str, Any]], resamples: int = RESAMPLES,
                 seed: int = 0) -> dict[str, Any]:
     """Mean and 99th-percentile KLD per step, same-top-1 rate and mean prefill work of one
@@ -339,7 +356,7 @@ def run(model: Any, tokenizer: Any, methods: dict[str, PruningConfig], windows: 
                  "texts": {kind: meta for kind, (_, meta) in texts.items()},
                  "interval": f"95% percentile bootstrap over windows, {RESAMPLES} resamples"},
         "records": records, "loadavg_1min": []}
-    for i in range(windows):
+    for done, i in enumerate(spread_order(windows), 1):
         for kind in KINDS:
             prompt = texts[kind][0][i]
             reference = continuation(model, prompt, steps)
@@ -347,13 +364,13 @@ def run(model: Any, tokenizer: Any, methods: dict[str, PruningConfig], windows: 
                 model_, config = (rounded[row], None) if row in rounded else (model, methods[row])
                 forced = reference if row == FULL else continuation(
                     model_, prompt, steps, config, forced=reference.tokens)
-                records[row][kind].append(compare(reference, forced))
+                records[row][kind].append({"window": i, **compare(reference, forced)})
         result["summary"] = summarize(records)
         result["loadavg_1min"].append(loadavg())  # after each window: the noise of the machine
         if out is not None:
             write_text_atomic(out / "results.json", json.dumps(jsonable(result)))
             write_text_atomic(out / "table.md", render(result) + "\n")
-        progress(f"window {i + 1}/{windows} of each kind done (load {loadavg()})")
+        progress(f"window {done}/{windows} of each kind done (load {loadavg()})")
     return result
 
 
