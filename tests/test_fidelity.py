@@ -157,15 +157,15 @@ def test_text_windows(tiny_model):
 def test_run_writes_tables_with_the_yardstick_rows(tiny_model, tmp_path):
     model, tokenizer = tiny_model("llama")
     methods = fidelity.resolve_methods(["lazy:layers=1:keep=0.3"], model)
-    result = fidelity.run(model, tokenizer, methods, 2, 48, 3, out=tmp_path)
+    result = fidelity.run(model, tokenizer, methods, 4, 48, 3, out=tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert set(saved["summary"]) == {"prose", "code", "all"}
     for kind, rows in saved["summary"].items():
         assert set(rows) == {"full", "lazy:layers=1:keep=0.3", "q8", "q4"}, kind
         assert rows["full"]["kld_mean"] == 0 and rows["full"]["same_top1"] == 1
         assert rows["q4"]["kld_mean"] > 0
-    assert saved["summary"]["all"]["q4"]["windows"] == 4
-    assert sorted(w["window"] for w in saved["records"]["q4"]["code"]) == [0, 1]
+    assert saved["summary"]["all"]["q4"]["windows"] == 8
+    assert [w["window"] for w in saved["records"]["q4"]["code"]] == [0, 2, 1, 3]  # spread
     table = (tmp_path / "table.md").read_text()
     assert table == fidelity.render(result) + "\n"
     for kind in ("prose", "code", "all"):
