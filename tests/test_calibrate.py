@@ -2,7 +2,9 @@
 from (preset, user, calibrated)."""
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -512,3 +514,124 @@ def test_measured_gain_is_the_median_of_its_paired_repeats(tiny_model, monkeypat
     assert got["full_s"] == [4, 6, 2] and got["pruned_s"] == [1, 2, 3]
     assert got["gain"] == 3.0
     assert "loadavg_1min" in got
+
+
+@pytest.fixture
+def packaged(monkeypatch, tmp_path):
+    """An empty packaged-schedules folder in place of the package's (read afresh)."""
+    from mlx_lazy import schedule
+
+    folder = tmp_path / "packaged"
+    folder.mkdir()
+    monkeypatch.setattr(schedule, "PACKAGED_SCHEDULES", folder)
+    schedule._packaged.cache_clear()
+    yield folder
+    schedule._packaged.cache_clear()
+
+
+def lazy_schedule(model, **fields):
+    return LazyEngine(model, resolve_config(model, PruningConfig("lazy", **fields))).stats.schedule
+
+
+def test_a_corrupt_packaged_schedule_leaves_the_preset_with_one_warning(
+        packaged, schedule_file, tiny_model):
+    import warnings
+
+    path, _ = schedule_file  # calibrated for the tiny llama
+    shutil.copy(path, packaged / "tiny.json")
+    corrupt = json.loads(path.read_text())
+    corrupt["config"]["keep"] = [0.4, 1.5]
+    (packaged / "other.json").write_text(json.dumps(corrupt))
+    (packaged / "torn.json").write_text('{"format": "mlx-lazy-sched')
+    llama, qwen = tiny_model("llama")[0], tiny_model("qwen2")[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert lazy_schedule(qwen)["source"] == "preset"
+        assert lazy_schedule(llama)["source"] == "calibrated:tiny.json"  # the sound one
+        assert lazy_schedule(qwen)["source"] == "preset"
+    # once each, naming the file
+    assert sorted(str(w.message).split(": ")[0].rsplit("/", 1)[-1] for w in caught) == [
+        "other.json", "torn.json"]
+    assert all(str(w.message).startswith(f"ignoring the packaged schedule {packaged}/")
+               for w in caught)
+
+
+def test_quality_high_takes_the_high_schedule_or_says_why_not(packaged, schedule_file,
+                                                             tiny_model):
+    from mlx_lazy.schedule import write_schedule
+
+    path, fp = schedule_file
+    shutil.copy(path, packaged / "tiny.json")
+    strict = PruningConfig("lazy", prune_layers=(2,), keep=(0.5,))
+    write_schedule(packaged / "tiny.high.json", strict, fp, {}, quality="high")
+    llama, qwen = tiny_model("llama")[0], tiny_model("qwen2")[0]
+    high = lazy_schedule(llama, quality="high", revive=False)
+    assert (high["source"], high["prune_layers"], high["keep"]) == (
+        "calibrated:tiny.high.json", [2], [0.5])
+    assert high["revive"] is False  # the caller's own fields stay
+    assert lazy_schedule(llama)["source"] == "calibrated:tiny.json"
+    with pytest.raises(UserInputError, match="no quality='high' schedule is calibrated"):
+        lazy_schedule(qwen, quality="high")
+    with pytest.raises(UserInputError, match="takes a plain method 'lazy'"):
+        lazy_schedule(llama, quality="high", keep=(0.5,))
+    with pytest.raises(UserInputError, match="quality must be one of default, high"):
+        PruningConfig("lazy", quality="best")
+
+
+def test_cli_quality_flag(packaged, schedule_file, tiny_model_path, tmp_path, capsys):
+    from mlx_lazy.cli import main as cli
+    from mlx_lazy.schedule import write_schedule
+
+    path, fp = schedule_file
+    write_schedule(packaged / "tiny.high.json", PruningConfig.from_file(path), fp, {},
+                   quality="high")
+    stats_path = tmp_path / "stats.json"
+    assert cli(["--model", str(tiny_model_path), "-p", "hello there", "-m", "2", "--method",
+                "lazy", "--quality", "high", "--stats-json", str(stats_path),
+                "--verbose", "False"]) == 0
+    assert json.loads(stats_path.read_text())["schedule"]["source"] == "calibrated:tiny.high.json"
+    capsys.readouterr()
+    assert exit_status(cli, ["--model", str(tiny_model_path), "-p", "hi", "--method", "lazy",
+                             "--quality", "best"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "--quality" in err[0]
+
+
+def test_own_model_calibration_installs_where_load_finds_it(tiny_model_path, tmp_path,
+                                                            monkeypatch, packaged, capsys):
+    from mlx_lazy.bench import calibrate
+    from mlx_lazy.schedule import cached_schedule_path
+
+    monkeypatch.setenv("MLX_LAZY_CACHE", str(tmp_path / "cache"))
+    fake_runs(monkeypatch)  # every method answers every sample
+    fake_deviation(monkeypatch, [0.2], rest=0.05)  # the first is the default, the second high
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_path, folder)
+    argv = ["--model", str(folder), "--time-limit", "30m", "--tasks", "passkey", "--lengths",
+            "200", "--rungs", "2,50", "--pilot", "2", "--no-measure", "--scorers", "last"]
+    assert main(argv) == 0
+    model, _ = load(folder)
+    assert lazy_schedule(model)["source"] == f"calibrated:{MODEL_SCHEDULE_FILE}"
+    assert lazy_schedule(model, quality="high")["source"] == "calibrated:mlx_lazy_schedule.high.json"
+    fp = ModelAdapter(model).fingerprint()
+    work = tmp_path / "cache" / "calibration"
+    assert [p.name for p in work.iterdir()] == [calibrate.fingerprint_digest(fp)]
+    assert not cached_schedule_path(fp).exists()
+
+    # a folder it cannot write (as root, os.access stands in for the mode): the cache
+    real_access = os.access
+    monkeypatch.setattr(calibrate.os, "access",
+                        lambda p, mode: Path(p) != folder and real_access(p, mode))
+    for name in ("mlx_lazy_schedule.json", "mlx_lazy_schedule.high.json"):
+        (folder / name).unlink()
+    assert main(argv + ["--resume"]) == 0
+    assert {p.name for p in cached_schedule_path(fp).parent.iterdir()} == {
+        f"{calibrate.fingerprint_digest(fp)}.json", f"{calibrate.fingerprint_digest(fp)}.high.json"}
+    model, _ = load(folder)
+    assert lazy_schedule(model)["source"] == f"calibrated:{cached_schedule_path(fp).name}"
+    # another model of the same shapes does not take it (the weights digest differs)
+    other = load(folder)[0]
+    other.model.norm.weight = other.model.norm.weight * 2
+    assert lazy_schedule(other)["source"] == "preset"
+    assert calibrate.parse_duration("2h") == 7200 and calibrate.parse_duration("90") == 90
+    assert calibrate.parse_duration("1.5m") == 90
