@@ -14,14 +14,15 @@ import sys
 from typing import Optional, Sequence
 
 from . import cli
+from ._args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OneLineParser
 from .api import check_prompt
 from .errors import UserInputError, one_line
 from .prompt_cache import make_prompt_cache, save_prompt_cache
 
 
-def build_parser() -> cli.OneLineParser:
+def build_parser() -> OneLineParser:
     """The argument parser: the generate tool's model, prompt and pruning options."""
-    p = cli.OneLineParser(
+    p = OneLineParser(
         prog="mlx-lazy-cache-prompt",
         description="Process a prompt once with LazyLLM / SPEED pruning and save the state "
                     "for python -m mlx_lazy.generate --prompt-cache-file.")
@@ -47,10 +48,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         save_prompt_cache(args.prompt_cache_file, cache, {"model": str(args.model or "")})
     except UserInputError as e:
         print(f"error: {one_line(e, limit=1000)}", file=sys.stderr)
-        return cli.EXIT_BAD_INPUT
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
-        return cli.EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED
     print(f"cached {len(cache)} tokens ({cache.nbytes / cli.MB:.1f} MB of KV and aux) in "
           f"{args.prompt_cache_file}", file=sys.stderr)
     return 0

@@ -29,44 +29,36 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import os
 import sys
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator, NoReturn, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import mlx.core as mx
 from mlx_lm.sample_utils import make_sampler
 
 from . import distributed
+from ._args import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, METHOD_HELP, OneLineParser,
+                    add_sampling_arguments, method_arg, seed_arg)
 from .engine import GenerationStats
 from .api import check_prompt, load, stream_generate
 from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
 from .inputs import MiB, read_file, read_stream
-from .schedule import (POLICIES, QUALITIES, SCHEDULE_FIELDS, PruningConfig, RandomDrop,
-                       canonical_method, compose, parse_complete)
+from .schedule import (QUALITIES, SCHEDULE_FIELDS, PruningConfig, RandomDrop,
+                       compose, parse_complete)
 from .scorers import HEAD_REDUCTIONS, SCORERS
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
 DEFAULT_MAX_TOKENS = 100
 BASELINE = "full"
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
 MB = 1e6  # tables report decimal megabytes, as mlx-lm reports decimal gigabytes
 #: The most bytes read from --prompt-file or stdin: far more text than any model's context
 #: holds (a token is a few bytes), yet a bounded read of /dev/zero.
 PROMPT_MAX_BYTES = 16 * MiB
 #: Flags besides the prompt and the pruning schedule that shape what every rank computes.
 GENERATION_OPTIONS = ("max_tokens", "temp", "top_p", "seed", "compare")
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """ArgumentParser whose errors are a single ``error: ...`` line (exit status 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"error: {message} (see --help)\n")
 
 
 def _number_list(cast: Callable[[str], float], example: str) -> Callable[[str], tuple]:
@@ -101,56 +93,11 @@ def _cutoff(text: str) -> float | int:
         ) from None
 
 
-def method_arg(text: str) -> str:
-    """Parse a pruning method (``full`` or policies joined by ``+``) into its canonical
-    spelling, so ``speed+lazy`` reads as ``lazy+speed``."""
-    try:
-        return canonical_method(text)
-    except UserInputError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-#: ``--method``'s help, shared by the tools that take one.
-METHOD_HELP = (f"pruning method: full (no pruning) or policies joined by '+' in any order "
-               f"({', '.join(POLICIES)}), e.g. lazy+speed")
-
-
 def _complete_arg(text: str) -> str:
     try:
         return parse_complete(text)[0]
     except UserInputError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def temperature_arg(text: str) -> float:
-    t = _float(text)
-    if not (math.isfinite(t) and t >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0 (0: greedy), got {text!r}")
-    return t
-
-
-def top_p_arg(text: str) -> float:
-    p = _float(text)
-    if not 0 < p <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] (1: off), got {text!r}")
-    return p
-
-
-def _seed(text: str) -> int:
-    try:
-        seed = int(text)
-    except ValueError:
-        seed = -1
-    if not 0 <= seed < 2**64:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {text!r}")
-    return seed
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
 def _str2bool(text: str) -> bool:
@@ -174,12 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     add_prompt_arguments(p)
-    p.add_argument("-m", "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                   help="maximum number of tokens to generate")
-    p.add_argument("--temp", type=temperature_arg, default=0.0,
-                   help="sampling temperature (0: greedy)")
-    p.add_argument("--top-p", type=top_p_arg, default=1.0, help="sampling top-p, in (0, 1]")
-    p.add_argument("--seed", type=_seed, default=None,
+    add_sampling_arguments(p, DEFAULT_MAX_TOKENS)
+    p.add_argument("--seed", type=seed_arg, default=None,
                    help="PRNG seed (also the drop seed of a --method with random); with "
                         "--compare each run is seeded alike (default 0)")
     p.add_argument("--verbose", type=_str2bool, default=True,

@@ -59,7 +59,7 @@ def _answer_pruned(model, tokenizer, prompt: str, max_tokens: int, config) -> tu
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the process exit code."""
-    from .cli import METHOD_HELP, method_arg
+    from ._args import METHOD_HELP, method_arg
     from .schedule import PruningConfig
 
     def pruning_method(text: str) -> str:

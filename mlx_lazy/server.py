@@ -55,7 +55,7 @@ with needs_extra("server", "the server"):
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .adapter import ModelAdapter
-from .cli import METHOD_HELP, OneLineParser, method_arg, temperature_arg, top_p_arg
+from ._args import METHOD_HELP, OneLineParser, add_sampling_arguments, method_arg
 from .api import (check_anchors, check_context, check_tokens, context_length, load, prompt_token_ids,
                   stream_generate)
 from .errors import UserInputError, one_line
@@ -838,11 +838,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", default=None, metavar="FILE",
                    help="default pruning from a calibrated schedule file (as mlx-lazy-calibrate "
                         "and mlx_lazy.write_schedule write them; overrides --method)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                   help="default max_tokens of a request")
-    p.add_argument("--temp", type=temperature_arg, default=0.0,
-                   help="default sampling temperature")
-    p.add_argument("--top-p", type=top_p_arg, default=1.0, help="default sampling top-p")
+    add_sampling_arguments(p, DEFAULT_MAX_TOKENS, "a request's default ")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longer prompts are refused with HTTP 413 (default and upper bound: "
                         "the model's context less one token)")

@@ -55,7 +55,7 @@ from typing import Any, Optional, Sequence, Union
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import PruningConfig, load
 from ..adapter import ModelAdapter
-from ..cli import OneLineParser
+from .._args import OneLineParser
 from ..errors import UserInputError
 from ..folders import write_text_atomic
 from ..schedule import (MODEL_SCHEDULE_FILE, QUALITIES, cached_schedule_path,

@@ -1,0 +1,80 @@
+"""Command-line pieces shared by the tools (generate, cache_prompt, the server, the demo and
+the benchmarks): one-line usage errors, the exit statuses, and the argument types and flags
+that mean the same everywhere."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import NoReturn
+
+from .errors import UserInputError
+from .schedule import POLICIES, canonical_method
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are a single ``error: ...`` line (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"error: {message} (see --help)\n")
+
+
+def method_arg(text: str) -> str:
+    """Parse a pruning method (``full`` or policies joined by ``+``) into its canonical
+    spelling, so ``speed+lazy`` reads as ``lazy+speed``."""
+    try:
+        return canonical_method(text)
+    except UserInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+#: ``--method``'s help, shared by the tools that take one.
+METHOD_HELP = (f"pruning method: full (no pruning) or policies joined by '+' in any order "
+               f"({', '.join(POLICIES)}), e.g. lazy+speed")
+
+
+def temperature_arg(text: str) -> float:
+    """A sampling temperature: a finite number >= 0 (0: greedy)."""
+    t = _number(text)
+    if not (math.isfinite(t) and t >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0 (0: greedy), got {text!r}")
+    return t
+
+
+def top_p_arg(text: str) -> float:
+    """A sampling top-p in (0, 1] (1: off)."""
+    p = _number(text)
+    if not 0 < p <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] (1: off), got {text!r}")
+    return p
+
+
+def seed_arg(text: str) -> int:
+    """A PRNG seed: an integer in [0, 2**64)."""
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if not 0 <= seed < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {text!r}")
+    return seed
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, max_tokens: int, what: str = "") -> None:
+    """``-m/--max-tokens``, ``--temp`` and ``--top-p`` (mlx-lm's names); ``what`` prefixes
+    their help, e.g. ``"default "`` for a server's defaults of requests."""
+    p.add_argument("-m", "--max-tokens", type=int, default=max_tokens,
+                   help=f"{what}maximum number of tokens to generate (default {max_tokens})")
+    p.add_argument("--temp", type=temperature_arg, default=0.0,
+                   help=f"{what}sampling temperature (0: greedy)")
+    p.add_argument("--top-p", type=top_p_arg, default=1.0, help=f"{what}sampling top-p, in (0, 1]")
