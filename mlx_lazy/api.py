@@ -353,7 +353,8 @@ def generate_step(
     Args:
         prompt: token ids, processed on top of ``prompt_cache``.
         model: a model from :func:`load`.
-        max_tokens: the most tokens to generate.
+        max_tokens: the most tokens to generate (0: none, the prompt only goes into the
+            cache; negative: no limit), as mlx-lm's.
         sampler: maps log probabilities (1, vocab) to a token (1,); None is greedy. A
             sampler that returns given tokens teacher-forces a continuation.
         logits_processors: each called as ``processor(tokens, logits)`` with every token so
@@ -390,6 +391,8 @@ def generate_step(
     if prompt_progress_callback is not None:
         on_layer = _token_progress(prompt_progress_callback, len(tokens))
     y, logprobs = sample(prompt_cache.process(tokens, on_layer))
+    if max_tokens == 0:  # as mlx-lm: the prompt is processed (and cached), nothing generated
+        return
     mx.eval(y, logprobs)
     mode, budget = parse_complete(engine.schedule.complete)
 

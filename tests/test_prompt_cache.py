@@ -449,3 +449,11 @@ def test_a_schedule_for_a_model_of_the_same_shapes_is_refused(tiny_model, tmp_pa
     assert PruningConfig.from_file(path, ours).prune_layers == (1,)
     with pytest.raises(UserInputError, match="weights"):
         PruningConfig.from_file(path, theirs)
+
+
+def test_generate_step_with_no_tokens_to_generate_only_caches_the_prompt(tiny_model):
+    model, _ = tiny_model("llama")
+    cache = make_prompt_cache(model)
+    prompt = ids(50, model.args.vocab_size, 100)
+    assert list(generate_step(prompt, model, prompt_cache=cache, max_tokens=0)) == []
+    assert cache.tokens == prompt
