@@ -383,6 +383,30 @@ def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch
         tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True, seed=1)
 
 
+def test_resume_of_a_results_file_from_the_agreement_bar(tiny_model_path, tmp_path,
+                                                         monkeypatch):
+    from mlx_lazy.bench import calibrate
+
+    first = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0)
+    path = tmp_path / "cal" / "results.json"
+    old = json.loads(path.read_text())  # as written before KLD replaced agreement
+    for key in ("kld_windows", "kld_length", "kld_steps", "max_kld", "install"):
+        del old["options"][key]
+    old["options"].update(min_agreement=0.95, agreement_prompts=1, agreement_steps=3)
+    for c in old["candidates"]:
+        c["agreement"] = {"rate": 0.5} if c.pop("kld", None) else None
+    for key in ("yardsticks", "bars", "kld_texts", "installed"):
+        del old[key]
+    old["chosen"] = None
+    path.write_text(json.dumps(old))
+    monkeypatch.setattr(calibrate, "run_one", lambda *a: pytest.fail("a run was repeated"))
+    again = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True)
+    assert {q: c["name"] for q, c in again["chosen"].items()} == {
+        q: c["name"] for q, c in first["chosen"].items()}
+    assert again["chosen"]["default"]["kld"] == first["chosen"]["default"]["kld"]
+    assert "agreement" not in json.dumps(again["candidates"])
+
+
 def test_every_last_rung_candidate_has_its_gain_measured(tiny_model_path, tmp_path, monkeypatch):
     from types import SimpleNamespace
 
