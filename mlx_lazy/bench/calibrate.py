@@ -44,7 +44,6 @@ import argparse
 import json
 import math
 import os
-import re
 import signal
 import sys
 import time
@@ -154,16 +153,22 @@ YARDSTICKS = {fidelity.yardstick_row(b): b for b in yardstick.BITS}
 HIGH_FRACTION = 0.25
 
 
+def valid_max_kld(value: Any) -> bool:
+    """Whether ``value`` is a ``max_kld``: a yardstick name or a finite number >= 0."""
+    if isinstance(value, str):
+        return value in YARDSTICKS
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
+
+
 def parse_max_kld(text: str) -> Union[float, str]:
     """``--max-kld``: a yardstick name (``q4``, ``q8``) or a non-negative number."""
     text = text.strip()
-    if text in YARDSTICKS:
-        return text
     try:
-        value = float(text)
+        value: Union[float, str] = text if text in YARDSTICKS else float(text)
     except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
+        value = text
+    if not valid_max_kld(value):
         raise argparse.ArgumentTypeError(
             f"--max-kld takes a non-negative number or {' / '.join(YARDSTICKS)}, got {text!r}")
     return value
@@ -171,16 +176,12 @@ def parse_max_kld(text: str) -> Union[float, str]:
 
 def parse_duration(text: str) -> float:
     """``--time-limit``: seconds, or a number with ``s``, ``m`` or ``h`` (``30m``, ``2h``)."""
-    match = re.fullmatch(r"\s*([-+]?[0-9.]+(?:e[-+]?[0-9]+)?|nan|inf)\s*([smh]?)\s*",
-                         text.lower())
+    unit = {"s": 1, "m": 60, "h": 3600}.get(text.strip()[-1:].lower())
     try:
-        value = float(match.group(1)) if match else None
+        return float(text.strip()[:-1] if unit else text) * (unit or 1)
     except ValueError:
-        value = None
-    if value is None:
         raise argparse.ArgumentTypeError(
-            f"--time-limit takes seconds or a duration like 30m or 2h, got {text!r}")
-    return value * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+            f"--time-limit takes seconds or a duration like 30m or 2h, got {text!r}") from None
 
 
 @dataclass
@@ -226,8 +227,7 @@ class Calibration:
                                          "the rungs' samples)"),
             (not 0 <= self.min_base <= 1, "--min-base must be in [0, 1]"),
             (not 0 <= self.max_loss < 1, "--max-loss must be in [0, 1)"),
-            (not (self.max_kld in YARDSTICKS or isinstance(self.max_kld, (int, float))
-                  and math.isfinite(self.max_kld) and self.max_kld >= 0),
+            (not valid_max_kld(self.max_kld),
              f"--max-kld takes a non-negative number or {' / '.join(YARDSTICKS)}"),
             (self.gain_length < 1, "--gain-length must be >= 1 token"),
             (self.gain_repeats < 1, "--gain-repeats must be >= 1"),
