@@ -659,3 +659,28 @@ def test_own_model_calibration_installs_where_load_finds_it(tiny_model_path, tmp
     assert lazy_schedule(other)["source"] == "preset"
     assert calibrate.parse_duration("2h") == 7200 and calibrate.parse_duration("90") == 90
     assert calibrate.parse_duration("1.5m") == 90
+
+
+def test_packaged_schedules_meet_the_admissibility_rule():
+    """Every shipped schedule file reads, names its model by fingerprint (weights digest
+    included) and carries evidence that meets calibrate's rule: ≥ 50 paired samples per cell,
+    relative retrieval loss ≤ max_loss, mean KLD ≤ its bar ≤ the 4-bit yardstick's on the
+    same windows (a quarter of it for high quality), a predicted and a measured gain."""
+    from mlx_lazy.bench.calibrate import HIGH_FRACTION
+    from mlx_lazy.schedule import PACKAGED_SCHEDULES
+
+    files = sorted(PACKAGED_SCHEDULES.glob("*.json"))
+    assert [f.name for f in files] == ["qwen2.5-coder-0.5b.json"]
+    for path in files:
+        config = PruningConfig.from_file(path)
+        doc = json.loads(path.read_text())
+        ev, q4 = doc["evidence"], doc["evidence"]["yardsticks"]["q4"]["kld_mean"]
+        assert doc["quality"] == ev["quality"] and len(dict(config.fingerprint)["weights"]) == 16
+        assert ev["samples_per_cell"] >= 50
+        assert all(c["n"] >= 50 for c in ev["cells"].values())
+        assert ev["pooled"]["rel_loss"] <= ev["max_loss"] <= 0.01
+        bar = q4 * (HIGH_FRACTION if doc["quality"] == "high" else 1)
+        assert ev["kld"]["kld_mean"] <= ev["kld_bar"] <= bar
+        assert ev["kld"]["windows"] == ev["yardsticks"]["q4"]["windows"]
+        assert ev["predicted_gain"] > 1 and ev["measured_gain"]["gain"] > 1
+        assert {"retrieval", "kld", "measured_gain"} <= set(ev["made"])
