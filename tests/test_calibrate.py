@@ -636,7 +636,8 @@ def test_own_model_calibration_installs_where_load_finds_it(tiny_model_path, tmp
     assert main(argv) == 0
     model, _ = load(folder)
     assert lazy_schedule(model)["source"] == f"calibrated:{MODEL_SCHEDULE_FILE}"
-    assert lazy_schedule(model, quality="high")["source"] == "calibrated:mlx_lazy_schedule.high.json"
+    high = lazy_schedule(model, quality="high")
+    assert high["source"] == "calibrated:mlx_lazy_schedule.high.json"
     fp = ModelAdapter(model).fingerprint()
     work = tmp_path / "cache" / "calibration"
     assert [p.name for p in work.iterdir()] == [calibrate.fingerprint_digest(fp)]
