@@ -239,6 +239,10 @@ class LazyEngine:
         if not alive.all():  # random drop before layer 0
             h, comp = h[:, mx.array(np.flatnonzero(alive).astype(np.int32))], comp[alive]
         selected: Optional[np.ndarray] = None  # None: every token cached at the layer
+        # With completion on, every token that has KV at a layer is seen there (pruned tokens
+        # get theirs from complete()), and decode steps neither select nor revive: the cuts
+        # only spare computing the prompt.
+        completing = sched.complete != "none"
         n_ctx, first = cache.length, int(positions[0])
         for layer in range(a.num_layers):
             if selected is not None:
@@ -248,7 +252,7 @@ class LazyEngine:
             kv = cache.layers[layer]
             kv.append(k, v, comp)
             kpos = kv.cached_positions()
-            visible = None if selected is None else np.isin(kpos, selected)
+            visible = None if selected is None or completing else np.isin(kpos, selected)
             rows = comp  # queries: the new tokens last, revived tokens before them
             if len(rows) > 1 and layer == a.num_layers - 1:  # others: KV only at the top
                 q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
@@ -263,7 +267,8 @@ class LazyEngine:
                 out = self._cache_attention(q, keys, values, rows, kpos, visible, prompt)
             h = a.finish(layer, h, out)
             cache.mark_computed(layer, comp)
-            keep = sched.keep_after(layer) if sched.dynamic or prompt else None
+            selects = prompt or (sched.dynamic and not completing)
+            keep = sched.keep_after(layer) if selects else None
             if keep is not None:
                 m = min(self.scorer.n_queries, int((rows >= first).sum()))
                 selected = self._select(layer, q[:, :, -m:], rows[-m:], kv.fetch()[0], kpos,

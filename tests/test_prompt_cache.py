@@ -457,3 +457,24 @@ def test_generate_step_with_no_tokens_to_generate_only_caches_the_prompt(tiny_mo
     prompt = ids(50, model.args.vocab_size, 100)
     assert list(generate_step(prompt, model, prompt_cache=cache, max_tokens=0)) == []
     assert cache.tokens == prompt
+
+
+def test_with_completion_decode_sees_every_token_with_kv(tiny_model):
+    """With ``after-first`` the first token is the same pruned prefill's; then decode steps
+    neither select nor revive (only the prefill's cuts synced with the host) and attend to
+    every token, now all with KV, so they differ from decode steps that attend to their
+    selection only."""
+    model, _ = tiny_model("llama")
+    prompt = ids(300, model.args.vocab_size, 110)
+    cuts = dict(prune_layers=(0, 1), keep=(0.5, 0.2))
+    done = make_prompt_cache(model, PruningConfig("lazy", complete="after-first", **cuts))
+    plain = make_prompt_cache(model, PruningConfig("lazy", **cuts))
+    out = {}
+    for name, cache in (("done", done), ("plain", plain)):
+        out[name] = [lp for _, lp in generate_step(prompt, model, prompt_cache=cache,
+                                                   max_tokens=3)]
+    assert rel_err(out["done"][0], out["plain"][0]) < REL_TOL
+    assert done.engine.pending_token_layers == 0
+    assert done.engine.stats.host_syncs == len(cuts["prune_layers"])
+    assert plain.engine.stats.host_syncs > len(cuts["prune_layers"])
+    assert rel_err(out["done"][2], out["plain"][2]) > REL_TOL

@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import sys
@@ -298,7 +299,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if "cache" in kinds:
             paths.append(Route(f"{spec}+cache", config, True))
         if "complete" in kinds and config.method != "full":
-            paths.append(Route(f"{spec}+cache+complete", config, True, complete=True))
+            # Completed between turns, and attending to every token with KV (complete=...).
+            paths.append(Route(f"{spec}+cache+complete",
+                               dataclasses.replace(config, complete="after-first"), True,
+                               complete=True))
         if "uncached" in kinds:
             paths.append(Route(spec, config, False))
     try:
