@@ -239,10 +239,10 @@ class LazyEngine:
         if not alive.all():  # random drop before layer 0
             h, comp = h[:, mx.array(np.flatnonzero(alive).astype(np.int32))], comp[alive]
         selected: Optional[np.ndarray] = None  # None: every token cached at the layer
-        # With completion on, every token that has KV at a layer is seen there (pruned tokens
-        # get theirs from complete()), and decode steps neither select nor revive: the cuts
-        # only spare computing the prompt.
-        completing = sched.complete != "none"
+        # Once completion has left no token waiting, every token has KV wherever it may and is
+        # seen there, and decode steps neither select nor revive: the cuts only spared
+        # computing the prompt. Until then (progressive completion) steps select as usual.
+        completing = sched.complete != "none" and not cache.aux
         n_ctx, first = cache.length, int(positions[0])
         for layer in range(a.num_layers):
             if selected is not None:

@@ -373,8 +373,9 @@ class PruningConfig:
             first output token, so decoding sees every token at every layer while the first
             token keeps the pruned time), ``"progressive:K"`` (K token-layers after each
             output token, lowest layer first). Each (token, layer) is still computed once.
-            With completion on, every token with KV at a layer is attended to there and
-            decode steps do not re-select: the cuts spare the prompt's computation only.
+            Once completion has left no token waiting, every token is attended to at every
+            layer and decode steps do not re-select: the cuts spared the prompt's
+            computation only.
         pool: LazyLLM and static only: before top-k, each candidate's score becomes the
             maximum over itself and ``pool`` neighbouring candidates on each side, so kept
             tokens come in spans (a number split into digit tokens stays whole). 0 (the
