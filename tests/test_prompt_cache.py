@@ -359,6 +359,10 @@ def test_progressive_completion_spends_its_budget_per_step(tiny_model):
     per_step = np.diff(done)
     assert per_step.max() <= 40 and per_step.sum() > 0
     assert engine.stats.max_computations_per_token_layer == 1
+    # While tokens wait, decode steps still select (2 cuts each); once none waits, they stop.
+    waiting_steps = int((per_step > 0).sum())
+    assert engine.stats.host_syncs >= 2 * (1 + waiting_steps)
+    assert engine.pending_token_layers == 0 and engine.stats.host_syncs < 2 * 40
 
 
 def test_complete_flag_is_checked(tiny_model, tiny_model_path):
