@@ -286,7 +286,7 @@ class LazyEngine:
         """Queries at positions ``rows`` over the whole layer cache (keys at ``kpos``): each
         sees the ``visible`` keys (all when None) at or before its own position."""
         self._count_pairs(len(rows) * len(kpos), prompt)
-        if len(rows) == 1 and rows[0] >= kpos.max():  # the newest token: it sees every key
+        if len(rows) == 1 and rows[0] == self.cache.length - 1:  # the newest: sees every key
             mask = visible
         else:
             mask = kpos[None, :] <= rows[:, None]
