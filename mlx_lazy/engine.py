@@ -349,6 +349,10 @@ class LazyEngine:
                 carried, h = carried[order], h[:, mx.array(order.astype(np.int32))]
             if h is None:
                 continue
+            h, carried = self._restrict(layer, h, carried)  # a SPEED limit stops them
+            if not len(carried):
+                h = None
+                continue
             room = len(carried) if max_token_layers is None else max_token_layers - done
             if should_stop is not None and should_stop():
                 room = 0
@@ -375,7 +379,7 @@ class LazyEngine:
     @property
     def pending_token_layers(self) -> int:
         """Token-layers :meth:`complete` would compute to finish every waiting token."""
-        return sum(len(e.positions) * (self.adapter.num_layers - d)
+        return sum(int((self.cache.limit[e.positions] - d).sum())
                    for d, e in self.cache.aux.items())
 
     # ------------------------------------------------------------ shared steps

@@ -482,3 +482,16 @@ def test_with_completion_decode_sees_every_token_with_kv(tiny_model):
     assert done.engine.stats.host_syncs == len(cuts["prune_layers"])
     assert plain.engine.stats.host_syncs > len(cuts["prune_layers"])
     assert rel_err(out["done"][2], out["plain"][2]) > REL_TOL
+
+
+def test_complete_stops_each_token_at_its_depth_limit(tiny_model):
+    """lazy+speed: waiting tokens are carried only up to their SPEED limit."""
+    model, _ = tiny_model("llama")
+    config = PruningConfig("lazy+speed", prune_layers=(0,), keep=(0.3,), speed_cutoff=3)
+    engine = LazyEngine(model, resolve_config(model, config))
+    mx.eval(engine.prefill(mx.array(ids(200, model.args.vocab_size, 120))))
+    state = engine.cache
+    expected = int((state.limit[state.aux[1].positions] - 1).sum())
+    assert engine.pending_token_layers == expected > 0
+    assert engine.complete() == expected
+    assert (state.depth <= state.limit).all() and engine.stats.max_computations_per_token_layer == 1
