@@ -19,7 +19,7 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -130,12 +130,7 @@ class PromptCache:
     def reusable(self, tokens: List[int]) -> int:
         """How many leading tokens of ``tokens`` this cache can serve: the prefix they share,
         less one when that is all of ``tokens`` (the last token must run to give logits)."""
-        common = 0
-        for a, b in zip(self.tokens, tokens):
-            if a != b:
-                break
-            common += 1
-        return min(common, len(tokens) - 1)
+        return min(common_prefix(self.tokens, tokens), len(tokens) - 1)
 
     def extend_prefix(self, tokens: List[int]) -> List[int]:
         """Trim this cache to the prefix :meth:`reusable` finds and return the tokens still
@@ -144,6 +139,16 @@ class PromptCache:
         if common < len(self.tokens):
             trim_prompt_cache(self, len(self.tokens) - common)
         return tokens[common:]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The number of leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def check_same_schedule(have: Schedule, want: Schedule, what: str) -> None:

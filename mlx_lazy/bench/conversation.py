@@ -45,6 +45,7 @@ from .common import jsonable, loadavg, machine_info, markdown_table, median, mlx
 from .methods import parse_method, parse_methods
 from .metrics import score
 from .stats import paired, wilson
+from ..prompt_cache import common_prefix
 from .tasks import Conversation, build_conversations
 
 MLX_LM = "mlx-lm"
@@ -93,15 +94,6 @@ def render(tokenizer: Any, conv: Conversation, answers: Sequence[str], turn: int
     else:
         text = "\n\n".join(m["content"] for m in messages) + "\n\nAnswer: "
     return text + conv.answer_prefixes[turn]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Runner:
