@@ -19,7 +19,10 @@ from .prompt_cache import (PromptCache, can_trim_prompt_cache, load_prompt_cache
                            make_prompt_cache, resolve_config, save_prompt_cache,
                            trim_prompt_cache)
 from .api import GenerationResponse, generate, generate_step, load, stream_generate  # noqa: E402
-from .schedule import METHODS, PruningConfig, Schedule  # noqa: E402
+from .config import PruningConfig  # noqa: E402
+from .policies import METHODS  # noqa: E402
+from .schedule import Schedule  # noqa: E402
+from .schedule_files import read_schedule, write_schedule  # noqa: E402
 
 
 class _Package(types.ModuleType):
@@ -51,8 +54,10 @@ __all__ = [
     "load",
     "load_prompt_cache",
     "make_prompt_cache",
+    "read_schedule",
     "resolve_config",
     "save_prompt_cache",
     "stream_generate",
     "trim_prompt_cache",
+    "write_schedule",
 ]

@@ -9,7 +9,7 @@ import math
 from typing import NoReturn
 
 from .errors import UserInputError
-from .schedule import POLICIES, canonical_method
+from .policies import POLICIES, canonical_method
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT

@@ -22,7 +22,9 @@ from .adapter import SUPPORTED_MODEL_TYPES, ModelAdapter
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
 from .prompt_cache import PromptCache, make_prompt_cache
-from .schedule import PruningConfig, Schedule, check_fits, folder_schedules, parse_complete
+from .config import PruningConfig, parse_complete
+from .schedule import Schedule, check_fits
+from .schedule_files import folder_schedules
 
 Sampler = Callable[[mx.array], mx.array]
 

@@ -3,7 +3,7 @@
 Shared options keep mlx-lm's names (``--model``, ``-p/--prompt``, ``-m/--max-tokens``,
 ``--temp``, ``--top-p``, ``--seed``, ``--system-prompt``, ``--ignore-chat-template``,
 ``--verbose``); the pruning schedule is chosen with ``--method`` (``full`` or policies of
-:data:`~mlx_lazy.schedule.POLICIES` joined by ``+``, e.g. ``lazy+speed``) and refined with
+:data:`~mlx_lazy.policies.POLICIES` joined by ``+``, e.g. ``lazy+speed``) and refined with
 ``--prune-layers``, ``--keep``, ``--speed-cutoff`` and ``--anchors``.
 
 ``--compare`` runs the unpruned baseline (``full``) and then ``--method`` on the same prompt
@@ -46,9 +46,10 @@ from .api import check_prompt, load, stream_generate
 from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
 from .inputs import MiB, read_file, read_stream
-from .schedule import (QUALITIES, SCHEDULE_FIELDS, PruningConfig, RandomDrop,
-                       compose, parse_complete)
-from .scorers import HEAD_REDUCTIONS, SCORERS
+from .config import QUALITIES, PruningConfig, parse_complete
+from .policies import RandomDrop, compose
+from .schedule_files import SCHEDULE_FIELDS, read_schedule
+from .scorers import SCORERS, Scorer, parse_scorer
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
 DEFAULT_MAX_TOKENS = 100
@@ -96,6 +97,13 @@ def _cutoff(text: str) -> float | int:
 def _complete_arg(text: str) -> str:
     try:
         return parse_complete(text)[0]
+    except UserInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _scorer_arg(text: str) -> Scorer:
+    try:
+        return parse_scorer(text)
     except UserInputError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -170,17 +178,13 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
                         "(0.75) or a layer count (24)")
     g.add_argument("--anchors", type=int, default=None, metavar="N",
                    help="leading prompt tokens that are never pruned")
-    g.add_argument("--pool", type=int, default=None, metavar="R",
-                   help="LazyLLM/static: max-pool scores over R neighbouring tokens on each side "
-                        "before top-k, so spans survive together (default 0)")
-    g.add_argument("--scorer", choices=tuple(SCORERS), default=None,
-                   help="LazyLLM/static: what ranks the context at each cut: 'last' (the query "
-                        "token's attention, the paper) or 'window' (the last --window prompt "
-                        "tokens' attention; the window is always kept)")
-    g.add_argument("--window", type=int, default=None, metavar="W",
-                   help="the window scorer's number of trailing prompt tokens (default 8)")
-    g.add_argument("--heads", choices=HEAD_REDUCTIONS, default=None,
-                   help="reduce scores over attention heads by mean (the paper) or max")
+    g.add_argument("--scorer", type=_scorer_arg, default=None, metavar="SPEC",
+                   help=f"LazyLLM/static: what ranks the context at each cut, NAME[:field=value"
+                        f"...] with NAME one of {', '.join(SCORERS)}: 'last' (the query token's "
+                        "attention, the paper), 'window:size=32' (the last 32 prompt tokens' "
+                        "attention; the window is always kept); ':heads=max' reduces over "
+                        "heads by max, ':pool=R' max-pools scores over R neighbouring tokens "
+                        "on each side so spans survive together")
     g.add_argument("--schedule", default=None, metavar="FILE",
                    help="a calibrated schedule file (python -m mlx_lazy.calibrate) for this "
                         "model; sets the method, cuts and scorer")
@@ -206,7 +210,7 @@ def pruning_given(args: argparse.Namespace) -> bool:
 
 #: The pruning flags that override a method's preset fields (``args`` names).
 PRUNING_OVERRIDES = ("prune_layers", "keep", "speed_cutoff", "anchors", "revive", "complete",
-                     "pool", "scorer", "window", "heads", "quality")
+                     "scorer", "quality")
 
 
 def build_config(args: argparse.Namespace) -> PruningConfig:
@@ -229,7 +233,7 @@ def build_config(args: argparse.Namespace) -> PruningConfig:
         raise UserInputError("--schedule sets the method, cuts and scorer; drop " + (
             ", ".join("--" + f.replace("prune_layers", "prune-layers") for f in fixed)
             if fixed else f"--method {method}"))
-    return replace(PruningConfig.from_file(args.schedule), **overrides)
+    return replace(read_schedule(args.schedule), **overrides)
 
 
 def read_prompt(args: argparse.Namespace) -> str:

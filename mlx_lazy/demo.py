@@ -60,7 +60,7 @@ def _answer_pruned(model, tokenizer, prompt: str, max_tokens: int, config) -> tu
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the process exit code."""
     from ._args import METHOD_HELP, method_arg
-    from .schedule import PruningConfig
+    from .config import PruningConfig
 
     def pruning_method(text: str) -> str:
         method = method_arg(text)

@@ -23,7 +23,8 @@ from .adapter import ModelAdapter
 from .attention import attention, prepare
 from .cache import LayerKV, LazyCache
 from .distributed import TensorParallel, model_group
-from .schedule import PruningConfig, Schedule
+from .config import PruningConfig
+from .schedule import Schedule
 from .scorers import ScoreContext, top_k
 
 ProgressFn = Callable[[int, int], None]
@@ -100,7 +101,7 @@ class LazyEngine:
             raise ValueError(f"the schedule is for {self.schedule.num_layers} layers, the "
                              f"model has {self.adapter.num_layers}")
         self.block_size = block_size
-        self.scorer = self.schedule.make_scorer()
+        self.scorer = self.schedule.scorer
         prepare()  # outside any timed region: the CPU kernels' one-time build
         self.cache = LazyCache(self.adapter.num_layers)
         self.prompt_len = 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -29,10 +28,12 @@ from .adapter import ModelAdapter
 from .cache import LazyCache
 from .engine import LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
-from .schedule import PruningConfig, Schedule, calibrated
+from .config import PruningConfig
+from .schedule import Schedule
+from .schedule_files import calibrated
 
 #: The ``format`` of prompt-cache files.
-CACHE_FORMAT = "mlx-lazy-prompt-cache/1"
+CACHE_FORMAT = "mlx-lazy-prompt-cache/2"  # 2: the scorer as one spec
 
 
 def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
@@ -51,7 +52,7 @@ def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig
 
 def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = None) -> Schedule:
     """The schedule ``model`` runs for ``config``: a plain ``"lazy"`` takes the model's
-    calibrated schedule (:func:`mlx_lazy.schedule.calibrated`), a calibrated schedule must
+    calibrated schedule (:func:`mlx_lazy.schedule_files.calibrated`), a calibrated schedule must
     match the model's fingerprint, and every value is checked against the model's depth.
 
     Raises:
@@ -154,7 +155,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def check_same_schedule(have: Schedule, want: Schedule, what: str) -> None:
     """Raise UserInputError naming the first field where schedule ``want`` differs from the
     ``have`` that ``what`` was made for."""
-    a, b = asdict(have), asdict(want)
+    a, b = have.as_dict(), want.as_dict()
     diff = next((k for k in a if k != "source" and a[k] != b[k]), None)
     if diff is not None:
         raise UserInputError(f"{what} was made for another pruning config: {diff} is "
@@ -272,8 +273,10 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
     if diff is not None:
         raise UserInputError(f"prompt cache {path} was made for another model: {diff} is "
                              f"{saved.get(diff)!r} there, {fingerprint[diff]!r} here")
-    fields = dict(info["schedule"])
-    schedule = Schedule(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    try:
+        schedule = Schedule.from_dict(info["schedule"])
+    except (KeyError, TypeError, UserInputError) as e:
+        raise UserInputError(f"prompt cache {path} is corrupt: {one_line(e)}") from None
     engine = LazyEngine(model, schedule)
     state = LazyCache(adapter.num_layers)
     try:

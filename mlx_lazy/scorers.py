@@ -4,13 +4,15 @@ A scorer is a small class with one ``score(ctx)`` that maps a :class:`ScoreConte
 scoring queries, the candidate keys, their positions) to one score per key; the engine then
 keeps the top fraction of the candidates (:func:`top_k`), always keeping the anchors, the
 newest token and whatever the scorer's :meth:`Scorer.always_kept` names. Adding a scorer is
-one class plus one line in :data:`SCORERS`; ``PruningConfig(scorer=NAME)``, the CLI's
-``--scorer`` and the benchmarks' ``lazy:scorer=NAME`` all read that registry.
+one class plus one line in :data:`SCORERS`: its dataclass fields are its parameters, and one
+spec syntax names them everywhere (:func:`parse_scorer`): ``PruningConfig(scorer=SPEC)``, the
+CLI's and server's ``scorer``, schedule files and the benchmarks' ``lazy:scorer=SPEC``, e.g.
+``window:size=32:heads=max:pool=8``.
 
 * ``last`` (:class:`LastQuery`, the LazyLLM paper): attention of the query token (the last
   prompt token in prefill, the newest token in decode), reduced over heads.
 * ``window`` (:class:`Window`, SnapKV's observation window): in prefill the mean over the last
-  ``window`` prompt tokens' attention (each causal); those tokens are always kept, so a
+  ``size`` prompt tokens' attention (each causal); those tokens are always kept, so a
   question at the end of the prompt is never pruned away. Decode scores with the newest token.
 
 Both are grouped-query aware and reduce over heads by ``mean`` (the paper) or ``max``.
@@ -21,15 +23,17 @@ Both are grouped-query aware and reduce over heads by ``mean`` (the paper) or ``
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Callable, Dict, Optional, Type
+from typing import Any, Callable, Dict, Optional, Type, Union
 
 import mlx.core as mx
 import numpy as np
 
 from .attention import attention_probs
-from .errors import UserInputError
+from .errors import UserInputError, shown
 
 HEAD_REDUCTIONS = ("mean", "max")
+#: The largest integer a scorer field takes: MLX indexes with int32.
+MAX_FIELD = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,11 @@ class ScoreContext:
 
 
 class Scorer:
-    """Maps a :class:`ScoreContext` to one score per key (higher: keep)."""
+    """Maps a :class:`ScoreContext` to one score per key (higher: keep).
+
+    A scorer is a frozen dataclass: its fields are its parameters (checked in
+    ``__post_init__``, raising :class:`UserInputError`), and a spec string names them
+    (:func:`parse_scorer`)."""
 
     #: trailing prefill tokens whose queries :meth:`score` reads (the query token included)
     n_queries: int = 1
@@ -77,12 +85,25 @@ class Scorer:
         token)."""
         return np.empty(0, np.int64)
 
+    def check_fits(self, context: int) -> None:
+        """Refuse token counts longer than any prompt a model of ``context`` tokens takes.
+
+        Raises:
+            UserInputError: naming the scorer and the context.
+        """
+        if self.n_queries > context:
+            raise UserInputError(f"scorer {scorer_spec(self)} reads {self.n_queries} query "
+                                 f"tokens, more than the model's context of {context} tokens")
+
 
 @dataclass(frozen=True)
 class LastQuery(Scorer):
     """The query token's attention to each key, reduced over heads (LazyLLM)."""
 
     heads: str = "mean"
+
+    def __post_init__(self) -> None:
+        _check_heads(self.heads)
 
     def score(self, ctx: ScoreContext) -> np.ndarray:
         return _reduced_probs(ctx.queries[:, :, -1:], ctx, _visible(ctx), self.heads)
@@ -95,6 +116,10 @@ class Window(Scorer):
 
     size: int = 8
     heads: str = "mean"
+
+    def __post_init__(self) -> None:
+        _check_count("size", self.size, 1)
+        _check_heads(self.heads)
 
     @property
     def n_queries(self) -> int:  # type: ignore[override]
@@ -120,6 +145,9 @@ class Pooled(Scorer):
     inner: Scorer
     radius: int
 
+    def __post_init__(self) -> None:
+        _check_count("pool", self.radius, 0)
+
     @property
     def n_queries(self) -> int:  # type: ignore[override]
         return self.inner.n_queries
@@ -133,40 +161,83 @@ class Pooled(Scorer):
     def always_kept(self, prompt_len: int) -> np.ndarray:
         return self.inner.always_kept(prompt_len)
 
+    def check_fits(self, context: int) -> None:
+        self.inner.check_fits(context)
+        if self.radius > context:
+            raise UserInputError(f"pool={self.radius} is more than the model's context of "
+                                 f"{context} tokens (lower pool)")
 
-#: scorer name -> class (a dataclass with ``heads`` and, for windowed ones, ``size``)
+
+#: scorer name -> class. A scorer is a frozen dataclass whose fields are its parameters; its
+#: spec (:func:`parse_scorer`, :func:`scorer_spec`) names them, so registering a class here is
+#: all the API, CLI, server, schedule files and benchmarks need.
 SCORERS: Dict[str, Type[Scorer]] = {
     "last": LastQuery,
     "window": Window,
 }
 
+#: The spec key that wraps any scorer in :class:`Pooled` (its ``radius``).
+POOL_KEY = "pool"
+_PARSERS: Dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
-def make_scorer(name: str, heads: str = "mean", window: Optional[int] = None,
-                pool: int = 0) -> Scorer:
-    """Build the registered scorer ``name`` (``window`` sets its ``size`` when it has one),
-    wrapped in :class:`Pooled` when ``pool``.
+
+def parse_scorer(spec: Union[str, Scorer]) -> Scorer:
+    """The scorer a spec names: ``NAME[:field=value...]`` with the registered class's own
+    dataclass fields, plus ``pool=R`` to wrap it in :class:`Pooled`:
+    ``"window:size=32:heads=max:pool=8"``. A :class:`Scorer` passes through.
 
     Raises:
-        UserInputError: unknown scorer or head reduction, or a window for a scorer without.
+        UserInputError: an unknown scorer or field, or a value the scorer refuses.
     """
+    if isinstance(spec, Scorer):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise UserInputError(f"scorer must be a non-empty spec such as 'window:size=32', "
+                             f"got {_cut(spec)}")
+    name, *pieces = spec.strip().split(":")
     if name not in SCORERS:
-        raise UserInputError(f"unknown scorer {name!r}; choose one of {', '.join(SCORERS)}")
-    if heads not in HEAD_REDUCTIONS:
-        raise UserInputError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, got {heads!r}")
-    kwargs: Dict[str, object] = {"heads": heads}
-    if window is not None:
-        if default_window(name) is None:
-            windowed = ", ".join(n for n in SCORERS if default_window(n) is not None)
-            raise UserInputError(f"window applies to scorers with a window ({windowed}), "
-                                 f"not {name!r}")
-        kwargs["size"] = window
-    scorer = SCORERS[name](**kwargs)
-    return Pooled(scorer, pool) if pool else scorer
+        raise UserInputError(f"unknown scorer {_cut(name)}; choose one of "
+                             f"{', '.join(SCORERS)}")
+    cls = SCORERS[name]
+    params = {f.name: f for f in fields(cls)}
+    values: Dict[str, Any] = {}
+    radius = 0
+    for piece in pieces:
+        key, sep, text = piece.partition("=")
+        if not sep or key in values or (key == POOL_KEY and radius):
+            raise UserInputError(f"scorer {_cut(spec)}: each part after the name is "
+                                 f"field=value, each field once, got {_cut(piece)}")
+        if key == POOL_KEY:
+            radius = _parse_field(spec, key, "int", text)
+            _check_count(POOL_KEY, radius, 0)
+        elif key in params:
+            kind = params[key].type  # a string under ``from __future__ import annotations``
+            values[key] = _parse_field(spec, key, getattr(kind, "__name__", str(kind)), text)
+        else:
+            raise UserInputError(f"scorer {name!r} has no field {_cut(key)}; its fields: "
+                                 f"{', '.join([*params, POOL_KEY])}")
+    scorer = cls(**values)
+    return Pooled(scorer, radius) if radius else scorer
 
 
-def default_window(name: str) -> Optional[int]:
-    """The registered scorer's default window ``size``; None when it has no window."""
-    return next((f.default for f in fields(SCORERS[name]) if f.name == "size"), None)
+def scorer_spec(scorer: Scorer) -> str:
+    """The spec of ``scorer`` (its name and the fields that differ from their defaults):
+    ``parse_scorer(scorer_spec(s)) == s``."""
+    if isinstance(scorer, Pooled):
+        return f"{scorer_spec(scorer.inner)}:{POOL_KEY}={scorer.radius}"
+    name = next(n for n, cls in SCORERS.items() if type(scorer) is cls)
+    changed = [f"{f.name}={getattr(scorer, f.name)}" for f in fields(scorer)
+               if getattr(scorer, f.name) != f.default]
+    return ":".join([name, *changed])
+
+
+def _parse_field(spec: str, key: str, kind: str, text: str) -> Any:
+    """A spec value as its field's type (``int``, ``float`` or ``str``)."""
+    try:
+        return _PARSERS[kind](text)
+    except (KeyError, ValueError):
+        raise UserInputError(f"scorer {_cut(spec)}: {key} must be {kind}, got "
+                             f"{_cut(text)}") from None
 
 
 def top_k(candidates: np.ndarray, scores: np.ndarray, forced: np.ndarray, k: int) -> np.ndarray:
@@ -198,6 +269,23 @@ def pool_by_position(positions: np.ndarray, scores: np.ndarray, radius: int) -> 
     out = np.empty_like(scores)
     out[order] = pooled
     return out
+
+
+def _cut(x: Any) -> str:
+    """A user's spec or value, shown in one short line."""
+    return shown(x, 60)
+
+
+def _check_heads(heads: Any) -> None:
+    if heads not in HEAD_REDUCTIONS:
+        raise UserInputError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, "
+                             f"got {_cut(heads)}")
+
+
+def _check_count(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_FIELD:
+        raise UserInputError(f"{name} must be an integer in [{low}, {MAX_FIELD}], "
+                             f"got {_cut(value)}")
 
 
 def _visible(ctx: ScoreContext) -> Optional[mx.array]:

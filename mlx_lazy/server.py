@@ -3,7 +3,7 @@
 Endpoints as mlx-lm's server and the OpenAI API define them: ``POST /v1/chat/completions``,
 ``POST /v1/completions``, ``GET /v1/models`` and ``GET /health``. A request may choose its
 pruning with one extra body field, ``"pruning"``: a preset name (``"full"``, ``"lazy"``, ...)
-or an object of :class:`~mlx_lazy.schedule.PruningConfig` fields; without it the server's
+or an object of :class:`~mlx_lazy.config.PruningConfig` fields; without it the server's
 ``--method`` / ``--schedule`` apply. ``usage.pruning`` reports what the pruning did.
 
 One thread owns the model and runs one generation at a time from a queue; the HTTP side
@@ -60,7 +60,10 @@ from .api import (check_anchors, check_context, check_tokens, context_length, lo
                   stream_generate)
 from .errors import UserInputError, one_line
 from .prompt_cache import PromptCacheStore, make_prompt_cache, resolve_config
-from .schedule import PruningConfig, check_fits, compose
+from .config import PruningConfig
+from .policies import compose
+from .schedule import check_fits
+from .schedule_files import read_schedule
 
 log = logging.getLogger("mlx_lazy.server")
 
@@ -904,7 +907,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             raise UserInputError(f"--{name.replace('_', '-')} must be a positive number of "
                                  f"seconds, got {value}")
     if args.schedule is not None:
-        config = PruningConfig.from_file(args.schedule)
+        config = read_schedule(args.schedule)
     else:
         config = PruningConfig.preset(args.method)
     return ServerSettings(

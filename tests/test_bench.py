@@ -12,6 +12,7 @@ from mlx_lazy import PruningConfig
 from mlx_lazy.bench import harness, methods, metrics, tasks
 from mlx_lazy.bench.__main__ import main, parse_methods
 from mlx_lazy.bench.common import MIB, RunRecord, fmt, markdown_table
+from mlx_lazy.scorers import Pooled, Window
 
 
 class WordTokenizer:
@@ -151,8 +152,8 @@ def test_parse_method():
 
 
 @pytest.mark.parametrize("config", [
-    dict(method="lazy", prune_layers=(3, 9), keep=(0.5, 0.25), scorer="window", window=8, pool=2),
-    dict(method="lazy", revive=False, heads="max"),
+    dict(method="lazy", prune_layers=(3, 9), keep=(0.5, 0.25), scorer="window:size=9:pool=2"),
+    dict(method="lazy", revive=False, scorer="last:heads=max", complete="progressive:8"),
     dict(method="lazy+speed", speed_cutoff=0.6, anchors=4),
     dict(method="random", keep=(0.3,), seed=2),
     dict(method="full"),
@@ -173,8 +174,13 @@ def test_named_methods_and_depth_fractions():
         methods.parse_method(name, 30).config.resolve(30)
     with pytest.raises(ValueError, match="depth is needed"):
         methods.parse_method("lazy:at=0.5:keep=0.3")
-    w = methods.parse_method("lazy:scorer=window:window=16:heads=max").config
-    assert (w.scorer, w.window, w.heads) == ("window", 16, "max")
+    w = methods.parse_method("lazy:scorer=window:size=16:heads=max:complete=after-first").config
+    assert w.scorer == Window(size=16, heads="max") and w.complete == "after-first"
+    pooled = methods.parse_method("lazy:complete=progressive:4:scorer=window:pool=3:size=16")
+    assert pooled.config.scorer == Pooled(Window(size=16), 3)
+    assert pooled.config.complete == "progressive:4"
+    with pytest.raises(ValueError, match="unexpected keyword argument 'window'"):
+        methods.parse_method("lazy:scorer=window:window=16")  # the old spelling
 
 
 # ------------------------------------------------------------------- records and tables

@@ -10,11 +10,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lazy import LazyEngine, PruningConfig, UserInputError, load, resolve_config
+from mlx_lazy import LazyEngine, PruningConfig, UserInputError, load, read_schedule, resolve_config
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.bench import stats
 from mlx_lazy.bench.calibrate import Calibration, candidates, main, run
-from mlx_lazy.schedule import MODEL_SCHEDULE_FILE, write_schedule
+from mlx_lazy.schedule_files import MODEL_SCHEDULE_FILE, write_schedule
 
 
 def kept_positions(model, config, prompt):
@@ -29,7 +29,7 @@ def tiny_calibration(path, out, **kw):
     opts = dict(model=str(path), out=str(out), tasks=("passkey",), lengths=(200,), rungs=(2, 3),
                 keep_per_rung=(3,), pilot=2, kld_windows=1, kld_length=64, kld_steps=3,
                 gain_length=512, measure=False, max_kld=1e9,
-                scorers=(dict(scorer="last"), dict(scorer="window", window=4)))
+                scorers=("last", "window:size=4"))
     opts.update(kw)
     return run(Calibration(**opts))
 
@@ -49,7 +49,7 @@ def test_calibration_writes_a_schedule_that_reproduces_its_selections(tiny_model
     assert set(ev["cells"]) == {"passkey@200"}
     sched = tmp_path / "cal" / "schedule.json"
     model, _ = load(tiny_model_path)
-    loaded = PruningConfig.from_file(sched, ModelAdapter(model).fingerprint())
+    loaded = read_schedule(sched, ModelAdapter(model).fingerprint())
     chosen = next(c for c in doc["candidates"] if c["name"] == ev["name"])
     direct = PruningConfig(**{k: tuple(v) if isinstance(v, list) else v
                               for k, v in chosen["config"].items()})
@@ -67,7 +67,7 @@ def test_calibration_writes_a_schedule_that_reproduces_its_selections(tiny_model
     assert doc["chosen"]["high"]["name"] == high["name"] != ev["name"]
     assert all(c["kld"]["kld_mean"] > bar for c in confirmed[:confirmed.index(high)])
     assert len(ran) - confirmed.index(high) <= 3  # the batch that found it was the last
-    high_file = PruningConfig.from_file(tmp_path / "cal" / "schedule.high.json")
+    high_file = read_schedule(tmp_path / "cal" / "schedule.high.json")
     assert high_file.prune_layers == tuple(high["config"]["prune_layers"])
     report = (tmp_path / "cal" / "report.md").read_text()
     assert report.count("| `lazy:") == len(ran) and "weights through 4 bits" in report
@@ -237,7 +237,7 @@ def test_cut_schedules_set_the_candidates(tiny_model):
 
     grid = (parse_cuts("0.5/0.2"), parse_cuts("0.25,0.75/0.5,0.1"))
     model, _ = tiny_model()
-    cands = candidates(model, 512, [dict(scorer="last")], grid)
+    cands = candidates(model, 512, ["last"], grid)
     n = len(model.layers)
     assert {c.config.prune_layers for c in cands} == {
         (round(0.5 * n) - 1,), (round(0.25 * n) - 1, min(n - 2, round(0.75 * n) - 1))}
@@ -273,7 +273,7 @@ def test_paired_statistics():
 def schedule_file(tiny_model, tmp_path):
     model, _ = tiny_model("llama")
     fp = ModelAdapter(model).fingerprint()
-    config = PruningConfig("lazy", prune_layers=(0, 2), keep=(0.4, 0.2), scorer="window", window=4)
+    config = PruningConfig("lazy", prune_layers=(0, 2), keep=(0.4, 0.2), scorer="window:size=4")
     return write_schedule(tmp_path / "s.json", config, fp, {"note": "test"}), fp
 
 
@@ -297,13 +297,13 @@ def test_bad_schedule_files_name_the_field(schedule_file, tmp_path, edit, messag
     if doc is not None:
         bad.write_text(doc if isinstance(doc, str) else json.dumps(doc))
     with pytest.raises(UserInputError) as err:
-        PruningConfig.from_file(bad, fp)
+        read_schedule(bad, fp)
     assert message in str(err.value)
 
 
 def test_packaged_schedules_apply_by_fingerprint(schedule_file, tiny_model, tmp_path,
                                                 monkeypatch):
-    from mlx_lazy import schedule
+    from mlx_lazy import schedule_files as schedule
 
     path, _ = schedule_file  # calibrated for the tiny llama
     packaged = tmp_path / "packaged"
@@ -317,13 +317,13 @@ def test_packaged_schedules_apply_by_fingerprint(schedule_file, tiny_model, tmp_
     finally:
         schedule._packaged.cache_clear()
     assert (llama["source"], llama["prune_layers"], llama["scorer"]) == (
-        "calibrated:tiny.json", [0, 2], "window")
+        "calibrated:tiny.json", [0, 2], "window:size=4")
     assert qwen["source"] == "preset"  # another fingerprint: the preset
 
 
 def test_a_schedule_for_another_model_is_refused_by_the_engine(schedule_file, tiny_model):
     path, _ = schedule_file  # calibrated for the tiny llama
-    config = PruningConfig.from_file(path)  # read without a model
+    config = read_schedule(path)  # read without a model
     LazyEngine(tiny_model("llama")[0], resolve_config(tiny_model("llama")[0], config))
     with pytest.raises(UserInputError, match="calibrated for another model"):
         LazyEngine(tiny_model("qwen2")[0], resolve_config(tiny_model("qwen2")[0], config))
@@ -343,7 +343,7 @@ def test_schedule_source_preset_user_and_calibrated_folder(tiny_model_path, sche
     engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", revive=False)))
     sched = engine.stats.schedule
     assert sched["source"] == f"calibrated:{MODEL_SCHEDULE_FILE}"
-    assert (sched["prune_layers"], sched["scorer"], sched["window"]) == ([0, 2], "window", 4)
+    assert (sched["prune_layers"], sched["scorer"]) == ([0, 2], "window:size=4")
     assert sched["revive"] is False  # the caller's own fields stay
     # An explicit schedule wins over the folder's.
     assert LazyEngine(model, resolve_config(model, user)).stats.schedule["prune_layers"] == [1]
@@ -366,7 +366,7 @@ def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch
     first = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0)
     # A resume with fewer scorers keeps the others' runs in results.json.
     fewer = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True,
-                             scorers=(dict(scorer="last"),))
+                             scorers=("last",))
     ran = {c["name"] for c in first["candidates"] if c["scores"]}
     assert ran <= {c["name"] for c in fewer["candidates"] if c["scores"]}
     from mlx_lazy.bench import calibrate
@@ -543,7 +543,7 @@ def test_measured_gain_is_the_median_of_its_paired_repeats(tiny_model, monkeypat
 @pytest.fixture
 def packaged(monkeypatch, tmp_path):
     """An empty packaged-schedules folder in place of the package's (read afresh)."""
-    from mlx_lazy import schedule
+    from mlx_lazy import schedule_files as schedule
 
     folder = tmp_path / "packaged"
     folder.mkdir()
@@ -582,7 +582,7 @@ def test_a_corrupt_packaged_schedule_leaves_the_preset_with_one_warning(
 
 def test_quality_high_takes_the_high_schedule_or_says_why_not(packaged, schedule_file,
                                                              tiny_model):
-    from mlx_lazy.schedule import write_schedule
+    from mlx_lazy.schedule_files import write_schedule
 
     path, fp = schedule_file
     shutil.copy(path, packaged / "tiny.json")
@@ -604,10 +604,10 @@ def test_quality_high_takes_the_high_schedule_or_says_why_not(packaged, schedule
 
 def test_cli_quality_flag(packaged, schedule_file, tiny_model_path, tmp_path, capsys):
     from mlx_lazy.cli import main as cli
-    from mlx_lazy.schedule import write_schedule
+    from mlx_lazy.schedule_files import write_schedule
 
     path, fp = schedule_file
-    write_schedule(packaged / "tiny.high.json", PruningConfig.from_file(path), fp, {},
+    write_schedule(packaged / "tiny.high.json", read_schedule(path), fp, {},
                    quality="high")
     stats_path = tmp_path / "stats.json"
     assert cli(["--model", str(tiny_model_path), "-p", "hello there", "-m", "2", "--method",
@@ -624,7 +624,7 @@ def test_cli_quality_flag(packaged, schedule_file, tiny_model_path, tmp_path, ca
 def test_own_model_calibration_installs_where_load_finds_it(tiny_model_path, tmp_path,
                                                             monkeypatch, packaged, capsys):
     from mlx_lazy.bench import calibrate
-    from mlx_lazy.schedule import cached_schedule_path
+    from mlx_lazy.schedule_files import cached_schedule_path
 
     monkeypatch.setenv("MLX_LAZY_CACHE", str(tmp_path / "cache"))
     fake_runs(monkeypatch)  # every method answers every sample
@@ -668,12 +668,12 @@ def test_packaged_schedules_meet_the_admissibility_rule():
     relative retrieval loss ≤ max_loss, mean KLD ≤ its bar ≤ the 4-bit yardstick's on the
     same windows (a quarter of it for high quality), a predicted and a measured gain."""
     from mlx_lazy.bench.calibrate import HIGH_FRACTION
-    from mlx_lazy.schedule import PACKAGED_SCHEDULES
+    from mlx_lazy.schedule_files import PACKAGED_SCHEDULES
 
     files = sorted(PACKAGED_SCHEDULES.glob("*.json"))
     assert [f.name for f in files] == ["qwen2.5-coder-0.5b.json"]
     for path in files:
-        config = PruningConfig.from_file(path)
+        config = read_schedule(path)
         doc = json.loads(path.read_text())
         ev, q4 = doc["evidence"], doc["evidence"]["yardsticks"]["q4"]["kld_mean"]
         assert doc["quality"] == ev["quality"] and len(dict(config.fingerprint)["weights"]) == 16

@@ -21,6 +21,7 @@ import pytest
 from tiny_models import KINDS
 
 from mlx_lazy import api, cli
+from mlx_lazy.scorers import Pooled, Window
 
 REPO = Path(__file__).resolve().parents[1]
 STATS_KEYS = {
@@ -230,7 +231,7 @@ def test_smollm2_compare(smollm2_path, tmp_path):
 
 def _args(**kw) -> SimpleNamespace:
     base = dict(method="lazy", prune_layers=None, keep=None, speed_cutoff=None, anchors=None,
-                seed=None, revive=None, pool=None, scorer=None, window=None, heads=None,
+                seed=None, revive=None, scorer=None,
                 complete=None, quality=None, schedule=None)
     return SimpleNamespace(**{**base, **kw})
 
@@ -244,8 +245,10 @@ def test_build_config_overrides_preset():
     assert cli.build_config(_args(method="random", seed=7)).seed == 7
     assert cli.build_config(_args(method="lazy", seed=7)).seed == 0  # only random uses it
     assert cli.build_config(_args()).revive
-    args = cli.build_parser().parse_args(["--method", "lazy", "--no-revive", "--pool", "2"])
-    assert not cli.build_config(args).revive and cli.build_config(args).pool == 2
+    args = cli.build_parser().parse_args(["--method", "lazy", "--no-revive",
+                                          "--scorer", "window:size=4:pool=2"])
+    assert not cli.build_config(args).revive
+    assert cli.build_config(args).scorer == Pooled(Window(size=4), 2)
 
 
 def test_flag_parsers():
@@ -356,8 +359,9 @@ def main_error(capsys, *argv: str) -> str:
     (("--method", "lazy", "--prune-layers", "5,,6,", "--keep", "0.5,0.3"),
      ["--prune-layers", "an empty item in '5,,6,'"]),
     (("--method", "lazy", "--prune-layers", "5", "--keep", "0.5,"), ["--keep", "an empty item"]),
-    (("--method", "lazy", "--pool", str(10**20)), ["pool must be a non-negative integer of at most"]),
-    (("--method", "lazy", "--scorer", ""), ["--scorer", "invalid choice"]),
+    (("--method", "lazy", "--scorer", f"last:pool={10**20}"), ["pool must be an integer in [0,"]),
+    (("--method", "lazy", "--scorer", ""), ["--scorer", "scorer must be a non-empty spec"]),
+    (("--method", "lazy", "--scorer", "window:window=8"), ["scorer 'window' has no field 'window'"]),
     (("--schedule", "/dev/zero"), ["schedule file /dev/zero is larger than the limit of 1 MiB"]),
     (("--schedule", "{tmp}/deep.json"), ["deep.json nests arrays or objects more than 16 deep"]),
     (("--prompt-file", "/dev/zero"), ["prompt file '/dev/zero' is larger than the limit of 16 MiB"]),
@@ -380,12 +384,12 @@ def test_a_prompt_on_stdin_is_read_up_to_the_limit(no_model_load, monkeypatch, c
 def test_a_pool_beyond_the_context_is_refused_before_any_run(tiny_model_path, capsys):
     context = json.loads((tiny_model_path / "config.json").read_text())["max_position_embeddings"]
     line = main_error(capsys, "--model", str(tiny_model_path), "-p", "hi", "--method", "lazy",
-                      "--pool", str(context + 1))
+                      "--scorer", f"last:pool={context + 1}")
     assert f"pool={context + 1} is more than the model's context of {context} tokens" in line
     # the case: a radius of 10**9 once padded 7.45 GiB of scores
     assert "pool=1000000000 is more than" in main_error(
         capsys, "--model", str(tiny_model_path), "-p", "hi", "--method", "lazy",
-        "--pool", "1000000000")
+        "--scorer", "last:pool=1000000000")
 
 
 def test_stats_json_probe_leaves_no_file(capsys, tmp_path):

@@ -126,8 +126,8 @@ def two_rank_runs(tiny_model_dir, two_rank_dir):
     ranks of the tiny llama (4 heads, 2 KV heads): one launch."""
     return run_engines(two_rank_dir, tiny_model_dir("llama"), 2, {
         "full": {}, "lazy": LAZY, "speed": {},
-        "lazy-max": {"method": "lazy", **LAZY, "heads": "max"},
-        "lazy-window": {"method": "lazy", **LAZY, "scorer": "window", "window": 8}})
+        "lazy-max": {"method": "lazy", **LAZY, "scorer": "last:heads=max"},
+        "lazy-window": {"method": "lazy", **LAZY, "scorer": "window:size=8"}})
 
 
 def test_full_sharded_matches_mlx_lm(two_rank_runs, tiny_model):
@@ -163,8 +163,8 @@ def test_lazy_sharded_selects_alike_and_matches_single_process(two_rank_runs, ti
     assert stats["tokens_computed_per_layer"] == single.tokens_computed_per_layer
 
 
-@pytest.mark.parametrize("run, fields", [("lazy-max", {"heads": "max"}),
-                                         ("lazy-window", {"scorer": "window", "window": 8})])
+@pytest.mark.parametrize("run, fields", [("lazy-max", {"scorer": "last:heads=max"}),
+                                         ("lazy-window", {"scorer": "window:size=8"})])
 def test_every_head_reduction_and_scorer_selects_as_one_process(two_rank_runs, tiny_model, run,
                                                                  fields):
     """Max over heads needs an all-max, the window scorer reduces (m, n) scores: both must

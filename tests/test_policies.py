@@ -12,29 +12,26 @@ import pytest
 
 from mlx_lazy import LazyEngine, PruningConfig, UserInputError, resolve_config
 from mlx_lazy.bench.methods import method_spec, parse_method
-from mlx_lazy.schedule import METHODS, POLICIES
+from mlx_lazy.policies import METHODS, POLICIES
+from mlx_lazy.scorers import scorer_spec
 
 #: A value for every field some policy takes (each differs from its default and from
 #: every preset, and fits a 30-layer model in any method that takes it).
 SAMPLE = {"prune_layers": (3,), "keep": (0.3,), "speed_cutoff": 0.5, "revive": False,
-          "pool": 1, "scorer": "window", "heads": "max", "window": 4, "complete": "after-first"}
+          "scorer": "window:size=4:heads=max:pool=1", "complete": "after-first"}
 #: How each sampled field reads back from the resolved Schedule.
 READ_BACK = {
     "prune_layers": lambda s: s.prune_layers,
     "keep": lambda s: s.keep or (s.random_keep,),
     "speed_cutoff": lambda s: s.prompt_depth / s.num_layers,
     "revive": lambda s: s.revive,
-    "pool": lambda s: s.pool,
-    "scorer": lambda s: s.scorer,
-    "heads": lambda s: s.heads,
-    "window": lambda s: s.window,
+    "scorer": lambda s: scorer_spec(s.scorer),
     "complete": lambda s: s.complete,
 }
 #: The Schedule fields each policy sets.
 SETS = {
-    "lazy": {"prune_layers", "keep", "dynamic", "revive", "complete", "scorer", "heads", "window",
-             "pool"},
-    "static": {"prune_layers", "keep", "scorer", "heads", "window", "pool"},
+    "lazy": {"prune_layers", "keep", "dynamic", "revive", "complete", "scorer"},
+    "static": {"prune_layers", "keep", "scorer"},
     "random": {"random_keep"},
     "speed": {"prompt_depth"},
 }

@@ -16,7 +16,7 @@ from mlx_lm.generate import generate_step as mlx_lm_generate_step
 from mlx_lm.models.cache import make_prompt_cache as mlx_lm_make_prompt_cache
 
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, can_trim_prompt_cache,
-                      generate_step, load_prompt_cache, make_prompt_cache, resolve_config,
+                      generate_step, load_prompt_cache, make_prompt_cache, read_schedule, resolve_config,
                       save_prompt_cache, stream_generate, trim_prompt_cache)
 from mlx_lazy import scorers
 from numerics import rel_err
@@ -441,7 +441,7 @@ def test_a_schedule_for_a_model_of_the_same_shapes_is_refused(tiny_model, tmp_pa
     from tiny_models import build_tiny_model
 
     from mlx_lazy.adapter import ModelAdapter
-    from mlx_lazy.schedule import write_schedule
+    from mlx_lazy.schedule_files import write_schedule
 
     model, _ = tiny_model("llama")
     twin, _ = mlx_lm.load(str(build_tiny_model("llama", tmp_path / "twin", seed=1)))
@@ -450,9 +450,9 @@ def test_a_schedule_for_a_model_of_the_same_shapes_is_refused(tiny_model, tmp_pa
         {k: v for k, v in theirs.items() if k != "weights"}
     path = write_schedule(tmp_path / "s.json", PruningConfig("lazy", prune_layers=(1,),
                                                              keep=(0.5,)), ours, {})
-    assert PruningConfig.from_file(path, ours).prune_layers == (1,)
+    assert read_schedule(path, ours).prune_layers == (1,)
     with pytest.raises(UserInputError, match="weights"):
-        PruningConfig.from_file(path, theirs)
+        read_schedule(path, theirs)
 
 
 def test_generate_step_with_no_tokens_to_generate_only_caches_the_prompt(tiny_model):

@@ -23,9 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlx_lazy import METHODS, PruningConfig, UserInputError, cli
-from mlx_lazy.schedule import MAX_COUNT, SCHEDULE_FIELDS, SCHEDULE_FORMAT, check_fits
-from mlx_lazy.scorers import pool_by_position
+from mlx_lazy import METHODS, PruningConfig, UserInputError, cli, read_schedule
+from mlx_lazy.config import MAX_COUNT
+from mlx_lazy.schedule import check_fits
+from mlx_lazy.schedule_files import SCHEDULE_FIELDS, SCHEDULE_FORMAT
+from mlx_lazy.scorers import LastQuery, pool_by_position
 
 EXAMPLES = 200
 # A deadline far above an example's few milliseconds, so a loaded CI machine does not trip
@@ -58,10 +60,16 @@ def config_fields(ints: st.SearchStrategy) -> dict:
         "anchors": st.one_of(ints, wrong),
         "seed": st.one_of(ints, wrong),
         "revive": st.one_of(st.booleans(), wrong),
-        "pool": st.one_of(ints, wrong),
-        "scorer": st.one_of(st.sampled_from(["last", "window", "", " "]), wrong),
-        "heads": st.one_of(st.sampled_from(["mean", "max", ""]), wrong),
-        "window": st.one_of(ints, wrong),
+        # scorer specs: names, fields and values, each plausible, on the edge or wrong
+        "scorer": st.one_of(
+            st.lists(st.one_of(
+                st.sampled_from(["last", "window", "", " ", "size", "pool=", "heads=max",
+                                 "heads=", "size=8", "window=8"]),
+                st.tuples(st.sampled_from(["size", "pool", "heads"]),
+                          st.one_of(SMALL_INTS.map(str), st.text(max_size=4),
+                                    st.integers(1, 6000).map(lambda n: "7" * n))
+                          ).map("=".join)),
+                min_size=1, max_size=4).map(":".join), wrong),
         "method": st.one_of(st.sampled_from(METHODS), st.text(max_size=12), wrong),
         "complete": st.one_of(
             st.sampled_from(["none", "after-first", "progressive:4", "progressive:0",
@@ -96,11 +104,12 @@ def test_any_pruning_config_works_or_is_a_user_error(fields):
         return
     # what resolved is a plan the engine can run, and its pool costs no more than any other
     assert 0 <= schedule.anchors <= MAX_COUNT and 0 <= schedule.seed < 2**64
-    assert schedule.window is None or 1 <= schedule.window <= MAX_COUNT
+    scorer = schedule.scorer
+    assert 1 <= scorer.n_queries <= 8192 and len(scorer.always_kept(100)) <= 100
     assert all(0 < k <= 1 for k in schedule.keep)
     assert list(schedule.keep) == sorted(schedule.keep, reverse=True)
     assert all(0 <= layer < schedule.prompt_depth - 1 for layer in schedule.prune_layers)
-    assert pooled_peak(schedule.pool) < POOL_BYTES
+    assert pooled_peak(getattr(scorer, "radius", 0)) < POOL_BYTES
 
 
 @settings(max_examples=50, deadline=None, database=None)
@@ -142,9 +151,10 @@ SCHEDULE_DOCS = st.one_of(
             {}, optional={f: st.one_of(FILE_FIELDS[f], JSON) for f in SCHEDULE_FIELDS}), JSON)}))
 FILE_TEXT = st.one_of(
     SCHEDULE_DOCS.map(lambda d: json.dumps(d).encode()),
-    # a valid document whose pool has thousands of digits
+    # a valid document whose scorer's pool has thousands of digits
     st.tuples(SCHEDULE_DOCS, st.integers(1, 6000)).map(
-        lambda d: json.dumps(d[0]).encode()[:-1] + b', "pool": ' + b"7" * d[1] + b"}"),
+        lambda d: json.dumps(d[0]).encode()[:-1] + b', "scorer": "last:pool=' + b"7" * d[1]
+        + b'"}'),
     st.binary(max_size=64),
     st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n))
 
@@ -161,7 +171,7 @@ def test_any_schedule_file_loads_or_is_a_user_error_naming_it(scratch, data):
     path = scratch / "schedule.json"
     path.write_bytes(data)
     try:
-        config = PruningConfig.from_file(path)
+        config = read_schedule(path)
     except UserInputError as e:
         assert str(path) in str(e)
         return
@@ -175,8 +185,9 @@ class Reached(Exception):
     """The CLI accepted every flag and went on to load the model."""
 
 
-NUMBER_FLAGS = ["--prune-layers", "--keep", "--speed-cutoff", "--pool", "--anchors", "--window",
-                "--seed", "--temp", "--top-p", "-m"]
+# the scorer's numbers arrive inside its spec ("--scorer=window:size=" + text)
+NUMBER_FLAGS = ["--prune-layers", "--keep", "--speed-cutoff", "--scorer=last:pool", "--anchors",
+                "--scorer=window:size", "--seed", "--temp", "--top-p", "-m"]
 NUMBER_TEXT = st.one_of(
     st.from_regex(r"\A-?[0-9]{0,6}(\.[0-9]{0,3})?(,-?[0-9]{0,4}(\.[0-9]{0,2})?){0,3},?\Z"),
     SMALL_INTS.map(str), st.integers(1, 6000).map(lambda digits: "7" * digits), FLOATS.map(str),
@@ -199,7 +210,10 @@ def test_any_number_on_the_command_line_works_or_exits_2_with_one_line(flag, tex
             assert args.seed is None or 0 <= args.seed < 2**64
             assert args.max_tokens >= 1
             config = cli.build_config(args)
-            assert 0 <= config.pool <= MAX_COUNT and 0 <= config.anchors <= MAX_COUNT
+            assert 0 <= config.anchors <= MAX_COUNT
+            scorer = config.scorer or LastQuery()
+            assert 0 <= getattr(scorer, "radius", 0) <= MAX_COUNT
+            assert 1 <= scorer.n_queries <= MAX_COUNT
             return
     lines = err.getvalue().strip().splitlines()
     assert status == 2 and len(lines) == 1 and lines[0].startswith("error: "), (argv, lines)

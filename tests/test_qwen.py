@@ -16,7 +16,8 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models import qwen2
 
-from mlx_lazy import LazyEngine, PruningConfig, generate, load, resolve_config, stream_generate
+from mlx_lazy import (LazyEngine, PruningConfig, generate, load, read_schedule, resolve_config,
+                      stream_generate)
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.bench.tasks import build_samples
 from mlx_lazy.default_model import ModelUnavailable, cache_dir, gguf_path, model_path
@@ -145,7 +146,7 @@ def test_the_calibrated_schedule_file_runs_its_cut_and_answers(qwen):
     below the 0.95 bar): loaded for this model, it runs its cut and answers the first
     calibration prompts as `full` does."""
     model, tokenizer = qwen
-    config = PruningConfig.from_file(SCHEDULES / "qwen2.5-coder-0.5b.json",
+    config = read_schedule(SCHEDULES / "qwen2.5-coder-0.5b.json",
                                      ModelAdapter(model).fingerprint())
     for sample in build_samples(tokenizer, "niah_single", 1024, 2, seed=0):
         last, text = None, ""

@@ -6,8 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_lazy import METHODS, PruningConfig, UserInputError
-from mlx_lazy.schedule import MAX_COUNT, SCHEDULE_FORMAT, SCHEDULE_MAX_BYTES, check_fits
+from mlx_lazy import METHODS, PruningConfig, UserInputError, read_schedule
+from mlx_lazy.config import MAX_COUNT
+from mlx_lazy.schedule import check_fits
+from mlx_lazy.schedule_files import SCHEDULE_FORMAT, SCHEDULE_MAX_BYTES
+from mlx_lazy.scorers import LastQuery, Pooled, Window, parse_scorer, scorer_spec
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -51,7 +54,7 @@ def test_static_and_random_are_not_dynamic():
         (PruningConfig("full", prune_layers=(3,)), "takes no prune_layers"),
         (PruningConfig("lazy", speed_cutoff=0.5), "takes no speed_cutoff"),
         (PruningConfig("static", revive=False), "takes no revive=False; lazy does"),
-        (PruningConfig("speed", pool=2), "takes no pool; lazy and static do"),
+        (PruningConfig("speed", scorer="last:pool=2"), "takes no scorer; lazy and static do"),
     ],
 )
 def test_invalid_configs_raise_helpful_errors(config, message):
@@ -80,7 +83,13 @@ def test_unknown_preset():
         (dict(method="speed", speed_cutoff=True), "speed_cutoff must be an integer"),
         (dict(method="speed", speed_cutoff="0.5"), "speed_cutoff must be an integer"),
         (dict(method="random", seed=-1), "seed must be a non-negative integer"),
-        (dict(method="lazy", pool=-1), "pool must be a non-negative integer"),
+        (dict(method="lazy", scorer="last:pool=-1"), "pool must be an integer in [0,"),
+        (dict(method="lazy", scorer="window:size=0"), "size must be an integer in [1,"),
+        (dict(method="lazy", scorer="window:size=8.5"), "size must be int, got '8.5'"),
+        (dict(method="lazy", scorer="last:heads=median"), "heads must be one of mean, max"),
+        (dict(method="lazy", scorer="last:size=8"), "scorer 'last' has no field 'size'"),
+        (dict(method="lazy", scorer="psychic"), "unknown scorer 'psychic'"),
+        (dict(method="lazy", scorer=8), "scorer must be a non-empty spec"),
     ],
 )
 def test_bad_field_types_are_rejected_at_construction(fields, message):
@@ -116,10 +125,9 @@ HUGE = 10**5000  # past Python's 4,300-digit limit for printing an int
 
 
 @pytest.mark.parametrize("fields, name", [
-    (dict(method="lazy", pool=10**20), "pool"),
-    (dict(method="lazy", pool=HUGE), "pool"),
-    (dict(method="lazy", pool=MAX_COUNT + 1), "pool"),
-    (dict(method="lazy", scorer="window", window=10**20), "window"),
+    (dict(method="lazy", scorer=f"last:pool={10**20}"), "pool"),
+    (dict(method="lazy", scorer=f"last:pool={MAX_COUNT + 1}"), "pool"),
+    (dict(method="lazy", scorer=f"window:size={10**20}"), "size"),
     (dict(method="speed", anchors=HUGE), "anchors"),
     (dict(method="random", seed=2**64), "seed"),
     (dict(method="lazy", prune_layers=(3, HUGE), keep=(0.5, 0.3)), "each pruning layer"),
@@ -133,7 +141,7 @@ def test_integers_are_bounded_on_construction(fields, name):
 
 
 def test_bounds_are_inclusive():
-    assert PruningConfig("lazy", pool=MAX_COUNT).pool == MAX_COUNT
+    assert PruningConfig("lazy", scorer=f"last:pool={MAX_COUNT}").scorer.radius == MAX_COUNT
     assert PruningConfig("random", seed=2**64 - 1).seed == 2**64 - 1
 
 
@@ -142,22 +150,36 @@ def test_a_huge_keep_fraction_is_refused_by_name():
         PruningConfig("lazy", prune_layers=(3,), keep=(HUGE,)).resolve(30)
 
 
-@pytest.mark.parametrize("fields", [dict(scorer=""), dict(heads=""), dict(scorer=" "),
-                                    dict(heads="\t")])
-def test_names_are_non_empty(fields):
-    with pytest.raises(UserInputError, match=f"{next(iter(fields))} must be a non-empty string"):
-        PruningConfig("lazy", **fields)
+@pytest.mark.parametrize("scorer", ["", " ", "\t"])
+def test_scorer_specs_are_non_empty(scorer):
+    with pytest.raises(UserInputError, match="scorer must be a non-empty spec"):
+        PruningConfig("lazy", scorer=scorer)
 
 
 def test_pool_and_window_must_fit_the_context():
-    schedule = PruningConfig("lazy", pool=100, scorer="window", window=50).resolve(30)
+    schedule = PruningConfig("lazy", scorer="window:size=50:pool=100").resolve(30)
     check_fits(schedule, 100)  # equal to the context: fits
     check_fits(schedule, None)  # no known context: nothing to check
     with pytest.raises(UserInputError, match="pool=100 is more than the model's context of 99"):
         check_fits(schedule, 99)
-    window = PruningConfig("lazy", scorer="window", window=50).resolve(30)
-    with pytest.raises(UserInputError, match="window=50 is more than the model's context of 49"):
+    window = PruningConfig("lazy", scorer="window:size=50").resolve(30)
+    with pytest.raises(UserInputError, match="window:size=50 reads 50 query tokens, more than "
+                                             "the model's context of 49"):
         check_fits(window, 49)
+
+
+@pytest.mark.parametrize("spec", ["last", "last:heads=max", "window", "window:size=32",
+                                  "window:size=32:heads=max:pool=8", "last:pool=3"])
+def test_scorer_specs_round_trip(spec):
+    scorer = parse_scorer(spec)
+    assert scorer_spec(scorer) == spec and parse_scorer(scorer_spec(scorer)) == scorer
+    assert PruningConfig("lazy", scorer=spec) == PruningConfig("lazy", scorer=scorer)
+
+
+def test_scorer_fields_reach_the_scorer():
+    scorer = PruningConfig("lazy", scorer="window:pool=8:heads=max:size=32").resolve(30).scorer
+    assert scorer == Pooled(Window(size=32, heads="max"), radius=8)
+    assert scorer.n_queries == 32 and list(scorer.always_kept(100)) == list(range(68, 100))
 
 
 # ------------------------------------------------------------------ schedule files
@@ -170,9 +192,27 @@ def schedule_doc(**config) -> dict:
 
 def test_a_valid_schedule_file_loads(tmp_path):
     path = tmp_path / "s.json"
-    path.write_text(json.dumps(schedule_doc(prune_layers=[20], keep=[0.3], pool=4)))
-    config = PruningConfig.from_file(path)
-    assert (config.prune_layers, config.keep, config.pool) == ((20,), (0.3,), 4)
+    path.write_text(json.dumps(schedule_doc(prune_layers=[20], keep=[0.3],
+                                            scorer="window:size=16:pool=4")))
+    config = read_schedule(path)
+    assert (config.prune_layers, config.keep, config.scorer) == (
+        (20,), (0.3,), Pooled(Window(size=16), 4))
+
+
+def test_a_format_1_schedule_file_loads_with_its_scorer_fields_as_one_spec(tmp_path):
+    """Format 1 (before scorers owned their parameters) spelt window, heads and pool as
+    config fields; its files still load, to the same scorer."""
+    path = tmp_path / "old.json"
+    doc = schedule_doc(prune_layers=[9], keep=[0.25], scorer="window", window=16, heads="max",
+                       pool=0)
+    path.write_text(json.dumps(dict(doc, format="mlx-lazy-schedule/1")))
+    assert read_schedule(path).scorer == Window(size=16, heads="max")
+    doc = schedule_doc(prune_layers=[9], keep=[0.25], pool=2)
+    path.write_text(json.dumps(dict(doc, format="mlx-lazy-schedule/1")))
+    assert read_schedule(path).scorer == Pooled(LastQuery(), 2)
+    path.write_text(json.dumps(schedule_doc(prune_layers=[9], keep=[0.25], window=16)))
+    with pytest.raises(UserInputError, match="unknown field config.window"):
+        read_schedule(path)  # format 2 has no such field
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -180,7 +220,8 @@ def test_a_valid_schedule_file_loads(tmp_path):
     (json.dumps(dict(schedule_doc(), evidence=json.loads("[" * 16 + "]" * 16))),
      "more than 16 deep"),  # parsed (17 deep), but deeper than the limit
     (json.dumps(schedule_doc())[:-2] + ', "pool": ' + "9" * 5000 + "}}", "not valid JSON"),
-    (json.dumps(schedule_doc(pool=10**30)), "invalid config: pool must be"),
+    (json.dumps(schedule_doc(scorer=f"last:pool={10**30}")), "invalid config: pool must be"),
+    (json.dumps(schedule_doc(pool=2)), "unknown field config.pool"),
     (json.dumps(schedule_doc(scorer="")), "invalid config: scorer must be a non-empty"),
     (json.dumps(dict(schedule_doc(), model={"fingerprint": {"num_layers": 10**400}})),
      "num_layers must be a positive integer"),
@@ -192,7 +233,7 @@ def test_bad_schedule_files_are_user_errors_naming_the_file(tmp_path, text, frag
     path = tmp_path / "bad.json"
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(UserInputError) as err:
-        PruningConfig.from_file(path)
+        read_schedule(path)
     assert str(path) in str(err.value) and fragment in str(err.value)
 
 
@@ -200,10 +241,10 @@ def test_the_largest_schedule_file_allowed_loads(tmp_path):
     text = json.dumps(schedule_doc())
     path = tmp_path / "s.json"
     path.write_text(text + " " * (SCHEDULE_MAX_BYTES - len(text)))
-    assert PruningConfig.from_file(path).method == "lazy"
+    assert read_schedule(path).method == "lazy"
 
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
 def test_an_endless_schedule_file_is_cut_at_the_limit():
     with pytest.raises(UserInputError, match="schedule file /dev/zero is larger than the limit"):
-        PruningConfig.from_file("/dev/zero")
+        read_schedule("/dev/zero")

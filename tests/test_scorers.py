@@ -1,24 +1,33 @@
 """Selection rules pinned: every registered scorer against an independent numpy reference,
 planted keys, windows, pooling spans, exact top-k sizes, and keep 1.0 == full."""
 
+import json
+from dataclasses import dataclass
+from typing import ClassVar
+
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lazy import LazyEngine, PruningConfig, resolve_config
-from mlx_lazy.scorers import SCORERS, ScoreContext, make_scorer, pool_by_position, top_k
+from mlx_lazy import LazyEngine, PruningConfig, UserInputError, cli, read_schedule, resolve_config
+from mlx_lazy.adapter import ModelAdapter
+from mlx_lazy.bench.methods import method_spec, parse_method
+from mlx_lazy.schedule_files import write_schedule
+from mlx_lazy.scorers import (SCORERS, Scorer, ScoreContext, parse_scorer, pool_by_position,
+                              top_k)
 from numerics import rel_err
 
-SCORER_CONFIGS = [
-    dict(scorer="last"),
-    dict(scorer="last", heads="max"),
-    dict(scorer="window", window=6),
-    dict(scorer="window", window=6, heads="max"),
-]
+SCORER_SPECS = ["last", "last:heads=max", "window:size=6", "window:size=6:heads=max"]
 
 
 def test_every_registered_scorer_is_covered():
-    assert {c["scorer"] for c in SCORER_CONFIGS} == set(SCORERS)
+    assert {spec.split(":")[0] for spec in SCORER_SPECS} == set(SCORERS)
+
+
+def window_of(spec):
+    """The trailing prompt tokens a scorer's queries come from and always keeps (0: none)."""
+    scorer = parse_scorer(spec)
+    return scorer.size if hasattr(scorer, "size") else 0
 
 
 def random_prompt(n, vocab, seed=0):
@@ -48,36 +57,36 @@ def reference_selection(scores, n, keep, forced):
     return sorted(order[:k])
 
 
-@pytest.mark.parametrize("fields", SCORER_CONFIGS, ids=lambda f: "-".join(map(str, f.values())))
+@pytest.mark.parametrize("spec", SCORER_SPECS)
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_prefill_selection_matches_numpy_reference(tiny_model, kind, fields):
+def test_prefill_selection_matches_numpy_reference(tiny_model, kind, spec):
     """The tokens kept after the first cut are exactly the top-k of an independently
     computed score (so random scores, a wrong head reduction or a wrong window fail)."""
     model, _ = tiny_model(kind)
     n, keep = 160, 0.3
     prompt = random_prompt(n, model.args.vocab_size, seed=11)
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(0,), keep=(keep,), **fields)))
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(0,), keep=(keep,), scorer=spec)))
     mx.eval(engine.prefill(prompt))
     kept = sorted(engine.cache.layers[1].cached_positions().tolist())
 
     a = engine.adapter
     positions = np.arange(n)
     q, k, _ = a.qkv(0, a.embed(prompt), positions)
-    w = fields.get("window", 1)
+    w = max(1, window_of(spec))
     scores = reference_scores(q[:, :, -w:], k, a.scale, positions[-w:], positions,
-                              fields.get("heads", "mean"))
+                              parse_scorer(spec).heads)
     forced = {0, n - 1} | set(range(n - w, n))
     assert kept == reference_selection(scores, n, keep, forced)
     assert len(kept) == round(keep * n)
 
 
-@pytest.mark.parametrize("fields", SCORER_CONFIGS, ids=lambda f: "-".join(map(str, f.values())))
-def test_decode_selection_matches_numpy_reference(tiny_model, fields):
+@pytest.mark.parametrize("spec", SCORER_SPECS)
+def test_decode_selection_matches_numpy_reference(tiny_model, spec):
     """At a decode step every scorer scores with the newest token over the layer's cache."""
     model, _ = tiny_model("llama")
     n, keep = 120, 0.4
     prompt = random_prompt(n, model.args.vocab_size, seed=12)
-    config = PruningConfig("lazy", prune_layers=(0,), keep=(keep,), **fields)
+    config = PruningConfig("lazy", prune_layers=(0,), keep=(keep,), scorer=spec)
     engine = LazyEngine(model, resolve_config(model, config))
     token = int(mx.argmax(engine.prefill(prompt)))
     before = engine.cache.layers[1].cached_positions().copy()
@@ -88,9 +97,9 @@ def test_decode_selection_matches_numpy_reference(tiny_model, fields):
     keys, _ = kv.fetch()
     kpos = kv.cached_positions()
     q, _, _ = a.qkv(0, a.embed(mx.array([token])), np.array([n]))
-    scores = reference_scores(q, keys, a.scale, [n], kpos, fields.get("heads", "mean"))
+    scores = reference_scores(q, keys, a.scale, [n], kpos, parse_scorer(spec).heads)
     by_pos = dict(zip(kpos.tolist(), scores))
-    w = fields.get("window", 0)
+    w = window_of(spec)
     forced = {0, n} | set(range(n - w, n))
     selected = reference_selection([by_pos[i] for i in range(n + 1)], n + 1, keep, forced)
     # Layer 1 now holds the prefill selection, the new token and the revived tokens.
@@ -98,11 +107,11 @@ def test_decode_selection_matches_numpy_reference(tiny_model, fields):
         set(before.tolist()) | set(selected))
 
 
-@pytest.mark.parametrize("fields", SCORER_CONFIGS, ids=lambda f: "-".join(map(str, f.values())))
-def test_planted_key_is_always_kept(fields):
+@pytest.mark.parametrize("spec", SCORER_SPECS)
+def test_planted_key_is_always_kept(spec):
     """A key aligned with every query is the most attended token: it survives a 5% cut."""
     rng = np.random.default_rng(0)
-    heads, kv_heads, n, d, m = 4, 2, 200, 16, fields.get("window", 1)
+    heads, kv_heads, n, d, m = 4, 2, 200, 16, max(1, window_of(spec))
     q = rng.standard_normal((1, heads, m, d)).astype(np.float32) * 0.1
     k = rng.standard_normal((1, kv_heads, n, d)).astype(np.float32) * 0.1
     planted = 37
@@ -111,7 +120,7 @@ def test_planted_key_is_always_kept(fields):
     ctx = ScoreContext(layer=3, queries=mx.array(q), query_positions=kpos[-m:],
                        keys=mx.array(k), key_positions=kpos, candidates=np.ones(n, bool),
                        visible=None, scale=d ** -0.5)
-    scorer = make_scorer(fields["scorer"], fields.get("heads", "mean"), fields.get("window"))
+    scorer = parse_scorer(spec)
     scores = scorer.score(ctx)
     assert int(np.argmax(scores)) == planted
     kept = top_k(kpos, scores, np.isin(kpos, scorer.always_kept(n)), 10)
@@ -122,7 +131,7 @@ def test_window_scorer_keeps_its_window_at_every_cut(tiny_model):
     model, _ = tiny_model("qwen2")
     n, window = 200, 12
     engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(0, 1), keep=(0.2, 0.1),
-                                             scorer="window", window=window)))
+                                             scorer=f"window:size={window}")))
     token = int(mx.argmax(engine.prefill(random_prompt(n, model.args.vocab_size, seed=5))))
     mx.eval(engine.decode(token))
     for layer in (1, 2):
@@ -157,15 +166,15 @@ def test_top_k_sizes_are_exact(tiny_model, keep):
     assert engine.stats.prefill_tokens_per_layer[1] == round(keep * n)
 
 
-@pytest.mark.parametrize("fields", SCORER_CONFIGS, ids=lambda f: "-".join(map(str, f.values())))
-def test_keep_everything_at_every_cut_equals_full(tiny_model, fields):
+@pytest.mark.parametrize("spec", SCORER_SPECS)
+def test_keep_everything_at_every_cut_equals_full(tiny_model, spec):
     from mlx_lm.models.cache import make_prompt_cache
 
     model, _ = tiny_model("llama")
     prompt = random_prompt(100, model.args.vocab_size, seed=7)
     layers = model.args.num_hidden_layers
     config = PruningConfig("lazy", prune_layers=tuple(range(layers - 1)),
-                           keep=(1.0,) * (layers - 1), **fields)
+                           keep=(1.0,) * (layers - 1), scorer=spec)
     engine = LazyEngine(model, resolve_config(model, config))
     cache = make_prompt_cache(model)
     ref, ours = model(prompt[None], cache=cache)[0, -1], engine.prefill(prompt)
@@ -190,7 +199,7 @@ def test_pooled_selection_keeps_spans(tiny_model):
     prompt = random_prompt(n, model.args.vocab_size, seed=10)
 
     def kept_after_first_cut(pool):
-        engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(0,), keep=(0.2,), pool=pool)))
+        engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(0,), keep=(0.2,), scorer=f"last:pool={pool}")))
         mx.eval(engine.prefill(prompt))
         return np.array(sorted(engine.cache.layers[1].cached_positions().tolist()))
 
@@ -204,17 +213,90 @@ def test_pooled_selection_keeps_spans(tiny_model):
 
 
 @pytest.mark.parametrize(
-    "fields, message",
+    "spec, message",
     [
-        (dict(scorer="nope"), "unknown scorer"),
-        (dict(heads="median"), "heads must be one of"),
-        (dict(scorer="window", window=0), "window must be a positive integer"),
-        (dict(window=4), "window applies to scorers with a window"),
+        ("nope", "unknown scorer"),
+        ("last:heads=median", "heads must be one of"),
+        ("window:size=0", "size must be an integer in [1,"),
+        ("last:size=4", "scorer 'last' has no field 'size'; its fields: heads, pool"),
     ],
 )
-def test_bad_scorer_fields(fields, message):
+def test_bad_scorer_fields(spec, message):
     with pytest.raises(ValueError) as err:
-        PruningConfig("lazy", **fields).resolve(30)
+        PruningConfig("lazy", scorer=spec).resolve(30)
     assert message in str(err.value)
     with pytest.raises(ValueError, match="method .speed. takes no scorer; lazy and static do"):
         PruningConfig("speed", scorer="last").resolve(30)
+
+
+# ------------------------------------------------- a new scorer is one class plus one line
+
+@dataclass(frozen=True)
+class Stride(Scorer):
+    """A throwaway scorer with a parameter no other scorer has: every ``step``-th position
+    scores 1, the rest 0. Each call records its step, so a test sees which scorer ran."""
+
+    step: int = 2
+    calls: ClassVar[list] = []
+
+    def score(self, ctx: ScoreContext) -> np.ndarray:
+        Stride.calls.append(self.step)
+        return (ctx.key_positions % self.step == 0).astype(np.float32)
+
+
+@pytest.fixture
+def stride(monkeypatch):
+    monkeypatch.setitem(SCORERS, "stride", Stride)  # the one registry line
+    Stride.calls.clear()
+    return Stride
+
+
+def kept_after_cut(engine, layer=1):
+    return sorted(engine.cache.layers[layer].cached_positions().tolist())
+
+
+def assert_strided(kept, step, n):
+    """Every token kept past the cut is a multiple of ``step`` or the query token."""
+    assert kept and all(p % step == 0 or p == n - 1 for p in kept), (step, kept)
+    assert any(p % step == 0 and p % 2 for p in kept) or step == 2, kept
+
+
+def test_a_new_scorer_runs_through_a_schedule_file(stride, tiny_model, tmp_path):
+    model, _ = tiny_model("llama")
+    n = 120
+    config = PruningConfig("lazy", prune_layers=(0,), keep=(0.2,), scorer="stride:step=5")
+    fingerprint = ModelAdapter(model).fingerprint()
+    path = write_schedule(tmp_path / "s.json", config, fingerprint, {"note": "test"})
+    assert json.loads(path.read_text())["config"]["scorer"] == "stride:step=5"
+    loaded = read_schedule(path, fingerprint)
+    assert loaded.scorer == Stride(step=5)
+    engine = LazyEngine(model, resolve_config(model, loaded))
+    mx.eval(engine.prefill(random_prompt(n, model.args.vocab_size, seed=3)))
+    assert_strided(kept_after_cut(engine), 5, n)
+    assert set(Stride.calls) == {5}
+
+
+def test_a_new_scorer_runs_through_the_benchmark_syntax(stride, tiny_model):
+    model, _ = tiny_model("llama")
+    n = 120
+    method = parse_method("lazy:layers=0:keep=0.2:scorer=stride:step=3:complete=after-first")
+    assert method.config.scorer == Stride(step=3) and method.config.complete == "after-first"
+    assert parse_method(method_spec(method.config)).config == method.config
+    engine = LazyEngine(model, resolve_config(model, method.config))
+    mx.eval(engine.prefill(random_prompt(n, model.args.vocab_size, seed=4)))
+    assert_strided(kept_after_cut(engine), 3, n)
+    assert set(Stride.calls) == {3}
+
+
+def test_a_new_scorer_runs_through_the_cli(stride, tiny_model_path, tmp_path, capsys):
+    out = tmp_path / "stats.json"
+    status = cli.main(["--model", str(tiny_model_path), "-p", "hello there " * 30,
+                       "--method", "lazy", "--prune-layers", "0", "--keep", "0.2",
+                       "--scorer", "stride:step=7", "-m", "3", "--stats-json", str(out)])
+    assert status == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())["schedule"]["scorer"] == "stride:step=7"
+    assert Stride.calls and set(Stride.calls) == {7}  # prefill and every decode step
+    assert "stride" in cli.build_parser().format_help()  # --scorer's help lists the registry
+    with pytest.raises(UserInputError, match="scorer 'stride' has no field 'size'; its "
+                                             "fields: step, pool"):
+        PruningConfig("lazy", scorer="stride:size=3")

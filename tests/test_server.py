@@ -32,7 +32,8 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lazy import PruningConfig, generate, load
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.prompt_cache import PromptCacheStore
-from mlx_lazy.schedule import MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, write_schedule
+from mlx_lazy.schedule_files import MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, write_schedule
+from mlx_lazy.scorers import Pooled, Window
 from mlx_lazy import server as server_module
 from mlx_lazy.server import (ServerSettings, StopText, Worker, create_app, is_loopback,
                              listen_socket, main, pruning_config, uvicorn_server)
@@ -161,7 +162,8 @@ def test_pruning_field_builds_the_config_generically():
     assert pruning_config("speed", default) == PruningConfig.preset("speed")
     assert pruning_config({"method": "lazy", "keep": [0.6, 0.3]}, default) == \
         PruningConfig.preset("lazy", keep=(0.6, 0.3))
-    assert pruning_config({"pool": 2}, default) == PruningConfig.preset("lazy", keep=(0.5, 0.2), pool=2)
+    assert pruning_config({"scorer": "window:size=16:pool=2"}, default) == PruningConfig.preset(
+        "lazy", keep=(0.5, 0.2), scorer=Pooled(Window(size=16), 2))
 
 
 def test_loopback_detection():
@@ -221,7 +223,7 @@ def test_start_up_errors_are_one_line(tiny_model_path, tmp_path, capsys, never_s
     assert f"at most {context - 1}" in one_error_line(capsys, [*argv, str(context)])
     # So is a default pruning whose pool reaches beyond the context.
     fingerprint = ModelAdapter(load(tiny_model_path)[0]).fingerprint()
-    wide = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), pool=context + 1)
+    wide = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), scorer=f"last:pool={context + 1}")
     path = write_schedule(tmp_path / "wide.json", wide, fingerprint, {"note": "test"})
     line = one_error_line(capsys, [*argv[:-1], "--schedule", str(path)])
     assert f"pool={context + 1} is more than the model's context of {context}" in line, line
@@ -237,7 +239,7 @@ def test_usage_names_the_schedule_the_engine_used(tiny_model_path, tmp_path):
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_path, folder)
     fingerprint = ModelAdapter(load(folder)[0]).fingerprint()
-    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), scorer="window", window=2)
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), scorer="window:size=2")
     write_schedule(folder / MODEL_SCHEDULE_FILE, config, fingerprint, {"note": "test"})
     # Idle completion off: the second request must not find the first one's state completed.
     with run_server(folder, "--method", "lazy", "--no-idle-complete",
@@ -396,17 +398,19 @@ def bad_requests(tokenizer, context: int):
         (chat, {**ok, "seed": 2**64}, 400, "seed"),
         (chat, {**ok, "seed": 2**80}, 400, "seed"),
         # once a 500, or 8.5 GB and 47 s for pool=10**9
-        (chat, {**ok, "pruning": {**lazy, "pool": 10**20}}, 400, "pruning"),
-        (chat, {**ok, "pruning": {**lazy, "pool": 10**9}}, 400, "pruning"),
-        (chat, {**ok, "pruning": {**lazy, "pool": context + 1}}, 400, "pruning"),
-        (chat, {**ok, "pruning": {**lazy, "scorer": "window", "window": context + 1}}, 400,
+        (chat, {**ok, "pruning": {**lazy, "scorer": f"last:pool={10**20}"}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "scorer": f"last:pool={10**9}"}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "scorer": f"last:pool={context + 1}"}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "scorer": f"window:size={context + 1}"}}, 400,
          "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "pool": 2}}, 400, "pruning.pool"),  # a scorer field now
         # internal fields (a bad fingerprint was a 500)
         (chat, {**ok, "pruning": {**lazy, "fingerprint": {"num_layers": 3}}}, 400,
          "pruning.fingerprint"),
         (chat, {**ok, "pruning": {**lazy, "source": "calibrated:x.json"}}, 400, "pruning.source"),
         (chat, {**ok, "pruning": {**lazy, "scorer": ""}}, 400, "pruning"),
-        (chat, {**ok, "pruning": {**lazy, "heads": ""}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "scorer": "last:heads="}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "scorer": 3}}, 400, "pruning"),
         (chat, {**ok, "pruning": {**lazy, "\ud800": 1}}, 400, "pruning"),  # a 500 once
         # once a 500 from the tokenizer
         (chat, {**ok, "messages": [{"role": "user", "content": "a\ud800b"}]}, 400,
@@ -645,7 +649,7 @@ def test_a_failing_job_is_its_own_500_and_the_worker_goes_on(tiny_model, tiny_mo
 
         # A check the library makes that validation missed is still the client's 400.
         monkeypatch.setattr(server_module, "check_fits", lambda schedule, context: None)
-        wide = {"method": "lazy", "prune_layers": [0], "keep": [0.5], "pool": 10**6}
+        wide = {"method": "lazy", "prune_layers": [0], "keep": [0.5], "scorer": "last:pool=1000000"}
         status, _, payload = s.request("POST", "/v1/completions", {**body, "pruning": wide})
         assert status == 400 and "pool=1000000 is more than" in payload["error"]["message"], payload
         assert _wait_for(s, lambda h: h["generating"] is None, "the counts")["failed"] == 3

@@ -28,7 +28,7 @@
 Writes into ``--out`` (default: ``~/.cache/mlx_lazy/calibration/<fingerprint digest>``):
 ``results.json`` (every run, replaced atomically after each candidate), ``report.md``,
 ``pareto.png`` and, for each quality found, ``schedule.json`` / ``schedule.high.json`` (load
-one with ``--schedule`` or ``PruningConfig.from_file``). Without ``--out`` (or with
+one with ``--schedule`` or ``mlx_lazy.read_schedule``). Without ``--out`` (or with
 ``--install``) the schedules are also installed where ``mlx_lazy.load`` finds them: into a
 writable model folder as ``mlx_lazy_schedule.json`` / ``mlx_lazy_schedule.high.json``, else
 (a named model, a hub id, a read-only folder) into ``~/.cache/mlx_lazy/schedules/`` by
@@ -57,26 +57,29 @@ from ..adapter import ModelAdapter
 from .._args import OneLineParser
 from ..errors import UserInputError
 from ..folders import write_text_atomic
-from ..schedule import (MODEL_SCHEDULE_FILE, QUALITIES, cached_schedule_path,
-                        fingerprint_digest, layers_at, schedule_file_name, write_schedule)
+from ..scorers import parse_scorer, scorer_spec
+from ..config import QUALITIES
+from ..policies import layers_at
+from ..schedule_files import (MODEL_SCHEDULE_FILE, cached_schedule_path, fingerprint_digest,
+                               schedule_file_name, write_schedule)
 from . import fidelity, stats, yardstick
 from .calibration_results import report, used_cells
 from .costmodel import predicted_counts, prior
 from .common import Method, jsonable, loadavg, median
 from .harness import run_one
-from .methods import method_spec, parse_method
+from .methods import method_spec
 from .tasks import TASKS, build_prompt, build_samples
 
 import mlx.core as mx  # noqa: E402
 
-#: Scorers tried (PruningConfig fields).
-SCORER_GRID: tuple[dict[str, Any], ...] = (
-    dict(scorer="last"),
-    dict(scorer="window", window=8),
-    dict(scorer="window", window=16),
-    dict(scorer="window", window=8, pool=3),
-    dict(scorer="window", window=8, heads="max"),
-    dict(scorer="window", window=32, pool=8),  # covers a chat question; 17-token spans
+#: Scorers tried (specs, :func:`mlx_lazy.scorers.parse_scorer`).
+SCORER_GRID: tuple[str, ...] = (
+    "last",
+    "window:size=8",
+    "window:size=16",
+    "window:size=8:pool=3",
+    "window:size=8:heads=max",
+    "window:size=32:pool=8",  # covers a chat question; 17-token spans
 )
 #: Cut schedules tried: (depth fractions, keep fractions). Single cuts are FastKV's "token
 #: propagation" layer; the last is the uncalibrated preset.
@@ -114,11 +117,13 @@ class Candidate:
     def as_dict(self) -> dict[str, Any]:
         d = jsonable(asdict(self))
         d["config"] = {k: v for k, v in d["config"].items() if v is not None}
+        if self.config.scorer is not None:
+            d["config"]["scorer"] = scorer_spec(self.config.scorer)
         return d
 
 
 def candidates(model: Any, gain_length: int,
-               scorer_grid: Sequence[dict[str, Any]] = SCORER_GRID,
+               scorer_grid: Sequence[str] = SCORER_GRID,
                cut_grid: Sequence[tuple[tuple[float, ...], tuple[float, ...]]] = CUT_GRID
                ) -> list[Candidate]:
     """Every scorer × cut schedule for ``model``, best predicted gain first."""
@@ -130,9 +135,9 @@ def candidates(model: Any, gain_length: int,
     out = []
     for fracs, keep in cut_grid:
         layers = layers_at(fracs, n_layers)
-        for fields_ in scorer_grid:
+        for scorer in scorer_grid:
             config = PruningConfig("lazy", prune_layers=layers, keep=keep[: len(layers)],
-                                   **fields_)
+                                   scorer=scorer)
             sched = config.resolve(n_layers)
             c = predicted_counts(sched, gain_length)
             out.append(Candidate(
@@ -140,10 +145,6 @@ def candidates(model: Any, gain_length: int,
                 token_layers_pct=100 * c.token_layers / full_counts.token_layers))
     unique = {c.name: c for c in out}  # on shallow models cut positions may collide
     return sorted(unique.values(), key=lambda c: -c.predicted_gain)
-
-
-def _scorer_spec(fields_: dict[str, Any]) -> str:
-    return ":".join([fields_["scorer"]] + [f"{k}={v}" for k, v in fields_.items() if k != "scorer"])
 
 
 #: Spellings of ``--max-kld`` that name a yardstick: the mean KLD of the model with its
@@ -636,16 +637,12 @@ def parse_cuts(spec: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return fracs, keep
 
 
-def parse_scorer(spec: str) -> dict[str, Any]:
-    """``window:window=8:pool=2`` -> ``dict(scorer="window", window=8, pool=2)``: the scorer
-    part of a method string (:func:`~mlx_lazy.bench.methods.parse_method`)."""
+def _scorer_arg(spec: str) -> str:
+    """A scorer spec, checked (:func:`mlx_lazy.scorers.parse_scorer`) and spelt canonically."""
     try:
-        config = parse_method("lazy:scorer=" + spec.strip()).config
-        config.resolve(30)
-    except ValueError as e:
+        return scorer_spec(parse_scorer(spec))
+    except UserInputError as e:
         raise argparse.ArgumentTypeError(f"bad scorer {spec!r}: {e}") from None
-    return {f: getattr(config, f) for f in ("scorer", "window", "heads", "pool")
-            if getattr(config, f) not in (None, 0)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -678,9 +675,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--out")
     p.add_argument("--gain-length", type=int, default=4096,
                    help="prompt tokens at which the pruning gain is predicted and measured")
-    p.add_argument("--scorers", type=lambda t: tuple(parse_scorer(x) for x in t.split(",")),
-                   default=SCORER_GRID, help="scorers to try, e.g. last,window:window=8:pool=2 "
-                   "(default: " + ",".join(_scorer_spec(f) for f in SCORER_GRID) + ")")
+    p.add_argument("--scorers", type=lambda t: tuple(_scorer_arg(x) for x in t.split(",")),
+                   default=SCORER_GRID, help="scorer specs to try, e.g. last,window:size=8:pool=2 "
+                   "(default: " + ",".join(SCORER_GRID) + ")")
     p.add_argument("--cuts", type=parse_cuts, nargs="+", default=CUT_GRID, metavar="F,../K,..",
                    help="cut schedules to try: depth fractions / keep fractions, e.g. "
                         "0.5,0.75/0.3,0.15 0.5/0.2 (default: a grid from 0.2 to 0.85 of the "

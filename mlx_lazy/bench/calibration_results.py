@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional, Sequence
 
-from ..schedule import QUALITIES
+from ..config import QUALITIES
 from . import stats
 from .common import fmt, jsonable, markdown_table
 

@@ -62,8 +62,8 @@ class Method:
         """The configuration as a JSON-friendly dict."""
         if self.config is None:
             return {"method": BASELINE}
-        if dataclasses.is_dataclass(self.config):
-            return jsonable(dataclasses.asdict(self.config))
+        if hasattr(self.config, "as_dict"):
+            return jsonable(self.config.as_dict())
         return jsonable(dict(vars(self.config)))
 
 
@@ -95,6 +95,9 @@ class Timing:
     tpot_cpu_s: float | None
     generation_tokens: int
     tpot_short_s: float | None  # TPOT over the first SHORT_ANSWER decode steps
+    # from the call to the second token: the first token plus the first decode step, where
+    # complete="after-first" carries the pruned tokens through their remaining layers
+    second_token_s: float | None = None
 
 
 @dataclass
@@ -121,6 +124,7 @@ class RunRecord:
     ttft_cpu_s: float | None = None
     tpot_cpu_s: float | None = None
     tpot_short_s: float | None = None
+    second_token_s: float | None = None
     work_memory_bytes: int | None = None  # peak minus what was allocated before (the weights)
     kv_bytes_per_layer: list[int] = field(default_factory=list)
     kv_bytes_allocated: int | None = None  # mlx-lm: its cache's allocation, 256 steps at a time
@@ -192,6 +196,7 @@ def timed(responses: Iterator[Any]) -> tuple[Timing, Any, str]:
         tpot_cpu_s=(cn - c1) / (n - 1) if n > 1 else None,
         generation_tokens=n,
         tpot_short_s=(stamps[short][0] - w1) / short if short else None,
+        second_token_s=stamps[1][0] - w0 if n > 1 else None,
     ), last, "".join(pieces)
 
 

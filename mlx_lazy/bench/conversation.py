@@ -11,7 +11,7 @@ Paths, side by side in one process and interleaved per conversation:
 
 * ``mlx-lm+cache`` / ``mlx-lm``: mlx-lm's ``generate_step`` with and without its prompt cache;
 * ``<method>+cache`` / ``<method>``: ours, with and without a cache (``full``, ``lazy``, any
-  method of the benchmark syntax, e.g. ``lazy:layers=9:keep=0.2:scorer=window:window=32``);
+  method of the benchmark syntax, e.g. ``lazy:layers=9:keep=0.2:scorer=window:size=32``);
 * ``<method>+cache+complete``: the cached state completed between turns (the pruned tokens
   carried through their remaining layers while the user reads the answer; not in the TTFT).
 

@@ -231,7 +231,7 @@ def predicted_counts(schedule: Any, n: int, block_size: int = 256) -> PrefillCou
     the query token or the scorer's window) after each cut; block-causal pairs as the engine
     counts them; at the last layer one query.
     """
-    forced = schedule.anchors + max(1, schedule.window or 0)
+    forced = schedule.anchors + max(1, len(schedule.scorer.always_kept(n)))
     layers = schedule.num_layers
     active, token_layers, pairs = n, 0, 0
     for layer in range(layers):

@@ -24,7 +24,7 @@ import hashlib
 import json
 import sys
 import sysconfig
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -350,7 +350,7 @@ def run(model: Any, tokenizer: Any, methods: dict[str, PruningConfig], windows: 
     records: dict[str, dict[str, list[dict[str, Any]]]] = {r: {k: [] for k in KINDS} for r in rows}
     result: dict[str, Any] = {
         "meta": {**(info or {}), "windows": windows, "length": length, "steps": steps,
-                 "methods": {name: jsonable(asdict(c)) for name, c in methods.items()},
+                 "methods": {name: jsonable(c.as_dict()) for name, c in methods.items()},
                  "yardsticks": {yardstick_row(b): {"bits": b, "group_size": yardstick.GROUP_SIZE}
                                 for b in yardstick.BITS},
                  "texts": {kind: meta for kind, (_, meta) in texts.items()},

@@ -4,10 +4,12 @@
 - a preset name of :class:`mlx_lazy.PruningConfig` (``full``, ``lazy``, ``speed``,
   ``lazy+speed``, ``static``, ``random``);
 - a preset with overrides: ``lazy:layers=6,12,18,24:keep=0.6,0.4,0.25,0.15``,
-  ``speed:cutoff=0.6``, ``random:keep=0.5:seed=1``, ``lazy:scorer=window:window=8``,
-  ``lazy:complete=progressive:8`` (``layers``/``cutoff`` are short for
+  ``speed:cutoff=0.6``, ``random:keep=0.5:seed=1``, ``lazy:complete=progressive:8``,
+  ``lazy:scorer=window:size=8:pool=2`` (``layers``/``cutoff`` are short for
   ``prune_layers``/``speed_cutoff``; ``at=`` gives the cuts as fractions of the depth; any
-  other PruningConfig field name works too);
+  other PruningConfig field name works too; ``scorer=`` takes a scorer spec as
+  :func:`mlx_lazy.scorers.parse_scorer` reads it: the parts after it that name the scorer's
+  own fields, or ``pool``, belong to it);
 - a name of :data:`NAMED_METHODS` (``lazy-4``, ``lazy-norevive``, ...).
 
 A leaf module: the harness, calibration, fidelity, speed and conversation benchmarks all
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..scorers import POOL_KEY, SCORERS, Scorer, scorer_spec
 from .common import BASELINE, Method
 
 _ALIASES = {"layers": "prune_layers", "cutoff": "speed_cutoff"}
@@ -67,14 +70,22 @@ def parse_method(spec: str, num_layers: int | None = None) -> Method:
     if spec == BASELINE:
         return Method(BASELINE)
     from .. import PruningConfig
-    from ..schedule import POLICIES, layers_at
+    from ..policies import POLICIES, layers_at
 
     name, *pieces = NAMED_METHODS.get(spec, spec).split(":")
     overrides: list[str] = []
+    scorer_at, scorer_fields = -1, set()
     for piece in pieces:  # a value may hold ':' itself (complete=progressive:8)
+        key = piece.split("=", 1)[0]
         if overrides and "=" not in piece and piece[:1].isdigit():
             overrides[-1] += ":" + piece
+        elif scorer_at >= 0 and "=" in piece and key in scorer_fields:
+            overrides[scorer_at] += ":" + piece
         else:
+            if key == "scorer":
+                scorer_at = len(overrides)
+                cls = SCORERS.get(piece.split("=", 1)[1])
+                scorer_fields = {POOL_KEY, *(f.name for f in dataclasses.fields(cls))} if cls else set()
             overrides.append(piece)
     try:
         cfg = PruningConfig.preset(name)
@@ -91,7 +102,7 @@ def parse_method(spec: str, num_layers: int | None = None) -> Method:
             raise ValueError(f"bad override {item!r} in {spec!r}: expected field=value")
         key, value = item.split("=", 1)
         key = _ALIASES.get(key, key)
-        parsed = _parse_value(value)
+        parsed = value if key == "scorer" else _parse_value(value)
         if key in ("prune_layers", "keep", "at") and not isinstance(parsed, tuple):
             parsed = (parsed,)
         if key == "at":
@@ -115,14 +126,15 @@ def parse_methods(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(sep) if x.strip())
 
 
-#: Order of the fields in :func:`method_spec`: the cuts first, then how tokens are scored.
-_SPEC_FIELDS = ("prune_layers", "keep", "speed_cutoff", "anchors", "seed", "revive", "scorer",
-                "window", "heads", "pool", "complete")
+#: Order of the fields in :func:`method_spec`: the cuts first, the scorer (whose spec takes
+#: the parts after it) last.
+_SPEC_FIELDS = ("prune_layers", "keep", "speed_cutoff", "anchors", "seed", "revive", "complete",
+                "scorer")
 
 
 def method_spec(config: Any) -> str:
     """The method string of a PruningConfig, naming the fields that differ from its preset
-    (``lazy:layers=6,12:keep=0.6,0.4:scorer=window:window=8``); :func:`parse_method` reads
+    (``lazy:layers=6,12:keep=0.6,0.4:scorer=window:size=8``); :func:`parse_method` reads
     it back."""
     from .. import PruningConfig
 
@@ -142,4 +154,6 @@ def _spec_value(x: Any) -> str:
         return ",".join(_spec_value(v) for v in x)
     if isinstance(x, bool):
         return str(x).lower()
+    if isinstance(x, Scorer):
+        return scorer_spec(x)
     return f"{x:g}" if isinstance(x, float) else str(x)

@@ -213,14 +213,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _scorer_label(config: dict[str, Any]) -> str:
-    label = config.get("scorer", "last")
-    if config.get("window"):
-        label += f" {config['window']}"
-    if config.get("heads", "mean") != "mean":
-        label += f" {config['heads']}"
-    if config.get("pool"):
-        label += f" pool {config['pool']}"
-    return label
+    """The scorer spec of a calibration candidate's config, spaced for a legend."""
+    return config.get("scorer", "last").replace(":", " ")
 
 
 if __name__ == "__main__":

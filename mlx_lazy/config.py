@@ -1,0 +1,236 @@
+"""What users write: a :class:`PruningConfig` (a method of :mod:`mlx_lazy.policies` plus
+optional fields, with presets), checked on construction; :meth:`PruningConfig.resolve` turns
+it into the engine's :class:`~mlx_lazy.schedule.Schedule`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Dict, Optional, Tuple, Union
+
+import numpy as np
+
+from .errors import UserInputError, shown
+from .policies import canonical_method, check_taken, compose
+from .schedule import Schedule
+from .scorers import Scorer, parse_scorer, scorer_spec
+
+#: The largest token count, position or layer index a config may hold: MLX indexes with
+#: int32, and larger values would only fail later, inside numpy or MLX.
+MAX_COUNT = 2**31 - 1
+#: Seeds are what ``mx.random.seed`` and numpy take: integers in [0, 2**64).
+SEED_LIMIT = 2**64
+#: The calibrated schedules a plain ``lazy`` may take, by ``PruningConfig.quality``:
+#: ``default``, the fastest whose deviation (mean KLD against ``full``) is at most 4-bit
+#: weights'; ``high``, the fastest at most a quarter of that.
+QUALITIES = ("default", "high")
+
+
+@dataclass(frozen=True)
+class PruningConfig:
+    """What to prune, as a user states it.
+
+    Args:
+        method: ``"full"`` or policy names of :data:`POLICIES` joined by ``+`` in any
+            order (``"lazy"``, ``"lazy+speed"``, ...); stored as spelt in :data:`METHODS`.
+            Each policy takes some of the fields below; a field set for a method none of
+            whose policies takes it is an error.
+        prune_layers: layer indices after which tokens are pruned (LazyLLM, static).
+            None takes the preset's positions for the model's depth.
+        keep: fraction of the context that survives past each pruning layer
+            (non-increasing, in (0, 1]); for ``"random"`` a single fraction of the prompt
+            kept before layer 0. None takes the preset's values.
+        speed_cutoff: SPEED cutoff, a float fraction of the layers in (0, 1] or an int
+            number of layers in [1, num_layers]; prompt tokens other than the anchors and
+            the last one are computed only below it. None takes 0.75 for SPEED methods.
+        anchors: leading prompt tokens that are never pruned (SPEED's anchor; also
+            protected from LazyLLM selection).
+        seed: random-drop seed.
+        revive: LazyLLM only. True (the paper): a token pruned in one step can come back in
+            a later one, computed from its Aux Cache hidden state. False: decode steps choose
+            only among tokens that already have KV at the next layer, so no decode step
+            computes prompt tokens (faster decoding on compute-bound machines, no Aux Cache;
+            an approximation beyond the paper).
+        complete: LazyLLM only (without revive no token waits): when tokens waiting in the
+            Aux Cache are carried
+            through their remaining layers (:func:`parse_complete`): ``"none"`` (the paper:
+            only when a step selects them), ``"after-first"`` (all of them right after the
+            first output token, so decoding sees every token at every layer while the first
+            token keeps the pruned time), ``"progressive:K"`` (K token-layers after each
+            output token, lowest layer first). Each (token, layer) is still computed once.
+            Once completion has left no token waiting, every token is attended to at every
+            layer and decode steps do not re-select: the cuts spared the prompt's
+            computation only.
+        scorer: score-based methods only: the scorer that ranks the context at each cut, a
+            :class:`~mlx_lazy.scorers.Scorer` or its spec (:func:`~mlx_lazy.scorers.parse_scorer`):
+            ``"last"`` (the paper: the query token's attention), ``"window:size=32"`` (the last
+            32 prompt tokens' attention; the window is always kept), ``heads=max`` to reduce
+            over heads by max, ``pool=R`` to max-pool scores over R neighbouring tokens on
+            each side (kept tokens come in spans; an approximation beyond the paper). None:
+            the calibrated schedule's, else ``"last"``.
+        quality: which calibrated schedule a plain ``"lazy"`` takes (:data:`QUALITIES`):
+            ``"default"`` (the fastest that deviates at most as much as 4-bit weights) or
+            ``"high"`` (the fastest that deviates at most a quarter of that); resolved by
+            :func:`~mlx_lazy.schedule_files.calibrated`.
+        source: where these values come from (set by
+            :func:`~mlx_lazy.schedule_files.read_schedule`); None lets :meth:`resolve` say
+            ``"preset"`` or ``"user"``.
+        fingerprint: the model a calibrated schedule is for (set by
+            :func:`~mlx_lazy.schedule_files.read_schedule`, as sorted ``(key, value)``
+            pairs); ``LazyEngine`` refuses another model.
+    """
+
+    method: str = "full"
+    prune_layers: Optional[Tuple[int, ...]] = None
+    keep: Optional[Tuple[float, ...]] = None
+    speed_cutoff: Optional[Union[float, int]] = None
+    anchors: int = 1
+    seed: int = 0
+    revive: bool = True
+    complete: str = "none"
+    scorer: Optional[Union[str, Scorer]] = None
+    quality: str = "default"
+    source: Optional[str] = None
+    fingerprint: Optional[Tuple[Tuple[str, Any], ...]] = None
+
+    def __post_init__(self) -> None:
+        """Check field types (ranges that depend on the model are checked by :meth:`resolve`)
+        and normalise numpy scalars and lists to plain ints, floats and tuples."""
+        method = canonical_method(self.method)
+        if not isinstance(self.revive, (bool, np.bool_)):
+            raise UserInputError(f"revive must be True or False, got {shown(self.revive)}")
+        if self.quality not in QUALITIES:
+            raise UserInputError(f"quality must be one of {', '.join(QUALITIES)}, got "
+                                 f"{shown(self.quality)}")
+        values = {
+            "method": method,
+            "revive": bool(self.revive),
+            "complete": parse_complete(self.complete)[0],
+            "anchors": _bounded("anchors", self.anchors, 0, MAX_COUNT),
+            "seed": _bounded("seed", self.seed, 0, SEED_LIMIT - 1),
+        }
+        if self.prune_layers is not None:
+            layers = _sequence("prune_layers", self.prune_layers)
+            # negative layers pass here: resolve() names the model's valid range
+            values["prune_layers"] = tuple(
+                _bounded("each pruning layer", x, -MAX_COUNT, MAX_COUNT) for x in layers)
+        if self.keep is not None:
+            keep = _sequence("keep", self.keep)
+            values["keep"] = tuple(_real("each keep fraction", x) for x in keep)
+        if self.scorer is not None:
+            values["scorer"] = parse_scorer(self.scorer)
+        if self.source is not None and (not isinstance(self.source, str)
+                                        or not self.source.strip()):
+            raise UserInputError(f"source must be a non-empty string, got {shown(self.source)}")
+        if self.fingerprint is not None:
+            pairs = (self.fingerprint.items() if isinstance(self.fingerprint, dict)
+                     else _sequence("fingerprint", self.fingerprint))
+            values["fingerprint"] = tuple(sorted((str(k), v) for k, v in pairs))
+        if self.speed_cutoff is not None:
+            c = self.speed_cutoff
+            values["speed_cutoff"] = (
+                _real("speed_cutoff", c) if isinstance(c, (float, np.floating))
+                else _bounded("speed_cutoff", c, -MAX_COUNT, MAX_COUNT)
+            )
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def as_dict(self) -> Dict[str, Any]:
+        """JSON-friendly form: lists for tuples, the scorer as its spec."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        if self.scorer is not None:
+            d["scorer"] = scorer_spec(self.scorer)
+        if self.fingerprint is not None:
+            d["fingerprint"] = dict(self.fingerprint)
+        return d
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "PruningConfig":
+        """The preset of method ``name`` (see :data:`METHODS`) with optional field overrides."""
+        return replace(cls(method=name), **overrides)
+
+    def check_model(self, fingerprint: Dict[str, Any]) -> None:
+        """Refuse a model other than the one this calibrated schedule was made for.
+
+        Raises:
+            UserInputError: naming the first fingerprint field that differs.
+        """
+        if self.fingerprint is None:
+            return
+        saved = dict(self.fingerprint)
+        for key, value in fingerprint.items():
+            if saved.get(key) != value:
+                raise UserInputError(
+                    f"the schedule {self.source or ''} was calibrated for another model: "
+                    f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {value!r}")
+
+    def resolve(self, num_layers: int) -> Schedule:
+        """Check this configuration against a model depth and build its :class:`Schedule`.
+
+        Raises:
+            UserInputError: with a message saying which value to change.
+        """
+        # Field types were checked on construction (__post_init__); here, what depends on
+        # the method and the model.
+        policies = compose(self.method)
+        check_taken(self, policies)
+        schedule = Schedule(
+            method=self.method, num_layers=num_layers, prompt_depth=num_layers,
+            anchors=self.anchors, seed=self.seed,
+            source=self.source or (
+                "preset" if self.prune_layers is None and self.keep is None else "user"))
+        for policy in reversed(policies.values()):  # depth limits first (see POLICIES)
+            schedule = policy.preset(policies).apply(self, schedule)
+        return schedule
+
+
+#: The ``complete`` modes (``progressive`` takes ``:K``).
+COMPLETE_MODES = ("none", "after-first", "progressive:K")
+
+
+def parse_complete(mode: Any) -> Tuple[str, Optional[int]]:
+    """A ``complete`` mode in its canonical spelling and its token-layer budget per step:
+    ``("none", 0)``, ``("after-first", None)`` (no limit, once) or ``("progressive:K", K)``.
+
+    Raises:
+        UserInputError: any other value.
+    """
+    if mode in ("none", "after-first"):
+        return mode, (0 if mode == "none" else None)
+    if isinstance(mode, str) and mode.startswith("progressive:"):
+        k = mode.split(":", 1)[1]
+        # ASCII digits only ("²".isdigit() too), and few enough for int() to take
+        if k.isascii() and k.isdigit() and len(k) <= 10 and 0 < int(k) <= MAX_COUNT:
+            return f"progressive:{int(k)}", int(k)
+    raise UserInputError(f"complete must be one of none, after-first or progressive:K with K "
+                         f"a positive integer, got {shown(mode)}")
+
+
+def _integer(name: str, x: Any) -> int:
+    """``x`` as an int: Python and numpy integers pass, bools and anything else do not."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise UserInputError(f"{name} must be an integer, got {shown(x)}")
+    return int(x)
+
+
+def _bounded(name: str, x: Any, low: int, high: int) -> int:
+    """``x`` as an int in [low, high] (see :func:`_integer`)."""
+    value = _integer(name, x)
+    if not low <= value <= high:
+        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(low)
+        bound = f"{kind} of at most {high}" if kind else f"an integer in [{low}, {high}]"
+        raise UserInputError(f"{name} must be {bound}, got {shown(x)}")
+    return value
+
+
+def _real(name: str, x: Any) -> Union[float, int]:
+    """``x`` as a plain number: Python and numpy ints and floats pass, bools do not."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise UserInputError(f"{name} must be a number, got {shown(x)}")
+    return int(x) if isinstance(x, (int, np.integer)) else float(x)
+
+
+def _sequence(name: str, x: Any) -> tuple:
+    if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
+        raise UserInputError(f"{name} must be a sequence, got {shown(x)}")
+    return tuple(x)
