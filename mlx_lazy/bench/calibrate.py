@@ -70,8 +70,6 @@ from .harness import run_one
 from .methods import method_spec
 from .tasks import TASKS, build_prompt, build_samples
 
-import mlx.core as mx  # noqa: E402
-
 #: Scorers tried (specs, :func:`mlx_lazy.scorers.parse_scorer`).
 SCORER_GRID: tuple[str, ...] = (
     "last",
@@ -577,19 +575,19 @@ def _evidence(cal: Calibration, cand: Candidate, full_scores, cells: Sequence[st
 
 def measure_gain(model: Any, tokenizer: Any, config: PruningConfig, n_tokens: int,
                  repeats: int = 1) -> dict[str, Any]:
-    """Prefill time of ``full`` ÷ that of ``config`` on an ``n_tokens`` prose prompt,
-    measured side by side (alternating, after ``mx.eval``); the gain is the median of the
-    ``repeats`` paired ratios, and the load average beside it says how busy the machine was."""
-    from .. import LazyEngine, resolve_config
+    """Time to the first token of ``full`` ÷ that of ``config`` on an ``n_tokens`` prose
+    prompt (``generate_step``, which evaluates the token before yielding it), measured side by
+    side, alternating; the gain is the median of the ``repeats`` paired ratios, and the load
+    average beside it says how busy the machine was."""
+    from .. import generate_step
 
-    prompt = mx.array(build_prompt(tokenizer, n_tokens))
+    prompt = build_prompt(tokenizer, n_tokens)
     times: dict[str, list[float]] = {"full": [], "pruned": []}
     for _ in range(repeats):
         for name, cfg in (("full", None), ("pruned", config)):
-            engine = LazyEngine(model, resolve_config(model, cfg))
             tic = time.perf_counter()
-            mx.eval(engine.prefill(prompt))
-            times[name].append(time.perf_counter() - tic)
+            for _token in generate_step(prompt, model, max_tokens=1, config=cfg):
+                times[name].append(time.perf_counter() - tic)
     ratios = [f / p for f, p in zip(times["full"], times["pruned"])]
     return {"prompt_tokens": n_tokens, "full_s": times["full"], "pruned_s": times["pruned"],
             "gain": median(ratios), "loadavg_1min": loadavg()}
