@@ -215,9 +215,11 @@ def context_length(model: nn.Module, tokenizer) -> Optional[int]:
     return None
 
 
-def check_context(n_prompt: int, max_tokens: int, context: Optional[int]) -> None:
+def check_context(n_prompt: int, max_tokens: int, context: Optional[int],
+                  name: str = "max_tokens") -> None:
     """Raise UserInputError when the prompt, or the prompt plus ``max_tokens`` new tokens, does
-    not fit a context of ``context`` tokens (None: no known limit)."""
+    not fit a context of ``context`` tokens (None: no known limit); the message names the
+    option as the caller spelt it (``name``)."""
     if context is None:
         return
     if n_prompt > context:
@@ -227,7 +229,7 @@ def check_context(n_prompt: int, max_tokens: int, context: Optional[int]) -> Non
     if n_prompt + max_tokens > context:
         raise UserInputError(
             f"the prompt has {n_prompt} tokens; with {max_tokens} new tokens it exceeds the "
-            f"model's context of {context} tokens (lower max_tokens)"
+            f"model's context of {context} tokens (lower {name})"
         )
 
 

@@ -683,10 +683,12 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         if max_tokens is None:  # the server's default, shortened to fit the context
             room = settings.max_tokens if worker.context is None else worker.context - n
             max_tokens = max(1, min(settings.max_tokens, room))
+        param = ("max_completion_tokens" if getattr(body, "max_completion_tokens", None)
+                 else "max_tokens")
         try:
-            check_context(n, max_tokens, worker.context)
+            check_context(n, max_tokens, worker.context, param)
         except ValueError as e:
-            raise APIError(400, str(e), param="max_tokens", code="context_length_exceeded") from None
+            raise APIError(400, str(e), param=param, code="context_length_exceeded") from None
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         return Job(id=rid, tokens=tokens, max_tokens=max_tokens,
                    temperature=settings.temperature if body.temperature is None else body.temperature,

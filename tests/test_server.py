@@ -425,6 +425,8 @@ def bad_requests(tokenizer, context: int):
         (chat, {**ok, "messages": [{"role": "user"}]}, 400, "messages[0].content"),
         (chat, {**ok, "max_tokens": 10**20}, 400, "max_tokens"),
         (chat, {**ok, "max_tokens": context}, 400, "max_tokens"),
+        # the OpenAI spelling is named as the client spelt it
+        (chat, {**ok, "max_completion_tokens": context}, 400, "max_completion_tokens"),
         (chat, {**ok, "max_tokens": 4000, "messages": [
             {"role": "user", "content": _long_prompt(tokenizer, 200)}]}, 400, "max_tokens"),
         (chat, {**ok, "messages": [{"role": "user", "content": _long_prompt(
