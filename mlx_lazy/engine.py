@@ -257,15 +257,7 @@ class LazyEngine:
             rows = comp  # queries: the new tokens last, revived tokens before them
             if len(rows) > 1 and layer == a.num_layers - 1:  # others: KV only at the top
                 q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
-            if len(rows) > self.revival_block:
-                # Many rows: block-causal over the gathered visible keys in position order.
-                keys = np.sort(kpos if visible is None else kpos[visible])
-                out = self._revived_attention(q, kv, rows, keys, prompt)
-            else:
-                # A few rows over the whole layer cache with a mask: cheaper than gathering
-                # the visible keys, which is slow on the CPU.
-                keys, values = kv.fetch()
-                out = self._cache_attention(q, keys, values, rows, kpos, visible, prompt)
+            out = self._rows_attention(q, kv, rows, kpos, visible, prompt)
             h = a.finish(layer, h, out)
             cache.mark_computed(layer, comp)
             selects = prompt or (sched.dynamic and not completing)
@@ -280,6 +272,21 @@ class LazyEngine:
                 if progress is not None:
                     progress(layer + 1, a.num_layers)
         return a.logits(h[:, -1:])[0, 0]
+
+    def _rows_attention(self, q: mx.array, kv: LayerKV, rows: np.ndarray, kpos: np.ndarray,
+                        visible: Optional[np.ndarray], prompt: bool = False) -> mx.array:
+        """Attention of queries at positions ``rows`` over the layer cache ``kv`` (keys at
+        ``kpos``): each sees the ``visible`` keys (all when None) at or before its own
+        position."""
+        if len(rows) > self.revival_block:
+            # Many rows: block-causal over the gathered visible keys in position order (the
+            # blocks' keys stop at their last row, and the scores stay block-sized).
+            keys = np.sort(kpos if visible is None else kpos[visible])
+            return self._revived_attention(q, kv, rows, keys, prompt)
+        # A few rows over the whole layer cache with a mask: cheaper than gathering the
+        # visible keys, which is slow on the CPU.
+        keys, values = kv.fetch()
+        return self._cache_attention(q, keys, values, rows, kpos, visible, prompt)
 
     def _cache_attention(self, q: mx.array, keys: mx.array, values: mx.array, rows: np.ndarray,
                          kpos: np.ndarray, visible: Optional[np.ndarray],
@@ -371,8 +378,7 @@ class LazyEngine:
             self.completed_token_layers += len(carried)
             if layer == a.num_layers - 1:  # the top layer: KV is all that is used
                 break
-            keys, values = kv.fetch()
-            out = self._cache_attention(q, keys, values, carried, kv.cached_positions(), None)
+            out = self._rows_attention(q, kv, carried, kv.cached_positions(), None)
             h = a.finish(layer, h, out)
             mx.eval(h)
         return done
