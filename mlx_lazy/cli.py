@@ -190,8 +190,9 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
                         "model; sets the method, cuts and scorer")
     g.add_argument("--complete", type=_complete_arg, default=None, metavar="MODE",
                    help="LazyLLM: carry pruned tokens through their remaining layers from the "
-                        "Aux Cache: none (the paper), after-first (all, right after the first "
-                        "token) or progressive:K (K token-layers per output token)")
+                        "Aux Cache: after-first (the default: all, right after the first token), "
+                        "none (the paper: only when a decode step selects them) or "
+                        "progressive:K (K token-layers per output token)")
     g.add_argument("--quality", choices=QUALITIES, default=None,
                    help="LazyLLM: which calibrated schedule --method lazy takes: default (the "
                         "fastest that deviates from full at most as much as 4-bit weights) or "

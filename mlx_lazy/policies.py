@@ -125,7 +125,7 @@ class ScoredCuts(Policy):
         return replace(
             schedule, prune_layers=layers, keep=keep, dynamic=self.dynamic,
             revive=self.dynamic and config.revive,
-            complete=config.complete if self.dynamic else "none",
+            complete=config.complete if self.dynamic and config.revive else "none",
             scorer=LastQuery() if config.scorer is None else config.scorer)
 
 

@@ -12,19 +12,19 @@ def test_conversation_bench_end_to_end(tiny_model_path, tmp_path):
     out = tmp_path / "conv"
     assert conversation.main(["--model", str(tiny_model_path), "--length", "600", "--turns", "3",
                               "--conversations", "1", "--max-tokens", "4",
-                              "--methods", "full;lazy:layers=1:keep=0.3", "--out", str(out)]) == 0
+                              "--methods", "full;lazy:layers=1:keep=0.3:complete=none", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     paths = {p["name"]: p for p in results["paths"]}
-    assert set(paths) == {"mlx-lm+cache", "mlx-lm", "full+cache", "full",
-                          "lazy:layers=1:keep=0.3+cache", "lazy:layers=1:keep=0.3+cache+complete",
-                          "lazy:layers=1:keep=0.3"}
+    lazy = "lazy:layers=1:keep=0.3:complete=none"  # the paper's: revivals, no completion
+    assert set(paths) == {"mlx-lm+cache", "mlx-lm", "full+cache", "full", f"{lazy}+cache",
+                          f"{lazy}+cache+complete", lazy}
 
     def texts(name):
         return [turn[0]["text"] for _, turn in sorted(paths[name]["turns"].items())]
 
     # Greedy answers: a cache changes nothing for the unpruned paths, ours or mlx-lm's.
     assert texts("full+cache") == texts("full") == texts("mlx-lm+cache") == texts("mlx-lm")
-    for name in ("full+cache", "mlx-lm+cache", "lazy:layers=1:keep=0.3+cache"):
+    for name in ("full+cache", "mlx-lm+cache", f"{lazy}+cache"):
         follow_ups = [turn[0]["cached_tokens"] for t, turn in paths[name]["turns"].items()
                       if t != "0"]
         assert all(n > 500 for n in follow_ups), (name, follow_ups)
@@ -32,7 +32,6 @@ def test_conversation_bench_end_to_end(tiny_model_path, tmp_path):
     # Every (token, layer) once over the whole conversation: full with a cache and a completed
     # lazy state computed each held token at every layer exactly once, lazy alone fewer; the
     # uncached paths redo the context every turn.
-    lazy = "lazy:layers=1:keep=0.3"
     depth = 4  # the tiny model's layers
 
     def work(name):

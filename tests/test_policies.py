@@ -18,7 +18,7 @@ from mlx_lazy.scorers import scorer_spec
 #: A value for every field some policy takes (each differs from its default and from
 #: every preset, and fits a 30-layer model in any method that takes it).
 SAMPLE = {"prune_layers": (3,), "keep": (0.3,), "speed_cutoff": 0.5, "revive": False,
-          "scorer": "window:size=4:heads=max:pool=1", "complete": "after-first"}
+          "scorer": "window:size=4:heads=max:pool=1", "complete": "none"}
 #: How each sampled field reads back from the resolved Schedule.
 READ_BACK = {
     "prune_layers": lambda s: s.prune_layers,

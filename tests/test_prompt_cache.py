@@ -31,7 +31,8 @@ def ids(n: int, vocab: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab, n).tolist()
 
 
-AGGRESSIVE = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2))
+# the paper's decode (complete="none"): tokens stay in the Aux Cache and are revived
+AGGRESSIVE = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="none")
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
@@ -88,7 +89,8 @@ def test_a_needle_asked_about_only_in_turn_two_is_revived_then(tiny_model, monke
     vocab, depth = model.args.vocab_size, model.args.num_hidden_layers
     doc = ids(400, vocab, 5)
     needle_a, needle_b = np.arange(100, 110), np.arange(250, 262)
-    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.1,), scorer="targeted")
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.1,), scorer="targeted",
+                           complete="none")  # the paper: turn 2 revives what it selects
     cache = make_prompt_cache(model, config)
 
     monkeypatch.setattr(Targeted, "target", tuple(needle_a), raising=False)
@@ -372,7 +374,7 @@ def test_complete_flag_is_checked(tiny_model, tiny_model_path):
         err = proc.stderr.decode().strip().splitlines()
         assert proc.returncode == 2 and len(err) == 1 and "complete" in err[0], err
     with pytest.raises(UserInputError, match="takes no complete"):
-        make_prompt_cache(tiny_model("llama")[0], PruningConfig("full", complete="after-first"))
+        make_prompt_cache(tiny_model("llama")[0], PruningConfig("full", complete="none"))
 
 
 # --------------------------------------------------------------------------------- store
@@ -472,7 +474,7 @@ def test_with_completion_decode_sees_every_token_with_kv(tiny_model):
     prompt = ids(300, model.args.vocab_size, 110)
     cuts = dict(prune_layers=(0, 1), keep=(0.5, 0.2))
     done = make_prompt_cache(model, PruningConfig("lazy", complete="after-first", **cuts))
-    plain = make_prompt_cache(model, PruningConfig("lazy", **cuts))
+    plain = make_prompt_cache(model, PruningConfig("lazy", complete="none", **cuts))
     out = {}
     for name, cache in (("done", done), ("plain", plain)):
         out[name] = [lp for _, lp in generate_step(prompt, model, prompt_cache=cache,

@@ -98,7 +98,8 @@ def test_idle_completion_carries_the_last_state_to_every_layer(tiny_model_path, 
     """With idle completion, the lazy state kept after a request is carried through every
     layer once the server is idle (each token-layer still once); without, tokens wait."""
     store = PromptCacheStore(4, 2**30)
-    pruning = {"method": "lazy", "prune_layers": [1], "keep": [0.3]}
+    # the paper's decode: the request leaves tokens waiting in the Aux Cache
+    pruning = {"method": "lazy", "prune_layers": [1], "keep": [0.3], "complete": "none"}
     with in_process_server(tiny_model_path, store, idle_complete) as s:
         completion(s, DOC + " First?", pruning=pruning)
         engine = store.most_recent().engine

@@ -102,7 +102,8 @@ def parse_method(spec: str, num_layers: int | None = None) -> Method:
             raise ValueError(f"bad override {item!r} in {spec!r}: expected field=value")
         key, value = item.split("=", 1)
         key = _ALIASES.get(key, key)
-        parsed = value if key == "scorer" else _parse_value(value)
+        # specs that are strings whatever they read like ("none" is a completion mode)
+        parsed = value if key in ("scorer", "complete") else _parse_value(value)
         if key in ("prune_layers", "keep", "at") and not isinstance(parsed, tuple):
             parsed = (parsed,)
         if key == "at":
