@@ -23,7 +23,7 @@ Both are grouped-query aware and reduce over heads by ``mean`` (the paper) or ``
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Dict, Optional, Type, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Type, Union
 
 import mlx.core as mx
 import numpy as np
@@ -181,6 +181,13 @@ POOL_KEY = "pool"
 _PARSERS: Dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
 
+def spec_keys(name: str) -> Tuple[str, ...]:
+    """The keys a spec of the registered scorer ``name`` takes: its own fields, then
+    :data:`POOL_KEY` (empty for an unknown name)."""
+    cls = SCORERS.get(name)
+    return () if cls is None else (*(f.name for f in fields(cls)), POOL_KEY)
+
+
 def parse_scorer(spec: Union[str, Scorer]) -> Scorer:
     """The scorer a spec names: ``NAME[:field=value...]`` with the registered class's own
     dataclass fields, plus ``pool=R`` to wrap it in :class:`Pooled`:
@@ -215,7 +222,7 @@ def parse_scorer(spec: Union[str, Scorer]) -> Scorer:
             values[key] = _parse_field(spec, key, getattr(kind, "__name__", str(kind)), text)
         else:
             raise UserInputError(f"scorer {name!r} has no field {_cut(key)}; its fields: "
-                                 f"{', '.join([*params, POOL_KEY])}")
+                                 f"{', '.join(spec_keys(name))}")
     scorer = cls(**values)
     return Pooled(scorer, radius) if radius else scorer
 

@@ -114,9 +114,7 @@ class Candidate:
 
     def as_dict(self) -> dict[str, Any]:
         d = jsonable(asdict(self))
-        d["config"] = {k: v for k, v in d["config"].items() if v is not None}
-        if self.config.scorer is not None:
-            d["config"]["scorer"] = scorer_spec(self.config.scorer)
+        d["config"] = {k: v for k, v in self.config.as_dict().items() if v is not None}
         return d
 
 

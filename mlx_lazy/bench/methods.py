@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..scorers import POOL_KEY, SCORERS, Scorer, scorer_spec
+from ..scorers import Scorer, scorer_spec, spec_keys
 from .common import BASELINE, Method
 
 _ALIASES = {"layers": "prune_layers", "cutoff": "speed_cutoff"}
@@ -74,18 +74,17 @@ def parse_method(spec: str, num_layers: int | None = None) -> Method:
 
     name, *pieces = NAMED_METHODS.get(spec, spec).split(":")
     overrides: list[str] = []
-    scorer_at, scorer_fields = -1, set()
+    scorer_at, scorer_keys = -1, ()
     for piece in pieces:  # a value may hold ':' itself (complete=progressive:8)
         key = piece.split("=", 1)[0]
         if overrides and "=" not in piece and piece[:1].isdigit():
             overrides[-1] += ":" + piece
-        elif scorer_at >= 0 and "=" in piece and key in scorer_fields:
+        elif scorer_at >= 0 and "=" in piece and key in scorer_keys:
             overrides[scorer_at] += ":" + piece
         else:
             if key == "scorer":
                 scorer_at = len(overrides)
-                cls = SCORERS.get(piece.split("=", 1)[1])
-                scorer_fields = {POOL_KEY, *(f.name for f in dataclasses.fields(cls))} if cls else set()
+                scorer_keys = spec_keys(piece.split("=", 1)[1])
             overrides.append(piece)
     try:
         cfg = PruningConfig.preset(name)
