@@ -71,6 +71,20 @@ def test_calibration_writes_a_schedule_that_reproduces_its_selections(tiny_model
     assert high_file.prune_layers == tuple(high["config"]["prune_layers"])
     report = (tmp_path / "cal" / "report.md").read_text()
     assert report.count("| `lazy:") == len(ran) and "weights through 4 bits" in report
+    # the work done, to time a calibration on another machine: every retrieval prompt run
+    # (full's and each candidate's), every KLD window (full's reference, both yardsticks,
+    # each candidate measured at the last rung)
+    work = doc["work"]
+    assert work["retrieval_prefills"] == (sum(map(len, doc["full"].values()))
+                                          + sum(len(v) for c in ran for v in c["scores"].values()))
+    assert 150 * work["retrieval_prefills"] < work["retrieval_prompt_tokens"] \
+        <= 250 * work["retrieval_prefills"]  # passkey prompts of about 200 tokens
+    assert work["kld_prefills"] == 2 * (1 + 2 + sum(c["kld"] is not None for c in ran))
+    assert (work["kld_prompt_tokens"], work["kld_forced_steps"]) == (
+        64 * work["kld_prefills"], 3 * work["kld_prefills"])
+    assert work["gain_prompt_tokens"] == 0 and work["seconds"] > 0
+    assert f"{work['retrieval_prompt_tokens'] + work['kld_prompt_tokens']:,} prompt tokens in all" \
+        in report
 
 
 def test_no_cell_the_full_path_can_do_is_bad_input(tiny_model_path, tmp_path):

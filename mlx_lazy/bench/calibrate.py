@@ -251,6 +251,7 @@ class Deviation:
         self.texts: dict[str, Any] = {}  # kind -> what the windows came from
         self._refs: list[tuple[list[int], fidelity.Continuation]] = []
         self.yardsticks: dict[str, dict[str, Any]] = {}
+        self.prefills = 0  # windows run, each ``length`` tokens then ``steps`` forced steps
 
     def references(self) -> list[tuple[list[int], fidelity.Continuation]]:
         """Every window with ``full``'s run along it."""
@@ -260,6 +261,7 @@ class Deviation:
                     self.tokenizer, fidelity.kind_files(kind), self.windows, self.length)
                 self._refs += [(p, fidelity.continuation(self.model, p, self.steps))
                                for p in prompts]
+                self.prefills += len(prompts)
         return self._refs
 
     def measure(self, config: Optional[PruningConfig], model: Any = None) -> dict[str, Any]:
@@ -268,6 +270,7 @@ class Deviation:
         runs = [fidelity.compare(ref, fidelity.continuation(
                     model or self.model, prompt, self.steps, config, forced=ref.tokens))
                 for prompt, ref in self.references()]
+        self.prefills += len(runs)
         return fidelity.row_summary(runs)
 
     def bars(self, max_kld: Union[float, str]) -> dict[str, float]:
@@ -321,10 +324,16 @@ def run(cal: Calibration) -> dict[str, Any]:
         if cal.time_limit_s is not None and time.monotonic() - start > cal.time_limit_s:
             raise _OutOfTime
 
+    work = doc["work"] = {"seconds": 0.0, "retrieval_prefills": 0, "retrieval_prompt_tokens": 0,
+                          "kld_prefills": 0, "kld_prompt_tokens": 0, "kld_forced_steps": 0,
+                          "gain_prompt_tokens": 0}
+
     def score(config: Optional[PruningConfig], cell: str, i: int) -> float:
         check_time()
         method = Method("full" if config is None else method_spec(config),
                         config or PruningConfig())
+        work["retrieval_prefills"] += 1
+        work["retrieval_prompt_tokens"] += len(samples[cell][i].tokens)
         return run_one(model, tokenizer, method, samples[cell][i]).score
 
     full: dict[str, list[float]] = {}
@@ -342,6 +351,14 @@ def run(cal: Calibration) -> dict[str, Any]:
         check_time()
         doc["bars"] = deviation.bars(cal.max_kld)
         return doc["bars"]
+
+    def save() -> None:
+        """Write the outputs (after every candidate: ``--resume`` loses nothing), with the
+        work this run has done so far: time it on another machine by its prefill speed."""
+        work.update(seconds=round(time.monotonic() - start, 1), kld_prefills=deviation.prefills,
+                    kld_prompt_tokens=deviation.prefills * cal.kld_length,
+                    kld_forced_steps=deviation.prefills * cal.kld_steps)
+        _write(out, doc, full, cells)
 
     cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts)
     doc["candidates"] = cands
@@ -392,7 +409,7 @@ def run(cal: Calibration) -> dict[str, Any]:
                         passing.append(cand)
                     else:
                         cand.dropped_at = r
-                    _write(out, doc, full, cells)  # after every candidate: --resume loses nothing
+                    save()
                     # Candidates are in predicted-gain order: once a rung has as many passing
                     # as go on (at the last rung: every quality found), the rest could not
                     # be chosen.
@@ -405,7 +422,7 @@ def run(cal: Calibration) -> dict[str, Any]:
                 if r == 0:
                     pending = alive[tried:]
                 alive = passing
-                _write(out, doc, full, cells)
+                save()
                 if not alive:
                     break
         # 4. the frontier's measured gain, beside the predicted one
@@ -414,9 +431,10 @@ def run(cal: Calibration) -> dict[str, Any]:
                 check_time()
                 cand.measured_gain = measure_gain(model, tokenizer, cand.config, cal.gain_length,
                                                    cal.gain_repeats)
+                work["gain_prompt_tokens"] += 2 * cal.gain_repeats * cal.gain_length
                 _log(f"measured gain {cand.name}: {cand.measured_gain['gain']:.2f}x "
                      f"(predicted {cand.predicted_gain:.2f}x)")
-                _write(out, doc, full, cells)
+                save()
         doc["complete"] = True
     except _OutOfTime:
         doc["stopped"] = f"time limit of {cal.time_limit_s:g} s"
@@ -442,7 +460,7 @@ def run(cal: Calibration) -> dict[str, Any]:
             _log(f"installed {target}")
     if not doc["chosen"]:
         _log("no candidate confirmed: no schedule written")
-    _write(out, doc, full, cells)
+    save()
     return json.loads((out / "results.json").read_text())
 
 

@@ -80,6 +80,17 @@ def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
     if doc.get("stopped"):
         lines += [f"Stopped early ({doc['stopped']}): the tables hold what was measured; "
                   "\"partial\" marks a rung or pilot left unfinished. `--resume` continues.", ""]
+    work = doc.get("work")
+    if work:
+        tokens = sum(work[k] for k in ("retrieval_prompt_tokens", "kld_prompt_tokens",
+                                       "gain_prompt_tokens"))
+        lines += [f"This run took {work['seconds'] / 60:.0f} min: {work['retrieval_prefills']} "
+                  f"retrieval prompts ({work['retrieval_prompt_tokens']:,} tokens), "
+                  f"{work['kld_prefills']} KLD windows ({work['kld_prompt_tokens']:,} tokens, "
+                  f"{work['kld_forced_steps']:,} forced steps), {work['gain_prompt_tokens']:,} "
+                  f"tokens timed; {tokens:,} prompt tokens in all. On another machine it takes "
+                  "about that many tokens at its prompt speed (`mlx_lm.generate --verbose` "
+                  "reports prompt tokens per second), plus the short answers.", ""]
     lines += [f"Model fingerprint: `{json.dumps(doc['fingerprint'])}`", "",
               markdown_table(["cell", "full, pilot", "used"], cell_rows), "",
               markdown_table(["candidate", "predicted gain", "measured gain", "token-layers %",
