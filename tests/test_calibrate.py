@@ -685,7 +685,7 @@ def test_packaged_schedules_meet_the_admissibility_rule():
     from mlx_lazy.schedule_files import PACKAGED_SCHEDULES
 
     files = sorted(PACKAGED_SCHEDULES.glob("*.json"))
-    assert [f.name for f in files] == ["qwen2.5-coder-0.5b.json"]
+    assert [f.name for f in files] == ["qwen2.5-coder-0.5b.high.json", "qwen2.5-coder-0.5b.json"]
     for path in files:
         config = read_schedule(path)
         doc = json.loads(path.read_text())
@@ -698,4 +698,5 @@ def test_packaged_schedules_meet_the_admissibility_rule():
         assert ev["kld"]["kld_mean"] <= ev["kld_bar"] <= bar
         assert ev["kld"]["windows"] == ev["yardsticks"]["q4"]["windows"]
         assert ev["predicted_gain"] > 1 and ev["measured_gain"]["gain"] > 1
-        assert {"retrieval", "kld", "measured_gain"} <= set(ev["made"])
+        assert ev["made"]["by"] == "python -m mlx_lazy.calibrate" and ev["made"]["date"]
+        assert ev["made"]["options"]["max_kld"] == ev["max_kld"]
