@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mlx_lazy.bench import conversation
 
 
@@ -43,6 +45,31 @@ def test_conversation_bench_end_to_end(tiny_model_path, tmp_path):
     assert "TTFT / mlx-lm+cache" in (out / "table.md").read_text()
 
 
-def test_bad_options_are_one_line(capsys):
-    assert conversation.main(["--paths", "cache,sometimes"]) == 2
+def test_an_interrupted_run_keeps_the_finished_conversations(tiny_model_path, tmp_path,
+                                                            monkeypatch):
+    """Results are written after every conversation: a Ctrl-C in the second one leaves the
+    first one's in results.json and table.md, and exit status 130."""
+    answer, calls = conversation.Runner.answer, []
+
+    def interrupted(self, *args):
+        calls.append(1)
+        if len(calls) == 6:  # 2 paths x 2 turns per conversation: the second one's 2nd turn
+            raise KeyboardInterrupt
+        return answer(self, *args)
+
+    monkeypatch.setattr(conversation.Runner, "answer", interrupted)
+    out = tmp_path / "conv"
+    assert conversation.main(["--model", str(tiny_model_path), "--length", "600", "--turns", "2",
+                              "--conversations", "3", "--max-tokens", "2", "--methods", "full",
+                              "--paths", "cache,uncached", "--out", str(out)]) == 130
+    results = json.loads((out / "results.json").read_text())
+    assert results["conversations"] == 1
+    assert {p["name"]: [len(ts) for ts in p["turns"].values()] for p in results["paths"]} == {
+        "full+cache": [1, 1], "full": [1, 1]}
+    assert "1 conversations" in (out / "table.md").read_text()
+
+
+@pytest.mark.parametrize("args", [["--paths", "cache,sometimes"], ["--time-limit", "0"]])
+def test_bad_options_are_one_line(capsys, args):
+    assert conversation.main(args) == 2
     assert capsys.readouterr().err.startswith("error: ")

@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 import mlx.core as mx
@@ -45,6 +45,7 @@ from .common import jsonable, loadavg, machine_info, markdown_table, median, mlx
 from .methods import parse_method, parse_methods
 from .metrics import score
 from .stats import paired, wilson
+from ..folders import write_text_atomic
 from ..prompt_cache import common_prefix
 from .tasks import Conversation, build_conversations
 
@@ -162,8 +163,10 @@ def state_bytes(path: Route, state: Any) -> int:
 
 
 def run(model: Any, tokenizer: Any, paths: List[Route], conversations: List[Conversation],
-        max_tokens: int, time_limit: Optional[float] = None) -> int:
-    """Run the conversations; return how many finished."""
+        max_tokens: int, time_limit: Optional[float] = None,
+        after_each: Optional[Callable[[int], None]] = None) -> int:
+    """Run the conversations; return how many finished. ``after_each(done)`` is called after
+    every finished conversation (every path has then run it)."""
     runner = Runner(model, tokenizer, max_tokens)
     start = time.perf_counter()
     done = 0
@@ -186,6 +189,8 @@ def run(model: Any, tokenizer: Any, paths: List[Route], conversations: List[Conv
                 path.token_layers.append(mine[-1].token_layers if path.cached
                                          else sum(x.token_layers for x in mine))
         done += 1
+        if after_each is not None:
+            after_each(done)
         print(f"conversation {done}/{len(conversations)} done "
               f"({time.perf_counter() - start:.0f} s, load {loadavg()})", file=sys.stderr)
     return done
@@ -276,9 +281,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     kinds = {k.strip() for k in args.paths.split(",") if k.strip()}
     unknown = kinds - {"cache", "uncached", "complete", "mlx-lm"}
     if unknown or args.length < 64 or args.turns < 1 or args.conversations < 1 \
-            or args.max_tokens < 1:
+            or args.max_tokens < 1 or not (args.time_limit is None or args.time_limit > 0):
         print("error: --paths takes cache,uncached,complete,mlx-lm; --length ≥ 64, --turns, "
-              "--conversations and --max-tokens ≥ 1", file=sys.stderr)
+              "--conversations and --max-tokens ≥ 1, --time-limit > 0", file=sys.stderr)
         return 2
     from .. import load
 
@@ -303,20 +308,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:  # too short a length for the questions
         print(f"error: {e}", file=sys.stderr)
         return 2
-    done = run(model, tokenizer, paths, convs, args.max_tokens, args.time_limit)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table = report(paths, args.turns)
     info = machine_info(model, "mlx_lazy.bench.conversation")
-    (out / "results.json").write_text(json.dumps(jsonable({
-        "machine": info, "conversations": done, "load_after": loadavg(),
-        "paths": [{"name": p.name, "state_bytes": p.state_bytes, "token_layers": p.token_layers,
-                   "tokens_held": p.tokens_held,
-                   "turns": {t: [vars(x) for x in ts] for t, ts in p.turns.items()}}
-                  for p in paths]}), indent=1) + "\n")
-    (out / "table.md").write_text(f"{info['command']}\n\n{done} conversations, load after "
-                                  f"{loadavg()}\n\n{table}")
-    print(table)
+
+    def save(done: int) -> None:
+        # after every conversation, atomically: an interrupted run keeps what it finished
+        write_text_atomic(out / "results.json", json.dumps(jsonable({
+            "machine": info, "conversations": done, "load_after": loadavg(),
+            "paths": [{"name": p.name, "state_bytes": p.state_bytes,
+                       "token_layers": p.token_layers, "tokens_held": p.tokens_held,
+                       "turns": {t: [vars(x) for x in ts] for t, ts in p.turns.items()}}
+                      for p in paths]}), indent=1) + "\n")
+        write_text_atomic(out / "table.md", f"{info['command']}\n\n{done} conversations, load "
+                                            f"after {loadavg()}\n\n{report(paths, args.turns)}")
+
+    try:
+        run(model, tokenizer, paths, convs, args.max_tokens, args.time_limit, after_each=save)
+    except KeyboardInterrupt:
+        print(f"interrupted: the finished conversations are in {out}", file=sys.stderr)
+        return 130
+    print((out / "table.md").read_text())
     return 0
 
 
