@@ -27,10 +27,17 @@ if [ "$(uname -s)" = "Linux" ]; then
     fi
 fi
 
-# Reinstall only when pyproject.toml changed since the last successful install, or when the
-# [test] extra (server, plots and test packages) is not importable.
+# Reinstall only when pyproject.toml changed since the last successful install, when the
+# [test] extra (server, plots and test packages) is not importable, or when the installed
+# mlx_lazy is another checkout's (a moved or second clone: the console scripts and the
+# subprocesses the tests start outside this folder would run that one, or fail).
 stamp=".setup-stamp"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
+installed_here() {
+    (cd / && "$PYTHON" -c 'import os, sys, mlx_lazy
+sys.exit(os.path.realpath(os.path.dirname(mlx_lazy.__file__)) != os.path.realpath(sys.argv[1]))' \
+        "$PWD/mlx_lazy") >/dev/null 2>&1
+}
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! installed_here \
         || ! "$PYTHON" -c "import mlx_lazy, mlx_lm, fastapi, uvicorn, sse_starlette, matplotlib, pytest, openai, hypothesis" >/dev/null 2>&1; then
     "$PYTHON" -m pip install -q -e ".[test]"
     touch "$stamp"
