@@ -60,7 +60,7 @@ class PruningConfig:
             token waiting, every token is attended to at every layer and decode steps do not
             re-select: the cuts spared the prompt's computation only. Measured
             (docs/fidelity.md): ``after-first`` drifts as little as 8-bit weights and decodes
-            at the unpruned speed; ``none`` decodes 1.6-2.1x slower on a CPU.
+            at the unpruned speed; ``none`` decodes 2.0-2.2x slower per token on a CPU.
         scorer: score-based methods only: the scorer that ranks the context at each cut, a
             :class:`~mlx_lazy.scorers.Scorer` or its spec (:func:`~mlx_lazy.scorers.parse_scorer`):
             ``"last"`` (the paper: the query token's attention), ``"window:size=32"`` (the last

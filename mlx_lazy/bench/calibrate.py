@@ -325,8 +325,8 @@ def run(cal: Calibration) -> dict[str, Any]:
         if cal.time_limit_s is not None and time.monotonic() - start > cal.time_limit_s:
             raise _OutOfTime
 
-    work = doc["work"] = {"seconds": 0.0, "retrieval_prefills": 0, "retrieval_prompt_tokens": 0,
-                          "kld_prefills": 0, "kld_prompt_tokens": 0, "kld_forced_steps": 0,
+    # counted here; the time and the KLD windows' counts are filled in by save()
+    work = doc["work"] = {"retrieval_prefills": 0, "retrieval_prompt_tokens": 0,
                           "gain_prompt_tokens": 0}
 
     def score(config: Optional[PruningConfig], cell: str, i: int) -> float:
