@@ -393,6 +393,13 @@ def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch
     again = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True)
     assert again["chosen"] == first["chosen"] | {
         q: dict(c, made=again["chosen"][q]["made"]) for q, c in first["chosen"].items()}
+    # The evidence names every run it rests on, oldest first, with its options and work.
+    assert [r["options"]["scorers"] for r in again["resumed"]] == [
+        list(first["options"]["scorers"]), ["last"]]
+    assert [r["work"] for r in again["resumed"]] == [first["work"], fewer["work"]]
+    made = again["chosen"]["default"]["made"]
+    assert made["resumed"] == [r["options"] for r in again["resumed"]]
+    assert "resumed 2 earlier run(s)" in (tmp_path / "cal" / "report.md").read_text()
     with pytest.raises(UserInputError, match="another model, seed"):
         tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True, seed=1)
 

@@ -364,7 +364,7 @@ def run(cal: Calibration) -> dict[str, Any]:
     cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts)
     doc["candidates"] = cands
     if cal.resume:
-        doc["earlier"] = _resume(out, cal, fingerprint, full, cands, deviation)
+        doc["earlier"] = _resume(out, cal, fingerprint, full, cands, deviation, doc)
     last = len(cal.rungs) - 1
     try:
         # 1. cells where the unpruned path can do the task
@@ -512,11 +512,12 @@ def _final(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration) -
 
 def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
             full: dict[str, list[float]], cands: Sequence[Candidate],
-            deviation: Deviation) -> list[dict[str, Any]]:
+            deviation: Deviation, doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Reuse the per-sample scores of an earlier run in ``out`` (same model and samples) and
-    its KLD measurements (when made on the same windows: same kld options); return the
-    earlier candidates that this run's grid lacks (kept in its results). Files written
-    before KLD replaced teacher-forced agreement resume without their agreement."""
+    its KLD measurements (when made on the same windows: same kld options); record that
+    run's options and work in ``doc["resumed"]``; return the earlier candidates that this
+    run's grid lacks (kept in its results). Files written before KLD replaced teacher-forced
+    agreement resume without their agreement."""
     path = out / "results.json"
     if not path.is_file():
         return []
@@ -531,6 +532,8 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
         raise UserInputError(f"--resume: {path} is from another model, seed or sample count; "
                              "use another --out")
     full.update({k: list(v) for k, v in old.get("full", {}).items()})
+    # the runs this one builds on, oldest first: their options and work, for the evidence
+    doc["resumed"] = [*old.get("resumed", []), {"options": o, "work": old.get("work")}]
     same_windows = all(o.get(k) == getattr(cal, k)
                        for k in ("kld_windows", "kld_length", "kld_steps"))
     if same_windows:
@@ -583,7 +586,8 @@ def _evidence(cal: Calibration, cand: Candidate, full_scores, cells: Sequence[st
         "kld_bar": doc["bars"][quality],
         "kld_texts": deviation.texts,
         "made": {"by": "python -m mlx_lazy.calibrate", "date": time.strftime("%Y-%m-%d"),
-                 "options": jsonable(asdict(cal))},
+                 "options": jsonable(asdict(cal)),
+                 "resumed": [r["options"] for r in doc.get("resumed", [])]},
     }
     if cand.measured_gain is not None:
         ev["measured_gain"] = cand.measured_gain

@@ -91,6 +91,11 @@ def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
                   f"tokens timed; {tokens:,} prompt tokens in all. On another machine it takes "
                   "about that many tokens at its prompt speed (`mlx_lm.generate --verbose` "
                   "reports prompt tokens per second), plus the short answers.", ""]
+    earlier = [r["work"] for r in doc.get("resumed", []) if r.get("work")]
+    if earlier:
+        lines += [f"It resumed {len(earlier)} earlier run(s) in this folder, which took "
+                  f"{sum(w['seconds'] for w in earlier) / 60:.0f} min more; their options are "
+                  "in `results.json` (`resumed`).", ""]
     lines += [f"Model fingerprint: `{json.dumps(doc['fingerprint'])}`", "",
               markdown_table(["cell", "full, pilot", "used"], cell_rows), "",
               markdown_table(["candidate", "predicted gain", "measured gain", "token-layers %",
