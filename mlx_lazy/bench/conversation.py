@@ -13,7 +13,9 @@ Paths, side by side in one process and interleaved per conversation:
 * ``<method>+cache`` / ``<method>``: ours, with and without a cache (``full``, ``lazy``, any
   method of the benchmark syntax, e.g. ``lazy:layers=9:keep=0.2:scorer=window:size=32``);
 * ``<method>+cache+complete``: the cached state completed between turns (the pruned tokens
-  carried through their remaining layers while the user reads the answer; not in the TTFT).
+  carried through their remaining layers while the user reads the answer, as the idle server
+  does; not in the TTFT), for methods that do not complete after the first answer token
+  already (``complete=none``, ``progressive:K``).
 
 Reported per path and turn: median time to first token, answers right, token-layers
 computed and revivals; per path the KV + Aux bytes of the cached state at the end beside
@@ -29,7 +31,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import sys
@@ -267,8 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default full,lazy)")
     p.add_argument("--paths", default="cache,uncached,complete,mlx-lm",
                    help="which paths: cache (every method with a cache), uncached, complete "
-                        "(pruning methods completed between turns), mlx-lm (with and without "
-                        "its cache) (default: all)")
+                        "(pruning methods not completing after-first, completed between "
+                        "turns), mlx-lm (with and without its cache) (default: all)")
     p.add_argument("--max-tokens", type=int, default=12, help="answer budget (default 12)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=None, help="seconds; stop between conversations")
@@ -295,11 +296,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = parse_method(spec, len(model.layers)).config
         if "cache" in kinds:
             paths.append(Route(f"{spec}+cache", config, True))
-        if "complete" in kinds and config.method != "full":
-            # Completed between turns, and attending to every token with KV (complete=...).
-            paths.append(Route(f"{spec}+cache+complete",
-                               dataclasses.replace(config, complete="after-first"), True,
-                               complete=True))
+        if "complete" in kinds and config.method != "full" and config.complete != "after-first":
+            # Completed between turns, as the idle server does; after-first has completed
+            # during the answer already, so that route would be its +cache twin.
+            paths.append(Route(f"{spec}+cache+complete", config, True, complete=True))
         if "uncached" in kinds:
             paths.append(Route(spec, config, False))
     try:
