@@ -364,7 +364,7 @@ def run(cal: Calibration) -> dict[str, Any]:
     cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts)
     doc["candidates"] = cands
     if cal.resume:
-        doc["earlier"] = _resume(out, cal, fingerprint, full, cands, deviation, doc)
+        _resume(out, cal, fingerprint, full, cands, deviation, doc)
     last = len(cal.rungs) - 1
     try:
         # 1. cells where the unpruned path can do the task
@@ -512,15 +512,15 @@ def _final(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration) -
 
 def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
             full: dict[str, list[float]], cands: Sequence[Candidate],
-            deviation: Deviation, doc: dict[str, Any]) -> list[dict[str, Any]]:
+            deviation: Deviation, doc: dict[str, Any]) -> None:
     """Reuse the per-sample scores of an earlier run in ``out`` (same model and samples) and
-    its KLD measurements (when made on the same windows: same kld options); record that
-    run's options and work in ``doc["resumed"]``; return the earlier candidates that this
-    run's grid lacks (kept in its results). Files written before KLD replaced teacher-forced
+    its KLD measurements (when made on the same windows: same kld options). Into ``doc``:
+    that run's options and work (``resumed``) and its candidates that this run's grid lacks
+    (``earlier``, kept in the results). Files written before KLD replaced teacher-forced
     agreement resume without their agreement."""
     path = out / "results.json"
     if not path.is_file():
-        return []
+        return
     try:
         old = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -546,10 +546,9 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
             c.measured_gain = earlier[c.name].get("measured_gain")
             c.kld = earlier[c.name].get("kld") if same_windows else None
     names = {c.name for c in cands}
-    kept = [c for c in old.get("candidates", []) if c["name"] not in names]
+    doc["earlier"] = [c for c in old.get("candidates", []) if c["name"] not in names]
     _log(f"resumed {sum(map(len, full.values()))} full and "
          f"{sum(len(v) for c in cands for v in c.scores.values())} candidate runs from {path}")
-    return kept
 
 
 def _pooled(full_scores, cand: Candidate, cells: Sequence[str], n: int) -> stats.Paired:
