@@ -398,7 +398,7 @@ def generate_step(
     if max_tokens == 0:  # as mlx-lm: the prompt is processed (and cached), nothing generated
         return
     mx.eval(y, logprobs)
-    mode, budget = parse_complete(engine.schedule.complete)
+    budget = parse_complete(engine.schedule.complete)[1]
 
     def step(y: mx.array, token: int) -> Tuple[mx.array, mx.array]:
         nonlocal history
@@ -423,7 +423,7 @@ def generate_step(
         n += 1
         if n == max_tokens:
             return
-        if mode == "after-first" and n == 1:  # every waiting token, once
+        if budget is None and n == 1:  # after-first, exact: every waiting token, once
             engine.complete()
         elif budget:  # progressive: a budget of token-layers per step
             engine.complete(budget)

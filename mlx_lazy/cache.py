@@ -57,6 +57,20 @@ class LayerKV:
         self.slot_of[positions] = np.arange(self.size, end)
         self.size = end
 
+    def write(self, k: mx.array, v: mx.array, positions: np.ndarray) -> None:
+        """Store keys/values of tokens at ``positions``, overwriting those already cached."""
+        known = np.zeros(len(positions), bool)
+        inside = positions < len(self.slot_of)
+        known[inside] = self.slot_of[positions[inside]] >= 0
+        if known.any():
+            rows = mx.array(np.flatnonzero(known).astype(np.int32))
+            slots = mx.array(self.slot_of[positions[known]].astype(np.int32))
+            self.keys[:, :, slots] = k[:, :, rows]
+            self.values[:, :, slots] = v[:, :, rows]
+        if not known.all():
+            rows = mx.array(np.flatnonzero(~known).astype(np.int32))
+            self.append(k[:, :, rows], v[:, :, rows], positions[~known])
+
     def fetch(self, positions: Optional[np.ndarray] = None) -> Tuple[mx.array, mx.array]:
         """Keys and values of ``positions`` in that order, or of every cached token."""
         if positions is None:
@@ -117,6 +131,11 @@ class AuxEntry:
 class LazyCache:
     """Everything a LazyLLM/SPEED generation keeps between steps.
 
+    ``aux`` holds, by depth, the hidden states of tokens waiting to go deeper; ``stash``
+    (``complete="exact"`` only) the hidden states of the last prompt chunk's tokens at its
+    first cut, where each had seen every other, until the engine recomputes the layers
+    above from them.
+
     Args:
         num_layers: model depth.
     """
@@ -125,6 +144,7 @@ class LazyCache:
         self.num_layers = num_layers
         self.layers: List[LayerKV] = [LayerKV() for _ in range(num_layers)]
         self.aux: Dict[int, AuxEntry] = {}
+        self.stash: Dict[int, AuxEntry] = {}
         self.depth = np.zeros(0, np.int64)
         self.limit = np.zeros(0, np.int64)
         self.computed = np.zeros((num_layers, 0), np.int32)
@@ -134,7 +154,8 @@ class LazyCache:
         """An independent copy of the whole state."""
         out = LazyCache(self.num_layers)
         out.layers = [layer.copy() for layer in self.layers]
-        out.aux = {d: AuxEntry(e.positions.copy(), mx.array(e.hidden)) for d, e in self.aux.items()}
+        out.aux = _copy_entries(self.aux)
+        out.stash = _copy_entries(self.stash)
         out.depth, out.limit = self.depth.copy(), self.limit.copy()
         out.computed, out.revivals = self.computed.copy(), self.revivals
         return out
@@ -193,13 +214,14 @@ class LazyCache:
         Aux Cache entry and its bookkeeping."""
         for layer in self.layers:
             layer.trim(length)
-        for depth, entry in list(self.aux.items()):
-            keep = np.flatnonzero(entry.positions < length)
-            if len(keep) == 0:
-                del self.aux[depth]
-            elif len(keep) < len(entry.positions):
-                entry.positions = entry.positions[keep]
-                entry.hidden = entry.hidden[:, mx.array(keep.astype(np.int32))]
+        for entries in (self.aux, self.stash):
+            for depth, entry in list(entries.items()):
+                keep = np.flatnonzero(entry.positions < length)
+                if len(keep) == 0:
+                    del entries[depth]
+                elif len(keep) < len(entry.positions):
+                    entry.positions = entry.positions[keep]
+                    entry.hidden = entry.hidden[:, mx.array(keep.astype(np.int32))]
         self.depth, self.limit = self.depth[:length], self.limit[:length]
         self.computed[:, length:] = 0
 
@@ -209,4 +231,10 @@ class LazyCache:
 
     @property
     def aux_bytes(self) -> int:
-        return sum(entry.hidden.nbytes for entry in self.aux.values())
+        """Bytes of the hidden states held (Aux Cache and stash)."""
+        entries = list(self.aux.values()) + list(self.stash.values())
+        return sum(entry.hidden.nbytes for entry in entries)
+
+
+def _copy_entries(entries: Dict[int, AuxEntry]) -> Dict[int, AuxEntry]:
+    return {d: AuxEntry(e.positions.copy(), mx.array(e.hidden)) for d, e in entries.items()}

@@ -191,6 +191,8 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     g.add_argument("--complete", type=_complete_arg, default=None, metavar="MODE",
                    help="LazyLLM: carry pruned tokens through their remaining layers from the "
                         "Aux Cache: after-first (the default: all, right after the first token), "
+                        "exact (after the first token, also recompute the kept tokens' layers "
+                        "above the first cut: decoding is then the unpruned model's), "
                         "none (the paper: only when a decode step selects them) or "
                         "progressive:K (K token-layers per output token)")
     g.add_argument("--quality", choices=QUALITIES, default=None,

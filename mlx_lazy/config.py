@@ -186,24 +186,25 @@ class PruningConfig:
 
 
 #: The ``complete`` modes (``progressive`` takes ``:K``).
-COMPLETE_MODES = ("none", "after-first", "progressive:K")
+COMPLETE_MODES = ("none", "after-first", "exact", "progressive:K")
 
 
 def parse_complete(mode: Any) -> Tuple[str, Optional[int]]:
     """A ``complete`` mode in its canonical spelling and its token-layer budget per step:
-    ``("none", 0)``, ``("after-first", None)`` (no limit, once) or ``("progressive:K", K)``.
+    ``("none", 0)``, ``("after-first", None)`` or ``("exact", None)`` (no limit, once) or
+    ``("progressive:K", K)``.
 
     Raises:
         UserInputError: any other value.
     """
-    if mode in ("none", "after-first"):
+    if mode in ("none", "after-first", "exact"):
         return mode, (0 if mode == "none" else None)
     if isinstance(mode, str) and mode.startswith("progressive:"):
         k = mode.split(":", 1)[1]
         # ASCII digits only ("²".isdigit() too), and few enough for int() to take
         if k.isascii() and k.isdigit() and len(k) <= 10 and 0 < int(k) <= MAX_COUNT:
             return f"progressive:{int(k)}", int(k)
-    raise UserInputError(f"complete must be one of none, after-first or progressive:K with K "
+    raise UserInputError(f"complete must be one of none, after-first, exact or progressive:K with K "
                          f"a positive integer, got {shown(mode)}")
 
 

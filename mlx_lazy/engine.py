@@ -5,7 +5,8 @@ layer over its active set, in query blocks so memory never holds N x N scores; a
 (a follow-up turn) and ``decode`` (one generated token) through ``_step``, which re-selects
 the context at every pruning layer among all tokens, old and new, reviving tokens from the
 Aux Cache when they come back. ``complete`` carries waiting tokens through their remaining
-layers. Every token keeps its original position for RoPE and for the causal mask. At the
+layers (with ``complete="exact"``, it recomputes the chunk's layers above its first cut from
+the hidden states stashed there, so the state becomes the full model's). Every token keeps its original position for RoPE and for the causal mask. At the
 last layer only the newest token's output is ever used, so the other tokens computed there
 get their keys and values and nothing more.
 """
@@ -21,7 +22,7 @@ import numpy as np
 
 from .adapter import ModelAdapter
 from .attention import attention, prepare
-from .cache import LayerKV, LazyCache
+from .cache import AuxEntry, LayerKV, LazyCache
 from .distributed import TensorParallel, model_group
 from .config import PruningConfig
 from .schedule import Schedule
@@ -73,7 +74,8 @@ class LazyEngine:
     prompt on top of it (the first chunk is a prefill, a later one a follow-up turn or a tool
     result), :meth:`decode` one generated token; :meth:`complete` finishes pruned tokens'
     remaining layers from the Aux Cache. Over the whole life of the state every (token,
-    layer) is computed at most once.
+    layer) is computed at most once, except with ``complete="exact"``, which recomputes the
+    kept tokens' layers above the first cut once.
 
     Args:
         model: a model from ``mlx_lm.load`` (llama, mistral, qwen2 or qwen3).
@@ -144,6 +146,8 @@ class LazyEngine:
         n = tokens.size
         if n == 0:
             raise ValueError("the prompt is empty")
+        if self.cache.stash:  # new tokens must see the recomputed states
+            self.complete()
         start = self.cache.length
         positions = self.cache.add_tokens(n)
         self._set_prompt_limits(start, n)
@@ -179,6 +183,7 @@ class LazyEngine:
             cache.mark_computed(layer, active)
             keep = sched.keep_after(layer)
             if keep is not None:
+                self._stash(layer + 1, active, h)
                 m = min(self.scorer.n_queries, len(active))  # scoring queries: the last m
                 selected = self._select(layer, q[:, :, -m:], active[-m:], k, active, keep, n)
                 h, active = self._advance(layer, h, active, selected)
@@ -226,6 +231,8 @@ class LazyEngine:
         if self.cache.length == 0:
             raise ValueError("call prefill() before decode()")
         token = mx.array([token]) if isinstance(token, int) else token.reshape(1)
+        if self.cache.stash:
+            self.complete()
         return self._step(token, self.cache.add_tokens(1), prompt=False)
 
     def _step(self, tokens: mx.array, positions: np.ndarray, prompt: bool,
@@ -263,6 +270,8 @@ class LazyEngine:
             selects = prompt or (sched.dynamic and not completing)
             keep = sched.keep_after(layer) if selects else None
             if keep is not None:
+                if prompt:
+                    self._stash(layer + 1, comp, h)
                 m = min(self.scorer.n_queries, int((rows >= first).sum()))
                 selected = self._select(layer, q[:, :, -m:], rows[-m:], kv.fetch()[0], kpos,
                                         keep, n_ctx, visible)
@@ -336,7 +345,8 @@ class LazyEngine:
         At each layer the waiting tokens attend causally to every key cached there, exactly
         as the full model's layer would given their hidden states; each (token, layer) is
         still computed at most once. Tokens stopped for good (SPEED, static, random drop)
-        stay as they are.
+        stay as they are. With ``complete="exact"`` the last chunk's layers above its first
+        cut are recomputed first, for every token of it (:meth:`_recompute`).
 
         Args:
             max_token_layers: stop after about this many token-layers (None: finish all).
@@ -346,6 +356,10 @@ class LazyEngine:
             The number of token-layers computed.
         """
         a, cache, done = self.adapter, self.cache, 0
+        if cache.stash:
+            done = self._recompute(should_stop)
+            if cache.stash:  # stopped
+                return done
         carried, h = np.empty(0, np.int64), None
         for layer in range(a.num_layers):
             entry = cache.aux.get(layer)
@@ -383,11 +397,56 @@ class LazyEngine:
             mx.eval(h)
         return done
 
+    def _stash(self, depth: int, positions: np.ndarray, h: mx.array) -> None:
+        """``complete="exact"``: keep a prompt chunk's hidden states at its first cut (each
+        token has seen every other up to there) for :meth:`_recompute`."""
+        if self.schedule.complete == "exact" and not self.cache.stash:
+            self.cache.stash[depth] = AuxEntry(positions.copy(), h)
+
+    def _recompute(self, should_stop: Optional[Callable[[], bool]]) -> int:
+        """Carry the stashed tokens through every layer above their stash depth over every
+        key cached there, overwriting what the kept ones computed while others were pruned
+        and dropping the pruned ones' Aux Cache entries: the state becomes the full model's.
+        A stop parks them in the stash one layer up. Returns the token-layers computed."""
+        a, cache, done = self.adapter, self.cache, 0
+        (depth, entry), = cache.stash.items()
+        carried, h = entry.positions, entry.hidden
+        for d in list(cache.aux):
+            waiting = cache.aux[d].positions
+            if np.isin(waiting, carried).any():
+                cache.aux_take(d, waiting[np.isin(waiting, carried)], revival=False)
+        for layer in range(depth, a.num_layers):
+            h, carried = self._restrict(layer, h, carried)
+            if not len(carried):
+                break
+            if should_stop is not None and should_stop():
+                cache.stash = {layer: AuxEntry(carried, h)}
+                return done
+            q, k, v = a.qkv(layer, h, carried)
+            kv = cache.layers[layer]
+            kv.write(k, v, carried)
+            cache.mark_computed(layer, carried)
+            done += len(carried)
+            self.completed_token_layers += len(carried)
+            if layer == a.num_layers - 1:  # the top layer: KV is all that is used
+                break
+            h = a.finish(layer, h, self._rows_attention(q, kv, carried, kv.cached_positions(), None))
+            mx.eval(h)
+        cache.stash = {}
+        return done
+
     @property
     def pending_token_layers(self) -> int:
         """Token-layers :meth:`complete` would compute to finish every waiting token."""
-        return sum(int((self.cache.limit[e.positions] - d).sum())
-                   for d, e in self.cache.aux.items())
+        limit, stashed = self.cache.limit, np.empty(0, np.int64)
+        total = 0
+        for d, e in self.cache.stash.items():
+            stashed = e.positions
+            total += int(np.maximum(limit[stashed] - d, 0).sum())
+        for d, e in self.cache.aux.items():
+            waiting = e.positions[~np.isin(e.positions, stashed)]
+            total += int((limit[waiting] - d).sum())
+        return total
 
     # ------------------------------------------------------------ shared steps
     def _restrict(self, layer: int, h: mx.array, comp: np.ndarray):

@@ -25,7 +25,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .cache import LazyCache
+from .cache import AuxEntry, LazyCache
 from .engine import LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
 from .config import PruningConfig
@@ -222,9 +222,10 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
             keys, values = layer.fetch()
             arrays[f"layers.{i}.keys"], arrays[f"layers.{i}.values"] = keys, values
             arrays[f"layers.{i}.positions"] = mx.array(layer.cached_positions())
-    for depth, entry in state.aux.items():
-        arrays[f"aux.{depth}.hidden"] = entry.hidden
-        arrays[f"aux.{depth}.positions"] = mx.array(entry.positions)
+    for name, entries in (("aux", state.aux), ("stash", state.stash)):
+        for depth, entry in entries.items():
+            arrays[f"{name}.{depth}.hidden"] = entry.hidden
+            arrays[f"{name}.{depth}.positions"] = mx.array(entry.positions)
     info = {
         "format": CACHE_FORMAT,
         "fingerprint": engine.adapter.fingerprint(),
@@ -288,10 +289,11 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
                 layer.append(arrays[f"layers.{i}.keys"], arrays[f"layers.{i}.values"],
                              np.array(arrays[f"layers.{i}.positions"]).astype(np.int64))
         for key in arrays:
-            if key.startswith("aux.") and key.endswith(".positions"):
-                depth = int(key.split(".")[1])
-                state.aux_put(depth, np.array(arrays[key]).astype(np.int64),
-                              arrays[f"aux.{depth}.hidden"])
+            name, _, rest = key.partition(".")
+            if name in ("aux", "stash") and rest.endswith(".positions"):
+                depth = int(rest.split(".")[0])
+                getattr(state, name)[depth] = AuxEntry(np.array(arrays[key]).astype(np.int64),
+                                                       arrays[f"{name}.{depth}.hidden"])
         tokens = [int(t) for t in info["tokens"]]
         if len(tokens) != state.length or state.computed.shape != (adapter.num_layers, len(tokens)):
             raise ValueError("token count and state disagree")

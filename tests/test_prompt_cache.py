@@ -497,3 +497,72 @@ def test_complete_stops_each_token_at_its_depth_limit(tiny_model):
     assert engine.pending_token_layers == expected > 0
     assert engine.complete() == expected
     assert (state.depth <= state.limit).all() and engine.stats.max_computations_per_token_layer == 1
+
+
+# --------------------------------------------------------------------- exact completion
+
+EXACT = PruningConfig("lazy", prune_layers=(1, 2), keep=(0.5, 0.2), complete="exact")
+
+
+def forced(tokens: list[int]):
+    """A sampler that teacher-forces ``tokens`` one step at a time (generate_step samples
+    one step ahead: past the end it repeats the last)."""
+    it = iter(tokens)
+    return lambda logprobs: mx.array([next(it, tokens[-1])])
+
+
+def logprobs_along(model, cache, prompt, tokens):
+    return [np.array(lp) for _, lp in generate_step(prompt, model, prompt_cache=cache,
+                                                    max_tokens=len(tokens),
+                                                    sampler=forced(tokens))]
+
+
+def test_exact_completion_decodes_as_the_full_model_across_turns(tiny_model):
+    """``complete="exact"``: the first token of each turn is the pruned prefill's; after it
+    the chunk's layers above the first cut are recomputed over every token, so every later
+    step matches ``full`` (within REL_TOL) though the first step does not. Kept tokens' deep
+    layers are the only ones computed twice, and nothing waits or is stashed afterwards."""
+    model, _ = tiny_model("llama")
+    vocab, depth = model.args.vocab_size, model.args.num_hidden_layers
+    doc, turn1 = ids(300, vocab, 130), ids(6, vocab, 131)
+    question, turn2 = ids(120, vocab, 132), ids(6, vocab, 133)
+    exact, full = make_prompt_cache(model, EXACT), make_prompt_cache(model, "full")
+    for prompt, answer in ((doc, turn1), (question, turn2)):
+        got = logprobs_along(model, exact, prompt, answer)
+        want = logprobs_along(model, full, prompt, answer)
+        assert rel_err(got[0], want[0]) > REL_TOL  # the pruned first token
+        assert max(rel_err(g, w) for g, w in zip(got[1:], want[1:])) < REL_TOL
+        state = exact.engine.cache
+        assert not state.aux and not state.stash and (state.depth == depth).all()
+    computed = state.computed[:, : len(doc)]
+    assert (computed[:2] == 1).all()  # up to the first cut: once
+    assert computed.max() == 2 and set(np.unique(computed[2:])) == {1, 2}
+
+
+def test_exact_stash_survives_save_trim_and_load(tiny_model, tmp_path):
+    """A prompt cached with nothing generated keeps its stash: saved and loaded (or trimmed),
+    the next chunk recomputes it first, and the step after that chunk matches ``full``;
+    trimming into the chunk drops the trimmed tokens from the stash."""
+    model, _ = tiny_model("qwen2")
+    vocab = model.args.vocab_size
+    doc, more = ids(250, vocab, 140), ids(40, vocab, 141)
+
+    def next_logits(cache):
+        cache.process(more)
+        return cache.engine.decode(7)  # recomputes `more`'s stash first
+
+    exact = make_prompt_cache(model, EXACT)
+    exact.process(doc)
+    assert exact.engine.cache.stash and exact.engine.pending_token_layers > 0
+    save_prompt_cache(tmp_path / "c.safetensors", exact)
+    loaded = load_prompt_cache(tmp_path / "c.safetensors", model)
+    assert loaded.engine.pending_token_layers == exact.engine.pending_token_layers
+    trimmed = exact.copy()
+    trim_prompt_cache(trimmed, 100)
+    (_, entry), = trimmed.engine.cache.stash.items()
+    assert entry.positions.max() < len(doc) - 100
+    for cache, prefix in ((loaded, doc), (trimmed, doc[:-100])):
+        full = make_prompt_cache(model, "full")
+        full.process(prefix)
+        assert rel_err(next_logits(cache), next_logits(full)) < REL_TOL
+        assert not cache.engine.cache.stash and not cache.engine.cache.aux

@@ -46,6 +46,7 @@ from .common import jsonable, loadavg, machine_info, markdown_table, median, mlx
 from .methods import parse_method, parse_methods
 from .metrics import score
 from .stats import paired, wilson
+from ..config import parse_complete
 from ..folders import write_text_atomic
 from ..prompt_cache import common_prefix
 from .tasks import Conversation, build_conversations
@@ -296,9 +297,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = parse_method(spec, len(model.layers)).config
         if "cache" in kinds:
             paths.append(Route(f"{spec}+cache", config, True))
-        if "complete" in kinds and config.method != "full" and config.complete != "after-first":
-            # Completed between turns, as the idle server does; after-first has completed
-            # during the answer already, so that route would be its +cache twin.
+        waits = parse_complete(config.complete)[1] is not None  # none, progressive:K
+        if "complete" in kinds and config.method != "full" and waits:
+            # Completed between turns, as the idle server does; after-first and exact have
+            # completed during the answer already, so that route would be their +cache twin.
             paths.append(Route(f"{spec}+cache+complete", config, True, complete=True))
         if "uncached" in kinds:
             paths.append(Route(spec, config, False))
