@@ -8,6 +8,7 @@ import argparse
 import math
 from typing import NoReturn
 
+from .config import parse_complete
 from .errors import UserInputError
 from .policies import POLICIES, canonical_method
 
@@ -20,6 +21,15 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"error: {message} (see --help)\n")
+
+
+def complete_arg(text: str) -> str:
+    """Parse a ``complete`` mode (:func:`~mlx_lazy.config.parse_complete`) into its canonical
+    spelling."""
+    try:
+        return parse_complete(text)[0]
+    except UserInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def method_arg(text: str) -> str:

@@ -40,13 +40,13 @@ from mlx_lm.sample_utils import make_sampler
 
 from . import distributed
 from ._args import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, METHOD_HELP, OneLineParser,
-                    add_sampling_arguments, method_arg, seed_arg)
+                    add_sampling_arguments, complete_arg, method_arg, seed_arg)
 from .engine import GenerationStats
 from .api import check_prompt, load, stream_generate
 from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
 from .inputs import MiB, read_file, read_stream
-from .config import QUALITIES, PruningConfig, parse_complete
+from .config import QUALITIES, PruningConfig
 from .policies import RandomDrop, compose
 from .schedule_files import SCHEDULE_FIELDS, read_schedule
 from .scorers import SCORERS, Scorer, parse_scorer
@@ -92,13 +92,6 @@ def _cutoff(text: str) -> float | int:
         raise argparse.ArgumentTypeError(
             f"expected a fraction like 0.75 or a layer count like 24, got {text!r}"
         ) from None
-
-
-def _complete_arg(text: str) -> str:
-    try:
-        return parse_complete(text)[0]
-    except UserInputError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _scorer_arg(text: str) -> Scorer:
@@ -188,7 +181,7 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     g.add_argument("--schedule", default=None, metavar="FILE",
                    help="a calibrated schedule file (python -m mlx_lazy.calibrate) for this "
                         "model; sets the method, cuts and scorer")
-    g.add_argument("--complete", type=_complete_arg, default=None, metavar="MODE",
+    g.add_argument("--complete", type=complete_arg, default=None, metavar="MODE",
                    help="LazyLLM: carry pruned tokens through their remaining layers from the "
                         "Aux Cache: after-first (the default: all, right after the first token), "
                         "exact (after the first token, also recompute the kept tokens' layers "

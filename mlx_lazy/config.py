@@ -54,11 +54,15 @@ class PruningConfig:
             Aux Cache are carried through their remaining layers (:func:`parse_complete`):
             ``"after-first"`` (the default: all of them right after the first output token,
             so decoding sees every token at every layer while the first token keeps the
-            pruned time), ``"none"`` (the paper: only when a decode step selects them) or
+            pruned time), ``"exact"`` (as ``after-first``, and the kept tokens' layers above
+            the first cut are recomputed over every token: from the second output token on,
+            decoding is the unpruned model's; those token-layers are computed twice),
+            ``"none"`` (the paper: only when a decode step selects them) or
             ``"progressive:K"`` (K token-layers after each output token, lowest layer
-            first). Each (token, layer) is still computed once. Once completion has left no
-            token waiting, every token is attended to at every layer and decode steps do not
-            re-select: the cuts spared the prompt's computation only. Measured
+            first). Except with ``exact``, each (token, layer) is still computed once. Once
+            completion has left no token waiting, every token is attended to at every layer
+            and decode steps do not re-select: the cuts spared the prompt's computation only.
+            Measured
             (docs/fidelity.md): ``after-first`` drifts as little as 8-bit weights and decodes
             at the unpruned speed; ``none`` decodes 2.0-2.2x slower per token on a CPU.
         scorer: score-based methods only: the scorer that ranks the context at each cut, a

@@ -404,6 +404,35 @@ def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch
         tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True, seed=1)
 
 
+def test_candidates_decode_with_the_complete_mode_the_evidence_names(tiny_model_path, tmp_path,
+                                                                   monkeypatch):
+    """``complete`` is how every candidate decodes (its retrieval answers and KLD hold only
+    for it): the evidence says which, and a resume under another mode runs the candidates
+    again (the unpruned runs, which do not depend on it, are reused)."""
+    from mlx_lazy.bench import calibrate
+
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, complete="exact")
+    assert {c["config"]["complete"] for c in doc["candidates"]} == {"exact"}
+    assert {q: c["complete"] for q, c in doc["chosen"].items()} == {"default": "exact",
+                                                                   "high": "exact"}
+    # Names omit a field at its default, so they can collide across modes (the default
+    # changed, say): make the results file's names the default mode's.
+    results = tmp_path / "cal" / "results.json"
+    text = results.read_text().replace(":complete=exact", "")
+    results.write_text(text)
+    runs = []
+    real = calibrate.run_one
+    monkeypatch.setattr(calibrate, "run_one",
+                        lambda model, tok, method, sample: runs.append(method.config)
+                        or real(model, tok, method, sample))
+    again = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True)
+    assert runs and {c.method for c in runs} == {"lazy"}  # full's runs were reused
+    assert {c.complete for c in runs} == {calibrate.DEFAULT_COMPLETE}
+    assert again["chosen"]["default"]["complete"] == calibrate.DEFAULT_COMPLETE
+    with pytest.raises(UserInputError, match="complete must be spelt 'progressive:8'"):
+        tiny_calibration(tiny_model_path, tmp_path / "other", complete="progressive:08")
+
+
 def test_resume_of_a_results_file_from_the_agreement_bar(tiny_model_path, tmp_path,
                                                          monkeypatch):
     from mlx_lazy.bench import calibrate

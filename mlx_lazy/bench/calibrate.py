@@ -54,11 +54,11 @@ from typing import Any, Optional, Sequence, Union
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import PruningConfig, load
 from ..adapter import ModelAdapter
-from .._args import OneLineParser
+from .._args import OneLineParser, complete_arg
 from ..errors import UserInputError
 from ..folders import write_text_atomic
 from ..scorers import parse_scorer, scorer_spec
-from ..config import QUALITIES
+from ..config import COMPLETE_MODES, QUALITIES, parse_complete
 from ..policies import layers_at
 from ..schedule_files import (MODEL_SCHEDULE_FILE, cached_schedule_path, fingerprint_digest,
                                schedule_file_name, write_schedule)
@@ -96,6 +96,8 @@ CUT_GRID: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] = (
     ((0.7, 0.85), (0.25, 0.15)),
 )
 DEFAULT_TASKS = ("passkey", "niah_single", "niah_multikey")
+#: Candidates decode as a plain ``lazy`` does unless ``--complete`` says otherwise.
+DEFAULT_COMPLETE = PruningConfig().complete
 
 
 @dataclass
@@ -120,9 +122,10 @@ class Candidate:
 
 def candidates(model: Any, gain_length: int,
                scorer_grid: Sequence[str] = SCORER_GRID,
-               cut_grid: Sequence[tuple[tuple[float, ...], tuple[float, ...]]] = CUT_GRID
-               ) -> list[Candidate]:
-    """Every scorer × cut schedule for ``model``, best predicted gain first."""
+               cut_grid: Sequence[tuple[tuple[float, ...], tuple[float, ...]]] = CUT_GRID,
+               complete: str = DEFAULT_COMPLETE) -> list[Candidate]:
+    """Every scorer × cut schedule for ``model``, best predicted gain first, each decoding
+    with the ``complete`` mode (it does not change the prefill, hence the predicted gain)."""
     n_layers = len(model.layers)
     cost = prior(model)
     full = PruningConfig("full").resolve(n_layers)
@@ -133,7 +136,7 @@ def candidates(model: Any, gain_length: int,
         layers = layers_at(fracs, n_layers)
         for scorer in scorer_grid:
             config = PruningConfig("lazy", prune_layers=layers, keep=keep[: len(layers)],
-                                   scorer=scorer)
+                                   scorer=scorer, complete=complete)
             sched = config.resolve(n_layers)
             c = predicted_counts(sched, gain_length)
             out.append(Candidate(
@@ -207,6 +210,7 @@ class Calibration:
     time_limit_s: Optional[float] = None
     seed: int = 0
     resume: bool = False
+    complete: str = DEFAULT_COMPLETE  # how candidates decode (the evidence holds only for it)
 
     def check(self) -> None:
         """Raise UserInputError naming the first option outside its domain."""
@@ -234,6 +238,8 @@ class Calibration:
             (limit is not None and not (math.isfinite(limit) and limit > 0),
              "--time-limit must be a positive number of seconds"),
             (not self.scorers or not self.cuts, "--scorers and --cuts need at least one value"),
+            (self.complete != parse_complete(self.complete)[0],
+             f"complete must be spelt {parse_complete(self.complete)[0]!r}"),
         ] if failed), None)
         if why:
             raise UserInputError(why)
@@ -361,7 +367,7 @@ def run(cal: Calibration) -> dict[str, Any]:
                     kld_forced_steps=deviation.prefills * cal.kld_steps)
         _write(out, doc, full, cells)
 
-    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts)
+    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.complete)
     doc["candidates"] = cands
     if cal.resume:
         _resume(out, cal, fingerprint, full, cands, deviation, doc)
@@ -539,14 +545,17 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
     if same_windows:
         deviation.yardsticks.update(old.get("yardsticks") or {})
         deviation.texts.update(old.get("kld_texts") or {})
-    earlier = {c["name"]: c for c in old.get("candidates", [])}
+    # candidates decoded another way are other candidates (files before --complete: after-first)
+    same_decode = o.get("complete", "after-first") == cal.complete
+    earlier = {c["name"]: c for c in old.get("candidates", []) if same_decode}
     for c in cands:
         if c.name in earlier:
             c.scores = {k: list(v) for k, v in earlier[c.name]["scores"].items()}
             c.measured_gain = earlier[c.name].get("measured_gain")
             c.kld = earlier[c.name].get("kld") if same_windows else None
     names = {c.name for c in cands}
-    doc["earlier"] = [c for c in old.get("candidates", []) if c["name"] not in names]
+    doc["earlier"] = [c for c in old.get("candidates", [])
+                      if c["name"] not in names or not same_decode]
     _log(f"resumed {sum(map(len, full.values()))} full and "
          f"{sum(len(v) for c in cands for v in c.scores.values())} candidate runs from {path}")
 
@@ -576,6 +585,7 @@ def _evidence(cal: Calibration, cand: Candidate, full_scores, cells: Sequence[st
         "cells": per_cell,
         "pooled": _pooled(full_scores, cand, cells, n).as_dict(),
         "max_loss": cal.max_loss,
+        "complete": cal.complete,
         "predicted_gain": cand.predicted_gain,
         "gain_length": cal.gain_length,
         "token_layers_pct": cand.token_layers_pct,
@@ -708,6 +718,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="reuse the runs of an earlier calibration in --out (same model, seed "
                         "and largest rung)")
+    p.add_argument("--complete", type=complete_arg, default=DEFAULT_COMPLETE, metavar="MODE",
+                   help="how the candidates decode (the schedule's evidence holds for it): "
+                        f"{', '.join(COMPLETE_MODES)} (default {DEFAULT_COMPLETE})")
     p.add_argument("--time-limit", type=parse_duration, default=None,
                    help="seconds, or a duration like 30m or 2h; stop starting runs after it "
                         "and write what was measured")
@@ -726,7 +739,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       install=args.out is None or args.install, gain_length=args.gain_length,
                       scorers=args.scorers, cuts=tuple(args.cuts), measure=not args.no_measure,
                       gain_repeats=args.gain_repeats, time_limit_s=args.time_limit,
-                      resume=args.resume)
+                      resume=args.resume, complete=args.complete)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`: keep results
     try:
         if max(cal.rungs, default=0) < 50:
