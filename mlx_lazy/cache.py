@@ -62,11 +62,13 @@ class LayerKV:
         known = np.zeros(len(positions), bool)
         inside = positions < len(self.slot_of)
         known[inside] = self.slot_of[positions[inside]] >= 0
-        if known.any():
-            rows = mx.array(np.flatnonzero(known).astype(np.int32))
-            slots = mx.array(self.slot_of[positions[known]].astype(np.int32))
-            self.keys[:, :, slots] = k[:, :, rows]
-            self.values[:, :, slots] = v[:, :, rows]
+        if not known.any():
+            self.append(k, v, positions)
+            return
+        rows = mx.array(np.flatnonzero(known).astype(np.int32))
+        slots = mx.array(self.slot_of[positions[known]].astype(np.int32))
+        self.keys[:, :, slots] = k[:, :, rows]
+        self.values[:, :, slots] = v[:, :, rows]
         if not known.all():
             rows = mx.array(np.flatnonzero(~known).astype(np.int32))
             self.append(k[:, :, rows], v[:, :, rows], positions[~known])

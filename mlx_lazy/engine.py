@@ -6,9 +6,10 @@ layer over its active set, in query blocks so memory never holds N x N scores; a
 the context at every pruning layer among all tokens, old and new, reviving tokens from the
 Aux Cache when they come back. ``complete`` carries waiting tokens through their remaining
 layers (with ``complete="exact"``, it recomputes the chunk's layers above its first cut from
-the hidden states stashed there, so the state becomes the full model's). Every token keeps its original position for RoPE and for the causal mask. At the
-last layer only the newest token's output is ever used, so the other tokens computed there
-get their keys and values and nothing more.
+the hidden states stashed there, so the state becomes the full model's). Every token keeps
+its original position for RoPE and for the causal mask. At the last layer only the newest
+token's output is ever used, so the other tokens computed there get their keys and values
+and nothing more.
 """
 
 from __future__ import annotations
@@ -384,18 +385,26 @@ class LazyEngine:
                 if room == 0:
                     return done
                 carried, h = carried[:room], h[:, :room]
-            q, k, v = a.qkv(layer, h, carried)
-            kv = cache.layers[layer]
-            kv.append(k, v, carried)
-            cache.mark_computed(layer, carried)
+            h = self._carry(layer, h, carried)
             done += len(carried)
-            self.completed_token_layers += len(carried)
-            if layer == a.num_layers - 1:  # the top layer: KV is all that is used
+            if h is None:
                 break
-            out = self._rows_attention(q, kv, carried, kv.cached_positions(), None)
-            h = a.finish(layer, h, out)
-            mx.eval(h)
         return done
+
+    def _carry(self, layer: int, h: mx.array, carried: np.ndarray) -> Optional[mx.array]:
+        """Compute ``layer`` for the ``carried`` tokens (hidden states ``h``) over every key
+        cached there, storing their keys and values (over any they had); return their
+        hidden states after it, or None at the top layer, where KV is all that is used."""
+        a, kv = self.adapter, self.cache.layers[layer]
+        q, k, v = a.qkv(layer, h, carried)
+        kv.write(k, v, carried)
+        self.cache.mark_computed(layer, carried)
+        self.completed_token_layers += len(carried)
+        if layer == a.num_layers - 1:
+            return None
+        h = a.finish(layer, h, self._rows_attention(q, kv, carried, kv.cached_positions(), None))
+        mx.eval(h)
+        return h
 
     def _stash(self, depth: int, positions: np.ndarray, h: mx.array) -> None:
         """``complete="exact"``: keep a prompt chunk's hidden states at its first cut (each
@@ -422,16 +431,10 @@ class LazyEngine:
             if should_stop is not None and should_stop():
                 cache.stash = {layer: AuxEntry(carried, h)}
                 return done
-            q, k, v = a.qkv(layer, h, carried)
-            kv = cache.layers[layer]
-            kv.write(k, v, carried)
-            cache.mark_computed(layer, carried)
+            h = self._carry(layer, h, carried)
             done += len(carried)
-            self.completed_token_layers += len(carried)
-            if layer == a.num_layers - 1:  # the top layer: KV is all that is used
+            if h is None:
                 break
-            h = a.finish(layer, h, self._rows_attention(q, kv, carried, kv.cached_positions(), None))
-            mx.eval(h)
         cache.stash = {}
         return done
 
