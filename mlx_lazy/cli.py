@@ -182,12 +182,13 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
                    help="a calibrated schedule file (python -m mlx_lazy.calibrate) for this "
                         "model; sets the method, cuts and scorer")
     g.add_argument("--complete", type=complete_arg, default=None, metavar="MODE",
-                   help="LazyLLM: carry pruned tokens through their remaining layers from the "
-                        "Aux Cache: after-first (the default: all, right after the first token), "
-                        "exact (after the first token, also recompute the kept tokens' layers "
-                        "above the first cut: decoding is then the unpruned model's), "
-                        "none (the paper: only when a decode step selects them) or "
-                        "progressive:K (K token-layers per output token)")
+                   help="LazyLLM: what happens to pruned tokens after the first output token: "
+                        "exact (the default: the prompt's layers above the first cut are "
+                        "recomputed over every token, so decoding is the unpruned model's), "
+                        "after-first (only the pruned tokens are carried on, from the Aux "
+                        "Cache, each token-layer once), none (the paper: computed when a "
+                        "decode step selects them) or progressive:K (K token-layers per "
+                        "output token)")
     g.add_argument("--quality", choices=QUALITIES, default=None,
                    help="LazyLLM: which calibrated schedule --method lazy takes: default (the "
                         "fastest that deviates from full at most as much as 4-bit weights) or "

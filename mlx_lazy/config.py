@@ -50,21 +50,21 @@ class PruningConfig:
             only among tokens that already have KV at the next layer, so no decode step
             computes prompt tokens (faster decoding on compute-bound machines, no Aux Cache;
             an approximation beyond the paper).
-        complete: LazyLLM only (without revive no token waits): when tokens waiting in the
-            Aux Cache are carried through their remaining layers (:func:`parse_complete`):
-            ``"after-first"`` (the default: all of them right after the first output token,
-            so decoding sees every token at every layer while the first token keeps the
-            pruned time), ``"exact"`` (as ``after-first``, and the kept tokens' layers above
-            the first cut are recomputed over every token: from the second output token on,
-            decoding is the unpruned model's; those token-layers are computed twice),
-            ``"none"`` (the paper: only when a decode step selects them) or
-            ``"progressive:K"`` (K token-layers after each output token, lowest layer
-            first). Except with ``exact``, each (token, layer) is still computed once. Once
-            completion has left no token waiting, every token is attended to at every layer
-            and decode steps do not re-select: the cuts spared the prompt's computation only.
-            Measured
-            (docs/fidelity.md): ``after-first`` drifts as little as 8-bit weights and decodes
-            at the unpruned speed; ``none`` decodes 2.0-2.2x slower per token on a CPU.
+        complete: LazyLLM only (without revive no token waits): what happens to the pruned
+            tokens after the first output token (:func:`parse_complete`). ``"exact"`` (the
+            default): every token of the prompt chunk is carried from the first cut through
+            the layers above, over every token, from hidden states kept there; the kept
+            tokens' are computed again (they had seen only kept tokens), so from the second
+            output token on decoding is the unpruned model's and only the first token is the
+            pruned prefill's. ``"after-first"``: only the waiting tokens are carried, from the
+            Aux Cache, each (token, layer) computed once; the kept tokens' deep states stay
+            as pruned. ``"none"`` (the paper): tokens are computed only when a decode step
+            selects them. ``"progressive:K"``: K waiting token-layers after each output
+            token, lowest layer first. Once no token waits, every token is attended to at
+            every layer and decode steps do not re-select: the cuts spared the prompt's
+            computation only. Measured (docs/fidelity.md): ``exact`` and ``after-first``
+            decode at the unpruned speed, ``exact``'s second token comes a little later;
+            ``none`` decodes 2.0-2.2x slower per token on a CPU and drifts most.
         scorer: score-based methods only: the scorer that ranks the context at each cut, a
             :class:`~mlx_lazy.scorers.Scorer` or its spec (:func:`~mlx_lazy.scorers.parse_scorer`):
             ``"last"`` (the paper: the query token's attention), ``"window:size=32"`` (the last
@@ -91,7 +91,7 @@ class PruningConfig:
     anchors: int = 1
     seed: int = 0
     revive: bool = True
-    complete: str = "after-first"
+    complete: str = "exact"
     scorer: Optional[Union[str, Scorer]] = None
     quality: str = "default"
     source: Optional[str] = None
@@ -208,8 +208,8 @@ def parse_complete(mode: Any) -> Tuple[str, Optional[int]]:
         # ASCII digits only ("²".isdigit() too), and few enough for int() to take
         if k.isascii() and k.isdigit() and len(k) <= 10 and 0 < int(k) <= MAX_COUNT:
             return f"progressive:{int(k)}", int(k)
-    raise UserInputError(f"complete must be one of none, after-first, exact or progressive:K with K "
-                         f"a positive integer, got {shown(mode)}")
+    raise UserInputError(f"complete must be one of none, after-first, exact or progressive:K "
+                         f"with K a positive integer, got {shown(mode)}")
 
 
 def _integer(name: str, x: Any) -> int:

@@ -15,7 +15,7 @@ and nothing more.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -184,9 +184,11 @@ class LazyEngine:
             cache.mark_computed(layer, active)
             keep = sched.keep_after(layer)
             if keep is not None:
-                self._stash(layer + 1, active, h)
                 m = min(self.scorer.n_queries, len(active))  # scoring queries: the last m
-                selected = self._select(layer, q[:, :, -m:], active[-m:], k, active, keep, n)
+                selected, pruned = self._select(layer, q[:, :, -m:], active[-m:], k, active,
+                                                keep, n)
+                if pruned:
+                    self._stash(layer + 1, active, h)
                 h, active = self._advance(layer, h, active, selected)
             # A layer of prefill is a natural step boundary: it bounds the graph (and peak
             # memory) and drives the progress callback, at no measurable cost.
@@ -271,11 +273,11 @@ class LazyEngine:
             selects = prompt or (sched.dynamic and not completing)
             keep = sched.keep_after(layer) if selects else None
             if keep is not None:
-                if prompt:
-                    self._stash(layer + 1, comp, h)
                 m = min(self.scorer.n_queries, int((rows >= first).sum()))
-                selected = self._select(layer, q[:, :, -m:], rows[-m:], kv.fetch()[0], kpos,
-                                        keep, n_ctx, visible)
+                selected, pruned = self._select(layer, q[:, :, -m:], rows[-m:], kv.fetch()[0],
+                                                kpos, keep, n_ctx, visible)
+                if prompt and pruned:
+                    self._stash(layer + 1, comp, h)
                 h, comp = self._advance(layer, h, comp, selected)
             if prompt:  # a chunk's layer is a step boundary, as in prefill
                 mx.eval(h)
@@ -407,8 +409,8 @@ class LazyEngine:
         return h
 
     def _stash(self, depth: int, positions: np.ndarray, h: mx.array) -> None:
-        """``complete="exact"``: keep a prompt chunk's hidden states at its first cut (each
-        token has seen every other up to there) for :meth:`_recompute`."""
+        """``complete="exact"``: keep a prompt chunk's hidden states at its first cut that
+        prunes (each token has seen every other up to there) for :meth:`_recompute`."""
         if self.schedule.complete == "exact" and not self.cache.stash:
             self.cache.stash[depth] = AuxEntry(positions.copy(), h)
 
@@ -469,9 +471,9 @@ class LazyEngine:
         keep: float,
         n_ctx: int,
         visible: Optional[np.ndarray] = None,
-    ) -> np.ndarray:
-        """Sorted positions of the tokens kept after ``layer``: the top ``keep`` fraction of
-        the context by the scorer's scores.
+    ) -> Tuple[np.ndarray, bool]:
+        """Sorted positions of the tokens kept after ``layer`` (the top ``keep`` fraction of
+        the context by the scorer's scores) and whether any candidate was left out.
 
         ``keys`` (1, kv_heads, n, d) belong to ``positions`` in the same order; only those
         marked ``visible`` (all when None) and able to reach ``layer + 1`` are candidates.
@@ -491,7 +493,8 @@ class LazyEngine:
         candidates = positions[eligible]
         forced = ((candidates < self.schedule.anchors) | (candidates == n_ctx - 1)
                   | np.isin(candidates, self.always_kept))
-        return top_k(candidates, scores, forced, round(keep * n_ctx))
+        kept = top_k(candidates, scores, forced, round(keep * n_ctx))
+        return kept, len(kept) < len(candidates)
 
     def _advance(self, layer: int, h: mx.array, comp: np.ndarray, selected: np.ndarray):
         """After pruning ``layer``: computed tokens outside ``selected`` stop (their hidden

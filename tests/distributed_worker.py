@@ -61,9 +61,9 @@ def greedy_run(engine: LazyEngine, prompt: np.ndarray, steps: int):
     select = engine._select
 
     def record(*a, **k):
-        chosen = select(*a, **k)
+        chosen, pruned = select(*a, **k)
         selections.append(hashlib.sha256(chosen.astype(np.int64).tobytes()).hexdigest())
-        return chosen
+        return chosen, pruned
 
     engine._select = record
     logits = [engine.prefill(mx.array(prompt.astype(np.int32)))]

@@ -407,19 +407,20 @@ def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch
 def test_candidates_decode_with_the_complete_mode_the_evidence_names(tiny_model_path, tmp_path,
                                                                    monkeypatch):
     """``complete`` is how every candidate decodes (its retrieval answers and KLD hold only
-    for it): the evidence says which, and a resume under another mode runs the candidates
-    again (the unpruned runs, which do not depend on it, are reused)."""
+    for it): the evidence says which. A resume matches candidates by config, decode mode
+    included, not by name (names omit a field at its default, so they change with it): one
+    under another mode runs the candidates again (reusing the unpruned runs, which do not
+    depend on it), one under the same mode reuses them whatever they were called."""
     from mlx_lazy.bench import calibrate
 
-    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, complete="exact")
-    assert {c["config"]["complete"] for c in doc["candidates"]} == {"exact"}
-    assert {q: c["complete"] for q, c in doc["chosen"].items()} == {"default": "exact",
-                                                                   "high": "exact"}
-    # Names omit a field at its default, so they can collide across modes (the default
-    # changed, say): make the results file's names the default mode's.
+    other = "after-first" if calibrate.DEFAULT_COMPLETE != "after-first" else "exact"
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, complete=other)
+    assert {c["config"]["complete"] for c in doc["candidates"]} == {other}
+    assert {q: c["complete"] for q, c in doc["chosen"].items()} == {"default": other,
+                                                                   "high": other}
     results = tmp_path / "cal" / "results.json"
-    text = results.read_text().replace(":complete=exact", "")
-    results.write_text(text)
+    # names as the default mode's would be: a match by name would reuse these runs
+    results.write_text(results.read_text().replace(f":complete={other}", ""))
     runs = []
     real = calibrate.run_one
     monkeypatch.setattr(calibrate, "run_one",
@@ -429,6 +430,11 @@ def test_candidates_decode_with_the_complete_mode_the_evidence_names(tiny_model_
     assert runs and {c.method for c in runs} == {"lazy"}  # full's runs were reused
     assert {c.complete for c in runs} == {calibrate.DEFAULT_COMPLETE}
     assert again["chosen"]["default"]["complete"] == calibrate.DEFAULT_COMPLETE
+    # renamed, the same configs are found again: nothing runs
+    results.write_text(results.read_text().replace('"name": "lazy', '"name": "renamed-lazy'))
+    runs.clear()
+    tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True)
+    assert runs == []
     with pytest.raises(UserInputError, match="complete must be spelt 'progressive:8'"):
         tiny_calibration(tiny_model_path, tmp_path / "other", complete="progressive:08")
 
@@ -716,18 +722,20 @@ def test_packaged_schedules_meet_the_admissibility_rule():
     """Every shipped schedule file reads, names its model by fingerprint (weights digest
     included) and carries evidence that meets calibrate's rule: ≥ 50 paired samples per cell,
     relative retrieval loss ≤ max_loss, mean KLD ≤ its bar ≤ the 4-bit yardstick's on the
-    same windows (a quarter of it for high quality), a predicted and a measured gain."""
+    same windows (a quarter of it for high quality), a predicted and a measured gain, all
+    measured decoding as a plain ``lazy`` does (the default ``complete``)."""
     from mlx_lazy.bench.calibrate import HIGH_FRACTION
     from mlx_lazy.schedule_files import PACKAGED_SCHEDULES
 
     files = sorted(PACKAGED_SCHEDULES.glob("*.json"))
-    assert [f.name for f in files] == ["qwen2.5-coder-0.5b.high.json", "qwen2.5-coder-0.5b.json"]
+    assert [f.name for f in files] == ["qwen2.5-coder-0.5b.high.json", "qwen2.5-coder-0.5b.json",
+                                       "smollm2-135m.high.json", "smollm2-135m.json"]
     for path in files:
         config = read_schedule(path)
         doc = json.loads(path.read_text())
         ev, q4 = doc["evidence"], doc["evidence"]["yardsticks"]["q4"]["kld_mean"]
         assert doc["quality"] == ev["quality"] and len(dict(config.fingerprint)["weights"]) == 16
-        assert ev["samples_per_cell"] >= 50
+        assert ev["samples_per_cell"] >= 50 and ev["complete"] == PruningConfig().complete
         assert all(c["n"] >= 50 for c in ev["cells"].values())
         assert ev["pooled"]["rel_loss"] <= ev["max_loss"] <= 0.01
         bar = q4 * (HIGH_FRACTION if doc["quality"] == "high" else 1)

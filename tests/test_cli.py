@@ -68,8 +68,10 @@ def check_stats(stats: dict, method: str, depth: int) -> None:
     assert stats["ttft_s"] > 0
     assert 0 < stats["prompt_tokens_computed_pct"] <= 100
     assert len(stats["tokens_computed_per_layer"]) == depth
-    assert stats["max_computations_per_token_layer"] <= 1
     assert isinstance(stats["schedule"], dict)
+    # exact recomputes the kept tokens' layers above the first cut once, nothing else twice
+    twice = stats["schedule"].get("complete") == "exact"
+    assert stats["max_computations_per_token_layer"] <= (2 if twice else 1)
     assert isinstance(stats["text"], str)
 
 

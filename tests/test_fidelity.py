@@ -4,6 +4,7 @@ teacher-forced through generate_step, beside the 8/4-bit weight-rounding yardsti
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -16,7 +17,8 @@ from mlx_lazy import PruningConfig
 from mlx_lazy.bench import fidelity, yardstick
 from mlx_lazy.bench.speed import build_prompt
 
-LAZY = PruningConfig("lazy", prune_layers=(1,), keep=(0.3,))
+# after-first: decoding stays approximate (the kept tokens' deep states are the pruned ones)
+LAZY = PruningConfig("lazy", prune_layers=(1,), keep=(0.3,), complete="after-first")
 
 
 def test_agreement_is_exact_for_full_and_drops_under_heavy_pruning(tiny_model):
@@ -76,6 +78,12 @@ def test_kld_of_the_model_against_itself_is_zero_and_against_a_perturbed_copy_po
     pruned = fidelity.compare(ref, fidelity.continuation(model, prompt, 6, LAZY, forced=ref.tokens))
     # cut after layer 1 of 4 keeping 30%: 2 full layers + 2 at 30% (+ the kept last token)
     assert 0.6 < pruned["prefill_work"] < 0.7 and min(pruned["kld"]) > 0
+    # exact: only the first step is the pruned prefill's; later steps are the model's, their
+    # KLD zero up to float32 rounding of log-probabilities of size ~log(vocab) (~1e-6)
+    exact = fidelity.compare(ref, fidelity.continuation(
+        model, prompt, 6, replace(LAZY, complete="exact"), forced=ref.tokens))
+    assert exact["kld"][0] == pruned["kld"][0] > 1e-3
+    assert max(abs(k) for k in exact["kld"][1:]) < 1e-5
 
 
 def test_yardstick_weights_within_a_quantization_step(tiny_model):

@@ -233,8 +233,8 @@ def test_complete_carries_every_waiting_token_to_the_top_once(tiny_model):
     model, _ = tiny_model("qwen2")
     depth = model.args.num_hidden_layers
     prompt = ids(300, model.args.vocab_size, 60)
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
-                                                                   keep=(0.3,))))
+    engine = LazyEngine(model, resolve_config(model, PruningConfig(
+        "lazy", prune_layers=(1,), keep=(0.3,), complete="after-first")))
     mx.eval(engine.prefill(mx.array(prompt)))
     waiting = engine.cache.aux[2].positions.copy()
     assert engine.pending_token_layers == len(waiting) * (depth - 2) > 0
@@ -489,7 +489,8 @@ def test_with_completion_decode_sees_every_token_with_kv(tiny_model):
 def test_complete_stops_each_token_at_its_depth_limit(tiny_model):
     """lazy+speed: waiting tokens are carried only up to their SPEED limit."""
     model, _ = tiny_model("llama")
-    config = PruningConfig("lazy+speed", prune_layers=(0,), keep=(0.3,), speed_cutoff=3)
+    config = PruningConfig("lazy+speed", prune_layers=(0,), keep=(0.3,), speed_cutoff=3,
+                           complete="after-first")
     engine = LazyEngine(model, resolve_config(model, config))
     mx.eval(engine.prefill(mx.array(ids(200, model.args.vocab_size, 120))))
     state = engine.cache

@@ -252,10 +252,11 @@ def test_usage_names_the_schedule_the_engine_used(tiny_model_path, tmp_path):
         pruning = r.usage.model_extra["pruning"]
         assert pruning["method"] == "lazy"
         assert pruning["schedule_source"] == f"calibrated:{MODEL_SCHEDULE_FILE}"
-    # the schedule's cut pruned the first prefill, which the default completed after its first
-    # token; the second request reused that completed state (nothing left to complete)
+    # the schedule's cut pruned the first prefill, which the default (exact) recomputed above
+    # the cut after its first token; the second request reused that state and ran only the
+    # prompt's last token, recomputed over the 2 layers above the cut after its first token
     first, second = (r.usage.model_extra["pruning"] for r in answers)
-    assert first["completed_token_layers"] > 0 and second["completed_token_layers"] == 0
+    assert first["completed_token_layers"] > 2 and second["completed_token_layers"] == 2
 
 
 def test_models_and_health(server, tiny_model_path):
@@ -769,13 +770,13 @@ def test_smollm2_full_equals_mlx_lm_and_lazy_reports_pruning(smollm2_path, smoll
         assert seen["generating"]["num_layers"] == 30
         t.join(timeout=600)
         pruning = result["r"].usage.model_extra["pruning"]
-        calibrated = (smollm2_path / MODEL_SCHEDULE_FILE).exists()  # what a plain "lazy" runs
+        own = (smollm2_path / MODEL_SCHEDULE_FILE).exists()  # what a plain "lazy" runs
         assert pruning["method"] == "lazy" and pruning["schedule_source"] == (
-            f"calibrated:{MODEL_SCHEDULE_FILE}" if calibrated else "preset")
+            f"calibrated:{MODEL_SCHEDULE_FILE}" if own else "calibrated:smollm2-135m.json")
         n = result["r"].usage.prompt_tokens
         assert n > 800
-        # the preset's cuts pruned the prefill (76% of its token-layers in 30 layers), and the
-        # default completed the pruned tokens after the first token
+        # the packaged schedule's cuts pruned the prefill (half its token-layers in 30
+        # layers), and the default recomputed above the first cut after the first token
         assert pruning["prefill_token_layers"] < 0.8 * 30 * n
         assert pruning["completed_token_layers"] > 0
 

@@ -545,19 +545,23 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
     if same_windows:
         deviation.yardsticks.update(old.get("yardsticks") or {})
         deviation.texts.update(old.get("kld_texts") or {})
-    # candidates decoded another way are other candidates (files before --complete: after-first)
-    same_decode = o.get("complete", "after-first") == cal.complete
-    earlier = {c["name"]: c for c in old.get("candidates", []) if same_decode}
+    # The same candidate is the same config, decode mode included: names omit a field at
+    # its default and so change when a default does. (Files from before completion existed
+    # decoded as the paper: "none".)
+    earlier = {_config_key(c["config"]): c for c in old.get("candidates", [])}
     for c in cands:
-        if c.name in earlier:
-            c.scores = {k: list(v) for k, v in earlier[c.name]["scores"].items()}
-            c.measured_gain = earlier[c.name].get("measured_gain")
-            c.kld = earlier[c.name].get("kld") if same_windows else None
-    names = {c.name for c in cands}
-    doc["earlier"] = [c for c in old.get("candidates", [])
-                      if c["name"] not in names or not same_decode]
+        found = earlier.pop(_config_key(c.as_dict()["config"]), None)
+        if found is not None:
+            c.scores = {k: list(v) for k, v in found["scores"].items()}
+            c.measured_gain = found.get("measured_gain")
+            c.kld = found.get("kld") if same_windows else None
+    doc["earlier"] = list(earlier.values())
     _log(f"resumed {sum(map(len, full.values()))} full and "
          f"{sum(len(v) for c in cands for v in c.scores.values())} candidate runs from {path}")
+
+
+def _config_key(config: dict[str, Any]) -> str:
+    return json.dumps({"complete": "none", **config}, sort_keys=True)
 
 
 def _pooled(full_scores, cand: Candidate, cells: Sequence[str], n: int) -> stats.Paired:
