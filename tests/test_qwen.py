@@ -177,8 +177,11 @@ def test_pruning_methods_run(qwen, method):
         logits = engine.decode(int(mx.argmax(logits)))
     stats = engine.stats.as_dict()
     assert stats["prompt_tokens"] == len(prompt) and stats["generation_tokens"] >= 8
-    assert stats["prompt_tokens_computed_pct"] < 100
-    assert stats["max_computations_per_token_layer"] <= 1
+    # the prefill spared work; lazy's default (exact) then computes every token at every
+    # layer, the kept ones' layers above the cut twice
+    assert sum(stats["prefill_tokens_per_layer"]) < len(prompt) * len(model.layers)
+    twice = stats["schedule"].get("complete") == "exact"
+    assert stats["max_computations_per_token_layer"] <= (2 if twice else 1)
     assert mx.isfinite(logits).all().item()
 
 
