@@ -5,8 +5,8 @@ layer over its active set, in query blocks so memory never holds N x N scores; a
 (a follow-up turn) and ``decode`` (one generated token) through ``_step``, which re-selects
 the context at every pruning layer among all tokens, old and new, reviving tokens from the
 Aux Cache when they come back. ``complete`` carries waiting tokens through their remaining
-layers (with ``complete="exact"``, it recomputes the chunk's layers above its first cut from
-the hidden states stashed there, so the state becomes the full model's). Every token keeps
+layers (with ``complete="exact"``, it recomputes the chunk's layers above its first cut that
+prunes from the hidden states stashed there, so the state becomes the full model's). Every token keeps
 its original position for RoPE and for the causal mask. At the last layer only the newest
 token's output is ever used, so the other tokens computed there get their keys and values
 and nothing more.
@@ -349,7 +349,7 @@ class LazyEngine:
         as the full model's layer would given their hidden states; each (token, layer) is
         still computed at most once. Tokens stopped for good (SPEED, static, random drop)
         stay as they are. With ``complete="exact"`` the last chunk's layers above its first
-        cut are recomputed first, for every token of it (:meth:`_recompute`).
+        cut that prunes are recomputed first, for every token of it (:meth:`_recompute`).
 
         Args:
             max_token_layers: stop after about this many token-layers (None: finish all).
@@ -423,9 +423,8 @@ class LazyEngine:
         (depth, entry), = cache.stash.items()
         carried, h = entry.positions, entry.hidden
         for d in list(cache.aux):
-            waiting = cache.aux[d].positions
-            if np.isin(waiting, carried).any():
-                cache.aux_take(d, waiting[np.isin(waiting, carried)], revival=False)
+            if np.isin(cache.aux[d].positions, carried).any():
+                cache.aux_take(d, carried, revival=False)
         for layer in range(depth, a.num_layers):
             h, carried = self._restrict(layer, h, carried)
             if not len(carried):

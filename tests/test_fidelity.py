@@ -79,11 +79,12 @@ def test_kld_of_the_model_against_itself_is_zero_and_against_a_perturbed_copy_po
     # cut after layer 1 of 4 keeping 30%: 2 full layers + 2 at 30% (+ the kept last token)
     assert 0.6 < pruned["prefill_work"] < 0.7 and min(pruned["kld"]) > 0
     # exact: only the first step is the pruned prefill's; later steps are the model's, their
-    # KLD zero up to float32 rounding of log-probabilities of size ~log(vocab) (~1e-6)
+    # KLD zero up to float32 rounding (~1e-6 here, whatever the BLAS), far under 1% of the
+    # pruned step's (> 1e-3); after-first's later steps are above that 1% (~3x)
     exact = fidelity.compare(ref, fidelity.continuation(
         model, prompt, 6, replace(LAZY, complete="exact"), forced=ref.tokens))
     assert exact["kld"][0] == pruned["kld"][0] > 1e-3
-    assert max(abs(k) for k in exact["kld"][1:]) < 1e-5
+    assert max(abs(k) for k in exact["kld"][1:]) < 0.01 * exact["kld"][0]
 
 
 def test_yardstick_weights_within_a_quantization_step(tiny_model):

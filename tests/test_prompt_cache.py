@@ -266,13 +266,18 @@ def test_complete_with_a_budget_goes_lowest_layer_first_and_resumes(tiny_model):
 def test_nothing_pruned_completion_is_a_no_op_and_full_is_matched(tiny_model):
     model, _ = tiny_model("llama")
     prompt = mx.array(ids(200, model.args.vocab_size, 62))
-    kept_all = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
-                                                                     keep=(1.0,))))
+    # exact stashes only at a cut that prunes: with nothing pruned there is nothing to redo,
+    # in a first chunk or in a follow-up one
+    kept_all = LazyEngine(model, resolve_config(model, PruningConfig(
+        "lazy", prune_layers=(1,), keep=(1.0,), complete="exact")))
     full = LazyEngine(model, resolve_config(model, "full"))
     a, b = kept_all.prefill(prompt), full.prefill(prompt)
     assert kept_all.complete() == 0
     assert rel_err(a, b) < REL_TOL
     assert rel_err(kept_all.decode(5), full.decode(5)) < REL_TOL
+    more = mx.array(ids(40, model.args.vocab_size, 63))
+    assert rel_err(kept_all.extend(more), full.extend(more)) < REL_TOL
+    assert kept_all.complete() == 0
 
 
 # --------------------------------------------------------------------------------- CLI

@@ -114,9 +114,13 @@ class Candidate:
     measured_gain: Optional[dict[str, Any]] = None  # measure_gain(), last-rung candidates only
     kld: Optional[dict[str, Any]] = None  # Deviation.measure(), once accurate at the last rung
 
+    def config_dict(self) -> dict[str, Any]:
+        """The config as results.json holds it (fields set, JSON-friendly)."""
+        return {k: v for k, v in self.config.as_dict().items() if v is not None}
+
     def as_dict(self) -> dict[str, Any]:
         d = jsonable(asdict(self))
-        d["config"] = {k: v for k, v in self.config.as_dict().items() if v is not None}
+        d["config"] = self.config_dict()
         return d
 
 
@@ -216,6 +220,7 @@ class Calibration:
         """Raise UserInputError naming the first option outside its domain."""
         bad = [t for t in self.tasks if t not in TASKS]
         rungs, top, limit = self.rungs, max(self.rungs, default=1), self.time_limit_s
+        complete = parse_complete(self.complete)[0]  # canonical spelling
         why = next((message for failed, message in [
             (not self.tasks or bad, f"unknown task {(bad or [''])[0]!r} (choose from "
                                     f"{', '.join(TASKS)})"),
@@ -238,8 +243,7 @@ class Calibration:
             (limit is not None and not (math.isfinite(limit) and limit > 0),
              "--time-limit must be a positive number of seconds"),
             (not self.scorers or not self.cuts, "--scorers and --cuts need at least one value"),
-            (self.complete != parse_complete(self.complete)[0],
-             f"complete must be spelt {parse_complete(self.complete)[0]!r}"),
+            (self.complete != complete, f"complete must be spelt {complete!r}"),
         ] if failed), None)
         if why:
             raise UserInputError(why)
@@ -550,7 +554,7 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
     # decoded as the paper: "none".)
     earlier = {_config_key(c["config"]): c for c in old.get("candidates", [])}
     for c in cands:
-        found = earlier.pop(_config_key(c.as_dict()["config"]), None)
+        found = earlier.pop(_config_key(c.config_dict()), None)
         if found is not None:
             c.scores = {k: list(v) for k, v in found["scores"].items()}
             c.measured_gain = found.get("measured_gain")
