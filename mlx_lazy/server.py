@@ -59,7 +59,8 @@ from ._args import METHOD_HELP, OneLineParser, add_sampling_arguments, method_ar
 from .api import (check_anchors, check_context, check_tokens, context_length, load, prompt_token_ids,
                   stream_generate)
 from .errors import UserInputError, one_line
-from .prompt_cache import PromptCacheStore, make_prompt_cache, resolve_config
+from .prefix_store import PromptCacheStore
+from .prompt_cache import make_prompt_cache, resolve_config
 from .config import PruningConfig
 from .policies import compose
 from .schedule import check_fits

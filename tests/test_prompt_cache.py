@@ -386,7 +386,7 @@ def test_complete_flag_is_checked(tiny_model, tiny_model_path):
 
 
 def test_store_hands_out_private_copies_and_never_mixes_configs(tiny_model):
-    from mlx_lazy.prompt_cache import PromptCacheStore
+    from mlx_lazy.prefix_store import PromptCacheStore
 
     model, _ = tiny_model("llama")
     vocab = model.args.vocab_size
@@ -421,7 +421,7 @@ def test_store_hands_out_private_copies_and_never_mixes_configs(tiny_model):
 
 
 def test_store_stays_within_its_byte_and_entry_limits(tiny_model):
-    from mlx_lazy.prompt_cache import PromptCacheStore
+    from mlx_lazy.prefix_store import PromptCacheStore
 
     model, _ = tiny_model("llama")
     schedule = resolve_config(model, "full")

@@ -31,7 +31,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from mlx_lazy import PruningConfig, generate, load
 from mlx_lazy.adapter import ModelAdapter
-from mlx_lazy.prompt_cache import PromptCacheStore
+from mlx_lazy.prefix_store import PromptCacheStore
 from mlx_lazy.schedule_files import MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, write_schedule
 from mlx_lazy.scorers import Pooled, Window
 from mlx_lazy import server as server_module

@@ -13,7 +13,7 @@ pytest.importorskip("fastapi")
 
 from mlx_lazy import generate  # noqa: E402
 from mlx_lazy import server as server_module  # noqa: E402
-from mlx_lazy.prompt_cache import PromptCacheStore  # noqa: E402
+from mlx_lazy.prefix_store import PromptCacheStore  # noqa: E402
 from test_server import Server, in_process_server, run_server  # noqa: E402
 
 DOC = "The passkey is 12345. Remember it. Long prompts are expensive. " * 48

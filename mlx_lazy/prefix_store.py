@@ -1,0 +1,77 @@
+"""The server's prefix caches: prompt caches kept between requests, as mlx-lm's server keeps
+its LRU of prompt caches."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import mlx.nn as nn
+
+from .prompt_cache import PromptCache, make_prompt_cache, trim_prompt_cache
+from .schedule import Schedule
+
+
+class PromptCacheStore:
+    """Prompt caches kept between requests, as mlx-lm's server keeps its LRU of prefix caches.
+
+    :meth:`checkout` finds, among the caches made for the same model and schedule, the one
+    sharing the longest prefix with a request's tokens and hands out a copy trimmed to that
+    prefix: copies share their buffers until one of them writes (MLX copies a buffer on the
+    first write while another array holds it), so a copy costs little, no stored cache is
+    ever used by two generations at once, and a request that fails or is cancelled leaves
+    the stored cache as it was. :meth:`checkin` keeps a request's cache, replacing the
+    stored caches it extends. Caches of other pruning configs never mix.
+
+    Args:
+        max_entries: the most caches kept.
+        max_bytes: the most bytes (KV buffers and Aux Cache) kept; least recently used
+            caches are evicted first, and a cache larger than this is not kept.
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int):
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._entries: List[PromptCache] = []  # least recently used first
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the stored caches."""
+        return sum(c.nbytes for c in self._entries)
+
+    def checkout(self, model: nn.Module, schedule: Schedule, tokens: List[int]) -> PromptCache:
+        """A private cache for ``tokens``: a copy of the stored one sharing the longest prefix
+        with them, trimmed to it (an empty cache when none shares any); ``len(cache)``
+        tokens of ``tokens`` need no computing."""
+        best, common = None, 0
+        for cache in self._entries:
+            if cache.schedule == schedule and cache.model is model:
+                n = cache.reusable(tokens)
+                if n > common:
+                    best, common = cache, n
+        if best is None:
+            return make_prompt_cache(model, schedule)
+        self._entries.remove(best)  # the most recently used again
+        self._entries.append(best)
+        mine = best.copy()
+        if common < len(mine):
+            trim_prompt_cache(mine, len(mine) - common)
+        return mine
+
+    def checkin(self, cache: PromptCache) -> None:
+        """Keep ``cache`` as the most recent, dropping the stored caches it extends and
+        evicting the least recent ones to fit."""
+        self._entries = [c for c in self._entries
+                         if not (c.schedule == cache.schedule and c.model is cache.model
+                                 and cache.tokens[: len(c)] == c.tokens)]
+        if self.max_entries < 1 or cache.nbytes > self.max_bytes or not len(cache):
+            return
+        while self._entries and (len(self._entries) >= self.max_entries
+                                 or self.nbytes + cache.nbytes > self.max_bytes):
+            self._entries.pop(0)
+        self._entries.append(cache)
+
+    def most_recent(self) -> Optional[PromptCache]:
+        """The cache used or kept last, if any."""
+        return self._entries[-1] if self._entries else None
