@@ -155,19 +155,21 @@ class PruningConfig:
         return replace(cls(method=name), **overrides)
 
     def check_model(self, fingerprint: Dict[str, Any]) -> None:
-        """Refuse a model other than the one this calibrated schedule was made for.
+        """Refuse a model other than the one this calibrated schedule was made for; any
+        quantized or cast copy of that model is the same model
+        (:func:`~mlx_lazy.schedule_files.model_mismatch`).
 
         Raises:
             UserInputError: naming the first fingerprint field that differs.
         """
         if self.fingerprint is None:
             return
-        saved = dict(self.fingerprint)
-        for key, value in fingerprint.items():
-            if saved.get(key) != value:
-                raise UserInputError(
-                    f"the schedule {self.source or ''} was calibrated for another model: "
-                    f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {value!r}")
+        from .schedule_files import model_mismatch  # schedule_files imports this module
+
+        problem = model_mismatch(dict(self.fingerprint), fingerprint)
+        if problem is not None:
+            raise UserInputError(f"the schedule {self.source or ''} was calibrated for another "
+                                 f"model: {problem}")
 
     def resolve(self, num_layers: int) -> Schedule:
         """Check this configuration against a model depth and build its :class:`Schedule`.

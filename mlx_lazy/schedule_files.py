@@ -1,17 +1,26 @@
 """Schedule files: what ``python -m mlx_lazy.calibrate`` writes (:func:`write_schedule`) and
 :func:`read_schedule` reads, and where a plain ``lazy`` finds the model's calibrated schedule
-(:func:`calibrated`: the model folder, the cache by fingerprint, the package's own)."""
+(:func:`calibrated`: the model folder, the cache by fingerprint, the package's own).
+
+A schedule follows the model, not the file: it applies to every copy of the model it was
+calibrated for whose shapes are the same and whose identity (``ModelAdapter.identity``:
+sketches of dequantized embedding rows and of the norm weights) matches, so the 4-, 6- and
+8-bit and float16/bfloat16 copies of a calibrated model take its schedule
+(:func:`model_mismatch`). A file's ``model.variants`` records which copies it was checked on
+(:func:`check_variants`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import warnings
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
+from .adapter import IDENTITY_TOLERANCE, decode_identity, identities_match, identity_distances
 from .config import MAX_COUNT, QUALITIES, PruningConfig
 from .errors import UserInputError, shown
 from .folders import write_text_atomic
@@ -31,6 +40,24 @@ MODEL_SCHEDULE_FILE = "mlx_lazy_schedule.json"
 #: Bounds of schedule files (calibrate writes a few KiB, nested 4 deep).
 SCHEDULE_MAX_BYTES = 1 * MiB
 SCHEDULE_MAX_DEPTH = 16
+#: Fingerprint fields that tell copies of one model apart and that a schedule ignores: the
+#: exact weights digest (what a prompt cache checks) and the variant (how they are stored).
+#: A schedule matches on the rest (the shapes) and on the ``identity`` (weights up to
+#: quantization and dtype).
+COPY_FIELDS = ("weights", "identity", "variant")
+#: What a ``model.variants`` entry may say was checked on that copy of the model:
+#: ``calibrated`` (the file's evidence was measured on it), ``identity`` (its identity matches
+#: the file's, so it takes this schedule), ``retrieval`` and ``kld`` (the bars were measured on
+#: it against its own ``full``).
+VARIANT_CHECKS = ("calibrated", "identity", "retrieval", "kld")
+#: Fields of a ``model.variants`` entry.
+VARIANT_FIELDS = ("variant", "checked", "how", "date")
+#: A variant as ``ModelAdapter.variant`` spells it: ``bfloat16+q4g64``.
+VARIANT_PATTERN = re.compile(
+    r"^(float32|float16|bfloat16)(\+(q[1-8]|mxfp4|mxfp8|nvfp4)g(16|32|64|128))*$")
+#: At most this many files of the cache's schedules folder are read looking for one whose
+#: model matches (a schedule calibrated on another copy of the model).
+CACHE_SCAN_LIMIT = 256
 
 
 def read_schedule(path: Union[str, Path],
@@ -67,6 +94,18 @@ def read_schedule(path: Union[str, Path],
     if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= MAX_COUNT:
         raise UserInputError(f"schedule file {path}: model.fingerprint.num_layers must be a "
                              f"positive integer, got {shown(layers)}")
+    if "identity" in saved:
+        try:
+            decode_identity(saved["identity"])
+        except ValueError as e:
+            raise UserInputError(f"schedule file {path}: model.fingerprint.identity is not an "
+                                 f"identity ModelAdapter.identity() writes ({e})") from None
+    if "variant" in saved and not (isinstance(saved["variant"], str)
+                                   and VARIANT_PATTERN.match(saved["variant"])):
+        raise UserInputError(f"schedule file {path}: model.fingerprint.variant must be a "
+                             f"variant such as 'bfloat16+q4g64', got {shown(saved['variant'])}")
+    if "variants" in model:
+        check_variants(model["variants"], f"schedule file {path}: model.variants")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
     try:
         out = PruningConfig(**values, source=f"calibrated:{path.name}", fingerprint=saved)
@@ -78,6 +117,73 @@ def read_schedule(path: Union[str, Path],
     return out
 
 
+def check_variants(variants: Any, where: str = "model.variants") -> List[Dict[str, Any]]:
+    """A schedule file's record of the copies of its model it was checked on: a list of
+    objects, each with ``variant`` (as ``ModelAdapter.variant`` spells it, e.g.
+    ``bfloat16+q4g64``), ``checked`` (a non-empty list of :data:`VARIANT_CHECKS`) and
+    optionally ``how`` and ``date`` (strings).
+
+    Raises:
+        UserInputError: naming the first malformed entry and field.
+    """
+    if not isinstance(variants, list) or len(variants) > 64:
+        raise UserInputError(f"{where} must be a list of at most 64 objects, got "
+                             f"{shown(variants)}")
+    for i, entry in enumerate(variants):
+        at = f"{where}[{i}]"
+        if not isinstance(entry, dict):
+            raise UserInputError(f"{at} must be an object, got {shown(entry)}")
+        unknown = sorted(set(entry) - set(VARIANT_FIELDS))
+        if unknown:
+            raise UserInputError(f"{at}: unknown field {unknown[0]!r} (fields: "
+                                 f"{', '.join(VARIANT_FIELDS)})")
+        variant = entry.get("variant")
+        if not isinstance(variant, str) or not VARIANT_PATTERN.match(variant):
+            raise UserInputError(f"{at}.variant must be a variant such as 'bfloat16+q4g64', "
+                                 f"got {shown(variant)}")
+        checked = entry.get("checked")
+        if not isinstance(checked, list) or not checked or any(
+                c not in VARIANT_CHECKS for c in checked) or len(set(checked)) != len(checked):
+            raise UserInputError(f"{at}.checked must be a non-empty list of distinct checks "
+                                 f"among {', '.join(VARIANT_CHECKS)}, got {shown(checked)}")
+        for key in ("how", "date"):
+            if key in entry and not isinstance(entry[key], str):
+                raise UserInputError(f"{at}.{key} must be a string, got {shown(entry[key])}")
+    return variants
+
+
+def model_mismatch(saved: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> Optional[str]:
+    """Why a schedule calibrated for the model ``saved`` (its file's ``model.fingerprint``)
+    does not apply to the model of ``fingerprint`` (``ModelAdapter.fingerprint()``), or None
+    when it does.
+
+    With an ``identity`` on both sides, the shapes must be equal and the identities match
+    (``identities_match``: any quantization and float dtype of the same weights); the exact
+    ``weights`` digest and the ``variant`` are ignored. A file written before identities
+    existed must match every field, the exact weights digest included.
+    """
+    if "identity" in saved and "identity" in fingerprint:
+        for key, value in fingerprint.items():
+            if key not in COPY_FIELDS and saved.get(key) != value:
+                return f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {value!r}"
+        if identities_match(saved["identity"], fingerprint["identity"]):
+            return None
+        try:
+            far = ", ".join(f"{k} {v:.3g} (at most {IDENTITY_TOLERANCE[k]})" for k, v in
+                            identity_distances(saved["identity"],
+                                               fingerprint["identity"]).items())
+        except ValueError as e:
+            far = str(e)
+        return (f"its weights differ from this model's beyond quantization or a dtype cast "
+                f"(model.fingerprint.identity: relative distances {far})")
+    for key, value in fingerprint.items():
+        if key in ("identity", "variant") and key not in saved:
+            continue
+        if saved.get(key) != value:
+            return f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {value!r}"
+    return None
+
+
 def schedule_file_name(stem: str, quality: str = "default") -> str:
     """The file name of a ``quality`` schedule (:data:`QUALITIES`): ``stem.json`` for the
     default, ``stem.high.json`` for ``high``."""
@@ -86,17 +192,24 @@ def schedule_file_name(stem: str, quality: str = "default") -> str:
 
 def write_schedule(path: Union[str, Path], config: PruningConfig, fingerprint: Dict[str, Any],
                    evidence: Dict[str, Any], model_name: str = "",
-                   quality: str = "default") -> Path:
+                   quality: str = "default",
+                   variants: Optional[List[Dict[str, Any]]] = None) -> Path:
     """Write a schedule file: the config's :data:`SCHEDULE_FIELDS`, its ``quality``, the
-    model it was calibrated for and the evidence behind it. :func:`read_schedule`
-    reads it."""
+    model it was calibrated for, the copies of it the schedule was checked on
+    (``variants``, see :func:`check_variants`; by default the copy of ``fingerprint``,
+    ``calibrated``) and the evidence behind it. :func:`read_schedule` reads it."""
     config.resolve(fingerprint["num_layers"])  # never write an invalid file
+    if variants is None and isinstance(fingerprint.get("variant"), str):
+        variants = [{"variant": fingerprint["variant"], "checked": ["calibrated", "identity"]}]
+    model: Dict[str, Any] = {"name": model_name, "fingerprint": fingerprint}
+    if variants is not None:
+        model["variants"] = check_variants(variants)
     values = {f: getattr(config, f) for f in SCHEDULE_FIELDS if getattr(config, f) is not None}
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
     if "scorer" in values:
         values["scorer"] = scorer_spec(values["scorer"])
     doc = {"format": SCHEDULE_FORMAT, "quality": quality,
-           "model": {"name": model_name, "fingerprint": fingerprint},
+           "model": model,
            "config": values, "evidence": evidence}
     path = Path(path)
     write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
@@ -120,7 +233,9 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
     takes the model's calibrated schedule of its ``quality``: the one ``attached`` by
     ``mlx_lazy.load`` from the model folder (by quality, see :func:`folder_schedules`), else
     the one ``python -m mlx_lazy.calibrate`` left in the cache for this fingerprint
-    (:func:`cached_schedule_path`), else a packaged one with the same fingerprint; a default
+    (:func:`cached_schedule_path`) or for another copy of the model
+    (:func:`cached_copy_schedule`), else a packaged one for the model (any copy, see
+    :func:`model_mismatch`); a default
     quality request without any keeps the preset. Any other request is ``config`` itself.
 
     Raises:
@@ -142,8 +257,11 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
             cached: Optional[Path] = cached_schedule_path(fingerprint, config.quality)
         except UserInputError:  # no cache folder and none can be made: nothing cached
             cached = None
-        found = (read_schedule(cached, fingerprint) if cached and cached.is_file()
-                 else packaged_schedule(fingerprint, config.quality))
+        if cached and cached.is_file():
+            found = read_schedule(cached, fingerprint)
+        else:
+            found = (cached_copy_schedule(cached, fingerprint, config.quality) if cached
+                     else None) or packaged_schedule(fingerprint, config.quality)
     if found is None:
         if high:
             raise UserInputError(
@@ -151,7 +269,8 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
                 "with python -m mlx_lazy.calibrate --model MODEL, or drop quality")
         return config
     return replace(found, revive=config.revive, complete=config.complete,
-                   anchors=config.anchors, seed=config.seed, quality=config.quality)
+                   max_revivals=config.max_revivals, anchors=config.anchors, seed=config.seed,
+                   quality=config.quality)
 
 
 def folder_schedules(folder: Union[str, Path],
@@ -184,18 +303,47 @@ def cached_schedule_path(fingerprint: Dict[str, Any], quality: str = "default") 
                                                           quality)
 
 
+def cached_copy_schedule(path: Path, fingerprint: Dict[str, Any],
+                         quality: str = "default") -> Optional[PruningConfig]:
+    """A schedule of ``quality`` that ``python -m mlx_lazy.calibrate`` left in the cache
+    folder of ``path`` (:func:`cached_schedule_path`) for another copy of this model (e.g. the
+    float32 one, for this 4-bit one; :func:`model_mismatch`), the most recent if several;
+    None if none. Unreadable files are passed over; at most :data:`CACHE_SCAN_LIMIT` are
+    read."""
+    if "identity" not in fingerprint:
+        return None
+    name = re.compile(r"^[0-9a-f]{16}\.json$" if quality == "default"
+                      else rf"^[0-9a-f]{{16}}\.{re.escape(quality)}\.json$")
+    try:
+        paths = [p for p in path.parent.iterdir() if name.match(p.name) and p != path]
+        paths.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for candidate in paths[:CACHE_SCAN_LIMIT]:
+        try:
+            config = read_schedule(candidate)
+        except (UserInputError, OSError):
+            continue
+        if model_mismatch(dict(config.fingerprint or ()), fingerprint) is None:
+            return config
+    return None
+
+
 def packaged_schedule(fingerprint: Dict[str, Any],
                       quality: str = "default") -> Optional[PruningConfig]:
-    """The packaged calibrated schedule of ``quality`` whose model fingerprint equals
-    ``fingerprint``."""
-    return _packaged().get((_key(fingerprint), quality))
+    """The packaged calibrated schedule of ``quality`` for this model, whatever its
+    quantization or dtype (:func:`model_mismatch`)."""
+    for saved, q, config in _packaged():
+        if q == quality and model_mismatch(saved, fingerprint) is None:
+            return config
+    return None
 
 
 @lru_cache(maxsize=1)
-def _packaged() -> Dict[tuple, PruningConfig]:
-    """Packaged schedules by (model fingerprint, quality), read once per process. A corrupt
-    file is skipped with one warning naming it, so the model keeps its preset."""
-    found = {}
+def _packaged() -> Tuple[Tuple[Dict[str, Any], str, PruningConfig], ...]:
+    """Packaged schedules as (model fingerprint, quality, config), read once per process. A
+    corrupt file is skipped with one warning naming it, so the model keeps its preset."""
+    found = []
     for path in sorted(PACKAGED_SCHEDULES.glob("*.json")):
         try:
             config = read_schedule(path)
@@ -206,9 +354,5 @@ def _packaged() -> Dict[tuple, PruningConfig]:
         except UserInputError as e:
             warnings.warn(f"ignoring the packaged schedule {path}: {e}", stacklevel=2)
             continue
-        found[(_key(dict(config.fingerprint)), quality)] = config
-    return found
-
-
-def _key(fingerprint: Dict[str, Any]) -> tuple:
-    return tuple(sorted(fingerprint.items()))
+        found.append((dict(config.fingerprint), quality, config))
+    return tuple(found)
