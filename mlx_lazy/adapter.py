@@ -23,7 +23,9 @@ from mlx.utils import tree_flatten
 from .errors import UserInputError
 
 # qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+# phi3: fused ``qkv_proj`` (split here as mlx-lm splits it) and ``gate_up_proj`` (inside its
+# MLP module), RoPE (plain or longrope's ``SuScaledRoPE``, possibly partial) as its module.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm}``, ``use_sliding``,
 # ``embed_tokens.as_linear``): at least the first, below the second. Same as pyproject.toml.
@@ -186,9 +188,15 @@ class ModelAdapter:
         attn = block.self_attn
         x = block.input_layernorm(h)
         n = x.shape[1]
-        q = attn.q_proj(x).reshape(1, n, self.n_heads, -1)
-        k = attn.k_proj(x).reshape(1, n, self.n_kv_heads, -1)
-        v = attn.v_proj(x).reshape(1, n, self.n_kv_heads, -1)
+        if hasattr(attn, "qkv_proj"):  # phi3: one projection, split as mlx-lm does
+            qkv = attn.qkv_proj(x)
+            q_end = self.n_heads * attn.head_dim
+            q, k, v = mx.split(qkv, [q_end, q_end + self.n_kv_heads * attn.head_dim], axis=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q = q.reshape(1, n, self.n_heads, -1)
+        k = k.reshape(1, n, self.n_kv_heads, -1)
+        v = v.reshape(1, n, self.n_kv_heads, -1)
         if hasattr(attn, "q_norm"):  # qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))

@@ -1,4 +1,4 @@
-"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe) with a real tokenizer.
+"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3) with a real tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
@@ -15,7 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_map
 
-KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe")
+KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -52,11 +52,25 @@ _KIND_CONFIG = {
     "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "tie_word_embeddings": False,
                   "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
                   "mlp_only_layers": [1], "moe_intermediate_size": 32, "norm_topk_prob": True},
+    # fused qkv_proj and gate_up_proj; head_dim is hidden_size / heads (16)
+    "phi3": {"architectures": ["Phi3ForCausalLM"], "tie_word_embeddings": False},
+}
+#: Variants of a kind: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
+#: with per-frequency factors) over three quarters of each head (partial rotary).
+_VARIANTS = {
+    "phi3-longrope": ("phi3", {
+        "partial_rotary_factor": 0.75, "original_max_position_embeddings": 1024,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6,
+                         "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0]}}),
 }
 
 
 def tiny_config(kind: str) -> dict:
-    """The config.json of a tiny model of ``kind`` (one of KINDS)."""
+    """The config.json of a tiny model of ``kind`` (one of KINDS, or a variant of one such
+    as ``phi3-longrope``)."""
+    if kind in _VARIANTS:
+        base, extra = _VARIANTS[kind]
+        return {**tiny_config(base), **extra}
     if kind not in KINDS:
         raise ValueError(f"unknown tiny model kind {kind!r}; choose from {KINDS}")
     return {"model_type": kind, **_BASE, **_KIND_CONFIG[kind]}
@@ -109,8 +123,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     for layer in model.layers:
         attn = layer.self_attn
         for name in ("q_proj", "k_proj", "v_proj"):
-            proj = getattr(attn, name)
-            if "bias" in proj:
+            proj = getattr(attn, name, None)  # phi3: one fused qkv_proj, no bias
+            if proj is not None and "bias" in proj:
                 proj.bias = 0.1 * mx.random.normal(proj.bias.shape)
         for name in ("q_norm", "k_norm"):
             if hasattr(attn, name):

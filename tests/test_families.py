@@ -1,0 +1,135 @@
+"""Model families beyond the Llama layout, through the engine against mlx-lm's own forward
+pass: Phi-3 (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``; plain RoPE, and longrope's
+SuScaledRoPE over part of each head)."""
+
+from __future__ import annotations
+
+import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_lazy import LazyEngine, PruningConfig, generate, resolve_config
+from mlx_lazy.adapter import ModelAdapter, identities_match
+from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS
+from numerics import max_rel_err, rel_err
+from test_engine import LOGITS_TOL, greedy_pair, random_prompt
+from tiny_models import build_tiny_model
+
+PHI3 = ("phi3", "phi3-longrope")
+
+
+@pytest.fixture(autouse=True, params=IMPLEMENTATIONS)
+def attention_implementation(request, monkeypatch):
+    """Both attention implementations, as in test_engine."""
+    monkeypatch.setenv(ENV_VAR, request.param)
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def family_dir(tmp_path_factory):
+    built = {}
+
+    def get(kind):
+        if kind not in built:
+            built[kind] = build_tiny_model(kind, tmp_path_factory.mktemp(kind))
+        return built[kind]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def family(family_dir):
+    loaded = {}
+
+    def get(kind):
+        if kind not in loaded:
+            loaded[kind] = mlx_lm.load(str(family_dir(kind)))
+        return loaded[kind]
+
+    return get
+
+
+def test_the_tiny_phi3_is_what_it_claims(family):
+    """Fused projections, untied head, longrope's scaled RoPE on 12 of 16 head dims."""
+    model, _ = family("phi3")
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    assert model.model_type == "phi3" and hasattr(attn, "qkv_proj") and hasattr(mlp, "gate_up_proj")
+    assert not hasattr(attn, "q_proj") and attn.n_kv_heads < attn.n_heads
+    rope = family("phi3-longrope")[0].layers[0].self_attn.rope
+    assert type(rope).__name__ == "SuScaledRoPE" and rope.dim == 12 and rope._scale != 1.0
+
+
+@pytest.mark.parametrize("kind", PHI3)
+def test_phi3_unpruned_matches_mlx_lm(family, kind):
+    model, _ = family(kind)
+    prompt = random_prompt(300, model.args.vocab_size)
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("full")), block_size=64)
+    assert max_rel_err(greedy_pair(model, engine, prompt, 32)) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("kind", PHI3)
+def test_phi3_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
+    """The pruning path (a cut that keeps everything, tokens at explicit positions) too."""
+    model, _ = family(kind)
+    prompt = random_prompt(200, model.args.vocab_size, seed=4)
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))
+    engine = LazyEngine(model, resolve_config(model, config))
+    assert max_rel_err(greedy_pair(model, engine, prompt, 8)) < LOGITS_TOL
+
+
+def test_quantized_phi3_unpruned_matches_mlx_lm(family_dir):
+    model, _ = mlx_lm.load(str(family_dir("phi3")))
+    base = ModelAdapter(model).identity()
+    nn.quantize(model, group_size=32, bits=4)
+    assert identities_match(base, ModelAdapter(model).identity())
+    prompt = random_prompt(100, model.args.vocab_size, seed=2)
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
+                                                                   keep=(1.0,))))
+    assert max_rel_err(greedy_pair(model, engine, prompt, 4)) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("kind", PHI3)
+def test_phi3_revived_token_kv_matches_full_forward(family, kind):
+    """Tokens pruned at the cut wait in the Aux Cache; revived, their keys and values (RoPE
+    at their original, scattered positions) equal mlx-lm's full forward."""
+    model, _ = family(kind)
+    prompt = random_prompt(300, model.args.vocab_size, seed=3)
+    cache = make_prompt_cache(model)
+    model(prompt[None], cache=cache)
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
+                                                                   keep=(0.3,))))
+    token = int(mx.argmax(engine.prefill(prompt)))
+    waiting = set(engine.cache.aux[2].positions.tolist())
+    for _ in range(16):
+        token = int(mx.argmax(engine.decode(token)))
+    kv = engine.cache.layers[2]
+    revived = [p for p in kv.cached_positions().tolist() if p in waiting]
+    assert revived, "the schedule should revive some prompt tokens"
+    keys, values = kv.fetch(np.array(revived))
+    assert rel_err(keys, cache[2].keys[:, :, revived]) < 1e-5
+    assert rel_err(values, cache[2].values[:, :, revived]) < 1e-5
+
+
+@pytest.mark.parametrize("kind", PHI3)
+def test_phi3_prunes(family, kind):
+    """An aggressive LazyLLM schedule runs through phi3: each (token, layer) computed once,
+    tokens revived, fewer prompt tokens computed; a plain ``lazy`` generates."""
+    model, tokenizer = family(kind)
+    n = 400
+    config = PruningConfig("lazy", prune_layers=(0, 1, 2), keep=(0.5, 0.2, 0.05),
+                           complete="after-first")
+    engine = LazyEngine(model, resolve_config(model, config))
+    token = int(mx.argmax(engine.prefill(random_prompt(n, model.args.vocab_size))))
+    for _ in range(32):
+        token = int(mx.argmax(engine.decode(token)))
+    stats = engine.stats
+    assert stats.max_computations_per_token_layer == 1 and stats.revivals > 0
+    assert stats.prefill_tokens_per_layer == [n, 200, 80, 20]
+    assert 0 < stats.prompt_tokens_computed_pct < 100
+    text = generate(model, tokenizer, "The quick brown fox " * 20, max_tokens=4, config="lazy")
+    assert isinstance(text, str)
