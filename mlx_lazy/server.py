@@ -80,6 +80,7 @@ DEFAULT_PROMPT_CACHE_SIZE = 10  # mlx-lm's server default
 # KV and Aux Cache bytes kept between requests: room on a 16 GB Mac beside a few-GB model.
 DEFAULT_PROMPT_CACHE_BYTES = 2 * 2**30
 SSE_PING_S = 15  # a comment line keeps proxies from closing a stream during a long prefill
+MAX_ERROR_CHARS = 1000  # an error message is cut here: it never echoes a huge field back
 _LOOPBACK_NAMES = ("localhost",)
 
 
@@ -92,6 +93,7 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, param: Optional[str] = None,
                  code: Optional[str] = None, type: str = "invalid_request_error",
                  headers: Optional[Dict[str, str]] = None) -> None:
+        message = one_line(Exception(message), MAX_ERROR_CHARS)
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type, self.headers = type, headers
@@ -130,6 +132,92 @@ def _validation_error(exc: RequestValidationError) -> APIError:
                     code="missing_field" if first["type"] == "missing" else None)
 
 
+# ---------------------------------------------------------------- bounds on request fields
+
+
+class Bounds:
+    """Every request field whose cost grows with its size, and its bound: no body within
+    them costs more than a bounded amount of time or memory before it is refused.
+
+    Cost model, per request, n being the body's bytes:
+
+    * the body: read, parsed and validated in O(n); ``max_body_bytes`` (413) is checked on
+      the bytes as they arrive, before any parsing. Fields the server ignores (``logit_bias``,
+      ``tools``, ...) cost their parse only, within that bound.
+    * a prompt's text: tokenizing is O(bytes) and the slowest step a body can ask for (about
+      2 s per MB on a CPU), so a text too long to fit ``prompt_tokens`` is refused (413)
+      before the tokenizer runs: a token stands for at most ``token_bytes`` bytes of text
+      (:func:`token_bytes`), so more than ``prompt_tokens * token_bytes`` bytes cannot fit.
+    * token ids: checked against the vocabulary in O(ids); more than ``prompt_tokens`` is 413.
+    * ``messages``: the chat template renders O(messages + bytes); at most
+      :data:`MAX_MESSAGES` (OpenAI's own limit), their text as a prompt's text above.
+    * ``stop``: the check is linear in the generated text for each stop string
+      (:class:`StopText`), its set-up linear in their length, and a stream withholds at most
+      the longest one less a character: at most :data:`MAX_STOPS` of :data:`MAX_STOP_CHARS`.
+    * ``pruning``: checked against the model in O(its size) before the request is queued.
+    * ``max_tokens``: within the model's context (400 otherwise).
+
+    Args:
+        prompt_tokens: the most prompt tokens accepted (None: no limit known).
+        token_bytes: the most bytes of text one token stands for (None: not known).
+    """
+
+    def __init__(self, prompt_tokens: Optional[int], token_bytes: Optional[int]) -> None:
+        self.prompt_tokens, self.token_bytes = prompt_tokens, token_bytes
+
+    @property
+    def text_bytes(self) -> Optional[int]:
+        """The most bytes of prompt text that could fit ``prompt_tokens`` tokens."""
+        if self.prompt_tokens is None or self.token_bytes is None:
+            return None
+        return self.prompt_tokens * self.token_bytes
+
+    def check_text(self, nbytes: int, param: str) -> None:
+        """Refuse, before tokenizing, a prompt of ``nbytes`` bytes of text that cannot fit.
+
+        Raises:
+            APIError: 413.
+        """
+        limit = self.text_bytes
+        if limit is not None and nbytes > limit:
+            raise APIError(413, f"the prompt's text has {nbytes} bytes; at most "
+                                f"{self.prompt_tokens} tokens are accepted, which no text "
+                                f"longer than {limit} bytes fits", param=param,
+                           code="context_length_exceeded")
+
+    def check_tokens(self, n: int, param: str) -> None:
+        """Refuse a prompt of ``n`` tokens longer than ``prompt_tokens``.
+
+        Raises:
+            APIError: 413.
+        """
+        if self.prompt_tokens is not None and n > self.prompt_tokens:
+            raise APIError(413, f"the prompt has {n} tokens; this server accepts at most "
+                                f"{self.prompt_tokens}", param=param,
+                           code="context_length_exceeded")
+
+
+MAX_STOPS = 4  # OpenAI's limit
+MAX_STOP_CHARS = 500
+MAX_MESSAGES = 2048  # OpenAI's limit
+
+
+def token_bytes(tokenizer) -> Optional[int]:
+    """The most bytes of text one token of ``tokenizer`` stands for (None when the tokenizer
+    cannot say): the longest token decoded alone, plus the leading space a decoder may drop,
+    times 4 when the tokenizer normalizes its input first (NFKC may shrink a 4-byte character
+    to one byte). About a second for a vocabulary of 150K tokens, once."""
+    try:
+        ids = [[i] for i in tokenizer.get_vocab().values()]
+        longest = max((len(t.encode("utf-8", "surrogatepass"))
+                       for t in tokenizer.batch_decode(ids)), default=0)
+    except (AttributeError, TypeError, ValueError):  # not a Hugging Face tokenizer
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    shrink = 1 if backend is not None and backend.normalizer is None else 4
+    return (longest + 1) * shrink
+
+
 # ---------------------------------------------------------------- request bodies
 
 
@@ -150,6 +238,7 @@ def _utf8(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 
 
 class TextPart(_Strict):
@@ -172,7 +261,7 @@ class _Body(_Strict):
     temperature: Optional[Annotated[float, Field(ge=0.0, le=2.0)]] = None
     top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0)]] = None
     seed: Optional[Annotated[int, Field(ge=0, lt=2**64)]] = None  # mx.random.seed's domain
-    stop: Union[str, Annotated[List[str], Field(max_length=4)], None] = None
+    stop: Union[StopString, Annotated[List[StopString], Field(max_length=MAX_STOPS)], None] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: Literal[1] = 1
@@ -180,7 +269,7 @@ class _Body(_Strict):
 
 
 class ChatRequest(_Body):
-    messages: Annotated[List[Message], Field(min_length=1)]
+    messages: Annotated[List[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Optional[Annotated[int, Field(ge=1)]] = None
 
 
@@ -235,6 +324,9 @@ class _Cancelled(Exception):
     """Raised from the prefill's progress callback when the client has gone."""
 
 
+_GONE = object()  # put on a job's events when its client has disconnected
+
+
 @dataclasses.dataclass
 class Delta:
     """A piece of output text."""
@@ -286,21 +378,41 @@ class Job:
 
 
 class StopText:
-    """Cuts streamed text at the first of ``stops``, withholding a tail that may begin one."""
+    """Cuts streamed text at the first of ``stops``, withholding a tail that may begin one.
+
+    Each stop string is matched by a Knuth-Morris-Pratt automaton fed one character at a
+    time, whose state is the longest tail of the text so far that begins that stop: a
+    :meth:`feed` costs time linear in its text (amortized), whatever the stops' lengths,
+    and the text withheld is never longer than the longest stop.
+    """
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
+        self._fail = [_failure(s) for s in self.stops]
+        self._state = [0] * len(self.stops)
         self.pending = ""
 
     def feed(self, text: str) -> Tuple[str, bool]:
         """Add ``text``; return the text that is safe to emit and whether a stop was hit."""
+        start = len(self.pending)
         self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out, self.pending = self.pending[: min(hits)], ""
+        first = None  # where the earliest stop found begins, in pending
+        for i, (stop, fail) in enumerate(zip(self.stops, self._fail)):
+            k = self._state[i]
+            for j, c in enumerate(text, start):
+                while k and stop[k] != c:
+                    k = fail[k - 1]
+                if stop[k] == c:
+                    k += 1
+                if k == len(stop):
+                    where = j + 1 - k
+                    first = where if first is None else min(first, where)
+                    break
+            self._state[i] = k
+        if first is not None:
+            out, self.pending = self.pending[:first], ""
             return out, True
-        hold = max((k for s in self.stops for k in range(1, len(s))
-                    if self.pending.endswith(s[:k])), default=0)
+        hold = max(self._state, default=0)
         out = self.pending[: len(self.pending) - hold]
         self.pending = self.pending[len(out):]
         return out, False
@@ -309,6 +421,19 @@ class StopText:
         """The withheld text, at the end of the generation."""
         out, self.pending = self.pending, ""
         return out
+
+
+def _failure(s: str) -> List[int]:
+    """KMP's failure function: ``f[i]`` is the length of the longest proper prefix of
+    ``s[: i + 1]`` that is also its suffix."""
+    f, k = [0] * len(s), 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = f[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        f[i] = k
+    return f
 
 
 class Worker:
@@ -636,7 +761,8 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
     model_id = settings.model or "default_model"
     created = int(time.time())
     tokenizer = worker.tokenizer
-    prompt_limit = settings.max_prompt_tokens or (worker.context and worker.context - 1)
+    bounds = Bounds(settings.max_prompt_tokens or (worker.context and worker.context - 1),
+                    token_bytes(tokenizer))
     bearer = HTTPBearer(auto_error=False)
 
     @app.exception_handler(APIError)
@@ -677,10 +803,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
             check_fits(schedule, worker.context)  # before the worker: 400, not its 500
         except ValueError as e:
             raise APIError(400, f"pruning: {e}", param="pruning") from None
-        if prompt_limit is not None and n > prompt_limit:
-            raise APIError(413, f"the prompt has {n} tokens; this server accepts at most "
-                                f"{prompt_limit}", param="messages" if isinstance(body, ChatRequest)
-                           else "prompt", code="context_length_exceeded")
+        bounds.check_tokens(n, "messages" if isinstance(body, ChatRequest) else "prompt")
         if max_tokens is None:  # the server's default, shortened to fit the context
             room = settings.max_tokens if worker.context is None else worker.context - n
             max_tokens = max(1, min(settings.max_tokens, room))
@@ -696,20 +819,14 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
                    top_p=settings.top_p if body.top_p is None else body.top_p,
                    seed=body.seed, stop=stop, config=config, loop=asyncio.get_running_loop())
 
-    async def events(job: Job, request: Optional[Request]) -> AsyncIterator[Union[Delta, Done]]:
-        """The job's output; setting ``job.cancel`` when the consumer stops early. With
-        ``request``, polls for a disconnected client (a stream's response does that itself)."""
+    async def events(job: Job) -> AsyncIterator[Union[Delta, Done]]:
+        """The job's output, ending early at a :data:`_GONE`; setting ``job.cancel`` when the
+        consumer stops early."""
         try:
             while True:
-                if request is None:
-                    item = await job.events.get()
-                else:
-                    try:
-                        item = await asyncio.wait_for(job.events.get(), timeout=0.5)
-                    except asyncio.TimeoutError:
-                        if await request.is_disconnected():
-                            return
-                        continue
+                item = await job.events.get()
+                if item is _GONE:
+                    return
                 if isinstance(item, APIError):
                     raise item
                 yield item
@@ -717,6 +834,15 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
                     return
         finally:
             job.cancel.set()  # no effect once finished
+
+    async def watch(job: Job, request: Request) -> None:
+        """Cancel ``job`` the moment its client disconnects (a response that writes nothing
+        until the end learns it only from the connection); a stream's response does that
+        itself."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        job.cancel.set()
+        job.events.put_nowait(_GONE)
 
     def usage(done: Done) -> dict:
         return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
@@ -734,11 +860,15 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
 
         if not body.stream:
             text, done = "", None
-            async for item in events(job, request):  # a failed job raises its APIError
-                if isinstance(item, Delta):
-                    text += item.text
-                else:
-                    done = item
+            watcher = asyncio.create_task(watch(job, request))
+            try:
+                async for item in events(job):  # a failed job raises its APIError
+                    if isinstance(item, Delta):
+                        text += item.text
+                    else:
+                        done = item
+            finally:
+                watcher.cancel()
             if done is None:  # the client went away
                 return JSONResponse({}, status_code=499)
             out = ({"message": {"role": "assistant", "content": text}} if chat
@@ -761,7 +891,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         async def sse() -> AsyncIterator[str]:
             first = True
             try:
-                async for item in events(job, None):
+                async for item in events(job):
                     if isinstance(item, Delta):
                         yield chunk(item.text, None, first)
                         first = False
@@ -806,6 +936,9 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat_completions(body: ChatRequest, request: Request):
+        bounds.check_text(sum(len(m.content.encode()) if isinstance(m.content, str)
+                              else sum(len(p.text.encode()) for p in m.content)
+                              for m in body.messages), "messages")
         tokens = await run_in_threadpool(chat_tokens, body.messages)
         max_tokens = body.max_completion_tokens or body.max_tokens
         return await respond(body, tokens, request, chat=True, max_tokens=max_tokens)
@@ -813,8 +946,10 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request):
         if isinstance(body.prompt, str):
+            bounds.check_text(len(body.prompt.encode()), "prompt")
             tokens = await run_in_threadpool(prompt_token_ids, tokenizer, body.prompt)
         else:
+            bounds.check_tokens(len(body.prompt), "prompt")
             try:
                 check_tokens(body.prompt, worker.vocab_size)
             except UserInputError as e:

@@ -1,0 +1,173 @@
+"""Hostile input to the server: bodies of every shape get a 2xx or an error object (never a
+500, a hang or a huge echo), every field whose cost grows with its size is bounded, and the
+stop check is linear."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Iterator, List
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mlx_lazy import server as server_module  # noqa: E402
+from mlx_lazy.server import (MAX_ERROR_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, StopText,  # noqa: E402
+                             token_bytes)
+from test_server import Server, in_process_server  # noqa: E402
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+PROMPT_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def hostile(tiny_model_path) -> Iterator[Server]:
+    with in_process_server(tiny_model_path, max_prompt_tokens=PROMPT_TOKENS) as s:
+        yield s
+
+
+def first_stop(text: str, stops: List[str]) -> int:
+    """Where the earliest of ``stops`` begins in ``text`` (-1: none)."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found, default=-1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text("abc", max_size=6), max_size=4),
+       st.lists(st.text("abc", max_size=5), min_size=1, max_size=10))
+def test_stop_text_cuts_at_the_first_stop_and_withholds_only_what_may_begin_one(stops, pieces):
+    s, text, out = StopText(stops), "", ""
+    for piece in pieces:
+        text += piece
+        emitted, hit = s.feed(piece)
+        out += emitted
+        at = first_stop(text, stops)
+        if hit:
+            assert at >= 0 and out == text[:at]
+            return
+        assert at < 0 and text.startswith(out)
+        # what is held back is the longest tail that begins a stop
+        held = text[len(out):]
+        longest = max((k for stop in stops for k in range(1, len(stop))
+                       if text.endswith(stop[:k])), default=0)
+        assert len(held) == longest
+    assert out + s.flush() == text
+
+
+def status_of(s: Server, path: str, body) -> tuple:
+    status, _, payload = s.request("POST", path, body)
+    return status, payload
+
+
+def check_error(status: int, payload) -> None:
+    """A 4xx with an OpenAI-style error object whose message is short."""
+    assert 400 <= status < 500, (status, payload)
+    error = payload["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"], payload
+    assert len(error["message"]) <= MAX_ERROR_CHARS, len(error["message"])
+
+
+def test_stop_strings_are_bounded(hostile):
+    ok = {"prompt": "hi", "max_tokens": 1}
+    for stop in ("Z" * (MAX_STOP_CHARS + 1), ["a", "Z" * (MAX_STOP_CHARS + 1)], ["a"] * 5):
+        status, payload = status_of(hostile, COMPLETIONS, {**ok, "stop": stop})
+        check_error(status, payload)
+        assert status == 400 and payload["error"]["param"] == "stop", payload
+    status, payload = status_of(hostile, COMPLETIONS, {**ok, "stop": ["Z" * MAX_STOP_CHARS] * 4})
+    assert status == 200, payload
+
+
+def test_messages_are_bounded(hostile):
+    messages = [{"role": "user", "content": ""}] * (MAX_MESSAGES + 1)
+    status, payload = status_of(hostile, CHAT, {"messages": messages, "max_tokens": 1})
+    check_error(status, payload)
+    assert status == 400 and payload["error"]["param"] == "messages", payload
+
+
+def test_a_text_too_long_to_fit_is_refused_before_tokenizing(hostile, tiny_model, monkeypatch):
+    """Once a 7.8 MB prompt was tokenized first (13 s of CPU, +900 MB of RSS), then 413."""
+    limit = PROMPT_TOKENS * token_bytes(tiny_model()[1])
+    calls = []
+    real = server_module.prompt_token_ids
+    monkeypatch.setattr(server_module, "prompt_token_ids",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    text = "x" * (limit + 1)
+    for path, body, param in [
+            (COMPLETIONS, {"prompt": text}, "prompt"),
+            (CHAT, {"messages": [{"role": "user", "content": text}]}, "messages"),
+            (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]},
+             "messages"),
+            (COMPLETIONS, {"prompt": [5] * (PROMPT_TOKENS + 1)}, "prompt")]:
+        status, payload = status_of(hostile, path, body)
+        check_error(status, payload)
+        assert status == 413 and payload["error"]["param"] == param, payload
+    assert calls == []
+    # a text within the bound is tokenized, and refused by its token count if it must be
+    status, payload = status_of(hostile, COMPLETIONS, {"prompt": text[:limit]})
+    assert status == 413 and calls == [1], payload
+
+
+def test_an_error_never_echoes_a_huge_field(hostile):
+    """Once a 400 echoed a 400,000-item prune_layers back: 3 MB."""
+    body = {"prompt": "hi", "max_tokens": 1,
+            "pruning": {"method": "lazy", "prune_layers": list(range(400_000)),
+                        "keep": [0.5] * 400_000}}
+    tic = time.monotonic()
+    status, _, raw = hostile.request("POST", COMPLETIONS, json.dumps(body).encode())
+    assert status == 400 and len(json.dumps(raw)) < 2 * MAX_ERROR_CHARS, raw
+    assert time.monotonic() - tic < 30
+
+
+# ---------------------------------------------------------------- any body
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 3),
+                     st.sampled_from([10**20, -(10**20), 2**64]),
+                     st.floats(allow_nan=False, allow_infinity=False),
+                     st.sampled_from([1e-300, 5e-324, 0.0, 1.0, 2.5]),
+                     st.text(max_size=8), st.sampled_from(["\ud800", "lazy", "full", "x" * 600]))
+_JSON = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12)
+_MESSAGE = st.fixed_dictionaries({"role": st.one_of(st.sampled_from(["user", "system",
+                                                                      "assistant"]), _SCALARS),
+                                  "content": st.one_of(st.text(max_size=20), _JSON)})
+_FIELDS = {
+    "messages": st.one_of(st.lists(_MESSAGE, max_size=3), _JSON),
+    "prompt": st.one_of(st.text(max_size=20), st.lists(st.integers(-2, 400), max_size=5), _JSON),
+    # valid lengths stay short: a long generation is not what is tested
+    "max_tokens": st.one_of(st.integers(1, 2), st.sampled_from([0, -1, "2", 10**20, 2.0])),
+    "temperature": _SCALARS, "top_p": _SCALARS, "seed": _SCALARS,
+    "stop": st.one_of(st.text(max_size=4), st.lists(st.text(max_size=4), max_size=6), _JSON),
+    "stream": st.one_of(st.booleans(), _SCALARS),
+    "n": _SCALARS,
+    "pruning": st.one_of(st.sampled_from(["lazy", "full", "speed", "turbo"]), _JSON,
+                         st.fixed_dictionaries({"method": st.sampled_from(["lazy", "speed"])},
+                                               optional={"keep": _JSON, "prune_layers": _JSON,
+                                                         "scorer": _JSON, "complete": _JSON})),
+    "stream_options": _JSON,
+    "logit_bias": _JSON,
+}
+_BODIES = st.fixed_dictionaries({}, optional=_FIELDS)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(path=st.sampled_from([CHAT, COMPLETIONS]), body=_BODIES)
+def test_any_body_gets_an_answer_or_an_error_object(hostile, path, body):
+    """Whatever the body, the server answers 200 or a 4xx error object with a short message
+    (never a 500 or a hang) and goes on answering."""
+    body = {"max_tokens": 1, **body} if isinstance(body.get("max_tokens"), int) else body
+    status, _, payload = hostile.request("POST", path, json.dumps(body).encode())
+    if status == 200:
+        if isinstance(payload, dict):
+            assert payload["choices"], payload
+        else:  # a stream: server-sent events ending in [DONE]
+            assert payload.rstrip().endswith("data: [DONE]"), payload
+            assert '"generation_failed"' not in payload, payload
+    else:
+        check_error(status, payload)
+    assert hostile.health()["status"] == "ok"
