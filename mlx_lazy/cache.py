@@ -122,21 +122,46 @@ class LayerKV:
         return per_slot * self.size
 
 
-class AuxEntry:
-    """Hidden states (1, m, D) of tokens waiting at one depth, with their positions."""
+class Rows:
+    """Rows of a per-token tensor (1, heads..., m, ...) with their positions: hidden states
+    (1, m, D) waiting at one depth, or a pruning layer's scoring queries (1, H, m, d)."""
 
-    def __init__(self, positions: np.ndarray, hidden: mx.array):
-        self.positions = positions
-        self.hidden = hidden
+    def __init__(self, positions: np.ndarray, data: mx.array, axis: int = 1):
+        self.positions, self.data, self.axis = positions, data, axis
+
+    def take(self, rows: np.ndarray) -> mx.array:
+        """The data of ``rows`` (indices into :attr:`positions`)."""
+        idx = mx.array(rows.astype(np.int32))
+        return self.data[:, idx] if self.axis == 1 else self.data[:, :, idx]
+
+    def keep(self, rows: np.ndarray) -> None:
+        """Keep only ``rows`` (indices into :attr:`positions`)."""
+        self.data, self.positions = self.take(rows), self.positions[rows]
+
+    def copy(self) -> "Rows":
+        return Rows(self.positions.copy(), mx.array(self.data), self.axis)
+
+
+#: The :class:`Rows` maps of a :class:`LazyCache`, by depth or layer, and their row axis.
+ROW_MAPS = {"aux": 1, "stash": 1, "window": 2}
 
 
 class LazyCache:
-    """Everything a LazyLLM/SPEED generation keeps between steps.
+    """Everything one LazyLLM/SPEED sequence keeps between steps, in one object.
 
-    ``aux`` holds, by depth, the hidden states of tokens waiting to go deeper; ``stash``
+    Per-layer KV (:class:`LayerKV`); each token's ``depth`` (layers computed), ``limit``
+    (the depth it may ever reach) and ``computed`` counts per layer; ``aux``, by depth, the
+    hidden states of tokens waiting to go deeper (the Aux Cache); ``stash``
     (``complete="exact"`` only) the hidden states of the last prompt chunk's tokens at its
-    first cut, where each had seen every other, until the engine recomputes the layers
-    above from them.
+    first cut that prunes, where each had seen every other, until the engine recomputes the
+    layers above from them; ``window``, by pruning layer, the queries of the latest scoring
+    tokens (a window scorer keeps reading them while decoding); ``prompt_len`` (tokens
+    given as prompt, the rest generated) and ``always_kept`` (positions kept at every cut).
+
+    Like mlx-lm's caches it speaks :attr:`state` / :attr:`meta_state` /
+    :meth:`from_state`, :meth:`copy`, :meth:`trim` and :attr:`nbytes`, so saving, loading,
+    copying and trimming need no knowledge of its fields: a new piece of state is one field
+    here.
 
     Args:
         num_layers: model depth.
@@ -145,21 +170,25 @@ class LazyCache:
     def __init__(self, num_layers: int):
         self.num_layers = num_layers
         self.layers: List[LayerKV] = [LayerKV() for _ in range(num_layers)]
-        self.aux: Dict[int, AuxEntry] = {}
-        self.stash: Dict[int, AuxEntry] = {}
+        self.aux: Dict[int, Rows] = {}
+        self.stash: Dict[int, Rows] = {}
+        self.window: Dict[int, Rows] = {}
         self.depth = np.zeros(0, np.int64)
         self.limit = np.zeros(0, np.int64)
         self.computed = np.zeros((num_layers, 0), np.int32)
+        self.always_kept = np.zeros(0, np.int64)
+        self.prompt_len = 0
         self.revivals = 0
 
     def copy(self) -> "LazyCache":
         """An independent copy of the whole state."""
         out = LazyCache(self.num_layers)
         out.layers = [layer.copy() for layer in self.layers]
-        out.aux = _copy_entries(self.aux)
-        out.stash = _copy_entries(self.stash)
-        out.depth, out.limit = self.depth.copy(), self.limit.copy()
-        out.computed, out.revivals = self.computed.copy(), self.revivals
+        for name in ROW_MAPS:
+            setattr(out, name, {d: e.copy() for d, e in getattr(self, name).items()})
+        for name in _ARRAYS:
+            setattr(out, name, getattr(self, name).copy())
+        out.prompt_len, out.revivals = self.prompt_len, self.revivals
         return out
 
     @property
@@ -187,10 +216,10 @@ class LazyCache:
         """Keep hidden states (1, m, D) of tokens that stopped at ``depth``."""
         entry = self.aux.get(depth)
         if entry is None:
-            self.aux[depth] = AuxEntry(positions, hidden)
+            self.aux[depth] = Rows(positions, hidden)
         else:
             entry.positions = np.concatenate([entry.positions, positions])
-            entry.hidden = mx.concatenate([entry.hidden, hidden], axis=1)
+            entry.data = mx.concatenate([entry.data, hidden], axis=1)
 
     def aux_take(self, depth: int, positions: np.ndarray,
                  revival: bool = True) -> Tuple[np.ndarray, mx.array]:
@@ -199,33 +228,97 @@ class LazyCache:
         are being completed)."""
         entry = self.aux[depth]
         hit = np.isin(entry.positions, positions)
-        taken = entry.positions[hit]
-        hidden = entry.hidden[:, mx.array(np.flatnonzero(hit).astype(np.int32))]
+        taken, hidden = entry.positions[hit], entry.take(np.flatnonzero(hit))
         rest = np.flatnonzero(~hit)
         if len(rest) == 0:
             del self.aux[depth]
         else:
-            entry.positions = entry.positions[rest]
-            entry.hidden = entry.hidden[:, mx.array(rest.astype(np.int32))]
+            entry.keep(rest)
         if revival:
             self.revivals += len(taken)
         return taken, hidden
 
+    def window_put(self, layer: int, positions: np.ndarray, queries: mx.array, size: int) -> None:
+        """Append scoring queries (1, H, m, d) of tokens at ``positions`` (newer than those
+        held) to ``layer``'s window, keeping the latest ``size``."""
+        entry = self.window.get(layer)
+        if entry is not None:
+            positions = np.concatenate([entry.positions, positions])
+            queries = mx.concatenate([entry.data, queries], axis=2)
+        if len(positions) > size:
+            positions, queries = positions[-size:], queries[:, :, -size:]
+        self.window[layer] = Rows(positions, queries, axis=2)
+
     def trim(self, length: int) -> None:
         """Forget every token at position ``length`` and after: its KV at every layer, its
-        Aux Cache entry and its bookkeeping."""
+        rows (Aux Cache, stash, window) and its bookkeeping."""
         for layer in self.layers:
             layer.trim(length)
-        for entries in (self.aux, self.stash):
+        for name in ROW_MAPS:
+            entries = getattr(self, name)
             for depth, entry in list(entries.items()):
                 keep = np.flatnonzero(entry.positions < length)
                 if len(keep) == 0:
                     del entries[depth]
                 elif len(keep) < len(entry.positions):
-                    entry.positions = entry.positions[keep]
-                    entry.hidden = entry.hidden[:, mx.array(keep.astype(np.int32))]
+                    entry.keep(keep)
         self.depth, self.limit = self.depth[:length], self.limit[:length]
         self.computed[:, length:] = 0
+        self.always_kept = self.always_kept[self.always_kept < length]
+        self.prompt_len = min(self.prompt_len, length)
+
+    # ------------------------------------------------------------ cache protocol
+    @property
+    def state(self) -> Dict[str, mx.array]:
+        """Every array of the state by a flat name (what a safetensors file holds)."""
+        arrays = {name: mx.array(getattr(self, name)) for name in _ARRAYS}
+        arrays["computed"] = mx.array(self.computed[:, : self.length])
+        for i, layer in enumerate(self.layers):
+            if layer.size:
+                keys, values = layer.fetch()
+                arrays[f"layers.{i}.keys"], arrays[f"layers.{i}.values"] = keys, values
+                arrays[f"layers.{i}.positions"] = mx.array(layer.cached_positions())
+        for name in ROW_MAPS:
+            for depth, entry in getattr(self, name).items():
+                arrays[f"{name}.{depth}.data"] = entry.data
+                arrays[f"{name}.{depth}.positions"] = mx.array(entry.positions)
+        return arrays
+
+    @property
+    def meta_state(self) -> Dict[str, int]:
+        """The state's scalars (JSON-friendly)."""
+        return {"num_layers": self.num_layers, "prompt_len": self.prompt_len,
+                "revivals": self.revivals}
+
+    @classmethod
+    def from_state(cls, state: Dict[str, mx.array], meta_state: Dict[str, int]) -> "LazyCache":
+        """The cache whose :attr:`state` and :attr:`meta_state` these are.
+
+        Raises:
+            KeyError, ValueError, TypeError: arrays or scalars missing or of the wrong kind
+            (the caller names the file).
+        """
+        out = cls(int(meta_state["num_layers"]))
+        for name in _ARRAYS:
+            setattr(out, name, np.array(state[name]).astype(_ARRAYS[name]))
+        for i, layer in enumerate(out.layers):
+            if f"layers.{i}.keys" in state:
+                layer.append(state[f"layers.{i}.keys"], state[f"layers.{i}.values"],
+                             np.array(state[f"layers.{i}.positions"]).astype(np.int64))
+        for key in state:
+            name, _, rest = key.partition(".")
+            if name in ROW_MAPS and rest.endswith(".positions"):
+                depth = int(rest.split(".")[0])
+                getattr(out, name)[depth] = Rows(np.array(state[key]).astype(np.int64),
+                                                 state[f"{name}.{depth}.data"], ROW_MAPS[name])
+        out.prompt_len, out.revivals = int(meta_state["prompt_len"]), int(meta_state["revivals"])
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: KV buffers (filled or not) and every row map."""
+        return sum(layer.allocated_bytes for layer in self.layers) + sum(
+            e.data.nbytes for name in ROW_MAPS for e in getattr(self, name).values())
 
     @property
     def kv_bytes_per_layer(self) -> List[int]:
@@ -234,9 +327,8 @@ class LazyCache:
     @property
     def aux_bytes(self) -> int:
         """Bytes of the hidden states held (Aux Cache and stash)."""
-        entries = list(self.aux.values()) + list(self.stash.values())
-        return sum(entry.hidden.nbytes for entry in entries)
+        return sum(e.data.nbytes for e in (*self.aux.values(), *self.stash.values()))
 
 
-def _copy_entries(entries: Dict[int, AuxEntry]) -> Dict[int, AuxEntry]:
-    return {d: AuxEntry(e.positions.copy(), mx.array(e.hidden)) for d, e in entries.items()}
+#: The per-token numpy arrays of a :class:`LazyCache` and their dtypes.
+_ARRAYS = {"depth": np.int64, "limit": np.int64, "computed": np.int32, "always_kept": np.int64}

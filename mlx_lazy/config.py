@@ -65,6 +65,11 @@ class PruningConfig:
             computation only. Measured (docs/fidelity.md): ``exact`` and ``after-first``
             decode at the unpruned speed, ``exact``'s second token comes a little later;
             ``none`` decodes 2.0-2.2x slower per token on a CPU and drifts most.
+        max_revivals: LazyLLM with revive only: the most tokens one decode step revives at
+            one cut, the best-scoring of those it selected; the others stay in the Aux Cache
+            and may come back in a later step. It bounds a decode step's work (selections
+            at a cut's boundary flip spans of tokens from one step to the next, and each
+            flip would revive them); None (the default): no bound, the paper's step.
         scorer: score-based methods only: the scorer that ranks the context at each cut, a
             :class:`~mlx_lazy.scorers.Scorer` or its spec (:func:`~mlx_lazy.scorers.parse_scorer`):
             ``"last"`` (the paper: the query token's attention), ``"window:size=32"`` (the last
@@ -92,6 +97,7 @@ class PruningConfig:
     seed: int = 0
     revive: bool = True
     complete: str = "exact"
+    max_revivals: Optional[int] = None
     scorer: Optional[Union[str, Scorer]] = None
     quality: str = "default"
     source: Optional[str] = None
@@ -123,6 +129,8 @@ class PruningConfig:
             values["keep"] = tuple(_real("each keep fraction", x) for x in keep)
         if self.scorer is not None:
             values["scorer"] = parse_scorer(self.scorer)
+        if self.max_revivals is not None:
+            values["max_revivals"] = _bounded("max_revivals", self.max_revivals, 0, MAX_COUNT)
         if self.source is not None and (not isinstance(self.source, str)
                                         or not self.source.strip()):
             raise UserInputError(f"source must be a non-empty string, got {shown(self.source)}")

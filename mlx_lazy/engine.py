@@ -23,7 +23,7 @@ import numpy as np
 
 from .adapter import ModelAdapter
 from .attention import attention, prepare
-from .cache import AuxEntry, LayerKV, LazyCache
+from .cache import LayerKV, LazyCache, Rows
 from .distributed import TensorParallel, model_group
 from .config import PruningConfig
 from .schedule import Schedule
@@ -50,6 +50,7 @@ class GenerationStats:
     aux_bytes: int = 0
     kv_bytes_per_layer: List[int] = field(default_factory=list)
     prompt_tokens_computed_pct: float = 0.0
+    prompt_token_layers_computed_pct: float = 0.0
     tokens_computed_per_layer: List[int] = field(default_factory=list)
     prefill_tokens_per_layer: List[int] = field(default_factory=list)
     prefill_attention_pairs: int = 0
@@ -107,8 +108,6 @@ class LazyEngine:
         self.scorer = self.schedule.scorer
         prepare()  # outside any timed region: the CPU kernels' one-time build
         self.cache = LazyCache(self.adapter.num_layers)
-        self.prompt_len = 0
-        self.always_kept = np.empty(0, np.int64)
         self.start_request()
 
     def start_request(self) -> None:
@@ -124,8 +123,6 @@ class LazyEngine:
     def reset(self) -> None:
         """Forget the sequence: an empty state, counters zeroed."""
         self.cache = LazyCache(self.adapter.num_layers)
-        self.prompt_len = 0
-        self.always_kept = np.empty(0, np.int64)
         self.start_request()
 
     # ------------------------------------------------------------------ prompt
@@ -152,8 +149,8 @@ class LazyEngine:
         start = self.cache.length
         positions = self.cache.add_tokens(n)
         self._set_prompt_limits(start, n)
-        self.always_kept = start + self.scorer.always_kept(n)
-        self.prompt_len = self.cache.length
+        self.cache.always_kept = start + self.scorer.always_kept(n)
+        self.cache.prompt_len = self.cache.length
         before = self.cache.computed.sum(axis=1)
         if start == 0:
             logits = self._prefill(tokens, positions, progress)
@@ -185,8 +182,8 @@ class LazyEngine:
             keep = sched.keep_after(layer)
             if keep is not None:
                 m = min(self.scorer.n_queries, len(active))  # scoring queries: the last m
-                selected, pruned = self._select(layer, q[:, :, -m:], active[-m:], k, active,
-                                                keep, n)
+                window = self._window(layer, q[:, :, -m:], active[-m:])
+                selected, pruned = self._select(layer, window, k, active, keep, n)
                 if pruned:
                     self._stash(layer + 1, active, h)
                 h, active = self._advance(layer, h, active, selected)
@@ -263,7 +260,7 @@ class LazyEngine:
             kv = cache.layers[layer]
             kv.append(k, v, comp)
             kpos = kv.cached_positions()
-            visible = None if selected is None or completing else np.isin(kpos, selected)
+            visible = None if selected is None or completing else chosen[kpos]
             rows = comp  # queries: the new tokens last, revived tokens before them
             if len(rows) > 1 and layer == a.num_layers - 1:  # others: KV only at the top
                 q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
@@ -273,9 +270,12 @@ class LazyEngine:
             selects = prompt or (sched.dynamic and not completing)
             keep = sched.keep_after(layer) if selects else None
             if keep is not None:
-                m = min(self.scorer.n_queries, int((rows >= first).sum()))
-                selected, pruned = self._select(layer, q[:, :, -m:], rows[-m:], kv.fetch()[0],
-                                                kpos, keep, n_ctx, visible)
+                m = min(self.scorer.n_queries, int((rows >= first).sum()))  # new tokens last
+                window = self._window(layer, q[:, :, -m:], rows[-m:])
+                selected, pruned = self._select(layer, window, kv.fetch()[0], kpos, keep, n_ctx,
+                                                visible, None if prompt else comp)
+                chosen = np.zeros(n_ctx, bool)
+                chosen[selected] = True
                 if prompt and pruned:
                     self._stash(layer + 1, comp, h)
                 h, comp = self._advance(layer, h, comp, selected)
@@ -412,7 +412,7 @@ class LazyEngine:
         """``complete="exact"``: keep a prompt chunk's hidden states at its first cut that
         prunes (each token has seen every other up to there) for :meth:`_recompute`."""
         if self.schedule.complete == "exact" and not self.cache.stash:
-            self.cache.stash[depth] = AuxEntry(positions.copy(), h)
+            self.cache.stash[depth] = Rows(positions.copy(), h)
 
     def _recompute(self, should_stop: Optional[Callable[[], bool]]) -> int:
         """Carry the stashed tokens through every layer above their stash depth over every
@@ -421,7 +421,7 @@ class LazyEngine:
         A stop parks them in the stash one layer up. Returns the token-layers computed."""
         a, cache, done = self.adapter, self.cache, 0
         (depth, entry), = cache.stash.items()
-        carried, h = entry.positions, entry.hidden
+        carried, h = entry.positions, entry.data
         for d in list(cache.aux):
             if np.isin(cache.aux[d].positions, carried).any():
                 cache.aux_take(d, carried, revival=False)
@@ -430,7 +430,7 @@ class LazyEngine:
             if not len(carried):
                 break
             if should_stop is not None and should_stop():
-                cache.stash = {layer: AuxEntry(carried, h)}
+                cache.stash = {layer: Rows(carried, h)}
                 return done
             h = self._carry(layer, h, carried)
             done += len(carried)
@@ -460,24 +460,33 @@ class LazyEngine:
             return h, comp
         return h[:, mx.array(np.flatnonzero(alive).astype(np.int32))], comp[alive]
 
+    def _window(self, layer: int, queries: mx.array, positions: np.ndarray) -> Rows:
+        """The scoring queries at ``layer``: the newest tokens' (``queries`` at
+        ``positions``) after the latest ones kept from earlier steps, the scorer's last
+        ``n_queries`` in all (so a window scorer keeps its window while decoding)."""
+        self.cache.window_put(layer, positions, queries, self.scorer.n_queries)
+        return self.cache.window[layer]
+
     def _select(
         self,
         layer: int,
-        queries: mx.array,
-        query_positions: np.ndarray,
+        window: Rows,
         keys: mx.array,
         positions: np.ndarray,
         keep: float,
         n_ctx: int,
         visible: Optional[np.ndarray] = None,
+        computed: Optional[np.ndarray] = None,
     ) -> Tuple[np.ndarray, bool]:
         """Sorted positions of the tokens kept after ``layer`` (the top ``keep`` fraction of
-        the context by the scorer's scores) and whether any candidate was left out.
+        the context by the scorer's scores of the ``window`` queries) and whether any
+        candidate was left out.
 
         ``keys`` (1, kv_heads, n, d) belong to ``positions`` in the same order; only those
         marked ``visible`` (all when None) and able to reach ``layer + 1`` are candidates.
         The newest token, the anchors and the scorer's always-kept positions are kept
-        whatever their score.
+        whatever their score. In a decode step (``computed``: the tokens it computed at
+        ``layer``), at most ``max_revivals`` of the others may need a revival.
         """
         eligible = self.cache.limit[positions] > layer + 1
         if visible is not None:
@@ -485,14 +494,26 @@ class LazyEngine:
         # Tensor parallel: the scorer's head reduction (tp.reduce_heads) is the one point where
         # ranks exchange data to decide; each holds only its own heads, every rank gets the
         # reduction over all of them, so every rank selects (and revives) the same tokens.
-        ctx = ScoreContext(layer, queries, query_positions, keys, positions, eligible, visible,
+        ctx = ScoreContext(layer, window.data, window.positions, keys, positions, eligible, visible,
                            self.adapter.scale, self.tp.reduce_heads)
         scores = self.scorer.score(ctx)[eligible]
         self.host_syncs += 1
         candidates = positions[eligible]
         forced = ((candidates < self.schedule.anchors) | (candidates == n_ctx - 1)
-                  | np.isin(candidates, self.always_kept))
-        kept = top_k(candidates, scores, forced, round(keep * n_ctx))
+                  | np.isin(candidates, self.cache.always_kept))
+        k, budget = round(keep * n_ctx), self.schedule.max_revivals
+        if computed is not None and budget is not None:
+            # Waiting at depth layer+1 and not computed now: selecting it means a revival.
+            # All but the best ``budget`` of them sit this step out (fewer kept if need be).
+            waiting = ((self.cache.depth[candidates] == layer + 1)
+                       & ~np.isin(candidates, computed) & ~forced)
+            rows = np.flatnonzero(waiting)
+            if len(rows) > budget:
+                best = rows[np.argsort(-scores[rows], kind="stable")[:budget]]
+                waiting[best] = False
+                candidates, scores, forced = candidates[~waiting], scores[~waiting], forced[~waiting]
+                k = min(k, len(candidates))
+        kept = top_k(candidates, scores, forced, k)
         return kept, len(kept) < len(candidates)
 
     def _advance(self, layer: int, h: mx.array, comp: np.ndarray, selected: np.ndarray):
@@ -525,7 +546,8 @@ class LazyEngine:
     @property
     def stats(self) -> GenerationStats:
         """Counts of this generation so far (timings are filled in by the caller)."""
-        c, n = self.cache, self.prompt_len
+        c = self.cache
+        n = c.prompt_len
         kv = c.kv_bytes_per_layer
         computed = c.computed[:, : c.length]
         return GenerationStats(
@@ -537,6 +559,7 @@ class LazyEngine:
             aux_bytes=c.aux_bytes,
             kv_bytes_per_layer=kv,
             prompt_tokens_computed_pct=100.0 * float(np.mean(c.depth[:n] == c.num_layers)) if n else 0.0,
+            prompt_token_layers_computed_pct=100.0 * float(np.mean(c.depth[:n])) / c.num_layers if n else 0.0,
             tokens_computed_per_layer=computed.sum(axis=1).tolist(),
             prefill_tokens_per_layer=list(self.prefill_tokens_per_layer),
             prefill_attention_pairs=self.prefill_attention_pairs,

@@ -126,6 +126,7 @@ class ScoredCuts(Policy):
             schedule, prune_layers=layers, keep=keep, dynamic=self.dynamic,
             revive=self.dynamic and config.revive,
             complete=config.complete if self.dynamic and config.revive else "none",
+            max_revivals=config.max_revivals if self.dynamic else None,
             scorer=LastQuery() if config.scorer is None else config.scorer)
 
 
@@ -139,7 +140,7 @@ class LazyCuts(ScoredCuts):
     on the demo.
     """
 
-    takes = ScoredCuts.takes + ("revive", "complete")
+    takes = ScoredCuts.takes + ("revive", "complete", "max_revivals")
     dynamic = True
     at: Tuple[float, ...] = (0.7, 0.85)
     keep: Tuple[float, ...] = (0.25, 0.15)

@@ -25,7 +25,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .cache import AuxEntry, LazyCache
+from .cache import LazyCache
 from .engine import LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
 from .config import PruningConfig
@@ -33,7 +33,7 @@ from .schedule import Schedule
 from .schedule_files import calibrated
 
 #: The ``format`` of prompt-cache files.
-CACHE_FORMAT = "mlx-lazy-prompt-cache/2"  # 2: the scorer as one spec
+CACHE_FORMAT = "mlx-lazy-prompt-cache/3"  # 3: the state as LazyCache.state / meta_state
 
 
 def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
@@ -90,14 +90,12 @@ class PromptCache:
     @property
     def nbytes(self) -> int:
         """Bytes of KV buffers (filled or not) and Aux Cache held."""
-        state = self.engine.cache
-        return sum(layer.allocated_bytes for layer in state.layers) + state.aux_bytes
+        return self.engine.cache.nbytes
 
     def copy(self) -> "PromptCache":
         """An independent copy: generating on one leaves the other as it was."""
         engine = LazyEngine(self.model, self.schedule, self.engine.block_size)
         engine.cache = self.engine.cache.copy()
-        engine.prompt_len, engine.always_kept = self.engine.prompt_len, self.engine.always_kept
         engine.start_request()
         return PromptCache(engine, self.tokens)
 
@@ -191,11 +189,8 @@ def trim_prompt_cache(cache: PromptCache, num_tokens: int) -> int:
         raise UserInputError(f"cannot trim {num_tokens!r} tokens from a prompt cache of "
                              f"{len(cache)} tokens")
     length = len(cache) - int(num_tokens)
-    engine = cache.engine
-    engine.cache.trim(length)
+    cache.engine.cache.trim(length)
     cache.tokens = cache.tokens[:length]
-    engine.prompt_len = min(engine.prompt_len, length)
-    engine.always_kept = engine.always_kept[engine.always_kept < length]
     return int(num_tokens)
 
 
@@ -211,29 +206,15 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
         metadata: extra string metadata kept in the file (returned by
             :func:`load_prompt_cache` with ``return_metadata=True``).
     """
-    engine, state = cache.engine, cache.engine.cache
-    arrays: Dict[str, mx.array] = {
-        "depth": mx.array(state.depth), "limit": mx.array(state.limit),
-        "computed": mx.array(state.computed[:, : state.length]),
-        "always_kept": mx.array(engine.always_kept.astype(np.int64)),
-    }
-    for i, layer in enumerate(state.layers):
-        if layer.size:
-            keys, values = layer.fetch()
-            arrays[f"layers.{i}.keys"], arrays[f"layers.{i}.values"] = keys, values
-            arrays[f"layers.{i}.positions"] = mx.array(layer.cached_positions())
-    for name, entries in (("aux", state.aux), ("stash", state.stash)):
-        for depth, entry in entries.items():
-            arrays[f"{name}.{depth}.hidden"] = entry.hidden
-            arrays[f"{name}.{depth}.positions"] = mx.array(entry.positions)
+    engine = cache.engine
     info = {
         "format": CACHE_FORMAT,
         "fingerprint": engine.adapter.fingerprint(),
         "schedule": engine.schedule.as_dict(),
         "tokens": cache.tokens,
-        "prompt_len": engine.prompt_len,
-        "revivals": state.revivals,
+        "state": engine.cache.meta_state,
     }
+    arrays = engine.cache.state
     meta = {"mlx_lazy": json.dumps(info), **{str(k): str(v) for k, v in (metadata or {}).items()}}
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.safetensors")
@@ -279,30 +260,16 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
     except (KeyError, TypeError, UserInputError) as e:
         raise UserInputError(f"prompt cache {path} is corrupt: {one_line(e)}") from None
     engine = LazyEngine(model, schedule)
-    state = LazyCache(adapter.num_layers)
     try:
-        state.depth = np.array(arrays["depth"]).astype(np.int64)
-        state.limit = np.array(arrays["limit"]).astype(np.int64)
-        state.computed = np.array(arrays["computed"]).astype(np.int32)
-        for i, layer in enumerate(state.layers):
-            if f"layers.{i}.keys" in arrays:
-                layer.append(arrays[f"layers.{i}.keys"], arrays[f"layers.{i}.values"],
-                             np.array(arrays[f"layers.{i}.positions"]).astype(np.int64))
-        for key in arrays:
-            name, _, rest = key.partition(".")
-            if name in ("aux", "stash") and rest.endswith(".positions"):
-                depth = int(rest.split(".")[0])
-                getattr(state, name)[depth] = AuxEntry(np.array(arrays[key]).astype(np.int64),
-                                                       arrays[f"{name}.{depth}.hidden"])
+        state = LazyCache.from_state(arrays, info["state"])
         tokens = [int(t) for t in info["tokens"]]
+        if state.num_layers != adapter.num_layers:
+            raise ValueError(f"{state.num_layers} layers, the model has {adapter.num_layers}")
         if len(tokens) != state.length or state.computed.shape != (adapter.num_layers, len(tokens)):
             raise ValueError("token count and state disagree")
     except (KeyError, ValueError, TypeError) as e:
         raise UserInputError(f"prompt cache {path} is corrupt: {one_line(e)}") from None
-    state.revivals = int(info.get("revivals", 0))
     engine.cache = state
-    engine.prompt_len = int(info["prompt_len"])
-    engine.always_kept = np.array(arrays["always_kept"]).astype(np.int64)
     engine.start_request()
     cache = PromptCache(engine, tokens)
     extra = {k: v for k, v in meta.items() if k != "mlx_lazy"}

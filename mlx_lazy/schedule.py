@@ -27,6 +27,8 @@ class Schedule:
             already have KV at the next layer.
         complete: when tokens waiting in the Aux Cache are carried through their remaining
             layers (see :func:`parse_complete`; without ``revive`` none wait).
+        max_revivals: with ``revive``, the most tokens a decode step revives at one cut
+            (None: no bound, the paper).
         scorer: the scorer (:mod:`mlx_lazy.scorers`) that ranks the context at each cut,
             with its parameters.
         prompt_depth: number of layers that non-anchor prompt tokens may reach (SPEED
@@ -45,6 +47,7 @@ class Schedule:
     dynamic: bool = False
     revive: bool = False
     complete: str = "none"
+    max_revivals: Optional[int] = None
     scorer: Scorer = LastQuery()
     prompt_depth: int = 0
     random_keep: Optional[float] = None

@@ -13,7 +13,9 @@ CLI's and server's ``scorer``, schedule files and the benchmarks' ``lazy:scorer=
   prompt token in prefill, the newest token in decode), reduced over heads.
 * ``window`` (:class:`Window`, SnapKV's observation window): in prefill the mean over the last
   ``size`` prompt tokens' attention (each causal); those tokens are always kept, so a
-  question at the end of the prompt is never pruned away. Decode scores with the newest token.
+  question at the end of the prompt is never pruned away. Decoding keeps the window: the
+  latest ``size`` tokens' queries at each pruning layer, generated tokens included (the cache
+  keeps them), so the selection drifts with the answer instead of jumping to one token's.
 
 Both are grouped-query aware and reduce over heads by ``mean`` (the paper) or ``max``.
 :class:`Pooled` wraps any scorer: each candidate's score becomes the maximum over itself and
@@ -111,8 +113,8 @@ class LastQuery(Scorer):
 
 @dataclass(frozen=True)
 class Window(Scorer):
-    """Mean attention of the last ``size`` prompt tokens (each causal), reduced over heads;
-    the window itself is always kept."""
+    """Mean attention of the latest ``size`` tokens (each causal), reduced over heads; the
+    prompt's window itself is always kept."""
 
     size: int = 8
     heads: str = "mean"

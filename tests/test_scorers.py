@@ -82,7 +82,8 @@ def test_prefill_selection_matches_numpy_reference(tiny_model, kind, spec):
 
 @pytest.mark.parametrize("spec", SCORER_SPECS)
 def test_decode_selection_matches_numpy_reference(tiny_model, spec):
-    """At a decode step every scorer scores with the newest token over the layer's cache."""
+    """At a decode step a scorer scores with its window of the latest tokens' queries, the
+    newest token's last (``last``: that one alone), over the layer's cache."""
     model, _ = tiny_model("llama")
     n, keep = 120, 0.4
     prompt = random_prompt(n, model.args.vocab_size, seed=12)
@@ -98,10 +99,13 @@ def test_decode_selection_matches_numpy_reference(tiny_model, spec):
     kv = engine.cache.layers[0]
     keys, _ = kv.fetch()
     kpos = kv.cached_positions()
-    q, _, _ = a.qkv(0, a.embed(mx.array([token])), np.array([n]))
-    scores = reference_scores(q, keys, a.scale, [n], kpos, parse_scorer(spec).heads)
-    by_pos = dict(zip(kpos.tolist(), scores))
     w = window_of(spec)
+    qpos = np.arange(n + 1)[-max(1, w):]  # the window slides onto the generated token
+    everything = mx.concatenate([prompt, mx.array([token], prompt.dtype)])
+    q, _, _ = a.qkv(0, a.embed(everything), np.arange(n + 1))
+    scores = reference_scores(q[:, :, mx.array(qpos)], keys, a.scale, qpos, kpos,
+                              parse_scorer(spec).heads)
+    by_pos = dict(zip(kpos.tolist(), scores))
     forced = {0, n} | set(range(n - w, n))
     selected = reference_selection([by_pos[i] for i in range(n + 1)], n + 1, keep, forced)
     # Layer 1 now holds the prefill selection, the new token and the revived tokens.

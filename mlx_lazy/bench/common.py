@@ -98,6 +98,8 @@ class Timing:
     # from the call to the second token: the first token plus the first decode step, where
     # complete="after-first" carries the pruned tokens through their remaining layers
     second_token_s: float | None = None
+    # from the call to each token's arrival (the whole answer, token by token)
+    arrivals_s: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -125,6 +127,7 @@ class RunRecord:
     tpot_cpu_s: float | None = None
     tpot_short_s: float | None = None
     second_token_s: float | None = None
+    arrivals_s: list[float] = field(default_factory=list)
     work_memory_bytes: int | None = None  # peak minus what was allocated before (the weights)
     kv_bytes_per_layer: list[int] = field(default_factory=list)
     kv_bytes_allocated: int | None = None  # mlx-lm: its cache's allocation, 256 steps at a time
@@ -197,6 +200,7 @@ def timed(responses: Iterator[Any]) -> tuple[Timing, Any, str]:
         generation_tokens=n,
         tpot_short_s=(stamps[short][0] - w1) / short if short else None,
         second_token_s=stamps[1][0] - w0 if n > 1 else None,
+        arrivals_s=[w - w0 for w, _ in stamps],
     ), last, "".join(pieces)
 
 

@@ -1,0 +1,63 @@
+"""The answer-latency benchmark: arrivals of every token, paired ratios, bad options."""
+
+import json
+
+import pytest
+
+from mlx_lazy.bench import answer
+from mlx_lazy.bench.common import RunRecord
+
+
+def record(path, repeat, arrivals, syncs=0):
+    stats = None if path == "mlx-lm" else {"host_syncs": syncs, "revivals": 0,
+                                           "completed_token_layers": 0,
+                                           "prompt_token_layers_computed_pct": 50.0}
+    return RunRecord(method=path, family=path, prompt_tokens=10, generation_tokens=len(arrivals),
+                     ttft_s=arrivals[0], tpot_s=None, total_s=arrivals[-1], peak_memory_bytes=1,
+                     kv_bytes=2**20, aux_bytes=0, arrivals_s=list(arrivals), stats=stats,
+                     repeat=repeat, length=100)
+
+
+def test_summary_pairs_by_repeat_and_finds_the_worst_token():
+    full = [record("full", r, [10.0, 11.0, 12.0, 13.0]) for r in range(3)]
+    # Sooner at the first token, later at the third: not never-slower.
+    late = [record("lazy", r, [5.0, 6.0, 13.0, 13.5], syncs=6) for r in range(3)]
+    rows = {r["path"]: r for r in answer.summarize(full + late, 4)}
+    lazy = rows["lazy"]
+    assert lazy["token_1_x_full"] == pytest.approx(2.0)
+    assert lazy["token_4_s"] == pytest.approx(13.5)
+    assert lazy["worst_vs_full"] == pytest.approx(13.0 / 12.0)
+    assert lazy["never_slower"] is False
+    assert lazy["host_syncs_per_step"] == pytest.approx(2.0)
+    assert lazy["tpot_s"] == pytest.approx(3.75)  # the second half of the gaps 1, 7, 0.5
+    assert rows["full"]["never_slower"] is True
+    assert "| 100 | lazy |" in answer.render({"summary": list(rows.values()), "answer_tokens": 4})
+
+
+def test_end_to_end_on_a_tiny_model(tiny_model_path, tmp_path):
+    out = tmp_path / "answer.json"
+    result = answer.main(["--model", str(tiny_model_path), "--lengths", "96",
+                          "--answer-tokens", "5", "--repeats", "2",
+                          "--paths", "mlx-lm;lazy:complete=none;lazy", "--out", str(out)])
+    runs = json.loads(out.read_text())["runs"]
+    assert {r["method"] for r in runs} == {"full", "mlx-lm", "lazy:complete=none", "lazy"}
+    assert all(len(r["arrivals_s"]) == 5 and r["prompt_tokens"] == 96 for r in runs)
+    # rotated: the first path differs between the two repeats
+    assert len({r["method"] for r in runs if r["order"] == 0}) == 2
+    rows = {(r["path"]): r for r in result["summary"]}
+    assert rows["lazy:complete=none"]["prompt_token_layers_pct"] < 100
+    assert rows["full"]["prompt_token_layers_pct"] == 100
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--answer-tokens", "0"], "--answer-tokens must be at least 1"),
+    (["--paths", "lazy:bogus=1"], "--paths"),
+    (["--lengths", "999999"], "exceed the model's context"),
+    (["--lengths", "x"], "--lengths"),
+])
+def test_bad_options_are_one_error_line(tiny_model_path, argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        answer.main(["--model", str(tiny_model_path), *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
