@@ -20,7 +20,8 @@ class PromptCacheStore:
     first write while another array holds it), so a copy costs little, no stored cache is
     ever used by two generations at once, and a request that fails or is cancelled leaves
     the stored cache as it was. :meth:`checkin` keeps a request's cache, replacing the
-    stored caches it extends. Caches of other pruning configs never mix.
+    stored caches it extends. Caches of other pruning configs never mix. A stored cache is
+    never written to (only copies are), so :attr:`nbytes` never exceeds ``max_bytes``.
 
     Args:
         max_entries: the most caches kept.
@@ -61,12 +62,13 @@ class PromptCacheStore:
 
     def checkin(self, cache: PromptCache) -> None:
         """Keep ``cache`` as the most recent, dropping the stored caches it extends and
-        evicting the least recent ones to fit."""
+        evicting the least recent ones to fit; a cache larger than the bound is not kept
+        (and the caches it extends stay)."""
+        if self.max_entries < 1 or cache.nbytes > self.max_bytes or not len(cache):
+            return
         self._entries = [c for c in self._entries
                          if not (c.schedule == cache.schedule and c.model is cache.model
                                  and cache.tokens[: len(c)] == c.tokens)]
-        if self.max_entries < 1 or cache.nbytes > self.max_bytes or not len(cache):
-            return
         while self._entries and (len(self._entries) >= self.max_entries
                                  or self.nbytes + cache.nbytes > self.max_bytes):
             self._entries.pop(0)

@@ -579,13 +579,19 @@ class Worker:
             self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * took if self.mean_seconds else took
 
     def _complete_recent(self) -> None:
-        """Complete the most recent stored cache until a request arrives."""
+        """Complete the most recent stored cache until a request arrives: a copy of it, kept
+        in its place only when the store's byte bound holds the copy (completing grows the
+        KV; the stored cache itself is never written, so the bound holds at every moment)."""
         cache = self.store.most_recent()
-        if cache is not None:
-            try:
-                cache.engine.complete(should_stop=lambda: not self._jobs.empty())
-            except Exception:  # a bug here must not stop the worker: log it, drop nothing
-                log.error("completing a cached prompt failed:\n%s", traceback.format_exc())
+        if cache is None or not cache.engine.pending_token_layers:
+            return
+        try:
+            done = cache.copy()
+            done.engine.complete(should_stop=lambda: not self._jobs.empty())
+        except Exception:  # a bug here must not stop the worker: log it, drop nothing
+            log.error("completing a cached prompt failed:\n%s", traceback.format_exc())
+            return
+        self.store.checkin(done)
 
     def _generate(self, job: Job) -> bool:
         """Run ``job``; True when it ran to its end, False when it was cancelled."""

@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from mlx_lazy import generate  # noqa: E402
+from mlx_lazy import PruningConfig, generate, stream_generate  # noqa: E402
+from mlx_lazy.prompt_cache import make_prompt_cache  # noqa: E402
 from mlx_lazy import server as server_module  # noqa: E402
 from mlx_lazy.prefix_store import PromptCacheStore  # noqa: E402
 from test_server import Server, in_process_server, run_server  # noqa: E402
@@ -102,11 +103,55 @@ def test_idle_completion_carries_the_last_state_to_every_layer(tiny_model_path, 
     pruning = {"method": "lazy", "prune_layers": [1], "keep": [0.3], "complete": "none"}
     with in_process_server(tiny_model_path, store, idle_complete) as s:
         completion(s, DOC + " First?", pruning=pruning)
-        engine = store.most_recent().engine
         deadline = time.monotonic() + 30
-        while idle_complete and engine.pending_token_layers and time.monotonic() < deadline:
+        while (idle_complete and store.most_recent().engine.pending_token_layers
+               and time.monotonic() < deadline):
             time.sleep(0.05)
+        engine = store.most_recent().engine  # a completed copy replaces the stored cache
         assert (engine.pending_token_layers == 0) == idle_complete
         assert engine.stats.max_computations_per_token_layer == 1
+        second = completion(s, DOC + " Second?", pruning=pruning)
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 1000
+
+
+class WatchedStore(PromptCacheStore):
+    """A store that records its byte count after every checkin."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.checkins: list = []
+
+    def checkin(self, cache) -> None:
+        super().checkin(cache)
+        self.checkins.append(self.nbytes)
+
+
+def test_idle_completion_never_takes_the_store_past_its_bound(tiny_model, tiny_model_path):
+    """Once the stored entry grew from 15.9 to 23.6 MB under a 20 MB bound while idle: the
+    bound was checked only when an entry was stored, and completing grows the KV."""
+    model, tokenizer = tiny_model("llama")
+    pruning = {"method": "lazy", "prune_layers": [1], "keep": [0.3], "complete": "none"}
+    config = PruningConfig.preset("lazy", prune_layers=(1,), keep=(0.3,), complete="none")
+    # the sizes of the request's state, and of that state completed
+    cache = make_prompt_cache(model, config)
+    ids = tokenizer.encode(DOC + " First?")
+    for _ in stream_generate(model, tokenizer, ids, max_tokens=4, prompt_cache=cache):
+        pass
+    stored = cache.nbytes
+    cache.engine.complete()
+    assert cache.nbytes > stored  # completing grows it
+    store = WatchedStore(4, (stored + cache.nbytes) // 2)
+    seen = []
+    with in_process_server(tiny_model_path, store, idle_complete=True) as s:
+        completion(s, DOC + " First?", pruning=pruning)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(store.checkins) < 2:
+            seen.append(store.nbytes)
+            time.sleep(0.001)
+        seen.append(store.nbytes)
+        assert max(seen + store.checkins) <= store.max_bytes, (max(seen), store.max_bytes)
+        assert store.nbytes == stored and len(store) == 1  # the uncompleted state is kept
+        health = s.health()
+        assert health["prompt_cache"]["bytes"] == stored
         second = completion(s, DOC + " Second?", pruning=pruning)
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 1000
