@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import NoReturn
+from typing import Callable, NoReturn
+
+import mlx.core as mx
+from mlx_lm.sample_utils import make_sampler
 
 from .config import parse_complete
 from .errors import UserInputError
@@ -62,6 +65,25 @@ def top_p_arg(text: str) -> float:
     return p
 
 
+#: A temperature below this samples greedily, its limit: the sampler multiplies the
+#: log-probabilities by 1/T in the model's dtype, where 1/T past float16's 65504 (T = 1e-300
+#: past float32's too) is infinite and the top token's 0 * inf is NaN (uniformly random
+#: tokens, once).
+MIN_TEMPERATURE = 1e-4
+#: A top-p below this samples greedily: it keeps the most likely token alone in any
+#: vocabulary of up to a million tokens (that token has at least 1/V of the mass), and one
+#: that underflows float32 (5e-324) once made the nucleus empty.
+MIN_TOP_P = 1e-6
+
+
+def sampler(temperature: float, top_p: float) -> Callable[[mx.array], mx.array]:
+    """mlx-lm's sampler for ``temperature`` and ``top_p``; greedy below
+    :data:`MIN_TEMPERATURE` or :data:`MIN_TOP_P`, which the sampler cannot use."""
+    if temperature < MIN_TEMPERATURE or top_p < MIN_TOP_P:
+        temperature = 0.0
+    return make_sampler(temperature, top_p)
+
+
 def seed_arg(text: str) -> int:
     """A PRNG seed: an integer in [0, 2**64)."""
     try:
@@ -86,5 +108,5 @@ def add_sampling_arguments(p: argparse.ArgumentParser, max_tokens: int, what: st
     p.add_argument("-m", "--max-tokens", type=int, default=max_tokens,
                    help=f"{what}maximum number of tokens to generate (default {max_tokens})")
     p.add_argument("--temp", type=temperature_arg, default=0.0,
-                   help=f"{what}sampling temperature (0: greedy)")
+                   help=f"{what}sampling temperature (0, or below {MIN_TEMPERATURE:g}: greedy)")
     p.add_argument("--top-p", type=top_p_arg, default=1.0, help=f"{what}sampling top-p, in (0, 1]")

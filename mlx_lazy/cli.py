@@ -36,11 +36,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.sample_utils import make_sampler
 
 from . import distributed
 from ._args import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, METHOD_HELP, OneLineParser,
-                    add_sampling_arguments, complete_arg, method_arg, seed_arg)
+                    add_sampling_arguments, complete_arg, method_arg, sampler, seed_arg)
 from .engine import GenerationStats
 from .api import check_prompt, load, stream_generate
 from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
@@ -360,12 +359,11 @@ def run_once(model, tokenizer, tokens: list[int], cache: PromptCache, args: argp
     if args.seed is not None or args.compare:
         # Re-seed per run so sampled outputs of a comparison are comparable.
         mx.random.seed(args.seed if args.seed is not None else 0)
-    sampler = make_sampler(args.temp, args.top_p)
     pieces: list[str] = []
     out_tokens: list[int] = []
     resp = None
     for resp in stream_generate(model, tokenizer, tokens, max_tokens=args.max_tokens,
-                                prompt_cache=cache, sampler=sampler,
+                                prompt_cache=cache, sampler=sampler(args.temp, args.top_p),
                                 prompt_progress_callback=progress):
         pieces.append(resp.text)
         if resp.finish_reason != "stop":  # a "stop" response carries the EOS token

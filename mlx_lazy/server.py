@@ -37,16 +37,14 @@ from typing import Annotated, Any, AsyncIterator, Dict, List, Literal, Optional,
 
 import mlx.core as mx
 from jinja2 import TemplateError
-from mlx_lm.sample_utils import make_sampler
 
 from .extras import needs_extra
 
 with needs_extra("server", "the server"):
-    from fastapi import Depends, FastAPI, Request
+    from fastapi import FastAPI, Request
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
-    from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
     from pydantic import AfterValidator, BaseModel, ConfigDict, Field
     from sse_starlette import EventSourceResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -55,7 +53,7 @@ with needs_extra("server", "the server"):
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .adapter import ModelAdapter
-from ._args import METHOD_HELP, OneLineParser, add_sampling_arguments, method_arg
+from ._args import METHOD_HELP, OneLineParser, add_sampling_arguments, method_arg, sampler
 from .api import (check_anchors, check_context, check_tokens, context_length, load, prompt_token_ids,
                   stream_generate)
 from .errors import UserInputError, one_line
@@ -617,7 +615,7 @@ class Worker:
         try:
             with closing(stream_generate(
                 self.model, self.tokenizer, job.tokens[len(cache):], max_tokens=job.max_tokens,
-                sampler=make_sampler(job.temperature, job.top_p), prompt_cache=cache,
+                sampler=sampler(job.temperature, job.top_p), prompt_cache=cache,
                 prompt_progress_callback=progress,
             )) as responses:
                 for resp in responses:
@@ -696,6 +694,29 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+class ApiKey:
+    """ASGI middleware: every request but ``/health`` must carry ``Authorization: Bearer
+    KEY``, checked in constant time on the headers alone (401), before the body is read."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/health":
+            return await self.app(scope, receive, send)
+        given = b""
+        for name, value in scope["headers"]:
+            scheme, _, credentials = value.partition(b" ")
+            if name == b"authorization" and scheme.lower() == b"bearer":
+                given = credentials.strip()
+        if not hmac.compare_digest(given, self.key):
+            refused = APIError(401, "invalid or missing API key (send 'Authorization: Bearer "
+                                    "KEY')", type="authentication_error", code="invalid_api_key",
+                               headers={"WWW-Authenticate": "Bearer"})
+            return await refused.response()(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 class HeaderDeadline(H11Protocol):
     """uvicorn's h11 protocol, closing a connection whose next request's headers have not all
     arrived ``timeout`` seconds after it opened or after its last response (uvicorn times an
@@ -764,12 +785,13 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
     """The FastAPI application serving ``worker``'s (loaded) model with ``settings``."""
     app = FastAPI(title="mlx-lazy", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, timeout=settings.read_timeout_s)
+    if settings.api_key is not None:  # added last, so it runs first
+        app.add_middleware(ApiKey, key=settings.api_key)
     model_id = settings.model or "default_model"
     created = int(time.time())
     tokenizer = worker.tokenizer
     bounds = Bounds(settings.max_prompt_tokens or (worker.context and worker.context - 1),
                     token_bytes(tokenizer))
-    bearer = HTTPBearer(auto_error=False)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -789,15 +811,6 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         log.error("request %s failed:\n%s", rid, "".join(traceback.format_exception(exc)))
         return APIError(500, f"internal server error (request {rid}; see the server log)",
                         type="server_error").response()
-
-    def authorize(credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
-        if settings.api_key is None:
-            return
-        given = b"" if credentials is None else credentials.credentials.encode()
-        if not hmac.compare_digest(given, settings.api_key.encode()):
-            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                           type="authentication_error", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
 
     def make_job(rid: str, body: _Body, tokens: List[int], max_tokens: Optional[int]) -> Job:
         config = (settings.config if body.pruning is None
@@ -935,12 +948,12 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         return JSONResponse({"status": state, "model": model_id, **status},
                             status_code=200 if state == "ok" else 503)
 
-    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [
             {"id": model_id, "object": "model", "created": created, "owned_by": "mlx-lazy"}]}
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         bounds.check_text(sum(len(m.content.encode()) if isinstance(m.content, str)
                               else sum(len(p.text.encode()) for p in m.content)
@@ -949,7 +962,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         max_tokens = body.max_completion_tokens or body.max_tokens
         return await respond(body, tokens, request, chat=True, max_tokens=max_tokens)
 
-    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         if isinstance(body.prompt, str):
             bounds.check_text(len(body.prompt.encode()), "prompt")
@@ -1029,6 +1042,23 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_api_key(key: str) -> None:
+    """Refuse an API key that no client can send: an HTTP header carries it, so it must be
+    printable ASCII without spaces (a non-ASCII key once started a server that refused
+    every client).
+
+    Raises:
+        UserInputError: naming the first character that cannot be sent.
+    """
+    if not key:
+        raise UserInputError("--api-key (or $MLX_LAZY_API_KEY) is empty")
+    bad = next((i for i, c in enumerate(key) if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise UserInputError(f"--api-key (or $MLX_LAZY_API_KEY) must be printable ASCII without "
+                             f"spaces, as an HTTP header carries it; character {bad} is "
+                             f"U+{ord(key[bad]):04X}")
+
+
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     """Check the flags that need no model and turn them into :class:`ServerSettings`.
 
@@ -1043,8 +1073,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             raise UserInputError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
     if not 1 <= args.port <= 65535:
         raise UserInputError(f"--port must be in 1..65535, got {args.port}")
-    if args.api_key is not None and not args.api_key:
-        raise UserInputError("--api-key is empty")
+    if args.api_key is not None:
+        check_api_key(args.api_key)
     for name in ("read_timeout", "stall_timeout"):
         value = getattr(args, name)
         if not (math.isfinite(value) and value > 0):

@@ -377,6 +377,26 @@ def test_bad_flags_fail_before_the_model_loads(no_model_load, capsys, tmp_path, 
     assert all(f in line for f in fragments), line
 
 
+def test_sampling_values_the_sampler_cannot_use_are_greedy():
+    """Once --temp 1e-300 or top-p 5e-324 sampled uniformly random tokens (1/T is infinite
+    and 0 * inf NaN; the nucleus underflowed to nothing)."""
+    import mlx.core as mx
+
+    from mlx_lazy._args import MIN_TEMPERATURE, sampler
+
+    mx.random.seed(3)
+    logits = mx.random.normal((1, 384)) * 3
+    for dtype in (mx.float32, mx.float16):
+        logprobs = (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(dtype)
+        best = mx.argmax(logprobs, axis=-1).item()
+        for temp, top_p in ((1e-300, 1.0), (5e-324, 1.0), (MIN_TEMPERATURE / 2, 1.0),
+                            (1.0, 5e-324), (1.0, 1e-300)):
+            draws = {sampler(temp, top_p)(logprobs).item() for _ in range(30)}
+            assert draws == {best}, (dtype, temp, top_p, draws)
+        # just above the bounds it still samples, and lands on tokens the logits favour
+        assert len({sampler(1.0, 1.0)(logprobs).item() for _ in range(30)}) > 1
+
+
 def test_a_prompt_on_stdin_is_read_up_to_the_limit(no_model_load, monkeypatch, capsys):
     monkeypatch.setattr(cli, "PROMPT_MAX_BYTES", 8)
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"123456789")))

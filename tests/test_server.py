@@ -35,7 +35,7 @@ from mlx_lazy.prefix_store import PromptCacheStore
 from mlx_lazy.schedule_files import MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, write_schedule
 from mlx_lazy.scorers import Pooled, Window
 from mlx_lazy import server as server_module
-from mlx_lazy.server import (ServerSettings, StopText, Worker, create_app, is_loopback,
+from mlx_lazy.server import (DEFAULT_MAX_BODY_BYTES, ServerSettings, StopText, Worker, create_app, is_loopback,
                              listen_socket, main, pruning_config, uvicorn_server)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -221,6 +221,10 @@ def test_bad_command_line_is_one_error_line(tmp_path, tiny_model_path, capsys, n
     for flag in ("--read-timeout", "--stall-timeout"):
         for value in ("0", "-1", "nan", "inf"):
             assert flag in one_error_line(capsys, [*model, flag, value])
+    # a key no client can send (once: a server that refused every client with 401)
+    for key, bad in (("clé", "U+00E9"), ("a b", "U+0020"), ("k\x01", "U+0001"), ("", "empty")):
+        line = one_error_line(capsys, [*model, "--api-key", key])
+        assert "--api-key" in line and bad in line, line
 
 
 def test_start_up_errors_are_one_line(tiny_model_path, tmp_path, capsys, never_serve):
@@ -367,6 +371,16 @@ def test_stop_sequences(server, tiny_model):
                                             stop=stop, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == want
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_sampling_values_the_sampler_cannot_use_are_greedy(server, tiny_model):
+    """Once temperature 1e-300 or top_p 5e-324 sampled uniformly random tokens."""
+    prompt = "A language model predicts"
+    want = expected(tiny_model(), prompt, max_tokens=8)
+    client = server.client()
+    for kw in ({"temperature": 1e-300}, {"temperature": 1.0, "top_p": 5e-324}):
+        r = client.completions.create(model="any", prompt=prompt, max_tokens=8, seed=1, **kw)
+        assert r.choices[0].text == want, kw
 
 
 def test_seeded_sampling(server, tiny_model):
@@ -765,6 +779,13 @@ def test_api_key(tiny_model_path, tmp_path):
             s.client(api_key="wrong").completions.create(model="any", prompt="hi", max_tokens=2)
         r = s.client(api_key="s3cret").completions.create(model="any", prompt="hi", max_tokens=2)
         assert r.usage.completion_tokens == 2
+        # the key is checked before the body is read: once a malformed body got a 400 first
+        for body in (b'{"prompt": ', b"x" * (2 * DEFAULT_MAX_BODY_BYTES)):
+            status, _, payload = s.request("POST", "/v1/completions", body)
+            assert status == 401 and payload["error"]["code"] == "invalid_api_key", payload
+        status, _, payload = s.request("POST", "/v1/completions", b'{"prompt": ',
+                                       headers={"Authorization": "Bearer s3cret"})
+        assert status == 400, payload
 
 
 # ---------------------------------------------------------------- SmolLM2
