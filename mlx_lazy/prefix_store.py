@@ -1,5 +1,17 @@
 """The server's prefix caches: prompt caches kept between requests, as mlx-lm's server keeps
-its LRU of prompt caches."""
+its LRU of prompt caches.
+
+The rule for reuse across requests: by default an answer never depends on the requests
+before it. A state that prunes nothing is the full model's whatever built it, so a request
+that reuses one gets a fresh run's answer (up to the rounding of computing its prompt in two
+chunks); those are shared. A pruned state is not: LazyLLM's cuts are chosen by the query,
+the last prompt token, so the stored prefix was pruned for another request's query (with
+``complete: exact`` the first token of a reuse then differs from a fresh run's, with
+``after-first``, ``none`` and ``progressive`` every token, since decoding goes on from the
+pruned state), and SPEED's depths differ for the tokens that were an earlier answer. Such
+states are kept only with ``share_pruned`` (the server's ``--share-pruned-caches``), which
+trades that independence for speed.
+"""
 
 from __future__ import annotations
 
@@ -27,10 +39,13 @@ class PromptCacheStore:
         max_entries: the most caches kept.
         max_bytes: the most bytes (KV buffers and Aux Cache) kept; least recently used
             caches are evicted first, and a cache larger than this is not kept.
+        share_pruned: keep the caches of schedules that prune too (see the module
+            docstring: a later request's answer then depends on the requests before it).
     """
 
-    def __init__(self, max_entries: int, max_bytes: int):
+    def __init__(self, max_entries: int, max_bytes: int, share_pruned: bool = False):
         self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.share_pruned = share_pruned
         self._entries: List[PromptCache] = []  # least recently used first
 
     def __len__(self) -> int:
@@ -60,11 +75,16 @@ class PromptCacheStore:
             trim_prompt_cache(mine, len(mine) - common)
         return mine
 
+    def keeps(self, schedule: Schedule) -> bool:
+        """Whether caches of ``schedule`` are kept for later requests (the module's rule)."""
+        return self.share_pruned or not schedule.prunes
+
     def checkin(self, cache: PromptCache) -> None:
         """Keep ``cache`` as the most recent, dropping the stored caches it extends and
-        evicting the least recent ones to fit; a cache larger than the bound is not kept
-        (and the caches it extends stay)."""
-        if self.max_entries < 1 or cache.nbytes > self.max_bytes or not len(cache):
+        evicting the least recent ones to fit; a cache larger than the bound, or one the
+        rule does not share (:meth:`keeps`), is not kept (and the caches it extends stay)."""
+        if (self.max_entries < 1 or cache.nbytes > self.max_bytes or not len(cache)
+                or not self.keeps(cache.schedule)):
             return
         self._entries = [c for c in self._entries
                          if not (c.schedule == cache.schedule and c.model is cache.model

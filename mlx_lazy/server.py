@@ -439,7 +439,8 @@ class Worker:
 
     The model is loaded on that thread too (MLX work stays on the thread that created it,
     as in mlx-lm's server). With a ``store``, each request starts from a copy of the stored
-    prompt cache sharing the longest prefix with it and its cache is kept afterwards; with
+    prompt cache sharing the longest prefix with it and its cache is kept afterwards where the
+    store's rule shares it (:meth:`PromptCacheStore.keeps`); with
     ``idle_complete``, while no request waits the most recent cache's pruned tokens are
     carried through their remaining layers (a new request stops that between layers), so the
     next turn of that conversation needs no revivals. The thread is supervised: an exception in a job fails that job
@@ -778,6 +779,7 @@ class ServerSettings:
     stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
     prompt_cache_size: int = DEFAULT_PROMPT_CACHE_SIZE
     prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
+    share_pruned_caches: bool = False
     idle_complete: bool = True
 
 
@@ -1021,9 +1023,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-cache-bytes", type=int, default=DEFAULT_PROMPT_CACHE_BYTES,
                    metavar="BYTES", help="most bytes of KV and Aux Cache those caches hold "
                                          f"(default {DEFAULT_PROMPT_CACHE_BYTES})")
+    p.add_argument("--share-pruned-caches", action="store_true",
+                   help="also keep the prompt caches of pruning methods for later requests: "
+                        "follow-up turns skip their prefix, but an answer may then depend on "
+                        "the requests before it (by default only caches that prune nothing "
+                        "are kept, and no answer does)")
     p.add_argument("--no-idle-complete", dest="idle_complete", action="store_false",
-                   help="do not carry the last conversation's pruned tokens through their "
-                        "remaining layers while the server is idle")
+                   help="with --share-pruned-caches: do not carry the last conversation's "
+                        "pruned tokens through their remaining layers while the server is idle")
     p.add_argument("--api-key", default=os.environ.get("MLX_LAZY_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $MLX_LAZY_API_KEY; "
                         "none: no authentication)")
@@ -1090,7 +1097,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, api_key=args.api_key,
         read_timeout_s=args.read_timeout, stall_timeout_s=args.stall_timeout,
         prompt_cache_size=args.prompt_cache_size, prompt_cache_bytes=args.prompt_cache_bytes,
-        idle_complete=args.idle_complete)
+        share_pruned_caches=args.share_pruned_caches, idle_complete=args.idle_complete)
 
 
 def uvicorn_server(app: FastAPI, settings: ServerSettings, log_level: str) -> uvicorn.Server:
@@ -1129,7 +1136,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         settings = settings_from_args(args)
         sock = listen_socket(args.host, args.port)  # before the (slow) model load
-        store = (PromptCacheStore(settings.prompt_cache_size, settings.prompt_cache_bytes)
+        store = (PromptCacheStore(settings.prompt_cache_size, settings.prompt_cache_bytes,
+                                  settings.share_pruned_caches)
                  if settings.prompt_cache_size else None)
         worker = Worker(settings.model, settings.max_queue, store, settings.idle_complete)
         worker.wait_ready()

@@ -262,7 +262,7 @@ def test_usage_names_the_schedule_the_engine_used(tiny_model_path, tmp_path):
     config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), scorer="window:size=2")
     write_schedule(folder / MODEL_SCHEDULE_FILE, config, fingerprint, {"note": "test"})
     # Idle completion off: the second request must not find the first one's state completed.
-    with run_server(folder, "--method", "lazy", "--no-idle-complete",
+    with run_server(folder, "--method", "lazy", "--share-pruned-caches", "--no-idle-complete",
                     tmp_path=tmp_path) as server:
         # the server's default, then a request's own plain "lazy" (the same schedule runs)
         answers = [server.client().completions.create(

@@ -1,6 +1,6 @@
 """The server's prompt caches: a shared prefix is computed once, concurrent requests on one
-cached prefix stay independent, a failing request leaves the stored cache intact, and the
-store never holds more than its byte limit."""
+cached prefix stay independent, a failing request leaves the stored cache intact, pruned
+states are shared only when asked, and the store never holds more than its byte limit."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_the_store_never_exceeds_its_byte_limit(tiny_model_path, tmp_path):
 def test_idle_completion_carries_the_last_state_to_every_layer(tiny_model_path, idle_complete):
     """With idle completion, the lazy state kept after a request is carried through every
     layer once the server is idle (each token-layer still once); without, tokens wait."""
-    store = PromptCacheStore(4, 2**30)
+    store = PromptCacheStore(4, 2**30, share_pruned=True)
     # the paper's decode: the request leaves tokens waiting in the Aux Cache
     pruning = {"method": "lazy", "prune_layers": [1], "keep": [0.3], "complete": "none"}
     with in_process_server(tiny_model_path, store, idle_complete) as s:
@@ -140,7 +140,7 @@ def test_idle_completion_never_takes_the_store_past_its_bound(tiny_model, tiny_m
     stored = cache.nbytes
     cache.engine.complete()
     assert cache.nbytes > stored  # completing grows it
-    store = WatchedStore(4, (stored + cache.nbytes) // 2)
+    store = WatchedStore(4, (stored + cache.nbytes) // 2, True)
     seen = []
     with in_process_server(tiny_model_path, store, idle_complete=True) as s:
         completion(s, DOC + " First?", pruning=pruning)
@@ -155,3 +155,25 @@ def test_idle_completion_never_takes_the_store_past_its_bound(tiny_model, tiny_m
         assert health["prompt_cache"]["bytes"] == stored
         second = completion(s, DOC + " Second?", pruning=pruning)
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 1000
+
+
+def test_pruned_states_are_not_shared_unless_asked(tiny_model, tiny_model_path):
+    """Once 11 of 16 answers of a lazy `complete: none` server differed from the same
+    requests on a server without a prefix cache: they depended on the requests before."""
+    model, tokenizer = tiny_model("llama")
+    pruning = {"method": "lazy", "prune_layers": [1], "keep": [0.3], "complete": "none"}
+    config = PruningConfig.preset("lazy", prune_layers=(1,), keep=(0.3,), complete="none")
+    questions = [" First?", " Second?", " Third?"]
+    for share in (False, True):
+        store = PromptCacheStore(4, 2**30, share_pruned=share)
+        with in_process_server(tiny_model_path, store) as s:
+            answers = [completion(s, DOC + q, pruning=pruning) for q in questions]
+            full = [completion(s, DOC + q) for q in questions]  # nothing pruned: shared
+        cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in answers]
+        assert (min(cached[1:]) >= 1000) == share and (max(cached) == 0) != share, cached
+        assert min(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in full[1:]) >= 1000
+        for r, q in zip(answers + full, questions * 2):
+            want = generate(model, tokenizer, DOC + q, max_tokens=4,
+                            config=config if r in answers else None)
+            if not share or r in full:
+                assert r["choices"][0]["text"] == want, (share, q)
