@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import warnings
 from dataclasses import replace
@@ -267,7 +268,7 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
             raise UserInputError(
                 f"no quality={config.quality!r} schedule is calibrated for this model; make one "
                 "with python -m mlx_lazy.calibrate --model MODEL, or drop quality")
-        return config
+        return transfer_config(config, fingerprint)
     return replace(found, revive=config.revive, complete=config.complete,
                    max_revivals=config.max_revivals, anchors=config.anchors, seed=config.seed,
                    quality=config.quality)
@@ -356,3 +357,78 @@ def _packaged() -> Tuple[Tuple[Dict[str, Any], str, PruningConfig], ...]:
             continue
         found.append((dict(config.fingerprint), quality, config))
     return tuple(found)
+
+
+#: The shipped default-quality schedules the transfer rule is fit on (:func:`transfer_rule`).
+#: Listed, not globbed: a schedule shipped later (Gemma 3's) does not move the rule measured
+#: before it.
+TRANSFER_FROM = ("qwen2.5-coder-0.5b.json", "smollm2-135m.json")
+#: The source a transferred schedule reports.
+TRANSFER_SOURCE = "transfer"
+
+
+def keep_at(prune_layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: int,
+            depth: float) -> float:
+    """The fraction of the context a schedule keeps at relative depth ``depth`` (a cut after
+    layer ``l`` of ``L`` acts from depth ``(l + 1) / L`` on): 1 above its first cut."""
+    kept = [k for layer, k in zip(prune_layers, keep) if (layer + 1) / num_layers <= depth + 1e-9]
+    return min(kept) if kept else 1.0
+
+
+def transfer_rule(schedules: Optional[List[Tuple[int, PruningConfig]]] = None
+                  ) -> Tuple[Tuple[Tuple[float, float], ...], Any]:
+    """The transfer rule: cuts at relative depths, ``((depth, keep), ...)``, and a scorer,
+    fit on calibrated schedules (``(num_layers, config)`` pairs; by default the shipped
+    :data:`TRANSFER_FROM`).
+
+    The rule keeps, at each relative depth, the most that any of them keeps there (the upper
+    envelope of their keep-against-depth steps): every calibrated model would have kept at
+    least as much under it as its own schedule, which met the bars. From Qwen2.5-Coder-0.5B
+    (after layer 9 of 24, keep 15%) and SmolLM2-135M (after 8 and 14 of 30, keep 50% and
+    20%): keep 50% from 10/24 of the depth, 20% from half of it. The scorer is theirs when
+    they agree, else None (``last``). No rule (``()``) when there is none to fit on.
+    """
+    if schedules is None:
+        schedules = [(dict(config.fingerprint)["num_layers"], config)
+                     for _, quality, config in _packaged()
+                     if quality == "default" and config.source is not None
+                     and config.source.removeprefix("calibrated:") in TRANSFER_FROM]
+    schedules = [(n, c) for n, c in schedules if c.prune_layers and c.keep]
+    if not schedules:
+        return (), None
+    depths = sorted({(layer + 1) / n for n, c in schedules for layer in c.prune_layers})
+    rule, last = [], 1.0
+    for depth in depths:
+        k = max(keep_at(c.prune_layers, c.keep, n, depth) for n, c in schedules)
+        if k < last:
+            rule.append((depth, k))
+            last = k
+    specs = {scorer_spec(c.scorer) if c.scorer is not None else None for _, c in schedules}
+    return tuple(rule), (specs.pop() if len(specs) == 1 else None)
+
+
+def transfer_layers(rule: Tuple[Tuple[float, float], ...],
+                    num_layers: int) -> Tuple[Tuple[int, ...], Tuple[float, ...]]:
+    """The rule's cuts on a model of ``num_layers``: each after the first layer that reaches
+    its relative depth (never earlier: ``ceil(depth * L) - 1``), at most ``L - 2`` so that a
+    layer follows it; cuts that land on one layer keep the most of them."""
+    cuts: Dict[int, float] = {}
+    for depth, k in rule:
+        layer = min(num_layers - 2, max(0, math.ceil(depth * num_layers - 1e-9) - 1))
+        cuts[layer] = max(cuts.get(layer, 0.0), k)
+    layers = tuple(sorted(cuts))
+    return layers, tuple(cuts[layer] for layer in layers)
+
+
+def transfer_config(config: PruningConfig, fingerprint: Dict[str, Any]) -> PruningConfig:
+    """A plain ``lazy`` for a model without a calibrated schedule: the cuts and scorer of
+    :func:`transfer_rule` placed on its depth (:func:`transfer_layers`), reporting
+    ``source: "transfer"``; ``config`` itself (the preset) when there is no rule or the
+    model is too shallow for a cut."""
+    num_layers = fingerprint.get("num_layers")
+    rule, scorer = transfer_rule()
+    if not rule or not isinstance(num_layers, int) or num_layers < 2:
+        return config
+    layers, keep = transfer_layers(rule, num_layers)
+    return replace(config, prune_layers=layers, keep=keep, scorer=scorer,
+                   source=TRANSFER_SOURCE)

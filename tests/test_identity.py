@@ -115,7 +115,8 @@ def test_quantized_and_cast_copies_take_the_calibrated_schedule(packaged, conver
                                                                   tiny_model_dir, twin_dir):
     """A plain ``lazy`` on the 4-bit, 8-bit and float16 copies made by ``mlx_lm.convert``
     resolves to the schedule calibrated for the float32 model; a same-shape other model (and
-    its 4-bit copy) keeps the preset."""
+    its 4-bit copy) does not (the preset: the packaged folder here holds nothing the
+    transfer rule is fit on)."""
     want = ("calibrated:tiny.json", (1,), (0.3,))
     for name in ("q4", "q8g32", "float16"):
         model, _ = mlx_lazy.load(str(converted[name]))
@@ -146,7 +147,8 @@ def test_a_schedule_in_the_model_folder_follows_the_copies(tiny_model_dir, conve
 def test_a_cached_calibration_follows_the_copies(tiny_model_dir, converted, twin_dir,
                                                  tmp_path, monkeypatch):
     """What ``calibrate`` leaves in the cache for the float32 model (keyed by its exact
-    fingerprint) is found for its 4-bit copy too; another model does not take it."""
+    fingerprint) is found for its 4-bit copy too; another model does not take it (it takes
+    the transfer rule of the shipped schedules)."""
     monkeypatch.setenv("MLX_LAZY_CACHE", str(tmp_path / "cache"))
     fp = ModelAdapter(copy_of(tiny_model_dir("llama"))).fingerprint()
     path = cached_schedule_path(fp)
@@ -156,7 +158,7 @@ def test_a_cached_calibration_follows_the_copies(tiny_model_dir, converted, twin
     model, _ = mlx_lazy.load(str(converted["q4"]))
     assert cached_schedule_path(ModelAdapter(model).fingerprint()) != path
     assert resolve_config(model, "lazy").source == f"calibrated:{path.name}"
-    assert resolve_config(copy_of(twin_dir), "lazy").source == "preset"
+    assert resolve_config(copy_of(twin_dir), "lazy").source == "transfer"
     assert resolve_config(model, PruningConfig("lazy", quality="default")).prune_layers == (1,)
 
 

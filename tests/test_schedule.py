@@ -248,3 +248,68 @@ def test_the_largest_schedule_file_allowed_loads(tmp_path):
 def test_an_endless_schedule_file_is_cut_at_the_limit():
     with pytest.raises(UserInputError, match="schedule file /dev/zero is larger than the limit"):
         read_schedule("/dev/zero")
+
+
+# ------------------------------------------------------------------ the transfer rule
+
+
+def test_the_transfer_rule_is_the_envelope_of_the_shipped_schedules():
+    """Fit on Qwen2.5-Coder-0.5B (after layer 9 of 24, 15%) and SmolLM2-135M (after 8 and
+    14 of 30, 50% and 20%): 50% from 10/24 of the depth on, 20% from half of it, with their
+    common scorer."""
+    from mlx_lazy.schedule_files import transfer_rule
+
+    rule, scorer = transfer_rule()
+    assert rule == ((10 / 24, 0.5), (0.5, 0.2)) and scorer == "window:size=32:pool=8"
+
+
+def test_the_transfer_rule_keeps_at_least_what_each_calibrated_schedule_keeps():
+    """On each calibrated model's own depth, at every layer the rule keeps at least as much
+    as the model's calibrated schedule (which met the bars), and prunes somewhere."""
+    from mlx_lazy.schedule_files import (PACKAGED_SCHEDULES, TRANSFER_FROM, keep_at,
+                                         transfer_layers, transfer_rule)
+
+    rule, _ = transfer_rule()
+    for name in TRANSFER_FROM:
+        config = read_schedule(PACKAGED_SCHEDULES / name)
+        n = dict(config.fingerprint)["num_layers"]
+        layers, keep = transfer_layers(rule, n)
+        for layer in range(n):
+            depth = (layer + 1) / n
+            assert keep_at(layers, keep, n, depth) >= keep_at(config.prune_layers, config.keep,
+                                                              n, depth), (name, layer)
+        assert keep_at(layers, keep, n, 1.0) < 1.0
+
+
+def test_a_synthetic_transfer_fit():
+    from mlx_lazy.schedule_files import transfer_layers, transfer_rule
+
+    a = PruningConfig("lazy", prune_layers=(1, 5), keep=(0.6, 0.1), scorer="last")  # of 10
+    b = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), scorer="window:size=8")  # of 8
+    rule, scorer = transfer_rule([(10, a), (8, b)])
+    # depths 0.2: a keeps 0.6, b 1 -> 1; 0.5: 0.6 vs 0.3 -> 0.6; 0.6: 0.1 vs 0.3 -> 0.3
+    assert rule == ((0.5, 0.6), (0.6, 0.3)) and scorer is None
+    assert transfer_rule([]) == ((), None)
+    assert transfer_layers(rule, 10) == ((4, 5), (0.6, 0.3))
+    assert transfer_layers(rule, 3) == ((1,), (0.6,))  # both land on layer 1: the most kept
+    assert transfer_layers(((0.41, 0.5), (0.5, 0.2)), 30) == ((12, 14), (0.5, 0.2))  # never earlier
+
+
+def test_a_plain_lazy_on_an_uncalibrated_model_takes_the_transfer_rule(tiny_model):
+    """No calibrated schedule matches the tiny models: a plain ``lazy`` reports the transfer
+    rule, placed on the model's depth; anything else is as before."""
+    from mlx_lazy import LazyEngine, resolve_config
+    from mlx_lazy.schedule_files import calibrated
+
+    model, _ = tiny_model("qwen2")
+    s = resolve_config(model, "lazy")
+    assert (s.source, s.prune_layers, s.keep, scorer_spec(s.scorer)) == (
+        "transfer", (1,), (0.5,), "window:size=32:pool=8")
+    assert LazyEngine(model, s).stats.schedule["source"] == "transfer"
+    deep = calibrated(PruningConfig("lazy", anchors=3), {"num_layers": 36})
+    assert (deep.source, deep.prune_layers, deep.keep, deep.anchors) == (
+        "transfer", (14, 17), (0.5, 0.2), 3)
+    assert resolve_config(model, PruningConfig("lazy", prune_layers=(0,), keep=(0.5,))).source == "user"
+    assert resolve_config(model, "lazy+speed").source == "preset"
+    with pytest.raises(UserInputError, match="no quality='high' schedule"):
+        resolve_config(model, PruningConfig("lazy", quality="high"))
