@@ -17,6 +17,7 @@ from . import cli
 from ._args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OneLineParser
 from .api import check_prompt
 from .errors import UserInputError, one_line
+from .folders import check_destination
 from .prompt_cache import make_prompt_cache, save_prompt_cache
 
 
@@ -39,6 +40,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         config = cli.build_config(args)
         text = cli.read_prompt(args)
+        check_destination(args.prompt_cache_file, "--prompt-cache-file")  # before the prefill
         model, tokenizer = cli.load_model(args.model)
         cache = make_prompt_cache(model, config)
         tokens = cli.encode_prompt(tokenizer, text, args.system_prompt,

@@ -44,7 +44,7 @@ from .engine import GenerationStats
 from .api import check_prompt, load, stream_generate
 from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
-from .inputs import MiB, read_file, read_stream
+from .inputs import MiB, read_file, read_stream, regular_file
 from .config import QUALITIES, PruningConfig
 from .policies import RandomDrop, compose
 from .schedule_files import SCHEDULE_FIELDS, read_schedule
@@ -491,9 +491,14 @@ def _run(args: argparse.Namespace, group=None) -> None:
         if args.compare and config.method == BASELINE:
             raise UserInputError(f"--compare runs {BASELINE} against --method; choose a pruning "
                                  f"method such as --method lazy")
-        if args.compare and args.prompt_cache_file is not None:
-            raise UserInputError("--compare starts both runs from an empty state; drop "
-                                 "--prompt-cache-file")
+        if args.prompt_cache_file is not None:
+            if args.compare:
+                raise UserInputError("--compare starts both runs from an empty state; drop "
+                                     "--prompt-cache-file")
+            if args.system_prompt is not None:  # the cache's prompt begins the conversation
+                raise UserInputError("--system-prompt belongs to the cached prompt: give it "
+                                     "to mlx_lazy.cache_prompt, and drop it here")
+            regular_file(args.prompt_cache_file, "--prompt-cache-file")
         if distributed.is_rank0(group):
             _check_stats_path(args.stats_json)
         text = read_prompt(args)

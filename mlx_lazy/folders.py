@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -110,6 +111,42 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def check_destination(path: str, what: str) -> Path:
+    """``path``, checked to be where a file can be written atomically: a regular file or a new
+    name, in an existing folder that this process can create files in (probed with a
+    temporary file, removed again). A FIFO, device, socket or folder there is refused, not
+    replaced (as root, a replaced device node is gone for everyone). Meant to run before the
+    slow work whose result is written.
+
+    Raises:
+        UserInputError: naming ``what`` and the problem.
+    """
+    if not path:
+        raise UserInputError(f"{what} is empty; give a file name")
+    target = Path(path)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise UserInputError(f"cannot write {what} {path}: {e.strerror or e}") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UserInputError(f"{what} {path} is a folder; give a file name")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise UserInputError(f"{what} {path} is not a regular file (a FIFO, socket or "
+                             "device); give a file name")
+    folder = target.absolute().parent
+    if not folder.is_dir():
+        raise UserInputError(f"cannot write {what} {path}: folder {folder} does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=temp_prefix(target), dir=folder)
+    except OSError as e:
+        raise UserInputError(f"cannot write {what} {path}: {e.strerror or e}") from None
+    os.close(fd)
+    os.unlink(probe)
+    return target
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -4,6 +4,8 @@ JSON, a nesting limit (deep nesting exhausts the parser's recursion)."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Union
 
@@ -37,6 +39,28 @@ def read_file(path: Union[str, Path], what: str, limit: int) -> bytes:
         raise UserInputError(f"{what} does not exist") from None
     except OSError as e:
         raise UserInputError(f"cannot read {what}: {e.strerror or e}") from None
+
+
+def regular_file(path: Union[str, Path], what: str) -> Path:
+    """``path``, checked to name an existing regular file: not empty, a folder, a FIFO or a
+    device (which would block a reader, or be misread).
+
+    Raises:
+        UserInputError: naming ``what`` and what ``path`` is instead.
+    """
+    if not str(path):
+        raise UserInputError(f"{what} is empty; give a file name")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UserInputError(f"{what} {path} does not exist") from None
+    except OSError as e:
+        raise UserInputError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if stat.S_ISDIR(mode):
+        raise UserInputError(f"{what} {path} is a folder; give a file")
+    if not stat.S_ISREG(mode):
+        raise UserInputError(f"{what} {path} is not a regular file (a FIFO, socket or device)")
+    return Path(path)
 
 
 def read_json(path: Union[str, Path], what: str, limit: int, max_depth: int) -> Any:

@@ -367,11 +367,20 @@ def main_error(capsys, *argv: str) -> str:
     (("--schedule", "/dev/zero"), ["schedule file /dev/zero is larger than the limit of 1 MiB"]),
     (("--schedule", "{tmp}/deep.json"), ["deep.json nests arrays or objects more than 16 deep"]),
     (("--prompt-file", "/dev/zero"), ["prompt file '/dev/zero' is larger than the limit of 16 MiB"]),
+    # once a traceback or a misleading "does not exist"
+    (("--prompt-cache-file", ""), ["--prompt-cache-file is empty"]),
+    (("--prompt-cache-file", "{tmp}"), ["--prompt-cache-file", "is a folder"]),
+    (("--prompt-cache-file", "{tmp}/fifo"), ["--prompt-cache-file", "not a regular file"]),
+    (("--prompt-cache-file", "{tmp}/missing"), ["--prompt-cache-file", "missing does not exist"]),
+    # once silently ignored
+    (("--prompt-cache-file", "{tmp}/missing", "--system-prompt", "Be brief."),
+     ["--system-prompt belongs to the cached prompt"]),
 ])
 def test_bad_flags_fail_before_the_model_loads(no_model_load, capsys, tmp_path, flags, fragments):
     if any(f in flags for f in ("/dev/full", "/dev/zero")) and not Path(flags[1]).exists():
         pytest.skip(f"no {flags[1]} here")
     (tmp_path / "deep.json").write_text("[" * 200_000)
+    os.mkfifo(tmp_path / "fifo")
     flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
     line = main_error(capsys, *flags)
     assert all(f in line for f in fragments), line
@@ -395,6 +404,26 @@ def test_sampling_values_the_sampler_cannot_use_are_greedy():
             assert draws == {best}, (dtype, temp, top_p, draws)
         # just above the bounds it still samples, and lands on tokens the logits favour
         assert len({sampler(1.0, 1.0)(logprobs).item() for _ in range(30)}) > 1
+
+
+@pytest.mark.parametrize("dest, fragments", [
+    ("", ["--prompt-cache-file is empty"]),
+    ("{tmp}", ["is a folder"]),
+    ("{tmp}/fifo", ["not a regular file"]),  # once replaced by a regular file, exit 0
+    ("/dev/null", ["not a regular file"]),  # as root, a system device node was replaced
+    ("{tmp}/no/such/c.safetensors", ["folder", "does not exist"]),  # once after the prefill
+    ("/proc/c.safetensors", ["cannot write --prompt-cache-file /proc/c.safetensors"]),
+])
+def test_cache_prompt_refuses_a_destination_before_the_model_loads(no_model_load, capsys,
+                                                                   tmp_path, dest, fragments):
+    from mlx_lazy import cache_prompt
+
+    os.mkfifo(tmp_path / "fifo")
+    dest = dest.replace("{tmp}", str(tmp_path))
+    assert cache_prompt.main(["-p", "a document", "--prompt-cache-file", dest]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and all(f in lines[0] for f in fragments), lines
+    assert (tmp_path / "fifo").is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
 
 
 def test_a_prompt_on_stdin_is_read_up_to_the_limit(no_model_load, monkeypatch, capsys):
