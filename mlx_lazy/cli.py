@@ -44,7 +44,7 @@ from .engine import GenerationStats
 from .api import check_prompt, load, stream_generate
 from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
-from .inputs import MiB, read_file, read_stream, regular_file
+from .inputs import MiB, parse_float, parse_int, read_file, read_stream, regular_file
 from .config import QUALITIES, PruningConfig
 from .policies import RandomDrop, compose
 from .schedule_files import SCHEDULE_FIELDS, read_schedule
@@ -70,7 +70,7 @@ def _number_list(cast: Callable[[str], float], example: str) -> Callable[[str], 
             raise argparse.ArgumentTypeError(
                 f"an empty item in {text!r}; expected comma-separated numbers like {example}")
         try:
-            return tuple(cast(x) for x in items)
+            return tuple(cast(x.strip()) for x in items)
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"expected comma-separated numbers like {example}, got {text!r}"
@@ -82,11 +82,11 @@ def _number_list(cast: Callable[[str], float], example: str) -> Callable[[str], 
 def _cutoff(text: str) -> float | int:
     """Parse a SPEED cutoff: ``"0.75"`` is a fraction of the layers, ``"24"`` a layer count."""
     try:
-        return int(text)
+        return parse_int(text)
     except ValueError:
         pass
     try:
-        return float(text)
+        return parse_float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected a fraction like 0.75 or a layer count like 24, got {text!r}"
@@ -161,14 +161,14 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     g.add_argument("--method", type=method_arg, default=None, metavar="METHOD",
                    help=f"{METHOD_HELP} (default: full: every approximation is opt-in); flags "
                         "below override its preset's fields")
-    g.add_argument("--prune-layers", type=_number_list(int, "8,16,24"), default=None, metavar="L1,L2,...",
+    g.add_argument("--prune-layers", type=_number_list(parse_int, "8,16,24"), default=None, metavar="L1,L2,...",
                    help="layer indices after which tokens are pruned, e.g. 8,16,24")
-    g.add_argument("--keep", type=_number_list(float, "0.7,0.5,0.3"), default=None, metavar="F1,F2,...",
+    g.add_argument("--keep", type=_number_list(parse_float, "0.7,0.5,0.3"), default=None, metavar="F1,F2,...",
                    help="fraction of the context kept after each pruning layer, e.g. 0.7,0.5,0.3")
     g.add_argument("--speed-cutoff", type=_cutoff, default=None, metavar="X",
                    help="SPEED: prompt tokens get KV only below this depth; a fraction "
                         "(0.75) or a layer count (24)")
-    g.add_argument("--anchors", type=int, default=None, metavar="N",
+    g.add_argument("--anchors", type=parse_int, default=None, metavar="N",
                    help="leading prompt tokens that are never pruned")
     g.add_argument("--scorer", type=_scorer_arg, default=None, metavar="SPEC",
                    help=f"LazyLLM/static: what ranks the context at each cut, NAME[:field=value"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Union
@@ -12,6 +13,33 @@ from typing import Any, BinaryIO, Union
 from .errors import UserInputError
 
 MiB = 1 << 20
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def parse_int(text: str) -> int:
+    """An integer written in ASCII decimal digits, with an optional sign: Python's ``int``
+    also reads ``"3_0"`` as 30, ``" 7 "`` as 7 and Arabic-Indic or fullwidth digits, which a
+    user never means as a size.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if not _INT.fullmatch(text):
+        raise ValueError(f"not an integer in decimal digits: {text!r}")
+    return int(text)
+
+
+def parse_float(text: str) -> float:
+    """A number written in ASCII decimal notation (``0.5``, ``.5``, ``5e-1``), as
+    :func:`parse_int` (no ``nan``, ``inf``, underscores or other digits).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if not _FLOAT.fullmatch(text):
+        raise ValueError(f"not a decimal number: {text!r}")
+    return float(text)
 
 
 def read_stream(f: BinaryIO, what: str, limit: int) -> bytes:

@@ -32,6 +32,7 @@ import numpy as np
 
 from .attention import attention_probs
 from .errors import UserInputError, shown
+from .inputs import parse_float, parse_int
 
 HEAD_REDUCTIONS = ("mean", "max")
 #: The largest integer a scorer field takes: MLX indexes with int32.
@@ -180,7 +181,7 @@ SCORERS: Dict[str, Type[Scorer]] = {
 
 #: The spec key that wraps any scorer in :class:`Pooled` (its ``radius``).
 POOL_KEY = "pool"
-_PARSERS: Dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
+_PARSERS: Dict[str, Callable[[str], Any]] = {"int": parse_int, "float": parse_float, "str": str}
 
 
 def spec_keys(name: str) -> Tuple[str, ...]:

@@ -367,6 +367,13 @@ def main_error(capsys, *argv: str) -> str:
     (("--schedule", "/dev/zero"), ["schedule file /dev/zero is larger than the limit of 1 MiB"]),
     (("--schedule", "{tmp}/deep.json"), ["deep.json nests arrays or objects more than 16 deep"]),
     (("--prompt-file", "/dev/zero"), ["prompt file '/dev/zero' is larger than the limit of 16 MiB"]),
+    # sizes Python's int reads but a user never means (once: size 30, 33, 10)
+    (("--method", "lazy", "--scorer", "window:size=3_0"), ["size must be int, got '3_0'"]),
+    (("--method", "lazy", "--scorer", "window:size=\u0663\u0663"), ["size must be int"]),
+    (("--method", "lazy", "--scorer", "last:pool=\uff11"), ["pool must be int"]),
+    (("--method", "lazy", "--prune-layers", "1_0", "--keep", "0.5"), ["--prune-layers"]),
+    (("--method", "lazy", "--prune-layers", "1", "--keep", "0.5_0"), ["--keep"]),
+    (("--method", "lazy", "--anchors", "\u0663"), ["--anchors"]),
     # once a traceback or a misleading "does not exist"
     (("--prompt-cache-file", ""), ["--prompt-cache-file is empty"]),
     (("--prompt-cache-file", "{tmp}"), ["--prompt-cache-file", "is a folder"]),

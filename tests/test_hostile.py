@@ -5,6 +5,7 @@ stop check is linear."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Iterator, List
 
@@ -16,6 +17,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mlx_lazy import server as server_module  # noqa: E402
+from mlx_lazy.errors import UserInputError  # noqa: E402
+from mlx_lazy.inputs import parse_int  # noqa: E402
+from mlx_lazy.scorers import parse_scorer  # noqa: E402
 from mlx_lazy.server import (MAX_ERROR_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, StopText,  # noqa: E402
                              token_bytes)
 from test_server import Server, in_process_server  # noqa: E402
@@ -56,6 +60,27 @@ def test_stop_text_cuts_at_the_first_stop_and_withholds_only_what_may_begin_one(
                        if text.endswith(stop[:k])), default=0)
         assert len(held) == longest
     assert out + s.flush() == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=6))
+def test_sizes_are_ascii_decimal_only(text):
+    """``int`` reads ``3_0``, `` 7 `` and Arabic-Indic digits; a size must not."""
+    ascii_digits = text.lstrip("+-")[:1].isdigit() and text.isascii()
+    try:
+        value = parse_int(text)
+    except ValueError:
+        assert not (text.isascii() and re.fullmatch(r"[+-]?[0-9]+", text))
+    else:
+        assert ascii_digits and value == int(text) and "_" not in text and text == text.strip()
+
+
+def test_scorer_sizes_are_ascii_decimal_only():
+    """Once ``window:size=3_0`` was a window of 30 and Arabic-Indic digits a size too."""
+    assert parse_scorer("window:size=30") == parse_scorer("window:size=+30")
+    for bad in ("3_0", "\u0663\u0660", " 30", "\uff13\uff10", "30.0"):
+        with pytest.raises(UserInputError, match="size must be int"):
+            parse_scorer(f"window:size={bad}")
 
 
 def status_of(s: Server, path: str, body) -> tuple:
