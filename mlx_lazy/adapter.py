@@ -143,11 +143,11 @@ class ModelAdapter:
         return np.array(out).ravel()
 
     def _norm_weights(self) -> np.ndarray:
-        found = sorted((name, p) for name, p in tree_flatten(self.inner.parameters())
-                       if p.ndim == 1 and "norm" in name)
+        found = sorted(((name, p) for name, p in tree_flatten(self.inner.parameters())
+                        if p.ndim == 1 and "norm" in name), key=lambda item: item[0])
         if not found:
             return np.zeros(0, np.float32)
-        return np.concatenate([np.array(p.astype(mx.float32)) for _, p in found])
+        return np.array(mx.concatenate([p.astype(mx.float32) for _, p in found]))
 
     def variant(self) -> str:
         """How the weights are stored: the float dtype of the unquantized parameters, then
@@ -226,10 +226,19 @@ def _sketch(x: np.ndarray, seed: int) -> np.ndarray:
     """A count sketch of ``x``: each element added, with a random sign, to one of
     :data:`SKETCH_SIZE` buckets, both drawn from (seed, len(x)): for any x and y of one
     length, the distance between sketches estimates ``|x - y|``."""
-    rng = np.random.default_rng([seed, x.size])
-    buckets = rng.integers(0, SKETCH_SIZE, x.size)
-    signs = rng.integers(0, 2, x.size) * 2.0 - 1.0
+    buckets, signs = _sketch_hash(seed, x.size)
     return np.bincount(buckets, weights=signs * x.astype(np.float64), minlength=SKETCH_SIZE)
+
+
+@lru_cache(maxsize=8)
+def _sketch_hash(seed: int, size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The buckets and signs of :func:`_sketch` for one length (2 bytes per element, kept:
+    one model asks for the same two lengths again and again)."""
+    rng = np.random.default_rng([seed, size])
+    buckets = rng.integers(0, SKETCH_SIZE, size).astype(np.int8)
+    signs = (rng.integers(0, 2, size) * 2 - 1).astype(np.int8)
+    buckets.flags.writeable = signs.flags.writeable = False
+    return buckets, signs
 
 
 def _encode_identity(parts: Tuple[np.ndarray, ...]) -> str:

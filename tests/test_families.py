@@ -122,7 +122,7 @@ def test_phi3_prunes(family, kind):
     model, tokenizer = family(kind)
     n = 400
     config = PruningConfig("lazy", prune_layers=(0, 1, 2), keep=(0.5, 0.2, 0.05),
-                           complete="after-first")
+                           complete="none")  # decode steps revive; each (token, layer) once
     engine = LazyEngine(model, resolve_config(model, config))
     token = int(mx.argmax(engine.prefill(random_prompt(n, model.args.vocab_size))))
     for _ in range(32):

@@ -228,3 +228,22 @@ def test_the_shipped_schedules_name_their_models_identity():
         calibrated = [v for v in variants if "calibrated" in v["checked"]]
         assert [v["variant"] for v in calibrated] == [fp["variant"]], path.name
         assert any(v["variant"].endswith("q4g64") for v in variants), path.name
+
+
+@pytest.mark.slow
+def test_smollm2_and_its_4bit_copy_take_the_shipped_schedules(smollm2_path):
+    """The real SmolLM2: the float32 folder's identity is the shipped files' (its weights
+    digest too), and the 4-bit copy (the GGUF's own Q4_1/Q8_0) resolves a plain ``lazy`` to the
+    same calibrated schedules, while its exact weights digest differs."""
+    from mlx_lazy.default_model import model_path
+
+    shipped = dict(read_schedule(schedule_files.PACKAGED_SCHEDULES / "smollm2-135m.json")
+                   .fingerprint)
+    f32 = mlx_lazy.load(str(smollm2_path))[0]
+    assert {k: ModelAdapter(f32).fingerprint()[k] for k in shipped} == shipped
+    q4 = mlx_lazy.load(str(model_path("smollm2-135m", quantized=True)))[0]
+    fp = ModelAdapter(q4).fingerprint()
+    assert fp["variant"] == "float32+q4g32+q8g32" and fp["weights"] != shipped["weights"]
+    for quality in ("default", "high"):
+        s = resolve_config(q4, PruningConfig("lazy", quality=quality))
+        assert s.source == f"calibrated:{schedule_files.schedule_file_name('smollm2-135m', quality)}"
