@@ -219,6 +219,7 @@ SKETCH_SIZE = 32
 #: the norm weights (a bfloat16 cast by at most 0.002; two trainings by far more).
 IDENTITY_TOLERANCE = {"embedding": 0.5, "norms": 0.02}
 _IDENTITY_PREFIX = "i1:"
+_MAX_EXPONENT = 128  # sketches of weights are far inside it; squares stay finite in float64
 _PART = re.compile(r"^(-?[0-9]{1,3})\.([A-Za-z0-9_-]{%d})$" % ((SKETCH_SIZE * 2 * 4 + 2) // 3))
 
 
@@ -247,7 +248,7 @@ def _encode_identity(parts: Tuple[np.ndarray, ...]) -> str:
         s = _sketch(x, seed)
         peak = float(np.abs(s).max()) if s.size else 0.0
         e = int(np.ceil(np.log2(peak))) if peak > 0 and np.isfinite(peak) else 0
-        e = max(-999, min(999, e))
+        e = max(-_MAX_EXPONENT, min(_MAX_EXPONENT, e))
         half = (s / 2.0 ** e).astype("<f2")
         out.append(f"{e}.{base64.urlsafe_b64encode(half.tobytes()).decode().rstrip('=')}")
     return _IDENTITY_PREFIX + ":".join(out)
@@ -269,6 +270,8 @@ def decode_identity(identity: object) -> Tuple[np.ndarray, np.ndarray]:
         m = _PART.match(part)
         if m is None:
             raise ValueError(f"malformed identity part {part[:24]!r}")
+        if abs(int(m.group(1))) > _MAX_EXPONENT:
+            raise ValueError(f"an identity's scale is 2**-{_MAX_EXPONENT} to 2**{_MAX_EXPONENT}")
         raw = base64.urlsafe_b64decode(m.group(2) + "=" * (-len(m.group(2)) % 4))
         values = np.frombuffer(raw, "<f2").astype(np.float64) * 2.0 ** int(m.group(1))
         if not np.isfinite(values).all():

@@ -54,7 +54,8 @@ def converted(tiny_model_dir, tmp_path_factory):
     source = tiny_model_dir("llama")
     return {"q4": convert(source, root / "q4", q_bits=4),
             "q8g32": convert(source, root / "q8g32", q_bits=8, q_group_size=32),
-            "float16": convert(source, root / "f16", dtype="float16")}
+            "float16": convert(source, root / "f16", dtype="float16"),
+            "bfloat16+q4": convert(source, root / "bf16q4", q_bits=4, dtype="bfloat16")}
 
 
 VARIANTS = [
@@ -118,7 +119,7 @@ def test_quantized_and_cast_copies_take_the_calibrated_schedule(packaged, conver
     its 4-bit copy) does not (the preset: the packaged folder here holds nothing the
     transfer rule is fit on)."""
     want = ("calibrated:tiny.json", (1,), (0.3,))
-    for name in ("q4", "q8g32", "float16"):
+    for name in ("q4", "q8g32", "float16", "bfloat16+q4"):
         model, _ = mlx_lazy.load(str(converted[name]))
         s = resolve_config(model, "lazy")
         assert (s.source, s.prune_layers, s.keep) == want, name
@@ -198,6 +199,10 @@ def test_schedule_files_record_the_variants_checked(tiny_model_dir, tmp_path):
         (dict(doc["model"], fingerprint=dict(fp, identity="i1:nope")),
          "model.fingerprint.identity"),
         (dict(doc["model"], fingerprint=dict(fp, variant=4)), "model.fingerprint.variant"),
+        # a well-formed part whose values overflow: not an identity either
+        (dict(doc["model"], fingerprint=dict(fp, identity=fp["identity"].replace(
+            fp["identity"].split(":")[1].split(".")[0] + ".", "999.", 1))),
+         "model.fingerprint.identity"),
     ]
     for model, message in bad:
         (tmp_path / "bad.json").write_text(json.dumps(dict(doc, model=model)))
