@@ -11,31 +11,29 @@ One thread owns the model and runs one generation at a time from a queue; the HT
 answers during a long prefill. A client that disconnects cancels its generation (between two
 layers of the prefill or two decode steps). Every error is an OpenAI-style error object:
 ``{"error": {"message", "type", "param", "code"}}``.
+
+Here: the request bodies and the bounds on their fields, the middleware, the :class:`App`
+and :func:`main`. The generation thread and its jobs are :mod:`mlx_lazy.server_worker`, the
+command line's flags and settings :mod:`mlx_lazy.server_settings`, the prompt caches kept
+between requests :mod:`mlx_lazy.prefix_store`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import functools
 import hmac
-import ipaddress
 import json
 import logging
-import math
 import os
-import queue
 import socket
 import sys
-import threading
 import time
 import traceback
 import uuid
-from contextlib import closing
-from typing import Annotated, Any, AsyncIterator, Dict, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Annotated, Any, AsyncIterator, Dict, List, Literal, Optional, Sequence, Union
 
-import mlx.core as mx
 from jinja2 import TemplateError
 
 from .extras import needs_extra
@@ -53,56 +51,26 @@ with needs_extra("server", "the server"):
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .adapter import ModelAdapter
-from ._args import METHOD_HELP, OneLineParser, add_sampling_arguments, method_arg, sampler
-from .api import (check_anchors, check_context, check_tokens, context_length, load, prompt_token_ids,
-                  stream_generate)
-from .errors import UserInputError, one_line
-from .prefix_store import PromptCacheStore
-from .prompt_cache import make_prompt_cache, resolve_config
+from .api import check_anchors, check_context, check_tokens, prompt_token_ids
 from .config import PruningConfig
+from .errors import UserInputError, one_line
 from .policies import compose
+from .prefix_store import PromptCacheStore
 from .schedule import check_fits
-from .schedule_files import read_schedule
+from .server_settings import ServerSettings, build_parser, is_loopback, settings_from_args
+from .server_worker import GONE, APIError, Delta, Done, Job, Worker
 
 log = logging.getLogger("mlx_lazy.server")
 
-DEFAULT_PORT = 8080
-DEFAULT_MAX_TOKENS = 512  # mlx-lm's server default
-DEFAULT_MAX_QUEUE = 8
-DEFAULT_MAX_BODY_BYTES = 8 * 2**20
-DEFAULT_READ_TIMEOUT_S = 30.0
-# A job with no prefill layer or decode step done for this long is reported stuck. The slowest
-# step here, a layer of an 8K-token prefill on a CPU, takes seconds.
-DEFAULT_STALL_TIMEOUT_S = 300.0
-DEFAULT_PROMPT_CACHE_SIZE = 10  # mlx-lm's server default
-# KV and Aux Cache bytes kept between requests: room on a 16 GB Mac beside a few-GB model.
-DEFAULT_PROMPT_CACHE_BYTES = 2 * 2**30
 SSE_PING_S = 15  # a comment line keeps proxies from closing a stream during a long prefill
-MAX_ERROR_CHARS = 1000  # an error message is cut here: it never echoes a huge field back
-_LOOPBACK_NAMES = ("localhost",)
 
 
 # ---------------------------------------------------------------- errors
 
 
-class APIError(Exception):
-    """An HTTP error answered with an OpenAI-style error object."""
-
-    def __init__(self, status: int, message: str, param: Optional[str] = None,
-                 code: Optional[str] = None, type: str = "invalid_request_error",
-                 headers: Optional[Dict[str, str]] = None) -> None:
-        message = one_line(Exception(message), MAX_ERROR_CHARS)
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.type, self.headers = type, headers
-
-    def body(self) -> dict:
-        """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+def error_response(exc: APIError) -> JSONResponse:
+    """``exc`` as an HTTP response: its status, headers and OpenAI-style error object."""
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 def _param(loc: Sequence[Union[str, int]]) -> Optional[str]:
@@ -315,339 +283,6 @@ def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig) -> 
         raise APIError(400, str(e), param="pruning") from None
 
 
-# ---------------------------------------------------------------- generation worker
-
-
-class _Cancelled(Exception):
-    """Raised from the prefill's progress callback when the client has gone."""
-
-
-_GONE = object()  # put on a job's events when its client has disconnected
-
-
-@dataclasses.dataclass
-class Delta:
-    """A piece of output text."""
-
-    text: str
-
-
-@dataclasses.dataclass
-class Done:
-    """The end of a generation."""
-
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    pruning: dict
-
-
-@dataclasses.dataclass
-class Job:
-    """One validated request waiting for, or in, generation."""
-
-    id: str  # the response's id, also named in the log and in a 500's message
-    tokens: List[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: Optional[int]
-    stop: List[str]
-    config: PruningConfig
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
-    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
-    phase: str = "queued"
-    layers_done: int = 0
-    generated: int = 0
-
-    def emit(self, item: Union[Delta, Done, APIError]) -> None:
-        """Hand ``item`` to the request's event loop (thread-safe)."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
-        except RuntimeError:  # the loop has closed (shutdown)
-            self.cancel.set()
-
-    def fail(self) -> None:
-        """End the request with a 500 that names it (the log has the traceback)."""
-        self.emit(APIError(500, f"generation failed (request {self.id}; see the server log)",
-                           type="server_error", code="generation_failed"))
-
-
-class StopText:
-    """Cuts streamed text at the first of ``stops``, withholding a tail that may begin one.
-
-    Each stop string is matched by a Knuth-Morris-Pratt automaton fed one character at a
-    time, whose state is the longest tail of the text so far that begins that stop: a
-    :meth:`feed` costs time linear in its text (amortized), whatever the stops' lengths,
-    and the text withheld is never longer than the longest stop.
-    """
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self._fail = [_failure(s) for s in self.stops]
-        self._state = [0] * len(self.stops)
-        self.pending = ""
-
-    def feed(self, text: str) -> Tuple[str, bool]:
-        """Add ``text``; return the text that is safe to emit and whether a stop was hit."""
-        start = len(self.pending)
-        self.pending += text
-        first = None  # where the earliest stop found begins, in pending
-        for i, (stop, fail) in enumerate(zip(self.stops, self._fail)):
-            k = self._state[i]
-            for j, c in enumerate(text, start):
-                while k and stop[k] != c:
-                    k = fail[k - 1]
-                if stop[k] == c:
-                    k += 1
-                if k == len(stop):
-                    where = j + 1 - k
-                    first = where if first is None else min(first, where)
-                    break
-            self._state[i] = k
-        if first is not None:
-            out, self.pending = self.pending[:first], ""
-            return out, True
-        hold = max(self._state, default=0)
-        out = self.pending[: len(self.pending) - hold]
-        self.pending = self.pending[len(out):]
-        return out, False
-
-    def flush(self) -> str:
-        """The withheld text, at the end of the generation."""
-        out, self.pending = self.pending, ""
-        return out
-
-
-def _failure(s: str) -> List[int]:
-    """KMP's failure function: ``f[i]`` is the length of the longest proper prefix of
-    ``s[: i + 1]`` that is also its suffix."""
-    f, k = [0] * len(s), 0
-    for i in range(1, len(s)):
-        while k and s[i] != s[k]:
-            k = f[k - 1]
-        if s[i] == s[k]:
-            k += 1
-        f[i] = k
-    return f
-
-
-class Worker:
-    """Owns the model on one thread and generates one :class:`Job` at a time, in order.
-
-    The model is loaded on that thread too (MLX work stays on the thread that created it,
-    as in mlx-lm's server). With a ``store``, each request starts from a copy of the stored
-    prompt cache sharing the longest prefix with it and its cache is kept afterwards where the
-    store's rule shares it (:meth:`PromptCacheStore.keeps`); with
-    ``idle_complete``, while no request waits the most recent cache's pruned tokens are
-    carried through their remaining layers (a new request stops that between layers), so the
-    next turn of that conversation needs no revivals. The thread is supervised: an exception in a job fails that job
-    and the thread goes on to the next; should the thread itself end, the running and
-    waiting jobs fail and later ones are refused (``/health`` says ``"dead"``).
-    """
-
-    def __init__(self, model_path: Optional[str], max_queue: int,
-                 store: Optional[PromptCacheStore] = None, idle_complete: bool = False) -> None:
-        self.model_path, self.max_queue = model_path, max_queue
-        self.store, self.idle_complete = store, idle_complete
-        self.model = self.tokenizer = None
-        self.num_layers = 0
-        self.vocab_size = 0
-        self.context: Optional[int] = None
-        self.current: Optional[Job] = None
-        self.waiting = 0
-        self.completed = self.cancelled = self.failed = 0
-        self.mean_seconds = 0.0
-        self.last_progress = time.monotonic()  # of the running job: a step, a prefill layer
-        self._jobs: "queue.Queue[Job]" = queue.Queue()
-        self._lock = threading.Lock()
-        self._ready = threading.Event()
-        self._load_error: Optional[BaseException] = None
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="mlx-lazy-generation", daemon=True)
-        self._thread.start()
-
-    def wait_ready(self) -> None:
-        """Block until the model is loaded.
-
-        Raises:
-            UserInputError: the model cannot be loaded.
-        """
-        self._ready.wait()
-        if isinstance(self._load_error, UserInputError):  # load() worded it already
-            raise self._load_error
-        if self._load_error is not None:
-            what = "the default model" if self.model_path is None else f"model {self.model_path!r}"
-            msg = " ".join(str(self._load_error).split())
-            raise UserInputError(f"cannot load {what}: {msg}") from None
-
-    @property
-    def alive(self) -> bool:
-        """Whether the generation thread is running and taking jobs."""
-        return self._thread.is_alive() and not self._stopped
-
-    def submit(self, job: Job) -> None:
-        """Queue ``job``.
-
-        Raises:
-            APIError: 503, with ``Retry-After`` when ``max_queue`` requests already wait, or
-                when the generation thread has ended.
-        """
-        with self._lock:
-            if not self.alive:
-                raise APIError(503, "the generation worker has stopped (see the server log); "
-                                    "the server must be restarted", type="server_error",
-                               code="worker_dead")
-            ahead = self.waiting + (self.current is not None)
-            if ahead > self.max_queue:
-                retry = max(1, math.ceil(self.mean_seconds * ahead))
-                raise APIError(503, f"the server is busy ({self.waiting} requests queued); retry "
-                                    f"in {retry} s", type="server_error", code="queue_full",
-                               headers={"Retry-After": str(retry)})
-            self.waiting += 1
-            self._jobs.put(job)
-
-    def status(self) -> dict:
-        """What ``/health`` reports about the queue and the running generation."""
-        job = self.current
-        running = None if job is None else {
-            "id": job.id, "phase": job.phase, "layers_done": job.layers_done,
-            "num_layers": self.num_layers, "prompt_tokens": len(job.tokens),
-            "generated_tokens": job.generated, "method": job.config.method,
-            "seconds_since_progress": round(time.monotonic() - self.last_progress, 3),
-        }
-        cached = None if self.store is None else {"entries": len(self.store),
-                                                  "bytes": self.store.nbytes}
-        return {"queued": self.waiting, "generating": running, "completed": self.completed,
-                "cancelled": self.cancelled, "failed": self.failed, "prompt_cache": cached}
-
-    def _run(self) -> None:
-        try:
-            self.model, self.tokenizer = load(self.model_path)
-            self.num_layers = len(self.model.layers)
-            self.vocab_size = ModelAdapter(self.model).vocab_size
-            self.context = context_length(self.model, self.tokenizer)
-        except Exception as e:  # reported by wait_ready on the main thread
-            self._load_error = e
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            while True:
-                self._supervise(self._jobs.get())
-                if self.idle_complete and self.store is not None and self._jobs.empty():
-                    self._complete_recent()
-        except BaseException:  # SystemExit, KeyboardInterrupt or a bug here: fail what is left
-            log.critical("the generation worker stopped:\n%s", traceback.format_exc())
-            with self._lock:
-                self._stopped = True
-                left = [self.current] if self.current is not None else []
-                while not self._jobs.empty():
-                    left.append(self._jobs.get_nowait())
-            for job in left:
-                job.fail()
-
-    def _supervise(self, job: Job) -> None:
-        """Run ``job``, turning any exception into that job's failure, and count it."""
-        with self._lock:
-            self.waiting -= 1
-            self.current = job
-            self.last_progress = time.monotonic()
-        tic = time.perf_counter()
-        outcome = "cancelled"
-        try:
-            if self._generate(job):
-                outcome = "completed"
-        except UserInputError as e:  # the library refused what validation let through: a 400
-            log.warning("request %s refused: %s", job.id, one_line(e))
-            job.emit(APIError(400, one_line(e)))
-            outcome = "failed"
-        except Exception:  # an internal error: logged with the request's id, the request gets a 500
-            log.error("request %s failed:\n%s", job.id, traceback.format_exc())
-            job.fail()
-            outcome = "failed"
-        finally:
-            mx.clear_cache()
-        with self._lock:
-            self.current = None
-            setattr(self, outcome, getattr(self, outcome) + 1)
-            took = time.perf_counter() - tic
-            # a moving average of request durations, for Retry-After
-            self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * took if self.mean_seconds else took
-
-    def _complete_recent(self) -> None:
-        """Complete the most recent stored cache until a request arrives: a copy of it, kept
-        in its place only when the store's byte bound holds the copy (completing grows the
-        KV; the stored cache itself is never written, so the bound holds at every moment)."""
-        cache = self.store.most_recent()
-        if cache is None or not cache.engine.pending_token_layers:
-            return
-        try:
-            done = cache.copy()
-            done.engine.complete(should_stop=lambda: not self._jobs.empty())
-        except Exception:  # a bug here must not stop the worker: log it, drop nothing
-            log.error("completing a cached prompt failed:\n%s", traceback.format_exc())
-            return
-        self.store.checkin(done)
-
-    def _generate(self, job: Job) -> bool:
-        """Run ``job``; True when it ran to its end, False when it was cancelled."""
-        if job.cancel.is_set():
-            return False
-
-        def progress(processed: int, total: int) -> None:  # prompt tokens, as mlx-lm counts
-            self.last_progress = time.monotonic()
-            job.layers_done = processed * self.num_layers // max(total, 1)
-            if job.cancel.is_set():
-                raise _Cancelled
-
-        if job.seed is not None:
-            mx.random.seed(job.seed)
-        job.phase = "prefill"
-        stop = StopText(job.stop)
-        resp, finish = None, None
-        schedule = resolve_config(self.model, job.config)
-        if self.store is None:
-            cache = make_prompt_cache(self.model, schedule)
-        else:  # a private copy: a failed or cancelled request leaves the stored one intact
-            cache = self.store.checkout(self.model, schedule, job.tokens)
-        try:
-            with closing(stream_generate(
-                self.model, self.tokenizer, job.tokens[len(cache):], max_tokens=job.max_tokens,
-                sampler=sampler(job.temperature, job.top_p), prompt_cache=cache,
-                prompt_progress_callback=progress,
-            )) as responses:
-                for resp in responses:
-                    self.last_progress = time.monotonic()
-                    if job.cancel.is_set():
-                        return False
-                    job.phase, job.generated = "decode", resp.generation_tokens
-                    text, hit = stop.feed(resp.text)
-                    if text:
-                        job.emit(Delta(text))
-                    finish = "stop" if hit else resp.finish_reason
-                    if finish:
-                        break
-        except _Cancelled:
-            return False
-        tail = stop.flush()  # empty after a stop string; after EOS, the held-back text
-        if tail:
-            job.emit(Delta(tail))
-        if self.store is not None:
-            self.store.checkin(cache)
-        s = resp.stats
-        job.emit(Done(finish, s.prompt_tokens, resp.generation_tokens, s.cached_tokens, {
-            "method": s.method, "ttft_s": s.ttft_s, "schedule_source": s.schedule["source"],
-            "prompt_tokens_computed_pct": s.prompt_tokens_computed_pct,
-            "kv_bytes": s.kv_bytes, "aux_bytes": s.aux_bytes, "revivals": s.revivals,
-            "completed_token_layers": s.completed_token_layers,
-            "prefill_token_layers": sum(s.prefill_tokens_per_layer),
-        }))
-        return True
-
-
 # ---------------------------------------------------------------- the HTTP application
 
 
@@ -665,7 +300,7 @@ class BodyLimit:
                              code="request_too_large")
         length = dict(scope["headers"]).get(b"content-length", b"0")
         if length.isdigit() and int(length) > self.limit:
-            return await too_large.response()(scope, receive, send)
+            return await error_response(too_large)(scope, receive, send)
         chunks, size, more = [], 0, True
         deadline = asyncio.get_running_loop().time() + self.timeout
         while more:  # a chunked body has no Content-Length: count as it arrives
@@ -675,13 +310,13 @@ class BodyLimit:
             except asyncio.TimeoutError:
                 slow = APIError(408, f"the request body did not arrive within {self.timeout:g} s",
                                 code="request_timeout", headers={"Connection": "close"})
-                return await slow.response()(scope, receive, send)
+                return await error_response(slow)(scope, receive, send)
             if message["type"] == "http.disconnect":
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.limit:
-                return await too_large.response()(scope, receive, send)
+                return await error_response(too_large)(scope, receive, send)
             more = message.get("more_body", False)
         body, replayed = b"".join(chunks), False
 
@@ -714,7 +349,7 @@ class ApiKey:
             refused = APIError(401, "invalid or missing API key (send 'Authorization: Bearer "
                                     "KEY')", type="authentication_error", code="invalid_api_key",
                                headers={"WWW-Authenticate": "Bearer"})
-            return await refused.response()(scope, receive, send)
+            return await error_response(refused)(scope, receive, send)
         await self.app(scope, receive, send)
 
 
@@ -759,62 +394,98 @@ class HeaderDeadline(H11Protocol):
             self.deadline = None
 
 
-@dataclasses.dataclass
-class ServerSettings:
-    """What the command line sets: the model, defaults for requests, limits, the API key.
+class App:
+    """The HTTP side of the server: validates each request into a :class:`Job` for
+    ``worker``'s (loaded) model with ``settings``, and returns or streams its output
+    (:meth:`fastapi` builds the application that routes to the endpoints here)."""
 
-    ``max_prompt_tokens`` None: what fits the model's context (one token left for the answer).
-    """
+    def __init__(self, settings: ServerSettings, worker: Worker) -> None:
+        self.settings, self.worker = settings, worker
+        self.tokenizer = worker.tokenizer
+        self.model_id = settings.model or "default_model"
+        self.created = int(time.time())
+        self.bounds = Bounds(settings.max_prompt_tokens or (worker.context and worker.context - 1),
+                             token_bytes(self.tokenizer))
 
-    model: Optional[str] = None
-    config: PruningConfig = dataclasses.field(default_factory=PruningConfig)
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_prompt_tokens: Optional[int] = None
-    max_queue: int = DEFAULT_MAX_QUEUE
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    api_key: Optional[str] = None
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
-    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
-    prompt_cache_size: int = DEFAULT_PROMPT_CACHE_SIZE
-    prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES
-    share_pruned_caches: bool = False
-    idle_complete: bool = True
+    def fastapi(self) -> FastAPI:
+        """The FastAPI application: the middleware (the API key first, then the body's
+        limits), the error handlers and the endpoints."""
+        app = FastAPI(title="mlx-lazy", docs_url=None, redoc_url=None, openapi_url=None)
+        app.add_middleware(BodyLimit, limit=self.settings.max_body_bytes,
+                           timeout=self.settings.read_timeout_s)
+        if self.settings.api_key is not None:  # added last, so it runs first
+            app.add_middleware(ApiKey, key=self.settings.api_key)
+        app.add_exception_handler(APIError, _api_error)
+        app.add_exception_handler(RequestValidationError, _invalid)
+        app.add_exception_handler(StarletteHTTPException, _http_error)
+        app.add_exception_handler(Exception, _internal)
+        app.get("/health")(self.health)
+        app.get("/v1/models")(self.models)
+        app.post("/v1/chat/completions")(self.chat_completions)
+        app.post("/v1/completions")(self.completions)
+        return app
 
+    # ------------------------------------------------------------ endpoints
+    async def health(self) -> JSONResponse:
+        """200 with ``"status": "ok"``; 503 with ``"dead"`` when the generation thread has
+        ended, ``"stuck"`` when its job has made no progress for ``stall_timeout_s``."""
+        status = self.worker.status()
+        stalled = (status["generating"] is not None and
+                   status["generating"]["seconds_since_progress"] > self.settings.stall_timeout_s)
+        state = "dead" if not self.worker.alive else "stuck" if stalled else "ok"
+        return JSONResponse({"status": state, "model": self.model_id, **status},
+                            status_code=200 if state == "ok" else 503)
 
-def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
-    """The FastAPI application serving ``worker``'s (loaded) model with ``settings``."""
-    app = FastAPI(title="mlx-lazy", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, timeout=settings.read_timeout_s)
-    if settings.api_key is not None:  # added last, so it runs first
-        app.add_middleware(ApiKey, key=settings.api_key)
-    model_id = settings.model or "default_model"
-    created = int(time.time())
-    tokenizer = worker.tokenizer
-    bounds = Bounds(settings.max_prompt_tokens or (worker.context and worker.context - 1),
-                    token_bytes(tokenizer))
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_id, "object": "model",
+                                            "created": self.created, "owned_by": "mlx-lazy"}]}
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def chat_completions(self, body: ChatRequest, request: Request):
+        self.bounds.check_text(sum(len(m.content.encode()) if isinstance(m.content, str)
+                                   else sum(len(p.text.encode()) for p in m.content)
+                                   for m in body.messages), "messages")
+        tokens = await run_in_threadpool(self.chat_tokens, body.messages)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        return await self.respond(body, tokens, request, chat=True, max_tokens=max_tokens)
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_error(exc).response()
+    async def completions(self, body: CompletionRequest, request: Request):
+        if isinstance(body.prompt, str):
+            self.bounds.check_text(len(body.prompt.encode()), "prompt")
+            tokens = await run_in_threadpool(prompt_token_ids, self.tokenizer, body.prompt)
+        else:
+            self.bounds.check_tokens(len(body.prompt), "prompt")
+            try:
+                check_tokens(body.prompt, self.worker.vocab_size)
+            except UserInputError as e:
+                raise APIError(400, str(e), param="prompt") from None
+            tokens = list(body.prompt)
+        return await self.respond(body, tokens, request, chat=False, max_tokens=body.max_tokens)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
+    # ------------------------------------------------------------ a request's parts
+    def chat_tokens(self, messages: List[Message]) -> List[int]:
+        """The prompt of ``messages``: the model's chat template, or without one their
+        contents, one per line."""
+        tokenizer = self.tokenizer
+        plain = [{"role": m.role, "content": m.content if isinstance(m.content, str)
+                  else "".join(p.text for p in m.content or [])} for m in messages]
+        if not getattr(tokenizer, "has_chat_template", False):
+            return prompt_token_ids(tokenizer, "\n".join(m["content"] for m in plain))
+        try:
+            text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+        except TemplateError as e:  # e.g. "roles must alternate user/assistant"
+            raise APIError(400, f"the model's chat template rejects these messages: {e}",
+                           param="messages") from None
+        return list(tokenizer.encode(text, add_special_tokens=False))
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        rid = "req-" + uuid.uuid4().hex
-        log.error("request %s failed:\n%s", rid, "".join(traceback.format_exception(exc)))
-        return APIError(500, f"internal server error (request {rid}; see the server log)",
-                        type="server_error").response()
+    def make_job(self, rid: str, body: _Body, tokens: List[int],
+                 max_tokens: Optional[int]) -> Job:
+        """The job for a validated body and its prompt ``tokens``.
 
-    def make_job(rid: str, body: _Body, tokens: List[int], max_tokens: Optional[int]) -> Job:
+        Raises:
+            APIError: 400 for a pruning or ``max_tokens`` the model cannot run, 413 for a
+                prompt over the limit.
+        """
+        settings, worker = self.settings, self.worker
         config = (settings.config if body.pruning is None
                   else pruning_config(body.pruning, settings.config))
         n = len(tokens)
@@ -824,7 +495,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
             check_fits(schedule, worker.context)  # before the worker: 400, not its 500
         except ValueError as e:
             raise APIError(400, f"pruning: {e}", param="pruning") from None
-        bounds.check_tokens(n, "messages" if isinstance(body, ChatRequest) else "prompt")
+        self.bounds.check_tokens(n, "messages" if isinstance(body, ChatRequest) else "prompt")
         if max_tokens is None:  # the server's default, shortened to fit the context
             room = settings.max_tokens if worker.context is None else worker.context - n
             max_tokens = max(1, min(settings.max_tokens, room))
@@ -840,50 +511,21 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
                    top_p=settings.top_p if body.top_p is None else body.top_p,
                    seed=body.seed, stop=stop, config=config, loop=asyncio.get_running_loop())
 
-    async def events(job: Job) -> AsyncIterator[Union[Delta, Done]]:
-        """The job's output, ending early at a :data:`_GONE`; setting ``job.cancel`` when the
-        consumer stops early."""
-        try:
-            while True:
-                item = await job.events.get()
-                if item is _GONE:
-                    return
-                if isinstance(item, APIError):
-                    raise item
-                yield item
-                if isinstance(item, Done):
-                    return
-        finally:
-            job.cancel.set()  # no effect once finished
-
-    async def watch(job: Job, request: Request) -> None:
-        """Cancel ``job`` the moment its client disconnects (a response that writes nothing
-        until the end learns it only from the connection); a stream's response does that
-        itself."""
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        job.cancel.set()
-        job.events.put_nowait(_GONE)
-
-    def usage(done: Done) -> dict:
-        return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-                "total_tokens": done.prompt_tokens + done.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
-                "pruning": done.pruning}
-
-    async def respond(body: _Body, tokens: List[int], request: Request, chat: bool,
+    async def respond(self, body: _Body, tokens: List[int], request: Request, chat: bool,
                       max_tokens: Optional[int]):
+        """Queue the request's job; return its completion, or stream it as server-sent
+        events."""
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        job = make_job(rid, body, tokens, max_tokens)
-        worker.submit(job)
+        job = self.make_job(rid, body, tokens, max_tokens)
+        self.worker.submit(job)
         obj = "chat.completion" if chat else "text_completion"
-        head = {"id": rid, "object": obj, "created": int(time.time()), "model": model_id}
+        head = {"id": rid, "object": obj, "created": int(time.time()), "model": self.model_id}
 
         if not body.stream:
             text, done = "", None
-            watcher = asyncio.create_task(watch(job, request))
+            watcher = asyncio.create_task(_watch(job, request))
             try:
-                async for item in events(job):  # a failed job raises its APIError
+                async for item in _events(job):  # a failed job raises its APIError
                     if isinstance(item, Delta):
                         text += item.text
                     else:
@@ -895,7 +537,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
             out = ({"message": {"role": "assistant", "content": text}} if chat
                    else {"text": text})
             choice = {"index": 0, **out, "logprobs": None, "finish_reason": done.finish_reason}
-            return {**head, "choices": [choice], "usage": usage(done)}
+            return {**head, "choices": [choice], "usage": _usage(done)}
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -912,7 +554,7 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
         async def sse() -> AsyncIterator[str]:
             first = True
             try:
-                async for item in events(job):
+                async for item in _events(job):
                     if isinstance(item, Delta):
                         yield chunk(item.text, None, first)
                         first = False
@@ -920,184 +562,72 @@ def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
                     yield chunk(None, item.finish_reason, first)
                     if include_usage:
                         yield json.dumps({**head, "object": "chat.completion.chunk" if chat
-                                          else obj, "choices": [], "usage": usage(item)})
+                                          else obj, "choices": [], "usage": _usage(item)})
             except APIError as e:  # the job failed
                 yield json.dumps(e.body())
             yield "[DONE]"
 
         return EventSourceResponse(sse(), ping=SSE_PING_S, sep="\n")
 
-    def chat_tokens(messages: List[Message]) -> List[int]:
-        plain = [{"role": m.role, "content": m.content if isinstance(m.content, str)
-                  else "".join(p.text for p in m.content or [])} for m in messages]
-        if not getattr(tokenizer, "has_chat_template", False):  # the contents, one per line
-            return prompt_token_ids(tokenizer, "\n".join(m["content"] for m in plain))
-        try:
-            text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
-        except TemplateError as e:  # e.g. "roles must alternate user/assistant"
-            raise APIError(400, f"the model's chat template rejects these messages: {e}",
-                           param="messages") from None
-        return list(tokenizer.encode(text, add_special_tokens=False))
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        """200 with ``"status": "ok"``; 503 with ``"dead"`` when the generation thread has
-        ended, ``"stuck"`` when its job has made no progress for ``stall_timeout_s``."""
-        status = worker.status()
-        stalled = (status["generating"] is not None and
-                   status["generating"]["seconds_since_progress"] > settings.stall_timeout_s)
-        state = "dead" if not worker.alive else "stuck" if stalled else "ok"
-        return JSONResponse({"status": state, "model": model_id, **status},
-                            status_code=200 if state == "ok" else 503)
+def create_app(settings: ServerSettings, worker: Worker) -> FastAPI:
+    """The FastAPI application serving ``worker``'s (loaded) model with ``settings``."""
+    return App(settings, worker).fastapi()
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [
-            {"id": model_id, "object": "model", "created": created, "owned_by": "mlx-lazy"}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request):
-        bounds.check_text(sum(len(m.content.encode()) if isinstance(m.content, str)
-                              else sum(len(p.text.encode()) for p in m.content)
-                              for m in body.messages), "messages")
-        tokens = await run_in_threadpool(chat_tokens, body.messages)
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        return await respond(body, tokens, request, chat=True, max_tokens=max_tokens)
+async def _events(job: Job) -> AsyncIterator[Union[Delta, Done]]:
+    """The job's output, ending early at a :data:`~mlx_lazy.server_worker.GONE`; setting
+    ``job.cancel`` when the consumer stops early."""
+    try:
+        while True:
+            item = await job.events.get()
+            if item is GONE:
+                return
+            if isinstance(item, APIError):
+                raise item
+            yield item
+            if isinstance(item, Done):
+                return
+    finally:
+        job.cancel.set()  # no effect once finished
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        if isinstance(body.prompt, str):
-            bounds.check_text(len(body.prompt.encode()), "prompt")
-            tokens = await run_in_threadpool(prompt_token_ids, tokenizer, body.prompt)
-        else:
-            bounds.check_tokens(len(body.prompt), "prompt")
-            try:
-                check_tokens(body.prompt, worker.vocab_size)
-            except UserInputError as e:
-                raise APIError(400, str(e), param="prompt") from None
-            tokens = list(body.prompt)
-        return await respond(body, tokens, request, chat=False, max_tokens=body.max_tokens)
 
-    return app
+async def _watch(job: Job, request: Request) -> None:
+    """Cancel ``job`` the moment its client disconnects (a response that writes nothing until
+    the end learns it only from the connection); a stream's response does that itself."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel.set()
+    job.events.put_nowait(GONE)
+
+
+def _usage(done: Done) -> dict:
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+            "pruning": done.pruning}
+
+
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc)
+
+
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return error_response(_validation_error(exc))
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return error_response(APIError(exc.status_code, str(exc.detail), headers=exc.headers))
+
+
+async def _internal(request: Request, exc: Exception) -> JSONResponse:
+    rid = "req-" + uuid.uuid4().hex
+    log.error("request %s failed:\n%s", rid, "".join(traceback.format_exception(exc)))
+    return error_response(APIError(500, f"internal server error (request {rid}; see the server "
+                                        "log)", type="server_error"))
 
 
 # ---------------------------------------------------------------- command line
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The server's argument parser."""
-    p = OneLineParser(
-        prog="mlx-lazy-server",
-        description="OpenAI-compatible HTTP server with LazyLLM / SPEED pruning per request.")
-    p.add_argument("--model", default=None,
-                   help="local model folder or Hugging Face repo (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    p.add_argument("--method", type=method_arg, default="full", metavar="METHOD",
-                   help=f"{METHOD_HELP}; the default for requests without a 'pruning' field "
-                        "(default: full)")
-    p.add_argument("--schedule", default=None, metavar="FILE",
-                   help="default pruning from a calibrated schedule file (as mlx-lazy-calibrate "
-                        "and mlx_lazy.write_schedule write them; overrides --method)")
-    add_sampling_arguments(p, DEFAULT_MAX_TOKENS, "a request's default ")
-    p.add_argument("--max-prompt-tokens", type=int, default=None,
-                   help="longer prompts are refused with HTTP 413 (default and upper bound: "
-                        "the model's context less one token)")
-    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
-                   help="requests that may wait behind the running one; more get HTTP 503 "
-                        f"with Retry-After (default {DEFAULT_MAX_QUEUE})")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                   help="larger request bodies get HTTP 413")
-    p.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT_S, metavar="SECONDS",
-                   help="a request's headers, and then its body, must each arrive within this "
-                        "time: slow headers close the connection, a slow body gets HTTP 408 "
-                        f"(default {DEFAULT_READ_TIMEOUT_S:g})")
-    p.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
-                   metavar="SECONDS",
-                   help="/health answers 503 'stuck' when a generation has made no progress "
-                        f"(a prefill layer, a token) for this long (default {DEFAULT_STALL_TIMEOUT_S:g})")
-    p.add_argument("--prompt-cache-size", type=int, default=DEFAULT_PROMPT_CACHE_SIZE,
-                   metavar="N", help="prompt caches kept between requests, as mlx-lm's server "
-                                     f"(0: none; default {DEFAULT_PROMPT_CACHE_SIZE})")
-    p.add_argument("--prompt-cache-bytes", type=int, default=DEFAULT_PROMPT_CACHE_BYTES,
-                   metavar="BYTES", help="most bytes of KV and Aux Cache those caches hold "
-                                         f"(default {DEFAULT_PROMPT_CACHE_BYTES})")
-    p.add_argument("--share-pruned-caches", action="store_true",
-                   help="also keep the prompt caches of pruning methods for later requests: "
-                        "follow-up turns skip their prefix, but an answer may then depend on "
-                        "the requests before it (by default only caches that prune nothing "
-                        "are kept, and no answer does)")
-    p.add_argument("--no-idle-complete", dest="idle_complete", action="store_false",
-                   help="with --share-pruned-caches: do not carry the last conversation's "
-                        "pruned tokens through their remaining layers while the server is idle")
-    p.add_argument("--api-key", default=os.environ.get("MLX_LAZY_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $MLX_LAZY_API_KEY; "
-                        "none: no authentication)")
-    p.add_argument("--log-level", default="info",
-                   choices=("critical", "error", "warning", "info", "debug"))
-    return p
-
-
-def is_loopback(host: str) -> bool:
-    """True when ``host`` only accepts connections from this machine."""
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_api_key(key: str) -> None:
-    """Refuse an API key that no client can send: an HTTP header carries it, so it must be
-    printable ASCII without spaces (a non-ASCII key once started a server that refused
-    every client).
-
-    Raises:
-        UserInputError: naming the first character that cannot be sent.
-    """
-    if not key:
-        raise UserInputError("--api-key (or $MLX_LAZY_API_KEY) is empty")
-    bad = next((i for i, c in enumerate(key) if not "!" <= c <= "~"), None)
-    if bad is not None:
-        raise UserInputError(f"--api-key (or $MLX_LAZY_API_KEY) must be printable ASCII without "
-                             f"spaces, as an HTTP header carries it; character {bad} is "
-                             f"U+{ord(key[bad]):04X}")
-
-
-def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    """Check the flags that need no model and turn them into :class:`ServerSettings`.
-
-    Raises:
-        UserInputError: a bad flag value or schedule file.
-    """
-    least = {"max_tokens": 1, "max_queue": 0, "max_body_bytes": 1, "max_prompt_tokens": 1,
-             "prompt_cache_size": 0, "prompt_cache_bytes": 0}
-    for name, low in least.items():
-        value = getattr(args, name)
-        if value is not None and value < low:
-            raise UserInputError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
-    if not 1 <= args.port <= 65535:
-        raise UserInputError(f"--port must be in 1..65535, got {args.port}")
-    if args.api_key is not None:
-        check_api_key(args.api_key)
-    for name in ("read_timeout", "stall_timeout"):
-        value = getattr(args, name)
-        if not (math.isfinite(value) and value > 0):
-            raise UserInputError(f"--{name.replace('_', '-')} must be a positive number of "
-                                 f"seconds, got {value}")
-    if args.schedule is not None:
-        config = read_schedule(args.schedule)
-    else:
-        config = PruningConfig.preset(args.method)
-    return ServerSettings(
-        model=args.model, config=config, max_tokens=args.max_tokens,
-        temperature=args.temp, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens,
-        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, api_key=args.api_key,
-        read_timeout_s=args.read_timeout, stall_timeout_s=args.stall_timeout,
-        prompt_cache_size=args.prompt_cache_size, prompt_cache_bytes=args.prompt_cache_bytes,
-        share_pruned_caches=args.share_pruned_caches, idle_complete=args.idle_complete)
 
 
 def uvicorn_server(app: FastAPI, settings: ServerSettings, log_level: str) -> uvicorn.Server:

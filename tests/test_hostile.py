@@ -20,8 +20,8 @@ from mlx_lazy import server as server_module  # noqa: E402
 from mlx_lazy.errors import UserInputError  # noqa: E402
 from mlx_lazy.inputs import parse_int  # noqa: E402
 from mlx_lazy.scorers import parse_scorer  # noqa: E402
-from mlx_lazy.server import (MAX_ERROR_CHARS, MAX_MESSAGES, MAX_STOP_CHARS, StopText,  # noqa: E402
-                             token_bytes)
+from mlx_lazy.server import MAX_MESSAGES, MAX_STOP_CHARS, token_bytes  # noqa: E402
+from mlx_lazy.server_worker import MAX_ERROR_CHARS, StopText  # noqa: E402
 from test_server import Server, in_process_server  # noqa: E402
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"

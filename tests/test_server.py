@@ -32,11 +32,14 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lazy import PruningConfig, generate, load
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.prefix_store import PromptCacheStore
-from mlx_lazy.schedule_files import MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, write_schedule
+from mlx_lazy.schedule_files import (MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, TRANSFER_SOURCE,
+                                     write_schedule)
 from mlx_lazy.scorers import Pooled, Window
 from mlx_lazy import server as server_module
-from mlx_lazy.server import (DEFAULT_MAX_BODY_BYTES, ServerSettings, StopText, Worker, create_app, is_loopback,
-                             listen_socket, main, pruning_config, uvicorn_server)
+from mlx_lazy import server_worker
+from mlx_lazy.server import create_app, listen_socket, main, pruning_config, uvicorn_server
+from mlx_lazy.server_settings import DEFAULT_MAX_BODY_BYTES, ServerSettings, is_loopback
+from mlx_lazy.server_worker import StopText, Worker
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"  # tests never bind any other address
@@ -343,7 +346,7 @@ def test_lazy_request_equals_in_process_and_reports_pruning(server, tiny_model):
     prompt = chat_prompt(tiny_model()[1], messages)
     client = server.client()
     for spec, config, source in [
-            ("lazy", PruningConfig.preset("lazy"), "preset"),
+            ("lazy", PruningConfig.preset("lazy"), TRANSFER_SOURCE),  # an uncalibrated model
             ({"method": "lazy", "prune_layers": [0], "keep": [0.3]},
              PruningConfig.preset("lazy", prune_layers=(0,), keep=(0.3,)), "user")]:
         r = client.chat.completions.create(model="any", messages=messages, max_tokens=6,
@@ -668,7 +671,7 @@ def request_id(payload: dict) -> str:
 
 def test_a_failing_job_is_its_own_500_and_the_worker_goes_on(tiny_model, tiny_model_path,
                                                               monkeypatch, caplog):
-    real = server_module.stream_generate
+    real = server_worker.stream_generate
     faults = [RuntimeError("injected fault A"), RuntimeError("injected fault B")]
 
     def flaky(*args, **kw):
@@ -676,7 +679,7 @@ def test_a_failing_job_is_its_own_500_and_the_worker_goes_on(tiny_model, tiny_mo
             raise faults.pop(0)
         return real(*args, **kw)
 
-    monkeypatch.setattr(server_module, "stream_generate", flaky)
+    monkeypatch.setattr(server_worker, "stream_generate", flaky)
     caplog.set_level(logging.ERROR, logger="mlx_lazy.server")
     body = {"prompt": "The quick brown fox jumps over", "max_tokens": 4}
     with in_process_server(tiny_model_path) as s:
@@ -718,13 +721,13 @@ def test_a_failing_job_is_its_own_500_and_the_worker_goes_on(tiny_model, tiny_mo
 
 
 def test_a_stuck_job_makes_health_503_until_it_moves(tiny_model_path, monkeypatch):
-    real, release = server_module.stream_generate, threading.Event()
+    real, release = server_worker.stream_generate, threading.Event()
 
     def hung(*args, **kw):
         release.wait(timeout=120)
         return real(*args, **kw)
 
-    monkeypatch.setattr(server_module, "stream_generate", hung)
+    monkeypatch.setattr(server_worker, "stream_generate", hung)
     with in_process_server(tiny_model_path, stall_timeout_s=0.5) as s:
         result: dict = {}
         t = threading.Thread(target=lambda: result.update(r=s.request(
@@ -751,7 +754,7 @@ def test_a_dead_worker_fails_its_job_and_health_says_503(tiny_model_path, monkey
     def fatal(*args, **kw):
         raise _Fatal("injected")
 
-    monkeypatch.setattr(server_module, "stream_generate", fatal)
+    monkeypatch.setattr(server_worker, "stream_generate", fatal)
     caplog.set_level(logging.ERROR, logger="mlx_lazy.server")
     body = {"prompt": "hi", "max_tokens": 2}
     with in_process_server(tiny_model_path) as s:

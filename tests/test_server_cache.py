@@ -13,7 +13,7 @@ pytest.importorskip("fastapi")
 
 from mlx_lazy import PruningConfig, generate, stream_generate  # noqa: E402
 from mlx_lazy.prompt_cache import make_prompt_cache  # noqa: E402
-from mlx_lazy import server as server_module  # noqa: E402
+from mlx_lazy import server_worker  # noqa: E402
 from mlx_lazy.prefix_store import PromptCacheStore  # noqa: E402
 from test_server import Server, in_process_server, run_server  # noqa: E402
 
@@ -62,7 +62,7 @@ def test_a_failing_request_leaves_the_stored_cache_intact(tiny_model, tiny_model
                                                           monkeypatch):
     model, tokenizer = tiny_model("llama")
     store = PromptCacheStore(4, 2**30)
-    real = server_module.stream_generate
+    real = server_worker.stream_generate
 
     def failing_after_prefill(*args, **kw):
         for i, resp in enumerate(real(*args, **kw)):
@@ -73,12 +73,12 @@ def test_a_failing_request_leaves_the_stored_cache_intact(tiny_model, tiny_model
     with in_process_server(tiny_model_path, store) as s:
         completion(s, DOC + " First?")
         held = list(store.most_recent().tokens)
-        monkeypatch.setattr(server_module, "stream_generate", failing_after_prefill)
+        monkeypatch.setattr(server_worker, "stream_generate", failing_after_prefill)
         status, _, payload = s.request("POST", "/v1/completions",
                                        {"prompt": DOC + " Second?", "max_tokens": 4})
         assert status == 500, payload
         assert store.most_recent().tokens == held and len(store) == 1
-        monkeypatch.setattr(server_module, "stream_generate", real)
+        monkeypatch.setattr(server_worker, "stream_generate", real)
         again = completion(s, DOC + " Second?")
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 1000
         assert again["choices"][0]["text"] == generate(model, tokenizer, DOC + " Second?",

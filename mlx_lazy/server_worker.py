@@ -1,0 +1,380 @@
+"""The server's generation worker: one thread owns the model and runs one :class:`Job` at a
+time, in order; the HTTP side (:mod:`mlx_lazy.server`) only validates requests into jobs and
+hands their events (:class:`Delta`, :class:`Done`, :class:`APIError`) to the clients.
+
+Nothing here needs the ``[server]`` extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import queue
+import threading
+import time
+import traceback
+from contextlib import closing
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import mlx.core as mx
+
+from ._args import sampler
+from .adapter import ModelAdapter
+from .api import context_length, load, stream_generate
+from .config import PruningConfig
+from .errors import UserInputError, one_line
+from .prefix_store import PromptCacheStore
+from .prompt_cache import make_prompt_cache, resolve_config
+
+log = logging.getLogger("mlx_lazy.server")
+
+MAX_ERROR_CHARS = 1000  # an error message is cut here: it never echoes a huge field back
+
+
+class APIError(Exception):
+    """An HTTP error answered with an OpenAI-style error object."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 code: Optional[str] = None, type: str = "invalid_request_error",
+                 headers: Optional[Dict[str, str]] = None) -> None:
+        message = one_line(Exception(message), MAX_ERROR_CHARS)
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type, self.headers = type, headers
+
+    def body(self) -> dict:
+        """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+class _Cancelled(Exception):
+    """Raised from the prefill's progress callback when the client has gone."""
+
+
+GONE = object()  # put on a job's events when its client has disconnected
+
+
+@dataclasses.dataclass
+class Delta:
+    """A piece of output text."""
+
+    text: str
+
+
+@dataclasses.dataclass
+class Done:
+    """The end of a generation."""
+
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    pruning: dict
+
+
+@dataclasses.dataclass
+class Job:
+    """One validated request waiting for, or in, generation."""
+
+    id: str  # the response's id, also named in the log and in a 500's message
+    tokens: List[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: Optional[int]
+    stop: List[str]
+    config: PruningConfig
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
+    cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
+    phase: str = "queued"
+    layers_done: int = 0
+    generated: int = 0
+
+    def emit(self, item: Union[Delta, Done, APIError]) -> None:
+        """Hand ``item`` to the request's event loop (thread-safe)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the loop has closed (shutdown)
+            self.cancel.set()
+
+    def fail(self) -> None:
+        """End the request with a 500 that names it (the log has the traceback)."""
+        self.emit(APIError(500, f"generation failed (request {self.id}; see the server log)",
+                           type="server_error", code="generation_failed"))
+
+
+class StopText:
+    """Cuts streamed text at the first of ``stops``, withholding a tail that may begin one.
+
+    Each stop string is matched by a Knuth-Morris-Pratt automaton fed one character at a
+    time, whose state is the longest tail of the text so far that begins that stop: a
+    :meth:`feed` costs time linear in its text (amortized), whatever the stops' lengths,
+    and the text withheld is never longer than the longest stop.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self._fail = [_failure(s) for s in self.stops]
+        self._state = [0] * len(self.stops)
+        self.pending = ""
+
+    def feed(self, text: str) -> Tuple[str, bool]:
+        """Add ``text``; return the text that is safe to emit and whether a stop was hit."""
+        start = len(self.pending)
+        self.pending += text
+        first = None  # where the earliest stop found begins, in pending
+        for i, (stop, fail) in enumerate(zip(self.stops, self._fail)):
+            k = self._state[i]
+            for j, c in enumerate(text, start):
+                while k and stop[k] != c:
+                    k = fail[k - 1]
+                if stop[k] == c:
+                    k += 1
+                if k == len(stop):
+                    where = j + 1 - k
+                    first = where if first is None else min(first, where)
+                    break
+            self._state[i] = k
+        if first is not None:
+            out, self.pending = self.pending[:first], ""
+            return out, True
+        hold = max(self._state, default=0)
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(out):]
+        return out, False
+
+    def flush(self) -> str:
+        """The withheld text, at the end of the generation."""
+        out, self.pending = self.pending, ""
+        return out
+
+
+def _failure(s: str) -> List[int]:
+    """KMP's failure function: ``f[i]`` is the length of the longest proper prefix of
+    ``s[: i + 1]`` that is also its suffix."""
+    f, k = [0] * len(s), 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = f[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        f[i] = k
+    return f
+
+
+class Worker:
+    """Owns the model on one thread and generates one :class:`Job` at a time, in order.
+
+    The model is loaded on that thread too (MLX work stays on the thread that created it,
+    as in mlx-lm's server). With a ``store``, each request starts from a copy of the stored
+    prompt cache sharing the longest prefix with it and its cache is kept afterwards where the
+    store's rule shares it (:meth:`PromptCacheStore.keeps`); with
+    ``idle_complete``, while no request waits the most recent cache's pruned tokens are
+    carried through their remaining layers (a new request stops that between layers), so the
+    next turn of that conversation needs no revivals. The thread is supervised: an exception in a job fails that job
+    and the thread goes on to the next; should the thread itself end, the running and
+    waiting jobs fail and later ones are refused (``/health`` says ``"dead"``).
+    """
+
+    def __init__(self, model_path: Optional[str], max_queue: int,
+                 store: Optional[PromptCacheStore] = None, idle_complete: bool = False) -> None:
+        self.model_path, self.max_queue = model_path, max_queue
+        self.store, self.idle_complete = store, idle_complete
+        self.model = self.tokenizer = None
+        self.num_layers = 0
+        self.vocab_size = 0
+        self.context: Optional[int] = None
+        self.current: Optional[Job] = None
+        self.waiting = 0
+        self.completed = self.cancelled = self.failed = 0
+        self.mean_seconds = 0.0
+        self.last_progress = time.monotonic()  # of the running job: a step, a prefill layer
+        self._jobs: "queue.Queue[Job]" = queue.Queue()
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._load_error: Optional[BaseException] = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="mlx-lazy-generation", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self) -> None:
+        """Block until the model is loaded.
+
+        Raises:
+            UserInputError: the model cannot be loaded.
+        """
+        self._ready.wait()
+        if isinstance(self._load_error, UserInputError):  # load() worded it already
+            raise self._load_error
+        if self._load_error is not None:
+            what = "the default model" if self.model_path is None else f"model {self.model_path!r}"
+            msg = " ".join(str(self._load_error).split())
+            raise UserInputError(f"cannot load {what}: {msg}") from None
+
+    @property
+    def alive(self) -> bool:
+        """Whether the generation thread is running and taking jobs."""
+        return self._thread.is_alive() and not self._stopped
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``.
+
+        Raises:
+            APIError: 503, with ``Retry-After`` when ``max_queue`` requests already wait, or
+                when the generation thread has ended.
+        """
+        with self._lock:
+            if not self.alive:
+                raise APIError(503, "the generation worker has stopped (see the server log); "
+                                    "the server must be restarted", type="server_error",
+                               code="worker_dead")
+            ahead = self.waiting + (self.current is not None)
+            if ahead > self.max_queue:
+                retry = max(1, math.ceil(self.mean_seconds * ahead))
+                raise APIError(503, f"the server is busy ({self.waiting} requests queued); retry "
+                                    f"in {retry} s", type="server_error", code="queue_full",
+                               headers={"Retry-After": str(retry)})
+            self.waiting += 1
+            self._jobs.put(job)
+
+    def status(self) -> dict:
+        """What ``/health`` reports about the queue and the running generation."""
+        job = self.current
+        running = None if job is None else {
+            "id": job.id, "phase": job.phase, "layers_done": job.layers_done,
+            "num_layers": self.num_layers, "prompt_tokens": len(job.tokens),
+            "generated_tokens": job.generated, "method": job.config.method,
+            "seconds_since_progress": round(time.monotonic() - self.last_progress, 3),
+        }
+        cached = None if self.store is None else {"entries": len(self.store),
+                                                  "bytes": self.store.nbytes}
+        return {"queued": self.waiting, "generating": running, "completed": self.completed,
+                "cancelled": self.cancelled, "failed": self.failed, "prompt_cache": cached}
+
+    def _run(self) -> None:
+        try:
+            self.model, self.tokenizer = load(self.model_path)
+            self.num_layers = len(self.model.layers)
+            self.vocab_size = ModelAdapter(self.model).vocab_size
+            self.context = context_length(self.model, self.tokenizer)
+        except Exception as e:  # reported by wait_ready on the main thread
+            self._load_error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while True:
+                self._supervise(self._jobs.get())
+                if self.idle_complete and self.store is not None and self._jobs.empty():
+                    self._complete_recent()
+        except BaseException:  # SystemExit, KeyboardInterrupt or a bug here: fail what is left
+            log.critical("the generation worker stopped:\n%s", traceback.format_exc())
+            with self._lock:
+                self._stopped = True
+                left = [self.current] if self.current is not None else []
+                while not self._jobs.empty():
+                    left.append(self._jobs.get_nowait())
+            for job in left:
+                job.fail()
+
+    def _supervise(self, job: Job) -> None:
+        """Run ``job``, turning any exception into that job's failure, and count it."""
+        with self._lock:
+            self.waiting -= 1
+            self.current = job
+            self.last_progress = time.monotonic()
+        tic = time.perf_counter()
+        outcome = "cancelled"
+        try:
+            if self._generate(job):
+                outcome = "completed"
+        except UserInputError as e:  # the library refused what validation let through: a 400
+            log.warning("request %s refused: %s", job.id, one_line(e))
+            job.emit(APIError(400, one_line(e)))
+            outcome = "failed"
+        except Exception:  # an internal error: logged with the request's id, the request gets a 500
+            log.error("request %s failed:\n%s", job.id, traceback.format_exc())
+            job.fail()
+            outcome = "failed"
+        finally:
+            mx.clear_cache()
+        with self._lock:
+            self.current = None
+            setattr(self, outcome, getattr(self, outcome) + 1)
+            took = time.perf_counter() - tic
+            # a moving average of request durations, for Retry-After
+            self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * took if self.mean_seconds else took
+
+    def _complete_recent(self) -> None:
+        """Complete the most recent stored cache until a request arrives: a copy of it, kept
+        in its place only when the store's byte bound holds the copy (completing grows the
+        KV; the stored cache itself is never written, so the bound holds at every moment)."""
+        cache = self.store.most_recent()
+        if cache is None or not cache.engine.pending_token_layers:
+            return
+        try:
+            done = cache.copy()
+            done.engine.complete(should_stop=lambda: not self._jobs.empty())
+        except Exception:  # a bug here must not stop the worker: log it, drop nothing
+            log.error("completing a cached prompt failed:\n%s", traceback.format_exc())
+            return
+        self.store.checkin(done)
+
+    def _generate(self, job: Job) -> bool:
+        """Run ``job``; True when it ran to its end, False when it was cancelled."""
+        if job.cancel.is_set():
+            return False
+
+        def progress(processed: int, total: int) -> None:  # prompt tokens, as mlx-lm counts
+            self.last_progress = time.monotonic()
+            job.layers_done = processed * self.num_layers // max(total, 1)
+            if job.cancel.is_set():
+                raise _Cancelled
+
+        if job.seed is not None:
+            mx.random.seed(job.seed)
+        job.phase = "prefill"
+        stop = StopText(job.stop)
+        resp, finish = None, None
+        schedule = resolve_config(self.model, job.config)
+        if self.store is None:
+            cache = make_prompt_cache(self.model, schedule)
+        else:  # a private copy: a failed or cancelled request leaves the stored one intact
+            cache = self.store.checkout(self.model, schedule, job.tokens)
+        try:
+            with closing(stream_generate(
+                self.model, self.tokenizer, job.tokens[len(cache):], max_tokens=job.max_tokens,
+                sampler=sampler(job.temperature, job.top_p), prompt_cache=cache,
+                prompt_progress_callback=progress,
+            )) as responses:
+                for resp in responses:
+                    self.last_progress = time.monotonic()
+                    if job.cancel.is_set():
+                        return False
+                    job.phase, job.generated = "decode", resp.generation_tokens
+                    text, hit = stop.feed(resp.text)
+                    if text:
+                        job.emit(Delta(text))
+                    finish = "stop" if hit else resp.finish_reason
+                    if finish:
+                        break
+        except _Cancelled:
+            return False
+        tail = stop.flush()  # empty after a stop string; after EOS, the held-back text
+        if tail:
+            job.emit(Delta(tail))
+        if self.store is not None:
+            self.store.checkin(cache)
+        s = resp.stats
+        job.emit(Done(finish, s.prompt_tokens, resp.generation_tokens, s.cached_tokens, {
+            "method": s.method, "ttft_s": s.ttft_s, "schedule_source": s.schedule["source"],
+            "prompt_tokens_computed_pct": s.prompt_tokens_computed_pct,
+            "kv_bytes": s.kv_bytes, "aux_bytes": s.aux_bytes, "revivals": s.revivals,
+            "completed_token_layers": s.completed_token_layers,
+            "prefill_token_layers": sum(s.prefill_tokens_per_layer),
+        }))
+        return True
