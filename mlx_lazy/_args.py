@@ -11,7 +11,7 @@ from typing import Callable, NoReturn
 import mlx.core as mx
 from mlx_lm.sample_utils import make_sampler
 
-from .config import parse_complete
+from .completion import parse_completion
 from .errors import UserInputError
 from .policies import POLICIES, canonical_method
 
@@ -27,10 +27,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def complete_arg(text: str) -> str:
-    """Parse a ``complete`` mode (:func:`~mlx_lazy.config.parse_complete`) into its canonical
+    """Parse a ``complete`` mode (:func:`~mlx_lazy.completion.parse_completion`) into its canonical
     spelling."""
     try:
-        return parse_complete(text)[0]
+        return parse_completion(text).spec
     except UserInputError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

@@ -15,6 +15,7 @@ from typing import Callable, Generator, Iterator, List, Optional, Tuple, Union
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import distributed
@@ -22,7 +23,7 @@ from .adapter import SUPPORTED_MODEL_TYPES, ModelAdapter
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
 from .prompt_cache import PromptCache, make_prompt_cache
-from .config import PruningConfig, parse_complete
+from .config import PruningConfig
 from .schedule import Schedule, check_fits
 from .schedule_files import folder_schedules
 
@@ -394,43 +395,47 @@ def generate_step(
     on_layer = None
     if prompt_progress_callback is not None:
         on_layer = _token_progress(prompt_progress_callback, len(tokens))
-    y, logprobs = sample(prompt_cache.process(tokens, on_layer))
+    # On mlx-lm's generation stream, as its generate_step: Metal overlaps building the next
+    # step with computing this one.
+    with mx.stream(generation_stream):
+        y, logprobs = sample(prompt_cache.process(tokens, on_layer))
     if max_tokens == 0:  # as mlx-lm: the prompt is processed (and cached), nothing generated
         return
     mx.eval(y, logprobs)
-    budget = parse_complete(engine.schedule.complete)[1]
 
     def step(y: mx.array, token: int) -> Tuple[mx.array, mx.array]:
         nonlocal history
         if processors:
             history = mx.concatenate([history, y.reshape(1).astype(history.dtype)])
-        out = sample(engine.decode(y))
+        with mx.stream(generation_stream):
+            out = sample(engine.decode(y))  # the engine completes first, as its schedule says
         mx.async_eval(*out)
         prompt_cache.tokens.append(token)
         return out
 
     n = 0
-    while True:
-        token = y.item()
-        # From the second token on, queue the next step before handing this one out, as
-        # mlx-lm does (the cache then holds every token handed out). The first token goes
-        # out at once: a pruned decode step syncs with the host to select, and the time to
-        # first token must not include it; completing after the first token waits too.
-        ahead = n > 0
-        if ahead:
-            next_y, next_logprobs = step(y, token)
-        yield token, logprobs
-        n += 1
-        if n == max_tokens:
-            return
-        if budget is None and n == 1:  # after-first, exact: every waiting token, once
-            engine.complete()
-        elif budget:  # progressive: a budget of token-layers per step
-            engine.complete(budget)
-        if not ahead:
-            next_y, next_logprobs = step(y, token)
-        y, logprobs = next_y, next_logprobs
+    try:
+        while True:
+            token = y.item()
+            # From the second token on, queue the next step before handing this one out, as
+            # mlx-lm does (the cache then holds every token handed out). The first token goes
+            # out at once: a pruned decode step syncs with the host to select, and completion
+            # runs before the first decode step; the time to first token includes neither.
+            ahead = n > 0
+            if ahead:
+                next_y, next_logprobs = step(y, token)
+            yield token, logprobs
+            n += 1
+            if n == max_tokens:
+                return
+            if n % 256 == 0:
+                mx.clear_cache()
+            if not ahead:
+                next_y, next_logprobs = step(y, token)
+            y, logprobs = next_y, next_logprobs
 
+    finally:  # a step queued ahead finishes before anything else runs (ranks stay in step)
+        mx.synchronize(generation_stream)
 
 def stream_generate(
     model: nn.Module,
@@ -502,45 +507,46 @@ def stream_generate(
                           logits_processors=logits_processors, prompt_cache=prompt_cache,
                           prompt_progress_callback=prompt_progress_callback)
     ttft = 0.0
-    for n, (token, logprobs) in enumerate(steps, start=1):
-        if n == 1:
-            ttft = time.perf_counter() - tic
-            if prompt_progress_callback is not None:
-                prompt_progress_callback(n_prompt, n_prompt)
-            tic = time.perf_counter()
-        finish = "stop" if token in tokenizer.eos_token_ids else ("length" if n == max_tokens else None)
-        if finish != "stop":
-            detokenizer.add_token(token)
-        if finish:
-            detokenizer.finalize()
-        elapsed = time.perf_counter() - tic
-        stats = replace(
-            engine.stats,
-            ttft_s=ttft,
-            tpot_s=elapsed / (n - 1) if n > 1 else 0.0,
-            prompt_tps=n_prompt / ttft,
-            generation_tps=(n - 1) / elapsed if n > 1 else 0.0,
-            prompt_tokens=cached + n_prompt,
-            cached_tokens=cached,
-            generation_tokens=n,
-            peak_memory_bytes=mx.get_peak_memory(),
-            text=detokenizer.text,
-        )
-        yield GenerationResponse(
-            text=detokenizer.last_segment,
-            token=token,
-            logprobs=logprobs,
-            from_draft=False,
-            prompt_tokens=n_prompt,
-            prompt_tps=stats.prompt_tps,
-            generation_tokens=n,
-            generation_tps=stats.generation_tps,
-            peak_memory=stats.peak_memory_bytes / 1e9,
-            finish_reason=finish,
-            stats=stats,
-        )
-        if finish:
-            return
+    with wired_limit(model, [generation_stream]):  # large models on Metal, as mlx-lm
+        for n, (token, logprobs) in enumerate(steps, start=1):
+            if n == 1:
+                ttft = time.perf_counter() - tic
+                if prompt_progress_callback is not None:
+                    prompt_progress_callback(n_prompt, n_prompt)
+                tic = time.perf_counter()
+            finish = "stop" if token in tokenizer.eos_token_ids else ("length" if n == max_tokens else None)
+            if finish != "stop":
+                detokenizer.add_token(token)
+            if finish:
+                detokenizer.finalize()
+            elapsed = time.perf_counter() - tic
+            stats = replace(
+                engine.stats,
+                ttft_s=ttft,
+                tpot_s=elapsed / (n - 1) if n > 1 else 0.0,
+                prompt_tps=n_prompt / ttft,
+                generation_tps=(n - 1) / elapsed if n > 1 else 0.0,
+                prompt_tokens=cached + n_prompt,
+                cached_tokens=cached,
+                generation_tokens=n,
+                peak_memory_bytes=mx.get_peak_memory(),
+                text=detokenizer.text,
+            )
+            yield GenerationResponse(
+                text=detokenizer.last_segment,
+                token=token,
+                logprobs=logprobs,
+                from_draft=False,
+                prompt_tokens=n_prompt,
+                prompt_tps=stats.prompt_tps,
+                generation_tokens=n,
+                generation_tps=stats.generation_tps,
+                peak_memory=stats.peak_memory_bytes / 1e9,
+                finish_reason=finish,
+                stats=stats,
+            )
+            if finish:
+                return
 
 
 def generate(

@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import numpy as np
 
 from .errors import UserInputError, shown
+from .completion import parse_completion
 from .policies import canonical_method, check_taken, compose
 from .schedule import Schedule
 from .scorers import Scorer, parse_scorer, scorer_spec
@@ -51,7 +52,7 @@ class PruningConfig:
             computes prompt tokens (faster decoding on compute-bound machines, no Aux Cache;
             an approximation beyond the paper).
         complete: LazyLLM only (without revive no token waits): what happens to the pruned
-            tokens after the first output token (:func:`parse_complete`). ``"exact"`` (the
+            tokens after the first output token (:mod:`mlx_lazy.completion`). ``"exact"`` (the
             default): every token of the prompt chunk is carried from the first cut through
             the layers above, over every token, from hidden states kept there; the kept
             tokens' are computed again (they had seen only kept tokens), so from the second
@@ -115,7 +116,7 @@ class PruningConfig:
         values = {
             "method": method,
             "revive": bool(self.revive),
-            "complete": parse_complete(self.complete)[0],
+            "complete": parse_completion(self.complete).spec,
             "anchors": _bounded("anchors", self.anchors, 0, MAX_COUNT),
             "seed": _bounded("seed", self.seed, 0, SEED_LIMIT - 1),
         }
@@ -197,29 +198,6 @@ class PruningConfig:
         for policy in reversed(policies.values()):  # depth limits first (see POLICIES)
             schedule = policy.preset(policies).apply(self, schedule)
         return schedule
-
-
-#: The ``complete`` modes (``progressive`` takes ``:K``).
-COMPLETE_MODES = ("none", "after-first", "exact", "progressive:K")
-
-
-def parse_complete(mode: Any) -> Tuple[str, Optional[int]]:
-    """A ``complete`` mode in its canonical spelling and its token-layer budget per step:
-    ``("none", 0)``, ``("after-first", None)`` or ``("exact", None)`` (no limit, once) or
-    ``("progressive:K", K)``.
-
-    Raises:
-        UserInputError: any other value.
-    """
-    if mode in ("none", "after-first", "exact"):
-        return mode, (0 if mode == "none" else None)
-    if isinstance(mode, str) and mode.startswith("progressive:"):
-        k = mode.split(":", 1)[1]
-        # ASCII digits only ("²".isdigit() too), and few enough for int() to take
-        if k.isascii() and k.isdigit() and len(k) <= 10 and 0 < int(k) <= MAX_COUNT:
-            return f"progressive:{int(k)}", int(k)
-    raise UserInputError(f"complete must be one of none, after-first, exact or progressive:K "
-                         f"with K a positive integer, got {shown(mode)}")
 
 
 def _integer(name: str, x: Any) -> int:

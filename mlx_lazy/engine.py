@@ -231,8 +231,7 @@ class LazyEngine:
         if self.cache.length == 0:
             raise ValueError("call prefill() before decode()")
         token = mx.array([token]) if isinstance(token, int) else token.reshape(1)
-        if self.cache.stash:
-            self.complete()
+        self.schedule.completion.before_decode(self)
         return self._step(token, self.cache.add_tokens(1), prompt=False)
 
     def _step(self, tokens: mx.array, positions: np.ndarray, prompt: bool,
@@ -250,7 +249,7 @@ class LazyEngine:
         # Once completion has left no token waiting, every token has KV wherever it may and is
         # seen there, and decode steps neither select nor revive: the cuts only spared
         # computing the prompt. Until then (progressive completion) steps select as usual.
-        completing = sched.complete != "none" and not cache.aux
+        completing = not sched.completion.keeps_selecting and not cache.aux
         n_ctx, first = cache.length, int(positions[0])
         for layer in range(a.num_layers):
             if selected is not None:
@@ -411,7 +410,7 @@ class LazyEngine:
     def _stash(self, depth: int, positions: np.ndarray, h: mx.array) -> None:
         """``complete="exact"``: keep a prompt chunk's hidden states at its first cut that
         prunes (each token has seen every other up to there) for :meth:`_recompute`."""
-        if self.schedule.complete == "exact" and not self.cache.stash:
+        if self.schedule.completion.stashes and not self.cache.stash:
             self.cache.stash[depth] = Rows(positions.copy(), h)
 
     def _recompute(self, should_stop: Optional[Callable[[], bool]]) -> int:

@@ -198,7 +198,8 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
                       metadata: Optional[Dict[str, str]] = None) -> None:
     """Write ``cache`` to a safetensors file (atomically) with JSON metadata: the format
     version, the model's fingerprint (shapes and a digest of its weights), the schedule and
-    the token ids.
+    the token ids. A recompute that ``complete="exact"`` still owes is done first (in place:
+    it is the first thing the cache would compute anyway), so the file is stored completed.
 
     Args:
         path: the file to write.
@@ -207,6 +208,10 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
             :func:`load_prompt_cache` with ``return_metadata=True``).
     """
     engine = cache.engine
+    # complete="exact" recomputes a chunk's upper layers before anything else runs on it: do it
+    # once here, so every question from the file starts from the recomputed state.
+    if engine.cache.stash:
+        engine.complete()
     info = {
         "format": CACHE_FORMAT,
         "fingerprint": engine.adapter.fingerprint(),

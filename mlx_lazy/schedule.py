@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any, Mapping, Optional, Tuple
 
+from .completion import Completion, parse_completion
 from .scorers import LastQuery, Scorer, parse_scorer, scorer_spec
 
 
@@ -26,7 +28,7 @@ class Schedule:
             and can come back; without, decode steps re-select only among tokens that
             already have KV at the next layer.
         complete: when tokens waiting in the Aux Cache are carried through their remaining
-            layers (see :func:`parse_complete`; without ``revive`` none wait).
+            layers: a spec of :mod:`mlx_lazy.completion` (without ``revive`` none wait).
         max_revivals: with ``revive``, the most tokens a decode step revives at one cut
             (None: no bound, the paper).
         scorer: the scorer (:mod:`mlx_lazy.scorers`) that ranks the context at each cut,
@@ -54,6 +56,11 @@ class Schedule:
     anchors: int = 1
     seed: int = 0
     source: str = "preset"
+
+    @cached_property
+    def completion(self) -> Completion:
+        """The completion mode ``complete`` names."""
+        return parse_completion(self.complete)
 
     @property
     def prunes(self) -> bool:

@@ -346,7 +346,7 @@ def test_a_schedule_for_another_model_is_refused_by_the_engine(schedule_file, ti
 def test_schedule_source_preset_user_and_calibrated_folder(tiny_model_path, schedule_file, tmp_path):
     path, _ = schedule_file
     model, _ = load(tiny_model_path)
-    assert LazyEngine(model, resolve_config(model, PruningConfig("lazy"))).stats.schedule["source"] == "preset"
+    assert LazyEngine(model, resolve_config(model, PruningConfig("lazy"))).stats.schedule["source"] == "transfer"
     user = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,))
     assert LazyEngine(model, resolve_config(model, user)).stats.schedule["source"] == "user"
 

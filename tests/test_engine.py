@@ -89,7 +89,7 @@ def test_lazy_aggressive_schedule_invariants(tiny_model, kind):
     model, _ = tiny_model(kind)
     n = 400
     config = PruningConfig("lazy", prune_layers=(0, 1, 2), keep=(0.5, 0.2, 0.05),
-                           complete="after-first")  # each (token, layer) once
+                           complete="none")  # decode steps revive; each (token, layer) once
     engine = LazyEngine(model, resolve_config(model, config))
     stats = run(engine, random_prompt(n, model.args.vocab_size), 64)
     assert stats.max_computations_per_token_layer == 1
@@ -257,7 +257,7 @@ def test_lazy_without_revival_computes_only_the_new_token_in_decode(tiny_model):
     stats = {}
     for revive in (True, False):
         config = PruningConfig("lazy", prune_layers=layers, keep=keep, revive=revive,
-                               complete="after-first")  # the engine alone: nothing completes
+                               complete="none")  # nothing completes
         stats[revive] = run(LazyEngine(model, resolve_config(model, config)), prompt, steps)
     off = stats[False]
     assert off.prefill_tokens_per_layer == stats[True].prefill_tokens_per_layer
@@ -318,8 +318,8 @@ def test_fast_branch_masks_for_blocks_revived_rows_and_visibility(tiny_model, mo
     kernel path (itself exact against mlx-lm and numpy above)."""
     model, _ = tiny_model("llama")
     prompt = random_prompt(300, model.args.vocab_size, seed=11)
-    # after-first: the engine alone completes nothing, so decode steps revive
-    config = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="after-first")
+    # none: nothing completes, so decode steps revive
+    config = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="none")
     real = mx.fast.scaled_dot_product_attention
     calls = []
 

@@ -87,9 +87,9 @@ def test_decode_selection_matches_numpy_reference(tiny_model, spec):
     model, _ = tiny_model("llama")
     n, keep = 120, 0.4
     prompt = random_prompt(n, model.args.vocab_size, seed=12)
-    # after-first: the engine alone completes nothing, so the decode step selects
+    # none: nothing completes, so the decode step selects
     config = PruningConfig("lazy", prune_layers=(0,), keep=(keep,), scorer=spec,
-                           complete="after-first")
+                           complete="none")
     engine = LazyEngine(model, resolve_config(model, config))
     token = int(mx.argmax(engine.prefill(prompt)))
     before = engine.cache.layers[1].cached_positions().copy()
@@ -162,9 +162,9 @@ def test_top_k_ties_go_to_the_lower_position():
 def test_top_k_sizes_are_exact(tiny_model, keep):
     model, _ = tiny_model("llama")
     n, steps = 150, 3
-    # after-first: the engine alone completes nothing, so every decode step selects
+    # none: nothing completes, so every decode step selects
     engine = LazyEngine(model, resolve_config(model, PruningConfig(
-        "lazy", prune_layers=(0,), keep=(keep,), complete="after-first")))
+        "lazy", prune_layers=(0,), keep=(keep,), complete="none")))
     sizes, select = [], engine._select
     engine._select = lambda *a, **kw: sizes.append(len((r := select(*a, **kw))[0])) or r
     token = int(mx.argmax(engine.prefill(random_prompt(n, model.args.vocab_size, seed=6))))

@@ -58,7 +58,8 @@ from .._args import OneLineParser, complete_arg
 from ..errors import UserInputError
 from ..folders import write_text_atomic
 from ..scorers import parse_scorer, scorer_spec
-from ..config import COMPLETE_MODES, QUALITIES, parse_complete
+from ..completion import COMPLETE_MODES, parse_completion
+from ..config import QUALITIES
 from ..policies import layers_at
 from ..schedule_files import (MODEL_SCHEDULE_FILE, cached_schedule_path, fingerprint_digest,
                                schedule_file_name, write_schedule)
@@ -220,7 +221,7 @@ class Calibration:
         """Raise UserInputError naming the first option outside its domain."""
         bad = [t for t in self.tasks if t not in TASKS]
         rungs, top, limit = self.rungs, max(self.rungs, default=1), self.time_limit_s
-        complete = parse_complete(self.complete)[0]  # canonical spelling
+        complete = parse_completion(self.complete).spec  # canonical spelling
         why = next((message for failed, message in [
             (not self.tasks or bad, f"unknown task {(bad or [''])[0]!r} (choose from "
                                     f"{', '.join(TASKS)})"),

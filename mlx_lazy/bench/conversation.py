@@ -46,7 +46,7 @@ from .common import jsonable, loadavg, machine_info, markdown_table, median, mlx
 from .methods import parse_method, parse_methods
 from .metrics import score
 from .stats import paired, wilson
-from ..config import parse_complete
+from ..completion import parse_completion
 from ..folders import write_text_atomic
 from ..prompt_cache import common_prefix
 from .tasks import Conversation, build_conversations
@@ -297,7 +297,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = parse_method(spec, len(model.layers)).config
         if "cache" in kinds:
             paths.append(Route(f"{spec}+cache", config, True))
-        waits = parse_complete(config.complete)[1] is not None  # none, progressive:K
+        waits = parse_completion(config.complete).waits  # none, progressive:K
         if "complete" in kinds and config.method != "full" and waits:
             # Completed between turns, as the idle server does; after-first and exact have
             # completed during the answer already, so that route would be their +cache twin.

@@ -1,0 +1,127 @@
+"""Completion modes: what happens to pruned prompt tokens once the answer has begun.
+
+A mode is a small frozen class with one hook, :meth:`Completion.before_decode`, that the
+engine calls before each decode step; adding a mode is one class plus one line in
+:data:`COMPLETIONS`. ``PruningConfig.complete`` and the command lines name a mode by its spec
+(:func:`parse_completion`): ``none``, ``after-first``, ``exact`` or ``progressive:K``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, Type
+
+from .errors import UserInputError, shown
+
+if TYPE_CHECKING:  # the engine calls the modes; the modes only call back
+    from .engine import LazyEngine
+
+#: The largest K of ``progressive:K``: MLX indexes with int32.
+MAX_BUDGET = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Completion:
+    """When tokens waiting in the Aux Cache are carried through their remaining layers."""
+
+    #: the spec's name
+    name: ClassVar[str] = ""
+    #: the prompt chunk's hidden states are kept at its first cut that prunes, so the layers
+    #: above can be recomputed over every token (:meth:`LazyEngine.complete`)
+    stashes: ClassVar[bool] = False
+    #: decode steps keep re-selecting even when nothing waits (else, once nothing waits,
+    #: every token is attended to at every layer and the cuts spared the prompt only)
+    keeps_selecting: ClassVar[bool] = False
+    #: tokens may still wait while the answer is decoded (its state is not the full model's)
+    waits: ClassVar[bool] = False
+
+    @property
+    def spec(self) -> str:
+        """The mode as :func:`parse_completion` reads it."""
+        return self.name
+
+    def before_decode(self, engine: "LazyEngine") -> None:
+        """Called by ``engine`` before each decode step."""
+
+
+@dataclass(frozen=True)
+class Never(Completion):
+    """The paper's decode: a token is computed at a layer only when a decode step selects it
+    (each step re-selects at every cut and revives from the Aux Cache)."""
+
+    name = "none"
+    keeps_selecting = True
+    waits = True
+
+
+@dataclass(frozen=True)
+class AfterFirst(Completion):
+    """Before the first decode step (the first output token is out), carry every waiting
+    token through its remaining layers, each (token, layer) once; the kept tokens' deep
+    states stay as computed under pruning."""
+
+    name = "after-first"
+
+    def before_decode(self, engine: "LazyEngine") -> None:
+        if engine.cache.aux or engine.cache.stash:
+            engine.complete()
+
+
+@dataclass(frozen=True)
+class Exact(AfterFirst):
+    """As :class:`AfterFirst`, but the chunk's layers above its first cut that prunes are
+    recomputed for every token from the hidden states stashed there: from the second
+    output token on, decoding is the unpruned model's."""
+
+    name = "exact"
+    stashes = True
+
+
+@dataclass(frozen=True)
+class Progressive(Completion):
+    """``budget`` waiting token-layers before each decode step, lowest layer first."""
+
+    budget: int = 1
+    name = "progressive"
+    waits = True
+
+    def __post_init__(self) -> None:
+        b = self.budget
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= MAX_BUDGET:
+            raise UserInputError(f"progressive:K takes a positive integer K, got {shown(b)}")
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}:{self.budget}"
+
+    def before_decode(self, engine: "LazyEngine") -> None:
+        engine.complete(self.budget)
+
+
+#: spec name -> mode class.
+COMPLETIONS: Dict[str, Type[Completion]] = {
+    c.name: c for c in (Never, AfterFirst, Exact, Progressive)}
+#: The specs, for help texts.
+COMPLETE_MODES = ("none", "after-first", "exact", "progressive:K")
+
+
+def parse_completion(spec: Any) -> Completion:
+    """The mode a spec names: ``none``, ``after-first``, ``exact`` or ``progressive:K``
+    (K a positive integer); a :class:`Completion` passes through.
+
+    Raises:
+        UserInputError: any other value.
+    """
+    if isinstance(spec, Completion):
+        return spec
+    if isinstance(spec, str):
+        name, sep, k = spec.partition(":")
+        cls = COMPLETIONS.get(name)
+        # ASCII digits only ("²".isdigit() too), and few enough for int() to take
+        if cls is Progressive and sep and k.isascii() and k.isdigit() and len(k) <= 10 \
+                and 0 < int(k) <= MAX_BUDGET:
+            return Progressive(int(k))
+        if cls is not None and cls is not Progressive and not sep:
+            return cls()
+    raise UserInputError(f"complete must be one of none, after-first, exact or progressive:K "
+                         f"with K a positive integer, got {shown(spec)}")
