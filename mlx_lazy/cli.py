@@ -456,15 +456,16 @@ def load_model(path: Optional[str], group=None):
 
 def _check_stats_path(path: Optional[str]) -> None:
     """Fail before any generation if ``--stats-json`` cannot be written: open it for
-    appending (nothing truncated) and write zero bytes, which a device that refuses writes
-    (``/dev/full``) rejects; a file created by the probe is removed again."""
+    appending (nothing truncated; without blocking, so a FIFO nobody reads is refused rather
+    than waited on) and write zero bytes, which a device that refuses writes (``/dev/full``)
+    rejects; a file created by the probe is removed again."""
     if path is None:
         return
     if os.path.isdir(path):
         raise UserInputError(f"--stats-json {path} is a directory; give a file name")
     existed = os.path.lexists(path)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
         try:
             os.write(fd, b"")
         finally:

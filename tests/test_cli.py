@@ -358,6 +358,7 @@ def main_error(capsys, *argv: str) -> str:
     (("--stats-json", "{tmp}"), ["is a directory"]),
     (("--stats-json", "/proc/x.json"), ["cannot write --stats-json /proc/x.json"]),
     (("--stats-json", "/dev/full"), ["cannot write --stats-json /dev/full", "No space"]),
+    (("--stats-json", "{tmp}/fifo"), ["cannot write --stats-json", "fifo"]),  # once a hang
     (("--method", "lazy", "--prune-layers", "5,,6,", "--keep", "0.5,0.3"),
      ["--prune-layers", "an empty item in '5,,6,'"]),
     (("--method", "lazy", "--prune-layers", "5", "--keep", "0.5,"), ["--keep", "an empty item"]),
