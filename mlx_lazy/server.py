@@ -53,7 +53,8 @@ with needs_extra("server", "the server"):
 from .adapter import ModelAdapter
 from .api import check_anchors, check_context, check_tokens, prompt_token_ids
 from .config import PruningConfig
-from .errors import UserInputError, one_line
+from .errors import UserInputError, one_line, shown
+from .inputs import parse_int
 from .policies import compose
 from .prefix_store import PromptCacheStore
 from .schedule import check_fits
@@ -108,18 +109,21 @@ class Bounds:
     Cost model, per request, n being the body's bytes:
 
     * the body: read, parsed and validated in O(n); ``max_body_bytes`` (413) is checked on
-      the bytes as they arrive, before any parsing. Fields the server ignores (``logit_bias``,
-      ``tools``, ...) cost their parse only, within that bound.
-    * a prompt's text: tokenizing is O(bytes) and the slowest step a body can ask for (about
-      2 s per MB on a CPU), so a text too long to fit ``prompt_tokens`` is refused (413)
+      the bytes as they arrive, before any parsing. Fields the server ignores (``tools``,
+      ``user``, ...) cost their parse only, within that bound.
+    * a prompt's text: tokenizing is O(bytes) and the slowest step a body can ask for (1-2 s
+      per MB on a CPU), so a text too long to fit ``prompt_tokens`` is refused (413)
       before the tokenizer runs: a token stands for at most ``token_bytes`` bytes of text
       (:func:`token_bytes`), so more than ``prompt_tokens * token_bytes`` bytes cannot fit.
     * token ids: checked against the vocabulary in O(ids); more than ``prompt_tokens`` is 413.
     * ``messages``: the chat template renders O(messages + bytes); at most
       :data:`MAX_MESSAGES` (OpenAI's own limit), their text as a prompt's text above.
     * ``stop``: the check is linear in the generated text for each stop string
-      (:class:`StopText`), its set-up linear in their length, and a stream withholds at most
-      the longest one less a character: at most :data:`MAX_STOPS` of :data:`MAX_STOP_CHARS`.
+      (:class:`~mlx_lazy.server_worker.StopText`), its set-up linear in their length, and a
+      stream withholds at most the longest one less a character: at most :data:`MAX_STOPS`
+      of :data:`MAX_STOP_CHARS`.
+    * ``logit_bias``: every decode step adds each bias, O(entries); at most
+      :data:`MAX_LOGIT_BIAS` entries, each a token of the vocabulary.
     * ``pruning``: checked against the model in O(its size) before the request is queued.
     * ``max_tokens``: within the model's context (400 otherwise).
 
@@ -166,6 +170,7 @@ class Bounds:
 MAX_STOPS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 500
 MAX_MESSAGES = 2048  # OpenAI's limit
+MAX_LOGIT_BIAS = 1024
 
 
 def token_bytes(tokenizer) -> Optional[int]:
@@ -231,6 +236,8 @@ class _Body(_Strict):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: Literal[1] = 1
+    logit_bias: Optional[Annotated[Dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]],
+                                   Field(max_length=MAX_LOGIT_BIAS)]] = None
     pruning: Union[Text, Dict[Text, Any], None] = None
 
 
@@ -509,7 +516,26 @@ class App:
         return Job(id=rid, tokens=tokens, max_tokens=max_tokens,
                    temperature=settings.temperature if body.temperature is None else body.temperature,
                    top_p=settings.top_p if body.top_p is None else body.top_p,
-                   seed=body.seed, stop=stop, config=config, loop=asyncio.get_running_loop())
+                   seed=body.seed, stop=stop, config=config, loop=asyncio.get_running_loop(),
+                   logit_bias=self.logit_bias(body.logit_bias))
+
+    def logit_bias(self, bias: Optional[Dict[str, float]]) -> Dict[int, float]:
+        """``logit_bias`` with its keys read as token ids of the vocabulary.
+
+        Raises:
+            APIError: 400 for a key that is not one.
+        """
+        out = {}
+        for key, value in (bias or {}).items():
+            try:
+                token = parse_int(key)
+            except ValueError:
+                token = -1
+            if not 0 <= token < self.worker.vocab_size:
+                raise APIError(400, f"logit_bias: {shown(key, 40)} is not a token id in "
+                                    f"[0, {self.worker.vocab_size})", param="logit_bias")
+            out[token] = value
+        return out
 
     async def respond(self, body: _Body, tokens: List[int], request: Request, chat: bool,
                       max_tokens: Optional[int]):

@@ -19,6 +19,7 @@ from contextlib import closing
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
+from mlx_lm.sample_utils import make_logits_processors
 
 from ._args import sampler
 from .adapter import ModelAdapter
@@ -88,6 +89,7 @@ class Job:
     stop: List[str]
     config: PruningConfig
     loop: asyncio.AbstractEventLoop
+    logit_bias: Dict[int, float] = dataclasses.field(default_factory=dict)  # token id -> bias
     events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     phase: str = "queued"
@@ -349,6 +351,7 @@ class Worker:
             with closing(stream_generate(
                 self.model, self.tokenizer, job.tokens[len(cache):], max_tokens=job.max_tokens,
                 sampler=sampler(job.temperature, job.top_p), prompt_cache=cache,
+                logits_processors=make_logits_processors(job.logit_bias or None),
                 prompt_progress_callback=progress,
             )) as responses:
                 for resp in responses:

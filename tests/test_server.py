@@ -386,6 +386,15 @@ def test_sampling_values_the_sampler_cannot_use_are_greedy(server, tiny_model):
         assert r.choices[0].text == want, kw
 
 
+def test_logit_bias(server, tiny_model):
+    """Once ignored silently; now added to the logits of every step."""
+    tokenizer = tiny_model()[1]
+    token = tokenizer.encode(" fox", add_special_tokens=False)[-1]
+    r = server.client().completions.create(model="any", prompt="The quick brown", max_tokens=4,
+                                           logit_bias={str(token): 100})
+    assert r.choices[0].text == tokenizer.decode([token] * 4)
+
+
 def test_seeded_sampling(server, tiny_model):
     prompt = "A language model predicts"
     model, tokenizer = tiny_model()
@@ -423,6 +432,11 @@ def bad_requests(tokenizer, context: int):
         (chat, {**ok, "max_tokens": "2"}, 400, "max_tokens"),
         (chat, {**ok, "temperature": "hot"}, 400, "temperature"),
         (chat, {**ok, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        (chat, {**ok, "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+        (chat, {**ok, "logit_bias": {"\u0663": 1}}, 400, "logit_bias"),
+        (chat, {**ok, "logit_bias": {str(10**6): 1}}, 400, "logit_bias"),
+        (chat, {**ok, "logit_bias": {"1": 101}}, 400, "logit_bias.1"),
+        (chat, {**ok, "logit_bias": {str(i): 1 for i in range(1025)}}, 400, "logit_bias"),
         (chat, {**ok, "n": 2}, 400, "n"),
         (chat, {**ok, "pruning": "turbo"}, 400, "pruning"),
         (chat, {**ok, "pruning": 7}, 400, "pruning"),
