@@ -256,12 +256,15 @@ class CompletionRequest(_Body):
 INTERNAL_FIELDS = ("source", "fingerprint")  # PruningConfig fields set by schedule files only
 
 
-def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig) -> PruningConfig:
+def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig,
+                   num_layers: Optional[int] = None) -> PruningConfig:
     """The configuration a ``"pruning"`` value asks for (not yet checked against a model).
 
     A string is a method (its preset). An object holds :class:`PruningConfig` fields other
     than :data:`INTERNAL_FIELDS`; with a ``"method"`` it overrides that preset, without one
-    the server's ``default``. JSON arrays become tuples.
+    the server's ``default``. JSON arrays become tuples; with ``num_layers``, one longer than
+    that is refused before any is checked (a list names one item per cut, at most one cut per
+    layer).
 
     Raises:
         APIError: 400 for an unknown preset, method or field, or a field of the wrong type.
@@ -274,8 +277,14 @@ def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig) -> 
         names = {f.name for f in dataclasses.fields(PruningConfig)} - set(INTERNAL_FIELDS)
         unknown = sorted(set(fields) - names)
         if unknown:
-            raise APIError(400, f"unknown pruning field {unknown[0]!r}; fields are "
+            raise APIError(400, f"unknown pruning field {shown(unknown[0], 40)}; fields are "
                                 f"{', '.join(sorted(names))}", param=f"pruning.{unknown[0]}")
+        long = next((k for k, v in fields.items() if isinstance(v, tuple)
+                     and num_layers is not None and len(v) > num_layers), None)
+        if long is not None:
+            raise APIError(400, f"pruning.{long} has {len(fields[long])} items; the model has "
+                                f"{num_layers} layers, at most one cut each",
+                           param=f"pruning.{long}")
     if method is not None:
         try:
             compose(method)
@@ -494,7 +503,7 @@ class App:
         """
         settings, worker = self.settings, self.worker
         config = (settings.config if body.pruning is None
-                  else pruning_config(body.pruning, settings.config))
+                  else pruning_config(body.pruning, settings.config, worker.num_layers))
         n = len(tokens)
         try:
             schedule = config.resolve(worker.num_layers)

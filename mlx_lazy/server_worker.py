@@ -32,6 +32,7 @@ from .prompt_cache import make_prompt_cache, resolve_config
 log = logging.getLogger("mlx_lazy.server")
 
 MAX_ERROR_CHARS = 1000  # an error message is cut here: it never echoes a huge field back
+MAX_PARAM_CHARS = 200  # and the name of the field it is about here
 
 
 class APIError(Exception):
@@ -41,6 +42,8 @@ class APIError(Exception):
                  code: Optional[str] = None, type: str = "invalid_request_error",
                  headers: Optional[Dict[str, str]] = None) -> None:
         message = one_line(Exception(message), MAX_ERROR_CHARS)
+        if param is not None and len(param) > MAX_PARAM_CHARS:  # a path through huge keys
+            param = param[: MAX_PARAM_CHARS - 1] + "…"
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type, self.headers = type, headers
