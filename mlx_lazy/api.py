@@ -524,6 +524,7 @@ def stream_generate(
                 engine.stats,
                 ttft_s=ttft,
                 tpot_s=elapsed / (n - 1) if n > 1 else 0.0,
+                answer_s=ttft + elapsed,
                 prompt_tps=n_prompt / ttft,
                 generation_tps=(n - 1) / elapsed if n > 1 else 0.0,
                 prompt_tokens=cached + n_prompt,

@@ -393,11 +393,14 @@ def format_summary(stats: GenerationStats) -> str:
         f"Prompt: {stats.prompt_tokens} tokens"
         + (f" ({stats.cached_tokens} from the cache)" if stats.cached_tokens else "")
         + f", {stats.prompt_tps:.3f} tokens-per-sec (time to first token {stats.ttft_s:.3f} s)",
-        f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec",
+        f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec"
+        f" (whole answer {stats.answer_s:.3f} s)",
         f"Peak memory: {stats.peak_memory_bytes / 1e9:.3f} GB",
-        f"Pruning ({stats.method}): {stats.prompt_tokens_computed_pct:.1f}% of prompt tokens "
-        f"computed, KV {stats.kv_bytes / MB:.2f} MB, aux {stats.aux_bytes / MB:.2f} MB, "
+        f"Pruning ({stats.method}): {stats.prompt_token_layers_computed_pct:.1f}% of the prompt's "
+        f"token-layers computed, KV {stats.kv_bytes / MB:.2f} MB, aux {stats.aux_bytes / MB:.2f} MB, "
         f"revivals {stats.revivals}",
+        *([f"Completion ({stats.schedule.get('complete')}): {stats.completed_token_layers} "
+           "token-layers carried on after the first token"] if stats.completed_token_layers else []),
     ])
 
 
@@ -417,8 +420,12 @@ def format_compare_table(base: RunResult, other: RunResult) -> str:
         ("prompt tokens", lambda s: s.prompt_tokens, "{:d}", False),
         ("generated tokens", lambda s: s.generation_tokens, "{:d}", False),
         ("time to first token (s)", lambda s: s.ttft_s, "{:.3f}", True),
+        ("whole answer (s)", lambda s: s.answer_s, "{:.3f}", True),
+        # completion, when the mode has any, runs before the second token: in this average
         ("time per output token (ms)", lambda s: s.tpot_s * 1e3, "{:.2f}", True),
-        ("prompt tokens computed (%)", lambda s: s.prompt_tokens_computed_pct, "{:.1f}", False),
+        ("prompt token-layers computed (%)", lambda s: s.prompt_token_layers_computed_pct,
+         "{:.1f}", False),
+        ("token-layers completed", lambda s: s.completed_token_layers, "{:d}", False),
         ("prefill token-layers (%)", _prefill_work_pct, "{:.1f}", False),
         ("KV cache (MB)", lambda s: s.kv_bytes / MB, "{:.2f}", True),
         ("aux cache (MB)", lambda s: s.aux_bytes / MB, "{:.2f}", False),

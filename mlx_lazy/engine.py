@@ -43,6 +43,7 @@ class GenerationStats:
     generation_tokens: int = 0
     ttft_s: float = 0.0
     tpot_s: float = 0.0
+    answer_s: float = 0.0
     prompt_tps: float = 0.0
     generation_tps: float = 0.0
     peak_memory_bytes: int = 0

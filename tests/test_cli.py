@@ -111,8 +111,9 @@ def test_compare_and_overrides(tiny_model_path, tmp_path):
                    "--ignore-chat-template", "--compare", "--stats-json", str(out))
     assert proc.returncode == 0, proc.stderr.decode()
     stdout = proc.stdout.decode()
-    for row in ("metric", "time to first token (s)", "time per output token (ms)",
-                "prompt tokens computed (%)", "prefill token-layers (%)", "KV cache (MB)",
+    for row in ("metric", "time to first token (s)", "whole answer (s)", "time per output token (ms)",
+                "prompt token-layers computed (%)", "token-layers completed",
+                "prefill token-layers (%)", "KV cache (MB)",
                 "aux cache (MB)", "peak memory (MB)", "outputs"):
         assert row in stdout, row
     assert "========== full" in stdout and "========== lazy" in stdout
@@ -267,7 +268,9 @@ def test_flag_parsers():
 def test_first_divergence_and_table():
     def result(method, text, tokens, pct):
         stats = SimpleNamespace(prompt_tokens=100, generation_tokens=len(tokens), ttft_s=0.5,
-                                tpot_s=0.02, prompt_tokens_computed_pct=pct, kv_bytes=2e6,
+                                tpot_s=0.02, answer_s=0.5 + 0.02 * (len(tokens) - 1),
+                                prompt_token_layers_computed_pct=pct, completed_token_layers=0,
+                                kv_bytes=2e6,
                                 prefill_tokens_per_layer=[100, 100, int(pct), int(pct)],
                                 aux_bytes=1e5, peak_memory_bytes=3e8, revivals=4)
         return cli.RunResult(method, stats, text, tokens)
