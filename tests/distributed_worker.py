@@ -38,7 +38,8 @@ def run_engine(args: argparse.Namespace, out: Path) -> None:
     model, tokenizer = load(args.model, group=group)
     prompt = np.random.default_rng(0).integers(0, model.args.vocab_size, args.prompt_len)
     for name, fields in json.loads(args.configs).items():
-        engine = LazyEngine(model, resolve_config(model, PruningConfig(**{"method": name, **fields})))
+        config = PruningConfig(**{"method": name, **fields})
+        engine = LazyEngine(model, resolve_config(model, config))
         tokens, logits, selections = greedy_run(engine, prompt, args.steps)
         np.save(out / f"{name}-rank{rank}.npy", logits)
         (out / f"{name}-rank{rank}.json").write_text(json.dumps(

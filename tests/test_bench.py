@@ -148,7 +148,8 @@ def test_parse_method():
     with pytest.raises(ValueError, match="field=value"):
         methods.parse_method("lazy:oops")
     assert parse_methods("full,lazy") == ("full", "lazy")
-    assert parse_methods("full;lazy:layers=1,2:keep=0.5,0.2") == ("full", "lazy:layers=1,2:keep=0.5,0.2")
+    assert parse_methods("full;lazy:layers=1,2:keep=0.5,0.2") == (
+        "full", "lazy:layers=1,2:keep=0.5,0.2")
 
 
 @pytest.mark.parametrize("config", [
@@ -298,8 +299,8 @@ def test_speed_summary_and_table_from_known_runs():
     assert lazy["ttft_vs_full"] == pytest.approx(0.75)  # median of 0.5 and 1
     assert summary["methods"]["speed"]["ttft_vs_mlx_lm"] == pytest.approx(0.5)  # repeat 0 only
     assert summary["repeats_completed"] == 1
-    result = {"info": {"main_length": 400, "max_tokens": 4, "repeats": 2, "lengths": [100, 200, 400],
-                       "cpu_count": 2},
+    result = {"info": {"main_length": 400, "max_tokens": 4, "repeats": 2,
+                       "lengths": [100, 200, 400], "cpu_count": 2},
               "summary": summary, "runs": [dataclasses.asdict(r) for r in runs], "skipped": {}}
     text = speed.render_table(result)
     assert "1 of 2 repeats completed" in text
@@ -316,9 +317,9 @@ def test_speed_summary_and_table_from_known_runs():
 def test_server_load_and_distributed_tables():
     from mlx_lazy.bench import distributed, server_load
 
-    base = {"method": "full", "requests": 2, "completed": 2, "wall_s": 10.0, "requests_per_min": 12.0,
-            "tokens_per_s": 3.0, "ttft_p50_s": 2.0, "ttft_p90_s": 3.0, "ttft_max_s": 4.0,
-            "server_prefill_median_s": 1.5}
+    base = {"method": "full", "requests": 2, "completed": 2, "wall_s": 10.0,
+            "requests_per_min": 12.0, "tokens_per_s": 3.0, "ttft_p50_s": 2.0, "ttft_p90_s": 3.0,
+            "ttft_max_s": 4.0, "server_prefill_median_s": 1.5}
     failed = {**base, "method": "lazy", "completed": 0, "requests_per_min": 0.0, "ttft_p50_s": None,
               "ttft_p90_s": None, "ttft_max_s": None, "server_prefill_median_s": None}
     fast = {**base, "method": "speed", "ttft_p50_s": 1.0, "requests_per_min": 24.0}
@@ -335,7 +336,8 @@ def test_server_load_and_distributed_tables():
     assert rows[0]["all-sum share of TTFT"] == "–" and rows[0]["prefill all-sums MB"] == "0.0"
     assert (rows[1]["TTFT × 1 rank"], rows[1]["TPOT × 1 rank"], rows[1]["TPOT ms"]) == (
         "0.50", "2.00", "40.0")
-    assert (rows[1]["all-sum share of TTFT"], rows[1]["all-sum share of TPOT"]) == ("25.0%", "25.0%")
+    assert (rows[1]["all-sum share of TTFT"], rows[1]["all-sum share of TPOT"]) == (
+        "25.0%", "25.0%")
     assert rows[1]["prefill all-sums MB"] == "3.0" and rows[1]["score all-sums KB"] == "4.0"
 
 

@@ -20,7 +20,8 @@ from mlx_lazy import _blas
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS preload is Linux-only"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"),
+                       reason="OpenBLAS preload is Linux-only"),
     pytest.mark.skipif(_blas.loaded_path is None,
                        reason=f"OpenBLAS is not installed here ({_blas.INSTALL_HINT})"),
 ]

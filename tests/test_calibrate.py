@@ -20,7 +20,7 @@ from mlx_lazy.schedule_files import MODEL_SCHEDULE_FILE, write_schedule
 def kept_positions(model, config, prompt):
     engine = LazyEngine(model, resolve_config(model, config))
     mx.eval(engine.prefill(prompt))
-    return [engine.cache.layers[l].cached_positions().tolist() for l in range(len(model.layers))]
+    return [engine.cache.layers[i].cached_positions().tolist() for i in range(len(model.layers))]
 
 
 def tiny_calibration(path, out, **kw):
@@ -275,7 +275,8 @@ def test_paired_statistics():
     assert worse.lost_ci == stats.wilson(10, 50)
     # none lost of 50: the bootstrap collapses to zero, the lost fraction's bound does not
     same = stats.paired([1] * 50, [1] * 50)
-    assert same.rel_loss_ci == (0.0, 0.0) and same.lost_ci[1] == pytest.approx(0.07135, rel=1e-3)  # 0.071348
+    assert same.rel_loss_ci == (0.0, 0.0)
+    assert same.lost_ci[1] == pytest.approx(0.07135, rel=1e-3)  # 0.071348
     # only the unpruned path's right answers can be lost
     assert stats.paired([1] * 10 + [0] * 40, [0] * 50).lost_ci == stats.wilson(10, 10)
 
@@ -326,8 +327,10 @@ def test_packaged_schedules_apply_by_fingerprint(schedule_file, tiny_model, tmp_
     monkeypatch.setattr(schedule, "PACKAGED_SCHEDULES", packaged)
     schedule._packaged.cache_clear()
     try:
-        llama = LazyEngine(tiny_model("llama")[0], resolve_config(tiny_model("llama")[0], PruningConfig("lazy"))).stats.schedule
-        qwen = LazyEngine(tiny_model("qwen2")[0], resolve_config(tiny_model("qwen2")[0], PruningConfig("lazy"))).stats.schedule
+        llama = LazyEngine(tiny_model("llama")[0], resolve_config(
+            tiny_model("llama")[0], PruningConfig("lazy"))).stats.schedule
+        qwen = LazyEngine(tiny_model("qwen2")[0], resolve_config(
+            tiny_model("qwen2")[0], PruningConfig("lazy"))).stats.schedule
     finally:
         schedule._packaged.cache_clear()
     assert (llama["source"], llama["prune_layers"], llama["scorer"]) == (
@@ -343,10 +346,12 @@ def test_a_schedule_for_another_model_is_refused_by_the_engine(schedule_file, ti
         LazyEngine(tiny_model("qwen2")[0], resolve_config(tiny_model("qwen2")[0], config))
 
 
-def test_schedule_source_preset_user_and_calibrated_folder(tiny_model_path, schedule_file, tmp_path):
+def test_schedule_source_preset_user_and_calibrated_folder(tiny_model_path, schedule_file,
+                                                           tmp_path):
     path, _ = schedule_file
     model, _ = load(tiny_model_path)
-    assert LazyEngine(model, resolve_config(model, PruningConfig("lazy"))).stats.schedule["source"] == "transfer"
+    preset = LazyEngine(model, resolve_config(model, PruningConfig("lazy")))
+    assert preset.stats.schedule["source"] == "transfer"
     user = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,))
     assert LazyEngine(model, resolve_config(model, user)).stats.schedule["source"] == "user"
 
@@ -369,7 +374,8 @@ def test_cli_schedule_flag(tiny_model_path, schedule_file, tmp_path, capsys):
     path, _ = schedule_file
     stats_path = tmp_path / "stats.json"
     assert cli(["--model", str(tiny_model_path), "-p", "hello there", "-m", "3",
-                "--schedule", str(path), "--stats-json", str(stats_path), "--verbose", "False"]) == 0
+                "--schedule", str(path), "--stats-json", str(stats_path),
+                "--verbose", "False"]) == 0
     assert json.loads(stats_path.read_text())["schedule"]["source"] == "calibrated:s.json"
     assert cli(["--model", str(tiny_model_path), "-p", "hi", "--schedule", str(path),
                 "--keep", "0.5"]) == 2

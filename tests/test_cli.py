@@ -111,7 +111,8 @@ def test_compare_and_overrides(tiny_model_path, tmp_path):
                    "--ignore-chat-template", "--compare", "--stats-json", str(out))
     assert proc.returncode == 0, proc.stderr.decode()
     stdout = proc.stdout.decode()
-    for row in ("metric", "time to first token (s)", "whole answer (s)", "time per output token (ms)",
+    for row in ("metric", "time to first token (s)", "whole answer (s)",
+                "time per output token (ms)",
                 "prompt token-layers computed (%)", "token-layers completed",
                 "prefill token-layers (%)", "KV cache (MB)",
                 "aux cache (MB)", "peak memory (MB)", "outputs"):
@@ -367,10 +368,12 @@ def main_error(capsys, *argv: str) -> str:
     (("--method", "lazy", "--prune-layers", "5", "--keep", "0.5,"), ["--keep", "an empty item"]),
     (("--method", "lazy", "--scorer", f"last:pool={10**20}"), ["pool must be an integer in [0,"]),
     (("--method", "lazy", "--scorer", ""), ["--scorer", "scorer must be a non-empty spec"]),
-    (("--method", "lazy", "--scorer", "window:window=8"), ["scorer 'window' has no field 'window'"]),
+    (("--method", "lazy", "--scorer", "window:window=8"),
+     ["scorer 'window' has no field 'window'"]),
     (("--schedule", "/dev/zero"), ["schedule file /dev/zero is larger than the limit of 1 MiB"]),
     (("--schedule", "{tmp}/deep.json"), ["deep.json nests arrays or objects more than 16 deep"]),
-    (("--prompt-file", "/dev/zero"), ["prompt file '/dev/zero' is larger than the limit of 16 MiB"]),
+    (("--prompt-file", "/dev/zero"),
+     ["prompt file '/dev/zero' is larger than the limit of 16 MiB"]),
     # sizes Python's int reads but a user never means (once: size 30, 33, 10)
     (("--method", "lazy", "--scorer", "window:size=3_0"), ["size must be int, got '3_0'"]),
     (("--method", "lazy", "--scorer", "window:size=\u0663\u0663"), ["size must be int"]),

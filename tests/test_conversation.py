@@ -14,7 +14,8 @@ def test_conversation_bench_end_to_end(tiny_model_path, tmp_path):
     out = tmp_path / "conv"
     assert conversation.main(["--model", str(tiny_model_path), "--length", "600", "--turns", "3",
                               "--conversations", "1", "--max-tokens", "4",
-                              "--methods", "full;lazy:layers=1:keep=0.3:complete=none", "--out", str(out)]) == 0
+                              "--methods", "full;lazy:layers=1:keep=0.3:complete=none",
+                              "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     paths = {p["name"]: p for p in results["paths"]}
     lazy = "lazy:layers=1:keep=0.3:complete=none"  # the paper's: revivals, no completion

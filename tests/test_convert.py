@@ -425,7 +425,8 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                    "lacks model.layers.4."),
         "sentencepiece": (lambda: tiny("spm.gguf", meta={"tokenizer_model": "llama"}),
                           "unsupported GGUF tokenizer model 'llama' (SentencePiece)"),
-        "rope_scaling": (lambda: tiny("yarn.gguf", meta={"rope_scaling": gguf.RopeScalingType.YARN}),
+        "rope_scaling": (lambda: tiny("yarn.gguf",
+                                      meta={"rope_scaling": gguf.RopeScalingType.YARN}),
                          "RoPE scaling (yarn) is not supported"),
         "not_a_model_folder": (folder, "without config.json"),
     }[case]

@@ -237,7 +237,8 @@ def test_different_model_files_on_one_rank(tiny_model_path, tmp_path):
     data = bytearray((other / "model.safetensors").read_bytes())
     data[-4:] = bytes(4)  # one weight changed
     (other / "model.safetensors").write_bytes(bytes(data))
-    line = _cli_fails(tmp_path, 2, tiny_model_path, f"--rank1-args=--model {shlex.quote(str(other))}")
+    line = _cli_fails(tmp_path, 2, tiny_model_path,
+                      f"--rank1-args=--model {shlex.quote(str(other))}")
     assert "model files differ between rank 0 and rank 1" in line
     assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(2)] == ["2", "2"]
 

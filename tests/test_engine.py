@@ -73,7 +73,8 @@ def test_quantized_model_unpruned_matches_mlx_lm(tiny_model_dir):
     model, _ = mlx_lm.load(str(tiny_model_dir("llama")))  # a fresh copy to quantize
     nn.quantize(model, group_size=32, bits=4)
     prompt = random_prompt(100, model.args.vocab_size, seed=2)
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))))
+    engine = LazyEngine(model, resolve_config(
+        model, PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))))
     assert max_rel_err(greedy_pair(model, engine, prompt, 4)) < LOGITS_TOL
 
 
@@ -95,7 +96,8 @@ def test_lazy_aggressive_schedule_invariants(tiny_model, kind):
     assert stats.max_computations_per_token_layer == 1
     assert stats.revivals > 0
     assert stats.host_syncs == 3 + 64 * 3
-    assert stats.prefill_tokens_per_layer == [n, 200, 80, 20] + [20] * (model.args.num_hidden_layers - 4)
+    assert stats.prefill_tokens_per_layer == (
+        [n, 200, 80, 20] + [20] * (model.args.num_hidden_layers - 4))
     # Revivals can only add computation; never more than once per token and layer.
     assert all(c <= n + 64 for c in stats.tokens_computed_per_layer)
     assert stats.aux_bytes > 0 and 0 < stats.prompt_tokens_computed_pct < 100
@@ -109,7 +111,8 @@ def test_revived_token_kv_matches_full_forward(tiny_model, kind):
     prompt = random_prompt(300, model.args.vocab_size, seed=3)
     cache = make_prompt_cache(model)
     model(prompt[None], cache=cache)
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,), keep=(0.3,))))
+    engine = LazyEngine(model, resolve_config(
+        model, PruningConfig("lazy", prune_layers=(1,), keep=(0.3,))))
     token = int(mx.argmax(engine.prefill(prompt)))
     waiting = set(engine.cache.aux[2].positions.tolist())
     for _ in range(16):
@@ -142,7 +145,8 @@ def test_long_prefill_never_holds_full_score_matrix(tiny_model):
 def test_speed_upper_layers_hold_only_anchors_and_decode_tokens(tiny_model):
     model, _ = tiny_model("llama")
     n, steps, depth = 300, 5, model.args.num_hidden_layers
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("speed", speed_cutoff=0.5, anchors=2)))
+    engine = LazyEngine(model, resolve_config(
+        model, PruningConfig("speed", speed_cutoff=0.5, anchors=2)))
     stats = run(engine, random_prompt(n, model.args.vocab_size, seed=5), steps)
     cutoff = engine.schedule.prompt_depth
     for layer, kv in enumerate(engine.cache.layers):
@@ -183,8 +187,8 @@ def test_random_drop_under_a_speed_cutoff(tiny_model):
     alone = LazyEngine(model, resolve_config(model, PruningConfig("random", keep=(0.4,), seed=3)))
     mx.eval(alone.prefill(prompt))
     kept_alone = sorted(alone.cache.layers[0].cached_positions().tolist())
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("random+speed", keep=(0.4,), seed=3,
-                                             speed_cutoff=2)))
+    engine = LazyEngine(model, resolve_config(
+        model, PruningConfig("random+speed", keep=(0.4,), seed=3, speed_cutoff=2)))
     stats = run(engine, prompt, steps)
     decoded = list(range(n, n + steps))
     positions = [sorted(kv.cached_positions().tolist()) for kv in engine.cache.layers]
@@ -196,7 +200,8 @@ def test_random_drop_under_a_speed_cutoff(tiny_model):
 
 def test_static_pruning_never_revives(tiny_model):
     model, _ = tiny_model("llama")
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("static", prune_layers=(1,), keep=(0.25,))))
+    engine = LazyEngine(model, resolve_config(
+        model, PruningConfig("static", prune_layers=(1,), keep=(0.25,))))
     stats = run(engine, random_prompt(200, model.args.vocab_size, seed=6), 16)
     assert stats.revivals == 0 and stats.aux_bytes == 0
     assert stats.prefill_tokens_per_layer[2] == 50
@@ -208,7 +213,8 @@ def test_random_drop_is_deterministic_under_a_seed(tiny_model):
     prompt = random_prompt(200, model.args.vocab_size, seed=7)
 
     def kept(seed):
-        engine = LazyEngine(model, resolve_config(model, PruningConfig("random", keep=(0.4,), seed=seed)))
+        engine = LazyEngine(model, resolve_config(
+            model, PruningConfig("random", keep=(0.4,), seed=seed)))
         mx.eval(engine.prefill(prompt))
         return engine.cache.layers[0].cached_positions().tolist()
 
@@ -241,7 +247,8 @@ def test_speed_75_cuts_prompt_kv_by_a_quarter(tiny_model):
     for method in ("full", "speed"):
         engine = LazyEngine(model, resolve_config(model, PruningConfig.preset(method)))
         kv[method] = run(engine, prompt, 2).kv_bytes
-    cutoff = LazyEngine(model, resolve_config(model, PruningConfig.preset("speed"))).schedule.prompt_depth
+    speed = LazyEngine(model, resolve_config(model, PruningConfig.preset("speed")))
+    cutoff = speed.schedule.prompt_depth
     assert cutoff == round(0.75 * depth)
     # Upper layers keep the anchor, the last prompt token and 2 decode tokens.
     expected = (cutoff * 1002 + (depth - cutoff) * 4) / (depth * 1002)
@@ -272,7 +279,8 @@ def test_lazy_without_revival_computes_only_the_new_token_in_decode(tiny_model):
 def test_decode_attention_pairs_count_the_whole_context_when_unpruned(tiny_model):
     model, _ = tiny_model("llama")
     n, steps = 50, 6
-    stats = run(LazyEngine(model, resolve_config(model, PruningConfig("full"))), random_prompt(n, model.args.vocab_size), steps)
+    stats = run(LazyEngine(model, resolve_config(model, PruningConfig("full"))),
+                random_prompt(n, model.args.vocab_size), steps)
     # Step i (1-based) attends over n + i keys at every layer.
     assert stats.decode_attention_pairs == model.args.num_hidden_layers * sum(
         n + i for i in range(1, steps + 1)

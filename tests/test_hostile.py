@@ -189,8 +189,8 @@ _CHANGES = st.lists(st.sampled_from(sorted(_FIELDS)), max_size=3, unique=True).f
     lambda keys: st.fixed_dictionaries({k: _FIELDS[k] for k in keys}))
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(path=st.sampled_from([CHAT, COMPLETIONS]), changes=_CHANGES)
 def test_any_body_gets_an_answer_or_an_error_object(hostile, path, changes):
     """Whatever the body, the server answers 200 or a 4xx error object with a short message

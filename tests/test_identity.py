@@ -91,7 +91,8 @@ def test_identity_tells_a_same_shape_model_apart(tiny_model_dir, twin_dir):
     assert not identities_match(ours.identity(),
                                 ModelAdapter(copy_of(twin_dir, None, 4, 32)).identity())
     model = copy_of(tiny_model_dir("llama"))
-    model.model.layers[2].input_layernorm.weight = model.model.layers[2].input_layernorm.weight * 1.3
+    norm = model.model.layers[2].input_layernorm
+    norm.weight = norm.weight * 1.3
     assert identities_match(ours.identity(), ModelAdapter(model).identity()) is False
     assert identity_distances(ours.identity(), ours.identity()) == {"embedding": 0.0,
                                                                    "norms": 0.0}
@@ -251,4 +252,5 @@ def test_smollm2_and_its_4bit_copy_take_the_shipped_schedules(smollm2_path):
     assert fp["variant"] == "float32+q4g32+q8g32" and fp["weights"] != shipped["weights"]
     for quality in ("default", "high"):
         s = resolve_config(q4, PruningConfig("lazy", quality=quality))
-        assert s.source == f"calibrated:{schedule_files.schedule_file_name('smollm2-135m', quality)}"
+        name = schedule_files.schedule_file_name('smollm2-135m', quality)
+        assert s.source == f"calibrated:{name}"

@@ -16,8 +16,8 @@ from mlx_lm.generate import generate_step as mlx_lm_generate_step
 from mlx_lm.models.cache import make_prompt_cache as mlx_lm_make_prompt_cache
 
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, can_trim_prompt_cache,
-                      generate_step, load_prompt_cache, make_prompt_cache, read_schedule, resolve_config,
-                      save_prompt_cache, stream_generate, trim_prompt_cache)
+                      generate_step, load_prompt_cache, make_prompt_cache, read_schedule,
+                      resolve_config, save_prompt_cache, stream_generate, trim_prompt_cache)
 from mlx_lazy import scorers
 from numerics import rel_err
 

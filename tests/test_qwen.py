@@ -122,7 +122,8 @@ def test_tokenizer_and_chat_template(qwen):
     for text in ["def f(x):\n    return x ** 2  # 12345", "naïve café — 東京 🚀", "  \n\t x"]:
         assert tok.decode(tok.encode(text)) == text
     assert [tok.decode([t]) for t in tok.encode("2024")] == list("2024")  # qwen2: one digit
-    im_end, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
     assert tok.encode("a<|im_end|>b")[1] == im_end and tok.eos_token_ids == {im_end, eot}
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}],
                                      add_generation_prompt=True, tokenize=False)

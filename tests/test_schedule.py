@@ -48,7 +48,8 @@ def test_static_and_random_are_not_dynamic():
         (PruningConfig("lazy", prune_layers=(4, 29), keep=(0.5, 0.3)), "must lie in [0, 28]"),
         (PruningConfig("lazy", prune_layers=(-1,), keep=(0.5,)), "must lie in"),
         (PruningConfig("lazy", prune_layers=(4, 8), keep=(0.5,)), "one keep fraction per"),
-        (PruningConfig("lazy+speed", prune_layers=(4, 22), keep=(0.5, 0.3), speed_cutoff=0.75), "SPEED cutoff 22"),
+        (PruningConfig("lazy+speed", prune_layers=(4, 22), keep=(0.5, 0.3), speed_cutoff=0.75),
+         "SPEED cutoff 22"),
         (PruningConfig("static", prune_layers=(2, 4), keep=(0.5, 0.3)), "exactly one"),
         (PruningConfig("random", keep=(0.5, 0.4)), "one keep fraction"),
         (PruningConfig("full", prune_layers=(3,)), "takes no prune_layers"),
@@ -309,7 +310,8 @@ def test_a_plain_lazy_on_an_uncalibrated_model_takes_the_transfer_rule(tiny_mode
     deep = calibrated(PruningConfig("lazy", anchors=3), {"num_layers": 36})
     assert (deep.source, deep.prune_layers, deep.keep, deep.anchors) == (
         "transfer", (14, 17), (0.5, 0.2), 3)
-    assert resolve_config(model, PruningConfig("lazy", prune_layers=(0,), keep=(0.5,))).source == "user"
+    user = PruningConfig("lazy", prune_layers=(0,), keep=(0.5,))
+    assert resolve_config(model, user).source == "user"
     assert resolve_config(model, "lazy+speed").source == "preset"
     with pytest.raises(UserInputError, match="no quality='high' schedule"):
         resolve_config(model, PruningConfig("lazy", quality="high"))

@@ -65,7 +65,8 @@ def test_prefill_selection_matches_numpy_reference(tiny_model, kind, spec):
     model, _ = tiny_model(kind)
     n, keep = 160, 0.3
     prompt = random_prompt(n, model.args.vocab_size, seed=11)
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(0,), keep=(keep,), scorer=spec)))
+    engine = LazyEngine(model, resolve_config(
+        model, PruningConfig("lazy", prune_layers=(0,), keep=(keep,), scorer=spec)))
     mx.eval(engine.prefill(prompt))
     kept = sorted(engine.cache.layers[1].cached_positions().tolist())
 
@@ -136,8 +137,9 @@ def test_planted_key_is_always_kept(spec):
 def test_window_scorer_keeps_its_window_at_every_cut(tiny_model):
     model, _ = tiny_model("qwen2")
     n, window = 200, 12
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(0, 1), keep=(0.2, 0.1),
-                                             scorer=f"window:size={window}")))
+    engine = LazyEngine(model, resolve_config(
+        model, PruningConfig("lazy", prune_layers=(0, 1), keep=(0.2, 0.1),
+                             scorer=f"window:size={window}")))
     token = int(mx.argmax(engine.prefill(random_prompt(n, model.args.vocab_size, seed=5))))
     mx.eval(engine.decode(token))
     for layer in (1, 2):
@@ -207,7 +209,9 @@ def test_pooled_selection_keeps_spans(tiny_model):
     prompt = random_prompt(n, model.args.vocab_size, seed=10)
 
     def kept_after_first_cut(pool):
-        engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(0,), keep=(0.2,), scorer=f"last:pool={pool}")))
+        engine = LazyEngine(model, resolve_config(
+            model, PruningConfig("lazy", prune_layers=(0,), keep=(0.2,),
+                                 scorer=f"last:pool={pool}")))
         mx.eval(engine.prefill(prompt))
         return np.array(sorted(engine.cache.layers[1].cached_positions().tolist()))
 

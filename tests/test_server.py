@@ -90,7 +90,8 @@ class Server:
 def run_server(model: Path, *args: str, tmp_path: Path) -> Iterator[Server]:
     port = free_port()
     log = tmp_path / f"server-{port}.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "mlx_lazy.server", "--model", str(model), "--host", HOST,
            "--port", str(port), "--log-level", "warning", *args]
     with open(log, "wb") as out:
@@ -215,10 +216,12 @@ def test_bad_command_line_is_one_error_line(tmp_path, tiny_model_path, capsys, n
     schedule = {"format": SCHEDULE_FORMAT, "model": {"fingerprint": {"num_layers": 4}},
                 "config": {"method": "lazy", "prune_layers": [0, 1], "keep": [0.5, 0.9]}}
     bad.write_text(json.dumps(schedule))
-    assert "keep fractions must not increase" in one_error_line(capsys, [*model, "--schedule", str(bad)])
+    assert "keep fractions must not increase" in one_error_line(
+        capsys, [*model, "--schedule", str(bad)])
     schedule["config"]["keep"] = [0.5, 0.3]  # valid, but calibrated for another model
     bad.write_text(json.dumps(schedule))
-    assert "calibrated for another model" in one_error_line(capsys, [*model, "--schedule", str(bad)])
+    assert "calibrated for another model" in one_error_line(
+        capsys, [*model, "--schedule", str(bad)])
     bad.write_text("[" * 200_000)  # a RecursionError once
     assert str(bad) in one_error_line(capsys, [*model, "--schedule", str(bad)])
     for flag in ("--read-timeout", "--stall-timeout"):
@@ -323,7 +326,8 @@ def test_chat_streaming_with_usage(server, tiny_model):
     events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     pieces = [json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]]
-    assert "".join(pieces) == expected(tiny_model(), chat_prompt(tiny_model()[1], MESSAGES), max_tokens=3)
+    assert "".join(pieces) == expected(tiny_model(), chat_prompt(tiny_model()[1], MESSAGES),
+                                       max_tokens=3)
 
 
 def test_completions_streaming_and_not(server, tiny_model):
@@ -507,7 +511,8 @@ def test_bad_requests_get_error_objects_and_the_server_keeps_serving(server, tin
     assert server.health()["status"] == "ok"
     # A chunked body (no Content-Length) over the limit is refused as well.
     conn = http.client.HTTPConnection(HOST, server.port, timeout=60)
-    conn.request("POST", "/v1/completions", body=iter([b'{"prompt": "', b"y" * MAX_BODY_BYTES, b'"}']),
+    conn.request("POST", "/v1/completions",
+                 body=iter([b'{"prompt": "', b"y" * MAX_BODY_BYTES, b'"}']),
                  headers={"Content-Type": "application/json"}, encode_chunked=True)
     assert conn.getresponse().status == 413
     conn.close()
@@ -728,7 +733,8 @@ def test_a_failing_job_is_its_own_500_and_the_worker_goes_on(tiny_model, tiny_mo
             raise RuntimeError("injected endpoint fault")
 
         monkeypatch.setattr(server_module, "check_tokens", broken)
-        status, _, payload = s.request("POST", "/v1/completions", {"prompt": [1, 2], "max_tokens": 1})
+        status, _, payload = s.request("POST", "/v1/completions",
+                                       {"prompt": [1, 2], "max_tokens": 1})
         assert status == 500 and payload["error"]["type"] == "server_error", payload
         assert re.search(rf"request {request_id(payload)} failed:\n.*injected endpoint fault",
                          caplog.text, re.S), caplog.text
@@ -813,7 +819,8 @@ def test_smollm2_full_equals_mlx_lm_and_lazy_reports_pruning(smollm2_path, smoll
     import mlx_lm
 
     model, tokenizer = smollm2
-    messages = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    messages = [{"role": "user",
+                 "content": "What is the capital of France? Answer in one sentence."}]
     prompt = chat_prompt(tokenizer, messages)
     ours = generate(model, tokenizer, prompt, max_tokens=24)
     assert ours == mlx_lm.generate(model, tokenizer, prompt=prompt, max_tokens=24)
@@ -872,6 +879,7 @@ def test_a_request_whose_client_left_while_queued_is_never_generated(server, tin
     running.close()
     after = _wait_for(server, lambda h: h["generating"] is None and h["queued"] == 0,
                       "the queue to drain")
-    assert (after["cancelled"], after["completed"]) == (before["cancelled"] + 2, before["completed"])
+    assert (after["cancelled"], after["completed"]) == (
+        before["cancelled"] + 2, before["completed"])
     r = server.client().completions.create(model="any", prompt="Count", max_tokens=3)
     assert r.choices[0].text == expected(tiny_model(), "Count", max_tokens=3)

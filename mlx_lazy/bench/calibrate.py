@@ -367,7 +367,8 @@ def run(cal: Calibration) -> dict[str, Any]:
     def save() -> None:
         """Write the outputs (after every candidate: ``--resume`` loses nothing), with the
         work this run has done so far: time it on another machine by its prefill speed."""
-        work.update(seconds=round(time.perf_counter() - started, 1), kld_prefills=deviation.prefills,
+        work.update(seconds=round(time.perf_counter() - started, 1),
+                    kld_prefills=deviation.prefills,
                     kld_prompt_tokens=deviation.prefills * cal.kld_length,
                     kld_forced_steps=deviation.prefills * cal.kld_steps)
         _write(out, doc, full, cells)

@@ -42,7 +42,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 import mlx.core as mx
 
-from .common import jsonable, loadavg, machine_info, markdown_table, median, mlx_lm_kv_bytes_per_layer
+from .common import (jsonable, loadavg, machine_info, markdown_table, median,
+                     mlx_lm_kv_bytes_per_layer)
 from .methods import parse_method, parse_methods
 from .metrics import score
 from .stats import paired, wilson
@@ -260,7 +261,8 @@ def report(paths: List[Route], turns: int) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mlx_lazy.bench.conversation",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="named model, folder or hub id (default smollm2-135m)")
+    p.add_argument("--model", default=None,
+                   help="named model, folder or hub id (default smollm2-135m)")
     p.add_argument("--length", type=int, default=2048, help="first prompt's tokens (default 2048)")
     p.add_argument("--turns", type=int, default=4, help="questions per conversation (default 4)")
     p.add_argument("--conversations", type=int, default=3, help="(default 3)")
@@ -273,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "turns), mlx-lm (with and without its cache) (default: all)")
     p.add_argument("--max-tokens", type=int, default=12, help="answer budget (default 12)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--time-limit", type=float, default=None, help="seconds; stop between conversations")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds; stop between conversations")
     p.add_argument("--out", default="conversation_out")
     return p
 

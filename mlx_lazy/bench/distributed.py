@@ -104,7 +104,8 @@ def rank_main(args: argparse.Namespace) -> None:
             decode = Counter(counter.by_size) - split[0]
             stats = record["stats"]
             score_calls = stats["host_syncs"]  # one score all-sum per selection
-            score_size = 4 * round(stats["score_allsum_bytes"] / 4 / score_calls) if score_calls else 0
+            score_size = (4 * round(stats["score_allsum_bytes"] / 4 / score_calls)
+                          if score_calls else 0)
             seconds = allsum_seconds(set(prefill) | set(decode) | ({score_size} - {0}), group)
             # generate_step runs every token it hands out through the model (as mlx-lm's, so
             # the prompt cache holds them all): one decode step per generated token.
@@ -191,7 +192,8 @@ def table(runs: list[dict]) -> str:
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlx_lazy.bench.distributed",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="a model whose head counts divide every rank count")
+    p.add_argument("--model", required=True,
+                   help="a model whose head counts divide every rank count")
     p.add_argument("--ranks", default="1,2", help="rank counts to compare (default 1,2)")
     p.add_argument("--length", type=int, default=2048, help="prompt tokens")
     p.add_argument("--max-tokens", type=int, default=16)

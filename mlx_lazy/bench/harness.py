@@ -28,7 +28,8 @@ from .common import (BASELINE, FULL, MIB, Method, RunRecord, jsonable, fmt, geom
 from .methods import parse_method
 from .tasks import QUICK_TASKS, TASKS, Sample, build_prompt, build_suite
 
-DEFAULT_METHODS: tuple[str, ...] = (BASELINE, FULL, "lazy", "speed", "lazy+speed", "static", "random")
+DEFAULT_METHODS: tuple[str, ...] = (BASELINE, FULL, "lazy", "speed", "lazy+speed", "static",
+                                    "random")
 # ----------------------------------------------------------------------------------------
 # One measured run
 
@@ -421,8 +422,10 @@ def render_table(result: dict[str, Any]) -> str:
                                   for a in agreement]), ""]
     cm = result.get("cost_model")
     if cm and "a" in cm:
-        lines += [f"Cost model (fitted on {cm['n_samples']} unpruned runs: {cm['fitted_on']}; TTFT): "
-                  f"t = {cm['a']:.3g}·token_layers + {cm['b']:.3g}·attention_pairs + {cm['c']:.3g} s "
+        lines += [f"Cost model (fitted on {cm['n_samples']} unpruned runs: "
+                  f"{cm['fitted_on']}; TTFT): "
+                  f"t = {cm['a']:.3g}·token_layers + {cm['b']:.3g}·attention_pairs "
+                  f"+ {cm['c']:.3g} s "
                   f"(RMS relative residual {cm['rms_relative_residual']:.1%}).", ""]
     elif cm:
         lines += [f"Cost model: not fitted ({cm.get('error')}).", ""]

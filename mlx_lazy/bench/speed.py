@@ -53,15 +53,17 @@ Measurements (all methods measured identically, wall clock, ``time.perf_counter`
   ``kv_bytes_allocated``).
 * **Cost-model error**: (measured TTFT − predicted) / predicted, for each pruned run; target
   within ±10%. "× full vs predicted (CPU)" is the drift-free form: the measured CPU-time ratio
-  pruned/full (same repeat) against the model's predicted ratio, minus 1. Positive means the pruning machinery (scoring, gathers, Aux Cache, host syncs)
-  costs more than the model of plain work accounts for.
+  pruned/full (same repeat) against the model's predicted ratio, minus 1. Positive means the
+  pruning machinery (scoring, gathers, Aux Cache, host syncs) costs more than the model of
+  plain work accounts for.
 
 Other columns: *token-layers %* and *attn pairs %* are the prefill's work counts relative to an
 unpruned prefill; *decode token-layers/step* is the layer work per decode step (the model's depth
 for a plain step; more when LazyLLM revives tokens from the Aux Cache and computes them at the
 layers they had skipped); *revival ms/step (model)* prices that extra work at the cost model's
 per-token-layer rate only (a lower bound: each revived token also attends over the layer's
-whole cache, work that GenerationStats does not count); *total × mlx-lm* compares whole generations (TTFT + all decode steps);
+whole cache, work that GenerationStats does not count); *total × mlx-lm* compares whole
+generations (TTFT + all decode steps);
 *work MiB* is the peak memory above what was allocated before the run (mostly the weights).
 
 ``--report results.json`` prints the tables of a saved result (e.g. one cut short by a timeout:
@@ -142,7 +144,8 @@ def run_benchmark(
     """
     lengths = sorted(set(int(n) for n in lengths))
     if len(lengths) < 3:
-        raise ValueError(f"--lengths needs >= 3 distinct prompt lengths for the cost model, got {lengths}")
+        raise ValueError(f"--lengths needs >= 3 distinct prompt lengths for the cost model, "
+                         f"got {lengths}")
     if max_tokens < 2:
         raise ValueError("--max-tokens must be >= 2 to measure time per output token")
     main_len = lengths[-1]
@@ -307,7 +310,8 @@ def render_table(result: dict[str, Any]) -> str:
              "CPU-s × mlx-lm", "CPU-s × full", "pred. error (CPU)", "× full vs predicted (CPU)",
              "token-layers %", "attn pairs %", "host syncs"],
             [[m, fmt(r["ttft_s"]), fmt(r["ttft_vs_mlx_lm"], ".3f"), fmt(r["ttft_vs_full"], ".3f"),
-              fmt(r.get("predicted_ttft_s")), fmt(r.get("prediction_error_median"), "+.1f", 100, "%"),
+              fmt(r.get("predicted_ttft_s")),
+              fmt(r.get("prediction_error_median"), "+.1f", 100, "%"),
               fmt(r["ttft_cpu_vs_mlx_lm"], ".3f"), fmt(r["ttft_cpu_vs_full"], ".3f"),
               fmt(r.get("prediction_error_cpu_median"), "+.1f", 100, "%"),
               fmt(r.get("ratio_error_cpu"), "+.1f", 100, "%"),
@@ -335,7 +339,8 @@ def render_table(result: dict[str, Any]) -> str:
     if cm:
         lines.append(
             f"Cost model (fitted on {cm['n_samples']} unpruned runs at {info['lengths']} tokens): "
-            f"TTFT ≈ {cm['a'] * 1e6:.4g} µs × token_layers + {cm['b'] * 1e9:.4g} ns × attention_pairs "
+            f"TTFT ≈ {cm['a'] * 1e6:.4g} µs × token_layers + "
+            f"{cm['b'] * 1e9:.4g} ns × attention_pairs "
             f"+ {cm['c']:.3g} s; fit residual RMS {100 * cm['rms_relative_residual']:.1f}%, "
             f"max {100 * cm['max_relative_residual']:.1f}%.")
         cc = summ.get("cost_model_cpu")
@@ -343,7 +348,8 @@ def render_table(result: dict[str, Any]) -> str:
             lines.append(
                 f"Same fit on process CPU time: {cc['a'] * 1e6:.4g} µs × token_layers + "
                 f"{cc['b'] * 1e9:.4g} ns × attention_pairs + {cc['c']:.3g} s; residual RMS "
-                f"{100 * cc['rms_relative_residual']:.1f}%, max {100 * cc['max_relative_residual']:.1f}%.")
+                f"{100 * cc['rms_relative_residual']:.1f}%, "
+                f"max {100 * cc['max_relative_residual']:.1f}%.")
         pts = summ["cost_model_fit_points"]
         lines.append("Fit points (N: measured / fitted s): " + ", ".join(
             f"{p['prompt_tokens']}: {p['ttft_s']:.2f}/{p['fitted_s']:.2f}" for p in pts))
@@ -452,20 +458,25 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--lengths", default="1024,2048,4096",
                    help="comma-separated prompt lengths; >= 3; all fit the cost model, the "
                         "largest is where every method is compared (default 1024,2048,4096)")
-    p.add_argument("--max-tokens", type=int, default=32, help="tokens generated per run (default 32)")
+    p.add_argument("--max-tokens", type=int, default=32,
+                   help="tokens generated per run (default 32)")
     p.add_argument("--repeats", type=int, default=3, help="repeats of every run (default 3)")
     p.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
                    help="schedules besides mlx-lm and full: presets, named methods "
                         f"({', '.join(NAMED_METHODS)}) or method strings, separated by ',' "
-                        f"(';' when a method string has commas; default {','.join(DEFAULT_SCHEDULES)})")
+                        "(';' when a method string has commas; "
+                        f"default {','.join(DEFAULT_SCHEDULES)})")
     p.add_argument("--out", type=Path, default=None, help="write the JSON result here")
     p.add_argument("--decode-interleaved", type=int, default=0, metavar="STEPS",
-                   help="instead of the generation benchmark: prefill every method once at the largest "
-                        "length, then time STEPS decode steps per method interleaved round-robin")
+                   help="instead of the generation benchmark: prefill every method once at "
+                        "the largest length, then time STEPS decode steps per method "
+                        "interleaved round-robin")
     p.add_argument("--report", type=Path, default=None,
-                   help="print the tables of a saved --out JSON (e.g. one cut short by a timeout) and exit")
+                   help="print the tables of a saved --out JSON (e.g. one cut short by a "
+                        "timeout) and exit")
     p.add_argument("--quick", action="store_true",
-                   help="smoke test: lengths 48,64,96, 4 tokens, 1 repeat (unless given explicitly)")
+                   help="smoke test: lengths 48,64,96, 4 tokens, 1 repeat (unless given "
+                        "explicitly)")
     args = p.parse_args(argv)
     if args.quick:
         given = set(a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:]))

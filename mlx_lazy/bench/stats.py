@@ -75,7 +75,8 @@ def paired(base: Sequence[float], method: Sequence[float], resamples: int = 4000
     bb, mm = b[idx].mean(axis=1), m[idx].mean(axis=1)
     ok = bb > 0
     boot = (bb[ok] - mm[ok]) / bb[ok]
-    ci = (float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))) if boot.size else (0.0, 0.0)
+    ci = ((float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))) if boot.size
+          else (0.0, 0.0))
     right_b, right_m = b >= 0.5, m >= 0.5
     return Paired(
         n=n,

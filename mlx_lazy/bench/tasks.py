@@ -314,7 +314,8 @@ def _niah_parts(
     return Parts(
         instruction=_NIAH_INSTRUCTION,
         needles=tuple(needles),
-        question=f"What {'are' if plural else 'is'} {what} for {key} mentioned in the provided text?",
+        question=(f"What {'are' if plural else 'is'} {what} for {key} mentioned in the "
+                  "provided text?"),
         answer_prefix=prefix,
         references=refs,
         filler=_prose_stream(rng),
@@ -497,7 +498,8 @@ class _Fitter:
         return text, encode(self.tokenizer, text)
 
 
-def sample_depths(rng: random.Random, n_needles: int, index: int, n_samples: int) -> tuple[float, ...]:
+def sample_depths(rng: random.Random, n_needles: int, index: int,
+                  n_samples: int) -> tuple[float, ...]:
     """Needle depths: the first needle spread evenly over samples, the others at random."""
     first = (index + 0.5) / max(n_samples, 1)
     rest = [rng.uniform(0.05, 0.95) for _ in range(n_needles - 1)]
