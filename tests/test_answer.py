@@ -34,6 +34,7 @@ def test_summary_pairs_by_repeat_and_finds_the_worst_token():
     assert "| 100 | lazy |" in answer.render({"summary": list(rows.values()), "answer_tokens": 4})
 
 
+@pytest.mark.slow
 def test_end_to_end_on_a_tiny_model(tiny_model_path, tmp_path):
     out = tmp_path / "answer.json"
     result = answer.main(["--model", str(tiny_model_path), "--lengths", "96",

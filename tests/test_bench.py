@@ -357,6 +357,7 @@ def drawn(png, method: str) -> bool:
     return bool(((hsv[..., 1] > 0.3) & (np.minimum(off, 1 - off) < 0.01)).sum() > 20)
 
 
+@pytest.mark.slow
 def test_quick_end_to_end(tiny_model_path, tmp_path):
     out = tmp_path / "bench"
     assert main(["--quick", "--model", str(tiny_model_path), "--lengths", "600",

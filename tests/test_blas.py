@@ -85,6 +85,7 @@ def _report(out: str) -> dict:
     return eval(line[-1][len("REPORT "):])  # noqa: S307 (our own repr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,target", ENTRY_POINTS,
                          ids=[Path(t).name if k == "script" else t for k, t in ENTRY_POINTS])
 def test_entry_point_loads_openblas(kind, target):

@@ -382,6 +382,7 @@ def test_cli_schedule_flag(tiny_model_path, schedule_file, tmp_path, capsys):
     assert "drop --keep" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch):
     first = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0)
     # A resume with fewer scorers keeps the others' runs in results.json.
@@ -410,6 +411,7 @@ def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch
         tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True, seed=1)
 
 
+@pytest.mark.slow
 def test_candidates_decode_with_the_complete_mode_the_evidence_names(tiny_model_path, tmp_path,
                                                                    monkeypatch):
     """``complete`` is how every candidate decodes (its retrieval answers and KLD hold only
@@ -445,6 +447,7 @@ def test_candidates_decode_with_the_complete_mode_the_evidence_names(tiny_model_
         tiny_calibration(tiny_model_path, tmp_path / "other", complete="progressive:08")
 
 
+@pytest.mark.slow
 def test_resume_of_a_results_file_from_the_agreement_bar(tiny_model_path, tmp_path,
                                                          monkeypatch):
     from mlx_lazy.bench import calibrate
@@ -469,6 +472,7 @@ def test_resume_of_a_results_file_from_the_agreement_bar(tiny_model_path, tmp_pa
     assert "agreement" not in json.dumps(again["candidates"])
 
 
+@pytest.mark.slow
 def test_every_last_rung_candidate_has_its_gain_measured(tiny_model_path, tmp_path, monkeypatch):
     from types import SimpleNamespace
 
@@ -558,6 +562,7 @@ def fake_deviation(monkeypatch, klds=(), rest=0.0):
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_kld, default, high", [
     ("q4", 1, 2),     # 0.5 > q4's 0.4: dropped; 0.2 <= 0.4; 0.05 <= 0.4 / 4
     (0.3, 1, 2),      # a number as the bar
@@ -683,6 +688,7 @@ def test_cli_quality_flag(packaged, schedule_file, tiny_model_path, tmp_path, ca
     assert len(err) == 1 and err[0].startswith("error: ") and "--quality" in err[0]
 
 
+@pytest.mark.slow
 def test_own_model_calibration_installs_where_load_finds_it(tiny_model_path, tmp_path,
                                                             monkeypatch, packaged, capsys):
     from mlx_lazy.bench import calibrate

@@ -314,6 +314,7 @@ def test_context_length_sources():
     assert api.context_length(bare, SimpleNamespace(model_max_length=int(1e30))) is None
 
 
+@pytest.mark.slow
 def test_installed_console_script_generates(tiny_model_path):
     """The installed ``mlx-lazy-generate`` runs the CLI: one generation on the tiny model."""
     exe = shutil.which("mlx-lazy-generate", path=os.path.dirname(sys.executable))

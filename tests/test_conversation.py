@@ -10,6 +10,7 @@ import pytest
 from mlx_lazy.bench import conversation
 
 
+@pytest.mark.slow
 def test_conversation_bench_end_to_end(tiny_model_path, tmp_path):
     out = tmp_path / "conv"
     assert conversation.main(["--model", str(tiny_model_path), "--length", "600", "--turns", "3",

@@ -577,6 +577,7 @@ def test_output_follows_the_umask(tiny_model_dir, tmp_path):
     assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o640}
 
 
+@pytest.mark.slow
 def test_cli_script_as_a_user_runs_it(tmp_path):
     """``python convert/convert.py`` from a checkout: exit 2, one line, nothing written."""
     proc = subprocess.run([sys.executable, str(REPO / "convert" / "convert.py"),
@@ -726,6 +727,7 @@ def test_unknown_model_name():
         default_model.model_path("nope")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", [
     ["mlx_lazy.generate", "-p", "hi"],
     ["mlx_lazy.generate", "--model", "qwen2.5-coder-0.5b", "-p", "hi"],

@@ -109,6 +109,7 @@ def test_nonnegative_fit_never_returns_negative_costs() -> None:
     assert model.predict(_unpruned(64)) > 0
 
 
+@pytest.mark.slow
 def test_speed_benchmark_quick_on_tiny_model(tiny_model_path, tmp_path, capsys) -> None:
     """``python -m mlx_lazy.bench.speed --quick`` end to end: every method runs, tables render."""
     from mlx_lazy.bench import speed

@@ -131,6 +131,7 @@ def two_rank_runs(tiny_model_dir, two_rank_dir):
         "lazy-window": {"method": "lazy", **LAZY, "scorer": "window:size=8"}})
 
 
+@pytest.mark.slow
 def test_full_sharded_matches_mlx_lm(two_rank_runs, tiny_model):
     model, _ = tiny_model("llama")
     (rec0, logits0), (rec1, logits1) = two_rank_runs["full"]
@@ -141,6 +142,7 @@ def test_full_sharded_matches_mlx_lm(two_rank_runs, tiny_model):
     assert rec0["tokens"] == [int(t) for t in ref.argmax(axis=-1)]
 
 
+@pytest.mark.slow
 def test_full_stats_count_the_model_allsums(two_rank_runs):
     stats = two_rank_runs["full"][0][0]["stats"]
     # o_proj and down_proj all-sum (tokens, hidden 64) float32 at every layer; in prefill
@@ -150,6 +152,7 @@ def test_full_stats_count_the_model_allsums(two_rank_runs):
     assert stats["ranks"] == 2 and stats["score_allsum_bytes"] == 0
 
 
+@pytest.mark.slow
 def test_lazy_sharded_selects_alike_and_matches_single_process(two_rank_runs, tiny_model):
     model, _ = tiny_model("llama")
     (rec0, _), (rec1, _) = two_rank_runs["lazy"]
@@ -164,6 +167,7 @@ def test_lazy_sharded_selects_alike_and_matches_single_process(two_rank_runs, ti
     assert stats["tokens_computed_per_layer"] == single.tokens_computed_per_layer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run, fields", [("lazy-max", {"scorer": "last:heads=max"}),
                                          ("lazy-window", {"scorer": "window:size=8"})])
 def test_every_head_reduction_and_scorer_selects_as_one_process(two_rank_runs, tiny_model, run,
@@ -177,6 +181,7 @@ def test_every_head_reduction_and_scorer_selects_as_one_process(two_rank_runs, t
     assert rec0["tokens"] == tokens
 
 
+@pytest.mark.slow
 def test_cross_rank_reductions_and_rank0_token(two_rank_runs, two_rank_dir):
     checks = [json.loads(p.read_text()) for p in sorted(two_rank_dir.glob("checks-rank*.json"))]
     assert len(checks) == 2
@@ -187,6 +192,7 @@ def test_cross_rank_reductions_and_rank0_token(two_rank_runs, two_rank_dir):
         assert c["sampled"] == [5, 5, 5, 5]  # rank 1's sampler drew 6: rank 0's token wins
 
 
+@pytest.mark.slow
 def test_speed_sharded_kv_is_split_over_ranks(two_rank_runs, tiny_model):
     model, _ = tiny_model("llama")
     (rec0, _), (rec1, _) = two_rank_runs["speed"]
@@ -197,6 +203,7 @@ def test_speed_sharded_kv_is_split_over_ranks(two_rank_runs, tiny_model):
         assert [2 * b for b in rec["stats"]["kv_bytes_per_layer"]] == single.kv_bytes_per_layer
 
 
+@pytest.mark.slow
 def test_console_script_under_mlx_launch(tiny_model_dir, tmp_path, capsys):
     """The installed entry point, unchanged: rank 0 alone prints and writes the stats."""
     script = shutil.which("mlx-lazy-generate", path=str(Path(sys.executable).parent))
@@ -224,6 +231,7 @@ def _cli_fails(tmp_path: Path, n: int, model: Path, *worker_args: str,
     return errors[0]
 
 
+@pytest.mark.slow
 def test_bad_path_on_one_rank_ends_every_rank(tiny_model_path, tmp_path):
     missing = shlex.quote(str(tmp_path / "missing"))
     line = _cli_fails(tmp_path, 2, tiny_model_path, f"--rank1-args=--model {missing}")
@@ -231,6 +239,7 @@ def test_bad_path_on_one_rank_ends_every_rank(tiny_model_path, tmp_path):
     assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(2)] == ["2", "2"]
 
 
+@pytest.mark.slow
 def test_different_model_files_on_one_rank(tiny_model_path, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(tiny_model_path, other)
@@ -243,6 +252,7 @@ def test_different_model_files_on_one_rank(tiny_model_path, tmp_path):
     assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(2)] == ["2", "2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank1_args, differ", [
     ("--prune-layers 1 --keep 0.5", "pruning schedules"),  # the issue's case: it hung
     ("--temp 0.5", "generation options"),
@@ -256,12 +266,14 @@ def test_ranks_given_different_flags_fail_together(tiny_model_path, tmp_path, ra
     assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(2)] == ["2", "2"]
 
 
+@pytest.mark.slow
 def test_heads_not_divisible_by_ranks(tiny_model_path, tmp_path):
     line = _cli_fails(tmp_path, 3, tiny_model_path)  # 4 heads over 3 ranks
     assert "4 attention heads cannot be split evenly over 3 ranks" in line
     assert [(tmp_path / f"rank{k}.rc").read_text() for k in range(3)] == ["2"] * 3
 
 
+@pytest.mark.slow
 def test_killed_rank_ends_the_run(tiny_model_path, tmp_path):
     r = launch(2, str(WORKER), "cli", str(tmp_path), "--kill-rank1-at", "2", "--",
                "--model", str(tiny_model_path), "-p", "hello " * 30, "-m", "32",
@@ -334,6 +346,7 @@ def test_qwen_full_and_lazy_over_two_ranks(qwen_path, tmp_path):
     assert lazy0["tokens"] == tokens
 
 
+@pytest.mark.slow
 def test_benchmark_counts_allsums(tiny_model_path, tmp_path):
     from mlx_lazy.bench import distributed as bench
 

@@ -33,6 +33,7 @@ def test_the_library_imports_without_any_extra():
     assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module,missing", [("mlx_lazy.server", "fastapi"),
                                             ("mlx_lazy.server", "sse_starlette"),
                                             ("mlx_lazy.bench.plots", "matplotlib")])

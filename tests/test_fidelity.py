@@ -183,6 +183,7 @@ def test_run_writes_tables_with_the_yardstick_rows(tiny_model, tmp_path):
         assert "weights through 4-bit (group 64)" in section
 
 
+@pytest.mark.slow
 def test_cli_bad_input_is_one_error_line(tiny_model, tiny_model_path, tmp_path, capsys):
     model = ["--model", str(tiny_model_path)]
     for args, names in ((["--windows", "0"], "--windows"), (["--steps", "0"], "--steps"),

@@ -288,6 +288,7 @@ def run_tool(module: str, *args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, timeout=180)
 
 
+@pytest.mark.slow
 def test_cache_prompt_then_generate_with_the_cache_file(tiny_model_path, tmp_path):
     """The document is cached once; generate appends the question and reports the cached
     tokens; its text equals one run over both parts through the API."""
@@ -381,6 +382,7 @@ def test_progressive_completion_spends_its_budget_per_step(tiny_model):
     assert engine.pending_token_layers == 0 and engine.stats.host_syncs < 2 * 40
 
 
+@pytest.mark.slow
 def test_complete_flag_is_checked(tiny_model, tiny_model_path):
     for bad in ("progressive:0", "progressive:x", "sometimes"):
         proc = run_tool("mlx_lazy.generate", "--model", str(tiny_model_path), "--method", "lazy",
