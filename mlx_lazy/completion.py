@@ -16,6 +16,8 @@ from .errors import UserInputError, shown
 if TYPE_CHECKING:  # the engine calls the modes; the modes only call back
     from .engine import LazyEngine
 
+#: The mode of a config that names none and whose schedule records none.
+DEFAULT_COMPLETE = "exact"
 #: The largest K of ``progressive:K``: MLX indexes with int32.
 MAX_BUDGET = 2**31 - 1
 

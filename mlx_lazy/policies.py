@@ -22,6 +22,7 @@ import itertools
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Dict, Optional, Tuple, Type, Union
 
+from .completion import DEFAULT_COMPLETE
 from .errors import UserInputError, shown
 from .schedule import Schedule
 from .scorers import LastQuery
@@ -125,7 +126,8 @@ class ScoredCuts(Policy):
         return replace(
             schedule, prune_layers=layers, keep=keep, dynamic=self.dynamic,
             revive=self.dynamic and config.revive,
-            complete=config.complete if self.dynamic and config.revive else "none",
+            complete=(config.complete or DEFAULT_COMPLETE) if self.dynamic and config.revive
+            else "none",
             max_revivals=config.max_revivals if self.dynamic else None,
             scorer=LastQuery() if config.scorer is None else config.scorer)
 

@@ -33,7 +33,7 @@ SCHEDULE_FORMAT = "mlx-lazy-schedule/2"
 #: Format 1 spelt the scorer's parameters as config fields (read, and converted, still).
 SCHEDULE_FORMAT_1 = "mlx-lazy-schedule/1"
 #: PruningConfig fields a schedule file sets; the rest (revive, anchors, seed) stay the caller's.
-SCHEDULE_FIELDS = ("method", "prune_layers", "keep", "scorer")
+SCHEDULE_FIELDS = ("method", "prune_layers", "keep", "scorer", "complete")
 #: Calibrated schedules shipped with the package, matched to models by fingerprint.
 PACKAGED_SCHEDULES = Path(__file__).parent / "data" / "schedules"
 #: A model folder holding this file makes ``--method lazy`` use it (see ``mlx_lazy.load``).
@@ -269,7 +269,9 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
                 f"no quality={config.quality!r} schedule is calibrated for this model; make one "
                 "with python -m mlx_lazy.calibrate --model MODEL, or drop quality")
         return transfer_config(config, fingerprint)
-    return replace(found, revive=config.revive, complete=config.complete,
+    # The decode mode the schedule was chosen with, unless the config names one.
+    complete = found.complete if config.complete is None else config.complete
+    return replace(found, revive=config.revive, complete=complete,
                    max_revivals=config.max_revivals, anchors=config.anchors, seed=config.seed,
                    quality=config.quality)
 

@@ -735,8 +735,10 @@ def test_packaged_schedules_meet_the_admissibility_rule():
     included) and carries evidence that meets calibrate's rule: ≥ 50 paired samples per cell,
     relative retrieval loss ≤ max_loss, mean KLD ≤ its bar ≤ the 4-bit yardstick's on the
     same windows (a quarter of it for high quality), a predicted and a measured gain, all
-    measured decoding as a plain ``lazy`` does (the default ``complete``)."""
+    measured decoding as a plain ``lazy`` does with it (the mode the file names, else the
+    default ``complete``)."""
     from mlx_lazy.bench.calibrate import HIGH_FRACTION
+    from mlx_lazy.completion import DEFAULT_COMPLETE
     from mlx_lazy.schedule_files import PACKAGED_SCHEDULES
 
     files = sorted(PACKAGED_SCHEDULES.glob("*.json"))
@@ -747,7 +749,7 @@ def test_packaged_schedules_meet_the_admissibility_rule():
         doc = json.loads(path.read_text())
         ev, q4 = doc["evidence"], doc["evidence"]["yardsticks"]["q4"]["kld_mean"]
         assert doc["quality"] == ev["quality"] and len(dict(config.fingerprint)["weights"]) == 16
-        assert ev["samples_per_cell"] >= 50 and ev["complete"] == PruningConfig().complete
+        assert ev["samples_per_cell"] >= 50 and ev["complete"] == (config.complete or DEFAULT_COMPLETE)
         assert all(c["n"] >= 50 for c in ev["cells"].values())
         assert ev["pooled"]["rel_loss"] <= ev["max_loss"] <= 0.01
         bar = q4 * (HIGH_FRACTION if doc["quality"] == "high" else 1)

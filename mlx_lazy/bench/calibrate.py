@@ -58,6 +58,7 @@ from .._args import OneLineParser, complete_arg
 from ..errors import UserInputError
 from ..folders import write_text_atomic
 from ..scorers import parse_scorer, scorer_spec
+from .. import completion
 from ..completion import COMPLETE_MODES, parse_completion
 from ..config import QUALITIES
 from ..policies import layers_at
@@ -98,7 +99,7 @@ CUT_GRID: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] = (
 )
 DEFAULT_TASKS = ("passkey", "niah_single", "niah_multikey")
 #: Candidates decode as a plain ``lazy`` does unless ``--complete`` says otherwise.
-DEFAULT_COMPLETE = PruningConfig().complete
+DEFAULT_COMPLETE = completion.DEFAULT_COMPLETE
 
 
 @dataclass
