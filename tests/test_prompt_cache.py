@@ -401,7 +401,8 @@ def test_store_hands_out_private_copies_and_never_mixes_configs(tiny_model):
 
     model, _ = tiny_model("llama")
     vocab = model.args.vocab_size
-    store = PromptCacheStore(max_entries=4, max_bytes=10**9, share_pruned=True)  # a pruned config too
+    # a pruned config too
+    store = PromptCacheStore(max_entries=4, max_bytes=10**9, share_pruned=True)
     lazy, full = resolve_config(model, AGGRESSIVE), resolve_config(model, "full")
     doc, q1, q2 = ids(200, vocab, 80), ids(20, vocab, 81), ids(20, vocab, 82)
 
