@@ -4,8 +4,9 @@ it into the engine's :class:`~mlx_lazy.schedule.Schedule`."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -24,6 +25,27 @@ SEED_LIMIT = 2**64
 #: ``default``, the fastest whose deviation (mean KLD against ``full``) is at most 4-bit
 #: weights'; ``high``, the fastest at most a quarter of that.
 QUALITIES = ("default", "high")
+#: The most characters of a user's value an error message shows, and the longest message a
+#: config raises (a 400,000-item ``prune_layers`` once came back as a 3 MB message).
+SHOWN = 200
+MESSAGE_LIMIT = 1000
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _short_errors(fn: _F) -> _F:
+    """``fn`` with any UserInputError it raises cut to :data:`MESSAGE_LIMIT` characters (the
+    policies' and parsers' messages quote what they were given)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserInputError as e:
+            text = str(e)
+            if len(text) <= MESSAGE_LIMIT:
+                raise
+            raise UserInputError(text[: MESSAGE_LIMIT - 5] + " ...") from None
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -104,15 +126,17 @@ class PruningConfig:
     source: Optional[str] = None
     fingerprint: Optional[Tuple[Tuple[str, Any], ...]] = None
 
+    @_short_errors
     def __post_init__(self) -> None:
         """Check field types (ranges that depend on the model are checked by :meth:`resolve`)
         and normalise numpy scalars and lists to plain ints, floats and tuples."""
         method = canonical_method(self.method)
         if not isinstance(self.revive, (bool, np.bool_)):
-            raise UserInputError(f"revive must be True or False, got {shown(self.revive)}")
+            raise UserInputError(
+                f"revive must be True or False, got {shown(self.revive, SHOWN)}")
         if self.quality not in QUALITIES:
             raise UserInputError(f"quality must be one of {', '.join(QUALITIES)}, got "
-                                 f"{shown(self.quality)}")
+                                 f"{shown(self.quality, SHOWN)}")
         values = {
             "method": method,
             "revive": bool(self.revive),
@@ -134,7 +158,8 @@ class PruningConfig:
             values["max_revivals"] = _bounded("max_revivals", self.max_revivals, 0, MAX_COUNT)
         if self.source is not None and (not isinstance(self.source, str)
                                         or not self.source.strip()):
-            raise UserInputError(f"source must be a non-empty string, got {shown(self.source)}")
+            raise UserInputError(
+                f"source must be a non-empty string, got {shown(self.source, SHOWN)}")
         if self.fingerprint is not None:
             pairs = (self.fingerprint.items() if isinstance(self.fingerprint, dict)
                      else _sequence("fingerprint", self.fingerprint))
@@ -180,6 +205,7 @@ class PruningConfig:
             raise UserInputError(f"the schedule {self.source or ''} was calibrated for another "
                                  f"model: {problem}")
 
+    @_short_errors
     def resolve(self, num_layers: int) -> Schedule:
         """Check this configuration against a model depth and build its :class:`Schedule`.
 
@@ -203,7 +229,7 @@ class PruningConfig:
 def _integer(name: str, x: Any) -> int:
     """``x`` as an int: Python and numpy integers pass, bools and anything else do not."""
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
-        raise UserInputError(f"{name} must be an integer, got {shown(x)}")
+        raise UserInputError(f"{name} must be an integer, got {shown(x, SHOWN)}")
     return int(x)
 
 
@@ -213,18 +239,18 @@ def _bounded(name: str, x: Any, low: int, high: int) -> int:
     if not low <= value <= high:
         kind = {0: "a non-negative integer", 1: "a positive integer"}.get(low)
         bound = f"{kind} of at most {high}" if kind else f"an integer in [{low}, {high}]"
-        raise UserInputError(f"{name} must be {bound}, got {shown(x)}")
+        raise UserInputError(f"{name} must be {bound}, got {shown(x, SHOWN)}")
     return value
 
 
 def _real(name: str, x: Any) -> Union[float, int]:
     """``x`` as a plain number: Python and numpy ints and floats pass, bools do not."""
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
-        raise UserInputError(f"{name} must be a number, got {shown(x)}")
+        raise UserInputError(f"{name} must be a number, got {shown(x, SHOWN)}")
     return int(x) if isinstance(x, (int, np.integer)) else float(x)
 
 
 def _sequence(name: str, x: Any) -> tuple:
     if isinstance(x, (str, bytes)) or not hasattr(x, "__iter__"):
-        raise UserInputError(f"{name} must be a sequence, got {shown(x)}")
+        raise UserInputError(f"{name} must be a sequence, got {shown(x, SHOWN)}")
     return tuple(x)

@@ -18,22 +18,27 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .cache import LazyCache
+from .cache_file import check_cache_file
 from .engine import LazyEngine, ProgressFn
-from .errors import UserInputError, one_line
+from .errors import UserInputError, one_line, shown
 from .config import PruningConfig
+from .folders import check_destination
+from .inputs import regular_file
 from .schedule import Schedule
 from .schedule_files import calibrated
 
 #: The ``format`` of prompt-cache files.
 CACHE_FORMAT = "mlx-lazy-prompt-cache/3"  # 3: the state as LazyCache.state / meta_state
+#: The metadata key of the library's own JSON in a prompt-cache file (a user key may not
+#: take it).
+METADATA_KEY = "mlx_lazy"
 
 
 def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
@@ -172,9 +177,22 @@ def make_prompt_cache(model: nn.Module,
     return PromptCache(LazyEngine(model, schedule))
 
 
+def _check_cache(cache: Any, what: str = "cache") -> None:
+    """Refuse anything but a :class:`PromptCache` (an mlx-lm cache list included)."""
+    if not isinstance(cache, PromptCache):
+        raise UserInputError(f"{what} must be an mlx-lazy PromptCache (from "
+                             f"mlx_lazy.make_prompt_cache or load_prompt_cache), got "
+                             f"{shown(cache, 80)}")
+
+
 def can_trim_prompt_cache(cache: PromptCache) -> bool:
-    """True: a lazy state can always drop its last tokens."""
-    return isinstance(cache, PromptCache)
+    """True: a lazy state can always drop its last tokens.
+
+    Raises:
+        UserInputError: ``cache`` is not a :class:`PromptCache`.
+    """
+    _check_cache(cache)
+    return True
 
 
 def trim_prompt_cache(cache: PromptCache, num_tokens: int) -> int:
@@ -182,8 +200,10 @@ def trim_prompt_cache(cache: PromptCache, num_tokens: int) -> int:
     bookkeeping (a client that edits or regenerates its last turn); return ``num_tokens``.
 
     Raises:
-        UserInputError: ``num_tokens`` negative or more than the cache holds.
+        UserInputError: ``cache`` is not a :class:`PromptCache`, or ``num_tokens`` negative
+            or more than the cache holds.
     """
+    _check_cache(cache)
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) \
             or not 0 <= num_tokens <= len(cache):
         raise UserInputError(f"cannot trim {num_tokens!r} tokens from a prompt cache of "
@@ -205,8 +225,21 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
         path: the file to write.
         cache: the prompt cache.
         metadata: extra string metadata kept in the file (returned by
-            :func:`load_prompt_cache` with ``return_metadata=True``).
+            :func:`load_prompt_cache` with ``return_metadata=True``); its keys and values
+            are written as strings, and the key ``"mlx_lazy"`` is the library's own.
+
+    Raises:
+        UserInputError: ``cache`` is not a :class:`PromptCache`, ``metadata`` is not a
+            mapping or names the key ``"mlx_lazy"``, or ``path`` cannot be written (checked
+            first: a folder, FIFO or device there is refused, not replaced).
     """
+    _check_cache(cache)
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise UserInputError(f"metadata must be a mapping of strings, got {shown(metadata, 80)}")
+    extra = {str(k): str(v) for k, v in (metadata or {}).items()}
+    if METADATA_KEY in extra:
+        raise UserInputError(f"metadata key {METADATA_KEY!r} is mlx-lazy's own; use another name")
+    path = check_destination(str(path), "prompt cache")
     engine = cache.engine
     # complete="exact" recomputes a chunk's upper layers before anything else runs on it: do it
     # once here, so every question from the file starts from the recomputed state.
@@ -220,8 +253,7 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
         "state": engine.cache.meta_state,
     }
     arrays = engine.cache.state
-    meta = {"mlx_lazy": json.dumps(info), **{str(k): str(v) for k, v in (metadata or {}).items()}}
-    path = Path(path)
+    meta = {**extra, METADATA_KEY: json.dumps(info)}
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.safetensors")
     try:
         mx.save_safetensors(str(tmp), arrays, metadata=meta)
@@ -241,41 +273,33 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
         The cache, and with ``return_metadata`` also the extra metadata saved with it.
 
     Raises:
-        UserInputError: a missing, truncated or foreign file, or one made for another model.
+        UserInputError: a missing, truncated or foreign file, one made for another model, or
+            one whose contents are corrupt (:func:`mlx_lazy.cache_file.check_cache_file`: the
+            metadata, the schedule and every array are checked against the model).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise UserInputError(f"prompt cache {path} does not exist")
+    path = regular_file(path, "prompt cache")
     try:
         arrays, meta = mx.load(str(path), format="safetensors", return_metadata=True)
-        info = json.loads(meta["mlx_lazy"])
-    except (RuntimeError, ValueError, OSError, KeyError, json.JSONDecodeError) as e:
+        info = json.loads(meta[METADATA_KEY])
+    except (RuntimeError, ValueError, OSError, KeyError, RecursionError) as e:
+        # ValueError: JSON that does not parse, or an integer too long to convert
         raise UserInputError(f"{path} is not an mlx-lazy prompt cache ({one_line(e)})") from None
     if not isinstance(info, dict) or info.get("format") != CACHE_FORMAT:
         raise UserInputError(f"{path} is not an mlx-lazy prompt cache of format {CACHE_FORMAT!r}")
     adapter = ModelAdapter(model)
     fingerprint = adapter.fingerprint()
-    saved = info["fingerprint"]
+    saved = info.get("fingerprint")
+    if not isinstance(saved, dict):
+        raise UserInputError(f"prompt cache {path} is corrupt: fingerprint must be an object, "
+                             f"got {shown(saved, 80)}")
     diff = next((k for k in fingerprint if saved.get(k) != fingerprint[k]), None)
     if diff is not None:
         raise UserInputError(f"prompt cache {path} was made for another model: {diff} is "
-                             f"{saved.get(diff)!r} there, {fingerprint[diff]!r} here")
-    try:
-        schedule = Schedule.from_dict(info["schedule"])
-    except (KeyError, TypeError, UserInputError) as e:
-        raise UserInputError(f"prompt cache {path} is corrupt: {one_line(e)}") from None
+                             f"{shown(saved.get(diff), 80)} there, {fingerprint[diff]!r} here")
+    schedule, state, tokens = check_cache_file(path, arrays, info, adapter)
     engine = LazyEngine(model, schedule)
-    try:
-        state = LazyCache.from_state(arrays, info["state"])
-        tokens = [int(t) for t in info["tokens"]]
-        if state.num_layers != adapter.num_layers:
-            raise ValueError(f"{state.num_layers} layers, the model has {adapter.num_layers}")
-        if len(tokens) != state.length or state.computed.shape != (adapter.num_layers, len(tokens)):
-            raise ValueError("token count and state disagree")
-    except (KeyError, ValueError, TypeError) as e:
-        raise UserInputError(f"prompt cache {path} is corrupt: {one_line(e)}") from None
     engine.cache = state
     engine.start_request()
     cache = PromptCache(engine, tokens)
-    extra = {k: v for k, v in meta.items() if k != "mlx_lazy"}
+    extra = {k: v for k, v in meta.items() if k != METADATA_KEY}
     return (cache, extra) if return_metadata else cache

@@ -759,3 +759,34 @@ def test_packaged_schedules_meet_the_admissibility_rule():
         assert ev["predicted_gain"] > 1 and ev["measured_gain"]["gain"] > 1
         assert ev["made"]["by"] == "python -m mlx_lazy.calibrate" and ev["made"]["date"]
         assert ev["made"]["options"]["max_kld"] == ev["max_kld"]
+
+
+def test_lengths_beyond_any_context_are_refused_at_once(tiny_model_path, tmp_path, monkeypatch,
+                                                        capsys):
+    """``--lengths 99999999`` once built its prompts for minutes before anything was said:
+    beyond MAX_LENGTH it is refused before the model loads, beyond the model's context (the
+    tiny model's is 4,096) right after, before any prompt is built."""
+    import time
+
+    from mlx_lazy.bench import calibrate
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    with monkeypatch.context() as m:
+        m.setattr(calibrate, "load", no_load)
+        with pytest.raises(UserInputError, match="at most 1,048,576 tokens, got 99,999,999"):
+            run(Calibration(model=str(tiny_model_path), lengths=(200, 99999999)))
+        assert main(["--model", str(tiny_model_path), "--lengths", "99999999",
+                     "--out", str(tmp_path / "cal")]) == 2
+        assert "at most 1,048,576" in capsys.readouterr().err
+
+    def no_samples(*a, **k):
+        raise AssertionError("prompts were built")
+
+    monkeypatch.setattr(calibrate, "build_samples", no_samples)
+    start = time.monotonic()
+    with pytest.raises(UserInputError, match="--lengths 5,000 is beyond the model's context "
+                                             "of 4,096 tokens"):
+        tiny_calibration(tiny_model_path, tmp_path / "cal", lengths=(200, 5000))
+    assert time.monotonic() - start < 30

@@ -54,6 +54,7 @@ from typing import Any, Optional, Sequence, Union
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import PruningConfig, load
 from ..adapter import ModelAdapter
+from ..api import context_length
 from .._args import OneLineParser, complete_arg
 from ..errors import UserInputError
 from ..folders import write_text_atomic
@@ -98,6 +99,9 @@ CUT_GRID: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] = (
     ((0.7, 0.85), (0.25, 0.15)),
 )
 DEFAULT_TASKS = ("passkey", "niah_single", "niah_multikey")
+#: The longest ``--lengths`` value taken before the model is known (2**20 tokens, beyond any
+#: model's context here); once it loads, its own context is the bound.
+MAX_LENGTH = 2**20
 #: Candidates decode as a plain ``lazy`` does unless ``--complete`` says otherwise.
 DEFAULT_COMPLETE = completion.DEFAULT_COMPLETE
 
@@ -228,6 +232,9 @@ class Calibration:
                                     f"{', '.join(TASKS)})"),
             (not self.lengths or min(self.lengths) < 1,
              "--lengths needs prompt lengths >= 1 token"),
+            (max(self.lengths, default=0) > MAX_LENGTH,
+             f"--lengths takes prompt lengths of at most {MAX_LENGTH:,} tokens, got "
+             f"{max(self.lengths, default=0):,}"),
             (not rungs or min(rungs) < 1 or list(rungs) != sorted(set(rungs)),
              "--rungs needs increasing sample counts >= 1, e.g. 6,20,50"),
             (any(k < 1 for k in self.keep_per_rung), "--keep-per-rung values must be >= 1"),
@@ -319,6 +326,10 @@ def run(cal: Calibration) -> dict[str, Any]:
     if cal.out is not None:
         _prepare_out(Path(cal.out))  # before the model loads: a bad --out fails at once
     model, tokenizer = load(cal.model)
+    context = context_length(model, tokenizer)
+    if context is not None and max(cal.lengths) > context:  # before any prompt is built
+        raise UserInputError(f"--lengths {max(cal.lengths):,} is beyond the model's context of "
+                             f"{context:,} tokens")
     fingerprint = ModelAdapter(model).fingerprint()
     out = Path(cal.out) if cal.out is not None else work_folder(fingerprint)
     _prepare_out(out)
