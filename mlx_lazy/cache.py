@@ -186,7 +186,7 @@ class LazyCache:
         out.layers = [layer.copy() for layer in self.layers]
         for name in ROW_MAPS:
             setattr(out, name, {d: e.copy() for d, e in getattr(self, name).items()})
-        for name in _ARRAYS:
+        for name in TOKEN_ARRAYS:
             setattr(out, name, getattr(self, name).copy())
         out.prompt_len, out.revivals = self.prompt_len, self.revivals
         return out
@@ -271,7 +271,7 @@ class LazyCache:
     @property
     def state(self) -> Dict[str, mx.array]:
         """Every array of the state by a flat name (what a safetensors file holds)."""
-        arrays = {name: mx.array(getattr(self, name)) for name in _ARRAYS}
+        arrays = {name: mx.array(getattr(self, name)) for name in TOKEN_ARRAYS}
         arrays["computed"] = mx.array(self.computed[:, : self.length])
         for i, layer in enumerate(self.layers):
             if layer.size:
@@ -299,8 +299,8 @@ class LazyCache:
             (the caller names the file).
         """
         out = cls(int(meta_state["num_layers"]))
-        for name in _ARRAYS:
-            setattr(out, name, np.array(state[name]).astype(_ARRAYS[name]))
+        for name in TOKEN_ARRAYS:
+            setattr(out, name, np.array(state[name]).astype(TOKEN_ARRAYS[name]))
         for i, layer in enumerate(out.layers):
             if f"layers.{i}.keys" in state:
                 layer.append(state[f"layers.{i}.keys"], state[f"layers.{i}.values"],
@@ -331,4 +331,4 @@ class LazyCache:
 
 
 #: The per-token numpy arrays of a :class:`LazyCache` and their dtypes.
-_ARRAYS = {"depth": np.int64, "limit": np.int64, "computed": np.int32, "always_kept": np.int64}
+TOKEN_ARRAYS = {"depth": np.int64, "limit": np.int64, "computed": np.int32, "always_kept": np.int64}

@@ -36,7 +36,7 @@ import numpy as np
 
 from .adapter import ModelAdapter
 from .attention import attention
-from .cache import _ARRAYS, ROW_MAPS, LazyCache
+from .cache import TOKEN_ARRAYS, ROW_MAPS, LazyCache
 from .config import PruningConfig
 from .errors import UserInputError, shown
 from .policies import LazyCuts, RandomDrop, ScoredCuts, SpeedCutoff, compose
@@ -202,12 +202,12 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
     entries: Dict[Tuple[str, int], Dict[str, mx.array]] = {}
     for name, array in arrays.items():
         m = _ARRAY_NAME.fullmatch(name)
-        if name in _ARRAYS:
+        if name in TOKEN_ARRAYS:
             continue
         if m is None or m[3] not in _PARTS[m[1]] or (m[1] == "layers" and int(m[2]) >= L):
             raise Corrupt(f"unknown array {shown(name, SHOWN)}")
         entries.setdefault((m[1], int(m[2])), {})[m[3]] = array
-    for name in _ARRAYS:
+    for name in TOKEN_ARRAYS:
         if name not in arrays:
             raise Corrupt(f"array {name} is missing")
     depth = _ints("depth", arrays["depth"], (n,))

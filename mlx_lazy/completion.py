@@ -9,12 +9,17 @@ engine calls before each decode step; adding a mode is one class plus one line i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, Type
+from typing import Any, ClassVar, Dict, Optional, Protocol, Type
 
 from .errors import UserInputError, shown
 
-if TYPE_CHECKING:  # the engine calls the modes; the modes only call back
-    from .engine import LazyEngine
+
+class Completing(Protocol):
+    """What a mode sees of the engine that calls it (:class:`mlx_lazy.engine.LazyEngine`)."""
+
+    cache: Any  # the LazyCache: its aux and stash say whether tokens wait
+
+    def complete(self, max_token_layers: Optional[int] = None) -> int: ...
 
 #: The mode of a config that names none and whose schedule records none.
 DEFAULT_COMPLETE = "exact"
@@ -42,7 +47,7 @@ class Completion:
         """The mode as :func:`parse_completion` reads it."""
         return self.name
 
-    def before_decode(self, engine: "LazyEngine") -> None:
+    def before_decode(self, engine: Completing) -> None:
         """Called by ``engine`` before each decode step."""
 
 
@@ -64,7 +69,7 @@ class AfterFirst(Completion):
 
     name = "after-first"
 
-    def before_decode(self, engine: "LazyEngine") -> None:
+    def before_decode(self, engine: Completing) -> None:
         if engine.cache.aux or engine.cache.stash:
             engine.complete()
 
@@ -96,7 +101,7 @@ class Progressive(Completion):
     def spec(self) -> str:
         return f"{self.name}:{self.budget}"
 
-    def before_decode(self, engine: "LazyEngine") -> None:
+    def before_decode(self, engine: Completing) -> None:
         engine.complete(self.budget)
 
 

@@ -74,8 +74,9 @@ class PruningConfig:
             computes prompt tokens (faster decoding on compute-bound machines, no Aux Cache;
             an approximation beyond the paper).
         complete: LazyLLM only (without revive no token waits): what happens to the pruned
-            tokens after the first output token (:mod:`mlx_lazy.completion`). ``"exact"`` (the
-            default): every token of the prompt chunk is carried from the first cut through
+            tokens after the first output token (:mod:`mlx_lazy.completion`). None (the
+            default): the mode the calibrated schedule was chosen with, else ``"exact"``.
+            ``"exact"``: every token of the prompt chunk is carried from the first cut through
             the layers above, over every token, from hidden states kept there; the kept
             tokens' are computed again (they had seen only kept tokens), so from the second
             output token on decoding is the unpruned model's and only the first token is the
@@ -119,7 +120,7 @@ class PruningConfig:
     anchors: int = 1
     seed: int = 0
     revive: bool = True
-    complete: str = "exact"
+    complete: Optional[str] = None
     max_revivals: Optional[int] = None
     scorer: Optional[Union[str, Scorer]] = None
     quality: str = "default"
@@ -140,7 +141,7 @@ class PruningConfig:
         values = {
             "method": method,
             "revive": bool(self.revive),
-            "complete": parse_completion(self.complete).spec,
+            "complete": None if self.complete is None else parse_completion(self.complete).spec,
             "anchors": _bounded("anchors", self.anchors, 0, MAX_COUNT),
             "seed": _bounded("seed", self.seed, 0, SEED_LIMIT - 1),
         }
@@ -187,23 +188,6 @@ class PruningConfig:
     def preset(cls, name: str, **overrides) -> "PruningConfig":
         """The preset of method ``name`` (see :data:`METHODS`) with optional field overrides."""
         return replace(cls(method=name), **overrides)
-
-    def check_model(self, fingerprint: Dict[str, Any]) -> None:
-        """Refuse a model other than the one this calibrated schedule was made for; any
-        quantized or cast copy of that model is the same model
-        (:func:`~mlx_lazy.schedule_files.model_mismatch`).
-
-        Raises:
-            UserInputError: naming the first fingerprint field that differs.
-        """
-        if self.fingerprint is None:
-            return
-        from .schedule_files import model_mismatch  # schedule_files imports this module
-
-        problem = model_mismatch(dict(self.fingerprint), fingerprint)
-        if problem is not None:
-            raise UserInputError(f"the schedule {self.source or ''} was calibrated for another "
-                                 f"model: {problem}")
 
     @_short_errors
     def resolve(self, num_layers: int) -> Schedule:

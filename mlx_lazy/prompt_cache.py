@@ -32,7 +32,7 @@ from .config import PruningConfig
 from .folders import check_destination
 from .inputs import regular_file
 from .schedule import Schedule
-from .schedule_files import calibrated
+from .schedule_files import calibrated, check_model
 
 #: The ``format`` of prompt-cache files.
 CACHE_FORMAT = "mlx-lazy-prompt-cache/3"  # 3: the state as LazyCache.state / meta_state
@@ -67,7 +67,7 @@ def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = N
     fingerprint = adapter.fingerprint()
     chosen = calibrated(as_config(config) or PruningConfig(), fingerprint,
                         getattr(model, "mlx_lazy_schedules", None))
-    chosen.check_model(fingerprint)
+    check_model(chosen, fingerprint)
     return chosen.resolve(adapter.num_layers)
 
 

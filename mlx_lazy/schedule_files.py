@@ -114,7 +114,7 @@ def read_schedule(path: Union[str, Path],
     except ValueError as e:
         raise UserInputError(f"schedule file {path}: invalid config: {e}") from None
     if fingerprint is not None:
-        out.check_model(fingerprint)
+        check_model(out, fingerprint)
     return out
 
 
@@ -226,6 +226,21 @@ def _scorer_fields_as_spec(config: Dict[str, Any]) -> Dict[str, Any]:
               if config.get(old) not in (None, 0)]
     rest = {k: v for k, v in config.items() if k not in legacy}
     return {**rest, "scorer": ":".join(parts)} if parts[1:] or "scorer" in config else rest
+
+
+def check_model(config: PruningConfig, fingerprint: Dict[str, Any]) -> None:
+    """Refuse a model other than the one the calibrated schedule ``config`` was made for;
+    any quantized or cast copy of that model is the same model (:func:`model_mismatch`).
+
+    Raises:
+        UserInputError: naming the first fingerprint field that differs.
+    """
+    if config.fingerprint is None:
+        return
+    problem = model_mismatch(dict(config.fingerprint), fingerprint)
+    if problem is not None:
+        raise UserInputError(f"the schedule {config.source or ''} was calibrated for another "
+                             f"model: {problem}")
 
 
 def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],

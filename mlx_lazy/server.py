@@ -58,6 +58,7 @@ from .inputs import parse_int
 from .policies import compose
 from .prefix_store import PromptCacheStore
 from .schedule import check_fits
+from .schedule_files import check_model
 from .server_settings import ServerSettings, build_parser, is_loopback, settings_from_args
 from .server_worker import GONE, APIError, Delta, Done, Job, Worker
 
@@ -711,7 +712,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise UserInputError(f"--max-prompt-tokens {limit} leaves no room for an answer in "
                                  f"the model's context of {context} tokens (at most {context - 1})")
         try:
-            settings.config.check_model(ModelAdapter(worker.model).fingerprint())
+            check_model(settings.config, ModelAdapter(worker.model).fingerprint())
             check_fits(settings.config.resolve(worker.num_layers), context)
         except ValueError as e:
             flag = f"--schedule {args.schedule}" if args.schedule else f"--method {args.method}"

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from mlx_lazy import (PruningConfig, UserInputError, can_trim_prompt_cache, generate_step,
                       load_prompt_cache, make_prompt_cache, save_prompt_cache, trim_prompt_cache)
-from mlx_lazy.cache import _ARRAYS
+from mlx_lazy.cache import TOKEN_ARRAYS
 from mlx_lazy.cache_file import INFO_KEYS, META_STATE_KEYS
 from mlx_lazy.schedule import Schedule
 
@@ -331,7 +331,7 @@ def test_the_untouched_files_load_and_answer_as_before(model, bases, tmp_path):
 
 def test_the_checks_know_every_field_of_the_state_and_the_schedule():
     """A new piece of state or schedule field must get a check here (cache_file.py)."""
-    assert set(_ARRAYS) == {"depth", "limit", "computed", "always_kept"}
+    assert set(TOKEN_ARRAYS) == {"depth", "limit", "computed", "always_kept"}
     assert META_STATE_KEYS == tuple(make_meta_state_keys())
     assert INFO_KEYS == ("format", "fingerprint", "schedule", "tokens", "state")
     assert {f.name for f in fields(Schedule)} == {

@@ -47,9 +47,8 @@ from .common import (jsonable, loadavg, machine_info, markdown_table, median,
 from .methods import parse_method, parse_methods
 from .metrics import score
 from .stats import paired, wilson
-from ..completion import parse_completion
 from ..folders import write_text_atomic
-from ..prompt_cache import common_prefix
+from ..prompt_cache import common_prefix, resolve_config
 from .tasks import Conversation, build_conversations
 
 MLX_LM = "mlx-lm"
@@ -300,7 +299,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = parse_method(spec, len(model.layers)).config
         if "cache" in kinds:
             paths.append(Route(f"{spec}+cache", config, True))
-        waits = parse_completion(config.complete).waits  # none, progressive:K
+        # none, progressive:K (as the plain method resolves for this model)
+        waits = resolve_config(model, config).completion.waits
         if "complete" in kinds and config.method != "full" and waits:
             # Completed between turns, as the idle server does; after-first and exact have
             # completed during the answer already, so that route would be their +cache twin.
