@@ -263,7 +263,8 @@ def _check_max_tokens(max_tokens: int) -> None:
         raise UserInputError(f"max_tokens must be a positive integer, got {max_tokens!r}")
 
 
-def prompt_token_ids(tokenizer: TokenizerWrapper, prompt: Union[str, List[int], mx.array]) -> List[int]:
+def prompt_token_ids(tokenizer: TokenizerWrapper,
+                     prompt: Union[str, List[int], mx.array]) -> List[int]:
     """Token ids of ``prompt``: text is encoded as mlx-lm does, ids are checked to be integers."""
     if isinstance(prompt, str):
         try:
@@ -274,7 +275,8 @@ def prompt_token_ids(tokenizer: TokenizerWrapper, prompt: Union[str, List[int], 
                 f"that is not UTF-8, e.g. from a command line or file in another encoding)"
             ) from None
         bos = tokenizer.bos_token
-        return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+        return tokenizer.encode(prompt,
+                                add_special_tokens=bos is None or not prompt.startswith(bos))
     if isinstance(prompt, (mx.array, np.ndarray)):
         integer = (mx.issubdtype(prompt.dtype, mx.integer) if isinstance(prompt, mx.array)
                    else np.issubdtype(prompt.dtype, np.integer))
@@ -514,7 +516,8 @@ def stream_generate(
                 if prompt_progress_callback is not None:
                     prompt_progress_callback(n_prompt, n_prompt)
                 tic = time.perf_counter()
-            finish = "stop" if token in tokenizer.eos_token_ids else ("length" if n == max_tokens else None)
+            finish = ("stop" if token in tokenizer.eos_token_ids
+                      else ("length" if n == max_tokens else None))
             if finish != "stop":
                 detokenizer.add_token(token)
             if finish:

@@ -50,7 +50,8 @@ def _exp2_times(t: mx.array, shift: mx.array, two_n: mx.array) -> mx.array:
     f = x - n
     f2 = f * f
     # Estrin's scheme keeps the graph shallow enough to fuse.
-    poly = (_C[0] + _C[1] * f) + f2 * (_C[2] + _C[3] * f) + (f2 * f2) * ((_C[4] + _C[5] * f) + _C[6] * f2)
+    poly = ((_C[0] + _C[1] * f) + f2 * (_C[2] + _C[3] * f)
+            + (f2 * f2) * ((_C[4] + _C[5] * f) + _C[6] * f2))
     return poly * two_n
 
 

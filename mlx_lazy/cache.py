@@ -202,7 +202,8 @@ class LazyCache:
         self.depth = np.concatenate([self.depth, np.zeros(n, np.int64)])
         self.limit = np.concatenate([self.limit, np.full(n, self.num_layers, np.int64)])
         if self.computed.shape[1] < start + n:
-            grown = np.zeros((self.num_layers, max(start + n, 2 * self.computed.shape[1])), np.int32)
+            grown = np.zeros((self.num_layers, max(start + n, 2 * self.computed.shape[1])),
+                             np.int32)
             grown[:, :start] = self.computed[:, :start]
             self.computed = grown
         return np.arange(start, start + n)

@@ -161,9 +161,11 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     g.add_argument("--method", type=method_arg, default=None, metavar="METHOD",
                    help=f"{METHOD_HELP} (default: full: every approximation is opt-in); flags "
                         "below override its preset's fields")
-    g.add_argument("--prune-layers", type=_number_list(parse_int, "8,16,24"), default=None, metavar="L1,L2,...",
+    g.add_argument("--prune-layers", type=_number_list(parse_int, "8,16,24"), default=None,
+                   metavar="L1,L2,...",
                    help="layer indices after which tokens are pruned, e.g. 8,16,24")
-    g.add_argument("--keep", type=_number_list(parse_float, "0.7,0.5,0.3"), default=None, metavar="F1,F2,...",
+    g.add_argument("--keep", type=_number_list(parse_float, "0.7,0.5,0.3"), default=None,
+                   metavar="F1,F2,...",
                    help="fraction of the context kept after each pruning layer, e.g. 0.7,0.5,0.3")
     g.add_argument("--speed-cutoff", type=_cutoff, default=None, metavar="X",
                    help="SPEED: prompt tokens get KV only below this depth; a fraction "
@@ -289,7 +291,8 @@ def encode_prompt(tokenizer, text: str, system_prompt: Optional[str],
         text = {"whole": before + text + after, "prefix": before + text,
                 "suffix": text + after}[part]
     with _quiet_transformers():
-        return list(tokenizer.encode(text, add_special_tokens=not use_template and part != "suffix"))
+        return list(tokenizer.encode(text,
+                                     add_special_tokens=not use_template and part != "suffix"))
 
 
 @contextmanager
@@ -397,10 +400,12 @@ def format_summary(stats: GenerationStats) -> str:
         f" (whole answer {stats.answer_s:.3f} s)",
         f"Peak memory: {stats.peak_memory_bytes / 1e9:.3f} GB",
         f"Pruning ({stats.method}): {stats.prompt_token_layers_computed_pct:.1f}% of the prompt's "
-        f"token-layers computed, KV {stats.kv_bytes / MB:.2f} MB, aux {stats.aux_bytes / MB:.2f} MB, "
+        f"token-layers computed, KV {stats.kv_bytes / MB:.2f} MB, "
+        f"aux {stats.aux_bytes / MB:.2f} MB, "
         f"revivals {stats.revivals}",
         *([f"Completion ({stats.schedule.get('complete')}): {stats.completed_token_layers} "
-           "token-layers carried on after the first token"] if stats.completed_token_layers else []),
+           "token-layers carried on after the first token"]
+          if stats.completed_token_layers else []),
     ])
 
 

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                                              "choose one other than full")
         return method
 
-    p = argparse.ArgumentParser(prog="python -m mlx_lazy.demo", description=__doc__.split("\n\n")[1])
+    p = argparse.ArgumentParser(prog="python -m mlx_lazy.demo",
+                                description=__doc__.split("\n\n")[1])
     p.add_argument("--model", help="MLX model folder or hub id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--method", type=pruning_method, default="lazy", metavar="METHOD",
                    help=f"{METHOD_HELP}, shown against the baseline (default: lazy)")

@@ -58,7 +58,8 @@ def is_rank0(group: Optional[Group]) -> bool:
 
 def lost_peer(exc: BaseException) -> bool:
     """Whether ``exc`` is a distributed backend's error for a rank that went away."""
-    return isinstance(exc, RuntimeError) and re.match(r"\[(ring|mpi|jaccl|nccl)\]", str(exc)) is not None
+    return (isinstance(exc, RuntimeError)
+            and re.match(r"\[(ring|mpi|jaccl|nccl)\]", str(exc)) is not None)
 
 
 def barrier(group: Optional[Group]) -> None:
@@ -263,7 +264,8 @@ def together(
         if error is not None:  # rank 0 reports its own error, or the first failed rank's
             raise error
         k = failed[0]
-        message = bytes(records[k][1 + 32 * _MAX_FINGERPRINTS:]).rstrip(b"\0").decode(errors="replace")
+        message = (bytes(records[k][1 + 32 * _MAX_FINGERPRINTS:]).rstrip(b"\0")
+                   .decode(errors="replace"))
         if records[k][0] == _USER:
             raise UserInputError(f"rank {k}: {message}")
         raise RankFailed(f"rank {k} failed: {message}")
@@ -295,6 +297,7 @@ def _exchange(group: Group, error: Optional[BaseException], same: Dict[str, byte
         record[1 + 32 * i : 33 + 32 * i] = d
     text = message.encode()[: _RECORD - 1 - 32 * _MAX_FINGERPRINTS]
     record[1 + 32 * _MAX_FINGERPRINTS : 1 + 32 * _MAX_FINGERPRINTS + len(text)] = text
-    gathered = mx.distributed.all_gather(mx.array(list(record), mx.uint8), group=group, stream=mx.cpu)
+    gathered = mx.distributed.all_gather(mx.array(list(record), mx.uint8), group=group,
+                                         stream=mx.cpu)
     flat = gathered.tolist()
     return [flat[r * _RECORD : (r + 1) * _RECORD] for r in range(group.size())]

@@ -6,10 +6,10 @@ layer over its active set, in query blocks so memory never holds N x N scores; a
 the context at every pruning layer among all tokens, old and new, reviving tokens from the
 Aux Cache when they come back. ``complete`` carries waiting tokens through their remaining
 layers (with ``complete="exact"``, it recomputes the chunk's layers above its first cut that
-prunes from the hidden states stashed there, so the state becomes the full model's). Every token keeps
-its original position for RoPE and for the causal mask. At the last layer only the newest
-token's output is ever used, so the other tokens computed there get their keys and values
-and nothing more.
+prunes from the hidden states stashed there, so the state becomes the full model's). Every
+token keeps its original position for RoPE and for the causal mask. At the last layer only
+the newest token's output is ever used, so the other tokens computed there get their keys
+and values and nothing more.
 """
 
 from __future__ import annotations
@@ -127,12 +127,14 @@ class LazyEngine:
         self.start_request()
 
     # ------------------------------------------------------------------ prompt
-    def prefill(self, tokens: Union[mx.array, List[int]], progress: Optional[ProgressFn] = None) -> mx.array:
+    def prefill(self, tokens: Union[mx.array, List[int]],
+                progress: Optional[ProgressFn] = None) -> mx.array:
         """Start a new sequence with ``tokens``; return the (vocab,) logits of the next token."""
         self.reset()
         return self.extend(tokens, progress)
 
-    def extend(self, tokens: Union[mx.array, List[int]], progress: Optional[ProgressFn] = None) -> mx.array:
+    def extend(self, tokens: Union[mx.array, List[int]],
+               progress: Optional[ProgressFn] = None) -> mx.array:
         """Process prompt ``tokens`` on top of the current state (the whole prompt on an
         empty one); return the (vocab,) logits of the token after them.
 
@@ -247,6 +249,7 @@ class LazyEngine:
         if not alive.all():  # random drop before layer 0
             h, comp = h[:, mx.array(np.flatnonzero(alive).astype(np.int32))], comp[alive]
         selected: Optional[np.ndarray] = None  # None: every token cached at the layer
+        chosen: Optional[np.ndarray] = None
         # Once completion has left no token waiting, every token has KV wherever it may and is
         # seen there, and decode steps neither select nor revive: the cuts only spared
         # computing the prompt. Until then (progressive completion) steps select as usual.
@@ -511,7 +514,8 @@ class LazyEngine:
             if len(rows) > budget:
                 best = rows[np.argsort(-scores[rows], kind="stable")[:budget]]
                 waiting[best] = False
-                candidates, scores, forced = candidates[~waiting], scores[~waiting], forced[~waiting]
+                candidates, scores, forced = (candidates[~waiting], scores[~waiting],
+                                              forced[~waiting])
                 k = min(k, len(candidates))
         kept = top_k(candidates, scores, forced, k)
         return kept, len(kept) < len(candidates)
@@ -558,8 +562,10 @@ class LazyEngine:
             kv_bytes=sum(kv),
             aux_bytes=c.aux_bytes,
             kv_bytes_per_layer=kv,
-            prompt_tokens_computed_pct=100.0 * float(np.mean(c.depth[:n] == c.num_layers)) if n else 0.0,
-            prompt_token_layers_computed_pct=100.0 * float(np.mean(c.depth[:n])) / c.num_layers if n else 0.0,
+            prompt_tokens_computed_pct=(100.0 * float(np.mean(c.depth[:n] == c.num_layers))
+                                        if n else 0.0),
+            prompt_token_layers_computed_pct=(100.0 * float(np.mean(c.depth[:n])) / c.num_layers
+                                              if n else 0.0),
             tokens_computed_per_layer=computed.sum(axis=1).tolist(),
             prefill_tokens_per_layer=list(self.prefill_tokens_per_layer),
             prefill_attention_pairs=self.prefill_attention_pairs,

@@ -282,7 +282,8 @@ def _check_fraction(k: float) -> None:
 
 def _resolve_cutoff(cutoff: Union[float, int], num_layers: int) -> int:
     if isinstance(cutoff, bool) or not isinstance(cutoff, (int, float)):
-        raise UserInputError(f"speed_cutoff must be a fraction or a layer count, got {shown(cutoff)}")
+        raise UserInputError(
+            f"speed_cutoff must be a fraction or a layer count, got {shown(cutoff)}")
     if isinstance(cutoff, float):
         if not 0.0 < cutoff <= 1.0:
             raise UserInputError(

@@ -524,7 +524,8 @@ class App:
             raise APIError(400, str(e), param=param, code="context_length_exceeded") from None
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         return Job(id=rid, tokens=tokens, max_tokens=max_tokens,
-                   temperature=settings.temperature if body.temperature is None else body.temperature,
+                   temperature=(settings.temperature if body.temperature is None
+                                else body.temperature),
                    top_p=settings.top_p if body.top_p is None else body.top_p,
                    seed=body.seed, stop=stop, config=config, loop=asyncio.get_running_loop(),
                    logit_bias=self.logit_bias(body.logit_bias))

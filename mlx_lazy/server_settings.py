@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                    metavar="SECONDS",
                    help="/health answers 503 'stuck' when a generation has made no progress "
-                        f"(a prefill layer, a token) for this long (default {DEFAULT_STALL_TIMEOUT_S:g})")
+                        "(a prefill layer, a token) for this long "
+                        f"(default {DEFAULT_STALL_TIMEOUT_S:g})")
     p.add_argument("--prompt-cache-size", type=int, default=DEFAULT_PROMPT_CACHE_SIZE,
                    metavar="N", help="prompt caches kept between requests, as mlx-lm's server "
                                      f"(0: none; default {DEFAULT_PROMPT_CACHE_SIZE})")

@@ -180,9 +180,10 @@ class Worker:
     store's rule shares it (:meth:`PromptCacheStore.keeps`); with
     ``idle_complete``, while no request waits the most recent cache's pruned tokens are
     carried through their remaining layers (a new request stops that between layers), so the
-    next turn of that conversation needs no revivals. The thread is supervised: an exception in a job fails that job
-    and the thread goes on to the next; should the thread itself end, the running and
-    waiting jobs fail and later ones are refused (``/health`` says ``"dead"``).
+    next turn of that conversation needs no revivals. The thread is supervised: an exception
+    in a job fails that job and the thread goes on to the next; should the thread itself end,
+    the running and waiting jobs fail and later ones are refused (``/health`` says
+    ``"dead"``).
     """
 
     def __init__(self, model_path: Optional[str], max_queue: int,

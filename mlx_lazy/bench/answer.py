@@ -142,8 +142,8 @@ def render(result: dict[str, Any]) -> str:
     """Markdown tables of a result: arrivals, then costs."""
     rows, n = result["summary"], result["answer_tokens"]
     marks = [m for m in MARKS if m <= n] + ([n] if n not in MARKS else [])
-    arrive = [[r["length"], r["path"], *[f"{fmt(r[f'token_{m}_s'])} ({fmt(r[f'token_{m}_x_full'])}x)"
-                                         for m in marks],
+    arrive = [[r["length"], r["path"],
+               *[f"{fmt(r[f'token_{m}_s'])} ({fmt(r[f'token_{m}_x_full'])}x)" for m in marks],
                fmt(r.get("worst_vs_full")), "yes" if r.get("never_slower") else "no"]
               for r in rows]
     costs = [[r["length"], r["path"], fmt(r["tpot_s"], ".3f"), fmt(r["peak_mib"], ".0f"),
