@@ -368,3 +368,25 @@ def test_fast_branch_masks_for_blocks_revived_rows_and_visibility(tiny_model, mo
             assert mask in ((keys,), (rows, keys)), (rows, keys, mask)
             kinds.add("visibility" if len(mask) == 1 else "revived rows")
     assert kinds == {"causal block", "visibility", "revived rows"}
+
+
+def test_max_revivals_bounds_each_decode_step_per_cut(tiny_model):
+    """max_revivals=R: no decode step revives more than R tokens at a cut (the unbounded step
+    on the same prompt revives more), and each (token, layer) is still computed once."""
+    model, _ = tiny_model("llama")
+    prompt = random_prompt(400, model.args.vocab_size, seed=21)
+    per_step = {}
+    for bound in (None, 2):
+        config = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="none",
+                               max_revivals=bound)
+        engine = LazyEngine(model, resolve_config(model, config))
+        token = int(mx.argmax(engine.prefill(mx.array(prompt))))
+        counts = []
+        for _ in range(12):
+            before = engine.cache.revivals
+            token = int(mx.argmax(engine.decode(token)))
+            counts.append(engine.cache.revivals - before)
+        assert engine.stats.max_computations_per_token_layer == 1
+        per_step[bound] = counts
+    assert max(per_step[2]) <= 2 * 2  # two cuts
+    assert max(per_step[None]) > 4
