@@ -380,6 +380,7 @@ class Worker:
         job.emit(Done(finish, s.prompt_tokens, resp.generation_tokens, s.cached_tokens, {
             "method": s.method, "ttft_s": s.ttft_s, "schedule_source": s.schedule["source"],
             "prompt_tokens_computed_pct": s.prompt_tokens_computed_pct,
+            "prompt_token_layers_computed_pct": s.prompt_token_layers_computed_pct,
             "kv_bytes": s.kv_bytes, "aux_bytes": s.aux_bytes, "revivals": s.revivals,
             "completed_token_layers": s.completed_token_layers,
             "prefill_token_layers": sum(s.prefill_tokens_per_layer),

@@ -851,9 +851,10 @@ def test_smollm2_full_equals_mlx_lm_and_lazy_reports_pruning(smollm2_path, smoll
         n = result["r"].usage.prompt_tokens
         assert n > 800
         # the packaged schedule's cuts pruned the prefill (half its token-layers in 30
-        # layers), and the default recomputed above the first cut after the first token
+        # layers), and its decode mode (none) ran on the pruned state: nothing completed
         assert pruning["prefill_token_layers"] < 0.8 * 30 * n
-        assert pruning["completed_token_layers"] > 0
+        assert pruning["completed_token_layers"] == 0
+        assert pruning["prompt_token_layers_computed_pct"] < 80
 
         # A client that leaves during the prefill stops it before its last layer.
         before = s.health()
