@@ -288,3 +288,30 @@ def test_pinned_mlx_lm_range_matches_the_check():
         except UserInputError:
             accepted = False
         assert pinned[0].specifier.contains(version) == accepted, version
+
+
+def test_stats_time_the_whole_answer_and_count_the_prompt_token_layers(tiny_model):
+    """``answer_s`` runs from the call to the last token (the first token's time plus every
+    gap after it); ``prompt_token_layers_computed_pct`` is the share of the prompt's
+    (token, layer) pairs computed by the end: 100 unpruned, below 100 and at least the
+    prefill's share when decoding stays on the pruned state."""
+    from mlx_lazy import make_prompt_cache
+
+    model, tokenizer = tiny_model("llama")
+    n, layers = 200, model.args.num_hidden_layers
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, model.args.vocab_size, n)]
+    # one cut after layer 0 keeping 25%, nothing completed: the prefill computes
+    # 1 + 0.25 (layers - 1) layers a token; revivals in decode add to that
+    pruned = PruningConfig("lazy", prune_layers=(0,), keep=(0.25,), complete="none")
+    for config, low, high in ((PruningConfig("full"), 100.0, 100.0),
+                              (pruned, 100 * (1 + 0.25 * (layers - 1)) / layers, 99.9)):
+        cache = make_prompt_cache(model, config)
+        last = list(stream_generate(model, tokenizer, prompt, max_tokens=6,
+                                    prompt_cache=cache))[-1]
+        s = last.stats
+        assert s.answer_s == pytest.approx(s.ttft_s + s.tpot_s * (s.generation_tokens - 1))
+        assert s.answer_s > s.ttft_s > 0
+        # the same share counted another way: each (token, layer) computed once here
+        counted = 100 * cache.engine.cache.computed[:, :n].astype(bool).sum() / (n * layers)
+        assert s.prompt_token_layers_computed_pct == pytest.approx(counted)
+        assert low <= s.prompt_token_layers_computed_pct <= high

@@ -43,21 +43,26 @@ def greedy_pair(model, engine, prompt, steps):
     return pairs
 
 
+def mlx_lm_error(model, config, prompt, steps, **engine_options):
+    """Largest relative logits error of the engine running ``config`` against mlx-lm over a
+    greedy run of ``steps`` tokens after ``prompt``."""
+    engine = LazyEngine(model, resolve_config(model, config), **engine_options)
+    return max_rel_err(greedy_pair(model, engine, prompt, steps))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_unpruned_matches_mlx_lm(tiny_model, kind):
     model, _ = tiny_model(kind)
     prompt = random_prompt(300, model.args.vocab_size)
     # Small query blocks so the block-causal path runs several blocks.
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("full")), block_size=64)
-    assert max_rel_err(greedy_pair(model, engine, prompt, 32)) < LOGITS_TOL
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_speed_cutoff_at_full_depth_matches_mlx_lm(tiny_model, kind):
     model, _ = tiny_model(kind)
     prompt = random_prompt(200, model.args.vocab_size, seed=1)
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("speed", speed_cutoff=1.0)))
-    assert max_rel_err(greedy_pair(model, engine, prompt, 8)) < LOGITS_TOL
+    assert mlx_lm_error(model, PruningConfig("speed", speed_cutoff=1.0), prompt, 8) < LOGITS_TOL
 
 
 @pytest.mark.slow
@@ -65,17 +70,15 @@ def test_unpruned_matches_mlx_lm_on_smollm2(smollm2):
     model, tokenizer = smollm2
     text = "The history of the Roman Empire spans many centuries. " * 12
     prompt = mx.array(tokenizer.encode(text))
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("full")), block_size=64)
-    assert max_rel_err(greedy_pair(model, engine, prompt, 32)) < LOGITS_TOL
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
 
 
 def test_quantized_model_unpruned_matches_mlx_lm(tiny_model_dir):
     model, _ = mlx_lm.load(str(tiny_model_dir("llama")))  # a fresh copy to quantize
     nn.quantize(model, group_size=32, bits=4)
     prompt = random_prompt(100, model.args.vocab_size, seed=2)
-    engine = LazyEngine(model, resolve_config(
-        model, PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))))
-    assert max_rel_err(greedy_pair(model, engine, prompt, 4)) < LOGITS_TOL
+    nothing_pruned = PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))
+    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
 
 
 def run(engine, prompt, steps):

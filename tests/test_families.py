@@ -16,8 +16,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lazy import LazyEngine, PruningConfig, generate, resolve_config
 from mlx_lazy.adapter import ModelAdapter, identities_match
 from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS
-from numerics import max_rel_err, rel_err
-from test_engine import LOGITS_TOL, greedy_pair, random_prompt
+from numerics import rel_err
+from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
 
 PHI3 = ("phi3", "phi3-longrope")
@@ -68,8 +68,7 @@ def test_the_tiny_phi3_is_what_it_claims(family):
 def test_phi3_unpruned_matches_mlx_lm(family, kind):
     model, _ = family(kind)
     prompt = random_prompt(300, model.args.vocab_size)
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("full")), block_size=64)
-    assert max_rel_err(greedy_pair(model, engine, prompt, 32)) < LOGITS_TOL
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
 
 
 @pytest.mark.parametrize("kind", PHI3)
@@ -78,8 +77,7 @@ def test_phi3_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
     model, _ = family(kind)
     prompt = random_prompt(200, model.args.vocab_size, seed=4)
     config = PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))
-    engine = LazyEngine(model, resolve_config(model, config))
-    assert max_rel_err(greedy_pair(model, engine, prompt, 8)) < LOGITS_TOL
+    assert mlx_lm_error(model, config, prompt, 8) < LOGITS_TOL
 
 
 def test_quantized_phi3_unpruned_matches_mlx_lm(family_dir):
@@ -88,9 +86,8 @@ def test_quantized_phi3_unpruned_matches_mlx_lm(family_dir):
     nn.quantize(model, group_size=32, bits=4)
     assert identities_match(base, ModelAdapter(model).identity())
     prompt = random_prompt(100, model.args.vocab_size, seed=2)
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
-                                                                   keep=(1.0,))))
-    assert max_rel_err(greedy_pair(model, engine, prompt, 4)) < LOGITS_TOL
+    nothing_pruned = PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))
+    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
 
 
 @pytest.mark.parametrize("kind", PHI3)
