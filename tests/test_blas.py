@@ -71,8 +71,11 @@ def _entry_points() -> list[tuple[str, str]]:
             found.append(("module", module.removesuffix(".__main__")))
     for folder in ("convert", "examples"):
         found += [("script", str(p)) for p in sorted((REPO / folder).glob("*.py"))]
-    found += [("script", exe) for exe in map(shutil.which, (ep.name for ep in _console_scripts()))
-              if exe]
+    # The interpreter's own scripts first: a virtual environment not on PATH (PYTHON=venv/bin/
+    # python bash scripts/test.sh) would otherwise find another install's (a pyenv shim).
+    search = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    found += [("script", exe) for exe in (shutil.which(ep.name, path=search)
+                                          for ep in _console_scripts()) if exe]
     return found
 
 
