@@ -1,15 +1,15 @@
 """LazyLLM / SPEED forward passes over an mlx-lm model, on a state that lives across calls.
 
-``extend`` runs prompt tokens on top of the state: the first chunk (``_prefill``) layer by
-layer over its active set, in query blocks so memory never holds N x N scores; a later chunk
-(a follow-up turn) and ``decode`` (one generated token) through ``_step``, which re-selects
-the context at every pruning layer among all tokens, old and new, reviving tokens from the
-Aux Cache when they come back. ``complete`` carries waiting tokens through their remaining
-layers (with ``complete="exact"``, it recomputes the chunk's layers above its first cut that
-prunes from the hidden states stashed there, so the state becomes the full model's). Every
-token keeps its original position for RoPE and for the causal mask. At the last layer only
-the newest token's output is ever used, so the other tokens computed there get their keys
-and values and nothing more.
+``extend`` runs prompt tokens on top of the state and ``decode`` one generated token, both
+through ``_forward``, which re-selects the context at every pruning layer among all tokens,
+old and new, reviving tokens from the Aux Cache when they come back (a first chunk attends
+causally over itself in query blocks, so memory never holds N x N scores). ``complete``
+carries waiting tokens through their remaining layers (with ``complete="exact"``, it first
+recomputes the chunk's layers above its first cut that prunes from the hidden states stashed
+there, so the state becomes the full model's). Every layer of every path is one routine,
+``_layer``. Every token keeps its original position for RoPE and for the causal mask. At the
+last layer only the newest token's output is ever used, so the other tokens computed there get
+their keys and values and nothing more.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .cache import LayerKV, LazyCache, Rows
 from .distributed import TensorParallel, model_group
 from .config import PruningConfig
 from .schedule import Schedule
-from .scorers import ScoreContext, top_k
+from .scorers import Mask, ScoreContext, top_k
 
 ProgressFn = Callable[[int, int], None]
 
@@ -57,6 +57,7 @@ class GenerationStats:
     prefill_attention_pairs: int = 0
     decode_attention_pairs: int = 0
     revivals: int = 0
+    selections: int = 0
     host_syncs: int = 0
     max_computations_per_token_layer: int = 0
     completed_token_layers: int = 0
@@ -116,7 +117,7 @@ class LazyEngine:
         once-per-layer counter live on)."""
         self.prefill_attention_pairs = self.decode_attention_pairs = 0
         self.prefill_tokens_per_layer = [0] * self.adapter.num_layers
-        self.host_syncs = 0
+        self.selections = self.host_syncs = 0
         self.completed_token_layers = 0
         self._revivals_before = self.cache.revivals
         self.tp.restart()
@@ -155,47 +156,11 @@ class LazyEngine:
         self.cache.always_kept = start + self.scorer.always_kept(n)
         self.cache.prompt_len = self.cache.length
         before = self.cache.computed.sum(axis=1)
-        if start == 0:
-            logits = self._prefill(tokens, positions, progress)
-        else:
-            logits = self._step(tokens, positions, prompt=True, progress=progress)
+        logits = self._forward(tokens, positions, prompt=True, progress=progress)
         done = self.cache.computed.sum(axis=1) - before
         self.prefill_tokens_per_layer = [a + int(b) for a, b in
                                          zip(self.prefill_tokens_per_layer, done)]
         return logits
-
-    def _prefill(self, tokens: mx.array, active: np.ndarray,
-                 progress: Optional[ProgressFn]) -> mx.array:
-        """The first chunk: causal attention of the active tokens over themselves, in query
-        blocks, with no gathers (the layer cache holds exactly the active tokens)."""
-        sched, a, cache, n = self.schedule, self.adapter, self.cache, len(active)
-        h = a.embed(tokens)
-        kept = active[cache.limit[active] > 0]
-        if len(kept) < n:  # random drop before layer 0
-            h, active = h[:, mx.array(kept.astype(np.int32))], kept
-
-        for layer in range(a.num_layers):
-            h, active = self._restrict(layer, h, active)
-            q, k, v = a.qkv(layer, h, active)
-            cache.layers[layer].append(k, v, active)
-            if layer == a.num_layers - 1:  # other tokens' outputs here are never used: KV only
-                q, h = q[:, :, -1:], h[:, -1:]
-            h = a.finish(layer, h, self._blocked_attention(q, k, v))
-            cache.mark_computed(layer, active)
-            keep = sched.keep_after(layer)
-            if keep is not None:
-                m = min(self.scorer.n_queries, len(active))  # scoring queries: the last m
-                window = self._window(layer, q[:, :, -m:], active[-m:])
-                selected, pruned = self._select(layer, window, k, active, keep, n)
-                if pruned:
-                    self._stash(layer + 1, active, h)
-                h, active = self._advance(layer, h, active, selected)
-            # A layer of prefill is a natural step boundary: it bounds the graph (and peak
-            # memory) and drives the progress callback, at no measurable cost.
-            mx.eval(h)
-            if progress is not None:
-                progress(layer + 1, a.num_layers)
-        return a.logits(h[:, -1:])[0, 0]
 
     def _set_prompt_limits(self, start: int, n: int) -> None:
         """Depth limits of the prompt tokens ``start .. start+n-1`` dropped for good (random
@@ -213,21 +178,6 @@ class LazyEngine:
         free = positions[~protected]
         limit[free] = np.minimum(limit[free], sched.prompt_depth)
 
-    def _blocked_attention(self, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
-        """Causal attention of sorted active tokens over themselves, in query blocks."""
-        n, bs, scale = q.shape[2], self.block_size, self.adapter.scale
-        if n == 1:  # the last token: it sees every key
-            self.prefill_attention_pairs += k.shape[2]
-            return attention(q, k, v, scale)
-        outs = []
-        for i in range(0, n, bs):
-            j = min(i + bs, n)
-            self.prefill_attention_pairs += (j - i) * j
-            outs.append(attention(q[:, :, i:j], k[:, :, :j], v[:, :, :j], scale, "causal"))
-            # One block's scores at a time: left lazy, the CPU backend may hold several.
-            mx.eval(outs[-1])
-        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
-
     # ------------------------------------------------------------------- decode
     def decode(self, token: Union[int, mx.array]) -> mx.array:
         """Run one generated token; return its (vocab,) next-token logits."""
@@ -235,64 +185,99 @@ class LazyEngine:
             raise ValueError("call prefill() before decode()")
         token = mx.array([token]) if isinstance(token, int) else token.reshape(1)
         self.schedule.completion.before_decode(self)
-        return self._step(token, self.cache.add_tokens(1), prompt=False)
+        return self._forward(token, self.cache.add_tokens(1), prompt=False)
 
-    def _step(self, tokens: mx.array, positions: np.ndarray, prompt: bool,
-              progress: Optional[ProgressFn] = None) -> mx.array:
-        """New tokens at ``positions`` (the newest of the context) through every layer on
-        top of the cache, re-selecting the context at each pruning layer (LazyLLM; static
-        cuts select in prompt chunks only)."""
+    # ----------------------------------------------------------------- forward
+    def _forward(self, tokens: mx.array, positions: np.ndarray, prompt: bool,
+                 progress: Optional[ProgressFn] = None) -> mx.array:
+        """New tokens at ``positions`` (the newest of the context: a prompt chunk, or one
+        decoded token) through every layer on top of the cache, re-selecting the context at
+        each pruning layer (LazyLLM; static cuts select in prompt chunks only); returns the
+        (vocab,) logits after the last of them."""
         a, sched, cache = self.adapter, self.schedule, self.cache
         comp = positions  # tokens computed at the current layer, sorted
         h = a.embed(tokens)
         alive = cache.limit[comp] > 0
         if not alive.all():  # random drop before layer 0
             h, comp = h[:, mx.array(np.flatnonzero(alive).astype(np.int32))], comp[alive]
-        selected: Optional[np.ndarray] = None  # None: every token cached at the layer
-        chosen: Optional[np.ndarray] = None
+        chosen: Optional[Mask] = None  # by position, the tokens seen (None: all cached)
         # Once completion has left no token waiting, every token has KV wherever it may and is
         # seen there, and decode steps neither select nor revive: the cuts only spared
         # computing the prompt. Until then (progressive completion) steps select as usual.
         completing = not sched.completion.keeps_selecting and not cache.aux
+        selects = prompt or (sched.dynamic and not completing)
         n_ctx, first = cache.length, int(positions[0])
         for layer in range(a.num_layers):
-            if selected is not None:
-                selected = selected[cache.limit[selected] > layer]
             h, comp = self._restrict(layer, h, comp)
-            q, k, v = a.qkv(layer, h, comp)
-            kv = cache.layers[layer]
-            kv.append(k, v, comp)
-            kpos = kv.cached_positions()
-            visible = None if selected is None or completing else chosen[kpos]
-            rows = comp  # queries: the new tokens last, revived tokens before them
-            if len(rows) > 1 and layer == a.num_layers - 1:  # others: KV only at the top
-                q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
-            out = self._rows_attention(q, kv, rows, kpos, visible, prompt)
-            h = a.finish(layer, h, out)
-            cache.mark_computed(layer, comp)
-            selects = prompt or (sched.dynamic and not completing)
+            seen = None if completing else chosen
+            q, h, rows = self._layer(layer, h, comp, seen, prompt)
             keep = sched.keep_after(layer) if selects else None
             if keep is not None:
+                kv = cache.layers[layer]
+                kpos = kv.cached_positions()
                 m = min(self.scorer.n_queries, int((rows >= first).sum()))  # new tokens last
                 window = self._window(layer, q[:, :, -m:], rows[-m:])
-                selected, pruned = self._select(layer, window, kv.fetch()[0], kpos, keep, n_ctx,
-                                                visible, None if prompt else comp)
-                chosen = np.zeros(n_ctx, bool)
-                chosen[selected] = True
-                if prompt and pruned:
-                    self._stash(layer + 1, comp, h)
-                h, comp = self._advance(layer, h, comp, selected)
-            if prompt:  # a chunk's layer is a step boundary, as in prefill
+                if prompt or len(comp) > 1 or self._may_revive(layer):
+                    selected, pruned = self._select(layer, window, kv.fetch()[0], kpos, keep,
+                                                    n_ctx, _seen_at(seen, kpos),
+                                                    None if prompt else comp)
+                    chosen = np.zeros(n_ctx, bool)
+                    chosen[selected] = True
+                    if prompt and pruned:
+                        self._stash(layer + 1, comp, h)
+                    h, comp = self._advance(layer, h, comp, selected)
+                else:  # only the new token computed, none to revive: the device decides alone
+                    chosen = self._select_on_device(layer, window, kv.fetch()[0], kpos, keep,
+                                                    n_ctx, _seen_at(seen, kpos))
+            if prompt:
+                # A chunk's layer is a natural step boundary: it bounds the graph (and peak
+                # memory) and drives the progress callback, at no measurable cost.
                 mx.eval(h)
                 if progress is not None:
                     progress(layer + 1, a.num_layers)
         return a.logits(h[:, -1:])[0, 0]
 
-    def _rows_attention(self, q: mx.array, kv: LayerKV, rows: np.ndarray, kpos: np.ndarray,
-                        visible: Optional[np.ndarray], prompt: bool = False) -> mx.array:
-        """Attention of queries at positions ``rows`` over the layer cache ``kv`` (keys at
-        ``kpos``): each sees the ``visible`` keys (all when None) at or before its own
-        position."""
+    def _layer(self, layer: int, h: mx.array, comp: np.ndarray, seen: Optional[Mask],
+               prompt: bool, output: bool = True) -> Tuple[mx.array, Optional[mx.array],
+                                                           np.ndarray]:
+        """One layer for the tokens at sorted positions ``comp`` (hidden states ``h``): their
+        keys and values stored (over any they had), then each token's attention over the
+        keys cached there at or before its position (those ``seen`` marks, by position,
+        when given), o_proj and MLP. Every forward, completion and recompute goes through
+        here.
+
+        Returns the queries, the hidden states after the layer and the positions they
+        belong to. At the top layer only the newest token's output is ever used: with
+        ``output`` the rows shrink to it, else (completion) the tokens get their keys and
+        values and the hidden states are None.
+        """
+        a, kv = self.adapter, self.cache.layers[layer]
+        q, k, v = a.qkv(layer, h, comp)
+        kv.write(k, v, comp)
+        self.cache.mark_computed(layer, comp)
+        rows = comp
+        if layer == a.num_layers - 1:
+            if not output:
+                return q, None, rows
+            if len(rows) > 1:
+                q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
+        kpos = kv.cached_positions()
+        return q, a.finish(layer, h, self._attend(q, kv, rows, kpos, _seen_at(seen, kpos),
+                                                  prompt)), rows
+
+    def _attend(self, q: mx.array, kv: LayerKV, rows: np.ndarray, kpos: np.ndarray,
+                visible: Optional[Mask], prompt: bool) -> mx.array:
+        """Attention of queries at sorted positions ``rows`` over the layer cache ``kv``
+        (keys at ``kpos``): each sees the ``visible`` keys (all when None) at or before its
+        own position."""
+        if isinstance(visible, mx.array):  # a decode step's device selection: one row
+            return self._cache_attention(q, *kv.fetch(), rows, kpos, visible, prompt)
+        if len(rows) > 1 and len(rows) == len(kpos) and (visible is None or visible.all()) \
+                and np.array_equal(rows, kpos):
+            # The cache holds exactly these tokens in order (a first chunk): causal attention
+            # over the buffers themselves, in query blocks, with no gather.
+            keys, values = kv.fetch()
+            return self._blocked_attention(q, keys, values, prompt)
         if len(rows) > self.revival_block:
             # Many rows: block-causal over the gathered visible keys in position order (the
             # blocks' keys stop at their last row, and the scores stay block-sized).
@@ -303,8 +288,22 @@ class LazyEngine:
         keys, values = kv.fetch()
         return self._cache_attention(q, keys, values, rows, kpos, visible, prompt)
 
+    def _blocked_attention(self, q: mx.array, k: mx.array, v: mx.array,
+                           prompt: bool) -> mx.array:
+        """Causal attention of sorted tokens over themselves, in query blocks so memory never
+        holds N x N scores."""
+        n, bs, scale = q.shape[2], self.block_size, self.adapter.scale
+        outs = []
+        for i in range(0, n, bs):
+            j = min(i + bs, n)
+            self._count_pairs((j - i) * j, prompt)
+            outs.append(attention(q[:, :, i:j], k[:, :, :j], v[:, :, :j], scale, "causal"))
+            # One block's scores at a time: left lazy, the CPU backend may hold several.
+            mx.eval(outs[-1])
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+
     def _cache_attention(self, q: mx.array, keys: mx.array, values: mx.array, rows: np.ndarray,
-                         kpos: np.ndarray, visible: Optional[np.ndarray],
+                         kpos: np.ndarray, visible: Optional[Mask],
                          prompt: bool = False) -> mx.array:
         """Queries at positions ``rows`` over the whole layer cache (keys at ``kpos``): each
         sees the ``visible`` keys (all when None) at or before its own position."""
@@ -315,7 +314,8 @@ class LazyEngine:
             mask = kpos[None, :] <= rows[:, None]
             if visible is not None:
                 mask &= visible[None, :]
-        mask = None if mask is None or mask.all() else mx.array(mask)
+        if isinstance(mask, np.ndarray):
+            mask = None if mask.all() else mx.array(mask)
         return attention(q, keys, values, self.adapter.scale, mask)
 
     def _revived_attention(
@@ -352,23 +352,47 @@ class LazyEngine:
         as the full model's layer would given their hidden states; each (token, layer) is
         still computed at most once. Tokens stopped for good (SPEED, static, random drop)
         stay as they are. With ``complete="exact"`` the last chunk's layers above its first
-        cut that prunes are recomputed first, for every token of it (:meth:`_recompute`).
+        cut that prunes are recomputed first, for every token of it, from the hidden states
+        stashed there, overwriting what the kept ones computed while others were pruned and
+        dropping the pruned ones' Aux Cache entries: the state becomes the full model's.
 
         Args:
-            max_token_layers: stop after about this many token-layers (None: finish all).
-            should_stop: polled between layers; True stops early (a request arrived).
+            max_token_layers: stop after about this many token-layers (None: finish all);
+                the recompute of a stash is never split.
+            should_stop: polled between layers; True stops early (a request arrived), leaving
+                the rest where :meth:`complete` resumes it.
 
         Returns:
             The number of token-layers computed.
         """
-        a, cache, done = self.adapter, self.cache, 0
+        cache, done = self.cache, 0
         if cache.stash:
-            done = self._recompute(should_stop)
-            if cache.stash:  # stopped
+            (depth, entry), = cache.stash.items()
+            for d in list(cache.aux):
+                if np.isin(cache.aux[d].positions, entry.positions).any():
+                    cache.aux_take(d, entry.positions, revival=False)
+            cache.stash = {}
+            done, stopped = self._carry_up(depth, entry.positions, entry.data, None,
+                                           should_stop, self._park_stash)
+            if stopped:
                 return done
-        carried, h = np.empty(0, np.int64), None
-        for layer in range(a.num_layers):
-            entry = cache.aux.get(layer)
+        budget = None if max_token_layers is None else max_token_layers - done
+        more, _ = self._carry_up(0, np.empty(0, np.int64), None, budget, should_stop,
+                                 self.cache.aux_put, absorb=True)
+        return done + more
+
+    def _carry_up(self, start: int, carried: np.ndarray, h: Optional[mx.array],
+                  budget: Optional[int], should_stop: Optional[Callable[[], bool]],
+                  park: Callable[[int, np.ndarray, mx.array], None],
+                  absorb: bool = False) -> Tuple[int, bool]:
+        """Carry tokens (sorted positions ``carried``, hidden states ``h``) from layer
+        ``start`` up, each layer over every key cached there; with ``absorb``, the tokens
+        waiting in the Aux Cache join at their depth. Past ``budget`` token-layers, or when
+        ``should_stop`` says so, the rest are handed to ``park(layer, positions, h)`` and
+        the oldest go on. Returns the token-layers computed and whether it stopped early."""
+        cache, done = self.cache, 0
+        for layer in range(start, self.adapter.num_layers):
+            entry = cache.aux.get(layer) if absorb else None
             if entry is not None:
                 taken, hidden = cache.aux_take(layer, entry.positions, revival=False)
                 h = hidden if h is None else mx.concatenate([h, hidden], axis=1)
@@ -381,66 +405,32 @@ class LazyEngine:
             if not len(carried):
                 h = None
                 continue
-            room = len(carried) if max_token_layers is None else max_token_layers - done
+            room = len(carried) if budget is None else budget - done
             if should_stop is not None and should_stop():
                 room = 0
             if room < len(carried):  # park the rest again at this depth; the oldest go on
                 room = max(room, 0)
-                cache.aux_put(layer, carried[room:], h[:, room:])
+                park(layer, carried[room:], h[:, room:])
                 if room == 0:
-                    return done
+                    return done, True
                 carried, h = carried[:room], h[:, :room]
-            h = self._carry(layer, h, carried)
+            _, h, _ = self._layer(layer, h, carried, None, prompt=False, output=False)
+            self.completed_token_layers += len(carried)
             done += len(carried)
             if h is None:
                 break
-        return done
+            mx.eval(h)
+        return done, False
 
-    def _carry(self, layer: int, h: mx.array, carried: np.ndarray) -> Optional[mx.array]:
-        """Compute ``layer`` for the ``carried`` tokens (hidden states ``h``) over every key
-        cached there, storing their keys and values (over any they had); return their
-        hidden states after it, or None at the top layer, where KV is all that is used."""
-        a, kv = self.adapter, self.cache.layers[layer]
-        q, k, v = a.qkv(layer, h, carried)
-        kv.write(k, v, carried)
-        self.cache.mark_computed(layer, carried)
-        self.completed_token_layers += len(carried)
-        if layer == a.num_layers - 1:
-            return None
-        h = a.finish(layer, h, self._rows_attention(q, kv, carried, kv.cached_positions(), None))
-        mx.eval(h)
-        return h
+    def _park_stash(self, depth: int, positions: np.ndarray, h: mx.array) -> None:
+        """A stopped recompute: its tokens wait in the stash at ``depth``."""
+        self.cache.stash = {depth: Rows(positions, h)}
 
     def _stash(self, depth: int, positions: np.ndarray, h: mx.array) -> None:
         """``complete="exact"``: keep a prompt chunk's hidden states at its first cut that
-        prunes (each token has seen every other up to there) for :meth:`_recompute`."""
+        prunes (each token has seen every other up to there) for :meth:`complete`."""
         if self.schedule.completion.stashes and not self.cache.stash:
             self.cache.stash[depth] = Rows(positions.copy(), h)
-
-    def _recompute(self, should_stop: Optional[Callable[[], bool]]) -> int:
-        """Carry the stashed tokens through every layer above their stash depth over every
-        key cached there, overwriting what the kept ones computed while others were pruned
-        and dropping the pruned ones' Aux Cache entries: the state becomes the full model's.
-        A stop parks them in the stash one layer up. Returns the token-layers computed."""
-        a, cache, done = self.adapter, self.cache, 0
-        (depth, entry), = cache.stash.items()
-        carried, h = entry.positions, entry.data
-        for d in list(cache.aux):
-            if np.isin(cache.aux[d].positions, carried).any():
-                cache.aux_take(d, carried, revival=False)
-        for layer in range(depth, a.num_layers):
-            h, carried = self._restrict(layer, h, carried)
-            if not len(carried):
-                break
-            if should_stop is not None and should_stop():
-                cache.stash = {layer: Rows(carried, h)}
-                return done
-            h = self._carry(layer, h, carried)
-            done += len(carried)
-            if h is None:
-                break
-        cache.stash = {}
-        return done
 
     @property
     def pending_token_layers(self) -> int:
@@ -470,6 +460,27 @@ class LazyEngine:
         self.cache.window_put(layer, positions, queries, self.scorer.n_queries)
         return self.cache.window[layer]
 
+    def _candidates(self, layer: int, positions: np.ndarray, n_ctx: int) -> Tuple[np.ndarray,
+                                                                                   np.ndarray]:
+        """Of the keys at ``positions``: those able to reach ``layer + 1`` (before visibility),
+        and those kept whatever their score (the newest token, the anchors and the scorer's
+        always-kept positions)."""
+        eligible = self.cache.limit[positions] > layer + 1
+        forced = ((positions < self.schedule.anchors) | (positions == n_ctx - 1)
+                  | np.isin(positions, self.cache.always_kept))
+        return eligible, forced
+
+    def _scores(self, layer: int, window: Rows, keys: mx.array, positions: np.ndarray,
+                candidates: Mask, visible: Optional[Mask]) -> mx.array:
+        """The scorer's (n,) scores, on the device, of the keys at ``positions``."""
+        # Tensor parallel: the scorer's head reduction (tp.reduce_heads) is the one point where
+        # ranks exchange data to decide; each holds only its own heads, every rank gets the
+        # reduction over all of them, so every rank selects (and revives) the same tokens.
+        ctx = ScoreContext(layer, window.data, window.positions, keys, positions, candidates,
+                           visible, self.adapter.scale, self.tp.reduce_heads)
+        self.selections += 1
+        return self.scorer.score(ctx)
+
     def _select(
         self,
         layer: int,
@@ -478,12 +489,13 @@ class LazyEngine:
         positions: np.ndarray,
         keep: float,
         n_ctx: int,
-        visible: Optional[np.ndarray] = None,
+        visible: Optional[Mask] = None,
         computed: Optional[np.ndarray] = None,
     ) -> Tuple[np.ndarray, bool]:
         """Sorted positions of the tokens kept after ``layer`` (the top ``keep`` fraction of
         the context by the scorer's scores of the ``window`` queries) and whether any
-        candidate was left out.
+        candidate was left out: the host's selection (one sync), for steps that revive or
+        prune what they computed.
 
         ``keys`` (1, kv_heads, n, d) belong to ``positions`` in the same order; only those
         marked ``visible`` (all when None) and able to reach ``layer + 1`` are candidates.
@@ -491,34 +503,51 @@ class LazyEngine:
         whatever their score. In a decode step (``computed``: the tokens it computed at
         ``layer``), at most ``max_revivals`` of the others may need a revival.
         """
-        eligible = self.cache.limit[positions] > layer + 1
+        if isinstance(visible, mx.array):  # an earlier cut of this step chose on the device
+            visible = np.array(visible)
+            self.host_syncs += 1
+        eligible, forced = self._candidates(layer, positions, n_ctx)
         if visible is not None:
             eligible &= visible
-        # Tensor parallel: the scorer's head reduction (tp.reduce_heads) is the one point where
-        # ranks exchange data to decide; each holds only its own heads, every rank gets the
-        # reduction over all of them, so every rank selects (and revives) the same tokens.
-        ctx = ScoreContext(layer, window.data, window.positions, keys, positions, eligible, visible,
-                           self.adapter.scale, self.tp.reduce_heads)
-        scores = self.scorer.score(ctx)[eligible]
-        self.host_syncs += 1
-        candidates = positions[eligible]
-        forced = ((candidates < self.schedule.anchors) | (candidates == n_ctx - 1)
-                  | np.isin(candidates, self.cache.always_kept))
-        k, budget = round(keep * n_ctx), self.schedule.max_revivals
+        scores = self._scores(layer, window, keys, positions, eligible, visible)
+        kept_from: Mask = eligible
+        budget = self.schedule.max_revivals
         if computed is not None and budget is not None:
             # Waiting at depth layer+1 and not computed now: selecting it means a revival.
             # All but the best ``budget`` of them sit this step out (fewer kept if need be).
-            waiting = ((self.cache.depth[candidates] == layer + 1)
-                       & ~np.isin(candidates, computed) & ~forced)
-            rows = np.flatnonzero(waiting)
-            if len(rows) > budget:
-                best = rows[np.argsort(-scores[rows], kind="stable")[:budget]]
-                waiting[best] = False
-                candidates, scores, forced = (candidates[~waiting], scores[~waiting],
-                                              forced[~waiting])
-                k = min(k, len(candidates))
-        kept = top_k(candidates, scores, forced, k)
-        return kept, len(kept) < len(candidates)
+            waiting = (eligible & (self.cache.depth[positions] == layer + 1)
+                       & ~np.isin(positions, computed) & ~forced)
+            if budget == 0:
+                kept_from = eligible & ~waiting
+            elif waiting.sum() > budget:
+                best = top_k(scores, positions, waiting, np.zeros_like(waiting), budget)
+                kept_from = mx.array(eligible) & ~(mx.array(waiting) & ~best)
+        kept = np.array(top_k(scores, positions, kept_from, forced, round(keep * n_ctx)))
+        self.host_syncs += 1
+        selected = np.sort(positions[kept])
+        return selected, len(selected) < int(eligible.sum())
+
+    def _may_revive(self, layer: int) -> bool:
+        """Whether a decode step's selection after ``layer`` may revive a token: some wait in
+        the Aux Cache at depth layer+1 and revivals are allowed."""
+        return layer + 1 in self.cache.aux and self.schedule.max_revivals != 0
+
+    def _select_on_device(self, layer: int, window: Rows, keys: mx.array, positions: np.ndarray,
+                          keep: float, n_ctx: int, visible: Optional[Mask]) -> mx.array:
+        """A decode step's selection after ``layer`` when it computed only its new token and
+        can revive none (:meth:`_may_revive` is False): :meth:`_select`'s choice, as an
+        (n_ctx,) mask by position left on the device, so the step never waits for it."""
+        eligible, forced = self._candidates(layer, positions, n_ctx)
+        # Tokens waiting at depth layer+1 (max_revivals=0) are scored but never kept.
+        has_kv = self.cache.depth[positions] > layer + 1
+        waiting = eligible & ~has_kv & ~forced
+        candidates = mx.array(eligible) if visible is None else mx.array(eligible) & visible
+        scores = self._scores(layer, window, keys, positions, candidates, visible)
+        kept = top_k(scores, positions, candidates & mx.array(~waiting), forced,
+                     round(keep * n_ctx))
+        chosen = mx.zeros(n_ctx, mx.bool_)
+        chosen[mx.array(positions.astype(np.int32))] = kept
+        return chosen
 
     def _advance(self, layer: int, h: mx.array, comp: np.ndarray, selected: np.ndarray):
         """After pruning ``layer``: computed tokens outside ``selected`` stop (their hidden
@@ -571,6 +600,7 @@ class LazyEngine:
             prefill_attention_pairs=self.prefill_attention_pairs,
             decode_attention_pairs=self.decode_attention_pairs,
             revivals=c.revivals - self._revivals_before,
+            selections=self.selections,
             host_syncs=self.host_syncs,
             max_computations_per_token_layer=int(computed.max()) if computed.size else 0,
             completed_token_layers=self.completed_token_layers,
@@ -579,3 +609,9 @@ class LazyEngine:
             score_allsum_bytes=self.tp.score_bytes,
         )
 
+
+def _seen_at(seen: Optional[Mask], kpos: np.ndarray) -> Optional[Mask]:
+    """The by-position mask ``seen`` (host or device; None: all) at the keys ``kpos``."""
+    if seen is None or isinstance(seen, np.ndarray):
+        return None if seen is None else seen[kpos]
+    return seen[mx.array(kpos.astype(np.int32))]

@@ -35,6 +35,8 @@ from .errors import UserInputError, shown
 from .inputs import parse_float, parse_int
 
 HEAD_REDUCTIONS = ("mean", "max")
+#: A per-key boolean mask, on the host or the device.
+Mask = Union[np.ndarray, mx.array]
 #: The largest integer a scorer field takes: MLX indexes with int32.
 MAX_FIELD = 2**31 - 1
 
@@ -50,8 +52,8 @@ class ScoreContext:
         query_positions: (m,) their positions.
         keys: (1, kv_heads, n, d) keys of the context at this layer.
         key_positions: (n,) their positions (cache order, not necessarily sorted).
-        candidates: (n,) bool, the keys that may be kept.
-        visible: (n,) bool keys the query token attends to (None: all).
+        candidates: (n,) bool, the keys that may be kept (numpy or MLX).
+        visible: (n,) bool keys the query token attends to (None: all; numpy or MLX).
         scale: the attention scale.
         reduce_heads: completes a reduction over this process's heads, ``(scores, "mean" |
             "max") -> scores``, into one over all heads of the model (tensor parallelism:
@@ -63,8 +65,8 @@ class ScoreContext:
     query_positions: np.ndarray
     keys: mx.array
     key_positions: np.ndarray
-    candidates: np.ndarray
-    visible: Optional[np.ndarray]
+    candidates: Mask
+    visible: Optional[Mask]
     scale: float
     reduce_heads: Callable[[mx.array, str], mx.array] = lambda scores, heads: scores
 
@@ -79,8 +81,9 @@ class Scorer:
     #: trailing prefill tokens whose queries :meth:`score` reads (the query token included)
     n_queries: int = 1
 
-    def score(self, ctx: ScoreContext) -> np.ndarray:
-        """(n,) float scores, one per key of ``ctx``; only candidates' scores are used."""
+    def score(self, ctx: ScoreContext) -> mx.array:
+        """(n,) float scores on the device, one per key of ``ctx``; only candidates' scores
+        are used."""
         raise NotImplementedError
 
     def always_kept(self, prompt_len: int) -> np.ndarray:
@@ -108,7 +111,7 @@ class LastQuery(Scorer):
     def __post_init__(self) -> None:
         _check_heads(self.heads)
 
-    def score(self, ctx: ScoreContext) -> np.ndarray:
+    def score(self, ctx: ScoreContext) -> mx.array:
         return _reduced_probs(ctx.queries[:, :, -1:], ctx, _visible(ctx), self.heads)
 
 
@@ -128,13 +131,13 @@ class Window(Scorer):
     def n_queries(self) -> int:  # type: ignore[override]
         return self.size
 
-    def score(self, ctx: ScoreContext) -> np.ndarray:
+    def score(self, ctx: ScoreContext) -> mx.array:
         if len(ctx.query_positions) == 1:  # decode: the newest token sees every key
             return _reduced_probs(ctx.queries, ctx, _visible(ctx), self.heads)
-        mask = ctx.key_positions[None, :] <= ctx.query_positions[:, None]
+        mask = mx.array(ctx.key_positions[None, :] <= ctx.query_positions[:, None])
         if ctx.visible is not None:
-            mask &= ctx.visible[None, :]
-        return _reduced_probs(ctx.queries, ctx, mx.array(mask), self.heads)
+            mask = mask & mx.array(ctx.visible)[None, :]
+        return _reduced_probs(ctx.queries, ctx, mask, self.heads)
 
     def always_kept(self, prompt_len: int) -> np.ndarray:
         return np.arange(max(0, prompt_len - self.size), prompt_len)
@@ -155,11 +158,9 @@ class Pooled(Scorer):
     def n_queries(self) -> int:  # type: ignore[override]
         return self.inner.n_queries
 
-    def score(self, ctx: ScoreContext) -> np.ndarray:
-        scores = self.inner.score(ctx)
-        c = ctx.candidates
-        scores[c] = pool_by_position(ctx.key_positions[c], scores[c], self.radius)
-        return scores
+    def score(self, ctx: ScoreContext) -> mx.array:
+        return pool_by_position(ctx.key_positions, self.inner.score(ctx), self.radius,
+                                ctx.candidates)
 
     def always_kept(self, prompt_len: int) -> np.ndarray:
         return self.inner.always_kept(prompt_len)
@@ -250,35 +251,63 @@ def _parse_field(spec: str, key: str, kind: str, text: str) -> Any:
                              f"{_cut(text)}") from None
 
 
-def top_k(candidates: np.ndarray, scores: np.ndarray, forced: np.ndarray, k: int) -> np.ndarray:
-    """Sorted positions of the ``k`` best-scoring ``candidates`` (never fewer than the
-    ``forced`` ones, which are always kept); ties go to the lower position."""
-    n = len(candidates)
-    scores = np.where(forced, np.inf, scores)
-    k = min(n, max(int(forced.sum()), k, 1))
-    if k >= n:
-        return np.sort(candidates)
-    # argpartition is not stable: keep every score above the k-th best, then fill up with the
-    # lowest positions among those equal to it (O(n), plus a sort of the ties only).
-    kth = np.partition(scores, n - k)[n - k]
-    above = np.flatnonzero(scores > kth)
-    tied = np.flatnonzero(scores == kth)
-    tied = tied[np.argsort(candidates[tied])[: k - len(above)]]
-    return np.sort(candidates[np.concatenate([above, tied])])
+def top_k(scores: mx.array, positions: np.ndarray, candidates: Mask, forced: Mask,
+          k: int) -> mx.array:
+    """(n,) bool mask, on the device, of the ``k`` best-scoring ``candidates`` among entries
+    at ``positions`` (never fewer than the ``forced`` ones, which are always kept); ties go to
+    the lower position. ``scores``, ``candidates`` and ``forced`` are (n,); the masks may be
+    numpy or MLX, so a selection needs no host round-trip."""
+    n = len(positions)
+    if n == 0:
+        return mx.zeros(0, mx.bool_)
+    cand = mx.array(candidates)
+    forced = mx.array(forced) & cand
+    s = mx.where(forced, mx.inf, mx.where(cand, scores, -mx.inf))
+    k = mx.minimum(cand.sum(), mx.maximum(forced.sum(), max(int(k), 1)))
+    # The k-th best value: entries above it are kept, then the tied ones lowest position first.
+    kth = mx.sort(s)[mx.clip(n - k, 0, n - 1)]
+    above = (s > kth) & cand
+    tied = (s == kth) & cand
+    order, inverse = _position_order(positions)
+    first_ties = mx.cumsum(tied[order].astype(mx.int32)) <= k - above.sum()
+    return above | (tied & first_ties[inverse])
 
 
-def pool_by_position(positions: np.ndarray, scores: np.ndarray, radius: int) -> np.ndarray:
-    """Each score replaced by the maximum over ``radius`` neighbouring entries (in position
-    order) on each side."""
+def pool_by_position(positions: np.ndarray, scores: Union[mx.array, np.ndarray], radius: int,
+                     candidates: Optional[Mask] = None) -> mx.array:
+    """Each candidate's score replaced by the maximum over ``radius`` neighbouring candidates
+    (in position order) on each side; other entries unchanged. All candidates when None."""
+    scores = mx.array(scores)
+    n = len(positions)
+    if n == 0 or radius == 0:
+        return scores
+    order, inverse = _position_order(positions)
+    cand = mx.ones(n, mx.bool_) if candidates is None else mx.array(candidates)[order]
+    ranked = scores[order]
+    # Pack the candidates, in position order, into the front of a row padded with -inf on
+    # each side (the non-candidates all go to one spare slot past the end).
+    rank = mx.cumsum(cand.astype(mx.int32)) - 1
     # A radius reaching past every entry pools over all of them: clamp it, so that the
-    # padding is O(len(scores)) whatever the radius.
-    radius = min(radius, len(scores))
-    order = np.argsort(positions)
-    padded = np.pad(scores[order], radius, constant_values=-np.inf)
-    pooled = np.lib.stride_tricks.sliding_window_view(padded, 2 * radius + 1).max(axis=1)
-    out = np.empty_like(scores)
-    out[order] = pooled
-    return out
+    # padding is O(n) whatever the radius.
+    radius = min(radius, n)
+    packed = mx.full((n + 2 * radius + 1,), -mx.inf, scores.dtype)
+    packed[mx.where(cand, rank + radius, n + 2 * radius)] = ranked
+    packed = packed[: n + 2 * radius]
+    # Window maxima of width 2r+1 from maxima over doubling widths (O(n log r) work).
+    width, span = 2 * radius + 1, 1
+    while 2 * span <= width:
+        packed = mx.maximum(packed[:-span], packed[span:])
+        span *= 2
+    pooled = mx.maximum(packed[:n], packed[width - span: width - span + n])
+    return mx.where(cand, pooled[mx.maximum(rank, 0)], ranked)[inverse]
+
+
+def _position_order(positions: np.ndarray) -> Tuple[mx.array, mx.array]:
+    """Indices that sort ``positions``, and those that undo it (as MLX arrays)."""
+    order = np.argsort(positions, kind="stable")
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    return mx.array(order.astype(np.int32)), mx.array(inverse.astype(np.int32))
 
 
 def _cut(x: Any) -> str:
@@ -303,12 +332,12 @@ def _visible(ctx: ScoreContext) -> Optional[mx.array]:
 
 
 def _reduced_probs(q: mx.array, ctx: ScoreContext, mask: Optional[mx.array],
-                   heads: str) -> np.ndarray:
+                   heads: str) -> mx.array:
     """Attention probabilities of queries ``q`` over the context's keys, reduced over heads
-    (mean or max, across every process's heads) and averaged over the queries: (n,) numpy."""
+    (mean or max, across every process's heads) and averaged over the queries: (n,)."""
     probs = attention_probs(q, ctx.keys, ctx.scale, mask)  # (1, kv_heads, rep, m, n)
     b, g, r, m, n = probs.shape
     per_head = probs.transpose(0, 3, 1, 2, 4).reshape(m, g * r, n)
     if heads == "mean":  # linear: average the queries first, reduce (m times) fewer scores
-        return np.array(ctx.reduce_heads(per_head.mean(axis=(0, 1)), heads))
-    return np.array(ctx.reduce_heads(per_head.max(axis=1), heads).mean(axis=0))
+        return ctx.reduce_heads(per_head.mean(axis=(0, 1)), heads)
+    return ctx.reduce_heads(per_head.max(axis=1), heads).mean(axis=0)

@@ -59,14 +59,22 @@ def run_engine(args: argparse.Namespace, out: Path) -> None:
 def greedy_run(engine: LazyEngine, prompt: np.ndarray, steps: int):
     """Greedy tokens, logits (steps + 1, vocab) and a digest of every selected token set."""
     selections = []
-    select = engine._select
+    select, on_device = engine._select, engine._select_on_device
+
+    def digest(positions: np.ndarray) -> None:
+        selections.append(hashlib.sha256(positions.astype(np.int64).tobytes()).hexdigest())
 
     def record(*a, **k):
         chosen, pruned = select(*a, **k)
-        selections.append(hashlib.sha256(chosen.astype(np.int64).tobytes()).hexdigest())
+        digest(chosen)
         return chosen, pruned
 
-    engine._select = record
+    def record_on_device(*a, **k):
+        chosen = on_device(*a, **k)
+        digest(np.flatnonzero(np.array(chosen)))
+        return chosen
+
+    engine._select, engine._select_on_device = record, record_on_device
     logits = [engine.prefill(mx.array(prompt.astype(np.int32)))]
     tokens = [int(mx.argmax(logits[-1]))]
     for _ in range(steps):

@@ -98,7 +98,7 @@ def test_lazy_aggressive_schedule_invariants(tiny_model, kind):
     stats = run(engine, random_prompt(n, model.args.vocab_size), 64)
     assert stats.max_computations_per_token_layer == 1
     assert stats.revivals > 0
-    assert stats.host_syncs == 3 + 64 * 3
+    assert stats.selections == 3 + 64 * 3 and stats.host_syncs <= stats.selections
     assert stats.prefill_tokens_per_layer == (
         [n, 200, 80, 20] + [20] * (model.args.num_hidden_layers - 4))
     # Revivals can only add computation; never more than once per token and layer.
@@ -275,7 +275,9 @@ def test_lazy_without_revival_computes_only_the_new_token_in_decode(tiny_model):
     assert [c - p for c, p in zip(off.tokens_computed_per_layer, off.prefill_tokens_per_layer)] == [
         steps
     ] * model.args.num_hidden_layers
-    assert off.host_syncs == len(layers) * (1 + steps)
+    assert off.selections == len(layers) * (1 + steps)
+    # nothing waits to be revived, so a decode step never waits for its selections
+    assert off.host_syncs == len(layers)
     assert stats[True].revivals > 0
 
 
@@ -393,3 +395,78 @@ def test_max_revivals_bounds_each_decode_step_per_cut(tiny_model):
         per_step[bound] = counts
     assert max(per_step[2]) <= 2 * 2  # two cuts
     assert max(per_step[None]) > 4
+
+
+def decode_run(model, config, prompt, steps, spy=None):
+    """An engine after ``prompt`` and ``steps`` greedy decode steps; ``spy(engine)`` runs
+    before each step."""
+    engine = LazyEngine(model, resolve_config(model, config))
+    token = int(mx.argmax(engine.prefill(prompt)))
+    for _ in range(steps):
+        if spy is not None:
+            spy(engine)
+        token = int(mx.argmax(engine.decode(token)))
+    return engine
+
+
+@pytest.mark.parametrize("scorer", ["last", "window:size=16:pool=3"])
+def test_a_decode_step_reviving_nothing_never_waits_for_its_selections(tiny_model, scorer):
+    """max_revivals=0: every decode step selects at both cuts without one host sync (the
+    prefill's two selections are the only ones the host waits for), and still re-selects:
+    the keys its deep layers see change from step to step."""
+    model, _ = tiny_model("llama")
+    config = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="none",
+                           max_revivals=0, scorer=scorer)
+    steps, seen = 10, []
+    engine = decode_run(model, config, random_prompt(300, model.args.vocab_size, seed=3),
+                        steps)
+    assert engine.stats.selections == 2 * (1 + steps)
+    assert engine.stats.host_syncs == 2
+    assert engine.stats.revivals == 0 and engine.stats.max_computations_per_token_layer == 1
+
+    original = engine._select_on_device
+
+    def spy(*args):
+        chosen = original(*args)
+        seen.append(frozenset(np.flatnonzero(np.array(chosen)).tolist()))
+        return chosen
+    engine._select_on_device = spy
+    token = 0
+    for _ in range(4):
+        token = int(mx.argmax(engine.decode(token)))
+    assert len(seen) == 8 and len(set(seen)) > 2
+
+
+@pytest.mark.parametrize("scorer", ["last", "window:size=16:pool=3"])
+def test_device_selection_equals_the_hosts(tiny_model, scorer):
+    """At every cut of every decode step the device's selection is exactly the one the
+    host path makes on the same state (scores, pooling, ties, forced tokens, waiting tokens
+    left out), and the decoded logits equal a run that selects on the host throughout."""
+    model, _ = tiny_model("qwen2")
+    prompt = random_prompt(260, model.args.vocab_size, seed=8)
+    config = PruningConfig("lazy", prune_layers=(0, 2), keep=(0.4, 0.15), complete="none",
+                           max_revivals=0, scorer=scorer)
+    compared = []
+    engine = LazyEngine(model, resolve_config(model, config))
+    device = engine._select_on_device
+
+    def check(layer, window, keys, positions, keep, n_ctx, visible):
+        chosen = device(layer, window, keys, positions, keep, n_ctx, visible)
+        host, _ = engine._select(layer, window, keys, positions, keep, n_ctx, visible,
+                                 np.array([n_ctx - 1]))
+        assert np.flatnonzero(np.array(chosen)).tolist() == host.tolist()
+        compared.append(layer)
+        return chosen
+    engine._select_on_device = check
+    # The host path throughout: every cut may revive, so each step waits for its selections.
+    host = LazyEngine(model, resolve_config(model, config))
+    host._may_revive = lambda layer: True
+    steps = 8
+    a, b = host.prefill(prompt), engine.prefill(prompt)
+    for _ in range(steps):
+        token = int(mx.argmax(a))
+        assert token == int(mx.argmax(b))
+        a, b = host.decode(token), engine.decode(token)
+        assert rel_err(b, a) < LOGITS_TOL  # the same selections: the same computation
+    assert compared == [0, 2] * steps
+    assert host.stats.host_syncs == 2 * (1 + steps)

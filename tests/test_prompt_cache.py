@@ -378,8 +378,8 @@ def test_progressive_completion_spends_its_budget_per_step(tiny_model):
     # While tokens wait, decode steps still select (2 cuts each); once none waits, they stop:
     # the prefill and every step but the one whose completion finished select.
     waiting_steps = int((per_step > 0).sum())
-    assert engine.stats.host_syncs == 2 * (1 + waiting_steps - 1)
-    assert engine.pending_token_layers == 0 and engine.stats.host_syncs < 2 * 40
+    assert engine.stats.selections == 2 * (1 + waiting_steps - 1)
+    assert engine.pending_token_layers == 0 and engine.stats.selections < 2 * 40
 
 
 @pytest.mark.slow
@@ -498,8 +498,8 @@ def test_with_completion_decode_sees_every_token_with_kv(tiny_model):
                                                    max_tokens=3)]
     assert rel_err(out["done"][0], out["plain"][0]) < REL_TOL
     assert done.engine.pending_token_layers == 0
-    assert done.engine.stats.host_syncs == len(cuts["prune_layers"])
-    assert plain.engine.stats.host_syncs > len(cuts["prune_layers"])
+    assert done.engine.stats.selections == len(cuts["prune_layers"])
+    assert plain.engine.stats.selections > len(cuts["prune_layers"])
     assert rel_err(out["done"][2], out["plain"][2]) > REL_TOL
 
 

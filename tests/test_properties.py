@@ -13,11 +13,11 @@ import io
 import json
 import math
 import tempfile
-import tracemalloc
 from datetime import timedelta
 from pathlib import Path
 from unittest import mock
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -84,14 +84,13 @@ CONFIGS = st.fixed_dictionaries({}, optional=FIELDS)
 
 
 def pooled_peak(radius: int) -> int:
-    """Peak bytes traced while max-pooling 64 scores over ``radius`` neighbours."""
-    scores = np.random.default_rng(0).random(64)
-    tracemalloc.start()
-    try:
-        pool_by_position(np.arange(64), scores, radius)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    """Peak bytes MLX allocates while max-pooling 64 scores over ``radius`` neighbours."""
+    scores = mx.array(np.random.default_rng(0).random(64).astype(np.float32))
+    mx.eval(scores)
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    mx.eval(pool_by_position(np.arange(64), scores, radius))
+    return mx.get_peak_memory() - base
 
 
 @PROPERTY
@@ -113,18 +112,24 @@ def test_any_pruning_config_works_or_is_a_user_error(fields):
 
 
 @settings(max_examples=50, deadline=None, database=None)
-@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=40), st.integers(0, 10**6))
-def test_a_pool_radius_past_every_candidate_pools_over_all(scores, radius):
-    scores = np.array(scores)
-    positions = np.random.default_rng(len(scores)).permutation(len(scores)) * 3
-    pooled = pool_by_position(positions, scores, radius)
-    order = np.argsort(positions)
-    ref = np.empty_like(scores)  # the definition, entry by entry
-    for i, at in enumerate(order):
-        ref[at] = scores[order[max(0, i - radius): i + radius + 1]].max()
+@given(st.lists(st.floats(-1e6, 1e6, width=32), min_size=1, max_size=40),
+       st.one_of(st.integers(0, 50), st.integers(0, 10**6)), st.integers(0, 2**32 - 1))
+def test_pooling_over_candidates_is_the_definition(scores, radius, seed):
+    """Each candidate's score becomes the maximum over ``radius`` candidates on each side in
+    position order (non-candidates keep theirs and take no part); a radius past every
+    candidate pools over all of them."""
+    rng = np.random.default_rng(seed)
+    scores = np.array(scores, np.float32)
+    positions = rng.permutation(len(scores)) * 3
+    candidates = rng.random(len(scores)) < 0.7
+    pooled = np.array(pool_by_position(positions, scores, radius, candidates))
+    order = [i for i in np.argsort(positions) if candidates[i]]  # candidates by position
+    ref = scores.copy()  # the definition, entry by entry
+    for j, at in enumerate(order):
+        ref[at] = scores[order[max(0, j - radius): j + radius + 1]].max()
     np.testing.assert_array_equal(pooled, ref)  # max-pooling: exact, no arithmetic
-    if radius >= len(scores):
-        assert (pooled == scores.max()).all()
+    if radius >= len(scores) and order:
+        assert (pooled[candidates] == scores[candidates].max()).all()
 
 
 def test_a_huge_pool_radius_allocates_nothing_more():

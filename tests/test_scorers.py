@@ -130,7 +130,8 @@ def test_planted_key_is_always_kept(spec):
     scorer = parse_scorer(spec)
     scores = scorer.score(ctx)
     assert int(np.argmax(scores)) == planted
-    kept = top_k(kpos, scores, np.isin(kpos, scorer.always_kept(n)), 10)
+    kept = kpos[np.array(top_k(scores, kpos, np.ones(n, bool),
+                               np.isin(kpos, scorer.always_kept(n)), 10))]
     assert planted in kept
 
 
@@ -147,17 +148,49 @@ def test_window_scorer_keeps_its_window_at_every_cut(tiny_model):
         assert set(range(n - window, n)) <= kept
 
 
+def kept_by_top_k(positions, scores, candidates, forced, k):
+    """Sorted positions :func:`top_k` keeps (its device mask read back)."""
+    return sorted(positions[np.array(top_k(mx.array(scores), positions, candidates, forced, k))])
+
+
+def reference_top_k(positions, scores, candidates, forced, k):
+    """The definition: candidates ranked by score (forced first), ties by lower position."""
+    pos, sc, fo = positions[candidates], scores[candidates], forced[candidates]
+    k = min(len(pos), max(int(fo.sum()), k, 1))
+    ranked = np.lexsort((pos, -np.where(fo, np.inf, sc)))
+    return sorted(pos[ranked[:k]])
+
+
 def test_top_k_ties_go_to_the_lower_position():
     """Integer-valued scores tie by the hundred: the k kept are the best by score, then by
     lower position (argpartition alone keeps an arbitrary subset of the ties)."""
     rng = np.random.default_rng(0)
     n, k = 1000, 300
-    candidates = rng.permutation(n) * 3  # positions, in no particular order
+    positions = rng.permutation(n) * 3  # in no particular order
     scores = rng.integers(0, 10, n).astype(np.float32)
-    forced = np.isin(candidates, [6, 2997])  # kept whatever their scores
-    ranked = np.lexsort((candidates, -np.where(forced, np.inf, scores)))
-    assert top_k(candidates, scores, forced, k).tolist() == sorted(candidates[ranked[:k]])
-    assert top_k(candidates, scores, forced, 1).tolist() == [6, 2997]  # never fewer than forced
+    forced = np.isin(positions, [6, 2997])  # kept whatever their scores
+    every = np.ones(n, bool)
+    ranked = np.lexsort((positions, -np.where(forced, np.inf, scores)))
+    assert kept_by_top_k(positions, scores, every, forced, k) == sorted(positions[ranked[:k]])
+    assert kept_by_top_k(positions, scores, every, forced, 1) == [6, 2997]  # never fewer
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_top_k_over_some_candidates_equals_the_definition(seed):
+    """Masked candidates, ties, forced entries and k past the candidates: the device
+    selection keeps exactly what the ranking definition keeps, never a non-candidate."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    positions = rng.permutation(n) * 2 + 1
+    scores = rng.integers(0, 4 + seed, n).astype(np.float32) / 7
+    candidates = rng.random(n) < rng.uniform(0.05, 1.0)
+    forced = candidates & (rng.random(n) < 0.05)
+    for k in (0, 1, 5, n // 3, n, 2 * n):
+        if not candidates.any():
+            assert kept_by_top_k(positions, scores, candidates, forced, k) == []
+            continue
+        assert kept_by_top_k(positions, scores, candidates, forced, k) == reference_top_k(
+            positions, scores, candidates, forced, k)
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.237, 0.05])
@@ -198,7 +231,7 @@ def test_keep_everything_at_every_cut_equals_full(tiny_model, spec):
 def test_pooling_spreads_scores_to_neighbours_in_position_order():
     positions = np.array([7, 1, 3, 2, 9, 4])
     scores = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1.0])  # position 4 is the peak
-    pooled = pool_by_position(positions, scores, 1)
+    pooled = np.array(pool_by_position(positions, scores, 1))
     # In position order 1,2,3,4,7,9 the neighbours of 4 are 3 and 7.
     assert dict(zip(positions.tolist(), pooled.tolist())) == {1: 0, 2: 0, 3: 1, 4: 1, 7: 1, 9: 0}
 

@@ -103,7 +103,7 @@ def rank_main(args: argparse.Namespace) -> None:
             prefill = split[0] - before
             decode = Counter(counter.by_size) - split[0]
             stats = record["stats"]
-            score_calls = stats["host_syncs"]  # one score all-sum per selection
+            score_calls = stats["selections"]  # one score all-sum per selection
             score_size = (4 * round(stats["score_allsum_bytes"] / 4 / score_calls)
                           if score_calls else 0)
             seconds = allsum_seconds(set(prefill) | set(decode) | ({score_size} - {0}), group)
