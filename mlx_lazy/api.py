@@ -68,7 +68,7 @@ def load(
     """Load a model and tokenizer like ``mlx_lm.load``.
 
     Args:
-        path_or_repo: a named model (``mlx_lazy.default_model.MODELS``, e.g.
+        path_or_repo: a named model (``mlx_lazy.models.MODELS``, e.g.
             "qwen2.5-coder-0.5b"; obtained into the cache on first use), a local MLX folder
             or a hub id (where the network allows); None loads the default model
             (SmolLM2-135M-Instruct, "smollm2-135m"). A folder holding
@@ -113,7 +113,7 @@ def _model_path(path_or_repo: Optional[Union[str, Path]],
     missing), or a hub id (downloaded first when ``local``); the folder is checked
     (:func:`check_model_folder`)."""
     from .convert import is_hub_id
-    from .default_model import DEFAULT_MODEL, MODELS, model_path
+    from .models import DEFAULT_MODEL, MODELS, model_path
 
     name = DEFAULT_MODEL if path_or_repo is None else str(path_or_repo)
     path = Path(name).expanduser()

@@ -1,6 +1,6 @@
 """``mlx-lazy-convert``, ``python -m mlx_lazy.convert``, ``python convert/convert.py``: convert
 a GGUF file, a Hugging Face/MLX folder or a hub id to an MLX model folder, or build one of the
-named models (:mod:`mlx_lazy.default_model`) in the cache.
+named models (:mod:`mlx_lazy.models`) in the cache.
 
 The conversion itself is :mod:`mlx_lazy.conversion`; its API is importable from here too.
 """
@@ -13,7 +13,7 @@ import sys
 
 from .conversion import (DEFAULT_GGUF_DTYPE, DTYPES, convert, convert_gguf, is_hub_id,
                          read_gguf)
-from .default_model import DEFAULT_MODEL, MODELS, model_path
+from .models import DEFAULT_MODEL, MODELS, model_path
 from .errors import UserInputError, one_line
 
 __all__ = ["DEFAULT_GGUF_DTYPE", "DTYPES", "convert", "convert_gguf", "is_hub_id", "main",

@@ -25,7 +25,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .cache_file import check_cache_file
+from .prompt_cache_file import check_cache_file
 from .engine import LazyEngine, ProgressFn
 from .errors import UserInputError, one_line, shown
 from .config import PruningConfig
@@ -274,7 +274,7 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
 
     Raises:
         UserInputError: a missing, truncated or foreign file, one made for another model, or
-            one whose contents are corrupt (:func:`mlx_lazy.cache_file.check_cache_file`: the
+            one whose contents are corrupt (:func:`mlx_lazy.prompt_cache_file.check_cache_file`: the
             metadata, the schedule and every array are checked against the model).
     """
     path = regular_file(path, "prompt cache")

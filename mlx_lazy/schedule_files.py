@@ -315,7 +315,7 @@ def cached_schedule_path(fingerprint: Dict[str, Any], quality: str = "default") 
     """Where ``python -m mlx_lazy.calibrate`` keeps a schedule for a model whose folder it
     cannot write (a named model, a hub id, a read-only folder):
     ``~/.cache/mlx_lazy/schedules/<fingerprint digest>[.high].json``."""
-    from .default_model import cache_dir
+    from .models import cache_dir
 
     return cache_dir() / "schedules" / schedule_file_name(fingerprint_digest(fingerprint),
                                                           quality)

@@ -58,7 +58,7 @@ def tiny_model_path(tiny_model_dir) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The default SmolLM2-135M-Instruct float32 folder (downloaded and converted once)."""
-    from mlx_lazy.default_model import DEFAULT_MODEL, ModelUnavailable, model_path
+    from mlx_lazy.models import DEFAULT_MODEL, ModelUnavailable, model_path
 
     try:
         return model_path(DEFAULT_MODEL)

@@ -1,7 +1,7 @@
 """Prompt-cache files against hostile edits: whatever a file holds, ``load_prompt_cache``
 either gives a cache that generates a valid answer or raises ``UserInputError`` (``... is
 corrupt: ...``), never another exception, a traceback mid-generation or a silently wrong
-state (:mod:`mlx_lazy.cache_file`).
+state (:mod:`mlx_lazy.prompt_cache_file`).
 
 Real files of a tiny model are mutated: by hand for each case the issue names (a table),
 and by hypothesis (arrays dropped, renamed, reshaped, cast, given NaN or shifted positions;
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from mlx_lazy import (PruningConfig, UserInputError, can_trim_prompt_cache, generate_step,
                       load_prompt_cache, make_prompt_cache, save_prompt_cache, trim_prompt_cache)
 from mlx_lazy.cache import TOKEN_ARRAYS
-from mlx_lazy.cache_file import INFO_KEYS, META_STATE_KEYS
+from mlx_lazy.prompt_cache_file import INFO_KEYS, META_STATE_KEYS
 from mlx_lazy.schedule import Schedule
 
 #: hypothesis examples of the fuzz test (each a save, a load and, when it loads, a short
@@ -330,7 +330,7 @@ def test_the_untouched_files_load_and_answer_as_before(model, bases, tmp_path):
 
 
 def test_the_checks_know_every_field_of_the_state_and_the_schedule():
-    """A new piece of state or schedule field must get a check here (cache_file.py)."""
+    """A new piece of state or schedule field must get a check here (prompt_cache_file.py)."""
     assert set(TOKEN_ARRAYS) == {"depth", "limit", "computed", "always_kept"}
     assert META_STATE_KEYS == tuple(make_meta_state_keys())
     assert INFO_KEYS == ("format", "fingerprint", "schedule", "tokens", "state")

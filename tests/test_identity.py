@@ -241,7 +241,7 @@ def test_smollm2_and_its_4bit_copy_take_the_shipped_schedules(smollm2_path):
     """The real SmolLM2: the float32 folder's identity is the shipped files' (its weights
     digest too), and the 4-bit copy (the GGUF's own Q4_1/Q8_0) resolves a plain ``lazy`` to the
     same calibrated schedules, while its exact weights digest differs."""
-    from mlx_lazy.default_model import model_path
+    from mlx_lazy.models import model_path
 
     shipped = dict(read_schedule(schedule_files.PACKAGED_SCHEDULES / "smollm2-135m.json")
                    .fingerprint)

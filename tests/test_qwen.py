@@ -19,7 +19,7 @@ from mlx_lm.models import qwen2
 from mlx_lazy import (LazyEngine, PruningConfig, generate, load, resolve_config,
                       stream_generate)
 from mlx_lazy.bench.tasks import build_samples
-from mlx_lazy.default_model import ModelUnavailable, cache_dir, gguf_path, model_path
+from mlx_lazy.models import ModelUnavailable, cache_dir, gguf_path, model_path
 from test_convert import gguf_name, gguf_permute, perplexity
 from numerics import rel_err
 from test_engine import mlx_lm_error

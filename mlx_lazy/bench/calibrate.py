@@ -501,7 +501,7 @@ def _choose(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration,
 
 def work_folder(fingerprint: dict[str, Any]) -> Path:
     """The default ``--out``: the cache's calibration folder of this model."""
-    from ..default_model import cache_dir
+    from ..models import cache_dir
 
     return cache_dir() / "calibration" / fingerprint_digest(fingerprint)
 

@@ -183,7 +183,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from mlx_lm.utils import load_tokenizer
 
-    from ..default_model import DEFAULT_MODEL, MODELS, model_path as named_model_path
+    from ..models import DEFAULT_MODEL, MODELS, model_path as named_model_path
 
     name = args.model or DEFAULT_MODEL
     model_path = named_model_path(name) if name in MODELS else Path(name)
