@@ -15,6 +15,8 @@ from typing import Dict, List, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 
+from .scorers import Mask, position_order
+
 
 class LayerKV:
     """One layer's keys and values, in the order tokens were computed.
@@ -32,6 +34,9 @@ class LayerKV:
         self.size = 0
         self.positions = np.zeros(0, np.int64)
         self.slot_of = np.zeros(0, np.int64)
+        # Device copies of the positions and their sorting order, made on first use and
+        # dropped whenever the slots change (a decode step reads them at every layer).
+        self._on_device: Dict[str, Tuple[mx.array, ...]] = {}
 
     def append(self, k: mx.array, v: mx.array, positions: np.ndarray) -> None:
         """Store keys/values (1, kv_heads, n, d) of tokens at ``positions``."""
@@ -56,6 +61,7 @@ class LayerKV:
             self.slot_of = grown
         self.slot_of[positions] = np.arange(self.size, end)
         self.size = end
+        self._on_device.clear()
 
     def write(self, k: mx.array, v: mx.array, positions: np.ndarray) -> None:
         """Store keys/values of tokens at ``positions``, overwriting those already cached."""
@@ -95,10 +101,30 @@ class LayerKV:
         self.size = len(slots)
         self.slot_of = np.full(length, -1, np.int64)
         self.slot_of[self.positions[: self.size]] = np.arange(self.size)
+        self._on_device.clear()
 
     def cached_positions(self) -> np.ndarray:
         """Positions of the cached tokens in slot order."""
         return self.positions[: self.size]
+
+    def device_positions(self) -> mx.array:
+        """:meth:`cached_positions` as an int32 MLX array."""
+        if "positions" not in self._on_device:
+            self._on_device["positions"] = (mx.array(self.cached_positions().astype(np.int32)),)
+        return self._on_device["positions"][0]
+
+    def mask_at(self, seen: Optional[Mask]) -> Optional[Mask]:
+        """The by-position mask ``seen`` (host or device; None: all) at the cached keys, in
+        slot order."""
+        if seen is None or isinstance(seen, np.ndarray):
+            return None if seen is None else seen[self.cached_positions()]
+        return seen[self.device_positions()]
+
+    def position_order(self) -> Tuple[mx.array, mx.array]:
+        """:func:`~mlx_lazy.scorers.position_order` of :meth:`cached_positions`."""
+        if "order" not in self._on_device:
+            self._on_device["order"] = position_order(self.cached_positions())
+        return self._on_device["order"]
 
     def copy(self) -> "LayerKV":
         """An independent copy (MLX copies a buffer when one of two holders writes to it)."""

@@ -27,7 +27,8 @@ from .cache import LayerKV, LazyCache, Rows
 from .distributed import TensorParallel, model_group
 from .config import PruningConfig
 from .schedule import Schedule
-from .scorers import Mask, ScoreContext, top_k
+from .scorers import Mask
+from .selection import Selector
 
 ProgressFn = Callable[[int, int], None]
 
@@ -108,6 +109,7 @@ class LazyEngine:
                              f"model has {self.adapter.num_layers}")
         self.block_size = block_size
         self.scorer = self.schedule.scorer
+        self.selector = Selector(self.schedule, self.adapter.scale, self.tp.reduce_heads)
         prepare()  # outside any timed region: the CPU kernels' one-time build
         self.cache = LazyCache(self.adapter.num_layers)
         self.start_request()
@@ -117,7 +119,7 @@ class LazyEngine:
         once-per-layer counter live on)."""
         self.prefill_attention_pairs = self.decode_attention_pairs = 0
         self.prefill_tokens_per_layer = [0] * self.adapter.num_layers
-        self.selections = self.host_syncs = 0
+        self.selector.selections = self.selector.host_syncs = 0
         self.completed_token_layers = 0
         self._revivals_before = self.cache.revivals
         self.tp.restart()
@@ -194,7 +196,7 @@ class LazyEngine:
         decoded token) through every layer on top of the cache, re-selecting the context at
         each pruning layer (LazyLLM; static cuts select in prompt chunks only); returns the
         (vocab,) logits after the last of them."""
-        a, sched, cache = self.adapter, self.schedule, self.cache
+        a, sched, cache, select = self.adapter, self.schedule, self.cache, self.selector
         comp = positions  # tokens computed at the current layer, sorted
         h = a.embed(tokens)
         alive = cache.limit[comp] > 0
@@ -214,21 +216,19 @@ class LazyEngine:
             keep = sched.keep_after(layer) if selects else None
             if keep is not None:
                 kv = cache.layers[layer]
-                kpos = kv.cached_positions()
                 m = min(self.scorer.n_queries, int((rows >= first).sum()))  # new tokens last
-                window = self._window(layer, q[:, :, -m:], rows[-m:])
-                if prompt or len(comp) > 1 or self._may_revive(layer):
-                    selected, pruned = self._select(layer, window, kv.fetch()[0], kpos, keep,
-                                                    n_ctx, _seen_at(seen, kpos),
-                                                    None if prompt else comp)
+                window = select.window(cache, layer, q[:, :, -m:], rows[-m:])
+                if prompt or len(comp) > 1 or select.may_revive(cache, layer):
+                    selected, pruned = select.on_host(cache, layer, window, keep, n_ctx,
+                                                      kv.mask_at(seen), None if prompt else comp)
                     chosen = np.zeros(n_ctx, bool)
                     chosen[selected] = True
                     if prompt and pruned:
                         self._stash(layer + 1, comp, h)
                     h, comp = self._advance(layer, h, comp, selected)
                 else:  # only the new token computed, none to revive: the device decides alone
-                    chosen = self._select_on_device(layer, window, kv.fetch()[0], kpos, keep,
-                                                    n_ctx, _seen_at(seen, kpos))
+                    chosen = select.on_device(cache, layer, window, keep, n_ctx,
+                                              kv.mask_at(seen))
             if prompt:
                 # A chunk's layer is a natural step boundary: it bounds the graph (and peak
                 # memory) and drives the progress callback, at no measurable cost.
@@ -261,9 +261,8 @@ class LazyEngine:
                 return q, None, rows
             if len(rows) > 1:
                 q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
-        kpos = kv.cached_positions()
-        return q, a.finish(layer, h, self._attend(q, kv, rows, kpos, _seen_at(seen, kpos),
-                                                  prompt)), rows
+        return q, a.finish(layer, h, self._attend(q, kv, rows, kv.cached_positions(),
+                                                  kv.mask_at(seen), prompt)), rows
 
     def _attend(self, q: mx.array, kv: LayerKV, rows: np.ndarray, kpos: np.ndarray,
                 visible: Optional[Mask], prompt: bool) -> mx.array:
@@ -453,102 +452,6 @@ class LazyEngine:
             return h, comp
         return h[:, mx.array(np.flatnonzero(alive).astype(np.int32))], comp[alive]
 
-    def _window(self, layer: int, queries: mx.array, positions: np.ndarray) -> Rows:
-        """The scoring queries at ``layer``: the newest tokens' (``queries`` at
-        ``positions``) after the latest ones kept from earlier steps, the scorer's last
-        ``n_queries`` in all (so a window scorer keeps its window while decoding)."""
-        self.cache.window_put(layer, positions, queries, self.scorer.n_queries)
-        return self.cache.window[layer]
-
-    def _candidates(self, layer: int, positions: np.ndarray, n_ctx: int) -> Tuple[np.ndarray,
-                                                                                   np.ndarray]:
-        """Of the keys at ``positions``: those able to reach ``layer + 1`` (before visibility),
-        and those kept whatever their score (the newest token, the anchors and the scorer's
-        always-kept positions)."""
-        eligible = self.cache.limit[positions] > layer + 1
-        forced = ((positions < self.schedule.anchors) | (positions == n_ctx - 1)
-                  | np.isin(positions, self.cache.always_kept))
-        return eligible, forced
-
-    def _scores(self, layer: int, window: Rows, keys: mx.array, positions: np.ndarray,
-                candidates: Mask, visible: Optional[Mask]) -> mx.array:
-        """The scorer's (n,) scores, on the device, of the keys at ``positions``."""
-        # Tensor parallel: the scorer's head reduction (tp.reduce_heads) is the one point where
-        # ranks exchange data to decide; each holds only its own heads, every rank gets the
-        # reduction over all of them, so every rank selects (and revives) the same tokens.
-        ctx = ScoreContext(layer, window.data, window.positions, keys, positions, candidates,
-                           visible, self.adapter.scale, self.tp.reduce_heads)
-        self.selections += 1
-        return self.scorer.score(ctx)
-
-    def _select(
-        self,
-        layer: int,
-        window: Rows,
-        keys: mx.array,
-        positions: np.ndarray,
-        keep: float,
-        n_ctx: int,
-        visible: Optional[Mask] = None,
-        computed: Optional[np.ndarray] = None,
-    ) -> Tuple[np.ndarray, bool]:
-        """Sorted positions of the tokens kept after ``layer`` (the top ``keep`` fraction of
-        the context by the scorer's scores of the ``window`` queries) and whether any
-        candidate was left out: the host's selection (one sync), for steps that revive or
-        prune what they computed.
-
-        ``keys`` (1, kv_heads, n, d) belong to ``positions`` in the same order; only those
-        marked ``visible`` (all when None) and able to reach ``layer + 1`` are candidates.
-        The newest token, the anchors and the scorer's always-kept positions are kept
-        whatever their score. In a decode step (``computed``: the tokens it computed at
-        ``layer``), at most ``max_revivals`` of the others may need a revival.
-        """
-        if isinstance(visible, mx.array):  # an earlier cut of this step chose on the device
-            visible = np.array(visible)
-            self.host_syncs += 1
-        eligible, forced = self._candidates(layer, positions, n_ctx)
-        if visible is not None:
-            eligible &= visible
-        scores = self._scores(layer, window, keys, positions, eligible, visible)
-        kept_from: Mask = eligible
-        budget = self.schedule.max_revivals
-        if computed is not None and budget is not None:
-            # Waiting at depth layer+1 and not computed now: selecting it means a revival.
-            # All but the best ``budget`` of them sit this step out (fewer kept if need be).
-            waiting = (eligible & (self.cache.depth[positions] == layer + 1)
-                       & ~np.isin(positions, computed) & ~forced)
-            if budget == 0:
-                kept_from = eligible & ~waiting
-            elif waiting.sum() > budget:
-                best = top_k(scores, positions, waiting, np.zeros_like(waiting), budget)
-                kept_from = mx.array(eligible) & ~(mx.array(waiting) & ~best)
-        kept = np.array(top_k(scores, positions, kept_from, forced, round(keep * n_ctx)))
-        self.host_syncs += 1
-        selected = np.sort(positions[kept])
-        return selected, len(selected) < int(eligible.sum())
-
-    def _may_revive(self, layer: int) -> bool:
-        """Whether a decode step's selection after ``layer`` may revive a token: some wait in
-        the Aux Cache at depth layer+1 and revivals are allowed."""
-        return layer + 1 in self.cache.aux and self.schedule.max_revivals != 0
-
-    def _select_on_device(self, layer: int, window: Rows, keys: mx.array, positions: np.ndarray,
-                          keep: float, n_ctx: int, visible: Optional[Mask]) -> mx.array:
-        """A decode step's selection after ``layer`` when it computed only its new token and
-        can revive none (:meth:`_may_revive` is False): :meth:`_select`'s choice, as an
-        (n_ctx,) mask by position left on the device, so the step never waits for it."""
-        eligible, forced = self._candidates(layer, positions, n_ctx)
-        # Tokens waiting at depth layer+1 (max_revivals=0) are scored but never kept.
-        has_kv = self.cache.depth[positions] > layer + 1
-        waiting = eligible & ~has_kv & ~forced
-        candidates = mx.array(eligible) if visible is None else mx.array(eligible) & visible
-        scores = self._scores(layer, window, keys, positions, candidates, visible)
-        kept = top_k(scores, positions, candidates & mx.array(~waiting), forced,
-                     round(keep * n_ctx))
-        chosen = mx.zeros(n_ctx, mx.bool_)
-        chosen[mx.array(positions.astype(np.int32))] = kept
-        return chosen
-
     def _advance(self, layer: int, h: mx.array, comp: np.ndarray, selected: np.ndarray):
         """After pruning ``layer``: computed tokens outside ``selected`` stop (their hidden
         state goes to the Aux Cache when they may come back, else their depth is final);
@@ -600,8 +503,8 @@ class LazyEngine:
             prefill_attention_pairs=self.prefill_attention_pairs,
             decode_attention_pairs=self.decode_attention_pairs,
             revivals=c.revivals - self._revivals_before,
-            selections=self.selections,
-            host_syncs=self.host_syncs,
+            selections=self.selector.selections,
+            host_syncs=self.selector.host_syncs,
             max_computations_per_token_layer=int(computed.max()) if computed.size else 0,
             completed_token_layers=self.completed_token_layers,
             ranks=self.tp.size,
@@ -609,9 +512,3 @@ class LazyEngine:
             score_allsum_bytes=self.tp.score_bytes,
         )
 
-
-def _seen_at(seen: Optional[Mask], kpos: np.ndarray) -> Optional[Mask]:
-    """The by-position mask ``seen`` (host or device; None: all) at the keys ``kpos``."""
-    if seen is None or isinstance(seen, np.ndarray):
-        return None if seen is None else seen[kpos]
-    return seen[mx.array(kpos.astype(np.int32))]

@@ -58,6 +58,7 @@ class ScoreContext:
         reduce_heads: completes a reduction over this process's heads, ``(scores, "mean" |
             "max") -> scores``, into one over all heads of the model (tensor parallelism:
             :meth:`mlx_lazy.distributed.TensorParallel.reduce_heads`); identity by default.
+        key_order: :func:`position_order` of ``key_positions`` (None: computed when needed).
     """
 
     layer: int
@@ -69,6 +70,7 @@ class ScoreContext:
     visible: Optional[Mask]
     scale: float
     reduce_heads: Callable[[mx.array, str], mx.array] = lambda scores, heads: scores
+    key_order: Optional[Tuple[mx.array, mx.array]] = None
 
 
 class Scorer:
@@ -160,7 +162,7 @@ class Pooled(Scorer):
 
     def score(self, ctx: ScoreContext) -> mx.array:
         return pool_by_position(ctx.key_positions, self.inner.score(ctx), self.radius,
-                                ctx.candidates)
+                                ctx.candidates, ctx.key_order)
 
     def always_kept(self, prompt_len: int) -> np.ndarray:
         return self.inner.always_kept(prompt_len)
@@ -252,11 +254,12 @@ def _parse_field(spec: str, key: str, kind: str, text: str) -> Any:
 
 
 def top_k(scores: mx.array, positions: np.ndarray, candidates: Mask, forced: Mask,
-          k: int) -> mx.array:
+          k: int, order: Optional[Tuple[mx.array, mx.array]] = None) -> mx.array:
     """(n,) bool mask, on the device, of the ``k`` best-scoring ``candidates`` among entries
     at ``positions`` (never fewer than the ``forced`` ones, which are always kept); ties go to
     the lower position. ``scores``, ``candidates`` and ``forced`` are (n,); the masks may be
-    numpy or MLX, so a selection needs no host round-trip."""
+    numpy or MLX, so a selection needs no host round-trip. ``order`` is
+    :func:`position_order` of ``positions`` when the caller has it."""
     n = len(positions)
     if n == 0:
         return mx.zeros(0, mx.bool_)
@@ -268,20 +271,22 @@ def top_k(scores: mx.array, positions: np.ndarray, candidates: Mask, forced: Mas
     kth = mx.sort(s)[mx.clip(n - k, 0, n - 1)]
     above = (s > kth) & cand
     tied = (s == kth) & cand
-    order, inverse = _position_order(positions)
+    order, inverse = order or position_order(positions)
     first_ties = mx.cumsum(tied[order].astype(mx.int32)) <= k - above.sum()
     return above | (tied & first_ties[inverse])
 
 
 def pool_by_position(positions: np.ndarray, scores: Union[mx.array, np.ndarray], radius: int,
-                     candidates: Optional[Mask] = None) -> mx.array:
+                     candidates: Optional[Mask] = None,
+                     order: Optional[Tuple[mx.array, mx.array]] = None) -> mx.array:
     """Each candidate's score replaced by the maximum over ``radius`` neighbouring candidates
-    (in position order) on each side; other entries unchanged. All candidates when None."""
+    (in position order) on each side; other entries unchanged. All candidates when None.
+    ``order`` is :func:`position_order` of ``positions`` when the caller has it."""
     scores = mx.array(scores)
     n = len(positions)
     if n == 0 or radius == 0:
         return scores
-    order, inverse = _position_order(positions)
+    order, inverse = order or position_order(positions)
     cand = mx.ones(n, mx.bool_) if candidates is None else mx.array(candidates)[order]
     ranked = scores[order]
     # Pack the candidates, in position order, into the front of a row padded with -inf on
@@ -302,8 +307,8 @@ def pool_by_position(positions: np.ndarray, scores: Union[mx.array, np.ndarray],
     return mx.where(cand, pooled[mx.maximum(rank, 0)], ranked)[inverse]
 
 
-def _position_order(positions: np.ndarray) -> Tuple[mx.array, mx.array]:
-    """Indices that sort ``positions``, and those that undo it (as MLX arrays)."""
+def position_order(positions: np.ndarray) -> Tuple[mx.array, mx.array]:
+    """Indices that sort ``positions`` (stable), and those that undo it, as MLX arrays."""
     order = np.argsort(positions, kind="stable")
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))

@@ -59,7 +59,7 @@ def run_engine(args: argparse.Namespace, out: Path) -> None:
 def greedy_run(engine: LazyEngine, prompt: np.ndarray, steps: int):
     """Greedy tokens, logits (steps + 1, vocab) and a digest of every selected token set."""
     selections = []
-    select, on_device = engine._select, engine._select_on_device
+    select, on_device = engine.selector.on_host, engine.selector.on_device
 
     def digest(positions: np.ndarray) -> None:
         selections.append(hashlib.sha256(positions.astype(np.int64).tobytes()).hexdigest())
@@ -74,7 +74,7 @@ def greedy_run(engine: LazyEngine, prompt: np.ndarray, steps: int):
         digest(np.flatnonzero(np.array(chosen)))
         return chosen
 
-    engine._select, engine._select_on_device = record, record_on_device
+    engine.selector.on_host, engine.selector.on_device = record, record_on_device
     logits = [engine.prefill(mx.array(prompt.astype(np.int32)))]
     tokens = [int(mx.argmax(logits[-1]))]
     for _ in range(steps):

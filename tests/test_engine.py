@@ -9,6 +9,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_lazy import LazyEngine, PruningConfig, resolve_config
 from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS
+from mlx_lazy.cache import LayerKV
 from numerics import max_rel_err, rel_err
 
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -424,13 +425,13 @@ def test_a_decode_step_reviving_nothing_never_waits_for_its_selections(tiny_mode
     assert engine.stats.host_syncs == 2
     assert engine.stats.revivals == 0 and engine.stats.max_computations_per_token_layer == 1
 
-    original = engine._select_on_device
+    original = engine.selector.on_device
 
     def spy(*args):
         chosen = original(*args)
         seen.append(frozenset(np.flatnonzero(np.array(chosen)).tolist()))
         return chosen
-    engine._select_on_device = spy
+    engine.selector.on_device = spy
     token = 0
     for _ in range(4):
         token = int(mx.argmax(engine.decode(token)))
@@ -448,19 +449,19 @@ def test_device_selection_equals_the_hosts(tiny_model, scorer):
                            max_revivals=0, scorer=scorer)
     compared = []
     engine = LazyEngine(model, resolve_config(model, config))
-    device = engine._select_on_device
+    device = engine.selector.on_device
 
-    def check(layer, window, keys, positions, keep, n_ctx, visible):
-        chosen = device(layer, window, keys, positions, keep, n_ctx, visible)
-        host, _ = engine._select(layer, window, keys, positions, keep, n_ctx, visible,
-                                 np.array([n_ctx - 1]))
+    def check(cache, layer, window, keep, n_ctx, visible):
+        chosen = device(cache, layer, window, keep, n_ctx, visible)
+        host, _ = engine.selector.on_host(cache, layer, window, keep, n_ctx, visible,
+                                          np.array([n_ctx - 1]))
         assert np.flatnonzero(np.array(chosen)).tolist() == host.tolist()
         compared.append(layer)
         return chosen
-    engine._select_on_device = check
+    engine.selector.on_device = check
     # The host path throughout: every cut may revive, so each step waits for its selections.
     host = LazyEngine(model, resolve_config(model, config))
-    host._may_revive = lambda layer: True
+    host.selector.may_revive = lambda cache, layer: True
     steps = 8
     a, b = host.prefill(prompt), engine.prefill(prompt)
     for _ in range(steps):
@@ -470,3 +471,31 @@ def test_device_selection_equals_the_hosts(tiny_model, scorer):
         assert rel_err(b, a) < LOGITS_TOL  # the same selections: the same computation
     assert compared == [0, 2] * steps
     assert host.stats.host_syncs == 2 * (1 + steps)
+
+
+def test_a_layer_caches_device_positions_and_order_follow_every_change():
+    """The device copies a decode step reads at every layer (positions, and the order that
+    sorts them) are those of the slots now held, after appends, overwrites, revived tokens
+    stored out of order and trims, even when read in between."""
+    rng = np.random.default_rng(3)
+    kv = LayerKV()
+    held = np.zeros(0, np.int64)
+
+    def check():
+        assert np.array(kv.device_positions()).tolist() == kv.cached_positions().tolist()
+        order, inverse = (np.array(a) for a in kv.position_order())
+        assert np.array_equal(kv.cached_positions()[order], np.sort(kv.cached_positions()))
+        assert np.array_equal(order[inverse], np.arange(kv.size))
+
+    for step in range(12):
+        fresh = np.arange(len(held) + 40, len(held) + 40 + int(rng.integers(1, 30)))
+        late = rng.choice(np.arange(len(held), len(held) + 40), size=5, replace=False)
+        for positions in (fresh, late, np.concatenate([fresh[:2], late[:1]])):
+            k = mx.array(rng.standard_normal((1, 2, len(positions), 4)).astype(np.float32))
+            kv.write(k, k, positions)
+            check()
+        held = kv.cached_positions()
+        if step % 3 == 2:
+            kv.trim(int(np.median(held)))
+            held = kv.cached_positions()
+            check()

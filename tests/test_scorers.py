@@ -200,8 +200,8 @@ def test_top_k_sizes_are_exact(tiny_model, keep):
     # none: nothing completes, so every decode step selects
     engine = LazyEngine(model, resolve_config(model, PruningConfig(
         "lazy", prune_layers=(0,), keep=(keep,), complete="none")))
-    sizes, select = [], engine._select
-    engine._select = lambda *a, **kw: sizes.append(len((r := select(*a, **kw))[0])) or r
+    sizes, select = [], engine.selector.on_host
+    engine.selector.on_host = lambda *a, **kw: sizes.append(len((r := select(*a, **kw))[0])) or r
     token = int(mx.argmax(engine.prefill(random_prompt(n, model.args.vocab_size, seed=6))))
     for _ in range(steps):
         token = int(mx.argmax(engine.decode(token)))

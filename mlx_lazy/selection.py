@@ -1,0 +1,145 @@
+"""Which context tokens go on after a pruning layer (LazyLLM's dynamic selection).
+
+At a cut the scorer scores the layer's cached keys from the scoring window's queries, and the
+top ``keep`` fraction of the candidates stays, ties going to the lower position; the
+anchors, the newest token and the scorer's always-kept positions stay whatever their
+score. A :class:`Selector` makes that choice in one of two places:
+
+* :meth:`Selector.on_host` returns sorted positions (one host sync): for prompt chunks and
+  for decode steps that may revive tokens from the Aux Cache, since the engine must then
+  know which hidden states to move;
+* :meth:`Selector.on_device` leaves the choice on the device as a by-position mask: for a
+  decode step that computed only its new token and can revive nothing, which therefore
+  never waits for its selections.
+
+Both count their selections and host syncs for the engine's stats.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple
+
+import mlx.core as mx
+import numpy as np
+
+from .cache import LayerKV, LazyCache, Rows
+from .schedule import Schedule
+from .scorers import Mask, ScoreContext, top_k
+
+ReduceHeads = Callable[[mx.array, str], mx.array]
+
+
+class Selector:
+    """The selections of one engine's schedule.
+
+    Args:
+        schedule: the resolved plan (its scorer, anchors and ``max_revivals``).
+        scale: the model's attention scale.
+        reduce_heads: completes a head reduction across tensor-parallel ranks
+            (:meth:`mlx_lazy.distributed.TensorParallel.reduce_heads`).
+    """
+
+    def __init__(self, schedule: Schedule, scale: float, reduce_heads: ReduceHeads):
+        self.schedule, self.scorer = schedule, schedule.scorer
+        self.scale, self.reduce_heads = scale, reduce_heads
+        self.selections = self.host_syncs = 0
+
+    def window(self, cache: LazyCache, layer: int, queries: mx.array,
+               positions: np.ndarray) -> Rows:
+        """The scoring queries at ``layer``: the newest tokens' (``queries`` at
+        ``positions``) after the latest ones kept from earlier steps, the scorer's last
+        ``n_queries`` in all (so a window scorer keeps its window while decoding)."""
+        cache.window_put(layer, positions, queries, self.scorer.n_queries)
+        return cache.window[layer]
+
+    def may_revive(self, cache: LazyCache, layer: int) -> bool:
+        """Whether a decode step's selection after ``layer`` may revive a token: some wait in
+        the Aux Cache at depth layer+1 and revivals are allowed."""
+        return layer + 1 in cache.aux and self.schedule.max_revivals != 0
+
+    def on_host(
+        self,
+        cache: LazyCache,
+        layer: int,
+        window: Rows,
+        keep: float,
+        n_ctx: int,
+        visible: Optional[Mask] = None,
+        computed: Optional[np.ndarray] = None,
+    ) -> Tuple[np.ndarray, bool]:
+        """Sorted positions of the tokens kept after ``layer`` (the top ``keep`` fraction of
+        the context by the scorer's scores of the ``window`` queries) and whether any
+        candidate was left out: the host's selection (one sync), for steps that revive or
+        prune what they computed.
+
+        Of the keys cached at ``layer``, only those marked ``visible`` (all when None) and
+        able to reach ``layer + 1`` are candidates. In a decode step (``computed``: the
+        tokens it computed at ``layer``), at most ``max_revivals`` of the others may need a
+        revival.
+        """
+        if isinstance(visible, mx.array):  # an earlier cut of this step chose on the device
+            visible = np.array(visible)
+            self.host_syncs += 1
+        kv = cache.layers[layer]
+        positions, order = kv.cached_positions(), kv.position_order()
+        eligible, forced = self._candidates(cache, layer, positions, n_ctx)
+        if visible is not None:
+            eligible &= visible
+        scores = self._scores(layer, window, kv, eligible, visible)
+        kept_from: Mask = eligible
+        budget = self.schedule.max_revivals
+        if computed is not None and budget is not None:
+            # Waiting at depth layer+1 and not computed now: selecting it means a revival.
+            # All but the best ``budget`` of them sit this step out (fewer kept if need be).
+            waiting = (eligible & (cache.depth[positions] == layer + 1)
+                       & ~np.isin(positions, computed) & ~forced)
+            if budget == 0:
+                kept_from = eligible & ~waiting
+            elif waiting.sum() > budget:
+                best = top_k(scores, positions, waiting, np.zeros_like(waiting), budget, order)
+                kept_from = mx.array(eligible) & ~(mx.array(waiting) & ~best)
+        kept = np.array(top_k(scores, positions, kept_from, forced, round(keep * n_ctx), order))
+        self.host_syncs += 1
+        selected = np.sort(positions[kept])
+        return selected, len(selected) < int(eligible.sum())
+
+    def on_device(self, cache: LazyCache, layer: int, window: Rows, keep: float, n_ctx: int,
+                  visible: Optional[Mask]) -> mx.array:
+        """A decode step's selection after ``layer`` when it computed only its new token and
+        can revive none (:meth:`may_revive` is False): :meth:`on_host`'s choice, as an
+        (n_ctx,) mask by position left on the device, so the step never waits for it."""
+        kv = cache.layers[layer]
+        positions = kv.cached_positions()
+        eligible, forced = self._candidates(cache, layer, positions, n_ctx)
+        # Tokens waiting at depth layer+1 (max_revivals=0) are scored but never kept.
+        has_kv = cache.depth[positions] > layer + 1
+        waiting = eligible & ~has_kv & ~forced
+        candidates = mx.array(eligible) if visible is None else mx.array(eligible) & visible
+        scores = self._scores(layer, window, kv, candidates, visible)
+        kept = top_k(scores, positions, candidates & mx.array(~waiting), forced,
+                     round(keep * n_ctx), kv.position_order())
+        chosen = mx.zeros(n_ctx, mx.bool_)
+        chosen[kv.device_positions()] = kept
+        return chosen
+
+    def _candidates(self, cache: LazyCache, layer: int, positions: np.ndarray,
+                    n_ctx: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Of the keys at ``positions``: those able to reach ``layer + 1`` (before visibility),
+        and those kept whatever their score (the newest token, the anchors and the scorer's
+        always-kept positions)."""
+        eligible = cache.limit[positions] > layer + 1
+        forced = ((positions < self.schedule.anchors) | (positions == n_ctx - 1)
+                  | np.isin(positions, cache.always_kept))
+        return eligible, forced
+
+    def _scores(self, layer: int, window: Rows, kv: LayerKV, candidates: Mask,
+                visible: Optional[Mask]) -> mx.array:
+        """The scorer's (n,) scores, on the device, of the keys cached in ``kv``."""
+        # Tensor parallel: the scorer's head reduction is the one point where ranks exchange
+        # data to decide; each holds only its own heads, every rank gets the reduction over
+        # all of them, so every rank selects (and revives) the same tokens.
+        ctx = ScoreContext(layer, window.data, window.positions, kv.fetch()[0],
+                           kv.cached_positions(), candidates, visible, self.scale,
+                           self.reduce_heads, kv.position_order())
+        self.selections += 1
+        return self.scorer.score(ctx)
