@@ -48,6 +48,7 @@ from .inputs import MiB, parse_float, parse_int, read_file, read_stream, regular
 from .config import QUALITIES, PruningConfig
 from .policies import RandomDrop, compose
 from .schedule_files import SCHEDULE_FIELDS, read_schedule
+from .schedule import Schedule
 from .scorers import SCORERS, Scorer, parse_scorer
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
@@ -536,7 +537,9 @@ def _run(args: argparse.Namespace, group=None) -> None:
         check_prompt(cache.engine, tokenizer, cache.tokens + tokens, args.max_tokens)
 
     show_progress = bool(args.verbose) and sys.stderr.isatty() and distributed.is_rank0(group)
-    caches = [make_prompt_cache(model, BASELINE), cache] if args.compare else [cache]
+    # the baseline is the unpruned plan itself: the run's one resolve was the config's, above
+    baseline = Schedule.full(cache.schedule.num_layers)
+    caches = [make_prompt_cache(model, baseline), cache] if args.compare else [cache]
     results = []
     for run_cache in caches:
         method = run_cache.schedule.method

@@ -50,15 +50,14 @@ with needs_extra("server", "the server"):
     import uvicorn
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .adapter import ModelAdapter
 from .api import check_anchors, check_context, check_tokens, prompt_token_ids
 from .config import PruningConfig
 from .errors import UserInputError, one_line, shown
 from .inputs import parse_int
 from .policies import compose
 from .prefix_store import PromptCacheStore
+from .resolve import resolve_config
 from .schedule import check_fits
-from .schedule_files import check_model
 from .server_settings import ServerSettings, build_parser, is_loopback, settings_from_args
 from .server_worker import GONE, APIError, Delta, Done, Job, Worker
 
@@ -506,8 +505,8 @@ class App:
         config = (settings.config if body.pruning is None
                   else pruning_config(body.pruning, settings.config, worker.num_layers))
         n = len(tokens)
-        try:
-            schedule = config.resolve(worker.num_layers)
+        try:  # the request's one resolve; the worker runs this schedule
+            schedule = resolve_config(worker.model, config, fingerprint=worker.fingerprint)
             check_anchors(schedule, n)
             check_fits(schedule, worker.context)  # before the worker: 400, not its 500
         except ValueError as e:
@@ -527,7 +526,7 @@ class App:
                    temperature=(settings.temperature if body.temperature is None
                                 else body.temperature),
                    top_p=settings.top_p if body.top_p is None else body.top_p,
-                   seed=body.seed, stop=stop, config=config, loop=asyncio.get_running_loop(),
+                   seed=body.seed, stop=stop, schedule=schedule, loop=asyncio.get_running_loop(),
                    logit_bias=self.logit_bias(body.logit_bias))
 
     def logit_bias(self, bias: Optional[Dict[str, float]]) -> Dict[int, float]:
@@ -713,8 +712,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise UserInputError(f"--max-prompt-tokens {limit} leaves no room for an answer in "
                                  f"the model's context of {context} tokens (at most {context - 1})")
         try:
-            check_model(settings.config, ModelAdapter(worker.model).fingerprint())
-            check_fits(settings.config.resolve(worker.num_layers), context)
+            check_fits(resolve_config(worker.model, settings.config,
+                                      fingerprint=worker.fingerprint), context)
         except ValueError as e:
             flag = f"--schedule {args.schedule}" if args.schedule else f"--method {args.method}"
             raise UserInputError(f"{flag}: {e}") from None
