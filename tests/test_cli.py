@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 from tiny_models import KINDS
 
-from mlx_lazy import api, cli
+from mlx_lazy import api, cli, prompt_input, run_report
 from mlx_lazy.scorers import Pooled, Window
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,14 +274,14 @@ def test_first_divergence_and_table():
                                 kv_bytes=2e6,
                                 prefill_tokens_per_layer=[100, 100, int(pct), int(pct)],
                                 aux_bytes=1e5, peak_memory_bytes=3e8, revivals=4)
-        return cli.RunResult(method, stats, text, tokens)
+        return run_report.RunResult(method, stats, text, tokens)
 
     full = result("full", "a b c", [1, 2, 3], 100.0)
-    assert cli.first_divergence(full, result("lazy", "a b c", [1, 2, 3], 50.0)) is None
+    assert run_report.first_divergence(full, result("lazy", "a b c", [1, 2, 3], 50.0)) is None
     other = result("lazy", "a b d", [1, 2, 9], 48.5)
-    assert cli.first_divergence(full, other) == 2
-    assert cli.first_divergence(full, result("lazy", "a b", [1, 2], 48.5)) == 2
-    table = cli.format_compare_table(full, other)
+    assert run_report.first_divergence(full, other) == 2
+    assert run_report.first_divergence(full, result("lazy", "a b", [1, 2], 48.5)) == 2
+    table = run_report.format_compare_table(full, other)
     assert "lazy/full" in table.splitlines()[0]
     assert "48.5" in table and "1.00x" in table
     work = next(line for line in table.splitlines() if line.startswith("prefill token-layers"))
@@ -442,7 +442,7 @@ def test_cache_prompt_refuses_a_destination_before_the_model_loads(no_model_load
 
 
 def test_a_prompt_on_stdin_is_read_up_to_the_limit(no_model_load, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "PROMPT_MAX_BYTES", 8)
+    monkeypatch.setattr(prompt_input, "PROMPT_MAX_BYTES", 8)
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"123456789")))
     assert "stdin is larger than the limit of 8 bytes" in main_error(capsys, "-p", "-")
 

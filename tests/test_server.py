@@ -37,7 +37,9 @@ from mlx_lazy.schedule_files import (MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, TRANS
 from mlx_lazy.scorers import Pooled, Window
 from mlx_lazy import server as server_module
 from mlx_lazy import server_worker
-from mlx_lazy.server import create_app, listen_socket, main, pruning_config, uvicorn_server
+from mlx_lazy.server import App, main
+from mlx_lazy.server_http import listen_socket, uvicorn_server
+from mlx_lazy.server_schemas import pruning_config
 from mlx_lazy.server_settings import DEFAULT_MAX_BODY_BYTES, ServerSettings, is_loopback
 from mlx_lazy.server_worker import StopText, Worker
 
@@ -667,7 +669,7 @@ def in_process_server(model: Path, store: Optional[PromptCacheStore] = None,
     worker.wait_ready()
     sock = listen_socket(HOST, 0)
     settings = ServerSettings(model=str(model), **settings)
-    server = uvicorn_server(create_app(settings, worker), settings, "warning")
+    server = uvicorn_server(App(settings, worker).fastapi(), settings, "warning")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
