@@ -14,7 +14,8 @@ import mlx_lazy
 
 EXTRAS = {"server": ("fastapi", "uvicorn", "sse_starlette", "starlette", "pydantic"),
           "bench": ("matplotlib",)}
-NEEDS_EXTRA = {"mlx_lazy.server": "server", "mlx_lazy.bench.plots": "bench"}
+NEEDS_EXTRA = {"mlx_lazy.server": "server", "mlx_lazy.server_http": "server",
+               "mlx_lazy.server_schemas": "server", "mlx_lazy.bench.plots": "bench"}
 
 
 def run_without(packages: tuple[str, ...], code: str) -> subprocess.CompletedProcess:
