@@ -16,10 +16,10 @@ with _interrupt.held():  # a Ctrl-C inside mlx.core's C++ initialisation aborts 
 from .errors import UserInputError  # noqa: E402
 from .engine import GenerationStats, LazyEngine  # noqa: E402
 from .prompt_cache import (PromptCache, can_trim_prompt_cache, load_prompt_cache,  # noqa: E402
-                           make_prompt_cache, resolve_config, save_prompt_cache,
-                           trim_prompt_cache)
+                           make_prompt_cache, save_prompt_cache, trim_prompt_cache)
+from .resolve import resolve_config  # noqa: E402
 from .api import GenerationResponse, generate, generate_step, load, stream_generate  # noqa: E402
-from .config import PruningConfig  # noqa: E402
+from .config import PruningConfig, build_schedule  # noqa: E402
 from .policies import METHODS  # noqa: E402
 from .schedule import Schedule  # noqa: E402
 from .schedule_files import read_schedule, write_schedule  # noqa: E402
@@ -48,6 +48,7 @@ __all__ = [
     "PruningConfig",
     "Schedule",
     "UserInputError",
+    "build_schedule",
     "can_trim_prompt_cache",
     "generate",
     "generate_step",

@@ -6,7 +6,6 @@ command-line interface (:mod:`mlx_lazy.cli`).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,9 +18,10 @@ from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import distributed
-from .adapter import SUPPORTED_MODEL_TYPES, ModelAdapter
+from .adapter import ModelAdapter
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
+from .models import model_folder
 from .prompt_cache import PromptCache, make_prompt_cache
 from .config import PruningConfig
 from .schedule import Schedule, check_fits
@@ -91,7 +91,7 @@ def load(
 
     group = group if group is not None and group.size() > 1 else None
     with distributed.together(group) as same:  # sharded: every rank fails alike, or none
-        path, cached = _model_path(path_or_repo, local=group is not None)
+        path, cached = model_folder(path_or_repo, local=group is not None)
         try:  # lazy when sharded: each rank reads only its share
             model, tokenizer = mlx_load(path, lazy=group is not None)
         except (ValueError, OSError) as e:  # mlx-lm's checks of the files, or reading them
@@ -105,99 +105,6 @@ def load(
     # the folder's calibrated schedules, by quality, for plain "lazy"
     model.mlx_lazy_schedules = folder_schedules(path, ModelAdapter(model).fingerprint())
     return model, tokenizer
-
-
-def _model_path(path_or_repo: Optional[Union[str, Path]],
-                local: bool = False) -> Tuple[str, bool]:
-    """The folder to load and whether it is a named model's in our cache (obtained when
-    missing), or a hub id (downloaded first when ``local``); the folder is checked
-    (:func:`check_model_folder`)."""
-    from .convert import is_hub_id
-    from .models import DEFAULT_MODEL, MODELS, model_path
-
-    name = DEFAULT_MODEL if path_or_repo is None else str(path_or_repo)
-    path = Path(name).expanduser()
-    if name in MODELS and not path.exists():
-        folder = model_path(name)
-        try:
-            check_model_folder(folder)
-        except UserInputError as e:
-            raise UserInputError(f"{e}; delete that folder ({folder}) to rebuild it") from None
-        return str(folder), True
-    if is_hub_id(name):
-        if not local:
-            return name, False
-        from mlx_lm.utils import _download
-
-        return str(_download(name)), False
-    if path.is_file():
-        hint = (f" (convert it first: mlx-lazy-convert {name} OUT)"
-                if path.suffix == ".gguf" else "")
-        raise UserInputError(f"cannot load model {name}: a file, not a model folder{hint}")
-    if not path.is_dir():
-        raise UserInputError(f"cannot load model {name}: no such folder (nor a hub id or a "
-                             f"named model: {', '.join(MODELS)})")
-    if not (path / "config.json").is_file():
-        raise UserInputError(
-            f"cannot load model {name}: no config.json in it (not a model folder)")
-    check_model_folder(path)
-    return str(path), False
-
-
-def check_model_folder(path: Path) -> None:
-    """Check what ``mlx_lm.load`` would otherwise fail on with a traceback or a page-long
-    message: config.json (a JSON object naming a supported ``model_type``) and the
-    safetensors files (present, each as long as its header says).
-
-    Raises:
-        UserInputError: naming the file and the problem.
-    """
-    config_file = path / "config.json"
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserInputError(f"cannot read {config_file}: {one_line(e)}") from None
-    if not isinstance(config, dict):
-        raise UserInputError(f"{config_file} must hold a JSON object, not {type(config).__name__}")
-    model_type = config.get("model_type")
-    if not isinstance(model_type, str):
-        raise UserInputError(f"{config_file} has no model_type (a string such as \"llama\")")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise UserInputError(
-            f"unsupported model type {model_type!r} in {config_file}; mlx-lazy supports "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    weights = sorted(path.glob("model*.safetensors"))  # what mlx_lm.load reads
-    if not weights:
-        raise UserInputError(f"no model*.safetensors weights in {path}")
-    for file in weights:
-        _check_safetensors(file)
-
-
-def _check_safetensors(file: Path) -> None:
-    """A safetensors file is an 8-byte header length, a JSON header giving each tensor's
-    byte range, then the data: the file must be at least as long as the header says."""
-    try:
-        size = file.stat().st_size
-        with open(file, "rb") as f:
-            n = int.from_bytes(f.read(8), "little") if size >= 8 else 0
-            if size < 8 or 8 + n > size:
-                raise UserInputError(
-                    f"{file} is truncated: {size} bytes, less than its header ({8 + n} bytes) "
-                    f"(copy or convert the model again)")
-            header = json.loads(f.read(n))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserInputError(f"{file} is not a readable safetensors file: {one_line(e)}") from None
-    if not isinstance(header, dict):
-        raise UserInputError(f"{file} is not a safetensors file (its header is not a JSON object)")
-    ends = [v["data_offsets"][1] for k, v in header.items()
-            if k != "__metadata__" and isinstance(v, dict) and len(v.get("data_offsets", ())) == 2]
-    expected = 8 + n + max(ends, default=0)
-    if size < expected:
-        raise UserInputError(
-            f"{file} is truncated: {size} bytes, its header describes {expected} "
-            f"(copy or convert the model again)"
-        )
 
 
 # Hugging Face tokenizers without a configured limit report this huge sentinel.

@@ -14,6 +14,8 @@ import sys
 from typing import Optional, Sequence
 
 from . import cli
+from .prompt_input import add_prompt_arguments, encode_prompt, read_prompt
+from .run_report import MB
 from ._args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OneLineParser
 from .api import check_prompt
 from .errors import UserInputError, one_line
@@ -27,7 +29,7 @@ def build_parser() -> OneLineParser:
         prog="mlx-lazy-cache-prompt",
         description="Process a prompt once with LazyLLM / SPEED pruning and save the state "
                     "for python -m mlx_lazy.generate --prompt-cache-file.")
-    cli.add_prompt_arguments(p)
+    add_prompt_arguments(p)
     cli.add_pruning_arguments(p)
     p.add_argument("--prompt-cache-file", required=True, metavar="FILE",
                    help="the safetensors file to write")
@@ -39,12 +41,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = cli.build_config(args)
-        text = cli.read_prompt(args)
+        text = read_prompt(args)
         check_destination(args.prompt_cache_file, "--prompt-cache-file")  # before the prefill
         model, tokenizer = cli.load_model(args.model)
         cache = make_prompt_cache(model, config)
-        tokens = cli.encode_prompt(tokenizer, text, args.system_prompt,
-                                   args.ignore_chat_template, "prefix")
+        tokens = encode_prompt(tokenizer, text, args.system_prompt, args.ignore_chat_template,
+                               "prefix")
         check_prompt(cache.engine, tokenizer, tokens, 1)
         cache.process(tokens)
         save_prompt_cache(args.prompt_cache_file, cache, {"model": str(args.model or "")})
@@ -54,7 +56,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"cached {len(cache)} tokens ({cache.nbytes / cli.MB:.1f} MB of KV and aux) in "
+    print(f"cached {len(cache)} tokens ({cache.nbytes / MB:.1f} MB of KV and aux) in "
           f"{args.prompt_cache_file}", file=sys.stderr)
     return 0
 

@@ -31,32 +31,29 @@ import io
 import json
 import os
 import sys
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
-from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator, Optional, Sequence
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import replace
+from typing import Callable, Optional, Sequence
 
 import mlx.core as mx
 
 from . import distributed
 from ._args import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, METHOD_HELP, OneLineParser,
                     add_sampling_arguments, complete_arg, method_arg, sampler, seed_arg)
-from .engine import GenerationStats
 from .api import check_prompt, load, stream_generate
 from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
-from .inputs import MiB, parse_float, parse_int, read_file, read_stream, regular_file
+from .inputs import parse_float, parse_int, regular_file
 from .config import QUALITIES, PruningConfig
 from .policies import RandomDrop, compose
+from .prompt_input import add_prompt_arguments, argv_text, encode_prompt, read_prompt
+from .run_report import RunResult, format_compare_table, format_summary
 from .schedule_files import SCHEDULE_FIELDS, read_schedule
+from .schedule import Schedule
 from .scorers import SCORERS, Scorer, parse_scorer
 
-DEFAULT_PROMPT = "hello"  # same default as mlx-lm
 DEFAULT_MAX_TOKENS = 100
 BASELINE = "full"
-MB = 1e6  # tables report decimal megabytes, as mlx-lm reports decimal gigabytes
-#: The most bytes read from --prompt-file or stdin: far more text than any model's context
-#: holds (a token is a few bytes), yet a bounded read of /dev/zero.
-PROMPT_MAX_BYTES = 16 * MiB
 #: Flags besides the prompt and the pruning schedule that shape what every rank computes.
 GENERATION_OPTIONS = ("max_tokens", "temp", "top_p", "seed", "compare")
 
@@ -139,21 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
-    """The model and prompt options (mlx-lm's names), shared by the tools that take a prompt."""
-    p.add_argument("--model", default=None,
-                   help="named model (smollm2-135m, qwen2.5-coder-0.5b; obtained when "
-                        "missing), local model folder or Hugging Face repo (default: "
-                        "smollm2-135m)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("-p", "--prompt", default=None,
-                     help=f"message to process ('-' reads stdin; default {DEFAULT_PROMPT!r})")
-    src.add_argument("--prompt-file", default=None, help="read the message from this UTF-8 file")
-    p.add_argument("--system-prompt", default=None, help="system prompt for the chat template")
-    p.add_argument("--ignore-chat-template", action="store_true",
-                   help="use the raw prompt without the tokenizer's chat template")
-
-
 def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """The pruning options, shared by the tools that build a :class:`PruningConfig`
     (:func:`build_config`); returns their group."""
@@ -234,84 +216,6 @@ def build_config(args: argparse.Namespace) -> PruningConfig:
     return replace(read_schedule(args.schedule), **overrides)
 
 
-def read_prompt(args: argparse.Namespace) -> str:
-    """The user message from ``--prompt`` (``-``: stdin) or ``--prompt-file``.
-
-    Raises:
-        UserInputError: unreadable, non-UTF-8 or larger than :data:`PROMPT_MAX_BYTES` input,
-            or an empty prompt.
-    """
-    if args.prompt_file is not None:
-        source = f"prompt file {args.prompt_file!r}"
-        text = _decode(read_file(args.prompt_file, source, PROMPT_MAX_BYTES), source)
-    elif args.prompt == "-":
-        text = _decode(read_stream(sys.stdin.buffer, "stdin", PROMPT_MAX_BYTES), "stdin")
-    else:
-        prompt = DEFAULT_PROMPT if args.prompt is None else _from_argv(args.prompt, "--prompt")
-        # mlx-lm lets shell users type \n and \t escapes in -p.
-        text = prompt.replace("\\n", "\n").replace("\\t", "\t")
-    if not text.strip():
-        raise UserInputError("the prompt is empty")
-    return text
-
-
-def _from_argv(text: str, source: str) -> str:
-    """A command-line argument checked to be UTF-8 (Python keeps other bytes as lone
-    surrogates, which the tokenizer cannot encode)."""
-    return _decode(os.fsencode(text), source)
-
-
-def _decode(data: bytes, source: str) -> str:
-    """UTF-8 text of ``data``; a UserInputError naming ``source`` and the bad byte otherwise."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UserInputError(
-            f"{source} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})"
-        ) from None
-
-
-def encode_prompt(tokenizer, text: str, system_prompt: Optional[str],
-                  ignore_chat_template: bool, part: str = "whole") -> list[int]:
-    """Token ids of the prompt, with the chat template applied the way mlx-lm's CLI does.
-
-    ``part`` splits the templated conversation around the user's text, as mlx-lm's
-    ``cache_prompt`` does: ``"prefix"`` is everything up to and including the text (what a
-    prompt cache holds), ``"suffix"`` the text and what follows it (what a later prompt adds
-    on top of that cache); ``"whole"`` is both.
-    """
-    use_template = not ignore_chat_template and getattr(tokenizer, "has_chat_template", False)
-    if use_template:
-        messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
-        marker = "\x00mlx-lazy-text\x00"
-        messages.append({"role": "user", "content": marker})
-        templated = tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=True)
-        before, after = templated.split(marker)
-        text = {"whole": before + text + after, "prefix": before + text,
-                "suffix": text + after}[part]
-    with _quiet_transformers():
-        return list(tokenizer.encode(text,
-                                     add_special_tokens=not use_template and part != "suffix"))
-
-
-@contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' warnings (its too-long-sequence one would duplicate the CLI's own
-    one-line context check)."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        yield
-        return
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-
-
 class PrefillProgress:
     """A tqdm bar over prompt tokens on stderr, fed by ``stream_generate``'s
     ``prompt_progress_callback(processed, total)`` (as mlx-lm's).
@@ -346,16 +250,6 @@ class PrefillProgress:
             self._bar = None
 
 
-@dataclass
-class RunResult:
-    """One generation: its statistics, full text and output token ids."""
-
-    method: str
-    stats: GenerationStats
-    text: str
-    tokens: list[int] = field(default_factory=list)
-
-
 def run_once(model, tokenizer, tokens: list[int], cache: PromptCache, args: argparse.Namespace,
              echo: bool, progress: Callable[[int, int], None] | None) -> RunResult:
     """Generate once on top of ``cache``; stream the text to stdout when ``echo``."""
@@ -378,82 +272,6 @@ def run_once(model, tokenizer, tokens: list[int], cache: PromptCache, args: argp
     if resp is None:
         raise RuntimeError("stream_generate yielded no response")
     return RunResult(cache.schedule.method, resp.stats, "".join(pieces), out_tokens)
-
-
-def first_divergence(a: RunResult, b: RunResult) -> Optional[int]:
-    """Index of the first output token where the runs differ; None when the texts agree."""
-    if a.text == b.text:
-        return None
-    for i, (x, y) in enumerate(zip(a.tokens, b.tokens)):
-        if x != y:
-            return i
-    return min(len(a.tokens), len(b.tokens))
-
-
-def format_summary(stats: GenerationStats) -> str:
-    """mlx-lm style statistics lines for one run, plus a pruning line."""
-    return "\n".join([
-        f"Prompt: {stats.prompt_tokens} tokens"
-        + (f" ({stats.cached_tokens} from the cache)" if stats.cached_tokens else "")
-        + f", {stats.prompt_tps:.3f} tokens-per-sec (time to first token {stats.ttft_s:.3f} s)",
-        f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec"
-        f" (whole answer {stats.answer_s:.3f} s)",
-        f"Peak memory: {stats.peak_memory_bytes / 1e9:.3f} GB",
-        f"Pruning ({stats.method}): {stats.prompt_token_layers_computed_pct:.1f}% of the prompt's "
-        f"token-layers computed, KV {stats.kv_bytes / MB:.2f} MB, "
-        f"aux {stats.aux_bytes / MB:.2f} MB, "
-        f"revivals {stats.revivals}",
-        *([f"Completion ({stats.schedule.get('complete')}): {stats.completed_token_layers} "
-           "token-layers carried on after the first token"]
-          if stats.completed_token_layers else []),
-    ])
-
-
-def _prefill_work_pct(stats: GenerationStats) -> float:
-    """Share of the prompt's token-layer work done in prefill. Unlike
-    ``prompt_tokens_computed_pct`` (tokens that reached the top layer), this shows SPEED's
-    partial-depth savings."""
-    layers = stats.prefill_tokens_per_layer
-    full = stats.prompt_tokens * len(layers)
-    return 100.0 * sum(layers) / full if full else 0.0
-
-
-def format_compare_table(base: RunResult, other: RunResult) -> str:
-    """Side-by-side table of the baseline and the pruned run, with a ratio column."""
-    rows = [
-        # label, value getter, format, show ratio
-        ("prompt tokens", lambda s: s.prompt_tokens, "{:d}", False),
-        ("generated tokens", lambda s: s.generation_tokens, "{:d}", False),
-        ("time to first token (s)", lambda s: s.ttft_s, "{:.3f}", True),
-        ("whole answer (s)", lambda s: s.answer_s, "{:.3f}", True),
-        # completion, when the mode has any, runs before the second token: in this average
-        ("time per output token (ms)", lambda s: s.tpot_s * 1e3, "{:.2f}", True),
-        ("prompt token-layers computed (%)", lambda s: s.prompt_token_layers_computed_pct,
-         "{:.1f}", False),
-        ("token-layers completed", lambda s: s.completed_token_layers, "{:d}", False),
-        ("prefill token-layers (%)", _prefill_work_pct, "{:.1f}", False),
-        ("KV cache (MB)", lambda s: s.kv_bytes / MB, "{:.2f}", True),
-        ("aux cache (MB)", lambda s: s.aux_bytes / MB, "{:.2f}", False),
-        ("peak memory (MB)", lambda s: s.peak_memory_bytes / MB, "{:.1f}", True),
-        ("revivals", lambda s: s.revivals, "{:d}", False),
-    ]
-    header = ("metric", base.method, other.method, f"{other.method}/{base.method}")
-    table = [header]
-    for label, get, fmt, ratio in rows:
-        a, b = get(base.stats), get(other.stats)
-        r = f"{b / a:.2f}x" if ratio and a else ""
-        table.append((label, fmt.format(a), fmt.format(b), r))
-    widths = [max(len(row[i]) for row in table) for i in range(4)]
-    lines = [
-        "  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])])
-        .rstrip()
-        for row in table
-    ]
-    lines.insert(1, "-" * len(lines[0]))
-    div = first_divergence(base, other)
-    agree = "identical text" if div is None else f"differ from output token {div}"
-    lines.append(f"{'outputs'.ljust(widths[0])}  {agree}")
-    return "\n".join(lines)
 
 
 def load_model(path: Optional[str], group=None):
@@ -516,7 +334,7 @@ def _run(args: argparse.Namespace, group=None) -> None:
             _check_stats_path(args.stats_json)
         text = read_prompt(args)
         system_prompt = (None if args.system_prompt is None
-                         else _from_argv(args.system_prompt, "--system-prompt"))
+                         else argv_text(args.system_prompt, "--system-prompt"))
     model, tokenizer = load_model(args.model, group)
     with distributed.together(group) as same:
         # Making a cache is cheap; it reports an unsupported architecture or a schedule
@@ -536,7 +354,9 @@ def _run(args: argparse.Namespace, group=None) -> None:
         check_prompt(cache.engine, tokenizer, cache.tokens + tokens, args.max_tokens)
 
     show_progress = bool(args.verbose) and sys.stderr.isatty() and distributed.is_rank0(group)
-    caches = [make_prompt_cache(model, BASELINE), cache] if args.compare else [cache]
+    # the baseline is the unpruned plan itself: the run's one resolve was the config's, above
+    baseline = Schedule.full(cache.schedule.num_layers)
+    caches = [make_prompt_cache(model, baseline), cache] if args.compare else [cache]
     results = []
     for run_cache in caches:
         method = run_cache.schedule.method

@@ -1,6 +1,7 @@
 """What users write: a :class:`PruningConfig` (a method of :mod:`mlx_lazy.policies` plus
-optional fields, with presets), checked on construction; :meth:`PruningConfig.resolve` turns
-it into the engine's :class:`~mlx_lazy.schedule.Schedule`."""
+optional fields, with presets), checked on construction; :func:`build_schedule` turns it into
+the engine's :class:`~mlx_lazy.schedule.Schedule` for a model depth (the calibrated lookup and
+the model checks are :func:`mlx_lazy.resolve.resolve_config`'s)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ class PruningConfig:
             ``"high"`` (the fastest that deviates at most a quarter of that); resolved by
             :func:`~mlx_lazy.schedule_files.calibrated`.
         source: where these values come from (set by
-            :func:`~mlx_lazy.schedule_files.read_schedule`); None lets :meth:`resolve` say
+            :func:`~mlx_lazy.schedule_files.read_schedule`); None lets :func:`build_schedule` say
             ``"preset"`` or ``"user"``.
         fingerprint: the model a calibrated schedule is for (set by
             :func:`~mlx_lazy.schedule_files.read_schedule`, as sorted ``(key, value)``
@@ -129,7 +130,7 @@ class PruningConfig:
 
     @_short_errors
     def __post_init__(self) -> None:
-        """Check field types (ranges that depend on the model are checked by :meth:`resolve`)
+        """Check field types (ranges that depend on the model are checked by :func:`build_schedule`)
         and normalise numpy scalars and lists to plain ints, floats and tuples."""
         method = canonical_method(self.method)
         if not isinstance(self.revive, (bool, np.bool_)):
@@ -147,7 +148,7 @@ class PruningConfig:
         }
         if self.prune_layers is not None:
             layers = _sequence("prune_layers", self.prune_layers)
-            # negative layers pass here: resolve() names the model's valid range
+            # negative layers pass here: build_schedule() names the model's valid range
             values["prune_layers"] = tuple(
                 _bounded("each pruning layer", x, -MAX_COUNT, MAX_COUNT) for x in layers)
         if self.keep is not None:
@@ -189,25 +190,28 @@ class PruningConfig:
         """The preset of method ``name`` (see :data:`METHODS`) with optional field overrides."""
         return replace(cls(method=name), **overrides)
 
-    @_short_errors
-    def resolve(self, num_layers: int) -> Schedule:
-        """Check this configuration against a model depth and build its :class:`Schedule`.
+@_short_errors
+def build_schedule(config: PruningConfig, num_layers: int) -> Schedule:
+    """The :class:`Schedule` of ``config`` on a model of ``num_layers`` layers, as stated: each
+    policy of its method contributes its part, checked against that depth. No calibrated
+    lookup and no fingerprint check: :func:`mlx_lazy.resolve.resolve_config` does those
+    before it calls this.
 
-        Raises:
-            UserInputError: with a message saying which value to change.
-        """
-        # Field types were checked on construction (__post_init__); here, what depends on
-        # the method and the model.
-        policies = compose(self.method)
-        check_taken(self, policies)
-        schedule = Schedule(
-            method=self.method, num_layers=num_layers, prompt_depth=num_layers,
-            anchors=self.anchors, seed=self.seed,
-            source=self.source or (
-                "preset" if self.prune_layers is None and self.keep is None else "user"))
-        for policy in reversed(policies.values()):  # depth limits first (see POLICIES)
-            schedule = policy.preset(policies).apply(self, schedule)
-        return schedule
+    Raises:
+        UserInputError: with a message saying which value to change.
+    """
+    # Field types were checked on construction (__post_init__); here, what depends on
+    # the method and the model.
+    policies = compose(config.method)
+    check_taken(config, policies)
+    schedule = Schedule(
+        method=config.method, num_layers=num_layers, prompt_depth=num_layers,
+        anchors=config.anchors, seed=config.seed,
+        source=config.source or (
+            "preset" if config.prune_layers is None and config.keep is None else "user"))
+    for policy in reversed(policies.values()):  # depth limits first (see POLICIES)
+        schedule = policy.preset(policies).apply(config, schedule)
+    return schedule
 
 
 def _integer(name: str, x: Any) -> int:

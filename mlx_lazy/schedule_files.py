@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from .adapter import IDENTITY_TOLERANCE, decode_identity, identities_match, identity_distances
-from .config import MAX_COUNT, QUALITIES, PruningConfig
+from .config import MAX_COUNT, QUALITIES, PruningConfig, build_schedule
 from .errors import UserInputError, shown
 from .folders import write_text_atomic
 from .inputs import MiB, read_json
@@ -110,7 +110,7 @@ def read_schedule(path: Union[str, Path],
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
     try:
         out = PruningConfig(**values, source=f"calibrated:{path.name}", fingerprint=saved)
-        out.resolve(layers)
+        build_schedule(out, layers)
     except ValueError as e:
         raise UserInputError(f"schedule file {path}: invalid config: {e}") from None
     if fingerprint is not None:
@@ -199,7 +199,7 @@ def write_schedule(path: Union[str, Path], config: PruningConfig, fingerprint: D
     model it was calibrated for, the copies of it the schedule was checked on
     (``variants``, see :func:`check_variants`; by default the copy of ``fingerprint``,
     ``calibrated``) and the evidence behind it. :func:`read_schedule` reads it."""
-    config.resolve(fingerprint["num_layers"])  # never write an invalid file
+    build_schedule(config, fingerprint["num_layers"])  # never write an invalid file
     if variants is None and isinstance(fingerprint.get("variant"), str):
         variants = [{"variant": fingerprint["variant"], "checked": ["calibrated", "identity"]}]
     model: Dict[str, Any] = {"name": model_name, "fingerprint": fingerprint}

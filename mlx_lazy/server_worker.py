@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from contextlib import closing
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
@@ -24,10 +24,10 @@ from mlx_lm.sample_utils import make_logits_processors
 from ._args import sampler
 from .adapter import ModelAdapter
 from .api import context_length, load, stream_generate
-from .config import PruningConfig
 from .errors import UserInputError, one_line
 from .prefix_store import PromptCacheStore
-from .prompt_cache import make_prompt_cache, resolve_config
+from .prompt_cache import make_prompt_cache
+from .schedule import Schedule
 
 log = logging.getLogger("mlx_lazy.server")
 
@@ -90,7 +90,7 @@ class Job:
     top_p: float
     seed: Optional[int]
     stop: List[str]
-    config: PruningConfig
+    schedule: Schedule  # resolved once, by the HTTP side (mlx_lazy.resolve.resolve_config)
     loop: asyncio.AbstractEventLoop
     logit_bias: Dict[int, float] = dataclasses.field(default_factory=dict)  # token id -> bias
     events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
@@ -193,6 +193,7 @@ class Worker:
         self.model = self.tokenizer = None
         self.num_layers = 0
         self.vocab_size = 0
+        self.fingerprint: Dict[str, Any] = {}  # the model's, for resolve_config
         self.context: Optional[int] = None
         self.current: Optional[Job] = None
         self.waiting = 0
@@ -253,7 +254,7 @@ class Worker:
         running = None if job is None else {
             "id": job.id, "phase": job.phase, "layers_done": job.layers_done,
             "num_layers": self.num_layers, "prompt_tokens": len(job.tokens),
-            "generated_tokens": job.generated, "method": job.config.method,
+            "generated_tokens": job.generated, "method": job.schedule.method,
             "seconds_since_progress": round(time.monotonic() - self.last_progress, 3),
         }
         cached = None if self.store is None else {"entries": len(self.store),
@@ -265,7 +266,8 @@ class Worker:
         try:
             self.model, self.tokenizer = load(self.model_path)
             self.num_layers = len(self.model.layers)
-            self.vocab_size = ModelAdapter(self.model).vocab_size
+            adapter = ModelAdapter(self.model)
+            self.vocab_size, self.fingerprint = adapter.vocab_size, adapter.fingerprint()
             self.context = context_length(self.model, self.tokenizer)
         except Exception as e:  # reported by wait_ready on the main thread
             self._load_error = e
@@ -346,11 +348,10 @@ class Worker:
         job.phase = "prefill"
         stop = StopText(job.stop)
         resp, finish = None, None
-        schedule = resolve_config(self.model, job.config)
         if self.store is None:
-            cache = make_prompt_cache(self.model, schedule)
+            cache = make_prompt_cache(self.model, job.schedule)
         else:  # a private copy: a failed or cancelled request leaves the stored one intact
-            cache = self.store.checkout(self.model, schedule, job.tokens)
+            cache = self.store.checkout(self.model, job.schedule, job.tokens)
         try:
             with closing(stream_generate(
                 self.model, self.tokenizer, job.tokens[len(cache):], max_tokens=job.max_tokens,

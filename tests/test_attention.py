@@ -70,6 +70,7 @@ def test_fallback_without_compiled_kernels_matches(monkeypatch):
     assert rel_err(out, _reference(q, k, v, 0.25, "causal")) < TOL
 
 
+@pytest.mark.slow  # runs a process of its own
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc malloc tuning is Linux-only")
 @pytest.mark.parametrize("env,expected", [({}, "True"), ({"MLX_LAZY_NO_MALLOPT": "1"}, "False")])
 def test_malloc_tuning_on_import_and_opt_out(env, expected):

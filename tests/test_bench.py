@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from mlx_lazy import PruningConfig
+from mlx_lazy import PruningConfig, build_schedule
 from mlx_lazy.bench import harness, methods, metrics, tasks
 from mlx_lazy.bench.__main__ import main, parse_methods
 from mlx_lazy.bench.common import MIB, RunRecord, fmt, markdown_table
@@ -171,9 +171,9 @@ def test_named_methods_and_depth_fractions():
     # On a 4-layer model the fractions collide and are clamped below the last layer.
     shallow = methods.parse_method("lazy-4", 4).config
     assert shallow.prune_layers == (0, 1, 2) and len(shallow.keep) == 3
-    shallow.resolve(4)
+    build_schedule(shallow, 4)
     for name in methods.NAMED_METHODS:
-        methods.parse_method(name, 30).config.resolve(30)
+        build_schedule(methods.parse_method(name, 30).config, 30)
     with pytest.raises(ValueError, match="depth is needed"):
         methods.parse_method("lazy:at=0.5:keep=0.3")
     w = methods.parse_method("lazy:scorer=window:size=16:heads=max:complete=after-first").config

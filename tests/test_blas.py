@@ -110,6 +110,7 @@ def test_every_installed_console_script_and_main_module_is_covered():
     assert {ep.module for ep in scripts} - modules <= {"mlx_lazy.cli"}
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_cli_generation_as_a_user_runs_it(tiny_model_path):
     """`python -m mlx_lazy.generate` doing real work, unwrapped: its live /proc/<pid>/maps."""
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}

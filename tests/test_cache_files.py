@@ -24,8 +24,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from mlx_lazy import (PruningConfig, UserInputError, can_trim_prompt_cache, generate_step,
-                      load_prompt_cache, make_prompt_cache, save_prompt_cache, trim_prompt_cache)
+from mlx_lazy import (PruningConfig, UserInputError, build_schedule, can_trim_prompt_cache,
+                      generate_step, load_prompt_cache, make_prompt_cache, save_prompt_cache,
+                      trim_prompt_cache)
 from mlx_lazy.cache import TOKEN_ARRAYS
 from mlx_lazy.prompt_cache_file import INFO_KEYS, META_STATE_KEYS
 from mlx_lazy.schedule import Schedule
@@ -539,5 +540,5 @@ def test_a_config_error_quotes_a_huge_value_in_a_few_hundred_characters(fields_,
     from mlx_lazy.config import MESSAGE_LIMIT
 
     with pytest.raises(UserInputError) as e:
-        PruningConfig(**fields_).resolve(30)
+        build_schedule(PruningConfig(**fields_), 30)
     assert 20 < len(str(e.value)) <= (bound or MESSAGE_LIMIT), len(str(e.value))

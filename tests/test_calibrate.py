@@ -34,6 +34,7 @@ def tiny_calibration(path, out, **kw):
     return run(Calibration(**opts))
 
 
+@pytest.mark.slow  # a calibration end to end
 def test_calibration_writes_a_schedule_that_reproduces_its_selections(tiny_model_path, tmp_path):
     # Random weights score 0 everywhere: with min_base 0 every candidate passes, which
     # exercises the whole pipeline; the choice is the highest predicted gain.
@@ -111,6 +112,7 @@ def fake_runs(monkeypatch, interrupt_at=None):
     return runs
 
 
+@pytest.mark.slow  # a calibration end to end
 def test_a_time_limit_mid_rung_reports_the_partial_rung_and_resume_completes_it(
         tiny_model_path, tmp_path, monkeypatch):
     import time
@@ -518,6 +520,7 @@ def test_every_last_rung_candidate_has_its_gain_measured(tiny_model_path, tmp_pa
         plots_main([str(tmp_path), "--out", str(png)])
 
 
+@pytest.mark.slow  # a calibration end to end
 def test_when_the_last_rung_confirms_none_the_next_batch_is_tried(tiny_model_path, tmp_path,
                                                                      monkeypatch):
     from types import SimpleNamespace

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 from tiny_models import KINDS
 
-from mlx_lazy import api, cli
+from mlx_lazy import api, cli, prompt_input, run_report
 from mlx_lazy.scorers import Pooled, Window
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,6 +89,7 @@ def unsupported_model_path(tiny_model_path, tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.slow  # runs a process of its own
 @pytest.mark.parametrize("kind", KINDS)
 def test_generate_tiny(tiny_model_dir, kind, tmp_path):
     """A plain run prints the response and writes a complete stats object."""
@@ -102,6 +103,7 @@ def test_generate_tiny(tiny_model_dir, kind, tmp_path):
     assert proc.stdout.decode() == stats["text"] + "\n"
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_compare_and_overrides(tiny_model_path, tmp_path):
     """--compare prints both runs and a table; explicit flags override the preset;
     --stats-json holds both runs keyed by method."""
@@ -135,6 +137,7 @@ def test_compare_and_overrides(tiny_model_path, tmp_path):
     assert agree in stdout.splitlines()[-1]
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_generate_module_exit_status(tiny_model_path):
     """``python -m mlx_lazy.generate`` keeps the CLI's exit status and prints nothing but the
     error (no runpy warning about the package importing the module first)."""
@@ -143,6 +146,7 @@ def test_generate_module_exit_status(tiny_model_path):
     assert bad.stderr.decode().strip().splitlines() == ["error: the prompt is empty"]
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_prompt_from_stdin(tiny_model_path):
     """``-p -`` reads the prompt from stdin (same result as passing it with -p)."""
     args = ("--model", str(tiny_model_path), "-m", "3", "--verbose", "False",
@@ -156,19 +160,23 @@ def test_prompt_from_stdin(tiny_model_path):
 # ---------------------------------------------------------------- bad input
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_unknown_model_path(tmp_path):
     assert_bad_input(run_cli("--model", str(tmp_path / "missing"), "-p", "hi"), "missing")
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_model_folder_without_config(tmp_path):
     assert_bad_input(run_cli("--model", str(tmp_path), "-p", "hi"), "cannot load model")
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_unsupported_architecture(unsupported_model_path):
     assert_bad_input(run_cli("--model", str(unsupported_model_path), "-p", "hi"),
                      "unsupported model type 'smollm3'")
 
 
+@pytest.mark.slow  # runs a process of its own
 @pytest.mark.parametrize("flags, fragment", [
     (("--method", "lazy", "--prune-layers", "99", "--keep", "0.5"), "pruning layers"),
     (("--method", "lazy", "--prune-layers", "0,1", "--keep", "0.3,0.6"), "must not increase"),
@@ -179,10 +187,12 @@ def test_invalid_schedule(tiny_model_path, flags, fragment):
     assert_bad_input(run_cli("--model", str(tiny_model_path), "-p", "hi", *flags), fragment)
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_empty_prompt():
     assert_bad_input(run_cli("-p", "  \\n "), "empty")
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_prompt_longer_than_context(tiny_model_path, tmp_path):
     config = json.loads((Path(tiny_model_path) / "config.json").read_text())
     ctx = config["max_position_embeddings"]
@@ -194,20 +204,24 @@ def test_prompt_longer_than_context(tiny_model_path, tmp_path):
     assert n_tokens > ctx
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_unreadable_prompt_file(tmp_path):
     assert_bad_input(run_cli("--prompt-file", str(tmp_path / "nope.txt")), "nope.txt")
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_non_utf8_prompt_file(tmp_path):
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
     assert_bad_input(run_cli("--prompt-file", str(bad)), "UTF-8", "offset 3")
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_bad_flag_value_is_one_line():
     assert_bad_input(run_cli("--keep", "half"), "--keep")
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_compare_needs_a_pruning_method():
     assert_bad_input(run_cli("--method", "full", "--compare"), "--compare")
 
@@ -274,14 +288,14 @@ def test_first_divergence_and_table():
                                 kv_bytes=2e6,
                                 prefill_tokens_per_layer=[100, 100, int(pct), int(pct)],
                                 aux_bytes=1e5, peak_memory_bytes=3e8, revivals=4)
-        return cli.RunResult(method, stats, text, tokens)
+        return run_report.RunResult(method, stats, text, tokens)
 
     full = result("full", "a b c", [1, 2, 3], 100.0)
-    assert cli.first_divergence(full, result("lazy", "a b c", [1, 2, 3], 50.0)) is None
+    assert run_report.first_divergence(full, result("lazy", "a b c", [1, 2, 3], 50.0)) is None
     other = result("lazy", "a b d", [1, 2, 9], 48.5)
-    assert cli.first_divergence(full, other) == 2
-    assert cli.first_divergence(full, result("lazy", "a b", [1, 2], 48.5)) == 2
-    table = cli.format_compare_table(full, other)
+    assert run_report.first_divergence(full, other) == 2
+    assert run_report.first_divergence(full, result("lazy", "a b", [1, 2], 48.5)) == 2
+    table = run_report.format_compare_table(full, other)
     assert "lazy/full" in table.splitlines()[0]
     assert "48.5" in table and "1.00x" in table
     work = next(line for line in table.splitlines() if line.startswith("prefill token-layers"))
@@ -442,7 +456,7 @@ def test_cache_prompt_refuses_a_destination_before_the_model_loads(no_model_load
 
 
 def test_a_prompt_on_stdin_is_read_up_to_the_limit(no_model_load, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "PROMPT_MAX_BYTES", 8)
+    monkeypatch.setattr(prompt_input, "PROMPT_MAX_BYTES", 8)
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"123456789")))
     assert "stdin is larger than the limit of 8 bytes" in main_error(capsys, "-p", "-")
 
@@ -518,6 +532,7 @@ def test_ctrl_c_in_main_is_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err.strip().splitlines() == ["interrupted"]
 
 
+@pytest.mark.slow  # runs a process of its own
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
 def test_ctrl_c_while_importing_is_one_line(tiny_model_path):
     """SIGINT once mlx is loaded, while mlx-lm and transformers are still importing (or,

@@ -457,6 +457,7 @@ def test_existing_output_is_untouched(tiny_model_dir, tmp_path, capsys):
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_uncreatable_output_folder(tiny_model_dir, tmp_path):
     """``mlx-lazy-convert model.gguf /proc/x/y``: one line, exit 2, no traceback."""
     write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
@@ -533,6 +534,7 @@ def test_ctrl_c_mid_conversion_is_one_line_and_leaves_nothing(tiny_model_dir, tm
     assert set(tmp_path.iterdir()) == before
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_sigint_mid_conversion_as_a_user_sees_it(tiny_model_dir, tmp_path):
     """``python convert/convert.py`` and SIGINT while it writes: ``interrupted``, status 130."""
     import signal

@@ -314,18 +314,6 @@ def test_smollm2_lazy_over_three_ranks(smollm2_path, smollm2, tmp_path):
     assert rel_err(runs[0][1], logits) < 1e-4  # 30 layers of sharded float32 sums in another order
 
 
-@pytest.fixture(scope="module")
-def qwen_path():
-    """The second evaluation model (Qwen2.5-Coder-0.5B-Instruct, 14 heads, 2 KV heads) if it
-    has been built into the cache."""
-    from mlx_lazy.models import cache_dir
-
-    path = cache_dir() / "Qwen2.5-Coder-0.5B-Instruct-float32"
-    if not (path / "config.json").is_file():
-        pytest.skip(f"no Qwen2.5-Coder-0.5B at {path}")
-    return path
-
-
 @pytest.mark.slow
 def test_qwen_full_and_lazy_over_two_ranks(qwen_path, tmp_path):
     """Qwen2.5-Coder-0.5B's 14 heads and 2 KV heads split over 2 ranks."""

@@ -14,7 +14,8 @@ import mlx_lazy
 
 EXTRAS = {"server": ("fastapi", "uvicorn", "sse_starlette", "starlette", "pydantic"),
           "bench": ("matplotlib",)}
-NEEDS_EXTRA = {"mlx_lazy.server": "server", "mlx_lazy.bench.plots": "bench"}
+NEEDS_EXTRA = {"mlx_lazy.server": "server", "mlx_lazy.server_http": "server",
+               "mlx_lazy.server_schemas": "server", "mlx_lazy.bench.plots": "bench"}
 
 
 def run_without(packages: tuple[str, ...], code: str) -> subprocess.CompletedProcess:
@@ -24,6 +25,7 @@ def run_without(packages: tuple[str, ...], code: str) -> subprocess.CompletedPro
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_the_library_imports_without_any_extra():
     modules = sorted(m.name for m in pkgutil.walk_packages(mlx_lazy.__path__, "mlx_lazy.")
                      if m.name not in NEEDS_EXTRA and not m.name.endswith("__main__"))

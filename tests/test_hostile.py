@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mlx_lazy import server as server_module  # noqa: E402
+from mlx_lazy.config import PruningConfig  # noqa: E402
 from mlx_lazy.errors import UserInputError  # noqa: E402
 from mlx_lazy.inputs import parse_int  # noqa: E402
 from mlx_lazy.scorers import parse_scorer  # noqa: E402
-from mlx_lazy.server import MAX_MESSAGES, MAX_STOP_CHARS, token_bytes  # noqa: E402
+from mlx_lazy.server_schemas import MAX_MESSAGES, MAX_STOP_CHARS, token_bytes  # noqa: E402
 from mlx_lazy.server_worker import MAX_ERROR_CHARS, StopText  # noqa: E402
 from test_server import Server, in_process_server  # noqa: E402
 
@@ -147,7 +148,7 @@ def test_an_error_never_echoes_a_huge_field(hostile, monkeypatch):
                 {"prompt": "hi", "max_tokens": 1, **body}).encode())
             assert status == 400 and len(json.dumps(raw)) < 2 * MAX_ERROR_CHARS, raw
     # a list longer than the model's depth is refused before its items are checked
-    monkeypatch.setattr(server_module.PruningConfig, "preset", None)  # would fail if reached
+    monkeypatch.setattr(PruningConfig, "preset", None)  # would fail if reached
     status, _, raw = hostile.request("POST", COMPLETIONS, json.dumps(
         {"prompt": "hi", "pruning": {"method": "lazy", "prune_layers": list(range(5))}}).encode())
     assert status == 400 and raw["error"]["param"] == "pruning.prune_layers", raw

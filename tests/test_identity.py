@@ -18,8 +18,8 @@ from mlx_lazy import PruningConfig, UserInputError, read_schedule
 from mlx_lazy import schedule_files
 from mlx_lazy.adapter import ModelAdapter, identities_match, identity_distances
 from mlx_lazy.conversion import convert
-from mlx_lazy.prompt_cache import (load_prompt_cache, make_prompt_cache, resolve_config,
-                                   save_prompt_cache)
+from mlx_lazy.prompt_cache import load_prompt_cache, make_prompt_cache, save_prompt_cache
+from mlx_lazy.resolve import resolve_config
 from mlx_lazy.schedule_files import cached_schedule_path, write_schedule
 from tiny_models import build_tiny_model
 

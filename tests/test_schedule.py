@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_lazy import METHODS, PruningConfig, UserInputError, read_schedule
+from mlx_lazy import METHODS, PruningConfig, UserInputError, build_schedule, read_schedule
 from mlx_lazy.config import MAX_COUNT
 from mlx_lazy.schedule import check_fits
 from mlx_lazy.schedule_files import SCHEDULE_FORMAT, SCHEDULE_MAX_BYTES
@@ -15,7 +15,7 @@ from mlx_lazy.scorers import LastQuery, Pooled, Window, parse_scorer, scorer_spe
 
 @pytest.mark.parametrize("method", METHODS)
 def test_presets_resolve(method):
-    s = PruningConfig.preset(method).resolve(30)
+    s = build_schedule(PruningConfig.preset(method), 30)
     assert s.method == method
     assert list(s.keep) == sorted(s.keep, reverse=True)
     assert all(0 <= layer < s.prompt_depth - 1 for layer in s.prune_layers)
@@ -23,16 +23,16 @@ def test_presets_resolve(method):
 
 
 def test_speed_cutoff_fraction_and_count():
-    assert PruningConfig("speed", speed_cutoff=0.75).resolve(32).prompt_depth == 24
-    assert PruningConfig("speed", speed_cutoff=20).resolve(32).prompt_depth == 20
-    assert PruningConfig("speed", speed_cutoff=1.0).resolve(32).prompt_depth == 32
+    assert build_schedule(PruningConfig("speed", speed_cutoff=0.75), 32).prompt_depth == 24
+    assert build_schedule(PruningConfig("speed", speed_cutoff=20), 32).prompt_depth == 20
+    assert build_schedule(PruningConfig("speed", speed_cutoff=1.0), 32).prompt_depth == 32
 
 
 def test_static_and_random_are_not_dynamic():
-    assert not PruningConfig.preset("static").resolve(30).dynamic
-    r = PruningConfig("random", keep=(0.3,), seed=4).resolve(30)
+    assert not build_schedule(PruningConfig.preset("static"), 30).dynamic
+    r = build_schedule(PruningConfig("random", keep=(0.3,), seed=4), 30)
     assert (r.random_keep, r.keep, r.dynamic) == (0.3, (), False)
-    assert PruningConfig.preset("lazy").resolve(30).dynamic
+    assert build_schedule(PruningConfig.preset("lazy"), 30).dynamic
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_static_and_random_are_not_dynamic():
 )
 def test_invalid_configs_raise_helpful_errors(config, message):
     with pytest.raises(UserInputError) as err:
-        config.resolve(30)
+        build_schedule(config, 30)
     assert message in str(err.value)
 
 
@@ -107,17 +107,17 @@ def test_numpy_scalars_are_accepted_and_normalised():
     assert config.prune_layers == (4, 8) and type(config.prune_layers[0]) is int
     assert config.keep == (0.5, 0.25) and type(config.keep[0]) is float
     assert config.anchors == 2 and config.revive is False
-    assert config.resolve(30).prune_layers == (4, 8)
-    assert PruningConfig("speed", speed_cutoff=np.int32(20)).resolve(30).prompt_depth == 20
+    assert build_schedule(config, 30).prune_layers == (4, 8)
+    assert build_schedule(PruningConfig("speed", speed_cutoff=np.int32(20)), 30).prompt_depth == 20
 
 
 def test_speed_cutoff_leaving_no_room_for_the_preset_cut_says_so():
     with pytest.raises(UserInputError) as err:
-        PruningConfig("lazy+speed", speed_cutoff=1).resolve(30)
+        build_schedule(PruningConfig("lazy+speed", speed_cutoff=1), 30)
     message = str(err.value)
     assert "SPEED cutoff 1 leaves no room" in message and "speed_cutoff" in message
     assert "[-1]" not in message  # no layers the user never gave
-    assert PruningConfig("lazy+speed", speed_cutoff=2).resolve(30).prune_layers == (0,)
+    assert build_schedule(PruningConfig("lazy+speed", speed_cutoff=2), 30).prune_layers == (0,)
 
 
 # ------------------------------------------------------------------ input domains
@@ -148,7 +148,7 @@ def test_bounds_are_inclusive():
 
 def test_a_huge_keep_fraction_is_refused_by_name():
     with pytest.raises(UserInputError, match="keep fractions must be in"):
-        PruningConfig("lazy", prune_layers=(3,), keep=(HUGE,)).resolve(30)
+        build_schedule(PruningConfig("lazy", prune_layers=(3,), keep=(HUGE,)), 30)
 
 
 @pytest.mark.parametrize("scorer", ["", " ", "\t"])
@@ -158,12 +158,12 @@ def test_scorer_specs_are_non_empty(scorer):
 
 
 def test_pool_and_window_must_fit_the_context():
-    schedule = PruningConfig("lazy", scorer="window:size=50:pool=100").resolve(30)
+    schedule = build_schedule(PruningConfig("lazy", scorer="window:size=50:pool=100"), 30)
     check_fits(schedule, 100)  # equal to the context: fits
     check_fits(schedule, None)  # no known context: nothing to check
     with pytest.raises(UserInputError, match="pool=100 is more than the model's context of 99"):
         check_fits(schedule, 99)
-    window = PruningConfig("lazy", scorer="window:size=50").resolve(30)
+    window = build_schedule(PruningConfig("lazy", scorer="window:size=50"), 30)
     with pytest.raises(UserInputError, match="window:size=50 reads 50 query tokens, more than "
                                              "the model's context of 49"):
         check_fits(window, 49)
@@ -178,7 +178,8 @@ def test_scorer_specs_round_trip(spec):
 
 
 def test_scorer_fields_reach_the_scorer():
-    scorer = PruningConfig("lazy", scorer="window:pool=8:heads=max:size=32").resolve(30).scorer
+    config = PruningConfig("lazy", scorer="window:pool=8:heads=max:size=32")
+    scorer = build_schedule(config, 30).scorer
     assert scorer == Pooled(Window(size=32, heads="max"), radius=8)
     assert scorer.n_queries == 32 and list(scorer.always_kept(100)) == list(range(68, 100))
 

@@ -9,7 +9,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lazy import LazyEngine, PruningConfig, UserInputError, cli, read_schedule, resolve_config
+from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, build_schedule, cli,
+                      read_schedule, resolve_config)
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.bench.methods import method_spec, parse_method
 from mlx_lazy.schedule_files import write_schedule
@@ -268,10 +269,10 @@ def test_pooled_selection_keeps_spans(tiny_model):
 )
 def test_bad_scorer_fields(spec, message):
     with pytest.raises(ValueError) as err:
-        PruningConfig("lazy", scorer=spec).resolve(30)
+        build_schedule(PruningConfig("lazy", scorer=spec), 30)
     assert message in str(err.value)
     with pytest.raises(ValueError, match="method .speed. takes no scorer; lazy and static do"):
-        PruningConfig("speed", scorer="last").resolve(30)
+        build_schedule(PruningConfig("speed", scorer="last"), 30)
 
 
 # ------------------------------------------------- a new scorer is one class plus one line

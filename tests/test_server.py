@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
 
+import dataclasses
 import http.client
 import json
 import logging
@@ -37,8 +38,11 @@ from mlx_lazy.schedule_files import (MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, TRANS
 from mlx_lazy.scorers import Pooled, Window
 from mlx_lazy import server as server_module
 from mlx_lazy import server_worker
-from mlx_lazy.server import create_app, listen_socket, main, pruning_config, uvicorn_server
-from mlx_lazy.server_settings import DEFAULT_MAX_BODY_BYTES, ServerSettings, is_loopback
+from mlx_lazy.server import App, main
+from mlx_lazy.server_http import listen_socket, uvicorn_server
+from mlx_lazy.server_schemas import pruning_config
+from mlx_lazy.server_settings import (DEFAULT_MAX_BODY_BYTES, ServerSettings, build_parser,
+                                      is_loopback, settings_from_args)
 from mlx_lazy.server_worker import StopText, Worker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,11 +125,19 @@ def run_server(model: Path, *args: str, tmp_path: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_path, tmp_path_factory) -> Iterator[Server]:
-    with run_server(tiny_model_path, "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
-                    "--max-queue", "1", "--max-body-bytes", str(MAX_BODY_BYTES),
-                    "--read-timeout", str(READ_TIMEOUT_S),
-                    tmp_path=tmp_path_factory.mktemp("server")) as s:
+def server(tiny_model_path) -> Iterator[Server]:
+    """The server these flags configure, read by its own parser, with the prompt-cache store
+    ``main`` makes of them, in this process (a process of its own is ``run_server``'s)."""
+    args = build_parser().parse_args([
+        "--model", str(tiny_model_path), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
+        "--max-queue", "1", "--max-body-bytes", str(MAX_BODY_BYTES),
+        "--read-timeout", str(READ_TIMEOUT_S)])
+    settings = settings_from_args(args)
+    store = PromptCacheStore(settings.prompt_cache_size, settings.prompt_cache_bytes,
+                             settings.share_pruned_caches)
+    fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+              if f.name != "model"}
+    with in_process_server(tiny_model_path, store, **fields) as s:
         yield s
 
 
@@ -258,6 +270,7 @@ def test_start_up_errors_are_one_line(tiny_model_path, tmp_path, capsys, never_s
 # ---------------------------------------------------------------- endpoints
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_usage_names_the_schedule_the_engine_used(tiny_model_path, tmp_path):
     """``--method lazy`` (or a request's ``"pruning": "lazy"``) on a model folder that holds a
     calibrated schedule runs that schedule, and ``usage.pruning`` says so (not "preset" or
@@ -659,15 +672,17 @@ def test_a_non_streaming_client_that_leaves_during_decode_cancels_it(server):
 
 @contextmanager
 def in_process_server(model: Path, store: Optional[PromptCacheStore] = None,
-                      idle_complete: bool = False, **settings) -> Iterator[Server]:
+                      idle_complete: bool = False, max_queue: int = 2,
+                      **settings) -> Iterator[Server]:
     """The app on uvicorn in a thread of this process, so a test can patch what its worker
-    calls; ``settings`` are :class:`ServerSettings` fields, ``store`` and ``idle_complete``
-    the worker's prompt caches."""
-    worker = Worker(str(model), max_queue=2, store=store, idle_complete=idle_complete)
+    calls; ``settings`` are the other :class:`ServerSettings` fields, ``store``,
+    ``idle_complete`` and ``max_queue`` the worker's."""
+    worker = Worker(str(model), max_queue=max_queue, store=store, idle_complete=idle_complete)
     worker.wait_ready()
     sock = listen_socket(HOST, 0)
-    settings = ServerSettings(model=str(model), **settings)
-    server = uvicorn_server(create_app(settings, worker), settings, "warning")
+    settings = ServerSettings(model=str(model), max_queue=max_queue,
+                              idle_complete=idle_complete, **settings)
+    server = uvicorn_server(App(settings, worker).fastapi(), settings, "warning")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -791,6 +806,7 @@ def test_a_dead_worker_fails_its_job_and_health_says_503(tiny_model_path, monkey
 # ---------------------------------------------------------------- authentication
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_api_key(tiny_model_path, tmp_path):
     with run_server(tiny_model_path, "--api-key", "s3cret", tmp_path=tmp_path) as s:
         assert s.request("GET", "/health")[0] == 200  # health needs no key

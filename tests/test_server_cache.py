@@ -27,6 +27,7 @@ def completion(s: Server, prompt: str, **kw) -> dict:
     return payload
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_a_shared_prefix_is_computed_once_and_reported(tiny_model, tiny_model_path, tmp_path):
     model, tokenizer = tiny_model("llama")
     assert len(tokenizer.encode(DOC)) >= 1000
@@ -45,6 +46,7 @@ def test_a_shared_prefix_is_computed_once_and_reported(tiny_model, tiny_model_pa
         assert health["prompt_cache"]["entries"] >= 1 and health["prompt_cache"]["bytes"] > 0
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_concurrent_requests_on_one_cached_prefix_are_independent(tiny_model, tiny_model_path,
                                                                    tmp_path):
     model, tokenizer = tiny_model("llama")
@@ -85,6 +87,7 @@ def test_a_failing_request_leaves_the_stored_cache_intact(tiny_model, tiny_model
                                                        max_tokens=4)
 
 
+@pytest.mark.slow  # runs a process of its own
 def test_the_store_never_exceeds_its_byte_limit(tiny_model_path, tmp_path):
     limit = 3 * 2**20
     with run_server(tiny_model_path, "--prompt-cache-bytes", str(limit), "--no-idle-complete",

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
-from .. import PruningConfig, load
+from .. import PruningConfig, build_schedule, load
 from ..adapter import ModelAdapter
 from ..api import context_length
 from .._args import OneLineParser, complete_arg
@@ -138,7 +138,7 @@ def candidates(model: Any, gain_length: int,
     with the ``complete`` mode (it does not change the prefill, hence the predicted gain)."""
     n_layers = len(model.layers)
     cost = prior(model)
-    full = PruningConfig("full").resolve(n_layers)
+    full = build_schedule(PruningConfig("full"), n_layers)
     full_counts = predicted_counts(full, gain_length)
     full_t = cost.predict(full_counts)
     out = []
@@ -147,7 +147,7 @@ def candidates(model: Any, gain_length: int,
         for scorer in scorer_grid:
             config = PruningConfig("lazy", prune_layers=layers, keep=keep[: len(layers)],
                                    scorer=scorer, complete=complete)
-            sched = config.resolve(n_layers)
+            sched = build_schedule(config, n_layers)
             c = predicted_counts(sched, gain_length)
             out.append(Candidate(
                 name=method_spec(config), config=config, predicted_gain=full_t / cost.predict(c),
@@ -677,7 +677,7 @@ def parse_cuts(spec: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     the fraction kept after each."""
     try:
         fracs, keep = (tuple(float(x) for x in part.split(",")) for part in spec.split("/"))
-        PruningConfig("lazy", prune_layers=layers_at(fracs, 30), keep=keep).resolve(30)
+        build_schedule(PruningConfig("lazy", prune_layers=layers_at(fracs, 30), keep=keep), 30)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"bad cuts {spec!r} (expected depth fractions/keep "
                                          f"fractions, e.g. 0.5,0.75/0.3,0.15): {e}") from None

@@ -48,7 +48,8 @@ from .methods import parse_method, parse_methods
 from .metrics import score
 from .stats import paired, wilson
 from ..folders import write_text_atomic
-from ..prompt_cache import common_prefix, resolve_config
+from ..prompt_cache import common_prefix
+from ..resolve import resolve_config
 from .tasks import Conversation, build_conversations
 
 MLX_LM = "mlx-lm"

@@ -88,7 +88,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from mlx_lazy import PromptCache, PruningConfig, generate_step, load, make_prompt_cache
+from mlx_lazy import (PromptCache, PruningConfig, build_schedule, generate_step, load,
+                      make_prompt_cache)
 from mlx_lazy.bench.common import (BASELINE, FULL, MIB, SHORT_ANSWER, RunRecord, fmt,
                                    machine_info, markdown_table, measure, median, paired_ratios,
                                    ratio)
@@ -157,7 +158,7 @@ def run_benchmark(
             continue
         method = parse_method(name, L)
         try:
-            method.config.resolve(L)
+            build_schedule(method.config, L)
         except ValueError as exc:  # e.g. a schedule too deep for a tiny model
             skipped[name] = str(exc)
             log(f"skipping schedule {name!r}: {exc}")
@@ -167,7 +168,8 @@ def run_benchmark(
     result: dict[str, Any] = {
         "info": {**(info or machine_info(model, "mlx_lazy.bench.speed")), "lengths": lengths,
                  "main_length": main_len, "max_tokens": max_tokens, "repeats": repeats},
-        "schedules": {n: dataclasses.asdict(m.config) | {"resolved": m.config.resolve(L).as_dict()}
+        "schedules": {n: dataclasses.asdict(m.config)
+                      | {"resolved": build_schedule(m.config, L).as_dict()}
                       for n, m in methods.items() if not m.is_baseline},
         "skipped": skipped,
         "runs": [],

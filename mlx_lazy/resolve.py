@@ -1,0 +1,60 @@
+"""Where a user's :class:`~mlx_lazy.config.PruningConfig` becomes the
+:class:`~mlx_lazy.schedule.Schedule` an engine runs, once per request: :func:`resolve_config`
+(the calibrated lookup, the fingerprint check, the checks against the model's depth and the
+``complete`` mode parsed into its :class:`~mlx_lazy.completion.Completion`).
+
+The API (``make_prompt_cache`` / ``stream_generate`` / ``generate_step``), the command line and
+the server each call it once per call, run or request and hand the schedule on; nothing below
+them resolves again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Union
+
+import mlx.nn as nn
+
+from .adapter import ModelAdapter
+from .config import PruningConfig, build_schedule
+from .errors import UserInputError
+from .schedule import Schedule
+from .schedule_files import calibrated, check_model
+
+
+def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
+    """A config given as a :class:`PruningConfig`, a method name (its preset) or None.
+
+    Raises:
+        UserInputError: anything else, or an unknown method name.
+    """
+    if isinstance(config, str):
+        return PruningConfig.preset(config)
+    if config is not None and not isinstance(config, PruningConfig):
+        raise UserInputError(
+            f"config must be a PruningConfig, a method name or None, got {config!r}")
+    return config
+
+
+def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = None, *,
+                   fingerprint: Optional[Dict[str, Any]] = None) -> Schedule:
+    """The schedule ``model`` runs for ``config`` (None: ``"full"``): a plain ``"lazy"`` takes
+    the model's calibrated schedule (:func:`mlx_lazy.schedule_files.calibrated`), a calibrated
+    schedule must match the model's fingerprint, and every value is checked against the
+    model's depth (:func:`~mlx_lazy.config.build_schedule`); the schedule carries ``complete``
+    as its typed mode (``Schedule.completion``).
+
+    Args:
+        model: a model from :func:`mlx_lazy.load`.
+        config: a :class:`PruningConfig`, a method name (its preset) or None.
+        fingerprint: ``ModelAdapter(model).fingerprint()`` when the caller holds it already
+            (the server computes it once, on the thread that owns the model); None computes it.
+
+    Raises:
+        UserInputError: an invalid config or a schedule calibrated for another model.
+    """
+    if fingerprint is None:
+        fingerprint = ModelAdapter(model).fingerprint()
+    chosen = calibrated(as_config(config) or PruningConfig(), fingerprint,
+                        getattr(model, "mlx_lazy_schedules", None))
+    check_model(chosen, fingerprint)
+    return build_schedule(chosen, fingerprint["num_layers"])
