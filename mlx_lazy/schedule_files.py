@@ -33,7 +33,7 @@ SCHEDULE_FORMAT = "mlx-lazy-schedule/2"
 #: Format 1 spelt the scorer's parameters as config fields (read, and converted, still).
 SCHEDULE_FORMAT_1 = "mlx-lazy-schedule/1"
 #: PruningConfig fields a schedule file sets; the rest (revive, anchors, seed) stay the caller's.
-SCHEDULE_FIELDS = ("method", "prune_layers", "keep", "scorer", "complete")
+SCHEDULE_FIELDS = ("method", "prune_layers", "keep", "scorer", "complete", "max_revivals")
 #: Calibrated schedules shipped with the package, matched to models by fingerprint.
 PACKAGED_SCHEDULES = Path(__file__).parent / "data" / "schedules"
 #: A model folder holding this file makes ``--method lazy`` use it (see ``mlx_lazy.load``).
@@ -284,11 +284,12 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
                 f"no quality={config.quality!r} schedule is calibrated for this model; make one "
                 "with python -m mlx_lazy.calibrate --model MODEL, or drop quality")
         return transfer_config(config, fingerprint)
-    # The decode mode the schedule was chosen with, unless the config names one.
+    # The decode mode and revival bound the schedule was chosen with, unless the config
+    # names its own.
     complete = found.complete if config.complete is None else config.complete
-    return replace(found, revive=config.revive, complete=complete,
-                   max_revivals=config.max_revivals, anchors=config.anchors, seed=config.seed,
-                   quality=config.quality)
+    bound = found.max_revivals if config.max_revivals is None else config.max_revivals
+    return replace(found, revive=config.revive, complete=complete, max_revivals=bound,
+                   anchors=config.anchors, seed=config.seed, quality=config.quality)
 
 
 def folder_schedules(folder: Union[str, Path],

@@ -754,6 +754,7 @@ def test_packaged_schedules_meet_the_admissibility_rule():
         assert doc["quality"] == ev["quality"] and len(dict(config.fingerprint)["weights"]) == 16
         assert ev["samples_per_cell"] >= 50
         assert ev["complete"] == (config.complete or DEFAULT_COMPLETE)
+        assert ev.get("max_revivals") == config.max_revivals
         assert all(c["n"] >= 50 for c in ev["cells"].values())
         assert ev["pooled"]["rel_loss"] <= ev["max_loss"] <= 0.01
         bar = q4 * (HIGH_FRACTION if doc["quality"] == "high" else 1)
@@ -793,3 +794,21 @@ def test_lengths_beyond_any_context_are_refused_at_once(tiny_model_path, tmp_pat
                                              "of 4,096 tokens"):
         tiny_calibration(tiny_model_path, tmp_path / "cal", lengths=(200, 5000))
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.slow  # a calibration end to end
+def test_candidates_decode_with_the_revival_bound_the_evidence_names(tiny_model_path, tmp_path):
+    """``--max-revivals`` bounds every candidate's decode steps; the chosen schedule and its
+    evidence name the bound, so a plain ``lazy`` decodes as it was measured. A bound out of
+    range is refused before anything runs."""
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, complete="none",
+                           max_revivals=0)
+    assert {c["config"]["max_revivals"] for c in doc["candidates"]} == {0}
+    assert doc["chosen"]["default"]["max_revivals"] == 0
+    saved = json.loads((tmp_path / "cal" / "schedule.json").read_text())
+    assert saved["config"]["max_revivals"] == 0 and saved["evidence"]["max_revivals"] == 0
+    model, _ = load(tiny_model_path)
+    assert read_schedule(tmp_path / "cal" / "schedule.json",
+                         ModelAdapter(model).fingerprint()).max_revivals == 0
+    with pytest.raises(UserInputError, match="--max-revivals must be an integer"):
+        tiny_calibration(tiny_model_path, tmp_path / "bad", max_revivals=-1)

@@ -1,6 +1,7 @@
 """PruningConfig presets and validation; schedule files."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -316,3 +317,26 @@ def test_a_plain_lazy_on_an_uncalibrated_model_takes_the_transfer_rule(tiny_mode
     assert resolve_config(model, "lazy+speed").source == "preset"
     with pytest.raises(UserInputError, match="no quality='high' schedule"):
         resolve_config(model, PruningConfig("lazy", quality="high"))
+
+
+def test_a_schedule_files_revival_bound_is_what_a_plain_lazy_decodes_with(tiny_model_dir,
+                                                                          tmp_path, monkeypatch):
+    """A schedule calibrated with ``max_revivals`` (``calibrate --max-revivals``) names it;
+    a plain ``lazy`` on that model decodes with it, and a config naming its own bound keeps
+    that one (as with ``complete``)."""
+    import mlx_lazy
+    from mlx_lazy.adapter import ModelAdapter
+    from mlx_lazy.resolve import resolve_config
+    from mlx_lazy.schedule_files import MODEL_SCHEDULE_FILE, write_schedule
+
+    monkeypatch.setenv("MLX_LAZY_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("llama"), folder)
+    bounded = PruningConfig("lazy", prune_layers=(1,), keep=(0.3,), scorer="window:size=4",
+                            complete="none", max_revivals=0)
+    fingerprint = ModelAdapter(mlx_lazy.load(str(folder))[0]).fingerprint()
+    path = write_schedule(folder / MODEL_SCHEDULE_FILE, bounded, fingerprint, {})
+    assert json.loads(path.read_text())["config"]["max_revivals"] == 0
+    model, _ = mlx_lazy.load(str(folder))
+    assert resolve_config(model, "lazy").max_revivals == 0
+    assert resolve_config(model, PruningConfig("lazy", max_revivals=3)).max_revivals == 3

@@ -61,7 +61,7 @@ from ..folders import write_text_atomic
 from ..scorers import parse_scorer, scorer_spec
 from .. import completion
 from ..completion import COMPLETE_MODES, parse_completion
-from ..config import QUALITIES
+from ..config import MAX_COUNT, QUALITIES
 from ..policies import layers_at
 from ..schedule_files import (MODEL_SCHEDULE_FILE, cached_schedule_path, fingerprint_digest,
                                schedule_file_name, write_schedule)
@@ -133,9 +133,11 @@ class Candidate:
 def candidates(model: Any, gain_length: int,
                scorer_grid: Sequence[str] = SCORER_GRID,
                cut_grid: Sequence[tuple[tuple[float, ...], tuple[float, ...]]] = CUT_GRID,
-               complete: str = DEFAULT_COMPLETE) -> list[Candidate]:
+               complete: str = DEFAULT_COMPLETE,
+               max_revivals: Optional[int] = None) -> list[Candidate]:
     """Every scorer × cut schedule for ``model``, best predicted gain first, each decoding
-    with the ``complete`` mode (it does not change the prefill, hence the predicted gain)."""
+    with the ``complete`` mode and at most ``max_revivals`` revivals per decode step and cut
+    (neither changes the prefill, hence the predicted gain)."""
     n_layers = len(model.layers)
     cost = prior(model)
     full = build_schedule(PruningConfig("full"), n_layers)
@@ -146,7 +148,8 @@ def candidates(model: Any, gain_length: int,
         layers = layers_at(fracs, n_layers)
         for scorer in scorer_grid:
             config = PruningConfig("lazy", prune_layers=layers, keep=keep[: len(layers)],
-                                   scorer=scorer, complete=complete)
+                                   scorer=scorer, complete=complete,
+                                   max_revivals=max_revivals)
             sched = build_schedule(config, n_layers)
             c = predicted_counts(sched, gain_length)
             out.append(Candidate(
@@ -221,6 +224,7 @@ class Calibration:
     seed: int = 0
     resume: bool = False
     complete: str = DEFAULT_COMPLETE  # how candidates decode (the evidence holds only for it)
+    max_revivals: Optional[int] = None  # a decode step's revivals per cut (None: unbounded)
 
     def check(self) -> None:
         """Raise UserInputError naming the first option outside its domain."""
@@ -253,6 +257,8 @@ class Calibration:
              "--time-limit must be a positive number of seconds"),
             (not self.scorers or not self.cuts, "--scorers and --cuts need at least one value"),
             (self.complete != complete, f"complete must be spelt {complete!r}"),
+            (self.max_revivals is not None and not 0 <= self.max_revivals <= MAX_COUNT,
+             f"--max-revivals must be an integer in [0, {MAX_COUNT:,}]"),
         ] if failed), None)
         if why:
             raise UserInputError(why)
@@ -385,7 +391,8 @@ def run(cal: Calibration) -> dict[str, Any]:
                     kld_forced_steps=deviation.prefills * cal.kld_steps)
         _write(out, doc, full, cells)
 
-    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.complete)
+    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.complete,
+                       cal.max_revivals)
     doc["candidates"] = cands
     if cal.resume:
         _resume(out, cal, fingerprint, full, cands, deviation, doc)
@@ -608,6 +615,7 @@ def _evidence(cal: Calibration, cand: Candidate, full_scores, cells: Sequence[st
         "pooled": _pooled(full_scores, cand, cells, n).as_dict(),
         "max_loss": cal.max_loss,
         "complete": cal.complete,
+        "max_revivals": cal.max_revivals,
         "predicted_gain": cand.predicted_gain,
         "gain_length": cal.gain_length,
         "token_layers_pct": cand.token_layers_pct,
@@ -743,6 +751,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--complete", type=complete_arg, default=DEFAULT_COMPLETE, metavar="MODE",
                    help="how the candidates decode (the schedule's evidence holds for it): "
                         f"{', '.join(COMPLETE_MODES)} (default {DEFAULT_COMPLETE})")
+    p.add_argument("--max-revivals", type=int, default=None, metavar="R",
+                   help="at most R revivals per decode step and cut while the candidates "
+                        "decode (the schedule's evidence holds for it; default: unbounded)")
     p.add_argument("--time-limit", type=parse_duration, default=None,
                    help="seconds, or a duration like 30m or 2h; stop starting runs after it "
                         "and write what was measured")
@@ -761,7 +772,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       install=args.out is None or args.install, gain_length=args.gain_length,
                       scorers=args.scorers, cuts=tuple(args.cuts), measure=not args.no_measure,
                       gain_repeats=args.gain_repeats, time_limit_s=args.time_limit,
-                      resume=args.resume, complete=args.complete)
+                      resume=args.resume, complete=args.complete,
+                      max_revivals=args.max_revivals)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`: keep results
     try:
         if max(cal.rungs, default=0) < 50:
