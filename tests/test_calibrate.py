@@ -606,8 +606,29 @@ def test_measured_gain_is_the_median_of_its_paired_repeats(tiny_model, monkeypat
     config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,))
     got = calibrate.measure_gain(model, tokenizer, config, 64, repeats=3)
     assert got["full_s"] == [4, 6, 2] and got["pruned_s"] == [1, 2, 3]
-    assert got["gain"] == 3.0
+    assert got["gain"] == got["first_token_gain"] == 3.0
     assert "loadavg_1min" in got
+
+
+def test_measured_gain_is_the_whole_answers_with_the_first_tokens_beside_it(tiny_model,
+                                                                           monkeypatch):
+    """With an answer of 3 tokens the gain times the third token's arrival, and the first
+    token's gain stands beside it, each the median of its own paired ratios: repeat 1 full
+    2 s / 12 s (first / third token), pruned 1 s / 6 s; repeat 2 full 1 s / 10 s, pruned
+    4 s / 8 s."""
+    from mlx_lazy.bench import calibrate
+
+    model, tokenizer = tiny_model("llama")
+    # per run: tic, then each of the 3 tokens
+    clock = iter([0, 2, 5, 12, 20, 21, 23, 26, 30, 31, 35, 40, 50, 54, 56, 58])
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: next(clock))
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,))
+    got = calibrate.measure_gain(model, tokenizer, config, 64, repeats=2, answer_tokens=3)
+    assert got["first_token_full_s"] == [2, 1] and got["first_token_pruned_s"] == [1, 4]
+    assert got["full_s"] == [12, 10] and got["pruned_s"] == [6, 8]
+    assert got["gain"] == pytest.approx((2 + 1.25) / 2)
+    assert got["first_token_gain"] == pytest.approx((2 + 0.25) / 2)
+    assert got["answer_tokens"] == 3
 
 
 @pytest.fixture

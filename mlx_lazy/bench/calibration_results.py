@@ -42,7 +42,9 @@ def candidate_rows(doc: dict[str, Any], cells: Sequence[str]) -> list[dict[str, 
         mine = [s for cell in cells for s in c["scores"][cell][:n]]
         measured = c.get("measured_gain")
         rows.append(dict(name=c["name"], config=c["config"], gain=c["predicted_gain"],
-                         measured_gain=measured and measured["gain"], kld=c.get("kld"),
+                         measured_gain=measured and measured["gain"],
+                         first_token_gain=measured and measured.get("first_token_gain"),
+                         kld=c.get("kld"),
                          token_layers_pct=c["token_layers_pct"], n=n,
                          partial=n < rung_samples(doc, c["rung"]),
                          dropped_at=c["dropped_at"], paired=stats.paired(base, mine)))
@@ -70,7 +72,7 @@ def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
         p = r["paired"]
         candidates.append([
             f"`{r['name']}`", f"{r['gain']:.2f}x", fmt(r["measured_gain"], suffix="x"),
-            f"{r['token_layers_pct']:.0f}",
+            fmt(r["first_token_gain"], suffix="x"), f"{r['token_layers_pct']:.0f}",
             f"{r['n']} (partial)" if r["partial"] else r["n"],
             f"{p.base:.3f}", f"{p.score:.3f} ({p.score_ci[0]:.2f}-{p.score_ci[1]:.2f})",
             f"{p.lost} / {p.won}", f"{p.lost_ci[1]:.3f}",
@@ -98,7 +100,8 @@ def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
                   "in `results.json` (`resumed`).", ""]
     lines += [f"Model fingerprint: `{json.dumps(doc['fingerprint'])}`", "",
               markdown_table(["cell", "full, pilot", "used"], cell_rows), "",
-              markdown_table(["candidate", "predicted gain", "measured gain", "token-layers %",
+              markdown_table(["candidate", "predicted gain", "measured gain (whole answer)",
+                              "measured gain (first token)", "token-layers %",
                               "samples/cell", "full", "method (95% CI)", "lost / won",
                               "lost of full's right, 95% upper bound",
                               "relative loss (95% CI)", "mean KLD (95% CI)",
