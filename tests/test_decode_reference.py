@@ -102,7 +102,7 @@ class Reference:
         """New tokens at ``positions`` (the newest of the context) through every layer;
         returns the last one's logits and the positions selected at the cut."""
         h, comp = self.embed[tokens], list(positions)
-        n_ctx = positions[-1] + 1
+        n_ctx, selected = positions[-1] + 1, []
         for i in range(len(self.layers)):
             visible = self.kv[i].keys() | set(comp) if i <= CUT else set(selected) | set(comp)
             h, q = self.layer(i, h, np.array(comp), visible)
