@@ -1,0 +1,208 @@
+"""Gemma 3 (``gemma3_text``, and the text model of a ``gemma3`` checkpoint) through the
+engine: unpruned against mlx-lm's own forward pass, and sliding-window layers under pruning
+against a dense reference that masks by original positions."""
+
+from __future__ import annotations
+
+import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
+
+from dataclasses import asdict
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import gemma3
+
+from mlx_lazy import LazyEngine, PruningConfig, resolve_config
+from mlx_lazy.adapter import ModelAdapter
+from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS, position_mask
+from numerics import max_rel_err, rel_err
+from test_engine import greedy_pair, mlx_lm_error, random_prompt
+
+# The engine and mlx-lm add the same float32 terms in another order (query blocks, a fused
+# exp2, gathered keys) through four layers whose (1 + w) norms and sqrt(hidden)-scaled
+# embeddings keep values O(1): a few ulps of the largest logits, as for the other families.
+LOGITS_TOL = 1e-5
+WINDOW = 24  # tests/tiny_models.py's sliding window
+
+
+@pytest.fixture(autouse=True, params=IMPLEMENTATIONS)
+def attention_implementation(request, monkeypatch):
+    """Both attention implementations, as in test_engine."""
+    monkeypatch.setenv(ENV_VAR, request.param)
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def gemma(tiny_model):
+    return tiny_model("gemma3_text")[0]
+
+
+def test_the_tiny_gemma3_is_what_it_claims(gemma):
+    """Sliding layers 0 and 2 (window 24), global 1 and 3, q/k norms, a tied head."""
+    a = ModelAdapter(gemma)
+    assert [a.sliding_window(i) for i in range(4)] == [WINDOW, None, WINDOW, None]
+    assert a.lm_head is None and hasattr(gemma.layers[0].self_attn, "q_norm")
+    assert a.scale == pytest.approx(24 ** -0.5)
+
+
+@pytest.mark.parametrize("block_size", [64, 256])
+def test_gemma3_unpruned_matches_mlx_lm(gemma, block_size):
+    """300 tokens, far past the window: mlx-lm's rotating caches against the engine's masks
+    by position (64: first-chunk blocks that start inside the window)."""
+    prompt = random_prompt(300, gemma.args.vocab_size)
+    assert mlx_lm_error(gemma, PruningConfig("full"), prompt, 32,
+                        block_size=block_size) < LOGITS_TOL
+
+
+def test_gemma3_nothing_pruned_by_a_cut_matches_mlx_lm(gemma):
+    prompt = random_prompt(200, gemma.args.vocab_size, seed=4)
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))
+    assert mlx_lm_error(gemma, config, prompt, 8) < LOGITS_TOL
+
+
+def test_gemma3_checkpoint_text_model_matches_mlx_lm(gemma):
+    """A ``gemma3`` (multimodal) checkpoint: the adapter runs its ``language_model``."""
+    args = gemma3.ModelArgs(model_type="gemma3", text_config=asdict(gemma.args),
+                            vocab_size=gemma.args.vocab_size)
+    wrapped = gemma3.Model(args)
+    wrapped.language_model = gemma
+    prompt = random_prompt(120, gemma.args.vocab_size, seed=5)
+    engine = LazyEngine(wrapped, resolve_config(wrapped, PruningConfig("full")))
+    assert max_rel_err(greedy_pair(wrapped, engine, prompt, 4)) < LOGITS_TOL
+
+
+# ------------------------------------------------------------- dense reference
+def _dense_logits(model, tokens: np.ndarray, masks) -> mx.array:
+    """mlx-lm's own blocks over every token, dense, with a (n, n) boolean mask per layer;
+    the last token's logits."""
+    inner = model.model
+    h = inner.embed_tokens(mx.array(tokens)[None])
+    h = h * mx.array(model.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
+    for block, mask in zip(inner.layers, masks):
+        h = block(h, mx.array(mask), None)
+    return inner.embed_tokens.as_linear(inner.norm(h))[0, -1]
+
+
+def _window_of(model, layer):
+    return ModelAdapter(model).sliding_window(layer)
+
+
+def _mask(n, window, sees):
+    """Causal (and windowed) by position, each query ``i`` restricted to keys ``sees[i]``
+    (a boolean row; None: all)."""
+    pos = np.arange(n)
+    mask = position_mask(pos, pos, window)
+    for i, row in enumerate(sees):
+        if row is not None:
+            mask[i] &= row
+        mask[i, i] = True  # rows the engine never computes: anything that attends to a key
+    return mask
+
+
+@pytest.mark.parametrize("revival_block", [64, 2])
+def test_sliding_window_under_pruning_equals_a_dense_reference(gemma, monkeypatch,
+                                                               revival_block):
+    """A cut after layer 0 keeps 40%; a decode step re-selects and revives tokens. Against
+    mlx-lm's blocks run densely with masks by original position: the prefill's kept tokens
+    see only kept keys inside their window (tokens pruned inside a window do not let it
+    reach further back), a revived token sees exactly this step's selection inside its
+    window, the new token too. ``revival_block`` 2 sends the decode step's rows through the
+    gathered block path, 64 through the masked whole-cache path."""
+    n = 160
+    prompt = np.asarray(random_prompt(n, gemma.args.vocab_size, seed=7))
+    config = PruningConfig("lazy", prune_layers=(0,), keep=(0.4,), complete="none")
+    engine = LazyEngine(gemma, resolve_config(gemma, config), block_size=32)
+    engine.revival_block = revival_block
+    selections = []
+    advance = engine._advance
+
+    def spy(layer, h, comp, selected):
+        selections.append(np.array(selected))
+        return advance(layer, h, comp, selected)
+
+    monkeypatch.setattr(engine, "_advance", spy)
+    logits = engine.prefill(mx.array(prompt))
+    kept = engine.cache.computed[1, :n].astype(bool)
+    assert 0 < kept.sum() < n
+    L = gemma.args.num_hidden_layers
+    windows = [_window_of(gemma, layer) for layer in range(L)]
+    masks = [_mask(n, windows[0], [None] * n)]
+    masks += [_mask(n, windows[layer], [kept] * n) for layer in range(1, L)]
+    assert rel_err(logits, _dense_logits(gemma, prompt, masks)) < LOGITS_TOL
+    # the last token's window holds tokens pruned at layer 0: a window counted among the
+    # kept tokens would reach kept tokens before it
+    assert not kept[n - WINDOW:].all() and kept[: n - WINDOW].any()
+
+    token = int(mx.argmax(logits))
+    before = engine.cache.computed[1, :n].astype(bool).copy()
+    logits = engine.decode(token)
+    selected = np.zeros(n + 1, bool)
+    selected[selections[-1]] = True
+    revived = np.flatnonzero(engine.cache.computed[1, :n].astype(bool) & ~before)
+    assert engine.stats.revivals > 0 and len(revived)
+    # a revived token with a token pruned inside its window, and one kept before it
+    assert any((~selected[max(0, r - WINDOW + 1):r]).any() and selected[: r - WINDOW + 1].any()
+               for r in revived)
+    tokens = np.append(prompt, token)
+    old = np.append(kept, False)
+    sees = [old if old[i] else (selected if selected[i] else None) for i in range(n + 1)]
+    masks = [_mask(n + 1, windows[0], [None] * (n + 1))]
+    masks += [_mask(n + 1, windows[layer], sees) for layer in range(1, L)]
+    assert rel_err(logits, _dense_logits(gemma, tokens, masks)) < LOGITS_TOL
+
+
+def test_window_masks_of_each_attention_path_against_numpy(gemma):
+    """The three attention paths of a sliding layer against a direct numpy softmax over the
+    keys inside each row's window of original positions: block-causal over the buffers (a
+    first chunk with gaps, as random drop leaves), gathered blocks (revived rows) and the
+    masked whole cache, with host and device visibility."""
+    engine = LazyEngine(gemma, resolve_config(gemma, PruningConfig("full")), block_size=8)
+    engine.prefill(random_prompt(120, gemma.args.vocab_size, seed=3))
+    engine.revival_block = 4
+    kv = engine.cache.layers[0]
+    rng = np.random.default_rng(0)
+    selected = np.sort(rng.choice(120, 50, replace=False))
+    rows = np.sort(rng.choice(selected[selected > 5], 11, replace=False))
+    heads, d = engine.adapter.n_heads, kv.keys.shape[-1]
+    q = mx.array(rng.standard_normal((1, heads, len(rows), d)).astype(np.float32))
+    gathered = np.array(engine._revived_attention(q, kv, rows, selected, window=WINDOW))
+    all_keys, all_values = kv.fetch()
+    kpos = kv.cached_positions()
+    visible = np.isin(kpos, selected)
+    masked = np.array(engine._cache_attention(q, all_keys, all_values, rows, kpos, visible,
+                                              window=WINDOW))
+    on_device = np.array(engine._cache_attention(q, all_keys, all_values, rows, kpos,
+                                                 mx.array(visible), window=WINDOW))
+    keys, values = (np.array(a) for a in kv.fetch(selected))
+    qs = mx.array(rng.standard_normal((1, heads, len(selected), d)).astype(np.float32))
+    blocked = np.array(engine._blocked_attention(qs, mx.array(keys), mx.array(values), False,
+                                                 selected, WINDOW))
+    rep = heads // keys.shape[1]
+
+    def reference(qrow, pos, h):
+        seen = (selected <= pos) & (selected > pos - WINDOW)
+        logits = keys[0, h // rep, seen] @ qrow * engine.adapter.scale
+        w = np.exp(logits - logits.max())
+        return (w / w.sum()) @ values[0, h // rep, seen]
+
+    for h in range(heads):
+        for r, pos in enumerate(rows):
+            ref = reference(np.array(q[0, h, r]), pos, h)
+            for got in (gathered, masked, on_device):
+                assert rel_err(got[0, h, r], ref) < 1e-5
+        for r, pos in enumerate(selected):
+            assert rel_err(blocked[0, h, r], reference(np.array(qs[0, h, r]), pos, h)) < 1e-5
+
+
+def test_position_mask():
+    q, k = np.array([3, 10, 11]), np.array([0, 3, 8, 9, 11, 12])
+    assert position_mask(q, k).tolist() == [
+        [True, True, False, False, False, False],
+        [True, True, True, True, False, False],
+        [True, True, True, True, True, False]]
+    # window 3: keys q-2 .. q, whoever else is missing
+    assert position_mask(q, k, 3).tolist() == [
+        [False, True, False, False, False, False],
+        [False, False, True, True, False, False],
+        [False, False, False, True, True, False]]
