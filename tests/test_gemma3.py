@@ -206,3 +206,41 @@ def test_position_mask():
         [False, True, False, False, False, False],
         [False, False, True, True, False, False],
         [False, False, False, True, True, False]]
+
+
+# --------------------------------------------------- prompt cache, server, tensor parallel
+def test_gemma3_prompt_cache_save_and_load(tiny_model, tmp_path):
+    """A pruned Gemma 3 state (tokens waiting in the Aux Cache) saved and loaded: the next
+    chunk's logits are identical, and the loaded state matches the same model only."""
+    from mlx_lazy import load_prompt_cache, make_prompt_cache, save_prompt_cache
+
+    model = tiny_model("gemma3_text")[0]
+    config = PruningConfig("lazy", prune_layers=(0, 2), keep=(0.5, 0.2), complete="none")
+    cache = make_prompt_cache(model, config)
+    cache.process(np.asarray(random_prompt(150, model.args.vocab_size, seed=8)).tolist())
+    assert cache.engine.cache.aux
+    path = tmp_path / "gemma.safetensors"
+    save_prompt_cache(path, cache)
+    loaded = load_prompt_cache(path, model)
+    more = np.asarray(random_prompt(30, model.args.vocab_size, seed=9)).tolist()
+    np.testing.assert_array_equal(np.array(cache.process(more)), np.array(loaded.process(more)))
+    with pytest.raises(mlx_lazy.UserInputError):
+        load_prompt_cache(path, tiny_model("llama")[0])
+
+
+@pytest.mark.parametrize("attention_implementation", ["set-in-test"])
+def test_gemma3_server_equals_in_process(tiny_model, tiny_model_dir, tmp_path):
+    """The HTTP server on a Gemma 3 folder: a pruned chat request answers as in-process."""
+    from test_server import LONG_TEXT, chat_prompt, expected, run_server
+
+    folder = tiny_model_dir("gemma3_text")
+    messages = [{"role": "user", "content": LONG_TEXT + "What is the passkey?"}]
+    prompt = chat_prompt(tiny_model("gemma3_text")[1], messages)
+    spec = {"method": "lazy", "prune_layers": [0], "keep": [0.3]}
+    with run_server(folder, tmp_path=tmp_path) as server:
+        r = server.client().chat.completions.create(model="any", messages=messages,
+                                                    max_tokens=6, extra_body={"pruning": spec})
+    want = expected(tiny_model("gemma3_text"), prompt, max_tokens=6,
+                    config=PruningConfig.preset("lazy", prune_layers=(0,), keep=(0.3,)))
+    assert r.choices[0].message.content == want
+    assert r.usage.model_extra["pruning"]["method"] == "lazy"
