@@ -260,13 +260,14 @@ def gemma3_270m():
 def test_gemma3_270m_unpruned_matches_mlx_lm(gemma3_270m):
     """The real model (PyPI chunks -> GGUF -> MLX float32) over 700 tokens, past its
     512-token window: the engine's masks by position against mlx-lm's rotating caches.
-    Its 262,144-entry logits come through 18 layers of 640-wide float32 sums in another
-    order (query blocks of 256, a fused exp2): measured 1.7e-6 of their scale."""
-    model, tokenizer = gemma3_270m
+    Measured 3.9e-6 of the logits' scale; mlx-lm's own logits move by 1.2e-6 when its input
+    embeddings move by 1e-7 (relative) on this prompt. (On repetitive text past the window
+    the model is ill-conditioned: the same 1e-7 moves mlx-lm's logits by up to 3e-4, and the
+    engine's float32 sums in another order by as much; so random tokens here.)"""
+    model, _ = gemma3_270m
     assert ModelAdapter(model).sliding_window(0) == 512
-    text = "The history of the Roman Empire spans many centuries. " * 80
-    prompt = mx.array(tokenizer.encode(text)[:700])
-    assert prompt.size == 700
+    rng = np.random.default_rng(0)
+    prompt = mx.array([2] + rng.integers(1000, 200000, 699).tolist())  # <bos>, then words
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8) < 1e-4
 
 
