@@ -13,7 +13,7 @@ import re
 
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
-from typing import Tuple
+from typing import Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -25,7 +25,12 @@ from .errors import UserInputError
 # qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
 # phi3: fused ``qkv_proj`` (split here as mlx-lm splits it) and ``gate_up_proj`` (inside its
 # MLP module), RoPE (plain or longrope's ``SuScaledRoPE``, possibly partial) as its module.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe")
+# gemma3_text (and the text model inside a ``gemma3`` checkpoint): Gemma's RMSNorm (1 + w),
+# embeddings scaled by sqrt(hidden), q/k norms, norms after attention and around the MLP,
+# sliding-window layers (:meth:`ModelAdapter.sliding_window`) with their own RoPE base.
+SUPPORTED_MODEL_TYPES = ("gemma3", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3",
+                         "qwen3_moe")
+GEMMA3_TYPES = ("gemma3", "gemma3_text")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm}``, ``use_sliding``,
 # ``embed_tokens.as_linear``): at least the first, below the second. Same as pyproject.toml.
@@ -77,7 +82,10 @@ class ModelAdapter:
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         self.model = model
-        self.inner = model.model
+        # gemma3: the text model inside (mlx-lm drops the vision tower on load)
+        self.text = model.language_model if model_type == "gemma3" else model
+        self.gemma = model_type in GEMMA3_TYPES
+        self.inner = self.text.model
         self.layers = list(self.inner.layers)
         if any(getattr(layer, "use_sliding", False) for layer in self.layers):
             raise UserInputError("sliding-window attention layers are not supported")
@@ -85,7 +93,23 @@ class ModelAdapter:
         self.n_heads: int = attn.n_heads
         self.n_kv_heads: int = attn.n_kv_heads
         self.scale: float = attn.scale
-        self.lm_head = getattr(model, "lm_head", None)
+        self.lm_head = getattr(self.text, "lm_head", None)
+        if self.gemma:
+            args = self.text.args
+            # mlx-lm multiplies by sqrt(hidden) rounded to bfloat16, as Gemma's reference does
+            self._embed_scale = mx.array(args.hidden_size ** 0.5, mx.bfloat16)
+            self._windows = [int(args.sliding_window) if block.self_attn.is_sliding else None
+                             for block in self.layers]
+            self._softcap = getattr(args, "final_logit_softcapping", None)
+        else:
+            self._windows = [None] * len(self.layers)
+            self._softcap = None
+
+    def sliding_window(self, layer: int) -> Optional[int]:
+        """The window of a sliding-window layer (a query at position p sees keys at
+        positions p - window + 1 .. p, original positions), None for a global layer and for
+        families without sliding windows."""
+        return self._windows[layer]
 
     @property
     def num_layers(self) -> int:
@@ -96,7 +120,7 @@ class ModelAdapter:
         prompt cache must match), weights up to quantization and dtype (:meth:`identity`:
         what a calibrated schedule must match, see :func:`identities_match`) and the variant
         of its weights (:meth:`variant`, informative)."""
-        args = self.model.args
+        args = self.text.args
         return {
             "model_type": self.model.model_type,
             "num_layers": self.num_layers,
@@ -155,7 +179,7 @@ class ModelAdapter:
         ``float32``, ``bfloat16+q4g64``, ``float32+q4g32+q8g32`` (SmolLM2's GGUF)."""
         dtype = str(self.inner.norm.weight.dtype).removeprefix("mlx.core.")
         quants = set()
-        for _, module in self.model.named_modules():
+        for _, module in self.text.named_modules():
             bits = getattr(module, "bits", None)
             if isinstance(bits, int) and hasattr(module, "group_size") and "scales" in module:
                 mode = getattr(module, "mode", "affine")
@@ -170,14 +194,21 @@ class ModelAdapter:
 
     def embed(self, tokens: mx.array) -> mx.array:
         """(n,) token ids -> (1, n, D) hidden states."""
-        return self.inner.embed_tokens(tokens[None])
+        h = self.inner.embed_tokens(tokens[None])
+        if self.gemma:
+            h = h * self._embed_scale.astype(h.dtype)
+        return h
 
     def logits(self, h: mx.array) -> mx.array:
         """Final norm and LM head on (1, n, D) hidden states."""
         h = self.inner.norm(h)
         if self.lm_head is None:
-            return self.inner.embed_tokens.as_linear(h)
-        return self.lm_head(h)
+            out = self.inner.embed_tokens.as_linear(h)
+        else:
+            out = self.lm_head(h)
+        if self._softcap:  # Gemma 2 style final soft-capping, where a config has it
+            out = mx.tanh(out / self._softcap) * self._softcap
+        return out
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
         """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied.
@@ -197,7 +228,7 @@ class ModelAdapter:
         q = q.reshape(1, n, self.n_heads, -1)
         k = k.reshape(1, n, self.n_kv_heads, -1)
         v = v.reshape(1, n, self.n_kv_heads, -1)
-        if hasattr(attn, "q_norm"):  # qwen3
+        if hasattr(attn, "q_norm"):  # qwen3, gemma3
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         return _rope(attn.rope, q, positions), _rope(attn.rope, k, positions), v
@@ -206,7 +237,13 @@ class ModelAdapter:
         """Output projection, residual and MLP: attention output (1, H, n, d) -> new h."""
         block = self.layers[layer]
         n = attn_out.shape[2]
-        h = h + block.self_attn.o_proj(attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1))
+        r = block.self_attn.o_proj(attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1))
+        if self.gemma:  # norms after attention and around the MLP; float16-safe residuals
+            from mlx_lm.models.gemma3_text import clip_residual
+            h = clip_residual(h, block.post_attention_layernorm(r))
+            return clip_residual(h, block.post_feedforward_layernorm(
+                block.mlp(block.pre_feedforward_layernorm(h))))
+        h = h + r
         return h + block.mlp(block.post_attention_layernorm(h))
 
 

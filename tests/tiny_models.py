@@ -1,4 +1,5 @@
-"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3) with a real tokenizer.
+"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3, gemma3_text) with a
+real tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
@@ -15,7 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_map
 
-KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3")
+KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -54,6 +55,13 @@ _KIND_CONFIG = {
                   "mlp_only_layers": [1], "moe_intermediate_size": 32, "norm_topk_prob": True},
     # fused qkv_proj and gate_up_proj; head_dim is hidden_size / heads (16)
     "phi3": {"architectures": ["Phi3ForCausalLM"], "tie_word_embeddings": False},
+    # Gemma 3: layers 0 and 2 slide over a 24-position window (RoPE base 10000), 1 and 3 are
+    # global (base 1e6); q/k norms, (1 + w) norms, scaled embeddings, tied head; a
+    # query_pre_attn_scalar unlike head_dim so a wrong scale shows
+    "gemma3_text": {"architectures": ["Gemma3ForCausalLM"], "tie_word_embeddings": True,
+                    "sliding_window": 24, "sliding_window_pattern": 2,
+                    "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0,
+                    "query_pre_attn_scalar": 24, "rms_norm_eps": 1e-6},
 }
 #: Variants of a kind: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
 #: with per-frequency factors) over three quarters of each head (partial rotary).
@@ -130,6 +138,13 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             if hasattr(attn, name):
                 norm = getattr(attn, name)
                 norm.weight = 1.0 + 0.1 * mx.random.normal(norm.weight.shape)
+        if kind.startswith("gemma3"):  # Gemma's norms scale by (1 + w): w = 0 is the identity
+            for name in ("input_layernorm", "post_attention_layernorm",
+                         "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+                norm = getattr(layer, name)
+                norm.weight = 0.1 * mx.random.normal(norm.weight.shape)
+    if kind.startswith("gemma3"):
+        model.pop("lm_head")  # tied, as Gemma 3 checkpoints are (mlx-lm ties when it is absent)
     mx.eval(model.parameters())
     save_model(folder, model)
     save_config(dict(config), folder / "config.json")
