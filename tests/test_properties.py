@@ -60,6 +60,7 @@ def config_fields(ints: st.SearchStrategy) -> dict:
         "anchors": st.one_of(ints, wrong),
         "seed": st.one_of(ints, wrong),
         "revive": st.one_of(st.booleans(), wrong),
+        "max_revivals": st.one_of(ints, wrong),
         # scorer specs: names, fields and values, each plausible, on the edge or wrong
         "scorer": st.one_of(
             st.lists(st.one_of(
