@@ -492,7 +492,7 @@ def test_every_last_rung_candidate_has_its_gain_measured(tiny_model_path, tmp_pa
 
     timed = []
 
-    def fake_measure(model, tokenizer, config, n_tokens, repeats=1):
+    def fake_measure(model, tokenizer, config, n_tokens, repeats=1, answer_tokens=1):
         timed.append(config)
         return {"prompt_tokens": n_tokens, "full_s": [2.0], "pruned_s": [1.0],
                 "gain": 2.0 + len(timed)}
