@@ -489,11 +489,7 @@ def _build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                             for i, t in enumerate(types) if t in (3, 4)])
 
-    def token(key: str) -> str | None:
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
-
-    bos = token("bos")
+    bos = _special_token(meta, tokens, "bos")
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
     post = [processors.ByteLevel(trim_offsets=False)]
     if add_bos:
@@ -502,20 +498,33 @@ def _build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
             special_tokens=[(bos, tokens.index(bos))]))
     tok.post_processor = processors.Sequence(post)
 
+    return tok, _tokenizer_config(meta, tokens, add_bos,
+                                  int(meta.get(f"{arch}.context_length", 4096)))
+
+
+def _special_token(meta: dict, tokens: list[str], key: str) -> str | None:
+    """The token of ``tokenizer.ggml.<key>_token_id`` (bos, eos, unknown, padding), if any."""
+    i = meta.get(f"tokenizer.ggml.{key}_token_id")
+    return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+
+def _tokenizer_config(meta: dict, tokens: list[str], add_bos: bool,
+                      context_length: int) -> dict[str, Any]:
+    """tokenizer_config.json of a tokenizer rebuilt from GGUF metadata."""
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
         "add_bos_token": add_bos,
         "add_eos_token": False,
-        "model_max_length": int(meta.get(f"{arch}.context_length", 4096)),
+        "model_max_length": context_length,
     }
     for key in ("bos", "eos", "unknown", "padding"):
-        t = token(key)
+        t = _special_token(meta, tokens, key)
         if t is not None:
             config[{"unknown": "unk_token", "padding": "pad_token"}.get(key, f"{key}_token")] = t
     if "tokenizer.chat_template" in meta:
         config["chat_template"] = meta["tokenizer.chat_template"]
-    return tok, config
+    return config
 
 
 def _gemma_tokenizer(meta: dict) -> tuple[Any, dict]:
@@ -541,11 +550,7 @@ def _gemma_tokenizer(meta: dict) -> tuple[Any, dict]:
         merges += [(i, len(a), len(b), a, b) for a, b in local]
     merges.sort(key=lambda m: (-m[0], m[1], m[2]), reverse=True)
 
-    def token(key: str) -> str | None:
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
-
-    unk = token("unknown") or "<unk>"
+    unk = _special_token(meta, tokens, "unknown") or "<unk>"
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges],
                                unk_token=unk, fuse_unk=True, byte_fallback=True))
     tok.normalizer = normalizers.Replace(" ", "\u2581")
@@ -556,22 +561,10 @@ def _gemma_tokenizer(meta: dict) -> tuple[Any, dict]:
                             for i, t in enumerate(types) if t == 3])
     tok.add_tokens([AddedToken(raw[i], special=False, normalized=False)  # "\n", "<table>"
                     for i, t in enumerate(types) if t == 4 and raw[i] == tokens[i]])
-    bos = token("bos")
+    bos = _special_token(meta, tokens, "bos")
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None
     if add_bos:
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "clean_up_tokenization_spaces": False,
-        "add_bos_token": add_bos,
-        "add_eos_token": False,
-        "model_max_length": int(meta.get("gemma3.context_length", 32768)),
-    }
-    for key in ("bos", "eos", "unknown", "padding"):
-        t = token(key)
-        if t is not None:
-            config[{"unknown": "unk_token", "padding": "pad_token"}.get(key, f"{key}_token")] = t
-    if "tokenizer.chat_template" in meta:
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return tok, config
+    return tok, _tokenizer_config(meta, tokens, add_bos,
+                                  int(meta.get("gemma3.context_length", 32768)))
