@@ -20,7 +20,18 @@ from typing import Callable, List
 
 import pytest
 
+from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS
 from tiny_models import KINDS, build_tiny_model
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def attention_implementation(request, monkeypatch):
+    """Runs a test with each attention implementation: ``fast`` is what the GPU runs (mx.fast
+    with "causal" or boolean masks), here through mx.fast's exact CPU fallback. Modules that
+    test attention use it for every test (``pytestmark``); a test that sets the
+    implementation itself parametrizes it away."""
+    monkeypatch.setenv(ENV_VAR, request.param)
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_lazy import LazyEngine, PruningConfig, resolve_config
-from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS
+from mlx_lazy.attention import ENV_VAR
 from mlx_lazy.cache import LayerKV
 from numerics import max_rel_err, rel_err
 
@@ -17,12 +17,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe")
 LOGITS_TOL = 1e-5
 
 
-@pytest.fixture(autouse=True, params=IMPLEMENTATIONS)
-def attention_implementation(request, monkeypatch):
-    """Every test runs with both attention implementations: ``fast`` is what the GPU runs
-    (mx.fast with "causal" or boolean masks), here through mx.fast's exact CPU fallback."""
-    monkeypatch.setenv(ENV_VAR, request.param)
-    return request.param
+# Every test runs with both attention implementations (conftest's attention_implementation).
+pytestmark = pytest.mark.usefixtures("attention_implementation")
 
 
 def random_prompt(n, vocab, seed=0):

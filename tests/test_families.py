@@ -15,7 +15,6 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_lazy import LazyEngine, PruningConfig, generate, resolve_config
 from mlx_lazy.adapter import ModelAdapter, identities_match
-from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
@@ -23,11 +22,8 @@ from tiny_models import build_tiny_model
 PHI3 = ("phi3", "phi3-longrope")
 
 
-@pytest.fixture(autouse=True, params=IMPLEMENTATIONS)
-def attention_implementation(request, monkeypatch):
-    """Both attention implementations, as in test_engine."""
-    monkeypatch.setenv(ENV_VAR, request.param)
-    return request.param
+# Every test runs with both attention implementations (conftest's attention_implementation).
+pytestmark = pytest.mark.usefixtures("attention_implementation")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from mlx_lm.models import gemma3
 
 from mlx_lazy import LazyEngine, PruningConfig, resolve_config
 from mlx_lazy.adapter import ModelAdapter
-from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS, position_mask
+from mlx_lazy.attention import position_mask
 from numerics import max_rel_err, rel_err
 from test_engine import greedy_pair, mlx_lm_error, random_prompt
 
@@ -27,11 +27,8 @@ LOGITS_TOL = 1e-5
 WINDOW = 24  # tests/tiny_models.py's sliding window
 
 
-@pytest.fixture(autouse=True, params=IMPLEMENTATIONS)
-def attention_implementation(request, monkeypatch):
-    """Both attention implementations, as in test_engine."""
-    monkeypatch.setenv(ENV_VAR, request.param)
-    return request.param
+# Every test runs with both attention implementations (conftest's attention_implementation).
+pytestmark = pytest.mark.usefixtures("attention_implementation")
 
 
 @pytest.fixture(scope="module")
