@@ -289,19 +289,29 @@ def test_decode_attention_pairs_count_the_whole_context_when_unpruned(tiny_model
     )
 
 
+def revival_case(model, layer, **engine_kw):
+    """An unpruned 120-token state of ``model``, revival blocks of 4 (several per call), and
+    a revival to check at ``layer``: 50 selected positions, 11 rows among them with random
+    queries. Returns the engine, the layer cache, the selected positions, the rows, their
+    queries and the random generator."""
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("full")), **engine_kw)
+    engine.prefill(random_prompt(120, model.args.vocab_size, seed=3))
+    engine.revival_block = 4
+    kv = engine.cache.layers[layer]
+    rng = np.random.default_rng(0)
+    selected = np.sort(rng.choice(120, 50, replace=False))
+    rows = np.sort(rng.choice(selected[selected > 5], 11, replace=False))
+    shape = (1, engine.adapter.n_heads, len(rows), kv.keys.shape[-1])
+    q = mx.array(rng.standard_normal(shape).astype(np.float32))
+    return engine, kv, selected, rows, q, rng
+
+
 def test_revived_rows_attend_to_selected_keys_up_to_their_position(tiny_model):
     """Both attention paths of revived tokens (block-causal over gathered keys, masked over
     the whole cache) against a direct numpy softmax."""
     model, _ = tiny_model("qwen2")
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("full")))
-    engine.prefill(random_prompt(120, model.args.vocab_size, seed=3))
-    engine.revival_block = 4  # several blocks
-    kv = engine.cache.layers[1]
-    rng = np.random.default_rng(0)
-    selected = np.sort(rng.choice(120, 50, replace=False))
-    rows = np.sort(rng.choice(selected[selected > 5], 11, replace=False))
-    heads, d = engine.adapter.n_heads, kv.keys.shape[-1]
-    q = mx.array(rng.standard_normal((1, heads, len(rows), d)).astype(np.float32))
+    engine, kv, selected, rows, q, rng = revival_case(model, layer=1)
+    heads = engine.adapter.n_heads
     gathered = np.array(engine._revived_attention(q, kv, rows, selected))
     all_keys, all_values = kv.fetch()
     kpos = kv.cached_positions()

@@ -18,7 +18,7 @@ from mlx_lazy import LazyEngine, PruningConfig, resolve_config
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.attention import position_mask
 from numerics import max_rel_err, rel_err
-from test_engine import greedy_pair, mlx_lm_error, random_prompt
+from test_engine import greedy_pair, mlx_lm_error, random_prompt, revival_case
 
 # The engine and mlx-lm add the same float32 terms in another order (query blocks, a fused
 # exp2, gathered keys) through four layers whose (1 + w) norms and sqrt(hidden)-scaled
@@ -155,15 +155,8 @@ def test_window_masks_of_each_attention_path_against_numpy(gemma):
     keys inside each row's window of original positions: block-causal over the buffers (a
     first chunk with gaps, as random drop leaves), gathered blocks (revived rows) and the
     masked whole cache, with host and device visibility."""
-    engine = LazyEngine(gemma, resolve_config(gemma, PruningConfig("full")), block_size=8)
-    engine.prefill(random_prompt(120, gemma.args.vocab_size, seed=3))
-    engine.revival_block = 4
-    kv = engine.cache.layers[0]
-    rng = np.random.default_rng(0)
-    selected = np.sort(rng.choice(120, 50, replace=False))
-    rows = np.sort(rng.choice(selected[selected > 5], 11, replace=False))
+    engine, kv, selected, rows, q, rng = revival_case(gemma, layer=0, block_size=8)
     heads, d = engine.adapter.n_heads, kv.keys.shape[-1]
-    q = mx.array(rng.standard_normal((1, heads, len(rows), d)).astype(np.float32))
     gathered = np.array(engine._revived_attention(q, kv, rows, selected, window=WINDOW))
     all_keys, all_values = kv.fetch()
     kpos = kv.cached_positions()
