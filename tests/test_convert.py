@@ -188,6 +188,17 @@ def model_module(kind: str):
     return importlib.import_module(f"mlx_lm.models.{kind}")
 
 
+def add_shape(w: gguf.GGUFWriter, config: dict) -> None:
+    """The model's shape as llama.cpp writes it: layers, context, widths, heads."""
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(config["num_attention_heads"])
+    w.add_head_count_kv(config["num_key_value_heads"])
+    w.add_key_length(config["head_dim"])
+
+
 def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = None,
                meta: dict | None = None, **overrides) -> tuple[dict, dict]:
     """Write a random-weight model of ``kind`` as a llama.cpp-style GGUF (q/k rows permuted
@@ -209,13 +220,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     added = {t["content"]: t["id"] for t in tok["added_tokens"]}
 
     w = gguf.GGUFWriter(str(path), kind)
-    w.add_block_count(m["num_hidden_layers"])
-    w.add_context_length(m["max_position_embeddings"])
-    w.add_embedding_length(m["hidden_size"])
-    w.add_feed_forward_length(m["intermediate_size"])
-    w.add_head_count(m["num_attention_heads"])
-    w.add_head_count_kv(m["num_key_value_heads"])
-    w.add_key_length(m["head_dim"])
+    add_shape(w, m)
     w.add_rope_dimension_count(m["head_dim"])
     w.add_rope_freq_base(m["rope_theta"])
     if m["rope_scaling"]:

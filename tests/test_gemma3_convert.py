@@ -21,7 +21,7 @@ from mlx_lm.models import gemma3_text
 from mlx_lazy.convert import convert
 from mlx_lazy.errors import UserInputError
 from numerics import rel_err
-from test_convert import assert_one_line_error, encode, run_main
+from test_convert import add_shape, assert_one_line_error, encode, run_main
 from tiny_models import VOCAB_SIZE, tiny_config
 
 # llama.cpp's Gemma 3 layout: its converter fixes the sliding pattern at 6 and scales
@@ -57,13 +57,7 @@ def write_gemma_gguf(path: Path, drop: str | None = None, arch: str = "gemma3",
     (mlx-lm's layout: norms as w)."""
     c = CONFIG
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(c["num_hidden_layers"])
-    w.add_context_length(c["max_position_embeddings"])
-    w.add_embedding_length(c["hidden_size"])
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv(c["num_key_value_heads"])
-    w.add_key_length(c["head_dim"])
+    add_shape(w, c)
     w.add_value_length(c["head_dim"])
     w.add_rope_freq_base(c["rope_theta"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
