@@ -36,7 +36,8 @@ class LayerKV:
         self.slot_of = np.zeros(0, np.int64)
         # Device copies of the positions and their sorting order, made on first use and
         # dropped whenever the slots change (a decode step reads them at every layer).
-        self._on_device: Dict[str, Tuple[mx.array, ...]] = {}
+        self._device_positions: Optional[mx.array] = None
+        self._order: Optional[Tuple[mx.array, mx.array]] = None
 
     def append(self, k: mx.array, v: mx.array, positions: np.ndarray) -> None:
         """Store keys/values (1, kv_heads, n, d) of tokens at ``positions``."""
@@ -61,7 +62,7 @@ class LayerKV:
             self.slot_of = grown
         self.slot_of[positions] = np.arange(self.size, end)
         self.size = end
-        self._on_device.clear()
+        self._device_positions = self._order = None
 
     def write(self, k: mx.array, v: mx.array, positions: np.ndarray) -> None:
         """Store keys/values of tokens at ``positions``, overwriting those already cached."""
@@ -101,7 +102,7 @@ class LayerKV:
         self.size = len(slots)
         self.slot_of = np.full(length, -1, np.int64)
         self.slot_of[self.positions[: self.size]] = np.arange(self.size)
-        self._on_device.clear()
+        self._device_positions = self._order = None
 
     def cached_positions(self) -> np.ndarray:
         """Positions of the cached tokens in slot order."""
@@ -109,9 +110,9 @@ class LayerKV:
 
     def device_positions(self) -> mx.array:
         """:meth:`cached_positions` as an int32 MLX array."""
-        if "positions" not in self._on_device:
-            self._on_device["positions"] = (mx.array(self.cached_positions().astype(np.int32)),)
-        return self._on_device["positions"][0]
+        if self._device_positions is None:
+            self._device_positions = mx.array(self.cached_positions().astype(np.int32))
+        return self._device_positions
 
     def mask_at(self, seen: Optional[Mask]) -> Optional[Mask]:
         """The by-position mask ``seen`` (host or device; None: all) at the cached keys, in
@@ -122,9 +123,9 @@ class LayerKV:
 
     def position_order(self) -> Tuple[mx.array, mx.array]:
         """:func:`~mlx_lazy.scorers.position_order` of :meth:`cached_positions`."""
-        if "order" not in self._on_device:
-            self._on_device["order"] = position_order(self.cached_positions())
-        return self._on_device["order"]
+        if self._order is None:
+            self._order = position_order(self.cached_positions())
+        return self._order
 
     def copy(self) -> "LayerKV":
         """An independent copy (MLX copies a buffer when one of two holders writes to it)."""

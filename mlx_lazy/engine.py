@@ -211,23 +211,21 @@ class LazyEngine:
         for layer in range(a.num_layers):
             h, comp = self._restrict(layer, h, comp)
             seen = None if completing else chosen
-            q, h, rows = self._layer(layer, h, comp, seen, prompt)
+            q, h, rows, visible = self._layer(layer, h, comp, seen, prompt)
             keep = sched.keep_after(layer) if selects else None
             if keep is not None:
-                kv = cache.layers[layer]
                 m = min(self.scorer.n_queries, int((rows >= first).sum()))  # new tokens last
                 window = select.window(cache, layer, q[:, :, -m:], rows[-m:])
                 if prompt or len(comp) > 1 or select.may_revive(cache, layer):
-                    selected, pruned = select.on_host(cache, layer, window, keep, n_ctx,
-                                                      kv.mask_at(seen), None if prompt else comp)
+                    selected, pruned = select.on_host(cache, layer, window, keep, n_ctx, visible,
+                                                      None if prompt else comp)
                     chosen = np.zeros(n_ctx, bool)
                     chosen[selected] = True
                     if prompt and pruned:
                         self._stash(layer + 1, comp, h)
                     h, comp = self._advance(layer, h, comp, selected)
                 else:  # only the new token computed, none to revive: the device decides alone
-                    chosen = select.on_device(cache, layer, window, keep, n_ctx,
-                                              kv.mask_at(seen))
+                    chosen = select.on_device(cache, layer, window, keep, n_ctx, visible)
             if prompt:
                 # A chunk's layer is a natural step boundary: it bounds the graph (and peak
                 # memory) and drives the progress callback, at no measurable cost.
@@ -237,18 +235,19 @@ class LazyEngine:
         return a.logits(h[:, -1:])[0, 0]
 
     def _layer(self, layer: int, h: mx.array, comp: np.ndarray, seen: Optional[Mask],
-               prompt: bool, output: bool = True) -> Tuple[mx.array, Optional[mx.array],
-                                                           np.ndarray]:
+               prompt: bool, output: bool = True
+               ) -> Tuple[mx.array, Optional[mx.array], np.ndarray, Optional[Mask]]:
         """One layer for the tokens at sorted positions ``comp`` (hidden states ``h``): their
         keys and values stored (over any they had), then each token's attention over the
         keys cached there at or before its position (those ``seen`` marks, by position,
         when given), o_proj and MLP. Every forward, completion and recompute goes through
         here.
 
-        Returns the queries, the hidden states after the layer and the positions they
-        belong to. At the top layer only the newest token's output is ever used: with
-        ``output`` the rows shrink to it, else (completion) the tokens get their keys and
-        values and the hidden states are None.
+        Returns the queries, the hidden states after the layer, the positions they belong to
+        and the keys they saw (``seen`` at the layer's cached keys; None: all). At the top
+        layer only the newest token's output is ever used: with ``output`` the rows shrink to
+        it, else (completion) the tokens get their keys and values and the hidden states are
+        None.
         """
         a, kv = self.adapter, self.cache.layers[layer]
         q, k, v = a.qkv(layer, h, comp)
@@ -257,12 +256,13 @@ class LazyEngine:
         rows = comp
         if layer == a.num_layers - 1:
             if not output:
-                return q, None, rows
+                return q, None, rows, None
             if len(rows) > 1:
                 q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
-        return q, a.finish(layer, h, self._attend(q, kv, rows, kv.cached_positions(),
-                                                  kv.mask_at(seen), prompt,
-                                                  a.sliding_window(layer))), rows
+        visible = kv.mask_at(seen)
+        out = self._attend(q, kv, rows, kv.cached_positions(), visible, prompt,
+                           a.sliding_window(layer))
+        return q, a.finish(layer, h, out), rows, visible
 
     def _attend(self, q: mx.array, kv: LayerKV, rows: np.ndarray, kpos: np.ndarray,
                 visible: Optional[Mask], prompt: bool,
@@ -428,7 +428,7 @@ class LazyEngine:
                 if room == 0:
                     return done, True
                 carried, h = carried[:room], h[:, :room]
-            _, h, _ = self._layer(layer, h, carried, None, prompt=False, output=False)
+            _, h, _, _ = self._layer(layer, h, carried, None, prompt=False, output=False)
             self.completed_token_layers += len(carried)
             done += len(carried)
             if h is None:

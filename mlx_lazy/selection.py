@@ -114,7 +114,9 @@ class Selector:
         # Tokens waiting at depth layer+1 (max_revivals=0) are scored but never kept.
         has_kv = cache.depth[positions] > layer + 1
         waiting = eligible & ~has_kv & ~forced
-        candidates = mx.array(eligible) if visible is None else mx.array(eligible) & visible
+        candidates = mx.array(eligible)
+        if visible is not None:
+            candidates = candidates & visible
         scores = self._scores(layer, window, kv, candidates, visible)
         kept = top_k(scores, positions, candidates & mx.array(~waiting), forced,
                      round(keep * n_ctx), kv.position_order())
