@@ -22,8 +22,9 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .attention import attention, position_mask, prepare
-from .cache import LayerKV, LazyCache, Rows
+from .attention import prepare
+from .cache import LazyCache, Rows
+from .cache_attention import CacheAttention
 from .distributed import TensorParallel, model_group
 from .schedule import Schedule
 from .scorers import Mask
@@ -82,7 +83,7 @@ class LazyEngine:
     kept tokens' layers above the first cut once.
 
     Args:
-        model: a model from ``mlx_lm.load`` (llama, mistral, qwen2 or qwen3).
+        model: a model from ``mlx_lm.load`` of a family :class:`ModelAdapter` supports.
         schedule: the resolved plan (:func:`mlx_lazy.resolve.resolve_config`); None runs
             everything (``"full"``).
         block_size: query block length of the prefill attention.
@@ -90,9 +91,6 @@ class LazyEngine:
     Raises:
         ValueError: unsupported model.
     """
-
-    #: query rows per attention block of chunks and revived tokens after the first prefill
-    revival_block = 64
 
     def __init__(self, model: nn.Module, schedule: Optional[Schedule] = None,
                  block_size: int = 256):
@@ -106,7 +104,8 @@ class LazyEngine:
         if self.schedule.num_layers != self.adapter.num_layers:
             raise ValueError(f"the schedule is for {self.schedule.num_layers} layers, the "
                              f"model has {self.adapter.num_layers}")
-        self.block_size = block_size
+        #: the layers' attention over the cache (its pair counters are per request)
+        self.attention = CacheAttention(self.adapter.scale, block_size)
         self.scorer = self.schedule.scorer
         self.selector = Selector(self.schedule, self.adapter.scale, self.tp.reduce_heads)
         prepare()  # outside any timed region: the CPU kernels' one-time build
@@ -116,7 +115,7 @@ class LazyEngine:
     def start_request(self) -> None:
         """Zero the per-request counters of :attr:`stats` (the cache and its
         once-per-layer counter live on)."""
-        self.prefill_attention_pairs = self.decode_attention_pairs = 0
+        self.attention.prefill_pairs = self.attention.decode_pairs = 0
         self.prefill_tokens_per_layer = [0] * self.adapter.num_layers
         self.selector.selections = self.selector.host_syncs = 0
         self.completed_token_layers = 0
@@ -260,101 +259,9 @@ class LazyEngine:
             if len(rows) > 1:
                 q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
         visible = kv.mask_at(seen)
-        out = self._attend(q, kv, rows, kv.cached_positions(), visible, prompt,
-                           a.sliding_window(layer))
+        out = self.attention(q, kv, rows, visible, prompt, self.cache.length,
+                             a.sliding_window(layer))
         return q, a.finish(layer, h, out), rows, visible
-
-    def _attend(self, q: mx.array, kv: LayerKV, rows: np.ndarray, kpos: np.ndarray,
-                visible: Optional[Mask], prompt: bool,
-                window: Optional[int] = None) -> mx.array:
-        """Attention of queries at sorted positions ``rows`` over the layer cache ``kv``
-        (keys at ``kpos``): each sees the ``visible`` keys (all when None) at or before its
-        own position (and, in a sliding-window layer, inside its ``window`` of original
-        positions: :func:`~mlx_lazy.attention.position_mask`)."""
-        if isinstance(visible, mx.array):  # a decode step's device selection: one row
-            return self._cache_attention(q, *kv.fetch(), rows, kpos, visible, prompt, window)
-        if len(rows) > 1 and len(rows) == len(kpos) and (visible is None or visible.all()) \
-                and np.array_equal(rows, kpos):
-            # The cache holds exactly these tokens in order (a first chunk): causal attention
-            # over the buffers themselves, in query blocks, with no gather.
-            keys, values = kv.fetch()
-            return self._blocked_attention(q, keys, values, prompt, rows, window)
-        if len(rows) > self.revival_block:
-            # Many rows: block-causal over the gathered visible keys in position order (the
-            # blocks' keys stop at their last row, and the scores stay block-sized).
-            keys = np.sort(kpos if visible is None else kpos[visible])
-            return self._revived_attention(q, kv, rows, keys, prompt, window)
-        # A few rows over the whole layer cache with a mask: cheaper than gathering the
-        # visible keys, which is slow on the CPU.
-        keys, values = kv.fetch()
-        return self._cache_attention(q, keys, values, rows, kpos, visible, prompt, window)
-
-    def _blocked_attention(self, q: mx.array, k: mx.array, v: mx.array,
-                           prompt: bool, positions: Optional[np.ndarray] = None,
-                           window: Optional[int] = None) -> mx.array:
-        """Causal attention of sorted tokens (at ``positions``) over themselves, in query
-        blocks so memory never holds N x N scores; with a ``window``, each block's keys start
-        at the first inside its first row's window and a mask by position bounds the rest."""
-        n, bs, scale = q.shape[2], self.block_size, self.adapter.scale
-        outs = []
-        for i in range(0, n, bs):
-            j = min(i + bs, n)
-            s, mask = 0, "causal"
-            if window is not None:
-                s = int(np.searchsorted(positions, positions[i] - window, side="right"))
-                if positions[j - 1] - positions[s] >= window:  # some row's window ends early
-                    mask = mx.array(position_mask(positions[i:j], positions[s:j], window))
-            self._count_pairs((j - i) * (j - s), prompt)
-            outs.append(attention(q[:, :, i:j], k[:, :, s:j], v[:, :, s:j], scale, mask))
-            # One block's scores at a time: left lazy, the CPU backend may hold several.
-            mx.eval(outs[-1])
-        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
-
-    def _cache_attention(self, q: mx.array, keys: mx.array, values: mx.array, rows: np.ndarray,
-                         kpos: np.ndarray, visible: Optional[Mask],
-                         prompt: bool = False, window: Optional[int] = None) -> mx.array:
-        """Queries at positions ``rows`` over the whole layer cache (keys at ``kpos``): each
-        sees the ``visible`` keys (all when None; host or device) at or before its own
-        position, inside its ``window`` of positions when given."""
-        self._count_pairs(len(rows) * len(kpos), prompt)
-        if window is None and len(rows) == 1 and rows[0] == self.cache.length - 1:
-            mask = visible  # the newest row of a global layer: sees every key
-        else:
-            mask = position_mask(rows, kpos, window)
-            if isinstance(visible, mx.array):
-                mask = mx.array(mask) & visible[None, :]
-            elif visible is not None:
-                mask &= visible[None, :]
-        if isinstance(mask, np.ndarray):
-            mask = None if mask.all() else mx.array(mask)
-        return attention(q, keys, values, self.adapter.scale, mask)
-
-    def _revived_attention(
-        self, q: mx.array, kv: LayerKV, rows: np.ndarray, selected: np.ndarray,
-        prompt: bool = False, window: Optional[int] = None,
-    ) -> mx.array:
-        """Attention of rows at sorted positions ``rows`` over the ``selected`` keys (sorted
-        positions) at or before each row's position (and inside its ``window`` of positions
-        when given), in query blocks whose keys stop at the block's last row (block-causal,
-        like prefill) and, with a window, start at the first inside its first row's."""
-        keys, values = kv.fetch(selected)
-        outs = []
-        for i in range(0, len(rows), self.revival_block):
-            block = rows[i : i + self.revival_block]
-            end = int(np.searchsorted(selected, block[-1], side="right"))
-            s = 0 if window is None else int(np.searchsorted(selected, block[0] - window,
-                                                             side="right"))
-            mask = position_mask(block, selected[s:end], window)
-            self._count_pairs(len(block) * (end - s), prompt)
-            outs.append(attention(q[:, :, i : i + len(block)], keys[:, :, s:end],
-                                  values[:, :, s:end], self.adapter.scale, mx.array(mask)))
-        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
-
-    def _count_pairs(self, pairs: int, prompt: bool) -> None:
-        if prompt:
-            self.prefill_attention_pairs += pairs
-        else:
-            self.decode_attention_pairs += pairs
 
     # -------------------------------------------------------------- completion
     def complete(self, max_token_layers: Optional[int] = None,
@@ -515,8 +422,8 @@ class LazyEngine:
                                               if n else 0.0),
             tokens_computed_per_layer=computed.sum(axis=1).tolist(),
             prefill_tokens_per_layer=list(self.prefill_tokens_per_layer),
-            prefill_attention_pairs=self.prefill_attention_pairs,
-            decode_attention_pairs=self.decode_attention_pairs,
+            prefill_attention_pairs=self.attention.prefill_pairs,
+            decode_attention_pairs=self.attention.decode_pairs,
             revivals=c.revivals - self._revivals_before,
             selections=self.selector.selections,
             host_syncs=self.selector.host_syncs,

@@ -67,7 +67,7 @@ class PromptCache:
 
     def copy(self) -> "PromptCache":
         """An independent copy: generating on one leaves the other as it was."""
-        engine = LazyEngine(self.model, self.schedule, self.engine.block_size)
+        engine = LazyEngine(self.model, self.schedule, self.engine.attention.block_size)
         engine.cache = self.engine.cache.copy()
         engine.start_request()
         return PromptCache(engine, self.tokens)

@@ -131,7 +131,7 @@ def test_the_decode_step_is_the_papers(tiny_model, revival_block):
     config = PruningConfig("lazy", prune_layers=(CUT,), keep=(KEEP,), scorer="last",
                            complete="none")
     engine = LazyEngine(model, resolve_config(model, config))
-    engine.revival_block = revival_block
+    engine.attention.revival_block = revival_block
     chosen = []
     on_host = engine.selector.on_host
     engine.selector.on_host = lambda *a, **k: chosen.append((r := on_host(*a, **k))[0]) or r

@@ -296,7 +296,7 @@ def revival_case(model, layer, **engine_kw):
     queries and the random generator."""
     engine = LazyEngine(model, resolve_config(model, PruningConfig("full")), **engine_kw)
     engine.prefill(random_prompt(120, model.args.vocab_size, seed=3))
-    engine.revival_block = 4
+    engine.attention.revival_block = 4
     kv = engine.cache.layers[layer]
     rng = np.random.default_rng(0)
     selected = np.sort(rng.choice(120, 50, replace=False))
@@ -312,11 +312,11 @@ def test_revived_rows_attend_to_selected_keys_up_to_their_position(tiny_model):
     model, _ = tiny_model("qwen2")
     engine, kv, selected, rows, q, rng = revival_case(model, layer=1)
     heads = engine.adapter.n_heads
-    gathered = np.array(engine._revived_attention(q, kv, rows, selected))
+    gathered = np.array(engine.attention.revived(q, kv, rows, selected))
     all_keys, all_values = kv.fetch()
     kpos = kv.cached_positions()
-    masked = np.array(engine._cache_attention(q, all_keys, all_values, rows, kpos,
-                                              np.isin(kpos, selected)))
+    masked = np.array(engine.attention.over_cache(q, all_keys, all_values, rows, kpos,
+                                                       np.isin(kpos, selected)))
     keys, values = (np.array(a) for a in kv.fetch(selected))
     rep = heads // keys.shape[1]
     for r, pos in enumerate(rows):
@@ -351,7 +351,7 @@ def test_fast_branch_masks_for_blocks_revived_rows_and_visibility(tiny_model, mo
     def run_with(implementation, tokens):
         monkeypatch.setenv(ENV_VAR, implementation)
         engine = LazyEngine(model, resolve_config(model, config), block_size=64)
-        engine.revival_block = 4  # many revived rows take the gathered-keys path
+        engine.attention.revival_block = 4  # many revived rows take the gathered-keys path
         logits = [engine.prefill(prompt)]
         for token in tokens:
             logits.append(engine.decode(token))

@@ -111,7 +111,7 @@ def test_sliding_window_under_pruning_equals_a_dense_reference(gemma, monkeypatc
     prompt = np.asarray(random_prompt(n, gemma.args.vocab_size, seed=7))
     config = PruningConfig("lazy", prune_layers=(0,), keep=(0.4,), complete="none")
     engine = LazyEngine(gemma, resolve_config(gemma, config), block_size=32)
-    engine.revival_block = revival_block
+    engine.attention.revival_block = revival_block
     selections = []
     advance = engine._advance
 
@@ -157,18 +157,18 @@ def test_window_masks_of_each_attention_path_against_numpy(gemma):
     masked whole cache, with host and device visibility."""
     engine, kv, selected, rows, q, rng = revival_case(gemma, layer=0, block_size=8)
     heads, d = engine.adapter.n_heads, kv.keys.shape[-1]
-    gathered = np.array(engine._revived_attention(q, kv, rows, selected, window=WINDOW))
+    gathered = np.array(engine.attention.revived(q, kv, rows, selected, window=WINDOW))
     all_keys, all_values = kv.fetch()
     kpos = kv.cached_positions()
     visible = np.isin(kpos, selected)
-    masked = np.array(engine._cache_attention(q, all_keys, all_values, rows, kpos, visible,
-                                              window=WINDOW))
-    on_device = np.array(engine._cache_attention(q, all_keys, all_values, rows, kpos,
-                                                 mx.array(visible), window=WINDOW))
+    masked = np.array(engine.attention.over_cache(q, all_keys, all_values, rows, kpos, visible,
+                                                       window=WINDOW))
+    on_device = np.array(engine.attention.over_cache(q, all_keys, all_values, rows, kpos,
+                                                          mx.array(visible), window=WINDOW))
     keys, values = (np.array(a) for a in kv.fetch(selected))
     qs = mx.array(rng.standard_normal((1, heads, len(selected), d)).astype(np.float32))
-    blocked = np.array(engine._blocked_attention(qs, mx.array(keys), mx.array(values), False,
-                                                 selected, WINDOW))
+    blocked = np.array(engine.attention.blocked(qs, mx.array(keys), mx.array(values), False,
+                                                    selected, WINDOW))
     rep = heads // keys.shape[1]
 
     def reference(qrow, pos, h):
