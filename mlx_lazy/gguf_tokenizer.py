@@ -1,0 +1,151 @@
+"""Hugging Face fast tokenizers rebuilt from a GGUF's metadata (for :mod:`mlx_lazy.conversion`).
+
+llama.cpp stores the vocabulary, merges, token types and special ids; this rebuilds
+``tokenizer.json`` and ``tokenizer_config.json`` from them: byte-level BPE with llama.cpp's
+pre-tokenizer regexes (``tokenizer.ggml.model`` "gpt2"), and Gemma's SentencePiece vocabulary
+as the byte-fallback BPE Gemma ships. Bad metadata is a :class:`UserInputError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import UserInputError
+
+# GPT-2 byte-level regex variants of llama.cpp's pre-tokenizers; "smollm" splits every digit
+# into its own token before the GPT-2 regex.
+_LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = ("smollm", "gpt2", "default", "llama-bpe", "qwen2")
+# Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list).
+_EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+              "<end_of_turn>", "<|end_of_text|>")
+
+
+def eos_ids(meta: dict) -> list[int]:
+    """Every end-of-generation id: the GGUF's EOS/EOT/EOM and known end-of-turn controls."""
+    ids = [int(meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "eot", "eom")
+           if meta.get(f"tokenizer.ggml.{k}_token_id") is not None]
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    ids += [i for i, (tok, typ) in enumerate(zip(tokens, types)) if typ == 3 and tok in _EOG_TEXTS]
+    return list(dict.fromkeys(ids))
+
+
+def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
+    """Rebuild a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, \
+        pre_tokenizers, processors
+
+    kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama" and arch == "gemma3":
+        return _gemma_tokenizer(meta)
+    if kind != "gpt2":
+        what = " (SentencePiece)" if kind == "llama" else ""
+        raise UserInputError(f"unsupported GGUF tokenizer model {kind!r}{what} (supported: "
+                             "'gpt2' byte-level BPE)")
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise UserInputError(f"unsupported GGUF pre-tokenizer {pre!r} "
+                             f"(supported: {', '.join(PRE_TOKENIZERS)})")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                               fuse_unk=False, byte_fallback=False))
+    regex = {"llama-bpe": _LLAMA3_REGEX, "qwen2": _QWEN2_REGEX}.get(pre)
+    steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex is None)]
+    if pre == "smollm":
+        steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
+    elif regex is not None:
+        steps.insert(0, pre_tokenizers.Split(Regex(regex), behavior="isolated"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    if pre == "qwen2":
+        tok.normalizer = normalizers.NFC()
+    tok.decoder = decoders.ByteLevel()
+    # llama.cpp token types: 3 = control, 4 = user defined.
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                            for i, t in enumerate(types) if t in (3, 4)])
+
+    bos = _special_token(meta, tokens, "bos")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    post = [processors.ByteLevel(trim_offsets=False)]
+    if add_bos:
+        post.append(processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, tokens.index(bos))]))
+    tok.post_processor = processors.Sequence(post)
+
+    return tok, _tokenizer_config(meta, tokens, add_bos,
+                                  int(meta.get(f"{arch}.context_length", 4096)))
+
+
+def _special_token(meta: dict, tokens: list[str], key: str) -> str | None:
+    """The token of ``tokenizer.ggml.<key>_token_id`` (bos, eos, unknown, padding), if any."""
+    i = meta.get(f"tokenizer.ggml.{key}_token_id")
+    return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+
+def _tokenizer_config(meta: dict, tokens: list[str], add_bos: bool,
+                      context_length: int) -> dict[str, Any]:
+    """tokenizer_config.json of a tokenizer rebuilt from GGUF metadata."""
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": add_bos,
+        "add_eos_token": False,
+        "model_max_length": context_length,
+    }
+    for key in ("bos", "eos", "unknown", "padding"):
+        t = _special_token(meta, tokens, key)
+        if t is not None:
+            config[{"unknown": "unk_token", "padding": "pad_token"}.get(key, f"{key}_token")] = t
+    if "tokenizer.chat_template" in meta:
+        config["chat_template"] = meta["tokenizer.chat_template"]
+    return config
+
+
+def _gemma_tokenizer(meta: dict) -> tuple[Any, dict]:
+    """Gemma's SentencePiece vocabulary (``tokenizer.ggml.model`` "llama") as the fast
+    tokenizer Gemma ships: BPE with byte fallback, spaces as "\u2581", no prefix space,
+    merges rebuilt from the vocabulary (the GGUF lists none; Gemma's merge order is the
+    vocabulary's order, not its scores), control tokens special, user-defined ones whole.
+    As transformers' GGUF loader does."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, \
+        pre_tokenizers, processors
+
+    raw: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
+    if not raw:
+        raise UserInputError("GGUF metadata lacks tokenizer.ggml.tokens")
+    # runs of spaces are stored as spaces; Gemma's tokenizer spells them with "\u2581"
+    tokens = ["\u2581" * len(t) if t and not t.strip(" ") else t for t in raw]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = []
+    for i, t in enumerate(tokens):
+        local = [(t[:j], t[j:]) for j in range(1, len(t)) if t[:j] in vocab and t[j:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges += [(i, len(a), len(b), a, b) for a, b in local]
+    merges.sort(key=lambda m: (-m[0], m[1], m[2]), reverse=True)
+
+    unk = _special_token(meta, tokens, "unknown") or "<unk>"
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges],
+                               unk_token=unk, fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                            for i, t in enumerate(types) if t == 3])
+    tok.add_tokens([AddedToken(raw[i], special=False, normalized=False)  # "\n", "<table>"
+                    for i, t in enumerate(types) if t == 4 and raw[i] == tokens[i]])
+    bos = _special_token(meta, tokens, "bos")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
+    return tok, _tokenizer_config(meta, tokens, add_bos,
+                                  int(meta.get("gemma3.context_length", 32768)))
