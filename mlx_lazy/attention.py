@@ -24,7 +24,7 @@ from .errors import UserInputError
 IMPLEMENTATIONS = ("fast", "cpu-kernel")
 ENV_VAR = "MLX_LAZY_ATTENTION"
 
-_LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634
 # Taylor coefficients of 2**f = exp(f ln 2) for |f| <= 1/2 (error < 2e-7).
 _C = (1.0, 6.9314718e-1, 2.4022651e-1, 5.5504109e-2, 9.6181291e-3, 1.3333558e-3, 1.5403530e-4)
 
@@ -38,7 +38,7 @@ def _reduce(t: mx.array, shift: mx.array):
 
 
 def _pow2_bits(t: mx.array, shift: mx.array) -> mx.array:
-    """float32 bit patterns of 2**n, n = round(t - shift) in [-127, 0]; n = -127 (which
+    """float32 bit patterns of 2**n, n = round(t - shift) in [-127, 127]; n = -127 (which
     masked scores, -inf, also reach) gives 0.0."""
     _, n = _reduce(t, shift)
     return (n.astype(mx.int32) + 127) << 23
@@ -84,11 +84,13 @@ def prepare() -> None:
         _kernels = False
 
 
-def _exp2(scores: mx.array, shift: mx.array) -> mx.array:
-    """2**(scores - shift) for scores <= shift (their row maximum); 0 where scores = -inf."""
+def exp2(scores: mx.array, shift: mx.array) -> mx.array:
+    """2**(scores - shift) for scores - shift <= 127 (0 at or below -127, where scores = -inf
+    included): softmax weights with ``shift`` the row maximum, or above it by a bounded
+    amount (:class:`~mlx_lazy.scorers.ScoreMemo`)."""
     prepare()
     if not _kernels:
-        return mx.exp((scores - shift) * (1 / _LOG2E))
+        return mx.exp((scores - shift) * (1 / LOG2E))
     bits, times = _kernels
     return times(scores, shift, bits(scores, shift).view(mx.float32))
 
@@ -111,7 +113,7 @@ def position_mask(qpos, kpos, window: Optional[int] = None):
     return mask
 
 
-def _weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.array]):
+def attention_weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.array]):
     """Unnormalised softmax weights (1, kv_heads, rep, L, S) of queries (1, H, L, d) over keys
     (1, kv_heads, S, d), and their row sums (1, kv_heads, rep, L, 1)."""
     b, n_heads, n, d = q.shape
@@ -119,21 +121,12 @@ def _weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.array]):
     rep = n_heads // kv_heads
     # Heads h = g * rep + r share key head g: queries of a group stacked as one matrix.
     # Scores in log2 units: softmax(s) = 2**(s log2 e - max) / sum.
-    scores = (q * (scale * _LOG2E)).reshape(b, kv_heads, rep * n, d) @ k.swapaxes(-1, -2)
+    scores = (q * (scale * LOG2E)).reshape(b, kv_heads, rep * n, d) @ k.swapaxes(-1, -2)
     scores = scores.reshape(b, kv_heads, rep, n, s)
     if mask is not None:
         scores = mx.where(mask, scores, -mx.inf)
-    weights = _exp2(scores, scores.max(axis=-1, keepdims=True))
+    weights = exp2(scores, scores.max(axis=-1, keepdims=True))
     return weights, weights.sum(axis=-1, keepdims=True)
-
-
-def attention_probs(
-    q: mx.array, k: mx.array, scale: float, mask: Optional[mx.array] = None
-) -> mx.array:
-    """Attention probabilities (1, kv_heads, H // kv_heads, L, S) of queries (1, H, L, d) over
-    keys (1, kv_heads, S, d); ``mask`` as in :func:`attention` (no ``"causal"``)."""
-    weights, total = _weights(q, k, scale, mask)
-    return weights / total
 
 
 def attention(
@@ -150,7 +143,7 @@ def attention(
             raise ValueError(f"mask must be None, 'causal' or a boolean array, got {mask!r}")
         mask = causal_mask(q.shape[2], k.shape[2])
     b, n_heads, n, d = q.shape
-    weights, total = _weights(q, k, scale, mask)
+    weights, total = attention_weights(q, k, scale, mask)
     # Normalise the (n, d) output rather than the (n, s) weights.
     rows = weights.reshape(b, k.shape[1], -1, k.shape[2])
     out = (rows @ v) / total.reshape(b, k.shape[1], -1, 1)

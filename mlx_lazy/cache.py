@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 
-from .scorers import Mask, position_order
+from .scorers import Mask, ScoreMemo, position_order
 
 
 class LayerKV:
@@ -38,6 +38,9 @@ class LayerKV:
         # dropped whenever the slots change (a decode step reads them at every layer).
         self._device_positions: Optional[mx.array] = None
         self._order: Optional[Tuple[mx.array, mx.array]] = None
+        # A decode step's scoring weights over these keys; new slots extend it, rewritten
+        # or trimmed ones drop it.
+        self._memo: Optional[ScoreMemo] = None
 
     def append(self, k: mx.array, v: mx.array, positions: np.ndarray) -> None:
         """Store keys/values (1, kv_heads, n, d) of tokens at ``positions``."""
@@ -72,6 +75,7 @@ class LayerKV:
         if not known.any():
             self.append(k, v, positions)
             return
+        self._memo = None
         rows = mx.array(np.flatnonzero(known).astype(np.int32))
         slots = mx.array(self.slot_of[positions[known]].astype(np.int32))
         self.keys[:, :, slots] = k[:, :, rows]
@@ -102,7 +106,7 @@ class LayerKV:
         self.size = len(slots)
         self.slot_of = np.full(length, -1, np.int64)
         self.slot_of[self.positions[: self.size]] = np.arange(self.size)
-        self._device_positions = self._order = None
+        self._device_positions = self._order = self._memo = None
 
     def cached_positions(self) -> np.ndarray:
         """Positions of the cached tokens in slot order."""
@@ -126,6 +130,12 @@ class LayerKV:
         if self._order is None:
             self._order = position_order(self.cached_positions())
         return self._order
+
+    def score_memo(self) -> ScoreMemo:
+        """The :class:`~mlx_lazy.scorers.ScoreMemo` of decode steps scoring these keys."""
+        if self._memo is None:
+            self._memo = ScoreMemo()
+        return self._memo
 
     def copy(self) -> "LayerKV":
         """An independent copy (MLX copies a buffer when one of two holders writes to it)."""

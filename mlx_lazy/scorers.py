@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Type, Union
 import mlx.core as mx
 import numpy as np
 
-from .attention import attention_probs
+from .attention import LOG2E, attention_weights, exp2
 from .errors import UserInputError, shown
 from .inputs import parse_float, parse_int
 
@@ -59,6 +59,8 @@ class ScoreContext:
             "max") -> scores``, into one over all heads of the model (tensor parallelism:
             :meth:`mlx_lazy.distributed.TensorParallel.reduce_heads`); identity by default.
         key_order: :func:`position_order` of ``key_positions`` (None: computed when needed).
+        memo: the layer's :class:`ScoreMemo` when the keys are its cache in slot order and
+            the scoring carries on from earlier steps (decoding); None: computed afresh.
     """
 
     layer: int
@@ -71,6 +73,7 @@ class ScoreContext:
     scale: float
     reduce_heads: Callable[[mx.array, str], mx.array] = lambda scores, heads: scores
     key_order: Optional[Tuple[mx.array, mx.array]] = None
+    memo: Optional["ScoreMemo"] = None
 
 
 class Scorer:
@@ -136,6 +139,10 @@ class Window(Scorer):
     def score(self, ctx: ScoreContext) -> mx.array:
         if len(ctx.query_positions) == 1:  # decode: the newest token sees every key
             return _reduced_probs(ctx.queries, ctx, _visible(ctx), self.heads)
+        if ctx.memo is not None:  # decoding: the rows and keys of earlier steps carry over
+            weights = ctx.memo.weights(ctx.queries, ctx.query_positions, ctx.keys,
+                                       ctx.key_positions, ctx.scale)
+            return _reduce(weights, ctx, _visible(ctx), self.heads)
         mask = mx.array(ctx.key_positions[None, :] <= ctx.query_positions[:, None])
         if ctx.visible is not None:
             mask = mask & mx.array(ctx.visible)[None, :]
@@ -340,9 +347,106 @@ def _reduced_probs(q: mx.array, ctx: ScoreContext, mask: Optional[mx.array],
                    heads: str) -> mx.array:
     """Attention probabilities of queries ``q`` over the context's keys, reduced over heads
     (mean or max, across every process's heads) and averaged over the queries: (n,)."""
-    probs = attention_probs(q, ctx.keys, ctx.scale, mask)  # (1, kv_heads, rep, m, n)
-    b, g, r, m, n = probs.shape
+    weights, total = attention_weights(q, ctx.keys, ctx.scale, mask)
+    return _normalised(weights, total, ctx, heads)
+
+
+def _reduce(weights: mx.array, ctx: ScoreContext, visible: Optional[mx.array],
+            heads: str) -> mx.array:
+    """:func:`_reduced_probs` from a :class:`ScoreMemo`'s unnormalised ``weights``
+    (1, kv_heads, rep, m, n), each row's softmax taken over the ``visible`` keys."""
+    b, g, r, m, n = weights.shape
+    rows = weights.reshape(g, r * m, n)
+    if visible is None:
+        total = rows.sum(axis=-1, keepdims=True)
+    else:
+        total = rows @ visible.astype(weights.dtype)[:, None]
+    # A row that sees no visible key adds nothing (instead of 0/0).
+    total = mx.maximum(total, 1e-30).reshape(b, g, r, m, 1)
+    scores = _normalised(weights, total, ctx, heads)
+    return scores if visible is None else scores * visible  # 0 for invisible keys, as masked
+
+
+def _normalised(weights: mx.array, total: mx.array, ctx: ScoreContext,
+                heads: str) -> mx.array:
+    """Row-normalised ``weights`` (1, kv_heads, rep, m, n) by their row ``total``, reduced
+    over heads and averaged over the m queries: (n,)."""
+    b, g, r, m, n = weights.shape
+    if heads == "mean":
+        # Linear in the probabilities: each key's sum over rows of weight / row total is one
+        # matrix-vector product per key head, with no normalised (rows, n) copy.
+        summed = (1 / total).reshape(g, 1, r * m) @ weights.reshape(g, r * m, n)
+        return ctx.reduce_heads(summed.sum(axis=(0, 1)) * (1 / (g * r * m)), heads)
+    probs = weights / total
     per_head = probs.transpose(0, 3, 1, 2, 4).reshape(m, g * r, n)
-    if heads == "mean":  # linear: average the queries first, reduce (m times) fewer scores
-        return ctx.reduce_heads(per_head.mean(axis=(0, 1)), heads)
     return ctx.reduce_heads(per_head.max(axis=1), heads).mean(axis=0)
+
+
+class ScoreMemo:
+    """Unnormalised causal attention weights of a window of scoring queries over one layer's
+    cached keys, kept from one decode step to the next.
+
+    A query's weight on a key never changes (neither does, once computed), so a step computes
+    only its new queries' rows and the columns of keys cached since the last step (a new
+    token's, which the older queries do not see, and revived ones'); the visibility of the
+    step is applied when the rows are normalised (:func:`_reduce`), so the scores are those
+    of a fresh computation up to rounding. Row i holds ``2**(s_ij - c_i)`` in log2 units,
+    with ``c_i`` its maximum when the row was made; a later key may exceed it, so weights are
+    capped at ``2**64`` (a key that far above every other has probability 1 either way).
+    Made by :class:`~mlx_lazy.cache.LayerKV`, which drops it when its slots are rewritten.
+    """
+
+    #: largest log2 weight of a key above its row's shift
+    cap = 64.0
+
+    def __init__(self) -> None:
+        self.positions = np.zeros(0, np.int64)  # the rows' query positions, ascending
+        self.rows: Optional[mx.array] = None  # (1, kv_heads, rep, m, slots)
+        self.shift: Optional[mx.array] = None  # (1, kv_heads, rep, m, 1)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.rows is None else self.rows.nbytes
+
+    def weights(self, q: mx.array, qpos: np.ndarray, keys: mx.array, kpos: np.ndarray,
+                scale: float) -> mx.array:
+        """The (1, kv_heads, rep, m, n) weights of queries ``q`` (1, H, m, d) at ascending
+        positions ``qpos`` over ``keys`` (1, kv_heads, n, d) at ``kpos`` (the layer's slots,
+        whose first columns are those the memo already has), zero where a key comes after
+        its query."""
+        n, have = keys.shape[2], 0 if self.rows is None else self.rows.shape[-1]
+        # The rows kept from the last step: the oldest rows of this window.
+        kept = np.flatnonzero(np.isin(self.positions, qpos))
+        k = len(kept)
+        if k and not (np.array_equal(self.positions[kept], qpos[:k]) and have <= n):
+            k = 0
+        parts = []
+        if k:
+            old = self.rows[..., kept[0]:, :]
+            shift = self.shift[..., kept[0]:, :]
+            if n > have:
+                new = self._log2(q[:, :, :k], keys[:, :, have:], qpos[:k], kpos[have:], scale)
+                old = mx.concatenate([old, exp2(mx.minimum(new, shift + self.cap), shift)],
+                                     axis=-1)
+            parts.append((old, shift))
+        if k < len(qpos):
+            s = self._log2(q[:, :, k:], keys, qpos[k:], kpos, scale)
+            shift = s.max(axis=-1, keepdims=True)
+            parts.append((exp2(s, shift), shift))
+        self.rows = mx.concatenate([w for w, _ in parts], axis=3) if len(parts) > 1 \
+            else parts[0][0]
+        self.shift = mx.concatenate([c for _, c in parts], axis=3) if len(parts) > 1 \
+            else parts[0][1]
+        self.positions = np.array(qpos)
+        return self.rows
+
+    @staticmethod
+    def _log2(q: mx.array, keys: mx.array, qpos: np.ndarray, kpos: np.ndarray,
+              scale: float) -> mx.array:
+        """Scores in log2 units (1, kv_heads, rep, m, n), -inf where a key comes after its
+        query."""
+        _, heads, m, d = q.shape
+        g = keys.shape[1]
+        s = (q * (scale * LOG2E)).reshape(1, g, heads // g * m, d) @ keys.swapaxes(-1, -2)
+        s = s.reshape(1, g, heads // g, m, keys.shape[2])
+        return mx.where(mx.array(kpos[None, :] <= qpos[:, None]), s, -mx.inf)

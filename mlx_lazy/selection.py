@@ -85,7 +85,7 @@ class Selector:
         eligible, forced = self._candidates(cache, layer, positions, n_ctx)
         if visible is not None:
             eligible &= visible
-        scores = self._scores(layer, window, kv, eligible, visible)
+        scores = self._scores(layer, window, kv, eligible, visible, computed is not None)
         kept_from: Mask = eligible
         budget = self.schedule.max_revivals
         if computed is not None and budget is not None:
@@ -117,7 +117,7 @@ class Selector:
         candidates = mx.array(eligible)
         if visible is not None:
             candidates = candidates & visible
-        scores = self._scores(layer, window, kv, candidates, visible)
+        scores = self._scores(layer, window, kv, candidates, visible, decoding=True)
         kept = top_k(scores, positions, candidates & mx.array(~waiting), forced,
                      round(keep * n_ctx), kv.position_order())
         chosen = mx.zeros(n_ctx, mx.bool_)
@@ -135,13 +135,15 @@ class Selector:
         return eligible, forced
 
     def _scores(self, layer: int, window: Rows, kv: LayerKV, candidates: Mask,
-                visible: Optional[Mask]) -> mx.array:
-        """The scorer's (n,) scores, on the device, of the keys cached in ``kv``."""
+                visible: Optional[Mask], decoding: bool) -> mx.array:
+        """The scorer's (n,) scores, on the device, of the keys cached in ``kv``; while
+        ``decoding``, the scoring carries over from the last step (``kv``'s memo)."""
         # Tensor parallel: the scorer's head reduction is the one point where ranks exchange
         # data to decide; each holds only its own heads, every rank gets the reduction over
         # all of them, so every rank selects (and revives) the same tokens.
         ctx = ScoreContext(layer, window.data, window.positions, kv.fetch()[0],
                            kv.cached_positions(), candidates, visible, self.scale,
-                           self.reduce_heads, kv.position_order())
+                           self.reduce_heads, kv.position_order(),
+                           kv.score_memo() if decoding else None)
         self.selections += 1
         return self.scorer.score(ctx)

@@ -505,3 +505,32 @@ def test_a_layer_caches_device_positions_and_order_follow_every_change():
             kv.trim(int(np.median(held)))
             held = kv.cached_positions()
             check()
+
+
+def test_decode_scoring_carried_over_equals_fresh_scoring(tiny_model, monkeypatch):
+    """Decode steps whose window scorer carries its weights over from step to step (the
+    layers' :class:`~mlx_lazy.scorers.ScoreMemo`) select, revive and predict as steps that
+    score afresh (the memo switched off)."""
+    model, _ = tiny_model("llama")
+    config = PruningConfig("lazy", prune_layers=(0, 2), keep=(0.4, 0.2),
+                           scorer="window:size=8:pool=2", complete="none")
+
+    def decode(steps=24):
+        engine = LazyEngine(model, resolve_config(model, config))
+        token = int(mx.argmax(engine.prefill(random_prompt(300, model.args.vocab_size, 3))))
+        logits = []
+        for _ in range(steps):
+            out = engine.decode(token)
+            logits.append(np.array(out))
+            token = int(mx.argmax(out))
+        return engine, np.stack(logits)
+
+    carried, carried_logits = decode()
+    assert all(carried.cache.layers[c].score_memo().rows.shape[-1]
+               == carried.cache.layers[c].size for c in (0, 2))  # the memo was used
+    monkeypatch.setattr(LayerKV, "score_memo", lambda self: None)
+    fresh, fresh_logits = decode()
+    assert carried.stats.revivals == fresh.stats.revivals > 0
+    for a, b in zip(carried.cache.layers, fresh.cache.layers):
+        assert np.array_equal(a.cached_positions(), b.cached_positions())
+    assert rel_err(carried_logits, fresh_logits) < 1e-5

@@ -14,8 +14,8 @@ from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, build_schedule,
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.bench.methods import method_spec, parse_method
 from mlx_lazy.schedule_files import write_schedule
-from mlx_lazy.scorers import (SCORERS, Scorer, ScoreContext, parse_scorer, pool_by_position,
-                              top_k)
+from mlx_lazy.scorers import (SCORERS, Scorer, ScoreContext, ScoreMemo, parse_scorer,
+                              pool_by_position, top_k)
 from numerics import rel_err
 
 SCORER_SPECS = ["last", "last:heads=max", "window:size=6", "window:size=6:heads=max"]
@@ -134,6 +134,36 @@ def test_planted_key_is_always_kept(spec):
     kept = kpos[np.array(top_k(scores, kpos, np.ones(n, bool),
                                np.isin(kpos, scorer.always_kept(n)), 10))]
     assert planted in kept
+
+
+@pytest.mark.parametrize("spec", ["window:size=6", "window:size=6:heads=max",
+                                  "window:size=6:pool=2"])
+def test_memo_scores_equal_fresh_ones_step_after_step(spec):
+    """Decode steps scoring through a :class:`ScoreMemo` (rows and columns carried over)
+    against the scorer's fresh computation at each step: the window slides, the keys gain
+    the new token and revived old tokens (slots out of position order, one far above its
+    rows' maxima, so the cap acts), and the visible keys change every step."""
+    rng = np.random.default_rng(4)
+    heads, kv_heads, d, m, n0 = 4, 2, 16, 6, 60
+    scorer, memo = parse_scorer(spec), ScoreMemo()
+    queries = rng.standard_normal((1, heads, n0 + 8, d)).astype(np.float32)
+    keys = rng.standard_normal((1, kv_heads, n0 + 8, d)).astype(np.float32)
+    keys[0, :, 5] = 40 * queries[0, ::2, n0 - 3:].mean(axis=1)  # revived at step 2: huge
+    kpos = rng.permutation(np.arange(10, n0))  # cached out of order; 0..9 pruned for now
+    revive = {2: [5, 1], 4: [7]}
+    for step in range(6):
+        newest = n0 + step
+        kpos = np.concatenate([kpos, revive.get(step, []), [newest]]).astype(np.int64)
+        qpos = np.arange(newest - m + 1, newest + 1)
+        visible = rng.random(len(kpos)) < 0.7
+        visible[-1] = True
+        args = dict(layer=1, queries=mx.array(queries[:, :, qpos]), query_positions=qpos,
+                    keys=mx.array(keys[:, :, kpos]), key_positions=kpos,
+                    candidates=visible, visible=visible, scale=d ** -0.5)
+        fresh = np.array(scorer.score(ScoreContext(**args)))
+        carried = np.array(scorer.score(ScoreContext(**args, memo=memo)))
+        assert rel_err(carried[visible], fresh[visible]) < 1e-5, step
+        assert memo.rows.shape[-1] == len(kpos)
 
 
 def test_window_scorer_keeps_its_window_at_every_cut(tiny_model):
