@@ -38,6 +38,7 @@ from ..api import Sampler  # noqa: E402
 from .._args import OneLineParser  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..folders import write_text_atomic  # noqa: E402
+from ..models import MODELS  # noqa: E402
 from . import stats, yardstick  # noqa: E402
 from .common import (BASELINE, FULL, fmt, jsonable, loadavg, machine_info,  # noqa: E402
                      markdown_table)
@@ -379,7 +380,7 @@ def build_parser() -> OneLineParser:
     p = OneLineParser(prog="python -m mlx_lazy.bench.fidelity",
                       description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None,
-                   help="named model (smollm2-135m, qwen2.5-coder-0.5b), folder or hub id "
+                   help=f"named model ({', '.join(MODELS)}), folder or hub id "
                         "(default smollm2-135m)")
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help="methods as in python -m mlx_lazy.bench, ';'-separated when one has "
