@@ -113,16 +113,21 @@ def position_mask(qpos, kpos, window: Optional[int] = None):
     return mask
 
 
-def attention_weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.array]):
-    """Unnormalised softmax weights (1, kv_heads, rep, L, S) of queries (1, H, L, d) over keys
-    (1, kv_heads, S, d), and their row sums (1, kv_heads, rep, L, 1)."""
+def log2_scores(q: mx.array, k: mx.array, scale: float) -> mx.array:
+    """Attention scores in log2 units (1, kv_heads, rep, L, S) of queries (1, H, L, d) over
+    keys (1, kv_heads, S, d): softmax(s) = 2**(s log2 e - max) / sum."""
     b, n_heads, n, d = q.shape
     kv_heads, s = k.shape[1], k.shape[2]
     rep = n_heads // kv_heads
     # Heads h = g * rep + r share key head g: queries of a group stacked as one matrix.
-    # Scores in log2 units: softmax(s) = 2**(s log2 e - max) / sum.
     scores = (q * (scale * LOG2E)).reshape(b, kv_heads, rep * n, d) @ k.swapaxes(-1, -2)
-    scores = scores.reshape(b, kv_heads, rep, n, s)
+    return scores.reshape(b, kv_heads, rep, n, s)
+
+
+def attention_weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.array]):
+    """Unnormalised softmax weights (1, kv_heads, rep, L, S) of queries (1, H, L, d) over keys
+    (1, kv_heads, S, d), and their row sums (1, kv_heads, rep, L, 1)."""
+    scores = log2_scores(q, k, scale)
     if mask is not None:
         scores = mx.where(mask, scores, -mx.inf)
     weights = exp2(scores, scores.max(axis=-1, keepdims=True))

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Type, Union
 import mlx.core as mx
 import numpy as np
 
-from .attention import LOG2E, attention_weights, exp2
+from .attention import attention_weights, exp2, log2_scores
 from .errors import UserInputError, shown
 from .inputs import parse_float, parse_int
 
@@ -142,7 +142,7 @@ class Window(Scorer):
         if ctx.memo is not None:  # decoding: the rows and keys of earlier steps carry over
             weights = ctx.memo.weights(ctx.queries, ctx.query_positions, ctx.keys,
                                        ctx.key_positions, ctx.scale)
-            return _reduce(weights, ctx, _visible(ctx), self.heads)
+            return _reduced_weights(weights, ctx, _visible(ctx), self.heads)
         mask = mx.array(ctx.key_positions[None, :] <= ctx.query_positions[:, None])
         if ctx.visible is not None:
             mask = mask & mx.array(ctx.visible)[None, :]
@@ -351,8 +351,8 @@ def _reduced_probs(q: mx.array, ctx: ScoreContext, mask: Optional[mx.array],
     return _normalised(weights, total, ctx, heads)
 
 
-def _reduce(weights: mx.array, ctx: ScoreContext, visible: Optional[mx.array],
-            heads: str) -> mx.array:
+def _reduced_weights(weights: mx.array, ctx: ScoreContext, visible: Optional[mx.array],
+                     heads: str) -> mx.array:
     """:func:`_reduced_probs` from a :class:`ScoreMemo`'s unnormalised ``weights``
     (1, kv_heads, rep, m, n), each row's softmax taken over the ``visible`` keys."""
     b, g, r, m, n = weights.shape
@@ -389,7 +389,7 @@ class ScoreMemo:
     A query's weight on a key never changes (neither does, once computed), so a step computes
     only its new queries' rows and the columns of keys cached since the last step (a new
     token's, which the older queries do not see, and revived ones'); the visibility of the
-    step is applied when the rows are normalised (:func:`_reduce`), so the scores are those
+    step is applied when the rows are normalised (:func:`_reduced_weights`), so the scores are those
     of a fresh computation up to rounding. Row i holds ``2**(s_ij - c_i)`` in log2 units,
     with ``c_i`` its maximum when the row was made; a later key may exceed it, so weights are
     capped at ``2**64`` (a key that far above every other has probability 1 either way).
@@ -404,10 +404,6 @@ class ScoreMemo:
         self.rows: Optional[mx.array] = None  # (1, kv_heads, rep, m, slots)
         self.shift: Optional[mx.array] = None  # (1, kv_heads, rep, m, 1)
 
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.rows is None else self.rows.nbytes
-
     def weights(self, q: mx.array, qpos: np.ndarray, keys: mx.array, kpos: np.ndarray,
                 scale: float) -> mx.array:
         """The (1, kv_heads, rep, m, n) weights of queries ``q`` (1, H, m, d) at ascending
@@ -420,33 +416,27 @@ class ScoreMemo:
         k = len(kept)
         if k and not (np.array_equal(self.positions[kept], qpos[:k]) and have <= n):
             k = 0
-        parts = []
+        rows, shifts = [], []
         if k:
-            old = self.rows[..., kept[0]:, :]
-            shift = self.shift[..., kept[0]:, :]
+            old, shift = self.rows[..., kept[0]:, :], self.shift[..., kept[0]:, :]
             if n > have:
-                new = self._log2(q[:, :, :k], keys[:, :, have:], qpos[:k], kpos[have:], scale)
+                new = _causal_log2(q[:, :, :k], keys[:, :, have:], qpos[:k], kpos[have:], scale)
                 old = mx.concatenate([old, exp2(mx.minimum(new, shift + self.cap), shift)],
                                      axis=-1)
-            parts.append((old, shift))
+            rows.append(old)
+            shifts.append(shift)
         if k < len(qpos):
-            s = self._log2(q[:, :, k:], keys, qpos[k:], kpos, scale)
-            shift = s.max(axis=-1, keepdims=True)
-            parts.append((exp2(s, shift), shift))
-        self.rows = mx.concatenate([w for w, _ in parts], axis=3) if len(parts) > 1 \
-            else parts[0][0]
-        self.shift = mx.concatenate([c for _, c in parts], axis=3) if len(parts) > 1 \
-            else parts[0][1]
+            s = _causal_log2(q[:, :, k:], keys, qpos[k:], kpos, scale)
+            shifts.append(s.max(axis=-1, keepdims=True))
+            rows.append(exp2(s, shifts[-1]))
+        self.rows, self.shift = (x[0] if len(x) == 1 else mx.concatenate(x, axis=3)
+                                 for x in (rows, shifts))
         self.positions = np.array(qpos)
         return self.rows
 
-    @staticmethod
-    def _log2(q: mx.array, keys: mx.array, qpos: np.ndarray, kpos: np.ndarray,
-              scale: float) -> mx.array:
-        """Scores in log2 units (1, kv_heads, rep, m, n), -inf where a key comes after its
-        query."""
-        _, heads, m, d = q.shape
-        g = keys.shape[1]
-        s = (q * (scale * LOG2E)).reshape(1, g, heads // g * m, d) @ keys.swapaxes(-1, -2)
-        s = s.reshape(1, g, heads // g, m, keys.shape[2])
-        return mx.where(mx.array(kpos[None, :] <= qpos[:, None]), s, -mx.inf)
+
+def _causal_log2(q: mx.array, keys: mx.array, qpos: np.ndarray, kpos: np.ndarray,
+                 scale: float) -> mx.array:
+    """:func:`~mlx_lazy.attention.log2_scores`, -inf where a key comes after its query."""
+    return mx.where(mx.array(kpos[None, :] <= qpos[:, None]), log2_scores(q, keys, scale),
+                    -mx.inf)

@@ -85,7 +85,8 @@ class Selector:
         eligible, forced = self._candidates(cache, layer, positions, n_ctx)
         if visible is not None:
             eligible &= visible
-        scores = self._scores(layer, window, kv, eligible, visible, computed is not None)
+        scores = self._scores(layer, window, kv, eligible, visible,
+                              decoding=computed is not None)
         kept_from: Mask = eligible
         budget = self.schedule.max_revivals
         if computed is not None and budget is not None:
