@@ -479,6 +479,29 @@ def test_device_selection_equals_the_hosts(tiny_model, scorer):
     assert host.stats.host_syncs == 2 * (1 + steps)
 
 
+def test_a_layers_score_memo_outlives_new_keys_only():
+    """A decode step's carried-over scoring weights stay while keys are only added (their
+    columns are computed next step) and are dropped when keys are rewritten (an exact
+    recompute) or trimmed, where the columns it holds would be stale."""
+    kv = LayerKV()
+
+    def add(positions):
+        k = mx.ones((1, 1, len(positions), 4))
+        kv.write(k, k, np.array(positions))
+
+    def memo_after(change):
+        kv.score_memo().rows = mx.zeros((1, 1, 1, 1, kv.size))
+        change()
+        return kv.score_memo().rows
+
+    add([0, 1, 2])
+    assert memo_after(lambda: add([5, 3])) is not None  # new slots: kept
+    assert memo_after(lambda: add([1])) is None  # a rewritten key
+    assert memo_after(lambda: add([2, 7])) is None  # a rewritten key among new ones
+    assert memo_after(lambda: kv.trim(4)) is None
+    assert kv.copy().score_memo().rows is None  # a copy scores afresh
+
+
 def test_a_layer_caches_device_positions_and_order_follow_every_change():
     """The device copies a decode step reads at every layer (positions, and the order that
     sorts them) are those of the slots now held, after appends, overwrites, revived tokens
