@@ -93,10 +93,17 @@ def test_no_cell_the_full_path_can_do_is_bad_input(tiny_model_path, tmp_path):
         tiny_calibration(tiny_model_path, tmp_path / "cal")
 
 
+def fake_record(score, sample):
+    """What the harness's ``run_one`` returns, as far as calibration reads it."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(score=score, ttft_s=0.01, tpot_s=None,
+                           prompt_tokens=len(sample.tokens))
+
+
 def fake_runs(monkeypatch, interrupt_at=None):
     """Replace the model runs of a calibration: every method answers every sample; the
     ``interrupt_at``-th run raises KeyboardInterrupt. Returns the (method, sample) runs."""
-    from types import SimpleNamespace
 
     from mlx_lazy.bench import calibrate
 
@@ -106,7 +113,7 @@ def fake_runs(monkeypatch, interrupt_at=None):
         if len(runs) + 1 == interrupt_at:
             raise KeyboardInterrupt
         runs.append((method.name, sample.index))
-        return SimpleNamespace(score=1.0)
+        return fake_record(1.0, sample)
 
     monkeypatch.setattr(calibrate, "run_one", fake_run_one)
     return runs
@@ -476,7 +483,6 @@ def test_resume_of_a_results_file_from_the_agreement_bar(tiny_model_path, tmp_pa
 
 @pytest.mark.slow
 def test_every_last_rung_candidate_has_its_gain_measured(tiny_model_path, tmp_path, monkeypatch):
-    from types import SimpleNamespace
 
     from mlx_lazy.bench import calibrate
     from mlx_lazy.bench.plots import main as plots_main
@@ -488,14 +494,14 @@ def test_every_last_rung_candidate_has_its_gain_measured(tiny_model_path, tmp_pa
         # last rung), every other candidate answers all
         calls[method.name] = calls.get(method.name, 0) + 1
         victim = next((n for n in calls if n != "full"), None)
-        return SimpleNamespace(score=float(method.name != victim or calls[method.name] < 3))
+        return fake_record(float(method.name != victim or calls[method.name] < 3), sample)
 
     timed = []
 
     def fake_measure(model, tokenizer, config, n_tokens, repeats=1, answer_tokens=1):
         timed.append(config)
         return {"prompt_tokens": n_tokens, "full_s": [2.0], "pruned_s": [1.0],
-                "gain": 2.0 + len(timed)}
+                "gain": 2.0 + len(timed), "first_token_gain": 2.5}
 
     monkeypatch.setattr(calibrate, "run_one", fake_run_one)
     monkeypatch.setattr(calibrate, "measure_gain", fake_measure)
@@ -523,7 +529,6 @@ def test_every_last_rung_candidate_has_its_gain_measured(tiny_model_path, tmp_pa
 @pytest.mark.slow  # a calibration end to end
 def test_when_the_last_rung_confirms_none_the_next_batch_is_tried(tiny_model_path, tmp_path,
                                                                      monkeypatch):
-    from types import SimpleNamespace
 
     from mlx_lazy.bench import calibrate
 
@@ -534,7 +539,7 @@ def test_when_the_last_rung_confirms_none_the_next_batch_is_tried(tiny_model_pat
         # keep_per_rung 2) lose their third answer, every later one answers all
         calls[method.name] = calls.get(method.name, 0) + 1
         batch = [n for n in calls if n != "full"][:2]
-        return SimpleNamespace(score=float(method.name not in batch or calls[method.name] < 3))
+        return fake_record(float(method.name not in batch or calls[method.name] < 3), sample)
 
     monkeypatch.setattr(calibrate, "run_one", fake_run_one)
     fake_deviation(monkeypatch)  # every KLD 0: the first confirmed is of both qualities
@@ -552,7 +557,7 @@ def fake_deviation(monkeypatch, klds=(), rest=0.0):
 
     seen: list = []
 
-    def measure(self, config, model=None):
+    def measure(self, config, model=None, row="candidate"):
         if config is None:  # a yardstick: round_weights below returned its bits
             return {"kld_mean": {8: 0.02, 4: 0.4}[model], "kld_mean_ci": (0, 1), "steps": 1}
         seen.append(config)

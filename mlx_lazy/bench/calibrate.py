@@ -50,7 +50,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import PruningConfig, build_schedule, load
@@ -72,6 +72,7 @@ from .costmodel import predicted_counts, prior
 from .common import Method, jsonable, loadavg, median
 from .harness import run_one
 from .methods import method_spec
+from .progress import Progress, Rates, duration
 from .tasks import TASKS, build_prompt, build_samples
 
 #: Scorers tried (specs, :func:`mlx_lazy.scorers.parse_scorer`).
@@ -281,34 +282,60 @@ class Deviation:
         self._refs: list[tuple[list[int], fidelity.Continuation]] = []
         self.yardsticks: dict[str, dict[str, Any]] = {}
         self.prefills = 0  # windows run, each ``length`` tokens then ``steps`` forced steps
+        self.seconds = 0.0  # the time they took
+        #: Called as ``on_window(row, done, total)`` after each window of a row.
+        self.on_window: Callable[[str, int, int], None] = lambda row, done, total: None
+
+    def _runs(self, row: str, windows: Sequence[Any], one: Callable[[Any], Any]) -> list[Any]:
+        """``one(window)`` for every window of a row, timed and reported."""
+        runs = []
+        for window in windows:
+            tic = time.perf_counter()
+            runs.append(one(window))
+            self.seconds += time.perf_counter() - tic
+            self.prefills += 1
+            self.on_window(row, len(runs), len(windows))
+        return runs
+
+    def rows_left(self) -> int:
+        """Rows of windows not yet run that every schedule's bars need: full's references
+        and the yardsticks."""
+        return (not self._refs) + len(YARDSTICKS) - len(self.yardsticks)
+
+    def window_s(self) -> Optional[float]:
+        """Mean seconds per window so far (None before any)."""
+        return self.seconds / self.prefills if self.prefills else None
 
     def references(self) -> list[tuple[list[int], fidelity.Continuation]]:
         """Every window with ``full``'s run along it."""
         if not self._refs:
+            prompts = []
             for kind in fidelity.KINDS:
-                prompts, self.texts[kind] = fidelity.text_windows(
+                windows, self.texts[kind] = fidelity.text_windows(
                     self.tokenizer, fidelity.kind_files(kind), self.windows, self.length)
-                self._refs += [(p, fidelity.continuation(self.model, p, self.steps))
-                               for p in prompts]
-                self.prefills += len(prompts)
+                prompts += windows
+            refs = self._runs("full", prompts,
+                              lambda p: fidelity.continuation(self.model, p, self.steps))
+            self._refs = list(zip(prompts, refs))
         return self._refs
 
-    def measure(self, config: Optional[PruningConfig], model: Any = None) -> dict[str, Any]:
+    def measure(self, config: Optional[PruningConfig], model: Any = None,
+                row: str = "candidate") -> dict[str, Any]:
         """:func:`.fidelity.row_summary` of ``config`` on ``model`` (default: the model)
-        teacher-forced along every reference."""
-        runs = [fidelity.compare(ref, fidelity.continuation(
-                    model or self.model, prompt, self.steps, config, forced=ref.tokens))
-                for prompt, ref in self.references()]
-        self.prefills += len(runs)
-        return fidelity.row_summary(runs)
+        teacher-forced along every reference; ``row`` names it in progress reports."""
+        def one(window: tuple[list[int], fidelity.Continuation]) -> Any:
+            prompt, ref = window
+            return fidelity.compare(ref, fidelity.continuation(
+                model or self.model, prompt, self.steps, config, forced=ref.tokens))
+        return fidelity.row_summary(self._runs(row, self.references(), one))
 
     def bars(self, max_kld: Union[float, str]) -> dict[str, float]:
         """The largest mean KLD of each quality: ``max_kld`` (a yardstick's, by name) for the
         default one; at most :data:`HIGH_FRACTION` of the 4-bit yardstick's for ``high``."""
         for row, bits in YARDSTICKS.items():
             if row not in self.yardsticks:
-                self.yardsticks[row] = self.measure(None, yardstick.round_weights(self.model,
-                                                                                  bits))
+                self.yardsticks[row] = self.measure(
+                    None, yardstick.round_weights(self.model, bits), row=row)
         default = (self.yardsticks[max_kld]["kld_mean"] if isinstance(max_kld, str)
                    else float(max_kld))
         q4 = self.yardsticks[fidelity.yardstick_row(4)]["kld_mean"]
@@ -362,13 +389,26 @@ def run(cal: Calibration) -> dict[str, Any]:
     work = doc["work"] = {"retrieval_prefills": 0, "retrieval_prompt_tokens": 0,
                           "gain_prompt_tokens": 0}
 
+    progress = Progress(cal.time_limit_s, goal="next schedule")
+    rates = Rates()  # seconds per retrieval run (by method), full's per prompt token and step
+    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.complete,
+                       cal.max_revivals)
+    current: list[Candidate] = cands[:1]  # the candidate under test, for the ETA
+
     def score(config: Optional[PruningConfig], cell: str, i: int) -> float:
         check_time()
         method = Method("full" if config is None else method_spec(config),
                         config or PruningConfig())
         work["retrieval_prefills"] += 1
         work["retrieval_prompt_tokens"] += len(samples[cell][i].tokens)
-        return run_one(model, tokenizer, method, samples[cell][i]).score
+        tic = time.perf_counter()
+        record = run_one(model, tokenizer, method, samples[cell][i])
+        rates.add(method.name, time.perf_counter() - tic)
+        if config is None:
+            rates.add("prefill token", record.ttft_s, record.prompt_tokens)
+            if record.tpot_s is not None:
+                rates.add("step", record.tpot_s)
+        return record.score
 
     full: dict[str, list[float]] = {}
 
@@ -376,10 +416,36 @@ def run(cal: Calibration) -> dict[str, Any]:
         have = full.setdefault(cell, [])
         while len(have) < n:
             have.append(score(None, cell, len(have)))
+            progress.update(f"full {cell}", len(have), n, eta())
         return have[:n]
 
     deviation = Deviation(model, tokenizer, cal.kld_windows, cal.kld_length, cal.kld_steps)
     doc["yardsticks"], doc["kld_texts"] = deviation.yardsticks, deviation.texts  # on first use
+    deviation.on_window = lambda row, done, total: progress.update(
+        f"KLD windows, {row}", done, total, eta())
+
+    def eta() -> Optional[float]:
+        """Seconds until the candidate under test would be confirmed, if it passes: its
+        retrieval runs and full's still to do, the KLD rows, the measured gain. Kinds of work
+        not yet timed are scaled from full's prefill time per token and decode step."""
+        per_token, step = rates.mean("prefill token"), rates.mean("step") or 0.0
+        if per_token is None or not current:
+            return None
+        cand, n = current[0], max(cal.rungs)
+        cells_now = used_cells(doc) or list(samples)
+        t_full = rates.mean("full") or 0.0
+        t_cand = rates.mean(cand.name) or t_full / cand.predicted_gain
+        left = sum(max(0, n - len(full.get(c, []))) * t_full
+                   + max(0, n - len(cand.scores.get(c, []))) * t_cand for c in cells_now)
+        window = deviation.window_s() or cal.kld_length * per_token + cal.kld_steps * step
+        rows = deviation.rows_left() + (cand.kld is None)
+        left += rows * cal.kld_windows * len(fidelity.KINDS) * window
+        if cal.measure and cand.measured_gain is None:
+            prefill = cal.gain_length * per_token
+            answer = cal.gain_answer_tokens * step
+            gain = rates.mean("gain") or (2 * answer + prefill * (1 + 1 / cand.predicted_gain))
+            left += cal.gain_repeats * gain
+        return left
 
     def bars() -> dict[str, float]:
         check_time()
@@ -395,11 +461,9 @@ def run(cal: Calibration) -> dict[str, Any]:
                     kld_forced_steps=deviation.prefills * cal.kld_steps)
         _write(out, doc, full, cells)
 
-    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.complete,
-                       cal.max_revivals)
     doc["candidates"] = cands
     if cal.resume:
-        _resume(out, cal, fingerprint, full, cands, deviation, doc)
+        _resume(out, cal, fingerprint, full, cands, deviation, doc, progress)
     last = len(cal.rungs) - 1
     try:
         # 1. cells where the unpruned path can do the task
@@ -407,12 +471,18 @@ def run(cal: Calibration) -> dict[str, Any]:
             base = full_scores(cell, cal.pilot)
             doc["cells"][cell] = {"pilot_base": sum(base) / len(base),
                                   "used": sum(base) / len(base) >= cal.min_base}
-            _log(f"pilot {cell}: full {sum(base):.0f}/{len(base)}")
+            progress.log(f"pilot {cell}: full {sum(base):.0f}/{len(base)}")
         cells = used_cells(doc)
         if not cells:
             raise UserInputError(
                 f"full scores < {cal.min_base:.0%} on every cell; choose shorter --lengths or "
                 "other --tasks where this model can do the task")
+        first, left = eta(), progress.left_s()
+        if left is not None and first is not None:
+            progress.log(f"at this pace the first schedule needs ≈{duration(first)}; the time "
+                         f"limit leaves {duration(left)}"
+                         + ("" if first <= left else ": expect none (fewer --tasks, --lengths "
+                            "or --cuts, or a longer --time-limit)"))
         # 2-3. successive halving in batches, best predicted gain first: a batch is what rung
         # 0 takes in; while the last rung leaves a quality unfound, the next batch starts
         # where rung 0 stopped, until every quality is found or no candidate is left.
@@ -424,10 +494,14 @@ def run(cal: Calibration) -> dict[str, Any]:
                 for cand in alive:
                     tried += 1
                     cand.rung = r
+                    current[:] = [cand]
+                    stage = f"rung {r} {cand.name}"
                     for cell in cells:
                         have = cand.scores.setdefault(cell, [])
                         while len(have) < n:
                             have.append(score(cand.config, cell, len(have)))
+                            progress.update(stage, sum(len(cand.scores.get(c, [])[:n])
+                                                       for c in cells), n * len(cells), eta())
                     p = _pooled(full_scores, cand, cells, n)
                     ok = _within(p, cal.max_loss, last=r == last)
                     if ok and r == last:
@@ -435,7 +509,7 @@ def run(cal: Calibration) -> dict[str, Any]:
                             check_time()
                             cand.kld = deviation.measure(cand.config)
                         ok = cand.kld["kld_mean"] <= bars()["default"]
-                    _log(f"rung {r} n={n} {cand.name}: gain {cand.predicted_gain:.2f}x "
+                    progress.log(f"rung {r} n={n} {cand.name}: gain {cand.predicted_gain:.2f}x "
                          f"lost {p.lost} won {p.won} rel loss {p.rel_loss:+.3f}"
                          + (f" KLD {cand.kld['kld_mean']:.4f} (bars "
                             + ", ".join(f"{q} {b:.4f}" for q, b in doc["bars"].items()) + ")"
@@ -465,11 +539,15 @@ def run(cal: Calibration) -> dict[str, Any]:
         for cand in _final(cands, cells, cal) if cal.measure else []:
             if cand.measured_gain is None:
                 check_time()
-                cand.measured_gain = measure_gain(model, tokenizer, cand.config, cal.gain_length,
-                                                   cal.gain_repeats, cal.gain_answer_tokens)
+                progress.log(f"timing {cand.name} against full at {cal.gain_length:,} tokens")
+                g = cand.measured_gain = measure_gain(
+                    model, tokenizer, cand.config, cal.gain_length, cal.gain_repeats,
+                    cal.gain_answer_tokens)
+                rates.add("gain", sum(g["full_s"]) + sum(g["pruned_s"]), cal.gain_repeats)
                 work["gain_prompt_tokens"] += 2 * cal.gain_repeats * cal.gain_length
-                _log(f"measured gain {cand.name}: {cand.measured_gain['gain']:.2f}x "
-                     f"(predicted {cand.predicted_gain:.2f}x)")
+                progress.log(f"measured gain {cand.name}: {g['gain']:.2f}x whole answer, "
+                             f"{g['first_token_gain']:.2f}x first token "
+                             f"(predicted {cand.predicted_gain:.2f}x)")
                 save()
         doc["complete"] = True
     except _OutOfTime:
@@ -477,7 +555,7 @@ def run(cal: Calibration) -> dict[str, Any]:
     except KeyboardInterrupt:
         doc["stopped"] = "interrupted"
     if doc["stopped"]:
-        _log(f"stopped ({doc['stopped']}): writing what was measured")
+        progress.log(f"stopped ({doc['stopped']}): writing what was measured")
     cells = used_cells(doc)
     # A schedule confirmed before a stop stays the fastest admissible one: candidates reach
     # the last rung in predicted-gain order, every faster one was dropped.
@@ -486,16 +564,16 @@ def run(cal: Calibration) -> dict[str, Any]:
         doc["chosen"][quality] = {"name": cand.name, **evidence}
         path = write_schedule(out / schedule_file_name("schedule", quality), cand.config,
                               fingerprint, evidence, str(cal.model or "default"), quality)
-        _log(f"{quality} quality: {cand.name}, wrote {path}")
+        progress.log(f"{quality} quality: {cand.name}, wrote {path}")
         if cal.install:
             target = install_path(cal.model, fingerprint, quality)
             target.parent.mkdir(parents=True, exist_ok=True)
             write_schedule(target, cand.config, fingerprint, evidence,
                            str(cal.model or "default"), quality)
             doc["installed"][quality] = str(target)
-            _log(f"installed {target}")
+            progress.log(f"installed {target}")
     if not doc["chosen"]:
-        _log("no candidate confirmed: no schedule written")
+        progress.log("no candidate confirmed: no schedule written")
     save()
     return json.loads((out / "results.json").read_text())
 
@@ -547,7 +625,7 @@ def _final(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration) -
 
 def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
             full: dict[str, list[float]], cands: Sequence[Candidate],
-            deviation: Deviation, doc: dict[str, Any]) -> None:
+            deviation: Deviation, doc: dict[str, Any], progress: Progress) -> None:
     """Reuse the per-sample scores of an earlier run in ``out`` (same model and samples) and
     its KLD measurements (when made on the same windows: same kld options). Into ``doc``:
     that run's options and work (``resumed``) and its candidates that this run's grid lacks
@@ -585,7 +663,7 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
             c.measured_gain = found.get("measured_gain")
             c.kld = found.get("kld") if same_windows else None
     doc["earlier"] = list(earlier.values())
-    _log(f"resumed {sum(map(len, full.values()))} full and "
+    progress.log(f"resumed {sum(map(len, full.values()))} full and "
          f"{sum(len(v) for c in cands for v in c.scores.values())} candidate runs from {path}")
 
 
@@ -681,10 +759,6 @@ def _write(out: Path, doc: dict[str, Any], full: dict[str, list[float]],
         plot_calibration(doc, cells, out / "pareto.png")
     except ImportError:  # matplotlib missing: the table is enough
         pass
-
-
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def _ints(text: str) -> tuple[int, ...]:
