@@ -20,6 +20,9 @@ from .scorers import Scorer, parse_scorer, scorer_spec
 #: The largest token count, position or layer index a config may hold: MLX indexes with
 #: int32, and larger values would only fail later, inside numpy or MLX.
 MAX_COUNT = 2**31 - 1
+#: The largest revive_margin: past it no waiting token is ever worth a revival (use
+#: max_revivals=0 to say so).
+MAX_MARGIN = 1e6
 #: Seeds are what ``mx.random.seed`` and numpy take: integers in [0, 2**64).
 SEED_LIMIT = 2**64
 #: The calibrated schedules a plain ``lazy`` may take, by ``PruningConfig.quality``:
@@ -95,6 +98,13 @@ class PruningConfig:
             and may come back in a later step. It bounds a decode step's work (selections
             at a cut's boundary flip spans of tokens from one step to the next, and each
             flip would revive them); None (the default): no bound, the paper's step.
+        revive_margin: LazyLLM with revive only: in a decode step's selection, a token
+            that would have to be revived from the Aux Cache competes with its score divided
+            by ``1 + revive_margin``, so it displaces a token that already has KV there only
+            when it scores that many times higher. It damps the churn at a cut's boundary
+            (each flip of a span costs its tokens' remaining layers) and keeps the tokens a
+            step clearly wants (a needle's score is far above the boundary). None: the
+            calibrated schedule's, else 0 (the paper's selection).
         scorer: score-based methods only: the scorer that ranks the context at each cut, a
             :class:`~mlx_lazy.scorers.Scorer` or its spec (:func:`~mlx_lazy.scorers.parse_scorer`):
             ``"last"`` (the paper: the query token's attention), ``"window:size=32"`` (the last
@@ -123,6 +133,7 @@ class PruningConfig:
     revive: bool = True
     complete: Optional[str] = None
     max_revivals: Optional[int] = None
+    revive_margin: Optional[float] = None
     scorer: Optional[Union[str, Scorer]] = None
     quality: str = "default"
     source: Optional[str] = None
@@ -158,6 +169,12 @@ class PruningConfig:
             values["scorer"] = parse_scorer(self.scorer)
         if self.max_revivals is not None:
             values["max_revivals"] = _bounded("max_revivals", self.max_revivals, 0, MAX_COUNT)
+        if self.revive_margin is not None:
+            margin = float(_real("revive_margin", self.revive_margin))
+            if not 0 <= margin <= MAX_MARGIN:
+                raise UserInputError(f"revive_margin must be in [0, {MAX_MARGIN:g}], got "
+                                     f"{shown(self.revive_margin, SHOWN)}")
+            values["revive_margin"] = margin
         if self.source is not None and (not isinstance(self.source, str)
                                         or not self.source.strip()):
             raise UserInputError(

@@ -129,6 +129,7 @@ class ScoredCuts(Policy):
             complete=(config.complete or DEFAULT_COMPLETE) if self.dynamic and config.revive
             else "none",
             max_revivals=config.max_revivals if self.dynamic else None,
+            revive_margin=(config.revive_margin or 0.0) if self.dynamic else 0.0,
             scorer=LastQuery() if config.scorer is None else config.scorer)
 
 
@@ -142,7 +143,7 @@ class LazyCuts(ScoredCuts):
     on the demo.
     """
 
-    takes = ScoredCuts.takes + ("revive", "complete", "max_revivals")
+    takes = ScoredCuts.takes + ("revive", "complete", "max_revivals", "revive_margin")
     dynamic = True
     at: Tuple[float, ...] = (0.7, 0.85)
     keep: Tuple[float, ...] = (0.25, 0.15)

@@ -120,6 +120,8 @@ def check_schedule(d: Any, num_layers: int) -> Schedule:
             its method and other fields do not give.
     """
     names = [f.name for f in fields(Schedule)]
+    if isinstance(d, dict) and "revive_margin" not in d:  # written before the field: 0
+        d = {**d, "revive_margin": 0.0}
     _keys("schedule", d, names)
     if not _is_int(d["num_layers"]) or d["num_layers"] != num_layers:
         raise Corrupt(f"schedule.num_layers is {shown(d['num_layers'], SHOWN)}, the model has "
@@ -137,7 +139,8 @@ def check_schedule(d: Any, num_layers: int) -> Schedule:
                                      f"{shown(d['prompt_depth'], SHOWN)}")
             given["speed_cutoff"] = d["prompt_depth"]
         if LazyCuts in policies:
-            given.update(revive=d["revive"], max_revivals=d["max_revivals"])
+            given.update(revive=d["revive"], max_revivals=d["max_revivals"],
+                         revive_margin=d["revive_margin"])
             if d["revive"] is True:  # without revival the schedule's complete is "none"
                 given["complete"] = d["complete"]
         for key in ("prune_layers", "keep"):  # the config takes any sequence; a file, lists

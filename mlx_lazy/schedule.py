@@ -31,6 +31,8 @@ class Schedule:
             layers: a spec of :mod:`mlx_lazy.completion` (without ``revive`` none wait).
         max_revivals: with ``revive``, the most tokens a decode step revives at one cut
             (None: no bound, the paper).
+        revive_margin: with ``revive``, a decode step's selection divides the score of a
+            token it would have to revive by ``1 + revive_margin`` (0: the paper).
         scorer: the scorer (:mod:`mlx_lazy.scorers`) that ranks the context at each cut,
             with its parameters.
         prompt_depth: number of layers that non-anchor prompt tokens may reach (SPEED
@@ -50,6 +52,7 @@ class Schedule:
     revive: bool = False
     complete: str = "none"
     max_revivals: Optional[int] = None
+    revive_margin: float = 0.0
     scorer: Scorer = LastQuery()
     prompt_depth: int = 0
     random_keep: Optional[float] = None

@@ -12,6 +12,8 @@ score. A :class:`Selector` makes that choice in one of two places:
   decode step that computed only its new token and can revive nothing, which therefore
   never waits for its selections.
 
+With a ``revive_margin`` M, a decode step divides the scores of tokens it would have to
+revive by 1 + M before choosing: near-ties at the boundary stay with tokens that have KV.
 Both count their selections and host syncs for the engine's stats.
 """
 
@@ -88,15 +90,17 @@ class Selector:
         scores = self._scores(layer, window, kv, eligible, visible,
                               decoding=computed is not None)
         kept_from: Mask = eligible
-        budget = self.schedule.max_revivals
-        if computed is not None and budget is not None:
+        budget, margin = self.schedule.max_revivals, self.schedule.revive_margin
+        if computed is not None and (budget is not None or margin):
             # Waiting at depth layer+1 and not computed now: selecting it means a revival.
-            # All but the best ``budget`` of them sit this step out (fewer kept if need be).
             waiting = (eligible & (cache.depth[positions] == layer + 1)
                        & ~np.isin(positions, computed) & ~forced)
+            if margin:  # it displaces a token with KV only when it scores 1 + margin times more
+                scores = mx.where(mx.array(waiting), scores / (1 + margin), scores)
+            # All but the best ``budget`` of them sit this step out (fewer kept if need be).
             if budget == 0:
                 kept_from = eligible & ~waiting
-            elif waiting.sum() > budget:
+            elif budget is not None and waiting.sum() > budget:
                 best = top_k(scores, positions, waiting, np.zeros_like(waiting), budget, order)
                 kept_from = mx.array(eligible) & ~(mx.array(waiting) & ~best)
         kept = np.array(top_k(scores, positions, kept_from, forced, round(keep * n_ctx), order))

@@ -39,7 +39,7 @@ FOLLOW_UP = [5, 17, 3, 250]
 #: limits, tokens dropped before layer 0, an exact recompute done on save)
 BASES = {
     "lazy": PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="none",
-                          scorer="window:size=4"),
+                          scorer="window:size=4", revive_margin=0.5),
     "random+speed": PruningConfig("random+speed", keep=(0.6,), speed_cutoff=2, anchors=2),
     "exact": PruningConfig("lazy", prune_layers=(1,), keep=(0.4,), complete="exact"),
 }
@@ -199,6 +199,8 @@ META_CASES = {
     "dynamic 1 for true": lambda a, i: _set(i, "schedule", "dynamic", 1),
     "revive a string": lambda a, i: _set(i, "schedule", "revive", "yes"),
     "max_revivals negative": lambda a, i: _set(i, "schedule", "max_revivals", -1),
+    "revive_margin negative": lambda a, i: _set(i, "schedule", "revive_margin", -0.5),
+    "revive_margin a string": lambda a, i: _set(i, "schedule", "revive_margin", "0.5"),
     "random_keep without random": lambda a, i: _set(i, "schedule", "random_keep", 0.5),
     "source empty": lambda a, i: _set(i, "schedule", "source", ""),
     "schedule unknown field": lambda a, i: _set(i, "schedule", "window", 8),
@@ -330,6 +332,17 @@ def test_the_untouched_files_load_and_answer_as_before(model, bases, tmp_path):
         assert loaded.schedule == make_prompt_cache(model, BASES[name]).schedule
 
 
+def test_a_file_from_before_revive_margin_loads_with_the_papers_selection(model, bases,
+                                                                       tmp_path):
+    """Files written before the field existed were made with the paper's selection (0)."""
+    arrays, info = bases["lazy"]
+    assert info["schedule"]["revive_margin"] == 0.5
+    old = copy.deepcopy(info)
+    del old["schedule"]["revive_margin"]
+    assert load_prompt_cache(write(tmp_path / "old.safetensors", arrays, old),
+                             model).schedule.revive_margin == 0.0
+
+
 def test_the_checks_know_every_field_of_the_state_and_the_schedule():
     """A new piece of state or schedule field must get a check here (prompt_cache_file.py)."""
     assert set(TOKEN_ARRAYS) == {"depth", "limit", "computed", "always_kept"}
@@ -337,7 +350,8 @@ def test_the_checks_know_every_field_of_the_state_and_the_schedule():
     assert INFO_KEYS == ("format", "fingerprint", "schedule", "tokens", "state")
     assert {f.name for f in fields(Schedule)} == {
         "method", "num_layers", "prune_layers", "keep", "dynamic", "revive", "complete",
-        "max_revivals", "scorer", "prompt_depth", "random_keep", "anchors", "seed", "source"}
+        "max_revivals", "revive_margin", "scorer", "prompt_depth", "random_keep", "anchors",
+        "seed", "source"}
 
 
 def make_meta_state_keys():

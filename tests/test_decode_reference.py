@@ -7,7 +7,8 @@ context (the anchor and the new token always kept, ties to the lower position); 
 picked that were pruned earlier are revived from the Aux Cache (their hidden state after
 the cut) and, with the new token, go on through the upper layers, each attending to the
 picked tokens at or before its own position, each (token, layer) computed once. The engine
-must make the same selections, revive the same tokens and give the same logits.
+must make the same selections, revive the same tokens and give the same logits. With a
+``revive_margin`` (beyond the paper), a waiting token's score is divided by 1 + margin.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class Reference:
     """The tiny llama in numpy with LazyLLM's state: per layer the keys and values by
     position, and the Aux Cache (hidden states waiting at depth ``CUT + 1``)."""
 
-    def __init__(self, model):
+    def __init__(self, model, margin: float = 0.0):
+        self.margin = margin
         f = lambda a: np.array(a.astype(mx.float32), dtype=np.float64)  # noqa: E731
         m, args = model.model, model.args
         self.embed, self.norm, self.head = (f(m.embed_tokens.weight), f(m.norm.weight),
@@ -93,6 +95,7 @@ class Reference:
             a = np.exp(s - s.max())
             probs.append(a / a.sum())
         score = np.mean(probs, axis=0)
+        score /= np.where([p in self.aux for p in positions], 1 + self.margin, 1)
         forced = {0, n_ctx - 1}
         order = sorted(range(len(positions)),
                        key=lambda r: (positions[r] not in forced, -score[r], positions[r]))
@@ -121,25 +124,27 @@ class Reference:
         return logits, selected
 
 
-@pytest.mark.parametrize("revival_block", [64, 4])
-def test_the_decode_step_is_the_papers(tiny_model, revival_block):
+@pytest.mark.parametrize("revival_block, margin", [(64, 0.0), (4, 0.0), (64, 0.3)])
+def test_the_decode_step_is_the_papers(tiny_model, revival_block, margin):
     """Prefill and several decode steps: the same selection at the cut, the same tokens
     revived (the upper layers hold keys for exactly the reference's tokens) and the same
-    logits. ``revival_block=4`` sends the revived rows through block-causal attention."""
+    logits. ``revival_block=4`` sends the revived rows through block-causal attention;
+    ``margin`` handicaps revivals, and its selections must differ from the paper's."""
     model, _ = tiny_model("llama")
     prompt = np.random.default_rng(5).integers(0, model.args.vocab_size, PROMPT)
     config = PruningConfig("lazy", prune_layers=(CUT,), keep=(KEEP,), scorer="last",
-                           complete="none")
+                           complete="none", revive_margin=margin)
     engine = LazyEngine(model, resolve_config(model, config))
     engine.attention.revival_block = revival_block
     chosen = []
     on_host = engine.selector.on_host
     engine.selector.on_host = lambda *a, **k: chosen.append((r := on_host(*a, **k))[0]) or r
-    ref = Reference(model)
+    ref, paper = Reference(model, margin), Reference(model)
 
     got = engine.prefill(mx.array(prompt.astype(np.int32)))
     want, selected = ref.forward(prompt, list(range(PROMPT)))
-    revived = 0
+    paper.forward(prompt, list(range(PROMPT)))
+    revived, differed = 0, False
     for step in range(STEPS + 1):
         assert chosen[-1].tolist() == selected, f"step {step}"
         upper = engine.cache.layers[CUT + 1].cached_positions()
@@ -152,5 +157,7 @@ def test_the_decode_step_is_the_papers(tiny_model, revival_block):
         token = int(np.argmax(want))
         got = engine.decode(token)
         want, selected = ref.forward(np.array([token]), [PROMPT + step])
+        differed |= paper.forward(np.array([token]), [PROMPT + step])[1] != selected
     assert revived > 0  # the steps revived tokens: the revival path was compared
+    assert differed == (margin > 0)
     assert engine.stats.max_computations_per_token_layer == 1

@@ -18,7 +18,8 @@ from mlx_lazy.scorers import scorer_spec
 #: A value for every field some policy takes (each differs from its default and from
 #: every preset, and fits a 30-layer model in any method that takes it).
 SAMPLE = {"prune_layers": (3,), "keep": (0.3,), "speed_cutoff": 0.5, "revive": False,
-          "scorer": "window:size=4:heads=max:pool=1", "complete": "none", "max_revivals": 4}
+          "scorer": "window:size=4:heads=max:pool=1", "complete": "none", "max_revivals": 4,
+          "revive_margin": 0.75}
 #: How each sampled field reads back from the resolved Schedule.
 READ_BACK = {
     "prune_layers": lambda s: s.prune_layers,
@@ -28,10 +29,12 @@ READ_BACK = {
     "scorer": lambda s: scorer_spec(s.scorer),
     "complete": lambda s: s.complete,
     "max_revivals": lambda s: s.max_revivals,
+    "revive_margin": lambda s: s.revive_margin,
 }
 #: The Schedule fields each policy sets.
 SETS = {
-    "lazy": {"prune_layers", "keep", "dynamic", "revive", "complete", "max_revivals", "scorer"},
+    "lazy": {"prune_layers", "keep", "dynamic", "revive", "complete", "max_revivals",
+             "revive_margin", "scorer"},
     "static": {"prune_layers", "keep", "scorer"},
     "random": {"random_keep"},
     "speed": {"prompt_depth"},

@@ -62,7 +62,7 @@ from ..folders import write_text_atomic
 from ..scorers import parse_scorer, scorer_spec
 from .. import completion
 from ..completion import COMPLETE_MODES, parse_completion
-from ..config import MAX_COUNT, QUALITIES
+from ..config import MAX_COUNT, MAX_MARGIN, QUALITIES
 from ..policies import layers_at
 from ..schedule_files import (MODEL_SCHEDULE_FILE, cached_schedule_path, fingerprint_digest,
                                schedule_file_name, write_schedule)
@@ -136,10 +136,11 @@ def candidates(model: Any, gain_length: int,
                scorer_grid: Sequence[str] = SCORER_GRID,
                cut_grid: Sequence[tuple[tuple[float, ...], tuple[float, ...]]] = CUT_GRID,
                complete: str = DEFAULT_COMPLETE,
-               max_revivals: Optional[int] = None) -> list[Candidate]:
+               max_revivals: Optional[int] = None,
+               revive_margin: Optional[float] = None) -> list[Candidate]:
     """Every scorer × cut schedule for ``model``, best predicted gain first, each decoding
-    with the ``complete`` mode and at most ``max_revivals`` revivals per decode step and cut
-    (neither changes the prefill, hence the predicted gain)."""
+    with the ``complete`` mode, at most ``max_revivals`` revivals per decode step and cut and
+    the ``revive_margin`` (none of them changes the prefill, hence the predicted gain)."""
     n_layers = len(model.layers)
     cost = prior(model)
     full = build_schedule(PruningConfig("full"), n_layers)
@@ -151,7 +152,7 @@ def candidates(model: Any, gain_length: int,
         for scorer in scorer_grid:
             config = PruningConfig("lazy", prune_layers=layers, keep=keep[: len(layers)],
                                    scorer=scorer, complete=complete,
-                                   max_revivals=max_revivals)
+                                   max_revivals=max_revivals, revive_margin=revive_margin)
             sched = build_schedule(config, n_layers)
             c = predicted_counts(sched, gain_length)
             out.append(Candidate(
@@ -228,6 +229,7 @@ class Calibration:
     resume: bool = False
     complete: str = DEFAULT_COMPLETE  # how candidates decode (the evidence holds only for it)
     max_revivals: Optional[int] = None  # a decode step's revivals per cut (None: unbounded)
+    revive_margin: Optional[float] = None  # a revival's score handicap (None: the paper's 0)
 
     def check(self) -> None:
         """Raise UserInputError naming the first option outside its domain."""
@@ -264,6 +266,8 @@ class Calibration:
             (self.complete != complete, f"complete must be spelt {complete!r}"),
             (self.max_revivals is not None and not 0 <= self.max_revivals <= MAX_COUNT,
              f"--max-revivals must be an integer in [0, {MAX_COUNT:,}]"),
+            (self.revive_margin is not None and not 0 <= self.revive_margin <= MAX_MARGIN,
+             f"--revive-margin must be a number in [0, {MAX_MARGIN:g}]"),
         ] if failed), None)
         if why:
             raise UserInputError(why)
@@ -392,7 +396,7 @@ def run(cal: Calibration) -> dict[str, Any]:
     progress = Progress(cal.time_limit_s, goal="next schedule")
     rates = Rates()  # seconds per retrieval run (by method), full's per prompt token and step
     cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.complete,
-                       cal.max_revivals)
+                       cal.max_revivals, cal.revive_margin)
     current: list[Candidate] = cands[:1]  # the candidate under test, for the ETA
 
     def score(config: Optional[PruningConfig], cell: str, i: int) -> float:
@@ -698,6 +702,7 @@ def _evidence(cal: Calibration, cand: Candidate, full_scores, cells: Sequence[st
         "max_loss": cal.max_loss,
         "complete": cal.complete,
         "max_revivals": cal.max_revivals,
+        "revive_margin": cal.revive_margin,
         "predicted_gain": cand.predicted_gain,
         "gain_length": cal.gain_length,
         "token_layers_pct": cand.token_layers_pct,
@@ -846,6 +851,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-revivals", type=int, default=None, metavar="R",
                    help="at most R revivals per decode step and cut while the candidates "
                         "decode (the schedule's evidence holds for it; default: unbounded)")
+    p.add_argument("--revive-margin", type=float, default=None, metavar="M",
+                   help="while the candidates decode, a token to be revived competes with its "
+                        "score divided by 1 + M (the schedule's evidence holds for it; "
+                        "default 0, the paper's selection)")
     p.add_argument("--time-limit", type=parse_duration, default=None,
                    help="seconds, or a duration like 30m or 2h; stop starting runs after it "
                         "and write what was measured")
@@ -866,7 +875,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       gain_repeats=args.gain_repeats,
                       gain_answer_tokens=args.gain_answer_tokens, time_limit_s=args.time_limit,
                       resume=args.resume, complete=args.complete,
-                      max_revivals=args.max_revivals)
+                      max_revivals=args.max_revivals, revive_margin=args.revive_margin)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`: keep results
     try:
         if max(cal.rungs, default=0) < 50:
