@@ -6,12 +6,18 @@ import pytest
 
 from mlx_lazy.bench import answer
 from mlx_lazy.bench.common import RunRecord
+from mlx_lazy.bench.decode_cost import MACHINES, ModelShape
 
 
-def record(path, repeat, arrivals, syncs=0):
-    stats = None if path == "mlx-lm" else {"host_syncs": syncs, "revivals": 0,
-                                           "completed_token_layers": 0,
-                                           "prompt_token_layers_computed_pct": 50.0}
+def record(path, repeat, arrivals, syncs=0, revived_layers=0):
+    """A run on a 2-layer model; its decode steps computed ``revived_layers`` token-layers
+    beyond the new token's."""
+    steps = len(arrivals) - 1
+    stats = None if path == "mlx-lm" else {
+        "host_syncs": syncs, "revivals": 0, "completed_token_layers": 0,
+        "prompt_token_layers_computed_pct": 50.0, "prefill_tokens_per_layer": [10, 5],
+        "tokens_computed_per_layer": [10 + steps, 5 + steps + revived_layers],
+        "decode_attention_pairs": 40 * steps, "kv_bytes": 2**20}
     return RunRecord(method=path, family=path, prompt_tokens=10, generation_tokens=len(arrivals),
                      ttft_s=arrivals[0], tpot_s=None, total_s=arrivals[-1], peak_memory_bytes=1,
                      kv_bytes=2**20, aux_bytes=0, arrivals_s=list(arrivals), stats=stats,
@@ -21,8 +27,10 @@ def record(path, repeat, arrivals, syncs=0):
 def test_summary_pairs_by_repeat_and_finds_the_worst_token():
     full = [record("full", r, [10.0, 11.0, 12.0, 13.0]) for r in range(3)]
     # Sooner at the first token, later at the third: not never-slower.
-    late = [record("lazy", r, [5.0, 6.0, 13.0, 13.5], syncs=6) for r in range(3)]
-    rows = {r["path"]: r for r in answer.summarize(full + late, 4)}
+    late = [record("lazy", r, [5.0, 6.0, 13.0, 13.5], syncs=6, revived_layers=3)
+            for r in range(3)]
+    shape = ModelShape(num_layers=2, layer_params=10**6, head_params=10**6, head_dims=64)
+    rows = {r["path"]: r for r in answer.summarize(full + late, 4, shape)}
     lazy = rows["lazy"]
     assert lazy["token_1_x_full"] == pytest.approx(2.0)
     assert lazy["token_4_s"] == pytest.approx(13.5)
@@ -31,7 +39,14 @@ def test_summary_pairs_by_repeat_and_finds_the_worst_token():
     assert lazy["host_syncs_per_step"] == pytest.approx(2.0)
     assert lazy["tpot_s"] == pytest.approx(3.75)  # the second half of the gaps 1, 7, 0.5
     assert rows["full"]["never_slower"] is True
-    assert "| 100 | lazy |" in answer.render({"summary": list(rows.values()), "answer_tokens": 4})
+    assert lazy["mean_step_s"] == pytest.approx(8.5 / 3)
+    # one revived token-layer per step beyond full's two: the CPU adds its arithmetic
+    assert lazy["token_layers_per_step"] == pytest.approx(3.0)
+    assert rows["full"]["token_layers_per_step"] == pytest.approx(2.0)
+    cpu, full_cpu = lazy["predicted_step_s"]["cpu"], rows["full"]["predicted_step_s"]["cpu"]
+    assert cpu - full_cpu == pytest.approx(2 * 10**6 / MACHINES["cpu"].flops)
+    text = answer.render({"summary": list(rows.values()), "answer_tokens": 4})
+    assert "| 100 | lazy |" in text and "predicted M2 Pro GPU, 4-bit" in text
 
 
 @pytest.mark.slow

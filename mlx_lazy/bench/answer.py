@@ -22,7 +22,10 @@ order rotated by one, in one process, and every figure is a median over repeats:
 * peak memory, KV bytes held at the end, the share of the prompt's token-layers computed by
   the end (LazyLLM's Table 2: below 100% when decoding runs on the pruned state), revivals,
   the token-layers completion computed, and host syncs per decode step (the engine's
-  selections; the sampled token's own sync is not counted).
+  selections; the sampled token's own sync is not counted);
+* the mean decode step measured here beside what :mod:`.decode_cost`'s roofline predicts
+  from the step's counted work on this CPU and on Apple GPUs running 4-bit weights, where a
+  step is bandwidth-bound and revived rows cost little.
 
 Paths are method strings (:mod:`mlx_lazy.bench.methods`) or ``mlx-lm`` (mlx-lm's own
 ``stream_generate``); the default runs every completion mode beside ``speed`` and
@@ -44,6 +47,7 @@ from ..api import context_length
 from ..errors import UserInputError
 from .common import (BASELINE, FULL, MIB, RunRecord, fmt, machine_info, markdown_table, measure,
                      median)
+from .decode_cost import MACHINES, ModelShape, step_seconds, step_work
 from .methods import parse_method, parse_methods
 from .tasks import build_prompt, encode, render_prompt
 
@@ -84,7 +88,7 @@ def run(model: Any, tokenizer: Any, lengths: Sequence[int], answer_tokens: int, 
                 r.repeat, r.length, r.order = repeat, length, order
                 runs.append(r)
                 result["runs"] = [vars(x) for x in runs]
-                result["summary"] = summarize(runs, answer_tokens)
+                result["summary"] = summarize(runs, answer_tokens, ModelShape.of(model))
                 if out is not None:
                     out.write_text(json.dumps(result, indent=1))
                 print(f"  {length} #{repeat} {method.name}: first {r.ttft_s:.2f} s, "
@@ -101,8 +105,10 @@ def _prompt_layers_pct(r: RunRecord) -> Optional[float]:
     return None if r.stats is None else r.stats.get("prompt_token_layers_computed_pct")
 
 
-def summarize(runs: Sequence[RunRecord], answer_tokens: int) -> list[dict[str, Any]]:
-    """One row per (length, path): medians over repeats, ratios paired by repeat with full."""
+def summarize(runs: Sequence[RunRecord], answer_tokens: int,
+              shape: Optional[ModelShape] = None) -> list[dict[str, Any]]:
+    """One row per (length, path): medians over repeats, ratios paired by repeat with full;
+    with the model's ``shape``, the decode step the roofline predicts on each machine."""
     marks = [n for n in MARKS if n <= answer_tokens]
     if answer_tokens not in marks:
         marks.append(answer_tokens)
@@ -128,12 +134,20 @@ def summarize(runs: Sequence[RunRecord], answer_tokens: int) -> list[dict[str, A
         row["kv_mib"] = median(r.kv_bytes * MIB for r in rs)
         row["kv_mib_per_layer"] = [x * MIB for x in rs[-1].kv_bytes_per_layer]
         row["prompt_token_layers_pct"] = median(_prompt_layers_pct(r) for r in rs)
+        steps = answer_tokens - 1
+        if steps:
+            row["mean_step_s"] = median((r.arrivals_s[-1] - r.arrivals_s[0]) / steps for r in rs)
         stats = [r.stats for r in rs if r.stats]
         if stats:
-            steps = max(1, answer_tokens - 1)
-            row["host_syncs_per_step"] = median(s["host_syncs"] / steps for s in stats)
+            row["host_syncs_per_step"] = median(s["host_syncs"] / max(1, steps) for s in stats)
             row["revivals"] = median(s["revivals"] for s in stats)
             row["completed_token_layers"] = median(s["completed_token_layers"] for s in stats)
+            works = [w for w in (step_work(s, steps) for s in stats) if w is not None]
+            if shape is not None and works:
+                row["token_layers_per_step"] = median(w.token_layers for w in works)
+                row["predicted_step_s"] = {
+                    name: median(step_seconds(shape, w, m) for w in works)
+                    for name, m in MACHINES.items()}
         rows.append(row)
     return rows
 
@@ -150,13 +164,31 @@ def render(result: dict[str, Any]) -> str:
               fmt(r["kv_mib"], ".1f"), fmt(r["prompt_token_layers_pct"], ".1f"),
               fmt(r.get("revivals"), ".0f"), fmt(r.get("completed_token_layers"), ".0f"),
               fmt(r.get("host_syncs_per_step"))] for r in rows]
+    full = {r["length"]: r for r in rows if r["path"] == FULL}
+
+    def vs_full(r: dict[str, Any], ms: Optional[float], key: str) -> str:
+        base = full.get(r["length"], {})
+        ref = base.get(key) if key == "mean_step_s" else base.get(key, {}).get(ms)
+        value = r.get(key) if key == "mean_step_s" else r.get(key, {}).get(ms)
+        if value is None:
+            return "–"
+        return f"{value * 1e3:.1f} ({fmt(ref / value if ref else None)}x)"
+
+    steps = [[r["length"], r["path"], fmt(r.get("token_layers_per_step"), ".1f"),
+              vs_full(r, None, "mean_step_s"),
+              *[vs_full(r, m, "predicted_step_s") for m in MACHINES]]
+             for r in rows if r.get("predicted_step_s")]
     return "\n".join([
         f"Arrival of token n in seconds (x full: sooner than our unpruned path), {n}-token answer:",
         "", markdown_table(["length", "path", *[f"token {m}" for m in marks],
                             "worst path/full", "never slower"], arrive), "",
         markdown_table(["length", "path", "TPOT s (2nd half)", "peak MiB", "KV MiB at end",
                         "prompt token-layers %", "revivals", "completed token-layers",
-                        "host syncs/step"], costs)])
+                        "host syncs/step"], costs), "",
+        "Mean decode step in ms (x full), measured here and predicted by the roofline "
+        "(mlx_lazy.bench.decode_cost; Apple GPUs: 4-bit weights, assumed efficiencies):", "",
+        markdown_table(["length", "path", "token-layers/step", "measured",
+                        *[f"predicted {MACHINES[m].name}" for m in MACHINES]], steps)])
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

@@ -1,0 +1,124 @@
+"""What a decode step costs: a roofline, fitted to this CPU and stated for Apple GPUs.
+
+A decode step reads every weight once (each layer's, and the LM head's for the one output
+row), reads each layer's cached keys and values, and computes the rows it carries through
+each layer: the new token at every layer, plus, with LazyLLM decoding on the pruned state,
+the tokens it revives, at each layer above their cut. So per step::
+
+    bytes = weights · bits / 8  +  KV bytes held
+    flops = 2 · (layer params · token-layers + head params)  +  4 · heads · head_dim · pairs
+
+On a Mac's GPU the reads and the arithmetic overlap and a step costs the larger of
+``bytes / bandwidth`` and ``flops / throughput``: a decode step is bandwidth-bound, so a few
+revived rows ride along nearly free until their arithmetic outgrows the reads. On this 2-core
+CPU they do not overlap (measured on Qwen2.5-Coder-0.5B at 2K tokens: a step that revives
+nothing takes 217-250 ms, each revived token adds ~7 ms, the arithmetic of its 14 remaining
+layers), so a step costs the sum. :data:`MACHINES` holds both kinds; the Apple figures are
+published peak bandwidth and float32 throughput times :data:`EFFICIENCY`, a stated
+assumption, not a measurement (this project has not run on a Mac yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+#: Fractions of the published peaks a decode step reaches on an Apple GPU (assumed: MLX's
+#: kernels reach ~80% of peak bandwidth on large reads; small-row matmuls far less than
+#: peak arithmetic).
+EFFICIENCY = {"bandwidth": 0.8, "flops": 0.3}
+#: Bits a weight takes in a 4-bit mlx-community checkpoint: 4, plus a float16 scale and bias
+#: per group of 64.
+Q4_BITS = 4 + 32 / 64
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where a step runs: sustained bytes/s of its reads, FLOP/s of its small matmuls, and
+    whether the two overlap (a GPU) or add up (this CPU)."""
+
+    name: str
+    bandwidth: float
+    flops: float
+    overlap: bool
+    weight_bits: float  # what its users' weights take (float32 here, 4-bit on a Mac)
+    kv_bytes_scale: float = 1.0  # its KV's bytes per float32 KV byte measured here
+
+
+def _apple(name: str, bandwidth_gbs: float, fp32_tflops: float) -> Machine:
+    return Machine(name, bandwidth_gbs * 1e9 * EFFICIENCY["bandwidth"],
+                   fp32_tflops * 1e12 * EFFICIENCY["flops"], True, Q4_BITS, 0.5)
+
+
+#: The machines a decode step is predicted on. ``cpu``: this project's test machine (2-core
+#: AMD EPYC, OpenBLAS, float32), its two rates fitted on 2026-12-03 from Qwen2.5-Coder-0.5B's
+#: unpruned steps (1.98 GB of weights and KV read in ~234 ms) and the revived rows' cost
+#: (~0.5 ms per token-layer of 30 MFLOP). The Apple GPUs run 4-bit weights with a float16 KV.
+MACHINES: Mapping[str, Machine] = {
+    "cpu": Machine("this CPU (2 cores, float32)", 8.5e9, 60e9, False, 32),
+    "m1": _apple("M1 GPU, 4-bit", 68.25, 2.6),
+    "m2-pro": _apple("M2 Pro GPU, 4-bit", 200, 6.8),
+    "m3-max": _apple("M3 Max GPU, 4-bit", 400, 16.4),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes a decode step's cost depends on."""
+
+    num_layers: int
+    layer_params: int  # linear weights of one layer
+    head_params: int  # the LM head's (tied or not, it is read every step)
+    head_dims: int  # query heads x head_dim
+
+    @classmethod
+    def of(cls, model: Any) -> "ModelShape":
+        """The shape of an mlx-lm model (quantized layers counted as their float size)."""
+        import mlx.nn as nn
+
+        def linear_params(module: Any) -> int:
+            total = 0
+            for _, m in module.named_modules():
+                if isinstance(m, nn.QuantizedLinear):
+                    total += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
+                elif isinstance(m, nn.Linear):
+                    total += m.weight.size
+            return total
+
+        layer = model.layers[0]
+        attn = layer.self_attn
+        vocab_rows = model.args.vocab_size
+        hidden = model.args.hidden_size
+        return cls(len(model.layers), linear_params(layer), vocab_rows * hidden,
+                   attn.n_heads * round(attn.scale ** -2))
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """One decode step's reads and arithmetic (a mean over an answer's steps)."""
+
+    token_layers: float  # rows computed, summed over layers (num_layers without revivals)
+    pairs: float  # query-key pairs attended
+    kv_bytes: float  # float32 KV held, read once per step
+
+
+def step_work(stats: Mapping[str, Any], steps: int) -> Optional[StepWork]:
+    """The mean step of a generation from its ``GenerationStats.as_dict()`` and its number of
+    decode steps: token-layers computed after the prefill (completion's excluded: it is not
+    part of a step), attention pairs, KV held at the end. None without steps."""
+    if steps < 1:
+        return None
+    decoded = (sum(stats["tokens_computed_per_layer"]) - sum(stats["prefill_tokens_per_layer"])
+               - stats["completed_token_layers"])
+    return StepWork(decoded / steps, stats["decode_attention_pairs"] / steps,
+                    stats["kv_bytes"])
+
+
+def step_seconds(shape: ModelShape, work: StepWork, machine: Machine) -> float:
+    """The roofline's time of ``work`` on ``machine`` (see the module docstring)."""
+    weights = shape.num_layers * shape.layer_params + shape.head_params
+    read = weights * machine.weight_bits / 8 + work.kv_bytes * machine.kv_bytes_scale
+    flops = (2 * (shape.layer_params * work.token_layers + shape.head_params)
+             + 4 * shape.head_dims * work.pairs)
+    t_read, t_compute = read / machine.bandwidth, flops / machine.flops
+    return max(t_read, t_compute) if machine.overlap else t_read + t_compute
