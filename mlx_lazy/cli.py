@@ -165,9 +165,10 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
                    help="a calibrated schedule file (python -m mlx_lazy.calibrate) for this "
                         "model; sets the method, cuts and scorer")
     g.add_argument("--complete", type=complete_arg, default=None, metavar="MODE",
-                   help="LazyLLM: what happens to pruned tokens after the first output token: "
-                        "exact (the default: the prompt's layers above the first cut are "
-                        "recomputed over every token, so decoding is the unpruned model's), "
+                   help="LazyLLM: what happens to pruned tokens after the first output token "
+                        "(default: the calibrated schedule's, else exact): exact (the prompt's "
+                        "layers above the first cut are recomputed over every token, so "
+                        "decoding is the unpruned model's), "
                         "after-first (only the pruned tokens are carried on, from the Aux "
                         "Cache, each token-layer once), none (the paper: computed when a "
                         "decode step selects them) or progressive:K (K token-layers per "
@@ -179,6 +180,10 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     g.add_argument("--no-revive", dest="revive", action="store_false", default=None,
                    help="LazyLLM: decode steps choose only among tokens that already have KV "
                         "(no Aux Cache revivals; faster decoding, beyond the paper)")
+    g.add_argument("--revive-margin", type=float, default=None, metavar="M",
+                   help="LazyLLM: a decode step revives a pruned token only when it scores "
+                        "1+M times a token that already has KV (default: the calibrated "
+                        "schedule's, else 0, the paper)")
     return g
 
 
@@ -190,7 +195,7 @@ def pruning_given(args: argparse.Namespace) -> bool:
 
 #: The pruning flags that override a method's preset fields (``args`` names).
 PRUNING_OVERRIDES = ("prune_layers", "keep", "speed_cutoff", "anchors", "revive", "complete",
-                     "scorer", "quality")
+                     "revive_margin", "scorer", "quality")
 
 
 def build_config(args: argparse.Namespace) -> PruningConfig:

@@ -250,7 +250,7 @@ def test_smollm2_compare(smollm2_path, tmp_path):
 def _args(**kw) -> SimpleNamespace:
     base = dict(method="lazy", prune_layers=None, keep=None, speed_cutoff=None, anchors=None,
                 seed=None, revive=None, scorer=None,
-                complete=None, quality=None, schedule=None)
+                complete=None, revive_margin=None, quality=None, schedule=None)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -267,6 +267,8 @@ def test_build_config_overrides_preset():
                                           "--scorer", "window:size=4:pool=2"])
     assert not cli.build_config(args).revive
     assert cli.build_config(args).scorer == Pooled(Window(size=4), 2)
+    args = cli.build_parser().parse_args(["--method", "lazy", "--revive-margin", "1.5"])
+    assert cli.build_config(args).revive_margin == 1.5
 
 
 def test_flag_parsers():
