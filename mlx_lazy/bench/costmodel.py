@@ -35,7 +35,8 @@ from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
-__all__ = ["PrefillCounts", "CostModel", "counts", "fit", "predicted_counts", "prior"]
+__all__ = ["PrefillCounts", "CostModel", "counts", "fit", "linear_params", "predicted_counts",
+           "prior"]
 
 
 @dataclass(frozen=True)
@@ -204,20 +205,26 @@ fit = CostModel.fit
 _REFERENCE = dict(a=94e-6, b=102e-9, params_per_layer=3_538_944, head_dims=9 * 64)
 
 
+def linear_params(module: Any) -> int:
+    """Weights of ``module``'s linear layers, quantized ones counted at their float size."""
+    import mlx.nn as nn
+
+    params = 0
+    for _, m in module.named_modules():
+        if isinstance(m, nn.QuantizedLinear):
+            params += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
+        elif isinstance(m, nn.Linear):
+            params += m.weight.size
+    return params
+
+
 def prior(model: Any) -> CostModel:
     """A cost model for ``model`` without timing it: the SmolLM2 reference fit with the
     per-token-layer cost scaled by the layer's linear parameters and the per-pair cost by
     heads × head_dim. Good for ranking schedules (only ratios are used); measure to confirm.
     """
-    import mlx.nn as nn
-
     layer = model.layers[0]
-    params = 0
-    for _, m in layer.named_modules():
-        if isinstance(m, nn.QuantizedLinear):
-            params += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
-        elif isinstance(m, nn.Linear):
-            params += m.weight.size
+    params = linear_params(layer)
     attn = layer.self_attn
     head_dims = attn.n_heads * round(attn.scale ** -2)
     r = _REFERENCE

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from .costmodel import linear_params
+
 #: Fractions of the published peaks a decode step reaches on an Apple GPU (assumed: MLX's
 #: kernels reach ~80% of peak bandwidth on large reads; small-row matmuls far less than
 #: peak arithmetic).
@@ -74,22 +76,9 @@ class ModelShape:
     @classmethod
     def of(cls, model: Any) -> "ModelShape":
         """The shape of an mlx-lm model (quantized layers counted as their float size)."""
-        import mlx.nn as nn
-
-        def linear_params(module: Any) -> int:
-            total = 0
-            for _, m in module.named_modules():
-                if isinstance(m, nn.QuantizedLinear):
-                    total += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
-                elif isinstance(m, nn.Linear):
-                    total += m.weight.size
-            return total
-
-        layer = model.layers[0]
-        attn = layer.self_attn
-        vocab_rows = model.args.vocab_size
-        hidden = model.args.hidden_size
-        return cls(len(model.layers), linear_params(layer), vocab_rows * hidden,
+        attn = model.layers[0].self_attn
+        return cls(len(model.layers), linear_params(model.layers[0]),
+                   model.args.vocab_size * model.args.hidden_size,
                    attn.n_heads * round(attn.scale ** -2))
 
 
