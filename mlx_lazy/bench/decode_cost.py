@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from ..adapter import ModelAdapter
 from .costmodel import linear_params
 
 #: Fractions of the published peaks a decode step reaches on an Apple GPU (assumed: MLX's
@@ -75,11 +76,12 @@ class ModelShape:
 
     @classmethod
     def of(cls, model: Any) -> "ModelShape":
-        """The shape of an mlx-lm model (quantized layers counted as their float size)."""
-        attn = model.layers[0].self_attn
-        return cls(len(model.layers), linear_params(model.layers[0]),
-                   model.args.vocab_size * model.args.hidden_size,
-                   attn.n_heads * round(attn.scale ** -2))
+        """The shape of an mlx-lm model of a family the engine runs (quantized layers counted
+        at their float size)."""
+        a = ModelAdapter(model)
+        attn = a.layers[0].self_attn
+        return cls(a.num_layers, linear_params(a.layers[0]),
+                   a.vocab_size * a.text.args.hidden_size, attn.n_heads * round(attn.scale ** -2))
 
 
 @dataclass(frozen=True)
