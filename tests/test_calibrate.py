@@ -781,6 +781,7 @@ def test_packaged_schedules_meet_the_admissibility_rule():
         assert ev["samples_per_cell"] >= 50
         assert ev["complete"] == (config.complete or DEFAULT_COMPLETE)
         assert ev.get("max_revivals") == config.max_revivals
+        assert ev.get("revive_margin") == config.revive_margin
         assert all(c["n"] >= 50 for c in ev["cells"].values())
         assert ev["pooled"]["rel_loss"] <= ev["max_loss"] <= 0.01
         bar = q4 * (HIGH_FRACTION if doc["quality"] == "high" else 1)
