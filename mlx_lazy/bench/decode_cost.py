@@ -13,9 +13,10 @@ On a Mac's GPU the reads and the arithmetic overlap and a step costs the larger 
 revived rows ride along nearly free until their arithmetic outgrows the reads. On this 2-core
 CPU they do not overlap (measured on Qwen2.5-Coder-0.5B at 2K tokens: a step that revives
 nothing takes 217-250 ms, each revived token adds ~7 ms, the arithmetic of its 14 remaining
-layers), so a step costs the sum. :data:`MACHINES` holds both kinds; the Apple figures are
-published peak bandwidth and float32 throughput times :data:`EFFICIENCY`, a stated
-assumption, not a measurement (this project has not run on a Mac yet).
+layers), so a step costs the sum, plus a fixed cost per step (the graph's many small ops).
+:data:`MACHINES` holds both kinds; the Apple figures are published peak bandwidth and float32
+throughput times :data:`EFFICIENCY`, with no fixed cost: stated assumptions, not measurements
+(this project has not run on a Mac yet).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Machine:
     overlap: bool
     weight_bits: float  # what its users' weights take (float32 here, 4-bit on a Mac)
     kv_bytes_scale: float = 1.0  # its KV's bytes per float32 KV byte measured here
+    overhead_s: float = 0.0  # a step's fixed cost
 
 
 def _apple(name: str, bandwidth_gbs: float, fp32_tflops: float) -> Machine:
@@ -54,11 +56,12 @@ def _apple(name: str, bandwidth_gbs: float, fp32_tflops: float) -> Machine:
 
 
 #: The machines a decode step is predicted on. ``cpu``: this project's test machine (2-core
-#: AMD EPYC, OpenBLAS, float32), its two rates fitted on 2026-12-03 from Qwen2.5-Coder-0.5B's
-#: unpruned steps (1.98 GB of weights and KV read in ~234 ms) and the revived rows' cost
-#: (~0.5 ms per token-layer of 30 MFLOP). The Apple GPUs run 4-bit weights with a float16 KV.
+#: AMD EPYC, OpenBLAS, float32), its rates and fixed cost fitted on 2026-12-03 by least
+#: squares (relative) to the mean steps of ``bench.answer`` at 4K, 128-token answers, of
+#: ``full`` and pruned paths of Qwen2.5-Coder-0.5B, SmolLM2-135M and Gemma 3 270M: within 18%
+#: of each (tests/test_decode_cost.py). The Apple GPUs run 4-bit weights with a float16 KV.
 MACHINES: Mapping[str, Machine] = {
-    "cpu": Machine("this CPU (2 cores, float32)", 8.5e9, 60e9, False, 32),
+    "cpu": Machine("this CPU (2 cores, float32)", 19.2e9, 36e9, False, 32, overhead_s=0.122),
     "m1": _apple("M1 GPU, 4-bit", 68.25, 2.6),
     "m2-pro": _apple("M2 Pro GPU, 4-bit", 200, 6.8),
     "m3-max": _apple("M3 Max GPU, 4-bit", 400, 16.4),
@@ -112,4 +115,5 @@ def step_seconds(shape: ModelShape, work: StepWork, machine: Machine) -> float:
     flops = (2 * (shape.layer_params * work.token_layers + shape.head_params)
              + 4 * shape.head_dims * work.pairs)
     t_read, t_compute = read / machine.bandwidth, flops / machine.flops
-    return max(t_read, t_compute) if machine.overlap else t_read + t_compute
+    return machine.overhead_s + (max(t_read, t_compute) if machine.overlap
+                                 else t_read + t_compute)
