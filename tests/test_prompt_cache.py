@@ -605,3 +605,31 @@ def test_a_question_from_a_saved_exact_cache_computes_only_its_own_tokens(tiny_m
     assert (state.computed[:, : len(doc)] == before).all()
     assert stats.completed_token_layers == 0 and stats.revivals == 0
     assert sum(stats.prefill_tokens_per_layer) <= len(question) * L
+
+
+def test_a_question_from_a_saved_pruned_cache_computes_its_tokens_and_its_revivals(tiny_model,
+                                                                                   tmp_path):
+    """The file holds the pruned state (``complete="none"``): a question on it computes its
+    own tokens' layers and, of the document, exactly the remaining layers of the tokens it
+    revives, each token-layer once; nothing is completed."""
+    model, _ = tiny_model("llama")
+    vocab = model.args.vocab_size
+    doc, question = ids(300, vocab, 160), ids(12, vocab, 161)
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.3,), complete="none")
+    cache = make_prompt_cache(model, config)
+    for _ in generate_step(doc, model, prompt_cache=cache, max_tokens=0):
+        pass
+    save_prompt_cache(tmp_path / "doc.safetensors", cache)
+    loaded = load_prompt_cache(tmp_path / "doc.safetensors", model)
+    state = loaded.engine.cache
+    depth, computed = state.depth[: len(doc)].copy(), state.computed[:, : len(doc)].copy()
+    for _ in generate_step(question, model, prompt_cache=loaded, max_tokens=1):
+        pass
+    stats = loaded.engine.stats
+    revived = np.flatnonzero(state.depth[: len(doc)] > depth)
+    new = state.computed[:, : len(doc)] - computed
+    assert stats.revivals == len(revived) > 0 and stats.completed_token_layers == 0
+    assert new.sum() == (state.depth[revived] - depth[revived]).sum()
+    assert stats.max_computations_per_token_layer == 1
+    asked = state.computed[:, len(doc):].sum()
+    assert sum(stats.prefill_tokens_per_layer) == new.sum() + asked
