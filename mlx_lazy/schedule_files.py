@@ -410,7 +410,10 @@ def transfer_rule(schedules: Optional[List[Tuple[int, PruningConfig]]] = None
     they agree, else None (``last``). No rule (``()``) when there is none to fit on.
     """
     if schedules is None:
-        schedules = transfer_sources()
+        schedules = [(dict(config.fingerprint)["num_layers"], config)
+                     for _, quality, config in _packaged()
+                     if quality == "default" and config.source is not None
+                     and config.source.removeprefix("calibrated:") in TRANSFER_FROM]
     schedules = [(n, c) for n, c in schedules if c.prune_layers and c.keep]
     if not schedules:
         return (), None
@@ -421,22 +424,8 @@ def transfer_rule(schedules: Optional[List[Tuple[int, PruningConfig]]] = None
         if k < last:
             rule.append((depth, k))
             last = k
-    scorer = agreed(schedules, "scorer")
-    return tuple(rule), (None if scorer is None else scorer_spec(scorer))
-
-
-def transfer_sources() -> List[Tuple[int, PruningConfig]]:
-    """``(num_layers, config)`` of the shipped schedules of :data:`TRANSFER_FROM`."""
-    return [(dict(config.fingerprint)["num_layers"], config)
-            for _, quality, config in _packaged()
-            if quality == "default" and config.source is not None
-            and config.source.removeprefix("calibrated:") in TRANSFER_FROM]
-
-
-def agreed(schedules: List[Tuple[int, PruningConfig]], name: str) -> Any:
-    """The value of the config field ``name`` that all ``schedules`` share, else None."""
-    values = [getattr(c, name) for _, c in schedules]
-    return values[0] if values and all(v == values[0] for v in values) else None
+    specs = {scorer_spec(c.scorer) if c.scorer is not None else None for _, c in schedules}
+    return tuple(rule), (specs.pop() if len(specs) == 1 else None)
 
 
 def transfer_layers(rule: Tuple[Tuple[float, float], ...],
@@ -454,17 +443,13 @@ def transfer_layers(rule: Tuple[Tuple[float, float], ...],
 
 def transfer_config(config: PruningConfig, fingerprint: Dict[str, Any]) -> PruningConfig:
     """A plain ``lazy`` for a model without a calibrated schedule: the cuts and scorer of
-    :func:`transfer_rule` placed on its depth (:func:`transfer_layers`), and the decode mode
-    and revive margin its sources share unless ``config`` names its own, reporting
+    :func:`transfer_rule` placed on its depth (:func:`transfer_layers`), reporting
     ``source: "transfer"``; ``config`` itself (the preset) when there is no rule or the
     model is too shallow for a cut."""
     num_layers = fingerprint.get("num_layers")
-    sources = transfer_sources()
-    rule, scorer = transfer_rule(sources)
+    rule, scorer = transfer_rule()
     if not rule or not isinstance(num_layers, int) or num_layers < 2:
         return config
     layers, keep = transfer_layers(rule, num_layers)
-    decode = {name: agreed(sources, name) if getattr(config, name) is None
-              else getattr(config, name) for name in ("complete", "revive_margin")}
     return replace(config, prune_layers=layers, keep=keep, scorer=scorer,
-                   source=TRANSFER_SOURCE, **decode)
+                   source=TRANSFER_SOURCE)
