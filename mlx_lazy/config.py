@@ -170,11 +170,11 @@ class PruningConfig:
         if self.max_revivals is not None:
             values["max_revivals"] = _bounded("max_revivals", self.max_revivals, 0, MAX_COUNT)
         if self.revive_margin is not None:
-            margin = float(_real("revive_margin", self.revive_margin))
-            if not 0 <= margin <= MAX_MARGIN:
+            margin = _real("revive_margin", self.revive_margin)
+            if not 0 <= margin <= MAX_MARGIN:  # before float(): an int may overflow it
                 raise UserInputError(f"revive_margin must be in [0, {MAX_MARGIN:g}], got "
                                      f"{shown(self.revive_margin, SHOWN)}")
-            values["revive_margin"] = margin
+            values["revive_margin"] = float(margin)
         if self.source is not None and (not isinstance(self.source, str)
                                         or not self.source.strip()):
             raise UserInputError(
