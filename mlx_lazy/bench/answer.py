@@ -77,6 +77,7 @@ def run(model: Any, tokenizer: Any, lengths: Sequence[int], answer_tokens: int, 
     """Measure every path at every length (see the module docstring); returns the result dict
     (``runs`` and ``summary``), also written to ``out`` after every run."""
     methods = [parse_method(p, len(model.layers)) for p in paths]
+    shape = ModelShape.of(model)
     runs: list[RunRecord] = []
     result: dict[str, Any] = {"info": info or {}, "answer_tokens": answer_tokens, "runs": []}
     for length in lengths:
@@ -88,7 +89,7 @@ def run(model: Any, tokenizer: Any, lengths: Sequence[int], answer_tokens: int, 
                 r.repeat, r.length, r.order = repeat, length, order
                 runs.append(r)
                 result["runs"] = [vars(x) for x in runs]
-                result["summary"] = summarize(runs, answer_tokens, ModelShape.of(model))
+                result["summary"] = summarize(runs, answer_tokens, shape)
                 if out is not None:
                     out.write_text(json.dumps(result, indent=1))
                 print(f"  {length} #{repeat} {method.name}: first {r.ttft_s:.2f} s, "
@@ -166,17 +167,17 @@ def render(result: dict[str, Any]) -> str:
               fmt(r.get("host_syncs_per_step"))] for r in rows]
     full = {r["length"]: r for r in rows if r["path"] == FULL}
 
-    def vs_full(r: dict[str, Any], ms: Optional[float], key: str) -> str:
-        base = full.get(r["length"], {})
-        ref = base.get(key) if key == "mean_step_s" else base.get(key, {}).get(ms)
-        value = r.get(key) if key == "mean_step_s" else r.get(key, {}).get(ms)
+    def step_ms(r: dict[str, Any]) -> dict[str, Optional[float]]:
+        return {"measured": r.get("mean_step_s"), **r.get("predicted_step_s", {})}
+
+    def vs_full(r: dict[str, Any], column: str) -> str:
+        value, ref = step_ms(r)[column], step_ms(full.get(r["length"], {})).get(column)
         if value is None:
             return "–"
         return f"{value * 1e3:.1f} ({fmt(ref / value if ref else None)}x)"
 
     steps = [[r["length"], r["path"], fmt(r.get("token_layers_per_step"), ".1f"),
-              vs_full(r, None, "mean_step_s"),
-              *[vs_full(r, m, "predicted_step_s") for m in MACHINES]]
+              *[vs_full(r, c) for c in ("measured", *MACHINES)]]
              for r in rows if r.get("predicted_step_s")]
     return "\n".join([
         f"Arrival of token n in seconds (x full: sooner than our unpruned path), {n}-token answer:",
