@@ -6,6 +6,12 @@ the model with the chosen pruning method and the state is written to
 QUESTION`` then appends the question to it instead of recomputing the document. With a
 chat template the cache holds the conversation up to the end of the prompt's text, and the
 later prompt continues that user message (mlx-lm's convention).
+
+A file is made once and asked many times, so before saving the pruned tokens are carried
+through their remaining layers (:meth:`~mlx_lazy.engine.LazyEngine.complete`, what the server
+does to a cached state between turns): each (token, layer) is still computed once, and a
+question from the file revives nothing. ``--keep-pruned`` saves the pruned state as it is: a
+smaller file, made sooner, whose every question revives what it selects.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ def build_parser() -> OneLineParser:
     cli.add_pruning_arguments(p)
     p.add_argument("--prompt-cache-file", required=True, metavar="FILE",
                    help="the safetensors file to write")
+    p.add_argument("--keep-pruned", action="store_true",
+                   help="save the pruned state as it is (a smaller file, made sooner; each "
+                        "question revives the tokens it selects) instead of completing it")
     return p
 
 
@@ -49,6 +58,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                "prefix")
         check_prompt(cache.engine, tokenizer, tokens, 1)
         cache.process(tokens)
+        completed = 0 if args.keep_pruned else cache.engine.complete()
         save_prompt_cache(args.prompt_cache_file, cache, {"model": str(args.model or "")})
     except UserInputError as e:
         print(f"error: {one_line(e, limit=1000)}", file=sys.stderr)
@@ -57,7 +67,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(f"cached {len(cache)} tokens ({cache.nbytes / MB:.1f} MB of KV and aux) in "
-          f"{args.prompt_cache_file}", file=sys.stderr)
+          f"{args.prompt_cache_file}"
+          + (f"; {completed} token-layers of pruned tokens completed first" if completed else ""),
+          file=sys.stderr)
     return 0
 
 

@@ -290,12 +290,13 @@ def run_tool(module: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_cache_prompt_then_generate_with_the_cache_file(tiny_model_path, tmp_path):
-    """The document is cached once; generate appends the question and reports the cached
-    tokens; its text equals one run over both parts through the API."""
+    """The document is cached once, its pruned tokens completed before saving (or kept
+    pruned with --keep-pruned); generate appends the question and reports the cached tokens;
+    its text equals the same through the API."""
     doc, question = "The quick brown fox jumps over the lazy dog. " * 8, " Where is the fox?"
     cache_file, stats_file = tmp_path / "doc.safetensors", tmp_path / "stats.json"
     common = ["--model", str(tiny_model_path), "--ignore-chat-template", "--method", "lazy",
-              "--prune-layers", "1", "--keep", "0.5"]
+              "--prune-layers", "1", "--keep", "0.5", "--complete", "none"]
     made = run_tool("mlx_lazy.cache_prompt", *common, "-p", doc,
                     "--prompt-cache-file", str(cache_file))
     assert made.returncode == 0, made.stderr.decode()
@@ -311,12 +312,24 @@ def test_cache_prompt_then_generate_with_the_cache_file(tiny_model_path, tmp_pat
     q_ids = tokenizer.encode(question, add_special_tokens=False)
     assert stats["cached_tokens"] == len(doc_ids)
     assert stats["prompt_tokens"] == len(doc_ids) + len(q_ids)
-    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,))
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), complete="none")
     cache = make_prompt_cache(model, config)
     cache.process(doc_ids)
+    assert cache.engine.cache.aux  # the schedule prunes this document
+    assert cache.engine.complete() > 0
     text = "".join(r.text for r in stream_generate(model, tokenizer, q_ids, max_tokens=5,
                                                    prompt_cache=cache))
     assert used.stdout.decode() == text + "\n"
+    # The file holds the completed state: every token at every layer, nothing waiting.
+    saved = load_prompt_cache(str(cache_file), model).engine.cache
+    assert not saved.aux and (saved.depth[: saved.length] == saved.num_layers).all()
+    assert "token-layers of pruned tokens completed first" in made.stderr.decode()
+    # --keep-pruned saves the pruned state as it is: the Aux Cache still holds tokens.
+    pruned_file = tmp_path / "pruned.safetensors"
+    kept = run_tool("mlx_lazy.cache_prompt", *common, "-p", doc, "--keep-pruned",
+                    "--prompt-cache-file", str(pruned_file))
+    assert kept.returncode == 0, kept.stderr.decode()
+    assert load_prompt_cache(str(pruned_file), model).engine.cache.aux
 
     # No pruning flag: the cache's own config runs (same text).
     plain = run_tool("mlx_lazy.generate", "--model", str(tiny_model_path), "-p", question,
