@@ -771,8 +771,9 @@ def test_packaged_schedules_meet_the_admissibility_rule():
     from mlx_lazy.schedule_files import PACKAGED_SCHEDULES
 
     files = sorted(PACKAGED_SCHEDULES.glob("*.json"))
-    assert [f.name for f in files] == ["qwen2.5-coder-0.5b.high.json", "qwen2.5-coder-0.5b.json",
-                                       "smollm2-135m.high.json", "smollm2-135m.json"]
+    assert [f.name for f in files] == ["gemma3-270m.json", "qwen2.5-coder-0.5b.high.json",
+                                       "qwen2.5-coder-0.5b.json", "smollm2-135m.high.json",
+                                       "smollm2-135m.json"]
     for path in files:
         config = read_schedule(path)
         doc = json.loads(path.read_text())
