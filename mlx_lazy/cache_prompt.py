@@ -41,7 +41,8 @@ def build_parser() -> OneLineParser:
                    help="the safetensors file to write")
     p.add_argument("--keep-pruned", action="store_true",
                    help="save the pruned state as it is (a smaller file, made sooner; each "
-                        "question revives the tokens it selects) instead of completing it")
+                        "question revives the tokens it selects) instead of completing it; "
+                        "complete=exact is stored recomputed either way")
     return p
 
 
