@@ -31,23 +31,18 @@ _C = (1.0, 6.9314718e-1, 2.4022651e-1, 5.5504109e-2, 9.6181291e-3, 1.3333558e-3,
 
 # mx.compile fuses element-wise graphs of depth <= 11 and cannot fuse a bit cast, so 2**x
 # is two kernels: the float32 bits of 2**round(x), then the polynomial of the fraction times
-# that power. (One kernel with both outputs did not fuse.)
-def _reduce(t: mx.array, shift: mx.array):
-    x = mx.maximum(t - shift, -127.0)
-    return x, mx.round(x)
+# that power. (One kernel with both outputs did not fuse.) Their input is already clamped to
+# >= -127: a clamp inside a compiled CPU kernel is a scalar branch, and masked scores (-inf)
+# mixed with visible ones made both kernels ~3x slower; MLX's own ``maximum`` is vectorised.
+def _pow2_bits(x: mx.array) -> mx.array:
+    """float32 bit patterns of 2**n, n = round(x) in [-127, 127]; n = -127 (which masked
+    scores, -inf, reach through the clamp) gives 0.0."""
+    return (mx.round(x).astype(mx.int32) + 127) << 23
 
 
-def _pow2_bits(t: mx.array, shift: mx.array) -> mx.array:
-    """float32 bit patterns of 2**n, n = round(t - shift) in [-127, 127]; n = -127 (which
-    masked scores, -inf, also reach) gives 0.0."""
-    _, n = _reduce(t, shift)
-    return (n.astype(mx.int32) + 127) << 23
-
-
-def _exp2_times(t: mx.array, shift: mx.array, two_n: mx.array) -> mx.array:
-    """2**(t - shift) = 2**f * 2**n."""
-    x, n = _reduce(t, shift)
-    f = x - n
+def _exp2_times(x: mx.array, two_n: mx.array) -> mx.array:
+    """2**x = 2**f * 2**n, f = x - n."""
+    f = x - mx.round(x)
     f2 = f * f
     # Estrin's scheme keeps the graph shallow enough to fuse.
     poly = ((_C[0] + _C[1] * f) + f2 * (_C[2] + _C[3] * f)
@@ -77,8 +72,8 @@ def prepare() -> None:
         return
     try:
         bits, times = mx.compile(_pow2_bits), mx.compile(_exp2_times)
-        x, top = mx.array([[0.0, -mx.inf]]), mx.zeros((1, 1))
-        mx.eval(times(x, top, bits(x, top).view(mx.float32)))
+        x = mx.array([[0.0, -127.0]])
+        mx.eval(times(x, bits(x).view(mx.float32)))
         _kernels = bits, times
     except Exception:  # no C++ compiler for MLX's CPU JIT: exact and slower
         _kernels = False
@@ -92,7 +87,8 @@ def exp2(scores: mx.array, shift: mx.array) -> mx.array:
     if not _kernels:
         return mx.exp((scores - shift) * (1 / LOG2E))
     bits, times = _kernels
-    return times(scores, shift, bits(scores, shift).view(mx.float32))
+    x = mx.maximum(scores - shift, -127.0)
+    return times(x, bits(x).view(mx.float32))
 
 
 def causal_mask(n_queries: int, n_keys: int) -> mx.array:
@@ -124,12 +120,23 @@ def log2_scores(q: mx.array, k: mx.array, scale: float) -> mx.array:
     return scores.reshape(b, kv_heads, rep, n, s)
 
 
+def masked(scores: mx.array, mask: mx.array) -> mx.array:
+    """``scores`` with -inf where the boolean ``mask`` (broadcastable to their trailing
+    dimensions) is False.
+
+    The mask becomes an additive 0 / -inf bias at its own size first: on the CPU,
+    ``mx.where`` broadcast over the heads runs at ~5 ns per score, a broadcast add ~30x
+    faster, and adding 0.0 leaves a score exact.
+    """
+    return scores + mx.where(mask, 0.0, -mx.inf)
+
+
 def attention_weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.array]):
     """Unnormalised softmax weights (1, kv_heads, rep, L, S) of queries (1, H, L, d) over keys
     (1, kv_heads, S, d), and their row sums (1, kv_heads, rep, L, 1)."""
     scores = log2_scores(q, k, scale)
     if mask is not None:
-        scores = mx.where(mask, scores, -mx.inf)
+        scores = masked(scores, mask)
     weights = exp2(scores, scores.max(axis=-1, keepdims=True))
     return weights, weights.sum(axis=-1, keepdims=True)
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Type, Union
 import mlx.core as mx
 import numpy as np
 
-from .attention import attention_weights, exp2, log2_scores
+from .attention import attention_weights, exp2, log2_scores, masked
 from .errors import UserInputError, shown
 from .inputs import parse_float, parse_int
 
@@ -438,5 +438,4 @@ class ScoreMemo:
 def _causal_log2(q: mx.array, keys: mx.array, qpos: np.ndarray, kpos: np.ndarray,
                  scale: float) -> mx.array:
     """:func:`~mlx_lazy.attention.log2_scores`, -inf where a key comes after its query."""
-    return mx.where(mx.array(kpos[None, :] <= qpos[:, None]), log2_scores(q, keys, scale),
-                    -mx.inf)
+    return masked(log2_scores(q, keys, scale), mx.array(kpos[None, :] <= qpos[:, None]))
