@@ -266,6 +266,20 @@ def test_cut_schedules_set_the_candidates(tiny_model):
         (round(0.5 * n) - 1,), (round(0.25 * n) - 1, min(n - 2, round(0.75 * n) - 1))}
 
 
+def test_cuts_of_a_sliding_window_model_go_after_global_layers(tiny_model):
+    from mlx_lazy.bench.calibrate import at_global_layers, parse_cuts
+
+    # tiny Gemma 3: layers 0 and 2 slide, 1 and 3 are global; 3 is the last, no cut after it
+    model, _ = tiny_model("gemma3_text")
+    grid = (parse_cuts("0.25/0.3"), parse_cuts("0.75/0.3"), parse_cuts("0.25,0.75/0.5,0.2"))
+    assert {c.config.prune_layers for c in candidates(model, 512, ["last"], grid)} == {(1,)}
+    # Gemma 3 270M's pattern: global layers 5, 11 and 17 of 18
+    assert at_global_layers((3, 7, 8, 14), [5, 11]) == (5, 11)
+    assert at_global_layers((8,), [5, 11]) == (5,)  # a tie goes to the lower layer
+    assert at_global_layers((2, 9), list(range(17))) == (2, 9)  # no sliding layers
+    assert at_global_layers((2, 9), []) == (2, 9)
+
+
 def test_candidates_rank_by_predicted_gain(tiny_model):
     model, _ = tiny_model("llama")
     cands = candidates(model, 4096)
