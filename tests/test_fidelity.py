@@ -55,6 +55,23 @@ def test_forcing_sampler_forces_the_reference_tokens(tiny_model):
     assert run.tokens == forced and run.logprobs.shape == (6, model.args.vocab_size)
 
 
+@pytest.mark.parametrize("kind", ["llama", "gemma3_text"])
+def test_an_unpruned_forced_run_is_one_forward_pass_with_the_steps_logits(tiny_model, kind):
+    """The yardsticks' single forward pass gives what ``full`` gives step by step: the same
+    distributions (relative to the logits' magnitude, float32 rounding of different matmul
+    shapes) at every forced position, in order."""
+    model, tok = tiny_model(kind)
+    prompt = tok.encode("a b c d e f g h i j k l m n o p q r s t u v w x y z " * 3)
+    ref = fidelity.continuation(model, prompt, 8)
+    fast = fidelity.continuation(model, prompt, 8, forced=ref.tokens)
+    stepped = fidelity.continuation(model, prompt, 8, PruningConfig("full"), forced=ref.tokens)
+    assert fast.stats is None and fast.tokens == ref.tokens
+    scale = float(mx.abs(stepped.logprobs).max())
+    assert float(mx.abs(fast.logprobs - stepped.logprobs).max()) <= 1e-4 * scale
+    assert fidelity.compare(ref, fast)["prefill_work"] == 1.0
+    assert max(fidelity.compare(ref, fast)["kld"]) < 1e-6
+
+
 def test_kl_divergence_matches_its_definition():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(2, 3, 50))

@@ -32,6 +32,7 @@ from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
+from mlx_lm.models import cache as mlx_lm_cache  # noqa: E402
 
 from .. import GenerationStats, PruningConfig, generate_step, make_prompt_cache  # noqa: E402
 from ..api import Sampler  # noqa: E402
@@ -71,7 +72,7 @@ class Continuation:
 
     tokens: list[int]
     logprobs: mx.array
-    stats: GenerationStats
+    stats: Optional[GenerationStats]  # None: an unpruned forward pass (:func:`forced_forward`)
 
 
 def forcing_sampler(tokens: Sequence[int]) -> Sampler:
@@ -90,7 +91,10 @@ def continuation(model: Any, prompt: Sequence[int], steps: int,
                  config: Optional[PruningConfig] = None,
                  forced: Optional[Sequence[int]] = None) -> Continuation:
     """Run ``config`` (None: ``full``) on ``prompt`` for ``steps`` (≥ 1) tokens: greedy, or
-    teacher-forced along ``forced``."""
+    teacher-forced along ``forced``; unpruned and teacher-forced, that is one forward pass
+    (:func:`forced_forward`)."""
+    if config is None and forced is not None:
+        return forced_forward(model, prompt, forced[:steps])
     cache = make_prompt_cache(model, config)
     sampler = None if forced is None else forcing_sampler(forced[:steps])
     tokens, logprobs = [], []
@@ -99,6 +103,23 @@ def continuation(model: Any, prompt: Sequence[int], steps: int,
         tokens.append(token)
         logprobs.append(lp)
     return Continuation(tokens, mx.stack(logprobs), cache.engine.stats)
+
+
+def forced_forward(model: Any, prompt: Sequence[int], forced: Sequence[int]) -> Continuation:
+    """The unpruned model teacher-forced along ``forced`` (≥ 1 token) after ``prompt``, in one
+    forward pass of mlx-lm's model: an unpruned model's logits at a position are the same (up
+    to float rounding) whether the tokens before it came in one pass or step by step, and a
+    decode step is weight-bound, so this costs about a prefill where a prefill and
+    ``len(forced)`` steps did. Only the forced positions' logits are computed (the prompt's
+    pass is evaluated for its cache alone). The yardsticks' rows run here."""
+    cache = mlx_lm_cache.make_prompt_cache(model)
+    if len(prompt) > 1:
+        model(mx.array(prompt[:-1])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    logits = model(mx.array([prompt[-1], *forced[:-1]])[None], cache=cache)[0].astype(mx.float32)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    mx.eval(logprobs)
+    return Continuation(list(forced), logprobs, None)
 
 
 def greedy_tokens(model: Any, prompt: Sequence[int], steps: int,
@@ -149,8 +170,8 @@ def compare(reference: Continuation, run: Continuation) -> dict[str, Any]:
     top1 = mx.argmax(run.logprobs, axis=-1) == mx.argmax(reference.logprobs, axis=-1)
     return {"kld": kl_divergence(reference.logprobs, run.logprobs).tolist(),
             "top1": top1.tolist(),
-            "prefill_work": sum(run.stats.prefill_tokens_per_layer)
-            / sum(reference.stats.prefill_tokens_per_layer)}
+            "prefill_work": 1.0 if run.stats is None else
+            sum(run.stats.prefill_tokens_per_layer) / sum(reference.stats.prefill_tokens_per_layer)}
 
 
 # ----------------------------------------------------------------------------------------
