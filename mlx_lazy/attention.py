@@ -32,8 +32,9 @@ _C = (1.0, 6.9314718e-1, 2.4022651e-1, 5.5504109e-2, 9.6181291e-3, 1.3333558e-3,
 # mx.compile fuses element-wise graphs of depth <= 11 and cannot fuse a bit cast, so 2**x
 # is two kernels: the float32 bits of 2**round(x), then the polynomial of the fraction times
 # that power. (One kernel with both outputs did not fuse.) Their input is already clamped to
-# >= -127: a clamp inside a compiled CPU kernel is a scalar branch, and masked scores (-inf)
-# mixed with visible ones made both kernels ~3x slower; MLX's own ``maximum`` is vectorised.
+# >= -127: with the clamp inside, scores where masked ones (-inf) mixed at random with visible
+# ones ran both kernels ~3x slower than uniform ones, as a mispredicted branch would; MLX's own
+# ``maximum`` is vectorised.
 def _pow2_bits(x: mx.array) -> mx.array:
     """float32 bit patterns of 2**n, n = round(x) in [-127, 127]; n = -127 (which masked
     scores, -inf, reach through the clamp) gives 0.0."""
