@@ -126,8 +126,8 @@ def masked(scores: mx.array, mask: mx.array) -> mx.array:
     dimensions) is False.
 
     The mask becomes an additive 0 / -inf bias at its own size first: on the CPU,
-    ``mx.where`` broadcast over the heads runs at ~5 ns per score, a broadcast add ~30x
-    faster, and adding 0.0 leaves a score exact.
+    ``mx.where`` broadcast over the heads ran at ~5 ns per score, a broadcast add ~20x
+    faster (3.8 against 0.16 ms on 737K scores), and adding 0.0 leaves a score exact.
     """
     return scores + mx.where(mask, 0.0, -mx.inf)
 

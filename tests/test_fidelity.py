@@ -70,6 +70,12 @@ def test_an_unpruned_forced_run_is_one_forward_pass_with_the_steps_logits(tiny_m
     assert float(mx.abs(fast.logprobs - stepped.logprobs).max()) <= 1e-4 * scale
     assert fidelity.compare(ref, fast)["prefill_work"] == 1.0
     assert max(fidelity.compare(ref, fast)["kld"]) < 1e-6
+    # the prompt's pass in chunks of 16 tokens changes nothing; fewer
+    # steps than forced tokens take the first ones
+    chunked = fidelity.forced_forward(model, prompt, ref.tokens[:5], chunk=16)
+    assert chunked.tokens == ref.tokens[:5]
+    assert float(mx.abs(chunked.logprobs - stepped.logprobs[:5]).max()) <= 1e-4 * scale
+    assert fidelity.continuation(model, prompt, 5, forced=ref.tokens).tokens == ref.tokens[:5]
 
 
 def test_kl_divergence_matches_its_definition():

@@ -105,16 +105,24 @@ def continuation(model: Any, prompt: Sequence[int], steps: int,
     return Continuation(tokens, mx.stack(logprobs), cache.engine.stats)
 
 
-def forced_forward(model: Any, prompt: Sequence[int], forced: Sequence[int]) -> Continuation:
+#: Prompt tokens per call of :func:`forced_forward`'s pass over the prompt: mlx-lm's attention
+#: holds a chunk's scores against every earlier key, so a whole long window at once would
+#: hold L x L of them per head.
+FORCED_PREFILL_CHUNK = 512
+
+
+def forced_forward(model: Any, prompt: Sequence[int], forced: Sequence[int],
+                   chunk: int = FORCED_PREFILL_CHUNK) -> Continuation:
     """The unpruned model teacher-forced along ``forced`` (≥ 1 token) after ``prompt``, in one
     forward pass of mlx-lm's model: an unpruned model's logits at a position are the same (up
     to float rounding) whether the tokens before it came in one pass or step by step, and a
     decode step is weight-bound, so this costs about a prefill where a prefill and
-    ``len(forced)`` steps did. Only the forced positions' logits are computed (the prompt's
-    pass is evaluated for its cache alone). The yardsticks' rows run here."""
+    ``len(forced)`` steps did. The prompt goes through in ``chunk``-token calls evaluated for
+    the cache alone; only the forced positions' logits are computed. The yardsticks' rows run
+    here."""
     cache = mlx_lm_cache.make_prompt_cache(model)
-    if len(prompt) > 1:
-        model(mx.array(prompt[:-1])[None], cache=cache)
+    for start in range(0, len(prompt) - 1, chunk):
+        model(mx.array(prompt[start : min(start + chunk, len(prompt) - 1)])[None], cache=cache)
         mx.eval([c.state for c in cache])
     logits = model(mx.array([prompt[-1], *forced[:-1]])[None], cache=cache)[0].astype(mx.float32)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
