@@ -166,6 +166,43 @@ def test_row_summary_intervals_are_a_bootstrap_over_windows():
     assert fidelity.row_summary(ramp)["kld_p99"] == pytest.approx(0.99, rel=1e-9)
 
 
+def _windows(means, order=None):
+    """Window results whose per-step KLDs average to ``means`` (window i has mean means[i]),
+    listed in ``order``."""
+    order = range(len(means)) if order is None else order
+    return [{"window": i, "kld": [means[i] - 0.05, means[i] + 0.05], "top1": [True, False],
+             "prefill_work": 1.0} for i in order]
+
+
+def test_paired_with_the_yardstick_matches_windows_not_list_positions():
+    row = _windows([0.1, 0.5, 0.9])
+    yard = _windows([0.2, 0.6, 1.0], order=[2, 0, 1])  # listed in another order
+    p = fidelity.paired_with(row, yard)
+    # every window drifts 0.1 less than the yardstick's: the paired interval is that point,
+    # where the two rows' own intervals (0.1-0.9 against 0.2-1.0) overlap almost entirely
+    assert p["windows"] == 3 and p["windows_below"] == 3
+    assert p["kld_mean_diff"] == pytest.approx(-0.1, rel=1e-9)
+    assert p["kld_mean_diff_ci"] == pytest.approx((-0.1, -0.1), rel=1e-9)
+    worse = fidelity.paired_with(_windows([0.3, 0.7, 1.1]), yard)
+    assert worse["windows_below"] == 0 and worse["kld_mean_diff_ci"][0] == pytest.approx(0.1)
+
+
+def test_summary_pairs_every_row_with_the_4_bit_yardstick_by_kind_and_window():
+    # window numbers repeat across kinds: "all" must pair prose 0 with prose 0
+    records = {"full": {"prose": _windows([0.0, 0.0]), "code": _windows([0.0, 0.0])},
+               "lazy": {"prose": _windows([0.1, 0.3]), "code": _windows([1.5, 2.5])},
+               "q4": {"prose": _windows([0.2, 0.4]), "code": _windows([1.0, 2.0])}}
+    summary = fidelity.summarize(records)
+    assert "vs_q4" not in summary["all"]["q4"]
+    assert summary["prose"]["lazy"]["vs_q4"]["windows_below"] == 2
+    assert summary["code"]["lazy"]["vs_q4"]["windows_below"] == 0
+    both = summary["all"]["lazy"]["vs_q4"]
+    assert both["windows"] == 4 and both["windows_below"] == 2
+    assert both["kld_mean_diff"] == pytest.approx((-0.1 - 0.1 + 0.5 + 0.5) / 4)
+    assert summary["all"]["full"]["vs_q4"]["kld_mean_diff"] == pytest.approx(-0.9)
+    assert "+0.2000" in fidelity.render({"meta": {"steps": 2, "length": 8}, "summary": summary})
+
+
 def test_spread_order_visits_every_window_spread_out():
     assert fidelity.spread_order(8) == [0, 4, 2, 6, 1, 5, 3, 7]
     assert all(sorted(fidelity.spread_order(n)) == list(range(n)) for n in range(1, 60))

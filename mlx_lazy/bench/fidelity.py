@@ -9,10 +9,13 @@ the model with its weights rounded through 8- and 4-bit affine quantization, see
 :mod:`.yardstick`) is teacher-forced along that same continuation, so every row sees the same
 tokens. Per row: the mean and 99th percentile of KL(full ‖ row) of the next-token
 distributions per step, the rate of steps with the same top-1 token, each with a 95% interval
-(bootstrap over windows: the steps of one window are not independent), and the prefill work
-(token-layers computed in prefill relative to ``full``). Like llama.cpp's KLD / "same top p"
-comparison of a quantized model with the unquantized one; a user can judge "deviates less
-than 4-bit weights do" where "agreement 0.93" has no yardstick.
+(bootstrap over windows: the steps of one window are not independent), the prefill work
+(token-layers computed in prefill relative to ``full``), and the row's mean KLD minus the
+4-bit weights' paired by window, with its interval and the windows where the row drifts less
+(side by side, two rows' intervals overlap even when one drifts less on nearly every window).
+Like llama.cpp's KLD / "same top p" comparison of a quantized model with the unquantized one;
+a user can judge "deviates less than 4-bit weights do" where "agreement 0.93" has no
+yardstick.
 
 The engine is driven only through :func:`mlx_lazy.generate_step`: teacher forcing is a
 sampler that returns the reference's next token whatever it is given.
@@ -286,17 +289,48 @@ def row_summary(windows: Sequence[dict[str, Any]], resamples: int = RESAMPLES,
     return out
 
 
+def paired_with(windows: Sequence[dict[str, Any]], yard: Sequence[dict[str, Any]],
+                resamples: int = RESAMPLES, seed: int = 0) -> dict[str, Any]:
+    """One row's drift against a yardstick's on the same windows (matched by their
+    ``window`` and ``kind``): the mean over windows of (row's mean KLD - yardstick's) with a
+    95% bootstrap interval over windows, and in how many windows the row drifted less.
+
+    Pairing removes what the windows share (a hard window is hard for both rows), so the
+    interval is far narrower than the two rows' own intervals side by side."""
+    theirs = {(w.get("kind"), w["window"]): float(np.mean(w["kld"])) for w in yard}
+    pairs = [(float(np.mean(w["kld"])), theirs[key]) for w in windows
+             if (key := (w.get("kind"), w["window"])) in theirs]
+    diff = np.array([a - b for a, b in pairs], float)
+    if not diff.size:
+        return {"windows": 0}
+    rng = np.random.default_rng(seed)
+    boot = diff[rng.integers(0, diff.size, (resamples, diff.size))].mean(axis=1)
+    return {"windows": int(diff.size), "kld_mean_diff": float(diff.mean()),
+            "kld_mean_diff_ci": (float(np.quantile(boot, 0.025)),
+                                 float(np.quantile(boot, 0.975))),
+            "windows_below": int((diff < 0).sum())}
+
+
 def summarize(records: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
-    """Per kind of text and over all (``"all"``), each row's :func:`row_summary`;
-    ``records[row][kind]`` are that row's window results."""
+    """Per kind of text and over all (``"all"``), each row's :func:`row_summary`, and for
+    every row but the 4-bit yardstick its :func:`paired_with` that yardstick (``vs_q4``: the
+    default bar of a schedule's drift); ``records[row][kind]`` are that row's window results."""
     kinds = sorted({k for per_kind in records.values() for k in per_kind if per_kind[k]},
                    key=lambda k: KINDS.index(k))
+    bar = yardstick_row(4)
     out: dict[str, Any] = {}
     for kind in kinds + (["all"] if len(kinds) > 1 else []):
         picked = kinds if kind == "all" else [kind]
-        out[kind] = {row: row_summary([w for k in picked for w in per_kind.get(k, [])])
-                     for row, per_kind in records.items()
+
+        def windows(row: str) -> list[dict[str, Any]]:
+            return [{**w, "kind": k} for k in picked for w in records[row].get(k, [])]
+
+        out[kind] = {row: row_summary(windows(row)) for row, per_kind in records.items()
                      if all(per_kind.get(k) for k in picked)}
+        if bar in out[kind]:
+            for row, s in out[kind].items():
+                if row != bar:
+                    s["vs_" + bar] = paired_with(windows(row), windows(bar))
     return out
 
 
@@ -328,13 +362,25 @@ def render(result: dict[str, Any]) -> str:
         table = [[row_label(row), fmt(s["prefill_work"]),
                   f"{s['same_top1']:.3f} ({s['same_top1_ci'][0]:.3f}–{s['same_top1_ci'][1]:.3f})",
                   f"{s['kld_mean']:.4f} ({s['kld_mean_ci'][0]:.4f}–{s['kld_mean_ci'][1]:.4f})",
+                  _paired_cell(s.get("vs_q4")),
                   f"{s['kld_p99']:.3f} ({s['kld_p99_ci'][0]:.3f}–{s['kld_p99_ci'][1]:.3f})"]
                  for row, s in sorted(rows.items(), key=lambda r: r[1]["kld_mean"])]
         n = next(iter(rows.values()))["windows"] if rows else 0
         parts += [f"**{kind}** ({n} windows)", "",
                   markdown_table(["path", "prefill work", "same-top-1 (95% CI)",
-                                  "mean KLD (95% CI)", "p99 KLD (95% CI)"], table), ""]
+                                  "mean KLD (95% CI)",
+                                  "KLD − 4-bit's, paired by window (95% CI; windows below)",
+                                  "p99 KLD (95% CI)"], table), ""]
     return "\n".join(parts)
+
+
+def _paired_cell(p: Optional[dict[str, Any]]) -> str:
+    """A :func:`paired_with` result as a table cell ("–" for the yardstick itself)."""
+    if not p or not p["windows"]:
+        return "–"
+    lo, hi = p["kld_mean_diff_ci"]
+    return (f"{p['kld_mean_diff']:+.4f} ({lo:+.4f} to {hi:+.4f}; "
+            f"{p['windows_below']}/{p['windows']})")
 
 
 def check_options(windows: int, length: int, steps: int) -> None:
