@@ -614,6 +614,40 @@ def test_the_kld_bars_choose_the_default_and_high_quality_schedules(
         assert len(seen) == high + 1
 
 
+def test_kld_windows_are_timed_apart_by_how_their_rows_run(tiny_model, monkeypatch):
+    # full's references and candidates decode step by step; the yardsticks are one forward
+    # pass per window: the ETA scales each kind of row by its own seconds per window.
+    from mlx_lazy.bench import calibrate as cal_mod
+
+    model, tokenizer = tiny_model("llama")
+    slow = {"stepped": 5.0, "forward": 1.0}
+    now = {"t": 0.0}
+
+    def fake_counter():  # each window of a row takes that row kind's seconds
+        return now["t"]
+
+    real_runs = cal_mod.Deviation._runs
+
+    def timed_runs(self, row, windows, one):
+        how = "forward" if row in cal_mod.YARDSTICKS else "stepped"
+
+        def one_timed(window):
+            out = one(window)
+            now["t"] += slow[how]
+            return out
+        return real_runs(self, row, windows, one_timed)
+
+    monkeypatch.setattr(cal_mod.time, "perf_counter", fake_counter)
+    monkeypatch.setattr(cal_mod.Deviation, "_runs", timed_runs)
+    dev = cal_mod.Deviation(model, tokenizer, windows=1, length=48, steps=2)
+    assert dev.rows_left() == {"stepped": 1, "forward": 2}
+    assert dev.window_s("stepped") is None and dev.window_s("forward") is None
+    dev.bars(1e9)  # full's references first, then both yardsticks
+    assert dev.rows_left() == {"stepped": 0, "forward": 0}
+    assert dev.window_s("stepped") == 5.0 and dev.window_s("forward") == 1.0
+    assert dev.prefills == 3 * 2  # three rows, a window of each kind of text
+
+
 def test_measured_gain_is_the_median_of_its_paired_repeats(tiny_model, monkeypatch):
     from mlx_lazy.bench import calibrate
 

@@ -307,29 +307,36 @@ class Deviation:
         self._refs: list[tuple[list[int], fidelity.Continuation]] = []
         self.yardsticks: dict[str, dict[str, Any]] = {}
         self.prefills = 0  # windows run, each ``length`` tokens then ``steps`` forced steps
-        self.seconds = 0.0  # the time they took
+        # Seconds and windows by how a row runs: "stepped" (full's references and candidates,
+        # a prefill then a decode step per forced token) or "forward" (the yardsticks, one
+        # forward pass per window, fidelity.forced_forward): their times per window differ.
+        self.seconds = {"stepped": 0.0, "forward": 0.0}
+        self.counts = {"stepped": 0, "forward": 0}
         #: Called as ``on_window(row, done, total)`` after each window of a row.
         self.on_window: Callable[[str, int, int], None] = lambda row, done, total: None
 
     def _runs(self, row: str, windows: Sequence[Any], one: Callable[[Any], Any]) -> list[Any]:
         """``one(window)`` for every window of a row, timed and reported."""
-        runs = []
+        runs, how = [], "forward" if row in YARDSTICKS else "stepped"
         for window in windows:
             tic = time.perf_counter()
             runs.append(one(window))
-            self.seconds += time.perf_counter() - tic
+            self.seconds[how] += time.perf_counter() - tic
+            self.counts[how] += 1
             self.prefills += 1
             self.on_window(row, len(runs), len(windows))
         return runs
 
-    def rows_left(self) -> int:
-        """Rows of windows not yet run that every schedule's bars need: full's references
-        and the yardsticks."""
-        return (not self._refs) + len(YARDSTICKS) - len(self.yardsticks)
+    def rows_left(self) -> dict[str, int]:
+        """Rows of windows not yet run that every schedule's bars need, by how they run:
+        full's references ("stepped") and the yardsticks ("forward")."""
+        return {"stepped": int(not self._refs),
+                "forward": len(YARDSTICKS) - len(self.yardsticks)}
 
-    def window_s(self) -> Optional[float]:
-        """Mean seconds per window so far (None before any)."""
-        return self.seconds / self.prefills if self.prefills else None
+    def window_s(self, how: str) -> Optional[float]:
+        """Mean seconds per window so far of the rows that run ``how`` ("stepped" or
+        "forward"; None before any)."""
+        return self.seconds[how] / self.counts[how] if self.counts[how] else None
 
     def references(self) -> list[tuple[list[int], fidelity.Continuation]]:
         """Every window with ``full``'s run along it."""
@@ -462,9 +469,12 @@ def run(cal: Calibration) -> dict[str, Any]:
         t_cand = rates.mean(cand.name) or t_full / cand.predicted_gain
         left = sum(max(0, n - len(full.get(c, []))) * t_full
                    + max(0, n - len(cand.scores.get(c, []))) * t_cand for c in cells_now)
-        window = deviation.window_s() or cal.kld_length * per_token + cal.kld_steps * step
-        rows = deviation.rows_left() + (cand.kld is None)
-        left += rows * cal.kld_windows * len(fidelity.KINDS) * window
+        stepped = (deviation.window_s("stepped")
+                   or cal.kld_length * per_token + cal.kld_steps * step)
+        forward = deviation.window_s("forward") or (cal.kld_length + cal.kld_steps) * per_token
+        rows = deviation.rows_left()
+        left += cal.kld_windows * len(fidelity.KINDS) * (
+            (rows["stepped"] + (cand.kld is None)) * stepped + rows["forward"] * forward)
         if cal.measure and cand.measured_gain is None:
             prefill = cal.gain_length * per_token
             answer = cal.gain_answer_tokens * step
