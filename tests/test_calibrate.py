@@ -204,6 +204,7 @@ def test_ctrl_c_writes_what_was_measured_and_exits_130(tiny_model_path, tmp_path
     (["--max-kld", "inf"], "--max-kld takes a non-negative number"),
     (["--min-agreement", "0.9"], "unrecognized arguments: --min-agreement"),
     (["--kld-windows", "0"], "--kld-windows must be >= 1"),
+    (["--kld-steps", "0"], "--kld-steps must be in"),
 ])
 def test_bad_options_are_one_error_line_before_any_work(tmp_path, monkeypatch, capsys, args,
                                                         message):
@@ -215,6 +216,21 @@ def test_bad_options_are_one_error_line_before_any_work(tmp_path, monkeypatch, c
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
     assert not out.exists()
+
+
+def test_the_kld_steps_default_to_a_whole_answer_and_reach_the_calibration(tmp_path,
+                                                                             monkeypatch):
+    from mlx_lazy.bench import calibrate
+
+    seen = []
+
+    def fake_run(cal):
+        seen.append(cal.kld_steps)
+        raise UserInputError("stop here")
+    monkeypatch.setattr(calibrate, "run", fake_run)
+    assert exit_status(main, ["--out", str(tmp_path / "a")]) == 2
+    assert exit_status(main, ["--out", str(tmp_path / "b"), "--kld-steps", "7"]) == 2
+    assert seen == [128, 7]
 
 
 @pytest.mark.parametrize("out, message", [

@@ -13,13 +13,14 @@
    allowance go on to ``rungs[1]`` samples (the rest wait), and so on. The last rung (≥ 50
    samples per cell) confirms: a schedule is **admissible** when its paired relative loss
    against ``full`` pooled over the cells is ≤ ``--max-loss`` and its mean KL divergence from
-   ``full`` along full's own continuation (``--kld-windows`` windows of prose and of code,
-   :mod:`.fidelity`) is ≤ ``--max-kld``: a number, or ``q4`` / ``q8``, the mean KLD of the
-   model with its weights rounded through 4- / 8-bit quantization on the same windows
-   (:mod:`.yardstick`). The fastest admissible schedule is the default one; the fastest
-   whose KLD is also ≤ a quarter of the 4-bit yardstick's is the ``high`` quality one. When
-   the last rung leaves either unfound, the next batch of candidates starts at rung 0 where
-   the first stopped. ``--resume`` reuses an earlier run's samples in ``--out``.
+   ``full`` along ``--kld-steps`` (128) steps of full's own continuation (``--kld-windows``
+   windows of prose and of code, :mod:`.fidelity`) is ≤ ``--max-kld``: a number, or ``q4`` /
+   ``q8``, the mean KLD of the model with its weights rounded through 4- / 8-bit
+   quantization on the same windows (:mod:`.yardstick`). The fastest admissible schedule is
+   the default one; the fastest whose KLD is also ≤ a quarter of the 4-bit yardstick's is
+   the ``high`` quality one. When the last rung leaves either unfound, the next batch of
+   candidates starts at rung 0 where the first stopped. ``--resume`` reuses an earlier run's
+   samples in ``--out``.
 4. **Evidence.** Per cell and pooled: paired lost/won counts, Wilson intervals, a paired
    bootstrap interval of the relative loss; mean and p99 KLD and same-top-1 with bootstrap
    intervals, beside both yardsticks; predicted gain at ``--gain-length`` for every candidate
@@ -240,7 +241,7 @@ class Calibration:
     max_kld: Union[float, str] = "q4"
     kld_windows: int = 8  # per kind of text
     kld_length: int = 700
-    kld_steps: int = 32
+    kld_steps: int = 128  # the whole answer's drift: over 32 steps Qwen's passed, over 128 not
     install: bool = False  # also where mlx_lazy.load finds it (the model folder or the cache)
     measure: bool = True
     gain_repeats: int = 1
@@ -279,8 +280,9 @@ class Calibration:
             (not 1 <= self.gain_answer_tokens <= MAX_COUNT,
              f"--gain-answer-tokens must be in [1, {MAX_COUNT:,}]"),
             (self.kld_windows < 1, "--kld-windows must be >= 1"),
-            (self.kld_length < 2 or self.kld_steps < 1,
-             "kld_length must be >= 2 tokens and kld_steps >= 1"),
+            (self.kld_length < 2, "kld_length must be >= 2 tokens"),
+            (not 1 <= self.kld_steps <= MAX_COUNT,
+             f"--kld-steps must be in [1, {MAX_COUNT:,}]"),
             (limit is not None and not (math.isfinite(limit) and limit > 0),
              "--time-limit must be a positive number of seconds"),
             (not self.scorers or not self.cuts, "--scorers and --cuts need at least one value"),
@@ -856,6 +858,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --out: also install the schedules where mlx_lazy.load finds them "
                         "(the model folder, or the cache by fingerprint); always done without "
                         "--out")
+    p.add_argument("--kld-steps", type=int, default=128, metavar="N",
+                   help="steps of full's continuation along which each KLD window is measured "
+                        "(default 128, a whole answer's: a pruned state's drift grows with the "
+                        "answer, quantized weights' does not)")
     p.add_argument("--gain-length", type=int, default=4096,
                    help="prompt tokens at which the pruning gain is predicted and measured")
     p.add_argument("--scorers", type=lambda t: tuple(_scorer_arg(x) for x in t.split(",")),
@@ -901,7 +907,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       lengths=args.lengths, rungs=args.rungs, keep_per_rung=args.keep_per_rung,
                       pilot=args.pilot, min_base=args.min_base, max_loss=args.max_loss,
                       max_kld=args.max_kld, kld_windows=args.kld_windows,
-                      install=args.out is None or args.install, gain_length=args.gain_length,
+                      kld_steps=args.kld_steps, install=args.out is None or args.install,
+                      gain_length=args.gain_length,
                       scorers=args.scorers, cuts=tuple(args.cuts), measure=not args.no_measure,
                       gain_repeats=args.gain_repeats,
                       gain_answer_tokens=args.gain_answer_tokens, time_limit_s=args.time_limit,
