@@ -60,6 +60,9 @@ PROSE_FILES: tuple[Path, ...] = tuple(
                  "Artistic", "CC0-1.0")
 ) + (Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt",)
 KINDS = ("prose", "code")
+#: Every row is paired window by window with the weights through this many bits: a
+#: schedule's default drift bar (:func:`paired_with`).
+BAR_BITS = 4
 RESAMPLES = 2000
 DEFAULT_METHODS = "full;lazy"
 
@@ -311,26 +314,28 @@ def paired_with(windows: Sequence[dict[str, Any]], yard: Sequence[dict[str, Any]
             "windows_below": int((diff < 0).sum())}
 
 
+def paired_key() -> str:
+    """The key of a row's :func:`paired_with` the bar yardstick in a summary (``vs_q4``)."""
+    return "vs_" + yardstick_row(BAR_BITS)
+
+
 def summarize(records: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Per kind of text and over all (``"all"``), each row's :func:`row_summary`, and for
-    every row but the 4-bit yardstick its :func:`paired_with` that yardstick (``vs_q4``: the
-    default bar of a schedule's drift); ``records[row][kind]`` are that row's window results."""
+    every row but the bar yardstick (:data:`BAR_BITS`) its :func:`paired_with` that yardstick
+    under :func:`paired_key`; ``records[row][kind]`` are that row's window results."""
     kinds = sorted({k for per_kind in records.values() for k in per_kind if per_kind[k]},
                    key=lambda k: KINDS.index(k))
-    bar = yardstick_row(4)
+    bar = yardstick_row(BAR_BITS)
     out: dict[str, Any] = {}
     for kind in kinds + (["all"] if len(kinds) > 1 else []):
         picked = kinds if kind == "all" else [kind]
-
-        def windows(row: str) -> list[dict[str, Any]]:
-            return [{**w, "kind": k} for k in picked for w in records[row].get(k, [])]
-
-        out[kind] = {row: row_summary(windows(row)) for row, per_kind in records.items()
-                     if all(per_kind.get(k) for k in picked)}
-        if bar in out[kind]:
+        windows = {row: [{**w, "kind": k} for k in picked for w in per_kind.get(k, [])]
+                   for row, per_kind in records.items() if all(per_kind.get(k) for k in picked)}
+        out[kind] = {row: row_summary(w) for row, w in windows.items()}
+        if bar in windows:
             for row, s in out[kind].items():
                 if row != bar:
-                    s["vs_" + bar] = paired_with(windows(row), windows(bar))
+                    s[paired_key()] = paired_with(windows[row], windows[bar])
     return out
 
 
@@ -362,14 +367,15 @@ def render(result: dict[str, Any]) -> str:
         table = [[row_label(row), fmt(s["prefill_work"]),
                   f"{s['same_top1']:.3f} ({s['same_top1_ci'][0]:.3f}–{s['same_top1_ci'][1]:.3f})",
                   f"{s['kld_mean']:.4f} ({s['kld_mean_ci'][0]:.4f}–{s['kld_mean_ci'][1]:.4f})",
-                  _paired_cell(s.get("vs_q4")),
+                  _paired_cell(s.get(paired_key())),
                   f"{s['kld_p99']:.3f} ({s['kld_p99_ci'][0]:.3f}–{s['kld_p99_ci'][1]:.3f})"]
                  for row, s in sorted(rows.items(), key=lambda r: r[1]["kld_mean"])]
         n = next(iter(rows.values()))["windows"] if rows else 0
         parts += [f"**{kind}** ({n} windows)", "",
                   markdown_table(["path", "prefill work", "same-top-1 (95% CI)",
                                   "mean KLD (95% CI)",
-                                  "KLD − 4-bit's, paired by window (95% CI; windows below)",
+                                  f"KLD − {BAR_BITS}-bit's, paired by window "
+                                  "(95% CI; windows below)",
                                   "p99 KLD (95% CI)"], table), ""]
     return "\n".join(parts)
 
