@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
@@ -653,7 +654,7 @@ def test_kld_windows_are_timed_apart_by_how_their_rows_run(tiny_model, monkeypat
             return out
         return real_runs(self, row, windows, one_timed)
 
-    monkeypatch.setattr(cal_mod.time, "perf_counter", fake_counter)
+    monkeypatch.setattr(cal_mod, "time", SimpleNamespace(perf_counter=fake_counter))
     monkeypatch.setattr(cal_mod.Deviation, "_runs", timed_runs)
     dev = cal_mod.Deviation(model, tokenizer, windows=1, length=48, steps=2)
     assert dev.rows_left() == {"stepped": 1, "forward": 2}

@@ -308,7 +308,6 @@ class Deviation:
         self.texts: dict[str, Any] = {}  # kind -> what the windows came from
         self._refs: list[tuple[list[int], fidelity.Continuation]] = []
         self.yardsticks: dict[str, dict[str, Any]] = {}
-        self.prefills = 0  # windows run, each ``length`` tokens then ``steps`` forced steps
         # Seconds and windows by how a row runs: "stepped" (full's references and candidates,
         # a prefill then a decode step per forced token) or "forward" (the yardsticks, one
         # forward pass per window, fidelity.forced_forward): their times per window differ.
@@ -325,9 +324,13 @@ class Deviation:
             runs.append(one(window))
             self.seconds[how] += time.perf_counter() - tic
             self.counts[how] += 1
-            self.prefills += 1
             self.on_window(row, len(runs), len(windows))
         return runs
+
+    @property
+    def prefills(self) -> int:
+        """Windows run, each ``length`` tokens then ``steps`` forced steps."""
+        return sum(self.counts.values())
 
     def rows_left(self) -> dict[str, int]:
         """Rows of windows not yet run that every schedule's bars need, by how they run:

@@ -276,8 +276,7 @@ def row_summary(windows: Sequence[dict[str, Any]], resamples: int = RESAMPLES,
     bootstrap over windows (the same resampled windows for every row with the same seed)."""
     kld = np.array([w["kld"] for w in windows], float)
     top1 = np.array([w["top1"] for w in windows], float)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(windows), (resamples, len(windows)))
+    idx = _resampled_windows(len(windows), resamples, seed)
     boot_kld = kld[idx].reshape(resamples, -1)
     measures = {
         "kld_mean": (kld.mean(), boot_kld.mean(axis=1)),
@@ -288,8 +287,19 @@ def row_summary(windows: Sequence[dict[str, Any]], resamples: int = RESAMPLES,
                            "prefill_work": float(np.mean([w["prefill_work"] for w in windows]))}
     for name, (value, boot) in measures.items():
         out[name] = float(value)
-        out[name + "_ci"] = (float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975)))
+        out[name + "_ci"] = _interval(boot)
     return out
+
+
+def _resampled_windows(n: int, resamples: int, seed: int) -> np.ndarray:
+    """(resamples, n) window indices of a bootstrap over ``n`` windows: the same for every
+    row (and every paired difference) with the same seed."""
+    return np.random.default_rng(seed).integers(0, n, (resamples, n))
+
+
+def _interval(boot: np.ndarray) -> tuple[float, float]:
+    """The 95% percentile interval of bootstrap values."""
+    return float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
 
 
 def paired_with(windows: Sequence[dict[str, Any]], yard: Sequence[dict[str, Any]],
@@ -306,23 +316,15 @@ def paired_with(windows: Sequence[dict[str, Any]], yard: Sequence[dict[str, Any]
     diff = np.array([a - b for a, b in pairs], float)
     if not diff.size:
         return {"windows": 0}
-    rng = np.random.default_rng(seed)
-    boot = diff[rng.integers(0, diff.size, (resamples, diff.size))].mean(axis=1)
+    boot = diff[_resampled_windows(diff.size, resamples, seed)].mean(axis=1)
     return {"windows": int(diff.size), "kld_mean_diff": float(diff.mean()),
-            "kld_mean_diff_ci": (float(np.quantile(boot, 0.025)),
-                                 float(np.quantile(boot, 0.975))),
-            "windows_below": int((diff < 0).sum())}
-
-
-def paired_key() -> str:
-    """The key of a row's :func:`paired_with` the bar yardstick in a summary (``vs_q4``)."""
-    return "vs_" + yardstick_row(BAR_BITS)
+            "kld_mean_diff_ci": _interval(boot), "windows_below": int((diff < 0).sum())}
 
 
 def summarize(records: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Per kind of text and over all (``"all"``), each row's :func:`row_summary`, and for
     every row but the bar yardstick (:data:`BAR_BITS`) its :func:`paired_with` that yardstick
-    under :func:`paired_key`; ``records[row][kind]`` are that row's window results."""
+    under :data:`PAIRED_KEY`; ``records[row][kind]`` are that row's window results."""
     kinds = sorted({k for per_kind in records.values() for k in per_kind if per_kind[k]},
                    key=lambda k: KINDS.index(k))
     bar = yardstick_row(BAR_BITS)
@@ -335,7 +337,7 @@ def summarize(records: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
         if bar in windows:
             for row, s in out[kind].items():
                 if row != bar:
-                    s[paired_key()] = paired_with(windows[row], windows[bar])
+                    s[PAIRED_KEY] = paired_with(windows[row], windows[bar])
     return out
 
 
@@ -346,6 +348,10 @@ def summarize(records: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
 def yardstick_row(bits: int) -> str:
     """The row name of the weights-through-``bits`` yardstick."""
     return f"q{bits}"
+
+
+#: The key of a row's :func:`paired_with` the bar yardstick in a summary (``vs_q4``).
+PAIRED_KEY = "vs_" + yardstick_row(BAR_BITS)
 
 
 def row_label(row: str) -> str:
@@ -367,7 +373,7 @@ def render(result: dict[str, Any]) -> str:
         table = [[row_label(row), fmt(s["prefill_work"]),
                   f"{s['same_top1']:.3f} ({s['same_top1_ci'][0]:.3f}–{s['same_top1_ci'][1]:.3f})",
                   f"{s['kld_mean']:.4f} ({s['kld_mean_ci'][0]:.4f}–{s['kld_mean_ci'][1]:.4f})",
-                  _paired_cell(s.get(paired_key())),
+                  _paired_cell(s.get(PAIRED_KEY)),
                   f"{s['kld_p99']:.3f} ({s['kld_p99_ci'][0]:.3f}–{s['kld_p99_ci'][1]:.3f})"]
                  for row, s in sorted(rows.items(), key=lambda r: r[1]["kld_mean"])]
         n = next(iter(rows.values()))["windows"] if rows else 0
