@@ -405,8 +405,8 @@ def transfer_rule(schedules: Optional[List[Tuple[int, PruningConfig]]] = None
     The rule keeps, at each relative depth, the most that any of them keeps there (the upper
     envelope of their keep-against-depth steps): every calibrated model would have kept at
     least as much under it as its own schedule, which met the bars. From Qwen2.5-Coder-0.5B
-    (after layer 9 of 24, keep 30%) and SmolLM2-135M (after 8 and 14 of 30, keep 50% and
-    20%): keep 50% from 10/24 of the depth, 30% from half of it. The scorer is theirs when
+    (after layer 9 of 24, keep 40%) and SmolLM2-135M (after 8 and 14 of 30, keep 50% and
+    20%): keep 50% from 10/24 of the depth, 40% from half of it. The scorer is theirs when
     they agree, else None (``last``). No rule (``()``) when there is none to fit on.
     """
     if schedules is None:
