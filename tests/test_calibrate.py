@@ -206,6 +206,7 @@ def test_ctrl_c_writes_what_was_measured_and_exits_130(tiny_model_path, tmp_path
     (["--min-agreement", "0.9"], "unrecognized arguments: --min-agreement"),
     (["--kld-windows", "0"], "--kld-windows must be >= 1"),
     (["--kld-steps", "0"], "--kld-steps must be in"),
+    (["--qualities", "best"], "expected default, high or both"),
 ])
 def test_bad_options_are_one_error_line_before_any_work(tmp_path, monkeypatch, capsys, args,
                                                         message):
@@ -629,6 +630,23 @@ def test_the_kld_bars_choose_the_default_and_high_quality_schedules(
             assert saved["evidence"]["yardsticks"]["q4"]["kld_mean"] == 0.4
     if high is not None:  # the high one ends the search: nothing after it was measured
         assert len(seen) == high + 1
+
+
+@pytest.mark.slow
+def test_a_calibration_seeking_the_default_alone_stops_at_it(tiny_model_path, tmp_path,
+                                                             monkeypatch):
+    # KLDs 0.5 (dropped), 0.2 (default quality), 0.05 (high): seeking both measures all
+    # three (test above); seeking the default alone stops after the second
+    seen = fake_deviation(monkeypatch, [0.5, 0.2, 0.05], rest=0.3)
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, max_kld="q4",
+                           qualities=("default",))
+    names = [c["name"] for c in doc["candidates"]]
+    assert {q: names.index(c["name"]) for q, c in doc["chosen"].items()} == {"default": 1}
+    assert len(seen) == 2 and doc["complete"]
+    assert not (tmp_path / "cal" / "schedule.high.json").exists()
+    report = (tmp_path / "cal" / "report.md").read_text()
+    assert "Chosen, default quality: `" in report and "high quality" not in report.split(
+        "Largest mean KLD admitted")[1].split("\n", 1)[1]
 
 
 def test_kld_windows_are_timed_apart_by_how_their_rows_run(tiny_model, monkeypatch):

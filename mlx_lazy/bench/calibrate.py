@@ -18,9 +18,10 @@
    ``q8``, the mean KLD of the model with its weights rounded through 4- / 8-bit
    quantization on the same windows (:mod:`.yardstick`). The fastest admissible schedule is
    the default one; the fastest whose KLD is also ≤ a quarter of the 4-bit yardstick's is
-   the ``high`` quality one. When the last rung leaves either unfound, the next batch of
-   candidates starts at rung 0 where the first stopped. ``--resume`` reuses an earlier run's
-   samples in ``--out``.
+   the ``high`` quality one (``--qualities`` names the ones sought: ``default`` alone ends
+   the run at the first admissible schedule). When the last rung leaves one unfound, the
+   next batch of candidates starts at rung 0 where the first stopped. ``--resume`` reuses an
+   earlier run's samples in ``--out``.
 4. **Evidence.** Per cell and pooled: paired lost/won counts, Wilson intervals, a paired
    bootstrap interval of the relative loss; mean and p99 KLD and same-top-1 with bootstrap
    intervals, beside both yardsticks; predicted gain at ``--gain-length`` for every candidate
@@ -252,6 +253,7 @@ class Calibration:
     complete: str = DEFAULT_COMPLETE  # how candidates decode (the evidence holds only for it)
     max_revivals: Optional[int] = None  # a decode step's revivals per cut (None: unbounded)
     revive_margin: Optional[float] = None  # a revival's score handicap (None: the paper's 0)
+    qualities: tuple[str, ...] = QUALITIES  # the schedules sought; found all, the run ends
 
     def check(self) -> None:
         """Raise UserInputError naming the first option outside its domain."""
@@ -291,6 +293,9 @@ class Calibration:
              f"--max-revivals must be an integer in [0, {MAX_COUNT:,}]"),
             (self.revive_margin is not None and not 0 <= self.revive_margin <= MAX_MARGIN,
              f"--revive-margin must be a number in [0, {MAX_MARGIN:g}]"),
+            (not self.qualities or list(self.qualities) != [q for q in QUALITIES
+                                                             if q in self.qualities],
+             f"--qualities takes one or both of {', '.join(QUALITIES)}, in that order"),
         ] if failed), None)
         if why:
             raise UserInputError(why)
@@ -527,7 +532,7 @@ def run(cal: Calibration) -> dict[str, Any]:
         # 0 takes in; while the last rung leaves a quality unfound, the next batch starts
         # where rung 0 stopped, until every quality is found or no candidate is left.
         pending = list(cands)
-        while pending and len(_choose(cands, cells, cal, doc["bars"])) < len(QUALITIES):
+        while pending and len(_choose(cands, cells, cal, doc["bars"])) < len(cal.qualities):
             alive = pending
             for r, n in enumerate(cal.rungs):
                 passing, tried = [], 0
@@ -564,7 +569,7 @@ def run(cal: Calibration) -> dict[str, Any]:
                     # as go on (at the last rung: every quality found), the rest could not
                     # be chosen.
                     if r == last:
-                        if len(_choose(cands, cells, cal, doc["bars"])) == len(QUALITIES):
+                        if len(_choose(cands, cells, cal, doc["bars"])) == len(cal.qualities):
                             break
                     elif len(passing) >= (cal.keep_per_rung[r] if r < len(cal.keep_per_rung)
                                           else len(alive)):
@@ -620,11 +625,11 @@ def run(cal: Calibration) -> dict[str, Any]:
 
 def _choose(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration,
             bars: Optional[dict[str, float]]) -> dict[str, Candidate]:
-    """Per quality, the fastest confirmed candidate within its KLD bar (none before the
-    bars are known)."""
+    """Per quality sought, the fastest confirmed candidate within its KLD bar (none before
+    the bars are known)."""
     confirmed = [c for c in _final(cands, cells, cal) if c.dropped_at is None and c.kld]
     chosen = {q: next((c for c in confirmed if c.kld["kld_mean"] <= bars[q]), None)
-              for q in QUALITIES} if bars else {}
+              for q in cal.qualities} if bars else {}
     return {q: c for q, c in chosen.items() if c is not None}
 
 
@@ -825,6 +830,15 @@ def parse_cuts(spec: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return fracs, keep
 
 
+def _qualities_arg(text: str) -> tuple[str, ...]:
+    """``default``, ``high`` or both, comma-separated, in :data:`QUALITIES` order."""
+    asked = {q.strip() for q in text.split(",")}
+    if not asked <= set(QUALITIES):
+        raise argparse.ArgumentTypeError(f"expected {', '.join(QUALITIES)} or both "
+                                         f"comma-separated, got {text!r}")
+    return tuple(q for q in QUALITIES if q in asked)
+
+
 def _scorer_arg(spec: str) -> str:
     """A scorer spec, checked (:func:`mlx_lazy.scorers.parse_scorer`) and spelt canonically."""
     try:
@@ -895,6 +909,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="while the candidates decode, a token to be revived competes with its "
                         "score divided by 1 + M (the schedule's evidence holds for it; "
                         "default 0, the paper's selection)")
+    p.add_argument("--qualities", type=_qualities_arg, default=QUALITIES, metavar="Q,..",
+                   help="the schedules to find: default, high or default,high (the default); "
+                        "the run ends once each is found, so default alone ends sooner")
     p.add_argument("--time-limit", type=parse_duration, default=None,
                    help="seconds, or a duration like 30m or 2h; stop starting runs after it "
                         "and write what was measured")
@@ -902,7 +919,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Command-line entry point; returns the exit status (0: a schedule was chosen; 1: none
+    """Command-line entry point; returns the exit status (0: a schedule was chosen, the
+    default quality's when it was sought; 1: none
     confirmed; 2: bad input; 130: interrupted, after writing what was measured)."""
     args = build_parser().parse_args(argv)
     cal = Calibration(model=args.model, out=args.out,
@@ -916,7 +934,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       gain_repeats=args.gain_repeats,
                       gain_answer_tokens=args.gain_answer_tokens, time_limit_s=args.time_limit,
                       resume=args.resume, complete=args.complete,
-                      max_revivals=args.max_revivals, revive_margin=args.revive_margin)
+                      max_revivals=args.max_revivals, revive_margin=args.revive_margin,
+                      qualities=args.qualities)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`: keep results
     try:
         if max(cal.rungs, default=0) < 50:
@@ -930,7 +949,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if doc["stopped"] == "interrupted":
         print("interrupted", file=sys.stderr)
         return 130
-    return 0 if "default" in doc["chosen"] else 1
+    return 0 if cal.qualities[0] in doc["chosen"] else 1
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
                   + ". Largest mean KLD admitted: "
                   + ", ".join(f"{q} quality {b:.4f}" for q, b in (doc.get("bars") or {}).items())]
     chosen = doc.get("chosen") or {}
-    for quality in QUALITIES:
+    for quality in doc["options"].get("qualities", QUALITIES):
         picked = chosen.get(quality)
         lines += ["", f"Chosen, {quality} quality: "
                   + (f"`{picked['name']}`" if picked else "none confirmed")]
