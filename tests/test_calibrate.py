@@ -848,9 +848,15 @@ def test_packaged_schedules_meet_the_admissibility_rule():
     relative retrieval loss ≤ max_loss, mean KLD ≤ its bar ≤ the 4-bit yardstick's on the
     same windows (a quarter of it for high quality), a predicted and a measured gain, all
     measured decoding as a plain ``lazy`` does with it (the mode the file names, else the
-    default ``complete``), its KLD along a whole 128-token answer unless it decodes ``exact``."""
+    default ``complete``), its KLD along a whole 128-token answer unless it decodes ``exact``;
+    a default schedule's measured gain is a whole answer's of ≥ 128 tokens, timed with the
+    file's own configuration."""
     from mlx_lazy.bench.calibrate import HIGH_FRACTION
+    from mlx_lazy.bench.methods import parse_method
     from mlx_lazy.completion import DEFAULT_COMPLETE
+
+    FIELDS = ("method", "prune_layers", "keep", "scorer", "complete", "max_revivals",
+              "revive_margin")
     from mlx_lazy.schedule_files import PACKAGED_SCHEDULES
 
     files = sorted(PACKAGED_SCHEDULES.glob("*.json"))
@@ -879,6 +885,12 @@ def test_packaged_schedules_meet_the_admissibility_rule():
         if ev["complete"] != "exact":
             assert ev["kld"]["steps"] // ev["kld"]["windows"] >= 128, path.name
         assert ev["predicted_gain"] > 1 and ev["measured_gain"]["gain"] > 1
+        if doc["quality"] == "default":  # the gain a plain `lazy` brings: this schedule's
+            gain = ev["measured_gain"]
+            timed = parse_method(gain["path"]).config
+            assert gain["answer_tokens"] >= 128 and gain["path"] in gain["by"], path.name
+            assert {f: getattr(timed, f) for f in FIELDS} == {
+                f: getattr(config, f) for f in FIELDS}, path.name
         assert ev["made"]["by"] == "python -m mlx_lazy.calibrate" and ev["made"]["date"]
         assert ev["made"]["options"]["max_kld"] == ev["max_kld"]
 
