@@ -920,8 +920,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point; returns the exit status (0: a schedule was chosen, the
-    default quality's when it was sought; 1: none
-    confirmed; 2: bad input; 130: interrupted, after writing what was measured)."""
+    default quality's when it was sought; 1: none confirmed; 2: bad input; 130: interrupted,
+    after writing what was measured)."""
     args = build_parser().parse_args(argv)
     cal = Calibration(model=args.model, out=args.out,
                       tasks=tuple(t.strip() for t in args.tasks.split(",")),
