@@ -645,8 +645,7 @@ def test_a_calibration_seeking_the_default_alone_stops_at_it(tiny_model_path, tm
     assert len(seen) == 2 and doc["complete"]
     assert not (tmp_path / "cal" / "schedule.high.json").exists()
     report = (tmp_path / "cal" / "report.md").read_text()
-    assert "Chosen, default quality: `" in report and "high quality" not in report.split(
-        "Largest mean KLD admitted")[1].split("\n", 1)[1]
+    assert "Chosen, default quality: `" in report and "Chosen, high quality" not in report
 
 
 def test_kld_windows_are_timed_apart_by_how_their_rows_run(tiny_model, monkeypatch):
@@ -854,10 +853,10 @@ def test_packaged_schedules_meet_the_admissibility_rule():
     from mlx_lazy.bench.calibrate import HIGH_FRACTION
     from mlx_lazy.bench.methods import parse_method
     from mlx_lazy.completion import DEFAULT_COMPLETE
-
-    FIELDS = ("method", "prune_layers", "keep", "scorer", "complete", "max_revivals",
-              "revive_margin")
     from mlx_lazy.schedule_files import PACKAGED_SCHEDULES
+
+    fields = ("method", "prune_layers", "keep", "scorer", "complete", "max_revivals",
+              "revive_margin")
 
     files = sorted(PACKAGED_SCHEDULES.glob("*.json"))
     assert [f.name for f in files] == ["gemma3-270m.json", "qwen2.5-coder-0.5b.high.json",
@@ -889,8 +888,8 @@ def test_packaged_schedules_meet_the_admissibility_rule():
             gain = ev["measured_gain"]
             timed = parse_method(gain["path"]).config
             assert gain["answer_tokens"] >= 128 and gain["path"] in gain["by"], path.name
-            assert {f: getattr(timed, f) for f in FIELDS} == {
-                f: getattr(config, f) for f in FIELDS}, path.name
+            assert {f: getattr(timed, f) for f in fields} == {
+                f: getattr(config, f) for f in fields}, path.name
         assert ev["made"]["by"] == "python -m mlx_lazy.calibrate" and ev["made"]["date"]
         assert ev["made"]["options"]["max_kld"] == ev["max_kld"]
 
