@@ -20,6 +20,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from . import _blas
 from .errors import UserInputError
 
 # qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
@@ -94,6 +95,7 @@ class ModelAdapter:
         self.n_kv_heads: int = attn.n_kv_heads
         self.scale: float = attn.scale
         self.lm_head = getattr(self.text, "lm_head", None)
+        self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
         if self.gemma:
             args = self.text.args
             # mlx-lm multiplies by sqrt(hidden) rounded to bfloat16, as Gemma's reference does
@@ -217,14 +219,16 @@ class ModelAdapter:
         """
         block = self.layers[layer]
         attn = block.self_attn
-        x = block.input_layernorm(h)
-        n = x.shape[1]
+        n = h.shape[1]
+        x = block.input_layernorm(self._blas_rows(h))
         if hasattr(attn, "qkv_proj"):  # phi3: one projection, split as mlx-lm does
             qkv = attn.qkv_proj(x)
             q_end = self.n_heads * attn.head_dim
             q, k, v = mx.split(qkv, [q_end, q_end + self.n_kv_heads * attn.head_dim], axis=-1)
         else:
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        if q.shape[1] > n:
+            q, k, v = q[:, :n], k[:, :n], v[:, :n]
         q = q.reshape(1, n, self.n_heads, -1)
         k = k.reshape(1, n, self.n_kv_heads, -1)
         v = v.reshape(1, n, self.n_kv_heads, -1)
@@ -237,14 +241,31 @@ class ModelAdapter:
         """Output projection, residual and MLP: attention output (1, H, n, d) -> new h."""
         block = self.layers[layer]
         n = attn_out.shape[2]
-        r = block.self_attn.o_proj(attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1))
+        r = block.self_attn.o_proj(self._blas_rows(
+            attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)))
+        h = self._blas_rows(h)
         if self.gemma:  # norms after attention and around the MLP; float16-safe residuals
             from mlx_lm.models.gemma3_text import clip_residual
             h = clip_residual(h, block.post_attention_layernorm(r))
-            return clip_residual(h, block.post_feedforward_layernorm(
+            h = clip_residual(h, block.post_feedforward_layernorm(
                 block.mlp(block.pre_feedforward_layernorm(h))))
-        h = h + r
-        return h + block.mlp(block.post_attention_layernorm(h))
+        else:
+            h = h + r
+            h = h + block.mlp(block.post_attention_layernorm(h))
+        return h[:, :n] if h.shape[1] > n else h
+
+    def _blas_rows(self, x: mx.array) -> mx.array:
+        """``x`` (1, n, D) with zero rows appended up to :func:`~mlx_lazy._blas.gemm_rows`
+        where the layer's matmuls run on OpenBLAS (float32 weights on the CPU): every
+        operation of a layer but attention is row by row, so the extra rows change no real
+        one, and the matmuls run faster."""
+        n = x.shape[1]
+        if not self._float32 or mx.default_device() != mx.cpu:
+            return x
+        rows = _blas.gemm_rows(n)
+        if rows == n:
+            return x
+        return mx.concatenate([x, mx.zeros((1, rows - n, x.shape[2]), x.dtype)], axis=1)
 
 
 #: Embedding rows an identity reads, spread over the table.

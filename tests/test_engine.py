@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlx_lazy import LazyEngine, PruningConfig, resolve_config
+from mlx_lazy import LazyEngine, PruningConfig, _blas, resolve_config
+from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.attention import ENV_VAR
 from mlx_lazy.cache import LayerKV
 from numerics import max_rel_err, rel_err
@@ -557,3 +558,34 @@ def test_decode_scoring_carried_over_equals_fresh_scoring(tiny_model, monkeypatc
     for a, b in zip(carried.cache.layers, fresh.cache.layers):
         assert np.array_equal(a.cached_positions(), b.cached_positions())
     assert rel_err(carried_logits, fresh_logits) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ("llama", "qwen3"))
+def test_a_layer_on_rows_padded_for_blas_equals_each_row_alone(tiny_model, kind, monkeypatch):
+    """Zero rows appended for OpenBLAS's sake change no real row of a layer: queries, keys,
+    values and the layer's output of 5 rows at scattered positions, padded to 12, equal each
+    row computed alone (another BLAS kernel: float32 rounding of a few hundred terms)."""
+    model, _ = tiny_model(kind)
+    adapter = ModelAdapter(model)
+    monkeypatch.setattr(_blas, "gemm_rows", lambda n: n + 7)  # pad whatever the platform
+    n, dim = 5, model.args.hidden_size
+    h = mx.random.normal((1, n, dim), key=mx.random.key(3))
+    positions = np.array([2, 9, 10, 31, 40])
+    *qkv, = adapter.qkv(1, h, positions)
+    out = adapter.finish(1, h, qkv[0])
+    for i in range(n):
+        alone = adapter.qkv(1, h[:, i : i + 1], positions[i : i + 1])
+        for got, want in zip(qkv, alone):
+            assert rel_err(got[:, :, i : i + 1], want) < 1e-5
+        assert rel_err(out[:, i : i + 1], adapter.finish(1, h[:, i : i + 1], alone[0])) < 1e-5
+    assert out.shape == h.shape
+
+
+@pytest.mark.skipif(_blas.loaded_path is None, reason="OpenBLAS is not loaded here")
+def test_gemm_rows_pads_only_where_openblas_is_slow():
+    import platform
+    if platform.machine() != "x86_64":
+        assert _blas.gemm_rows(5) == 5
+        return
+    assert [_blas.gemm_rows(n) for n in (1, 2, 3, 8, 15, 16, 17, 18, 19, 40, 63, 64, 70)] == \
+        [1, 2, 16, 16, 16, 16, 17, 18, 32, 48, 64, 64, 70]
