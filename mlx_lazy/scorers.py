@@ -354,16 +354,20 @@ def _reduced_probs(q: mx.array, ctx: ScoreContext, mask: Optional[mx.array],
 def _reduced_weights(weights: mx.array, ctx: ScoreContext, visible: Optional[mx.array],
                      heads: str) -> mx.array:
     """:func:`_reduced_probs` from a :class:`ScoreMemo`'s unnormalised ``weights``
-    (1, kv_heads, rep, m, n), each row's softmax taken over the ``visible`` keys."""
-    b, g, r, m, n = weights.shape
-    rows = weights.reshape(g, r * m, n)
+    (1, kv_heads, rep, n, m), keys by queries, each query's softmax taken over the
+    ``visible`` keys."""
+    b, g, r, n, m = weights.shape
     if visible is None:
-        total = rows.sum(axis=-1, keepdims=True)
+        total = weights.sum(axis=-2, keepdims=True)
     else:
-        total = rows @ visible.astype(weights.dtype)[:, None]
-    # A row that sees no visible key adds nothing (instead of 0/0).
-    total = mx.maximum(total, 1e-30).reshape(b, g, r, m, 1)
-    scores = _normalised(weights, total, ctx, heads)
+        total = visible.astype(weights.dtype)[None, :] @ weights
+    # A query that sees no visible key adds nothing (instead of 0/0).
+    total = mx.maximum(total, 1e-30)  # (1, kv_heads, rep, 1, m)
+    if heads == "mean":  # as _normalised, in this layout: matrix-vector products, no copy
+        summed = weights @ (1 / total).swapaxes(-1, -2)
+        scores = ctx.reduce_heads(summed.sum(axis=(0, 1, 2, 4)) * (1 / (g * r * m)), heads)
+    else:
+        scores = _normalised(weights.swapaxes(-1, -2), total.swapaxes(-1, -2), ctx, heads)
     return scores if visible is None else scores * visible  # 0 for invisible keys, as masked
 
 
@@ -387,52 +391,93 @@ class ScoreMemo:
     cached keys, kept from one decode step to the next.
 
     A query's weight on a key never changes (neither does, once computed), so a step computes
-    only its new queries' rows and the columns of keys cached since the last step (a new
+    only its new queries' weights and those of keys cached since the last step (a new
     token's, which the older queries do not see, and revived ones'); the visibility of the
-    step is applied when the rows are normalised (:func:`_reduced_weights`), so the scores are those
-    of a fresh computation up to rounding. Row i holds ``2**(s_ij - c_i)`` in log2 units,
-    with ``c_i`` its maximum when the row was made; a later key may exceed it, so weights are
-    capped at ``2**64`` (a key that far above every other has probability 1 either way).
-    Made by :class:`~mlx_lazy.cache.LayerKV`, which drops it when its slots are rewritten.
+    step is applied when they are normalised (:func:`_reduced_weights`), so the scores are
+    those of a fresh computation up to rounding. Query i's weights are ``2**(s_ij - c_i)`` in
+    log2 units, with ``c_i`` their maximum when they were made; a later key may exceed it, so
+    weights are capped at ``2**64`` (a key that far above every other has probability 1 either
+    way).
+
+    The weights live in a buffer written in place, keys by queries, like a KV cache's: a new
+    query takes the slot of the one that left the window, new keys fill the next key slots,
+    and the scores read the filled part with no copy (rebuilding the whole window each step
+    moved ~5 MB per cut on SmolLM2 at 4K). Query slots are in no particular order; the scores
+    reduce over them. Made by :class:`~mlx_lazy.cache.LayerKV`, which drops it when its slots
+    are rewritten.
     """
 
-    #: largest log2 weight of a key above its row's shift
+    #: largest log2 weight of a key above its query's shift
     cap = 64.0
+    #: key slots the buffer grows by
+    step = 256
 
     def __init__(self) -> None:
-        self.positions = np.zeros(0, np.int64)  # the rows' query positions, ascending
-        self.rows: Optional[mx.array] = None  # (1, kv_heads, rep, m, slots)
-        self.shift: Optional[mx.array] = None  # (1, kv_heads, rep, m, 1)
+        self.positions = np.zeros(0, np.int64)  # each query slot's position
+        self.table: Optional[mx.array] = None  # (1, kv_heads, rep, key slots, query slots)
+        self.shift: Optional[mx.array] = None  # (1, kv_heads, rep, 1, query slots)
+        self.keys = 0  # the layer's first key slots that the table covers
 
     def weights(self, q: mx.array, qpos: np.ndarray, keys: mx.array, kpos: np.ndarray,
                 scale: float) -> mx.array:
-        """The (1, kv_heads, rep, m, n) weights of queries ``q`` (1, H, m, d) at ascending
-        positions ``qpos`` over ``keys`` (1, kv_heads, n, d) at ``kpos`` (the layer's slots,
-        whose first columns are those the memo already has), zero where a key comes after
-        its query."""
-        n, have = keys.shape[2], 0 if self.rows is None else self.rows.shape[-1]
-        # The rows kept from the last step: the oldest rows of this window.
-        kept = np.flatnonzero(np.isin(self.positions, qpos))
-        k = len(kept)
-        if k and not (np.array_equal(self.positions[kept], qpos[:k]) and have <= n):
-            k = 0
-        rows, shifts = [], []
-        if k:
-            old, shift = self.rows[..., kept[0]:, :], self.shift[..., kept[0]:, :]
-            if n > have:
-                new = _causal_log2(q[:, :, :k], keys[:, :, have:], qpos[:k], kpos[have:], scale)
-                old = mx.concatenate([old, exp2(mx.minimum(new, shift + self.cap), shift)],
-                                     axis=-1)
-            rows.append(old)
-            shifts.append(shift)
-        if k < len(qpos):
-            s = _causal_log2(q[:, :, k:], keys, qpos[k:], kpos, scale)
-            shifts.append(s.max(axis=-1, keepdims=True))
-            rows.append(exp2(s, shifts[-1]))
-        self.rows, self.shift = (x[0] if len(x) == 1 else mx.concatenate(x, axis=3)
-                                 for x in (rows, shifts))
-        self.positions = np.array(qpos)
-        return self.rows
+        """The (1, kv_heads, rep, n, m) weights over ``keys`` (1, kv_heads, n, d) at ``kpos``
+        (the layer's slots, whose first ones the memo already covers) of queries ``q``
+        (1, H, m, d) at ascending positions ``qpos``, zero where a key comes after its query;
+        the queries in slot order (:attr:`positions`)."""
+        n = keys.shape[2]
+        held = np.isin(self.positions, qpos)
+        fresh = np.flatnonzero(~np.isin(qpos, self.positions))  # indices into qpos
+        free = np.flatnonzero(~held)
+        if self.keys > n or len(fresh) < len(free):  # fewer keys or queries: start over
+            self.positions, self.keys = np.zeros(0, np.int64), 0
+            held, free, fresh = np.zeros(0, bool), np.zeros(0, np.int64), np.arange(len(qpos))
+        # New queries take the slots of those gone from the window, then new slots.
+        added = len(fresh) - len(free)
+        slots = np.concatenate([free, len(self.positions) + np.arange(added)])
+        self._reserve(len(self.positions) + added, n, keys.shape[1],
+                      q.shape[1] // keys.shape[1], q.dtype)
+        self.positions = np.concatenate([self.positions, np.zeros(added, np.int64)])
+        self.positions[slots] = qpos[fresh]
+        used, have = len(self.positions), self.keys
+        if n > have and held.any():  # the queries kept: their weights on the keys new since
+            index = mx.array(np.searchsorted(qpos, self.positions).astype(np.int32))
+            shift = self.shift[..., :used]
+            new = _causal_log2(q[:, :, index], keys[:, :, have:], self.positions, kpos[have:],
+                               scale).swapaxes(-1, -2)
+            self.table[..., have:n, :used] = exp2(mx.minimum(new, shift + self.cap), shift)
+        if len(fresh):
+            s = _causal_log2(q[:, :, mx.array(fresh.astype(np.int32))], keys, qpos[fresh],
+                             kpos, scale).swapaxes(-1, -2)
+            shift = s.max(axis=-2, keepdims=True)
+            weights = exp2(s, shift)
+            for j0, j1 in _runs(slots):  # contiguous slots: one slice each
+                a, b = int(slots[j0]), int(slots[j0]) + j1 - j0
+                self.table[..., :n, a:b] = weights[..., j0:j1]
+                self.shift[..., a:b] = shift[..., j0:j1]
+        self.keys = n
+        return self.table[..., :n, :used]
+
+    def _reserve(self, queries: int, keys: int, kv_heads: int, rep: int,
+                 dtype: mx.Dtype) -> None:
+        """A table with room for ``queries`` query slots and ``keys`` key slots, keeping what
+        the slots in use hold."""
+        if self.table is not None:
+            if queries <= self.table.shape[4] and keys <= self.table.shape[3]:
+                return
+            queries, keys = max(queries, self.table.shape[4]), max(keys, self.table.shape[3])
+        table = mx.zeros((1, kv_heads, rep, -(-keys // self.step) * self.step, queries), dtype)
+        shift = mx.zeros((1, kv_heads, rep, 1, queries), dtype)
+        used = len(self.positions)
+        if self.table is not None and used and self.keys:
+            table[..., :self.keys, :used] = self.table[..., :self.keys, :used]
+            shift[..., :used] = self.shift[..., :used]
+        self.table, self.shift = table, shift
+
+
+def _runs(index: np.ndarray) -> list[Tuple[int, int]]:
+    """(start, end) of each stretch of ``index`` whose values rise by one."""
+    bounds = [0, *(np.flatnonzero(np.diff(index) != 1) + 1).tolist(), len(index)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def _causal_log2(q: mx.array, keys: mx.array, qpos: np.ndarray, kpos: np.ndarray,

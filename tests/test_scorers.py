@@ -142,10 +142,12 @@ def test_memo_scores_equal_fresh_ones_step_after_step(spec):
     """Decode steps scoring through a :class:`ScoreMemo` (rows and columns carried over)
     against the scorer's fresh computation at each step: the window slides, the keys gain
     the new token and revived old tokens (slots out of position order, one far above its
-    rows' maxima, so the cap acts), and the visible keys change every step."""
+    rows' maxima, so the cap acts), and the visible keys change every step; the window
+    grows for the first steps, and the keys outgrow the memo's table twice."""
     rng = np.random.default_rng(4)
     heads, kv_heads, d, m, n0 = 4, 2, 16, 6, 60
     scorer, memo = parse_scorer(spec), ScoreMemo()
+    memo.step = 4  # 51 keys at first (room for 52), 59 at the end: it grows at steps 2 and 4
     queries = rng.standard_normal((1, heads, n0 + 8, d)).astype(np.float32)
     keys = rng.standard_normal((1, kv_heads, n0 + 8, d)).astype(np.float32)
     keys[0, :, 5] = 40 * queries[0, ::2, n0 - 3:].mean(axis=1)  # revived at step 2: huge
@@ -154,7 +156,7 @@ def test_memo_scores_equal_fresh_ones_step_after_step(spec):
     for step in range(6):
         newest = n0 + step
         kpos = np.concatenate([kpos, revive.get(step, []), [newest]]).astype(np.int64)
-        qpos = np.arange(newest - m + 1, newest + 1)
+        qpos = np.arange(newest - min(m, 3 + step) + 1, newest + 1)
         visible = rng.random(len(kpos)) < 0.7
         visible[-1] = True
         args = dict(layer=1, queries=mx.array(queries[:, :, qpos]), query_positions=qpos,
@@ -163,7 +165,7 @@ def test_memo_scores_equal_fresh_ones_step_after_step(spec):
         fresh = np.array(scorer.score(ScoreContext(**args)))
         carried = np.array(scorer.score(ScoreContext(**args, memo=memo)))
         assert rel_err(carried[visible], fresh[visible]) < 1e-5, step
-        assert memo.rows.shape[-1] == len(kpos)
+        assert memo.keys == len(kpos) and sorted(memo.positions) == qpos.tolist()
 
 
 def test_window_scorer_keeps_its_window_at_every_cut(tiny_model):
