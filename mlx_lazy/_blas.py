@@ -61,13 +61,14 @@ def load_openblas() -> str | None:
 #: layer took 0.48 ms for 8 rows, 0.75 ms for 12 and 0.33 ms for 16 (1 row: 0.19 ms, a
 #: gemv). Rows that a decode step revives meet this at every layer above a cut.
 GEMM_ROW_BLOCK = 16
+_X86_64 = platform.machine() == "x86_64"  # read once: gemm_rows runs at every layer of a step
 
 
 def gemm_rows(n: int) -> int:
     """Rows to give a float32 matmul of ``n`` rows on the CPU: ``n`` padded up to a multiple
     of :data:`GEMM_ROW_BLOCK` where OpenBLAS on x86-64 runs that faster (the remainder 3 or
     more, under 64 rows; measured in the comment above), else ``n``."""
-    if (loaded_path is None or platform.machine() != "x86_64" or n >= 4 * GEMM_ROW_BLOCK
+    if (loaded_path is None or not _X86_64 or n >= 4 * GEMM_ROW_BLOCK
             or n % GEMM_ROW_BLOCK < 3):
         return n
     return -(-n // GEMM_ROW_BLOCK) * GEMM_ROW_BLOCK

@@ -348,7 +348,7 @@ def _reduced_probs(q: mx.array, ctx: ScoreContext, mask: Optional[mx.array],
     """Attention probabilities of queries ``q`` over the context's keys, reduced over heads
     (mean or max, across every process's heads) and averaged over the queries: (n,)."""
     weights, total = attention_weights(q, ctx.keys, ctx.scale, mask)
-    return _normalised(weights, total, ctx, heads)
+    return _normalised(weights.swapaxes(-1, -2), total.swapaxes(-1, -2), ctx, heads)
 
 
 def _reduced_weights(weights: mx.array, ctx: ScoreContext, visible: Optional[mx.array],
@@ -356,34 +356,29 @@ def _reduced_weights(weights: mx.array, ctx: ScoreContext, visible: Optional[mx.
     """:func:`_reduced_probs` from a :class:`ScoreMemo`'s unnormalised ``weights``
     (1, kv_heads, rep, n, m), keys by queries, each query's softmax taken over the
     ``visible`` keys."""
-    b, g, r, n, m = weights.shape
     if visible is None:
         total = weights.sum(axis=-2, keepdims=True)
     else:
         total = visible.astype(weights.dtype)[None, :] @ weights
     # A query that sees no visible key adds nothing (instead of 0/0).
-    total = mx.maximum(total, 1e-30)  # (1, kv_heads, rep, 1, m)
-    if heads == "mean":  # as _normalised, in this layout: matrix-vector products, no copy
-        summed = weights @ (1 / total).swapaxes(-1, -2)
-        scores = ctx.reduce_heads(summed.sum(axis=(0, 1, 2, 4)) * (1 / (g * r * m)), heads)
-    else:
-        scores = _normalised(weights.swapaxes(-1, -2), total.swapaxes(-1, -2), ctx, heads)
+    scores = _normalised(weights, mx.maximum(total, 1e-30), ctx, heads)
     return scores if visible is None else scores * visible  # 0 for invisible keys, as masked
 
 
 def _normalised(weights: mx.array, total: mx.array, ctx: ScoreContext,
                 heads: str) -> mx.array:
-    """Row-normalised ``weights`` (1, kv_heads, rep, m, n) by their row ``total``, reduced
-    over heads and averaged over the m queries: (n,)."""
-    b, g, r, m, n = weights.shape
+    """``weights`` (1, kv_heads, rep, n, m), keys by queries, normalised by each query's
+    ``total`` (1, kv_heads, rep, 1, m), reduced over heads and averaged over the m queries:
+    (n,)."""
+    b, g, r, n, m = weights.shape
     if heads == "mean":
-        # Linear in the probabilities: each key's sum over rows of weight / row total is one
-        # matrix-vector product per key head, with no normalised (rows, n) copy.
-        summed = (1 / total).reshape(g, 1, r * m) @ weights.reshape(g, r * m, n)
-        return ctx.reduce_heads(summed.sum(axis=(0, 1)) * (1 / (g * r * m)), heads)
-    probs = weights / total
-    per_head = probs.transpose(0, 3, 1, 2, 4).reshape(m, g * r, n)
-    return ctx.reduce_heads(per_head.max(axis=1), heads).mean(axis=0)
+        # Linear in the probabilities: each key's sum over queries of weight / total is one
+        # matrix-vector product per head, with no normalised (n, m) copy (a transposed
+        # operand is a BLAS flag, not a copy).
+        summed = weights @ (1 / total).swapaxes(-1, -2)
+        return ctx.reduce_heads(summed.sum(axis=(0, 1, 2, 4)) * (1 / (g * r * m)), heads)
+    per_head = (weights / total).reshape(g * r, n, m)
+    return ctx.reduce_heads(per_head.max(axis=0), heads).mean(axis=-1)
 
 
 class ScoreMemo:
@@ -449,10 +444,10 @@ class ScoreMemo:
             s = _causal_log2(q[:, :, mx.array(fresh.astype(np.int32))], keys, qpos[fresh],
                              kpos, scale).swapaxes(-1, -2)
             shift = s.max(axis=-2, keepdims=True)
-            weights = exp2(s, shift)
+            made = exp2(s, shift)
             for j0, j1 in _runs(slots):  # contiguous slots: one slice each
                 a, b = int(slots[j0]), int(slots[j0]) + j1 - j0
-                self.table[..., :n, a:b] = weights[..., j0:j1]
+                self.table[..., :n, a:b] = made[..., j0:j1]
                 self.shift[..., a:b] = shift[..., j0:j1]
         self.keys = n
         return self.table[..., :n, :used]
