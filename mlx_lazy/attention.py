@@ -34,16 +34,25 @@ _C = (1.0, 6.9314718e-1, 2.4022651e-1, 5.5504109e-2, 9.6181291e-3, 1.3333558e-3,
 # that power. (One kernel with both outputs did not fuse.) Their input is already clamped to
 # >= -127: with the clamp inside, scores where masked ones (-inf) mixed at random with visible
 # ones ran both kernels ~3x slower than uniform ones, as a mispredicted branch would; MLX's own
-# ``maximum`` is vectorised.
+# ``maximum`` is vectorised. For the same reason round(x) is (x + 1.5 * 2**23) - 1.5 * 2**23,
+# exact round-to-nearest-even for |x| < 2**22 in float32: MLX's compiled ``round`` branches,
+# which kept the compiler from vectorising either loop (3.4 against 1.2 ns a weight here).
+_ROUNDER = 12582912.0
+
+
+def _round(x: mx.array) -> mx.array:
+    return (x + _ROUNDER) - _ROUNDER
+
+
 def _pow2_bits(x: mx.array) -> mx.array:
     """float32 bit patterns of 2**n, n = round(x) in [-127, 127]; n = -127 (which masked
     scores, -inf, reach through the clamp) gives 0.0."""
-    return (mx.round(x).astype(mx.int32) + 127) << 23
+    return (_round(x).astype(mx.int32) + 127) << 23
 
 
 def _exp2_times(x: mx.array, two_n: mx.array) -> mx.array:
     """2**x = 2**f * 2**n, f = x - n."""
-    f = x - mx.round(x)
+    f = x - _round(x)
     f2 = f * f
     # Estrin's scheme keeps the graph shallow enough to fuse.
     poly = ((_C[0] + _C[1] * f) + f2 * (_C[2] + _C[3] * f)
@@ -139,7 +148,9 @@ def attention_weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.
     if mask is not None:
         scores = masked(scores, mask)
     weights = exp2(scores, scores.max(axis=-1, keepdims=True))
-    return weights, weights.sum(axis=-1, keepdims=True)
+    # A row sum as a matrix-vector product: BLAS, 10-20% of the CPU attention faster than
+    # MLX's reduction (2.0 against 4.7 ms on 768 x 4096 x 3 weights).
+    return weights, weights @ mx.ones((scores.shape[-1], 1), weights.dtype)
 
 
 def attention(
