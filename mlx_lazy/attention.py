@@ -99,6 +99,8 @@ def exp2(scores: mx.array, shift: mx.array) -> mx.array:
         return mx.exp((scores - shift) * (1 / LOG2E))
     bits, times = _kernels
     x = mx.maximum(scores - shift, -127.0)
+    if x.dtype != mx.float32:  # the rounder needs float32 (float16 overflows, bfloat16 rounds
+        x = x.astype(mx.float32)  # it to 2**16); the weights are float32 either way
     return times(x, bits(x).view(mx.float32))
 
 

@@ -62,6 +62,15 @@ def test_exp2_relative_error_over_the_whole_range():
     assert below.tolist() == [[0.0, 0.0, 1.0]]
 
 
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_exp2_of_half_precision_scores(dtype):
+    # Quantized checkpoints run in float16 or bfloat16: their scores reach the float32 kernels.
+    x = mx.array(np.linspace(-126, 0, 20_001, dtype=np.float32)).astype(dtype)[None]
+    got = np.array(A.exp2(x, mx.zeros((1, 1), dtype)), dtype=np.float64)
+    want = np.exp2(np.array(x.astype(mx.float32), dtype=np.float64))
+    assert np.max(np.abs(got - want) / want) < 5e-7
+
+
 def test_fallback_without_compiled_kernels_matches(monkeypatch):
     monkeypatch.setattr(A, "_kernels", False)
     mx.random.seed(2)
