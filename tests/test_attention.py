@@ -101,3 +101,44 @@ def test_attention_weights_match_softmax_grouped_by_key_head():
     ref = mx.softmax(mx.where(mask, logits, -mx.inf), axis=-1, precise=True)
     assert probs.shape == (1, 2, 3, 4, 50)
     assert rel_err(probs, ref) < TOL
+
+
+@pytest.mark.parametrize("n,s,mask_kind", [(5, 300, "random"), (3, 10, None), (17, 257, "keys"),
+                                           (64, 512, "random")])
+def test_padded_attention_matches_unpadded(n, s, mask_kind):
+    # CUDA's shape buckets: padded keys masked out, padded rows dropped; the same sums plus
+    # exact zeros, so within the summation-order tolerance of mx.fast itself.
+    mx.random.seed(n + s)
+    q = mx.random.normal((1, 9, n, 16))
+    k, v = mx.random.normal((1, 3, s, 16)), mx.random.normal((1, 3, s, 16))
+    rng = np.random.default_rng(n)
+    mask = {None: None,
+            "random": mx.array(rng.random((n, s)) < 0.4) | (mx.arange(s) == 0),
+            "keys": mx.array(rng.random(s) < 0.5) | (mx.arange(s) == 1)}[mask_kind]
+    out = A.padded_attention(q, k, v, 0.3, mask)
+    assert out.shape == (1, 9, n, 16)
+    assert rel_err(out, _reference(q, k, v, 0.3, mask)) < TOL
+
+
+def test_engine_with_padded_shapes_matches(tiny_model, monkeypatch):
+    """Prefill, completion blocks and revived rows through the padded calls give the same
+    logits as unpadded ones (the GPU branch, here on mx.fast's CPU fallback)."""
+    from mlx_lazy import LazyEngine, PruningConfig, resolve_config
+    model, _ = tiny_model("llama")
+    monkeypatch.setenv(A.ENV_VAR, "fast")
+    prompt = mx.array(np.random.default_rng(5).integers(0, model.args.vocab_size, 300)
+                      .astype(np.int32))
+    logits = {}
+    for pad in (False, True):
+        monkeypatch.setattr(A, "PAD_SHAPES", pad)
+        for complete in ("none", "after-first"):
+            engine = LazyEngine(model, resolve_config(model, PruningConfig(
+                "lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete=complete)))
+            out = [engine.prefill(prompt)]
+            for _ in range(8):
+                out.append(engine.decode(int(mx.argmax(out[-1]))))
+            logits[pad, complete] = mx.stack(out)
+            if complete == "none":
+                assert engine.stats.revivals > 0
+    for complete in ("none", "after-first"):
+        assert rel_err(logits[True, complete], logits[False, complete]) < TOL
