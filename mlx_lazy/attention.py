@@ -1,8 +1,9 @@
 """Scaled dot-product attention with a fast softmax on the CPU backend.
 
-On the GPU this is ``mx.fast.scaled_dot_product_attention`` (``"fast"``). On the CPU, MLX's
-attention is unfused and its ``exp`` is scalar (40-66 M/s on the 2-core x86 machines we test
-on), so the softmax dominates long-context attention. There we compute the same thing from
+On the GPU this is ``mx.fast.scaled_dot_product_attention`` (``"fast"``; on CUDA at padded
+shapes, :func:`padded_attention`). On the CPU, MLX's attention is unfused and its ``exp`` is
+scalar (40-66 M/s on the 2-core x86 machines we test on), so the softmax dominates
+long-context attention. There we compute the same thing from
 matmuls (BLAS) and a polynomial ``exp2`` fused by ``mx.compile`` (``"cpu-kernel"``; relative
 error < 3e-7, like a vectorised libm) and row sums by a matrix-vector product: 2.5-3.7x faster
 attention than ``mx.fast`` on those machines (1 to 16 query rows over 4,096 keys). If the CPU
