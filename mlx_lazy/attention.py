@@ -127,15 +127,13 @@ def padded_attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
     if (n_pad, s_pad) == (n, s):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     keep = mx.ones((n, s), mx.bool_) if mask is None else mx.broadcast_to(mask, (n, s))
-    keep = mx.concatenate([keep, mx.zeros((n, s_pad - s), mx.bool_)], axis=1)
-    first_key = mx.arange(s_pad) == 0
-    keep = mx.concatenate([keep, mx.broadcast_to(first_key, (n_pad - n, s_pad))], axis=0)
+    keep = mx.pad(keep, [(0, n_pad - n), (0, s_pad - s)])  # padded keys: never seen
+    keep[n:, 0] = True  # a padded row sees the first key (a row that sees none is NaN)
 
-    def grow(x: mx.array, size: int) -> mx.array:
-        extra = mx.zeros((*x.shape[:2], size - x.shape[2], x.shape[3]), x.dtype)
-        return mx.concatenate([x, extra], axis=2)
+    def rows(x: mx.array, size: int) -> mx.array:
+        return mx.pad(x, [(0, 0), (0, 0), (0, size - x.shape[2]), (0, 0)])
 
-    out = mx.fast.scaled_dot_product_attention(grow(q, n_pad), grow(k, s_pad), grow(v, s_pad),
+    out = mx.fast.scaled_dot_product_attention(rows(q, n_pad), rows(k, s_pad), rows(v, s_pad),
                                                scale=scale, mask=keep)
     return out[:, :, :n]
 

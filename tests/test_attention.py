@@ -128,6 +128,10 @@ def test_engine_with_padded_shapes_matches(tiny_model, monkeypatch):
     monkeypatch.setenv(A.ENV_VAR, "fast")
     prompt = mx.array(np.random.default_rng(5).integers(0, model.args.vocab_size, 300)
                       .astype(np.int32))
+    padded_calls = []
+    padded = A.padded_attention
+    monkeypatch.setattr(A, "padded_attention",
+                        lambda q, *rest: padded_calls.append(q.shape[2]) or padded(q, *rest))
     logits = {}
     for pad in (False, True):
         monkeypatch.setattr(A, "PAD_SHAPES", pad)
@@ -140,5 +144,8 @@ def test_engine_with_padded_shapes_matches(tiny_model, monkeypatch):
             logits[pad, complete] = mx.stack(out)
             if complete == "none":
                 assert engine.stats.revivals > 0
+        # Only with padding on, and on calls of several rows some of which need padding.
+        assert (len(padded_calls) > 0) == pad and all(n > 1 for n in padded_calls)
+        assert not pad or any(n & (n - 1) for n in padded_calls)
     for complete in ("none", "after-first"):
         assert rel_err(logits[True, complete], logits[False, complete]) < TOL
