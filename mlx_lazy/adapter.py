@@ -20,7 +20,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from . import _blas
+from . import _blas, kernels
 from .errors import UserInputError
 
 # qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
@@ -96,6 +96,7 @@ class ModelAdapter:
         self.scale: float = attn.scale
         self.lm_head = getattr(self.text, "lm_head", None)
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
+        self._activations = [_gated_activation(block.mlp, self.gemma) for block in self.layers]
         if self.gemma:
             args = self.text.args
             # mlx-lm multiplies by sqrt(hidden) rounded to bfloat16, as Gemma's reference does
@@ -248,11 +249,24 @@ class ModelAdapter:
             from mlx_lm.models.gemma3_text import clip_residual
             h = clip_residual(h, block.post_attention_layernorm(r))
             h = clip_residual(h, block.post_feedforward_layernorm(
-                block.mlp(block.pre_feedforward_layernorm(h))))
+                self._mlp(layer, block.pre_feedforward_layernorm(h))))
         else:
             h = h + r
-            h = h + block.mlp(block.post_attention_layernorm(h))
+            h = h + self._mlp(layer, block.post_attention_layernorm(h))
         return h[:, :n] if h.shape[1] > n else h
+
+    def _mlp(self, layer: int, x: mx.array) -> mx.array:
+        """The layer's MLP; on the CPU a gated one takes its activation from
+        :func:`~mlx_lazy.kernels.gated` (MLX's sigmoid and tanh are scalar there: half of a
+        4,096-token prompt's MLP time, and most of what a revived row adds to a layer)."""
+        mlp, activation = self.layers[layer].mlp, self._activations[layer]
+        if activation is None or mx.default_device() != mx.cpu:
+            return mlp(x)
+        if hasattr(mlp, "gate_up_proj"):  # phi3
+            gate, up = mx.split(mlp.gate_up_proj(x), 2, axis=-1)
+        else:
+            gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        return mlp.down_proj(kernels.gated(gate, up, activation))
 
     def _blas_rows(self, x: mx.array) -> mx.array:
         """``x`` (1, n, D) with zero rows appended up to :func:`~mlx_lazy._blas.gemm_rows`
@@ -356,6 +370,16 @@ def identities_match(a: str, b: str) -> bool:
     except ValueError:
         return False
     return all(distances[k] <= IDENTITY_TOLERANCE[k] for k in distances)
+
+
+def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
+    """The :func:`~mlx_lazy.kernels.gated` activation of mlx-lm's dense gated MLPs (Gemma's
+    ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE)."""
+    if not hasattr(mlp, "down_proj"):
+        return None
+    if hasattr(mlp, "gate_up_proj") or (hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj")):
+        return "gelu_approx" if gemma else "silu"
+    return None
 
 
 def _rope(rope: nn.Module, x: mx.array, positions: np.ndarray) -> mx.array:

@@ -312,27 +312,30 @@ def generate_step(
         return
     mx.eval(y, logprobs)
 
-    def step(y: mx.array, token: int) -> Tuple[mx.array, mx.array]:
+    def step(y: mx.array) -> Tuple[mx.array, mx.array]:
         nonlocal history
         if processors:
             history = mx.concatenate([history, y.reshape(1).astype(history.dtype)])
         with mx.stream(generation_stream):
             out = sample(engine.decode(y))  # the engine completes first, as its schedule says
         mx.async_eval(*out)
-        prompt_cache.tokens.append(token)
         return out
 
     n = 0
     try:
         while True:
-            token = y.item()
-            # From the second token on, queue the next step before handing this one out, as
-            # mlx-lm does (the cache then holds every token handed out). The first token goes
-            # out at once: a pruned decode step syncs with the host to select, and completion
-            # runs before the first decode step; the time to first token includes neither.
+            # From the second token on, the next step is built on this one's token before
+            # waiting for it, as mlx-lm does: the host builds step n+1 (up to a pruned step's
+            # first selection, which waits) while the device computes step n, and the cache
+            # holds every token handed out. The first token goes out at once: a pruned decode
+            # step syncs with the host to select, and completion runs before the first decode
+            # step; the time to first token includes neither.
             ahead = n > 0
             if ahead:
-                next_y, next_logprobs = step(y, token)
+                next_y, next_logprobs = step(y)
+            token = y.item()
+            if ahead:
+                prompt_cache.tokens.append(token)
             yield token, logprobs
             n += 1
             if n == max_tokens:
@@ -340,7 +343,8 @@ def generate_step(
             if n % 256 == 0:
                 mx.clear_cache()
             if not ahead:
-                next_y, next_logprobs = step(y, token)
+                next_y, next_logprobs = step(y)
+                prompt_cache.tokens.append(token)
             y, logprobs = next_y, next_logprobs
 
     finally:  # a step queued ahead finishes before anything else runs (ranks stay in step)

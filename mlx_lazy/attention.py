@@ -3,8 +3,8 @@
 On the GPU this is ``mx.fast.scaled_dot_product_attention`` (``"fast"``; on CUDA at padded
 shapes, :func:`padded_attention`). On the CPU, MLX's attention is unfused and its ``exp`` is
 scalar (40-66 M/s on the 2-core x86 machines we test on), so the softmax dominates
-long-context attention. There we compute the same thing from
-matmuls (BLAS) and a polynomial ``exp2`` fused by ``mx.compile`` (``"cpu-kernel"``; relative
+long-context attention. There we compute the same thing from matmuls (BLAS) and a polynomial
+``exp2`` fused by ``mx.compile`` (``"cpu-kernel"``; :func:`~mlx_lazy.kernels.exp2`, relative
 error < 3e-7, like a vectorised libm) and row sums by a matrix-vector product: 2.5-3.7x faster
 attention than ``mx.fast`` on those machines (1 to 16 query rows over 4,096 keys). If the CPU
 compiler is unavailable, MLX's own ``exp`` is used.
@@ -22,47 +22,10 @@ from typing import Optional, Union
 import mlx.core as mx
 
 from .errors import UserInputError
+from .kernels import LOG2E, exp2
 
 IMPLEMENTATIONS = ("fast", "cpu-kernel")
 ENV_VAR = "MLX_LAZY_ATTENTION"
-
-LOG2E = 1.4426950408889634
-# Taylor coefficients of 2**f = exp(f ln 2) for |f| <= 1/2 (error < 2e-7).
-_C = (1.0, 6.9314718e-1, 2.4022651e-1, 5.5504109e-2, 9.6181291e-3, 1.3333558e-3, 1.5403530e-4)
-
-
-# mx.compile fuses element-wise graphs of depth <= 11 and cannot fuse a bit cast, so 2**x
-# is two kernels: the float32 bits of 2**round(x), then the polynomial of the fraction times
-# that power. (One kernel with both outputs did not fuse.) Their input is already clamped to
-# >= -127: with the clamp inside, scores where masked ones (-inf) mixed at random with visible
-# ones ran both kernels ~3x slower than uniform ones, as a mispredicted branch would; MLX's own
-# ``maximum`` is vectorised. For the same reason round(x) is (x + 1.5 * 2**23) - 1.5 * 2**23,
-# exact round-to-nearest-even for |x| < 2**22 in float32: MLX's compiled ``round`` branches,
-# which kept the compiler from vectorising either loop (3.4 against 1.2 ns a weight here).
-_ROUNDER = 12582912.0
-
-
-def _round(x: mx.array) -> mx.array:
-    return (x + _ROUNDER) - _ROUNDER
-
-
-def _pow2_bits(x: mx.array) -> mx.array:
-    """float32 bit patterns of 2**n, n = round(x) in [-127, 127]; n = -127 (which masked
-    scores, -inf, reach through the clamp) gives 0.0."""
-    return (_round(x).astype(mx.int32) + 127) << 23
-
-
-def _exp2_times(x: mx.array, two_n: mx.array) -> mx.array:
-    """2**x = 2**f * 2**n, f = x - n."""
-    f = x - _round(x)
-    f2 = f * f
-    # Estrin's scheme keeps the graph shallow enough to fuse.
-    poly = ((_C[0] + _C[1] * f) + f2 * (_C[2] + _C[3] * f)
-            + (f2 * f2) * ((_C[4] + _C[5] * f) + _C[6] * f2))
-    return poly * two_n
-
-
-_kernels = None
 
 
 def implementation() -> str:
@@ -74,35 +37,6 @@ def implementation() -> str:
     if name not in IMPLEMENTATIONS:
         raise UserInputError(f"{ENV_VAR} must be one of {', '.join(IMPLEMENTATIONS)}, got {name!r}")
     return name
-
-
-def prepare() -> None:
-    """Build the CPU kernels now (MLX compiles them with the system C++ compiler the first
-    time on a machine, a few seconds, then loads them from its disk cache)."""
-    global _kernels
-    if _kernels is not None or mx.default_device() != mx.cpu:
-        return
-    try:
-        bits, times = mx.compile(_pow2_bits), mx.compile(_exp2_times)
-        x = mx.array([[0.0, -127.0]])
-        mx.eval(times(x, bits(x).view(mx.float32)))
-        _kernels = bits, times
-    except Exception:  # no C++ compiler for MLX's CPU JIT: exact and slower
-        _kernels = False
-
-
-def exp2(scores: mx.array, shift: mx.array) -> mx.array:
-    """2**(scores - shift) for scores - shift <= 127 (0 at or below -127, where scores = -inf
-    included): softmax weights with ``shift`` the row maximum, or above it by a bounded
-    amount (:class:`~mlx_lazy.scorers.ScoreMemo`)."""
-    prepare()
-    if not _kernels:
-        return mx.exp((scores - shift) * (1 / LOG2E))
-    bits, times = _kernels
-    x = mx.maximum(scores - shift, -127.0)
-    if x.dtype != mx.float32:  # the rounder needs float32 (float16 overflows, bfloat16 rounds
-        x = x.astype(mx.float32)  # it to 2**16); the weights are float32 either way
-    return times(x, bits(x).view(mx.float32))
 
 
 #: On CUDA, ``mx.fast`` attends several query rows through cuDNN, which builds a graph for

@@ -22,10 +22,10 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .attention import prepare
 from .cache import LazyCache, Rows
 from .cache_attention import CacheAttention
 from .distributed import TensorParallel, model_group
+from .kernels import prepare
 from .schedule import Schedule
 from .scorers import Mask
 from .selection import Selector

@@ -30,9 +30,10 @@ from typing import Any, Callable, Dict, Optional, Tuple, Type, Union
 import mlx.core as mx
 import numpy as np
 
-from .attention import attention_weights, exp2, log2_scores, masked
+from .attention import attention_weights, log2_scores, masked
 from .errors import UserInputError, shown
 from .inputs import parse_float, parse_int
+from .kernels import exp2
 
 HEAD_REDUCTIONS = ("mean", "max")
 #: A per-key boolean mask, on the host or the device.

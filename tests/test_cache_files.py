@@ -454,8 +454,8 @@ def _mutate(data, arrays: dict, info: dict) -> None:
             paths += [("schedule", k) for k in info["schedule"]]
         if isinstance(info.get("tokens"), list) and info["tokens"]:
             paths += [("tokens", data.draw(st.integers(0, len(info["tokens"]) - 1)))]
-        if isinstance(info.get("fingerprint"), dict):
-            paths += [("fingerprint", "num_layers")]
+        if isinstance(info.get("fingerprint"), dict) and "num_layers" in info["fingerprint"]:
+            paths += [("fingerprint", "num_layers")]  # an earlier edit may have deleted it
         path = data.draw(st.sampled_from(paths), label="field")
         node = info
         for key in path[:-1]:
