@@ -4,15 +4,24 @@ The ``mlx[cpu]`` wheel links against ``libblas.so.3``-style symbols and bundles 
 reference BLAS (~5 GFLOP/s). Loading OpenBLAS first with ``RTLD_GLOBAL`` makes the dynamic
 linker resolve those symbols to OpenBLAS instead (25-60x faster, same results). This only
 works if it happens before ``mlx.core`` is first imported in the process, which is why
-``mlx_lazy/__init__.py`` imports this module before anything else.
+``mlx_lazy/__init__.py`` imports this module before anything else. A small shim loaded ahead
+of OpenBLAS sends one-row products to its matrix-vector routine (:func:`load_gemv_shim`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
+
+from .folders import cache_root
 
 OPENBLAS_PATHS = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -41,6 +50,7 @@ def load_openblas() -> str | None:
         return None
     for path in OPENBLAS_PATHS:
         if os.path.exists(path):
+            load_gemv_shim(path)  # first: its cblas_sgemm must precede OpenBLAS's
             try:
                 ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
             except OSError:
@@ -54,6 +64,87 @@ def load_openblas() -> str | None:
     _warn(f"OpenBLAS not found; float32 matmuls on this {platform.machine()} CPU will be "
           f"~30x slower. Fix: {INSTALL_HINT}")
     return None
+
+
+#: MLX multiplies float32 matrices with ``cblas_sgemm`` only, a decode step's one-row
+#: products included, and OpenBLAS 0.3.21 runs those through its matrix path: a 576 -> 1,536
+#: product of one row took 0.20-0.22 ms where its matrix-vector routine takes 0.13 (weights
+#: from memory), and SmolLM2's whole decode step at 4K 61 against 47 ms. The shim defines
+#: ``cblas_sgemm``, hands row-major products of one row to OpenBLAS's ``cblas_sgemv`` and
+#: everything else to its ``cblas_sgemm``; loaded before OpenBLAS, it is what MLX binds to.
+_GEMV_SHIM = r"""
+#include <dlfcn.h>
+#include <string.h>
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+typedef void (*sgemm_t)(int, int, int, int, int, int, float, const float *, int,
+                        const float *, int, float, float *, int);
+typedef void (*sgemv_t)(int, int, int, int, float, const float *, int, const float *, int,
+                        float, float *, int);
+static sgemm_t sgemm;
+static sgemv_t sgemv;
+
+__attribute__((constructor)) static void bind(void) {
+  void *blas = dlopen(OPENBLAS, RTLD_NOW | RTLD_LOCAL);
+  if (blas) {
+    sgemm = (sgemm_t)dlsym(blas, "cblas_sgemm");
+    sgemv = (sgemv_t)dlsym(blas, "cblas_sgemv");
+  }
+}
+
+int mlx_lazy_gemv_bound(void) { return sgemm != 0 && sgemv != 0; }
+
+void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                 int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+  if (order == ROW_MAJOR && m == 1 && k > 0) {
+    /* c (1 x n) = alpha a op(B) + beta c, so c^T = alpha op(B)^T a^T + beta c^T. a's k values
+       are a row (stride 1), or a column of a transposed k x 1 matrix (stride lda). */
+    if (beta == 0.0f) memset(c, 0, sizeof(float) * (size_t)n); /* c may hold anything */
+    if (tb == NO_TRANS) /* B is k x n: c^T = B^T a^T */
+      sgemv(ROW_MAJOR, TRANS, k, n, alpha, b, ldb, a, ta == TRANS ? lda : 1, beta, c, 1);
+    else /* B is stored n x k: c^T = B a^T */
+      sgemv(ROW_MAJOR, NO_TRANS, n, k, alpha, b, ldb, a, ta == TRANS ? lda : 1, beta, c, 1);
+    return;
+  }
+  sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+"""
+#: Path of the loaded shim, or None (no C compiler, another platform, ``MLX_LAZY_NO_GEMV``).
+gemv_path: str | None = None
+
+
+def load_gemv_shim(openblas: str) -> str | None:
+    """Build (once, into the user's cache, with the system C compiler) and load the one-row
+    shim in front of the OpenBLAS at ``openblas``; return its path, None when it cannot be
+    built or loaded (nothing changes then) or ``MLX_LAZY_NO_GEMV=1`` is set."""
+    global gemv_path
+    if gemv_path is not None or os.environ.get("MLX_LAZY_NO_GEMV"):
+        return gemv_path
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    source = _GEMV_SHIM.replace("OPENBLAS", json.dumps(openblas), 1)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    cache = cache_root()
+    target = cache / f"gemv-{digest}.so"
+    try:
+        if not target.exists():
+            if compiler is None:
+                return None
+            cache.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=cache) as tmp:
+                c_file = Path(tmp) / "gemv.c"
+                c_file.write_text(source)
+                built = Path(tmp) / "gemv.so"
+                subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(c_file), "-o",
+                                str(built), "-ldl"], check=True, capture_output=True,
+                               timeout=60)
+                os.replace(built, target)  # whole or not at all
+        # Local first: a shim that found no OpenBLAS must never be what MLX binds to.
+        if not ctypes.CDLL(str(target), mode=ctypes.RTLD_LOCAL).mlx_lazy_gemv_bound():
+            return None
+        ctypes.CDLL(str(target), mode=ctypes.RTLD_GLOBAL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    gemv_path = str(target)
+    return gemv_path
 
 
 #: OpenBLAS 0.3's float32 gemm on x86-64 runs a matrix of n rows (1 < n < 64) far slower when

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -29,9 +28,7 @@ from typing import Any, Iterator, Optional, Tuple, Union
 from .adapter import SUPPORTED_MODEL_TYPES
 from .conversion import convert, is_hub_id
 from .errors import UserInputError, one_line
-from .folders import atomic_file, sweep_stale_temps
-
-CACHE_ENV = "MLX_LAZY_CACHE"
+from .folders import CACHE_ENV, atomic_file, cache_root, sweep_stale_temps
 
 
 @dataclass(frozen=True)
@@ -112,7 +109,7 @@ class ModelUnavailable(UserInputError):
 
 def cache_dir() -> Path:
     """The cache folder: ``$MLX_LAZY_CACHE`` or ``~/.cache/mlx_lazy`` (created if missing)."""
-    d = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "mlx_lazy").expanduser()
+    d = cache_root()
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -135,3 +135,52 @@ def test_cli_generation_as_a_user_runs_it(tiny_model_path):
     assert proc.returncode == 0, err
     assert seen_mlx, "the CLI exited before its maps could be read"
     assert seen_openblas
+
+
+# The one-row shim (``_blas.load_gemv_shim``): what MLX binds ``cblas_sgemm`` to, and that
+# every one-row product through it is the matrix product, in float32 rounding (a dot product
+# of k terms: ~k * 6e-8 relative at worst, far inside 1e-5 for k <= 700).
+needs_shim = pytest.mark.skipif(_blas.gemv_path is None,
+                                reason="no C compiler here, or MLX_LAZY_NO_GEMV is set")
+
+
+@needs_shim
+@pytest.mark.parametrize("k,n", [(576, 1536), (7, 5), (64, 3), (1, 9)])
+def test_one_row_products_through_the_shim(k, n):
+    import mlx.core as mx
+    import numpy as np
+
+    from numerics import rel_err
+
+    rng = np.random.default_rng(k * 31 + n)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)  # a Linear's weight: out x in
+    c = rng.standard_normal((1, n)).astype(np.float32)
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    # An output buffer MLX just freed, full of NaN: a product with beta = 0 must not read it.
+    mx.eval(mx.full((1, n), mx.nan))
+    assert rel_err(mx.array(x) @ mx.array(w).T, want) < 1e-5  # B transposed (a Linear)
+    assert rel_err(mx.array(x) @ mx.array(w.T.copy()), want) < 1e-5  # B as stored
+    assert rel_err(mx.array(x.T.copy()).T @ mx.array(w).T, want) < 1e-5  # A a column's view
+    got = mx.addmm(mx.array(c), mx.array(x), mx.array(w).T, alpha=0.5, beta=2.0)
+    assert rel_err(got, 2.0 * c + 0.5 * want) < 1e-5
+    batched = mx.array(np.stack([x, 2 * x])) @ mx.array(w).T  # (2, 1, k): one row each
+    assert rel_err(batched, np.stack([want, 2 * want])) < 1e-5
+    rows = rng.standard_normal((3, k)).astype(np.float32)  # several rows: OpenBLAS's sgemm
+    assert rel_err(mx.array(rows) @ mx.array(w).T, rows.astype(np.float64) @ w.T) < 1e-5
+
+
+@needs_shim
+@pytest.mark.slow  # runs processes of their own
+def test_mlx_binds_to_the_shim_and_the_opt_out():
+    code = ("import mlx_lazy, mlx.core as mx; from mlx_lazy import _blas; "
+            "mx.eval(mx.ones((1, 8)) @ mx.ones((8, 8))); print('SHIM', _blas.gemv_path)")
+    env = {k: v for k, v in os.environ.items() if k != "MLX_LAZY_NO_GEMV"}
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "LD_DEBUG": "bindings"},
+                         capture_output=True, text=True, check=True)
+    bound = [line for line in out.stderr.splitlines()
+             if "libmlx" in line.split("to ")[0] and "`cblas_sgemm'" in line]
+    assert len(bound) == 1 and _blas.gemv_path in bound[0], bound
+    off = subprocess.run([sys.executable, "-c", code], env={**env, "MLX_LAZY_NO_GEMV": "1"},
+                         capture_output=True, text=True, check=True)
+    assert "SHIM None" in off.stdout

@@ -750,4 +750,5 @@ def test_first_use_without_network_is_one_line(cmd, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "put the wheels" in lines[0] and str(tmp_path / "wheels") in lines[0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+    # Nothing of the failed fetch is left; the one-row BLAS shim (built at import) may be.
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.match("gemv-*.so")) == [".lock"]
