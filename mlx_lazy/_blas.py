@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .folders import cache_root
+from .folders import cache_root, sweep_stale_temps, temp_prefix
 
 OPENBLAS_PATHS = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -74,7 +74,6 @@ def load_openblas() -> str | None:
 #: everything else to its ``cblas_sgemm``; loaded before OpenBLAS, it is what MLX binds to.
 _GEMV_SHIM = r"""
 #include <dlfcn.h>
-#include <string.h>
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 typedef void (*sgemm_t)(int, int, int, int, int, int, float, const float *, int,
                         const float *, int, float, float *, int);
@@ -84,7 +83,7 @@ static sgemm_t sgemm;
 static sgemv_t sgemv;
 
 __attribute__((constructor)) static void bind(void) {
-  void *blas = dlopen(OPENBLAS, RTLD_NOW | RTLD_LOCAL);
+  void *blas = dlopen(@OPENBLAS@, RTLD_NOW | RTLD_LOCAL);
   if (blas) {
     sgemm = (sgemm_t)dlsym(blas, "cblas_sgemm");
     sgemv = (sgemv_t)dlsym(blas, "cblas_sgemv");
@@ -97,8 +96,8 @@ void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, co
                  int lda, const float *b, int ldb, float beta, float *c, int ldc) {
   if (order == ROW_MAJOR && m == 1 && k > 0) {
     /* c (1 x n) = alpha a op(B) + beta c, so c^T = alpha op(B)^T a^T + beta c^T. a's k values
-       are a row (stride 1), or a column of a transposed k x 1 matrix (stride lda). */
-    if (beta == 0.0f) memset(c, 0, sizeof(float) * (size_t)n); /* c may hold anything */
+       are a row (stride 1), or a column of a transposed k x 1 matrix (stride lda). With beta
+       0, BLAS does not read c (which may hold anything), as sgemm does not. */
     if (tb == NO_TRANS) /* B is k x n: c^T = B^T a^T */
       sgemv(ROW_MAJOR, TRANS, k, n, alpha, b, ldb, a, ta == TRANS ? lda : 1, beta, c, 1);
     else /* B is stored n x k: c^T = B a^T */
@@ -119,17 +118,18 @@ def load_gemv_shim(openblas: str) -> str | None:
     global gemv_path
     if gemv_path is not None or os.environ.get("MLX_LAZY_NO_GEMV"):
         return gemv_path
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    source = _GEMV_SHIM.replace("OPENBLAS", json.dumps(openblas), 1)
+    source = _GEMV_SHIM.replace("@OPENBLAS@", json.dumps(openblas))
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     cache = cache_root()
     target = cache / f"gemv-{digest}.so"
     try:
         if not target.exists():
+            compiler = shutil.which("cc") or shutil.which("gcc")
             if compiler is None:
                 return None
             cache.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            sweep_stale_temps(cache)  # a build killed half-way
+            with tempfile.TemporaryDirectory(prefix=temp_prefix(target), dir=cache) as tmp:
                 c_file = Path(tmp) / "gemv.c"
                 c_file.write_text(source)
                 built = Path(tmp) / "gemv.so"

@@ -29,6 +29,7 @@ def cache_root() -> Path:
     """mlx-lazy's cache folder: ``$MLX_LAZY_CACHE`` or ``~/.cache/mlx_lazy`` (not created)."""
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "mlx_lazy").expanduser()
 
+
 # tempfile's random part: 8 characters of [a-z0-9_]
 _TEMP_NAME = re.compile(r"\..+\.tmp-(?P<pid>[0-9]+)-[a-z0-9_]{8}")
 

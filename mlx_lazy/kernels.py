@@ -48,12 +48,13 @@ def _exp2_times(x: mx.array, two_n: mx.array) -> mx.array:
 
 
 #: The MLPs' gated activations :func:`gated` computes, each ``x * sigmoid(z(x))``, by the
-#: exponent it raises 2 to: -z(x) log2 e, capped at 127 so that a gate far below zero gives
-#: 0 (as -0 would) without overflow.
+#: exponent it raises 2 to: -z(x) log2 e, clipped to [-127, 127] (the range the bit trick of
+#: :func:`exp2` takes) so that a gate far below zero gives 0 (as -0 would) without overflow.
 _GELU_Z = 2 * (2 / 3.141592653589793) ** 0.5  # tanh(u) = 2 sigmoid(2u) - 1
 _EXPONENTS = {
-    "silu": lambda x: mx.minimum(x * -LOG2E, 127.0),
-    "gelu_approx": lambda x: mx.minimum((x + 0.044715 * x * x * x) * (-_GELU_Z * LOG2E), 127.0),
+    "silu": lambda x: mx.clip(x * -LOG2E, -127.0, 127.0),
+    "gelu_approx": lambda x: mx.clip((x + 0.044715 * x * x * x) * (-_GELU_Z * LOG2E),
+                                     -127.0, 127.0),
 }
 ACTIVATIONS = tuple(_EXPONENTS)
 
@@ -94,6 +95,11 @@ def exp2(scores: mx.array, shift: mx.array) -> mx.array:
     x = mx.maximum(scores - shift, -127.0)
     if x.dtype != mx.float32:  # the rounder needs float32 (float16 overflows, bfloat16 rounds
         x = x.astype(mx.float32)  # it to 2**16); the weights are float32 either way
+    return _pow2(x)
+
+
+def _pow2(x: mx.array) -> mx.array:
+    """2**x through the compiled kernels, for float32 ``x`` already in [-127, 127]."""
     return _kernels["times"](x, _kernels["bits"](x).view(mx.float32))
 
 
@@ -101,12 +107,15 @@ def gated(gate: mx.array, up: mx.array, activation: str) -> mx.array:
     """``activation(gate) * up``: SwiGLU's ``silu``, or Gemma's ``gelu_approx`` (the tanh
     form, ``x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x**3))``), the sigmoid's exponential from
     :func:`exp2`. ~9x faster than MLX's own activations on the CPU (a 4,096-row SmolLM2
-    layer's SwiGLU in 11 against 104 ms), relative error < 5e-7; in ``gate``'s dtype."""
+    layer's SwiGLU in 9 against 104 ms), relative error < 5e-7; in ``gate``'s dtype."""
     if activation not in _EXPONENTS:
         raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, "
                          f"got {activation!r}")
     prepare()
-    exponent, times = ((_kernels[activation], _kernels["gate"]) if _kernels
-                       else (_EXPONENTS[activation], _gate_times))
-    e = exp2(exponent(gate.astype(mx.float32)), mx.array(0.0))
-    return times(gate, up, e).astype(gate.dtype)
+    x = gate.astype(mx.float32)
+    if not _kernels:
+        e = mx.exp(_EXPONENTS[activation](x) * (1 / LOG2E))
+        return _gate_times(gate, up, e).astype(gate.dtype)
+    # The exponent comes clipped from its kernel: no shift to subtract nor clamp to apply.
+    e = _pow2(_kernels[activation](x))
+    return _kernels["gate"](gate, up, e).astype(gate.dtype)

@@ -157,7 +157,8 @@ def test_one_row_products_through_the_shim(k, n):
     w = rng.standard_normal((n, k)).astype(np.float32)  # a Linear's weight: out x in
     c = rng.standard_normal((1, n)).astype(np.float32)
     want = x.astype(np.float64) @ w.T.astype(np.float64)
-    # An output buffer MLX just freed, full of NaN: a product with beta = 0 must not read it.
+    # An output buffer MLX just freed, full of NaN: a product with beta = 0 must not read it
+    # (the shim passes beta on; BLAS leaves c unread when it is 0).
     mx.eval(mx.full((1, n), mx.nan))
     assert rel_err(mx.array(x) @ mx.array(w).T, want) < 1e-5  # B transposed (a Linear)
     assert rel_err(mx.array(x) @ mx.array(w.T.copy()), want) < 1e-5  # B as stored
