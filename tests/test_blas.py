@@ -137,11 +137,19 @@ def test_cli_generation_as_a_user_runs_it(tiny_model_path):
     assert seen_openblas
 
 
-# The one-row shim (``_blas.load_gemv_shim``): what MLX binds ``cblas_sgemm`` to, and that
-# every one-row product through it is the matrix product, in float32 rounding (a dot product
+# The shim (``_blas.load_gemv_shim``): what MLX binds ``cblas_sgemm`` to, and that every
+# product of one row or a few through it is the matrix product, in float32 rounding (a dot product
 # of k terms: ~k * 6e-8 relative at worst, far inside 1e-5 for k <= 700).
 needs_shim = pytest.mark.skipif(_blas.gemv_path is None,
                                 reason="no C compiler here, or MLX_LAZY_NO_GEMV is set")
+
+
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler")
+def test_the_shim_builds_where_a_compiler_is():
+    """A shim that no longer compiles must not hide behind the skips below."""
+    if os.environ.get("MLX_LAZY_NO_GEMV"):
+        pytest.skip("MLX_LAZY_NO_GEMV is set")
+    assert _blas.gemv_path is not None
 
 
 @needs_shim
@@ -169,6 +177,65 @@ def test_one_row_products_through_the_shim(k, n):
     assert rel_err(batched, np.stack([want, 2 * want])) < 1e-5
     rows = rng.standard_normal((3, k)).astype(np.float32)  # several rows: OpenBLAS's sgemm
     assert rel_err(mx.array(rows) @ mx.array(w).T, rows.astype(np.float64) @ w.T) < 1e-5
+
+
+@needs_shim
+@pytest.mark.parametrize("m", [2, 5, 8, 9, 16, 17])
+@pytest.mark.parametrize("k,n", [(256, 1536), (301, 7), (600, 2051)])
+def test_few_row_products_through_the_shim(m, k, n):
+    """Products of 2-16 rows against a Linear's weight (k >= 256) go to the shim's own kernel:
+    one pass of up to 8 rows or two, k with and without a tail of 8, n split between threads
+    (1,536 and 2,051 columns) or not (7); 17 rows go to OpenBLAS. Float32 sums of <= 600
+    terms, as above."""
+    import mlx.core as mx
+    import numpy as np
+
+    from numerics import rel_err
+
+    rng = np.random.default_rng(m * 1009 + k * 31 + n)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    c = rng.standard_normal((m, n)).astype(np.float32)
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    mx.eval(mx.full((m, n), mx.nan))  # beta = 0 must not read the output buffer
+    assert rel_err(mx.array(x) @ mx.array(w).T, want) < 1e-5
+    got = mx.addmm(mx.array(c), mx.array(x), mx.array(w).T, alpha=0.5, beta=2.0)
+    assert rel_err(got, 2.0 * c + 0.5 * want) < 1e-5
+    wide = mx.array(np.concatenate([x, -x], axis=1))[:, :k]  # rows k apart in a 2k-wide array
+    assert rel_err(wide @ mx.array(w).T, want) < 1e-5
+    batched = mx.array(np.stack([x, 2 * x])) @ mx.array(w).T
+    assert rel_err(batched, np.stack([want, 2 * want])) < 1e-5
+
+
+_FORKED_PRODUCT = r"""
+import ctypes, os, sys
+import numpy as np
+shim = ctypes.CDLL(sys.argv[1])
+m, n, k = 4, 2048, 512
+a, b = np.ones((m, k), np.float32), np.ones((n, k), np.float32)
+def product():  # row-major c = a b^T through the shim's cblas_sgemm, as MLX calls it
+    c = np.zeros((m, n), np.float32)
+    p = lambda x: x.ctypes.data_as(ctypes.c_void_p)
+    shim.cblas_sgemm(101, 111, 112, m, n, k, ctypes.c_float(1), p(a), k, p(b), k,
+                     ctypes.c_float(0), p(c), n)
+    return c
+assert (product() == k).all()  # the parent's helper threads start here
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if (product() == k).all() else 3)
+print("CHILD", os.waitpid(pid, 0)[1])
+"""
+
+
+@needs_shim
+@pytest.mark.slow  # runs a process of its own
+def test_few_row_products_in_a_forked_child():
+    """The shim's helper threads are not in a forked child: a child that multiplies a few rows
+    again starts its own instead of waiting for the parent's forever (GCC's OpenMP runtime
+    would). Called through ctypes: MLX itself does not run in a forked child."""
+    out = subprocess.run([sys.executable, "-c", _FORKED_PRODUCT, _blas.gemv_path],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert "CHILD 0" in out.stdout, out.stdout + out.stderr
 
 
 @needs_shim
