@@ -321,24 +321,37 @@ def generate_step(
         mx.async_eval(*out)
         return out
 
+    # On the CPU the host would build with the cores that compute: on 2 cores, steps built
+    # ahead ran 8% slower unpruned and 18% pruned (Gemma 3 at 2K, alternating runs). There a
+    # token goes into the cache after it is handed out, the last one when the caller stops.
+    overlap = generation_stream.device != mx.cpu
     n = 0
     try:
         while True:
-            # From the second token on, the next step is built on this one's token before
-            # waiting for it, as mlx-lm does: the host builds step n+1 (up to a pruned step's
-            # first selection, which waits) while the device computes step n, and the cache
-            # holds every token handed out. The first token goes out at once: a pruned decode
-            # step syncs with the host to select, and completion runs before the first decode
-            # step; the time to first token includes neither.
-            ahead = n > 0
+            # On a GPU, from the second token on, the next step is built on this one's token
+            # before waiting for it, as mlx-lm does: the host builds step n+1 (up to a pruned
+            # step's first selection, which waits) while the device computes step n, and the
+            # cache holds every token handed out. The first token goes out at once: a pruned
+            # decode step syncs with the host to select, and completion runs before the first
+            # decode step; the time to first token includes neither.
+            ahead = overlap and n > 0
             if ahead:
                 next_y, next_logprobs = step(y)
             token = y.item()
             if ahead:
                 prompt_cache.tokens.append(token)
-            yield token, logprobs
+            try:
+                yield token, logprobs
+            except GeneratorExit:
+                if not ahead and n > 0:  # as on a GPU, where it went in before it went out
+                    step(y)
+                    prompt_cache.tokens.append(token)
+                raise
             n += 1
             if n == max_tokens:
+                if not ahead and n > 1:
+                    step(y)
+                    prompt_cache.tokens.append(token)
                 return
             if n % 256 == 0:
                 mx.clear_cache()
@@ -349,6 +362,7 @@ def generate_step(
 
     finally:  # a step queued ahead finishes before anything else runs (ranks stay in step)
         mx.synchronize(generation_stream)
+
 
 def stream_generate(
     model: nn.Module,

@@ -69,6 +69,38 @@ def test_full_with_a_cache_matches_mlx_lm_with_its_cache_over_three_turns(tiny_m
     assert ours.tokens == conversation[:len(ours)] and len(ours) == theirs[0].offset
 
 
+@pytest.mark.parametrize("config", ["full", AGGRESSIVE], ids=["full", "lazy"])
+def test_a_caller_that_stops_early_leaves_every_token_after_the_first_in_the_cache(
+        tiny_model, config):
+    """Breaking out of generate_step after k >= 2 tokens leaves prompt + k tokens in the
+    cache, as mlx-lm's does (its steps run ahead; on the CPU ours runs the last token when the
+    caller stops), and the next turn goes on from there as mlx-lm's does."""
+    model, _ = tiny_model("llama")
+    vocab = model.args.vocab_size
+    prompt, follow = ids(150, vocab, 20), ids(12, vocab, 21)
+    for k in (2, 5):
+        ours, theirs = make_prompt_cache(model, config), mlx_lm_make_prompt_cache(model)
+        mine, ref = [], []
+        for token, _ in generate_step(prompt, model, prompt_cache=ours, max_tokens=10):
+            mine.append(token)
+            if len(mine) == k:
+                break
+        for token, _ in mlx_lm_generate_step(mx.array(prompt), model, prompt_cache=theirs,
+                                             max_tokens=10):
+            ref.append(int(token))
+            if len(ref) == k:
+                break
+        assert ours.tokens == prompt + mine and len(ours) == theirs[0].offset == 150 + k
+        assert ours.engine.cache.length == 150 + k
+        if config == "full":
+            assert mine == ref
+            after = list(generate_step(follow, model, prompt_cache=ours, max_tokens=3))
+            after_ref = list(mlx_lm_generate_step(mx.array(follow), model,
+                                                  prompt_cache=theirs, max_tokens=3))
+            assert [t for t, _ in after] == [int(t) for t, _ in after_ref]
+            assert rel_err(after[0][1], after_ref[0][1]) < REL_TOL
+
+
 @dataclass(frozen=True)
 class Targeted(scorers.Scorer):
     """A test scorer: the positions in :attr:`target` score 1, the rest 0."""
