@@ -214,6 +214,9 @@ static void after_fork_in_child(void) {  /* the parent's helpers are not in the 
   threads = 1; started = 0; atomic_store(&round_, 0); atomic_store(&busy, 0);
 }
 
+static pthread_once_t at_fork = PTHREAD_ONCE_INIT;
+static void register_at_fork(void) { pthread_atfork(0, 0, after_fork_in_child); }
+
 static void start_helpers(void) {
   cpu_set_t cpus;
   int cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
@@ -225,7 +228,8 @@ static void start_helpers(void) {
   for (threads = 1; threads < wanted; threads++)
     if (pthread_create(&id, &attr, helper, (void *)(long)threads) != 0) break;
   pthread_attr_destroy(&attr);
-  if (!started++) pthread_atfork(0, 0, after_fork_in_child);
+  started = 1;
+  pthread_once(&at_fork, register_at_fork);  /* once per process image, not per fork */
 }
 
 static void few_rows(int m, int n, int k, float alpha, const float *a, int lda, const float *b,
