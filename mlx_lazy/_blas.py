@@ -66,6 +66,10 @@ def load_openblas() -> str | None:
     return None
 
 
+#: Most rows the shim's few-row kernel multiplies (two passes of 8: 16 rows of Qwen's 896 ->
+#: 4,864 layer 2.1 ms against OpenBLAS's 2.8, through MLX).
+FEW_ROWS = 16
+
 #: MLX multiplies float32 matrices with ``cblas_sgemm`` only, a decode step's one-row
 #: products included, and OpenBLAS 0.3.21 runs those through its matrix path: a 576 -> 1,536
 #: product of one row took 0.20-0.22 ms where its matrix-vector routine takes 0.13 (weights
@@ -77,9 +81,6 @@ def load_openblas() -> str | None:
 #: rows against a weight stored n x k (a Linear's) to ``few_rows`` below, which streams the
 #: weight once for all rows, split across the cores (4 rows 0.39-0.43 ms, 8 rows 0.50), and the
 #: rest to OpenBLAS's ``cblas_sgemm``. Loaded before OpenBLAS, it is what MLX binds to.
-#: Most rows the shim's few-row kernel multiplies (two passes of 8: 16 rows of Qwen's 896 ->
-#: 4,864 layer 2.1 ms against OpenBLAS's 2.8, through MLX).
-FEW_ROWS = 16
 _GEMV_SHIM = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -146,6 +147,14 @@ static void dot_pass(int rows, int j0, int j1, int k, float alpha, const float *
   }
 }
 
+/* All m rows, PASS_ROWS at a time, for the columns j0 <= j < j1. */
+static void passes(int m, int j0, int j1, int k, float alpha, const float *a, int lda,
+                   const float *b, int ldb, float beta, float *c, int ldc) {
+  for (int i = 0; i < m; i += PASS_ROWS)
+    dot_pass(m - i < PASS_ROWS ? m - i : PASS_ROWS, j0, j1, k, alpha, a + (long)i * lda, lda,
+             b, ldb, beta, c + (long)i * ldc, ldc);
+}
+
 /* The rows' products split by columns between the caller and a few helper threads, which
    spin a little between products (a layer's come 0.1-1 ms apart; waking a sleeping thread
    costs about what a product of 5 rows saves) and then sleep on a condition variable. Not
@@ -181,11 +190,8 @@ static int spin_while(_Atomic unsigned long *x, unsigned long v, int same) {
 }
 
 static void share(int t) {
-  int j0 = (int)((long)job.n * t / threads), j1 = (int)((long)job.n * (t + 1) / threads);
-  for (int i = 0; i < job.m; i += PASS_ROWS)
-    dot_pass(job.m - i < PASS_ROWS ? job.m - i : PASS_ROWS, j0, j1, job.k, job.alpha,
-             job.a + (long)i * job.lda, job.lda, job.b, job.ldb, job.beta,
-             job.c + (long)i * job.ldc, job.ldc);
+  passes(job.m, (int)((long)job.n * t / threads), (int)((long)job.n * (t + 1) / threads),
+         job.k, job.alpha, job.a, job.lda, job.b, job.ldb, job.beta, job.c, job.ldc);
 }
 
 static void *helper(void *arg) {
@@ -235,9 +241,7 @@ static void start_helpers(void) {
 static void few_rows(int m, int n, int k, float alpha, const float *a, int lda, const float *b,
                      int ldb, float beta, float *c, int ldc) {
   if ((long)n * k < PARALLEL_MIN || pthread_mutex_trylock(&caller) != 0) {
-    for (int i = 0; i < m; i += PASS_ROWS)  /* small, or another thread is multiplying */
-      dot_pass(m - i < PASS_ROWS ? m - i : PASS_ROWS, 0, n, k, alpha, a + (long)i * lda, lda,
-               b, ldb, beta, c + (long)i * ldc, ldc);
+    passes(m, 0, n, k, alpha, a, lda, b, ldb, beta, c, ldc);  /* small, or another caller */
     return;
   }
   if (!started) start_helpers();

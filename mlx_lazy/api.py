@@ -321,6 +321,12 @@ def generate_step(
         mx.async_eval(*out)
         return out
 
+    def feed(y: mx.array, token: int) -> Tuple[mx.array, mx.array]:
+        """Run the handed-out ``token`` (``y``) through the model into the cache."""
+        out = step(y)
+        prompt_cache.tokens.append(token)
+        return out
+
     # On the CPU the host would build with the cores that compute: on 2 cores, steps built
     # ahead ran 8% slower unpruned and 18% pruned (Gemma 3 at 2K, alternating runs). There a
     # token goes into the cache after it is handed out, the last one when the caller stops.
@@ -340,24 +346,24 @@ def generate_step(
             token = y.item()
             if ahead:
                 prompt_cache.tokens.append(token)
+            # On the CPU a token after the first goes in when the caller stops, as it would
+            # have gone in before it went out on a GPU.
+            unfed = not ahead and n > 0
             try:
                 yield token, logprobs
             except GeneratorExit:
-                if not ahead and n > 0:  # as on a GPU, where it went in before it went out
-                    step(y)
-                    prompt_cache.tokens.append(token)
+                if unfed:
+                    feed(y, token)
                 raise
             n += 1
             if n == max_tokens:
-                if not ahead and n > 1:
-                    step(y)
-                    prompt_cache.tokens.append(token)
+                if unfed:
+                    feed(y, token)
                 return
             if n % 256 == 0:
                 mx.clear_cache()
             if not ahead:
-                next_y, next_logprobs = step(y)
-                prompt_cache.tokens.append(token)
+                next_y, next_logprobs = feed(y, token)
             y, logprobs = next_y, next_logprobs
 
     finally:  # a step queued ahead finishes before anything else runs (ranks stay in step)
