@@ -97,8 +97,8 @@ class PruningConfig:
             one cut, the best-scoring of those it selected; the others stay in the Aux Cache
             and may come back in a later step. It bounds a decode step's work (selections
             at a cut's boundary flip spans of tokens from one step to the next, and each
-            flip would revive them). None: the calibrated schedule's (Qwen2.5-Coder-0.5B's
-            and Gemma 3 270M's: 4), else no bound, the paper's step.
+            flip would revive them). None: the calibrated schedule's (Qwen2.5-Coder-0.5B's:
+            2, Gemma 3 270M's: 4), else no bound, the paper's step.
         revive_margin: LazyLLM with revive only: in a decode step's selection, a token
             that would have to be revived from the Aux Cache competes with its score divided
             by ``1 + revive_margin``, so it displaces a token that already has KV there only
