@@ -894,6 +894,29 @@ def test_packaged_schedules_meet_the_admissibility_rule():
         assert ev["made"]["options"]["max_kld"] == ev["max_kld"]
 
 
+def test_a_quantized_model_is_refused_before_any_run(tiny_model_dir, tmp_path, monkeypatch,
+                                                     capsys):
+    """Its yardsticks, and with them the KLD bars, would be 0 (rounding quantized layers
+    changes nothing) and nothing could be admitted after an hour of runs: refused in one
+    line, exit status 2, right after the model loads."""
+    import mlx.nn as nn
+    import mlx_lm
+
+    from mlx_lazy.bench import calibrate
+
+    model, tokenizer = mlx_lm.load(str(tiny_model_dir("llama")))  # a fresh copy to quantize
+    nn.quantize(model, group_size=32, bits=4)
+
+    def no_samples(*a, **k):
+        raise AssertionError("prompts were built")
+
+    monkeypatch.setattr(calibrate, "load", lambda *a, **k: (model, tokenizer))
+    monkeypatch.setattr(calibrate, "build_samples", no_samples)
+    assert main(["--model", "a-4-bit-copy", "--out", str(tmp_path / "cal")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already quantized (4-bit layers)" in err
+
+
 def test_lengths_beyond_any_context_are_refused_at_once(tiny_model_path, tmp_path, monkeypatch,
                                                         capsys):
     """``--lengths 99999999`` once built its prompts for minutes before anything was said:

@@ -110,6 +110,22 @@ def test_kld_of_the_model_against_itself_is_zero_and_against_a_perturbed_copy_po
     assert max(abs(k) for k in exact["kld"][1:]) < 0.01 * exact["kld"][0]
 
 
+def test_a_model_already_quantized_has_no_yardstick(tiny_model_dir, tmp_path, capsys):
+    """Rounding quantized layers would change nothing: every yardstick row would read 0 and
+    every bar set by one would admit nothing, so such a model is refused in one line."""
+    import mlx_lm
+
+    from mlx_lazy.errors import UserInputError
+
+    model, tokenizer = mlx_lm.load(str(tiny_model_dir("llama")))  # a fresh copy to quantize
+    yardstick.check_unquantized(model)  # float weights pass
+    nn.quantize(model, group_size=32, bits=4)
+    with pytest.raises(UserInputError, match=r"already quantized \(4-bit layers\)"):
+        yardstick.round_weights(model, 8)
+    with pytest.raises(UserInputError, match="already quantized"):
+        fidelity.run(model, tokenizer, {"full": PruningConfig("full")}, 1, 64, 2)
+
+
 def test_yardstick_weights_within_a_quantization_step(tiny_model):
     model, _ = tiny_model("qwen2")  # tied embeddings: the embedding is the LM head too
     before = dict(tree_flatten(model.parameters()))

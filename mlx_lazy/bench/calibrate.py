@@ -405,6 +405,7 @@ def run(cal: Calibration) -> dict[str, Any]:
     if cal.out is not None:
         _prepare_out(Path(cal.out))  # before the model loads: a bad --out fails at once
     model, tokenizer = load(cal.model)
+    yardstick.check_unquantized(model)  # the KLD bars come from rounding its weights
     context = context_length(model, tokenizer)
     if context is not None and max(cal.lengths) > context:  # before any prompt is built
         raise UserInputError(f"--lengths {max(cal.lengths):,} is beyond the model's context of "

@@ -15,6 +15,8 @@ import copy
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..errors import UserInputError
+
 #: Weights per quantization group (mlx-lm's default).
 GROUP_SIZE = 64
 #: The yardsticks every fidelity table carries: weights through 8 and 4 bits.
@@ -28,14 +30,33 @@ def quantizable(module: nn.Module, group_size: int = GROUP_SIZE) -> bool:
     return weight is not None and weight.shape[-1] % group_size == 0
 
 
+def check_unquantized(model: nn.Module) -> None:
+    """Refuse a model whose layers are already quantized: rounding its weights would leave
+    those layers as they are and measure no drift, so every bar set by a yardstick would be 0.
+
+    Raises:
+        UserInputError: naming the layers' bits and what to measure instead.
+    """
+    bits = sorted({int(m.bits) for _, m in model.named_modules()
+                   if "scales" in m and hasattr(m, "bits")})
+    if bits:
+        raise UserInputError(
+            f"the model is already quantized ({'/'.join(map(str, bits))}-bit layers): the "
+            "8- and 4-bit yardsticks round a model's weights and would measure no drift here; "
+            "measure the unquantized model it was made from (its calibrated schedule applies "
+            "to this copy, matched by the weights' identity)")
+
+
 def round_weights(model: nn.Module, bits: int, group_size: int = GROUP_SIZE) -> nn.Module:
     """A copy of ``model`` whose quantizable weights (:func:`quantizable`) went through
     ``bits``-bit affine quantization with groups of ``group_size`` and back to their dtype;
     ``model`` itself is unchanged.
 
     Raises:
+        UserInputError: a model already quantized (:func:`check_unquantized`).
         ValueError: ``bits`` or ``group_size`` that mlx's affine mode does not support.
     """
+    check_unquantized(model)
     rounded = copy.deepcopy(model)
     for _, module in rounded.named_modules():
         if quantizable(module, group_size):
