@@ -8,6 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm
 import numpy as np
 import pytest
 
@@ -899,9 +901,6 @@ def test_a_quantized_model_is_refused_before_any_run(tiny_model_dir, tmp_path, m
     """Its yardsticks, and with them the KLD bars, would be 0 (rounding quantized layers
     changes nothing) and nothing could be admitted after an hour of runs: refused in one
     line, exit status 2, right after the model loads."""
-    import mlx.nn as nn
-    import mlx_lm
-
     from mlx_lazy.bench import calibrate
 
     model, tokenizer = mlx_lm.load(str(tiny_model_dir("llama")))  # a fresh copy to quantize

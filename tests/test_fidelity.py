@@ -9,11 +9,12 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx_lm
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_lazy import PruningConfig
+from mlx_lazy import PruningConfig, UserInputError
 from mlx_lazy.bench import fidelity, yardstick
 from mlx_lazy.bench.speed import build_prompt
 
@@ -110,13 +111,9 @@ def test_kld_of_the_model_against_itself_is_zero_and_against_a_perturbed_copy_po
     assert max(abs(k) for k in exact["kld"][1:]) < 0.01 * exact["kld"][0]
 
 
-def test_a_model_already_quantized_has_no_yardstick(tiny_model_dir, tmp_path, capsys):
+def test_a_model_already_quantized_has_no_yardstick(tiny_model_dir):
     """Rounding quantized layers would change nothing: every yardstick row would read 0 and
-    every bar set by one would admit nothing, so such a model is refused in one line."""
-    import mlx_lm
-
-    from mlx_lazy.errors import UserInputError
-
+    every bar set by one would admit nothing, so such a model is refused as bad input."""
     model, tokenizer = mlx_lm.load(str(tiny_model_dir("llama")))  # a fresh copy to quantize
     yardstick.check_unquantized(model)  # float weights pass
     nn.quantize(model, group_size=32, bits=4)
