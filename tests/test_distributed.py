@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -43,13 +44,23 @@ pytestmark = pytest.mark.skipif(
 
 
 def free_port(n: int) -> int:
-    """A port p such that p .. p + n - 1 were free a moment ago (the ring listens on them)."""
+    """A port p such that p .. p + n - 1 were free a moment ago (the ring listens on them),
+    drawn below the kernel's ephemeral range: there the kernel may hand one of them to an
+    outgoing connection (the ranks' own connects to each other) before a rank binds it (a
+    suite run once failed so: "[ring] Couldn't bind socket (error: 98)")."""
+    rng = random.Random()
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + n < 65536 and all(_free(port + i) for i in range(1, n)):
+        port = rng.randrange(10_000, _ephemeral_low() - n)
+        if all(_free(port + i) for i in range(n)):
             return port
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default (macOS's range starts higher, at 49152)
 
 
 def _free(port: int) -> bool:
