@@ -64,6 +64,21 @@ def tiny_model(tiny_model_dir) -> Callable[[str], tuple]:
     return get
 
 
+@pytest.fixture
+def tiny_model_4bit(tiny_model_dir) -> Callable[[str], tuple]:
+    """Factory: ``tiny_model_4bit(kind)`` returns a fresh ``(model, tokenizer)`` whose layers
+    ``nn.quantize`` made 4-bit (groups of 32, which the tiny widths divide)."""
+    import mlx.nn as nn
+    import mlx_lm
+
+    def get(kind: str = "llama") -> tuple:
+        model, tokenizer = mlx_lm.load(str(tiny_model_dir(kind)))
+        nn.quantize(model, group_size=32, bits=4)
+        return model, tokenizer
+
+    return get
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tiny_model_dir) -> Path:
     """The tiny llama model's folder."""

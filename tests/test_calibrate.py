@@ -8,8 +8,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import mlx.core as mx
-import mlx.nn as nn
-import mlx_lm
 import numpy as np
 import pytest
 
@@ -896,15 +894,14 @@ def test_packaged_schedules_meet_the_admissibility_rule():
         assert ev["made"]["options"]["max_kld"] == ev["max_kld"]
 
 
-def test_a_quantized_model_is_refused_before_any_run(tiny_model_dir, tmp_path, monkeypatch,
+def test_a_quantized_model_is_refused_before_any_run(tiny_model_4bit, tmp_path, monkeypatch,
                                                      capsys):
     """Its yardsticks, and with them the KLD bars, would be 0 (rounding quantized layers
     changes nothing) and nothing could be admitted after an hour of runs: refused in one
     line, exit status 2, right after the model loads."""
     from mlx_lazy.bench import calibrate
 
-    model, tokenizer = mlx_lm.load(str(tiny_model_dir("llama")))  # a fresh copy to quantize
-    nn.quantize(model, group_size=32, bits=4)
+    model, tokenizer = tiny_model_4bit("llama")
 
     def no_samples(*a, **k):
         raise AssertionError("prompts were built")

@@ -1,8 +1,6 @@
 """The engine against mlx-lm's own forward pass, and LazyLLM / SPEED invariants."""
 
 import mlx.core as mx
-import mlx_lm
-import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
@@ -71,9 +69,8 @@ def test_unpruned_matches_mlx_lm_on_smollm2(smollm2):
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
 
 
-def test_quantized_model_unpruned_matches_mlx_lm(tiny_model_dir):
-    model, _ = mlx_lm.load(str(tiny_model_dir("llama")))  # a fresh copy to quantize
-    nn.quantize(model, group_size=32, bits=4)
+def test_quantized_model_unpruned_matches_mlx_lm(tiny_model_4bit):
+    model, _ = tiny_model_4bit("llama")
     prompt = random_prompt(100, model.args.vocab_size, seed=2)
     nothing_pruned = PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))
     assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL

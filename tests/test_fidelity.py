@@ -9,7 +9,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx_lm
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
@@ -111,12 +110,11 @@ def test_kld_of_the_model_against_itself_is_zero_and_against_a_perturbed_copy_po
     assert max(abs(k) for k in exact["kld"][1:]) < 0.01 * exact["kld"][0]
 
 
-def test_a_model_already_quantized_has_no_yardstick(tiny_model_dir):
+def test_a_model_already_quantized_has_no_yardstick(tiny_model, tiny_model_4bit):
     """Rounding quantized layers would change nothing: every yardstick row would read 0 and
     every bar set by one would admit nothing, so such a model is refused as bad input."""
-    model, tokenizer = mlx_lm.load(str(tiny_model_dir("llama")))  # a fresh copy to quantize
-    yardstick.check_unquantized(model)  # float weights pass
-    nn.quantize(model, group_size=32, bits=4)
+    yardstick.check_unquantized(tiny_model("llama")[0])  # float weights pass
+    model, tokenizer = tiny_model_4bit("llama")
     with pytest.raises(UserInputError, match=r"already quantized \(4-bit layers\)"):
         yardstick.round_weights(model, 8)
     with pytest.raises(UserInputError, match="already quantized"):
