@@ -549,7 +549,7 @@ def run(cal: Calibration) -> dict[str, Any]:
                             progress.update(stage, sum(len(cand.scores.get(c, [])[:n])
                                                        for c in cells), n * len(cells), eta())
                     p = _pooled(full_scores, cand, cells, n)
-                    ok = _within(p, cal.max_loss, last=r == last)
+                    ok = within_loss(p, cal.max_loss, last=r == last)
                     if ok and r == last:
                         if cand.kld is None:
                             check_time()
@@ -723,7 +723,7 @@ def _pooled(full_scores, cand: Candidate, cells: Sequence[str], n: int) -> stats
     return stats.paired(base, mine)
 
 
-def _within(p: stats.Paired, max_loss: float, last: bool) -> bool:
+def within_loss(p: stats.Paired, max_loss: float, last: bool = True) -> bool:
     """The loss allowance: at the last rung the pooled relative loss ≤ ``max_loss``; before
     it, one more net lost answer than that allows (few samples only rank candidates)."""
     allowed = max_loss * p.base * p.n + (0 if last else 1)
