@@ -65,6 +65,7 @@ def test_a_rounded_copy_replays_the_evidence_and_is_recorded(tiny_model_path, sc
     assert all(mx.array_equal(checked[k], w).item() for k, w in rounded.items())
     result = json.loads(out.read_text())
     assert result["variant"] == "float32+q4g32" and result["same_windows"]
+    assert result["weak_cells"] == []  # the calibration's cell bar was 0
     assert result["pooled"]["n"] == 3 and set(result["cells"]) == {"passkey@200"}
     assert (result["kld"]["windows"], result["kld"]["steps"]) == (2, 6)
     assert result["kld"]["kld_mean"] > 0  # the rounded copy's own full is the reference
@@ -79,6 +80,7 @@ def test_a_rounded_copy_replays_the_evidence_and_is_recorded(tiny_model_path, sc
 def test_a_bar_that_fails_is_exit_1_and_nothing_recorded(tiny_model_path, schedule, capsys):
     doc = json.loads(schedule.read_text())
     doc["evidence"]["kld_bar"] = 0.0  # no copy drifts less than nothing
+    doc["evidence"]["made"]["options"]["min_base"] = 0.5  # random weights score 0
     schedule.write_text(json.dumps(doc))
     before = schedule.read_text()
     assert variant.main(["--model", str(tiny_model_path), "--schedule", str(schedule),
@@ -86,6 +88,7 @@ def test_a_bar_that_fails_is_exit_1_and_nothing_recorded(tiny_model_path, schedu
     captured = capsys.readouterr()
     assert "KLD bar fails" in captured.out and "retrieval bar holds" in captured.out
     assert "not recorded" in captured.err and schedule.read_text() == before
+    assert "full scores below the calibration's cell bar on passkey@200" in captured.out
 
 
 def test_recording_replaces_the_entry_of_the_same_variant(schedule):

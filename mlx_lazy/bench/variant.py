@@ -91,7 +91,9 @@ def replay_plan(path: Path) -> dict[str, Any]:
     if not isinstance(n, int) or n < 1 or not isinstance(bar, (int, float)) or bar < 0:
         raise UserInputError(f"schedule file {path}: evidence.samples_per_cell must be a "
                              "positive integer and evidence.kld_bar a non-negative number")
+    min_base = options.get("min_base", 0.8)
     return {"cells": cells, "samples_per_cell": n, "seed": options["seed"],
+            "min_base": float(min_base) if isinstance(min_base, (int, float)) else 0.8,
             "max_loss": float(evidence["max_loss"]), "kld_bar": float(bar),
             "yardsticks": evidence["yardsticks"], "kld_texts": evidence["kld_texts"],
             **{f: options[f] for f in OPTION_FIELDS[1:]}}
@@ -133,7 +135,10 @@ def check(model: Any, tokenizer: Any, config: PruningConfig, plan: dict[str, Any
         f"KLD windows, {row}", done, total)
     kld = deviation.measure(config, row="schedule")
     windows_same = same_windows(deviation.texts, plan["kld_texts"])
-    return {"cells": per_cell, "pooled": pooled.as_dict(),
+    # calibrate uses only cells where full scores >= min_base: where the copy's full cannot
+    # do the task, a loss is measured on few right answers
+    weak = [c for c, p in per_cell.items() if p["base"] < plan["min_base"]]
+    return {"cells": per_cell, "pooled": pooled.as_dict(), "weak_cells": weak,
             "retrieval_ok": within_loss(pooled, plan["max_loss"]),
             "kld": kld, "kld_bar": plan["kld_bar"], "yardsticks": plan["yardsticks"],
             "same_windows": windows_same,
@@ -151,7 +156,9 @@ def variant_entry(variant: str, how: str, result: dict[str, Any]) -> dict[str, A
                    f"{p['lost']} / won {p['won']}; mean KLD {k['kld_mean']:.4f} (95% CI "
                    f"{lo:.3f}-{hi:.3f}), same-top-1 {k['same_top1']:.3f}, over {k['windows']} "
                    f"windows x {k['steps'] // max(k['windows'], 1)} steps, against the bar "
-                   f"{result['kld_bar']:.4f} on the same windows",
+                   f"{result['kld_bar']:.4f} on the same windows"
+                   + (f"; full below the cell bar on {', '.join(result['weak_cells'])}"
+                      if result["weak_cells"] else ""),
             "date": time.strftime("%Y-%m-%d")}
 
 
@@ -178,6 +185,10 @@ def render(variant: str, result: dict[str, Any]) -> str:
                  f"{k['kld_mean_ci'][0]:.3f}-{k['kld_mean_ci'][1]:.3f}), same-top-1 "
                  f"{k['same_top1']:.3f}; bar {result['kld_bar']:.4f} (the float model's "
                  f"yardsticks: {yard})")
+    if result["weak_cells"]:
+        lines.append(f"  the copy's full scores below the calibration's cell bar on "
+                     f"{', '.join(result['weak_cells'])}: a loss there rests on few right "
+                     "answers")
     if not result["same_windows"]:
         lines.append("  the KLD windows differ from the file's (other texts on this machine): "
                      "the bar was not measured on them")
