@@ -91,14 +91,19 @@ def test_a_bar_that_fails_is_exit_1_and_nothing_recorded(tiny_model_path, schedu
     assert "full scores below the calibration's cell bar on passkey@200" in captured.out
 
 
-def test_recording_replaces_the_entry_of_the_same_variant(schedule):
+def test_recording_replaces_the_entry_of_the_same_variant_in_its_place(schedule):
     old = json.loads(schedule.read_text())["model"]["variants"]
+    assert [v["variant"] for v in old] == ["float32"]  # calibrate's own record
     entry = {"variant": "float32+q4g64", "checked": ["identity", "retrieval", "kld"],
              "how": "first"}
     variant.record(schedule, entry)
     variant.record(schedule, {**entry, "how": "second"})
     entries = json.loads(schedule.read_text())["model"]["variants"]
     assert entries == [*old, {**entry, "how": "second"}]
+    float32 = {"variant": "float32", "checked": ["calibrated", "identity", "kld"]}
+    variant.record(schedule, float32)
+    entries = json.loads(schedule.read_text())["model"]["variants"]
+    assert entries == [float32, {**entry, "how": "second"}]
 
 
 def test_windows_compare_by_content_not_path():

@@ -163,11 +163,14 @@ def variant_entry(variant: str, how: str, result: dict[str, Any]) -> dict[str, A
 
 
 def record(path: Path, entry: dict[str, Any]) -> None:
-    """Put ``entry`` into the schedule file's ``model.variants`` in place of any entry for the
-    same variant; the file is replaced whole (atomically) and re-read to check it."""
+    """Put ``entry`` into the schedule file's ``model.variants`` in the place of the entry for
+    the same variant, else last; the file is replaced whole (atomically) and re-read."""
     doc = json.loads(path.read_text())
-    variants = [v for v in doc["model"].get("variants", []) if v.get("variant") != entry["variant"]]
-    doc["model"]["variants"] = check_variants([*variants, entry])
+    variants = doc["model"].get("variants", [])
+    at = next((i for i, v in enumerate(variants) if v.get("variant") == entry["variant"]),
+              len(variants))
+    kept = [v for v in variants if v.get("variant") != entry["variant"]]
+    doc["model"]["variants"] = check_variants([*kept[:at], entry, *kept[at:]])
     write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
     read_schedule(path)
 
