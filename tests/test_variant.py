@@ -104,6 +104,11 @@ def test_recording_replaces_the_entry_of_the_same_variant_in_its_place(schedule)
     variant.record(schedule, float32)
     entries = json.loads(schedule.read_text())["model"]["variants"]
     assert entries == [float32, {**entry, "how": "second"}]
+    # indented as calibrate wrote it (2), or as the file was (a diff shows the entry alone)
+    assert schedule.read_text() == json.dumps(json.loads(schedule.read_text()), indent=2) + "\n"
+    schedule.write_text(json.dumps(json.loads(schedule.read_text()), indent=1) + "\n")
+    variant.record(schedule, entry)
+    assert schedule.read_text() == json.dumps(json.loads(schedule.read_text()), indent=1) + "\n"
 
 
 def test_windows_compare_by_content_not_path():

@@ -164,14 +164,18 @@ def variant_entry(variant: str, how: str, result: dict[str, Any]) -> dict[str, A
 
 def record(path: Path, entry: dict[str, Any]) -> None:
     """Put ``entry`` into the schedule file's ``model.variants`` in the place of the entry for
-    the same variant, else last; the file is replaced whole (atomically) and re-read."""
-    doc = json.loads(path.read_text())
+    the same variant, else last; the file is replaced whole (atomically), indented as it was
+    (a diff shows the entry alone), and re-read."""
+    text = path.read_text()
+    doc = json.loads(text)
+    second = text.splitlines()[1:2] or ["  "]
+    indent = len(second[0]) - len(second[0].lstrip(" ")) or 2
     variants = doc["model"].get("variants", [])
     at = next((i for i, v in enumerate(variants) if v.get("variant") == entry["variant"]),
               len(variants))
     kept = [v for v in variants if v.get("variant") != entry["variant"]]
     doc["model"]["variants"] = check_variants([*kept[:at], entry, *kept[at:]])
-    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(doc, indent=indent) + "\n")
     read_schedule(path)
 
 
