@@ -134,6 +134,11 @@ def _no_load(*a, **k):
     (lambda d: d["evidence"]["made"]["options"].pop("seed"), [],
      "has no evidence.made.options.seed"),
     (lambda d: d["evidence"].update(cells={"nosuchtask@200": {}}), [], "'nosuchtask@200'"),
+    (lambda d: d["evidence"].update(kld_texts="GPL-3"), [], "evidence.kld_texts is not"),
+    (lambda d: d["evidence"].update(max_loss="1%"), [], "evidence.max_loss is not"),
+    (lambda d: d["evidence"].update(kld_bar=-1), [], "evidence.kld_bar is not"),
+    (lambda d: d["evidence"]["yardsticks"]["q4"].pop("kld_mean"), [],
+     "evidence.yardsticks is not"),
     (lambda d: None, ["--round", "7"], "--round takes 2, 3, 4, 5, 6 or 8 bits"),
     (lambda d: None, ["--out", "/nonexistent/dir/r.json"], "--out: cannot write into"),
 ])

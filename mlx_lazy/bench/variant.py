@@ -28,6 +28,7 @@ hold; 1: one does not; 2: bad input.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -80,6 +81,20 @@ def replay_plan(path: Path) -> dict[str, Any]:
     if missing is not None:
         raise UserInputError(f"schedule file {path} has no {missing}: only a schedule written "
                              "by python -m mlx_lazy.calibrate carries the evidence to replay")
+    numbers = {k: evidence[k] for k in ("max_loss", "kld_bar")}
+    shapes = [("evidence.cells", isinstance(evidence["cells"], dict) and evidence["cells"]),
+              ("evidence.samples_per_cell", isinstance(evidence["samples_per_cell"], int)
+               and evidence["samples_per_cell"] >= 1),
+              *((f"evidence.{k}", isinstance(v, (int, float)) and 0 <= v < math.inf)
+                for k, v in numbers.items()),
+              *((f"evidence.{k}", isinstance(evidence[k], dict) and all(
+                  isinstance(v, dict) for v in evidence[k].values()))
+                for k in ("kld_texts", "yardsticks"))]
+    bad = next((name for name, ok in shapes if not ok), None)
+    if bad is not None or not all(isinstance(y.get("kld_mean"), (int, float))
+                                  for y in evidence["yardsticks"].values()):
+        raise UserInputError(f"schedule file {path}: {bad or 'evidence.yardsticks'} is not "
+                             "what python -m mlx_lazy.calibrate writes")
     cells = []
     for cell in evidence["cells"]:
         task, _, length = str(cell).partition("@")
@@ -87,14 +102,11 @@ def replay_plan(path: Path) -> dict[str, Any]:
             raise UserInputError(f"schedule file {path}: evidence.cells has {cell!r}, not a "
                                  "task@length of the offline tasks")
         cells.append((task, int(length)))
-    n, bar = evidence["samples_per_cell"], evidence["kld_bar"]
-    if not isinstance(n, int) or n < 1 or not isinstance(bar, (int, float)) or bar < 0:
-        raise UserInputError(f"schedule file {path}: evidence.samples_per_cell must be a "
-                             "positive integer and evidence.kld_bar a non-negative number")
     min_base = options.get("min_base", 0.8)
-    return {"cells": cells, "samples_per_cell": n, "seed": options["seed"],
+    return {"cells": cells, "samples_per_cell": evidence["samples_per_cell"],
+            "seed": options["seed"],
             "min_base": float(min_base) if isinstance(min_base, (int, float)) else 0.8,
-            "max_loss": float(evidence["max_loss"]), "kld_bar": float(bar),
+            **{k: float(v) for k, v in numbers.items()},
             "yardsticks": evidence["yardsticks"], "kld_texts": evidence["kld_texts"],
             **{f: options[f] for f in OPTION_FIELDS[1:]}}
 
