@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx.utils
@@ -89,6 +90,19 @@ def test_a_bar_that_fails_is_exit_1_and_nothing_recorded(tiny_model_path, schedu
     assert "KLD bar fails" in captured.out and "retrieval bar holds" in captured.out
     assert "not recorded" in captured.err and schedule.read_text() == before
     assert "full scores below the calibration's cell bar on passkey@200" in captured.out
+
+
+def test_a_lost_answer_fails_the_retrieval_bar(tiny_model_path, schedule, monkeypatch, capsys):
+    """Random weights answer nothing, so the copy's full is made to answer every sample and
+    the schedule to miss the first: 1 lost of 3 is past the file's 1% allowance."""
+    def answers(model, tokenizer, method, sample):
+        return SimpleNamespace(score=float(method.name == "full" or sample.index > 0))
+
+    monkeypatch.setattr(variant, "run_one", answers)
+    assert variant.main(["--model", str(tiny_model_path), "--schedule", str(schedule),
+                         "--record"]) == 1
+    out = capsys.readouterr().out
+    assert "lost 1 / won 0" in out and "retrieval bar fails; KLD bar holds" in out
 
 
 def test_recording_replaces_the_entry_of_the_same_variant_in_its_place(schedule):

@@ -43,8 +43,8 @@ from ..config import PruningConfig
 from ..errors import UserInputError
 from ..folders import write_text_atomic
 from ..inputs import read_json
-from ..schedule_files import (SCHEDULE_MAX_BYTES, SCHEDULE_MAX_DEPTH, check_variants,
-                              read_schedule)
+from ..schedule_files import (SCHEDULE_MAX_BYTES, SCHEDULE_MAX_DEPTH, check_model,
+                              check_variants, read_schedule)
 from . import stats, yardstick
 from .calibrate import Deviation, within_loss
 from .common import Method, jsonable
@@ -60,14 +60,15 @@ OPTION_FIELDS = ("seed", "kld_windows", "kld_length", "kld_steps")
 
 
 def replay_plan(path: Path) -> dict[str, Any]:
-    """What the schedule file at ``path`` was admitted on: its cells (``task@length``), samples
-    per cell and seed, loss allowance, KLD windows, bar and yardsticks.
+    """The schedule in the file at ``path`` (``config``) and what it was admitted on: its cells
+    (``task@length``), samples per cell and seed, loss allowance, KLD windows, bar and
+    yardsticks.
 
     Raises:
         UserInputError: a file that is not a schedule, or one without the calibration
             evidence a replay needs (a hand-written schedule), naming the missing field.
     """
-    read_schedule(path)  # the file itself is well formed
+    config = read_schedule(path)  # the file itself is well formed
     doc = read_json(path, f"schedule file {path}", SCHEDULE_MAX_BYTES, SCHEDULE_MAX_DEPTH)
     evidence = doc.get("evidence")
     missing = next((f"evidence.{f}" for f in EVIDENCE_FIELDS
@@ -103,7 +104,7 @@ def replay_plan(path: Path) -> dict[str, Any]:
                                  "task@length of the offline tasks")
         cells.append((task, int(length)))
     min_base = options.get("min_base", 0.8)
-    return {"cells": cells, "samples_per_cell": evidence["samples_per_cell"],
+    return {"config": config, "cells": cells, "samples_per_cell": evidence["samples_per_cell"],
             "seed": options["seed"],
             "min_base": float(min_base) if isinstance(min_base, (int, float)) else 0.8,
             **{k: float(v) for k, v in numbers.items()},
@@ -121,20 +122,22 @@ def same_windows(texts: dict[str, Any], saved: dict[str, Any]) -> bool:
     return key(texts) == key(saved)
 
 
-def check(model: Any, tokenizer: Any, config: PruningConfig, plan: dict[str, Any],
+def check(model: Any, tokenizer: Any, plan: dict[str, Any],
           progress: Optional[Progress] = None) -> dict[str, Any]:
-    """Replay ``plan`` (:func:`replay_plan`) with ``config`` on ``model`` against the model's
-    own ``full``: per cell and pooled paired retrieval, the KLD row beside the bar, and
-    whether each bar holds."""
+    """Replay ``plan`` (:func:`replay_plan`: its schedule, samples and windows) on ``model``
+    against the model's own ``full``: per cell and pooled paired retrieval, the KLD row beside
+    the bar, and whether each bar holds."""
     progress = progress or Progress()
+    config = plan["config"]
+    rows = (("full", Method("full", PruningConfig())),
+            ("schedule", Method(method_spec(config), config)))
     n, per_cell, base, mine = plan["samples_per_cell"], {}, [], []
     for task, length in plan["cells"]:
         cell = f"{task}@{length}"
         samples = build_samples(tokenizer, task, length, n, plan["seed"])
         scores: dict[str, list[float]] = {"full": [], "schedule": []}
         for i, sample in enumerate(samples):
-            for row, method in (("full", Method("full", PruningConfig())),
-                                ("schedule", Method(method_spec(config), config))):
+            for row, method in rows:
                 scores[row].append(run_one(model, tokenizer, method, sample).score)
             progress.update(f"retrieval {cell}", i + 1, n)
         per_cell[cell] = stats.paired(scores["full"], scores["schedule"]).as_dict()
@@ -261,8 +264,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             variant += f"+q{args.round}g{args.group_size}"
             how = (f"bench.yardstick.round_weights({args.model}, {args.round}) with groups of "
                    f"{args.group_size} (bit for bit the quantized copy's dequantized weights)")
-        config = read_schedule(args.schedule, ModelAdapter(model).fingerprint())
-        result = check(model, tokenizer, config, plan)
+        check_model(plan["config"], ModelAdapter(model).fingerprint())
+        result = check(model, tokenizer, plan)
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
