@@ -13,7 +13,7 @@ import re
 
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -181,14 +181,7 @@ class ModelAdapter:
         each quantization found (``+q4g64``: 4 bits, groups of 64; ``+mxfp4g32``), e.g.
         ``float32``, ``bfloat16+q4g64``, ``float32+q4g32+q8g32`` (SmolLM2's GGUF)."""
         dtype = str(self.inner.norm.weight.dtype).removeprefix("mlx.core.")
-        quants = set()
-        for _, module in self.text.named_modules():
-            bits = getattr(module, "bits", None)
-            if isinstance(bits, int) and hasattr(module, "group_size") and "scales" in module:
-                mode = getattr(module, "mode", "affine")
-                quants.add((f"q{bits}" if mode == "affine" else str(mode),
-                            int(module.group_size)))
-        return dtype + "".join(f"+{kind}g{group}" for kind, group in sorted(quants))
+        return dtype + "".join(f"+{q}" for q in quantizations(self.text))
 
     @property
     def vocab_size(self) -> int:
@@ -370,6 +363,18 @@ def identities_match(a: str, b: str) -> bool:
     except ValueError:
         return False
     return all(distances[k] <= IDENTITY_TOLERANCE[k] for k in distances)
+
+
+def quantizations(model: nn.Module) -> List[str]:
+    """The quantizations of ``model``'s quantized layers, sorted: ``q4g64`` (affine, 4 bits,
+    groups of 64), ``mxfp4g32``; empty for an unquantized model."""
+    found = set()
+    for _, module in model.named_modules():
+        bits = getattr(module, "bits", None)
+        if isinstance(bits, int) and hasattr(module, "group_size") and "scales" in module:
+            mode = getattr(module, "mode", "affine")
+            found.add((f"q{bits}" if mode == "affine" else str(mode), int(module.group_size)))
+    return [f"{kind}g{group}" for kind, group in sorted(found)]
 
 
 def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:

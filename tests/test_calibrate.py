@@ -910,7 +910,7 @@ def test_a_quantized_model_is_refused_before_any_run(tiny_model_4bit, tmp_path, 
     monkeypatch.setattr(calibrate, "build_samples", no_samples)
     assert main(["--model", "a-4-bit-copy", "--out", str(tmp_path / "cal")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "already quantized (4-bit layers)" in err
+    assert err.count("\n") == 1 and "already quantized (q4g32 layers)" in err
 
 
 def test_lengths_beyond_any_context_are_refused_at_once(tiny_model_path, tmp_path, monkeypatch,

@@ -115,7 +115,7 @@ def test_a_model_already_quantized_has_no_yardstick(tiny_model, tiny_model_4bit)
     every bar set by one would admit nothing, so such a model is refused as bad input."""
     yardstick.check_unquantized(tiny_model("llama")[0])  # float weights pass
     model, tokenizer = tiny_model_4bit("llama")
-    with pytest.raises(UserInputError, match=r"already quantized \(4-bit layers\)"):
+    with pytest.raises(UserInputError, match=r"already quantized \(q4g32 layers\)"):
         yardstick.round_weights(model, 8)
     with pytest.raises(UserInputError, match="already quantized"):
         fidelity.run(model, tokenizer, {"full": PruningConfig("full")}, 1, 64, 2)

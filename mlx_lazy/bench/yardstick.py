@@ -15,6 +15,7 @@ import copy
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..adapter import quantizations
 from ..errors import UserInputError
 
 #: Weights per quantization group (mlx-lm's default).
@@ -37,11 +38,10 @@ def check_unquantized(model: nn.Module) -> None:
     Raises:
         UserInputError: naming the layers' bits and what to measure instead.
     """
-    bits = sorted({int(m.bits) for _, m in model.named_modules()
-                   if "scales" in m and hasattr(m, "bits")})
-    if bits:
+    found = quantizations(model)
+    if found:
         raise UserInputError(
-            f"the model is already quantized ({'/'.join(map(str, bits))}-bit layers): the "
+            f"the model is already quantized ({', '.join(found)} layers): the "
             "8- and 4-bit yardsticks round a model's weights and would measure no drift here; "
             "measure the unquantized model it was made from (its calibrated schedule applies "
             "to this copy, matched by the weights' identity)")
