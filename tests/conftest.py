@@ -20,8 +20,21 @@ from typing import Callable, List
 
 import pytest
 
+from mlx_lazy import selection
 from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS
 from tiny_models import KINDS, build_tiny_model
+
+
+#: The library's floor on the tokens a cut keeps (selection.MIN_KEEP), for the tests of it.
+LIBRARY_MIN_KEEP = selection.MIN_KEEP
+
+
+@pytest.fixture(autouse=True)
+def no_keep_floor(monkeypatch):
+    """Tests prune contexts of a few hundred tokens (tiny models, short prompts), under the
+    library's floor of :data:`LIBRARY_MIN_KEEP` kept tokens that would keep them whole: they
+    run without it; the tests of the floor set it back."""
+    monkeypatch.setattr(selection, "MIN_KEEP", 0)
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

@@ -35,6 +35,8 @@ from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
+from ..selection import kept_count
+
 __all__ = ["PrefillCounts", "CostModel", "counts", "fit", "linear_params", "predicted_counts",
            "prior"]
 
@@ -250,5 +252,5 @@ def predicted_counts(schedule: Any, n: int, block_size: int = 256) -> PrefillCou
                          for i in range(0, active, block_size)) if active > 1 else active
         keep = schedule.keep_after(layer)
         if keep is not None:
-            active = min(active, max(forced, round(keep * n), 1))
+            active = min(active, max(forced, kept_count(keep, n), 1))
     return PrefillCounts(token_layers, pairs)
