@@ -12,7 +12,14 @@
 
 from __future__ import annotations
 
-import mlx_lazy  # noqa: F401  (OpenBLAS must load before mlx.core)
+import os
+
+# Tests prune contexts of a few hundred tokens (tiny models, short prompts), which the library's
+# floor of kept tokens (selection.DEFAULT_MIN_KEEP) would keep whole: they run without it, here
+# and in the processes they start; the tests of the floor set it back.
+os.environ["MLX_LAZY_MIN_KEEP"] = "0"
+
+import mlx_lazy  # noqa: E402,F401  (OpenBLAS must load before mlx.core)
 
 import sys
 from pathlib import Path
@@ -20,21 +27,8 @@ from typing import Callable, List
 
 import pytest
 
-from mlx_lazy import selection
 from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS
 from tiny_models import KINDS, build_tiny_model
-
-
-#: The library's floor on the tokens a cut keeps (selection.MIN_KEEP), for the tests of it.
-LIBRARY_MIN_KEEP = selection.MIN_KEEP
-
-
-@pytest.fixture(autouse=True)
-def no_keep_floor(monkeypatch):
-    """Tests prune contexts of a few hundred tokens (tiny models, short prompts), under the
-    library's floor of :data:`LIBRARY_MIN_KEEP` kept tokens that would keep them whole: they
-    run without it; the tests of the floor set it back."""
-    monkeypatch.setattr(selection, "MIN_KEEP", 0)
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

@@ -9,7 +9,6 @@ from mlx_lazy import LazyEngine, PruningConfig, _blas, resolve_config, selection
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.attention import ENV_VAR
 from mlx_lazy.cache import LayerKV
-from conftest import LIBRARY_MIN_KEEP
 from numerics import max_rel_err, rel_err
 
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -391,20 +390,20 @@ def test_a_context_under_the_keep_floor_is_the_unpruned_models(tiny_model, monke
     config = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="none")
     engine = LazyEngine(model, resolve_config(model, config))
     run(engine, prompt, 8)
-    assert engine.stats.prompt_token_layers_computed_pct < 100  # the fixture: no floor
-    monkeypatch.setattr(selection, "MIN_KEEP", LIBRARY_MIN_KEEP)
+    assert engine.stats.prompt_token_layers_computed_pct < 100  # the suite runs without it
+    monkeypatch.setattr(selection, "MIN_KEEP", selection.DEFAULT_MIN_KEEP)
     assert mlx_lm_error(model, config, prompt, 24) < LOGITS_TOL
 
 
 def test_a_cut_keeps_the_floor_of_a_longer_context(tiny_model, monkeypatch):
     """Past MIN_KEEP tokens a cut keeps its fraction or the floor, whichever is more."""
-    monkeypatch.setattr(selection, "MIN_KEEP", LIBRARY_MIN_KEEP)
+    monkeypatch.setattr(selection, "MIN_KEEP", selection.DEFAULT_MIN_KEEP)
     assert [selection.kept_count(0.2, n) for n in (100, 300, 4096)] == [100, 256, 819]
     model, _ = tiny_model("llama")
     prompt = random_prompt(400, model.args.vocab_size, seed=9)
     config = resolve_config(model, PruningConfig("lazy", prune_layers=(1,), keep=(0.2,),
                                                  complete="none"))
-    for floor, kept in ((0, 80), (LIBRARY_MIN_KEEP, 256)):
+    for floor, kept in ((0, 80), (selection.DEFAULT_MIN_KEEP, 256)):
         monkeypatch.setattr(selection, "MIN_KEEP", floor)
         engine = LazyEngine(model, config)
         engine.prefill(prompt)
