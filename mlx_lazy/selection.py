@@ -34,8 +34,9 @@ ReduceHeads = Callable[[mx.array, str], mx.array]
 #: The fewest tokens a cut keeps (all of a shorter context). A keep fraction calibrated on
 #: prompts of 700 tokens and more leaves too few in a short chat: SmolLM2's default (20% after
 #: its second cut) drifted to mean KLD 3.4 (same-top-1 0.23) along 128 steps from 100-token
-#: prompts, 1.7 from 300 and 0.52 from 500, against its 4-bit weights' 0.29-0.31; with this
-#: floor 0 (nothing pruned), 0.12 and 0.19 (docs/fidelity.md). From 1,280 tokens on (256 / 20%)
+#: prompts, 1.7 from 300 and 0.52 from 500, against its 4-bit weights' 0.29-0.31 and 8-bit's
+#: 0.001 on the same windows; with this floor 0 (nothing pruned), 0.12 and 0.19
+#: (docs/fidelity.md). From 1,280 tokens on (256 / 20%)
 #: it changes nothing. The environment variable ``MLX_LAZY_MIN_KEEP`` overrides it (the test
 #: suite sets 0, so that its tiny models' few-hundred-token prompts prune).
 DEFAULT_MIN_KEEP = 256

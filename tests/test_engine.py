@@ -1,5 +1,9 @@
 """The engine against mlx-lm's own forward pass, and LazyLLM / SPEED invariants."""
 
+import os
+import subprocess
+import sys
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -408,6 +412,24 @@ def test_a_cut_keeps_the_floor_of_a_longer_context(tiny_model, monkeypatch):
         engine = LazyEngine(model, config)
         engine.prefill(prompt)
         assert engine.cache.layers[2].size == kept
+
+
+def test_the_keep_floor_comes_from_the_environment():
+    """MLX_LAZY_MIN_KEEP sets the floor of a new process (how the suite runs without it),
+    unset it is the library's, and a value that is not a count is refused by name."""
+    code = "import mlx_lazy.selection as s; print(s.MIN_KEEP)"
+    for value, shown in (("17", "17"), (None, str(selection.DEFAULT_MIN_KEEP))):
+        env = {k: v for k, v in os.environ.items() if k != "MLX_LAZY_MIN_KEEP"}
+        if value is not None:
+            env["MLX_LAZY_MIN_KEEP"] = value
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.strip() == shown, done.stderr
+    env["MLX_LAZY_MIN_KEEP"] = "a lot"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and "MLX_LAZY_MIN_KEEP must be a non-negative integer" \
+        in done.stderr
 
 
 def test_max_revivals_bounds_each_decode_step_per_cut(tiny_model):
