@@ -216,6 +216,11 @@ class LazyCache:
         self.always_kept = np.zeros(0, np.int64)
         self.prompt_len = 0
         self.revivals = 0
+        # By pruning layer, the tokens (by position) the last selecting step chose, and the
+        # context length then: the decode steps until the next re-selection see them
+        # (``reselect_every``). A hint, not state: a copied, trimmed or loaded cache re-selects.
+        self.choices: Dict[int, Mask] = {}
+        self.chosen_at = 0
 
     def copy(self) -> "LazyCache":
         """An independent copy of the whole state."""
@@ -304,6 +309,7 @@ class LazyCache:
         self.computed[:, length:] = 0
         self.always_kept = self.always_kept[self.always_kept < length]
         self.prompt_len = min(self.prompt_len, length)
+        self.choices = {}
 
     # ------------------------------------------------------------ cache protocol
     @property

@@ -184,6 +184,10 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
                    help="LazyLLM: a decode step revives a pruned token only when it scores "
                         "1+M times a token that already has KV (default: the calibrated "
                         "schedule's, else 0, the paper)")
+    g.add_argument("--reselect-every", type=int, default=None, metavar="K",
+                   help="LazyLLM: decode steps re-select at the cuts every K steps, those "
+                        "between seeing the last choice (default: the calibrated schedule's, "
+                        "else 1, the paper)")
     return g
 
 
@@ -195,7 +199,7 @@ def pruning_given(args: argparse.Namespace) -> bool:
 
 #: The pruning flags that override a method's preset fields (``args`` names).
 PRUNING_OVERRIDES = ("prune_layers", "keep", "speed_cutoff", "anchors", "revive", "complete",
-                     "revive_margin", "scorer", "quality")
+                     "revive_margin", "reselect_every", "scorer", "quality")
 
 
 def build_config(args: argparse.Namespace) -> PruningConfig:

@@ -106,6 +106,14 @@ class PruningConfig:
             (each flip of a span costs its tokens' remaining layers) and keeps the tokens a
             step clearly wants (a needle's score is far above the boundary). None: the
             calibrated schedule's, else 0 (the paper's selection).
+        reselect_every: LazyLLM only: decode steps re-select at the cuts every K steps
+            (counted from the last selection, the prompt's included); the steps between make
+            no selection and revive nothing: their upper layers see what the last selection
+            chose plus the tokens generated since. The window scorer's scores move by one
+            query of its window a step, so a choice held a few steps is nearly the one made
+            afresh, while the steps between cost no scoring, no host sync and no revived
+            rows, and a selection's revivals share one pass through the upper layers. None:
+            the calibrated schedule's, else 1 (the paper's step: every step re-selects).
         scorer: score-based methods only: the scorer that ranks the context at each cut, a
             :class:`~mlx_lazy.scorers.Scorer` or its spec (:func:`~mlx_lazy.scorers.parse_scorer`):
             ``"last"`` (the paper: the query token's attention), ``"window:size=32"`` (the last
@@ -135,6 +143,7 @@ class PruningConfig:
     complete: Optional[str] = None
     max_revivals: Optional[int] = None
     revive_margin: Optional[float] = None
+    reselect_every: Optional[int] = None
     scorer: Optional[Union[str, Scorer]] = None
     quality: str = "default"
     source: Optional[str] = None
@@ -170,6 +179,9 @@ class PruningConfig:
             values["scorer"] = parse_scorer(self.scorer)
         if self.max_revivals is not None:
             values["max_revivals"] = _bounded("max_revivals", self.max_revivals, 0, MAX_COUNT)
+        if self.reselect_every is not None:
+            values["reselect_every"] = _bounded("reselect_every", self.reselect_every, 1,
+                                                MAX_COUNT)
         if self.revive_margin is not None:
             margin = _real("revive_margin", self.revive_margin)
             if not 0 <= margin <= MAX_MARGIN:  # before float(): an int may overflow it

@@ -2,8 +2,9 @@
 
 ``extend`` runs prompt tokens on top of the state and ``decode`` one generated token, both
 through ``_forward``, which re-selects the context at every pruning layer among all tokens,
-old and new, reviving tokens from the Aux Cache when they come back (a first chunk attends
-causally over itself in query blocks, so memory never holds N x N scores). ``complete``
+old and new, reviving tokens from the Aux Cache when they come back (with ``reselect_every``
+above 1, a decode step between re-selections sees the last choice instead); a first chunk
+attends causally over itself in query blocks, so memory never holds N x N scores. ``complete``
 carries waiting tokens through their remaining layers (with ``complete="exact"``, it first
 recomputes the chunk's layers above its first cut that prunes from the hidden states stashed
 there, so the state becomes the full model's). Every layer of every path is one routine,
@@ -207,6 +208,9 @@ class LazyEngine:
         completing = not sched.completion.keeps_selecting and not cache.aux
         selects = prompt or (sched.dynamic and not completing)
         n_ctx, first = cache.length, int(positions[0])
+        # Between re-selections (reselect_every) a decode step sees what the last one chose.
+        held = (not prompt and selects and bool(cache.choices)
+                and n_ctx - cache.chosen_at < sched.reselect_every)
         for layer in range(a.num_layers):
             h, comp = self._restrict(layer, h, comp)
             seen = None if completing else chosen
@@ -215,7 +219,9 @@ class LazyEngine:
             if keep is not None:
                 m = min(self.scorer.n_queries, int((rows >= first).sum()))  # new tokens last
                 window = select.window(cache, layer, q[:, :, -m:], rows[-m:])
-                if prompt or len(comp) > 1 or select.may_revive(cache, layer):
+                if held:
+                    chosen = _widened(cache.choices[layer], n_ctx)
+                elif prompt or len(comp) > 1 or select.may_revive(cache, layer):
                     selected, pruned = select.on_host(cache, layer, window, keep, n_ctx, visible,
                                                       None if prompt else comp)
                     chosen = np.zeros(n_ctx, bool)
@@ -225,6 +231,8 @@ class LazyEngine:
                     h, comp = self._advance(layer, h, comp, selected)
                 else:  # only the new token computed, none to revive: the device decides alone
                     chosen = select.on_device(cache, layer, window, keep, n_ctx, visible)
+                if not held:
+                    cache.choices[layer], cache.chosen_at = chosen, n_ctx
             if prompt:
                 # A chunk's layer is a natural step boundary: it bounds the graph (and peak
                 # memory) and drives the progress callback, at no measurable cost.
@@ -434,3 +442,9 @@ class LazyEngine:
             score_allsum_bytes=self.tp.score_bytes,
         )
 
+
+def _widened(mask: Mask, n: int) -> Mask:
+    """A by-position ``mask`` extended to ``n`` positions, the new ones seen."""
+    if isinstance(mask, np.ndarray):
+        return np.concatenate([mask, np.ones(n - len(mask), bool)])
+    return mx.concatenate([mask, mx.ones(n - mask.size, mx.bool_)])

@@ -130,6 +130,7 @@ class ScoredCuts(Policy):
             else "none",
             max_revivals=config.max_revivals if self.dynamic else None,
             revive_margin=(config.revive_margin or 0.0) if self.dynamic else 0.0,
+            reselect_every=(config.reselect_every or 1) if self.dynamic else 1,
             scorer=LastQuery() if config.scorer is None else config.scorer)
 
 
@@ -143,7 +144,8 @@ class LazyCuts(ScoredCuts):
     on the demo.
     """
 
-    takes = ScoredCuts.takes + ("revive", "complete", "max_revivals", "revive_margin")
+    takes = ScoredCuts.takes + ("revive", "complete", "max_revivals", "revive_margin",
+                                 "reselect_every")
     dynamic = True
     at: Tuple[float, ...] = (0.7, 0.85)
     keep: Tuple[float, ...] = (0.25, 0.15)

@@ -120,8 +120,8 @@ def check_schedule(d: Any, num_layers: int) -> Schedule:
             its method and other fields do not give.
     """
     names = [f.name for f in fields(Schedule)]
-    if isinstance(d, dict) and "revive_margin" not in d:  # written before the field: 0
-        d = {**d, "revive_margin": 0.0}
+    if isinstance(d, dict):  # written before these fields: the paper's step
+        d = {"revive_margin": 0.0, "reselect_every": 1, **d}
     _keys("schedule", d, names)
     if not _is_int(d["num_layers"]) or d["num_layers"] != num_layers:
         raise Corrupt(f"schedule.num_layers is {shown(d['num_layers'], SHOWN)}, the model has "
@@ -140,7 +140,8 @@ def check_schedule(d: Any, num_layers: int) -> Schedule:
             given["speed_cutoff"] = d["prompt_depth"]
         if LazyCuts in policies:
             given.update(revive=d["revive"], max_revivals=d["max_revivals"],
-                         revive_margin=d["revive_margin"])
+                         revive_margin=d["revive_margin"],
+                         reselect_every=d["reselect_every"])
             if d["revive"] is True:  # without revival the schedule's complete is "none"
                 given["complete"] = d["complete"]
         for key in ("prune_layers", "keep"):  # the config takes any sequence; a file, lists

@@ -33,6 +33,8 @@ class Schedule:
             (None: no bound, the paper).
         revive_margin: with ``revive``, a decode step's selection divides the score of a
             token it would have to revive by ``1 + revive_margin`` (0: the paper).
+        reselect_every: with ``dynamic``, decode steps re-select every this many steps,
+            those between seeing the last choice (1: the paper, every step).
         scorer: the scorer (:mod:`mlx_lazy.scorers`) that ranks the context at each cut,
             with its parameters.
         prompt_depth: number of layers that non-anchor prompt tokens may reach (SPEED
@@ -53,6 +55,7 @@ class Schedule:
     complete: str = "none"
     max_revivals: Optional[int] = None
     revive_margin: float = 0.0
+    reselect_every: int = 1
     scorer: Scorer = LastQuery()
     prompt_depth: int = 0
     random_keep: Optional[float] = None

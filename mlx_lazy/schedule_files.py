@@ -34,7 +34,7 @@ SCHEDULE_FORMAT = "mlx-lazy-schedule/2"
 SCHEDULE_FORMAT_1 = "mlx-lazy-schedule/1"
 #: PruningConfig fields a schedule file sets; the rest (revive, anchors, seed) stay the caller's.
 SCHEDULE_FIELDS = ("method", "prune_layers", "keep", "scorer", "complete", "max_revivals",
-                   "revive_margin")
+                   "revive_margin", "reselect_every")
 #: Calibrated schedules shipped with the package, matched to models by fingerprint.
 PACKAGED_SCHEDULES = Path(__file__).parent / "data" / "schedules"
 #: A model folder holding this file makes ``--method lazy`` use it (see ``mlx_lazy.load``).
@@ -290,8 +290,9 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
     complete = found.complete if config.complete is None else config.complete
     bound = found.max_revivals if config.max_revivals is None else config.max_revivals
     margin = found.revive_margin if config.revive_margin is None else config.revive_margin
+    every = found.reselect_every if config.reselect_every is None else config.reselect_every
     return replace(found, revive=config.revive, complete=complete, max_revivals=bound,
-                   revive_margin=margin,
+                   revive_margin=margin, reselect_every=every,
                    anchors=config.anchors, seed=config.seed, quality=config.quality)
 
 

@@ -39,7 +39,7 @@ FOLLOW_UP = [5, 17, 3, 250]
 #: limits, tokens dropped before layer 0, an exact recompute done on save)
 BASES = {
     "lazy": PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="none",
-                          scorer="window:size=4", revive_margin=0.5),
+                          scorer="window:size=4", revive_margin=0.5, reselect_every=2),
     "random+speed": PruningConfig("random+speed", keep=(0.6,), speed_cutoff=2, anchors=2),
     "exact": PruningConfig("lazy", prune_layers=(1,), keep=(0.4,), complete="exact"),
 }
@@ -201,6 +201,8 @@ META_CASES = {
     "max_revivals negative": lambda a, i: _set(i, "schedule", "max_revivals", -1),
     "revive_margin negative": lambda a, i: _set(i, "schedule", "revive_margin", -0.5),
     "revive_margin a string": lambda a, i: _set(i, "schedule", "revive_margin", "0.5"),
+    "reselect_every 0": lambda a, i: _set(i, "schedule", "reselect_every", 0),
+    "reselect_every a float": lambda a, i: _set(i, "schedule", "reselect_every", 2.0),
     "random_keep without random": lambda a, i: _set(i, "schedule", "random_keep", 0.5),
     "source empty": lambda a, i: _set(i, "schedule", "source", ""),
     "schedule unknown field": lambda a, i: _set(i, "schedule", "window", 8),
@@ -332,15 +334,18 @@ def test_the_untouched_files_load_and_answer_as_before(model, bases, tmp_path):
         assert loaded.schedule == make_prompt_cache(model, BASES[name]).schedule
 
 
-def test_a_file_from_before_revive_margin_loads_with_the_papers_selection(model, bases,
-                                                                       tmp_path):
-    """Files written before the field existed were made with the paper's selection (0)."""
+@pytest.mark.parametrize("name, given, before", [("revive_margin", 0.5, 0.0),
+                                                  ("reselect_every", 2, 1)])
+def test_a_file_from_before_a_field_loads_with_the_papers_step(model, bases, tmp_path, name,
+                                                               given, before):
+    """Files written before the field existed were made with the paper's decode step: no
+    revive margin (0), a selection at every step (1)."""
     arrays, info = bases["lazy"]
-    assert info["schedule"]["revive_margin"] == 0.5
+    assert info["schedule"][name] == given
     old = copy.deepcopy(info)
-    del old["schedule"]["revive_margin"]
-    assert load_prompt_cache(write(tmp_path / "old.safetensors", arrays, old),
-                             model).schedule.revive_margin == 0.0
+    del old["schedule"][name]
+    loaded = load_prompt_cache(write(tmp_path / "old.safetensors", arrays, old), model)
+    assert getattr(loaded.schedule, name) == before
 
 
 def test_the_checks_know_every_field_of_the_state_and_the_schedule():
@@ -350,8 +355,8 @@ def test_the_checks_know_every_field_of_the_state_and_the_schedule():
     assert INFO_KEYS == ("format", "fingerprint", "schedule", "tokens", "state")
     assert {f.name for f in fields(Schedule)} == {
         "method", "num_layers", "prune_layers", "keep", "dynamic", "revive", "complete",
-        "max_revivals", "revive_margin", "scorer", "prompt_depth", "random_keep", "anchors",
-        "seed", "source"}
+        "max_revivals", "revive_margin", "reselect_every", "scorer", "prompt_depth",
+        "random_keep", "anchors", "seed", "source"}
 
 
 def make_meta_state_keys():

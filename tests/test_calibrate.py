@@ -856,7 +856,7 @@ def test_packaged_schedules_meet_the_admissibility_rule():
     from mlx_lazy.schedule_files import PACKAGED_SCHEDULES
 
     fields = ("method", "prune_layers", "keep", "scorer", "complete", "max_revivals",
-              "revive_margin")
+              "revive_margin", "reselect_every")
 
     files = sorted(PACKAGED_SCHEDULES.glob("*.json"))
     assert [f.name for f in files] == ["gemma3-270m.json", "qwen2.5-coder-0.5b.high.json",
@@ -871,6 +871,7 @@ def test_packaged_schedules_meet_the_admissibility_rule():
         assert ev["complete"] == (config.complete or DEFAULT_COMPLETE)
         assert ev.get("max_revivals") == config.max_revivals
         assert ev.get("revive_margin") == config.revive_margin
+        assert ev.get("reselect_every") == config.reselect_every
         assert all(c["n"] >= 50 for c in ev["cells"].values())
         assert ev["pooled"]["rel_loss"] <= ev["max_loss"] <= 0.01
         bar = q4 * (HIGH_FRACTION if doc["quality"] == "high" else 1)

@@ -8,7 +8,10 @@ picked that were pruned earlier are revived from the Aux Cache (their hidden sta
 the cut) and, with the new token, go on through the upper layers, each attending to the
 picked tokens at or before its own position, each (token, layer) computed once. The engine
 must make the same selections, revive the same tokens and give the same logits. With a
-``revive_margin`` (beyond the paper), a waiting token's score is divided by 1 + margin.
+``revive_margin`` (beyond the paper), a waiting token's score is divided by 1 + margin; with
+``reselect_every`` K (beyond the paper), only every K-th step (counted from the last
+selection, the prefill's included) selects, and the steps between see what it chose plus the
+tokens generated since, reviving nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ class Reference:
     """The tiny llama in numpy with LazyLLM's state: per layer the keys and values by
     position, and the Aux Cache (hidden states waiting at depth ``CUT + 1``)."""
 
-    def __init__(self, model, margin: float = 0.0):
-        self.margin = margin
+    def __init__(self, model, margin: float = 0.0, every: int = 1):
+        self.margin, self.every = margin, every
+        self.held, self.held_at = [], 0  # the last selection and the context length then
         f = lambda a: np.array(a.astype(mx.float32), dtype=np.float64)  # noqa: E731
         m, args = model.model, model.args
         self.embed, self.norm, self.head = (f(m.embed_tokens.weight), f(m.norm.weight),
@@ -106,11 +110,15 @@ class Reference:
         returns the last one's logits and the positions selected at the cut."""
         h, comp = self.embed[tokens], list(positions)
         n_ctx, selected = positions[-1] + 1, []
+        held = len(comp) == 1 and n_ctx - self.held_at < self.every
         for i in range(len(self.layers)):
             visible = self.kv[i].keys() | set(comp) if i <= CUT else set(selected) | set(comp)
             h, q = self.layer(i, h, np.array(comp), visible)
-            if i == CUT:
+            if i == CUT and held:
+                selected = self.held + list(range(self.held_at, n_ctx))
+            elif i == CUT:
                 selected = self.select(q[comp.index(n_ctx - 1)], n_ctx)
+                self.held, self.held_at = selected, n_ctx
                 for r, p in enumerate(comp):
                     if p not in selected:
                         self.aux[p] = h[r]
@@ -124,29 +132,33 @@ class Reference:
         return logits, selected
 
 
-@pytest.mark.parametrize("revival_block, margin", [(64, 0.0), (4, 0.0), (64, 0.3)])
-def test_the_decode_step_is_the_papers(tiny_model, revival_block, margin):
+@pytest.mark.parametrize("revival_block, margin, every",
+                         [(64, 0.0, 1), (4, 0.0, 1), (64, 0.3, 1), (64, 0.0, 3)])
+def test_the_decode_step_is_the_papers(tiny_model, revival_block, margin, every):
     """Prefill and several decode steps: the same selection at the cut, the same tokens
     revived (the upper layers hold keys for exactly the reference's tokens) and the same
     logits. ``revival_block=4`` sends the revived rows through block-causal attention;
-    ``margin`` handicaps revivals, and its selections must differ from the paper's."""
+    ``margin`` handicaps revivals, and its selections must differ from the paper's; with
+    ``every`` 3 the steps between selections select nothing (no selection counted)."""
     model, _ = tiny_model("llama")
     prompt = np.random.default_rng(5).integers(0, model.args.vocab_size, PROMPT)
     config = PruningConfig("lazy", prune_layers=(CUT,), keep=(KEEP,), scorer="last",
-                           complete="none", revive_margin=margin)
+                           complete="none", revive_margin=margin, reselect_every=every)
     engine = LazyEngine(model, resolve_config(model, config))
     engine.attention.revival_block = revival_block
     chosen = []
     on_host = engine.selector.on_host
     engine.selector.on_host = lambda *a, **k: chosen.append((r := on_host(*a, **k))[0]) or r
-    ref, paper = Reference(model, margin), Reference(model)
+    ref, paper = Reference(model, margin, every), Reference(model)
 
     got = engine.prefill(mx.array(prompt.astype(np.int32)))
     want, selected = ref.forward(prompt, list(range(PROMPT)))
     paper.forward(prompt, list(range(PROMPT)))
     revived, differed = 0, False
     for step in range(STEPS + 1):
-        assert chosen[-1].tolist() == selected, f"step {step}"
+        since = list(range(ref.held_at, PROMPT + step))  # generated after the last selection
+        assert chosen[-1].tolist() + since == selected, f"step {step}"
+        assert engine.stats.selections == 1 + step // every, f"step {step}"
         upper = engine.cache.layers[CUT + 1].cached_positions()
         assert sorted(upper.tolist()) == sorted(ref.kv[CUT + 1])
         assert rel_err(got, mx.array(want.astype(np.float32))) < LOGITS_TOL
@@ -159,5 +171,5 @@ def test_the_decode_step_is_the_papers(tiny_model, revival_block, margin):
         want, selected = ref.forward(np.array([token]), [PROMPT + step])
         differed |= paper.forward(np.array([token]), [PROMPT + step])[1] != selected
     assert revived > 0  # the steps revived tokens: the revival path was compared
-    assert differed == (margin > 0)
+    assert differed == (margin > 0 or every > 1)
     assert engine.stats.max_computations_per_token_layer == 1

@@ -647,3 +647,22 @@ def test_gemm_rows_pads_only_where_openblas_is_slow(monkeypatch):
     monkeypatch.setattr(_blas, "gemv_path", "shim.so")  # the shim's kernel takes up to 16
     assert [_blas.gemm_rows(n) for n in counts] == \
         [1, 2, 3, 8, 15, 16, 17, 18, 32, 48, 64, 64, 70]
+
+
+def test_a_held_choice_lasts_k_steps_and_never_outlives_a_trim(tiny_model):
+    """``reselect_every=3``: the prefill's choice serves two decode steps, the third selects
+    again; a trim drops the choice held (it covers tokens that are gone), so the step after it
+    selects afresh (kept, the mask would be longer than the context)."""
+    model, _ = tiny_model("llama")
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.3,), scorer="last",
+                           complete="none", reselect_every=3)
+    engine = LazyEngine(model, resolve_config(model, config))
+    engine.prefill(mx.array(random_prompt(200, model.args.vocab_size)))
+    counts = []
+    for token in (1, 2, 3, 4):
+        engine.decode(token)
+        counts.append(engine.stats.selections)
+    assert counts == [1, 1, 2, 2]
+    engine.cache.trim(150)
+    engine.decode(5)
+    assert engine.stats.selections == 3

@@ -98,12 +98,13 @@ def _takes_complete(method: str) -> bool:
 
 #: Every legal (method, mode), plus LazyLLM without revival (no token ever waits; decode
 #: chooses only among tokens that have KV), with a window scorer (several scoring queries
-#: kept per cut) and with a revival budget per decode step.
+#: kept per cut), with a revival budget per decode step and with a choice held 3 steps.
 COMBOS = [Combo(m, c) for m in METHODS for c in (MODES if _takes_complete(m) else [None])]
 COMBOS += [Combo(m, None, (("revive", False),)) for m in METHODS if _takes_complete(m)]
 COMBOS += [Combo("lazy", "none", (("scorer", "window:size=8"),)),
            Combo("lazy", "exact", (("scorer", "window:size=8"),)),
-           Combo("lazy", "none", (("max_revivals", 2),))]
+           Combo("lazy", "none", (("max_revivals", 2),)),
+           Combo("lazy", "none", (("reselect_every", 3),))]
 
 
 def test_the_matrix_covers_every_method_and_mode():

@@ -19,7 +19,7 @@ from mlx_lazy.scorers import scorer_spec
 #: every preset, and fits a 30-layer model in any method that takes it).
 SAMPLE = {"prune_layers": (3,), "keep": (0.3,), "speed_cutoff": 0.5, "revive": False,
           "scorer": "window:size=4:heads=max:pool=1", "complete": "none", "max_revivals": 4,
-          "revive_margin": 0.75}
+          "revive_margin": 0.75, "reselect_every": 3}
 #: How each sampled field reads back from the resolved Schedule.
 READ_BACK = {
     "prune_layers": lambda s: s.prune_layers,
@@ -30,11 +30,12 @@ READ_BACK = {
     "complete": lambda s: s.complete,
     "max_revivals": lambda s: s.max_revivals,
     "revive_margin": lambda s: s.revive_margin,
+    "reselect_every": lambda s: s.reselect_every,
 }
 #: The Schedule fields each policy sets.
 SETS = {
     "lazy": {"prune_layers", "keep", "dynamic", "revive", "complete", "max_revivals",
-             "revive_margin", "scorer"},
+             "revive_margin", "reselect_every", "scorer"},
     "static": {"prune_layers", "keep", "scorer"},
     "random": {"random_keep"},
     "speed": {"prompt_depth"},

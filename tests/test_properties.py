@@ -62,6 +62,7 @@ def config_fields(ints: st.SearchStrategy) -> dict:
         "revive": st.one_of(st.booleans(), wrong),
         "max_revivals": st.one_of(ints, wrong),
         "revive_margin": st.one_of(st.floats(0, 10), FLOATS, ints, wrong),
+        "reselect_every": st.one_of(ints, wrong),
         # scorer specs: names, fields and values, each plausible, on the edge or wrong
         "scorer": st.one_of(
             st.lists(st.one_of(

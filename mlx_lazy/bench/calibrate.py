@@ -140,10 +140,12 @@ def candidates(model: Any, gain_length: int,
                cut_grid: Sequence[tuple[tuple[float, ...], tuple[float, ...]]] = CUT_GRID,
                complete: str = DEFAULT_COMPLETE,
                max_revivals: Optional[int] = None,
-               revive_margin: Optional[float] = None) -> list[Candidate]:
+               revive_margin: Optional[float] = None,
+               reselect_every: Optional[int] = None) -> list[Candidate]:
     """Every scorer × cut schedule for ``model``, best predicted gain first, each decoding
-    with the ``complete`` mode, at most ``max_revivals`` revivals per decode step and cut and
-    the ``revive_margin`` (none of them changes the prefill, hence the predicted gain)."""
+    with the ``complete`` mode, at most ``max_revivals`` revivals per decode step and cut, the
+    ``revive_margin`` and a re-selection every ``reselect_every`` steps (none of them changes
+    the prefill, hence the predicted gain)."""
     n_layers = len(model.layers)
     adapter = ModelAdapter(model)
     global_layers = [layer for layer in range(n_layers - 1)
@@ -158,7 +160,8 @@ def candidates(model: Any, gain_length: int,
         for scorer in scorer_grid:
             config = PruningConfig("lazy", prune_layers=layers, keep=keep[: len(layers)],
                                    scorer=scorer, complete=complete,
-                                   max_revivals=max_revivals, revive_margin=revive_margin)
+                                   max_revivals=max_revivals, revive_margin=revive_margin,
+                                   reselect_every=reselect_every)
             sched = build_schedule(config, n_layers)
             c = predicted_counts(sched, gain_length)
             out.append(Candidate(
@@ -253,6 +256,7 @@ class Calibration:
     complete: str = DEFAULT_COMPLETE  # how candidates decode (the evidence holds only for it)
     max_revivals: Optional[int] = None  # a decode step's revivals per cut (None: unbounded)
     revive_margin: Optional[float] = None  # a revival's score handicap (None: the paper's 0)
+    reselect_every: Optional[int] = None  # decode steps per re-selection (None: 1, the paper)
     qualities: tuple[str, ...] = QUALITIES  # the schedules sought; found all, the run ends
 
     def check(self) -> None:
@@ -293,6 +297,8 @@ class Calibration:
              f"--max-revivals must be an integer in [0, {MAX_COUNT:,}]"),
             (self.revive_margin is not None and not 0 <= self.revive_margin <= MAX_MARGIN,
              f"--revive-margin must be a number in [0, {MAX_MARGIN:g}]"),
+            (self.reselect_every is not None and not 1 <= self.reselect_every <= MAX_COUNT,
+             f"--reselect-every must be an integer in [1, {MAX_COUNT:,}]"),
             (not self.qualities or list(self.qualities) != [q for q in QUALITIES
                                                              if q in self.qualities],
              f"--qualities takes one or both of {', '.join(QUALITIES)}, in that order"),
@@ -435,7 +441,7 @@ def run(cal: Calibration) -> dict[str, Any]:
     progress = Progress(cal.time_limit_s, goal="next schedule")
     rates = Rates()  # seconds per retrieval run (by method), full's per prompt token and step
     cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.complete,
-                       cal.max_revivals, cal.revive_margin)
+                       cal.max_revivals, cal.revive_margin, cal.reselect_every)
     current: list[Candidate] = cands[:1]  # the candidate under test, for the ETA
 
     def score(config: Optional[PruningConfig], cell: str, i: int) -> float:
@@ -745,6 +751,7 @@ def _evidence(cal: Calibration, cand: Candidate, full_scores, cells: Sequence[st
         "complete": cal.complete,
         "max_revivals": cal.max_revivals,
         "revive_margin": cal.revive_margin,
+        "reselect_every": cal.reselect_every,
         "predicted_gain": cand.predicted_gain,
         "gain_length": cal.gain_length,
         "token_layers_pct": cand.token_layers_pct,
@@ -910,6 +917,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="while the candidates decode, a token to be revived competes with its "
                         "score divided by 1 + M (the schedule's evidence holds for it; "
                         "default 0, the paper's selection)")
+    p.add_argument("--reselect-every", type=int, default=None, metavar="K",
+                   help="while the candidates decode, re-select at the cuts every K steps, the "
+                        "steps between seeing the last choice (the schedule's evidence holds "
+                        "for it; default 1, the paper's step)")
     p.add_argument("--qualities", type=_qualities_arg, default=QUALITIES, metavar="Q,..",
                    help="the schedules to find: default, high or default,high (the default); "
                         "the run ends once each is found, so default alone ends sooner")
@@ -936,6 +947,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       gain_answer_tokens=args.gain_answer_tokens, time_limit_s=args.time_limit,
                       resume=args.resume, complete=args.complete,
                       max_revivals=args.max_revivals, revive_margin=args.revive_margin,
+                      reselect_every=args.reselect_every,
                       qualities=args.qualities)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout`: keep results
     try:

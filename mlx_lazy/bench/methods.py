@@ -129,7 +129,7 @@ def parse_methods(text: str) -> tuple[str, ...]:
 #: Order of the fields in :func:`method_spec`: the cuts first, the scorer (whose spec takes
 #: the parts after it) last.
 _SPEC_FIELDS = ("prune_layers", "keep", "speed_cutoff", "anchors", "seed", "revive", "complete",
-                "max_revivals", "revive_margin", "scorer")
+                "max_revivals", "revive_margin", "reselect_every", "scorer")
 
 
 def method_spec(config: Any) -> str:
