@@ -113,7 +113,9 @@ class PruningConfig:
             query of its window a step, so a choice held a few steps is nearly the one made
             afresh, while the steps between cost no scoring, no host sync and no revived
             rows, and a selection's revivals share one pass through the upper layers. None:
-            the calibrated schedule's, else 1 (the paper's step: every step re-selects).
+            the calibrated schedule's (SmolLM2-135M's and Gemma 3 270M's: 3; Qwen2.5-Coder-
+            0.5B's: 1, it drifted past its bar held), else 1 (the paper's step: every step
+            re-selects).
         scorer: score-based methods only: the scorer that ranks the context at each cut, a
             :class:`~mlx_lazy.scorers.Scorer` or its spec (:func:`~mlx_lazy.scorers.parse_scorer`):
             ``"last"`` (the paper: the query token's attention), ``"window:size=32"`` (the last
