@@ -32,9 +32,11 @@ from .scorers import scorer_spec
 SCHEDULE_FORMAT = "mlx-lazy-schedule/2"
 #: Format 1 spelt the scorer's parameters as config fields (read, and converted, still).
 SCHEDULE_FORMAT_1 = "mlx-lazy-schedule/1"
+#: The decode step a schedule is calibrated with (its evidence holds for it): the PruningConfig
+#: fields that a config naming its own value overrides when it takes the schedule.
+DECODE_FIELDS = ("complete", "max_revivals", "revive_margin", "reselect_every")
 #: PruningConfig fields a schedule file sets; the rest (revive, anchors, seed) stay the caller's.
-SCHEDULE_FIELDS = ("method", "prune_layers", "keep", "scorer", "complete", "max_revivals",
-                   "revive_margin", "reselect_every")
+SCHEDULE_FIELDS = ("method", "prune_layers", "keep", "scorer") + DECODE_FIELDS
 #: Calibrated schedules shipped with the package, matched to models by fingerprint.
 PACKAGED_SCHEDULES = Path(__file__).parent / "data" / "schedules"
 #: A model folder holding this file makes ``--method lazy`` use it (see ``mlx_lazy.load``).
@@ -285,14 +287,11 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
                 f"no quality={config.quality!r} schedule is calibrated for this model; make one "
                 "with python -m mlx_lazy.calibrate --model MODEL, or drop quality")
         return transfer_config(config, fingerprint)
-    # The decode mode and revival bound the schedule was chosen with, unless the config
-    # names its own.
-    complete = found.complete if config.complete is None else config.complete
-    bound = found.max_revivals if config.max_revivals is None else config.max_revivals
-    margin = found.revive_margin if config.revive_margin is None else config.revive_margin
-    every = found.reselect_every if config.reselect_every is None else config.reselect_every
-    return replace(found, revive=config.revive, complete=complete, max_revivals=bound,
-                   revive_margin=margin, reselect_every=every,
+    # The decode step the schedule was chosen with, field by field unless the config names
+    # its own.
+    decode = {f: getattr(found if getattr(config, f) is None else config, f)
+              for f in DECODE_FIELDS}
+    return replace(found, revive=config.revive, **decode,
                    anchors=config.anchors, seed=config.seed, quality=config.quality)
 
 

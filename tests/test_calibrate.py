@@ -409,6 +409,28 @@ def test_schedule_source_preset_user_and_calibrated_folder(tiny_model_path, sche
     assert LazyEngine(model, resolve_config(model, user)).stats.schedule["prune_layers"] == [1]
 
 
+def test_a_schedules_decode_step_applies_unless_the_config_names_its_own(tiny_model_path,
+                                                                         tmp_path):
+    """A plain ``lazy`` decodes as its schedule was calibrated (complete, max_revivals,
+    revive_margin, reselect_every); each field a config names itself wins."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_path, folder)
+    model, _ = load(folder)
+    fp = ModelAdapter(model).fingerprint()
+    calibrated = dict(complete="none", max_revivals=2, revive_margin=0.5, reselect_every=3)
+    write_schedule(folder / MODEL_SCHEDULE_FILE, PruningConfig(
+        "lazy", prune_layers=(0, 2), keep=(0.4, 0.2), scorer="window:size=4", **calibrated),
+        fp, {"note": "test"})
+    model, _ = load(folder)
+    sched = LazyEngine(model, resolve_config(model, PruningConfig("lazy"))).stats.schedule
+    assert {f: sched[f] for f in calibrated} == calibrated
+    own = dict(complete="after-first", max_revivals=5, revive_margin=1.0, reselect_every=2)
+    for field, value in own.items():
+        config = PruningConfig("lazy", **{field: value})
+        sched = LazyEngine(model, resolve_config(model, config)).stats.schedule
+        assert {f: sched[f] for f in calibrated} == {**calibrated, field: value}, field
+
+
 def test_cli_schedule_flag(tiny_model_path, schedule_file, tmp_path, capsys):
     from mlx_lazy.cli import main as cli
 

@@ -67,8 +67,8 @@ from .. import completion
 from ..completion import COMPLETE_MODES, parse_completion
 from ..config import MAX_COUNT, MAX_MARGIN, QUALITIES
 from ..policies import layers_at
-from ..schedule_files import (MODEL_SCHEDULE_FILE, cached_schedule_path, fingerprint_digest,
-                               schedule_file_name, write_schedule)
+from ..schedule_files import (DECODE_FIELDS, MODEL_SCHEDULE_FILE, cached_schedule_path,
+                               fingerprint_digest, schedule_file_name, write_schedule)
 from . import fidelity, stats, yardstick
 from .calibration_results import report, used_cells
 from .costmodel import predicted_counts, prior
@@ -138,14 +138,12 @@ class Candidate:
 def candidates(model: Any, gain_length: int,
                scorer_grid: Sequence[str] = SCORER_GRID,
                cut_grid: Sequence[tuple[tuple[float, ...], tuple[float, ...]]] = CUT_GRID,
-               complete: str = DEFAULT_COMPLETE,
-               max_revivals: Optional[int] = None,
-               revive_margin: Optional[float] = None,
-               reselect_every: Optional[int] = None) -> list[Candidate]:
+               decode: Optional[dict[str, Any]] = None) -> list[Candidate]:
     """Every scorer × cut schedule for ``model``, best predicted gain first, each decoding
-    with the ``complete`` mode, at most ``max_revivals`` revivals per decode step and cut, the
-    ``revive_margin`` and a re-selection every ``reselect_every`` steps (none of them changes
-    the prefill, hence the predicted gain)."""
+    as ``decode`` says (:data:`~mlx_lazy.schedule_files.DECODE_FIELDS` of PruningConfig; the
+    ``complete`` mode defaults to the library's): none of them changes the prefill, hence the
+    predicted gain."""
+    decode = {"complete": DEFAULT_COMPLETE, **(decode or {})}
     n_layers = len(model.layers)
     adapter = ModelAdapter(model)
     global_layers = [layer for layer in range(n_layers - 1)
@@ -159,9 +157,7 @@ def candidates(model: Any, gain_length: int,
         layers = at_global_layers(layers_at(fracs, n_layers), global_layers)
         for scorer in scorer_grid:
             config = PruningConfig("lazy", prune_layers=layers, keep=keep[: len(layers)],
-                                   scorer=scorer, complete=complete,
-                                   max_revivals=max_revivals, revive_margin=revive_margin,
-                                   reselect_every=reselect_every)
+                                   scorer=scorer, **decode)
             sched = build_schedule(config, n_layers)
             c = predicted_counts(sched, gain_length)
             out.append(Candidate(
@@ -258,6 +254,10 @@ class Calibration:
     revive_margin: Optional[float] = None  # a revival's score handicap (None: the paper's 0)
     reselect_every: Optional[int] = None  # decode steps per re-selection (None: 1, the paper)
     qualities: tuple[str, ...] = QUALITIES  # the schedules sought; found all, the run ends
+
+    def decode(self) -> dict[str, Any]:
+        """How the candidates decode: the :data:`DECODE_FIELDS` of their configs."""
+        return {f: getattr(self, f) for f in DECODE_FIELDS}
 
     def check(self) -> None:
         """Raise UserInputError naming the first option outside its domain."""
@@ -440,8 +440,7 @@ def run(cal: Calibration) -> dict[str, Any]:
 
     progress = Progress(cal.time_limit_s, goal="next schedule")
     rates = Rates()  # seconds per retrieval run (by method), full's per prompt token and step
-    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.complete,
-                       cal.max_revivals, cal.revive_margin, cal.reselect_every)
+    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.decode())
     current: list[Candidate] = cands[:1]  # the candidate under test, for the ETA
 
     def score(config: Optional[PruningConfig], cell: str, i: int) -> float:
@@ -748,10 +747,7 @@ def _evidence(cal: Calibration, cand: Candidate, full_scores, cells: Sequence[st
         "cells": per_cell,
         "pooled": _pooled(full_scores, cand, cells, n).as_dict(),
         "max_loss": cal.max_loss,
-        "complete": cal.complete,
-        "max_revivals": cal.max_revivals,
-        "revive_margin": cal.revive_margin,
-        "reselect_every": cal.reselect_every,
+        **cal.decode(),
         "predicted_gain": cand.predicted_gain,
         "gain_length": cal.gain_length,
         "token_layers_pct": cand.token_layers_pct,
