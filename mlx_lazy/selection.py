@@ -20,7 +20,8 @@ Both count their selections and host syncs for the engine's stats.
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Tuple
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional, Tuple
 
 import mlx.core as mx
 import numpy as np
@@ -51,6 +52,22 @@ def _min_keep(text: Optional[str]) -> int:
 
 
 MIN_KEEP = _min_keep(os.environ.get("MLX_LAZY_MIN_KEEP"))
+
+
+@contextmanager
+def keep_floor(n: int) -> Iterator[None]:
+    """Within the block, a cut keeps at least ``n`` tokens instead of :data:`MIN_KEEP`.
+
+    Calibration and its replays measure with 0: their prompts (700-1,024 tokens) stand for
+    long ones, where a schedule keeps its fractions; under the floor a cut keeping 20% or 30%
+    of a 700-token window keeps the same 256 tokens, and the evidence could not tell them apart.
+    """
+    global MIN_KEEP
+    before, MIN_KEEP = MIN_KEEP, n
+    try:
+        yield
+    finally:
+        MIN_KEEP = before
 
 
 def kept_count(keep: float, n_ctx: int) -> int:

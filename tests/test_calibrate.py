@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from mlx_lazy import LazyEngine, PruningConfig, UserInputError, load, read_schedule, resolve_config
+from mlx_lazy import selection
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.bench import stats
 from mlx_lazy.bench.calibrate import Calibration, candidates, main, run
@@ -472,6 +473,33 @@ def test_resume_reuses_every_measured_run(tiny_model_path, tmp_path, monkeypatch
     assert "resumed 2 earlier run(s)" in (tmp_path / "cal" / "report.md").read_text()
     with pytest.raises(UserInputError, match="another model, seed"):
         tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True, seed=1)
+
+
+def test_calibration_measures_the_schedules_fractions_under_the_library_floor(
+        tiny_model_path, tmp_path, monkeypatch):
+    """With the library's floor of 256 kept tokens, a cut of a 200-token prompt would keep
+    it whole and every candidate would measure as ``full``; calibrate measures each cut at
+    its fraction (``min_keep`` 0 in the evidence) and leaves the floor as it was. A resume
+    of a run that does not say so measures its candidates again (full's runs are reused)."""
+    monkeypatch.setattr(selection, "MIN_KEEP", selection.DEFAULT_MIN_KEEP)
+    opts = dict(rungs=(3,), keep_per_rung=(1,), min_base=0.0, scorers=("last",),
+                cuts=(((0.5,), (0.3,)),), qualities=("default",))
+    doc = tiny_calibration(tiny_model_path, tmp_path / "cal", **opts)
+    ev = doc["chosen"]["default"]
+    assert ev["min_keep"] == 0 == doc["min_keep"]
+    assert ev["kld"]["kld_mean"] > 1e-6  # unpruned, as under the floor: exactly 0
+    assert selection.MIN_KEEP == selection.DEFAULT_MIN_KEEP
+    results = tmp_path / "cal" / "results.json"
+    saved = json.loads(results.read_text())
+    del saved["min_keep"]  # as written before calibration measured without the floor
+    results.write_text(json.dumps(saved))
+    from mlx_lazy.bench import calibrate
+    ran = []
+    run_one = calibrate.run_one
+    monkeypatch.setattr(calibrate, "run_one",
+                        lambda m, t, method, s: ran.append(method.name) or run_one(m, t, method, s))
+    tiny_calibration(tiny_model_path, tmp_path / "cal", resume=True, **opts)
+    assert ran and "full" not in ran
 
 
 @pytest.mark.slow

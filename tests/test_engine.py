@@ -414,6 +414,18 @@ def test_a_cut_keeps_the_floor_of_a_longer_context(tiny_model, monkeypatch):
         assert engine.cache.layers[2].size == kept
 
 
+def test_keep_floor_sets_the_floor_within_its_block_only(monkeypatch):
+    """selection.keep_floor(n): cuts keep their fraction (n=0) inside the block, the floor
+    again after it, even when the block raises."""
+    monkeypatch.setattr(selection, "MIN_KEEP", selection.DEFAULT_MIN_KEEP)
+    with selection.keep_floor(0):
+        assert selection.kept_count(0.2, 300) == 60
+    assert selection.kept_count(0.2, 300) == 256
+    with pytest.raises(RuntimeError), selection.keep_floor(10):
+        raise RuntimeError
+    assert selection.MIN_KEEP == selection.DEFAULT_MIN_KEEP
+
+
 def test_the_keep_floor_comes_from_the_environment():
     """MLX_LAZY_MIN_KEEP sets the floor of a new process (how the suite runs without it),
     unset it is the library's, and a value that is not a count is refused by name."""

@@ -254,13 +254,33 @@ def test_run_writes_tables_with_the_yardstick_rows(tiny_model, tmp_path):
         assert "weights through 4-bit (group 64)" in section
 
 
+def test_min_keep_chooses_between_a_users_short_prompt_and_the_schedules_fractions(
+        tiny_model_path, tmp_path, monkeypatch):
+    """Under the library's floor (256 kept tokens) a 48-token window is not pruned, so the
+    default measures ``full`` again; ``--min-keep 0`` measures the cut at its fraction."""
+    monkeypatch.setattr(fidelity.selection, "MIN_KEEP", fidelity.selection.DEFAULT_MIN_KEEP)
+    spec = "lazy:layers=1:keep=0.3"
+    args = ["--model", str(tiny_model_path), "--methods", spec, "--windows", "1",
+            "--length", "48", "--steps", "3"]
+    kld = {}
+    for floor in (None, 0):
+        more = [] if floor is None else ["--min-keep", str(floor)]
+        out = tmp_path / f"out{floor}"
+        assert fidelity.main([*args, *more, "--out", str(out)]) == 0
+        saved = json.loads((out / "results.json").read_text())
+        assert saved["meta"]["min_keep"] == (256 if floor is None else 0)
+        kld[floor] = saved["summary"]["all"][spec]["kld_mean"]
+    assert kld[None] < 1e-6 < kld[0]  # unpruned: exactly 0
+
+
 @pytest.mark.slow
 def test_cli_bad_input_is_one_error_line(tiny_model, tiny_model_path, tmp_path, capsys):
     model = ["--model", str(tiny_model_path)]
     for args, names in ((["--windows", "0"], "--windows"), (["--steps", "0"], "--steps"),
                         ([*model, "--methods", "bogus"], "unknown method 'bogus'"),
                         ([*model, "--methods", "mlx-lm"], "mlx-lm is not a method"),
-                        ([*model, "--methods", "lazy:layers=9"], "pruning layers must lie")):
+                        ([*model, "--methods", "lazy:layers=9"], "pruning layers must lie"),
+                        ([*model, "--min-keep", "-1"], "--min-keep must be >= 0")):
         assert fidelity.main([*args, "--out", str(tmp_path / "out")]) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and names in err[0], (args, err)

@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.utils
 import pytest
 
-from mlx_lazy import load, read_schedule
+from mlx_lazy import load, read_schedule, selection
 from mlx_lazy.bench import variant, yardstick
 from mlx_lazy.bench.calibrate import Calibration, run
 from mlx_lazy.bench.methods import method_spec
@@ -76,6 +76,18 @@ def test_a_rounded_copy_replays_the_evidence_and_is_recorded(tiny_model_path, sc
     assert "3 paired" in entry["how"] and f"{result['kld']['kld_mean']:.4f}" in entry["how"]
     assert read_schedule(schedule).prune_layers == config.prune_layers
     assert "recorded float32+q4g32" in capsys.readouterr().out
+
+
+def test_a_replay_measures_each_cut_at_its_fraction_under_the_library_floor(
+        tiny_model_path, schedule, tmp_path, monkeypatch):
+    """As calibrate measured the evidence: with the library's floor of 256 kept tokens the
+    file's 64-token KLD windows would not be pruned at all (KLD 0 against full)."""
+    monkeypatch.setattr(selection, "MIN_KEEP", selection.DEFAULT_MIN_KEEP)
+    out = tmp_path / "result.json"
+    variant.main(["--model", str(tiny_model_path), "--schedule", str(schedule),
+                  "--out", str(out)])
+    assert json.loads(out.read_text())["kld"]["kld_mean"] > 1e-6  # unpruned: exactly 0
+    assert selection.MIN_KEEP == selection.DEFAULT_MIN_KEEP
 
 
 def test_a_bar_that_fails_is_exit_1_and_nothing_recorded(tiny_model_path, schedule, capsys):

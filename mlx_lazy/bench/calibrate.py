@@ -63,6 +63,7 @@ from .._args import OneLineParser, complete_arg
 from ..errors import UserInputError
 from ..folders import write_text_atomic
 from ..scorers import parse_scorer, scorer_spec
+from ..selection import keep_floor
 from .. import completion
 from ..completion import COMPLETE_MODES, parse_completion
 from ..config import MAX_COUNT, MAX_MARGIN, QUALITIES
@@ -107,6 +108,10 @@ DEFAULT_TASKS = ("passkey", "niah_single", "niah_multikey")
 #: The longest ``--lengths`` value taken before the model is known (2**20 tokens, beyond any
 #: model's context here); once it loads, its own context is the bound.
 MAX_LENGTH = 2**20
+#: The fewest tokens a cut keeps while calibrating (and replaying, bench.variant): none, so a
+#: cut keeps its fraction of the short prompts that stand for long ones; recorded in the
+#: evidence as ``min_keep``.
+MIN_KEEP_MEASURED = 0
 #: Candidates decode as a plain ``lazy`` does unless ``--complete`` says otherwise.
 DEFAULT_COMPLETE = completion.DEFAULT_COMPLETE
 
@@ -397,14 +402,21 @@ class _OutOfTime(Exception):
 def run(cal: Calibration) -> dict[str, Any]:
     """Calibrate; write the outputs into ``cal.out``; return the results document.
 
-    A time limit or a KeyboardInterrupt stops it early: the outputs then hold what was
-    measured (``doc["stopped"]`` says why) and ``resume=True`` continues from them.
+    Every cut keeps its fraction of the prompt, however short (:data:`MIN_KEEP_MEASURED`):
+    the evidence is of the schedule as it prunes a long prompt. A time limit or a
+    KeyboardInterrupt stops it early: the outputs then hold what was measured
+    (``doc["stopped"]`` says why) and ``resume=True`` continues from them.
 
     Raises:
         UserInputError: an option outside its domain, an unwritable ``out``, lengths too
             short for a task, no cell the unpruned path can do, or a ``resume`` of another
             calibration.
     """
+    with keep_floor(MIN_KEEP_MEASURED):
+        return _calibrate(cal)
+
+
+def _calibrate(cal: Calibration) -> dict[str, Any]:
     cal.check()
     start = time.monotonic()
     started = time.perf_counter()  # the run's wall time, for the work record
@@ -428,7 +440,7 @@ def run(cal: Calibration) -> dict[str, Any]:
     doc: dict[str, Any] = {"options": asdict(cal), "fingerprint": fingerprint, "cells": {},
                            "full": {}, "candidates": [], "yardsticks": {}, "bars": None,
                            "chosen": {}, "installed": {}, "out": str(out), "complete": False,
-                           "stopped": None}
+                           "stopped": None, "min_keep": MIN_KEEP_MEASURED}
 
     def check_time() -> None:
         if cal.time_limit_s is not None and time.monotonic() - start > cal.time_limit_s:
@@ -707,8 +719,11 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
     # its default and so change when a default does. (Files from before completion existed
     # decoded as the paper: "none".)
     earlier = {_config_key(c["config"]): c for c in old.get("candidates", [])}
+    # A run measured under the keep floor (none recorded) pruned short prompts less: its
+    # candidates' scores and KLD are not this run's; full's and the yardsticks' are.
+    floor_same = old.get("min_keep") == MIN_KEEP_MEASURED
     for c in cands:
-        found = earlier.pop(_config_key(c.config_dict()), None)
+        found = earlier.pop(_config_key(c.config_dict()), None) if floor_same else None
         if found is not None:
             c.scores = {k: list(v) for k, v in found["scores"].items()}
             c.measured_gain = found.get("measured_gain")
@@ -747,6 +762,7 @@ def _evidence(cal: Calibration, cand: Candidate, full_scores, cells: Sequence[st
         "cells": per_cell,
         "pooled": _pooled(full_scores, cand, cells, n).as_dict(),
         "max_loss": cal.max_loss,
+        "min_keep": MIN_KEEP_MEASURED,
         **cal.decode(),
         "predicted_gain": cand.predicted_gain,
         "gain_length": cal.gain_length,

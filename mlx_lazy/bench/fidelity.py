@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 from mlx_lm.models import cache as mlx_lm_cache  # noqa: E402
 
 from .. import GenerationStats, PruningConfig, generate_step, make_prompt_cache  # noqa: E402
+from .. import selection  # noqa: E402
 from ..api import Sampler  # noqa: E402
 from .._args import OneLineParser  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
@@ -476,6 +477,11 @@ def build_parser() -> OneLineParser:
     p.add_argument("--length", type=int, default=700, help="tokens per window (default 700)")
     p.add_argument("--steps", type=int, default=32,
                    help="teacher-forced steps per window (default 32)")
+    p.add_argument("--min-keep", type=int, default=None, metavar="N",
+                   help="the fewest tokens a cut keeps (default: the library's floor, "
+                        f"{selection.MIN_KEEP}, what a user's prompt of --length tokens gets; "
+                        "0: every cut keeps its fraction, as calibrate measures, so that a "
+                        "short window stands for a long prompt)")
     p.add_argument("--out", type=Path, required=True,
                    help="folder for results.json and table.md")
     return p
@@ -488,15 +494,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_options(args.windows, args.length, args.steps)
+        if args.min_keep is not None and args.min_keep < 0:
+            raise UserInputError(f"--min-keep must be >= 0, got {args.min_keep}")
         try:
             args.out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UserInputError(f"cannot create --out {args.out}: {e.strerror or e}") from None
         model, tokenizer = load(args.model)
         methods = resolve_methods(parse_methods(args.methods), model)
-        result = run(model, tokenizer, methods, args.windows, args.length, args.steps, args.out,
-                     machine_info(model, "mlx_lazy.bench.fidelity", argv),
-                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+        floor = selection.MIN_KEEP if args.min_keep is None else args.min_keep
+        with selection.keep_floor(floor):
+            result = run(model, tokenizer, methods, args.windows, args.length, args.steps,
+                         args.out, {**machine_info(model, "mlx_lazy.bench.fidelity", argv),
+                                    "min_keep": floor},
+                         progress=lambda line: print(line, file=sys.stderr, flush=True))
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -45,8 +45,9 @@ from ..folders import write_text_atomic
 from ..inputs import read_json
 from ..schedule_files import (SCHEDULE_MAX_BYTES, SCHEDULE_MAX_DEPTH, check_model,
                               check_variants, read_schedule)
+from ..selection import keep_floor
 from . import stats, yardstick
-from .calibrate import Deviation, within_loss
+from .calibrate import MIN_KEEP_MEASURED, Deviation, within_loss
 from .common import Method, jsonable
 from .harness import run_one
 from .methods import method_spec
@@ -127,7 +128,12 @@ def check(model: Any, tokenizer: Any, plan: dict[str, Any],
     """Replay ``plan`` (:func:`replay_plan`: its schedule, samples and windows) on ``model``
     against the model's own ``full``: per cell and pooled paired retrieval, the KLD row beside
     the bar, and whether each bar holds."""
-    progress = progress or Progress()
+    with keep_floor(MIN_KEEP_MEASURED):  # as calibrate measured the evidence
+        return _check(model, tokenizer, plan, progress or Progress())
+
+
+def _check(model: Any, tokenizer: Any, plan: dict[str, Any], progress: Progress
+           ) -> dict[str, Any]:
     config = plan["config"]
     rows = (("full", Method("full", PruningConfig())),
             ("schedule", Method(method_spec(config), config)))
@@ -166,8 +172,9 @@ def variant_entry(variant: str, how: str, result: dict[str, Any]) -> dict[str, A
     cells = ", ".join(result["cells"])
     lo, hi = k["kld_mean_ci"]
     return {"variant": variant, "checked": ["identity", "retrieval", "kld"],
-            "how": f"{how}, against its own full (python -m mlx_lazy.bench.variant): {cells}, "
-                   f"{p['n']} paired, full {p['base']:.2f}, schedule {p['score']:.2f}, lost "
+            "how": f"{how}, against its own full (python -m mlx_lazy.bench.variant, every cut "
+                   f"keeping its fraction): {cells}, {p['n']} paired, full {p['base']:.2f}, "
+                   f"schedule {p['score']:.2f}, lost "
                    f"{p['lost']} / won {p['won']}; mean KLD {k['kld_mean']:.4f} (95% CI "
                    f"{lo:.3f}-{hi:.3f}), same-top-1 {k['same_top1']:.3f}, over {k['windows']} "
                    f"windows x {k['steps'] // max(k['windows'], 1)} steps, against the bar "
