@@ -496,8 +496,12 @@ def test_calibration_measures_the_schedules_fractions_under_the_library_floor(
     from mlx_lazy.bench import calibrate
     ran = []
     run_one = calibrate.run_one
-    monkeypatch.setattr(calibrate, "run_one",
-                        lambda m, t, method, s: ran.append(method.name) or run_one(m, t, method, s))
+
+    def counted(model, tokenizer, method, sample):
+        ran.append(method.name)
+        return run_one(model, tokenizer, method, sample)
+
+    monkeypatch.setattr(calibrate, "run_one", counted)
     tiny_calibration(tiny_model_path, tmp_path / "cal", resume=True, **opts)
     assert ran and "full" not in ran
 
