@@ -492,6 +492,8 @@ def test_calibration_measures_the_schedules_fractions_under_the_library_floor(
     results = tmp_path / "cal" / "results.json"
     saved = json.loads(results.read_text())
     del saved["min_keep"]  # as written before calibration measured without the floor
+    for c in saved["candidates"]:
+        del c["min_keep"]
     results.write_text(json.dumps(saved))
     from mlx_lazy.bench import calibrate
     ran = []
@@ -502,8 +504,18 @@ def test_calibration_measures_the_schedules_fractions_under_the_library_floor(
         return run_one(model, tokenizer, method, sample)
 
     monkeypatch.setattr(calibrate, "run_one", counted)
+    # Another cut first: the old candidate stays in the results, marked as measured under
+    # the floor, and a later resume that asks for it again measures it again.
+    other = dict(opts, cuts=(((0.5,), (0.5,)),))
+    tiny_calibration(tiny_model_path, tmp_path / "cal", resume=True, **other)
+    saved = json.loads(results.read_text())
+    assert saved["min_keep"] == 0
+    assert [c["min_keep"] for c in saved["candidates"]] == [0, None]
+    assert "measured under another keep floor" in (tmp_path / "cal" / "report.md").read_text()
+    ran.clear()
     tiny_calibration(tiny_model_path, tmp_path / "cal", resume=True, **opts)
     assert ran and "full" not in ran
+    assert [c["min_keep"] for c in json.loads(results.read_text())["candidates"]] == [0, 0]
 
 
 @pytest.mark.slow

@@ -129,6 +129,7 @@ class Candidate:
     dropped_at: Optional[int] = None
     measured_gain: Optional[dict[str, Any]] = None  # measure_gain(), last-rung candidates only
     kld: Optional[dict[str, Any]] = None  # Deviation.measure(), once accurate at the last rung
+    min_keep: Optional[int] = MIN_KEEP_MEASURED  # the floor it was measured under (None: 256)
 
     def config_dict(self) -> dict[str, Any]:
         """The config as results.json holds it (fields set, JSON-friendly)."""
@@ -719,12 +720,14 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
     # its default and so change when a default does. (Files from before completion existed
     # decoded as the paper: "none".)
     earlier = {_config_key(c["config"]): c for c in old.get("candidates", [])}
-    # A run measured under the keep floor (none recorded) pruned short prompts less: its
-    # candidates' scores and KLD are not this run's; full's and the yardsticks' are.
-    floor_same = old.get("min_keep") == MIN_KEEP_MEASURED
+    # A candidate measured under the keep floor (none recorded, in the file or the
+    # candidate) pruned short prompts less: its scores and KLD are not this run's; full's
+    # and the yardsticks' are. It stays in the results marked so.
+    for c in earlier.values():
+        c["min_keep"] = c.get("min_keep", old.get("min_keep"))
     for c in cands:
-        found = earlier.pop(_config_key(c.config_dict()), None) if floor_same else None
-        if found is not None:
+        found = earlier.pop(_config_key(c.config_dict()), None)
+        if found is not None and found["min_keep"] == MIN_KEEP_MEASURED:
             c.scores = {k: list(v) for k, v in found["scores"].items()}
             c.measured_gain = found.get("measured_gain")
             c.kld = found.get("kld") if same_windows else None

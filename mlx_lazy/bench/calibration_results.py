@@ -41,7 +41,10 @@ def candidate_rows(doc: dict[str, Any], cells: Sequence[str]) -> list[dict[str, 
         base = [s for cell in cells for s in doc["full"][cell][:n]]
         mine = [s for cell in cells for s in c["scores"][cell][:n]]
         measured = c.get("measured_gain")
-        rows.append(dict(name=c["name"], config=c["config"], gain=c["predicted_gain"],
+        # an earlier run's, measured under another keep floor: not comparable with the rest
+        other_floor = c.get("min_keep", doc.get("min_keep")) != doc.get("min_keep")
+        name = c["name"] + (" (measured under another keep floor)" if other_floor else "")
+        rows.append(dict(name=name, config=c["config"], gain=c["predicted_gain"],
                          measured_gain=measured and measured["gain"],
                          first_token_gain=measured and measured.get("first_token_gain"),
                          kld=c.get("kld"),
