@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_lazy import PruningConfig, UserInputError
+from mlx_lazy import PruningConfig, UserInputError, resolve_config
 from mlx_lazy.bench import fidelity, yardstick
+from mlx_lazy.bench.common import jsonable
 from mlx_lazy.bench.speed import build_prompt
 
 # after-first: decoding stays approximate (the kept tokens' deep states are the pruned ones)
@@ -236,12 +237,18 @@ def test_text_windows(tiny_model):
 
 def test_run_writes_tables_with_the_yardstick_rows(tiny_model, tmp_path):
     model, tokenizer = tiny_model("llama")
-    methods = fidelity.resolve_methods(["lazy:layers=1:keep=0.3"], model)
+    methods = fidelity.resolve_methods(["lazy:layers=1:keep=0.3", "lazy"], model)
     result = fidelity.run(model, tokenizer, methods, 4, 48, 3, out=tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
+    # the meta says what each row ran: a plain "lazy" names no cuts, what it resolved to does
+    assert saved["meta"]["methods"]["lazy"]["prune_layers"] is None
+    ran = saved["meta"]["schedules"]
+    assert ran["lazy"] == jsonable(resolve_config(model, "lazy").as_dict())
+    assert ran["lazy"]["prune_layers"] and ran["lazy"]["source"] == "transfer"
+    assert ran["lazy:layers=1:keep=0.3"]["prune_layers"] == [1]
     assert set(saved["summary"]) == {"prose", "code", "all"}
     for kind, rows in saved["summary"].items():
-        assert set(rows) == {"full", "lazy:layers=1:keep=0.3", "q8", "q4"}, kind
+        assert set(rows) == {"full", "lazy:layers=1:keep=0.3", "lazy", "q8", "q4"}, kind
         assert rows["full"]["kld_mean"] == 0 and rows["full"]["same_top1"] == 1
         assert rows["q4"]["kld_mean"] > 0
     assert saved["summary"]["all"]["q4"]["windows"] == 8

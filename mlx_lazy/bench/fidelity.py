@@ -37,7 +37,8 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.models import cache as mlx_lm_cache  # noqa: E402
 
-from .. import GenerationStats, PruningConfig, generate_step, make_prompt_cache  # noqa: E402
+from .. import (GenerationStats, PruningConfig, generate_step, make_prompt_cache,  # noqa: E402
+                 resolve_config)
 from .. import selection  # noqa: E402
 from ..api import Sampler  # noqa: E402
 from .._args import OneLineParser  # noqa: E402
@@ -440,6 +441,9 @@ def run(model: Any, tokenizer: Any, methods: dict[str, PruningConfig], windows: 
     result: dict[str, Any] = {
         "meta": {**(info or {}), "windows": windows, "length": length, "steps": steps,
                  "methods": {name: jsonable(c.as_dict()) for name, c in methods.items()},
+                 # what each ran: a plain "lazy" names no cuts, its calibrated schedule does
+                 "schedules": {name: jsonable(resolve_config(model, c).as_dict())
+                               for name, c in methods.items()},
                  "yardsticks": {yardstick_row(b): {"bits": b, "group_size": yardstick.GROUP_SIZE}
                                 for b in yardstick.BITS},
                  "texts": {kind: meta for kind, (_, meta) in texts.items()},
