@@ -63,6 +63,32 @@ def _installed_mlx_lm() -> str | None:
         return None
 
 
+def _text_model(model: nn.Module) -> nn.Module:
+    # gemma3: the text model inside (mlx-lm drops the vision tower on load)
+    return model.language_model if getattr(model, "model_type", None) == "gemma3" else model
+
+
+def sliding_windows(model: nn.Module) -> List[Optional[int]]:
+    """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
+    (a query at position p sees keys at positions p - window + 1 .. p), None where it
+    attends globally: Gemma 3's local layers have one, no other supported family's do."""
+    text = _text_model(model)
+    if getattr(model, "model_type", None) not in GEMMA3_TYPES:
+        return [None] * len(text.model.layers)
+    return [int(text.args.sliding_window) if block.self_attn.is_sliding else None
+            for block in text.model.layers]
+
+
+def global_layers(model: nn.Module) -> Tuple[int, ...]:
+    """The layers a cut may follow on a ``model`` with sliding-window layers: those that
+    attend globally, but the last (see :func:`mlx_lazy.policies.at_global_layers`); () on a
+    model without sliding windows, where any may."""
+    windows = sliding_windows(model)
+    if all(w is None for w in windows):
+        return ()
+    return tuple(layer for layer, w in enumerate(windows[:-1]) if w is None)
+
+
 class ModelAdapter:
     """Layer-level access to a Llama-family mlx-lm model.
 
@@ -83,8 +109,7 @@ class ModelAdapter:
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         self.model = model
-        # gemma3: the text model inside (mlx-lm drops the vision tower on load)
-        self.text = model.language_model if model_type == "gemma3" else model
+        self.text = _text_model(model)
         self.gemma = model_type in GEMMA3_TYPES
         self.inner = self.text.model
         self.layers = list(self.inner.layers)
@@ -101,12 +126,10 @@ class ModelAdapter:
             args = self.text.args
             # mlx-lm multiplies by sqrt(hidden) rounded to bfloat16, as Gemma's reference does
             self._embed_scale = mx.array(args.hidden_size ** 0.5, mx.bfloat16)
-            self._windows = [int(args.sliding_window) if block.self_attn.is_sliding else None
-                             for block in self.layers]
             self._softcap = getattr(args, "final_logit_softcapping", None)
         else:
-            self._windows = [None] * len(self.layers)
             self._softcap = None
+        self._windows = sliding_windows(model)
 
     def sliding_window(self, layer: int) -> Optional[int]:
         """The window of a sliding-window layer (a query at position p sees keys at

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, fields, replace
-from typing import Any, ClassVar, Dict, Optional, Tuple, Type, Union
+from typing import Any, ClassVar, Dict, Optional, Sequence, Tuple, Type, Union
 
 from .completion import DEFAULT_COMPLETE
 from .errors import UserInputError, shown
@@ -271,6 +271,24 @@ def layers_at(fractions: Tuple[float, ...], num_layers: int,
     distinct ones are kept."""
     last = min(num_layers, prompt_depth or num_layers) - 2
     return tuple(sorted({min(last, max(0, round(f * num_layers) - 1)) for f in fractions}))
+
+
+def at_global_layers(layers: Sequence[int], global_layers: Sequence[int]) -> Tuple[int, ...]:
+    """Cut ``layers`` moved each to the nearest of ``global_layers`` (the lower on a tie):
+    the layers a cut may follow on a model with sliding-window layers
+    (:func:`mlx_lazy.adapter.global_layers`). With none to move to, the cuts stay.
+
+    A cut selects by its layer's attention, and a sliding-window layer never learnt to attend
+    beyond its window, so its scores cannot rank a far needle. With ``exact`` decoding that
+    cost nothing measurable, but every other decode keeps states computed from its choice:
+    on Gemma 3 270M, cuts after sliding layers 7 and 8 lost 26 of 50 paired niah_single@1024
+    decoding on the pruned state and 5 with ``after-first``, where a cut after global layer 5
+    lost none with either.
+    """
+    if not global_layers:
+        return tuple(layers)
+    return tuple(sorted({min(global_layers, key=lambda g: (abs(g - layer), g))
+                         for layer in layers}))
 
 
 def _listing(words: list[str], conjunction: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Union
 
 import mlx.nn as nn
 
-from .adapter import ModelAdapter
+from .adapter import ModelAdapter, global_layers
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError
 from .schedule import Schedule
@@ -55,6 +55,6 @@ def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = N
     if fingerprint is None:
         fingerprint = ModelAdapter(model).fingerprint()
     chosen = calibrated(as_config(config) or PruningConfig(), fingerprint,
-                        getattr(model, "mlx_lazy_schedules", None))
+                        getattr(model, "mlx_lazy_schedules", None), global_layers(model))
     check_model(chosen, fingerprint)
     return build_schedule(chosen, fingerprint["num_layers"])

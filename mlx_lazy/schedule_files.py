@@ -19,13 +19,14 @@ import warnings
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .adapter import IDENTITY_TOLERANCE, decode_identity, identities_match, identity_distances
 from .config import MAX_COUNT, QUALITIES, PruningConfig, build_schedule
 from .errors import UserInputError, shown
 from .folders import write_text_atomic
 from .inputs import MiB, read_json
+from .policies import at_global_layers
 from .scorers import scorer_spec
 
 #: The ``format`` of schedule files (written by ``python -m mlx_lazy.calibrate``).
@@ -247,15 +248,17 @@ def check_model(config: PruningConfig, fingerprint: Dict[str, Any]) -> None:
 
 
 def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
-               attached: Optional[Mapping[str, PruningConfig]] = None) -> PruningConfig:
+               attached: Optional[Mapping[str, PruningConfig]] = None,
+               global_layers: Sequence[int] = ()) -> PruningConfig:
     """The config to run: a plain ``lazy`` request (no cuts, keep fractions or scorer given)
     takes the model's calibrated schedule of its ``quality``: the one ``attached`` by
     ``mlx_lazy.load`` from the model folder (by quality, see :func:`folder_schedules`), else
     the one ``python -m mlx_lazy.calibrate`` left in the cache for this fingerprint
     (:func:`cached_schedule_path`) or for another copy of the model
     (:func:`cached_copy_schedule`), else a packaged one for the model (any copy, see
-    :func:`model_mismatch`); a default
-    quality request without any keeps the preset. Any other request is ``config`` itself.
+    :func:`model_mismatch`); a default quality request without any takes the transfer rule
+    (:func:`transfer_config`; ``global_layers``: :func:`mlx_lazy.adapter.global_layers`).
+    Any other request is ``config`` itself.
 
     Raises:
         UserInputError: ``quality="high"`` on a request that is not plain ``lazy``, or for a
@@ -286,7 +289,7 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
             raise UserInputError(
                 f"no quality={config.quality!r} schedule is calibrated for this model; make one "
                 "with python -m mlx_lazy.calibrate --model MODEL, or drop quality")
-        return transfer_config(config, fingerprint)
+        return transfer_config(config, fingerprint, global_layers)
     # The decode step the schedule was chosen with, field by field unless the config names
     # its own.
     decode = {f: getattr(found if getattr(config, f) is None else config, f)
@@ -386,6 +389,11 @@ def _packaged() -> Tuple[Tuple[Dict[str, Any], str, PruningConfig], ...]:
 TRANSFER_FROM = ("qwen2.5-coder-0.5b.json", "smollm2-135m.json")
 #: The source a transferred schedule reports.
 TRANSFER_SOURCE = "transfer"
+#: How a transferred schedule decodes unless the request names a mode: after the first token
+#: the pruned tokens go once through the layers they skipped (no recompute, no selection while
+#: decoding), so no token of the answer waits longer than ``full``'s and no decode setting has
+#: to carry over from the models the rule was fit on.
+TRANSFER_COMPLETE = "after-first"
 
 
 def keep_at(prune_layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: int,
@@ -428,28 +436,34 @@ def transfer_rule(schedules: Optional[List[Tuple[int, PruningConfig]]] = None
     return tuple(rule), (specs.pop() if len(specs) == 1 else None)
 
 
-def transfer_layers(rule: Tuple[Tuple[float, float], ...],
-                    num_layers: int) -> Tuple[Tuple[int, ...], Tuple[float, ...]]:
+def transfer_layers(rule: Tuple[Tuple[float, float], ...], num_layers: int,
+                    global_layers: Sequence[int] = ()
+                    ) -> Tuple[Tuple[int, ...], Tuple[float, ...]]:
     """The rule's cuts on a model of ``num_layers``: each after the first layer that reaches
-    its relative depth (never earlier: ``ceil(depth * L) - 1``), at most ``L - 2`` so that a
-    layer follows it; cuts that land on one layer keep the most of them."""
+    its relative depth (``ceil(depth * L) - 1``), at most ``L - 2`` so that a layer follows
+    it; on a model with sliding-window layers, moved to the nearest of its
+    ``global_layers`` (:func:`~mlx_lazy.policies.at_global_layers`, so possibly earlier);
+    cuts that land on one layer keep the most of them."""
     cuts: Dict[int, float] = {}
     for depth, k in rule:
         layer = min(num_layers - 2, max(0, math.ceil(depth * num_layers - 1e-9) - 1))
+        layer, = at_global_layers((layer,), global_layers)
         cuts[layer] = max(cuts.get(layer, 0.0), k)
     layers = tuple(sorted(cuts))
     return layers, tuple(cuts[layer] for layer in layers)
 
 
-def transfer_config(config: PruningConfig, fingerprint: Dict[str, Any]) -> PruningConfig:
+def transfer_config(config: PruningConfig, fingerprint: Dict[str, Any],
+                    global_layers: Sequence[int] = ()) -> PruningConfig:
     """A plain ``lazy`` for a model without a calibrated schedule: the cuts and scorer of
-    :func:`transfer_rule` placed on its depth (:func:`transfer_layers`), reporting
-    ``source: "transfer"``; ``config`` itself (the preset) when there is no rule or the
-    model is too shallow for a cut."""
+    :func:`transfer_rule` placed on its depth (:func:`transfer_layers`, after its
+    ``global_layers`` where it has sliding windows), decoding :data:`TRANSFER_COMPLETE`
+    unless ``config`` names a mode, reporting ``source: "transfer"``; ``config`` itself (the
+    preset) when there is no rule or the model is too shallow for a cut."""
     num_layers = fingerprint.get("num_layers")
     rule, scorer = transfer_rule()
     if not rule or not isinstance(num_layers, int) or num_layers < 2:
         return config
-    layers, keep = transfer_layers(rule, num_layers)
+    layers, keep = transfer_layers(rule, num_layers, global_layers)
     return replace(config, prune_layers=layers, keep=keep, scorer=scorer,
-                   source=TRANSFER_SOURCE)
+                   complete=config.complete or TRANSFER_COMPLETE, source=TRANSFER_SOURCE)

@@ -296,6 +296,25 @@ def test_a_synthetic_transfer_fit():
     assert transfer_layers(rule, 10) == ((4, 5), (0.6, 0.3))
     assert transfer_layers(rule, 3) == ((1,), (0.6,))  # both land on layer 1: the most kept
     assert transfer_layers(((0.41, 0.5), (0.5, 0.2)), 30) == ((12, 14), (0.5, 0.2))  # never earlier
+    # With sliding-window layers each cut goes after the nearest global one (8: a tie, the
+    # lower), where both of these land: the most kept.
+    assert transfer_layers(((10 / 24, 0.5), (0.5, 0.4)), 18, (5, 11)) == ((5,), (0.5,))
+    assert transfer_layers(((0.6, 0.3),), 18, (5, 11)) == ((11,), (0.3,))
+
+
+def test_the_transfer_rule_cuts_a_sliding_window_model_after_global_layers(tiny_model,
+                                                                          monkeypatch):
+    """The tiny Gemma 3 attends through a window at layers 0 and 2: a rule's cut that would
+    follow layer 0 follows layer 1, its global neighbour (the last layer is never a cut)."""
+    from mlx_lazy import resolve_config, schedule_files
+    from mlx_lazy.adapter import global_layers, sliding_windows
+
+    gemma, _ = tiny_model("gemma3_text")
+    assert sliding_windows(gemma) == [24, None, 24, None] and global_layers(gemma) == (1,)
+    assert global_layers(tiny_model("llama")[0]) == ()
+    monkeypatch.setattr(schedule_files, "transfer_rule", lambda: (((0.25, 0.5),), None))
+    assert resolve_config(gemma, "lazy").prune_layers == (1,)
+    assert resolve_config(tiny_model("llama")[0], "lazy").prune_layers == (0,)
 
 
 def test_a_plain_lazy_on_an_uncalibrated_model_takes_the_transfer_rule(tiny_model):
@@ -306,12 +325,14 @@ def test_a_plain_lazy_on_an_uncalibrated_model_takes_the_transfer_rule(tiny_mode
 
     model, _ = tiny_model("qwen2")
     s = resolve_config(model, "lazy")
-    assert (s.source, s.prune_layers, s.keep, scorer_spec(s.scorer)) == (
-        "transfer", (1,), (0.5,), "window:size=32:pool=8")
+    assert (s.source, s.prune_layers, s.keep, scorer_spec(s.scorer), s.complete) == (
+        "transfer", (1,), (0.5,), "window:size=32:pool=8", "after-first")
     assert LazyEngine(model, s).stats.schedule["source"] == "transfer"
+    # A decode mode the request names stays (here the unpruned model's own decode).
+    assert resolve_config(model, PruningConfig("lazy", complete="exact")).complete == "exact"
     deep = calibrated(PruningConfig("lazy", anchors=3), {"num_layers": 36})
-    assert (deep.source, deep.prune_layers, deep.keep, deep.anchors) == (
-        "transfer", (14, 17), (0.5, 0.4), 3)
+    assert (deep.source, deep.prune_layers, deep.keep, deep.anchors, deep.complete) == (
+        "transfer", (14, 17), (0.5, 0.4), 3, "after-first")
     user = PruningConfig("lazy", prune_layers=(0,), keep=(0.5,))
     assert resolve_config(model, user).source == "user"
     assert resolve_config(model, "lazy+speed").source == "preset"

@@ -57,7 +57,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import PruningConfig, build_schedule, load
-from ..adapter import ModelAdapter
+from ..adapter import ModelAdapter, global_layers
 from ..api import context_length
 from .._args import OneLineParser, complete_arg
 from ..errors import UserInputError
@@ -67,7 +67,7 @@ from ..selection import keep_floor
 from .. import completion
 from ..completion import COMPLETE_MODES, parse_completion
 from ..config import MAX_COUNT, MAX_MARGIN, QUALITIES
-from ..policies import layers_at
+from ..policies import at_global_layers, layers_at
 from ..schedule_files import (DECODE_FIELDS, MODEL_SCHEDULE_FILE, cached_schedule_path,
                                fingerprint_digest, schedule_file_name, write_schedule)
 from . import fidelity, stats, yardstick
@@ -151,16 +151,14 @@ def candidates(model: Any, gain_length: int,
     predicted gain."""
     decode = {"complete": DEFAULT_COMPLETE, **(decode or {})}
     n_layers = len(model.layers)
-    adapter = ModelAdapter(model)
-    global_layers = [layer for layer in range(n_layers - 1)
-                     if adapter.sliding_window(layer) is None]
+    cut_after = global_layers(model)
     cost = prior(model)
     full = build_schedule(PruningConfig("full"), n_layers)
     full_counts = predicted_counts(full, gain_length)
     full_t = cost.predict(full_counts)
     out = []
     for fracs, keep in cut_grid:
-        layers = at_global_layers(layers_at(fracs, n_layers), global_layers)
+        layers = at_global_layers(layers_at(fracs, n_layers), cut_after)
         for scorer in scorer_grid:
             config = PruningConfig("lazy", prune_layers=layers, keep=keep[: len(layers)],
                                    scorer=scorer, **decode)
@@ -171,23 +169,6 @@ def candidates(model: Any, gain_length: int,
                 token_layers_pct=100 * c.token_layers / full_counts.token_layers))
     unique = {c.name: c for c in out}  # on shallow models cut positions may collide
     return sorted(unique.values(), key=lambda c: -c.predicted_gain)
-
-
-def at_global_layers(layers: Sequence[int], global_layers: Sequence[int]) -> tuple[int, ...]:
-    """Cut ``layers`` moved each to the nearest of ``global_layers`` (the lower on a tie): the
-    layers whose attention is not a sliding window, so every layer on a model without them.
-    With none to move to, the cuts stay.
-
-    A cut selects by its layer's attention, and a sliding-window layer never learnt to attend
-    beyond its window, so its scores cannot rank a far needle. With ``exact`` decoding that
-    cost nothing measurable, but decoding on the pruned state re-selects from them at every
-    step: on Gemma 3 270M, cuts after sliding layers 7 and 8 lost 26 of 50 paired
-    niah_single@1024 where a cut after global layer 5 lost none.
-    """
-    if not global_layers:
-        return tuple(layers)
-    return tuple(sorted({min(global_layers, key=lambda g: (abs(g - layer), g))
-                         for layer in layers}))
 
 
 #: Spellings of ``--max-kld`` that name a yardstick: the mean KLD of the model with its
