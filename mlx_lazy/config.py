@@ -79,8 +79,9 @@ class PruningConfig:
             an approximation beyond the paper).
         complete: LazyLLM only (without revive no token waits): what happens to the pruned
             tokens after the first output token (:mod:`mlx_lazy.completion`). None (the
-            default): the mode the calibrated schedule was chosen with, ``"after-first"``
-            for the transfer rule (a model without one), else ``"exact"``.
+            default): the mode the calibrated schedule was chosen with (on a model without
+            one, the transfer rule's: :func:`~mlx_lazy.schedule_files.transfer_rule`), else
+            ``"exact"``.
             ``"exact"``: every token of the prompt chunk is carried from the first cut through
             the layers above, over every token, from hidden states kept there; the kept
             tokens' are computed again (they had seen only kept tokens), so from the second

@@ -19,7 +19,7 @@ import warnings
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from .adapter import IDENTITY_TOLERANCE, decode_identity, identities_match, identity_distances
 from .config import MAX_COUNT, QUALITIES, PruningConfig, build_schedule
@@ -290,12 +290,16 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
                 f"no quality={config.quality!r} schedule is calibrated for this model; make one "
                 "with python -m mlx_lazy.calibrate --model MODEL, or drop quality")
         return transfer_config(config, fingerprint, global_layers)
-    # The decode step the schedule was chosen with, field by field unless the config names
-    # its own.
-    decode = {f: getattr(found if getattr(config, f) is None else config, f)
-              for f in DECODE_FIELDS}
-    return replace(found, revive=config.revive, **decode,
+    return replace(found, revive=config.revive,
+                   **_decode(config, {f: getattr(found, f) for f in DECODE_FIELDS}),
                    anchors=config.anchors, seed=config.seed, quality=config.quality)
+
+
+def _decode(config: PruningConfig, chosen: Mapping[str, Any]) -> Dict[str, Any]:
+    """The decode step a schedule was chosen with (``chosen``, by :data:`DECODE_FIELDS`),
+    field by field unless the request ``config`` names its own."""
+    return {f: chosen[f] if getattr(config, f) is None else getattr(config, f)
+            for f in DECODE_FIELDS}
 
 
 def folder_schedules(folder: Union[str, Path],
@@ -389,33 +393,51 @@ def _packaged() -> Tuple[Tuple[Dict[str, Any], str, PruningConfig], ...]:
 TRANSFER_FROM = ("qwen2.5-coder-0.5b.json", "smollm2-135m.json")
 #: The source a transferred schedule reports.
 TRANSFER_SOURCE = "transfer"
-#: How a transferred schedule decodes unless the request names a mode: after the first token
-#: the pruned tokens go once through the layers they skipped (no recompute, no selection while
-#: decoding), so no token of the answer waits longer than ``full``'s and no decode setting has
-#: to carry over from the models the rule was fit on.
-TRANSFER_COMPLETE = "after-first"
+
+
+class TransferRule(NamedTuple):
+    """What a model without a calibrated schedule runs (:func:`transfer_rule`)."""
+
+    #: ``((relative depth, keep), ...)``: keep that fraction from that depth on.
+    cuts: Tuple[Tuple[float, float], ...]
+    #: The scorer's spec, None for the default (``last``).
+    scorer: Optional[str]
+    #: :data:`DECODE_FIELDS` values (None: the library's default).
+    decode: Dict[str, Any]
 
 
 def keep_at(prune_layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: int,
-            depth: float) -> float:
+            depth: float, first: float = 1.0) -> float:
     """The fraction of the context a schedule keeps at relative depth ``depth`` (a cut after
-    layer ``l`` of ``L`` acts from depth ``(l + 1) / L`` on): 1 above its first cut."""
+    layer ``l`` of ``L`` acts from depth ``(l + 1) / L`` on): ``first`` above its first cut
+    (1: nothing pruned there)."""
     kept = [k for layer, k in zip(prune_layers, keep) if (layer + 1) / num_layers <= depth + 1e-9]
-    return min(kept) if kept else 1.0
+    return min(kept) if kept else first
 
 
-def transfer_rule(schedules: Optional[List[Tuple[int, PruningConfig]]] = None
-                  ) -> Tuple[Tuple[Tuple[float, float], ...], Any]:
-    """The transfer rule: cuts at relative depths, ``((depth, keep), ...)``, and a scorer,
-    fit on calibrated schedules (``(num_layers, config)`` pairs; by default the shipped
-    :data:`TRANSFER_FROM`).
+def transfer_rule(schedules: Optional[List[Tuple[int, PruningConfig]]] = None) -> TransferRule:
+    """The transfer rule, fit on calibrated schedules (``(num_layers, config)`` pairs; by
+    default the shipped :data:`TRANSFER_FROM`).
 
-    The rule keeps, at each relative depth, the most that any of them keeps there (the upper
-    envelope of their keep-against-depth steps): every calibrated model would have kept at
-    least as much under it as its own schedule, which met the bars. From Qwen2.5-Coder-0.5B
-    (after layer 9 of 24, keep 40%) and SmolLM2-135M (after 8 and 14 of 30, keep 50% and
-    20%): keep 50% from 10/24 of the depth, 40% from half of it. The scorer is theirs when
-    they agree, else None (``last``). No rule (``()``) when there is none to fit on.
+    Cuts: from the shallowest depth any of them cuts at, at each relative depth the most that
+    any of them keeps there, a schedule counting as keeping its first cut's fraction from that
+    depth on (the upper envelope of their keep-against-depth steps, each first cut moved up to
+    the shallowest). A cut selects by its own layer's attention, and a deeper layer's may not
+    rank what a shallower one does: SmolLM2 cut after its layer 12 (the depth of Qwen's cut)
+    instead of 8 lost 6 of 16 niah_single@768 answers with the same fractions, where after 8
+    it lost none. From Qwen2.5-Coder-0.5B (after layer 9 of 24, keep 40%) and SmolLM2-135M
+    (after 8 and 14 of 30, keep 50% and 20%): keep 50% from 9/30 of the depth, 40% from half of
+    it. The scorer is theirs when they agree, else None (``last``).
+
+    Decoding: their mode when they agree (else the library's), and of each shortcut a decode
+    step takes from the paper's step the gentlest any of them takes: the largest bound on
+    revivals (none if one has none), the smallest revive margin, the shortest hold. No source
+    was calibrated at another's settings, so the rule takes none of them further from the
+    paper than its own calibration did. From the two: decoding on the pruned state,
+    re-selecting at every step (Qwen's), at most 4 revivals a step and cut (SmolLM2's),
+    revive margin 0.5 (SmolLM2's).
+
+    No cuts (``()``) when there is nothing to fit on.
     """
     if schedules is None:
         schedules = [(dict(config.fingerprint)["num_layers"], config)
@@ -424,16 +446,24 @@ def transfer_rule(schedules: Optional[List[Tuple[int, PruningConfig]]] = None
                      and config.source.removeprefix("calibrated:") in TRANSFER_FROM]
     schedules = [(n, c) for n, c in schedules if c.prune_layers and c.keep]
     if not schedules:
-        return (), None
+        return TransferRule((), None, dict.fromkeys(DECODE_FIELDS))
     depths = sorted({(layer + 1) / n for n, c in schedules for layer in c.prune_layers})
-    rule, last = [], 1.0
+    cuts, last = [], 1.0
     for depth in depths:
-        k = max(keep_at(c.prune_layers, c.keep, n, depth) for n, c in schedules)
+        k = max(keep_at(c.prune_layers, c.keep, n, depth, first=c.keep[0]) for n, c in schedules)
         if k < last:
-            rule.append((depth, k))
+            cuts.append((depth, k))
             last = k
-    specs = {scorer_spec(c.scorer) if c.scorer is not None else None for _, c in schedules}
-    return tuple(rule), (specs.pop() if len(specs) == 1 else None)
+    configs = [c for _, c in schedules]
+    specs = {scorer_spec(c.scorer) if c.scorer is not None else None for c in configs}
+    modes = {c.complete for c in configs}
+    bounds = [c.max_revivals for c in configs]
+    margin = min(c.revive_margin or 0.0 for c in configs)
+    hold = min(c.reselect_every or 1 for c in configs)
+    decode = {"complete": modes.pop() if len(modes) == 1 else None,
+              "max_revivals": None if None in bounds else max(bounds),
+              "revive_margin": margin or None, "reselect_every": hold if hold > 1 else None}
+    return TransferRule(tuple(cuts), specs.pop() if len(specs) == 1 else None, decode)
 
 
 def transfer_layers(rule: Tuple[Tuple[float, float], ...], num_layers: int,
@@ -455,15 +485,15 @@ def transfer_layers(rule: Tuple[Tuple[float, float], ...], num_layers: int,
 
 def transfer_config(config: PruningConfig, fingerprint: Dict[str, Any],
                     global_layers: Sequence[int] = ()) -> PruningConfig:
-    """A plain ``lazy`` for a model without a calibrated schedule: the cuts and scorer of
-    :func:`transfer_rule` placed on its depth (:func:`transfer_layers`, after its
-    ``global_layers`` where it has sliding windows), decoding :data:`TRANSFER_COMPLETE`
-    unless ``config`` names a mode, reporting ``source: "transfer"``; ``config`` itself (the
-    preset) when there is no rule or the model is too shallow for a cut."""
+    """A plain ``lazy`` for a model without a calibrated schedule: the cuts, scorer and decode
+    settings of :func:`transfer_rule`, the cuts placed on its depth (:func:`transfer_layers`,
+    after its ``global_layers`` where it has sliding windows), a decode setting the request
+    names staying its own; reporting ``source: "transfer"``. ``config`` itself (the preset)
+    when there is no rule or the model is too shallow for a cut."""
     num_layers = fingerprint.get("num_layers")
-    rule, scorer = transfer_rule()
-    if not rule or not isinstance(num_layers, int) or num_layers < 2:
+    rule = transfer_rule()
+    if not rule.cuts or not isinstance(num_layers, int) or num_layers < 2:
         return config
-    layers, keep = transfer_layers(rule, num_layers, global_layers)
-    return replace(config, prune_layers=layers, keep=keep, scorer=scorer,
-                   complete=config.complete or TRANSFER_COMPLETE, source=TRANSFER_SOURCE)
+    layers, keep = transfer_layers(rule.cuts, num_layers, global_layers)
+    return replace(config, prune_layers=layers, keep=keep, scorer=rule.scorer,
+                   source=TRANSFER_SOURCE, **_decode(config, rule.decode))

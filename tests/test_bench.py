@@ -383,9 +383,9 @@ def test_quick_end_to_end(tiny_model_path, tmp_path):
     assert base and base[0]["ttft_speedup"] == pytest.approx(1.0)
     assert base[0]["baseline_score"] is not None  # the baseline's own accuracy is reported
     lazy = next(r for r in data["summary"] if r["method"] == "lazy" and r["task"] == "all")
-    # the prefill is pruned; completed after the first token (the default), every prompt token
-    # ends up computed at every layer
-    assert lazy["prefill_work_pct"] < 100 and lazy["prompt_tokens_computed_pct"] == 100
+    # the prefill is pruned and, decoding on the pruned state (the transfer rule of a model
+    # nobody calibrated), some prompt tokens never reach the last layer
+    assert lazy["prefill_work_pct"] < 100 and lazy["prompt_tokens_computed_pct"] < 100
     # Paired against our unpruned path on the same samples, with a Wilson interval.
     n = len([r for r in runs if r["method"] == "lazy"])
     assert lazy["vs_full"]["n"] == n and lazy["vs_full"]["lost"] + lazy["vs_full"]["won"] <= n

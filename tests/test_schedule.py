@@ -258,26 +258,34 @@ def test_an_endless_schedule_file_is_cut_at_the_limit():
 
 def test_the_transfer_rule_is_the_envelope_of_the_shipped_schedules():
     """Fit on Qwen2.5-Coder-0.5B (after layer 9 of 24, 40%) and SmolLM2-135M (after 8 and
-    14 of 30, 50% and 20%): 50% from 10/24 of the depth on, 40% from half of it, with their
-    common scorer."""
+    14 of 30, 50% and 20%): 50% from SmolLM2's first cut's depth, 9/30, on, 40% from half of
+    it, with their common scorer, decoding on the pruned state at the gentlest of their
+    settings (Qwen: every step, at most 2 revivals, margin 1; SmolLM2: held 3 steps, at most
+    4, margin 0.5)."""
     from mlx_lazy.schedule_files import transfer_rule
 
-    rule, scorer = transfer_rule()
-    assert rule == ((10 / 24, 0.5), (0.5, 0.4)) and scorer == "window:size=32:pool=8"
+    rule, scorer, decode = transfer_rule()
+    assert rule == ((0.3, 0.5), (0.5, 0.4)) and scorer == "window:size=32:pool=8"
+    assert decode == {"complete": "none", "max_revivals": 4, "revive_margin": 0.5,
+                      "reselect_every": None}
 
 
 def test_the_transfer_rule_keeps_at_least_what_each_calibrated_schedule_keeps():
-    """On each calibrated model's own depth, at every layer the rule keeps at least as much
-    as the model's calibrated schedule (which met the bars), and prunes somewhere."""
+    """On each calibrated model's own depth the rule cuts first where the shallowest of them
+    does, and from each one's first cut on keeps at every layer at least as much as its
+    calibrated schedule (which met the bars), pruning somewhere."""
     from mlx_lazy.schedule_files import (PACKAGED_SCHEDULES, TRANSFER_FROM, keep_at,
                                          transfer_layers, transfer_rule)
 
-    rule, _ = transfer_rule()
-    for name in TRANSFER_FROM:
-        config = read_schedule(PACKAGED_SCHEDULES / name)
+    rule = transfer_rule().cuts
+    sources = [read_schedule(PACKAGED_SCHEDULES / name) for name in TRANSFER_FROM]
+    shallowest = min((c.prune_layers[0] + 1) / dict(c.fingerprint)["num_layers"]
+                     for c in sources)
+    assert rule[0][0] == shallowest
+    for name, config in zip(TRANSFER_FROM, sources):
         n = dict(config.fingerprint)["num_layers"]
         layers, keep = transfer_layers(rule, n)
-        for layer in range(n):
+        for layer in range(config.prune_layers[0], n):
             depth = (layer + 1) / n
             assert keep_at(layers, keep, n, depth) >= keep_at(config.prune_layers, config.keep,
                                                               n, depth), (name, layer)
@@ -287,14 +295,24 @@ def test_the_transfer_rule_keeps_at_least_what_each_calibrated_schedule_keeps():
 def test_a_synthetic_transfer_fit():
     from mlx_lazy.schedule_files import transfer_layers, transfer_rule
 
-    a = PruningConfig("lazy", prune_layers=(1, 5), keep=(0.6, 0.1), scorer="last")  # of 10
-    b = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), scorer="window:size=8")  # of 8
-    rule, scorer = transfer_rule([(10, a), (8, b)])
-    # depths 0.2: a keeps 0.6, b 1 -> 1; 0.5: 0.6 vs 0.3 -> 0.6; 0.6: 0.1 vs 0.3 -> 0.3
-    assert rule == ((0.5, 0.6), (0.6, 0.3)) and scorer is None
-    assert transfer_rule([]) == ((), None)
-    assert transfer_layers(rule, 10) == ((4, 5), (0.6, 0.3))
-    assert transfer_layers(rule, 3) == ((1,), (0.6,))  # both land on layer 1: the most kept
+    a = PruningConfig("lazy", prune_layers=(1, 5), keep=(0.6, 0.1), scorer="last",  # of 10
+                      complete="none", max_revivals=2, revive_margin=1.0, reselect_every=3)
+    b = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), scorer="window:size=8",  # of 8
+                      complete="none", max_revivals=5, revive_margin=0.25, reselect_every=2)
+    rule, scorer, decode = transfer_rule([(10, a), (8, b)])
+    # Depths 0.2: a keeps 0.6, b its first cut's 0.3 -> 0.6; 0.5: 0.6 vs 0.3 -> 0.6;
+    # 0.6: 0.1 vs 0.3 -> 0.3.
+    assert rule == ((0.2, 0.6), (0.6, 0.3)) and scorer is None
+    assert decode == {"complete": "none", "max_revivals": 5, "revive_margin": 0.25,
+                      "reselect_every": 2}
+    # One unbounded, one re-selecting at every step, one with no margin, modes that differ:
+    c = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), complete="after-first")
+    assert transfer_rule([(10, a), (8, c)]).decode == dict.fromkeys(
+        ("complete", "max_revivals", "revive_margin", "reselect_every"))
+    assert transfer_rule([]).cuts == ()
+    assert transfer_layers(rule, 10) == ((1, 5), (0.6, 0.3))
+    assert transfer_layers(rule, 3) == ((0, 1), (0.6, 0.3))
+    assert transfer_layers(((0.5, 0.6), (0.6, 0.3)), 3) == ((1,), (0.6,))  # one layer: the most
     assert transfer_layers(((0.41, 0.5), (0.5, 0.2)), 30) == ((12, 14), (0.5, 0.2))  # never earlier
     # With sliding-window layers each cut goes after the nearest global one (8: a tie, the
     # lower), where both of these land: the most kept.
@@ -312,7 +330,9 @@ def test_the_transfer_rule_cuts_a_sliding_window_model_after_global_layers(tiny_
     gemma, _ = tiny_model("gemma3_text")
     assert sliding_windows(gemma) == [24, None, 24, None] and global_layers(gemma) == (1,)
     assert global_layers(tiny_model("llama")[0]) == ()
-    monkeypatch.setattr(schedule_files, "transfer_rule", lambda: (((0.25, 0.5),), None))
+    rule = schedule_files.TransferRule(((0.25, 0.5),), None,
+                                       dict.fromkeys(schedule_files.DECODE_FIELDS))
+    monkeypatch.setattr(schedule_files, "transfer_rule", lambda: rule)
     assert resolve_config(gemma, "lazy").prune_layers == (1,)
     assert resolve_config(tiny_model("llama")[0], "lazy").prune_layers == (0,)
 
@@ -325,14 +345,17 @@ def test_a_plain_lazy_on_an_uncalibrated_model_takes_the_transfer_rule(tiny_mode
 
     model, _ = tiny_model("qwen2")
     s = resolve_config(model, "lazy")
-    assert (s.source, s.prune_layers, s.keep, scorer_spec(s.scorer), s.complete) == (
-        "transfer", (1,), (0.5,), "window:size=32:pool=8", "after-first")
+    assert (s.source, s.prune_layers, s.keep, scorer_spec(s.scorer)) == (
+        "transfer", (1,), (0.5,), "window:size=32:pool=8")
+    assert (s.complete, s.max_revivals, s.revive_margin, s.reselect_every) == (
+        "none", 4, 0.5, 1)
     assert LazyEngine(model, s).stats.schedule["source"] == "transfer"
-    # A decode mode the request names stays (here the unpruned model's own decode).
-    assert resolve_config(model, PruningConfig("lazy", complete="exact")).complete == "exact"
+    # A decode setting the request names stays its own.
+    mine = resolve_config(model, PruningConfig("lazy", complete="exact", max_revivals=1))
+    assert (mine.source, mine.complete, mine.max_revivals) == ("transfer", "exact", 1)
     deep = calibrated(PruningConfig("lazy", anchors=3), {"num_layers": 36})
     assert (deep.source, deep.prune_layers, deep.keep, deep.anchors, deep.complete) == (
-        "transfer", (14, 17), (0.5, 0.4), 3, "after-first")
+        "transfer", (10, 17), (0.5, 0.4), 3, "none")
     user = PruningConfig("lazy", prune_layers=(0,), keep=(0.5,))
     assert resolve_config(model, user).source == "user"
     assert resolve_config(model, "lazy+speed").source == "preset"
