@@ -71,7 +71,7 @@ from ..policies import at_global_layers, layers_at
 from ..schedule_files import (DECODE_FIELDS, MODEL_SCHEDULE_FILE, cached_schedule_path,
                                fingerprint_digest, schedule_file_name, write_schedule)
 from . import fidelity, stats, yardstick
-from .calibration_results import report, used_cells
+from .calibration_results import measured_floor, report, used_cells
 from .costmodel import predicted_counts, prior
 from .common import Method, jsonable, loadavg, median
 from .harness import run_one
@@ -705,7 +705,7 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
     # candidate) pruned short prompts less: its scores and KLD are not this run's; full's
     # and the yardsticks' are. It stays in the results marked so.
     for c in earlier.values():
-        c["min_keep"] = c.get("min_keep", old.get("min_keep"))
+        c["min_keep"] = measured_floor(c, old)
     for c in cands:
         found = earlier.pop(_config_key(c.config_dict()), None)
         if found is not None and found["min_keep"] == MIN_KEEP_MEASURED:

@@ -28,6 +28,12 @@ def rung_samples(doc: dict[str, Any], rung: int) -> int:
     return rungs[min(rung, len(rungs) - 1)]  # a resumed run may have had more rungs
 
 
+def measured_floor(candidate: dict[str, Any], doc: dict[str, Any]) -> Optional[int]:
+    """The keep floor ``candidate`` of results ``doc`` was measured under: its own, else (a
+    file from before candidates recorded one) the file's; None: the library's floor."""
+    return candidate.get("min_keep", doc.get("min_keep"))
+
+
 def candidate_rows(doc: dict[str, Any], cells: Sequence[str]) -> list[dict[str, Any]]:
     """Per candidate, pooled paired statistics on the samples of ``cells`` that both it and
     ``full`` have (the same count in every cell); ``partial`` when that is fewer than the
@@ -42,7 +48,7 @@ def candidate_rows(doc: dict[str, Any], cells: Sequence[str]) -> list[dict[str, 
         mine = [s for cell in cells for s in c["scores"][cell][:n]]
         measured = c.get("measured_gain")
         # an earlier run's, measured under another keep floor: not comparable with the rest
-        other_floor = c.get("min_keep", doc.get("min_keep")) != doc.get("min_keep")
+        other_floor = measured_floor(c, doc) != doc.get("min_keep")
         name = c["name"] + (" (measured under another keep floor)" if other_floor else "")
         rows.append(dict(name=name, config=c["config"], gain=c["predicted_gain"],
                          measured_gain=measured and measured["gain"],
