@@ -1,0 +1,195 @@
+"""Where a model ranks a needle: ``python -m mlx_lazy.bench.probe``.
+
+At a cut the scorer ranks the context and the top ``keep`` fraction goes on; a retrieval
+answer needs the needle's value. For each layer this measures the smallest keep fraction a cut
+after it would need, at the prompt, to keep every token of the value: the share of the prompt
+scoring at least as high as the value's lowest-scoring token (the tokens a cut always keeps
+counted in, as the engine counts them), from that layer's queries and keys in an unpruned
+prefill. A few dozen
+retrieval prompts take a minute or two on this CPU, where one retrieval cell of a calibration
+takes ten.
+
+::
+
+    python -m mlx_lazy.bench.probe --model qwen2.5-coder-0.5b --samples 24 --length 1024
+
+It is a probe, not a bar: a decode step that may revive tokens brings back a value the
+prompt's selection missed (SmolLM2's default cuts after layer 8 keeping 50%, where the value
+needs 61% in the median prompt, and keeps its answers), and drift is measured apart. Where a
+decode step revives nothing (``max_revivals=0``) the prompt's selection is all there is, and
+the probe says which cuts can keep the value (docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
+from .. import load
+from .._args import OneLineParser
+from ..adapter import sliding_windows
+from ..engine import LazyEngine
+from ..errors import UserInputError
+from ..folders import write_text_atomic
+from ..scorers import ScoreContext, Scorer, parse_scorer, scorer_spec
+from .tasks import TASKS, Sample, build_samples
+
+#: The quantiles over prompts the report gives per layer.
+QUANTILES = (0.5, 0.9, 1.0)
+
+
+def value_positions(tokenizer: Any, sample: Sample) -> np.ndarray:
+    """Positions of the prompt tokens that spell the sample's answer values (each value's
+    first occurrence in the prompt, the tokens decoded one by one).
+
+    Raises:
+        UserInputError: a value that does not appear in the prompt (a task whose answer is
+            not copied from it).
+    """
+    pieces = [tokenizer.decode([t]) for t in sample.tokens]
+    text = "".join(pieces)
+    ends = np.cumsum([len(p) for p in pieces])
+    starts = ends - np.array([len(p) for p in pieces])
+    found: List[np.ndarray] = []
+    for value in sample.references:
+        at = text.find(value)
+        if at < 0:
+            raise UserInputError(f"{sample.task} sample {sample.index}: its value {value!r} "
+                                 "is not in the prompt")
+        found.append(np.flatnonzero((starts < at + len(value)) & (ends > at)))
+    return np.unique(np.concatenate(found))
+
+
+def needed_keep(scores: np.ndarray, value: np.ndarray, forced: np.ndarray) -> float:
+    """The smallest keep fraction whose selection by ``scores`` (n,) keeps every position in
+    ``value``, in the engine's terms (:func:`mlx_lazy.selection.kept_count`: a share of all
+    ``n`` prompt tokens, the ``forced`` ones, always kept, among them): the share scoring at
+    least as high as the lowest-scoring ``value`` position, ties kept."""
+    ranked = np.where(forced, np.inf, scores)
+    return float((ranked >= scores[value].min()).sum()) / len(scores)
+
+
+def layer_scores(engine: LazyEngine, tokens: Sequence[int], scorer: Scorer) -> List[np.ndarray]:
+    """The (n,) scores ``scorer`` gives the prompt ``tokens`` at every layer a cut may
+    follow (all but the last), from an unpruned prefill on ``engine`` (a ``full`` one): what a
+    cut after that layer would rank the prompt by."""
+    adapter, window = engine.adapter, scorer.n_queries
+    captured: Dict[int, tuple] = {}
+    qkv = adapter.qkv
+
+    def capture(layer: int, h: mx.array, positions: np.ndarray) -> tuple:
+        q, k, v = qkv(layer, h, positions)
+        captured[layer] = (q[:, :, -window:], k)
+        return q, k, v
+
+    adapter.qkv = capture  # this engine's instance only
+    try:
+        mx.eval(engine.prefill(list(tokens)))
+    finally:
+        del adapter.qkv
+    n = len(tokens)
+    positions = np.arange(n)
+    scores = []
+    for layer in range(adapter.num_layers - 1):
+        queries, keys = captured[layer]
+        ctx = ScoreContext(layer, queries, positions[-window:], keys, positions,
+                           np.ones(n, bool), None, adapter.scale)
+        scores.append(np.array(scorer.score(ctx)))
+    return scores
+
+
+def probe(model: Any, tokenizer: Any, samples: Sequence[Sample], scorer: Scorer) -> np.ndarray:
+    """(samples, layers - 1) keep fractions (:func:`needed_keep`) of each sample at every
+    layer a cut may follow, from one unpruned prefill per sample.
+
+    Raises:
+        UserInputError: a sample whose value is missing from its prompt or inside the scorer's
+            window (always kept: nothing to measure).
+    """
+    engine = LazyEngine(model)
+    window, anchors = scorer.n_queries, engine.schedule.anchors
+    need = np.zeros((len(samples), engine.adapter.num_layers - 1))
+    for i, sample in enumerate(samples):
+        value, n = value_positions(tokenizer, sample), sample.n_tokens
+        if value.max() >= n - window:
+            raise UserInputError(f"{sample.task} sample {sample.index}: the value is within the "
+                                 f"scorer's last {window} tokens")
+        positions = np.arange(n)
+        forced = (positions < anchors) | (positions >= n - window)
+        for layer, scores in enumerate(layer_scores(engine, sample.tokens, scorer)):
+            need[i, layer] = needed_keep(scores, value, forced)
+    return need
+
+
+def summary(need: np.ndarray, windows: Sequence[Optional[int]]) -> List[Dict[str, Any]]:
+    """Per layer: its quantiles over prompts (:data:`QUANTILES`) and its sliding window (None:
+    global; a cut may follow only a global layer on a model that has both)."""
+    return [{"layer": layer, "sliding_window": windows[layer],
+             **{f"q{round(q * 100)}": float(np.quantile(need[:, layer], q)) for q in QUANTILES}}
+            for layer in range(need.shape[1])]
+
+
+def render(rows: Sequence[Dict[str, Any]], samples: int) -> str:
+    """The report: one line per layer."""
+    out = [f"keep fraction a cut after each layer needs to keep every value token "
+           f"({samples} prompts): median, 90th percentile, largest"]
+    for row in rows:
+        local = f"  (sliding window {row['sliding_window']})" if row["sliding_window"] else ""
+        out.append(f"  layer {row['layer']:>3}: {row['q50']:.2f} {row['q90']:.2f} "
+                   f"{row['q100']:.2f}{local}")
+    return "\n".join(out)
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog="python -m mlx_lazy.bench.probe",
+                      description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--model", default="smollm2-135m", help="model folder or name")
+    p.add_argument("--task", default="niah_single",
+                   help=f"a retrieval task whose answer is in the prompt ({', '.join(TASKS)})")
+    p.add_argument("--length", type=int, default=1024, help="prompt tokens per sample")
+    p.add_argument("--samples", type=int, default=24, help="prompts")
+    p.add_argument("--scorer", default="window:size=32:pool=8", help="the scorer's spec")
+    p.add_argument("--seed", type=int, default=0, help="the samples' seed")
+    p.add_argument("--out", type=Path, help="also write the per-prompt fractions as JSON")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        for flag, value in (("--length", args.length), ("--samples", args.samples)):
+            if value < 1:
+                raise UserInputError(f"{flag} must be >= 1, got {value}")
+        scorer = parse_scorer(args.scorer)
+        if args.task not in TASKS:
+            raise UserInputError(f"--task {args.task!r} is not one of {', '.join(TASKS)}")
+        if args.out is not None and not args.out.resolve().parent.is_dir():
+            raise UserInputError(f"--out: no folder {args.out.resolve().parent}")
+        model, tokenizer = load(args.model)
+        try:
+            samples = build_samples(tokenizer, args.task, args.length, args.samples, args.seed)
+        except ValueError as e:  # a length too short for the task
+            raise UserInputError(str(e)) from None
+        need = probe(model, tokenizer, samples, scorer)
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = summary(need, sliding_windows(model))
+    print(render(rows, args.samples))
+    if args.out is not None:
+        write_text_atomic(args.out, json.dumps(
+            {"model": args.model, "task": args.task, "length": args.length, "seed": args.seed,
+             "scorer": scorer_spec(scorer), "layers": rows, "per_prompt": need.tolist()},
+            indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

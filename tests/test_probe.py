@@ -1,0 +1,91 @@
+"""``python -m mlx_lazy.bench.probe``: the keep fraction a cut needs to keep a needle's value."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from mlx_lazy import PruningConfig, resolve_config, selection
+from mlx_lazy.bench import probe
+from mlx_lazy.bench.tasks import build_samples
+from mlx_lazy.engine import LazyEngine
+from mlx_lazy.errors import UserInputError
+from mlx_lazy.scorers import parse_scorer
+
+SCORER = "window:size=8:pool=2"
+
+
+def test_needed_keep_counts_what_scores_at_least_the_weakest_value_token():
+    """Forced positions count as kept; the weakest value token sets the threshold, ties in."""
+    scores = np.array([0.0, 5.0, 1.0, 3.0, 3.0, 2.0, 9.0, 0.5])
+    forced = np.zeros(8, bool)
+    forced[[0, 7]] = True
+    # value at 1 and 3: the weakest scores 3.0; at or above it: 1, 3, 4 (a tie), 6, and the
+    # forced 0 and 7
+    assert probe.needed_keep(scores, np.array([1, 3]), forced) == 6 / 8
+    assert probe.needed_keep(scores, np.array([6]), forced) == 3 / 8
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3_text"])
+def test_the_probe_keep_is_what_the_engine_cut_needs(tiny_model, kind):
+    """A cut after the layer keeping the probe's fraction keeps every value token through the
+    prompt's selection; keeping only what scores strictly above the weakest one drops one.
+    So the probe ranks as the engine's own selection does, layer for layer."""
+    model, tokenizer = tiny_model(kind)
+    sample = build_samples(tokenizer, "niah_single", 600, 1, seed=1)[0]
+    scorer = parse_scorer(SCORER)
+    value = probe.value_positions(tokenizer, sample)
+    assert sample.references[0] in tokenizer.decode([sample.tokens[i] for i in value])
+    n = sample.n_tokens
+    positions = np.arange(n)
+    forced = (positions < 1) | (positions >= n - scorer.n_queries)
+    scores = probe.layer_scores(LazyEngine(model), sample.tokens, scorer)
+    layer = 1
+    need = probe.needed_keep(scores[layer], value, forced)
+    above = np.where(forced, np.inf, scores[layer]) > scores[layer][value].min()
+    assert need < 1 and above.sum() / n < need
+
+    def kept_at_depth(keep: float) -> np.ndarray:
+        config = PruningConfig("lazy", prune_layers=(layer,), keep=(keep,), scorer=SCORER,
+                               complete="none")
+        engine = LazyEngine(model, resolve_config(model, config))
+        engine.prefill(list(sample.tokens))
+        return engine.cache.depth[value] > layer + 1
+
+    with selection.keep_floor(0):
+        assert kept_at_depth(need).all()
+        assert not kept_at_depth(above.sum() / n).all()
+
+
+def test_probe_reports_every_layer_a_cut_may_follow(tiny_model_path, tmp_path, capsys):
+    out = tmp_path / "probe.json"
+    assert probe.main(["--model", str(tiny_model_path), "--samples", "2", "--length", "600",
+                       "--scorer", SCORER, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    layers = report["layers"]
+    assert [row["layer"] for row in layers] == list(range(len(layers)))
+    assert all(0 < row["q50"] <= row["q90"] <= row["q100"] <= 1 for row in layers)
+    assert np.array(report["per_prompt"]).shape == (2, len(layers))
+    assert capsys.readouterr().out.count("\n  layer ") == len(layers)
+
+
+def test_a_value_missing_from_its_prompt_is_refused(tiny_model):
+    _, tokenizer = tiny_model("llama")
+    sample = build_samples(tokenizer, "niah_single", 600, 1)[0]
+    with pytest.raises(UserInputError, match="is not in the prompt"):
+        probe.value_positions(tokenizer, dataclasses.replace(sample, references=("QQQQQQ",)))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--samples", "0"], "--samples must be >= 1"),
+    (["--length", "-5"], "--length must be >= 1"),
+    (["--task", "nope"], "--task 'nope' is not one of"),
+    (["--scorer", "bogus"], "scorer"),
+    (["--length", "100"], "too short for this task"),
+])
+def test_bad_input_is_one_error_line(tiny_model_path, argv, says, capsys):
+    assert probe.main(["--model", str(tiny_model_path), "--length", "600", "--samples", "1",
+                       *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and says in err[0]
