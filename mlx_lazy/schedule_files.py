@@ -422,13 +422,14 @@ def transfer_rule(schedules: Optional[List[Tuple[int, PruningConfig]]] = None) -
     Cuts: from the shallowest depth any of them cuts at, at each relative depth the most that
     any of them keeps there, a schedule counting as keeping its first cut's fraction from that
     depth on (the upper envelope of their keep-against-depth steps, each first cut moved up to
-    the shallowest). A cut selects by its own layer's attention, and a deeper layer's may not
-    rank what a shallower one does: SmolLM2 cut after its layer 12 (the depth of Qwen's cut)
-    instead of 8 lost 44 / won 2 of 100 paired retrieval answers decoding on the pruned state,
-    and in a ranking on 16 niah_single@768 samples with the same fractions after 12 lost six
-    that after 8 kept. From Qwen2.5-Coder-0.5B (after layer 9 of 24, keep 40%) and SmolLM2-135M
-    (after 8 and 14 of 30, keep 50% and 20%): keep 50% from 9/30 of the depth, 40% from half of
-    it. The scorer is theirs when they agree, else None (``last``).
+    the shallowest). A cut selects by its own layer's attention, and what a deeper layer's drops
+    the answer may not bring back: SmolLM2 cut after its layer 12 (the depth of Qwen's cut)
+    instead of 8 lost 44 / won 2 of 100 paired retrieval answers decoding on the pruned state;
+    in a ranking on 16 niah_single@768 samples it lost the six whose value the prompt's
+    selection drops there (:mod:`mlx_lazy.bench.probe`), revivals or none, where after 8 the
+    answer's queries revive it. From Qwen2.5-Coder-0.5B (after layer 9 of 24, keep 40%) and
+    SmolLM2-135M (after 8 and 14 of 30, keep 50% and 20%): keep 50% from 9/30 of the depth, 40%
+    from half of it. The scorer is theirs when they agree, else None (``last``).
 
     Decoding: their mode when they agree (else the library's), and of each shortcut a decode
     step takes from the paper's step the gentlest any of them takes: the largest bound on

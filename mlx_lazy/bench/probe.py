@@ -5,19 +5,18 @@ answer needs the needle's value. For each layer this measures the smallest keep 
 after it would need, at the prompt, to keep every token of the value: the share of the prompt
 scoring at least as high as the value's lowest-scoring token (the tokens a cut always keeps
 counted in, as the engine counts them), from that layer's queries and keys in an unpruned
-prefill. A few dozen
-retrieval prompts take a minute or two on this CPU, where one retrieval cell of a calibration
-takes ten.
+prefill. A few dozen retrieval prompts take a minute or two on this CPU, where one retrieval
+cell of a calibration takes ten.
 
 ::
 
     python -m mlx_lazy.bench.probe --model qwen2.5-coder-0.5b --samples 24 --length 1024
 
-It is a probe, not a bar: a decode step that may revive tokens brings back a value the
-prompt's selection missed (SmolLM2's default cuts after layer 8 keeping 50%, where the value
-needs 61% in the median prompt, and keeps its answers), and drift is measured apart. Where a
-decode step revives nothing (``max_revivals=0``) the prompt's selection is all there is, and
-the probe says which cuts can keep the value (docs/calibration.md).
+A cut the probe clears (its fraction under the cut's keep) kept every answer whatever the
+decode did, revivals off included; a cut it does not clear depends on the layer: SmolLM2 after
+layer 8 keeping 50% (the value needs 74% in the median prompt there) keeps its answers because
+the answer's queries revive the value, while after layer 12 the prompts it does not clear were
+lost with revivals unbounded too. Drift is measured apart (docs/calibration.md).
 """
 
 from __future__ import annotations
