@@ -89,3 +89,19 @@ def test_bad_input_is_one_error_line(tiny_model_path, argv, says, capsys):
                        *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and says in err[0]
+
+
+def test_the_cleared_cut_is_the_shallowest_global_layer_within_the_keep():
+    """Sliding-window layers are passed over (a cut may not follow them), and the largest
+    fraction over the prompts, not the median, decides."""
+    rows = [{"layer": 0, "sliding_window": None, "q50": 0.1, "q90": 0.5, "q100": 0.6},
+            {"layer": 1, "sliding_window": 512, "q50": 0.1, "q90": 0.1, "q100": 0.1},
+            {"layer": 2, "sliding_window": None, "q50": 0.2, "q90": 0.3, "q100": 0.35},
+            {"layer": 3, "sliding_window": None, "q50": 0.1, "q90": 0.1, "q100": 0.15}]
+    assert probe.cleared(rows, 0.5) == 2
+    assert probe.cleared(rows, 0.6) == 0
+    assert probe.cleared(rows, 0.2) == 3
+    assert probe.cleared(rows, 0.1) is None
+    report = probe.render(rows, 4)
+    assert "keep 50%: after layer 2 (calibrate --cuts 0.6000/0.5)" in report
+    assert "keep 20%: after layer 3 (calibrate --cuts 0.8000/0.2)" in report

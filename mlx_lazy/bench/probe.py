@@ -41,6 +41,8 @@ from .tasks import TASKS, Sample, build_samples
 
 #: The quantiles over prompts the report gives per layer.
 QUANTILES = (0.5, 0.9, 1.0)
+#: The keep fractions the report names the shallowest cut it clears for.
+KEEPS = (0.5, 0.4, 0.3, 0.2)
 
 
 def value_positions(tokenizer: Any, sample: Sample) -> np.ndarray:
@@ -134,14 +136,30 @@ def summary(need: np.ndarray, windows: Sequence[Optional[int]]) -> List[Dict[str
             for layer in range(need.shape[1])]
 
 
+def cleared(rows: Sequence[Dict[str, Any]], keep: float) -> Optional[int]:
+    """The shallowest layer a cut keeping ``keep`` may follow (a global one where the model
+    has sliding windows) whose largest fraction over the prompts is at most ``keep``: a cut
+    there kept the value in every prompt at the prompt's selection. None if there is none."""
+    allowed = [r for r in rows if r["sliding_window"] is None]
+    return next((r["layer"] for r in allowed if r["q100"] <= keep), None)
+
+
 def render(rows: Sequence[Dict[str, Any]], samples: int) -> str:
-    """The report: one line per layer."""
+    """The report: one line per layer, then the shallowest cut it clears per keep fraction
+    (:data:`KEEPS`) as ``calibrate --cuts`` takes it."""
     out = [f"keep fraction a cut after each layer needs to keep every value token "
            f"({samples} prompts): median, 90th percentile, largest"]
     for row in rows:
         local = f"  (sliding window {row['sliding_window']})" if row["sliding_window"] else ""
         out.append(f"  layer {row['layer']:>3}: {row['q50']:.2f} {row['q90']:.2f} "
                    f"{row['q100']:.2f}{local}")
+    out.append("the shallowest cut whose selection kept the value in every prompt:")
+    depth = len(rows) + 1  # a cut may follow every layer but the last
+    for keep in KEEPS:
+        layer = cleared(rows, keep)
+        where = "none" if layer is None else (
+            f"after layer {layer} (calibrate --cuts {(layer + 1) / depth:.4f}/{keep:g})")
+        out.append(f"  keep {keep:.0%}: {where}")
     return "\n".join(out)
 
 
