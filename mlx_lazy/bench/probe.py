@@ -80,28 +80,23 @@ def layer_scores(engine: LazyEngine, tokens: Sequence[int], scorer: Scorer) -> L
     """The (n,) scores ``scorer`` gives the prompt ``tokens`` at every layer a cut may
     follow (all but the last), from an unpruned prefill on ``engine`` (a ``full`` one): what a
     cut after that layer would rank the prompt by."""
-    adapter, window = engine.adapter, scorer.n_queries
-    captured: Dict[int, tuple] = {}
+    adapter, window, n = engine.adapter, scorer.n_queries, len(tokens)
+    scores: List[np.ndarray] = []
     qkv = adapter.qkv
 
-    def capture(layer: int, h: mx.array, positions: np.ndarray) -> tuple:
+    def scored(layer: int, h: mx.array, positions: np.ndarray) -> tuple:
         q, k, v = qkv(layer, h, positions)
-        captured[layer] = (q[:, :, -window:], k)
+        if layer < adapter.num_layers - 1:  # scored at once: no layer's keys held past it
+            ctx = ScoreContext(layer, q[:, :, -window:], positions[-window:], k, positions,
+                               np.ones(n, bool), None, adapter.scale)
+            scores.append(np.array(scorer.score(ctx)))
         return q, k, v
 
-    adapter.qkv = capture  # this engine's instance only
+    adapter.qkv = scored  # this engine's instance only
     try:
         mx.eval(engine.prefill(list(tokens)))
     finally:
         del adapter.qkv
-    n = len(tokens)
-    positions = np.arange(n)
-    scores = []
-    for layer in range(adapter.num_layers - 1):
-        queries, keys = captured[layer]
-        ctx = ScoreContext(layer, queries, positions[-window:], keys, positions,
-                           np.ones(n, bool), None, adapter.scale)
-        scores.append(np.array(scorer.score(ctx)))
     return scores
 
 
