@@ -25,12 +25,15 @@ def test_needed_keep_counts_what_scores_at_least_the_weakest_value_token():
     # forced 0 and 7
     assert probe.needed_keep(scores, np.array([1, 3]), forced) == 6 / 8
     assert probe.needed_keep(scores, np.array([6]), forced) == 3 / 8
+    # any of 1 and 3: the stronger, 5.0, sets it: 1, 6 and the forced two
+    assert probe.needed_keep(scores, np.array([1, 3]), forced, every=False) == 4 / 8
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3_text"])
 def test_the_probe_keep_is_what_the_engine_cut_needs(tiny_model, kind):
     """A cut after the layer keeping the probe's fraction keeps every value token through the
     prompt's selection; keeping only what scores strictly above the weakest one drops one.
+    At its fraction for any value token, one stays; strictly above the strongest, none does.
     So the probe ranks as the engine's own selection does, layer for layer."""
     model, tokenizer = tiny_model(kind)
     sample = build_samples(tokenizer, "niah_single", 600, 1, seed=1)[0]
@@ -43,8 +46,12 @@ def test_the_probe_keep_is_what_the_engine_cut_needs(tiny_model, kind):
     scores = probe.layer_scores(LazyEngine(model), sample.tokens, scorer)
     layer = 1
     need = probe.needed_keep(scores[layer], value, forced)
-    above = np.where(forced, np.inf, scores[layer]) > scores[layer][value].min()
+    ranked = np.where(forced, np.inf, scores[layer])
+    above = ranked > scores[layer][value].min()
     assert need < 1 and above.sum() / n < need
+    need_any = probe.needed_keep(scores[layer], value, forced, every=False)
+    above_all = ranked > scores[layer][value].max()
+    assert above_all.sum() / n < need_any < need
 
     def kept_at_depth(keep: float) -> np.ndarray:
         config = PruningConfig("lazy", prune_layers=(layer,), keep=(keep,), scorer=SCORER,
@@ -56,6 +63,8 @@ def test_the_probe_keep_is_what_the_engine_cut_needs(tiny_model, kind):
     with selection.keep_floor(0):
         assert kept_at_depth(need).all()
         assert not kept_at_depth(above.sum() / n).all()
+        assert kept_at_depth(need_any).any()
+        assert not kept_at_depth(above_all.sum() / n).any()
 
 
 def test_probe_reports_every_layer_a_cut_may_follow(tiny_model_path, tmp_path, capsys):
@@ -66,7 +75,9 @@ def test_probe_reports_every_layer_a_cut_may_follow(tiny_model_path, tmp_path, c
     layers = report["layers"]
     assert [row["layer"] for row in layers] == list(range(len(layers)))
     assert all(0 < row["q50"] <= row["q90"] <= row["q100"] <= 1 for row in layers)
-    assert np.array(report["per_prompt"]).shape == (2, len(layers))
+    assert all(0 < row["any_q50"] <= row["any_q90"] <= row["any_q100"] <= 1 for row in layers)
+    every, anyone = (np.array(report["per_prompt"][k]) for k in ("every", "any"))
+    assert every.shape == anyone.shape == (2, len(layers)) and (anyone <= every).all()
     assert capsys.readouterr().out.count("\n  layer ") == len(layers)
 
 
@@ -98,6 +109,8 @@ def test_the_cleared_cut_is_the_shallowest_global_layer_within_the_keep():
             {"layer": 1, "sliding_window": 512, "q50": 0.1, "q90": 0.1, "q100": 0.1},
             {"layer": 2, "sliding_window": None, "q50": 0.2, "q90": 0.3, "q100": 0.35},
             {"layer": 3, "sliding_window": None, "q50": 0.1, "q90": 0.1, "q100": 0.15}]
+    for row in rows:
+        row.update({f"any_{q}": row[q] / 2 for q in ("q50", "q90", "q100")})
     assert probe.cleared(rows, 0.5) == 2
     assert probe.cleared(rows, 0.6) == 0
     assert probe.cleared(rows, 0.2) == 3

@@ -12,11 +12,12 @@ cell of a calibration takes ten.
 
     python -m mlx_lazy.bench.probe --model qwen2.5-coder-0.5b --samples 24 --length 1024
 
-A cut the probe clears (its fraction under the cut's keep) kept every answer whatever the
-decode did, revivals off included; a cut it does not clear depends on the layer: SmolLM2 after
-layer 8 keeping 50% (the value needs 74% in the median prompt there) keeps its answers because
-the answer's queries revive the value, while after layer 12 the prompts it does not clear were
-lost with revivals unbounded too. Drift is measured apart (docs/calibration.md).
+It also gives the fraction that keeps *any* value token. The two bound the risk: a cut keeping
+at least the every-token fraction kept every answer whatever the decode did, revivals off
+included; one keeping less than the any-token fraction dropped the whole value and lost the
+answer at its first token; in between, the answer's revivals decide (SmolLM2 after layer 8
+keeping 50%: every value token needs 74% in the median prompt, any 31%, and its answers stand).
+Drift is measured apart (docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -67,13 +68,16 @@ def value_positions(tokenizer: Any, sample: Sample) -> np.ndarray:
     return np.unique(np.concatenate(found))
 
 
-def needed_keep(scores: np.ndarray, value: np.ndarray, forced: np.ndarray) -> float:
+def needed_keep(scores: np.ndarray, value: np.ndarray, forced: np.ndarray,
+                every: bool = True) -> float:
     """The smallest keep fraction whose selection by ``scores`` (n,) keeps every position in
-    ``value``, in the engine's terms (:func:`mlx_lazy.selection.kept_count`: a share of all
-    ``n`` prompt tokens, the ``forced`` ones, always kept, among them): the share scoring at
-    least as high as the lowest-scoring ``value`` position, ties kept."""
+    ``value`` (with ``every`` False: at least one), in the engine's terms
+    (:func:`mlx_lazy.selection.kept_count`: a share of all ``n`` prompt tokens, the ``forced``
+    ones, always kept, among them): the share scoring at least as high as the lowest-scoring
+    (highest-scoring) ``value`` position, ties kept."""
     ranked = np.where(forced, np.inf, scores)
-    return float((ranked >= scores[value].min()).sum()) / len(scores)
+    threshold = scores[value].min() if every else scores[value].max()
+    return float((ranked >= threshold).sum()) / len(scores)
 
 
 def layer_scores(engine: LazyEngine, tokens: Sequence[int], scorer: Scorer) -> List[np.ndarray]:
@@ -101,8 +105,9 @@ def layer_scores(engine: LazyEngine, tokens: Sequence[int], scorer: Scorer) -> L
 
 
 def probe(model: Any, tokenizer: Any, samples: Sequence[Sample], scorer: Scorer) -> np.ndarray:
-    """(samples, layers - 1) keep fractions (:func:`needed_keep`) of each sample at every
-    layer a cut may follow, from one unpruned prefill per sample.
+    """(2, samples, layers - 1) keep fractions (:func:`needed_keep`) of each sample at every
+    layer a cut may follow, to keep every value token ([0]) and to keep any ([1]), from one
+    unpruned prefill per sample.
 
     Raises:
         UserInputError: a sample whose value is missing from its prompt or inside the scorer's
@@ -110,7 +115,7 @@ def probe(model: Any, tokenizer: Any, samples: Sequence[Sample], scorer: Scorer)
     """
     engine = LazyEngine(model)
     window, anchors = scorer.n_queries, engine.schedule.anchors
-    need = np.zeros((len(samples), engine.adapter.num_layers - 1))
+    need = np.zeros((2, len(samples), engine.adapter.num_layers - 1))
     for i, sample in enumerate(samples):
         value, n = value_positions(tokenizer, sample), sample.n_tokens
         if value.max() >= n - window:
@@ -119,16 +124,19 @@ def probe(model: Any, tokenizer: Any, samples: Sequence[Sample], scorer: Scorer)
         positions = np.arange(n)
         forced = (positions < anchors) | (positions >= n - window)
         for layer, scores in enumerate(layer_scores(engine, sample.tokens, scorer)):
-            need[i, layer] = needed_keep(scores, value, forced)
+            need[:, i, layer] = [needed_keep(scores, value, forced, every)
+                                 for every in (True, False)]
     return need
 
 
 def summary(need: np.ndarray, windows: Sequence[Optional[int]]) -> List[Dict[str, Any]]:
-    """Per layer: its quantiles over prompts (:data:`QUANTILES`) and its sliding window (None:
-    global; a cut may follow only a global layer on a model that has both)."""
+    """Per layer: the quantiles over prompts (:data:`QUANTILES`) of :func:`probe`'s fractions
+    to keep every value token (``q50``...) and any (``any_q50``...), and its sliding window
+    (None: global; a cut may follow only a global layer on a model that has both)."""
     return [{"layer": layer, "sliding_window": windows[layer],
-             **{f"q{round(q * 100)}": float(np.quantile(need[:, layer], q)) for q in QUANTILES}}
-            for layer in range(need.shape[1])]
+             **{f"{prefix}q{round(q * 100)}": float(np.quantile(need[k, :, layer], q))
+                for k, prefix in enumerate(("", "any_")) for q in QUANTILES}}
+            for layer in range(need.shape[2])]
 
 
 def cleared(rows: Sequence[Dict[str, Any]], keep: float) -> Optional[int]:
@@ -142,12 +150,13 @@ def cleared(rows: Sequence[Dict[str, Any]], keep: float) -> Optional[int]:
 def render(rows: Sequence[Dict[str, Any]], samples: int) -> str:
     """The report: one line per layer, then the shallowest cut it clears per keep fraction
     (:data:`KEEPS`) as ``calibrate --cuts`` takes it."""
-    out = [f"keep fraction a cut after each layer needs to keep every value token "
+    out = [f"keep fraction a cut after each layer needs to keep every value token, and any "
            f"({samples} prompts): median, 90th percentile, largest"]
     for row in rows:
         local = f"  (sliding window {row['sliding_window']})" if row["sliding_window"] else ""
-        out.append(f"  layer {row['layer']:>3}: {row['q50']:.2f} {row['q90']:.2f} "
-                   f"{row['q100']:.2f}{local}")
+        out.append(f"  layer {row['layer']:>3}: every {row['q50']:.2f} {row['q90']:.2f} "
+                   f"{row['q100']:.2f}  any {row['any_q50']:.2f} {row['any_q90']:.2f} "
+                   f"{row['any_q100']:.2f}{local}")
     out.append("the shallowest cut whose selection kept the value in every prompt:")
     depth = len(rows) + 1  # a cut may follow every layer but the last
     for keep in KEEPS:
@@ -198,7 +207,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.out is not None:
         write_text_atomic(args.out, json.dumps(
             {"model": args.model, "task": args.task, "length": args.length, "seed": args.seed,
-             "scorer": scorer_spec(scorer), "layers": rows, "per_prompt": need.tolist()},
+             "scorer": scorer_spec(scorer), "layers": rows,
+             "per_prompt": {"every": need[0].tolist(), "any": need[1].tolist()}},
             indent=1) + "\n")
     return 0
 
