@@ -76,6 +76,14 @@ def kept_count(keep: float, n_ctx: int) -> int:
     return max(round(keep * n_ctx), min(n_ctx, MIN_KEEP))
 
 
+def forced_mask(positions: np.ndarray, n_ctx: int, anchors: int,
+                always_kept: np.ndarray) -> np.ndarray:
+    """Of the keys at ``positions`` in a context of ``n_ctx`` tokens, those a cut keeps
+    whatever their score: the first ``anchors``, the newest token and the scorer's
+    ``always_kept`` positions (:meth:`mlx_lazy.scorers.Scorer.always_kept`)."""
+    return (positions < anchors) | (positions == n_ctx - 1) | np.isin(positions, always_kept)
+
+
 class Selector:
     """The selections of one engine's schedule.
 
@@ -180,9 +188,8 @@ class Selector:
         and those kept whatever their score (the newest token, the anchors and the scorer's
         always-kept positions)."""
         eligible = cache.limit[positions] > layer + 1
-        forced = ((positions < self.schedule.anchors) | (positions == n_ctx - 1)
-                  | np.isin(positions, cache.always_kept))
-        return eligible, forced
+        return eligible, forced_mask(positions, n_ctx, self.schedule.anchors,
+                                     cache.always_kept)
 
     def _scores(self, layer: int, window: Rows, kv: LayerKV, candidates: Mask,
                 visible: Optional[Mask], decoding: bool) -> mx.array:

@@ -78,6 +78,11 @@ def test_probe_reports_every_layer_a_cut_may_follow(tiny_model_path, tmp_path, c
     assert all(0 < row["any_q50"] <= row["any_q90"] <= row["any_q100"] <= 1 for row in layers)
     every, anyone = (np.array(report["per_prompt"][k]) for k in ("every", "any"))
     assert every.shape == anyone.shape == (2, len(layers)) and (anyone <= every).all()
+    # each row holds its own layer's quantiles over the prompts, of the right fraction
+    for row in layers:
+        assert row["q100"] == every[:, row["layer"]].max()
+        assert row["any_q100"] == anyone[:, row["layer"]].max()
+        assert row["q50"] == np.median(every[:, row["layer"]])
     assert capsys.readouterr().out.count("\n  layer ") == len(layers)
 
 
@@ -94,6 +99,7 @@ def test_a_value_missing_from_its_prompt_is_refused(tiny_model):
     (["--task", "nope"], "--task 'nope' is not one of"),
     (["--scorer", "bogus"], "scorer"),
     (["--length", "100"], "too short for this task"),
+    (["--scorer", "window:size=1000"], "among the tokens a cut always keeps"),
 ])
 def test_bad_input_is_one_error_line(tiny_model_path, argv, says, capsys):
     assert probe.main(["--model", str(tiny_model_path), "--length", "600", "--samples", "1",

@@ -38,6 +38,7 @@ from ..engine import LazyEngine
 from ..errors import UserInputError
 from ..folders import write_text_atomic
 from ..scorers import ScoreContext, Scorer, parse_scorer, scorer_spec
+from ..selection import forced_mask
 from .tasks import TASKS, Sample, build_samples
 
 #: The quantiles over prompts the report gives per layer.
@@ -110,19 +111,18 @@ def probe(model: Any, tokenizer: Any, samples: Sequence[Sample], scorer: Scorer)
     unpruned prefill per sample.
 
     Raises:
-        UserInputError: a sample whose value is missing from its prompt or inside the scorer's
-            window (always kept: nothing to measure).
+        UserInputError: a sample whose value is missing from its prompt or among the tokens a
+            cut always keeps (:func:`mlx_lazy.selection.forced_mask`: nothing to measure).
     """
     engine = LazyEngine(model)
-    window, anchors = scorer.n_queries, engine.schedule.anchors
     need = np.zeros((2, len(samples), engine.adapter.num_layers - 1))
     for i, sample in enumerate(samples):
         value, n = value_positions(tokenizer, sample), sample.n_tokens
-        if value.max() >= n - window:
-            raise UserInputError(f"{sample.task} sample {sample.index}: the value is within the "
-                                 f"scorer's last {window} tokens")
         positions = np.arange(n)
-        forced = (positions < anchors) | (positions >= n - window)
+        forced = forced_mask(positions, n, engine.schedule.anchors, scorer.always_kept(n))
+        if forced[value].any():
+            raise UserInputError(f"{sample.task} sample {sample.index}: the value is among the "
+                                 "tokens a cut always keeps (the scorer's window)")
         for layer, scores in enumerate(layer_scores(engine, sample.tokens, scorer)):
             need[:, i, layer] = [needed_keep(scores, value, forced, every)
                                  for every in (True, False)]
