@@ -207,6 +207,8 @@ def test_ctrl_c_writes_what_was_measured_and_exits_130(tiny_model_path, tmp_path
     (["--min-agreement", "0.9"], "unrecognized arguments: --min-agreement"),
     (["--kld-windows", "0"], "--kld-windows must be >= 1"),
     (["--kld-steps", "0"], "--kld-steps must be in"),
+    (["--kld-length", "1"], "--kld-length must be in [2, 1,048,576]"),
+    (["--kld-length", "99999999"], "--kld-length must be in [2, 1,048,576]"),
     (["--qualities", "best"], "expected default, high or both"),
 ])
 def test_bad_options_are_one_error_line_before_any_work(tmp_path, monkeypatch, capsys, args,
@@ -228,12 +230,13 @@ def test_the_kld_steps_default_to_a_whole_answer_and_reach_the_calibration(tmp_p
     seen = []
 
     def fake_run(cal):
-        seen.append(cal.kld_steps)
+        seen.append((cal.kld_steps, cal.kld_length))
         raise UserInputError("stop here")
     monkeypatch.setattr(calibrate, "run", fake_run)
     assert exit_status(main, ["--out", str(tmp_path / "a")]) == 2
-    assert exit_status(main, ["--out", str(tmp_path / "b"), "--kld-steps", "7"]) == 2
-    assert seen == [128, 7]
+    assert exit_status(main, ["--out", str(tmp_path / "b"), "--kld-steps", "7",
+                              "--kld-length", "4096"]) == 2
+    assert seen == [(128, 700), (7, 4096)]
 
 
 @pytest.mark.parametrize("out, message", [
@@ -1008,6 +1011,10 @@ def test_lengths_beyond_any_context_are_refused_at_once(tiny_model_path, tmp_pat
     with pytest.raises(UserInputError, match="--lengths 5,000 is beyond the model's context "
                                              "of 4,096 tokens"):
         tiny_calibration(tiny_model_path, tmp_path / "cal", lengths=(200, 5000))
+    # a KLD window and its continuation must fit the context too
+    with pytest.raises(UserInputError, match="--kld-length 4,000 and --kld-steps 128 are "
+                                             "beyond the model's context of 4,096 tokens"):
+        tiny_calibration(tiny_model_path, tmp_path / "cal", kld_length=4000, kld_steps=128)
     assert time.monotonic() - start < 30
 
 

@@ -227,7 +227,7 @@ class Calibration:
     cuts: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] = CUT_GRID
     max_kld: Union[float, str] = "q4"
     kld_windows: int = 8  # per kind of text
-    kld_length: int = 700
+    kld_length: int = 700  # tokens per window; the gain length checks drift where speed is claimed
     kld_steps: int = 128  # the whole answer's drift: over 32 steps Qwen's passed, over 128 not
     install: bool = False  # also where mlx_lazy.load finds it (the model folder or the cache)
     measure: bool = True
@@ -273,7 +273,8 @@ class Calibration:
             (not 1 <= self.gain_answer_tokens <= MAX_COUNT,
              f"--gain-answer-tokens must be in [1, {MAX_COUNT:,}]"),
             (self.kld_windows < 1, "--kld-windows must be >= 1"),
-            (self.kld_length < 2, "kld_length must be >= 2 tokens"),
+            (not 2 <= self.kld_length <= MAX_LENGTH,
+             f"--kld-length must be in [2, {MAX_LENGTH:,}] tokens"),
             (not 1 <= self.kld_steps <= MAX_COUNT,
              f"--kld-steps must be in [1, {MAX_COUNT:,}]"),
             (limit is not None and not (math.isfinite(limit) and limit > 0),
@@ -409,6 +410,10 @@ def _calibrate(cal: Calibration) -> dict[str, Any]:
     context = context_length(model, tokenizer)
     if context is not None and max(cal.lengths) > context:  # before any prompt is built
         raise UserInputError(f"--lengths {max(cal.lengths):,} is beyond the model's context of "
+                             f"{context:,} tokens")
+    if context is not None and cal.kld_length + cal.kld_steps > context:
+        raise UserInputError(f"--kld-length {cal.kld_length:,} and --kld-steps "
+                             f"{cal.kld_steps:,} are beyond the model's context of "
                              f"{context:,} tokens")
     fingerprint = ModelAdapter(model).fingerprint()
     out = Path(cal.out) if cal.out is not None else work_folder(fingerprint)
@@ -879,6 +884,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --out: also install the schedules where mlx_lazy.load finds them "
                         "(the model folder, or the cache by fingerprint); always done without "
                         "--out")
+    p.add_argument("--kld-length", type=int, default=700, metavar="N",
+                   help="tokens of each KLD window (default 700); --gain-length's value "
+                        "checks drift at the length the gain is claimed for, at about one "
+                        "prefill of that length per window and row")
     p.add_argument("--kld-steps", type=int, default=128, metavar="N",
                    help="steps of full's continuation along which each KLD window is measured "
                         "(default 128, a whole answer's: a pruned state's drift grows with the "
@@ -936,7 +945,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       lengths=args.lengths, rungs=args.rungs, keep_per_rung=args.keep_per_rung,
                       pilot=args.pilot, min_base=args.min_base, max_loss=args.max_loss,
                       max_kld=args.max_kld, kld_windows=args.kld_windows,
-                      kld_steps=args.kld_steps, install=args.out is None or args.install,
+                      kld_length=args.kld_length, kld_steps=args.kld_steps,
+                      install=args.out is None or args.install,
                       gain_length=args.gain_length,
                       scorers=args.scorers, cuts=tuple(args.cuts), measure=not args.no_measure,
                       gain_repeats=args.gain_repeats,
