@@ -88,12 +88,13 @@ def layer_scores(engine: LazyEngine, tokens: Sequence[int], scorer: Scorer) -> L
     adapter, window, n = engine.adapter, scorer.n_queries, len(tokens)
     scores: List[np.ndarray] = []
     qkv = adapter.qkv
+    candidates = np.ones(n, bool)  # every prompt token, at every layer
 
     def scored(layer: int, h: mx.array, positions: np.ndarray) -> tuple:
         q, k, v = qkv(layer, h, positions)
         if layer < adapter.num_layers - 1:  # scored at once: no layer's keys held past it
             ctx = ScoreContext(layer, q[:, :, -window:], positions[-window:], k, positions,
-                               np.ones(n, bool), None, adapter.scale)
+                               candidates, None, adapter.scale)
             scores.append(np.array(scorer.score(ctx)))
         return q, k, v
 
