@@ -1,8 +1,8 @@
 """The server's HTTP layer below the endpoints: error objects (:func:`error_response`, the
 handlers :func:`add_error_handlers` installs), the ASGI middleware that bounds a request before
-it is parsed (:class:`ApiKey`, :class:`BodyLimit`), the connection's header deadline
-(:class:`HeaderDeadline`) and the uvicorn server and listening socket (:func:`uvicorn_server`,
-:func:`listen_socket`). Needs the ``[server]`` extra.
+it is parsed (:class:`ApiKey`, :class:`BodyLimit`), the connection's header deadline and
+lingering close (:class:`BoundedConnection`) and the uvicorn server and listening socket
+(:func:`uvicorn_server`, :func:`listen_socket`). Needs the ``[server]`` extra.
 """
 
 from __future__ import annotations
@@ -133,11 +133,45 @@ class ApiKey:
         await self.app(scope, receive, send)
 
 
-class HeaderDeadline(H11Protocol):
+LINGER_S = 2.0
+
+
+class LingeringTransport:
+    """A transport whose ``close()`` lingers, as nginx's ``lingering_close``: what was written
+    is sent, the write side is shut (FIN), and what the client still sends is read and dropped
+    until it closes its side or ``linger`` seconds pass. A socket closed at once with unread
+    input is reset (RST), and the client may lose the response just sent: the 408 or 413 of a
+    body still arriving. Everything else is the wrapped transport's."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 linger: float = LINGER_S) -> None:
+        self.transport, self.loop, self.linger = transport, loop, linger
+        self.lingering = False
+
+    def __getattr__(self, name: str):
+        return getattr(self.transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self.transport.is_closing()
+
+    def close(self) -> None:
+        if self.lingering:
+            return
+        self.lingering = True
+        if self.transport.is_closing() or not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self.transport.resume_reading()  # the client's EOF must be seen to close early
+        self.loop.call_later(self.linger, self.transport.close)
+
+
+class BoundedConnection(H11Protocol):
     """uvicorn's h11 protocol, closing a connection whose next request's headers have not all
     arrived ``timeout`` seconds after it opened or after its last response (uvicorn times an
     idle connection only until its first byte, so a client that stops mid-headers is held
-    forever). The body's deadline is :class:`BodyLimit`'s."""
+    forever), and closing every connection with a :class:`LingeringTransport`. The body's
+    deadline is :class:`BodyLimit`'s."""
 
     def __init__(self, *args, timeout: float, **kw) -> None:
         super().__init__(*args, **kw)
@@ -146,9 +180,12 @@ class HeaderDeadline(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
+        self.transport = LingeringTransport(transport, self.loop)
         self.arm()
 
     def data_received(self, data: bytes) -> None:
+        if self.transport.lingering:  # the last response is sent: the rest is dropped
+            return
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:  # the request's headers are in
             self.disarm()
@@ -176,8 +213,8 @@ class HeaderDeadline(H11Protocol):
 
 def uvicorn_server(app: FastAPI, settings: ServerSettings, log_level: str) -> uvicorn.Server:
     """A uvicorn server for ``app`` whose connections have ``settings.read_timeout_s`` for a
-    request's headers (:class:`HeaderDeadline`)."""
-    protocol = functools.partial(HeaderDeadline, timeout=settings.read_timeout_s)
+    request's headers and close lingering (:class:`BoundedConnection`)."""
+    protocol = functools.partial(BoundedConnection, timeout=settings.read_timeout_s)
     return uvicorn.Server(uvicorn.Config(app, http=protocol, log_level=log_level,
                                          timeout_graceful_shutdown=5))
 

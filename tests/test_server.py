@@ -579,6 +579,48 @@ def test_a_half_sent_request_is_cut_off_at_the_read_timeout(server, sent, drip, 
     assert r.usage.completion_tokens == 2
 
 
+@pytest.mark.parametrize("sent, flood, answer", [
+    (HEAD[:40], b"y", b""),
+    (HEAD.replace(b"1000", b"19000") + b"{", b" ", b"HTTP/1.1 408"),
+])
+def test_a_connection_closed_while_the_client_still_sends_ends_cleanly(server, sent, flood,
+                                                                      answer):
+    """A client still sending when the read timeout closes its connection gets the response and
+    a clean end, not a reset that can lose the response: the server lingers (shuts its side,
+    drops what arrives) instead of closing a socket with unread input. Bytes every 0.1 ms from
+    just before the deadline make the unread input near certain."""
+    sock = socket.create_connection((HOST, server.port))
+    sock.sendall(sent)
+    tic = time.monotonic()
+    done = threading.Event()
+
+    def send_until_closed() -> None:
+        while not done.is_set() and time.monotonic() - tic < READ_TIMEOUT_S + 1:
+            if time.monotonic() - tic < READ_TIMEOUT_S - 0.2:
+                time.sleep(0.01)
+                continue
+            try:
+                sock.send(flood)
+            except OSError:
+                return
+            time.sleep(1e-4)
+
+    sender = threading.Thread(target=send_until_closed)
+    sender.start()
+    received = b""
+    sock.settimeout(READ_TIMEOUT_S + 5)
+    try:
+        while data := sock.recv(4096):
+            received += data
+    finally:
+        done.set()
+        sender.join()
+        sock.close()
+    assert received.startswith(answer) and (answer or not received), received
+    r = server.client().completions.create(model="any", prompt="hi", max_tokens=2)
+    assert r.usage.completion_tokens == 2
+
+
 # ---------------------------------------------------------------- concurrency
 
 
