@@ -140,8 +140,8 @@ class LingeringTransport:
     """A transport whose ``close()`` lingers, as nginx's ``lingering_close``: what was written
     is sent, the write side is shut (FIN), and what the client still sends is read and dropped
     until it closes its side or ``linger`` seconds pass. A socket closed at once with unread
-    input is reset (RST), and the client may lose the response just sent: the 408 or 413 of a
-    body still arriving. Everything else is the wrapped transport's."""
+    input is reset (RST), and the client may lose the response just sent: the 408 of a body
+    still arriving. Everything else is the wrapped transport's."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
                  linger: float = LINGER_S) -> None:

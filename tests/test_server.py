@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
 
+import asyncio
 import dataclasses
 import http.client
 import json
@@ -28,7 +29,9 @@ from typing import Iterator, Optional
 import mlx.core as mx
 import openai
 import pytest
+import uvicorn
 from mlx_lm.sample_utils import make_sampler
+from uvicorn.server import ServerState
 
 from mlx_lazy import PruningConfig, generate, load
 from mlx_lazy.adapter import ModelAdapter
@@ -39,7 +42,8 @@ from mlx_lazy.scorers import Pooled, Window
 from mlx_lazy import server as server_module
 from mlx_lazy import server_worker
 from mlx_lazy.server import App, main
-from mlx_lazy.server_http import listen_socket, uvicorn_server
+from mlx_lazy.server_http import (BoundedConnection, LingeringTransport, listen_socket,
+                                  uvicorn_server)
 from mlx_lazy.server_schemas import pruning_config
 from mlx_lazy.server_settings import (DEFAULT_MAX_BODY_BYTES, ServerSettings, build_parser,
                                       is_loopback, settings_from_args)
@@ -157,6 +161,88 @@ LONG_TEXT = ("Long prompts are expensive: every layer attends over every token. 
 
 
 # ---------------------------------------------------------------- unit-level pieces
+
+
+class FakeTransport(asyncio.Transport):
+    """A socket transport that records what is done to it."""
+
+    def __init__(self, can_write_eof: bool = True) -> None:
+        super().__init__()
+        self.calls: list = []
+        self.closed, self.eof_ok = False, can_write_eof
+
+    def write(self, data) -> None:
+        self.calls.append(("write", bytes(data)))
+
+    def write_eof(self) -> None:
+        self.calls.append("write_eof")
+
+    def can_write_eof(self) -> bool:
+        return self.eof_ok
+
+    def close(self) -> None:
+        self.calls.append("close")
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.calls.append("pause")
+
+    def resume_reading(self) -> None:
+        self.calls.append("resume")
+
+    def get_extra_info(self, name, default=None):
+        return {"peername": (HOST, 1), "sockname": (HOST, 2)}.get(name, default)
+
+
+def test_a_lingering_close_shuts_the_write_side_then_closes_after_the_linger():
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        t = FakeTransport()
+        lingering = LingeringTransport(t, loop, linger=0.05)
+        assert not lingering.is_closing()
+        lingering.close()
+        lingering.close()  # once only
+        assert t.calls == ["write_eof", "resume"] and lingering.is_closing() and not t.closed
+        await asyncio.sleep(0.2)
+        assert t.calls == ["write_eof", "resume", "close"]
+        t = FakeTransport(can_write_eof=False)  # nothing to linger on: closed at once
+        LingeringTransport(t, loop, linger=0.05).close()
+        assert t.calls == ["close"]
+
+    asyncio.run(run())
+
+
+def test_what_arrives_after_a_connection_is_closed_is_never_run():
+    """A request completed after the header deadline closed its connection (the close
+    lingers, so its bytes are still read) is dropped, not answered on a shut socket."""
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def run() -> None:
+        config = uvicorn.Config(app, log_level="warning")
+        config.load()
+        conn = BoundedConnection(config=config, server_state=ServerState(), app_state={},
+                                 timeout=30)
+        t = FakeTransport()
+        conn.connection_made(t)
+        conn.data_received(b"GET /health HTTP/1.1\r\nHo")
+        conn.transport.close()  # what the header deadline does
+        conn.data_received(b"st: x\r\n\r\n")
+        await asyncio.sleep(0.05)
+        assert t.calls == ["write_eof", "resume"] and conn.cycle is None
+        conn = BoundedConnection(config=config, server_state=ServerState(), app_state={},
+                                 timeout=30)
+        t = FakeTransport()  # the same request, whole and in time, is answered
+        conn.connection_made(t)
+        conn.data_received(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0.05)
+        assert t.calls[0][0] == "write" and t.calls[0][1].startswith(b"HTTP/1.1 200")
+
+    asyncio.run(run())
 
 
 def test_stop_text_withholds_a_possible_stop_and_cuts_at_the_first():

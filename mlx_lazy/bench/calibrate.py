@@ -884,13 +884,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --out: also install the schedules where mlx_lazy.load finds them "
                         "(the model folder, or the cache by fingerprint); always done without "
                         "--out")
-    p.add_argument("--kld-length", type=int, default=700, metavar="N",
-                   help="tokens of each KLD window (default 700); --gain-length's value "
-                        "checks drift at the length the gain is claimed for, at about one "
-                        "prefill of that length per window and row")
-    p.add_argument("--kld-steps", type=int, default=128, metavar="N",
+    p.add_argument("--kld-length", type=int, default=Calibration.kld_length, metavar="N",
+                   help=f"tokens of each KLD window (default {Calibration.kld_length}); "
+                        "--gain-length's value checks drift at the length the gain is claimed "
+                        "for, at about one prefill of that length per window and row")
+    p.add_argument("--kld-steps", type=int, default=Calibration.kld_steps, metavar="N",
                    help="steps of full's continuation along which each KLD window is measured "
-                        "(default 128, a whole answer's: a pruned state's drift grows with the "
+                        f"(default {Calibration.kld_steps}, a whole answer's: a pruned state's "
+                        "drift grows with the "
                         "answer, quantized weights' does not)")
     p.add_argument("--gain-length", type=int, default=4096,
                    help="prompt tokens at which the pruning gain is predicted and measured")
