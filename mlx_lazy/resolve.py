@@ -17,6 +17,7 @@ import mlx.nn as nn
 from .adapter import ModelAdapter, global_layers
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError
+from .policies import check_taken, compose
 from .schedule import Schedule
 from .schedule_files import calibrated, check_model
 
@@ -52,9 +53,13 @@ def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = N
     Raises:
         UserInputError: an invalid config or a schedule calibrated for another model.
     """
+    requested = as_config(config) or PruningConfig()
+    # Before a calibrated schedule stands in for the request: a field its method does not
+    # take (speed_cutoff on a plain "lazy") is refused, not dropped with the preset.
+    check_taken(requested, compose(requested.method))
     if fingerprint is None:
         fingerprint = ModelAdapter(model).fingerprint()
-    chosen = calibrated(as_config(config) or PruningConfig(), fingerprint,
-                        getattr(model, "mlx_lazy_schedules", None), global_layers(model))
+    chosen = calibrated(requested, fingerprint, getattr(model, "mlx_lazy_schedules", None),
+                        global_layers(model))
     check_model(chosen, fingerprint)
     return build_schedule(chosen, fingerprint["num_layers"])

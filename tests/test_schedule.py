@@ -384,3 +384,28 @@ def test_a_schedule_files_revival_bound_is_what_a_plain_lazy_decodes_with(tiny_m
     model, _ = mlx_lazy.load(str(folder))
     assert resolve_config(model, "lazy").max_revivals == 0
     assert resolve_config(model, PruningConfig("lazy", max_revivals=3)).max_revivals == 3
+
+
+def test_a_field_lazy_does_not_take_is_refused_before_a_calibrated_schedule_stands_in(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """``lazy`` with ``speed_cutoff`` is refused as with explicit cuts, also where a
+    calibrated schedule (or the transfer rule) replaces the plain request, which would drop
+    the field with the preset: the run would silently not be what was asked."""
+    import mlx_lazy
+    from mlx_lazy.adapter import ModelAdapter
+    from mlx_lazy.resolve import resolve_config
+    from mlx_lazy.schedule_files import MODEL_SCHEDULE_FILE, write_schedule
+
+    monkeypatch.setenv("MLX_LAZY_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("llama"), folder)
+    schedule = PruningConfig("lazy", prune_layers=(1,), keep=(0.3,), scorer="window:size=4",
+                             complete="none")
+    fingerprint = ModelAdapter(mlx_lazy.load(str(folder))[0]).fingerprint()
+    write_schedule(folder / MODEL_SCHEDULE_FILE, schedule, fingerprint, {})
+    calibrated_model, _ = mlx_lazy.load(str(folder))
+    assert resolve_config(calibrated_model, "lazy").source.startswith("calibrated")
+    for model in (calibrated_model, mlx_lazy.load(tiny_model_dir("qwen2"))[0]):  # + transfer
+        with pytest.raises(UserInputError, match="method 'lazy' takes no speed_cutoff"):
+            resolve_config(model, PruningConfig("lazy", speed_cutoff=0.5))
+    assert resolve_config(calibrated_model, PruningConfig("lazy+speed", speed_cutoff=0.5))
