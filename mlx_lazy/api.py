@@ -26,6 +26,7 @@ from .prompt_cache import PromptCache, make_prompt_cache
 from .config import PruningConfig
 from .schedule import Schedule, check_fits
 from .schedule_files import folder_schedules
+from .token_ids import check_tokens, token_ids
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -184,21 +185,9 @@ def prompt_token_ids(tokenizer: TokenizerWrapper,
         bos = tokenizer.bos_token
         return tokenizer.encode(prompt,
                                 add_special_tokens=bos is None or not prompt.startswith(bos))
-    if isinstance(prompt, (mx.array, np.ndarray)):
-        integer = (mx.issubdtype(prompt.dtype, mx.integer) if isinstance(prompt, mx.array)
-                   else np.issubdtype(prompt.dtype, np.integer))
-        if prompt.ndim != 1 or not integer:
-            raise UserInputError(
-                f"a prompt array must be 1-D of integer token ids, got {prompt.dtype} "
-                f"of shape {tuple(prompt.shape)}"
-            )
-        return [int(t) for t in prompt.tolist()]
-    if not isinstance(prompt, (list, tuple)):
+    if not isinstance(prompt, (list, tuple, mx.array, np.ndarray)):
         raise UserInputError(f"the prompt must be text or token ids, got {type(prompt).__name__}")
-    for t in prompt:
-        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
-            raise UserInputError(f"token ids must be integers, got {t!r}")
-    return [int(t) for t in prompt]
+    return token_ids(prompt)
 
 
 def check_prompt(engine: LazyEngine, tokenizer, tokens: List[int], max_tokens: int) -> None:
@@ -210,19 +199,6 @@ def check_prompt(engine: LazyEngine, tokenizer, tokens: List[int], max_tokens: i
     check_context(len(tokens), max_tokens, context)
     check_fits(engine.schedule, context)
     check_anchors(engine.schedule, len(tokens))
-
-
-def check_tokens(tokens: List[int], vocab_size: int) -> None:
-    """Raise UserInputError for an empty prompt or ids outside the vocabulary (MLX does not
-    bounds-check its embedding lookup)."""
-    if not tokens:
-        raise UserInputError("the prompt is empty")
-    bad = next((t for t in tokens if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise UserInputError(
-            f"token id {bad} is outside the model's vocabulary of {vocab_size} tokens "
-            f"(ids 0 to {vocab_size - 1})"
-        )
 
 
 def check_anchors(schedule: Schedule, n_prompt: int) -> None:

@@ -31,6 +31,7 @@ from .folders import check_destination
 from .inputs import regular_file
 from .resolve import resolve_config
 from .schedule import Schedule
+from .token_ids import check_tokens, token_ids
 
 #: The ``format`` of prompt-cache files.
 CACHE_FORMAT = "mlx-lazy-prompt-cache/3"  # 3: the state as LazyCache.state / meta_state
@@ -104,9 +105,16 @@ class PromptCache:
         less one when that is all of ``tokens`` (the last token must run to give logits)."""
         return min(common_prefix(self.tokens, tokens), len(tokens) - 1)
 
-    def extend_prefix(self, tokens: List[int]) -> List[int]:
+    def extend_prefix(self, tokens: Sequence[int]) -> List[int]:
         """Trim this cache to the prefix :meth:`reusable` finds and return the tokens still
-        to process."""
+        to process.
+
+        Raises:
+            UserInputError: ``tokens`` is not a non-empty sequence of the model's token ids
+                (text included: encode it first); the cache is left as it was.
+        """
+        tokens = token_ids(tokens)
+        check_tokens(tokens, self.engine.adapter.vocab_size)
         common = self.reusable(tokens)
         if common < len(self.tokens):
             trim_prompt_cache(self, len(self.tokens) - common)

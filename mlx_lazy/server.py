@@ -40,7 +40,7 @@ with needs_extra("server", "the server"):
     from fastapi.responses import JSONResponse
     from sse_starlette import EventSourceResponse
 
-from .api import check_anchors, check_context, check_tokens, prompt_token_ids
+from .api import check_anchors, check_context, prompt_token_ids
 from .errors import UserInputError, one_line, shown
 from .inputs import parse_int
 from .prefix_store import PromptCacheStore
@@ -52,6 +52,7 @@ from .server_schemas import (Bounds, ChatRequest, CompletionRequest, Message, Re
                              pruning_config, token_bytes)
 from .server_settings import ServerSettings, build_parser, is_loopback, settings_from_args
 from .server_worker import GONE, APIError, Delta, Done, Job, Worker
+from .token_ids import check_tokens
 
 SSE_PING_S = 15  # a comment line keeps proxies from closing a stream during a long prefill
 

@@ -173,6 +173,40 @@ def test_trim_then_extend_equals_a_fresh_run_on_the_shorter_prefix(tiny_model):
     assert rel_err(cache.process(c), fresh) < REL_TOL
 
 
+def test_extend_prefix_trims_to_the_shared_prefix_and_returns_the_rest(tiny_model):
+    """The chat-client case: a conversation resent whole is cut to what the cache lacks, the
+    cache trimmed back to where the two part."""
+    model, _ = tiny_model("llama")
+    vocab = model.args.vocab_size
+    a, b, c = ids(120, vocab, 23), ids(20, vocab, 24), ids(15, vocab, 25)
+    cache = make_prompt_cache(model, AGGRESSIVE)
+    cache.process(a + b)
+    assert cache.extend_prefix(a + b + c) == c and len(cache) == len(a + b)
+    assert cache.extend_prefix(a + c) == c and cache.tokens == a
+    assert cache.extend_prefix(a) == a[-1:] and cache.tokens == a[:-1]  # the last one reruns
+
+
+@pytest.mark.parametrize("tokens, message", [
+    ("some text", "got text: encode it with the tokenizer first"),
+    (None, "got NoneType"),
+    ([], "the prompt is empty"),
+    ([1, 2, 10 ** 8], "token id 100000000 is outside the model's vocabulary"),
+    ([1, True], "token ids must be integers"),
+    (np.zeros((2, 2), np.int32), "1-D of integer token ids"),
+])
+def test_extend_prefix_refuses_what_is_not_token_ids_and_leaves_the_cache(tiny_model, tokens,
+                                                                           message):
+    """Text, nothing, or ids the model lacks: one clear error, and the cache as it was (a
+    string shares no prefix with the ids, so it used to trim the whole cache away)."""
+    model, _ = tiny_model("llama")
+    cache = make_prompt_cache(model, AGGRESSIVE)
+    prompt = ids(60, model.args.vocab_size, 26)
+    cache.process(prompt)
+    with pytest.raises(UserInputError, match=message):
+        cache.extend_prefix(tokens)
+    assert cache.tokens == prompt and cache.engine.cache.length == len(prompt)
+
+
 def test_trim_keeps_revived_tokens_compacted(tiny_model):
     """After revivals the layer caches hold tokens out of position order; trimming must keep
     exactly the positions below the cut, each with its own keys."""
