@@ -43,6 +43,8 @@ from .gguf_tokenizer import build_tokenizer, eos_ids
 
 GGUF_GROUP_SIZE = 32
 DTYPES = ("float32", "float16", "bfloat16")
+#: The group sizes MLX quantizes with.
+Q_GROUP_SIZES = (32, 64, 128)
 # Float dtype of dequantized GGUF tensors when none is given: float16 and quantized matmuls
 # bypass BLAS on the Linux CPU.
 DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
@@ -97,7 +99,8 @@ def convert(
         source: a ``.gguf`` file, a folder with ``config.json``, or a Hugging Face hub id.
         output: folder to create; it must not exist.
         q_bits: quantize linear/embedding weights to 4 or 8 bits (affine, through mlx-lm).
-        q_group_size: quantization group size (mlx-lm's default 64 when None).
+        q_group_size: quantization group size, one of :data:`Q_GROUP_SIZES` (mlx-lm's
+            default 64 when None).
         dtype: float dtype of unquantized weights ("float32", "float16", "bfloat16"). For a
             GGUF source, a dtype dequantizes every tensor to it; without dtype and q_bits,
             Q4_0/Q4_1/Q8_0 tensors stay quantized and the others become
@@ -121,6 +124,11 @@ def convert(
         raise UserInputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if q_group_size is not None and q_bits is None:
         raise UserInputError("--q-group-size needs --q-bits")
+    if q_group_size is not None and q_group_size not in Q_GROUP_SIZES:
+        # Another size quantizes no layer (mlx-lm skips a layer whose width it does not
+        # divide) while the config still says quantized, or fails deep inside MLX.
+        raise UserInputError(f"--q-group-size must be one of "
+                             f"{', '.join(map(str, Q_GROUP_SIZES))}, not {q_group_size}")
     src = Path(source)
     if src.exists() and not src.is_dir() and not src.is_file():  # /dev/zero, a FIFO: not read
         raise UserInputError(f"{src} is not a GGUF file (not a regular file)")

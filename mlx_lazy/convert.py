@@ -7,12 +7,11 @@ The conversion itself is :mod:`mlx_lazy.conversion`; its API is importable from 
 
 from __future__ import annotations
 
-import argparse
-import signal
 import sys
 
-from .conversion import (DEFAULT_GGUF_DTYPE, DTYPES, convert, convert_gguf, is_hub_id,
-                         read_gguf)
+from ._args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OneLineParser
+from .conversion import (DEFAULT_GGUF_DTYPE, DTYPES, Q_GROUP_SIZES, convert, convert_gguf,
+                         is_hub_id, read_gguf)
 from .models import DEFAULT_MODEL, MODELS, model_path
 from .errors import UserInputError, one_line
 
@@ -22,45 +21,55 @@ __all__ = ["DEFAULT_GGUF_DTYPE", "DTYPES", "convert", "convert_gguf", "is_hub_id
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point (``mlx-lazy-convert``, ``python convert/convert.py``): 0 on
-    success, 2 on bad input (one ``error:`` line), 130 after Ctrl-C (one ``interrupted`` line,
-    nothing left behind)."""
-    p = argparse.ArgumentParser(
+    success, 2 on bad input (one ``error:`` line; a usage error exits with it), 130 after
+    Ctrl-C (one ``interrupted`` line, nothing left behind)."""
+    p = OneLineParser(
         prog="mlx-lazy-convert",
-        description="Convert a GGUF file (llama, qwen2, qwen3), a Hugging Face/MLX folder or "
-                    "a hub id to an MLX model folder.")
+        description="Convert a GGUF file (llama, qwen2, qwen3, gemma3), a Hugging Face/MLX "
+                    "folder or a hub id to an MLX model folder.")
     p.add_argument("source", nargs="?", help="GGUF file, model folder or hub id")
     p.add_argument("output", nargs="?", help="output folder (must not exist)")
     p.add_argument("--q-bits", type=int, choices=(4, 8), help="quantize to 4 or 8 bits")
-    p.add_argument("--q-group-size", type=int, help="quantization group size")
+    p.add_argument("--q-group-size", type=int,
+                   help=f"quantization group size: {', '.join(map(str, Q_GROUP_SIZES))} "
+                        "(default 64)")
     p.add_argument("--dtype", choices=DTYPES,
                    help="dtype of float weights (for GGUF: dequantize everything to it)")
     p.add_argument("--dequantize", action="store_true", help="dequantize a quantized model")
-    p.add_argument("--model", choices=sorted(MODELS),
-                   help="build (or find) this named model in the cache and print its folder")
-    p.add_argument("--default", action="store_const", const=DEFAULT_MODEL, dest="model",
-                   help=f"same as --model {DEFAULT_MODEL}")
+    named = p.add_mutually_exclusive_group()
+    named.add_argument("--model", choices=sorted(MODELS),
+                       help="build (or find) this named model in the cache and print its "
+                            "folder")
+    named.add_argument("--default", action="store_const", const=DEFAULT_MODEL, dest="model",
+                       help=f"same as --model {DEFAULT_MODEL}")
     p.add_argument("--default-quantized", "--quantized", action="store_true",
                    dest="quantized", help="with --model/--default: the quantized copy (for "
                                           "Metal) instead of float32")
     args = p.parse_args(argv)
+    converting = {"source": args.source, "output": args.output, "--q-bits": args.q_bits,
+                  "--q-group-size": args.q_group_size, "--dtype": args.dtype,
+                  "--dequantize": args.dequantize or None}
+    given = [name for name, value in converting.items() if value is not None]
+    if args.model and given:
+        p.error(f"{', '.join(given)} cannot go with --model/--default (they build a named "
+                "model as listed; convert its folder for another dtype or quantization)")
+    if args.quantized and not args.model:
+        p.error("--quantized goes with --model/--default")
+    if not args.model and not (args.source and args.output):
+        p.error("source and output are required (or use --model NAME)")
     try:
         if args.model:
             print(model_path(args.model, quantized=args.quantized))
             return 0
-        if not args.source or not args.output:
-            p.print_usage(sys.stderr)
-            print("error: source and output are required (or use --model NAME)",
-                  file=sys.stderr)
-            return 2
         out = convert(args.source, args.output, q_bits=args.q_bits,
                       q_group_size=args.q_group_size, dtype=args.dtype,
                       dequantize=args.dequantize)
     except UserInputError as e:
         print(f"error: {one_line(e, limit=1000)}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # the temporary folder is already gone (atomic_dir)
         print("interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+        return EXIT_INTERRUPTED
     print(f"wrote {out}")
     return 0
 

@@ -752,3 +752,33 @@ def test_first_use_without_network_is_one_line(cmd, tmp_path):
     assert "put the wheels" in lines[0] and str(tmp_path / "wheels") in lines[0]
     # Nothing of the failed fetch is left; the one-row BLAS shim (built at import) may be.
     assert sorted(p.name for p in tmp_path.iterdir() if not p.match("gemv-*.so")) == [".lock"]
+
+
+@pytest.mark.parametrize("size", [7, -1, 16, 256])
+def test_a_group_size_mlx_does_not_quantize_with_is_refused(size, tiny_model_dir, tmp_path,
+                                                            capsys):
+    """``--q-group-size 7`` used to write an unquantized model whose config says 4-bit
+    (mlx-lm skips every layer the size does not divide), and -1 failed deep inside MLX."""
+    rc, err = run_main(capsys, "--q-bits", "4", "--q-group-size", str(size),
+                       str(tiny_model_dir("llama")), str(tmp_path / "out"))
+    assert_one_line_error(rc, err, f"--q-group-size must be one of 32, 64, 128, not {size}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--model", "smollm2-135m", "--dtype", "float16"], "--dtype cannot go with --model"),
+    (["--model", "smollm2-135m", "--q-bits", "8"], "--q-bits cannot go with --model"),
+    (["--default", "--dequantize"], "--dequantize cannot go with --model"),
+    (["--model", "smollm2-135m", "src", "out"], "source, output cannot go with --model"),
+    (["--default", "--model", "gemma3-270m"], "not allowed with argument --default"),
+    (["--quantized", "src", "out"], "--quantized goes with --model/--default"),
+    (["src"], "source and output are required"),
+])
+def test_a_named_model_and_a_conversion_do_not_mix(args, fragment, capsys):
+    """``--model`` builds a named model as listed: a conversion option beside it used to be
+    dropped in silence (exit 0, the float32 folder printed), and ``--quantized`` without it
+    converted unquantized. One line, exit 2, before anything is built."""
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    err = capsys.readouterr().err
+    assert_one_line_error(stop.value.code, err, fragment)
