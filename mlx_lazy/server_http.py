@@ -41,9 +41,16 @@ def error_response(exc: APIError) -> JSONResponse:
 
 
 def _param(loc: Sequence[Union[str, int]]) -> Optional[str]:
-    """``("body", "messages", 0, "content")`` -> ``"messages[0].content"``."""
+    """``("body", "messages", 0, "content")`` -> ``"messages[0].content"``; a union member's
+    tag in the loc (``"list[constrained-str]"``, ``"function-after[...]"``) is left out, and
+    a refused dict key (followed by ``"[key]"``) ends it at the dict."""
     out = ""
-    for part in loc[1:] if loc and loc[0] == "body" else loc:
+    parts = list(loc[1:] if loc and loc[0] == "body" else loc)
+    for part, after in zip(parts, parts[1:] + [None]):
+        if after == "[key]":
+            break
+        if isinstance(part, str) and ("[" in part or "-" in part):
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out or None
 
@@ -55,15 +62,26 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if bad_json is not None:
         why = bad_json.get("ctx", {}).get("error", bad_json["msg"])
         return APIError(400, f"malformed JSON in the request body: {why}")
-    # A union reports one error per member (loc ends in the member's type): the field is the
-    # common prefix of the first field's errors.
-    locs = [tuple(e["loc"]) for e in errors if tuple(e["loc"][:2]) == tuple(errors[0]["loc"][:2])]
-    param = _param(os.path.commonprefix(locs))
-    first = errors[0]
-    msg = first["msg"] if len(locs) == 1 else f"{first['msg']} (or another accepted type)"
+    if tuple(errors[0]["loc"]) == ("body",) and errors[0]["type"] in _NOT_AN_OBJECT:
+        return APIError(400, "the request body must be a JSON object (sent with Content-Type: "
+                             "application/json)")
+    # A union reports one error per member (its loc goes on with the member's tag). The
+    # member whose type the value has says what is wrong with it (a list of 5 stops: too
+    # many, not "not a string"), its deepest error where (stop[1]); only a value of none of
+    # the members' types is "(or another accepted type)".
+    group = [e for e in errors if tuple(e["loc"][:2]) == tuple(errors[0]["loc"][:2])]
+    shallow = len(os.path.commonprefix([tuple(e["loc"]) for e in group])) + 1
+    typed = [e for e in group if not e["type"].endswith("_type") or len(e["loc"]) > shallow]
+    first = max(typed or group, key=lambda e: len(e["loc"]))
+    param = _param(first["loc"])
+    msg = first["msg"] if len(group) == 1 or typed else f"{first['msg']} (or another accepted type)"
     where = param or "the request body"
     return APIError(400, f"{where}: {msg}", param=param,
                     code="missing_field" if first["type"] == "missing" else None)
+
+
+#: Pydantic's errors for a body that is not a JSON object (or was not sent as JSON).
+_NOT_AN_OBJECT = ("model_attributes_type", "dict_type", "model_type")
 
 
 class BodyLimit:

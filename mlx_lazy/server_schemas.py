@@ -6,12 +6,13 @@ their fields (:class:`Bounds`, the cost model) and the ``"pruning"`` field read 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from .extras import needs_extra
 
 with needs_extra("server", "the server"):
-    from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+    from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from .config import PruningConfig
 from .errors import UserInputError, shown
@@ -147,14 +148,16 @@ class RequestBody(_Strict):
 
     model: Optional[str] = None
     max_tokens: Optional[Annotated[int, Field(ge=1)]] = None
-    temperature: Optional[Annotated[float, Field(ge=0.0, le=2.0)]] = None
-    top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0)]] = None
+    # allow_inf_nan=False: NaN fails every bound, and was reported as out of range.
+    temperature: Optional[Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]] = None
+    top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]] = None
     seed: Optional[Annotated[int, Field(ge=0, lt=2**64)]] = None  # mx.random.seed's domain
     stop: Union[StopString, Annotated[List[StopString], Field(max_length=MAX_STOPS)], None] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: Literal[1] = 1
-    logit_bias: Optional[Annotated[Dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]],
+    logit_bias: Optional[Annotated[Dict[str, Annotated[float, Field(ge=-100.0, le=100.0,
+                                                                    allow_inf_nan=False)]],
                                    Field(max_length=MAX_LOGIT_BIAS)]] = None
     pruning: Union[Text, Dict[Text, Any], None] = None
 
@@ -165,7 +168,8 @@ class ChatRequest(RequestBody):
 
 
 class CompletionRequest(RequestBody):
-    prompt: Union[Annotated[Text, Field(min_length=1)], Annotated[List[int], Field(min_length=1)]]
+    prompt: Union[Annotated[str, StringConstraints(min_length=1), AfterValidator(_utf8)],
+                  Annotated[List[int], Field(min_length=1)]]
 
 
 INTERNAL_FIELDS = ("source", "fingerprint")  # PruningConfig fields set by schedule files only
@@ -211,4 +215,7 @@ def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig,
             return dataclasses.replace(default, **fields)
         return PruningConfig.preset(method, **fields)
     except UserInputError as e:
-        raise APIError(400, str(e), param="pruning") from None
+        # Its message starts with the field it refuses ("keep must be a sequence ...").
+        name = re.match(r"\w*", str(e)).group()
+        raise APIError(400, str(e), param=f"pruning.{name}" if name in fields
+                       else "pruning") from None

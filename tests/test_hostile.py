@@ -98,12 +98,41 @@ def check_error(status: int, payload) -> None:
 
 def test_stop_strings_are_bounded(hostile):
     ok = {"prompt": "hi", "max_tokens": 1}
-    for stop in ("Z" * (MAX_STOP_CHARS + 1), ["a", "Z" * (MAX_STOP_CHARS + 1)], ["a"] * 5):
+    for stop, param, why in [
+            ("Z" * (MAX_STOP_CHARS + 1), "stop", "at most 500 characters"),
+            (["a", "Z" * (MAX_STOP_CHARS + 1)], "stop[1]", "at most 500 characters"),
+            (["a"] * 5, "stop", "at most 4 items")]:
         status, payload = status_of(hostile, COMPLETIONS, {**ok, "stop": stop})
         check_error(status, payload)
-        assert status == 400 and payload["error"]["param"] == "stop", payload
+        assert status == 400 and payload["error"]["param"] == param, payload
+        assert why in payload["error"]["message"], payload
     status, payload = status_of(hostile, COMPLETIONS, {**ok, "stop": ["Z" * MAX_STOP_CHARS] * 4})
     assert status == 200, payload
+
+
+@pytest.mark.parametrize("path, body, headers, param, why", [
+    (COMPLETIONS, {"prompt": []}, {}, "prompt", "at least 1 item"),
+    (COMPLETIONS, {"prompt": ""}, {}, "prompt", "at least 1 character"),
+    (COMPLETIONS, {"prompt": "hi", "stop": [1]}, {}, "stop[0]", "valid string"),
+    (COMPLETIONS, {"prompt": "hi", "temperature": float("nan")}, {}, "temperature",
+     "finite number"),
+    (COMPLETIONS, {"prompt": "hi", "top_p": float("inf")}, {}, "top_p", "finite number"),
+    (COMPLETIONS, b'{"prompt": "hi"}', {"Content-Type": "application/x-www-form-urlencoded"},
+     None, "must be a JSON object (sent with Content-Type: application/json)"),
+    (COMPLETIONS, [1, 2], {}, None, "must be a JSON object"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}],
+            "pruning": {"method": "lazy", "keep": "0.3"}}, {}, "pruning.keep",
+     "keep must be a sequence"),
+])
+def test_an_error_names_what_is_wrong_where(hostile, path, body, headers, param, why):
+    """The error says why the value is refused, of the type it has (an empty list prompt is
+    empty, not "not a string"; NaN is not a number, not out of range; a body not sent as JSON
+    says so) and names the field down to the item."""
+    status, _, payload = hostile.request("POST", path, body, headers)
+    check_error(status, payload)
+    assert status == 400 and payload["error"]["param"] == param, payload
+    assert why in payload["error"]["message"], payload
+    assert "another accepted type" not in payload["error"]["message"], payload
 
 
 def test_messages_are_bounded(hostile):

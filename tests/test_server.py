@@ -549,7 +549,8 @@ def bad_requests(tokenizer, context: int):
         (chat, {**ok, "pruning": {"method": "warp"}}, 400, "pruning.method"),
         (chat, {**ok, "pruning": {"method": "lazy", "kep": [0.5]}}, 400, "pruning.kep"),
         (chat, {**ok, "pruning": {"method": "lazy", "keep": [0.2, 0.9]}}, 400, "pruning"),
-        (chat, {**ok, "pruning": {"method": "lazy", "prune_layers": 3}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {"method": "lazy", "prune_layers": 3}}, 400,
+         "pruning.prune_layers"),
         (chat, {**ok, "pruning": {"method": "speed", "speed_cutoff": 99}}, 400, "pruning"),
         (chat, {**ok, "pruning": {"method": "speed", "anchors": 1000}}, 400, "pruning"),
         # once a dead generation thread and a hung queue
@@ -567,15 +568,15 @@ def bad_requests(tokenizer, context: int):
         (chat, {**ok, "pruning": {**lazy, "fingerprint": {"num_layers": 3}}}, 400,
          "pruning.fingerprint"),
         (chat, {**ok, "pruning": {**lazy, "source": "calibrated:x.json"}}, 400, "pruning.source"),
-        (chat, {**ok, "pruning": {**lazy, "scorer": ""}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "scorer": ""}}, 400, "pruning.scorer"),
         (chat, {**ok, "pruning": {**lazy, "scorer": "last:heads="}}, 400, "pruning"),
-        (chat, {**ok, "pruning": {**lazy, "scorer": 3}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "scorer": 3}}, 400, "pruning.scorer"),
         (chat, {**ok, "pruning": {**lazy, "\ud800": 1}}, 400, "pruning"),  # a 500 once
         # once a 500 from the tokenizer
         (chat, {**ok, "messages": [{"role": "user", "content": "a\ud800b"}]}, 400,
          "messages[0].content"),
         (chat, {**ok, "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "\udfff"}]}]}, 400, "messages[0].content"),
+            {"type": "text", "text": "\udfff"}]}]}, 400, "messages[0].content[0].text"),
         ("/v1/completions", {"prompt": "\ud800", "max_tokens": 2}, 400, "prompt"),
         # once a 200
         (chat, {**ok, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
