@@ -190,13 +190,15 @@ def prompt_token_ids(tokenizer: TokenizerWrapper,
     return token_ids(prompt)
 
 
-def check_prompt(engine: LazyEngine, tokenizer, tokens: List[int], max_tokens: int) -> None:
+def check_prompt(engine: LazyEngine, tokenizer, tokens: List[int], max_tokens: int,
+                 name: str = "max_tokens") -> None:
     """Raise UserInputError when ``engine`` cannot generate ``max_tokens`` tokens after
     ``tokens`` (:func:`check_tokens`, :func:`check_context`,
-    :func:`mlx_lazy.schedule.check_fits`, :func:`check_anchors`)."""
+    :func:`mlx_lazy.schedule.check_fits`, :func:`check_anchors`); ``name`` is how the caller
+    spells ``max_tokens``."""
     context = context_length(engine.adapter.model, tokenizer)
     check_tokens(tokens, engine.adapter.vocab_size)
-    check_context(len(tokens), max_tokens, context)
+    check_context(len(tokens), max_tokens, context, name)
     check_fits(engine.schedule, context)
     check_anchors(engine.schedule, len(tokens))
 

@@ -16,6 +16,7 @@ smaller file, made sooner, whose every question revives what it selects.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -67,8 +68,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"cached {len(cache)} tokens ({cache.nbytes / MB:.1f} MB of KV and aux) in "
-          f"{args.prompt_cache_file}"
+    state = cache.engine.cache
+    print(f"cached {len(cache)} tokens in {args.prompt_cache_file} "
+          f"({os.path.getsize(args.prompt_cache_file) / MB:.1f} MB: KV "
+          f"{sum(state.kv_bytes_per_layer) / MB:.1f} MB, Aux Cache {state.aux_bytes / MB:.1f} MB)"
           + (f"; {completed} token-layers of pruned tokens completed first" if completed else ""),
           file=sys.stderr)
     return 0

@@ -360,7 +360,8 @@ def _run(args: argparse.Namespace, group=None) -> None:
         same["prompt tokens"] = distributed.digest(str(cache.tokens + tokens).encode())
         same["pruning schedules"] = distributed.digest_of(cache.schedule.as_dict())
         # Checked here too so that nothing (no baseline run) starts before the error.
-        check_prompt(cache.engine, tokenizer, cache.tokens + tokens, args.max_tokens)
+        check_prompt(cache.engine, tokenizer, cache.tokens + tokens, args.max_tokens,
+                     "-m/--max-tokens")
 
     show_progress = bool(args.verbose) and sys.stderr.isatty() and distributed.is_rank0(group)
     # the baseline is the unpruned plan itself: the run's one resolve was the config's, above

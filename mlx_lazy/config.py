@@ -202,6 +202,10 @@ class PruningConfig:
             values["fingerprint"] = tuple(sorted((str(k), v) for k, v in pairs))
         if self.speed_cutoff is not None:
             c = self.speed_cutoff
+            if isinstance(c, (bool, np.bool_)) or not isinstance(
+                    c, (int, float, np.integer, np.floating)):
+                raise UserInputError("speed_cutoff must be a fraction of the layers or a layer "
+                                     f"count, got {shown(c, SHOWN)}")
             values["speed_cutoff"] = (
                 _real("speed_cutoff", c) if isinstance(c, (float, np.floating))
                 else _bounded("speed_cutoff", c, -MAX_COUNT, MAX_COUNT)

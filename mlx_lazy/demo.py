@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the process exit code."""
     from ._args import METHOD_HELP, method_arg
     from .config import PruningConfig
+    from .models import MODEL_HELP
 
     def pruning_method(text: str) -> str:
         method = method_arg(text)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m mlx_lazy.demo",
                                 description=__doc__.split("\n\n")[1])
-    p.add_argument("--model", help="MLX model folder or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--method", type=pruning_method, default="lazy", metavar="METHOD",
                    help=f"{METHOD_HELP}, shown against the baseline (default: lazy)")
     p.add_argument("--max-tokens", type=int, default=48)

@@ -151,8 +151,9 @@ def check_destination(path: str, what: str) -> Path:
         raise UserInputError(f"cannot write {what} {path}: folder {folder} does not exist")
     try:
         fd, probe = tempfile.mkstemp(prefix=temp_prefix(target), dir=folder)
-    except OSError as e:
-        raise UserInputError(f"cannot write {what} {path}: {e.strerror or e}") from None
+    except OSError as e:  # /proc says "No such file or directory": name what was tried
+        raise UserInputError(f"cannot write {what} {path}: cannot create a file in {folder} "
+                             f"({e.strerror or e})") from None
     os.close(fd)
     os.unlink(probe)
     return target

@@ -101,6 +101,9 @@ MODELS: dict[str, ModelSource] = {
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
+#: The tools' help for --model.
+MODEL_HELP = (f"named model ({', '.join(MODELS)}; obtained when missing), local model folder "
+              f"or Hugging Face repo (default: {DEFAULT_MODEL})")
 
 
 class ModelUnavailable(UserInputError):

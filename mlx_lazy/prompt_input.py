@@ -15,6 +15,7 @@ from typing import Iterator, Optional
 
 from .errors import UserInputError
 from .inputs import MiB, read_file, read_stream
+from .models import MODEL_HELP
 
 DEFAULT_PROMPT = "hello"  # same default as mlx-lm
 #: The most bytes read from --prompt-file or stdin: far more text than any model's context
@@ -24,10 +25,7 @@ PROMPT_MAX_BYTES = 16 * MiB
 
 def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
     """The model and prompt options (mlx-lm's names), shared by the tools that take a prompt."""
-    p.add_argument("--model", default=None,
-                   help="named model (smollm2-135m, qwen2.5-coder-0.5b; obtained when "
-                        "missing), local model folder or Hugging Face repo (default: "
-                        "smollm2-135m)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", default=None,
                      help=f"message to process ('-' reads stdin; default {DEFAULT_PROMPT!r})")

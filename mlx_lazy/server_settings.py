@@ -14,6 +14,7 @@ from typing import Optional
 from ._args import METHOD_HELP, OneLineParser, add_sampling_arguments, method_arg
 from .config import PruningConfig
 from .errors import UserInputError
+from .models import MODEL_HELP
 from .schedule_files import read_schedule
 
 DEFAULT_PORT = 8080
@@ -59,8 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="mlx-lazy-server",
         description="OpenAI-compatible HTTP server with LazyLLM / SPEED pruning per request.")
-    p.add_argument("--model", default=None,
-                   help="local model folder or Hugging Face repo (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")

@@ -446,7 +446,8 @@ def test_sampling_values_the_sampler_cannot_use_are_greedy():
     ("{tmp}/fifo", ["not a regular file"]),  # once replaced by a regular file, exit 0
     ("/dev/null", ["not a regular file"]),  # as root, a system device node was replaced
     ("{tmp}/no/such/c.safetensors", ["folder", "does not exist"]),  # once after the prefill
-    ("/proc/c.safetensors", ["cannot write --prompt-cache-file /proc/c.safetensors"]),
+    ("/proc/c.safetensors", ["cannot write --prompt-cache-file /proc/c.safetensors: cannot "
+                             "create a file in /proc"]),
 ])
 def test_cache_prompt_refuses_a_destination_before_the_model_loads(no_model_load, capsys,
                                                                    tmp_path, dest, fragments):
@@ -631,3 +632,11 @@ def test_demo_bad_model_is_one_line_exit_2(tmp_path, capsys):
     assert demo.main(["--model", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: cannot load model"), err
+
+
+def test_an_answer_past_the_context_names_the_option_as_the_command_line_spells_it(
+        tiny_model_path, capsys):
+    context = json.loads((tiny_model_path / "config.json").read_text())["max_position_embeddings"]
+    line = main_error(capsys, "--model", str(tiny_model_path), "-p", "hi", "-m",
+                      str(context + 1))
+    assert f"exceeds the model's context of {context} tokens (lower -m/--max-tokens)" in line

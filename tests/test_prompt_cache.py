@@ -396,6 +396,9 @@ def test_cache_prompt_then_generate_with_the_cache_file(tiny_model_path, tmp_pat
                     "--prompt-cache-file", str(pruned_file))
     assert kept.returncode == 0, kept.stderr.decode()
     assert load_prompt_cache(str(pruned_file), model).engine.cache.aux
+    # The size reported is the file's (it was the KV buffers' capacity, nearly twice it).
+    for proc, path in ((made, cache_file), (kept, pruned_file)):
+        assert f"({path.stat().st_size / 1e6:.1f} MB: KV " in proc.stderr.decode()
 
     # No pruning flag: the cache's own config runs (same text).
     plain = run_tool("mlx_lazy.generate", "--model", str(tiny_model_path), "-p", question,

@@ -82,8 +82,10 @@ def test_unknown_preset():
         (dict(method="lazy", prune_layers=3, keep=(0.5,)), "prune_layers must be a sequence"),
         (dict(method="speed", anchors=True), "anchors must be an integer"),
         (dict(method="speed", anchors=-1), "anchors must be a non-negative integer"),
-        (dict(method="speed", speed_cutoff=True), "speed_cutoff must be an integer"),
-        (dict(method="speed", speed_cutoff="0.5"), "speed_cutoff must be an integer"),
+        (dict(method="speed", speed_cutoff=True), "speed_cutoff must be a fraction of the "
+                                                  "layers or a layer count, got True"),
+        (dict(method="speed", speed_cutoff="0.5"), "speed_cutoff must be a fraction of the "
+                                                   "layers or a layer count, got '0.5'"),
         (dict(method="random", seed=-1), "seed must be a non-negative integer"),
         (dict(method="lazy", scorer="last:pool=-1"), "pool must be an integer in [0,"),
         (dict(method="lazy", scorer="window:size=0"), "size must be an integer in [1,"),
