@@ -142,10 +142,15 @@ class App:
         """The job for a validated body and its prompt ``tokens``.
 
         Raises:
-            APIError: 400 for a pruning or ``max_tokens`` the model cannot run, 413 for a
-                prompt over the limit.
+            APIError: 400 for a field asking what this server does not do (``logprobs``,
+                ...), a pruning or ``max_tokens`` the model cannot run; 413 for a prompt
+                over the limit.
         """
         settings, worker = self.settings, self.worker
+        asked = body.unsupported()
+        if asked is not None:
+            raise APIError(400, f"{asked} is not supported by this server (leave it out)",
+                           param=asked)
         config = (settings.config if body.pruning is None
                   else pruning_config(body.pruning, settings.config, worker.num_layers))
         n = len(tokens)

@@ -160,6 +160,27 @@ class RequestBody(_Strict):
                                                                     allow_inf_nan=False)]],
                                    Field(max_length=MAX_LOGIT_BIAS)]] = None
     pruning: Union[Text, Dict[Text, Any], None] = None
+    # OpenAI fields that ask for what this server does not produce: the value that asks
+    # nothing (null, false, 0, "", best_of 1, as clients send by default) passes, any other
+    # is refused (unsupported()) rather than answered without it.
+    logprobs: Union[bool, int, None] = None
+    top_logprobs: Optional[int] = None
+    echo: Optional[bool] = None
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+
+    def unsupported(self) -> Optional[str]:
+        """The first field set to ask for something this server does not do, else None."""
+        return next((name for name in UNSUPPORTED
+                     if getattr(self, name) not in (None, False, 0, "")
+                     and not (name == "best_of" and getattr(self, name) == 1)), None)
+
+
+#: Fields :meth:`RequestBody.unsupported` checks, in the order it reports them.
+UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "best_of", "presence_penalty",
+               "frequency_penalty")
 
 
 class ChatRequest(RequestBody):

@@ -135,6 +135,30 @@ def test_an_error_names_what_is_wrong_where(hostile, path, body, headers, param,
     assert "another accepted type" not in payload["error"]["message"], payload
 
 
+@pytest.mark.parametrize("field, value", [
+    ("logprobs", True), ("logprobs", 5), ("top_logprobs", 3), ("echo", True), ("suffix", "x"),
+    ("best_of", 2), ("presence_penalty", 0.5), ("frequency_penalty", -1.0)])
+def test_a_field_asking_what_the_server_does_not_do_is_refused(hostile, field, value):
+    """Answered without what it asked for (``"logprobs": null``), a client that asked for
+    log probabilities or a penalty would go on as if it had them."""
+    status, payload = status_of(hostile, COMPLETIONS, {"prompt": "hi", "max_tokens": 1,
+                                                       field: value})
+    check_error(status, payload)
+    assert status == 400 and payload["error"]["param"] == field, payload
+    assert f"{field} is not supported" in payload["error"]["message"], payload
+
+
+def test_the_values_clients_send_by_default_ask_nothing(hostile):
+    defaults = {"logprobs": False, "top_logprobs": 0, "echo": False, "suffix": "", "best_of": 1,
+                "presence_penalty": 0.0, "frequency_penalty": 0, "user": "me"}
+    status, payload = status_of(hostile, COMPLETIONS, {"prompt": "hi", "max_tokens": 1,
+                                                       **defaults})
+    assert status == 200, payload
+    status, payload = status_of(hostile, CHAT, {"messages": [{"role": "user", "content": "hi"}],
+                                                "max_tokens": 1, "logprobs": None})
+    assert status == 200, payload
+
+
 def test_messages_are_bounded(hostile):
     messages = [{"role": "user", "content": ""}] * (MAX_MESSAGES + 1)
     status, payload = status_of(hostile, CHAT, {"messages": messages, "max_tokens": 1})
