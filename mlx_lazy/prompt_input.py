@@ -80,8 +80,15 @@ def encode_prompt(tokenizer, text: str, system_prompt: Optional[str],
     ``cache_prompt`` does: ``"prefix"`` is everything up to and including the text (what a
     prompt cache holds), ``"suffix"`` the text and what follows it (what a later prompt adds
     on top of that cache); ``"whole"`` is both.
+
+    Raises:
+        UserInputError: a ``system_prompt`` with no chat template to put it in.
     """
     use_template = not ignore_chat_template and getattr(tokenizer, "has_chat_template", False)
+    if system_prompt is not None and not use_template:  # mlx-lm drops it without a word
+        raise UserInputError("--system-prompt goes into the chat template, which "
+                             + ("--ignore-chat-template leaves out" if ignore_chat_template
+                                else "this model's tokenizer does not have"))
     if use_template:
         messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
         marker = "\x00mlx-lazy-text\x00"

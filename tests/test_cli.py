@@ -640,3 +640,10 @@ def test_an_answer_past_the_context_names_the_option_as_the_command_line_spells_
     line = main_error(capsys, "--model", str(tiny_model_path), "-p", "hi", "-m",
                       str(context + 1))
     assert f"exceeds the model's context of {context} tokens (lower -m/--max-tokens)" in line
+
+
+def test_a_system_prompt_without_the_chat_template_is_refused(tiny_model_path, capsys):
+    """mlx-lm drops it without a word; the answer would be to another question."""
+    line = main_error(capsys, "--model", str(tiny_model_path), "-p", "hi", "--system-prompt",
+                      "Answer in French.", "--ignore-chat-template")
+    assert "--system-prompt goes into the chat template, which --ignore-chat-template" in line
