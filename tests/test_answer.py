@@ -70,6 +70,10 @@ def test_end_to_end_on_a_tiny_model(tiny_model_path, tmp_path):
     (["--paths", "lazy:bogus=1"], "--paths"),
     (["--lengths", "999999"], "exceed the model's context"),
     (["--lengths", "x"], "--lengths"),
+    (["--paths", ""], "--paths names no path"),  # once only full, in silence
+    (["--paths", "lazy:layers=99:keep=0.5"], "--paths lazy:layers=99:keep=0.5:"),  # once after
+    (["--out", "/tmp"], "--out /tmp is a folder"),  # once a traceback after the runs
+    (["--out", "/nonexistent/dir/a.json"], "folder /nonexistent/dir does not exist"),
 ])
 def test_bad_options_are_one_error_line(tiny_model_path, argv, message, capsys):
     with pytest.raises(SystemExit) as e:

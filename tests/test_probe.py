@@ -100,6 +100,8 @@ def test_a_value_missing_from_its_prompt_is_refused(tiny_model):
     (["--scorer", "bogus"], "scorer"),
     (["--length", "100"], "too short for this task"),
     (["--scorer", "window:size=1000"], "among the tokens a cut always keeps"),
+    (["--length", "999999"], "--length 999999 is beyond the model's context"),
+    (["--out", "/tmp"], "--out /tmp is a folder"),  # once a traceback after the probe
 ])
 def test_bad_input_is_one_error_line(tiny_model_path, argv, says, capsys):
     assert probe.main(["--model", str(tiny_model_path), "--length", "600", "--samples", "1",

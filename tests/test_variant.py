@@ -166,7 +166,9 @@ def _no_load(*a, **k):
     (lambda d: d["evidence"]["yardsticks"]["q4"].pop("kld_mean"), [],
      "evidence.yardsticks is not"),
     (lambda d: None, ["--round", "7"], "--round takes 2, 3, 4, 5, 6 or 8 bits"),
-    (lambda d: None, ["--out", "/nonexistent/dir/r.json"], "--out: cannot write into"),
+    (lambda d: None, ["--out", "/nonexistent/dir/r.json"],
+     "cannot write --out /nonexistent/dir/r.json: folder /nonexistent/dir does not exist"),
+    (lambda d: None, ["--out", "/tmp"], "--out /tmp is a folder"),  # once a traceback at the end
 ])
 def test_bad_input_is_one_error_line_before_the_model_loads(schedule, monkeypatch, capsys,
                                                             edit, args, message):

@@ -45,6 +45,8 @@ from .. import load
 from .._args import OneLineParser
 from ..api import context_length
 from ..errors import UserInputError
+from ..folders import check_destination
+from ..resolve import resolve_config
 from .common import (BASELINE, FULL, MIB, RunRecord, fmt, machine_info, markdown_table, measure,
                      median)
 from .decode_cost import MACHINES, ModelShape, step_seconds, step_work
@@ -217,7 +219,10 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         p.error(f"--answer-tokens must be at least 1, got {args.answer_tokens}")
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
-    args.paths = list(dict.fromkeys([FULL, *parse_methods(args.paths)]))
+    paths = parse_methods(args.paths)
+    if not paths:
+        p.error("--paths names no path")
+    args.paths = list(dict.fromkeys([FULL, *paths]))
     return args
 
 
@@ -225,12 +230,19 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Command-line entry point; returns the result dict."""
     args = _parse_args(argv)
     try:
+        if args.out is not None:  # before the runs, whose results it is to hold
+            check_destination(str(args.out), "--out")
         model, tokenizer = load(args.model)
         for path in args.paths:
             try:
-                parse_method(path, len(model.layers))
+                method = parse_method(path, len(model.layers))
             except ValueError as e:  # the method syntax's errors
                 raise UserInputError(f"--paths: {e}") from None
+            if method.config is not None:  # and what only the model's depth refuses
+                try:
+                    resolve_config(model, method.config)
+                except UserInputError as e:
+                    raise UserInputError(f"--paths {path}: {e}") from None
         context = context_length(model, tokenizer)
         if context is not None and max(args.lengths) + args.answer_tokens > context:
             raise UserInputError(f"a {max(args.lengths)}-token prompt and a {args.answer_tokens}"

@@ -34,9 +34,10 @@ from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import load
 from .._args import OneLineParser
 from ..adapter import sliding_windows
+from ..api import context_length
 from ..engine import LazyEngine
 from ..errors import UserInputError
-from ..folders import write_text_atomic
+from ..folders import check_destination, write_text_atomic
 from ..scorers import ScoreContext, Scorer, parse_scorer, scorer_spec
 from ..selection import forced_mask
 from .tasks import TASKS, Sample, build_samples
@@ -192,9 +193,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         scorer = parse_scorer(args.scorer)
         if args.task not in TASKS:
             raise UserInputError(f"--task {args.task!r} is not one of {', '.join(TASKS)}")
-        if args.out is not None and not args.out.resolve().parent.is_dir():
-            raise UserInputError(f"--out: no folder {args.out.resolve().parent}")
+        if args.out is not None:
+            check_destination(str(args.out), "--out")
         model, tokenizer = load(args.model)
+        context = context_length(model, tokenizer)
+        if context is not None and args.length > context:
+            raise UserInputError(f"--length {args.length} is beyond the model's context of "
+                                 f"{context} tokens")
         try:
             samples = build_samples(tokenizer, args.task, args.length, args.samples, args.seed)
         except ValueError as e:  # a length too short for the task

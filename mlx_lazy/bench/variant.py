@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ from .._args import OneLineParser
 from ..adapter import ModelAdapter
 from ..config import PruningConfig
 from ..errors import UserInputError
-from ..folders import write_text_atomic
+from ..folders import check_destination, write_text_atomic
 from ..inputs import read_json
 from ..schedule_files import (SCHEDULE_MAX_BYTES, SCHEDULE_MAX_DEPTH, check_model,
                               check_variants, read_schedule)
@@ -260,9 +259,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # before the hour of runs: where the results go must take them
         for flag, target in (("--record", args.schedule if args.record else None),
                              ("--out", args.out)):
-            folder = None if target is None else target.resolve().parent
-            if folder is not None and not (folder.is_dir() and os.access(folder, os.W_OK)):
-                raise UserInputError(f"{flag}: cannot write into {folder}")
+            if target is not None:
+                check_destination(str(target), flag)
         model, tokenizer = load(args.model)
         variant = ModelAdapter(model).variant()
         how = f"the model {args.model} as loaded"
