@@ -242,16 +242,40 @@ def test_the_kld_steps_default_to_a_whole_answer_and_reach_the_calibration(tmp_p
 @pytest.mark.parametrize("out, message", [
     (lambda tmp: tmp / "file", "exists and is not a folder"),
     (lambda tmp: "/proc/x", "cannot create --out /proc/x"),
+    # an earlier calibration there, which a run without --resume replaced in silence
+    (lambda tmp: tmp / "earlier", "holds an earlier calibration: pass --resume"),
 ])
 def test_an_unusable_out_is_one_error_line(tmp_path, monkeypatch, capsys, out, message):
     from mlx_lazy.bench import calibrate
 
     monkeypatch.setattr(calibrate, "load", lambda *a: pytest.fail("loaded a model"))
     (tmp_path / "file").write_text("mine")
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "results.json").write_text('{"an": "hour of runs"}')
     assert main(["--out", str(out(tmp_path))]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
     assert (tmp_path / "file").read_text() == "mine"
+    assert (tmp_path / "earlier" / "results.json").read_text() == '{"an": "hour of runs"}'
+
+
+@pytest.mark.parametrize("edit", [
+    lambda doc: [1, 2],
+    lambda doc: {**doc, "full": [1, 2]},
+    lambda doc: {**doc, "candidates": [{"x": 1}]},
+    lambda doc: {**doc, "candidates": [{**doc["candidates"][0], "scores": [0.5]}]},
+])
+def test_resume_of_a_malformed_results_file_is_one_error(tiny_model_path, tmp_path,
+                                                         monkeypatch, edit):
+    """A results.json edited by hand (a list, full's scores not by cell, a candidate without
+    its config) failed half-way through reading it with an AttributeError or KeyError."""
+    fake_runs(monkeypatch)
+    fake_deviation(monkeypatch)
+    tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0)
+    path = tmp_path / "cal" / "results.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    with pytest.raises(UserInputError, match="is not a calibration's results"):
+        tiny_calibration(tiny_model_path, tmp_path / "cal", min_base=0.0, resume=True)
 
 
 def exit_status(main, argv):

@@ -404,7 +404,7 @@ def _calibrate(cal: Calibration) -> dict[str, Any]:
     start = time.monotonic()
     started = time.perf_counter()  # the run's wall time, for the work record
     if cal.out is not None:
-        _prepare_out(Path(cal.out))  # before the model loads: a bad --out fails at once
+        _prepare_out(Path(cal.out), cal.resume)  # before the model loads: fails at once
     model, tokenizer = load(cal.model)
     yardstick.check_unquantized(model)  # the KLD bars come from rounding its weights
     context = context_length(model, tokenizer)
@@ -417,7 +417,7 @@ def _calibrate(cal: Calibration) -> dict[str, Any]:
                              f"{context:,} tokens")
     fingerprint = ModelAdapter(model).fingerprint()
     out = Path(cal.out) if cal.out is not None else work_folder(fingerprint)
-    _prepare_out(out)
+    _prepare_out(out, cal.resume)
     n_max = max(cal.rungs)
     try:
         samples = {f"{t}@{n}": build_samples(tokenizer, t, n, n_max, cal.seed)
@@ -655,16 +655,38 @@ def install_path(model: Optional[str], fingerprint: dict[str, Any], quality: str
     return cached_schedule_path(fingerprint, quality)
 
 
-def _prepare_out(out: Path) -> None:
-    """Create the output folder, or fail with one line when it cannot hold the outputs."""
+def _prepare_out(out: Path, resume: bool = False) -> None:
+    """Create the output folder, or fail with one line when it cannot hold the outputs or,
+    without ``resume``, holds an earlier calibration (which this run would replace)."""
     if out.exists() and not out.is_dir():
         raise UserInputError(f"--out {out} exists and is not a folder")
+    if not resume and (out / "results.json").exists():
+        raise UserInputError(f"--out {out} holds an earlier calibration: pass --resume to "
+                             "build on it, or choose another folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserInputError(f"cannot create --out {out}: {e.strerror or e}") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise UserInputError(f"cannot write into --out {out}")
+
+
+def _check_earlier(old: Any, path: Path) -> None:
+    """Refuse a ``results.json`` not shaped as this tool writes it (edited by hand, or
+    another tool's), whose reading would fail half-way."""
+    def mapping_of_lists(x: Any) -> bool:
+        return isinstance(x, dict) and all(isinstance(v, list) for v in x.values())
+
+    shaped = (isinstance(old, dict) and isinstance(old.get("options", {}), dict)
+              and mapping_of_lists(old.get("full", {}))
+              and isinstance(old.get("resumed", []), list)
+              and isinstance(old.get("candidates", []), list)
+              and all(isinstance(c, dict) and isinstance(c.get("config"), dict)
+                      and mapping_of_lists(c.get("scores"))
+                      for c in old.get("candidates", [])))
+    if not shaped:
+        raise UserInputError(f"--resume: {path} is not a calibration's results (malformed); "
+                             "use another --out")
 
 
 def _final(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration) -> list[Candidate]:
@@ -688,6 +710,7 @@ def _resume(out: Path, cal: Calibration, fingerprint: dict[str, Any],
         old = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserInputError(f"--resume: cannot read {path} ({e}); use another --out") from None
+    _check_earlier(old, path)
     o = old.get("options", {})
     same = (old.get("fingerprint") == fingerprint and o.get("seed") == cal.seed
             and max(o.get("rungs") or [0]) == max(cal.rungs))
