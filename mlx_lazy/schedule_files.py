@@ -111,6 +111,12 @@ def read_schedule(path: Union[str, Path],
                              f"variant such as 'bfloat16+q4g64', got {shown(saved['variant'])}")
     if "variants" in model:
         check_variants(model["variants"], f"schedule file {path}: model.variants")
+    if data.get("quality", "default") not in QUALITIES:
+        raise UserInputError(f"schedule file {path}: quality must be one of "
+                             f"{', '.join(QUALITIES)}, got {shown(data['quality'])}")
+    if not isinstance(data.get("evidence", {}), dict):
+        raise UserInputError(f"schedule file {path}: evidence must be an object, got "
+                             f"{shown(data['evidence'])}")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
     try:
         out = PruningConfig(**values, source=f"calibrated:{path.name}", fingerprint=saved)

@@ -372,6 +372,8 @@ def schedule_file(tiny_model, tmp_path):
         (lambda d: dict(d, config=dict(d["config"], scorer="psychic")), "unknown scorer"),
         (lambda d: dict(d, model={"fingerprint": dict(d["model"]["fingerprint"], num_layers=24)}),
          "model.fingerprint.num_layers"),
+        (lambda d: dict(d, quality="ultra"), "quality must be one of default, high, got 'ultra'"),
+        (lambda d: dict(d, evidence=[1]), "evidence must be an object, got [1]"),
     ],
 )
 def test_bad_schedule_files_name_the_field(schedule_file, tmp_path, edit, message):
