@@ -146,6 +146,37 @@ def test_speed_benchmark_quick_on_tiny_model(tiny_model_path, tmp_path, capsys) 
     assert "| speed |" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--lengths", "64"], "--lengths needs >= 3 distinct"),  # once a traceback
+    (["--lengths", "48,64,0"], "--lengths must be positive"),  # once mlx-lm's traceback
+    (["--lengths", "48,64,99999"], "exceed the model's context"),  # once accepted
+    (["--max-tokens", "0"], "--max-tokens must be >= 2"),
+    (["--repeats", "0"], "--repeats must be at least 1"),  # once empty tables, exit 0
+    (["--decode-interleaved", "-3"], "--decode-interleaved takes"),  # once a StatisticsError
+    (["--schedules", "bogus"], "--schedules"),  # once exit status 1
+    (["--out", "/tmp"], "--out /tmp is a folder"),  # once a traceback after the runs
+    (["--report", "/nonexistent.json"], "--report /nonexistent.json"),
+])
+def test_speed_benchmark_bad_options_are_one_error_line(tiny_model_path, tmp_path, capsys,
+                                                        argv, message) -> None:
+    from mlx_lazy.bench import speed
+
+    with pytest.raises(SystemExit) as e:
+        speed.main(["--quick", "--model", str(tiny_model_path), *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and message in err[0], err
+
+
+def test_speed_report_of_another_json_is_one_error(tmp_path, capsys) -> None:
+    from mlx_lazy.bench import speed
+
+    (tmp_path / "other.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit) as e:
+        speed.main(["--report", str(tmp_path / "other.json")])
+    assert e.value.code == 2 and "is not a bench.speed result" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("layers, keep", [((0,), (0.3,)), ((1, 2), (0.5, 0.2)), ((), ())])
 def test_predicted_counts_equal_the_engines(tiny_model, layers, keep):
     import numpy as np

@@ -99,6 +99,11 @@ from mlx_lazy.bench.tasks import build_prompt
 import mlx.core as mx
 
 from mlx_lazy.bench.costmodel import CostModel
+from mlx_lazy._args import OneLineParser
+from mlx_lazy.api import context_length
+from mlx_lazy.errors import UserInputError
+from mlx_lazy.folders import check_destination
+from mlx_lazy.inputs import MiB, read_json
 
 __all__ = [
     "DEFAULT_SCHEDULES",
@@ -451,7 +456,7 @@ def decode_table(dec: dict[str, Any]) -> str:
 
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mlx_lazy.bench.speed",
+    p = OneLineParser(prog="python -m mlx_lazy.bench.speed",
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None,
@@ -488,31 +493,75 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
             args.max_tokens = 4
         if "--repeats" not in given:
             args.repeats = 1
+    try:
+        args.lengths = sorted({int(x) for x in args.lengths.split(",") if x.strip()})
+    except ValueError:
+        p.error(f"--lengths takes comma-separated integers, got {args.lengths!r}")
+    if not args.lengths or args.lengths[0] < 1:
+        p.error("--lengths must be positive")
+    if len(args.lengths) < 3 and not args.decode_interleaved:
+        p.error(f"--lengths needs >= 3 distinct prompt lengths for the cost model, got "
+                f"{args.lengths}")
+    if args.max_tokens < 2:
+        p.error("--max-tokens must be >= 2 to measure time per output token")
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.decode_interleaved < 0:
+        p.error(f"--decode-interleaved takes a number of steps >= 1, got "
+                f"{args.decode_interleaved}")
     return args
+
+
+#: Bounds on reading a --report file: far above what a run writes.
+REPORT_MAX_BYTES, REPORT_MAX_DEPTH = 256 * MiB, 64
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    """The result a ``--out`` run wrote to ``path``, its summary made anew.
+
+    Raises:
+        UserInputError: ``path`` is not such a result.
+    """
+    doc = read_json(path, f"--report {path}", REPORT_MAX_BYTES, REPORT_MAX_DEPTH)
+    try:
+        runs = [RunRecord.from_dict(r) for r in doc["runs"]]
+        doc["summary"] = summarize(runs, doc["info"]["main_length"])
+    except (KeyError, TypeError, AttributeError) as e:
+        raise UserInputError(f"--report {path} is not a bench.speed result ({e!r})") from None
+    return doc
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Command-line entry point; returns the result dict."""
     args = _parse_args(argv)
-    if args.report is not None:
-        result = json.loads(args.report.read_text())
-        runs = [RunRecord.from_dict(r) for r in result["runs"]]
-        result["summary"] = summarize(runs, result["info"]["main_length"])
-        print(render_table(result))
-        return result
-    model, tokenizer = load(args.model)
-    schedules = parse_methods(args.schedules)
-    for s in schedules:
-        if s != BASELINE:
-            try:
-                schedule_config(s, len(model.layers))
-            except ValueError as e:
-                raise SystemExit(f"error: {e}") from None
+    try:
+        if args.report is not None:
+            result = _read_report(args.report)
+            print(render_table(result))
+            return result
+        if args.out is not None:  # before the runs, whose results it is to hold
+            check_destination(str(args.out), "--out")
+        model, tokenizer = load(args.model)
+        context = context_length(model, tokenizer)
+        if context is not None and args.lengths[-1] + args.max_tokens > context:
+            raise UserInputError(f"--lengths {args.lengths[-1]} and --max-tokens "
+                                 f"{args.max_tokens} exceed the model's context of {context} "
+                                 "tokens")
+        schedules = parse_methods(args.schedules)
+        for s in schedules:
+            if s != BASELINE:
+                try:
+                    schedule_config(s, len(model.layers))
+                except ValueError as e:
+                    raise UserInputError(f"--schedules: {e}") from None
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     info = machine_info(model, "mlx_lazy.bench.speed", argv)
     if info["model_dtypes"] != ["float32"]:
         print(f"note: model weights are {info['model_dtypes']}, not float32", file=sys.stderr)
     if args.decode_interleaved:
-        n = max(int(x) for x in args.lengths.split(",") if x.strip())
+        n = args.lengths[-1]
         L = len(model.layers)
         configs = {name: schedule_config(name, L) for name in dict.fromkeys([FULL, *schedules])
                    if name != BASELINE}
@@ -525,7 +574,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         return result
     result = run_benchmark(
         model, tokenizer,
-        lengths=[int(x) for x in args.lengths.split(",") if x.strip()],
+        lengths=args.lengths,
         max_tokens=args.max_tokens, repeats=args.repeats, schedules=schedules,
         out=args.out, info=info,
     )
