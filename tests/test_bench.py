@@ -409,6 +409,37 @@ def test_cli_errors_are_one_line(tiny_model_path, tmp_path, capsys):
     assert "unknown task" in err and "unknown method" in err and "too short" in err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--samples", "0"], "--samples must be at least 1"),  # once an empty report, exit 0
+    (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+    (["--agreement", "-1"], "--agreement must be at least 0"),
+    (["--agreement", "1", "--agreement-steps", "0"], "--agreement-steps must be at least 1"),
+    (["--time-limit", "-1"], "--time-limit must be a positive number"),  # once a run of nothing
+    (["--time-limit", "abc"], "--time-limit"),  # once argparse's usage block
+    (["--lengths", "0"], "--lengths must be positive"),
+    (["--lengths", "999999"], "beyond the model's context"),  # once run past it
+    (["--out", "{tmp}/file"], "exists and is not a folder"),  # once a traceback after the runs
+])
+def test_bad_options_are_one_error_line(tiny_model_path, tmp_path, capsys, argv, message):
+    (tmp_path / "file").write_text("mine")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    try:
+        status = main(["--quick", "--model", str(tiny_model_path), "--no-progress",
+                       "--out", str(tmp_path / "out"), *argv])
+    except SystemExit as e:
+        status = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and err[0].startswith("error:"), err
+    assert message in err[0], err
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_report_of_another_results_file_is_one_error(tmp_path, capsys):
+    (tmp_path / "results.json").write_text("[1, 2]")
+    assert main(["--report", str(tmp_path)]) == 2
+    assert "is not this benchmark's results" in capsys.readouterr().err
+
+
 def test_time_limit_stops_between_samples(tiny_model_path, tmp_path):
     from mlx_lazy import load
 

@@ -12,12 +12,12 @@ Writes ``results.json``, ``table.md`` and the PNG plots into ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 from pathlib import Path
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
+from .._args import OneLineParser
 from .methods import parse_method, parse_methods
 from .tasks import QUICK_TASKS, TASKS
 
@@ -30,9 +30,9 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> OneLineParser:
     """The command-line options."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m mlx_lazy.bench",
         description="Offline long-context accuracy vs TTFT benchmark: mlx-lm baseline, our "
         "unpruned path, LazyLLM, SPEED, LazyLLM+SPEED, static and random pruning.",
@@ -78,11 +78,24 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return the exit status."""
-    args = build_parser().parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
     from . import harness
 
     if args.report:
         return report(Path(args.report))
+    for flag, value, low in (("--samples", args.samples, 1), ("--max-tokens", args.max_tokens, 1),
+                             ("--agreement", args.agreement, 0),
+                             ("--agreement-steps", args.agreement_steps, 1)):
+        if value is not None and value < low:
+            p.error(f"{flag} must be at least {low}, got {value}")
+    if args.lengths is not None and (not args.lengths or min(args.lengths) < 1):
+        p.error("--lengths must be positive")
+    if args.time_limit is not None and not 0 < args.time_limit < float("inf"):
+        p.error(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():  # before the runs, whose results it is to hold
+        p.error(f"--out {out} exists and is not a folder")
 
     opts = dict(tasks=args.tasks, lengths=args.lengths, samples=args.samples,
                 methods=parse_methods(args.methods) if args.methods else None)
@@ -102,11 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from .. import load
+    from ..api import context_length
 
     model, tokenizer = load(cfg.model)
     try:
         for m in cfg.methods:
             parse_method(m, len(model.layers))
+        context = context_length(model, tokenizer)
+        if context is not None and max(cfg.lengths) > context:
+            raise ValueError(f"--lengths {max(cfg.lengths)} is beyond the model's context of "
+                             f"{context} tokens")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -139,11 +157,16 @@ def report(out: Path) -> int:
     if not (out / "results.json").is_file():
         print(f"error: no results.json in {out}", file=sys.stderr)
         return 2
-    data = harness.load_results(out)
-    runs = [harness.RunRecord.from_dict(r) for r in data["runs"]]
-    result = harness.BenchResult(meta=data["meta"], samples=data["samples"], runs=runs,
-                                 cost_model=data.get("cost_model"),
-                                 agreement=data.get("agreement"))
+    try:
+        data = harness.load_results(out)
+        runs = [harness.RunRecord.from_dict(r) for r in data["runs"]]
+        result = harness.BenchResult(meta=data["meta"], samples=data["samples"], runs=runs,
+                                     cost_model=data.get("cost_model"),
+                                     agreement=data.get("agreement"))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON's errors included
+        print(f"error: {out / 'results.json'} is not this benchmark's results ({e!r})",
+              file=sys.stderr)
+        return 2
     result.summary = harness.summarize(runs)
     harness.write_results(result, out)
     return _write_reports(out)
