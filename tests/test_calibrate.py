@@ -95,6 +95,19 @@ def test_no_cell_the_full_path_can_do_is_bad_input(tiny_model_path, tmp_path):
         tiny_calibration(tiny_model_path, tmp_path / "cal")
 
 
+def test_an_error_found_before_any_output_leaves_no_empty_out_folder(tiny_model_path,
+                                                                      tmp_path):
+    """The folder made for the outputs goes again when the run stops before writing any
+    (here: a length past the tiny model's context, found once the model is loaded)."""
+    with pytest.raises(UserInputError, match="beyond the model's context"):
+        tiny_calibration(tiny_model_path, tmp_path / "new" / "cal", lengths=(100_000,))
+    assert not (tmp_path / "new" / "cal").exists()
+    (tmp_path / "mine").mkdir()  # a folder the user made stays, even empty
+    with pytest.raises(UserInputError, match="beyond the model's context"):
+        tiny_calibration(tiny_model_path, tmp_path / "mine", lengths=(100_000,))
+    assert (tmp_path / "mine").is_dir()
+
+
 def fake_record(score, sample):
     """What the harness's ``run_one`` returns, as far as calibration reads it."""
     from types import SimpleNamespace

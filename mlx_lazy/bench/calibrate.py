@@ -395,8 +395,15 @@ def run(cal: Calibration) -> dict[str, Any]:
             short for a task, no cell the unpruned path can do, or a ``resume`` of another
             calibration.
     """
-    with keep_floor(MIN_KEEP_MEASURED):
-        return _calibrate(cal)
+    out = None if cal.out is None else Path(cal.out)
+    new = out is not None and not out.exists()
+    try:
+        with keep_floor(MIN_KEEP_MEASURED):
+            return _calibrate(cal)
+    except UserInputError:  # found before any output: leave no empty folder of ours
+        if new and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
 
 
 def _calibrate(cal: Calibration) -> dict[str, Any]:
