@@ -291,6 +291,7 @@ def test_cli_bad_input_is_one_error_line(tiny_model, tiny_model_path, tmp_path, 
         assert fidelity.main([*args, "--out", str(tmp_path / "out")]) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and names in err[0], (args, err)
+        assert not (tmp_path / "out").exists(), args  # the folder it made goes again
     model_, _ = tiny_model("llama")
     with pytest.raises(fidelity.UserInputError, match="pruning layers"):  # before measuring
         fidelity.resolve_methods(["lazy:layers=9"], model_)

@@ -496,6 +496,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .. import load
 
     args = build_parser().parse_args(argv)
+    new = not args.out.exists()
     try:
         check_options(args.windows, args.length, args.steps)
         if args.min_keep is not None and args.min_keep < 0:
@@ -513,6 +514,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                     "min_keep": floor},
                          progress=lambda line: print(line, file=sys.stderr, flush=True))
     except UserInputError as e:
+        if new and args.out.is_dir() and not any(args.out.iterdir()):
+            args.out.rmdir()  # found before any output: leave no empty folder of ours
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(render(result))
