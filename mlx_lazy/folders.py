@@ -122,6 +122,20 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
             os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def output_folder(out: Path) -> Iterator[None]:
+    """Run a tool whose outputs go into the folder ``out``: if it stops on bad input
+    (:class:`UserInputError`) before writing any, a folder it made is removed again; a folder
+    that was there before stays."""
+    new = not out.exists()
+    try:
+        yield
+    except UserInputError:
+        if new and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+
+
 def check_destination(path: str, what: str) -> Path:
     """``path``, checked to be where a file can be written atomically: a regular file or a new
     name, in an existing folder that this process can create files in (probed with a

@@ -45,6 +45,7 @@ and ``--resume`` continues from them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -61,7 +62,7 @@ from ..adapter import ModelAdapter, global_layers
 from ..api import context_length
 from .._args import OneLineParser, complete_arg
 from ..errors import UserInputError
-from ..folders import write_text_atomic
+from ..folders import output_folder, write_text_atomic
 from ..scorers import parse_scorer, scorer_spec
 from ..selection import keep_floor
 from .. import completion
@@ -395,15 +396,9 @@ def run(cal: Calibration) -> dict[str, Any]:
             short for a task, no cell the unpruned path can do, or a ``resume`` of another
             calibration.
     """
-    out = None if cal.out is None else Path(cal.out)
-    new = out is not None and not out.exists()
-    try:
-        with keep_floor(MIN_KEEP_MEASURED):
-            return _calibrate(cal)
-    except UserInputError:  # found before any output: leave no empty folder of ours
-        if new and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        raise
+    with keep_floor(MIN_KEEP_MEASURED), (contextlib.nullcontext() if cal.out is None
+                                         else output_folder(Path(cal.out))):
+        return _calibrate(cal)
 
 
 def _calibrate(cal: Calibration) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from .. import selection  # noqa: E402
 from ..api import Sampler  # noqa: E402
 from .._args import OneLineParser  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
-from ..folders import write_text_atomic  # noqa: E402
+from ..folders import output_folder, write_text_atomic  # noqa: E402
 from ..models import MODELS  # noqa: E402
 from . import stats, yardstick  # noqa: E402
 from .common import (BASELINE, FULL, fmt, jsonable, loadavg, machine_info,  # noqa: E402
@@ -496,26 +496,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .. import load
 
     args = build_parser().parse_args(argv)
-    new = not args.out.exists()
     try:
-        check_options(args.windows, args.length, args.steps)
-        if args.min_keep is not None and args.min_keep < 0:
-            raise UserInputError(f"--min-keep must be >= 0, got {args.min_keep}")
-        try:
-            args.out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UserInputError(f"cannot create --out {args.out}: {e.strerror or e}") from None
-        model, tokenizer = load(args.model)
-        methods = resolve_methods(parse_methods(args.methods), model)
-        floor = selection.MIN_KEEP if args.min_keep is None else args.min_keep
-        with selection.keep_floor(floor):
-            result = run(model, tokenizer, methods, args.windows, args.length, args.steps,
-                         args.out, {**machine_info(model, "mlx_lazy.bench.fidelity", argv),
-                                    "min_keep": floor},
-                         progress=lambda line: print(line, file=sys.stderr, flush=True))
+        with output_folder(args.out):
+            check_options(args.windows, args.length, args.steps)
+            if args.min_keep is not None and args.min_keep < 0:
+                raise UserInputError(f"--min-keep must be >= 0, got {args.min_keep}")
+            try:
+                args.out.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise UserInputError(f"cannot create --out {args.out}: "
+                                     f"{e.strerror or e}") from None
+            model, tokenizer = load(args.model)
+            methods = resolve_methods(parse_methods(args.methods), model)
+            floor = selection.MIN_KEEP if args.min_keep is None else args.min_keep
+            with selection.keep_floor(floor):
+                result = run(model, tokenizer, methods, args.windows, args.length, args.steps,
+                             args.out, {**machine_info(model, "mlx_lazy.bench.fidelity", argv),
+                                        "min_keep": floor},
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
     except UserInputError as e:
-        if new and args.out.is_dir() and not any(args.out.iterdir()):
-            args.out.rmdir()  # found before any output: leave no empty folder of ours
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(render(result))
