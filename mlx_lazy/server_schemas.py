@@ -173,14 +173,16 @@ class RequestBody(_Strict):
 
     def unsupported(self) -> Optional[str]:
         """The first field set to ask for something this server does not do, else None."""
-        return next((name for name in UNSUPPORTED
-                     if getattr(self, name) not in (None, False, 0, "")
-                     and not (name == "best_of" and getattr(self, name) == 1)), None)
+        return next((name for name, nothing in UNSUPPORTED.items()
+                     if getattr(self, name) not in nothing), None)
 
 
-#: Fields :meth:`RequestBody.unsupported` checks, in the order it reports them.
-UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "best_of", "presence_penalty",
-               "frequency_penalty")
+_NOTHING = (None, False, 0, "")
+#: Fields :meth:`RequestBody.unsupported` checks, in the order it reports them, with the
+#: values that ask nothing of them.
+UNSUPPORTED = {"logprobs": _NOTHING, "top_logprobs": _NOTHING, "echo": _NOTHING,
+               "suffix": _NOTHING, "best_of": (*_NOTHING, 1), "presence_penalty": _NOTHING,
+               "frequency_penalty": _NOTHING}
 
 
 class ChatRequest(RequestBody):
