@@ -106,10 +106,10 @@ class Job:
         except RuntimeError:  # the loop has closed (shutdown)
             self.cancel.set()
 
-    def fail(self) -> None:
-        """End the request with a 500 that names it (the log has the traceback)."""
-        self.emit(APIError(500, f"generation failed (request {self.id}; see the server log)",
-                           type="server_error", code="generation_failed"))
+    def failure(self) -> APIError:
+        """The 500 that ends a failed request, naming it (the log has the traceback)."""
+        return APIError(500, f"generation failed (request {self.id}; see the server log)",
+                        type="server_error", code="generation_failed")
 
 
 class StopText:
@@ -287,7 +287,7 @@ class Worker:
                 while not self._jobs.empty():
                     left.append(self._jobs.get_nowait())
             for job in left:
-                job.fail()
+                job.emit(job.failure())
 
     def _supervise(self, job: Job) -> None:
         """Run ``job``, turning any exception into that job's failure, and count it."""
@@ -296,18 +296,16 @@ class Worker:
             self.current = job
             self.last_progress = time.monotonic()
         tic = time.perf_counter()
-        outcome = "cancelled"
+        last: Union[Done, APIError, None] = None
         try:
-            if self._generate(job):
-                outcome = "completed"
+            last = self._generate(job)
+            outcome = "cancelled" if last is None else "completed"
         except UserInputError as e:  # the library refused what validation let through: a 400
             log.warning("request %s refused: %s", job.id, one_line(e))
-            job.emit(APIError(400, one_line(e)))
-            outcome = "failed"
+            last, outcome = APIError(400, one_line(e)), "failed"
         except Exception:  # an internal error: logged with the request's id, the request gets a 500
             log.error("request %s failed:\n%s", job.id, traceback.format_exc())
-            job.fail()
-            outcome = "failed"
+            last, outcome = job.failure(), "failed"
         finally:
             mx.clear_cache()
         with self._lock:
@@ -316,6 +314,8 @@ class Worker:
             took = time.perf_counter() - tic
             # a moving average of request durations, for Retry-After
             self.mean_seconds = 0.8 * self.mean_seconds + 0.2 * took if self.mean_seconds else took
+        if last is not None:  # counted first: a client holding its response sees it in /health
+            job.emit(last)
 
     def _complete_recent(self) -> None:
         """Complete the most recent stored cache until a request arrives: a copy of it, kept
@@ -332,10 +332,11 @@ class Worker:
             return
         self.store.checkin(done)
 
-    def _generate(self, job: Job) -> bool:
-        """Run ``job``; True when it ran to its end, False when it was cancelled."""
+    def _generate(self, job: Job) -> Optional[Done]:
+        """Run ``job``, emitting its text; its :class:`Done` (for the caller to emit once the
+        job is counted), or None when it was cancelled."""
         if job.cancel.is_set():
-            return False
+            return None
 
         def progress(processed: int, total: int) -> None:  # prompt tokens, as mlx-lm counts
             self.last_progress = time.monotonic()
@@ -362,7 +363,7 @@ class Worker:
                 for resp in responses:
                     self.last_progress = time.monotonic()
                     if job.cancel.is_set():
-                        return False
+                        return None
                     job.phase, job.generated = "decode", resp.generation_tokens
                     text, hit = stop.feed(resp.text)
                     if text:
@@ -371,19 +372,18 @@ class Worker:
                     if finish:
                         break
         except _Cancelled:
-            return False
+            return None
         tail = stop.flush()  # empty after a stop string; after EOS, the held-back text
         if tail:
             job.emit(Delta(tail))
         if self.store is not None:
             self.store.checkin(cache)
         s = resp.stats
-        job.emit(Done(finish, s.prompt_tokens, resp.generation_tokens, s.cached_tokens, {
+        return Done(finish, s.prompt_tokens, resp.generation_tokens, s.cached_tokens, {
             "method": s.method, "ttft_s": s.ttft_s, "schedule_source": s.schedule["source"],
             "prompt_tokens_computed_pct": s.prompt_tokens_computed_pct,
             "prompt_token_layers_computed_pct": s.prompt_token_layers_computed_pct,
             "kv_bytes": s.kv_bytes, "aux_bytes": s.aux_bytes, "revivals": s.revivals,
             "completed_token_layers": s.completed_token_layers,
             "prefill_token_layers": sum(s.prefill_tokens_per_layer),
-        }))
-        return True
+        })
