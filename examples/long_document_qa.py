@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from mlx_lazy import PruningConfig, load, stream_generate
+from mlx_lazy import PruningConfig, UserInputError, load, stream_generate
 from mlx_lazy.cli import METHOD_HELP, method_arg
 
 SECRET_STATION = "Station Juniper"
@@ -68,12 +68,16 @@ def main() -> None:
                     help="also answer without pruning (default: on)")
     args = ap.parse_args()
 
-    if args.document:
-        with open(args.document, encoding="utf-8") as f:
-            document = f.read()
-    else:
-        document = build_document(args.entries)
-    model, tokenizer = load(args.model)
+    # Bad input (a missing file, an unknown model) is one line, as the library's own tools say it.
+    try:
+        if args.document:
+            with open(args.document, encoding="utf-8") as f:
+                document = f.read()
+        else:
+            document = build_document(args.entries)
+        model, tokenizer = load(args.model)
+    except (OSError, UnicodeDecodeError, UserInputError) as e:
+        ap.exit(2, f"error: {e}\n")
 
     methods = ["full", args.method] if args.compare else [args.method]
     for method in methods:

@@ -33,7 +33,7 @@ from .prompt_cache import make_prompt_cache, save_prompt_cache
 def build_parser() -> OneLineParser:
     """The argument parser: the generate tool's model, prompt and pruning options."""
     p = OneLineParser(
-        prog="mlx-lazy-cache-prompt",
+        prog="python -m mlx_lazy.cache_prompt",
         description="Process a prompt once with LazyLLM / SPEED pruning and save the state "
                     "for python -m mlx_lazy.generate --prompt-cache-file.")
     add_prompt_arguments(p)

@@ -29,6 +29,9 @@ SEED_LIMIT = 2**64
 #: ``default``, the fastest whose deviation (mean KLD against ``full``) is at most 4-bit
 #: weights'; ``high``, the fastest at most a quarter of that.
 QUALITIES = ("default", "high")
+#: The fields that say what is pruned: a config that gives none of them runs its method's
+#: preset (a plain ``lazy``, the model's calibrated schedule), one that gives any is the user's.
+PRUNING_FIELDS = ("prune_layers", "keep", "scorer", "speed_cutoff")
 #: The most characters of a user's value an error message shows, and the longest message a
 #: config raises (a 400,000-item ``prune_layers`` once came back as a 3 MB message).
 SHOWN = 200
@@ -131,7 +134,7 @@ class PruningConfig:
             :func:`~mlx_lazy.schedule_files.calibrated`.
         source: where these values come from (set by
             :func:`~mlx_lazy.schedule_files.read_schedule`); None lets :func:`build_schedule` say
-            ``"preset"`` or ``"user"``.
+            ``"preset"`` or ``"user"`` (any of :data:`PRUNING_FIELDS` given).
         fingerprint: the model a calibrated schedule is for (set by
             :func:`~mlx_lazy.schedule_files.read_schedule`, as sorted ``(key, value)``
             pairs); ``LazyEngine`` refuses another model.
@@ -246,7 +249,7 @@ def build_schedule(config: PruningConfig, num_layers: int) -> Schedule:
         method=config.method, num_layers=num_layers, prompt_depth=num_layers,
         anchors=config.anchors, seed=config.seed,
         source=config.source or (
-            "preset" if config.prune_layers is None and config.keep is None else "user"))
+            "preset" if all(getattr(config, f) is None for f in PRUNING_FIELDS) else "user"))
     for policy in reversed(policies.values()):  # depth limits first (see POLICIES)
         schedule = policy.preset(policies).apply(config, schedule)
     return schedule

@@ -42,8 +42,9 @@ class Schedule:
         random_keep: fraction of prompt tokens kept before layer 0 (random drop), or None.
         anchors: number of leading prompt tokens that are always kept at full depth.
         seed: seed of the random drop.
-        source: where the cuts came from: ``"preset"``, ``"user"`` or
-            ``"calibrated:<file name>"``.
+        source: where the pruning came from: ``"preset"``, ``"user"`` (cuts, keep fractions,
+            scorer or SPEED cutoff given), ``"calibrated:<file name>"`` or ``"transfer"`` (the
+            rule for a model without a calibrated schedule).
     """
 
     method: str

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from .adapter import IDENTITY_TOLERANCE, decode_identity, identities_match, identity_distances
-from .config import MAX_COUNT, QUALITIES, PruningConfig, build_schedule
+from .config import MAX_COUNT, PRUNING_FIELDS, QUALITIES, PruningConfig, build_schedule
 from .errors import UserInputError, shown
 from .folders import write_text_atomic
 from .inputs import MiB, read_json
@@ -271,7 +271,7 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
             model without a calibrated high-quality schedule.
     """
     plain = (config.method == "lazy" and config.source is None
-             and all(getattr(config, f) is None for f in ("prune_layers", "keep", "scorer")))
+             and all(getattr(config, f) is None for f in PRUNING_FIELDS))
     high = config.quality != "default"
     if not plain:
         if high:
@@ -377,7 +377,7 @@ def packaged_schedule(fingerprint: Dict[str, Any],
 @lru_cache(maxsize=1)
 def _packaged() -> Tuple[Tuple[Dict[str, Any], str, PruningConfig], ...]:
     """Packaged schedules as (model fingerprint, quality, config), read once per process. A
-    corrupt file is skipped with one warning naming it, so the model keeps its preset."""
+    corrupt file is skipped with one warning naming it, so the model takes the transfer rule."""
     found = []
     for path in sorted(PACKAGED_SCHEDULES.glob("*.json")):
         try:

@@ -68,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"{METHOD_HELP}; the default for requests without a 'pruning' field "
                         "(default: full)")
     p.add_argument("--schedule", default=None, metavar="FILE",
-                   help="default pruning from a calibrated schedule file (as mlx-lazy-calibrate "
-                        "and mlx_lazy.write_schedule write them; overrides --method)")
+                   help="default pruning from a calibrated schedule file (as python -m "
+                        "mlx_lazy.calibrate and mlx_lazy.write_schedule write them; overrides "
+                        "--method)")
     add_sampling_arguments(p, DEFAULT_MAX_TOKENS, "a request's default ")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longer prompts are refused with HTTP 413 (default and upper bound: "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up: OpenBLAS on Debian/Ubuntu Linux (MLX's CPU build is ~30x slower without
+# Idempotent set-up: OpenBLAS on Debian/Ubuntu Linux (MLX's CPU build is ~40x slower without
 # it), then an editable install of mlx-lazy with its test extra. Safe to run repeatedly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ if [ "$(uname -s)" = "Linux" ]; then
                 || { sudo apt-get update -q >/dev/null && sudo apt-get install -y -q libopenblas0-pthread >/dev/null; } \
                 || echo "setup: could not install libopenblas0-pthread; run: sudo apt-get install -y libopenblas0-pthread" >&2
         else
-            echo "setup: not root; for ~30x faster CPU matmuls run: sudo apt-get install -y libopenblas0-pthread" >&2
+            echo "setup: not root; for ~40x faster CPU matmuls run: sudo apt-get install -y libopenblas0-pthread" >&2
         fi
     fi
 fi

@@ -343,6 +343,19 @@ def test_installed_console_script_generates(tiny_model_path):
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--document", "/nonexistent/report.txt"], "No such file or directory"),
+    (["--model", "/nonexistent/model"], "cannot load model /nonexistent/model"),
+])
+def test_the_example_says_bad_input_in_one_line(args, says):
+    example = Path(__file__).parent.parent / "examples" / "long_document_qa.py"
+    proc = subprocess.run([sys.executable, str(example), *args], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.startswith("error: ") and says in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 # ---------------------------------------------------------------- hostile input, in-process
 
 

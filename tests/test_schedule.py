@@ -360,6 +360,10 @@ def test_a_plain_lazy_on_an_uncalibrated_model_takes_the_transfer_rule(tiny_mode
         "transfer", (10, 17), (0.5, 0.4), 3, "none")
     user = PruningConfig("lazy", prune_layers=(0,), keep=(0.5,))
     assert resolve_config(model, user).source == "user"
+    # any field that says what is pruned makes the schedule the user's, the rest the preset's
+    for mine in (PruningConfig("lazy", scorer="window:size=8:pool=1"),
+                 PruningConfig("speed", speed_cutoff=2), PruningConfig("lazy", keep=(0.3,))):
+        assert resolve_config(model, mine).source == "user", mine
     assert resolve_config(model, "lazy+speed").source == "preset"
     with pytest.raises(UserInputError, match="no quality='high' schedule"):
         resolve_config(model, PruningConfig("lazy", quality="high"))
