@@ -19,6 +19,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import distributed
 from .adapter import ModelAdapter
+from .attention import implementation as attention_implementation
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
 from .models import model_folder
@@ -86,10 +87,11 @@ def load(
         UserInputError: the path does not exist or holds no loadable model of a supported
             family (the message names the file and the problem), a named model cannot be
             obtained, or (with ``group``) the model cannot be sharded or another rank failed
-            or loaded other files.
+            or loaded other files, or ``$MLX_LAZY_ATTENTION`` names no attention.
     """
     from mlx_lm import load as mlx_load
 
+    attention_implementation()  # a bad $MLX_LAZY_ATTENTION is refused before the model loads
     group = group if group is not None and group.size() > 1 else None
     with distributed.together(group) as same:  # sharded: every rank fails alike, or none
         path, cached = model_folder(path_or_repo, local=group is not None)

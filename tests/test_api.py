@@ -185,6 +185,20 @@ def test_mlx_lm_load_errors_are_user_errors_and_short(tiny_model_path, tmp_path)
     assert len(str(err.value)) <= 300
 
 
+def test_a_bad_attention_variable_is_refused_before_the_model_loads(tiny_model_path,
+                                                                    monkeypatch):
+    import mlx_lm
+
+    def refuse(*args, **kw):
+        raise AssertionError("the model was loaded before the bad variable was reported")
+
+    monkeypatch.setattr(mlx_lm, "load", refuse)
+    monkeypatch.setenv("MLX_LAZY_ATTENTION", "bogus")
+    with pytest.raises(UserInputError, match="MLX_LAZY_ATTENTION must be one of fast, "
+                                             "cpu-kernel, got 'bogus'"):
+        load(tiny_model_path)
+
+
 # ---------------------------------------------------------------- mlx-lm parity
 
 
