@@ -77,7 +77,14 @@ def read_schedule(path: Union[str, Path],
     Raises:
         UserInputError: missing, malformed or mismatched file, naming the field.
     """
-    path = Path(path)
+    config, _ = _read(Path(path))
+    if fingerprint is not None:
+        check_model(config, fingerprint)
+    return config
+
+
+def _read(path: Path) -> Tuple[PruningConfig, str]:
+    """A schedule file's config (checked against its own model's depth) and quality."""
     data = read_json(path, f"schedule file {path}", SCHEDULE_MAX_BYTES, SCHEDULE_MAX_DEPTH)
     if not isinstance(data, dict) or data.get("format") not in (SCHEDULE_FORMAT,
                                                                 SCHEDULE_FORMAT_1):
@@ -123,9 +130,7 @@ def read_schedule(path: Union[str, Path],
         build_schedule(out, layers)
     except ValueError as e:
         raise UserInputError(f"schedule file {path}: invalid config: {e}") from None
-    if fingerprint is not None:
-        check_model(out, fingerprint)
-    return out
+    return out, data.get("quality", "default")
 
 
 def check_variants(variants: Any, where: str = "model.variants") -> List[Dict[str, Any]]:
@@ -381,11 +386,7 @@ def _packaged() -> Tuple[Tuple[Dict[str, Any], str, PruningConfig], ...]:
     found = []
     for path in sorted(PACKAGED_SCHEDULES.glob("*.json")):
         try:
-            config = read_schedule(path)
-            quality = read_json(path, f"schedule file {path}", SCHEDULE_MAX_BYTES,
-                                SCHEDULE_MAX_DEPTH).get("quality", "default")
-            if quality not in QUALITIES:
-                raise UserInputError(f"field 'quality' must be one of {', '.join(QUALITIES)}")
+            config, quality = _read(path)
         except UserInputError as e:
             warnings.warn(f"ignoring the packaged schedule {path}: {e}", stacklevel=2)
             continue
