@@ -136,6 +136,23 @@ def output_folder(out: Path) -> Iterator[None]:
         raise
 
 
+def make_folder(out: Path, what: str = "--out") -> None:
+    """Create the folder ``out`` (and its parents) for a tool's outputs, or fail with one
+    line when it is a file, cannot be created or cannot be written into.
+
+    Raises:
+        UserInputError: naming ``what`` and the problem.
+    """
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"{what} {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserInputError(f"cannot create {what} {out}: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UserInputError(f"cannot write into {what} {out}")
+
+
 def check_destination(path: str, what: str) -> Path:
     """``path``, checked to be where a file can be written atomically: a regular file or a new
     name, in an existing folder that this process can create files in (probed with a

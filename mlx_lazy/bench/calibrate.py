@@ -62,7 +62,7 @@ from ..adapter import ModelAdapter, global_layers
 from ..api import context_length
 from .._args import OneLineParser, complete_arg
 from ..errors import UserInputError
-from ..folders import output_folder, write_text_atomic
+from ..folders import make_folder, output_folder, write_text_atomic
 from ..scorers import parse_scorer, scorer_spec
 from ..selection import keep_floor
 from .. import completion
@@ -405,8 +405,8 @@ def _calibrate(cal: Calibration) -> dict[str, Any]:
     cal.check()
     start = time.monotonic()
     started = time.perf_counter()  # the run's wall time, for the work record
-    if cal.out is not None:
-        _prepare_out(Path(cal.out), cal.resume)  # before the model loads: fails at once
+    if cal.out is not None:  # before the model loads: a bad --out fails at once
+        _prepare_out(Path(cal.out), cal.resume)
     model, tokenizer = load(cal.model)
     yardstick.check_unquantized(model)  # the KLD bars come from rounding its weights
     context = context_length(model, tokenizer)
@@ -418,8 +418,11 @@ def _calibrate(cal: Calibration) -> dict[str, Any]:
                              f"{cal.kld_steps:,} are beyond the model's context of "
                              f"{context:,} tokens")
     fingerprint = ModelAdapter(model).fingerprint()
-    out = Path(cal.out) if cal.out is not None else work_folder(fingerprint)
-    _prepare_out(out, cal.resume)
+    if cal.out is not None:
+        out = Path(cal.out)
+    else:  # the default work folder, known once the model is
+        out = work_folder(fingerprint)
+        _prepare_out(out, cal.resume)
     n_max = max(cal.rungs)
     try:
         samples = {f"{t}@{n}": build_samples(tokenizer, t, n, n_max, cal.seed)
@@ -660,17 +663,10 @@ def install_path(model: Optional[str], fingerprint: dict[str, Any], quality: str
 def _prepare_out(out: Path, resume: bool = False) -> None:
     """Create the output folder, or fail with one line when it cannot hold the outputs or,
     without ``resume``, holds an earlier calibration (which this run would replace)."""
-    if out.exists() and not out.is_dir():
-        raise UserInputError(f"--out {out} exists and is not a folder")
     if not resume and (out / "results.json").exists():
         raise UserInputError(f"--out {out} holds an earlier calibration: pass --resume to "
                              "build on it, or choose another folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserInputError(f"cannot create --out {out}: {e.strerror or e}") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise UserInputError(f"cannot write into --out {out}")
+    make_folder(out)
 
 
 def _check_earlier(old: Any, path: Path) -> None:

@@ -43,7 +43,7 @@ from .. import selection  # noqa: E402
 from ..api import Sampler  # noqa: E402
 from .._args import OneLineParser  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
-from ..folders import output_folder, write_text_atomic  # noqa: E402
+from ..folders import make_folder, output_folder, write_text_atomic  # noqa: E402
 from ..models import MODELS  # noqa: E402
 from . import stats, yardstick  # noqa: E402
 from .common import (BASELINE, FULL, fmt, jsonable, loadavg, machine_info,  # noqa: E402
@@ -501,11 +501,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             check_options(args.windows, args.length, args.steps)
             if args.min_keep is not None and args.min_keep < 0:
                 raise UserInputError(f"--min-keep must be >= 0, got {args.min_keep}")
-            try:
-                args.out.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise UserInputError(f"cannot create --out {args.out}: "
-                                     f"{e.strerror or e}") from None
+            make_folder(args.out)
             model, tokenizer = load(args.model)
             methods = resolve_methods(parse_methods(args.methods), model)
             floor = selection.MIN_KEEP if args.min_keep is None else args.min_keep
