@@ -29,8 +29,9 @@ from .errors import UserInputError
 # gemma3_text (and the text model inside a ``gemma3`` checkpoint): Gemma's RMSNorm (1 + w),
 # embeddings scaled by sqrt(hidden), q/k norms, norms after attention and around the MLP,
 # sliding-window layers (:meth:`ModelAdapter.sliding_window`) with their own RoPE base.
+# smollm3: Llama whose every fourth layer has no RoPE (mlx-lm's ``NoPE`` as its ``rope``).
 SUPPORTED_MODEL_TYPES = ("gemma3", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3",
-                         "qwen3_moe")
+                         "qwen3_moe", "smollm3")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm}``, ``use_sliding``,

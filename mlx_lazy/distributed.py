@@ -24,7 +24,7 @@ import re
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Tuple, Type
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -104,7 +104,7 @@ def shard(model: nn.Module, group: Group) -> None:
                 f"launch a number of ranks that divides {size}"
             )
     if sharder is not None:
-        sharder(model, group)
+        sharder(adapter.layers, group)
     else:
         model.shard(group)
     counter = AllSumCounter()
@@ -115,18 +115,17 @@ def shard(model: nn.Module, group: Group) -> None:
             module._mlx_lazy_allsums = counter
 
 
-def shard_gemma3_text(model: nn.Module, group: Group) -> None:
-    """mlx-lm's ``gemma3_text`` (or a ``gemma3`` checkpoint's text model) split over
-    ``group`` the way mlx-lm's own ``shard`` splits Llama, which it lacks for Gemma: q/k/v
-    and gate/up projections by output rows (each rank its heads, its share of the MLP),
-    o_proj and down_proj by input columns with an all-sum. The q/k norms act per head
-    (head_dim wide) and the four norms on the whole hidden state after the all-sums, so
-    they stay whole; so do the embedding and the tied head."""
+def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
+    """Split a model's transformer ``layers`` over ``group`` the way mlx-lm's own ``shard``
+    splits Llama, for the models whose mlx-lm module lacks it (Gemma 3, the text model of a
+    ``gemma3`` checkpoint, SmolLM3): q/k/v and gate/up projections by output rows (each rank
+    its heads, its share of the MLP), o_proj and down_proj by input columns with an all-sum.
+    Gemma's q/k norms act per head (head_dim wide) and its four norms on the whole hidden
+    state after the all-sums, so they stay whole; so do the embedding and the tied head."""
     from mlx.nn.layers.distributed import shard_linear
 
     n = group.size()
-    text = model.language_model if model.model_type == "gemma3" else model
-    for layer in text.model.layers:
+    for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         for name in ("q_proj", "k_proj", "v_proj"):
             setattr(attn, name, shard_linear(getattr(attn, name), "all-to-sharded", group=group))
@@ -139,7 +138,7 @@ def shard_gemma3_text(model: nn.Module, group: Group) -> None:
 
 
 #: Sharders for model types whose mlx-lm module has no ``shard`` method.
-SHARDERS = {"gemma3_text": shard_gemma3_text, "gemma3": shard_gemma3_text}
+SHARDERS = {"gemma3_text": shard_by_heads, "gemma3": shard_by_heads, "smollm3": shard_by_heads}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

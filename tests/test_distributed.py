@@ -311,6 +311,25 @@ def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
     assert distributed.model_group(model) is None  # left unsharded
 
 
+@pytest.mark.parametrize("kind", ["gemma3_text", "smollm3"])
+def test_sharded_by_heads_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
+    """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`):
+    unpruned, each rank's logits equal mlx-lm's; pruned, each rank selects what the single
+    process selects and its logits equal it."""
+    model = tiny_model(kind)[0]
+    assert not hasattr(model, "shard")
+    lazy = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
+    runs = run_engines(tmp_path, tiny_model_dir(kind), 2, {"full": {}, "lazy": lazy})
+    (rec0, logits0), (rec1, logits1) = runs["full"]
+    assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2
+    assert rel_err(logits0, mlx_lm_logits(model, rec0["tokens"])) < 1e-5
+    tokens, logits, _, selections = single_process(model, PruningConfig("lazy", **{
+        k: tuple(v) for k, v in lazy.items()}))
+    for rec, got in runs["lazy"]:
+        assert rec["selections"] == selections and rec["tokens"] == tokens
+        assert rel_err(got, logits) < 1e-5
+
+
 @pytest.mark.slow
 def test_smollm2_lazy_over_three_ranks(smollm2_path, smollm2, tmp_path):
     """SmolLM2's 9 heads and 3 KV heads split over 3 ranks."""

@@ -1,6 +1,6 @@
 """Model families beyond the Llama layout, through the engine against mlx-lm's own forward
 pass: Phi-3 (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``; plain RoPE, and longrope's
-SuScaledRoPE over part of each head)."""
+SuScaledRoPE over part of each head) and SmolLM3 (``smollm3``: layers without RoPE)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
 
-PHI3 = ("phi3", "phi3-longrope")
+FAMILIES = ("phi3", "phi3-longrope", "smollm3")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -60,15 +60,22 @@ def test_the_tiny_phi3_is_what_it_claims(family):
     assert type(rope).__name__ == "SuScaledRoPE" and rope.dim == 12 and rope._scale != 1.0
 
 
-@pytest.mark.parametrize("kind", PHI3)
-def test_phi3_unpruned_matches_mlx_lm(family, kind):
+def test_the_tiny_smollm3_is_what_it_claims(family):
+    """RoPE in layers 0 and 2, none in 1 and 3: keys there do not depend on positions."""
+    model, _ = family("smollm3")
+    ropes = [type(layer.self_attn.rope).__name__ for layer in model.layers]
+    assert model.model_type == "smollm3" and ropes == ["RoPE", "NoPE", "RoPE", "NoPE"]
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_unpruned_matches_mlx_lm(family, kind):
     model, _ = family(kind)
     prompt = random_prompt(300, model.args.vocab_size)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", PHI3)
-def test_phi3_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
     """The pruning path (a cut that keeps everything, tokens at explicit positions) too."""
     model, _ = family(kind)
     prompt = random_prompt(200, model.args.vocab_size, seed=4)
@@ -76,8 +83,9 @@ def test_phi3_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
     assert mlx_lm_error(model, config, prompt, 8) < LOGITS_TOL
 
 
-def test_quantized_phi3_unpruned_matches_mlx_lm(family_dir):
-    model, _ = mlx_lm.load(str(family_dir("phi3")))
+@pytest.mark.parametrize("kind", ("phi3", "smollm3"))
+def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
+    model, _ = mlx_lm.load(str(family_dir(kind)))
     base = ModelAdapter(model).identity()
     nn.quantize(model, group_size=32, bits=4)
     assert identities_match(base, ModelAdapter(model).identity())
@@ -86,8 +94,8 @@ def test_quantized_phi3_unpruned_matches_mlx_lm(family_dir):
     assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", PHI3)
-def test_phi3_revived_token_kv_matches_full_forward(family, kind):
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_revived_token_kv_matches_full_forward(family, kind):
     """Tokens pruned at the cut wait in the Aux Cache; revived, their keys and values (RoPE
     at their original, scattered positions) equal mlx-lm's full forward."""
     model, _ = family(kind)
@@ -108,9 +116,9 @@ def test_phi3_revived_token_kv_matches_full_forward(family, kind):
     assert rel_err(values, cache[2].values[:, :, revived]) < 1e-5
 
 
-@pytest.mark.parametrize("kind", PHI3)
-def test_phi3_prunes(family, kind):
-    """An aggressive LazyLLM schedule runs through phi3: each (token, layer) computed once,
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_pruning_runs_through(family, kind):
+    """An aggressive LazyLLM schedule runs through the family: each (token, layer) computed once,
     tokens revived, fewer prompt tokens computed; a plain ``lazy`` generates."""
     model, tokenizer = family(kind)
     n = 400

@@ -291,26 +291,3 @@ def test_gemma3_270m_perplexity_and_norm_convention(gemma3_270m):
             getattr(block, name).weight = w
     assert wrong > 3 * ppl, (ppl, wrong)
     assert tokenizer.decode(tokenizer.encode(PARAGRAPH)[1:]) == PARAGRAPH
-
-
-@pytest.mark.parametrize("attention_implementation", ["set-in-test"])
-def test_gemma3_sharded_over_two_ranks(tiny_model, tiny_model_dir, tmp_path):
-    """``mlx.launch`` tensor parallelism (distributed.shard_gemma3_text): unpruned, each
-    rank's logits equal mlx-lm's; pruned, each rank selects what the single process
-    selects and its logits equal it."""
-    from test_distributed import LAUNCH, mlx_lm_logits, run_engines, single_process
-
-    if not mx.distributed.is_available() or not LAUNCH.exists():
-        pytest.skip("mx.distributed or mlx.launch unavailable")
-    model = tiny_model("gemma3_text")[0]
-    lazy = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
-    runs = run_engines(tmp_path, tiny_model_dir("gemma3_text"), 2,
-                       {"full": {}, "lazy": lazy})
-    (rec0, logits0), (rec1, logits1) = runs["full"]
-    assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2
-    assert rel_err(logits0, mlx_lm_logits(model, rec0["tokens"])) < 1e-5
-    tokens, logits, _, selections = single_process(model, PruningConfig("lazy", **{
-        k: tuple(v) for k, v in lazy.items()}))
-    for rec, got in runs["lazy"]:
-        assert rec["selections"] == selections and rec["tokens"] == tokens
-        assert rel_err(got, logits) < 1e-5

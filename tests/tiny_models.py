@@ -1,5 +1,5 @@
-"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3, gemma3_text) with a
-real tokenizer.
+"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3, gemma3_text,
+smollm3) with a real tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
@@ -16,7 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_map
 
-KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text")
+KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text", "smollm3")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -62,6 +62,9 @@ _KIND_CONFIG = {
                     "sliding_window": 24, "sliding_window_pattern": 2,
                     "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0,
                     "query_pre_attn_scalar": 24, "rms_norm_eps": 1e-6},
+    # SmolLM3: Llama with no RoPE in every second layer here (every fourth in the real one)
+    "smollm3": {"architectures": ["SmolLM3ForCausalLM"], "tie_word_embeddings": True,
+                "no_rope_layer_interval": 2, "pad_token_id": 0},
 }
 #: Variants of a kind: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
 #: with per-frequency factors) over three quarters of each head (partial rotary).
