@@ -30,12 +30,18 @@ from .errors import UserInputError
 # embeddings scaled by sqrt(hidden), q/k norms, norms after attention and around the MLP,
 # sliding-window layers (:meth:`ModelAdapter.sliding_window`) with their own RoPE base.
 # smollm3: Llama whose every fourth layer has no RoPE (mlx-lm's ``NoPE`` as its ``rope``).
-SUPPORTED_MODEL_TYPES = ("gemma3", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3",
-                         "qwen3_moe", "smollm3")
+# ministral3 (and the text model of a ``mistral3`` checkpoint, Ministral 3's): Llama whose
+# queries are scaled by position (Llama 4's attention temperature, from
+# ``original_max_position_embeddings`` on), possibly with sliding-window layers.
+SUPPORTED_MODEL_TYPES = ("gemma3", "gemma3_text", "llama", "ministral3", "mistral", "mistral3",
+                         "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
+# Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
+_WRAPPERS = ("gemma3", "mistral3")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
-# ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm}``, ``use_sliding``,
-# ``embed_tokens.as_linear``): at least the first, below the second. Same as pyproject.toml.
+# ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
+# original_max_position_embeddings}``, ``use_sliding``, ``embed_tokens.as_linear``): at
+# least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -65,19 +71,23 @@ def _installed_mlx_lm() -> str | None:
 
 
 def _text_model(model: nn.Module) -> nn.Module:
-    # gemma3: the text model inside (mlx-lm drops the vision tower on load)
-    return model.language_model if getattr(model, "model_type", None) == "gemma3" else model
+    return model.language_model if getattr(model, "model_type", None) in _WRAPPERS else model
 
 
 def sliding_windows(model: nn.Module) -> List[Optional[int]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
-    attends globally: Gemma 3's local layers have one, no other supported family's do."""
+    attends globally: Gemma 3's local layers have one, and Ministral 3's where its config
+    says ``sliding_attention``; no other supported family's do."""
     text = _text_model(model)
-    if getattr(model, "model_type", None) not in GEMMA3_TYPES:
-        return [None] * len(text.model.layers)
-    return [int(text.args.sliding_window) if block.self_attn.is_sliding else None
-            for block in text.model.layers]
+    window = getattr(text.args, "sliding_window", None)
+    if getattr(model, "model_type", None) in GEMMA3_TYPES:
+        sliding = [block.self_attn.is_sliding for block in text.model.layers]
+    elif text.model_type == "ministral3":
+        sliding = [block.use_sliding for block in text.model.layers]
+    else:
+        sliding = [False] * len(text.model.layers)
+    return [int(window) if s else None for s in sliding]
 
 
 def global_layers(model: nn.Module) -> Tuple[int, ...]:
@@ -98,7 +108,8 @@ class ModelAdapter:
 
     Raises:
         UserInputError: for model types other than :data:`SUPPORTED_MODEL_TYPES`, models
-            with sliding-window layers, or an mlx-lm outside :data:`MLX_LM_VERSIONS`.
+            with sliding-window layers other than Gemma 3's and Ministral 3's, or an mlx-lm
+            outside :data:`MLX_LM_VERSIONS`.
     """
 
     def __init__(self, model: nn.Module):
@@ -111,10 +122,15 @@ class ModelAdapter:
             )
         self.model = model
         self.text = _text_model(model)
+        if model_type == "mistral3" and self.text.model_type not in ("llama", "ministral3"):
+            raise UserInputError(f"unsupported text model type {self.text.model_type!r} in a "
+                                 "mistral3 checkpoint; mlx-lazy supports llama, ministral3")
         self.gemma = model_type in GEMMA3_TYPES
         self.inner = self.text.model
         self.layers = list(self.inner.layers)
-        if any(getattr(layer, "use_sliding", False) for layer in self.layers):
+        self._windows = sliding_windows(model)
+        if any(getattr(layer, "use_sliding", False) and window is None
+               for layer, window in zip(self.layers, self._windows)):
             raise UserInputError("sliding-window attention layers are not supported")
         attn = self.layers[0].self_attn
         self.n_heads: int = attn.n_heads
@@ -130,7 +146,6 @@ class ModelAdapter:
             self._softcap = getattr(args, "final_logit_softcapping", None)
         else:
             self._softcap = None
-        self._windows = sliding_windows(model)
 
     def sliding_window(self, layer: int) -> Optional[int]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -253,7 +268,11 @@ class ModelAdapter:
         if hasattr(attn, "q_norm"):  # qwen3, gemma3
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        return _rope(attn.rope, q, positions), _rope(attn.rope, k, positions), v
+        q = _rope(attn.rope, q, positions)
+        if hasattr(attn, "scaling_beta"):  # ministral3
+            q = q * _query_scale(positions, attn.scaling_beta,
+                                 attn.original_max_position_embeddings).astype(q.dtype)
+        return q, _rope(attn.rope, k, positions), v
 
     def finish(self, layer: int, h: mx.array, attn_out: mx.array) -> mx.array:
         """Output projection, residual and MLP: attention output (1, H, n, d) -> new h."""
@@ -409,6 +428,13 @@ def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     if hasattr(mlp, "gate_up_proj") or (hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj")):
         return "gelu_approx" if gemma else "silu"
     return None
+
+
+def _query_scale(positions: np.ndarray, beta: float, original_max: int) -> mx.array:
+    """Llama 4's attention temperature as mlx-lm's ministral3 applies it to queries:
+    ``1 + beta * log(1 + floor(p / original_max))`` at each position p, shaped (n, 1)."""
+    p = mx.array(positions.astype(np.float32))
+    return (1 + beta * mx.log(1 + mx.floor(p / original_max)))[:, None]
 
 
 def _rope(rope: nn.Module, x: mx.array, positions: np.ndarray) -> mx.array:

@@ -30,13 +30,14 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_lazy import LazyEngine, PruningConfig, distributed, load, resolve_config
+from mlx_lazy.adapter import ModelAdapter
 
 
 def run_engine(args: argparse.Namespace, out: Path) -> None:
     group = distributed.world()
     rank = group.rank()
     model, tokenizer = load(args.model, group=group)
-    prompt = np.random.default_rng(0).integers(0, model.args.vocab_size, args.prompt_len)
+    prompt = np.random.default_rng(0).integers(0, ModelAdapter(model).vocab_size, args.prompt_len)
     for name, fields in json.loads(args.configs).items():
         config = PruningConfig(**{"method": name, **fields})
         engine = LazyEngine(model, resolve_config(model, config))

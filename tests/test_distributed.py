@@ -24,6 +24,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_lazy import LazyEngine, PruningConfig, UserInputError, distributed, resolve_config
+from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.cli import main as cli_main
 
 from distributed_worker import greedy_run
@@ -111,7 +112,7 @@ def run_engines(tmp_path: Path, model_dir: Path, n: int, configs: dict, prompt_l
 def single_process(model, config: PruningConfig, prompt_len: int = 200):
     """Greedy tokens, logits, stats and selection digests of the unsharded engine on the
     worker's prompt."""
-    prompt = np.random.default_rng(0).integers(0, model.args.vocab_size, prompt_len)
+    prompt = np.random.default_rng(0).integers(0, ModelAdapter(model).vocab_size, prompt_len)
     engine = LazyEngine(model, resolve_config(model, config))
     tokens, logits, selections = greedy_run(engine, prompt, STEPS)
     return tokens, logits, engine.stats, selections
@@ -119,7 +120,7 @@ def single_process(model, config: PruningConfig, prompt_len: int = 200):
 
 def mlx_lm_logits(model, tokens, prompt_len: int = 200) -> np.ndarray:
     """mlx-lm's own logits along ``tokens`` (teacher-forced) on the worker's prompt."""
-    prompt = np.random.default_rng(0).integers(0, model.args.vocab_size, prompt_len)
+    prompt = np.random.default_rng(0).integers(0, ModelAdapter(model).vocab_size, prompt_len)
     cache = make_prompt_cache(model)
     logits = [model(mx.array(prompt.astype(np.int32))[None], cache=cache)[0, -1]]
     for t in tokens[:-1]:
@@ -311,7 +312,7 @@ def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
     assert distributed.model_group(model) is None  # left unsharded
 
 
-@pytest.mark.parametrize("kind", ["gemma3_text", "smollm3"])
+@pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3"])
 def test_sharded_by_heads_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`):
     unpruned, each rank's logits equal mlx-lm's; pruned, each rank selects what the single

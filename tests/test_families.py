@@ -1,6 +1,8 @@
 """Model families beyond the Llama layout, through the engine against mlx-lm's own forward
 pass: Phi-3 (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``; plain RoPE, and longrope's
-SuScaledRoPE over part of each head) and SmolLM3 (``smollm3``: layers without RoPE)."""
+SuScaledRoPE over part of each head), SmolLM3 (``smollm3``: layers without RoPE) and
+Ministral 3 (``ministral3``, alone and as the text model of a ``mistral3`` checkpoint: YaRN
+RoPE, queries scaled by position, sliding-window layers in a variant)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,13 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlx_lazy import LazyEngine, PruningConfig, generate, resolve_config
-from mlx_lazy.adapter import ModelAdapter, identities_match
+from mlx_lazy import LazyEngine, PruningConfig, UserInputError, generate, resolve_config
+from mlx_lazy.adapter import ModelAdapter, identities_match, sliding_windows
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
 
-FAMILIES = ("phi3", "phi3-longrope", "smollm3")
+FAMILIES = ("phi3", "phi3-longrope", "smollm3", "ministral3", "ministral3-sliding", "mistral3")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -67,10 +69,23 @@ def test_the_tiny_smollm3_is_what_it_claims(family):
     assert model.model_type == "smollm3" and ropes == ["RoPE", "NoPE", "RoPE", "NoPE"]
 
 
+def test_the_tiny_ministral3_is_what_it_claims(family):
+    """YaRN RoPE; queries scaled from position 64 on; a checkpoint's text model; windows of
+    24 in layers 0 and 2 of the sliding variant, as the adapter reads them."""
+    model, _ = family("ministral3")
+    attn = model.layers[0].self_attn
+    assert type(attn.rope).__name__ == "YarnRoPE"
+    assert attn.scaling_beta == 0.1 and attn.original_max_position_embeddings == 64
+    wrapped = family("mistral3")[0]
+    assert wrapped.model_type == "mistral3" and wrapped.language_model.model_type == "ministral3"
+    assert sliding_windows(model) == [None] * 4
+    assert sliding_windows(family("ministral3-sliding")[0]) == [24, None, 24, None]
+
+
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_unpruned_matches_mlx_lm(family, kind):
     model, _ = family(kind)
-    prompt = random_prompt(300, model.args.vocab_size)
+    prompt = random_prompt(300, ModelAdapter(model).vocab_size)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
 
 
@@ -78,18 +93,18 @@ def test_unpruned_matches_mlx_lm(family, kind):
 def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
     """The pruning path (a cut that keeps everything, tokens at explicit positions) too."""
     model, _ = family(kind)
-    prompt = random_prompt(200, model.args.vocab_size, seed=4)
+    prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=4)
     config = PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))
     assert mlx_lm_error(model, config, prompt, 8) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", ("phi3", "smollm3"))
+@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3"))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
     base = ModelAdapter(model).identity()
     nn.quantize(model, group_size=32, bits=4)
     assert identities_match(base, ModelAdapter(model).identity())
-    prompt = random_prompt(100, model.args.vocab_size, seed=2)
+    prompt = random_prompt(100, ModelAdapter(model).vocab_size, seed=2)
     nothing_pruned = PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))
     assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
 
@@ -99,7 +114,7 @@ def test_revived_token_kv_matches_full_forward(family, kind):
     """Tokens pruned at the cut wait in the Aux Cache; revived, their keys and values (RoPE
     at their original, scattered positions) equal mlx-lm's full forward."""
     model, _ = family(kind)
-    prompt = random_prompt(300, model.args.vocab_size, seed=3)
+    prompt = random_prompt(300, ModelAdapter(model).vocab_size, seed=3)
     cache = make_prompt_cache(model)
     model(prompt[None], cache=cache)
     engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
@@ -125,7 +140,7 @@ def test_pruning_runs_through(family, kind):
     config = PruningConfig("lazy", prune_layers=(0, 1, 2), keep=(0.5, 0.2, 0.05),
                            complete="none")  # decode steps revive; each (token, layer) once
     engine = LazyEngine(model, resolve_config(model, config))
-    token = int(mx.argmax(engine.prefill(random_prompt(n, model.args.vocab_size))))
+    token = int(mx.argmax(engine.prefill(random_prompt(n, ModelAdapter(model).vocab_size))))
     for _ in range(32):
         token = int(mx.argmax(engine.decode(token)))
     stats = engine.stats
@@ -134,3 +149,12 @@ def test_pruning_runs_through(family, kind):
     assert 0 < stats.prompt_tokens_computed_pct < 100
     text = generate(model, tokenizer, "The quick brown fox " * 20, max_tokens=4, config="lazy")
     assert isinstance(text, str)
+
+
+def test_a_mistral3_checkpoint_of_another_text_model_is_refused(family_dir):
+    """mlx-lm's ``mistral3`` also wraps ``mistral4`` (latent attention), which the adapter
+    cannot run: one error naming the text model, not a failure inside a layer."""
+    model, _ = mlx_lm.load(str(family_dir("mistral3")))
+    model.language_model.model_type = "mistral4"
+    with pytest.raises(UserInputError, match="'mistral4' in a mistral3 checkpoint"):
+        ModelAdapter(model)

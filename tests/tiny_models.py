@@ -1,5 +1,5 @@
 """Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3, gemma3_text,
-smollm3) with a real tokenizer.
+smollm3, ministral3) with a real tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
@@ -16,7 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_map
 
-KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text", "smollm3")
+KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text", "smollm3", "ministral3")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -65,10 +65,22 @@ _KIND_CONFIG = {
     # SmolLM3: Llama with no RoPE in every second layer here (every fourth in the real one)
     "smollm3": {"architectures": ["SmolLM3ForCausalLM"], "tie_word_embeddings": True,
                 "no_rope_layer_interval": 2, "pad_token_id": 0},
+    # Ministral 3: Llama with YaRN RoPE and queries scaled by position, here from position 64
+    # on (16,384 in the real one) so that a prompt of a few hundred tokens spans 5 scales
+    "ministral3": {"architectures": ["Ministral3ForCausalLM"], "tie_word_embeddings": True,
+                   "rope_parameters": {
+                       "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                       "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                       "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                       "llama_4_scaling_beta": 0.1}},
 }
 #: Variants of a kind: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
-#: with per-frequency factors) over three quarters of each head (partial rotary).
+#: with per-frequency factors) over three quarters of each head (partial rotary);
+#: ``ministral3-sliding``, whose layers 0 and 2 slide over a 24-position window.
 _VARIANTS = {
+    "ministral3-sliding": ("ministral3", {
+        "sliding_window": 24,
+        "layer_types": ["sliding_attention", "full_attention"] * 2}),
     "phi3-longrope": ("phi3", {
         "partial_rotary_factor": 0.75, "original_max_position_embeddings": 1024,
         "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6,
@@ -77,8 +89,13 @@ _VARIANTS = {
 
 
 def tiny_config(kind: str) -> dict:
-    """The config.json of a tiny model of ``kind`` (one of KINDS, or a variant of one such
-    as ``phi3-longrope``)."""
+    """The config.json of a tiny model of ``kind`` (one of KINDS, a variant of one such as
+    ``phi3-longrope``, or ``mistral3``: a Ministral 3 checkpoint, its text model a tiny
+    ``ministral3``)."""
+    if kind == "mistral3":
+        return {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"],
+                "text_config": tiny_config("ministral3"),
+                **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id")}}
     if kind in _VARIANTS:
         base, extra = _VARIANTS[kind]
         return {**tiny_config(base), **extra}
