@@ -33,14 +33,19 @@ from .errors import UserInputError
 # ministral3 (and the text model of a ``mistral3`` checkpoint, Ministral 3's): Llama whose
 # queries are scaled by position (Llama 4's attention temperature, from
 # ``original_max_position_embeddings`` on), possibly with sliding-window layers.
-SUPPORTED_MODEL_TYPES = ("gemma3", "gemma3_text", "llama", "ministral3", "mistral", "mistral3",
-                         "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
+# gpt_oss: q/k/v and o_proj biases, YaRN RoPE, a sparse MoE block at ``block.mlp``,
+# sliding-window layers (its ``layer_types``) and per-head attention sinks
+# (:meth:`ModelAdapter.sinks`); its heads and scale named ``num_attention_heads``,
+# ``num_key_value_heads``, ``sm_scale``.
+SUPPORTED_MODEL_TYPES = ("gemma3", "gemma3_text", "gpt_oss", "llama", "ministral3", "mistral",
+                         "mistral3", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
 _WRAPPERS = ("gemma3", "mistral3")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
-# original_max_position_embeddings}``, ``use_sliding``, ``embed_tokens.as_linear``): at
+# original_max_position_embeddings, sinks}``, ``use_sliding``, ``layer_types``,
+# ``embed_tokens.as_linear``): at
 # least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -77,14 +82,16 @@ def _text_model(model: nn.Module) -> nn.Module:
 def sliding_windows(model: nn.Module) -> List[Optional[int]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
-    attends globally: Gemma 3's local layers have one, and Ministral 3's where its config
-    says ``sliding_attention``; no other supported family's do."""
+    attends globally: Gemma 3's local layers have one, and Ministral 3's and gpt-oss's where
+    the config says ``sliding_attention``; no other supported family's do."""
     text = _text_model(model)
     window = getattr(text.args, "sliding_window", None)
     if getattr(model, "model_type", None) in GEMMA3_TYPES:
         sliding = [block.self_attn.is_sliding for block in text.model.layers]
     elif text.model_type == "ministral3":
         sliding = [block.use_sliding for block in text.model.layers]
+    elif text.model_type == "gpt_oss":
+        sliding = [kind == "sliding_attention" for kind in text.model.layer_types]
     else:
         sliding = [False] * len(text.model.layers)
     return [int(window) if s else None for s in sliding]
@@ -108,8 +115,8 @@ class ModelAdapter:
 
     Raises:
         UserInputError: for model types other than :data:`SUPPORTED_MODEL_TYPES`, models
-            with sliding-window layers other than Gemma 3's and Ministral 3's, or an mlx-lm
-            outside :data:`MLX_LM_VERSIONS`.
+            with sliding-window layers other than Gemma 3's, Ministral 3's and gpt-oss's,
+            or an mlx-lm outside :data:`MLX_LM_VERSIONS`.
     """
 
     def __init__(self, model: nn.Module):
@@ -133,9 +140,9 @@ class ModelAdapter:
                for layer, window in zip(self.layers, self._windows)):
             raise UserInputError("sliding-window attention layers are not supported")
         attn = self.layers[0].self_attn
-        self.n_heads: int = attn.n_heads
-        self.n_kv_heads: int = attn.n_kv_heads
-        self.scale: float = attn.scale
+        self.n_heads: int = getattr(attn, "n_heads", None) or attn.num_attention_heads
+        self.n_kv_heads: int = getattr(attn, "n_kv_heads", None) or attn.num_key_value_heads
+        self.scale: float = getattr(attn, "scale", None) or attn.sm_scale
         self.lm_head = getattr(self.text, "lm_head", None)
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
         self._activations = [_gated_activation(block.mlp, self.gemma) for block in self.layers]
@@ -152,6 +159,11 @@ class ModelAdapter:
         positions p - window + 1 .. p, original positions), None for a global layer and for
         families without sliding windows."""
         return self._windows[layer]
+
+    def sinks(self, layer: int) -> Optional[mx.array]:
+        """The layer's attention sinks, one logit per head that each head's softmax also
+        weighs (gpt-oss); None for families without them."""
+        return getattr(self.layers[layer].self_attn, "sinks", None)
 
     @property
     def num_layers(self) -> int:

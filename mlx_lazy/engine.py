@@ -268,7 +268,7 @@ class LazyEngine:
                 q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
         visible = kv.mask_at(seen)
         out = self.attention(q, kv, rows, visible, prompt, self.cache.length,
-                             a.sliding_window(layer))
+                             a.sliding_window(layer), a.sinks(layer))
         return q, a.finish(layer, h, out), rows, visible
 
     # -------------------------------------------------------------- completion

@@ -53,6 +53,32 @@ def test_attention_with_arbitrary_mask_and_extreme_scores():
     assert rel_err(out, ref) < TOL
 
 
+@pytest.mark.parametrize("implementation", A.IMPLEMENTATIONS)
+@pytest.mark.parametrize("n", [1, 40])
+def test_sinks_join_each_heads_softmax(monkeypatch, implementation, n):
+    """gpt-oss's sinks: each head's softmax over [scores, sink], the sink's column dropped
+    (a reference in numpy, float64), grouped heads and a mask; sinks both far above and
+    below the scores, so the sink sets the row maximum in some heads."""
+    monkeypatch.setenv(A.ENV_VAR, implementation)
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32)
+               for shape in ((1, 6, n, 16), (1, 2, 90, 16), (1, 2, 90, 16)))
+    sinks = np.array([-4.0, 0.0, 2.0, 9.0, 30.0, -30.0], np.float32)
+    mask = rng.random((n, 90)) < 0.5
+    mask[:, 0] = True
+    out = A.attention(mx.array(q), mx.array(k), mx.array(v), 0.25, mx.array(mask),
+                      sinks=mx.array(sinks))
+    scores = np.einsum("hnd,hsd->hns", q[0], np.repeat(k[0], 3, axis=0)) * 0.25
+    scores = np.where(mask, scores, -np.inf).astype(np.float64)
+    full = np.concatenate([scores, np.broadcast_to(sinks[:, None, None], (6, n, 1))], -1)
+    p = np.exp(full - full.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    ref = p[..., :-1] @ np.repeat(v[0], 3, axis=0)
+    assert rel_err(out[0], ref) < TOL
+    assert rel_err(out, A.attention(mx.array(q), mx.array(k), mx.array(v), 0.25,
+                                    mx.array(mask))) > 0.01  # the sinks matter here
+
+
 def test_fallback_without_compiled_kernels_matches(monkeypatch):
     monkeypatch.setattr(K, "_kernels", False)
     mx.random.seed(2)

@@ -312,13 +312,14 @@ def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
     assert distributed.model_group(model) is None  # left unsharded
 
 
-@pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3"])
-def test_sharded_by_heads_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
-    """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`):
-    unpruned, each rank's logits equal mlx-lm's; pruned, each rank selects what the single
-    process selects and its logits equal it."""
+@pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3", "gpt_oss"])
+def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
+    """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`),
+    and gpt-oss (mlx-lm's shard, its sinks split by head): unpruned, each rank's logits equal
+    mlx-lm's; pruned, each rank selects what the single process selects and its logits
+    equal it."""
     model = tiny_model(kind)[0]
-    assert not hasattr(model, "shard")
+    assert hasattr(model, "shard") == (kind == "gpt_oss")
     lazy = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
     runs = run_engines(tmp_path, tiny_model_dir(kind), 2, {"full": {}, "lazy": lazy})
     (rec0, logits0), (rec1, logits1) = runs["full"]

@@ -2,7 +2,8 @@
 pass: Phi-3 (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``; plain RoPE, and longrope's
 SuScaledRoPE over part of each head), SmolLM3 (``smollm3``: layers without RoPE) and
 Ministral 3 (``ministral3``, alone and as the text model of a ``mistral3`` checkpoint: YaRN
-RoPE, queries scaled by position, sliding-window layers in a variant)."""
+RoPE, queries scaled by position, sliding-window layers in a variant) and gpt-oss
+(``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
 
-FAMILIES = ("phi3", "phi3-longrope", "smollm3", "ministral3", "ministral3-sliding", "mistral3")
+FAMILIES = ("phi3", "phi3-longrope", "smollm3", "ministral3", "ministral3-sliding", "mistral3",
+            "gpt_oss")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -82,6 +84,17 @@ def test_the_tiny_ministral3_is_what_it_claims(family):
     assert sliding_windows(family("ministral3-sliding")[0]) == [24, None, 24, None]
 
 
+def test_the_tiny_gpt_oss_is_what_it_claims(family):
+    """Sinks that differ by head, windows of 24 in layers 0 and 2, 2 of 4 experts."""
+    model, _ = family("gpt_oss")
+    adapter = ModelAdapter(model)
+    assert model.model_type == "gpt_oss" and adapter.n_heads == 4 and adapter.n_kv_heads == 2
+    assert np.ptp(np.array(adapter.sinks(0))) > 0.5 and adapter.scale == 16 ** -0.5
+    assert sliding_windows(model) == [24, None, 24, None]
+    assert model.layers[0].mlp.num_experts_per_tok == 2 and not hasattr(model.layers[0].mlp,
+                                                                         "down_proj")
+
+
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_unpruned_matches_mlx_lm(family, kind):
     model, _ = family(kind)
@@ -98,7 +111,7 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
     assert mlx_lm_error(model, config, prompt, 8) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3"))
+@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "gpt_oss"))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
     base = ModelAdapter(model).identity()

@@ -1,5 +1,5 @@
 """Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3, gemma3_text,
-smollm3, ministral3) with a real tokenizer.
+smollm3, ministral3, gpt_oss) with a real tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
@@ -16,7 +16,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_map
 
-KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text", "smollm3", "ministral3")
+KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text", "smollm3", "ministral3",
+         "gpt_oss")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -73,6 +74,13 @@ _KIND_CONFIG = {
                        "original_max_position_embeddings": 64, "beta_fast": 32.0,
                        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                        "llama_4_scaling_beta": 0.1}},
+    # gpt-oss: biases, YaRN RoPE, a sparse MoE in every layer (2 of 4 experts per token),
+    # layers 0 and 2 sliding over a 24-position window, random attention sinks
+    "gpt_oss": {"architectures": ["GptOssForCausalLM"], "tie_word_embeddings": False,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 24,
+                "layer_types": ["sliding_attention", "full_attention"] * 2,
+                "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                 "beta_slow": 1.0, "original_max_position_embeddings": 1024}},
 }
 #: Variants of a kind: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
 #: with per-frequency factors) over three quarters of each head (partial rotary);
@@ -154,6 +162,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             proj = getattr(attn, name, None)  # phi3: one fused qkv_proj, no bias
             if proj is not None and "bias" in proj:
                 proj.bias = 0.1 * mx.random.normal(proj.bias.shape)
+        if hasattr(attn, "sinks"):  # gpt_oss: zeros by default
+            attn.sinks = mx.random.normal(attn.sinks.shape)
         for name in ("q_norm", "k_norm"):
             if hasattr(attn, name):
                 norm = getattr(attn, name)
