@@ -206,3 +206,13 @@ def test_prior_scales_with_layer_size(tiny_model):
               + 3 * a.hidden_size * a.intermediate_size)
     assert small.a == pytest.approx(94e-6 * params / 3_538_944)
     assert small.b == pytest.approx(102e-9 * a.num_attention_heads * head_dim / 576)
+
+
+@pytest.mark.parametrize("kind", ["gpt_oss", "mistral3"])
+def test_prior_reads_heads_where_the_family_names_them(tiny_model, kind):
+    """gpt-oss names its heads and scale otherwise (``num_attention_heads``, ``sm_scale``);
+    a ``mistral3`` checkpoint's layers sit in its text model."""
+    from mlx_lazy.bench.costmodel import prior
+
+    cost = prior(tiny_model(kind)[0])
+    assert cost.a > 0 and cost.b == pytest.approx(102e-9 * 4 * 16 / 576)

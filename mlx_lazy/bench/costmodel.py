@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
+from ..adapter import ModelAdapter
 from ..selection import kept_count
 
 __all__ = ["PrefillCounts", "CostModel", "counts", "fit", "linear_params", "predicted_counts",
@@ -225,10 +226,9 @@ def prior(model: Any) -> CostModel:
     per-token-layer cost scaled by the layer's linear parameters and the per-pair cost by
     heads × head_dim. Good for ranking schedules (only ratios are used); measure to confirm.
     """
-    layer = model.layers[0]
-    params = linear_params(layer)
-    attn = layer.self_attn
-    head_dims = attn.n_heads * round(attn.scale ** -2)
+    adapter = ModelAdapter(model)
+    params = linear_params(adapter.layers[0])
+    head_dims = adapter.n_heads * round(adapter.scale ** -2)
     r = _REFERENCE
     return CostModel(a=r["a"] * params / r["params_per_layer"],
                      b=r["b"] * head_dims / r["head_dims"], c=0.0)
