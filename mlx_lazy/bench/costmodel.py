@@ -221,6 +221,12 @@ def linear_params(module: Any) -> int:
     return params
 
 
+def head_dims(adapter: ModelAdapter) -> int:
+    """Query heads x head_dim of a layer (the head size from the attention scale, 1/sqrt of
+    it): what a query-key pair's arithmetic scales with."""
+    return adapter.n_heads * round(adapter.scale ** -2)
+
+
 def prior(model: Any) -> CostModel:
     """A cost model for ``model`` without timing it: the SmolLM2 reference fit with the
     per-token-layer cost scaled by the layer's linear parameters and the per-pair cost by
@@ -228,10 +234,9 @@ def prior(model: Any) -> CostModel:
     """
     adapter = ModelAdapter(model)
     params = linear_params(adapter.layers[0])
-    head_dims = adapter.n_heads * round(adapter.scale ** -2)
     r = _REFERENCE
     return CostModel(a=r["a"] * params / r["params_per_layer"],
-                     b=r["b"] * head_dims / r["head_dims"], c=0.0)
+                     b=r["b"] * head_dims(adapter) / r["head_dims"], c=0.0)
 
 
 def predicted_counts(schedule: Any, n: int, block_size: int = 256) -> PrefillCounts:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from ..adapter import ModelAdapter
-from .costmodel import linear_params
+from .costmodel import head_dims, linear_params
 
 #: Fractions of the published peaks a decode step reaches on an Apple GPU (assumed: MLX's
 #: kernels reach ~80% of peak bandwidth on large reads; small-row matmuls far less than
@@ -82,9 +82,8 @@ class ModelShape:
         """The shape of an mlx-lm model of a family the engine runs (quantized layers counted
         at their float size)."""
         a = ModelAdapter(model)
-        attn = a.layers[0].self_attn
         return cls(a.num_layers, linear_params(a.layers[0]),
-                   a.vocab_size * a.text.args.hidden_size, attn.n_heads * round(attn.scale ** -2))
+                   a.vocab_size * a.text.args.hidden_size, head_dims(a))
 
 
 @dataclass(frozen=True)
