@@ -35,7 +35,7 @@ def ids(n: int, vocab: int, seed: int) -> list[int]:
 AGGRESSIVE = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="none")
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt_oss"])  # gpt_oss: windows, sinks
 def test_full_extend_equals_one_prefill(tiny_model, kind):
     model, _ = tiny_model(kind)
     a, b = ids(300, model.args.vocab_size, 0), ids(90, model.args.vocab_size, 1)
