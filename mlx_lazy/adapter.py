@@ -37,8 +37,10 @@ from .errors import UserInputError
 # sliding-window layers (its ``layer_types``) and per-head attention sinks
 # (:meth:`ModelAdapter.sinks`); its heads and scale named ``num_attention_heads``,
 # ``num_key_value_heads``, ``sm_scale``.
-SUPPORTED_MODEL_TYPES = ("gemma3", "gemma3_text", "gpt_oss", "llama", "ministral3", "mistral",
-                         "mistral3", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
+# granite: Llama whose embeddings, residual branches and logits are scaled by its config's
+# multipliers (its attention scale, ``attention_multiplier``, is its module's ``scale``).
+SUPPORTED_MODEL_TYPES = ("gemma3", "gemma3_text", "gpt_oss", "granite", "llama", "ministral3",
+                         "mistral", "mistral3", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
 _WRAPPERS = ("gemma3", "mistral3")
@@ -153,6 +155,11 @@ class ModelAdapter:
             self._softcap = getattr(args, "final_logit_softcapping", None)
         else:
             self._softcap = None
+        granite = model_type == "granite"
+        args = self.text.args
+        self._embed_multiplier = args.embedding_multiplier if granite else None
+        self._residual_multiplier = args.residual_multiplier if granite else None
+        self._logits_scaling = args.logits_scaling if granite else None
 
     def sliding_window(self, layer: int) -> Optional[int]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -244,6 +251,8 @@ class ModelAdapter:
         h = self.inner.embed_tokens(tokens[None])
         if self.gemma:
             h = h * self._embed_scale.astype(h.dtype)
+        elif self._embed_multiplier is not None:
+            h = h * self._embed_multiplier
         return h
 
     def logits(self, h: mx.array) -> mx.array:
@@ -255,6 +264,8 @@ class ModelAdapter:
             out = self.lm_head(h)
         if self._softcap:  # Gemma 2 style final soft-capping, where a config has it
             out = mx.tanh(out / self._softcap) * self._softcap
+        elif self._logits_scaling is not None:
+            out = out / self._logits_scaling
         return out
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
@@ -298,6 +309,9 @@ class ModelAdapter:
             h = clip_residual(h, block.post_attention_layernorm(r))
             h = clip_residual(h, block.post_feedforward_layernorm(
                 self._mlp(layer, block.pre_feedforward_layernorm(h))))
+        elif self._residual_multiplier is not None:  # granite
+            h = h + r * self._residual_multiplier
+            h = h + self._mlp(layer, block.post_attention_layernorm(h)) * self._residual_multiplier
         else:
             h = h + r
             h = h + self._mlp(layer, block.post_attention_layernorm(h))

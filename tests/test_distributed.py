@@ -312,7 +312,7 @@ def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
     assert distributed.model_group(model) is None  # left unsharded
 
 
-@pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3", "gpt_oss"])
+@pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss"])
 def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`),
     and gpt-oss (mlx-lm's shard, its sinks split by head): unpruned, each rank's logits equal

@@ -2,8 +2,9 @@
 pass: Phi-3 (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``; plain RoPE, and longrope's
 SuScaledRoPE over part of each head), SmolLM3 (``smollm3``: layers without RoPE) and
 Ministral 3 (``ministral3``, alone and as the text model of a ``mistral3`` checkpoint: YaRN
-RoPE, queries scaled by position, sliding-window layers in a variant) and gpt-oss
-(``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases)."""
+RoPE, queries scaled by position, sliding-window layers in a variant), gpt-oss
+(``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases) and Granite
+(``granite``: multipliers on the embeddings, residual branches, logits and attention)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
 
 FAMILIES = ("phi3", "phi3-longrope", "smollm3", "ministral3", "ministral3-sliding", "mistral3",
-            "gpt_oss")
+            "gpt_oss", "granite")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).

@@ -1,5 +1,5 @@
 """Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3, gemma3_text,
-smollm3, ministral3, gpt_oss) with a real tokenizer.
+smollm3, ministral3, gpt_oss, granite) with a real tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text", "smollm3", "ministral3",
-         "gpt_oss")
+         "gpt_oss", "granite")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -81,6 +81,11 @@ _KIND_CONFIG = {
                 "layer_types": ["sliding_attention", "full_attention"] * 2,
                 "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
                                  "beta_slow": 1.0, "original_max_position_embeddings": 1024}},
+    # Granite: multipliers far from 1 on the embeddings, residual branches, logits and
+    # attention scale, so that a missing one shows; biases in attention and MLP
+    "granite": {"architectures": ["GraniteForCausalLM"], "tie_word_embeddings": True,
+                "embedding_multiplier": 6.0, "residual_multiplier": 0.3, "logits_scaling": 4.0,
+                "attention_multiplier": 0.1, "attention_bias": True, "mlp_bias": True},
 }
 #: Variants of a kind: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
 #: with per-frequency factors) over three quarters of each head (partial rotary);
