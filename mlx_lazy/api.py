@@ -260,14 +260,18 @@ def generate_step(
             a cache it must be the one the cache was made for.
 
     Raises:
-        UserInputError: a cache made for another model or config.
+        UserInputError: a cache made for another model or config, a prompt that is not
+            token ids of the model, a sampler that returns something else. An exception
+            (these, one from a sampler or processor, Ctrl-C) leaves ``prompt_cache`` holding
+            the prompt and the tokens handed out before it, or as it was.
     """
     if prompt_cache is None:
         prompt_cache = make_prompt_cache(model, config)
     else:
         prompt_cache.check(model, config)
     engine = prompt_cache.engine
-    tokens = [int(t) for t in (prompt.tolist() if isinstance(prompt, mx.array) else prompt)]
+    tokens = token_ids(prompt)
+    vocab = engine.adapter.vocab_size
     engine.start_request()
     sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))
     processors = list(logits_processors or [])
@@ -324,6 +328,9 @@ def generate_step(
             if ahead:
                 next_y, next_logprobs = step(y)
             token = y.item()
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                raise UserInputError(f"the sampler returned {token!r}, not a token id of the "
+                                     f"model's vocabulary (0 to {vocab - 1})")
             if ahead:
                 prompt_cache.tokens.append(token)
             # On the CPU a token after the first goes in when the caller stops, as it would
@@ -346,6 +353,10 @@ def generate_step(
                 next_y, next_logprobs = feed(y, token)
             y, logprobs = next_y, next_logprobs
 
+    except BaseException:  # a sampler or processor that raised, Ctrl-C: a consistent cache
+        mx.synchronize(generation_stream)
+        prompt_cache.drop_unrecorded()
+        raise
     finally:  # a step queued ahead finishes before anything else runs (ranks stay in step)
         mx.synchronize(generation_stream)
 

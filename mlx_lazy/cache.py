@@ -84,6 +84,15 @@ class LayerKV:
             rows = mx.array(np.flatnonzero(~known).astype(np.int32))
             self.append(k[:, :, rows], v[:, :, rows], positions[~known])
 
+    def truncate(self, size: int) -> None:
+        """Forget the slots from ``size`` on (appended after the first ``size``)."""
+        if size == self.size:
+            return
+        self.size = size
+        self.slot_of = np.full(len(self.slot_of), -1, np.int64)
+        self.slot_of[self.positions[:size]] = np.arange(size)
+        self._device_positions = self._order = self._memo = None
+
     def fetch(self, positions: Optional[np.ndarray] = None) -> Tuple[mx.array, mx.array]:
         """Keys and values of ``positions`` in that order, or of every cached token."""
         if positions is None:
@@ -224,14 +233,35 @@ class LazyCache:
 
     def copy(self) -> "LazyCache":
         """An independent copy of the whole state."""
-        out = LazyCache(self.num_layers)
+        out = self.checkpoint()
         out.layers = [layer.copy() for layer in self.layers]
+        return out
+
+    def checkpoint(self) -> "LazyCache":
+        """What :meth:`rollback` returns to: a copy of everything but the KV, of which each
+        layer keeps its number of slots (cheap: the rows' arrays are shared, not copied).
+        Valid while tokens are only added (a prompt chunk and its revivals, decode steps),
+        which appends slots and leaves the others as they are; a completion rewrites slots
+        (``exact``), so it runs before a checkpoint, not after."""
+        out = LazyCache(self.num_layers)
+        for mine, layer in zip(self.layers, out.layers):
+            layer.size = mine.size
         for name in ROW_MAPS:
             setattr(out, name, {d: e.copy() for d, e in getattr(self, name).items()})
         for name in TOKEN_ARRAYS:
             setattr(out, name, getattr(self, name).copy())
         out.prompt_len, out.revivals = self.prompt_len, self.revivals
         return out
+
+    def rollback(self, mark: "LazyCache") -> None:
+        """Return to the state of ``mark`` (:meth:`checkpoint`): every slot written since is
+        forgotten, and the bookkeeping and rows are the checkpoint's."""
+        for layer, then in zip(self.layers, mark.layers):
+            layer.truncate(then.size)
+        for name in (*ROW_MAPS, *TOKEN_ARRAYS):
+            setattr(self, name, getattr(mark, name))
+        self.prompt_len, self.revivals = mark.prompt_len, mark.revivals
+        self.choices = {}
 
     @property
     def length(self) -> int:

@@ -15,8 +15,9 @@ their keys and values and nothing more.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -30,6 +31,7 @@ from .kernels import prepare
 from .schedule import Schedule
 from .scorers import Mask
 from .selection import Selector
+from .token_ids import check_tokens, token_ids
 
 ProgressFn = Callable[[int, int], None]
 
@@ -143,14 +145,23 @@ class LazyEngine:
         The chunk runs through every layer over the whole context. At each pruning layer
         its scoring queries (the scorer's window within the chunk) select among all context
         tokens, old and new: old ones selected but not computed at that layer are revived
-        from the Aux Cache, new ones not selected stop there and wait in it.
+        from the Aux Cache, new ones not selected stop there and wait in it. An exception
+        part-way (Ctrl-C, a ``progress`` callback that raises) leaves the state as it was.
+
+        Raises:
+            UserInputError: ``tokens`` empty or not ids of the model's vocabulary (MLX does
+                not bounds-check its embedding lookup: one would read past the table).
         """
         tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens.reshape(-1)
+        check_tokens(token_ids(tokens), self.adapter.vocab_size)
         n = tokens.size
-        if n == 0:
-            raise ValueError("the prompt is empty")
         if self.cache.stash:  # new tokens must see the recomputed states
             self.complete()
+        with self._atomic():
+            return self._extend(tokens, n, progress)
+
+    def _extend(self, tokens: mx.array, n: int, progress: Optional[ProgressFn]) -> mx.array:
+        """:meth:`extend`'s work, once the tokens are checked and any completion is done."""
         start = self.cache.length
         positions = self.cache.add_tokens(n)
         self._set_prompt_limits(start, n)
@@ -181,12 +192,32 @@ class LazyEngine:
 
     # ------------------------------------------------------------------- decode
     def decode(self, token: Union[int, mx.array]) -> mx.array:
-        """Run one generated token; return its (vocab,) next-token logits."""
+        """Run one generated token; return its (vocab,) next-token logits.
+
+        Raises:
+            UserInputError: an int ``token`` outside the vocabulary (an array is not read
+                back to check: it is the caller's, as :func:`~mlx_lazy.generate_step`'s)."""
         if self.cache.length == 0:
             raise ValueError("call prefill() before decode()")
-        token = mx.array([token]) if isinstance(token, int) else token.reshape(1)
+        if not isinstance(token, mx.array):  # a device token is the caller's to check
+            check_tokens(token_ids([token]), self.adapter.vocab_size)
+            token = mx.array([token])
+        token = token.reshape(1)
         self.schedule.completion.before_decode(self)
-        return self._forward(token, self.cache.add_tokens(1), prompt=False)
+        with self._atomic():
+            return self._forward(token, self.cache.add_tokens(1), prompt=False)
+
+    @contextmanager
+    def _atomic(self) -> Iterator[None]:
+        """Tokens added inside go in whole or not at all: an exception part-way (Ctrl-C, a
+        progress callback that raised) returns the state to what it was before, revived
+        tokens included (they were in flight, out of the Aux Cache)."""
+        mark = self.cache.checkpoint()
+        try:
+            yield
+        except BaseException:
+            self.cache.rollback(mark)
+            raise
 
     # ----------------------------------------------------------------- forward
     def _forward(self, tokens: mx.array, positions: np.ndarray, prompt: bool,

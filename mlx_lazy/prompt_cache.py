@@ -76,12 +76,24 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def process(self, tokens: List[int], progress: Optional[ProgressFn] = None) -> mx.array:
+    def process(self, tokens: Sequence[int], progress: Optional[ProgressFn] = None) -> mx.array:
         """Run prompt ``tokens`` on top of this cache; return the (vocab,) logits of the
-        token after them."""
+        token after them. Interrupted (an exception, Ctrl-C), it leaves the cache as it was.
+
+        Raises:
+            UserInputError: ``tokens`` is not a non-empty sequence of the model's token ids.
+        """
+        tokens = token_ids(tokens)
         logits = self.engine.extend(mx.array(tokens), progress)
         self.tokens.extend(tokens)
         return logits
+
+    def drop_unrecorded(self) -> None:
+        """Trim the model's state back to :attr:`tokens`: a decode step that went through
+        the model before its caller failed (a sampler that raised) leaves a token there
+        that was never handed out."""
+        if self.engine.cache.length > len(self.tokens):
+            self.engine.cache.trim(len(self.tokens))
 
     def check(self, model: nn.Module, config: Union[PruningConfig, str, None] = None) -> None:
         """Refuse a cache made for another model, or for another config than ``config``

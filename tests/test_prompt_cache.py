@@ -715,3 +715,155 @@ def test_a_question_from_a_saved_pruned_cache_computes_its_tokens_and_its_reviva
     assert stats.max_computations_per_token_layer == 1
     asked = state.computed[:, len(doc):].sum()
     assert sum(stats.prefill_tokens_per_layer) == new.sum() + asked
+
+
+class Boom(Exception):
+    pass
+
+
+def raise_after(n: int, then=lambda *args: args[-1]):
+    """A progress callback or logits processor (or ``then``) that raises on its ``n``-th
+    call."""
+    calls = []
+
+    def hook(*args):
+        calls.append(args)
+        if len(calls) == n:
+            raise Boom
+        return then(*args)
+
+    return hook
+
+
+def same_state(cache):
+    """A check that a cache's state is, array for array, what ``cache``'s is now."""
+    then = {name: np.array(a) for name, a in cache.state.items()}
+
+    def check(now):
+        state = {name: np.array(a) for name, a in now.state.items()}
+        assert state.keys() == then.keys()
+        for name, a in then.items():
+            np.testing.assert_array_equal(state[name], a, err_msg=name)
+
+    return check
+
+
+@pytest.mark.parametrize("config", ["full", AGGRESSIVE], ids=["full", "lazy"])
+def test_an_interrupted_prompt_leaves_the_cache_as_it_was(tiny_model, tmp_path, config):
+    """A prompt stopped part-way through its layers (a progress callback that raises, as
+    Ctrl-C would) leaves the cache holding the earlier turn only, in the model's state too:
+    it saves and loads, and the retried turn gives what a cache that was never interrupted
+    gives (unpruned: exactly; pruned, tokens the interrupted turn revived stay computed)."""
+    model, _ = tiny_model("llama")
+    vocab = model.args.vocab_size
+    turn1, turn2 = ids(200, vocab, 40), ids(120, vocab, 41)
+    cache = make_prompt_cache(model, config)
+    cache.process(turn1)
+    before = same_state(cache.engine.cache)
+    with pytest.raises(Boom):
+        list(generate_step(turn2, model, prompt_cache=cache, max_tokens=4,
+                           prompt_progress_callback=raise_after(3)))
+    assert cache.tokens == turn1
+    before(cache.engine.cache)
+    save_prompt_cache(tmp_path / "c.safetensors", cache)
+    cache = load_prompt_cache(tmp_path / "c.safetensors", model)
+    got = [t for t, _ in generate_step(turn2, model, prompt_cache=cache, max_tokens=6)]
+    assert cache.engine.stats.max_computations_per_token_layer == 1
+    assert len(cache) == cache.engine.cache.length == len(turn1 + turn2) + 6
+    if config == "full":
+        fresh = make_prompt_cache(model, config)
+        fresh.process(turn1)
+        assert got == [t for t, _ in generate_step(turn2, model, prompt_cache=fresh,
+                                                   max_tokens=6)]
+
+
+@pytest.mark.parametrize("config", ["full", AGGRESSIVE], ids=["full", "lazy"])
+def test_a_processor_that_raises_mid_answer_leaves_the_cache_consistent(tiny_model, config):
+    """The 6th decode step's processor raises after the step ran its token through the
+    model: the cache holds the prompt and the tokens that went through, and nothing more,
+    so the conversation continues as one run of the whole of it would."""
+    model, _ = tiny_model("llama")
+    prompt = ids(150, model.args.vocab_size, 42)
+    cache = make_prompt_cache(model, config)
+    got = []
+    with pytest.raises(Boom):
+        for token, _ in generate_step(prompt, model, prompt_cache=cache, max_tokens=20,
+                                      logits_processors=[raise_after(7)]):
+            got.append(token)
+    assert len(got) == 6 and cache.tokens == prompt + got[:5]
+    assert cache.engine.cache.length == len(cache.tokens)
+    assert cache.engine.stats.max_computations_per_token_layer == 1
+    if config == "full":
+        rest = cache.extend_prefix(prompt + got)
+        assert rest == got[5:]
+        again = [t for t, _ in generate_step(rest, model, prompt_cache=cache, max_tokens=4)]
+        whole = [t for t, _ in generate_step(prompt + got, model, max_tokens=4)]
+        assert again == whole
+
+
+@pytest.mark.parametrize("returned", [10 ** 6, -1, 2.5])
+def test_a_sampler_returning_no_token_id_is_refused(tiny_model, returned):
+    """MLX does not bounds-check its embedding lookup (an id past the table crashed the
+    process): a sampler's token outside the vocabulary is one clear error, the cache left
+    holding what went through."""
+    model, _ = tiny_model("llama")
+    prompt = ids(100, model.args.vocab_size, 43)
+    cache = make_prompt_cache(model)
+    calls = []
+
+    def sampler(logprobs):
+        calls.append(1)
+        return mx.array([returned]) if len(calls) == 3 else mx.argmax(logprobs, axis=-1)
+
+    with pytest.raises(UserInputError, match="the sampler returned .* not a token id"):
+        list(generate_step(prompt, model, prompt_cache=cache, sampler=sampler, max_tokens=8))
+    assert len(cache) == cache.engine.cache.length == len(prompt) + 2
+
+
+def test_the_engine_and_process_refuse_ids_outside_the_vocabulary(tiny_model):
+    model, _ = tiny_model("llama")
+    prompt = ids(80, model.args.vocab_size, 44)
+    cache = make_prompt_cache(model, AGGRESSIVE)
+    cache.process(prompt)
+    for bad in ([1, 2, 10 ** 6], [-1], "text"):
+        with pytest.raises(UserInputError, match="outside the model's vocabulary|encode it"):
+            cache.process(bad)
+        assert cache.tokens == prompt and cache.engine.cache.length == len(prompt)
+    engine = cache.engine
+    for bad in (10 ** 6, -1):
+        with pytest.raises(UserInputError, match="outside the model's vocabulary"):
+            engine.decode(bad)
+        with pytest.raises(UserInputError, match="outside the model's vocabulary"):
+            engine.extend([bad])
+    assert engine.cache.length == len(prompt)
+    with pytest.raises(UserInputError, match="encode it with the tokenizer first"):
+        next(generate_step("hello", model))
+
+
+def test_a_decode_step_interrupted_in_a_layer_leaves_the_state_as_it_was(tiny_model,
+                                                                        monkeypatch):
+    """Ctrl-C can land inside a pruned decode step, after it took tokens out of the Aux
+    Cache to revive them: the step's state goes back whole, and the next step is the one
+    an uninterrupted state takes."""
+    model, _ = tiny_model("llama")
+    cache = make_prompt_cache(model, AGGRESSIVE)
+    engine = cache.engine
+    token = int(mx.argmax(cache.process(ids(300, model.args.vocab_size, 45))))
+    revivals = engine.cache.revivals
+    for _ in range(6):  # until a step revives
+        twin = engine.cache.copy()
+        before = same_state(engine.cache)
+        finish = engine.adapter.finish
+        monkeypatch.setattr(engine.adapter, "finish", raise_after(3, finish))  # in layer 2
+        with pytest.raises(Boom):
+            engine.decode(token)
+        monkeypatch.setattr(engine.adapter, "finish", finish)
+        before(engine.cache)
+        logits = engine.decode(token)
+        engine.cache, interrupted = twin, engine.cache
+        assert rel_err(engine.decode(token), logits) < REL_TOL
+        engine.cache = interrupted
+        token = int(mx.argmax(logits))
+        if engine.cache.revivals > revivals:
+            break
+    assert engine.cache.revivals > revivals, "no step revived: the test checks nothing"
