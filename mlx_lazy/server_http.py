@@ -179,7 +179,11 @@ class LingeringTransport:
         if self.transport.is_closing() or not self.transport.can_write_eof():
             self.transport.close()
             return
-        self.transport.write_eof()
+        try:
+            self.transport.write_eof()
+        except OSError:  # the client went away meanwhile: nothing to linger for
+            self.transport.close()
+            return
         self.transport.resume_reading()  # the client's EOF must be seen to close early
         self.loop.call_later(self.linger, self.transport.close)
 

@@ -211,6 +211,13 @@ def test_a_lingering_close_shuts_the_write_side_then_closes_after_the_linger():
         t = FakeTransport(can_write_eof=False)  # nothing to linger on: closed at once
         LingeringTransport(t, loop, linger=0.05).close()
         assert t.calls == ["close"]
+        t = FakeTransport()
+        t.write_eof = gone  # the client went away as its response ended: no error logged
+        LingeringTransport(t, loop, linger=0.05).close()
+        assert t.calls == ["close"]
+
+    def gone() -> None:
+        raise OSError(107, "Transport endpoint is not connected")
 
     asyncio.run(run())
 
