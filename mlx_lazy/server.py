@@ -208,9 +208,9 @@ class App:
 
         if not body.stream:
             text, done = "", None
-            watcher = asyncio.create_task(_watch(job, request))
+            watcher = asyncio.create_task(_watch(self.worker, job, request))
             try:
-                async for item in _events(job):  # a failed job raises its APIError
+                async for item in _events(self.worker, job):  # a failed job raises its APIError
                     if isinstance(item, Delta):
                         text += item.text
                     else:
@@ -239,7 +239,7 @@ class App:
         async def sse() -> AsyncIterator[str]:
             first = True
             try:
-                async for item in _events(job):
+                async for item in _events(self.worker, job):
                     if isinstance(item, Delta):
                         yield chunk(item.text, None, first)
                         first = False
@@ -255,9 +255,9 @@ class App:
         return EventSourceResponse(sse(), ping=SSE_PING_S, sep="\n")
 
 
-async def _events(job: Job) -> AsyncIterator[Union[Delta, Done]]:
-    """The job's output, ending early at a :data:`~mlx_lazy.server_worker.GONE`; setting
-    ``job.cancel`` when the consumer stops early."""
+async def _events(worker: Worker, job: Job) -> AsyncIterator[Union[Delta, Done]]:
+    """The job's output, ending early at a :data:`~mlx_lazy.server_worker.GONE`; cancelling
+    the job when the consumer stops early."""
     try:
         while True:
             item = await job.events.get()
@@ -269,15 +269,15 @@ async def _events(job: Job) -> AsyncIterator[Union[Delta, Done]]:
             if isinstance(item, Done):
                 return
     finally:
-        job.cancel.set()  # no effect once finished
+        worker.cancel(job)  # no effect once finished
 
 
-async def _watch(job: Job, request: Request) -> None:
+async def _watch(worker: Worker, job: Job, request: Request) -> None:
     """Cancel ``job`` the moment its client disconnects (a response that writes nothing until
     the end learns it only from the connection); a stream's response does that itself."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    job.cancel.set()
+    worker.cancel(job)
     job.events.put_nowait(GONE)
 
 

@@ -98,6 +98,9 @@ class Job:
     phase: str = "queued"
     layers_done: int = 0
     generated: int = 0
+    # Under the worker's lock: the worker took the job, or its client left while it waited.
+    taken: bool = False
+    withdrawn: bool = False
 
     def emit(self, item: Union[Delta, Done, APIError]) -> None:
         """Hand ``item`` to the request's event loop (thread-safe)."""
@@ -248,6 +251,18 @@ class Worker:
             self.waiting += 1
             self._jobs.put(job)
 
+    def cancel(self, job: Job) -> None:
+        """Cancel ``job`` (its client went away). One still waiting gives its place in the
+        queue back at once and is counted cancelled (it is skipped when its turn comes); one
+        running stops at its next step or prefill layer."""
+        job.cancel.set()
+        with self._lock:
+            if job.taken or job.withdrawn:
+                return
+            job.withdrawn = True
+            self.waiting -= 1
+            self.cancelled += 1
+
     def status(self) -> dict:
         """What ``/health`` reports about the queue and the running generation."""
         job = self.current
@@ -292,6 +307,9 @@ class Worker:
     def _supervise(self, job: Job) -> None:
         """Run ``job``, turning any exception into that job's failure, and count it."""
         with self._lock:
+            if job.withdrawn:  # counted when its client left
+                return
+            job.taken = True
             self.waiting -= 1
             self.current = job
             self.last_progress = time.monotonic()

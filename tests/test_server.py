@@ -1056,16 +1056,23 @@ def test_smollm2_full_equals_mlx_lm_and_lazy_reports_pruning(smollm2_path, smoll
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_request_whose_client_left_while_queued_is_never_generated(server, tiny_model, stream):
+    """Nor does it hold its place in the queue: a client that gives up while it waits frees
+    the slot (--max-queue 1) at once, for a live client to take."""
     before = server.health()
     running = start_long_stream(server)
     waiting = send_raw(server, {"prompt": "Count", "max_tokens": 5, "stream": stream})
     _wait_for(server, lambda h: h["queued"] == 1, "the second request to queue")
     waiting.close()
+    freed = _wait_for(server, lambda h: h["queued"] == 0, "the queue to free the slot")
+    assert freed["cancelled"] == before["cancelled"] + 1 and freed["generating"], freed
+    live = send_raw(server, {"prompt": "Count", "max_tokens": 5})
+    _wait_for(server, lambda h: h["queued"] == 1, "a live request to take the slot")
+    live.close()
     time.sleep(2.0)  # the server hears of the disconnect at once: a margin for a busy machine
     running.close()
     after = _wait_for(server, lambda h: h["generating"] is None and h["queued"] == 0,
                       "the queue to drain")
     assert (after["cancelled"], after["completed"]) == (
-        before["cancelled"] + 2, before["completed"])
+        before["cancelled"] + 3, before["completed"])
     r = server.client().completions.create(model="any", prompt="Count", max_tokens=3)
     assert r.choices[0].text == expected(tiny_model(), "Count", max_tokens=3)
