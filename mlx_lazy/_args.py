@@ -76,12 +76,14 @@ MIN_TEMPERATURE = 1e-4
 MIN_TOP_P = 1e-6
 
 
-def sampler(temperature: float, top_p: float) -> Callable[[mx.array], mx.array]:
-    """mlx-lm's sampler for ``temperature`` and ``top_p``; greedy below
-    :data:`MIN_TEMPERATURE` or :data:`MIN_TOP_P`, which the sampler cannot use."""
+def sampler(temperature: float, top_p: float, min_p: float = 0.0,
+            top_k: int = 0) -> Callable[[mx.array], mx.array]:
+    """mlx-lm's sampler for ``temperature``, ``top_p``, ``min_p`` and ``top_k`` (0: off);
+    greedy below :data:`MIN_TEMPERATURE` or :data:`MIN_TOP_P`, which the sampler cannot
+    use."""
     if temperature < MIN_TEMPERATURE or top_p < MIN_TOP_P:
         temperature = 0.0
-    return make_sampler(temperature, top_p)
+    return make_sampler(temperature, top_p, min_p=min_p, top_k=top_k)
 
 
 def seed_arg(text: str) -> int:

@@ -155,7 +155,11 @@ class RequestBody(_Strict):
     stop: Union[StopString, Annotated[List[StopString], Field(max_length=MAX_STOPS)], None] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    n: Literal[1] = 1
+    n: Optional[Literal[1]] = None
+    # mlx-lm server's sampling fields beyond OpenAI's (0 / 1.0: off)
+    top_k: Optional[Annotated[int, Field(ge=0)]] = None
+    min_p: Optional[Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]] = None
+    repetition_penalty: Optional[Annotated[float, Field(gt=0.0, allow_inf_nan=False)]] = None
     logit_bias: Optional[Annotated[Dict[str, Annotated[float, Field(ge=-100.0, le=100.0,
                                                                     allow_inf_nan=False)]],
                                    Field(max_length=MAX_LOGIT_BIAS)]] = None
@@ -170,6 +174,10 @@ class RequestBody(_Strict):
     best_of: Optional[int] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
+    response_format: Optional[Dict[str, Any]] = None
+    tools: Optional[List[Any]] = None
+    tool_choice: Union[str, Dict[str, Any], None] = None
+    modalities: Optional[List[str]] = None
 
     def unsupported(self) -> Optional[str]:
         """The first field set to ask for something this server does not do, else None."""
@@ -182,7 +190,9 @@ _NOTHING = (None, False, 0, "")
 #: values that ask nothing of them.
 UNSUPPORTED = {"logprobs": _NOTHING, "top_logprobs": _NOTHING, "echo": _NOTHING,
                "suffix": _NOTHING, "best_of": (*_NOTHING, 1), "presence_penalty": _NOTHING,
-               "frequency_penalty": _NOTHING}
+               "frequency_penalty": _NOTHING,
+               "response_format": (*_NOTHING, {"type": "text"}), "tools": (*_NOTHING, []),
+               "tool_choice": (*_NOTHING, "none", "auto"), "modalities": (*_NOTHING, ["text"])}
 
 
 class ChatRequest(RequestBody):

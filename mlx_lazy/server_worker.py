@@ -93,6 +93,9 @@ class Job:
     schedule: Schedule  # resolved once, by the HTTP side (mlx_lazy.resolve.resolve_config)
     loop: asyncio.AbstractEventLoop
     logit_bias: Dict[int, float] = dataclasses.field(default_factory=dict)  # token id -> bias
+    top_k: int = 0  # 0: off (or at least the vocabulary)
+    min_p: float = 0.0
+    repetition_penalty: Optional[float] = None  # over the last 20 tokens, as mlx-lm's
     events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     phase: str = "queued"
@@ -374,8 +377,10 @@ class Worker:
         try:
             with closing(stream_generate(
                 self.model, self.tokenizer, job.tokens[len(cache):], max_tokens=job.max_tokens,
-                sampler=sampler(job.temperature, job.top_p), prompt_cache=cache,
-                logits_processors=make_logits_processors(job.logit_bias or None),
+                sampler=sampler(job.temperature, job.top_p, job.min_p, job.top_k),
+                prompt_cache=cache,
+                logits_processors=make_logits_processors(job.logit_bias or None,
+                                                         job.repetition_penalty),
                 prompt_progress_callback=progress,
             )) as responses:
                 for resp in responses:

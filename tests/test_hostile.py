@@ -137,7 +137,10 @@ def test_an_error_names_what_is_wrong_where(hostile, path, body, headers, param,
 
 @pytest.mark.parametrize("field, value", [
     ("logprobs", True), ("logprobs", 5), ("top_logprobs", 3), ("echo", True), ("suffix", "x"),
-    ("best_of", 2), ("presence_penalty", 0.5), ("frequency_penalty", -1.0)])
+    ("best_of", 2), ("presence_penalty", 0.5), ("frequency_penalty", -1.0),
+    # once answered 200 without them
+    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+    ("tool_choice", "required"), ("modalities", ["audio"])])
 def test_a_field_asking_what_the_server_does_not_do_is_refused(hostile, field, value):
     """Answered without what it asked for (``"logprobs": null``), a client that asked for
     log probabilities or a penalty would go on as if it had them."""
@@ -150,7 +153,9 @@ def test_a_field_asking_what_the_server_does_not_do_is_refused(hostile, field, v
 
 def test_the_values_clients_send_by_default_ask_nothing(hostile):
     defaults = {"logprobs": False, "top_logprobs": 0, "echo": False, "suffix": "", "best_of": 1,
-                "presence_penalty": 0.0, "frequency_penalty": 0, "user": "me"}
+                "presence_penalty": 0.0, "frequency_penalty": 0, "user": "me", "n": None,
+                "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
+                "modalities": ["text"], "top_k": 0, "min_p": 0.0, "repetition_penalty": None}
     status, payload = status_of(hostile, COMPLETIONS, {"prompt": "hi", "max_tokens": 1,
                                                        **defaults})
     assert status == 200, payload

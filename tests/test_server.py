@@ -30,7 +30,7 @@ import mlx.core as mx
 import openai
 import pytest
 import uvicorn
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from uvicorn.server import ServerState
 
 from mlx_lazy import PruningConfig, generate, load
@@ -520,6 +520,26 @@ def test_seeded_sampling(server, tiny_model):
     assert want != expected(tiny_model(), prompt, max_tokens=10)  # sampling did change it
 
 
+def test_mlx_lm_sampling_fields(server, tiny_model):
+    """top_k, min_p and repetition_penalty as mlx-lm's server takes them (once ignored):
+    top_k 1 or min_p 1 at temperature 1 sample the top token only; a repetition penalty
+    gives what mlx-lm's own logits processor gives."""
+    prompt = "A language model predicts"
+    model, tokenizer = tiny_model()
+    greedy = expected(tiny_model(), prompt, max_tokens=10)
+    client = server.client()
+    for field in ({"top_k": 1}, {"min_p": 1.0}):
+        r = client.completions.create(model="any", prompt=prompt, max_tokens=10, temperature=1.0,
+                                      seed=3, extra_body=field)
+        assert r.choices[0].text == greedy, field
+    want = generate(model, tokenizer, prompt, max_tokens=10,
+                    logits_processors=make_logits_processors(repetition_penalty=3.0))
+    assert want != greedy  # the penalty changes this answer
+    r = client.completions.create(model="any", prompt=prompt, max_tokens=10,
+                                  extra_body={"repetition_penalty": 3.0})
+    assert r.choices[0].text == want
+
+
 # ---------------------------------------------------------------- bad requests
 
 
@@ -551,6 +571,9 @@ def bad_requests(tokenizer, context: int):
         (chat, {**ok, "logit_bias": {"1": 101}}, 400, "logit_bias.1"),
         (chat, {**ok, "logit_bias": {str(i): 1 for i in range(1025)}}, 400, "logit_bias"),
         (chat, {**ok, "n": 2}, 400, "n"),
+        (chat, {**ok, "top_k": -1}, 400, "top_k"),
+        (chat, {**ok, "min_p": 1.5}, 400, "min_p"),
+        (chat, {**ok, "repetition_penalty": 0}, 400, "repetition_penalty"),
         (chat, {**ok, "pruning": "turbo"}, 400, "pruning"),
         (chat, {**ok, "pruning": 7}, 400, "pruning"),
         (chat, {**ok, "pruning": {"method": "warp"}}, 400, "pruning.method"),
