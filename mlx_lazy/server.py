@@ -178,7 +178,8 @@ class App:
                    seed=body.seed, stop=stop, schedule=schedule, loop=asyncio.get_running_loop(),
                    logit_bias=self.logit_bias(body.logit_bias),
                    top_k=0 if (body.top_k or 0) >= worker.vocab_size else body.top_k or 0,
-                   min_p=body.min_p or 0.0, repetition_penalty=body.repetition_penalty)
+                   min_p=body.min_p or 0.0, repetition_penalty=body.repetition_penalty,
+                   continues=not isinstance(body, ChatRequest))
 
     def logit_bias(self, bias: Optional[Dict[str, float]]) -> Dict[int, float]:
         """``logit_bias`` with its keys read as token ids of the vocabulary.

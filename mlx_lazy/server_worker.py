@@ -96,6 +96,7 @@ class Job:
     top_k: int = 0  # 0: off (or at least the vocabulary)
     min_p: float = 0.0
     repetition_penalty: Optional[float] = None  # over the last 20 tokens, as mlx-lm's
+    continues: bool = False  # the text continues the prompt's (/v1/completions), space and all
     events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     phase: str = "queued"
@@ -116,6 +117,20 @@ class Job:
         """The 500 that ends a failed request, naming it (the log has the traceback)."""
         return APIError(500, f"generation failed (request {self.id}; see the server log)",
                         type="server_error", code="generation_failed")
+
+
+def dropped_space(tokenizer: Any, context: List[int], generated: List[int], text: str) -> str:
+    """``" "`` when the streaming detokenizer dropped the space that the ``generated`` tokens'
+    text begins with after ``context`` (mlx-lm's trims it from a response's first token:
+    right for an answer, wrong for a continuation, where "capital of" + "the" loses the
+    space), else ``""``. ``text``: the detokenizer's first text of them."""
+    before = tokenizer.decode(context)
+    after = tokenizer.decode(context + generated)
+    if not after.startswith(before):
+        return ""
+    truth = after[len(before):]
+    return " " if truth[1:].startswith(text) and truth[:1] == " " \
+        and not truth.startswith(text) else ""
 
 
 class StopText:
@@ -383,12 +398,20 @@ class Worker:
                                                          job.repetition_penalty),
                 prompt_progress_callback=progress,
             )) as responses:
+                generated: Optional[List[int]] = []  # until the first text, for dropped_space
                 for resp in responses:
                     self.last_progress = time.monotonic()
                     if job.cancel.is_set():
                         return None
                     job.phase, job.generated = "decode", resp.generation_tokens
-                    text, hit = stop.feed(resp.text)
+                    piece = resp.text
+                    if job.continues and generated is not None:
+                        generated.append(resp.token)
+                        if piece:
+                            piece = dropped_space(self.tokenizer, job.tokens[-8:], generated,
+                                                  piece) + piece
+                            generated = None
+                    text, hit = stop.feed(piece)
                     if text:
                         job.emit(Delta(text))
                     finish = "stop" if hit else resp.finish_reason

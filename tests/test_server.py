@@ -508,6 +508,29 @@ def test_logit_bias(server, tiny_model):
     assert r.choices[0].text == tokenizer.decode([token] * 4)
 
 
+def test_a_completion_keeps_the_space_its_first_token_begins_with(server, tiny_model):
+    """mlx-lm's detokenizer drops the first token's leading space (an answer starts with no
+    space); a completion continues the prompt's text, so "capital of" + "the" lost it.
+    Chat answers keep mlx-lm's."""
+    tokenizer = tiny_model()[1]
+    vocab = tokenizer._tokenizer.get_vocab()
+    spaced = next(i for t, i in sorted(vocab.items()) if t.startswith("\u0120") and len(t) > 2)
+    prompt = "The quick brown"
+    ids = tokenizer.encode(prompt)
+    truth = tokenizer.decode(ids + [spaced] * 3)[len(tokenizer.decode(ids)):]
+    assert truth.startswith(" ") and not truth.startswith("  ")
+    body = {"prompt": prompt, "max_tokens": 3, "logit_bias": {str(spaced): 100}}
+    assert server.request("POST", "/v1/completions", body)[2]["choices"][0]["text"] == truth
+    _, _, text = server.request("POST", "/v1/completions", {**body, "stream": True})
+    chunks = [json.loads(line[6:]) for line in text.splitlines()
+              if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == truth
+    chat = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 3,
+            "logit_bias": {str(spaced): 100}}
+    answer = server.request("POST", "/v1/chat/completions", chat)[2]
+    assert answer["choices"][0]["message"]["content"] == truth[1:]
+
+
 def test_seeded_sampling(server, tiny_model):
     prompt = "A language model predicts"
     model, tokenizer = tiny_model()
