@@ -27,6 +27,7 @@ from .prompt_cache import PromptCache, make_prompt_cache
 from .config import PruningConfig
 from .schedule import Schedule, check_fits
 from .schedule_files import folder_schedules
+from .selection import min_keep
 from .token_ids import check_tokens, token_ids
 
 Sampler = Callable[[mx.array], mx.array]
@@ -91,7 +92,9 @@ def load(
     """
     from mlx_lm import load as mlx_load
 
-    attention_implementation()  # a bad $MLX_LAZY_ATTENTION is refused before the model loads
+    # a bad $MLX_LAZY_ATTENTION or $MLX_LAZY_MIN_KEEP is refused before the model loads
+    attention_implementation()
+    min_keep()
     group = group if group is not None and group.size() > 1 else None
     with distributed.together(group) as same:  # sharded: every rank fails alike, or none
         path, cached = model_folder(path_or_repo, local=group is not None)

@@ -32,6 +32,9 @@ QUALITIES = ("default", "high")
 #: The fields that say what is pruned: a config that gives none of them runs its method's
 #: preset (a plain ``lazy``, the model's calibrated schedule), one that gives any is the user's.
 PRUNING_FIELDS = ("prune_layers", "keep", "scorer", "speed_cutoff")
+#: Where a schedule came from, besides ``"calibrated:FILE"`` (a schedule file): the method's
+#: preset, the user's fields, the transfer rule.
+SOURCES = ("preset", "user", "transfer")
 #: The most characters of a user's value an error message shows, and the longest message a
 #: config raises (a 400,000-item ``prune_layers`` once came back as a 3 MB message).
 SHOWN = 200
@@ -195,10 +198,12 @@ class PruningConfig:
                 raise UserInputError(f"revive_margin must be in [0, {MAX_MARGIN:g}], got "
                                      f"{shown(self.revive_margin, SHOWN)}")
             values["revive_margin"] = float(margin)
-        if self.source is not None and (not isinstance(self.source, str)
-                                        or not self.source.strip()):
+        if self.source is not None and not (
+                isinstance(self.source, str) and (self.source in SOURCES or (
+                    self.source.startswith("calibrated:") and self.source[11:].strip()))):
             raise UserInputError(
-                f"source must be a non-empty string, got {shown(self.source, SHOWN)}")
+                f"source must be one of {', '.join(SOURCES)}, 'calibrated:FILE' (the "
+                f"library sets it), got {shown(self.source, SHOWN)}")
         if self.fingerprint is not None:
             pairs = (self.fingerprint.items() if isinstance(self.fingerprint, dict)
                      else _sequence("fingerprint", self.fingerprint))

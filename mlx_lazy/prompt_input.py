@@ -46,6 +46,8 @@ def read_prompt(args: argparse.Namespace) -> str:
         source = f"prompt file {args.prompt_file!r}"
         text = _decode(read_file(args.prompt_file, source, PROMPT_MAX_BYTES), source)
     elif args.prompt == "-":
+        if sys.stdin is None:  # started with its standard input closed
+            raise UserInputError("--prompt -: there is no standard input to read")
         text = _decode(read_stream(sys.stdin.buffer, "stdin", PROMPT_MAX_BYTES), "stdin")
     else:
         prompt = DEFAULT_PROMPT if args.prompt is None else argv_text(args.prompt, "--prompt")

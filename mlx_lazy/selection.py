@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 
+from .errors import UserInputError
 from .cache import LayerKV, LazyCache, Rows
 from .schedule import Schedule
 from .scorers import Mask, ScoreContext, top_k
@@ -43,15 +44,27 @@ ReduceHeads = Callable[[mx.array, str], mx.array]
 DEFAULT_MIN_KEEP = 256
 
 
-def _min_keep(text: Optional[str]) -> int:
+def _min_keep(text: Optional[str]) -> Optional[int]:
     if text is None:
         return DEFAULT_MIN_KEEP
-    if not text.isdigit():
-        raise ValueError(f"MLX_LAZY_MIN_KEEP must be a non-negative integer, got {text!r}")
-    return int(text)
+    return int(text) if text.isdigit() else None  # refused when used (min_keep)
 
 
-MIN_KEEP = _min_keep(os.environ.get("MLX_LAZY_MIN_KEEP"))
+#: None: ``MLX_LAZY_MIN_KEEP`` is set to something else than a count.
+MIN_KEEP: Optional[int] = _min_keep(os.environ.get("MLX_LAZY_MIN_KEEP"))
+
+
+def min_keep() -> int:
+    """:data:`MIN_KEEP`, the fewest tokens a cut keeps.
+
+    Raises:
+        UserInputError: ``MLX_LAZY_MIN_KEEP`` is set to something else than a non-negative
+            integer (at import it would be a traceback; :func:`mlx_lazy.load` asks first).
+    """
+    if MIN_KEEP is None:
+        raise UserInputError("MLX_LAZY_MIN_KEEP must be a non-negative integer, got "
+                             f"{os.environ.get('MLX_LAZY_MIN_KEEP')!r}")
+    return MIN_KEEP
 
 
 @contextmanager
@@ -73,7 +86,7 @@ def keep_floor(n: int) -> Iterator[None]:
 def kept_count(keep: float, n_ctx: int) -> int:
     """How many of a context of ``n_ctx`` tokens a cut keeping the fraction ``keep`` keeps:
     ``round(keep * n_ctx)``, never fewer than :data:`MIN_KEEP` (nor than the context)."""
-    return max(round(keep * n_ctx), min(n_ctx, MIN_KEEP))
+    return max(round(keep * n_ctx), min(n_ctx, min_keep()))
 
 
 def forced_mask(positions: np.ndarray, n_ctx: int, anchors: int,

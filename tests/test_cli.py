@@ -157,6 +157,19 @@ def test_prompt_from_stdin(tiny_model_path):
     assert piped.stdout == direct.stdout
 
 
+@pytest.mark.parametrize("module", ["mlx_lazy.generate", "mlx_lazy.cache_prompt"])
+def test_prompt_from_a_closed_stdin_is_one_error_line(tiny_model_path, tmp_path, module):
+    """Started with its standard input closed (``<&-``), Python has no sys.stdin: once a
+    traceback."""
+    out = ["--prompt-cache-file", str(tmp_path / "c")] if "cache" in module else []
+    done = subprocess.run([sys.executable, "-m", module, "--model", str(tiny_model_path),
+                           "-p", "-", *out],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=120, preexec_fn=lambda: os.close(0))
+    assert (done.returncode, done.stderr) == (
+        2, "error: --prompt -: there is no standard input to read\n"), done.stderr
+
+
 # ---------------------------------------------------------------- bad input
 
 

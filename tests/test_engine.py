@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlx_lazy import LazyEngine, PruningConfig, _blas, resolve_config, selection
+from mlx_lazy import LazyEngine, PruningConfig, UserInputError, _blas, resolve_config, selection
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.attention import ENV_VAR
 from mlx_lazy.cache import LayerKV
@@ -437,11 +437,14 @@ def test_the_keep_floor_comes_from_the_environment():
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 0 and done.stdout.strip() == shown, done.stderr
-    env["MLX_LAZY_MIN_KEEP"] = "a lot"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode != 0 and "MLX_LAZY_MIN_KEEP must be a non-negative integer" \
-        in done.stderr
+    env["MLX_LAZY_MIN_KEEP"] = "a lot"  # the CLI: one line, before the model loads
+    done = subprocess.run([sys.executable, "-m", "mlx_lazy.generate", "--model", "/nowhere",
+                           "-p", "hi"], env=env, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (
+        2, "error: MLX_LAZY_MIN_KEEP must be a non-negative integer, got 'a lot'\n")
+    with pytest.raises(UserInputError, match="MLX_LAZY_MIN_KEEP"):  # whatever the way in
+        with selection.keep_floor(None):
+            selection.kept_count(0.5, 100)
 
 
 def test_max_revivals_bounds_each_decode_step_per_cut(tiny_model):

@@ -78,3 +78,13 @@ def test_a_server_request_resolves_once_and_its_worker_runs_that_schedule(tiny_m
             "pruning": {"method": "lazy", "prune_layers": [99], "keep": [0.5]}})
         assert status == 400 and payload["error"]["param"] == "pruning", payload
         assert len(resolve_calls) == 1, resolve_calls
+
+
+@pytest.mark.parametrize("source", ["whatever", "", "calibrated:", 3])
+def test_a_source_the_library_does_not_set_is_refused(source):
+    """A config's source says where its schedule came from; "whatever" once made a plain
+    ``lazy`` skip the calibrated schedule and run the preset without a word."""
+    with pytest.raises(UserInputError, match="source must be one of preset, user, transfer"):
+        PruningConfig("lazy", source=source)
+    for known in ("preset", "user", "transfer", "calibrated:s.json"):
+        assert PruningConfig("lazy", source=known).source == known
