@@ -79,7 +79,7 @@ class App:
         if self.settings.api_key is not None:  # added last, so it runs first
             app.add_middleware(ApiKey, key=self.settings.api_key)
         add_error_handlers(app)
-        app.get("/health")(self.health)
+        app.api_route("/health", methods=["GET", "HEAD"])(self.health)
         app.get("/v1/models")(self.models)
         app.post("/v1/chat/completions")(self.chat_completions)
         app.post("/v1/completions")(self.completions)
@@ -196,6 +196,9 @@ class App:
             if not 0 <= token < self.worker.vocab_size:
                 raise APIError(400, f"logit_bias: {shown(key, 40)} is not a token id in "
                                     f"[0, {self.worker.vocab_size})", param="logit_bias")
+            if token in out:  # "1000" and "01000": which bias was meant?
+                raise APIError(400, f"logit_bias: {shown(key, 40)} names token {token} again",
+                               param="logit_bias")
             out[token] = value
         return out
 

@@ -396,6 +396,8 @@ def test_models_and_health(server, tiny_model_path):
     assert ids == [str(tiny_model_path)]  # the --model the server was started with
     health = server.health()
     assert health["status"] == "ok" and health["queued"] == 0
+    status, _, body = server.request("HEAD", "/health")  # a load balancer's probe: once 405
+    assert (status, body) == (200, "")
 
 
 def test_chat_non_streaming_equals_in_process(server, tiny_model, tiny_model_path):
@@ -591,6 +593,7 @@ def bad_requests(tokenizer, context: int):
         (chat, {**ok, "logit_bias": {"abc": 1}}, 400, "logit_bias"),
         (chat, {**ok, "logit_bias": {"\u0663": 1}}, 400, "logit_bias"),
         (chat, {**ok, "logit_bias": {str(10**6): 1}}, 400, "logit_bias"),
+        (chat, {**ok, "logit_bias": {"10": 1, "010": -1}}, 400, "logit_bias"),  # once merged
         (chat, {**ok, "logit_bias": {"1": 101}}, 400, "logit_bias.1"),
         (chat, {**ok, "logit_bias": {str(i): 1 for i in range(1025)}}, 400, "logit_bias"),
         (chat, {**ok, "n": 2}, 400, "n"),
