@@ -28,6 +28,7 @@ import logging
 import sys
 import time
 import uuid
+from dataclasses import replace
 from typing import AsyncIterator, Dict, List, Optional, Sequence, Union
 
 from jinja2 import TemplateError
@@ -43,6 +44,7 @@ with needs_extra("server", "the server"):
 from .api import check_anchors, check_context, prompt_token_ids
 from .errors import UserInputError, one_line, shown
 from .inputs import parse_int
+from .policies import RandomDrop, compose
 from .prefix_store import PromptCacheStore
 from .resolve import resolve_config
 from .schedule import check_fits
@@ -155,6 +157,9 @@ class App:
                   else pruning_config(body.pruning, settings.config, worker.num_layers))
         n = len(tokens)
         try:  # the request's one resolve; the worker runs this schedule
+            if body.seed is not None and RandomDrop in compose(config.method).values() \
+                    and not (isinstance(body.pruning, dict) and "seed" in body.pruning):
+                config = replace(config, seed=body.seed)  # as the CLI's --seed: the drop's too
             schedule = resolve_config(worker.model, config, fingerprint=worker.fingerprint)
             check_anchors(schedule, n)
             check_fits(schedule, worker.context)  # before the worker: 400, not its 500

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import mlx.core as mx
+import numpy as np
 import openai
 import pytest
 import uvicorn
@@ -531,6 +532,20 @@ def test_a_completion_keeps_the_space_its_first_token_begins_with(server, tiny_m
             "logit_bias": {str(spaced): 100}}
     answer = server.request("POST", "/v1/chat/completions", chat)[2]
     assert answer["choices"][0]["message"]["content"] == truth[1:]
+
+
+def test_a_request_seed_is_a_random_drop_seed_too(server, tiny_model):
+    """As the CLI's --seed: ``"pruning": "random"`` with ``"seed": 7`` drops what seed 7
+    drops (it dropped seed 0's); a pruning object's own seed wins."""
+    model, tokenizer = tiny_model()
+    prompt = np.random.default_rng(1).integers(3, 384, 300).tolist()
+    answers = {seed: generate(model, tokenizer, prompt, max_tokens=8,
+                              config=PruningConfig("random", seed=seed)) for seed in (0, 7)}
+    assert answers[0] != answers[7]  # the seeds drop differently here
+    for pruning, want in (("random", answers[7]), ({"method": "random", "seed": 0}, answers[0])):
+        body = {"prompt": prompt, "max_tokens": 8, "seed": 7, "pruning": pruning}
+        got = server.request("POST", "/v1/completions", body)[2]["choices"][0]["text"]
+        assert got == want, pruning
 
 
 def test_seeded_sampling(server, tiny_model):
