@@ -12,7 +12,8 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 from .extras import needs_extra
 
 with needs_extra("server", "the server"):
-    from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+    from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
+                          StringConstraints)
 
 from .config import PruningConfig
 from .errors import UserInputError, shown
@@ -200,9 +201,20 @@ class ChatRequest(RequestBody):
     max_completion_tokens: Optional[Annotated[int, Field(ge=1)]] = None
 
 
+def _one_prompt(prompt: Any) -> Any:
+    """``prompt`` unless it is OpenAI's batch, a list of strings (or of token-id lists),
+    which was refused as "prompt[0]: Input should be a valid integer"."""
+    if isinstance(prompt, list) and any(isinstance(p, (str, list)) for p in prompt):
+        raise ValueError("a batch of prompts is not supported: send one prompt, a string or "
+                         "a list of token ids")
+    return prompt
+
+
 class CompletionRequest(RequestBody):
-    prompt: Union[Annotated[str, StringConstraints(min_length=1), AfterValidator(_utf8)],
-                  Annotated[List[int], Field(min_length=1)]]
+    prompt: Annotated[Union[Annotated[str, StringConstraints(min_length=1),
+                                      AfterValidator(_utf8)],
+                            Annotated[List[int], Field(min_length=1)]],
+                      BeforeValidator(_one_prompt)]
 
 
 INTERNAL_FIELDS = ("source", "fingerprint")  # PruningConfig fields set by schedule files only

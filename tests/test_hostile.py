@@ -112,6 +112,9 @@ def test_stop_strings_are_bounded(hostile):
 
 @pytest.mark.parametrize("path, body, headers, param, why", [
     (COMPLETIONS, {"prompt": []}, {}, "prompt", "at least 1 item"),
+    # OpenAI's batches: once "prompt[0]: Input should be a valid integer"
+    (COMPLETIONS, {"prompt": ["a", "b"]}, {}, "prompt", "a batch of prompts is not supported"),
+    (COMPLETIONS, {"prompt": [[1, 2]]}, {}, "prompt", "a batch of prompts is not supported"),
     (COMPLETIONS, {"prompt": ""}, {}, "prompt", "at least 1 character"),
     (COMPLETIONS, {"prompt": "hi", "stop": [1]}, {}, "stop[0]", "valid string"),
     (COMPLETIONS, {"prompt": "hi", "temperature": float("nan")}, {}, "temperature",
