@@ -80,12 +80,17 @@ def check_stats(stats: dict, method: str, depth: int) -> None:
 
 @pytest.fixture
 def unsupported_model_path(tiny_model_path, tmp_path) -> Path:
-    """The tiny llama weights declared as SmolLM3: mlx-lm loads it, mlx-lazy does not run it."""
-    folder = tmp_path / "smollm3"
-    shutil.copytree(tiny_model_path, folder)
+    """A tiny OLMo 2 (random weights, the tiny llama's tokenizer): mlx-lm loads it, mlx-lazy
+    does not run it."""
+    from mlx_lm.utils import _get_classes, save_config, save_model
+
+    folder = tmp_path / "olmo2"
+    shutil.copytree(tiny_model_path, folder, ignore=shutil.ignore_patterns("*.safetensors*"))
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="smollm3", architectures=["SmolLM3ForCausalLM"], pad_token_id=None)
-    (folder / "config.json").write_text(json.dumps(config))
+    config.update(model_type="olmo2", architectures=["Olmo2ForCausalLM"])
+    model_class, args_class = _get_classes(config)
+    save_model(folder, model_class(args_class.from_dict(config)))
+    save_config(config, folder / "config.json")
     return folder
 
 
@@ -186,7 +191,7 @@ def test_model_folder_without_config(tmp_path):
 @pytest.mark.slow  # runs a process of its own
 def test_unsupported_architecture(unsupported_model_path):
     assert_bad_input(run_cli("--model", str(unsupported_model_path), "-p", "hi"),
-                     "unsupported model type 'smollm3'")
+                     "unsupported model type 'olmo2'")
 
 
 @pytest.mark.slow  # runs a process of its own
