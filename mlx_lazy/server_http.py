@@ -28,7 +28,7 @@ with needs_extra("server", "the server"):
     import uvicorn
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .errors import UserInputError
+from .errors import UserInputError, one_line
 from .server_settings import ServerSettings
 from .server_worker import APIError
 
@@ -271,7 +271,22 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    return error_response(APIError(exc.status_code, str(exc.detail), headers=exc.headers))
+    return error_response(APIError(exc.status_code, _unparsed(exc) or str(exc.detail),
+                                   headers=exc.headers))
+
+
+def _unparsed(exc: StarletteHTTPException) -> Optional[str]:
+    """Why FastAPI could not parse a body, from the error under its generic "There was an
+    error parsing the body" (None when it is not that)."""
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"the body is not UTF-8: byte 0x{cause.object[cause.start]:02x} at offset "
+                f"{cause.start}")
+    if isinstance(cause, RecursionError):
+        return "the body's JSON nests too deeply"
+    if isinstance(cause, ValueError) and "digits" in str(cause):  # int_max_str_digits
+        return f"the body's JSON holds an integer too long to read ({one_line(cause)})"
+    return None
 
 
 async def _internal(request: Request, exc: Exception) -> JSONResponse:

@@ -138,6 +138,18 @@ def test_an_error_names_what_is_wrong_where(hostile, path, body, headers, param,
     assert "another accepted type" not in payload["error"]["message"], payload
 
 
+@pytest.mark.parametrize("body, why", [
+    (b'{"prompt": "caf\xe9"}', "the body is not UTF-8: byte 0xe9 at offset 15"),
+    (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests too deeply"),
+    (b'{"prompt": [' + b"7" * 5000 + b"]}", "an integer too long to read"),
+])
+def test_a_body_that_cannot_be_read_says_why(hostile, body, why):
+    """Each was "There was an error parsing the body"."""
+    status, payload = status_of(hostile, COMPLETIONS, body)
+    check_error(status, payload)
+    assert status == 400 and why in payload["error"]["message"], payload
+
+
 @pytest.mark.parametrize("field, value", [
     ("logprobs", True), ("logprobs", 5), ("top_logprobs", 3), ("echo", True), ("suffix", "x"),
     ("best_of", 2), ("presence_penalty", 0.5), ("frequency_penalty", -1.0),
