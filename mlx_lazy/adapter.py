@@ -47,8 +47,7 @@ _WRAPPERS = ("gemma3", "mistral3")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks}``, ``use_sliding``, ``layer_types``,
-# ``embed_tokens.as_linear``): at
-# least the first, below the second. Same as pyproject.toml.
+# ``embed_tokens.as_linear``): at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 

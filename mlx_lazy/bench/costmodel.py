@@ -222,9 +222,11 @@ def linear_params(module: Any) -> int:
 
 
 def head_dims(adapter: ModelAdapter) -> int:
-    """Query heads x head_dim of a layer (the head size from the attention scale, 1/sqrt of
-    it): what a query-key pair's arithmetic scales with."""
-    return adapter.n_heads * round(adapter.scale ** -2)
+    """Query heads x head_dim of a layer: what a query-key pair's arithmetic scales with (the
+    head size from the attention scale, 1/sqrt of it, where the module does not say it:
+    Granite's scale is a multiplier of its own)."""
+    attn = adapter.layers[0].self_attn
+    return adapter.n_heads * (getattr(attn, "head_dim", None) or round(adapter.scale ** -2))
 
 
 def prior(model: Any) -> CostModel:
