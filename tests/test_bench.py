@@ -419,6 +419,9 @@ def test_cli_errors_are_one_line(tiny_model_path, tmp_path, capsys):
     (["--lengths", "0"], "--lengths must be positive"),
     (["--lengths", "999999"], "beyond the model's context"),  # once run past it
     (["--out", "{tmp}/file"], "exists and is not a folder"),  # once a traceback after the runs
+    (["--out", "{tmp}/file/sub"], "cannot create --out"),  # ... and this one, every result lost
+    (["--lengths", "512,512"], "--lengths names a value twice"),  # once n counted twice
+    (["--tasks", "passkey,passkey"], "--tasks names a value twice"),
 ])
 def test_bad_options_are_one_error_line(tiny_model_path, tmp_path, capsys, argv, message):
     (tmp_path / "file").write_text("mine")
@@ -450,3 +453,25 @@ def test_time_limit_stops_between_samples(tiny_model_path, tmp_path):
     result = harness.run_bench(cfg, model, tok, log=lambda msg: None)
     assert result.meta["stopped_early"] and result.meta["samples_done"] <= 1
     assert len(result.runs) == 2 * result.meta["samples_done"]
+
+
+def test_an_interrupted_run_writes_what_it_has_and_exits_130(tiny_model_path, tmp_path,
+                                                            monkeypatch, capsys):
+    """Ctrl-C between samples: the samples done are written, and the exit status says it
+    was interrupted (it said 0, as a finished run)."""
+    real, calls = harness.run_one, []
+
+    def interrupted(*args, **kw):
+        if len(args) == 6:  # a sample's run (the warm-up's pass max_tokens by name)
+            calls.append(args[3])
+            if calls[-1] is not calls[0]:  # the second sample's first method
+                raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(harness, "run_one", interrupted)
+    status = main(["--model", str(tiny_model_path), "--no-progress", "--out", str(tmp_path),
+                   "--tasks", "passkey", "--lengths", "400", "--samples", "2",
+                   "--max-tokens", "2", "--methods", "full,lazy"])
+    result = harness.load_results(tmp_path)
+    assert status == 130 and result["meta"]["stopped_early"] == "interrupted", status
+    assert result["meta"]["samples_done"] == 1

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .._args import OneLineParser
+from ..errors import UserInputError
+from ..folders import make_folder
 from .methods import parse_method, parse_methods
 from .tasks import QUICK_TASKS, TASKS
 
@@ -91,11 +93,17 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{flag} must be at least {low}, got {value}")
     if args.lengths is not None and (not args.lengths or min(args.lengths) < 1):
         p.error("--lengths must be positive")
+    for flag, values in (("--lengths", args.lengths), ("--tasks", args.tasks)):
+        if values is not None and len(set(values)) < len(values):  # one sample counted twice
+            p.error(f"{flag} names a value twice: {','.join(map(str, values))}")
+    if args.tasks is not None and not args.tasks:
+        p.error("--tasks names no task")
     if args.time_limit is not None and not 0 < args.time_limit < float("inf"):
         p.error(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():  # before the runs, whose results it is to hold
-        p.error(f"--out {out} exists and is not a folder")
+    try:  # before the runs, whose results it is to hold
+        make_folder(Path(args.out))
+    except UserInputError as e:
+        p.error(str(e))
 
     opts = dict(tasks=args.tasks, lengths=args.lengths, samples=args.samples,
                 methods=parse_methods(args.methods) if args.methods else None)
@@ -134,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     harness.write_results(result, cfg.out)
-    return _write_reports(Path(cfg.out))
+    status = _write_reports(Path(cfg.out))
+    return 130 if result.meta.get("stopped_early") == "interrupted" else status
 
 
 def _write_reports(out: Path) -> int:
