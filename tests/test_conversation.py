@@ -78,3 +78,21 @@ def test_an_interrupted_run_keeps_the_finished_conversations(tiny_model_path, tm
 def test_bad_options_are_one_line(capsys, args):
     assert conversation.main(args) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "bogus"], "unknown method"),  # these three were tracebacks
+    (["--methods", "lazy:layers=99"], "layer"),
+    (["--methods", "mlx-lm"], "mlx-lm is a --paths kind"),
+    (["--out", "{tmp}/file/sub"], "cannot create --out"),
+    (["--turns", "1191"], "cannot draw 1191 different keys"),  # once an endless loop
+])
+def test_bad_values_are_one_line_before_any_run(tiny_model_path, tmp_path, capsys, args,
+                                                message):
+    (tmp_path / "file").write_text("mine")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    base = ["--model", str(tiny_model_path), "--length", "512", "--conversations", "1",
+            "--max-tokens", "2", "--out", str(tmp_path / "out")]
+    assert conversation.main([*base, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err

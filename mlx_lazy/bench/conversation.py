@@ -47,7 +47,8 @@ from .common import (jsonable, loadavg, machine_info, markdown_table, median,
 from .methods import parse_method, parse_methods
 from .metrics import score
 from .stats import paired, wilson
-from ..folders import write_text_atomic
+from ..errors import UserInputError
+from ..folders import make_folder, write_text_atomic
 from ..prompt_cache import common_prefix
 from ..resolve import resolve_config
 from .tasks import Conversation, build_conversations
@@ -290,18 +291,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("error: --paths takes cache,uncached,complete,mlx-lm; --length ≥ 64, --turns, "
               "--conversations and --max-tokens ≥ 1, --time-limit > 0", file=sys.stderr)
         return 2
+    try:
+        make_folder(Path(args.out))
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from .. import load
 
     model, tokenizer = load(args.model)
     paths: List[Route] = []
     if "mlx-lm" in kinds:
         paths += [Route(f"{MLX_LM}+cache", None, True), Route(MLX_LM, None, False)]
-    for spec in parse_methods(args.methods):
-        config = parse_method(spec, len(model.layers)).config
+    try:
+        methods = [(spec, parse_method(spec, len(model.layers)).config)
+                   for spec in parse_methods(args.methods)]
+        if any(config is None for _, config in methods):
+            raise ValueError("--methods takes our methods (mlx-lm is a --paths kind)")
+        # none, progressive:K (as the plain method resolves for this model)
+        waiting = [resolve_config(model, config).completion.waits for _, config in methods]
+    except ValueError as e:  # UserInputError included
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for (spec, config), waits in zip(methods, waiting):
         if "cache" in kinds:
             paths.append(Route(f"{spec}+cache", config, True))
-        # none, progressive:K (as the plain method resolves for this model)
-        waits = resolve_config(model, config).completion.waits
         if "complete" in kinds and config.method != "full" and waits:
             # Completed between turns, as the idle server does; after-first and exact have
             # completed during the answer already, so that route would be their +cache twin.
@@ -315,7 +328,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     info = machine_info(model, "mlx_lazy.bench.conversation")
 
     def save(done: int) -> None:

@@ -198,11 +198,24 @@ def _word_key(rng: random.Random) -> str:
 
 
 def _distinct(rng: random.Random, make: Callable[[random.Random], str], n: int) -> list[str]:
+    """``n`` different items drawn with ``make``.
+
+    Raises:
+        ValueError: ``make`` has fewer than ``n`` to give (it looped forever: 1,191 keys of
+            the 1,190 adjective-noun pairs).
+    """
     out: list[str] = []
+    seen, misses = set(), 0
     while len(out) < n:
         item = make(rng)
-        if item not in out:
-            out.append(item)
+        if item in seen:
+            misses += 1
+            if misses > 100 * n + 10_000:
+                raise ValueError(f"cannot draw {n} different keys or values: no new one in "
+                                 f"{misses} draws after {len(out)} (ask for fewer)")
+            continue
+        seen.add(item)
+        out.append(item)
     return out
 
 
