@@ -78,17 +78,22 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"{METHOD_HELP}, shown against the baseline (default: lazy)")
     p.add_argument("--max-tokens", type=int, default=48)
     args = p.parse_args(argv)
+    if args.max_tokens < 1:  # mlx-lm's traceback, after the model loaded, once
+        p.error(f"--max-tokens must be at least 1, got {args.max_tokens}")
 
-    from .api import load
+    from .api import check_context, context_length, load
     from .errors import UserInputError, one_line
 
     try:
         model, tokenizer = load(args.model)
-    except UserInputError as e:  # a bad --model, or the model cannot be obtained
+        prompt = demo_prompt(tokenizer)
+        n_prompt = len(tokenizer.encode(prompt, add_special_tokens=False))
+        # before mlx-lm runs past the context (and ours then refuses it)
+        check_context(n_prompt, args.max_tokens, context_length(model, tokenizer),
+                      "--max-tokens")
+    except UserInputError as e:  # a bad --model, the model cannot be obtained or is too short
         print(f"error: {one_line(e, limit=1000)}", file=sys.stderr)
         return 2
-    prompt = demo_prompt(tokenizer)
-    n_prompt = len(tokenizer.encode(prompt, add_special_tokens=False))
     print(f"prompt: {n_prompt} tokens (the Declaration of Independence + a question)\n"
           f"question: {QUESTION}\n")
 

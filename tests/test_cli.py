@@ -665,6 +665,22 @@ def test_demo_bad_model_is_one_line_exit_2(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("error: cannot load model"), err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--max-tokens", "0"], "--max-tokens must be at least 1"),  # mlx-lm's traceback once
+    (["--max-tokens", "-1"], "--max-tokens must be at least 1"),
+    ([], "but the model's context is 4096 tokens"),  # 6,285 tokens: mlx-lm ran past it
+])
+def test_demo_bad_values_are_one_line_before_any_run(tiny_model_path, capsys, argv, message):
+    from mlx_lazy import demo
+
+    try:
+        status = demo.main(["--model", str(tiny_model_path), *argv])
+    except SystemExit as e:
+        status = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and message in err[-1] and "[mlx-lm" not in "".join(err), err
+
+
 def test_an_answer_past_the_context_names_the_option_as_the_command_line_spells_it(
         tiny_model_path, capsys):
     context = json.loads((tiny_model_path / "config.json").read_text())["max_position_embeddings"]
