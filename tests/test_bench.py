@@ -150,6 +150,8 @@ def test_parse_method():
     assert parse_methods("full,lazy") == ("full", "lazy")
     assert parse_methods("full;lazy:layers=1,2:keep=0.5,0.2") == (
         "full", "lazy:layers=1,2:keep=0.5,0.2")
+    # one string with fields: its lists' commas do not split it (once "unknown method '2'")
+    assert parse_methods("lazy:layers=1,2:keep=0.5,0.2") == ("lazy:layers=1,2:keep=0.5,0.2",)
 
 
 @pytest.mark.parametrize("config", [

@@ -215,6 +215,8 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         p.error(f"--lengths takes comma-separated integers, got {args.lengths!r}")
     if not args.lengths or min(args.lengths) < 1:
         p.error("--lengths must be positive")
+    if len(set(args.lengths)) < len(args.lengths):  # paired with full by length: one run lost
+        p.error(f"--lengths names a length twice: {','.join(map(str, args.lengths))}")
     if args.answer_tokens < 1:
         p.error(f"--answer-tokens must be at least 1, got {args.answer_tokens}")
     if args.repeats < 1:

@@ -121,7 +121,11 @@ def parse_method(spec: str, num_layers: int | None = None) -> Method:
 
 
 def parse_methods(text: str) -> tuple[str, ...]:
-    """Split a list of method strings on ';' if present, else on ',' (plain names)."""
+    """Split a list of method strings on ';' if present, else on ',' (plain names); without a
+    ';', a string with fields (``lazy:layers=0,1:keep=0.5,0.4``, whose lists hold commas) is
+    one method."""
+    if ";" not in text and ":" in text:
+        return (text.strip(),) if text.strip() else ()
     sep = ";" if ";" in text else ","
     return tuple(x.strip() for x in text.split(sep) if x.strip())
 
