@@ -19,7 +19,7 @@ from pathlib import Path
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .._args import OneLineParser
 from ..errors import UserInputError
-from ..folders import make_folder
+from ..folders import make_folder, write_text_atomic
 from .methods import parse_method, parse_methods
 from .tasks import QUICK_TASKS, TASKS
 
@@ -152,7 +152,7 @@ def _write_reports(out: Path) -> int:
 
     data = harness.load_results(out)
     table = harness.render_table(data)
-    (out / "table.md").write_text(table)
+    write_text_atomic(out / "table.md", table)
     pngs = plots.write_plots(data, out)
     print(table)
     print(f"wrote {out / 'results.json'}, {out / 'table.md'}, " + ", ".join(str(p) for p in pngs))

@@ -45,7 +45,7 @@ from .. import load
 from .._args import OneLineParser
 from ..api import context_length
 from ..errors import UserInputError
-from ..folders import check_destination
+from ..folders import check_destination, write_text_atomic
 from ..resolve import resolve_config
 from .common import (BASELINE, FULL, MIB, RunRecord, fmt, machine_info, markdown_table, measure,
                      median)
@@ -93,7 +93,7 @@ def run(model: Any, tokenizer: Any, lengths: Sequence[int], answer_tokens: int, 
                 result["runs"] = [vars(x) for x in runs]
                 result["summary"] = summarize(runs, answer_tokens, shape)
                 if out is not None:
-                    out.write_text(json.dumps(result, indent=1))
+                    write_text_atomic(out, json.dumps(result, indent=1))
                 print(f"  {length} #{repeat} {method.name}: first {r.ttft_s:.2f} s, "
                       f"answer {r.total_s:.2f} s", file=sys.stderr, flush=True)
     return result

@@ -25,7 +25,7 @@ from typing import Any
 from . import metrics, stats
 from .common import (BASELINE, FULL, MIB, Method, RunRecord, jsonable, fmt, geomean,
                      machine_info, markdown_table, mean, measure, paired_ratios)
-from ..folders import atomic_file
+from ..folders import write_text_atomic
 from .methods import parse_method
 from .tasks import QUICK_TASKS, TASKS, Sample, build_prompt, build_suite
 
@@ -355,8 +355,8 @@ def write_results(result: BenchResult, out: str | Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
-    with atomic_file(path) as f:  # a full disk leaves the old file, never a torn one
-        f.write(json.dumps(jsonable(result.as_dict()), indent=1))
+    # a full disk leaves the old file, never a torn one
+    write_text_atomic(path, json.dumps(jsonable(result.as_dict()), indent=1))
     return path
 
 

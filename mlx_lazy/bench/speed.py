@@ -102,7 +102,7 @@ from mlx_lazy.bench.costmodel import CostModel
 from mlx_lazy._args import OneLineParser
 from mlx_lazy.api import context_length
 from mlx_lazy.errors import UserInputError
-from mlx_lazy.folders import check_destination
+from mlx_lazy.folders import check_destination, write_text_atomic
 from mlx_lazy.inputs import MiB, read_json
 
 __all__ = [
@@ -200,10 +200,10 @@ def run_benchmark(
                 f"TTFT {res.ttft_s:.3f}s TPOT {1e3 * (res.tpot_s or 0):.1f}ms")
             if out is not None:  # after every run, so a timeout keeps everything measured
                 result["summary"] = summarize(runs, main_len)
-                out.write_text(json.dumps(result, indent=1))
+                write_text_atomic(out, json.dumps(result, indent=1))
     result["summary"] = summarize(runs, main_len)
     if out is not None:
-        out.write_text(json.dumps(result, indent=1))
+        write_text_atomic(out, json.dumps(result, indent=1))
     return result
 
 
@@ -569,7 +569,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
                                  args.decode_interleaved, configs)
         result = {"info": info, "decode_interleaved": dec}
         if args.out is not None:
-            args.out.write_text(json.dumps(result, indent=1))
+            write_text_atomic(args.out, json.dumps(result, indent=1))
         print(decode_table(dec))
         return result
     result = run_benchmark(
