@@ -287,7 +287,10 @@ def test_cli_bad_input_is_one_error_line(tiny_model, tiny_model_path, tmp_path, 
                         ([*model, "--methods", "bogus"], "unknown method 'bogus'"),
                         ([*model, "--methods", "mlx-lm"], "mlx-lm is not a method"),
                         ([*model, "--methods", "lazy:layers=9"], "pruning layers must lie"),
-                        ([*model, "--min-keep", "-1"], "--min-keep must be >= 0")):
+                        ([*model, "--min-keep", "-1"], "--min-keep must be >= 0"),
+                        # once run past the 4,096-token context
+                        ([*model, "--length", "5000"], "the model's context is 4096"),
+                        ([*model, "--length", "4094", "--steps", "4"], "(lower --steps)")):
         assert fidelity.main([*args, "--out", str(tmp_path / "out")]) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and names in err[0], (args, err)

@@ -40,7 +40,7 @@ from mlx_lm.models import cache as mlx_lm_cache  # noqa: E402
 from .. import (GenerationStats, PruningConfig, generate_step, make_prompt_cache,  # noqa: E402
                  resolve_config)
 from .. import selection  # noqa: E402
-from ..api import Sampler  # noqa: E402
+from ..api import Sampler, check_context, context_length  # noqa: E402
 from .._args import OneLineParser  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..folders import make_folder, output_folder, write_text_atomic  # noqa: E402
@@ -503,8 +503,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise UserInputError(f"--min-keep must be >= 0, got {args.min_keep}")
             make_folder(args.out)
             model, tokenizer = load(args.model)
+            # a window and the steps along its continuation (once run past the context)
+            check_context(args.length, args.steps, context_length(model, tokenizer), "--steps")
             methods = resolve_methods(parse_methods(args.methods), model)
-            floor = selection.MIN_KEEP if args.min_keep is None else args.min_keep
+            floor = selection.min_keep() if args.min_keep is None else args.min_keep
             with selection.keep_floor(floor):
                 result = run(model, tokenizer, methods, args.windows, args.length, args.steps,
                              args.out, {**machine_info(model, "mlx_lazy.bench.fidelity", argv),
