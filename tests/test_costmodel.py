@@ -153,6 +153,8 @@ def test_speed_benchmark_quick_on_tiny_model(tiny_model_path, tmp_path, capsys) 
     (["--max-tokens", "0"], "--max-tokens must be >= 2"),
     (["--repeats", "0"], "--repeats must be at least 1"),  # once empty tables, exit 0
     (["--decode-interleaved", "-3"], "--decode-interleaved takes"),  # once a StatisticsError
+    # its steps count, not --max-tokens (once run past the 4,096-token context)
+    (["--lengths", "48,64,4090", "--decode-interleaved", "50"], "--decode-interleaved 51"),
     (["--schedules", "bogus"], "--schedules"),  # once exit status 1
     (["--out", "/tmp"], "--out /tmp is a folder"),  # once a traceback after the runs
     (["--report", "/nonexistent.json"], "--report /nonexistent.json"),
@@ -166,6 +168,16 @@ def test_speed_benchmark_bad_options_are_one_error_line(tiny_model_path, tmp_pat
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and message in err[0], err
+
+
+def test_decode_interleaved_skips_a_schedule_the_model_cannot_run(tiny_model_path, capsys):
+    """As the generation benchmark does (a traceback once), naming it."""
+    from mlx_lazy.bench import speed
+
+    result = speed.main(["--quick", "--model", str(tiny_model_path), "--lengths", "48,64,96",
+                         "--decode-interleaved", "2", "--schedules", "lazy:layers=99"])
+    assert "skipped lazy:layers=99: pruning layers" in capsys.readouterr().err
+    assert set(result["decode_interleaved"]["methods"]) == {"mlx-lm", "full"}
 
 
 def test_speed_report_of_another_json_is_one_error(tmp_path, capsys) -> None:

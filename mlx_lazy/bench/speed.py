@@ -543,10 +543,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
             check_destination(str(args.out), "--out")
         model, tokenizer = load(args.model)
         context = context_length(model, tokenizer)
-        if context is not None and args.lengths[-1] + args.max_tokens > context:
-            raise UserInputError(f"--lengths {args.lengths[-1]} and --max-tokens "
-                                 f"{args.max_tokens} exceed the model's context of {context} "
-                                 "tokens")
+        steps, flag = ((args.decode_interleaved + 1, "--decode-interleaved")
+                       if args.decode_interleaved else (args.max_tokens, "--max-tokens"))
+        if context is not None and args.lengths[-1] + steps > context:
+            raise UserInputError(f"--lengths {args.lengths[-1]} and {flag} {steps} exceed "
+                                 f"the model's context of {context} tokens")
         schedules = parse_methods(args.schedules)
         for s in schedules:
             if s != BASELINE:
@@ -565,6 +566,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         L = len(model.layers)
         configs = {name: schedule_config(name, L) for name in dict.fromkeys([FULL, *schedules])
                    if name != BASELINE}
+        for name, config in list(configs.items()):  # as the generation benchmark skips them
+            try:
+                build_schedule(config, L)
+            except ValueError as e:  # e.g. a schedule too deep for the model
+                print(f"skipped {name}: {e}", file=sys.stderr)
+                del configs[name]
         dec = decode_interleaved(model, tokenizer, build_prompt(tokenizer, n),
                                  args.decode_interleaved, configs)
         result = {"info": info, "decode_interleaved": dec}
