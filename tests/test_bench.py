@@ -477,3 +477,18 @@ def test_an_interrupted_run_writes_what_it_has_and_exits_130(tiny_model_path, tm
     result = harness.load_results(tmp_path)
     assert status == 130 and result["meta"]["stopped_early"] == "interrupted", status
     assert result["meta"]["samples_done"] == 1
+
+
+@pytest.mark.parametrize("results, out, message", [
+    ('{"runs": []}', "p.png", "not calibration results"),  # a harness run: KeyError once
+    (None, "p.txt", "--out must name a .png file"),  # matplotlib's ValueError once
+    (None, "nodir/p.png", "--out"),  # a traceback once
+])
+def test_plots_bad_input_is_one_error_line(tmp_path, capsys, results, out, message):
+    from mlx_lazy.bench.plots import main as plots_main
+
+    (tmp_path / "results.json").write_text(results or '{"cells": {}}')
+    with pytest.raises(SystemExit) as e:
+        plots_main([str(tmp_path), "--out", str(tmp_path / out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and message in err[-1], err

@@ -208,7 +208,19 @@ def main(argv: list[str] | None = None) -> int:
     missing = [d for d in args.dirs if not (d / "results.json").is_file()]
     if missing:
         p.error(f"{missing[0]} holds no results.json of a calibration")
-    print(plot_calibrations(args.dirs, args.out))
+    if args.out.suffix.lower() != ".png":  # matplotlib picks the format by the suffix
+        p.error(f"--out must name a .png file, got {str(args.out)!r}")
+    from ..errors import UserInputError
+    from ..folders import check_destination
+
+    try:
+        check_destination(str(args.out), "--out")
+    except UserInputError as e:
+        p.error(str(e))
+    try:
+        print(plot_calibrations(args.dirs, args.out))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # JSON's errors included
+        p.error(f"{' '.join(map(str, args.dirs))}: not calibration results ({e!r})")
     return 0
 
 
