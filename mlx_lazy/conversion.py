@@ -37,7 +37,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .errors import UserInputError, one_line
+from .errors import UserInputError, one_line, shown
 from .folders import atomic_dir
 from .gguf_tokenizer import build_tokenizer, eos_ids
 
@@ -116,8 +116,9 @@ def convert(
             uncreatable output, bad option), with a one-line message.
     """
     out = Path(output)
-    if out.exists():
-        raise UserInputError(f"output folder {out} already exists; remove it or choose another")
+    if out.exists() or out.is_symlink():  # a dangling link too: the final rename fails on it
+        what = "folder" if out.is_dir() else "path"
+        raise UserInputError(f"output {what} {out} already exists; remove it or choose another")
     if q_bits is not None and q_bits not in (4, 8):
         raise UserInputError(f"--q-bits must be 4 or 8, not {q_bits}")
     if dtype is not None and dtype not in DTYPES:
@@ -144,6 +145,15 @@ def convert(
     if src.is_dir():
         if not (src / "config.json").is_file():
             raise UserInputError(f"{src} is a folder without config.json (not a HF/MLX model)")
+        try:
+            quantized = json.loads((src / "config.json").read_text()).get("quantization")
+        except (OSError, ValueError, AttributeError):  # reported where mlx-lm reads it
+            quantized = None
+        if q_bits is not None and isinstance(quantized, dict):  # mlx-lm kept the old bits
+            raise UserInputError(
+                f"{src} is quantized already ({quantized.get('bits')}-bit, groups of "
+                f"{quantized.get('group_size')}); --q-bits would leave it so: convert the "
+                "float model instead")
     elif not is_hub_id(str(source)):
         raise UserInputError(f"no such file or folder: {source}")
     with atomic_dir(out) as tmp:
@@ -247,22 +257,49 @@ def _convert_hf(source: str, out_dir: Path | str, *, q_bits: int | None,
     target.rmdir()
 
 
+#: The largest count a GGUF's metadata may give (heads, widths, context): far above any
+#: model's, far below what would make the shape check allocate without bound.
+_MAX_COUNT = 2**24
+
+
 def _config(arch: str, meta: dict, tensors: dict) -> dict:
     def g(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
+
+    def count(key: str, default: Any = None) -> int:
+        value = g(key, default)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+                or not 1 <= value <= _MAX_COUNT:
+            raise UserInputError(f"GGUF metadata {arch}.{key} must be an integer in "
+                                 f"[1, {_MAX_COUNT}], got {shown(value, 40)}")
+        return int(value)
+
+    def positive(key: str, default: float) -> float:
+        value = g(key, default)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
+                or not np.isfinite(value) or value <= 0:
+            raise UserInputError(f"GGUF metadata {arch}.{key} must be a positive number, got "
+                                 f"{shown(value, 40)}")
+        return float(value)
 
     required = ("attention.head_count", "embedding_length", "block_count",
                 "feed_forward_length")
     if any(g(k) is None for k in required):
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
-    n_heads, hidden, n_layers = (g("attention.head_count"), g("embedding_length"),
-                                 g("block_count"))
-    n_kv = g("attention.head_count_kv", n_heads)
-    if isinstance(n_heads, list) or isinstance(n_kv, list):
+    if isinstance(g("attention.head_count"), list) or \
+            isinstance(g("attention.head_count_kv"), list):
         raise UserInputError("GGUF with per-layer head counts is not supported")
+    n_heads, hidden, n_layers = (count("attention.head_count"), count("embedding_length"),
+                                 count("block_count"))
+    n_kv = count("attention.head_count_kv", n_heads)
+    blocks = {name.split(".")[1] for name in tensors if name.startswith("blk.")}
+    if n_layers != len(blocks):  # before a model of n_layers is built to compare shapes
+        raise UserInputError(f"GGUF metadata {arch}.block_count is {n_layers}, its tensors "
+                             f"hold {len(blocks)} blocks")
     if "token_embd.weight" not in tensors:
         raise UserInputError("GGUF has no token_embd.weight tensor")
-    head_dim = g("attention.key_length") or hidden // n_heads
+    head_dim = (count("attention.key_length") if g("attention.key_length") is not None
+                else hidden // n_heads)
     if g("rope.dimension_count", head_dim) != head_dim:
         raise UserInputError(f"GGUF with partial RoPE ({g('rope.dimension_count')} of "
                              f"{head_dim} dims) is not supported")
@@ -278,14 +315,14 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         "architectures": [ARCHITECTURES[arch]],
         "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
-        "intermediate_size": g("feed_forward_length"),
+        "intermediate_size": count("feed_forward_length"),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
         "head_dim": head_dim,
-        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(g("rope.freq_base", 10000.0)),
-        "max_position_embeddings": g("context_length", 4096),
+        "rms_norm_eps": positive("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": positive("rope.freq_base", 10000.0),
+        "max_position_embeddings": count("context_length", 4096),
         "vocab_size": vocab,
         "tie_word_embeddings": "output.weight" not in tensors,
         "hidden_act": "silu",

@@ -427,7 +427,17 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                    "model.layers.0.mlp.gate_proj.weight has shape (128, 64), the metadata "
                    "implies (96, 64)"),
         "layers": (lambda: tiny("layers.gguf", meta={"num_hidden_layers": 5}),
-                   "lacks model.layers.4."),
+                   "llama.block_count is 5, its tensors hold 4 blocks"),
+        # once 10 GB of memory and no end: a model of 10**9 layers built to compare shapes
+        "huge_layers": (lambda: tiny("huge.gguf", meta={"num_hidden_layers": 100_000}),
+                        "llama.block_count is 100000, its tensors hold 4 blocks"),
+        # once converted (NaN logits), and tracebacks for the values below
+        "nan_rope": (lambda: tiny("nan.gguf", meta={"rope_theta": float("nan")}),
+                     "llama.rope.freq_base must be a positive number, got nan"),
+        "zero_heads": (lambda: tiny("zero.gguf", meta={"num_attention_heads": 0}),
+                       "llama.attention.head_count must be an integer in [1, "),
+        "negative_eps": (lambda: tiny("eps.gguf", meta={"rms_norm_eps": -1.0}),
+                         "layer_norm_rms_epsilon must be a positive number"),
         "sentencepiece": (lambda: tiny("spm.gguf", meta={"tokenizer_model": "llama"}),
                           "unsupported GGUF tokenizer model 'llama' (SentencePiece)"),
         "rope_scaling": (lambda: tiny("yarn.gguf",
@@ -439,7 +449,8 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
 
 
 BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type", "no_metadata",
-              "shapes", "layers", "sentencepiece", "rope_scaling", "not_a_model_folder"]
+              "shapes", "layers", "huge_layers", "nan_rope", "zero_heads", "negative_eps",
+              "sentencepiece", "rope_scaling", "not_a_model_folder"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
@@ -450,6 +461,23 @@ def test_bad_input(case, tiny_model_dir, tmp_path, capsys):
     assert_one_line_error(rc, err, fragment)
     # no output, no temporary folder and no new empty parent folders left behind
     assert set(tmp_path.iterdir()) == before
+
+
+def test_a_dangling_link_at_the_output_is_refused(tiny_model_dir, tmp_path, capsys):
+    """``out`` -> a missing target: exists() is False, and the final rename failed on it with
+    a traceback after the whole conversion."""
+    (tmp_path / "out").symlink_to(tmp_path / "nowhere")
+    rc, err = run_main(capsys, str(tiny_model_dir("llama")), str(tmp_path / "out"))
+    assert_one_line_error(rc, err, "output path")
+    assert (tmp_path / "out").is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_q_bits_on_a_quantized_folder_is_refused(tiny_model_dir, tmp_path, capsys):
+    """mlx-lm kept its 4 bits and reported success: asked for 8, the user got 4."""
+    q = convert(tiny_model_dir("llama"), tmp_path / "q4", q_bits=4, q_group_size=32)
+    rc, err = run_main(capsys, str(q), str(tmp_path / "q8"), "--q-bits", "8")
+    assert_one_line_error(rc, err, "is quantized already (4-bit, groups of 32)")
+    assert not (tmp_path / "q8").exists()
 
 
 def test_existing_output_is_untouched(tiny_model_dir, tmp_path, capsys):
