@@ -162,6 +162,7 @@ def test_prompt_from_stdin(tiny_model_path):
     assert piped.stdout == direct.stdout
 
 
+@pytest.mark.slow  # runs a process of its own
 @pytest.mark.parametrize("module", ["mlx_lazy.generate", "mlx_lazy.cache_prompt"])
 def test_prompt_from_a_closed_stdin_is_one_error_line(tiny_model_path, tmp_path, module):
     """Started with its standard input closed (``<&-``), Python has no sys.stdin: once a
