@@ -235,21 +235,25 @@ class LazyCache:
         """An independent copy of the whole state."""
         out = self.checkpoint()
         out.layers = [layer.copy() for layer in self.layers]
+        out.computed = self.computed.copy()
         return out
 
     def checkpoint(self) -> "LazyCache":
         """What :meth:`rollback` returns to: a copy of everything but the KV, of which each
-        layer keeps its number of slots (cheap: the rows' arrays are shared, not copied).
-        Valid while tokens are only added (a prompt chunk and its revivals, decode steps),
-        which appends slots and leaves the others as they are; a completion rewrites slots
-        (``exact``), so it runs before a checkpoint, not after."""
+        layer keeps its number of slots, and but ``computed``, which the depths give back
+        (cheap: a decode step copies O(tokens), not O(tokens x layers), and the rows' arrays
+        are shared). Valid while tokens are only added (a prompt chunk and its revivals,
+        decode steps): that appends slots and leaves the others as they are, and counts a
+        computation only where a token had none (each token-layer once); a completion
+        rewrites slots and counts again (``exact``), so it runs before a checkpoint."""
         out = LazyCache(self.num_layers)
         for mine, layer in zip(self.layers, out.layers):
             layer.size = mine.size
         for name in ROW_MAPS:
             setattr(out, name, {d: e.copy() for d, e in getattr(self, name).items()})
         for name in TOKEN_ARRAYS:
-            setattr(out, name, getattr(self, name).copy())
+            if name != "computed":
+                setattr(out, name, getattr(self, name).copy())
         out.prompt_len, out.revivals = self.prompt_len, self.revivals
         return out
 
@@ -258,8 +262,18 @@ class LazyCache:
         forgotten, and the bookkeeping and rows are the checkpoint's."""
         for layer, then in zip(self.layers, mark.layers):
             layer.truncate(then.size)
+        # computations counted since: the new tokens', and those of old tokens that went
+        # deeper (revived), at the layers between their old and new depths
+        n, before = len(mark.depth), mark.depth
+        self.computed[:, n:] = 0
+        deeper = np.flatnonzero(self.depth[:n] != before)
+        layers = np.arange(self.num_layers)[:, None]
+        counted = self.computed[:, deeper]
+        counted[(layers >= before[deeper]) & (layers < self.depth[deeper])] = 0
+        self.computed[:, deeper] = counted
         for name in (*ROW_MAPS, *TOKEN_ARRAYS):
-            setattr(self, name, getattr(mark, name))
+            if name != "computed":
+                setattr(self, name, getattr(mark, name))
         self.prompt_len, self.revivals = mark.prompt_len, mark.revivals
         self.choices = {}
 
