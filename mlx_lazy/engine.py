@@ -152,9 +152,9 @@ class LazyEngine:
             UserInputError: ``tokens`` empty or not ids of the model's vocabulary (MLX does
                 not bounds-check its embedding lookup: one would read past the table).
         """
-        tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens.reshape(-1)
-        check_tokens(token_ids(tokens), self.adapter.vocab_size)
-        n = tokens.size
+        ids = token_ids(tokens.reshape(-1) if isinstance(tokens, mx.array) else tokens)
+        check_tokens(ids, self.adapter.vocab_size)
+        tokens, n = mx.array(ids), len(ids)
         if self.cache.stash:  # new tokens must see the recomputed states
             self.complete()
         with self._atomic():

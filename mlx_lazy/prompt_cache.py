@@ -84,7 +84,7 @@ class PromptCache:
             UserInputError: ``tokens`` is not a non-empty sequence of the model's token ids.
         """
         tokens = token_ids(tokens)
-        logits = self.engine.extend(mx.array(tokens), progress)
+        logits = self.engine.extend(tokens, progress)
         self.tokens.extend(tokens)
         return logits
 
