@@ -39,14 +39,20 @@ from .errors import UserInputError
 # ``num_key_value_heads``, ``sm_scale``.
 # granite: Llama whose embeddings, residual branches and logits are scaled by its config's
 # multipliers (its attention scale, ``attention_multiplier``, is its module's ``scale``).
-SUPPORTED_MODEL_TYPES = ("gemma3", "gemma3_text", "gpt_oss", "granite", "llama", "ministral3",
-                         "mistral", "mistral3", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
+# olmo2, olmo3, exaone4 (:data:`POST_NORM_TYPES`): no norm before attention or the MLP, one
+# on each branch's output; OLMo's q/k norms span the whole projection (all heads at once),
+# EXAONE 4's act per head. OLMo 3 and EXAONE 4 have sliding-window layers (OLMo 3's
+# ``layer_types``, EXAONE 4's ``is_local``); EXAONE 4's global layers there have no RoPE.
+SUPPORTED_MODEL_TYPES = ("exaone4", "gemma3", "gemma3_text", "gpt_oss", "granite", "llama",
+                         "ministral3", "mistral", "mistral3", "olmo2", "olmo3", "phi3", "qwen2",
+                         "qwen3", "qwen3_moe", "smollm3")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
+POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
 _WRAPPERS = ("gemma3", "mistral3")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
-# original_max_position_embeddings, sinks}``, ``use_sliding``, ``layer_types``,
+# original_max_position_embeddings, sinks, is_local}``, ``use_sliding``, ``layer_types``,
 # ``embed_tokens.as_linear``): at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -83,16 +89,19 @@ def _text_model(model: nn.Module) -> nn.Module:
 def sliding_windows(model: nn.Module) -> List[Optional[int]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
-    attends globally: Gemma 3's local layers have one, and Ministral 3's and gpt-oss's where
-    the config says ``sliding_attention``; no other supported family's do."""
+    attends globally: Gemma 3's and EXAONE 4's local layers have one, and Ministral 3's,
+    gpt-oss's and OLMo 3's where the config says ``sliding_attention``; no other supported
+    family's do."""
     text = _text_model(model)
     window = getattr(text.args, "sliding_window", None)
     if getattr(model, "model_type", None) in GEMMA3_TYPES:
         sliding = [block.self_attn.is_sliding for block in text.model.layers]
     elif text.model_type == "ministral3":
         sliding = [block.use_sliding for block in text.model.layers]
-    elif text.model_type == "gpt_oss":
+    elif text.model_type in ("gpt_oss", "olmo3"):
         sliding = [kind == "sliding_attention" for kind in text.model.layer_types]
+    elif text.model_type == "exaone4":
+        sliding = [block.self_attn.is_local for block in text.model.layers]
     else:
         sliding = [False] * len(text.model.layers)
     return [int(window) if s else None for s in sliding]
@@ -116,8 +125,8 @@ class ModelAdapter:
 
     Raises:
         UserInputError: for model types other than :data:`SUPPORTED_MODEL_TYPES`, models
-            with sliding-window layers other than Gemma 3's, Ministral 3's and gpt-oss's,
-            or an mlx-lm outside :data:`MLX_LM_VERSIONS`.
+            with sliding-window layers other than those :func:`sliding_windows` reads, or an
+            mlx-lm outside :data:`MLX_LM_VERSIONS`.
     """
 
     def __init__(self, model: nn.Module):
@@ -134,6 +143,7 @@ class ModelAdapter:
             raise UserInputError(f"unsupported text model type {self.text.model_type!r} in a "
                                  "mistral3 checkpoint; mlx-lazy supports llama, ministral3")
         self.gemma = model_type in GEMMA3_TYPES
+        self._post_norms = model_type in POST_NORM_TYPES
         self.inner = self.text.model
         self.layers = list(self.inner.layers)
         self._windows = sliding_windows(model)
@@ -275,7 +285,9 @@ class ModelAdapter:
         block = self.layers[layer]
         attn = block.self_attn
         n = h.shape[1]
-        x = block.input_layernorm(self._blas_rows(h))
+        x = self._blas_rows(h)
+        if not self._post_norms:
+            x = block.input_layernorm(x)
         if hasattr(attn, "qkv_proj"):  # phi3: one projection, split as mlx-lm does
             qkv = attn.qkv_proj(x)
             q_end = self.n_heads * attn.head_dim
@@ -284,17 +296,23 @@ class ModelAdapter:
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
+        norms = hasattr(attn, "q_norm")
+        if norms and attn.q_norm.weight.shape[-1] == q.shape[-1]:  # olmo: over all heads
+            q, k = attn.q_norm(q), attn.k_norm(k)
+            norms = False
         q = q.reshape(1, n, self.n_heads, -1)
         k = k.reshape(1, n, self.n_kv_heads, -1)
         v = v.reshape(1, n, self.n_kv_heads, -1)
-        if hasattr(attn, "q_norm"):  # qwen3, gemma3
+        if norms:  # per head: qwen3, gemma3, exaone4
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        q = _rope(attn.rope, q, positions)
+        rope = getattr(attn, "rope", None)  # none in EXAONE 4's global layers
+        if rope is not None:
+            q, k = _rope(rope, q, positions), _rope(rope, k, positions)
         if hasattr(attn, "scaling_beta"):  # ministral3
             q = q * _query_scale(positions, attn.scaling_beta,
                                  attn.original_max_position_embeddings).astype(q.dtype)
-        return q, _rope(attn.rope, k, positions), v
+        return q, k, v
 
     def finish(self, layer: int, h: mx.array, attn_out: mx.array) -> mx.array:
         """Output projection, residual and MLP: attention output (1, H, n, d) -> new h."""
@@ -308,6 +326,9 @@ class ModelAdapter:
             h = clip_residual(h, block.post_attention_layernorm(r))
             h = clip_residual(h, block.post_feedforward_layernorm(
                 self._mlp(layer, block.pre_feedforward_layernorm(h))))
+        elif self._post_norms:
+            h = h + block.post_attention_layernorm(r)
+            h = h + block.post_feedforward_layernorm(self._mlp(layer, h))
         elif self._residual_multiplier is not None:  # granite
             h = h + r * self._residual_multiplier
             h = h + self._mlp(layer, block.post_attention_layernorm(h)) * self._residual_multiplier

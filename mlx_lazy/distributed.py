@@ -118,11 +118,13 @@ def shard(model: nn.Module, group: Group) -> None:
 def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     """Split a model's transformer ``layers`` over ``group`` the way mlx-lm's own ``shard``
     splits Llama, for the models whose mlx-lm module lacks it (Gemma 3 and the text model of
-    a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint):
+    a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
+    EXAONE 4):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
-    Gemma's q/k norms act per head (head_dim wide) and its four norms on the whole hidden
-    state after the all-sums, so they stay whole; so do the embedding and the tied head."""
+    Gemma's and EXAONE 4's q/k norms act per head (head_dim wide) and their other norms on
+    the whole hidden state after the all-sums, so they stay whole; so do the embedding and
+    the tied head. (OLMo's q/k norms span all heads: not split this way.)"""
     from mlx.nn.layers.distributed import shard_linear
 
     n = group.size()
@@ -139,8 +141,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
 
 
 #: Sharders for model types whose mlx-lm module has no ``shard`` method.
-SHARDERS = {"gemma3_text": shard_by_heads, "gemma3": shard_by_heads, "granite": shard_by_heads,
-            "mistral3": shard_by_heads, "smollm3": shard_by_heads}
+SHARDERS = {kind: shard_by_heads for kind in
+            ("exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "smollm3")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

@@ -80,14 +80,14 @@ def check_stats(stats: dict, method: str, depth: int) -> None:
 
 @pytest.fixture
 def unsupported_model_path(tiny_model_path, tmp_path) -> Path:
-    """A tiny OLMo 2 (random weights, the tiny llama's tokenizer): mlx-lm loads it, mlx-lazy
+    """A tiny Seed-OSS (random weights, the tiny llama's tokenizer): mlx-lm loads it, mlx-lazy
     does not run it."""
     from mlx_lm.utils import _get_classes, save_config, save_model
 
-    folder = tmp_path / "olmo2"
+    folder = tmp_path / "seed_oss"
     shutil.copytree(tiny_model_path, folder, ignore=shutil.ignore_patterns("*.safetensors*"))
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="olmo2", architectures=["Olmo2ForCausalLM"])
+    config.update(model_type="seed_oss", architectures=["SeedOssForCausalLM"])
     model_class, args_class = _get_classes(config)
     save_model(folder, model_class(args_class.from_dict(config)))
     save_config(config, folder / "config.json")
@@ -192,7 +192,7 @@ def test_model_folder_without_config(tmp_path):
 @pytest.mark.slow  # runs a process of its own
 def test_unsupported_architecture(unsupported_model_path):
     assert_bad_input(run_cli("--model", str(unsupported_model_path), "-p", "hi"),
-                     "unsupported model type 'olmo2'")
+                     "unsupported model type 'seed_oss'")
 
 
 @pytest.mark.slow  # runs a process of its own

@@ -312,7 +312,22 @@ def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
     assert distributed.model_group(model) is None  # left unsharded
 
 
-@pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss"])
+@pytest.mark.parametrize("kind", ["olmo2", "olmo3"])
+def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
+    """OLMo's q/k norms span every head: split by heads they would normalise each rank's
+    share alone, so they are refused (mlx-lm has no ``shard`` for them either)."""
+    class Group:
+        def size(self):
+            return 2
+
+    model, _ = tiny_model(kind)
+    with pytest.raises(UserInputError, match=f"cannot shard '{kind}' models"):
+        distributed.shard(model, Group())
+    assert distributed.model_group(model) is None
+
+
+@pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
+                                  "exaone4"])
 def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`),
     and gpt-oss (mlx-lm's shard, its sinks split by head): unpruned, each rank's logits equal

@@ -3,8 +3,11 @@ pass: Phi-3 (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``; plain RoPE, and 
 SuScaledRoPE over part of each head), SmolLM3 (``smollm3``: layers without RoPE) and
 Ministral 3 (``ministral3``, alone and as the text model of a ``mistral3`` checkpoint: YaRN
 RoPE, queries scaled by position, sliding-window layers in a variant), gpt-oss
-(``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases) and Granite
-(``granite``: multipliers on the embeddings, residual branches, logits and attention)."""
+(``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases), Granite
+(``granite``: multipliers on the embeddings, residual branches, logits and attention), and
+the families with norms on each branch's output and none before: OLMo 2 and 3 (``olmo2``,
+``olmo3``: q/k norms over all heads at once; OLMo 3's sliding-window layers) and EXAONE 4
+(``exaone4``: per-head q/k norms, sliding-window layers, global layers without RoPE)."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
 
 FAMILIES = ("phi3", "phi3-longrope", "smollm3", "ministral3", "ministral3-sliding", "mistral3",
-            "gpt_oss", "granite")
+            "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "exaone4-global")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -96,6 +99,24 @@ def test_the_tiny_gpt_oss_is_what_it_claims(family):
                                                                          "down_proj")
 
 
+def test_the_tiny_post_norm_families_are_what_they_claim(family):
+    """No norm before attention or the MLP; OLMo's q/k norms as wide as all heads, EXAONE
+    4's one head wide; the windows and RoPE of each layer as the adapter reads them."""
+    for kind in ("olmo2", "olmo3", "exaone4", "exaone4-global"):
+        model, _ = family(kind)
+        layer = model.layers[0]
+        assert not hasattr(layer, "input_layernorm")
+        assert hasattr(layer, "post_feedforward_layernorm")
+        heads = 1 if kind.startswith("exaone4") else ModelAdapter(model).n_heads
+        assert layer.self_attn.q_norm.weight.shape == (heads * 16,)
+    ropes = [[type(getattr(layer.self_attn, "rope", None)).__name__ for layer in
+              family(kind)[0].layers] for kind in ("olmo3", "exaone4", "exaone4-global")]
+    assert ropes == [["RoPE", "YarnRoPE"] * 2, ["RoPE", "NoneType"] * 2, ["RoPE"] * 4]
+    assert sliding_windows(family("olmo3")[0]) == sliding_windows(family("exaone4")[0]) == [
+        24, None, 24, None]
+    assert sliding_windows(family("exaone4-global")[0]) == [None] * 4
+
+
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_unpruned_matches_mlx_lm(family, kind):
     model, _ = family(kind)
@@ -112,7 +133,7 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
     assert mlx_lm_error(model, config, prompt, 8) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "gpt_oss"))
+@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "gpt_oss", "olmo3", "exaone4"))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
     base = ModelAdapter(model).identity()

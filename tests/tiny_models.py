@@ -1,5 +1,5 @@
 """Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3, gemma3_text,
-smollm3, ministral3, gpt_oss, granite) with a real tokenizer.
+smollm3, ministral3, gpt_oss, granite, olmo2, olmo3, exaone4) with a real tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text", "smollm3", "ministral3",
-         "gpt_oss", "granite")
+         "gpt_oss", "granite", "olmo2", "olmo3", "exaone4")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -86,11 +86,27 @@ _KIND_CONFIG = {
     "granite": {"architectures": ["GraniteForCausalLM"], "tie_word_embeddings": True,
                 "embedding_multiplier": 6.0, "residual_multiplier": 0.3, "logits_scaling": 4.0,
                 "attention_multiplier": 0.1, "attention_bias": True, "mlp_bias": True},
+    # OLMo 2: norms on each branch's output and none before; q/k norms over all heads at once
+    "olmo2": {"architectures": ["Olmo2ForCausalLM"], "tie_word_embeddings": False},
+    # OLMo 3: OLMo 2's layers, 0 and 2 sliding over a 24-position window with plain RoPE,
+    # 1 and 3 global with YaRN RoPE
+    "olmo3": {"architectures": ["Olmo3ForCausalLM"], "tie_word_embeddings": False,
+              "sliding_window": 24, "layer_types": ["sliding_attention", "full_attention"] * 2,
+              "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                               "beta_slow": 1.0, "original_max_position_embeddings": 1024}},
+    # EXAONE 4: OLMo 2's layout with per-head q/k norms; layers 0 and 2 slide over a
+    # 24-position window, 1 and 3 are global without RoPE
+    "exaone4": {"architectures": ["Exaone4ForCausalLM"], "tie_word_embeddings": False,
+                "sliding_window": 24, "sliding_window_pattern": "LG", "rope_scaling": None,
+                "layer_types": ["sliding_attention", "full_attention"] * 2},  # transformers
 }
 #: Variants of a kind: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
 #: with per-frequency factors) over three quarters of each head (partial rotary);
-#: ``ministral3-sliding``, whose layers 0 and 2 slide over a 24-position window.
+#: ``ministral3-sliding``, whose layers 0 and 2 slide over a 24-position window;
+#: ``exaone4-global``, EXAONE 4 without a pattern: every layer global, with RoPE.
 _VARIANTS = {
+    "exaone4-global": ("exaone4", {"sliding_window": None, "sliding_window_pattern": None,
+                                   "layer_types": ["full_attention"] * 4}),
     "ministral3-sliding": ("ministral3", {
         "sliding_window": 24,
         "layer_types": ["sliding_attention", "full_attention"] * 2}),
