@@ -43,16 +43,24 @@ from .errors import UserInputError
 # on each branch's output; OLMo's q/k norms span the whole projection (all heads at once),
 # EXAONE 4's act per head. OLMo 3 and EXAONE 4 have sliding-window layers (OLMo 3's
 # ``layer_types``, EXAONE 4's ``is_local``); EXAONE 4's global layers there have no RoPE.
-SUPPORTED_MODEL_TYPES = ("exaone4", "gemma3", "gemma3_text", "gpt_oss", "granite", "llama",
-                         "ministral3", "mistral", "mistral3", "olmo2", "olmo3", "phi3", "qwen2",
-                         "qwen3", "qwen3_moe", "smollm3")
+# gemma4_text (and the text model of ``gemma4`` checkpoints): Gemma 3's layout and windows,
+# plus per-layer head sizes and key/value heads (global layers wider, their values the keys'
+# projection with ``attention_k_eq_v``), a scale-free norm on values, a scale of 1, partial
+# ("proportional") RoPE in global layers, a per-layer output scalar and, in the MoE model, a
+# sparse expert block beside the dense MLP. Its layouts whose upper layers share keys and
+# values or take per-layer inputs (E2B, E4B) are refused.
+SUPPORTED_MODEL_TYPES = ("exaone4", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
+                         "gpt_oss", "granite", "llama", "ministral3", "mistral", "mistral3",
+                         "olmo2", "olmo3", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
+GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
-_WRAPPERS = ("gemma3", "mistral3")
+_WRAPPERS = ("gemma3", "gemma4", "mistral3")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
-# original_max_position_embeddings, sinks, is_local}``, ``use_sliding``, ``layer_types``,
+# original_max_position_embeddings, sinks, is_local, v_norm}``, ``use_sliding``,
+# ``layer_types``, ``layer_scalar``, ``enable_moe``, ``router``, ``experts``,
 # ``embed_tokens.as_linear``): at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -89,12 +97,12 @@ def _text_model(model: nn.Module) -> nn.Module:
 def sliding_windows(model: nn.Module) -> List[Optional[int]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
-    attends globally: Gemma 3's and EXAONE 4's local layers have one, and Ministral 3's,
+    attends globally: Gemma 3's, Gemma 4's and EXAONE 4's local layers have one, and Ministral 3's,
     gpt-oss's and OLMo 3's where the config says ``sliding_attention``; no other supported
     family's do."""
     text = _text_model(model)
     window = getattr(text.args, "sliding_window", None)
-    if getattr(model, "model_type", None) in GEMMA3_TYPES:
+    if getattr(model, "model_type", None) in GEMMA3_TYPES + GEMMA4_TYPES:
         sliding = [block.self_attn.is_sliding for block in text.model.layers]
     elif text.model_type == "ministral3":
         sliding = [block.use_sliding for block in text.model.layers]
@@ -143,6 +151,7 @@ class ModelAdapter:
             raise UserInputError(f"unsupported text model type {self.text.model_type!r} in a "
                                  "mistral3 checkpoint; mlx-lazy supports llama, ministral3")
         self.gemma = model_type in GEMMA3_TYPES
+        self.gemma4 = model_type in GEMMA4_TYPES
         self._post_norms = model_type in POST_NORM_TYPES
         self.inner = self.text.model
         self.layers = list(self.inner.layers)
@@ -156,17 +165,20 @@ class ModelAdapter:
         self.scale: float = getattr(attn, "scale", None) or attn.sm_scale
         self.lm_head = getattr(self.text, "lm_head", None)
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
-        self._activations = [_gated_activation(block.mlp, self.gemma) for block in self.layers]
-        if self.gemma:
-            args = self.text.args
-            # mlx-lm multiplies by sqrt(hidden) rounded to bfloat16, as Gemma's reference does
-            self._embed_scale = mx.array(args.hidden_size ** 0.5, mx.bfloat16)
-            self._softcap = getattr(args, "final_logit_softcapping", None)
-        else:
-            self._softcap = None
-        granite = model_type == "granite"
+        gemma = self.gemma or self.gemma4
+        self._activations = [_gated_activation(block.mlp, gemma) for block in self.layers]
         args = self.text.args
-        self._embed_multiplier = args.embedding_multiplier if granite else None
+        if self.gemma4 and (args.num_kv_shared_layers or args.hidden_size_per_layer_input):
+            raise UserInputError(
+                "Gemma 4 models whose upper layers share keys and values or take per-layer "
+                "inputs (E2B, E4B) are not supported yet")
+        self._softcap = getattr(args, "final_logit_softcapping", None) if gemma else None
+        # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
+        # rounded to bfloat16, as Gemma's reference does; Gemma 4 by sqrt(hidden) as a float
+        self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self.gemma else
+                             args.hidden_size ** 0.5 if self.gemma4 else
+                             args.embedding_multiplier if model_type == "granite" else None)
+        granite = model_type == "granite"
         self._residual_multiplier = args.residual_multiplier if granite else None
         self._logits_scaling = args.logits_scaling if granite else None
 
@@ -258,11 +270,10 @@ class ModelAdapter:
     def embed(self, tokens: mx.array) -> mx.array:
         """(n,) token ids -> (1, n, D) hidden states."""
         h = self.inner.embed_tokens(tokens[None])
-        if self.gemma:
-            h = h * self._embed_scale.astype(h.dtype)
-        elif self._embed_multiplier is not None:
-            h = h * self._embed_multiplier
-        return h
+        scale = self._embed_scale
+        if scale is None:
+            return h
+        return h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
 
     def logits(self, h: mx.array) -> mx.array:
         """Final norm and LM head on (1, n, D) hidden states."""
@@ -293,18 +304,22 @@ class ModelAdapter:
             q_end = self.n_heads * attn.head_dim
             q, k, v = mx.split(qkv, [q_end, q_end + self.n_kv_heads * attn.head_dim], axis=-1)
         else:
-            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            q, k = attn.q_proj(x), attn.k_proj(x)
+            v = attn.v_proj(x) if hasattr(attn, "v_proj") else k  # gemma4's k_eq_v layers
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
         norms = hasattr(attn, "q_norm")
         if norms and attn.q_norm.weight.shape[-1] == q.shape[-1]:  # olmo: over all heads
             q, k = attn.q_norm(q), attn.k_norm(k)
             norms = False
+        kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4: by layer
         q = q.reshape(1, n, self.n_heads, -1)
-        k = k.reshape(1, n, self.n_kv_heads, -1)
-        v = v.reshape(1, n, self.n_kv_heads, -1)
-        if norms:  # per head: qwen3, gemma3, exaone4
+        k = k.reshape(1, n, kv_heads, -1)
+        v = v.reshape(1, n, kv_heads, -1)
+        if norms:  # per head: qwen3, gemma3, gemma4, exaone4
             q, k = attn.q_norm(q), attn.k_norm(k)
+        if hasattr(attn, "v_norm"):  # gemma4
+            v = attn.v_norm(v)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         rope = getattr(attn, "rope", None)  # none in EXAONE 4's global layers
         if rope is not None:
@@ -326,6 +341,14 @@ class ModelAdapter:
             h = clip_residual(h, block.post_attention_layernorm(r))
             h = clip_residual(h, block.post_feedforward_layernorm(
                 self._mlp(layer, block.pre_feedforward_layernorm(h))))
+        elif self.gemma4:
+            h = h + block.post_attention_layernorm(r)
+            x = self._mlp(layer, block.pre_feedforward_layernorm(h))
+            if block.enable_moe:  # experts beside the dense MLP, each with its own norms
+                experts = block.experts(block.pre_feedforward_layernorm_2(h), *block.router(h))
+                x = (block.post_feedforward_layernorm_1(x)
+                     + block.post_feedforward_layernorm_2(experts))
+            h = (h + block.post_feedforward_layernorm(x)) * block.layer_scalar
         elif self._post_norms:
             h = h + block.post_attention_layernorm(r)
             h = h + block.post_feedforward_layernorm(self._mlp(layer, h))

@@ -312,10 +312,11 @@ def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
     assert distributed.model_group(model) is None  # left unsharded
 
 
-@pytest.mark.parametrize("kind", ["olmo2", "olmo3"])
+@pytest.mark.parametrize("kind", ["olmo2", "olmo3", "gemma4_text"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's
-    share alone, so they are refused (mlx-lm has no ``shard`` for them either)."""
+    share alone; Gemma 4's global layers have one key/value head. Refused (mlx-lm has no
+    ``shard`` for them either)."""
     class Group:
         def size(self):
             return 2

@@ -6,8 +6,11 @@ RoPE, queries scaled by position, sliding-window layers in a variant), gpt-oss
 (``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases), Granite
 (``granite``: multipliers on the embeddings, residual branches, logits and attention), and
 the families with norms on each branch's output and none before: OLMo 2 and 3 (``olmo2``,
-``olmo3``: q/k norms over all heads at once; OLMo 3's sliding-window layers) and EXAONE 4
-(``exaone4``: per-head q/k norms, sliding-window layers, global layers without RoPE)."""
+``olmo3``: q/k norms over all heads at once; OLMo 3's sliding-window layers), EXAONE 4
+(``exaone4``: per-head q/k norms, sliding-window layers, global layers without RoPE) and
+Gemma 4 (``gemma4_text``, alone, with its MoE block, and as the text model of a ``gemma4``
+checkpoint: head sizes and key/value heads by layer, values from the keys' projection,
+partial RoPE, a per-layer scalar)."""
 
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
 
 FAMILIES = ("phi3", "phi3-longrope", "smollm3", "ministral3", "ministral3-sliding", "mistral3",
-            "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "exaone4-global")
+            "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "exaone4-global", "gemma4_text",
+            "gemma4_text-moe", "gemma4")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -117,6 +121,39 @@ def test_the_tiny_post_norm_families_are_what_they_claim(family):
     assert sliding_windows(family("exaone4-global")[0]) == [None] * 4
 
 
+def test_the_tiny_gemma4_is_what_it_claims(family):
+    """Sliding layers 16 wide with 2 key/value heads and plain RoPE; global ones 32 wide,
+    one key/value head and no value projection, RoPE on a quarter of each head; scalars
+    unlike 1; the MoE variant's experts; the checkpoint's text model."""
+    model, _ = family("gemma4_text")
+    attns = [layer.self_attn for layer in model.layers]
+    assert [(a.head_dim, a.n_kv_heads, hasattr(a, "v_proj")) for a in attns] == [
+        (16, 2, True), (32, 1, False)] * 2
+    assert [type(a.rope).__name__ for a in attns] == ["RoPE", "ProportionalRoPE"] * 2
+    assert sliding_windows(model) == [24, None, 24, None] and attns[0].scale == 1.0
+    assert all(abs(layer.layer_scalar.item() - 1) > 0.01 for layer in model.layers)
+    assert family("gemma4_text-moe")[0].layers[0].enable_moe
+    wrapped = family("gemma4")[0]
+    assert wrapped.model_type == "gemma4" and wrapped.language_model.model_type == "gemma4_text"
+
+
+@pytest.mark.parametrize("layout", [{"num_kv_shared_layers": 2},
+                                    {"hidden_size_per_layer_input": 8}])
+def test_gemma4_layouts_not_supported_are_refused(family, layout):
+    """The E2B/E4B layouts (upper layers reusing lower layers' keys and values, per-layer
+    inputs): one error, not a wrong answer."""
+    model, _ = family("gemma4_text")
+    saved = {key: getattr(model.args, key) for key in layout}
+    try:
+        for key, value in layout.items():
+            setattr(model.args, key, value)
+        with pytest.raises(UserInputError, match="Gemma 4 models whose upper layers share"):
+            ModelAdapter(model)
+    finally:
+        for key, value in saved.items():
+            setattr(model.args, key, value)
+
+
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_unpruned_matches_mlx_lm(family, kind):
     model, _ = family(kind)
@@ -133,7 +170,8 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
     assert mlx_lm_error(model, config, prompt, 8) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "gpt_oss", "olmo3", "exaone4"))
+@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "gpt_oss", "olmo3", "exaone4",
+                                  "gemma4_text-moe"))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
     base = ModelAdapter(model).identity()

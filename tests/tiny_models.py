@@ -1,5 +1,6 @@
 """Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3, gemma3_text,
-smollm3, ministral3, gpt_oss, granite, olmo2, olmo3, exaone4) with a real tokenizer.
+smollm3, ministral3, gpt_oss, granite, olmo2, olmo3, exaone4, gemma4_text) with a real
+tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
@@ -17,7 +18,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text", "smollm3", "ministral3",
-         "gpt_oss", "granite", "olmo2", "olmo3", "exaone4")
+         "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "gemma4_text")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -99,12 +100,24 @@ _KIND_CONFIG = {
     "exaone4": {"architectures": ["Exaone4ForCausalLM"], "tie_word_embeddings": False,
                 "sliding_window": 24, "sliding_window_pattern": "LG", "rope_scaling": None,
                 "layer_types": ["sliding_attention", "full_attention"] * 2},  # transformers
+    # Gemma 4 (its 31B layout): layers 0 and 2 slide over a 24-position window with 16-wide
+    # heads, 1 and 3 are global with 32-wide heads, one key/value head whose values are the
+    # keys' projection, and partial RoPE; a per-layer output scalar, soft-capped logits
+    "gemma4_text": {"architectures": ["Gemma4ForCausalLM"], "tie_word_embeddings": True,
+                    "global_head_dim": 32, "num_global_key_value_heads": 1,
+                    "attention_k_eq_v": True, "num_kv_shared_layers": 0,
+                    "hidden_size_per_layer_input": 0, "sliding_window": 24,
+                    "layer_types": ["sliding_attention", "full_attention"] * 2,
+                    "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6},
 }
 #: Variants of a kind: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
 #: with per-frequency factors) over three quarters of each head (partial rotary);
 #: ``ministral3-sliding``, whose layers 0 and 2 slide over a 24-position window;
-#: ``exaone4-global``, EXAONE 4 without a pattern: every layer global, with RoPE.
+#: ``exaone4-global``, EXAONE 4 without a pattern: every layer global, with RoPE;
+#: ``gemma4_text-moe``, Gemma 4's 26B A4B layout: 2 of 4 experts beside each dense MLP.
 _VARIANTS = {
+    "gemma4_text-moe": ("gemma4_text", {"enable_moe_block": True, "num_experts": 4,
+                                        "top_k_experts": 2, "moe_intermediate_size": 32}),
     "exaone4-global": ("exaone4", {"sliding_window": None, "sliding_window_pattern": None,
                                    "layer_types": ["full_attention"] * 4}),
     "ministral3-sliding": ("ministral3", {
@@ -119,12 +132,16 @@ _VARIANTS = {
 
 def tiny_config(kind: str) -> dict:
     """The config.json of a tiny model of ``kind`` (one of KINDS, a variant of one such as
-    ``phi3-longrope``, or ``mistral3``: a Ministral 3 checkpoint, its text model a tiny
-    ``ministral3``)."""
+    ``phi3-longrope``, ``mistral3``: a Ministral 3 checkpoint, its text model a tiny
+    ``ministral3``, or ``gemma4``: a Gemma 4 checkpoint of a tiny ``gemma4_text``)."""
     if kind == "mistral3":
         return {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"],
                 "text_config": tiny_config("ministral3"),
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id")}}
+    if kind == "gemma4":
+        return {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
+                "text_config": tiny_config("gemma4_text"),
+                **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
     if kind in _VARIANTS:
         base, extra = _VARIANTS[kind]
         return {**tiny_config(base), **extra}
@@ -185,6 +202,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
                 proj.bias = 0.1 * mx.random.normal(proj.bias.shape)
         if hasattr(attn, "sinks"):  # gpt_oss: zeros by default
             attn.sinks = mx.random.normal(attn.sinks.shape)
+        if "layer_scalar" in layer:  # gemma4: ones by default
+            layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
         for name in ("q_norm", "k_norm"):
             if hasattr(attn, name):
                 norm = getattr(attn, name)
