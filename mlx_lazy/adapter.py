@@ -47,8 +47,11 @@ from .errors import UserInputError
 # plus per-layer head sizes and key/value heads (global layers wider, their values the keys'
 # projection with ``attention_k_eq_v``), a scale-free norm on values, a scale of 1, partial
 # ("proportional") RoPE in global layers, a per-layer output scalar and, in the MoE model, a
-# sparse expert block beside the dense MLP. Its layouts whose upper layers share keys and
-# values or take per-layer inputs (E2B, E4B) are refused.
+# sparse expert block beside the dense MLP. In the E2B/E4B layouts the upper layers attend
+# over a lower layer's keys and values (:meth:`ModelAdapter.kv_layer`) and every layer takes
+# a per-token input made from the token's id and embedding: the adapter's hidden state of a
+# token carries, after its (hidden_size,) part, the inputs of the layers it has yet to run
+# (each layer uses the first and drops it), so pruned, revived and cached tokens keep theirs.
 SUPPORTED_MODEL_TYPES = ("exaone4", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
                          "gpt_oss", "granite", "llama", "ministral3", "mistral", "mistral3",
                          "olmo2", "olmo3", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
@@ -168,10 +171,11 @@ class ModelAdapter:
         gemma = self.gemma or self.gemma4
         self._activations = [_gated_activation(block.mlp, gemma) for block in self.layers]
         args = self.text.args
-        if self.gemma4 and (args.num_kv_shared_layers or args.hidden_size_per_layer_input):
-            raise UserInputError(
-                "Gemma 4 models whose upper layers share keys and values or take per-layer "
-                "inputs (E2B, E4B) are not supported yet")
+        # Gemma 4's E2B/E4B: the layer whose keys and values each layer attends over, and
+        # the width of each layer's per-token input
+        self._kv_layers = list(getattr(self.inner, "previous_kvs", range(len(self.layers))))
+        self._layer_input = (args.hidden_size_per_layer_input or 0) if self.gemma4 else 0
+        self._hidden = int(args.hidden_size)
         self._softcap = getattr(args, "final_logit_softcapping", None) if gemma else None
         # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
         # rounded to bfloat16, as Gemma's reference does; Gemma 4 by sqrt(hidden) as a float
@@ -187,6 +191,12 @@ class ModelAdapter:
         positions p - window + 1 .. p, original positions), None for a global layer and for
         families without sliding windows."""
         return self._windows[layer]
+
+    def kv_layer(self, layer: int) -> int:
+        """The layer whose keys and values ``layer`` attends over: itself, or for the upper
+        layers of Gemma 4's E2B/E4B the last lower layer of its kind (sliding or global),
+        whose cache it reads; :meth:`qkv` gives them no keys and values."""
+        return self._kv_layers[layer]
 
     def sinks(self, layer: int) -> Optional[mx.array]:
         """The layer's attention sinks, one logit per head that each head's softmax also
@@ -268,12 +278,17 @@ class ModelAdapter:
         return self.inner.embed_tokens.weight.shape[0]
 
     def embed(self, tokens: mx.array) -> mx.array:
-        """(n,) token ids -> (1, n, D) hidden states."""
+        """(n,) token ids -> (1, n, D) hidden states (with Gemma 4 E2B/E4B's per-layer
+        inputs after them: D is hidden_size + layers x their width)."""
         h = self.inner.embed_tokens(tokens[None])
         scale = self._embed_scale
-        if scale is None:
+        if scale is not None:
+            h = h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
+        if not self._layer_input:
             return h
-        return h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
+        inner = self.inner  # mlx-lm's own two steps, as its forward takes them
+        inputs = inner._project_per_layer_inputs(h, inner._get_per_layer_inputs(tokens[None]))
+        return mx.concatenate([h, inputs.reshape(*h.shape[:2], -1).astype(h.dtype)], axis=-1)
 
     def logits(self, h: mx.array) -> mx.array:
         """Final norm and LM head on (1, n, D) hidden states."""
@@ -291,18 +306,22 @@ class ModelAdapter:
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
         """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied.
 
-        Returns arrays shaped (1, heads, n, head_dim).
+        Returns arrays shaped (1, heads, n, head_dim); keys and values None where the layer
+        reads another's (:meth:`kv_layer`).
         """
         block = self.layers[layer]
         attn = block.self_attn
         n = h.shape[1]
-        x = self._blas_rows(h)
+        x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
         if not self._post_norms:
             x = block.input_layernorm(x)
         if hasattr(attn, "qkv_proj"):  # phi3: one projection, split as mlx-lm does
             qkv = attn.qkv_proj(x)
             q_end = self.n_heads * attn.head_dim
             q, k, v = mx.split(qkv, [q_end, q_end + self.n_kv_heads * attn.head_dim], axis=-1)
+        elif self.kv_layer(layer) != layer:  # gemma4: a lower layer's keys and values
+            q = attn.q_norm(attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1))
+            return _rope(attn.rope, q.transpose(0, 2, 1, 3), positions), None, None
         else:
             q, k = attn.q_proj(x), attn.k_proj(x)
             v = attn.v_proj(x) if hasattr(attn, "v_proj") else k  # gemma4's k_eq_v layers
@@ -335,6 +354,10 @@ class ModelAdapter:
         n = attn_out.shape[2]
         r = block.self_attn.o_proj(self._blas_rows(
             attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)))
+        if self._layer_input:  # gemma4 E2B/E4B: this layer's input, then the later layers'
+            width = self._layer_input
+            h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
+                               h[..., self._hidden + width:])
         h = self._blas_rows(h)
         if self.gemma:  # norms after attention and around the MLP; float16-safe residuals
             from mlx_lm.models.gemma3_text import clip_residual
@@ -348,7 +371,12 @@ class ModelAdapter:
                 experts = block.experts(block.pre_feedforward_layernorm_2(h), *block.router(h))
                 x = (block.post_feedforward_layernorm_1(x)
                      + block.post_feedforward_layernorm_2(experts))
-            h = (h + block.post_feedforward_layernorm(x)) * block.layer_scalar
+            h = h + block.post_feedforward_layernorm(x)
+            if self._layer_input:
+                gate = nn.gelu_approx(block.per_layer_input_gate(h)[:, :n]) * given
+                h = h[:, :n] + block.post_per_layer_input_norm(block.per_layer_projection(gate))
+                return mx.concatenate([h * block.layer_scalar, later], axis=-1)
+            h = h * block.layer_scalar
         elif self._post_norms:
             h = h + block.post_attention_layernorm(r)
             h = h + block.post_feedforward_layernorm(self._mlp(layer, h))

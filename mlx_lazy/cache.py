@@ -38,9 +38,10 @@ class LayerKV:
         # dropped whenever the slots change (a decode step reads them at every layer).
         self._device_positions: Optional[mx.array] = None
         self._order: Optional[Tuple[mx.array, mx.array]] = None
-        # A decode step's scoring weights over these keys; new slots extend it, rewritten
-        # or trimmed ones drop it.
-        self._memo: Optional[ScoreMemo] = None
+        # Decode steps' scoring weights over these keys, by the layer scoring them (another
+        # layer may read these keys: Gemma 4's upper layers); new slots extend them,
+        # rewritten or trimmed ones drop them.
+        self._memos: Dict[int, ScoreMemo] = {}
 
     def append(self, k: mx.array, v: mx.array, positions: np.ndarray) -> None:
         """Store keys/values (1, kv_heads, n, d) of tokens at ``positions``."""
@@ -75,7 +76,7 @@ class LayerKV:
         if not known.any():
             self.append(k, v, positions)
             return
-        self._memo = None
+        self._memos = {}
         rows = mx.array(np.flatnonzero(known).astype(np.int32))
         slots = mx.array(self.slot_of[positions[known]].astype(np.int32))
         self.keys[:, :, slots] = k[:, :, rows]
@@ -91,7 +92,8 @@ class LayerKV:
         self.size = size
         self.slot_of = np.full(len(self.slot_of), -1, np.int64)
         self.slot_of[self.positions[:size]] = np.arange(size)
-        self._device_positions = self._order = self._memo = None
+        self._device_positions = self._order = None
+        self._memos = {}
 
     def fetch(self, positions: Optional[np.ndarray] = None) -> Tuple[mx.array, mx.array]:
         """Keys and values of ``positions`` in that order, or of every cached token."""
@@ -115,7 +117,8 @@ class LayerKV:
         self.size = len(slots)
         self.slot_of = np.full(length, -1, np.int64)
         self.slot_of[self.positions[: self.size]] = np.arange(self.size)
-        self._device_positions = self._order = self._memo = None
+        self._device_positions = self._order = None
+        self._memos = {}
 
     def cached_positions(self) -> np.ndarray:
         """Positions of the cached tokens in slot order."""
@@ -140,11 +143,12 @@ class LayerKV:
             self._order = position_order(self.cached_positions())
         return self._order
 
-    def score_memo(self) -> ScoreMemo:
-        """The :class:`~mlx_lazy.scorers.ScoreMemo` of decode steps scoring these keys."""
-        if self._memo is None:
-            self._memo = ScoreMemo()
-        return self._memo
+    def score_memo(self, layer: int) -> ScoreMemo:
+        """The :class:`~mlx_lazy.scorers.ScoreMemo` of decode steps scoring these keys with
+        ``layer``'s queries."""
+        if layer not in self._memos:
+            self._memos[layer] = ScoreMemo()
+        return self._memos[layer]
 
     def copy(self) -> "LayerKV":
         """An independent copy (MLX copies a buffer when one of two holders writes to it)."""

@@ -110,7 +110,8 @@ class LazyEngine:
         #: the layers' attention over the cache (its pair counters are per request)
         self.attention = CacheAttention(self.adapter.scale, block_size)
         self.scorer = self.schedule.scorer
-        self.selector = Selector(self.schedule, self.adapter.scale, self.tp.reduce_heads)
+        self.selector = Selector(self.schedule, self.adapter.scale, self.tp.reduce_heads,
+                                 self.adapter.kv_layer)
         prepare()  # outside any timed region: the CPU kernels' one-time build
         self.cache = LazyCache(self.adapter.num_layers)
         self.start_request()
@@ -278,8 +279,10 @@ class LazyEngine:
         """One layer for the tokens at sorted positions ``comp`` (hidden states ``h``): their
         keys and values stored (over any they had), then each token's attention over the
         keys cached there at or before its position (those ``seen`` marks, by position,
-        when given), o_proj and MLP. Every forward, completion and recompute goes through
-        here.
+        when given), o_proj and MLP. A layer that reads a lower layer's keys and values
+        (Gemma 4's E2B/E4B, :meth:`~mlx_lazy.adapter.ModelAdapter.kv_layer`) stores none and
+        sees those of the tokens computed at it, as a layer with its own would. Every
+        forward, completion and recompute goes through here.
 
         Returns the queries, the hidden states after the layer, the positions they belong to
         and the keys they saw (``seen`` at the layer's cached keys; None: all). At the top
@@ -287,10 +290,12 @@ class LazyEngine:
         it, else (completion) the tokens get their keys and values and the hidden states are
         None.
         """
-        a, kv = self.adapter, self.cache.layers[layer]
+        a, cache = self.adapter, self.cache
+        kv = cache.layers[a.kv_layer(layer)]
         q, k, v = a.qkv(layer, h, comp)
-        kv.write(k, v, comp)
-        self.cache.mark_computed(layer, comp)
+        if k is not None:
+            kv.write(k, v, comp)
+        cache.mark_computed(layer, comp)
         rows = comp
         if layer == a.num_layers - 1:
             if not output:
@@ -298,7 +303,9 @@ class LazyEngine:
             if len(rows) > 1:
                 q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
         visible = kv.mask_at(seen)
-        out = self.attention(q, kv, rows, visible, prompt, self.cache.length,
+        if k is None:  # the lower layer also holds tokens that stopped below this one
+            visible = _and(visible, cache.depth[kv.cached_positions()] > layer)
+        out = self.attention(q, kv, rows, visible, prompt, cache.length,
                              a.sliding_window(layer), a.sinks(layer))
         return q, a.finish(layer, h, out), rows, visible
 
@@ -472,6 +479,15 @@ class LazyEngine:
             allsum_bytes=self.tp.model_bytes,
             score_allsum_bytes=self.tp.score_bytes,
         )
+
+
+def _and(mask: Optional[Mask], host: np.ndarray) -> Optional[Mask]:
+    """``mask`` (None: all; host or device) and the host mask ``host``, None if all."""
+    if host.all():
+        return mask
+    if mask is None or isinstance(mask, np.ndarray):
+        return host if mask is None else mask & host
+    return mask & mx.array(host)
 
 
 def _widened(mask: Mask, n: int) -> Mask:

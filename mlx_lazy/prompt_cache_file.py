@@ -14,7 +14,8 @@ file can crash generation or make it run silently wrong:
 * every array against the model and the cache's invariants (:func:`check_state`): integer
   bookkeeping of the right shapes (``0 <= depth <= limit <= num_layers``, no live token
   left at depth 0, ``computed`` > 0 exactly below each token's depth); at layer ``l`` KV
-  for exactly the tokens whose depth is above ``l``, shaped and typed as the model's keys
+  for exactly the tokens whose depth is above ``l`` (none where the layer reads a lower
+  layer's), shaped and typed as the model's keys
   and values (:func:`model_tensors` runs one token through the layers to see them); Aux Cache
   rows of tokens waiting at their depth (and one for every token that may still go on), at
   most one stash and only where the schedule stashes, scoring windows only at its pruning
@@ -183,8 +184,12 @@ def model_tensors(adapter: ModelAdapter) -> ModelTensors:
     def heads(x: mx.array) -> Kind:
         return (x.shape[1], x.shape[3]), x.dtype
 
+    kvs = {}
     for layer in range(adapter.num_layers):
         q, k, v = adapter.qkv(layer, h, np.array([0]))
+        if k is None:  # a layer reading a lower layer's keys and values
+            k, v = kvs[adapter.kv_layer(layer)]
+        kvs[layer] = k, v
         h = adapter.finish(layer, h, attention(q, k, v, adapter.scale))
         mx.eval(q, k, v, h)
         out.keys.append(heads(k))
@@ -235,7 +240,8 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
     shapes = model_tensors(adapter)
     for layer in range(L):
         parts = entries.get(("layers", layer), {})
-        want = np.flatnonzero(depth > layer)
+        # a layer reading a lower layer's keys and values (Gemma 4's E2B/E4B) holds none
+        want = np.flatnonzero(depth > layer) if adapter.kv_layer(layer) == layer else []
         if not len(want) and not parts:
             continue
         where = f"layers.{layer}"

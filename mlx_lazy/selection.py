@@ -105,11 +105,15 @@ class Selector:
         scale: the model's attention scale.
         reduce_heads: completes a head reduction across tensor-parallel ranks
             (:meth:`mlx_lazy.distributed.TensorParallel.reduce_heads`).
+        kv_layer: the layer whose keys a layer attends over
+            (:meth:`mlx_lazy.adapter.ModelAdapter.kv_layer`); None: its own.
     """
 
-    def __init__(self, schedule: Schedule, scale: float, reduce_heads: ReduceHeads):
+    def __init__(self, schedule: Schedule, scale: float, reduce_heads: ReduceHeads,
+                 kv_layer: Optional[Callable[[int], int]] = None):
         self.schedule, self.scorer = schedule, schedule.scorer
         self.scale, self.reduce_heads = scale, reduce_heads
+        self.kv_layer = kv_layer or (lambda layer: layer)
         self.selections = self.host_syncs = 0
 
     def window(self, cache: LazyCache, layer: int, queries: mx.array,
@@ -148,7 +152,7 @@ class Selector:
         if isinstance(visible, mx.array):  # an earlier cut of this step chose on the device
             visible = np.array(visible)
             self.host_syncs += 1
-        kv = cache.layers[layer]
+        kv = cache.layers[self.kv_layer(layer)]
         positions, order = kv.cached_positions(), kv.position_order()
         eligible, forced = self._candidates(cache, layer, positions, n_ctx)
         if visible is not None:
@@ -179,7 +183,7 @@ class Selector:
         """A decode step's selection after ``layer`` when it computed only its new token and
         can revive none (:meth:`may_revive` is False): :meth:`on_host`'s choice, as an
         (n_ctx,) mask by position left on the device, so the step never waits for it."""
-        kv = cache.layers[layer]
+        kv = cache.layers[self.kv_layer(layer)]
         positions = kv.cached_positions()
         eligible, forced = self._candidates(cache, layer, positions, n_ctx)
         # Tokens waiting at depth layer+1 (max_revivals=0) are scored but never kept.
@@ -214,6 +218,6 @@ class Selector:
         ctx = ScoreContext(layer, window.data, window.positions, kv.fetch()[0],
                            kv.cached_positions(), candidates, visible, self.scale,
                            self.reduce_heads, kv.position_order(),
-                           kv.score_memo() if decoding else None)
+                           kv.score_memo(layer) if decoding else None)
         self.selections += 1
         return self.scorer.score(ctx)

@@ -555,16 +555,18 @@ def test_a_layers_score_memo_outlives_new_keys_only():
         kv.write(k, k, np.array(positions))
 
     def memo_after(change):
-        kv.score_memo().table = mx.zeros((1, 1, 1, kv.size, 1))
+        kv.score_memo(0).table = mx.zeros((1, 1, 1, kv.size, 1))
         change()
-        return kv.score_memo().table
+        return kv.score_memo(0).table
 
     add([0, 1, 2])
     assert memo_after(lambda: add([5, 3])) is not None  # new slots: kept
     assert memo_after(lambda: add([1])) is None  # a rewritten key
     assert memo_after(lambda: add([2, 7])) is None  # a rewritten key among new ones
     assert memo_after(lambda: kv.trim(4)) is None
-    assert kv.copy().score_memo().table is None  # a copy scores afresh
+    assert kv.copy().score_memo(0).table is None  # a copy scores afresh
+    kv.score_memo(0).table = mx.zeros((1, 1, 1, kv.size, 1))
+    assert kv.score_memo(1).table is None  # another layer scoring these keys: its own
 
 
 def test_a_layer_caches_device_positions_and_order_follow_every_change():
@@ -614,9 +616,9 @@ def test_decode_scoring_carried_over_equals_fresh_scoring(tiny_model, monkeypatc
         return engine, np.stack(logits)
 
     carried, carried_logits = decode()
-    assert all(carried.cache.layers[c].score_memo().keys
+    assert all(carried.cache.layers[c].score_memo(c).keys
                == carried.cache.layers[c].size for c in (0, 2))  # the memo was used
-    monkeypatch.setattr(LayerKV, "score_memo", lambda self: None)
+    monkeypatch.setattr(LayerKV, "score_memo", lambda self, layer: None)
     fresh, fresh_logits = decode()
     assert carried.stats.revivals == fresh.stats.revivals > 0
     for a, b in zip(carried.cache.layers, fresh.cache.layers):

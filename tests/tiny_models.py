@@ -114,8 +114,14 @@ _KIND_CONFIG = {
 #: with per-frequency factors) over three quarters of each head (partial rotary);
 #: ``ministral3-sliding``, whose layers 0 and 2 slide over a 24-position window;
 #: ``exaone4-global``, EXAONE 4 without a pattern: every layer global, with RoPE;
-#: ``gemma4_text-moe``, Gemma 4's 26B A4B layout: 2 of 4 experts beside each dense MLP.
+#: ``gemma4_text-moe``, Gemma 4's 26B A4B layout: 2 of 4 experts beside each dense MLP;
+#: ``gemma4_text-e2b``, its E2B/E4B layout: layers 2 and 3 read the keys and values of 0
+#: and 1 (their MLPs twice as wide), every layer takes a 32-wide per-token input.
 _VARIANTS = {
+    "gemma4_text-e2b": ("gemma4_text", {"num_kv_shared_layers": 2, "use_double_wide_mlp": True,
+                                        "hidden_size_per_layer_input": 32,
+                                        "vocab_size_per_layer_input": VOCAB_SIZE,
+                                        "attention_k_eq_v": False}),
     "gemma4_text-moe": ("gemma4_text", {"enable_moe_block": True, "num_experts": 4,
                                         "top_k_experts": 2, "moe_intermediate_size": 32}),
     "exaone4-global": ("exaone4", {"sliding_window": None, "sliding_window_pattern": None,
