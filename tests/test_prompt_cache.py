@@ -70,15 +70,15 @@ def test_full_with_a_cache_matches_mlx_lm_with_its_cache_over_three_turns(tiny_m
 
 
 @pytest.mark.parametrize("config", ["full", AGGRESSIVE], ids=["full", "lazy"])
-def test_a_caller_that_stops_early_leaves_every_token_after_the_first_in_the_cache(
-        tiny_model, config):
-    """Breaking out of generate_step after k >= 2 tokens leaves prompt + k tokens in the
-    cache, as mlx-lm's does (its steps run ahead; on the CPU ours runs the last token when the
-    caller stops), and the next turn goes on from there as mlx-lm's does."""
+def test_a_caller_that_stops_early_leaves_every_token_in_the_cache(tiny_model, config):
+    """Breaking out of generate_step after k tokens (the first alone too: an answer that is
+    one token, or EOS at once) leaves prompt + k tokens in the cache, as mlx-lm's does (its
+    steps run ahead; on the CPU ours runs the last token when the caller stops), and the
+    next turn goes on from there as mlx-lm's does."""
     model, _ = tiny_model("llama")
     vocab = model.args.vocab_size
     prompt, follow = ids(150, vocab, 20), ids(12, vocab, 21)
-    for k in (2, 5):
+    for k in (1, 2, 5):
         ours, theirs = make_prompt_cache(model, config), mlx_lm_make_prompt_cache(model)
         mine, ref = [], []
         for token, _ in generate_step(prompt, model, prompt_cache=ours, max_tokens=10):
@@ -92,6 +92,9 @@ def test_a_caller_that_stops_early_leaves_every_token_after_the_first_in_the_cac
                 break
         assert ours.tokens == prompt + mine and len(ours) == theirs[0].offset == 150 + k
         assert ours.engine.cache.length == 150 + k
+        one = make_prompt_cache(model, config)
+        list(generate_step(prompt, model, prompt_cache=one, max_tokens=k))  # runs out instead
+        assert one.tokens == prompt + mine
         if config == "full":
             assert mine == ref
             after = list(generate_step(follow, model, prompt_cache=ours, max_tokens=3))
@@ -669,8 +672,9 @@ def test_exact_stash_is_recomputed_once_when_saved_and_survives_trim(tiny_model,
 
 
 def test_a_question_from_a_saved_exact_cache_computes_only_its_own_tokens(tiny_model, tmp_path):
-    """The file holds the recomputed state: a question on it computes its own tokens' layers
-    (pruned at the cuts) and nothing of the document again, no completion, no revival."""
+    """The file holds the recomputed state: to its first token, a question on it computes its
+    own tokens' layers (pruned at the cuts) and nothing of the document again, no
+    completion, no revival."""
     model, _ = tiny_model("llama")
     vocab, L = model.args.vocab_size, model.args.num_hidden_layers
     doc, question = ids(300, vocab, 150), ids(12, vocab, 151)
@@ -682,18 +686,18 @@ def test_a_question_from_a_saved_exact_cache_computes_only_its_own_tokens(tiny_m
     before = loaded.engine.cache.computed[:, : len(doc)].copy()
     assert (loaded.engine.cache.depth == L).all()
     for _ in generate_step(question, model, prompt_cache=loaded, max_tokens=1):
-        pass
-    stats, state = loaded.engine.stats, loaded.engine.cache
-    assert (state.computed[:, : len(doc)] == before).all()
+        stats, state = loaded.engine.stats, loaded.engine.cache  # at the first token
+        computed = state.computed[:, : len(doc)].copy()
+    assert (computed == before).all()
     assert stats.completed_token_layers == 0 and stats.revivals == 0
     assert sum(stats.prefill_tokens_per_layer) <= len(question) * L
 
 
 def test_a_question_from_a_saved_pruned_cache_computes_its_tokens_and_its_revivals(tiny_model,
                                                                                    tmp_path):
-    """The file holds the pruned state (``complete="none"``): a question on it computes its
-    own tokens' layers and, of the document, exactly the remaining layers of the tokens it
-    revives, each token-layer once; nothing is completed."""
+    """The file holds the pruned state (``complete="none"``): to its first token, a question
+    on it computes its own tokens' layers and, of the document, exactly the remaining layers
+    of the tokens it revives, each token-layer once; nothing is completed."""
     model, _ = tiny_model("llama")
     vocab = model.args.vocab_size
     doc, question = ids(300, vocab, 160), ids(12, vocab, 161)
@@ -706,14 +710,14 @@ def test_a_question_from_a_saved_pruned_cache_computes_its_tokens_and_its_reviva
     state = loaded.engine.cache
     depth, computed = state.depth[: len(doc)].copy(), state.computed[:, : len(doc)].copy()
     for _ in generate_step(question, model, prompt_cache=loaded, max_tokens=1):
-        pass
-    stats = loaded.engine.stats
-    revived = np.flatnonzero(state.depth[: len(doc)] > depth)
-    new = state.computed[:, : len(doc)] - computed
+        stats = loaded.engine.stats  # at the first token
+        now, counted = state.depth[: len(doc)].copy(), state.computed.copy()
+    revived = np.flatnonzero(now > depth)
+    new = counted[:, : len(doc)] - computed
     assert stats.revivals == len(revived) > 0 and stats.completed_token_layers == 0
-    assert new.sum() == (state.depth[revived] - depth[revived]).sum()
+    assert new.sum() == (now[revived] - depth[revived]).sum()
     assert stats.max_computations_per_token_layer == 1
-    asked = state.computed[:, len(doc):].sum()
+    asked = counted[:, len(doc):len(doc) + len(question)].sum()
     assert sum(stats.prefill_tokens_per_layer) == new.sum() + asked
 
 
