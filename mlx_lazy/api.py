@@ -264,17 +264,25 @@ def generate_step(
 
     Raises:
         UserInputError: a cache made for another model or config, a prompt that is not
-            token ids of the model, a sampler that returns something else. An exception
+            token ids of the model, a sampler that returns something else; on a sharded
+            model, ranks given different prompts, ``max_tokens`` or pruning settings (every
+            rank raises). An exception
             (these, one from a sampler or processor, Ctrl-C) leaves ``prompt_cache`` holding
             the prompt and the tokens handed out before it, or as it was.
     """
     owned = prompt_cache is None  # nobody else sees it: tokens need not go in at the end
-    if owned:
-        prompt_cache = make_prompt_cache(model, config)
-    else:
-        prompt_cache.check(model, config)
+    # Sharded, the ranks must agree on all that decides, or their all-sums stop lining up.
+    with distributed.together(distributed.model_group(model)) as same:
+        if owned:
+            prompt_cache = make_prompt_cache(model, config)
+        else:
+            prompt_cache.check(model, config)
+        tokens = token_ids(prompt)
+        if prompt_cache.engine.tp.group is not None:
+            same["prompts"] = distributed.digest(str(prompt_cache.tokens + tokens).encode())
+            same["pruning settings"] = decision_digest(prompt_cache.schedule)
+            same["token limits"] = distributed.digest_of(max_tokens)
     engine = prompt_cache.engine
-    tokens = token_ids(prompt)
     vocab = engine.adapter.vocab_size
     engine.start_request()
     sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))
@@ -364,6 +372,13 @@ def generate_step(
         raise
     finally:  # a step queued ahead finishes before anything else runs (ranks stay in step)
         mx.synchronize(generation_stream)
+
+
+def decision_digest(schedule: Schedule) -> bytes:
+    """A digest of what decides a pruned run's selections beside the prompt: the schedule,
+    the least kept (``$MLX_LAZY_MIN_KEEP``) and the attention in use (``$MLX_LAZY_ATTENTION``);
+    the ranks of a sharded model must agree on it."""
+    return distributed.digest_of([schedule.as_dict(), min_keep(), attention_implementation()])
 
 
 def stream_generate(

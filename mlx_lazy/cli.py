@@ -40,7 +40,7 @@ import mlx.core as mx
 from . import distributed
 from ._args import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, METHOD_HELP, OneLineParser,
                     add_sampling_arguments, complete_arg, method_arg, sampler, seed_arg)
-from .api import check_prompt, load, stream_generate
+from .api import check_prompt, decision_digest, load, stream_generate
 from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
 from .inputs import parse_float, parse_int, regular_file
@@ -358,7 +358,7 @@ def _run(args: argparse.Namespace, group=None) -> None:
         tokens = encode_prompt(tokenizer, text, system_prompt, args.ignore_chat_template,
                                "whole" if args.prompt_cache_file is None else "suffix")
         same["prompt tokens"] = distributed.digest(str(cache.tokens + tokens).encode())
-        same["pruning schedules"] = distributed.digest_of(cache.schedule.as_dict())
+        same["pruning settings"] = decision_digest(cache.schedule)
         # Checked here too so that nothing (no baseline run) starts before the error.
         check_prompt(cache.engine, tokenizer, cache.tokens + tokens, args.max_tokens,
                      "-m/--max-tokens")

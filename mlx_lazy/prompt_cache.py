@@ -27,6 +27,7 @@ from .prompt_cache_file import check_cache_file
 from .engine import LazyEngine, ProgressFn
 from .errors import UserInputError, one_line, shown
 from .config import PruningConfig
+from .distributed import model_group
 from .folders import check_destination
 from .inputs import regular_file
 from .resolve import resolve_config
@@ -202,6 +203,15 @@ def trim_prompt_cache(cache: PromptCache, num_tokens: int) -> int:
     return int(num_tokens)
 
 
+def _unsharded(model: nn.Module, verb: str) -> None:
+    """Refuse a prompt-cache file on a model sharded over ranks: each rank holds only its
+    heads' keys and values, which a file of one process's state cannot tell apart."""
+    if model_group(model) is not None:
+        raise UserInputError(f"cannot {verb} prompt cache files on a model sharded over ranks "
+                             "(each rank holds only its own heads' keys and values); run the "
+                             "cached prompt again instead")
+
+
 def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
                       metadata: Optional[Dict[str, str]] = None) -> None:
     """Write ``cache`` to a safetensors file (atomically) with JSON metadata: the format
@@ -218,10 +228,12 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
 
     Raises:
         UserInputError: ``cache`` is not a :class:`PromptCache`, ``metadata`` is not a
-            mapping or names the key ``"mlx_lazy"``, or ``path`` cannot be written (checked
-            first: a folder, FIFO or device there is refused, not replaced).
+            mapping or names the key ``"mlx_lazy"``, ``path`` cannot be written (checked
+            first: a folder, FIFO or device there is refused, not replaced), or the model is
+            sharded over ranks.
     """
     _check_cache(cache)
+    _unsharded(cache.model, "save")
     if metadata is not None and not isinstance(metadata, Mapping):
         raise UserInputError(f"metadata must be a mapping of strings, got {shown(metadata, 80)}")
     extra = {str(k): str(v) for k, v in (metadata or {}).items()}
@@ -261,10 +273,12 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
         The cache, and with ``return_metadata`` also the extra metadata saved with it.
 
     Raises:
-        UserInputError: a missing, truncated or foreign file, one made for another model, or
-            one whose contents are corrupt (:func:`mlx_lazy.prompt_cache_file.check_cache_file`: the
-            metadata, the schedule and every array are checked against the model).
+        UserInputError: a model sharded over ranks, a missing, truncated or foreign file,
+            one made for another model, or one whose contents are corrupt
+            (:func:`mlx_lazy.prompt_cache_file.check_cache_file`: the metadata, the schedule
+            and every array are checked against the model).
     """
+    _unsharded(model, "load")
     path = regular_file(path, "prompt cache")
     try:
         arrays, meta = mx.load(str(path), format="safetensors", return_metadata=True)

@@ -50,7 +50,18 @@ def run_engine(args: argparse.Namespace, out: Path) -> None:
     drawn = [r.token for r in mlx_lazy.stream_generate(
         model, tokenizer, prompt[:20].tolist(), max_tokens=4,
         sampler=lambda logprobs: mx.array([5 + rank], mx.uint32))]
+    refused = {}
+    try:  # ranks given different prompts
+        list(mlx_lazy.stream_generate(model, tokenizer, prompt[:20 + rank].tolist(), max_tokens=2))
+    except mlx_lazy.UserInputError as e:
+        refused["prompts"] = str(e)
+    try:
+        mlx_lazy.save_prompt_cache(out / f"cache-rank{rank}.safetensors",
+                                   mlx_lazy.make_prompt_cache(model))
+    except mlx_lazy.UserInputError as e:
+        refused["cache file"] = str(e)
     (out / f"checks-rank{rank}.json").write_text(json.dumps({
+        "refused": refused,
         "mean": np.array(tp.reduce_heads(local, "mean")).tolist(),
         "max": np.array(tp.reduce_heads(local, "max")).tolist(),
         "from_rank0": distributed.from_rank0(mx.array([rank + 5]), group).item(),

@@ -204,6 +204,18 @@ def test_cross_rank_reductions_and_rank0_token(two_rank_runs, two_rank_dir):
         assert c["sampled"] == [5, 5, 5, 5]  # rank 1's sampler drew 6: rank 0's token wins
 
 
+def test_ranks_that_disagree_or_save_a_cache_are_refused_on_every_rank(two_rank_runs,
+                                                                      two_rank_dir):
+    """Through the API, ranks given different prompts would run different all-sums (a
+    wrong answer or a hang): every rank raises instead. A prompt-cache file of a sharded
+    model would hold one rank's heads: refused."""
+    checks = [json.loads(p.read_text()) for p in sorted(two_rank_dir.glob("checks-rank*.json"))]
+    for c in checks:
+        assert "the prompts differ between rank 0 and rank 1" in c["refused"]["prompts"]
+        assert "cannot save prompt cache files on a model sharded" in c["refused"]["cache file"]
+    assert not list(two_rank_dir.glob("cache-rank*"))
+
+
 @pytest.mark.slow
 def test_speed_sharded_kv_is_split_over_ranks(two_rank_runs, tiny_model):
     model, _ = tiny_model("llama")
@@ -399,3 +411,23 @@ def test_benchmark_counts_allsums(tiny_model_path, tmp_path):
     assert full["decode_allsum_bytes_per_step"] == row * 4
     assert full["prefill_allsum_s"] > 0
     assert all("prefill_allsum_bytes" not in r for r in runs if r["ranks"] == 1)
+
+
+def test_the_ranks_decision_digest_covers_the_settings_read_from_the_environment(
+        tiny_model, monkeypatch):
+    """One rank launched with another ``$MLX_LAZY_MIN_KEEP`` or ``$MLX_LAZY_ATTENTION`` keeps
+    other tokens: the digest the ranks compare before generating differs."""
+    from mlx_lazy.api import decision_digest
+
+    model, _ = tiny_model("llama")
+    schedule = resolve_config(model, PruningConfig("lazy", prune_layers=(1,), keep=(0.5,)))
+    base = decision_digest(schedule)
+    from mlx_lazy import selection
+
+    with monkeypatch.context() as m:
+        m.setattr(selection, "MIN_KEEP", 3)  # what $MLX_LAZY_MIN_KEEP=3 gives at import
+        assert decision_digest(schedule) != base
+    with monkeypatch.context() as m:
+        m.setenv("MLX_LAZY_ATTENTION", "fast")
+        assert decision_digest(schedule) != base
+    assert decision_digest(schedule) == base
