@@ -278,7 +278,7 @@ def test_different_model_files_on_one_rank(tiny_model_path, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rank1_args, differ", [
-    ("--prune-layers 1 --keep 0.5", "pruning schedules"),  # the case: it hung
+    ("--prune-layers 1 --keep 0.5", "pruning settings"),  # the case: it hung
     ("--temp 0.5", "generation options"),
 ])
 def test_ranks_given_different_flags_fail_together(tiny_model_path, tmp_path, rank1_args, differ):
