@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import UserInputError, shown
 from .completion import parse_completion
-from .policies import canonical_method, check_taken, compose
+from .policies import ScoredCuts, canonical_method, check_taken, compose
 from .schedule import Schedule
 from .scorers import Scorer, parse_scorer, scorer_spec
 
@@ -204,6 +204,11 @@ class PruningConfig:
             raise UserInputError(
                 f"source must be one of {', '.join(SOURCES)}, 'calibrated:FILE' (the "
                 f"library sets it), got {shown(self.source, SHOWN)}")
+        if self.source not in (None, "preset") and self.prune_layers is None and any(
+                issubclass(p, ScoredCuts) for p in compose(self.method).values()):
+            raise UserInputError(f"source {shown(self.source, SHOWN)} names where a "
+                                 "schedule's cuts came from, but this config gives none "
+                                 "(its method's preset would run under that name); drop it")
         if self.fingerprint is not None:
             pairs = (self.fingerprint.items() if isinstance(self.fingerprint, dict)
                      else _sequence("fingerprint", self.fingerprint))

@@ -263,6 +263,21 @@ def check_taken(config: Config, policies: Dict[str, Type[Policy]]) -> None:
                              f"use {uses}")
 
 
+def check_revive(config: Config) -> None:
+    """Refuse, with ``revive`` off, the fields that act on pruned tokens coming back.
+
+    Raises:
+        UserInputError: ``complete``, ``max_revivals`` or ``revive_margin`` given with
+            ``revive=False`` (they would do nothing: pruned tokens stay out for good).
+    """
+    given = [f for f in ("complete", "max_revivals", "revive_margin")
+             if getattr(config, f) is not None]
+    if not config.revive and given:
+        raise UserInputError(f"revive=False keeps pruned tokens out for good, so "
+                             f"{_listing(given, 'and')} would do nothing; drop "
+                             f"{'them' if given[1:] else 'it'}, or keep revive")
+
+
 def layers_at(fractions: Tuple[float, ...], num_layers: int,
               prompt_depth: Optional[int] = None) -> Tuple[int, ...]:
     """Pruning layers at fractions of the depth: fraction f cuts after layer

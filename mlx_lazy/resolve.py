@@ -17,7 +17,7 @@ import mlx.nn as nn
 from .adapter import ModelAdapter, global_layers
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError
-from .policies import check_taken, compose
+from .policies import check_revive, check_taken, compose
 from .schedule import Schedule
 from .schedule_files import calibrated, check_model
 
@@ -57,6 +57,7 @@ def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = N
     # Before a calibrated schedule stands in for the request: a field its method does not
     # take (speed_cutoff on a plain "lazy") is refused, not dropped with the preset.
     check_taken(requested, compose(requested.method))
+    check_revive(requested)
     if fingerprint is None:
         fingerprint = ModelAdapter(model).fingerprint()
     chosen = calibrated(requested, fingerprint, getattr(model, "mlx_lazy_schedules", None),

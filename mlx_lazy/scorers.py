@@ -155,14 +155,17 @@ class Window(Scorer):
 
 @dataclass(frozen=True)
 class Pooled(Scorer):
-    """``inner``'s scores max-pooled over ``radius`` neighbouring candidates (in position
-    order) on each side."""
+    """``inner``'s scores (a registered scorer's) max-pooled over ``radius`` >= 1
+    neighbouring candidates (in position order) on each side."""
 
     inner: Scorer
     radius: int
 
     def __post_init__(self) -> None:
-        _check_count("pool", self.radius, 0)
+        if type(self.inner) not in SCORERS.values():
+            raise UserInputError(f"Pooled wraps one of the scorers {', '.join(SCORERS)}, got "
+                                 f"{_cut(self.inner)}")
+        _check_count("pool", self.radius, 1)
 
     @property
     def n_queries(self) -> int:  # type: ignore[override]
@@ -205,12 +208,18 @@ def spec_keys(name: str) -> Tuple[str, ...]:
 def parse_scorer(spec: Union[str, Scorer]) -> Scorer:
     """The scorer a spec names: ``NAME[:field=value...]`` with the registered class's own
     dataclass fields, plus ``pool=R`` to wrap it in :class:`Pooled`:
-    ``"window:size=32:heads=max:pool=8"``. A :class:`Scorer` passes through.
+    ``"window:size=32:heads=max:pool=8"`` (``pool=0``: not pooled). A registered
+    :class:`Scorer` (or one :class:`Pooled`) passes through.
 
     Raises:
-        UserInputError: an unknown scorer or field, or a value the scorer refuses.
+        UserInputError: an unknown scorer or field, or a value the scorer refuses; a scorer
+            object of a class not in :data:`SCORERS` (schedules, caches and reports name
+            scorers by their spec).
     """
     if isinstance(spec, Scorer):
+        if not isinstance(spec, Pooled) and type(spec) not in SCORERS.values():
+            raise UserInputError(f"scorer {type(spec).__name__} is not registered: add it to "
+                                 "mlx_lazy.scorers.SCORERS")
         return spec
     if not isinstance(spec, str) or not spec.strip():
         raise UserInputError(f"scorer must be a non-empty spec such as 'window:size=32', "
@@ -222,10 +231,10 @@ def parse_scorer(spec: Union[str, Scorer]) -> Scorer:
     cls = SCORERS[name]
     params = {f.name: f for f in fields(cls)}
     values: Dict[str, Any] = {}
-    radius = 0
+    radius = None
     for piece in pieces:
         key, sep, text = piece.partition("=")
-        if not sep or key in values or (key == POOL_KEY and radius):
+        if not sep or key in values or (key == POOL_KEY and radius is not None):
             raise UserInputError(f"scorer {_cut(spec)}: each part after the name is "
                                  f"field=value, each field once, got {_cut(piece)}")
         if key == POOL_KEY:

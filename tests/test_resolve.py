@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from mlx_lazy import (PruningConfig, UserInputError, cli, generate, generate_step,
-                      make_prompt_cache)
+                      make_prompt_cache, resolve_config)
 from test_server import in_process_server
 
 #: A config every tiny model refuses (it has fewer layers): the one resolve call says so.
@@ -87,4 +87,27 @@ def test_a_source_the_library_does_not_set_is_refused(source):
     with pytest.raises(UserInputError, match="source must be one of preset, user, transfer"):
         PruningConfig("lazy", source=source)
     for known in ("preset", "user", "transfer", "calibrated:s.json"):
-        assert PruningConfig("lazy", source=known).source == known
+        cuts = {"prune_layers": (1,), "keep": (0.5,)}
+        assert PruningConfig("lazy", source=known, **cuts).source == known
+
+
+@pytest.mark.parametrize("source", ["user", "transfer", "calibrated:smollm2-135m.json"])
+def test_a_source_without_values_is_refused(source):
+    """A source names where a schedule's values came from: given alone it made a plain
+    ``lazy`` run its preset under that name (e.g. reported as calibrated)."""
+    with pytest.raises(UserInputError, match="names where a schedule's cuts came from"):
+        PruningConfig("lazy", source=source)
+    assert PruningConfig("lazy", source="preset").source == "preset"
+
+
+@pytest.mark.parametrize("given", [{"complete": "exact"}, {"max_revivals": 2},
+                                   {"revive_margin": 1.0}])
+def test_revival_fields_without_revive_are_refused(tiny_model, given):
+    """Without revive, pruned tokens never come back: a completion mode, a revival bound or
+    margin would be dropped without a word (``--no-revive --complete exact`` ran ``none``)."""
+    model, _ = tiny_model("llama")
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.5,), revive=False, **given)
+    with pytest.raises(UserInputError, match=f"revive=False keeps pruned tokens out for good, "
+                                             f"so {next(iter(given))} would do nothing"):
+        resolve_config(model, config)
+    assert not resolve_config(model, PruningConfig("lazy", revive=False)).revive

@@ -14,8 +14,8 @@ from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, build_schedule,
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.bench.methods import method_spec, parse_method
 from mlx_lazy.schedule_files import write_schedule
-from mlx_lazy.scorers import (SCORERS, Scorer, ScoreContext, ScoreMemo, parse_scorer,
-                              pool_by_position, top_k)
+from mlx_lazy.scorers import (SCORERS, LastQuery, Pooled, Scorer, ScoreContext, ScoreMemo,
+                              Window, parse_scorer, pool_by_position, scorer_spec, top_k)
 from numerics import rel_err
 
 SCORER_SPECS = ["last", "last:heads=max", "window:size=6", "window:size=6:heads=max"]
@@ -303,6 +303,29 @@ def test_bad_scorer_fields(spec, message):
     with pytest.raises(ValueError) as err:
         build_schedule(PruningConfig("lazy", scorer=spec), 30)
     assert message in str(err.value)
+
+
+def test_scorer_objects_are_those_a_spec_can_name():
+    """A schedule, cache file or report names its scorer by spec: an object no spec names
+    (an unregistered class, pooling by 0 or pooling a pooled scorer, which once ran and then
+    wrote a cache file its own load refused) is refused where it is given."""
+    @dataclass(frozen=True)
+    class Unregistered(Scorer):
+        def score(self, ctx):
+            return ctx.key_positions
+
+    with pytest.raises(UserInputError, match="scorer Unregistered is not registered"):
+        PruningConfig("lazy", scorer=Unregistered())
+    for inner, radius, message in ((LastQuery(), 0, "pool must be an integer in .1,"),
+                                   (Pooled(LastQuery(), 2), 3, "Pooled wraps one of"),
+                                   ("last", 2, "Pooled wraps one of")):
+        with pytest.raises(UserInputError, match=message):
+            Pooled(inner, radius)
+    with pytest.raises(UserInputError, match="each field once"):
+        parse_scorer("last:pool=0:pool=3")
+    pooled = Pooled(Window(size=4), 2)
+    assert parse_scorer(scorer_spec(pooled)) == pooled == parse_scorer(pooled)
+    assert parse_scorer("last:pool=0") == LastQuery()
     with pytest.raises(ValueError, match="method .speed. takes no scorer; lazy and static do"):
         build_schedule(PruningConfig("speed", scorer="last"), 30)
 
