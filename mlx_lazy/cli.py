@@ -48,7 +48,7 @@ from .config import QUALITIES, PruningConfig
 from .policies import RandomDrop, compose
 from .prompt_input import add_prompt_arguments, argv_text, encode_prompt, read_prompt
 from .run_report import RunResult, format_compare_table, format_summary
-from .schedule_files import SCHEDULE_FIELDS, read_schedule
+from .schedule_files import DECODE_FIELDS, SCHEDULE_FIELDS, read_schedule
 from .schedule import Schedule
 from .scorers import SCORERS, Scorer, parse_scorer
 
@@ -203,26 +203,26 @@ PRUNING_OVERRIDES = ("prune_layers", "keep", "speed_cutoff", "anchors", "revive"
 
 
 def build_config(args: argparse.Namespace) -> PruningConfig:
-    """The preset of ``args.method`` (``full`` when not given) with the explicitly given
-    pruning flags overriding it."""
-    method = args.method or BASELINE
-    overrides = {
-        name: value
-        for name, value in (
-            *((f, getattr(args, f)) for f in PRUNING_OVERRIDES),
-            ("seed", getattr(args, "seed", None)
-             if RandomDrop in compose(method).values() else None),
-        )
-        if value is not None
-    }
+    """The preset of ``args.method`` (``full`` when not given), or the ``--schedule`` file's
+    config, with the explicitly given pruning flags overriding it (of a schedule, only its
+    decode fields: ``--complete``, ``--revive-margin``, ``--reselect-every``)."""
+    overrides = {f: getattr(args, f) for f in PRUNING_OVERRIDES if getattr(args, f) is not None}
     if args.schedule is None:
-        return PruningConfig.preset(method, **overrides)
-    fixed = sorted(set(overrides) & set(SCHEDULE_FIELDS))
-    if fixed or method not in (BASELINE, "lazy"):
-        raise UserInputError("--schedule sets the method, cuts and scorer; drop " + (
-            ", ".join("--" + f.replace("prune_layers", "prune-layers") for f in fixed)
-            if fixed else f"--method {method}"))
-    return replace(read_schedule(args.schedule), **overrides)
+        config = PruningConfig.preset(args.method or BASELINE, **overrides)
+    else:
+        config = read_schedule(args.schedule)
+        if args.method not in (None, config.method):
+            raise UserInputError(f"--schedule {args.schedule} runs method {config.method!r}; "
+                                 f"drop --method {args.method}")
+        fixed = sorted(set(overrides) & set(SCHEDULE_FIELDS) - set(DECODE_FIELDS))
+        if fixed:
+            raise UserInputError("--schedule sets the method, cuts and scorer; drop " + ", ".join(
+                "--" + f.replace("prune_layers", "prune-layers") for f in fixed))
+        config = replace(config, **overrides)
+    seed = getattr(args, "seed", None)
+    if seed is not None and RandomDrop in compose(config.method).values():
+        config = replace(config, seed=seed)
+    return config
 
 
 class PrefillProgress:
@@ -324,7 +324,8 @@ def _run(args: argparse.Namespace, group=None) -> None:
             {name: getattr(args, name) for name in GENERATION_OPTIONS})
         if args.max_tokens < 1:
             raise UserInputError("--max-tokens must be at least 1")
-        if args.anchors is not None and (args.method or BASELINE) == BASELINE:
+        if args.anchors is not None and args.schedule is None and \
+                (args.method or BASELINE) == BASELINE:
             raise UserInputError(f"--anchors applies to pruning methods; --method {BASELINE} "
                                  f"prunes nothing")
         config = build_config(args)

@@ -486,6 +486,27 @@ def test_cli_schedule_flag(tiny_model_path, schedule_file, tmp_path, capsys):
     assert cli(["--model", str(tiny_model_path), "-p", "hi", "--schedule", str(path),
                 "--keep", "0.5"]) == 2
     assert "drop --keep" in capsys.readouterr().err
+    # The method is the file's: --method full once ran the file's lazy, reported as lazy.
+    assert cli(["--model", str(tiny_model_path), "-p", "hi", "--schedule", str(path),
+                "--method", "full"]) == 2
+    assert f"--schedule {path} runs method 'lazy'; drop --method full" in capsys.readouterr().err
+    # Its decode fields may be set, as on a plain lazy's calibrated schedule, and --anchors.
+    assert cli(["--model", str(tiny_model_path), "-p", "hello there", "-m", "2",
+                "--schedule", str(path), "--complete", "exact", "--anchors", "3",
+                "--stats-json", str(stats_path), "--verbose", "False"]) == 0
+    schedule = json.loads(stats_path.read_text())["schedule"]
+    assert (schedule["complete"], schedule["anchors"]) == ("exact", 3)
+
+
+def test_cli_schedule_of_random_drop_takes_the_seed(tiny_model_path, tmp_path):
+    """--seed reached a random drop given by --method only; from a schedule file it was
+    dropped (every run with seed 0)."""
+    from mlx_lazy.cli import build_config, build_parser
+
+    path = tmp_path / "random.json"
+    write_schedule(path, PruningConfig("random", keep=(0.5,)), {"num_layers": 4}, {})
+    args = build_parser().parse_args(["-p", "hi", "--schedule", str(path), "--seed", "7"])
+    assert build_config(args).seed == 7
 
 
 @pytest.mark.slow
