@@ -180,11 +180,11 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     g.add_argument("--no-revive", dest="revive", action="store_false", default=None,
                    help="LazyLLM: decode steps choose only among tokens that already have KV "
                         "(no Aux Cache revivals; faster decoding, beyond the paper)")
-    g.add_argument("--revive-margin", type=float, default=None, metavar="M",
+    g.add_argument("--revive-margin", type=parse_float, default=None, metavar="M",
                    help="LazyLLM: a decode step revives a pruned token only when it scores "
                         "1+M times a token that already has KV (default: the calibrated "
                         "schedule's, else 0, the paper)")
-    g.add_argument("--reselect-every", type=int, default=None, metavar="K",
+    g.add_argument("--reselect-every", type=parse_int, default=None, metavar="K",
                    help="LazyLLM: decode steps re-select at the cuts every K steps, those "
                         "between seeing the last choice (default: the calibrated schedule's, "
                         "else 1, the paper)")

@@ -161,10 +161,22 @@ def test_parse_method():
     dict(method="lazy+speed", speed_cutoff=0.6, anchors=4),
     dict(method="random", keep=(0.3,), seed=2),
     dict(method="full"),
+    dict(method="speed", speed_cutoff=1.0),  # full depth; once written "cutoff=1", one layer
+    dict(method="lazy", prune_layers=(2,), keep=(0.123456789,)),  # once cut to 0.123457
+    dict(method="lazy", quality="high"),  # once dropped
 ])
 def test_method_spec_round_trips(config):
     cfg = PruningConfig(**config)
     assert methods.parse_method(methods.method_spec(cfg)).config == cfg
+
+
+@pytest.mark.parametrize("spec", ["lazy:layers=6,12,:keep=0.5,0.4", "lazy:layers=1_0",
+                                  "lazy:keep=,0.5"])
+def test_method_specs_read_numbers_as_the_cli_does(spec):
+    """A trailing comma or an underscore in a number, refused by the CLI's --prune-layers and
+    --keep, was accepted here (6,12, read as 6,12; 1_0 as 10)."""
+    with pytest.raises(ValueError):
+        methods.parse_method(spec)
 
 
 def test_named_methods_and_depth_fractions():

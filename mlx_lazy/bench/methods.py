@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..inputs import parse_float, parse_int
 from ..scorers import Scorer, scorer_spec, spec_keys
 from .common import BASELINE, Method
 
@@ -47,10 +48,14 @@ NAMED_METHODS: dict[str, str] = {
 
 
 def _parse_value(text: str) -> Any:
-    """``"6,12"`` -> (6, 12); ``"0.5"`` -> 0.5; ``"true"`` -> True; else the string."""
+    """``"6,12"`` -> (6, 12); ``"0.5"`` -> 0.5; ``"true"`` -> True; else the string. Numbers
+    as the CLI reads them (no ``1_0``); a list with an empty item is refused."""
     if "," in text:
-        return tuple(_parse_value(t) for t in text.split(",") if t)
-    for conv in (int, float):
+        items = text.split(",")
+        if not all(items):
+            raise ValueError(f"the list {text!r} has an empty item")
+        return tuple(_parse_value(t) for t in items)
+    for conv in (parse_int, parse_float):
         try:
             return conv(text)
         except ValueError:
@@ -133,7 +138,7 @@ def parse_methods(text: str) -> tuple[str, ...]:
 #: Order of the fields in :func:`method_spec`: the cuts first, the scorer (whose spec takes
 #: the parts after it) last.
 _SPEC_FIELDS = ("prune_layers", "keep", "speed_cutoff", "anchors", "seed", "revive", "complete",
-                "max_revivals", "revive_margin", "reselect_every", "scorer")
+                "max_revivals", "revive_margin", "reselect_every", "quality", "scorer")
 
 
 def method_spec(config: Any) -> str:
@@ -160,4 +165,4 @@ def _spec_value(x: Any) -> str:
         return str(x).lower()
     if isinstance(x, Scorer):
         return scorer_spec(x)
-    return f"{x:g}" if isinstance(x, float) else str(x)
+    return repr(x) if isinstance(x, float) else str(x)  # 1.0 stays a fraction, not 1 layer
