@@ -101,6 +101,8 @@ def _read(path: Path) -> Tuple[PruningConfig, str]:
     if unknown:
         raise UserInputError(f"schedule file {path}: unknown field config.{unknown[0]} "
                              f"(fields: {', '.join(SCHEDULE_FIELDS)})")
+    if "method" not in config:  # else PruningConfig's default, full, would run
+        raise UserInputError(f"schedule file {path} lacks config.method")
     saved = model["fingerprint"]
     layers = saved.get("num_layers")
     if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= MAX_COUNT:
@@ -319,11 +321,17 @@ def folder_schedules(folder: Union[str, Path],
     ``mlx_lazy_schedule.high.json``), by quality, checked against the model's fingerprint.
 
     Raises:
-        UserInputError: a malformed file, or one calibrated for another model.
+        UserInputError: a malformed file, one calibrated for another model, or one whose
+            method is not ``lazy``.
     """
     stem = MODEL_SCHEDULE_FILE.removesuffix(".json")
     paths = {q: Path(folder) / schedule_file_name(stem, q) for q in QUALITIES}
-    return {q: read_schedule(p, fingerprint) for q, p in paths.items() if p.is_file()}
+    found = {q: read_schedule(p, fingerprint) for q, p in paths.items() if p.is_file()}
+    for q, config in found.items():
+        if config.method != "lazy":  # what a plain "lazy" takes
+            raise UserInputError(f"{paths[q]} is what --method lazy runs on this model: its "
+                                 f"method must be 'lazy', not {config.method!r}")
+    return found
 
 
 def fingerprint_digest(fingerprint: Dict[str, Any]) -> str:

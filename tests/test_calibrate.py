@@ -452,6 +452,24 @@ def test_schedule_source_preset_user_and_calibrated_folder(tiny_model_path, sche
     assert LazyEngine(model, resolve_config(model, user)).stats.schedule["prune_layers"] == [1]
 
 
+def test_a_folder_schedule_must_be_a_lazy_one(tiny_model_path, tmp_path):
+    """A model folder's schedule is what a plain ``--method lazy`` runs: one of another
+    method ran that method (a random drop, for ``lazy``), and a file without a method ran
+    ``full``."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_path, folder)
+    model, _ = load(folder)
+    fp = ModelAdapter(model).fingerprint()
+    write_schedule(folder / MODEL_SCHEDULE_FILE, PruningConfig("random", keep=(0.5,)), fp, {})
+    with pytest.raises(UserInputError, match="its method must be 'lazy', not 'random'"):
+        load(folder)
+    doc = json.loads((folder / MODEL_SCHEDULE_FILE).read_text())
+    del doc["config"]["method"]
+    (folder / MODEL_SCHEDULE_FILE).write_text(json.dumps(doc))
+    with pytest.raises(UserInputError, match="lacks config.method"):
+        load(folder)
+
+
 def test_a_schedules_decode_step_applies_unless_the_config_names_its_own(tiny_model_path,
                                                                          tmp_path):
     """A plain ``lazy`` decodes as its schedule was calibrated (complete, max_revivals,
