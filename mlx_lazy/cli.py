@@ -49,6 +49,7 @@ from .policies import RandomDrop, compose
 from .prompt_input import add_prompt_arguments, argv_text, encode_prompt, read_prompt
 from .run_report import RunResult, format_compare_table, format_summary
 from .schedule_files import DECODE_FIELDS, SCHEDULE_FIELDS, read_schedule
+from .resolve import check_config
 from .schedule import Schedule
 from .scorers import SCORERS, Scorer, parse_scorer
 
@@ -329,6 +330,7 @@ def _run(args: argparse.Namespace, group=None) -> None:
             raise UserInputError(f"--anchors applies to pruning methods; --method {BASELINE} "
                                  f"prunes nothing")
         config = build_config(args)
+        check_config(config)  # what needs no model, before it loads
         if args.compare and config.method == BASELINE:
             raise UserInputError(f"--compare runs {BASELINE} against --method; choose a pruning "
                                  f"method such as --method lazy")

@@ -19,7 +19,7 @@ from .config import PruningConfig, build_schedule
 from .errors import UserInputError
 from .policies import check_revive, check_taken, compose
 from .schedule import Schedule
-from .schedule_files import calibrated, check_model
+from .schedule_files import calibrated, check_model, check_quality
 
 
 def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
@@ -34,6 +34,20 @@ def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig
         raise UserInputError(
             f"config must be a PruningConfig, a method name or None, got {config!r}")
     return config
+
+
+def check_config(config: PruningConfig) -> None:
+    """The checks of a request that need no model (the CLI runs them before one loads), made
+    before a calibrated schedule stands in for it: a field its method does not take
+    (speed_cutoff on a plain "lazy" is refused, not dropped with the preset), revival fields
+    without revive, a quality on a request that is not plain ``lazy``.
+
+    Raises:
+        UserInputError: naming the field.
+    """
+    check_taken(config, compose(config.method))
+    check_revive(config)
+    check_quality(config)
 
 
 def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = None, *,
@@ -54,10 +68,7 @@ def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = N
         UserInputError: an invalid config or a schedule calibrated for another model.
     """
     requested = as_config(config) or PruningConfig()
-    # Before a calibrated schedule stands in for the request: a field its method does not
-    # take (speed_cutoff on a plain "lazy") is refused, not dropped with the preset.
-    check_taken(requested, compose(requested.method))
-    check_revive(requested)
+    check_config(requested)
     if fingerprint is None:
         fingerprint = ModelAdapter(model).fingerprint()
     chosen = calibrated(requested, fingerprint, getattr(model, "mlx_lazy_schedules", None),

@@ -277,15 +277,9 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
         UserInputError: ``quality="high"`` on a request that is not plain ``lazy``, or for a
             model without a calibrated high-quality schedule.
     """
-    plain = (config.method == "lazy" and config.source is None
-             and all(getattr(config, f) is None for f in PRUNING_FIELDS))
-    high = config.quality != "default"
-    if not plain:
-        if high:
-            raise UserInputError(f"quality={config.quality!r} picks the model's calibrated "
-                                 "schedule: it takes a plain method 'lazy' (no cuts, keep "
-                                 "fractions, scorer or schedule file)")
+    if not check_quality(config):
         return config
+    high = config.quality != "default"
     found = (attached or {}).get(config.quality)
     if found is None:
         try:
@@ -313,6 +307,22 @@ def _decode(config: PruningConfig, chosen: Mapping[str, Any]) -> Dict[str, Any]:
     field by field unless the request ``config`` names its own."""
     return {f: chosen[f] if getattr(config, f) is None else getattr(config, f)
             for f in DECODE_FIELDS}
+
+
+def check_quality(config: PruningConfig) -> bool:
+    """Whether ``config`` is a plain ``lazy`` request (no cuts, keep fractions, scorer or
+    schedule file), the one a calibrated schedule stands in for.
+
+    Raises:
+        UserInputError: a quality other than the default on any other request.
+    """
+    plain = (config.method == "lazy" and config.source is None
+             and all(getattr(config, f) is None for f in PRUNING_FIELDS))
+    if not plain and config.quality != "default":
+        raise UserInputError(f"quality={config.quality!r} picks the model's calibrated "
+                             "schedule: it takes a plain method 'lazy' (no cuts, keep "
+                             "fractions, scorer or schedule file)")
+    return plain
 
 
 def folder_schedules(folder: Union[str, Path],

@@ -206,6 +206,19 @@ def test_invalid_schedule(tiny_model_path, flags, fragment):
     assert_bad_input(run_cli("--model", str(tiny_model_path), "-p", "hi", *flags), fragment)
 
 
+@pytest.mark.parametrize("flags, message", [
+    (("--keep", "0.5"), "method 'full' takes no keep"),
+    (("--method", "lazy", "--no-revive", "--complete", "exact"), "revive=False keeps pruned"),
+    (("--quality", "high", "--method", "lazy", "--keep", "0.5"), "quality='high' picks"),
+])
+def test_a_config_error_comes_before_the_model_loads(flags, message, capsys):
+    """Errors that need no model are found before one loads (a real one takes seconds to
+    minutes): with a model path that does not exist, the config's error is the one given."""
+    assert cli.main(["--model", "/nonexistent/model", "-p", "hi", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "cannot load model" not in err, err
+
+
 @pytest.mark.slow  # runs a process of its own
 def test_empty_prompt():
     assert_bad_input(run_cli("-p", "  \\n "), "empty")
