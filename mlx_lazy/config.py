@@ -167,7 +167,7 @@ class PruningConfig:
         if not isinstance(self.revive, (bool, np.bool_)):
             raise UserInputError(
                 f"revive must be True or False, got {shown(self.revive, SHOWN)}")
-        if self.quality not in QUALITIES:
+        if not isinstance(self.quality, str) or self.quality not in QUALITIES:
             raise UserInputError(f"quality must be one of {', '.join(QUALITIES)}, got "
                                  f"{shown(self.quality, SHOWN)}")
         values = {

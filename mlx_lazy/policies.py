@@ -119,6 +119,12 @@ class ScoredCuts(Policy):
                     f"the {bound} leaves no room for the {m!r} preset's pruning cut, "
                     f"which needs a layer after it below the cutoff ({fix})")
             layers = layers_at(self.at, num_layers, depth)
+            if config.keep is not None and len(config.keep) != len(layers):
+                raise UserInputError(
+                    f"the {m!r} preset cuts after layer{'s' if layers[1:] else ''} "
+                    f"{', '.join(map(str, layers))} of this {num_layers}-layer model: give "
+                    f"{len(layers)} keep fraction{'s' if layers[1:] else ''}, or prune_layers "
+                    f"with the keep fractions")
         else:
             layers = config.prune_layers
         keep = self.keep[: len(layers)] if config.keep is None else config.keep

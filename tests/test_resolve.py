@@ -111,3 +111,16 @@ def test_revival_fields_without_revive_are_refused(tiny_model, given):
                                              f"so {next(iter(given))} would do nothing"):
         resolve_config(model, config)
     assert not resolve_config(model, PruningConfig("lazy", revive=False)).revive
+
+
+def test_keep_fractions_for_the_presets_cuts_name_them():
+    """keep without prune_layers goes with the preset's cuts, which merge on a shallow model:
+    the error names them (it said "1 layers, 2 fractions" of layers the user never gave)."""
+    from mlx_lazy import build_schedule
+
+    with pytest.raises(UserInputError, match="the 'lazy' preset cuts after layer 2 of this "
+                                             "4-layer model: give 1 keep fraction"):
+        build_schedule(PruningConfig("lazy", keep=(1.0, 1.0)), 4)
+    assert build_schedule(PruningConfig("lazy", keep=(0.5, 0.3)), 30).keep == (0.5, 0.3)
+    with pytest.raises(UserInputError, match="quality must be one of default, high"):
+        PruningConfig("lazy", quality=["high"])
