@@ -153,8 +153,8 @@ class ModelAdapter:
         if model_type == "mistral3" and self.text.model_type not in ("llama", "ministral3"):
             raise UserInputError(f"unsupported text model type {self.text.model_type!r} in a "
                                  "mistral3 checkpoint; mlx-lazy supports llama, ministral3")
-        self.gemma = model_type in GEMMA3_TYPES
-        self.gemma4 = model_type in GEMMA4_TYPES
+        self._gemma3 = model_type in GEMMA3_TYPES
+        self._gemma4 = model_type in GEMMA4_TYPES
         self._post_norms = model_type in POST_NORM_TYPES
         self.inner = self.text.model
         self.layers = list(self.inner.layers)
@@ -168,19 +168,19 @@ class ModelAdapter:
         self.scale: float = getattr(attn, "scale", None) or attn.sm_scale
         self.lm_head = getattr(self.text, "lm_head", None)
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
-        gemma = self.gemma or self.gemma4
+        gemma = self._gemma3 or self._gemma4
         self._activations = [_gated_activation(block.mlp, gemma) for block in self.layers]
         args = self.text.args
         # Gemma 4's E2B/E4B: the layer whose keys and values each layer attends over, and
         # the width of each layer's per-token input
         self._kv_layers = list(getattr(self.inner, "previous_kvs", range(len(self.layers))))
-        self._layer_input = (args.hidden_size_per_layer_input or 0) if self.gemma4 else 0
+        self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
         self._hidden = int(args.hidden_size)
         self._softcap = getattr(args, "final_logit_softcapping", None) if gemma else None
         # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
         # rounded to bfloat16, as Gemma's reference does; Gemma 4 by sqrt(hidden) as a float
-        self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self.gemma else
-                             args.hidden_size ** 0.5 if self.gemma4 else
+        self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self._gemma3 else
+                             args.hidden_size ** 0.5 if self._gemma4 else
                              args.embedding_multiplier if model_type == "granite" else None)
         granite = model_type == "granite"
         self._residual_multiplier = args.residual_multiplier if granite else None
@@ -359,12 +359,12 @@ class ModelAdapter:
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
                                h[..., self._hidden + width:])
         h = self._blas_rows(h)
-        if self.gemma:  # norms after attention and around the MLP; float16-safe residuals
+        if self._gemma3:  # norms after attention and around the MLP; float16-safe residuals
             from mlx_lm.models.gemma3_text import clip_residual
             h = clip_residual(h, block.post_attention_layernorm(r))
             h = clip_residual(h, block.post_feedforward_layernorm(
                 self._mlp(layer, block.pre_feedforward_layernorm(h))))
-        elif self.gemma4:
+        elif self._gemma4:
             h = h + block.post_attention_layernorm(r)
             x = self._mlp(layer, block.pre_feedforward_layernorm(h))
             if block.enable_moe:  # experts beside the dense MLP, each with its own norms

@@ -504,3 +504,21 @@ def test_plots_bad_input_is_one_error_line(tmp_path, capsys, results, out, messa
         plots_main([str(tmp_path), "--out", str(tmp_path / out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and message in err[-1], err
+
+
+def test_the_mlx_lm_row_counts_every_layer(tiny_model):
+    """mlx-lm keeps caches for Gemma 4 E2B's lower layers only (the upper ones read them):
+    its row still has one entry per layer, KV where ours (``full``) has it (layer 0's is its
+    24-token sliding window), and every layer's prompt tokens and attention pairs (its row
+    once had 2 layers of 4, half the pairs)."""
+    from mlx_lazy.bench.common import Method, measure
+
+    model, tokenizer = tiny_model("gemma4_text-e2b")
+    prompt = list(range(3, 123))
+    theirs = measure(model, tokenizer, Method("mlx-lm"), prompt, 2, stop_at_eos=False)
+    ours = measure(model, tokenizer, Method("full", PruningConfig("full")), prompt, 2,
+                   stop_at_eos=False)
+    for row in (theirs, ours):
+        assert [b > 0 for b in row.kv_bytes_per_layer] == [True, True, False, False]
+    assert theirs.prefill_tokens_per_layer == ours.prefill_tokens_per_layer == [120] * 4
+    assert theirs.prefill_attention_pairs == 120 * 121 // 2 * 4

@@ -229,3 +229,29 @@ def test_prior_reads_heads_where_the_family_names_them(tiny_model, kind):
 
     cost = prior(tiny_model(kind)[0])
     assert cost.a > 0 and cost.b == pytest.approx(102e-9 * 4 * 16 / 576)
+
+
+def test_a_layers_weights_count_the_experts_a_token_takes_and_every_layer(tiny_model):
+    """The prior scales by the weights a token runs through: gpt-oss's experts (2 of 4 per
+    token: their weights were not counted at all, so its layers looked all attention) and
+    Gemma 4's layers, which differ (wider global heads, E2B's wider upper MLPs: only layer 0
+    was read)."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from mlx_lazy.adapter import ModelAdapter
+    from mlx_lazy.bench.costmodel import head_dims, layer_params
+
+    model, _ = tiny_model("gpt_oss")
+    a = ModelAdapter(model)
+    experts = sum(p.size for name, p in tree_flatten(a.layers[0].parameters())
+                  if "experts" in name and name.endswith("weight"))
+    dense = sum(m.weight.size for _, m in a.layers[0].named_modules()
+                if isinstance(m, nn.Linear))
+    assert experts > dense and layer_params(a) == dense + experts * 2 / 4
+    model, _ = tiny_model("gemma4_text-e2b")
+    a = ModelAdapter(model)
+    sizes = [sum(m.weight.size for _, m in layer.named_modules() if isinstance(m, nn.Linear))
+             for layer in a.layers]
+    assert len(set(sizes)) == 4 and layer_params(a) == sum(sizes) / 4
+    assert head_dims(a) == 4 * (16 + 32) / 2  # sliding layers' 16, global ones' 32

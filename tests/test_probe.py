@@ -29,12 +29,14 @@ def test_needed_keep_counts_what_scores_at_least_the_weakest_value_token():
     assert probe.needed_keep(scores, np.array([1, 3]), forced, every=False) == 4 / 8
 
 
-@pytest.mark.parametrize("kind", ["llama", "gemma3_text"])
-def test_the_probe_keep_is_what_the_engine_cut_needs(tiny_model, kind):
+@pytest.mark.parametrize("kind, layer", [("llama", 1), ("gemma3_text", 1),
+                                         ("gemma4_text-e2b", 2)])
+def test_the_probe_keep_is_what_the_engine_cut_needs(tiny_model, kind, layer):
     """A cut after the layer keeping the probe's fraction keeps every value token through the
     prompt's selection; keeping only what scores strictly above the weakest one drops one.
     At its fraction for any value token, one stays; strictly above the strongest, none does.
-    So the probe ranks as the engine's own selection does, layer for layer."""
+    So the probe ranks as the engine's own selection does, layer for layer (Gemma 4 E2B's
+    layer 2 scoring layer 0's keys, which it reads)."""
     model, tokenizer = tiny_model(kind)
     sample = build_samples(tokenizer, "niah_single", 600, 1, seed=1)[0]
     scorer = parse_scorer(SCORER)
@@ -44,7 +46,6 @@ def test_the_probe_keep_is_what_the_engine_cut_needs(tiny_model, kind):
     positions = np.arange(n)
     forced = (positions < 1) | (positions >= n - scorer.n_queries)
     scores = probe.layer_scores(LazyEngine(model), sample.tokens, scorer)
-    layer = 1
     need = probe.needed_keep(scores[layer], value, forced)
     ranked = np.where(forced, np.inf, scores[layer])
     above = ranked > scores[layer][value].min()

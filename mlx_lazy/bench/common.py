@@ -218,10 +218,12 @@ def no_eos(tokenizer: Any) -> Iterator[None]:
         tokenizer.eos_token_ids = saved
 
 
-def mlx_lm_kv_bytes_per_layer(cache: Sequence[Any]) -> list[int]:
+def mlx_lm_kv_bytes_per_layer(cache: Sequence[Any], num_layers: int = 0) -> list[int]:
     """Bytes of the filled part of each layer of an mlx-lm prompt cache (not the 256-step
-    allocation, which is ``cache[i].nbytes``)."""
-    return [0 if c.empty() else sum(a.nbytes for a in c.keys_and_values()) for c in cache]
+    allocation, which is ``cache[i].nbytes``), 0 for the last of ``num_layers`` layers that
+    have none (Gemma 4 E2B/E4B's upper layers read lower layers' keys and values)."""
+    filled = [0 if c.empty() else sum(a.nbytes for a in c.keys_and_values()) for c in cache]
+    return filled + [0] * (num_layers - len(filled))
 
 
 def measure(model: Any, tokenizer: Any, method: Method, prompt: Sequence[int], max_tokens: int,
@@ -249,8 +251,8 @@ def measure(model: Any, tokenizer: Any, method: Method, prompt: Sequence[int], m
                                             max_tokens=max_tokens, prompt_cache=cache)
             timing, _, text = timed(stream)
         peak = mx.get_peak_memory()
-        kv_per_layer = mlx_lm_kv_bytes_per_layer(cache)
-        n_layers = len(cache)
+        n_layers = len(model.layers)  # mlx-lm keeps no cache for layers reading another's
+        kv_per_layer = mlx_lm_kv_bytes_per_layer(cache, n_layers)
         # Every token at every layer: the prompt, then each generated token fed back but the last.
         fed = n + timing.generation_tokens - 1
         counts = dict(prompt_tokens_computed_pct=100.0, tokens_computed_per_layer=[fed] * n_layers,

@@ -38,8 +38,8 @@ import numpy as np
 from ..adapter import ModelAdapter
 from ..selection import kept_count
 
-__all__ = ["PrefillCounts", "CostModel", "counts", "fit", "linear_params", "predicted_counts",
-           "prior"]
+__all__ = ["PrefillCounts", "CostModel", "counts", "fit", "layer_params", "linear_params",
+           "predicted_counts", "prior"]
 
 
 @dataclass(frozen=True)
@@ -208,25 +208,40 @@ fit = CostModel.fit
 _REFERENCE = dict(a=94e-6, b=102e-9, params_per_layer=3_538_944, head_dims=9 * 64)
 
 
-def linear_params(module: Any) -> int:
-    """Weights of ``module``'s linear layers, quantized ones counted at their float size."""
+def linear_params(module: Any, experts_used: float = 1.0) -> float:
+    """Weights of ``module``'s linear layers that a token runs through: quantized ones
+    counted at their float size, a sparse MoE's experts (mlx-lm's switch layers) at the share
+    ``experts_used`` of them a token takes."""
     import mlx.nn as nn
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
-    params = 0
+    params = 0.0
     for _, m in module.named_modules():
-        if isinstance(m, nn.QuantizedLinear):
-            params += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
-        elif isinstance(m, nn.Linear):
-            params += m.weight.size
+        if isinstance(m, (nn.Linear, nn.QuantizedLinear, SwitchLinear, QuantizedSwitchLinear)):
+            size = m.weight.size * (32 // m.bits if hasattr(m, "bits") else 1)
+            params += size * (experts_used if isinstance(
+                m, (SwitchLinear, QuantizedSwitchLinear)) else 1)
     return params
 
 
-def head_dims(adapter: ModelAdapter) -> int:
-    """Query heads x head_dim of a layer: what a query-key pair's arithmetic scales with (the
-    head size from the attention scale, 1/sqrt of it, where the module does not say it:
-    Granite's scale is a multiplier of its own)."""
-    attn = adapter.layers[0].self_attn
-    return adapter.n_heads * (getattr(attn, "head_dim", None) or round(adapter.scale ** -2))
+def layer_params(adapter: ModelAdapter) -> float:
+    """:func:`linear_params` of a token's layer, averaged over the layers (Gemma 4's differ;
+    an MoE layer's experts at the share a token takes: k of E)."""
+    args = adapter.text.args
+    experts = getattr(args, "num_experts", None) or getattr(args, "num_local_experts", None)
+    per_token = getattr(args, "num_experts_per_tok", None) or getattr(args, "top_k_experts", None)
+    used = per_token / experts if experts and per_token else 1.0
+    return sum(linear_params(layer, used) for layer in adapter.layers) / adapter.num_layers
+
+
+def head_dims(adapter: ModelAdapter) -> float:
+    """Query heads x head_dim of a layer, averaged over the layers (Gemma 4's global layers
+    have wider heads): what a query-key pair's arithmetic scales with (the head size from
+    the attention scale, 1/sqrt of it, where the module does not say it: Granite's scale is
+    a multiplier of its own)."""
+    dims = [getattr(layer.self_attn, "head_dim", None) or round(adapter.scale ** -2)
+            for layer in adapter.layers]
+    return adapter.n_heads * sum(dims) / len(dims)
 
 
 def prior(model: Any) -> CostModel:
@@ -235,7 +250,7 @@ def prior(model: Any) -> CostModel:
     heads × head_dim. Good for ranking schedules (only ratios are used); measure to confirm.
     """
     adapter = ModelAdapter(model)
-    params = linear_params(adapter.layers[0])
+    params = layer_params(adapter)
     r = _REFERENCE
     return CostModel(a=r["a"] * params / r["params_per_layer"],
                      b=r["b"] * head_dims(adapter) / r["head_dims"], c=0.0)

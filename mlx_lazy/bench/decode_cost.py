@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from ..adapter import ModelAdapter
-from .costmodel import head_dims, linear_params
+from .costmodel import head_dims, layer_params
 
 #: Fractions of the published peaks a decode step reaches on an Apple GPU (assumed: MLX's
 #: kernels reach ~80% of peak bandwidth on large reads; small-row matmuls far less than
@@ -73,17 +73,17 @@ class ModelShape:
     """The sizes a decode step's cost depends on."""
 
     num_layers: int
-    layer_params: int  # linear weights of one layer
+    layer_params: float  # linear weights a token runs through in a layer (the mean layer)
     head_params: int  # the LM head's (tied or not, it is read every step)
-    head_dims: int  # query heads x head_dim
+    head_dims: float  # query heads x head_dim (the mean layer)
 
     @classmethod
     def of(cls, model: Any) -> "ModelShape":
         """The shape of an mlx-lm model of a family the engine runs (quantized layers counted
         at their float size)."""
         a = ModelAdapter(model)
-        return cls(a.num_layers, linear_params(a.layers[0]),
-                   a.vocab_size * a.text.args.hidden_size, head_dims(a))
+        return cls(a.num_layers, layer_params(a), a.vocab_size * a.text.args.hidden_size,
+                   head_dims(a))
 
 
 @dataclass(frozen=True)

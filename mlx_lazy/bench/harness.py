@@ -304,7 +304,9 @@ def _paired_vs(rs: Sequence[RunRecord], refs: Sequence[RunRecord]) -> dict[str, 
 
 
 def prompt_layer_usage(r: RunRecord) -> list[float]:
-    """% of prompt tokens computed at each layer over the whole generation.
+    """Prompt token computations at each layer over the whole generation, as % of the
+    prompt's tokens: above 100 where ``complete="exact"`` computed kept tokens a second time
+    (its recompute).
 
     ``tokens_computed_per_layer`` also counts the generated tokens fed back in decode,
     which every method computes at full depth; their number is the last layer's count

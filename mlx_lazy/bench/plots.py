@@ -6,8 +6,9 @@
   paired 95% interval against the predicted pruning gain (and the measured one, where
   measured), one colour per scorer; :func:`plot_calibrations` (``python -m
   mlx_lazy.bench.plots DIR ... --out PNG``) puts several models' side by side.
-- ``token_usage.png``: % of prompt tokens computed (cumulative over the whole
-  generation) in each layer stage (the layers split in four, as in the paper's Figure 7).
+- ``token_usage.png``: prompt computations as % of the prompt's tokens (cumulative over
+  the whole generation; above 100 where ``exact`` recomputed) in each layer stage (the
+  layers split in four, as in the paper's Figure 7).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def stage_bounds(n_layers: int, n_stages: int = 4) -> list[tuple[int, int]]:
 
 
 def plot_token_usage(result: dict[str, Any], path: Path, max_methods: int = 12) -> Path:
-    """% of prompt tokens computed per layer stage, cumulative over the generation."""
+    """Prompt computations per layer stage as % of the prompt's tokens, cumulative over the
+    generation (above 100 where ``complete="exact"`` recomputed)."""
     usage: dict[str, list[list[float]]] = defaultdict(list)
     for r in _all_rows(result):
         if r.get("layer_usage_pct"):
@@ -100,16 +102,17 @@ def plot_token_usage(result: dict[str, Any], path: Path, max_methods: int = 12) 
     n_layers = result["meta"]["n_layers"]
     stages = stage_bounds(n_layers)
     fig, ax = plt.subplots(figsize=(max(7.0, 0.9 * len(names) + 3), 4.6 + 0.15 * len(names)))
-    width = 0.8 / max(len(names), 1)
+    width, top = 0.8 / max(len(names), 1), 100.0
     for k, name in enumerate(names):
         per_layer = [statistics.fmean(col) for col in zip(*usage[name])]
         vals = [statistics.fmean(per_layer[a:b]) for a, b in stages]
         xs = [i + (k - (len(names) - 1) / 2) * width for i in range(len(stages))]
         color = COLORS.get(name, plt.cm.tab20(k % 20))  # presets by family colour
         ax.bar(xs, vals, width, label=name, color=color)
+        top = max(top, *vals)
     ax.set_xticks(range(len(stages)), [f"layers {a + 1}–{b}" for a, b in stages])
-    ax.set_ylabel("% of prompt tokens computed")
-    ax.set_ylim(0, 105)
+    ax.set_ylabel("prompt computations, % of its tokens")
+    ax.set_ylim(0, top + 5)
     ax.set_title("cumulative prompt-token usage by layer stage (whole generation)")
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     ax.grid(axis="y", alpha=0.3)

@@ -90,11 +90,18 @@ def layer_scores(engine: LazyEngine, tokens: Sequence[int], scorer: Scorer) -> L
     scores: List[np.ndarray] = []
     qkv = adapter.qkv
     candidates = np.ones(n, bool)  # every prompt token, at every layer
+    # the keys of the layers that later layers read (Gemma 4's E2B/E4B); no others are held
+    read = {adapter.kv_layer(layer) for layer in range(adapter.num_layers)
+            if adapter.kv_layer(layer) != layer}
+    held = {}
 
     def scored(layer: int, h: mx.array, positions: np.ndarray) -> tuple:
         q, k, v = qkv(layer, h, positions)
-        if layer < adapter.num_layers - 1:  # scored at once: no layer's keys held past it
-            ctx = ScoreContext(layer, q[:, :, -window:], positions[-window:], k, positions,
+        if layer in read:
+            held[layer] = k
+        if layer < adapter.num_layers - 1:  # scored at once
+            keys = held[adapter.kv_layer(layer)] if k is None else k
+            ctx = ScoreContext(layer, q[:, :, -window:], positions[-window:], keys, positions,
                                candidates, None, adapter.scale)
             scores.append(np.array(scorer.score(ctx)))
         return q, k, v
