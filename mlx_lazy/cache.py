@@ -231,7 +231,8 @@ class LazyCache:
         self.revivals = 0
         # By pruning layer, the tokens (by position) the last selecting step chose, and the
         # context length then: the decode steps until the next re-selection see them
-        # (``reselect_every``). A hint, not state: a copied, trimmed or loaded cache re-selects.
+        # (``reselect_every``). Copies and rollbacks keep them; a trimmed or loaded cache
+        # re-selects at its next step.
         self.choices: Dict[int, Mask] = {}
         self.chosen_at = 0
 
@@ -259,6 +260,7 @@ class LazyCache:
             if name != "computed":
                 setattr(out, name, getattr(self, name).copy())
         out.prompt_len, out.revivals = self.prompt_len, self.revivals
+        out.choices, out.chosen_at = dict(self.choices), self.chosen_at  # masks never mutated
         return out
 
     def rollback(self, mark: "LazyCache") -> None:
@@ -279,7 +281,7 @@ class LazyCache:
             if name != "computed":
                 setattr(self, name, getattr(mark, name))
         self.prompt_len, self.revivals = mark.prompt_len, mark.revivals
-        self.choices = {}
+        self.choices, self.chosen_at = dict(mark.choices), mark.chosen_at
 
     @property
     def length(self) -> int:

@@ -158,7 +158,7 @@ class LazyEngine:
         tokens, n = mx.array(ids), len(ids)
         if self.cache.stash:  # new tokens must see the recomputed states
             self.complete()
-        with self._atomic():
+        with self.atomic():
             return self._extend(tokens, n, progress)
 
     def _extend(self, tokens: mx.array, n: int, progress: Optional[ProgressFn]) -> mx.array:
@@ -204,15 +204,19 @@ class LazyEngine:
             check_tokens(token_ids([token]), self.adapter.vocab_size)
             token = mx.array([token])
         token = token.reshape(1)
-        self.schedule.completion.before_decode(self)
-        with self._atomic():
+        if self.cache.stash:  # exact's recompute rewrites KV: never inside a checkpoint
+            self.complete()
+        with self.atomic():  # the step and the completion its mode runs first, or neither
+            self.schedule.completion.before_decode(self)
             return self._forward(token, self.cache.add_tokens(1), prompt=False)
 
     @contextmanager
-    def _atomic(self) -> Iterator[None]:
+    def atomic(self) -> Iterator[None]:
         """Tokens added inside go in whole or not at all: an exception part-way (Ctrl-C, a
-        progress callback that raised) returns the state to what it was before, revived
-        tokens included (they were in flight, out of the Aux Cache)."""
+        progress callback, sampler or logits processor that raised) returns the state to what
+        it was before, revived and completed tokens included (they were in flight, out of
+        the Aux Cache). Not around ``complete="exact"``'s recompute, which rewrites keys and
+        values: run :meth:`complete` first while :attr:`cache` holds a stash."""
         mark = self.cache.checkpoint()
         try:
             yield
@@ -329,6 +333,9 @@ class LazyEngine:
             should_stop: polled between layers; True stops early (a request arrived), leaving
                 the rest where :meth:`complete` resumes it.
 
+        An exception part-way (Ctrl-C) leaves the waiting tokens waiting, as before the call
+        (:meth:`atomic`), but inside the recompute of a stash.
+
         Returns:
             The number of token-layers computed.
         """
@@ -344,8 +351,9 @@ class LazyEngine:
             if stopped:
                 return done
         budget = None if max_token_layers is None else max_token_layers - done
-        more, _ = self._carry_up(0, np.empty(0, np.int64), None, budget, should_stop,
-                                 self.cache.aux_put, absorb=True)
+        with self.atomic():  # an interrupt leaves the waiting tokens waiting
+            more, _ = self._carry_up(0, np.empty(0, np.int64), None, budget, should_stop,
+                                     self.cache.aux_put, absorb=True)
         return done + more
 
     def _carry_up(self, start: int, carried: np.ndarray, h: Optional[mx.array],

@@ -273,11 +273,12 @@ def check_revive(config: Config) -> None:
     """Refuse, with ``revive`` off, the fields that act on pruned tokens coming back.
 
     Raises:
-        UserInputError: ``complete``, ``max_revivals`` or ``revive_margin`` given with
-            ``revive=False`` (they would do nothing: pruned tokens stay out for good).
+        UserInputError: a ``complete`` mode but ``"none"``, a ``max_revivals`` but 0 or a
+            ``revive_margin`` but 0 given with ``revive=False`` (they would do nothing:
+            pruned tokens stay out for good).
     """
-    given = [f for f in ("complete", "max_revivals", "revive_margin")
-             if getattr(config, f) is not None]
+    idle = {"complete": "none", "max_revivals": 0, "revive_margin": 0}
+    given = [f for f, value in idle.items() if getattr(config, f) not in (None, value)]
     if not config.revive and given:
         raise UserInputError(f"revive=False keeps pruned tokens out for good, so "
                              f"{_listing(given, 'and')} would do nothing; drop "

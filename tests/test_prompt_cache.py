@@ -871,3 +871,84 @@ def test_a_decode_step_interrupted_in_a_layer_leaves_the_state_as_it_was(tiny_mo
         if engine.cache.revivals > revivals:
             break
     assert engine.cache.revivals > revivals, "no step revived: the test checks nothing"
+
+
+def test_a_processor_that_raises_takes_its_step_back_whole(tiny_model):
+    """A logits processor that raises after its step ran (and revived tokens from the Aux
+    Cache) takes the step back whole: the state is, array for array, that of a run that
+    stopped before the step (the revivals once stayed: the next step differed)."""
+    model, _ = tiny_model("llama")
+    prompt = ids(300, model.args.vocab_size, 46)
+    cache = make_prompt_cache(model, AGGRESSIVE)
+    with pytest.raises(Boom):
+        for _ in generate_step(prompt, model, prompt_cache=cache, max_tokens=20,
+                               logits_processors=[raise_after(9)]):
+            pass
+    twin = make_prompt_cache(model, AGGRESSIVE)
+    list(generate_step(prompt, model, prompt_cache=twin, max_tokens=7))
+    assert cache.tokens == twin.tokens
+    same_state(twin.engine.cache)(cache.engine.cache)
+    assert cache.engine.cache.revivals == twin.engine.cache.revivals
+
+
+@pytest.mark.parametrize("complete", ["after-first", "progressive:8"])
+def test_a_completion_interrupted_leaves_the_waiting_tokens_waiting(tiny_model, monkeypatch,
+                                                                    complete):
+    """Ctrl-C inside the completion a decode step runs first (after-first's whole one,
+    progressive's budget) once lost the hidden states it had taken out of the Aux Cache:
+    those tokens never went deeper, and a saved file of it was refused as corrupt. Now the
+    step and its completion go back whole: the retried step is an uninterrupted one."""
+    model, _ = tiny_model("llama")
+    config = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.25), complete=complete)
+    cache = make_prompt_cache(model, config)
+    engine = cache.engine
+    token = int(mx.argmax(cache.process(ids(200, model.args.vocab_size, 47))))
+    twin = engine.cache.copy()
+    before = same_state(engine.cache)
+    finish = engine.adapter.finish
+    monkeypatch.setattr(engine.adapter, "finish", raise_after(2, finish))  # in the completion
+    with pytest.raises(Boom):
+        engine.decode(token)
+    monkeypatch.setattr(engine.adapter, "finish", finish)
+    before(engine.cache)
+    logits = engine.decode(token)
+    engine.cache, interrupted = twin, engine.cache
+    assert rel_err(engine.decode(token), logits) < REL_TOL
+    same_state(engine.cache)(interrupted)
+
+
+def test_an_interrupted_complete_call_leaves_the_waiting_tokens_waiting(tiny_model,
+                                                                       monkeypatch):
+    model, _ = tiny_model("llama")
+    cache = make_prompt_cache(model, AGGRESSIVE)
+    engine = cache.engine
+    cache.process(ids(200, model.args.vocab_size, 48))
+    before = same_state(engine.cache)
+    finish = engine.adapter.finish
+    monkeypatch.setattr(engine.adapter, "finish", raise_after(2, finish))
+    with pytest.raises(Boom):
+        engine.complete()
+    monkeypatch.setattr(engine.adapter, "finish", finish)
+    before(engine.cache)
+    assert engine.complete() > 0 and not engine.cache.aux
+    assert engine.stats.max_computations_per_token_layer == 1
+
+
+def test_held_choices_survive_a_copy_and_a_rollback(tiny_model, monkeypatch):
+    """With reselect_every 2 a decode step may see the last selection: a copy, and a step
+    taken back, keep it (they once re-selected at once, unlike the live cache)."""
+    model, _ = tiny_model("llama")
+    config = PruningConfig("lazy", prune_layers=(1,), keep=(0.1,), complete="none",
+                           reselect_every=2)
+    cache = make_prompt_cache(model, config)
+    engine = cache.engine
+    token = int(mx.argmax(cache.process(ids(300, model.args.vocab_size, 49))))
+    copy = engine.cache.copy()
+    finish = engine.adapter.finish
+    monkeypatch.setattr(engine.adapter, "finish", raise_after(3, finish))
+    with pytest.raises(Boom):
+        engine.decode(token)
+    monkeypatch.setattr(engine.adapter, "finish", finish)
+    logits = engine.decode(token)
+    engine.cache = copy
+    assert rel_err(engine.decode(token), logits) < REL_TOL

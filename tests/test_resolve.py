@@ -111,6 +111,8 @@ def test_revival_fields_without_revive_are_refused(tiny_model, given):
                                              f"so {next(iter(given))} would do nothing"):
         resolve_config(model, config)
     assert not resolve_config(model, PruningConfig("lazy", revive=False)).revive
+    assert not resolve_config(model, PruningConfig("lazy", revive=False, complete="none",
+                                                   max_revivals=0)).revive
 
 
 def test_keep_fractions_for_the_presets_cuts_name_them():
