@@ -231,8 +231,8 @@ class LazyCache:
         self.revivals = 0
         # By pruning layer, the tokens (by position) the last selecting step chose, and the
         # context length then: the decode steps until the next re-selection see them
-        # (``reselect_every``). Copies and rollbacks keep them; a trimmed or loaded cache
-        # re-selects at its next step.
+        # (``reselect_every``). Copies, rollbacks and files keep them (a mask's length is the
+        # context length then); a trimmed cache re-selects at its next step.
         self.choices: Dict[int, Mask] = {}
         self.chosen_at = 0
 
@@ -376,6 +376,8 @@ class LazyCache:
             for depth, entry in getattr(self, name).items():
                 arrays[f"{name}.{depth}.data"] = entry.data
                 arrays[f"{name}.{depth}.positions"] = mx.array(entry.positions)
+        for layer, mask in self.choices.items():
+            arrays[f"choices.{layer}"] = mx.array(mask)
         return arrays
 
     @property
@@ -401,6 +403,9 @@ class LazyCache:
                              np.array(state[f"layers.{i}.positions"]).astype(np.int64))
         for key in state:
             name, _, rest = key.partition(".")
+            if name == "choices":
+                out.choices[int(rest)] = np.array(state[key]).astype(bool)
+                out.chosen_at = len(out.choices[int(rest)])
             if name in ROW_MAPS and rest.endswith(".positions"):
                 depth = int(rest.split(".")[0])
                 getattr(out, name)[depth] = Rows(np.array(state[key]).astype(np.int64),

@@ -19,8 +19,10 @@ file can crash generation or make it run silently wrong:
   and values (:func:`model_tensors` runs one token through the layers to see them); Aux Cache
   rows of tokens waiting at their depth (and one for every token that may still go on), at
   most one stash and only where the schedule stashes, scoring windows only at its pruning
-  layers (at most the scorer's queries, in position order); no NaN or infinity in any
-  tensor; no array the state does not name.
+  layers (at most the scorer's queries, in position order), the last choices (held between
+  re-selections) only at its pruning layers (one boolean per token then, all of one
+  length); no NaN or infinity in any tensor; no array the state does
+  not name.
 
 A problem raises ``UserInputError("prompt cache PATH is corrupt: ...")``.
 """
@@ -53,6 +55,7 @@ SHOWN = 80
 
 _ARRAY_NAME = re.compile(
     r"(layers|aux|stash|window)\.(0|[1-9][0-9]{0,9})\.(keys|values|positions|data)")
+_CHOICE_NAME = re.compile(r"choices\.(0|[1-9][0-9]{0,9})")
 _PARTS = {"layers": ("keys", "values", "positions"), **{m: ("data", "positions") for m in ROW_MAPS}}
 
 
@@ -209,9 +212,13 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
     """
     L, n = adapter.num_layers, len(tokens)
     entries: Dict[Tuple[str, int], Dict[str, mx.array]] = {}
+    choices = {}
     for name, array in arrays.items():
         m = _ARRAY_NAME.fullmatch(name)
         if name in TOKEN_ARRAYS:
+            continue
+        if _CHOICE_NAME.fullmatch(name):
+            choices[name] = array
             continue
         if m is None or m[3] not in _PARTS[m[1]] or (m[1] == "layers" and int(m[2]) >= L):
             raise Corrupt(f"unknown array {shown(name, SHOWN)}")
@@ -282,6 +289,12 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
                               f"most {schedule.scorer.n_queries}, at increasing positions")
             _tensor(f"{where}.data", parts["data"], shapes.queries[d], len(positions), 2)
         waiting[name] = np.concatenate([waiting[name], positions])
+    lengths = {array.shape[0] for array in choices.values()}
+    for name, array in choices.items():
+        if int(name.split(".")[1]) not in schedule.prune_layers or array.dtype != mx.bool_ \
+                or array.ndim != 1 or not 1 <= array.shape[0] <= n or len(lengths) > 1:
+            raise Corrupt(f"{name} must be the last choice of a pruning layer: one boolean per "
+                          f"token then, every choice alike")
     goes_on = np.flatnonzero((depth > 0) & (depth < limit))
     if not np.isin(goes_on, np.concatenate([waiting["aux"], waiting["stash"]])).all():
         raise Corrupt("a token that may go deeper has no hidden state in the Aux Cache")

@@ -934,9 +934,10 @@ def test_an_interrupted_complete_call_leaves_the_waiting_tokens_waiting(tiny_mod
     assert engine.stats.max_computations_per_token_layer == 1
 
 
-def test_held_choices_survive_a_copy_and_a_rollback(tiny_model, monkeypatch):
-    """With reselect_every 2 a decode step may see the last selection: a copy, and a step
-    taken back, keep it (they once re-selected at once, unlike the live cache)."""
+def test_held_choices_survive_a_copy_a_rollback_and_a_file(tiny_model, monkeypatch, tmp_path):
+    """With reselect_every 2 a decode step may see the last selection: a copy, a step taken
+    back and a saved file keep it (they once re-selected at once, unlike the live cache); a
+    file's choice that no pruning layer could hold is refused."""
     model, _ = tiny_model("llama")
     config = PruningConfig("lazy", prune_layers=(1,), keep=(0.1,), complete="none",
                            reselect_every=2)
@@ -944,11 +945,23 @@ def test_held_choices_survive_a_copy_and_a_rollback(tiny_model, monkeypatch):
     engine = cache.engine
     token = int(mx.argmax(cache.process(ids(300, model.args.vocab_size, 49))))
     copy = engine.cache.copy()
+    save_prompt_cache(tmp_path / "c.safetensors", cache)
+    loaded = load_prompt_cache(tmp_path / "c.safetensors", model)
     finish = engine.adapter.finish
     monkeypatch.setattr(engine.adapter, "finish", raise_after(3, finish))
     with pytest.raises(Boom):
         engine.decode(token)
     monkeypatch.setattr(engine.adapter, "finish", finish)
     logits = engine.decode(token)
+    assert rel_err(loaded.engine.decode(token), logits) < REL_TOL
     engine.cache = copy
     assert rel_err(engine.decode(token), logits) < REL_TOL
+    arrays, meta = mx.load(str(tmp_path / "c.safetensors"), return_metadata=True)
+    assert list(k for k in arrays if k.startswith("choices.")) == ["choices.1"]
+    for name, value in (("choices.2", arrays["choices.1"]),
+                        ("choices.1", arrays["choices.1"].astype(mx.float32))):
+        tampered = {k: v for k, v in arrays.items() if not k.startswith("choices.")}
+        tampered[name] = value
+        mx.save_safetensors(str(tmp_path / "t.safetensors"), tampered, metadata=meta)
+        with pytest.raises(UserInputError, match="must be the last choice of a pruning layer"):
+            load_prompt_cache(tmp_path / "t.safetensors", model)
