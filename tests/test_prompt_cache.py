@@ -739,6 +739,26 @@ def raise_after(n: int, then=lambda *args: args[-1]):
     return hook
 
 
+def interrupt(engine, monkeypatch, n: int, call) -> None:
+    """Run ``call`` with the ``n``-th layer ``engine`` finishes raising (as Ctrl-C would
+    there), and check that it raised."""
+    finish = engine.adapter.finish
+    monkeypatch.setattr(engine.adapter, "finish", raise_after(n, finish))
+    with pytest.raises(Boom):
+        call()
+    monkeypatch.setattr(engine.adapter, "finish", finish)
+
+
+def continues_as(engine, twin, token: int) -> mx.array:
+    """Decode ``token`` on ``engine`` and on a copy of its state ``twin`` (engine.cache
+    stays its own): the logits agree; returns them."""
+    logits = engine.decode(token)
+    engine.cache, own = twin, engine.cache
+    assert rel_err(engine.decode(token), logits) < REL_TOL
+    engine.cache = own
+    return logits
+
+
 def same_state(cache):
     """A check that a cache's state is, array for array, what ``cache``'s is now."""
     then = {name: np.array(a) for name, a in cache.state.items()}
@@ -857,17 +877,9 @@ def test_a_decode_step_interrupted_in_a_layer_leaves_the_state_as_it_was(tiny_mo
     for _ in range(6):  # until a step revives
         twin = engine.cache.copy()
         before = same_state(engine.cache)
-        finish = engine.adapter.finish
-        monkeypatch.setattr(engine.adapter, "finish", raise_after(3, finish))  # in layer 2
-        with pytest.raises(Boom):
-            engine.decode(token)
-        monkeypatch.setattr(engine.adapter, "finish", finish)
+        interrupt(engine, monkeypatch, 3, lambda: engine.decode(token))  # in layer 2
         before(engine.cache)
-        logits = engine.decode(token)
-        engine.cache, interrupted = twin, engine.cache
-        assert rel_err(engine.decode(token), logits) < REL_TOL
-        engine.cache = interrupted
-        token = int(mx.argmax(logits))
+        token = int(mx.argmax(continues_as(engine, twin, token)))
         if engine.cache.revivals > revivals:
             break
     assert engine.cache.revivals > revivals, "no step revived: the test checks nothing"
@@ -905,16 +917,10 @@ def test_a_completion_interrupted_leaves_the_waiting_tokens_waiting(tiny_model, 
     token = int(mx.argmax(cache.process(ids(200, model.args.vocab_size, 47))))
     twin = engine.cache.copy()
     before = same_state(engine.cache)
-    finish = engine.adapter.finish
-    monkeypatch.setattr(engine.adapter, "finish", raise_after(2, finish))  # in the completion
-    with pytest.raises(Boom):
-        engine.decode(token)
-    monkeypatch.setattr(engine.adapter, "finish", finish)
+    interrupt(engine, monkeypatch, 2, lambda: engine.decode(token))  # in the completion
     before(engine.cache)
-    logits = engine.decode(token)
-    engine.cache, interrupted = twin, engine.cache
-    assert rel_err(engine.decode(token), logits) < REL_TOL
-    same_state(engine.cache)(interrupted)
+    continues_as(engine, twin, token)
+    same_state(engine.cache)(twin)
 
 
 def test_an_interrupted_complete_call_leaves_the_waiting_tokens_waiting(tiny_model,
@@ -924,11 +930,7 @@ def test_an_interrupted_complete_call_leaves_the_waiting_tokens_waiting(tiny_mod
     engine = cache.engine
     cache.process(ids(200, model.args.vocab_size, 48))
     before = same_state(engine.cache)
-    finish = engine.adapter.finish
-    monkeypatch.setattr(engine.adapter, "finish", raise_after(2, finish))
-    with pytest.raises(Boom):
-        engine.complete()
-    monkeypatch.setattr(engine.adapter, "finish", finish)
+    interrupt(engine, monkeypatch, 2, engine.complete)
     before(engine.cache)
     assert engine.complete() > 0 and not engine.cache.aux
     assert engine.stats.max_computations_per_token_layer == 1
@@ -947,15 +949,9 @@ def test_held_choices_survive_a_copy_a_rollback_and_a_file(tiny_model, monkeypat
     copy = engine.cache.copy()
     save_prompt_cache(tmp_path / "c.safetensors", cache)
     loaded = load_prompt_cache(tmp_path / "c.safetensors", model)
-    finish = engine.adapter.finish
-    monkeypatch.setattr(engine.adapter, "finish", raise_after(3, finish))
-    with pytest.raises(Boom):
-        engine.decode(token)
-    monkeypatch.setattr(engine.adapter, "finish", finish)
-    logits = engine.decode(token)
+    interrupt(engine, monkeypatch, 3, lambda: engine.decode(token))
+    logits = continues_as(engine, copy, token)
     assert rel_err(loaded.engine.decode(token), logits) < REL_TOL
-    engine.cache = copy
-    assert rel_err(engine.decode(token), logits) < REL_TOL
     arrays, meta = mx.load(str(tmp_path / "c.safetensors"), return_metadata=True)
     assert list(k for k in arrays if k.startswith("choices.")) == ["choices.1"]
     for name, value in (("choices.2", arrays["choices.1"]),
