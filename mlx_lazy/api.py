@@ -312,8 +312,6 @@ def generate_step(
         nonlocal history
         if processors:
             history = mx.concatenate([history, y.reshape(1).astype(history.dtype)])
-        if engine.cache.stash:  # exact's recompute rewrites KV: before the step's checkpoint
-            engine.complete()
         # a sampler or processor that raises takes the step back whole, revivals included
         with mx.stream(generation_stream), engine.atomic():
             out = sample(engine.decode(y))  # the engine completes first, as its schedule says

@@ -406,7 +406,7 @@ class LazyCache:
             if name == "choices":
                 out.choices[int(rest)] = np.array(state[key]).astype(bool)
                 out.chosen_at = len(out.choices[int(rest)])
-            if name in ROW_MAPS and rest.endswith(".positions"):
+            elif name in ROW_MAPS and rest.endswith(".positions"):
                 depth = int(rest.split(".")[0])
                 getattr(out, name)[depth] = Rows(np.array(state[key]).astype(np.int64),
                                                  state[f"{name}.{depth}.data"], ROW_MAPS[name])

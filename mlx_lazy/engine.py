@@ -114,6 +114,7 @@ class LazyEngine:
                                  self.adapter.kv_layer)
         prepare()  # outside any timed region: the CPU kernels' one-time build
         self.cache = LazyCache(self.adapter.num_layers)
+        self._atomic_depth = 0  # nested atomic() blocks: the outermost checkpoints
         self.start_request()
 
     def start_request(self) -> None:
@@ -156,9 +157,7 @@ class LazyEngine:
         ids = token_ids(tokens.reshape(-1) if isinstance(tokens, mx.array) else tokens)
         check_tokens(ids, self.adapter.vocab_size)
         tokens, n = mx.array(ids), len(ids)
-        if self.cache.stash:  # new tokens must see the recomputed states
-            self.complete()
-        with self.atomic():
+        with self.atomic():  # new tokens see the recomputed states (an owed recompute first)
             return self._extend(tokens, n, progress)
 
     def _extend(self, tokens: mx.array, n: int, progress: Optional[ProgressFn]) -> mx.array:
@@ -204,8 +203,6 @@ class LazyEngine:
             check_tokens(token_ids([token]), self.adapter.vocab_size)
             token = mx.array([token])
         token = token.reshape(1)
-        if self.cache.stash:  # exact's recompute rewrites KV: never inside a checkpoint
-            self.complete()
         with self.atomic():  # the step and the completion its mode runs first, or neither
             self.schedule.completion.before_decode(self)
             return self._forward(token, self.cache.add_tokens(1), prompt=False)
@@ -215,14 +212,23 @@ class LazyEngine:
         """Tokens added inside go in whole or not at all: an exception part-way (Ctrl-C, a
         progress callback, sampler or logits processor that raised) returns the state to what
         it was before, revived and completed tokens included (they were in flight, out of
-        the Aux Cache). Not around ``complete="exact"``'s recompute, which rewrites keys and
-        values: run :meth:`complete` first while :attr:`cache` holds a stash."""
+        the Aux Cache). A recompute ``complete="exact"`` still owes (a stash) runs first,
+        outside: it rewrites keys and values, which a checkpoint does not keep. Nested, only
+        the outermost block checkpoints (and rolls back)."""
+        if self._atomic_depth:
+            yield
+            return
+        if self.cache.stash:
+            self.complete()
         mark = self.cache.checkpoint()
+        self._atomic_depth += 1
         try:
             yield
         except BaseException:
             self.cache.rollback(mark)
             raise
+        finally:
+            self._atomic_depth -= 1
 
     # ----------------------------------------------------------------- forward
     def _forward(self, tokens: mx.array, positions: np.ndarray, prompt: bool,

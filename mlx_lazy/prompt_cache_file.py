@@ -21,8 +21,7 @@ file can crash generation or make it run silently wrong:
   most one stash and only where the schedule stashes, scoring windows only at its pruning
   layers (at most the scorer's queries, in position order), the last choices (held between
   re-selections) only at its pruning layers (one boolean per token then, all of one
-  length); no NaN or infinity in any tensor; no array the state does
-  not name.
+  length); no NaN or infinity in any tensor; no array the state does not name.
 
 A problem raises ``UserInputError("prompt cache PATH is corrupt: ...")``.
 """

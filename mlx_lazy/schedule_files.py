@@ -277,7 +277,8 @@ def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],
         UserInputError: ``quality="high"`` on a request that is not plain ``lazy``, or for a
             model without a calibrated high-quality schedule.
     """
-    if not check_quality(config):
+    check_quality(config)
+    if not is_plain(config):
         return config
     high = config.quality != "default"
     found = (attached or {}).get(config.quality)
@@ -309,20 +310,24 @@ def _decode(config: PruningConfig, chosen: Mapping[str, Any]) -> Dict[str, Any]:
             for f in DECODE_FIELDS}
 
 
-def check_quality(config: PruningConfig) -> bool:
+def is_plain(config: PruningConfig) -> bool:
     """Whether ``config`` is a plain ``lazy`` request (no cuts, keep fractions, scorer or
-    schedule file), the one a calibrated schedule stands in for.
+    schedule file), the one a calibrated schedule stands in for."""
+    return (config.method == "lazy" and config.source is None
+            and all(getattr(config, f) is None for f in PRUNING_FIELDS))
+
+
+def check_quality(config: PruningConfig) -> None:
+    """Refuse a quality other than the default on a request that is not plain
+    (:func:`is_plain`): a quality picks a calibrated schedule.
 
     Raises:
-        UserInputError: a quality other than the default on any other request.
+        UserInputError: naming the quality.
     """
-    plain = (config.method == "lazy" and config.source is None
-             and all(getattr(config, f) is None for f in PRUNING_FIELDS))
-    if not plain and config.quality != "default":
+    if config.quality != "default" and not is_plain(config):
         raise UserInputError(f"quality={config.quality!r} picks the model's calibrated "
                              "schedule: it takes a plain method 'lazy' (no cuts, keep "
                              "fractions, scorer or schedule file)")
-    return plain
 
 
 def folder_schedules(folder: Union[str, Path],

@@ -162,7 +162,7 @@ class Pooled(Scorer):
     radius: int
 
     def __post_init__(self) -> None:
-        if type(self.inner) not in SCORERS.values():
+        if not _registered(self.inner):
             raise UserInputError(f"Pooled wraps one of the scorers {', '.join(SCORERS)}, got "
                                  f"{_cut(self.inner)}")
         _check_count("pool", self.radius, 1)
@@ -217,7 +217,7 @@ def parse_scorer(spec: Union[str, Scorer]) -> Scorer:
             scorers by their spec).
     """
     if isinstance(spec, Scorer):
-        if not isinstance(spec, Pooled) and type(spec) not in SCORERS.values():
+        if not isinstance(spec, Pooled) and not _registered(spec):
             raise UserInputError(f"scorer {type(spec).__name__} is not registered: add it to "
                                  "mlx_lazy.scorers.SCORERS")
         return spec
@@ -341,6 +341,11 @@ def _check_heads(heads: Any) -> None:
     if heads not in HEAD_REDUCTIONS:
         raise UserInputError(f"heads must be one of {', '.join(HEAD_REDUCTIONS)}, "
                              f"got {_cut(heads)}")
+
+
+def _registered(scorer: Any) -> bool:
+    """Whether ``scorer`` is of a class of :data:`SCORERS` (a spec can name it)."""
+    return type(scorer) in SCORERS.values()
 
 
 def _check_count(name: str, value: Any, low: int) -> None:

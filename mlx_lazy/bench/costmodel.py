@@ -215,12 +215,12 @@ def linear_params(module: Any, experts_used: float = 1.0) -> float:
     import mlx.nn as nn
     from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
+    switch = (SwitchLinear, QuantizedSwitchLinear)
     params = 0.0
     for _, m in module.named_modules():
-        if isinstance(m, (nn.Linear, nn.QuantizedLinear, SwitchLinear, QuantizedSwitchLinear)):
+        if isinstance(m, (nn.Linear, nn.QuantizedLinear, *switch)):
             size = m.weight.size * (32 // m.bits if hasattr(m, "bits") else 1)
-            params += size * (experts_used if isinstance(
-                m, (SwitchLinear, QuantizedSwitchLinear)) else 1)
+            params += size * (experts_used if isinstance(m, switch) else 1)
     return params
 
 
