@@ -19,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import ArraysCache
 
 from . import _blas, kernels
 from .errors import UserInputError
@@ -52,14 +53,19 @@ from .errors import UserInputError
 # a per-token input made from the token's id and embedding: the adapter's hidden state of a
 # token carries, after its (hidden_size,) part, the inputs of the layers it has yet to run
 # (each layer uses the first and drops it), so pruned, revived and cached tokens keep theirs.
+# qwen3_5, qwen3_5_moe (:data:`HYBRID_TYPES`, the text model of Qwen3.5/3.6 checkpoints):
+# three Gated DeltaNet layers (linear attention, :meth:`ModelAdapter.recurrent`) to one of
+# full attention whose q_proj also gives an output gate, q/k norms and partial RoPE.
 SUPPORTED_MODEL_TYPES = ("exaone4", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
                          "gpt_oss", "granite", "llama", "ministral3", "mistral", "mistral3",
-                         "olmo2", "olmo3", "phi3", "qwen2", "qwen3", "qwen3_moe", "smollm3")
+                         "olmo2", "olmo3", "phi3", "qwen2", "qwen3", "qwen3_5", "qwen3_5_moe",
+                         "qwen3_moe", "smollm3")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
+HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
-_WRAPPERS = ("gemma3", "gemma4", "mistral3")
+_WRAPPERS = ("gemma3", "gemma4", "mistral3", *HYBRID_TYPES)
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm}``, ``use_sliding``,
@@ -119,13 +125,24 @@ def sliding_windows(model: nn.Module) -> List[Optional[int]]:
 
 
 def global_layers(model: nn.Module) -> Tuple[int, ...]:
-    """The layers a cut may follow on a ``model`` with sliding-window layers: those that
-    attend globally, but the last (see :func:`mlx_lazy.policies.at_global_layers`); () on a
-    model without sliding windows, where any may."""
-    windows = sliding_windows(model)
-    if all(w is None for w in windows):
+    """The layers a cut may follow on a ``model`` where not every layer may: those that
+    attend globally (not through a sliding window, not recurrent), but the last (see
+    :func:`mlx_lazy.policies.at_global_layers`); () on a model whose layers all attend
+    globally, where any may."""
+    windows, recurrent = sliding_windows(model), recurrent_layers(model)
+    if all(w is None for w in windows) and not recurrent:
         return ()
-    return tuple(layer for layer, w in enumerate(windows[:-1]) if w is None)
+    return tuple(layer for layer, w in enumerate(windows[:-1])
+                 if w is None and layer not in recurrent)
+
+
+def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
+    """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
+    DeltaNet layers); () for every other family. Such a layer holds one state that has taken
+    its tokens in order, not keys and values: a token pruned below it can never enter it
+    later, and no cut can follow it (it gives no attention to score with)."""
+    return tuple(layer for layer, block in enumerate(_text_model(model).model.layers)
+                 if hasattr(block, "linear_attn"))
 
 
 class ModelAdapter:
@@ -162,7 +179,10 @@ class ModelAdapter:
         if any(getattr(layer, "use_sliding", False) and window is None
                for layer, window in zip(self.layers, self._windows)):
             raise UserInputError("sliding-window attention layers are not supported")
-        attn = self.layers[0].self_attn
+        self._recurrent = frozenset(recurrent_layers(model))
+        attn = next(block.self_attn for i, block in enumerate(self.layers)
+                    if i not in self._recurrent)
+        self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
         self.n_heads: int = getattr(attn, "n_heads", None) or attn.num_attention_heads
         self.n_kv_heads: int = getattr(attn, "n_kv_heads", None) or attn.num_key_value_heads
         self.scale: float = getattr(attn, "scale", None) or attn.sm_scale
@@ -197,6 +217,11 @@ class ModelAdapter:
         layers of Gemma 4's E2B/E4B the last lower layer of its kind (sliding or global),
         whose cache it reads; :meth:`qkv` gives them no keys and values."""
         return self._kv_layers[layer]
+
+    def recurrent(self, layer: int) -> bool:
+        """Whether ``layer`` is recurrent (:func:`recurrent_layers`): it runs through
+        :meth:`recurrent_block`, not :meth:`qkv` and :meth:`finish`."""
+        return layer in self._recurrent
 
     def sinks(self, layer: int) -> Optional[mx.array]:
         """The layer's attention sinks, one logit per head that each head's softmax also
@@ -304,10 +329,12 @@ class ModelAdapter:
         return out
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
-        """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied.
+        """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied,
+        and the output gate of a gated attention (Qwen3.5's) for :meth:`finish`.
 
         Returns arrays shaped (1, heads, n, head_dim); keys and values None where the layer
-        reads another's (:meth:`kv_layer`).
+        reads another's (:meth:`kv_layer`); the gate (1, n, heads x head_dim) None but in a
+        gated attention.
         """
         block = self.layers[layer]
         attn = block.self_attn
@@ -315,13 +342,18 @@ class ModelAdapter:
         x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
         if not self._post_norms:
             x = block.input_layernorm(x)
+        gate = None
         if hasattr(attn, "qkv_proj"):  # phi3: one projection, split as mlx-lm does
             qkv = attn.qkv_proj(x)
             q_end = self.n_heads * attn.head_dim
             q, k, v = mx.split(qkv, [q_end, q_end + self.n_kv_heads * attn.head_dim], axis=-1)
         elif self.kv_layer(layer) != layer:  # gemma4: a lower layer's keys and values
             q = attn.q_norm(attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1))
-            return _rope(attn.rope, q.transpose(0, 2, 1, 3), positions), None, None
+            return _rope(attn.rope, q.transpose(0, 2, 1, 3), positions), None, None, None
+        elif self._gated:  # each head's queries, then its gate, as mlx-lm splits them
+            q, gate = mx.split(attn.q_proj(x).reshape(1, x.shape[1], self.n_heads, -1), 2, -1)
+            q, gate = q.reshape(1, x.shape[1], -1), gate.reshape(1, x.shape[1], -1)[:, :n]
+            k, v = attn.k_proj(x), attn.v_proj(x)
         else:
             q, k = attn.q_proj(x), attn.k_proj(x)
             v = attn.v_proj(x) if hasattr(attn, "v_proj") else k  # gemma4's k_eq_v layers
@@ -346,14 +378,18 @@ class ModelAdapter:
         if hasattr(attn, "scaling_beta"):  # ministral3
             q = q * _query_scale(positions, attn.scaling_beta,
                                  attn.original_max_position_embeddings).astype(q.dtype)
-        return q, k, v
+        return q, k, v, gate
 
-    def finish(self, layer: int, h: mx.array, attn_out: mx.array) -> mx.array:
-        """Output projection, residual and MLP: attention output (1, H, n, d) -> new h."""
+    def finish(self, layer: int, h: mx.array, attn_out: mx.array,
+               gate: Optional[mx.array] = None) -> mx.array:
+        """Output projection, residual and MLP: attention output (1, H, n, d), times the
+        sigmoid of :meth:`qkv`'s ``gate`` where it gave one, -> new h."""
         block = self.layers[layer]
         n = attn_out.shape[2]
-        r = block.self_attn.o_proj(self._blas_rows(
-            attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)))
+        out = attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)
+        if gate is not None:
+            out = out * mx.sigmoid(gate)
+        r = block.self_attn.o_proj(self._blas_rows(out))
         if self._layer_input:  # gemma4 E2B/E4B: this layer's input, then the later layers'
             width = self._layer_input
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
@@ -387,6 +423,18 @@ class ModelAdapter:
             h = h + r
             h = h + self._mlp(layer, block.post_attention_layernorm(h))
         return h[:, :n] if h.shape[1] > n else h
+
+    def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]]
+                        ) -> mx.array:
+        """A recurrent layer on hidden states ``h`` (1, n, D) of tokens that follow, in
+        order, every token its ``state`` (mlx-lm's ``[conv_state, recurrent_state]``, None
+        before the first) has taken: ``state`` advances over them in place; returns their
+        hidden states after the layer, MLP included."""
+        block, n = self.layers[layer], h.shape[1]
+        cache = ArraysCache(len(state))
+        cache.cache = state
+        h = self._blas_rows(h + block.linear_attn(block.input_layernorm(h), None, cache))
+        return (h + self._mlp(layer, block.post_attention_layernorm(h)))[:, :n]
 
     def _mlp(self, layer: int, x: mx.array) -> mx.array:
         """The layer's MLP; on the CPU a gated one takes its activation from

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 
+from .errors import UserInputError
 from .scorers import Mask, ScoreMemo, position_order
 
 
@@ -206,7 +207,9 @@ class LazyCache:
     first cut that prunes, where each had seen every other, until the engine recomputes the
     layers above from them; ``window``, by pruning layer, the queries of the latest scoring
     tokens (a window scorer keeps reading them while decoding); ``prompt_len`` (tokens
-    given as prompt, the rest generated) and ``always_kept`` (positions kept at every cut).
+    given as prompt, the rest generated) and ``always_kept`` (positions kept at every cut);
+    ``recurrent``, by recurrent layer of a hybrid model, the state it holds after the tokens
+    it has taken (mlx-lm's ``[conv_state, recurrent_state]``).
 
     Like mlx-lm's caches it speaks :attr:`state` / :attr:`meta_state` /
     :meth:`from_state`, :meth:`copy`, :meth:`trim` and :attr:`nbytes`, so saving, loading,
@@ -235,6 +238,8 @@ class LazyCache:
         # context length then); a trimmed cache re-selects at its next step.
         self.choices: Dict[int, Mask] = {}
         self.chosen_at = 0
+        # A recurrent layer's state cannot drop tokens: such a cache trims only to empty.
+        self.recurrent: Dict[int, List[Optional[mx.array]]] = {}
 
     def copy(self) -> "LazyCache":
         """An independent copy of the whole state."""
@@ -261,6 +266,7 @@ class LazyCache:
                 setattr(out, name, getattr(self, name).copy())
         out.prompt_len, out.revivals = self.prompt_len, self.revivals
         out.choices, out.chosen_at = dict(self.choices), self.chosen_at  # masks never mutated
+        out.recurrent = {layer: list(state) for layer, state in self.recurrent.items()}
         return out
 
     def rollback(self, mark: "LazyCache") -> None:
@@ -282,6 +288,7 @@ class LazyCache:
                 setattr(self, name, getattr(mark, name))
         self.prompt_len, self.revivals = mark.prompt_len, mark.revivals
         self.choices, self.chosen_at = dict(mark.choices), mark.chosen_at
+        self.recurrent = {layer: list(state) for layer, state in mark.recurrent.items()}
 
     @property
     def length(self) -> int:
@@ -344,7 +351,19 @@ class LazyCache:
 
     def trim(self, length: int) -> None:
         """Forget every token at position ``length`` and after: its KV at every layer, its
-        rows (Aux Cache, stash, window) and its bookkeeping."""
+        rows (Aux Cache, stash, window) and its bookkeeping.
+
+        Raises:
+            UserInputError: tokens to forget from recurrent layers' states (:attr:`recurrent`),
+                which only trim to empty (:meth:`can_trim`).
+        """
+        if not self.can_trim(length):
+            raise UserInputError(
+                f"cannot trim this cache to {length} of its {self.length} tokens: the "
+                "recurrent (linear-attention) layers' state holds every token it took and "
+                "cannot drop some; trim all of them, or none")
+        if length == 0:
+            self.recurrent = {}
         for layer in self.layers:
             layer.trim(length)
         for name in ROW_MAPS:
@@ -360,6 +379,11 @@ class LazyCache:
         self.always_kept = self.always_kept[self.always_kept < length]
         self.prompt_len = min(self.prompt_len, length)
         self.choices = {}
+
+    def can_trim(self, length: int) -> bool:
+        """Whether :meth:`trim` can cut the cache to ``length`` tokens: always, but that a
+        recurrent layer's state trims only to empty or not at all."""
+        return not self.recurrent or length in (0, self.length)
 
     # ------------------------------------------------------------ cache protocol
     @property
@@ -378,6 +402,9 @@ class LazyCache:
                 arrays[f"{name}.{depth}.positions"] = mx.array(entry.positions)
         for layer, mask in self.choices.items():
             arrays[f"choices.{layer}"] = mx.array(mask)
+        for layer, state in self.recurrent.items():
+            for i, part in enumerate(state):
+                arrays[f"recurrent.{layer}.{i}"] = part
         return arrays
 
     @property
@@ -406,6 +433,11 @@ class LazyCache:
             if name == "choices":
                 out.choices[int(rest)] = np.array(state[key]).astype(bool)
                 out.chosen_at = len(out.choices[int(rest)])
+            elif name == "recurrent":
+                layer, part = map(int, rest.split("."))
+                parts = out.recurrent.setdefault(layer, [])
+                parts.extend([None] * (part + 1 - len(parts)))
+                parts[part] = state[key]
             elif name in ROW_MAPS and rest.endswith(".positions"):
                 depth = int(rest.split(".")[0])
                 getattr(out, name)[depth] = Rows(np.array(state[key]).astype(np.int64),
@@ -417,7 +449,8 @@ class LazyCache:
     def nbytes(self) -> int:
         """Bytes held: KV buffers (filled or not) and every row map."""
         return sum(layer.allocated_bytes for layer in self.layers) + sum(
-            e.data.nbytes for name in ROW_MAPS for e in getattr(self, name).values())
+            e.data.nbytes for name in ROW_MAPS for e in getattr(self, name).values()) + sum(
+            part.nbytes for state in self.recurrent.values() for part in state)
 
     @property
     def kv_bytes_per_layer(self) -> List[int]:

@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import ModelAdapter
+from .adapter import ModelAdapter, recurrent_layers
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -90,6 +90,9 @@ def shard(model: nn.Module, group: Group) -> None:
     sharder = SHARDERS.get(model.model_type)
     if sharder is None and not hasattr(model, "shard"):
         raise UserInputError(f"mlx-lm cannot shard {model.model_type!r} models over ranks")
+    if recurrent_layers(model):
+        raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
+                             "their linear-attention layers are not split here")
     # mlx-lm's shard() only divides: uneven splits must be refused here
     args = adapter.text.args  # gemma3: its text model's
     sizes = {"attention heads": args.num_attention_heads,
@@ -147,7 +150,8 @@ SHARDERS = {kind: shard_by_heads for kind in
 
 def model_group(model: nn.Module) -> Optional[Group]:
     """The group a model was sharded over by :func:`shard`, or None."""
-    o_proj = model.layers[0].self_attn.o_proj
+    attn = next(layer.self_attn for layer in model.layers if hasattr(layer, "self_attn"))
+    o_proj = attn.o_proj
     return o_proj.group if isinstance(o_proj, _SHARDED_TO_ALL) else None
 
 

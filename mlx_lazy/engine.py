@@ -301,8 +301,10 @@ class LazyEngine:
         None.
         """
         a, cache = self.adapter, self.cache
+        if a.recurrent(layer):
+            return self._recurrent_layer(layer, h, comp, output)
         kv = cache.layers[a.kv_layer(layer)]
-        q, k, v = a.qkv(layer, h, comp)
+        q, k, v, gate = a.qkv(layer, h, comp)
         if k is not None:
             kv.write(k, v, comp)
         cache.mark_computed(layer, comp)
@@ -312,12 +314,32 @@ class LazyEngine:
                 return q, None, rows, None
             if len(rows) > 1:
                 q, h, rows = q[:, :, -1:], h[:, -1:], rows[-1:]
+                gate = None if gate is None else gate[:, -1:]
         visible = kv.mask_at(seen)
         if k is None:  # the lower layer also holds tokens that stopped below this one
             visible = _and(visible, cache.depth[kv.cached_positions()] > layer)
         out = self.attention(q, kv, rows, visible, prompt, cache.length,
                              a.sliding_window(layer), a.sinks(layer))
-        return q, a.finish(layer, h, out), rows, visible
+        return q, a.finish(layer, h, out, gate), rows, visible
+
+    def _recurrent_layer(self, layer: int, h: mx.array, comp: np.ndarray, output: bool
+                         ) -> Tuple[None, Optional[mx.array], np.ndarray, None]:
+        """:meth:`_layer` for a recurrent layer (Qwen3.5's linear attention): its state
+        takes the tokens at ``comp`` in order. Every one must follow the tokens it has taken;
+        the schedules a hybrid model resolves to (no revival, no completion) keep it so.
+        No queries (no cut follows such a layer), no keys seen."""
+        cache = self.cache
+        taken = np.flatnonzero(cache.computed[layer, :cache.length])
+        if len(taken) and comp[0] <= taken[-1]:
+            raise RuntimeError(f"token {comp[0]} sent to recurrent layer {layer} after token "
+                               f"{taken[-1]}: its state takes tokens in order only")
+        cache.mark_computed(layer, comp)
+        h = self.adapter.recurrent_block(layer, h, cache.recurrent.setdefault(layer, [None, None]))
+        if layer == self.adapter.num_layers - 1:
+            if not output:
+                return None, None, comp, None
+            h, comp = h[:, -1:], comp[-1:]
+        return None, h, comp, None
 
     # -------------------------------------------------------------- completion
     def complete(self, max_token_layers: Optional[int] = None,

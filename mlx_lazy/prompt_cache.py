@@ -115,8 +115,10 @@ class PromptCache:
 
     def reusable(self, tokens: List[int]) -> int:
         """How many leading tokens of ``tokens`` this cache can serve: the prefix they share,
-        less one when that is all of ``tokens`` (the last token must run to give logits)."""
-        return min(common_prefix(self.tokens, tokens), len(tokens) - 1)
+        less one when that is all of ``tokens`` (the last token must run to give logits);
+        with recurrent layers, whose state cannot drop tokens, all of the cache or none."""
+        common = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
+        return common if self.engine.cache.can_trim(common) else 0
 
     def extend_prefix(self, tokens: Sequence[int]) -> List[int]:
         """Trim this cache to the prefix :meth:`reusable` finds and return the tokens still
@@ -175,13 +177,14 @@ def _check_cache(cache: Any, what: str = "cache") -> None:
 
 
 def can_trim_prompt_cache(cache: PromptCache) -> bool:
-    """True: a lazy state can always drop its last tokens.
+    """Whether ``cache`` can drop its last tokens: a lazy state can, but one whose recurrent
+    layers (a hybrid model's) have taken tokens, which trims only to empty.
 
     Raises:
         UserInputError: ``cache`` is not a :class:`PromptCache`.
     """
     _check_cache(cache)
-    return True
+    return cache.engine.cache.can_trim(len(cache) - 1)
 
 
 def trim_prompt_cache(cache: PromptCache, num_tokens: int) -> int:
@@ -189,8 +192,9 @@ def trim_prompt_cache(cache: PromptCache, num_tokens: int) -> int:
     bookkeeping (a client that edits or regenerates its last turn); return ``num_tokens``.
 
     Raises:
-        UserInputError: ``cache`` is not a :class:`PromptCache`, or ``num_tokens`` negative
-            or more than the cache holds.
+        UserInputError: ``cache`` is not a :class:`PromptCache`, ``num_tokens`` negative
+            or more than the cache holds, or some but not all of the tokens a recurrent
+            layer's state has taken (:func:`can_trim_prompt_cache`).
     """
     _check_cache(cache)
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) \

@@ -55,6 +55,7 @@ SHOWN = 80
 _ARRAY_NAME = re.compile(
     r"(layers|aux|stash|window)\.(0|[1-9][0-9]{0,9})\.(keys|values|positions|data)")
 _CHOICE_NAME = re.compile(r"choices\.(0|[1-9][0-9]{0,9})")
+_RECURRENT_NAME = re.compile(r"recurrent\.(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,9})")
 _PARTS = {"layers": ("keys", "values", "positions"), **{m: ("data", "positions") for m in ROW_MAPS}}
 
 
@@ -167,32 +168,42 @@ Kind = Tuple[Tuple[int, ...], Any]
 @dataclass(frozen=True)
 class ModelTensors:
     """Shapes (without the token axis) and dtypes of what a model computes per token, by
-    layer: keys and values (kv_heads, head_dim), scoring queries (heads, head_dim), and by
-    depth the hidden states (hidden_size,) after that many layers (this process's heads, on
-    a sharded model)."""
+    layer: keys and values (kv_heads, head_dim), scoring queries (heads, head_dim) (None at
+    a recurrent layer), and by depth the hidden states (hidden_size,) after that many layers
+    (this process's heads, on a sharded model); by recurrent layer, its state's parts."""
 
-    keys: List[Kind]
-    values: List[Kind]
-    queries: List[Kind]
+    keys: List[Optional[Kind]]
+    values: List[Optional[Kind]]
+    queries: List[Optional[Kind]]
     hidden: List[Kind]
+    recurrent: Dict[int, List[Kind]]
 
 
 def model_tensors(adapter: ModelAdapter) -> ModelTensors:
     """What ``adapter``'s model produces: one token run through every layer (a decode
     step's work; a model whose layers differ in dtype is seen as it is)."""
     h = adapter.embed(mx.array([0]))
-    out = ModelTensors([], [], [], [((h.shape[2],), h.dtype)])
+    out = ModelTensors([], [], [], [((h.shape[2],), h.dtype)], {})
 
     def heads(x: mx.array) -> Kind:
         return (x.shape[1], x.shape[3]), x.dtype
 
     kvs = {}
     for layer in range(adapter.num_layers):
-        q, k, v = adapter.qkv(layer, h, np.array([0]))
+        if adapter.recurrent(layer):
+            state: List[Optional[mx.array]] = [None, None]
+            h = adapter.recurrent_block(layer, h, state)
+            mx.eval(h, state)
+            out.recurrent[layer] = [(tuple(part.shape[1:]), part.dtype) for part in state]
+            for kinds in (out.keys, out.values, out.queries):
+                kinds.append(None)
+            out.hidden.append(((h.shape[2],), h.dtype))
+            continue
+        q, k, v, gate = adapter.qkv(layer, h, np.array([0]))
         if k is None:  # a layer reading a lower layer's keys and values
             k, v = kvs[adapter.kv_layer(layer)]
         kvs[layer] = k, v
-        h = adapter.finish(layer, h, attention(q, k, v, adapter.scale))
+        h = adapter.finish(layer, h, attention(q, k, v, adapter.scale), gate)
         mx.eval(q, k, v, h)
         out.keys.append(heads(k))
         out.values.append(heads(v))
@@ -212,12 +223,17 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
     L, n = adapter.num_layers, len(tokens)
     entries: Dict[Tuple[str, int], Dict[str, mx.array]] = {}
     choices = {}
+    recurrent: Dict[int, Dict[int, mx.array]] = {}
     for name, array in arrays.items():
         m = _ARRAY_NAME.fullmatch(name)
         if name in TOKEN_ARRAYS:
             continue
         if _CHOICE_NAME.fullmatch(name):
             choices[name] = array
+            continue
+        r = _RECURRENT_NAME.fullmatch(name)
+        if r is not None and int(r[1]) < L and adapter.recurrent(int(r[1])):
+            recurrent.setdefault(int(r[1]), {})[int(r[2])] = array
             continue
         if m is None or m[3] not in _PARTS[m[1]] or (m[1] == "layers" and int(m[2]) >= L):
             raise Corrupt(f"unknown array {shown(name, SHOWN)}")
@@ -246,8 +262,13 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
     shapes = model_tensors(adapter)
     for layer in range(L):
         parts = entries.get(("layers", layer), {})
-        # a layer reading a lower layer's keys and values (Gemma 4's E2B/E4B) holds none
-        want = np.flatnonzero(depth > layer) if adapter.kv_layer(layer) == layer else []
+        # a layer reading a lower layer's keys and values (Gemma 4's E2B/E4B) holds none,
+        # nor does a recurrent one, whose state has taken the tokens whose depth is above it
+        if adapter.recurrent(layer):
+            _recurrent_state(layer, recurrent.pop(layer, {}), (depth > layer).any(),
+                             shapes.recurrent[layer])
+        has_kv = adapter.kv_layer(layer) == layer and not adapter.recurrent(layer)
+        want = np.flatnonzero(depth > layer) if has_kv else []
         if not len(want) and not parts:
             continue
         where = f"layers.{layer}"
@@ -306,6 +327,22 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
     return LazyCache.from_state(state, meta)
 
 
+def _recurrent_state(layer: int, parts: Dict[int, mx.array], took: bool,
+                     kinds: List[Kind]) -> None:
+    """Refuse a recurrent layer's state unless it is there exactly when the layer took a
+    token, every part shaped and typed as the model's and finite."""
+    if not took:
+        if parts:
+            raise Corrupt(f"recurrent.{layer}: a state for a layer that took no token")
+        return
+    for i, kind in enumerate(kinds):
+        if i not in parts:
+            raise Corrupt(f"array recurrent.{layer}.{i} is missing")
+        _array(f"recurrent.{layer}.{i}", parts.pop(i), (1, *kind[0]), kind[1])
+    if parts:
+        raise Corrupt(f"unknown array recurrent.{layer}.{min(parts)}")
+
+
 def _keys(where: str, d: Any, names: Any) -> None:
     """Refuse ``d`` unless it is an object with exactly the keys ``names``."""
     if not isinstance(d, dict):
@@ -356,7 +393,11 @@ def _tensor(name: str, array: mx.array, kind: Kind, rows: int, axis: int) -> Non
     """Refuse ``array`` unless it is (1, ..., rows at ``axis``, ...) with the model's
     per-token shape and dtype ``kind``, and finite."""
     shape, dtype = kind
-    want = (1, *shape[: axis - 1], rows, *shape[axis - 1:])
+    _array(name, array, (1, *shape[: axis - 1], rows, *shape[axis - 1:]), dtype)
+
+
+def _array(name: str, array: mx.array, want: Tuple[int, ...], dtype: Any) -> None:
+    """Refuse ``array`` unless it is ``dtype`` of shape ``want``, and finite."""
     if tuple(array.shape) != want or array.dtype != dtype:
         raise Corrupt(f"{name} must be {dtype} of shape {want} (what the model computes), got "
                       f"{array.dtype} of shape {tuple(array.shape)}")

@@ -10,16 +10,17 @@ them resolves again.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Union
+from dataclasses import replace
+from typing import Any, Dict, Optional, Tuple, Union
 
 import mlx.nn as nn
 
-from .adapter import ModelAdapter, global_layers
+from .adapter import ModelAdapter, global_layers, recurrent_layers
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError
 from .policies import check_revive, check_taken, compose
 from .schedule import Schedule
-from .schedule_files import calibrated, check_model, check_quality
+from .schedule_files import calibrated, check_model, check_quality, is_plain
 
 
 def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
@@ -71,7 +72,40 @@ def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = N
     check_config(requested)
     if fingerprint is None:
         fingerprint = ModelAdapter(model).fingerprint()
+    cut_layers, recurrent = global_layers(model), recurrent_layers(model)
     chosen = calibrated(requested, fingerprint, getattr(model, "mlx_lazy_schedules", None),
-                        global_layers(model))
+                        cut_layers)
+    if recurrent and is_plain(requested):  # no token can come back into a recurrent layer
+        chosen = replace(chosen, revive=False, complete=None, max_revivals=None,
+                         revive_margin=None)
     check_model(chosen, fingerprint)
-    return build_schedule(chosen, fingerprint["num_layers"])
+    schedule = build_schedule(chosen, fingerprint["num_layers"])
+    if recurrent:
+        check_hybrid(schedule, cut_layers, preset=chosen.prune_layers is None)
+    return schedule
+
+
+def check_hybrid(schedule: Schedule, cut_layers: Tuple[int, ...], preset: bool) -> None:
+    """Refuse what a hybrid model (with recurrent layers, :func:`~mlx_lazy.adapter.
+    recurrent_layers`) cannot run: a recurrent layer takes tokens in order only, so a pruned
+    token can never come back (revival, completion) and a cut follows an attention layer
+    (``cut_layers``), whose scores rank the context (``preset``: the schedule's cuts are its
+    method's preset, not the request's). A plain ``lazy`` resolves to no revival.
+
+    Raises:
+        UserInputError: naming the setting and what to use instead.
+    """
+    if schedule.revive:
+        raise UserInputError(
+            "this model's recurrent (linear-attention) layers take tokens only in order, so "
+            "a pruned token cannot come back: use revive=False (--no-revive)")
+    wrong = [layer for layer in schedule.prune_layers if layer not in cut_layers]
+    if wrong:
+        listed = f"layer{'s' if wrong[1:] else ''} {', '.join(map(str, wrong))}"
+        allowed = f"its attention layers (but the last): {', '.join(map(str, cut_layers))}"
+        if preset:
+            raise UserInputError(
+                f"the {schedule.method!r} preset cuts after {listed} of this hybrid model, "
+                f"where no cut may follow a recurrent layer: give prune_layers among {allowed}")
+        raise UserInputError(f"a cut must follow an attention layer of this hybrid model, not "
+                             f"{listed}; {allowed}")

@@ -640,11 +640,12 @@ def test_a_layer_on_rows_padded_for_blas_equals_each_row_alone(tiny_model, kind,
     n, dim = 5, model.args.hidden_size
     h = mx.random.normal((1, n, dim), key=mx.random.key(3))
     positions = np.array([2, 9, 10, 31, 40])
-    *qkv, = adapter.qkv(1, h, positions)
+    *qkv, gate = adapter.qkv(1, h, positions)
+    assert gate is None  # only gated attention (Qwen3.5's) has one
     out = adapter.finish(1, h, qkv[0])
     assert asked == [n] * 3  # the layer's input, and o_proj's and the MLP's: padded
     for i in range(n):
-        alone = adapter.qkv(1, h[:, i : i + 1], positions[i : i + 1])
+        *alone, _ = adapter.qkv(1, h[:, i : i + 1], positions[i : i + 1])
         for got, want in zip(qkv, alone):
             assert rel_err(got[:, :, i : i + 1], want) < 1e-5
         assert rel_err(out[:, i : i + 1], adapter.finish(1, h[:, i : i + 1], alone[0])) < 1e-5

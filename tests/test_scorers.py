@@ -73,7 +73,7 @@ def test_prefill_selection_matches_numpy_reference(tiny_model, kind, spec):
 
     a = engine.adapter
     positions = np.arange(n)
-    q, k, _ = a.qkv(0, a.embed(prompt), positions)
+    q, k, _, _ = a.qkv(0, a.embed(prompt), positions)
     w = max(1, window_of(spec))
     scores = reference_scores(q[:, :, -w:], k, a.scale, positions[-w:], positions,
                               parse_scorer(spec).heads)
@@ -104,7 +104,7 @@ def test_decode_selection_matches_numpy_reference(tiny_model, spec):
     w = window_of(spec)
     qpos = np.arange(n + 1)[-max(1, w):]  # the window slides onto the generated token
     everything = mx.concatenate([prompt, mx.array([token], prompt.dtype)])
-    q, _, _ = a.qkv(0, a.embed(everything), np.arange(n + 1))
+    q, _, _, _ = a.qkv(0, a.embed(everything), np.arange(n + 1))
     scores = reference_scores(q[:, :, mx.array(qpos)], keys, a.scale, qpos, kpos,
                               parse_scorer(spec).heads)
     by_pos = dict(zip(kpos.tolist(), scores))

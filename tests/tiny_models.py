@@ -1,5 +1,5 @@
 """Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3, gemma3_text,
-smollm3, ministral3, gpt_oss, granite, olmo2, olmo3, exaone4, gemma4_text) with a real
+smollm3, ministral3, gpt_oss, granite, olmo2, olmo3, exaone4, gemma4_text, qwen3_5) with a real
 tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text", "smollm3", "ministral3",
-         "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "gemma4_text")
+         "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -109,6 +109,15 @@ _KIND_CONFIG = {
                     "hidden_size_per_layer_input": 0, "sliding_window": 24,
                     "layer_types": ["sliding_attention", "full_attention"] * 2,
                     "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6},
+    # Qwen3.5: a hybrid of three Gated DeltaNet (linear attention) layers to one of gated
+    # full attention (layers 3 and 7 of 8) with q/k norms and RoPE over half of each head
+    "qwen3_5": {"architectures": ["Qwen3_5ForCausalLM"], "tie_word_embeddings": False,
+                "num_hidden_layers": 8, "full_attention_interval": 4,
+                "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                "linear_conv_kernel_dim": 4,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                    "partial_rotary_factor": 0.5}},
 }
 #: Variants of a kind: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
 #: with per-frequency factors) over three quarters of each head (partial rotary);
@@ -201,7 +210,7 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     params = tree_map(lambda p: p.astype(mx.float32), model.parameters())
     model.update(params)
     for layer in model.layers:
-        attn = layer.self_attn
+        attn = getattr(layer, "self_attn", None) or layer.linear_attn  # qwen3_5: linear
         for name in ("q_proj", "k_proj", "v_proj"):
             proj = getattr(attn, name, None)  # phi3: one fused qkv_proj, no bias
             if proj is not None and "bias" in proj:

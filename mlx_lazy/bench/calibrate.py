@@ -58,7 +58,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import PruningConfig, build_schedule, load
-from ..adapter import ModelAdapter, global_layers
+from ..adapter import ModelAdapter, global_layers, recurrent_layers
 from ..api import context_length
 from .._args import OneLineParser, complete_arg
 from ..errors import UserInputError
@@ -148,9 +148,14 @@ def candidates(model: Any, gain_length: int,
                decode: Optional[dict[str, Any]] = None) -> list[Candidate]:
     """Every scorer × cut schedule for ``model``, best predicted gain first, each decoding
     as ``decode`` says (:data:`~mlx_lazy.schedule_files.DECODE_FIELDS` of PruningConfig; the
-    ``complete`` mode defaults to the library's): none of them changes the prefill, hence the
-    predicted gain."""
+    ``complete`` mode defaults to the library's; a hybrid model's candidates revive
+    nothing, :func:`~mlx_lazy.adapter.recurrent_layers`, and complete none, the default
+    standing for it): none of them changes the prefill, hence the predicted gain."""
     decode = {"complete": DEFAULT_COMPLETE, **(decode or {})}
+    if recurrent_layers(model):
+        decode["revive"] = False
+        if decode["complete"] == DEFAULT_COMPLETE:
+            decode["complete"] = None
     n_layers = len(model.layers)
     cut_after = global_layers(model)
     cost = prior(model)

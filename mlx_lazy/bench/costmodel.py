@@ -236,11 +236,12 @@ def layer_params(adapter: ModelAdapter) -> float:
 
 def head_dims(adapter: ModelAdapter) -> float:
     """Query heads x head_dim of a layer, averaged over the layers (Gemma 4's global layers
-    have wider heads): what a query-key pair's arithmetic scales with (the head size from
-    the attention scale, 1/sqrt of it, where the module does not say it: Granite's scale is
-    a multiplier of its own)."""
-    dims = [getattr(layer.self_attn, "head_dim", None) or round(adapter.scale ** -2)
-            for layer in adapter.layers]
+    have wider heads; a hybrid's recurrent layers pair no query with a key, 0): what a
+    query-key pair's arithmetic scales with (the head size from the attention scale, 1/sqrt
+    of it, where the module does not say it: Granite's scale is a multiplier of its own)."""
+    dims = [0 if adapter.recurrent(i) else
+            getattr(layer.self_attn, "head_dim", None) or round(adapter.scale ** -2)
+            for i, layer in enumerate(adapter.layers)]
     return adapter.n_heads * sum(dims) / len(dims)
 
 

@@ -82,12 +82,14 @@ def needed_keep(scores: np.ndarray, value: np.ndarray, forced: np.ndarray,
     return float((ranked >= threshold).sum()) / len(scores)
 
 
-def layer_scores(engine: LazyEngine, tokens: Sequence[int], scorer: Scorer) -> List[np.ndarray]:
-    """The (n,) scores ``scorer`` gives the prompt ``tokens`` at every layer a cut may
-    follow (all but the last), from an unpruned prefill on ``engine`` (a ``full`` one): what a
-    cut after that layer would rank the prompt by."""
+def layer_scores(engine: LazyEngine, tokens: Sequence[int], scorer: Scorer
+                 ) -> Dict[int, np.ndarray]:
+    """By layer, the (n,) scores ``scorer`` gives the prompt ``tokens`` at every layer with
+    attention a cut may follow (all but the last, no recurrent one), from an unpruned
+    prefill on ``engine`` (a ``full`` one): what a cut after that layer would rank the
+    prompt by."""
     adapter, window, n = engine.adapter, scorer.n_queries, len(tokens)
-    scores: List[np.ndarray] = []
+    scores: Dict[int, np.ndarray] = {}
     qkv = adapter.qkv
     candidates = np.ones(n, bool)  # every prompt token, at every layer
     # the keys of the layers that later layers read (Gemma 4's E2B/E4B); no others are held
@@ -96,15 +98,15 @@ def layer_scores(engine: LazyEngine, tokens: Sequence[int], scorer: Scorer) -> L
     held = {}
 
     def scored(layer: int, h: mx.array, positions: np.ndarray) -> tuple:
-        q, k, v = qkv(layer, h, positions)
+        q, k, v, gate = qkv(layer, h, positions)
         if layer in read:
             held[layer] = k
         if layer < adapter.num_layers - 1:  # scored at once
             keys = held[adapter.kv_layer(layer)] if k is None else k
             ctx = ScoreContext(layer, q[:, :, -window:], positions[-window:], keys, positions,
                                candidates, None, adapter.scale)
-            scores.append(np.array(scorer.score(ctx)))
-        return q, k, v
+            scores[layer] = np.array(scorer.score(ctx))
+        return q, k, v, gate
 
     adapter.qkv = scored  # this engine's instance only
     try:
@@ -117,7 +119,7 @@ def layer_scores(engine: LazyEngine, tokens: Sequence[int], scorer: Scorer) -> L
 def probe(model: Any, tokenizer: Any, samples: Sequence[Sample], scorer: Scorer) -> np.ndarray:
     """(2, samples, layers - 1) keep fractions (:func:`needed_keep`) of each sample at every
     layer a cut may follow, to keep every value token ([0]) and to keep any ([1]), from one
-    unpruned prefill per sample.
+    unpruned prefill per sample (NaN after a recurrent layer, which no cut may follow).
 
     Raises:
         UserInputError: a sample whose value is missing from its prompt or among the tokens a
@@ -132,7 +134,8 @@ def probe(model: Any, tokenizer: Any, samples: Sequence[Sample], scorer: Scorer)
         if forced[value].any():
             raise UserInputError(f"{sample.task} sample {sample.index}: the value is among the "
                                  "tokens a cut always keeps (the scorer's window)")
-        for layer, scores in enumerate(layer_scores(engine, sample.tokens, scorer)):
+        need[:, i] = np.nan  # a recurrent layer's: no cut may follow it
+        for layer, scores in layer_scores(engine, sample.tokens, scorer).items():
             need[:, i, layer] = [needed_keep(scores, value, forced, every)
                                  for every in (True, False)]
     return need

@@ -1,0 +1,261 @@
+"""Qwen3.5's hybrid layout through the engine (``qwen3_5``: three Gated DeltaNet layers,
+recurrent, to one of gated full attention): unpruned equal to mlx-lm, in one prompt or in
+turns; pruning, which a recurrent layer allows only without revival, equal to a reference
+built from mlx-lm's own layers; interrupts, prompt caches and what a hybrid refuses."""
+
+from __future__ import annotations
+
+import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, build_schedule,
+                      can_trim_prompt_cache, generate_step, load_prompt_cache,
+                      make_prompt_cache as make_lazy_cache, resolve_config, save_prompt_cache,
+                      trim_prompt_cache)
+from mlx_lazy.adapter import ModelAdapter, global_layers, recurrent_layers
+from numerics import rel_err
+from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
+from tiny_models import build_tiny_model
+
+KIND = "qwen3_5"
+STATIC = PruningConfig("static", prune_layers=(3,), keep=(0.3,))
+NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
+
+# Every test runs with both attention implementations (conftest's attention_implementation).
+pytestmark = pytest.mark.usefixtures("attention_implementation")
+
+
+@pytest.fixture(scope="module")
+def hybrid_dir(tmp_path_factory):
+    return build_tiny_model(KIND, tmp_path_factory.mktemp(KIND))
+
+
+@pytest.fixture(scope="module")
+def hybrid(hybrid_dir):
+    return mlx_lm.load(str(hybrid_dir))
+
+
+def greedy(engine, prompt, steps):
+    """The engine's greedy tokens and logits after ``prompt``."""
+    logits = [engine.prefill(prompt)]
+    tokens = [int(mx.argmax(logits[-1]))]
+    for _ in range(steps):
+        logits.append(engine.decode(tokens[-1]))
+        tokens.append(int(mx.argmax(logits[-1])))
+    return tokens, logits
+
+
+def test_the_tiny_qwen3_5_is_what_it_claims(hybrid):
+    """Layers 3 and 7 attend, the others are recurrent; q_proj gives a gate beside the
+    queries; RoPE turns half of each head."""
+    model, _ = hybrid
+    assert recurrent_layers(model) == (0, 1, 2, 4, 5, 6)
+    assert global_layers(model) == (3,)  # a cut may follow an attention layer, not the last
+    attn = model.layers[3].self_attn
+    assert attn.q_proj.weight.shape[0] == 2 * attn.num_attention_heads * attn.head_dim
+    assert attn.rope.dims == attn.head_dim // 2
+
+
+def test_unpruned_matches_mlx_lm(hybrid):
+    model, _ = hybrid
+    prompt = random_prompt(300, ModelAdapter(model).vocab_size)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
+
+
+def test_a_prompt_in_turns_matches_mlx_lm(hybrid):
+    """Chunks on top of the state (turns of a chat) carry the recurrent states on; a chunk
+    of 37 tokens, which the CPU's float32 matmuls pad to 48 rows, feeds the states its own
+    37 only."""
+    model, _ = hybrid
+    prompt = random_prompt(300, ModelAdapter(model).vocab_size, seed=1)
+    ref = model(prompt[None], cache=make_prompt_cache(model))[0, -1]
+    engine = LazyEngine(model)
+    engine.prefill(prompt[:100])
+    engine.extend(prompt[100:137])
+    assert rel_err(engine.extend(prompt[137:]), ref) < LOGITS_TOL
+
+
+def _rope_at(rope, x, positions):
+    """RoPE at each token's own position (a pruned context's are scattered)."""
+    offsets = mx.array(np.asarray(positions, np.int32))
+    return rope(x.transpose(2, 1, 0, 3), offset=offsets).transpose(2, 1, 0, 3)
+
+
+def _gated_attention(layer, h, positions, store):
+    """mlx-lm's gated attention block (Qwen3NextAttention and the MLP after it) for hidden
+    states ``h`` at ``positions``, over the keys in ``store`` and their own."""
+    attn, n = layer.self_attn, h.shape[1]
+    x = layer.input_layernorm(h)
+    q, gate = mx.split(attn.q_proj(x).reshape(1, n, attn.num_attention_heads, -1), 2, axis=-1)
+    k = attn.k_proj(x).reshape(1, n, attn.num_key_value_heads, -1)
+    v = attn.v_proj(x).reshape(1, n, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+    q = _rope_at(attn.rope, attn.q_norm(q).transpose(0, 2, 1, 3), positions)
+    k = _rope_at(attn.rope, attn.k_norm(k).transpose(0, 2, 1, 3), positions)
+    for name, new in (("keys", k), ("values", v)):
+        store[name] = new if name not in store else mx.concatenate([store[name], new], axis=2)
+    store["positions"] = np.concatenate([store.get("positions", []), positions])
+    mask = mx.array(store["positions"][None, :] <= np.asarray(positions)[:, None])
+    out = mx.fast.scaled_dot_product_attention(q, store["keys"], store["values"],
+                                               scale=attn.scale, mask=mask)
+    out = out.transpose(0, 2, 1, 3).reshape(1, n, -1) * mx.sigmoid(gate.reshape(1, n, -1))
+    h = h + attn.o_proj(out)
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def reference_static(model, prompt, keep, steps):
+    """Greedy logits of a static cut after layer 3 keeping ``keep`` of the prompt, from
+    mlx-lm's own layers: layers 0-3 over the whole prompt; the last prompt token's
+    head-averaged attention at layer 3 ranks the others (the first and the last kept);
+    the recurrent layers 4-6 take the kept tokens in order, layer 7 attends over them at
+    their own positions; generated tokens go through every layer."""
+    text = model.language_model.model
+    layers, caches, n = text.layers, make_prompt_cache(model), len(prompt)
+    h = text.embed_tokens(prompt[None])
+    for i in range(4):
+        h_in = h
+        h = layers[i](h, mask="causal" if i == 3 else None, cache=caches[i])
+    attn = layers[3].self_attn
+    x = layers[3].input_layernorm(h_in[:, -1:])
+    q = mx.split(attn.q_proj(x).reshape(1, 1, attn.num_attention_heads, -1), 2, axis=-1)[0]
+    q = attn.rope(attn.q_norm(q).transpose(0, 2, 1, 3), offset=n - 1)
+    keys = caches[3].state[0][:, :, :n]
+    keys = mx.repeat(keys, attn.num_attention_heads // attn.num_key_value_heads, axis=1)
+    scores = np.array(mx.softmax(q @ keys.transpose(0, 1, 3, 2) * attn.scale, axis=-1)
+                      .mean(axis=1)[0, 0])
+    scores[[0, n - 1]] = np.inf
+    kept = np.sort(np.argsort(-scores, kind="stable")[: round(keep * n)])
+    h, positions, store = h[:, mx.array(kept)], kept, {}
+    logits = []
+    for step in range(steps + 1):
+        for i in range(4, 8):
+            h = (_gated_attention(layers[i], h, positions, store) if i == 7
+                 else layers[i](h, mask=None, cache=caches[i]))
+        logits.append(model.language_model.lm_head(text.norm(h[:, -1]))[0])
+        token = mx.argmax(logits[-1])
+        positions = np.array([n + step])
+        h = text.embed_tokens(token.reshape(1, 1))
+        for i in range(4):
+            h = layers[i](h, mask=None, cache=caches[i])
+    return kept, logits
+
+
+def test_a_static_cut_matches_a_reference_of_mlx_lm_layers(hybrid):
+    """The pruned prefill and the decode steps after it: the same tokens kept, the same
+    logits as mlx-lm's own layers given the kept tokens (relative 1e-5: float32 sums in
+    another order, as unpruned)."""
+    model, _ = hybrid
+    prompt = random_prompt(300, ModelAdapter(model).vocab_size, seed=2)
+    kept, want = reference_static(model, prompt, 0.3, 12)
+    engine = LazyEngine(model, resolve_config(model, STATIC))
+    _, got = greedy(engine, prompt, 12)
+    assert np.array_equal(np.flatnonzero(engine.cache.depth[:300] > 4), kept)
+    assert max(rel_err(a, b) for a, b in zip(got, want)) < LOGITS_TOL
+
+
+def test_lazy_without_revival_computes_each_token_layer_once(hybrid):
+    """LazyLLM's re-selection at every step, no revival: fewer prompt tokens above the cut,
+    none computed twice, none revived."""
+    model, _ = hybrid
+    n = 300
+    engine = LazyEngine(model, resolve_config(model, NO_REVIVAL))
+    greedy(engine, random_prompt(n, ModelAdapter(model).vocab_size, seed=3), 24)
+    stats = engine.stats
+    assert stats.prefill_tokens_per_layer == [n] * 4 + [90] * 4
+    assert stats.max_computations_per_token_layer == 1 and stats.revivals == 0
+    assert stats.selections > 0
+
+
+def test_a_plain_lazy_resolves_without_revival(hybrid):
+    """The transfer rule's cut moved onto the attention layer, no revival."""
+    model, _ = hybrid
+    schedule = resolve_config(model, "lazy")
+    assert schedule.source == "transfer" and schedule.prune_layers == (3,)
+    assert not schedule.revive and schedule.complete == "none"
+
+
+@pytest.mark.parametrize("config, match", [
+    (PruningConfig("lazy", prune_layers=(3,), keep=(0.3,)), "use revive=False"),
+    (PruningConfig("lazy", prune_layers=(2,), keep=(0.3,), revive=False),
+     "not layer 2; its attention layers .*: 3"),
+    (PruningConfig("static"), "the 'static' preset cuts after layer 1 .* give prune_layers"),
+])
+def test_what_a_hybrid_cannot_run_is_refused(hybrid, config, match):
+    model, _ = hybrid
+    with pytest.raises(UserInputError, match=match):
+        resolve_config(model, config)
+
+
+def test_a_token_sent_back_into_a_recurrent_layer_is_an_internal_error(hybrid):
+    """A schedule that revives (built without the model's checks) would feed a recurrent
+    layer an older token: the engine stops instead of computing something wrong."""
+    model, _ = hybrid
+    engine = LazyEngine(model, build_schedule(PruningConfig(
+        "lazy", prune_layers=(3,), keep=(0.3,), complete="none"), 8))
+    with pytest.raises(RuntimeError, match="recurrent layer 4"):
+        greedy(engine, random_prompt(300, ModelAdapter(model).vocab_size, seed=3), 24)
+
+
+def test_an_interrupted_step_leaves_the_recurrent_states_as_they_were(hybrid):
+    """A prompt chunk stopped part-way (a progress callback that raises) rolls back; the
+    run then goes on as if it had never started."""
+    model, _ = hybrid
+    prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=4)
+    engine, clean = (LazyEngine(model, resolve_config(model, NO_REVIVAL)) for _ in range(2))
+    engine.prefill(prompt[:150])
+    clean.prefill(prompt[:150])
+
+    def stop(done, total):
+        if done == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        engine.extend(prompt[150:], stop)
+    assert rel_err(engine.extend(prompt[150:]), clean.extend(prompt[150:])) == 0
+
+
+def test_a_recurrent_state_trims_to_empty_or_not_at_all(hybrid):
+    """mlx-lm's recurrent caches cannot trim; neither can ours, but all of it: a cache then
+    serves a prompt only when it holds a prefix of it whole."""
+    model, _ = hybrid
+    prompt = random_prompt(120, ModelAdapter(model).vocab_size, seed=5).tolist()
+    cache = make_lazy_cache(model, NO_REVIVAL)
+    cache.process(prompt)
+    assert not can_trim_prompt_cache(cache)
+    assert cache.reusable(prompt + [7, 8]) == 120
+    assert cache.reusable(prompt[:60] + [7, 8]) == 0  # 60 shared, but not the whole cache
+    with pytest.raises(UserInputError, match="cannot trim this cache to 119 of its 120"):
+        trim_prompt_cache(cache, 1)
+    trim_prompt_cache(cache, 120)
+    fresh = make_lazy_cache(model, NO_REVIVAL)
+    assert rel_err(cache.process(prompt[:50]), fresh.process(prompt[:50])) == 0
+
+
+def test_a_pruned_prompt_cache_saves_and_loads(hybrid, tmp_path):
+    """The recurrent states go into the file; loaded, the cache answers the next turn as
+    the live one does, and a file whose state is missing or misshapen is refused."""
+    model, _ = hybrid
+    vocab = ModelAdapter(model).vocab_size
+    cache = make_lazy_cache(model, NO_REVIVAL)
+    list(generate_step(random_prompt(200, vocab, seed=6).tolist(), model, prompt_cache=cache,
+                       max_tokens=4))
+    path = tmp_path / "c.safetensors"
+    save_prompt_cache(path, cache)
+    loaded = load_prompt_cache(path, model)
+    turn = random_prompt(20, vocab, seed=7).tolist()
+    assert rel_err(loaded.process(turn), cache.process(turn)) == 0
+
+    arrays, metadata = mx.load(str(path), return_metadata=True)
+    for name, broken in (("recurrent.4.1", None), ("recurrent.5.0", mx.zeros((1, 2, 3)))):
+        bad = dict(arrays)
+        if broken is None:
+            del bad[name]
+        else:
+            bad[name] = broken
+        mx.save_safetensors(str(tmp_path / "bad.safetensors"), bad, metadata)
+        with pytest.raises(UserInputError, match=f"corrupt: .*{name}"):
+            load_prompt_cache(tmp_path / "bad.safetensors", model)
