@@ -8,6 +8,7 @@ from __future__ import annotations
 import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
 
 import mlx.core as mx
+import mlx.nn as nn
 import mlx_lm
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, build_schedule,
                       can_trim_prompt_cache, generate_step, load_prompt_cache,
                       make_prompt_cache as make_lazy_cache, resolve_config, save_prompt_cache,
                       trim_prompt_cache)
-from mlx_lazy.adapter import ModelAdapter, global_layers, recurrent_layers
+from mlx_lazy.adapter import ModelAdapter, global_layers, identities_match, recurrent_layers
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
@@ -65,6 +66,27 @@ def test_unpruned_matches_mlx_lm(hybrid):
     model, _ = hybrid
     prompt = random_prompt(300, ModelAdapter(model).vocab_size)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
+
+
+def test_the_moe_layout_matches_mlx_lm(tmp_path):
+    """``qwen3_5_moe``: its sparse MoE block (2 of 4 experts and a shared one) is the MLP."""
+    model, _ = mlx_lm.load(str(build_tiny_model("qwen3_5-moe", tmp_path)))
+    assert model.model_type == "qwen3_5_moe" and hasattr(model.layers[0].mlp, "shared_expert")
+    prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=8)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 16) < LOGITS_TOL
+    engine = LazyEngine(model, resolve_config(model, NO_REVIVAL))
+    greedy(engine, prompt, 8)
+    assert engine.stats.prefill_tokens_per_layer == [200] * 4 + [60] * 4
+
+
+def test_a_quantized_copy_matches_mlx_lm_and_keeps_its_identity(hybrid_dir):
+    model, _ = mlx_lm.load(str(hybrid_dir))
+    base = ModelAdapter(model).identity()
+    nn.quantize(model, group_size=32, bits=4)
+    assert identities_match(base, ModelAdapter(model).identity())
+    prompt = random_prompt(100, ModelAdapter(model).vocab_size, seed=2)
+    nothing_pruned = PruningConfig("lazy", prune_layers=(3,), keep=(1.0,), revive=False)
+    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
 
 
 def test_a_prompt_in_turns_matches_mlx_lm(hybrid):

@@ -125,8 +125,14 @@ _KIND_CONFIG = {
 #: ``exaone4-global``, EXAONE 4 without a pattern: every layer global, with RoPE;
 #: ``gemma4_text-moe``, Gemma 4's 26B A4B layout: 2 of 4 experts beside each dense MLP;
 #: ``gemma4_text-e2b``, its E2B/E4B layout: layers 2 and 3 read the keys and values of 0
-#: and 1 (their MLPs twice as wide), every layer takes a 32-wide per-token input.
+#: and 1 (their MLPs twice as wide), every layer takes a 32-wide per-token input;
+#: ``qwen3_5-moe``, Qwen3.5's MoE layout (``qwen3_5_moe``): 2 of 4 experts and a shared one.
 _VARIANTS = {
+    "qwen3_5-moe": ("qwen3_5", {"model_type": "qwen3_5_moe",
+                                "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+                                "num_experts": 4, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 32,
+                                "shared_expert_intermediate_size": 32}),
     "gemma4_text-e2b": ("gemma4_text", {"num_kv_shared_layers": 2, "use_double_wide_mlp": True,
                                         "hidden_size_per_layer_input": 32,
                                         "vocab_size_per_layer_input": VOCAB_SIZE,
