@@ -70,7 +70,8 @@ _WRAPPERS = ("gemma3", "gemma4", "mistral3", *HYBRID_TYPES)
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm}``, ``use_sliding``,
 # ``layer_types``, ``layer_scalar``, ``enable_moe``, ``router``, ``experts``,
-# ``embed_tokens.as_linear``): at least the first, below the second. Same as pyproject.toml.
+# ``embed_tokens.as_linear``, ``linear_attn`` called as ``(x, mask, ArraysCache)``): at least
+# the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
