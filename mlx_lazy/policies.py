@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, fields, replace
-from typing import Any, ClassVar, Dict, Optional, Sequence, Tuple, Type, Union
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 from .completion import DEFAULT_COMPLETE
 from .errors import UserInputError, shown
@@ -269,6 +269,15 @@ def check_taken(config: Config, policies: Dict[str, Type[Policy]]) -> None:
                              f"use {uses}")
 
 
+#: The fields that act on pruned tokens coming back, and the value of each that does nothing.
+REVIVAL_IDLE = {"complete": "none", "max_revivals": 0, "revive_margin": 0}
+
+
+def revival_fields(config: Config) -> List[str]:
+    """The fields of :data:`REVIVAL_IDLE` that ``config`` sets to something that acts."""
+    return [f for f, idle in REVIVAL_IDLE.items() if getattr(config, f) not in (None, idle)]
+
+
 def check_revive(config: Config) -> None:
     """Refuse, with ``revive`` off, the fields that act on pruned tokens coming back.
 
@@ -277,8 +286,7 @@ def check_revive(config: Config) -> None:
             ``revive_margin`` but 0 given with ``revive=False`` (they would do nothing:
             pruned tokens stay out for good).
     """
-    idle = {"complete": "none", "max_revivals": 0, "revive_margin": 0}
-    given = [f for f, value in idle.items() if getattr(config, f) not in (None, value)]
+    given = revival_fields(config)
     if not config.revive and given:
         raise UserInputError(f"revive=False keeps pruned tokens out for good, so "
                              f"{_listing(given, 'and')} would do nothing; drop "

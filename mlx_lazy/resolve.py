@@ -18,9 +18,14 @@ import mlx.nn as nn
 from .adapter import ModelAdapter, global_layers, recurrent_layers
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError
-from .policies import check_revive, check_taken, compose
+from .policies import REVIVAL_IDLE, check_revive, check_taken, compose, revival_fields
 from .schedule import Schedule
 from .schedule_files import calibrated, check_model, check_quality, is_plain
+
+
+#: Why a hybrid model revives nothing.
+NO_WAY_BACK = ("this model's recurrent (linear-attention) layers take tokens only in order, so "
+               "a pruned token cannot come back")
 
 
 def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
@@ -75,30 +80,42 @@ def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = N
     cut_layers, recurrent = global_layers(model), recurrent_layers(model)
     chosen = calibrated(requested, fingerprint, getattr(model, "mlx_lazy_schedules", None),
                         cut_layers)
-    if recurrent and is_plain(requested):  # no token can come back into a recurrent layer
-        chosen = replace(chosen, revive=False, complete=None, max_revivals=None,
-                         revive_margin=None)
+    if recurrent:
+        check_hybrid(requested)
+        if is_plain(requested):  # what a calibrated schedule or the rule would revive
+            chosen = replace(chosen, revive=False, **{f: None for f in REVIVAL_IDLE})
     check_model(chosen, fingerprint)
     schedule = build_schedule(chosen, fingerprint["num_layers"])
     if recurrent:
-        check_hybrid(schedule, cut_layers, preset=chosen.prune_layers is None)
+        check_hybrid_schedule(schedule, cut_layers, preset=chosen.prune_layers is None)
     return schedule
 
 
-def check_hybrid(schedule: Schedule, cut_layers: Tuple[int, ...], preset: bool) -> None:
-    """Refuse what a hybrid model (with recurrent layers, :func:`~mlx_lazy.adapter.
-    recurrent_layers`) cannot run: a recurrent layer takes tokens in order only, so a pruned
-    token can never come back (revival, completion) and a cut follows an attention layer
-    (``cut_layers``), whose scores rank the context (``preset``: the schedule's cuts are its
-    method's preset, not the request's). A plain ``lazy`` resolves to no revival.
+def check_hybrid(requested: PruningConfig) -> None:
+    """Refuse a request that names a revival setting (:data:`~mlx_lazy.policies.REVIVAL_IDLE`)
+    on a hybrid model: a recurrent layer takes tokens in order only (:func:`~mlx_lazy.
+    adapter.recurrent_layers`), so a pruned token can never come back. (A plain ``lazy``
+    runs without revival: its calibrated schedule's or the rule's settings are dropped.)
+
+    Raises:
+        UserInputError: naming the settings to drop.
+    """
+    given = revival_fields(requested)
+    if given:
+        named = ", ".join(f"{f}={getattr(requested, f)!r}" for f in given)
+        raise UserInputError(f"{NO_WAY_BACK}: drop {named}")
+
+
+def check_hybrid_schedule(schedule: Schedule, cut_layers: Tuple[int, ...], preset: bool) -> None:
+    """Refuse a schedule a hybrid model cannot run: one that revives, or cuts after a
+    recurrent layer (a cut follows an attention layer, ``cut_layers``, whose scores rank the
+    context; ``preset``: the cuts are its method's preset, not the request's).
 
     Raises:
         UserInputError: naming the setting and what to use instead.
     """
     if schedule.revive:
-        raise UserInputError(
-            "this model's recurrent (linear-attention) layers take tokens only in order, so "
-            "a pruned token cannot come back: use revive=False (--no-revive)")
+        raise UserInputError(f"{NO_WAY_BACK}: use revive=False (--no-revive)")
     wrong = [layer for layer in schedule.prune_layers if layer not in cut_layers]
     if wrong:
         listed = f"layer{'s' if wrong[1:] else ''} {', '.join(map(str, wrong))}"

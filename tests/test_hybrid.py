@@ -202,6 +202,9 @@ def test_a_plain_lazy_resolves_without_revival(hybrid):
 
 @pytest.mark.parametrize("config, match", [
     (PruningConfig("lazy", prune_layers=(3,), keep=(0.3,)), "use revive=False"),
+    (PruningConfig("lazy", complete="after-first"), "cannot come back: drop complete="),
+    (PruningConfig("lazy", max_revivals=2, revive_margin=1.0),
+     "drop max_revivals=2, revive_margin=1.0"),
     (PruningConfig("lazy", prune_layers=(2,), keep=(0.3,), revive=False),
      "not layer 2; its attention layers .*: 3"),
     (PruningConfig("static"), "the 'static' preset cuts after layer 1 .* give prune_layers"),
