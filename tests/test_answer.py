@@ -82,3 +82,16 @@ def test_bad_options_are_one_error_line(tiny_model_path, argv, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_hybrid_model_runs_the_paths_it_can(tiny_model_dir, tmp_path):
+    """On Qwen3.5's hybrid layout the default paths are those without revival or completion
+    (the others are refused there), and mlx-lm's row counts its recurrent state as no KV."""
+    out = tmp_path / "answer.json"
+    answer.main(["--model", str(tiny_model_dir("qwen3_5")), "--lengths", "64",
+                 "--answer-tokens", "2", "--repeats", "1", "--out", str(out)])
+    runs = {r["method"]: r for r in json.loads(out.read_text())["runs"]}
+    assert set(runs) == set(answer.HYBRID_PATHS)
+    held = [[b > 0 for b in runs[p]["kv_bytes_per_layer"]] for p in ("mlx-lm", "full")]
+    assert held[0] == held[1] == [layer in (3, 7) for layer in range(8)]

@@ -43,6 +43,7 @@ from typing import Any, Optional, Sequence
 
 from .. import load
 from .._args import OneLineParser
+from ..adapter import recurrent_layers
 from ..api import context_length
 from ..errors import UserInputError
 from ..folders import check_destination, write_text_atomic
@@ -53,9 +54,11 @@ from .decode_cost import MACHINES, ModelShape, step_seconds, step_work
 from .methods import parse_method, parse_methods
 from .tasks import build_prompt, encode, render_prompt
 
-#: Paths run by default: mlx-lm, our unpruned path, each completion mode, SPEED.
+#: Paths run by default: mlx-lm, our unpruned path, each completion mode, SPEED; on a hybrid
+#: model, which revives and completes nothing, the first three and SPEED.
 DEFAULT_PATHS = (BASELINE, FULL, "lazy", "lazy:complete=after-first", "lazy:complete=none",
                  "lazy:complete=progressive:64", "speed", "lazy+speed")
+HYBRID_PATHS = (BASELINE, FULL, "lazy", "speed")
 #: The tokens whose arrival the table shows (those within the answer).
 MARKS = (1, 2, 16, 64, 128, 256)
 QUESTION = "What is the text above about? Answer in a few paragraphs."
@@ -204,9 +207,10 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--answer-tokens", type=int, default=128,
                    help="tokens every path generates (default 128)")
     p.add_argument("--repeats", type=int, default=3, help="repeats per path (default 3)")
-    p.add_argument("--paths", default=";".join(DEFAULT_PATHS),
+    p.add_argument("--paths", default=None,
                    help="method strings or mlx-lm, separated by ';' (default: "
-                        f"{';'.join(DEFAULT_PATHS)}); full is always run")
+                        f"{';'.join(DEFAULT_PATHS)}; on a hybrid model such as Qwen3.5, "
+                        f"{';'.join(HYBRID_PATHS)}); full is always run")
     p.add_argument("--out", type=Path, default=None, help="write the JSON result here")
     args = p.parse_args(argv)
     try:
@@ -221,10 +225,11 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         p.error(f"--answer-tokens must be at least 1, got {args.answer_tokens}")
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
-    paths = parse_methods(args.paths)
-    if not paths:
-        p.error("--paths names no path")
-    args.paths = list(dict.fromkeys([FULL, *paths]))
+    if args.paths is not None:
+        paths = parse_methods(args.paths)
+        if not paths:
+            p.error("--paths names no path")
+        args.paths = list(dict.fromkeys([FULL, *paths]))
     return args
 
 
@@ -235,6 +240,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         if args.out is not None:  # before the runs, whose results it is to hold
             check_destination(str(args.out), "--out")
         model, tokenizer = load(args.model)
+        if args.paths is None:
+            args.paths = list(HYBRID_PATHS if recurrent_layers(model) else DEFAULT_PATHS)
         for path in args.paths:
             try:
                 method = parse_method(path, len(model.layers))

@@ -221,8 +221,10 @@ def no_eos(tokenizer: Any) -> Iterator[None]:
 def mlx_lm_kv_bytes_per_layer(cache: Sequence[Any], num_layers: int = 0) -> list[int]:
     """Bytes of the filled part of each layer of an mlx-lm prompt cache (not the 256-step
     allocation, which is ``cache[i].nbytes``), 0 for the last of ``num_layers`` layers that
-    have none (Gemma 4 E2B/E4B's upper layers read lower layers' keys and values)."""
-    filled = [0 if c.empty() else sum(a.nbytes for a in c.keys_and_values()) for c in cache]
+    have none (Gemma 4 E2B/E4B's upper layers read lower layers' keys and values); 0 for a
+    recurrent layer's state (a hybrid's), which holds no keys and values, as ours counts it."""
+    filled = [0 if c.empty() or not hasattr(c, "keys_and_values")
+              else sum(a.nbytes for a in c.keys_and_values()) for c in cache]
     return filled + [0] * (num_layers - len(filled))
 
 
