@@ -357,6 +357,8 @@ class LazyCache:
             UserInputError: tokens to forget from recurrent layers' states (:attr:`recurrent`),
                 which only trim to empty (:meth:`can_trim`).
         """
+        if length == self.length:  # nothing to forget (a held choice stays held)
+            return
         if not self.can_trim(length):
             raise UserInputError(
                 f"cannot trim this cache to {length} of its {self.length} tokens: the "

@@ -10,7 +10,8 @@ file can crash generation or make it run silently wrong:
   [0, len(tokens)], ``revivals`` non-negative, ``num_layers`` the model's;
 * the schedule through the checks a schedule file goes through (:func:`check_schedule`):
   it must be what :func:`~mlx_lazy.config.build_schedule` makes of its own method and fields
-  on this model, and the engine runs that resolved schedule, not the file's dict;
+  on this model, and the engine runs that resolved schedule, not the file's dict; on a hybrid
+  model, one it can run (no revival, cuts after attention layers);
 * every array against the model and the cache's invariants (:func:`check_state`): integer
   bookkeeping of the right shapes (``0 <= depth <= limit <= num_layers``, no live token
   left at depth 0, ``computed`` > 0 exactly below each token's depth); at layer ``l`` KV
@@ -36,12 +37,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 
-from .adapter import ModelAdapter
+from .adapter import ModelAdapter, global_layers, recurrent_layers
 from .attention import attention
 from .cache import TOKEN_ARRAYS, ROW_MAPS, LazyCache
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError, shown
 from .policies import LazyCuts, RandomDrop, ScoredCuts, SpeedCutoff, compose
+from .resolve import check_hybrid_schedule
 from .schedule import Schedule
 
 #: The keys of the ``mlx_lazy`` metadata object, and of its ``state``.
@@ -76,6 +78,11 @@ def check_cache_file(path: Any, arrays: Dict[str, mx.array], info: Any,
     try:
         tokens, meta = check_info(info, adapter)
         schedule = check_schedule(info["schedule"], adapter.num_layers)
+        if recurrent_layers(adapter.model):
+            try:
+                check_hybrid_schedule(schedule, global_layers(adapter.model))
+            except UserInputError as e:
+                raise Corrupt(f"schedule: {e}") from None
         state = check_state(arrays, meta, tokens, schedule, adapter)
     except Corrupt as e:
         raise UserInputError(f"prompt cache {path} is corrupt: {e}") from None

@@ -106,7 +106,8 @@ def check_hybrid(requested: PruningConfig) -> None:
         raise UserInputError(f"{NO_WAY_BACK}: drop {named}")
 
 
-def check_hybrid_schedule(schedule: Schedule, cut_layers: Tuple[int, ...], preset: bool) -> None:
+def check_hybrid_schedule(schedule: Schedule, cut_layers: Tuple[int, ...],
+                          preset: bool = False) -> None:
     """Refuse a schedule a hybrid model cannot run: one that revives, or cuts after a
     recurrent layer (a cut follows an attention layer, ``cut_layers``, whose scores rank the
     context; ``preset``: the cuts are its method's preset, not the request's).

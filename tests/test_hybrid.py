@@ -5,6 +5,8 @@ built from mlx-lm's own layers; interrupts, prompt caches and what a hybrid refu
 
 from __future__ import annotations
 
+import json
+
 import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
 
 import mlx.core as mx
@@ -215,12 +217,24 @@ def test_what_a_hybrid_cannot_run_is_refused(hybrid, config, match):
         resolve_config(model, config)
 
 
-def test_a_token_sent_back_into_a_recurrent_layer_is_an_internal_error(hybrid):
-    """A schedule that revives (built without the model's checks) would feed a recurrent
-    layer an older token: the engine stops instead of computing something wrong."""
+def test_a_schedule_made_without_the_models_checks_is_refused_by_the_engine(hybrid):
+    """The engine (under make_prompt_cache's Schedule path, loaded files and the server)
+    runs the hybrid checks itself."""
     model, _ = hybrid
-    engine = LazyEngine(model, build_schedule(PruningConfig(
-        "lazy", prune_layers=(3,), keep=(0.3,), complete="none"), 8))
+    for config, match in ((PruningConfig("lazy", prune_layers=(3,), keep=(0.3,)), "revive=False"),
+                          (PruningConfig("static", prune_layers=(1,), keep=(0.3,)), "layer 1")):
+        with pytest.raises(UserInputError, match=match):
+            make_lazy_cache(model, build_schedule(config, 8))
+
+
+def test_a_token_sent_back_into_a_recurrent_layer_is_an_internal_error(hybrid):
+    """Were the engine to revive (a bug: a reviving schedule put in after its checks), a
+    recurrent layer would take an older token: the engine stops instead of computing
+    something wrong."""
+    model, _ = hybrid
+    engine = LazyEngine(model, resolve_config(model, NO_REVIVAL))
+    engine.schedule = build_schedule(PruningConfig("lazy", prune_layers=(3,), keep=(0.3,),
+                                                   complete="none"), 8)
     with pytest.raises(RuntimeError, match="recurrent layer 4"):
         greedy(engine, random_prompt(300, ModelAdapter(model).vocab_size, seed=3), 24)
 
@@ -255,6 +269,9 @@ def test_a_recurrent_state_trims_to_empty_or_not_at_all(hybrid):
     assert cache.reusable(prompt[:60] + [7, 8]) == 0  # 60 shared, but not the whole cache
     with pytest.raises(UserInputError, match="cannot trim this cache to 119 of its 120"):
         trim_prompt_cache(cache, 1)
+    held = dict(cache.engine.cache.state)
+    trim_prompt_cache(cache, 0)  # nothing to forget: a no-op, a held choice included
+    assert set(cache.engine.cache.state) == set(held)
     trim_prompt_cache(cache, 120)
     fresh = make_lazy_cache(model, NO_REVIVAL)
     assert rel_err(cache.process(prompt[:50]), fresh.process(prompt[:50])) == 0
@@ -284,3 +301,10 @@ def test_a_pruned_prompt_cache_saves_and_loads(hybrid, tmp_path):
         mx.save_safetensors(str(tmp_path / "bad.safetensors"), bad, metadata)
         with pytest.raises(UserInputError, match=f"corrupt: .*{name}"):
             load_prompt_cache(tmp_path / "bad.safetensors", model)
+    # a schedule edited to revive: one the model cannot run, refused as the file's
+    info = json.loads(metadata["mlx_lazy"])
+    info["schedule"].update(revive=True, complete="exact")
+    mx.save_safetensors(str(tmp_path / "bad.safetensors"), arrays,
+                        {**metadata, "mlx_lazy": json.dumps(info)})
+    with pytest.raises(UserInputError, match="corrupt: schedule: .*use revive=False"):
+        load_prompt_cache(tmp_path / "bad.safetensors", model)
