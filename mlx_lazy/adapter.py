@@ -75,6 +75,24 @@ _WRAPPERS = ("gemma3", "gemma4", "mistral3", *HYBRID_TYPES)
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
+#: Suffixes that name a variant of a supported type in :func:`supported_types`.
+_VARIANT_SUFFIXES = ("_text", "_moe", "3")
+
+
+def supported_types() -> str:
+    """:data:`SUPPORTED_MODEL_TYPES` as a message shows them, each with its variants:
+    ``gemma3(_text), ..., mistral(3), ..., qwen3_5(_moe)``."""
+    types = sorted(SUPPORTED_MODEL_TYPES)
+
+    def variants(base: str) -> List[str]:
+        return [t[len(base):] for t in types if t[len(base):] in _VARIANT_SUFFIXES
+                and t.startswith(base)]
+
+    shown = [t + "".join(f"({v})" for v in variants(t)) for t in types
+             if not any(t in (u + v for v in variants(u)) for u in types)]
+    return ", ".join(shown)
+
+
 def check_mlx_lm_version(installed: str | None = None) -> None:
     """Raise UserInputError when the installed mlx-lm is outside :data:`MLX_LM_VERSIONS`."""
     installed = installed or _installed_mlx_lm()
@@ -163,8 +181,7 @@ class ModelAdapter:
         model_type = getattr(model, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UserInputError(
-                f"unsupported model type {model_type!r}; mlx-lazy supports "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"unsupported model type {model_type!r}; mlx-lazy supports {supported_types()}"
             )
         self.model = model
         self.text = _text_model(model)

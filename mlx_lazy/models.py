@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Tuple, Union
 
-from .adapter import SUPPORTED_MODEL_TYPES
+from .adapter import SUPPORTED_MODEL_TYPES, supported_types
 from .conversion import convert, is_hub_id
 from .errors import UserInputError, one_line
 from .folders import CACHE_ENV, atomic_file, cache_root, sweep_stale_temps
@@ -339,7 +339,7 @@ def check_model_folder(path: Path) -> None:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserInputError(
             f"unsupported model type {model_type!r} in {config_file}; mlx-lazy supports "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"{supported_types()}"
         )
     weights = sorted(path.glob("model*.safetensors"))  # what mlx_lm.load reads
     if not weights:

@@ -331,3 +331,17 @@ def test_stats_time_the_whole_answer_and_count_the_prompt_token_layers(tiny_mode
         assert s.answer_s > s.ttft_s > 0
         assert s.prompt_token_layers_computed_pct == pytest.approx(counted)
         assert low <= s.prompt_token_layers_computed_pct <= high
+
+
+def test_the_supported_types_listing_names_each_type_once():
+    """The listing an unsupported model's message shows folds each type's variants into it
+    (``gemma3(_text)``); expanded again it is exactly the supported list."""
+    from mlx_lazy.adapter import SUPPORTED_MODEL_TYPES, supported_types
+
+    import re
+
+    expanded = []
+    for item in supported_types().split(", "):
+        base, variants = re.fullmatch(r"(\w+)((?:\(\w+\))*)", item).groups()
+        expanded += [base] + [base + v for v in re.findall(r"\((\w+)\)", variants)]
+    assert sorted(expanded) == sorted(SUPPORTED_MODEL_TYPES)
