@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--max-tokens must be at least 1, got {args.max_tokens}")
 
     from .api import check_context, context_length, load
+    from .resolve import resolve_config
     from .errors import UserInputError, one_line
 
     try:
@@ -91,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         # before mlx-lm runs past the context (and ours then refuses it)
         check_context(n_prompt, args.max_tokens, context_length(model, tokenizer),
                       "--max-tokens")
-    except UserInputError as e:  # a bad --model, the model cannot be obtained or is too short
+        config = PruningConfig.preset(args.method)
+        resolve_config(model, config)  # one the model cannot run: refused before any run
+    except UserInputError as e:  # a bad --model, one it cannot be obtained, is too short for
+        # or cannot run --method on
         print(f"error: {one_line(e, limit=1000)}", file=sys.stderr)
         return 2
     print(f"prompt: {n_prompt} tokens (the Declaration of Independence + a question)\n"
@@ -109,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  answer: {full_text}\n  time to first token: {full_stats.ttft_s:.2f} s, whole "
           f"answer ({full_stats.generation_tokens} tokens): {full_s:.2f} s\n")
 
-    config = PruningConfig.preset(args.method)
     print(f"[mlx-lazy, {args.method}] ...", flush=True)
     text, stats, seconds = _answer_ours(model, tokenizer, prompt, args.max_tokens, config)
     print(f"  answer: {text}\n  time to first token: {stats.ttft_s:.2f} s "

@@ -317,8 +317,27 @@ def at_global_layers(layers: Sequence[int], global_layers: Sequence[int]) -> Tup
     """
     if not global_layers:
         return tuple(layers)
-    return tuple(sorted({min(global_layers, key=lambda g: (abs(g - layer), g))
+    return tuple(sorted({nearest_global_layer(layer, global_layers)
                          for layer in layers}))
+
+
+def nearest_global_layer(layer: int, global_layers: Sequence[int]) -> int:
+    """The one of ``global_layers`` nearest ``layer`` (the lower on a tie)."""
+    return min(global_layers, key=lambda g: (abs(g - layer), g))
+
+
+def cuts_at_global_layers(layers: Sequence[int], keep: Sequence[float],
+                          global_layers: Sequence[int]
+                          ) -> Tuple[Tuple[int, ...], Tuple[float, ...]]:
+    """Cuts after ``layers`` keeping ``keep`` moved as :func:`at_global_layers` moves them;
+    cuts that land on one layer keep the most of them (so the fractions still do not
+    grow)."""
+    cuts: Dict[int, float] = {}
+    for layer, k in zip(layers, keep):
+        layer = nearest_global_layer(layer, global_layers) if global_layers else layer
+        cuts[layer] = max(cuts.get(layer, 0.0), k)
+    moved = tuple(sorted(cuts))
+    return moved, tuple(cuts[layer] for layer in moved)
 
 
 def _listing(words: list[str], conjunction: str) -> str:

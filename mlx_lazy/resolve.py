@@ -18,9 +18,10 @@ import mlx.nn as nn
 from .adapter import ModelAdapter, global_layers, recurrent_layers
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError
-from .policies import REVIVAL_IDLE, check_revive, check_taken, compose, revival_fields
+from .policies import (REVIVAL_IDLE, LazyCuts, ScoredCuts, check_revive, check_taken, compose,
+                       cuts_at_global_layers, revival_fields)
 from .schedule import Schedule
-from .schedule_files import calibrated, check_model, check_quality, is_plain
+from .schedule_files import calibrated, check_model, check_quality
 
 
 #: Why a hybrid model revives nothing.
@@ -82,20 +83,18 @@ def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = N
                         cut_layers)
     if recurrent:
         check_hybrid(requested)
-        if is_plain(requested):  # what a calibrated schedule or the rule would revive
-            chosen = replace(chosen, revive=False, **{f: None for f in REVIVAL_IDLE})
+        chosen = for_hybrid(chosen, cut_layers, fingerprint["num_layers"])
     check_model(chosen, fingerprint)
     schedule = build_schedule(chosen, fingerprint["num_layers"])
     if recurrent:
-        check_hybrid_schedule(schedule, cut_layers, preset=chosen.prune_layers is None)
+        check_hybrid_schedule(schedule, cut_layers)
     return schedule
 
 
 def check_hybrid(requested: PruningConfig) -> None:
     """Refuse a request that names a revival setting (:data:`~mlx_lazy.policies.REVIVAL_IDLE`)
     on a hybrid model: a recurrent layer takes tokens in order only (:func:`~mlx_lazy.
-    adapter.recurrent_layers`), so a pruned token can never come back. (A plain ``lazy``
-    runs without revival: its calibrated schedule's or the rule's settings are dropped.)
+    adapter.recurrent_layers`), so a pruned token can never come back (:func:`for_hybrid`).
 
     Raises:
         UserInputError: naming the settings to drop.
@@ -106,11 +105,28 @@ def check_hybrid(requested: PruningConfig) -> None:
         raise UserInputError(f"{NO_WAY_BACK}: drop {named}")
 
 
-def check_hybrid_schedule(schedule: Schedule, cut_layers: Tuple[int, ...],
-                          preset: bool = False) -> None:
+def for_hybrid(config: PruningConfig, cut_layers: Tuple[int, ...],
+               num_layers: int) -> PruningConfig:
+    """``config`` as a hybrid model runs it: LazyLLM without revival (``revive`` is True by
+    default everywhere, so it cannot mean a request; a calibrated schedule's or the transfer
+    rule's revival settings are dropped), and a preset's cuts moved onto the nearest of the
+    attention layers ``cut_layers`` (:func:`~mlx_lazy.policies.cuts_at_global_layers`); cuts
+    the request gives stay as given (:func:`check_hybrid_schedule` refuses the wrong ones)."""
+    policies = compose(config.method).values()
+    if any(issubclass(p, LazyCuts) for p in policies):
+        config = replace(config, revive=False, **{f: None for f in REVIVAL_IDLE})
+    if config.prune_layers is None and any(issubclass(p, ScoredCuts) for p in policies):
+        preset = build_schedule(config, num_layers)
+        layers, keep = cuts_at_global_layers(preset.prune_layers, preset.keep, cut_layers)
+        config = replace(config, prune_layers=layers, keep=keep,
+                         source=config.source or preset.source)
+    return config
+
+
+def check_hybrid_schedule(schedule: Schedule, cut_layers: Tuple[int, ...]) -> None:
     """Refuse a schedule a hybrid model cannot run: one that revives, or cuts after a
     recurrent layer (a cut follows an attention layer, ``cut_layers``, whose scores rank the
-    context; ``preset``: the cuts are its method's preset, not the request's).
+    context).
 
     Raises:
         UserInputError: naming the setting and what to use instead.
@@ -119,11 +135,7 @@ def check_hybrid_schedule(schedule: Schedule, cut_layers: Tuple[int, ...],
         raise UserInputError(f"{NO_WAY_BACK}: use revive=False (--no-revive)")
     wrong = [layer for layer in schedule.prune_layers if layer not in cut_layers]
     if wrong:
-        listed = f"layer{'s' if wrong[1:] else ''} {', '.join(map(str, wrong))}"
-        allowed = f"its attention layers (but the last): {', '.join(map(str, cut_layers))}"
-        if preset:
-            raise UserInputError(
-                f"the {schedule.method!r} preset cuts after {listed} of this hybrid model, "
-                f"where no cut may follow a recurrent layer: give prune_layers among {allowed}")
-        raise UserInputError(f"a cut must follow an attention layer of this hybrid model, not "
-                             f"{listed}; {allowed}")
+        raise UserInputError(
+            f"a cut must follow an attention layer of this hybrid model, not layer"
+            f"{'s' if wrong[1:] else ''} {', '.join(map(str, wrong))}; its attention layers "
+            f"(but the last): {', '.join(map(str, cut_layers)) or 'none'}")

@@ -26,7 +26,7 @@ from .config import MAX_COUNT, PRUNING_FIELDS, QUALITIES, PruningConfig, build_s
 from .errors import UserInputError, shown
 from .folders import write_text_atomic
 from .inputs import MiB, read_json
-from .policies import at_global_layers
+from .policies import cuts_at_global_layers
 from .scorers import scorer_spec
 
 #: The ``format`` of schedule files (written by ``python -m mlx_lazy.calibrate``).
@@ -506,13 +506,9 @@ def transfer_layers(rule: Tuple[Tuple[float, float], ...], num_layers: int,
     it; on a model with sliding-window layers, moved to the nearest of its
     ``global_layers`` (:func:`~mlx_lazy.policies.at_global_layers`, so possibly earlier);
     cuts that land on one layer keep the most of them."""
-    cuts: Dict[int, float] = {}
-    for depth, k in rule:
-        layer = min(num_layers - 2, max(0, math.ceil(depth * num_layers - 1e-9) - 1))
-        layer, = at_global_layers((layer,), global_layers)
-        cuts[layer] = max(cuts.get(layer, 0.0), k)
-    layers = tuple(sorted(cuts))
-    return layers, tuple(cuts[layer] for layer in layers)
+    layers = [min(num_layers - 2, max(0, math.ceil(depth * num_layers - 1e-9) - 1))
+              for depth, _ in rule]
+    return cuts_at_global_layers(layers, [k for _, k in rule], global_layers)
 
 
 def transfer_config(config: PruningConfig, fingerprint: Dict[str, Any],

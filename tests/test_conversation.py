@@ -50,6 +50,21 @@ def test_conversation_bench_end_to_end(tiny_model_path, tmp_path):
     assert "TTFT / mlx-lm+cache" in (out / "table.md").read_text()
 
 
+@pytest.mark.slow
+def test_a_hybrid_models_caches_change_no_answer(tiny_model_dir, tmp_path):
+    """Qwen3.5's recurrent layers cannot trim: a cache that holds more than a turn shares
+    (mlx-lm's or ours) starts that turn again instead of running on stale state, so the
+    greedy answers are the uncached ones."""
+    out = tmp_path / "conv"
+    assert conversation.main(["--model", str(tiny_model_dir("qwen3_5")), "--length", "400",
+                              "--turns", "3", "--conversations", "1", "--max-tokens", "4",
+                              "--methods", "full", "--out", str(out)]) == 0
+    paths = {p["name"]: p for p in json.loads((out / "results.json").read_text())["paths"]}
+    texts = {name: [turn[0]["text"] for _, turn in sorted(p["turns"].items())]
+             for name, p in paths.items()}
+    assert texts["full+cache"] == texts["full"] == texts["mlx-lm+cache"] == texts["mlx-lm"]
+
+
 def test_an_interrupted_run_keeps_the_finished_conversations(tiny_model_path, tmp_path,
                                                             monkeypatch):
     """Results are written after every conversation: a Ctrl-C in the second one leaves the

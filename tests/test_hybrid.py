@@ -202,14 +202,30 @@ def test_a_plain_lazy_resolves_without_revival(hybrid):
     assert not schedule.revive and schedule.complete == "none"
 
 
+@pytest.mark.parametrize("config, layers, keep, source", [
+    (PruningConfig("lazy", prune_layers=(3,), keep=(0.3,)), (3,), (0.3,), "user"),
+    (PruningConfig("static"), (3,), (0.4,), "preset"),  # its cut after layer 1, moved
+    (PruningConfig("lazy+speed"), (3,), (0.25,), "preset"),  # after 5, moved
+    (PruningConfig("lazy", scorer="last"), (3,), (0.25,), "user"),  # after 5 and 6: merged
+])
+def test_any_lazy_runs_without_revival_and_presets_cut_after_attention(hybrid, config, layers,
+                                                                       keep, source):
+    """``revive`` is True by default everywhere, so a hybrid cannot take it as asked for:
+    every request runs without revival; a preset's cuts move onto the attention layer."""
+    model, _ = hybrid
+    schedule = resolve_config(model, config)
+    assert (schedule.prune_layers, schedule.keep, schedule.source) == (layers, keep, source)
+    assert not schedule.revive and schedule.complete == "none"
+
+
 @pytest.mark.parametrize("config, match", [
-    (PruningConfig("lazy", prune_layers=(3,), keep=(0.3,)), "use revive=False"),
     (PruningConfig("lazy", complete="after-first"), "cannot come back: drop complete="),
+    (PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), complete="exact"),
+     "cannot come back: drop complete='exact'"),
     (PruningConfig("lazy", max_revivals=2, revive_margin=1.0),
      "drop max_revivals=2, revive_margin=1.0"),
     (PruningConfig("lazy", prune_layers=(2,), keep=(0.3,), revive=False),
      "not layer 2; its attention layers .*: 3"),
-    (PruningConfig("static"), "the 'static' preset cuts after layer 1 .* give prune_layers"),
 ])
 def test_what_a_hybrid_cannot_run_is_refused(hybrid, config, match):
     model, _ = hybrid

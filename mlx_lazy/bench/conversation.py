@@ -125,7 +125,11 @@ class Runner:
             else:
                 state, held = state
             keep = min(common_prefix(held, prompt), len(prompt) - 1)
-            mlx_lm_cache.trim_prompt_cache(state, len(held) - keep)
+            if keep < len(held) and not mlx_lm_cache.can_trim_prompt_cache(state):
+                # a recurrent layer's state (a hybrid's) cannot drop tokens: start again
+                state, keep = mlx_lm_cache.make_prompt_cache(self.model), 0
+            else:
+                mlx_lm_cache.trim_prompt_cache(state, len(held) - keep)
             cached = keep
             steps = mlx_lm_generate_step(mx.array(prompt[keep:]), self.model, prompt_cache=state,
                                          max_tokens=self.max_tokens)
@@ -148,7 +152,8 @@ class Runner:
         answer = [t for t in yielded if t not in eos]
         turn = Turn(ttft, self.tokenizer.decode(answer), 0.0, len(prompt), cached)
         if path.config is None:  # mlx-lm's cache holds the tokens it ran, in order
-            state = (state, (prompt + yielded)[: state[0].offset])
+            ran = next(c.offset for c in state if hasattr(c, "offset"))  # a KV layer's count
+            state = (state, (prompt + yielded)[:ran])
         else:
             turn.revivals = state.engine.stats.revivals
             if path.complete:

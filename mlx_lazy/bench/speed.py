@@ -88,8 +88,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from mlx_lazy import (PromptCache, PruningConfig, build_schedule, generate_step, load,
-                      make_prompt_cache)
+from mlx_lazy import (PromptCache, PruningConfig, generate_step, load, make_prompt_cache,
+                      resolve_config)
 from mlx_lazy.bench.common import (BASELINE, FULL, MIB, SHORT_ANSWER, RunRecord, fmt,
                                    machine_info, markdown_table, measure, median, paired_ratios,
                                    ratio)
@@ -163,8 +163,8 @@ def run_benchmark(
             continue
         method = parse_method(name, L)
         try:
-            build_schedule(method.config, L)
-        except ValueError as exc:  # e.g. a schedule too deep for a tiny model
+            resolve_config(model, method.config)
+        except ValueError as exc:  # a schedule too deep for a tiny model, a hybrid's refusals
             skipped[name] = str(exc)
             log(f"skipping schedule {name!r}: {exc}")
             continue
@@ -174,7 +174,7 @@ def run_benchmark(
         "info": {**(info or machine_info(model, "mlx_lazy.bench.speed")), "lengths": lengths,
                  "main_length": main_len, "max_tokens": max_tokens, "repeats": repeats},
         "schedules": {n: dataclasses.asdict(m.config)
-                      | {"resolved": build_schedule(m.config, L).as_dict()}
+                      | {"resolved": resolve_config(model, m.config).as_dict()}
                       for n, m in methods.items() if not m.is_baseline},
         "skipped": skipped,
         "runs": [],
@@ -568,8 +568,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
                    if name != BASELINE}
         for name, config in list(configs.items()):  # as the generation benchmark skips them
             try:
-                build_schedule(config, L)
-            except ValueError as e:  # e.g. a schedule too deep for the model
+                resolve_config(model, config)
+            except ValueError as e:  # a schedule too deep for the model, a hybrid's refusals
                 print(f"skipped {name}: {e}", file=sys.stderr)
                 del configs[name]
         dec = decode_interleaved(model, tokenizer, build_prompt(tokenizer, n),
