@@ -55,10 +55,10 @@ from .methods import parse_method, parse_methods
 from .tasks import build_prompt, encode, render_prompt
 
 #: Paths run by default: mlx-lm, our unpruned path, each completion mode, SPEED; on a hybrid
-#: model, which revives and completes nothing, the first three and SPEED.
+#: model, which revives and completes nothing, all but the completion modes.
 DEFAULT_PATHS = (BASELINE, FULL, "lazy", "lazy:complete=after-first", "lazy:complete=none",
                  "lazy:complete=progressive:64", "speed", "lazy+speed")
-HYBRID_PATHS = (BASELINE, FULL, "lazy", "speed")
+HYBRID_PATHS = (BASELINE, FULL, "lazy", "speed", "lazy+speed")
 #: The tokens whose arrival the table shows (those within the answer).
 MARKS = (1, 2, 16, 64, 128, 256)
 QUESTION = "What is the text above about? Answer in a few paragraphs."
