@@ -19,7 +19,8 @@ from typing import List, Optional
 
 import mlx.nn as nn
 
-from .prompt_cache import PromptCache, make_prompt_cache, trim_prompt_cache
+from .prompt_cache import (PromptCache, can_trim_prompt_cache, make_prompt_cache,
+                           trim_prompt_cache)
 from .schedule import Schedule
 
 
@@ -32,7 +33,9 @@ class PromptCacheStore:
     first write while another array holds it), so a copy costs little, no stored cache is
     ever used by two generations at once, and a request that fails or is cancelled leaves
     the stored cache as it was. :meth:`checkin` keeps a request's cache, replacing the
-    stored caches it extends. Caches of other pruning configs never mix. A stored cache is
+    stored caches it extends where it can trim back to them (a hybrid model's cannot: as
+    mlx-lm's server does, it keeps them, and the worker checks in the state at the end of
+    each prompt too). Caches of other pruning configs never mix. A stored cache is
     never written to (only copies are), so :attr:`nbytes` never exceeds ``max_bytes``.
 
     Args:
@@ -80,15 +83,19 @@ class PromptCacheStore:
         return self.share_pruned or not schedule.prunes
 
     def checkin(self, cache: PromptCache) -> None:
-        """Keep ``cache`` as the most recent, dropping the stored caches it extends and
-        evicting the least recent ones to fit; a cache larger than the bound, or one the
-        rule does not share (:meth:`keeps`), is not kept (and the caches it extends stay)."""
+        """Keep ``cache`` as the most recent, dropping the stored caches it extends (one that
+        cannot trim, a hybrid model's, only those it equals: the others are what a request
+        diverging after them can reuse) and evicting the least recent ones to fit; a cache
+        larger than the bound, or one the rule does not share (:meth:`keeps`), is not kept
+        (and the caches it extends stay)."""
         if (self.max_entries < 1 or cache.nbytes > self.max_bytes or not len(cache)
                 or not self.keeps(cache.schedule)):
             return
+        trims = can_trim_prompt_cache(cache)
         self._entries = [c for c in self._entries
                          if not (c.schedule == cache.schedule and c.model is cache.model
-                                 and cache.tokens[: len(c)] == c.tokens)]
+                                 and cache.tokens[: len(c)] == c.tokens
+                                 and (trims or len(c) == len(cache)))]
         while self._entries and (len(self._entries) >= self.max_entries
                                  or self.nbytes + cache.nbytes > self.max_bytes):
             self._entries.pop(0)

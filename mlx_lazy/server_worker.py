@@ -22,7 +22,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
 from ._args import sampler
-from .adapter import ModelAdapter
+from .adapter import ModelAdapter, recurrent_layers
 from .api import context_length, load, stream_generate
 from .errors import UserInputError, one_line
 from .prefix_store import PromptCacheStore
@@ -213,6 +213,7 @@ class Worker:
         self.store, self.idle_complete = store, idle_complete
         self.model = self.tokenizer = None
         self.num_layers = 0
+        self.keeps_prompt_ends = False
         self.vocab_size = 0
         self.fingerprint: Dict[str, Any] = {}  # the model's, for resolve_config
         self.context: Optional[int] = None
@@ -299,6 +300,8 @@ class Worker:
         try:
             self.model, self.tokenizer = load(self.model_path)
             self.num_layers = len(self.model.layers)
+            # A hybrid's caches cannot trim back to a prompt's end: keep that state too.
+            self.keeps_prompt_ends = bool(recurrent_layers(self.model))
             adapter = ModelAdapter(self.model)
             self.vocab_size, self.fingerprint = adapter.vocab_size, adapter.fingerprint()
             self.context = context_length(self.model, self.tokenizer)
@@ -384,7 +387,7 @@ class Worker:
             mx.random.seed(job.seed)
         job.phase = "prefill"
         stop = StopText(job.stop)
-        resp, finish = None, None
+        resp, finish, prompt_end = None, None, None
         if self.store is None:
             cache = make_prompt_cache(self.model, job.schedule)
         else:  # a private copy: a failed or cancelled request leaves the stored one intact
@@ -403,6 +406,9 @@ class Worker:
                     self.last_progress = time.monotonic()
                     if job.cancel.is_set():
                         return None
+                    if (self.keeps_prompt_ends and self.store is not None and prompt_end is None
+                            and len(cache) == len(job.tokens)):  # the first token not yet in
+                        prompt_end = cache.copy()
                     job.phase, job.generated = "decode", resp.generation_tokens
                     piece = resp.text
                     if job.continues and generated is not None:
@@ -423,6 +429,8 @@ class Worker:
         if tail:
             job.emit(Delta(tail))
         if self.store is not None:
+            if prompt_end is not None:  # what a next turn re-rendering this answer can reuse
+                self.store.checkin(prompt_end)
             self.store.checkin(cache)
         s = resp.stats
         return Done(finish, s.prompt_tokens, resp.generation_tokens, s.cached_tokens, {

@@ -180,3 +180,21 @@ def test_pruned_states_are_not_shared_unless_asked(tiny_model, tiny_model_path):
                             config=config if r in answers else None)
             if not share or r in full:
                 assert r["choices"][0]["text"] == want, (share, q)
+
+
+def test_a_hybrid_model_reuses_the_prompt_of_a_turn_it_cannot_trim_back_to(tiny_model,
+                                                                           tiny_model_dir):
+    """A hybrid's cache cannot trim (its recurrent state): the worker also keeps the state at
+    the end of each prompt, so a next request that shares the prompt but not the answer
+    (a client re-rendering it, another question) reuses the prompt, and answers as a fresh
+    run."""
+    model, tokenizer = tiny_model("qwen3_5")
+    first, second = DOC + " First?", DOC + " First? Answer: none. Second?"
+    shared = tokenizer.encode(first)
+    assert tokenizer.encode(second)[: len(shared)] == shared
+    store = PromptCacheStore(8, 2**30)
+    with in_process_server(tiny_model_dir("qwen3_5"), store) as s:
+        completion(s, first)
+        reply = completion(s, second)
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == len(shared)
+    assert reply["choices"][0]["text"] == generate(model, tokenizer, second, max_tokens=4)
