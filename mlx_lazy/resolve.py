@@ -110,14 +110,16 @@ def for_hybrid(config: PruningConfig, cut_layers: Tuple[int, ...],
     """``config`` as a hybrid model runs it: LazyLLM without revival (``revive`` is True by
     default everywhere, so it cannot mean a request; a calibrated schedule's or the transfer
     rule's revival settings are dropped), and a preset's cuts moved onto the nearest of the
-    attention layers ``cut_layers`` (:func:`~mlx_lazy.policies.cuts_at_global_layers`); cuts
-    the request gives stay as given (:func:`check_hybrid_schedule` refuses the wrong ones)."""
+    attention layers ``cut_layers`` below its SPEED cutoff, if any
+    (:func:`~mlx_lazy.policies.cuts_at_global_layers`); cuts the request gives stay as given
+    (:func:`check_hybrid_schedule` refuses the wrong ones)."""
     policies = compose(config.method).values()
     if any(issubclass(p, LazyCuts) for p in policies):
         config = replace(config, revive=False, **{f: None for f in REVIVAL_IDLE})
     if config.prune_layers is None and any(issubclass(p, ScoredCuts) for p in policies):
         preset = build_schedule(config, num_layers)
-        layers, keep = cuts_at_global_layers(preset.prune_layers, preset.keep, cut_layers)
+        below = [layer for layer in cut_layers if layer < preset.prompt_depth - 1]  # SPEED's
+        layers, keep = cuts_at_global_layers(preset.prune_layers, preset.keep, below)
         config = replace(config, prune_layers=layers, keep=keep,
                          source=config.source or preset.source)
     return config
@@ -133,9 +135,13 @@ def check_hybrid_schedule(schedule: Schedule, cut_layers: Tuple[int, ...]) -> No
     """
     if schedule.revive:
         raise UserInputError(f"{NO_WAY_BACK}: use revive=False (--no-revive)")
+    if schedule.prune_layers and not cut_layers:
+        raise UserInputError(f"{schedule.method!r} cuts after an attention layer, and this "
+                             "hybrid model attends only in its last layer: use speed, random "
+                             "or full")
     wrong = [layer for layer in schedule.prune_layers if layer not in cut_layers]
     if wrong:
         raise UserInputError(
             f"a cut must follow an attention layer of this hybrid model, not layer"
             f"{'s' if wrong[1:] else ''} {', '.join(map(str, wrong))}; its attention layers "
-            f"(but the last): {', '.join(map(str, cut_layers)) or 'none'}")
+            f"(but the last): {', '.join(map(str, cut_layers))}")

@@ -503,9 +503,10 @@ def transfer_layers(rule: Tuple[Tuple[float, float], ...], num_layers: int,
                     ) -> Tuple[Tuple[int, ...], Tuple[float, ...]]:
     """The rule's cuts on a model of ``num_layers``: each after the first layer that reaches
     its relative depth (``ceil(depth * L) - 1``), at most ``L - 2`` so that a layer follows
-    it; on a model with sliding-window layers, moved to the nearest of its
-    ``global_layers`` (:func:`~mlx_lazy.policies.at_global_layers`, so possibly earlier);
-    cuts that land on one layer keep the most of them."""
+    it; on a model where not every layer may take a cut (sliding-window or recurrent
+    layers), moved to the nearest of its ``global_layers``
+    (:func:`~mlx_lazy.policies.cuts_at_global_layers`, so possibly earlier); cuts that land
+    on one layer keep the most of them."""
     layers = [min(num_layers - 2, max(0, math.ceil(depth * num_layers - 1e-9) - 1))
               for depth, _ in rule]
     return cuts_at_global_layers(layers, [k for _, k in rule], global_layers)

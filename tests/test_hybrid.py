@@ -218,6 +218,22 @@ def test_any_lazy_runs_without_revival_and_presets_cut_after_attention(hybrid, c
     assert not schedule.revive and schedule.complete == "none"
 
 
+def test_a_preset_cut_moves_only_below_the_speed_cutoff(tmp_path):
+    """On 16 layers lazy+speed's preset cuts after layer 10 with SPEED's cutoff at 12: the
+    nearest attention layer, 11, would leave no layer below the cutoff after the cut, so the
+    cut goes to 7."""
+    model, _ = mlx_lm.load(str(build_tiny_model("qwen3_5-deep", tmp_path)))
+    schedule = resolve_config(model, "lazy+speed")
+    assert (schedule.prune_layers, schedule.prompt_depth) == ((7,), 12)
+
+
+def test_a_hybrid_attending_only_in_its_last_layer_takes_no_cut(tmp_path):
+    model, _ = mlx_lm.load(str(build_tiny_model("qwen3_5-last", tmp_path)))
+    with pytest.raises(UserInputError, match="attends only in its last layer: use speed"):
+        resolve_config(model, "lazy")
+    assert resolve_config(model, "speed").prompt_depth == 3
+
+
 @pytest.mark.parametrize("config, match", [
     (PruningConfig("lazy", complete="after-first"), "cannot come back: drop complete="),
     (PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), complete="exact"),

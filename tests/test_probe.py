@@ -87,6 +87,19 @@ def test_probe_reports_every_layer_a_cut_may_follow(tiny_model_path, tmp_path, c
     assert capsys.readouterr().out.count("\n  layer ") == len(layers)
 
 
+def test_a_hybrid_probe_scores_only_its_attention_layers(tiny_model_dir, tmp_path, capsys):
+    """Qwen3.5's recurrent layers give no attention to rank by: their rows say so, their
+    numbers are null (strict JSON, no NaN), and no cut is cleared after one."""
+    out = tmp_path / "probe.json"
+    assert probe.main(["--model", str(tiny_model_dir("qwen3_5")), "--samples", "2",
+                       "--length", "400", "--out", str(out)]) == 0
+    report = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    scored = [row["layer"] for row in report["layers"] if row["q100"] is not None]
+    assert scored == [3]
+    assert all(v is None for prompt in report["per_prompt"]["every"] for v in prompt[:3])
+    assert capsys.readouterr().out.count("recurrent, no cut may follow it") == 6
+
+
 def test_a_value_missing_from_its_prompt_is_refused(tiny_model):
     _, tokenizer = tiny_model("llama")
     sample = build_samples(tokenizer, "niah_single", 600, 1)[0]

@@ -126,8 +126,12 @@ _KIND_CONFIG = {
 #: ``gemma4_text-moe``, Gemma 4's 26B A4B layout: 2 of 4 experts beside each dense MLP;
 #: ``gemma4_text-e2b``, its E2B/E4B layout: layers 2 and 3 read the keys and values of 0
 #: and 1 (their MLPs twice as wide), every layer takes a 32-wide per-token input;
-#: ``qwen3_5-moe``, Qwen3.5's MoE layout (``qwen3_5_moe``): 2 of 4 experts and a shared one.
+#: ``qwen3_5-moe``, Qwen3.5's MoE layout (``qwen3_5_moe``): 2 of 4 experts and a shared one;
+#: ``qwen3_5-deep``, 16 layers (attention in 3, 7, 11, 15); ``qwen3_5-last``, 4 layers, only
+#: the last attending.
 _VARIANTS = {
+    "qwen3_5-deep": ("qwen3_5", {"num_hidden_layers": 16}),
+    "qwen3_5-last": ("qwen3_5", {"num_hidden_layers": 4}),
     "qwen3_5-moe": ("qwen3_5", {"model_type": "qwen3_5_moe",
                                 "architectures": ["Qwen3_5MoeForConditionalGeneration"],
                                 "num_experts": 4, "num_experts_per_tok": 2,

@@ -143,10 +143,14 @@ def probe(model: Any, tokenizer: Any, samples: Sequence[Sample], scorer: Scorer)
 
 def summary(need: np.ndarray, windows: Sequence[Optional[int]]) -> List[Dict[str, Any]]:
     """Per layer: the quantiles over prompts (:data:`QUANTILES`) of :func:`probe`'s fractions
-    to keep every value token (``q50``...) and any (``any_q50``...), and its sliding window
-    (None: global; a cut may follow only a global layer on a model that has both)."""
+    to keep every value token (``q50``...) and any (``any_q50``...), None after a recurrent
+    layer (no cut may follow it), and its sliding window (None: global; a cut may follow
+    only a global layer on a model that has both)."""
+    def quantile(values: np.ndarray, q: float) -> Optional[float]:
+        return None if np.isnan(values).any() else float(np.quantile(values, q))
+
     return [{"layer": layer, "sliding_window": windows[layer],
-             **{f"{prefix}q{round(q * 100)}": float(np.quantile(need[k, :, layer], q))
+             **{f"{prefix}q{round(q * 100)}": quantile(need[k, :, layer], q)
                 for k, prefix in enumerate(("", "any_")) for q in QUANTILES}}
             for layer in range(need.shape[2])]
 
@@ -155,7 +159,7 @@ def cleared(rows: Sequence[Dict[str, Any]], keep: float) -> Optional[int]:
     """The shallowest layer a cut keeping ``keep`` may follow (a global one where the model
     has sliding windows) whose largest fraction over the prompts is at most ``keep``: a cut
     there kept the value in every prompt at the prompt's selection. None if there is none."""
-    allowed = [r for r in rows if r["sliding_window"] is None]
+    allowed = [r for r in rows if r["sliding_window"] is None and r["q100"] is not None]
     return next((r["layer"] for r in allowed if r["q100"] <= keep), None)
 
 
@@ -165,6 +169,9 @@ def render(rows: Sequence[Dict[str, Any]], samples: int) -> str:
     out = [f"keep fraction a cut after each layer needs to keep every value token, and any "
            f"({samples} prompts): median, 90th percentile, largest"]
     for row in rows:
+        if row["q100"] is None:
+            out.append(f"  layer {row['layer']:>3}: recurrent, no cut may follow it")
+            continue
         local = f"  (sliding window {row['sliding_window']})" if row["sliding_window"] else ""
         out.append(f"  layer {row['layer']:>3}: every {row['q50']:.2f} {row['q90']:.2f} "
                    f"{row['q100']:.2f}  any {row['any_q50']:.2f} {row['any_q90']:.2f} "
@@ -224,7 +231,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         write_text_atomic(args.out, json.dumps(
             {"model": args.model, "task": args.task, "length": args.length, "seed": args.seed,
              "scorer": scorer_spec(scorer), "layers": rows,
-             "per_prompt": {"every": need[0].tolist(), "any": need[1].tolist()}},
+             "per_prompt": {kind: np.where(np.isnan(need[k]), None, need[k]).tolist()
+                            for k, kind in enumerate(("every", "any"))}},
             indent=1) + "\n")
     return 0
 
