@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                       "--max-tokens")
         config = PruningConfig.preset(args.method)
         resolve_config(model, config)  # one the model cannot run: refused before any run
-    except UserInputError as e:  # a bad --model, one it cannot be obtained, is too short for
-        # or cannot run --method on
+    except UserInputError as e:  # a bad --model, one not obtained, too short or unable to
+        # run --method
         print(f"error: {one_line(e, limit=1000)}", file=sys.stderr)
         return 2
     print(f"prompt: {n_prompt} tokens (the Declaration of Independence + a question)\n"

@@ -111,17 +111,19 @@ def for_hybrid(config: PruningConfig, cut_layers: Tuple[int, ...],
     default everywhere, so it cannot mean a request; a calibrated schedule's or the transfer
     rule's revival settings are dropped), and a preset's cuts moved onto the nearest of the
     attention layers ``cut_layers`` below its SPEED cutoff, if any
-    (:func:`~mlx_lazy.policies.cuts_at_global_layers`); cuts the request gives stay as given
-    (:func:`check_hybrid_schedule` refuses the wrong ones)."""
+    (:func:`~mlx_lazy.policies.cuts_at_global_layers`), keeping the fractions the request
+    gives for those; cuts the request gives stay as given (:func:`check_hybrid_schedule`
+    refuses the wrong ones)."""
     policies = compose(config.method).values()
     if any(issubclass(p, LazyCuts) for p in policies):
         config = replace(config, revive=False, **{f: None for f in REVIVAL_IDLE})
     if config.prune_layers is None and any(issubclass(p, ScoredCuts) for p in policies):
-        preset = build_schedule(config, num_layers)
+        preset = build_schedule(replace(config, keep=None), num_layers)
         below = [layer for layer in cut_layers if layer < preset.prompt_depth - 1]  # SPEED's
         layers, keep = cuts_at_global_layers(preset.prune_layers, preset.keep, below)
-        config = replace(config, prune_layers=layers, keep=keep,
-                         source=config.source or preset.source)
+        # keep fractions the request gives are for the cuts that run: those moved
+        config = replace(config, prune_layers=layers, keep=config.keep or keep,
+                         source=config.source or ("user" if config.keep else preset.source))
     return config
 
 

@@ -207,6 +207,7 @@ def test_a_plain_lazy_resolves_without_revival(hybrid):
     (PruningConfig("static"), (3,), (0.4,), "preset"),  # its cut after layer 1, moved
     (PruningConfig("lazy+speed"), (3,), (0.25,), "preset"),  # after 5, moved
     (PruningConfig("lazy", scorer="last"), (3,), (0.25,), "user"),  # after 5 and 6: merged
+    (PruningConfig("lazy", keep=(0.3,)), (3,), (0.3,), "user"),  # one fraction: one cut runs
 ])
 def test_any_lazy_runs_without_revival_and_presets_cut_after_attention(hybrid, config, layers,
                                                                        keep, source):
