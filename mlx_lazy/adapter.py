@@ -83,14 +83,9 @@ def supported_types() -> str:
     """:data:`SUPPORTED_MODEL_TYPES` as a message shows them, each with its variants:
     ``gemma3(_text), ..., mistral(3), ..., qwen3_5(_moe)``."""
     types = sorted(SUPPORTED_MODEL_TYPES)
-
-    def variants(base: str) -> List[str]:
-        return [t[len(base):] for t in types if t[len(base):] in _VARIANT_SUFFIXES
-                and t.startswith(base)]
-
-    shown = [t + "".join(f"({v})" for v in variants(t)) for t in types
-             if not any(t in (u + v for v in variants(u)) for u in types)]
-    return ", ".join(shown)
+    variants = {t: [v for v in _VARIANT_SUFFIXES if t + v in types] for t in types}
+    folded = {t + v for t in types for v in variants[t]}
+    return ", ".join(t + "".join(f"({v})" for v in variants[t]) for t in types if t not in folded)
 
 
 def check_mlx_lm_version(installed: str | None = None) -> None:

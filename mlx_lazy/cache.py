@@ -382,6 +382,11 @@ class LazyCache:
         self.prompt_len = min(self.prompt_len, length)
         self.choices = {}
 
+    def recurrent_state(self, layer: int) -> List[Optional[mx.array]]:
+        """The state of recurrent ``layer`` (:attr:`recurrent`), the one a layer that has
+        taken no token starts from (mlx-lm's two parts, None) on first use."""
+        return self.recurrent.setdefault(layer, [None, None])
+
     def can_trim(self, length: int) -> bool:
         """Whether :meth:`trim` can cut the cache to ``length`` tokens: always, but that a
         recurrent layer's state trims only to empty or not at all."""
@@ -437,9 +442,7 @@ class LazyCache:
                 out.chosen_at = len(out.choices[int(rest)])
             elif name == "recurrent":
                 layer, part = map(int, rest.split("."))
-                parts = out.recurrent.setdefault(layer, [])
-                parts.extend([None] * (part + 1 - len(parts)))
-                parts[part] = state[key]
+                out.recurrent_state(layer)[part] = state[key]
             elif name in ROW_MAPS and rest.endswith(".positions"):
                 depth = int(rest.split(".")[0])
                 getattr(out, name)[depth] = Rows(np.array(state[key]).astype(np.int64),

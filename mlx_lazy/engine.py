@@ -334,12 +334,13 @@ class LazyEngine:
         the schedules a hybrid model resolves to (no revival, no completion) keep it so.
         No queries (no cut follows such a layer), no keys seen."""
         cache = self.cache
-        taken = np.flatnonzero(cache.computed[layer, :cache.length])
-        if len(taken) and comp[0] <= taken[-1]:
+        # tokens from the first one on already taken there (O(new tokens): they are the newest)
+        later = np.flatnonzero(cache.depth[comp[0]:] > layer)
+        if len(later):
             raise RuntimeError(f"token {comp[0]} sent to recurrent layer {layer} after token "
-                               f"{taken[-1]}: its state takes tokens in order only")
+                               f"{comp[0] + later[-1]}: its state takes tokens in order only")
         cache.mark_computed(layer, comp)
-        h = self.adapter.recurrent_block(layer, h, cache.recurrent.setdefault(layer, [None, None]))
+        h = self.adapter.recurrent_block(layer, h, cache.recurrent_state(layer))
         if layer == self.adapter.num_layers - 1:
             if not output:
                 return None, None, comp, None
