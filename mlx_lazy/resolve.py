@@ -101,7 +101,8 @@ def check_hybrid(requested: PruningConfig) -> None:
     """
     given = revival_fields(requested)
     if given:
-        named = ", ".join(f"{f}={getattr(requested, f)!r}" for f in given)
+        # spelt as in a method spec (lazy:complete=exact), which the CLI and the API both read
+        named = ", ".join(f"{f}={getattr(requested, f)}" for f in given)
         raise UserInputError(f"{NO_WAY_BACK}: drop {named}")
 
 

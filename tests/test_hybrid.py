@@ -239,7 +239,7 @@ def test_a_hybrid_attending_only_in_its_last_layer_takes_no_cut(tmp_path):
 @pytest.mark.parametrize("config, match", [
     (PruningConfig("lazy", complete="after-first"), "cannot come back: drop complete="),
     (PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), complete="exact"),
-     "cannot come back: drop complete='exact'"),
+     "cannot come back: drop complete=exact$"),
     (PruningConfig("lazy", max_revivals=2, revive_margin=1.0),
      "drop max_revivals=2, revive_margin=1.0"),
     (PruningConfig("lazy", prune_layers=(2,), keep=(0.3,), revive=False),
@@ -344,3 +344,30 @@ def test_a_pruned_prompt_cache_saves_and_loads(hybrid, tmp_path):
                         {**metadata, "mlx_lazy": json.dumps(info)})
     with pytest.raises(UserInputError, match="corrupt: schedule: .*use revive=False"):
         load_prompt_cache(tmp_path / "bad.safetensors", model)
+
+
+def test_calibrate_runs_its_candidates_without_revival_and_refuses_a_named_mode(
+        hybrid, hybrid_dir, tmp_path, monkeypatch, capsys):
+    """Calibrate's candidates on a hybrid revive nothing, cut after attention layers and run;
+    ``--complete exact`` named on the command line is refused as ``complete="exact"`` is by
+    resolve_config (it once became none silently), at once and with nothing written."""
+    from mlx_lazy.bench import calibrate
+
+    model, _ = hybrid
+    cands = calibrate.candidates(model, 512)
+    assert cands and all(not c.config.revive and c.config.complete is None for c in cands)
+    for c in cands:
+        assert set(c.config.prune_layers) <= set(global_layers(model))
+        LazyEngine(model, resolve_config(model, c.config))  # the engine's own checks pass
+    with pytest.raises(UserInputError, match="drop complete=exact$"):
+        calibrate.candidates(model, 512, decode={"complete": "exact"})
+
+    def no_samples(*a, **k):
+        raise AssertionError("prompts were built")
+
+    monkeypatch.setattr(calibrate, "build_samples", no_samples)
+    out = tmp_path / "cal"
+    assert calibrate.main(["--model", str(hybrid_dir), "--complete", "exact",
+                           "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "drop complete=exact" in err and not out.exists()

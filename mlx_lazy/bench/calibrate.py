@@ -69,6 +69,7 @@ from .. import completion
 from ..completion import COMPLETE_MODES, parse_completion
 from ..config import MAX_COUNT, MAX_MARGIN, QUALITIES
 from ..policies import at_global_layers, layers_at
+from ..resolve import check_hybrid
 from ..schedule_files import (DECODE_FIELDS, MODEL_SCHEDULE_FILE, cached_schedule_path,
                                fingerprint_digest, schedule_file_name, write_schedule)
 from . import fidelity, stats, yardstick
@@ -149,13 +150,19 @@ def candidates(model: Any, gain_length: int,
     """Every scorer × cut schedule for ``model``, best predicted gain first, each decoding
     as ``decode`` says (:data:`~mlx_lazy.schedule_files.DECODE_FIELDS` of PruningConfig; the
     ``complete`` mode defaults to the library's; a hybrid model's candidates revive
-    nothing, :func:`~mlx_lazy.adapter.recurrent_layers`, and complete none, the default
-    standing for it): none of them changes the prefill, hence the predicted gain."""
-    decode = {"complete": DEFAULT_COMPLETE, **(decode or {})}
+    nothing, :func:`~mlx_lazy.adapter.recurrent_layers`): none of them changes the
+    prefill, hence the predicted gain.
+
+    Raises:
+        UserInputError: on a hybrid model, ``decode`` naming a revival setting
+            (:func:`~mlx_lazy.resolve.check_hybrid`).
+    """
+    decode = dict(decode or {})
     if recurrent_layers(model):
+        check_hybrid(PruningConfig("lazy", **decode))
         decode["revive"] = False
-        if decode["complete"] == DEFAULT_COMPLETE:
-            decode["complete"] = None
+    else:
+        decode["complete"] = decode.get("complete") or DEFAULT_COMPLETE
     n_layers = len(model.layers)
     cut_after = global_layers(model)
     cost = prior(model)
@@ -242,7 +249,9 @@ class Calibration:
     time_limit_s: Optional[float] = None
     seed: int = 0
     resume: bool = False
-    complete: str = DEFAULT_COMPLETE  # how candidates decode (the evidence holds only for it)
+    # how candidates decode (the evidence holds only for it); None: the library's default
+    # (exact; a hybrid model's candidates revive nothing)
+    complete: Optional[str] = None
     max_revivals: Optional[int] = None  # a decode step's revivals per cut (None: unbounded)
     revive_margin: Optional[float] = None  # a revival's score handicap (None: the paper's 0)
     reselect_every: Optional[int] = None  # decode steps per re-selection (None: 1, the paper)
@@ -256,7 +265,7 @@ class Calibration:
         """Raise UserInputError naming the first option outside its domain."""
         bad = [t for t in self.tasks if t not in TASKS]
         rungs, top, limit = self.rungs, max(self.rungs, default=1), self.time_limit_s
-        complete = parse_completion(self.complete).spec  # canonical spelling
+        complete = self.complete and parse_completion(self.complete).spec  # canonical
         why = next((message for failed, message in [
             (not self.tasks or bad, f"unknown task {(bad or [''])[0]!r} (choose from "
                                     f"{', '.join(TASKS)})"),
@@ -422,6 +431,7 @@ def _calibrate(cal: Calibration) -> dict[str, Any]:
         raise UserInputError(f"--kld-length {cal.kld_length:,} and --kld-steps "
                              f"{cal.kld_steps:,} are beyond the model's context of "
                              f"{context:,} tokens")
+    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.decode())
     fingerprint = ModelAdapter(model).fingerprint()
     if cal.out is not None:
         out = Path(cal.out)
@@ -449,7 +459,6 @@ def _calibrate(cal: Calibration) -> dict[str, Any]:
 
     progress = Progress(cal.time_limit_s, goal="next schedule")
     rates = Rates()  # seconds per retrieval run (by method), full's per prompt token and step
-    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.decode())
     current: list[Candidate] = cands[:1]  # the candidate under test, for the ETA
 
     def score(config: Optional[PruningConfig], cell: str, i: int) -> float:
@@ -778,7 +787,7 @@ def _evidence(cal: Calibration, cand: Candidate, full_scores, cells: Sequence[st
         "pooled": _pooled(full_scores, cand, cells, n).as_dict(),
         "max_loss": cal.max_loss,
         "min_keep": MIN_KEEP_MEASURED,
-        **cal.decode(),
+        **{f: getattr(cand.config, f) for f in DECODE_FIELDS},  # as the candidate decoded
         "predicted_gain": cand.predicted_gain,
         "gain_length": cal.gain_length,
         "token_layers_pct": cand.token_layers_pct,
@@ -939,9 +948,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="reuse the runs of an earlier calibration in --out (same model, seed "
                         "and largest rung)")
-    p.add_argument("--complete", type=complete_arg, default=DEFAULT_COMPLETE, metavar="MODE",
+    p.add_argument("--complete", type=complete_arg, default=None, metavar="MODE",
                    help="how the candidates decode (the schedule's evidence holds for it): "
-                        f"{', '.join(COMPLETE_MODES)} (default {DEFAULT_COMPLETE})")
+                        f"{', '.join(COMPLETE_MODES)} (default {DEFAULT_COMPLETE}; a hybrid "
+                        "model's candidates revive nothing, and take none of these)")
     p.add_argument("--max-revivals", type=int, default=None, metavar="R",
                    help="at most R revivals per decode step and cut while the candidates "
                         "decode (the schedule's evidence holds for it; default: unbounded)")
