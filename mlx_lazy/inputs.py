@@ -3,6 +3,7 @@ JSON, a nesting limit (deep nesting exhausts the parser's recursion)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -87,8 +88,11 @@ def regular_file(path: Union[str, Path], what: str) -> Path:
     if stat.S_ISDIR(mode):
         raise UserInputError(f"{what} {path} is a folder; give a file")
     if not stat.S_ISREG(mode):
-        raise UserInputError(f"{what} {path} is not a regular file (a FIFO, socket or device)")
+        raise UserInputError(f"{what} {path} {NOT_REGULAR}")
     return Path(path)
+
+
+NOT_REGULAR = "is not a regular file (a FIFO, socket or device)"
 
 
 def read_json(path: Union[str, Path], what: str, limit: int, max_depth: int) -> Any:
@@ -96,9 +100,15 @@ def read_json(path: Union[str, Path], what: str, limit: int, max_depth: int) -> 
     ``max_depth`` arrays or objects deep.
 
     Raises:
-        UserInputError: as :func:`read_file`, or text that is not UTF-8, not JSON (numbers
-            too long for Python's int conversion included) or nested too deeply.
+        UserInputError: as :func:`read_file`, a FIFO, socket or device, or text that is
+            not UTF-8, not JSON (numbers too long for Python's int conversion included) or
+            nested too deeply.
     """
+    # A FIFO nobody writes to would block the reader for good (a prompt may come through a
+    # pipe, a JSON file does not); a missing path is read_file's to name.
+    with contextlib.suppress(OSError):
+        if not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path):
+            raise UserInputError(f"{what} {NOT_REGULAR}")
     data = read_file(path, what, limit)
     deep = f"{what} nests arrays or objects more than {max_depth} deep"
     try:

@@ -435,7 +435,9 @@ def main_error(capsys, *argv: str) -> str:
     (("--method", "lazy", "--scorer", ""), ["--scorer", "scorer must be a non-empty spec"]),
     (("--method", "lazy", "--scorer", "window:window=8"),
      ["scorer 'window' has no field 'window'"]),
-    (("--schedule", "/dev/zero"), ["schedule file /dev/zero is larger than the limit of 1 MiB"]),
+    (("--schedule", "{tmp}/big.json"), ["big.json is larger than the limit of 1 MiB"]),
+    (("--schedule", "/dev/zero"), ["schedule file /dev/zero is not a regular file"]),
+    (("--schedule", "{tmp}/fifo"), ["fifo is not a regular file"]),  # once a hang
     (("--schedule", "{tmp}/deep.json"), ["deep.json nests arrays or objects more than 16 deep"]),
     (("--prompt-file", "/dev/zero"),
      ["prompt file '/dev/zero' is larger than the limit of 16 MiB"]),
@@ -459,6 +461,7 @@ def test_bad_flags_fail_before_the_model_loads(no_model_load, capsys, tmp_path, 
     if any(f in flags for f in ("/dev/full", "/dev/zero")) and not Path(flags[1]).exists():
         pytest.skip(f"no {flags[1]} here")
     (tmp_path / "deep.json").write_text("[" * 200_000)
+    (tmp_path / "big.json").write_text(" " * ((1 << 20) + 1))
     os.mkfifo(tmp_path / "fifo")
     flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
     line = main_error(capsys, *flags)
