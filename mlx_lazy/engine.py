@@ -226,11 +226,13 @@ class LazyEngine:
         if self.cache.stash:
             self.complete()
         mark = self.cache.checkpoint()
+        completed = self.completed_token_layers  # counts the state's work, as it goes back
         self._atomic_depth += 1
         try:
             yield
         except BaseException:
             self.cache.rollback(mark)
+            self.completed_token_layers = completed
             raise
         finally:
             self._atomic_depth -= 1

@@ -919,6 +919,9 @@ def test_a_completion_interrupted_leaves_the_waiting_tokens_waiting(tiny_model, 
     before = same_state(engine.cache)
     interrupt(engine, monkeypatch, 2, lambda: engine.decode(token))  # in the completion
     before(engine.cache)
+    # the count of completed token-layers goes back with them (it once kept the lost
+    # layer's, and bench.decode_cost's per-step work, computed minus it, came out short)
+    assert engine.stats.completed_token_layers == 0
     continues_as(engine, twin, token)
     same_state(engine.cache)(twin)
 
