@@ -53,19 +53,20 @@ from .errors import UserInputError
 # a per-token input made from the token's id and embedding: the adapter's hidden state of a
 # token carries, after its (hidden_size,) part, the inputs of the layers it has yet to run
 # (each layer uses the first and drops it), so pruned, revived and cached tokens keep theirs.
-# qwen3_5, qwen3_5_moe (:data:`HYBRID_TYPES`, the text model of Qwen3.5/3.6 checkpoints):
-# three Gated DeltaNet layers (linear attention, :meth:`ModelAdapter.recurrent`) to one of
-# full attention whose q_proj also gives an output gate, q/k norms and partial RoPE.
+# qwen3_5, qwen3_5_moe (:data:`HYBRID_TYPES`, the text model of Qwen3.5/3.6 checkpoints) and
+# qwen3_next (Qwen3-Next, their layout before them, with MoE blocks): three Gated DeltaNet
+# layers (linear attention, :meth:`ModelAdapter.recurrent`) to one of full attention whose
+# q_proj also gives an output gate, q/k norms and partial RoPE.
 SUPPORTED_MODEL_TYPES = ("exaone4", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
                          "gpt_oss", "granite", "llama", "ministral3", "mistral", "mistral3",
                          "olmo2", "olmo3", "phi3", "qwen2", "qwen3", "qwen3_5", "qwen3_5_moe",
-                         "qwen3_moe", "smollm3")
+                         "qwen3_moe", "qwen3_next", "smollm3")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
-HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe")
+HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
-_WRAPPERS = ("gemma3", "gemma4", "mistral3", *HYBRID_TYPES)
+_WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm}``, ``use_sliding``,

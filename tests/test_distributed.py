@@ -324,7 +324,7 @@ def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
     assert distributed.model_group(model) is None  # left unsharded
 
 
-@pytest.mark.parametrize("kind", ["olmo2", "olmo3", "gemma4_text", "qwen3_5"])
+@pytest.mark.parametrize("kind", ["olmo2", "olmo3", "gemma4_text", "qwen3_5", "qwen3_next"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's
     share alone; Gemma 4's global layers have one key/value head. Refused (mlx-lm has no

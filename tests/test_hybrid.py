@@ -1,7 +1,8 @@
-"""Qwen3.5's hybrid layout through the engine (``qwen3_5``: three Gated DeltaNet layers,
-recurrent, to one of gated full attention): unpruned equal to mlx-lm, in one prompt or in
-turns; pruning, which a recurrent layer allows only without revival, equal to a reference
-built from mlx-lm's own layers; interrupts, prompt caches and what a hybrid refuses."""
+"""Qwen3.5's and Qwen3-Next's hybrid layout through the engine (``qwen3_5``, ``qwen3_next``:
+three Gated DeltaNet layers, recurrent, to one of gated full attention): unpruned equal to
+mlx-lm, in one prompt or in turns; pruning, which a recurrent layer allows only without
+revival, equal to a reference built from mlx-lm's own layers; interrupts, prompt caches and
+what a hybrid refuses."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from test_prompt_cache import same_state
 from tiny_models import build_tiny_model
 
-KIND = "qwen3_5"
+#: Qwen3.5 and Qwen3-Next, the same hybrid layout (Qwen3-Next's fuses the recurrent layers'
+#: projections and puts MoE blocks in), each through every test of the ``hybrid`` fixtures.
+KINDS = ("qwen3_5", "qwen3_next")
 STATIC = PruningConfig("static", prune_layers=(3,), keep=(0.3,))
 NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
 
@@ -34,9 +37,9 @@ NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
 pytestmark = pytest.mark.usefixtures("attention_implementation")
 
 
-@pytest.fixture(scope="module")
-def hybrid_dir(tmp_path_factory):
-    return build_tiny_model(KIND, tmp_path_factory.mktemp(KIND))
+@pytest.fixture(scope="module", params=KINDS)
+def hybrid_dir(request, tmp_path_factory):
+    return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,7 @@ def greedy(engine, prompt, steps):
     return tokens, logits
 
 
-def test_the_tiny_qwen3_5_is_what_it_claims(hybrid):
+def test_the_tiny_hybrid_is_what_it_claims(hybrid):
     """Layers 3 and 7 attend, the others are recurrent; q_proj gives a gate beside the
     queries; RoPE turns half of each head."""
     model, _ = hybrid
@@ -138,7 +141,8 @@ def reference_static(model, prompt, keep, steps):
     head-averaged attention at layer 3 ranks the others (the first and the last kept);
     the recurrent layers 4-6 take the kept tokens in order, layer 7 attends over them at
     their own positions; generated tokens go through every layer."""
-    text = model.language_model.model
+    outer = getattr(model, "language_model", model)  # Qwen3.5's text model, or Qwen3-Next
+    text = outer.model
     layers, caches, n = text.layers, make_prompt_cache(model), len(prompt)
     h = text.embed_tokens(prompt[None])
     for i in range(4):
@@ -160,7 +164,7 @@ def reference_static(model, prompt, keep, steps):
         for i in range(4, 8):
             h = (_gated_attention(layers[i], h, positions, store) if i == 7
                  else layers[i](h, mask=None, cache=caches[i]))
-        logits.append(model.language_model.lm_head(text.norm(h[:, -1]))[0])
+        logits.append(outer.lm_head(text.norm(h[:, -1]))[0])
         token = mx.argmax(logits[-1])
         positions = np.array([n + step])
         h = text.embed_tokens(token.reshape(1, 1))

@@ -1,6 +1,6 @@
 """Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3, gemma3_text,
-smollm3, ministral3, gpt_oss, granite, olmo2, olmo3, exaone4, gemma4_text, qwen3_5) with a real
-tokenizer.
+smollm3, ministral3, gpt_oss, granite, olmo2, olmo3, exaone4, gemma4_text, qwen3_5,
+qwen3_next) with a real tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
@@ -18,7 +18,8 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text", "smollm3", "ministral3",
-         "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5")
+         "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5",
+         "qwen3_next")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -118,6 +119,16 @@ _KIND_CONFIG = {
                 "linear_conv_kernel_dim": 4,
                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                     "partial_rotary_factor": 0.5}},
+    # Qwen3-Next, Qwen3.5's layout before it: the same layers (Gated DeltaNet with fused
+    # in_proj_qkvz), sparse MoE blocks (2 of 4 experts and a shared one) but in layer 1
+    "qwen3_next": {"architectures": ["Qwen3NextForCausalLM"], "tie_word_embeddings": False,
+                   "num_hidden_layers": 8, "full_attention_interval": 4,
+                   "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                   "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                   "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.5,
+                   "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+                   "mlp_only_layers": [1], "moe_intermediate_size": 32,
+                   "shared_expert_intermediate_size": 32, "norm_topk_prob": True},
 }
 #: Variants of a kind: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
 #: with per-frequency factors) over three quarters of each head (partial rotary);
