@@ -23,7 +23,7 @@ from .attention import implementation as attention_implementation
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
 from .models import model_folder
-from .prompt_cache import PromptCache, make_prompt_cache
+from .prompt_cache import PromptCache, check_prompt_cache, make_prompt_cache
 from .config import PruningConfig
 from .schedule import Schedule, check_fits
 from .schedule_files import folder_schedules
@@ -276,6 +276,7 @@ def generate_step(
         if owned:
             prompt_cache = make_prompt_cache(model, config)
         else:
+            check_prompt_cache(prompt_cache, "prompt_cache")
             prompt_cache.check(model, config)
         tokens = token_ids(prompt)
         if prompt_cache.engine.tp.group is not None:
@@ -433,10 +434,8 @@ def stream_generate(
     tokens = prompt_token_ids(tokenizer, prompt)
     if prompt_cache is None:
         prompt_cache = make_prompt_cache(model, config)
-    elif not isinstance(prompt_cache, PromptCache):
-        raise UserInputError(f"prompt_cache must come from mlx_lazy.make_prompt_cache, got "
-                             f"{type(prompt_cache).__name__}")
     else:
+        check_prompt_cache(prompt_cache, "prompt_cache")
         prompt_cache.check(model, config)
     engine, cached = prompt_cache.engine, len(prompt_cache)
     check_tokens(tokens, engine.adapter.vocab_size)

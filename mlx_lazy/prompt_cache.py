@@ -168,8 +168,12 @@ def make_prompt_cache(model: nn.Module,
     return PromptCache(LazyEngine(model, schedule))
 
 
-def _check_cache(cache: Any, what: str = "cache") -> None:
-    """Refuse anything but a :class:`PromptCache` (an mlx-lm cache list included)."""
+def check_prompt_cache(cache: Any, what: str = "cache") -> None:
+    """Refuse anything but a :class:`PromptCache` (an mlx-lm cache list included).
+
+    Raises:
+        UserInputError: naming ``what`` and what it got.
+    """
     if not isinstance(cache, PromptCache):
         raise UserInputError(f"{what} must be an mlx-lazy PromptCache (from "
                              f"mlx_lazy.make_prompt_cache or load_prompt_cache), got "
@@ -183,7 +187,7 @@ def can_trim_prompt_cache(cache: PromptCache) -> bool:
     Raises:
         UserInputError: ``cache`` is not a :class:`PromptCache`.
     """
-    _check_cache(cache)
+    check_prompt_cache(cache)
     return cache.engine.cache.can_trim(len(cache) - 1)
 
 
@@ -196,7 +200,7 @@ def trim_prompt_cache(cache: PromptCache, num_tokens: int) -> int:
             or more than the cache holds, or some but not all of the tokens a recurrent
             layer's state has taken (:func:`can_trim_prompt_cache`).
     """
-    _check_cache(cache)
+    check_prompt_cache(cache)
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) \
             or not 0 <= num_tokens <= len(cache):
         raise UserInputError(f"cannot trim {num_tokens!r} tokens from a prompt cache of "
@@ -236,7 +240,7 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
             first: a folder, FIFO or device there is refused, not replaced), or the model is
             sharded over ranks.
     """
-    _check_cache(cache)
+    check_prompt_cache(cache)
     _unsharded(cache.model, "save")
     if metadata is not None and not isinstance(metadata, Mapping):
         raise UserInputError(f"metadata must be a mapping of strings, got {shown(metadata, 80)}")

@@ -523,6 +523,23 @@ def test_trim_and_save_take_only_prompt_caches(not_a_cache, tmp_path):
             call()
 
 
+def test_generation_takes_only_prompt_caches(tiny_model):
+    """An mlx-lm cache handed to generate_step once failed with an AttributeError deep in it;
+    stream_generate said so in other words."""
+    import mlx_lm.models.cache as mlx_lm_cache
+
+    from mlx_lazy import stream_generate
+
+    model, tokenizer = tiny_model("llama")
+    for not_a_cache in (mlx_lm_cache.make_prompt_cache(model), "cache"):
+        for run in (lambda: next(generate_step([1, 2, 3], model, prompt_cache=not_a_cache)),
+                    lambda: next(stream_generate(model, tokenizer, "hi",
+                                                 prompt_cache=not_a_cache))):
+            with pytest.raises(UserInputError, match="prompt_cache must be an mlx-lazy "
+                                                     "PromptCache .* got "):
+                run()
+
+
 def test_the_cli_reports_a_corrupt_file_in_one_line(tiny_model_path, bases, tmp_path, capsys):
     from mlx_lazy import cli
 
