@@ -23,13 +23,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .adapter import ModelAdapter, global_layers, recurrent_layers
+from .adapter import ModelAdapter
 from .cache import LazyCache, Rows
 from .cache_attention import CacheAttention
 from .distributed import TensorParallel, model_group
 from .errors import UserInputError
 from .kernels import prepare
-from .resolve import check_hybrid_schedule
+from .policies import check_hybrid_schedule
 from .schedule import Schedule
 from .scorers import Mask
 from .selection import Selector
@@ -95,7 +95,7 @@ class LazyEngine:
 
     Raises:
         UserInputError: unsupported model, or a schedule for another depth or one the model
-            cannot run (a hybrid's: :func:`~mlx_lazy.resolve.check_hybrid_schedule`).
+            cannot run (a hybrid's: :func:`~mlx_lazy.policies.check_hybrid_schedule`).
     """
 
     def __init__(self, model: nn.Module, schedule: Optional[Schedule] = None,
@@ -110,8 +110,7 @@ class LazyEngine:
         if self.schedule.num_layers != self.adapter.num_layers:
             raise UserInputError(f"the schedule is for {self.schedule.num_layers} layers, the "
                                  f"model has {self.adapter.num_layers}")
-        if recurrent_layers(model):  # a schedule made without the model's checks
-            check_hybrid_schedule(self.schedule, global_layers(model))
+        check_hybrid_schedule(self.schedule, model)  # one made without the model's checks
         #: the layers' attention over the cache (its pair counters are per request)
         self.attention = CacheAttention(self.adapter.scale, block_size)
         self.scorer = self.schedule.scorer

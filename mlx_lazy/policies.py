@@ -22,6 +22,9 @@ import itertools
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, Union
 
+import mlx.nn as nn
+
+from .adapter import global_layers, recurrent_layers
 from .completion import DEFAULT_COMPLETE
 from .errors import UserInputError, shown
 from .schedule import Schedule
@@ -397,3 +400,33 @@ def _check_layers(layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: 
         raise UserInputError(
             f"keep fractions must not increase (kept sets only shrink), got {list(keep)}"
         )
+
+
+#: Why a hybrid model revives nothing.
+NO_WAY_BACK = ("this model's recurrent (linear-attention) layers take tokens only in order, so "
+               "a pruned token cannot come back")
+
+
+def check_hybrid_schedule(schedule: Schedule, model: nn.Module) -> None:
+    """Refuse a schedule a hybrid ``model`` cannot run (nothing on another model): one that
+    revives, or cuts after a recurrent layer (a cut follows an attention layer,
+    :func:`~mlx_lazy.adapter.global_layers`, whose scores rank the context).
+
+    Raises:
+        UserInputError: naming the setting and what to use instead.
+    """
+    if not recurrent_layers(model):
+        return
+    cut_layers = global_layers(model)
+    if schedule.revive:
+        raise UserInputError(f"{NO_WAY_BACK}: use revive=False (--no-revive)")
+    if schedule.prune_layers and not cut_layers:
+        raise UserInputError(f"{schedule.method!r} cuts after an attention layer, and this "
+                             "hybrid model attends only in its last layer: use speed, random "
+                             "or full")
+    wrong = [layer for layer in schedule.prune_layers if layer not in cut_layers]
+    if wrong:
+        raise UserInputError(
+            f"a cut must follow an attention layer of this hybrid model, not layer"
+            f"{'s' if wrong[1:] else ''} {', '.join(map(str, wrong))}; its attention layers "
+            f"(but the last): {', '.join(map(str, cut_layers))}")

@@ -37,13 +37,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 
-from .adapter import ModelAdapter, global_layers, recurrent_layers
+from .adapter import ModelAdapter
 from .attention import attention
 from .cache import TOKEN_ARRAYS, ROW_MAPS, LazyCache
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError, shown
-from .policies import LazyCuts, RandomDrop, ScoredCuts, SpeedCutoff, compose
-from .resolve import check_hybrid_schedule
+from .policies import (LazyCuts, RandomDrop, ScoredCuts, SpeedCutoff, check_hybrid_schedule,
+                       compose)
 from .schedule import Schedule
 
 #: The keys of the ``mlx_lazy`` metadata object, and of its ``state``.
@@ -78,11 +78,10 @@ def check_cache_file(path: Any, arrays: Dict[str, mx.array], info: Any,
     try:
         tokens, meta = check_info(info, adapter)
         schedule = check_schedule(info["schedule"], adapter.num_layers)
-        if recurrent_layers(adapter.model):
-            try:
-                check_hybrid_schedule(schedule, global_layers(adapter.model))
-            except UserInputError as e:
-                raise Corrupt(f"schedule: {e}") from None
+        try:
+            check_hybrid_schedule(schedule, adapter.model)
+        except UserInputError as e:
+            raise Corrupt(f"schedule: {e}") from None
         state = check_state(arrays, meta, tokens, schedule, adapter)
     except Corrupt as e:
         raise UserInputError(f"prompt cache {path} is corrupt: {e}") from None

@@ -18,15 +18,11 @@ import mlx.nn as nn
 from .adapter import ModelAdapter, global_layers, recurrent_layers
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError
-from .policies import (REVIVAL_IDLE, LazyCuts, ScoredCuts, check_revive, check_taken, compose,
-                       cuts_at_global_layers, revival_fields)
+from .policies import (NO_WAY_BACK, REVIVAL_IDLE, LazyCuts, ScoredCuts, check_hybrid_schedule,
+                       check_revive, check_taken, compose, cuts_at_global_layers,
+                       revival_fields)
 from .schedule import Schedule
 from .schedule_files import calibrated, check_model, check_quality
-
-
-#: Why a hybrid model revives nothing.
-NO_WAY_BACK = ("this model's recurrent (linear-attention) layers take tokens only in order, so "
-               "a pruned token cannot come back")
 
 
 def as_config(config: Union[PruningConfig, str, None]) -> Optional[PruningConfig]:
@@ -86,8 +82,7 @@ def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = N
         chosen = for_hybrid(chosen, cut_layers, fingerprint["num_layers"])
     check_model(chosen, fingerprint)
     schedule = build_schedule(chosen, fingerprint["num_layers"])
-    if recurrent:
-        check_hybrid_schedule(schedule, cut_layers)
+    check_hybrid_schedule(schedule, model)
     return schedule
 
 
@@ -113,8 +108,8 @@ def for_hybrid(config: PruningConfig, cut_layers: Tuple[int, ...],
     rule's revival settings are dropped), and a preset's cuts moved onto the nearest of the
     attention layers ``cut_layers`` below its SPEED cutoff, if any
     (:func:`~mlx_lazy.policies.cuts_at_global_layers`), keeping the fractions the request
-    gives for those; cuts the request gives stay as given (:func:`check_hybrid_schedule`
-    refuses the wrong ones)."""
+    gives for those; cuts the request gives stay as given
+    (:func:`~mlx_lazy.policies.check_hybrid_schedule` refuses the wrong ones)."""
     policies = compose(config.method).values()
     if any(issubclass(p, LazyCuts) for p in policies):
         config = replace(config, revive=False, **{f: None for f in REVIVAL_IDLE})
@@ -126,25 +121,3 @@ def for_hybrid(config: PruningConfig, cut_layers: Tuple[int, ...],
         config = replace(config, prune_layers=layers, keep=config.keep or keep,
                          source=config.source or ("user" if config.keep else preset.source))
     return config
-
-
-def check_hybrid_schedule(schedule: Schedule, cut_layers: Tuple[int, ...]) -> None:
-    """Refuse a schedule a hybrid model cannot run: one that revives, or cuts after a
-    recurrent layer (a cut follows an attention layer, ``cut_layers``, whose scores rank the
-    context).
-
-    Raises:
-        UserInputError: naming the setting and what to use instead.
-    """
-    if schedule.revive:
-        raise UserInputError(f"{NO_WAY_BACK}: use revive=False (--no-revive)")
-    if schedule.prune_layers and not cut_layers:
-        raise UserInputError(f"{schedule.method!r} cuts after an attention layer, and this "
-                             "hybrid model attends only in its last layer: use speed, random "
-                             "or full")
-    wrong = [layer for layer in schedule.prune_layers if layer not in cut_layers]
-    if wrong:
-        raise UserInputError(
-            f"a cut must follow an attention layer of this hybrid model, not layer"
-            f"{'s' if wrong[1:] else ''} {', '.join(map(str, wrong))}; its attention layers "
-            f"(but the last): {', '.join(map(str, cut_layers))}")
