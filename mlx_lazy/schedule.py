@@ -38,7 +38,7 @@ class Schedule:
         scorer: the scorer (:mod:`mlx_lazy.scorers`) that ranks the context at each cut,
             with its parameters.
         prompt_depth: number of layers that non-anchor prompt tokens may reach (SPEED
-            cutoff; ``num_layers`` when unused).
+            cutoff; ``num_layers`` when unused, the default).
         random_keep: fraction of prompt tokens kept before layer 0 (random drop), or None.
         anchors: number of leading prompt tokens that are always kept at full depth.
         seed: seed of the random drop.
@@ -58,17 +58,21 @@ class Schedule:
     revive_margin: float = 0.0
     reselect_every: int = 1
     scorer: Scorer = LastQuery()
-    prompt_depth: int = 0
+    prompt_depth: int = None  # type: ignore[assignment]  (num_layers, set below)
     random_keep: Optional[float] = None
     anchors: int = 1
     seed: int = 0
     source: str = "preset"
 
+    def __post_init__(self) -> None:
+        if self.prompt_depth is None:  # once 0: every prompt token but the last dropped
+            object.__setattr__(self, "prompt_depth", self.num_layers)
+
     @classmethod
     def full(cls, num_layers: int) -> "Schedule":
         """The unpruned plan on ``num_layers`` layers: every token through every layer (what
         method ``"full"`` resolves to)."""
-        return cls("full", num_layers, prompt_depth=num_layers)
+        return cls("full", num_layers)
 
     @cached_property
     def completion(self) -> Completion:

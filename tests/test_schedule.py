@@ -9,7 +9,7 @@ import pytest
 
 from mlx_lazy import METHODS, PruningConfig, UserInputError, build_schedule, read_schedule
 from mlx_lazy.config import MAX_COUNT
-from mlx_lazy.schedule import check_fits
+from mlx_lazy.schedule import Schedule, check_fits
 from mlx_lazy.schedule_files import SCHEDULE_FORMAT, SCHEDULE_MAX_BYTES
 from mlx_lazy.scorers import LastQuery, Pooled, Window, parse_scorer, scorer_spec
 
@@ -21,6 +21,14 @@ def test_presets_resolve(method):
     assert list(s.keep) == sorted(s.keep, reverse=True)
     assert all(0 <= layer < s.prompt_depth - 1 for layer in s.prune_layers)
     assert s.prunes == (method != "full")
+
+
+def test_a_schedule_without_a_speed_cutoff_lets_the_prompt_through():
+    """A Schedule built without prompt_depth (SPEED's cutoff) cuts nothing off: it once
+    defaulted to 0, which kept every prompt token but the last out of layer 0."""
+    sched = Schedule("lazy", 4, prune_layers=(1,), keep=(0.5,), dynamic=True)
+    assert sched.prompt_depth == 4 and Schedule.full(4).prompt_depth == 4
+    assert Schedule.from_dict(sched.as_dict()) == sched
 
 
 def test_speed_cutoff_fraction_and_count():
@@ -249,9 +257,17 @@ def test_the_largest_schedule_file_allowed_loads(tmp_path):
     assert read_schedule(path).method == "lazy"
 
 
+def test_a_schedule_file_beyond_the_limit_is_refused(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(" " * (SCHEDULE_MAX_BYTES + 1))
+    with pytest.raises(UserInputError, match="s.json is larger than the limit"):
+        read_schedule(path)
+
+
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
-def test_an_endless_schedule_file_is_cut_at_the_limit():
-    with pytest.raises(UserInputError, match="schedule file /dev/zero is larger than the limit"):
+def test_an_endless_schedule_file_is_refused_unread():
+    """/dev/zero never ends, a FIFO nobody writes to never starts: neither is read."""
+    with pytest.raises(UserInputError, match="schedule file /dev/zero is not a regular file"):
         read_schedule("/dev/zero")
 
 
