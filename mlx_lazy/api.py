@@ -24,6 +24,7 @@ from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
 from .models import model_folder
 from .prompt_cache import PromptCache, check_prompt_cache, make_prompt_cache
+from .run_report import format_summary
 from .config import PruningConfig
 from .schedule import Schedule, check_fits
 from .schedule_files import folder_schedules
@@ -244,8 +245,9 @@ def generate_step(
     config: Optional[Union[PruningConfig, str]] = None,
 ) -> Generator[Tuple[int, mx.array], None, None]:
     """Yield ``(token, logprobs)`` one generated token at a time, as mlx-lm's
-    ``generate_step``: the engine's only driver (``stream_generate``, the CLI, the server
-    and the benchmarks all run through it).
+    ``generate_step``: the engine's generation loop (``stream_generate``, the CLI, the server
+    and the benchmarks generate through it; ``cache_prompt`` and the probe only fill a
+    cache, through :meth:`PromptCache.process` and :meth:`LazyEngine.prefill`).
 
     Args:
         prompt: token ids, processed on top of ``prompt_cache``.
@@ -438,7 +440,6 @@ def stream_generate(
         check_prompt_cache(prompt_cache, "prompt_cache")
         prompt_cache.check(model, config)
     engine, cached = prompt_cache.engine, len(prompt_cache)
-    check_tokens(tokens, engine.adapter.vocab_size)
     check_prompt(engine, tokenizer, prompt_cache.tokens + tokens, max_tokens)
 
     n_prompt = len(tokens)
@@ -513,10 +514,5 @@ def generate(
         if verbose:
             print(last.text, end="", flush=True)
     if verbose and last is not None:
-        s = last.stats
-        print(
-            f"\n==========\nPrompt: {s.prompt_tokens} tokens, TTFT {s.ttft_s:.3f} s, "
-            f"{s.prompt_tps:.1f} tokens-per-sec\nGeneration: {s.generation_tokens} tokens, "
-            f"{s.generation_tps:.1f} tokens-per-sec\nPeak memory: {last.peak_memory:.3f} GB"
-        )
+        print("\n==========\n" + format_summary(last.stats))  # as the command line's
     return text

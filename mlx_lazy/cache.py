@@ -1,11 +1,11 @@
 """KV cache per layer, Aux Cache of hidden states, and per-token depth bookkeeping.
 
-Within a step the tokens used at layer l+1 are a subset of those used at layer l, so over
-a whole generation the layers at which a token has been computed form a prefix
-[0, depth). A token has KV at layer l exactly when depth > l; a token that stopped below
-the top has its hidden state at that depth in the Aux Cache, unless its ``limit`` (the
-depth it may ever reach) says it can never come back. Host-side bookkeeping is numpy;
-tensors stay in MLX.
+A token is computed at a layer only after every layer below it (a revived token is carried
+up from its depth first), so over a whole generation the layers at which a token has been
+computed form a prefix [0, depth). A token has KV at layer l exactly when depth > l; a
+token that stopped below the top has its hidden state at that depth in the Aux Cache,
+unless its ``limit`` (the depth it may ever reach) says it can never come back. Host-side
+bookkeeping is numpy; tensors stay in MLX.
 """
 
 from __future__ import annotations
@@ -452,13 +452,14 @@ class LazyCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: KV buffers (filled or not) and every row map."""
+        """Bytes held: KV buffers (filled or not), every row map and recurrent states."""
         return sum(layer.allocated_bytes for layer in self.layers) + sum(
             e.data.nbytes for name in ROW_MAPS for e in getattr(self, name).values()) + sum(
             part.nbytes for state in self.recurrent.values() for part in state)
 
     @property
     def kv_bytes_per_layer(self) -> List[int]:
+        """Bytes of keys and values held at each layer (filled positions only)."""
         return [layer.nbytes for layer in self.layers]
 
     @property

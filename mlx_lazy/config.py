@@ -140,7 +140,7 @@ class PruningConfig:
             ``"preset"`` or ``"user"`` (any of :data:`PRUNING_FIELDS` given).
         fingerprint: the model a calibrated schedule is for (set by
             :func:`~mlx_lazy.schedule_files.read_schedule`, as sorted ``(key, value)``
-            pairs); ``LazyEngine`` refuses another model.
+            pairs); :func:`~mlx_lazy.resolve_config` refuses another model.
     """
 
     method: str = "full"

@@ -94,6 +94,7 @@ class LazyEngine:
         block_size: query block length of the prefill attention.
 
     Raises:
+        TypeError: a ``schedule`` that is not a resolved :class:`Schedule`.
         UserInputError: unsupported model, or a schedule for another depth or one the model
             cannot run (a hybrid's: :func:`~mlx_lazy.policies.check_hybrid_schedule`).
     """
@@ -200,7 +201,9 @@ class LazyEngine:
 
         Raises:
             UserInputError: an int ``token`` outside the vocabulary (an array is not read
-                back to check: it is the caller's, as :func:`~mlx_lazy.generate_step`'s)."""
+                back to check: it is the caller's, as :func:`~mlx_lazy.generate_step`'s).
+            ValueError: an empty state (nothing to decode after: a caller's bug).
+        """
         if self.cache.length == 0:
             raise ValueError("call prefill() before decode()")
         if not isinstance(token, mx.array):  # a device token is the caller's to check

@@ -64,7 +64,8 @@ class PromptCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of KV buffers (filled or not) and Aux Cache held."""
+        """Bytes the state holds: KV buffers (filled or not), the Aux Cache, and what waits
+        beside them (a recompute's stash, the scorer's window, recurrent states)."""
         return self.engine.cache.nbytes
 
     def copy(self) -> "PromptCache":

@@ -50,6 +50,18 @@ def test_bad_max_tokens_raise_at_once(tiny_model, max_tokens):
     assert outcome and "max_tokens must be a positive integer" in outcome[0]
 
 
+def test_verbose_generate_prints_the_command_lines_summary(tiny_model, capsys):
+    """generate(verbose=True) prints the text, then the summary the command line prints (it
+    once built its own lines, without the pruning's)."""
+    model, tokenizer = tiny_model("llama")
+    text = generate(model, tokenizer, "the passkey is", max_tokens=3, verbose=True,
+                    config="lazy")
+    out = capsys.readouterr().out
+    head, summary = out.split("\n==========\n")
+    assert head == text and summary.splitlines()[0].startswith("Prompt: ")
+    assert "Pruning (lazy): " in summary and "whole answer" in summary
+
+
 def test_numpy_integer_max_tokens_is_accepted(tiny_model):
     model, tokenizer = tiny_model("llama")
     assert len(list(stream_generate(model, tokenizer, PROMPT, max_tokens=np.int64(2)))) == 2

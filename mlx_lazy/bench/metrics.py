@@ -11,9 +11,6 @@ import re
 import string
 from collections import Counter
 from collections.abc import Sequence
-from typing import Literal
-
-MatchMode = Literal["exact", "all", "any", "f1"]
 MATCH_MODES: tuple[str, ...] = ("exact", "all", "any", "f1")
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
