@@ -301,9 +301,10 @@ def model_folder(path_or_repo: Optional[Union[str, Path]],
     if is_hub_id(name):
         if not local:
             return name, False
-        from mlx_lm.utils import _download as hub_download
+        from huggingface_hub import snapshot_download  # what mlx_lm.load downloads with
+        from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
-        return str(hub_download(name)), False
+        return snapshot_download(name, allow_patterns=DEFAULT_ALLOW_PATTERNS), False
     if path.is_file():
         hint = (f" (convert it first: mlx-lazy-convert {name} OUT)"
                 if path.suffix == ".gguf" else "")

@@ -152,6 +152,28 @@ def _llama_config(tiny_model_path, **changes):
     return config
 
 
+def test_a_hub_id_for_a_sharded_load_downloads_as_mlx_lm_does(monkeypatch, tmp_path):
+    """A hub id resolves to the folder huggingface_hub's snapshot_download gives, with
+    mlx-lm's file patterns (it went through a private function of mlx-lm's)."""
+    import huggingface_hub
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
+    from mlx_lazy.models import model_folder
+
+    calls = []
+
+    def snapshot_download(repo, **kwargs):
+        calls.append((repo, kwargs))
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert model_folder("mlx-community/Some-Model-4bit", local=True) == (str(tmp_path), False)
+    assert calls == [("mlx-community/Some-Model-4bit",
+                      {"allow_patterns": DEFAULT_ALLOW_PATTERNS})]
+    assert model_folder("mlx-community/Some-Model-4bit") == ("mlx-community/Some-Model-4bit",
+                                                             False) and len(calls) == 1
+
+
 @pytest.mark.parametrize("case, fragments", [
     ("truncated", ["model.safetensors is truncated"]),
     ("no model_type", ["config.json has no model_type"]),
