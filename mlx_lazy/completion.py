@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, Optional, Protocol, Type
 
 from .errors import UserInputError, shown
+from .inputs import MAX_COUNT
 
 
 class Completing(Protocol):
@@ -23,8 +24,6 @@ class Completing(Protocol):
 
 #: The mode of a config that names none and whose schedule records none.
 DEFAULT_COMPLETE = "exact"
-#: The largest K of ``progressive:K``: MLX indexes with int32.
-MAX_BUDGET = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class Progressive(Completion):
 
     def __post_init__(self) -> None:
         b = self.budget
-        if isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= MAX_BUDGET:
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= MAX_COUNT:
             raise UserInputError(f"progressive:K takes a positive integer K, got {shown(b)}")
 
     @property
@@ -126,7 +125,7 @@ def parse_completion(spec: Any) -> Completion:
         cls = COMPLETIONS.get(name)
         # ASCII digits only ("²".isdigit() too), and few enough for int() to take
         if cls is Progressive and sep and k.isascii() and k.isdigit() and len(k) <= 10 \
-                and 0 < int(k) <= MAX_BUDGET:
+                and 0 < int(k) <= MAX_COUNT:
             return Progressive(int(k))
         if cls is not None and cls is not Progressive and not sep:
             return cls()

@@ -13,13 +13,11 @@ import numpy as np
 
 from .errors import UserInputError, shown
 from .completion import parse_completion
+from .inputs import MAX_COUNT
 from .policies import ScoredCuts, canonical_method, check_taken, compose
 from .schedule import Schedule
 from .scorers import Scorer, parse_scorer, scorer_spec
 
-#: The largest token count, position or layer index a config may hold: MLX indexes with
-#: int32, and larger values would only fail later, inside numpy or MLX.
-MAX_COUNT = 2**31 - 1
 #: The largest revive_margin: past it no waiting token is ever worth a revival (use
 #: max_revivals=0 to say so).
 MAX_MARGIN = 1e6

@@ -14,6 +14,9 @@ from typing import Any, BinaryIO, Union
 from .errors import UserInputError
 
 MiB = 1 << 20
+#: The largest token count, position, layer index or other count a setting may hold: MLX
+#: indexes with int32, and larger values would only fail later, inside numpy or MLX.
+MAX_COUNT = 2**31 - 1
 _INT = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from .adapter import IDENTITY_TOLERANCE, decode_identity, identities_match, identity_distances
-from .config import MAX_COUNT, PRUNING_FIELDS, QUALITIES, PruningConfig, build_schedule
+from .config import PRUNING_FIELDS, QUALITIES, PruningConfig, build_schedule
 from .errors import UserInputError, shown
 from .folders import write_text_atomic
-from .inputs import MiB, read_json
+from .inputs import MAX_COUNT, MiB, read_json
 from .policies import cuts_at_global_layers
 from .scorers import scorer_spec
 

@@ -32,14 +32,12 @@ import numpy as np
 
 from .attention import attention_weights, log2_scores, masked
 from .errors import UserInputError, shown
-from .inputs import parse_float, parse_int
+from .inputs import MAX_COUNT, parse_float, parse_int
 from .kernels import exp2
 
 HEAD_REDUCTIONS = ("mean", "max")
 #: A per-key boolean mask, on the host or the device.
 Mask = Union[np.ndarray, mx.array]
-#: The largest integer a scorer field takes: MLX indexes with int32.
-MAX_FIELD = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -349,8 +347,8 @@ def _registered(scorer: Any) -> bool:
 
 
 def _check_count(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_FIELD:
-        raise UserInputError(f"{name} must be an integer in [{low}, {MAX_FIELD}], "
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_COUNT:
+        raise UserInputError(f"{name} must be an integer in [{low}, {MAX_COUNT}], "
                              f"got {_cut(value)}")
 
 

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlx_lazy import METHODS, PruningConfig, UserInputError, build_schedule, cli, read_schedule
-from mlx_lazy.config import MAX_COUNT
+from mlx_lazy.inputs import MAX_COUNT
 from mlx_lazy.schedule import check_fits
 from mlx_lazy.schedule_files import SCHEDULE_FIELDS, SCHEDULE_FORMAT
 from mlx_lazy.scorers import LastQuery, pool_by_position

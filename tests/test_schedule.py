@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mlx_lazy import METHODS, PruningConfig, UserInputError, build_schedule, read_schedule
-from mlx_lazy.config import MAX_COUNT
+from mlx_lazy.inputs import MAX_COUNT
 from mlx_lazy.schedule import Schedule, check_fits
 from mlx_lazy.schedule_files import SCHEDULE_FORMAT, SCHEDULE_MAX_BYTES
 from mlx_lazy.scorers import LastQuery, Pooled, Window, parse_scorer, scorer_spec

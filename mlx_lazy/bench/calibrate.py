@@ -67,7 +67,8 @@ from ..scorers import parse_scorer, scorer_spec
 from ..selection import keep_floor
 from .. import completion
 from ..completion import COMPLETE_MODES, parse_completion
-from ..config import MAX_COUNT, MAX_MARGIN, QUALITIES
+from ..config import MAX_MARGIN, QUALITIES
+from ..inputs import MAX_COUNT
 from ..policies import at_global_layers, layers_at
 from ..resolve import check_hybrid
 from ..schedule_files import (DECODE_FIELDS, MODEL_SCHEDULE_FILE, cached_schedule_path,
