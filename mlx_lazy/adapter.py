@@ -13,7 +13,7 @@ import re
 
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
-from typing import List, Optional, Tuple
+from typing import Any, Collection, List, Mapping, Optional, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -554,6 +554,14 @@ def identity_distances(a: str, b: str) -> dict:
         scale = max(np.linalg.norm(x), np.linalg.norm(y))
         out[name] = float(np.linalg.norm(x - y) / scale) if scale > 0 else 0.0
     return out
+
+
+def fingerprint_difference(saved: Mapping[str, Any], ours: Mapping[str, Any],
+                           ignore: Collection[str] = ()) -> Optional[str]:
+    """The first key of the fingerprint ``ours`` (:meth:`ModelAdapter.fingerprint`) whose
+    value ``saved`` (a file's, another model's) does not hold, but those in ``ignore``; None
+    when all agree."""
+    return next((k for k in ours if k not in ignore and saved.get(k) != ours[k]), None)
 
 
 def identities_match(a: str, b: str) -> bool:

@@ -22,7 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .adapter import ModelAdapter
+from .adapter import ModelAdapter, fingerprint_difference
 from .prompt_cache_file import check_cache_file
 from .engine import LazyEngine, ProgressFn
 from .errors import UserInputError, one_line, shown
@@ -106,7 +106,7 @@ class PromptCache:
         """
         if model is not self.model:
             ours, theirs = self.engine.adapter.fingerprint(), ModelAdapter(model).fingerprint()
-            diff = next((k for k in ours if ours[k] != theirs.get(k)), None)
+            diff = fingerprint_difference(theirs, ours)
             if diff is not None:
                 what = "weights differ" if diff == "weights" else (
                     f"{diff} {ours[diff]!r}, the model has {theirs.get(diff)!r}")
@@ -303,7 +303,7 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
     if not isinstance(saved, dict):
         raise UserInputError(f"prompt cache {path} is corrupt: fingerprint must be an object, "
                              f"got {shown(saved, 80)}")
-    diff = next((k for k in fingerprint if saved.get(k) != fingerprint[k]), None)
+    diff = fingerprint_difference(saved, fingerprint)
     if diff is not None:
         raise UserInputError(f"prompt cache {path} was made for another model: {diff} is "
                              f"{shown(saved.get(diff), 80)} there, {fingerprint[diff]!r} here")

@@ -21,7 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
-from .adapter import IDENTITY_TOLERANCE, decode_identity, identities_match, identity_distances
+from .adapter import (IDENTITY_TOLERANCE, decode_identity, fingerprint_difference,
+                      identities_match, identity_distances)
 from .config import PRUNING_FIELDS, QUALITIES, PruningConfig, build_schedule
 from .errors import UserInputError, shown
 from .folders import write_text_atomic
@@ -180,26 +181,20 @@ def model_mismatch(saved: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> 
     ``weights`` digest and the ``variant`` are ignored. A file written before identities
     existed must match every field, the exact weights digest included.
     """
-    if "identity" in saved and "identity" in fingerprint:
-        for key, value in fingerprint.items():
-            if key not in COPY_FIELDS and saved.get(key) != value:
-                return f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {value!r}"
-        if identities_match(saved["identity"], fingerprint["identity"]):
-            return None
-        try:
-            far = ", ".join(f"{k} {v:.3g} (at most {IDENTITY_TOLERANCE[k]})" for k, v in
-                            identity_distances(saved["identity"],
-                                               fingerprint["identity"]).items())
-        except ValueError as e:
-            far = str(e)
-        return (f"its weights differ from this model's beyond quantization or a dtype cast "
-                f"(model.fingerprint.identity: relative distances {far})")
-    for key, value in fingerprint.items():
-        if key in ("identity", "variant") and key not in saved:
-            continue
-        if saved.get(key) != value:
-            return f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {value!r}"
-    return None
+    by_identity = "identity" in saved and "identity" in fingerprint
+    key = fingerprint_difference(saved, fingerprint, COPY_FIELDS if by_identity else
+                                 [k for k in ("identity", "variant") if k not in saved])
+    if key is not None:
+        return f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {fingerprint[key]!r}"
+    if not by_identity or identities_match(saved["identity"], fingerprint["identity"]):
+        return None
+    try:
+        far = ", ".join(f"{k} {v:.3g} (at most {IDENTITY_TOLERANCE[k]})" for k, v in
+                        identity_distances(saved["identity"], fingerprint["identity"]).items())
+    except ValueError as e:
+        far = str(e)
+    return (f"its weights differ from this model's beyond quantization or a dtype cast "
+            f"(model.fingerprint.identity: relative distances {far})")
 
 
 def schedule_file_name(stem: str, quality: str = "default") -> str:
