@@ -318,10 +318,7 @@ def at_global_layers(layers: Sequence[int], global_layers: Sequence[int]) -> Tup
     decoding on the pruned state and 5 with ``after-first``, where a cut after global layer 5
     lost none with either.
     """
-    if not global_layers:
-        return tuple(layers)
-    return tuple(sorted({nearest_global_layer(layer, global_layers)
-                         for layer in layers}))
+    return cuts_at_global_layers(layers, [1.0] * len(layers), global_layers)[0]
 
 
 def nearest_global_layer(layer: int, global_layers: Sequence[int]) -> int:

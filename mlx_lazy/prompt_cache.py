@@ -23,6 +23,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter, fingerprint_difference
+from .cache import LazyCache
 from .prompt_cache_file import check_cache_file
 from .engine import LazyEngine, ProgressFn
 from .errors import UserInputError, one_line, shown
@@ -70,10 +71,8 @@ class PromptCache:
 
     def copy(self) -> "PromptCache":
         """An independent copy: generating on one leaves the other as it was."""
-        engine = LazyEngine(self.model, self.schedule, self.engine.attention.block_size)
-        engine.cache = self.engine.cache.copy()
-        engine.start_request()
-        return PromptCache(engine, self.tokens)
+        return _holding(self.model, self.schedule, self.engine.cache.copy(), self.tokens,
+                        self.engine.attention.block_size)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -167,6 +166,15 @@ def make_prompt_cache(model: nn.Module,
     """
     schedule = config if isinstance(config, Schedule) else resolve_config(model, config)
     return PromptCache(LazyEngine(model, schedule))
+
+
+def _holding(model: nn.Module, schedule: Schedule, state: LazyCache, tokens: List[int],
+             block_size: int = 256) -> PromptCache:
+    """A prompt cache of ``model`` whose engine runs ``schedule`` on top of ``state``."""
+    engine = LazyEngine(model, schedule, block_size)
+    engine.cache = state
+    engine.start_request()
+    return PromptCache(engine, tokens)
 
 
 def check_prompt_cache(cache: Any, what: str = "cache") -> None:
@@ -307,10 +315,6 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
     if diff is not None:
         raise UserInputError(f"prompt cache {path} was made for another model: {diff} is "
                              f"{shown(saved.get(diff), 80)} there, {fingerprint[diff]!r} here")
-    schedule, state, tokens = check_cache_file(path, arrays, info, adapter)
-    engine = LazyEngine(model, schedule)
-    engine.cache = state
-    engine.start_request()
-    cache = PromptCache(engine, tokens)
+    cache = _holding(model, *check_cache_file(path, arrays, info, adapter))
     extra = {k: v for k, v in meta.items() if k != METADATA_KEY}
     return (cache, extra) if return_metadata else cache
