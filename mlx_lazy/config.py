@@ -5,9 +5,10 @@ the model checks are :func:`mlx_lazy.resolve.resolve_config`'s)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -52,7 +53,9 @@ def _short_errors(fn: _F) -> _F:
             text = str(e)
             if len(text) <= MESSAGE_LIMIT:
                 raise
-            raise UserInputError(text[: MESSAGE_LIMIT - 5] + " ...") from None
+            short = UserInputError(text[: MESSAGE_LIMIT - 5] + " ...")
+            short.field = e.field
+            raise short from None
     return wrapper  # type: ignore[return-value]
 
 
@@ -160,67 +163,84 @@ class PruningConfig:
     @_short_errors
     def __post_init__(self) -> None:
         """Check field types (ranges that depend on the model are checked by :func:`build_schedule`)
-        and normalise numpy scalars and lists to plain ints, floats and tuples."""
-        method = canonical_method(self.method)
-        if not isinstance(self.revive, (bool, np.bool_)):
-            raise UserInputError(
-                f"revive must be True or False, got {shown(self.revive, SHOWN)}")
-        if not isinstance(self.quality, str) or self.quality not in QUALITIES:
-            raise UserInputError(f"quality must be one of {', '.join(QUALITIES)}, got "
-                                 f"{shown(self.quality, SHOWN)}")
-        values = {
-            "method": method,
-            "revive": bool(self.revive),
-            "complete": None if self.complete is None else parse_completion(self.complete).spec,
-            "anchors": _bounded("anchors", self.anchors, 0, MAX_COUNT),
-            "seed": _bounded("seed", self.seed, 0, SEED_LIMIT - 1),
-        }
+        and normalise numpy scalars and lists to plain ints, floats and tuples. A refusal
+        names its field (:attr:`UserInputError.field`)."""
+        with _at("method"):
+            method = canonical_method(self.method)
+        with _at("revive"):
+            if not isinstance(self.revive, (bool, np.bool_)):
+                raise UserInputError(
+                    f"revive must be True or False, got {shown(self.revive, SHOWN)}")
+        with _at("quality"):
+            if not isinstance(self.quality, str) or self.quality not in QUALITIES:
+                raise UserInputError(f"quality must be one of {', '.join(QUALITIES)}, got "
+                                     f"{shown(self.quality, SHOWN)}")
+        values: Dict[str, Any] = {"method": method, "revive": bool(self.revive)}
+        with _at("complete"):
+            values["complete"] = (None if self.complete is None
+                                  else parse_completion(self.complete).spec)
+        with _at("anchors"):
+            values["anchors"] = _bounded("anchors", self.anchors, 0, MAX_COUNT)
+        with _at("seed"):
+            values["seed"] = _bounded("seed", self.seed, 0, SEED_LIMIT - 1)
         if self.prune_layers is not None:
-            layers = _sequence("prune_layers", self.prune_layers)
+            with _at("prune_layers"):
+                layers = _sequence("prune_layers", self.prune_layers)
             # negative layers pass here: build_schedule() names the model's valid range
             values["prune_layers"] = tuple(
-                _bounded("each pruning layer", x, -MAX_COUNT, MAX_COUNT) for x in layers)
+                _item("prune_layers", i, _bounded, "each pruning layer", x, -MAX_COUNT,
+                      MAX_COUNT) for i, x in enumerate(layers))
         if self.keep is not None:
-            keep = _sequence("keep", self.keep)
-            values["keep"] = tuple(_real("each keep fraction", x) for x in keep)
+            with _at("keep"):
+                keep = _sequence("keep", self.keep)
+            values["keep"] = tuple(_item("keep", i, _real, "each keep fraction", x)
+                                   for i, x in enumerate(keep))
         if self.scorer is not None:
-            values["scorer"] = parse_scorer(self.scorer)
+            with _at("scorer"):
+                values["scorer"] = parse_scorer(self.scorer)
         if self.max_revivals is not None:
-            values["max_revivals"] = _bounded("max_revivals", self.max_revivals, 0, MAX_COUNT)
+            with _at("max_revivals"):
+                values["max_revivals"] = _bounded("max_revivals", self.max_revivals, 0,
+                                                  MAX_COUNT)
         if self.reselect_every is not None:
-            values["reselect_every"] = _bounded("reselect_every", self.reselect_every, 1,
-                                                MAX_COUNT)
+            with _at("reselect_every"):
+                values["reselect_every"] = _bounded("reselect_every", self.reselect_every, 1,
+                                                    MAX_COUNT)
         if self.revive_margin is not None:
-            margin = _real("revive_margin", self.revive_margin)
-            if not 0 <= margin <= MAX_MARGIN:  # before float(): an int may overflow it
-                raise UserInputError(f"revive_margin must be in [0, {MAX_MARGIN:g}], got "
-                                     f"{shown(self.revive_margin, SHOWN)}")
-            values["revive_margin"] = float(margin)
-        if self.source is not None and not (
-                isinstance(self.source, str) and (self.source in SOURCES or (
-                    self.source.startswith("calibrated:") and self.source[11:].strip()))):
-            raise UserInputError(
-                f"source must be one of {', '.join(SOURCES)}, 'calibrated:FILE' (the "
-                f"library sets it), got {shown(self.source, SHOWN)}")
-        if self.source not in (None, "preset") and self.prune_layers is None and any(
-                issubclass(p, ScoredCuts) for p in compose(self.method).values()):
-            raise UserInputError(f"source {shown(self.source, SHOWN)} names where a "
-                                 "schedule's cuts came from, but this config gives none "
-                                 "(its method's preset would run under that name); drop it")
+            with _at("revive_margin"):
+                margin = _real("revive_margin", self.revive_margin)
+                if not 0 <= margin <= MAX_MARGIN:  # before float(): an int may overflow it
+                    raise UserInputError(f"revive_margin must be in [0, {MAX_MARGIN:g}], got "
+                                         f"{shown(self.revive_margin, SHOWN)}")
+                values["revive_margin"] = float(margin)
+        with _at("source"):
+            if self.source is not None and not (
+                    isinstance(self.source, str) and (self.source in SOURCES or (
+                        self.source.startswith("calibrated:") and self.source[11:].strip()))):
+                raise UserInputError(
+                    f"source must be one of {', '.join(SOURCES)}, 'calibrated:FILE' (the "
+                    f"library sets it), got {shown(self.source, SHOWN)}")
+            if self.source not in (None, "preset") and self.prune_layers is None and any(
+                    issubclass(p, ScoredCuts) for p in compose(self.method).values()):
+                raise UserInputError(f"source {shown(self.source, SHOWN)} names where a "
+                                     "schedule's cuts came from, but this config gives none "
+                                     "(its method's preset would run under that name); drop it")
         if self.fingerprint is not None:
-            pairs = (self.fingerprint.items() if isinstance(self.fingerprint, dict)
-                     else _sequence("fingerprint", self.fingerprint))
-            values["fingerprint"] = tuple(sorted((str(k), v) for k, v in pairs))
+            with _at("fingerprint"):
+                pairs = (self.fingerprint.items() if isinstance(self.fingerprint, dict)
+                         else _sequence("fingerprint", self.fingerprint))
+                values["fingerprint"] = tuple(sorted((str(k), v) for k, v in pairs))
         if self.speed_cutoff is not None:
-            c = self.speed_cutoff
-            if isinstance(c, (bool, np.bool_)) or not isinstance(
-                    c, (int, float, np.integer, np.floating)):
-                raise UserInputError("speed_cutoff must be a fraction of the layers or a layer "
-                                     f"count, got {shown(c, SHOWN)}")
-            values["speed_cutoff"] = (
-                _real("speed_cutoff", c) if isinstance(c, (float, np.floating))
-                else _bounded("speed_cutoff", c, -MAX_COUNT, MAX_COUNT)
-            )
+            with _at("speed_cutoff"):
+                c = self.speed_cutoff
+                if isinstance(c, (bool, np.bool_)) or not isinstance(
+                        c, (int, float, np.integer, np.floating)):
+                    raise UserInputError("speed_cutoff must be a fraction of the layers or a "
+                                         f"layer count, got {shown(c, SHOWN)}")
+                values["speed_cutoff"] = (
+                    _real("speed_cutoff", c) if isinstance(c, (float, np.floating))
+                    else _bounded("speed_cutoff", c, -MAX_COUNT, MAX_COUNT)
+                )
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
@@ -278,6 +298,22 @@ def _bounded(name: str, x: Any, low: int, high: int) -> int:
         bound = f"{kind} of at most {high}" if kind else f"an integer in [{low}, {high}]"
         raise UserInputError(f"{name} must be {bound}, got {shown(x, SHOWN)}")
     return value
+
+
+@contextlib.contextmanager
+def _at(field: str) -> Iterator[None]:
+    """Name ``field`` as the one a UserInputError raised inside refuses (unless it names one)."""
+    try:
+        yield
+    except UserInputError as e:
+        e.field = e.field or field
+        raise
+
+
+def _item(field: str, i: int, check: Callable[..., Any], *args: Any) -> Any:
+    """``check(*args)`` for item ``i`` of the sequence ``field``, a refusal naming it."""
+    with _at(f"{field}[{i}]"):
+        return check(*args)
 
 
 def _real(name: str, x: Any) -> Union[float, int]:

@@ -12,6 +12,10 @@ class UserInputError(ValueError):
     so API callers may catch either.
     """
 
+    #: The setting refused, where one is (``keep[1]``, ``scorer``): what a caller that names
+    #: fields (the server's ``param``) names.
+    field: Optional[str] = None
+
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """An exception's message collapsed onto one line and cut at ``limit`` characters (some

@@ -375,6 +375,8 @@ def _check_layers(layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: 
                   prompt_depth: int, m: str, once: bool) -> None:
     if not layers:
         raise UserInputError(f"method {m!r} needs at least one pruning layer")
+    for k in keep:  # a bad value is named as such, before any count
+        _check_fraction(k)
     if len(layers) != len(keep):
         raise UserInputError(
             f"give one keep fraction per pruning layer: {len(layers)} layers, {len(keep)} fractions"
@@ -391,8 +393,6 @@ def _check_layers(layers: Tuple[int, ...], keep: Tuple[float, ...], num_layers: 
         )
     if any(b <= a for a, b in zip(layers, layers[1:])):
         raise UserInputError(f"pruning layers must be strictly increasing, got {list(layers)}")
-    for k in keep:
-        _check_fraction(k)
     if any(b > a for a, b in zip(keep, keep[1:])):
         raise UserInputError(
             f"keep fractions must not increase (kept sets only shrink), got {list(keep)}"

@@ -62,7 +62,8 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if bad_json is not None:
         why = bad_json.get("ctx", {}).get("error", bad_json["msg"])
         return APIError(400, f"malformed JSON in the request body: {why}")
-    if tuple(errors[0]["loc"]) == ("body",) and errors[0]["type"] in _NOT_AN_OBJECT:
+    if tuple(errors[0]["loc"]) == ("body",) and errors[0]["type"] in _NOT_AN_OBJECT + (
+            "missing",):  # an empty body
         return APIError(400, "the request body must be a JSON object (sent with Content-Type: "
                              "application/json)")
     # A union reports one error per member (its loc goes on with the member's tag). The

@@ -6,7 +6,6 @@ their fields (:class:`Bounds`, the cost model) and the ``"pruning"`` field read 
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from .extras import needs_extra
@@ -90,6 +89,9 @@ MAX_STOPS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 500
 MAX_MESSAGES = 2048  # OpenAI's limit
 MAX_LOGIT_BIAS = 1024
+#: ``repetition_penalty`` lies in [this, its inverse]: far beyond any that helps, and logits
+#: (tens at most) divided or multiplied by it stay finite in float32.
+MIN_REPETITION_PENALTY = 1e-3
 
 
 def token_bytes(tokenizer) -> Optional[int]:
@@ -160,7 +162,9 @@ class RequestBody(_Strict):
     # mlx-lm server's sampling fields beyond OpenAI's (0 / 1.0: off)
     top_k: Optional[Annotated[int, Field(ge=0)]] = None
     min_p: Optional[Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]] = None
-    repetition_penalty: Optional[Annotated[float, Field(gt=0.0, allow_inf_nan=False)]] = None
+    # bounded: 1e-40 is 0 in float32, and logits divided by it were inf, then NaN (garbage)
+    repetition_penalty: Optional[Annotated[float, Field(
+        ge=MIN_REPETITION_PENALTY, le=1 / MIN_REPETITION_PENALTY, allow_inf_nan=False)]] = None
     logit_bias: Optional[Annotated[Dict[str, Annotated[float, Field(ge=-100.0, le=100.0,
                                                                     allow_inf_nan=False)]],
                                    Field(max_length=MAX_LOGIT_BIAS)]] = None
@@ -192,8 +196,9 @@ _NOTHING = (None, False, 0, "")
 UNSUPPORTED = {"logprobs": _NOTHING, "top_logprobs": _NOTHING, "echo": _NOTHING,
                "suffix": _NOTHING, "best_of": (*_NOTHING, 1), "presence_penalty": _NOTHING,
                "frequency_penalty": _NOTHING,
-               "response_format": (*_NOTHING, {"type": "text"}), "tools": (*_NOTHING, []),
-               "tool_choice": (*_NOTHING, "none", "auto"), "modalities": (*_NOTHING, ["text"])}
+               "response_format": (*_NOTHING, {}, {"type": "text"}), "tools": (*_NOTHING, []),
+               "tool_choice": (*_NOTHING, "none", "auto"),
+               "modalities": (*_NOTHING, [], ["text"])}
 
 
 class ChatRequest(RequestBody):
@@ -259,8 +264,6 @@ def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig,
         if method is None:
             return dataclasses.replace(default, **fields)
         return PruningConfig.preset(method, **fields)
-    except UserInputError as e:
-        # Its message starts with the field it refuses ("keep must be a sequence ...").
-        name = re.match(r"\w*", str(e)).group()
-        raise APIError(400, str(e), param=f"pruning.{name}" if name in fields
-                       else "pruning") from None
+    except UserInputError as e:  # naming the field it refuses (keep[1])
+        raise APIError(400, str(e), param=f"pruning.{e.field}" if e.field else "pruning"
+                       ) from None

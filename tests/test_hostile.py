@@ -123,6 +123,22 @@ def test_stop_strings_are_bounded(hostile):
     (COMPLETIONS, b'{"prompt": "hi"}', {"Content-Type": "application/x-www-form-urlencoded"},
      None, "must be a JSON object (sent with Content-Type: application/json)"),
     (COMPLETIONS, [1, 2], {}, None, "must be a JSON object"),
+    (COMPLETIONS, b"", {}, None, "must be a JSON object"),  # once "Field required"
+    # once 200 with garbage: 1e-40 is 0 in float32, and the logits divided by it inf
+    (COMPLETIONS, {"prompt": "hi", "repetition_penalty": 1e-40}, {}, "repetition_penalty",
+     "greater than or equal to 0.001"),
+    (COMPLETIONS, {"prompt": "hi", "repetition_penalty": 1e300}, {}, "repetition_penalty",
+     "less than or equal to 1000"),
+    # each names the field down to the item (once "pruning", the message "each keep ...")
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}],
+            "pruning": {"method": "lazy", "keep": [0.4, "x"]}}, {}, "pruning.keep[1]",
+     "each keep fraction must be a number"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}],
+            "pruning": {"method": "lazy", "prune_layers": [1, 5.0]}}, {},
+     "pruning.prune_layers[1]", "each pruning layer must be an integer"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}],
+            "pruning": {"method": "lazy", "scorer": "window:size=0"}}, {}, "pruning.scorer",
+     "size must be an integer in [1, "),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}],
             "pruning": {"method": "lazy", "keep": "0.3"}}, {}, "pruning.keep",
      "keep must be a sequence"),
@@ -171,6 +187,11 @@ def test_the_values_clients_send_by_default_ask_nothing(hostile):
                 "presence_penalty": 0.0, "frequency_penalty": 0, "user": "me", "n": None,
                 "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
                 "modalities": ["text"], "top_k": 0, "min_p": 0.0, "repetition_penalty": None}
+    # and their empty forms (an empty list of modalities was refused)
+    for field, nothing in (("modalities", []), ("response_format", {})):
+        status, payload = status_of(hostile, COMPLETIONS, {"prompt": "hi", "max_tokens": 1,
+                                                           field: nothing})
+        assert status == 200, (field, payload)
     status, payload = status_of(hostile, COMPLETIONS, {"prompt": "hi", "max_tokens": 1,
                                                        **defaults})
     assert status == 200, payload

@@ -57,6 +57,9 @@ def test_static_and_random_are_not_dynamic():
         (PruningConfig("lazy", prune_layers=(4, 29), keep=(0.5, 0.3)), "must lie in [0, 28]"),
         (PruningConfig("lazy", prune_layers=(-1,), keep=(0.5,)), "must lie in"),
         (PruningConfig("lazy", prune_layers=(4, 8), keep=(0.5,)), "one keep fraction per"),
+        # a bad value is named before a count (NaN once read as one fraction too few)
+        (PruningConfig("lazy", prune_layers=(4, 8), keep=(float("nan"),)),
+         "in (0, 1], got nan"),
         (PruningConfig("lazy+speed", prune_layers=(4, 22), keep=(0.5, 0.3), speed_cutoff=0.75),
          "SPEED cutoff 22"),
         (PruningConfig("static", prune_layers=(2, 4), keep=(0.5, 0.3)), "exactly one"),

@@ -629,7 +629,8 @@ def bad_requests(tokenizer, context: int):
         (chat, {**ok, "seed": 2**64}, 400, "seed"),
         (chat, {**ok, "seed": 2**80}, 400, "seed"),
         # once a 500, or 8.5 GB and 47 s for pool=10**9
-        (chat, {**ok, "pruning": {**lazy, "scorer": f"last:pool={10**20}"}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "scorer": f"last:pool={10**20}"}}, 400,
+         "pruning.scorer"),
         (chat, {**ok, "pruning": {**lazy, "scorer": f"last:pool={10**9}"}}, 400, "pruning"),
         (chat, {**ok, "pruning": {**lazy, "scorer": f"last:pool={context + 1}"}}, 400, "pruning"),
         (chat, {**ok, "pruning": {**lazy, "scorer": f"window:size={context + 1}"}}, 400,
@@ -640,7 +641,7 @@ def bad_requests(tokenizer, context: int):
          "pruning.fingerprint"),
         (chat, {**ok, "pruning": {**lazy, "source": "calibrated:x.json"}}, 400, "pruning.source"),
         (chat, {**ok, "pruning": {**lazy, "scorer": ""}}, 400, "pruning.scorer"),
-        (chat, {**ok, "pruning": {**lazy, "scorer": "last:heads="}}, 400, "pruning"),
+        (chat, {**ok, "pruning": {**lazy, "scorer": "last:heads="}}, 400, "pruning.scorer"),
         (chat, {**ok, "pruning": {**lazy, "scorer": 3}}, 400, "pruning.scorer"),
         (chat, {**ok, "pruning": {**lazy, "\ud800": 1}}, 400, "pruning"),  # a 500 once
         # once a 500 from the tokenizer
