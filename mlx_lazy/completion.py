@@ -1,7 +1,7 @@
 """Completion modes: what happens to pruned prompt tokens once the answer has begun.
 
 A mode is a small frozen class with one hook, :meth:`Completion.before_decode`, that the
-engine calls before each decode step; adding a mode is one class plus one line in
+engine calls before each decode step; adding a mode is one class plus its name in
 :data:`COMPLETIONS`. ``PruningConfig.complete`` and the command lines name a mode by its spec
 (:func:`parse_completion`): ``none``, ``after-first``, ``exact`` or ``progressive:K``.
 """
@@ -32,6 +32,9 @@ class Completion:
 
     #: the spec's name
     name: ClassVar[str] = ""
+    #: the spec of a mode that takes a count, as help texts show it (``progressive:K``); its
+    #: one field holds the count
+    form: ClassVar[str] = ""
     #: the prompt chunk's hidden states are kept at its first cut that prunes, so the layers
     #: above can be recomputed over every token (:meth:`LazyEngine.complete`)
     stashes: ClassVar[bool] = False
@@ -89,6 +92,7 @@ class Progressive(Completion):
 
     budget: int = 1
     name = "progressive"
+    form = "progressive:K"
     waits = True
 
     def __post_init__(self) -> None:
@@ -108,12 +112,13 @@ class Progressive(Completion):
 COMPLETIONS: Dict[str, Type[Completion]] = {
     c.name: c for c in (Never, AfterFirst, Exact, Progressive)}
 #: The specs, for help texts.
-COMPLETE_MODES = ("none", "after-first", "exact", "progressive:K")
+COMPLETE_MODES = tuple(c.form or c.name for c in COMPLETIONS.values())
 
 
 def parse_completion(spec: Any) -> Completion:
-    """The mode a spec names: ``none``, ``after-first``, ``exact`` or ``progressive:K``
-    (K a positive integer); a :class:`Completion` passes through.
+    """The mode a spec names (one of :data:`COMPLETE_MODES`: ``none``, ``after-first``,
+    ``exact`` or ``progressive:K``, K a positive integer); a :class:`Completion` passes
+    through.
 
     Raises:
         UserInputError: any other value.
@@ -124,10 +129,10 @@ def parse_completion(spec: Any) -> Completion:
         name, sep, k = spec.partition(":")
         cls = COMPLETIONS.get(name)
         # ASCII digits only ("²".isdigit() too), and few enough for int() to take
-        if cls is Progressive and sep and k.isascii() and k.isdigit() and len(k) <= 10 \
-                and 0 < int(k) <= MAX_COUNT:
-            return Progressive(int(k))
-        if cls is not None and cls is not Progressive and not sep:
+        if cls is not None and cls.form and sep and k.isascii() and k.isdigit() \
+                and len(k) <= 10 and 0 < int(k) <= MAX_COUNT:
+            return cls(int(k))
+        if cls is not None and not cls.form and not sep:
             return cls()
-    raise UserInputError(f"complete must be one of none, after-first, exact or progressive:K "
-                         f"with K a positive integer, got {shown(spec)}")
+    raise UserInputError(f"complete must be one of {', '.join(COMPLETE_MODES[:-1])} or "
+                         f"{COMPLETE_MODES[-1]} with K a positive integer, got {shown(spec)}")

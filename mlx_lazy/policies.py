@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, fields, replace
-from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import mlx.nn as nn
 
@@ -63,6 +63,17 @@ class Policy:
         """
         raise NotImplementedError
 
+    @classmethod
+    def given(cls, values: Mapping[str, Any]) -> Dict[str, Any]:
+        """The config fields that give this policy's part of a schedule back, from the
+        schedule's ``values`` (:meth:`Schedule.as_dict`): :meth:`apply`'s inverse, by which
+        a saved schedule (a prompt-cache file's) is checked.
+
+        Raises:
+            UserInputError: a value no config gives.
+        """
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class SpeedCutoff(Policy):
@@ -75,6 +86,13 @@ class SpeedCutoff(Policy):
     def apply(self, config: Config, schedule: Schedule) -> Schedule:
         cutoff = self.cutoff if config.speed_cutoff is None else config.speed_cutoff
         return replace(schedule, prompt_depth=_resolve_cutoff(cutoff, schedule.num_layers))
+
+    @classmethod
+    def given(cls, values: Mapping[str, Any]) -> Dict[str, Any]:
+        depth = values["prompt_depth"]
+        if isinstance(depth, bool) or not isinstance(depth, int):  # a float is a fraction
+            raise UserInputError(f"prompt_depth must be a layer count, got {shown(depth, 80)}")
+        return {"speed_cutoff": depth}
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,10 @@ class RandomDrop(Policy):
                 f"method {schedule.method!r} takes one keep fraction, got {len(keep)}")
         _check_fraction(keep[0])
         return replace(schedule, random_keep=keep[0])
+
+    @classmethod
+    def given(cls, values: Mapping[str, Any]) -> Dict[str, Any]:
+        return {"keep": [values["random_keep"]]}
 
 
 @dataclass(frozen=True)
@@ -142,6 +164,10 @@ class ScoredCuts(Policy):
             reselect_every=(config.reselect_every or 1) if self.dynamic else 1,
             scorer=LastQuery() if config.scorer is None else config.scorer)
 
+    @classmethod
+    def given(cls, values: Mapping[str, Any]) -> Dict[str, Any]:
+        return {k: values[k] for k in ("prune_layers", "keep", "scorer")}
+
 
 @dataclass(frozen=True)
 class LazyCuts(ScoredCuts):
@@ -163,6 +189,13 @@ class LazyCuts(ScoredCuts):
     def preset(cls, method: Dict[str, Type[Policy]]) -> "LazyCuts":
         # Under a SPEED cutoff (75% of the depth by default) the 85% cut would sit above it.
         return cls(at=(0.7,), keep=(0.25,)) if SpeedCutoff in method.values() else cls()
+
+    @classmethod
+    def given(cls, values: Mapping[str, Any]) -> Dict[str, Any]:
+        decode = ("revive", "max_revivals", "revive_margin", "reselect_every")
+        return {**super().given(values), **{k: values[k] for k in decode},
+                # without revival a schedule's complete is "none", whatever was asked
+                **({"complete": values["complete"]} if values["revive"] is True else {})}
 
 
 @dataclass(frozen=True)

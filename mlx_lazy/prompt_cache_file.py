@@ -42,8 +42,7 @@ from .attention import attention
 from .cache import TOKEN_ARRAYS, ROW_MAPS, LazyCache
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError, shown
-from .policies import (LazyCuts, RandomDrop, ScoredCuts, SpeedCutoff, check_hybrid_schedule,
-                       compose)
+from .policies import check_hybrid_schedule, compose
 from .schedule import Schedule
 
 #: The keys of the ``mlx_lazy`` metadata object, and of its ``state``.
@@ -137,23 +136,9 @@ def check_schedule(d: Any, num_layers: int) -> Schedule:
         raise Corrupt(f"schedule.num_layers is {shown(d['num_layers'], SHOWN)}, the model has "
                       f"{num_layers} layers")
     try:
-        policies = compose(d["method"]).values()
         given: Dict[str, Any] = {k: d[k] for k in ("method", "anchors", "seed", "source")}
-        if any(issubclass(p, ScoredCuts) for p in policies):
-            given.update(prune_layers=d["prune_layers"], keep=d["keep"], scorer=d["scorer"])
-        if RandomDrop in policies:
-            given["keep"] = [d["random_keep"]]
-        if SpeedCutoff in policies:
-            if not _is_int(d["prompt_depth"]):  # a float would be read as a fraction
-                raise UserInputError(f"prompt_depth must be a layer count, got "
-                                     f"{shown(d['prompt_depth'], SHOWN)}")
-            given["speed_cutoff"] = d["prompt_depth"]
-        if LazyCuts in policies:
-            given.update(revive=d["revive"], max_revivals=d["max_revivals"],
-                         revive_margin=d["revive_margin"],
-                         reselect_every=d["reselect_every"])
-            if d["revive"] is True:  # without revival the schedule's complete is "none"
-                given["complete"] = d["complete"]
+        for policy in compose(d["method"]).values():
+            given.update(policy.given(d))
         for key in ("prune_layers", "keep"):  # the config takes any sequence; a file, lists
             if key in given and not isinstance(given[key], list):
                 raise UserInputError(f"{key} must be a list, got {shown(given[key], SHOWN)}")

@@ -12,7 +12,7 @@ import pytest
 
 from mlx_lazy import LazyEngine, PruningConfig, UserInputError, build_schedule, resolve_config
 from mlx_lazy.bench.methods import method_spec, parse_method
-from mlx_lazy.policies import METHODS, POLICIES
+from mlx_lazy.policies import METHODS, POLICIES, compose
 from mlx_lazy.scorers import scorer_spec
 
 #: A value for every field some policy takes (each differs from its default and from
@@ -88,6 +88,22 @@ def test_each_method_applies_every_field_its_policies_take(method):
     full = build_schedule(PruningConfig("full"), 30)
     parts = set().union(*(SETS[n] for n in method.split("+") if n != "full"))
     assert {f for f in SETS_ANY if getattr(s, f) != getattr(full, f)} <= parts
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_policy_gives_its_part_of_a_schedule_back(method):
+    """Policy.given inverts apply: the fields each policy reads off a resolved schedule
+    build that schedule again (what a prompt-cache file's schedule is checked by, so a
+    policy added without its given fails here)."""
+    for config in (sampled(method), PruningConfig(method),
+                   dataclasses.replace(sampled(method), revive=True, complete="after-first")
+                   if "lazy" in method else PruningConfig(method)):
+        schedule = build_schedule(config, 30)
+        values = schedule.as_dict()
+        given = {k: values[k] for k in ("method", "anchors", "seed", "source")}
+        for policy in compose(method).values():
+            given.update(policy.given(values))
+        assert build_schedule(PruningConfig(**given), 30) == schedule, config
 
 
 @pytest.mark.parametrize("method", METHODS)
