@@ -88,13 +88,8 @@ class LayerKV:
 
     def truncate(self, size: int) -> None:
         """Forget the slots from ``size`` on (appended after the first ``size``)."""
-        if size == self.size:
-            return
-        self.size = size
-        self.slot_of = np.full(len(self.slot_of), -1, np.int64)
-        self.slot_of[self.positions[:size]] = np.arange(size)
-        self._device_positions = self._order = None
-        self._memos = {}
+        if size != self.size:
+            self._reindex(size, len(self.slot_of))
 
     def fetch(self, positions: Optional[np.ndarray] = None) -> Tuple[mx.array, mx.array]:
         """Keys and values of ``positions`` in that order, or of every cached token."""
@@ -115,9 +110,14 @@ class LayerKV:
             self.keys[..., : len(slots), :] = self.keys[:, :, idx]
             self.values[..., : len(slots), :] = self.values[:, :, idx]
             self.positions[: len(slots)] = self.positions[slots]
-        self.size = len(slots)
+        self._reindex(len(slots), length)
+
+    def _reindex(self, size: int, length: int) -> None:
+        """Hold the first ``size`` slots, for positions below ``length``: the slot map
+        rebuilt, what was derived from the old slots forgotten."""
+        self.size = size
         self.slot_of = np.full(length, -1, np.int64)
-        self.slot_of[self.positions[: self.size]] = np.arange(self.size)
+        self.slot_of[self.positions[:size]] = np.arange(size)
         self._device_positions = self._order = None
         self._memos = {}
 
