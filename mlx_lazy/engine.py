@@ -404,11 +404,8 @@ class LazyEngine:
         for layer in range(start, self.adapter.num_layers):
             entry = cache.aux.get(layer) if absorb else None
             if entry is not None:
-                taken, hidden = cache.aux_take(layer, entry.positions, revival=False)
-                h = hidden if h is None else mx.concatenate([h, hidden], axis=1)
-                carried = np.concatenate([carried, taken])
-                order = np.argsort(carried)
-                carried, h = carried[order], h[:, mx.array(order.astype(np.int32))]
+                carried, h = _merged(carried, h, *cache.aux_take(layer, entry.positions,
+                                                                 revival=False))
             if h is None:
                 continue
             h, carried = self._restrict(layer, h, carried)  # a SPEED limit stops them
@@ -461,7 +458,7 @@ class LazyEngine:
         alive = self.cache.limit[comp] > layer
         if alive.all():
             return h, comp
-        return h[:, mx.array(np.flatnonzero(alive).astype(np.int32))], comp[alive]
+        return _rows(h, np.flatnonzero(alive)), comp[alive]
 
     def _advance(self, layer: int, h: mx.array, comp: np.ndarray, selected: np.ndarray):
         """After pruning ``layer``: computed tokens outside ``selected`` stop (their hidden
@@ -476,17 +473,13 @@ class LazyEngine:
                 back = cache.limit[leave] > depth
                 rows = np.flatnonzero(~stay)[back]
                 if len(rows):
-                    cache.aux_put(depth, leave[back], h[:, mx.array(rows.astype(np.int32))])
+                    cache.aux_put(depth, leave[back], _rows(h, rows))
             else:
                 cache.limit[leave] = depth
-            h, comp = h[:, mx.array(np.flatnonzero(stay).astype(np.int32))], comp[stay]
+            h, comp = _rows(h, np.flatnonzero(stay)), comp[stay]
         revive = selected[(cache.depth[selected] == depth) & ~np.isin(selected, comp)]
         if len(revive):
-            taken, hidden = cache.aux_take(depth, revive)
-            comp = np.concatenate([comp, taken])
-            order = np.argsort(comp)
-            h = mx.concatenate([h, hidden], axis=1)[:, mx.array(order.astype(np.int32))]
-            comp = comp[order]
+            comp, h = _merged(comp, h, *cache.aux_take(depth, revive))
         return h, comp
 
     # -------------------------------------------------------------------- stats
@@ -522,6 +515,21 @@ class LazyEngine:
             allsum_bytes=self.tp.model_bytes,
             score_allsum_bytes=self.tp.score_bytes,
         )
+
+
+def _rows(h: mx.array, rows: np.ndarray) -> mx.array:
+    """The token rows ``rows`` (indices) of hidden states ``h`` (1, tokens, ...)."""
+    return h[:, mx.array(rows.astype(np.int32))]
+
+
+def _merged(positions: np.ndarray, h: Optional[mx.array], more: np.ndarray,
+            hidden: mx.array) -> Tuple[np.ndarray, mx.array]:
+    """Tokens at ``positions`` with hidden states ``h`` (None: no tokens) joined by those at
+    ``more`` with ``hidden``, in position order."""
+    positions = np.concatenate([positions, more])
+    h = hidden if h is None else mx.concatenate([h, hidden], axis=1)
+    order = np.argsort(positions)
+    return positions[order], _rows(h, order)
 
 
 def _and(mask: Optional[Mask], host: np.ndarray) -> Optional[Mask]:
