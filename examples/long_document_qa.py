@@ -55,9 +55,16 @@ def ask(model, tokenizer, document: str, question: str, config: PruningConfig,
     return "".join(pieces).strip(), resp.stats
 
 
+class Parser(argparse.ArgumentParser):
+    """Bad arguments in one ``error:`` line, as the library's own tools say them."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"error: {message}\n")
+
+
 def main() -> None:
     """Parse arguments, answer the question and print the answer with pruning statistics."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model folder (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--document", default=None, help="UTF-8 text file (default: built-in logbook)")
     ap.add_argument("--question", default=DEFAULT_QUESTION)
@@ -76,8 +83,10 @@ def main() -> None:
         else:
             document = build_document(args.entries)
         model, tokenizer = load(args.model)
-    except (OSError, UnicodeDecodeError, UserInputError) as e:
-        ap.exit(2, f"error: {e}\n")
+    except OSError as e:
+        ap.error(f"cannot read {args.document}: {e.strerror or e}")
+    except (UnicodeDecodeError, UserInputError) as e:
+        ap.error(str(e))
 
     methods = ["full", args.method] if args.compare else [args.method]
     for method in methods:
@@ -85,7 +94,8 @@ def main() -> None:
                             PruningConfig.preset(method), args.max_tokens)
         print(f"[{method}] {answer!r}")
         print(f"    {stats.prompt_tokens} prompt tokens, time to first token {stats.ttft_s:.2f} s, "
-              f"{stats.prompt_tokens_computed_pct:.0f}% of prompt tokens computed")
+              f"{stats.prompt_token_layers_computed_pct:.0f}% of the prompt's token-layers "
+              "computed")
     if not args.document:
         print(f"(expected: {SECRET_CODE})")
 

@@ -60,7 +60,7 @@ def _answer_ours(model, tokenizer, prompt: str, max_tokens: int,
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the process exit code."""
-    from ._args import METHOD_HELP, method_arg
+    from ._args import METHOD_HELP, OneLineParser, method_arg
     from .config import PruningConfig
     from .models import MODEL_HELP
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                                              "choose one other than full")
         return method
 
-    p = argparse.ArgumentParser(prog="python -m mlx_lazy.demo",
+    p = OneLineParser(prog="python -m mlx_lazy.demo",
                                 description=__doc__.split("\n\n")[1])
     p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--method", type=pruning_method, default="lazy", metavar="METHOD",

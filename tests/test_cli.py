@@ -375,9 +375,29 @@ def test_installed_console_script_generates(tiny_model_path):
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
 
 
+@pytest.mark.parametrize("module", [
+    "mlx_lazy.cli", "mlx_lazy.cache_prompt", "mlx_lazy.convert", "mlx_lazy.server",
+    "mlx_lazy.demo", "mlx_lazy.bench.__main__", "mlx_lazy.bench.answer", "mlx_lazy.calibrate",
+    "mlx_lazy.bench.conversation", "mlx_lazy.bench.distributed", "mlx_lazy.bench.fidelity",
+    "mlx_lazy.bench.plots", "mlx_lazy.bench.probe", "mlx_lazy.bench.server_load",
+    "mlx_lazy.bench.speed", "mlx_lazy.bench.variant"])
+def test_every_tool_says_a_bad_flag_in_one_line(module, capsys):
+    """Each command line answers an unknown flag with one ``error:`` line and status 2 (the
+    demo and four benchmarks printed argparse's usage block first)."""
+    import importlib
+
+    try:
+        code = importlib.import_module(module).main(["--no-such-flag"])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("args, says", [
     (["--document", "/nonexistent/report.txt"], "No such file or directory"),
     (["--model", "/nonexistent/model"], "cannot load model /nonexistent/model"),
+    (["--method", "bogus"], "unknown method 'bogus'"),  # once argparse's usage block
 ])
 def test_the_example_says_bad_input_in_one_line(args, says):
     example = Path(__file__).parent.parent / "examples" / "long_document_qa.py"

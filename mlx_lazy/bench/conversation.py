@@ -47,6 +47,7 @@ from .common import (jsonable, loadavg, machine_info, markdown_table, median,
 from .methods import parse_method, parse_methods
 from .metrics import score
 from .stats import paired, wilson
+from .._args import OneLineParser
 from ..errors import UserInputError
 from ..folders import make_folder, write_text_atomic
 from ..prompt_cache import common_prefix
@@ -265,7 +266,7 @@ def report(paths: List[Route], turns: int) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m mlx_lazy.bench.conversation",
+    p = OneLineParser(prog="python -m mlx_lazy.bench.conversation",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None,
                    help="named model, folder or hub id (default smollm2-135m)")

@@ -50,6 +50,7 @@ import mlx_lazy  # noqa: F401  (OpenBLAS before mlx.core)
 import mlx.core as mx
 
 from mlx_lazy import distributed, load, stream_generate
+from mlx_lazy._args import OneLineParser
 from mlx_lazy.bench.common import fmt, markdown_table, median, no_eos, ratio, timed
 from mlx_lazy.bench.speed import schedule_config
 from mlx_lazy.bench.tasks import build_prompt
@@ -190,7 +191,7 @@ def table(runs: list[dict]) -> str:
 
 
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mlx_lazy.bench.distributed",
+    p = OneLineParser(prog="python -m mlx_lazy.bench.distributed",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True,
                    help="a model whose head counts divide every rank count")

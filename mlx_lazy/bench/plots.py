@@ -202,9 +202,9 @@ def _save(fig: Any, path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """``python -m mlx_lazy.bench.plots DIR [DIR ...] --out PNG``: the calibration frontiers
     of the given ``python -m mlx_lazy.calibrate`` output folders side by side."""
-    import argparse
+    from .._args import OneLineParser
 
-    p = argparse.ArgumentParser(prog="python -m mlx_lazy.bench.plots", description=main.__doc__)
+    p = OneLineParser(prog="python -m mlx_lazy.bench.plots", description=main.__doc__)
     p.add_argument("dirs", nargs="+", type=Path, help="calibration output folders")
     p.add_argument("--out", type=Path, required=True, help="PNG file to write")
     args = p.parse_args(argv)

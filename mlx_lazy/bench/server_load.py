@@ -23,8 +23,8 @@ are wall clock on whatever else the machine runs: compare the methods of one run
 from __future__ import annotations
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
+from .._args import OneLineParser
 
-import argparse
 import http.client
 import json
 import statistics
@@ -168,7 +168,7 @@ def format_table(rows: List[dict]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the load check; exit status 1 when any request did not complete."""
-    p = argparse.ArgumentParser(prog="python -m mlx_lazy.bench.server_load",
+    p = OneLineParser(prog="python -m mlx_lazy.bench.server_load",
                                 description="Concurrent-client load check of mlx_lazy.server.")
     p.add_argument("--model", default=None, help="model folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--url", default=None, help="use this running server instead of starting one")
