@@ -152,7 +152,7 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
                    help="fraction of the context kept after each pruning layer, e.g. 0.7,0.5,0.3")
     g.add_argument("--speed-cutoff", type=_cutoff, default=None, metavar="X",
                    help="SPEED: prompt tokens get KV only below this depth; a fraction "
-                        "(0.75) or a layer count (24)")
+                        "(0.75; 1.0 is every layer) or a layer count (24; 1 is one layer)")
     g.add_argument("--anchors", type=parse_int, default=None, metavar="N",
                    help="leading prompt tokens that are never pruned")
     g.add_argument("--scorer", type=_scorer_arg, default=None, metavar="SPEC",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from . import _blas  # noqa: F401  (must precede any mlx import)
 
-import argparse
 import sys
 import time
 from importlib import resources
@@ -60,26 +59,22 @@ def _answer_ours(model, tokenizer, prompt: str, max_tokens: int,
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the process exit code."""
-    from ._args import METHOD_HELP, OneLineParser, method_arg
+    from ._args import OneLineParser
+    from .bench.methods import method_spec
+    from .cli import add_pruning_arguments, build_config
     from .config import PruningConfig
     from .models import MODEL_HELP
 
-    def pruning_method(text: str) -> str:
-        method = method_arg(text)
-        if method == "full":
-            raise argparse.ArgumentTypeError("the demo shows a pruning method against mlx-lm: "
-                                             "choose one other than full")
-        return method
-
-    p = OneLineParser(prog="python -m mlx_lazy.demo",
-                                description=__doc__.split("\n\n")[1])
+    p = OneLineParser(prog="python -m mlx_lazy.demo", description=__doc__.split("\n\n")[1])
     p.add_argument("--model", help=MODEL_HELP)
-    p.add_argument("--method", type=pruning_method, default="lazy", metavar="METHOD",
-                   help=f"{METHOD_HELP}, shown against the baseline (default: lazy)")
     p.add_argument("--max-tokens", type=int, default=48)
+    # the generate command's pruning flags (--complete, --quality, ...), lazy by default
+    add_pruning_arguments(p).set_defaults(method="lazy")
     args = p.parse_args(argv)
     if args.max_tokens < 1:  # mlx-lm's traceback, after the model loaded, once
         p.error(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.method == "full" and args.schedule is None:
+        p.error("the demo shows a pruning method against mlx-lm: choose one other than full")
 
     from .api import check_context, context_length, load
     from .resolve import resolve_config
@@ -92,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         # before mlx-lm runs past the context (and ours then refuses it)
         check_context(n_prompt, args.max_tokens, context_length(model, tokenizer),
                       "--max-tokens")
-        config = PruningConfig.preset(args.method)
+        config = build_config(args)
         resolve_config(model, config)  # one the model cannot run: refused before any run
     except UserInputError as e:  # a bad --model, one not obtained, too short or unable to
         # run --method
@@ -113,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  answer: {full_text}\n  time to first token: {full_stats.ttft_s:.2f} s, whole "
           f"answer ({full_stats.generation_tokens} tokens): {full_s:.2f} s\n")
 
-    print(f"[mlx-lazy, {args.method}] ...", flush=True)
+    name = method_spec(config)
+    print(f"[mlx-lazy, {name}] ...", flush=True)
     text, stats, seconds = _answer_ours(model, tokenizer, prompt, args.max_tokens, config)
     print(f"  answer: {text}\n  time to first token: {stats.ttft_s:.2f} s "
           f"({full_stats.ttft_s / stats.ttft_s:.2f}x sooner than unpruned, "
@@ -121,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
           f"({stats.generation_tokens} tokens): {seconds:.2f} s\n"
           f"  {stats.prompt_tokens_computed_pct:.0f}% of prompt tokens reached the top layer, "
           f"schedule {stats.schedule['prune_layers'] or ''} keep {stats.schedule['keep'] or ''}")
-    for name, answer in (("mlx-lm", base_text), ("full", full_text), (args.method, text)):
+    for label, answer in (("mlx-lm", base_text), ("full", full_text), (name, text)):
         ok = all(word in answer.lower() for word in EXPECTED)
-        print(f"  {name:>10}: {'correct' if ok else 'incorrect'} (expects {', '.join(EXPECTED)})")
+        print(f"  {label:>10}: {'correct' if ok else 'incorrect'} (expects "
+              f"{', '.join(EXPECTED)})")
     return 0
 
 

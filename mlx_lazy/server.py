@@ -330,6 +330,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not is_loopback(args.host) and settings.api_key is None:
         print(f"warning: listening on {args.host} with no authentication: anyone who can reach "
               f"this port can use the model (set --api-key)", file=sys.stderr)
+    host, port = sock.getsockname()[:2]  # uvicorn on a socket given to it names neither
+    print(f"serving on http://{f'[{host}]' if ':' in host else host}:{port}/v1 "
+          f"(pruning: {settings.config.method}; Ctrl-C stops)", file=sys.stderr, flush=True)
     uvicorn_server(App(settings, worker).fastapi(), settings, args.log_level).run(sockets=[sock])
     return 0
 

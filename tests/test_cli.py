@@ -718,6 +718,26 @@ def test_demo_bad_values_are_one_line_before_any_run(tiny_model_path, capsys, ar
     assert status == 2 and message in err[-1] and "[mlx-lm" not in "".join(err), err
 
 
+def test_the_demo_takes_the_generate_commands_pruning_flags(tiny_model_path, capsys,
+                                                           monkeypatch):
+    """The README's demo runs with --complete exact and --quality high (the flags it talked
+    about were the generate command's only); full is refused, a bad combination too."""
+    from mlx_lazy import demo
+
+    monkeypatch.setattr(demo, "demo_text", lambda: "The signers pledge their lives. " * 20)
+    model = ["--model", str(tiny_model_path), "--max-tokens", "2"]
+    assert demo.main([*model, "--complete", "exact"]) == 0
+    assert "[mlx-lazy, lazy:complete=exact] ..." in capsys.readouterr().out
+    for argv, message in ((["--method", "full"], "choose one other than full"),
+                          (["--complete", "exact", "--no-revive"], "revive=False keeps")):
+        try:
+            status = demo.main([*model, *argv])
+        except SystemExit as e:
+            status = e.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 2 and len(err) == 1 and message in err[0], err
+
+
 def test_an_answer_past_the_context_names_the_option_as_the_command_line_spells_it(
         tiny_model_path, capsys):
     context = json.loads((tiny_model_path / "config.json").read_text())["max_position_embeddings"]

@@ -1038,6 +1038,8 @@ def test_a_dead_worker_fails_its_job_and_health_says_503(tiny_model_path, monkey
 def test_api_key(tiny_model_path, tmp_path):
     with run_server(tiny_model_path, "--api-key", "s3cret", tmp_path=tmp_path) as s:
         assert s.request("GET", "/health")[0] == 200  # health needs no key
+        # where it listens is said once it does (uvicorn on a given socket said nothing)
+        assert f"serving on http://{HOST}:{s.port}/v1 (pruning: full;" in s.log.read_text()
         for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}]:
             status, hdrs, payload = s.request("GET", "/v1/models", headers=headers)
             assert status == 401 and payload["error"]["type"] == "authentication_error"

@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 import mlx.core as mx
 
-from .common import (jsonable, loadavg, machine_info, markdown_table, median,
+from .common import (fmt, jsonable, loadavg, machine_info, markdown_table, median,
                      mlx_lm_kv_bytes_per_layer)
 from .methods import parse_method, parse_methods
 from .metrics import score
@@ -202,7 +202,8 @@ def run(model: Any, tokenizer: Any, paths: List[Route], conversations: List[Conv
         if after_each is not None:
             after_each(done)
         print(f"conversation {done}/{len(conversations)} done "
-              f"({time.perf_counter() - start:.0f} s, load {loadavg()})", file=sys.stderr)
+              f"({time.perf_counter() - start:.0f} s, load {fmt(loadavg(), '.1f')})",
+              file=sys.stderr)
     return done
 
 
@@ -345,7 +346,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        "turns": {t: [vars(x) for x in ts] for t, ts in p.turns.items()}}
                       for p in paths]}), indent=1) + "\n")
         write_text_atomic(out / "table.md", f"{info['command']}\n\n{done} conversations, load "
-                                            f"after {loadavg()}\n\n{report(paths, args.turns)}")
+                                            f"after {fmt(loadavg(), '.1f')}\n\n"
+                                            f"{report(paths, args.turns)}")
 
     try:
         run(model, tokenizer, paths, convs, args.max_tokens, args.time_limit, after_each=save)

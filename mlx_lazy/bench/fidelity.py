@@ -463,7 +463,7 @@ def run(model: Any, tokenizer: Any, methods: dict[str, PruningConfig], windows: 
         if out is not None:
             write_text_atomic(out / "results.json", json.dumps(jsonable(result)))
             write_text_atomic(out / "table.md", render(result) + "\n")
-        progress(f"window {done}/{windows} of each kind done (load {loadavg()})")
+        progress(f"window {done}/{windows} of each kind done (load {fmt(loadavg(), '.1f')})")
     return result
 
 
