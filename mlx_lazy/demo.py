@@ -68,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m mlx_lazy.demo", description=__doc__.split("\n\n")[1])
     p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--max-tokens", type=int, default=48)
-    # the generate command's pruning flags (--complete, --quality, ...), lazy by default
-    add_pruning_arguments(p).set_defaults(method="lazy")
+    add_pruning_arguments(p)  # the generate command's (--complete, --quality, --schedule, ...)
     args = p.parse_args(argv)
+    if args.method is None and args.schedule is None:
+        args.method = "lazy"
     if args.max_tokens < 1:  # mlx-lm's traceback, after the model loaded, once
         p.error(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.method == "full" and args.schedule is None:

@@ -326,7 +326,7 @@ def check_revive(config: Config) -> None:
     if not config.revive and given:
         raise UserInputError(f"revive=False keeps pruned tokens out for good, so "
                              f"{_listing(given, 'and')} would do nothing; drop "
-                             f"{'them' if given[1:] else 'it'}, or keep revive")
+                             f"{'them' if given[1:] else 'it'}")
 
 
 def layers_at(fractions: Tuple[float, ...], num_layers: int,

@@ -314,7 +314,8 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
     diff = fingerprint_difference(saved, fingerprint)
     if diff is not None:
         raise UserInputError(f"prompt cache {path} was made for another model: {diff} is "
-                             f"{shown(saved.get(diff), 80)} there, {fingerprint[diff]!r} here")
+                             f"{shown(saved[diff], 80) if diff in saved else 'missing'} there, "
+                             f"{fingerprint[diff]!r} here")
     cache = _holding(model, *check_cache_file(path, arrays, info, adapter))
     extra = {k: v for k, v in meta.items() if k != METADATA_KEY}
     return (cache, extra) if return_metadata else cache

@@ -115,7 +115,14 @@ def for_hybrid(config: PruningConfig, cut_layers: Tuple[int, ...],
         config = replace(config, revive=False, **{f: None for f in REVIVAL_IDLE})
     if config.prune_layers is None and any(issubclass(p, ScoredCuts) for p in policies):
         preset = build_schedule(replace(config, keep=None), num_layers)
-        below = [layer for layer in cut_layers if layer < preset.prompt_depth - 1]  # SPEED's
+        depth = preset.prompt_depth
+        below = [layer for layer in cut_layers if layer < depth - 1]  # SPEED's cutoff
+        if cut_layers and not below:
+            raise UserInputError(
+                f"no attention layer of this hybrid model lies below the SPEED cutoff {depth} "
+                f"(a cut must follow one, with a layer after it below the cutoff; its "
+                f"attention layers: {', '.join(map(str, cut_layers))}): use speed alone, or "
+                f"a cutoff of at least {cut_layers[0] + 2} layers")
         layers, keep = cuts_at_global_layers(preset.prune_layers, preset.keep, below)
         # keep fractions the request gives are for the cuts that run: those moved
         config = replace(config, prune_layers=layers, keep=config.keep or keep,

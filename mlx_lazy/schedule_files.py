@@ -185,7 +185,8 @@ def model_mismatch(saved: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> 
     key = fingerprint_difference(saved, fingerprint, COPY_FIELDS if by_identity else
                                  [k for k in ("identity", "variant") if k not in saved])
     if key is not None:
-        return f"model.fingerprint.{key} is {saved.get(key)!r}, this model has {fingerprint[key]!r}"
+        theirs = f"is {saved[key]!r}" if key in saved else "is missing"
+        return f"model.fingerprint.{key} {theirs}, this model has {fingerprint[key]!r}"
     if not by_identity or identities_match(saved["identity"], fingerprint["identity"]):
         return None
     try:

@@ -14,7 +14,7 @@ with needs_extra("server", "the server"):
     from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
                           StringConstraints)
 
-from .config import PruningConfig
+from .config import PRUNING_FIELDS, PruningConfig
 from .errors import UserInputError, shown
 from .policies import compose
 from .server_worker import APIError
@@ -261,8 +261,9 @@ def pruning_config(spec: Union[str, Dict[str, Any]], default: PruningConfig,
             raise APIError(400, str(e),
                            param="pruning" if isinstance(spec, str) else "pruning.method") from None
     try:  # PruningConfig checks its fields' types on construction
-        if method is None:
-            return dataclasses.replace(default, **fields)
+        if method is None:  # cuts given over a schedule file's are the user's
+            mine = {"source": None} if set(fields) & set(PRUNING_FIELDS) else {}
+            return dataclasses.replace(default, **fields, **mine)
         return PruningConfig.preset(method, **fields)
     except UserInputError as e:  # naming the field it refuses (keep[1])
         raise APIError(400, str(e), param=f"pruning.{e.field}" if e.field else "pruning"

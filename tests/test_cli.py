@@ -719,7 +719,7 @@ def test_demo_bad_values_are_one_line_before_any_run(tiny_model_path, capsys, ar
 
 
 def test_the_demo_takes_the_generate_commands_pruning_flags(tiny_model_path, capsys,
-                                                           monkeypatch):
+                                                           monkeypatch, tmp_path):
     """The README's demo runs with --complete exact and --quality high (the flags it talked
     about were the generate command's only); full is refused, a bad combination too."""
     from mlx_lazy import demo
@@ -728,6 +728,17 @@ def test_the_demo_takes_the_generate_commands_pruning_flags(tiny_model_path, cap
     model = ["--model", str(tiny_model_path), "--max-tokens", "2"]
     assert demo.main([*model, "--complete", "exact"]) == 0
     assert "[mlx-lazy, lazy:complete=exact] ..." in capsys.readouterr().out
+    # a schedule file runs its own method (the demo's default once stood against it)
+    from mlx_lazy import load
+    from mlx_lazy.adapter import ModelAdapter
+    from mlx_lazy.config import PruningConfig
+    from mlx_lazy.schedule_files import write_schedule
+
+    fingerprint = ModelAdapter(load(str(tiny_model_path))[0]).fingerprint()
+    schedule = write_schedule(tmp_path / "demo-speed.json", PruningConfig(
+        "lazy+speed", prune_layers=(1,), keep=(0.5,), speed_cutoff=3), fingerprint, {})
+    assert demo.main([*model, "--schedule", str(schedule)]) == 0
+    assert "[mlx-lazy, lazy+speed:" in capsys.readouterr().out
     for argv, message in ((["--method", "full"], "choose one other than full"),
                           (["--complete", "exact", "--no-revive"], "revive=False keeps")):
         try:

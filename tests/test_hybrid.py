@@ -233,6 +233,16 @@ def test_a_preset_cut_moves_only_below_the_speed_cutoff(tmp_path):
     assert (schedule.prune_layers, schedule.prompt_depth) == ((7,), 12)
 
 
+def test_a_speed_cutoff_below_every_attention_layer_is_named(hybrid):
+    """lazy+speed under a cutoff that leaves no attention layer with one after it below it:
+    the message said to cut after layer 3, which the cutoff then refused."""
+    model, _ = hybrid
+    with pytest.raises(UserInputError, match="no attention layer of this hybrid model lies "
+                                             "below the SPEED cutoff 4 .* at least 5 layers"):
+        resolve_config(model, PruningConfig("lazy+speed", speed_cutoff=4))
+    assert resolve_config(model, PruningConfig("lazy+speed", speed_cutoff=5)).prune_layers == (3,)
+
+
 def test_a_hybrid_attending_only_in_its_last_layer_takes_no_cut(tmp_path):
     model, _ = mlx_lm.load(str(build_tiny_model("qwen3_5-last", tmp_path)))
     with pytest.raises(UserInputError, match="attends only in its last layer: use speed"):

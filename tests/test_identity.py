@@ -220,6 +220,12 @@ def test_schedule_files_without_an_identity_still_match_exactly(tiny_model_dir, 
     q4 = ModelAdapter(copy_of(tiny_model_dir("llama"), None, 4, 64)).fingerprint()
     with pytest.raises(UserInputError, match="model.fingerprint.weights"):
         read_schedule(path, q4)
+    # a field the file lacks is said to be missing (once "is None")
+    partial = write_schedule(tmp_path / "partial.json", CALIBRATED,
+                             {k: v for k, v in fp.items() if k != "hidden_size"}, {})
+    with pytest.raises(UserInputError, match="model.fingerprint.hidden_size is missing, this "
+                                             "model has 64"):
+        read_schedule(partial, fp)
 
 
 def test_the_shipped_schedules_name_their_models_identity():

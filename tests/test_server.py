@@ -290,6 +290,14 @@ def test_pruning_field_builds_the_config_generically():
         PruningConfig.preset("lazy", keep=(0.6, 0.3))
     assert pruning_config({"scorer": "window:size=16:pool=2"}, default) == PruningConfig.preset(
         "lazy", keep=(0.5, 0.2), scorer=Pooled(Window(size=16), 2))
+    # over a schedule file's config: cuts given are the user's (they kept the file's name,
+    # and a null prune_layers was refused naming pruning.source), decode fields leave it
+    # the file's
+    calibrated = dataclasses.replace(PruningConfig.preset("lazy", prune_layers=(2,), keep=(0.4,)),
+                                     source="calibrated:s.json")
+    assert pruning_config({"keep": [0.3]}, calibrated).source is None
+    assert pruning_config({"prune_layers": None}, calibrated).source is None
+    assert pruning_config({"complete": "none"}, calibrated).source == "calibrated:s.json"
 
 
 def test_loopback_detection():

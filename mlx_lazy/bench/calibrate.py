@@ -952,7 +952,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--complete", type=complete_arg, default=None, metavar="MODE",
                    help="how the candidates decode (the schedule's evidence holds for it): "
                         f"{', '.join(COMPLETE_MODES)} (default {DEFAULT_COMPLETE}; a hybrid "
-                        "model's candidates revive nothing, and take none of these)")
+                        "model's candidates revive nothing: none, or no mode)")
     p.add_argument("--max-revivals", type=int, default=None, metavar="R",
                    help="at most R revivals per decode step and cut while the candidates "
                         "decode (the schedule's evidence holds for it; default: unbounded)")
