@@ -14,6 +14,7 @@ from typing import Any, BinaryIO, Union
 from .errors import UserInputError
 
 MiB = 1 << 20
+NOT_REGULAR = "is not a regular file (a FIFO, socket or device)"
 #: The largest token count, position, layer index or other count a setting may hold: MLX
 #: indexes with int32, and larger values would only fail later, inside numpy or MLX.
 MAX_COUNT = 2**31 - 1
@@ -95,9 +96,6 @@ def regular_file(path: Union[str, Path], what: str) -> Path:
     return Path(path)
 
 
-NOT_REGULAR = "is not a regular file (a FIFO, socket or device)"
-
-
 def read_json(path: Union[str, Path], what: str, limit: int, max_depth: int) -> Any:
     """The JSON document in the UTF-8 file at ``path``, at most ``limit`` bytes and
     ``max_depth`` arrays or objects deep.
@@ -110,7 +108,8 @@ def read_json(path: Union[str, Path], what: str, limit: int, max_depth: int) -> 
     # A FIFO nobody writes to would block the reader for good (a prompt may come through a
     # pipe, a JSON file does not); a missing path is read_file's to name.
     with contextlib.suppress(OSError):
-        if not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path):
+        mode = os.stat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             raise UserInputError(f"{what} {NOT_REGULAR}")
     data = read_file(path, what, limit)
     deep = f"{what} nests arrays or objects more than {max_depth} deep"

@@ -151,8 +151,9 @@ def check_same_schedule(have: Schedule, want: Schedule, what: str) -> None:
     ``have`` that ``what`` was made for."""
     a, b = have.as_dict(), want.as_dict()
     diff = next((k for k in a if k != "source" and a[k] != b[k]), None)
-    if diff is not None:  # a field the user never named may differ (a given keep runs the
-        # preset's scorer): say how to go on with the cache's own
+    # A field the user never named may differ (a given keep runs the preset's scorer): say
+    # how to go on with the cache's own.
+    if diff is not None:
         raise UserInputError(f"{what} was made for another pruning config: {diff} is "
                              f"{a[diff]!r} there, {b[diff]!r} here (leave the pruning "
                              "settings out to go on with the cache's own)")

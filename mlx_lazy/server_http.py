@@ -62,8 +62,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if bad_json is not None:
         why = bad_json.get("ctx", {}).get("error", bad_json["msg"])
         return APIError(400, f"malformed JSON in the request body: {why}")
-    if tuple(errors[0]["loc"]) == ("body",) and errors[0]["type"] in _NOT_AN_OBJECT + (
-            "missing",):  # an empty body
+    if tuple(errors[0]["loc"]) == ("body",) and errors[0]["type"] in _NOT_AN_OBJECT:
         return APIError(400, "the request body must be a JSON object (sent with Content-Type: "
                              "application/json)")
     # A union reports one error per member (its loc goes on with the member's tag). The
@@ -81,8 +80,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
                     code="missing_field" if first["type"] == "missing" else None)
 
 
-#: Pydantic's errors for a body that is not a JSON object (or was not sent as JSON).
-_NOT_AN_OBJECT = ("model_attributes_type", "dict_type", "model_type")
+#: Pydantic's errors for a body that is not a JSON object (or was not sent as JSON; missing:
+#: an empty body).
+_NOT_AN_OBJECT = ("model_attributes_type", "dict_type", "model_type", "missing")
 
 
 class BodyLimit:

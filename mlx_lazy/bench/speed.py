@@ -157,24 +157,18 @@ def run_benchmark(
     main_len = lengths[-1]
     L = len(model.layers)
     methods: dict[str, Method] = {BASELINE: parse_method(BASELINE), FULL: parse_method(FULL)}
-    skipped: dict[str, str] = {}
-    for name in schedules:
-        if name in methods:
-            continue
-        method = parse_method(name, L)
-        try:
-            resolve_config(model, method.config)
-        except ValueError as exc:  # a schedule too deep for a tiny model, a hybrid's refusals
-            skipped[name] = str(exc)
-            log(f"skipping schedule {name!r}: {exc}")
-            continue
-        methods[name] = method
+    methods |= {name: parse_method(name, L) for name in schedules if name not in methods}
+    resolved, skipped = runnable(model, {n: m.config for n, m in methods.items()
+                                         if not m.is_baseline})
+    for name, why in skipped.items():
+        log(f"skipping schedule {name!r}: {why}")
+    methods = {n: m for n, m in methods.items() if n not in skipped}
     prompts = {n: build_prompt(tokenizer, n) for n in lengths}
     result: dict[str, Any] = {
         "info": {**(info or machine_info(model, "mlx_lazy.bench.speed")), "lengths": lengths,
                  "main_length": main_len, "max_tokens": max_tokens, "repeats": repeats},
         "schedules": {n: dataclasses.asdict(m.config)
-                      | {"resolved": resolve_config(model, m.config).as_dict()}
+                      | {"resolved": resolved[n].as_dict()}
                       for n, m in methods.items() if not m.is_baseline},
         "skipped": skipped,
         "runs": [],
@@ -531,6 +525,19 @@ def _read_report(path: Path) -> dict[str, Any]:
     return doc
 
 
+def runnable(model: Any, configs: dict[str, PruningConfig]
+             ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each config's schedule on ``model`` (resolved once), and why ``model`` refuses the
+    others (a schedule too deep for a tiny model, a hybrid's refusals): those are skipped."""
+    resolved, skipped = {}, {}
+    for name, config in configs.items():
+        try:
+            resolved[name] = resolve_config(model, config)
+        except ValueError as e:
+            skipped[name] = str(e)
+    return resolved, skipped
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Command-line entry point; returns the result dict."""
     args = _parse_args(argv)
@@ -566,12 +573,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         L = len(model.layers)
         configs = {name: schedule_config(name, L) for name in dict.fromkeys([FULL, *schedules])
                    if name != BASELINE}
-        for name, config in list(configs.items()):  # as the generation benchmark skips them
-            try:
-                resolve_config(model, config)
-            except ValueError as e:  # a schedule too deep for the model, a hybrid's refusals
-                print(f"skipped {name}: {e}", file=sys.stderr)
-                del configs[name]
+        _, skipped = runnable(model, configs)
+        for name, why in skipped.items():
+            print(f"skipped {name}: {why}", file=sys.stderr)
+        configs = {n: c for n, c in configs.items() if n not in skipped}
         dec = decode_interleaved(model, tokenizer, build_prompt(tokenizer, n),
                                  args.decode_interleaved, configs)
         result = {"info": info, "decode_interleaved": dec}
