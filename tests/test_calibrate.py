@@ -706,6 +706,39 @@ def test_every_last_rung_candidate_has_its_gain_measured(tiny_model_path, tmp_pa
 
 
 @pytest.mark.slow  # a calibration end to end
+def test_a_schedule_measured_slower_than_full_is_written_but_not_installed(
+        tiny_model_path, tmp_path, monkeypatch, packaged):
+    from mlx_lazy.bench import calibrate
+
+    monkeypatch.setenv("MLX_LAZY_CACHE", str(tmp_path / "cache"))
+    fake_runs(monkeypatch)
+    fake_deviation(monkeypatch)
+    gains = iter([0.8, 1.3])
+
+    def fake_measure(model, tokenizer, config, n_tokens, repeats=1, answer_tokens=1):
+        return {"prompt_tokens": n_tokens, "full_s": [1.0], "pruned_s": [1.0],
+                "gain": next(gains), "first_token_gain": 1.5}
+
+    monkeypatch.setattr(calibrate, "measure_gain", fake_measure)
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_path, folder)
+    opts = dict(min_base=0.0, measure=True, keep_per_rung=(1,), install=True,
+                scorers=("last",))
+    doc = tiny_calibration(folder, tmp_path / "cal", **opts)
+    picked = doc["chosen"]["default"]
+    assert picked["measured_gain"]["gain"] == 0.8 and doc["installed"] == {}
+    assert "0.80x full's (slower): not installed" in picked["not_installed"]
+    assert (tmp_path / "cal" / "schedule.json").exists()
+    assert not (folder / MODEL_SCHEDULE_FILE).exists()
+    assert "not installed" in (tmp_path / "cal" / "report.md").read_text()
+    # measured faster on a second calibration: installed where load finds it
+    doc = tiny_calibration(folder, tmp_path / "cal2", **opts)
+    assert "not_installed" not in doc["chosen"]["default"]
+    assert doc["installed"]["default"] == str(folder / MODEL_SCHEDULE_FILE)
+    assert (folder / MODEL_SCHEDULE_FILE).exists()
+
+
+@pytest.mark.slow  # a calibration end to end
 def test_when_the_last_rung_confirms_none_the_next_batch_is_tried(tiny_model_path, tmp_path,
                                                                      monkeypatch):
 

@@ -36,7 +36,8 @@ one with ``--schedule`` or ``mlx_lazy.read_schedule``). Without ``--out`` (or wi
 ``--install``) the schedules are also installed where ``mlx_lazy.load`` finds them: into a
 writable model folder as ``mlx_lazy_schedule.json`` / ``mlx_lazy_schedule.high.json``, else
 (a named model, a hub id, a read-only folder) into ``~/.cache/mlx_lazy/schedules/`` by
-fingerprint. A ``--time-limit`` (``1800``, ``30m``, ``2h``), Ctrl-C or SIGTERM stops it
+fingerprint; one whose measured whole answer came later than ``full``'s is not installed.
+A ``--time-limit`` (``1800``, ``30m``, ``2h``), Ctrl-C or SIGTERM stops it
 early: the files then hold what was measured (a rung or pilot left unfinished is marked
 partial; a schedule already confirmed is still written; exit status 130 after an interrupt)
 and ``--resume`` continues from them.
@@ -635,7 +636,12 @@ def _calibrate(cal: Calibration) -> dict[str, Any]:
         path = write_schedule(out / schedule_file_name("schedule", quality), cand.config,
                               fingerprint, evidence, str(cal.model or "default"), quality)
         progress.log(f"{quality} quality: {cand.name}, wrote {path}")
-        if cal.install:
+        slower = slower_than_full(cand)
+        if slower:
+            doc["chosen"][quality]["not_installed"] = slower
+            progress.log(f"warning: {quality} quality: {slower}; to use it anyway, "
+                         f"--schedule {path}")
+        elif cal.install:
             target = install_path(cal.model, fingerprint, quality)
             target.parent.mkdir(parents=True, exist_ok=True)
             write_schedule(target, cand.config, fingerprint, evidence,
@@ -646,6 +652,15 @@ def _calibrate(cal: Calibration) -> dict[str, Any]:
         progress.log("no candidate confirmed: no schedule written")
     save()
     return json.loads((out / "results.json").read_text())
+
+
+def slower_than_full(cand: Candidate) -> Optional[str]:
+    """Why a chosen schedule is not installed, if its measured whole answer came later than
+    ``full``'s: a schedule ``load`` applies by itself must not slow the user down."""
+    g = cand.measured_gain
+    if g is None or g["gain"] >= 1:
+        return None
+    return f"its whole answer measured {g['gain']:.2f}x full's (slower): not installed"
 
 
 def _choose(cands: Sequence[Candidate], cells: Sequence[str], cal: Calibration,

@@ -126,7 +126,9 @@ def report(doc: dict[str, Any], cells: Sequence[str]) -> str:
     for quality in doc["options"].get("qualities", QUALITIES):
         picked = chosen.get(quality)
         lines += ["", f"Chosen, {quality} quality: "
-                  + (f"`{picked['name']}`" if picked else "none confirmed")]
+                  + (f"`{picked['name']}`" if picked else "none confirmed")
+                  + (f"; {picked['not_installed']}" if picked and "not_installed" in picked
+                     else "")]
         if picked:
             lines += ["", "```json\n" + json.dumps(jsonable(picked), indent=1) + "\n```"]
     return "\n".join(lines) + "\n"
