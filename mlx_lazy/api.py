@@ -22,6 +22,7 @@ from .adapter import ModelAdapter
 from .attention import implementation as attention_implementation
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line
+from .inputs import is_int
 from .models import model_folder
 from .prompt_cache import PromptCache, check_prompt_cache, make_prompt_cache
 from .run_report import format_summary
@@ -172,8 +173,7 @@ def _check_unsupported(kwargs: dict) -> None:
 
 
 def _check_max_tokens(max_tokens: int) -> None:
-    integer = isinstance(max_tokens, (int, np.integer)) and not isinstance(max_tokens, bool)
-    if not integer or max_tokens < 1:
+    if not is_int(max_tokens, numpy=True) or max_tokens < 1:
         raise UserInputError(f"max_tokens must be a positive integer, got {max_tokens!r}")
 
 
@@ -346,7 +346,7 @@ def generate_step(
             if ahead:
                 next_y, next_logprobs = step(y)
             token = y.item()
-            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+            if not is_int(token) or not 0 <= token < vocab:
                 raise UserInputError(f"the sampler returned {token!r}, not a token id of the "
                                      f"model's vocabulary (0 to {vocab - 1})")
             if ahead:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, Optional, Protocol, Type
 
 from .errors import UserInputError, shown
-from .inputs import MAX_COUNT
+from .inputs import MAX_COUNT, is_int
 
 
 class Completing(Protocol):
@@ -97,7 +97,7 @@ class Progressive(Completion):
 
     def __post_init__(self) -> None:
         b = self.budget
-        if isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= MAX_COUNT:
+        if not is_int(b) or not 0 < b <= MAX_COUNT:
             raise UserInputError(f"progressive:K takes a positive integer K, got {shown(b)}")
 
     @property

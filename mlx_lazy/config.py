@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import UserInputError, shown
 from .completion import parse_completion
-from .inputs import MAX_COUNT
+from .inputs import MAX_COUNT, is_int
 from .policies import ScoredCuts, canonical_method, check_taken, compose
 from .schedule import Schedule
 from .scorers import Scorer, parse_scorer, scorer_spec
@@ -285,7 +285,7 @@ def build_schedule(config: PruningConfig, num_layers: int) -> Schedule:
 
 def _integer(name: str, x: Any) -> int:
     """``x`` as an int: Python and numpy integers pass, bools and anything else do not."""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+    if not is_int(x, numpy=True):
         raise UserInputError(f"{name} must be an integer, got {shown(x, SHOWN)}")
     return int(x)
 

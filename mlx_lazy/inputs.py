@@ -11,6 +11,8 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Union
 
+import numpy as np
+
 from .errors import UserInputError
 
 MiB = 1 << 20
@@ -20,6 +22,13 @@ NOT_REGULAR = "is not a regular file (a FIFO, socket or device)"
 MAX_COUNT = 2**31 - 1
 _INT = re.compile(r"[+-]?[0-9]+")
 _FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def is_int(x: Any, numpy: bool = False) -> bool:
+    """Whether ``x`` is an integer: a Python int (with ``numpy``, a numpy integer too), never a
+    bool (``True`` is an ``int`` to Python, and no count)."""
+    kinds = (int, np.integer) if numpy else int
+    return isinstance(x, kinds) and not isinstance(x, bool)
 
 
 def parse_int(text: str) -> int:

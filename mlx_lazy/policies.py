@@ -27,6 +27,7 @@ import mlx.nn as nn
 from .adapter import global_layers, recurrent_layers
 from .completion import DEFAULT_COMPLETE
 from .errors import UserInputError, shown
+from .inputs import is_int
 from .schedule import Schedule
 from .scorers import LastQuery
 
@@ -90,7 +91,7 @@ class SpeedCutoff(Policy):
     @classmethod
     def given(cls, values: Mapping[str, Any]) -> Dict[str, Any]:
         depth = values["prompt_depth"]
-        if isinstance(depth, bool) or not isinstance(depth, int):  # a float is a fraction
+        if not is_int(depth):  # a float is a fraction
             raise UserInputError(f"prompt_depth must be a layer count, got {shown(depth, 80)}")
         return {"speed_cutoff": depth}
 

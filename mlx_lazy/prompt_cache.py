@@ -20,7 +20,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 
 from .adapter import ModelAdapter, fingerprint_difference
 from .cache import LazyCache
@@ -30,7 +29,7 @@ from .errors import UserInputError, one_line, shown
 from .config import PruningConfig
 from .distributed import model_group
 from .folders import check_destination
-from .inputs import regular_file
+from .inputs import is_int, regular_file
 from .resolve import resolve_config
 from .schedule import Schedule
 from .token_ids import check_tokens, token_ids
@@ -213,8 +212,7 @@ def trim_prompt_cache(cache: PromptCache, num_tokens: int) -> int:
             layer's state has taken (:func:`can_trim_prompt_cache`).
     """
     check_prompt_cache(cache)
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) \
-            or not 0 <= num_tokens <= len(cache):
+    if not is_int(num_tokens, numpy=True) or not 0 <= num_tokens <= len(cache):
         raise UserInputError(f"cannot trim {num_tokens!r} tokens from a prompt cache of "
                              f"{len(cache)} tokens")
     length = len(cache) - int(num_tokens)

@@ -42,6 +42,7 @@ from .attention import attention
 from .cache import TOKEN_ARRAYS, ROW_MAPS, LazyCache
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError, shown
+from .inputs import is_int
 from .policies import check_hybrid_schedule, compose
 from .schedule import Schedule
 
@@ -99,14 +100,14 @@ def check_info(info: Any, adapter: ModelAdapter) -> Tuple[List[int], Dict[str, i
     tokens, vocab = info["tokens"], adapter.vocab_size
     if not isinstance(tokens, list):
         raise Corrupt(f"tokens must be a list of token ids, got {shown(tokens, SHOWN)}")
-    bad = next((i for i, t in enumerate(tokens) if not _is_int(t) or not 0 <= t < vocab), None)
+    bad = next((i for i, t in enumerate(tokens) if not is_int(t) or not 0 <= t < vocab), None)
     if bad is not None:
         raise Corrupt(f"tokens must be token ids in [0, {vocab}), got {shown(tokens[bad], SHOWN)} "
                       f"at index {bad}")
     meta = info["state"]
     _keys("state", meta, META_STATE_KEYS)
     for key in META_STATE_KEYS:
-        if not _is_int(meta[key]) or not 0 <= meta[key] <= MAX_SCALAR:
+        if not is_int(meta[key]) or not 0 <= meta[key] <= MAX_SCALAR:
             raise Corrupt(f"state.{key} must be a non-negative integer, got "
                           f"{shown(meta[key], SHOWN)}")
     if meta["num_layers"] != adapter.num_layers:
@@ -132,7 +133,7 @@ def check_schedule(d: Any, num_layers: int) -> Schedule:
     if isinstance(d, dict):  # written before these fields: the paper's step
         d = {"revive_margin": 0.0, "reselect_every": 1, **d}
     _keys("schedule", d, names)
-    if not _is_int(d["num_layers"]) or d["num_layers"] != num_layers:
+    if not is_int(d["num_layers"]) or d["num_layers"] != num_layers:
         raise Corrupt(f"schedule.num_layers is {shown(d['num_layers'], SHOWN)}, the model has "
                       f"{num_layers} layers")
     try:
@@ -344,10 +345,6 @@ def _keys(where: str, d: Any, names: Any) -> None:
     unknown = sorted(str(k) for k in set(d) - set(names))
     if unknown:
         raise Corrupt(f"{where} has an unknown key {shown(unknown[0], SHOWN)}")
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _ints(name: str, array: mx.array, shape: Optional[Tuple[int, ...]]) -> np.ndarray:

@@ -26,7 +26,7 @@ from .adapter import (IDENTITY_TOLERANCE, decode_identity, fingerprint_differenc
 from .config import PRUNING_FIELDS, QUALITIES, PruningConfig, build_schedule
 from .errors import UserInputError, shown
 from .folders import write_text_atomic
-from .inputs import MAX_COUNT, MiB, read_json
+from .inputs import MAX_COUNT, MiB, is_int, read_json
 from .policies import cuts_at_global_layers
 from .scorers import scorer_spec
 
@@ -106,7 +106,7 @@ def _read(path: Path) -> Tuple[PruningConfig, str]:
         raise UserInputError(f"schedule file {path} lacks config.method")
     saved = model["fingerprint"]
     layers = saved.get("num_layers")
-    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= MAX_COUNT:
+    if not is_int(layers) or not 1 <= layers <= MAX_COUNT:
         raise UserInputError(f"schedule file {path}: model.fingerprint.num_layers must be a "
                              f"positive integer, got {shown(layers)}")
     if "identity" in saved:
@@ -517,7 +517,7 @@ def transfer_config(config: PruningConfig, fingerprint: Dict[str, Any],
     when there is no rule or the model is too shallow for a cut."""
     num_layers = fingerprint.get("num_layers")
     rule = transfer_rule()
-    if not rule.cuts or not isinstance(num_layers, int) or num_layers < 2:
+    if not rule.cuts or not is_int(num_layers) or num_layers < 2:
         return config
     layers, keep = transfer_layers(rule.cuts, num_layers, global_layers)
     return replace(config, prune_layers=layers, keep=keep, scorer=rule.scorer,

@@ -32,7 +32,7 @@ import numpy as np
 
 from .attention import attention_weights, log2_scores, masked
 from .errors import UserInputError, shown
-from .inputs import MAX_COUNT, parse_float, parse_int
+from .inputs import MAX_COUNT, is_int, parse_float, parse_int
 from .kernels import exp2
 
 HEAD_REDUCTIONS = ("mean", "max")
@@ -347,7 +347,7 @@ def _registered(scorer: Any) -> bool:
 
 
 def _check_count(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_COUNT:
+    if not is_int(value) or not low <= value <= MAX_COUNT:
         raise UserInputError(f"{name} must be an integer in [{low}, {MAX_COUNT}], "
                              f"got {_cut(value)}")
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st  # noqa: E402
 from mlx_lazy import server as server_module  # noqa: E402
 from mlx_lazy.config import PruningConfig  # noqa: E402
 from mlx_lazy.errors import UserInputError  # noqa: E402
-from mlx_lazy.inputs import parse_int  # noqa: E402
+from mlx_lazy.inputs import is_int, parse_int  # noqa: E402
 from mlx_lazy.scorers import parse_scorer  # noqa: E402
 from mlx_lazy.server_schemas import MAX_MESSAGES, MAX_STOP_CHARS, token_bytes  # noqa: E402
 from mlx_lazy.server_worker import MAX_ERROR_CHARS, StopText  # noqa: E402
@@ -73,6 +73,18 @@ def test_sizes_are_ascii_decimal_only(text):
         assert not (text.isascii() and re.fullmatch(r"[+-]?[0-9]+", text))
     else:
         assert ascii_digits and value == int(text) and "_" not in text and text == text.strip()
+
+
+def test_a_count_is_an_integer_and_never_a_bool():
+    """``True`` is an ``int`` to Python; a numpy integer passes only where the API says so
+    (it would not serialise into a schedule or cache file)."""
+    import numpy as np
+
+    assert is_int(3) and is_int(-1) and is_int(np.int64(3), numpy=True)
+    assert not any(is_int(x) for x in (True, False, 3.0, "3", None, np.int64(3), np.bool_(1)))
+    assert not any(is_int(x, numpy=True) for x in (True, np.bool_(1), np.float32(3), 3.0))
+    with pytest.raises(UserInputError, match="must be an integer"):
+        PruningConfig(method="lazy", max_revivals=True)
 
 
 def test_scorer_sizes_are_ascii_decimal_only():

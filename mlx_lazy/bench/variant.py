@@ -41,7 +41,7 @@ from ..adapter import ModelAdapter
 from ..config import PruningConfig
 from ..errors import UserInputError
 from ..folders import check_destination, write_text_atomic
-from ..inputs import read_json
+from ..inputs import is_int, read_json
 from ..schedule_files import (SCHEDULE_MAX_BYTES, SCHEDULE_MAX_DEPTH, check_model,
                               check_variants, read_schedule)
 from ..selection import keep_floor
@@ -78,7 +78,7 @@ def replay_plan(path: Path) -> dict[str, Any]:
     if missing is None:
         missing = next((f"evidence.made.options.{f}" for f in OPTION_FIELDS
                         if not isinstance(options, dict)
-                        or not isinstance(options.get(f), int)), None)
+                        or not is_int(options.get(f))), None)
     if missing is not None:
         raise UserInputError(f"schedule file {path} has no {missing}: only a schedule written "
                              "by python -m mlx_lazy.calibrate carries the evidence to replay")
