@@ -44,7 +44,8 @@ class GenerationResponse:
         token: the next token id.
         logprobs: log probabilities over the vocabulary for this token.
         from_draft: always False (no speculative decoding).
-        prompt_tokens: number of prompt tokens.
+        prompt_tokens: prompt tokens given to this call, as mlx-lm counts them (with a prompt
+            cache, only the new ones; ``stats.prompt_tokens`` counts the cached ones too).
         prompt_tps: prompt tokens per second (prompt tokens / time to first token).
         generation_tokens: tokens generated so far.
         generation_tps: tokens per second since the first token.
