@@ -249,6 +249,16 @@ def test_a_layers_weights_count_the_experts_a_token_takes_and_every_layer(tiny_m
     dense = sum(m.weight.size for _, m in a.layers[0].named_modules()
                 if isinstance(m, nn.Linear))
     assert experts > dense and layer_params(a) == dense + experts * 2 / 4
+    # GLM-4.5: its config names the experts otherwise (n_routed_experts); the shared expert
+    # takes every token, and its dense first layer has no experts
+    model, _ = tiny_model("glm4_moe")
+    a = ModelAdapter(model)
+    routed = [sum(p.size for name, p in tree_flatten(layer.parameters())
+                  if "switch_mlp" in name and name.endswith("weight")) for layer in a.layers]
+    dense = [sum(m.weight.size for _, m in layer.named_modules() if isinstance(m, nn.Linear))
+             for layer in a.layers]
+    assert routed[0] == 0 and min(routed[1:]) > 0 and len(set(dense)) == 2
+    assert layer_params(a) == sum(d + r * 2 / 4 for d, r in zip(dense, routed)) / 4
     model, _ = tiny_model("gemma4_text-e2b")
     a = ModelAdapter(model)
     sizes = [sum(m.weight.size for _, m in layer.named_modules() if isinstance(m, nn.Linear))

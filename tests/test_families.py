@@ -2,7 +2,8 @@
 pass: Phi-3 (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``; plain RoPE, and longrope's
 SuScaledRoPE over part of each head), SmolLM3 (``smollm3``: layers without RoPE) and
 Ministral 3 (``ministral3``, alone and as the text model of a ``mistral3`` checkpoint: YaRN
-RoPE, queries scaled by position, sliding-window layers in a variant), gpt-oss
+RoPE, queries scaled by position, sliding-window layers in a variant), GLM-4.5 (``glm4_moe``:
+partial RoPE, q/k norms and biases, grouped sigmoid-routed experts beside a shared one), gpt-oss
 (``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases), Granite
 (``granite``: multipliers on the embeddings, residual branches, logits and attention), and
 the families with norms on each branch's output and none before: OLMo 2 and 3 (``olmo2``,
@@ -32,8 +33,8 @@ from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
 
 FAMILIES = ("phi3", "phi3-longrope", "smollm3", "ministral3", "ministral3-sliding", "mistral3",
-            "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "exaone4-global", "gemma4_text",
-            "gemma4_text-moe", "gemma4_text-e2b", "gemma4")
+            "glm4_moe", "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "exaone4-global",
+            "gemma4_text", "gemma4_text-moe", "gemma4_text-e2b", "gemma4")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -92,6 +93,22 @@ def test_the_tiny_ministral3_is_what_it_claims(family):
     assert wrapped.model_type == "mistral3" and wrapped.language_model.model_type == "ministral3"
     assert sliding_windows(model) == [None] * 4
     assert sliding_windows(family("ministral3-sliding")[0]) == [24, None, 24, None]
+
+
+def test_the_tiny_glm4_moe_is_what_it_claims(family):
+    """RoPE over 8 of 16 head dims, q/k norms, biases; layer 0 dense, the others 2 of 4
+    experts in 2 groups beside a shared expert, routed by random weights and bias (mlx-lm
+    starts both at zero: every token would take the same experts)."""
+    model, _ = family("glm4_moe")
+    attn, moe = model.layers[0].self_attn, model.layers[1].mlp
+    assert model.model_type == "glm4_moe" and attn.rope.dims == 8 and attn.use_qk_norm
+    assert "bias" in attn.q_proj and hasattr(model.layers[0].mlp, "down_proj")
+    assert type(moe).__name__ == "MoE" and moe.gate.n_group == 2 and moe.gate.top_k == 2
+    assert hasattr(moe, "shared_experts") and moe.switch_mlp.gate_proj.weight.shape[0] == 4
+    assert float(mx.abs(moe.gate.weight).sum()) > 0
+    assert float(mx.abs(moe.gate.e_score_correction_bias).sum()) > 0
+    inds, _ = moe.gate(mx.random.normal((64, 64)))
+    assert len({tuple(sorted(row)) for row in inds.tolist()}) > 1
 
 
 def test_the_tiny_gpt_oss_is_what_it_claims(family):
@@ -244,7 +261,8 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
     assert mlx_lm_error(model, config, prompt, 8) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "gpt_oss", "olmo3", "exaone4",
+@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "glm4_moe", "gpt_oss", "olmo3",
+                                  "exaone4",
                                   "gemma4_text-moe", "gemma4_text-e2b"))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))

@@ -17,9 +17,9 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_map
 
-KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3_text", "smollm3", "ministral3",
-         "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5",
-         "qwen3_next")
+KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "phi3", "gemma3_text", "smollm3",
+         "ministral3", "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "gemma4_text",
+         "qwen3_5", "qwen3_next")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -56,6 +56,15 @@ _KIND_CONFIG = {
     "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "tie_word_embeddings": False,
                   "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
                   "mlp_only_layers": [1], "moe_intermediate_size": 32, "norm_topk_prob": True},
+    # GLM-4.5: q/k/v biases, q/k norms, RoPE over half of each head; sparse MoE blocks from
+    # layer 1 on (2 of 4 experts in 2 groups, one group taken, sigmoid routing with a
+    # correction bias, scaled by 2.5) beside a shared expert; layer 0 dense
+    "glm4_moe": {"architectures": ["Glm4MoeForCausalLM"], "tie_word_embeddings": False,
+                 "moe_intermediate_size": 32, "norm_topk_prob": True, "n_group": 2,
+                 "topk_group": 1, "n_shared_experts": 1, "n_routed_experts": 4,
+                 "routed_scaling_factor": 2.5, "num_experts_per_tok": 2,
+                 "first_k_dense_replace": 1, "use_qk_norm": True, "attention_bias": True,
+                 "partial_rotary_factor": 0.5, "rope_scaling": None},
     # fused qkv_proj and gate_up_proj; head_dim is hidden_size / heads (16)
     "phi3": {"architectures": ["Phi3ForCausalLM"], "tie_word_embeddings": False},
     # Gemma 3: layers 0 and 2 slide over a 24-position window (RoPE base 10000), 1 and 3 are
@@ -238,6 +247,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
                 proj.bias = 0.1 * mx.random.normal(proj.bias.shape)
         if hasattr(attn, "sinks"):  # gpt_oss: zeros by default
             attn.sinks = mx.random.normal(attn.sinks.shape)
+        gate = getattr(layer.mlp, "gate", None)
+        if hasattr(gate, "e_score_correction_bias"):  # glm4_moe: zeros route no token apart
+            gate.weight = mx.random.normal(gate.weight.shape)
+            gate.e_score_correction_bias = 0.1 * mx.random.normal(
+                gate.e_score_correction_bias.shape)
         if "layer_scalar" in layer:  # gemma4: ones by default
             layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
         for name in ("q_norm", "k_norm"):

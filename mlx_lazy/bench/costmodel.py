@@ -31,7 +31,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -208,10 +208,11 @@ fit = CostModel.fit
 _REFERENCE = dict(a=94e-6, b=102e-9, params_per_layer=3_538_944, head_dims=9 * 64)
 
 
-def linear_params(module: Any, experts_used: float = 1.0) -> float:
+def linear_params(module: Any, experts_per_token: Optional[int] = None) -> float:
     """Weights of ``module``'s linear layers that a token runs through: quantized ones
-    counted at their float size, a sparse MoE's experts (mlx-lm's switch layers) at the share
-    ``experts_used`` of them a token takes."""
+    counted at their float size, a sparse MoE's experts (mlx-lm's switch layers, whose
+    weights stack one matrix per expert) at the ``experts_per_token`` of them a token takes
+    (all of them when None)."""
     import mlx.nn as nn
     from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
@@ -220,7 +221,8 @@ def linear_params(module: Any, experts_used: float = 1.0) -> float:
     for _, m in module.named_modules():
         if isinstance(m, (nn.Linear, nn.QuantizedLinear, *switch)):
             size = m.weight.size * (32 // m.bits if hasattr(m, "bits") else 1)
-            params += size * (experts_used if isinstance(m, switch) else 1)
+            experts = m.weight.shape[0] if isinstance(m, switch) else 1
+            params += size * min(experts_per_token or experts, experts) / experts
     return params
 
 
@@ -228,10 +230,8 @@ def layer_params(adapter: ModelAdapter) -> float:
     """:func:`linear_params` of a token's layer, averaged over the layers (Gemma 4's differ;
     an MoE layer's experts at the share a token takes: k of E)."""
     args = adapter.text.args
-    experts = getattr(args, "num_experts", None) or getattr(args, "num_local_experts", None)
     per_token = getattr(args, "num_experts_per_tok", None) or getattr(args, "top_k_experts", None)
-    used = per_token / experts if experts and per_token else 1.0
-    return sum(linear_params(layer, used) for layer in adapter.layers) / adapter.num_layers
+    return sum(linear_params(layer, per_token) for layer in adapter.layers) / adapter.num_layers
 
 
 def head_dims(adapter: ModelAdapter) -> float:
