@@ -17,9 +17,10 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Union
 
 from .errors import UserInputError
+from .inputs import as_path
 
 #: The environment variable naming mlx-lazy's cache folder (named models, the CPU shim).
 CACHE_ENV = "MLX_LAZY_CACHE"
@@ -153,7 +154,7 @@ def make_folder(out: Path, what: str = "--out") -> None:
         raise UserInputError(f"cannot write into {what} {out}")
 
 
-def check_destination(path: str, what: str) -> Path:
+def check_destination(path: Union[str, os.PathLike], what: str) -> Path:
     """``path``, checked to be where a file can be written atomically: a regular file or a new
     name, in an existing folder that this process can create files in (probed with a
     temporary file, removed again). A FIFO, device, socket or folder there is refused, not
@@ -163,9 +164,7 @@ def check_destination(path: str, what: str) -> Path:
     Raises:
         UserInputError: naming ``what`` and the problem.
     """
-    if not path:
-        raise UserInputError(f"{what} is empty; give a file name")
-    target = Path(path)
+    target = as_path(path, what)
     try:
         mode = os.stat(target).st_mode
     except FileNotFoundError:

@@ -83,6 +83,21 @@ def read_file(path: Union[str, Path], what: str, limit: int) -> bytes:
         raise UserInputError(f"cannot read {what}: {e.strerror or e}") from None
 
 
+def as_path(path: Any, what: str) -> Path:
+    """``path`` (a ``str`` or ``os.PathLike``, not empty) as a :class:`Path`: ``None``, a
+    number (``open`` reads an int as a file descriptor) or bytes are no file name.
+
+    Raises:
+        UserInputError: naming ``what``.
+    """
+    if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):
+        raise UserInputError(f"{what} must be a file name (str or Path), got "
+                             f"{type(path).__name__}")
+    if not os.fspath(path):
+        raise UserInputError(f"{what} is empty; give a file name")
+    return Path(path)
+
+
 def regular_file(path: Union[str, Path], what: str) -> Path:
     """``path``, checked to name an existing regular file: not empty, a folder, a FIFO or a
     device (which would block a reader, or be misread).
@@ -90,8 +105,7 @@ def regular_file(path: Union[str, Path], what: str) -> Path:
     Raises:
         UserInputError: naming ``what`` and what ``path`` is instead.
     """
-    if not str(path):
-        raise UserInputError(f"{what} is empty; give a file name")
+    path = as_path(path, what)
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -116,6 +130,7 @@ def read_json(path: Union[str, Path], what: str, limit: int, max_depth: int) -> 
     """
     # A FIFO nobody writes to would block the reader for good (a prompt may come through a
     # pipe, a JSON file does not); a missing path is read_file's to name.
+    path = as_path(path, what)
     with contextlib.suppress(OSError):
         mode = os.stat(path).st_mode
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):

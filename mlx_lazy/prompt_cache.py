@@ -257,7 +257,7 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
     extra = {str(k): str(v) for k, v in (metadata or {}).items()}
     if METADATA_KEY in extra:
         raise UserInputError(f"metadata key {METADATA_KEY!r} is mlx-lazy's own; use another name")
-    path = check_destination(str(path), "prompt cache")
+    path = check_destination(path, "prompt cache")
     engine = cache.engine
     # complete="exact" recomputes a chunk's upper layers before anything else runs on it: do it
     # once here, so every question from the file starts from the recomputed state.

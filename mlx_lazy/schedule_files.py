@@ -25,8 +25,8 @@ from .adapter import (IDENTITY_TOLERANCE, decode_identity, fingerprint_differenc
                       identities_match, identity_distances)
 from .config import PRUNING_FIELDS, QUALITIES, PruningConfig, build_schedule
 from .errors import UserInputError, shown
-from .folders import write_text_atomic
-from .inputs import MAX_COUNT, MiB, is_int, read_json
+from .folders import check_destination, write_text_atomic
+from .inputs import MAX_COUNT, MiB, as_path, is_int, read_json
 from .policies import cuts_at_global_layers
 from .scorers import scorer_spec
 
@@ -78,7 +78,7 @@ def read_schedule(path: Union[str, Path],
     Raises:
         UserInputError: missing, malformed or mismatched file, naming the field.
     """
-    config, _ = _read(Path(path))
+    config, _ = _read(as_path(path, "schedule file"))
     if fingerprint is not None:
         check_model(config, fingerprint)
     return config
@@ -212,6 +212,7 @@ def write_schedule(path: Union[str, Path], config: PruningConfig, fingerprint: D
     model it was calibrated for, the copies of it the schedule was checked on
     (``variants``, see :func:`check_variants`; by default the copy of ``fingerprint``,
     ``calibrated``) and the evidence behind it. :func:`read_schedule` reads it."""
+    path = check_destination(path, "schedule file")  # a device or folder there is refused
     build_schedule(config, fingerprint["num_layers"])  # never write an invalid file
     if variants is None and isinstance(fingerprint.get("variant"), str):
         variants = [{"variant": fingerprint["variant"], "checked": ["calibrated", "identity"]}]
@@ -225,7 +226,6 @@ def write_schedule(path: Union[str, Path], config: PruningConfig, fingerprint: D
     doc = {"format": SCHEDULE_FORMAT, "quality": quality,
            "model": model,
            "config": values, "evidence": evidence}
-    path = Path(path)
     write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
     return path
 
@@ -252,8 +252,8 @@ def check_model(config: PruningConfig, fingerprint: Dict[str, Any]) -> None:
         return
     problem = model_mismatch(dict(config.fingerprint), fingerprint)
     if problem is not None:
-        raise UserInputError(f"the schedule {config.source or ''} was calibrated for another "
-                             f"model: {problem}")
+        named = f" {config.source}" if config.source else ""
+        raise UserInputError(f"the schedule{named} was calibrated for another model: {problem}")
 
 
 def calibrated(config: PruningConfig, fingerprint: Dict[str, Any],

@@ -488,19 +488,23 @@ def test_paths_that_are_not_regular_files_are_refused(model, bases, tmp_path):
     os.mkfifo(tmp_path / "fifo")
     for path, fragment in (("", "is empty"), (tmp_path, "is a folder"),
                            (tmp_path / "fifo", "not a regular file"),
-                           (tmp_path / "missing", "does not exist")):
+                           (tmp_path / "missing", "does not exist"),
+                           (None, "must be a file name"), (0, "must be a file name"),
+                           (b"c.safetensors", "must be a file name")):  # 0: no stdin read
         with pytest.raises(UserInputError, match=fragment):
             load_prompt_cache(path, model)
 
 
 def test_save_refuses_a_destination_that_is_not_a_file_and_keeps_its_own_key(
-        model, tmp_path):
+        model, tmp_path, monkeypatch):
     cache = make_prompt_cache(model, "full")
     cache.process([1, 2, 3])
     os.mkfifo(tmp_path / "fifo")
+    monkeypatch.chdir(tmp_path)  # None and 5 were written as files called "None" and "5"
     for dest, fragment in ((tmp_path / "fifo", "not a regular file"),
                            (tmp_path, "is a folder"), ("", "is empty"),
-                           (tmp_path / "no" / "c.safetensors", "does not exist")):
+                           (tmp_path / "no" / "c.safetensors", "does not exist"),
+                           (None, "must be a file name"), (5, "must be a file name")):
         with pytest.raises(UserInputError, match=fragment):
             save_prompt_cache(dest, cache)
     assert (tmp_path / "fifo").is_fifo()

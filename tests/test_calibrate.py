@@ -400,6 +400,28 @@ def test_bad_schedule_files_name_the_field(schedule_file, tmp_path, edit, messag
     assert message in str(err.value)
 
 
+def test_a_schedule_is_written_only_where_a_file_can_be(schedule_file, tmp_path,
+                                                         monkeypatch):
+    """A FIFO or device there is refused, not replaced (as root, ``/dev/full`` once became a
+    JSON file); so are a folder, a missing folder and names that are no file names (``None``
+    was written as a file called ``None``)."""
+    path, fp = schedule_file
+    config = read_schedule(path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    monkeypatch.chdir(tmp_path)
+    for target, message in [(fifo, "not a regular file"), (tmp_path, "is a folder"),
+                            (tmp_path / "no" / "s.json", "does not exist"),
+                            (None, "must be a file name"), (5, "must be a file name"),
+                            (b"s.json", "must be a file name"), ("", "is empty")]:
+        with pytest.raises(UserInputError, match=message):
+            write_schedule(target, config, fp, {})
+        with pytest.raises(UserInputError, match=message if target != tmp_path else "directory"):
+            read_schedule(target)
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "s.json"]
+    assert write_schedule(tmp_path / "t.json", config, fp, {}) == tmp_path / "t.json"
+
+
 def test_packaged_schedules_apply_by_fingerprint(schedule_file, tiny_model, tmp_path,
                                                 monkeypatch):
     from mlx_lazy import schedule_files as schedule
