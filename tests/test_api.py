@@ -205,7 +205,7 @@ def test_broken_model_folders_are_one_short_message(tiny_model_path, tmp_path, c
         load(folder)
     message = str(err.value)
     assert all(f in message for f in fragments), message
-    assert len(message) < 300 and "\n" not in message
+    assert len(message.replace(str(folder), "")) < 300 and "\n" not in message  # the path: pytest's
 
 
 def test_mlx_lm_load_errors_are_user_errors_and_short(tiny_model_path, tmp_path):

@@ -804,8 +804,9 @@ def test_an_interrupted_prompt_leaves_the_cache_as_it_was(tiny_model, tmp_path, 
 
 @pytest.mark.parametrize("config", ["full", AGGRESSIVE], ids=["full", "lazy"])
 def test_a_processor_that_raises_mid_answer_leaves_the_cache_consistent(tiny_model, config):
-    """The 6th decode step's processor raises after the step ran its token through the
-    model: the cache holds the prompt and the tokens that went through, and nothing more,
+    """The 6th decode step's processor raises after the step ran its token, the 6th handed
+    out, through the model: the cache holds the prompt and every token handed out (the 6th
+    was once dropped, so a caller going on from them lost one), as when the caller stops,
     so the conversation continues as one run of the whole of it would."""
     model, _ = tiny_model("llama")
     prompt = ids(150, model.args.vocab_size, 42)
@@ -815,7 +816,7 @@ def test_a_processor_that_raises_mid_answer_leaves_the_cache_consistent(tiny_mod
         for token, _ in generate_step(prompt, model, prompt_cache=cache, max_tokens=20,
                                       logits_processors=[raise_after(7)]):
             got.append(token)
-    assert len(got) == 6 and cache.tokens == prompt + got[:5]
+    assert len(got) == 6 and cache.tokens == prompt + got
     assert cache.engine.cache.length == len(cache.tokens)
     assert cache.engine.stats.max_computations_per_token_layer == 1
     if config == "full":
@@ -886,19 +887,23 @@ def test_a_decode_step_interrupted_in_a_layer_leaves_the_state_as_it_was(tiny_mo
     assert engine.cache.revivals > revivals, "no step revived: the test checks nothing"
 
 
-def test_a_processor_that_raises_takes_its_step_back_whole(tiny_model):
-    """A logits processor that raises after its step ran (and revived tokens from the Aux
-    Cache) takes the step back whole: the state is, array for array, that of a run that
-    stopped before the step (the revivals once stayed: the next step differed)."""
+def test_a_processor_that_raises_leaves_the_state_of_a_run_that_stopped(tiny_model):
+    """A logits processor that raises on the logits after the 8th token handed out, once
+    the step ran that token through the model (and revived tokens from the Aux Cache),
+    leaves the state, array for array, of a run that stopped after handing out 8 tokens:
+    the step stays whole, revivals and all (once they stayed while the step's token was
+    dropped: the next step differed)."""
     model, _ = tiny_model("llama")
     prompt = ids(300, model.args.vocab_size, 46)
     cache = make_prompt_cache(model, AGGRESSIVE)
+    got = []
     with pytest.raises(Boom):
-        for _ in generate_step(prompt, model, prompt_cache=cache, max_tokens=20,
-                               logits_processors=[raise_after(9)]):
-            pass
+        for token, _ in generate_step(prompt, model, prompt_cache=cache, max_tokens=20,
+                                      logits_processors=[raise_after(9)]):
+            got.append(token)
+    assert len(got) == 8
     twin = make_prompt_cache(model, AGGRESSIVE)
-    list(generate_step(prompt, model, prompt_cache=twin, max_tokens=7))
+    list(generate_step(prompt, model, prompt_cache=twin, max_tokens=8))
     assert cache.tokens == twin.tokens
     same_state(twin.engine.cache)(cache.engine.cache)
     assert cache.engine.cache.revivals == twin.engine.cache.revivals
