@@ -72,7 +72,7 @@ class AfterFirst(Completion):
     name = "after-first"
 
     def before_decode(self, engine: Completing) -> None:
-        if engine.cache.aux or engine.cache.stash:
+        if engine.cache.aux:  # a stash (exact's) is completed before any step (atomic)
             engine.complete()
 
 

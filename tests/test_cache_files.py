@@ -161,6 +161,8 @@ META_CASES = {
     "prompt_len missing": lambda a, i: _del(i, "state", "prompt_len"),
     "prompt_len a float": lambda a, i: _set(i, "state", "prompt_len", 60.0),
     "prompt_len beyond the tokens": lambda a, i: _set(i, "state", "prompt_len", 10**6),
+    "prompt_len one beyond the tokens": lambda a, i: _set(i, "state", "prompt_len",
+                                                          len(i["tokens"]) + 1),
     "prompt_len negative": lambda a, i: _set(i, "state", "prompt_len", -1),
     "revivals negative": lambda a, i: _set(i, "state", "revivals", -3),
     "revivals true": lambda a, i: _set(i, "state", "revivals", True),
@@ -280,6 +282,8 @@ ARRAY_CASES = {
     "computed a zero below depth": _edit("computed", _at(0, 0)),
     "computed wrong shape": _edit("computed", lambda x: x[:, :-1]),
     "always_kept out of range": _edit("always_kept", _at(0, 10**6)),
+    "always_kept at the length": lambda a, i: _edit("always_kept",
+                                                    _at(0, len(i["tokens"])))(a, i),
     "window at a layer that does not cut": lambda a, i: a.update(
         {"window.2.data": a["window.0.data"], "window.2.positions": a["window.0.positions"]}),
     "window too long": lambda a, i: a.update(  # 8 queries of a window of 4

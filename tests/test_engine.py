@@ -225,6 +225,20 @@ def test_random_drop_is_deterministic_under_a_seed(tiny_model):
     assert len(kept(0)) == 80 and 0 in kept(0) and 199 in kept(0)
 
 
+def test_each_chunk_of_a_random_drop_draws_its_own(tiny_model):
+    """Later chunks (a conversation's turns) each draw from the seed and their start: two
+    chunks of one length once dropped the same offsets. (The first chunk protects the
+    anchors, so chunks 2 and 3 are compared.)"""
+    model, _ = tiny_model("llama")
+    engine = LazyEngine(model, resolve_config(
+        model, PruningConfig("random", keep=(0.5,), seed=3)))
+    for i in range(3):
+        mx.eval(engine.extend(random_prompt(100, model.args.vocab_size, seed=20 + i)))
+    limit = engine.cache.limit[:300]
+    second, third = (np.flatnonzero(limit[a:a + 100] == 0) for a in (100, 200))
+    assert len(second) == len(third) > 0 and second.tolist() != third.tolist()
+
+
 def test_unsupported_model_type_is_a_value_error(tiny_model):
     model, _ = tiny_model("llama")
     model.model_type = "gpt2"

@@ -333,6 +333,27 @@ def test_complete_with_a_budget_goes_lowest_layer_first_and_resumes(tiny_model):
     assert engine.complete(should_stop=lambda: True) == 0
 
 
+def test_a_completion_one_token_layer_at_a_time_is_the_whole_completion(tiny_model):
+    """Carried one row at a time (progressive:1's pace), a waiting token attends only to
+    keys at or before its position: the KV equals one whole completion's (a single row was
+    once taken for the context's newest and saw every key)."""
+    model, _ = tiny_model("llama")
+    prompt = mx.array(ids(150, model.args.vocab_size, 64))
+    whole, paced = (LazyEngine(model, resolve_config(model, AGGRESSIVE)) for _ in range(2))
+    mx.eval(whole.prefill(prompt), paced.prefill(prompt))
+    whole.complete()
+    steps = 0
+    while paced.pending_token_layers:
+        assert paced.complete(max_token_layers=1) == 1
+        steps += 1
+    assert steps > 50 and paced.stats.max_computations_per_token_layer == 1
+    for a, b in zip(whole.cache.layers, paced.cache.layers):
+        positions = a.cached_positions()
+        assert positions.tolist() == b.cached_positions().tolist()
+        (ka, va), (kb, vb) = a.fetch(positions), b.fetch(positions)
+        assert rel_err(kb, ka) < REL_TOL and rel_err(vb, va) < REL_TOL
+
+
 def test_nothing_pruned_completion_is_a_no_op_and_full_is_matched(tiny_model):
     model, _ = tiny_model("llama")
     prompt = mx.array(ids(200, model.args.vocab_size, 62))
@@ -825,6 +846,36 @@ def test_a_processor_that_raises_mid_answer_leaves_the_cache_consistent(tiny_mod
         again = [t for t, _ in generate_step(rest, model, prompt_cache=cache, max_tokens=4)]
         whole = [t for t, _ in generate_step(prompt + got, model, max_tokens=4)]
         assert again == whole
+
+
+def test_revivals_are_counted_per_request(tiny_model):
+    """A request's stats count its own revivals, not the cache's since it was made."""
+    model, _ = tiny_model("llama")
+    cache = make_prompt_cache(model, AGGRESSIVE)
+    prompt = ids(150, model.args.vocab_size, 47)
+    list(generate_step(prompt, model, prompt_cache=cache, max_tokens=4))
+    first = cache.engine.stats.revivals
+    assert first == cache.engine.cache.revivals > 0
+    list(generate_step(ids(20, model.args.vocab_size, 48), model, prompt_cache=cache,
+                       max_tokens=8))
+    second = cache.engine.stats.revivals
+    assert second == cache.engine.cache.revivals - first and second > 0
+
+
+def test_an_exact_recompute_is_no_revival(tiny_model):
+    """``complete="exact"`` recomputes the pruned tokens' upper layers before the first
+    decode step: completion, counted as such, not as revivals (in the stats and the cache,
+    which a saved file carries)."""
+    model, _ = tiny_model("llama")
+    cache = make_prompt_cache(model, PruningConfig("lazy", prune_layers=(0, 1),
+                                                   keep=(0.5, 0.25)))
+    cache.process(ids(200, model.args.vocab_size, 49))
+    engine = cache.engine
+    assert engine.cache.stash
+    engine.decode(5)
+    engine.decode(6)
+    assert engine.stats.completed_token_layers > 0
+    assert engine.stats.revivals == engine.cache.revivals == 0
 
 
 @pytest.mark.parametrize("returned", [10 ** 6, -1, 2.5])
