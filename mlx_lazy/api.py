@@ -21,7 +21,7 @@ from . import distributed
 from .adapter import ModelAdapter
 from .attention import implementation as attention_implementation
 from .engine import GenerationStats, LazyEngine, ProgressFn
-from .errors import UserInputError, one_line
+from .errors import UserInputError, one_line, shown
 from .inputs import is_int
 from .models import model_folder
 from .prompt_cache import PromptCache, check_prompt_cache, make_prompt_cache
@@ -267,7 +267,9 @@ def generate_step(
 
     Raises:
         UserInputError: a cache made for another model or config, a prompt that is not
-            token ids of the model, a sampler that returns something else; on a sharded
+            token ids of the model, ``max_tokens`` that is no integer, a prompt that with
+            ``max_tokens`` exceeds the model's context, a pruning schedule whose anchors
+            cover the prompt, a sampler that returns something else; on a sharded
             model, ranks given different prompts, ``max_tokens`` or pruning settings (every
             rank raises). An exception (these, one from a sampler or processor, Ctrl-C)
             leaves ``prompt_cache`` holding the prompt and every token handed out before
@@ -287,6 +289,10 @@ def generate_step(
             same["pruning settings"] = decision_digest(prompt_cache.schedule)
             same["token limits"] = distributed.digest_of(max_tokens)
     engine = prompt_cache.engine
+    if not is_int(max_tokens, numpy=True):
+        raise UserInputError("max_tokens must be an integer (0: the prompt only; negative: no "
+                             f"limit), got {shown(max_tokens, 80)}")
+    check_prompt(engine, None, prompt_cache.tokens + tokens, max(int(max_tokens), 0))
     vocab = engine.adapter.vocab_size
     engine.start_request()
     sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))

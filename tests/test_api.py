@@ -50,6 +50,34 @@ def test_bad_max_tokens_raise_at_once(tiny_model, max_tokens):
     assert outcome and "max_tokens must be a positive integer" in outcome[0]
 
 
+def test_generate_step_checks_what_stream_generate_checks(tiny_model):
+    """``generate_step`` is public too: a max_tokens of another type never stopped, a
+    prompt past the context ran, anchors covering the prompt pruned nothing, silently. Its
+    own meanings stay mlx-lm's: 0 the prompt only, a negative count no limit."""
+    from mlx_lazy import generate_step as lazy_generate_step
+    from mlx_lazy import make_prompt_cache
+
+    model, tokenizer = tiny_model("llama")
+    prompt = tokenizer.encode(PROMPT)
+    for bad in (2.5, "3", None, True, float("nan")):
+        with pytest.raises(UserInputError, match="max_tokens must be an integer"):
+            next(lazy_generate_step(prompt, model, max_tokens=bad))
+    context = model.args.max_position_embeddings
+    cache = make_prompt_cache(model)
+    with pytest.raises(UserInputError, match="exceeds the model's context"):
+        next(lazy_generate_step(prompt, model, max_tokens=context, prompt_cache=cache))
+    with pytest.raises(UserInputError, match="the prompt has .* but the model's context"):
+        next(lazy_generate_step([1] * (context + 1), model, max_tokens=-1))
+    with pytest.raises(UserInputError, match="anchors=.* more than the prompt"):
+        next(lazy_generate_step(prompt[:5], model, max_tokens=2,
+                                config=PruningConfig("speed", anchors=6)))
+    assert len(cache) == 0  # refused before the prompt went in
+    assert len(list(lazy_generate_step(prompt, model, max_tokens=np.int64(3)))) == 3
+    assert list(lazy_generate_step(prompt, model, max_tokens=0)) == []
+    steps = lazy_generate_step(prompt, model, max_tokens=-1)
+    assert len([next(steps) for _ in range(5)]) == 5
+
+
 def test_verbose_generate_prints_the_command_lines_summary(tiny_model, capsys):
     """generate(verbose=True) prints the text, then the summary the command line prints (it
     once built its own lines, without the pruning's)."""
