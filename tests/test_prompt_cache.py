@@ -1021,3 +1021,57 @@ def test_held_choices_survive_a_copy_a_rollback_and_a_file(tiny_model, monkeypat
         mx.save_safetensors(str(tmp_path / "t.safetensors"), tampered, metadata=meta)
         with pytest.raises(UserInputError, match="must be the last choice of a pruning layer"):
             load_prompt_cache(tmp_path / "t.safetensors", model)
+
+
+# ------------------------------------------------------------ steps built ahead (a GPU's)
+
+
+@pytest.mark.parametrize("config", ["full", AGGRESSIVE], ids=["full", "lazy"])
+def test_steps_built_ahead_as_on_a_gpu_give_the_same_answer_and_cache(tiny_model, monkeypatch,
+                                                                     config):
+    """On a GPU ``generate_step`` builds step n+1 before waiting for token n; forced here on
+    the CPU (where it runs too, only slower), the answer and the cache are a plain run's,
+    array for array, and the rules of a stop hold: every token handed out is in the cache,
+    after a stop, a processor that raises or a sampler's token outside the vocabulary
+    (refused, its step built ahead on a clipped token dropped)."""
+    from mlx_lazy import api
+
+    model, _ = tiny_model("llama")
+    vocab = model.args.vocab_size
+    prompt = ids(150, vocab, 70)
+    plain = make_prompt_cache(model, config)
+    want = [t for t, _ in generate_step(prompt, model, prompt_cache=plain, max_tokens=12)]
+    monkeypatch.setattr(api, "_pipelined", lambda engine: True)
+    ahead = make_prompt_cache(model, config)
+    assert [t for t, _ in generate_step(prompt, model, prompt_cache=ahead,
+                                        max_tokens=12)] == want
+    assert ahead.tokens == plain.tokens == prompt + want
+    same_state(plain.engine.cache)(ahead.engine.cache)
+
+    stopped, got = make_prompt_cache(model, config), []
+    for token, _ in generate_step(prompt, model, prompt_cache=stopped, max_tokens=12):
+        got.append(token)
+        if len(got) == 5:
+            break
+    assert stopped.tokens == prompt + want[:5]
+    assert stopped.engine.cache.length == len(stopped.tokens)
+
+    raised, got = make_prompt_cache(model, config), []
+    with pytest.raises(Boom):
+        for token, _ in generate_step(prompt, model, prompt_cache=raised, max_tokens=12,
+                                      logits_processors=[raise_after(7)]):
+            got.append(token)
+    assert got == want[:5] and raised.tokens == prompt + got
+    assert raised.engine.cache.length == len(raised.tokens)
+
+    calls = []
+
+    def sampler(logprobs):
+        calls.append(1)
+        return mx.array([vocab + 5]) if len(calls) == 4 else mx.argmax(logprobs, axis=-1)
+
+    refused = make_prompt_cache(model, config)
+    with pytest.raises(UserInputError, match="the sampler returned .* not a token id"):
+        list(generate_step(prompt, model, prompt_cache=refused, sampler=sampler, max_tokens=8))
+    assert refused.tokens == prompt + want[:3]
+    assert refused.engine.cache.length == len(refused.tokens)
