@@ -27,7 +27,8 @@ from .adapter import ModelAdapter
 from .cache import LazyCache, Rows
 from .cache_attention import CacheAttention
 from .distributed import TensorParallel, model_group
-from .errors import UserInputError
+from .errors import UserInputError, shown
+from .inputs import is_int
 from .kernels import prepare
 from .policies import check_hybrid_schedule
 from .schedule import Schedule
@@ -373,7 +374,14 @@ class LazyEngine:
 
         Returns:
             The number of token-layers computed.
+
+        Raises:
+            UserInputError: ``max_token_layers`` is not None or a positive integer.
         """
+        if max_token_layers is not None and (not is_int(max_token_layers, numpy=True)
+                                             or max_token_layers < 1):
+            raise UserInputError("max_token_layers must be a positive integer or None, got "
+                                 f"{shown(max_token_layers, 80)}")
         cache, done = self.cache, 0
         if cache.stash:
             (depth, entry), = cache.stash.items()

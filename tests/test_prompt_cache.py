@@ -331,6 +331,9 @@ def test_complete_with_a_budget_goes_lowest_layer_first_and_resumes(tiny_model):
         assert steps[-1] <= 50 and steps[-1] > 0
     assert sum(steps) == total and engine.stats.max_computations_per_token_layer == 1
     assert engine.complete(should_stop=lambda: True) == 0
+    for bad in (0, -1, 1.5, True, "8"):  # -1 once computed nothing, silently
+        with pytest.raises(UserInputError, match="max_token_layers must be a positive"):
+            engine.complete(bad)
 
 
 def test_a_completion_one_token_layer_at_a_time_is_the_whole_completion(tiny_model):
