@@ -290,6 +290,8 @@ def model_folder(path_or_repo: Optional[Union[str, Path]],
             :func:`check_model_folder` refuses.
     """
     name = DEFAULT_MODEL if path_or_repo is None else str(path_or_repo)
+    if not name:
+        raise UserInputError("the model is empty; give a named model, a folder or a hub id")
     path = Path(name).expanduser()
     if name in MODELS and not path.exists():
         folder = model_path(name)

@@ -300,10 +300,13 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
     path = regular_file(path, "prompt cache")
     try:
         arrays, meta = mx.load(str(path), format="safetensors", return_metadata=True)
-        info = json.loads(meta[METADATA_KEY])
-    except (RuntimeError, ValueError, OSError, KeyError, RecursionError) as e:
+        info = json.loads(meta[METADATA_KEY]) if METADATA_KEY in meta else None
+    except (RuntimeError, ValueError, OSError, RecursionError) as e:
         # ValueError: JSON that does not parse, or an integer too long to convert
         raise UserInputError(f"{path} is not an mlx-lazy prompt cache ({one_line(e)})") from None
+    if info is None:  # mlx-lm's own cache files, model weights
+        raise UserInputError(f"{path} is a safetensors file without mlx-lazy's metadata: not a "
+                             "prompt cache saved by mlx-lazy")
     if not isinstance(info, dict) or info.get("format") != CACHE_FORMAT:
         raise UserInputError(f"{path} is not an mlx-lazy prompt cache of format {CACHE_FORMAT!r}")
     adapter = ModelAdapter(model)

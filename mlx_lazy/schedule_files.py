@@ -212,6 +212,9 @@ def write_schedule(path: Union[str, Path], config: PruningConfig, fingerprint: D
     model it was calibrated for, the copies of it the schedule was checked on
     (``variants``, see :func:`check_variants`; by default the copy of ``fingerprint``,
     ``calibrated``) and the evidence behind it. :func:`read_schedule` reads it."""
+    if quality not in QUALITIES:  # read_schedule would refuse the file
+        raise UserInputError(f"quality must be one of {', '.join(QUALITIES)}, got "
+                             f"{shown(quality)}")
     path = check_destination(path, "schedule file")  # a device or folder there is refused
     build_schedule(config, fingerprint["num_layers"])  # never write an invalid file
     if variants is None and isinstance(fingerprint.get("variant"), str):

@@ -78,6 +78,12 @@ def test_generate_step_checks_what_stream_generate_checks(tiny_model):
     assert len([next(steps) for _ in range(5)]) == 5
 
 
+def test_an_empty_model_name_is_one_message():
+    """``load("")`` once said "cannot load model : no config.json" (the current folder)."""
+    with pytest.raises(UserInputError, match="^the model is empty; give a named model"):
+        load("")
+
+
 def test_verbose_generate_prints_the_command_lines_summary(tiny_model, capsys):
     """generate(verbose=True) prints the text, then the summary the command line prints (it
     once built its own lines, without the pruning's)."""

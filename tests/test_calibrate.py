@@ -418,6 +418,8 @@ def test_a_schedule_is_written_only_where_a_file_can_be(schedule_file, tmp_path,
             write_schedule(target, config, fp, {})
         with pytest.raises(UserInputError, match=message if target != tmp_path else "directory"):
             read_schedule(target)
+    with pytest.raises(UserInputError, match="quality must be one of default, high"):
+        write_schedule(tmp_path / "t.json", config, fp, {}, quality="bogus")  # unreadable
     assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "s.json"]
     assert write_schedule(tmp_path / "t.json", config, fp, {}) == tmp_path / "t.json"
 

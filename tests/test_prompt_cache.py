@@ -258,7 +258,8 @@ def test_bad_caches_are_user_errors(tiny_model, tmp_path):
     foreign = tmp_path / "foreign.safetensors"
     mx.save_safetensors(str(foreign), {"x": mx.zeros((2, 2))})
     for bad, match in [(truncated, "not an mlx-lazy prompt cache"),
-                       (foreign, "not an mlx-lazy prompt cache"),
+                       (foreign, "a safetensors file without mlx-lazy's metadata: not a "
+                                 "prompt cache saved by mlx-lazy"),
                        (tmp_path / "missing.safetensors", "does not exist")]:
         with pytest.raises(UserInputError, match=match):
             load_prompt_cache(bad, model)
@@ -270,7 +271,7 @@ def test_bad_caches_are_user_errors(tiny_model, tmp_path):
                                              "settings out to go on with the cache's own"):
         list(stream_generate(model, tokenizer, [1, 2, 3], max_tokens=1, prompt_cache=cache,
                              config=PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.3))))
-    for n in (len(cache) + 1, -1, 1.5):
+    for n in (len(cache) + 1, -1, 1.5, True):
         with pytest.raises(UserInputError, match="cannot trim"):
             trim_prompt_cache(cache, n)
     with pytest.raises(UserInputError, match="cannot write"):
