@@ -13,6 +13,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from .completion import parse_completion
 from .errors import UserInputError
+from .inputs import parse_float, parse_int
 from .policies import POLICIES, canonical_method
 
 EXIT_BAD_INPUT = 2
@@ -95,6 +96,23 @@ def seed_arg(text: str) -> int:
     if not 0 <= seed < 2**64:
         raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {text!r}")
     return seed
+
+
+def integer_arg(text: str) -> int:
+    """An integer in ASCII decimal digits (:func:`~mlx_lazy.inputs.parse_int`)."""
+    try:
+        return parse_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def number_arg(text: str) -> float:
+    """A finite decimal number (:func:`~mlx_lazy.inputs.parse_float`)."""
+    try:
+        return parse_float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite decimal number, got {text!r}") \
+            from None
 
 
 def _number(text: str) -> float:

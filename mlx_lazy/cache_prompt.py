@@ -26,7 +26,7 @@ from .run_report import MB
 from ._args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OneLineParser
 from .api import check_prompt
 from .errors import UserInputError, one_line
-from .folders import check_destination
+from .folders import check_destination, check_not_an_input
 from .prompt_cache import make_prompt_cache, save_prompt_cache
 
 
@@ -53,6 +53,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         config = cli.build_config(args)
         text = read_prompt(args)
+        check_not_an_input(args.prompt_cache_file, "--prompt-cache-file",
+                           {"--prompt-file": args.prompt_file, "--schedule": args.schedule})
         check_destination(args.prompt_cache_file, "--prompt-cache-file")  # before the prefill
         model, tokenizer = cli.load_model(args.model)
         cache = make_prompt_cache(model, config)

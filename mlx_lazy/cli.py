@@ -39,10 +39,12 @@ import mlx.core as mx
 
 from . import distributed
 from ._args import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, METHOD_HELP, OneLineParser,
-                    add_sampling_arguments, complete_arg, method_arg, sampler, seed_arg)
+                    add_sampling_arguments, complete_arg, integer_arg, method_arg, number_arg,
+                    sampler, seed_arg)
 from .api import check_prompt, decision_digest, load, stream_generate
 from .prompt_cache import PromptCache, load_prompt_cache, make_prompt_cache
 from .errors import UserInputError, one_line
+from .folders import check_not_an_input
 from .inputs import parse_float, parse_int, regular_file
 from .config import QUALITIES, PruningConfig
 from .policies import RandomDrop, compose
@@ -153,7 +155,7 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     g.add_argument("--speed-cutoff", type=_cutoff, default=None, metavar="X",
                    help="SPEED: prompt tokens get KV only below this depth; a fraction "
                         "(0.75; 1.0 is every layer) or a layer count (24; 1 is one layer)")
-    g.add_argument("--anchors", type=parse_int, default=None, metavar="N",
+    g.add_argument("--anchors", type=integer_arg, default=None, metavar="N",
                    help="leading prompt tokens that are never pruned")
     g.add_argument("--scorer", type=_scorer_arg, default=None, metavar="SPEC",
                    help=f"LazyLLM/static: what ranks the context at each cut, NAME[:field=value"
@@ -181,11 +183,11 @@ def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup
     g.add_argument("--no-revive", dest="revive", action="store_false", default=None,
                    help="LazyLLM: decode steps choose only among tokens that already have KV "
                         "(no Aux Cache revivals; faster decoding, beyond the paper)")
-    g.add_argument("--revive-margin", type=parse_float, default=None, metavar="M",
+    g.add_argument("--revive-margin", type=number_arg, default=None, metavar="M",
                    help="LazyLLM: a decode step revives a pruned token only when it scores "
                         "1+M times a token that already has KV (default: the calibrated "
                         "schedule's, else 0, the paper)")
-    g.add_argument("--reselect-every", type=parse_int, default=None, metavar="K",
+    g.add_argument("--reselect-every", type=integer_arg, default=None, metavar="K",
                    help="LazyLLM: decode steps re-select at the cuts every K steps, those "
                         "between seeing the last choice (default: the calibrated schedule's, "
                         "else 1, the paper)")
@@ -301,6 +303,8 @@ def _check_stats_path(path: Optional[str]) -> None:
     rejects; a file created by the probe is removed again."""
     if path is None:
         return
+    if not path:
+        raise UserInputError("--stats-json is empty; give a file name")
     if os.path.isdir(path):
         raise UserInputError(f"--stats-json {path} is a directory; give a file name")
     existed = os.path.lexists(path)
@@ -343,6 +347,9 @@ def _run(args: argparse.Namespace, group=None) -> None:
                                      "to mlx_lazy.cache_prompt, and drop it here")
             regular_file(args.prompt_cache_file, "--prompt-cache-file")
         if distributed.is_rank0(group):
+            check_not_an_input(args.stats_json, "--stats-json", {
+                "--prompt-cache-file": args.prompt_cache_file, "--prompt-file": args.prompt_file,
+                "--schedule": args.schedule})
             _check_stats_path(args.stats_json)
         text = read_prompt(args)
         system_prompt = (None if args.system_prompt is None

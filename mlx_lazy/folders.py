@@ -17,7 +17,7 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any, Iterator, Mapping, Optional, Union
 
 from .errors import UserInputError
 from .inputs import as_path
@@ -187,6 +187,30 @@ def check_destination(path: Union[str, os.PathLike], what: str) -> Path:
     os.close(fd)
     os.unlink(probe)
     return target
+
+
+def check_not_an_input(output: Optional[str], what: str,
+                       inputs: Mapping[str, Optional[str]]) -> None:
+    """Refuse an output path that names one of the ``inputs`` (a flag's name -> its path):
+    writing it would destroy what the run reads (a prompt cache once became the run's
+    statistics).
+
+    Raises:
+        UserInputError: naming both flags.
+    """
+    if not output:
+        return
+    for flag, path in inputs.items():
+        if path and _same_file(output, path):
+            raise UserInputError(f"{what} {output} is also {flag}'s file, which writing it "
+                                 "would destroy; give another file name")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet): the same name, links resolved
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -468,6 +468,16 @@ def main_error(capsys, *argv: str) -> str:
     (("--method", "lazy", "--prune-layers", "1_0", "--keep", "0.5"), ["--prune-layers"]),
     (("--method", "lazy", "--prune-layers", "1", "--keep", "0.5_0"), ["--keep"]),
     (("--method", "lazy", "--anchors", "\u0663"), ["--anchors"]),
+    # once "invalid parse_int value", the helper's name
+    (("--method", "lazy", "--anchors", "x"), ["--anchors: expected an integer, got 'x'"]),
+    (("--method", "lazy", "--revive-margin", "nan"),
+     ["--revive-margin: expected a finite decimal number, got 'nan'"]),
+    # once the prompt cache or the prompt became the run's statistics
+    (("--prompt-cache-file", "{tmp}/c.safetensors", "--stats-json", "{tmp}/c.safetensors"),
+     ["--stats-json", "is also --prompt-cache-file's file"]),
+    (("--prompt-file", "{tmp}/p.txt", "--stats-json", "{tmp}/./p.txt"),
+     ["--stats-json", "is also --prompt-file's file"]),
+    (("--stats-json", ""), ["--stats-json is empty"]),
     # once a traceback or a misleading "does not exist"
     (("--prompt-cache-file", ""), ["--prompt-cache-file is empty"]),
     (("--prompt-cache-file", "{tmp}"), ["--prompt-cache-file", "is a folder"]),
@@ -482,10 +492,14 @@ def test_bad_flags_fail_before_the_model_loads(no_model_load, capsys, tmp_path, 
         pytest.skip(f"no {flags[1]} here")
     (tmp_path / "deep.json").write_text("[" * 200_000)
     (tmp_path / "big.json").write_text(" " * ((1 << 20) + 1))
+    (tmp_path / "c.safetensors").write_bytes(b"kept")
+    (tmp_path / "p.txt").write_text("kept")
     os.mkfifo(tmp_path / "fifo")
     flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
     line = main_error(capsys, *flags)
     assert all(f in line for f in fragments), line
+    assert (tmp_path / "c.safetensors").read_bytes() == b"kept"
+    assert (tmp_path / "p.txt").read_text() == "kept"
 
 
 def test_sampling_values_the_sampler_cannot_use_are_greedy():
@@ -527,6 +541,19 @@ def test_cache_prompt_refuses_a_destination_before_the_model_loads(no_model_load
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and all(f in lines[0] for f in fragments), lines
     assert (tmp_path / "fifo").is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+
+
+def test_cache_prompt_never_writes_over_its_prompt_file(no_model_load, capsys, tmp_path,
+                                                         monkeypatch):
+    from mlx_lazy import cache_prompt
+
+    (tmp_path / "p.txt").write_text("a document")
+    monkeypatch.chdir(tmp_path)
+    for dest in ("p.txt", str(tmp_path / "p.txt")):
+        assert cache_prompt.main(["--prompt-file", "p.txt", "--prompt-cache-file", dest]) == 2
+        line = capsys.readouterr().err.strip()
+        assert "--prompt-cache-file" in line and "is also --prompt-file's file" in line, line
+    assert (tmp_path / "p.txt").read_text() == "a document"
 
 
 def test_a_prompt_on_stdin_is_read_up_to_the_limit(no_model_load, monkeypatch, capsys):
