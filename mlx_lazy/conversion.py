@@ -125,6 +125,10 @@ def convert(
         raise UserInputError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if q_group_size is not None and q_bits is None:
         raise UserInputError("--q-group-size needs --q-bits")
+    if dequantize and q_bits is not None:  # as mlx-lm's convert: one or the other
+        raise UserInputError("--dequantize and --q-bits ask for opposite things; give one "
+                             "(--q-bits requantizes a GGUF by itself; a quantized folder: "
+                             "dequantize it, then quantize the float copy)")
     if q_group_size is not None and q_group_size not in Q_GROUP_SIZES:
         # Another size quantizes no layer (mlx-lm skips a layer whose width it does not
         # divide) while the config still says quantized, or fails deep inside MLX.

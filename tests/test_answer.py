@@ -71,7 +71,8 @@ def test_end_to_end_on_a_tiny_model(tiny_model_path, tmp_path):
     (["--lengths", "999999"], "exceed the model's context"),
     (["--lengths", "x"], "--lengths"),
     (["--lengths", "256,256"], "--lengths names a length twice"),  # once full 0.81x of itself
-    (["--paths", ""], "--paths names no path"),  # once only full, in silence
+    (["--paths", ""], "--paths names no method"),  # once only full, in silence
+    (["--paths", "lazy;lazy"], "--paths names lazy twice"),  # once one run, in silence
     (["--paths", "lazy:layers=99:keep=0.5"], "--paths lazy:layers=99:keep=0.5:"),  # once after
     (["--out", "/tmp"], "--out /tmp is a folder"),  # once a traceback after the runs
     (["--out", "/nonexistent/dir/a.json"], "folder /nonexistent/dir does not exist"),

@@ -328,6 +328,27 @@ def test_speed_summary_and_table_from_known_runs():
     assert next(r for r in decode if r["method"] == "mlx-lm")["revivals"] == "–"
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--clients", "0"], "--clients must be at least 1, got 0"),  # once "0/0 completed", exit 0
+    (["--requests", "-1"], "--requests must be at least 1"),
+    (["--timeout", "nan"], "--timeout must be a positive number"),  # once thread tracebacks
+    (["--url", "notaurl"], "--url takes a server's address"),  # once thread tracebacks
+    (["--methods", "bogus"], "--methods: unknown method 'bogus'"),  # once 0/N, exit 1
+    (["--methods", "full,full"], "--methods names full twice"),
+    (["--prompt-tokens", "100000"], "past the model's context of 4096"),  # once 0/N, exit 1
+    (["--out", "/nonexistent/dir/l.json"], "folder /nonexistent/dir does not exist"),
+])
+def test_server_load_refuses_bad_options_before_starting_a_server(tiny_model_path, monkeypatch,
+                                                                  capsys, args, message):
+    from mlx_lazy.bench import server_load
+
+    monkeypatch.setattr(server_load, "start_server", lambda *a: pytest.fail("started"))
+    with pytest.raises(SystemExit) as e:
+        server_load.main(["--model", str(tiny_model_path), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and message in err[0], err
+
+
 def test_server_load_and_distributed_tables():
     from mlx_lazy.bench import distributed, server_load
 

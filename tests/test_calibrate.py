@@ -223,6 +223,7 @@ def test_ctrl_c_writes_what_was_measured_and_exits_130(tiny_model_path, tmp_path
     (["--kld-length", "1"], "--kld-length must be in [2, 1,048,576]"),
     (["--kld-length", "99999999"], "--kld-length must be in [2, 1,048,576]"),
     (["--qualities", "best"], "expected default, high or both"),
+    (["--out", ""], "--out is empty"),  # once a calibration writing into the current folder
 ])
 def test_bad_options_are_one_error_line_before_any_work(tmp_path, monkeypatch, capsys, args,
                                                         message):

@@ -89,10 +89,18 @@ def test_an_interrupted_run_keeps_the_finished_conversations(tiny_model_path, tm
     assert "1 conversations" in (out / "table.md").read_text()
 
 
-@pytest.mark.parametrize("args", [["--paths", "cache,sometimes"], ["--time-limit", "0"]])
-def test_bad_options_are_one_line(capsys, args):
+@pytest.mark.parametrize("args, message", [
+    (["--paths", "cache,sometimes"], "--paths takes cache, uncached"),
+    (["--time-limit", "0"], "--time-limit must be a positive"),
+    (["--turns", "0"], "--turns must be at least 1, got 0"),  # once one sentence for all
+    (["--conversations", "-1"], "--conversations must be at least 1"),
+    (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+    (["--length", "10"], "--length must be at least 64"),
+])
+def test_bad_options_are_one_line_naming_the_flag(capsys, args, message):
     assert conversation.main(args) == 2
-    assert capsys.readouterr().err.startswith("error: ")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
 
 
 @pytest.mark.parametrize("args, message", [
@@ -100,7 +108,8 @@ def test_bad_options_are_one_line(capsys, args):
     (["--methods", "lazy:layers=99"], "layer"),
     (["--methods", "mlx-lm"], "mlx-lm is a --paths kind"),
     (["--out", "{tmp}/file/sub"], "cannot create --out"),
-    (["--turns", "1191"], "cannot draw 1191 different keys"),  # once an endless loop
+    (["--turns", "1191"], "past the model's context of 4096"),  # once an endless loop
+    (["--length", "100000"], "past the model's context"),  # once built a 100K-token document
 ])
 def test_bad_values_are_one_line_before_any_run(tiny_model_path, tmp_path, capsys, args,
                                                 message):
@@ -111,3 +120,13 @@ def test_bad_values_are_one_line_before_any_run(tiny_model_path, tmp_path, capsy
     assert conversation.main([*base, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_more_turns_than_keys_is_an_error_not_a_loop(tiny_model):
+    """Past the keys there are, drawing new ones once looped for ever (the command line
+    refuses so many turns against the context first)."""
+    from mlx_lazy.bench.tasks import build_conversations
+
+    _, tokenizer = tiny_model("llama")
+    with pytest.raises(ValueError, match="cannot draw 1191 different keys"):
+        build_conversations(tokenizer, 512, 1, turns=1191)

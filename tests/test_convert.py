@@ -793,6 +793,14 @@ def test_a_group_size_mlx_does_not_quantize_with_is_refused(size, tiny_model_dir
     assert not (tmp_path / "out").exists()
 
 
+def test_dequantize_and_q_bits_together_are_refused(tiny_model_dir, tmp_path, capsys):
+    """Once --dequantize was dropped without a word when --q-bits came with it."""
+    rc, err = run_main(capsys, "--dequantize", "--q-bits", "4",
+                       str(tiny_model_dir("llama")), str(tmp_path / "out"))
+    assert_one_line_error(rc, err, "--dequantize and --q-bits ask for opposite things")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--model", "smollm2-135m", "--dtype", "float16"], "--dtype cannot go with --model"),
     (["--model", "smollm2-135m", "--q-bits", "8"], "--q-bits cannot go with --model"),

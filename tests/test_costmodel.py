@@ -156,6 +156,8 @@ def test_speed_benchmark_quick_on_tiny_model(tiny_model_path, tmp_path, capsys) 
     # its steps count, not --max-tokens (once run past the 4,096-token context)
     (["--lengths", "48,64,4090", "--decode-interleaved", "50"], "--decode-interleaved 51"),
     (["--schedules", "bogus"], "--schedules"),  # once exit status 1
+    (["--schedules", ""], "--schedules names no method"),  # once the defaults, in silence
+    (["--schedules", "lazy,lazy"], "--schedules names lazy twice"),
     (["--out", "/tmp"], "--out /tmp is a folder"),  # once a traceback after the runs
     (["--report", "/nonexistent.json"], "--report /nonexistent.json"),
 ])

@@ -51,7 +51,7 @@ from ..resolve import resolve_config
 from .common import (BASELINE, FULL, MIB, RunRecord, fmt, machine_info, markdown_table, measure,
                      median)
 from .decode_cost import MACHINES, ModelShape, step_seconds, step_work
-from .methods import parse_method, parse_methods
+from .methods import method_list, parse_method
 from .tasks import build_prompt, encode, render_prompt
 
 #: Paths run by default: mlx-lm, our unpruned path, each completion mode, SPEED; on a hybrid
@@ -226,9 +226,10 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.paths is not None:
-        paths = parse_methods(args.paths)
-        if not paths:
-            p.error("--paths names no path")
+        try:
+            paths = method_list(args.paths, "--paths")
+        except UserInputError as e:
+            p.error(str(e))
         args.paths = list(dict.fromkeys([FULL, *paths]))
     return args
 

@@ -269,6 +269,8 @@ class Calibration:
         rungs, top, limit = self.rungs, max(self.rungs, default=1), self.time_limit_s
         complete = self.complete and parse_completion(self.complete).spec  # canonical
         why = next((message for failed, message in [
+            (self.out == "", "--out is empty; give a folder (or leave it out: "
+                             "~/.cache/mlx_lazy/calibration/<fingerprint digest>)"),
             (not self.tasks or bad, f"unknown task {(bad or [''])[0]!r} (choose from "
                                     f"{', '.join(TASKS)})"),
             (not self.lengths or min(self.lengths) < 1,

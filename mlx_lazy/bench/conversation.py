@@ -289,23 +289,49 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Tokens a turn adds besides its answer, at most: the question and the chat template's.
+TURN_TOKENS = 64
+
+
+def _check_options(args: argparse.Namespace) -> set[str]:
+    """The path kinds ``--paths`` names, after checking the options that need no model.
+
+    Raises:
+        UserInputError: naming the flag."""
+    kinds = {k.strip() for k in args.paths.split(",") if k.strip()}
+    if not kinds or kinds - {"cache", "uncached", "complete", "mlx-lm"}:
+        raise UserInputError(f"--paths takes cache, uncached, complete, mlx-lm; got "
+                             f"{args.paths!r}")
+    for flag, value, least in (("--length", args.length, 64), ("--turns", args.turns, 1),
+                               ("--conversations", args.conversations, 1),
+                               ("--max-tokens", args.max_tokens, 1)):
+        if value < least:
+            raise UserInputError(f"{flag} must be at least {least}, got {value}")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise UserInputError(f"--time-limit must be a positive number of seconds, got "
+                             f"{args.time_limit}")
+    return kinds
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    kinds = {k.strip() for k in args.paths.split(",") if k.strip()}
-    unknown = kinds - {"cache", "uncached", "complete", "mlx-lm"}
-    if unknown or args.length < 64 or args.turns < 1 or args.conversations < 1 \
-            or args.max_tokens < 1 or not (args.time_limit is None or args.time_limit > 0):
-        print("error: --paths takes cache,uncached,complete,mlx-lm; --length ≥ 64, --turns, "
-              "--conversations and --max-tokens ≥ 1, --time-limit > 0", file=sys.stderr)
-        return 2
     try:
+        kinds = _check_options(args)
         make_folder(Path(args.out))
     except UserInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from .. import load
+    from ..api import context_length
 
     model, tokenizer = load(args.model)
+    context = context_length(model, tokenizer)
+    longest = args.length + args.turns * (args.max_tokens + TURN_TOKENS)
+    if context is not None and longest > context:
+        print(f"error: --length {args.length} and {args.turns} turns of up to "
+              f"{args.max_tokens + TURN_TOKENS} tokens reach about {longest} tokens, past the "
+              f"model's context of {context}", file=sys.stderr)
+        return 2
     paths: List[Route] = []
     if "mlx-lm" in kinds:
         paths += [Route(f"{MLX_LM}+cache", None, True), Route(MLX_LM, None, False)]

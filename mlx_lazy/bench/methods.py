@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..errors import UserInputError
 from ..inputs import parse_float, parse_int
 from ..scorers import Scorer, scorer_spec, spec_keys
 from .common import BASELINE, Method
@@ -133,6 +134,22 @@ def parse_methods(text: str) -> tuple[str, ...]:
         return (text.strip(),) if text.strip() else ()
     sep = ";" if ";" in text else ","
     return tuple(x.strip() for x in text.split(sep) if x.strip())
+
+
+def method_list(text: str, flag: str) -> tuple[str, ...]:
+    """:func:`parse_methods` of a flag's value, which must name at least one method and none
+    twice (a repeat would run twice, or be dropped without a word).
+
+    Raises:
+        UserInputError: naming ``flag``.
+    """
+    methods = parse_methods(text)
+    if not methods:
+        raise UserInputError(f"{flag} names no method")
+    twice = next((m for i, m in enumerate(methods) if m in methods[:i]), None)
+    if twice is not None:
+        raise UserInputError(f"{flag} names {twice} twice")
+    return methods
 
 
 #: Order of the fields in :func:`method_spec`: the cuts first, the scorer (whose spec takes

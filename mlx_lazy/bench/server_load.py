@@ -25,8 +25,10 @@ from __future__ import annotations
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .._args import OneLineParser
 
+import argparse
 import http.client
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -37,7 +39,12 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 from urllib.parse import urlparse
 
+from ..errors import UserInputError, one_line
+from ..folders import check_destination, write_text_atomic
+from ..inputs import regular_file
+from ..policies import canonical_method
 from .common import fmt, markdown_table, ratio
+from .methods import method_list
 from .tasks import build_prompt
 
 HOST = "127.0.0.1"
@@ -180,13 +187,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per request")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
+    try:
+        methods, server = _check_options(args)
+        if args.out:
+            check_destination(args.out, "--out")
+    except UserInputError as e:
+        p.error(str(e))
 
     from mlx_lm.utils import load_tokenizer
 
-    from ..models import DEFAULT_MODEL, MODELS, model_path as named_model_path
+    from ..models import model_folder
 
-    name = args.model or DEFAULT_MODEL
-    model_path = named_model_path(name) if name in MODELS else Path(name)
+    try:
+        model_path = Path(model_folder(args.model, local=True)[0])
+        if not args.url:
+            _check_context(model_path, args.prompt_tokens + args.max_tokens)
+    except UserInputError as e:
+        p.error(str(e))
     tokenizer = load_tokenizer(model_path)
     n_prompts = args.clients * args.requests
     ids = build_prompt(tokenizer, args.prompt_tokens + PROMPT_STRIDE * n_prompts)
@@ -194,9 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                for i in range(n_prompts)]
 
     proc = None
-    if args.url:
-        url = urlparse(args.url)
-        host, port = url.hostname, url.port or 80
+    if server is not None:
+        host, port = server
     else:
         import socket
 
@@ -208,7 +224,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         proc = start_server(str(model_path), port, log)
     try:
         rows = []
-        for method in args.methods.split(","):
+        for method in methods:
             rows.append(run_method(host, port, method, prompts, args.clients, args.requests,
                                    args.max_tokens, args.timeout))
             print(f"{method}: {rows[-1]['completed']}/{rows[-1]['requests']} completed in "
@@ -221,8 +237,58 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{args.max_tokens} new tokens, model {model_path.name}")
     print(format_table(rows))
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "results": rows}, indent=2))
-    return 0 if all(r["all_completed"] for r in rows) else 1
+        write_text_atomic(Path(args.out), json.dumps({"args": vars(args), "results": rows},
+                                                     indent=2))
+    failed = [r for r in rows if not r["all_completed"]]
+    if failed:
+        first = next((e for r in failed for e in r["errors"] if e), None)
+        print(f"error: {sum(r['requests'] - r['completed'] for r in failed)} request(s) did not "
+              f"complete" + (f" (first: {one_line(first, limit=300)})" if first else ""),
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _check_options(args: argparse.Namespace) -> tuple[list[str], Optional[tuple[str, int]]]:
+    """The methods to run and the running server's (host, port) (None: start one).
+
+    Raises:
+        UserInputError: naming the flag."""
+    for flag, value in (("--clients", args.clients), ("--requests", args.requests),
+                        ("--prompt-tokens", args.prompt_tokens),
+                        ("--max-tokens", args.max_tokens)):
+        if value < 1:
+            raise UserInputError(f"{flag} must be at least 1, got {value}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UserInputError(f"--timeout must be a positive number of seconds, got "
+                             f"{args.timeout}")
+    methods = list(method_list(args.methods, "--methods"))
+    for method in methods:  # the server's "pruning": a preset's name
+        try:
+            canonical_method(method)
+        except UserInputError as e:
+            raise UserInputError(f"--methods: {e}") from None
+    if not args.url:
+        return methods, None
+    url = urlparse(args.url)
+    try:
+        port = url.port or 80
+    except ValueError:
+        port = None
+    if url.scheme != "http" or not url.hostname or port is None:
+        raise UserInputError(f"--url takes a server's address such as http://127.0.0.1:8080, "
+                             f"got {args.url!r}")
+    return methods, (url.hostname, port)
+
+
+def _check_context(folder: Path, tokens: int) -> None:
+    """Refuse ``tokens`` (prompt and answer) beyond the context the model's config states."""
+    config = json.loads(regular_file(folder / "config.json", "the model's config.json")
+                        .read_text())
+    context = (config.get("max_position_embeddings")
+               or (config.get("text_config") or {}).get("max_position_embeddings"))
+    if isinstance(context, int) and tokens > context:
+        raise UserInputError(f"--prompt-tokens and --max-tokens come to {tokens} tokens, past "
+                             f"the model's context of {context}")
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ from mlx_lazy import (PromptCache, PruningConfig, generate_step, load, make_prom
 from mlx_lazy.bench.common import (BASELINE, FULL, MIB, SHORT_ANSWER, RunRecord, fmt,
                                    machine_info, markdown_table, measure, median, paired_ratios,
                                    ratio)
-from mlx_lazy.bench.methods import NAMED_METHODS, Method, parse_method, parse_methods
+from mlx_lazy.bench.methods import NAMED_METHODS, Method, method_list, parse_method
 from mlx_lazy.bench.tasks import build_prompt
 
 import mlx.core as mx
@@ -555,7 +555,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         if context is not None and args.lengths[-1] + steps > context:
             raise UserInputError(f"--lengths {args.lengths[-1]} and {flag} {steps} exceed "
                                  f"the model's context of {context} tokens")
-        schedules = parse_methods(args.schedules)
+        schedules = method_list(args.schedules, "--schedules")
         for s in schedules:
             if s != BASELINE:
                 try:
