@@ -21,7 +21,8 @@ import sys
 from typing import Optional, Sequence
 
 from . import cli
-from .prompt_input import add_prompt_arguments, encode_prompt, read_prompt
+from .prompt_input import (TEMPLATE_KEY, add_prompt_arguments, encode_prompt, read_prompt,
+                           uses_template)
 from .run_report import MB
 from ._args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OneLineParser
 from .api import check_prompt
@@ -63,7 +64,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_prompt(cache.engine, tokenizer, tokens, 1)
         cache.process(tokens)
         completed = 0 if args.keep_pruned else cache.engine.complete()
-        save_prompt_cache(args.prompt_cache_file, cache, {"model": str(args.model or "")})
+        template = "yes" if uses_template(tokenizer, args.ignore_chat_template) else "no"
+        save_prompt_cache(args.prompt_cache_file, cache,
+                          {"model": str(args.model or ""), TEMPLATE_KEY: template})
     except UserInputError as e:
         print(f"error: {one_line(e, limit=1000)}", file=sys.stderr)
         return EXIT_BAD_INPUT

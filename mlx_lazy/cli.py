@@ -48,7 +48,8 @@ from .folders import check_not_an_input
 from .inputs import parse_float, parse_int, regular_file
 from .config import QUALITIES, PruningConfig
 from .policies import RandomDrop, compose
-from .prompt_input import add_prompt_arguments, argv_text, encode_prompt, read_prompt
+from .prompt_input import (add_prompt_arguments, argv_text, check_cache_template, encode_prompt,
+                           read_prompt)
 from .run_report import RunResult, format_compare_table, format_summary
 from .schedule_files import DECODE_FIELDS, SCHEDULE_FIELDS, read_schedule
 from .resolve import check_config
@@ -362,9 +363,12 @@ def _run(args: argparse.Namespace, group=None) -> None:
         if args.prompt_cache_file is None:
             cache = make_prompt_cache(model, config)
         else:
-            cache = load_prompt_cache(args.prompt_cache_file, model)
+            cache, metadata = load_prompt_cache(args.prompt_cache_file, model,
+                                                return_metadata=True)
             if pruning_given(args):  # else the cache's own config
                 cache.check(model, config)
+            check_cache_template(metadata, tokenizer, args.ignore_chat_template,
+                                 args.prompt_cache_file)
         tokens = encode_prompt(tokenizer, text, system_prompt, args.ignore_chat_template,
                                "whole" if args.prompt_cache_file is None else "suffix")
         same["prompt tokens"] = distributed.digest(str(cache.tokens + tokens).encode())

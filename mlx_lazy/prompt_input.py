@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Dict, Iterator, Optional
 
 from .errors import UserInputError
 from .inputs import MiB, read_file, read_stream
@@ -74,6 +74,35 @@ def _decode(data: bytes, source: str) -> str:
         ) from None
 
 
+#: The metadata key of a ``cache_prompt`` file saying whether its prompt went through the
+#: chat template ("yes" / "no"): a question on top of it must do as it did.
+TEMPLATE_KEY = "chat_template"
+
+
+def uses_template(tokenizer, ignore_chat_template: bool) -> bool:
+    """Whether :func:`encode_prompt` puts the text into the tokenizer's chat template."""
+    return not ignore_chat_template and bool(getattr(tokenizer, "has_chat_template", False))
+
+
+def check_cache_template(metadata: Dict[str, str], tokenizer, ignore_chat_template: bool,
+                         path: str) -> None:
+    """Refuse a question encoded otherwise than the cached prompt it continues (with the
+    chat template on one side only, the turn is never closed, or opened twice); a file that
+    does not say (saved by the API, or before files said) is not checked.
+
+    Raises:
+        UserInputError: naming the flag that makes them agree.
+    """
+    made = metadata.get(TEMPLATE_KEY)
+    if made not in ("yes", "no"):
+        return
+    if (made == "yes") != uses_template(tokenizer, ignore_chat_template):
+        fix = "drop --ignore-chat-template" if made == "yes" else "add --ignore-chat-template"
+        raise UserInputError(f"prompt cache {path} holds a prompt made "
+                             f"{'with' if made == 'yes' else 'without'} the chat template; "
+                             f"{fix} so that the question continues it")
+
+
 def encode_prompt(tokenizer, text: str, system_prompt: Optional[str],
                   ignore_chat_template: bool, part: str = "whole") -> list[int]:
     """Token ids of the prompt, with the chat template applied the way mlx-lm's CLI does.
@@ -86,7 +115,7 @@ def encode_prompt(tokenizer, text: str, system_prompt: Optional[str],
     Raises:
         UserInputError: a ``system_prompt`` with no chat template to put it in.
     """
-    use_template = not ignore_chat_template and getattr(tokenizer, "has_chat_template", False)
+    use_template = uses_template(tokenizer, ignore_chat_template)
     if system_prompt is not None and not use_template:  # mlx-lm drops it without a word
         raise UserInputError("--system-prompt goes into the chat template, which "
                              + ("--ignore-chat-template leaves out" if ignore_chat_template

@@ -434,6 +434,16 @@ def test_cache_prompt_then_generate_with_the_cache_file(tiny_model_path, tmp_pat
                      "-m", "5", "--ignore-chat-template", "--verbose", "False",
                      "--prompt-cache-file", str(cache_file))
     assert plain.returncode == 0 and plain.stdout == used.stdout, plain.stderr.decode()
+    # The file says the prompt skipped the chat template: a question through it, which would
+    # open a turn the document never did, is refused (it once ran, exit 0).
+    assert load_prompt_cache(str(cache_file), model, return_metadata=True)[1][
+        "chat_template"] == "no"
+    templated = run_tool("mlx_lazy.generate", "--model", str(tiny_model_path), "-p", question,
+                         "-m", "5", "--prompt-cache-file", str(cache_file))
+    assert templated.returncode == 2, templated.stderr.decode()
+    assert templated.stderr.decode().strip() == (
+        f"error: prompt cache {cache_file} holds a prompt made without the chat template; "
+        "add --ignore-chat-template so that the question continues it")
     # Another config than the cache's, a truncated file: one error line, status 2.
     other = run_tool("mlx_lazy.generate", "--model", str(tiny_model_path), "-p", question,
                      "--method", "full", "--prompt-cache-file", str(cache_file))
