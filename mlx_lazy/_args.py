@@ -24,6 +24,8 @@ class OneLineParser(argparse.ArgumentParser):
     """ArgumentParser whose errors are a single ``error: ...`` line (exit status 2)."""
 
     def error(self, message: str) -> NoReturn:
+        if message.endswith("expected one argument"):  # argparse reads "-0.1" as a flag
+            message += " (a value that starts with '-': write --flag=VALUE)"
         self.exit(EXIT_BAD_INPUT, f"error: {message} (see --help)\n")
 
 

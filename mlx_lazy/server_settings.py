@@ -64,13 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    p.add_argument("--method", type=method_arg, default="full", metavar="METHOD",
+    p.add_argument("--method", type=method_arg, default=None, metavar="METHOD",
                    help=f"{METHOD_HELP}; the default for requests without a 'pruning' field "
                         "(default: full)")
     p.add_argument("--schedule", default=None, metavar="FILE",
                    help="default pruning from a calibrated schedule file (as python -m "
-                        "mlx_lazy.calibrate and mlx_lazy.write_schedule write them; overrides "
-                        "--method)")
+                        "mlx_lazy.calibrate and mlx_lazy.write_schedule write them; it sets "
+                        "the method)")
     add_sampling_arguments(p, DEFAULT_MAX_TOKENS, "a request's default ")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longer prompts are refused with HTTP 413 (default and upper bound: "
@@ -161,8 +161,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                                  f"seconds, got {value}")
     if args.schedule is not None:
         config = read_schedule(args.schedule)
+        if args.method not in (None, config.method):  # as the generate tool refuses it
+            raise UserInputError(f"--schedule {args.schedule} runs method {config.method!r}; "
+                                 f"drop --method {args.method}")
     else:
-        config = PruningConfig.preset(args.method)
+        config = PruningConfig.preset(args.method or "full")
     return ServerSettings(
         model=args.model, config=config, max_tokens=args.max_tokens,
         temperature=args.temp, top_p=args.top_p, max_prompt_tokens=args.max_prompt_tokens,

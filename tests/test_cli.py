@@ -468,6 +468,9 @@ def main_error(capsys, *argv: str) -> str:
     (("--method", "lazy", "--prune-layers", "1_0", "--keep", "0.5"), ["--prune-layers"]),
     (("--method", "lazy", "--prune-layers", "1", "--keep", "0.5_0"), ["--keep"]),
     (("--method", "lazy", "--anchors", "\u0663"), ["--anchors"]),
+    # argparse takes a negative value for a flag: say how to give one
+    (("--method", "lazy", "--keep", "-0.1,-0.2"), ["expected one argument (a value that "
+                                                   "starts with '-': write --flag=VALUE)"]),
     # once "invalid parse_int value", the helper's name
     (("--method", "lazy", "--anchors", "x"), ["--anchors: expected an integer, got 'x'"]),
     (("--method", "lazy", "--revive-margin", "nan"),

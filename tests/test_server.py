@@ -367,6 +367,9 @@ def test_start_up_errors_are_one_line(tiny_model_path, tmp_path, capsys, never_s
     path = write_schedule(tmp_path / "wide.json", wide, fingerprint, {"note": "test"})
     line = one_error_line(capsys, [*argv[:-1], "--schedule", str(path)])
     assert f"pool={context + 1} is more than the model's context of {context}" in line, line
+    # A schedule sets the method, as generate says (--method was dropped in silence)
+    line = one_error_line(capsys, [*argv[:-1], "--schedule", str(path), "--method", "speed"])
+    assert f"--schedule {path} runs method 'lazy'; drop --method speed" in line, line
 
 
 # ---------------------------------------------------------------- endpoints
