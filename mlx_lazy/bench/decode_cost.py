@@ -11,9 +11,9 @@ the tokens it revives, at each layer above their cut. So per step::
 On a Mac's GPU the reads and the arithmetic overlap and a step costs the larger of
 ``bytes / bandwidth`` and ``flops / throughput``: a decode step is bandwidth-bound, so a few
 revived rows ride along nearly free until their arithmetic outgrows the reads. On this 2-core
-CPU they do not overlap (measured on Qwen2.5-Coder-0.5B at 2K tokens: a step that revives
-nothing takes 217-250 ms, each revived token adds ~7 ms, the arithmetic of its 14 remaining
-layers), so a step costs the sum, plus a fixed cost per step (the graph's many small ops).
+CPU they do not overlap (Qwen2.5-Coder-0.5B at 4K tokens: an unpruned step takes 128 ms, and
+each revived token-layer adds about 0.5 ms, its layer's arithmetic), so a step costs the sum,
+plus a fixed cost per step (the graph's many small ops).
 :data:`MACHINES` holds both kinds; the Apple figures are published peak bandwidth and float32
 throughput times :data:`EFFICIENCY`, with no fixed cost: stated assumptions, not measurements
 (this project has not run on a Mac yet).
@@ -56,12 +56,14 @@ def _apple(name: str, bandwidth_gbs: float, fp32_tflops: float) -> Machine:
 
 
 #: The machines a decode step is predicted on. ``cpu``: this project's test machine (2-core
-#: AMD EPYC, OpenBLAS, float32), its rates and fixed cost fitted on 2026-12-03 by least
+#: AMD EPYC, OpenBLAS, float32), its rates and fixed cost fitted on 2026-12-06 by least
 #: squares (relative) to the mean steps of ``bench.answer`` at 4K, 128-token answers, of
-#: ``full`` and pruned paths of Qwen2.5-Coder-0.5B, SmolLM2-135M and Gemma 3 270M: within 18%
-#: of each (tests/test_decode_cost.py). The Apple GPUs run 4-bit weights with a float16 KV.
+#: ``full`` and the default pruned path of Qwen2.5-Coder-0.5B, SmolLM2-135M and Gemma 3 270M:
+#: within 8% of each (tests/test_decode_cost.py; the fit of 2026-12-03, before the one-row
+#: products and the MLP kernels, predicted twice the steps measured now). The Apple GPUs run
+#: 4-bit weights with a float16 KV.
 MACHINES: Mapping[str, Machine] = {
-    "cpu": Machine("this CPU (2 cores, float32)", 19.2e9, 36e9, False, 32, overhead_s=0.122),
+    "cpu": Machine("this CPU (2 cores, float32)", 44.3e9, 60.0e9, False, 32, overhead_s=0.053),
     "m1": _apple("M1 GPU, 4-bit", 68.25, 2.6),
     "m2-pro": _apple("M2 Pro GPU, 4-bit", 200, 6.8),
     "m3-max": _apple("M3 Max GPU, 4-bit", 400, 16.4),
