@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
+import sys
 from typing import Callable, NoReturn
 
 import mlx.core as mx
@@ -23,10 +25,22 @@ EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
 class OneLineParser(argparse.ArgumentParser):
     """ArgumentParser whose errors are a single ``error: ...`` line (exit status 2)."""
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
-        if message.endswith("expected one argument"):  # argparse reads "-0.1" as a flag
+        flags = re.match(r"argument (\S+): expected one argument$", message)
+        if flags and self._took_a_dash_value(flags[1].split("/")):
             message += " (a value that starts with '-': write --flag=VALUE)"
         self.exit(EXIT_BAD_INPUT, f"error: {message} (see --help)\n")
+
+    def _took_a_dash_value(self, flags: list) -> bool:
+        """Whether a flag of ``flags`` is followed by a word starting with '-' (argparse
+        reads ``--keep -0.1,-0.2``'s value as a flag; ``--keep`` at the end has none)."""
+        argv = getattr(self, "_argv", [])
+        return any(word in flags and i + 1 < len(argv) and argv[i + 1].startswith("-")
+                   for i, word in enumerate(argv))
 
 
 def complete_arg(text: str) -> str:

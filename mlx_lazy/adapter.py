@@ -25,6 +25,8 @@ from . import _blas, kernels
 from .errors import UserInputError
 
 # qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
+# seed_oss (Seed-OSS), ernie4_5 and ernie4_5_moe (ERNIE 4.5; traditional RoPE, its MoE
+# block at ``block.mlp``): Llama's layout with biases.
 # glm4_moe (GLM-4.5, 4.6, 4.7 and their Air models): Llama's layout with q/k/v biases,
 # optional q/k norms, RoPE over part of each head, and from ``first_k_dense_replace`` on a
 # sparse MoE block (grouped sigmoid routing, shared experts) at ``block.mlp``.
@@ -60,10 +62,11 @@ from .errors import UserInputError
 # qwen3_next (Qwen3-Next, their layout before them, with MoE blocks): three Gated DeltaNet
 # layers (linear attention, :meth:`ModelAdapter.recurrent`) to one of full attention whose
 # q_proj also gives an output gate, q/k norms and partial RoPE.
-SUPPORTED_MODEL_TYPES = ("exaone4", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
-                         "glm4_moe", "gpt_oss", "granite", "llama", "ministral3", "mistral",
-                         "mistral3", "olmo2", "olmo3", "phi3", "qwen2", "qwen3", "qwen3_5",
-                         "qwen3_5_moe", "qwen3_moe", "qwen3_next", "smollm3")
+SUPPORTED_MODEL_TYPES = ("ernie4_5", "ernie4_5_moe", "exaone4", "gemma3", "gemma3_text",
+                         "gemma4", "gemma4_text", "glm4_moe", "gpt_oss", "granite", "llama",
+                         "ministral3", "mistral", "mistral3", "olmo2", "olmo3", "phi3", "qwen2",
+                         "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
+                         "seed_oss", "smollm3")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")

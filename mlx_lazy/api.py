@@ -268,8 +268,8 @@ def generate_step(
     Raises:
         UserInputError: a cache made for another model or config, a prompt that is not
             token ids of the model, ``max_tokens`` that is no integer, a prompt that with
-            ``max_tokens`` exceeds the model's context, a pruning schedule whose anchors
-            cover the prompt, a sampler that returns something else; on a sharded
+            ``max_tokens`` exceeds the model's context, a pruning schedule with more anchors
+            than the prompt has tokens, a sampler that returns something else; on a sharded
             model, ranks given different prompts, ``max_tokens`` or pruning settings (every
             rank raises). An exception (these, one from a sampler or processor, Ctrl-C)
             leaves ``prompt_cache`` holding the prompt and every token handed out before
@@ -355,7 +355,7 @@ def generate_step(
             # decode step; the time to first token includes neither.
             ahead = overlap and n > 0
             if ahead:  # a token outside the vocabulary is refused below, its step dropped
-                next_y, next_logprobs = step(mx.clip(y, 0, vocab - 1))
+                next_y, next_logprobs = step(mx.clip(y, 0, vocab - 1).astype(mx.uint32))
             token = y.item()
             if not is_int(token) or not 0 <= token < vocab:
                 raise UserInputError(f"the sampler returned {token!r}, not a token id of the "

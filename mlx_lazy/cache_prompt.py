@@ -55,7 +55,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = cli.build_config(args)
         text = read_prompt(args)
         check_not_an_input(args.prompt_cache_file, "--prompt-cache-file",
-                           {"--prompt-file": args.prompt_file, "--schedule": args.schedule})
+                           {"--prompt-file": args.prompt_file, "--schedule": args.schedule},
+                           replaced=True)
         check_destination(args.prompt_cache_file, "--prompt-cache-file")  # before the prefill
         model, tokenizer = cli.load_model(args.model)
         cache = make_prompt_cache(model, config)

@@ -189,11 +189,13 @@ def check_destination(path: Union[str, os.PathLike], what: str) -> Path:
     return target
 
 
-def check_not_an_input(output: Optional[str], what: str,
-                       inputs: Mapping[str, Optional[str]]) -> None:
+def check_not_an_input(output: Optional[str], what: str, inputs: Mapping[str, Optional[str]],
+                       replaced: bool = False) -> None:
     """Refuse an output path that names one of the ``inputs`` (a flag's name -> its path):
     writing it would destroy what the run reads (a prompt cache once became the run's
-    statistics).
+    statistics). An output written through its file (``open(path, "w")``) destroys an input
+    it links to; one ``replaced`` whole (:func:`atomic_file`: a new file renamed onto the
+    name) only an input whose own name, links resolved, it is.
 
     Raises:
         UserInputError: naming both flags.
@@ -201,7 +203,7 @@ def check_not_an_input(output: Optional[str], what: str,
     if not output:
         return
     for flag, path in inputs.items():
-        if path and _same_file(output, path):
+        if path and (_same_name(output, path) if replaced else _same_file(output, path)):
             raise UserInputError(f"{what} {output} is also {flag}'s file, which writing it "
                                  "would destroy; give another file name")
 
@@ -211,6 +213,14 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:  # one does not exist (yet): the same name, links resolved
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _same_name(output: str, path: str) -> bool:
+    """Whether renaming a file onto ``output`` replaces the file ``path`` reads: the name
+    itself (its folder's links resolved, not a link it may be), against ``path`` resolved."""
+    named = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(output))),
+                         os.path.basename(output))
+    return named == os.path.realpath(path)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -1151,6 +1151,13 @@ def test_lengths_beyond_any_context_are_refused_at_once(tiny_model_path, tmp_pat
     with pytest.raises(UserInputError, match="--kld-length 4,000 and --kld-steps 128 are "
                                              "beyond the model's context of 4,096 tokens"):
         tiny_calibration(tiny_model_path, tmp_path / "cal", kld_length=4000, kld_steps=128)
+    # so must the measured gain's prompt and answer (the default 4,096 + 128 once failed at
+    # the end, after every rung); not measuring, nothing is timed
+    with pytest.raises(UserInputError, match="--gain-length 4,096 and --gain-answer-tokens 128 "
+                                             "are beyond the model's context of 4,096 tokens"):
+        tiny_calibration(tiny_model_path, tmp_path / "cal", gain_length=4096, measure=True)
+    with pytest.raises(AssertionError, match="prompts were built"):
+        tiny_calibration(tiny_model_path, tmp_path / "cal", gain_length=4096, measure=False)
     assert time.monotonic() - start < 30
 
 

@@ -80,14 +80,14 @@ def check_stats(stats: dict, method: str, depth: int) -> None:
 
 @pytest.fixture
 def unsupported_model_path(tiny_model_path, tmp_path) -> Path:
-    """A tiny Seed-OSS (random weights, the tiny llama's tokenizer): mlx-lm loads it, mlx-lazy
-    does not run it."""
+    """A tiny StarCoder2 (random weights, the tiny llama's tokenizer): mlx-lm loads it,
+    mlx-lazy does not run it."""
     from mlx_lm.utils import _get_classes, save_config, save_model
 
-    folder = tmp_path / "seed_oss"
+    folder = tmp_path / "starcoder2"
     shutil.copytree(tiny_model_path, folder, ignore=shutil.ignore_patterns("*.safetensors*"))
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="seed_oss", architectures=["SeedOssForCausalLM"])
+    config.update(model_type="starcoder2", architectures=["Starcoder2ForCausalLM"])
     model_class, args_class = _get_classes(config)
     save_model(folder, model_class(args_class.from_dict(config)))
     save_config(config, folder / "config.json")
@@ -192,7 +192,7 @@ def test_model_folder_without_config(tmp_path):
 @pytest.mark.slow  # runs a process of its own
 def test_unsupported_architecture(unsupported_model_path):
     assert_bad_input(run_cli("--model", str(unsupported_model_path), "-p", "hi"),
-                     "unsupported model type 'seed_oss'")
+                     "unsupported model type 'starcoder2'")
 
 
 @pytest.mark.slow  # runs a process of its own
@@ -415,7 +415,7 @@ def test_the_example_says_bad_input_in_one_line(args, says):
 def no_model_load(monkeypatch):
     """Fail the test if the CLI gets as far as loading a model."""
 
-    def refuse(path):
+    def refuse(path, **kwargs):
         raise AssertionError("the model was loaded before the bad input was reported")
 
     monkeypatch.setattr(cli, "load", refuse)
@@ -471,6 +471,7 @@ def main_error(capsys, *argv: str) -> str:
     # argparse takes a negative value for a flag: say how to give one
     (("--method", "lazy", "--keep", "-0.1,-0.2"), ["expected one argument (a value that "
                                                    "starts with '-': write --flag=VALUE)"]),
+    (("--method", "lazy", "--keep"), ["--keep: expected one argument (see --help)"]),
     # once "invalid parse_int value", the helper's name
     (("--method", "lazy", "--anchors", "x"), ["--anchors: expected an integer, got 'x'"]),
     (("--method", "lazy", "--revive-margin", "nan"),
@@ -552,11 +553,21 @@ def test_cache_prompt_never_writes_over_its_prompt_file(no_model_load, capsys, t
 
     (tmp_path / "p.txt").write_text("a document")
     monkeypatch.chdir(tmp_path)
-    for dest in ("p.txt", str(tmp_path / "p.txt")):
+    (tmp_path / "link").symlink_to("p.txt")
+    for dest in ("p.txt", str(tmp_path / "p.txt"), "./p.txt"):
         assert cache_prompt.main(["--prompt-file", "p.txt", "--prompt-cache-file", dest]) == 2
         line = capsys.readouterr().err.strip()
         assert "--prompt-cache-file" in line and "is also --prompt-file's file" in line, line
+    # the prompt read through a link is the file the link names
+    assert cache_prompt.main(["--prompt-file", "link", "--prompt-cache-file", "p.txt"]) == 2
+    assert "is also --prompt-file's file" in capsys.readouterr().err
     assert (tmp_path / "p.txt").read_text() == "a document"
+    # The cache is renamed onto its name: a link (or a hard link) there is replaced, not
+    # written through, so the prompt it points at is safe and the run goes on to the model.
+    os.link(tmp_path / "p.txt", tmp_path / "hard")
+    for dest in ("link", "hard"):
+        with pytest.raises(AssertionError, match="the model was loaded"):
+            cache_prompt.main(["--prompt-file", "p.txt", "--prompt-cache-file", dest])
 
 
 def test_a_prompt_on_stdin_is_read_up_to_the_limit(no_model_load, monkeypatch, capsys):

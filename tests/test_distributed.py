@@ -341,7 +341,7 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
 
 
 @pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
-                                  "exaone4", "glm4_moe"])
+                                  "exaone4", "glm4_moe", "seed_oss", "ernie4_5"])
 def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`),
     gpt-oss (mlx-lm's shard, its sinks split by head) and GLM-4.5 (mlx-lm's shard: its MoE

@@ -3,7 +3,9 @@ pass: Phi-3 (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``; plain RoPE, and 
 SuScaledRoPE over part of each head), SmolLM3 (``smollm3``: layers without RoPE) and
 Ministral 3 (``ministral3``, alone and as the text model of a ``mistral3`` checkpoint: YaRN
 RoPE, queries scaled by position, sliding-window layers in a variant), GLM-4.5 (``glm4_moe``:
-partial RoPE, q/k norms and biases, grouped sigmoid-routed experts beside a shared one), gpt-oss
+partial RoPE, q/k norms and biases, grouped sigmoid-routed experts beside a shared one),
+Seed-OSS (``seed_oss``: biases on q/k/v and o_proj), ERNIE 4.5 (``ernie4_5``,
+``ernie4_5_moe``: biases everywhere, traditional RoPE, softmax-routed experts), gpt-oss
 (``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases), Granite
 (``granite``: multipliers on the embeddings, residual branches, logits and attention), and
 the families with norms on each branch's output and none before: OLMo 2 and 3 (``olmo2``,
@@ -33,8 +35,9 @@ from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
 
 FAMILIES = ("phi3", "phi3-longrope", "smollm3", "ministral3", "ministral3-sliding", "mistral3",
-            "glm4_moe", "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "exaone4-global",
-            "gemma4_text", "gemma4_text-moe", "gemma4_text-e2b", "gemma4")
+            "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
+            "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
+            "gemma4_text-e2b", "gemma4")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -109,6 +112,21 @@ def test_the_tiny_glm4_moe_is_what_it_claims(family):
     assert float(mx.abs(moe.gate.e_score_correction_bias).sum()) > 0
     inds, _ = moe.gate(mx.random.normal((64, 64)))
     assert len({tuple(sorted(row)) for row in inds.tolist()}) > 1
+
+
+def test_the_tiny_seed_oss_and_ernie_are_what_they_claim(family):
+    """Random biases wherever the family has them (o_proj's too: a dropped one shows), ERNIE's
+    traditional RoPE, its MoE layers from 1 on (2 of 4 experts, a shared one)."""
+    seed, ernie, moe = (family(k)[0] for k in ("seed_oss", "ernie4_5", "ernie4_5_moe"))
+    for model in (seed, ernie):
+        attn = model.layers[0].self_attn
+        assert all(float(mx.abs(getattr(attn, n).bias).sum()) > 0
+                   for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert float(mx.abs(ernie.layers[0].mlp.down_proj.bias).sum()) > 0
+    assert ernie.layers[0].self_attn.rope.traditional
+    block = moe.layers[1].mlp
+    assert hasattr(moe.layers[0].mlp, "down_proj") and block.k == 2
+    assert block.switch_mlp.gate_proj.weight.shape[0] == 4 and block.shared_experts is not None
 
 
 def test_the_tiny_gpt_oss_is_what_it_claims(family):
@@ -261,8 +279,8 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
     assert mlx_lm_error(model, config, prompt, 8) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "glm4_moe", "gpt_oss", "olmo3",
-                                  "exaone4",
+@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "glm4_moe", "seed_oss",
+                                  "ernie4_5_moe", "gpt_oss", "olmo3", "exaone4",
                                   "gemma4_text-moe", "gemma4_text-e2b"))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))

@@ -15,11 +15,11 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_map
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "phi3", "gemma3_text", "smollm3",
-         "ministral3", "gpt_oss", "granite", "olmo2", "olmo3", "exaone4", "gemma4_text",
-         "qwen3_5", "qwen3_next")
+KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4_5",
+         "ernie4_5_moe", "phi3", "gemma3_text", "smollm3", "ministral3", "gpt_oss", "granite",
+         "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5", "qwen3_next")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -65,6 +65,17 @@ _KIND_CONFIG = {
                  "routed_scaling_factor": 2.5, "num_experts_per_tok": 2,
                  "first_k_dense_replace": 1, "use_qk_norm": True, "attention_bias": True,
                  "partial_rotary_factor": 0.5, "rope_scaling": None},
+    # Seed-OSS: biases on q/k/v and on o_proj
+    "seed_oss": {"architectures": ["SeedOssForCausalLM"], "tie_word_embeddings": False,
+                 "attention_bias": True, "attention_out_bias": True},
+    # ERNIE 4.5: biases on every projection, traditional RoPE; its MoE layout: 2 of 4
+    # experts (softmax routing) beside a shared expert from layer 1 on, layer 0 dense
+    "ernie4_5": {"architectures": ["Ernie4_5_ForCausalLM"], "tie_word_embeddings": True,
+                 "use_bias": True},
+    "ernie4_5_moe": {"architectures": ["Ernie4_5_MoeForCausalLM"], "tie_word_embeddings": True,
+                     "use_bias": False, "moe_num_experts": 4, "moe_k": 2,
+                     "moe_layer_start_index": 1, "moe_intermediate_size": 32,
+                     "moe_num_shared_experts": 1},
     # fused qkv_proj and gate_up_proj; head_dim is hidden_size / heads (16)
     "phi3": {"architectures": ["Phi3ForCausalLM"], "tie_word_embeddings": False},
     # Gemma 3: layers 0 and 2 slide over a 24-position window (RoPE base 10000), 1 and 3 are
@@ -241,10 +252,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     model.update(params)
     for layer in model.layers:
         attn = getattr(layer, "self_attn", None) or layer.linear_attn  # qwen3_5: linear
-        for name in ("q_proj", "k_proj", "v_proj"):
-            proj = getattr(attn, name, None)  # phi3: one fused qkv_proj, no bias
-            if proj is not None and "bias" in proj:
-                proj.bias = 0.1 * mx.random.normal(proj.bias.shape)
+        # every projection's bias (attention's, o_proj's, the MLP's and experts'), so that a
+        # dropped one shows
+        biases = [(name, 0.1 * mx.random.normal(p.shape)) for name, p in
+                  tree_flatten(layer.parameters()) if name.endswith(".bias") and "norm" not in name]
+        layer.update(tree_unflatten(biases))
         if hasattr(attn, "sinks"):  # gpt_oss: zeros by default
             attn.sinks = mx.random.normal(attn.sinks.shape)
         gate = getattr(layer.mlp, "gate", None)

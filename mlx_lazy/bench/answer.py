@@ -239,7 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     args = _parse_args(argv)
     try:
         if args.out is not None:  # before the runs, whose results it is to hold
-            check_destination(str(args.out), "--out")
+            check_destination(args.out, "--out")
         model, tokenizer = load(args.model)
         if args.paths is None:
             args.paths = list(HYBRID_PATHS if recurrent_layers(model) else DEFAULT_PATHS)

@@ -310,6 +310,8 @@ def _check_options(args: argparse.Namespace) -> set[str]:
     if args.time_limit is not None and not args.time_limit > 0:
         raise UserInputError(f"--time-limit must be a positive number of seconds, got "
                              f"{args.time_limit}")
+    if not args.out:  # Path("") is the current folder
+        raise UserInputError("--out is empty; give a folder")
     return kinds
 
 

@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..folders import check_destination
 
     try:
-        check_destination(str(args.out), "--out")
+        check_destination(args.out, "--out")
     except UserInputError as e:
         p.error(str(e))
     try:

@@ -211,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.task not in TASKS:
             raise UserInputError(f"--task {args.task!r} is not one of {', '.join(TASKS)}")
         if args.out is not None:
-            check_destination(str(args.out), "--out")
+            check_destination(args.out, "--out")
         model, tokenizer = load(args.model)
         context = context_length(model, tokenizer)
         if context is not None and args.length > context:

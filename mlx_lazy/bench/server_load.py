@@ -189,7 +189,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     try:
         methods, server = _check_options(args)
-        if args.out:
+        if args.out is not None:
             check_destination(args.out, "--out")
     except UserInputError as e:
         p.error(str(e))
@@ -236,7 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{args.clients} clients x {args.requests} requests, {args.prompt_tokens}-token prompts, "
           f"{args.max_tokens} new tokens, model {model_path.name}")
     print(format_table(rows))
-    if args.out:
+    if args.out is not None:
         write_text_atomic(Path(args.out), json.dumps({"args": vars(args), "results": rows},
                                                      indent=2))
     failed = [r for r in rows if not r["all_completed"]]

@@ -547,7 +547,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
             print(render_table(result))
             return result
         if args.out is not None:  # before the runs, whose results it is to hold
-            check_destination(str(args.out), "--out")
+            check_destination(args.out, "--out")
+        schedules = method_list(args.schedules, "--schedules")
         model, tokenizer = load(args.model)
         context = context_length(model, tokenizer)
         steps, flag = ((args.decode_interleaved + 1, "--decode-interleaved")
@@ -555,7 +556,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         if context is not None and args.lengths[-1] + steps > context:
             raise UserInputError(f"--lengths {args.lengths[-1]} and {flag} {steps} exceed "
                                  f"the model's context of {context} tokens")
-        schedules = method_list(args.schedules, "--schedules")
         for s in schedules:
             if s != BASELINE:
                 try:
