@@ -435,12 +435,12 @@ def _calibrate(cal: Calibration) -> dict[str, Any]:
         raise UserInputError(f"--kld-length {cal.kld_length:,} and --kld-steps "
                              f"{cal.kld_steps:,} are beyond the model's context of "
                              f"{context:,} tokens")
+    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.decode())
     if cal.measure and context is not None \
             and cal.gain_length + cal.gain_answer_tokens > context:  # else refused at the end
         raise UserInputError(f"--gain-length {cal.gain_length:,} and --gain-answer-tokens "
                              f"{cal.gain_answer_tokens:,} are beyond the model's context of "
                              f"{context:,} tokens (lower --gain-length, or --no-measure)")
-    cands = candidates(model, cal.gain_length, cal.scorers, cal.cuts, cal.decode())
     fingerprint = ModelAdapter(model).fingerprint()
     if cal.out is not None:
         out = Path(cal.out)
