@@ -6,11 +6,13 @@ Two sources:
 * a Hugging Face / MLX folder or a hub id: delegated to ``mlx_lm.convert`` (optional
   quantization and dtype);
 * a GGUF file, read with the ``gguf`` package (llama.cpp's reference reader): architectures
-  ``llama`` (Mistral's GGUFs use it too), ``qwen2``, ``qwen3`` and ``gemma3`` (to mlx-lm's
+  ``llama`` (Mistral's GGUFs use it too), ``qwen2``, ``qwen3``, ``qwen3moe`` (to mlx-lm's
+  ``qwen3_moe``: the experts' stacked weights) and ``gemma3`` (to mlx-lm's
   ``gemma3_text``: llama.cpp stores Gemma's norm weights as 1 + w, mlx-lm as w; its
   SentencePiece vocabulary becomes a byte-fallback BPE), and every tensor type that
-  package dequantizes. Q4_0/Q4_1/Q8_0 tensors map exactly onto MLX affine quantization (group
-  size 32) and stay quantized unless a dtype is given; the other types are dequantized (to
+  package dequantizes. Q4_0/Q4_1/Q8_0 matrices map exactly onto MLX affine quantization (group
+  size 32) and stay quantized unless a dtype is given; the other types, and the experts'
+  stacks, are dequantized (to
   float32 on Linux, float16 elsewhere, unless a dtype is given). llama q/k rows are
   un-permuted from llama.cpp's RoPE layout to the Hugging Face one; ``tokenizer.json`` /
   ``tokenizer_config.json`` are rebuilt from the GGUF metadata (:mod:`mlx_lazy.gguf_tokenizer`).
@@ -49,9 +51,10 @@ Q_GROUP_SIZES = (32, 64, 128)
 # bypass BLAS on the Linux CPU.
 DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
+                 "gemma3": "Gemma3ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
-_MODEL_TYPES = {"gemma3": "gemma3_text"}
+_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
 # Gemma 3: llama.cpp's hard-wired sliding-window pattern (5 local layers, then a global one)
 # and local RoPE base, unless the GGUF says otherwise
 GEMMA3_SLIDING_PATTERN = 6
@@ -69,6 +72,11 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # Qwen3-MoE: the router and the experts' weights, one (experts, out, in) stack each
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+    "ffn_up_exps": "mlp.switch_mlp.up_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj",
 }
 # Gemma 3's four norms per layer: llama.cpp's ``ffn_norm`` is the norm before the MLP there
 _GEMMA3_LAYER_NAMES = {
@@ -333,6 +341,15 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     }
     if arch == "llama":
         config.update(attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias=False)
+    if arch == "qwen3moe":  # every layer sparse, the top experts' weights renormalised
+        config.update(num_experts=count("expert_count"),
+                      num_experts_per_tok=count("expert_used_count"),
+                      moe_intermediate_size=count("expert_feed_forward_length"),
+                      decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+        if config["num_experts_per_tok"] > config["num_experts"]:
+            raise UserInputError(f"GGUF metadata {arch}.expert_used_count "
+                                 f"({config['num_experts_per_tok']}) exceeds "
+                                 f"{arch}.expert_count ({config['num_experts']})")
     if arch == "gemma3":
         window = g("attention.sliding_window")
         if window is None:

@@ -159,7 +159,12 @@ GGUF_LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                     "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
                     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                    "mlp.down_proj": "ffn_down"}
+                    "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+                    "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+                    "mlp.switch_mlp.up_proj": "ffn_up_exps",
+                    "mlp.switch_mlp.down_proj": "ffn_down_exps"}
+#: llama.cpp's architecture name of a kind, where it differs
+GGUF_ARCH = {"qwen3_moe": "qwen3moe"}
 GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
                   "lm_head": "output"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
@@ -174,7 +179,10 @@ def gguf_name(hf_name: str) -> str:
 
 
 def encode(w: np.ndarray, qtype: T, rng: np.random.Generator) -> np.ndarray:
-    """``w`` stored as ``qtype`` (gguf's quantizer, or random blocks)."""
+    """``w`` stored as ``qtype`` (gguf's quantizer, or random blocks); a stack of matrices
+    (an MoE's experts) row by row."""
+    if w.ndim > 2:
+        return encode(w.reshape(-1, w.shape[-1]), qtype, rng).reshape(*w.shape[:-1], -1)
     if qtype not in RANDOM_BLOCK_SCALES:
         return gguf.quantize(w, qtype)
     block, size = gguf.GGML_QUANT_SIZES[qtype]
@@ -219,8 +227,13 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
     added = {t["content"]: t["id"] for t in tok["added_tokens"]}
 
-    w = gguf.GGUFWriter(str(path), kind)
+    w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(kind, kind))
     add_shape(w, m)
+    if "num_experts_per_tok" in m:
+        if m["num_experts"] is not None:
+            w.add_expert_count(m["num_experts"])
+        w.add_expert_used_count(m["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(m["moe_intermediate_size"])
     w.add_rope_dimension_count(m["head_dim"])
     w.add_rope_freq_base(m["rope_theta"])
     if m["rope_scaling"]:
@@ -240,7 +253,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     for name, shape in shapes.items():
         gname = gguf_name(name)
         role = gname.split(".")[-2]
-        if len(shape) == 2:
+        if len(shape) >= 2:  # matrices, and the experts' stacks of them
             x, qtype = rng.normal(0, 0.05, shape), types.get(role, types.get("*", T.F32))
         else:  # norms around one, biases around zero
             x, qtype = (1.0 if "norm" in role else 0.0) + 0.1 * rng.normal(size=shape), T.F32
@@ -276,6 +289,15 @@ GGUF_CASES = {
     "qwen3-kquants": ("qwen3", {"token_embd": T.Q6_K, "attn_q": T.Q4_K, "attn_k": T.Q5_K,
                                 "attn_v": T.Q2_K, "attn_output": T.Q3_K, "ffn_up": T.IQ4_NL,
                                 "*": T.Q4_K}, KQ),
+    # Qwen3-30B-A3B's layout: every layer sparse (llama.cpp has no dense ones), experts
+    # stacked in one tensor per projection, kept quantized (Q8_0/Q4_0) or K-quants
+    "qwen3moe-legacy": ("qwen3_moe", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                      "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32,
+                                      "*": T.Q8_0}, {"mlp_only_layers": []}),
+    "qwen3moe-kquants": ("qwen3_moe", {"ffn_gate_exps": T.Q4_K, "ffn_up_exps": T.Q6_K,
+                                       "ffn_down_exps": T.Q5_K, "ffn_gate_inp": T.F32,
+                                       "*": T.Q4_K},
+                         {"mlp_only_layers": [], **KQ, "moe_intermediate_size": 256}),
 }
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -400,6 +422,10 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         write_gguf(tmp / name, "llama", tok_folder, **kw)
         return tmp / name
 
+    def moe(name: str, meta: dict) -> Path:
+        write_gguf(tmp / name, "qwen3_moe", tok_folder, meta=meta, mlp_only_layers=[])
+        return tmp / name
+
     def truncated() -> Path:
         path = tiny("truncated.gguf")
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -444,13 +470,17 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                                       meta={"rope_scaling": gguf.RopeScalingType.YARN}),
                          "RoPE scaling (yarn) is not supported"),
         "not_a_model_folder": (folder, "without config.json"),
+        "experts": (lambda: moe("experts.gguf", meta={"num_experts_per_tok": 9}),
+                    "qwen3moe.expert_used_count (9) exceeds qwen3moe.expert_count (4)"),
+        "no_experts": (lambda: moe("noexp.gguf", meta={"num_experts": None}),
+                       "qwen3moe.expert_count must be an integer in [1, "),
     }[case]
     return make(), fragment
 
 
 BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type", "no_metadata",
               "shapes", "layers", "huge_layers", "nan_rope", "zero_heads", "negative_eps",
-              "sentencepiece", "rope_scaling", "not_a_model_folder"]
+              "sentencepiece", "rope_scaling", "not_a_model_folder", "experts", "no_experts"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
