@@ -36,10 +36,12 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"error: {message} (see --help)\n")
 
     def _took_a_dash_value(self, flags: list) -> bool:
-        """Whether a flag of ``flags`` is followed by a word starting with '-' (argparse
-        reads ``--keep -0.1,-0.2``'s value as a flag; ``--keep`` at the end has none)."""
+        """Whether a flag of ``flags`` is followed by a word starting with '-' that is no
+        option (argparse reads ``--keep -0.1,-0.2``'s value as a flag; ``--keep`` at the end,
+        or before another option, has none)."""
         argv = getattr(self, "_argv", [])
         return any(word in flags and i + 1 < len(argv) and argv[i + 1].startswith("-")
+                   and argv[i + 1].split("=")[0] not in self._option_string_actions
                    for i, word in enumerate(argv))
 
 

@@ -472,6 +472,7 @@ def main_error(capsys, *argv: str) -> str:
     (("--method", "lazy", "--keep", "-0.1,-0.2"), ["expected one argument (a value that "
                                                    "starts with '-': write --flag=VALUE)"]),
     (("--method", "lazy", "--keep"), ["--keep: expected one argument (see --help)"]),
+    (("--keep", "--method", "lazy"), ["--keep: expected one argument (see --help)"]),
     # once "invalid parse_int value", the helper's name
     (("--method", "lazy", "--anchors", "x"), ["--anchors: expected an integer, got 'x'"]),
     (("--method", "lazy", "--revive-margin", "nan"),

@@ -290,7 +290,8 @@ GGUF_CASES = {
                                 "attn_v": T.Q2_K, "attn_output": T.Q3_K, "ffn_up": T.IQ4_NL,
                                 "*": T.Q4_K}, KQ),
     # Qwen3-30B-A3B's layout: every layer sparse (llama.cpp has no dense ones), experts
-    # stacked in one tensor per projection, kept quantized (Q8_0/Q4_0) or K-quants
+    # stacked in one tensor per projection, stored as legacy quants or K-quants (dequantized
+    # by the converter either way)
     "qwen3moe-legacy": ("qwen3_moe", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
                                       "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32,
                                       "*": T.Q8_0}, {"mlp_only_layers": []}),

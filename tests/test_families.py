@@ -4,7 +4,7 @@ SuScaledRoPE over part of each head), SmolLM3 (``smollm3``: layers without RoPE)
 Ministral 3 (``ministral3``, alone and as the text model of a ``mistral3`` checkpoint: YaRN
 RoPE, queries scaled by position, sliding-window layers in a variant), GLM-4.5 (``glm4_moe``:
 partial RoPE, q/k norms and biases, grouped sigmoid-routed experts beside a shared one),
-Seed-OSS (``seed_oss``: biases on q/k/v and o_proj), ERNIE 4.5 (``ernie4_5``,
+Seed-OSS (``seed_oss``: q/k/v biases, o_proj's here too), ERNIE 4.5 (``ernie4_5``,
 ``ernie4_5_moe``: biases everywhere, traditional RoPE, softmax-routed experts), gpt-oss
 (``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases), Granite
 (``granite``: multipliers on the embeddings, residual branches, logits and attention), and

@@ -1,6 +1,5 @@
-"""Tiny random-weight mlx-lm models (llama, qwen2, qwen3, qwen3_moe, phi3, gemma3_text,
-smollm3, ministral3, gpt_oss, granite, olmo2, olmo3, exaone4, gemma4_text, qwen3_5,
-qwen3_next) with a real tokenizer.
+"""Tiny random-weight mlx-lm models (the :data:`KINDS`, and variants of some) with a real
+tokenizer.
 
 ``build_tiny_model(kind, folder)`` writes a folder that ``mlx_lm.load`` reads (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML chat template) and
