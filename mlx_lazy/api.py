@@ -200,14 +200,21 @@ def prompt_token_ids(tokenizer: TokenizerWrapper,
 def check_prompt(engine: LazyEngine, tokenizer, tokens: List[int], max_tokens: int,
                  name: str = "max_tokens") -> None:
     """Raise UserInputError when ``engine`` cannot generate ``max_tokens`` tokens after
-    ``tokens`` (:func:`check_tokens`, :func:`check_context`,
-    :func:`mlx_lazy.schedule.check_fits`, :func:`check_anchors`); ``name`` is how the caller
+    ``tokens`` (:func:`check_tokens`, then :func:`check_room`); ``name`` is how the caller
     spells ``max_tokens``."""
-    context = context_length(engine.adapter.model, tokenizer)
     check_tokens(tokens, engine.adapter.vocab_size)
-    check_context(len(tokens), max_tokens, context, name)
+    check_room(engine, tokenizer, len(tokens), max_tokens, name)
+
+
+def check_room(engine: LazyEngine, tokenizer, n_tokens: int, max_tokens: int,
+               name: str = "max_tokens") -> None:
+    """Raise UserInputError when ``engine`` has no room for ``max_tokens`` tokens after
+    ``n_tokens`` (:func:`check_context`, :func:`mlx_lazy.schedule.check_fits`,
+    :func:`check_anchors`): what a prompt's length decides, its ids aside."""
+    context = context_length(engine.adapter.model, tokenizer)
+    check_context(n_tokens, max_tokens, context, name)
     check_fits(engine.schedule, context)
-    check_anchors(engine.schedule, len(tokens))
+    check_anchors(engine.schedule, n_tokens)
 
 
 def check_anchors(schedule: Schedule, n_prompt: int) -> None:
@@ -292,7 +299,8 @@ def generate_step(
     if not is_int(max_tokens, numpy=True):
         raise UserInputError("max_tokens must be an integer (0: the prompt only; negative: no "
                              f"limit), got {shown(max_tokens, 80)}")
-    check_prompt(engine, None, prompt_cache.tokens + tokens, max(int(max_tokens), 0))
+    check_tokens(tokens, engine.adapter.vocab_size)  # the cache's were, as they went in
+    check_room(engine, None, len(prompt_cache) + len(tokens), max(int(max_tokens), 0))
     vocab = engine.adapter.vocab_size
     engine.start_request()
     sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))

@@ -51,7 +51,7 @@ from .policies import RandomDrop, compose
 from .prompt_input import (add_prompt_arguments, argv_text, check_cache_template, encode_prompt,
                            read_prompt)
 from .run_report import RunResult, format_compare_table, format_summary
-from .schedule_files import DECODE_FIELDS, SCHEDULE_FIELDS, read_schedule
+from .schedule_files import DECODE_FIELDS, SCHEDULE_FIELDS, read_schedule_flag
 from .resolve import check_config
 from .schedule import Schedule
 from .scorers import SCORERS, Scorer, parse_scorer
@@ -214,10 +214,7 @@ def build_config(args: argparse.Namespace) -> PruningConfig:
     if args.schedule is None:
         config = PruningConfig.preset(args.method or BASELINE, **overrides)
     else:
-        config = read_schedule(args.schedule)
-        if args.method not in (None, config.method):
-            raise UserInputError(f"--schedule {args.schedule} runs method {config.method!r}; "
-                                 f"drop --method {args.method}")
+        config = read_schedule_flag(args.schedule, args.method)
         fixed = sorted(set(overrides) & set(SCHEDULE_FIELDS) - set(DECODE_FIELDS))
         if fixed:
             raise UserInputError("--schedule sets the method, cuts and scorer; drop " + ", ".join(

@@ -116,7 +116,7 @@ def regular_file(path: Union[str, Path], what: str) -> Path:
         raise UserInputError(f"{what} {path} is a folder; give a file")
     if not stat.S_ISREG(mode):
         raise UserInputError(f"{what} {path} {NOT_REGULAR}")
-    return Path(path)
+    return path
 
 
 def read_json(path: Union[str, Path], what: str, limit: int, max_depth: int) -> Any:

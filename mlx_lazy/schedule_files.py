@@ -84,6 +84,20 @@ def read_schedule(path: Union[str, Path],
     return config
 
 
+def read_schedule_flag(path: Union[str, Path], method: Optional[str]) -> PruningConfig:
+    """:func:`read_schedule` of a command line's ``--schedule``, beside which a ``--method``
+    (canonical, or None) may only name the schedule's own method.
+
+    Raises:
+        UserInputError: as :func:`read_schedule`, or naming both flags.
+    """
+    config = read_schedule(path)
+    if method not in (None, config.method):
+        raise UserInputError(f"--schedule {path} runs method {config.method!r}; drop --method "
+                             f"{method}")
+    return config
+
+
 def _read(path: Path) -> Tuple[PruningConfig, str]:
     """A schedule file's config (checked against its own model's depth) and quality."""
     data = read_json(path, f"schedule file {path}", SCHEDULE_MAX_BYTES, SCHEDULE_MAX_DEPTH)

@@ -15,7 +15,7 @@ from ._args import METHOD_HELP, OneLineParser, add_sampling_arguments, method_ar
 from .config import PruningConfig
 from .errors import UserInputError
 from .models import MODEL_HELP
-from .schedule_files import read_schedule
+from .schedule_files import read_schedule_flag
 
 DEFAULT_PORT = 8080
 DEFAULT_MAX_TOKENS = 512  # mlx-lm's server default
@@ -160,10 +160,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             raise UserInputError(f"--{name.replace('_', '-')} must be a positive number of "
                                  f"seconds, got {value}")
     if args.schedule is not None:
-        config = read_schedule(args.schedule)
-        if args.method not in (None, config.method):  # as the generate tool refuses it
-            raise UserInputError(f"--schedule {args.schedule} runs method {config.method!r}; "
-                                 f"drop --method {args.method}")
+        config = read_schedule_flag(args.schedule, args.method)  # as generate reads it
     else:
         config = PruningConfig.preset(args.method or "full")
     return ServerSettings(
