@@ -11,9 +11,10 @@ Two sources:
   ``gemma3_text``: llama.cpp stores Gemma's norm weights as 1 + w, mlx-lm as w; its
   SentencePiece vocabulary becomes a byte-fallback BPE), and every tensor type that
   package dequantizes. Q4_0/Q4_1/Q8_0 matrices map exactly onto MLX affine quantization (group
-  size 32) and stay quantized unless a dtype is given; the other types, and the experts'
-  stacks, are dequantized (to
-  float32 on Linux, float16 elsewhere, unless a dtype is given). llama q/k rows are
+  size 32) and stay quantized unless a dtype is given (the experts' stacks too); the other types
+  are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given), and
+  requantized as ``mlx_lm.convert -q`` would when bits are asked for. Tensors are converted
+  one at a time and written in shards as they go. llama q/k rows are
   un-permuted from llama.cpp's RoPE layout to the Hugging Face one; ``tokenizer.json`` /
   ``tokenizer_config.json`` are rebuilt from the GGUF metadata (:mod:`mlx_lazy.gguf_tokenizer`).
 
@@ -32,9 +33,8 @@ import io
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -50,6 +50,9 @@ Q_GROUP_SIZES = (32, 64, 128)
 # Float dtype of dequantized GGUF tensors when none is given: float16 and quantized matmuls
 # bypass BLAS on the Linux CPU.
 DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
+#: A GGUF conversion writes its weights in files of about this size, converting one tensor at
+#: a time: the most converted weights it holds in memory at once.
+SHARD_BYTES = 2 << 30
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
                  "gemma3": "Gemma3ForCausalLM"}
@@ -106,7 +109,7 @@ def convert(
     Args:
         source: a ``.gguf`` file, a folder with ``config.json``, or a Hugging Face hub id.
         output: folder to create; it must not exist.
-        q_bits: quantize linear/embedding weights to 4 or 8 bits (affine, through mlx-lm).
+        q_bits: quantize linear/embedding weights to 4 or 8 bits (affine, mlx-lm's layers).
         q_group_size: quantization group size, one of :data:`Q_GROUP_SIZES` (mlx-lm's
             default 64 when None).
         dtype: float dtype of unquantized weights ("float32", "float16", "bfloat16"). For a
@@ -191,22 +194,21 @@ def convert_gguf(
     dtype: str | None = None,
     q_bits: int | None = None,
     q_group_size: int | None = None,
+    shard_bytes: int = SHARD_BYTES,
 ) -> None:
     """Write an MLX folder for a GGUF model into the existing folder ``out_dir``.
 
     Prefer :func:`convert`, which checks its arguments and writes atomically. ``dtype=None``
     keeps Q4_0/Q4_1/Q8_0 tensors quantized (affine, group size 32, mixed bits recorded per
     layer in the config); a dtype dequantizes everything to it. ``q_bits`` requantizes
-    through mlx-lm after dequantizing.
+    (``dtype``, float16 by default, then mlx-lm's choice of layers and its affine
+    quantization: what ``mlx_lm.convert -q`` writes from the dequantized model).
+
+    Tensors are converted one at a time and written in shards of about ``shard_bytes``
+    (mlx-lm's file names and index), so the memory a conversion needs is one shard and one
+    dequantized tensor, not the model.
     """
     gguf, out_dir = Path(gguf), Path(out_dir)
-    if q_bits is not None:
-        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:  # inside: swept with it
-            convert_gguf(gguf, tmp, dtype=dtype or "float16")
-            _convert_hf(tmp, out_dir, q_bits=q_bits, q_group_size=q_group_size, dtype=None,
-                        dequantize=False)
-        return
-
     reader = read_gguf(gguf)
     meta = {k: f.contents() for k, f in reader.fields.items()}
     tensors = {t.name: t for t in reader.tensors}
@@ -220,13 +222,19 @@ def convert_gguf(
     config["eos_token_id"] = eos_ids(meta)
     _check_shapes(config, tensors, arch)
 
-    weights, quant = _gguf_weights(arch, tensors, config, dtype)
+    if q_bits is not None:
+        dtype = dtype or "float16"
+        requantize, quant = _requantized_modules(config, q_bits, q_group_size)
+    else:
+        requantize, quant = {}, _kept_quantization(arch, tensors, dtype)
+    with _Shards(out_dir, shard_bytes) as shards:
+        for name, x in _gguf_arrays(arch, tensors, config, dtype, requantize):
+            shards.add(name, x)
     if arch == "gemma3":  # read by mlx-lazy's own code only (mlx-lm ignores it)
-        config["tie_word_embeddings"] = "lm_head.weight" not in weights
+        config["tie_word_embeddings"] = "output.weight" not in tensors
     if quant:
         config["quantization"] = config["quantization_config"] = quant
     config["torch_dtype"] = dtype or DEFAULT_GGUF_DTYPE
-    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     tokenizer.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
@@ -414,15 +422,16 @@ def _unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _affine(t: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """A Q4_0/Q4_1/Q8_0 tensor as MLX affine (packed uint32 weight, scales, biases, bits).
+    """A Q4_0/Q4_1/Q8_0 tensor (a matrix or the experts' stack of them) as MLX affine (packed
+    uint32 weight, scales, biases, bits).
 
     Each GGUF block of 32 values is one MLX group: Q8_0 is d·q (q int8) = d·(q+128) − 128d;
     Q4_0 is d·(q−8); Q4_1 is d·q + m.
     """
     from gguf import GGMLQuantizationType as T
 
-    rows, cols = _shape(t)
-    blocks = np.asarray(t.data).reshape(rows, cols // GGUF_GROUP_SIZE, -1)
+    *lead, cols = _shape(t)
+    blocks = np.asarray(t.data).reshape(*lead, cols // GGUF_GROUP_SIZE, -1)
     d = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
     if t.tensor_type == T.Q8_0:
         q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
@@ -435,7 +444,7 @@ def _affine(t: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
             bias, qs = d * np.float16(-8), blocks[..., 2:]
         nibbles = np.concatenate([qs & 15, qs >> 4], axis=-1)  # a block's values in order
         q, bits = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4), 4
-    packed = np.ascontiguousarray(q).reshape(rows, -1).view(np.uint32)
+    packed = np.ascontiguousarray(q).reshape(*lead, -1).view(np.uint32)
     return packed, d, bias, bits
 
 
@@ -458,42 +467,127 @@ def _dequantized(t: Any) -> np.ndarray:
     return dequantize(np.asarray(t.data), t.tensor_type).reshape(_shape(t))
 
 
-def _gguf_weights(arch: str, tensors: dict, config: dict,
-                  dtype: str | None) -> tuple[dict, dict]:
-    """Map GGUF tensors to mlx-lm names; return (weights, quantization config or {})."""
+def _kept(t: Any, dtype: str | None) -> bool:
+    """Whether the GGUF tensor ``t`` stays quantized (``dtype=None``; weights of Q4_0/Q4_1/Q8_0)."""
     from gguf import GGMLQuantizationType as T
 
+    return (dtype is None and t.tensor_type in (T.Q4_0, T.Q4_1, T.Q8_0)
+            and t.name.endswith(".weight") and len(t.shape) >= 2)
+
+
+def _kept_quantization(arch: str, tensors: dict, dtype: str | None) -> dict:
+    """The config's ``quantization`` for the tensors that stay quantized ({} if none): the
+    bits most of them have, and each other module's own."""
+    from gguf import GGMLQuantizationType as T
+
+    bits_of = {_hf_name(name, arch).rsplit(".", 1)[0]: 8 if t.tensor_type == T.Q8_0 else 4
+               for name, t in tensors.items() if _kept(t, dtype)}
+    if not bits_of:
+        return {}
+    values = list(bits_of.values())
+    common = max(set(values), key=values.count)
+    quant: dict[str, Any] = {"group_size": GGUF_GROUP_SIZE, "bits": common, "mode": "affine"}
+    for module, bits in bits_of.items():
+        if bits != common:
+            quant[module] = {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": "affine"}
+    return quant
+
+
+def _requantized_modules(config: dict, bits: int,
+                         group_size: int | None) -> tuple[dict[str, dict], dict]:
+    """The modules ``mlx_lm.convert -q`` quantizes in the model ``config`` describes, each with
+    its parameters, and the ``quantization`` config it writes: mlx-lm's own choice (its
+    model's ``quant_predicate``, the widths its group size divides), made on a model whose
+    weights are never computed."""
+    from mlx_lm.utils import quantize_model
+
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+    with contextlib.redirect_stdout(io.StringIO()):  # its bits-per-weight line
+        model, quantized = quantize_model(model, {}, group_size, bits)
+    chosen = {path: {"group_size": m.group_size, "bits": m.bits, "mode": m.mode}
+              for path, m in model.named_modules() if "scales" in m}
+    return chosen, quantized["quantization"]
+
+
+def _gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
+                 requantize: dict[str, dict]) -> Iterator[tuple[str, mx.array]]:
+    """Each GGUF tensor as the mlx-lm named arrays it becomes, one tensor at a time: kept
+    quantized (:func:`_kept`), or dequantized to ``dtype`` and, for a module in
+    ``requantize``, quantized with its parameters."""
     target = getattr(mx, dtype or DEFAULT_GGUF_DTYPE)
-    keep = {T.Q4_0, T.Q4_1, T.Q8_0} if dtype is None else set()
     heads = {"self_attn.q_proj": config["num_attention_heads"],
              "self_attn.k_proj": config["num_key_value_heads"]}
-    weights: dict[str, mx.array] = {}
-    bits_of: dict[str, int] = {}
     for gname, t in tensors.items():
-        name = _hf_name(gname, arch)
-        module, suffix = name.rsplit(".", 1)
+        module, suffix = _hf_name(gname, arch).rsplit(".", 1)
         # llama.cpp permutes q/k rows only for the llama family.
         n_heads = heads.get(module.split(".", 3)[-1]) if arch == "llama" else None
-        if t.tensor_type in keep and suffix == "weight" and len(t.shape) == 2:
-            w, scales, biases, bits_of[module] = _affine(t)
+        if _kept(t, dtype):
+            w, scales, biases, _ = _affine(t)
+            # packed weights and their float16 scales/biases stay as they are
             parts = {"weight": w, "scales": scales, "biases": biases}
         else:
-            parts = {suffix: _dequantized(t)}
+            x = _dequantized(t)
             if arch == "gemma3" and gname.endswith("norm.weight"):
                 # llama.cpp stores the multiplier 1 + w of Gemma's norms; mlx-lm adds the 1
-                parts[suffix] = parts[suffix].astype(np.float32) - 1.0
+                x = x.astype(np.float32) - 1.0
+            parts = {suffix: x}
         for key, x in parts.items():
             if n_heads is not None:
                 x = _unpermute_rows(x, n_heads)
-            # packed weights and their float16 scales/biases stay as they are
-            weights[f"{module}.{key}"] = mx.array(x) if len(parts) == 3 else \
-                mx.array(x).astype(target)
-    quant: dict[str, Any] = {}
-    if bits_of:
-        values = list(bits_of.values())
-        common = max(set(values), key=values.count)
-        quant = {"group_size": GGUF_GROUP_SIZE, "bits": common, "mode": "affine"}
-        for module, bits in bits_of.items():
-            if bits != common:
-                quant[module] = {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": "affine"}
-    return weights, quant
+            x = mx.array(x)
+            parts[key] = x if len(parts) == 3 else x.astype(target)
+        if suffix == "weight" and module in requantize:
+            w, scales, biases = mx.quantize(parts["weight"], **requantize[module])
+            parts = {"weight": w, "scales": scales, "biases": biases}
+        for key, x in parts.items():
+            yield f"{module}.{key}", x
+
+
+class _Shards:
+    """Writes named arrays as they come into ``model.safetensors``, or into
+    ``model-0000i-of-0000n.safetensors`` files of about ``limit`` bytes each, with mlx-lm's
+    ``model.safetensors.index.json``; it holds one file's arrays in memory at a time."""
+
+    def __init__(self, folder: Path, limit: int = SHARD_BYTES):
+        self.folder, self.limit = folder, limit
+        self.pending: dict[str, mx.array] = {}
+        self.files: list[list[str]] = []  # the arrays' names, per file written
+        self.total = 0
+
+    def __enter__(self) -> "_Shards":
+        return self
+
+    def add(self, name: str, x: mx.array) -> None:
+        mx.eval(x)  # frees what it was computed from
+        if self.pending and sum(v.nbytes for v in self.pending.values()) + x.nbytes > self.limit:
+            self._write()
+        self.pending[name] = x
+        self.total += x.nbytes
+
+    def _write(self) -> None:
+        mx.save_safetensors(str(self._path(len(self.files))), self.pending,
+                            metadata={"format": "mlx"})
+        self.files.append(sorted(self.pending))
+        self.pending = {}
+
+    def _path(self, i: int, count: int | None = None) -> Path:
+        if count is None:
+            return self.folder / f".shard-{i}.safetensors"
+        return self.folder / ("model.safetensors" if count == 1 else
+                              f"model-{i + 1:05d}-of-{count:05d}.safetensors")
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        if kind is not None:  # nothing half-written: the files so far go
+            for i in range(len(self.files)):
+                self._path(i).unlink(missing_ok=True)
+            return
+        if self.pending:
+            self._write()
+        count, weight_map = len(self.files), {}
+        for i, names in enumerate(self.files):
+            os.rename(self._path(i), self._path(i, count))
+            weight_map.update(dict.fromkeys(names, self._path(i, count).name))
+        index = {"metadata": {"total_size": self.total},
+                 "weight_map": dict(sorted(weight_map.items()))}
+        (self.folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))

@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     Ctrl-C (one ``interrupted`` line, nothing left behind)."""
     p = OneLineParser(
         prog="mlx-lazy-convert",
-        description="Convert a GGUF file (llama, qwen2, qwen3, gemma3), a Hugging Face/MLX "
-                    "folder or a hub id to an MLX model folder.")
+        description="Convert a GGUF file (llama, qwen2, qwen3, qwen3moe, gemma3), a Hugging "
+                    "Face/MLX folder or a hub id to an MLX model folder.")
     p.add_argument("source", nargs="?", help="GGUF file, model folder or hub id")
     p.add_argument("output", nargs="?", help="output folder (must not exist)")
     p.add_argument("--q-bits", type=int, choices=(4, 8), help="quantize to 4 or 8 bits")

@@ -346,6 +346,29 @@ def test_legacy_quants_stay_quantized_exactly(tiny_model_dir, tmp_path):
     assert "lm_head.scales" not in weights
 
 
+def test_experts_stay_quantized_exactly(tiny_model_dir, tmp_path):
+    """Qwen3-MoE's expert stacks of Q4_0/Q4_1/Q8_0 become MLX affine stacks that dequantize
+    to gguf's values exactly, and load as mlx-lm's quantized switch layers."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    kind, types, overrides = GGUF_CASES["qwen3moe-legacy"]
+    config, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types,
+                                   **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    quant = json.loads((out / "config.json").read_text())["quantization"]
+    weights = saved_weights(out)
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        name = f"model.layers.1.mlp.switch_mlp.{proj}"
+        scales, biases = (weights[f"{name}.{k}"].astype(mx.float32) for k in ("scales", "biases"))
+        assert weights[f"{name}.weight"].shape[0] == config["num_experts"]
+        got = mx.dequantize(weights[f"{name}.weight"], scales, biases, group_size=32,
+                            bits=quant.get(name, quant)["bits"])
+        assert mx.array_equal(got, reference[f"{name}.weight"]), name
+    model, _ = mlx_lm.load(str(out))
+    assert isinstance(model.model.layers[1].mlp.switch_mlp.up_proj, QuantizedSwitchLinear)
+    assert "model.layers.1.mlp.gate.scales" not in weights  # the F32 router stays float
+
+
 def test_tokenizer_and_eos_from_gguf(tiny_model, tiny_model_dir, tmp_path):
     write_gguf(tmp_path / "m.gguf", "qwen2", tiny_model_dir("qwen2"))
     tok = mlx_lm.load(str(convert(tmp_path / "m.gguf", tmp_path / "out")))[1]
@@ -371,6 +394,78 @@ def test_requantize_with_q_bits(tiny_model_dir, tmp_path):
     cos = (got * ref).sum() / (mx.linalg.norm(got) * mx.linalg.norm(ref))
     assert cos.item() > 0.95, cos.item()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "q"]
+
+
+def saved_weights(folder: Path) -> dict:
+    """Every array of a converted folder, from however many files hold them."""
+    return {k: v for f in sorted(folder.glob("model*.safetensors"))
+            for k, v in mx.load(str(f)).items()}
+
+
+@pytest.mark.parametrize("case", ["llama-legacy", "qwen2-mixed", "qwen3moe-kquants"])
+def test_q_bits_writes_what_mlx_lm_convert_writes(case, tiny_model_dir, tmp_path):
+    """``--q-bits`` converts one tensor at a time, and writes exactly what mlx-lm's convert
+    makes of the dequantized float16 model: the same layers quantized with the same
+    parameters (Qwen3-MoE's router at 8 bits in groups of 64, by its quant_predicate), the
+    same bits, the same config."""
+    kind, types, overrides = GGUF_CASES[case]
+    write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types, **overrides)
+    float16 = convert(tmp_path / "m.gguf", tmp_path / "f16", dtype="float16")
+    expected = convert(float16, tmp_path / "via-mlx-lm", q_bits=4, q_group_size=32)
+    got = convert(tmp_path / "m.gguf", tmp_path / "q", q_bits=4, q_group_size=32)
+    want, have = saved_weights(expected), saved_weights(got)
+    assert sorted(have) == sorted(want)
+    for name, x in want.items():
+        assert have[name].dtype == x.dtype and mx.array_equal(have[name], x), name
+    config = [json.loads((f / "config.json").read_text()) for f in (expected, got)]
+    assert config[1]["quantization"] == config[0]["quantization"]
+    if kind == "qwen3_moe":
+        assert config[1]["quantization"]["model.layers.0.mlp.gate"]["bits"] == 8
+
+
+def test_a_conversion_in_shards_loads_as_one(tiny_model_dir, tmp_path):
+    """Small shards: several files of at most the limit (or one tensor), an index naming each
+    array's file, and the same model as one file makes; no stray file is left."""
+    from mlx_lazy.conversion import convert_gguf
+
+    kind, types, overrides = GGUF_CASES["qwen3moe-legacy"]
+    write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types, **overrides)
+    whole = convert(tmp_path / "m.gguf", tmp_path / "whole")
+    limit = sum(v.nbytes for v in saved_weights(whole).values()) // 6
+    (tmp_path / "sharded").mkdir()
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "sharded", shard_bytes=limit)
+    files = sorted((tmp_path / "sharded").glob("*.safetensors"))
+    assert len(files) > 3 and not list((tmp_path / "sharded").glob(".*"))
+    assert files[0].name == f"model-00001-of-{len(files):05d}.safetensors"
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    for f in files:
+        arrays = mx.load(str(f))
+        assert {index["weight_map"][k] for k in arrays} == {f.name}
+        assert len(arrays) == 1 or sum(v.nbytes for v in arrays.values()) <= limit
+    assert saved_weights(tmp_path / "sharded").keys() == saved_weights(whole).keys()
+    x = mx.array([[5, 17, 42, 99, 200, 7]])
+    assert mx.array_equal(mlx_lm.load(str(tmp_path / "sharded"))[0](x),
+                          mlx_lm.load(str(whole))[0](x))
+
+
+def test_a_failed_conversion_leaves_no_shard(tiny_model_dir, tmp_path, monkeypatch):
+    """A write that fails midway (a full disk) removes the shards already written."""
+    from mlx_lazy.conversion import convert_gguf
+
+    write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
+    real, calls = mx.save_safetensors, []
+
+    def disk_full(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(mx, "save_safetensors", disk_full)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(OSError):
+        convert_gguf(tmp_path / "m.gguf", tmp_path / "out", shard_bytes=1)  # a file each
+    assert len(calls) == 3 and not list((tmp_path / "out").iterdir())
 
 
 # ---------------------------------------------------------------- HF/MLX folder via mlx-lm

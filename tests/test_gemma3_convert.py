@@ -21,7 +21,7 @@ from mlx_lm.models import gemma3_text
 from mlx_lazy.convert import convert
 from mlx_lazy.errors import UserInputError
 from numerics import rel_err
-from test_convert import add_shape, assert_one_line_error, encode, run_main
+from test_convert import add_shape, assert_one_line_error, encode, run_main, saved_weights
 from tiny_models import VOCAB_SIZE, tiny_config
 
 # llama.cpp's Gemma 3 layout: its converter fixes the sliding pattern at 6 and scales
@@ -128,6 +128,19 @@ def test_gemma3_gguf_matches_its_tensors(tmp_path, qtype):
     x = mx.array(ids * 3)[None]  # 120 tokens: past the window
     assert x.shape[1] > 24
     assert rel_err(model(x), ref(x)) < 1e-5
+
+
+def test_q_bits_writes_what_mlx_lm_convert_writes(tmp_path):
+    """Gemma 3 requantized one tensor at a time (its tied embedding, its norms taken back
+    to w) is what mlx-lm's convert makes of the float16 conversion, bit for bit."""
+    write_gemma_gguf(tmp_path / "g.gguf", qtype=T.Q8_0)
+    float16 = convert(tmp_path / "g.gguf", tmp_path / "f16", dtype="float16")
+    want = saved_weights(convert(float16, tmp_path / "via-mlx-lm", q_bits=4, q_group_size=32))
+    have = saved_weights(convert(tmp_path / "g.gguf", tmp_path / "q", q_bits=4,
+                                 q_group_size=32))
+    assert sorted(have) == sorted(want) and "model.embed_tokens.scales" in have
+    for name, x in want.items():
+        assert have[name].dtype == x.dtype and mx.array_equal(have[name], x), name
 
 
 def test_norms_left_as_stored_would_be_wrong(tmp_path):
