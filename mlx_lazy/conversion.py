@@ -6,7 +6,8 @@ Two sources:
 * a Hugging Face / MLX folder or a hub id: delegated to ``mlx_lm.convert`` (optional
   quantization and dtype);
 * a GGUF file, read with the ``gguf`` package (llama.cpp's reference reader): architectures
-  ``llama`` (Mistral's GGUFs use it too), ``qwen2``, ``qwen3``, ``qwen3moe`` (to mlx-lm's
+  ``llama`` (Mistral's GGUFs use it too; Llama 3.1/3.2's ``rope_freqs`` become mlx-lm's
+  ``llama3`` RoPE scaling), ``qwen2``, ``qwen3``, ``qwen3moe`` (to mlx-lm's
   ``qwen3_moe``: the experts' stacked weights) and ``gemma3`` (to mlx-lm's
   ``gemma3_text``: llama.cpp stores Gemma's norm weights as 1 + w, mlx-lm as w; its
   SentencePiece vocabulary becomes a byte-fallback BPE), and every tensor type that
@@ -218,6 +219,7 @@ def convert_gguf(
         raise UserInputError(f"unsupported GGUF architecture {arch!r} "
                              f"(supported: {', '.join(map(repr, ARCHITECTURES))})")
     config = _config(arch, meta, tensors)
+    tensors.pop("rope_freqs.weight", None)  # in the config now, not a weight
     tokenizer, tokenizer_config = build_tokenizer(arch, meta)
     config["eos_token_id"] = eos_ids(meta)
     _check_shapes(config, tensors, arch)
@@ -328,9 +330,10 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF tokenizer has more tokens than the embedding's {vocab} rows")
     scaling = g("rope.scaling.type")
     linear = arch == "gemma3" and scaling == "linear"  # Gemma 3 4B+: global layers only
-    if (scaling not in (None, "none") and not linear) or "rope_freqs.weight" in tensors:
-        raise UserInputError(f"GGUF with RoPE scaling ({scaling or 'rope_freqs'}) is not "
-                             "supported")
+    if scaling not in (None, "none") and not linear:
+        raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
+    if "rope_freqs.weight" in tensors and arch != "llama":
+        raise UserInputError(f"GGUF {arch} with RoPE scaling (rope_freqs) is not supported")
     config = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": _MODEL_TYPES.get(arch, arch),
@@ -371,10 +374,58 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         if linear:
             config["rope_scaling"] = {"rope_type": "linear",
                                       "factor": float(g("rope.scaling.factor", 1.0))}
+    if "rope_freqs.weight" in tensors:  # Llama 3.1 / 3.2: the tensor is the scaling
+        config["rope_scaling"] = _llama3_rope_scaling(
+            _dequantized(tensors["rope_freqs.weight"]), config["rope_theta"], head_dim)
     bos = meta.get("tokenizer.ggml.bos_token_id")
     if bos is not None:
         config["bos_token_id"] = int(bos)
     return config
+
+
+def _number(x: float) -> int | float:
+    """``x`` to 6 significant digits, an int when whole: 8192, not 8191.999999999998."""
+    x = float(f"{x:.6g}")
+    return int(x) if x.is_integer() else x
+
+
+def _llama3_rope_scaling(divisors: np.ndarray, base: float, dims: int) -> dict:
+    """Llama 3's ``rope_scaling`` from llama.cpp's ``rope_freqs`` tensor, which holds what each
+    RoPE frequency is divided by: 1 for short wavelengths, ``factor`` for long ones, between
+    them 1 / ((1 − s) / factor + s) with s = (original / wavelength − low) / (high − low).
+
+    Only the ratios of (original, low, high) are in the tensor, and the RoPE depends on no
+    more: ``low_freq_factor`` is taken as 1 and the others fitted to the smoothed band. The
+    result is checked against mlx-lm's own Llama 3 RoPE, so a tensor of another shape is an
+    error, never a silently different RoPE.
+    """
+    from mlx_lm.models.rope_utils import Llama3RoPE
+
+    if divisors.shape != (dims // 2,) or not np.all(np.isfinite(divisors)) \
+            or divisors.min() <= 0:
+        raise UserInputError(f"GGUF rope_freqs must hold {dims // 2} positive numbers (one per "
+                             f"RoPE frequency), got shape {divisors.shape}")
+    d = divisors.astype(np.float64)
+    factor = float(d.max())
+    wavelength = 2 * np.pi * base ** (np.arange(0, dims, 2) / dims)
+    band = ~np.isclose(d, 1.0, rtol=1e-6) & ~np.isclose(d, factor, rtol=1e-6)
+    if factor <= 1 or band.sum() < 2:
+        raise UserInputError("GGUF rope_freqs are not Llama 3's RoPE scaling (no smoothed band "
+                             "between unscaled and scaled frequencies)")
+    # s · (high − 1) − original / wavelength = s − 1, linear in (high, original)
+    smooth = (1 / d[band] - 1 / factor) / (1 - 1 / factor)
+    a = np.stack([smooth, -1 / wavelength[band]], axis=1)
+    high, original = np.linalg.lstsq(a, smooth - 1, rcond=None)[0]
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+               "high_freq_factor": float(_number(high)),
+               "original_max_position_embeddings": _number(original)}
+    # float32 powers of the base: ~1e-6 relative; another scaling's divisors miss by far more
+    expected = np.asarray(base ** (mx.arange(0, dims, 2) / dims)) * d
+    got = np.asarray(Llama3RoPE(dims, base=base, scaling_config=scaling)._freqs)
+    if not np.allclose(got, expected, rtol=1e-4, atol=0):
+        raise UserInputError("GGUF rope_freqs are not Llama 3's RoPE scaling (the fitted "
+                             f"scaling misses them by {np.max(np.abs(got / expected - 1)):.2g})")
+    return scaling
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import os
 import stat
 import struct
@@ -208,13 +209,15 @@ def add_shape(w: gguf.GGUFWriter, config: dict) -> None:
 
 
 def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = None,
-               meta: dict | None = None, **overrides) -> tuple[dict, dict]:
+               meta: dict | None = None, extra: dict | None = None,
+               **overrides) -> tuple[dict, dict]:
     """Write a random-weight model of ``kind`` as a llama.cpp-style GGUF (q/k rows permuted
     for llama) with gguf's writer and the tokenizer of ``tok_folder``.
 
     ``types`` maps a GGUF tensor role ("attn_q", "token_embd", ...; "*" for the other 2-D
     tensors) to its type (default F32); ``meta`` overrides metadata values only (to make
-    them disagree with the tensors). Returns (config, reference weights in the HF layout:
+    them disagree with the tensors); ``extra`` adds float32 tensors by their GGUF names.
+    Returns (config, reference weights in the HF layout:
     what the stored tensors dequantize to).
     """
     types, config = types or {}, {**tiny_config(kind), **overrides}
@@ -263,6 +266,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             heads = config["num_attention_heads" if role == "attn_q" else "num_key_value_heads"]
             data = gguf_permute(data, heads)
         w.add_tensor(gname, data, raw_dtype=qtype)
+    for gname, data in (extra or {}).items():
+        w.add_tensor(gname, np.asarray(data, np.float32), raw_dtype=T.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -324,6 +329,61 @@ def test_gguf_matches_its_dequantized_tensors(case, dtype, tiny_model, tiny_mode
     # measured up to 1e-3 of the logits' scale.
     tol = 1e-5 if dtype else 4e-3
     assert rel_err(model(x), reference_model(kind, config, reference)(x)) < tol
+
+
+def llama_cpp_rope_freqs(config: dict) -> np.ndarray:
+    """The ``rope_freqs`` tensor llama.cpp's convert_hf_to_gguf.py writes for a Llama 3.x
+    config (LlamaModel.generate_extra_tensors, ported): each frequency's divisor."""
+    scaling, dims, base = config["rope_scaling"], config["head_dim"], config["rope_theta"]
+    factor, low, high = (scaling["factor"], scaling["low_freq_factor"],
+                         scaling["high_freq_factor"])
+    old = scaling["original_max_position_embeddings"]
+    divisors = []
+    for freq in 1.0 / (base ** (np.arange(0, dims, 2, dtype=np.float32) / dims)):
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            divisors.append(1.0)
+        elif wavelen > old / low:
+            divisors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            divisors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(divisors, np.float32)
+
+
+LLAMA3 = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("scaling", [
+    {**LLAMA3, "factor": 8.0},  # Llama 3.1
+    {**LLAMA3, "factor": 32.0},  # Llama 3.2
+    {**LLAMA3, "factor": 16.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+     "original_max_position_embeddings": 4096},  # another (original, low, high), same ratios
+], ids=["llama3.1", "llama3.2", "scaled"])
+def test_llama3_rope_scaling_from_rope_freqs(scaling, tiny_model_dir, tmp_path):
+    """Llama 3.1 / 3.2 GGUFs hold their RoPE scaling as a ``rope_freqs`` tensor: it becomes
+    a ``llama3`` rope_scaling under which mlx-lm's RoPE is the one the original config gives,
+    and the converted model computes what the original does (at positions past the original
+    context, where the scaling matters most)."""
+    overrides = {"head_dim": 128, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+                 "rope_scaling": scaling}
+    config = {**tiny_config("llama"), **overrides}
+    _, reference = write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"),
+                              extra={"rope_freqs.weight": llama_cpp_rope_freqs(config)},
+                              **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    saved = json.loads((out / "config.json").read_text())["rope_scaling"]
+    assert saved["rope_type"] == "llama3" and saved["factor"] == scaling["factor"]
+    model, _ = mlx_lm.load(str(out))
+    ref = reference_model("llama", config, reference)
+    got, want = (m.model.layers[0].self_attn.rope._freqs for m in (model, ref))
+    assert rel_err(got, want) < 1e-6  # float32 powers of the base
+    q = mx.random.normal((1, 4, 6, 128), key=mx.random.key(0))
+    rotated = [m.model.layers[0].self_attn.rope(q, offset=20_000) for m in (model, ref)]
+    assert rel_err(*rotated) < 1e-5  # angles of ~1e4 radians: float32 rounding of them
+    x = mx.array([[5, 17, 42, 99, 200, 7]])
+    assert rel_err(model(x), ref(x)) < 1e-5
 
 
 def test_legacy_quants_stay_quantized_exactly(tiny_model_dir, tmp_path):
@@ -565,6 +625,15 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "rope_scaling": (lambda: tiny("yarn.gguf",
                                       meta={"rope_scaling": gguf.RopeScalingType.YARN}),
                          "RoPE scaling (yarn) is not supported"),
+        # a divisor per frequency, but not Llama 3's shape (rising, then flat)
+        "rope_freqs": (lambda: tiny("freqs.gguf", extra={"rope_freqs.weight": 1 + np.arange(8)}),
+                       "rope_freqs are not Llama 3's RoPE scaling"),
+        "rope_freqs_shape": (lambda: tiny("freqs3.gguf", extra={"rope_freqs.weight": [1, 2, 3]}),
+                             "rope_freqs must hold 8 positive numbers"),
+        "rope_freqs_qwen2": (lambda: write_gguf(tmp / "q.gguf", "qwen2", tok_folder,
+                                                extra={"rope_freqs.weight": np.ones(8)})
+                             and tmp / "q.gguf",
+                             "qwen2 with RoPE scaling (rope_freqs) is not supported"),
         "not_a_model_folder": (folder, "without config.json"),
         "experts": (lambda: moe("experts.gguf", meta={"num_experts_per_tok": 9}),
                     "qwen3moe.expert_used_count (9) exceeds qwen3moe.expert_count (4)"),
@@ -576,7 +645,8 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
 
 BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type", "no_metadata",
               "shapes", "layers", "huge_layers", "nan_rope", "zero_heads", "negative_eps",
-              "sentencepiece", "rope_scaling", "not_a_model_folder", "experts", "no_experts"]
+              "sentencepiece", "rope_scaling", "rope_freqs", "rope_freqs_shape",
+              "rope_freqs_qwen2", "not_a_model_folder", "experts", "no_experts"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

@@ -1,5 +1,5 @@
 """Model families beyond the Llama layout, through the engine against mlx-lm's own forward
-pass: Phi-3 (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``; plain RoPE, and longrope's
+pass: Llama 3.1/3.2's RoPE scaling (``llama-llama3``), Phi-3 (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``; plain RoPE, and longrope's
 SuScaledRoPE over part of each head), SmolLM3 (``smollm3``: layers without RoPE) and
 Ministral 3 (``ministral3``, alone and as the text model of a ``mistral3`` checkpoint: YaRN
 RoPE, queries scaled by position, sliding-window layers in a variant), GLM-4.5 (``glm4_moe``:
@@ -34,7 +34,8 @@ from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import build_tiny_model
 
-FAMILIES = ("phi3", "phi3-longrope", "smollm3", "ministral3", "ministral3-sliding", "mistral3",
+FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
+            "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
             "gemma4_text-e2b", "gemma4")
@@ -78,7 +79,17 @@ def test_the_tiny_phi3_is_what_it_claims(family):
     assert type(rope).__name__ == "SuScaledRoPE" and rope.dim == 12 and rope._scale != 1.0
 
 
-def test_the_tiny_smollm3_is_what_it_claims(family):
+def test_the_tiny_llama3_is_what_it_claims(family):
+    """Llama 3's RoPE: of its 8 frequencies the fastest unscaled, the slowest divided by 8,
+    some smoothed between."""
+    rope = family("llama-llama3")[0].layers[0].self_attn.rope
+    plain = 10000.0 ** (mx.arange(0, 16, 2) / 16)
+    divisors = (rope._freqs / plain).tolist()
+    assert type(rope).__name__ == "Llama3RoPE" and abs(divisors[0] - 1) < 1e-6
+    assert abs(divisors[-1] - 8) < 1e-5 and any(1.01 < d < 7.99 for d in divisors)
+
+
+
     """RoPE in layers 0 and 2, none in 1 and 3: keys there do not depend on positions."""
     model, _ = family("smollm3")
     ropes = [type(layer.self_attn.rope).__name__ for layer in model.layers]

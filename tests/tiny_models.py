@@ -149,7 +149,8 @@ _KIND_CONFIG = {
                    "mlp_only_layers": [1], "moe_intermediate_size": 32,
                    "shared_expert_intermediate_size": 32, "norm_topk_prob": True},
 }
-#: Variants of a kind: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
+#: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
+#: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
 #: with per-frequency factors) over three quarters of each head (partial rotary);
 #: ``ministral3-sliding``, whose layers 0 and 2 slide over a 24-position window;
 #: ``exaone4-global``, EXAONE 4 without a pattern: every layer global, with RoPE;
@@ -160,6 +161,10 @@ _KIND_CONFIG = {
 #: ``qwen3_5-deep``, 16 layers (attention in 3, 7, 11, 15); ``qwen3_5-last``, 4 layers, only
 #: the last attending.
 _VARIANTS = {
+    # its original context short: every band (unscaled, smoothed, scaled) in a tiny head
+    "llama-llama3": ("llama", {"rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}}),
     "qwen3_5-deep": ("qwen3_5", {"num_hidden_layers": 16}),
     "qwen3_5-last": ("qwen3_5", {"num_hidden_layers": 4}),
     "qwen3_5-moe": ("qwen3_5", {"model_type": "qwen3_5_moe",
