@@ -210,6 +210,10 @@ def convert_gguf(
     dequantized tensor, not the model.
     """
     gguf, out_dir = Path(gguf), Path(out_dir)
+    held = sorted(p.name for p in out_dir.glob("model*.safetensors*"))
+    if held:  # mlx-lm would load them beside the new ones
+        raise UserInputError(f"{out_dir} holds weights already ({held[0]}); convert into an "
+                             "empty folder")
     reader = read_gguf(gguf)
     meta = {k: f.contents() for k, f in reader.fields.items()}
     tensors = {t.name: t for t in reader.tensors}
@@ -401,10 +405,12 @@ def _llama3_rope_scaling(divisors: np.ndarray, base: float, dims: int) -> dict:
     """
     from mlx_lm.models.rope_utils import Llama3RoPE
 
-    if divisors.shape != (dims // 2,) or not np.all(np.isfinite(divisors)) \
-            or divisors.min() <= 0:
-        raise UserInputError(f"GGUF rope_freqs must hold {dims // 2} positive numbers (one per "
-                             f"RoPE frequency), got shape {divisors.shape}")
+    if divisors.shape != (dims // 2,):
+        raise UserInputError(f"GGUF rope_freqs must hold {dims // 2} numbers (one per RoPE "
+                             f"frequency), got shape {divisors.shape}")
+    if not np.all(np.isfinite(divisors)) or divisors.min() <= 0:
+        bad = divisors[~(np.isfinite(divisors) & (divisors > 0))][0]
+        raise UserInputError(f"GGUF rope_freqs must be positive numbers, got {bad}")
     d = divisors.astype(np.float64)
     factor = float(d.max())
     wavelength = 2 * np.pi * base ** (np.arange(0, dims, 2) / dims)
@@ -424,7 +430,8 @@ def _llama3_rope_scaling(divisors: np.ndarray, base: float, dims: int) -> dict:
     got = np.asarray(Llama3RoPE(dims, base=base, scaling_config=scaling)._freqs)
     if not np.allclose(got, expected, rtol=1e-4, atol=0):
         raise UserInputError("GGUF rope_freqs are not Llama 3's RoPE scaling (the fitted "
-                             f"scaling misses them by {np.max(np.abs(got / expected - 1)):.2g})")
+                             f"scaling misses them by {np.max(np.abs(got / expected - 1)):.2g}; "
+                             "llama.cpp writes them in float32)")
     return scaling
 
 
@@ -554,8 +561,11 @@ def _requantized_modules(config: dict, bits: int,
 
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))
-    with contextlib.redirect_stdout(io.StringIO()):  # its bits-per-weight line
-        model, quantized = quantize_model(model, {}, group_size, bits)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # its bits-per-weight line
+            model, quantized = quantize_model(model, {}, group_size, bits)
+    except ValueError as e:  # a width its group size does not divide (a model's own choice)
+        raise UserInputError(f"cannot quantize to {bits} bits: {one_line(e)}") from None
     chosen = {path: {"group_size": m.group_size, "bits": m.bits, "mode": m.mode}
               for path, m in model.named_modules() if "scales" in m}
     return chosen, quantized["quantization"]
@@ -598,12 +608,14 @@ def _gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
 class _Shards:
     """Writes named arrays as they come into ``model.safetensors``, or into
     ``model-0000i-of-0000n.safetensors`` files of about ``limit`` bytes each, with mlx-lm's
-    ``model.safetensors.index.json``; it holds one file's arrays in memory at a time."""
+    ``model.safetensors.index.json``; it holds one file's arrays in memory at a time. On any
+    error (a full disk, Ctrl-C) every file it began is removed."""
 
     def __init__(self, folder: Path, limit: int = SHARD_BYTES):
         self.folder, self.limit = folder, limit
         self.pending: dict[str, mx.array] = {}
         self.files: list[list[str]] = []  # the arrays' names, per file written
+        self.begun: list[Path] = []  # every file this writer has begun, to remove on error
         self.total = 0
 
     def __enter__(self) -> "_Shards":
@@ -617,8 +629,9 @@ class _Shards:
         self.total += x.nbytes
 
     def _write(self) -> None:
-        mx.save_safetensors(str(self._path(len(self.files))), self.pending,
-                            metadata={"format": "mlx"})
+        path = self._path(len(self.files))
+        self.begun.append(path)
+        mx.save_safetensors(str(path), self.pending, metadata={"format": "mlx"})
         self.files.append(sorted(self.pending))
         self.pending = {}
 
@@ -628,17 +641,25 @@ class _Shards:
         return self.folder / ("model.safetensors" if count == 1 else
                               f"model-{i + 1:05d}-of-{count:05d}.safetensors")
 
-    def __exit__(self, kind: Any, *_: Any) -> None:
-        if kind is not None:  # nothing half-written: the files so far go
-            for i in range(len(self.files)):
-                self._path(i).unlink(missing_ok=True)
-            return
+    def _finish(self) -> None:
         if self.pending:
             self._write()
         count, weight_map = len(self.files), {}
+        index = self.folder / "model.safetensors.index.json"
+        self.begun += [self._path(i, count) for i in range(count)] + [index]
         for i, names in enumerate(self.files):
             os.rename(self._path(i), self._path(i, count))
             weight_map.update(dict.fromkeys(names, self._path(i, count).name))
-        index = {"metadata": {"total_size": self.total},
-                 "weight_map": dict(sorted(weight_map.items()))}
-        (self.folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
+        index.write_text(json.dumps({"metadata": {"total_size": self.total},
+                                     "weight_map": dict(sorted(weight_map.items()))}, indent=4))
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        done = False
+        try:
+            if kind is None:
+                self._finish()
+                done = True
+        finally:
+            if not done:  # nothing half-written
+                for path in self.begun:
+                    path.unlink(missing_ok=True)

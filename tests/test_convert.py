@@ -508,8 +508,12 @@ def test_a_conversion_in_shards_loads_as_one(tiny_model_dir, tmp_path):
                           mlx_lm.load(str(whole))[0](x))
 
 
-def test_a_failed_conversion_leaves_no_shard(tiny_model_dir, tmp_path, monkeypatch):
-    """A write that fails midway (a full disk) removes the shards already written."""
+@pytest.mark.parametrize("fail_at, shard_bytes", [(3, 1), (1, 2**30)],
+                         ids=["a-middle-file", "the-last-file"])
+def test_a_failed_conversion_leaves_no_shard(fail_at, shard_bytes, tiny_model_dir, tmp_path,
+                                             monkeypatch):
+    """A write that fails midway (a full disk: part of the file written) removes every file
+    begun, whether it fails while converting or at the last file, written as it finishes."""
     from mlx_lazy.conversion import convert_gguf
 
     write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
@@ -517,15 +521,30 @@ def test_a_failed_conversion_leaves_no_shard(tiny_model_dir, tmp_path, monkeypat
 
     def disk_full(path, *args, **kwargs):
         calls.append(path)
-        if len(calls) == 3:
+        if len(calls) == fail_at:
+            Path(path).write_bytes(b"\0" * 1000)  # what got to the disk
             raise OSError(28, "No space left on device")
         real(path, *args, **kwargs)
 
     monkeypatch.setattr(mx, "save_safetensors", disk_full)
     (tmp_path / "out").mkdir()
     with pytest.raises(OSError):
-        convert_gguf(tmp_path / "m.gguf", tmp_path / "out", shard_bytes=1)  # a file each
-    assert len(calls) == 3 and not list((tmp_path / "out").iterdir())
+        convert_gguf(tmp_path / "m.gguf", tmp_path / "out", shard_bytes=shard_bytes)
+    assert len(calls) == fail_at and not list((tmp_path / "out").iterdir())
+
+
+def test_a_folder_holding_weights_is_refused(tiny_model_dir, tmp_path):
+    """mlx-lm loads every model*.safetensors of a folder: converting into one that holds
+    weights would mix two models' files."""
+    from mlx_lazy.conversion import convert_gguf
+
+    write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"))
+    (tmp_path / "out").mkdir()
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "out", shard_bytes=50_000)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    with pytest.raises(UserInputError, match="holds weights already"):
+        convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
 
 
 # ---------------------------------------------------------------- HF/MLX folder via mlx-lm
@@ -629,11 +648,18 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "rope_freqs": (lambda: tiny("freqs.gguf", extra={"rope_freqs.weight": 1 + np.arange(8)}),
                        "rope_freqs are not Llama 3's RoPE scaling"),
         "rope_freqs_shape": (lambda: tiny("freqs3.gguf", extra={"rope_freqs.weight": [1, 2, 3]}),
-                             "rope_freqs must hold 8 positive numbers"),
+                             "rope_freqs must hold 8 numbers"),
         "rope_freqs_qwen2": (lambda: write_gguf(tmp / "q.gguf", "qwen2", tok_folder,
                                                 extra={"rope_freqs.weight": np.ones(8)})
                              and tmp / "q.gguf",
                              "qwen2 with RoPE scaling (rope_freqs) is not supported"),
+        "rope_freqs_nan": (lambda: tiny("nanfreqs.gguf",
+                                        extra={"rope_freqs.weight": [1, 2, np.nan] + [8] * 5}),
+                           "rope_freqs must be positive numbers, got nan"),
+        # mlx-lm's Qwen3-MoE router is quantized in groups of 64, which 96 does not divide
+        "q_bits_width": (lambda: write_gguf(tmp / "moe96.gguf", "qwen3_moe", tok_folder,
+                                            hidden_size=96, mlp_only_layers=[])
+                         and tmp / "moe96.gguf", "cannot quantize to 4 bits"),
         "not_a_model_folder": (folder, "without config.json"),
         "experts": (lambda: moe("experts.gguf", meta={"num_experts_per_tok": 9}),
                     "qwen3moe.expert_used_count (9) exceeds qwen3moe.expert_count (4)"),
@@ -646,14 +672,16 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
 BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type", "no_metadata",
               "shapes", "layers", "huge_layers", "nan_rope", "zero_heads", "negative_eps",
               "sentencepiece", "rope_scaling", "rope_freqs", "rope_freqs_shape",
-              "rope_freqs_qwen2", "not_a_model_folder", "experts", "no_experts"]
+              "rope_freqs_qwen2", "rope_freqs_nan", "q_bits_width", "not_a_model_folder",
+              "experts", "no_experts"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_bad_input(case, tiny_model_dir, tmp_path, capsys):
     src, fragment = bad_input(case, tmp_path, tiny_model_dir("llama"))
     before = set(tmp_path.iterdir())
-    rc, err = run_main(capsys, str(src), str(tmp_path / "new" / "deeper" / "out"))
+    options = ["--q-bits", "4", "--q-group-size", "32"] if case == "q_bits_width" else []
+    rc, err = run_main(capsys, str(src), str(tmp_path / "new" / "deeper" / "out"), *options)
     assert_one_line_error(rc, err, fragment)
     # no output, no temporary folder and no new empty parent folders left behind
     assert set(tmp_path.iterdir()) == before

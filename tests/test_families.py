@@ -1,6 +1,6 @@
 """Model families beyond the Llama layout, through the engine against mlx-lm's own forward
-pass: Llama 3.1/3.2's RoPE scaling (``llama-llama3``), Phi-3 (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``; plain RoPE, and longrope's
-SuScaledRoPE over part of each head), SmolLM3 (``smollm3``: layers without RoPE) and
+pass: Llama 3.1/3.2's RoPE scaling (``llama-llama3``), Phi-3 (``phi3``: fused ``qkv_proj``
+and ``gate_up_proj``; plain RoPE, and longrope's SuScaledRoPE over part of each head), SmolLM3 (``smollm3``: layers without RoPE) and
 Ministral 3 (``ministral3``, alone and as the text model of a ``mistral3`` checkpoint: YaRN
 RoPE, queries scaled by position, sliding-window layers in a variant), GLM-4.5 (``glm4_moe``:
 partial RoPE, q/k norms and biases, grouped sigmoid-routed experts beside a shared one),
@@ -89,7 +89,7 @@ def test_the_tiny_llama3_is_what_it_claims(family):
     assert abs(divisors[-1] - 8) < 1e-5 and any(1.01 < d < 7.99 for d in divisors)
 
 
-
+def test_the_tiny_smollm3_is_what_it_claims(family):
     """RoPE in layers 0 and 2, none in 1 and 3: keys there do not depend on positions."""
     model, _ = family("smollm3")
     ropes = [type(layer.self_attn.rope).__name__ for layer in model.layers]
