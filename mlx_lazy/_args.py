@@ -8,6 +8,7 @@ import argparse
 import math
 import re
 import sys
+from pathlib import Path
 from typing import Callable, NoReturn
 
 import mlx.core as mx
@@ -122,6 +123,13 @@ def integer_arg(text: str) -> int:
         return parse_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def path_arg(text: str) -> Path:
+    """A path, never empty (``Path("")`` would be the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return Path(text)
 
 
 def number_arg(text: str) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 
 import numpy as np
@@ -543,3 +544,25 @@ def test_the_mlx_lm_row_counts_every_layer(tiny_model):
         assert [b > 0 for b in row.kv_bytes_per_layer] == [True, True, False, False]
     assert theirs.prefill_tokens_per_layer == ours.prefill_tokens_per_layer == [120] * 4
     assert theirs.prefill_attention_pairs == 120 * 121 // 2 * 4
+
+
+@pytest.mark.parametrize("tool, argv", [
+    ("answer", ["--out", ""]), ("fidelity", ["--out", ""]), ("probe", ["--out", ""]),
+    ("speed", ["--out", ""]), ("speed", ["--report", ""]),
+    ("variant", ["--model", "m", "--schedule", "s.json", "--out", ""]),
+    ("variant", ["--model", "m", "--schedule", ""]),
+    ("plots", ["", "--out", "p.png"]), ("plots", ["runs", "--out", ""]),
+])
+def test_an_empty_path_is_one_error_line(tool, argv, tmp_path, monkeypatch, capsys):
+    """``Path("")`` is the current folder: ``bench.fidelity --out ''`` once ran its whole
+    benchmark and wrote results.json and table.md there."""
+    monkeypatch.chdir(tmp_path)
+    main = importlib.import_module(f"mlx_lazy.bench.{tool}").main
+    try:
+        status = main(argv)
+    except SystemExit as e:
+        status = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1, err
+    assert "expected a path, got an empty string" in err[0]
+    assert not list(tmp_path.iterdir())

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .. import load
-from .._args import OneLineParser
+from .._args import OneLineParser, path_arg
 from ..adapter import recurrent_layers
 from ..api import context_length
 from ..errors import UserInputError
@@ -211,7 +211,7 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="method strings or mlx-lm, separated by ';' (default: "
                         f"{';'.join(DEFAULT_PATHS)}; on a hybrid model such as Qwen3.5, "
                         f"{';'.join(HYBRID_PATHS)}); full is always run")
-    p.add_argument("--out", type=Path, default=None, help="write the JSON result here")
+    p.add_argument("--out", type=path_arg, default=None, help="write the JSON result here")
     args = p.parse_args(argv)
     try:
         args.lengths = [int(x) for x in args.lengths.split(",") if x.strip()]

@@ -41,7 +41,7 @@ from .. import (GenerationStats, PruningConfig, generate_step, make_prompt_cache
                  resolve_config)
 from .. import selection  # noqa: E402
 from ..api import Sampler, check_context, context_length  # noqa: E402
-from .._args import OneLineParser  # noqa: E402
+from .._args import OneLineParser, path_arg  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..folders import make_folder, output_folder, write_text_atomic  # noqa: E402
 from ..models import MODELS  # noqa: E402
@@ -486,7 +486,7 @@ def build_parser() -> OneLineParser:
                         f"{selection.MIN_KEEP}, what a user's prompt of --length tokens gets; "
                         "0: every cut keeps its fraction, as calibrate measures, so that a "
                         "short window stands for a long prompt)")
-    p.add_argument("--out", type=Path, required=True,
+    p.add_argument("--out", type=path_arg, required=True,
                    help="folder for results.json and table.md")
     return p
 

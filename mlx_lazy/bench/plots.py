@@ -202,11 +202,11 @@ def _save(fig: Any, path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """``python -m mlx_lazy.bench.plots DIR [DIR ...] --out PNG``: the calibration frontiers
     of the given ``python -m mlx_lazy.calibrate`` output folders side by side."""
-    from .._args import OneLineParser
+    from .._args import OneLineParser, path_arg
 
     p = OneLineParser(prog="python -m mlx_lazy.bench.plots", description=main.__doc__)
-    p.add_argument("dirs", nargs="+", type=Path, help="calibration output folders")
-    p.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    p.add_argument("dirs", nargs="+", type=path_arg, help="calibration output folders")
+    p.add_argument("--out", type=path_arg, required=True, help="PNG file to write")
     args = p.parse_args(argv)
     missing = [d for d in args.dirs if not (d / "results.json").is_file()]
     if missing:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import mlx.core as mx
@@ -32,7 +31,7 @@ import numpy as np
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import load
-from .._args import OneLineParser
+from .._args import OneLineParser, path_arg
 from ..adapter import sliding_windows
 from ..api import context_length
 from ..engine import LazyEngine
@@ -196,7 +195,7 @@ def build_parser() -> OneLineParser:
     p.add_argument("--samples", type=int, default=24, help="prompts")
     p.add_argument("--scorer", default="window:size=32:pool=8", help="the scorer's spec")
     p.add_argument("--seed", type=int, default=0, help="the samples' seed")
-    p.add_argument("--out", type=Path, help="also write the per-prompt fractions as JSON")
+    p.add_argument("--out", type=path_arg, help="also write the per-prompt fractions as JSON")
     return p
 
 

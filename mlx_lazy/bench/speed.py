@@ -99,7 +99,7 @@ from mlx_lazy.bench.tasks import build_prompt
 import mlx.core as mx
 
 from mlx_lazy.bench.costmodel import CostModel
-from mlx_lazy._args import OneLineParser
+from mlx_lazy._args import OneLineParser, path_arg
 from mlx_lazy.api import context_length
 from mlx_lazy.errors import UserInputError
 from mlx_lazy.folders import check_destination, write_text_atomic
@@ -467,12 +467,12 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         f"({', '.join(NAMED_METHODS)}) or method strings, separated by ',' "
                         "(';' when a method string has commas; "
                         f"default {','.join(DEFAULT_SCHEDULES)})")
-    p.add_argument("--out", type=Path, default=None, help="write the JSON result here")
+    p.add_argument("--out", type=path_arg, default=None, help="write the JSON result here")
     p.add_argument("--decode-interleaved", type=int, default=0, metavar="STEPS",
                    help="instead of the generation benchmark: prefill every method once at "
                         "the largest length, then time STEPS decode steps per method "
                         "interleaved round-robin")
-    p.add_argument("--report", type=Path, default=None,
+    p.add_argument("--report", type=path_arg, default=None,
                    help="print the tables of a saved --out JSON (e.g. one cut short by a "
                         "timeout) and exit")
     p.add_argument("--quick", action="store_true",

@@ -36,7 +36,7 @@ from typing import Any, Optional, Sequence
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import load
-from .._args import OneLineParser
+from .._args import OneLineParser, path_arg
 from ..adapter import ModelAdapter
 from ..config import PruningConfig
 from ..errors import UserInputError
@@ -231,7 +231,7 @@ def build_parser() -> OneLineParser:
     p = OneLineParser(prog="python -m mlx_lazy.bench.variant",
                       description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="the copy: a model folder or name")
-    p.add_argument("--schedule", required=True, type=Path,
+    p.add_argument("--schedule", required=True, type=path_arg,
                    help="the schedule file calibrated on the model (its evidence is replayed)")
     p.add_argument("--round", type=int, default=None, metavar="BITS",
                    help="check the model with its weights rounded through BITS-bit affine "
@@ -241,7 +241,7 @@ def build_parser() -> OneLineParser:
                         f"{yardstick.GROUP_SIZE})")
     p.add_argument("--record", action="store_true",
                    help="when both bars hold, record the copy in the file's model.variants")
-    p.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
+    p.add_argument("--out", type=path_arg, default=None, help="also write the result as JSON here")
     return p
 
 
