@@ -387,12 +387,24 @@ class Worker:
             mx.random.seed(job.seed)
         job.phase = "prefill"
         stop = StopText(job.stop)
-        resp, finish, prompt_end = None, None, None
+        resp, finish, prompt_end, before_last = None, None, None, None
         if self.store is None:
             cache = make_prompt_cache(self.model, job.schedule)
         else:  # a private copy: a failed or cancelled request leaves the stored one intact
             cache = self.store.checkout(self.model, job.schedule, job.tokens)
+        cached, tic, split_s = len(cache), time.perf_counter(), 0.0
         try:
+            if (self.keeps_prompt_ends and self.store is not None
+                    and self.store.keeps(job.schedule) and not job.schedule.prunes
+                    and len(job.tokens) - cached > 1):
+                # A hybrid's state cannot trim back one token, which an exact repeat of this
+                # prompt (a regenerated answer) needs to run its last: keep the state before
+                # it. Two chunks compute what one does (nothing is pruned), up to rounding.
+                n = len(job.tokens) - cached
+                cache.process(job.tokens[cached:-1],
+                              lambda done, layers: progress(done * (n - 1) // layers, n))
+                before_last = cache.copy()
+                split_s = time.perf_counter() - tic
             with closing(stream_generate(
                 self.model, self.tokenizer, job.tokens[len(cache):], max_tokens=job.max_tokens,
                 sampler=sampler(job.temperature, job.top_p, job.min_p, job.top_k),
@@ -429,12 +441,14 @@ class Worker:
         if tail:
             job.emit(Delta(tail))
         if self.store is not None:
-            if prompt_end is not None:  # what a next turn re-rendering this answer can reuse
-                self.store.checkin(prompt_end)
+            for kept in (before_last, prompt_end):  # what a repeat or a next turn can reuse
+                if kept is not None:
+                    self.store.checkin(kept)
             self.store.checkin(cache)
         s = resp.stats
-        return Done(finish, s.prompt_tokens, resp.generation_tokens, s.cached_tokens, {
-            "method": s.method, "ttft_s": s.ttft_s, "schedule_source": s.schedule["source"],
+        return Done(finish, s.prompt_tokens, resp.generation_tokens, cached, {
+            "method": s.method, "ttft_s": split_s + s.ttft_s,
+            "schedule_source": s.schedule["source"],
             "prompt_tokens_computed_pct": s.prompt_tokens_computed_pct,
             "prompt_token_layers_computed_pct": s.prompt_token_layers_computed_pct,
             "kv_bytes": s.kv_bytes, "aux_bytes": s.aux_bytes, "revivals": s.revivals,

@@ -182,6 +182,26 @@ def test_pruned_states_are_not_shared_unless_asked(tiny_model, tiny_model_path):
                 assert r["choices"][0]["text"] == want, (share, q)
 
 
+def test_a_hybrid_model_reuses_an_exact_repeat(tiny_model, tiny_model_dir):
+    """Regenerating an answer sends the same prompt again. A hybrid's state cannot trim back
+    to the token before the prompt's last, which must run again to give logits, so the worker
+    keeps that state too: the repeat computes one token, and both answer as a fresh run."""
+    model, tokenizer = tiny_model("qwen3_5")
+    prompt = DOC + " First?"
+    store = PromptCacheStore(8, 2**30)
+    with in_process_server(tiny_model_dir("qwen3_5"), store) as s:
+        first = completion(s, prompt)
+        again = completion(s, prompt)
+    n = first["usage"]["prompt_tokens"]
+    assert n == len(tokenizer.encode(prompt)) > 1000
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1
+    texts = [r["choices"][0]["text"] for r in (first, again)]
+    # the completions endpoint gives back the space the detokenizer drops at the start
+    assert texts[0] == texts[1] and texts[0].lstrip() == generate(model, tokenizer, prompt,
+                                                                  max_tokens=4).lstrip()
+
+
 def test_a_hybrid_model_reuses_the_prompt_of_a_turn_it_cannot_trim_back_to(tiny_model,
                                                                            tiny_model_dir):
     """A hybrid's cache cannot trim (its recurrent state): the worker also keeps the state at
