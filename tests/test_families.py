@@ -1,20 +1,20 @@
-"""Model families beyond the Llama layout, through the engine against mlx-lm's own forward
-pass: Llama 3.1/3.2's RoPE scaling (``llama-llama3``), Phi-3 (``phi3``: fused ``qkv_proj``
-and ``gate_up_proj``; plain RoPE, and longrope's SuScaledRoPE over part of each head), SmolLM3 (``smollm3``: layers without RoPE) and
-Ministral 3 (``ministral3``, alone and as the text model of a ``mistral3`` checkpoint: YaRN
-RoPE, queries scaled by position, sliding-window layers in a variant), GLM-4.5 (``glm4_moe``:
-partial RoPE, q/k norms and biases, grouped sigmoid-routed experts beside a shared one),
-Seed-OSS (``seed_oss``: q/k/v biases, o_proj's here too), ERNIE 4.5 (``ernie4_5``,
-``ernie4_5_moe``: biases everywhere, traditional RoPE, softmax-routed experts), gpt-oss
-(``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases), Granite
-(``granite``: multipliers on the embeddings, residual branches, logits and attention), and
-the families with norms on each branch's output and none before: OLMo 2 and 3 (``olmo2``,
+"""Model families beyond the Llama layout, through the engine against mlx-lm's own forward pass:
+Llama 3.1/3.2's RoPE scaling (``llama-llama3``), Phi-3 (``phi3``: fused ``qkv_proj`` and
+``gate_up_proj``; plain RoPE, and longrope's SuScaledRoPE over part of each head), SmolLM3
+(``smollm3``: layers without RoPE) and Ministral 3 (``ministral3``, alone and as the text model
+of a ``mistral3`` checkpoint: YaRN RoPE, queries scaled by position, sliding-window layers in a
+variant), GLM-4.5 (``glm4_moe``: partial RoPE, q/k norms and biases, grouped sigmoid-routed
+experts beside a shared one), Seed-OSS (``seed_oss``: q/k/v biases, o_proj's here too), ERNIE
+4.5 (``ernie4_5``, ``ernie4_5_moe``: biases everywhere, traditional RoPE, softmax-routed
+experts), gpt-oss (``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases),
+Granite (``granite``: multipliers on the embeddings, residual branches, logits and attention),
+and the families with norms on each branch's output and none before: OLMo 2 and 3 (``olmo2``,
 ``olmo3``: q/k norms over all heads at once; OLMo 3's sliding-window layers), EXAONE 4
-(``exaone4``: per-head q/k norms, sliding-window layers, global layers without RoPE) and
-Gemma 4 (``gemma4_text``, alone, with its MoE block, in its E2B/E4B layout, and as the text
-model of a ``gemma4`` checkpoint: head sizes and key/value heads by layer, values from the
-keys' projection, partial RoPE, a per-layer scalar; upper layers reading lower layers' keys
-and values, per-layer inputs)."""
+(``exaone4``: per-head q/k norms, sliding-window layers, global layers without RoPE) and Gemma 4
+(``gemma4_text``, alone, with its MoE block, in its E2B/E4B layout, and as the text model of a
+``gemma4`` checkpoint: head sizes and key/value heads by layer, values from the keys'
+projection, partial RoPE, a per-layer scalar; upper layers reading lower layers' keys and
+values, per-layer inputs)."""
 
 from __future__ import annotations
 
