@@ -140,13 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_pruning_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+def add_pruning_arguments(p: argparse.ArgumentParser,
+                          default_method: str = "full: every approximation is opt-in"
+                          ) -> argparse._ArgumentGroup:
     """The pruning options, shared by the tools that build a :class:`PruningConfig`
-    (:func:`build_config`); returns their group."""
+    (:func:`build_config`); returns their group. ``default_method`` is what the tool's help
+    says ``--method`` defaults to."""
     g = p.add_argument_group("pruning")
     g.add_argument("--method", type=method_arg, default=None, metavar="METHOD",
-                   help=f"{METHOD_HELP} (default: full: every approximation is opt-in); flags "
-                        "below override its preset's fields")
+                   help=f"{METHOD_HELP} (default: {default_method}); flags below override its "
+                        "preset's fields")
     g.add_argument("--prune-layers", type=_number_list(parse_int, "8,16,24"), default=None,
                    metavar="L1,L2,...",
                    help="layer indices after which tokens are pruned, e.g. 8,16,24")
@@ -392,8 +395,8 @@ def _run(args: argparse.Namespace, group=None) -> None:
         if args.verbose:
             print("=" * 10)
             print(format_summary(results[-1].stats))
-        elif not args.compare:
-            print(results[-1].text)
+        else:  # the response alone; under its method's name when two are compared
+            print(f"{method}: {results[-1].text}" if args.compare else results[-1].text)
 
     if args.compare:
         print(format_compare_table(results[0], results[1]))

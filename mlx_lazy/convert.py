@@ -7,7 +7,11 @@ The conversion itself is :mod:`mlx_lazy.conversion`; its API is importable from 
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
+
+import mlx.core as mx
 
 from ._args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OneLineParser
 from .conversion import (DEFAULT_GGUF_DTYPE, DTYPES, Q_GROUP_SIZES, convert, convert_gguf,
@@ -71,7 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(f"wrote {out}")
+    if _quantized(out) and not mx.metal.is_available():
+        print("note: quantized weights run far slower than float32 on MLX's CPU backend (no "
+              "BLAS: about 30x, SmolLM2's first token); for this machine convert with "
+              "--dtype float32", file=sys.stderr)
     return 0
+
+
+def _quantized(folder: Path) -> bool:
+    """Whether the model ``folder`` holds quantized weights (its config says so)."""
+    return "quantization" in json.loads((folder / "config.json").read_text())
 
 
 if __name__ == "__main__":

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m mlx_lazy.demo", description=__doc__.split("\n\n")[1])
     p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--max-tokens", type=int, default=48)
-    add_pruning_arguments(p)  # the generate command's (--complete, --quality, --schedule, ...)
+    # the generate command's (--complete, --quality, --schedule, ...)
+    add_pruning_arguments(p, default_method="lazy, shown against mlx-lm")
     args = p.parse_args(argv)
     if args.method is None and args.schedule is None:
         args.method = "lazy"

@@ -145,6 +145,8 @@ class ScoredCuts(Policy):
                     f"the {bound} leaves no room for the {m!r} preset's pruning cut, "
                     f"which needs a layer after it below the cutoff ({fix})")
             layers = layers_at(self.at, num_layers, depth)
+            for k in config.keep or ():  # a fraction out of range is the first thing to say
+                _check_fraction(k)
             if config.keep is not None and len(config.keep) != len(layers):
                 raise UserInputError(
                     f"the {m!r} preset cuts after layer{'s' if layers[1:] else ''} "

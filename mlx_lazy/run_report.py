@@ -37,7 +37,8 @@ def format_summary(stats: GenerationStats) -> str:
     """mlx-lm style statistics lines for one run, plus a pruning line."""
     return "\n".join([
         f"Prompt: {stats.prompt_tokens} tokens"
-        + (f" ({stats.cached_tokens} from the cache)" if stats.cached_tokens else "")
+        + (f" ({stats.cached_tokens} from the cache, "
+           f"{stats.prompt_tokens - stats.cached_tokens} new)" if stats.cached_tokens else "")
         + f", {stats.prompt_tps:.3f} tokens-per-sec (time to first token {stats.ttft_s:.3f} s)",
         f"Generation: {stats.generation_tokens} tokens, {stats.generation_tps:.3f} tokens-per-sec"
         f" (whole answer {stats.answer_s:.3f} s)",

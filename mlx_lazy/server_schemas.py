@@ -80,7 +80,8 @@ class Bounds:
             APIError: 413.
         """
         if self.prompt_tokens is not None and n > self.prompt_tokens:
-            raise APIError(413, f"the prompt has {n} tokens; this server accepts at most "
+            raise APIError(413, f"the prompt has {n} token{'s' * (n != 1)}; this server "
+                                f"accepts at most "
                                 f"{self.prompt_tokens}", param=param,
                            code="context_length_exceeded")
 

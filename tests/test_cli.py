@@ -108,6 +108,16 @@ def test_generate_tiny(tiny_model_dir, kind, tmp_path):
     assert proc.stdout.decode() == stats["text"] + "\n"
 
 
+def test_compare_without_verbose_prints_both_responses(tiny_model_path, capsys):
+    """``--compare --verbose False``: each response under its method's name, then the table
+    (it printed the table alone)."""
+    assert cli.main(["--model", str(tiny_model_path), "-p", PROMPT, "-m", "3", "--method", "lazy",
+                     "--compare", "--verbose", "False"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("full: ") and lines[1].startswith("lazy: ")
+    assert lines[2].startswith("metric")
+
+
 @pytest.mark.slow  # runs a process of its own
 def test_compare_and_overrides(tiny_model_path, tmp_path):
     """--compare prints both runs and a table; explicit flags override the preset;

@@ -429,6 +429,25 @@ def test_experts_stay_quantized_exactly(tiny_model_dir, tmp_path):
     assert "model.layers.1.mlp.gate.scales" not in weights  # the F32 router stays float
 
 
+@pytest.mark.parametrize("metal, options, noted", [
+    (False, [], True), (False, ["--dtype", "float32"], False), (True, [], False)])
+def test_a_quantized_result_on_the_cpu_says_so(metal, options, noted, tiny_model_dir, tmp_path,
+                                               capsys, monkeypatch):
+    """Kept-quantized weights (the default for Q4_0/Q4_1/Q8_0) ran a converted SmolLM2 about
+    30x slower than float32 on the CPU backend, without a word: the CLI says so there, and how
+    to avoid it; a float32 result, or a machine with Metal, gets no note."""
+    kind, types, _ = GGUF_CASES["llama-legacy"]
+    write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types)
+    monkeypatch.setattr(mx.metal, "is_available", lambda: metal)
+    rc, err = run_main(capsys, str(tmp_path / "m.gguf"), str(tmp_path / "out"), *options)
+    assert rc == 0
+    if noted:
+        assert err.startswith("note: quantized weights run far slower") and \
+            "--dtype float32" in err and len(err.splitlines()) == 1, err
+    else:
+        assert err == ""
+
+
 def test_tokenizer_and_eos_from_gguf(tiny_model, tiny_model_dir, tmp_path):
     write_gguf(tmp_path / "m.gguf", "qwen2", tiny_model_dir("qwen2"))
     tok = mlx_lm.load(str(convert(tmp_path / "m.gguf", tmp_path / "out")))[1]

@@ -124,5 +124,8 @@ def test_keep_fractions_for_the_presets_cuts_name_them():
                                              "4-layer model: give 1 keep fraction"):
         build_schedule(PruningConfig("lazy", keep=(1.0, 1.0)), 4)
     assert build_schedule(PruningConfig("lazy", keep=(0.5, 0.3)), 30).keep == (0.5, 0.3)
+    # a fraction out of range is said first: the count's error sent a user on to the next one
+    with pytest.raises(UserInputError, match=r"keep fractions must be in \(0, 1\], got 1.5"):
+        build_schedule(PruningConfig("lazy", keep=(1.5,)), 30)
     with pytest.raises(UserInputError, match="quality must be one of default, high"):
         PruningConfig("lazy", quality=["high"])
