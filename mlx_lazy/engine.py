@@ -33,7 +33,7 @@ from .kernels import prepare
 from .policies import check_hybrid_schedule
 from .schedule import Schedule
 from .scorers import Mask
-from .selection import Selector
+from .selection import Selector, cuts_select
 from .token_ids import check_tokens, token_ids
 
 ProgressFn = Callable[[int, int], None]
@@ -255,7 +255,7 @@ class LazyEngine:
         # seen there, and decode steps neither select nor revive: the cuts only spared
         # computing the prompt. Until then (progressive completion) steps select as usual.
         completing = not sched.completion.keeps_selecting and not cache.aux
-        selects = prompt or (sched.dynamic and not completing)
+        selects = cuts_select(cache.prompt_len) and (prompt or (sched.dynamic and not completing))
         n_ctx, first = cache.length, int(positions[0])
         # Between re-selections (reselect_every) a decode step sees what the last one chose.
         held = (not prompt and selects and bool(cache.choices)

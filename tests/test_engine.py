@@ -413,15 +413,28 @@ def test_a_context_under_the_keep_floor_is_the_unpruned_models(tiny_model, monke
     assert mlx_lm_error(model, config, prompt, 24) < LOGITS_TOL
 
 
+def test_a_prompt_under_twice_the_floor_is_the_unpruned_models(tiny_model, monkeypatch):
+    """A 400-token prompt (a cut would drop fewer than the floor's 256 tokens) is not pruned,
+    nor are the decode steps after it once the context passes 512: every token matches
+    mlx-lm. (A cut keeping 256 of 320 tokens made answers up to 1.13x later; a rule by the
+    context's length pruned from the step that crossed 512, 1.21x.)"""
+    model, _ = tiny_model("llama")
+    prompt = random_prompt(400, model.args.vocab_size, seed=10)
+    config = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="none")
+    monkeypatch.setattr(selection, "MIN_KEEP", selection.DEFAULT_MIN_KEEP)
+    assert not selection.cuts_select(511) and selection.cuts_select(512)
+    assert mlx_lm_error(model, config, prompt, 130) < LOGITS_TOL  # 530 tokens at the end
+
+
 def test_a_cut_keeps_the_floor_of_a_longer_context(tiny_model, monkeypatch):
     """Past MIN_KEEP tokens a cut keeps its fraction or the floor, whichever is more."""
     monkeypatch.setattr(selection, "MIN_KEEP", selection.DEFAULT_MIN_KEEP)
     assert [selection.kept_count(0.2, n) for n in (100, 300, 4096)] == [100, 256, 819]
     model, _ = tiny_model("llama")
-    prompt = random_prompt(400, model.args.vocab_size, seed=9)
+    prompt = random_prompt(600, model.args.vocab_size, seed=9)
     config = resolve_config(model, PruningConfig("lazy", prune_layers=(1,), keep=(0.2,),
                                                  complete="none"))
-    for floor, kept in ((0, 80), (selection.DEFAULT_MIN_KEEP, 256)):
+    for floor, kept in ((0, 120), (selection.DEFAULT_MIN_KEEP, 256)):
         monkeypatch.setattr(selection, "MIN_KEEP", floor)
         engine = LazyEngine(model, config)
         engine.prefill(prompt)
