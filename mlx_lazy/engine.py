@@ -255,7 +255,10 @@ class LazyEngine:
         # seen there, and decode steps neither select nor revive: the cuts only spared
         # computing the prompt. Until then (progressive completion) steps select as usual.
         completing = not sched.completion.keeps_selecting and not cache.aux
-        selects = cuts_select(cache.prompt_len) and (prompt or (sched.dynamic and not completing))
+        # A sequence starts selecting with a prompt chunk long enough to prune; once it has
+        # (choices made, tokens waiting), every later chunk and step selects.
+        started = bool(cache.choices) or bool(cache.aux) or (prompt and cuts_select(len(positions)))
+        selects = started and (prompt or (sched.dynamic and not completing))
         n_ctx, first = cache.length, int(positions[0])
         # Between re-selections (reselect_every) a decode step sees what the last one chose.
         held = (not prompt and selects and bool(cache.choices)

@@ -84,16 +84,17 @@ def keep_floor(n: int) -> Iterator[None]:
         MIN_KEEP = before
 
 
-def cuts_select(prompt_len: int) -> bool:
-    """Whether the cuts select at all after a prompt that left ``prompt_len`` tokens in the
-    context: not when it is shorter than twice :data:`MIN_KEEP`, nor in the decode steps
-    after it (a short prompt's run is the unpruned model's). A cut there would drop fewer
-    than MIN_KEEP tokens: too little saved to pay for the decode steps' selections and
-    revivals. At 320 tokens, keeping 256, the default's answer came up to 1.13x later than
-    unpruned (SmolLM2; Gemma 3 1.06x), where from 512 tokens on no token came more than 4%
-    later; deciding by the context instead moved the loss to where an answer's context
-    crossed 512 (1.21x, docs/benchmarks.md)."""
-    return prompt_len >= 2 * min_keep()
+def cuts_select(n_new: int) -> bool:
+    """Whether a prompt chunk of ``n_new`` tokens starts pruning a sequence that has pruned
+    nothing yet: not when it is shorter than twice :data:`MIN_KEEP` (the engine then runs it,
+    and the decode steps after it, as the unpruned model). Such a cut would drop fewer than
+    MIN_KEEP tokens: too little saved to pay for the decode steps' selections and revivals.
+    At 320 tokens, keeping 256, the default's answer came up to 1.13x later than unpruned
+    (SmolLM2; Gemma 3 1.06x), where from 512 tokens on no token came more than 4% later;
+    deciding by the context's length instead moved the loss to where an answer's context
+    crossed 512 (1.21x, docs/benchmarks.md). A sequence that has pruned (a long turn before)
+    keeps selecting whatever its new chunk's length."""
+    return n_new >= 2 * min_keep()
 
 
 def kept_count(keep: float, n_ctx: int) -> int:

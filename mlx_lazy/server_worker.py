@@ -392,7 +392,7 @@ class Worker:
             cache = make_prompt_cache(self.model, job.schedule)
         else:  # a private copy: a failed or cancelled request leaves the stored one intact
             cache = self.store.checkout(self.model, job.schedule, job.tokens)
-        cached, tic, split_s = len(cache), time.perf_counter(), 0.0
+        cached, tic, split_s, split_layers = len(cache), time.perf_counter(), 0.0, 0
         try:
             if (self.keeps_prompt_ends and self.store is not None
                     and self.store.keeps(job.schedule) and not job.schedule.prunes
@@ -400,11 +400,13 @@ class Worker:
                 # A hybrid's state cannot trim back one token, which an exact repeat of this
                 # prompt (a regenerated answer) needs to run its last: keep the state before
                 # it. Two chunks compute what one does (nothing is pruned), up to rounding.
-                n = len(job.tokens) - cached
+                n, counted = len(job.tokens) - cached, sum(cache.engine.prefill_tokens_per_layer)
                 cache.process(job.tokens[cached:-1],
                               lambda done, layers: progress(done * (n - 1) // layers, n))
                 before_last = cache.copy()
+                # the request's own counts restart with its generation: carry this chunk's
                 split_s = time.perf_counter() - tic
+                split_layers = sum(cache.engine.prefill_tokens_per_layer) - counted
             with closing(stream_generate(
                 self.model, self.tokenizer, job.tokens[len(cache):], max_tokens=job.max_tokens,
                 sampler=sampler(job.temperature, job.top_p, job.min_p, job.top_k),
@@ -453,5 +455,5 @@ class Worker:
             "prompt_token_layers_computed_pct": s.prompt_token_layers_computed_pct,
             "kv_bytes": s.kv_bytes, "aux_bytes": s.aux_bytes, "revivals": s.revivals,
             "completed_token_layers": s.completed_token_layers,
-            "prefill_token_layers": sum(s.prefill_tokens_per_layer),
+            "prefill_token_layers": sum(s.prefill_tokens_per_layer) + split_layers,
         })

@@ -196,6 +196,10 @@ def test_a_hybrid_model_reuses_an_exact_repeat(tiny_model, tiny_model_dir):
     assert n == len(tokenizer.encode(prompt)) > 1000
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1
+    # each request's prefill work, the split prompt's two chunks counted: n tokens, then 1
+    layers = len(model.layers)
+    assert [r["usage"]["pruning"]["prefill_token_layers"] for r in (first, again)] == \
+        [n * layers, layers]
     texts = [r["choices"][0]["text"] for r in (first, again)]
     # the completions endpoint gives back the space the detokenizer drops at the start
     assert texts[0] == texts[1] and texts[0].lstrip() == generate(model, tokenizer, prompt,

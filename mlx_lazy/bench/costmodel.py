@@ -36,7 +36,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from ..adapter import ModelAdapter
-from ..selection import kept_count
+from ..selection import cuts_select, kept_count
 
 __all__ = ["PrefillCounts", "CostModel", "counts", "fit", "layer_params", "linear_params",
            "predicted_counts", "prior"]
@@ -274,6 +274,6 @@ def predicted_counts(schedule: Any, n: int, block_size: int = 256) -> PrefillCou
             pairs += sum((min(i + block_size, active) - i) * min(i + block_size, active)
                          for i in range(0, active, block_size)) if active > 1 else active
         keep = schedule.keep_after(layer)
-        if keep is not None:
+        if keep is not None and cuts_select(n):
             active = min(active, max(forced, kept_count(keep, n), 1))
     return PrefillCounts(token_layers, pairs)
