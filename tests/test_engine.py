@@ -426,19 +426,30 @@ def test_a_prompt_under_twice_the_floor_is_the_unpruned_models(tiny_model, monke
     assert mlx_lm_error(model, config, prompt, 130) < LOGITS_TOL  # 530 tokens at the end
 
 
-def test_short_turns_never_start_pruning(tiny_model, monkeypatch):
-    """A chat of short turns: a 300-token prompt, an answer taking the context past 512, a
-    20-token follow-up. No chunk was long enough to prune, so no turn selects (a rule by the
-    context's length started selecting at the follow-up, which saved nothing)."""
+def floored_engine(tiny_model, monkeypatch) -> LazyEngine:
+    """The tiny llama under two cuts (keeping 50% and 20%, decoding on the pruned state) with
+    the library's floor of kept tokens, not the suite's 0."""
     model, _ = tiny_model("llama")
     config = resolve_config(model, PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2),
                                                  complete="none"))
     monkeypatch.setattr(selection, "MIN_KEEP", selection.DEFAULT_MIN_KEEP)
-    engine = LazyEngine(model, config)
-    run(engine, random_prompt(300, model.args.vocab_size, seed=11), 220)
-    token = int(mx.argmax(engine.extend(random_prompt(20, model.args.vocab_size, seed=12))))
-    for _ in range(20):
+    return LazyEngine(model, config)
+
+
+def extend_and_decode(engine: LazyEngine, n: int, seed: int, steps: int) -> None:
+    """``n`` random prompt tokens on top of the engine's state, then ``steps`` greedy steps."""
+    token = int(mx.argmax(engine.extend(random_prompt(n, engine.adapter.vocab_size, seed=seed))))
+    for _ in range(steps):
         token = int(mx.argmax(engine.decode(token)))
+
+
+def test_short_turns_never_start_pruning(tiny_model, monkeypatch):
+    """A chat of short turns: a 300-token prompt, an answer taking the context past 512, a
+    20-token follow-up. No chunk was long enough to prune, so no turn selects (a rule by the
+    context's length started selecting at the follow-up, which saved nothing)."""
+    engine = floored_engine(tiny_model, monkeypatch)
+    extend_and_decode(engine, 300, seed=11, steps=220)
+    extend_and_decode(engine, 20, seed=12, steps=20)
     assert engine.cache.length > 540
     assert engine.selector.selections == 0 and engine.selector.host_syncs == 0
 
@@ -447,18 +458,12 @@ def test_a_pruned_sequence_keeps_selecting_after_a_short_chunk(tiny_model, monke
     """A long turn pruned, then trimmed back under 512 tokens and extended by a short chunk
     (a chat client's edit): its pruned tokens still wait, so the chunk and the decode steps
     select and may revive them; a rule by the new chunk alone left them pruned for good."""
-    model, _ = tiny_model("llama")
-    config = resolve_config(model, PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2),
-                                                 complete="none"))
-    monkeypatch.setattr(selection, "MIN_KEEP", selection.DEFAULT_MIN_KEEP)
-    engine = LazyEngine(model, config)
-    run(engine, random_prompt(1200, model.args.vocab_size, seed=13), 2)
+    engine = floored_engine(tiny_model, monkeypatch)
+    extend_and_decode(engine, 1200, seed=13, steps=2)
     engine.cache.trim(300)
     assert engine.cache.aux and not engine.cache.choices  # pruned tokens wait; choices gone
     before = engine.selector.selections
-    token = int(mx.argmax(engine.extend(random_prompt(100, model.args.vocab_size, seed=14))))
-    for _ in range(8):
-        token = int(mx.argmax(engine.decode(token)))
+    extend_and_decode(engine, 100, seed=14, steps=8)
     assert engine.selector.selections >= before + 2 * 9  # both cuts, the chunk and each step
 
 
