@@ -206,6 +206,18 @@ def test_a_hybrid_model_reuses_an_exact_repeat(tiny_model, tiny_model_dir):
                                                                   max_tokens=4).lstrip()
 
 
+def test_a_pruned_hybrid_prompt_is_not_split(tiny_model_dir):
+    """The split before a prompt's last token is for prompts that prune nothing: a pruning
+    schedule's cut is chosen by that last token, so even with --share-pruned-caches a pruned
+    prompt runs whole, and keeps the states at its end and after its answer only."""
+    pruning = {"method": "static", "prune_layers": [3], "keep": [0.3]}
+    for kept, request in ((3, {}), (2, {"pruning": pruning})):
+        store = PromptCacheStore(8, 2**30, share_pruned=True)
+        with in_process_server(tiny_model_dir("qwen3_5"), store) as s:
+            completion(s, DOC + " First?", **request)
+        assert len(store) == kept, request
+
+
 def test_a_hybrid_model_reuses_the_prompt_of_a_turn_it_cannot_trim_back_to(tiny_model,
                                                                            tiny_model_dir):
     """A hybrid's cache cannot trim (its recurrent state): the worker also keeps the state at
