@@ -226,11 +226,13 @@ def convert_gguf(
     tensors.pop("rope_freqs.weight", None)  # in the config now, not a weight
     tokenizer, tokenizer_config = build_tokenizer(arch, meta)
     config["eos_token_id"] = eos_ids(meta)
-    _check_shapes(config, tensors, arch)
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))  # lazy: nothing is computed
+    _check_shapes(model, tensors, arch)
 
     if q_bits is not None:
         dtype = dtype or "float16"
-        requantize, quant = _requantized_modules(config, q_bits, q_group_size)
+        requantize, quant = _requantized_modules(model, q_bits, q_group_size)
     else:
         requantize, quant = {}, _kept_quantization(arch, tensors, dtype)
     with _Shards(out_dir, shard_bytes) as shards:
@@ -451,12 +453,11 @@ def _shape(t: Any) -> tuple[int, ...]:
     return tuple(int(n) for n in reversed(t.shape.tolist()))
 
 
-def _check_shapes(config: dict, tensors: dict, arch: str = "llama") -> None:
-    """Compare the GGUF's tensors with the parameters of the model its metadata describes."""
+def _check_shapes(model: Any, tensors: dict, arch: str = "llama") -> None:
+    """Compare the GGUF's tensors with the parameters of ``model``, mlx-lm's model of what
+    its metadata describes."""
     from mlx.utils import tree_flatten
 
-    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-    model = module.Model(module.ModelArgs.from_dict(config))  # lazy: nothing is computed
     expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
     got = {_hf_name(name, arch): _shape(t) for name, t in tensors.items()}
     if arch == "gemma3" and "lm_head.weight" not in got:
@@ -551,16 +552,14 @@ def _kept_quantization(arch: str, tensors: dict, dtype: str | None) -> dict:
     return quant
 
 
-def _requantized_modules(config: dict, bits: int,
+def _requantized_modules(model: Any, bits: int,
                          group_size: int | None) -> tuple[dict[str, dict], dict]:
-    """The modules ``mlx_lm.convert -q`` quantizes in the model ``config`` describes, each with
-    its parameters, and the ``quantization`` config it writes: mlx-lm's own choice (its
-    model's ``quant_predicate``, the widths its group size divides), made on a model whose
-    weights are never computed."""
+    """The modules ``mlx_lm.convert -q`` quantizes in ``model`` (mlx-lm's, its weights never
+    computed; quantized in place), each with its parameters, and the ``quantization`` config
+    it writes: mlx-lm's own choice (the model's ``quant_predicate``, the widths its group
+    size divides)."""
     from mlx_lm.utils import quantize_model
 
-    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-    model = module.Model(module.ModelArgs.from_dict(config))
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its bits-per-weight line
             model, quantized = quantize_model(model, {}, group_size, bits)
@@ -583,7 +582,8 @@ def _gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
         module, suffix = _hf_name(gname, arch).rsplit(".", 1)
         # llama.cpp permutes q/k rows only for the llama family.
         n_heads = heads.get(module.split(".", 3)[-1]) if arch == "llama" else None
-        if _kept(t, dtype):
+        kept = _kept(t, dtype)
+        if kept:
             w, scales, biases, _ = _affine(t)
             # packed weights and their float16 scales/biases stay as they are
             parts = {"weight": w, "scales": scales, "biases": biases}
@@ -597,7 +597,7 @@ def _gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
             if n_heads is not None:
                 x = _unpermute_rows(x, n_heads)
             x = mx.array(x)
-            parts[key] = x if len(parts) == 3 else x.astype(target)
+            parts[key] = x if kept else x.astype(target)
         if suffix == "weight" and module in requantize:
             w, scales, biases = mx.quantize(parts["weight"], **requantize[module])
             parts = {"weight": w, "scales": scales, "biases": biases}
@@ -614,6 +614,7 @@ class _Shards:
     def __init__(self, folder: Path, limit: int = SHARD_BYTES):
         self.folder, self.limit = folder, limit
         self.pending: dict[str, mx.array] = {}
+        self.pending_bytes = 0
         self.files: list[list[str]] = []  # the arrays' names, per file written
         self.begun: list[Path] = []  # every file this writer has begun, to remove on error
         self.total = 0
@@ -623,9 +624,10 @@ class _Shards:
 
     def add(self, name: str, x: mx.array) -> None:
         mx.eval(x)  # frees what it was computed from
-        if self.pending and sum(v.nbytes for v in self.pending.values()) + x.nbytes > self.limit:
+        if self.pending and self.pending_bytes + x.nbytes > self.limit:
             self._write()
         self.pending[name] = x
+        self.pending_bytes += x.nbytes
         self.total += x.nbytes
 
     def _write(self) -> None:
@@ -633,7 +635,7 @@ class _Shards:
         self.begun.append(path)
         mx.save_safetensors(str(path), self.pending, metadata={"format": "mlx"})
         self.files.append(sorted(self.pending))
-        self.pending = {}
+        self.pending, self.pending_bytes = {}, 0
 
     def _path(self, i: int, count: int | None = None) -> Path:
         if count is None:

@@ -517,10 +517,14 @@ def test_a_conversion_in_shards_loads_as_one(tiny_model_dir, tmp_path):
     assert len(files) > 3 and not list((tmp_path / "sharded").glob(".*"))
     assert files[0].name == f"model-00001-of-{len(files):05d}.safetensors"
     index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    sizes = []
     for f in files:
         arrays = mx.load(str(f))
         assert {index["weight_map"][k] for k in arrays} == {f.name}
-        assert len(arrays) == 1 or sum(v.nbytes for v in arrays.values()) <= limit
+        sizes.append(sum(v.nbytes for v in arrays.values()))
+        assert len(arrays) == 1 or sizes[-1] <= limit
+    # each file was filled: the next one's first array would not have fitted in it
+    assert all(a + b > limit for a, b in zip(sizes, sizes[1:])), sizes
     assert saved_weights(tmp_path / "sharded").keys() == saved_weights(whole).keys()
     x = mx.array([[5, 17, 42, 99, 200, 7]])
     assert mx.array_equal(mlx_lm.load(str(tmp_path / "sharded"))[0](x),
