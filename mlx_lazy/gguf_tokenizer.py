@@ -2,8 +2,9 @@
 
 llama.cpp stores the vocabulary, merges, token types and special ids; this rebuilds
 ``tokenizer.json`` and ``tokenizer_config.json`` from them: byte-level BPE with llama.cpp's
-pre-tokenizer regexes (``tokenizer.ggml.model`` "gpt2"), and Gemma's SentencePiece vocabulary
-as the byte-fallback BPE Gemma ships. Bad metadata is a :class:`UserInputError`.
+pre-tokenizer regexes (``tokenizer.ggml.model`` "gpt2"), and SentencePiece vocabularies
+("llama": Llama 2, Mistral, Phi-3, Gemma) as the byte-fallback BPE such models ship, tokenizing
+as llama.cpp does. Bad metadata is a :class:`UserInputError`.
 """
 
 from __future__ import annotations
@@ -40,12 +41,11 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
         pre_tokenizers, processors
 
     kind = meta.get("tokenizer.ggml.model")
-    if kind == "llama" and arch == "gemma3":
-        return _gemma_tokenizer(meta)
+    if kind == "llama":
+        return _sentencepiece_tokenizer(arch, meta)
     if kind != "gpt2":
-        what = " (SentencePiece)" if kind == "llama" else ""
-        raise UserInputError(f"unsupported GGUF tokenizer model {kind!r}{what} (supported: "
-                             "'gpt2' byte-level BPE)")
+        raise UserInputError(f"unsupported GGUF tokenizer model {kind!r} (supported: 'gpt2' "
+                             "byte-level BPE, 'llama' SentencePiece)")
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
         raise UserInputError(f"unsupported GGUF pre-tokenizer {pre!r} "
@@ -108,38 +108,58 @@ def _tokenizer_config(meta: dict, tokens: list[str], add_bos: bool,
     return config
 
 
-def _gemma_tokenizer(meta: dict) -> tuple[Any, dict]:
-    """Gemma's SentencePiece vocabulary (``tokenizer.ggml.model`` "llama") as the fast
-    tokenizer Gemma ships: BPE with byte fallback, spaces as "\u2581", no prefix space,
-    merges rebuilt from the vocabulary (the GGUF lists none; Gemma's merge order is the
-    vocabulary's order, not its scores), control tokens special, user-defined ones whole.
-    As transformers' GGUF loader does."""
+def _sentencepiece_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
+    """A SentencePiece vocabulary (``tokenizer.ggml.model`` "llama": Llama 2, Mistral 7B,
+    TinyLlama, Phi-3, Gemma) as the byte-fallback BPE fast tokenizer such models ship.
+
+    The GGUF lists no merges: they are rebuilt from the vocabulary, best first, as
+    transformers does; best is the higher score, except for Gemma, whose merge order is the
+    vocabulary's order (its scores do not follow it). Spaces become "\u2581". Where the GGUF
+    says to (``add_space_prefix``, on unless it says otherwise, except for Gemma), each run of
+    text gets a leading "\u2581", after every special or user-defined token too, as llama.cpp
+    tokenizes (Llama 2's own ``tokenizer.json`` does the same), and decoding strips it again.
+    Unknown and control tokens are special, user-defined ones are matched whole.
+    """
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, \
         pre_tokenizers, processors
 
     raw: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
     if not raw:
         raise UserInputError("GGUF metadata lacks tokenizer.ggml.tokens")
-    # runs of spaces are stored as spaces; Gemma's tokenizer spells them with "\u2581"
-    tokens = ["\u2581" * len(t) if t and not t.strip(" ") else t for t in raw]
+    gemma = arch == "gemma3"
+    # Gemma's GGUF stores runs of spaces as spaces; its tokenizer spells them with "\u2581"
+    tokens = ["\u2581" * len(t) if gemma and t and not t.strip(" ") else t for t in raw]
     vocab = {t: i for i, t in enumerate(tokens)}
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if gemma:
+        ranks = [-i for i in range(len(tokens))]
+    else:
+        ranks = meta.get("tokenizer.ggml.scores")
+        if ranks is None or len(ranks) != len(tokens):
+            raise UserInputError("GGUF metadata lacks tokenizer.ggml.scores for its "
+                                 f"{len(tokens)} SentencePiece tokens")
     merges = []
     for i, t in enumerate(tokens):
         local = [(t[:j], t[j:]) for j in range(1, len(t)) if t[:j] in vocab and t[j:] in vocab]
         local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
-        merges += [(i, len(a), len(b), a, b) for a, b in local]
-    merges.sort(key=lambda m: (-m[0], m[1], m[2]), reverse=True)
+        merges += [(float(ranks[i]), len(a), len(b), a, b) for a, b in local]
+    merges.sort(key=lambda m: m[:3], reverse=True)  # stable: ties keep the vocabulary's order
 
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     unk = _special_token(meta, tokens, "unknown") or "<unk>"
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges],
                                unk_token=unk, fuse_unk=True, byte_fallback=True))
-    tok.normalizer = normalizers.Replace(" ", "\u2581")
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous")
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
-                                     decoders.Fuse()])
+    prefix = not gemma and bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    spaces = normalizers.Replace(" ", "\u2581")
+    tok.normalizer = (normalizers.Sequence([normalizers.Prepend("\u2581"), spaces])
+                      if prefix else spaces)
+    if gemma:
+        tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous")
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + [decoders.Strip(" ", 1, 0)] * prefix)
+    # llama.cpp token types: 2 = unknown, 3 = control, 4 = user defined.
+    special = (3,) if gemma else (2, 3)
     tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                            for i, t in enumerate(types) if t == 3])
+                            for i, t in enumerate(types) if t in special])
     tok.add_tokens([AddedToken(raw[i], special=False, normalized=False)  # "\n", "<table>"
                     for i, t in enumerate(types) if t == 4 and raw[i] == tokens[i]])
     bos = _special_token(meta, tokens, "bos")
@@ -147,5 +167,5 @@ def _gemma_tokenizer(meta: dict) -> tuple[Any, dict]:
     if add_bos:
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
-    return tok, _tokenizer_config(meta, tokens, add_bos,
-                                  int(meta.get("gemma3.context_length", 32768)))
+    return tok, _tokenizer_config(meta, tokens, add_bos, int(meta.get(
+        f"{arch}.context_length", 32768 if gemma else 4096)))

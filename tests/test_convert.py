@@ -14,6 +14,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import mlx.core as mx
@@ -208,11 +209,29 @@ def add_shape(w: gguf.GGUFWriter, config: dict) -> None:
     w.add_key_length(config["head_dim"])
 
 
+def add_bpe_vocab(w: gguf.GGUFWriter, tok_folder: Path, model: str = "gpt2") -> None:
+    """The byte-level BPE tokenizer of ``tok_folder`` as llama.cpp's metadata."""
+    tok = json.loads((tok_folder / "tokenizer.json").read_text())
+    tok_config = json.loads((tok_folder / "tokenizer_config.json").read_text())
+    tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
+    added = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    w.add_tokenizer_model(model)
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_merges([" ".join(x) if isinstance(x, list) else x for x in tok["model"]["merges"]])
+    w.add_token_types([3 if t in added else 1 for t in tokens])
+    w.add_bos_token_id(added[tok_config["bos_token"]])
+    w.add_eos_token_id(added[tok_config["eos_token"]])
+    w.add_chat_template(tok_config["chat_template"])
+
+
 def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = None,
                meta: dict | None = None, extra: dict | None = None,
+               vocab: Callable[[gguf.GGUFWriter], None] | None = None,
                **overrides) -> tuple[dict, dict]:
     """Write a random-weight model of ``kind`` as a llama.cpp-style GGUF (q/k rows permuted
-    for llama) with gguf's writer and the tokenizer of ``tok_folder``.
+    for llama) with gguf's writer and the tokenizer of ``tok_folder`` (or the metadata
+    ``vocab`` writes).
 
     ``types`` maps a GGUF tensor role ("attn_q", "token_embd", ...; "*" for the other 2-D
     tensors) to its type (default F32); ``meta`` overrides metadata values only (to make
@@ -225,10 +244,6 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     module = model_module(kind)
     shapes = {k: v.shape for k, v in
               tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
-    tok = json.loads((tok_folder / "tokenizer.json").read_text())
-    tok_config = json.loads((tok_folder / "tokenizer_config.json").read_text())
-    tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
-    added = {t["content"]: t["id"] for t in tok["added_tokens"]}
 
     w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(kind, kind))
     add_shape(w, m)
@@ -242,14 +257,10 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     if m["rope_scaling"]:
         w.add_rope_scaling_type(m["rope_scaling"])
     w.add_layer_norm_rms_eps(m["rms_norm_eps"])
-    w.add_tokenizer_model(m["tokenizer_model"])
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_merges([" ".join(x) if isinstance(x, list) else x for x in tok["model"]["merges"]])
-    w.add_token_types([3 if t in added else 1 for t in tokens])
-    w.add_bos_token_id(added[tok_config["bos_token"]])
-    w.add_eos_token_id(added[tok_config["eos_token"]])
-    w.add_chat_template(tok_config["chat_template"])
+    if vocab is None:
+        add_bpe_vocab(w, tok_folder, m["tokenizer_model"])
+    else:
+        vocab(w)
 
     rng = np.random.default_rng(0)
     reference = {}
@@ -662,8 +673,11 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                        "llama.attention.head_count must be an integer in [1, "),
         "negative_eps": (lambda: tiny("eps.gguf", meta={"rms_norm_eps": -1.0}),
                          "layer_norm_rms_epsilon must be a positive number"),
-        "sentencepiece": (lambda: tiny("spm.gguf", meta={"tokenizer_model": "llama"}),
-                          "unsupported GGUF tokenizer model 'llama' (SentencePiece)"),
+        "sentencepiece_without_scores": (
+            lambda: tiny("spm.gguf", meta={"tokenizer_model": "llama"}),
+            "GGUF metadata lacks tokenizer.ggml.scores"),
+        "tokenizer_model": (lambda: tiny("rwkv.gguf", meta={"tokenizer_model": "rwkv"}),
+                            "unsupported GGUF tokenizer model 'rwkv'"),
         "rope_scaling": (lambda: tiny("yarn.gguf",
                                       meta={"rope_scaling": gguf.RopeScalingType.YARN}),
                          "RoPE scaling (yarn) is not supported"),
@@ -694,9 +708,9 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
 
 BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type", "no_metadata",
               "shapes", "layers", "huge_layers", "nan_rope", "zero_heads", "negative_eps",
-              "sentencepiece", "rope_scaling", "rope_freqs", "rope_freqs_shape",
-              "rope_freqs_qwen2", "rope_freqs_nan", "q_bits_width", "not_a_model_folder",
-              "experts", "no_experts"]
+              "sentencepiece_without_scores", "tokenizer_model", "rope_scaling", "rope_freqs",
+              "rope_freqs_shape", "rope_freqs_qwen2", "rope_freqs_nan", "q_bits_width",
+              "not_a_model_folder", "experts", "no_experts"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

@@ -1,0 +1,259 @@
+"""GGUF SentencePiece vocabularies (``tokenizer.ggml.model`` "llama": Llama 2, Mistral 7B,
+TinyLlama, Phi-3) rebuilt as Hugging Face fast tokenizers.
+
+The reference is llama.cpp's own SPM tokenizer, written out below (its bigram merge by score
+and its byte resegmentation, text split around special tokens with a space prefix before
+each run of text), checked itself against ``sentencepiece`` on plain text. The vocabulary is
+a tiny SentencePiece BPE model trained here, written to a GGUF as llama.cpp's converter
+writes one.
+"""
+
+from __future__ import annotations
+
+import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
+
+import heapq
+import io
+import json
+from pathlib import Path
+
+import gguf
+import mlx_lm
+import pytest
+import sentencepiece as spm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlx_lazy.convert import convert
+from mlx_lazy.gguf_tokenizer import build_tokenizer
+from test_convert import assert_one_line_error, run_main, write_gguf
+
+REPO = Path(__file__).resolve().parents[1]
+CONTROL, USER = ["[INST]", "[/INST]"], "<tool>"
+CODE = "def f(x):\n    if x:\n        return  x\n\treturn None  # done\n"
+TEXTS = [
+    "Hello world", " leading space", "  two leading spaces", "trailing space ", "",
+    "When in the Course of human events, it becomes necessary",
+    "multiple   spaces\n\nand new lines\r\n", CODE, "12345 67.89",
+    "Ünïcödé and emoji 😀 and \u2581 the piece mark itself", "中文 text",
+]
+SPECIAL_TEXTS = [
+    "<s>[INST] What is the passkey? [/INST] It is 12345.</s>",
+    "[INST]Hello[/INST] world", "a<tool>b <tool> c", "<unk> and </s>",
+    "[INST][/INST]", " [INST]  spaced  [/INST] ",
+]
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] "
+                 "{{ m['content'] }} [/INST]{% else %}{{ m['content'] }}{{ eos_token }}"
+                 "{% endif %}{% endfor %}")
+
+
+@pytest.fixture(scope="module")
+def sp() -> spm.SentencePieceProcessor:
+    """A tiny SentencePiece BPE model with Llama 2's settings: byte fallback, identity
+    normalisation, whitespace kept, digits split, whitespace-only pieces (code indents)."""
+    text = (REPO / "mlx_lazy" / "data" / "declaration_of_independence.txt").read_text()
+    lines = text.splitlines() + [CODE] * 20 + ["Ünïcödé text 12345"] * 5
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, model_type="bpe", vocab_size=600,
+        byte_fallback=True, character_coverage=1.0, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, split_digits=True, allow_whitespace_only_pieces=True,
+        user_defined_symbols=[USER], control_symbols=CONTROL, unk_id=0, bos_id=1, eos_id=2,
+        pad_id=-1, minloglevel=2)
+    return spm.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+def vocab_of(sp: spm.SentencePieceProcessor, pad: int = 0) -> tuple[list, list, list]:
+    """(tokens, scores, types) as llama.cpp's converter writes them: pieces as they are,
+    their scores, llama.cpp's token types (the user-defined one as an added token of the
+    tokenizer config makes it), ``pad`` unused ``[PADi]`` tokens after them."""
+    tokens, scores, types = [], [], []
+    for i in range(sp.vocab_size()):
+        tokens.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        types.append(2 if sp.is_unknown(i) else 3 if sp.is_control(i) else
+                     5 if sp.is_unused(i) else 6 if sp.is_byte(i) else
+                     4 if tokens[-1] == USER else 1)
+    return (tokens + [f"[PAD{i}]" for i in range(pad)], scores + [-10000.0] * pad,
+            types + [5] * pad)
+
+
+def spm_meta(sp: spm.SentencePieceProcessor, **extra) -> dict:
+    tokens, scores, types = vocab_of(sp)
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.bos_token_id": 1,
+            "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 0,
+            "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+            "tokenizer.chat_template": CHAT_TEMPLATE, **extra}
+
+
+def llama_cpp_spm(tokens: list[str], scores: list[float], text: str) -> list[int]:
+    """llama.cpp's ``llm_tokenizer_spm`` on already-escaped text: start from characters,
+    merge the adjacent pair whose joint text is the best-scoring token (leftmost on a tie)
+    until none is a token, then spell what is not a token by the merges that built it, or
+    as its UTF-8 bytes."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    sym = [[c, i - 1, i + 1] for i, c in enumerate(text)]  # text, prev, next (-1 / n: none)
+    queue, built = [], {}
+
+    def pair(left: int, right: int) -> None:
+        if left < 0 or right >= len(sym):
+            return
+        joint = sym[left][0] + sym[right][0]
+        if joint in vocab:
+            heapq.heappush(queue, (-scores[vocab[joint]], left, right, len(joint)))
+            built[joint] = (sym[left][0], sym[right][0])
+
+    for i in range(1, len(sym)):
+        pair(i - 1, i)
+    while queue:
+        _, left, right, size = heapq.heappop(queue)
+        a, b = sym[left], sym[right]
+        if not a[0] or not b[0] or len(a[0]) + len(b[0]) != size:
+            continue  # outdated: one side merged since
+        a[0], b[0], a[2] = a[0] + b[0], "", b[2]
+        if b[2] < len(sym):
+            sym[b[2]][1] = left
+        pair(a[1], left)
+        pair(left, a[2])
+
+    def spell(piece: str) -> list[int]:
+        if piece in vocab:
+            return [vocab[piece]]
+        if piece in built:
+            return [i for part in built[piece] for i in spell(part)]
+        return [vocab[f"<0x{b:02X}>"] for b in piece.encode()]
+
+    out, i = [], 0
+    while i < len(sym):
+        out += spell(sym[i][0])
+        i = sym[i][2]
+    return out
+
+
+def llama_cpp_tokenize(meta: dict, text: str) -> list[int]:
+    """llama.cpp's SPM ``tokenize`` with special tokens parsed: BOS, then the text cut
+    around control, unknown and user-defined tokens (the longest first), each run of text
+    prefixed by a space when the vocabulary says so and spaces escaped as "\u2581"."""
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
+    specials = sorted((t for t, k in zip(tokens, types) if k in (2, 3, 4)), key=len, reverse=True)
+    parts: list = [text]
+    for special in specials:
+        cut = []
+        for part in parts:
+            if isinstance(part, int):
+                cut.append(part)
+                continue
+            pieces = part.split(special)
+            for j, piece in enumerate(pieces):
+                cut += ([tokens.index(special)] if j else []) + ([piece] if piece else [])
+        parts = cut
+    out = [meta["tokenizer.ggml.bos_token_id"]] if meta["tokenizer.ggml.add_bos_token"] else []
+    after_special = True
+    for part in parts:
+        if isinstance(part, int):
+            out.append(part)
+        else:
+            escaped = ((" " if prefix and after_special else "") + part).replace(" ", "\u2581")
+            out += llama_cpp_spm(tokens, meta["tokenizer.ggml.scores"], escaped)
+        after_special = isinstance(part, int)
+    return out
+
+
+def test_the_reference_is_sentencepiece_on_plain_text(sp):
+    """The reference above agrees with sentencepiece itself (no special tokens in the text:
+    sentencepiece does not parse them)."""
+    meta = spm_meta(sp, **{"tokenizer.ggml.add_bos_token": False})
+    for text in TEXTS:
+        assert llama_cpp_tokenize(meta, text) == sp.encode(text), text
+
+
+@pytest.mark.parametrize("prefix", [None, False])
+def test_encoding_is_llama_cpps(sp, prefix):
+    extra = {} if prefix is None else {"tokenizer.ggml.add_space_prefix": prefix}
+    meta = spm_meta(sp, **extra)
+    tok, config = build_tokenizer("llama", meta)
+    for text in TEXTS + SPECIAL_TEXTS:
+        assert tok.encode(text).ids == llama_cpp_tokenize(meta, text), text
+    assert config["bos_token"] == "<s>" and config["eos_token"] == "</s>" and \
+        config["unk_token"] == "<unk>" and config["add_bos_token"] is True
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(text=st.lists(st.sampled_from(list("abcdefghijklmnopqrstuvwxyzTWH .,\n\t0123456789ÜéВ😀")
+                                     + CONTROL + [USER, "<s>", "  ", "the ", "tion"]),
+                     max_size=40).map("".join))
+def test_encoding_is_llama_cpps_on_any_text(sp, text):
+    meta = spm_meta(sp)
+    assert build_tokenizer("llama", meta)[0].encode(text).ids == llama_cpp_tokenize(meta, text)
+
+
+@pytest.mark.parametrize("prefix", [None, False])
+def test_decoding_gives_the_text_back(sp, prefix):
+    extra = {} if prefix is None else {"tokenizer.ggml.add_space_prefix": prefix}
+    tok = build_tokenizer("llama", spm_meta(sp, **extra))[0]
+    for text in TEXTS:  # "\u2581" is a space to every SentencePiece tokenizer
+        assert tok.decode(tok.encode(text).ids, skip_special_tokens=True) == \
+            text.replace("\u2581", " "), text
+    # the prefix space is the tokenizer's, not the text's: decoding strips one, and only one
+    assert tok.decode(tok.encode("  x").ids[1:]) == "  x"
+
+
+def test_a_converted_llama_2_style_gguf_loads_with_its_tokenizer(sp, tiny_model_dir, tmp_path):
+    """A llama GGUF with a SentencePiece vocabulary (padded past the model's pieces, as
+    llama.cpp pads to the config's vocab size) converts, and mlx-lm loads it with
+    sentencepiece's encoding, the chat template, its EOS and the SPM streaming detokenizer."""
+    tokens, scores, types = vocab_of(sp, pad=8)
+    meta = spm_meta(sp)
+
+    def vocab(w: gguf.GGUFWriter) -> None:
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_chat_template(CHAT_TEMPLATE)
+
+    write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"), vocab=vocab,
+               vocab_size=len(tokens))
+    model, tok = mlx_lm.load(str(convert(tmp_path / "m.gguf", tmp_path / "out")))
+    assert model.args.vocab_size == len(tokens)
+    for text in TEXTS:
+        assert tok.encode(text) == [1] + sp.encode(text), text
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+    assert chat == "<s>[INST] Hi [/INST]"
+    assert tok.encode(chat, add_special_tokens=False) == llama_cpp_tokenize(
+        {**meta, "tokenizer.ggml.add_bos_token": False}, chat)
+    assert tok.eos_token_ids == {2}
+    detok = tok.detokenizer
+    assert type(detok).__name__ == "SPMStreamingDetokenizer"
+    streamed = "Ünïcödé and emoji 😀 中文\n" + CODE
+    detok.reset()
+    for i in sp.encode(streamed):
+        detok.add_token(i)
+    detok.finalize()
+    assert detok.text == streamed
+    config = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+    assert config["add_bos_token"] is True and config["chat_template"] == CHAT_TEMPLATE
+
+
+def test_a_vocabulary_without_scores_is_one_error_line(sp, tiny_model_dir, tmp_path, capsys):
+    tokens, _, types = vocab_of(sp)
+
+    def vocab(w: gguf.GGUFWriter) -> None:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+
+    write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"), vocab=vocab,
+               vocab_size=len(tokens))
+    rc, err = run_main(capsys, str(tmp_path / "m.gguf"), str(tmp_path / "out"))
+    assert_one_line_error(rc, err, "GGUF metadata lacks tokenizer.ggml.scores")
+    assert not (tmp_path / "out").exists()
