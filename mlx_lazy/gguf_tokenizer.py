@@ -13,13 +13,33 @@ from typing import Any
 
 from .errors import UserInputError
 
-# GPT-2 byte-level regex variants of llama.cpp's pre-tokenizers; "smollm" splits every digit
-# into its own token before the GPT-2 regex.
+# Split regexes of the models' own tokenizer.json files, as llama.cpp groups its pre-tokenizers
+# (llama.cpp runs adapted copies of them).
 _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZERS = ("smollm", "gpt2", "default", "llama-bpe", "qwen2")
+_TEKKEN_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+                 r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+                 r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+                r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+                r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+#: Byte-level BPE pre-tokenizers (``tokenizer.ggml.pre``) by llama.cpp's name: the split regex
+#: (None: GPT-2's, the byte-level step's own; "smollm" also splits every digit on its own
+#: first) and whether a word found whole in the vocabulary is one token without merging
+#: (llama.cpp's ``ignore_merges``; Llama 3's tokenizer.json says the same).
+PRE_TOKENIZERS: dict[str, tuple[str | None, bool]] = {
+    **dict.fromkeys(("default", "gpt2", "gpt-2", "smollm"), (None, False)),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                     "midm-2.0", "lfm2"), (_LLAMA3_REGEX, True)),
+    **dict.fromkeys(("dbrx", "smaug-bpe"), (_LLAMA3_REGEX, False)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"), (_QWEN2_REGEX, False)),
+    "tekken": (_TEKKEN_REGEX, True),
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), (_GPT4O_REGEX, False)),
+}
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list).
 _EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
               "<end_of_turn>", "<|end_of_text|>")
@@ -54,9 +74,9 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
 
+    regex, whole_words = PRE_TOKENIZERS[pre]
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                               fuse_unk=False, byte_fallback=False))
-    regex = {"llama-bpe": _LLAMA3_REGEX, "qwen2": _QWEN2_REGEX}.get(pre)
+                               fuse_unk=False, byte_fallback=False, ignore_merges=whole_words))
     steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex is None)]
     if pre == "smollm":
         steps.insert(0, pre_tokenizers.Digits(individual_digits=True))

@@ -1,11 +1,13 @@
-"""GGUF SentencePiece vocabularies (``tokenizer.ggml.model`` "llama": Llama 2, Mistral 7B,
-TinyLlama, Phi-3) rebuilt as Hugging Face fast tokenizers.
+"""Tokenizers rebuilt from a GGUF's metadata: byte-level BPE pre-tokenizers by llama.cpp's
+names, and SentencePiece vocabularies (``tokenizer.ggml.model`` "llama": Llama 2, Mistral 7B,
+TinyLlama, Phi-3).
 
-The reference is llama.cpp's own SPM tokenizer, written out below (its bigram merge by score
-and its byte resegmentation, text split around special tokens with a space prefix before
-each run of text), checked itself against ``sentencepiece`` on plain text. The vocabulary is
-a tiny SentencePiece BPE model trained here, written to a GGUF as llama.cpp's converter
-writes one.
+The byte-level splits are checked against llama.cpp's own regexes, run by Python's ``regex``.
+The SentencePiece reference is llama.cpp's own SPM tokenizer, written out below (its bigram
+merge by score and its byte resegmentation, text split around special tokens with a space
+prefix before each run of text), checked itself against ``sentencepiece`` on plain text.
+The vocabulary is a tiny SentencePiece BPE model trained here, written to a GGUF as
+llama.cpp's converter writes one.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from pathlib import Path
 import gguf
 import mlx_lm
 import pytest
+import regex
 import sentencepiece as spm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlx_lazy.convert import convert
-from mlx_lazy.gguf_tokenizer import build_tokenizer
+from mlx_lazy.gguf_tokenizer import PRE_TOKENIZERS, build_tokenizer
 from test_convert import assert_one_line_error, run_main, write_gguf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -257,3 +260,85 @@ def test_a_vocabulary_without_scores_is_one_error_line(sp, tiny_model_dir, tmp_p
     rc, err = run_main(capsys, str(tmp_path / "m.gguf"), str(tmp_path / "out"))
     assert_one_line_error(rc, err, "GGUF metadata lacks tokenizer.ggml.scores")
     assert not (tmp_path / "out").exists()
+
+
+# llama.cpp's adapted split regexes (src/llama-vocab.cpp, ``llm_tokenizer_bpe``), by its
+# pre-tokenizer groups: what it splits a text into before the merges.
+_CPP_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_CPP_LLAMA3 = (_CPP_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+               r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CPP_QWEN2 = (_CPP_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CPP_UPPER, _CPP_LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
+_CPP_TEKKEN = (rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}*{_CPP_LOWER}+|"
+               rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}+{_CPP_LOWER}*|\p{{N}}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CPP_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}*{_CPP_LOWER}+{_CPP_CONTRACTIONS}?|"
+              rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}+{_CPP_LOWER}*{_CPP_CONTRACTIONS}?|"
+              r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+CPP_SPLITS = {
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                     "midm-2.0", "lfm2", "dbrx", "smaug-bpe"), _CPP_LLAMA3),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"), _CPP_QWEN2),
+    "tekken": _CPP_TEKKEN,
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), _CPP_GPT4O),
+}
+# llama.cpp's ignore_merges groups
+CPP_WHOLE_WORDS = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                   "midm-2.0", "lfm2", "tekken"}
+SPLIT_TEXTS = TEXTS + [
+    "I'm sure THEY'LL say it's HTTPServer's CamelCase: getHTTPResponseCode()",
+    "Numbers 1234567 and 3.14159, paths a/b/c//d, URLs http://x.io/?q=1",
+    "Ünïcödé ÀÉÎ, Ελληνικά, русский ТЕКСТ, 日本語のテキスト, 한국어, عربى",
+    "tabs\t\tand\r\nwindows\r\n\r\nlines   \n  end  ",
+]
+
+
+def byte_level(word: str) -> str:
+    from tokenizers.pre_tokenizers import ByteLevel
+    return "".join(piece for piece, _ in ByteLevel(add_prefix_space=False, use_regex=False)
+                   .pre_tokenize_str(word))
+
+
+def cpp_split(pattern: str, text: str) -> list[str]:
+    """llama.cpp's ``unicode_regex_split``: the matches, and the text between them."""
+    words, end = [], 0
+    for m in regex.finditer(pattern, text):
+        words += [text[end:m.start()]] * (m.start() > end) + [m.group()]
+        end = m.end()
+    return words + [text[end:]] * (end < len(text))
+
+
+def byte_level_meta(pre: str, tokens: list[str] | None = None, merges: list[str] = ()) -> dict:
+    from tokenizers.pre_tokenizers import ByteLevel
+    alphabet = sorted(ByteLevel.alphabet())
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+            "tokenizer.ggml.tokens": list(dict.fromkeys(alphabet + (tokens or []))),
+            "tokenizer.ggml.merges": list(merges)}
+
+
+@pytest.mark.parametrize("pre", sorted(CPP_SPLITS))
+def test_byte_level_splits_are_llama_cpps(pre):
+    tok = build_tokenizer("llama", byte_level_meta(pre))[0]
+    for text in SPLIT_TEXTS:
+        ours = [piece for piece, _ in tok.pre_tokenizer.pre_tokenize_str(text)]
+        assert ours == [byte_level(w) for w in cpp_split(CPP_SPLITS[pre], text)], text
+
+
+def test_every_named_pre_tokenizer_is_checked():
+    """Each name with a split regex is in the table above, with llama.cpp's ignore_merges."""
+    named = {name for name, (split, _) in PRE_TOKENIZERS.items() if split is not None}
+    assert named == set(CPP_SPLITS)
+    assert {name for name, (_, whole) in PRE_TOKENIZERS.items() if whole} == CPP_WHOLE_WORDS
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "tekken", "qwen2", "gpt-4o"])
+def test_a_whole_word_in_the_vocabulary_skips_the_merges_where_llama_cpp_does(pre):
+    """" abc" is a token ("\u0120abc") no merge reaches: llama.cpp's ignore_merges groups
+    (Llama 3, Tekken) take the word whole, the others merge it to " ab", "c"."""
+    meta = byte_level_meta(pre, ["\u0120a", "\u0120ab", "\u0120abc"],
+                           ["\u0120 a", "\u0120a b"])
+    vocab = {t: i for i, t in enumerate(meta["tokenizer.ggml.tokens"])}
+    ids = build_tokenizer("llama", meta)[0].encode(" abc").ids
+    whole = pre in CPP_WHOLE_WORDS
+    assert ids == ([vocab["\u0120abc"]] if whole else [vocab["\u0120ab"], vocab["c"]])
