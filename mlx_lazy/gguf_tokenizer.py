@@ -9,7 +9,7 @@ as llama.cpp does. Bad metadata is a :class:`UserInputError`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import UserInputError
 
@@ -27,18 +27,28 @@ _GPT4O_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm
                 r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
                 r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
                 r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-#: Byte-level BPE pre-tokenizers (``tokenizer.ggml.pre``) by llama.cpp's name: the split regex
-#: (None: GPT-2's, the byte-level step's own; "smollm" also splits every digit on its own
-#: first) and whether a word found whole in the vocabulary is one token without merging
-#: (llama.cpp's ``ignore_merges``; Llama 3's tokenizer.json says the same).
-PRE_TOKENIZERS: dict[str, tuple[str | None, bool]] = {
-    **dict.fromkeys(("default", "gpt2", "gpt-2", "smollm"), (None, False)),
+
+
+class PreTokenizer(NamedTuple):
+    """How llama.cpp tokenizes for one ``tokenizer.ggml.pre`` name."""
+    split: str | None  # the split regex (None: GPT-2's, the byte-level step's own)
+    whole_words: bool  # a word found whole in the vocabulary is one token, unmerged
+    bos: bool  # BOS is added when the GGUF does not say
+
+
+_LLAMA3 = PreTokenizer(_LLAMA3_REGEX, True, True)
+#: Byte-level BPE pre-tokenizers by llama.cpp's names and groups ("smollm" also splits every
+#: digit on its own first); Llama 3's and Tekken's tokenizer.json files say the same of
+#: whole words and BOS.
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    **dict.fromkeys(("default", "gpt2", "gpt-2", "smollm"), PreTokenizer(None, False, False)),
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                     "midm-2.0", "lfm2"), (_LLAMA3_REGEX, True)),
-    **dict.fromkeys(("dbrx", "smaug-bpe"), (_LLAMA3_REGEX, False)),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"), (_QWEN2_REGEX, False)),
-    "tekken": (_TEKKEN_REGEX, True),
-    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), (_GPT4O_REGEX, False)),
+                     "midm-2.0", "lfm2"), _LLAMA3),
+    **dict.fromkeys(("dbrx", "smaug-bpe"), _LLAMA3._replace(whole_words=False, bos=False)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"),
+                    PreTokenizer(_QWEN2_REGEX, False, False)),
+    "tekken": PreTokenizer(_TEKKEN_REGEX, True, True),
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), PreTokenizer(_GPT4O_REGEX, False, False)),
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list).
 _EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
@@ -74,9 +84,11 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
 
-    regex, whole_words = PRE_TOKENIZERS[pre]
+    how = PRE_TOKENIZERS[pre]
+    regex = how.split
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                               fuse_unk=False, byte_fallback=False, ignore_merges=whole_words))
+                               fuse_unk=False, byte_fallback=False,
+                               ignore_merges=how.whole_words))
     steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex is None)]
     if pre == "smollm":
         steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
@@ -91,7 +103,7 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
                             for i, t in enumerate(types) if t in (3, 4)])
 
     bos = _special_token(meta, tokens, "bos")
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", how.bos)) and bos is not None
     post = [processors.ByteLevel(trim_offsets=False)]
     if add_bos:
         post.append(processors.TemplateProcessing(

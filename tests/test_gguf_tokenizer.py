@@ -327,9 +327,22 @@ def test_byte_level_splits_are_llama_cpps(pre):
 
 def test_every_named_pre_tokenizer_is_checked():
     """Each name with a split regex is in the table above, with llama.cpp's ignore_merges."""
-    named = {name for name, (split, _) in PRE_TOKENIZERS.items() if split is not None}
-    assert named == set(CPP_SPLITS)
-    assert {name for name, (_, whole) in PRE_TOKENIZERS.items() if whole} == CPP_WHOLE_WORDS
+    assert {name for name, how in PRE_TOKENIZERS.items() if how.split} == set(CPP_SPLITS)
+    assert {name for name, how in PRE_TOKENIZERS.items() if how.whole_words} == CPP_WHOLE_WORDS
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "tekken", "qwen2", "smollm"])
+@pytest.mark.parametrize("said", [None, True, False])
+def test_bos_as_the_gguf_says_or_as_llama_cpp_defaults(pre, said):
+    """A GGUF's add_bos_token rules; without it, llama.cpp adds BOS for the Llama 3 group
+    and Tekken (Llama 3's tokenizer_config.json has no such key, so its GGUFs may not)."""
+    meta = byte_level_meta(pre, ["<s>"])
+    meta["tokenizer.ggml.bos_token_id"] = bos = len(meta["tokenizer.ggml.tokens"]) - 1
+    if said is not None:
+        meta["tokenizer.ggml.add_bos_token"] = said
+    tok, config = build_tokenizer("llama", meta)
+    added = said if said is not None else pre in CPP_WHOLE_WORDS
+    assert (tok.encode("hi").ids[0] == bos) == added == config["add_bos_token"]
 
 
 @pytest.mark.parametrize("pre", ["llama-bpe", "tekken", "qwen2", "gpt-4o"])
