@@ -10,7 +10,9 @@ Two sources:
   ``llama3`` RoPE scaling), ``qwen2``, ``qwen3``, ``qwen3moe`` (to mlx-lm's
   ``qwen3_moe``: the experts' stacked weights) and ``gemma3`` (to mlx-lm's
   ``gemma3_text``: llama.cpp stores Gemma's norm weights as 1 + w, mlx-lm as w; its
-  SentencePiece vocabulary becomes a byte-fallback BPE), and every tensor type that
+  SentencePiece vocabulary becomes a byte-fallback BPE), ``phi3`` (Phi-3/3.5, Phi-4-mini: fused
+  q/k/v and gate/up tensors as mlx-lm's ``phi3`` has them, partial RoPE, LongRoPE factors),
+  and every tensor type that
   package dequantizes. Q4_0/Q4_1/Q8_0 matrices map exactly onto MLX affine quantization (group
   size 32) and stay quantized unless a dtype is given (the experts' stacks too); the other types
   are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given), and
@@ -32,6 +34,7 @@ import contextlib
 import importlib
 import io
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -56,7 +59,7 @@ DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
 SHARD_BYTES = 2 << 30
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
-                 "gemma3": "Gemma3ForCausalLM"}
+                 "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
 # Gemma 3: llama.cpp's hard-wired sliding-window pattern (5 local layers, then a global one)
@@ -89,6 +92,20 @@ _GEMMA3_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# Phi-3: q, k, v rows in one tensor and the MLP's gate then up rows in another, fused as in
+# mlx-lm's phi3 (llama.cpp's converter writes Hugging Face's tensors unpermuted: NeoX RoPE)
+_PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj",
+                     "ffn_up": "mlp.gate_up_proj"}
+_ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
+# Phi-3's LongRoPE: llama.cpp's tensors of its factors beyond and within the original context
+_LONGROPE = {"long_factor": "rope_factors_long.weight",
+             "short_factor": "rope_factors_short.weight"}
+# RoPE scaling held as tensors (config, not weights), and the architecture llama.cpp reads
+# each for (Llama 3.1/3.2's divisors, Phi-3's factors)
+_ROPE_TENSORS = {"rope_freqs.weight": "llama", **dict.fromkeys(_LONGROPE.values(), "phi3")}
+#: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
+#: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
+ATTN_FACTOR_RTOL = 1e-6
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "output": "lm_head"}
 
@@ -223,7 +240,8 @@ def convert_gguf(
         raise UserInputError(f"unsupported GGUF architecture {arch!r} "
                              f"(supported: {', '.join(map(repr, ARCHITECTURES))})")
     config = _config(arch, meta, tensors)
-    tensors.pop("rope_freqs.weight", None)  # in the config now, not a weight
+    for name in _ROPE_TENSORS:  # in the config now, not weights
+        tensors.pop(name, None)
     tokenizer, tokenizer_config = build_tokenizer(arch, meta)
     config["eos_token_id"] = eos_ids(meta)
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
@@ -328,9 +346,13 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError("GGUF has no token_embd.weight tensor")
     head_dim = (count("attention.key_length") if g("attention.key_length") is not None
                 else hidden // n_heads)
-    if g("rope.dimension_count", head_dim) != head_dim:
-        raise UserInputError(f"GGUF with partial RoPE ({g('rope.dimension_count')} of "
-                             f"{head_dim} dims) is not supported")
+    rope_dims = count("rope.dimension_count", head_dim)
+    # mlx-lm's phi3 rotates the first int(head_dim · partial_rotary_factor) dims of each head
+    # (Phi-4-mini: 96 of 128); the other families' models rotate all of them
+    if rope_dims != head_dim and (arch != "phi3" or rope_dims > head_dim or rope_dims % 2
+                                  or int(head_dim * (rope_dims / head_dim)) != rope_dims):
+        raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's {head_dim} "
+                             "dims is not supported")
     vocab = int(tensors["token_embd.weight"].shape[1])
     if len(meta.get("tokenizer.ggml.tokens") or []) > vocab:
         raise UserInputError(f"GGUF tokenizer has more tokens than the embedding's {vocab} rows")
@@ -338,8 +360,10 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     linear = arch == "gemma3" and scaling == "linear"  # Gemma 3 4B+: global layers only
     if scaling not in (None, "none") and not linear:
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
-    if "rope_freqs.weight" in tensors and arch != "llama":
-        raise UserInputError(f"GGUF {arch} with RoPE scaling (rope_freqs) is not supported")
+    for name, owner in _ROPE_TENSORS.items():
+        if name in tensors and arch != owner:
+            raise UserInputError(f"GGUF {arch} with RoPE scaling ({name.removesuffix('.weight')}) "
+                                 "is not supported")
     config = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": _MODEL_TYPES.get(arch, arch),
@@ -380,9 +404,25 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         if linear:
             config["rope_scaling"] = {"rope_type": "linear",
                                       "factor": float(g("rope.scaling.factor", 1.0))}
+    if arch == "phi3":  # its sliding window is ignored: llama.cpp disables it, mlx-lm has none
+        # without it llama.cpp takes the context as the original one: no LongRoPE scale
+        config["original_max_position_embeddings"] = count(
+            "rope.scaling.original_context_length", config["max_position_embeddings"])
+        if rope_dims != head_dim:
+            config["partial_rotary_factor"] = rope_dims / head_dim
+        if any(name in tensors for name in _LONGROPE.values()):
+            config["rope_scaling"] = _longrope_scaling(tensors, rope_dims)
     if "rope_freqs.weight" in tensors:  # Llama 3.1 / 3.2: the tensor is the scaling
         config["rope_scaling"] = _llama3_rope_scaling(
-            _dequantized(tensors["rope_freqs.weight"]), config["rope_theta"], head_dim)
+            _rope_factors("rope_freqs.weight", tensors, head_dim), config["rope_theta"],
+            head_dim)
+    # llama.cpp multiplies the rotated dims of queries and keys by attn_factor; mlx-lm by its
+    # own scale (LongRoPE's, from the contexts' ratio), 1 in the other families
+    attn_factor, scale = positive("rope.scaling.attn_factor", 1.0), _rope_scale(config, rope_dims)
+    if not math.isclose(attn_factor, scale, rel_tol=ATTN_FACTOR_RTOL):
+        raise UserInputError(f"GGUF metadata {arch}.rope.scaling.attn_factor is "
+                             f"{attn_factor:.7g}, mlx-lm's {config['model_type']} scales by "
+                             f"{scale:.7g}")
     bos = meta.get("tokenizer.ggml.bos_token_id")
     if bos is not None:
         config["bos_token_id"] = int(bos)
@@ -393,6 +433,48 @@ def _number(x: float) -> int | float:
     """``x`` to 6 significant digits, an int when whole: 8192, not 8191.999999999998."""
     x = float(f"{x:.6g}")
     return int(x) if x.is_integer() else x
+
+
+def _rope_factors(name: str, tensors: dict, dims: int) -> np.ndarray:
+    """The GGUF tensor ``name``, which must hold a positive number per RoPE frequency of
+    ``dims`` dims."""
+    x, what = _dequantized(tensors[name]), name.removesuffix(".weight")
+    if x.shape != (dims // 2,):
+        raise UserInputError(f"GGUF {what} must hold {dims // 2} numbers (one per RoPE "
+                             f"frequency), got shape {x.shape}")
+    if not np.all(np.isfinite(x)) or x.min() <= 0:
+        bad = x[~(np.isfinite(x) & (x > 0))][0]
+        raise UserInputError(f"GGUF {what} must be positive numbers, got {bad}")
+    return x
+
+
+def _longrope_scaling(tensors: dict, dims: int) -> dict:
+    """Phi-3's LongRoPE ``rope_scaling`` from llama.cpp's ``rope_factors_long`` and
+    ``rope_factors_short`` tensors: what each RoPE frequency's wavelength is multiplied by
+    beyond the original context and within it. (llama.cpp picks by the context it runs with;
+    mlx-lm's SuScaledRoPE takes the long factors at any length, as for the Hugging Face
+    checkpoint.)"""
+    missing = [name for name in _LONGROPE.values() if name not in tensors]
+    if missing:
+        raise UserInputError(f"GGUF phi3 lacks {missing[0]}: LongRoPE needs "
+                             f"{' and '.join(_LONGROPE.values())}")
+    # float32 as llama.cpp writes them; each as its shortest decimal, as the original config has it
+    return {"type": "longrope", **{
+        key: [float(str(v)) for v in _rope_factors(name, tensors, dims).astype(np.float32)]
+        for key, name in _LONGROPE.items()}}
+
+
+def _rope_scale(config: dict, dims: int) -> float:
+    """What mlx-lm's RoPE for ``config`` multiplies the rotated dims of queries and keys by."""
+    from mlx_lm.models.rope_utils import SuScaledRoPE
+
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("type") != "longrope":
+        return 1.0
+    return SuScaledRoPE(dims, base=config["rope_theta"],
+                        max_position_embeddings=config["max_position_embeddings"],
+                        original_max_position_embeddings=config["original_max_position_embeddings"],
+                        long_factor=scaling["long_factor"])._scale
 
 
 def _llama3_rope_scaling(divisors: np.ndarray, base: float, dims: int) -> dict:
@@ -407,12 +489,6 @@ def _llama3_rope_scaling(divisors: np.ndarray, base: float, dims: int) -> dict:
     """
     from mlx_lm.models.rope_utils import Llama3RoPE
 
-    if divisors.shape != (dims // 2,):
-        raise UserInputError(f"GGUF rope_freqs must hold {dims // 2} numbers (one per RoPE "
-                             f"frequency), got shape {divisors.shape}")
-    if not np.all(np.isfinite(divisors)) or divisors.min() <= 0:
-        bad = divisors[~(np.isfinite(divisors) & (divisors > 0))][0]
-        raise UserInputError(f"GGUF rope_freqs must be positive numbers, got {bad}")
     d = divisors.astype(np.float64)
     factor = float(d.max())
     wavelength = 2 * np.pi * base ** (np.arange(0, dims, 2) / dims)
@@ -440,7 +516,7 @@ def _llama3_rope_scaling(divisors: np.ndarray, base: float, dims: int) -> dict:
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
-    names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+    names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
         return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
     if base in _TOP_NAMES:

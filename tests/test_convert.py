@@ -24,11 +24,12 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_lazy import models
+from mlx_lazy import PruningConfig, models
 from mlx_lazy.convert import DEFAULT_GGUF_DTYPE, convert, main
 from mlx_lazy.errors import UserInputError
 from numerics import rel_err
-from tiny_models import tiny_config
+from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
+from tiny_models import VOCAB_SIZE, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,7 +165,9 @@ GGUF_LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                     "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
                     "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
                     "mlp.switch_mlp.up_proj": "ffn_up_exps",
-                    "mlp.switch_mlp.down_proj": "ffn_down_exps"}
+                    "mlp.switch_mlp.down_proj": "ffn_down_exps",
+                    # Phi-3's fused projections: q, k, v rows; gate rows, then up rows
+                    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe"}
 GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
@@ -198,15 +201,31 @@ def model_module(kind: str):
     return importlib.import_module(f"mlx_lm.models.{kind}")
 
 
-def add_shape(w: gguf.GGUFWriter, config: dict) -> None:
-    """The model's shape as llama.cpp writes it: layers, context, widths, heads."""
+def add_shape(w: gguf.GGUFWriter, config: dict, key_length: bool = True) -> None:
+    """The model's shape as llama.cpp writes it: layers, context, widths, heads (and the
+    heads' width unless ``key_length`` is False: llama.cpp's phi3 converter leaves it out)."""
     w.add_block_count(config["num_hidden_layers"])
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(config["hidden_size"])
     w.add_feed_forward_length(config["intermediate_size"])
     w.add_head_count(config["num_attention_heads"])
     w.add_head_count_kv(config["num_key_value_heads"])
-    w.add_key_length(config["head_dim"])
+    if key_length:
+        w.add_key_length(config["head_dim"])
+
+
+def llama_cpp_phi3_rope(config: dict) -> tuple[dict, dict]:
+    """The LongRoPE metadata and tensors llama.cpp's convert_hf_to_gguf.py writes for a Phi-3
+    config (Phi3MiniModel, ported): the original context, and with LongRoPE its attention
+    factor and the long and short factors."""
+    orig = config.get("original_max_position_embeddings", config["max_position_embeddings"])
+    meta, scaling = {"original_max_position_embeddings": orig}, config.get("rope_scaling")
+    if not scaling:
+        return meta, {}
+    ratio = config["max_position_embeddings"] / orig
+    meta["attn_factor"] = math.sqrt(1 + math.log(ratio) / math.log(orig)) if ratio > 1 else 1.0
+    return meta, {"rope_factors_long.weight": scaling["long_factor"],
+                  "rope_factors_short.weight": scaling["short_factor"]}
 
 
 def add_bpe_vocab(w: gguf.GGUFWriter, tok_folder: Path, model: str = "gpt2") -> None:
@@ -230,30 +249,37 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                vocab: Callable[[gguf.GGUFWriter], None] | None = None,
                **overrides) -> tuple[dict, dict]:
     """Write a random-weight model of ``kind`` as a llama.cpp-style GGUF (q/k rows permuted
-    for llama) with gguf's writer and the tokenizer of ``tok_folder`` (or the metadata
-    ``vocab`` writes).
+    for llama; phi3's RoPE metadata and LongRoPE tensors) with gguf's writer and the tokenizer
+    of ``tok_folder`` (or the metadata ``vocab`` writes).
 
     ``types`` maps a GGUF tensor role ("attn_q", "token_embd", ...; "*" for the other 2-D
     tensors) to its type (default F32); ``meta`` overrides metadata values only (to make
-    them disagree with the tensors); ``extra`` adds float32 tensors by their GGUF names.
-    Returns (config, reference weights in the HF layout:
-    what the stored tensors dequantize to).
+    them disagree with the tensors; None leaves a phi3 key out); ``extra`` adds float32
+    tensors by their GGUF names (None leaves one out). Returns (config, reference weights in
+    the HF layout: what the stored tensors dequantize to).
     """
     types, config = types or {}, {**tiny_config(kind), **overrides}
-    m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **(meta or {})}
-    module = model_module(kind)
+    model_type = config["model_type"]
+    phi3_meta, phi3_tensors = llama_cpp_phi3_rope(config) if model_type == "phi3" else ({}, {})
+    extra = {**phi3_tensors, **(extra or {})}
+    m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **(meta or {})}
+    module = model_module(model_type)
     shapes = {k: v.shape for k, v in
               tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
 
-    w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(kind, kind))
-    add_shape(w, m)
+    w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(model_type, model_type))
+    add_shape(w, m, key_length=model_type != "phi3")
     if "num_experts_per_tok" in m:
         if m["num_experts"] is not None:
             w.add_expert_count(m["num_experts"])
         w.add_expert_used_count(m["num_experts_per_tok"])
         w.add_expert_feed_forward_length(m["moe_intermediate_size"])
-    w.add_rope_dimension_count(m["head_dim"])
+    w.add_rope_dimension_count(int(m["head_dim"] * m.get("partial_rotary_factor", 1.0)))
     w.add_rope_freq_base(m["rope_theta"])
+    if m.get("original_max_position_embeddings") is not None:
+        w.add_rope_scaling_orig_ctx_len(m["original_max_position_embeddings"])
+    if m.get("attn_factor") is not None:
+        w.add_rope_scaling_attn_factors(m["attn_factor"])
     if m["rope_scaling"]:
         w.add_rope_scaling_type(m["rope_scaling"])
     w.add_layer_norm_rms_eps(m["rms_norm_eps"])
@@ -277,8 +303,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             heads = config["num_attention_heads" if role == "attn_q" else "num_key_value_heads"]
             data = gguf_permute(data, heads)
         w.add_tensor(gname, data, raw_dtype=qtype)
-    for gname, data in (extra or {}).items():
-        w.add_tensor(gname, np.asarray(data, np.float32), raw_dtype=T.F32)
+    for gname, data in extra.items():
+        if data is not None:
+            w.add_tensor(gname, np.asarray(data, np.float32), raw_dtype=T.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -287,7 +314,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
 
 
 def reference_model(kind: str, config: dict, weights: dict) -> nn.Module:
-    module = model_module(kind)
+    module = model_module(config["model_type"])
     model = module.Model(module.ModelArgs.from_dict(config))
     model.load_weights(list(weights.items()))
     return model
@@ -315,6 +342,15 @@ GGUF_CASES = {
                                        "ffn_down_exps": T.Q5_K, "ffn_gate_inp": T.F32,
                                        "*": T.Q4_K},
                          {"mlp_only_layers": [], **KQ, "moe_intermediate_size": 256}),
+    # Phi-3: fused q/k/v and gate/up tensors (kept quantized as they are, or dequantized);
+    # with LongRoPE factors over 12 of 16 head dims (Phi-3.5-mini's scaling, Phi-4-mini's
+    # partial RoPE)
+    "phi3-legacy": ("phi3", {"token_embd": T.Q8_0, "attn_qkv": T.Q4_0, "ffn_up": T.Q4_1,
+                             "output": T.F16, "*": T.Q8_0}, {}),
+    "phi3-kquants": ("phi3", {"attn_qkv": T.Q5_K, "ffn_up": T.Q4_K, "ffn_down": T.Q6_K,
+                              "*": T.Q4_K}, KQ),
+    "phi3-longrope": ("phi3-longrope", {"attn_qkv": T.Q8_0, "ffn_up": T.Q5_0,
+                                        "ffn_down": T.BF16, "*": T.Q4_1}, {}),
 }
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -395,6 +431,27 @@ def test_llama3_rope_scaling_from_rope_freqs(scaling, tiny_model_dir, tmp_path):
     assert rel_err(*rotated) < 1e-5  # angles of ~1e4 radians: float32 rounding of them
     x = mx.array([[5, 17, 42, 99, 200, 7]])
     assert rel_err(model(x), ref(x)) < 1e-5
+
+
+def test_phi3_longrope_from_rope_factors(tiny_model_dir, tmp_path):
+    """Phi-3.5-mini / Phi-4-mini: the GGUF's LongRoPE factors and partial RoPE become the
+    config mlx-lm's phi3 reads, under which its SuScaledRoPE is the original config's (the
+    same frequencies, the scale llama.cpp stores as attn_factor); the engine runs the converted
+    model as mlx-lm does."""
+    kind = "phi3-longrope"
+    config, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind))
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    saved = json.loads((out / "config.json").read_text())
+    for key in ("rope_scaling", "partial_rotary_factor", "original_max_position_embeddings",
+                "max_position_embeddings"):
+        assert saved[key] == config[key], key
+    model, _ = mlx_lm.load(str(out))
+    got, want = (m.model.layers[0].self_attn.rope
+                 for m in (model, reference_model(kind, config, reference)))
+    assert got.dim == want.dim == 12 and got._scale == want._scale > 1
+    assert mx.array_equal(got._freqs, want._freqs)
+    prompt = random_prompt(300, VOCAB_SIZE)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
 
 
 def test_legacy_quants_stay_quantized_exactly(tiny_model_dir, tmp_path):
@@ -492,7 +549,8 @@ def saved_weights(folder: Path) -> dict:
             for k, v in mx.load(str(f)).items()}
 
 
-@pytest.mark.parametrize("case", ["llama-legacy", "qwen2-mixed", "qwen3moe-kquants"])
+@pytest.mark.parametrize("case", ["llama-legacy", "qwen2-mixed", "qwen3moe-kquants",
+                                  "phi3-longrope"])
 def test_q_bits_writes_what_mlx_lm_convert_writes(case, tiny_model_dir, tmp_path):
     """``--q-bits`` converts one tensor at a time, and writes exactly what mlx-lm's convert
     makes of the dequantized float16 model: the same layers quantized with the same
@@ -631,6 +689,10 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         write_gguf(tmp / name, "llama", tok_folder, **kw)
         return tmp / name
 
+    def longrope(name: str, **kw) -> Path:
+        write_gguf(tmp / name, "phi3-longrope", tok_folder, **kw)
+        return tmp / name
+
     def moe(name: str, meta: dict) -> Path:
         write_gguf(tmp / name, "qwen3_moe", tok_folder, meta=meta, mlp_only_layers=[])
         return tmp / name
@@ -693,6 +755,26 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "rope_freqs_nan": (lambda: tiny("nanfreqs.gguf",
                                         extra={"rope_freqs.weight": [1, 2, np.nan] + [8] * 5}),
                            "rope_freqs must be positive numbers, got nan"),
+        "rope_factors_llama": (lambda: tiny("lr.gguf",
+                                            extra={"rope_factors_long.weight": np.ones(8)}),
+                               "llama with RoPE scaling (rope_factors_long) is not supported"),
+        # Phi-3 LongRoPE: 6 factors each (12 rotated dims), positive, both of them, and the
+        # scale mlx-lm applies (here YaRN's 0.1 ln 4 + 1, not LongRoPE's sqrt(1 + ln 4/ln 1024))
+        "longrope_length": (lambda: longrope("len.gguf",
+                                             extra={"rope_factors_long.weight": np.ones(5)}),
+                            "rope_factors_long must hold 6 numbers"),
+        "longrope_inf": (lambda: longrope("inf.gguf", extra={
+                             "rope_factors_short.weight": [1, 1, np.inf, 1, 1, 1]}),
+                         "rope_factors_short must be positive numbers, got inf"),
+        "longrope_pair": (lambda: longrope("pair.gguf",
+                                           extra={"rope_factors_short.weight": None}),
+                          "phi3 lacks rope_factors_short.weight: LongRoPE needs"),
+        "attn_factor": (lambda: longrope("attn.gguf",
+                                         meta={"attn_factor": 0.1 * math.log(4) + 1}),
+                        "phi3.rope.scaling.attn_factor is 1.138629, mlx-lm's phi3 scales by "
+                        "1.095445"),
+        "phi3_rope_dims": (lambda: longrope("dims.gguf", meta={"partial_rotary_factor": 1.25}),
+                           "phi3 with RoPE over 20 of each head's 16 dims is not supported"),
         # mlx-lm's Qwen3-MoE router is quantized in groups of 64, which 96 does not divide
         "q_bits_width": (lambda: write_gguf(tmp / "moe96.gguf", "qwen3_moe", tok_folder,
                                             hidden_size=96, mlp_only_layers=[])
@@ -709,7 +791,9 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
 BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type", "no_metadata",
               "shapes", "layers", "huge_layers", "nan_rope", "zero_heads", "negative_eps",
               "sentencepiece_without_scores", "tokenizer_model", "rope_scaling", "rope_freqs",
-              "rope_freqs_shape", "rope_freqs_qwen2", "rope_freqs_nan", "q_bits_width",
+              "rope_freqs_shape", "rope_freqs_qwen2", "rope_freqs_nan", "rope_factors_llama",
+              "longrope_length", "longrope_inf", "longrope_pair", "attn_factor", "phi3_rope_dims",
+              "q_bits_width",
               "not_a_model_folder", "experts", "no_experts"]
 
 
