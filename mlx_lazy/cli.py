@@ -187,6 +187,10 @@ def add_pruning_arguments(p: argparse.ArgumentParser,
     g.add_argument("--no-revive", dest="revive", action="store_false", default=None,
                    help="LazyLLM: decode steps choose only among tokens that already have KV "
                         "(no Aux Cache revivals; faster decoding, beyond the paper)")
+    g.add_argument("--max-revivals", type=integer_arg, default=None, metavar="R",
+                   help="LazyLLM: the most pruned tokens a decode step revives at one cut, "
+                        "the best-scoring first (default: the calibrated schedule's, else no "
+                        "bound, the paper); 0: none")
     g.add_argument("--revive-margin", type=number_arg, default=None, metavar="M",
                    help="LazyLLM: a decode step revives a pruned token only when it scores "
                         "1+M times a token that already has KV (default: the calibrated "
@@ -206,13 +210,14 @@ def pruning_given(args: argparse.Namespace) -> bool:
 
 #: The pruning flags that override a method's preset fields (``args`` names).
 PRUNING_OVERRIDES = ("prune_layers", "keep", "speed_cutoff", "anchors", "revive", "complete",
-                     "revive_margin", "reselect_every", "scorer", "quality")
+                     "max_revivals", "revive_margin", "reselect_every", "scorer", "quality")
 
 
 def build_config(args: argparse.Namespace) -> PruningConfig:
     """The preset of ``args.method`` (``full`` when not given), or the ``--schedule`` file's
     config, with the explicitly given pruning flags overriding it (of a schedule, only its
-    decode fields: ``--complete``, ``--revive-margin``, ``--reselect-every``)."""
+    decode fields: ``--complete``, ``--max-revivals``, ``--revive-margin``,
+    ``--reselect-every``)."""
     overrides = {f: getattr(args, f) for f in PRUNING_OVERRIDES if getattr(args, f) is not None}
     if args.schedule is None:
         config = PruningConfig.preset(args.method or BASELINE, **overrides)

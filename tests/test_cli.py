@@ -292,7 +292,8 @@ def test_smollm2_compare(smollm2_path, tmp_path):
 def _args(**kw) -> SimpleNamespace:
     base = dict(method="lazy", prune_layers=None, keep=None, speed_cutoff=None, anchors=None,
                 seed=None, revive=None, scorer=None,
-                complete=None, revive_margin=None, reselect_every=None, quality=None,
+                complete=None, max_revivals=None, revive_margin=None, reselect_every=None,
+                quality=None,
                 schedule=None)
     return SimpleNamespace(**{**base, **kw})
 
@@ -314,6 +315,8 @@ def test_build_config_overrides_preset():
     assert cli.build_config(args).revive_margin == 1.5
     args = cli.build_parser().parse_args(["--method", "lazy", "--reselect-every", "4"])
     assert cli.build_config(args).reselect_every == 4
+    args = cli.build_parser().parse_args(["--method", "lazy", "--max-revivals", "3"])
+    assert cli.build_config(args).max_revivals == 3
 
 
 def test_flag_parsers():
