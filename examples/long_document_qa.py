@@ -2,7 +2,7 @@
 
     python examples/long_document_qa.py                      # default model, built-in document
     python examples/long_document_qa.py --document report.txt --question "Who signed it?"
-    python examples/long_document_qa.py --method lazy+speed --no-compare
+    python examples/long_document_qa.py --entries 120       # a 4.5K-token logbook
 
 The built-in document is a generated logbook of fictional stations (so it is free to use
 and of any length) with one fact to find; the default question asks for that fact.
