@@ -206,6 +206,34 @@ def test_a_hybrid_model_reuses_an_exact_repeat(tiny_model, tiny_model_dir):
                                                                   max_tokens=4).lstrip()
 
 
+def test_a_split_prompts_first_token_time_counts_its_first_chunk(tiny_model_dir, monkeypatch):
+    """The split's first chunk runs before stream_generate's clock starts: the request's
+    ttft_s adds it. The worker's clock jumps 100 s while that chunk runs (the first of the
+    prompt's two chunks)."""
+    from mlx_lazy.prompt_cache import PromptCache
+
+    class Clock:  # the worker's time module, its perf_counter skewed from the jump on
+        skew = 0.0
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        def perf_counter(self) -> float:
+            return time.perf_counter() + self.skew
+
+    clock, process = Clock(), PromptCache.process
+
+    def slow_process(self, tokens, progress=None):
+        clock.skew = clock.skew or 100.0
+        return process(self, tokens, progress)
+
+    monkeypatch.setattr(server_worker, "time", clock)
+    monkeypatch.setattr(PromptCache, "process", slow_process)
+    with in_process_server(tiny_model_dir("qwen3_5"), PromptCacheStore(8, 2**30)) as s:
+        ttft = completion(s, DOC + " First?")["usage"]["pruning"]["ttft_s"]
+    assert clock.skew == 100.0 and 100.0 <= ttft < 150.0
+
+
 def test_a_pruned_hybrid_prompt_is_not_split(tiny_model_dir):
     """The split before a prompt's last token is for prompts that prune nothing: a pruning
     schedule's cut is chosen by that last token, so even with --share-pruned-caches a pruned
