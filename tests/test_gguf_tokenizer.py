@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
 
+import hashlib
 import heapq
 import io
 import json
+import subprocess
+import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 import gguf
@@ -27,8 +32,10 @@ import sentencepiece as spm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlx_lazy.conversion import read_gguf
 from mlx_lazy.convert import convert
 from mlx_lazy.gguf_tokenizer import PRE_TOKENIZERS, build_tokenizer
+from mlx_lazy.models import cache_dir
 from test_convert import assert_one_line_error, run_main, write_gguf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -355,3 +362,59 @@ def test_a_whole_word_in_the_vocabulary_skips_the_merges_where_llama_cpp_does(pr
     ids = build_tokenizer("llama", meta)[0].encode(" abc").ids
     whole = pre in CPP_WHOLE_WORDS
     assert ids == ([vocab["\u0120abc"]] if whole else [vocab["\u0120ab"], vocab["c"]])
+
+
+# llama.cpp's own tokenizer tests: real vocabularies written as GGUFs (no weights), inputs,
+# and the ids llama.cpp gives them (models/ggml-vocab-*.gguf{,.inp,.out}), from the source
+# distribution of llama-cpp-python on PyPI, which vendors llama.cpp.
+LLAMA_CPP_SDIST = ("llama-cpp-python==0.3.36",
+                   "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
+# Llama 2 / Mistral 7B v0.1 (SentencePiece), Phi-3 (SentencePiece), Llama 3 (ignore_merges),
+# Qwen 2, GPT-2
+LLAMA_CPP_VOCABS = ("llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2")
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_vocabs() -> Path:
+    """The folder of llama.cpp's vocabulary tests, taken from the sdist once into the cache."""
+    folder = cache_dir() / "llama.cpp-vocab-tests"
+    files = [f"ggml-vocab-{n}.gguf{ext}" for n in LLAMA_CPP_VOCABS for ext in ("", ".inp", ".out")]
+    if all((folder / f).is_file() for f in files):
+        return folder
+    requirement, sha256 = LLAMA_CPP_SDIST
+    with tempfile.TemporaryDirectory() as tmp:
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                              ":all:", "--disable-pip-version-check", "-q", "-d", tmp,
+                              requirement], capture_output=True, text=True)
+        sdists = list(Path(tmp).glob("*.tar.gz"))
+        if got.returncode or not sdists:
+            pytest.skip(f"{requirement} cannot be downloaded: {got.stderr.strip()[-200:]}")
+        assert hashlib.sha256(sdists[0].read_bytes()).hexdigest() == sha256
+        part = Path(tmp) / "vocab"
+        part.mkdir()
+        with tarfile.open(sdists[0]) as tar:
+            for member in tar.getmembers():
+                if member.name.rpartition("/")[2] in files:
+                    (part / member.name.rpartition("/")[2]).write_bytes(
+                        tar.extractfile(member).read())
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        if not folder.exists():
+            part.rename(folder)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LLAMA_CPP_VOCABS)
+def test_real_vocabularies_tokenize_as_llama_cpp(name, llama_cpp_vocabs):
+    """Each of llama.cpp's tests (46 texts: spaces, newlines, tabs, digits, accents, CJK,
+    emoji, code) gives llama.cpp's ids, no special tokens added."""
+    reader = read_gguf(llama_cpp_vocabs / f"ggml-vocab-{name}.gguf")
+    meta = {k: f.contents() for k, f in reader.fields.items()}
+    tok = build_tokenizer(meta["general.architecture"], meta)[0]
+    texts = (llama_cpp_vocabs / f"ggml-vocab-{name}.gguf.inp").read_text(
+        encoding="utf-8").split("\n__ggml_vocab_test__\n")[:-1]
+    ids = (llama_cpp_vocabs / f"ggml-vocab-{name}.gguf.out").read_text().strip("\n").split("\n")
+    assert len(texts) == len(ids) > 40
+    for text, want in zip(texts, ids):
+        assert tok.encode(text, add_special_tokens=False).ids == \
+            [int(i) for i in want.split()], text
