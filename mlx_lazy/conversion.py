@@ -12,9 +12,12 @@ Two sources:
   ``gemma3_text``: llama.cpp stores Gemma's norm weights as 1 + w, mlx-lm as w; its
   SentencePiece vocabulary becomes a byte-fallback BPE), ``phi3`` (Phi-3/3.5, Phi-4-mini: fused
   q/k/v and gate/up tensors as mlx-lm's ``phi3`` has them, partial RoPE, LongRoPE factors),
+  ``gpt-oss`` (to mlx-lm's ``gpt_oss``: attention sinks, biases, the sliding-window layers,
+  YaRN RoPE; not llama.cpp's optional fused ``ffn_gate_up_exps``),
   and every tensor type that
   package dequantizes. Q4_0/Q4_1/Q8_0 matrices map exactly onto MLX affine quantization (group
-  size 32) and stay quantized unless a dtype is given (the experts' stacks too); the other types
+  size 32), MXFP4 ones (gpt-oss's experts) onto MLX's ``mxfp4``, and stay quantized unless a
+  dtype is given (the experts' stacks too); the other types
   are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given), and
   requantized as ``mlx_lm.convert -q`` would when bits are asked for. Tensors are converted
   one at a time and written in shards as they go. llama q/k rows are
@@ -59,13 +62,19 @@ DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
 SHARD_BYTES = 2 << 30
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
-                 "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+                 "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
+                 "gpt-oss": "GptOssForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
-_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
+_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
+                "gpt-oss": "gpt_oss"}
 # Gemma 3: llama.cpp's hard-wired sliding-window pattern (5 local layers, then a global one)
 # and local RoPE base, unless the GGUF says otherwise
 GEMMA3_SLIDING_PATTERN = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# gpt-oss: llama.cpp's sliding-window pattern (a local layer, then a global one) unless the GGUF
+# says otherwise, and its YaRN betas (its gpt-oss loader reads no key for them)
+GPT_OSS_SLIDING_PATTERN = 2
+GPT_OSS_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -96,7 +105,20 @@ _GEMMA3_LAYER_NAMES = {
 # mlx-lm's phi3 (llama.cpp's converter writes Hugging Face's tensors unpermuted: NeoX RoPE)
 _PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj",
                      "ffn_up": "mlp.gate_up_proj"}
-_ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
+# gpt-oss: the norm before the MoE is llama.cpp's post_attention_norm; the router and the
+# experts' stacks (with biases) under mlx-lm's names; the attention sinks are a parameter of
+# their own (a "role.suffix" key names a whole parameter)
+_GPT_OSS_LAYER_NAMES = {
+    **{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm"},
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_sinks.weight": "self_attn.sinks",
+    "ffn_gate_inp": "mlp.router",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
+_ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
+                     "gpt-oss": _GPT_OSS_LAYER_NAMES}
 # Phi-3's LongRoPE: llama.cpp's tensors of its factors beyond and within the original context
 _LONGROPE = {"long_factor": "rope_factors_long.weight",
              "short_factor": "rope_factors_short.weight"}
@@ -328,6 +350,14 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
                                  f"{shown(value, 40)}")
         return float(value)
 
+    def experts() -> tuple[int, int]:
+        """The number of experts and of those each token uses."""
+        total, used = count("expert_count"), count("expert_used_count")
+        if used > total:
+            raise UserInputError(f"GGUF metadata {arch}.expert_used_count ({used}) exceeds "
+                                 f"{arch}.expert_count ({total})")
+        return total, used
+
     required = ("attention.head_count", "embedding_length", "block_count",
                 "feed_forward_length")
     if any(g(k) is None for k in required):
@@ -358,7 +388,8 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF tokenizer has more tokens than the embedding's {vocab} rows")
     scaling = g("rope.scaling.type")
     linear = arch == "gemma3" and scaling == "linear"  # Gemma 3 4B+: global layers only
-    if scaling not in (None, "none") and not linear:
+    yarn = arch == "gpt-oss" and scaling == "yarn"
+    if scaling not in (None, "none") and not (linear or yarn):
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
     for name, owner in _ROPE_TENSORS.items():
         if name in tensors and arch != owner:
@@ -383,14 +414,26 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "llama":
         config.update(attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias=False)
     if arch == "qwen3moe":  # every layer sparse, the top experts' weights renormalised
-        config.update(num_experts=count("expert_count"),
-                      num_experts_per_tok=count("expert_used_count"),
+        n_experts, n_used = experts()
+        config.update(num_experts=n_experts, num_experts_per_tok=n_used,
                       moe_intermediate_size=count("expert_feed_forward_length"),
                       decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
-        if config["num_experts_per_tok"] > config["num_experts"]:
-            raise UserInputError(f"GGUF metadata {arch}.expert_used_count "
-                                 f"({config['num_experts_per_tok']}) exceeds "
-                                 f"{arch}.expert_count ({config['num_experts']})")
+    if arch == "gpt-oss":  # every layer sparse; its SwiGLU's alpha and limit are hard-wired in
+        # llama.cpp (1.702, 7) as in mlx-lm
+        n_experts, n_used = experts()
+        config.update(num_local_experts=n_experts, num_experts_per_tok=n_used,
+                      intermediate_size=count("expert_feed_forward_length"),
+                      **_gpt_oss_windows(g, count, n_layers))
+        if g("rope.freq_base_swa", config["rope_theta"]) != config["rope_theta"]:
+            raise UserInputError("GGUF gpt-oss with another RoPE base in its sliding-window "
+                                 "layers is not supported")
+        if yarn:  # every layer's RoPE, as in llama.cpp
+            config["rope_scaling"] = {
+                "rope_type": "yarn", "factor": positive("rope.scaling.factor", 1.0),
+                # llama.cpp's default: the context length
+                "original_max_position_embeddings": count(
+                    "rope.scaling.original_context_length", config["max_position_embeddings"]),
+                **GPT_OSS_YARN_BETAS}
     if arch == "gemma3":
         window = g("attention.sliding_window")
         if window is None:
@@ -416,13 +459,16 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         config["rope_scaling"] = _llama3_rope_scaling(
             _rope_factors("rope_freqs.weight", tensors, head_dim), config["rope_theta"],
             head_dim)
-    # llama.cpp multiplies the rotated dims of queries and keys by attn_factor; mlx-lm by its
-    # own scale (LongRoPE's, from the contexts' ratio), 1 in the other families
+    # llama.cpp multiplies the rotated dims of queries and keys by attn_factor (and under YaRN
+    # by its own magnitude); mlx-lm by its own scale (LongRoPE's, from the contexts' ratio;
+    # YaRN's mscale), 1 in the other families
     attn_factor, scale = positive("rope.scaling.attn_factor", 1.0), _rope_scale(config, rope_dims)
-    if not math.isclose(attn_factor, scale, rel_tol=ATTN_FACTOR_RTOL):
+    magnitude = _llama_cpp_yarn_magnitude(config)
+    if not math.isclose(attn_factor * magnitude, scale, rel_tol=ATTN_FACTOR_RTOL):
+        times = f" (times YaRN's {magnitude:.7g})" if magnitude != 1 else ""
         raise UserInputError(f"GGUF metadata {arch}.rope.scaling.attn_factor is "
-                             f"{attn_factor:.7g}, mlx-lm's {config['model_type']} scales by "
-                             f"{scale:.7g}")
+                             f"{attn_factor:.7g}{times}, mlx-lm's {config['model_type']} scales "
+                             f"by {scale:.7g}")
     bos = meta.get("tokenizer.ggml.bos_token_id")
     if bos is not None:
         config["bos_token_id"] = int(bos)
@@ -464,11 +510,36 @@ def _longrope_scaling(tensors: dict, dims: int) -> dict:
         for key, name in _LONGROPE.items()}}
 
 
+def _gpt_oss_windows(g: Any, count: Any, n_layers: int) -> dict:
+    """gpt-oss's sliding window and its layers' kinds: llama.cpp's pattern period p makes layer
+    i global when i % p == p − 1, local otherwise (mlx-lm's gpt_oss needs both kinds)."""
+    period = count("attention.sliding_window_pattern", GPT_OSS_SLIDING_PATTERN)
+    kinds = ["full_attention" if i % period == period - 1 else "sliding_attention"
+             for i in range(n_layers)]
+    missing = {"sliding_attention", "full_attention"} - set(kinds)
+    if missing:
+        raise UserInputError(f"GGUF gpt-oss without a {missing.pop().replace('_', ' ')} layer "
+                             f"(sliding window pattern {period}, {n_layers} layers) is not "
+                             "supported")
+    return {"sliding_window": count("attention.sliding_window"), "layer_types": kinds}
+
+
+def _llama_cpp_yarn_magnitude(config: dict) -> float:
+    """What llama.cpp's YaRN multiplies the rotated dims of queries and keys by besides the
+    GGUF's attn_factor: 0.1 ln(factor) + 1 (its gpt-oss loader reads no other YaRN key); 1
+    without YaRN."""
+    scaling = config.get("rope_scaling") or {}
+    factor = scaling.get("factor", 1.0) if scaling.get("rope_type") == "yarn" else 1.0
+    return 0.1 * math.log(factor) + 1 if factor > 1 else 1.0
+
+
 def _rope_scale(config: dict, dims: int) -> float:
     """What mlx-lm's RoPE for ``config`` multiplies the rotated dims of queries and keys by."""
-    from mlx_lm.models.rope_utils import SuScaledRoPE
+    from mlx_lm.models.rope_utils import SuScaledRoPE, initialize_rope
 
     scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "yarn":
+        return initialize_rope(dims, config["rope_theta"], False, scaling).mscale
     if scaling.get("type") != "longrope":
         return 1.0
     return SuScaledRoPE(dims, base=config["rope_theta"],
@@ -517,6 +588,8 @@ def _hf_name(gguf_name: str, arch: str = "llama") -> str:
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
     names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
+    if parts[0] == "blk" and len(parts) == 3 and f"{parts[2]}.{suffix}" in names:
+        return f"model.layers.{parts[1]}.{names[f'{parts[2]}.{suffix}']}"
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
         return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
     if base in _TOP_NAMES:
@@ -577,10 +650,34 @@ def _affine(t: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
                 blocks[..., 4:]
         else:
             bias, qs = d * np.float16(-8), blocks[..., 2:]
-        nibbles = np.concatenate([qs & 15, qs >> 4], axis=-1)  # a block's values in order
-        q, bits = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4), 4
+        q, bits = _nibbles_in_order(qs), 4
     packed = np.ascontiguousarray(q).reshape(*lead, -1).view(np.uint32)
     return packed, d, bias, bits
+
+
+def _nibbles_in_order(qs: np.ndarray) -> np.ndarray:
+    """A ggml block's 16 bytes of 4-bit values (values j and j + 16 in byte j, low nibble
+    first) as MLX packs them: consecutive values, low nibble first."""
+    nibbles = np.concatenate([qs & 15, qs >> 4], axis=-1)  # a block's values in order
+    return nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
+
+
+def _mxfp4(t: Any) -> tuple[np.ndarray, np.ndarray]:
+    """An MXFP4 tensor (a matrix or the experts' stack of them) as MLX's mxfp4 (packed uint32
+    weight, uint8 scales).
+
+    Both are OCP MX blocks of 32: one E8M0 scale byte (2^(e − 127)) and 32 FP4 E2M1 codes. ggml
+    reads a code through a table of doubled values and halves the scale: the same numbers. Only
+    the nibbles move.
+    """
+    *lead, cols = _shape(t)
+    blocks = np.asarray(t.data).reshape(*lead, cols // GGUF_GROUP_SIZE, -1)
+    scales = np.ascontiguousarray(blocks[..., 0])
+    if (scales == 255).any():  # NaN in the MX format, 2^127 in ggml's reading
+        raise UserInputError(f"GGUF {t.name} has an MXFP4 scale of 255 (not a number), which "
+                             "cannot stay quantized; convert with --dtype to dequantize it")
+    packed = np.ascontiguousarray(_nibbles_in_order(blocks[..., 1:]))
+    return packed.reshape(*lead, -1).view(np.uint32), scales
 
 
 def _check_types(tensors: dict) -> None:
@@ -603,28 +700,30 @@ def _dequantized(t: Any) -> np.ndarray:
 
 
 def _kept(t: Any, dtype: str | None) -> bool:
-    """Whether the GGUF tensor ``t`` stays quantized (``dtype=None``; weights of Q4_0/Q4_1/Q8_0)."""
+    """Whether the GGUF tensor ``t`` stays quantized (``dtype=None``; weights of Q4_0/Q4_1/Q8_0
+    and MXFP4)."""
     from gguf import GGMLQuantizationType as T
 
-    return (dtype is None and t.tensor_type in (T.Q4_0, T.Q4_1, T.Q8_0)
+    return (dtype is None and t.tensor_type in (T.Q4_0, T.Q4_1, T.Q8_0, T.MXFP4)
             and t.name.endswith(".weight") and len(t.shape) >= 2)
 
 
 def _kept_quantization(arch: str, tensors: dict, dtype: str | None) -> dict:
     """The config's ``quantization`` for the tensors that stay quantized ({} if none): the
-    bits most of them have, and each other module's own."""
+    bits and mode most of them have, and each other module's own."""
     from gguf import GGMLQuantizationType as T
 
-    bits_of = {_hf_name(name, arch).rsplit(".", 1)[0]: 8 if t.tensor_type == T.Q8_0 else 4
+    kinds = {T.Q8_0: (8, "affine"), T.MXFP4: (4, "mxfp4")}
+    kind_of = {_hf_name(name, arch).rsplit(".", 1)[0]: kinds.get(t.tensor_type, (4, "affine"))
                for name, t in tensors.items() if _kept(t, dtype)}
-    if not bits_of:
+    if not kind_of:
         return {}
-    values = list(bits_of.values())
-    common = max(set(values), key=values.count)
-    quant: dict[str, Any] = {"group_size": GGUF_GROUP_SIZE, "bits": common, "mode": "affine"}
-    for module, bits in bits_of.items():
-        if bits != common:
-            quant[module] = {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": "affine"}
+    values = list(kind_of.values())
+    common = max(sorted(set(values)), key=values.count)
+    quant: dict[str, Any] = {"group_size": GGUF_GROUP_SIZE, "bits": common[0], "mode": common[1]}
+    for module, (bits, mode) in kind_of.items():
+        if (bits, mode) != common:
+            quant[module] = {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": mode}
     return quant
 
 
@@ -651,6 +750,8 @@ def _gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
     """Each GGUF tensor as the mlx-lm named arrays it becomes, one tensor at a time: kept
     quantized (:func:`_kept`), or dequantized to ``dtype`` and, for a module in
     ``requantize``, quantized with its parameters."""
+    from gguf import GGMLQuantizationType as T
+
     target = getattr(mx, dtype or DEFAULT_GGUF_DTYPE)
     heads = {"self_attn.q_proj": config["num_attention_heads"],
              "self_attn.k_proj": config["num_key_value_heads"]}
@@ -659,7 +760,9 @@ def _gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
         # llama.cpp permutes q/k rows only for the llama family.
         n_heads = heads.get(module.split(".", 3)[-1]) if arch == "llama" else None
         kept = _kept(t, dtype)
-        if kept:
+        if kept and t.tensor_type == T.MXFP4:  # packed weights and their scale bytes
+            parts = dict(zip(("weight", "scales"), _mxfp4(t)))
+        elif kept:
             w, scales, biases, _ = _affine(t)
             # packed weights and their float16 scales/biases stay as they are
             parts = {"weight": w, "scales": scales, "biases": biases}

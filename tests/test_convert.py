@@ -167,20 +167,30 @@ GGUF_LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                     "mlp.switch_mlp.up_proj": "ffn_up_exps",
                     "mlp.switch_mlp.down_proj": "ffn_down_exps",
                     # Phi-3's fused projections: q, k, v rows; gate rows, then up rows
-                    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+                    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
+                    # gpt-oss: its router and experts' stacks; its sinks, a tensor named as a
+                    # weight for mlx-lm's parameter of its own
+                    "mlp.router": "ffn_gate_inp", "mlp.experts.gate_proj": "ffn_gate_exps",
+                    "mlp.experts.up_proj": "ffn_up_exps",
+                    "mlp.experts.down_proj": "ffn_down_exps", "self_attn.sinks": "attn_sinks"}
+#: A kind's names where they differ: gpt-oss's norm before the MoE
+GGUF_KIND_LAYER_NAMES = {"gpt_oss": {**GGUF_LAYER_NAMES,
+                                     "post_attention_layernorm": "post_attention_norm"}}
 #: llama.cpp's architecture name of a kind, where it differs
-GGUF_ARCH = {"qwen3_moe": "qwen3moe"}
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
                   "lm_head": "output"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, kind: str = "llama") -> str:
+    if hf_name.endswith(".self_attn.sinks"):
+        hf_name += ".weight"
     base, suffix = hf_name.rsplit(".", 1)
     if base in GGUF_TOP_NAMES:
         return f"{GGUF_TOP_NAMES[base]}.{suffix}"
     _, _, i, rest = base.split(".", 3)
-    return f"blk.{i}.{GGUF_LAYER_NAMES[rest]}.{suffix}"
+    return f"blk.{i}.{GGUF_KIND_LAYER_NAMES.get(kind, GGUF_LAYER_NAMES)[rest]}.{suffix}"
 
 
 def encode(w: np.ndarray, qtype: T, rng: np.random.Generator) -> np.ndarray:
@@ -228,6 +238,15 @@ def llama_cpp_phi3_rope(config: dict) -> tuple[dict, dict]:
                   "rope_factors_short.weight": scaling["short_factor"]}
 
 
+def llama_cpp_gpt_oss_meta(config: dict) -> dict:
+    """The metadata llama.cpp's convert_hf_to_gguf.py writes for a gpt-oss config besides the
+    shape (GptOssModel, ported): YaRN's type, factor and original context; the window."""
+    scaling = config["rope_scaling"]
+    return {"rope_scaling": gguf.RopeScalingType.YARN, "rope_factor": scaling["factor"],
+            "original_max_position_embeddings": scaling["original_max_position_embeddings"],
+            "sliding_window": config["sliding_window"]}
+
+
 def add_bpe_vocab(w: gguf.GGUFWriter, tok_folder: Path, model: str = "gpt2") -> None:
     """The byte-level BPE tokenizer of ``tok_folder`` as llama.cpp's metadata."""
     tok = json.loads((tok_folder / "tokenizer.json").read_text())
@@ -255,14 +274,16 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     ``types`` maps a GGUF tensor role ("attn_q", "token_embd", ...; "*" for the other 2-D
     tensors) to its type (default F32); ``meta`` overrides metadata values only (to make
     them disagree with the tensors; None leaves a phi3 key out); ``extra`` adds float32
-    tensors by their GGUF names (None leaves one out). Returns (config, reference weights in
-    the HF layout: what the stored tensors dequantize to).
+    tensors by their GGUF names (None leaves one out, the model's too). Returns (config,
+    reference weights in the HF layout: what the stored tensors dequantize to).
     """
     types, config = types or {}, {**tiny_config(kind), **overrides}
     model_type = config["model_type"]
     phi3_meta, phi3_tensors = llama_cpp_phi3_rope(config) if model_type == "phi3" else ({}, {})
+    oss_meta = llama_cpp_gpt_oss_meta(config) if model_type == "gpt_oss" else {}
     extra = {**phi3_tensors, **(extra or {})}
-    m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **(meta or {})}
+    m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **oss_meta,
+         **(meta or {})}
     module = model_module(model_type)
     shapes = {k: v.shape for k, v in
               tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
@@ -270,10 +291,11 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(model_type, model_type))
     add_shape(w, m, key_length=model_type != "phi3")
     if "num_experts_per_tok" in m:
-        if m["num_experts"] is not None:
-            w.add_expert_count(m["num_experts"])
+        experts = m["num_local_experts" if model_type == "gpt_oss" else "num_experts"]
+        if experts is not None:
+            w.add_expert_count(experts)
         w.add_expert_used_count(m["num_experts_per_tok"])
-        w.add_expert_feed_forward_length(m["moe_intermediate_size"])
+        w.add_expert_feed_forward_length(m.get("moe_intermediate_size", m["intermediate_size"]))
     w.add_rope_dimension_count(int(m["head_dim"] * m.get("partial_rotary_factor", 1.0)))
     w.add_rope_freq_base(m["rope_theta"])
     if m.get("original_max_position_embeddings") is not None:
@@ -282,6 +304,12 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         w.add_rope_scaling_attn_factors(m["attn_factor"])
     if m["rope_scaling"]:
         w.add_rope_scaling_type(m["rope_scaling"])
+    if m.get("rope_factor") is not None:
+        w.add_rope_scaling_factor(m["rope_factor"])
+    if model_type == "gpt_oss":
+        w.add_sliding_window(m["sliding_window"])
+        if m.get("sliding_window_pattern") is not None:
+            w.add_sliding_window_pattern(m["sliding_window_pattern"])
     w.add_layer_norm_rms_eps(m["rms_norm_eps"])
     if vocab is None:
         add_bpe_vocab(w, tok_folder, m["tokenizer_model"])
@@ -291,11 +319,15 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     rng = np.random.default_rng(0)
     reference = {}
     for name, shape in shapes.items():
-        gname = gguf_name(name)
+        gname = gguf_name(name, model_type)
         role = gname.split(".")[-2]
-        if len(shape) >= 2:  # matrices, and the experts' stacks of them
+        if gname in extra and extra[gname] is None:
+            continue
+        if len(shape) >= 2 and name.endswith(".weight"):  # matrices, the experts' stacks
             x, qtype = rng.normal(0, 0.05, shape), types.get(role, types.get("*", T.F32))
-        else:  # norms around one, biases around zero
+        elif role == "attn_sinks":  # a logit per head, as large as the scores
+            x, qtype = rng.normal(size=shape), T.F32
+        else:  # norms around one, biases around zero (the experts' too)
             x, qtype = (1.0 if "norm" in role else 0.0) + 0.1 * rng.normal(size=shape), T.F32
         data = encode(x.astype(np.float32), qtype, rng)
         reference[name] = mx.array(gguf.dequantize(data, qtype).reshape(shape))
@@ -351,6 +383,15 @@ GGUF_CASES = {
                               "*": T.Q4_K}, KQ),
     "phi3-longrope": ("phi3-longrope", {"attn_qkv": T.Q8_0, "ffn_up": T.Q5_0,
                                         "ffn_down": T.BF16, "*": T.Q4_1}, {}),
+    # gpt-oss: MXFP4 expert stacks (kept as MLX's mxfp4), the other matrices BF16 and a float32
+    # router; or Q8_0 / Q4_0 (kept affine beside them) with heads wider than hidden / heads,
+    # as gpt-oss's 64 of 2880 / 64
+    "gpt-oss-mxfp4": ("gpt_oss", {**dict.fromkeys(("ffn_gate_exps", "ffn_up_exps",
+                                                   "ffn_down_exps"), T.MXFP4),
+                                  "ffn_gate_inp": T.F32, "*": T.BF16}, {}),
+    "gpt-oss-q8": ("gpt_oss", {**dict.fromkeys(("ffn_gate_exps", "ffn_up_exps",
+                                                "ffn_down_exps"), T.MXFP4),
+                               "attn_v": T.Q4_0, "*": T.Q8_0}, {"head_dim": 24}),
 }
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -454,6 +495,28 @@ def test_phi3_longrope_from_rope_factors(tiny_model_dir, tmp_path):
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
 
 
+def test_gpt_oss_yarn_and_windows_from_gguf(tiny_model_dir, tmp_path):
+    """gpt-oss's YaRN metadata (type, factor, original context) and window become the
+    rope_scaling, sliding_window and layer_types of the original config, under which mlx-lm's
+    RoPE is the original's (the same frequencies and scale); the converted model computes what
+    the GGUF's tensors do over a prompt past the window, and the engine runs it as mlx-lm
+    does."""
+    kind, types, overrides = GGUF_CASES["gpt-oss-mxfp4"]
+    config, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types,
+                                   **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    saved = json.loads((out / "config.json").read_text())
+    for key in ("rope_scaling", "sliding_window", "layer_types", "max_position_embeddings"):
+        assert saved[key] == config[key], key
+    model, _ = mlx_lm.load(str(out))
+    ref = reference_model(kind, config, reference)
+    got, want = (m.model.layers[0].self_attn.rope for m in (model, ref))
+    assert got.mscale == want.mscale > 1 and mx.array_equal(got._freqs, want._freqs)
+    prompt = random_prompt(300, VOCAB_SIZE)
+    assert rel_err(model(prompt[None, :60]), ref(prompt[None, :60])) < 1e-5
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
 def test_legacy_quants_stay_quantized_exactly(tiny_model_dir, tmp_path):
     """Q4_0/Q4_1/Q8_0 become MLX affine triples that dequantize to gguf's values exactly
     (q/k rows un-permuted with their scales and biases); other types are dequantized."""
@@ -495,6 +558,52 @@ def test_experts_stay_quantized_exactly(tiny_model_dir, tmp_path):
     model, _ = mlx_lm.load(str(out))
     assert isinstance(model.model.layers[1].mlp.switch_mlp.up_proj, QuantizedSwitchLinear)
     assert "model.layers.1.mlp.gate.scales" not in weights  # the F32 router stays float
+
+
+def test_mxfp4_experts_stay_quantized_exactly(tiny_model_dir, tmp_path):
+    """gpt-oss's MXFP4 expert stacks become MLX's mxfp4 (the same scale bytes, no biases) and
+    dequantize to gguf's values exactly; they load as mlx-lm's quantized switch layers in mode
+    mxfp4, the Q8_0 tensors beside them as affine."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    kind, types, overrides = GGUF_CASES["gpt-oss-q8"]
+    config, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types,
+                                   **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    quant = json.loads((out / "config.json").read_text())["quantization"]
+    assert (quant["bits"], quant["mode"]) == (8, "affine")
+    weights = saved_weights(out)
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        name = f"model.layers.1.mlp.experts.{proj}"
+        assert quant[name] == {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+        scales = weights[f"{name}.scales"]
+        assert scales.dtype == mx.uint8 and f"{name}.biases" not in weights
+        got = mx.dequantize(weights[f"{name}.weight"], scales, group_size=32, bits=4,
+                            mode="mxfp4", dtype=mx.float32)
+        assert mx.array_equal(got, reference[f"{name}.weight"]), name
+    model, _ = mlx_lm.load(str(out))
+    layer = model.model.layers[1]
+    assert isinstance(layer.mlp.experts.up_proj, QuantizedSwitchLinear)
+    assert layer.mlp.experts.up_proj.mode == "mxfp4" and layer.self_attn.q_proj.mode == "affine"
+
+
+def test_mxfp4_blocks_of_every_scale_and_code_map_exactly():
+    """MXFP4 blocks of every scale byte but 255 (subnormal scales, scales that overflow) and
+    random codes dequantize in MLX to what gguf makes of them."""
+    from types import SimpleNamespace
+
+    from mlx_lazy.conversion import _mxfp4
+
+    blocks = np.random.default_rng(0).integers(0, 256, (255, 4, 17), dtype=np.uint8)
+    blocks[..., 0] = np.arange(255)[:, None]  # row i: scale byte i
+    data = blocks.reshape(255, -1)
+    with np.errstate(over="ignore"):  # 6 · 2^127 overflows in ggml's reading too
+        want = gguf.dequantize(data, T.MXFP4)
+    t = SimpleNamespace(name="blk.0.ffn_up_exps.weight", data=data, shape=np.array([128, 255]))
+    weight, scales = _mxfp4(t)
+    got = mx.dequantize(mx.array(weight), mx.array(scales), group_size=32, bits=4,
+                        mode="mxfp4", dtype=mx.float32)
+    assert np.array_equal(np.array(got), want)
 
 
 @pytest.mark.parametrize("metal, options, noted", [
@@ -550,12 +659,12 @@ def saved_weights(folder: Path) -> dict:
 
 
 @pytest.mark.parametrize("case", ["llama-legacy", "qwen2-mixed", "qwen3moe-kquants",
-                                  "phi3-longrope"])
+                                  "phi3-longrope", "gpt-oss-mxfp4"])
 def test_q_bits_writes_what_mlx_lm_convert_writes(case, tiny_model_dir, tmp_path):
     """``--q-bits`` converts one tensor at a time, and writes exactly what mlx-lm's convert
     makes of the dequantized float16 model: the same layers quantized with the same
-    parameters (Qwen3-MoE's router at 8 bits in groups of 64, by its quant_predicate), the
-    same bits, the same config."""
+    parameters (Qwen3-MoE's and gpt-oss's routers at 8 bits in groups of 64, by their
+    quant_predicate; gpt-oss's MXFP4 experts as affine), the same bits, the same config."""
     kind, types, overrides = GGUF_CASES[case]
     write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types, **overrides)
     float16 = convert(tmp_path / "m.gguf", tmp_path / "f16", dtype="float16")
@@ -567,8 +676,9 @@ def test_q_bits_writes_what_mlx_lm_convert_writes(case, tiny_model_dir, tmp_path
         assert have[name].dtype == x.dtype and mx.array_equal(have[name], x), name
     config = [json.loads((f / "config.json").read_text()) for f in (expected, got)]
     assert config[1]["quantization"] == config[0]["quantization"]
-    if kind == "qwen3_moe":
-        assert config[1]["quantization"]["model.layers.0.mlp.gate"]["bits"] == 8
+    router = {"qwen3_moe": "model.layers.0.mlp.gate", "gpt_oss": "model.layers.0.mlp.router"}
+    if kind in router:
+        assert config[1]["quantization"][router[kind]]["bits"] == 8
 
 
 def test_a_conversion_in_shards_loads_as_one(tiny_model_dir, tmp_path):
@@ -697,6 +807,19 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         write_gguf(tmp / name, "qwen3_moe", tok_folder, meta=meta, mlp_only_layers=[])
         return tmp / name
 
+    def oss(name: str, **kw) -> Path:
+        write_gguf(tmp / name, "gpt_oss", tok_folder, **kw)
+        return tmp / name
+
+    def nan_scale() -> Path:  # a scale byte of 255 in an MXFP4 expert stack
+        path = oss("nan.gguf", types={"ffn_up_exps": T.MXFP4})
+        offset = next(int(t.data_offset) for t in gguf.GGUFReader(path).tensors
+                      if t.name == "blk.1.ffn_up_exps.weight")
+        data = bytearray(path.read_bytes())
+        data[offset + 17 * 5] = 255
+        path.write_bytes(bytes(data))
+        return path
+
     def truncated() -> Path:
         path = tiny("truncated.gguf")
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -780,6 +903,17 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                                             hidden_size=96, mlp_only_layers=[])
                          and tmp / "moe96.gguf", "cannot quantize to 4 bits"),
         "not_a_model_folder": (folder, "without config.json"),
+        # gpt-oss: YaRN's magnitude (0.1 ln 4 + 1) as attn_factor would scale by its square;
+        # the sinks; MXFP4's NaN scale; no sliding layer, which mlx-lm's gpt_oss needs
+        "gpt_oss_attn_factor": (lambda: oss("af.gguf", meta={"attn_factor": 0.1 * math.log(4) + 1}),
+                                "gpt-oss.rope.scaling.attn_factor is 1.138629 (times YaRN's "
+                                "1.138629), mlx-lm's gpt_oss scales by 1.138629"),
+        "gpt_oss_sinks": (lambda: oss("sinks.gguf", extra={"blk.2.attn_sinks.weight": None}),
+                          "it lacks model.layers.2.self_attn.sinks"),
+        "mxfp4_nan_scale": (nan_scale, "blk.1.ffn_up_exps.weight has an MXFP4 scale of 255"),
+        "gpt_oss_pattern": (lambda: oss("swa.gguf", meta={"sliding_window_pattern": 1}),
+                            "gpt-oss without a sliding attention layer (sliding window pattern "
+                            "1, 4 layers)"),
         "experts": (lambda: moe("experts.gguf", meta={"num_experts_per_tok": 9}),
                     "qwen3moe.expert_used_count (9) exceeds qwen3moe.expert_count (4)"),
         "no_experts": (lambda: moe("noexp.gguf", meta={"num_experts": None}),
@@ -793,6 +927,7 @@ BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type",
               "sentencepiece_without_scores", "tokenizer_model", "rope_scaling", "rope_freqs",
               "rope_freqs_shape", "rope_freqs_qwen2", "rope_freqs_nan", "rope_factors_llama",
               "longrope_length", "longrope_inf", "longrope_pair", "attn_factor", "phi3_rope_dims",
+              "gpt_oss_attn_factor", "gpt_oss_sinks", "mxfp4_nan_scale", "gpt_oss_pattern",
               "q_bits_width",
               "not_a_model_folder", "experts", "no_experts"]
 
