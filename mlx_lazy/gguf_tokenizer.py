@@ -52,17 +52,35 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list).
 _EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
-              "<end_of_turn>", "<|end_of_text|>")
+              "<|return|>", "<|call|>", "<end_of_turn>", "<|end_of_text|>", "<EOT>", "_<EOT>",
+              "<end_of_utterance>")
+# Special tokens whose following whitespace is dropped, in models llama.cpp names Phi-3 (as
+# Phi-3's own tokenizer.json has them), but these
+_PHI3_KEEPS_SPACE = ("<unk>", "<s>", "<|endoftext|>")
 
 
 def eos_ids(meta: dict) -> list[int]:
-    """Every end-of-generation id: the GGUF's EOS/EOT/EOM and known end-of-turn controls."""
+    """Every end-of-generation id: the GGUF's EOS/EOT/EOM and known end-of-turn controls.
+
+    As llama.cpp: where both ``<|return|>`` and ``<|call|>`` end generation (gpt-oss's
+    harmony format), ``<|end|>`` does not: it closes each message, the reasoning too."""
     ids = [int(meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "eot", "eom")
            if meta.get(f"tokenizer.ggml.{k}_token_id") is not None]
     tokens = meta.get("tokenizer.ggml.tokens") or []
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     ids += [i for i, (tok, typ) in enumerate(zip(tokens, types)) if typ == 3 and tok in _EOG_TEXTS]
-    return list(dict.fromkeys(ids))
+    ids = list(dict.fromkeys(ids))
+    texts = {tokens[i] if 0 <= i < len(tokens) else None: i for i in ids}
+    if "<|return|>" in texts and "<|call|>" in texts and "<|end|>" in texts:
+        ids.remove(texts["<|end|>"])
+    return ids
+
+
+def _rstrip(meta: dict, token: str) -> bool:
+    """Whether whitespace after the special token ``token`` is dropped (llama.cpp: in models
+    named Phi-3, every special token but :data:`_PHI3_KEEPS_SPACE`)."""
+    name = str(meta.get("general.name", "")).lower()
+    return ("phi-3" in name or "phi3" in name) and token not in _PHI3_KEEPS_SPACE
 
 
 def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
@@ -99,7 +117,8 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
         tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
     # llama.cpp token types: 3 = control, 4 = user defined.
-    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False,
+                                       rstrip=_rstrip(meta, tokens[i]))
                             for i, t in enumerate(types) if t in (3, 4)])
 
     bos = _special_token(meta, tokens, "bos")
@@ -190,9 +209,11 @@ def _sentencepiece_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     tok.decoder = decoders.Sequence(steps + [decoders.Strip(" ", 1, 0)] * prefix)
     # llama.cpp token types: 2 = unknown, 3 = control, 4 = user defined.
     special = (3,) if gemma else (2, 3)
-    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False,
+                                       rstrip=_rstrip(meta, tokens[i]))
                             for i, t in enumerate(types) if t in special])
-    tok.add_tokens([AddedToken(raw[i], special=False, normalized=False)  # "\n", "<table>"
+    tok.add_tokens([AddedToken(raw[i], special=False, normalized=False,  # "\n", "<table>"
+                               rstrip=_rstrip(meta, raw[i]))
                     for i, t in enumerate(types) if t == 4 and raw[i] == tokens[i]])
     bos = _special_token(meta, tokens, "bos")
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None

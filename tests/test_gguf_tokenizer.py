@@ -142,10 +142,11 @@ def llama_cpp_spm(tokens: list[str], scores: list[float], text: str) -> list[int
     return out
 
 
-def llama_cpp_tokenize(meta: dict, text: str) -> list[int]:
+def llama_cpp_tokenize(meta: dict, text: str, rstrip: frozenset = frozenset()) -> list[int]:
     """llama.cpp's SPM ``tokenize`` with special tokens parsed: BOS, then the text cut
-    around control, unknown and user-defined tokens (the longest first), each run of text
-    prefixed by a space when the vocabulary says so and spaces escaped as "\u2581"."""
+    around control, unknown and user-defined tokens (the longest first; the whitespace after
+    those in ``rstrip`` dropped), each run of text prefixed by a space when the vocabulary
+    says so and spaces escaped as "\u2581"."""
     tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
     prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
     specials = sorted((t for t, k in zip(tokens, types) if k in (2, 3, 4)), key=len, reverse=True)
@@ -158,6 +159,8 @@ def llama_cpp_tokenize(meta: dict, text: str) -> list[int]:
                 continue
             pieces = part.split(special)
             for j, piece in enumerate(pieces):
+                if j and special in rstrip:
+                    piece = piece.lstrip(" \t\n\v\f\r")
                 cut += ([tokens.index(special)] if j else []) + ([piece] if piece else [])
         parts = cut
     out = [meta["tokenizer.ggml.bos_token_id"]] if meta["tokenizer.ggml.add_bos_token"] else []
@@ -418,3 +421,39 @@ def test_real_vocabularies_tokenize_as_llama_cpp(name, llama_cpp_vocabs):
     for text, want in zip(texts, ids):
         assert tok.encode(text, add_special_tokens=False).ids == \
             [int(i) for i in want.split()], text
+
+
+@pytest.mark.slow
+def test_phi_3_drops_the_whitespace_after_its_special_tokens(llama_cpp_vocabs):
+    """llama.cpp strips the whitespace after a special token in models named Phi-3 (Phi-3's
+    tokenizer.json says rstrip), but after <unk>, <s> and <|endoftext|>: a chat turn is what
+    llama.cpp makes of it, not a newline token more per marker."""
+    meta = {k: f.contents() for k, f in
+            read_gguf(llama_cpp_vocabs / "ggml-vocab-phi-3.gguf").fields.items()}
+    assert "phi3" in meta["general.name"].lower()
+    tok = build_tokenizer("phi3", meta)[0]
+    keeps = {"<unk>", "<s>", "<|endoftext|>"}
+    rstrip = frozenset(t for t, k in zip(meta["tokenizer.ggml.tokens"],
+                                         meta["tokenizer.ggml.token_type"])
+                       if k in (2, 3, 4) and t not in keeps)
+    no_bos = {**meta, "tokenizer.ggml.add_bos_token": False}
+    for text in ("<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n",
+                 "<s> a <|endoftext|>\n b </s>  c"):
+        want = llama_cpp_tokenize(no_bos, text, rstrip)
+        assert tok.encode(text, add_special_tokens=False).ids == want, text
+    assert want != llama_cpp_tokenize(no_bos, text)  # the stripping is seen
+    renamed = build_tokenizer("phi3", {**meta, "general.name": "Phi 4 Mini"})[0]
+    assert renamed.encode(text, add_special_tokens=False).ids == llama_cpp_tokenize(no_bos, text)
+
+
+@pytest.mark.parametrize("has_call", [True, False])
+def test_harmony_end_of_message_is_not_end_of_generation(has_call):
+    """gpt-oss ends its reasoning and its answer with <|end|>, and the turn with <|return|> or
+    <|call|>: where both of those are there, <|end|> does not stop generation (llama.cpp's
+    rule); elsewhere (Phi-3) it does."""
+    from mlx_lazy.gguf_tokenizer import eos_ids
+
+    tokens = ["a", "<|end|>", "<|return|>", "<|endoftext|>"] + ["<|call|>"] * has_call
+    meta = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [1] + [3] * 4,
+            "tokenizer.ggml.eos_token_id": 2}
+    assert sorted(eos_ids(meta)) == ([2, 3, 4] if has_call else [1, 2, 3])
