@@ -14,13 +14,17 @@ Two sources:
   q/k/v and gate/up tensors as mlx-lm's ``phi3`` has them, partial RoPE, LongRoPE factors),
   ``gpt-oss`` (to mlx-lm's ``gpt_oss``: attention sinks, biases, the sliding-window layers,
   YaRN RoPE; not llama.cpp's optional fused ``ffn_gate_up_exps``),
-  and every tensor type that
+  ``smollm3`` (no RoPE in every 4th layer, as llama.cpp hard-wires it), ``granite`` (Granite
+  3.x dense: its embedding, residual, attention and logit multipliers), ``olmo2`` (norms after
+  each branch; an OLMo 3 GGUF, with a sliding window, is refused) and ``exaone4`` (its
+  sliding window and pattern, global layers without RoPE; Llama 3 RoPE scaling from
+  ``rope_freqs``), and every tensor type that
   package dequantizes. Q4_0/Q4_1/Q8_0 matrices map exactly onto MLX affine quantization (group
   size 32), MXFP4 ones (gpt-oss's experts) onto MLX's ``mxfp4``, and stay quantized unless a
   dtype is given (the experts' stacks too); the other types
   are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given), and
   requantized as ``mlx_lm.convert -q`` would when bits are asked for. Tensors are converted
-  one at a time and written in shards as they go. llama q/k rows are
+  one at a time and written in shards as they go. llama, smollm3 and granite q/k rows are
   un-permuted from llama.cpp's RoPE layout to the Hugging Face one; ``tokenizer.json`` /
   ``tokenizer_config.json`` are rebuilt from the GGUF metadata (:mod:`mlx_lazy.gguf_tokenizer`).
 
@@ -63,7 +67,11 @@ SHARD_BYTES = 2 << 30
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
                  "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
-                 "gpt-oss": "GptOssForCausalLM"}
+                 "gpt-oss": "GptOssForCausalLM",
+                 "smollm3": "SmolLM3ForCausalLM",
+                 "granite": "GraniteForCausalLM",
+                 "olmo2": "Olmo2ForCausalLM",
+                 "exaone4": "Exaone4ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
                 "gpt-oss": "gpt_oss"}
@@ -75,6 +83,16 @@ GEMMA3_LOCAL_ROPE_BASE = 10000.0
 # says otherwise, and its YaRN betas (its gpt-oss loader reads no key for them)
 GPT_OSS_SLIDING_PATTERN = 2
 GPT_OSS_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
+# llama.cpp's converter permutes q/k rows (and biases) for its LlamaModel family, whose graphs
+# also take optional attention and MLP biases
+_LLAMA_FAMILY = ("llama", "smollm3", "granite")
+# SmolLM3: llama.cpp hard-wires RoPE off in every 4th layer (no GGUF key holds it)
+SMOLLM3_NO_ROPE_INTERVAL = 4
+# EXAONE 4.0 32B (64 layers): llama.cpp's hard-wired window and pattern period (3 local layers,
+# then a global one without RoPE), unless the GGUF says otherwise
+EXAONE4_32B_LAYERS = 64
+EXAONE4_32B_WINDOW = 4096
+EXAONE4_32B_PERIOD = 4
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -117,14 +135,22 @@ _GPT_OSS_LAYER_NAMES = {
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
 }
+# OLMo 2, EXAONE 4: a norm on each branch's output and none before it
+_POST_NORM_LAYER_NAMES = {
+    **{k: v for k, v in _LAYER_NAMES.items() if k not in ("attn_norm", "ffn_norm")},
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
-                     "gpt-oss": _GPT_OSS_LAYER_NAMES}
+                     "olmo2": _POST_NORM_LAYER_NAMES,
+                     "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES}
 # Phi-3's LongRoPE: llama.cpp's tensors of its factors beyond and within the original context
 _LONGROPE = {"long_factor": "rope_factors_long.weight",
              "short_factor": "rope_factors_short.weight"}
-# RoPE scaling held as tensors (config, not weights), and the architecture llama.cpp reads
-# each for (Llama 3.1/3.2's divisors, Phi-3's factors)
-_ROPE_TENSORS = {"rope_freqs.weight": "llama", **dict.fromkeys(_LONGROPE.values(), "phi3")}
+# RoPE scaling held as tensors (config, not weights), and the architectures llama.cpp reads
+# each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
+_ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4"),
+                 **dict.fromkeys(_LONGROPE.values(), ("phi3",))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
 ATTN_FACTOR_RTOL = 1e-6
@@ -342,7 +368,7 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
                                  f"[1, {_MAX_COUNT}], got {shown(value, 40)}")
         return int(value)
 
-    def positive(key: str, default: float) -> float:
+    def positive(key: str, default: float | None = None) -> float:
         value = g(key, default)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
                 or not np.isfinite(value) or value <= 0:
@@ -391,8 +417,8 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     yarn = arch == "gpt-oss" and scaling == "yarn"
     if scaling not in (None, "none") and not (linear or yarn):
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
-    for name, owner in _ROPE_TENSORS.items():
-        if name in tensors and arch != owner:
+    for name, owners in _ROPE_TENSORS.items():
+        if name in tensors and arch not in owners:
             raise UserInputError(f"GGUF {arch} with RoPE scaling ({name.removesuffix('.weight')}) "
                                  "is not supported")
     config = {
@@ -411,8 +437,36 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         "tie_word_embeddings": "output.weight" not in tensors,
         "hidden_act": "silu",
     }
-    if arch == "llama":
-        config.update(attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias=False)
+    if arch in _LLAMA_FAMILY:
+        config.update(attention_bias="blk.0.attn_q.bias" in tensors,
+                      mlp_bias="blk.0.ffn_gate.bias" in tensors)
+    if arch == "smollm3":
+        config["no_rope_layer_interval"] = SMOLLM3_NO_ROPE_INTERVAL
+    if arch == "granite":
+        if not g("rope.scaling.finetuned", True):  # llama.cpp's switch for RoPE
+            raise UserInputError("GGUF granite without RoPE (rope.scaling.finetuned false) is "
+                                 "not supported")
+        if g("logit_scale") is None:  # llama.cpp refuses the GGUF too
+            raise UserInputError("GGUF metadata lacks granite.logit_scale")
+        # the others as llama.cpp defaults them: no scaling, queries by 1/sqrt(head_dim)
+        config.update(embedding_multiplier=positive("embedding_scale", 1.0),
+                      residual_multiplier=positive("residual_scale", 1.0),
+                      attention_multiplier=positive("attention.scale", head_dim ** -0.5),
+                      logits_scaling=positive("logit_scale"))
+    if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
+        raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
+    if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
+        big = n_layers == EXAONE4_32B_LAYERS
+        flags = g("attention.sliding_window_pattern", EXAONE4_32B_PERIOD if big else None)
+        # without a window (or a local layer) every layer is global, with RoPE
+        pattern = (_sliding_pattern(flags, n_layers, arch)
+                   if flags is not None and (big or g("attention.sliding_window")) else None)
+        window = count("attention.sliding_window", EXAONE4_32B_WINDOW) if pattern else None
+        letters = (pattern or "G") * n_layers  # a letter per layer, and more
+        # layer_types for transformers' config, which loading the tokenizer reads
+        config.update(rope_scaling=None, sliding_window=window, sliding_window_pattern=pattern,
+                      layer_types=["sliding_attention" if c == "L" else "full_attention"
+                                   for c in letters[:n_layers]])
     if arch == "qwen3moe":  # every layer sparse, the top experts' weights renormalised
         n_experts, n_used = experts()
         config.update(num_experts=n_experts, num_experts_per_tok=n_used,
@@ -473,6 +527,31 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     if bos is not None:
         config["bos_token_id"] = int(bos)
     return config
+
+
+def _sliding_pattern(pattern: Any, n_layers: int, arch: str) -> str | None:
+    """A GGUF's sliding-window pattern (a flag per layer, or llama.cpp's period n: n - 1 local
+    layers, then a global one) as mlx-lm's string of L (local) and G (global) repeated over
+    the layers, the shortest; None when no layer is local."""
+    key = f"GGUF metadata {arch}.attention.sliding_window_pattern"
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers:
+            raise UserInputError(f"{key} has {len(pattern)} flags for {n_layers} layers")
+        local = [bool(x) for x in pattern]
+    elif isinstance(pattern, (int, np.integer)) and not isinstance(pattern, (bool, np.bool_)) \
+            and 0 <= pattern <= _MAX_COUNT:
+        local = [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
+    else:
+        raise UserInputError(f"{key} must be a flag per layer or a period, got "
+                             f"{shown(pattern, 40)}")
+    if not any(local):
+        return None
+    if all(local):
+        raise UserInputError(f"GGUF {arch} with a sliding window in every layer is not "
+                             f"supported (mlx-lm's {arch} needs a global layer)")
+    size = next(n for n in range(1, n_layers + 1)
+                if all(x == local[i % n] for i, x in enumerate(local)))
+    return "".join("L" if x else "G" for x in local[:size])
 
 
 def _number(x: float) -> int | float:
@@ -757,8 +836,7 @@ def _gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
              "self_attn.k_proj": config["num_key_value_heads"]}
     for gname, t in tensors.items():
         module, suffix = _hf_name(gname, arch).rsplit(".", 1)
-        # llama.cpp permutes q/k rows only for the llama family.
-        n_heads = heads.get(module.split(".", 3)[-1]) if arch == "llama" else None
+        n_heads = heads.get(module.split(".", 3)[-1]) if arch in _LLAMA_FAMILY else None
         kept = _kept(t, dtype)
         if kept and t.tensor_type == T.MXFP4:  # packed weights and their scale bytes
             parts = dict(zip(("weight", "scales"), _mxfp4(t)))

@@ -34,14 +34,18 @@ class PreTokenizer(NamedTuple):
     split: str | None  # the split regex (None: GPT-2's, the byte-level step's own)
     whole_words: bool  # a word found whole in the vocabulary is one token, unmerged
     bos: bool  # BOS is added when the GGUF does not say
+    digits: bool = False  # every digit a word of its own first
 
 
+_GPT2 = PreTokenizer(None, False, False)
 _LLAMA3 = PreTokenizer(_LLAMA3_REGEX, True, True)
-#: Byte-level BPE pre-tokenizers by llama.cpp's names and groups ("smollm" also splits every
-#: digit on its own first); Llama 3's and Tekken's tokenizer.json files say the same of
-#: whole words and BOS.
+#: Byte-level BPE pre-tokenizers by llama.cpp's names and groups; Llama 3's and Tekken's
+#: tokenizer.json files say the same of whole words and BOS.
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
-    **dict.fromkeys(("default", "gpt2", "gpt-2", "smollm"), PreTokenizer(None, False, False)),
+    **dict.fromkeys(("default", "gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4",
+                     "trillion", "granite-docling", "a.x-4.0", "mellum", "gigachat"), _GPT2),
+    **dict.fromkeys(("smollm", "refact", "starcoder", "command-r", "codeshell", "exaone",
+                     "minerva-7b"), _GPT2._replace(digits=True)),
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
                      "midm-2.0", "lfm2"), _LLAMA3),
     **dict.fromkeys(("dbrx", "smaug-bpe"), _LLAMA3._replace(whole_words=False, bos=False)),
@@ -108,7 +112,7 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
                                fuse_unk=False, byte_fallback=False,
                                ignore_merges=how.whole_words))
     steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex is None)]
-    if pre == "smollm":
+    if how.digits:
         steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
     elif regex is not None:
         steps.insert(0, pre_tokenizers.Split(Regex(regex), behavior="isolated"))

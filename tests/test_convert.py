@@ -173,24 +173,35 @@ GGUF_LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                     "mlp.router": "ffn_gate_inp", "mlp.experts.gate_proj": "ffn_gate_exps",
                     "mlp.experts.up_proj": "ffn_up_exps",
                     "mlp.experts.down_proj": "ffn_down_exps", "self_attn.sinks": "attn_sinks"}
-#: A kind's names where they differ: gpt-oss's norm before the MoE
+#: OLMo 2's and EXAONE 4's layer names: a norm after each branch and none before
+GGUF_POST_NORM_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
+                        "post_feedforward_layernorm": "post_ffw_norm"}
+#: A model type's names where they differ: gpt-oss's norm before the MoE, the post-norms
 GGUF_KIND_LAYER_NAMES = {"gpt_oss": {**GGUF_LAYER_NAMES,
-                                     "post_attention_layernorm": "post_attention_norm"}}
+                                     "post_attention_layernorm": "post_attention_norm"},
+                         "olmo2": GGUF_POST_NORM_NAMES, "exaone4": GGUF_POST_NORM_NAMES}
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+#: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
+GGUF_PERMUTED = ("llama", "smollm3", "granite")
+#: Granite's multipliers by llama.cpp's writer methods
+GRANITE_SCALES = {"embedding_multiplier": "add_embedding_scale",
+                  "residual_multiplier": "add_residual_scale",
+                  "attention_multiplier": "add_attention_scale",
+                  "logits_scaling": "add_logit_scale"}
 GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
                   "lm_head": "output"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 
 
-def gguf_name(hf_name: str, kind: str = "llama") -> str:
+def gguf_name(hf_name: str, model_type: str = "llama") -> str:
     if hf_name.endswith(".self_attn.sinks"):
         hf_name += ".weight"
     base, suffix = hf_name.rsplit(".", 1)
     if base in GGUF_TOP_NAMES:
         return f"{GGUF_TOP_NAMES[base]}.{suffix}"
     _, _, i, rest = base.split(".", 3)
-    return f"blk.{i}.{GGUF_KIND_LAYER_NAMES.get(kind, GGUF_LAYER_NAMES)[rest]}.{suffix}"
+    return f"blk.{i}.{GGUF_KIND_LAYER_NAMES.get(model_type, GGUF_LAYER_NAMES)[rest]}.{suffix}"
 
 
 def encode(w: np.ndarray, qtype: T, rng: np.random.Generator) -> np.ndarray:
@@ -213,7 +224,8 @@ def model_module(kind: str):
 
 def add_shape(w: gguf.GGUFWriter, config: dict, key_length: bool = True) -> None:
     """The model's shape as llama.cpp writes it: layers, context, widths, heads (and the
-    heads' width unless ``key_length`` is False: llama.cpp's phi3 converter leaves it out)."""
+    heads' width unless ``key_length`` is False: llama.cpp's phi3 and granite converters leave
+    it out)."""
     w.add_block_count(config["num_hidden_layers"])
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(config["hidden_size"])
@@ -268,12 +280,15 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                vocab: Callable[[gguf.GGUFWriter], None] | None = None,
                **overrides) -> tuple[dict, dict]:
     """Write a random-weight model of ``kind`` as a llama.cpp-style GGUF (q/k rows permuted
-    for llama; phi3's RoPE metadata and LongRoPE tensors) with gguf's writer and the tokenizer
+    for the llama family; phi3's RoPE metadata and LongRoPE tensors; Granite's multipliers;
+    a sliding window with its pattern, a flag per layer) with gguf's writer and the tokenizer
     of ``tok_folder`` (or the metadata ``vocab`` writes).
 
     ``types`` maps a GGUF tensor role ("attn_q", "token_embd", ...; "*" for the other 2-D
     tensors) to its type (default F32); ``meta`` overrides metadata values only (to make
-    them disagree with the tensors; None leaves a phi3 key out); ``extra`` adds float32
+    them disagree with the tensors; None leaves a phi3 key, a Granite multiplier or the
+    sliding window out; "swa_pattern" is the sliding-window pattern as written, else a flag
+    per layer from "layer_types"; "rope_finetuned" adds that flag); ``extra`` adds float32
     tensors by their GGUF names (None leaves one out, the model's too). Returns (config,
     reference weights in the HF layout: what the stored tensors dequantize to).
     """
@@ -289,7 +304,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
               tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
 
     w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(model_type, model_type))
-    add_shape(w, m, key_length=model_type != "phi3")
+    add_shape(w, m, key_length=model_type not in ("phi3", "granite"))
     if "num_experts_per_tok" in m:
         experts = m["num_local_experts" if model_type == "gpt_oss" else "num_experts"]
         if experts is not None:
@@ -311,6 +326,19 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if m.get("sliding_window_pattern") is not None:
             w.add_sliding_window_pattern(m["sliding_window_pattern"])
     w.add_layer_norm_rms_eps(m["rms_norm_eps"])
+    if model_type == "granite":
+        for key, add in GRANITE_SCALES.items():
+            if m[key] is not None:
+                getattr(w, add)(m[key])
+    if m.get("rope_finetuned") is not None:
+        w.add_rope_scaling_finetuned(m["rope_finetuned"])
+    if model_type in ("exaone4", "olmo2") and m.get("sliding_window") is not None:
+        w.add_sliding_window(m["sliding_window"])
+        pattern = m.get("swa_pattern")
+        if pattern is None and m.get("layer_types"):
+            pattern = [t == "sliding_attention" for t in m["layer_types"]]
+        if pattern is not None:
+            w.add_sliding_window_pattern(pattern)
     if vocab is None:
         add_bpe_vocab(w, tok_folder, m["tokenizer_model"])
     else:
@@ -331,7 +359,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             x, qtype = (1.0 if "norm" in role else 0.0) + 0.1 * rng.normal(size=shape), T.F32
         data = encode(x.astype(np.float32), qtype, rng)
         reference[name] = mx.array(gguf.dequantize(data, qtype).reshape(shape))
-        if kind == "llama" and role in ("attn_q", "attn_k"):
+        if model_type in GGUF_PERMUTED and role in ("attn_q", "attn_k"):
             heads = config["num_attention_heads" if role == "attn_q" else "num_key_value_heads"]
             data = gguf_permute(data, heads)
         w.add_tensor(gname, data, raw_dtype=qtype)
@@ -392,6 +420,22 @@ GGUF_CASES = {
     "gpt-oss-q8": ("gpt_oss", {**dict.fromkeys(("ffn_gate_exps", "ffn_up_exps",
                                                 "ffn_down_exps"), T.MXFP4),
                                "attn_v": T.Q4_0, "*": T.Q8_0}, {"head_dim": 24}),
+    # SmolLM3: Llama's layout (q/k permuted), no RoPE in every 4th layer as llama.cpp
+    # hard-wires it (layer 3 here)
+    "smollm3-legacy": ("smollm3", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
+                                   "*": T.Q8_0}, {"no_rope_layer_interval": 4}),
+    # Granite: the tiny model's multipliers far from 1, biases everywhere, q/k permuted
+    "granite-kquants": ("granite", {"token_embd": T.Q6_K, "attn_q": T.Q4_K, "attn_k": T.Q5_K,
+                                    "*": T.Q4_K}, KQ),
+    # OLMo 2: norms after each branch, q/k norms over all heads at once, NeoX RoPE (unpermuted)
+    "olmo2-mixed": ("olmo2", {"token_embd": T.Q5_0, "attn_q": T.Q8_0, "attn_k": T.Q4_1,
+                              "ffn_down": T.BF16, "*": T.Q4_0}, {}),
+    # EXAONE 4: OLMo 2's norms, per-head q/k norms; layers 0 and 2 slide (a flag per layer),
+    # 1 and 3 global without RoPE; and EXAONE 4.0 1.2B's layout, every layer global with RoPE
+    "exaone4-legacy": ("exaone4", {"token_embd": T.Q5_1, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
+                                   "output": T.F16, "*": T.Q8_0}, {}),
+    "exaone4-global": ("exaone4-global", {"attn_q": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
+                       KQ),
 }
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -443,28 +487,29 @@ LLAMA3 = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0
           "original_max_position_embeddings": 8192}
 
 
-@pytest.mark.parametrize("scaling", [
-    {**LLAMA3, "factor": 8.0},  # Llama 3.1
-    {**LLAMA3, "factor": 32.0},  # Llama 3.2
-    {**LLAMA3, "factor": 16.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
-     "original_max_position_embeddings": 4096},  # another (original, low, high), same ratios
-], ids=["llama3.1", "llama3.2", "scaled"])
-def test_llama3_rope_scaling_from_rope_freqs(scaling, tiny_model_dir, tmp_path):
-    """Llama 3.1 / 3.2 GGUFs hold their RoPE scaling as a ``rope_freqs`` tensor: it becomes
-    a ``llama3`` rope_scaling under which mlx-lm's RoPE is the one the original config gives,
-    and the converted model computes what the original does (at positions past the original
-    context, where the scaling matters most)."""
-    overrides = {"head_dim": 128, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+@pytest.mark.parametrize("kind, theta, scaling", [
+    ("llama", 500000.0, {**LLAMA3, "factor": 8.0}),  # Llama 3.1
+    ("llama", 500000.0, {**LLAMA3, "factor": 32.0}),  # Llama 3.2
+    ("llama", 500000.0, {**LLAMA3, "factor": 16.0, "low_freq_factor": 2.0,
+                         "high_freq_factor": 8.0, "original_max_position_embeddings": 4096}),
+    ("exaone4", 1000000.0, {**LLAMA3, "factor": 16.0}),  # EXAONE 4.0 (layer 0 slides, rotates)
+], ids=["llama3.1", "llama3.2", "scaled", "exaone4"])
+def test_llama3_rope_scaling_from_rope_freqs(kind, theta, scaling, tiny_model_dir, tmp_path):
+    """Llama 3.1 / 3.2 and EXAONE 4 GGUFs hold their RoPE scaling as a ``rope_freqs``
+    tensor: it becomes a ``llama3`` rope_scaling under which mlx-lm's RoPE is the one the
+    original config gives, and the converted model computes what the original does (at
+    positions past the original context, where the scaling matters most)."""
+    overrides = {"head_dim": 128, "rope_theta": theta, "max_position_embeddings": 131072,
                  "rope_scaling": scaling}
-    config = {**tiny_config("llama"), **overrides}
-    _, reference = write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"),
+    config = {**tiny_config(kind), **overrides}
+    _, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind),
                               extra={"rope_freqs.weight": llama_cpp_rope_freqs(config)},
                               **overrides)
     out = convert(tmp_path / "m.gguf", tmp_path / "out")
     saved = json.loads((out / "config.json").read_text())["rope_scaling"]
     assert saved["rope_type"] == "llama3" and saved["factor"] == scaling["factor"]
     model, _ = mlx_lm.load(str(out))
-    ref = reference_model("llama", config, reference)
+    ref = reference_model(kind, config, reference)
     got, want = (m.model.layers[0].self_attn.rope._freqs for m in (model, ref))
     assert rel_err(got, want) < 1e-6  # float32 powers of the base
     q = mx.random.normal((1, 4, 6, 128), key=mx.random.key(0))
@@ -515,6 +560,50 @@ def test_gpt_oss_yarn_and_windows_from_gguf(tiny_model_dir, tmp_path):
     prompt = random_prompt(300, VOCAB_SIZE)
     assert rel_err(model(prompt[None, :60]), ref(prompt[None, :60])) < 1e-5
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("overrides, meta, window, pattern", [
+    ({}, {}, 24, "LG"),  # a flag per layer, as llama.cpp's converter writes them
+    ({}, {"swa_pattern": 2}, 24, "LG"),  # llama.cpp's period: one local layer, then a global
+    # EXAONE 4.0 32B's depth and no window in the GGUF: llama.cpp's own window and period
+    ({"num_hidden_layers": 64, "sliding_window": 4096, "sliding_window_pattern": "LLLG",
+      "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 16},
+     {"sliding_window": None}, 4096, "LLLG"),
+], ids=["flags", "period", "32b-defaults"])
+def test_exaone4_sliding_windows(overrides, meta, window, pattern, tiny_model_dir, tmp_path):
+    """EXAONE 4's window and pattern become mlx-lm's (and the layer types transformers'
+    config reads): local layers slide over the window, global ones have no RoPE, the
+    converted model computes what the original does past the window, and the engine runs it
+    as mlx-lm does."""
+    config, reference = write_gguf(tmp_path / "m.gguf", "exaone4", tiny_model_dir("exaone4"),
+                                   meta=meta, **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["sliding_window"], saved["sliding_window_pattern"]) == (window, pattern)
+    assert saved["layer_types"] == config["layer_types"]
+    model, _ = mlx_lm.load(str(out))
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model("exaone4", config, reference)(x)) < 1e-5
+    prompt = random_prompt(300, VOCAB_SIZE)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+def test_granite_multipliers_llama_cpp_defaults(tiny_model_dir, tmp_path):
+    """A Granite GGUF without embedding, residual or attention scale converts as llama.cpp
+    runs it: embeddings and residual branches unscaled, queries by 1/sqrt(head_dim)."""
+    missing = dict.fromkeys(("embedding_multiplier", "residual_multiplier",
+                             "attention_multiplier"))
+    config, reference = write_gguf(tmp_path / "m.gguf", "granite", tiny_model_dir("granite"),
+                                   meta=missing)
+    defaults = {"embedding_multiplier": 1.0, "residual_multiplier": 1.0,
+                "attention_multiplier": config["head_dim"] ** -0.5}
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    saved = json.loads((out / "config.json").read_text())
+    assert {k: saved[k] for k in defaults} == defaults
+    model, _ = mlx_lm.load(str(out))
+    x = mx.array([[5, 17, 42, 99, 200, 7]])
+    ref = reference_model("granite", {**config, **defaults}, reference)
+    assert rel_err(model(x), ref(x)) < 1e-5
 
 
 def test_legacy_quants_stay_quantized_exactly(tiny_model_dir, tmp_path):
@@ -659,7 +748,8 @@ def saved_weights(folder: Path) -> dict:
 
 
 @pytest.mark.parametrize("case", ["llama-legacy", "qwen2-mixed", "qwen3moe-kquants",
-                                  "phi3-longrope", "gpt-oss-mxfp4"])
+                                  "phi3-longrope", "gpt-oss-mxfp4", "granite-kquants",
+                                  "exaone4-legacy"])
 def test_q_bits_writes_what_mlx_lm_convert_writes(case, tiny_model_dir, tmp_path):
     """``--q-bits`` converts one tensor at a time, and writes exactly what mlx-lm's convert
     makes of the dequantized float16 model: the same layers quantized with the same
@@ -803,6 +893,10 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         write_gguf(tmp / name, "phi3-longrope", tok_folder, **kw)
         return tmp / name
 
+    def gguf_of(name: str, model_type: str, meta: dict) -> Path:
+        write_gguf(tmp / name, model_type, tok_folder, meta=meta)
+        return tmp / name
+
     def moe(name: str, meta: dict) -> Path:
         write_gguf(tmp / name, "qwen3_moe", tok_folder, meta=meta, mlp_only_layers=[])
         return tmp / name
@@ -918,6 +1012,20 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                     "qwen3moe.expert_used_count (9) exceeds qwen3moe.expert_count (4)"),
         "no_experts": (lambda: moe("noexp.gguf", meta={"num_experts": None}),
                        "qwen3moe.expert_count must be an integer in [1, "),
+        # llama.cpp refuses a Granite GGUF without it; without RoPE mlx-lm's granite has none
+        "granite_logit_scale": (lambda: gguf_of("g.gguf", "granite", {"logits_scaling": None}),
+                                "GGUF metadata lacks granite.logit_scale"),
+        "granite_no_rope": (lambda: gguf_of("g.gguf", "granite", {"rope_finetuned": False}),
+                            "granite without RoPE (rope.scaling.finetuned false)"),
+        # an olmo2 GGUF with a window is OLMo 3's (its sliding layers), not mlx-lm's olmo2
+        "olmo3_window": (lambda: gguf_of("o.gguf", "olmo2", {"sliding_window": 24}),
+                         "olmo2 with a sliding window (OLMo 3) is not supported"),
+        # mlx-lm's exaone4 takes the first global layer for its global mask: there must be one
+        "exaone4_all_local": (lambda: gguf_of("e.gguf", "exaone4", {"swa_pattern": [True] * 4}),
+                              "exaone4 with a sliding window in every layer is not supported"),
+        "exaone4_pattern_length": (
+            lambda: gguf_of("e.gguf", "exaone4", {"swa_pattern": [True, False, True]}),
+            "exaone4.attention.sliding_window_pattern has 3 flags for 4 layers"),
     }[case]
     return make(), fragment
 
@@ -929,7 +1037,8 @@ BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type",
               "longrope_length", "longrope_inf", "longrope_pair", "attn_factor", "phi3_rope_dims",
               "gpt_oss_attn_factor", "gpt_oss_sinks", "mxfp4_nan_scale", "gpt_oss_pattern",
               "q_bits_width",
-              "not_a_model_folder", "experts", "no_experts"]
+              "not_a_model_folder", "experts", "no_experts", "granite_logit_scale",
+              "granite_no_rope", "olmo3_window", "exaone4_all_local", "exaone4_pattern_length"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

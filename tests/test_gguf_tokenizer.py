@@ -373,8 +373,10 @@ def test_a_whole_word_in_the_vocabulary_skips_the_merges_where_llama_cpp_does(pr
 LLAMA_CPP_SDIST = ("llama-cpp-python==0.3.36",
                    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
 # Llama 2 / Mistral 7B v0.1 (SentencePiece), Phi-3 (SentencePiece), Llama 3 (ignore_merges),
-# Qwen 2, GPT-2
-LLAMA_CPP_VOCABS = ("llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2")
+# Qwen 2, GPT-2 and MPT (GPT-2's split), Refact and StarCoder (digits apart first, as
+# Granite 3.x's "refact" and SmolLM's "smollm")
+LLAMA_CPP_VOCABS = ("llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "mpt", "refact",
+                    "starcoder")
 
 
 @pytest.fixture(scope="module")
@@ -393,16 +395,13 @@ def llama_cpp_vocabs() -> Path:
         if got.returncode or not sdists:
             pytest.skip(f"{requirement} cannot be downloaded: {got.stderr.strip()[-200:]}")
         assert hashlib.sha256(sdists[0].read_bytes()).hexdigest() == sha256
-        part = Path(tmp) / "vocab"
-        part.mkdir()
+        folder.mkdir(parents=True, exist_ok=True)
         with tarfile.open(sdists[0]) as tar:
             for member in tar.getmembers():
-                if member.name.rpartition("/")[2] in files:
-                    (part / member.name.rpartition("/")[2]).write_bytes(
-                        tar.extractfile(member).read())
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        if not folder.exists():
-            part.rename(folder)
+                name = member.name.rpartition("/")[2]
+                if name in files:  # written whole, then renamed into place
+                    (folder / f"{name}.part").write_bytes(tar.extractfile(member).read())
+                    (folder / f"{name}.part").replace(folder / name)
     return folder
 
 
