@@ -18,7 +18,11 @@ Two sources:
   3.x dense: its embedding, residual, attention and logit multipliers), ``olmo2`` (norms after
   each branch; an OLMo 3 GGUF, with a sliding window, is refused) and ``exaone4`` (its
   sliding window and pattern, global layers without RoPE; Llama 3 RoPE scaling from
-  ``rope_freqs``), and every tensor type that
+  ``rope_freqs``), ``qwen35`` / ``qwen35moe`` (Qwen3.5/3.6's text model, to mlx-lm's
+  ``qwen3_5`` / ``qwen3_5_moe``: llama.cpp's changes to the Gated DeltaNet layers undone,
+  A_log from its −exp(A_log), the conv unsqueezed, the value heads it tiles grouped again;
+  the full-attention period from its flags or interval; partial RoPE, as its MRoPE is on
+  text; a shared expert; the multi-token prediction block dropped), and every tensor type that
   package dequantizes. Q4_0/Q4_1/Q8_0 matrices map exactly onto MLX affine quantization (group
   size 32), MXFP4 ones (gpt-oss's experts) onto MLX's ``mxfp4``, and stay quantized unless a
   dtype is given (the experts' stacks too); the other types
@@ -71,10 +75,13 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "smollm3": "SmolLM3ForCausalLM",
                  "granite": "GraniteForCausalLM",
                  "olmo2": "Olmo2ForCausalLM",
-                 "exaone4": "Exaone4ForCausalLM"}
+                 "exaone4": "Exaone4ForCausalLM",
+                 "qwen35": "Qwen3_5ForCausalLM",
+                 "qwen35moe": "Qwen3_5MoeForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
-                "gpt-oss": "gpt_oss"}
+                "gpt-oss": "gpt_oss",
+                "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
 # Gemma 3: llama.cpp's hard-wired sliding-window pattern (5 local layers, then a global one)
 # and local RoPE base, unless the GGUF says otherwise
 GEMMA3_SLIDING_PATTERN = 6
@@ -93,6 +100,11 @@ SMOLLM3_NO_ROPE_INTERVAL = 4
 EXAONE4_32B_LAYERS = 64
 EXAONE4_32B_WINDOW = 4096
 EXAONE4_32B_PERIOD = 4
+# Qwen3.5/3.6 (Gated DeltaNet linear attention, every n-th layer full attention): llama.cpp's
+# architectures, its default period, and what mlx-lm's qwen3_5 names its parameters under
+_QWEN35 = ("qwen35", "qwen35moe")
+QWEN35_FULL_ATTENTION_INTERVAL = 4
+_QWEN35_PREFIX = "language_model."
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -141,9 +153,30 @@ _POST_NORM_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# Qwen3.5/3.6: the norm before the MLP is llama.cpp's post_attention_norm; the linear-attention
+# layers' projections (attn_qkv: q, k, v rows; attn_gate: z), its conv, dt bias (a parameter of
+# its own) and gated norm; the MoE's shared expert and its gate
+_QWEN35_LAYER_NAMES = {
+    **{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm"},
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_out": "linear_attn.out_proj",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_dt.bias": "linear_attn.dt_bias",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+}
 _ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
-                     "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES}
+                     "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,
+                     # by mlx-lm's model type: the names in its text model
+                     "qwen3_5": _QWEN35_LAYER_NAMES}
 # Phi-3's LongRoPE: llama.cpp's tensors of its factors beyond and within the original context
 _LONGROPE = {"long_factor": "rope_factors_long.weight",
              "short_factor": "rope_factors_short.weight"}
@@ -287,6 +320,8 @@ def convert_gguf(
     if arch not in ARCHITECTURES:
         raise UserInputError(f"unsupported GGUF architecture {arch!r} "
                              f"(supported: {', '.join(map(repr, ARCHITECTURES))})")
+    if arch in _QWEN35:
+        tensors = _qwen35_trunk(arch, meta, tensors)
     config = _config(arch, meta, tensors)
     for name in _ROPE_TENSORS:  # in the config now, not weights
         tensors.pop(name, None)
@@ -300,7 +335,7 @@ def convert_gguf(
         dtype = dtype or "float16"
         requantize, quant = _requantized_modules(model, q_bits, q_group_size)
     else:
-        requantize, quant = {}, _kept_quantization(arch, tensors, dtype)
+        requantize, quant = {}, _kept_quantization(arch, tensors, dtype, config)
     with _Shards(out_dir, shard_bytes) as shards:
         for name, x in _gguf_arrays(arch, tensors, config, dtype, requantize):
             shards.add(name, x)
@@ -386,6 +421,8 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
 
     required = ("attention.head_count", "embedding_length", "block_count",
                 "feed_forward_length")
+    if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
+        required = required[:-1]
     if any(g(k) is None for k in required):
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     if isinstance(g("attention.head_count"), list) or \
@@ -393,6 +430,8 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError("GGUF with per-layer head counts is not supported")
     n_heads, hidden, n_layers = (count("attention.head_count"), count("embedding_length"),
                                  count("block_count"))
+    if arch in _QWEN35:  # the multi-token prediction blocks after the model's own
+        n_layers -= _qwen35_nextn(arch, meta)
     n_kv = count("attention.head_count_kv", n_heads)
     blocks = {name.split(".")[1] for name in tensors if name.startswith("blk.")}
     if n_layers != len(blocks):  # before a model of n_layers is built to compare shapes
@@ -405,7 +444,8 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     rope_dims = count("rope.dimension_count", head_dim)
     # mlx-lm's phi3 rotates the first int(head_dim · partial_rotary_factor) dims of each head
     # (Phi-4-mini: 96 of 128); the other families' models rotate all of them
-    if rope_dims != head_dim and (arch != "phi3" or rope_dims > head_dim or rope_dims % 2
+    if rope_dims != head_dim and (arch not in ("phi3", *_QWEN35) or rope_dims > head_dim
+                                  or rope_dims % 2
                                   or int(head_dim * (rope_dims / head_dim)) != rope_dims):
         raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's {head_dim} "
                              "dims is not supported")
@@ -425,7 +465,7 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         "architectures": [ARCHITECTURES[arch]],
         "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
-        "intermediate_size": count("feed_forward_length"),
+        "intermediate_size": count("feed_forward_length", hidden),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
@@ -472,6 +512,9 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(num_experts=n_experts, num_experts_per_tok=n_used,
                       moe_intermediate_size=count("expert_feed_forward_length"),
                       decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    if arch in _QWEN35:
+        config.update(_qwen35_config(arch, g, count, experts, n_layers, head_dim, rope_dims,
+                                     config["rope_theta"]))
     if arch == "gpt-oss":  # every layer sparse; its SwiGLU's alpha and limit are hard-wired in
         # llama.cpp (1.702, 7) as in mlx-lm
         n_experts, n_used = experts()
@@ -527,6 +570,156 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     if bos is not None:
         config["bos_token_id"] = int(bos)
     return config
+
+
+def _qwen35_nextn(arch: str, meta: dict) -> int:
+    """How many of a Qwen3.5 GGUF's blocks are multi-token prediction blocks, after the model's
+    own (``nextn_predict_layers``; llama.cpp's converter appends them unless told not to)."""
+    key = f"{arch}.nextn_predict_layers"
+    n, blocks = meta.get(key, 0), meta.get(f"{arch}.block_count")
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0 or \
+            (isinstance(blocks, (int, np.integer)) and n >= blocks):
+        raise UserInputError(f"GGUF metadata {key} must be an integer in [0, "
+                             f"{arch}.block_count), got {shown(n, 40)}")
+    return int(n)
+
+
+def _qwen35_trunk(arch: str, meta: dict, tensors: dict) -> dict:
+    """A Qwen3.5 GGUF's tensors without its multi-token prediction blocks (mlx-lm's qwen3_5
+    has none: it drops them from Hugging Face checkpoints too), refusing the layouts of
+    llama.cpp's optional fusions."""
+    blocks = meta.get(f"{arch}.block_count")
+    trunk = blocks - _qwen35_nextn(arch, meta) if isinstance(blocks, (int, np.integer)) else None
+    kept = {name: t for name, t in tensors.items() if trunk is None or
+            not (name.startswith("blk.") and name.split(".")[1].isdigit()
+                 and int(name.split(".")[1]) >= trunk)}
+    for name in kept:
+        if ".ffn_gate_up_exps." in name:
+            raise UserInputError(f"GGUF {arch} with fused gate/up experts ({name}; llama.cpp's "
+                                 "--fuse-gate-up-exps) is not supported")
+        if name.endswith(".attn_qkv.weight") and \
+                name.replace(".attn_qkv.", ".attn_q.") in kept:  # a full-attention layer
+            raise UserInputError(f"GGUF {arch} with fused q/k/v attention ({name}; llama.cpp's "
+                                 "--fuse-qkv) is not supported")
+    return kept
+
+
+def _qwen35_config(arch: str, g: Any, count: Any, experts: Any, n_layers: int, head_dim: int,
+                   rope_dims: int, theta: float) -> dict:
+    """mlx-lm's qwen3_5 / qwen3_5_moe config of a Qwen3.5/3.6 GGUF: its linear-attention (Gated
+    DeltaNet) heads from llama.cpp's ssm keys, which layers attend fully, the partial RoPE
+    (llama.cpp's interleaved MRoPE: on text every section turns by the same position, plain
+    RoPE over the rotated dims), and the MoE's experts and shared expert."""
+    n_v, n_k = count("ssm.time_step_rank"), count("ssm.group_count")
+    inner = count("ssm.inner_size")
+    if n_v % n_k or inner % n_v:
+        raise UserInputError(f"GGUF metadata {arch}.ssm.time_step_rank ({n_v}) must be a "
+                             f"multiple of {arch}.ssm.group_count ({n_k}), and "
+                             f"{arch}.ssm.inner_size ({inner}) of it")
+    if count("attention.value_length", head_dim) != head_dim:
+        raise UserInputError(f"GGUF {arch} with values {g('attention.value_length')} wide and "
+                             f"keys {head_dim} wide is not supported")
+    # (its MRoPE sections left out: on text they turn by one position, and transformers warns
+    # of them beside a "default" RoPE)
+    rope = {"rope_type": "default", "rope_theta": theta,
+            "partial_rotary_factor": rope_dims / head_dim}
+    config = {"linear_num_value_heads": n_v, "linear_num_key_heads": n_k,
+              "linear_key_head_dim": count("ssm.state_size"),
+              "linear_value_head_dim": inner // n_v,
+              "linear_conv_kernel_dim": count("ssm.conv_kernel"),
+              "full_attention_interval": _qwen35_interval(arch, g, count, n_layers),
+              "attention_bias": False, "rope_parameters": rope,
+              "partial_rotary_factor": rope_dims / head_dim}
+    if arch == "qwen35moe":  # every layer sparse beside a gated shared expert; llama.cpp
+        # renormalises the top experts' weights (hard-wired)
+        n_experts, n_used = experts()
+        shared = count("expert_shared_feed_forward_length", g("feed_forward_length"))
+        config.update(num_experts=n_experts, num_experts_per_tok=n_used,
+                      moe_intermediate_size=count("expert_feed_forward_length"),
+                      shared_expert_intermediate_size=shared, norm_topk_prob=True,
+                      decoder_sparse_step=1, intermediate_size=count("feed_forward_length", shared))
+    return config
+
+
+def _qwen35_interval(arch: str, g: Any, count: Any, n_layers: int) -> int:
+    """The period n of Qwen3.5's full-attention layers (layer i attends fully when
+    (i + 1) % n == 0), from llama.cpp's flag per layer (``attention.recurrent_layers``, which
+    it prefers) or its interval (4 when the GGUF gives neither)."""
+    flags = g("attention.recurrent_layers")
+    if flags is None:
+        interval = count("full_attention_interval", QWEN35_FULL_ATTENTION_INTERVAL)
+        if interval > n_layers:
+            raise UserInputError(f"GGUF {arch} without a full-attention layer (interval "
+                                 f"{interval}, {n_layers} layers) is not supported")
+        return interval
+    key = f"GGUF metadata {arch}.attention.recurrent_layers"
+    if not isinstance(flags, list) or len(flags) < n_layers:
+        raise UserInputError(f"{key} must be a flag per layer, got {shown(flags, 40)}")
+    linear = [bool(x) for x in flags[:n_layers]]
+    interval = linear.index(False) + 1 if False in linear else None
+    if interval is None or any(x != ((i + 1) % interval != 0) for i, x in enumerate(linear)):
+        raise UserInputError(f"{key} are not mlx-lm's qwen3_5 pattern (every n-th layer "
+                             f"full attention, the others linear): {shown(flags, 40)}")
+    return interval
+
+
+def _qwen35_role(gguf_name: str) -> str:
+    """A Qwen3.5 GGUF tensor's role: ``blk.3.ssm_dt.bias`` -> ``ssm_dt``."""
+    parts = gguf_name.split(".")
+    return parts[2] if parts[0] == "blk" and len(parts) > 2 else parts[0]
+
+
+#: The linear-attention tensors whose value heads llama.cpp's converter tiles (see
+#: :func:`_untile_v_heads`): the axis, and whether only the rows past q and k move
+_QWEN35_V_HEADS = {"attn_qkv": (0, True), "ssm_conv1d": (0, True), "attn_gate": (0, False),
+                   "ssm_beta": (0, False), "ssm_alpha": (0, False), "ssm_a": (0, False),
+                   "ssm_dt": (0, False), "ssm_out": (-1, False)}
+
+
+def _untile_v_heads(x: np.ndarray, axis: int, n_k: int, n_v: int) -> np.ndarray:
+    """Undo llama.cpp's tiling of Qwen3.5's value heads along ``axis``: value head h = r·n_k + k
+    back to k·(n_v / n_k) + r, grouped under the key head k it reads, as mlx-lm's repeat of the
+    keys has them (ggml's broadcast takes key head h % n_k). Each head's slice moves whole, so
+    packed quantized weights and their scales move with it."""
+    x = np.moveaxis(x, axis, 0)
+    r, rest = n_v // n_k, x.shape[1:]
+    x = x.reshape(r, n_k, -1, *rest).swapaxes(0, 1).reshape(-1, *rest)
+    return np.moveaxis(x, 0, axis)
+
+
+def _qwen35_straddles(t: Any, config: dict | None) -> bool:
+    """Whether the GGUF tensor ``t`` is a Qwen3.5 ``ssm_out`` whose value heads, tiled by
+    llama.cpp, do not fill whole blocks of 32 columns: it cannot stay quantized."""
+    return (config is not None and config["model_type"] in ("qwen3_5", "qwen3_5_moe")
+            and _qwen35_role(t.name) == "ssm_out"
+            and config["linear_num_key_heads"] != config["linear_num_value_heads"]
+            and config["linear_value_head_dim"] % GGUF_GROUP_SIZE != 0)
+
+
+def _qwen35_layout(gguf_name: str, x: np.ndarray, config: dict) -> np.ndarray:
+    """A Qwen3.5 GGUF array (a tensor, or a quantized one's packed weights, scales or biases)
+    in mlx-lm's qwen3_5 layout: value heads untiled; ``ssm_a`` (llama.cpp stores −exp(A_log))
+    as A_log; the conv's (channels, kernel) as MLX's (channels, kernel, 1). Norms need nothing:
+    llama.cpp and mlx-lm both store Qwen's 1 + w (its gated norm's w as it is)."""
+    role = _qwen35_role(gguf_name)
+    n_k, n_v = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    if role in _QWEN35_V_HEADS and n_k != n_v:
+        axis, past_qk = _QWEN35_V_HEADS[role]
+        if past_qk:  # the rows of q and k, then those of v
+            qk = 2 * config["linear_num_key_heads"] * config["linear_key_head_dim"]
+            x = np.concatenate([x[:qk], _untile_v_heads(x[qk:], axis, n_k, n_v)])
+        else:
+            x = _untile_v_heads(x, axis, n_k, n_v)
+    if role == "ssm_a":
+        a = x.astype(np.float64)
+        if not np.all(np.isfinite(a) & (a < 0)):
+            bad = a[~(np.isfinite(a) & (a < 0))][0]
+            raise UserInputError(f"GGUF {gguf_name} must hold negative numbers (llama.cpp "
+                                 f"stores -exp(A_log)), got {bad}")
+        x = np.log(-a).astype(np.float32)
+    if role == "ssm_conv1d":
+        x = x[..., None]
+    return x
 
 
 def _sliding_pattern(pattern: Any, n_layers: int, arch: str) -> str | None:
@@ -664,6 +857,11 @@ def _llama3_rope_scaling(divisors: np.ndarray, base: float, dims: int) -> dict:
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
+    if arch in _QWEN35:  # mlx-lm's qwen3_5 holds the text model as its language_model
+        parts = gguf_name.split(".")
+        if len(parts) == 3 and parts[0] == "blk" and parts[2] == "ssm_a":  # no suffix
+            return f"{_QWEN35_PREFIX}model.layers.{parts[1]}.linear_attn.A_log"
+        return _QWEN35_PREFIX + _hf_name(gguf_name, "qwen3_5")
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
     names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
@@ -688,6 +886,9 @@ def _check_shapes(model: Any, tensors: dict, arch: str = "llama") -> None:
 
     expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
     got = {_hf_name(name, arch): _shape(t) for name, t in tensors.items()}
+    for name, t in tensors.items():
+        if arch in _QWEN35 and _qwen35_role(name) == "ssm_conv1d":  # MLX's (C, K, 1)
+            got[_hf_name(name, arch)] += (1,)
     if arch == "gemma3" and "lm_head.weight" not in got:
         expected.pop("lm_head.weight", None)  # tied: mlx-lm drops lm_head on load
     missing, extra = sorted(expected.keys() - got), sorted(got.keys() - expected)
@@ -778,23 +979,25 @@ def _dequantized(t: Any) -> np.ndarray:
     return dequantize(np.asarray(t.data), t.tensor_type).reshape(_shape(t))
 
 
-def _kept(t: Any, dtype: str | None) -> bool:
+def _kept(t: Any, dtype: str | None, config: dict | None = None) -> bool:
     """Whether the GGUF tensor ``t`` stays quantized (``dtype=None``; weights of Q4_0/Q4_1/Q8_0
-    and MXFP4)."""
+    and MXFP4, but where a layout change splits their blocks)."""
     from gguf import GGMLQuantizationType as T
 
     return (dtype is None and t.tensor_type in (T.Q4_0, T.Q4_1, T.Q8_0, T.MXFP4)
-            and t.name.endswith(".weight") and len(t.shape) >= 2)
+            and t.name.endswith(".weight") and len(t.shape) >= 2
+            and not _qwen35_straddles(t, config))
 
 
-def _kept_quantization(arch: str, tensors: dict, dtype: str | None) -> dict:
+def _kept_quantization(arch: str, tensors: dict, dtype: str | None,
+                       config: dict | None = None) -> dict:
     """The config's ``quantization`` for the tensors that stay quantized ({} if none): the
     bits and mode most of them have, and each other module's own."""
     from gguf import GGMLQuantizationType as T
 
     kinds = {T.Q8_0: (8, "affine"), T.MXFP4: (4, "mxfp4")}
     kind_of = {_hf_name(name, arch).rsplit(".", 1)[0]: kinds.get(t.tensor_type, (4, "affine"))
-               for name, t in tensors.items() if _kept(t, dtype)}
+               for name, t in tensors.items() if _kept(t, dtype, config)}
     if not kind_of:
         return {}
     values = list(kind_of.values())
@@ -837,7 +1040,7 @@ def _gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
     for gname, t in tensors.items():
         module, suffix = _hf_name(gname, arch).rsplit(".", 1)
         n_heads = heads.get(module.split(".", 3)[-1]) if arch in _LLAMA_FAMILY else None
-        kept = _kept(t, dtype)
+        kept = _kept(t, dtype, config)
         if kept and t.tensor_type == T.MXFP4:  # packed weights and their scale bytes
             parts = dict(zip(("weight", "scales"), _mxfp4(t)))
         elif kept:
@@ -853,8 +1056,11 @@ def _gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
         for key, x in parts.items():
             if n_heads is not None:
                 x = _unpermute_rows(x, n_heads)
+            if arch in _QWEN35:
+                x = _qwen35_layout(gname, x, config)
             x = mx.array(x)
-            parts[key] = x if kept else x.astype(target)
+            # A_log stays float32, as mlx-lm's qwen3_5 casts it to nothing else
+            parts[key] = x if kept or suffix == "A_log" else x.astype(target)
         if suffix == "weight" and module in requantize:
             w, scales, biases = mx.quantize(parts["weight"], **requantize[module])
             parts = {"weight": w, "scales": scales, "biases": biases}

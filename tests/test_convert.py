@@ -177,11 +177,27 @@ GGUF_LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
 GGUF_POST_NORM_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
                         "post_feedforward_layernorm": "post_ffw_norm"}
 #: A model type's names where they differ: gpt-oss's norm before the MoE, the post-norms
+#: Qwen3.5's names (llama.cpp's tensor_mapping): the norm before the MLP, the linear-attention
+#: layers' projections, conv and gated norm, the MoE's shared expert and its gate
+GGUF_QWEN35_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
+                     "linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "attn_gate",
+                     "linear_attn.in_proj_b": "ssm_beta", "linear_attn.in_proj_a": "ssm_alpha",
+                     "linear_attn.out_proj": "ssm_out", "linear_attn.norm": "ssm_norm",
+                     "linear_attn.conv1d": "ssm_conv1d",
+                     "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+                     "mlp.shared_expert.up_proj": "ffn_up_shexp",
+                     "mlp.shared_expert.down_proj": "ffn_down_shexp",
+                     "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
+#: Qwen3.5's parameters of their own: A_log (stored as -exp(A_log), no suffix), the dt bias
+GGUF_QWEN35_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias"}
+QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
 GGUF_KIND_LAYER_NAMES = {"gpt_oss": {**GGUF_LAYER_NAMES,
                                      "post_attention_layernorm": "post_attention_norm"},
-                         "olmo2": GGUF_POST_NORM_NAMES, "exaone4": GGUF_POST_NORM_NAMES}
+                         "olmo2": GGUF_POST_NORM_NAMES, "exaone4": GGUF_POST_NORM_NAMES,
+                         **dict.fromkeys(QWEN35_KINDS, GGUF_QWEN35_NAMES)}
 #: llama.cpp's architecture name of a kind, where it differs
-GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
+             "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite")
 #: Granite's multipliers by llama.cpp's writer methods
@@ -195,8 +211,11 @@ KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 2
 
 
 def gguf_name(hf_name: str, model_type: str = "llama") -> str:
+    hf_name = hf_name.removeprefix("language_model.")  # qwen3_5's text model
     if hf_name.endswith(".self_attn.sinks"):
         hf_name += ".weight"
+    if hf_name.split(".", 3)[-1] in GGUF_QWEN35_PARAMETERS:
+        return f"blk.{hf_name.split('.')[2]}.{GGUF_QWEN35_PARAMETERS[hf_name.split('.', 3)[-1]]}"
     base, suffix = hf_name.rsplit(".", 1)
     if base in GGUF_TOP_NAMES:
         return f"{GGUF_TOP_NAMES[base]}.{suffix}"
@@ -222,14 +241,16 @@ def model_module(kind: str):
     return importlib.import_module(f"mlx_lm.models.{kind}")
 
 
-def add_shape(w: gguf.GGUFWriter, config: dict, key_length: bool = True) -> None:
-    """The model's shape as llama.cpp writes it: layers, context, widths, heads (and the
-    heads' width unless ``key_length`` is False: llama.cpp's phi3 and granite converters leave
-    it out)."""
+def add_shape(w: gguf.GGUFWriter, config: dict, key_length: bool = True,
+              ff_length: bool = True) -> None:
+    """The model's shape as llama.cpp writes it: layers, context, widths (the MLP's unless
+    ``ff_length`` is False: a Qwen3.5 MoE config has none), heads (and the heads' width unless
+    ``key_length`` is False: llama.cpp's phi3 and granite converters leave it out)."""
     w.add_block_count(config["num_hidden_layers"])
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(config["hidden_size"])
-    w.add_feed_forward_length(config["intermediate_size"])
+    if ff_length:
+        w.add_feed_forward_length(config["intermediate_size"])
     w.add_head_count(config["num_attention_heads"])
     w.add_head_count_kv(config["num_key_value_heads"])
     if key_length:
@@ -257,6 +278,70 @@ def llama_cpp_gpt_oss_meta(config: dict) -> dict:
     return {"rope_scaling": gguf.RopeScalingType.YARN, "rope_factor": scaling["factor"],
             "original_max_position_embeddings": scaling["original_max_position_embeddings"],
             "sliding_window": config["sliding_window"]}
+
+
+def llama_cpp_qwen35_meta(w: gguf.GGUFWriter, m: dict) -> None:
+    """The metadata llama.cpp's convert_hf_to_gguf.py writes for a Qwen3.5 config besides the
+    shape (Qwen3NextModel, _Qwen35MRopeMixin, _QwenMtpMixin, ported): the Gated DeltaNet's
+    sizes, a flag per layer where the config lists layer types (the MTP blocks' False), the
+    interval, MRoPE sections, the values' width, the shared expert's, the MTP blocks."""
+    nextn = m.get("nextn_predict_layers") or 0
+    w.add_ssm_conv_kernel(m["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(m["linear_key_head_dim"])
+    w.add_ssm_group_count(m["linear_num_key_heads"])
+    w.add_ssm_time_step_rank(m["linear_num_value_heads"])
+    w.add_ssm_inner_size(m["linear_value_head_dim"] * m["linear_num_value_heads"])
+    if m.get("layer_types") is not None:  # gguf's writer has no add_recurrent_layers yet
+        w.add_array(f"{w.arch}.attention.recurrent_layers",
+                    [t == "linear_attention" for t in m["layer_types"]] + [False] * nextn)
+    if m.get("full_attention_interval") is not None:
+        w.add_full_attention_interval(m["full_attention_interval"])
+    w.add_rope_dimension_sections(m.get("mrope_section") or [11, 11, 10, 0])
+    w.add_value_length(m.get("value_length") or m["head_dim"])
+    if m.get("shared_expert_intermediate_size"):
+        w.add_expert_shared_feed_forward_length(m["shared_expert_intermediate_size"])
+    if nextn:
+        w.add_nextn_predict_layers(nextn)
+
+
+def v_tiled(n_k: int, n_v: int, width: int) -> np.ndarray:
+    """The order llama.cpp's converter (_LinearAttentionVReorderBase._reorder_v_heads) gives
+    ``n_v`` value heads of ``width`` rows grouped by key head: tiled, all key heads' first
+    value heads, then their second ones, ... (position i holds grouped row index[i])."""
+    r = n_v // n_k
+    return np.array([(k * r + j) * width + e for j in range(r) for k in range(n_k)
+                      for e in range(width)])
+
+
+def llama_cpp_qwen35(role: str, x: np.ndarray, config: dict) -> tuple[np.ndarray, Callable]:
+    """What llama.cpp's converter stores for mlx-lm's qwen3_5 array ``x`` of a tensor of
+    ``role`` (Qwen3NextModel and _LinearAttentionVReorderBase.modify_tensors, ported: value
+    heads tiled, A_log as -exp(A_log), the conv squeezed to (channels, kernel); norms as they
+    are, mlx-lm holding Qwen's 1 + w already), and how its stored values read back in mlx-lm's
+    layout (the tiling undone by its index, A_log the value it came from)."""
+    n_k, n_v = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    qk, width = 2 * n_k * config["linear_key_head_dim"], config["linear_value_head_dim"]
+    index = {"attn_qkv": np.concatenate([np.arange(qk), qk + v_tiled(n_k, n_v, width)]),
+             "attn_gate": v_tiled(n_k, n_v, width), "ssm_out": v_tiled(n_k, n_v, width),
+             **dict.fromkeys(("ssm_beta", "ssm_alpha", "ssm_a", "ssm_dt"), v_tiled(n_k, n_v, 1))}
+    index["ssm_conv1d"] = index["attn_qkv"]
+    axis = -1 if role == "ssm_out" else 0
+    original, where = x, index.get(role)
+    if role == "ssm_conv1d":
+        x = x[..., 0]
+    if where is not None:
+        x = np.take(x, where, axis=axis)
+
+    def restore(y: np.ndarray) -> np.ndarray:
+        if role == "ssm_a":
+            return original
+        if where is not None:
+            out = np.empty_like(y)
+            out[(slice(None),) * (axis % y.ndim) + (where,)] = y
+            y = out
+        return y[..., None] if role == "ssm_conv1d" else y
+
+    return (-np.exp(x) if role == "ssm_a" else x), restore
 
 
 def add_bpe_vocab(w: gguf.GGUFWriter, tok_folder: Path, model: str = "gpt2") -> None:
@@ -297,14 +382,17 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     phi3_meta, phi3_tensors = llama_cpp_phi3_rope(config) if model_type == "phi3" else ({}, {})
     oss_meta = llama_cpp_gpt_oss_meta(config) if model_type == "gpt_oss" else {}
     extra = {**phi3_tensors, **(extra or {})}
+    qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
+                 if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
     m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **oss_meta,
-         **(meta or {})}
+         **qwen_rope, **(meta or {})}
     module = model_module(model_type)
     shapes = {k: v.shape for k, v in
               tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
 
     w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(model_type, model_type))
-    add_shape(w, m, key_length=model_type not in ("phi3", "granite"))
+    add_shape(w, m, key_length=model_type not in ("phi3", "granite"),
+              ff_length=model_type != "qwen3_5_moe")
     if "num_experts_per_tok" in m:
         experts = m["num_local_experts" if model_type == "gpt_oss" else "num_experts"]
         if experts is not None:
@@ -326,6 +414,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if m.get("sliding_window_pattern") is not None:
             w.add_sliding_window_pattern(m["sliding_window_pattern"])
     w.add_layer_norm_rms_eps(m["rms_norm_eps"])
+    if model_type in QWEN35_KINDS:
+        llama_cpp_qwen35_meta(w, m)
     if model_type == "granite":
         for key, add in GRANITE_SCALES.items():
             if m[key] is not None:
@@ -348,17 +438,23 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     reference = {}
     for name, shape in shapes.items():
         gname = gguf_name(name, model_type)
-        role = gname.split(".")[-2]
-        if gname in extra and extra[gname] is None:
+        role = "ssm_a" if gname.endswith(".ssm_a") else gname.split(".")[-2]
+        if gname in extra:  # left out, or replaced
             continue
-        if len(shape) >= 2 and name.endswith(".weight"):  # matrices, the experts' stacks
+        if role == "ssm_conv1d":  # llama.cpp keeps it float32
+            x, qtype = rng.normal(0, 0.5, shape), T.F32
+        elif len(shape) >= 2 and name.endswith(".weight"):  # matrices, the experts' stacks
             x, qtype = rng.normal(0, 0.05, shape), types.get(role, types.get("*", T.F32))
         elif role == "attn_sinks":  # a logit per head, as large as the scores
             x, qtype = rng.normal(size=shape), T.F32
         else:  # norms around one, biases around zero (the experts' too)
             x, qtype = (1.0 if "norm" in role else 0.0) + 0.1 * rng.normal(size=shape), T.F32
+        restore = None
+        if model_type in QWEN35_KINDS:
+            x, restore = llama_cpp_qwen35(role, x.astype(np.float32), config)
         data = encode(x.astype(np.float32), qtype, rng)
-        reference[name] = mx.array(gguf.dequantize(data, qtype).reshape(shape))
+        stored = gguf.dequantize(data, qtype).reshape(x.shape)
+        reference[name] = mx.array(restore(stored) if restore else stored)
         if model_type in GGUF_PERMUTED and role in ("attn_q", "attn_k"):
             heads = config["num_attention_heads" if role == "attn_q" else "num_key_value_heads"]
             data = gguf_permute(data, heads)
@@ -436,6 +532,25 @@ GGUF_CASES = {
                                    "output": T.F16, "*": T.Q8_0}, {}),
     "exaone4-global": ("exaone4-global", {"attn_q": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
                        KQ),
+    # Qwen3.5: Gated DeltaNet layers (their value heads tiled by llama.cpp, A_log as -exp(A_log),
+    # the conv squeezed) and gated full attention in layers 3 and 7; kept quantized with heads
+    # of 32 (so that ssm_out's tiled columns move in whole blocks), 3 value heads per key head
+    # (tiling is no involution then), or K-quants with a flag per layer (llama.cpp's
+    # recurrent_layers, from the config's layer types)
+    "qwen35-legacy": ("qwen3_5", {"token_embd": T.Q8_0, "attn_qkv": T.Q4_0, "attn_gate": T.Q4_1,
+                                  "ssm_out": T.Q8_0, "attn_q": T.Q4_0, "*": T.Q8_0},
+                      {"linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                       "linear_num_value_heads": 6}),
+    "qwen35-kquants": ("qwen3_5", {"token_embd": T.Q6_K, "attn_qkv": T.Q5_K, "ssm_out": T.Q6_K,
+                                   "*": T.Q4_K},
+                       {**KQ, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+                        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2}),
+    # Qwen3.5 MoE (tied embeddings, as the small Qwen3.5s): experts and the shared expert kept
+    # quantized, ssm_out's heads of 16 straddling its blocks (dequantized)
+    "qwen35moe-legacy": ("qwen3_5-moe", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                         "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32,
+                                         "ffn_gate_inp_shexp": T.F32, "*": T.Q8_0},
+                         {"tie_word_embeddings": True}),
 }
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -460,6 +575,13 @@ def test_gguf_matches_its_dequantized_tensors(case, dtype, tiny_model, tiny_mode
     # float32: sums in another order; kept quantized: float16 tensors and scales (eps 9.8e-4),
     # measured up to 1e-3 of the logits' scale.
     tol = 1e-5 if dtype else 4e-3
+    if dtype is None and config["model_type"] in QWEN35_KINDS:
+        # MLX's quantized matmuls compute in float16 with float16 scales (5e-4 a product): Gated
+        # DeltaNet's recurrence and MoE routing make percents of it. With float32 scales the kept
+        # weights compute what the dequantized tensors do.
+        model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())
+                            if k.endswith((".scales", ".biases"))], strict=False)
+        tol = 1e-5
     assert rel_err(model(x), reference_model(kind, config, reference)(x)) < tol
 
 
@@ -586,6 +708,81 @@ def test_exaone4_sliding_windows(overrides, meta, window, pattern, tiny_model_di
     assert rel_err(model(x), reference_model("exaone4", config, reference)(x)) < 1e-5
     prompt = random_prompt(300, VOCAB_SIZE)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+def llama_cpp_mtp_block(config: dict, bid: int) -> dict:
+    """The multi-token prediction block llama.cpp's converter appends to a Qwen3.5 GGUF as
+    block ``bid`` (_QwenMtpMixin: a full-attention layer and the nextn tensors), random."""
+    rng = np.random.default_rng(1)
+    hidden, heads, kv, dim = (config[k] for k in ("hidden_size", "num_attention_heads",
+                                                  "num_key_value_heads", "head_dim"))
+    shapes = {"attn_norm.weight": (hidden,), "post_attention_norm.weight": (hidden,),
+              "attn_q.weight": (2 * heads * dim, hidden), "attn_k.weight": (kv * dim, hidden),
+              "attn_v.weight": (kv * dim, hidden), "attn_output.weight": (hidden, heads * dim),
+              "attn_q_norm.weight": (dim,), "attn_k_norm.weight": (dim,),
+              "ffn_gate.weight": (64, hidden), "ffn_up.weight": (64, hidden),
+              "ffn_down.weight": (hidden, 64), "nextn.eh_proj.weight": (hidden, 2 * hidden),
+              "nextn.enorm.weight": (hidden,), "nextn.hnorm.weight": (hidden,),
+              "nextn.shared_head_norm.weight": (hidden,)}
+    return {f"blk.{bid}.{name}": rng.normal(size=shape) for name, shape in shapes.items()}
+
+
+QWEN35_LAYER_TYPES = (["linear_attention"] * 3 + ["full_attention"]) * 2
+
+
+@pytest.mark.parametrize("kind, overrides, meta, mtp, interval", [
+    ("qwen3_5", {}, {}, False, 4),  # layers 3 and 7 attend
+    ("qwen3_5", {"full_attention_interval": 2}, {}, False, 2),  # 1, 3, 5, 7
+    ("qwen3_5", {}, {"full_attention_interval": None}, False, 4),  # llama.cpp's default
+    # Qwen3.5 as llama.cpp converts it now: a flag per layer and its MTP block after them
+    ("qwen3_5", {"layer_types": QWEN35_LAYER_TYPES}, {}, True, 4),
+    ("qwen3_5-moe", {"layer_types": QWEN35_LAYER_TYPES}, {}, True, 4),
+    ("qwen3_5-last", {}, {}, False, 4),  # 4 layers: only the last attends
+], ids=["interval", "interval-2", "default", "flags-mtp", "moe-flags-mtp", "last"])
+def test_qwen35_layers_from_gguf(kind, overrides, meta, mtp, interval, tiny_model_dir,
+                                 tmp_path):
+    """Qwen3.5's layer pattern (llama.cpp's interval, its default, or its flag per layer), its
+    Gated DeltaNet's heads and partial RoPE become mlx-lm's qwen3_5 config; an MTP block is
+    dropped; the converted model computes what the GGUF's tensors do, and the engine runs it
+    as mlx-lm does."""
+    config = {**tiny_config(kind), **overrides}
+    n = config["num_hidden_layers"]
+    extra = llama_cpp_mtp_block(config, n) if mtp else {}
+    meta = {**meta, **({"num_hidden_layers": n + 1, "nextn_predict_layers": 1} if mtp else {})}
+    _, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), meta=meta,
+                              extra=extra, **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["full_attention_interval"] == interval and saved["num_hidden_layers"] == n
+    for key in ("linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
+                "linear_value_head_dim", "linear_conv_kernel_dim", "num_experts",
+                "moe_intermediate_size", "shared_expert_intermediate_size"):
+        assert saved.get(key, 0) == config.get(key, 0), key
+    assert saved["rope_parameters"]["partial_rotary_factor"] == 0.5
+    model, _ = mlx_lm.load(str(out))
+    assert [layer.is_linear for layer in model.layers] == \
+        [(i + 1) % interval != 0 for i in range(n)]
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
+    prompt = random_prompt(300, VOCAB_SIZE)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+def test_qwen35_kept_quantized_where_heads_fill_blocks(tiny_model_dir, tmp_path):
+    """Qwen3.5's ssm_out stays quantized where its value heads, tiled by llama.cpp, are whole
+    blocks of 32 columns (moved back whole), and is dequantized where they straddle them; A_log
+    stays float32."""
+    for case, kept in (("qwen35-legacy", True), ("qwen35moe-legacy", False)):
+        kind, types, overrides = GGUF_CASES[case]
+        write_gguf(tmp_path / f"{case}.gguf", kind, tiny_model_dir(kind), types, **overrides)
+        weights = saved_weights(convert(tmp_path / f"{case}.gguf", tmp_path / case))
+        assert ("language_model.model.layers.0.linear_attn.out_proj.scales" in weights) == kept
+        assert "language_model.model.layers.0.linear_attn.in_proj_qkv.scales" in weights
+        assert weights["language_model.model.layers.0.linear_attn.A_log"].dtype == mx.float32
+    # float16 weights keep A_log float32, as mlx-lm's qwen3_5 does (its cast_predicate)
+    weights = saved_weights(convert(tmp_path / f"{case}.gguf", tmp_path / "f16", dtype="float16"))
+    assert weights["language_model.model.layers.0.linear_attn.A_log"].dtype == mx.float32
+    assert weights["language_model.model.layers.0.linear_attn.dt_bias"].dtype == mx.float16
 
 
 def test_granite_multipliers_llama_cpp_defaults(tiny_model_dir, tmp_path):
@@ -1026,6 +1223,38 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "exaone4_pattern_length": (
             lambda: gguf_of("e.gguf", "exaone4", {"swa_pattern": [True, False, True]}),
             "exaone4.attention.sliding_window_pattern has 3 flags for 4 layers"),
+        # Qwen3.5: mlx-lm's qwen3_5 has only every n-th layer attend, an attention layer, as
+        # many value heads per key head, values as wide as keys; A_log = log(-ssm_a)
+        "qwen35_pattern": (lambda: gguf_of("q.gguf", "qwen3_5", {"layer_types": [
+                               "linear_attention", "full_attention"] + ["linear_attention"] * 6}),
+                           "qwen35.attention.recurrent_layers are not mlx-lm's qwen3_5 pattern"),
+        "qwen35_no_attention": (
+            lambda: gguf_of("q.gguf", "qwen3_5", {"full_attention_interval": 9}),
+            "qwen35 without a full-attention layer (interval 9, 8 layers)"),
+        "qwen35_heads": (lambda: gguf_of("q.gguf", "qwen3_5", {"linear_num_key_heads": 3}),
+                         "qwen35.ssm.time_step_rank (4) must be a multiple of "
+                         "qwen35.ssm.group_count (3)"),
+        "qwen35_value_length": (lambda: gguf_of("q.gguf", "qwen3_5", {"value_length": 32}),
+                                "qwen35 with values 32 wide and keys 16 wide"),
+        "qwen35_rope_dims": (
+            lambda: gguf_of("q.gguf", "qwen3_5", {"partial_rotary_factor": 0.4375}),
+            "qwen35 with RoPE over 7 of each head's 16 dims is not supported"),
+        "qwen35_nextn": (lambda: gguf_of("q.gguf", "qwen3_5", {"nextn_predict_layers": 8}),
+                         "qwen35.nextn_predict_layers must be an integer in [0, "
+                         "qwen35.block_count), got 8"),
+        "qwen35_ssm_a": (lambda: write_gguf(tmp / "a.gguf", "qwen3_5", tok_folder,
+                                            extra={"blk.0.ssm_a": [-1, -2, 0, -3]})
+                         and tmp / "a.gguf",
+                         "blk.0.ssm_a must hold negative numbers (llama.cpp stores -exp(A_log)), "
+                         "got 0.0"),
+        "qwen35_fused_experts": (
+            lambda: write_gguf(tmp / "f.gguf", "qwen3_5", tok_folder,
+                               extra={"blk.1.ffn_gate_up_exps.weight": np.zeros((2, 8, 64))})
+            and tmp / "f.gguf", "qwen35 with fused gate/up experts (blk.1.ffn_gate_up_exps"),
+        "qwen35_fused_qkv": (
+            lambda: write_gguf(tmp / "f.gguf", "qwen3_5", tok_folder,
+                               extra={"blk.3.attn_qkv.weight": np.zeros((32, 64))})
+            and tmp / "f.gguf", "qwen35 with fused q/k/v attention (blk.3.attn_qkv.weight"),
     }[case]
     return make(), fragment
 
@@ -1038,7 +1267,10 @@ BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type",
               "gpt_oss_attn_factor", "gpt_oss_sinks", "mxfp4_nan_scale", "gpt_oss_pattern",
               "q_bits_width",
               "not_a_model_folder", "experts", "no_experts", "granite_logit_scale",
-              "granite_no_rope", "olmo3_window", "exaone4_all_local", "exaone4_pattern_length"]
+              "granite_no_rope", "olmo3_window", "exaone4_all_local", "exaone4_pattern_length",
+              "qwen35_pattern", "qwen35_no_attention", "qwen35_heads", "qwen35_value_length",
+              "qwen35_rope_dims", "qwen35_nextn", "qwen35_ssm_a", "qwen35_fused_experts",
+              "qwen35_fused_qkv"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

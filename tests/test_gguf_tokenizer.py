@@ -279,6 +279,8 @@ _CPP_LLAMA3 = (_CPP_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s
                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CPP_QWEN2 = (_CPP_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CPP_QWEN35 = (_CPP_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+               r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CPP_UPPER, _CPP_LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
 _CPP_TEKKEN = (rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}*{_CPP_LOWER}+|"
                rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}+{_CPP_LOWER}*|\p{{N}}|"
@@ -290,6 +292,7 @@ CPP_SPLITS = {
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
                      "midm-2.0", "lfm2", "dbrx", "smaug-bpe"), _CPP_LLAMA3),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"), _CPP_QWEN2),
+    "qwen35": _CPP_QWEN35,
     "tekken": _CPP_TEKKEN,
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), _CPP_GPT4O),
 }
@@ -335,6 +338,21 @@ def test_byte_level_splits_are_llama_cpps(pre):
         assert ours == [byte_level(w) for w in cpp_split(CPP_SPLITS[pre], text)], text
 
 
+#: Combining marks (\p{M}): decomposed accents, Devanagari and Khmer vowel signs, an emoji's
+#: variation selector
+MARKS_TEXT = ("cafe\u0301 e\u0300 \u0301x, \u0939\u093f\u0928\u094d\u0926\u0940, "
+              "\u1797\u17b6\u179f\u17b6 \u2764\ufe0f!")
+
+
+def test_qwen35_words_take_in_combining_marks():
+    """Qwen3.5's split keeps a word's combining marks in it, as llama.cpp's regex does (Qwen 2's
+    splits them off)."""
+    tok = build_tokenizer("qwen35", byte_level_meta("qwen35"))[0]
+    ours = [piece for piece, _ in tok.pre_tokenizer.pre_tokenize_str(MARKS_TEXT)]
+    assert ours == [byte_level(w) for w in cpp_split(_CPP_QWEN35, MARKS_TEXT)]
+    assert ours != [byte_level(w) for w in cpp_split(_CPP_QWEN2, MARKS_TEXT)]
+
+
 def test_every_named_pre_tokenizer_is_checked():
     """Each name with a split regex is in the table above, with llama.cpp's ignore_merges."""
     assert {name for name, how in PRE_TOKENIZERS.items() if how.split} == set(CPP_SPLITS)
@@ -376,7 +394,8 @@ LLAMA_CPP_SDIST = ("llama-cpp-python==0.3.36",
 # Qwen 2, GPT-2 and MPT (GPT-2's split), Refact and StarCoder (digits apart first, as
 # Granite 3.x's "refact" and SmolLM's "smollm")
 LLAMA_CPP_VOCABS = ("llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "mpt", "refact",
-                    "starcoder")
+                    "starcoder",
+                    "qwen35")  # Qwen3.5: combining marks inside words
 
 
 @pytest.fixture(scope="module")
