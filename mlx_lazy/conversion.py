@@ -452,7 +452,10 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     vocab = int(tensors["token_embd.weight"].shape[1])
     if len(meta.get("tokenizer.ggml.tokens") or []) > vocab:
         raise UserInputError(f"GGUF tokenizer has more tokens than the embedding's {vocab} rows")
-    scaling = g("rope.scaling.type")
+    # llama.cpp's RoPE scaling is linear unless the GGUF names another, its factor under
+    # today's key or the old one
+    factor = g("rope.scaling.factor", g("rope.scale_linear"))
+    scaling = g("rope.scaling.type") or ("linear" if factor not in (None, 0, 1) else None)
     linear = arch == "gemma3" and scaling == "linear"  # Gemma 3 4B+: global layers only
     yarn = arch == "gpt-oss" and scaling == "yarn"
     if scaling not in (None, "none") and not (linear or yarn):
@@ -542,8 +545,7 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
             sliding_window_pattern=GEMMA3_SLIDING_PATTERN, query_pre_attn_scalar=scalar,
             rope_local_base_freq=float(g("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)))
         if linear:
-            config["rope_scaling"] = {"rope_type": "linear",
-                                      "factor": float(g("rope.scaling.factor", 1.0))}
+            config["rope_scaling"] = {"rope_type": "linear", "factor": float(factor or 1.0)}
     if arch == "phi3":  # its sliding window is ignored: llama.cpp disables it, mlx-lm has none
         # without it llama.cpp takes the context as the original one: no LongRoPE scale
         config["original_max_position_embeddings"] = count(

@@ -1157,6 +1157,9 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "rope_scaling": (lambda: tiny("yarn.gguf",
                                       meta={"rope_scaling": gguf.RopeScalingType.YARN}),
                          "RoPE scaling (yarn) is not supported"),
+        # a factor without a type: linear scaling to llama.cpp, never silently dropped
+        "rope_factor_untyped": (lambda: tiny("factor.gguf", meta={"rope_factor": 4.0}),
+                                "RoPE scaling (linear) is not supported"),
         # a divisor per frequency, but not Llama 3's shape (rising, then flat)
         "rope_freqs": (lambda: tiny("freqs.gguf", extra={"rope_freqs.weight": 1 + np.arange(8)}),
                        "rope_freqs are not Llama 3's RoPE scaling"),
@@ -1261,7 +1264,8 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
 
 BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type", "no_metadata",
               "shapes", "layers", "huge_layers", "nan_rope", "zero_heads", "negative_eps",
-              "sentencepiece_without_scores", "tokenizer_model", "rope_scaling", "rope_freqs",
+              "sentencepiece_without_scores", "tokenizer_model", "rope_scaling",
+              "rope_factor_untyped", "rope_freqs",
               "rope_freqs_shape", "rope_freqs_qwen2", "rope_freqs_nan", "rope_factors_llama",
               "longrope_length", "longrope_inf", "longrope_pair", "attn_factor", "phi3_rope_dims",
               "gpt_oss_attn_factor", "gpt_oss_sinks", "mxfp4_nan_scale", "gpt_oss_pattern",
