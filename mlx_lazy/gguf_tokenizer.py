@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .errors import UserInputError
+from .errors import UserInputError, one_line
 
 # Split regexes of the models' own tokenizer.json files, as llama.cpp groups its pre-tokenizers
-# (llama.cpp runs adapted copies of them).
+# (llama.cpp runs adapted copies of them), and llama.cpp's own for GPT-2 and its default.
+_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
@@ -34,29 +35,33 @@ _GPT4O_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm
 
 class PreTokenizer(NamedTuple):
     """How llama.cpp tokenizes for one ``tokenizer.ggml.pre`` name."""
-    split: str | None  # the split regex (None: GPT-2's, the byte-level step's own)
+    splits: tuple[str, ...]  # regexes splitting the text, each the words the last one left
     whole_words: bool  # a word found whole in the vocabulary is one token, unmerged
     bos: bool  # BOS is added when the GGUF does not say
-    digits: bool = False  # every digit a word of its own first
 
 
-_GPT2 = PreTokenizer(None, False, False)
-_LLAMA3 = PreTokenizer(_LLAMA3_REGEX, True, True)
+_GPT2 = PreTokenizer((_GPT2_REGEX,), False, False)
+_LLAMA3 = PreTokenizer((_LLAMA3_REGEX,), True, True)
 #: Byte-level BPE pre-tokenizers by llama.cpp's names and groups; Llama 3's and Tekken's
-#: tokenizer.json files say the same of whole words and BOS.
+#: tokenizer.json files say the same of whole words and BOS. "default" (and a GGUF without
+#: the key) is llama.cpp's fallback, not GPT-2's split: punctuation runs apart first, and
+#: numbers in threes after it.
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
-    **dict.fromkeys(("default", "gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4",
-                     "trillion", "granite-docling", "a.x-4.0", "mellum", "gigachat"), _GPT2),
+    **dict.fromkeys(("default", "gpt2"), PreTokenizer(
+        (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_REGEX, r"\p{N}+", "[0-9][0-9][0-9]"), False, False)),
+    **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "trillion",
+                     "granite-docling", "a.x-4.0", "mellum", "gigachat"), _GPT2),
     **dict.fromkeys(("smollm", "refact", "starcoder", "command-r", "codeshell", "exaone",
-                     "minerva-7b"), _GPT2._replace(digits=True)),
+                     "minerva-7b"), _GPT2._replace(splits=(r"\p{N}", _GPT2_REGEX))),
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
                      "midm-2.0", "lfm2"), _LLAMA3),
     **dict.fromkeys(("dbrx", "smaug-bpe"), _LLAMA3._replace(whole_words=False, bos=False)),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"),
-                    PreTokenizer(_QWEN2_REGEX, False, False)),
-    "qwen35": PreTokenizer(_QWEN35_REGEX, False, False),
-    "tekken": PreTokenizer(_TEKKEN_REGEX, True, True),
-    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), PreTokenizer(_GPT4O_REGEX, False, False)),
+                    PreTokenizer((_QWEN2_REGEX,), False, False)),
+    "qwen35": PreTokenizer((_QWEN35_REGEX,), False, False),
+    "tekken": PreTokenizer((_TEKKEN_REGEX,), True, True),
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"),
+                    PreTokenizer((_GPT4O_REGEX,), False, False)),
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list).
 _EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
@@ -68,15 +73,15 @@ _PHI3_KEEPS_SPACE = ("<unk>", "<s>", "<|endoftext|>")
 
 
 def eos_ids(meta: dict) -> list[int]:
-    """Every end-of-generation id: the GGUF's EOS/EOT/EOM and known end-of-turn controls.
+    """Every end-of-generation id: the GGUF's EOS/EOT/EOM and the tokens llama.cpp ends a
+    turn at by their text.
 
     As llama.cpp: where both ``<|return|>`` and ``<|call|>`` end generation (gpt-oss's
     harmony format), ``<|end|>`` does not: it closes each message, the reasoning too."""
     ids = [int(meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "eot", "eom")
            if meta.get(f"tokenizer.ggml.{k}_token_id") is not None]
     tokens = meta.get("tokenizer.ggml.tokens") or []
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    ids += [i for i, (tok, typ) in enumerate(zip(tokens, types)) if typ == 3 and tok in _EOG_TEXTS]
+    ids += [i for i, tok in enumerate(tokens) if tok in _EOG_TEXTS]  # of any type
     ids = list(dict.fromkeys(ids))
     texts = {tokens[i] if 0 <= i < len(tokens) else None: i for i in ids}
     if "<|return|>" in texts and "<|call|>" in texts and "<|end|>" in texts:
@@ -106,21 +111,22 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     if pre not in PRE_TOKENIZERS:
         raise UserInputError(f"unsupported GGUF pre-tokenizer {pre!r} "
                              f"(supported: {', '.join(PRE_TOKENIZERS)})")
-    tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    tokens = _vocabulary(meta)
+    merges = meta.get("tokenizer.ggml.merges") or []
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
 
     how = PRE_TOKENIZERS[pre]
-    regex = how.split
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                               fuse_unk=False, byte_fallback=False,
-                               ignore_merges=how.whole_words))
-    steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex is None)]
-    if how.digits:
-        steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
-    elif regex is not None:
-        steps.insert(0, pre_tokenizers.Split(Regex(regex), behavior="isolated"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    try:
+        model = models.BPE(vocab={t: i for i, t in enumerate(tokens)},
+                           merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False,
+                           byte_fallback=False, ignore_merges=how.whole_words)
+    except Exception as e:  # tokenizers' own errors on a merge of unknown or missing tokens
+        raise UserInputError(f"GGUF tokenizer.ggml.merges are malformed ({one_line(e)})") \
+            from None
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(split), behavior="isolated") for split in how.splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     if pre == "qwen2":
         tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
@@ -140,6 +146,21 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
 
     return tok, _tokenizer_config(meta, tokens, add_bos,
                                   int(meta.get(f"{arch}.context_length", 4096)))
+
+
+def _vocabulary(meta: dict) -> list[str]:
+    """The GGUF's tokens, each a distinct string (a token id per string is what a tokenizer
+    file can hold)."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise UserInputError("GGUF metadata lacks tokenizer.ggml.tokens")
+    if not all(isinstance(t, str) for t in tokens):
+        raise UserInputError("GGUF tokenizer.ggml.tokens must be strings")
+    if len(set(tokens)) < len(tokens):
+        first: dict[str, int] = {}
+        i, j = next((first[t], i) for i, t in enumerate(tokens) if first.setdefault(t, i) != i)
+        raise UserInputError(f"GGUF tokenizer.ggml.tokens repeats {tokens[j]!r} (ids {i} and {j})")
+    return list(tokens)
 
 
 def _special_token(meta: dict, tokens: list[str], key: str) -> str | None:
@@ -182,9 +203,7 @@ def _sentencepiece_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, \
         pre_tokenizers, processors
 
-    raw: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
-    if not raw:
-        raise UserInputError("GGUF metadata lacks tokenizer.ggml.tokens")
+    raw = _vocabulary(meta)
     gemma = arch == "gemma3"
     # Gemma's GGUF stores runs of spaces as spaces; its tokenizer spells them with "\u2581"
     tokens = ["\u2581" * len(t) if gemma and t and not t.strip(" ") else t for t in raw]

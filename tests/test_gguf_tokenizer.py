@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 from mlx_lazy.conversion import read_gguf
 from mlx_lazy.convert import convert
+from mlx_lazy.errors import UserInputError
 from mlx_lazy.gguf_tokenizer import PRE_TOKENIZERS, build_tokenizer
 from mlx_lazy.models import cache_dir
 from test_convert import assert_one_line_error, run_main, write_gguf
@@ -288,13 +289,20 @@ _CPP_TEKKEN = (rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}*{_CPP_LOWER}+|"
 _CPP_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}*{_CPP_LOWER}+{_CPP_CONTRACTIONS}?|"
               rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}+{_CPP_LOWER}*{_CPP_CONTRACTIONS}?|"
               r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-CPP_SPLITS = {
+_CPP_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
+    **dict.fromkeys(("default", "gpt2"),  # llama.cpp's fallback ("gpt2" is no name of its)
+                    (r"[\p{P}\$\+<=>\^~\|]+", _CPP_GPT2, r"\p{N}+", "[0-9][0-9][0-9]")),
+    **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "trillion",
+                     "granite-docling", "a.x-4.0", "mellum", "gigachat"), (_CPP_GPT2,)),
+    **dict.fromkeys(("smollm", "refact", "starcoder", "command-r", "codeshell", "exaone",
+                     "minerva-7b"), (r"\p{N}", _CPP_GPT2)),
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                     "midm-2.0", "lfm2", "dbrx", "smaug-bpe"), _CPP_LLAMA3),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"), _CPP_QWEN2),
-    "qwen35": _CPP_QWEN35,
-    "tekken": _CPP_TEKKEN,
-    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), _CPP_GPT4O),
+                     "midm-2.0", "lfm2", "dbrx", "smaug-bpe"), (_CPP_LLAMA3,)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"), (_CPP_QWEN2,)),
+    "qwen35": (_CPP_QWEN35,),
+    "tekken": (_CPP_TEKKEN,),
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), (_CPP_GPT4O,)),
 }
 # llama.cpp's ignore_merges groups
 CPP_WHOLE_WORDS = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
@@ -313,13 +321,20 @@ def byte_level(word: str) -> str:
                    .pre_tokenize_str(word))
 
 
-def cpp_split(pattern: str, text: str) -> list[str]:
-    """llama.cpp's ``unicode_regex_split``: the matches, and the text between them."""
-    words, end = [], 0
-    for m in regex.finditer(pattern, text):
-        words += [text[end:m.start()]] * (m.start() > end) + [m.group()]
-        end = m.end()
-    return words + [text[end:]] * (end < len(text))
+def cpp_split(patterns: tuple[str, ...], text: str) -> list[str]:
+    """llama.cpp's ``unicode_regex_split``: each pattern cuts every word the last one left
+    into its matches and the text between them."""
+    words = [text] if text else []
+    for pattern in patterns:
+        cut = []
+        for word in words:
+            end = 0
+            for m in regex.finditer(pattern, word):
+                cut += [word[end:m.start()]] * (m.start() > end) + [m.group()]
+                end = m.end()
+            cut += [word[end:]] * (end < len(word))
+        words = cut
+    return words
 
 
 def byte_level_meta(pre: str, tokens: list[str] | None = None, merges: list[str] = ()) -> dict:
@@ -349,13 +364,14 @@ def test_qwen35_words_take_in_combining_marks():
     splits them off)."""
     tok = build_tokenizer("qwen35", byte_level_meta("qwen35"))[0]
     ours = [piece for piece, _ in tok.pre_tokenizer.pre_tokenize_str(MARKS_TEXT)]
-    assert ours == [byte_level(w) for w in cpp_split(_CPP_QWEN35, MARKS_TEXT)]
-    assert ours != [byte_level(w) for w in cpp_split(_CPP_QWEN2, MARKS_TEXT)]
+    assert ours == [byte_level(w) for w in cpp_split((_CPP_QWEN35,), MARKS_TEXT)]
+    assert ours != [byte_level(w) for w in cpp_split((_CPP_QWEN2,), MARKS_TEXT)]
 
 
 def test_every_named_pre_tokenizer_is_checked():
-    """Each name with a split regex is in the table above, with llama.cpp's ignore_merges."""
-    assert {name for name, how in PRE_TOKENIZERS.items() if how.split} == set(CPP_SPLITS)
+    """Each name is in the table above (its splits checked against llama.cpp's group), with
+    llama.cpp's ignore_merges."""
+    assert set(PRE_TOKENIZERS) == set(CPP_SPLITS)
     assert {name for name, how in PRE_TOKENIZERS.items() if how.whole_words} == CPP_WHOLE_WORDS
 
 
@@ -391,11 +407,10 @@ def test_a_whole_word_in_the_vocabulary_skips_the_merges_where_llama_cpp_does(pr
 LLAMA_CPP_SDIST = ("llama-cpp-python==0.3.36",
                    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
 # Llama 2 / Mistral 7B v0.1 (SentencePiece), Phi-3 (SentencePiece), Llama 3 (ignore_merges),
-# Qwen 2, GPT-2 and MPT (GPT-2's split), Refact and StarCoder (digits apart first, as
+# Qwen 2, GPT-2 and MPT (GPT-2's split), Refact, StarCoder and Command-R (digits apart first, as
 # Granite 3.x's "refact" and SmolLM's "smollm")
 LLAMA_CPP_VOCABS = ("llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "mpt", "refact",
-                    "starcoder",
-                    "qwen35")  # Qwen3.5: combining marks inside words
+                    "starcoder", "command-r", "qwen35")  # Qwen3.5: combining marks inside words
 
 
 @pytest.fixture(scope="module")
@@ -475,3 +490,32 @@ def test_harmony_end_of_message_is_not_end_of_generation(has_call):
     meta = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [1] + [3] * 4,
             "tokenizer.ggml.eos_token_id": 2}
     assert sorted(eos_ids(meta)) == ([2, 3, 4] if has_call else [1, 2, 3])
+
+
+@pytest.mark.parametrize("meta, fragment", [
+    ({"tokenizer.ggml.model": "gpt2"}, "lacks tokenizer.ggml.tokens"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": [1, 2]}, "must be strings"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "a"]},
+     "repeats 'a' (ids 0 and 2)"),
+    ({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "x", "x"],
+      "tokenizer.ggml.scores": [0.0] * 3}, "repeats 'x' (ids 1 and 2)"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"],
+      "tokenizer.ggml.merges": ["a c"]}, "merges are malformed"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"],
+      "tokenizer.ggml.merges": ["ab"]}, "merges are malformed"),
+], ids=["no_tokens", "not_strings", "repeated", "repeated_spm", "unknown_merge", "no_space"])
+def test_malformed_vocabularies_are_one_error(meta, fragment):
+    """Malformed tokenizer metadata is one UserInputError naming it (it was a KeyError or a
+    tokenizers exception, or, for a repeated token, a folder mlx-lm could not load)."""
+    with pytest.raises(UserInputError, match=regex.escape(fragment)):
+        build_tokenizer("llama", meta)
+
+
+def test_end_of_turn_tokens_by_their_text_whatever_their_type():
+    """llama.cpp ends generation at "<|im_end|>" and its kind by text, a token marked normal
+    too (it warns and makes it a control token)."""
+    from mlx_lazy.gguf_tokenizer import eos_ids
+
+    meta = {"tokenizer.ggml.tokens": ["a", "<|im_end|>", "<|eot_id|>"],
+            "tokenizer.ggml.token_type": [1, 1, 4], "tokenizer.ggml.eos_token_id": 0}
+    assert eos_ids(meta) == [0, 1, 2]
