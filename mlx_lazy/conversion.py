@@ -18,7 +18,12 @@ Two sources:
   3.x dense: its embedding, residual, attention and logit multipliers), ``olmo2`` (norms after
   each branch; an OLMo 3 GGUF, with a sliding window, is refused) and ``exaone4`` (its
   sliding window and pattern, global layers without RoPE; Llama 3 RoPE scaling from
-  ``rope_freqs``), and every tensor type that
+  ``rope_freqs``), ``gemma4`` (to mlx-lm's ``gemma4_text``: Gemma 4 31B, 26B A4B and E2B/E4B;
+  sliding layers by a flag each, head sizes and key/value heads by kind of layer, values from
+  the keys where a global layer has no ``attn_v``, the global layers' partial RoPE from
+  ``rope_freqs`` as mlx-lm's proportional RoPE, the experts' fused gate/up stacks split,
+  shared keys, double-wide MLPs and per-layer inputs; its "gemma4" BPE vocabulary), and every
+  tensor type that
   package dequantizes. Q4_0/Q4_1/Q8_0 matrices map exactly onto MLX affine quantization (group
   size 32), MXFP4 ones (gpt-oss's experts) onto MLX's ``mxfp4``, and stay quantized unless a
   dtype is given (the experts' stacks too); the other types

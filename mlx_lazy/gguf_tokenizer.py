@@ -4,7 +4,8 @@ llama.cpp stores the vocabulary, merges, token types and special ids; this rebui
 ``tokenizer.json`` and ``tokenizer_config.json`` from them: byte-level BPE with llama.cpp's
 pre-tokenizer regexes (``tokenizer.ggml.model`` "gpt2"), and SentencePiece vocabularies
 ("llama": Llama 2, Mistral, Phi-3, Gemma) as the byte-fallback BPE such models ship, tokenizing
-as llama.cpp does. Bad metadata is a :class:`UserInputError`.
+as llama.cpp does, and Gemma 4's "gemma4" BPE (the GGUF's merges over text spelled with "\u2581")
+as llama.cpp tokenizes it. Bad metadata is a :class:`UserInputError`.
 """
 
 from __future__ import annotations
