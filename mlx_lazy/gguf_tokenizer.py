@@ -264,6 +264,16 @@ def _gemma4_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
         if cut < 0:
             raise UserInputError(f"GGUF tokenizer merge {m[:40]!r} is not two tokens")
         merges.append((m[:cut], m[cut + 1:]))
+    # llama.cpp takes a run of newlines that is a token whole, unmerged; the BPE here gets
+    # there only through merges, as Gemma 4's rebuild each such token
+    newline_ranks: dict[tuple[str, str], int] = {}
+    for i, (a, b) in enumerate(merges):
+        if not (a + b).strip("\n"):
+            newline_ranks.setdefault((a, b), i)
+    for t in tokens:
+        if t and not t.strip("\n") and _merged(t, newline_ranks) != [t]:
+            raise UserInputError(f"GGUF gemma4 vocabulary whose merges do not build its token "
+                                 f"{t!r} is not supported")
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     unk = _special_token(meta, tokens, "unknown")
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=False,
@@ -283,3 +293,16 @@ def _gemma4_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
     return tok, _tokenizer_config(meta, tokens, bos is not None,
                                   int(meta.get(f"{arch}.context_length", 131072)))
+
+
+def _merged(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """``word`` merged from its characters by BPE: the adjacent pair of lowest rank first (the
+    leftmost on a tie), as llama.cpp merges."""
+    pieces = list(word)
+    while True:
+        best = min(((ranks[pair], i) for i, pair in enumerate(zip(pieces, pieces[1:]))
+                    if pair in ranks), default=None)
+        if best is None:
+            return pieces
+        i = best[1]
+        pieces[i:i + 2] = [pieces[i] + pieces[i + 1]]

@@ -18,6 +18,7 @@ import hashlib
 import heapq
 import io
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -34,6 +35,7 @@ from hypothesis import strategies as st
 
 from mlx_lazy.conversion import read_gguf
 from mlx_lazy.convert import convert
+from mlx_lazy.errors import UserInputError
 from mlx_lazy.gguf_tokenizer import PRE_TOKENIZERS, build_tokenizer
 from mlx_lazy.models import cache_dir
 from test_convert import assert_one_line_error, run_main, write_gguf
@@ -534,6 +536,37 @@ def test_phi_3_drops_the_whitespace_after_its_special_tokens(llama_cpp_vocabs):
     assert want != llama_cpp_tokenize(no_bos, text)  # the stripping is seen
     renamed = build_tokenizer("phi3", {**meta, "general.name": "Phi 4 Mini"})[0]
     assert renamed.encode(text, add_special_tokens=False).ids == llama_cpp_tokenize(no_bos, text)
+
+
+def gemma4_meta(tokens: list[str], merges: list[str]) -> dict:
+    """A tiny "gemma4" vocabulary: the control tokens, ``tokens``, the 256 byte tokens."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + tokens + [f"<0x{b:02X}>" for b in range(256)]
+    return {"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [3] * 4 + [1] * (len(tokens) - 260) + [6] * 256,
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": 2,
+            "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.unknown_token_id": 3}
+
+
+def test_gemma4_merges_stop_at_newlines():
+    """llama.cpp cuts Gemma 4's text into runs of newlines and runs of the rest before merging:
+    a merge across a newline never applies."""
+    meta = gemma4_meta(["a", "\n", "\u2581", "a\n", "\na", "\n\n", "\u2581a"],
+                       ["a \n", "\n a", "\n \n", "\u2581 a"])
+    tok = build_tokenizer("gemma4", meta)[0]
+    for text in ("a\na", " a\n\na a", "\n\n\na\n"):
+        assert tok.encode(text).ids == llama_cpp_gemma4(meta, text), text
+    assert tok.encode("a\na", add_special_tokens=False).ids == [4, 5, 4]
+
+
+def test_a_gemma4_newline_token_its_merges_cannot_build_is_refused():
+    """llama.cpp takes a run of newlines that is a token whole; the rebuilt BPE reaches such
+    tokens by merges only, so a vocabulary whose merges miss one is one clear error."""
+    meta = gemma4_meta(["\n", "\n\n", "\n\n\n"], ["\n \n"])
+    with pytest.raises(UserInputError, match=re.escape(r"do not build its token '\n\n\n'")):
+        build_tokenizer("gemma4", meta)
+    meta["tokenizer.ggml.merges"] = ["\n \n", "\n\n \n"]
+    tok = build_tokenizer("gemma4", meta)[0]
+    assert tok.encode("\n\n\n", add_special_tokens=False).ids == [6]
 
 
 @pytest.mark.parametrize("has_call", [True, False])
