@@ -22,7 +22,13 @@ Two sources:
   ``qwen3_5`` / ``qwen3_5_moe``: llama.cpp's changes to the Gated DeltaNet layers undone,
   A_log from its −exp(A_log), the conv unsqueezed, the value heads it tiles grouped again;
   the full-attention period from its flags or interval; partial RoPE, as its MRoPE is on
-  text; a shared expert; the multi-token prediction block dropped), and every tensor type that
+  text; a shared expert; the multi-token prediction block dropped),
+  ``gemma4`` (to mlx-lm's ``gemma4_text``: Gemma 4 31B, 26B A4B and E2B/E4B;
+  sliding layers by a flag each, head sizes and key/value heads by kind of layer, values from
+  the keys where a global layer has no ``attn_v``, the global layers' partial RoPE from
+  ``rope_freqs`` as mlx-lm's proportional RoPE, the experts' fused gate/up stacks split,
+  shared keys, double-wide MLPs and per-layer inputs; its "gemma4" BPE vocabulary), and every
+  tensor type that
   package dequantizes. Q4_0/Q4_1/Q8_0 matrices map exactly onto MLX affine quantization (group
   size 32), MXFP4 ones (gpt-oss's experts) onto MLX's ``mxfp4``, and stay quantized unless a
   dtype is given (the experts' stacks too); the other types
@@ -49,7 +55,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -77,15 +83,23 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "olmo2": "Olmo2ForCausalLM",
                  "exaone4": "Exaone4ForCausalLM",
                  "qwen35": "Qwen3_5ForCausalLM",
-                 "qwen35moe": "Qwen3_5MoeForCausalLM"}
+                 "qwen35moe": "Qwen3_5MoeForCausalLM",
+                 "gemma4": "Gemma4ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
                 "gpt-oss": "gpt_oss",
-                "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
+                "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe",
+                "gemma4": "gemma4_text"}
 # Gemma 3: llama.cpp's hard-wired sliding-window pattern (5 local layers, then a global one)
 # and local RoPE base, unless the GGUF says otherwise
 GEMMA3_SLIDING_PATTERN = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# Gemma 4: llama.cpp's defaults for its local RoPE base (Gemma 3's) and logit soft-cap, and the
+# divisor its converter gives the RoPE frequencies a global layer leaves unrotated (1e30: none
+# below this is taken for one)
+GEMMA4_LOCAL_ROPE_BASE = GEMMA3_LOCAL_ROPE_BASE
+GEMMA4_LOGIT_SOFTCAP = 30.0
+GEMMA4_UNROTATED = 1e29
 # gpt-oss: llama.cpp's sliding-window pattern (a local layer, then a global one) unless the GGUF
 # says otherwise, and its YaRN betas (its gpt-oss loader reads no key for them)
 GPT_OSS_SLIDING_PATTERN = 2
@@ -172,7 +186,28 @@ _QWEN35_LAYER_NAMES = {
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
+# Gemma 4: Gemma 3's norms (stored as w, not 1 + w), and its MoE layers' dense MLP beside the
+# experts, each with norms of its own, the router's weight, input scale and per-expert output
+# scales (llama.cpp's ffn_down_exps.scale), the experts' gate and up halves (ffn_gate_up_exps
+# is split into them: _gemma4_tensors); a scalar per layer; E2B/E4B's per-layer input gates
+_GEMMA4_LAYER_NAMES = {
+    **_GEMMA3_LAYER_NAMES,
+    "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+    "post_ffw_norm_1": "post_feedforward_layernorm_1",
+    "post_ffw_norm_2": "post_feedforward_layernorm_2",
+    "ffn_gate_inp": "router.proj",
+    "ffn_gate_inp.scale": "router.scale",
+    "ffn_down_exps.scale": "router.per_expert_scale",
+    "ffn_gate_exps": "experts.switch_glu.gate_proj",
+    "ffn_up_exps": "experts.switch_glu.up_proj",
+    "ffn_down_exps": "experts.switch_glu.down_proj",
+    "layer_output_scale.weight": "layer_scalar",
+    "inp_gate": "per_layer_input_gate",
+    "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
+}
 _ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
+                     "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
                      "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
@@ -182,13 +217,18 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
              "short_factor": "rope_factors_short.weight"}
 # RoPE scaling held as tensors (config, not weights), and the architectures llama.cpp reads
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
-_ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4"),
+_ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4",
+                                        "gemma4"),  # Gemma 4: its global layers' partial RoPE
                  **dict.fromkeys(_LONGROPE.values(), ("phi3",))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
 ATTN_FACTOR_RTOL = 1e-6
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
-              "output": "lm_head"}
+              "output": "lm_head",
+              # Gemma 4 E2B/E4B: the per-layer inputs' embedding, projection and its norm
+              "per_layer_token_embd": "model.embed_tokens_per_layer",
+              "per_layer_model_proj": "model.per_layer_model_projection",
+              "per_layer_proj_norm": "model.per_layer_projection_norm"}
 
 
 # --------------------------------------------------------------------------- public API
@@ -325,6 +365,8 @@ def convert_gguf(
     config = _config(arch, meta, tensors)
     for name in _ROPE_TENSORS:  # in the config now, not weights
         tensors.pop(name, None)
+    if arch == "gemma4":
+        tensors = _gemma4_tensors(tensors, config)
     tokenizer, tokenizer_config = build_tokenizer(arch, meta)
     config["eos_token_id"] = eos_ids(meta)
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
@@ -395,8 +437,8 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     def g(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
-    def count(key: str, default: Any = None) -> int:
-        value = g(key, default)
+    def count(key: str, default: Any = None, *, value: Any = None) -> int:
+        value = g(key, default) if value is None else value
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
                 or not 1 <= value <= _MAX_COUNT:
             raise UserInputError(f"GGUF metadata {arch}.{key} must be an integer in "
@@ -425,14 +467,15 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if any(g(k) is None for k in required):
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
+    gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     if isinstance(g("attention.head_count"), list) or \
-            isinstance(g("attention.head_count_kv"), list):
+            (isinstance(g("attention.head_count_kv"), list) and not gemma4):
         raise UserInputError("GGUF with per-layer head counts is not supported")
     n_heads, hidden, n_layers = (count("attention.head_count"), count("embedding_length"),
                                  count("block_count"))
     if arch in _QWEN35:  # the multi-token prediction blocks after the model's own
         n_layers -= _qwen35_nextn(arch, meta)
-    n_kv = count("attention.head_count_kv", n_heads)
+    n_kv = 1 if gemma4 else count("attention.head_count_kv", n_heads)
     blocks = {name.split(".")[1] for name in tensors if name.startswith("blk.")}
     if n_layers != len(blocks):  # before a model of n_layers is built to compare shapes
         raise UserInputError(f"GGUF metadata {arch}.block_count is {n_layers}, its tensors "
@@ -468,7 +511,7 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
         "architectures": [ARCHITECTURES[arch]],
         "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
-        "intermediate_size": count("feed_forward_length", hidden),
+        "intermediate_size": 1 if gemma4 else count("feed_forward_length", hidden),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
@@ -546,6 +589,8 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
             rope_local_base_freq=float(g("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)))
         if linear:
             config["rope_scaling"] = {"rope_type": "linear", "factor": float(factor or 1.0)}
+    if gemma4:
+        config.update(_gemma4_config(g, count, positive, experts, tensors, config))
     if arch == "phi3":  # its sliding window is ignored: llama.cpp disables it, mlx-lm has none
         # without it llama.cpp takes the context as the original one: no LongRoPE scale
         config["original_max_position_embeddings"] = count(
@@ -554,7 +599,7 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
             config["partial_rotary_factor"] = rope_dims / head_dim
         if any(name in tensors for name in _LONGROPE.values()):
             config["rope_scaling"] = _longrope_scaling(tensors, rope_dims)
-    if "rope_freqs.weight" in tensors:  # Llama 3.1 / 3.2: the tensor is the scaling
+    if "rope_freqs.weight" in tensors and not gemma4:  # Llama 3.1 / 3.2: the scaling
         config["rope_scaling"] = _llama3_rope_scaling(
             _rope_factors("rope_freqs.weight", tensors, head_dim), config["rope_theta"],
             head_dim)
@@ -796,6 +841,204 @@ def _gpt_oss_windows(g: Any, count: Any, n_layers: int) -> dict:
                              f"(sliding window pattern {period}, {n_layers} layers) is not "
                              "supported")
     return {"sliding_window": count("attention.sliding_window"), "layer_types": kinds}
+
+
+def _gemma4_config(g: Any, count: Any, positive: Any, experts: Any, tensors: dict,
+                   config: dict) -> dict:
+    """mlx-lm's gemma4_text settings of a Gemma 4 GGUF, read as llama.cpp reads it.
+
+    Sliding layers by a flag each; their heads ``key_length_swa`` wide, the global layers'
+    ``key_length``; RoPE over all of a sliding head at ``rope.freq_base_swa``, and over the
+    first frequencies of a global head at ``rope.freq_base`` (the ``rope_freqs`` tensor: mlx-lm's
+    proportional RoPE); key/value heads per layer (one count per kind); values from the keys'
+    projection where a global layer has no ``attn_v``; the last ``shared_kv_layers`` layers
+    reading the keys and values of the last layers of their kind below them, their MLPs twice
+    as wide where ``feed_forward_length`` says so (E2B/E4B); per-layer inputs; an MoE beside
+    the MLP in every layer (26B A4B). Any other layout is a :class:`UserInputError`.
+    """
+    n_layers, head_dim = config["num_hidden_layers"], config["head_dim"]
+
+    def per_layer(key: str, default: Any = None) -> list[int]:
+        """A count for each layer: one for all, or llama.cpp's array of them."""
+        value = g(key, default)
+        if not isinstance(value, list):
+            return [count(key, default)] * n_layers
+        if len(value) != n_layers:
+            raise UserInputError(f"GGUF metadata gemma4.{key} has {len(value)} values for "
+                                 f"{n_layers} layers")
+        return [count(key, value=v) for v in value]
+
+    def optional(key: str) -> int:
+        """A count llama.cpp takes as 0 when the GGUF has none."""
+        return 0 if g(key, 0) == 0 else count(key)
+
+    flags = g("attention.sliding_window_pattern")
+    if not isinstance(flags, list) or len(flags) != n_layers:
+        raise UserInputError("GGUF metadata gemma4.attention.sliding_window_pattern must be a "
+                             f"flag per layer ({n_layers}), got {shown(flags, 40)}")
+    local = [bool(x) for x in flags]
+    swa_dim = count("attention.key_length_swa")
+    for key, dim in (("attention.value_length", head_dim), ("attention.value_length_swa", swa_dim)):
+        if count(key, dim) != dim:  # llama.cpp refuses it too
+            raise UserInputError(f"GGUF gemma4 whose {key} differs from its key length is not "
+                                 "supported")
+    rot_swa = count("rope.dimension_count_swa", head_dim)  # llama.cpp: the global layers'
+    if rot_swa != swa_dim:
+        raise UserInputError(f"GGUF gemma4 with RoPE over {rot_swa} of its sliding layers' "
+                             f"{swa_dim} head dims is not supported")
+    full_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+    if not all(local):
+        if "rope_freqs.weight" not in tensors:  # llama.cpp requires it too
+            raise UserInputError("GGUF gemma4 lacks rope_freqs.weight (its global layers' "
+                                 "partial RoPE)")
+        full_rope.update(_gemma4_proportional_rope(tensors, head_dim))
+
+    n_shared = optional("attention.shared_kv_layers")
+    first_shared = n_layers - n_shared
+    if n_shared and first_shared < 2:  # llama.cpp asserts as much
+        raise UserInputError(f"GGUF metadata gemma4.attention.shared_kv_layers ({n_shared}) "
+                             f"leaves fewer than 2 of {n_layers} layers their own keys")
+    for i in range(first_shared, n_layers):  # llama.cpp's source layer, mlx-lm's
+        source = first_shared - (2 if local[i] else 1)
+        own = [j for j in range(first_shared) if local[j] == local[i]]
+        if not own or own[-1] != source:
+            raise UserInputError(f"GGUF gemma4 whose layer {i} reads the keys of layer {source} "
+                                 "(llama.cpp's rule), not of the last layer of its kind below "
+                                 "the shared ones (mlx-lm's), is not supported")
+    kv = per_layer("attention.head_count_kv", config["num_attention_heads"])
+    heads = {}
+    for kind in (True, False):
+        counts = {n for n, x in zip(kv, local) if x == kind}
+        if len(counts) > 1:
+            raise UserInputError(f"GGUF gemma4 with {'sliding' if kind else 'global'} layers of "
+                                 f"{' and '.join(map(str, sorted(counts)))} key/value heads is "
+                                 "not supported")
+        heads[kind] = counts.pop() if counts else None
+    global_kv = [i for i in range(first_shared) if not local[i]]
+    without_v = [i for i in global_kv if f"blk.{i}.attn_v.weight" not in tensors]
+    if without_v and without_v != global_kv:
+        raise UserInputError(f"GGUF gemma4 with values from the keys' projection in global "
+                             f"layer {without_v[0]} but not in layer "
+                             f"{sorted(set(global_kv) - set(without_v))[0]} is not supported")
+    k_eq_v = bool(without_v)
+    n_kv = heads[True] if heads[True] is not None else heads[False]
+    if heads[False] not in (None, n_kv) and not k_eq_v:
+        raise UserInputError(f"GGUF gemma4 with {heads[False]} key/value heads in its global "
+                             f"layers and {n_kv} in its sliding ones is not supported where "
+                             "global layers project values of their own (mlx-lm's gemma4_text)")
+
+    ff = per_layer("feed_forward_length")
+    width = ff[0]
+    double = n_shared > 0 and ff == [width] * first_shared + [2 * width] * n_shared
+    if not double and ff != [width] * n_layers:
+        raise UserInputError("GGUF gemma4 with MLP widths by layer other than E2B/E4B's (twice "
+                             "as wide in the layers sharing keys) is not supported")
+
+    moe = [f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n_layers)]
+    sparse: dict[str, Any] = {"enable_moe_block": all(moe)}
+    if any(moe) and not all(moe):
+        raise UserInputError(f"GGUF gemma4 with experts in {sum(moe)} of its {n_layers} layers "
+                             "is not supported (mlx-lm's gemma4_text has them in all or none)")
+    if all(moe):
+        n_experts, n_used = experts()
+        widths = set(per_layer("expert_feed_forward_length"))
+        if len(widths) > 1:
+            raise UserInputError("GGUF gemma4 with experts of different widths by layer is not "
+                                 "supported")
+        sparse.update(num_experts=n_experts, top_k_experts=n_used,
+                      moe_intermediate_size=widths.pop())
+
+    per_input = optional("embedding_length_per_layer_input")
+    embd = tensors.get("per_layer_token_embd.weight")
+    softcap = g("final_logit_softcapping", GEMMA4_LOGIT_SOFTCAP)
+    return {
+        "hidden_act": "gelu_pytorch_tanh", "head_dim": swa_dim, "global_head_dim": head_dim,
+        "num_key_value_heads": n_kv,
+        "num_global_key_value_heads": heads[False] if k_eq_v else None,
+        "attention_k_eq_v": k_eq_v, "intermediate_size": width, "use_double_wide_mlp": double,
+        "num_kv_shared_layers": n_shared, "hidden_size_per_layer_input": per_input,
+        "vocab_size_per_layer_input": (int(embd.shape[1]) if embd is not None
+                                       else config["vocab_size"]),
+        "sliding_window": count("attention.sliding_window"),
+        "layer_types": ["sliding_attention" if x else "full_attention" for x in local],
+        "rope_parameters": {
+            "full_attention": full_rope,
+            "sliding_attention": {"rope_type": "default", "partial_rotary_factor": 1.0,
+                                  "rope_theta": positive("rope.freq_base_swa",
+                                                         GEMMA4_LOCAL_ROPE_BASE)}},
+        # llama.cpp: 0 caps nothing
+        "final_logit_softcapping": (positive("final_logit_softcapping", GEMMA4_LOGIT_SOFTCAP)
+                                    if softcap else None),
+        **sparse,
+    }
+
+
+def _gemma4_proportional_rope(tensors: dict, dims: int) -> dict:
+    """Gemma 4's global layers' RoPE from llama.cpp's ``rope_freqs``: the divisor of each
+    frequency of a ``dims``-wide head, one (f) for the first frequencies and 1e30 (none) for
+    the rest, which stay unrotated: mlx-lm's proportional RoPE over that share of the head
+    (its frequencies those of the whole head, times f where f is not 1)."""
+    x = _rope_factors("rope_freqs.weight", tensors, dims).astype(np.float64)
+    rotated = int(np.argmax(x >= GEMMA4_UNROTATED)) if (x >= GEMMA4_UNROTATED).any() else len(x)
+    if rotated == 0 or not np.allclose(x[:rotated], x[0], rtol=1e-6, atol=0):
+        raise UserInputError("GGUF gemma4 rope_freqs are not Gemma 4's proportional RoPE (one "
+                             "divisor for the first frequencies, 1e30 for the unrotated rest)")
+    share = 2 * rotated / dims
+    if int(dims * share) != 2 * rotated:  # what mlx-lm's ProportionalRoPE rotates
+        raise UserInputError(f"GGUF gemma4 with RoPE over {2 * rotated} of its global layers' "
+                             f"{dims} head dims is not supported")
+    factor = float(str(np.float32(x[0])))  # as llama.cpp writes it, in float32
+    return {"rope_type": "proportional", "partial_rotary_factor": share,
+            **({"factor": factor} if factor != 1 else {})}
+
+
+class _Part(NamedTuple):
+    """A GGUF tensor's stand-in, read as the reader's tensors are: half of a fused tensor's
+    rows, or what llama.cpp takes where the file has no such tensor."""
+    name: str
+    tensor_type: Any
+    shape: np.ndarray  # GGUF's order: columns first
+    data: np.ndarray
+
+
+def _gemma4_tensors(tensors: dict, config: dict) -> dict:
+    """A Gemma 4 GGUF's tensors as mlx-lm's gemma4_text has its parameters: the experts' fused
+    gate/up stacks split into their gate and up halves (the gate first, as llama.cpp reads
+    them); layer scalars and per-expert scales of 1 where the file has none (llama.cpp then
+    scales by nothing); the unused key/value projections of layers that share keys dropped."""
+    from gguf import GGMLQuantizationType as T
+
+    n_layers = config["num_hidden_layers"]
+    first_shared = n_layers - config["num_kv_shared_layers"]
+    out: dict[str, Any] = {}
+    for name, t in tensors.items():
+        parts = name.split(".")
+        if parts[0] != "blk" or len(parts) != 4:
+            out[name] = t
+        elif int(parts[1]) >= first_shared and parts[2] in ("attn_k", "attn_v", "attn_k_norm"):
+            continue  # llama.cpp reads a lower layer's keys and values there
+        elif parts[2:] == ["ffn_gate_up_exps", "weight"]:
+            shape = np.array(t.shape.tolist())
+            if len(shape) != 3 or shape[1] % 2:
+                raise UserInputError(f"GGUF {name} has shape {_shape(t)}, not the experts' "
+                                     "gate and up rows")
+            shape[1] //= 2
+            halves = np.split(np.asarray(t.data), 2, axis=-2)
+            for half, data in zip(("ffn_gate_exps", "ffn_up_exps"), halves):
+                split = f"blk.{parts[1]}.{half}.weight"
+                if split in tensors:
+                    raise UserInputError(f"GGUF has both {name} and {split}")
+                out[split] = _Part(split, t.tensor_type, shape, data)
+        else:
+            out[name] = t
+    for i in range(n_layers):
+        ones = {f"blk.{i}.layer_output_scale.weight": 1}
+        if config["enable_moe_block"]:
+            ones[f"blk.{i}.ffn_down_exps.scale"] = config["num_experts"]
+        for name, n in ones.items():
+            if name not in out:
+                out[name] = _Part(name, T.F32, np.array([n]), np.ones(n, np.float32))
+    return out
 
 
 def _llama_cpp_yarn_magnitude(config: dict) -> float:

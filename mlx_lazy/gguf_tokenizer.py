@@ -4,7 +4,8 @@ llama.cpp stores the vocabulary, merges, token types and special ids; this rebui
 ``tokenizer.json`` and ``tokenizer_config.json`` from them: byte-level BPE with llama.cpp's
 pre-tokenizer regexes (``tokenizer.ggml.model`` "gpt2"), and SentencePiece vocabularies
 ("llama": Llama 2, Mistral, Phi-3, Gemma) as the byte-fallback BPE such models ship, tokenizing
-as llama.cpp does. Bad metadata is a :class:`UserInputError`.
+as llama.cpp does, and Gemma 4's "gemma4" BPE (the GGUF's merges over text spelled with "\u2581")
+as llama.cpp tokenizes it. Bad metadata is a :class:`UserInputError`.
 """
 
 from __future__ import annotations
@@ -63,10 +64,13 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"),
                     PreTokenizer((_GPT4O_REGEX,), False, False)),
 }
-# Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list).
+# Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list;
+# llama.cpp makes them control tokens whatever the GGUF says: Gemma 4's converter writes
+# <|tool_response>, which ends a turn that calls a tool, as user-defined).
 _EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
               "<|return|>", "<|call|>", "<end_of_turn>", "<|end_of_text|>", "<EOT>", "_<EOT>",
-              "<end_of_utterance>")
+              "<end_of_utterance>",
+              "<eos>", "<turn|>", "<|tool_response>")
 # Special tokens whose following whitespace is dropped, in models llama.cpp names Phi-3 (as
 # Phi-3's own tokenizer.json has them), but these
 _PHI3_KEEPS_SPACE = ("<unk>", "<s>", "<|endoftext|>")
@@ -104,9 +108,11 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     kind = meta.get("tokenizer.ggml.model")
     if kind == "llama":
         return _sentencepiece_tokenizer(arch, meta)
+    if kind == "gemma4":
+        return _gemma4_tokenizer(arch, meta)
     if kind != "gpt2":
         raise UserInputError(f"unsupported GGUF tokenizer model {kind!r} (supported: 'gpt2' "
-                             "byte-level BPE, 'llama' SentencePiece)")
+                             "byte-level BPE, 'llama' SentencePiece, 'gemma4' BPE)")
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
         raise UserInputError(f"unsupported GGUF pre-tokenizer {pre!r} "
@@ -249,3 +255,76 @@ def _sentencepiece_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
     return tok, _tokenizer_config(meta, tokens, add_bos, int(meta.get(
         f"{arch}.context_length", 32768 if gemma else 4096)))
+
+
+def _gemma4_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
+    """Gemma 4's vocabulary (``tokenizer.ggml.model`` "gemma4"): a BPE over UTF-8 characters
+    with the GGUF's merges, spaces spelled "\u2581", tokenized as llama.cpp does.
+
+    llama.cpp replaces every space by "\u2581" (no prefix space), cuts the text into runs of
+    newlines and runs of anything else, and merges each run by the merges' ranks; a run of
+    newlines that is a token is that token, unmerged; a character no token spells becomes its
+    UTF-8 bytes' <0xXX> tokens. Control and user-defined tokens (``<|tool_call>``,
+    ``<|channel>``: Gemma 4's tool and thinking markers, which a reply shows) are matched
+    whole. BOS is added, as llama.cpp does whatever the GGUF says (mlx-lm's chat path sees
+    the ``<bos>`` the chat template writes and adds none).
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, \
+        pre_tokenizers, processors
+
+    tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
+    if not tokens:
+        raise UserInputError("GGUF metadata lacks tokenizer.ggml.tokens")
+    raw_merges = meta.get("tokenizer.ggml.merges")
+    if not raw_merges:  # llama.cpp refuses such a file too
+        raise UserInputError("GGUF metadata lacks tokenizer.ggml.merges for its gemma4 "
+                             "vocabulary")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for m in raw_merges:  # llama.cpp cuts at the first space after the first character
+        cut = m.find(" ", 1)
+        if cut < 0:
+            raise UserInputError(f"GGUF tokenizer merge {m[:40]!r} is not two tokens")
+        merges.append((m[:cut], m[cut + 1:]))
+    # llama.cpp takes a run of newlines that is a token whole, unmerged; the BPE here gets
+    # there only through merges, as Gemma 4's rebuild each such token
+    newline_ranks: dict[tuple[str, str], int] = {}
+    for i, (a, b) in enumerate(merges):
+        if not (a + b).strip("\n"):
+            newline_ranks.setdefault((a, b), i)
+    for t in tokens:
+        if t and not t.strip("\n") and _merged(t, newline_ranks) != [t]:
+            raise UserInputError(f"GGUF gemma4 vocabulary whose merges do not build its token "
+                                 f"{t!r} is not supported")
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    unk = _special_token(meta, tokens, "unknown")
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=False,
+                               byte_fallback=True, ignore_merges=False))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    # llama.cpp token types: 3 = control, 4 = user defined (shown in a reply)
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                            for i, t in enumerate(types) if t == 3])
+    tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                    for i, t in enumerate(types) if t == 4])
+    bos = _special_token(meta, tokens, "bos")
+    if bos is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
+    return tok, _tokenizer_config(meta, tokens, bos is not None,
+                                  int(meta.get(f"{arch}.context_length", 131072)))
+
+
+def _merged(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """``word`` merged from its characters by BPE: the adjacent pair of lowest rank first (the
+    leftmost on a tie), as llama.cpp merges."""
+    pieces = list(word)
+    while True:
+        best = min(((ranks[pair], i) for i, pair in enumerate(zip(pieces, pieces[1:]))
+                    if pair in ranks), default=None)
+        if best is None:
+            return pieces
+        i = best[1]
+        pieces[i:i + 2] = [pieces[i] + pieces[i + 1]]

@@ -157,14 +157,14 @@ def test_norms_left_as_stored_would_be_wrong(tmp_path):
 
 @pytest.mark.parametrize("case, fragment", [
     ("missing", "lacks model.layers.3.post_feedforward_layernorm.weight"),
-    ("architecture", "unsupported GGUF architecture 'gemma4'"),
+    ("architecture", "unsupported GGUF architecture 'gemma2'"),
 ])
 def test_bad_gemma3_gguf_is_one_error_and_nothing_written(tmp_path, capsys, case, fragment):
     src = tmp_path / "bad.gguf"
     if case == "missing":
         write_gemma_gguf(src, drop="blk.3.post_ffw_norm.weight")
     else:
-        write_gemma_gguf(src, arch="gemma4")
+        write_gemma_gguf(src, arch="gemma2")
     before = set(tmp_path.iterdir())
     with pytest.raises(UserInputError, match=fragment.replace(".", r"\.")):
         convert(src, tmp_path / "out")

@@ -18,6 +18,7 @@ import hashlib
 import heapq
 import io
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -173,6 +174,52 @@ def llama_cpp_tokenize(meta: dict, text: str, rstrip: frozenset = frozenset()) -
             escaped = ((" " if prefix and after_special else "") + part).replace(" ", "\u2581")
             out += llama_cpp_spm(tokens, meta["tokenizer.ggml.scores"], escaped)
         after_special = isinstance(part, int)
+    return out
+
+
+def llama_cpp_gemma4(meta: dict, text: str, ranks: dict | None = None) -> list[int]:
+    """llama.cpp's tokenizer of a "gemma4" vocabulary (its BPE session, ``LLAMA_VOCAB_PRE_TYPE_
+    GEMMA4``): BOS, then the text cut around control and user-defined tokens (the longest
+    first); each run of text with spaces escaped as "\u2581", cut into runs of newlines and
+    runs of the rest; a run of newlines that is a token stays whole, any other run is merged
+    from its characters, the adjacent pair of lowest merge rank first (the leftmost on a tie);
+    what is no token is spelled by its UTF-8 bytes' <0xXX> tokens. ``ranks`` caches the
+    merges' ranks (pair -> rank) across calls."""
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if ranks is None:
+        ranks = {}
+    if not ranks:
+        for i, m in enumerate(meta["tokenizer.ggml.merges"]):
+            cut = m.find(" ", 1)
+            ranks.setdefault((m[:cut], m[cut + 1:]), i)
+    specials = sorted((t for t, k in zip(tokens, types) if k in (3, 4)), key=len, reverse=True)
+    parts: list = [text]
+    for special in specials:
+        parts = [piece for part in parts for piece in (
+            [part] if isinstance(part, int) else
+            [x for j, chunk in enumerate(part.split(special))
+             for x in ([vocab[special]] if j else []) + ([chunk] if chunk else [])])]
+    out = [meta["tokenizer.ggml.bos_token_id"]]
+    for part in parts:
+        if isinstance(part, int):
+            out.append(part)
+            continue
+        for word in regex.findall(r"[^\n]+|\n+", part.replace(" ", "\u2581")):
+            if not word.strip("\n") and word in vocab:
+                out.append(vocab[word])
+                continue
+            sym = list(word)
+            while True:
+                best = min(((ranks[pair], i) for i, pair in enumerate(zip(sym, sym[1:]))
+                            if pair in ranks), default=None)
+                if best is None:
+                    break
+                i = best[1]
+                sym[i:i + 2] = [sym[i] + sym[i + 1]]
+            for piece in sym:
+                out += ([vocab[piece]] if piece in vocab else
+                        [vocab[f"<0x{b:02X}>"] for b in piece.encode()])
     return out
 
 
@@ -408,9 +455,10 @@ LLAMA_CPP_SDIST = ("llama-cpp-python==0.3.36",
                    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
 # Llama 2 / Mistral 7B v0.1 (SentencePiece), Phi-3 (SentencePiece), Llama 3 (ignore_merges),
 # Qwen 2, GPT-2 and MPT (GPT-2's split), Refact, StarCoder and Command-R (digits apart first, as
-# Granite 3.x's "refact" and SmolLM's "smollm")
+# Granite 3.x's "refact" and SmolLM's "smollm"), Qwen3.5 (combining marks inside words), Gemma 4
+# (BPE over "\u2581"-spelled text)
 LLAMA_CPP_VOCABS = ("llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "mpt", "refact",
-                    "starcoder", "command-r", "qwen35")  # Qwen3.5: combining marks inside words
+                    "starcoder", "command-r", "qwen35", "gemma-4")
 
 
 @pytest.fixture(scope="module")
@@ -448,12 +496,56 @@ def test_real_vocabularies_tokenize_as_llama_cpp(name, llama_cpp_vocabs):
     meta = {k: f.contents() for k, f in reader.fields.items()}
     tok = build_tokenizer(meta["general.architecture"], meta)[0]
     texts = (llama_cpp_vocabs / f"ggml-vocab-{name}.gguf.inp").read_text(
-        encoding="utf-8").split("\n__ggml_vocab_test__\n")[:-1]
+        encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    if texts[-1] == "":  # after the last text's separator (Gemma 4's file has none there)
+        texts.pop()
     ids = (llama_cpp_vocabs / f"ggml-vocab-{name}.gguf.out").read_text().strip("\n").split("\n")
     assert len(texts) == len(ids) > 40
     for text, want in zip(texts, ids):
         assert tok.encode(text, add_special_tokens=False).ids == \
             [int(i) for i in want.split()], text
+
+
+@pytest.fixture(scope="module")
+def gemma_4(llama_cpp_vocabs) -> tuple[dict, object, dict]:
+    """llama.cpp's Gemma 4 vocabulary: its metadata, the tokenizer rebuilt from it, the
+    reference's merge ranks."""
+    meta = {k: f.contents() for k, f in
+            read_gguf(llama_cpp_vocabs / "ggml-vocab-gemma-4.gguf").fields.items()}
+    return meta, build_tokenizer("gemma4", meta)[0], {}
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None, database=None)
+@given(text=st.lists(st.sampled_from(list("abcdefghijklmnopqrstuvwxyzTWH .,'\n\t0123456789ÜéВ😀中")
+                                     + ["\u2581", "<turn|>", "<|turn>", "<|tool_call>", "<bos>",
+                                        "  ", "\n\n\n", " \n", "<unused3>", "\ufeff"]),
+                     max_size=30).map("".join))
+def test_gemma_4_tokenizes_any_text_as_llama_cpp(gemma_4, text):
+    """Gemma 4's real vocabulary on any text: llama.cpp's ids (its BOS first; runs of spaces,
+    newlines, markers, text the vocabulary spells only in bytes), and decoding gives the text
+    back."""
+    meta, tok, ranks = gemma_4
+    ids = tok.encode(text).ids
+    assert ids == llama_cpp_gemma4(meta, text, ranks)
+    # a "\u2581" of the text reads as the space it spells, as in llama.cpp
+    assert tok.decode(ids[1:], skip_special_tokens=False) == text.replace("\u2581", " ")
+
+
+@pytest.mark.slow
+def test_gemma_4_markers_and_turns(gemma_4):
+    """Gemma 4's chat turns (control tokens), its tool and thinking markers (user-defined:
+    matched whole and shown when a reply is decoded), its end of turn and tool call as
+    end-of-generation tokens (llama.cpp's list); BOS added once, as llama.cpp forces it."""
+    from mlx_lazy.gguf_tokenizer import eos_ids
+
+    meta, tok, _ = gemma_4
+    text = "<|turn>user\nHi<turn|>\n<|turn>model\n<|tool_call>call:f{}<tool_call|>"
+    ids = tok.encode(text).ids
+    assert ids[:2] == [2, 105] and ids.count(2) == 1 and 48 in ids and 49 in ids
+    shown = tok.decode(ids, skip_special_tokens=True)
+    assert shown == "user\nHi\nmodel\n<|tool_call>call:f{}<tool_call|>"
+    assert sorted(eos_ids(meta)) == [1, 50, 106]  # <eos>, <|tool_response>, <turn|>
 
 
 @pytest.mark.slow
@@ -477,6 +569,37 @@ def test_phi_3_drops_the_whitespace_after_its_special_tokens(llama_cpp_vocabs):
     assert want != llama_cpp_tokenize(no_bos, text)  # the stripping is seen
     renamed = build_tokenizer("phi3", {**meta, "general.name": "Phi 4 Mini"})[0]
     assert renamed.encode(text, add_special_tokens=False).ids == llama_cpp_tokenize(no_bos, text)
+
+
+def gemma4_meta(tokens: list[str], merges: list[str]) -> dict:
+    """A tiny "gemma4" vocabulary: the control tokens, ``tokens``, the 256 byte tokens."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + tokens + [f"<0x{b:02X}>" for b in range(256)]
+    return {"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [3] * 4 + [1] * (len(tokens) - 260) + [6] * 256,
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": 2,
+            "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.unknown_token_id": 3}
+
+
+def test_gemma4_merges_stop_at_newlines():
+    """llama.cpp cuts Gemma 4's text into runs of newlines and runs of the rest before merging:
+    a merge across a newline never applies."""
+    meta = gemma4_meta(["a", "\n", "\u2581", "a\n", "\na", "\n\n", "\u2581a"],
+                       ["a \n", "\n a", "\n \n", "\u2581 a"])
+    tok = build_tokenizer("gemma4", meta)[0]
+    for text in ("a\na", " a\n\na a", "\n\n\na\n"):
+        assert tok.encode(text).ids == llama_cpp_gemma4(meta, text), text
+    assert tok.encode("a\na", add_special_tokens=False).ids == [4, 5, 4]
+
+
+def test_a_gemma4_newline_token_its_merges_cannot_build_is_refused():
+    """llama.cpp takes a run of newlines that is a token whole; the rebuilt BPE reaches such
+    tokens by merges only, so a vocabulary whose merges miss one is one clear error."""
+    meta = gemma4_meta(["\n", "\n\n", "\n\n\n"], ["\n \n"])
+    with pytest.raises(UserInputError, match=re.escape(r"do not build its token '\n\n\n'")):
+        build_tokenizer("gemma4", meta)
+    meta["tokenizer.ggml.merges"] = ["\n \n", "\n\n \n"]
+    tok = build_tokenizer("gemma4", meta)[0]
+    assert tok.encode("\n\n\n", add_special_tokens=False).ids == [6]
 
 
 @pytest.mark.parametrize("has_call", [True, False])
