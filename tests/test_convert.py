@@ -1419,6 +1419,22 @@ def test_sigint_mid_conversion_as_a_user_sees_it(tiny_model_dir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
 
 
+def test_the_reader_reads_what_ggufs_does_from_the_map(tiny_model_dir, tmp_path):
+    """read_gguf's reader (plain array views, for speed) gives gguf's own reader's fields and
+    tensors, the tensors still views of the file's map, not copies."""
+    from mlx_lazy.conversion import read_gguf
+
+    write_gguf(tmp_path / "m.gguf", "qwen2", tiny_model_dir("qwen2"), {"*": T.Q4_0})
+    ours, theirs = read_gguf(tmp_path / "m.gguf"), gguf.GGUFReader(tmp_path / "m.gguf")
+    assert {k: f.contents() for k, f in ours.fields.items()} == \
+        {k: f.contents() for k, f in theirs.fields.items()}
+    assert [(t.name, t.tensor_type) for t in ours.tensors] == \
+        [(t.name, t.tensor_type) for t in theirs.tensors]
+    for a, b in zip(ours.tensors, theirs.tensors):
+        assert np.array_equal(a.data, b.data) and np.shares_memory(a.data, ours.data)
+    assert isinstance(ours.data.base, np.memmap)  # the map itself, not a copy of it
+
+
 def test_a_device_is_not_a_gguf_file(tmp_path, capsys):
     """``convert.py /dev/zero out``: not read (it never ends), named for what it is."""
     rc, err = run_main(capsys, "/dev/zero", str(tmp_path / "out"))

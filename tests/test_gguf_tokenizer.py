@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
 
+import functools
 import hashlib
 import heapq
 import io
@@ -487,13 +488,20 @@ def llama_cpp_vocabs() -> Path:
     return folder
 
 
+@functools.cache
+def vocabulary(folder: Path, name: str) -> dict:
+    """The metadata of llama.cpp's vocabulary GGUF ``name`` (read once: Gemma 4's takes
+    seconds)."""
+    reader = read_gguf(folder / f"ggml-vocab-{name}.gguf")
+    return {k: f.contents() for k, f in reader.fields.items()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LLAMA_CPP_VOCABS)
 def test_real_vocabularies_tokenize_as_llama_cpp(name, llama_cpp_vocabs):
     """Each of llama.cpp's tests (46 texts: spaces, newlines, tabs, digits, accents, CJK,
     emoji, code) gives llama.cpp's ids, no special tokens added."""
-    reader = read_gguf(llama_cpp_vocabs / f"ggml-vocab-{name}.gguf")
-    meta = {k: f.contents() for k, f in reader.fields.items()}
+    meta = vocabulary(llama_cpp_vocabs, name)
     tok = build_tokenizer(meta["general.architecture"], meta)[0]
     texts = (llama_cpp_vocabs / f"ggml-vocab-{name}.gguf.inp").read_text(
         encoding="utf-8").split("\n__ggml_vocab_test__\n")
@@ -510,13 +518,12 @@ def test_real_vocabularies_tokenize_as_llama_cpp(name, llama_cpp_vocabs):
 def gemma_4(llama_cpp_vocabs) -> tuple[dict, object, dict]:
     """llama.cpp's Gemma 4 vocabulary: its metadata, the tokenizer rebuilt from it, the
     reference's merge ranks."""
-    meta = {k: f.contents() for k, f in
-            read_gguf(llama_cpp_vocabs / "ggml-vocab-gemma-4.gguf").fields.items()}
+    meta = vocabulary(llama_cpp_vocabs, "gemma-4")
     return meta, build_tokenizer("gemma4", meta)[0], {}
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=150, deadline=None, database=None)
 @given(text=st.lists(st.sampled_from(list("abcdefghijklmnopqrstuvwxyzTWH .,'\n\t0123456789ÜéВ😀中")
                                      + ["\u2581", "<turn|>", "<|turn>", "<|tool_call>", "<bos>",
                                         "  ", "\n\n\n", " \n", "<unused3>", "\ufeff"]),
@@ -553,8 +560,7 @@ def test_phi_3_drops_the_whitespace_after_its_special_tokens(llama_cpp_vocabs):
     """llama.cpp strips the whitespace after a special token in models named Phi-3 (Phi-3's
     tokenizer.json says rstrip), but after <unk>, <s> and <|endoftext|>: a chat turn is what
     llama.cpp makes of it, not a newline token more per marker."""
-    meta = {k: f.contents() for k, f in
-            read_gguf(llama_cpp_vocabs / "ggml-vocab-phi-3.gguf").fields.items()}
+    meta = vocabulary(llama_cpp_vocabs, "phi-3")
     assert "phi3" in meta["general.name"].lower()
     tok = build_tokenizer("phi3", meta)[0]
     keeps = {"<unk>", "<s>", "<|endoftext|>"}
