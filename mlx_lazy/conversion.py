@@ -489,6 +489,9 @@ def _config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in _QWEN35:  # the multi-token prediction blocks after the model's own
         n_layers -= _qwen35_nextn(arch, meta)
     n_kv = 1 if gemma4 else count("attention.head_count_kv", n_heads)
+    if not tensors:  # llama.cpp's ggml-vocab-*.gguf files, say
+        raise UserInputError("GGUF holds no tensors: a vocabulary-only file, no weights to "
+                             "convert")
     blocks = {name.split(".")[1] for name in tensors if name.startswith("blk.")}
     if n_layers != len(blocks):  # before a model of n_layers is built to compare shapes
         raise UserInputError(f"GGUF metadata {arch}.block_count is {n_layers}, its tensors "

@@ -14,8 +14,8 @@ from pathlib import Path
 import mlx.core as mx
 
 from ._args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OneLineParser
-from .conversion import (DEFAULT_GGUF_DTYPE, DTYPES, Q_GROUP_SIZES, convert, convert_gguf,
-                         is_hub_id, read_gguf)
+from .conversion import (ARCHITECTURES, DEFAULT_GGUF_DTYPE, DTYPES, Q_GROUP_SIZES, convert,
+                         convert_gguf, is_hub_id, read_gguf)
 from .models import DEFAULT_MODEL, MODELS, model_path
 from .errors import UserInputError, one_line
 
@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     Ctrl-C (one ``interrupted`` line, nothing left behind)."""
     p = OneLineParser(
         prog="mlx-lazy-convert",
-        description="Convert a GGUF file (llama, qwen2, qwen3, qwen3moe, gemma3), a Hugging "
-                    "Face/MLX folder or a hub id to an MLX model folder.")
+        description="Convert a GGUF file (architectures " + ", ".join(ARCHITECTURES)
+                    + "), a Hugging Face/MLX folder or a hub id to an MLX model folder.")
     p.add_argument("source", nargs="?", help="GGUF file, model folder or hub id")
     p.add_argument("output", nargs="?", help="output folder (must not exist)")
     p.add_argument("--q-bits", type=int, choices=(4, 8), help="quantize to 4 or 8 bits")
@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"quantization group size: {', '.join(map(str, Q_GROUP_SIZES))} "
                         "(default 64)")
     p.add_argument("--dtype", choices=DTYPES,
-                   help="dtype of float weights (for GGUF: dequantize everything to it)")
+                   help="dtype of float weights; for GGUF, every tensor dequantized to it "
+                        f"(default: Q4_0/Q4_1/Q8_0/MXFP4 kept quantized, the rest "
+                        f"{DEFAULT_GGUF_DTYPE}; with --q-bits, the dtype before quantizing)")
     p.add_argument("--dequantize", action="store_true", help="dequantize a quantized model")
     named = p.add_mutually_exclusive_group()
     named.add_argument("--model", choices=sorted(MODELS),

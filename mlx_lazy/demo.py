@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
     p = OneLineParser(prog="python -m mlx_lazy.demo", description=__doc__.split("\n\n")[1])
     p.add_argument("--model", help=MODEL_HELP)
-    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--max-tokens", type=int, default=48,
+                   help="the answer's length in tokens (default 48: the correct answer needs "
+                        "about 40; a shorter one is cut before it and marked incorrect)")
     # the generate command's (--complete, --quality, --schedule, ...)
     add_pruning_arguments(p, default_method="lazy, shown against mlx-lm")
     args = p.parse_args(argv)

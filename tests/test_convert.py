@@ -1080,6 +1080,18 @@ def minimal_gguf(path: Path, arch: str) -> Path:
     return path
 
 
+def vocabulary_only(path: Path) -> Path:
+    """A llama GGUF of metadata and a vocabulary, without a tensor."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    add_shape(w, tiny_config("llama"))
+    w.add_token_list(["a", "b"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
     """(source, expected error fragment) of one bad-input case."""
     def tiny(name: str, **kw) -> Path:
@@ -1197,6 +1209,9 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                                             hidden_size=96, mlp_only_layers=[])
                          and tmp / "moe96.gguf", "cannot quantize to 4 bits"),
         "not_a_model_folder": (folder, "without config.json"),
+        # a vocabulary alone, as llama.cpp's ggml-vocab-*.gguf files are
+        "no_tensors": (lambda: vocabulary_only(tmp / "vocab.gguf"),
+                       "GGUF holds no tensors: a vocabulary-only file"),
         # gpt-oss: YaRN's magnitude (0.1 ln 4 + 1) as attn_factor would scale by its square;
         # the sinks; MXFP4's NaN scale; no sliding layer, which mlx-lm's gpt_oss needs
         "gpt_oss_attn_factor": (lambda: oss("af.gguf", meta={"attn_factor": 0.1 * math.log(4) + 1}),
@@ -1270,7 +1285,7 @@ BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type",
               "longrope_length", "longrope_inf", "longrope_pair", "attn_factor", "phi3_rope_dims",
               "gpt_oss_attn_factor", "gpt_oss_sinks", "mxfp4_nan_scale", "gpt_oss_pattern",
               "q_bits_width",
-              "not_a_model_folder", "experts", "no_experts", "granite_logit_scale",
+              "not_a_model_folder", "no_tensors", "experts", "no_experts", "granite_logit_scale",
               "granite_no_rope", "olmo3_window", "exaone4_all_local", "exaone4_pattern_length",
               "qwen35_pattern", "qwen35_no_attention", "qwen35_heads", "qwen35_value_length",
               "qwen35_rope_dims", "qwen35_nextn", "qwen35_ssm_a", "qwen35_fused_experts",
