@@ -785,21 +785,25 @@ def _qwen35_layout(gguf_name: str, x: np.ndarray, config: dict) -> np.ndarray:
     return x
 
 
-def _sliding_pattern(pattern: Any, n_layers: int, arch: str) -> str | None:
-    """A GGUF's sliding-window pattern (a flag per layer, or llama.cpp's period n: n - 1 local
-    layers, then a global one) as mlx-lm's string of L (local) and G (global) repeated over
-    the layers, the shortest; None when no layer is local."""
+def _local_layers(pattern: Any, n_layers: int, arch: str) -> list[bool]:
+    """Which layers slide, by a GGUF's sliding-window pattern: a flag per layer, or llama.cpp's
+    period n (n - 1 local layers, then a global one; 0: every layer local)."""
     key = f"GGUF metadata {arch}.attention.sliding_window_pattern"
     if isinstance(pattern, list):
         if len(pattern) != n_layers:
             raise UserInputError(f"{key} has {len(pattern)} flags for {n_layers} layers")
-        local = [bool(x) for x in pattern]
-    elif isinstance(pattern, (int, np.integer)) and not isinstance(pattern, (bool, np.bool_)) \
+        return [bool(x) for x in pattern]
+    if isinstance(pattern, (int, np.integer)) and not isinstance(pattern, (bool, np.bool_)) \
             and 0 <= pattern <= _MAX_COUNT:
-        local = [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
-    else:
-        raise UserInputError(f"{key} must be a flag per layer or a period, got "
-                             f"{shown(pattern, 40)}")
+        return [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
+    raise UserInputError(f"{key} must be a flag per layer or a period, got "
+                         f"{shown(pattern, 40)}")
+
+
+def _sliding_pattern(pattern: Any, n_layers: int, arch: str) -> str | None:
+    """A GGUF's sliding-window pattern (:func:`_local_layers`) as mlx-lm's string of L (local)
+    and G (global) repeated over the layers, the shortest; None when no layer is local."""
+    local = _local_layers(pattern, n_layers, arch)
     if not any(local):
         return None
     if all(local):
@@ -846,11 +850,11 @@ def _longrope_scaling(tensors: dict, dims: int) -> dict:
 
 
 def _gpt_oss_windows(g: Any, count: Any, n_layers: int) -> dict:
-    """gpt-oss's sliding window and its layers' kinds: llama.cpp's pattern period p makes layer
-    i global when i % p == p − 1, local otherwise (mlx-lm's gpt_oss needs both kinds)."""
+    """gpt-oss's sliding window and its layers' kinds, by llama.cpp's pattern period
+    (:func:`_local_layers`; mlx-lm's gpt_oss needs both kinds)."""
     period = count("attention.sliding_window_pattern", GPT_OSS_SLIDING_PATTERN)
-    kinds = ["full_attention" if i % period == period - 1 else "sliding_attention"
-             for i in range(n_layers)]
+    kinds = ["sliding_attention" if local else "full_attention"
+             for local in _local_layers(period, n_layers, "gpt-oss")]
     missing = {"sliding_attention", "full_attention"} - set(kinds)
     if missing:
         raise UserInputError(f"GGUF gpt-oss without a {missing.pop().replace('_', ' ')} layer "

@@ -122,9 +122,10 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
 
     how = PRE_TOKENIZERS[pre]
+    vocab = {t: i for i, t in enumerate(tokens)}
     try:
-        model = models.BPE(vocab={t: i for i, t in enumerate(tokens)},
-                           merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False,
+        model = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
+                           fuse_unk=False,
                            byte_fallback=False, ignore_merges=how.whole_words)
     except Exception as e:  # tokenizers' own errors on a merge of unknown or missing tokens
         raise UserInputError(f"GGUF tokenizer.ggml.merges are malformed ({one_line(e)})") \
@@ -144,11 +145,7 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     bos = _special_token(meta, tokens, "bos")
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", how.bos)) and bos is not None
     post = [processors.ByteLevel(trim_offsets=False)]
-    if add_bos:
-        post.append(processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-            special_tokens=[(bos, tokens.index(bos))]))
-    tok.post_processor = processors.Sequence(post)
+    tok.post_processor = processors.Sequence(post + [_bos_first(bos, vocab)] if add_bos else post)
 
     return tok, _tokenizer_config(meta, tokens, add_bos,
                                   int(meta.get(f"{arch}.context_length", 4096)))
@@ -167,6 +164,14 @@ def _vocabulary(meta: dict) -> list[str]:
         i, j = next((first[t], i) for i, t in enumerate(tokens) if first.setdefault(t, i) != i)
         raise UserInputError(f"GGUF tokenizer.ggml.tokens repeats {tokens[j]!r} (ids {i} and {j})")
     return list(tokens)
+
+
+def _bos_first(bos: str, vocab: dict[str, int]) -> Any:
+    """The post-processor that puts ``bos`` before a text (and before each of a pair)."""
+    from tokenizers import processors
+
+    return processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                         special_tokens=[(bos, vocab[bos])])
 
 
 def _special_token(meta: dict, tokens: list[str], key: str) -> str | None:
@@ -207,7 +212,7 @@ def _sentencepiece_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     Unknown and control tokens are special, user-defined ones are matched whole.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, \
-        pre_tokenizers, processors
+        pre_tokenizers
 
     raw = _vocabulary(meta)
     gemma = arch == "gemma3"
@@ -251,8 +256,7 @@ def _sentencepiece_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     bos = _special_token(meta, tokens, "bos")
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None
     if add_bos:
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
+        tok.post_processor = _bos_first(bos, vocab)
     return tok, _tokenizer_config(meta, tokens, add_bos, int(meta.get(
         f"{arch}.context_length", 32768 if gemma else 4096)))
 
@@ -270,11 +274,9 @@ def _gemma4_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     the ``<bos>`` the chat template writes and adds none).
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, \
-        pre_tokenizers, processors
+        pre_tokenizers
 
-    tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
-    if not tokens:
-        raise UserInputError("GGUF metadata lacks tokenizer.ggml.tokens")
+    tokens = _vocabulary(meta)
     raw_merges = meta.get("tokenizer.ggml.merges")
     if not raw_merges:  # llama.cpp refuses such a file too
         raise UserInputError("GGUF metadata lacks tokenizer.ggml.merges for its gemma4 "
@@ -311,8 +313,7 @@ def _gemma4_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
                     for i, t in enumerate(types) if t == 4])
     bos = _special_token(meta, tokens, "bos")
     if bos is not None:
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
+        tok.post_processor = _bos_first(bos, vocab)
     return tok, _tokenizer_config(meta, tokens, bos is not None,
                                   int(meta.get(f"{arch}.context_length", 131072)))
 
