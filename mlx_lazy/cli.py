@@ -31,9 +31,9 @@ import io
 import json
 import os
 import sys
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import replace
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import mlx.core as mx
 
@@ -220,18 +220,38 @@ def build_config(args: argparse.Namespace) -> PruningConfig:
     ``--reselect-every``)."""
     overrides = {f: getattr(args, f) for f in PRUNING_OVERRIDES if getattr(args, f) is not None}
     if args.schedule is None:
-        config = PruningConfig.preset(args.method or BASELINE, **overrides)
+        with _as_flags(overrides):
+            config = PruningConfig.preset(args.method or BASELINE, **overrides)
     else:
         config = read_schedule_flag(args.schedule, args.method)
         fixed = sorted(set(overrides) & set(SCHEDULE_FIELDS) - set(DECODE_FIELDS))
         if fixed:
             raise UserInputError("--schedule sets the method, cuts and scorer; drop " + ", ".join(
-                "--" + f.replace("prune_layers", "prune-layers") for f in fixed))
-        config = replace(config, **overrides)
+                map(_flag, fixed)))
+        with _as_flags(overrides):
+            config = replace(config, **overrides)
     seed = getattr(args, "seed", None)
     if seed is not None and RandomDrop in compose(config.method).values():
         config = replace(config, seed=seed)
     return config
+
+
+def _flag(field: str) -> str:
+    """The command-line flag of a :class:`PruningConfig` field."""
+    return "--" + field.replace("_", "-")
+
+
+@contextmanager
+def _as_flags(given: dict) -> Iterator[None]:
+    """Name a refused field by its flag where the user gave it as one (``max_revivals must
+    be ...`` reads ``--max-revivals must be ...``)."""
+    try:
+        yield
+    except UserInputError as e:
+        field = e.field
+        if field in given and str(e).startswith(field + " "):
+            raise UserInputError(_flag(field) + str(e)[len(field):]) from None
+        raise
 
 
 class PrefillProgress:

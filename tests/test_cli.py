@@ -457,6 +457,9 @@ def main_error(capsys, *argv: str) -> str:
     (("--system-prompt", "ok \udce9"), ["--system-prompt is not valid UTF-8", "offset 3"]),
     (("--anchors", "4"), ["--anchors applies to pruning methods"]),
     (("--method", "lazy", "--anchors", "-2"), ["anchors must be a non-negative integer"]),
+    # named by the flag given, not the config's field (once "max_revivals must be ...")
+    (("--method", "lazy", "--max-revivals", "-1"), ["--max-revivals must be a non-negative"]),
+    (("--method", "lazy", "--reselect-every", "0"), ["--reselect-every must be a positive"]),
     (("--stats-json", "{tmp}"), ["is a directory"]),
     (("--stats-json", "/proc/x.json"), ["cannot write --stats-json /proc/x.json"]),
     (("--stats-json", "/dev/full"), ["cannot write --stats-json /dev/full", "No space"]),
