@@ -878,7 +878,7 @@ def test_mxfp4_blocks_of_every_scale_and_code_map_exactly():
     random codes dequantize in MLX to what gguf makes of them."""
     from types import SimpleNamespace
 
-    from mlx_lazy.conversion import _mxfp4
+    from mlx_lazy.gguf_tensors import mxfp4
 
     blocks = np.random.default_rng(0).integers(0, 256, (255, 4, 17), dtype=np.uint8)
     blocks[..., 0] = np.arange(255)[:, None]  # row i: scale byte i
@@ -886,7 +886,7 @@ def test_mxfp4_blocks_of_every_scale_and_code_map_exactly():
     with np.errstate(over="ignore"):  # 6 · 2^127 overflows in ggml's reading too
         want = gguf.dequantize(data, T.MXFP4)
     t = SimpleNamespace(name="blk.0.ffn_up_exps.weight", data=data, shape=np.array([128, 255]))
-    weight, scales = _mxfp4(t)
+    weight, scales = mxfp4(t)
     got = mx.dequantize(mx.array(weight), mx.array(scales), group_size=32, bits=4,
                         mode="mxfp4", dtype=mx.float32)
     assert np.array_equal(np.array(got), want)

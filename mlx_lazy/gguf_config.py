@@ -1,0 +1,634 @@
+"""mlx-lm's ``config.json`` of a GGUF model, read from its metadata (for
+:mod:`mlx_lazy.conversion`; its tensors become mlx-lm's arrays in :mod:`mlx_lazy.gguf_tensors`,
+its vocabulary a tokenizer in :mod:`mlx_lazy.gguf_tokenizer`).
+
+The architectures, and what converting each involves:
+``llama`` (Mistral's GGUFs use it too; Llama 3.1/3.2's ``rope_freqs`` become mlx-lm's
+``llama3`` RoPE scaling), ``qwen2``, ``qwen3``, ``qwen3moe`` (to mlx-lm's
+``qwen3_moe``: the experts' stacked weights) and ``gemma3`` (to mlx-lm's
+``gemma3_text``: llama.cpp stores Gemma's norm weights as 1 + w, mlx-lm as w; its
+SentencePiece vocabulary becomes a byte-fallback BPE), ``phi3`` (Phi-3/3.5, Phi-4-mini: fused
+q/k/v and gate/up tensors as mlx-lm's ``phi3`` has them, partial RoPE, LongRoPE factors),
+``gpt-oss`` (to mlx-lm's ``gpt_oss``: attention sinks, biases, the sliding-window layers,
+YaRN RoPE; not llama.cpp's optional fused ``ffn_gate_up_exps``),
+``smollm3`` (no RoPE in every 4th layer, as llama.cpp hard-wires it), ``granite`` (Granite
+3.x dense: its embedding, residual, attention and logit multipliers), ``olmo2`` (norms after
+each branch; an OLMo 3 GGUF, with a sliding window, is refused) and ``exaone4`` (its
+sliding window and pattern, global layers without RoPE; Llama 3 RoPE scaling from
+``rope_freqs``), ``qwen35`` / ``qwen35moe`` (Qwen3.5/3.6's text model, to mlx-lm's
+``qwen3_5`` / ``qwen3_5_moe``: llama.cpp's changes to the Gated DeltaNet layers undone,
+A_log from its −exp(A_log), the conv unsqueezed, the value heads it tiles grouped again;
+the full-attention period from its flags or interval; partial RoPE, as its MRoPE is on
+text; a shared expert; the multi-token prediction block dropped),
+``gemma4`` (to mlx-lm's ``gemma4_text``: Gemma 4 31B, 26B A4B and E2B/E4B;
+sliding layers by a flag each, head sizes and key/value heads by kind of layer, values from
+the keys where a global layer has no ``attn_v``, the global layers' partial RoPE from
+``rope_freqs`` as mlx-lm's proportional RoPE, the experts' fused gate/up stacks split,
+shared keys, double-wide MLPs and per-layer inputs; its "gemma4" BPE vocabulary).
+
+Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+from . import _blas  # noqa: F401  (must precede any mlx import)
+
+import math
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from .errors import UserInputError, shown
+from .gguf_tensors import LLAMA_FAMILY, QWEN35, dequantized, qwen35_nextn
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
+                 "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
+                 "gpt-oss": "GptOssForCausalLM",
+                 "smollm3": "SmolLM3ForCausalLM",
+                 "granite": "GraniteForCausalLM",
+                 "olmo2": "Olmo2ForCausalLM",
+                 "exaone4": "Exaone4ForCausalLM",
+                 "qwen35": "Qwen3_5ForCausalLM",
+                 "qwen35moe": "Qwen3_5MoeForCausalLM",
+                 "gemma4": "Gemma4ForCausalLM"}
+# mlx-lm's model type of each GGUF architecture (the same name unless listed)
+_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
+                "gpt-oss": "gpt_oss",
+                "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe",
+                "gemma4": "gemma4_text"}
+# Gemma 3: llama.cpp's hard-wired sliding-window pattern (5 local layers, then a global one)
+# and local RoPE base, unless the GGUF says otherwise
+GEMMA3_SLIDING_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# Gemma 4: llama.cpp's defaults for its local RoPE base (Gemma 3's) and logit soft-cap, and the
+# divisor its converter gives the RoPE frequencies a global layer leaves unrotated (1e30: none
+# below this is taken for one)
+GEMMA4_LOCAL_ROPE_BASE = GEMMA3_LOCAL_ROPE_BASE
+GEMMA4_LOGIT_SOFTCAP = 30.0
+GEMMA4_UNROTATED = 1e29
+# gpt-oss: llama.cpp's sliding-window pattern (a local layer, then a global one) unless the GGUF
+# says otherwise, and its YaRN betas (its gpt-oss loader reads no key for them)
+GPT_OSS_SLIDING_PATTERN = 2
+GPT_OSS_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
+# SmolLM3: llama.cpp hard-wires RoPE off in every 4th layer (no GGUF key holds it)
+SMOLLM3_NO_ROPE_INTERVAL = 4
+# EXAONE 4.0 32B (64 layers): llama.cpp's hard-wired window and pattern period (3 local layers,
+# then a global one without RoPE), unless the GGUF says otherwise
+EXAONE4_32B_LAYERS = 64
+EXAONE4_32B_WINDOW = 4096
+EXAONE4_32B_PERIOD = 4
+# Qwen3.5/3.6: llama.cpp's default period of the full-attention layers
+QWEN35_FULL_ATTENTION_INTERVAL = 4
+# Phi-3's LongRoPE: llama.cpp's tensors of its factors beyond and within the original context
+_LONGROPE = {"long_factor": "rope_factors_long.weight",
+             "short_factor": "rope_factors_short.weight"}
+# RoPE scaling held as tensors (config, not weights), and the architectures llama.cpp reads
+# each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
+ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4",
+                                       "gemma4"),  # Gemma 4: its global layers' partial RoPE
+                **dict.fromkeys(_LONGROPE.values(), ("phi3",))}
+#: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
+#: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
+ATTN_FACTOR_RTOL = 1e-6
+#: The largest count a GGUF's metadata may give (heads, widths, context): far above any
+#: model's, far below what would make the shape check allocate without bound.
+_MAX_COUNT = 2**24
+
+
+def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
+    """mlx-lm's ``config.json`` of a GGUF of architecture ``arch``: its metadata ``meta`` and
+    its ``tensors`` (by name) read as llama.cpp reads them."""
+    def g(key: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{key}", default)
+
+    def count(key: str, default: Any = None, *, value: Any = None) -> int:
+        value = g(key, default) if value is None else value
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+                or not 1 <= value <= _MAX_COUNT:
+            raise UserInputError(f"GGUF metadata {arch}.{key} must be an integer in "
+                                 f"[1, {_MAX_COUNT}], got {shown(value, 40)}")
+        return int(value)
+
+    def positive(key: str, default: float | None = None) -> float:
+        value = g(key, default)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
+                or not np.isfinite(value) or value <= 0:
+            raise UserInputError(f"GGUF metadata {arch}.{key} must be a positive number, got "
+                                 f"{shown(value, 40)}")
+        return float(value)
+
+    def experts() -> tuple[int, int]:
+        """The number of experts and of those each token uses."""
+        total, used = count("expert_count"), count("expert_used_count")
+        if used > total:
+            raise UserInputError(f"GGUF metadata {arch}.expert_used_count ({used}) exceeds "
+                                 f"{arch}.expert_count ({total})")
+        return total, used
+
+    required = ("attention.head_count", "embedding_length", "block_count",
+                "feed_forward_length")
+    if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
+        required = required[:-1]
+    if any(g(k) is None for k in required):
+        raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
+    gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
+    if isinstance(g("attention.head_count"), list) or \
+            (isinstance(g("attention.head_count_kv"), list) and not gemma4):
+        raise UserInputError("GGUF with per-layer head counts is not supported")
+    n_heads, hidden, n_layers = (count("attention.head_count"), count("embedding_length"),
+                                 count("block_count"))
+    if arch in QWEN35:  # the multi-token prediction blocks after the model's own
+        n_layers -= qwen35_nextn(arch, meta)
+    n_kv = 1 if gemma4 else count("attention.head_count_kv", n_heads)
+    if not tensors:  # llama.cpp's ggml-vocab-*.gguf files, say
+        raise UserInputError("GGUF holds no tensors: a vocabulary-only file, no weights to "
+                             "convert")
+    blocks = {name.split(".")[1] for name in tensors if name.startswith("blk.")}
+    if n_layers != len(blocks):  # before a model of n_layers is built to compare shapes
+        raise UserInputError(f"GGUF metadata {arch}.block_count is {n_layers}, its tensors "
+                             f"hold {len(blocks)} blocks")
+    if "token_embd.weight" not in tensors:
+        raise UserInputError("GGUF has no token_embd.weight tensor")
+    head_dim = (count("attention.key_length") if g("attention.key_length") is not None
+                else hidden // n_heads)
+    rope_dims = count("rope.dimension_count", head_dim)
+    # mlx-lm's phi3 rotates the first int(head_dim · partial_rotary_factor) dims of each head
+    # (Phi-4-mini: 96 of 128); the other families' models rotate all of them
+    if rope_dims != head_dim and (arch not in ("phi3", *QWEN35) or rope_dims > head_dim
+                                  or rope_dims % 2
+                                  or int(head_dim * (rope_dims / head_dim)) != rope_dims):
+        raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's {head_dim} "
+                             "dims is not supported")
+    vocab = int(tensors["token_embd.weight"].shape[1])
+    if len(meta.get("tokenizer.ggml.tokens") or []) > vocab:
+        raise UserInputError(f"GGUF tokenizer has more tokens than the embedding's {vocab} rows")
+    # llama.cpp's RoPE scaling is linear unless the GGUF names another, its factor under
+    # today's key or the old one
+    factor = g("rope.scaling.factor", g("rope.scale_linear"))
+    scaling = g("rope.scaling.type") or ("linear" if factor not in (None, 0, 1) else None)
+    linear = arch == "gemma3" and scaling == "linear"  # Gemma 3 4B+: global layers only
+    yarn = arch == "gpt-oss" and scaling == "yarn"
+    if scaling not in (None, "none") and not (linear or yarn):
+        raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
+    for name, owners in ROPE_TENSORS.items():
+        if name in tensors and arch not in owners:
+            raise UserInputError(f"GGUF {arch} with RoPE scaling ({name.removesuffix('.weight')}) "
+                                 "is not supported")
+    config = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": _MODEL_TYPES.get(arch, arch),
+        "hidden_size": hidden,
+        "intermediate_size": 1 if gemma4 else count("feed_forward_length", hidden),
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
+        "rms_norm_eps": positive("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": positive("rope.freq_base", 10000.0),
+        "max_position_embeddings": count("context_length", 4096),
+        "vocab_size": vocab,
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "hidden_act": "silu",
+    }
+    if arch in LLAMA_FAMILY:
+        config.update(attention_bias="blk.0.attn_q.bias" in tensors,
+                      mlp_bias="blk.0.ffn_gate.bias" in tensors)
+    if arch == "smollm3":
+        config["no_rope_layer_interval"] = SMOLLM3_NO_ROPE_INTERVAL
+    if arch == "granite":
+        if not g("rope.scaling.finetuned", True):  # llama.cpp's switch for RoPE
+            raise UserInputError("GGUF granite without RoPE (rope.scaling.finetuned false) is "
+                                 "not supported")
+        if g("logit_scale") is None:  # llama.cpp refuses the GGUF too
+            raise UserInputError("GGUF metadata lacks granite.logit_scale")
+        # the others as llama.cpp defaults them: no scaling, queries by 1/sqrt(head_dim)
+        config.update(embedding_multiplier=positive("embedding_scale", 1.0),
+                      residual_multiplier=positive("residual_scale", 1.0),
+                      attention_multiplier=positive("attention.scale", head_dim ** -0.5),
+                      logits_scaling=positive("logit_scale"))
+    if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
+        raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
+    if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
+        big = n_layers == EXAONE4_32B_LAYERS
+        flags = g("attention.sliding_window_pattern", EXAONE4_32B_PERIOD if big else None)
+        # without a window (or a local layer) every layer is global, with RoPE
+        pattern = (_sliding_pattern(flags, n_layers, arch)
+                   if flags is not None and (big or g("attention.sliding_window")) else None)
+        window = count("attention.sliding_window", EXAONE4_32B_WINDOW) if pattern else None
+        letters = (pattern or "G") * n_layers  # a letter per layer, and more
+        # layer_types for transformers' config, which loading the tokenizer reads
+        config.update(rope_scaling=None, sliding_window=window, sliding_window_pattern=pattern,
+                      layer_types=["sliding_attention" if c == "L" else "full_attention"
+                                   for c in letters[:n_layers]])
+    if arch == "qwen3moe":  # every layer sparse, the top experts' weights renormalised
+        n_experts, n_used = experts()
+        config.update(num_experts=n_experts, num_experts_per_tok=n_used,
+                      moe_intermediate_size=count("expert_feed_forward_length"),
+                      decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    if arch in QWEN35:
+        config.update(_qwen35_config(arch, g, count, experts, n_layers, head_dim, rope_dims,
+                                     config["rope_theta"]))
+    if arch == "gpt-oss":  # every layer sparse; its SwiGLU's alpha and limit are hard-wired in
+        # llama.cpp (1.702, 7) as in mlx-lm
+        n_experts, n_used = experts()
+        config.update(num_local_experts=n_experts, num_experts_per_tok=n_used,
+                      intermediate_size=count("expert_feed_forward_length"),
+                      **_gpt_oss_windows(g, count, n_layers))
+        if g("rope.freq_base_swa", config["rope_theta"]) != config["rope_theta"]:
+            raise UserInputError("GGUF gpt-oss with another RoPE base in its sliding-window "
+                                 "layers is not supported")
+        if yarn:  # every layer's RoPE, as in llama.cpp
+            config["rope_scaling"] = {
+                "rope_type": "yarn", "factor": positive("rope.scaling.factor", 1.0),
+                # llama.cpp's default: the context length
+                "original_max_position_embeddings": count(
+                    "rope.scaling.original_context_length", config["max_position_embeddings"]),
+                **GPT_OSS_YARN_BETAS}
+    if arch == "gemma3":
+        window = g("attention.sliding_window")
+        if window is None:
+            raise UserInputError("GGUF metadata lacks gemma3.attention.sliding_window")
+        # llama.cpp scales queries by 1/sqrt(head_dim), by 1/sqrt(hidden/heads) for the 27B
+        scalar = hidden // n_heads if n_layers == 62 else head_dim
+        config.update(
+            hidden_act="gelu_pytorch_tanh", sliding_window=int(window),
+            sliding_window_pattern=GEMMA3_SLIDING_PATTERN, query_pre_attn_scalar=scalar,
+            rope_local_base_freq=float(g("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)))
+        if linear:
+            config["rope_scaling"] = {"rope_type": "linear", "factor": float(factor or 1.0)}
+    if gemma4:
+        config.update(_gemma4_config(g, count, positive, experts, tensors, config))
+    if arch == "phi3":  # its sliding window is ignored: llama.cpp disables it, mlx-lm has none
+        # without it llama.cpp takes the context as the original one: no LongRoPE scale
+        config["original_max_position_embeddings"] = count(
+            "rope.scaling.original_context_length", config["max_position_embeddings"])
+        if rope_dims != head_dim:
+            config["partial_rotary_factor"] = rope_dims / head_dim
+        if any(name in tensors for name in _LONGROPE.values()):
+            config["rope_scaling"] = _longrope_scaling(tensors, rope_dims)
+    if "rope_freqs.weight" in tensors and not gemma4:  # Llama 3.1 / 3.2: the scaling
+        config["rope_scaling"] = _llama3_rope_scaling(
+            _rope_factors("rope_freqs.weight", tensors, head_dim), config["rope_theta"],
+            head_dim)
+    # llama.cpp multiplies the rotated dims of queries and keys by attn_factor (and under YaRN
+    # by its own magnitude); mlx-lm by its own scale (LongRoPE's, from the contexts' ratio;
+    # YaRN's mscale), 1 in the other families
+    attn_factor, scale = positive("rope.scaling.attn_factor", 1.0), _rope_scale(config, rope_dims)
+    magnitude = _llama_cpp_yarn_magnitude(config)
+    if not math.isclose(attn_factor * magnitude, scale, rel_tol=ATTN_FACTOR_RTOL):
+        times = f" (times YaRN's {magnitude:.7g})" if magnitude != 1 else ""
+        raise UserInputError(f"GGUF metadata {arch}.rope.scaling.attn_factor is "
+                             f"{attn_factor:.7g}{times}, mlx-lm's {config['model_type']} scales "
+                             f"by {scale:.7g}")
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    if bos is not None:
+        config["bos_token_id"] = int(bos)
+    return config
+
+
+def _qwen35_config(arch: str, g: Any, count: Any, experts: Any, n_layers: int, head_dim: int,
+                   rope_dims: int, theta: float) -> dict:
+    """mlx-lm's qwen3_5 / qwen3_5_moe config of a Qwen3.5/3.6 GGUF: its linear-attention (Gated
+    DeltaNet) heads from llama.cpp's ssm keys, which layers attend fully, the partial RoPE
+    (llama.cpp's interleaved MRoPE: on text every section turns by the same position, plain
+    RoPE over the rotated dims), and the MoE's experts and shared expert."""
+    n_v, n_k = count("ssm.time_step_rank"), count("ssm.group_count")
+    inner = count("ssm.inner_size")
+    if n_v % n_k or inner % n_v:
+        raise UserInputError(f"GGUF metadata {arch}.ssm.time_step_rank ({n_v}) must be a "
+                             f"multiple of {arch}.ssm.group_count ({n_k}), and "
+                             f"{arch}.ssm.inner_size ({inner}) of it")
+    if count("attention.value_length", head_dim) != head_dim:
+        raise UserInputError(f"GGUF {arch} with values {g('attention.value_length')} wide and "
+                             f"keys {head_dim} wide is not supported")
+    # (its MRoPE sections left out: on text they turn by one position, and transformers warns
+    # of them beside a "default" RoPE)
+    rope = {"rope_type": "default", "rope_theta": theta,
+            "partial_rotary_factor": rope_dims / head_dim}
+    config = {"linear_num_value_heads": n_v, "linear_num_key_heads": n_k,
+              "linear_key_head_dim": count("ssm.state_size"),
+              "linear_value_head_dim": inner // n_v,
+              "linear_conv_kernel_dim": count("ssm.conv_kernel"),
+              "full_attention_interval": _qwen35_interval(arch, g, count, n_layers),
+              "attention_bias": False, "rope_parameters": rope,
+              "partial_rotary_factor": rope_dims / head_dim}
+    if arch == "qwen35moe":  # every layer sparse beside a gated shared expert; llama.cpp
+        # renormalises the top experts' weights (hard-wired)
+        n_experts, n_used = experts()
+        shared = count("expert_shared_feed_forward_length", g("feed_forward_length"))
+        config.update(num_experts=n_experts, num_experts_per_tok=n_used,
+                      moe_intermediate_size=count("expert_feed_forward_length"),
+                      shared_expert_intermediate_size=shared, norm_topk_prob=True,
+                      decoder_sparse_step=1, intermediate_size=count("feed_forward_length", shared))
+    return config
+
+
+def _qwen35_interval(arch: str, g: Any, count: Any, n_layers: int) -> int:
+    """The period n of Qwen3.5's full-attention layers (layer i attends fully when
+    (i + 1) % n == 0), from llama.cpp's flag per layer (``attention.recurrent_layers``, which
+    it prefers) or its interval (4 when the GGUF gives neither)."""
+    flags = g("attention.recurrent_layers")
+    if flags is None:
+        interval = count("full_attention_interval", QWEN35_FULL_ATTENTION_INTERVAL)
+        if interval > n_layers:
+            raise UserInputError(f"GGUF {arch} without a full-attention layer (interval "
+                                 f"{interval}, {n_layers} layers) is not supported")
+        return interval
+    key = f"GGUF metadata {arch}.attention.recurrent_layers"
+    if not isinstance(flags, list) or len(flags) < n_layers:
+        raise UserInputError(f"{key} must be a flag per layer, got {shown(flags, 40)}")
+    linear = [bool(x) for x in flags[:n_layers]]
+    interval = linear.index(False) + 1 if False in linear else None
+    if interval is None or any(x != ((i + 1) % interval != 0) for i, x in enumerate(linear)):
+        raise UserInputError(f"{key} are not mlx-lm's qwen3_5 pattern (every n-th layer "
+                             f"full attention, the others linear): {shown(flags, 40)}")
+    return interval
+
+
+def _local_layers(pattern: Any, n_layers: int, arch: str) -> list[bool]:
+    """Which layers slide, by a GGUF's sliding-window pattern: a flag per layer, or llama.cpp's
+    period n (n - 1 local layers, then a global one; 0: every layer local)."""
+    key = f"GGUF metadata {arch}.attention.sliding_window_pattern"
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers:
+            raise UserInputError(f"{key} has {len(pattern)} flags for {n_layers} layers")
+        return [bool(x) for x in pattern]
+    if isinstance(pattern, (int, np.integer)) and not isinstance(pattern, (bool, np.bool_)) \
+            and 0 <= pattern <= _MAX_COUNT:
+        return [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
+    raise UserInputError(f"{key} must be a flag per layer or a period, got "
+                         f"{shown(pattern, 40)}")
+
+
+def _sliding_pattern(pattern: Any, n_layers: int, arch: str) -> str | None:
+    """A GGUF's sliding-window pattern (:func:`_local_layers`) as mlx-lm's string of L (local)
+    and G (global) repeated over the layers, the shortest; None when no layer is local."""
+    local = _local_layers(pattern, n_layers, arch)
+    if not any(local):
+        return None
+    if all(local):
+        raise UserInputError(f"GGUF {arch} with a sliding window in every layer is not "
+                             f"supported (mlx-lm's {arch} needs a global layer)")
+    size = next(n for n in range(1, n_layers + 1)
+                if all(x == local[i % n] for i, x in enumerate(local)))
+    return "".join("L" if x else "G" for x in local[:size])
+
+
+def _number(x: float) -> int | float:
+    """``x`` to 6 significant digits, an int when whole: 8192, not 8191.999999999998."""
+    x = float(f"{x:.6g}")
+    return int(x) if x.is_integer() else x
+
+
+def _rope_factors(name: str, tensors: dict, dims: int) -> np.ndarray:
+    """The GGUF tensor ``name``, which must hold a positive number per RoPE frequency of
+    ``dims`` dims."""
+    x, what = dequantized(tensors[name]), name.removesuffix(".weight")
+    if x.shape != (dims // 2,):
+        raise UserInputError(f"GGUF {what} must hold {dims // 2} numbers (one per RoPE "
+                             f"frequency), got shape {x.shape}")
+    if not np.all(np.isfinite(x)) or x.min() <= 0:
+        bad = x[~(np.isfinite(x) & (x > 0))][0]
+        raise UserInputError(f"GGUF {what} must be positive numbers, got {bad}")
+    return x
+
+
+def _longrope_scaling(tensors: dict, dims: int) -> dict:
+    """Phi-3's LongRoPE ``rope_scaling`` from llama.cpp's ``rope_factors_long`` and
+    ``rope_factors_short`` tensors: what each RoPE frequency's wavelength is multiplied by
+    beyond the original context and within it. (llama.cpp picks by the context it runs with;
+    mlx-lm's SuScaledRoPE takes the long factors at any length, as for the Hugging Face
+    checkpoint.)"""
+    missing = [name for name in _LONGROPE.values() if name not in tensors]
+    if missing:
+        raise UserInputError(f"GGUF phi3 lacks {missing[0]}: LongRoPE needs "
+                             f"{' and '.join(_LONGROPE.values())}")
+    # float32 as llama.cpp writes them; each as its shortest decimal, as the original config has it
+    return {"type": "longrope", **{
+        key: [float(str(v)) for v in _rope_factors(name, tensors, dims).astype(np.float32)]
+        for key, name in _LONGROPE.items()}}
+
+
+def _gpt_oss_windows(g: Any, count: Any, n_layers: int) -> dict:
+    """gpt-oss's sliding window and its layers' kinds, by llama.cpp's pattern period
+    (:func:`_local_layers`; mlx-lm's gpt_oss needs both kinds)."""
+    period = count("attention.sliding_window_pattern", GPT_OSS_SLIDING_PATTERN)
+    kinds = ["sliding_attention" if local else "full_attention"
+             for local in _local_layers(period, n_layers, "gpt-oss")]
+    missing = {"sliding_attention", "full_attention"} - set(kinds)
+    if missing:
+        raise UserInputError(f"GGUF gpt-oss without a {missing.pop().replace('_', ' ')} layer "
+                             f"(sliding window pattern {period}, {n_layers} layers) is not "
+                             "supported")
+    return {"sliding_window": count("attention.sliding_window"), "layer_types": kinds}
+
+
+def _gemma4_config(g: Any, count: Any, positive: Any, experts: Any, tensors: dict,
+                   config: dict) -> dict:
+    """mlx-lm's gemma4_text settings of a Gemma 4 GGUF, read as llama.cpp reads it.
+
+    Sliding layers by a flag each; their heads ``key_length_swa`` wide, the global layers'
+    ``key_length``; RoPE over all of a sliding head at ``rope.freq_base_swa``, and over the
+    first frequencies of a global head at ``rope.freq_base`` (the ``rope_freqs`` tensor: mlx-lm's
+    proportional RoPE); key/value heads per layer (one count per kind); values from the keys'
+    projection where a global layer has no ``attn_v``; the last ``shared_kv_layers`` layers
+    reading the keys and values of the last layers of their kind below them, their MLPs twice
+    as wide where ``feed_forward_length`` says so (E2B/E4B); per-layer inputs; an MoE beside
+    the MLP in every layer (26B A4B). Any other layout is a :class:`UserInputError`.
+    """
+    n_layers, head_dim = config["num_hidden_layers"], config["head_dim"]
+
+    def per_layer(key: str, default: Any = None) -> list[int]:
+        """A count for each layer: one for all, or llama.cpp's array of them."""
+        value = g(key, default)
+        if not isinstance(value, list):
+            return [count(key, default)] * n_layers
+        if len(value) != n_layers:
+            raise UserInputError(f"GGUF metadata gemma4.{key} has {len(value)} values for "
+                                 f"{n_layers} layers")
+        return [count(key, value=v) for v in value]
+
+    def optional(key: str) -> int:
+        """A count llama.cpp takes as 0 when the GGUF has none."""
+        return 0 if g(key, 0) == 0 else count(key)
+
+    flags = g("attention.sliding_window_pattern")
+    if not isinstance(flags, list) or len(flags) != n_layers:
+        raise UserInputError("GGUF metadata gemma4.attention.sliding_window_pattern must be a "
+                             f"flag per layer ({n_layers}), got {shown(flags, 40)}")
+    local = [bool(x) for x in flags]
+    swa_dim = count("attention.key_length_swa")
+    for key, dim in (("attention.value_length", head_dim), ("attention.value_length_swa", swa_dim)):
+        if count(key, dim) != dim:  # llama.cpp refuses it too
+            raise UserInputError(f"GGUF gemma4 whose {key} differs from its key length is not "
+                                 "supported")
+    rot_swa = count("rope.dimension_count_swa", head_dim)  # llama.cpp: the global layers'
+    if rot_swa != swa_dim:
+        raise UserInputError(f"GGUF gemma4 with RoPE over {rot_swa} of its sliding layers' "
+                             f"{swa_dim} head dims is not supported")
+    full_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+    if not all(local):
+        if "rope_freqs.weight" not in tensors:  # llama.cpp requires it too
+            raise UserInputError("GGUF gemma4 lacks rope_freqs.weight (its global layers' "
+                                 "partial RoPE)")
+        full_rope.update(_gemma4_proportional_rope(tensors, head_dim))
+
+    n_shared = optional("attention.shared_kv_layers")
+    first_shared = n_layers - n_shared
+    if n_shared and first_shared < 2:  # llama.cpp asserts as much
+        raise UserInputError(f"GGUF metadata gemma4.attention.shared_kv_layers ({n_shared}) "
+                             f"leaves fewer than 2 of {n_layers} layers their own keys")
+    for i in range(first_shared, n_layers):  # llama.cpp's source layer, mlx-lm's
+        source = first_shared - (2 if local[i] else 1)
+        own = [j for j in range(first_shared) if local[j] == local[i]]
+        if not own or own[-1] != source:
+            raise UserInputError(f"GGUF gemma4 whose layer {i} reads the keys of layer {source} "
+                                 "(llama.cpp's rule), not of the last layer of its kind below "
+                                 "the shared ones (mlx-lm's), is not supported")
+    kv = per_layer("attention.head_count_kv", config["num_attention_heads"])
+    heads = {}
+    for kind in (True, False):
+        counts = {n for n, x in zip(kv, local) if x == kind}
+        if len(counts) > 1:
+            raise UserInputError(f"GGUF gemma4 with {'sliding' if kind else 'global'} layers of "
+                                 f"{' and '.join(map(str, sorted(counts)))} key/value heads is "
+                                 "not supported")
+        heads[kind] = counts.pop() if counts else None
+    global_kv = [i for i in range(first_shared) if not local[i]]
+    without_v = [i for i in global_kv if f"blk.{i}.attn_v.weight" not in tensors]
+    if without_v and without_v != global_kv:
+        raise UserInputError(f"GGUF gemma4 with values from the keys' projection in global "
+                             f"layer {without_v[0]} but not in layer "
+                             f"{sorted(set(global_kv) - set(without_v))[0]} is not supported")
+    k_eq_v = bool(without_v)
+    n_kv = heads[True] if heads[True] is not None else heads[False]
+    if heads[False] not in (None, n_kv) and not k_eq_v:
+        raise UserInputError(f"GGUF gemma4 with {heads[False]} key/value heads in its global "
+                             f"layers and {n_kv} in its sliding ones is not supported where "
+                             "global layers project values of their own (mlx-lm's gemma4_text)")
+
+    ff = per_layer("feed_forward_length")
+    width = ff[0]
+    double = n_shared > 0 and ff == [width] * first_shared + [2 * width] * n_shared
+    if not double and ff != [width] * n_layers:
+        raise UserInputError("GGUF gemma4 with MLP widths by layer other than E2B/E4B's (twice "
+                             "as wide in the layers sharing keys) is not supported")
+
+    moe = [f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n_layers)]
+    sparse: dict[str, Any] = {"enable_moe_block": all(moe)}
+    if any(moe) and not all(moe):
+        raise UserInputError(f"GGUF gemma4 with experts in {sum(moe)} of its {n_layers} layers "
+                             "is not supported (mlx-lm's gemma4_text has them in all or none)")
+    if all(moe):
+        n_experts, n_used = experts()
+        widths = set(per_layer("expert_feed_forward_length"))
+        if len(widths) > 1:
+            raise UserInputError("GGUF gemma4 with experts of different widths by layer is not "
+                                 "supported")
+        sparse.update(num_experts=n_experts, top_k_experts=n_used,
+                      moe_intermediate_size=widths.pop())
+
+    per_input = optional("embedding_length_per_layer_input")
+    embd = tensors.get("per_layer_token_embd.weight")
+    softcap = g("final_logit_softcapping", GEMMA4_LOGIT_SOFTCAP)
+    return {
+        "hidden_act": "gelu_pytorch_tanh", "head_dim": swa_dim, "global_head_dim": head_dim,
+        "num_key_value_heads": n_kv,
+        "num_global_key_value_heads": heads[False] if k_eq_v else None,
+        "attention_k_eq_v": k_eq_v, "intermediate_size": width, "use_double_wide_mlp": double,
+        "num_kv_shared_layers": n_shared, "hidden_size_per_layer_input": per_input,
+        "vocab_size_per_layer_input": (int(embd.shape[1]) if embd is not None
+                                       else config["vocab_size"]),
+        "sliding_window": count("attention.sliding_window"),
+        "layer_types": ["sliding_attention" if x else "full_attention" for x in local],
+        "rope_parameters": {
+            "full_attention": full_rope,
+            "sliding_attention": {"rope_type": "default", "partial_rotary_factor": 1.0,
+                                  "rope_theta": positive("rope.freq_base_swa",
+                                                         GEMMA4_LOCAL_ROPE_BASE)}},
+        # llama.cpp: 0 caps nothing
+        "final_logit_softcapping": (positive("final_logit_softcapping", GEMMA4_LOGIT_SOFTCAP)
+                                    if softcap else None),
+        **sparse,
+    }
+
+
+def _gemma4_proportional_rope(tensors: dict, dims: int) -> dict:
+    """Gemma 4's global layers' RoPE from llama.cpp's ``rope_freqs``: the divisor of each
+    frequency of a ``dims``-wide head, one (f) for the first frequencies and 1e30 (none) for
+    the rest, which stay unrotated: mlx-lm's proportional RoPE over that share of the head
+    (its frequencies those of the whole head, times f where f is not 1)."""
+    x = _rope_factors("rope_freqs.weight", tensors, dims).astype(np.float64)
+    rotated = int(np.argmax(x >= GEMMA4_UNROTATED)) if (x >= GEMMA4_UNROTATED).any() else len(x)
+    if rotated == 0 or not np.allclose(x[:rotated], x[0], rtol=1e-6, atol=0):
+        raise UserInputError("GGUF gemma4 rope_freqs are not Gemma 4's proportional RoPE (one "
+                             "divisor for the first frequencies, 1e30 for the unrotated rest)")
+    share = 2 * rotated / dims
+    if int(dims * share) != 2 * rotated:  # what mlx-lm's ProportionalRoPE rotates
+        raise UserInputError(f"GGUF gemma4 with RoPE over {2 * rotated} of its global layers' "
+                             f"{dims} head dims is not supported")
+    factor = float(str(np.float32(x[0])))  # as llama.cpp writes it, in float32
+    return {"rope_type": "proportional", "partial_rotary_factor": share,
+            **({"factor": factor} if factor != 1 else {})}
+
+
+def _llama_cpp_yarn_magnitude(config: dict) -> float:
+    """What llama.cpp's YaRN multiplies the rotated dims of queries and keys by besides the
+    GGUF's attn_factor: 0.1 ln(factor) + 1 (its gpt-oss loader reads no other YaRN key); 1
+    without YaRN."""
+    scaling = config.get("rope_scaling") or {}
+    factor = scaling.get("factor", 1.0) if scaling.get("rope_type") == "yarn" else 1.0
+    return 0.1 * math.log(factor) + 1 if factor > 1 else 1.0
+
+
+def _rope_scale(config: dict, dims: int) -> float:
+    """What mlx-lm's RoPE for ``config`` multiplies the rotated dims of queries and keys by."""
+    from mlx_lm.models.rope_utils import SuScaledRoPE, initialize_rope
+
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "yarn":
+        return initialize_rope(dims, config["rope_theta"], False, scaling).mscale
+    if scaling.get("type") != "longrope":
+        return 1.0
+    return SuScaledRoPE(dims, base=config["rope_theta"],
+                        max_position_embeddings=config["max_position_embeddings"],
+                        original_max_position_embeddings=config["original_max_position_embeddings"],
+                        long_factor=scaling["long_factor"])._scale
+
+
+def _llama3_rope_scaling(divisors: np.ndarray, base: float, dims: int) -> dict:
+    """Llama 3's ``rope_scaling`` from llama.cpp's ``rope_freqs`` tensor, which holds what each
+    RoPE frequency is divided by: 1 for short wavelengths, ``factor`` for long ones, between
+    them 1 / ((1 − s) / factor + s) with s = (original / wavelength − low) / (high − low).
+
+    Only the ratios of (original, low, high) are in the tensor, and the RoPE depends on no
+    more: ``low_freq_factor`` is taken as 1 and the others fitted to the smoothed band. The
+    result is checked against mlx-lm's own Llama 3 RoPE, so a tensor of another shape is an
+    error, never a silently different RoPE.
+    """
+    from mlx_lm.models.rope_utils import Llama3RoPE
+
+    d = divisors.astype(np.float64)
+    factor = float(d.max())
+    wavelength = 2 * np.pi * base ** (np.arange(0, dims, 2) / dims)
+    band = ~np.isclose(d, 1.0, rtol=1e-6) & ~np.isclose(d, factor, rtol=1e-6)
+    if factor <= 1 or band.sum() < 2:
+        raise UserInputError("GGUF rope_freqs are not Llama 3's RoPE scaling (no smoothed band "
+                             "between unscaled and scaled frequencies)")
+    # s · (high − 1) − original / wavelength = s − 1, linear in (high, original)
+    smooth = (1 / d[band] - 1 / factor) / (1 - 1 / factor)
+    a = np.stack([smooth, -1 / wavelength[band]], axis=1)
+    high, original = np.linalg.lstsq(a, smooth - 1, rcond=None)[0]
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+               "high_freq_factor": float(_number(high)),
+               "original_max_position_embeddings": _number(original)}
+    # float32 powers of the base: ~1e-6 relative; another scaling's divisors miss by far more
+    expected = np.asarray(base ** (mx.arange(0, dims, 2) / dims)) * d
+    got = np.asarray(Llama3RoPE(dims, base=base, scaling_config=scaling)._freqs)
+    if not np.allclose(got, expected, rtol=1e-4, atol=0):
+        raise UserInputError("GGUF rope_freqs are not Llama 3's RoPE scaling (the fitted "
+                             f"scaling misses them by {np.max(np.abs(got / expected - 1)):.2g}; "
+                             "llama.cpp writes them in float32)")
+    return scaling

@@ -1,0 +1,468 @@
+"""A GGUF's tensors as mlx-lm's named arrays (for :mod:`mlx_lazy.conversion`): mlx-lm's
+parameter names, llama.cpp's layouts undone, dequantization and kept quantization.
+
+Every tensor type the ``gguf`` package dequantizes is read. Q4_0/Q4_1/Q8_0 matrices map exactly
+onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) onto MLX's
+``mxfp4``, and stay quantized unless a dtype is given (the experts' stacks too); the other
+types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
+llama, smollm3 and granite q/k rows are un-permuted from llama.cpp's RoPE layout to the
+Hugging Face one.
+"""
+
+from __future__ import annotations
+
+from . import _blas  # noqa: F401  (must precede any mlx import)
+
+import sys
+from typing import Any, Iterator, NamedTuple
+
+import mlx.core as mx
+import numpy as np
+
+from .errors import UserInputError, shown
+
+GGUF_GROUP_SIZE = 32
+# Float dtype of dequantized GGUF tensors when none is given: float16 and quantized matmuls
+# bypass BLAS on the Linux CPU.
+DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
+# llama.cpp's converter permutes q/k rows (and biases) for its LlamaModel family, whose graphs
+# also take optional attention and MLP biases
+LLAMA_FAMILY = ("llama", "smollm3", "granite")
+# Qwen3.5/3.6 (Gated DeltaNet linear attention, every n-th layer full attention): llama.cpp's
+# architectures, and what mlx-lm's qwen3_5 names its parameters under
+QWEN35 = ("qwen35", "qwen35moe")
+_QWEN35_PREFIX = "language_model."
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    # Qwen3-MoE: the router and the experts' weights, one (experts, out, in) stack each
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+    "ffn_up_exps": "mlp.switch_mlp.up_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj",
+}
+# Gemma 3's four norms per layer: llama.cpp's ``ffn_norm`` is the norm before the MLP there
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# Phi-3: q, k, v rows in one tensor and the MLP's gate then up rows in another, fused as in
+# mlx-lm's phi3 (llama.cpp's converter writes Hugging Face's tensors unpermuted: NeoX RoPE)
+_PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj",
+                     "ffn_up": "mlp.gate_up_proj"}
+# gpt-oss: the norm before the MoE is llama.cpp's post_attention_norm; the router and the
+# experts' stacks (with biases) under mlx-lm's names; the attention sinks are a parameter of
+# their own (a "role.suffix" key names a whole parameter)
+_GPT_OSS_LAYER_NAMES = {
+    **{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm"},
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_sinks.weight": "self_attn.sinks",
+    "ffn_gate_inp": "mlp.router",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
+# OLMo 2, EXAONE 4: a norm on each branch's output and none before it
+_POST_NORM_LAYER_NAMES = {
+    **{k: v for k, v in _LAYER_NAMES.items() if k not in ("attn_norm", "ffn_norm")},
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# Qwen3.5/3.6: the norm before the MLP is llama.cpp's post_attention_norm; the linear-attention
+# layers' projections (attn_qkv: q, k, v rows; attn_gate: z), its conv, dt bias (a parameter of
+# its own) and gated norm; the MoE's shared expert and its gate
+_QWEN35_LAYER_NAMES = {
+    **{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm"},
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_out": "linear_attn.out_proj",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_dt.bias": "linear_attn.dt_bias",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+}
+# Gemma 4: Gemma 3's norms (stored as w, not 1 + w), and its MoE layers' dense MLP beside the
+# experts, each with norms of its own, the router's weight, input scale and per-expert output
+# scales (llama.cpp's ffn_down_exps.scale), the experts' gate and up halves (ffn_gate_up_exps
+# is split into them: gemma4_tensors); a scalar per layer; E2B/E4B's per-layer input gates
+_GEMMA4_LAYER_NAMES = {
+    **_GEMMA3_LAYER_NAMES,
+    "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+    "post_ffw_norm_1": "post_feedforward_layernorm_1",
+    "post_ffw_norm_2": "post_feedforward_layernorm_2",
+    "ffn_gate_inp": "router.proj",
+    "ffn_gate_inp.scale": "router.scale",
+    "ffn_down_exps.scale": "router.per_expert_scale",
+    "ffn_gate_exps": "experts.switch_glu.gate_proj",
+    "ffn_up_exps": "experts.switch_glu.up_proj",
+    "ffn_down_exps": "experts.switch_glu.down_proj",
+    "layer_output_scale.weight": "layer_scalar",
+    "inp_gate": "per_layer_input_gate",
+    "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
+}
+_ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
+                     "gemma4": _GEMMA4_LAYER_NAMES,
+                     "olmo2": _POST_NORM_LAYER_NAMES,
+                     "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,
+                     # by mlx-lm's model type: the names in its text model
+                     "qwen3_5": _QWEN35_LAYER_NAMES}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+              "output": "lm_head",
+              # Gemma 4 E2B/E4B: the per-layer inputs' embedding, projection and its norm
+              "per_layer_token_embd": "model.embed_tokens_per_layer",
+              "per_layer_model_proj": "model.per_layer_model_projection",
+              "per_layer_proj_norm": "model.per_layer_projection_norm"}
+
+
+def qwen35_nextn(arch: str, meta: dict) -> int:
+    """How many of a Qwen3.5 GGUF's blocks are multi-token prediction blocks, after the model's
+    own (``nextn_predict_layers``; llama.cpp's converter appends them unless told not to)."""
+    key = f"{arch}.nextn_predict_layers"
+    n, blocks = meta.get(key, 0), meta.get(f"{arch}.block_count")
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0 or \
+            (isinstance(blocks, (int, np.integer)) and n >= blocks):
+        raise UserInputError(f"GGUF metadata {key} must be an integer in [0, "
+                             f"{arch}.block_count), got {shown(n, 40)}")
+    return int(n)
+
+
+def qwen35_trunk(arch: str, meta: dict, tensors: dict) -> dict:
+    """A Qwen3.5 GGUF's tensors without its multi-token prediction blocks (mlx-lm's qwen3_5
+    has none: it drops them from Hugging Face checkpoints too), refusing the layouts of
+    llama.cpp's optional fusions."""
+    blocks = meta.get(f"{arch}.block_count")
+    trunk = blocks - qwen35_nextn(arch, meta) if isinstance(blocks, (int, np.integer)) else None
+    kept = {name: t for name, t in tensors.items() if trunk is None or
+            not (name.startswith("blk.") and name.split(".")[1].isdigit()
+                 and int(name.split(".")[1]) >= trunk)}
+    for name in kept:
+        if ".ffn_gate_up_exps." in name:
+            raise UserInputError(f"GGUF {arch} with fused gate/up experts ({name}; llama.cpp's "
+                                 "--fuse-gate-up-exps) is not supported")
+        if name.endswith(".attn_qkv.weight") and \
+                name.replace(".attn_qkv.", ".attn_q.") in kept:  # a full-attention layer
+            raise UserInputError(f"GGUF {arch} with fused q/k/v attention ({name}; llama.cpp's "
+                                 "--fuse-qkv) is not supported")
+    return kept
+
+
+def _qwen35_role(gguf_name: str) -> str:
+    """A Qwen3.5 GGUF tensor's role: ``blk.3.ssm_dt.bias`` -> ``ssm_dt``."""
+    parts = gguf_name.split(".")
+    return parts[2] if parts[0] == "blk" and len(parts) > 2 else parts[0]
+
+
+#: The linear-attention tensors whose value heads llama.cpp's converter tiles (see
+#: :func:`_untile_v_heads`): the axis, and whether only the rows past q and k move
+_QWEN35_V_HEADS = {"attn_qkv": (0, True), "ssm_conv1d": (0, True), "attn_gate": (0, False),
+                   "ssm_beta": (0, False), "ssm_alpha": (0, False), "ssm_a": (0, False),
+                   "ssm_dt": (0, False), "ssm_out": (-1, False)}
+
+
+def _untile_v_heads(x: np.ndarray, axis: int, n_k: int, n_v: int) -> np.ndarray:
+    """Undo llama.cpp's tiling of Qwen3.5's value heads along ``axis``: value head h = r·n_k + k
+    back to k·(n_v / n_k) + r, grouped under the key head k it reads, as mlx-lm's repeat of the
+    keys has them (ggml's broadcast takes key head h % n_k). Each head's slice moves whole, so
+    packed quantized weights and their scales move with it."""
+    x = np.moveaxis(x, axis, 0)
+    r, rest = n_v // n_k, x.shape[1:]
+    x = x.reshape(r, n_k, -1, *rest).swapaxes(0, 1).reshape(-1, *rest)
+    return np.moveaxis(x, 0, axis)
+
+
+def _qwen35_straddles(t: Any, config: dict | None) -> bool:
+    """Whether the GGUF tensor ``t`` is a Qwen3.5 ``ssm_out`` whose value heads, tiled by
+    llama.cpp, do not fill whole blocks of 32 columns: it cannot stay quantized."""
+    return (config is not None and config["model_type"] in ("qwen3_5", "qwen3_5_moe")
+            and _qwen35_role(t.name) == "ssm_out"
+            and config["linear_num_key_heads"] != config["linear_num_value_heads"]
+            and config["linear_value_head_dim"] % GGUF_GROUP_SIZE != 0)
+
+
+def _qwen35_layout(gguf_name: str, x: np.ndarray, config: dict) -> np.ndarray:
+    """A Qwen3.5 GGUF array (a tensor, or a quantized one's packed weights, scales or biases)
+    in mlx-lm's qwen3_5 layout: value heads untiled; ``ssm_a`` (llama.cpp stores −exp(A_log))
+    as A_log; the conv's (channels, kernel) as MLX's (channels, kernel, 1). Norms need nothing:
+    llama.cpp and mlx-lm both store Qwen's 1 + w (its gated norm's w as it is)."""
+    role = _qwen35_role(gguf_name)
+    n_k, n_v = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    if role in _QWEN35_V_HEADS and n_k != n_v:
+        axis, past_qk = _QWEN35_V_HEADS[role]
+        if past_qk:  # the rows of q and k, then those of v
+            qk = 2 * config["linear_num_key_heads"] * config["linear_key_head_dim"]
+            x = np.concatenate([x[:qk], _untile_v_heads(x[qk:], axis, n_k, n_v)])
+        else:
+            x = _untile_v_heads(x, axis, n_k, n_v)
+    if role == "ssm_a":
+        a = x.astype(np.float64)
+        if not np.all(np.isfinite(a) & (a < 0)):
+            bad = a[~(np.isfinite(a) & (a < 0))][0]
+            raise UserInputError(f"GGUF {gguf_name} must hold negative numbers (llama.cpp "
+                                 f"stores -exp(A_log)), got {bad}")
+        x = np.log(-a).astype(np.float32)
+    if role == "ssm_conv1d":
+        x = x[..., None]
+    return x
+
+
+class _Part(NamedTuple):
+    """A GGUF tensor's stand-in, read as the reader's tensors are: half of a fused tensor's
+    rows, or what llama.cpp takes where the file has no such tensor."""
+    name: str
+    tensor_type: Any
+    shape: np.ndarray  # GGUF's order: columns first
+    data: np.ndarray
+
+
+def gemma4_tensors(tensors: dict, config: dict) -> dict:
+    """A Gemma 4 GGUF's tensors as mlx-lm's gemma4_text has its parameters: the experts' fused
+    gate/up stacks split into their gate and up halves (the gate first, as llama.cpp reads
+    them); layer scalars and per-expert scales of 1 where the file has none (llama.cpp then
+    scales by nothing); the unused key/value projections of layers that share keys dropped."""
+    from gguf import GGMLQuantizationType as T
+
+    n_layers = config["num_hidden_layers"]
+    first_shared = n_layers - config["num_kv_shared_layers"]
+    out: dict[str, Any] = {}
+    for name, t in tensors.items():
+        parts = name.split(".")
+        if parts[0] != "blk" or len(parts) != 4:
+            out[name] = t
+        elif int(parts[1]) >= first_shared and parts[2] in ("attn_k", "attn_v", "attn_k_norm"):
+            continue  # llama.cpp reads a lower layer's keys and values there
+        elif parts[2:] == ["ffn_gate_up_exps", "weight"]:
+            shape = np.array(t.shape.tolist())
+            if len(shape) != 3 or shape[1] % 2:
+                raise UserInputError(f"GGUF {name} has shape {_shape(t)}, not the experts' "
+                                     "gate and up rows")
+            shape[1] //= 2
+            halves = np.split(np.asarray(t.data), 2, axis=-2)
+            for half, data in zip(("ffn_gate_exps", "ffn_up_exps"), halves):
+                split = f"blk.{parts[1]}.{half}.weight"
+                if split in tensors:
+                    raise UserInputError(f"GGUF has both {name} and {split}")
+                out[split] = _Part(split, t.tensor_type, shape, data)
+        else:
+            out[name] = t
+    for i in range(n_layers):
+        ones = {f"blk.{i}.layer_output_scale.weight": 1}
+        if config["enable_moe_block"]:
+            ones[f"blk.{i}.ffn_down_exps.scale"] = config["num_experts"]
+        for name, n in ones.items():
+            if name not in out:
+                out[name] = _Part(name, T.F32, np.array([n]), np.ones(n, np.float32))
+    return out
+
+
+def _hf_name(gguf_name: str, arch: str = "llama") -> str:
+    if arch in QWEN35:  # mlx-lm's qwen3_5 holds the text model as its language_model
+        parts = gguf_name.split(".")
+        if len(parts) == 3 and parts[0] == "blk" and parts[2] == "ssm_a":  # no suffix
+            return f"{_QWEN35_PREFIX}model.layers.{parts[1]}.linear_attn.A_log"
+        return _QWEN35_PREFIX + _hf_name(gguf_name, "qwen3_5")
+    base, _, suffix = gguf_name.rpartition(".")
+    parts = base.split(".")
+    names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
+    if parts[0] == "blk" and len(parts) == 3 and f"{parts[2]}.{suffix}" in names:
+        return f"model.layers.{parts[1]}.{names[f'{parts[2]}.{suffix}']}"
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
+    if base in _TOP_NAMES:
+        return f"{_TOP_NAMES[base]}.{suffix}"
+    raise UserInputError(f"unsupported GGUF tensor {gguf_name}")
+
+
+def _shape(t: Any) -> tuple[int, ...]:
+    """A GGUF tensor's logical (row-major) shape."""
+    return tuple(int(n) for n in reversed(t.shape.tolist()))
+
+
+def check_shapes(model: Any, tensors: dict, arch: str = "llama") -> None:
+    """Compare the GGUF's tensors with the parameters of ``model``, mlx-lm's model of what
+    its metadata describes."""
+    from mlx.utils import tree_flatten
+
+    expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
+    got = {_hf_name(name, arch): _shape(t) for name, t in tensors.items()}
+    for name, t in tensors.items():
+        if arch in QWEN35 and _qwen35_role(name) == "ssm_conv1d":  # MLX's (C, K, 1)
+            got[_hf_name(name, arch)] += (1,)
+    if arch == "gemma3" and "lm_head.weight" not in got:
+        expected.pop("lm_head.weight", None)  # tied: mlx-lm drops lm_head on load
+    missing, extra = sorted(expected.keys() - got), sorted(got.keys() - expected)
+    if missing or extra:
+        what = (f"lacks {missing[0]}" if missing else f"has an unexpected tensor {extra[0]}")
+        raise UserInputError(f"GGUF tensors disagree with its metadata: it {what} "
+                             f"({len(missing)} missing, {len(extra)} unexpected)")
+    for name, shape in got.items():
+        if shape != expected[name]:
+            raise UserInputError(f"GGUF tensors disagree with its metadata: {name} has shape "
+                                 f"{shape}, the metadata implies {expected[name]}")
+
+
+def _unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (rows (h, 2, d/2) -> (h, d/2, 2) back to HF)."""
+    rows = x.shape[0]
+    return (x.reshape(n_heads, rows // n_heads // 2, 2, *x.shape[1:])
+            .swapaxes(1, 2).reshape(x.shape))
+
+
+def _affine(t: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """A Q4_0/Q4_1/Q8_0 tensor (a matrix or the experts' stack of them) as MLX affine (packed
+    uint32 weight, scales, biases, bits).
+
+    Each GGUF block of 32 values is one MLX group: Q8_0 is d·q (q int8) = d·(q+128) − 128d;
+    Q4_0 is d·(q−8); Q4_1 is d·q + m.
+    """
+    from gguf import GGMLQuantizationType as T
+
+    *lead, cols = _shape(t)
+    blocks = np.asarray(t.data).reshape(*lead, cols // GGUF_GROUP_SIZE, -1)
+    d = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
+    if t.tensor_type == T.Q8_0:
+        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        bias, bits = d * np.float16(-128), 8
+    else:
+        if t.tensor_type == T.Q4_1:
+            bias, qs = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0], \
+                blocks[..., 4:]
+        else:
+            bias, qs = d * np.float16(-8), blocks[..., 2:]
+        q, bits = _nibbles_in_order(qs), 4
+    packed = np.ascontiguousarray(q).reshape(*lead, -1).view(np.uint32)
+    return packed, d, bias, bits
+
+
+def _nibbles_in_order(qs: np.ndarray) -> np.ndarray:
+    """A ggml block's 16 bytes of 4-bit values (values j and j + 16 in byte j, low nibble
+    first) as MLX packs them: consecutive values, low nibble first."""
+    nibbles = np.concatenate([qs & 15, qs >> 4], axis=-1)  # a block's values in order
+    return nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
+
+
+def mxfp4(t: Any) -> tuple[np.ndarray, np.ndarray]:
+    """An MXFP4 tensor (a matrix or the experts' stack of them) as MLX's mxfp4 (packed uint32
+    weight, uint8 scales).
+
+    Both are OCP MX blocks of 32: one E8M0 scale byte (2^(e − 127)) and 32 FP4 E2M1 codes. ggml
+    reads a code through a table of doubled values and halves the scale: the same numbers. Only
+    the nibbles move.
+    """
+    *lead, cols = _shape(t)
+    blocks = np.asarray(t.data).reshape(*lead, cols // GGUF_GROUP_SIZE, -1)
+    scales = np.ascontiguousarray(blocks[..., 0])
+    if (scales == 255).any():  # NaN in the MX format, 2^127 in ggml's reading
+        raise UserInputError(f"GGUF {t.name} has an MXFP4 scale of 255 (not a number), which "
+                             "cannot stay quantized; convert with --dtype to dequantize it")
+    packed = np.ascontiguousarray(_nibbles_in_order(blocks[..., 1:]))
+    return packed.reshape(*lead, -1).view(np.uint32), scales
+
+
+def check_types(tensors: dict) -> None:
+    """Fail on a tensor type the gguf package cannot dequantize (tried on one zero block)."""
+    from gguf import GGML_QUANT_SIZES, dequantize
+
+    for t in {t.tensor_type: t for t in tensors.values()}.values():
+        try:
+            dequantize(np.zeros((1, GGML_QUANT_SIZES[t.tensor_type][1]), np.uint8),
+                       t.tensor_type)
+        except NotImplementedError:
+            raise UserInputError(f"unsupported GGUF tensor type {t.tensor_type.name} for "
+                                 f"{t.name} (the gguf package cannot dequantize it)") from None
+
+
+def dequantized(t: Any) -> np.ndarray:
+    """The GGUF tensor ``t`` dequantized by the gguf package, in its logical shape."""
+    from gguf import dequantize
+
+    return dequantize(np.asarray(t.data), t.tensor_type).reshape(_shape(t))
+
+
+def _kept(t: Any, dtype: str | None, config: dict | None = None) -> bool:
+    """Whether the GGUF tensor ``t`` stays quantized (``dtype=None``; weights of Q4_0/Q4_1/Q8_0
+    and MXFP4, but where a layout change splits their blocks)."""
+    from gguf import GGMLQuantizationType as T
+
+    return (dtype is None and t.tensor_type in (T.Q4_0, T.Q4_1, T.Q8_0, T.MXFP4)
+            and t.name.endswith(".weight") and len(t.shape) >= 2
+            and not _qwen35_straddles(t, config))
+
+
+def kept_quantization(arch: str, tensors: dict, dtype: str | None,
+                      config: dict | None = None) -> dict:
+    """The config's ``quantization`` for the tensors that stay quantized ({} if none): the
+    bits and mode most of them have, and each other module's own."""
+    from gguf import GGMLQuantizationType as T
+
+    kinds = {T.Q8_0: (8, "affine"), T.MXFP4: (4, "mxfp4")}
+    kind_of = {_hf_name(name, arch).rsplit(".", 1)[0]: kinds.get(t.tensor_type, (4, "affine"))
+               for name, t in tensors.items() if _kept(t, dtype, config)}
+    if not kind_of:
+        return {}
+    values = list(kind_of.values())
+    common = max(sorted(set(values)), key=values.count)
+    quant: dict[str, Any] = {"group_size": GGUF_GROUP_SIZE, "bits": common[0], "mode": common[1]}
+    for module, (bits, mode) in kind_of.items():
+        if (bits, mode) != common:
+            quant[module] = {"group_size": GGUF_GROUP_SIZE, "bits": bits, "mode": mode}
+    return quant
+
+
+def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
+                requantize: dict[str, dict]) -> Iterator[tuple[str, mx.array]]:
+    """Each GGUF tensor as the mlx-lm named arrays it becomes, one tensor at a time: kept
+    quantized (:func:`_kept`), or dequantized to ``dtype`` and, for a module in
+    ``requantize``, quantized with its parameters."""
+    from gguf import GGMLQuantizationType as T
+
+    target = getattr(mx, dtype or DEFAULT_GGUF_DTYPE)
+    heads = {"self_attn.q_proj": config["num_attention_heads"],
+             "self_attn.k_proj": config["num_key_value_heads"]}
+    for gname, t in tensors.items():
+        module, suffix = _hf_name(gname, arch).rsplit(".", 1)
+        n_heads = heads.get(module.split(".", 3)[-1]) if arch in LLAMA_FAMILY else None
+        kept = _kept(t, dtype, config)
+        if kept and t.tensor_type == T.MXFP4:  # packed weights and their scale bytes
+            parts = dict(zip(("weight", "scales"), mxfp4(t)))
+        elif kept:
+            w, scales, biases, _ = _affine(t)
+            # packed weights and their float16 scales/biases stay as they are
+            parts = {"weight": w, "scales": scales, "biases": biases}
+        else:
+            x = dequantized(t)
+            if arch == "gemma3" and gname.endswith("norm.weight"):
+                # llama.cpp stores the multiplier 1 + w of Gemma's norms; mlx-lm adds the 1
+                x = x.astype(np.float32) - 1.0
+            parts = {suffix: x}
+        for key, x in parts.items():
+            if n_heads is not None:
+                x = _unpermute_rows(x, n_heads)
+            if arch in QWEN35:
+                x = _qwen35_layout(gname, x, config)
+            x = mx.array(x)
+            # A_log stays float32, as mlx-lm's qwen3_5 casts it to nothing else
+            parts[key] = x if kept or suffix == "A_log" else x.astype(target)
+        if suffix == "weight" and module in requantize:
+            w, scales, biases = mx.quantize(parts["weight"], **requantize[module])
+            parts = {"weight": w, "scales": scales, "biases": biases}
+        for key, x in parts.items():
+            yield f"{module}.{key}", x
