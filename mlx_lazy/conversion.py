@@ -33,6 +33,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.utils import get_total_parameters
 
 from .errors import UserInputError, one_line
 from .folders import atomic_dir
@@ -190,13 +191,14 @@ def convert_gguf(
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))  # lazy: nothing is computed
     check_shapes(model, tensors, arch)
+    parameters = get_total_parameters(model)  # before --q-bits quantizes it in place
 
     if q_bits is not None:
         dtype = dtype or "float16"
         requantize, quant = _requantized_modules(model, q_bits, q_group_size)
     else:
         requantize, quant = {}, kept_quantization(arch, tensors, dtype, config)
-    with _Shards(out_dir, shard_bytes) as shards:
+    with _Shards(out_dir, shard_bytes, parameters) as shards:
         for name, x in gguf_arrays(arch, tensors, config, dtype, requantize):
             shards.add(name, x)
     if arch == "gemma3":  # read by mlx-lazy's own code only (mlx-lm ignores it)
@@ -280,11 +282,12 @@ def _requantized_modules(model: Any, bits: int,
 class _Shards:
     """Writes named arrays as they come into ``model.safetensors``, or into
     ``model-0000i-of-0000n.safetensors`` files of about ``limit`` bytes each, with mlx-lm's
-    ``model.safetensors.index.json``; it holds one file's arrays in memory at a time. On any
-    error (a full disk, Ctrl-C) every file it began is removed."""
+    ``model.safetensors.index.json`` (its ``total_parameters``: ``parameters``); it holds one
+    file's arrays in memory at a time. On any error (a full disk, Ctrl-C) every file it began
+    is removed."""
 
-    def __init__(self, folder: Path, limit: int = SHARD_BYTES):
-        self.folder, self.limit = folder, limit
+    def __init__(self, folder: Path, limit: int, parameters: int):
+        self.folder, self.limit, self.parameters = folder, limit, parameters
         self.pending: dict[str, mx.array] = {}
         self.pending_bytes = 0
         self.files: list[list[str]] = []  # the arrays' names, per file written
@@ -324,7 +327,8 @@ class _Shards:
         for i, names in enumerate(self.files):
             os.rename(self._path(i), self._path(i, count))
             weight_map.update(dict.fromkeys(names, self._path(i, count).name))
-        index.write_text(json.dumps({"metadata": {"total_size": self.total},
+        metadata = {"total_size": self.total, "total_parameters": self.parameters}
+        index.write_text(json.dumps({"metadata": metadata,
                                      "weight_map": dict(sorted(weight_map.items()))}, indent=4))
 
     def __exit__(self, kind: Any, *_: Any) -> None:

@@ -20,6 +20,7 @@ import gguf
 import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
+from mlx_lm.utils import get_total_parameters
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
@@ -993,8 +994,11 @@ def test_a_conversion_in_shards_loads_as_one(tiny_model_dir, tmp_path):
     assert all(a + b > limit for a, b in zip(sizes, sizes[1:])), sizes
     assert saved_weights(tmp_path / "sharded").keys() == saved_weights(whole).keys()
     x = mx.array([[5, 17, 42, 99, 200, 7]])
-    assert mx.array_equal(mlx_lm.load(str(tmp_path / "sharded"))[0](x),
-                          mlx_lm.load(str(whole))[0](x))
+    sharded = mlx_lm.load(str(tmp_path / "sharded"))[0]
+    assert mx.array_equal(sharded(x), mlx_lm.load(str(whole))[0](x))
+    # the index's metadata as mlx-lm's own save writes it (experts kept quantized here)
+    assert index["metadata"] == {"total_size": sum(sizes),
+                                 "total_parameters": get_total_parameters(sharded)}
 
 
 @pytest.mark.parametrize("fail_at, shard_bytes", [(3, 1), (1, 2**30)],
