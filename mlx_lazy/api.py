@@ -261,7 +261,8 @@ def generate_step(
         prompt: token ids, processed on top of ``prompt_cache``.
         model: a model from :func:`load`.
         max_tokens: the most tokens to generate (0: none, the prompt only goes into the
-            cache; negative: no limit), as mlx-lm's.
+            cache; negative: until the model's context is full, or no limit when its config
+            states none; mlx-lm's runs past the context).
         sampler: maps log probabilities (1, vocab) to a token (1,); None is greedy. A
             sampler that returns given tokens teacher-forces a continuation.
         logits_processors: each called as ``processor(tokens, logits)`` with every token so
@@ -297,10 +298,14 @@ def generate_step(
             same["token limits"] = distributed.digest_of(max_tokens)
     engine = prompt_cache.engine
     if not is_int(max_tokens, numpy=True):
-        raise UserInputError("max_tokens must be an integer (0: the prompt only; negative: no "
-                             f"limit), got {shown(max_tokens, 80)}")
+        raise UserInputError("max_tokens must be an integer (0: the prompt only; negative: up "
+                             f"to the model's context), got {shown(max_tokens, 80)}")
     check_tokens(tokens, engine.adapter.vocab_size)  # the cache's were, as they went in
-    check_room(engine, None, len(prompt_cache) + len(tokens), max(int(max_tokens), 0))
+    n_context = len(prompt_cache) + len(tokens)
+    check_room(engine, None, n_context, max(int(max_tokens), 0))
+    context = context_length(engine.adapter.model, None)
+    if max_tokens < 0 and context is not None:  # no limit of its own: the context's
+        max_tokens = context - n_context
     vocab = engine.adapter.vocab_size
     engine.start_request()
     sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))

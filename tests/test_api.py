@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -53,7 +54,8 @@ def test_bad_max_tokens_raise_at_once(tiny_model, max_tokens):
 def test_generate_step_checks_what_stream_generate_checks(tiny_model):
     """``generate_step`` is public too: a max_tokens of another type never stopped, a
     prompt past the context ran, anchors covering the prompt pruned nothing, silently. Its
-    own meanings stay mlx-lm's: 0 the prompt only, a negative count no limit."""
+    own meanings stay mlx-lm's (0 the prompt only, a negative count no limit of its own), but a
+    negative count stops where the context is full: it once ran on past it, silently."""
     from mlx_lazy import generate_step as lazy_generate_step
     from mlx_lazy import make_prompt_cache
 
@@ -76,6 +78,8 @@ def test_generate_step_checks_what_stream_generate_checks(tiny_model):
     assert list(lazy_generate_step(prompt, model, max_tokens=0)) == []
     steps = lazy_generate_step(prompt, model, max_tokens=-1)
     assert len([next(steps) for _ in range(5)]) == 5
+    full = lazy_generate_step([1] * (context - 3), model, max_tokens=-1)
+    assert len(list(itertools.islice(full, 10))) == 3
 
 
 def test_an_empty_model_name_is_one_message():
