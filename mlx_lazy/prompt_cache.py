@@ -241,20 +241,24 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
         path: the file to write.
         cache: the prompt cache.
         metadata: extra string metadata kept in the file (returned by
-            :func:`load_prompt_cache` with ``return_metadata=True``); its keys and values
-            are written as strings, and the key ``"mlx_lazy"`` is the library's own.
+            :func:`load_prompt_cache` with ``return_metadata=True``): strings to strings,
+            the key ``"mlx_lazy"`` being the library's own.
 
     Raises:
         UserInputError: ``cache`` is not a :class:`PromptCache`, ``metadata`` is not a
-            mapping or names the key ``"mlx_lazy"``, ``path`` cannot be written (checked
-            first: a folder, FIFO or device there is refused, not replaced), or the model is
-            sharded over ranks.
+            mapping of strings or names the key ``"mlx_lazy"``, ``path`` cannot be written
+            (checked first: a folder, FIFO or device there is refused, not replaced), or the
+            model is sharded over ranks.
     """
     check_prompt_cache(cache)
     _unsharded(cache.model, "save")
     if metadata is not None and not isinstance(metadata, Mapping):
         raise UserInputError(f"metadata must be a mapping of strings, got {shown(metadata, 80)}")
-    extra = {str(k): str(v) for k, v in (metadata or {}).items()}
+    extra = dict(metadata or {})
+    for k, v in extra.items():  # as mlx-lm's: str(None) would load back as "None"
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise UserInputError(f"metadata must be a mapping of strings to strings, got "
+                                 f"{shown(k, 40)}: {shown(v, 40)}")
     if METADATA_KEY in extra:
         raise UserInputError(f"metadata key {METADATA_KEY!r} is mlx-lazy's own; use another name")
     path = check_destination(path, "prompt cache")
@@ -282,6 +286,21 @@ def save_prompt_cache(path: Union[str, Path], cache: PromptCache,
         tmp.unlink(missing_ok=True)
 
 
+def _says_prompt_cache(path: Path) -> bool:
+    """Whether ``path``'s safetensors header parses and holds mlx-lazy's metadata key: a file
+    that then fails to load was a prompt cache (cut short, say), not a foreign file."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= min(path.stat().st_size - 8, 1 << 30):
+                return False
+            header = json.loads(f.read(size))
+        meta = header.get("__metadata__")
+        return isinstance(meta, dict) and METADATA_KEY in meta
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
+
+
 def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata: bool = False
                       ) -> Union[PromptCache, Tuple[PromptCache, Dict[str, str]]]:
     """Read a file written by :func:`save_prompt_cache` for ``model`` (unlike mlx-lm, the
@@ -303,6 +322,8 @@ def load_prompt_cache(path: Union[str, Path], model: nn.Module, return_metadata:
         info = json.loads(meta[METADATA_KEY]) if METADATA_KEY in meta else None
     except (RuntimeError, ValueError, OSError, RecursionError) as e:
         # ValueError: JSON that does not parse, or an integer too long to convert
+        if _says_prompt_cache(path):
+            raise UserInputError(f"prompt cache {path} is corrupt: {one_line(e)}") from None
         raise UserInputError(f"{path} is not an mlx-lazy prompt cache ({one_line(e)})") from None
     if info is None:  # mlx-lm's own cache files, model weights
         raise UserInputError(f"{path} is a safetensors file without mlx-lazy's metadata: not a "

@@ -516,6 +516,9 @@ def test_save_refuses_a_destination_that_is_not_a_file_and_keeps_its_own_key(
         save_prompt_cache(tmp_path / "c.safetensors", cache, {"mlx_lazy": "{}"})
     with pytest.raises(UserInputError, match="metadata must be a mapping"):
         save_prompt_cache(tmp_path / "c.safetensors", cache, ["note"])
+    for meta in ({"note": 3}, {"x": None}, {3: "a"}):  # once loaded back as "3", "None"
+        with pytest.raises(UserInputError, match="mapping of strings to strings"):
+            save_prompt_cache(tmp_path / "c.safetensors", cache, meta)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
     save_prompt_cache(tmp_path / "c.safetensors", cache, {"note": "kept"})
     loaded, meta = load_prompt_cache(tmp_path / "c.safetensors", model, return_metadata=True)
