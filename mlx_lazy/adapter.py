@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache
 
 from . import _blas, kernels
-from .errors import UserInputError
+from .errors import UserInputError, shown
 
 # qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
 # seed_oss (Seed-OSS), ernie4_5 and ernie4_5_moe (ERNIE 4.5; traditional RoPE, its MoE
@@ -180,6 +180,9 @@ class ModelAdapter:
 
     def __init__(self, model: nn.Module):
         check_mlx_lm_version()
+        if not isinstance(model, nn.Module):  # a name or a path: "unsupported model type None"
+            raise UserInputError(f"the model must be one that mlx_lazy.load returns, got "
+                                 f"{type(model).__name__} {shown(model, 80)}")
         model_type = getattr(model, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UserInputError(

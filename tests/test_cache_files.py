@@ -534,6 +534,14 @@ def test_trim_and_save_take_only_prompt_caches(not_a_cache, tmp_path):
             call()
 
 
+@pytest.mark.parametrize("not_a_model", ["smollm2-135m", None])
+def test_a_cache_is_made_for_a_loaded_model(not_a_model):
+    """A model's name given for the model once read "unsupported model type None"."""
+    with pytest.raises(UserInputError, match="the model must be one that mlx_lazy.load "
+                                             "returns, got (str 'smollm2-135m'|NoneType)"):
+        make_prompt_cache(not_a_model)
+
+
 def test_generation_takes_only_prompt_caches(tiny_model):
     """An mlx-lm cache handed to generate_step once failed with an AttributeError deep in it;
     stream_generate said so in other words."""

@@ -85,6 +85,7 @@ def test_unknown_preset():
     "fields, message",
     [
         (dict(method="turbo"), "unknown method 'turbo'"),  # rejected when made, not when used
+        (dict(method="lazy:keep=0.2"), "NAME:field=value is the benchmarks' spelling"),
         (dict(method="lazy", revive="no"), "revive must be True or False"),
         (dict(method="lazy", revive=0), "revive must be True or False"),
         (dict(method="lazy", prune_layers=(3,), keep=(True,)), "keep fraction must be a number"),
