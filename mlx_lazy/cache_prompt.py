@@ -75,9 +75,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     state = cache.engine.cache
-    print(f"cached {len(cache)} tokens in {args.prompt_cache_file} "
-          f"({os.path.getsize(args.prompt_cache_file) / MB:.1f} MB: KV "
-          f"{sum(state.kv_bytes_per_layer) / MB:.1f} MB, Aux Cache {state.aux_bytes / MB:.1f} MB)"
+    size, kv = os.path.getsize(args.prompt_cache_file), sum(state.kv_bytes_per_layer)
+    rest = size - kv - state.aux_bytes
+    print(f"cached {len(cache)} tokens in {args.prompt_cache_file} ({size / MB:.1f} MB: KV "
+          f"{kv / MB:.1f} MB, Aux Cache {state.aux_bytes / MB:.1f} MB, the rest (selection "
+          f"state, header) {rest / MB:.1f} MB)"
           + (f"; {completed} token-layers of pruned tokens completed first" if completed else ""),
           file=sys.stderr)
     return 0
