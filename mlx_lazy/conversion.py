@@ -38,8 +38,9 @@ from mlx_lm.utils import get_total_parameters
 from .errors import UserInputError, one_line
 from .folders import atomic_dir
 from .gguf_config import ARCHITECTURES, ROPE_TENSORS, mlx_lm_config
-from .gguf_tensors import (DEFAULT_GGUF_DTYPE, QWEN35, check_shapes, check_types, gemma4_tensors,
-                           gguf_arrays, kept_quantization, qwen35_trunk)
+from .gguf_tensors import (DEFAULT_GGUF_DTYPE, QWEN35, check_shapes, check_types,
+                           ernie45_moe_tensors, gemma4_tensors, gguf_arrays, kept_quantization,
+                           qwen35_trunk)
 from .gguf_tokenizer import build_tokenizer, eos_ids
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -186,6 +187,8 @@ def convert_gguf(
         tensors.pop(name, None)
     if arch == "gemma4":
         tensors = gemma4_tensors(tensors, config)
+    if arch == "ernie4_5-moe":
+        tensors = ernie45_moe_tensors(tensors)
     tokenizer, tokenizer_config = build_tokenizer(arch, meta)
     config["eos_token_id"] = eos_ids(meta)
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")

@@ -24,7 +24,14 @@ text; a shared expert; the multi-token prediction block dropped),
 sliding layers by a flag each, head sizes and key/value heads by kind of layer, values from
 the keys where a global layer has no ``attn_v``, the global layers' partial RoPE from
 ``rope_freqs`` as mlx-lm's proportional RoPE, the experts' fused gate/up stacks split,
-shared keys, double-wide MLPs and per-layer inputs; its "gemma4" BPE vocabulary).
+shared keys, double-wide MLPs and per-layer inputs; its "gemma4" BPE vocabulary),
+``seed_oss`` (Seed-OSS: biases where the GGUF has them, the norm before the MLP under
+llama.cpp's ``post_attention_norm``), ``ernie4_5`` and ``ernie4_5-moe`` (ERNIE 4.5, to mlx-lm's
+``ernie4_5`` / ``ernie4_5_moe``: q/k as they are, both models' RoPE being the traditional one;
+the MoE's experts' stacks, shared experts, leading dense layers and interval; a router
+correction bias that would change which experts are picked is refused) and ``mistral3``
+(Ministral 3, to mlx-lm's ``ministral3``: q/k un-permuted, YaRN RoPE with llama.cpp's
+defaults, Llama 4's attention temperature).
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -40,7 +47,7 @@ import mlx.core as mx
 import numpy as np
 
 from .errors import UserInputError, shown
-from .gguf_tensors import LLAMA_FAMILY, QWEN35, dequantized, qwen35_nextn
+from .gguf_tensors import QWEN35, dequantized, qwen35_nextn
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
@@ -52,12 +59,25 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "exaone4": "Exaone4ForCausalLM",
                  "qwen35": "Qwen3_5ForCausalLM",
                  "qwen35moe": "Qwen3_5MoeForCausalLM",
-                 "gemma4": "Gemma4ForCausalLM"}
+                 "gemma4": "Gemma4ForCausalLM",
+                 "seed_oss": "SeedOssForCausalLM",
+                 "ernie4_5": "Ernie4_5_ForCausalLM",
+                 "ernie4_5-moe": "Ernie4_5_MoeForCausalLM",
+                 "mistral3": "Ministral3ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
                 "gpt-oss": "gpt_oss",
                 "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe",
-                "gemma4": "gemma4_text"}
+                "gemma4": "gemma4_text", "ernie4_5-moe": "ernie4_5_moe",
+                "mistral3": "ministral3"}
+# mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
+# switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
+# biases only; mlx-lm's models take every bias the GGUF holds)
+_BIAS_TENSORS = {"attention_bias": "attn_q", "attention_out_bias": "attn_output",
+                 "mlp_bias": "ffn_gate", "use_bias": "attn_q"}
+_BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_bias", "mlp_bias")),
+                  "seed_oss": ("attention_bias", "attention_out_bias", "mlp_bias"),
+                  **dict.fromkeys(("ernie4_5", "ernie4_5-moe"), ("use_bias",))}
 # Gemma 3: llama.cpp's hard-wired sliding-window pattern (5 local layers, then a global one)
 # and local RoPE base, unless the GGUF says otherwise
 GEMMA3_SLIDING_PATTERN = 6
@@ -72,6 +92,8 @@ GEMMA4_UNROTATED = 1e29
 # says otherwise, and its YaRN betas (its gpt-oss loader reads no key for them)
 GPT_OSS_SLIDING_PATTERN = 2
 GPT_OSS_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
+# Ministral 3: llama.cpp's YaRN betas unless the GGUF gives them (its mistral3 loader)
+MISTRAL3_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
 # SmolLM3: llama.cpp hard-wires RoPE off in every 4th layer (no GGUF key holds it)
 SMOLLM3_NO_ROPE_INTERVAL = 4
 # EXAONE 4.0 32B (64 layers): llama.cpp's hard-wired window and pattern period (3 local layers,
@@ -118,6 +140,26 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
             raise UserInputError(f"GGUF metadata {arch}.{key} must be a positive number, got "
                                  f"{shown(value, 40)}")
         return float(value)
+
+    def optional(key: str) -> int:
+        """A count llama.cpp takes as 0 when the GGUF has none."""
+        return 0 if g(key, 0) == 0 else count(key)
+
+    def real(key: str, default: float) -> float:
+        """A finite number (llama.cpp's default where the GGUF has none)."""
+        value = g(key, default)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
+                or not np.isfinite(value):
+            raise UserInputError(f"GGUF metadata {arch}.{key} must be a finite number, got "
+                                 f"{shown(value, 40)}")
+        return float(value)
+
+    def yarn_rope() -> dict:
+        """llama.cpp's YaRN: its factor and original context (the context length unless the
+        GGUF gives one)."""
+        return {"rope_type": "yarn", "factor": positive("rope.scaling.factor", 1.0),
+                "original_max_position_embeddings": count(
+                    "rope.scaling.original_context_length", config["max_position_embeddings"])}
 
     def experts() -> tuple[int, int]:
         """The number of experts and of those each token uses."""
@@ -169,7 +211,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     factor = g("rope.scaling.factor", g("rope.scale_linear"))
     scaling = g("rope.scaling.type") or ("linear" if factor not in (None, 0, 1) else None)
     linear = arch == "gemma3" and scaling == "linear"  # Gemma 3 4B+: global layers only
-    yarn = arch == "gpt-oss" and scaling == "yarn"
+    yarn = arch in ("gpt-oss", "mistral3") and scaling == "yarn"
     if scaling not in (None, "none") and not (linear or yarn):
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
     for name, owners in ROPE_TENSORS.items():
@@ -192,9 +234,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         "tie_word_embeddings": "output.weight" not in tensors,
         "hidden_act": "silu",
     }
-    if arch in LLAMA_FAMILY:
-        config.update(attention_bias="blk.0.attn_q.bias" in tensors,
-                      mlp_bias="blk.0.ffn_gate.bias" in tensors)
+    config.update({switch: f"blk.0.{_BIAS_TENSORS[switch]}.bias" in tensors
+                   for switch in _BIAS_SWITCHES.get(arch, ())})
     if arch == "smollm3":
         config["no_rope_layer_interval"] = SMOLLM3_NO_ROPE_INTERVAL
     if arch == "granite":
@@ -240,12 +281,23 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
             raise UserInputError("GGUF gpt-oss with another RoPE base in its sliding-window "
                                  "layers is not supported")
         if yarn:  # every layer's RoPE, as in llama.cpp
-            config["rope_scaling"] = {
-                "rope_type": "yarn", "factor": positive("rope.scaling.factor", 1.0),
-                # llama.cpp's default: the context length
+            config["rope_scaling"] = {**yarn_rope(), **GPT_OSS_YARN_BETAS}
+    if arch == "ernie4_5-moe":
+        config.update(_ernie45_moe_config(count, optional, experts))
+    if arch == "mistral3":  # llama.cpp's mistral3 has no sliding window (mlx-lm's has)
+        if g("attention.sliding_window") is not None:
+            raise UserInputError("GGUF mistral3 with a sliding window is not supported")
+        # Llama 4's attention temperature over the original context (llama.cpp's floor scale)
+        rope = {"rope_type": "default", "rope_theta": config["rope_theta"],
                 "original_max_position_embeddings": count(
                     "rope.scaling.original_context_length", config["max_position_embeddings"]),
-                **GPT_OSS_YARN_BETAS}
+                "llama_4_scaling_beta": real("attention.temperature_scale", 0.0)}
+        if yarn:  # llama.cpp takes YaRN's mscale as 1, its log multiplier as mscale_all_dim
+            rope.update(yarn_rope(), mscale=1.0,
+                        mscale_all_dim=real("rope.scaling.yarn_log_multiplier", 0.0),
+                        **{key: positive(f"rope.scaling.yarn_{key}", value)
+                           for key, value in MISTRAL3_YARN_BETAS.items()})
+        config["rope_parameters"] = rope
     if arch == "gemma3":
         window = g("attention.sliding_window")
         if window is None:
@@ -259,7 +311,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         if linear:
             config["rope_scaling"] = {"rope_type": "linear", "factor": float(factor or 1.0)}
     if gemma4:
-        config.update(_gemma4_config(g, count, positive, experts, tensors, config))
+        config.update(_gemma4_config(g, count, positive, optional, experts, tensors, config))
     if arch == "phi3":  # its sliding window is ignored: llama.cpp disables it, mlx-lm has none
         # without it llama.cpp takes the context as the original one: no LongRoPE scale
         config["original_max_position_embeddings"] = count(
@@ -425,8 +477,8 @@ def _gpt_oss_windows(g: Any, count: Any, n_layers: int) -> dict:
     return {"sliding_window": count("attention.sliding_window"), "layer_types": kinds}
 
 
-def _gemma4_config(g: Any, count: Any, positive: Any, experts: Any, tensors: dict,
-                   config: dict) -> dict:
+def _gemma4_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
+                   tensors: dict, config: dict) -> dict:
     """mlx-lm's gemma4_text settings of a Gemma 4 GGUF, read as llama.cpp reads it.
 
     Sliding layers by a flag each; their heads ``key_length_swa`` wide, the global layers'
@@ -449,10 +501,6 @@ def _gemma4_config(g: Any, count: Any, positive: Any, experts: Any, tensors: dic
             raise UserInputError(f"GGUF metadata gemma4.{key} has {len(value)} values for "
                                  f"{n_layers} layers")
         return [count(key, value=v) for v in value]
-
-    def optional(key: str) -> int:
-        """A count llama.cpp takes as 0 when the GGUF has none."""
-        return 0 if g(key, 0) == 0 else count(key)
 
     flags = g("attention.sliding_window_pattern")
     if not isinstance(flags, list) or len(flags) != n_layers:
@@ -555,6 +603,24 @@ def _gemma4_config(g: Any, count: Any, positive: Any, experts: Any, tensors: dic
     }
 
 
+def _ernie45_moe_config(count: Any, optional: Any, experts: Any) -> dict:
+    """mlx-lm's ernie4_5_moe settings of an ERNIE 4.5 MoE GGUF, read as llama.cpp reads it:
+    sparse layers from ``leading_dense_block_count`` (0 without it) on, every
+    ``interleave_moe_layer_step``-th; the top experts' softmax weights renormalised (hard-wired
+    in llama.cpp); shared experts ``expert_shared_feed_forward_length`` wide in all (none
+    without it), which mlx-lm's model takes as a number of experts' widths."""
+    n_experts, n_used = experts()
+    width, shared = count("expert_feed_forward_length"), optional(
+        "expert_shared_feed_forward_length")
+    if shared % width:
+        raise UserInputError(f"GGUF ernie4_5-moe with shared experts {shared} wide, not a "
+                             f"multiple of its experts' {width}, is not supported")
+    return {"moe_num_experts": n_experts, "moe_k": n_used, "moe_intermediate_size": width,
+            "moe_num_shared_experts": shared // width,
+            "moe_layer_start_index": optional("leading_dense_block_count"),
+            "moe_layer_interval": count("interleave_moe_layer_step"), "moe_gate_act": "softmax"}
+
+
 def _gemma4_proportional_rope(tensors: dict, dims: int) -> dict:
     """Gemma 4's global layers' RoPE from llama.cpp's ``rope_freqs``: the divisor of each
     frequency of a ``dims``-wide head, one (f) for the first frequencies and 1e30 (none) for
@@ -574,20 +640,30 @@ def _gemma4_proportional_rope(tensors: dict, dims: int) -> dict:
             **({"factor": factor} if factor != 1 else {})}
 
 
+def _rope_scaling(config: dict) -> dict:
+    """The RoPE scaling of mlx-lm's ``config``: its ``rope_scaling``, or ministral3's
+    ``rope_parameters``."""
+    return config.get("rope_scaling") or config.get("rope_parameters") or {}
+
+
 def _llama_cpp_yarn_magnitude(config: dict) -> float:
     """What llama.cpp's YaRN multiplies the rotated dims of queries and keys by besides the
-    GGUF's attn_factor: 0.1 ln(factor) + 1 (its gpt-oss loader reads no other YaRN key); 1
-    without YaRN."""
-    scaling = config.get("rope_scaling") or {}
+    GGUF's attn_factor: (0.1 ln f + 1) / (0.1 m ln f + 1) for the factor f and the log
+    multiplier m (``mscale_all_dim``: 0 where the GGUF has none, and in the gpt-oss loader,
+    which reads none), llama-context.cpp taking mscale as 1; 1 without YaRN."""
+    scaling = _rope_scaling(config)
     factor = scaling.get("factor", 1.0) if scaling.get("rope_type") == "yarn" else 1.0
-    return 0.1 * math.log(factor) + 1 if factor > 1 else 1.0
+    if factor <= 1:
+        return 1.0
+    return (0.1 * math.log(factor) + 1) / (0.1 * scaling.get("mscale_all_dim", 0.0)
+                                           * math.log(factor) + 1)
 
 
 def _rope_scale(config: dict, dims: int) -> float:
     """What mlx-lm's RoPE for ``config`` multiplies the rotated dims of queries and keys by."""
     from mlx_lm.models.rope_utils import SuScaledRoPE, initialize_rope
 
-    scaling = config.get("rope_scaling") or {}
+    scaling = _rope_scaling(config)
     if scaling.get("rope_type") == "yarn":
         return initialize_rope(dims, config["rope_theta"], False, scaling).mscale
     if scaling.get("type") != "longrope":

@@ -5,8 +5,8 @@ Every tensor type the ``gguf`` package dequantizes is read. Q4_0/Q4_1/Q8_0 matri
 onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) onto MLX's
 ``mxfp4``, and stay quantized unless a dtype is given (the experts' stacks too); the other
 types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
-llama, smollm3 and granite q/k rows are un-permuted from llama.cpp's RoPE layout to the
-Hugging Face one.
+llama, smollm3, granite and mistral3 q/k rows are un-permuted from llama.cpp's RoPE layout to
+the Hugging Face one.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ GGUF_GROUP_SIZE = 32
 # Float dtype of dequantized GGUF tensors when none is given: float16 and quantized matmuls
 # bypass BLAS on the Linux CPU.
 DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
-# llama.cpp's converter permutes q/k rows (and biases) for its LlamaModel family, whose graphs
-# also take optional attention and MLP biases
-LLAMA_FAMILY = ("llama", "smollm3", "granite")
+# llama.cpp's converter permutes q/k rows (and biases) for its LlamaModel family (Ministral 3's
+# and Mistral's own format arrive in that layout too)
+LLAMA_FAMILY = ("llama", "smollm3", "granite", "mistral3")
 # Qwen3.5/3.6 (Gated DeltaNet linear attention, every n-th layer full attention): llama.cpp's
 # architectures, and what mlx-lm's qwen3_5 names its parameters under
 QWEN35 = ("qwen35", "qwen35moe")
@@ -62,12 +62,13 @@ _GEMMA3_LAYER_NAMES = {
 # mlx-lm's phi3 (llama.cpp's converter writes Hugging Face's tensors unpermuted: NeoX RoPE)
 _PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj",
                      "ffn_up": "mlp.gate_up_proj"}
-# gpt-oss: the norm before the MoE is llama.cpp's post_attention_norm; the router and the
-# experts' stacks (with biases) under mlx-lm's names; the attention sinks are a parameter of
-# their own (a "role.suffix" key names a whole parameter)
+# gpt-oss, Qwen3.5, Seed-OSS: the norm before the MLP is llama.cpp's post_attention_norm
+_POST_ATTENTION_NORM_NAMES = {**{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm"},
+                              "post_attention_norm": "post_attention_layernorm"}
+# gpt-oss: the router and the experts' stacks (with biases) under mlx-lm's names; the attention
+# sinks are a parameter of their own (a "role.suffix" key names a whole parameter)
 _GPT_OSS_LAYER_NAMES = {
-    **{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm"},
-    "post_attention_norm": "post_attention_layernorm",
+    **_POST_ATTENTION_NORM_NAMES,
     "attn_sinks.weight": "self_attn.sinks",
     "ffn_gate_inp": "mlp.router",
     "ffn_gate_exps": "mlp.experts.gate_proj",
@@ -80,12 +81,10 @@ _POST_NORM_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-# Qwen3.5/3.6: the norm before the MLP is llama.cpp's post_attention_norm; the linear-attention
-# layers' projections (attn_qkv: q, k, v rows; attn_gate: z), its conv, dt bias (a parameter of
-# its own) and gated norm; the MoE's shared expert and its gate
+# Qwen3.5/3.6: the linear-attention layers' projections (attn_qkv: q, k, v rows; attn_gate: z),
+# its conv, dt bias (a parameter of its own) and gated norm; the MoE's shared expert and its gate
 _QWEN35_LAYER_NAMES = {
-    **{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm"},
-    "post_attention_norm": "post_attention_layernorm",
+    **_POST_ATTENTION_NORM_NAMES,
     "attn_qkv": "linear_attn.in_proj_qkv",
     "attn_gate": "linear_attn.in_proj_z",
     "ssm_beta": "linear_attn.in_proj_b",
@@ -119,7 +118,13 @@ _GEMMA4_LAYER_NAMES = {
     "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm",
 }
+# ERNIE 4.5 MoE: Qwen3-MoE's router and experts' stacks, beside its shared experts (one MLP)
+_ERNIE45_MOE_LAYER_NAMES = {**_LAYER_NAMES,
+                            **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
+                               for p in ("gate", "up", "down")}}
 _ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
+                     "seed_oss": _POST_ATTENTION_NORM_NAMES,
+                     "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
                      "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,
@@ -270,6 +275,25 @@ def gemma4_tensors(tensors: dict, config: dict) -> dict:
         for name, n in ones.items():
             if name not in out:
                 out[name] = _Part(name, T.F32, np.array([n]), np.ones(n, np.float32))
+    return out
+
+
+def ernie45_moe_tensors(tensors: dict) -> dict:
+    """An ERNIE 4.5 MoE GGUF's tensors without its routers' correction biases
+    (``exp_probs_b``), which mlx-lm's ernie4_5_moe has no place for (it drops them from
+    Hugging Face checkpoints too). llama.cpp adds a layer's bias to the experts' probabilities
+    to pick them: one value for every expert picks the same ones and may go; any other is a
+    :class:`UserInputError`, as mlx-lm would route otherwise."""
+    out = {}
+    for name, t in tensors.items():
+        if ".exp_probs_b." not in name:
+            out[name] = t
+            continue
+        bias = dequantized(t).ravel()
+        if bias.size and not np.all(bias == bias[0]):
+            raise UserInputError(f"GGUF ernie4_5-moe whose router correction bias ({name}) "
+                                 "differs between experts is not supported: mlx-lm's "
+                                 "ernie4_5_moe picks experts without it")
     return out
 
 

@@ -21,6 +21,9 @@ _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Seed-Coder's (Seed-OSS's vocabulary): Qwen 2's without the newlines after punctuation
+_SEED_CODER_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}|"
+                     r" ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Qwen3.5's: Qwen 2's with combining marks (\p{M}) inside words, not punctuation
 _QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
                  r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -60,6 +63,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"),
                     PreTokenizer((_QWEN2_REGEX,), False, False)),
     "qwen35": PreTokenizer((_QWEN35_REGEX,), False, False),
+    "seed-coder": PreTokenizer((_SEED_CODER_REGEX,), False, False),
     "tekken": PreTokenizer((_TEKKEN_REGEX,), True, True),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"),
                     PreTokenizer((_GPT4O_REGEX,), False, False)),

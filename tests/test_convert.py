@@ -192,20 +192,32 @@ GGUF_QWEN35_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_atten
 #: Qwen3.5's parameters of their own: A_log (stored as -exp(A_log), no suffix), the dt bias
 GGUF_QWEN35_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias"}
 QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
-GGUF_KIND_LAYER_NAMES = {"gpt_oss": {**GGUF_LAYER_NAMES,
-                                     "post_attention_layernorm": "post_attention_norm"},
+#: gpt-oss's and Seed-OSS's norm before the MLP
+GGUF_POST_ATTENTION_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm"}
+#: ERNIE 4.5 MoE's shared experts
+GGUF_ERNIE45_MOE_NAMES = {**GGUF_LAYER_NAMES, **{f"mlp.shared_experts.{p}_proj": f"ffn_{p}_shexp"
+                                                 for p in ("gate", "up", "down")}}
+GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
+                         "seed_oss": GGUF_POST_ATTENTION_NAMES,
+                         "ernie4_5_moe": GGUF_ERNIE45_MOE_NAMES,
                          "olmo2": GGUF_POST_NORM_NAMES, "exaone4": GGUF_POST_NORM_NAMES,
                          **dict.fromkeys(QWEN35_KINDS, GGUF_QWEN35_NAMES)}
 #: llama.cpp's architecture name of a kind, where it differs
-GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
+             "ministral3": "mistral3",
              "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
-GGUF_PERMUTED = ("llama", "smollm3", "granite")
+GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3")
 #: Granite's multipliers by llama.cpp's writer methods
 GRANITE_SCALES = {"embedding_multiplier": "add_embedding_scale",
                   "residual_multiplier": "add_residual_scale",
                   "attention_multiplier": "add_attention_scale",
                   "logits_scaling": "add_logit_scale"}
+#: Ministral 3's YaRN betas, log multiplier and attention temperature by llama.cpp's writer methods
+MINISTRAL3_KEYS = {"yarn_beta_fast": "add_rope_scaling_yarn_beta_fast",
+                   "yarn_beta_slow": "add_rope_scaling_yarn_beta_slow",
+                   "yarn_log_mul": "add_rope_scaling_yarn_log_mul",
+                   "temperature_scale": "add_attn_temperature_scale"}
 GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
                   "lm_head": "output"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
@@ -279,6 +291,46 @@ def llama_cpp_gpt_oss_meta(config: dict) -> dict:
     return {"rope_scaling": gguf.RopeScalingType.YARN, "rope_factor": scaling["factor"],
             "original_max_position_embeddings": scaling["original_max_position_embeddings"],
             "sliding_window": config["sliding_window"]}
+
+
+def llama_cpp_ernie45_moe_meta(w: gguf.GGUFWriter, m: dict) -> None:
+    """The metadata llama.cpp's convert_hf_to_gguf.py writes for an ERNIE 4.5 MoE config
+    besides the shape (Ernie4_5MoeModel.set_gguf_parameters, ported): the experts, the MoE
+    interval, the leading dense layers, the experts' width, the shared experts' count and their
+    width by the converter's own rule (intermediate_size // num_key_value_heads)."""
+    w.add_expert_count(m["moe_num_experts"])
+    w.add_expert_used_count(m["moe_k"])
+    w.add_interleave_moe_layer_step(m.get("moe_layer_interval", 1))
+    w.add_leading_dense_block_count(m["moe_layer_start_index"])
+    w.add_expert_feed_forward_length(m["moe_intermediate_size"])
+    w.add_expert_shared_count(m["moe_num_shared_experts"])
+    if m["moe_num_shared_experts"] > 0:
+        w.add_expert_shared_feed_forward_length(m["intermediate_size"] // m["num_key_value_heads"])
+
+
+def llama_cpp_ernie45_moe_biases(config: dict, value: float = 0.25) -> dict:
+    """The routers' correction biases llama.cpp's converter writes for an ERNIE 4.5 MoE (its
+    checkpoints hold one per MoE layer, (1, experts), mlx-lm's model none): one value for all
+    experts, other in each layer."""
+    start, n = config["moe_layer_start_index"], config["moe_num_experts"]
+    return {f"blk.{i}.exp_probs_b.bias": np.full((1, n), value * (i + 1))
+            for i in range(start, config["num_hidden_layers"])}
+
+
+def llama_cpp_ministral3_meta(config: dict) -> dict:
+    """The RoPE metadata llama.cpp's convert_hf_to_gguf.py writes for a Ministral 3 config
+    (TextModel.set_gguf_parameters, Mistral3Model.Ministral3Model, ported): YaRN's type, factor,
+    original context and betas, mscale_all_dim as the log multiplier, and Llama 4's scaling
+    beta as the attention temperature; nothing without YaRN (Mistral Small 3.1's text model)."""
+    rope = config["rope_parameters"]
+    if rope["rope_type"] != "yarn":
+        return {}
+    return {"rope_scaling": gguf.RopeScalingType.YARN,
+            "rope_factor": rope["factor"],
+            "original_max_position_embeddings": rope["original_max_position_embeddings"],
+            "yarn_beta_fast": rope["beta_fast"], "yarn_beta_slow": rope["beta_slow"],
+            "yarn_log_mul": rope["mscale_all_dim"],
+            "temperature_scale": rope["llama_4_scaling_beta"]}
 
 
 def llama_cpp_qwen35_meta(w: gguf.GGUFWriter, m: dict) -> None:
@@ -367,8 +419,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                **overrides) -> tuple[dict, dict]:
     """Write a random-weight model of ``kind`` as a llama.cpp-style GGUF (q/k rows permuted
     for the llama family; phi3's RoPE metadata and LongRoPE tensors; Granite's multipliers;
-    a sliding window with its pattern, a flag per layer) with gguf's writer and the tokenizer
-    of ``tok_folder`` (or the metadata ``vocab`` writes).
+    a sliding window with its pattern, a flag per layer; Ministral 3's YaRN and attention
+    temperature; ERNIE 4.5 MoE's keys and routers' correction biases) with gguf's writer and
+    the tokenizer of ``tok_folder`` (or the metadata ``vocab`` writes).
 
     ``types`` maps a GGUF tensor role ("attn_q", "token_embd", ...; "*" for the other 2-D
     tensors) to its type (default F32); ``meta`` overrides metadata values only (to make
@@ -380,12 +433,15 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     """
     types, config = types or {}, {**tiny_config(kind), **overrides}
     model_type = config["model_type"]
-    phi3_meta, phi3_tensors = llama_cpp_phi3_rope(config) if model_type == "phi3" else ({}, {})
-    oss_meta = llama_cpp_gpt_oss_meta(config) if model_type == "gpt_oss" else {}
-    extra = {**phi3_tensors, **(extra or {})}
+    phi3_meta, arch_tensors = llama_cpp_phi3_rope(config) if model_type == "phi3" else ({}, {})
+    if model_type == "ernie4_5_moe":
+        arch_tensors = llama_cpp_ernie45_moe_biases(config)
+    arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta,
+                 "ministral3": llama_cpp_ministral3_meta}.get(model_type, lambda c: {})(config)
+    extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
-    m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **oss_meta,
+    m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **arch_meta,
          **qwen_rope, **(meta or {})}
     module = model_module(model_type)
     shapes = {k: v.shape for k, v in
@@ -394,6 +450,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(model_type, model_type))
     add_shape(w, m, key_length=model_type not in ("phi3", "granite"),
               ff_length=model_type != "qwen3_5_moe")
+    if model_type == "ernie4_5_moe":
+        llama_cpp_ernie45_moe_meta(w, m)
     if "num_experts_per_tok" in m:
         experts = m["num_local_experts" if model_type == "gpt_oss" else "num_experts"]
         if experts is not None:
@@ -410,6 +468,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         w.add_rope_scaling_type(m["rope_scaling"])
     if m.get("rope_factor") is not None:
         w.add_rope_scaling_factor(m["rope_factor"])
+    for key, add in MINISTRAL3_KEYS.items():
+        if m.get(key) is not None:
+            getattr(w, add)(m[key])
     if model_type == "gpt_oss":
         w.add_sliding_window(m["sliding_window"])
         if m.get("sliding_window_pattern") is not None:
@@ -423,7 +484,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                 getattr(w, add)(m[key])
     if m.get("rope_finetuned") is not None:
         w.add_rope_scaling_finetuned(m["rope_finetuned"])
-    if model_type in ("exaone4", "olmo2") and m.get("sliding_window") is not None:
+    if model_type in ("exaone4", "olmo2", "ministral3") and m.get("sliding_window") is not None:
         w.add_sliding_window(m["sliding_window"])
         pattern = m.get("swa_pattern")
         if pattern is None and m.get("layer_types"):
@@ -553,6 +614,48 @@ GGUF_CASES = {
                                          "ffn_gate_inp_shexp": T.F32, "*": T.Q8_0},
                          {"tie_word_embeddings": True}),
 }
+#: Ministral 3's RoPE with its attention temperature from position 8 on: TEXT spans 3 scales
+MINISTRAL3_SHORT = {**tiny_config("ministral3")["rope_parameters"],
+                    "original_max_position_embeddings": 8}
+GGUF_CASES.update({
+    # Seed-OSS: llama.cpp's post_attention_norm before the MLP, NeoX RoPE (unpermuted); biases
+    # on q/k/v and o_proj, or on q/k/v only (Seed-OSS-36B's, what llama.cpp's graph takes)
+    "seed_oss-legacy": ("seed_oss", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
+                                     "output": T.F16, "*": T.Q8_0}, {}),
+    "seed_oss-kquants": ("seed_oss", {"attn_q": T.Q4_K, "attn_k": T.Q5_K, "ffn_down": T.Q6_K,
+                                      "*": T.Q4_K}, {**KQ, "attention_out_bias": False}),
+    # ERNIE 4.5: interleaved RoPE in llama.cpp and mlx-lm alike (q/k as they are); biases on
+    # every projection, or none (ERNIE-4.5-0.3B's)
+    "ernie4_5-legacy": ("ernie4_5", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
+                                     "*": T.Q8_0}, {}),
+    "ernie4_5-kquants": ("ernie4_5", {"token_embd": T.Q6_K, "attn_q": T.Q4_K, "attn_k": T.Q5_K,
+                                      "*": T.Q4_K}, {**KQ, "use_bias": False}),
+    # ERNIE 4.5 MoE (21B-A3B's layout): layer 0 dense, then 2 of 4 experts beside a shared one,
+    # the routers' correction biases one value per layer; MLPs as wide as llama.cpp's converter
+    # takes the shared expert to be (intermediate_size / key-value heads)
+    "ernie4_5moe-legacy": ("ernie4_5_moe", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                            "ffn_down_exps": T.Q4_1, "ffn_gate_shexp": T.Q4_0,
+                                            "ffn_gate_inp": T.F32, "*": T.Q8_0},
+                           {"intermediate_size": 64}),
+    "ernie4_5moe-kquants": ("ernie4_5_moe", {"ffn_gate_exps": T.Q4_K, "ffn_up_exps": T.Q6_K,
+                                             "ffn_down_exps": T.Q5_K, "ffn_gate_inp": T.F32,
+                                             "*": T.Q4_K},
+                            {**KQ, "moe_intermediate_size": 256, "intermediate_size": 512}),
+    # Ministral 3: q/k permuted, YaRN (its mscale_all_dim 1 as llama.cpp's log multiplier) and
+    # the attention temperature over 3 scales; with YaRN's own magnitude (Mistral's format with
+    # apply_scale: no log multiplier); without YaRN nor temperature (Mistral Small 3.1's text
+    # model as llama.cpp converts it now)
+    "mistral3-legacy": ("ministral3", {"token_embd": T.Q8_0, "attn_q": T.Q4_0,
+                                       "attn_k": T.Q4_1, "*": T.Q8_0},
+                        {"rope_parameters": MINISTRAL3_SHORT}),
+    "mistral3-kquants": ("ministral3", {"attn_q": T.Q4_K, "attn_k": T.Q5_K, "*": T.Q4_K},
+                         {**KQ, "rope_parameters": MINISTRAL3_SHORT}),
+    "mistral3-scaled": ("ministral3", {"attn_q": T.Q5_0, "attn_k": T.Q5_1, "*": T.Q4_0},
+                        {"rope_parameters": {**MINISTRAL3_SHORT, "mscale_all_dim": 0.0}}),
+    "mistral3-plain": ("ministral3", {"attn_q": T.Q8_0, "*": T.BF16}, {"rope_parameters": {
+        "rope_type": "default", "rope_theta": 1e6, "llama_4_scaling_beta": 0.0,
+        "original_max_position_embeddings": 4096}, "rope_theta": 1e6}),
+})
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
 
@@ -784,6 +887,44 @@ def test_qwen35_kept_quantized_where_heads_fill_blocks(tiny_model_dir, tmp_path)
     weights = saved_weights(convert(tmp_path / f"{case}.gguf", tmp_path / "f16", dtype="float16"))
     assert weights["language_model.model.layers.0.linear_attn.A_log"].dtype == mx.float32
     assert weights["language_model.model.layers.0.linear_attn.dt_bias"].dtype == mx.float16
+
+
+@pytest.mark.parametrize("rope", [
+    MINISTRAL3_SHORT,
+    # Mistral's own format with apply_scale (no log multiplier), betas of its own
+    {**MINISTRAL3_SHORT, "mscale_all_dim": 0.0, "beta_fast": 16.0, "beta_slow": 2.0},
+], ids=["hf", "betas"])
+def test_ministral3_rope_parameters_from_gguf(rope, tiny_model_dir, tmp_path):
+    """llama.cpp's mistral3 keys become mlx-lm's ministral3 rope_parameters as the original
+    config has them (YaRN's factor, original context and betas, the log multiplier as
+    mscale_all_dim with mscale 1, as llama.cpp takes it; the attention temperature's beta),
+    under which the converted model computes what the GGUF's tensors do over a prompt of 8
+    temperature scales, and the engine runs it as mlx-lm does."""
+    config, reference = write_gguf(tmp_path / "m.gguf", "ministral3",
+                                   tiny_model_dir("ministral3"), rope_parameters=rope)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    saved = json.loads((out / "config.json").read_text())["rope_parameters"]
+    assert saved.keys() == rope.keys()
+    for key, value in rope.items():  # float32 in the GGUF
+        assert saved[key] == value if isinstance(value, str) else \
+            math.isclose(saved[key], value, rel_tol=1e-7), key
+    model, _ = mlx_lm.load(str(out))
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model("ministral3", config, reference)(x)) < 1e-5
+    prompt = random_prompt(300, VOCAB_SIZE)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("case", ["seed_oss-legacy", "ernie4_5-legacy", "ernie4_5moe-legacy"])
+def test_seed_oss_and_ernie_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
+    """Seed-OSS and ERNIE 4.5 (dense and MoE) GGUFs convert to folders the engine runs
+    unpruned as mlx-lm does."""
+    kind, types, overrides = GGUF_CASES[case]
+    write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types, **overrides)
+    model, _ = mlx_lm.load(str(convert(tmp_path / "m.gguf", tmp_path / "out",
+                                       dtype="float32")))
+    prompt = random_prompt(300, VOCAB_SIZE)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
 
 
 def test_granite_multipliers_llama_cpp_defaults(tiny_model_dir, tmp_path):
@@ -1273,6 +1414,28 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             lambda: write_gguf(tmp / "f.gguf", "qwen3_5", tok_folder,
                                extra={"blk.1.ffn_gate_up_exps.weight": np.zeros((2, 8, 64))})
             and tmp / "f.gguf", "qwen35 with fused gate/up experts (blk.1.ffn_gate_up_exps"),
+        # mlx-lm's ministral3 has no sliding window beside Llama 4's temperature (nor llama.cpp's
+        # mistral3), no RoPE factor beside YaRN's; the temperature's beta must be a number
+        "mistral3_window": (lambda: gguf_of("m.gguf", "ministral3", {"sliding_window": 24}),
+                            "mistral3 with a sliding window is not supported"),
+        "mistral3_attn_factor": (lambda: gguf_of("m.gguf", "ministral3", {"attn_factor": 1.1}),
+                                 "mistral3.rope.scaling.attn_factor is 1.1, mlx-lm's ministral3 "
+                                 "scales by 1"),
+        "mistral3_temperature": (
+            lambda: gguf_of("m.gguf", "ministral3", {"temperature_scale": float("nan")}),
+            "mistral3.attention.temperature_scale must be a finite number, got nan"),
+        # ERNIE 4.5 MoE: a router bias that picks other experts; shared experts whose width
+        # (llama.cpp's intermediate_size // key-value heads: 48) is no number of experts' (32)
+        "ernie_router_bias": (
+            lambda: write_gguf(tmp / "e.gguf", "ernie4_5_moe", tok_folder, intermediate_size=64,
+                               extra={"blk.2.exp_probs_b.bias": [[0.0, 0.1, 0.0, 0.0]]})
+            and tmp / "e.gguf",
+            "ernie4_5-moe whose router correction bias (blk.2.exp_probs_b.bias) differs between "
+            "experts is not supported"),
+        "ernie_shared_width": (
+            lambda: write_gguf(tmp / "e.gguf", "ernie4_5_moe", tok_folder, intermediate_size=64,
+                               meta={"intermediate_size": 96}) and tmp / "e.gguf",
+            "ernie4_5-moe with shared experts 48 wide, not a multiple of its experts' 32"),
         "qwen35_fused_qkv": (
             lambda: write_gguf(tmp / "f.gguf", "qwen3_5", tok_folder,
                                extra={"blk.3.attn_qkv.weight": np.zeros((32, 64))})
@@ -1293,7 +1456,8 @@ BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type",
               "granite_no_rope", "olmo3_window", "exaone4_all_local", "exaone4_pattern_length",
               "qwen35_pattern", "qwen35_no_attention", "qwen35_heads", "qwen35_value_length",
               "qwen35_rope_dims", "qwen35_nextn", "qwen35_ssm_a", "qwen35_fused_experts",
-              "qwen35_fused_qkv"]
+              "qwen35_fused_qkv", "mistral3_window", "mistral3_attn_factor",
+              "mistral3_temperature", "ernie_router_bias", "ernie_shared_width"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

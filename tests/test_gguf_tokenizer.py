@@ -330,6 +330,8 @@ _CPP_QWEN2 = (_CPP_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\
               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CPP_QWEN35 = (_CPP_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
                r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CPP_SEED_CODER = (_CPP_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}"
+                   r"| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CPP_UPPER, _CPP_LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
 _CPP_TEKKEN = (rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}*{_CPP_LOWER}+|"
                rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}+{_CPP_LOWER}*|\p{{N}}|"
@@ -349,6 +351,7 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
                      "midm-2.0", "lfm2", "dbrx", "smaug-bpe"), (_CPP_LLAMA3,)),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"), (_CPP_QWEN2,)),
     "qwen35": (_CPP_QWEN35,),
+    "seed-coder": (_CPP_SEED_CODER,),
     "tekken": (_CPP_TEKKEN,),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), (_CPP_GPT4O,)),
 }
