@@ -38,9 +38,8 @@ from mlx_lm.utils import get_total_parameters
 from .errors import UserInputError, one_line
 from .folders import atomic_dir
 from .gguf_config import ARCHITECTURES, ROPE_TENSORS, mlx_lm_config
-from .gguf_tensors import (DEFAULT_GGUF_DTYPE, QWEN35, check_shapes, check_types,
-                           ernie45_moe_tensors, gemma4_tensors, gguf_arrays, kept_quantization,
-                           qwen35_trunk)
+from .gguf_tensors import (DEFAULT_GGUF_DTYPE, NEXTN, REGROUPED, check_shapes, check_types,
+                           gguf_arrays, kept_quantization, trunk_tensors)
 from .gguf_tokenizer import build_tokenizer, eos_ids
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -180,15 +179,13 @@ def convert_gguf(
     if arch not in ARCHITECTURES:
         raise UserInputError(f"unsupported GGUF architecture {arch!r} "
                              f"(supported: {', '.join(map(repr, ARCHITECTURES))})")
-    if arch in QWEN35:
-        tensors = qwen35_trunk(arch, meta, tensors)
+    if arch in NEXTN:
+        tensors = trunk_tensors(arch, meta, tensors)
     config = mlx_lm_config(arch, meta, tensors)
     for name in ROPE_TENSORS:  # in the config now, not weights
         tensors.pop(name, None)
-    if arch == "gemma4":
-        tensors = gemma4_tensors(tensors, config)
-    if arch == "ernie4_5-moe":
-        tensors = ernie45_moe_tensors(tensors)
+    if arch in REGROUPED:
+        tensors = REGROUPED[arch](tensors, config)
     tokenizer, tokenizer_config = build_tokenizer(arch, meta)
     config["eos_token_id"] = eos_ids(meta)
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
@@ -202,7 +199,8 @@ def convert_gguf(
     else:
         requantize, quant = {}, kept_quantization(arch, tensors, dtype, config)
     with _Shards(out_dir, shard_bytes, parameters) as shards:
-        for name, x in gguf_arrays(arch, tensors, config, dtype, requantize):
+        cast = getattr(model, "cast_predicate", lambda _: True)  # as mlx-lm's convert casts
+        for name, x in gguf_arrays(arch, tensors, config, dtype, requantize, cast):
             shards.add(name, x)
     if arch == "gemma3":  # read by mlx-lazy's own code only (mlx-lm ignores it)
         config["tie_word_embeddings"] = "output.weight" not in tensors

@@ -19,7 +19,12 @@ sliding window and pattern, global layers without RoPE; Llama 3 RoPE scaling fro
 ``qwen3_5`` / ``qwen3_5_moe``: llama.cpp's changes to the Gated DeltaNet layers undone,
 A_log from its −exp(A_log), the conv unsqueezed, the value heads it tiles grouped again;
 the full-attention period from its flags or interval; partial RoPE, as its MRoPE is on
-text; a shared expert; the multi-token prediction block dropped),
+text; a shared expert; the multi-token prediction block dropped), ``qwen3next`` (Qwen3-Next,
+to mlx-lm's ``qwen3_next``: Qwen3.5's layers before llama.cpp tiled them, its q/k/v/z projection
+fused again from ``attn_qkv`` and ``attn_gate``; every layer sparse),
+``glm4moe`` (GLM-4.5/4.6/4.7, to mlx-lm's ``glm4_moe``: leading dense layers, then sigmoid-routed
+experts with their correction bias, expert groups and scale beside shared experts; q/k/v
+biases, q/k norms, partial RoPE; the NextN block dropped),
 ``gemma4`` (to mlx-lm's ``gemma4_text``: Gemma 4 31B, 26B A4B and E2B/E4B;
 sliding layers by a flag each, head sizes and key/value heads by kind of layer, values from
 the keys where a global layer has no ``attn_v``, the global layers' partial RoPE from
@@ -47,7 +52,7 @@ import mlx.core as mx
 import numpy as np
 
 from .errors import UserInputError, shown
-from .gguf_tensors import QWEN35, dequantized, qwen35_nextn
+from .gguf_tensors import DELTA_NET, NEXTN, QWEN35, dequantized, nextn_blocks
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
@@ -59,6 +64,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "exaone4": "Exaone4ForCausalLM",
                  "qwen35": "Qwen3_5ForCausalLM",
                  "qwen35moe": "Qwen3_5MoeForCausalLM",
+                 "qwen3next": "Qwen3NextForCausalLM",
+                 "glm4moe": "Glm4MoeForCausalLM",
                  "gemma4": "Gemma4ForCausalLM",
                  "seed_oss": "SeedOssForCausalLM",
                  "ernie4_5": "Ernie4_5_ForCausalLM",
@@ -67,8 +74,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
                 "gpt-oss": "gpt_oss",
-                "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe",
-                "gemma4": "gemma4_text", "ernie4_5-moe": "ernie4_5_moe",
+                "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe", "qwen3next": "qwen3_next",
+                "glm4moe": "glm4_moe", "gemma4": "gemma4_text", "ernie4_5-moe": "ernie4_5_moe",
                 "mistral3": "ministral3"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
@@ -101,8 +108,13 @@ SMOLLM3_NO_ROPE_INTERVAL = 4
 EXAONE4_32B_LAYERS = 64
 EXAONE4_32B_WINDOW = 4096
 EXAONE4_32B_PERIOD = 4
-# Qwen3.5/3.6: llama.cpp's default period of the full-attention layers
+# Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
 QWEN35_FULL_ATTENTION_INTERVAL = 4
+# The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
+_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe")
+# GLM-4.5: llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is
+# sigmoid, the only one mlx-lm's glm4_moe has
+_NO_GATING, _SIGMOID_GATING = 0, 2
 # Phi-3's LongRoPE: llama.cpp's tensors of its factors beyond and within the original context
 _LONGROPE = {"long_factor": "rope_factors_long.weight",
              "short_factor": "rope_factors_short.weight"}
@@ -125,12 +137,12 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     def g(key: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{key}", default)
 
-    def count(key: str, default: Any = None, *, value: Any = None) -> int:
+    def count(key: str, default: Any = None, *, value: Any = None, least: int = 1) -> int:
         value = g(key, default) if value is None else value
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-                or not 1 <= value <= _MAX_COUNT:
+                or not least <= value <= _MAX_COUNT:
             raise UserInputError(f"GGUF metadata {arch}.{key} must be an integer in "
-                                 f"[1, {_MAX_COUNT}], got {shown(value, 40)}")
+                                 f"[{least}, {_MAX_COUNT}], got {shown(value, 40)}")
         return int(value)
 
     def positive(key: str, default: float | None = None) -> float:
@@ -181,8 +193,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError("GGUF with per-layer head counts is not supported")
     n_heads, hidden, n_layers = (count("attention.head_count"), count("embedding_length"),
                                  count("block_count"))
-    if arch in QWEN35:  # the multi-token prediction blocks after the model's own
-        n_layers -= qwen35_nextn(arch, meta)
+    if arch in NEXTN:  # the multi-token prediction blocks after the model's own
+        n_layers -= nextn_blocks(arch, meta)
     n_kv = 1 if gemma4 else count("attention.head_count_kv", n_heads)
     if not tensors:  # llama.cpp's ggml-vocab-*.gguf files, say
         raise UserInputError("GGUF holds no tensors: a vocabulary-only file, no weights to "
@@ -198,11 +210,14 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     rope_dims = count("rope.dimension_count", head_dim)
     # mlx-lm's phi3 rotates the first int(head_dim · partial_rotary_factor) dims of each head
     # (Phi-4-mini: 96 of 128); the other families' models rotate all of them
-    if rope_dims != head_dim and (arch not in ("phi3", *QWEN35) or rope_dims > head_dim
+    if rope_dims != head_dim and (arch not in _PARTIAL_ROPE or rope_dims > head_dim
                                   or rope_dims % 2
                                   or int(head_dim * (rope_dims / head_dim)) != rope_dims):
         raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's {head_dim} "
                              "dims is not supported")
+    if not gemma4 and count("attention.value_length", head_dim) != head_dim:  # _gemma4_config's
+        raise UserInputError(f"GGUF {arch} with values {g('attention.value_length')} wide and "
+                             f"keys {head_dim} wide is not supported")
     vocab = int(tensors["token_embd.weight"].shape[1])
     if len(meta.get("tokenizer.ggml.tokens") or []) > vocab:
         raise UserInputError(f"GGUF tokenizer has more tokens than the embedding's {vocab} rows")
@@ -268,9 +283,12 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(num_experts=n_experts, num_experts_per_tok=n_used,
                       moe_intermediate_size=count("expert_feed_forward_length"),
                       decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
-    if arch in QWEN35:
-        config.update(_qwen35_config(arch, g, count, experts, n_layers, head_dim, rope_dims,
-                                     config["rope_theta"]))
+    if arch in DELTA_NET:
+        config.update(_delta_net_config(arch, g, count, experts, n_layers, head_dim, rope_dims,
+                                        config["rope_theta"]))
+    if arch == "glm4moe":
+        config.update(_glm4moe_config(g, count, positive, experts, tensors, n_layers, head_dim,
+                                      rope_dims))
     if arch == "gpt-oss":  # every layer sparse; its SwiGLU's alpha and limit are hard-wired in
         # llama.cpp (1.702, 7) as in mlx-lm
         n_experts, n_used = experts()
@@ -340,34 +358,33 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     return config
 
 
-def _qwen35_config(arch: str, g: Any, count: Any, experts: Any, n_layers: int, head_dim: int,
-                   rope_dims: int, theta: float) -> dict:
-    """mlx-lm's qwen3_5 / qwen3_5_moe config of a Qwen3.5/3.6 GGUF: its linear-attention (Gated
-    DeltaNet) heads from llama.cpp's ssm keys, which layers attend fully, the partial RoPE
-    (llama.cpp's interleaved MRoPE: on text every section turns by the same position, plain
-    RoPE over the rotated dims), and the MoE's experts and shared expert."""
+def _delta_net_config(arch: str, g: Any, count: Any, experts: Any, n_layers: int,
+                      head_dim: int, rope_dims: int, theta: float) -> dict:
+    """mlx-lm's qwen3_5 / qwen3_5_moe / qwen3_next config of a Qwen3.5/3.6 or Qwen3-Next GGUF:
+    its linear-attention (Gated DeltaNet) heads from llama.cpp's ssm keys, which layers attend
+    fully, the partial RoPE (Qwen3.5's: llama.cpp's interleaved MRoPE, on text every section
+    turning by the same position: plain RoPE over the rotated dims), and the MoE's experts and
+    shared expert."""
     n_v, n_k = count("ssm.time_step_rank"), count("ssm.group_count")
     inner = count("ssm.inner_size")
     if n_v % n_k or inner % n_v:
         raise UserInputError(f"GGUF metadata {arch}.ssm.time_step_rank ({n_v}) must be a "
                              f"multiple of {arch}.ssm.group_count ({n_k}), and "
                              f"{arch}.ssm.inner_size ({inner}) of it")
-    if count("attention.value_length", head_dim) != head_dim:
-        raise UserInputError(f"GGUF {arch} with values {g('attention.value_length')} wide and "
-                             f"keys {head_dim} wide is not supported")
-    # (its MRoPE sections left out: on text they turn by one position, and transformers warns
-    # of them beside a "default" RoPE)
-    rope = {"rope_type": "default", "rope_theta": theta,
-            "partial_rotary_factor": rope_dims / head_dim}
     config = {"linear_num_value_heads": n_v, "linear_num_key_heads": n_k,
               "linear_key_head_dim": count("ssm.state_size"),
               "linear_value_head_dim": inner // n_v,
               "linear_conv_kernel_dim": count("ssm.conv_kernel"),
               "full_attention_interval": _qwen35_interval(arch, g, count, n_layers),
-              "attention_bias": False, "rope_parameters": rope,
-              "partial_rotary_factor": rope_dims / head_dim}
-    if arch == "qwen35moe":  # every layer sparse beside a gated shared expert; llama.cpp
-        # renormalises the top experts' weights (hard-wired)
+              "attention_bias": False, "partial_rotary_factor": rope_dims / head_dim}
+    if arch in QWEN35:  # (its MRoPE sections left out: on text they turn by one position, and
+        # transformers warns of them beside a "default" RoPE)
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": theta,
+                                     "partial_rotary_factor": rope_dims / head_dim}
+    if arch == "qwen3next":  # llama.cpp requires experts in every layer
+        config["mlp_only_layers"] = []
+    if arch != "qwen35":  # every layer sparse beside a gated shared expert; llama.cpp
+        # renormalises the top experts' softmax weights (hard-wired)
         n_experts, n_used = experts()
         shared = count("expert_shared_feed_forward_length", g("feed_forward_length"))
         config.update(num_experts=n_experts, num_experts_per_tok=n_used,
@@ -397,6 +414,60 @@ def _qwen35_interval(arch: str, g: Any, count: Any, n_layers: int) -> int:
         raise UserInputError(f"{key} are not mlx-lm's qwen3_5 pattern (every n-th layer "
                              f"full attention, the others linear): {shown(flags, 40)}")
     return interval
+
+
+def _glm4moe_config(g: Any, count: Any, positive: Any, experts: Any, tensors: dict,
+                    n_layers: int, head_dim: int, rope_dims: int) -> dict:
+    """mlx-lm's glm4_moe settings of a GLM-4.5/4.6/4.7 GGUF, read as llama.cpp reads it: its
+    first ``leading_dense_block_count`` layers dense, the others sparse beside
+    ``expert_shared_count`` shared experts (at least one); sigmoid scores, biased by
+    ``exp_probs_b`` to choose the experts (within the best ``expert_group_used_count`` of
+    ``expert_group_count`` groups) but not to weigh them, the chosen weights renormalised where
+    ``expert_weights_norm`` says so and scaled by ``expert_weights_scale`` (0 or none: 1);
+    q/k/v biases and q/k norms where the tensors have them; RoPE over ``rope.dimension_count``
+    of each head's dims, NeoX-style (its MRoPE sections, GLM-4.5V's, turn by one position on
+    text: the same RoPE)."""
+    n_experts, n_used = experts()
+    gating = g("expert_gating_func", _NO_GATING)
+    if gating not in (_NO_GATING, _SIGMOID_GATING):
+        raise UserInputError(f"GGUF glm4moe with expert gating function {shown(gating, 20)} is "
+                             "not supported (mlx-lm's glm4_moe routes by sigmoid, llama.cpp's "
+                             f"{_SIGMOID_GATING})")
+    dense = count("leading_dense_block_count", 0, least=0)
+    if dense > n_layers:
+        raise UserInputError(f"GGUF metadata glm4moe.leading_dense_block_count ({dense}) exceeds "
+                             f"its {n_layers} layers")
+    groups = count("expert_group_count", 0, least=0)
+    used_groups = count("expert_group_used_count", 0, least=0)
+    if groups > 1 and (n_experts % groups or groups >= n_experts
+                       or not 0 < used_groups < groups):  # llama.cpp asserts as much
+        raise UserInputError(f"GGUF metadata glm4moe.expert_group_count ({groups}) must divide "
+                             f"the {n_experts} experts into groups, of which "
+                             f"expert_group_used_count ({used_groups}) are fewer")
+    norm = g("expert_weights_norm", False)
+    if not isinstance(norm, (bool, np.bool_)):
+        raise UserInputError("GGUF metadata glm4moe.expert_weights_norm must be true or false, "
+                             f"got {shown(norm, 40)}")
+    if norm and n_used == 1:  # mlx-lm's glm4_moe renormalises two or more only
+        raise UserInputError("GGUF glm4moe renormalising the weight of one expert a token is not "
+                             "supported")
+    if "output.weight" not in tensors:  # llama.cpp reads the embedding then; mlx-lm cannot
+        raise UserInputError("GGUF glm4moe without output.weight (tied embeddings) is not "
+                             "supported (mlx-lm's glm4_moe has a head of its own)")
+    # llama.cpp requires the count; none (0) would be n_shared_experts None to mlx-lm's
+    # glm4_moe, which transformers' config of it refuses (loading the tokenizer reads it)
+    shared = count("expert_shared_count")
+    return {"n_routed_experts": n_experts, "num_experts_per_tok": n_used,
+            "moe_intermediate_size": count("expert_feed_forward_length"),
+            "n_shared_experts": shared, "first_k_dense_replace": dense,
+            "n_group": groups if groups > 1 else 1,
+            "topk_group": used_groups if groups > 1 else 1,
+            "routed_scaling_factor": (positive("expert_weights_scale")
+                                      if g("expert_weights_scale", 0) != 0 else 1.0),
+            "norm_topk_prob": bool(norm), "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+            "attention_bias": "blk.0.attn_q.bias" in tensors,
+            "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
+            "partial_rotary_factor": rope_dims / head_dim, "rope_scaling": None}
 
 
 def _local_layers(pattern: Any, n_layers: int, arch: str) -> list[bool]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from . import _blas  # noqa: F401  (must precede any mlx import)
 
 import sys
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -32,6 +32,12 @@ LLAMA_FAMILY = ("llama", "smollm3", "granite", "mistral3")
 # architectures, and what mlx-lm's qwen3_5 names its parameters under
 QWEN35 = ("qwen35", "qwen35moe")
 _QWEN35_PREFIX = "language_model."
+# The Gated DeltaNet hybrids: Qwen3.5/3.6 and Qwen3-Next, its predecessor
+DELTA_NET = (*QWEN35, "qwen3next")
+# mlx-lm's model types whose value heads llama.cpp's converter tiles (Qwen3.5's, not Qwen3-Next's)
+_TILED_V_HEADS = ("qwen3_5", "qwen3_5_moe")
+# The architectures whose GGUFs may hold multi-token prediction (NextN) blocks after the model's
+NEXTN = (*DELTA_NET, "glm4moe")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -62,7 +68,8 @@ _GEMMA3_LAYER_NAMES = {
 # mlx-lm's phi3 (llama.cpp's converter writes Hugging Face's tensors unpermuted: NeoX RoPE)
 _PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj",
                      "ffn_up": "mlp.gate_up_proj"}
-# gpt-oss, Qwen3.5, Seed-OSS: the norm before the MLP is llama.cpp's post_attention_norm
+# gpt-oss, Qwen3.5, Qwen3-Next, Seed-OSS, GLM-4.5: the norm before the MLP is llama.cpp's
+# post_attention_norm
 _POST_ATTENTION_NORM_NAMES = {**{k: v for k, v in _LAYER_NAMES.items() if k != "ffn_norm"},
                               "post_attention_norm": "post_attention_layernorm"}
 # gpt-oss: the router and the experts' stacks (with biases) under mlx-lm's names; the attention
@@ -82,9 +89,11 @@ _POST_NORM_LAYER_NAMES = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 # Qwen3.5/3.6: the linear-attention layers' projections (attn_qkv: q, k, v rows; attn_gate: z),
-# its conv, dt bias (a parameter of its own) and gated norm; the MoE's shared expert and its gate
+# its conv, A and dt bias (parameters of their own; a key without a suffix names one too) and
+# gated norm; the MoE's shared expert and its gate
 _QWEN35_LAYER_NAMES = {
     **_POST_ATTENTION_NORM_NAMES,
+    "ssm_a": "linear_attn.A_log",
     "attn_qkv": "linear_attn.in_proj_qkv",
     "attn_gate": "linear_attn.in_proj_z",
     "ssm_beta": "linear_attn.in_proj_b",
@@ -122,9 +131,27 @@ _GEMMA4_LAYER_NAMES = {
 _ERNIE45_MOE_LAYER_NAMES = {**_LAYER_NAMES,
                             **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
                                for p in ("gate", "up", "down")}}
+# Qwen3-Next: Qwen3.5's names, but its fused projections: q, k, v and z rows grouped by key head
+# (ssm_in, which qwen3next_tensors makes of attn_qkv and attn_gate), b and a rows (ssm_ba)
+_QWEN3NEXT_LAYER_NAMES = {
+    **{k: v for k, v in _QWEN35_LAYER_NAMES.items()
+       if k not in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")},
+    "ssm_in": "linear_attn.in_proj_qkvz",
+    "ssm_ba": "linear_attn.in_proj_ba",
+}
+# GLM-4.5: the router's expert-score correction bias (a parameter of the router), the shared
+# experts (plural in mlx-lm's glm4_moe)
+_GLM4MOE_LAYER_NAMES = {
+    **_POST_ATTENTION_NORM_NAMES,
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+}
 _ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
+                     "glm4moe": _GLM4MOE_LAYER_NAMES, "qwen3next": _QWEN3NEXT_LAYER_NAMES,
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
                      "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,
@@ -138,9 +165,10 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "per_layer_proj_norm": "model.per_layer_projection_norm"}
 
 
-def qwen35_nextn(arch: str, meta: dict) -> int:
-    """How many of a Qwen3.5 GGUF's blocks are multi-token prediction blocks, after the model's
-    own (``nextn_predict_layers``; llama.cpp's converter appends them unless told not to)."""
+def nextn_blocks(arch: str, meta: dict) -> int:
+    """How many of a GGUF's blocks are multi-token prediction blocks, after the model's own
+    (``nextn_predict_layers``; llama.cpp's converter appends them for the :data:`NEXTN`
+    architectures unless told not to)."""
     key = f"{arch}.nextn_predict_layers"
     n, blocks = meta.get(key, 0), meta.get(f"{arch}.block_count")
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0 or \
@@ -150,12 +178,12 @@ def qwen35_nextn(arch: str, meta: dict) -> int:
     return int(n)
 
 
-def qwen35_trunk(arch: str, meta: dict, tensors: dict) -> dict:
-    """A Qwen3.5 GGUF's tensors without its multi-token prediction blocks (mlx-lm's qwen3_5
-    has none: it drops them from Hugging Face checkpoints too), refusing the layouts of
-    llama.cpp's optional fusions."""
+def trunk_tensors(arch: str, meta: dict, tensors: dict) -> dict:
+    """A GGUF's tensors without its multi-token prediction blocks (mlx-lm's qwen3_5, qwen3_next
+    and glm4_moe have none: they drop them from Hugging Face checkpoints too), refusing the
+    layouts of llama.cpp's optional fusions."""
     blocks = meta.get(f"{arch}.block_count")
-    trunk = blocks - qwen35_nextn(arch, meta) if isinstance(blocks, (int, np.integer)) else None
+    trunk = blocks - nextn_blocks(arch, meta) if isinstance(blocks, (int, np.integer)) else None
     kept = {name: t for name, t in tensors.items() if trunk is None or
             not (name.startswith("blk.") and name.split(".")[1].isdigit()
                  and int(name.split(".")[1]) >= trunk)}
@@ -164,14 +192,14 @@ def qwen35_trunk(arch: str, meta: dict, tensors: dict) -> dict:
             raise UserInputError(f"GGUF {arch} with fused gate/up experts ({name}; llama.cpp's "
                                  "--fuse-gate-up-exps) is not supported")
         if name.endswith(".attn_qkv.weight") and \
-                name.replace(".attn_qkv.", ".attn_q.") in kept:  # a full-attention layer
+                name.replace(".attn_qkv.", ".ssm_conv1d.") not in kept:  # no linear attention
             raise UserInputError(f"GGUF {arch} with fused q/k/v attention ({name}; llama.cpp's "
                                  "--fuse-qkv) is not supported")
     return kept
 
 
 def _qwen35_role(gguf_name: str) -> str:
-    """A Qwen3.5 GGUF tensor's role: ``blk.3.ssm_dt.bias`` -> ``ssm_dt``."""
+    """A Qwen3.5 or Qwen3-Next GGUF tensor's role: ``blk.3.ssm_dt.bias`` -> ``ssm_dt``."""
     parts = gguf_name.split(".")
     return parts[2] if parts[0] == "blk" and len(parts) > 2 else parts[0]
 
@@ -197,20 +225,20 @@ def _untile_v_heads(x: np.ndarray, axis: int, n_k: int, n_v: int) -> np.ndarray:
 def _qwen35_straddles(t: Any, config: dict | None) -> bool:
     """Whether the GGUF tensor ``t`` is a Qwen3.5 ``ssm_out`` whose value heads, tiled by
     llama.cpp, do not fill whole blocks of 32 columns: it cannot stay quantized."""
-    return (config is not None and config["model_type"] in ("qwen3_5", "qwen3_5_moe")
+    return (config is not None and config["model_type"] in _TILED_V_HEADS
             and _qwen35_role(t.name) == "ssm_out"
             and config["linear_num_key_heads"] != config["linear_num_value_heads"]
             and config["linear_value_head_dim"] % GGUF_GROUP_SIZE != 0)
 
 
-def _qwen35_layout(gguf_name: str, x: np.ndarray, config: dict) -> np.ndarray:
-    """A Qwen3.5 GGUF array (a tensor, or a quantized one's packed weights, scales or biases)
-    in mlx-lm's qwen3_5 layout: value heads untiled; ``ssm_a`` (llama.cpp stores −exp(A_log))
-    as A_log; the conv's (channels, kernel) as MLX's (channels, kernel, 1). Norms need nothing:
-    llama.cpp and mlx-lm both store Qwen's 1 + w (its gated norm's w as it is)."""
+def _delta_net_layout(gguf_name: str, x: np.ndarray, config: dict) -> np.ndarray:
+    """A Qwen3.5 or Qwen3-Next GGUF array (a tensor, or a quantized one's packed weights, scales
+    or biases) in mlx-lm's layout: Qwen3.5's value heads untiled; ``ssm_a`` (llama.cpp stores
+    −exp(A_log)) as A_log; the conv's (channels, kernel) as MLX's (channels, kernel, 1). Norms
+    need nothing: llama.cpp and mlx-lm both store Qwen's 1 + w (its gated norm's w as it is)."""
     role = _qwen35_role(gguf_name)
     n_k, n_v = config["linear_num_key_heads"], config["linear_num_value_heads"]
-    if role in _QWEN35_V_HEADS and n_k != n_v:
+    if role in _QWEN35_V_HEADS and n_k != n_v and config["model_type"] in _TILED_V_HEADS:
         axis, past_qk = _QWEN35_V_HEADS[role]
         if past_qk:  # the rows of q and k, then those of v
             qk = 2 * config["linear_num_key_heads"] * config["linear_key_head_dim"]
@@ -231,11 +259,12 @@ def _qwen35_layout(gguf_name: str, x: np.ndarray, config: dict) -> np.ndarray:
 
 class _Part(NamedTuple):
     """A GGUF tensor's stand-in, read as the reader's tensors are: half of a fused tensor's
-    rows, or what llama.cpp takes where the file has no such tensor."""
+    rows, two tensors' rows regrouped (:class:`_Rows`), or what llama.cpp takes where the
+    file has no such tensor."""
     name: str
     tensor_type: Any
     shape: np.ndarray  # GGUF's order: columns first
-    data: np.ndarray
+    data: Any  # an array, or what np.asarray makes one of
 
 
 def gemma4_tensors(tensors: dict, config: dict) -> dict:
@@ -278,12 +307,13 @@ def gemma4_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
-def ernie45_moe_tensors(tensors: dict) -> dict:
+def ernie45_moe_tensors(tensors: dict, config: dict) -> dict:
     """An ERNIE 4.5 MoE GGUF's tensors without its routers' correction biases
     (``exp_probs_b``), which mlx-lm's ernie4_5_moe has no place for (it drops them from
     Hugging Face checkpoints too). llama.cpp adds a layer's bias to the experts' probabilities
     to pick them: one value for every expert picks the same ones and may go; any other is a
-    :class:`UserInputError`, as mlx-lm would route otherwise."""
+    :class:`UserInputError`, as mlx-lm would route otherwise. (``config``: unused, as
+    :data:`REGROUPED` calls each with it.)"""
     out = {}
     for name, t in tensors.items():
         if ".exp_probs_b." not in name:
@@ -297,15 +327,75 @@ def ernie45_moe_tensors(tensors: dict) -> dict:
     return out
 
 
+class _Rows:
+    """GGUF tensors' rows stacked and put in the ``order`` given, gathered only when read
+    (``np.asarray``, as the reader's tensors are), one tensor's memory at a time: their raw
+    blocks (a row holds whole blocks, so rows move whole), or their values dequantized to
+    float32 where the tensors' types differ."""
+
+    def __init__(self, tensors: list, order: np.ndarray, dequantize: bool) -> None:
+        self.tensors, self.order, self.dequantize = tensors, order, dequantize
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        rows = [(dequantized(t) if self.dequantize else np.asarray(t.data)) for t in self.tensors]
+        x = np.concatenate([r.reshape(r.shape[0], -1) for r in rows])[self.order]
+        return x if dtype is None else x.astype(dtype)
+
+
+def qwen3next_tensors(tensors: dict, config: dict) -> dict:
+    """A Qwen3-Next GGUF's tensors as mlx-lm's qwen3_next has its parameters: each
+    linear-attention layer's ``attn_qkv`` (every key head's q rows, then every key head's k
+    rows, then every value head's v rows) and ``attn_gate`` (z), which llama.cpp's converter
+    cut out of the checkpoint's ``in_proj_qkvz``, put back in its order (for each key head its
+    q, its k, then the v and the z of the value heads that read it) as one ``ssm_in``
+    (llama.cpp's older GGUFs store it so). Both kept quantized where they are of one type,
+    else dequantized."""
+    from gguf import GGMLQuantizationType as T
+
+    n_k, n_v = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    qk, v = n_k * dk, n_v * dv  # rows of q (and of k), of v (and of z)
+    r = v // n_k  # v (and z) rows of the value heads reading one key head
+    order = np.concatenate([np.r_[h * dk:(h + 1) * dk, qk + h * dk:qk + (h + 1) * dk,
+                                  2 * qk + h * r:2 * qk + (h + 1) * r,
+                                  2 * qk + v + h * r:2 * qk + v + (h + 1) * r]
+                            for h in range(n_k)])
+    out = dict(tensors)
+    for name in tensors:
+        if not name.endswith(".attn_qkv.weight"):
+            continue
+        gate, fused = (name.replace(".attn_qkv.", f".{role}.") for role in ("attn_gate", "ssm_in"))
+        if gate not in tensors:
+            continue  # the shape check names what is missing
+        if fused in tensors:
+            raise UserInputError(f"GGUF has both {name} and {fused}")
+        qkv, z = tensors[name], tensors[gate]
+        for t, rows in ((qkv, 2 * qk + v), (z, v)):
+            if _shape(t) != (rows, config["hidden_size"]):
+                raise UserInputError(f"GGUF {t.name} has shape {_shape(t)}, the metadata implies "
+                                     f"{(rows, config['hidden_size'])}")
+        same = qkv.tensor_type == z.tensor_type
+        out[fused] = _Part(fused, qkv.tensor_type if same else T.F32,
+                           np.array([config["hidden_size"], len(order)]),
+                           _Rows([qkv, z], order, dequantize=not same))
+        del out[name], out[gate]
+    return out
+
+
+#: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
+#: known (split, fused, or made up where llama.cpp takes a default)
+REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
+             "ernie4_5-moe": ernie45_moe_tensors}
+
+
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
     if arch in QWEN35:  # mlx-lm's qwen3_5 holds the text model as its language_model
-        parts = gguf_name.split(".")
-        if len(parts) == 3 and parts[0] == "blk" and parts[2] == "ssm_a":  # no suffix
-            return f"{_QWEN35_PREFIX}model.layers.{parts[1]}.linear_attn.A_log"
         return _QWEN35_PREFIX + _hf_name(gguf_name, "qwen3_5")
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
     names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
+    if parts[0] == "blk" and len(parts) == 2 and suffix in names:  # no suffix: ssm_a
+        return f"model.layers.{parts[1]}.{names[suffix]}"
     if parts[0] == "blk" and len(parts) == 3 and f"{parts[2]}.{suffix}" in names:
         return f"model.layers.{parts[1]}.{names[f'{parts[2]}.{suffix}']}"
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
@@ -328,7 +418,7 @@ def check_shapes(model: Any, tensors: dict, arch: str = "llama") -> None:
     expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
     got = {_hf_name(name, arch): _shape(t) for name, t in tensors.items()}
     for name, t in tensors.items():
-        if arch in QWEN35 and _qwen35_role(name) == "ssm_conv1d":  # MLX's (C, K, 1)
+        if arch in DELTA_NET and _qwen35_role(name) == "ssm_conv1d":  # MLX's (C, K, 1)
             got[_hf_name(name, arch)] += (1,)
     if arch == "gemma3" and "lm_head.weight" not in got:
         expected.pop("lm_head.weight", None)  # tied: mlx-lm drops lm_head on load
@@ -421,13 +511,21 @@ def dequantized(t: Any) -> np.ndarray:
     return dequantize(np.asarray(t.data), t.tensor_type).reshape(_shape(t))
 
 
+#: GGUF tensors whose mlx-lm parameter no quantized layer holds, by model type: GLM-4.5's router
+#: (a matrix of mlx-lm's MoEGate; llama.cpp's quantizer leaves routers float anyway)
+_FLOAT_ONLY = {"glm4_moe": ".ffn_gate_inp.weight"}
+
+
 def _kept(t: Any, dtype: str | None, config: dict | None = None) -> bool:
     """Whether the GGUF tensor ``t`` stays quantized (``dtype=None``; weights of Q4_0/Q4_1/Q8_0
-    and MXFP4, but where a layout change splits their blocks)."""
+    and MXFP4, but where a layout change splits their blocks or mlx-lm's module is no layer
+    it quantizes)."""
     from gguf import GGMLQuantizationType as T
 
+    float_only = _FLOAT_ONLY.get(config["model_type"]) if config is not None else None
     return (dtype is None and t.tensor_type in (T.Q4_0, T.Q4_1, T.Q8_0, T.MXFP4)
             and t.name.endswith(".weight") and len(t.shape) >= 2
+            and not (float_only and t.name.endswith(float_only))
             and not _qwen35_straddles(t, config))
 
 
@@ -452,10 +550,13 @@ def kept_quantization(arch: str, tensors: dict, dtype: str | None,
 
 
 def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
-                requantize: dict[str, dict]) -> Iterator[tuple[str, mx.array]]:
+                requantize: dict[str, dict],
+                cast: Callable[[str], bool] = lambda _: True) -> Iterator[tuple[str, mx.array]]:
     """Each GGUF tensor as the mlx-lm named arrays it becomes, one tensor at a time: kept
-    quantized (:func:`_kept`), or dequantized to ``dtype`` and, for a module in
-    ``requantize``, quantized with its parameters."""
+    quantized (:func:`_kept`), or dequantized to ``dtype`` (float32 where ``cast``, mlx-lm's
+    ``cast_predicate`` of the model, says a parameter keeps its precision: Qwen3.5's A_log,
+    GLM-4.5's expert-score correction bias) and, for a module in ``requantize``, quantized
+    with its parameters."""
     from gguf import GGMLQuantizationType as T
 
     target = getattr(mx, dtype or DEFAULT_GGUF_DTYPE)
@@ -480,11 +581,11 @@ def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
         for key, x in parts.items():
             if n_heads is not None:
                 x = _unpermute_rows(x, n_heads)
-            if arch in QWEN35:
-                x = _qwen35_layout(gname, x, config)
+            if arch in DELTA_NET:
+                x = _delta_net_layout(gname, x, config)
             x = mx.array(x)
-            # A_log stays float32, as mlx-lm's qwen3_5 casts it to nothing else
-            parts[key] = x if kept or suffix == "A_log" else x.astype(target)
+            parts[key] = (x if kept else
+                          x.astype(target if cast(f"{module}.{key}") else mx.float32))
         if suffix == "weight" and module in requantize:
             w, scales, biases = mx.quantize(parts["weight"], **requantize[module])
             parts = {"weight": w, "scales": scales, "biases": biases}

@@ -60,6 +60,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
                      "midm-2.0", "lfm2"), _LLAMA3),
     **dict.fromkeys(("dbrx", "smaug-bpe"), _LLAMA3._replace(whole_words=False, bos=False)),
+    "glm4": _LLAMA3._replace(bos=False),  # GLM-4.5/4.6/4.7: no BOS (its template writes [gMASK])
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"),
                     PreTokenizer((_QWEN2_REGEX,), False, False)),
     "qwen35": PreTokenizer((_QWEN35_REGEX,), False, False),

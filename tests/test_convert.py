@@ -189,23 +189,38 @@ GGUF_QWEN35_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_atten
                      "mlp.shared_expert.up_proj": "ffn_up_shexp",
                      "mlp.shared_expert.down_proj": "ffn_down_shexp",
                      "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
-#: Qwen3.5's parameters of their own: A_log (stored as -exp(A_log), no suffix), the dt bias
-GGUF_QWEN35_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias"}
+#: Qwen3-Next's: Qwen3.5's, its fused q/k/v/z projection (stored as attn_qkv and attn_gate:
+#: llama_cpp_qwen3next) and b/a projection
+GGUF_QWEN3NEXT_NAMES = {**GGUF_QWEN35_NAMES, "linear_attn.in_proj_qkvz": "attn_qkv",
+                        "linear_attn.in_proj_ba": "ssm_ba"}
+#: GLM-4.5's: the norm before the MLP, the shared experts
+GGUF_GLM4MOE_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
+                      "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+                      "mlp.shared_experts.up_proj": "ffn_up_shexp",
+                      "mlp.shared_experts.down_proj": "ffn_down_shexp"}
+#: Parameters of their own: Qwen3.5's A_log (stored as -exp(A_log), no suffix) and dt bias,
+#: GLM-4.5's expert-score correction bias
+GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias",
+                   "mlp.gate.e_score_correction_bias": "exp_probs_b.bias"}
 QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
-#: gpt-oss's and Seed-OSS's norm before the MLP
+#: gpt-oss's, Seed-OSS's norm before the MLP
 GGUF_POST_ATTENTION_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm"}
 #: ERNIE 4.5 MoE's shared experts
 GGUF_ERNIE45_MOE_NAMES = {**GGUF_LAYER_NAMES, **{f"mlp.shared_experts.{p}_proj": f"ffn_{p}_shexp"
                                                  for p in ("gate", "up", "down")}}
+#: The Gated DeltaNet kinds, whose kept-quantized logits are compared with float32 scales
+DELTA_NET_KINDS = (*QWEN35_KINDS, "qwen3_next")
 GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          "seed_oss": GGUF_POST_ATTENTION_NAMES,
                          "ernie4_5_moe": GGUF_ERNIE45_MOE_NAMES,
                          "olmo2": GGUF_POST_NORM_NAMES, "exaone4": GGUF_POST_NORM_NAMES,
-                         **dict.fromkeys(QWEN35_KINDS, GGUF_QWEN35_NAMES)}
+                         **dict.fromkeys(QWEN35_KINDS, GGUF_QWEN35_NAMES),
+                         "qwen3_next": GGUF_QWEN3NEXT_NAMES, "glm4_moe": GGUF_GLM4MOE_NAMES}
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3",
-             "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe"}
+             "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next",
+             "glm4_moe": "glm4moe"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3")
 #: Granite's multipliers by llama.cpp's writer methods
@@ -227,8 +242,8 @@ def gguf_name(hf_name: str, model_type: str = "llama") -> str:
     hf_name = hf_name.removeprefix("language_model.")  # qwen3_5's text model
     if hf_name.endswith(".self_attn.sinks"):
         hf_name += ".weight"
-    if hf_name.split(".", 3)[-1] in GGUF_QWEN35_PARAMETERS:
-        return f"blk.{hf_name.split('.')[2]}.{GGUF_QWEN35_PARAMETERS[hf_name.split('.', 3)[-1]]}"
+    if hf_name.split(".", 3)[-1] in GGUF_PARAMETERS:
+        return f"blk.{hf_name.split('.')[2]}.{GGUF_PARAMETERS[hf_name.split('.', 3)[-1]]}"
     base, suffix = hf_name.rsplit(".", 1)
     if base in GGUF_TOP_NAMES:
         return f"{GGUF_TOP_NAMES[base]}.{suffix}"
@@ -334,10 +349,11 @@ def llama_cpp_ministral3_meta(config: dict) -> dict:
 
 
 def llama_cpp_qwen35_meta(w: gguf.GGUFWriter, m: dict) -> None:
-    """The metadata llama.cpp's convert_hf_to_gguf.py writes for a Qwen3.5 config besides the
-    shape (Qwen3NextModel, _Qwen35MRopeMixin, _QwenMtpMixin, ported): the Gated DeltaNet's
-    sizes, a flag per layer where the config lists layer types (the MTP blocks' False), the
-    interval, MRoPE sections, the values' width, the shared expert's, the MTP blocks."""
+    """The metadata llama.cpp's convert_hf_to_gguf.py writes for a Qwen3.5 or Qwen3-Next config
+    besides the shape (Qwen3NextModel, _Qwen35MRopeMixin, _QwenMtpMixin, ported): the Gated
+    DeltaNet's sizes, a flag per layer where the config lists layer types (the MTP blocks'
+    False), the interval, Qwen3.5's MRoPE sections, the values' width, the shared expert's, the
+    MTP blocks."""
     nextn = m.get("nextn_predict_layers") or 0
     w.add_ssm_conv_kernel(m["linear_conv_kernel_dim"])
     w.add_ssm_state_size(m["linear_key_head_dim"])
@@ -349,12 +365,24 @@ def llama_cpp_qwen35_meta(w: gguf.GGUFWriter, m: dict) -> None:
                     [t == "linear_attention" for t in m["layer_types"]] + [False] * nextn)
     if m.get("full_attention_interval") is not None:
         w.add_full_attention_interval(m["full_attention_interval"])
-    w.add_rope_dimension_sections(m.get("mrope_section") or [11, 11, 10, 0])
+    if m["model_type"] in QWEN35_KINDS:  # Qwen3-Next's converter writes none
+        w.add_rope_dimension_sections(m.get("mrope_section") or [11, 11, 10, 0])
     w.add_value_length(m.get("value_length") or m["head_dim"])
     if m.get("shared_expert_intermediate_size"):
         w.add_expert_shared_feed_forward_length(m["shared_expert_intermediate_size"])
     if nextn:
         w.add_nextn_predict_layers(nextn)
+
+
+#: GLM-4.5's metadata by llama.cpp's writer methods (Glm4MoeModel.set_gguf_parameters and
+#: TextModel's), besides the shape and the experts' counts and width
+GLM4MOE_KEYS = {"n_shared_experts": "add_expert_shared_count",
+                "first_k_dense_replace": "add_leading_dense_block_count",
+                "expert_gating_func": "add_expert_gating_func",
+                "routed_scaling_factor": "add_expert_weights_scale",
+                "norm_topk_prob": "add_expert_weights_norm",
+                "n_group": "add_expert_group_count", "topk_group": "add_expert_group_used_count",
+                "head_dim": "add_value_length", "nextn_predict_layers": "add_nextn_predict_layers"}
 
 
 def v_tiled(n_k: int, n_v: int, width: int) -> np.ndarray:
@@ -395,6 +423,32 @@ def llama_cpp_qwen35(role: str, x: np.ndarray, config: dict) -> tuple[np.ndarray
         return y[..., None] if role == "ssm_conv1d" else y
 
     return (-np.exp(x) if role == "ssm_a" else x), restore
+
+
+def llama_cpp_qwen3next(role: str, x: np.ndarray, config: dict) -> tuple[dict, Callable]:
+    """What llama.cpp's converter stores for mlx-lm's qwen3_next array ``x`` of a tensor of
+    ``role`` (Qwen3NextModel.modify_tensors, ported): the GGUF tensors by role (in_proj_qkvz,
+    q, k, v, z rows grouped by key head, cut into attn_qkv: all q rows, all k rows, all v rows,
+    and attn_gate: the z rows; A_log as -exp(A_log); the conv squeezed), and how their stored
+    values read back as mlx-lm's array."""
+    if role == "ssm_a":
+        return {role: -np.exp(x)}, lambda stored: x
+    if role == "ssm_conv1d":
+        return {role: x[..., 0]}, lambda stored: stored[role][..., None]
+    if role != "attn_qkv":
+        return {role: x}, lambda stored: stored[role]
+    n_k, dk = config["linear_num_key_heads"], config["linear_key_head_dim"]
+    r = config["linear_num_value_heads"] // n_k * config["linear_value_head_dim"]
+    sizes = np.cumsum([dk, dk, r])  # each key head's q, k, v, z rows
+    q, k, v, z = np.split(x.reshape(n_k, -1, x.shape[-1]), sizes, axis=1)
+    flat = [t.reshape(-1, x.shape[-1]) for t in (q, k, v, z)]
+
+    def restore(stored: dict) -> np.ndarray:
+        parts = np.split(stored["attn_qkv"], np.cumsum([n_k * dk, n_k * dk]))
+        heads = [t.reshape(n_k, -1, x.shape[-1]) for t in (*parts, stored["attn_gate"])]
+        return np.concatenate(heads, axis=1).reshape(x.shape)
+
+    return {"attn_qkv": np.concatenate(flat[:3]), "attn_gate": flat[3]}, restore
 
 
 def add_bpe_vocab(w: gguf.GGUFWriter, tok_folder: Path, model: str = "gpt2") -> None:
@@ -441,8 +495,10 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
+    glm = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID} \
+        if model_type == "glm4_moe" else {}
     m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **arch_meta,
-         **qwen_rope, **(meta or {})}
+         **qwen_rope, **glm, **(meta or {})}
     module = model_module(model_type)
     shapes = {k: v.shape for k, v in
               tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
@@ -452,8 +508,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
               ff_length=model_type != "qwen3_5_moe")
     if model_type == "ernie4_5_moe":
         llama_cpp_ernie45_moe_meta(w, m)
-    if "num_experts_per_tok" in m:
-        experts = m["num_local_experts" if model_type == "gpt_oss" else "num_experts"]
+    if "num_experts_per_tok" in m:  # llama.cpp's first of these names
+        experts = next(m[k] for k in ("num_local_experts", "num_experts", "n_routed_experts")
+                       if k in m)
         if experts is not None:
             w.add_expert_count(experts)
         w.add_expert_used_count(m["num_experts_per_tok"])
@@ -476,8 +533,12 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if m.get("sliding_window_pattern") is not None:
             w.add_sliding_window_pattern(m["sliding_window_pattern"])
     w.add_layer_norm_rms_eps(m["rms_norm_eps"])
-    if model_type in QWEN35_KINDS:
+    if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
+    if model_type == "glm4_moe":
+        for key, add in GLM4MOE_KEYS.items():
+            if m.get(key) is not None:
+                getattr(w, add)(m[key])
     if model_type == "granite":
         for key, add in GRANITE_SCALES.items():
             if m[key] is not None:
@@ -503,24 +564,35 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         role = "ssm_a" if gname.endswith(".ssm_a") else gname.split(".")[-2]
         if gname in extra:  # left out, or replaced
             continue
-        if role == "ssm_conv1d":  # llama.cpp keeps it float32
-            x, qtype = rng.normal(0, 0.5, shape), T.F32
-        elif len(shape) >= 2 and name.endswith(".weight"):  # matrices, the experts' stacks
-            x, qtype = rng.normal(0, 0.05, shape), types.get(role, types.get("*", T.F32))
+        # matrices and the experts' stacks of the types asked for (not the conv: llama.cpp
+        # keeps it float32), the other tensors float32
+        matrix = len(shape) >= 2 and name.endswith(".weight") and role != "ssm_conv1d"
+        if role == "ssm_conv1d":
+            x = rng.normal(0, 0.5, shape)
+        elif matrix:
+            x = rng.normal(0, 0.05, shape)
         elif role == "attn_sinks":  # a logit per head, as large as the scores
-            x, qtype = rng.normal(size=shape), T.F32
+            x = rng.normal(size=shape)
         else:  # norms around one, biases around zero (the experts' too)
-            x, qtype = (1.0 if "norm" in role else 0.0) + 0.1 * rng.normal(size=shape), T.F32
-        restore = None
+            x = (1.0 if "norm" in role else 0.0) + 0.1 * rng.normal(size=shape)
+        x = x.astype(np.float32)
+        tensors, restore = {role: x}, (lambda stored: stored[role])  # the GGUF's by role
         if model_type in QWEN35_KINDS:
-            x, restore = llama_cpp_qwen35(role, x.astype(np.float32), config)
-        data = encode(x.astype(np.float32), qtype, rng)
-        stored = gguf.dequantize(data, qtype).reshape(x.shape)
-        reference[name] = mx.array(restore(stored) if restore else stored)
-        if model_type in GGUF_PERMUTED and role in ("attn_q", "attn_k"):
-            heads = config["num_attention_heads" if role == "attn_q" else "num_key_value_heads"]
-            data = gguf_permute(data, heads)
-        w.add_tensor(gname, data, raw_dtype=qtype)
+            y, back = llama_cpp_qwen35(role, x, config)
+            tensors, restore = {role: y}, (lambda stored, back=back: back(stored[role]))
+        if model_type == "qwen3_next":
+            tensors, restore = llama_cpp_qwen3next(role, x, config)
+        stored = {}
+        for part, y in tensors.items():
+            qtype = types.get(part, types.get("*", T.F32)) if matrix else T.F32
+            data = encode(y.astype(np.float32), qtype, rng)
+            stored[part] = gguf.dequantize(data, qtype).reshape(y.shape)
+            if model_type in GGUF_PERMUTED and part in ("attn_q", "attn_k"):
+                heads = config["num_attention_heads" if part == "attn_q"
+                               else "num_key_value_heads"]
+                data = gguf_permute(data, heads)
+            w.add_tensor(gname.replace(f".{role}", f".{part}"), data, raw_dtype=qtype)
+        reference[name] = mx.array(restore(stored))
     for gname, data in extra.items():
         if data is not None:
             w.add_tensor(gname, np.asarray(data, np.float32), raw_dtype=T.F32)
@@ -613,6 +685,28 @@ GGUF_CASES = {
                                          "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32,
                                          "ffn_gate_inp_shexp": T.F32, "*": T.Q8_0},
                          {"tie_word_embeddings": True}),
+    # Qwen3-Next: Qwen3.5's layers untiled, each linear layer's in_proj_qkvz cut by llama.cpp into
+    # attn_qkv and attn_gate, fused again: kept quantized where both are of one type (3 value
+    # heads per key head), dequantized where they differ; every layer sparse
+    "qwen3next-legacy": ("qwen3_next", {"attn_qkv": T.Q4_0, "attn_gate": T.Q4_0,
+                                        "ssm_ba": T.Q8_0, "ffn_up_exps": T.Q4_1,
+                                        "ffn_gate_inp": T.F32, "*": T.Q8_0},
+                         {"mlp_only_layers": [], "linear_num_value_heads": 6}),
+    "qwen3next-kquants": ("qwen3_next", {"attn_qkv": T.Q5_K, "attn_gate": T.Q4_0,
+                                         "ssm_out": T.Q6_K, "ffn_down_exps": T.Q5_K, "*": T.Q4_K},
+                          {**KQ, "mlp_only_layers": [], "linear_key_head_dim": 64,
+                           "linear_value_head_dim": 64, "moe_intermediate_size": 256,
+                           "shared_expert_intermediate_size": 256}),
+    # GLM-4.5: q/k/v biases, q/k norms, RoPE over half of each head, layer 0 dense, the others
+    # sigmoid-routed (2 groups, 1 taken; correction bias; scaled by 2.5) beside a shared expert;
+    # a Q8_0 router dequantized (mlx-lm's MoEGate is no layer it quantizes)
+    "glm4moe-legacy": ("glm4_moe", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                    "ffn_down_exps": T.Q4_1, "attn_q": T.Q4_0,
+                                    "ffn_up_shexp": T.Q4_1, "*": T.Q8_0}, {}),
+    "glm4moe-kquants": ("glm4_moe", {"ffn_gate_exps": T.Q4_K, "ffn_up_exps": T.Q6_K,
+                                     "ffn_down_exps": T.Q5_K, "ffn_gate_inp": T.F32,
+                                     "attn_k": T.Q5_K, "*": T.Q4_K},
+                        {**KQ, "moe_intermediate_size": 256}),
 }
 #: Ministral 3's RoPE with its attention temperature from position 8 on: TEXT spans 3 scales
 MINISTRAL3_SHORT = {**tiny_config("ministral3")["rope_parameters"],
@@ -679,7 +773,7 @@ def test_gguf_matches_its_dequantized_tensors(case, dtype, tiny_model, tiny_mode
     # float32: sums in another order; kept quantized: float16 tensors and scales (eps 9.8e-4),
     # measured up to 1e-3 of the logits' scale.
     tol = 1e-5 if dtype else 4e-3
-    if dtype is None and config["model_type"] in QWEN35_KINDS:
+    if dtype is None and config["model_type"] in DELTA_NET_KINDS:
         # MLX's quantized matmuls compute in float16 with float16 scales (5e-4 a product): Gated
         # DeltaNet's recurrence and MoE routing make percents of it. With float32 scales the kept
         # weights compute what the dequantized tensors do.
@@ -815,8 +909,9 @@ def test_exaone4_sliding_windows(overrides, meta, window, pattern, tiny_model_di
 
 
 def llama_cpp_mtp_block(config: dict, bid: int) -> dict:
-    """The multi-token prediction block llama.cpp's converter appends to a Qwen3.5 GGUF as
-    block ``bid`` (_QwenMtpMixin: a full-attention layer and the nextn tensors), random."""
+    """The multi-token prediction block llama.cpp's converter appends to a Qwen3.5, Qwen3-Next
+    or GLM-4.5 GGUF as block ``bid`` (_QwenMtpMixin, Glm4MoeModel: a full-attention layer and
+    the nextn tensors), random."""
     rng = np.random.default_rng(1)
     hidden, heads, kv, dim = (config[k] for k in ("hidden_size", "num_attention_heads",
                                                   "num_key_value_heads", "head_dim"))
@@ -915,6 +1010,43 @@ def test_ministral3_rope_parameters_from_gguf(rope, tiny_model_dir, tmp_path):
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
 
 
+@pytest.mark.parametrize("overrides, meta, mtp", [
+    ({}, {}, False),  # 2 expert groups, 1 taken; renormalised, scaled by 2.5; layer 0 dense
+    # a GGUF without the optional keys: llama.cpp's defaults (no dense layer, no groups, no
+    # renormalisation, no scale); the routing keys as llama.cpp writes GLM-4.5's
+    ({"first_k_dense_replace": 0, "routed_scaling_factor": 1.0, "norm_topk_prob": False,
+      "n_group": 1, "topk_group": 1},
+     dict.fromkeys(("first_k_dense_replace", "routed_scaling_factor", "norm_topk_prob",
+                    "n_group", "topk_group", "expert_gating_func")), False),
+    # GLM-4.5-Air's attention (no q/k norms), here without biases; 2 shared experts; a NextN
+    # block
+    ({"use_qk_norm": False, "attention_bias": False, "n_shared_experts": 2}, {}, True),
+], ids=["groups", "llama-cpp-defaults", "air-nextn"])
+def test_glm4moe_from_gguf(overrides, meta, mtp, tiny_model_dir, tmp_path):
+    """GLM-4.5's routing (groups, renormalisation, scale, its correction bias), leading dense
+    layers, shared experts, q/k norms, biases and partial RoPE become mlx-lm's glm4_moe config,
+    llama.cpp's defaults where the GGUF has no key; a NextN block is dropped; the converted
+    model computes what the GGUF's tensors do, and the engine runs it as mlx-lm does."""
+    config = {**tiny_config("glm4_moe"), **overrides}
+    n = config["num_hidden_layers"]
+    extra = llama_cpp_mtp_block(config, n) if mtp else {}
+    meta = {**meta, **({"num_hidden_layers": n + 1, "nextn_predict_layers": 1} if mtp else {})}
+    _, reference = write_gguf(tmp_path / "m.gguf", "glm4_moe", tiny_model_dir("glm4_moe"),
+                              meta=meta, extra=extra, **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    saved = json.loads((out / "config.json").read_text())
+    for key in ("num_hidden_layers", "n_routed_experts", "num_experts_per_tok", "n_group",
+                "topk_group", "routed_scaling_factor", "norm_topk_prob", "first_k_dense_replace",
+                "n_shared_experts", "moe_intermediate_size", "partial_rotary_factor",
+                "use_qk_norm", "attention_bias"):
+        assert saved[key] == config[key], key
+    model, _ = mlx_lm.load(str(out))
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model("glm4_moe", config, reference)(x)) < 1e-5
+    prompt = random_prompt(300, VOCAB_SIZE)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
 @pytest.mark.parametrize("case", ["seed_oss-legacy", "ernie4_5-legacy", "ernie4_5moe-legacy"])
 def test_seed_oss_and_ernie_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS and ERNIE 4.5 (dense and MoE) GGUFs convert to folders the engine runs
@@ -925,6 +1057,83 @@ def test_seed_oss_and_ernie_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
                                        dtype="float32")))
     prompt = random_prompt(300, VOCAB_SIZE)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+def test_glm4moe_router_and_bias_stay_float(tiny_model_dir, tmp_path):
+    """A quantized router is dequantized (mlx-lm's MoEGate is no layer it quantizes; llama.cpp
+    never quantizes routers) beside kept-quantized experts, and the correction bias stays
+    float32 in a float16 conversion, as mlx-lm's glm4_moe keeps it."""
+    kind, types, overrides = GGUF_CASES["glm4moe-legacy"]
+    write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types, **overrides)
+    weights = saved_weights(convert(tmp_path / "m.gguf", tmp_path / "q"))
+    assert "model.layers.1.mlp.gate.scales" not in weights
+    assert "model.layers.1.mlp.switch_mlp.up_proj.scales" in weights
+    weights = saved_weights(convert(tmp_path / "m.gguf", tmp_path / "f16", dtype="float16"))
+    assert weights["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == mx.float32
+    assert weights["model.layers.1.mlp.gate.weight"].dtype == mx.float16
+
+
+@pytest.mark.parametrize("overrides, meta, mtp, legacy", [
+    ({}, {}, False, False),  # layers 3 and 7 attend
+    # llama.cpp's flag per layer and its MTP block after them
+    ({"layer_types": QWEN35_LAYER_TYPES}, {}, True, False),
+    # an older GGUF: the checkpoint's in_proj_qkvz as one ssm_in tensor (llama.cpp reads both)
+    ({"full_attention_interval": 2}, {}, False, True),
+], ids=["interval", "flags-mtp", "ssm-in"])
+def test_qwen3next_from_gguf(overrides, meta, mtp, legacy, tiny_model_dir, tmp_path):
+    """Qwen3-Next's layer pattern, Gated DeltaNet heads, MoE and partial RoPE become mlx-lm's
+    qwen3_next config; its q/k/v/z projection is fused again from attn_qkv and attn_gate (or
+    taken from an older GGUF's ssm_in); an MTP block is dropped; the converted model computes
+    what the GGUF's tensors do, and the engine runs it as mlx-lm does."""
+    kind, overrides = "qwen3_next", {"mlp_only_layers": [], **overrides}
+    config = {**tiny_config(kind), **overrides}
+    n, interval = config["num_hidden_layers"], config["full_attention_interval"]
+    linear = [i for i in range(n) if (i + 1) % interval]
+    extra = llama_cpp_mtp_block(config, n) if mtp else {}
+    rows = (2 * config["linear_num_key_heads"] * config["linear_key_head_dim"]
+            + 2 * config["linear_num_value_heads"] * config["linear_value_head_dim"])
+    fused = {i: np.random.default_rng(i).normal(0, 0.05, (rows, config["hidden_size"]))
+             .astype(np.float32) for i in linear} if legacy else {}
+    for i, x in fused.items():  # in place of attn_qkv and attn_gate
+        extra.update({f"blk.{i}.attn_qkv.weight": None, f"blk.{i}.ssm_in.weight": x})
+    meta = {**meta, **({"num_hidden_layers": n + 1, "nextn_predict_layers": 1} if mtp else {})}
+    _, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), meta=meta,
+                              extra=extra, **overrides)
+    reference.update({f"model.layers.{i}.linear_attn.in_proj_qkvz.weight": mx.array(x)
+                      for i, x in fused.items()})
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["full_attention_interval"] == interval and saved["num_hidden_layers"] == n
+    for key in ("linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
+                "linear_value_head_dim", "linear_conv_kernel_dim", "num_experts",
+                "num_experts_per_tok", "moe_intermediate_size",
+                "shared_expert_intermediate_size", "partial_rotary_factor", "norm_topk_prob"):
+        assert saved[key] == config[key], key
+    model, _ = mlx_lm.load(str(out))
+    assert [i for i, layer in enumerate(model.layers) if layer.is_linear] == linear
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
+    prompt = random_prompt(300, VOCAB_SIZE)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+def test_qwen3next_fused_projection_is_exact(tiny_model_dir, tmp_path):
+    """Qwen3-Next's in_proj_qkvz, fused again from attn_qkv and attn_gate: kept quantized rows
+    that dequantize to gguf's values exactly where both are Q4_0, float values equal to gguf's
+    where their types differ (Q5_K and Q4_0)."""
+    for case, kept in (("qwen3next-legacy", True), ("qwen3next-kquants", False)):
+        kind, types, overrides = GGUF_CASES[case]
+        _, reference = write_gguf(tmp_path / f"{case}.gguf", kind, tiny_model_dir(kind), types,
+                                  **overrides)
+        weights = saved_weights(convert(tmp_path / f"{case}.gguf", tmp_path / case))
+        name = "model.layers.0.linear_attn.in_proj_qkvz"
+        got = weights[f"{name}.weight"]
+        if kept:
+            scales, biases = (weights[f"{name}.{k}"].astype(mx.float32)
+                              for k in ("scales", "biases"))
+            got = mx.dequantize(got, scales, biases, group_size=32, bits=4)
+        assert (f"{name}.scales" in weights) == kept
+        assert mx.array_equal(got, reference[f"{name}.weight"]), case
 
 
 def test_granite_multipliers_llama_cpp_defaults(tiny_model_dir, tmp_path):
@@ -1088,7 +1297,7 @@ def saved_weights(folder: Path) -> dict:
 
 @pytest.mark.parametrize("case", ["llama-legacy", "qwen2-mixed", "qwen3moe-kquants",
                                   "phi3-longrope", "gpt-oss-mxfp4", "granite-kquants",
-                                  "exaone4-legacy"])
+                                  "exaone4-legacy", "glm4moe-legacy", "qwen3next-legacy"])
 def test_q_bits_writes_what_mlx_lm_convert_writes(case, tiny_model_dir, tmp_path):
     """``--q-bits`` converts one tensor at a time, and writes exactly what mlx-lm's convert
     makes of the dequantized float16 model: the same layers quantized with the same
@@ -1105,7 +1314,8 @@ def test_q_bits_writes_what_mlx_lm_convert_writes(case, tiny_model_dir, tmp_path
         assert have[name].dtype == x.dtype and mx.array_equal(have[name], x), name
     config = [json.loads((f / "config.json").read_text()) for f in (expected, got)]
     assert config[1]["quantization"] == config[0]["quantization"]
-    router = {"qwen3_moe": "model.layers.0.mlp.gate", "gpt_oss": "model.layers.0.mlp.router"}
+    router = {"qwen3_moe": "model.layers.0.mlp.gate", "gpt_oss": "model.layers.0.mlp.router",
+              "qwen3_next": "model.layers.0.mlp.gate"}
     if kind in router:
         assert config[1]["quantization"][router[kind]]["bits"] == 8
 
@@ -1436,6 +1646,36 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             lambda: write_gguf(tmp / "e.gguf", "ernie4_5_moe", tok_folder, intermediate_size=64,
                                meta={"intermediate_size": 96}) and tmp / "e.gguf",
             "ernie4_5-moe with shared experts 48 wide, not a multiple of its experts' 32"),
+        # GLM-4.5: mlx-lm's glm4_moe routes by sigmoid within whole groups, has a head of its
+        # own, no fused q/k/v; llama.cpp requires the shared experts' count (transformers'
+        # config of glm4_moe, which loading the tokenizer reads, a shared expert)
+        "glm4moe_gating": (lambda: gguf_of("g.gguf", "glm4_moe", {
+                               "expert_gating_func": gguf.ExpertGatingFuncType.SOFTMAX}),
+                           "glm4moe with expert gating function 1 is not supported"),
+        "glm4moe_groups": (lambda: gguf_of("g.gguf", "glm4_moe", {"topk_group": 2}),
+                           "glm4moe.expert_group_count (2) must divide the 4 experts"),
+        "glm4moe_dense": (lambda: gguf_of("g.gguf", "glm4_moe", {"first_k_dense_replace": 5}),
+                          "glm4moe.leading_dense_block_count (5) exceeds its 4 layers"),
+        "glm4moe_shared": (lambda: gguf_of("g.gguf", "glm4_moe", {"n_shared_experts": None}),
+                           "glm4moe.expert_shared_count must be an integer in [1, "),
+        "glm4moe_one_expert": (lambda: gguf_of("g.gguf", "glm4_moe", {"num_experts_per_tok": 1}),
+                               "glm4moe renormalising the weight of one expert a token"),
+        "glm4moe_tied": (lambda: write_gguf(tmp / "g.gguf", "glm4_moe", tok_folder,
+                                            extra={"output.weight": None}) and tmp / "g.gguf",
+                         "glm4moe without output.weight (tied embeddings) is not supported"),
+        "glm4moe_fused_qkv": (
+            lambda: write_gguf(tmp / "g.gguf", "glm4_moe", tok_folder,
+                               extra={"blk.0.attn_qkv.weight": np.zeros((128, 64))})
+            and tmp / "g.gguf", "glm4moe with fused q/k/v attention (blk.0.attn_qkv.weight"),
+        # Qwen3-Next: one q/k/v/z projection per layer, of the metadata's shape
+        "qwen3next_both": (
+            lambda: write_gguf(tmp / "n.gguf", "qwen3_next", tok_folder, mlp_only_layers=[],
+                               extra={"blk.0.ssm_in.weight": np.zeros((128, 64))})
+            and tmp / "n.gguf", "GGUF has both blk.0.attn_qkv.weight and blk.0.ssm_in.weight"),
+        "qwen3next_shape": (
+            lambda: write_gguf(tmp / "n.gguf", "qwen3_next", tok_folder, mlp_only_layers=[],
+                               meta={"linear_key_head_dim": 8}) and tmp / "n.gguf",
+            "blk.0.attn_qkv.weight has shape (128, 64), the metadata implies (96, 64)"),
         "qwen35_fused_qkv": (
             lambda: write_gguf(tmp / "f.gguf", "qwen3_5", tok_folder,
                                extra={"blk.3.attn_qkv.weight": np.zeros((32, 64))})
@@ -1457,7 +1697,10 @@ BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type",
               "qwen35_pattern", "qwen35_no_attention", "qwen35_heads", "qwen35_value_length",
               "qwen35_rope_dims", "qwen35_nextn", "qwen35_ssm_a", "qwen35_fused_experts",
               "qwen35_fused_qkv", "mistral3_window", "mistral3_attn_factor",
-              "mistral3_temperature", "ernie_router_bias", "ernie_shared_width"]
+              "mistral3_temperature", "ernie_router_bias", "ernie_shared_width",
+              "glm4moe_gating", "glm4moe_groups", "glm4moe_dense",
+              "glm4moe_shared", "glm4moe_one_expert", "glm4moe_tied", "glm4moe_fused_qkv",
+              "qwen3next_both", "qwen3next_shape"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

@@ -348,16 +348,17 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
     **dict.fromkeys(("smollm", "refact", "starcoder", "command-r", "codeshell", "exaone",
                      "minerva-7b"), (r"\p{N}", _CPP_GPT2)),
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                     "midm-2.0", "lfm2", "dbrx", "smaug-bpe"), (_CPP_LLAMA3,)),
+                     "midm-2.0", "lfm2", "dbrx", "smaug-bpe", "glm4"), (_CPP_LLAMA3,)),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"), (_CPP_QWEN2,)),
     "qwen35": (_CPP_QWEN35,),
     "seed-coder": (_CPP_SEED_CODER,),
     "tekken": (_CPP_TEKKEN,),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), (_CPP_GPT4O,)),
 }
-# llama.cpp's ignore_merges groups
+# llama.cpp's ignore_merges groups, and those of them it adds BOS for (not GLM-4.5's)
 CPP_WHOLE_WORDS = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                   "midm-2.0", "lfm2", "tekken"}
+                   "midm-2.0", "lfm2", "tekken", "glm4"}
+CPP_BOS = CPP_WHOLE_WORDS - {"glm4"}
 SPLIT_TEXTS = TEXTS + [
     "I'm sure THEY'LL say it's HTTPServer's CamelCase: getHTTPResponseCode()",
     "Numbers 1234567 and 3.14159, paths a/b/c//d, URLs http://x.io/?q=1",
@@ -426,21 +427,22 @@ def test_every_named_pre_tokenizer_is_checked():
     assert {name for name, how in PRE_TOKENIZERS.items() if how.whole_words} == CPP_WHOLE_WORDS
 
 
-@pytest.mark.parametrize("pre", ["llama-bpe", "tekken", "qwen2", "smollm"])
+@pytest.mark.parametrize("pre", ["llama-bpe", "tekken", "qwen2", "smollm", "glm4"])
 @pytest.mark.parametrize("said", [None, True, False])
 def test_bos_as_the_gguf_says_or_as_llama_cpp_defaults(pre, said):
     """A GGUF's add_bos_token rules; without it, llama.cpp adds BOS for the Llama 3 group
-    and Tekken (Llama 3's tokenizer_config.json has no such key, so its GGUFs may not)."""
+    and Tekken (Llama 3's tokenizer_config.json has no such key, so its GGUFs may not), not
+    for GLM-4.5's "glm4", though it splits as Llama 3 does."""
     meta = byte_level_meta(pre, ["<s>"])
     meta["tokenizer.ggml.bos_token_id"] = bos = len(meta["tokenizer.ggml.tokens"]) - 1
     if said is not None:
         meta["tokenizer.ggml.add_bos_token"] = said
     tok, config = build_tokenizer("llama", meta)
-    added = said if said is not None else pre in CPP_WHOLE_WORDS
+    added = said if said is not None else pre in CPP_BOS
     assert (tok.encode("hi").ids[0] == bos) == added == config["add_bos_token"]
 
 
-@pytest.mark.parametrize("pre", ["llama-bpe", "tekken", "qwen2", "gpt-4o"])
+@pytest.mark.parametrize("pre", ["llama-bpe", "tekken", "qwen2", "gpt-4o", "glm4"])
 def test_a_whole_word_in_the_vocabulary_skips_the_merges_where_llama_cpp_does(pre):
     """" abc" is a token ("\u0120abc") no merge reaches: llama.cpp's ignore_merges groups
     (Llama 3, Tekken) take the word whole, the others merge it to " ab", "c"."""
