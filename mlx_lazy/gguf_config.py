@@ -2,41 +2,44 @@
 :mod:`mlx_lazy.conversion`; its tensors become mlx-lm's arrays in :mod:`mlx_lazy.gguf_tensors`,
 its vocabulary a tokenizer in :mod:`mlx_lazy.gguf_tokenizer`).
 
-The architectures, and what converting each involves:
-``llama`` (Mistral's GGUFs use it too; Llama 3.1/3.2's ``rope_freqs`` become mlx-lm's
-``llama3`` RoPE scaling), ``qwen2``, ``qwen3``, ``qwen3moe`` (to mlx-lm's
-``qwen3_moe``: the experts' stacked weights) and ``gemma3`` (to mlx-lm's
-``gemma3_text``: llama.cpp stores Gemma's norm weights as 1 + w, mlx-lm as w; its
-SentencePiece vocabulary becomes a byte-fallback BPE), ``phi3`` (Phi-3/3.5, Phi-4-mini: fused
-q/k/v and gate/up tensors as mlx-lm's ``phi3`` has them, partial RoPE, LongRoPE factors),
-``gpt-oss`` (to mlx-lm's ``gpt_oss``: attention sinks, biases, the sliding-window layers,
-YaRN RoPE; not llama.cpp's optional fused ``ffn_gate_up_exps``),
-``smollm3`` (no RoPE in every 4th layer, as llama.cpp hard-wires it), ``granite`` (Granite
-3.x dense: its embedding, residual, attention and logit multipliers), ``olmo2`` (norms after
-each branch; an OLMo 3 GGUF, with a sliding window, is refused) and ``exaone4`` (its
-sliding window and pattern, global layers without RoPE; Llama 3 RoPE scaling from
-``rope_freqs``), ``qwen35`` / ``qwen35moe`` (Qwen3.5/3.6's text model, to mlx-lm's
-``qwen3_5`` / ``qwen3_5_moe``: llama.cpp's changes to the Gated DeltaNet layers undone,
-A_log from its −exp(A_log), the conv unsqueezed, the value heads it tiles grouped again;
-the full-attention period from its flags or interval; partial RoPE, as its MRoPE is on
-text; a shared expert; the multi-token prediction block dropped), ``qwen3next`` (Qwen3-Next,
-to mlx-lm's ``qwen3_next``: Qwen3.5's layers before llama.cpp tiled them, its q/k/v/z projection
-fused again from ``attn_qkv`` and ``attn_gate``; every layer sparse),
-``glm4moe`` (GLM-4.5/4.6/4.7, to mlx-lm's ``glm4_moe``: leading dense layers, then sigmoid-routed
-experts with their correction bias, expert groups and scale beside shared experts; q/k/v
-biases, q/k norms, partial RoPE; the NextN block dropped),
-``gemma4`` (to mlx-lm's ``gemma4_text``: Gemma 4 31B, 26B A4B and E2B/E4B;
-sliding layers by a flag each, head sizes and key/value heads by kind of layer, values from
-the keys where a global layer has no ``attn_v``, the global layers' partial RoPE from
-``rope_freqs`` as mlx-lm's proportional RoPE, the experts' fused gate/up stacks split,
-shared keys, double-wide MLPs and per-layer inputs; its "gemma4" BPE vocabulary),
-``seed_oss`` (Seed-OSS: biases where the GGUF has them, the norm before the MLP under
-llama.cpp's ``post_attention_norm``), ``ernie4_5`` and ``ernie4_5-moe`` (ERNIE 4.5, to mlx-lm's
-``ernie4_5`` / ``ernie4_5_moe``: q/k as they are, both models' RoPE being the traditional one;
-the MoE's experts' stacks, shared experts, leading dense layers and interval; a router
-correction bias that would change which experts are picked is refused) and ``mistral3``
-(Ministral 3, to mlx-lm's ``ministral3``: q/k un-permuted, YaRN RoPE with llama.cpp's
-defaults, Llama 4's attention temperature).
+The architectures (llama.cpp's names), and what converting each involves:
+
+* ``llama``: Llama 2/3.x, Mistral's GGUFs too; Llama 3.1/3.2's ``rope_freqs`` become
+  mlx-lm's ``llama3`` RoPE scaling. ``qwen2``, ``qwen3``; ``qwen3moe`` (mlx-lm's
+  ``qwen3_moe``): the experts' stacked weights.
+* ``gemma3`` (``gemma3_text``): llama.cpp stores Gemma's norm weights as 1 + w, mlx-lm as w;
+  its SentencePiece vocabulary becomes a byte-fallback BPE.
+* ``gemma4`` (``gemma4_text``; Gemma 4 31B, 26B A4B, E2B/E4B): sliding layers by a flag
+  each, head sizes and key/value heads by kind of layer, values from the keys where a global
+  layer has no ``attn_v``, the global layers' partial RoPE from ``rope_freqs`` as mlx-lm's
+  proportional RoPE, the experts' fused gate/up stacks split, shared keys, double-wide MLPs
+  and per-layer inputs; its "gemma4" BPE vocabulary.
+* ``phi3`` (Phi-3/3.5, Phi-4-mini): fused q/k/v and gate/up tensors as mlx-lm's ``phi3``
+  has them, partial RoPE, LongRoPE factors.
+* ``gpt-oss`` (``gpt_oss``): attention sinks, biases, the sliding-window layers, YaRN RoPE;
+  not llama.cpp's optional fused ``ffn_gate_up_exps``.
+* ``smollm3``: no RoPE in every 4th layer, as llama.cpp hard-wires it. ``granite`` (3.x
+  dense): its embedding, residual, attention and logit multipliers. ``olmo2``: norms after
+  each branch (an OLMo 3 GGUF, with a sliding window, is refused). ``exaone4``: its sliding
+  window and pattern, global layers without RoPE, Llama 3 RoPE scaling from ``rope_freqs``.
+* ``qwen35`` / ``qwen35moe`` (Qwen3.5/3.6's text model, ``qwen3_5`` / ``qwen3_5_moe``):
+  llama.cpp's changes to the Gated DeltaNet layers undone (A_log from its −exp(A_log), the
+  conv unsqueezed, the value heads it tiles grouped again); the full-attention period from
+  its flags or interval; partial RoPE, as its MRoPE is on text; a shared expert; the
+  multi-token prediction block dropped.
+* ``qwen3next`` (``qwen3_next``): Qwen3.5's layers before llama.cpp tiled them, its q/k/v/z
+  projection fused again from ``attn_qkv`` and ``attn_gate``; every layer sparse.
+* ``glm4moe`` (``glm4_moe``; GLM-4.5/4.6/4.7): leading dense layers, then sigmoid-routed
+  experts with their correction bias, expert groups and scale beside shared experts; q/k/v
+  biases, q/k norms, partial RoPE; the NextN block dropped.
+* ``seed_oss``: biases where the GGUF has them, the norm before the MLP under llama.cpp's
+  ``post_attention_norm``.
+* ``ernie4_5`` / ``ernie4_5-moe`` (``ernie4_5`` / ``ernie4_5_moe``): q/k as they are, both
+  models' RoPE being the traditional one; the MoE's experts' stacks, shared experts, leading
+  dense layers and interval; a router correction bias that would change which experts are
+  picked is refused.
+* ``mistral3`` (``ministral3``; Ministral 3): q/k un-permuted, YaRN RoPE with llama.cpp's
+  defaults, Llama 4's attention temperature.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
