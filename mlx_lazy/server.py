@@ -4,7 +4,10 @@ Endpoints as mlx-lm's server and the OpenAI API define them: ``POST /v1/chat/com
 ``POST /v1/completions``, ``GET /v1/models`` and ``GET /health``. A request may choose its
 pruning with one extra body field, ``"pruning"``: a preset name (``"full"``, ``"lazy"``, ...)
 or an object of :class:`~mlx_lazy.config.PruningConfig` fields; without it the server's
-``--method`` / ``--schedule`` apply. ``usage.pruning`` reports what the pruning did.
+``--method`` / ``--schedule`` apply. ``usage.pruning`` reports what the pruning did. A chat
+request may offer ``tools`` (OpenAI function tools) to a model whose tokenizer has a tool-call
+format; its answer's calls come back as ``tool_calls``, and pruning never drops the tokens of
+the tool definitions (:mod:`mlx_lazy.server_tools`).
 
 One thread owns the model and runs one generation at a time from a queue; the HTTP side
 (FastAPI on uvicorn, one event loop) only parses, validates and streams, so ``/health``
@@ -29,7 +32,7 @@ import sys
 import time
 import uuid
 from dataclasses import replace
-from typing import AsyncIterator, Dict, List, Optional, Sequence, Union
+from typing import AsyncIterator, Dict, List, Optional, Sequence, Tuple, Union
 
 from jinja2 import TemplateError
 
@@ -53,7 +56,8 @@ from .server_http import (ApiKey, BodyLimit, add_error_handlers, listen_socket,
 from .server_schemas import (Bounds, ChatRequest, CompletionRequest, Message, RequestBody,
                              pruning_config, token_bytes)
 from .server_settings import ServerSettings, build_parser, is_loopback, settings_from_args
-from .server_worker import GONE, APIError, Delta, Done, Job, Worker
+from .server_tools import ChatOutput, tools_end
+from .server_worker import GONE, APIError, Call, Delta, Done, Job, Worker
 from .token_ids import check_tokens
 
 SSE_PING_S = 15  # a comment line keeps proxies from closing a stream during a long prefill
@@ -103,12 +107,12 @@ class App:
                                             "created": self.created, "owned_by": "mlx-lazy"}]}
 
     async def chat_completions(self, body: ChatRequest, request: Request):
-        self.bounds.check_text(sum(len(m.content.encode()) if isinstance(m.content, str)
-                                   else sum(len(p.text.encode()) for p in m.content)
-                                   for m in body.messages), "messages")
-        tokens = await run_in_threadpool(self.chat_tokens, body.messages)
+        self.bounds.check_text(body.text_bytes(), "messages")
+        tools = self.offered_tools(body)
+        tokens, anchors = await run_in_threadpool(self.chat_tokens, body.messages, tools)
         max_tokens = body.max_completion_tokens or body.max_tokens
-        return await self.respond(body, tokens, request, chat=True, max_tokens=max_tokens)
+        return await self.respond(body, tokens, request, chat=True, max_tokens=max_tokens,
+                                  tools=tools, anchors=anchors)
 
     async def completions(self, body: CompletionRequest, request: Request):
         if isinstance(body.prompt, str):
@@ -124,24 +128,57 @@ class App:
         return await self.respond(body, tokens, request, chat=False, max_tokens=body.max_tokens)
 
     # ------------------------------------------------------------ a request's parts
-    def chat_tokens(self, messages: List[Message]) -> List[int]:
-        """The prompt of ``messages``: the model's chat template, or without one their
-        contents, one per line."""
+    def offered_tools(self, body: ChatRequest) -> Optional[List[dict]]:
+        """The tools ``body`` offers the model, as the chat template takes them; None when it
+        offers none (or ``tool_choice`` is ``"none"``: the tools are then neither rendered
+        nor their calls parsed).
+
+        Raises:
+            APIError: 400 when the model cannot call tools (its tokenizer has no tool-call
+                format, or no chat template).
+        """
+        if not body.offers_tools():
+            return None
         tokenizer = self.tokenizer
-        plain = [{"role": m.role, "content": m.content if isinstance(m.content, str)
-                  else "".join(p.text for p in m.content or [])} for m in messages]
+        if not (getattr(tokenizer, "has_chat_template", False)
+                and getattr(tokenizer, "has_tool_calling", False)):
+            why = ("has no chat template" if not getattr(tokenizer, "has_chat_template", False)
+                   else "has no tool-call format mlx-lm knows (no tool parser matches its chat "
+                        "template)")
+            raise APIError(400, f"this model cannot call tools: its tokenizer {why}; leave "
+                                f"tools out, or send tool_choice \"none\"", param="tools")
+        return [t.model_dump(exclude_none=True) for t in body.tools]
+
+    def chat_tokens(self, messages: List[Message],
+                    tools: Optional[List[dict]] = None) -> Tuple[List[int], int]:
+        """The prompt of ``messages`` (and ``tools``): the model's chat template, or without
+        one their contents, one per line; and how many of its leading tokens hold the
+        tools' definitions (0 without tools; :func:`~mlx_lazy.server_tools.tools_end`, from
+        the prompt rendered once more without them)."""
+        tokenizer = self.tokenizer
+        plain = [_template_message(m) for m in messages]
         if not getattr(tokenizer, "has_chat_template", False):
-            return prompt_token_ids(tokenizer, "\n".join(m["content"] for m in plain))
-        try:
-            text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
-        except TemplateError as e:  # e.g. "roles must alternate user/assistant"
-            raise APIError(400, f"the model's chat template rejects these messages: {e}",
-                           param="messages") from None
-        return list(tokenizer.encode(text, add_special_tokens=False))
+            return prompt_token_ids(tokenizer, "\n".join(m["content"] for m in plain)), 0
+
+        def render(tools: Optional[List[dict]]) -> List[int]:
+            try:
+                text = tokenizer.apply_chat_template(plain, tools=tools, tokenize=False,
+                                                     add_generation_prompt=True)
+            except TemplateError as e:  # e.g. "roles must alternate user/assistant"
+                what = "these messages and tools" if tools else "these messages"
+                raise APIError(400, f"the model's chat template rejects {what}: {e}",
+                               param="messages") from None
+            return list(tokenizer.encode(text, add_special_tokens=False))
+
+        tokens = render(tools)
+        return tokens, tools_end(tokens, render(None)) if tools else 0
 
     def make_job(self, rid: str, body: RequestBody, tokens: List[int],
-                 max_tokens: Optional[int]) -> Job:
-        """The job for a validated body and its prompt ``tokens``.
+                 max_tokens: Optional[int], tools: Optional[List[dict]] = None,
+                 anchors: int = 0) -> Job:
+        """The job for a validated body and its prompt ``tokens``: with ``tools`` offered,
+        their calls are split from the text; a pruning schedule keeps at least the first
+        ``anchors`` prompt tokens (the tools' definitions) at every cut.
 
         Raises:
             APIError: 400 for a field asking what this server does not do (``logprobs``,
@@ -160,7 +197,14 @@ class App:
             if body.seed is not None and RandomDrop in compose(config.method).values() \
                     and not (isinstance(body.pruning, dict) and "seed" in body.pruning):
                 config = replace(config, seed=body.seed)  # as the CLI's --seed: the drop's too
+            own = config.anchors
+            if anchors > own:  # the tools' definitions are never pruned
+                config = replace(config, anchors=anchors)
             schedule = resolve_config(worker.model, config, fingerprint=worker.fingerprint)
+            if not schedule.prunes and schedule.anchors != own:
+                # nothing is pruned: the request's own value, so that its cache is shared
+                # with requests without tools (the prompt-cache store compares schedules)
+                schedule = replace(schedule, anchors=own)
             check_anchors(schedule, n)
             check_fits(schedule, worker.context)  # before the worker: 400, not its 500
         except ValueError as e:
@@ -184,7 +228,9 @@ class App:
                    logit_bias=self.logit_bias(body.logit_bias),
                    top_k=0 if (body.top_k or 0) >= worker.vocab_size else body.top_k or 0,
                    min_p=body.min_p or 0.0, repetition_penalty=body.repetition_penalty,
-                   continues=not isinstance(body, ChatRequest))
+                   continues=not isinstance(body, ChatRequest),
+                   tool_markers=None if tools is None else (self.tokenizer.tool_call_start,
+                                                            self.tokenizer.tool_call_end))
 
     def logit_bias(self, bias: Optional[Dict[str, float]]) -> Dict[int, float]:
         """``logit_bias`` with its keys read as token ids of the vocabulary.
@@ -208,38 +254,59 @@ class App:
         return out
 
     async def respond(self, body: RequestBody, tokens: List[int], request: Request, chat: bool,
-                      max_tokens: Optional[int]):
+                      max_tokens: Optional[int], tools: Optional[List[dict]] = None,
+                      anchors: int = 0):
         """Queue the request's job; return its completion, or stream it as server-sent
-        events."""
+        events. A chat answer's text and tool calls are assembled by a
+        :class:`~mlx_lazy.server_tools.ChatOutput`, the same for both."""
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        job = self.make_job(rid, body, tokens, max_tokens)
+        job = self.make_job(rid, body, tokens, max_tokens, tools, anchors)
         self.worker.submit(job)
         obj = "chat.completion" if chat else "text_completion"
         head = {"id": rid, "object": obj, "created": int(time.time()), "model": self.model_id}
+        tokenizer = self.tokenizer
+        output = (ChatOutput() if tools is None else
+                  ChatOutput(tokenizer.tool_parser, tools,
+                             (tokenizer.tool_call_start, tokenizer.tool_call_end)))
+
+        def pieces(item: Union[Delta, Call]) -> Tuple[str, List[dict]]:
+            return (output.content(item.text), []) if isinstance(item, Delta) \
+                else output.call(item.text)
 
         if not body.stream:
-            text, done = "", None
+            text, calls, done = "", [], None
             watcher = asyncio.create_task(_watch(self.worker, job, request))
             try:
                 async for item in _events(self.worker, job):  # a failed job raises its APIError
-                    if isinstance(item, Delta):
-                        text += item.text
-                    else:
+                    if isinstance(item, Done):
                         done = item
+                    else:
+                        more, made = pieces(item)
+                        text, calls = text + more, calls + made
             finally:
                 watcher.cancel()
             if done is None:  # the client went away
                 return JSONResponse({}, status_code=499)
-            out = ({"message": {"role": "assistant", "content": text}} if chat
-                   else {"text": text})
-            choice = {"index": 0, **out, "logprobs": None, "finish_reason": done.finish_reason}
+            text += output.end()
+            if not chat:
+                out = {"text": text}
+            elif calls:  # OpenAI's shape: no text is null content
+                out = {"message": {"role": "assistant", "content": text or None,
+                                   "tool_calls": calls}}
+            else:
+                out = {"message": {"role": "assistant", "content": text}}
+            choice = {"index": 0, **out, "logprobs": None,
+                      "finish_reason": output.finish_reason(done.finish_reason)}
             return {**head, "choices": [choice], "usage": _usage(done)}
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-        def chunk(piece: Optional[str], finish: Optional[str], first: bool = False) -> str:
+        def chunk(piece: Optional[str], finish: Optional[str], first: bool = False,
+                  calls: Sequence[dict] = ()) -> str:
             if chat:
                 delta = {} if piece is None else {"content": piece}
+                if calls:
+                    delta["tool_calls"] = list(calls)
                 if first:
                     delta = {"role": "assistant", **delta}
                 choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -248,14 +315,24 @@ class App:
             return json.dumps({**head, "choices": [choice]})
 
         async def sse() -> AsyncIterator[str]:
-            first = True
+            first, index = True, 0
             try:
                 async for item in _events(self.worker, job):
-                    if isinstance(item, Delta):
-                        yield chunk(item.text, None, first)
-                        first = False
+                    if not isinstance(item, Done):
+                        text, calls = pieces(item)
+                        if text:
+                            yield chunk(text, None, first)
+                            first = False
+                        if calls:  # each whole, numbered as OpenAI's stream numbers them
+                            yield chunk(None, None, first, [
+                                {"index": index + i, **c} for i, c in enumerate(calls)])
+                            first, index = False, index + len(calls)
                         continue
-                    yield chunk(None, item.finish_reason, first)
+                    tail = output.end()
+                    if tail:
+                        yield chunk(tail, None, first)
+                        first = False
+                    yield chunk(None, output.finish_reason(item.finish_reason), first)
                     if include_usage:
                         yield json.dumps({**head, "object": "chat.completion.chunk" if chat
                                           else obj, "choices": [], "usage": _usage(item)})
@@ -290,6 +367,23 @@ async def _watch(worker: Worker, job: Job, request: Request) -> None:
         pass
     worker.cancel(job)
     job.events.put_nowait(GONE)
+
+
+def _template_message(message: Message) -> dict:
+    """``message`` as chat templates take it (as mlx-lm's server gives it): the content's
+    text ("" for none), a call's ``arguments`` parsed into an object."""
+    out: dict = {"role": message.role, "content": message.text()}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": c.type, "function": {
+                "name": c.function.name,
+                "arguments": json.loads(c.function.arguments)
+                if c.function.arguments.strip() else {}}}
+            for c in message.tool_calls]
+    for field in ("tool_call_id", "name"):
+        if getattr(message, field) is not None:
+            out[field] = getattr(message, field)
+    return out
 
 
 def _usage(done: Done) -> dict:

@@ -6,13 +6,14 @@ their fields (:class:`Bounds`, the cost model) and the ``"pruning"`` field read 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
 from .extras import needs_extra
 
 with needs_extra("server", "the server"):
     from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
-                          StringConstraints)
+                          StringConstraints, ValidationInfo, field_validator)
 
 from .config import PRUNING_FIELDS, PruningConfig
 from .errors import UserInputError, shown
@@ -27,15 +28,22 @@ class Bounds:
     Cost model, per request, n being the body's bytes:
 
     * the body: read, parsed and validated in O(n); ``max_body_bytes`` (413) is checked on
-      the bytes as they arrive, before any parsing. Fields the server ignores (``tools``,
-      ``user``, ...) cost their parse only, within that bound.
+      the bytes as they arrive, before any parsing. Fields the server ignores (``user``,
+      ``parallel_tool_calls``, ...) cost their parse only, within that bound.
     * a prompt's text: tokenizing is O(bytes) and the slowest step a body can ask for (1-2 s
       per MB on a CPU), so a text too long to fit ``prompt_tokens`` is refused (413)
       before the tokenizer runs: a token stands for at most ``token_bytes`` bytes of text
       (:func:`token_bytes`), so more than ``prompt_tokens * token_bytes`` bytes cannot fit.
     * token ids: checked against the vocabulary in O(ids); more than ``prompt_tokens`` is 413.
     * ``messages``: the chat template renders O(messages + bytes); at most
-      :data:`MAX_MESSAGES` (OpenAI's own limit), their text as a prompt's text above.
+      :data:`MAX_MESSAGES` (OpenAI's own limit), their text as a prompt's text above, an
+      assistant message's ``tool_calls`` at most :data:`MAX_TOOL_CALLS`, each call's
+      ``arguments`` parsed once more (O(bytes)) for the template.
+    * ``tools``: at most :data:`MAX_TOOLS` (OpenAI's limit), each function's ``parameters``
+      nested at most :data:`MAX_SCHEMA_DEPTH` deep (the template's ``tojson`` recurses
+      through it); their JSON counts as the prompt's text above. A request that offers tools
+      renders the template twice and tokenizes the prompt twice (with and without them, to
+      find the definitions' tokens, :func:`~mlx_lazy.server_tools.tools_end`).
     * ``stop``: the check is linear in the generated text for each stop string
       (:class:`~mlx_lazy.server_worker.StopText`), its set-up linear in their length, and a
       stream withholds at most the longest one less a character: at most :data:`MAX_STOPS`
@@ -90,6 +98,10 @@ MAX_STOPS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 500
 MAX_MESSAGES = 2048  # OpenAI's limit
 MAX_LOGIT_BIAS = 1024
+MAX_TOOLS = 128  # OpenAI's limit
+MAX_TOOL_CALLS = 128  # in one assistant message
+MAX_SCHEMA_DEPTH = 64  # of a function's parameters: objects and arrays within each other
+MAX_ID_CHARS = 256  # a tool call's id, a history call's function name
 #: ``repetition_penalty`` lies in [this, its inverse]: far beyond any that helps, and logits
 #: (tens at most) divided or multiplied by it stay finite in float32.
 MIN_REPETITION_PENALTY = 1e-3
@@ -138,9 +150,123 @@ class TextPart(_Strict):
     text: Text
 
 
+def _depth(value: Any) -> int:
+    """How deep JSON objects and arrays nest in ``value`` (0 for a scalar), iteratively."""
+    deepest, level = 0, [(value, 0)]
+    while level:
+        item, depth = level.pop()
+        if isinstance(item, (dict, list)):
+            depth += 1
+            deepest = max(deepest, depth)
+            if depth > MAX_SCHEMA_DEPTH:  # enough to refuse it
+                break
+            level.extend((x, depth) for x in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _schema(parameters: Dict[str, Any]) -> Dict[str, Any]:
+    """A function's ``parameters`` (a JSON schema object) when it nests at most
+    :data:`MAX_SCHEMA_DEPTH` deep."""
+    if _depth(parameters) > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays")
+    return parameters
+
+
+def _json_object(arguments: str) -> str:
+    """A call's ``arguments`` when they are a JSON object ("" stands for ``{}``)."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError as e:
+        raise ValueError(f"not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, not {type(value).__name__}")
+    return arguments
+
+
+#: OpenAI's function names (letters, digits, underscores and dashes) and dots and colons,
+#: which MCP clients' names hold.
+FunctionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
+
+
+class Function(_Strict):
+    name: FunctionName
+    description: Optional[Text] = None
+    parameters: Optional[Annotated[Dict[str, Any], AfterValidator(_schema)]] = None
+    strict: Optional[bool] = None
+
+
+class Tool(_Strict):
+    """A tool a request offers (OpenAI's function tool)."""
+
+    type: Literal["function"]
+    function: Function
+
+
+class CalledFunction(_Strict):
+    name: Annotated[Text, Field(min_length=1, max_length=MAX_ID_CHARS)]
+    arguments: Annotated[Text, AfterValidator(_json_object)]
+
+
+class ToolCall(_Strict):
+    """A call an earlier assistant message made (the ``tool_calls`` an answer gave)."""
+
+    id: Annotated[Text, Field(min_length=1, max_length=MAX_ID_CHARS)]
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class Message(_Strict):
+    """A chat message. Checked in order, each against the fields before it: ``tool_calls``
+    only on an assistant message, ``tool_call_id`` on a tool message (and only there),
+    ``content`` present (not null) unless an assistant message has tool calls."""
+
     role: Literal["system", "user", "assistant", "tool"]
-    content: Union[Text, List[TextPart]]
+    tool_calls: Optional[Annotated[List[ToolCall], Field(max_length=MAX_TOOL_CALLS)]] = None
+    tool_call_id: Annotated[Optional[Annotated[Text, Field(min_length=1,
+                                                           max_length=MAX_ID_CHARS)]],
+                            Field(validate_default=True)] = None
+    name: Optional[Annotated[Text, Field(max_length=MAX_ID_CHARS)]] = None
+    content: Annotated[Union[Text, List[TextPart], None], Field(validate_default=True)] = None
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_by_the_assistant(cls, calls: Optional[List[ToolCall]], info: ValidationInfo):
+        if calls and info.data.get("role", "assistant") != "assistant":
+            raise ValueError(f"only an assistant message makes tool calls, not a "
+                             f"{info.data['role']} message")
+        return calls
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _id_for_a_tool(cls, tool_call_id: Optional[str], info: ValidationInfo):
+        role = info.data.get("role")
+        if role == "tool" and tool_call_id is None:
+            raise ValueError("a tool message needs the id of the call it answers")
+        if role not in ("tool", None) and tool_call_id is not None:
+            raise ValueError(f"only a tool message answers a call, not a {role} message")
+        return tool_call_id
+
+    @field_validator("content")
+    @classmethod
+    def _content_present(cls, content, info: ValidationInfo):
+        # (a role or tool_calls that failed is the error to report, not this)
+        if content is None and {"role", "tool_calls"} <= set(info.data) and not (
+                info.data["role"] == "assistant" and info.data["tool_calls"]):
+            raise ValueError("content is required (it may be null only in an assistant "
+                             "message with tool_calls)")
+        return content
+
+    def text(self) -> str:
+        """The content's text ("" for none)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content or [])
+
+    def text_bytes(self) -> int:
+        """The bytes of its text, for :meth:`Bounds.check_text`."""
+        return len(self.text().encode()) + sum(
+            len(c.function.arguments.encode()) + len(c.function.name.encode())
+            for c in self.tool_calls or [])
 
 
 class StreamOptions(_Strict):
@@ -172,7 +298,8 @@ class RequestBody(_Strict):
     pruning: Union[Text, Dict[Text, Any], None] = None
     # OpenAI fields that ask for what this server does not produce: the value that asks
     # nothing (null, false, 0, "", best_of 1, as clients send by default) passes, any other
-    # is refused (unsupported()) rather than answered without it.
+    # is refused (unsupported()) rather than answered without it. A chat request's tools are
+    # answered (ChatRequest.tools), a completion's are not.
     logprobs: Union[bool, int, None] = None
     top_logprobs: Optional[int] = None
     echo: Optional[bool] = None
@@ -185,9 +312,10 @@ class RequestBody(_Strict):
     tool_choice: Union[str, Dict[str, Any], None] = None
     modalities: Optional[List[str]] = None
 
-    def unsupported(self) -> Optional[str]:
-        """The first field set to ask for something this server does not do, else None."""
-        return next((name for name, nothing in UNSUPPORTED.items()
+    def unsupported(self, fields: Optional[Dict[str, tuple]] = None) -> Optional[str]:
+        """The first of ``fields`` (default :data:`UNSUPPORTED`) set to ask for something this
+        server does not do, else None."""
+        return next((name for name, nothing in (fields or UNSUPPORTED).items()
                      if getattr(self, name) not in nothing), None)
 
 
@@ -202,9 +330,29 @@ UNSUPPORTED = {"logprobs": _NOTHING, "top_logprobs": _NOTHING, "echo": _NOTHING,
                "modalities": (*_NOTHING, [], ["text"])}
 
 
+#: What a chat request may not ask for: tools are answered (``tool_choice`` "required" or a
+#: named function is not: the server cannot force a call).
+CHAT_UNSUPPORTED = {name: nothing for name, nothing in UNSUPPORTED.items() if name != "tools"}
+
+
 class ChatRequest(RequestBody):
     messages: Annotated[List[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Optional[Annotated[int, Field(ge=1)]] = None
+    tools: Optional[Annotated[List[Tool], Field(max_length=MAX_TOOLS)]] = None
+
+    def unsupported(self, fields: Optional[Dict[str, tuple]] = None) -> Optional[str]:
+        return super().unsupported(fields or CHAT_UNSUPPORTED)
+
+    def offers_tools(self) -> bool:
+        """Whether the request offers tools to call (some, and ``tool_choice`` not
+        ``"none"``)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def text_bytes(self) -> int:
+        """The bytes of the text the prompt is rendered from: the messages' and the tools'
+        definitions (as JSON), for :meth:`Bounds.check_text`."""
+        return sum(m.text_bytes() for m in self.messages) + sum(
+            len(t.model_dump_json(exclude_none=True)) for t in self.tools or [])
 
 
 def _one_prompt(prompt: Any) -> Any:

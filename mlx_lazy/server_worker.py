@@ -1,6 +1,7 @@
 """The server's generation worker: one thread owns the model and runs one :class:`Job` at a
 time, in order; the HTTP side (:mod:`mlx_lazy.server`) only validates requests into jobs and
-hands their events (:class:`Delta`, :class:`Done`, :class:`APIError`) to the clients.
+hands their events (:class:`Delta`, :class:`Call`, :class:`Done`, :class:`APIError`) to the
+clients.
 
 Nothing here needs the ``[server]`` extra.
 """
@@ -28,6 +29,7 @@ from .errors import UserInputError, one_line
 from .prefix_store import PromptCacheStore
 from .prompt_cache import make_prompt_cache
 from .schedule import Schedule
+from .server_tools import CallSplitter, Piece
 
 log = logging.getLogger("mlx_lazy.server")
 
@@ -69,6 +71,13 @@ class Delta:
 
 
 @dataclasses.dataclass
+class Call:
+    """The text of a tool call, between the tokenizer's markers (not yet parsed)."""
+
+    text: str
+
+
+@dataclasses.dataclass
 class Done:
     """The end of a generation."""
 
@@ -97,6 +106,8 @@ class Job:
     min_p: float = 0.0
     repetition_penalty: Optional[float] = None  # over the last 20 tokens, as mlx-lm's
     continues: bool = False  # the text continues the prompt's (/v1/completions), space and all
+    # tool calls offered: the tokenizer's (tool_call_start, tool_call_end), else None
+    tool_markers: Optional[Tuple[str, str]] = None
     events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     phase: str = "queued"
@@ -106,7 +117,7 @@ class Job:
     taken: bool = False
     withdrawn: bool = False
 
-    def emit(self, item: Union[Delta, Done, APIError]) -> None:
+    def emit(self, item: Union[Delta, Call, Done, APIError]) -> None:
         """Hand ``item`` to the request's event loop (thread-safe)."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
@@ -177,6 +188,31 @@ class StopText:
         """The withheld text, at the end of the generation."""
         out, self.pending = self.pending, ""
         return out
+
+    def cut(self) -> str:
+        """The withheld text, the matching started afresh: at a tool call, which no stop
+        string is matched across."""
+        self._state = [0] * len(self.stops)
+        return self.flush()
+
+
+def _emit(job: Job, stop: StopText, pieces: List[Piece]) -> bool:
+    """Emit generated ``pieces`` (:class:`~mlx_lazy.server_tools.CallSplitter`'s): text
+    through the stop check, a call (and a call's raw text) whole, never cut by a stop string
+    nor part of one; True when a stop string was hit (the pieces after it are dropped)."""
+    for kind, text in pieces:
+        if kind == "text":
+            out, hit = stop.feed(text)
+            if out:
+                job.emit(Delta(out))
+            if hit:
+                return True
+            continue
+        tail = stop.cut()
+        if tail:
+            job.emit(Delta(tail))
+        job.emit(Call(text) if kind == "call" else Delta(text))
+    return False
 
 
 def _failure(s: str) -> List[int]:
@@ -387,7 +423,8 @@ class Worker:
             mx.random.seed(job.seed)
         job.phase = "prefill"
         stop = StopText(job.stop)
-        resp, finish, prompt_end, before_last = None, None, None, None
+        calls = None if job.tool_markers is None else CallSplitter(*job.tool_markers)
+        resp, finish, prompt_end, before_last, hit = None, None, None, None, False
         if self.store is None:
             cache = make_prompt_cache(self.model, job.schedule)
         else:  # a private copy: a failed or cancelled request leaves the stored one intact
@@ -431,12 +468,14 @@ class Worker:
                             piece = dropped_space(self.tokenizer, job.tokens[-8:], generated,
                                                   piece) + piece
                             generated = None
-                    text, hit = stop.feed(piece)
-                    if text:
-                        job.emit(Delta(text))
+                    hit = _emit(job, stop, [("text", piece)] if calls is None
+                                else calls.feed(piece))
                     finish = "stop" if hit else resp.finish_reason
                     if finish:
                         break
+                if calls is not None and not hit:  # what the markers withheld
+                    if _emit(job, stop, calls.finish(cut=finish != "stop")):
+                        finish = "stop"
         except _Cancelled:
             return None
         tail = stop.flush()  # empty after a stop string; after EOS, the held-back text
@@ -454,6 +493,6 @@ class Worker:
             "prompt_tokens_computed_pct": s.prompt_tokens_computed_pct,
             "prompt_token_layers_computed_pct": s.prompt_token_layers_computed_pct,
             "kv_bytes": s.kv_bytes, "aux_bytes": s.aux_bytes, "revivals": s.revivals,
-            "completed_token_layers": s.completed_token_layers,
+            "completed_token_layers": s.completed_token_layers, "anchors": job.schedule.anchors,
             "prefill_token_layers": sum(s.prefill_tokens_per_layer) + split_layers,
         })
