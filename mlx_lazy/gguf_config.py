@@ -447,6 +447,14 @@ def _glm4moe_config(g: Any, count: Any, positive: Any, experts: Any, tensors: di
         raise UserInputError(f"GGUF metadata glm4moe.expert_group_count ({groups}) must divide "
                              f"the {n_experts} experts into groups, of which "
                              f"expert_group_used_count ({used_groups}) are fewer")
+    if groups > 1:  # mlx-lm scores the other groups' experts 0 where llama.cpp takes -inf:
+        # the same experts while every score (a sigmoid, plus the bias) is positive
+        for name in sorted(n for n in tensors if n.endswith(".exp_probs_b.bias")):
+            if dequantized(tensors[name]).min() < 0:
+                raise UserInputError(
+                    f"GGUF glm4moe with expert groups and a negative correction bias ({name}) "
+                    "is not supported: mlx-lm's glm4_moe would pick experts of the groups "
+                    "llama.cpp leaves out")
     norm = g("expert_weights_norm", False)
     if not isinstance(norm, (bool, np.bool_)):
         raise UserInputError("GGUF metadata glm4moe.expert_weights_norm must be true or false, "

@@ -312,15 +312,20 @@ def ernie45_moe_tensors(tensors: dict, config: dict) -> dict:
     (``exp_probs_b``), which mlx-lm's ernie4_5_moe has no place for (it drops them from
     Hugging Face checkpoints too). llama.cpp adds a layer's bias to the experts' probabilities
     to pick them: one value for every expert picks the same ones and may go; any other is a
-    :class:`UserInputError`, as mlx-lm would route otherwise. (``config``: unused, as
-    :data:`REGROUPED` calls each with it.)"""
+    :class:`UserInputError`, as mlx-lm would route otherwise, and so is a bias that is not one
+    value per expert of a layer with a router (llama.cpp refuses such a file)."""
     out = {}
     for name, t in tensors.items():
         if ".exp_probs_b." not in name:
             out[name] = t
             continue
-        bias = dequantized(t).ravel()
-        if bias.size and not np.all(bias == bias[0]):
+        bias, n = dequantized(t).ravel(), config["moe_num_experts"]
+        router = name.replace(".exp_probs_b.bias", ".ffn_gate_inp.weight")
+        if bias.size != n or router not in tensors:
+            raise UserInputError(f"GGUF {name} must hold one value for each of the {n} experts "
+                                 f"of a layer with a router ({router}); it holds {bias.size}"
+                                 + ("" if router in tensors else " in a layer without one"))
+        if not np.all(bias == bias[0]):
             raise UserInputError(f"GGUF ernie4_5-moe whose router correction bias ({name}) "
                                  "differs between experts is not supported: mlx-lm's "
                                  "ernie4_5_moe picks experts without it")
@@ -362,11 +367,15 @@ def qwen3next_tensors(tensors: dict, config: dict) -> dict:
                             for h in range(n_k)])
     out = dict(tensors)
     for name in tensors:
+        if name.endswith(".attn_gate.weight") and \
+                name.replace(".attn_gate.", ".attn_qkv.") not in tensors:
+            raise UserInputError(f"GGUF has {name} without "
+                                 f"{name.replace('.attn_gate.', '.attn_qkv.')}")
         if not name.endswith(".attn_qkv.weight"):
             continue
         gate, fused = (name.replace(".attn_qkv.", f".{role}.") for role in ("attn_gate", "ssm_in"))
         if gate not in tensors:
-            continue  # the shape check names what is missing
+            raise UserInputError(f"GGUF has {name} without {gate}")
         if fused in tensors:
             raise UserInputError(f"GGUF has both {name} and {fused}")
         qkv, z = tensors[name], tensors[gate]

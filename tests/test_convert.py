@@ -328,8 +328,9 @@ def llama_cpp_ernie45_moe_biases(config: dict, value: float = 0.25) -> dict:
     checkpoints hold one per MoE layer, (1, experts), mlx-lm's model none): one value for all
     experts, other in each layer."""
     start, n = config["moe_layer_start_index"], config["moe_num_experts"]
+    step = config.get("moe_layer_interval", 1)  # mlx-lm's and ERNIE's rule of MoE layers
     return {f"blk.{i}.exp_probs_b.bias": np.full((1, n), value * (i + 1))
-            for i in range(start, config["num_hidden_layers"])}
+            for i in range(start, config["num_hidden_layers"]) if (i + 1) % step == 0}
 
 
 def llama_cpp_ministral3_meta(config: dict) -> dict:
@@ -573,6 +574,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             x = rng.normal(0, 0.05, shape)
         elif role == "attn_sinks":  # a logit per head, as large as the scores
             x = rng.normal(size=shape)
+        elif role == "exp_probs_b":  # positive: with groups, a negative one is refused
+            x = 0.1 * np.abs(rng.normal(size=shape))
         else:  # norms around one, biases around zero (the experts' too)
             x = (1.0 if "norm" in role else 0.0) + 0.1 * rng.normal(size=shape)
         x = x.astype(np.float32)
@@ -731,6 +734,9 @@ GGUF_CASES.update({
                                             "ffn_down_exps": T.Q4_1, "ffn_gate_shexp": T.Q4_0,
                                             "ffn_gate_inp": T.F32, "*": T.Q8_0},
                            {"intermediate_size": 64}),
+    # a MoE layer every second one from layer 1 (llama.cpp's loader takes interval 1 only)
+    "ernie4_5moe-interval": ("ernie4_5_moe", {"ffn_gate_inp": T.F32, "*": T.Q8_0},
+                             {"intermediate_size": 64, "moe_layer_interval": 2}),
     "ernie4_5moe-kquants": ("ernie4_5_moe", {"ffn_gate_exps": T.Q4_K, "ffn_up_exps": T.Q6_K,
                                              "ffn_down_exps": T.Q5_K, "ffn_gate_inp": T.F32,
                                              "*": T.Q4_K},
@@ -984,19 +990,23 @@ def test_qwen35_kept_quantized_where_heads_fill_blocks(tiny_model_dir, tmp_path)
     assert weights["language_model.model.layers.0.linear_attn.dt_bias"].dtype == mx.float16
 
 
-@pytest.mark.parametrize("rope", [
-    MINISTRAL3_SHORT,
+@pytest.mark.parametrize("rope, meta", [
+    (MINISTRAL3_SHORT, {}),
     # Mistral's own format with apply_scale (no log multiplier), betas of its own
-    {**MINISTRAL3_SHORT, "mscale_all_dim": 0.0, "beta_fast": 16.0, "beta_slow": 2.0},
-], ids=["hf", "betas"])
-def test_ministral3_rope_parameters_from_gguf(rope, tiny_model_dir, tmp_path):
+    ({**MINISTRAL3_SHORT, "mscale_all_dim": 0.0, "beta_fast": 16.0, "beta_slow": 2.0}, {}),
+    # no betas in the GGUF: llama.cpp's mistral3 loader's, 32 and 1
+    ({**MINISTRAL3_SHORT, "beta_fast": 32.0, "beta_slow": 1.0},
+     {"yarn_beta_fast": None, "yarn_beta_slow": None}),
+], ids=["hf", "betas", "default-betas"])
+def test_ministral3_rope_parameters_from_gguf(rope, meta, tiny_model_dir, tmp_path):
     """llama.cpp's mistral3 keys become mlx-lm's ministral3 rope_parameters as the original
     config has them (YaRN's factor, original context and betas, the log multiplier as
     mscale_all_dim with mscale 1, as llama.cpp takes it; the attention temperature's beta),
     under which the converted model computes what the GGUF's tensors do over a prompt of 8
     temperature scales, and the engine runs it as mlx-lm does."""
     config, reference = write_gguf(tmp_path / "m.gguf", "ministral3",
-                                   tiny_model_dir("ministral3"), rope_parameters=rope)
+                                   tiny_model_dir("ministral3"), meta=meta,
+                                   rope_parameters=rope)
     out = convert(tmp_path / "m.gguf", tmp_path / "out")
     saved = json.loads((out / "config.json").read_text())["rope_parameters"]
     assert saved.keys() == rope.keys()
@@ -1115,6 +1125,18 @@ def test_qwen3next_from_gguf(overrides, meta, mtp, legacy, tiny_model_dir, tmp_p
     assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
     prompt = random_prompt(300, VOCAB_SIZE)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("present, missing", [("attn_qkv", "attn_gate"),
+                                              ("attn_gate", "attn_qkv")])
+def test_qwen3next_takes_both_halves_of_its_projection(present, missing):
+    """One half of llama.cpp's split in_proj_qkvz without the other is named as such (the
+    shape check once called the half that is there an unsupported tensor)."""
+    from mlx_lazy.gguf_tensors import qwen3next_tensors
+
+    with pytest.raises(UserInputError, match=f"GGUF has blk.0.{present}.weight without "
+                                             f"blk.0.{missing}.weight"):
+        qwen3next_tensors({f"blk.0.{present}.weight": object()}, tiny_config("qwen3_next"))
 
 
 def test_qwen3next_fused_projection_is_exact(tiny_model_dir, tmp_path):
@@ -1672,6 +1694,22 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             lambda: write_gguf(tmp / "n.gguf", "qwen3_next", tok_folder, mlp_only_layers=[],
                                extra={"blk.0.ssm_in.weight": np.zeros((128, 64))})
             and tmp / "n.gguf", "GGUF has both blk.0.attn_qkv.weight and blk.0.ssm_in.weight"),
+        # GLM with expert groups: mlx-lm scores the other groups' experts 0, llama.cpp -inf
+        "glm4moe_negative_bias": (
+            lambda: write_gguf(tmp / "g.gguf", "glm4_moe", tok_folder,
+                               extra={"blk.2.exp_probs_b.bias": [-0.5, 0.1, 0.1, 0.1]})
+            and tmp / "g.gguf", "glm4moe with expert groups and a negative correction bias "
+                                "(blk.2.exp_probs_b.bias)"),
+        # ERNIE 4.5 MoE: a router bias of the wrong size, or in a dense layer (once dropped)
+        "ernie_bias_size": (
+            lambda: write_gguf(tmp / "e.gguf", "ernie4_5_moe", tok_folder, intermediate_size=64,
+                               extra={"blk.2.exp_probs_b.bias": [[0.0, 0.0, 0.0]]})
+            and tmp / "e.gguf", "blk.2.exp_probs_b.bias must hold one value for each of the 4 "
+                                "experts of a layer with a router"),
+        "ernie_bias_dense": (
+            lambda: write_gguf(tmp / "e.gguf", "ernie4_5_moe", tok_folder, intermediate_size=64,
+                               extra={"blk.0.exp_probs_b.bias": [[0.0, 0.0, 0.0, 0.0]]})
+            and tmp / "e.gguf", "(blk.0.ffn_gate_inp.weight); it holds 4 in a layer without one"),
         "qwen3next_shape": (
             lambda: write_gguf(tmp / "n.gguf", "qwen3_next", tok_folder, mlp_only_layers=[],
                                meta={"linear_key_head_dim": 8}) and tmp / "n.gguf",
@@ -1700,7 +1738,8 @@ BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type",
               "mistral3_temperature", "ernie_router_bias", "ernie_shared_width",
               "glm4moe_gating", "glm4moe_groups", "glm4moe_dense",
               "glm4moe_shared", "glm4moe_one_expert", "glm4moe_tied", "glm4moe_fused_qkv",
-              "qwen3next_both", "qwen3next_shape"]
+              "qwen3next_both", "qwen3next_shape", "glm4moe_negative_bias", "ernie_bias_size",
+              "ernie_bias_dense"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
