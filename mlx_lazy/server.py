@@ -7,7 +7,9 @@ or an object of :class:`~mlx_lazy.config.PruningConfig` fields; without it the s
 ``--method`` / ``--schedule`` apply. ``usage.pruning`` reports what the pruning did. A chat
 request may offer ``tools`` (OpenAI function tools) to a model whose tokenizer has a tool-call
 format; its answer's calls come back as ``tool_calls``, and pruning never drops the tokens of
-the tool definitions (:mod:`mlx_lazy.server_tools`).
+the tool definitions (:mod:`mlx_lazy.server_tools`). ``logprobs`` (and a chat request's
+``top_logprobs``) return each generated token's log probability and its most likely
+alternatives, in OpenAI's chat and legacy shapes (:mod:`mlx_lazy.server_logprobs`).
 
 One thread owns the model and runs one generation at a time from a queue; the HTTP side
 (FastAPI on uvicorn, one event loop) only parses, validates and streams, so ``/health``
@@ -53,6 +55,7 @@ from .resolve import resolve_config
 from .schedule import check_fits
 from .server_http import (ApiKey, BodyLimit, add_error_handlers, listen_socket,
                           uvicorn_server)
+from .server_logprobs import chat_logprobs, completion_logprobs
 from .server_schemas import (Bounds, ChatRequest, CompletionRequest, Message, RequestBody,
                              pruning_config, token_bytes)
 from .server_settings import ServerSettings, build_parser, is_loopback, settings_from_args
@@ -181,7 +184,7 @@ class App:
         ``anchors`` prompt tokens (the tools' definitions) at every cut.
 
         Raises:
-            APIError: 400 for a field asking what this server does not do (``logprobs``,
+            APIError: 400 for a field asking what this server does not do (``echo``,
                 ...), a pruning or ``max_tokens`` the model cannot run; 413 for a prompt
                 over the limit.
         """
@@ -229,6 +232,7 @@ class App:
                    top_k=0 if (body.top_k or 0) >= worker.vocab_size else body.top_k or 0,
                    min_p=body.min_p or 0.0, repetition_penalty=body.repetition_penalty,
                    continues=not isinstance(body, ChatRequest),
+                   logprobs=body.alternatives(),
                    tool_markers=None if tools is None else (self.tokenizer.tool_call_start,
                                                             self.tokenizer.tool_call_end))
 
@@ -269,25 +273,33 @@ class App:
                   ChatOutput(tokenizer.tool_parser, tools,
                              (tokenizer.tool_call_start, tokenizer.tool_call_end)))
 
-        def pieces(item: Union[Delta, Call]) -> Tuple[str, List[dict]]:
-            return (output.content(item.text), []) if isinstance(item, Delta) \
-                else output.call(item.text)
+        asked = job.logprobs is not None
+        shape = chat_logprobs if chat else completion_logprobs
+
+        def pieces(item: Union[Delta, Call]) -> Tuple[str, List[dict], list]:
+            """The text, tool calls and tokens (log probabilities) to send for ``item``."""
+            if isinstance(item, Delta):
+                text, calls = output.content(item.text, item.logprobs), []
+            else:
+                text, calls = output.call(item.text, item.logprobs)
+            return text, calls, output.take()
 
         if not body.stream:
-            text, calls, done = "", [], None
+            text, calls, tokens, done = "", [], [], None
             watcher = asyncio.create_task(_watch(self.worker, job, request))
             try:
                 async for item in _events(self.worker, job):  # a failed job raises its APIError
                     if isinstance(item, Done):
                         done = item
                     else:
-                        more, made = pieces(item)
-                        text, calls = text + more, calls + made
+                        more, made, of = pieces(item)
+                        text, calls, tokens = text + more, calls + made, tokens + of
             finally:
                 watcher.cancel()
             if done is None:  # the client went away
                 return JSONResponse({}, status_code=499)
             text += output.end()
+            tokens += output.take()
             if not chat:
                 out = {"text": text}
             elif calls:  # OpenAI's shape: no text is null content
@@ -295,23 +307,26 @@ class App:
                                    "tool_calls": calls}}
             else:
                 out = {"message": {"role": "assistant", "content": text}}
-            choice = {"index": 0, **out, "logprobs": None,
+            choice = {"index": 0, **out, "logprobs": shape(tokens) if asked else None,
                       "finish_reason": output.finish_reason(done.finish_reason)}
             return {**head, "choices": [choice], "usage": _usage(done)}
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         def chunk(piece: Optional[str], finish: Optional[str], first: bool = False,
-                  calls: Sequence[dict] = ()) -> str:
+                  calls: Sequence[dict] = (), tokens: Sequence = ()) -> str:
+            logprobs = shape(tokens) if tokens else None
             if chat:
                 delta = {} if piece is None else {"content": piece}
                 if calls:
                     delta["tool_calls"] = list(calls)
                 if first:
                     delta = {"role": "assistant", **delta}
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                choice = {"index": 0, "delta": delta, "logprobs": logprobs,
+                          "finish_reason": finish}
                 return json.dumps({**head, "object": "chat.completion.chunk", "choices": [choice]})
-            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": piece or "", "logprobs": logprobs,
+                      "finish_reason": finish}
             return json.dumps({**head, "choices": [choice]})
 
         async def sse() -> AsyncIterator[str]:
@@ -319,9 +334,9 @@ class App:
             try:
                 async for item in _events(self.worker, job):
                     if not isinstance(item, Done):
-                        text, calls = pieces(item)
-                        if text:
-                            yield chunk(text, None, first)
+                        text, calls, tokens = pieces(item)
+                        if text or tokens:
+                            yield chunk(text, None, first, tokens=tokens)
                             first = False
                         if calls:  # each whole, numbered as OpenAI's stream numbers them
                             yield chunk(None, None, first, [
@@ -329,8 +344,9 @@ class App:
                             first, index = False, index + len(calls)
                         continue
                     tail = output.end()
-                    if tail:
-                        yield chunk(tail, None, first)
+                    tokens = output.take()
+                    if tail or tokens:
+                        yield chunk(tail, None, first, tokens=tokens)
                         first = False
                     yield chunk(None, output.finish_reason(item.finish_reason), first)
                     if include_usage:

@@ -18,6 +18,7 @@ with needs_extra("server", "the server"):
 from .config import PRUNING_FIELDS, PruningConfig
 from .errors import UserInputError, shown
 from .policies import compose
+from .server_logprobs import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
 from .server_worker import APIError
 
 
@@ -50,6 +51,9 @@ class Bounds:
       of :data:`MAX_STOP_CHARS`.
     * ``logit_bias``: every decode step adds each bias, O(entries); at most
       :data:`MAX_LOGIT_BIAS` entries, each a token of the vocabulary.
+    * ``logprobs`` / ``top_logprobs``: every decode step selects the alternatives on the
+      device, O(vocabulary), and reads at most :data:`MAX_TOP_LOGPROBS` + 1 values; the
+      answer holds them, at most that many per generated token.
     * ``pruning``: checked against the model in O(its size) before the request is queued.
     * ``max_tokens``: within the model's context (400 otherwise).
 
@@ -299,9 +303,7 @@ class RequestBody(_Strict):
     # OpenAI fields that ask for what this server does not produce: the value that asks
     # nothing (null, false, 0, "", best_of 1, as clients send by default) passes, any other
     # is refused (unsupported()) rather than answered without it. A chat request's tools are
-    # answered (ChatRequest.tools), a completion's are not.
-    logprobs: Union[bool, int, None] = None
-    top_logprobs: Optional[int] = None
+    # answered (ChatRequest.tools), a completion's are not. (logprobs: each endpoint's own.)
     echo: Optional[bool] = None
     suffix: Optional[str] = None
     best_of: Optional[int] = None
@@ -318,11 +320,16 @@ class RequestBody(_Strict):
         return next((name for name, nothing in (fields or UNSUPPORTED).items()
                      if getattr(self, name) not in nothing), None)
 
+    def alternatives(self) -> Optional[int]:
+        """How many alternatives each generated token's log probability comes with (0: its
+        own only); None when log probabilities are not asked for."""
+        return None
+
 
 _NOTHING = (None, False, 0, "")
 #: Fields :meth:`RequestBody.unsupported` checks, in the order it reports them, with the
 #: values that ask nothing of them.
-UNSUPPORTED = {"logprobs": _NOTHING, "top_logprobs": _NOTHING, "echo": _NOTHING,
+UNSUPPORTED = {"echo": _NOTHING,
                "suffix": _NOTHING, "best_of": (*_NOTHING, 1), "presence_penalty": _NOTHING,
                "frequency_penalty": _NOTHING,
                "response_format": (*_NOTHING, {}, {"type": "text"}), "tools": (*_NOTHING, []),
@@ -339,9 +346,24 @@ class ChatRequest(RequestBody):
     messages: Annotated[List[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Optional[Annotated[int, Field(ge=1)]] = None
     tools: Optional[Annotated[List[Tool], Field(max_length=MAX_TOOLS)]] = None
+    # OpenAI's: true asks for each token's log probability, top_logprobs for that many
+    # alternatives too (only with logprobs true; 0 or null asks nothing)
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]] = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, n: Optional[int], info: ValidationInfo) -> Optional[int]:
+        # (a logprobs that failed is the error to report, not this)
+        if n and "logprobs" in info.data and not info.data["logprobs"]:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return n
 
     def unsupported(self, fields: Optional[Dict[str, tuple]] = None) -> Optional[str]:
         return super().unsupported(fields or CHAT_UNSUPPORTED)
+
+    def alternatives(self) -> Optional[int]:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def offers_tools(self) -> bool:
         """Whether the request offers tools to call (some, and ``tool_choice`` not
@@ -364,11 +386,37 @@ def _one_prompt(prompt: Any) -> Any:
     return prompt
 
 
+def _legacy_logprobs(value: Any) -> Any:
+    """A completion's ``logprobs``: false (as some clients send) asks nothing, true is no
+    count of alternatives."""
+    if value is False:
+        return None
+    if value is True:
+        raise ValueError(f"must be the number of alternatives to return for each token, 0 to "
+                         f"{MAX_COMPLETION_LOGPROBS}, not true")
+    return value
+
+
 class CompletionRequest(RequestBody):
     prompt: Annotated[Union[Annotated[str, StringConstraints(min_length=1),
                                       AfterValidator(_utf8)],
                             Annotated[List[int], Field(min_length=1)]],
                       BeforeValidator(_one_prompt)]
+    # OpenAI's legacy field: N asks for each token's log probability and N alternatives
+    logprobs: Annotated[Optional[Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)]],
+                        BeforeValidator(_legacy_logprobs)] = None
+    top_logprobs: Optional[int] = None  # a chat field: 0 or null only
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _not_here(cls, n: Optional[int]) -> Optional[int]:
+        if n:
+            raise ValueError(f"not a completion's field: logprobs N (0 to "
+                             f"{MAX_COMPLETION_LOGPROBS}) asks for N alternatives")
+        return n
+
+    def alternatives(self) -> Optional[int]:
+        return self.logprobs
 
 
 INTERNAL_FIELDS = ("source", "fingerprint")  # PruningConfig fields set by schedule files only

@@ -46,11 +46,23 @@ class CallSplitter:
         self.in_call = False
         self._buf = ""
         self._searched = 0  # in a call: _buf[:this] holds no ``end``
+        self._fed = 0  # characters fed so far
+        #: where the pieces the last :meth:`feed` or :meth:`finish` returned lie in the text
+        #: fed, ``[start, end)``, markers included (one after another, no gaps)
+        self.spans: List[Tuple[int, int]] = []
+        self._consumed = 0  # the end of the last piece
+
+    def _piece(self, out: List[Piece], kind: str, text: str, end: int) -> None:
+        out.append((kind, text))
+        self.spans.append((self._consumed, end))
+        self._consumed = end
 
     def feed(self, text: str) -> List[Piece]:
         """Add ``text``; the pieces now known whole."""
         out: List[Piece] = []
+        self.spans = []
         self._buf += text
+        self._fed += len(text)
         while True:
             if not self.in_call:
                 i = self._buf.find(self.start)
@@ -58,11 +70,11 @@ class CallSplitter:
                     hold = _partial(self._buf, self.start)
                     safe = self._buf[: len(self._buf) - hold]
                     if safe:
-                        out.append(("text", safe))
+                        self._piece(out, "text", safe, self._fed - hold)
                     self._buf = self._buf[len(safe):]
                     return out
                 if i:
-                    out.append(("text", self._buf[:i]))
+                    self._piece(out, "text", self._buf[:i], self._fed - len(self._buf) + i)
                 self._buf, self.in_call, self._searched = self._buf[i + len(self.start):], True, 0
             elif not self.end:  # closed by the end of the answer only
                 return out
@@ -71,8 +83,9 @@ class CallSplitter:
                 if j < 0:
                     self._searched = max(0, len(self._buf) - len(self.end) + 1)
                     return out
-                out.append(("call", self._buf[:j]))
-                self._buf, self.in_call = self._buf[j + len(self.end):], False
+                self._buf, call = self._buf[j + len(self.end):], self._buf[:j]
+                self.in_call = False
+                self._piece(out, "call", call, self._fed - len(self._buf))
 
     def finish(self, cut: bool) -> List[Piece]:
         """The withheld text at the end of the generation. A call left open is read as a call
@@ -80,10 +93,15 @@ class CallSplitter:
         reads it), and answered as its raw text, markers included, when ``max_tokens`` cut it
         (``cut`` True): a call whose arguments may be missing their end is not made."""
         buf, self._buf = self._buf, ""
+        out: List[Piece] = []
+        self.spans = []
         if not self.in_call:
-            return [("text", buf)] if buf else []
+            if buf:
+                self._piece(out, "text", buf, self._fed)
+            return out
         self.in_call = False
-        return [("raw", self.start + buf)] if cut else [("call", buf)]
+        self._piece(out, "raw" if cut else "call", self.start + buf if cut else buf, self._fed)
+        return out
 
 
 def _partial(text: str, marker: str) -> int:
@@ -131,13 +149,15 @@ def parse_calls(parser: Callable[[str, Any], Any], text: str,
 class ChatOutput:
     """A chat answer assembled from the worker's events: :meth:`content` for its text,
     :meth:`call` for a call's text, :meth:`end` at its end. Each returns what to send now
-    (a stream sends it as it comes, a whole response joins it).
+    (a stream sends it as it comes, a whole response joins it), and :meth:`take` the log
+    probabilities of the tokens of what they returned (when asked for).
 
     Without ``parser`` (no tools offered) text passes through unchanged. With one, a call's
     text becomes ``tool_calls`` items, or, when it cannot be parsed, text (markers
     included); text that is only whitespace is withheld until more text follows, and dropped
     at the end of an answer that made a call (the newline between two calls, or after one,
-    is not an answer's content).
+    is not an answer's content). A token goes with its text: the tokens of a call that
+    became ``tool_calls`` and of dropped whitespace are no content's, and are dropped too.
     """
 
     def __init__(self, parser: Optional[Callable[[str, Any], Any]] = None,
@@ -145,32 +165,46 @@ class ChatOutput:
         self.parser, self.tools, self.markers = parser, tools, markers
         self.calls = 0  # tool_calls items made so far
         self._held = ""
+        self._held_tokens: List[Any] = []
+        self._ready: List[Any] = []
 
-    def content(self, text: str) -> str:
-        """The text to send for ``text`` outside calls."""
+    def content(self, text: str, tokens: Sequence[Any] = ()) -> str:
+        """The text to send for ``text`` outside calls (of ``tokens``)."""
         if self.parser is None:
+            self._ready += tokens
             return text
         text, self._held = self._held + text, ""
+        tokens, self._held_tokens = self._held_tokens + list(tokens), []
         if text.strip():
+            self._ready += tokens
             return text
-        self._held = text
+        self._held, self._held_tokens = text, tokens
         return ""
 
-    def call(self, text: str) -> Tuple[str, List[dict]]:
+    def call(self, text: str, tokens: Sequence[Any] = ()) -> Tuple[str, List[dict]]:
         """The text and the ``tool_calls`` items (without ``index``) to send for a call's
-        ``text``."""
+        ``text`` (of ``tokens``)."""
         calls = None if self.parser is None else parse_calls(self.parser, text, self.tools)
         if calls is None:
             start, end = self.markers
-            return self.content(start + text + end), []
-        self._held = ""
+            return self.content(start + text + end, tokens), []
+        self._held, self._held_tokens = "", []
         self.calls += len(calls)
         return "", calls
 
     def end(self) -> str:
         """The withheld text to send at the end: none after a call."""
         held, self._held = self._held, ""
-        return "" if self.calls else held
+        tokens, self._held_tokens = self._held_tokens, []
+        if self.calls:
+            return ""
+        self._ready += tokens
+        return held
+
+    def take(self) -> List[Any]:
+        """The tokens of the text returned since the last call (their log probabilities)."""
+        out, self._ready = self._ready, []
+        return out
 
     def finish_reason(self, reason: str) -> str:
         """``"tool_calls"`` for an answer that made a call and ended as the model chose

@@ -29,6 +29,7 @@ from .errors import UserInputError, one_line
 from .prefix_store import PromptCacheStore
 from .prompt_cache import make_prompt_cache
 from .schedule import Schedule
+from .server_logprobs import Aligner, TokenLogprob, TokenTexts, token_logprob
 from .server_tools import CallSplitter, Piece
 
 log = logging.getLogger("mlx_lazy.server")
@@ -65,16 +66,20 @@ GONE = object()  # put on a job's events when its client has disconnected
 
 @dataclasses.dataclass
 class Delta:
-    """A piece of output text."""
+    """A piece of output text; with ``logprobs`` asked, the tokens whose text ends in it
+    (:class:`~mlx_lazy.server_logprobs.Aligner`; a piece may be empty and hold tokens)."""
 
     text: str
+    logprobs: Sequence[TokenLogprob] = ()
 
 
 @dataclasses.dataclass
 class Call:
-    """The text of a tool call, between the tokenizer's markers (not yet parsed)."""
+    """The text of a tool call, between the tokenizer's markers (not yet parsed), and its
+    tokens (with ``logprobs`` asked)."""
 
     text: str
+    logprobs: Sequence[TokenLogprob] = ()
 
 
 @dataclasses.dataclass
@@ -108,6 +113,9 @@ class Job:
     continues: bool = False  # the text continues the prompt's (/v1/completions), space and all
     # tool calls offered: the tokenizer's (tool_call_start, tool_call_end), else None
     tool_markers: Optional[Tuple[str, str]] = None
+    # log probabilities asked: the alternatives each token shows (0: the token's own only);
+    # None: not asked (nothing is computed)
+    logprobs: Optional[int] = None
     events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     cancel: threading.Event = dataclasses.field(default_factory=threading.Event)
     phase: str = "queued"
@@ -196,22 +204,35 @@ class StopText:
         return self.flush()
 
 
-def _emit(job: Job, stop: StopText, pieces: List[Piece]) -> bool:
+def _emit(job: Job, stop: StopText, pieces: List[Piece],
+          spans: Optional[Sequence[Tuple[int, int]]] = None,
+          aligner: Optional[Aligner] = None) -> bool:
     """Emit generated ``pieces`` (:class:`~mlx_lazy.server_tools.CallSplitter`'s): text
     through the stop check, a call (and a call's raw text) whole, never cut by a stop string
-    nor part of one; True when a stop string was hit (the pieces after it are dropped)."""
-    for kind, text in pieces:
+    nor part of one; True when a stop string was hit (the pieces after it are dropped).
+
+    With an ``aligner`` (log probabilities asked), ``spans`` are the pieces' places in its
+    text, ``[start, end)``: each event carries the tokens whose text ends in it, a stop
+    string's the tokens any of whose text is before it (the rest are dropped)."""
+    for n, (kind, text) in enumerate(pieces):
+        start, end = spans[n] if aligner is not None else (0, 0)
         if kind == "text":
+            held = len(stop.pending)  # the text fed before this piece and not yet emitted
             out, hit = stop.feed(text)
-            if out:
-                job.emit(Delta(out))
+            tokens = () if aligner is None else aligner.upto(start - held + len(out), hit)
+            if out or tokens:
+                job.emit(Delta(out, tokens))
             if hit:
+                if aligner is not None:
+                    aligner.drop()
                 return True
             continue
         tail = stop.cut()
-        if tail:
-            job.emit(Delta(tail))
-        job.emit(Call(text) if kind == "call" else Delta(text))
+        tokens = () if aligner is None else aligner.upto(start)
+        if tail or tokens:
+            job.emit(Delta(tail, tokens))
+        tokens = () if aligner is None else aligner.upto(end)
+        job.emit(Call(text, tokens) if kind == "call" else Delta(text, tokens))
     return False
 
 
@@ -248,6 +269,7 @@ class Worker:
         self.model_path, self.max_queue = model_path, max_queue
         self.store, self.idle_complete = store, idle_complete
         self.model = self.tokenizer = None
+        self.texts: Optional[TokenTexts] = None  # how tokens show in log probabilities
         self.num_layers = 0
         self.keeps_prompt_ends = False
         self.vocab_size = 0
@@ -335,6 +357,7 @@ class Worker:
     def _run(self) -> None:
         try:
             self.model, self.tokenizer = load(self.model_path)
+            self.texts = TokenTexts(self.tokenizer)
             self.num_layers = len(self.model.layers)
             # A hybrid's caches cannot trim back to a prompt's end: keep that state too.
             self.keeps_prompt_ends = bool(recurrent_layers(self.model))
@@ -424,6 +447,7 @@ class Worker:
         job.phase = "prefill"
         stop = StopText(job.stop)
         calls = None if job.tool_markers is None else CallSplitter(*job.tool_markers)
+        aligner = None if job.logprobs is None else Aligner()
         resp, finish, prompt_end, before_last, hit = None, None, None, None, False
         if self.store is None:
             cache = make_prompt_cache(self.model, job.schedule)
@@ -468,19 +492,29 @@ class Worker:
                             piece = dropped_space(self.tokenizer, job.tokens[-8:], generated,
                                                   piece) + piece
                             generated = None
-                    hit = _emit(job, stop, [("text", piece)] if calls is None
-                                else calls.feed(piece))
+                    if aligner is not None:  # the end-of-sequence token is no part of it
+                        aligner.add(None if resp.finish_reason == "stop" else token_logprob(
+                            resp.logprobs, resp.token, job.logprobs, self.texts), len(piece))
+                    if calls is None:
+                        pieces = [("text", piece)]
+                        spans = None if aligner is None else [(aligner.fed - len(piece),
+                                                               aligner.fed)]
+                    else:
+                        pieces, spans = calls.feed(piece), calls.spans
+                    hit = _emit(job, stop, pieces, spans, aligner)
                     finish = "stop" if hit else resp.finish_reason
                     if finish:
                         break
                 if calls is not None and not hit:  # what the markers withheld
-                    if _emit(job, stop, calls.finish(cut=finish != "stop")):
+                    if _emit(job, stop, calls.finish(cut=finish != "stop"), calls.spans,
+                             aligner):
                         finish = "stop"
         except _Cancelled:
             return None
         tail = stop.flush()  # empty after a stop string; after EOS, the held-back text
-        if tail:
-            job.emit(Delta(tail))
+        tokens = () if aligner is None else aligner.rest()  # none after a stop string
+        if tail or tokens:
+            job.emit(Delta(tail, tokens))
         if self.store is not None:
             for kept in (before_last, prompt_end):  # what a repeat or a next turn can reuse
                 if kept is not None:

@@ -32,6 +32,7 @@ import openai
 import pytest
 import uvicorn
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.tokenizer_utils import _byte_decoder
 from uvicorn.server import ServerState
 
 from mlx_lazy import PruningConfig, generate, load
@@ -591,6 +592,107 @@ def test_mlx_lm_sampling_fields(server, tiny_model):
     assert r.choices[0].text == want
 
 
+def _token_ids(tokenizer, entries) -> list:
+    """The ids of byte-level BPE tokens given by their ``bytes`` (GPT-2's byte alphabet)."""
+    encode = {b: c for c, b in _byte_decoder().items()}
+    vocab = tokenizer._tokenizer.get_vocab()
+    return [vocab["".join(encode[b] for b in e.bytes)] for e in entries]
+
+
+def test_chat_logprobs_are_the_models_log_softmax_whole_and_streamed(server, tiny_model,
+                                                                     monkeypatch):
+    """Each token's logprob and its top alternatives are the log-softmax of mlx-lm's own
+    model's logits at that step, recomputed in one pass over the prompt and the answer
+    (float32: the server's step-by-step decode differs only in summation order, by 1e-7 of
+    the value here; 1e-4 allows for that on any platform and still catches another
+    distribution, a step off, a temperature). A stream carries the same, each chunk its
+    tokens."""
+    model, tokenizer = tiny_model()
+    body = dict(model="any", messages=MESSAGES, max_tokens=8, logprobs=True, top_logprobs=3)
+    r = server.client().chat.completions.create(**body)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 8  # no end-of-sequence token here
+    answer = _token_ids(tokenizer, content)
+    text = bytes(b for e in content for b in e.bytes).decode("utf-8", "replace")
+    assert text in (r.choices[0].message.content, " " + r.choices[0].message.content)
+    prompt = tokenizer.encode(chat_prompt(tokenizer, MESSAGES), add_special_tokens=False)
+    logits = model(mx.array([prompt + answer]))[0, len(prompt) - 1:-1].astype(mx.float32)
+    want = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    for step, (entry, token) in enumerate(zip(content, answer)):
+        assert token == want[step].argmax()  # greedy
+        assert entry.logprob == pytest.approx(want[step, token], rel=1e-4), step
+        top = entry.top_logprobs
+        assert len(top) == 3 and top[0].token == entry.token  # the argmax, the chosen one
+        assert [t.logprob for t in top] == sorted((t.logprob for t in top), reverse=True)
+        best = np.argsort(-want[step], kind="stable")[:3]
+        assert _token_ids(tokenizer, top) == best.tolist(), step
+        assert [t.logprob for t in top] == pytest.approx(want[step, best], rel=1e-4)
+
+    chunks = list(server.client().chat.completions.create(**body, stream=True))
+    streamed = [e for c in chunks if c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    _same_entries(streamed, content)
+    for c in chunks:  # each token with the text it brought, none on the finishing chunk
+        assert bool(c.choices[0].delta.content) == bool(c.choices[0].logprobs), c
+    # without logprobs asked: none, and none computed
+    monkeypatch.setattr(server_worker, "token_logprob", None)
+    assert server.client().chat.completions.create(
+        model="any", messages=MESSAGES, max_tokens=2).choices[0].logprobs is None
+
+
+def _same_entries(got, want) -> None:
+    """Chat logprobs entries alike: tokens exactly, values up to rounding (a repeated
+    prompt's cache may split its prefill differently)."""
+    for g, w in zip(got, want, strict=True):
+        assert (g.token, g.bytes) == (w.token, w.bytes)
+        assert g.logprob == pytest.approx(w.logprob, rel=1e-5)
+        assert [(t.token, t.bytes) for t in g.top_logprobs] == [
+            (t.token, t.bytes) for t in w.top_logprobs]
+        assert [t.logprob for t in g.top_logprobs] == pytest.approx(
+            [t.logprob for t in w.top_logprobs], rel=1e-5)
+
+
+def test_completion_logprobs_drop_what_a_stop_string_cut(server):
+    """The legacy shape (tokens, token_logprobs, top_logprobs as {token: logprob} holding the
+    chosen token, text_offset into the text). A stop string cuts the text: the tokens that
+    went out are those any of whose text is in it, whole and streamed alike; a stop at a
+    token's first character drops that token, one inside it keeps it."""
+    client = server.client()
+    prompt = "The quick brown fox jumps over"
+    full = client.completions.create(model="any", prompt=prompt, max_tokens=12, logprobs=2)
+    text, lp = full.choices[0].text, full.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 12
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 2 and top[token] == logprob == max(top.values())  # greedy
+    # the offsets: where each token's text begins (a token of part of a character: that one)
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert all(text[o:].startswith(t) for t, o in zip(lp.tokens, lp.text_offset)
+               if not t.startswith("bytes:"))
+    i = next(i for i, t in enumerate(lp.tokens) if i > 1 and len(t) > 2
+             and not t.startswith("bytes:") and text.find(t[:2]) == lp.text_offset[i])
+    for stop in (lp.tokens[i][:2], lp.tokens[i][1:3]):  # at the token's start, inside it
+        cut = text.find(stop)
+        kept = sum(o < cut for o in lp.text_offset)
+        assert kept == i + (cut > lp.text_offset[i]), stop
+        for stream in (False, True):
+            r = client.completions.create(model="any", prompt=prompt, max_tokens=12, logprobs=2,
+                                          stop=stop, stream=stream)
+            choices = [c.choices[0] for c in r] if stream else r.choices
+            assert "".join(c.text for c in choices) == text[:cut]
+            assert choices[-1].finish_reason == "stop"
+            got = [c.logprobs for c in choices if c.logprobs]
+            assert [t for g in got for t in g.tokens] == lp.tokens[:kept], (stop, stream)
+            assert [o for g in got for o in g.text_offset] == lp.text_offset[:kept]
+            assert [v for g in got for v in g.token_logprobs] == pytest.approx(
+                lp.token_logprobs[:kept], rel=1e-5)
+    # logit_bias shapes the distribution reported (as mlx-lm's): the biased token is certain
+    r = client.completions.create(model="any", prompt=prompt, max_tokens=2, logprobs=0,
+                                  logit_bias={"100": 100})
+    assert r.choices[0].logprobs.token_logprobs == pytest.approx([0, 0], abs=1e-3)
+    assert [list(t) for t in r.choices[0].logprobs.top_logprobs] == [
+        [r.choices[0].logprobs.tokens[0]]] * 2  # logprobs 0: the chosen token's own
+
+
 # ---------------------------------------------------------------- bad requests
 
 
@@ -623,6 +725,22 @@ def bad_requests(tokenizer, context: int):
         (chat, {**ok, "logit_bias": {"1": 101}}, 400, "logit_bias.1"),
         (chat, {**ok, "logit_bias": {str(i): 1 for i in range(1025)}}, 400, "logit_bias"),
         (chat, {**ok, "n": 2}, 400, "n"),
+        # log probabilities: OpenAI's types and ranges, top_logprobs only with logprobs
+        (chat, {**ok, "top_logprobs": 2}, 400, "top_logprobs"),
+        (chat, {**ok, "logprobs": False, "top_logprobs": 2}, 400, "top_logprobs"),
+        (chat, {**ok, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+        (chat, {**ok, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
+        (chat, {**ok, "logprobs": True, "top_logprobs": "2"}, 400, "top_logprobs"),
+        (chat, {**ok, "logprobs": True, "top_logprobs": 2.0}, 400, "top_logprobs"),
+        (chat, {**ok, "logprobs": 1}, 400, "logprobs"),
+        (chat, {**ok, "logprobs": "true", "top_logprobs": 2}, 400, "logprobs"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 6}, 400, "logprobs"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": -1}, 400, "logprobs"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": True}, 400, "logprobs"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": "2"}, 400, "logprobs"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 2, "top_logprobs": 2}, 400,
+         "top_logprobs"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 2, "echo": True}, 400, "echo"),
         (chat, {**ok, "top_k": -1}, 400, "top_k"),
         (chat, {**ok, "min_p": 1.5}, 400, "min_p"),
         (chat, {**ok, "repetition_penalty": 0}, 400, "repetition_penalty"),

@@ -27,6 +27,7 @@ from mlx_lazy.server_schemas import MAX_SCHEMA_DEPTH, MAX_TOOLS  # noqa: E402
 from mlx_lazy.server_tools import (CallSplitter, ChatOutput, parse_calls,  # noqa: E402
                                    tools_end)
 from mlx_lazy.server_worker import Call, Delta, StopText, _emit  # noqa: E402
+from mlx_lazy.server_logprobs import Aligner, TokenLogprob  # noqa: E402
 from mlx_lm.tool_parsers.json_tools import parse_tool_call  # noqa: E402
 
 START, END = "<tool_call>", "</tool_call>"
@@ -178,6 +179,47 @@ def test_stop_strings_never_cut_a_call_nor_match_across_one():
     assert job.events == [Delta(START + '{"argu')]  # an unterminated call's text, whole
 
 
+def _shown(events) -> list:
+    """Events as (kind, text, their tokens)."""
+    return [(type(e).__name__, e.text, [t.token for t in e.logprobs]) for e in events]
+
+
+def test_each_token_goes_out_with_the_text_that_ends_its_own():
+    """Log probabilities: a token goes with the event where its text ends (held back by a
+    possible stop, it waits), a call's with the call; at a stop string those any of whose
+    text is before it go out with the last text, the rest never."""
+    def token(text: str, raw: bytes = b"") -> TokenLogprob:
+        return TokenLogprob(text, tuple(raw or text.encode()), -1.0)
+
+    job, aligner, stop = _Job(), Aligner(), StopText(["de"])
+    for text in ("ab", "cd", "ef"):
+        aligner.add(token(text), len(text))
+        hit = _emit(job, stop, [("text", text)], [(aligner.fed - 2, aligner.fed)], aligner)
+    # "d" may begin "de": withheld, its token too; at "de", "cd" began before the stop and
+    # "ef" is all in it or after
+    assert hit and _shown(job.events) == [("Delta", "ab", ["ab"]), ("Delta", "c", []),
+                                          ("Delta", "", ["cd"])]
+    assert aligner.rest() == []
+    # a token without text of its own (part of a character) goes with the next text, each
+    # at the character its first byte is part of; a call's tokens with the call
+    job, aligner = _Job(), Aligner()
+    splitter = CallSplitter(START, END)
+    for tok, text in [(token("a"), "a"), (token("bytes:\\xc3", b"\xc3"), ""),
+                      (token("bytes:\\xa9", b"\xa9"), "\u00e9"), (token(START), START),
+                      (token("{}"), "{}"), (token(END), END), (token("ok"), "ok"),
+                      (token(" "), ""), (token("x"), " x")]:  # a space held for the next
+        aligner.add(tok, len(text))
+        assert not _emit(job, StopText([]), splitter.feed(text), splitter.spans, aligner)
+    assert _shown(job.events) == [("Delta", "a", ["a"]),
+                                  ("Delta", "\u00e9", ["bytes:\\xc3", "bytes:\\xa9"]),
+                                  ("Call", "{}", [START, "{}", END]), ("Delta", "ok", ["ok"]),
+                                  ("Delta", " x", [" ", "x"])]
+    # where each begins in the text fed
+    offsets = [t.offset for e in job.events for t in e.logprobs]
+    n = len(START + END)
+    assert offsets == [0, 1, 1, 2, 2 + len(START), 4 + len(START), 4 + n, 6 + n, 7 + n]
+
+
 def test_the_tool_definitions_end_where_the_renderings_meet_again():
     rest = [7, 8, 9, 10]
     assert tools_end([1, 2, 50, 51, 52, 3] + rest, [1, 2, 3] + rest) == 5  # after the block
@@ -313,6 +355,25 @@ def test_a_stop_string_cuts_the_text_but_never_a_call(tool_server, scripted):
         # "}" inside the call's arguments is not a stop; the one after it is
         assert json.loads(call.function.arguments) == {"city": "Paris"}
         assert (content, finish) == ("Let me see and then ", "tool_calls")
+
+
+def test_logprobs_hold_the_contents_tokens_only(tool_server, scripted):
+    """The tokens of a call made (markers included) and of the whitespace dropped after it
+    are no content's: their log probabilities are left out; a call answered as its raw text
+    is content, and its tokens are in."""
+    def counts(pieces, finish) -> list:
+        scripted(pieces, finish)
+        whole = chat(tool_server, stream=False, max_tokens=len(pieces), logprobs=True)
+        chunks = chat(tool_server, stream=True, max_tokens=len(pieces), logprobs=True,
+                      top_logprobs=1)
+        streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                    for e in c.choices[0].logprobs.content]
+        assert all(len(e.top_logprobs) == 1 for e in streamed)
+        return [len(whole.choices[0].logprobs.content), len(streamed)]
+
+    assert counts(MARKER_SPLIT, "length") == [2, 2]  # "I will check", ".\n"
+    cut = ["Checking: ", START, '{"name": "get_weather", ', '"arguments": {"ci']
+    assert counts(cut, "length") == [4, 4]
 
 
 def test_tool_choice_none_neither_offers_nor_parses(tool_server, scripted):
