@@ -75,14 +75,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     state = cache.engine.cache
-    size, kv = os.path.getsize(args.prompt_cache_file), sum(state.kv_bytes_per_layer)
-    rest = size - kv - state.aux_bytes
-    print(f"cached {len(cache)} tokens in {args.prompt_cache_file} ({size / MB:.1f} MB: KV "
-          f"{kv / MB:.1f} MB, Aux Cache {state.aux_bytes / MB:.1f} MB, the rest (selection "
-          f"state, header) {rest / MB:.1f} MB)"
+    print(f"cached {len(cache)} tokens in {args.prompt_cache_file} ("
+          + file_parts(os.path.getsize(args.prompt_cache_file), sum(state.kv_bytes_per_layer),
+                       state.aux_bytes) + ")"
           + (f"; {completed} token-layers of pruned tokens completed first" if completed else ""),
           file=sys.stderr)
     return 0
+
+
+def file_parts(size: int, kv: int, aux: int) -> str:
+    """A cache file's ``size`` in bytes and its parts: ``kv`` and ``aux`` (the Aux Cache), and
+    the rest (selection state, header)."""
+    return (f"{size / MB:.1f} MB: KV {kv / MB:.1f} MB, Aux Cache {aux / MB:.1f} MB, the rest "
+            f"(selection state, header) {(size - kv - aux) / MB:.1f} MB")
 
 
 if __name__ == "__main__":
