@@ -202,8 +202,6 @@ def convert_gguf(
         cast = getattr(model, "cast_predicate", lambda _: True)  # as mlx-lm's convert casts
         for name, x in gguf_arrays(arch, tensors, config, dtype, requantize, cast):
             shards.add(name, x)
-    if arch == "gemma3":  # read by mlx-lazy's own code only (mlx-lm ignores it)
-        config["tie_word_embeddings"] = "output.weight" not in tensors
     if quant:
         config["quantization"] = config["quantization_config"] = quant
     config["torch_dtype"] = dtype or DEFAULT_GGUF_DTYPE

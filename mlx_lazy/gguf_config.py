@@ -87,7 +87,8 @@ _BIAS_TENSORS = {"attention_bias": "attn_q", "attention_out_bias": "attn_output"
                  "mlp_bias": "ffn_gate", "use_bias": "attn_q"}
 _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_bias", "mlp_bias")),
                   "seed_oss": ("attention_bias", "attention_out_bias", "mlp_bias"),
-                  **dict.fromkeys(("ernie4_5", "ernie4_5-moe"), ("use_bias",))}
+                  **dict.fromkeys(("ernie4_5", "ernie4_5-moe"), ("use_bias",)),
+                  "glm4moe": ("attention_bias",)}
 # Gemma 3: llama.cpp's hard-wired sliding-window pattern (5 local layers, then a global one)
 # and local RoPE base, unless the GGUF says otherwise
 GEMMA3_SLIDING_PATTERN = 6
@@ -99,11 +100,11 @@ GEMMA4_LOCAL_ROPE_BASE = GEMMA3_LOCAL_ROPE_BASE
 GEMMA4_LOGIT_SOFTCAP = 30.0
 GEMMA4_UNROTATED = 1e29
 # gpt-oss: llama.cpp's sliding-window pattern (a local layer, then a global one) unless the GGUF
-# says otherwise, and its YaRN betas (its gpt-oss loader reads no key for them)
+# says otherwise
 GPT_OSS_SLIDING_PATTERN = 2
-GPT_OSS_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
-# Ministral 3: llama.cpp's YaRN betas unless the GGUF gives them (its mistral3 loader)
-MISTRAL3_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
+# llama.cpp's YaRN betas: gpt-oss's (its loader reads no key for them), Ministral 3's unless the
+# GGUF gives them (its mistral3 loader)
+LLAMA_CPP_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
 # SmolLM3: llama.cpp hard-wires RoPE off in every 4th layer (no GGUF key holds it)
 SMOLLM3_NO_ROPE_INTERVAL = 4
 # EXAONE 4.0 32B (64 layers): llama.cpp's hard-wired window and pattern period (3 local layers,
@@ -158,7 +159,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
 
     def optional(key: str) -> int:
         """A count llama.cpp takes as 0 when the GGUF has none."""
-        return 0 if g(key, 0) == 0 else count(key)
+        return count(key, 0, least=0)
 
     def real(key: str, default: float) -> float:
         """A finite number (llama.cpp's default where the GGUF has none)."""
@@ -290,8 +291,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, head_dim, rope_dims,
                                         config["rope_theta"]))
     if arch == "glm4moe":
-        config.update(_glm4moe_config(g, count, positive, experts, tensors, n_layers, head_dim,
-                                      rope_dims))
+        config.update(_glm4moe_config(g, count, positive, optional, experts, tensors, n_layers,
+                                      head_dim, rope_dims))
     if arch == "gpt-oss":  # every layer sparse; its SwiGLU's alpha and limit are hard-wired in
         # llama.cpp (1.702, 7) as in mlx-lm
         n_experts, n_used = experts()
@@ -302,7 +303,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
             raise UserInputError("GGUF gpt-oss with another RoPE base in its sliding-window "
                                  "layers is not supported")
         if yarn:  # every layer's RoPE, as in llama.cpp
-            config["rope_scaling"] = {**yarn_rope(), **GPT_OSS_YARN_BETAS}
+            config["rope_scaling"] = {**yarn_rope(), **LLAMA_CPP_YARN_BETAS}
     if arch == "ernie4_5-moe":
         config.update(_ernie45_moe_config(count, optional, experts))
     if arch == "mistral3":  # llama.cpp's mistral3 has no sliding window (mlx-lm's has)
@@ -317,7 +318,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
             rope.update(yarn_rope(), mscale=1.0,
                         mscale_all_dim=real("rope.scaling.yarn_log_multiplier", 0.0),
                         **{key: positive(f"rope.scaling.yarn_{key}", value)
-                           for key, value in MISTRAL3_YARN_BETAS.items()})
+                           for key, value in LLAMA_CPP_YARN_BETAS.items()})
         config["rope_parameters"] = rope
     if arch == "gemma3":
         window = g("attention.sliding_window")
@@ -419,8 +420,8 @@ def _qwen35_interval(arch: str, g: Any, count: Any, n_layers: int) -> int:
     return interval
 
 
-def _glm4moe_config(g: Any, count: Any, positive: Any, experts: Any, tensors: dict,
-                    n_layers: int, head_dim: int, rope_dims: int) -> dict:
+def _glm4moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
+                    tensors: dict, n_layers: int, head_dim: int, rope_dims: int) -> dict:
     """mlx-lm's glm4_moe settings of a GLM-4.5/4.6/4.7 GGUF, read as llama.cpp reads it: its
     first ``leading_dense_block_count`` layers dense, the others sparse beside
     ``expert_shared_count`` shared experts (at least one); sigmoid scores, biased by
@@ -436,12 +437,11 @@ def _glm4moe_config(g: Any, count: Any, positive: Any, experts: Any, tensors: di
         raise UserInputError(f"GGUF glm4moe with expert gating function {shown(gating, 20)} is "
                              "not supported (mlx-lm's glm4_moe routes by sigmoid, llama.cpp's "
                              f"{_SIGMOID_GATING})")
-    dense = count("leading_dense_block_count", 0, least=0)
+    dense = optional("leading_dense_block_count")
     if dense > n_layers:
         raise UserInputError(f"GGUF metadata glm4moe.leading_dense_block_count ({dense}) exceeds "
                              f"its {n_layers} layers")
-    groups = count("expert_group_count", 0, least=0)
-    used_groups = count("expert_group_used_count", 0, least=0)
+    groups, used_groups = optional("expert_group_count"), optional("expert_group_used_count")
     if groups > 1 and (n_experts % groups or groups >= n_experts
                        or not 0 < used_groups < groups):  # llama.cpp asserts as much
         raise UserInputError(f"GGUF metadata glm4moe.expert_group_count ({groups}) must divide "
@@ -476,7 +476,6 @@ def _glm4moe_config(g: Any, count: Any, positive: Any, experts: Any, tensors: di
             "routed_scaling_factor": (positive("expert_weights_scale")
                                       if g("expert_weights_scale", 0) != 0 else 1.0),
             "norm_topk_prob": bool(norm), "scoring_func": "sigmoid", "topk_method": "noaux_tc",
-            "attention_bias": "blk.0.attn_q.bias" in tensors,
             "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
             "partial_rotary_factor": rope_dims / head_dim, "rope_scaling": None}
 

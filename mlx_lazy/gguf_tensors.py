@@ -127,10 +127,11 @@ _GEMMA4_LAYER_NAMES = {
     "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm",
 }
+# The shared experts of ERNIE 4.5 MoE and GLM-4.5 (plural in mlx-lm's models)
+_SHARED_EXPERTS_NAMES = {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
+                         for p in ("gate", "up", "down")}
 # ERNIE 4.5 MoE: Qwen3-MoE's router and experts' stacks, beside its shared experts (one MLP)
-_ERNIE45_MOE_LAYER_NAMES = {**_LAYER_NAMES,
-                            **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
-                               for p in ("gate", "up", "down")}}
+_ERNIE45_MOE_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES}
 # Qwen3-Next: Qwen3.5's names, but its fused projections: q, k, v and z rows grouped by key head
 # (ssm_in, which qwen3next_tensors makes of attn_qkv and attn_gate), b and a rows (ssm_ba)
 _QWEN3NEXT_LAYER_NAMES = {
@@ -140,14 +141,9 @@ _QWEN3NEXT_LAYER_NAMES = {
     "ssm_ba": "linear_attn.in_proj_ba",
 }
 # GLM-4.5: the router's expert-score correction bias (a parameter of the router), the shared
-# experts (plural in mlx-lm's glm4_moe)
-_GLM4MOE_LAYER_NAMES = {
-    **_POST_ATTENTION_NORM_NAMES,
-    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
-    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
-    "ffn_up_shexp": "mlp.shared_experts.up_proj",
-    "ffn_down_shexp": "mlp.shared_experts.down_proj",
-}
+# experts
+_GLM4MOE_LAYER_NAMES = {**_POST_ATTENTION_NORM_NAMES, **_SHARED_EXPERTS_NAMES,
+                        "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
 _ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
