@@ -200,14 +200,12 @@ class App:
             if body.seed is not None and RandomDrop in compose(config.method).values() \
                     and not (isinstance(body.pruning, dict) and "seed" in body.pruning):
                 config = replace(config, seed=body.seed)  # as the CLI's --seed: the drop's too
-            own = config.anchors
-            if anchors > own:  # the tools' definitions are never pruned
-                config = replace(config, anchors=anchors)
             schedule = resolve_config(worker.model, config, fingerprint=worker.fingerprint)
-            if not schedule.prunes and schedule.anchors != own:
-                # nothing is pruned: the request's own value, so that its cache is shared
-                # with requests without tools (the prompt-cache store compares schedules)
-                schedule = replace(schedule, anchors=own)
+            # The tools' definitions are never pruned; a schedule that prunes nothing keeps the
+            # request's own anchors, so that its cache is shared with requests without tools
+            # (the prompt-cache store compares schedules).
+            if schedule.prunes and anchors > schedule.anchors:
+                schedule = replace(schedule, anchors=anchors)
             check_anchors(schedule, n)
             check_fits(schedule, worker.context)  # before the worker: 400, not its 500
         except ValueError as e:
@@ -285,7 +283,7 @@ class App:
             return text, calls, output.take()
 
         if not body.stream:
-            text, calls, tokens, done = "", [], [], None
+            texts, calls, tokens, done = [], [], [], None
             watcher = asyncio.create_task(_watch(self.worker, job, request))
             try:
                 async for item in _events(self.worker, job):  # a failed job raises its APIError
@@ -293,12 +291,14 @@ class App:
                         done = item
                     else:
                         more, made, of = pieces(item)
-                        text, calls, tokens = text + more, calls + made, tokens + of
+                        texts.append(more)
+                        calls += made
+                        tokens += of
             finally:
                 watcher.cancel()
             if done is None:  # the client went away
                 return JSONResponse({}, status_code=499)
-            text += output.end()
+            text = "".join(texts) + output.end()
             tokens += output.take()
             if not chat:
                 out = {"text": text}

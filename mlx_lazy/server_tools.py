@@ -21,6 +21,8 @@ import logging
 import uuid
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from .prompt_cache import common_prefix
+
 log = logging.getLogger("mlx_lazy.server")
 
 #: A piece of generated text: ``("text", s)`` outside any call, ``("call", s)`` the text of a
@@ -218,12 +220,10 @@ def tools_end(with_tools: Sequence[int], without: Sequence[int]) -> int:
     (``without``): the tokens before the common end of the two (all of them when the
     definitions follow the conversation, so that nothing before them is pruned either);
     0 when the two are the same (the template does not render the tools)."""
-    if list(with_tools) == list(without):
+    prefix = common_prefix(with_tools, without)
+    if prefix == len(with_tools) == len(without):
         return 0
     shortest = min(len(with_tools), len(without))
-    prefix = 0
-    while prefix < shortest and with_tools[prefix] == without[prefix]:
-        prefix += 1
     suffix = 0
     while (suffix < shortest - prefix
            and with_tools[len(with_tools) - 1 - suffix] == without[len(without) - 1 - suffix]):
