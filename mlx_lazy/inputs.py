@@ -9,7 +9,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, BinaryIO, Union
+from typing import Any, BinaryIO, Optional, Union
 
 import numpy as np
 
@@ -145,19 +145,21 @@ def read_json(path: Union[str, Path], what: str, limit: int, max_depth: int) -> 
         raise UserInputError(deep) from None
     except ValueError as e:  # JSONDecodeError, or an integer of thousands of digits
         raise UserInputError(f"{what} is not valid JSON: {e}") from None
-    if _depth(doc) > max_depth:
+    if json_depth(doc, max_depth) > max_depth:
         raise UserInputError(deep)
     return doc
 
 
-def _depth(doc: Any) -> int:
+def json_depth(doc: Any, limit: Optional[int] = None) -> int:
     """Nesting depth of arrays and objects in a parsed JSON document (a scalar: 0),
-    without recursion."""
+    without recursion; once past ``limit`` it stops looking (enough to refuse the document)."""
     deepest, stack = 0, [(doc, 1)]
     while stack:
         node, level = stack.pop()
         if isinstance(node, (list, dict)):
             deepest = max(deepest, level)
+            if limit is not None and deepest > limit:
+                break
             stack.extend((child, level + 1)
                          for child in (node.values() if isinstance(node, dict) else node))
     return deepest

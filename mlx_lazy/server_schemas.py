@@ -17,6 +17,7 @@ with needs_extra("server", "the server"):
 
 from .config import PRUNING_FIELDS, PruningConfig
 from .errors import UserInputError, shown
+from .inputs import json_depth
 from .policies import compose
 from .server_logprobs import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
 from .server_worker import APIError
@@ -154,24 +155,10 @@ class TextPart(_Strict):
     text: Text
 
 
-def _depth(value: Any) -> int:
-    """How deep JSON objects and arrays nest in ``value`` (0 for a scalar), iteratively."""
-    deepest, level = 0, [(value, 0)]
-    while level:
-        item, depth = level.pop()
-        if isinstance(item, (dict, list)):
-            depth += 1
-            deepest = max(deepest, depth)
-            if depth > MAX_SCHEMA_DEPTH:  # enough to refuse it
-                break
-            level.extend((x, depth) for x in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
 def _schema(parameters: Dict[str, Any]) -> Dict[str, Any]:
     """A function's ``parameters`` (a JSON schema object) when it nests at most
     :data:`MAX_SCHEMA_DEPTH` deep."""
-    if _depth(parameters) > MAX_SCHEMA_DEPTH:
+    if json_depth(parameters, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
         raise ValueError(f"nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays")
     return parameters
 
