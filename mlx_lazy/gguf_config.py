@@ -149,26 +149,22 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                                  f"[{least}, {_MAX_COUNT}], got {shown(value, 40)}")
         return int(value)
 
-    def positive(key: str, default: float | None = None) -> float:
-        value = g(key, default)
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
-                or not np.isfinite(value) or value <= 0:
-            raise UserInputError(f"GGUF metadata {arch}.{key} must be a positive number, got "
-                                 f"{shown(value, 40)}")
-        return float(value)
-
     def optional(key: str) -> int:
         """A count llama.cpp takes as 0 when the GGUF has none."""
         return count(key, 0, least=0)
 
-    def real(key: str, default: float) -> float:
-        """A finite number (llama.cpp's default where the GGUF has none)."""
+    def real(key: str, default: float | None = None, *, above_zero: bool = False) -> float:
+        """A finite number, or a positive one (llama.cpp's default where the GGUF has none)."""
         value = g(key, default)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
-                or not np.isfinite(value):
-            raise UserInputError(f"GGUF metadata {arch}.{key} must be a finite number, got "
+                or not np.isfinite(value) or (above_zero and value <= 0):
+            raise UserInputError(f"GGUF metadata {arch}.{key} must be a "
+                                 f"{'positive' if above_zero else 'finite'} number, got "
                                  f"{shown(value, 40)}")
         return float(value)
+
+    def positive(key: str, default: float | None = None) -> float:
+        return real(key, default, above_zero=True)
 
     def yarn_rope() -> dict:
         """llama.cpp's YaRN: its factor and original context (the context length unless the
@@ -212,11 +208,10 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     head_dim = (count("attention.key_length") if g("attention.key_length") is not None
                 else hidden // n_heads)
     rope_dims = count("rope.dimension_count", head_dim)
-    # mlx-lm's phi3 rotates the first int(head_dim · partial_rotary_factor) dims of each head
-    # (Phi-4-mini: 96 of 128); the other families' models rotate all of them
-    if rope_dims != head_dim and (arch not in _PARTIAL_ROPE or rope_dims > head_dim
-                                  or rope_dims % 2
-                                  or int(head_dim * (rope_dims / head_dim)) != rope_dims):
+    rotary = _rotary_factor(rope_dims, head_dim)
+    # mlx-lm's models of _PARTIAL_ROPE rotate the first dims of each head (Phi-4-mini: 96 of
+    # 128), the others all of them
+    if rope_dims != head_dim and (arch not in _PARTIAL_ROPE or rope_dims % 2 or rotary is None):
         raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's {head_dim} "
                              "dims is not supported")
     if not gemma4 and count("attention.value_length", head_dim) != head_dim:  # _gemma4_config's
@@ -288,11 +283,11 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       moe_intermediate_size=count("expert_feed_forward_length"),
                       decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
     if arch in DELTA_NET:
-        config.update(_delta_net_config(arch, g, count, experts, n_layers, head_dim, rope_dims,
+        config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
     if arch == "glm4moe":
         config.update(_glm4moe_config(g, count, positive, optional, experts, tensors, n_layers,
-                                      head_dim, rope_dims))
+                                      rotary))
     if arch == "gpt-oss":  # every layer sparse; its SwiGLU's alpha and limit are hard-wired in
         # llama.cpp (1.702, 7) as in mlx-lm
         n_experts, n_used = experts()
@@ -339,7 +334,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config["original_max_position_embeddings"] = count(
             "rope.scaling.original_context_length", config["max_position_embeddings"])
         if rope_dims != head_dim:
-            config["partial_rotary_factor"] = rope_dims / head_dim
+            config["partial_rotary_factor"] = rotary
         if any(name in tensors for name in _LONGROPE.values()):
             config["rope_scaling"] = _longrope_scaling(tensors, rope_dims)
     if "rope_freqs.weight" in tensors and not gemma4:  # Llama 3.1 / 3.2: the scaling
@@ -363,7 +358,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
 
 
 def _delta_net_config(arch: str, g: Any, count: Any, experts: Any, n_layers: int,
-                      head_dim: int, rope_dims: int, theta: float) -> dict:
+                      rotary: float, theta: float) -> dict:
     """mlx-lm's qwen3_5 / qwen3_5_moe / qwen3_next config of a Qwen3.5/3.6 or Qwen3-Next GGUF:
     its linear-attention (Gated DeltaNet) heads from llama.cpp's ssm keys, which layers attend
     fully, the partial RoPE (Qwen3.5's: llama.cpp's interleaved MRoPE, on text every section
@@ -380,11 +375,11 @@ def _delta_net_config(arch: str, g: Any, count: Any, experts: Any, n_layers: int
               "linear_value_head_dim": inner // n_v,
               "linear_conv_kernel_dim": count("ssm.conv_kernel"),
               "full_attention_interval": _qwen35_interval(arch, g, count, n_layers),
-              "attention_bias": False, "partial_rotary_factor": rope_dims / head_dim}
+              "attention_bias": False, "partial_rotary_factor": rotary}
     if arch in QWEN35:  # (its MRoPE sections left out: on text they turn by one position, and
         # transformers warns of them beside a "default" RoPE)
         config["rope_parameters"] = {"rope_type": "default", "rope_theta": theta,
-                                     "partial_rotary_factor": rope_dims / head_dim}
+                                     "partial_rotary_factor": rotary}
     if arch == "qwen3next":  # llama.cpp requires experts in every layer
         config["mlp_only_layers"] = []
     if arch != "qwen35":  # every layer sparse beside a gated shared expert; llama.cpp
@@ -421,7 +416,7 @@ def _qwen35_interval(arch: str, g: Any, count: Any, n_layers: int) -> int:
 
 
 def _glm4moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
-                    tensors: dict, n_layers: int, head_dim: int, rope_dims: int) -> dict:
+                    tensors: dict, n_layers: int, rotary: float) -> dict:
     """mlx-lm's glm4_moe settings of a GLM-4.5/4.6/4.7 GGUF, read as llama.cpp reads it: its
     first ``leading_dense_block_count`` layers dense, the others sparse beside
     ``expert_shared_count`` shared experts (at least one); sigmoid scores, biased by
@@ -477,7 +472,7 @@ def _glm4moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: A
                                       if g("expert_weights_scale", 0) != 0 else 1.0),
             "norm_topk_prob": bool(norm), "scoring_func": "sigmoid", "topk_method": "noaux_tc",
             "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
-            "partial_rotary_factor": rope_dims / head_dim, "rope_scaling": None}
+            "partial_rotary_factor": rotary, "rope_scaling": None}
 
 
 def _local_layers(pattern: Any, n_layers: int, arch: str) -> list[bool]:
@@ -712,13 +707,23 @@ def _gemma4_proportional_rope(tensors: dict, dims: int) -> dict:
     if rotated == 0 or not np.allclose(x[:rotated], x[0], rtol=1e-6, atol=0):
         raise UserInputError("GGUF gemma4 rope_freqs are not Gemma 4's proportional RoPE (one "
                              "divisor for the first frequencies, 1e30 for the unrotated rest)")
-    share = 2 * rotated / dims
-    if int(dims * share) != 2 * rotated:  # what mlx-lm's ProportionalRoPE rotates
+    share = _rotary_factor(2 * rotated, dims)
+    if share is None:
         raise UserInputError(f"GGUF gemma4 with RoPE over {2 * rotated} of its global layers' "
                              f"{dims} head dims is not supported")
     factor = float(str(np.float32(x[0])))  # as llama.cpp writes it, in float32
     return {"rope_type": "proportional", "partial_rotary_factor": share,
             **({"factor": factor} if factor != 1 else {})}
+
+
+def _rotary_factor(rotated: int, dims: int) -> float | None:
+    """mlx-lm's ``partial_rotary_factor`` of RoPE over the first ``rotated`` of a head's ``dims``
+    dims; None where its models, which rotate int(dims · factor) dims, would rotate another
+    number (more than the head has, or a float's rounding one fewer)."""
+    if rotated > dims:
+        return None
+    factor = rotated / dims
+    return factor if int(dims * factor) == rotated else None
 
 
 def _rope_scaling(config: dict) -> dict:

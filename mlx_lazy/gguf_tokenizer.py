@@ -124,7 +124,7 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
                              f"(supported: {', '.join(PRE_TOKENIZERS)})")
     tokens = _vocabulary(meta)
     merges = meta.get("tokenizer.ggml.merges") or []
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    types = _token_types(meta, tokens)
 
     how = PRE_TOKENIZERS[pre]
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -169,6 +169,20 @@ def _vocabulary(meta: dict) -> list[str]:
         i, j = next((first[t], i) for i, t in enumerate(tokens) if first.setdefault(t, i) != i)
         raise UserInputError(f"GGUF tokenizer.ggml.tokens repeats {tokens[j]!r} (ids {i} and {j})")
     return list(tokens)
+
+
+def _token_types(meta: dict, tokens: list[str]) -> list[int]:
+    """llama.cpp's type of each token (1 = normal where the GGUF gives none)."""
+    return meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+
+
+def _sentencepiece_decoder(strip_prefix: bool) -> Any:
+    """The decoder of a vocabulary spelling spaces "\u2581" with <0xXX> byte tokens; with
+    ``strip_prefix``, the space a leading "\u2581" became is dropped."""
+    from tokenizers import decoders
+
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    return decoders.Sequence(steps + [decoders.Strip(" ", 1, 0)] * strip_prefix)
 
 
 def _bos_first(bos: str, vocab: dict[str, int]) -> Any:
@@ -216,8 +230,7 @@ def _sentencepiece_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     tokenizes (Llama 2's own ``tokenizer.json`` does the same), and decoding strips it again.
     Unknown and control tokens are special, user-defined ones are matched whole.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, \
-        pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
     raw = _vocabulary(meta)
     gemma = arch == "gemma3"
@@ -238,7 +251,7 @@ def _sentencepiece_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
         merges += [(float(ranks[i]), len(a), len(b), a, b) for a, b in local]
     merges.sort(key=lambda m: m[:3], reverse=True)  # stable: ties keep the vocabulary's order
 
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    types = _token_types(meta, tokens)
     unk = _special_token(meta, tokens, "unknown") or "<unk>"
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges],
                                unk_token=unk, fuse_unk=True, byte_fallback=True))
@@ -248,8 +261,7 @@ def _sentencepiece_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
                       if prefix else spaces)
     if gemma:
         tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous")
-    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
-    tok.decoder = decoders.Sequence(steps + [decoders.Strip(" ", 1, 0)] * prefix)
+    tok.decoder = _sentencepiece_decoder(strip_prefix=prefix)
     # llama.cpp token types: 2 = unknown, 3 = control, 4 = user defined.
     special = (3,) if gemma else (2, 3)
     tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False,
@@ -278,7 +290,7 @@ def _gemma4_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     whole. BOS is added, as llama.cpp does whatever the GGUF says (mlx-lm's chat path sees
     the ``<bos>`` the chat template writes and adds none).
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, \
+    from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, \
         pre_tokenizers
 
     tokens = _vocabulary(meta)
@@ -303,14 +315,13 @@ def _gemma4_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
         if t and not t.strip("\n") and _merged(t, newline_ranks) != [t]:
             raise UserInputError(f"GGUF gemma4 vocabulary whose merges do not build its token "
                                  f"{t!r} is not supported")
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    types = _token_types(meta, tokens)
     unk = _special_token(meta, tokens, "unknown")
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=False,
                                byte_fallback=True, ignore_merges=False))
     tok.normalizer = normalizers.Replace(" ", "\u2581")
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
-                                     decoders.Fuse()])
+    tok.decoder = _sentencepiece_decoder(strip_prefix=False)
     # llama.cpp token types: 3 = control, 4 = user defined (shown in a reply)
     tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                             for i, t in enumerate(types) if t == 3])
