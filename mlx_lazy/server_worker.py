@@ -213,10 +213,12 @@ def _emit(job: Job, stop: StopText, pieces: List[Piece],
     nor part of one; True when a stop string was hit (the pieces after it are dropped).
 
     With an ``aligner`` (log probabilities asked), ``spans`` are the pieces' places in its
-    text, ``[start, end)``: each event carries the tokens whose text ends in it, a stop
-    string's the tokens any of whose text is before it (the rest are dropped)."""
+    text, counted back from its end (:attr:`~mlx_lazy.server_tools.CallSplitter.spans`):
+    each event carries the tokens whose text ends in it, a stop string's the tokens any of
+    whose text is before it (the rest are dropped)."""
     for n, (kind, text) in enumerate(pieces):
-        start, end = spans[n] if aligner is not None else (0, 0)
+        start, end = (0, 0) if aligner is None else (aligner.fed - spans[n][0],
+                                                     aligner.fed - spans[n][1])
         if kind == "text":
             held = len(stop.pending)  # the text fed before this piece and not yet emitted
             out, hit = stop.feed(text)
@@ -499,9 +501,7 @@ class Worker:
                         aligner.add(None if resp.finish_reason == "stop" else token_logprob(
                             draws.pop(), resp.token, self.texts), len(piece))
                     if calls is None:
-                        pieces = [("text", piece)]
-                        spans = None if aligner is None else [(aligner.fed - len(piece),
-                                                               aligner.fed)]
+                        pieces, spans = [("text", piece)], [(len(piece), 0)]
                     else:
                         pieces, spans = calls.feed(piece), calls.spans
                     hit = _emit(job, stop, pieces, spans, aligner)
