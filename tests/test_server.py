@@ -888,6 +888,41 @@ def test_bad_requests_get_error_objects_and_the_server_keeps_serving(server, tin
                                                     max_tokens=4)
 
 
+@pytest.mark.parametrize("template", [True, False], ids=["chat-template", "no-template"])
+def test_a_prompt_over_the_context_is_a_413_without_the_tokenizers_warning(
+        tiny_model_path, tmp_path, caplog, template):
+    """A prompt longer than the model's context (and the tokenizer's model_max_length) is a
+    413, without transformers' warning that indexing it would fail (given once per
+    tokenizer: a fresh server's), a completion's and a chat's, with the model's chat
+    template or without one; other tokenizing still warns."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model_path
+    if not template:
+        model = tmp_path / "model"
+        shutil.copytree(tiny_model_path, model)
+        config = json.loads((model / "tokenizer_config.json").read_text())
+        del config["chat_template"]
+        (model / "tokenizer_config.json").write_text(json.dumps(config))
+    warning = "Token indices sequence length is longer than the specified maximum"
+    context = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    long = "1" * (context + 10)  # a token per digit
+    library = logging.getLogger("transformers")  # which does not propagate to caplog's
+    library.addHandler(caplog.handler)
+    try:
+        with in_process_server(model) as s:
+            for path, body in (("/v1/completions", {"prompt": long}),
+                               ("/v1/chat/completions",
+                                {"messages": [{"role": "user", "content": long}]})):
+                status, _, payload = s.request("POST", path, body)
+                assert status == 413 and payload["error"]["code"] == "context_length_exceeded"
+        assert warning not in caplog.text
+        AutoTokenizer.from_pretrained(str(model)).encode(long)
+        assert warning in caplog.text
+    finally:
+        library.removeHandler(caplog.handler)
+
+
 HEAD = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: 1000\r\n\r\n")
 
