@@ -178,9 +178,11 @@ def _check_max_tokens(max_tokens: int) -> None:
         raise UserInputError(f"max_tokens must be a positive integer, got {max_tokens!r}")
 
 
-def prompt_token_ids(tokenizer: TokenizerWrapper,
-                     prompt: Union[str, List[int], mx.array]) -> List[int]:
-    """Token ids of ``prompt``: text is encoded as mlx-lm does, ids are checked to be integers."""
+def prompt_token_ids(tokenizer: TokenizerWrapper, prompt: Union[str, List[int], mx.array],
+                     verbose: bool = True) -> List[int]:
+    """Token ids of ``prompt``: text is encoded as mlx-lm does, ids are checked to be integers.
+    ``verbose`` False: the tokenizer does not warn of a text longer than its
+    ``model_max_length`` (for a caller that checks the length itself)."""
     if isinstance(prompt, str):
         try:
             prompt.encode("utf-8")
@@ -190,7 +192,7 @@ def prompt_token_ids(tokenizer: TokenizerWrapper,
                 f"that is not UTF-8, e.g. from a command line or file in another encoding)"
             ) from None
         bos = tokenizer.bos_token
-        return tokenizer.encode(prompt,
+        return tokenizer.encode(prompt, verbose=verbose,
                                 add_special_tokens=bos is None or not prompt.startswith(bos))
     if not isinstance(prompt, (list, tuple, mx.array, np.ndarray)):
         raise UserInputError(f"the prompt must be text or token ids, got {type(prompt).__name__}")

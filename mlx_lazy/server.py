@@ -69,7 +69,9 @@ SSE_PING_S = 15  # a comment line keeps proxies from closing a stream during a l
 class App:
     """The HTTP side of the server: validates each request into a :class:`Job` for
     ``worker``'s (loaded) model with ``settings``, and returns or streams its output
-    (:meth:`fastapi` builds the application that routes to the endpoints here)."""
+    (:meth:`fastapi` builds the application that routes to the endpoints here). Text is
+    tokenized with ``verbose=False``: a prompt too long is a 413, not also transformers'
+    warning of one longer than the tokenizer's ``model_max_length``."""
 
     def __init__(self, settings: ServerSettings, worker: Worker) -> None:
         self.settings, self.worker = settings, worker
@@ -120,7 +122,8 @@ class App:
     async def completions(self, body: CompletionRequest, request: Request):
         if isinstance(body.prompt, str):
             self.bounds.check_text(len(body.prompt.encode()), "prompt")
-            tokens = await run_in_threadpool(prompt_token_ids, self.tokenizer, body.prompt)
+            tokens = await run_in_threadpool(prompt_token_ids, self.tokenizer, body.prompt,
+                                             verbose=False)
         else:
             self.bounds.check_tokens(len(body.prompt), "prompt")
             try:
@@ -161,7 +164,8 @@ class App:
         tokenizer = self.tokenizer
         plain = [_template_message(m) for m in messages]
         if not getattr(tokenizer, "has_chat_template", False):
-            return prompt_token_ids(tokenizer, "\n".join(m["content"] for m in plain)), 0
+            return prompt_token_ids(tokenizer, "\n".join(m["content"] for m in plain),
+                                    verbose=False), 0
 
         def render(tools: Optional[List[dict]]) -> List[int]:
             try:
@@ -171,7 +175,7 @@ class App:
                 what = "these messages and tools" if tools else "these messages"
                 raise APIError(400, f"the model's chat template rejects {what}: {e}",
                                param="messages") from None
-            return list(tokenizer.encode(text, add_special_tokens=False))
+            return list(tokenizer.encode(text, add_special_tokens=False, verbose=False))
 
         tokens = render(tools)
         return tokens, tools_end(tokens, render(None)) if tools else 0

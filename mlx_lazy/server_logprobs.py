@@ -1,11 +1,11 @@
 """Log probabilities in the server's answers (``logprobs`` / ``top_logprobs``).
 
-* :func:`token_logprob` reads one decode step's log probability vector (what
-  :func:`~mlx_lazy.api.generate_step` yields: the log-softmax of the logits after the logits
+* :class:`LogprobSampler` wraps a generation's sampler: beside each token it draws, it
+  selects on the device (``mx.argpartition``) from the log probability vector it is given
+  (:func:`~mlx_lazy.api.generate_step`'s: the log-softmax of the logits after the logits
   processors, ``logit_bias`` and ``repetition_penalty``, before the sampler's temperature,
-  ``top_p``, ``top_k`` and ``min_p``, as mlx-lm's server reports them): the chosen token's
-  value and the ``k`` largest, selected on the device (``mx.argpartition``) and read in one
-  transfer of ``k + 1`` values.
+  ``top_p``, ``top_k`` and ``min_p``, as mlx-lm's server reports them) the token's value and
+  the ``k`` largest, evaluated with the token; :func:`token_logprob` reads them.
 * :class:`TokenTexts` says how a token shows: its bytes (the tokenizer's own, byte-level or
   SentencePiece byte fallback) and its text, or ``"bytes:\\xe6\\x97"`` for a token that is
   part of a character (as OpenAI shows one).
@@ -23,7 +23,7 @@ import codecs
 import collections
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
@@ -94,18 +94,47 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else UNLIKELY
 
 
-def token_logprob(logprobs: mx.array, token: int, k: int, texts: TokenTexts) -> TokenLogprob:
-    """``token``'s entry from its step's ``logprobs`` (vocabulary,) with the ``k`` most likely
-    tokens (ties: the lower id first). One evaluation, of ``k + 1`` values."""
-    if k:
-        top = mx.argpartition(-logprobs, kth=k - 1)[:k]
-        values = mx.concatenate([logprobs[token:token + 1], logprobs[top]]).astype(mx.float32)
-        mx.eval(values, top)
-        chosen, *rest = values.tolist()
-        ids = top.tolist()
-    else:
-        chosen, rest, ids = logprobs[token].astype(mx.float32).item(), [], []
-    ranked = sorted(zip(ids, rest), key=lambda p: (-_finite(p[1]), p[0]))
+#: What :class:`LogprobSampler` computes for a token: the float32 log probabilities of the
+#: token and of the ``k`` most likely (``(k + 1,)``), and the latter's ids (``(k,)``).
+Draw = Tuple[mx.array, mx.array]
+
+
+class LogprobSampler:
+    """``sampler`` (a generation's), which also selects for each token it draws that token's
+    log probability and the ``k`` largest (:data:`Draw`), on the device and evaluated in the
+    token's own ``mx.async_eval``: reading them (:func:`token_logprob`) waits for nothing
+    the token did not, and asking for log probabilities adds no evaluation to a step.
+
+    :meth:`pop` hands the draws out in order: :func:`~mlx_lazy.api.generate_step`'s n-th
+    draw is its n-th token (on a GPU it draws the next token before handing out the last).
+    """
+
+    def __init__(self, sampler: Callable[[mx.array], mx.array], k: int) -> None:
+        self.sampler, self.k = sampler, k
+        self._draws: "collections.deque[Draw]" = collections.deque()
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        """The token (1,) ``sampler`` draws from ``logprobs`` (1, vocabulary)."""
+        token = self.sampler(logprobs)
+        row = logprobs[0]
+        top = (mx.argpartition(-row, kth=self.k - 1)[:self.k] if self.k
+               else mx.zeros((0,), mx.uint32))
+        values = row[mx.concatenate([token, top])].astype(mx.float32)
+        mx.async_eval(token, values, top)
+        self._draws.append((values, top))
+        return token
+
+    def pop(self) -> Draw:
+        """The oldest draw not handed out yet."""
+        return self._draws.popleft()
+
+
+def token_logprob(draw: Draw, token: int, texts: TokenTexts) -> TokenLogprob:
+    """``token``'s entry from its :class:`LogprobSampler` ``draw``, with the ``k`` most likely
+    tokens (ties: the lower id first)."""
+    values, top = draw
+    chosen, *rest = values.tolist()
+    ranked = sorted(zip(top.tolist(), rest), key=lambda p: (-_finite(p[1]), p[0]))
     return TokenLogprob(*texts(token), _finite(chosen),
                         tuple((*texts(i), _finite(v)) for i, v in ranked))
 

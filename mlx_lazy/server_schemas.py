@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Annotated, Any, Dict, List, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Dict, List, Literal, Optional, Union
 
 from .extras import needs_extra
 
@@ -264,6 +264,9 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+_NOTHING = (None, False, 0, "")
+
+
 class RequestBody(_Strict):
     """The fields both endpoints' bodies share (OpenAI's, plus ``pruning``)."""
 
@@ -300,33 +303,24 @@ class RequestBody(_Strict):
     tools: Optional[List[Any]] = None
     tool_choice: Union[str, Dict[str, Any], None] = None
     modalities: Optional[List[str]] = None
+    #: The fields :meth:`unsupported` checks, in the order it reports them, with the values
+    #: that ask nothing of them.
+    UNSUPPORTED: ClassVar[Dict[str, tuple]] = {
+        "echo": _NOTHING, "suffix": _NOTHING, "best_of": (*_NOTHING, 1),
+        "presence_penalty": _NOTHING, "frequency_penalty": _NOTHING,
+        "response_format": (*_NOTHING, {}, {"type": "text"}), "tools": (*_NOTHING, []),
+        "tool_choice": (*_NOTHING, "none", "auto"), "modalities": (*_NOTHING, [], ["text"])}
 
-    def unsupported(self, fields: Optional[Dict[str, tuple]] = None) -> Optional[str]:
-        """The first of ``fields`` (default :data:`UNSUPPORTED`) set to ask for something this
-        server does not do, else None."""
-        return next((name for name, nothing in (fields or UNSUPPORTED).items()
+    def unsupported(self) -> Optional[str]:
+        """The first of :attr:`UNSUPPORTED` set to ask for something this server does not do,
+        else None."""
+        return next((name for name, nothing in self.UNSUPPORTED.items()
                      if getattr(self, name) not in nothing), None)
 
     def alternatives(self) -> Optional[int]:
         """How many alternatives each generated token's log probability comes with (0: its
         own only); None when log probabilities are not asked for."""
         return None
-
-
-_NOTHING = (None, False, 0, "")
-#: Fields :meth:`RequestBody.unsupported` checks, in the order it reports them, with the
-#: values that ask nothing of them.
-UNSUPPORTED = {"echo": _NOTHING,
-               "suffix": _NOTHING, "best_of": (*_NOTHING, 1), "presence_penalty": _NOTHING,
-               "frequency_penalty": _NOTHING,
-               "response_format": (*_NOTHING, {}, {"type": "text"}), "tools": (*_NOTHING, []),
-               "tool_choice": (*_NOTHING, "none", "auto"),
-               "modalities": (*_NOTHING, [], ["text"])}
-
-
-#: What a chat request may not ask for: tools are answered (``tool_choice`` "required" or a
-#: named function is not: the server cannot force a call).
-CHAT_UNSUPPORTED = {name: nothing for name, nothing in UNSUPPORTED.items() if name != "tools"}
 
 
 class ChatRequest(RequestBody):
@@ -337,6 +331,10 @@ class ChatRequest(RequestBody):
     # alternatives too (only with logprobs true; 0 or null asks nothing)
     logprobs: Optional[bool] = None
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]] = None
+    #: tools are answered (``tool_choice`` "required" or a named function is not: the server
+    #: cannot force a call)
+    UNSUPPORTED: ClassVar[Dict[str, tuple]] = {
+        name: nothing for name, nothing in RequestBody.UNSUPPORTED.items() if name != "tools"}
 
     @field_validator("top_logprobs")
     @classmethod
@@ -345,9 +343,6 @@ class ChatRequest(RequestBody):
         if n and "logprobs" in info.data and not info.data["logprobs"]:
             raise ValueError("top_logprobs needs logprobs: true")
         return n
-
-    def unsupported(self, fields: Optional[Dict[str, tuple]] = None) -> Optional[str]:
-        return super().unsupported(fields or CHAT_UNSUPPORTED)
 
     def alternatives(self) -> Optional[int]:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -46,63 +46,58 @@ class CallSplitter:
             raise ValueError("a tool call's opening marker must not be empty")
         self.start, self.end = start, end
         self.in_call = False
-        self._buf = ""
+        self._buf = ""  # the text fed and in no piece yet (an open call's with its marker)
         self._searched = 0  # in a call: _buf[:this] holds no ``end``
-        self._fed = 0  # characters fed so far
         #: where the pieces the last :meth:`feed` or :meth:`finish` returned lie in the text
-        #: fed, ``[start, end)``, markers included (one after another, no gaps)
+        #: fed, counted back from its end: ``(start, end)``, markers included (one after
+        #: another, no gaps)
         self.spans: List[Tuple[int, int]] = []
-        self._consumed = 0  # the end of the last piece
 
-    def _piece(self, out: List[Piece], kind: str, text: str, end: int) -> None:
+    def _piece(self, out: List[Piece], kind: str, text: str, size: int) -> None:
+        """Add a piece of the first ``size`` characters withheld."""
         out.append((kind, text))
-        self.spans.append((self._consumed, end))
-        self._consumed = end
+        self.spans.append((len(self._buf), len(self._buf) - size))
+        self._buf = self._buf[size:]
 
     def feed(self, text: str) -> List[Piece]:
         """Add ``text``; the pieces now known whole."""
         out: List[Piece] = []
         self.spans = []
         self._buf += text
-        self._fed += len(text)
         while True:
             if not self.in_call:
                 i = self._buf.find(self.start)
                 if i < 0:
-                    hold = _partial(self._buf, self.start)
-                    safe = self._buf[: len(self._buf) - hold]
+                    safe = len(self._buf) - _partial(self._buf, self.start)
                     if safe:
-                        self._piece(out, "text", safe, self._fed - hold)
-                    self._buf = self._buf[len(safe):]
+                        self._piece(out, "text", self._buf[:safe], safe)
                     return out
                 if i:
-                    self._piece(out, "text", self._buf[:i], self._fed - len(self._buf) + i)
-                self._buf, self.in_call, self._searched = self._buf[i + len(self.start):], True, 0
+                    self._piece(out, "text", self._buf[:i], i)
+                self.in_call, self._searched = True, len(self.start)
             elif not self.end:  # closed by the end of the answer only
                 return out
             else:
                 j = self._buf.find(self.end, self._searched)
                 if j < 0:
-                    self._searched = max(0, len(self._buf) - len(self.end) + 1)
+                    self._searched = max(len(self.start), len(self._buf) - len(self.end) + 1)
                     return out
-                self._buf, call = self._buf[j + len(self.end):], self._buf[:j]
                 self.in_call = False
-                self._piece(out, "call", call, self._fed - len(self._buf))
+                self._piece(out, "call", self._buf[len(self.start):j], j + len(self.end))
 
     def finish(self, cut: bool) -> List[Piece]:
         """The withheld text at the end of the generation. A call left open is read as a call
         when the model ended it (its end-of-sequence token: ``cut`` False, as mlx-lm's server
         reads it), and answered as its raw text, markers included, when ``max_tokens`` cut it
         (``cut`` True): a call whose arguments may be missing their end is not made."""
-        buf, self._buf = self._buf, ""
         out: List[Piece] = []
         self.spans = []
-        if not self.in_call:
-            if buf:
-                self._piece(out, "text", buf, self._fed)
-            return out
-        self.in_call = False
-        self._piece(out, "raw" if cut else "call", self.start + buf if cut else buf, self._fed)
+        if self.in_call:
+            self.in_call = False
+            self._piece(out, "raw" if cut else "call",
+                        self._buf if cut else self._buf[len(self.start):], len(self._buf))
+        elif self._buf:
+            self._piece(out, "text", self._buf, len(self._buf))
         return out
 
 

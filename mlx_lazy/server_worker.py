@@ -29,7 +29,8 @@ from .errors import UserInputError, one_line
 from .prefix_store import PromptCacheStore
 from .prompt_cache import make_prompt_cache
 from .schedule import Schedule
-from .server_logprobs import Aligner, TokenLogprob, TokenTexts, token_logprob
+from .server_logprobs import (Aligner, LogprobSampler, TokenLogprob, TokenTexts,
+                              token_logprob)
 from .server_tools import CallSplitter, Piece
 
 log = logging.getLogger("mlx_lazy.server")
@@ -212,10 +213,12 @@ def _emit(job: Job, stop: StopText, pieces: List[Piece],
     nor part of one; True when a stop string was hit (the pieces after it are dropped).
 
     With an ``aligner`` (log probabilities asked), ``spans`` are the pieces' places in its
-    text, ``[start, end)``: each event carries the tokens whose text ends in it, a stop
-    string's the tokens any of whose text is before it (the rest are dropped)."""
+    text, counted back from its end (:attr:`~mlx_lazy.server_tools.CallSplitter.spans`):
+    each event carries the tokens whose text ends in it, a stop string's the tokens any of
+    whose text is before it (the rest are dropped)."""
     for n, (kind, text) in enumerate(pieces):
-        start, end = spans[n] if aligner is not None else (0, 0)
+        start, end = (0, 0) if aligner is None else (aligner.fed - spans[n][0],
+                                                     aligner.fed - spans[n][1])
         if kind == "text":
             held = len(stop.pending)  # the text fed before this piece and not yet emitted
             out, hit = stop.feed(text)
@@ -447,7 +450,9 @@ class Worker:
         job.phase = "prefill"
         stop = StopText(job.stop)
         calls = None if job.tool_markers is None else CallSplitter(*job.tool_markers)
-        aligner = None if job.logprobs is None else Aligner()
+        sample = sampler(job.temperature, job.top_p, job.min_p, job.top_k)
+        draws = None if job.logprobs is None else LogprobSampler(sample, job.logprobs)
+        aligner = None if draws is None else Aligner()
         resp, finish, prompt_end, before_last, hit = None, None, None, None, False
         if self.store is None:
             cache = make_prompt_cache(self.model, job.schedule)
@@ -470,7 +475,7 @@ class Worker:
                 split_layers = sum(cache.engine.prefill_tokens_per_layer) - counted
             with closing(stream_generate(
                 self.model, self.tokenizer, job.tokens[len(cache):], max_tokens=job.max_tokens,
-                sampler=sampler(job.temperature, job.top_p, job.min_p, job.top_k),
+                sampler=sample if draws is None else draws,
                 prompt_cache=cache,
                 logits_processors=make_logits_processors(job.logit_bias or None,
                                                          job.repetition_penalty),
@@ -494,11 +499,9 @@ class Worker:
                             generated = None
                     if aligner is not None:  # the end-of-sequence token is no part of it
                         aligner.add(None if resp.finish_reason == "stop" else token_logprob(
-                            resp.logprobs, resp.token, job.logprobs, self.texts), len(piece))
+                            draws.pop(), resp.token, self.texts), len(piece))
                     if calls is None:
-                        pieces = [("text", piece)]
-                        spans = None if aligner is None else [(aligner.fed - len(piece),
-                                                               aligner.fed)]
+                        pieces, spans = [("text", piece)], [(len(piece), 0)]
                     else:
                         pieces, spans = calls.feed(piece), calls.spans
                     hit = _emit(job, stop, pieces, spans, aligner)

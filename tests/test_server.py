@@ -35,7 +35,7 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import _byte_decoder
 from uvicorn.server import ServerState
 
-from mlx_lazy import PruningConfig, generate, load
+from mlx_lazy import PruningConfig, generate, generate_step, load
 from mlx_lazy.adapter import ModelAdapter
 from mlx_lazy.prefix_store import PromptCacheStore
 from mlx_lazy.schedule_files import (MODEL_SCHEDULE_FILE, SCHEDULE_FORMAT, TRANSFER_SOURCE,
@@ -44,6 +44,7 @@ from mlx_lazy.scorers import Pooled, Window
 from mlx_lazy import server as server_module
 from mlx_lazy import server_worker
 from mlx_lazy.server import App, main
+from mlx_lazy.server_logprobs import LogprobSampler, TokenTexts, token_logprob
 from mlx_lazy.server_http import (BoundedConnection, LingeringTransport, listen_socket,
                                   uvicorn_server)
 from mlx_lazy.server_schemas import pruning_config
@@ -693,6 +694,63 @@ def test_completion_logprobs_drop_what_a_stop_string_cut(server):
         [r.choices[0].logprobs.tokens[0]]] * 2  # logprobs 0: the chosen token's own
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["cpu", "built-ahead"])
+def test_each_token_gets_its_own_steps_log_probabilities(tiny_model, monkeypatch, ahead):
+    """The values a LogprobSampler selected for a token are its step's, its own value
+    (sampled: not always the largest) and the 3 largest (ties: the lower id first), also
+    when, as on a GPU, the next token is drawn before this one is handed out."""
+    from mlx_lazy import api
+
+    monkeypatch.setattr(api, "_pipelined", lambda engine: ahead)
+    model, tokenizer = tiny_model()
+    texts = TokenTexts(tokenizer)
+    draws = LogprobSampler(make_sampler(temp=1.0), 3)
+    mx.random.seed(3)
+    sampled = 0
+    for token, logprobs in generate_step(tokenizer.encode("The quick brown fox"), model,
+                                         sampler=draws, max_tokens=10):
+        want = np.array(logprobs.astype(mx.float32))
+        best = np.argsort(-want, kind="stable")[:3]
+        entry = token_logprob(draws.pop(), token, texts)
+        assert (entry.token, entry.logprob) == (texts(token)[0], want[token])
+        assert entry.top == tuple((*texts(i), want[i]) for i in best)
+        sampled += token != best[0]
+    assert sampled  # a token that is not the most likely was checked
+
+
+def test_log_probabilities_are_evaluated_with_their_token(server, monkeypatch):
+    """Asking for log probabilities adds no evaluation to a decode step: the generation
+    thread calls mx.eval as often as without them, and each token's values and alternatives
+    go to the device in the mx.async_eval of the token itself (one wait for both)."""
+    evals, scheduled, drawn = [], [], []
+
+    def recorded(calls: list, real):
+        def call(*arrays):
+            if threading.current_thread().name == "mlx-lazy-generation":
+                calls.append(arrays)
+            return real(*arrays)
+        return call
+
+    monkeypatch.setattr(mx, "eval", recorded(evals, mx.eval))
+    monkeypatch.setattr(mx, "async_eval", recorded(scheduled, mx.async_eval))
+    read = server_worker.token_logprob
+    monkeypatch.setattr(server_worker, "token_logprob",
+                        lambda draw, token, texts: drawn.append((draw, token))
+                        or read(draw, token, texts))
+    body = dict(model="any", prompt="The quick brown fox", max_tokens=6)
+    client = server.client()
+    client.completions.create(**body)  # cached: the two below start from the same prefix
+    counts = []
+    for logprobs in (None, 3):
+        evals.clear()
+        client.completions.create(**body, logprobs=logprobs)
+        counts.append(len(evals))
+    assert counts[0] == counts[1] and len(drawn) == 6
+    for (values, top), token in drawn:
+        assert any(any(a is values for a in arrays) and any(a is top for a in arrays)
+                   and [token] in [a.tolist() for a in arrays] for arrays in scheduled), token
+
+
 # ---------------------------------------------------------------- bad requests
 
 
@@ -828,6 +886,41 @@ def test_bad_requests_get_error_objects_and_the_server_keeps_serving(server, tin
     r = server.client().chat.completions.create(model="any", messages=MESSAGES, max_tokens=4)
     assert r.choices[0].message.content == expected(tiny_model(), chat_prompt(tokenizer, MESSAGES),
                                                     max_tokens=4)
+
+
+@pytest.mark.parametrize("template", [True, False], ids=["chat-template", "no-template"])
+def test_a_prompt_over_the_context_is_a_413_without_the_tokenizers_warning(
+        tiny_model_path, tmp_path, caplog, template):
+    """A prompt longer than the model's context (and the tokenizer's model_max_length) is a
+    413, without transformers' warning that indexing it would fail (given once per
+    tokenizer: a fresh server's), a completion's and a chat's, with the model's chat
+    template or without one; other tokenizing still warns."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model_path
+    if not template:
+        model = tmp_path / "model"
+        shutil.copytree(tiny_model_path, model)
+        config = json.loads((model / "tokenizer_config.json").read_text())
+        del config["chat_template"]
+        (model / "tokenizer_config.json").write_text(json.dumps(config))
+    warning = "Token indices sequence length is longer than the specified maximum"
+    context = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    long = "1" * (context + 10)  # a token per digit
+    library = logging.getLogger("transformers")  # which does not propagate to caplog's
+    library.addHandler(caplog.handler)
+    try:
+        with in_process_server(model) as s:
+            for path, body in (("/v1/completions", {"prompt": long}),
+                               ("/v1/chat/completions",
+                                {"messages": [{"role": "user", "content": long}]})):
+                status, _, payload = s.request("POST", path, body)
+                assert status == 413 and payload["error"]["code"] == "context_length_exceeded"
+        assert warning not in caplog.text
+        AutoTokenizer.from_pretrained(str(model)).encode(long)
+        assert warning in caplog.text
+    finally:
+        library.removeHandler(caplog.handler)
 
 
 HEAD = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

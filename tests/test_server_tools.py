@@ -194,7 +194,7 @@ def test_each_token_goes_out_with_the_text_that_ends_its_own():
     job, aligner, stop = _Job(), Aligner(), StopText(["de"])
     for text in ("ab", "cd", "ef"):
         aligner.add(token(text), len(text))
-        hit = _emit(job, stop, [("text", text)], [(aligner.fed - 2, aligner.fed)], aligner)
+        hit = _emit(job, stop, [("text", text)], [(len(text), 0)], aligner)
     # "d" may begin "de": withheld, its token too; at "de", "cd" began before the stop and
     # "ef" is all in it or after
     assert hit and _shown(job.events) == [("Delta", "ab", ["ab"]), ("Delta", "c", []),
@@ -218,6 +218,14 @@ def test_each_token_goes_out_with_the_text_that_ends_its_own():
     offsets = [t.offset for e in job.events for t in e.logprobs]
     n = len(START + END)
     assert offsets == [0, 1, 1, 2, 2 + len(START), 4 + len(START), 4 + n, 6 + n, 7 + n]
+    # a call still open at the end: its tokens go with it, read as a call or as its raw text
+    for cut, shown in ((False, ("Call", "{}")), (True, ("Delta", START + "{}"))):
+        job, aligner, splitter = _Job(), Aligner(), CallSplitter(START, END)
+        for text in ("ok", START, "{}"):
+            aligner.add(token(text), len(text))
+            assert not _emit(job, StopText([]), splitter.feed(text), splitter.spans, aligner)
+        assert not _emit(job, StopText([]), splitter.finish(cut), splitter.spans, aligner)
+        assert _shown(job.events) == [("Delta", "ok", ["ok"]), (*shown, [START, "{}"])]
 
 
 def test_the_tool_definitions_end_where_the_renderings_meet_again():
