@@ -40,6 +40,13 @@ The architectures (llama.cpp's names), and what converting each involves:
   picked is refused.
 * ``mistral3`` (``ministral3``; Ministral 3): q/k un-permuted, YaRN RoPE with llama.cpp's
   defaults, Llama 4's attention temperature.
+* ``deepseek2`` (multi-head latent attention: DeepSeek-V2/V2-Lite to ``deepseek_v2``;
+  DeepSeek-V3/R1, Kimi and Moonlight, sigmoid-routed with a correction bias, to
+  ``deepseek_v3``; GLM-4.7-Flash to ``glm4_moe_lite``): the latent ranks and head widths
+  from llama.cpp's MLA keys, ``attn_k_b`` / ``attn_v_b`` (or an older file's ``attn_kv_b``)
+  as each model holds its up-projection; leading dense layers, experts and shared experts,
+  expert groups, YaRN with its log multiplier as ``mscale_all_dim``; traditional RoPE, q/k as
+  they are. The NextN block dropped.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -73,13 +80,14 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "seed_oss": "SeedOssForCausalLM",
                  "ernie4_5": "Ernie4_5_ForCausalLM",
                  "ernie4_5-moe": "Ernie4_5_MoeForCausalLM",
-                 "mistral3": "Ministral3ForCausalLM"}
+                 "mistral3": "Ministral3ForCausalLM",
+                 "deepseek2": "DeepseekV2ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
                 "gpt-oss": "gpt_oss",
                 "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe", "qwen3next": "qwen3_next",
                 "glm4moe": "glm4_moe", "gemma4": "gemma4_text", "ernie4_5-moe": "ernie4_5_moe",
-                "mistral3": "ministral3"}
+                "mistral3": "ministral3", "deepseek2": "deepseek_v2"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -116,9 +124,17 @@ EXAONE4_32B_PERIOD = 4
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
 _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe")
-# GLM-4.5: llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is
-# sigmoid, the only one mlx-lm's glm4_moe has
-_NO_GATING, _SIGMOID_GATING = 0, 2
+# llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
+# GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
+_NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
+# DeepSeek-V2/V3: the RMS epsilon mlx-lm's deepseek_v2 and deepseek_v3 hard-wire for their latent
+# norms (llama.cpp takes the GGUF's, as mlx-lm's glm4_moe_lite does), as a GGUF stores it
+DEEPSEEK_LATENT_EPS = np.float32(1e-6)
+# GLM-4.7-Flash as llama.cpp's deepseek2 loader recognises it without a gating function: its
+# layers (with the NextN block or without) and vocabulary
+GLM47_FLASH_LAYERS, GLM47_FLASH_VOCAB = (47, 48), 154880
+# llama.cpp's converter writes DeepSeek's mscale_all_dim times 0.1 as the YaRN log multiplier
+DEEPSEEK2_LOG_MUL_SCALE = np.float32(0.1)
 # Phi-3's LongRoPE: llama.cpp's tensors of its factors beyond and within the original context
 _LONGROPE = {"long_factor": "rope_factors_long.weight",
              "short_factor": "rope_factors_short.weight"}
@@ -205,16 +221,19 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                              f"hold {len(blocks)} blocks")
     if "token_embd.weight" not in tensors:
         raise UserInputError("GGUF has no token_embd.weight tensor")
-    head_dim = (count("attention.key_length") if g("attention.key_length") is not None
-                else hidden // n_heads)
+    mla = arch == "deepseek2"  # its q/k heads' width under llama.cpp's MLA key, where written
+    key_length = ("attention.key_length_mla"
+                  if mla and g("attention.key_length_mla") is not None else "attention.key_length")
+    head_dim = count(key_length) if g(key_length) is not None else hidden // n_heads
     rope_dims = count("rope.dimension_count", head_dim)
     rotary = _rotary_factor(rope_dims, head_dim)
     # mlx-lm's models of _PARTIAL_ROPE rotate the first dims of each head (Phi-4-mini: 96 of
-    # 128), the others all of them
-    if rope_dims != head_dim and (arch not in _PARTIAL_ROPE or rope_dims % 2 or rotary is None):
+    # 128), the others all of them (DeepSeek's the last ones: _deepseek2_config's)
+    if rope_dims != head_dim and not mla and (arch not in _PARTIAL_ROPE or rope_dims % 2
+                                              or rotary is None):
         raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's {head_dim} "
                              "dims is not supported")
-    if not gemma4 and count("attention.value_length", head_dim) != head_dim:  # _gemma4_config's
+    if not (gemma4 or mla) and count("attention.value_length", head_dim) != head_dim:
         raise UserInputError(f"GGUF {arch} with values {g('attention.value_length')} wide and "
                              f"keys {head_dim} wide is not supported")
     vocab = int(tensors["token_embd.weight"].shape[1])
@@ -225,7 +244,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     factor = g("rope.scaling.factor", g("rope.scale_linear"))
     scaling = g("rope.scaling.type") or ("linear" if factor not in (None, 0, 1) else None)
     linear = arch == "gemma3" and scaling == "linear"  # Gemma 3 4B+: global layers only
-    yarn = arch in ("gpt-oss", "mistral3") and scaling == "yarn"
+    yarn = arch in ("gpt-oss", "mistral3", "deepseek2") and scaling == "yarn"
     if scaling not in (None, "none") and not (linear or yarn):
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
     for name, owners in ROPE_TENSORS.items():
@@ -288,6 +307,19 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "glm4moe":
         config.update(_glm4moe_config(g, count, positive, optional, experts, tensors, n_layers,
                                       rotary))
+    if mla:
+        config.update(_deepseek2_config(meta, g, count, real, positive, optional, experts,
+                                        tensors, config, rope_dims))
+        if yarn:  # llama.cpp's betas (its deepseek2 loader reads none); mscale as mscale_all_dim
+            # (llama.cpp's special case of deepseek2), which its converter wrote times 0.1
+            log_mul = g("rope.scaling.yarn_log_multiplier")
+            if not log_mul:  # llama.cpp then scales the attention by YaRN's magnitude squared
+                raise UserInputError("GGUF deepseek2 with YaRN RoPE but no "
+                                     "rope.scaling.yarn_log_multiplier is not supported")
+            scale = float(np.float32(real("rope.scaling.yarn_log_multiplier"))
+                          / DEEPSEEK2_LOG_MUL_SCALE)
+            config["rope_scaling"] = {**yarn_rope(), **LLAMA_CPP_YARN_BETAS,
+                                      "mscale": scale, "mscale_all_dim": scale}
     if arch == "gpt-oss":  # every layer sparse; its SwiGLU's alpha and limit are hard-wired in
         # llama.cpp (1.702, 7) as in mlx-lm
         n_experts, n_used = experts()
@@ -418,28 +450,39 @@ def _qwen35_interval(arch: str, g: Any, count: Any, n_layers: int) -> int:
 def _glm4moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
                     tensors: dict, n_layers: int, rotary: float) -> dict:
     """mlx-lm's glm4_moe settings of a GLM-4.5/4.6/4.7 GGUF, read as llama.cpp reads it: its
-    first ``leading_dense_block_count`` layers dense, the others sparse beside
-    ``expert_shared_count`` shared experts (at least one); sigmoid scores, biased by
-    ``exp_probs_b`` to choose the experts (within the best ``expert_group_used_count`` of
-    ``expert_group_count`` groups) but not to weigh them, the chosen weights renormalised where
-    ``expert_weights_norm`` says so and scaled by ``expert_weights_scale`` (0 or none: 1);
+    experts as :func:`_routed_experts` reads them, sigmoid scores (its only gating function);
     q/k/v biases and q/k norms where the tensors have them; RoPE over ``rope.dimension_count``
     of each head's dims, NeoX-style (its MRoPE sections, GLM-4.5V's, turn by one position on
     text: the same RoPE)."""
-    n_experts, n_used = experts()
     gating = g("expert_gating_func", _NO_GATING)
     if gating not in (_NO_GATING, _SIGMOID_GATING):
         raise UserInputError(f"GGUF glm4moe with expert gating function {shown(gating, 20)} is "
                              "not supported (mlx-lm's glm4_moe routes by sigmoid, llama.cpp's "
                              f"{_SIGMOID_GATING})")
+    return {**_routed_experts("glm4moe", "glm4_moe", g, count, positive, optional, experts,
+                              tensors, n_layers),
+            "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
+            "partial_rotary_factor": rotary, "rope_scaling": None}
+
+
+def _routed_experts(arch: str, model_type: str, g: Any, count: Any, positive: Any,
+                    optional: Any, experts: Any, tensors: dict, n_layers: int) -> dict:
+    """mlx-lm's settings of DeepSeek's MoE layout (GLM-4.5's and deepseek2's), read as
+    llama.cpp reads it: the first ``leading_dense_block_count`` layers dense, the others sparse
+    beside ``expert_shared_count`` shared experts (at least one); sigmoid scores biased by
+    ``exp_probs_b`` to choose the experts (within the best ``expert_group_used_count`` of
+    ``expert_group_count`` groups) but not to weigh them, the chosen weights renormalised where
+    ``expert_weights_norm`` says so and scaled by ``expert_weights_scale`` (0 or none: 1).
+    mlx-lm's model (``model_type``) has a head of its own: a tied one is refused."""
+    n_experts, n_used = experts()
     dense = optional("leading_dense_block_count")
     if dense > n_layers:
-        raise UserInputError(f"GGUF metadata glm4moe.leading_dense_block_count ({dense}) exceeds "
+        raise UserInputError(f"GGUF metadata {arch}.leading_dense_block_count ({dense}) exceeds "
                              f"its {n_layers} layers")
     groups, used_groups = optional("expert_group_count"), optional("expert_group_used_count")
     if groups > 1 and (n_experts % groups or groups >= n_experts
                        or not 0 < used_groups < groups):  # llama.cpp asserts as much
-        raise UserInputError(f"GGUF metadata glm4moe.expert_group_count ({groups}) must divide "
+        raise UserInputError(f"GGUF metadata {arch}.expert_group_count ({groups}) must divide "
                              f"the {n_experts} experts into groups, of which "
                              f"expert_group_used_count ({used_groups}) are fewer")
     if groups > 1:  # mlx-lm scores the other groups' experts 0 where llama.cpp takes -inf:
@@ -447,19 +490,19 @@ def _glm4moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: A
         for name in sorted(n for n in tensors if n.endswith(".exp_probs_b.bias")):
             if dequantized(tensors[name]).min() < 0:
                 raise UserInputError(
-                    f"GGUF glm4moe with expert groups and a negative correction bias ({name}) "
-                    "is not supported: mlx-lm's glm4_moe would pick experts of the groups "
+                    f"GGUF {arch} with expert groups and a negative correction bias ({name}) "
+                    f"is not supported: mlx-lm's {model_type} would pick experts of the groups "
                     "llama.cpp leaves out")
     norm = g("expert_weights_norm", False)
     if not isinstance(norm, (bool, np.bool_)):
-        raise UserInputError("GGUF metadata glm4moe.expert_weights_norm must be true or false, "
+        raise UserInputError(f"GGUF metadata {arch}.expert_weights_norm must be true or false, "
                              f"got {shown(norm, 40)}")
-    if norm and n_used == 1:  # mlx-lm's glm4_moe renormalises two or more only
-        raise UserInputError("GGUF glm4moe renormalising the weight of one expert a token is not "
-                             "supported")
+    if norm and n_used == 1:  # mlx-lm's models renormalise two or more only
+        raise UserInputError(f"GGUF {arch} renormalising the weight of one expert a token is "
+                             "not supported")
     if "output.weight" not in tensors:  # llama.cpp reads the embedding then; mlx-lm cannot
-        raise UserInputError("GGUF glm4moe without output.weight (tied embeddings) is not "
-                             "supported (mlx-lm's glm4_moe has a head of its own)")
+        raise UserInputError(f"GGUF {arch} without output.weight (tied embeddings) is not "
+                             f"supported (mlx-lm's {model_type} has a head of its own)")
     # llama.cpp requires the count; none (0) would be n_shared_experts None to mlx-lm's
     # glm4_moe, which transformers' config of it refuses (loading the tokenizer reads it)
     shared = count("expert_shared_count")
@@ -470,9 +513,84 @@ def _glm4moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: A
             "topk_group": used_groups if groups > 1 else 1,
             "routed_scaling_factor": (positive("expert_weights_scale")
                                       if g("expert_weights_scale", 0) != 0 else 1.0),
-            "norm_topk_prob": bool(norm), "scoring_func": "sigmoid", "topk_method": "noaux_tc",
-            "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
-            "partial_rotary_factor": rotary, "rope_scaling": None}
+            "norm_topk_prob": bool(norm), "scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+
+
+def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, optional: Any,
+                      experts: Any, tensors: dict, config: dict, rope_dims: int) -> dict:
+    """mlx-lm's settings of a deepseek2 GGUF, read as llama.cpp reads it, and which of its
+    models computes what llama.cpp does: softmax routing (DeepSeek-V2/V2-Lite: llama.cpp's
+    default but for GLM-4.7-Flash, which it recognises by its layers and vocabulary) is
+    ``deepseek_v2``; sigmoid routing with a correction bias (DeepSeek-V3/R1, Kimi, Moonlight)
+    ``deepseek_v3``, or ``glm4_moe_lite`` for GLM's GGUF (its "glm4" pre-tokenizer) and where
+    the RMS epsilon is not the 1e-6 deepseek_v3 hard-wires for its latent norms (glm4_moe_lite
+    takes the config's; the same model otherwise).
+
+    Multi-head latent attention: q through a rank ``attention.q_lora_rank`` (where the tensors
+    have ``attn_q_a``; V2-Lite projects q directly), keys and values through
+    ``attention.kv_lora_rank``; each q/k head ``key_length_mla`` wide (``key_length`` in a file
+    without llama.cpp's MLA keys), its last ``rope.dimension_count`` dims rotated (traditional
+    RoPE, in llama.cpp and mlx-lm alike), values ``value_length_mla`` (``value_length``) wide."""
+    head_dim, n_layers = config["head_dim"], config["num_hidden_layers"]
+    nope = head_dim - rope_dims
+    if nope < 1:  # llama.cpp asserts as much
+        raise UserInputError(f"GGUF deepseek2 with RoPE over {rope_dims} of each head's "
+                             f"{head_dim} dims is not supported (it needs dims without RoPE)")
+    value_length = ("attention.value_length_mla" if g("attention.value_length_mla") is not None
+                    else "attention.value_length")
+    gating = g("expert_gating_func", _NO_GATING)
+    if gating == _NO_GATING:  # llama.cpp's loader: older DeepSeek-V2/V2.5 files write none
+        vocab = g("vocab_size", len(meta.get("tokenizer.ggml.tokens") or []))
+        layers = {n_layers, g("block_count")}
+        glm = vocab == GLM47_FLASH_VOCAB and bool(layers & set(GLM47_FLASH_LAYERS))
+        gating = _SIGMOID_GATING if glm else _SOFTMAX_GATING
+    if gating not in (_SOFTMAX_GATING, _SIGMOID_GATING):
+        raise UserInputError(f"GGUF deepseek2 with expert gating function {shown(gating, 20)} "
+                             "is not supported (mlx-lm's deepseek models route by softmax, "
+                             f"llama.cpp's {_SOFTMAX_GATING}, or sigmoid, {_SIGMOID_GATING})")
+    latent_eps = np.float32(config["rms_norm_eps"]) == DEEPSEEK_LATENT_EPS
+    if gating == _SOFTMAX_GATING:
+        model_type = "deepseek_v2"
+    elif meta.get("tokenizer.ggml.pre") == "glm4" or not latent_eps:
+        model_type = "glm4_moe_lite"
+    else:
+        model_type = "deepseek_v3"
+    moe = _routed_experts("deepseek2", model_type, g, count, positive, optional, experts,
+                          tensors, n_layers)
+    if model_type == "deepseek_v2":  # greedy softmax top-k, as DeepSeek-V2-Lite routes
+        if not latent_eps:
+            raise UserInputError(f"GGUF deepseek2 with softmax routing and RMS epsilon "
+                                 f"{config['rms_norm_eps']:.7g} is not supported (mlx-lm's "
+                                 "deepseek_v2 normalises its latents with 1e-06)")
+        if moe["n_group"] > 1:  # V2's group_limited_greedy, which llama.cpp computes otherwise
+            raise UserInputError("GGUF deepseek2 with softmax routing within expert groups is "
+                                 "not supported (llama.cpp ranks a group by its two best "
+                                 "experts, mlx-lm's deepseek_v2 by its best)")
+        if moe["norm_topk_prob"]:
+            raise UserInputError("GGUF deepseek2 with softmax routing renormalising its experts' "
+                                 "weights (expert_weights_norm) is not supported (mlx-lm's "
+                                 "deepseek_v2 never does)")
+        moe.update(scoring_func="softmax", topk_method="greedy")
+    if real("attention.temperature_scale", 0.0):  # Mistral Large 3's, in llama.cpp's deepseek2
+        raise UserInputError("GGUF deepseek2 with an attention temperature "
+                             "(attention.temperature_scale) is not supported")
+    q_lora = "blk.0.attn_q_a.weight" in tensors  # else V2-Lite's q_proj
+    out = {"model_type": model_type,
+           "architectures": [{"deepseek_v2": "DeepseekV2ForCausalLM",
+                              "deepseek_v3": "DeepseekV3ForCausalLM",
+                              "glm4_moe_lite": "Glm4MoeLiteForCausalLM"}[model_type]],
+           # the checkpoint's (llama.cpp writes MLA's one latent head)
+           "num_key_value_heads": config["num_attention_heads"],
+           "q_lora_rank": count("attention.q_lora_rank") if q_lora else None,
+           "kv_lora_rank": count("attention.kv_lora_rank"),
+           "qk_rope_head_dim": rope_dims, "qk_nope_head_dim": nope,
+           "v_head_dim": count(value_length), "attention_bias": False,
+           # deepseek_v2's RoPE reads a factor always (1: none)
+           "rope_scaling": {"rope_type": "default", "factor": 1.0}
+           if model_type == "deepseek_v2" else None,
+           **moe}
+    config.pop("head_dim")  # no key of these models (q/k/v widths: the ones above)
+    return out
 
 
 def _local_layers(pattern: Any, n_layers: int, arch: str) -> list[bool]:
@@ -734,15 +852,16 @@ def _rope_scaling(config: dict) -> dict:
 
 def _llama_cpp_yarn_magnitude(config: dict) -> float:
     """What llama.cpp's YaRN multiplies the rotated dims of queries and keys by besides the
-    GGUF's attn_factor: (0.1 ln f + 1) / (0.1 m ln f + 1) for the factor f and the log
+    GGUF's attn_factor: (0.1 s ln f + 1) / (0.1 m ln f + 1) for the factor f and the log
     multiplier m (``mscale_all_dim``: 0 where the GGUF has none, and in the gpt-oss loader,
-    which reads none), llama-context.cpp taking mscale as 1; 1 without YaRN."""
+    which reads none), llama-context.cpp taking mscale s as 1 (but as m in deepseek2: the
+    config's ``mscale``); 1 without YaRN."""
     scaling = _rope_scaling(config)
     factor = scaling.get("factor", 1.0) if scaling.get("rope_type") == "yarn" else 1.0
     if factor <= 1:
         return 1.0
-    return (0.1 * math.log(factor) + 1) / (0.1 * scaling.get("mscale_all_dim", 0.0)
-                                           * math.log(factor) + 1)
+    return ((0.1 * scaling.get("mscale", 1.0) * math.log(factor) + 1)
+            / (0.1 * scaling.get("mscale_all_dim", 0.0) * math.log(factor) + 1))
 
 
 def _rope_scale(config: dict, dims: int) -> float:

@@ -37,7 +37,7 @@ DELTA_NET = (*QWEN35, "qwen3next")
 # mlx-lm's model types whose value heads llama.cpp's converter tiles (Qwen3.5's, not Qwen3-Next's)
 _TILED_V_HEADS = ("qwen3_5", "qwen3_5_moe")
 # The architectures whose GGUFs may hold multi-token prediction (NextN) blocks after the model's
-NEXTN = (*DELTA_NET, "glm4moe")
+NEXTN = (*DELTA_NET, "glm4moe", "deepseek2")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -140,14 +140,28 @@ _QWEN3NEXT_LAYER_NAMES = {
     "ssm_in": "linear_attn.in_proj_qkvz",
     "ssm_ba": "linear_attn.in_proj_ba",
 }
-# GLM-4.5: the router's expert-score correction bias (a parameter of the router), the shared
-# experts
+# The router's expert-score correction bias (a parameter of the router: GLM-4.5's, DeepSeek-V3's)
+_CORRECTION_BIAS_NAMES = {"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
+# GLM-4.5: the correction bias, the shared experts
 _GLM4MOE_LAYER_NAMES = {**_POST_ATTENTION_NORM_NAMES, **_SHARED_EXPERTS_NAMES,
-                        "exp_probs_b.bias": "mlp.gate.e_score_correction_bias"}
+                        **_CORRECTION_BIAS_NAMES}
+# deepseek2 (DeepSeek-V2/V3, GLM-4.7-Flash): multi-head latent attention's projections and
+# latent norms; its keys' and values' up-projection as mlx-lm's deepseek_v2 holds it (kv_b_proj)
+# or as deepseek_v3 and glm4_moe_lite do (embed_q: llama.cpp's attn_k_b, unembed_out: attn_v_b;
+# deepseek2_tensors makes either of the other); the correction bias, the shared experts
+_DEEPSEEK2_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES, **_CORRECTION_BIAS_NAMES,
+                          "attn_q_a": "self_attn.q_a_proj",
+                          "attn_q_a_norm": "self_attn.q_a_layernorm",
+                          "attn_q_b": "self_attn.q_b_proj",
+                          "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+                          "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+                          "attn_kv_b": "self_attn.kv_b_proj",
+                          "attn_k_b": "self_attn.embed_q", "attn_v_b": "self_attn.unembed_out"}
 _ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
                      "glm4moe": _GLM4MOE_LAYER_NAMES, "qwen3next": _QWEN3NEXT_LAYER_NAMES,
+                     "deepseek2": _DEEPSEEK2_LAYER_NAMES,
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
                      "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,
@@ -387,10 +401,71 @@ def qwen3next_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+class _Lazy:
+    """An array computed only when read (``np.asarray``, as the reader's tensors are)."""
+
+    def __init__(self, make: Callable[[], np.ndarray]) -> None:
+        self.make = make
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        x = self.make()
+        return x if dtype is None else x.astype(dtype)
+
+
+def deepseek2_tensors(tensors: dict, config: dict) -> dict:
+    """A deepseek2 GGUF's tensors as mlx-lm's model has its keys' and values' up-projection:
+    llama.cpp's ``attn_k_b`` (heads, kv_lora_rank, qk_nope: each head's key rows transposed)
+    and ``attn_v_b`` (heads, v_head, kv_lora_rank), which its converter cut out of the
+    checkpoint's ``kv_b_proj`` (for each head its key rows, then its value rows), are
+    deepseek_v3's and glm4_moe_lite's ``embed_q`` and ``unembed_out`` as they are, and fused
+    back into ``attn_kv_b`` (dequantized: the key rows' blocks run along the other axis) for
+    deepseek_v2; an older file's ``attn_kv_b`` is deepseek_v2's as it is, and cut as mlx-lm's
+    sanitize cuts it for the others (its value rows moved whole, kept quantized)."""
+    from gguf import GGMLQuantizationType as T
+
+    heads, rank = config["num_attention_heads"], config["kv_lora_rank"]
+    nope, v = config["qk_nope_head_dim"], config["v_head_dim"]
+    fused = config["model_type"] == "deepseek_v2"
+    shapes = {"attn_kv_b": (heads * (nope + v), rank), "attn_k_b": (heads, rank, nope),
+              "attn_v_b": (heads, v, rank)}
+    out = dict(tensors)
+    for name, t in tensors.items():
+        role = name.split(".")[2] if name.startswith("blk.") and name.count(".") == 3 else None
+        if role not in shapes:
+            continue
+        if _shape(t) != shapes[role]:
+            raise UserInputError(f"GGUF {name} has shape {_shape(t)}, the metadata implies "
+                                 f"{shapes[role]}")
+        kv, k, vb = (name.replace(f".{role}.", f".{r}.") for r in shapes)
+        if role == "attn_kv_b" and (k in tensors or vb in tensors):
+            raise UserInputError(f"GGUF has both {name} and {k if k in tensors else vb}")
+        if role != "attn_kv_b" and not (k in tensors and vb in tensors):
+            raise UserInputError(f"GGUF has {name} without {vb if k in tensors else k}")
+        if role == "attn_kv_b" and not fused:  # each head's key rows transposed, its value rows
+            def key_rows(t: Any = t) -> np.ndarray:
+                rows = dequantized(t).reshape(heads, nope + v, rank)[:, :nope]
+                return np.ascontiguousarray(rows.transpose(0, 2, 1))
+
+            values = np.concatenate([np.arange(h * (nope + v) + nope, (h + 1) * (nope + v))
+                                     for h in range(heads)])
+            out[k] = _Part(k, T.F32, np.array([nope, rank, heads]), _Lazy(key_rows))
+            out[vb] = _Part(vb, t.tensor_type, np.array([rank, v, heads]),
+                            _Rows([t], values, dequantize=False))
+            del out[name]
+        elif role == "attn_k_b" and fused:  # each head's key rows, then its value rows
+            def kv_rows(kt: Any = t, vt: Any = tensors[vb]) -> np.ndarray:
+                return np.concatenate([dequantized(kt).transpose(0, 2, 1), dequantized(vt)],
+                                      axis=1).reshape(-1, rank)
+
+            out[kv] = _Part(kv, T.F32, np.array([rank, heads * (nope + v)]), _Lazy(kv_rows))
+            del out[name], out[vb]
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
-             "ernie4_5-moe": ernie45_moe_tensors}
+             "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -516,9 +591,11 @@ def dequantized(t: Any) -> np.ndarray:
     return dequantize(np.asarray(t.data), t.tensor_type).reshape(_shape(t))
 
 
-#: GGUF tensors whose mlx-lm parameter no quantized layer holds, by model type: GLM-4.5's router
-#: (a matrix of mlx-lm's MoEGate; llama.cpp's quantizer leaves routers float anyway)
-_FLOAT_ONLY = {"glm4_moe": ".ffn_gate_inp.weight"}
+#: GGUF tensors whose mlx-lm parameter no quantized layer holds, by model type: GLM-4.5's and
+#: DeepSeek's routers (a matrix of mlx-lm's MoEGate; llama.cpp's quantizer leaves routers float
+#: anyway)
+_FLOAT_ONLY = dict.fromkeys(("glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite"),
+                            ".ffn_gate_inp.weight")
 
 
 def _kept(t: Any, dtype: str | None, config: dict | None = None) -> bool:

@@ -198,6 +198,17 @@ GGUF_GLM4MOE_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_atte
                       "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
                       "mlp.shared_experts.up_proj": "ffn_up_shexp",
                       "mlp.shared_experts.down_proj": "ffn_down_shexp"}
+#: deepseek2's (DeepSeek-V2/V3, GLM-4.7-Flash): multi-head latent attention's projections and
+#: norms, the checkpoint's kv_b_proj (llama_cpp_deepseek2 cuts it), the shared experts
+GGUF_DEEPSEEK2_NAMES = {**GGUF_LAYER_NAMES, "self_attn.q_a_proj": "attn_q_a",
+                        "self_attn.q_a_layernorm": "attn_q_a_norm",
+                        "self_attn.q_b_proj": "attn_q_b",
+                        "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+                        "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+                        "self_attn.kv_b_proj": "attn_kv_b",
+                        **{f"mlp.shared_experts.{p}_proj": f"ffn_{p}_shexp"
+                           for p in ("gate", "up", "down")}}
+DEEPSEEK2_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 #: Parameters of their own: Qwen3.5's A_log (stored as -exp(A_log), no suffix) and dt bias,
 #: GLM-4.5's expert-score correction bias
 GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias",
@@ -215,12 +226,13 @@ GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          "ernie4_5_moe": GGUF_ERNIE45_MOE_NAMES,
                          "olmo2": GGUF_POST_NORM_NAMES, "exaone4": GGUF_POST_NORM_NAMES,
                          **dict.fromkeys(QWEN35_KINDS, GGUF_QWEN35_NAMES),
-                         "qwen3_next": GGUF_QWEN3NEXT_NAMES, "glm4_moe": GGUF_GLM4MOE_NAMES}
+                         "qwen3_next": GGUF_QWEN3NEXT_NAMES, "glm4_moe": GGUF_GLM4MOE_NAMES,
+                         **dict.fromkeys(DEEPSEEK2_KINDS, GGUF_DEEPSEEK2_NAMES)}
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3",
              "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next",
-             "glm4_moe": "glm4moe"}
+             "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2")}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3")
 #: Granite's multipliers by llama.cpp's writer methods
@@ -386,6 +398,64 @@ GLM4MOE_KEYS = {"n_shared_experts": "add_expert_shared_count",
                 "head_dim": "add_value_length", "nextn_predict_layers": "add_nextn_predict_layers"}
 
 
+def llama_cpp_deepseek2_meta(w: gguf.GGUFWriter, m: dict) -> None:
+    """The metadata llama.cpp's convert_hf_to_gguf.py writes for a DeepSeek-V2/V3 or
+    GLM-4.7-Flash config (DeepseekV2Model.set_gguf_parameters and TextModel's, ported): MLA as
+    one latent key/value head (key_length kv_lora_rank + rope, value_length kv_lora_rank, the
+    real widths under the _mla keys; an older converter's ``legacy_kv_b`` file: the real widths
+    as key_length / value_length), the MoE's keys, the gating function of scoring_func, YaRN
+    with 0.1 · mscale_all_dim as the log multiplier. ``add_shape`` writes the rest."""
+    rank, rope = m["kv_lora_rank"], m["qk_rope_head_dim"]
+    w.add_leading_dense_block_count(m["first_k_dense_replace"])
+    w.add_vocab_size(m["vocab_size"])
+    if m["q_lora_rank"] is not None:
+        w.add_q_lora_rank(m["q_lora_rank"])
+    w.add_kv_lora_rank(rank)
+    if m.get("legacy_kv_b"):
+        w.add_key_length(m["qk_nope_head_dim"] + rope)
+        w.add_value_length(m["v_head_dim"])
+    else:
+        w.add_key_length(rank + rope)
+        w.add_value_length(rank)
+        w.add_key_length_mla(m["qk_nope_head_dim"] + rope)
+        w.add_value_length_mla(m["v_head_dim"])
+    w.add_expert_shared_count(m["n_shared_experts"])
+    w.add_expert_weights_scale(m["routed_scaling_factor"])
+    if m["norm_topk_prob"]:
+        w.add_expert_weights_norm(True)
+    if m.get("n_group") is not None:
+        w.add_expert_group_count(m["n_group"])
+        w.add_expert_group_used_count(m["topk_group"])
+    if m.get("scoring_func") is not None:
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType[m["scoring_func"].upper()])
+    scaling = m.get("yarn") or {}
+    if scaling.get("type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(scaling["factor"])
+        w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
+        if scaling.get("mscale_all_dim") is not None:
+            w.add_rope_scaling_yarn_log_mul(0.1 * scaling["mscale_all_dim"])
+    if m.get("nextn_predict_layers") is not None:
+        w.add_nextn_predict_layers(m["nextn_predict_layers"])
+
+
+def llama_cpp_deepseek2(role: str, x: np.ndarray, config: dict) -> tuple[dict, Callable]:
+    """What llama.cpp's converter (DeepseekV2Model.modify_tensors, ported) writes of a tensor:
+    kv_b_proj cut into each head's key rows, transposed (attn_k_b: heads, kv_lora_rank,
+    qk_nope) and its value rows (attn_v_b: heads, v_head, kv_lora_rank), unless an older
+    converter's ``legacy_kv_b`` file; and what the stored tensors restore it to."""
+    if role != "attn_kv_b" or config.get("legacy_kv_b"):
+        return {role: x}, lambda stored: stored[role]
+    heads, nope = config["num_attention_heads"], config["qk_nope_head_dim"]
+    kv = x.reshape(heads, nope + config["v_head_dim"], -1)
+    return ({"attn_k_b": np.ascontiguousarray(kv[:, :nope].transpose(0, 2, 1)),
+             "attn_v_b": np.ascontiguousarray(kv[:, nope:])},
+            lambda stored: np.concatenate([stored["attn_k_b"].transpose(0, 2, 1),
+                                           stored["attn_v_b"]], axis=1).reshape(x.shape))
+
+
 def v_tiled(n_k: int, n_v: int, width: int) -> np.ndarray:
     """The order llama.cpp's converter (_LinearAttentionVReorderBase._reorder_v_heads) gives
     ``n_v`` value heads of ``width`` rows grouped by key head: tiled, all key heads' first
@@ -452,14 +522,15 @@ def llama_cpp_qwen3next(role: str, x: np.ndarray, config: dict) -> tuple[dict, C
     return {"attn_qkv": np.concatenate(flat[:3]), "attn_gate": flat[3]}, restore
 
 
-def add_bpe_vocab(w: gguf.GGUFWriter, tok_folder: Path, model: str = "gpt2") -> None:
+def add_bpe_vocab(w: gguf.GGUFWriter, tok_folder: Path, model: str = "gpt2",
+                  pre: str = "smollm") -> None:
     """The byte-level BPE tokenizer of ``tok_folder`` as llama.cpp's metadata."""
     tok = json.loads((tok_folder / "tokenizer.json").read_text())
     tok_config = json.loads((tok_folder / "tokenizer_config.json").read_text())
     tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
     added = {t["content"]: t["id"] for t in tok["added_tokens"]}
     w.add_tokenizer_model(model)
-    w.add_tokenizer_pre("smollm")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_merges([" ".join(x) if isinstance(x, list) else x for x in tok["model"]["merges"]])
     w.add_token_types([3 if t in added else 1 for t in tokens])
@@ -498,15 +569,25 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
     glm = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID} \
         if model_type == "glm4_moe" else {}
+    deepseek2 = model_type in DEEPSEEK2_KINDS
+    yarn = {"yarn": config["rope_scaling"], "num_key_value_heads": 1} if deepseek2 else {}
     m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **arch_meta,
-         **qwen_rope, **glm, **(meta or {})}
+         **qwen_rope, **glm, **yarn, **(meta or {})}
     module = model_module(model_type)
     shapes = {k: v.shape for k, v in
               tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
+    if deepseek2:  # the checkpoint's kv_b_proj where deepseek_v3's sanitize has made two of it
+        for name in [k for k in shapes if k.endswith(".self_attn.embed_q.weight")]:
+            del shapes[name], shapes[name.replace(".embed_q.", ".unembed_out.")]
+            shapes[name.replace(".embed_q.", ".kv_b_proj.")] = (
+                config["num_attention_heads"] * (config["qk_nope_head_dim"]
+                                                 + config["v_head_dim"]), config["kv_lora_rank"])
 
     w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(model_type, model_type))
-    add_shape(w, m, key_length=model_type not in ("phi3", "granite"),
+    add_shape(w, m, key_length=model_type not in ("phi3", "granite", *DEEPSEEK2_KINDS),
               ff_length=model_type != "qwen3_5_moe")
+    if deepseek2:
+        llama_cpp_deepseek2_meta(w, m)
     if model_type == "ernie4_5_moe":
         llama_cpp_ernie45_moe_meta(w, m)
     if "num_experts_per_tok" in m:  # llama.cpp's first of these names
@@ -516,7 +597,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             w.add_expert_count(experts)
         w.add_expert_used_count(m["num_experts_per_tok"])
         w.add_expert_feed_forward_length(m.get("moe_intermediate_size", m["intermediate_size"]))
-    w.add_rope_dimension_count(int(m["head_dim"] * m.get("partial_rotary_factor", 1.0)))
+    w.add_rope_dimension_count(m.get("qk_rope_head_dim")
+                               or int(m["head_dim"] * m.get("partial_rotary_factor", 1.0)))
     w.add_rope_freq_base(m["rope_theta"])
     if m.get("original_max_position_embeddings") is not None:
         w.add_rope_scaling_orig_ctx_len(m["original_max_position_embeddings"])
@@ -585,6 +667,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             tensors, restore = {role: y}, (lambda stored, back=back: back(stored[role]))
         if model_type == "qwen3_next":
             tensors, restore = llama_cpp_qwen3next(role, x, config)
+        if deepseek2:
+            tensors, restore = llama_cpp_deepseek2(role, x, config)
         stored = {}
         for part, y in tensors.items():
             qtype = types.get(part, types.get("*", T.F32)) if matrix else T.F32
@@ -594,7 +678,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                 heads = config["num_attention_heads" if part == "attn_q"
                                else "num_key_value_heads"]
                 data = gguf_permute(data, heads)
-            w.add_tensor(gname.replace(f".{role}", f".{part}"), data, raw_dtype=qtype)
+            if gname.replace(f".{role}", f".{part}") not in extra:  # one part left out
+                w.add_tensor(gname.replace(f".{role}", f".{part}"), data, raw_dtype=qtype)
         reference[name] = mx.array(restore(stored))
     for gname, data in extra.items():
         if data is not None:
@@ -603,6 +688,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if deepseek2:  # mlx-lm's model of the checkpoint (deepseek_v3's sanitize cuts kv_b_proj)
+        reference = module.Model(module.ModelArgs.from_dict(config)).sanitize(reference)
     return config, reference
 
 
@@ -755,6 +842,25 @@ GGUF_CASES.update({
     "mistral3-plain": ("ministral3", {"attn_q": T.Q8_0, "*": T.BF16}, {"rope_parameters": {
         "rope_type": "default", "rope_theta": 1e6, "llama_4_scaling_beta": 0.0,
         "original_max_position_embeddings": 4096}, "rope_theta": 1e6}),
+    # deepseek2: DeepSeek-V2-Lite (q projected directly, greedy softmax routing, YaRN with its
+    # mscale) with llama.cpp's attn_k_b / attn_v_b fused back into kv_b_proj, or an older
+    # file's attn_kv_b as it is; DeepSeek-V3 (q through its latent, sigmoid routing with a
+    # correction bias in groups, YaRN) with attn_k_b / attn_v_b kept quantized as embed_q /
+    # unembed_out, or attn_kv_b cut into them; GLM-4.7-Flash (values wider than the keys'
+    # unrotated dims, RMS epsilon 1e-5 in the latent norms: glm4_moe_lite)
+    "deepseek2-v2lite": ("deepseek_v2", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                         "ffn_down_exps": T.Q4_1, "attn_k_b": T.Q8_0,
+                                         "attn_v_b": T.Q4_0, "ffn_gate_inp": T.F32,
+                                         "*": T.Q8_0}, {}),
+    "deepseek2-v2lite-legacy": ("deepseek_v2", {"attn_kv_b": T.Q4_1, "attn_q": T.F16,
+                                                "*": T.Q8_0}, {"legacy_kv_b": True}),
+    "deepseek2-v3": ("deepseek_v3", {"attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1, "attn_q_b": T.Q4_0,
+                                     "ffn_gate_inp": T.Q8_0, "*": T.Q8_0}, {}),
+    "deepseek2-v3-legacy": ("deepseek_v3", {"attn_kv_b": T.Q8_0, "attn_kv_a_mqa": T.BF16,
+                                            "ffn_down_exps": T.Q5_1, "*": T.Q5_0},
+                            {"legacy_kv_b": True}),
+    "deepseek2-glm47flash": ("glm4_moe_lite", {"attn_k_b": T.Q4_0, "attn_v_b": T.Q8_0,
+                                               "ffn_up_shexp": T.Q4_1, "*": T.Q8_0}, {}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1057,6 +1163,37 @@ def test_glm4moe_from_gguf(overrides, meta, mtp, tiny_model_dir, tmp_path):
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
 
 
+@pytest.mark.parametrize("kind, overrides, meta, pre, mtp, model_type", [
+    # GLM-4.7-Flash by its tokenizer although its epsilon is deepseek_v3's, its NextN block
+    # dropped
+    ("glm4_moe_lite", {"rms_norm_eps": 1e-6}, {}, "glm4", True, "glm4_moe_lite"),
+    # DeepSeek-V3's layout with another epsilon: glm4_moe_lite takes it for the latent norms
+    ("deepseek_v3", {"rms_norm_eps": 1e-5}, {}, "smollm", False, "glm4_moe_lite"),
+    # an older DeepSeek-V2 file without a gating function: llama.cpp's default, softmax
+    ("deepseek_v2", {}, {"scoring_func": None}, "smollm", False, "deepseek_v2"),
+], ids=["glm-tokenizer-nextn", "v3-eps", "v2-no-gating"])
+def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_type,
+                                        tiny_model_dir, tmp_path):
+    """Which of mlx-lm's models a deepseek2 GGUF becomes; the converted model computes what
+    the GGUF's tensors do in mlx-lm's model of the checkpoint."""
+    config = {**tiny_config(kind), **overrides}
+    n = config["num_hidden_layers"]
+    extra = {f"blk.{n}.nextn.{name}.weight": np.ones(config["hidden_size"])
+             for name in ("enorm", "hnorm")} if mtp else {}
+    meta = {**meta, **({"num_hidden_layers": n + 1, "nextn_predict_layers": 1} if mtp else {})}
+    _, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), meta=meta,
+                              extra=extra, vocab=lambda w: add_bpe_vocab(
+                                  w, tiny_model_dir(kind), pre=pre), **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model_type"] == model_type and saved["num_hidden_layers"] == n
+    model, _ = mlx_lm.load(str(out))
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    # (deepseek_v3's own model, its latent norms' epsilon 1e-6, misses by 2.4e-5 in v3-eps)
+    expected = reference_model(kind, {**config, "model_type": model_type}, reference)
+    assert rel_err(model(x), expected(x)) < 1e-5
+
+
 @pytest.mark.parametrize("case", ["seed_oss-legacy", "ernie4_5-legacy", "ernie4_5moe-legacy"])
 def test_seed_oss_and_ernie_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS and ERNIE 4.5 (dense and MoE) GGUFs convert to folders the engine runs
@@ -1319,7 +1456,8 @@ def saved_weights(folder: Path) -> dict:
 
 @pytest.mark.parametrize("case", ["llama-legacy", "qwen2-mixed", "qwen3moe-kquants",
                                   "phi3-longrope", "gpt-oss-mxfp4", "granite-kquants",
-                                  "exaone4-legacy", "glm4moe-legacy", "qwen3next-legacy"])
+                                  "exaone4-legacy", "glm4moe-legacy", "qwen3next-legacy",
+                                  "deepseek2-v2lite", "deepseek2-v3", "deepseek2-glm47flash"])
 def test_q_bits_writes_what_mlx_lm_convert_writes(case, tiny_model_dir, tmp_path):
     """``--q-bits`` converts one tensor at a time, and writes exactly what mlx-lm's convert
     makes of the dequantized float16 model: the same layers quantized with the same
@@ -1718,6 +1856,37 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             lambda: write_gguf(tmp / "f.gguf", "qwen3_5", tok_folder,
                                extra={"blk.3.attn_qkv.weight": np.zeros((32, 64))})
             and tmp / "f.gguf", "qwen35 with fused q/k/v attention (blk.3.attn_qkv.weight"),
+        # deepseek2: half of llama.cpp's cut kv_b_proj, or both layouts; dims its tensors do not
+        # have; what mlx-lm's deepseek models compute otherwise than llama.cpp
+        "deepseek2_half": (
+            lambda: write_gguf(tmp / "d.gguf", "deepseek_v2", tok_folder,
+                               extra={"blk.1.attn_v_b.weight": None}) and tmp / "d.gguf",
+            "GGUF has blk.1.attn_k_b.weight without blk.1.attn_v_b.weight"),
+        "deepseek2_both": (
+            lambda: write_gguf(tmp / "d.gguf", "deepseek_v3", tok_folder, legacy_kv_b=True,
+                               extra={"blk.0.attn_k_b.weight": np.zeros((4, 32, 32))})
+            and tmp / "d.gguf", "GGUF has both blk.0.attn_kv_b.weight and blk.0.attn_k_b.weight"),
+        "deepseek2_rope_dims": (lambda: gguf_of("d.gguf", "deepseek_v3", {"qk_rope_head_dim": 8}),
+                                "q_b_proj.weight has shape (192, 32), the metadata implies "
+                                "(160, 32)"),
+        "deepseek2_value_length": (lambda: gguf_of("d.gguf", "deepseek_v2", {"v_head_dim": 16}),
+                                   "blk.0.attn_v_b.weight has shape (4, 32, 32), the metadata "
+                                   "implies (4, 16, 32)"),
+        "deepseek2_softmax_groups": (
+            lambda: gguf_of("d.gguf", "deepseek_v2", {"n_group": 2, "topk_group": 1}),
+            "deepseek2 with softmax routing within expert groups is not supported"),
+        "deepseek2_softmax_eps": (
+            lambda: gguf_of("d.gguf", "deepseek_v2", {"rms_norm_eps": 1e-5}),
+            "deepseek2 with softmax routing and RMS epsilon 1e-05 is not supported"),
+        "deepseek2_yarn_log_mul": (
+            lambda: gguf_of("d.gguf", "deepseek_v3", {"yarn": {
+                **tiny_config("deepseek_v3")["rope_scaling"], "mscale_all_dim": None}}),
+            "deepseek2 with YaRN RoPE but no rope.scaling.yarn_log_multiplier"),
+        "deepseek2_tied": (
+            lambda: write_gguf(tmp / "d.gguf", "deepseek_v3", tok_folder,
+                               extra={"output.weight": None}) and tmp / "d.gguf",
+            "deepseek2 without output.weight (tied embeddings) is not supported (mlx-lm's "
+            "deepseek_v3 has a head of its own)"),
     }[case]
     return make(), fragment
 
@@ -1739,7 +1908,9 @@ BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type",
               "glm4moe_gating", "glm4moe_groups", "glm4moe_dense",
               "glm4moe_shared", "glm4moe_one_expert", "glm4moe_tied", "glm4moe_fused_qkv",
               "qwen3next_both", "qwen3next_shape", "glm4moe_negative_bias", "ernie_bias_size",
-              "ernie_bias_dense"]
+              "ernie_bias_dense", "deepseek2_half", "deepseek2_both", "deepseek2_rope_dims",
+              "deepseek2_value_length", "deepseek2_softmax_groups", "deepseek2_softmax_eps",
+              "deepseek2_yarn_log_mul", "deepseek2_tied"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

@@ -19,6 +19,9 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4_5",
          "ernie4_5_moe", "phi3", "gemma3_text", "smollm3", "ministral3", "gpt_oss", "granite",
          "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5", "qwen3_next")
+#: Kinds built for the GGUF conversion tests only (llama.cpp's deepseek2), not yet run by the
+#: engine's tests of every kind
+CONVERSION_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -148,6 +151,44 @@ _KIND_CONFIG = {
                    "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
                    "mlp_only_layers": [1], "moe_intermediate_size": 32,
                    "shared_expert_intermediate_size": 32, "norm_topk_prob": True},
+    # DeepSeek-V2-Lite: multi-head latent attention (q projected directly, keys and values
+    # through a rank-32 latent; 32 dims without RoPE and 16 with it, traditional, per head;
+    # values 32 wide), YaRN with its mscale; layer 0 dense, then 2 of 4 experts by greedy softmax
+    # (scaled by 1.5) beside 2 shared ones
+    "deepseek_v2": {"architectures": ["DeepseekV2ForCausalLM"], "tie_word_embeddings": False,
+                    "rms_norm_eps": 1e-6, "num_key_value_heads": 4, "q_lora_rank": None,
+                    "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
+                    "v_head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                    "n_shared_experts": 2, "moe_intermediate_size": 32,
+                    "first_k_dense_replace": 1, "routed_scaling_factor": 1.5,
+                    "topk_method": "greedy", "scoring_func": "softmax", "norm_topk_prob": False,
+                    "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                     "original_max_position_embeddings": 64, "beta_fast": 32,
+                                     "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}},
+    # DeepSeek-V3: V2's attention with q through a rank-32 latent; 2 of 8 experts in 2 groups
+    # (one taken) by sigmoid scores with a correction bias, renormalised and scaled by 2.5
+    "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], "tie_word_embeddings": False,
+                    "rms_norm_eps": 1e-6, "num_key_value_heads": 4, "q_lora_rank": 32,
+                    "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
+                    "v_head_dim": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "n_group": 2, "topk_group": 1, "n_shared_experts": 1,
+                    "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+                    "routed_scaling_factor": 2.5, "topk_method": "noaux_tc",
+                    "scoring_func": "sigmoid", "norm_topk_prob": True,
+                    "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                     "original_max_position_embeddings": 64, "beta_fast": 32,
+                                     "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}},
+    # GLM-4.7-Flash: V3's layout with values wider than the keys' unrotated dims, 2 of 4
+    # experts in one group (scaled by 1.8), RMS epsilon 1e-5 in its latent norms too, no YaRN
+    "glm4_moe_lite": {"architectures": ["Glm4MoeLiteForCausalLM"], "tie_word_embeddings": False,
+                      "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
+                      "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 64,
+                      "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                      "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+                      "routed_scaling_factor": 1.8, "topk_method": "noaux_tc",
+                      "scoring_func": "sigmoid", "norm_topk_prob": True, "n_group": 1,
+                      "topk_group": 1, "rope_theta": 1e6, "rope_scaling": None,
+                      "num_nextn_predict_layers": 0},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -205,8 +246,9 @@ def tiny_config(kind: str) -> dict:
     if kind in _VARIANTS:
         base, extra = _VARIANTS[kind]
         return {**tiny_config(base), **extra}
-    if kind not in KINDS:
-        raise ValueError(f"unknown tiny model kind {kind!r}; choose from {KINDS}")
+    if kind not in KINDS + CONVERSION_KINDS:
+        raise ValueError(f"unknown tiny model kind {kind!r}; choose from "
+                         f"{KINDS + CONVERSION_KINDS}")
     return {"model_type": kind, **_BASE, **_KIND_CONFIG[kind]}
 
 
