@@ -62,28 +62,38 @@ from .errors import UserInputError, shown
 # qwen3_next (Qwen3-Next, their layout before them, with MoE blocks): three Gated DeltaNet
 # layers (linear attention, :meth:`ModelAdapter.recurrent`) to one of full attention whose
 # q_proj also gives an output gate, q/k norms and partial RoPE.
-SUPPORTED_MODEL_TYPES = ("ernie4_5", "ernie4_5_moe", "exaone4", "gemma3", "gemma3_text",
-                         "gemma4", "gemma4_text", "glm4_moe", "gpt_oss", "granite", "llama",
-                         "ministral3", "mistral", "mistral3", "olmo2", "olmo3", "phi3", "qwen2",
-                         "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
-                         "seed_oss", "smollm3")
+# deepseek_v3 (DeepSeek-V3/R1, Kimi K2, Moonlight), glm4_moe_lite (GLM-4.7-Flash) and
+# deepseek_v2 (DeepSeek-V2/V2-Lite) (:data:`MLA_TYPES`): multi-head latent attention
+# (:meth:`ModelAdapter._latent_qkv`), queries through a low-rank ``q_a_proj``/``q_b_proj``
+# or a plain ``q_proj``, traditional RoPE over the last ``qk_rope_head_dim`` of each query
+# and over one key part shared by every head, a scale raised by YaRN's mscale; grouped
+# sigmoid-routed (V2: softmax-routed) MoE blocks with shared experts at ``block.mlp``.
+SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "ernie4_5", "ernie4_5_moe", "exaone4",
+                         "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe",
+                         "glm4_moe_lite", "gpt_oss", "granite", "llama", "ministral3",
+                         "mistral", "mistral3", "olmo2", "olmo3", "phi3", "qwen2", "qwen3",
+                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
+                         "smollm3")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
 _WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm}``, ``use_sliding``,
 # ``layer_types``, ``layer_scalar``, ``enable_moe``, ``router``, ``experts``,
-# ``embed_tokens.as_linear``, ``linear_attn`` called as ``(x, mask, ArraysCache)``): at least
-# the first, below the second. Same as pyproject.toml.
+# ``embed_tokens.as_linear``, ``linear_attn`` called as ``(x, mask, ArraysCache)``; latent
+# attention's ``self_attn.{num_heads, q_lora_rank, q_proj, q_a_proj, q_a_layernorm, q_b_proj,
+# qk_nope_head_dim, kv_lora_rank, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, embed_q,
+# unembed_out}``): at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
 #: Suffixes that name a variant of a supported type in :func:`supported_types`.
-_VARIANT_SUFFIXES = ("_text", "_moe", "3")
+_VARIANT_SUFFIXES = ("_text", "_moe", "_lite", "3")
 
 
 def supported_types() -> str:
@@ -206,8 +216,13 @@ class ModelAdapter:
         attn = next(block.self_attn for i, block in enumerate(self.layers)
                     if i not in self._recurrent)
         self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
-        self.n_heads: int = getattr(attn, "n_heads", None) or attn.num_attention_heads
-        self.n_kv_heads: int = getattr(attn, "n_kv_heads", None) or attn.num_key_value_heads
+        self._mla = model_type in MLA_TYPES
+        if self._mla:  # the absorbed form (embed_q) has one key/value head, the latent
+            self.n_heads: int = attn.num_heads
+            self.n_kv_heads: int = 1 if hasattr(attn, "embed_q") else attn.num_heads
+        else:
+            self.n_heads = getattr(attn, "n_heads", None) or attn.num_attention_heads
+            self.n_kv_heads = getattr(attn, "n_kv_heads", None) or attn.num_key_value_heads
         self.scale: float = getattr(attn, "scale", None) or attn.sm_scale
         self.lm_head = getattr(self.text, "lm_head", None)
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
@@ -355,9 +370,9 @@ class ModelAdapter:
         """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied,
         and the output gate of a gated attention (Qwen3.5's) for :meth:`finish`.
 
-        Returns arrays shaped (1, heads, n, head_dim); keys and values None where the layer
-        reads another's (:meth:`kv_layer`); the gate (1, n, heads x head_dim) None but in a
-        gated attention.
+        Returns arrays shaped (1, heads, n, head_dim) (latent attention's values narrower than
+        its keys: :meth:`_latent_qkv`); keys and values None where the layer reads another's
+        (:meth:`kv_layer`); the gate (1, n, heads x head_dim) None but in a gated attention.
         """
         block = self.layers[layer]
         attn = block.self_attn
@@ -366,6 +381,8 @@ class ModelAdapter:
         if not self._post_norms:
             x = block.input_layernorm(x)
         gate = None
+        if self._mla:
+            return (*self._latent_qkv(attn, x, n, positions), None)
         if hasattr(attn, "qkv_proj"):  # phi3: one projection, split as mlx-lm does
             qkv = attn.qkv_proj(x)
             q_end = self.n_heads * attn.head_dim
@@ -403,12 +420,45 @@ class ModelAdapter:
                                  attn.original_max_position_embeddings).astype(q.dtype)
         return q, k, v, gate
 
+    def _latent_qkv(self, attn: nn.Module, x: mx.array, n: int, positions: np.ndarray
+                    ) -> Tuple[mx.array, mx.array, mx.array]:
+        """:meth:`qkv` of multi-head latent attention (:data:`MLA_TYPES`) on normed ``x``
+        (1, >= n, D): each head's query is [q_nope, rope(q_pe)], and every key shares one
+        latent (``kv_a_layernorm`` of part of ``kv_a_proj_with_mqa``) and one rope(k_pe).
+
+        deepseek_v2 expands the latent per head (``kv_b_proj``) into [k_nope, rope(k_pe)]
+        keys and values, as mlx-lm does. The absorbed form (deepseek_v3, glm4_moe_lite)
+        keeps it: queries [embed_q(q_nope), rope(q_pe)] over ONE key head [latent,
+        rope(k_pe)], ONE value head the latent (:meth:`finish` applies ``unembed_out``), so
+        a score is mlx-lm's ``scale (embed_q(q_nope) . latent + q_pe . k_pe)`` and the cache
+        holds the latent, not per-head keys."""
+        heads = self.n_heads
+        q = attn.q_proj(x) if attn.q_lora_rank is None else attn.q_b_proj(
+            attn.q_a_layernorm(attn.q_a_proj(x)))
+        q = q[:, :n].reshape(1, n, heads, -1).transpose(0, 2, 1, 3)
+        q_nope, q_pe = mx.split(q, [attn.qk_nope_head_dim], axis=-1)
+        latent, k_pe = mx.split(attn.kv_a_proj_with_mqa(x)[:, :n], [attn.kv_lora_rank], axis=-1)
+        latent = attn.kv_a_layernorm(latent)
+        q_pe = _rope(attn.rope, q_pe, positions)
+        k_pe = _rope(attn.rope, k_pe[:, None], positions)  # (1, 1, n, rope dims)
+        if hasattr(attn, "kv_b_proj"):  # deepseek_v2
+            kv = attn.kv_b_proj(latent).reshape(1, n, heads, -1).transpose(0, 2, 1, 3)
+            k_nope, v = mx.split(kv, [attn.qk_nope_head_dim], axis=-1)
+            k_pe = mx.broadcast_to(k_pe, (1, heads, n, k_pe.shape[-1]))
+            return (mx.concatenate([q_nope, q_pe], axis=-1),
+                    mx.concatenate([k_nope, k_pe], axis=-1), v)
+        latent = latent[:, None]
+        return (mx.concatenate([attn.embed_q(q_nope), q_pe], axis=-1),
+                mx.concatenate([latent, k_pe], axis=-1), latent)
+
     def finish(self, layer: int, h: mx.array, attn_out: mx.array,
                gate: Optional[mx.array] = None) -> mx.array:
         """Output projection, residual and MLP: attention output (1, H, n, d), times the
         sigmoid of :meth:`qkv`'s ``gate`` where it gave one, -> new h."""
         block = self.layers[layer]
         n = attn_out.shape[2]
+        if hasattr(block.self_attn, "unembed_out"):  # absorbed latent attention: the latent
+            attn_out = block.self_attn.unembed_out(attn_out)  # output to each head's values
         out = attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)
         if gate is not None:
             out = out * mx.sigmoid(gate)

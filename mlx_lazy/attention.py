@@ -139,9 +139,10 @@ def attention(
     q: mx.array, k: mx.array, v: mx.array, scale: float,
     mask: Union[None, str, mx.array] = None, sinks: Optional[mx.array] = None,
 ) -> mx.array:
-    """Attention of queries (1, H, L, d) over keys/values (1, kv_heads, S, d), grouped-query
-    aware. ``mask``: None, ``"causal"`` (aligned to the bottom right, as in ``mx.fast``) or a
-    boolean array broadcastable to (L, S), True = attend. Every query row must see a key.
+    """Attention of queries (1, H, L, d) over keys (1, kv_heads, S, d) and values
+    (1, kv_heads, S, dv) -> (1, H, L, dv), grouped-query aware. ``mask``: None, ``"causal"``
+    (aligned to the bottom right, as in ``mx.fast``) or a boolean array broadcastable to
+    (L, S), True = attend. Every query row must see a key.
     ``sinks``: None or (H,) logits of a sink each head's softmax also weighs (gpt-oss)."""
     if implementation() == "fast":
         if PAD_SHAPES and not isinstance(mask, str) and q.shape[2] > 1:
@@ -152,9 +153,9 @@ def attention(
         if mask != "causal":
             raise ValueError(f"mask must be None, 'causal' or a boolean array, got {mask!r}")
         mask = causal_mask(q.shape[2], k.shape[2])
-    b, n_heads, n, d = q.shape
+    b, n_heads, n, _ = q.shape
     weights, total = attention_weights(q, k, scale, mask, sinks)
     # Normalise the (n, d) output rather than the (n, s) weights.
     rows = weights.reshape(b, k.shape[1], -1, k.shape[2])
     out = (rows @ v) / total.reshape(b, k.shape[1], -1, 1)
-    return out.reshape(b, n_heads, n, d)
+    return out.reshape(b, n_heads, n, v.shape[-1])  # values may be narrower than keys (MLA)

@@ -208,7 +208,7 @@ GGUF_DEEPSEEK2_NAMES = {**GGUF_LAYER_NAMES, "self_attn.q_a_proj": "attn_q_a",
                         "self_attn.kv_b_proj": "attn_kv_b",
                         **{f"mlp.shared_experts.{p}_proj": f"ffn_{p}_shexp"
                            for p in ("gate", "up", "down")}}
-DEEPSEEK2_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+DEEPSEEK2_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # model types
 #: Parameters of their own: Qwen3.5's A_log (stored as -exp(A_log), no suffix) and dt bias,
 #: GLM-4.5's expert-score correction bias
 GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias",
@@ -848,19 +848,19 @@ GGUF_CASES.update({
     # correction bias in groups, YaRN) with attn_k_b / attn_v_b kept quantized as embed_q /
     # unembed_out, or attn_kv_b cut into them; GLM-4.7-Flash (values wider than the keys'
     # unrotated dims, RMS epsilon 1e-5 in the latent norms: glm4_moe_lite)
-    "deepseek2-v2lite": ("deepseek_v2", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
-                                         "ffn_down_exps": T.Q4_1, "attn_k_b": T.Q8_0,
-                                         "attn_v_b": T.Q4_0, "ffn_gate_inp": T.F32,
-                                         "*": T.Q8_0}, {}),
-    "deepseek2-v2lite-legacy": ("deepseek_v2", {"attn_kv_b": T.Q4_1, "attn_q": T.F16,
-                                                "*": T.Q8_0}, {"legacy_kv_b": True}),
-    "deepseek2-v3": ("deepseek_v3", {"attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1, "attn_q_b": T.Q4_0,
-                                     "ffn_gate_inp": T.Q8_0, "*": T.Q8_0}, {}),
-    "deepseek2-v3-legacy": ("deepseek_v3", {"attn_kv_b": T.Q8_0, "attn_kv_a_mqa": T.BF16,
-                                            "ffn_down_exps": T.Q5_1, "*": T.Q5_0},
+    "deepseek2-v2lite": ("deepseek_v2-gguf", {
+        "ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0, "ffn_down_exps": T.Q4_1,
+        "attn_k_b": T.Q8_0, "attn_v_b": T.Q4_0, "ffn_gate_inp": T.F32, "*": T.Q8_0}, {}),
+    "deepseek2-v2lite-legacy": ("deepseek_v2-gguf", {"attn_kv_b": T.Q4_1, "attn_q": T.F16,
+                                                     "*": T.Q8_0}, {"legacy_kv_b": True}),
+    "deepseek2-v3": ("deepseek_v3-gguf", {"attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1,
+                                          "attn_q_b": T.Q4_0, "ffn_gate_inp": T.Q8_0,
+                                          "*": T.Q8_0}, {}),
+    "deepseek2-v3-legacy": ("deepseek_v3-gguf", {"attn_kv_b": T.Q8_0, "attn_kv_a_mqa": T.BF16,
+                                                 "ffn_down_exps": T.Q5_1, "*": T.Q5_0},
                             {"legacy_kv_b": True}),
-    "deepseek2-glm47flash": ("glm4_moe_lite", {"attn_k_b": T.Q4_0, "attn_v_b": T.Q8_0,
-                                               "ffn_up_shexp": T.Q4_1, "*": T.Q8_0}, {}),
+    "deepseek2-glm47flash": ("glm4_moe_lite-gguf", {"attn_k_b": T.Q4_0, "attn_v_b": T.Q8_0,
+                                                    "ffn_up_shexp": T.Q4_1, "*": T.Q8_0}, {}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1166,11 +1166,11 @@ def test_glm4moe_from_gguf(overrides, meta, mtp, tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("kind, overrides, meta, pre, mtp, model_type", [
     # GLM-4.7-Flash by its tokenizer although its epsilon is deepseek_v3's, its NextN block
     # dropped
-    ("glm4_moe_lite", {"rms_norm_eps": 1e-6}, {}, "glm4", True, "glm4_moe_lite"),
+    ("glm4_moe_lite-gguf", {"rms_norm_eps": 1e-6}, {}, "glm4", True, "glm4_moe_lite"),
     # DeepSeek-V3's layout with another epsilon: glm4_moe_lite takes it for the latent norms
-    ("deepseek_v3", {"rms_norm_eps": 1e-5}, {}, "smollm", False, "glm4_moe_lite"),
+    ("deepseek_v3-gguf", {"rms_norm_eps": 1e-5}, {}, "smollm", False, "glm4_moe_lite"),
     # an older DeepSeek-V2 file without a gating function: llama.cpp's default, softmax
-    ("deepseek_v2", {}, {"scoring_func": None}, "smollm", False, "deepseek_v2"),
+    ("deepseek_v2-gguf", {}, {"scoring_func": None}, "smollm", False, "deepseek_v2"),
 ], ids=["glm-tokenizer-nextn", "v3-eps", "v2-no-gating"])
 def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_type,
                                         tiny_model_dir, tmp_path):
@@ -1859,31 +1859,31 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         # deepseek2: half of llama.cpp's cut kv_b_proj, or both layouts; dims its tensors do not
         # have; what mlx-lm's deepseek models compute otherwise than llama.cpp
         "deepseek2_half": (
-            lambda: write_gguf(tmp / "d.gguf", "deepseek_v2", tok_folder,
+            lambda: write_gguf(tmp / "d.gguf", "deepseek_v2-gguf", tok_folder,
                                extra={"blk.1.attn_v_b.weight": None}) and tmp / "d.gguf",
             "GGUF has blk.1.attn_k_b.weight without blk.1.attn_v_b.weight"),
         "deepseek2_both": (
-            lambda: write_gguf(tmp / "d.gguf", "deepseek_v3", tok_folder, legacy_kv_b=True,
+            lambda: write_gguf(tmp / "d.gguf", "deepseek_v3-gguf", tok_folder, legacy_kv_b=True,
                                extra={"blk.0.attn_k_b.weight": np.zeros((4, 32, 32))})
             and tmp / "d.gguf", "GGUF has both blk.0.attn_kv_b.weight and blk.0.attn_k_b.weight"),
-        "deepseek2_rope_dims": (lambda: gguf_of("d.gguf", "deepseek_v3", {"qk_rope_head_dim": 8}),
-                                "q_b_proj.weight has shape (192, 32), the metadata implies "
-                                "(160, 32)"),
-        "deepseek2_value_length": (lambda: gguf_of("d.gguf", "deepseek_v2", {"v_head_dim": 16}),
-                                   "blk.0.attn_v_b.weight has shape (4, 32, 32), the metadata "
-                                   "implies (4, 16, 32)"),
+        "deepseek2_rope_dims": (
+            lambda: gguf_of("d.gguf", "deepseek_v3-gguf", {"qk_rope_head_dim": 8}),
+            "q_b_proj.weight has shape (192, 32), the metadata implies (160, 32)"),
+        "deepseek2_value_length": (
+            lambda: gguf_of("d.gguf", "deepseek_v2-gguf", {"v_head_dim": 16}),
+            "blk.0.attn_v_b.weight has shape (4, 32, 32), the metadata implies (4, 16, 32)"),
         "deepseek2_softmax_groups": (
-            lambda: gguf_of("d.gguf", "deepseek_v2", {"n_group": 2, "topk_group": 1}),
+            lambda: gguf_of("d.gguf", "deepseek_v2-gguf", {"n_group": 2, "topk_group": 1}),
             "deepseek2 with softmax routing within expert groups is not supported"),
         "deepseek2_softmax_eps": (
-            lambda: gguf_of("d.gguf", "deepseek_v2", {"rms_norm_eps": 1e-5}),
+            lambda: gguf_of("d.gguf", "deepseek_v2-gguf", {"rms_norm_eps": 1e-5}),
             "deepseek2 with softmax routing and RMS epsilon 1e-05 is not supported"),
         "deepseek2_yarn_log_mul": (
-            lambda: gguf_of("d.gguf", "deepseek_v3", {"yarn": {
-                **tiny_config("deepseek_v3")["rope_scaling"], "mscale_all_dim": None}}),
+            lambda: gguf_of("d.gguf", "deepseek_v3-gguf", {"yarn": {
+                **tiny_config("deepseek_v3-gguf")["rope_scaling"], "mscale_all_dim": None}}),
             "deepseek2 with YaRN RoPE but no rope.scaling.yarn_log_multiplier"),
         "deepseek2_tied": (
-            lambda: write_gguf(tmp / "d.gguf", "deepseek_v3", tok_folder,
+            lambda: write_gguf(tmp / "d.gguf", "deepseek_v3-gguf", tok_folder,
                                extra={"output.weight": None}) and tmp / "d.gguf",
             "deepseek2 without output.weight (tied embeddings) is not supported (mlx-lm's "
             "deepseek_v3 has a head of its own)"),

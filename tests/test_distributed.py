@@ -343,14 +343,18 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
 
 
 @pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
-                                  "exaone4", "glm4_moe", "seed_oss", "ernie4_5"])
+                                  "exaone4", "glm4_moe", "seed_oss", "ernie4_5", "deepseek_v3",
+                                  "glm4_moe_lite", "deepseek_v2"])
 def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`),
-    gpt-oss (mlx-lm's shard, its sinks split by head) and GLM-4.5 (mlx-lm's shard: its MoE
-    blocks sum their ranks' shares themselves): unpruned, each rank's logits equal mlx-lm's;
-    pruned, each rank selects what the single process selects and its logits equal it."""
+    gpt-oss (mlx-lm's shard, its sinks split by head), GLM-4.5 (mlx-lm's shard: its MoE
+    blocks sum their ranks' shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2
+    (mlx-lm's shard: each rank its heads' queries, embed_q and unembed_out or kv_b_proj, the
+    latent whole on every rank): unpruned, each rank's logits equal mlx-lm's; pruned, each
+    rank selects what the single process selects and its logits equal it."""
     model = tiny_model(kind)[0]
-    assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe"))
+    assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
+                                                "glm4_moe_lite", "deepseek_v2"))
     lazy = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
     runs = run_engines(tmp_path, tiny_model_dir(kind), 2, {"full": {}, "lazy": lazy})
     (rec0, logits0), (rec1, logits1) = runs["full"]

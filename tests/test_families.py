@@ -14,7 +14,9 @@ and the families with norms on each branch's output and none before: OLMo 2 and 
 (``gemma4_text``, alone, with its MoE block, in its E2B/E4B layout, and as the text model of a
 ``gemma4`` checkpoint: head sizes and key/value heads by layer, values from the keys'
 projection, partial RoPE, a per-layer scalar; upper layers reading lower layers' keys and
-values, per-layer inputs)."""
+values, per-layer inputs) and the multi-head latent attention of DeepSeek-V3 and GLM-4.7-Flash
+(``deepseek_v3``, ``glm4_moe_lite``: one latent key/value head, queries absorbed into it) and
+DeepSeek-V2 (``deepseek_v2``: the latent expanded per head), with their MoE blocks."""
 
 from __future__ import annotations
 
@@ -32,13 +34,15 @@ from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load_
 from mlx_lazy.adapter import ModelAdapter, identities_match, sliding_windows
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
+from test_gemma3 import dense_mask
 from tiny_models import build_tiny_model
 
+MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
-            "gemma4_text-e2b", "gemma4")
+            "gemma4_text-e2b", "gemma4", *MLA)
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -189,6 +193,47 @@ def test_the_tiny_gemma4_is_what_it_claims(family):
     assert e2b.embed(mx.array([1, 2])).shape == (1, 2, 64 + 4 * 32)  # hidden, 4 layers' inputs
 
 
+def test_the_tiny_latent_attention_models_are_what_they_claim(family):
+    """DeepSeek-V3 and GLM-4.7-Flash in mlx-lm's absorbed form (embed_q, unembed_out), their
+    queries low-rank; DeepSeek-V2 with kv_b_proj and q_proj. 4 heads, a 32-wide latent, 8
+    RoPE dims, q_nope 32 and values 24 wide; V3's and V2's YaRN raises the scale; MoE from
+    layer 1 on, routed by random weights (mlx-lm starts them at zero). As the adapter sees
+    them: the absorbed form's one key head [latent, k_pe] and one value head, the latent;
+    V2's per-head keys [k_nope, k_pe] and 24-wide values."""
+    shapes = {}
+    for kind in MLA:
+        model, _ = family(kind)
+        attn, a = model.layers[0].self_attn, ModelAdapter(model)
+        absorbed = kind != "deepseek_v2"
+        assert hasattr(attn, "embed_q") == absorbed != hasattr(attn, "kv_b_proj")
+        assert (attn.q_lora_rank is not None) == absorbed
+        plain = 40 ** -0.5
+        assert a.scale == attn.scale and (a.scale > 1.2 * plain) == (kind != "glm4_moe_lite")
+        q, k, v, _ = a.qkv(0, a.embed(mx.array([1, 2, 3])), np.arange(3))
+        shapes[kind] = q.shape, k.shape, v.shape
+        assert hasattr(model.layers[0].mlp, "down_proj")
+        moe = model.layers[1].mlp
+        assert moe.switch_mlp.gate_proj.weight.shape[0] == 4 and moe.gate.top_k == 2
+        inds, _ = moe.gate(mx.random.normal((64, 64)))
+        assert len({tuple(sorted(row)) for row in inds.tolist()}) > 1
+    assert shapes == {"deepseek_v3": ((1, 4, 3, 40), (1, 1, 3, 40), (1, 1, 3, 32)),
+                      "glm4_moe_lite": ((1, 4, 3, 40), (1, 1, 3, 40), (1, 1, 3, 32)),
+                      "deepseek_v2": ((1, 4, 3, 40), (1, 4, 3, 40), (1, 4, 3, 24))}
+    assert type(family("deepseek_v3")[0].layers[0].self_attn.rope).__name__ == "YarnRoPE"
+    assert type(family("deepseek_v2")[0].layers[0].self_attn.rope).__name__ == \
+        "DeepseekV2YarnRotaryEmbedding"
+
+
+def _mlx_lm_kv(model, layer_cache):
+    """mlx-lm's cached keys and values of one layer as the engine holds them: the absorbed
+    latent attention caches the latent and rope(k_pe), whose concatenation is the engine's
+    key and the latent its value."""
+    keys, values = layer_cache.keys, layer_cache.values
+    if hasattr(model.layers[0].self_attn, "embed_q"):
+        return mx.concatenate([keys, values], axis=-1), keys
+    return keys, values
+
+
 def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
     """Gemma 4 E2B/E4B: a token pruned after layer 1 waits in the Aux Cache with its hidden
     state and the per-layer inputs of layers 2 and 3 (those mlx-lm's forward makes from its
@@ -211,11 +256,13 @@ def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
     assert engine.decode(int(prompt[-1])).shape == (a.vocab_size,)
 
 
-@pytest.mark.parametrize("kind", ["gemma4_text-e2b", "gpt_oss", "olmo3"])
+@pytest.mark.parametrize("kind", ["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
+                                  "deepseek_v2"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
-    holding none and its tokens' per-layer inputs) is written, checked on load and answers
-    the next turn as the live cache does."""
+    holding none and its tokens' per-layer inputs, latent attention's values narrower than
+    its keys) is written, checked on load and answers the next turn as the live cache
+    does."""
     model, tokenizer = family(kind)
     config = PruningConfig("lazy", prune_layers=(1,), keep=(0.3,), complete="none")
     live = make_lazy_cache(model, config)
@@ -292,7 +339,8 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
 
 @pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "glm4_moe", "seed_oss",
                                   "ernie4_5_moe", "gpt_oss", "olmo3", "exaone4",
-                                  "gemma4_text-moe", "gemma4_text-e2b"))
+                                  "gemma4_text-moe", "gemma4_text-e2b", "deepseek_v3",
+                                  "deepseek_v2"))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
     base = ModelAdapter(model).identity()
@@ -321,8 +369,9 @@ def test_revived_token_kv_matches_full_forward(family, kind):
     revived = [p for p in kv.cached_positions().tolist() if p in waiting]
     assert revived, "the schedule should revive some prompt tokens"
     keys, values = kv.fetch(np.array(revived))
-    assert rel_err(keys, cache[2].keys[:, :, revived]) < 1e-5
-    assert rel_err(values, cache[2].values[:, :, revived]) < 1e-5
+    ref_keys, ref_values = _mlx_lm_kv(model, cache[2])
+    assert rel_err(keys, ref_keys[:, :, revived]) < 1e-5
+    assert rel_err(values, ref_values[:, :, revived]) < 1e-5
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
@@ -352,3 +401,57 @@ def test_a_mistral3_checkpoint_of_another_text_model_is_refused(family_dir):
     model.language_model.model_type = "mistral4"
     with pytest.raises(UserInputError, match="'mistral4' in a mistral3 checkpoint"):
         ModelAdapter(model)
+
+
+def _dense_logits(model, tokens: np.ndarray, masks) -> mx.array:
+    """mlx-lm's own blocks of a Llama-layout ``model`` over every token, dense, with a
+    (n, n) boolean mask per layer; the last token's logits."""
+    inner = model.model
+    h = inner.embed_tokens(mx.array(tokens)[None])
+    for block, mask in zip(inner.layers, masks):
+        h = block(h, mx.array(mask), None)
+    return model.lm_head(inner.norm(h))[0, -1]
+
+
+@pytest.mark.parametrize("revival_block", [64, 2])
+@pytest.mark.parametrize("kind", MLA)
+def test_pruned_latent_attention_equals_a_dense_reference(family, monkeypatch, kind,
+                                                          revival_block):
+    """A cut after layer 0 keeps 40%; a decode step re-selects and revives tokens. Against
+    mlx-lm's blocks run densely with masks: above the cut the prefill's kept tokens see only
+    kept keys, a revived token and the new one exactly this step's selection.
+    ``revival_block`` 2 sends the decode step's rows through the gathered block path, 64
+    through the masked whole-cache path."""
+    model, _ = family(kind)
+    n = 160
+    prompt = np.asarray(random_prompt(n, ModelAdapter(model).vocab_size, seed=7))
+    config = PruningConfig("lazy", prune_layers=(0,), keep=(0.4,), complete="none")
+    engine = LazyEngine(model, resolve_config(model, config), block_size=32)
+    engine.attention.revival_block = revival_block
+    selections = []
+    advance = engine._advance
+
+    def spy(layer, h, comp, selected):
+        selections.append(np.array(selected))
+        return advance(layer, h, comp, selected)
+
+    monkeypatch.setattr(engine, "_advance", spy)
+    logits = engine.prefill(mx.array(prompt))
+    kept = engine.cache.computed[1, :n].astype(bool)
+    assert 0 < kept.sum() < n
+    layers = len(model.layers)
+    masks = [dense_mask(n, None, [None] * n)] + [dense_mask(n, None, [kept] * n)] * (layers - 1)
+    assert rel_err(logits, _dense_logits(model, prompt, masks)) < LOGITS_TOL
+
+    token = int(mx.argmax(logits))
+    before = engine.cache.computed[1, :n].astype(bool).copy()
+    logits = engine.decode(token)
+    selected = np.zeros(n + 1, bool)
+    selected[selections[-1]] = True
+    assert engine.stats.revivals > 0
+    assert (engine.cache.computed[1, :n].astype(bool) & ~before).any()
+    old = np.append(kept, False)
+    sees = [old if old[i] else (selected if selected[i] else None) for i in range(n + 1)]
+    masks = [dense_mask(n + 1, None, [None] * (n + 1))]
+    masks += [dense_mask(n + 1, None, sees)] * (layers - 1)
+    assert rel_err(logits, _dense_logits(model, np.append(prompt, token), masks)) < LOGITS_TOL

@@ -87,7 +87,7 @@ def _window_of(model, layer):
     return ModelAdapter(model).sliding_window(layer)
 
 
-def _mask(n, window, sees):
+def dense_mask(n, window, sees):
     """Causal (and windowed) by position, each query ``i`` restricted to keys ``sees[i]``
     (a boolean row; None: all)."""
     pos = np.arange(n)
@@ -126,8 +126,8 @@ def test_sliding_window_under_pruning_equals_a_dense_reference(gemma, monkeypatc
     assert 0 < kept.sum() < n
     L = gemma.args.num_hidden_layers
     windows = [_window_of(gemma, layer) for layer in range(L)]
-    masks = [_mask(n, windows[0], [None] * n)]
-    masks += [_mask(n, windows[layer], [kept] * n) for layer in range(1, L)]
+    masks = [dense_mask(n, windows[0], [None] * n)]
+    masks += [dense_mask(n, windows[layer], [kept] * n) for layer in range(1, L)]
     assert rel_err(logits, _dense_logits(gemma, prompt, masks)) < LOGITS_TOL
     # the last token's window holds tokens pruned at layer 0: a window counted among the
     # kept tokens would reach kept tokens before it
@@ -146,8 +146,8 @@ def test_sliding_window_under_pruning_equals_a_dense_reference(gemma, monkeypatc
     tokens = np.append(prompt, token)
     old = np.append(kept, False)
     sees = [old if old[i] else (selected if selected[i] else None) for i in range(n + 1)]
-    masks = [_mask(n + 1, windows[0], [None] * (n + 1))]
-    masks += [_mask(n + 1, windows[layer], sees) for layer in range(1, L)]
+    masks = [dense_mask(n + 1, windows[0], [None] * (n + 1))]
+    masks += [dense_mask(n + 1, windows[layer], sees) for layer in range(1, L)]
     assert rel_err(logits, _dense_logits(gemma, tokens, masks)) < LOGITS_TOL
 
 

@@ -165,8 +165,9 @@ def test_once_per_layer_over_three_turns_with_revivals(tiny_model):
     assert stats.tokens_computed_per_layer[0] == total  # layer 0 computes every token once
 
 
-def test_trim_then_extend_equals_a_fresh_run_on_the_shorter_prefix(tiny_model):
-    model, _ = tiny_model("qwen3")
+@pytest.mark.parametrize("kind", ["qwen3", "deepseek_v3"])  # latent: values narrower than keys
+def test_trim_then_extend_equals_a_fresh_run_on_the_shorter_prefix(tiny_model, kind):
+    model, _ = tiny_model(kind)
     vocab = model.args.vocab_size
     a, b, c = ids(200, vocab, 20), ids(50, vocab, 21), ids(30, vocab, 22)
     cache = make_prompt_cache(model)

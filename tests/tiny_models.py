@@ -18,10 +18,8 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4_5",
          "ernie4_5_moe", "phi3", "gemma3_text", "smollm3", "ministral3", "gpt_oss", "granite",
-         "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5", "qwen3_next")
-#: Kinds built for the GGUF conversion tests only (llama.cpp's deepseek2), not yet run by the
-#: engine's tests of every kind
-CONVERSION_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+         "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5", "qwen3_next", "deepseek_v3",
+         "glm4_moe_lite", "deepseek_v2")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -50,6 +48,11 @@ _BASE = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+# Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash) and its MoE blocks
+_MLA = {"tie_word_embeddings": False, "num_key_value_heads": 4, "kv_lora_rank": 32,
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 32, "v_head_dim": 24,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+        "moe_intermediate_size": 32, "first_k_dense_replace": 1, "norm_topk_prob": True}
 _KIND_CONFIG = {
     "llama": {"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": False},
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "tie_word_embeddings": True},  # q/k/v bias
@@ -151,44 +154,27 @@ _KIND_CONFIG = {
                    "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
                    "mlp_only_layers": [1], "moe_intermediate_size": 32,
                    "shared_expert_intermediate_size": 32, "norm_topk_prob": True},
-    # DeepSeek-V2-Lite: multi-head latent attention (q projected directly, keys and values
-    # through a rank-32 latent; 32 dims without RoPE and 16 with it, traditional, per head;
-    # values 32 wide), YaRN with its mscale; layer 0 dense, then 2 of 4 experts by greedy softmax
-    # (scaled by 1.5) beside 2 shared ones
-    "deepseek_v2": {"architectures": ["DeepseekV2ForCausalLM"], "tie_word_embeddings": False,
-                    "rms_norm_eps": 1e-6, "num_key_value_heads": 4, "q_lora_rank": None,
-                    "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
-                    "v_head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
-                    "n_shared_experts": 2, "moe_intermediate_size": 32,
-                    "first_k_dense_replace": 1, "routed_scaling_factor": 1.5,
-                    "topk_method": "greedy", "scoring_func": "softmax", "norm_topk_prob": False,
-                    "rope_scaling": {"type": "yarn", "factor": 4.0,
-                                     "original_max_position_embeddings": 64, "beta_fast": 32,
-                                     "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}},
-    # DeepSeek-V3: V2's attention with q through a rank-32 latent; 2 of 8 experts in 2 groups
-    # (one taken) by sigmoid scores with a correction bias, renormalised and scaled by 2.5
-    "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], "tie_word_embeddings": False,
-                    "rms_norm_eps": 1e-6, "num_key_value_heads": 4, "q_lora_rank": 32,
-                    "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
-                    "v_head_dim": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
-                    "n_group": 2, "topk_group": 1, "n_shared_experts": 1,
-                    "moe_intermediate_size": 32, "first_k_dense_replace": 1,
-                    "routed_scaling_factor": 2.5, "topk_method": "noaux_tc",
-                    "scoring_func": "sigmoid", "norm_topk_prob": True,
-                    "rope_scaling": {"type": "yarn", "factor": 4.0,
-                                     "original_max_position_embeddings": 64, "beta_fast": 32,
-                                     "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}},
-    # GLM-4.7-Flash: V3's layout with values wider than the keys' unrotated dims, 2 of 4
-    # experts in one group (scaled by 1.8), RMS epsilon 1e-5 in its latent norms too, no YaRN
-    "glm4_moe_lite": {"architectures": ["Glm4MoeLiteForCausalLM"], "tie_word_embeddings": False,
-                      "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
-                      "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 64,
-                      "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
-                      "moe_intermediate_size": 32, "first_k_dense_replace": 1,
-                      "routed_scaling_factor": 1.8, "topk_method": "noaux_tc",
-                      "scoring_func": "sigmoid", "norm_topk_prob": True, "n_group": 1,
-                      "topk_group": 1, "rope_theta": 1e6, "rope_scaling": None,
-                      "num_nextn_predict_layers": 0},
+    # DeepSeek-V3: latent attention (absorbed, 4 heads over one 32-wide latent and 8 RoPE
+    # dims; values 24 wide, unlike the 32 of q_nope), low-rank queries, YaRN whose mscale
+    # raises the scale; MoE from layer 1 on as in glm4_moe, routed by random weights and bias
+    "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], **_MLA, "q_lora_rank": 32,
+                    "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+                    "rope_scaling": {"type": "yarn", "factor": 4.0, "mscale": 1.0,
+                                     "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+                                     "original_max_position_embeddings": 1024}},
+    # GLM-4.7-Flash: DeepSeek-V3's layout, its low-rank norms' eps from the config, no RoPE
+    # scaling
+    "glm4_moe_lite": {"architectures": ["Glm4MoeLiteForCausalLM"], **_MLA, "q_lora_rank": 32,
+                      "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.8,
+                      "rope_scaling": None, "rms_norm_eps": 1e-5},
+    # DeepSeek-V2-Lite: latent attention expanded per head (kv_b_proj), q_proj (no low-rank
+    # queries), its own YaRN class (mscale on q_pe and k_pe themselves: 0.707 against 1.0),
+    # softmax routing over 2 of 4 experts
+    "deepseek_v2": {"architectures": ["DeepseekV2ForCausalLM"], **_MLA, "q_lora_rank": None,
+                    "topk_method": "greedy", "rope_scaling": {
+                        "type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 1.0,
+                        "beta_fast": 32, "beta_slow": 1,
+                        "original_max_position_embeddings": 1024}},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -202,6 +188,24 @@ _KIND_CONFIG = {
 #: ``qwen3_5-deep``, 16 layers (attention in 3, 7, 11, 15); ``qwen3_5-last``, 4 layers, only
 #: the last attending.
 _VARIANTS = {
+    # The MLA kinds as the conversion tests write them in llama.cpp's deepseek2 GGUF, which holds
+    # one YaRN log multiplier (mscale = mscale_all_dim) and no renormalised softmax routing:
+    # 16 RoPE dims, values as wide as the unrotated dims (GLM-4.7-Flash's wider), V2's two shared
+    # experts scaled by 1.5, V3's 8 experts, the RMS epsilon 1e-6 that deepseek_v2/v3 hard-wire
+    "deepseek_v2-gguf": ("deepseek_v2", {
+        "qk_rope_head_dim": 16, "v_head_dim": 32, "rms_norm_eps": 1e-6, "scoring_func": "softmax",
+        "norm_topk_prob": False, "n_shared_experts": 2, "routed_scaling_factor": 1.5,
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                         "mscale_all_dim": 0.707}}),
+    "deepseek_v3-gguf": ("deepseek_v3", {
+        "qk_rope_head_dim": 16, "v_head_dim": 32, "rms_norm_eps": 1e-6, "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc", "n_routed_experts": 8,
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+    "glm4_moe_lite-gguf": ("glm4_moe_lite", {
+        "qk_rope_head_dim": 16, "v_head_dim": 64, "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc", "rope_theta": 1e6, "num_nextn_predict_layers": 0}),
     # its original context short: every band (unscaled, smoothed, scaled) in a tiny head
     "llama-llama3": ("llama", {"rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -246,9 +250,8 @@ def tiny_config(kind: str) -> dict:
     if kind in _VARIANTS:
         base, extra = _VARIANTS[kind]
         return {**tiny_config(base), **extra}
-    if kind not in KINDS + CONVERSION_KINDS:
-        raise ValueError(f"unknown tiny model kind {kind!r}; choose from "
-                         f"{KINDS + CONVERSION_KINDS}")
+    if kind not in KINDS:
+        raise ValueError(f"unknown tiny model kind {kind!r}; choose from {KINDS}")
     return {"model_type": kind, **_BASE, **_KIND_CONFIG[kind]}
 
 
@@ -306,8 +309,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         if hasattr(attn, "sinks"):  # gpt_oss: zeros by default
             attn.sinks = mx.random.normal(attn.sinks.shape)
         gate = getattr(layer.mlp, "gate", None)
-        if hasattr(gate, "e_score_correction_bias"):  # glm4_moe: zeros route no token apart
+        weight = getattr(gate, "weight", None)
+        # glm4_moe's, DeepSeek's routers: zeros route no token apart
+        if isinstance(weight, mx.array) and not mx.any(weight).item():
             gate.weight = mx.random.normal(gate.weight.shape)
+        if hasattr(gate, "e_score_correction_bias"):
             gate.e_score_correction_bias = 0.1 * mx.random.normal(
                 gate.e_score_correction_bias.shape)
         if "layer_scalar" in layer:  # gemma4: ones by default
