@@ -1194,10 +1194,12 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
     assert rel_err(model(x), expected(x)) < 1e-5
 
 
-@pytest.mark.parametrize("case", ["seed_oss-legacy", "ernie4_5-legacy", "ernie4_5moe-legacy"])
-def test_seed_oss_and_ernie_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
-    """Seed-OSS and ERNIE 4.5 (dense and MoE) GGUFs convert to folders the engine runs
-    unpruned as mlx-lm does."""
+@pytest.mark.parametrize("case", ["seed_oss-legacy", "ernie4_5-legacy", "ernie4_5moe-legacy",
+                                  "deepseek2-v2lite", "deepseek2-v3", "deepseek2-glm47flash"])
+def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
+    """Seed-OSS, ERNIE 4.5 (dense and MoE) and deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
+    quantized latent projections kept so) GGUFs convert to folders the engine runs unpruned as
+    mlx-lm does."""
     kind, types, overrides = GGUF_CASES[case]
     write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types, **overrides)
     model, _ = mlx_lm.load(str(convert(tmp_path / "m.gguf", tmp_path / "out",
