@@ -36,6 +36,39 @@ _GPT4O_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm
                 r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
                 r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+# DeepSeek's (LLM / V2, Coder): newlines alone, then runs of letters (DeepSeek LLM's: Latin,
+# Greek, Cyrillic, Armenian, Georgian, Cherokee and other cased scripts, not CJK; written
+# escaped, as "\u2126" and others are not what NFC makes of them) and of punctuation (ASCII,
+# fullwidth, CJK), each with one space before it, trailing whitespace, runs of CJK / Hangul
+# (U+0800 to U+4E00 too), numbers (DeepSeek Coder's: each digit alone). llama.cpp matches the
+# regexes without \p{..} on the text with its non-ASCII whitespace read as "\v": the ideographic
+# space and the others in these ranges (U+1680, U+2000-U+200A, U+3000, ...) are whitespace
+# there, not punctuation or CJK, hence "&&\S".
+_DEEPSEEK_CJK = "[[一-龥ࠀ-一가-\ud7ff]&&\\S]+"
+_DEEPSEEK_LLM_SPLITS = (
+    r"[\r\n]",
+    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293"
+    "\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c"
+    "\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5"
+    "\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77"
+    "\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59"
+    "\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc"
+    "\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107"
+    "\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+    "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee"
+    "\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e"
+    "\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a"
+    "\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2"
+    "\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+",
+    "\\s?[[!-/:-~！-／：-～‘-‟\u3000-。]&&\\S]+", r"\s+$", _DEEPSEEK_CJK, r"\p{N}+")
+_DEEPSEEK_CODER_SPLITS = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _DEEPSEEK_CJK, r"\p{N}")
+# DeepSeek-V3's (R1, Moonlight): numbers in threes, runs of CJK and kana, then words (ASCII
+# punctuation before ASCII letters, or one other character before letters and marks),
+# punctuation and symbols, whitespace
+_DEEPSEEK_V3_SPLITS = (
+    r"\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
+    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|"""
+    r" ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 class PreTokenizer(NamedTuple):
     """How llama.cpp tokenizes for one ``tokenizer.ggml.pre`` name."""
@@ -68,6 +101,9 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "tekken": PreTokenizer((_TEKKEN_REGEX,), True, True),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"),
                     PreTokenizer((_GPT4O_REGEX,), False, False)),
+    "deepseek-llm": PreTokenizer(_DEEPSEEK_LLM_SPLITS, False, False),
+    "deepseek-coder": PreTokenizer(_DEEPSEEK_CODER_SPLITS, False, False),
+    "deepseek-v3": PreTokenizer(_DEEPSEEK_V3_SPLITS, False, False),
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list;
 # llama.cpp makes them control tokens whatever the GGUF says: Gemma 4's converter writes
