@@ -4,9 +4,10 @@
 rank; for each run of ``{name: PruningConfig fields}`` (the method is the name unless the
 fields give one) prefill a seeded random prompt and decode S greedy steps; write
 ``OUT/{name}-rank{r}.json`` (tokens, a digest of every selected token set, stats) and
-``OUT/{name}-rank{r}.npy`` (the logits). Also ``OUT/checks-rank{r}.json``: the cross-rank
-reductions on rank-dependent inputs, and the tokens ``stream_generate`` returns when each
-rank's sampler draws a different token.
+``OUT/{name}-rank{r}.npy`` (the logits). Also, unless ``--no-checks``,
+``OUT/checks-rank{r}.json``: the cross-rank reductions on rank-dependent inputs, the tokens
+``stream_generate`` returns when each rank's sampler draws a different token, and what is
+refused (ranks given different prompts, a prompt-cache file of a sharded model).
 
 ``cli OUT [--rank1-args=ARGS1] [--kill-rank1-at STEP] -- ARGS``: run ``mlx_lazy.cli.main(ARGS)``
 on every rank (rank 1 with the shell words ARGS1 appended, which override ARGS, or killing
@@ -45,6 +46,14 @@ def run_engine(args: argparse.Namespace, out: Path) -> None:
         np.save(out / f"{name}-rank{rank}.npy", logits)
         (out / f"{name}-rank{rank}.json").write_text(json.dumps(
             {"tokens": tokens, "selections": selections, "stats": engine.stats.as_dict()}))
+    if args.checks:
+        write_checks(model, tokenizer, group, prompt, out)
+
+
+def write_checks(model, tokenizer, group: mx.distributed.Group, prompt: np.ndarray,
+                 out: Path) -> None:
+    """``OUT/checks-rank{r}.json`` (see the module's docstring)."""
+    rank = group.rank()
     tp = distributed.TensorParallel(model, group)
     local = mx.array([[1.0, 4.0]] if rank == 0 else [[3.0, 2.0]])
     drawn = [r.token for r in mlx_lazy.stream_generate(
@@ -127,6 +136,8 @@ def main() -> None:
                    help="JSON {method: PruningConfig fields}, run one after the other")
     p.add_argument("--prompt-len", type=int, default=200)
     p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--no-checks", dest="checks", action="store_false",
+                   help="engine: skip OUT/checks-rank{r}.json")
     p.add_argument("--rank1-args", default="")
     p.add_argument("--kill-rank1-at", type=int)
     argv = sys.argv[1:]

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import mlx.core as mx
@@ -34,9 +35,16 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
 TIMEOUT = 240  # seconds per launch of tiny models: Python processes sharing two slow cores
 SLOW_TIMEOUT = 900  # seconds per launch of a real model
+LAUNCHER_INPUT = 1 << 18  # bytes: 4 pipes' worth (Linux: 64 KiB, macOS: 16-64 KiB)
 # many cuts: revivals in decode (none: nothing completes)
 LAZY = {"prune_layers": [0, 1, 2], "keep": [0.5, 0.3, 0.2], "complete": "none"}
 STEPS = 16
+# Decode steps of the real models' runs, whose sharded steps are the slow part (two all-sums
+# per layer, each a wait for every rank on two shared cores): their cuts complete exactly (what
+# their configs resolve to), so the first step carries every pruned token through the layers
+# above the cuts and the steps after it decode the completed cache, as every further step would.
+# The tiny model's runs decode STEPS, re-selecting and reviving at each.
+REAL_STEPS = 4
 
 pytestmark = pytest.mark.skipif(
     not mx.distributed.is_available() or not LAUNCH.exists(),
@@ -80,24 +88,50 @@ def launch(n: int, *command: str, timeout: float = TIMEOUT) -> subprocess.Comple
         [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
     cmd = [str(LAUNCH), "-n", str(n), "--backend", "ring", "--starting-port", str(free_port(n)),
            "--python", sys.executable, "--", *command]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    stdin, feed = os.pipe()
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, stdin=stdin, start_new_session=True)
+    finally:
+        os.close(stdin)  # the launcher's alone: it ending ends our writes (BrokenPipeError)
+    writer = threading.Thread(target=idle_launcher, args=(feed,), daemon=True)
+    writer.start()
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, not only the launcher
         out, err = proc.communicate()
         pytest.fail(f"{n} ranks still running after {timeout} s:\n{out}\n{err}")
+    finally:
+        writer.join(timeout=10)  # the launcher ended: its write has too (written or refused)
+        if not writer.is_alive():  # else left open: closed, its number could be reused
+            os.close(feed)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def idle_launcher(feed: int) -> None:
+    """Keep mlx.launch from spinning, so that the ranks have the cores: it forwards its
+    standard input to every rank's and polls each rank's input pipe for room to write,
+    which an empty pipe always has, so each forwarding thread busy-loops (and its main
+    thread too once its input ends). On 2 cores an all-sum of 896 floats between 2 ranks
+    took ~18 ms so, ~0.3 ms without. Bytes that the ranks never read, more than a pipe
+    holds, fill every rank's input pipe (the launcher keeps the rest), and ``feed`` left
+    open until the launcher ends keeps its own input from ending: then every loop waits in
+    ``select``."""
+    try:
+        os.write(feed, bytes(LAUNCHER_INPUT))
+    except OSError:  # the launcher ended first, or its input was closed
+        pass
+
+
 def run_engines(tmp_path: Path, model_dir: Path, n: int, configs: dict, prompt_len: int = 200,
-                timeout: float = TIMEOUT):
-    """Every method of ``configs`` sharded over ``n`` ranks; per method, each rank's record
-    and logits."""
+                timeout: float = TIMEOUT, steps: int = STEPS, checks: bool = True):
+    """Every method of ``configs`` sharded over ``n`` ranks, ``steps`` decode steps each; per
+    method, each rank's record and logits. ``checks``: the ranks also write the worker's
+    checks-rank*.json (which only ``two_rank_runs``' tests read)."""
     r = launch(n, str(WORKER), "engine", str(tmp_path), str(model_dir),
                "--configs", json.dumps(configs), "--prompt-len", str(prompt_len),
-               "--steps", str(STEPS), timeout=timeout)
+               "--steps", str(steps), *(() if checks else ("--no-checks",)), timeout=timeout)
     assert r.returncode == 0, r.stderr
     out = {}
     for method in configs:
@@ -109,12 +143,12 @@ def run_engines(tmp_path: Path, model_dir: Path, n: int, configs: dict, prompt_l
     return out
 
 
-def single_process(model, config: PruningConfig, prompt_len: int = 200):
+def single_process(model, config: PruningConfig, prompt_len: int = 200, steps: int = STEPS):
     """Greedy tokens, logits, stats and selection digests of the unsharded engine on the
     worker's prompt."""
     prompt = np.random.default_rng(0).integers(0, ModelAdapter(model).vocab_size, prompt_len)
     engine = LazyEngine(model, resolve_config(model, config))
-    tokens, logits, selections = greedy_run(engine, prompt, STEPS)
+    tokens, logits, selections = greedy_run(engine, prompt, steps)
     return tokens, logits, engine.stats, selections
 
 
@@ -373,10 +407,13 @@ def test_smollm2_lazy_over_three_ranks(smollm2_path, smollm2, tmp_path):
     model, _ = smollm2
     config = {"prune_layers": [10, 20], "keep": [0.4, 0.2]}
     runs = run_engines(tmp_path, smollm2_path, 3, {"lazy": config}, prompt_len=300,
-                       timeout=SLOW_TIMEOUT)["lazy"]
+                       timeout=SLOW_TIMEOUT, steps=REAL_STEPS, checks=False)["lazy"]
     selections = [rec["selections"] for rec, _ in runs]
     assert selections[0] == selections[1] == selections[2] and selections[0]
-    tokens, logits, _, _ = single_process(model, PruningConfig("lazy", **config), prompt_len=300)
+    assert all(rec["stats"]["ranks"] == 3 and rec["stats"]["allsum_bytes"] > 0
+               for rec, _ in runs)  # sharded indeed
+    tokens, logits, _, _ = single_process(model, PruningConfig("lazy", **config), prompt_len=300,
+                                          steps=REAL_STEPS)
     assert runs[0][0]["tokens"] == tokens
     assert rel_err(runs[0][1], logits) < 1e-4  # 30 layers of sharded float32 sums in another order
 
@@ -388,17 +425,21 @@ def test_qwen_full_and_lazy_over_two_ranks(qwen_path, tmp_path):
 
     lazy = {"prune_layers": [8, 16], "keep": [0.4, 0.2]}
     runs = run_engines(tmp_path, qwen_path, 2, {"full": {}, "lazy": lazy}, prompt_len=300,
-                       timeout=SLOW_TIMEOUT)
+                       timeout=SLOW_TIMEOUT, steps=REAL_STEPS, checks=False)
     model, _ = mlx_lm.load(str(qwen_path))
     (full0, logits0), (full1, _) = runs["full"]
     assert full0["tokens"] == full1["tokens"]
+    assert all(rec["stats"]["ranks"] == 2 and rec["stats"]["allsum_bytes"] > 0
+               for rec, _ in runs["full"])  # sharded indeed
     ref = mlx_lm_logits(model, full0["tokens"], prompt_len=300)
     assert rel_err(logits0, ref) < 1e-4  # 24 layers of float32 sums in another order
     assert full0["tokens"] == [int(t) for t in ref.argmax(axis=-1)]
-    (lazy0, _), (lazy1, _) = runs["lazy"]
+    (lazy0, lazy_logits), (lazy1, _) = runs["lazy"]
     assert lazy0["selections"] == lazy1["selections"] and lazy0["selections"]
-    tokens, _, _, _ = single_process(model, PruningConfig("lazy", **lazy), prompt_len=300)
+    tokens, logits, _, _ = single_process(model, PruningConfig("lazy", **lazy), prompt_len=300,
+                                          steps=REAL_STEPS)
     assert lazy0["tokens"] == tokens
+    assert rel_err(lazy_logits, logits) < 1e-4  # selected as one process does: the same cut
 
 
 @pytest.mark.slow
