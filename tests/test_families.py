@@ -34,7 +34,7 @@ from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load_
 from mlx_lazy.adapter import ModelAdapter, identities_match, sliding_windows
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
-from test_gemma3 import dense_mask
+from test_gemma3 import cut_after_layer_0, decode_one, dense_mask
 from tiny_models import build_tiny_model
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
@@ -423,35 +423,15 @@ def test_pruned_latent_attention_equals_a_dense_reference(family, monkeypatch, k
     ``revival_block`` 2 sends the decode step's rows through the gathered block path, 64
     through the masked whole-cache path."""
     model, _ = family(kind)
-    n = 160
-    prompt = np.asarray(random_prompt(n, ModelAdapter(model).vocab_size, seed=7))
-    config = PruningConfig("lazy", prune_layers=(0,), keep=(0.4,), complete="none")
-    engine = LazyEngine(model, resolve_config(model, config), block_size=32)
-    engine.attention.revival_block = revival_block
-    selections = []
-    advance = engine._advance
-
-    def spy(layer, h, comp, selected):
-        selections.append(np.array(selected))
-        return advance(layer, h, comp, selected)
-
-    monkeypatch.setattr(engine, "_advance", spy)
-    logits = engine.prefill(mx.array(prompt))
-    kept = engine.cache.computed[1, :n].astype(bool)
-    assert 0 < kept.sum() < n
+    engine, prompt, logits, kept, selections = cut_after_layer_0(
+        model, ModelAdapter(model).vocab_size, monkeypatch, revival_block)
+    n = len(prompt)
     layers = len(model.layers)
     masks = [dense_mask(n, None, [None] * n)] + [dense_mask(n, None, [kept] * n)] * (layers - 1)
     assert rel_err(logits, _dense_logits(model, prompt, masks)) < LOGITS_TOL
 
-    token = int(mx.argmax(logits))
-    before = engine.cache.computed[1, :n].astype(bool).copy()
-    logits = engine.decode(token)
-    selected = np.zeros(n + 1, bool)
-    selected[selections[-1]] = True
-    assert engine.stats.revivals > 0
-    assert (engine.cache.computed[1, :n].astype(bool) & ~before).any()
-    old = np.append(kept, False)
-    sees = [old if old[i] else (selected if selected[i] else None) for i in range(n + 1)]
+    tokens, logits, _, sees, revived = decode_one(engine, prompt, logits, kept, selections)
+    assert engine.stats.revivals > 0 and len(revived)
     masks = [dense_mask(n + 1, None, [None] * (n + 1))]
     masks += [dense_mask(n + 1, None, sees)] * (layers - 1)
-    assert rel_err(logits, _dense_logits(model, np.append(prompt, token), masks)) < LOGITS_TOL
+    assert rel_err(logits, _dense_logits(model, tokens, masks)) < LOGITS_TOL

@@ -99,19 +99,15 @@ def dense_mask(n, window, sees):
     return mask
 
 
-@pytest.mark.parametrize("revival_block", [64, 2])
-def test_sliding_window_under_pruning_equals_a_dense_reference(gemma, monkeypatch,
-                                                               revival_block):
-    """A cut after layer 0 keeps 40%; a decode step re-selects and revives tokens. Against
-    mlx-lm's blocks run densely with masks by original position: the prefill's kept tokens
-    see only kept keys inside their window (tokens pruned inside a window do not let it
-    reach further back), a revived token sees exactly this step's selection inside its
-    window, the new token too. ``revival_block`` 2 sends the decode step's rows through the
-    gathered block path, 64 through the masked whole-cache path."""
+def cut_after_layer_0(model, vocab_size: int, monkeypatch, revival_block: int):
+    """A cut after layer 0 keeping 40% of a 160-token random prompt, the engine's selections
+    recorded (``revival_block`` 2 sends a decode step's rows through the gathered block path,
+    64 through the masked whole-cache path): (engine, prompt, prefill logits, the tokens kept
+    above the cut, selections)."""
     n = 160
-    prompt = np.asarray(random_prompt(n, gemma.args.vocab_size, seed=7))
+    prompt = np.asarray(random_prompt(n, vocab_size, seed=7))
     config = PruningConfig("lazy", prune_layers=(0,), keep=(0.4,), complete="none")
-    engine = LazyEngine(gemma, resolve_config(gemma, config), block_size=32)
+    engine = LazyEngine(model, resolve_config(model, config), block_size=32)
     engine.attention.revival_block = revival_block
     selections = []
     advance = engine._advance
@@ -124,6 +120,38 @@ def test_sliding_window_under_pruning_equals_a_dense_reference(gemma, monkeypatc
     logits = engine.prefill(mx.array(prompt))
     kept = engine.cache.computed[1, :n].astype(bool)
     assert 0 < kept.sum() < n
+    return engine, prompt, logits, kept, selections
+
+
+def decode_one(engine, prompt, logits, kept, selections):
+    """One greedy decode step after :func:`cut_after_layer_0`: (the tokens, its logits, this
+    step's selection above the cut, what each token sees there: the prefill's kept tokens
+    their kept keys, a revived token and the new one the selection, a pruned token None; the
+    revived positions)."""
+    n = len(prompt)
+    token = int(mx.argmax(logits))
+    before = engine.cache.computed[1, :n].astype(bool).copy()
+    logits = engine.decode(token)
+    selected = np.zeros(n + 1, bool)
+    selected[selections[-1]] = True
+    revived = np.flatnonzero(engine.cache.computed[1, :n].astype(bool) & ~before)
+    old = np.append(kept, False)
+    sees = [old if old[i] else (selected if selected[i] else None) for i in range(n + 1)]
+    return np.append(prompt, token), logits, selected, sees, revived
+
+
+@pytest.mark.parametrize("revival_block", [64, 2])
+def test_sliding_window_under_pruning_equals_a_dense_reference(gemma, monkeypatch,
+                                                               revival_block):
+    """A cut after layer 0 keeps 40%; a decode step re-selects and revives tokens. Against
+    mlx-lm's blocks run densely with masks by original position: the prefill's kept tokens
+    see only kept keys inside their window (tokens pruned inside a window do not let it
+    reach further back), a revived token sees exactly this step's selection inside its
+    window, the new token too. ``revival_block`` 2 sends the decode step's rows through the
+    gathered block path, 64 through the masked whole-cache path."""
+    engine, prompt, logits, kept, selections = cut_after_layer_0(
+        gemma, gemma.args.vocab_size, monkeypatch, revival_block)
+    n = len(prompt)
     L = gemma.args.num_hidden_layers
     windows = [_window_of(gemma, layer) for layer in range(L)]
     masks = [dense_mask(n, windows[0], [None] * n)]
@@ -133,19 +161,12 @@ def test_sliding_window_under_pruning_equals_a_dense_reference(gemma, monkeypatc
     # kept tokens would reach kept tokens before it
     assert not kept[n - WINDOW:].all() and kept[: n - WINDOW].any()
 
-    token = int(mx.argmax(logits))
-    before = engine.cache.computed[1, :n].astype(bool).copy()
-    logits = engine.decode(token)
-    selected = np.zeros(n + 1, bool)
-    selected[selections[-1]] = True
-    revived = np.flatnonzero(engine.cache.computed[1, :n].astype(bool) & ~before)
+    tokens, logits, selected, sees, revived = decode_one(engine, prompt, logits, kept,
+                                                         selections)
     assert engine.stats.revivals > 0 and len(revived)
     # a revived token with a token pruned inside its window, and one kept before it
     assert any((~selected[max(0, r - WINDOW + 1):r]).any() and selected[: r - WINDOW + 1].any()
                for r in revived)
-    tokens = np.append(prompt, token)
-    old = np.append(kept, False)
-    sees = [old if old[i] else (selected if selected[i] else None) for i in range(n + 1)]
     masks = [dense_mask(n + 1, windows[0], [None] * (n + 1))]
     masks += [dense_mask(n + 1, windows[layer], sees) for layer in range(1, L)]
     assert rel_err(logits, _dense_logits(gemma, tokens, masks)) < LOGITS_TOL
