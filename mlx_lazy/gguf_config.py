@@ -312,12 +312,11 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                                         tensors, config, rope_dims))
         if yarn:  # llama.cpp's betas (its deepseek2 loader reads none); mscale as mscale_all_dim
             # (llama.cpp's special case of deepseek2), which its converter wrote times 0.1
-            log_mul = g("rope.scaling.yarn_log_multiplier")
+            log_mul = real("rope.scaling.yarn_log_multiplier", 0.0)
             if not log_mul:  # llama.cpp then scales the attention by YaRN's magnitude squared
                 raise UserInputError("GGUF deepseek2 with YaRN RoPE but no "
                                      "rope.scaling.yarn_log_multiplier is not supported")
-            scale = float(np.float32(real("rope.scaling.yarn_log_multiplier"))
-                          / DEEPSEEK2_LOG_MUL_SCALE)
+            scale = float(np.float32(log_mul) / DEEPSEEK2_LOG_MUL_SCALE)
             config["rope_scaling"] = {**yarn_rope(), **LLAMA_CPP_YARN_BETAS,
                                       "mscale": scale, "mscale_all_dim": scale}
     if arch == "gpt-oss":  # every layer sparse; its SwiGLU's alpha and limit are hard-wired in

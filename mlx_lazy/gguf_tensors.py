@@ -269,7 +269,7 @@ def _delta_net_layout(gguf_name: str, x: np.ndarray, config: dict) -> np.ndarray
 
 class _Part(NamedTuple):
     """A GGUF tensor's stand-in, read as the reader's tensors are: half of a fused tensor's
-    rows, two tensors' rows regrouped (:class:`_Rows`), or what llama.cpp takes where the
+    rows, two tensors' rows regrouped (:func:`_rows`), or what llama.cpp takes where the
     file has no such tensor."""
     name: str
     tensor_type: Any
@@ -342,19 +342,26 @@ def ernie45_moe_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
-class _Rows:
-    """GGUF tensors' rows stacked and put in the ``order`` given, gathered only when read
-    (``np.asarray``, as the reader's tensors are), one tensor's memory at a time: their raw
-    blocks (a row holds whole blocks, so rows move whole), or their values dequantized to
-    float32 where the tensors' types differ."""
+class _Lazy:
+    """An array computed only when read (``np.asarray``, as the reader's tensors are)."""
 
-    def __init__(self, tensors: list, order: np.ndarray, dequantize: bool) -> None:
-        self.tensors, self.order, self.dequantize = tensors, order, dequantize
+    def __init__(self, make: Callable[[], np.ndarray]) -> None:
+        self.make = make
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        rows = [(dequantized(t) if self.dequantize else np.asarray(t.data)) for t in self.tensors]
-        x = np.concatenate([r.reshape(r.shape[0], -1) for r in rows])[self.order]
+        x = self.make()
         return x if dtype is None else x.astype(dtype)
+
+
+def _rows(tensors: list, order: np.ndarray, dequantize: bool) -> _Lazy:
+    """GGUF tensors' rows stacked and put in the ``order`` given, gathered only when read,
+    one tensor's memory at a time: their raw blocks (a row holds whole blocks, so rows move
+    whole), or their values dequantized to float32 where the tensors' types differ."""
+    def gather() -> np.ndarray:
+        rows = [(dequantized(t) if dequantize else np.asarray(t.data)) for t in tensors]
+        return np.concatenate([r.reshape(r.shape[0], -1) for r in rows])[order]
+
+    return _Lazy(gather)
 
 
 def qwen3next_tensors(tensors: dict, config: dict) -> dict:
@@ -396,20 +403,9 @@ def qwen3next_tensors(tensors: dict, config: dict) -> dict:
         same = qkv.tensor_type == z.tensor_type
         out[fused] = _Part(fused, qkv.tensor_type if same else T.F32,
                            np.array([config["hidden_size"], len(order)]),
-                           _Rows([qkv, z], order, dequantize=not same))
+                           _rows([qkv, z], order, dequantize=not same))
         del out[name], out[gate]
     return out
-
-
-class _Lazy:
-    """An array computed only when read (``np.asarray``, as the reader's tensors are)."""
-
-    def __init__(self, make: Callable[[], np.ndarray]) -> None:
-        self.make = make
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        x = self.make()
-        return x if dtype is None else x.astype(dtype)
 
 
 def deepseek2_tensors(tensors: dict, config: dict) -> dict:
@@ -450,7 +446,7 @@ def deepseek2_tensors(tensors: dict, config: dict) -> dict:
                                      for h in range(heads)])
             out[k] = _Part(k, T.F32, np.array([nope, rank, heads]), _Lazy(key_rows))
             out[vb] = _Part(vb, t.tensor_type, np.array([rank, v, heads]),
-                            _Rows([t], values, dequantize=False))
+                            _rows([t], values, dequantize=False))
             del out[name]
         elif role == "attn_k_b" and fused:  # each head's key rows, then its value rows
             def kv_rows(kt: Any = t, vt: Any = tensors[vb]) -> np.ndarray:
