@@ -68,17 +68,25 @@ from .errors import UserInputError, shown
 # or a plain ``q_proj``, traditional RoPE over the last ``qk_rope_head_dim`` of each query
 # and over one key part shared by every head, a scale raised by YaRN's mscale; grouped
 # sigmoid-routed (V2: softmax-routed) MoE blocks with shared experts at ``block.mlp``.
+# mixtral (Mixtral 8x7B/8x22B; its heads named ``num_heads``, ``num_key_value_heads``),
+# granitemoe (Granite's multipliers) and phimoe (Phi-3.5-MoE: LayerNorms with biases, biases
+# on q/k/v, o_proj and the head, longrope's ``SuScaledRoPE``): Llama's layout with a sparse
+# MoE block at ``block.block_sparse_moe`` (:func:`feed_forward`). qwen2_moe (Qwen1.5/2-MoE:
+# q/k/v biases; experts beside a sigmoid-gated shared expert) and olmoe (OLMoE: pre-norms,
+# q/k norms over all heads as OLMo's) have theirs at ``block.mlp``.
 SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "ernie4_5", "ernie4_5_moe", "exaone4",
                          "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe",
                          "glm4_moe_lite", "gpt_oss", "granite", "llama", "ministral3",
                          "mistral", "mistral3", "olmo2", "olmo3", "phi3", "qwen2", "qwen3",
                          "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
-                         "smollm3")
+                         "smollm3",
+                         "granitemoe", "mixtral", "olmoe", "phimoe", "qwen2_moe")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+GRANITE_TYPES = ("granite", "granitemoe")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
 _WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
@@ -88,7 +96,9 @@ _WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``embed_tokens.as_linear``, ``linear_attn`` called as ``(x, mask, ArraysCache)``; latent
 # attention's ``self_attn.{num_heads, q_lora_rank, q_proj, q_a_proj, q_a_layernorm, q_b_proj,
 # qk_nope_head_dim, kv_lora_rank, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, embed_q,
-# unembed_out}``): at least the first, below the second. Same as pyproject.toml.
+# unembed_out}``; the feed-forward at ``mlp`` or ``block_sparse_moe``, mixtral's heads at
+# ``self_attn.{num_heads, num_key_value_heads}``): at least the first, below the second.
+# Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -221,13 +231,15 @@ class ModelAdapter:
             self.n_heads: int = attn.num_heads
             self.n_kv_heads: int = 1 if hasattr(attn, "embed_q") else attn.num_heads
         else:
-            self.n_heads = getattr(attn, "n_heads", None) or attn.num_attention_heads
+            self.n_heads = (getattr(attn, "n_heads", None) or getattr(attn, "num_heads", None)
+                            or attn.num_attention_heads)  # mixtral: num_heads
             self.n_kv_heads = getattr(attn, "n_kv_heads", None) or attn.num_key_value_heads
         self.scale: float = getattr(attn, "scale", None) or attn.sm_scale
         self.lm_head = getattr(self.text, "lm_head", None)
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
         gemma = self._gemma3 or self._gemma4
-        self._activations = [_gated_activation(block.mlp, gemma) for block in self.layers]
+        self._feed_forwards = [feed_forward(block) for block in self.layers]
+        self._activations = [_gated_activation(mlp, gemma) for mlp in self._feed_forwards]
         args = self.text.args
         # Gemma 4's E2B/E4B: the layer whose keys and values each layer attends over, and
         # the width of each layer's per-token input
@@ -239,8 +251,8 @@ class ModelAdapter:
         # rounded to bfloat16, as Gemma's reference does; Gemma 4 by sqrt(hidden) as a float
         self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self._gemma3 else
                              args.hidden_size ** 0.5 if self._gemma4 else
-                             args.embedding_multiplier if model_type == "granite" else None)
-        granite = model_type == "granite"
+                             args.embedding_multiplier if model_type in GRANITE_TYPES else None)
+        granite = model_type in GRANITE_TYPES
         self._residual_multiplier = args.residual_multiplier if granite else None
         self._logits_scaling = args.logits_scaling if granite else None
 
@@ -510,10 +522,11 @@ class ModelAdapter:
         return (h + self._mlp(layer, block.post_attention_layernorm(h)))[:, :n]
 
     def _mlp(self, layer: int, x: mx.array) -> mx.array:
-        """The layer's MLP; on the CPU a gated one takes its activation from
-        :func:`~mlx_lazy.kernels.gated` (MLX's sigmoid and tanh are scalar there: half of a
-        4,096-token prompt's MLP time, and most of what a revived row adds to a layer)."""
-        mlp, activation = self.layers[layer].mlp, self._activations[layer]
+        """The layer's feed-forward (:func:`feed_forward`); on the CPU a dense gated one takes
+        its activation from :func:`~mlx_lazy.kernels.gated` (MLX's sigmoid and tanh are scalar
+        there: half of a 4,096-token prompt's MLP time, and most of what a revived row adds to
+        a layer)."""
+        mlp, activation = self._feed_forwards[layer], self._activations[layer]
         if activation is None or mx.default_device() != mx.cpu:
             return mlp(x)
         if hasattr(mlp, "gate_up_proj"):  # phi3
@@ -644,6 +657,13 @@ def quantizations(model: nn.Module) -> List[str]:
             mode = getattr(module, "mode", "affine")
             found.add((f"q{bits}" if mode == "affine" else str(mode), int(module.group_size)))
     return [f"{kind}g{group}" for kind, group in sorted(found)]
+
+
+def feed_forward(block: nn.Module) -> nn.Module:
+    """A layer's feed-forward module as mlx-lm's block calls it: ``block.mlp`` (a dense MLP
+    or a sparse MoE block), or the ``block_sparse_moe`` of Mixtral, Granite MoE and
+    Phi-3.5-MoE."""
+    return block.mlp if "mlp" in block else block.block_sparse_moe
 
 
 def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:

@@ -16,7 +16,11 @@ and the families with norms on each branch's output and none before: OLMo 2 and 
 projection, partial RoPE, a per-layer scalar; upper layers reading lower layers' keys and
 values, per-layer inputs) and the multi-head latent attention of DeepSeek-V3 and GLM-4.7-Flash
 (``deepseek_v3``, ``glm4_moe_lite``: one latent key/value head, queries absorbed into it) and
-DeepSeek-V2 (``deepseek_v2``: the latent expanded per head), with their MoE blocks."""
+DeepSeek-V2 (``deepseek_v2``: the latent expanded per head), with their MoE blocks.
+Sparse MoE families (:data:`MOE`): Mixtral (``mixtral``), Granite MoE (``granitemoe``: Granite's
+multipliers) and Phi-3.5-MoE (``phimoe``: LayerNorms, biases, longrope) with their MoE block at
+``block_sparse_moe``, Qwen2-MoE (``qwen2_moe``: biases, a gated shared expert) and OLMoE
+(``olmoe``: q/k norms over all heads) at ``mlp``."""
 
 from __future__ import annotations
 
@@ -31,18 +35,20 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load_prompt_cache,
                       make_prompt_cache as make_lazy_cache, resolve_config, save_prompt_cache)
-from mlx_lazy.adapter import ModelAdapter, identities_match, sliding_windows
+from mlx_lazy.adapter import ModelAdapter, feed_forward, identities_match, sliding_windows
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from test_gemma3 import cut_after_layer_0, decode_one, dense_mask
 from tiny_models import build_tiny_model
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
+MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
-            "gemma4_text-e2b", "gemma4", *MLA)
+            "gemma4_text-e2b", "gemma4", *MLA,
+            *MOE)
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -224,6 +230,41 @@ def test_the_tiny_latent_attention_models_are_what_they_claim(family):
         "DeepseekV2YarnRotaryEmbedding"
 
 
+def test_the_tiny_moe_families_are_what_they_claim(family):
+    """Every layer's feed-forward a sparse MoE block of 4 experts, 2 per token (at
+    ``block_sparse_moe`` in Mixtral, Granite MoE and Phi-3.5-MoE, at ``mlp`` in Qwen2-MoE and
+    OLMoE), routed by random weights: tokens take different pairs. Qwen2-MoE's shared expert
+    weighed by a gate far from 1 that differs by token; OLMoE's q/k norms over all heads;
+    Granite MoE's multipliers unlike 1; Phi-3.5-MoE's LayerNorms with random biases, its
+    head's bias and longrope's scaled RoPE."""
+    x = mx.random.normal((64, 64), key=mx.random.key(1))
+    for kind in MOE:
+        model, _ = family(kind)
+        for layer in model.layers:
+            moe = feed_forward(layer)
+            assert ("block_sparse_moe" in layer) == (kind in ("mixtral", "granitemoe", "phimoe"))
+            assert moe.switch_mlp.gate_proj.weight.shape[0] == 4 and not hasattr(moe, "down_proj")
+            k = getattr(moe, "num_experts_per_tok", None) or getattr(moe, "top_k", None)
+            assert (k or moe.router.top_k) == 2
+            router = moe.router.layer if kind == "granitemoe" else moe.gate
+            pairs = np.sort(np.argsort(-np.array(router(x)), axis=-1)[:, :2], axis=-1)
+            assert len({tuple(p) for p in pairs.tolist()}) > 2
+    shared = family("qwen2_moe")[0].layers[0].mlp
+    gate = np.array(mx.sigmoid(shared.shared_expert_gate(x)))
+    assert hasattr(shared.shared_expert, "down_proj") and gate.max() < 0.9 and np.ptp(gate) > 0.05
+    olmoe = family("olmoe")[0].layers[0].self_attn
+    assert olmoe.q_norm.weight.shape == (4 * 16,) and olmoe.k_norm.weight.shape == (2 * 16,)
+    args = family("granitemoe")[0].args
+    assert (args.embedding_multiplier, args.residual_multiplier, args.logits_scaling,
+            family("granitemoe")[0].layers[0].self_attn.scale) == (6.0, 0.3, 4.0, 0.1)
+    phimoe = family("phimoe")[0]
+    norms = [phimoe.model.norm] + [layer.input_layernorm for layer in phimoe.layers]
+    assert all(isinstance(n, nn.LayerNorm) and float(mx.abs(n.bias).sum()) > 0 for n in norms)
+    assert float(mx.abs(phimoe.lm_head.bias).sum()) > 0
+    rope = phimoe.layers[0].self_attn.rope
+    assert type(rope).__name__ == "SuScaledRoPE" and rope._scale == 1.2
+
+
 def _mlx_lm_kv(model, layer_cache):
     """mlx-lm's cached keys and values of one layer as the engine holds them: the absorbed
     latent attention caches the latent and rope(k_pe), whose concatenation is the engine's
@@ -340,7 +381,7 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
 @pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "glm4_moe", "seed_oss",
                                   "ernie4_5_moe", "gpt_oss", "olmo3", "exaone4",
                                   "gemma4_text-moe", "gemma4_text-e2b", "deepseek_v3",
-                                  "deepseek_v2"))
+                                  "deepseek_v2", *MOE))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
     base = ModelAdapter(model).identity()

@@ -14,12 +14,14 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4_5",
          "ernie4_5_moe", "phi3", "gemma3_text", "smollm3", "ministral3", "gpt_oss", "granite",
          "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5", "qwen3_next", "deepseek_v3",
-         "glm4_moe_lite", "deepseek_v2")
+         "glm4_moe_lite", "deepseek_v2",
+         "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -175,6 +177,32 @@ _KIND_CONFIG = {
                         "type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 1.0,
                         "beta_fast": 32, "beta_slow": 1,
                         "original_max_position_embeddings": 1024}},
+    # Mixtral: Llama with 2 of 4 experts per token (softmax over the top 2) at
+    # block_sparse_moe; its head_dim is hidden_size / heads
+    "mixtral": {"architectures": ["MixtralForCausalLM"], "tie_word_embeddings": False,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32},
+    # Qwen1.5/2-MoE: q/k/v biases, 2 of 4 experts beside a shared expert whose output is
+    # scaled by the sigmoid of its own gate
+    "qwen2_moe": {"architectures": ["Qwen2MoeForCausalLM"], "tie_word_embeddings": False,
+                  "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 64},
+    # OLMoE: pre-norms, q/k norms over all heads at once, 2 of 4 experts (renormalised)
+    "olmoe": {"architectures": ["OlmoeForCausalLM"], "tie_word_embeddings": False,
+              "num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+              "norm_topk_prob": True},
+    # Granite MoE: Granite's multipliers (far from 1), 2 of 4 experts at block_sparse_moe
+    "granitemoe": {"architectures": ["GraniteMoeForCausalLM"], "tie_word_embeddings": True,
+                   "embedding_multiplier": 6.0, "residual_multiplier": 0.3,
+                   "logits_scaling": 4.0, "attention_multiplier": 0.1, "attention_bias": True,
+                   "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32},
+    # Phi-3.5-MoE: LayerNorms (with biases), biases on q/k/v, o_proj and the head, longrope's
+    # SuScaledRoPE (its mscale 1.2), 2 of 4 experts chosen by sparsemixer
+    "phimoe": {"architectures": ["PhiMoEForCausalLM"], "num_local_experts": 4,
+               "num_experts_per_tok": 2, "intermediate_size": 32,
+               "original_max_position_embeddings": 1024,
+               "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8,
+                                "long_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
+                                "short_mscale": 1.2, "long_mscale": 1.2}},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -308,7 +336,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         layer.update(tree_unflatten(biases))
         if hasattr(attn, "sinks"):  # gpt_oss: zeros by default
             attn.sinks = mx.random.normal(attn.sinks.shape)
-        gate = getattr(layer.mlp, "gate", None)
+        moe = layer.mlp if "mlp" in layer else layer.block_sparse_moe  # mixtral's, phimoe's
+        gate = getattr(moe, "gate", None)
         weight = getattr(gate, "weight", None)
         # glm4_moe's, DeepSeek's routers: zeros route no token apart
         if isinstance(weight, mx.array) and not mx.any(weight).item():
@@ -327,6 +356,9 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
                          "pre_feedforward_layernorm", "post_feedforward_layernorm"):
                 norm = getattr(layer, name)
                 norm.weight = 0.1 * mx.random.normal(norm.weight.shape)
+    for _, module in model.named_modules():  # phimoe's LayerNorms: biases zero by default
+        if isinstance(module, nn.LayerNorm) and "bias" in module:
+            module.bias = 0.1 * mx.random.normal(module.bias.shape)
     if kind.startswith("gemma3"):
         model.pop("lm_head")  # tied, as Gemma 3 checkpoints are (mlx-lm ties when it is absent)
     mx.eval(model.parameters())
