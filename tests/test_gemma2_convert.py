@@ -18,7 +18,7 @@ from mlx_lazy.convert import convert, read_gguf
 from mlx_lazy.errors import UserInputError
 from mlx_lazy.gguf_tokenizer import build_tokenizer
 from numerics import rel_err
-from test_convert import assert_one_line_error, run_main
+from test_convert import KQ, assert_one_line_error, run_main
 from test_gemma3_convert import TEXT, assert_q_bits_as_mlx_lm_convert, write_gemma_gguf
 from tiny_models import VOCAB_SIZE
 
@@ -36,6 +36,8 @@ SOFTCAPS = {"attn_logit_softcapping": CONFIG["attn_logit_softcapping"],
             "final_logit_softcapping": CONFIG["final_logit_softcapping"]}
 # Gemma 2 27B's 46 layers: llama.cpp scales its queries by 1/sqrt(hidden / heads)
 CONFIG_27B = {**CONFIG, "num_hidden_layers": 46, "query_pre_attn_scalar": 16}
+# rows of 256 for K-quants
+CONFIG_KQ = {**CONFIG, **KQ, "query_pre_attn_scalar": KQ["head_dim"]}
 
 
 def write_gemma2_gguf(path, config: dict = CONFIG, **kwargs) -> dict:
@@ -53,18 +55,19 @@ def reference_logits(config: dict, weights: dict, x: mx.array) -> mx.array:
 
 
 @pytest.mark.parametrize("config, qtype", [(CONFIG, T.F32), (CONFIG, T.Q8_0),
-                                           (CONFIG, T.Q4_0), (CONFIG_27B, T.F32)],
-                         ids=["f32", "q8_0", "q4_0", "27b-f32"])
+                                           (CONFIG, T.Q4_0), (CONFIG_KQ, T.Q4_K),
+                                           (CONFIG_27B, T.F32)],
+                         ids=["f32", "q8_0", "q4_0", "q4_k", "27b-f32"])
 def test_gemma2_gguf_matches_its_tensors(tmp_path, config, qtype):
     """The converted folder computes what mlx-lm's gemma2 computes with the GGUF's tensors
-    (norms taken back from 1 + w to w, kept quantized where they are Q8_0 / Q4_0), with the
-    GGUF's soft-caps and llama.cpp's query scale (1/sqrt(head_dim), the 27B's
-    1/sqrt(hidden / heads)); its Gemma tokenizer round-trips text."""
+    (norms taken back from 1 + w to w, kept quantized where they are Q8_0 / Q4_0, a K-quant
+    dequantized), with the GGUF's soft-caps and llama.cpp's query scale (1/sqrt(head_dim), the
+    27B's 1/sqrt(hidden / heads)); its Gemma tokenizer round-trips text."""
     reference = write_gemma2_gguf(tmp_path / "g.gguf", config, qtype=qtype)
     out = convert(tmp_path / "g.gguf", tmp_path / "out")
     got = json.loads((out / "config.json").read_text())
     assert {k: got[k] for k in config} == config
-    assert ("quantization" in got) == (qtype != T.F32)
+    assert ("quantization" in got) == (qtype in (T.Q8_0, T.Q4_0))
     model, tok = mlx_lm.load(str(out))
     ids = tok.encode(TEXT)
     assert ids[0] == 2 and tok.decode(ids[1:]) == TEXT
