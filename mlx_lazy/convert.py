@@ -16,6 +16,7 @@ import mlx.core as mx
 from ._args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OneLineParser
 from .conversion import (ARCHITECTURES, DEFAULT_GGUF_DTYPE, DTYPES, Q_GROUP_SIZES, convert,
                          convert_gguf, is_hub_id, read_gguf)
+from .gguf_config import GEMMA2_WINDOW
 from .models import DEFAULT_MODEL, MODELS, model_path
 from .errors import UserInputError, one_line
 
@@ -77,16 +78,17 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(f"wrote {out}")
-    if _quantized(out) and not mx.metal.is_available():
+    config = json.loads((Path(out) / "config.json").read_text())
+    if "quantization" in config and not mx.metal.is_available():
         print("note: quantized weights run far slower than float32 on MLX's CPU backend (no "
               "BLAS: about 30x, SmolLM2's first token); for this machine convert with "
               "--dtype float32", file=sys.stderr)
+    if config.get("model_type") == "gemma2":
+        window = config.get("sliding_window", GEMMA2_WINDOW)
+        print(f"note: mlx-lm's gemma2 attends over every token in every layer, Gemma 2's every "
+              f"other layer (llama.cpp's too) over the last {window}: the same outputs for "
+              f"contexts up to {window} tokens, not beyond", file=sys.stderr)
     return 0
-
-
-def _quantized(folder: Path) -> bool:
-    """Whether the model ``folder`` holds quantized weights (its config says so)."""
-    return "quantization" in json.loads((folder / "config.json").read_text())
 
 
 if __name__ == "__main__":

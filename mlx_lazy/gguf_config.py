@@ -9,6 +9,10 @@ The architectures (llama.cpp's names), and what converting each involves:
   ``qwen3_moe``): the experts' stacked weights.
 * ``gemma3`` (``gemma3_text``): llama.cpp stores Gemma's norm weights as 1 + w, mlx-lm as w;
   its SentencePiece vocabulary becomes a byte-fallback BPE.
+* ``gemma2`` (Gemma 2 2B/9B/27B): Gemma 3's norms and vocabulary; its attention and final
+  logit soft-caps, and the query scale llama.cpp's graph implies. mlx-lm's ``gemma2`` has no
+  sliding window (llama.cpp's every other layer does, 4096 tokens): the converted model
+  computes what llama.cpp computes for contexts up to the window, not beyond.
 * ``gemma4`` (``gemma4_text``; Gemma 4 31B, 26B A4B, E2B/E4B): sliding layers by a flag
   each, head sizes and key/value heads by kind of layer, values from the keys where a global
   layer has no ``attn_v``, the global layers' partial RoPE from ``rope_freqs`` as mlx-lm's
@@ -66,6 +70,7 @@ from .gguf_tensors import DELTA_NET, NEXTN, QWEN35, dequantized, nextn_blocks
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM",
                  "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
                  "gpt-oss": "GptOssForCausalLM",
                  "smollm3": "SmolLM3ForCausalLM",
@@ -97,6 +102,13 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
                   "seed_oss": ("attention_bias", "attention_out_bias", "mlp_bias"),
                   **dict.fromkeys(("ernie4_5", "ernie4_5-moe"), ("use_bias",)),
                   "glm4moe": ("attention_bias",)}
+# Gemma 2 and 3: the layers of the 27B, whose queries llama.cpp scales by 1/sqrt(hidden / heads)
+# (by 1/sqrt(head_dim) in the others)
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+# Gemma 2: llama.cpp's defaults where the GGUF gives no window or soft-caps (its soft-caps under
+# the names mlx-lm's gemma2 and the GGUF give them)
+GEMMA2_WINDOW = 4096
+GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Gemma 3: llama.cpp's hard-wired sliding-window pattern (5 local layers, then a global one)
 # and local RoPE base, unless the GGUF says otherwise
 GEMMA3_SLIDING_PATTERN = 6
@@ -107,6 +119,9 @@ GEMMA3_LOCAL_ROPE_BASE = 10000.0
 GEMMA4_LOCAL_ROPE_BASE = GEMMA3_LOCAL_ROPE_BASE
 GEMMA4_LOGIT_SOFTCAP = 30.0
 GEMMA4_UNROTATED = 1e29
+# The architectures whose sliding-window layers turn at the global RoPE base in mlx-lm's models
+# (llama.cpp's loaders read a base of their own)
+_ONE_ROPE_BASE = ("gpt-oss", "gemma2")
 # gpt-oss: llama.cpp's sliding-window pattern (a local layer, then a global one) unless the GGUF
 # says otherwise
 GPT_OSS_SLIDING_PATTERN = 2
@@ -201,6 +216,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "feed_forward_length")
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
+    if arch == "gemma2":  # mlx-lm's gemma2 has no default either
+        required += ("attention.layer_norm_rms_epsilon",)
     if any(g(k) is None for k in required):
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
@@ -319,15 +336,16 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
             scale = float(np.float32(log_mul) / DEEPSEEK2_LOG_MUL_SCALE)
             config["rope_scaling"] = {**yarn_rope(), **LLAMA_CPP_YARN_BETAS,
                                       "mscale": scale, "mscale_all_dim": scale}
+    if arch in _ONE_ROPE_BASE and \
+            g("rope.freq_base_swa", config["rope_theta"]) != config["rope_theta"]:
+        raise UserInputError(f"GGUF {arch} with another RoPE base in its sliding-window layers "
+                             "is not supported")
     if arch == "gpt-oss":  # every layer sparse; its SwiGLU's alpha and limit are hard-wired in
         # llama.cpp (1.702, 7) as in mlx-lm
         n_experts, n_used = experts()
         config.update(num_local_experts=n_experts, num_experts_per_tok=n_used,
                       intermediate_size=count("expert_feed_forward_length"),
                       **_gpt_oss_windows(g, count, n_layers))
-        if g("rope.freq_base_swa", config["rope_theta"]) != config["rope_theta"]:
-            raise UserInputError("GGUF gpt-oss with another RoPE base in its sliding-window "
-                                 "layers is not supported")
         if yarn:  # every layer's RoPE, as in llama.cpp
             config["rope_scaling"] = {**yarn_rope(), **LLAMA_CPP_YARN_BETAS}
     if arch == "ernie4_5-moe":
@@ -346,15 +364,18 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                         **{key: positive(f"rope.scaling.yarn_{key}", value)
                            for key, value in LLAMA_CPP_YARN_BETAS.items()})
         config["rope_parameters"] = rope
+    if arch in GEMMA_27B_LAYERS:
+        scalar = hidden // n_heads if n_layers == GEMMA_27B_LAYERS[arch] else head_dim
+        config.update(hidden_act="gelu_pytorch_tanh", query_pre_attn_scalar=scalar)
+    if arch == "gemma2":  # its window for the record: mlx-lm's gemma2 attends over all tokens
+        config.update(sliding_window=count("attention.sliding_window", GEMMA2_WINDOW),
+                      **{key: positive(key, value) for key, value in GEMMA2_SOFTCAPS.items()})
     if arch == "gemma3":
         window = g("attention.sliding_window")
         if window is None:
             raise UserInputError("GGUF metadata lacks gemma3.attention.sliding_window")
-        # llama.cpp scales queries by 1/sqrt(head_dim), by 1/sqrt(hidden/heads) for the 27B
-        scalar = hidden // n_heads if n_layers == 62 else head_dim
         config.update(
-            hidden_act="gelu_pytorch_tanh", sliding_window=int(window),
-            sliding_window_pattern=GEMMA3_SLIDING_PATTERN, query_pre_attn_scalar=scalar,
+            sliding_window=int(window), sliding_window_pattern=GEMMA3_SLIDING_PATTERN,
             rope_local_base_freq=float(g("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)))
         if linear:
             config["rope_scaling"] = {"rope_type": "linear", "factor": float(factor or 1.0)}

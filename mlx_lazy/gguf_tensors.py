@@ -57,7 +57,11 @@ _LAYER_NAMES = {
     "ffn_up_exps": "mlp.switch_mlp.up_proj",
     "ffn_down_exps": "mlp.switch_mlp.down_proj",
 }
-# Gemma 3's four norms per layer: llama.cpp's ``ffn_norm`` is the norm before the MLP there
+# Gemma 2 and 3 as llama.cpp's converter writes them: norm weights as 1 + w (mlx-lm's as w), a
+# SentencePiece vocabulary in Gemma's layout
+GEMMA = ("gemma2", "gemma3")
+# Gemma 2's and 3's four norms per layer: llama.cpp's ``ffn_norm`` is the norm before the MLP
+# there (Gemma 3's q/k norms too)
 _GEMMA3_LAYER_NAMES = {
     **_LAYER_NAMES,
     "ffn_norm": "pre_feedforward_layernorm",
@@ -157,7 +161,7 @@ _DEEPSEEK2_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES, **_CORRECTION
                           "attn_kv_a_norm": "self_attn.kv_a_layernorm",
                           "attn_kv_b": "self_attn.kv_b_proj",
                           "attn_k_b": "self_attn.embed_q", "attn_v_b": "self_attn.unembed_out"}
-_ARCH_LAYER_NAMES = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
+_ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
                      "glm4moe": _GLM4MOE_LAYER_NAMES, "qwen3next": _QWEN3NEXT_LAYER_NAMES,
@@ -652,7 +656,7 @@ def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
             parts = {"weight": w, "scales": scales, "biases": biases}
         else:
             x = dequantized(t)
-            if arch == "gemma3" and gname.endswith("norm.weight"):
+            if arch in GEMMA and gname.endswith("norm.weight"):
                 # llama.cpp stores the multiplier 1 + w of Gemma's norms; mlx-lm adds the 1
                 x = x.astype(np.float32) - 1.0
             parts = {suffix: x}

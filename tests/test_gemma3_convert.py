@@ -8,6 +8,7 @@ import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import mlx.core as mx
@@ -21,7 +22,8 @@ from mlx_lm.models import gemma3_text
 from mlx_lazy.convert import convert
 from mlx_lazy.errors import UserInputError
 from numerics import rel_err
-from test_convert import add_shape, assert_one_line_error, encode, run_main, saved_weights
+from test_convert import (add_shape, assert_one_line_error, encode, model_module, run_main,
+                          saved_weights)
 from tiny_models import VOCAB_SIZE, tiny_config
 
 # llama.cpp's Gemma 3 layout: its converter fixes the sliding pattern at 6 and scales
@@ -52,16 +54,19 @@ def tokens_and_types() -> tuple[list[str], list[int]]:
 
 
 def write_gemma_gguf(path: Path, drop: str | None = None, arch: str = "gemma3",
-                     qtype: T = T.F32) -> dict:
-    """A random-weight tiny Gemma 3 as llama.cpp writes it; returns the reference weights
-    (mlx-lm's layout: norms as w)."""
-    c = CONFIG
+                     qtype: T = T.F32, config: dict = CONFIG, meta: dict | None = None) -> dict:
+    """A random-weight tiny Gemma (Gemma 3's ``config`` unless another is given) as llama.cpp
+    writes it, with ``meta``'s metadata besides (a key given None is left out); returns the
+    reference weights (mlx-lm's layout: norms as w)."""
+    c = config
     w = gguf.GGUFWriter(str(path), arch)
     add_shape(w, c)
-    w.add_value_length(c["head_dim"])
-    w.add_rope_freq_base(c["rope_theta"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_sliding_window(c["sliding_window"])
+    values = {"value_length": c["head_dim"], "rope_freq_base": c["rope_theta"],
+              "layer_norm_rms_eps": c["rms_norm_eps"], "sliding_window": c["sliding_window"],
+              **(meta or {})}
+    for key, value in values.items():
+        if value is not None:
+            getattr(w, f"add_{key}")(value)
     tokens, types = tokens_and_types()
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
@@ -74,7 +79,8 @@ def write_gemma_gguf(path: Path, drop: str | None = None, arch: str = "gemma3",
     w.add_pad_token_id(0)
     w.add_add_bos_token(True)
     w.add_add_space_prefix(False)
-    model = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(c))
+    module = model_module(c["model_type"])
+    model = module.Model(module.ModelArgs.from_dict(c))
     rng = np.random.default_rng(0)
     reference = {}
     for name, p in tree_flatten(model.parameters()):
@@ -133,7 +139,13 @@ def test_gemma3_gguf_matches_its_tensors(tmp_path, qtype):
 def test_q_bits_writes_what_mlx_lm_convert_writes(tmp_path):
     """Gemma 3 requantized one tensor at a time (its tied embedding, its norms taken back
     to w) is what mlx-lm's convert makes of the float16 conversion, bit for bit."""
-    write_gemma_gguf(tmp_path / "g.gguf", qtype=T.Q8_0)
+    assert_q_bits_as_mlx_lm_convert(tmp_path, write_gemma_gguf)
+
+
+def assert_q_bits_as_mlx_lm_convert(tmp_path: Path, write: Callable[..., dict]) -> None:
+    """A Q8_0 GGUF that ``write`` writes, converted with ``q_bits``, is what mlx-lm's convert
+    makes of its float16 conversion, bit for bit."""
+    write(tmp_path / "g.gguf", qtype=T.Q8_0)
     float16 = convert(tmp_path / "g.gguf", tmp_path / "f16", dtype="float16")
     want = saved_weights(convert(float16, tmp_path / "via-mlx-lm", q_bits=4, q_group_size=32))
     have = saved_weights(convert(tmp_path / "g.gguf", tmp_path / "q", q_bits=4,
@@ -157,14 +169,14 @@ def test_norms_left_as_stored_would_be_wrong(tmp_path):
 
 @pytest.mark.parametrize("case, fragment", [
     ("missing", "lacks model.layers.3.post_feedforward_layernorm.weight"),
-    ("architecture", "unsupported GGUF architecture 'gemma2'"),
+    ("architecture", "unsupported GGUF architecture 'gpt2'"),
 ])
 def test_bad_gemma3_gguf_is_one_error_and_nothing_written(tmp_path, capsys, case, fragment):
     src = tmp_path / "bad.gguf"
     if case == "missing":
         write_gemma_gguf(src, drop="blk.3.post_ffw_norm.weight")
     else:
-        write_gemma_gguf(src, arch="gemma2")
+        write_gemma_gguf(src, arch="gpt2")
     before = set(tmp_path.iterdir())
     with pytest.raises(UserInputError, match=fragment.replace(".", r"\.")):
         convert(src, tmp_path / "out")
