@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import operator
 import re
 
 from functools import lru_cache
@@ -32,6 +33,9 @@ from .errors import UserInputError, shown
 # sparse MoE block (grouped sigmoid routing, shared experts) at ``block.mlp``.
 # phi3: fused ``qkv_proj`` (split here as mlx-lm splits it) and ``gate_up_proj`` (inside its
 # MLP module), RoPE (plain or longrope's ``SuScaledRoPE``, possibly partial) as its module.
+# gemma2 (Gemma 2): Gemma's RMSNorm (1 + w), embeddings scaled by sqrt(hidden), norms after
+# attention and around the MLP, attention logits soft-capped (:meth:`ModelAdapter.softcap`),
+# and so are the final logits; every layer global, as mlx-lm runs it (no sliding windows).
 # gemma3_text (and the text model inside a ``gemma3`` checkpoint): Gemma's RMSNorm (1 + w),
 # embeddings scaled by sqrt(hidden), q/k norms, norms after attention and around the MLP,
 # sliding-window layers (:meth:`ModelAdapter.sliding_window`) with their own RoPE base.
@@ -75,7 +79,7 @@ from .errors import UserInputError, shown
 # q/k/v biases; experts beside a sigmoid-gated shared expert) and olmoe (OLMoE: pre-norms,
 # q/k norms over all heads as OLMo's) have theirs at ``block.mlp``.
 SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "ernie4_5", "ernie4_5_moe", "exaone4",
-                         "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe",
+                         "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe",
                          "glm4_moe_lite", "gpt_oss", "granite", "llama", "ministral3",
                          "mistral", "mistral3", "olmo2", "olmo3", "phi3", "qwen2", "qwen3",
                          "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
@@ -97,8 +101,9 @@ _WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # attention's ``self_attn.{num_heads, q_lora_rank, q_proj, q_a_proj, q_a_layernorm, q_b_proj,
 # qk_nope_head_dim, kv_lora_rank, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, embed_q,
 # unembed_out}``; the feed-forward at ``mlp`` or ``block_sparse_moe``, mixtral's heads at
-# ``self_attn.{num_heads, num_key_value_heads}``): at least the first, below the second.
-# Same as pyproject.toml.
+# ``self_attn.{num_heads, num_key_value_heads}``, Gemma 2's
+# ``self_attn.attn_logit_softcapping``): at least the first, below the second. Same as
+# pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -213,6 +218,7 @@ class ModelAdapter:
         if model_type == "mistral3" and self.text.model_type not in ("llama", "ministral3"):
             raise UserInputError(f"unsupported text model type {self.text.model_type!r} in a "
                                  "mistral3 checkpoint; mlx-lazy supports llama, ministral3")
+        self._gemma2 = model_type == "gemma2"
         self._gemma3 = model_type in GEMMA3_TYPES
         self._gemma4 = model_type in GEMMA4_TYPES
         self._post_norms = model_type in POST_NORM_TYPES
@@ -237,7 +243,7 @@ class ModelAdapter:
         self.scale: float = getattr(attn, "scale", None) or attn.sm_scale
         self.lm_head = getattr(self.text, "lm_head", None)
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
-        gemma = self._gemma3 or self._gemma4
+        gemma = self._gemma2 or self._gemma3 or self._gemma4
         self._feed_forwards = [feed_forward(block) for block in self.layers]
         self._activations = [_gated_activation(mlp, gemma) for mlp in self._feed_forwards]
         args = self.text.args
@@ -248,9 +254,9 @@ class ModelAdapter:
         self._hidden = int(args.hidden_size)
         self._softcap = getattr(args, "final_logit_softcapping", None) if gemma else None
         # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
-        # rounded to bfloat16, as Gemma's reference does; Gemma 4 by sqrt(hidden) as a float
+        # rounded to bfloat16, as Gemma's reference does; Gemma 2 and 4 by sqrt(hidden), a float
         self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self._gemma3 else
-                             args.hidden_size ** 0.5 if self._gemma4 else
+                             args.hidden_size ** 0.5 if self._gemma2 or self._gemma4 else
                              args.embedding_multiplier if model_type in GRANITE_TYPES else None)
         granite = model_type in GRANITE_TYPES
         self._residual_multiplier = args.residual_multiplier if granite else None
@@ -277,6 +283,12 @@ class ModelAdapter:
         """The layer's attention sinks, one logit per head that each head's softmax also
         weighs (gpt-oss); None for families without them."""
         return getattr(self.layers[layer].self_attn, "sinks", None)
+
+    def softcap(self, layer: int) -> Optional[float]:
+        """The layer's attention logit soft-cap c (Gemma 2's ``attn_logit_softcapping``):
+        each logit s becomes ``c tanh(s / c)`` before the mask and softmax; None for
+        families without one."""
+        return getattr(self.layers[layer].self_attn, "attn_logit_softcapping", None) or None
 
     @property
     def num_layers(self) -> int:
@@ -480,10 +492,12 @@ class ModelAdapter:
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
                                h[..., self._hidden + width:])
         h = self._blas_rows(h)
-        if self._gemma3:  # norms after attention and around the MLP; float16-safe residuals
+        if self._gemma2 or self._gemma3:  # norms after attention and around the MLP
             from mlx_lm.models.gemma3_text import clip_residual
-            h = clip_residual(h, block.post_attention_layernorm(r))
-            h = clip_residual(h, block.post_feedforward_layernorm(
+
+            add = clip_residual if self._gemma3 else operator.add  # Gemma 3's float16-safe
+            h = add(h, block.post_attention_layernorm(r))
+            h = add(h, block.post_feedforward_layernorm(
                 self._mlp(layer, block.pre_feedforward_layernorm(h))))
         elif self._gemma4:
             h = h + block.post_attention_layernorm(r)

@@ -91,14 +91,19 @@ def position_mask(qpos, kpos, window: Optional[int] = None):
     return mask
 
 
-def log2_scores(q: mx.array, k: mx.array, scale: float) -> mx.array:
+def log2_scores(q: mx.array, k: mx.array, scale: float,
+                softcap: Optional[float] = None) -> mx.array:
     """Attention scores in log2 units (1, kv_heads, rep, L, S) of queries (1, H, L, d) over
-    keys (1, kv_heads, S, d): softmax(s) = 2**(s log2 e - max) / sum."""
+    keys (1, kv_heads, S, d): softmax(s) = 2**(s log2 e - max) / sum. With a ``softcap`` c
+    (Gemma 2), each logit s is first soft-capped to ``c tanh(s / c)``."""
     b, n_heads, n, d = q.shape
     kv_heads, s = k.shape[1], k.shape[2]
     rep = n_heads // kv_heads
     # Heads h = g * rep + r share key head g: queries of a group stacked as one matrix.
-    scores = (q * (scale * LOG2E)).reshape(b, kv_heads, rep * n, d) @ k.swapaxes(-1, -2)
+    factor = scale if softcap else scale * LOG2E  # a cap bends the logits, not log2 units
+    scores = (q * factor).reshape(b, kv_heads, rep * n, d) @ k.swapaxes(-1, -2)
+    if softcap:
+        scores = mx.tanh(scores / softcap) * (softcap * LOG2E)
     return scores.reshape(b, kv_heads, rep, n, s)
 
 
@@ -114,12 +119,12 @@ def masked(scores: mx.array, mask: mx.array) -> mx.array:
 
 
 def attention_weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.array],
-                      sinks: Optional[mx.array] = None):
+                      sinks: Optional[mx.array] = None, softcap: Optional[float] = None):
     """Unnormalised softmax weights (1, kv_heads, rep, L, S) of queries (1, H, L, d) over keys
     (1, kv_heads, S, d), and their row sums (1, kv_heads, rep, L, 1); with ``sinks`` (H,),
     each head's sink logit joins every row's softmax (gpt-oss): in its maximum and its sum,
-    with no value."""
-    scores = log2_scores(q, k, scale)
+    with no value; with a ``softcap``, of the soft-capped logits (:func:`log2_scores`)."""
+    scores = log2_scores(q, k, scale, softcap)
     if mask is not None:
         scores = masked(scores, mask)
     top = scores.max(axis=-1, keepdims=True)
@@ -138,13 +143,17 @@ def attention_weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.
 def attention(
     q: mx.array, k: mx.array, v: mx.array, scale: float,
     mask: Union[None, str, mx.array] = None, sinks: Optional[mx.array] = None,
+    softcap: Optional[float] = None,
 ) -> mx.array:
     """Attention of queries (1, H, L, d) over keys (1, kv_heads, S, d) and values
     (1, kv_heads, S, dv) -> (1, H, L, dv), grouped-query aware. ``mask``: None, ``"causal"``
     (aligned to the bottom right, as in ``mx.fast``) or a boolean array broadcastable to
     (L, S), True = attend. Every query row must see a key.
-    ``sinks``: None or (H,) logits of a sink each head's softmax also weighs (gpt-oss)."""
-    if implementation() == "fast":
+    ``sinks``: None or (H,) logits of a sink each head's softmax also weighs (gpt-oss).
+    ``softcap``: None or c, each logit s soft-capped to ``c tanh(s / c)`` before the mask
+    and softmax (Gemma 2); ``mx.fast`` cannot, so then every implementation computes the
+    scores itself (as mlx-lm's Gemma 2 does)."""
+    if implementation() == "fast" and not softcap:
         if PAD_SHAPES and not isinstance(mask, str) and q.shape[2] > 1:
             return padded_attention(q, k, v, scale, mask, sinks)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
@@ -154,7 +163,7 @@ def attention(
             raise ValueError(f"mask must be None, 'causal' or a boolean array, got {mask!r}")
         mask = causal_mask(q.shape[2], k.shape[2])
     b, n_heads, n, _ = q.shape
-    weights, total = attention_weights(q, k, scale, mask, sinks)
+    weights, total = attention_weights(q, k, scale, mask, sinks, softcap)
     # Normalise the (n, d) output rather than the (n, s) weights.
     rows = weights.reshape(b, k.shape[1], -1, k.shape[2])
     out = (rows @ v) / total.reshape(b, k.shape[1], -1, 1)

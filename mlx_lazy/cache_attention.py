@@ -37,36 +37,37 @@ class CacheAttention:
 
     def __call__(self, q: mx.array, kv: LayerKV, rows: np.ndarray, visible: Optional[Mask],
                  prompt: bool, n_ctx: int, window: Optional[int] = None,
-                 sinks: Optional[mx.array] = None) -> mx.array:
+                 sinks: Optional[mx.array] = None, softcap: Optional[float] = None) -> mx.array:
         """Attention of queries ``q`` at sorted positions ``rows`` over the layer cache
         ``kv`` of a context of ``n_ctx`` tokens: each sees the ``visible`` keys (all when
         None) at or before its own position, inside its ``window`` when given, and the
-        layer's attention ``sinks`` (:func:`~mlx_lazy.attention.attention`). ``prompt``
-        says which pair counter the work goes to."""
+        layer's attention ``sinks``, its logits soft-capped by ``softcap`` when given
+        (:func:`~mlx_lazy.attention.attention`). ``prompt`` says which pair counter the work
+        goes to."""
         kpos = kv.cached_positions()
         if isinstance(visible, mx.array):  # a decode step's device selection: one row
             return self.over_cache(q, *kv.fetch(), rows, kpos, visible, prompt, window, n_ctx,
-                                   sinks)
+                                   sinks, softcap)
         if len(rows) > 1 and len(rows) == len(kpos) and (visible is None or visible.all()) \
                 and np.array_equal(rows, kpos):
             # The cache holds exactly these tokens in order (a first chunk): causal attention
             # over the buffers themselves, in query blocks, with no gather.
             keys, values = kv.fetch()
-            return self.blocked(q, keys, values, prompt, rows, window, sinks)
+            return self.blocked(q, keys, values, prompt, rows, window, sinks, softcap)
         if len(rows) > self.revival_block:
             # Many rows: block-causal over the gathered visible keys in position order (the
             # blocks' keys stop at their last row, and the scores stay block-sized).
             keys = np.sort(kpos if visible is None else kpos[visible])
-            return self.revived(q, kv, rows, keys, prompt, window, sinks)
+            return self.revived(q, kv, rows, keys, prompt, window, sinks, softcap)
         # A few rows over the whole layer cache with a mask: cheaper than gathering the
         # visible keys, which is slow on the CPU.
         keys, values = kv.fetch()
         return self.over_cache(q, keys, values, rows, kpos, visible, prompt, window, n_ctx,
-                               sinks)
+                               sinks, softcap)
 
     def blocked(self, q: mx.array, k: mx.array, v: mx.array, prompt: bool,
                 positions: Optional[np.ndarray] = None, window: Optional[int] = None,
-                sinks: Optional[mx.array] = None) -> mx.array:
+                sinks: Optional[mx.array] = None, softcap: Optional[float] = None) -> mx.array:
         """Causal attention of sorted tokens (at ``positions``) over themselves, in query
         blocks so memory never holds N x N scores; with a ``window``, each block's keys start
         at the first inside its first row's window and a mask by position bounds the rest."""
@@ -81,7 +82,7 @@ class CacheAttention:
                     mask = mx.array(position_mask(positions[i:j], positions[s:j], window))
             self._count((j - i) * (j - s), prompt)
             outs.append(attention(q[:, :, i:j], k[:, :, s:j], v[:, :, s:j], self.scale, mask,
-                                  sinks))
+                                  sinks, softcap))
             # One block's scores at a time: left lazy, the CPU backend may hold several.
             mx.eval(outs[-1])
         return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
@@ -89,7 +90,8 @@ class CacheAttention:
     def over_cache(self, q: mx.array, keys: mx.array, values: mx.array, rows: np.ndarray,
                    kpos: np.ndarray, visible: Optional[Mask], prompt: bool = False,
                    window: Optional[int] = None, n_ctx: Optional[int] = None,
-                   sinks: Optional[mx.array] = None) -> mx.array:
+                   sinks: Optional[mx.array] = None, softcap: Optional[float] = None
+                   ) -> mx.array:
         """Queries at positions ``rows`` over the whole layer cache (keys at ``kpos``): each
         sees the ``visible`` keys (all when None; host or device) at or before its own
         position, inside its ``window`` of positions when given. A single row at the
@@ -105,11 +107,11 @@ class CacheAttention:
                 mask &= visible[None, :]
         if isinstance(mask, np.ndarray):
             mask = None if mask.all() else mx.array(mask)
-        return attention(q, keys, values, self.scale, mask, sinks)
+        return attention(q, keys, values, self.scale, mask, sinks, softcap)
 
     def revived(self, q: mx.array, kv: LayerKV, rows: np.ndarray, selected: np.ndarray,
                 prompt: bool = False, window: Optional[int] = None,
-                sinks: Optional[mx.array] = None) -> mx.array:
+                sinks: Optional[mx.array] = None, softcap: Optional[float] = None) -> mx.array:
         """Attention of rows at sorted positions ``rows`` over the ``selected`` keys (sorted
         positions) at or before each row's position (and inside its ``window`` of positions
         when given), in query blocks whose keys stop at the block's last row (block-causal,
@@ -124,7 +126,8 @@ class CacheAttention:
             mask = position_mask(block, selected[s:end], window)
             self._count(len(block) * (end - s), prompt)
             outs.append(attention(q[:, :, i : i + len(block)], keys[:, :, s:end],
-                                  values[:, :, s:end], self.scale, mx.array(mask), sinks))
+                                  values[:, :, s:end], self.scale, mx.array(mask), sinks,
+                                  softcap))
         return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
     def _count(self, pairs: int, prompt: bool) -> None:

@@ -117,7 +117,7 @@ class LazyEngine:
         self.attention = CacheAttention(self.adapter.scale, block_size)
         self.scorer = self.schedule.scorer
         self.selector = Selector(self.schedule, self.adapter.scale, self.tp.reduce_heads,
-                                 self.adapter.kv_layer)
+                                 self.adapter.kv_layer, self.adapter.softcap)
         prepare()  # outside any timed region: the CPU kernels' one-time build
         self.cache = LazyCache(self.adapter.num_layers)
         self._atomic_depth = 0  # nested atomic() blocks: the outermost checkpoints
@@ -329,7 +329,7 @@ class LazyEngine:
         if k is None:  # the lower layer also holds tokens that stopped below this one
             visible = _and(visible, cache.depth[kv.cached_positions()] > layer)
         out = self.attention(q, kv, rows, visible, prompt, cache.length,
-                             a.sliding_window(layer), a.sinks(layer))
+                             a.sliding_window(layer), a.sinks(layer), a.softcap(layer))
         return q, a.finish(layer, h, out, gate), rows, visible
 
     def _recurrent_layer(self, layer: int, h: mx.array, comp: np.ndarray, output: bool

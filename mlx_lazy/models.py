@@ -341,7 +341,7 @@ def check_model_folder(path: Path) -> None:
         raise UserInputError(f"{config_file} has no model_type (a string such as \"llama\")")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserInputError(
-            f"unsupported model type {model_type!r} in {config_file}; mlx-lazy supports "
+            f"unsupported model type {model_type!r} in {config_file}; supported: "
             f"{supported_types()}"
         )
     weights = sorted(path.glob("model*.safetensors"))  # what mlx_lm.load reads

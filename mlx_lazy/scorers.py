@@ -60,6 +60,9 @@ class ScoreContext:
         key_order: :func:`position_order` of ``key_positions`` (None: computed when needed).
         memo: the layer's :class:`ScoreMemo` when the keys are its cache in slot order and
             the scoring carries on from earlier steps (decoding); None: computed afresh.
+        softcap: the layer's attention logit soft-cap (Gemma 2,
+            :meth:`mlx_lazy.adapter.ModelAdapter.softcap`): the scores are the softmax of
+            the capped logits, as the model attends; None: none.
     """
 
     layer: int
@@ -73,6 +76,7 @@ class ScoreContext:
     reduce_heads: Callable[[mx.array, str], mx.array] = lambda scores, heads: scores
     key_order: Optional[Tuple[mx.array, mx.array]] = None
     memo: Optional["ScoreMemo"] = None
+    softcap: Optional[float] = None
 
 
 class Scorer:
@@ -140,7 +144,7 @@ class Window(Scorer):
             return _reduced_probs(ctx.queries, ctx, _visible(ctx), self.heads)
         if ctx.memo is not None:  # decoding: the rows and keys of earlier steps carry over
             weights = ctx.memo.weights(ctx.queries, ctx.query_positions, ctx.keys,
-                                       ctx.key_positions, ctx.scale)
+                                       ctx.key_positions, ctx.scale, ctx.softcap)
             return _reduced_weights(weights, ctx, _visible(ctx), self.heads)
         mask = mx.array(ctx.key_positions[None, :] <= ctx.query_positions[:, None])
         if ctx.visible is not None:
@@ -360,7 +364,7 @@ def _reduced_probs(q: mx.array, ctx: ScoreContext, mask: Optional[mx.array],
                    heads: str) -> mx.array:
     """Attention probabilities of queries ``q`` over the context's keys, reduced over heads
     (mean or max, across every process's heads) and averaged over the queries: (n,)."""
-    weights, total = attention_weights(q, ctx.keys, ctx.scale, mask)
+    weights, total = attention_weights(q, ctx.keys, ctx.scale, mask, softcap=ctx.softcap)
     return _normalised(weights.swapaxes(-1, -2), total.swapaxes(-1, -2), ctx, heads)
 
 
@@ -427,11 +431,12 @@ class ScoreMemo:
         self.keys = 0  # the layer's first key slots that the table covers
 
     def weights(self, q: mx.array, qpos: np.ndarray, keys: mx.array, kpos: np.ndarray,
-                scale: float) -> mx.array:
+                scale: float, softcap: Optional[float] = None) -> mx.array:
         """The (1, kv_heads, rep, n, m) weights over ``keys`` (1, kv_heads, n, d) at ``kpos``
         (the layer's slots, whose first ones the memo already covers) of queries ``q``
-        (1, H, m, d) at ascending positions ``qpos``, zero where a key comes after its query;
-        the queries in slot order (:attr:`positions`)."""
+        (1, H, m, d) at ascending positions ``qpos``, zero where a key comes after its query
+        (logits soft-capped by ``softcap`` when given); the queries in slot order
+        (:attr:`positions`)."""
         n = keys.shape[2]
         held = np.isin(self.positions, qpos)
         fresh = np.flatnonzero(~np.isin(qpos, self.positions))  # indices into qpos
@@ -451,11 +456,11 @@ class ScoreMemo:
             index = mx.array(np.searchsorted(qpos, self.positions).astype(np.int32))
             shift = self.shift[..., :used]
             new = _causal_log2(q[:, :, index], keys[:, :, have:], self.positions, kpos[have:],
-                               scale).swapaxes(-1, -2)
+                               scale, softcap).swapaxes(-1, -2)
             self.table[..., have:n, :used] = exp2(mx.minimum(new, shift + self.cap), shift)
         if len(fresh):
             s = _causal_log2(q[:, :, mx.array(fresh.astype(np.int32))], keys, qpos[fresh],
-                             kpos, scale).swapaxes(-1, -2)
+                             kpos, scale, softcap).swapaxes(-1, -2)
             shift = s.max(axis=-2, keepdims=True)
             made = exp2(s, shift)
             for j0, j1 in _runs(slots):  # contiguous slots: one slice each
@@ -489,6 +494,7 @@ def _runs(index: np.ndarray) -> list[Tuple[int, int]]:
 
 
 def _causal_log2(q: mx.array, keys: mx.array, qpos: np.ndarray, kpos: np.ndarray,
-                 scale: float) -> mx.array:
+                 scale: float, softcap: Optional[float]) -> mx.array:
     """:func:`~mlx_lazy.attention.log2_scores`, -inf where a key comes after its query."""
-    return masked(log2_scores(q, keys, scale), mx.array(kpos[None, :] <= qpos[:, None]))
+    return masked(log2_scores(q, keys, scale, softcap),
+                  mx.array(kpos[None, :] <= qpos[:, None]))

@@ -121,13 +121,17 @@ class Selector:
             (:meth:`mlx_lazy.distributed.TensorParallel.reduce_heads`).
         kv_layer: the layer whose keys a layer attends over
             (:meth:`mlx_lazy.adapter.ModelAdapter.kv_layer`); None: its own.
+        softcap: a layer's attention logit soft-cap
+            (:meth:`mlx_lazy.adapter.ModelAdapter.softcap`); None: none.
     """
 
     def __init__(self, schedule: Schedule, scale: float, reduce_heads: ReduceHeads,
-                 kv_layer: Optional[Callable[[int], int]] = None):
+                 kv_layer: Optional[Callable[[int], int]] = None,
+                 softcap: Optional[Callable[[int], Optional[float]]] = None):
         self.schedule, self.scorer = schedule, schedule.scorer
         self.scale, self.reduce_heads = scale, reduce_heads
         self.kv_layer = kv_layer or (lambda layer: layer)
+        self.softcap = softcap or (lambda layer: None)
         self.selections = self.host_syncs = 0
 
     def window(self, cache: LazyCache, layer: int, queries: mx.array,
@@ -232,6 +236,6 @@ class Selector:
         ctx = ScoreContext(layer, window.data, window.positions, kv.fetch()[0],
                            kv.cached_positions(), candidates, visible, self.scale,
                            self.reduce_heads, kv.position_order(),
-                           kv.score_memo(layer) if decoding else None)
+                           kv.score_memo(layer) if decoding else None, self.softcap(layer))
         self.selections += 1
         return self.scorer.score(ctx)

@@ -79,6 +79,31 @@ def test_sinks_join_each_heads_softmax(monkeypatch, implementation, n):
                                     mx.array(mask))) > 0.01  # the sinks matter here
 
 
+@pytest.mark.parametrize("implementation", A.IMPLEMENTATIONS)
+@pytest.mark.parametrize("n", [1, 40])
+def test_softcap_bends_each_logit_before_mask_and_softmax(monkeypatch, implementation, n):
+    """Gemma 2's soft-capped attention: the softmax over c tanh(s / c) of the scaled logits
+    s, far beyond the cap c here (a reference in numpy, float64), grouped heads and a mask;
+    ``"causal"`` as its array. mx.fast cannot cap: both implementations compute it."""
+    monkeypatch.setenv(A.ENV_VAR, implementation)
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32)
+               for shape in ((1, 6, n, 16), (1, 2, 90, 16), (1, 2, 90, 16)))
+    mask = rng.random((n, 90)) < 0.5
+    mask[:, 0] = True
+    args = mx.array(q), mx.array(k), mx.array(v), 0.5
+    out = A.attention(*args, mx.array(mask), softcap=3.0)
+    logits = np.einsum("hnd,hsd->hns", q[0], np.repeat(k[0], 3, axis=0)) * 0.5
+    assert np.abs(logits).max() > 2 * 3.0
+    capped = np.where(mask, np.tanh(logits.astype(np.float64) / 3.0) * 3.0, -np.inf)
+    p = np.exp(capped - capped.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ np.repeat(v[0], 3, axis=0)
+    assert rel_err(out[0], ref) < TOL
+    assert rel_err(out, A.attention(*args, mx.array(mask))) > 0.01  # the cap matters here
+    causal = A.attention(*args, A.causal_mask(n, 90), softcap=3.0)
+    assert rel_err(A.attention(*args, "causal", softcap=3.0), causal) < TOL
+
+
 def test_fallback_without_compiled_kernels_matches(monkeypatch):
     monkeypatch.setattr(K, "_kernels", False)
     mx.random.seed(2)
@@ -98,14 +123,21 @@ def test_malloc_tuning_on_import_and_opt_out(env, expected):
     assert out.stdout.strip() == expected
 
 
-def test_attention_weights_match_softmax_grouped_by_key_head():
+@pytest.mark.parametrize("softcap", [None, 1.5])
+def test_attention_weights_match_softmax_grouped_by_key_head(softcap):
+    """What the scorers see: the softmax of the logits, soft-capped (Gemma 2) when the layer
+    has a cap, as the model attends."""
     mx.random.seed(3)
     q, k = mx.random.normal((1, 6, 4, 16)), mx.random.normal((1, 2, 50, 16))
     mask = mx.array(np.random.default_rng(1).random((4, 50)) < 0.5)
     mask[:, 3] = True
-    weights, total = A.attention_weights(q, k, 0.5, mask)  # (1, 2, 3, 4, 50), (..., 1)
+    weights, total = A.attention_weights(q, k, 0.5, mask,  # (1, 2, 3, 4, 50), (..., 1)
+                                         softcap=softcap)
     probs = weights / total
     logits = (q.reshape(1, 2, 3, 4, 16) * 0.5) @ k[:, :, None].swapaxes(-1, -2)
+    if softcap:
+        assert float(mx.abs(logits).max()) > 2 * softcap  # the cap bends these logits
+        logits = mx.tanh(logits / softcap) * softcap
     ref = mx.softmax(mx.where(mask, logits, -mx.inf), axis=-1, precise=True)
     assert probs.shape == (1, 2, 3, 4, 50)
     assert rel_err(probs, ref) < TOL

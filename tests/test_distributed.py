@@ -380,9 +380,10 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
 
 @pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                                   "exaone4", "glm4_moe", "seed_oss", "ernie4_5", "deepseek_v3",
-                                  "glm4_moe_lite", "deepseek_v2"])
+                                  "glm4_moe_lite", "deepseek_v2", "gemma2"])
 def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
-    """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`),
+    """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`;
+    Gemma 2's soft-cap acts on each head's logits, whole on its rank),
     gpt-oss (mlx-lm's shard, its sinks split by head), GLM-4.5 (mlx-lm's shard: its MoE
     blocks sum their ranks' shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2
     (mlx-lm's shard: each rank its heads' queries, embed_q and unembed_out or kv_b_proj, the

@@ -16,7 +16,8 @@ and the families with norms on each branch's output and none before: OLMo 2 and 
 projection, partial RoPE, a per-layer scalar; upper layers reading lower layers' keys and
 values, per-layer inputs) and the multi-head latent attention of DeepSeek-V3 and GLM-4.7-Flash
 (``deepseek_v3``, ``glm4_moe_lite``: one latent key/value head, queries absorbed into it) and
-DeepSeek-V2 (``deepseek_v2``: the latent expanded per head), with their MoE blocks.
+DeepSeek-V2 (``deepseek_v2``: the latent expanded per head), with their MoE blocks, Gemma 2
+(``gemma2``: attention and final logits soft-capped, Gemma's norms and scaled embeddings).
 Sparse MoE families (:data:`MOE`): Mixtral (``mixtral``), Granite MoE (``granitemoe``: Granite's
 multipliers) and Phi-3.5-MoE (``phimoe``: LayerNorms, biases, longrope) with their MoE block at
 ``block_sparse_moe``, Qwen2-MoE (``qwen2_moe``: biases, a gated shared expert) and OLMoE
@@ -47,7 +48,7 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
-            "gemma4_text-e2b", "gemma4", *MLA,
+            "gemma4_text-e2b", "gemma4", *MLA, "gemma2",
             *MOE)
 
 
@@ -263,6 +264,25 @@ def test_the_tiny_moe_families_are_what_they_claim(family):
     assert float(mx.abs(phimoe.lm_head.bias).sum()) > 0
     rope = phimoe.layers[0].self_attn.rope
     assert type(rope).__name__ == "SuScaledRoPE" and rope._scale == 1.2
+def test_the_tiny_gemma2_is_what_it_claims(family, monkeypatch):
+    """Every layer global, the scale 1/sqrt(query_pre_attn_scalar) (not 1/sqrt(head_dim)),
+    attention logits capped at 2 (a cap of 0 or None: none) and final logits at 5, each cap
+    below some of the raw logits of these random weights (so the caps bend them), a tied
+    head."""
+    model, _ = family("gemma2")
+    a = ModelAdapter(model)
+    assert model.model_type == "gemma2" and a.lm_head is None
+    assert sliding_windows(model) == [None] * 4 and a.scale == 4 ** -0.5 != 16 ** -0.5
+    assert [a.softcap(layer) for layer in range(4)] == [2.0] * 4
+    tokens = mx.array(random_prompt(64, a.vocab_size))
+    q, k, _, _ = a.qkv(0, a.embed(tokens), np.arange(64))
+    raw = (q * a.scale).reshape(1, 2, 2 * 64, 16) @ k.swapaxes(-1, -2)
+    assert float(mx.abs(raw).max()) > 2 * 1.5
+    raw = model.model.embed_tokens.as_linear(model.model(tokens[None]))
+    assert model.final_logit_softcapping == 5.0 and float(mx.abs(raw).max()) > 5 * 1.5
+    for none in (0.0, None):
+        monkeypatch.setattr(model.layers[1].self_attn, "attn_logit_softcapping", none)
+        assert a.softcap(1) is None and a.softcap(0) == 2.0
 
 
 def _mlx_lm_kv(model, layer_cache):
@@ -298,7 +318,7 @@ def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
 
 
 @pytest.mark.parametrize("kind", ["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
-                                  "deepseek_v2"])
+                                  "deepseek_v2", "gemma2"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
     holding none and its tokens' per-layer inputs, latent attention's values narrower than
@@ -381,7 +401,7 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
 @pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "glm4_moe", "seed_oss",
                                   "ernie4_5_moe", "gpt_oss", "olmo3", "exaone4",
                                   "gemma4_text-moe", "gemma4_text-e2b", "deepseek_v3",
-                                  "deepseek_v2", *MOE))
+                                  "deepseek_v2", "gemma2", *MOE))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
     base = ModelAdapter(model).identity()
@@ -445,24 +465,31 @@ def test_a_mistral3_checkpoint_of_another_text_model_is_refused(family_dir):
 
 
 def _dense_logits(model, tokens: np.ndarray, masks) -> mx.array:
-    """mlx-lm's own blocks of a Llama-layout ``model`` over every token, dense, with a
-    (n, n) boolean mask per layer; the last token's logits."""
+    """mlx-lm's own blocks of a Llama-layout ``model`` (or Gemma 2's: embeddings scaled by
+    sqrt(hidden), a tied head, soft-capped logits) over every token, dense, with a (n, n)
+    boolean mask per layer; the last token's logits."""
     inner = model.model
     h = inner.embed_tokens(mx.array(tokens)[None])
+    if model.model_type == "gemma2":
+        h = h * model.args.hidden_size ** 0.5
     for block, mask in zip(inner.layers, masks):
         h = block(h, mx.array(mask), None)
-    return model.lm_head(inner.norm(h))[0, -1]
+    if model.model_type != "gemma2":
+        return model.lm_head(inner.norm(h))[0, -1]
+    cap = model.final_logit_softcapping
+    return mx.tanh(inner.embed_tokens.as_linear(inner.norm(h))[0, -1] / cap) * cap
 
 
 @pytest.mark.parametrize("revival_block", [64, 2])
-@pytest.mark.parametrize("kind", MLA)
+@pytest.mark.parametrize("kind", (*MLA, "gemma2"))
 def test_pruned_latent_attention_equals_a_dense_reference(family, monkeypatch, kind,
                                                           revival_block):
     """A cut after layer 0 keeps 40%; a decode step re-selects and revives tokens. Against
     mlx-lm's blocks run densely with masks: above the cut the prefill's kept tokens see only
     kept keys, a revived token and the new one exactly this step's selection.
     ``revival_block`` 2 sends the decode step's rows through the gathered block path, 64
-    through the masked whole-cache path."""
+    through the masked whole-cache path. Gemma 2 too: its soft-capped attention in each
+    path."""
     model, _ = family(kind)
     engine, prompt, logits, kept, selections = cut_after_layer_0(
         model, ModelAdapter(model).vocab_size, monkeypatch, revival_block)

@@ -30,13 +30,13 @@ def test_needed_keep_counts_what_scores_at_least_the_weakest_value_token():
 
 
 @pytest.mark.parametrize("kind, layer", [("llama", 1), ("gemma3_text", 1),
-                                         ("gemma4_text-e2b", 2)])
+                                         ("gemma4_text-e2b", 2), ("gemma2", 1)])
 def test_the_probe_keep_is_what_the_engine_cut_needs(tiny_model, kind, layer):
     """A cut after the layer keeping the probe's fraction keeps every value token through the
     prompt's selection; keeping only what scores strictly above the weakest one drops one.
     At its fraction for any value token, one stays; strictly above the strongest, none does.
     So the probe ranks as the engine's own selection does, layer for layer (Gemma 4 E2B's
-    layer 2 scoring layer 0's keys, which it reads)."""
+    layer 2 scoring layer 0's keys, which it reads; Gemma 2's soft-capped logits)."""
     model, tokenizer = tiny_model(kind)
     sample = build_samples(tokenizer, "niah_single", 600, 1, seed=1)[0]
     scorer = parse_scorer(SCORER)

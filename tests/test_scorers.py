@@ -35,8 +35,9 @@ def random_prompt(n, vocab, seed=0):
     return mx.array(np.random.default_rng(seed).integers(0, vocab, n).astype(np.int32))
 
 
-def reference_scores(q, k, scale, qpos, kpos, heads):
-    """numpy: per query row, causal softmax over keys; reduce heads; mean over rows."""
+def reference_scores(q, k, scale, qpos, kpos, heads, softcap=None):
+    """numpy: per query row, causal softmax over keys (of logits soft-capped by ``softcap``
+    when given: Gemma 2); reduce heads; mean over rows."""
     q, k = np.array(q)[0], np.array(k)[0]  # (H, m, d), (G, n, d)
     rep = q.shape[0] // k.shape[0]
     rows = []
@@ -44,6 +45,8 @@ def reference_scores(q, k, scale, qpos, kpos, heads):
         probs = []
         for h in range(q.shape[0]):
             logits = k[h // rep] @ q[h, r] * scale
+            if softcap:
+                logits = np.tanh(logits / softcap) * softcap
             logits = np.where(kpos <= p, logits, -np.inf)
             w = np.exp(logits - logits.max())
             probs.append(w / w.sum())
@@ -59,10 +62,11 @@ def reference_selection(scores, n, keep, forced):
 
 
 @pytest.mark.parametrize("spec", SCORER_SPECS)
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
 def test_prefill_selection_matches_numpy_reference(tiny_model, kind, spec):
     """The tokens kept after the first cut are exactly the top-k of an independently
-    computed score (so random scores, a wrong head reduction or a wrong window fail)."""
+    computed score (so random scores, a wrong head reduction or a wrong window fail; Gemma
+    2's from its soft-capped logits)."""
     model, _ = tiny_model(kind)
     n, keep = 160, 0.3
     prompt = random_prompt(n, model.args.vocab_size, seed=11)
@@ -76,17 +80,19 @@ def test_prefill_selection_matches_numpy_reference(tiny_model, kind, spec):
     q, k, _, _ = a.qkv(0, a.embed(prompt), positions)
     w = max(1, window_of(spec))
     scores = reference_scores(q[:, :, -w:], k, a.scale, positions[-w:], positions,
-                              parse_scorer(spec).heads)
+                              parse_scorer(spec).heads, a.softcap(0))
     forced = {0, n - 1} | set(range(n - w, n))
     assert kept == reference_selection(scores, n, keep, forced)
     assert len(kept) == round(keep * n)
 
 
 @pytest.mark.parametrize("spec", SCORER_SPECS)
-def test_decode_selection_matches_numpy_reference(tiny_model, spec):
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_decode_selection_matches_numpy_reference(tiny_model, kind, spec):
     """At a decode step a scorer scores with its window of the latest tokens' queries, the
-    newest token's last (``last``: that one alone), over the layer's cache."""
-    model, _ = tiny_model("llama")
+    newest token's last (``last``: that one alone), over the layer's cache (a window's
+    weights kept from step to step, :class:`ScoreMemo`; Gemma 2's soft-capped)."""
+    model, _ = tiny_model(kind)
     n, keep = 120, 0.4
     prompt = random_prompt(n, model.args.vocab_size, seed=12)
     # none: nothing completes, so the decode step selects
@@ -106,7 +112,7 @@ def test_decode_selection_matches_numpy_reference(tiny_model, spec):
     everything = mx.concatenate([prompt, mx.array([token], prompt.dtype)])
     q, _, _, _ = a.qkv(0, a.embed(everything), np.arange(n + 1))
     scores = reference_scores(q[:, :, mx.array(qpos)], keys, a.scale, qpos, kpos,
-                              parse_scorer(spec).heads)
+                              parse_scorer(spec).heads, a.softcap(0))
     by_pos = dict(zip(kpos.tolist(), scores))
     forced = {0, n} | set(range(n - w, n))
     selected = reference_selection([by_pos[i] for i in range(n + 1)], n + 1, keep, forced)

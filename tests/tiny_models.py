@@ -20,7 +20,7 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4_5",
          "ernie4_5_moe", "phi3", "gemma3_text", "smollm3", "ministral3", "gpt_oss", "granite",
          "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5", "qwen3_next", "deepseek_v3",
-         "glm4_moe_lite", "deepseek_v2",
+         "glm4_moe_lite", "deepseek_v2", "gemma2",
          "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -92,6 +92,12 @@ _KIND_CONFIG = {
                     "sliding_window": 24, "sliding_window_pattern": 2,
                     "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0,
                     "query_pre_attn_scalar": 24, "rms_norm_eps": 1e-6},
+    # Gemma 2: (1 + w) norms, scaled embeddings, a tied head; a query_pre_attn_scalar unlike
+    # head_dim (a wrong scale shows), attention and final logit soft-caps small enough to
+    # bend random weights' logits (50 and 30 in the real ones)
+    "gemma2": {"architectures": ["Gemma2ForCausalLM"], "tie_word_embeddings": True,
+               "query_pre_attn_scalar": 4, "attn_logit_softcapping": 2.0,
+               "final_logit_softcapping": 5.0, "rms_norm_eps": 1e-6},
     # SmolLM3: Llama with no RoPE in every second layer here (every fourth in the real one)
     "smollm3": {"architectures": ["SmolLM3ForCausalLM"], "tie_word_embeddings": True,
                 "no_rope_layer_interval": 2, "pad_token_id": 0},
@@ -351,7 +357,7 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             if hasattr(attn, name):
                 norm = getattr(attn, name)
                 norm.weight = 1.0 + 0.1 * mx.random.normal(norm.weight.shape)
-        if kind.startswith("gemma3"):  # Gemma's norms scale by (1 + w): w = 0 is the identity
+        if kind.startswith(("gemma2", "gemma3")):  # Gemma's (1 + w) norms: w = 0, the identity
             for name in ("input_layernorm", "post_attention_layernorm",
                          "pre_feedforward_layernorm", "post_feedforward_layernorm"):
                 norm = getattr(layer, name)

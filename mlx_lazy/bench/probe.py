@@ -103,7 +103,8 @@ def layer_scores(engine: LazyEngine, tokens: Sequence[int], scorer: Scorer
         if layer < adapter.num_layers - 1:  # scored at once
             keys = held[adapter.kv_layer(layer)] if k is None else k
             ctx = ScoreContext(layer, q[:, :, -window:], positions[-window:], keys, positions,
-                               candidates, None, adapter.scale)
+                               candidates, None, adapter.scale,
+                               softcap=adapter.softcap(layer))
             scores[layer] = np.array(scorer.score(ctx))
         return q, k, v, gate
 
