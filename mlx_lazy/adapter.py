@@ -21,6 +21,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 
 from . import _blas, kernels
 from .errors import UserInputError, shown
@@ -78,24 +79,41 @@ from .errors import UserInputError, shown
 # MoE block at ``block.block_sparse_moe`` (:func:`feed_forward`). qwen2_moe (Qwen1.5/2-MoE:
 # q/k/v biases; experts beside a sigmoid-gated shared expert) and olmoe (OLMoE: pre-norms,
 # q/k norms over all heads as OLMo's) have theirs at ``block.mlp``.
-SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "ernie4_5", "ernie4_5_moe", "exaone4",
-                         "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm4_moe",
-                         "glm4_moe_lite", "gpt_oss", "granite", "llama", "ministral3",
-                         "mistral", "mistral3", "olmo2", "olmo3", "phi3", "qwen2", "qwen3",
-                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
-                         "smollm3",
-                         "granitemoe", "mixtral", "olmoe", "phimoe", "qwen2_moe")
+# glm4 (GLM-4-0414): Llama's layout with a norm after each branch too
+# (``post_self_attn_layernorm``, ``post_mlp_layernorm``; ``post_attention_layernorm`` is the
+# one before the MLP), fused ``gate_up_proj``, traditional RoPE over part of each head.
+# starcoder2: LayerNorms with biases, biases on every projection, a plain (not gated) GELU MLP
+# ``c_fc``/``c_proj`` run as its module; mlx-lm attends globally (no sliding window).
+# cohere2 (Command R7B): one LayerNorm feeding attention and the MLP in parallel
+# (:data:`PARALLEL_TYPES`), traditional RoPE in its sliding-window layers
+# (``use_sliding_window``) and none in the global ones, logits times ``logit_scale``.
+# helium (Kyutai Helium), internlm3: Llama's layout (InternLM3 with biases where its config
+# says, dynamic NTK RoPE); helium's head is the embedding where ``tie_word_embeddings``.
+# apertus: Llama's layout with per-head q/k norms, its norms named ``attention_layernorm``
+# and ``feedforward_layernorm``, a plain (not gated) xIELU MLP run as its module.
+SUPPORTED_MODEL_TYPES = ("apertus", "cohere2", "deepseek_v2", "deepseek_v3", "ernie4_5",
+                         "ernie4_5_moe", "exaone4", "gemma2", "gemma3", "gemma3_text", "gemma4",
+                         "gemma4_text", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss", "granite",
+                         "granitemoe", "helium", "internlm3", "llama", "ministral3", "mistral",
+                         "mistral3", "mixtral", "olmo2", "olmo3", "olmoe", "phi3", "phimoe",
+                         "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
+                         "qwen3_next", "seed_oss", "smollm3", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 GRANITE_TYPES = ("granite", "granitemoe")
+PARALLEL_TYPES = ("cohere2",)
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
 _WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
-# original_max_position_embeddings, sinks, is_local, v_norm}``, ``use_sliding``,
+# original_max_position_embeddings, sinks, is_local, v_norm, use_sliding_window}``,
+# ``use_sliding``, ``post_self_attn_layernorm``, ``post_mlp_layernorm``,
+# ``attention_layernorm``, ``feedforward_layernorm``, ``args.{logit_scale,
+# tie_word_embeddings}``, ``rope_utils.DynamicNTKScalingRoPE`` (its base from where a call
+# ends),
 # ``layer_types``, ``layer_scalar``, ``enable_moe``, ``router``, ``experts``,
 # ``embed_tokens.as_linear``, ``linear_attn`` called as ``(x, mask, ArraysCache)``; latent
 # attention's ``self_attn.{num_heads, q_lora_rank, q_proj, q_a_proj, q_a_layernorm, q_b_proj,
@@ -113,11 +131,16 @@ _VARIANT_SUFFIXES = ("_text", "_moe", "_lite", "3")
 
 def supported_types() -> str:
     """:data:`SUPPORTED_MODEL_TYPES` as a message shows them, each with its variants:
-    ``gemma3(_text), ..., mistral(3), ..., qwen3_5(_moe)``."""
+    ``gemma3(_text), ..., glm4(_moe)(_moe_lite), ..., qwen3_5(_moe)`` (a variant of a variant
+    folded into the first)."""
     types = sorted(SUPPORTED_MODEL_TYPES)
-    variants = {t: [v for v in _VARIANT_SUFFIXES if t + v in types] for t in types}
-    folded = {t + v for t in types for v in variants[t]}
-    return ", ".join(t + "".join(f"({v})" for v in variants[t]) for t in types if t not in folded)
+
+    def root(t: str) -> str:
+        return next((root(t[:-len(v)]) for v in _VARIANT_SUFFIXES
+                     if t.endswith(v) and t[:-len(v)] in types), t)
+
+    return ", ".join(r + "".join(f"({t[len(r):]})" for t in types if t != r and root(t) == r)
+                     for r in types if root(r) == r)
 
 
 def check_mlx_lm_version(installed: str | None = None) -> None:
@@ -152,9 +175,9 @@ def _text_model(model: nn.Module) -> nn.Module:
 def sliding_windows(model: nn.Module) -> List[Optional[int]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
-    attends globally: Gemma 3's, Gemma 4's and EXAONE 4's local layers have one, and Ministral 3's,
-    gpt-oss's and OLMo 3's where the config says ``sliding_attention``; no other supported
-    family's do."""
+    attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
+    and Ministral 3's, gpt-oss's and OLMo 3's where the config says ``sliding_attention``; no
+    other supported family's do."""
     text = _text_model(model)
     window = getattr(text.args, "sliding_window", None)
     if getattr(model, "model_type", None) in GEMMA3_TYPES + GEMMA4_TYPES:
@@ -165,6 +188,8 @@ def sliding_windows(model: nn.Module) -> List[Optional[int]]:
         sliding = [kind == "sliding_attention" for kind in text.model.layer_types]
     elif text.model_type == "exaone4":
         sliding = [block.self_attn.is_local for block in text.model.layers]
+    elif text.model_type == "cohere2":
+        sliding = [block.self_attn.use_sliding_window for block in text.model.layers]
     else:
         sliding = [False] * len(text.model.layers)
     return [int(window) if s else None for s in sliding]
@@ -222,6 +247,12 @@ class ModelAdapter:
         self._gemma3 = model_type in GEMMA3_TYPES
         self._gemma4 = model_type in GEMMA4_TYPES
         self._post_norms = model_type in POST_NORM_TYPES
+        self._parallel = model_type in PARALLEL_TYPES
+        self._sandwich = model_type == "glm4"  # a norm before and after each branch
+        # the norms before attention and before the MLP, as each family names them
+        self._norm_names = (("attention_layernorm", "feedforward_layernorm")
+                            if model_type == "apertus" else
+                            ("input_layernorm", "post_attention_layernorm"))
         self.inner = self.text.model
         self.layers = list(self.inner.layers)
         self._windows = sliding_windows(model)
@@ -242,6 +273,8 @@ class ModelAdapter:
             self.n_kv_heads = getattr(attn, "n_kv_heads", None) or attn.num_key_value_heads
         self.scale: float = getattr(attn, "scale", None) or attn.sm_scale
         self.lm_head = getattr(self.text, "lm_head", None)
+        if model_type == "helium" and self.text.args.tie_word_embeddings:
+            self.lm_head = None  # mlx-lm builds one but uses the embedding
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
         gemma = self._gemma2 or self._gemma3 or self._gemma4
         self._feed_forwards = [feed_forward(block) for block in self.layers]
@@ -260,7 +293,8 @@ class ModelAdapter:
                              args.embedding_multiplier if model_type in GRANITE_TYPES else None)
         granite = model_type in GRANITE_TYPES
         self._residual_multiplier = args.residual_multiplier if granite else None
-        self._logits_scaling = args.logits_scaling if granite else None
+        self._logits_scaling = (args.logits_scaling if granite else
+                                1 / args.logit_scale if model_type == "cohere2" else None)
 
     def sliding_window(self, layer: int) -> Optional[int]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -403,7 +437,7 @@ class ModelAdapter:
         n = h.shape[1]
         x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
         if not self._post_norms:
-            x = block.input_layernorm(x)
+            x = getattr(block, self._norm_names[0])(x)
         gate = None
         if self._mla:
             return (*self._latent_qkv(attn, x, n, positions), None)
@@ -436,7 +470,8 @@ class ModelAdapter:
         if hasattr(attn, "v_norm"):  # gemma4
             v = attn.v_norm(v)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        rope = getattr(attn, "rope", None)  # none in EXAONE 4's global layers
+        # none in EXAONE 4's global layers; Command R7B's global layers skip theirs
+        rope = getattr(attn, "rope", None) if getattr(attn, "use_sliding_window", True) else None
         if rope is not None:
             q, k = _rope(rope, q, positions), _rope(rope, k, positions)
         if hasattr(attn, "scaling_beta"):  # ministral3
@@ -515,12 +550,17 @@ class ModelAdapter:
         elif self._post_norms:
             h = h + block.post_attention_layernorm(r)
             h = h + block.post_feedforward_layernorm(self._mlp(layer, h))
+        elif self._sandwich:  # glm4
+            h = h + block.post_self_attn_layernorm(r)
+            h = h + block.post_mlp_layernorm(self._mlp(layer, block.post_attention_layernorm(h)))
+        elif self._parallel:  # attention and the MLP both on the one norm of the input
+            h = r + self._mlp(layer, block.input_layernorm(h)) + h
         elif self._residual_multiplier is not None:  # granite
             h = h + r * self._residual_multiplier
             h = h + self._mlp(layer, block.post_attention_layernorm(h)) * self._residual_multiplier
         else:
             h = h + r
-            h = h + self._mlp(layer, block.post_attention_layernorm(h))
+            h = h + self._mlp(layer, getattr(block, self._norm_names[1])(h))
         return h[:, :n] if h.shape[1] > n else h
 
     def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]]
@@ -701,6 +741,12 @@ def _rope(rope: nn.Module, x: mx.array, positions: np.ndarray) -> mx.array:
     start = int(positions[0])
     if positions[-1] - start == len(positions) - 1:  # contiguous (sorted, unique)
         return rope(x, offset=start)
+    if isinstance(rope, DynamicNTKScalingRoPE):  # its base from where one call ends (an int):
+        # one call over the span, as over a chunk of the same last position
+        rows = mx.array((positions - start).astype(np.int32))
+        span = mx.zeros((*x.shape[:2], int(positions.max()) - start + 1, x.shape[3]), x.dtype)
+        span[:, :, rows] = x
+        return rope(span, offset=start)[:, :, rows]
     # mx.fast.rope takes one offset per batch row: move tokens onto the batch axis.
     offsets = mx.array(positions.astype(np.int32))
     return rope(x.transpose(2, 1, 0, 3), offset=offsets).transpose(2, 1, 0, 3)

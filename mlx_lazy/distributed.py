@@ -122,7 +122,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     """Split a model's transformer ``layers`` over ``group`` the way mlx-lm's own ``shard``
     splits Llama, for the models whose mlx-lm module lacks it (Gemma 3 and the text model of
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
-    EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2):
+    EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
+    StarCoder2):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's and EXAONE 4's q/k norms act per head (head_dim wide) and their other norms on
@@ -138,15 +139,18 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
         attn.o_proj = shard_linear(attn.o_proj, "sharded-to-all", group=group)
         attn.n_heads //= n
         attn.n_kv_heads //= n
-        mlp.gate_proj = shard_linear(mlp.gate_proj, "all-to-sharded", group=group)
-        mlp.up_proj = shard_linear(mlp.up_proj, "all-to-sharded", group=group)
-        mlp.down_proj = shard_linear(mlp.down_proj, "sharded-to-all", group=group)
+        for name in ("gate_proj", "up_proj", "c_fc"):  # c_fc, c_proj: StarCoder2's plain MLP
+            if name in mlp:
+                setattr(mlp, name, shard_linear(getattr(mlp, name), "all-to-sharded", group=group))
+        for name in ("down_proj", "c_proj"):
+            if name in mlp:
+                setattr(mlp, name, shard_linear(getattr(mlp, name), "sharded-to-all", group=group))
 
 
 #: Sharders for model types whose mlx-lm module has no ``shard`` method.
 SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
-             "smollm3", "gemma2")}
+             "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

@@ -48,8 +48,8 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
-            "gemma4_text-e2b", "gemma4", *MLA, "gemma2",
-            *MOE)
+            "gemma4_text-e2b", "gemma4", *MLA, "gemma2", "glm4", "starcoder2", "cohere2",
+            "helium", "internlm3", "apertus", *MOE)
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -264,6 +264,8 @@ def test_the_tiny_moe_families_are_what_they_claim(family):
     assert float(mx.abs(phimoe.lm_head.bias).sum()) > 0
     rope = phimoe.layers[0].self_attn.rope
     assert type(rope).__name__ == "SuScaledRoPE" and rope._scale == 1.2
+
+
 def test_the_tiny_gemma2_is_what_it_claims(family, monkeypatch):
     """Every layer global, the scale 1/sqrt(query_pre_attn_scalar) (not 1/sqrt(head_dim)),
     attention logits capped at 2 (a cap of 0 or None: none) and final logits at 5, each cap
@@ -283,6 +285,85 @@ def test_the_tiny_gemma2_is_what_it_claims(family, monkeypatch):
     for none in (0.0, None):
         monkeypatch.setattr(model.layers[1].self_attn, "attn_logit_softcapping", none)
         assert a.softcap(1) is None and a.softcap(0) == 2.0
+
+
+def test_the_tiny_glm4_is_what_it_claims(family):
+    """GLM-4-0414: random norms before and after each branch, fused gate_up_proj (SwiGLU on
+    the CPU kernel), q/k/v biases, traditional RoPE over 8 of 16 head dims."""
+    model, _ = family("glm4")
+    layer = model.layers[0]
+    norms = ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
+             "post_mlp_layernorm")
+    assert all(float(mx.abs(getattr(layer, n).weight - 1).max()) > 0.05 for n in norms)
+    assert hasattr(layer.mlp, "gate_up_proj") and ModelAdapter(model)._activations[0] == "silu"
+    attn = layer.self_attn
+    assert attn.rope.dims == 8 and attn.rope.traditional and "bias" in attn.q_proj
+    assert "bias" not in attn.o_proj
+
+
+def test_the_tiny_starcoder2_and_apertus_are_what_they_claim(family):
+    """Their MLPs are plain (not gated), run as mlx-lm's modules: StarCoder2's GELU c_fc and
+    c_proj with biases, beside LayerNorms with random biases and a tied head; Apertus's xIELU
+    with slopes off their defaults, its norms ``attention_layernorm`` and
+    ``feedforward_layernorm``, per-head q/k norms, Llama 3's RoPE."""
+    star, _ = family("starcoder2")
+    layer, adapter = star.layers[0], ModelAdapter(star)
+    assert float(mx.abs(layer.input_layernorm.bias).sum()) > 0
+    assert all(float(mx.abs(p.bias).sum()) > 0 for p in (layer.mlp.c_fc, layer.mlp.c_proj,
+                                                          layer.self_attn.o_proj))
+    assert adapter._activations == [None] * 4 and adapter.lm_head is None
+    apertus, _ = family("apertus")
+    layer, adapter = apertus.layers[0], ModelAdapter(apertus)
+    assert not hasattr(layer, "input_layernorm") and hasattr(layer, "feedforward_layernorm")
+    assert adapter._activations == [None] * 4 and layer.self_attn.q_norm.weight.shape == (16,)
+    assert abs(layer.mlp.act_fn.beta.item() - 0.5) > 0.01
+    assert type(layer.self_attn.rope).__name__ == "Llama3RoPE"
+
+
+def test_the_tiny_cohere2_is_what_it_claims(family):
+    """Command R7B: one LayerNorm (random bias) and no other in a layer; windows of 24 in
+    layers 0 and 2, RoPE there only (mlx-lm's global layers skip theirs); logits times 0.3;
+    q/k/v/o biases; a tied head."""
+    model, _ = family("cohere2")
+    layer, adapter = model.layers[0], ModelAdapter(model)
+    assert not hasattr(layer, "post_attention_layernorm")
+    assert float(mx.abs(layer.input_layernorm.bias).sum()) > 0
+    assert [block.self_attn.use_sliding_window for block in model.layers] == [True, False] * 2
+    assert sliding_windows(model) == [24, None, 24, None]
+    assert model.args.logit_scale == 0.3 and adapter.lm_head is None
+    assert float(mx.abs(layer.self_attn.o_proj.bias).sum()) > 0
+
+
+def test_the_tiny_helium_and_internlm3_are_what_they_claim(family):
+    """Helium tied, with the random lm_head mlx-lm builds but does not use; InternLM3's
+    dynamic NTK RoPE, biases on q/k/v/o and the MLP."""
+    helium, _ = family("helium")
+    assert helium.args.tie_word_embeddings and ModelAdapter(helium).lm_head is None
+    assert float(mx.abs(helium.lm_head.weight - helium.model.embed_tokens.weight).max()) > 0.1
+    intern, _ = family("internlm3")
+    attn = intern.layers[0].self_attn
+    assert type(attn.rope).__name__ == "DynamicNTKScalingRoPE" and attn.rope.factor == 6.0
+    assert all(float(mx.abs(p.bias).sum()) > 0 for p in (attn.q_proj, attn.o_proj,
+                                                          intern.layers[0].mlp.down_proj))
+
+
+def test_dynamic_ntk_rope_on_scattered_positions_is_one_call_over_their_span():
+    """InternLM3's dynamic NTK RoPE takes its base from where a call ends (past
+    max_position_embeddings, 64 here, the base grows): tokens at scattered positions get
+    what mlx-lm's one call over positions 3..100 gives them (a chunk ending where they end),
+    unlike the unscaled base."""
+    from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
+
+    from mlx_lazy.adapter import _rope
+
+    rope = DynamicNTKScalingRoPE(16, 64, False, 10000.0, 6.0)
+    x = mx.random.normal((1, 2, 98, 16), key=mx.random.key(0))
+    positions = np.array([3, 10, 70, 100])
+    rows = mx.array(positions - 3)
+    want = rope(x, offset=3)[:, :, rows]
+    assert rel_err(_rope(rope, x[:, :, rows], positions), want) < 1e-6
+    plain = nn.RoPE(16, base=10000.0)(x, offset=3)[:, :, rows]
+    assert rel_err(plain, want) > 1e-3
 
 
 def _mlx_lm_kv(model, layer_cache):
@@ -401,7 +482,8 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
 @pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "glm4_moe", "seed_oss",
                                   "ernie4_5_moe", "gpt_oss", "olmo3", "exaone4",
                                   "gemma4_text-moe", "gemma4_text-e2b", "deepseek_v3",
-                                  "deepseek_v2", "gemma2", *MOE))
+                                  "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2",
+                                  "helium", "internlm3", "apertus", *MOE))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
     base = ModelAdapter(model).identity()
@@ -464,10 +546,11 @@ def test_a_mistral3_checkpoint_of_another_text_model_is_refused(family_dir):
         ModelAdapter(model)
 
 
-def _dense_logits(model, tokens: np.ndarray, masks) -> mx.array:
+def _dense_logits(model, tokens: np.ndarray, masks, head=None) -> mx.array:
     """mlx-lm's own blocks of a Llama-layout ``model`` (or Gemma 2's: embeddings scaled by
     sqrt(hidden), a tied head, soft-capped logits) over every token, dense, with a (n, n)
-    boolean mask per layer; the last token's logits."""
+    boolean mask per layer; the last token's logits through ``head`` (the model's lm_head by
+    default)."""
     inner = model.model
     h = inner.embed_tokens(mx.array(tokens)[None])
     if model.model_type == "gemma2":
@@ -475,7 +558,7 @@ def _dense_logits(model, tokens: np.ndarray, masks) -> mx.array:
     for block, mask in zip(inner.layers, masks):
         h = block(h, mx.array(mask), None)
     if model.model_type != "gemma2":
-        return model.lm_head(inner.norm(h))[0, -1]
+        return (head or model.lm_head)(inner.norm(h))[0, -1]
     cap = model.final_logit_softcapping
     return mx.tanh(inner.embed_tokens.as_linear(inner.norm(h))[0, -1] / cap) * cap
 
@@ -503,3 +586,33 @@ def test_pruned_latent_attention_equals_a_dense_reference(family, monkeypatch, k
     masks = [dense_mask(n + 1, None, [None] * (n + 1))]
     masks += [dense_mask(n + 1, None, sees)] * (layers - 1)
     assert rel_err(logits, _dense_logits(model, tokens, masks)) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("revival_block", [64, 2])
+def test_pruned_cohere2_equals_a_dense_reference(family, monkeypatch, revival_block):
+    """Command R7B under a cut after layer 0 (40% kept) and a decode step that revives,
+    against mlx-lm's blocks run densely with masks by original position: its sliding layer
+    2 (mlx-lm's window, args.sliding_window) over kept keys inside each window only, its
+    global layers 1 and 3 (no RoPE) over every kept key; attention and MLP in parallel on one
+    norm, logits times logit_scale, all as mlx-lm computes them."""
+    model, _ = family("cohere2")
+    window = model.args.sliding_window
+    windows = [window if block.self_attn.use_sliding_window else None for block in model.layers]
+    engine, prompt, logits, kept, selections = cut_after_layer_0(
+        model, model.args.vocab_size, monkeypatch, revival_block)
+    n = len(prompt)
+
+    def head(h):
+        return model.model.embed_tokens.as_linear(h) * model.args.logit_scale
+
+    masks = [dense_mask(n, windows[0], [None] * n)]
+    masks += [dense_mask(n, w, [kept] * n) for w in windows[1:]]
+    assert rel_err(logits, _dense_logits(model, prompt, masks, head)) < LOGITS_TOL
+    # the last token's window holds tokens pruned at layer 0, and kept ones lie before it
+    assert not kept[n - window:].all() and kept[: n - window].any()
+
+    tokens, logits, _, sees, revived = decode_one(engine, prompt, logits, kept, selections)
+    assert engine.stats.revivals > 0 and len(revived)
+    masks = [dense_mask(n + 1, windows[0], [None] * (n + 1))]
+    masks += [dense_mask(n + 1, w, sees) for w in windows[1:]]
+    assert rel_err(logits, _dense_logits(model, tokens, masks, head)) < LOGITS_TOL

@@ -20,8 +20,8 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4_5",
          "ernie4_5_moe", "phi3", "gemma3_text", "smollm3", "ministral3", "gpt_oss", "granite",
          "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5", "qwen3_next", "deepseek_v3",
-         "glm4_moe_lite", "deepseek_v2", "gemma2",
-         "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
+         "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
+         "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -209,6 +209,36 @@ _KIND_CONFIG = {
                "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8,
                                 "long_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
                                 "short_mscale": 1.2, "long_mscale": 1.2}},
+    # GLM-4-0414: a norm before and after each branch, fused gate_up_proj, q/k/v biases,
+    # traditional RoPE over half of each head
+    "glm4": {"architectures": ["Glm4ForCausalLM"], "attention_bias": True,
+             "partial_rotary_factor": 0.5, "pad_token_id": 0},
+    # StarCoder2: LayerNorms with (random) biases, biases on every projection, a plain GELU MLP
+    # (c_fc, c_proj), a tied head; head_dim is hidden_size / heads (16)
+    "starcoder2": {"architectures": ["Starcoder2ForCausalLM"], "tie_word_embeddings": True,
+                   "norm_epsilon": 1e-5},
+    # Command R7B: attention and the MLP in parallel on one LayerNorm (with random biases);
+    # layers 0 and 2 slide over a 24-position window with traditional RoPE, 1 and 3 are global
+    # without RoPE; q/k/v/o biases; logits times 0.3 (0.0625 by default)
+    "cohere2": {"architectures": ["Cohere2ForCausalLM"], "sliding_window": 24,
+                "sliding_window_pattern": 2, "logit_scale": 0.3, "attention_bias": True,
+                "layer_norm_bias": True, "layer_norm_eps": 1e-5},
+    # Kyutai Helium: Llama's layout with traditional RoPE and MLP biases; tied here, where
+    # mlx-lm still builds an lm_head (kept random: using it shows) but uses the embedding
+    "helium": {"architectures": ["HeliumForCausalLM"], "tie_word_embeddings": True,
+               "attention_bias": True, "mlp_bias": True},
+    # InternLM3: Llama's layout with biases on q/k/v/o and the MLP; dynamic NTK RoPE (plain
+    # below max_position_embeddings, as in the prompts here)
+    "internlm3": {"architectures": ["InternLM3ForCausalLM"], "tie_word_embeddings": False,
+                  "qkv_bias": True, "bias": True,
+                  "rope_scaling": {"rope_type": "dynamic", "factor": 6.0}},
+    # Apertus: per-head q/k norms, norms named attention_/feedforward_layernorm, a plain
+    # xIELU MLP (its slopes random) with biases; Llama 3's RoPE scaling from position 64 on
+    "apertus": {"architectures": ["ApertusForCausalLM"], "tie_word_embeddings": False,
+                "mlp_bias": True, "attention_bias": False, "post_norm": False,
+                "qk_norm": True, "rope_scaling": {
+                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -267,6 +297,10 @@ _VARIANTS = {
         "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6,
                          "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0]}}),
 }
+
+
+# kinds whose norms (weights and LayerNorm biases) are random rather than ones and zeros
+_RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 
 
 def tiny_config(kind: str) -> dict:
@@ -357,6 +391,16 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             if hasattr(attn, name):
                 norm = getattr(attn, name)
                 norm.weight = 1.0 + 0.1 * mx.random.normal(norm.weight.shape)
+        if kind in _RANDOM_NORMS:  # every norm weight and bias, so a dropped norm shows
+            layer.update(tree_unflatten([
+                (name, (name.endswith(".weight") + 0.1 * mx.random.normal(p.shape)))
+                for name, p in tree_flatten(layer.parameters())
+                if "norm" in name.rsplit(".", 2)[-2] and "q_norm" not in name
+                and "k_norm" not in name]))
+        if kind == "apertus":  # xIELU's slopes, away from their defaults (its eps stays)
+            act = layer.mlp.act_fn
+            for name in ("alpha_p", "alpha_n", "beta"):
+                setattr(act, name, getattr(act, name) + 0.2 * mx.random.normal(()))
         if kind.startswith(("gemma2", "gemma3")):  # Gemma's (1 + w) norms: w = 0, the identity
             for name in ("input_layernorm", "post_attention_layernorm",
                          "pre_feedforward_layernorm", "post_feedforward_layernorm"):
