@@ -608,7 +608,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if experts is not None:
             w.add_expert_count(experts)
         w.add_expert_used_count(m["num_experts_per_tok"])
-        w.add_expert_feed_forward_length(m.get("moe_intermediate_size", m["intermediate_size"]))
+        if m.get("moe_intermediate_size", m["intermediate_size"]) is not None:
+            w.add_expert_feed_forward_length(m.get("moe_intermediate_size",
+                                                   m["intermediate_size"]))
     w.add_rope_dimension_count(m.get("qk_rope_head_dim")
                                or int(m["head_dim"] * m.get("partial_rotary_factor", 1.0)))
     w.add_rope_freq_base(m["rope_theta"])
@@ -1386,6 +1388,23 @@ def test_granite_multipliers_llama_cpp_defaults(tiny_model_dir, tmp_path):
     x = mx.array([[5, 17, 42, 99, 200, 7]])
     ref = reference_model("granite", {**config, **defaults}, reference)
     assert rel_err(model(x), ref(x)) < 1e-5
+
+
+def test_qwen2moe_expert_widths_llama_cpp_defaults(tiny_model_dir, tmp_path):
+    """A Qwen1.5/2-MoE GGUF without the experts' widths (llama.cpp's older converter wrote
+    none) converts as llama.cpp's loader reads it: the experts feed_forward_length over the
+    experts used wide (Qwen1.5-MoE-A2.7B's 5632 / 4 = 1408), the shared expert
+    feed_forward_length wide."""
+    config, reference = write_gguf(
+        tmp_path / "m.gguf", "qwen2_moe", tiny_model_dir("qwen2_moe"), intermediate_size=64,
+        moe_intermediate_size=32, shared_expert_intermediate_size=64,
+        meta={"moe_intermediate_size": None, "shared_expert_intermediate_size": None})
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["moe_intermediate_size"], saved["shared_expert_intermediate_size"]) == (32, 64)
+    model, _ = mlx_lm.load(str(out))
+    x = mx.array([[5, 17, 42, 99, 200, 7]])
+    assert rel_err(model(x), reference_model("qwen2_moe", config, reference)(x)) < 1e-5
 
 
 def test_legacy_quants_stay_quantized_exactly(tiny_model_dir, tmp_path):
