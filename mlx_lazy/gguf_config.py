@@ -7,6 +7,11 @@ The architectures (llama.cpp's names), and what converting each involves:
 * ``llama``: Llama 2/3.x, Mistral's GGUFs too; Llama 3.1/3.2's ``rope_freqs`` become
   mlx-lm's ``llama3`` RoPE scaling. ``qwen2``, ``qwen3``; ``qwen3moe`` (mlx-lm's
   ``qwen3_moe``): the experts' stacked weights.
+* Sparse MoE (:func:`_sparse_moe_config`): a ``llama`` GGUF with experts is Mixtral
+  (``mixtral``: its experts at ``block_sparse_moe``); ``qwen2moe`` (Qwen1.5/2-MoE,
+  ``qwen2_moe``): a sigmoid-gated shared expert; ``olmoe``: q/k norms over all heads, the top
+  experts' weights not renormalised; ``granitemoe``: Granite's multipliers (not Granite MoE
+  Shared's shared expert).
 * ``gemma3`` (``gemma3_text``): llama.cpp stores Gemma's norm weights as 1 + w, mlx-lm as w;
   its SentencePiece vocabulary becomes a byte-fallback BPE.
 * ``gemma2`` (Gemma 2 2B/9B/27B): Gemma 3's norms and vocabulary; its attention and final
@@ -74,7 +79,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
                  "gpt-oss": "GptOssForCausalLM",
                  "smollm3": "SmolLM3ForCausalLM",
-                 "granite": "GraniteForCausalLM",
+                 "granite": "GraniteForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
+                 "qwen2moe": "Qwen2MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
                  "olmo2": "Olmo2ForCausalLM",
                  "exaone4": "Exaone4ForCausalLM",
                  "qwen35": "Qwen3_5ForCausalLM",
@@ -88,7 +94,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "mistral3": "Ministral3ForCausalLM",
                  "deepseek2": "DeepseekV2ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
-_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe",
+_MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
                 "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe", "qwen3next": "qwen3_next",
                 "glm4moe": "glm4_moe", "gemma4": "gemma4_text", "ernie4_5-moe": "ernie4_5_moe",
@@ -101,7 +107,9 @@ _BIAS_TENSORS = {"attention_bias": "attn_q", "attention_out_bias": "attn_output"
 _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_bias", "mlp_bias")),
                   "seed_oss": ("attention_bias", "attention_out_bias", "mlp_bias"),
                   **dict.fromkeys(("ernie4_5", "ernie4_5-moe"), ("use_bias",)),
-                  "glm4moe": ("attention_bias",)}
+                  **dict.fromkeys(("glm4moe", "granitemoe"), ("attention_bias",))}
+# The sparse MoE model types whose mlx-lm models take each head hidden / heads wide (no head_dim)
+_HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe")
 # Gemma 2 and 3: the layers of the 27B, whose queries llama.cpp scales by 1/sqrt(hidden / heads)
 # (by 1/sqrt(head_dim) in the others)
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -288,12 +296,13 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                    for switch in _BIAS_SWITCHES.get(arch, ())})
     if arch == "smollm3":
         config["no_rope_layer_interval"] = SMOLLM3_NO_ROPE_INTERVAL
-    if arch == "granite":
-        if not g("rope.scaling.finetuned", True):  # llama.cpp's switch for RoPE
+    if arch in ("granite", "granitemoe"):
+        # llama.cpp's switch for RoPE (its granitemoe loader reads none: RoPE in every layer)
+        if arch == "granite" and not g("rope.scaling.finetuned", True):
             raise UserInputError("GGUF granite without RoPE (rope.scaling.finetuned false) is "
                                  "not supported")
         if g("logit_scale") is None:  # llama.cpp refuses the GGUF too
-            raise UserInputError("GGUF metadata lacks granite.logit_scale")
+            raise UserInputError(f"GGUF metadata lacks {arch}.logit_scale")
         # the others as llama.cpp defaults them: no scaling, queries by 1/sqrt(head_dim)
         config.update(embedding_multiplier=positive("embedding_scale", 1.0),
                       residual_multiplier=positive("residual_scale", 1.0),
@@ -318,6 +327,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(num_experts=n_experts, num_experts_per_tok=n_used,
                       moe_intermediate_size=count("expert_feed_forward_length"),
                       decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    if arch in ("qwen2moe", "olmoe", "granitemoe") or (arch == "llama" and
+                                                        optional("expert_count")):
+        config.update(_sparse_moe_config(arch, count, optional, experts, tensors, config))
     if arch in DELTA_NET:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
@@ -443,6 +455,51 @@ def _delta_net_config(arch: str, g: Any, count: Any, experts: Any, n_layers: int
                       shared_expert_intermediate_size=shared, norm_topk_prob=True,
                       decoder_sparse_step=1, intermediate_size=count("feed_forward_length", shared))
     return config
+
+
+def _sparse_moe_config(arch: str, count: Any, optional: Any, experts: Any, tensors: dict,
+                       config: dict) -> dict:
+    """mlx-lm's settings of the sparse MoE GGUFs llama.cpp routes by a softmax over every
+    expert's logit, in every layer: Mixtral (a ``llama`` GGUF with experts, ``mixtral``) and
+    Granite MoE (``granitemoe``), the top experts' weights renormalised (as llama.cpp's graphs
+    hard-wire it; mlx-lm's models take the softmax of the top logits: the same weights);
+    Qwen1.5/2-MoE (``qwen2_moe``) and OLMoE (``olmoe``), not renormalised (llama.cpp's graphs;
+    mlx-lm's olmoe told so). The experts ``feed_forward_length`` wide (qwen2moe's
+    ``expert_feed_forward_length``, else that over the experts used), qwen2moe's shared expert
+    ``expert_shared_feed_forward_length`` (else ``feed_forward_length``) beside them, scaled by
+    the sigmoid of its gate. Granite MoE Shared's shared expert is refused (mlx-lm's
+    granitemoe has none), and so are Mixtral's RoPE scaling (mlx-lm's mixtral has none) and
+    heads other than hidden / heads wide where mlx-lm's model takes them so."""
+    n_experts, n_used = experts()
+    model_type = "mixtral" if arch == "llama" else config["model_type"]
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    if model_type in _HEADS_OF_HIDDEN and config["head_dim"] * heads != hidden:
+        raise UserInputError(f"GGUF {arch} with {heads} heads {config['head_dim']} wide is not "
+                             f"supported (mlx-lm's {model_type} takes hidden / heads: "
+                             f"{hidden / heads:g})")
+    width = config["intermediate_size"]
+    if arch == "llama":
+        if "rope_freqs.weight" in tensors:
+            raise UserInputError("GGUF llama with experts (Mixtral) and RoPE scaling (rope_freqs) "
+                                 "is not supported (mlx-lm's mixtral has none)")
+        return {"model_type": model_type, "architectures": ["MixtralForCausalLM"],
+                "num_local_experts": n_experts, "num_experts_per_tok": n_used}
+    if arch == "granitemoe":
+        if optional("expert_shared_feed_forward_length"):
+            raise UserInputError("GGUF granitemoe with a shared expert (Granite MoE Shared) is "
+                                 "not supported (mlx-lm's granitemoe has none)")
+        return {"num_local_experts": n_experts, "num_experts_per_tok": n_used}
+    if arch == "olmoe":
+        return {"num_experts": n_experts, "num_experts_per_tok": n_used, "norm_topk_prob": False}
+    without = [i for i in range(config["num_hidden_layers"])
+               if f"blk.{i}.ffn_gate_inp_shexp.weight" not in tensors]
+    if without:  # llama.cpp refuses such a file too
+        raise UserInputError(f"GGUF qwen2moe without its shared expert's gate "
+                             f"(blk.{without[0]}.ffn_gate_inp_shexp.weight) is not supported "
+                             "(mlx-lm's qwen2_moe scales the shared expert by its sigmoid)")
+    return {"num_experts": n_experts, "num_experts_per_tok": n_used,
+            "moe_intermediate_size": count("expert_feed_forward_length", width // n_used),
+            "shared_expert_intermediate_size": count("expert_shared_feed_forward_length", width)}
 
 
 def _qwen35_interval(arch: str, g: Any, count: Any, n_layers: int) -> int:

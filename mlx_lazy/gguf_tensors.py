@@ -5,8 +5,8 @@ Every tensor type the ``gguf`` package dequantizes is read. Q4_0/Q4_1/Q8_0 matri
 onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) onto MLX's
 ``mxfp4``, and stay quantized unless a dtype is given (the experts' stacks too); the other
 types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
-llama, smollm3, granite and mistral3 q/k rows are un-permuted from llama.cpp's RoPE layout to
-the Hugging Face one.
+llama (Mixtral's too), smollm3, granite, granitemoe and mistral3 q/k rows are un-permuted from
+llama.cpp's RoPE layout to the Hugging Face one.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ GGUF_GROUP_SIZE = 32
 DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
 # llama.cpp's converter permutes q/k rows (and biases) for its LlamaModel family (Ministral 3's
 # and Mistral's own format arrive in that layout too)
-LLAMA_FAMILY = ("llama", "smollm3", "granite", "mistral3")
+LLAMA_FAMILY = ("llama", "smollm3", "granite", "granitemoe", "mistral3")
 # Qwen3.5/3.6 (Gated DeltaNet linear attention, every n-th layer full attention): llama.cpp's
 # architectures, and what mlx-lm's qwen3_5 names its parameters under
 QWEN35 = ("qwen35", "qwen35moe")
@@ -92,6 +92,10 @@ _POST_NORM_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# A shared expert (one MLP) and its gate: Qwen1.5/2-MoE's, Qwen3.5's
+_SHARED_EXPERT_NAMES = {"ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                        **{f"ffn_{p}_shexp": f"mlp.shared_expert.{p}_proj"
+                           for p in ("gate", "up", "down")}}
 # Qwen3.5/3.6: the linear-attention layers' projections (attn_qkv: q, k, v rows; attn_gate: z),
 # its conv, A and dt bias (parameters of their own; a key without a suffix names one too) and
 # gated norm; the MoE's shared expert and its gate
@@ -106,10 +110,7 @@ _QWEN35_LAYER_NAMES = {
     "ssm_norm": "linear_attn.norm",
     "ssm_conv1d": "linear_attn.conv1d",
     "ssm_dt.bias": "linear_attn.dt_bias",
-    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
-    "ffn_up_shexp": "mlp.shared_expert.up_proj",
-    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    **_SHARED_EXPERT_NAMES,
 }
 # Gemma 4: Gemma 3's norms (stored as w, not 1 + w), and its MoE layers' dense MLP beside the
 # experts, each with norms of its own, the router's weight, input scale and per-expert output
@@ -131,6 +132,13 @@ _GEMMA4_LAYER_NAMES = {
     "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm",
 }
+# Mixtral (a llama GGUF with experts; a dense one has none of these tensors) and Granite MoE: the
+# router and the experts' stacks at mlx-lm's block_sparse_moe
+_BLOCK_SPARSE_MOE_NAMES = {**_LAYER_NAMES, **{
+    k: "block_sparse_moe." + v.removeprefix("mlp.") for k, v in _LAYER_NAMES.items()
+    if k.startswith("ffn_") and k.endswith(("_exps", "_inp"))}}
+_GRANITEMOE_LAYER_NAMES = {**_BLOCK_SPARSE_MOE_NAMES,
+                           "ffn_gate_inp": "block_sparse_moe.router.layer"}
 # The shared experts of ERNIE 4.5 MoE and GLM-4.5 (plural in mlx-lm's models)
 _SHARED_EXPERTS_NAMES = {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
                          for p in ("gate", "up", "down")}
@@ -166,6 +174,8 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
                      "glm4moe": _GLM4MOE_LAYER_NAMES, "qwen3next": _QWEN3NEXT_LAYER_NAMES,
                      "deepseek2": _DEEPSEEK2_LAYER_NAMES,
+                     "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
+                     "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
                      "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,

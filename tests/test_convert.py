@@ -209,6 +209,14 @@ GGUF_DEEPSEEK2_NAMES = {**GGUF_LAYER_NAMES, "self_attn.q_a_proj": "attn_q_a",
                         **{f"mlp.shared_experts.{p}_proj": f"ffn_{p}_shexp"
                            for p in ("gate", "up", "down")}}
 DEEPSEEK2_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # model types
+#: Mixtral's and Granite MoE's router and experts' stacks at block_sparse_moe
+GGUF_BLOCK_SPARSE_MOE_NAMES = {
+    **GGUF_LAYER_NAMES, "block_sparse_moe.gate": "ffn_gate_inp",
+    "block_sparse_moe.router.layer": "ffn_gate_inp",
+    **{f"block_sparse_moe.switch_mlp.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}}
+#: Qwen1.5/2-MoE's shared expert and its gate
+GGUF_QWEN2MOE_NAMES = {**GGUF_LAYER_NAMES, **{k: v for k, v in GGUF_QWEN35_NAMES.items()
+                                              if v.endswith("_shexp")}}
 #: Parameters of their own: Qwen3.5's A_log (stored as -exp(A_log), no suffix) and dt bias,
 #: GLM-4.5's expert-score correction bias
 GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias",
@@ -221,20 +229,24 @@ GGUF_ERNIE45_MOE_NAMES = {**GGUF_LAYER_NAMES, **{f"mlp.shared_experts.{p}_proj":
                                                  for p in ("gate", "up", "down")}}
 #: The Gated DeltaNet kinds, whose kept-quantized logits are compared with float32 scales
 DELTA_NET_KINDS = (*QWEN35_KINDS, "qwen3_next")
+#: ... and the MoE kinds whose tiny GGUFs' routing float16 scales flip (a token's second expert)
+FLOAT32_SCALES_KINDS = (*DELTA_NET_KINDS, "qwen2_moe", "olmoe")
 GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          "seed_oss": GGUF_POST_ATTENTION_NAMES,
                          "ernie4_5_moe": GGUF_ERNIE45_MOE_NAMES,
                          "olmo2": GGUF_POST_NORM_NAMES, "exaone4": GGUF_POST_NORM_NAMES,
                          **dict.fromkeys(QWEN35_KINDS, GGUF_QWEN35_NAMES),
                          "qwen3_next": GGUF_QWEN3NEXT_NAMES, "glm4_moe": GGUF_GLM4MOE_NAMES,
+                         **dict.fromkeys(("mixtral", "granitemoe"), GGUF_BLOCK_SPARSE_MOE_NAMES),
+                         "qwen2_moe": GGUF_QWEN2MOE_NAMES,
                          **dict.fromkeys(DEEPSEEK2_KINDS, GGUF_DEEPSEEK2_NAMES)}
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
-             "ministral3": "mistral3",
+             "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
              "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next",
              "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2")}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
-GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3")
+GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe")
 #: Granite's multipliers by llama.cpp's writer methods
 GRANITE_SCALES = {"embedding_multiplier": "add_embedding_scale",
                   "residual_multiplier": "add_residual_scale",
@@ -596,7 +608,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if experts is not None:
             w.add_expert_count(experts)
         w.add_expert_used_count(m["num_experts_per_tok"])
-        w.add_expert_feed_forward_length(m.get("moe_intermediate_size", m["intermediate_size"]))
+        if m.get("moe_intermediate_size", m["intermediate_size"]) is not None:
+            w.add_expert_feed_forward_length(m.get("moe_intermediate_size",
+                                                   m["intermediate_size"]))
     w.add_rope_dimension_count(m.get("qk_rope_head_dim")
                                or int(m["head_dim"] * m.get("partial_rotary_factor", 1.0)))
     w.add_rope_freq_base(m["rope_theta"])
@@ -622,7 +636,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         for key, add in GLM4MOE_KEYS.items():
             if m.get(key) is not None:
                 getattr(w, add)(m[key])
-    if model_type == "granite":
+    if model_type in ("qwen2_moe", "granitemoe") and m.get("shared_expert_intermediate_size"):
+        w.add_expert_shared_feed_forward_length(m["shared_expert_intermediate_size"])
+    if model_type in ("granite", "granitemoe"):
         for key, add in GRANITE_SCALES.items():
             if m[key] is not None:
                 getattr(w, add)(m[key])
@@ -862,6 +878,26 @@ GGUF_CASES.update({
     "deepseek2-glm47flash": ("glm4_moe_lite-gguf", {"attn_k_b": T.Q4_0, "attn_v_b": T.Q8_0,
                                                     "ffn_up_shexp": T.Q4_1, "*": T.Q8_0}, {}),
 })
+GGUF_CASES.update({
+    # The sparse MoEs, every layer 2 of 4 experts, softmax-routed: Mixtral (a llama GGUF with
+    # experts, q/k permuted; the top weights renormalised), Qwen1.5/2-MoE (q/k/v biases, a
+    # shared expert gated by a sigmoid; not renormalised), OLMoE (q/k norms over all heads; not
+    # renormalised, as llama.cpp's graph hard-wires it), Granite MoE (its multipliers, biases,
+    # tied embeddings; renormalised); experts kept quantized as MLX affine stacks
+    "mixtral-legacy": ("mixtral", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                   "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32,
+                                   "attn_q": T.Q4_0, "*": T.Q8_0}, {}),
+    "qwen2moe-legacy": ("qwen2_moe", {"ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0,
+                                      "ffn_down_exps": T.Q4_0, "ffn_up_shexp": T.Q4_1,
+                                      "ffn_gate_inp": T.F32, "ffn_gate_inp_shexp": T.F32,
+                                      "*": T.Q8_0}, {}),
+    "olmoe-legacy": ("olmoe", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                               "ffn_down_exps": T.Q8_0, "ffn_gate_inp": T.F32, "*": T.Q8_0},
+                     {"norm_topk_prob": False}),
+    "granitemoe-legacy": ("granitemoe", {"ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0,
+                                         "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32,
+                                         "attn_k": T.Q4_0, "*": T.Q8_0}, {}),
+})
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
 
@@ -885,7 +921,7 @@ def test_gguf_matches_its_dequantized_tensors(case, dtype, tiny_model, tiny_mode
     # float32: sums in another order; kept quantized: float16 tensors and scales (eps 9.8e-4),
     # measured up to 1e-3 of the logits' scale.
     tol = 1e-5 if dtype else 4e-3
-    if dtype is None and config["model_type"] in DELTA_NET_KINDS:
+    if dtype is None and config["model_type"] in FLOAT32_SCALES_KINDS:
         # MLX's quantized matmuls compute in float16 with float16 scales (5e-4 a product): Gated
         # DeltaNet's recurrence and MoE routing make percents of it. With float32 scales the kept
         # weights compute what the dequantized tensors do.
@@ -1195,17 +1231,56 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
 
 
 @pytest.mark.parametrize("case", ["seed_oss-legacy", "ernie4_5-legacy", "ernie4_5moe-legacy",
-                                  "deepseek2-v2lite", "deepseek2-v3", "deepseek2-glm47flash"])
+                                  "deepseek2-v2lite", "deepseek2-v3", "deepseek2-glm47flash",
+                                  "mixtral-legacy", "qwen2moe-legacy", "olmoe-legacy",
+                                  "granitemoe-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
-    """Seed-OSS, ERNIE 4.5 (dense and MoE) and deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
-    quantized latent projections kept so) GGUFs convert to folders the engine runs unpruned as
-    mlx-lm does."""
+    """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
+    quantized latent projections kept so) and the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
+    Granite MoE) GGUFs convert to folders the engine runs unpruned as mlx-lm does."""
     kind, types, overrides = GGUF_CASES[case]
     write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types, **overrides)
     model, _ = mlx_lm.load(str(convert(tmp_path / "m.gguf", tmp_path / "out",
                                        dtype="float32")))
     prompt = random_prompt(300, VOCAB_SIZE)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("case, model_type, settings", [
+    ("llama-legacy", "llama", {}),  # no experts: a dense Llama
+    ("mixtral-legacy", "mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                   "intermediate_size": 32}),
+    ("qwen2moe-legacy", "qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2,
+                                      "moe_intermediate_size": 32,
+                                      "shared_expert_intermediate_size": 64}),
+    ("olmoe-legacy", "olmoe", {"num_experts": 4, "num_experts_per_tok": 2,
+                               "norm_topk_prob": False}),
+    ("granitemoe-legacy", "granitemoe", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                         "attention_bias": True, "logits_scaling": 4.0}),
+])
+def test_sparse_moe_model_types_from_gguf(case, model_type, settings, tiny_model_dir, tmp_path):
+    """Each sparse MoE GGUF becomes the mlx-lm model type that runs it (a llama GGUF with
+    experts Mixtral, one without a Llama), with its experts' counts and widths, the experts'
+    Q4_0/Q4_1/Q8_0 stacks kept quantized as mlx-lm's quantized switch layers and the float32
+    router float."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    kind, types, overrides = GGUF_CASES[case]
+    write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types, **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == model_type
+    assert config["architectures"] == tiny_config(kind)["architectures"]
+    assert {k: config[k] for k in settings} == settings
+    model, _ = mlx_lm.load(str(out))
+    layer = model.layers[1]
+    moe = layer.block_sparse_moe if "block_sparse_moe" in layer else layer.mlp
+    assert ("switch_mlp" in moe) == (model_type != "llama")
+    if model_type != "llama":
+        assert all(isinstance(getattr(moe.switch_mlp, p), QuantizedSwitchLinear)
+                   for p in ("gate_proj", "up_proj", "down_proj"))
+        router = moe.router.layer if model_type == "granitemoe" else moe.gate
+        assert isinstance(router, nn.Linear) and not isinstance(router, nn.QuantizedLinear)
 
 
 def test_glm4moe_router_and_bias_stay_float(tiny_model_dir, tmp_path):
@@ -1313,6 +1388,23 @@ def test_granite_multipliers_llama_cpp_defaults(tiny_model_dir, tmp_path):
     x = mx.array([[5, 17, 42, 99, 200, 7]])
     ref = reference_model("granite", {**config, **defaults}, reference)
     assert rel_err(model(x), ref(x)) < 1e-5
+
+
+def test_qwen2moe_expert_widths_llama_cpp_defaults(tiny_model_dir, tmp_path):
+    """A Qwen1.5/2-MoE GGUF without the experts' widths (llama.cpp's older converter wrote
+    none) converts as llama.cpp's loader reads it: the experts feed_forward_length over the
+    experts used wide (Qwen1.5-MoE-A2.7B's 5632 / 4 = 1408), the shared expert
+    feed_forward_length wide."""
+    config, reference = write_gguf(
+        tmp_path / "m.gguf", "qwen2_moe", tiny_model_dir("qwen2_moe"), intermediate_size=64,
+        moe_intermediate_size=32, shared_expert_intermediate_size=64,
+        meta={"moe_intermediate_size": None, "shared_expert_intermediate_size": None})
+    out = convert(tmp_path / "m.gguf", tmp_path / "out")
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["moe_intermediate_size"], saved["shared_expert_intermediate_size"]) == (32, 64)
+    model, _ = mlx_lm.load(str(out))
+    x = mx.array([[5, 17, 42, 99, 200, 7]])
+    assert rel_err(model(x), reference_model("qwen2_moe", config, reference)(x)) < 1e-5
 
 
 def test_legacy_quants_stay_quantized_exactly(tiny_model_dir, tmp_path):
@@ -1889,11 +1981,39 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                                extra={"output.weight": None}) and tmp / "d.gguf",
             "deepseek2 without output.weight (tied embeddings) is not supported (mlx-lm's "
             "deepseek_v3 has a head of its own)"),
+        # the sparse MoEs: more experts used than there are, an expert stack missing, a
+        # routing or layout their mlx-lm models cannot express
+        "mixtral_used": (lambda: gguf_of("x.gguf", "mixtral", {"num_experts_per_tok": 9}),
+                         "llama.expert_used_count (9) exceeds llama.expert_count (4)"),
+        "mixtral_missing_expert": (
+            lambda: write_gguf(tmp / "x.gguf", "mixtral", tok_folder,
+                               extra={"blk.1.ffn_up_exps.weight": None}) and tmp / "x.gguf",
+            "it lacks model.layers.1.block_sparse_moe.switch_mlp.up_proj.weight"),
+        "mixtral_rope_freqs": (
+            lambda: write_gguf(tmp / "x.gguf", "mixtral", tok_folder,
+                               extra={"rope_freqs.weight": np.ones(8)}) and tmp / "x.gguf",
+            "llama with experts (Mixtral) and RoPE scaling (rope_freqs) is not supported"),
+        "mixtral_head_dim": (lambda: gguf_of("x.gguf", "mixtral", {"head_dim": 8}),
+                             "llama with 4 heads 8 wide is not supported (mlx-lm's mixtral "
+                             "takes hidden / heads: 16)"),
+        "qwen2moe_shared_gate": (
+            lambda: write_gguf(tmp / "q.gguf", "qwen2_moe", tok_folder,
+                               extra={"blk.2.ffn_gate_inp_shexp.weight": None}) and tmp / "q.gguf",
+            "qwen2moe without its shared expert's gate (blk.2.ffn_gate_inp_shexp.weight) is not "
+            "supported"),
+        "granitemoe_shared": (
+            lambda: gguf_of("g.gguf", "granitemoe", {"shared_expert_intermediate_size": 32}),
+            "granitemoe with a shared expert (Granite MoE Shared) is not supported"),
+        "granitemoe_logit_scale": (
+            lambda: gguf_of("g.gguf", "granitemoe", {"logits_scaling": None}),
+            "GGUF metadata lacks granitemoe.logit_scale"),
     }[case]
     return make(), fragment
 
 
-BAD_INPUTS = ["missing", "not_gguf", "truncated", "architecture", "tensor_type", "no_metadata",
+BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "mixtral_head_dim",
+              "qwen2moe_shared_gate", "granitemoe_shared", "granitemoe_logit_scale",
+              "missing", "not_gguf", "truncated", "architecture", "tensor_type", "no_metadata",
               "shapes", "layers", "huge_layers", "nan_rope", "zero_heads", "negative_eps",
               "sentencepiece_without_scores", "tokenizer_model", "rope_scaling",
               "rope_factor_untyped", "rope_freqs",
