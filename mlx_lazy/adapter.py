@@ -541,6 +541,8 @@ class ModelAdapter:
         mlp, activation = self._part(self.layers[layer], "mlp"), self._activations[layer]
         if activation is None or mx.default_device() != mx.cpu:
             return mlp(x)
+        if hasattr(mlp, "w2"):  # lfm2: w1 the gate, w3 up, w2 down
+            return mlp.w2(kernels.gated(mlp.w1(x), mlp.w3(x), activation))
         if hasattr(mlp, "gate_up_proj"):  # phi3
             gate, up = mx.split(mlp.gate_up_proj(x), 2, axis=-1)
         else:
@@ -674,6 +676,8 @@ def quantizations(model: nn.Module) -> List[str]:
 def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     """The :func:`~mlx_lazy.kernels.gated` activation of mlx-lm's dense gated MLPs (Gemma's
     ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE)."""
+    if hasattr(mlp, "w2"):  # lfm2's SwiGLU
+        return "silu"
     if not hasattr(mlp, "down_proj"):
         return None
     if hasattr(mlp, "gate_up_proj") or (hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj")):

@@ -120,6 +120,20 @@ def test_the_lfm2_moe_layout_matches_mlx_lm_and_a_reference(tmp_path):
     assert rel_err(loaded.process(turn), cache.process(turn)) == 0
 
 
+@pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the kernel runs on the CPU only")
+def test_lfm2s_feed_forward_takes_its_activation_from_the_cpu_kernel(tmp_path, monkeypatch):
+    """LFM2's dense SwiGLU (w1 the gate, w3 up, w2 down) runs as other families' dense MLPs
+    do on the CPU, its activation from kernels.gated: in every layer, mlx-lm's logits."""
+    from mlx_lazy import kernels
+
+    model, _ = mlx_lm.load(str(build_tiny_model("lfm2", tmp_path)))
+    calls, gated = [], kernels.gated
+    monkeypatch.setattr(kernels, "gated", lambda *args: calls.append(args[2]) or gated(*args))
+    prompt = random_prompt(50, ModelAdapter(model).vocab_size, seed=10)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 2) < LOGITS_TOL
+    assert set(calls) == {"silu"} and len(calls) == 8 * 3  # the prompt, then 2 steps
+
+
 def test_a_quantized_copy_matches_mlx_lm_and_keeps_its_identity(hybrid_dir):
     model, _ = mlx_lm.load(str(hybrid_dir))
     base = ModelAdapter(model).identity()
