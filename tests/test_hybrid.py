@@ -81,6 +81,15 @@ def test_unpruned_matches_mlx_lm(hybrid):
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
 
 
+def test_nothing_pruned_by_a_cut_matches_mlx_lm(hybrid):
+    """A static cut after the attention layer keeping every token: the recurrent layers
+    above take the whole prompt, as mlx-lm's do."""
+    model, _ = hybrid
+    prompt = random_prompt(150, ModelAdapter(model).vocab_size, seed=11)
+    nothing_pruned = PruningConfig("static", prune_layers=(3,), keep=(1.0,))
+    assert mlx_lm_error(model, nothing_pruned, prompt, 8) < LOGITS_TOL
+
+
 def test_the_moe_layout_matches_mlx_lm(tmp_path):
     """``qwen3_5_moe``: its sparse MoE block (2 of 4 experts and a shared one) is the MLP."""
     model, _ = mlx_lm.load(str(build_tiny_model("qwen3_5-moe", tmp_path)))
@@ -96,7 +105,8 @@ def test_the_lfm2_moe_layout_matches_mlx_lm_and_a_reference(tmp_path):
     """``lfm2_moe`` (LFM2-8B-A1B's layout): attention in layers 2 and 4 of 6, the top layer
     a convolution, dense feed-forward in layers 0 and 1, then sparse MoE. Unpruned and with
     nothing pruned equal to mlx-lm; a static cut after layer 2 keeps the tokens and gives
-    the logits of mlx-lm's own layers; its prompt cache saves and loads."""
+    the logits of mlx-lm's own layers; its prompt cache saves and loads; a 4-bit copy (its
+    experts and router quantized) with nothing pruned is mlx-lm's."""
     model, _ = mlx_lm.load(str(build_tiny_model("lfm2_moe", tmp_path / "model")))
     assert recurrent_layers(model) == (0, 1, 3, 5) and global_layers(model) == (2, 4)
     ffn = [layer.feed_forward for layer in model.layers]
@@ -118,6 +128,9 @@ def test_the_lfm2_moe_layout_matches_mlx_lm_and_a_reference(tmp_path):
     loaded = load_prompt_cache(tmp_path / "c.safetensors", model)
     turn = random_prompt(20, ModelAdapter(model).vocab_size, seed=9).tolist()
     assert rel_err(loaded.process(turn), cache.process(turn)) == 0
+
+    nn.quantize(model, group_size=32, bits=4)
+    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
 
 
 @pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the kernel runs on the CPU only")
