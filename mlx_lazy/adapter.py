@@ -91,13 +91,17 @@ from .errors import UserInputError, shown
 # says, dynamic NTK RoPE); helium's head is the embedding where ``tie_word_embeddings``.
 # apertus: Llama's layout with per-head q/k norms, its norms named ``attention_layernorm``
 # and ``feedforward_layernorm``, a plain (not gated) xIELU MLP run as its module.
+# lfm2 (LFM2) and lfm2_moe (LFM2-8B-A1B) (:data:`LFM2_TYPES`): a hybrid of short gated
+# convolutions (``block.conv``, recurrent: their state is the last few tokens' inputs) and
+# grouped-query attention with per-head q/k norms; Llama's parts under other names
+# (:data:`_LFM2_NAMES`), a SwiGLU (lfm2_moe: from ``num_dense_layers`` on, a sparse MoE) block.
 SUPPORTED_MODEL_TYPES = ("apertus", "cohere2", "deepseek_v2", "deepseek_v3", "ernie4_5",
                          "ernie4_5_moe", "exaone4", "gemma2", "gemma3", "gemma3_text", "gemma4",
                          "gemma4_text", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss", "granite",
-                         "granitemoe", "helium", "internlm3", "llama", "ministral3", "mistral",
-                         "mistral3", "mixtral", "olmo2", "olmo3", "olmoe", "phi3", "phimoe",
-                         "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
-                         "qwen3_next", "seed_oss", "smollm3", "starcoder2")
+                         "granitemoe", "helium", "internlm3", "lfm2", "lfm2_moe", "llama",
+                         "ministral3", "mistral", "mistral3", "mixtral", "olmo2", "olmo3", "olmoe",
+                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe",
+                         "qwen3_moe", "qwen3_next", "seed_oss", "smollm3", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -105,6 +109,15 @@ HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 GRANITE_TYPES = ("granite", "granitemoe")
 PARALLEL_TYPES = ("cohere2",)
+LFM2_TYPES = ("lfm2", "lfm2_moe")
+_LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm",
+               "o_proj": "out_proj", "q_norm": "q_layernorm", "k_norm": "k_layernorm",
+               "linear_attn": "conv", "norm": "embedding_norm"}
+#: The parts of a block (and the final norm) that a family names otherwise than Llama's
+#: layout, by Llama's name (:meth:`ModelAdapter._part`).
+_PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
+                           "post_attention_layernorm": "feedforward_layernorm"},
+               **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES)}
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
 _WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
@@ -115,7 +128,8 @@ _WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # tie_word_embeddings}``, ``rope_utils.DynamicNTKScalingRoPE`` (its base from where a call
 # ends),
 # ``layer_types``, ``layer_scalar``, ``enable_moe``, ``router``, ``experts``,
-# ``embed_tokens.as_linear``, ``linear_attn`` called as ``(x, mask, ArraysCache)``; latent
+# ``embed_tokens.as_linear``, ``linear_attn`` (LFM2's ``conv``) called as ``(x, mask,
+# ArraysCache)``; LFM2's names in :data:`_LFM2_NAMES`; latent
 # attention's ``self_attn.{num_heads, q_lora_rank, q_proj, q_a_proj, q_a_layernorm, q_b_proj,
 # qk_nope_head_dim, kv_lora_rank, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, embed_q,
 # unembed_out}``; the feed-forward at ``mlp`` or ``block_sparse_moe``, mixtral's heads at
@@ -209,11 +223,12 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
-    DeltaNet layers); () for every other family. Such a layer holds one state that has taken
-    its tokens in order, not keys and values: a token pruned below it can never enter it
-    later, and no cut can follow it (it gives no attention to score with)."""
+    DeltaNet layers, LFM2's convolutions); () for every other family. Such a layer holds
+    one state that has taken its tokens in order, not keys and values: a token pruned below
+    it can never enter it later, and no cut can follow it (it gives no attention to score
+    with)."""
     return tuple(layer for layer, block in enumerate(_text_model(model).model.layers)
-                 if hasattr(block, "linear_attn"))
+                 if hasattr(block, "linear_attn") or hasattr(block, "conv"))
 
 
 class ModelAdapter:
@@ -249,11 +264,8 @@ class ModelAdapter:
         self._post_norms = model_type in POST_NORM_TYPES
         self._parallel = model_type in PARALLEL_TYPES
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
-        # the norms before attention and before the MLP, as each family names them
-        self._norm_names = (("attention_layernorm", "feedforward_layernorm")
-                            if model_type == "apertus" else
-                            ("input_layernorm", "post_attention_layernorm"))
         self.inner = self.text.model
+        self._names = _PART_NAMES.get(model_type, {})
         self.layers = list(self.inner.layers)
         self._windows = sliding_windows(model)
         if any(getattr(layer, "use_sliding", False) and window is None
@@ -313,6 +325,11 @@ class ModelAdapter:
         :meth:`recurrent_block`, not :meth:`qkv` and :meth:`finish`."""
         return layer in self._recurrent
 
+    def _part(self, module: nn.Module, name: str) -> Optional[nn.Module]:
+        """The part of ``module`` that Llama's layout names ``name`` (under the family's own
+        name, :data:`_PART_NAMES`); None where it has none."""
+        return getattr(module, self._names.get(name, name), None)
+
     def sinks(self, layer: int) -> Optional[mx.array]:
         """The layer's attention sinks, one logit per head that each head's softmax also
         weighs (gpt-oss); None for families without them."""
@@ -352,7 +369,7 @@ class ModelAdapter:
         Qwen2.5-0.5B, and also a model from its own quantized or cast copy. Both tensors are
         whole on every rank of a sharded model."""
         digest = hashlib.sha256()
-        for array in (self.inner.embed_tokens.weight[:16], self.inner.norm.weight):
+        for array in (self.inner.embed_tokens.weight[:16], self._part(self.inner, "norm").weight):
             digest.update(np.array(array.astype(mx.float32)).tobytes())
         return digest.hexdigest()[:16]
 
@@ -390,7 +407,7 @@ class ModelAdapter:
         """How the weights are stored: the float dtype of the unquantized parameters, then
         each quantization found (``+q4g64``: 4 bits, groups of 64; ``+mxfp4g32``), e.g.
         ``float32``, ``bfloat16+q4g64``, ``float32+q4g32+q8g32`` (SmolLM2's GGUF)."""
-        dtype = str(self.inner.norm.weight.dtype).removeprefix("mlx.core.")
+        dtype = str(self._part(self.inner, "norm").weight.dtype).removeprefix("mlx.core.")
         return dtype + "".join(f"+{q}" for q in quantizations(self.text))
 
     @property
@@ -413,7 +430,7 @@ class ModelAdapter:
 
     def logits(self, h: mx.array) -> mx.array:
         """Final norm and LM head on (1, n, D) hidden states."""
-        h = self.inner.norm(h)
+        h = self._part(self.inner, "norm")(h)
         if self.lm_head is None:
             out = self.inner.embed_tokens.as_linear(h)
         else:
@@ -437,7 +454,7 @@ class ModelAdapter:
         n = h.shape[1]
         x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
         if not self._post_norms:
-            x = getattr(block, self._norm_names[0])(x)
+            x = self._part(block, "input_layernorm")(x)
         gate = None
         if self._mla:
             return (*self._latent_qkv(attn, x, n, positions), None)
@@ -457,16 +474,17 @@ class ModelAdapter:
             v = attn.v_proj(x) if hasattr(attn, "v_proj") else k  # gemma4's k_eq_v layers
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
-        norms = hasattr(attn, "q_norm")
-        if norms and attn.q_norm.weight.shape[-1] == q.shape[-1]:  # olmo: over all heads
-            q, k = attn.q_norm(q), attn.k_norm(k)
+        q_norm, k_norm = self._part(attn, "q_norm"), self._part(attn, "k_norm")
+        norms = q_norm is not None
+        if norms and q_norm.weight.shape[-1] == q.shape[-1]:  # olmo: over all heads
+            q, k = q_norm(q), k_norm(k)
             norms = False
         kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4: by layer
         q = q.reshape(1, n, self.n_heads, -1)
         k = k.reshape(1, n, kv_heads, -1)
         v = v.reshape(1, n, kv_heads, -1)
-        if norms:  # per head: qwen3, gemma3, gemma4, exaone4
-            q, k = attn.q_norm(q), attn.k_norm(k)
+        if norms:  # per head: qwen3, gemma3, gemma4, exaone4, lfm2
+            q, k = q_norm(q), k_norm(k)
         if hasattr(attn, "v_norm"):  # gemma4
             v = attn.v_norm(v)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
@@ -521,7 +539,7 @@ class ModelAdapter:
         out = attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)
         if gate is not None:
             out = out * mx.sigmoid(gate)
-        r = block.self_attn.o_proj(self._blas_rows(out))
+        r = self._part(block.self_attn, "o_proj")(self._blas_rows(out))
         if self._layer_input:  # gemma4 E2B/E4B: this layer's input, then the later layers'
             width = self._layer_input
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
@@ -560,20 +578,24 @@ class ModelAdapter:
             h = h + self._mlp(layer, block.post_attention_layernorm(h)) * self._residual_multiplier
         else:
             h = h + r
-            h = h + self._mlp(layer, getattr(block, self._norm_names[1])(h))
+            h = h + self._mlp(layer, self._part(block, "post_attention_layernorm")(h))
         return h[:, :n] if h.shape[1] > n else h
 
     def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]]
                         ) -> mx.array:
         """A recurrent layer on hidden states ``h`` (1, n, D) of tokens that follow, in
-        order, every token its ``state`` (mlx-lm's ``[conv_state, recurrent_state]``, None
-        before the first) has taken: ``state`` advances over them in place; returns their
-        hidden states after the layer, MLP included."""
+        order, every token its ``state`` has taken (mlx-lm's ``ArraysCache`` parts: Qwen3.5's
+        ``[conv_state, recurrent_state]``, LFM2's ``[conv_state]``; empty before the first):
+        ``state`` advances over them in place; returns their hidden states after the layer,
+        MLP included."""
         block, n = self.layers[layer], h.shape[1]
+        if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, 2 for DeltaNet
+            state.extend([None] * (1 if "conv" in block else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
-        h = self._blas_rows(h + block.linear_attn(block.input_layernorm(h), None, cache))
-        return (h + self._mlp(layer, block.post_attention_layernorm(h)))[:, :n]
+        mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
+        h = self._blas_rows(h + mixer(norm(h), None, cache))
+        return (h + self._mlp(layer, self._part(block, "post_attention_layernorm")(h)))[:, :n]
 
     def _mlp(self, layer: int, x: mx.array) -> mx.array:
         """The layer's feed-forward (:func:`feed_forward`); on the CPU a dense gated one takes
@@ -583,6 +605,8 @@ class ModelAdapter:
         mlp, activation = self._feed_forwards[layer], self._activations[layer]
         if activation is None or mx.default_device() != mx.cpu:
             return mlp(x)
+        if hasattr(mlp, "w2"):  # lfm2: w1 the gate, w3 up, w2 down
+            return mlp.w2(kernels.gated(mlp.w1(x), mlp.w3(x), activation))
         if hasattr(mlp, "gate_up_proj"):  # phi3
             gate, up = mx.split(mlp.gate_up_proj(x), 2, axis=-1)
         else:
@@ -715,14 +739,19 @@ def quantizations(model: nn.Module) -> List[str]:
 
 def feed_forward(block: nn.Module) -> nn.Module:
     """A layer's feed-forward module as mlx-lm's block calls it: ``block.mlp`` (a dense MLP
-    or a sparse MoE block), or the ``block_sparse_moe`` of Mixtral, Granite MoE and
-    Phi-3.5-MoE."""
-    return block.mlp if "mlp" in block else block.block_sparse_moe
+    or a sparse MoE block), the ``block_sparse_moe`` of Mixtral, Granite MoE and
+    Phi-3.5-MoE, or LFM2's ``feed_forward``."""
+    for name in ("mlp", "block_sparse_moe"):
+        if name in block:
+            return block[name]
+    return block.feed_forward
 
 
 def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     """The :func:`~mlx_lazy.kernels.gated` activation of mlx-lm's dense gated MLPs (Gemma's
     ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE)."""
+    if hasattr(mlp, "w2"):  # lfm2's SwiGLU
+        return "silu"
     if not hasattr(mlp, "down_proj"):
         return None
     if hasattr(mlp, "gate_up_proj") or (hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj")):

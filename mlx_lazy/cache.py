@@ -209,7 +209,8 @@ class LazyCache:
     tokens (a window scorer keeps reading them while decoding); ``prompt_len`` (tokens
     given as prompt, the rest generated) and ``always_kept`` (positions kept at every cut);
     ``recurrent``, by recurrent layer of a hybrid model, the state it holds after the tokens
-    it has taken (mlx-lm's ``[conv_state, recurrent_state]``).
+    it has taken (the parts of mlx-lm's ``ArraysCache`` for it, e.g. Qwen3.5's
+    ``[conv_state, recurrent_state]``).
 
     Like mlx-lm's caches it speaks :attr:`state` / :attr:`meta_state` /
     :meth:`from_state`, :meth:`copy`, :meth:`trim` and :attr:`nbytes`, so saving, loading,
@@ -383,9 +384,10 @@ class LazyCache:
         self.choices = {}
 
     def recurrent_state(self, layer: int) -> List[Optional[mx.array]]:
-        """The state of recurrent ``layer`` (:attr:`recurrent`), the one a layer that has
-        taken no token starts from (mlx-lm's two parts, None) on first use."""
-        return self.recurrent.setdefault(layer, [None, None])
+        """The state of recurrent ``layer`` (:attr:`recurrent`): empty on first use, where
+        the layer has taken no token (:meth:`~mlx_lazy.adapter.ModelAdapter.recurrent_block`
+        gives it its parts)."""
+        return self.recurrent.setdefault(layer, [])
 
     def can_trim(self, length: int) -> bool:
         """Whether :meth:`trim` can cut the cache to ``length`` tokens: always, but that a
@@ -442,7 +444,9 @@ class LazyCache:
                 out.chosen_at = len(out.choices[int(rest)])
             elif name == "recurrent":
                 layer, part = map(int, rest.split("."))
-                out.recurrent_state(layer)[part] = state[key]
+                parts = out.recurrent_state(layer)
+                parts.extend([None] * (part + 1 - len(parts)))
+                parts[part] = state[key]
             elif name in ROW_MAPS and rest.endswith(".positions"):
                 depth = int(rest.split(".")[0])
                 getattr(out, name)[depth] = Rows(np.array(state[key]).astype(np.int64),

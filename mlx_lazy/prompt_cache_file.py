@@ -183,7 +183,7 @@ def model_tensors(adapter: ModelAdapter) -> ModelTensors:
     kvs = {}
     for layer in range(adapter.num_layers):
         if adapter.recurrent(layer):
-            state: List[Optional[mx.array]] = [None, None]
+            state: List[Optional[mx.array]] = []
             h = adapter.recurrent_block(layer, h, state)
             mx.eval(h, state)
             out.recurrent[layer] = [(tuple(part.shape[1:]), part.dtype) for part in state]

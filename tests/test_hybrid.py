@@ -1,5 +1,6 @@
 """Qwen3.5's and Qwen3-Next's hybrid layout through the engine (``qwen3_5``, ``qwen3_next``:
-three Gated DeltaNet layers, recurrent, to one of gated full attention): unpruned equal to
+three Gated DeltaNet layers, recurrent, to one of gated full attention), and LFM2's (``lfm2``,
+``lfm2_moe``: short gated convolutions, recurrent, and attention): unpruned equal to
 mlx-lm, in one prompt or in turns; pruning, which a recurrent layer allows only without
 revival, equal to a reference built from mlx-lm's own layers; interrupts, prompt caches and
 what a hybrid refuses."""
@@ -28,8 +29,9 @@ from test_prompt_cache import same_state
 from tiny_models import build_tiny_model
 
 #: Qwen3.5 and Qwen3-Next, the same hybrid layout (Qwen3-Next's fuses the recurrent layers'
-#: projections and puts MoE blocks in), each through every test of the ``hybrid`` fixtures.
-KINDS = ("qwen3_5", "qwen3_next")
+#: projections and puts MoE blocks in), and LFM2 (convolutions for recurrent layers) in the
+#: same places, each through every test of the ``hybrid`` fixtures.
+KINDS = ("qwen3_5", "qwen3_next", "lfm2")
 STATIC = PruningConfig("static", prune_layers=(3,), keep=(0.3,))
 NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
 
@@ -58,20 +60,34 @@ def greedy(engine, prompt, steps):
 
 
 def test_the_tiny_hybrid_is_what_it_claims(hybrid):
-    """Layers 3 and 7 attend, the others are recurrent; q_proj gives a gate beside the
-    queries; RoPE turns half of each head."""
+    """Layers 3 and 7 attend, the others are recurrent; Qwen's q_proj gives a gate beside the
+    queries, its RoPE turns half of each head; LFM2's recurrent layers are convolutions over
+    3 tokens (a state of 2), its attention has per-head q/k norms and RoPE over whole heads."""
     model, _ = hybrid
     assert recurrent_layers(model) == (0, 1, 2, 4, 5, 6)
     assert global_layers(model) == (3,)  # a cut may follow an attention layer, not the last
     attn = model.layers[3].self_attn
-    assert attn.q_proj.weight.shape[0] == 2 * attn.num_attention_heads * attn.head_dim
-    assert attn.rope.dims == attn.head_dim // 2
+    if model.model_type == "lfm2":
+        assert model.layers[0].conv.L_cache == 3 and not hasattr(model.layers[3], "conv")
+        assert attn.q_layernorm.weight.shape == (attn.head_dim,) and attn.rope.dims == 16
+    else:
+        assert attn.q_proj.weight.shape[0] == 2 * attn.num_attention_heads * attn.head_dim
+        assert attn.rope.dims == attn.head_dim // 2
 
 
 def test_unpruned_matches_mlx_lm(hybrid):
     model, _ = hybrid
     prompt = random_prompt(300, ModelAdapter(model).vocab_size)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
+
+
+def test_nothing_pruned_by_a_cut_matches_mlx_lm(hybrid):
+    """A static cut after the attention layer keeping every token: the recurrent layers
+    above take the whole prompt, as mlx-lm's do."""
+    model, _ = hybrid
+    prompt = random_prompt(150, ModelAdapter(model).vocab_size, seed=11)
+    nothing_pruned = PruningConfig("static", prune_layers=(3,), keep=(1.0,))
+    assert mlx_lm_error(model, nothing_pruned, prompt, 8) < LOGITS_TOL
 
 
 def test_the_moe_layout_matches_mlx_lm(tmp_path):
@@ -83,6 +99,52 @@ def test_the_moe_layout_matches_mlx_lm(tmp_path):
     engine = LazyEngine(model, resolve_config(model, NO_REVIVAL))
     greedy(engine, prompt, 8)
     assert engine.stats.prefill_tokens_per_layer == [200] * 4 + [60] * 4
+
+
+def test_the_lfm2_moe_layout_matches_mlx_lm_and_a_reference(tmp_path):
+    """``lfm2_moe`` (LFM2-8B-A1B's layout): attention in layers 2 and 4 of 6, the top layer
+    a convolution, dense feed-forward in layers 0 and 1, then sparse MoE. Unpruned and with
+    nothing pruned equal to mlx-lm; a static cut after layer 2 keeps the tokens and gives
+    the logits of mlx-lm's own layers; its prompt cache saves and loads; a 4-bit copy (its
+    experts and router quantized) with nothing pruned is mlx-lm's."""
+    model, _ = mlx_lm.load(str(build_tiny_model("lfm2_moe", tmp_path / "model")))
+    assert recurrent_layers(model) == (0, 1, 3, 5) and global_layers(model) == (2, 4)
+    ffn = [layer.feed_forward for layer in model.layers]
+    assert hasattr(ffn[1], "down_proj") and hasattr(ffn[2], "switch_mlp")
+    prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=8)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 16) < LOGITS_TOL
+    nothing_pruned = PruningConfig("static", prune_layers=(2,), keep=(1.0,))
+    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
+    kept, want = reference_static(model, prompt, 0.3, 8, cut=2)
+    static = PruningConfig("static", prune_layers=(2,), keep=(0.3,))
+    engine = LazyEngine(model, resolve_config(model, static))
+    _, got = greedy(engine, prompt, 8)
+    assert np.array_equal(np.flatnonzero(engine.cache.depth[:200] > 3), kept)
+    assert max(rel_err(a, b) for a, b in zip(got, want)) < LOGITS_TOL
+
+    cache = make_lazy_cache(model, static)
+    cache.process(prompt.tolist())
+    save_prompt_cache(tmp_path / "c.safetensors", cache)
+    loaded = load_prompt_cache(tmp_path / "c.safetensors", model)
+    turn = random_prompt(20, ModelAdapter(model).vocab_size, seed=9).tolist()
+    assert rel_err(loaded.process(turn), cache.process(turn)) == 0
+
+    nn.quantize(model, group_size=32, bits=4)
+    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
+
+
+@pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the kernel runs on the CPU only")
+def test_lfm2s_feed_forward_takes_its_activation_from_the_cpu_kernel(tmp_path, monkeypatch):
+    """LFM2's dense SwiGLU (w1 the gate, w3 up, w2 down) runs as other families' dense MLPs
+    do on the CPU, its activation from kernels.gated: in every layer, mlx-lm's logits."""
+    from mlx_lazy import kernels
+
+    model, _ = mlx_lm.load(str(build_tiny_model("lfm2", tmp_path)))
+    calls, gated = [], kernels.gated
+    monkeypatch.setattr(kernels, "gated", lambda *args: calls.append(args[2]) or gated(*args))
+    prompt = random_prompt(50, ModelAdapter(model).vocab_size, seed=10)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 2) < LOGITS_TOL
+    assert set(calls) == {"silu"} and len(calls) == 8 * 3  # the prompt, then 2 steps
 
 
 def test_a_quantized_copy_matches_mlx_lm_and_keeps_its_identity(hybrid_dir):
@@ -114,61 +176,79 @@ def _rope_at(rope, x, positions):
     return rope(x.transpose(2, 1, 0, 3), offset=offsets).transpose(2, 1, 0, 3)
 
 
-def _gated_attention(layer, h, positions, store):
-    """mlx-lm's gated attention block (Qwen3NextAttention and the MLP after it) for hidden
-    states ``h`` at ``positions``, over the keys in ``store`` and their own."""
+def _attention_qkv(layer, h):
+    """mlx-lm's attention block's queries, keys and values (1, heads, n, head_dim), RoPE not
+    applied, and output gate (None in LFM2's) of hidden states ``h``: Qwen's q_proj gives
+    each head's queries, then its gate; LFM2 names its parts its own way."""
+    attn, n, lfm2 = layer.self_attn, h.shape[1], hasattr(layer, "operator_norm")
+    x = layer.operator_norm(h) if lfm2 else layer.input_layernorm(h)
+    heads = attn.n_heads if lfm2 else attn.num_attention_heads
+    kv_heads = attn.n_kv_heads if lfm2 else attn.num_key_value_heads
+    q, gate = attn.q_proj(x).reshape(1, n, heads, -1), None
+    if not lfm2:
+        q, gate = mx.split(q, 2, axis=-1)
+        gate = gate.reshape(1, n, -1)
+    k = attn.k_proj(x).reshape(1, n, kv_heads, -1)
+    v = attn.v_proj(x).reshape(1, n, kv_heads, -1).transpose(0, 2, 1, 3)
+    q_norm, k_norm = (attn.q_layernorm, attn.k_layernorm) if lfm2 else (attn.q_norm, attn.k_norm)
+    return q_norm(q).transpose(0, 2, 1, 3), k_norm(k).transpose(0, 2, 1, 3), v, gate
+
+
+def _attention(layer, h, positions, store):
+    """mlx-lm's attention block (Qwen3NextAttention, LFM2's Attention) and the MLP after it
+    for hidden states ``h`` at ``positions``, over the keys in ``store`` and their own."""
     attn, n = layer.self_attn, h.shape[1]
-    x = layer.input_layernorm(h)
-    q, gate = mx.split(attn.q_proj(x).reshape(1, n, attn.num_attention_heads, -1), 2, axis=-1)
-    k = attn.k_proj(x).reshape(1, n, attn.num_key_value_heads, -1)
-    v = attn.v_proj(x).reshape(1, n, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
-    q = _rope_at(attn.rope, attn.q_norm(q).transpose(0, 2, 1, 3), positions)
-    k = _rope_at(attn.rope, attn.k_norm(k).transpose(0, 2, 1, 3), positions)
+    q, k, v, gate = _attention_qkv(layer, h)
+    q, k = _rope_at(attn.rope, q, positions), _rope_at(attn.rope, k, positions)
     for name, new in (("keys", k), ("values", v)):
         store[name] = new if name not in store else mx.concatenate([store[name], new], axis=2)
     store["positions"] = np.concatenate([store.get("positions", []), positions])
     mask = mx.array(store["positions"][None, :] <= np.asarray(positions)[:, None])
     out = mx.fast.scaled_dot_product_attention(q, store["keys"], store["values"],
                                                scale=attn.scale, mask=mask)
-    out = out.transpose(0, 2, 1, 3).reshape(1, n, -1) * mx.sigmoid(gate.reshape(1, n, -1))
-    h = h + attn.o_proj(out)
+    out = out.transpose(0, 2, 1, 3).reshape(1, n, -1)
+    if hasattr(layer, "operator_norm"):  # lfm2
+        h = h + attn.out_proj(out)
+        return h + layer.feed_forward(layer.ffn_norm(h))
+    h = h + attn.o_proj(out * mx.sigmoid(gate))
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def reference_static(model, prompt, keep, steps):
-    """Greedy logits of a static cut after layer 3 keeping ``keep`` of the prompt, from
-    mlx-lm's own layers: layers 0-3 over the whole prompt; the last prompt token's
-    head-averaged attention at layer 3 ranks the others (the first and the last kept);
-    the recurrent layers 4-6 take the kept tokens in order, layer 7 attends over them at
-    their own positions; generated tokens go through every layer."""
-    outer = getattr(model, "language_model", model)  # Qwen3.5's text model, or Qwen3-Next
+def reference_static(model, prompt, keep, steps, cut=3):
+    """Greedy logits of a static cut after layer ``cut`` keeping ``keep`` of the prompt, from
+    mlx-lm's own layers: layers up to the cut over the whole prompt; the last prompt token's
+    head-averaged attention at the cut ranks the others (the first and the last kept);
+    the recurrent layers above take the kept tokens in order, the attention layers attend
+    over them at their own positions; generated tokens go through every layer."""
+    outer = getattr(model, "language_model", model)  # Qwen3.5's text model, or the model
     text = outer.model
     layers, caches, n = text.layers, make_prompt_cache(model), len(prompt)
     h = text.embed_tokens(prompt[None])
-    for i in range(4):
+    for i in range(cut + 1):
         h_in = h
-        h = layers[i](h, mask="causal" if i == 3 else None, cache=caches[i])
-    attn = layers[3].self_attn
-    x = layers[3].input_layernorm(h_in[:, -1:])
-    q = mx.split(attn.q_proj(x).reshape(1, 1, attn.num_attention_heads, -1), 2, axis=-1)[0]
-    q = attn.rope(attn.q_norm(q).transpose(0, 2, 1, 3), offset=n - 1)
-    keys = caches[3].state[0][:, :, :n]
-    keys = mx.repeat(keys, attn.num_attention_heads // attn.num_key_value_heads, axis=1)
+        h = layers[i](h, mask="causal" if i == cut else None, cache=caches[i])
+    attn = layers[cut].self_attn
+    q = attn.rope(_attention_qkv(layers[cut], h_in[:, -1:])[0], offset=n - 1)
+    keys = caches[cut].state[0][:, :, :n]
+    keys = mx.repeat(keys, q.shape[1] // keys.shape[1], axis=1)
     scores = np.array(mx.softmax(q @ keys.transpose(0, 1, 3, 2) * attn.scale, axis=-1)
                       .mean(axis=1)[0, 0])
     scores[[0, n - 1]] = np.inf
     kept = np.sort(np.argsort(-scores, kind="stable")[: round(keep * n)])
-    h, positions, store = h[:, mx.array(kept)], kept, {}
+    h, positions = h[:, mx.array(kept)], kept
+    stores = {i: {} for i in range(cut + 1, len(layers)) if hasattr(layers[i], "self_attn")}
+    head = getattr(outer, "lm_head", None) or text.embed_tokens.as_linear  # lfm2: tied
+    norm = getattr(text, "norm", None) or text.embedding_norm  # lfm2's final norm
     logits = []
     for step in range(steps + 1):
-        for i in range(4, 8):
-            h = (_gated_attention(layers[i], h, positions, store) if i == 7
+        for i in range(cut + 1, len(layers)):
+            h = (_attention(layers[i], h, positions, stores[i]) if i in stores
                  else layers[i](h, mask=None, cache=caches[i]))
-        logits.append(outer.lm_head(text.norm(h[:, -1]))[0])
+        logits.append(head(norm(h[:, -1]))[0])
         token = mx.argmax(logits[-1])
         positions = np.array([n + step])
         h = text.embed_tokens(token.reshape(1, 1))
-        for i in range(4):
+        for i in range(cut + 1):
             h = layers[i](h, mask=None, cache=caches[i])
     return kept, logits
 
@@ -342,7 +422,8 @@ def test_a_pruned_prompt_cache_saves_and_loads(hybrid, tmp_path):
     assert rel_err(loaded.process(turn), cache.process(turn)) == 0
 
     arrays, metadata = mx.load(str(path), return_metadata=True)
-    for name, broken in (("recurrent.4.1", None), ("recurrent.5.0", mx.zeros((1, 2, 3)))):
+    last = len(cache.engine.cache.recurrent[4]) - 1  # Qwen's state has two parts, LFM2's one
+    for name, broken in ((f"recurrent.4.{last}", None), ("recurrent.5.0", mx.zeros((1, 2, 3)))):
         bad = dict(arrays)
         if broken is None:
             del bad[name]

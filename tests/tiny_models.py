@@ -21,7 +21,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "ernie4_5_moe", "phi3", "gemma3_text", "smollm3", "ministral3", "gpt_oss", "granite",
          "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5", "qwen3_next", "deepseek_v3",
          "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
-         "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
+         "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
+         "lfm2_moe")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -239,6 +240,23 @@ _KIND_CONFIG = {
                 "qk_norm": True, "rope_scaling": {
                     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+    # LFM2: short gated convolutions (recurrent, 3 wide: a state of 2 tokens) and, in layers 3
+    # and 7 of 8 as in Qwen3.5's tiny, grouped-query attention with q/k norms; SwiGLU
+    # feed-forward (auto-adjusted to 96 wide), tied head, biases in the convolutions
+    "lfm2": {"architectures": ["Lfm2ForCausalLM"], "num_hidden_layers": 8, "norm_eps": 1e-5,
+             "conv_bias": True, "conv_L_cache": 3, "block_dim": 64, "block_ff_dim": 128,
+             "block_multiple_of": 32, "block_ffn_dim_multiplier": 1.0,
+             "block_auto_adjust_ff_dim": True,
+             "layer_types": ["conv"] * 3 + ["full_attention"] + ["conv"] * 3 + ["full_attention"]},
+    # LFM2-8B-A1B's layout: attention in layers 2 and 4 of 6, the last a convolution; dense
+    # feed-forward in layers 0 and 1, then sparse MoE (2 of 4 experts, sigmoid routing with a
+    # selection bias)
+    "lfm2_moe": {"architectures": ["Lfm2MoeForCausalLM"], "num_hidden_layers": 6,
+                 "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3,
+                 "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                 "norm_topk_prob": True, "use_expert_bias": True, "num_dense_layers": 2,
+                 "layer_types": ["conv", "conv", "full_attention", "conv", "full_attention",
+                                 "conv"]},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -368,7 +386,13 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     params = tree_map(lambda p: p.astype(mx.float32), model.parameters())
     model.update(params)
     for layer in model.layers:
-        attn = getattr(layer, "self_attn", None) or layer.linear_attn  # qwen3_5: linear
+        # qwen3_5: linear, lfm2: convolution
+        attn = (getattr(layer, "self_attn", None) or getattr(layer, "linear_attn", None)
+                or layer.conv)
+        # the feed-forward: at mlp, at block_sparse_moe (mixtral, granitemoe, phimoe) or at
+        # feed_forward (lfm2)
+        mlp = next(layer[name] for name in ("mlp", "block_sparse_moe", "feed_forward")
+                   if name in layer)
         # every projection's bias (attention's, o_proj's, the MLP's and experts'), so that a
         # dropped one shows
         biases = [(name, 0.1 * mx.random.normal(p.shape)) for name, p in
@@ -376,8 +400,7 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         layer.update(tree_unflatten(biases))
         if hasattr(attn, "sinks"):  # gpt_oss: zeros by default
             attn.sinks = mx.random.normal(attn.sinks.shape)
-        moe = layer.mlp if "mlp" in layer else layer.block_sparse_moe  # mixtral's, phimoe's
-        gate = getattr(moe, "gate", None)
+        gate = getattr(mlp, "gate", None)
         weight = getattr(gate, "weight", None)
         # glm4_moe's, DeepSeek's routers: zeros route no token apart
         if isinstance(weight, mx.array) and not mx.any(weight).item():
@@ -385,9 +408,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         if hasattr(gate, "e_score_correction_bias"):
             gate.e_score_correction_bias = 0.1 * mx.random.normal(
                 gate.e_score_correction_bias.shape)
+        if "expert_bias" in mlp:  # lfm2_moe: zeros by default
+            mlp.expert_bias = 0.1 * mx.random.normal(mlp.expert_bias.shape)
         if "layer_scalar" in layer:  # gemma4: ones by default
             layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
-        for name in ("q_norm", "k_norm"):
+        for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm"):
             if hasattr(attn, name):
                 norm = getattr(attn, name)
                 norm.weight = 1.0 + 0.1 * mx.random.normal(norm.weight.shape)
@@ -406,6 +431,10 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
                          "pre_feedforward_layernorm", "post_feedforward_layernorm"):
                 norm = getattr(layer, name)
                 norm.weight = 0.1 * mx.random.normal(norm.weight.shape)
+        if kind.startswith("lfm2"):  # ones by default, and both after the block's input
+            for name in ("operator_norm", "ffn_norm"):
+                norm = getattr(layer, name)
+                norm.weight = 1.0 + 0.1 * mx.random.normal(norm.weight.shape)
     for _, module in model.named_modules():  # phimoe's LayerNorms: biases zero by default
         if isinstance(module, nn.LayerNorm) and "bias" in module:
             module.bias = 0.1 * mx.random.normal(module.bias.shape)
