@@ -346,7 +346,8 @@ class ModelAdapter:
 
     def kv_layer(self, layer: int) -> int:
         """The layer whose keys and values ``layer`` attends over: itself, or for the upper
-        layers of Gemma 4's E2B/E4B the last lower layer of its kind (sliding or global),
+        layers of Gemma 4's E2B/E4B the last lower layer of its kind (sliding or global), for
+        Hunyuan's cross-layer attention the first of its group of ``cla_share_factor``,
         whose cache it reads; :meth:`qkv` gives them no keys and values."""
         return self._kv_layers[layer]
 
