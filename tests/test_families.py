@@ -771,3 +771,30 @@ def test_pruned_llama4_equals_a_dense_reference(family, monkeypatch, revival_blo
     tokens, logits, _, sees, revived = decode_one(engine, prompt, logits, kept, selections)
     assert engine.stats.revivals > 0 and len(revived)
     assert rel_err(logits, _dense_logits(text, tokens, masks(n + 1, sees))) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("revival_block", [64, 2])
+def test_pruned_hunyuan_equals_a_dense_reference(family, monkeypatch, revival_block):
+    """Hunyuan under a cut after layer 0 (40% kept) and a decode step that revives, against
+    mlx-lm's blocks run densely with masks, each pair passing layer 0's (2's) raw keys and
+    values to layer 1 (3), as mlx-lm's forward does: the reading layers score the lower
+    layer's cached keys through their own key norm, over the kept keys only."""
+    model, _ = family("hunyuan")
+    engine, prompt, logits, kept, selections = cut_after_layer_0(
+        model, model.args.vocab_size, monkeypatch, revival_block)
+    n = len(prompt)
+
+    def dense(tokens, masks):
+        inner, shared = model.model, None
+        h = inner.embed_tokens(mx.array(tokens)[None])
+        for i, (block, mask) in enumerate(zip(inner.layers, masks)):
+            shared = None if i % model.args.cla_share_factor == 0 else shared
+            h, shared = block(h, mx.array(mask), None, shared)
+        return inner.embed_tokens.as_linear(inner.norm(h))[0, -1]
+
+    masks = [dense_mask(n, None, [None] * n)] + [dense_mask(n, None, [kept] * n)] * 3
+    assert rel_err(logits, dense(prompt, masks)) < LOGITS_TOL
+    tokens, logits, _, sees, revived = decode_one(engine, prompt, logits, kept, selections)
+    assert engine.stats.revivals > 0 and len(revived)
+    masks = [dense_mask(n + 1, None, [None] * (n + 1))] + [dense_mask(n + 1, None, sees)] * 3
+    assert rel_err(logits, dense(tokens, masks)) < LOGITS_TOL
