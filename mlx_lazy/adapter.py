@@ -24,6 +24,7 @@ from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 
 from . import _blas, kernels
+from .attention import Chunks, Window
 from .errors import UserInputError, shown
 
 # qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
@@ -95,13 +96,32 @@ from .errors import UserInputError, shown
 # convolutions (``block.conv``, recurrent: their state is the last few tokens' inputs) and
 # grouped-query attention with per-head q/k norms; Llama's parts under other names
 # (:data:`_LFM2_NAMES`), a SwiGLU (lfm2_moe: from ``num_dense_layers`` on, a sparse MoE) block.
-SUPPORTED_MODEL_TYPES = ("apertus", "cohere2", "deepseek_v2", "deepseek_v3", "ernie4_5",
-                         "ernie4_5_moe", "exaone4", "gemma2", "gemma3", "gemma3_text", "gemma4",
-                         "gemma4_text", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss", "granite",
-                         "granitemoe", "helium", "internlm3", "lfm2", "lfm2_moe", "llama",
-                         "ministral3", "mistral", "mistral3", "mixtral", "olmo2", "olmo3", "olmoe",
-                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe",
-                         "qwen3_moe", "qwen3_next", "seed_oss", "smollm3", "starcoder2")
+# dots1 (dots.llm1): Llama's layout with per-head q/k norms, DeepSeek-V3's sigmoid routing
+# (a correction bias) and shared experts at ``block.mlp`` from ``first_k_dense_replace`` on.
+# bailing_moe (Ling, Ring): fused ``query_key_value`` (split as phi3's), attention at
+# ``block.attention`` with its output ``dense``, embeddings ``word_embeddings``, optional
+# per-head q/k norms (``query_layernorm``, ``key_layernorm``) before partial RoPE, grouped
+# routing with an expert bias and shared experts at ``block.mlp``.
+# hunyuan (Hunyuan-A13B, Hunyuan-Large): per-head q/k norms after RoPE, softmax-routed experts
+# beside a shared MLP; with ``use_cla`` (cross-layer attention) a layer reads the keys and
+# values of the layer below it (:meth:`ModelAdapter.kv_layer`), its own key norm weighed in
+# through its queries (:meth:`ModelAdapter._key_norm_ratio`); the head is the embedding.
+# llama4_text (mlx-lm's dense Llama 4 text model): a weight-free q/k RMS norm before RoPE,
+# layers without RoPE where ``no_rope_layers`` says 0, the MLP at ``block.feed_forward``.
+# llama4 (Llama 4 Scout/Maverick, their text model): chunked local attention
+# (:class:`~mlx_lazy.attention.Chunks`: a query sees the keys of its own
+# ``attention_chunk_size`` chunk) with RoPE and a weight-free L2 (RMS) q/k norm after it in
+# three layers of four; every fourth global, without RoPE, its queries scaled by position
+# (``attn_temperature_tuning``); MoE layers (top-1 sigmoid-weighted expert beside a shared
+# expert) every ``interleave_moe_layer_step``-th, both at ``block.feed_forward``.
+SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere2", "deepseek_v2", "deepseek_v3", "dots1",
+                         "ernie4_5", "ernie4_5_moe", "exaone4", "gemma2", "gemma3", "gemma3_text",
+                         "gemma4", "gemma4_text", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss",
+                         "granite", "granitemoe", "helium", "hunyuan", "internlm3", "lfm2",
+                         "lfm2_moe", "llama", "llama4", "llama4_text", "ministral3", "mistral",
+                         "mistral3", "mixtral", "olmo2", "olmo3", "olmoe", "phi3", "phimoe",
+                         "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
+                         "qwen3_next", "seed_oss", "smollm3", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -117,9 +137,10 @@ _LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "
 #: layout, by Llama's name (:meth:`ModelAdapter._part`).
 _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                            "post_attention_layernorm": "feedforward_layernorm"},
+               "bailing_moe": {"o_proj": "dense"},
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES)}
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
-_WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
+_WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm, use_sliding_window}``,
@@ -134,8 +155,12 @@ _WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # qk_nope_head_dim, kv_lora_rank, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, embed_q,
 # unembed_out}``; the feed-forward at ``mlp`` or ``block_sparse_moe``, mixtral's heads at
 # ``self_attn.{num_heads, num_key_value_heads}``, Gemma 2's
-# ``self_attn.attn_logit_softcapping``): at least the first, below the second. Same as
-# pyproject.toml.
+# ``self_attn.attn_logit_softcapping``; bailing_moe's ``attention.{query_key_value, dense,
+# query_layernorm, key_layernorm}``, ``model.word_embeddings``; hunyuan's ``args.{use_cla,
+# cla_share_factor}``, ``self_attn.key_layernorm``; llama4's ``self_attn.{use_rope,
+# use_qk_norm, attn_temperature_tuning, floor_scale, attn_scale}``,
+# ``args.attention_chunk_size``, ``block.feed_forward``, llama4_text's ``output``): at least
+# the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -186,13 +211,17 @@ def _text_model(model: nn.Module) -> nn.Module:
     return model.language_model if getattr(model, "model_type", None) in _WRAPPERS else model
 
 
-def sliding_windows(model: nn.Module) -> List[Optional[int]]:
+def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
     attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
-    and Ministral 3's, gpt-oss's and OLMo 3's where the config says ``sliding_attention``; no
-    other supported family's do."""
+    and Ministral 3's, gpt-oss's and OLMo 3's where the config says ``sliding_attention``;
+    Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
+    (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
     text = _text_model(model)
+    if getattr(model, "model_type", None) == "llama4":
+        chunks = Chunks(int(text.args.attention_chunk_size))
+        return [chunks if block.self_attn.use_rope else None for block in text.model.layers]
     window = getattr(text.args, "sliding_window", None)
     if getattr(model, "model_type", None) in GEMMA3_TYPES + GEMMA4_TYPES:
         sliding = [block.self_attn.is_sliding for block in text.model.layers]
@@ -272,7 +301,7 @@ class ModelAdapter:
                for layer, window in zip(self.layers, self._windows)):
             raise UserInputError("sliding-window attention layers are not supported")
         self._recurrent = frozenset(recurrent_layers(model))
-        attn = next(block.self_attn for i, block in enumerate(self.layers)
+        attn = next(attention_module(block) for i, block in enumerate(self.layers)
                     if i not in self._recurrent)
         self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
         self._mla = model_type in MLA_TYPES
@@ -285,6 +314,8 @@ class ModelAdapter:
             self.n_kv_heads = getattr(attn, "n_kv_heads", None) or attn.num_key_value_heads
         self.scale: float = getattr(attn, "scale", None) or attn.sm_scale
         self.lm_head = getattr(self.text, "lm_head", None)
+        if model_type == "llama4_text" and not self.text.args.tie_word_embeddings:
+            self.lm_head = self.text.output
         if model_type == "helium" and self.text.args.tie_word_embeddings:
             self.lm_head = None  # mlx-lm builds one but uses the embedding
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
@@ -295,6 +326,16 @@ class ModelAdapter:
         # Gemma 4's E2B/E4B: the layer whose keys and values each layer attends over, and
         # the width of each layer's per-token input
         self._kv_layers = list(getattr(self.inner, "previous_kvs", range(len(self.layers))))
+        if model_type == "hunyuan" and args.use_cla:  # the layer below, as mlx-lm shares
+            self._kv_layers = [i - i % args.cla_share_factor for i in range(len(self.layers))]
+        # norms after RoPE (hunyuan's, llama4's); llama4(_text)'s weight-free norm's epsilon
+        self._norms_after_rope = model_type in ("hunyuan", "llama4")
+        self._l2_eps = (1e-6 if model_type == "llama4" else
+                        args.rms_norm_eps if model_type == "llama4_text" else None)
+        self._key_ratios = {layer: self._key_norm_ratio(layer) for layer, kv in
+                            enumerate(self._kv_layers) if kv != layer and model_type == "hunyuan"}
+        self._embedding = (self.inner.word_embeddings if model_type == "bailing_moe"
+                           else self.inner.embed_tokens)
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
         self._hidden = int(args.hidden_size)
         self._softcap = getattr(args, "final_logit_softcapping", None) if gemma else None
@@ -308,15 +349,17 @@ class ModelAdapter:
         self._logits_scaling = (args.logits_scaling if granite else
                                 1 / args.logit_scale if model_type == "cohere2" else None)
 
-    def sliding_window(self, layer: int) -> Optional[int]:
+    def sliding_window(self, layer: int) -> Optional[Window]:
         """The window of a sliding-window layer (a query at position p sees keys at
-        positions p - window + 1 .. p, original positions), None for a global layer and for
-        families without sliding windows."""
+        positions p - window + 1 .. p, original positions) or a chunked one
+        (:class:`~mlx_lazy.attention.Chunks`), None for a global layer and for families
+        without either."""
         return self._windows[layer]
 
     def kv_layer(self, layer: int) -> int:
         """The layer whose keys and values ``layer`` attends over: itself, or for the upper
-        layers of Gemma 4's E2B/E4B the last lower layer of its kind (sliding or global),
+        layers of Gemma 4's E2B/E4B the last lower layer of its kind (sliding or global), for
+        Hunyuan's cross-layer attention the first of its group of ``cla_share_factor``,
         whose cache it reads; :meth:`qkv` gives them no keys and values."""
         return self._kv_layers[layer]
 
@@ -333,13 +376,14 @@ class ModelAdapter:
     def sinks(self, layer: int) -> Optional[mx.array]:
         """The layer's attention sinks, one logit per head that each head's softmax also
         weighs (gpt-oss); None for families without them."""
-        return getattr(self.layers[layer].self_attn, "sinks", None)
+        return getattr(attention_module(self.layers[layer]), "sinks", None)
 
     def softcap(self, layer: int) -> Optional[float]:
         """The layer's attention logit soft-cap c (Gemma 2's ``attn_logit_softcapping``):
         each logit s becomes ``c tanh(s / c)`` before the mask and softmax; None for
         families without one."""
-        return getattr(self.layers[layer].self_attn, "attn_logit_softcapping", None) or None
+        attn = attention_module(self.layers[layer])
+        return getattr(attn, "attn_logit_softcapping", None) or None
 
     @property
     def num_layers(self) -> int:
@@ -369,7 +413,7 @@ class ModelAdapter:
         Qwen2.5-0.5B, and also a model from its own quantized or cast copy. Both tensors are
         whole on every rank of a sharded model."""
         digest = hashlib.sha256()
-        for array in (self.inner.embed_tokens.weight[:16], self._part(self.inner, "norm").weight):
+        for array in (self._embedding.weight[:16], self._part(self.inner, "norm").weight):
             digest.update(np.array(array.astype(mx.float32)).tobytes())
         return digest.hexdigest()[:16]
 
@@ -393,7 +437,7 @@ class ModelAdapter:
         # (Qwen's) holds rows no token uses, left as initialised
         rows = np.unique(np.linspace(0, max(0, int(0.9 * vocab) - 1),
                                      IDENTITY_ROWS).round().astype(np.int32))
-        out = self.inner.embed_tokens(mx.array(rows)).astype(mx.float32)
+        out = self._embedding(mx.array(rows)).astype(mx.float32)
         return np.array(out).ravel()
 
     def _norm_weights(self) -> np.ndarray:
@@ -413,12 +457,12 @@ class ModelAdapter:
     @property
     def vocab_size(self) -> int:
         """Rows of the embedding table: valid token ids are 0 to vocab_size - 1."""
-        return self.inner.embed_tokens.weight.shape[0]
+        return self._embedding.weight.shape[0]
 
     def embed(self, tokens: mx.array) -> mx.array:
         """(n,) token ids -> (1, n, D) hidden states (with Gemma 4 E2B/E4B's per-layer
         inputs after them: D is hidden_size + layers x their width)."""
-        h = self.inner.embed_tokens(tokens[None])
+        h = self._embedding(tokens[None])
         scale = self._embed_scale
         if scale is not None:
             h = h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
@@ -432,7 +476,7 @@ class ModelAdapter:
         """Final norm and LM head on (1, n, D) hidden states."""
         h = self._part(self.inner, "norm")(h)
         if self.lm_head is None:
-            out = self.inner.embed_tokens.as_linear(h)
+            out = self._embedding.as_linear(h)
         else:
             out = self.lm_head(h)
         if self._softcap:  # Gemma 2 style final soft-capping, where a config has it
@@ -450,7 +494,7 @@ class ModelAdapter:
         (:meth:`kv_layer`); the gate (1, n, heads x head_dim) None but in a gated attention.
         """
         block = self.layers[layer]
-        attn = block.self_attn
+        attn = attention_module(block)
         n = h.shape[1]
         x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
         if not self._post_norms:
@@ -458,13 +502,21 @@ class ModelAdapter:
         gate = None
         if self._mla:
             return (*self._latent_qkv(attn, x, n, positions), None)
-        if hasattr(attn, "qkv_proj"):  # phi3: one projection, split as mlx-lm does
-            qkv = attn.qkv_proj(x)
+        fused = getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
+        if fused is not None:  # phi3, bailing_moe: one projection, split as mlx-lm does
+            qkv = fused(x)
             q_end = self.n_heads * attn.head_dim
             q, k, v = mx.split(qkv, [q_end, q_end + self.n_kv_heads * attn.head_dim], axis=-1)
-        elif self.kv_layer(layer) != layer:  # gemma4: a lower layer's keys and values
+        elif self.kv_layer(layer) != layer and self._gemma4:  # a lower layer's keys, values
             q = attn.q_norm(attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1))
             return _rope(attn.rope, q.transpose(0, 2, 1, 3), positions), None, None, None
+        elif self.kv_layer(layer) != layer:  # hunyuan's CLA: those of the layer below
+            q = attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1).transpose(0, 2, 1, 3)
+            q = _rope(attn.rope, q, positions)
+            ratio = self._key_ratios[layer]
+            if ratio is not None:
+                q = attn.query_layernorm(q) * ratio.astype(q.dtype)
+            return q, None, None, None
         elif self._gated:  # each head's queries, then its gate, as mlx-lm splits them
             q, gate = mx.split(attn.q_proj(x).reshape(1, x.shape[1], self.n_heads, -1), 2, -1)
             q, gate = q.reshape(1, x.shape[1], -1), gate.reshape(1, x.shape[1], -1)[:, :n]
@@ -488,14 +540,45 @@ class ModelAdapter:
         if hasattr(attn, "v_norm"):  # gemma4
             v = attn.v_norm(v)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+        if not self._norms_after_rope:
+            q, k = self._head_norms(attn, q, k)
         # none in EXAONE 4's global layers; Command R7B's global layers skip theirs
         rope = getattr(attn, "rope", None) if getattr(attn, "use_sliding_window", True) else None
         if rope is not None:
             q, k = _rope(rope, q, positions), _rope(rope, k, positions)
+        if self._norms_after_rope:
+            q, k = self._head_norms(attn, q, k)
         if hasattr(attn, "scaling_beta"):  # ministral3
             q = q * _query_scale(positions, attn.scaling_beta,
                                  attn.original_max_position_embeddings).astype(q.dtype)
+        if getattr(attn, "attn_temperature_tuning", 0) and not attn.use_rope:  # llama4 NoPE
+            q = q * _query_scale(positions + 1, attn.attn_scale, attn.floor_scale).astype(q.dtype)
         return q, k, v, gate
+
+    def _head_norms(self, attn: nn.Module, q: mx.array, k: mx.array
+                    ) -> Tuple[mx.array, mx.array]:
+        """Per-head q/k norms named ``query_layernorm``/``key_layernorm`` (bailing_moe's,
+        hunyuan's) or Llama 4's weight-free RMS norm (``use_qk_norm``); q, k as they are in
+        other families (their norms: :meth:`qkv`)."""
+        if hasattr(attn, "query_layernorm"):
+            return attn.query_layernorm(q), attn.key_layernorm(k)
+        if self._l2_eps is not None and attn.use_qk_norm:
+            return (mx.fast.rms_norm(q, None, self._l2_eps),
+                    mx.fast.rms_norm(k, None, self._l2_eps))
+        return q, k
+
+    def _key_norm_ratio(self, layer: int) -> Optional[mx.array]:
+        """Hunyuan's CLA: a layer's keys are the lower layer's raw keys through its OWN key
+        norm, i.e. the lower layer's cached keys times (its weight / theirs); weighed into its
+        queries, its scores over the cached keys are its own. None without q/k norms."""
+        norm = getattr(self.layers[layer].self_attn, "key_layernorm", None)
+        if norm is None:
+            return None
+        below = self.layers[self._kv_layers[layer]].self_attn.key_layernorm.weight
+        if not mx.all(below != 0).item():
+            raise UserInputError(f"layer {layer} shares keys with a layer whose key norm has a "
+                                 "zero weight; mlx-lazy cannot run this hunyuan checkpoint")
+        return norm.weight.astype(mx.float32) / below.astype(mx.float32)
 
     def _latent_qkv(self, attn: nn.Module, x: mx.array, n: int, positions: np.ndarray
                     ) -> Tuple[mx.array, mx.array, mx.array]:
@@ -533,13 +616,14 @@ class ModelAdapter:
         """Output projection, residual and MLP: attention output (1, H, n, d), times the
         sigmoid of :meth:`qkv`'s ``gate`` where it gave one, -> new h."""
         block = self.layers[layer]
+        attn = attention_module(block)
         n = attn_out.shape[2]
-        if hasattr(block.self_attn, "unembed_out"):  # absorbed latent attention: the latent
-            attn_out = block.self_attn.unembed_out(attn_out)  # output to each head's values
+        if hasattr(attn, "unembed_out"):  # absorbed latent attention: the latent
+            attn_out = attn.unembed_out(attn_out)  # output to each head's values
         out = attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)
         if gate is not None:
             out = out * mx.sigmoid(gate)
-        r = self._part(block.self_attn, "o_proj")(self._blas_rows(out))
+        r = self._part(attn, "o_proj")(self._blas_rows(out))
         if self._layer_input:  # gemma4 E2B/E4B: this layer's input, then the later layers'
             width = self._layer_input
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
@@ -740,11 +824,17 @@ def quantizations(model: nn.Module) -> List[str]:
 def feed_forward(block: nn.Module) -> nn.Module:
     """A layer's feed-forward module as mlx-lm's block calls it: ``block.mlp`` (a dense MLP
     or a sparse MoE block), the ``block_sparse_moe`` of Mixtral, Granite MoE and
-    Phi-3.5-MoE, or LFM2's ``feed_forward``."""
+    Phi-3.5-MoE, or LFM2's and Llama 4's ``feed_forward``."""
     for name in ("mlp", "block_sparse_moe"):
         if name in block:
             return block[name]
     return block.feed_forward
+
+
+def attention_module(block: nn.Module) -> nn.Module:
+    """A layer's attention module as mlx-lm's block calls it: ``block.self_attn``, or
+    bailing_moe's ``block.attention``."""
+    return block.self_attn if "self_attn" in block else block.attention
 
 
 def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:

@@ -17,6 +17,7 @@ choice by device; the tests use it to run the GPU branch (masks and all) on the 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import mlx.core as mx
@@ -80,14 +81,38 @@ def causal_mask(n_queries: int, n_keys: int) -> mx.array:
     return mx.arange(n_keys)[None] <= rows
 
 
-def position_mask(qpos, kpos, window: Optional[int] = None):
+@dataclass(frozen=True)
+class Chunks:
+    """The window of a chunked local-attention layer (Llama 4's): positions are cut into
+    chunks of ``size``, and a query at position p sees keys p - p % size .. p, those of its
+    own chunk. Given where a sliding window (an int) is given."""
+
+    size: int
+
+    def __str__(self) -> str:
+        return f"chunks of {self.size}"
+
+
+Window = Union[int, Chunks]
+
+
+def window_start(qpos, window: Window):
+    """The first key position a query at ``qpos`` (a number or an array) sees through its
+    ``window``: qpos - window + 1 for a sliding window, the start of its chunk for
+    :class:`Chunks`."""
+    if isinstance(window, Chunks):
+        return qpos - qpos % window.size
+    return qpos - window + 1
+
+
+def position_mask(qpos, kpos, window: Optional[Window] = None):
     """(len(qpos), len(kpos)) mask of which keys each query sees, by original positions
     (numpy or mx arrays, in any order): a key is visible iff ``kpos <= qpos`` and, with a
-    ``window`` (a sliding-window layer), ``kpos > qpos - window``. Positions, never indices:
-    a pruned token's absence neither widens nor shifts a window."""
+    ``window`` (a sliding-window or chunked layer), ``kpos >= window_start(qpos, window)``.
+    Positions, never indices: a pruned token's absence neither widens nor shifts a window."""
     mask = kpos[None, :] <= qpos[:, None]
     if window is not None:
-        mask = mask & (kpos[None, :] > qpos[:, None] - window)
+        mask = mask & (kpos[None, :] >= window_start(qpos, window)[:, None])
     return mask
 
 

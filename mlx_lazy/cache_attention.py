@@ -2,7 +2,7 @@
 
 The engine's rows (a prompt chunk, revived tokens, a decode step's new token) attend over the
 keys cached at a layer: each row sees the keys its step keeps visible at or before its own
-position and, in a sliding-window layer, inside its window of original positions
+position and, in a sliding-window or chunked layer, inside its window of original positions
 (:func:`~mlx_lazy.attention.position_mask`), so a pruned token's absence never shifts what
 another sees. :class:`CacheAttention` picks the cheapest of three shapes for the rows at hand
 and counts the (query, key) pairs each scores.
@@ -15,7 +15,7 @@ from typing import Optional
 import mlx.core as mx
 import numpy as np
 
-from .attention import attention, position_mask
+from .attention import Window, attention, position_mask, window_start
 from .cache import LayerKV
 from .scorers import Mask
 
@@ -36,7 +36,7 @@ class CacheAttention:
         self.prefill_pairs = self.decode_pairs = 0
 
     def __call__(self, q: mx.array, kv: LayerKV, rows: np.ndarray, visible: Optional[Mask],
-                 prompt: bool, n_ctx: int, window: Optional[int] = None,
+                 prompt: bool, n_ctx: int, window: Optional[Window] = None,
                  sinks: Optional[mx.array] = None, softcap: Optional[float] = None) -> mx.array:
         """Attention of queries ``q`` at sorted positions ``rows`` over the layer cache
         ``kv`` of a context of ``n_ctx`` tokens: each sees the ``visible`` keys (all when
@@ -66,7 +66,7 @@ class CacheAttention:
                                sinks, softcap)
 
     def blocked(self, q: mx.array, k: mx.array, v: mx.array, prompt: bool,
-                positions: Optional[np.ndarray] = None, window: Optional[int] = None,
+                positions: Optional[np.ndarray] = None, window: Optional[Window] = None,
                 sinks: Optional[mx.array] = None, softcap: Optional[float] = None) -> mx.array:
         """Causal attention of sorted tokens (at ``positions``) over themselves, in query
         blocks so memory never holds N x N scores; with a ``window``, each block's keys start
@@ -77,8 +77,8 @@ class CacheAttention:
             j = min(i + bs, n)
             s, mask = 0, "causal"
             if window is not None:
-                s = int(np.searchsorted(positions, positions[i] - window, side="right"))
-                if positions[j - 1] - positions[s] >= window:  # some row's window ends early
+                s = int(np.searchsorted(positions, window_start(positions[i], window)))
+                if window_start(positions[j - 1], window) > positions[s]:  # a row starts later
                     mask = mx.array(position_mask(positions[i:j], positions[s:j], window))
             self._count((j - i) * (j - s), prompt)
             outs.append(attention(q[:, :, i:j], k[:, :, s:j], v[:, :, s:j], self.scale, mask,
@@ -89,7 +89,7 @@ class CacheAttention:
 
     def over_cache(self, q: mx.array, keys: mx.array, values: mx.array, rows: np.ndarray,
                    kpos: np.ndarray, visible: Optional[Mask], prompt: bool = False,
-                   window: Optional[int] = None, n_ctx: Optional[int] = None,
+                   window: Optional[Window] = None, n_ctx: Optional[int] = None,
                    sinks: Optional[mx.array] = None, softcap: Optional[float] = None
                    ) -> mx.array:
         """Queries at positions ``rows`` over the whole layer cache (keys at ``kpos``): each
@@ -110,7 +110,7 @@ class CacheAttention:
         return attention(q, keys, values, self.scale, mask, sinks, softcap)
 
     def revived(self, q: mx.array, kv: LayerKV, rows: np.ndarray, selected: np.ndarray,
-                prompt: bool = False, window: Optional[int] = None,
+                prompt: bool = False, window: Optional[Window] = None,
                 sinks: Optional[mx.array] = None, softcap: Optional[float] = None) -> mx.array:
         """Attention of rows at sorted positions ``rows`` over the ``selected`` keys (sorted
         positions) at or before each row's position (and inside its ``window`` of positions
@@ -121,8 +121,8 @@ class CacheAttention:
         for i in range(0, len(rows), self.revival_block):
             block = rows[i : i + self.revival_block]
             end = int(np.searchsorted(selected, block[-1], side="right"))
-            s = 0 if window is None else int(np.searchsorted(selected, block[0] - window,
-                                                             side="right"))
+            s = 0 if window is None else int(np.searchsorted(selected,
+                                                             window_start(block[0], window)))
             mask = position_mask(block, selected[s:end], window)
             self._count(len(block) * (end - s), prompt)
             outs.append(attention(q[:, :, i : i + len(block)], keys[:, :, s:end],

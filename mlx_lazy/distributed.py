@@ -155,8 +155,8 @@ SHARDERS = {kind: shard_by_heads for kind in
 
 def model_group(model: nn.Module) -> Optional[Group]:
     """The group a model was sharded over by :func:`shard`, or None."""
-    attn = next(layer.self_attn for layer in model.layers if hasattr(layer, "self_attn"))
-    o_proj = getattr(attn, "o_proj", None)  # None: LFM2's (out_proj), never sharded
+    attn = next((layer.self_attn for layer in model.layers if hasattr(layer, "self_attn")), None)
+    o_proj = getattr(attn, "o_proj", None)  # None: LFM2's (out_proj), bailing_moe's; never sharded
     return o_proj.group if isinstance(o_proj, _SHARDED_TO_ALL) else None
 
 

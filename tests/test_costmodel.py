@@ -222,11 +222,12 @@ def test_prior_scales_with_layer_size(tiny_model):
     assert small.b == pytest.approx(102e-9 * a.num_attention_heads * head_dim / 576)
 
 
-@pytest.mark.parametrize("kind", ["gpt_oss", "mistral3", "granite"])
+@pytest.mark.parametrize("kind", ["gpt_oss", "mistral3", "granite", "bailing_moe"])
 def test_prior_reads_heads_where_the_family_names_them(tiny_model, kind):
     """gpt-oss names its heads and scale otherwise (``num_attention_heads``, ``sm_scale``);
     a ``mistral3`` checkpoint's layers sit in its text model; Granite's scale is no head
-    size (a multiplier of 0.1 here: 100 "dims" read from it)."""
+    size (a multiplier of 0.1 here: 100 "dims" read from it); Ling's attention is
+    ``block.attention``."""
     from mlx_lazy.bench.costmodel import prior
 
     cost = prior(tiny_model(kind)[0])

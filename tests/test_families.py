@@ -21,7 +21,12 @@ DeepSeek-V2 (``deepseek_v2``: the latent expanded per head), with their MoE bloc
 Sparse MoE families (:data:`MOE`): Mixtral (``mixtral``), Granite MoE (``granitemoe``: Granite's
 multipliers) and Phi-3.5-MoE (``phimoe``: LayerNorms, biases, longrope) with their MoE block at
 ``block_sparse_moe``, Qwen2-MoE (``qwen2_moe``: biases, a gated shared expert) and OLMoE
-(``olmoe``: q/k norms over all heads) at ``mlp``."""
+(``olmoe``: q/k norms over all heads) at ``mlp``. More MoE families (:data:`MOE2`): dots.llm1
+(``dots1``: q/k norms, sigmoid routing with a correction bias, shared experts), Ling/Ring
+(``bailing_moe``: fused q/k/v, attention at ``attention``, grouped routing with an expert bias),
+Hunyuan (``hunyuan``: q/k norms after RoPE, cross-layer attention reading the layer below's
+keys) and Llama 4 (``llama4``: chunked local attention, NoPE global layers with attention
+temperature, a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too)."""
 
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load_prompt_cache,
                       make_prompt_cache as make_lazy_cache, resolve_config, save_prompt_cache)
 from mlx_lazy.adapter import ModelAdapter, feed_forward, identities_match, sliding_windows
+from mlx_lazy.attention import Chunks, position_mask, window_start
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from test_gemma3 import cut_after_layer_0, decode_one, dense_mask
@@ -44,12 +50,13 @@ from tiny_models import build_tiny_model
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
+MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
             "gemma4_text-e2b", "gemma4", *MLA, "gemma2", "glm4", "starcoder2", "cohere2",
-            "helium", "internlm3", "apertus", *MOE)
+            "helium", "internlm3", "apertus", *MOE, *MOE2)
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -371,7 +378,7 @@ def _mlx_lm_kv(model, layer_cache):
     latent attention caches the latent and rope(k_pe), whose concatenation is the engine's
     key and the latent its value."""
     keys, values = layer_cache.keys, layer_cache.values
-    if hasattr(model.layers[0].self_attn, "embed_q"):
+    if hasattr(getattr(model.layers[0], "self_attn", None), "embed_q"):  # not bailing_moe
         return mx.concatenate([keys, values], axis=-1), keys
     return keys, values
 
@@ -399,7 +406,7 @@ def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
 
 
 @pytest.mark.parametrize("kind", ["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
-                                  "deepseek_v2", "gemma2"])
+                                  "deepseek_v2", "gemma2", "hunyuan", "llama4"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
     holding none and its tokens' per-layer inputs, latent attention's values narrower than
@@ -463,6 +470,24 @@ def test_a_layer_reading_lower_keys_sees_only_tokens_computed_there(family, conf
     assert engine.stats.max_computations_per_token_layer == 1
 
 
+def test_a_hunyuan_layer_reading_lower_keys_sees_only_tokens_computed_there(family):
+    """Hunyuan's CLA layers 1 and 3 read the keys and values of 0 and 2, which also hold the
+    tokens pruned after them: each sees only the keys of tokens computed at it, through
+    prefill, decode steps (revivals) and completion."""
+    model, _ = family("hunyuan")
+    config = PruningConfig("lazy", prune_layers=(0, 2), keep=(0.5, 0.3),
+                           complete="progressive:40")
+    engine = LazyEngine(model, resolve_config(model, config))
+    seen = _seen_keys(engine)
+    token = int(mx.argmax(engine.prefill(random_prompt(200, 384, seed=5))))
+    for _ in range(12):
+        token = int(mx.argmax(engine.decode(token)))
+    engine.complete()
+    assert all(only_computed for _, only_computed, _ in seen)
+    assert {layer for layer, _, others in seen if others} == {1, 3}
+    assert engine.stats.max_computations_per_token_layer == 1
+
+
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_unpruned_matches_mlx_lm(family, kind):
     model, _ = family(kind)
@@ -483,7 +508,7 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
                                   "ernie4_5_moe", "gpt_oss", "olmo3", "exaone4",
                                   "gemma4_text-moe", "gemma4_text-e2b", "deepseek_v3",
                                   "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2",
-                                  "helium", "internlm3", "apertus", *MOE))
+                                  "helium", "internlm3", "apertus", *MOE, *MOE2))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
     base = ModelAdapter(model).identity()
@@ -616,3 +641,160 @@ def test_pruned_cohere2_equals_a_dense_reference(family, monkeypatch, revival_bl
     masks = [dense_mask(n + 1, windows[0], [None] * (n + 1))]
     masks += [dense_mask(n + 1, w, sees) for w in windows[1:]]
     assert rel_err(logits, _dense_logits(model, tokens, masks, head)) < LOGITS_TOL
+
+
+def _pairs(logits) -> np.ndarray:
+    """The two experts each row of router ``logits`` takes, sorted."""
+    return np.sort(np.argsort(-np.array(logits), axis=-1)[:, :2], axis=-1)
+
+
+def _routes_apart(router, x) -> bool:
+    """Whether ``router`` (logits of each row of ``x``) sends tokens to different pairs."""
+    return len({tuple(p) for p in _pairs(router(x)).tolist()}) > 2
+
+
+def test_the_tiny_dots1_and_bailing_moe_are_what_they_claim(family):
+    """dots.llm1: per-head q/k norms (random), layer 0 dense, then 2 of 4 experts routed by
+    random weights with a random correction bias, beside a shared expert. Ling: fused
+    q/k/v with biases, its attention at ``attention`` with output ``dense`` and embeddings
+    ``word_embeddings``, random per-head q/k norms, RoPE over half of each head, grouped
+    sigmoid routing with a random expert bias and a shared expert."""
+    x = mx.random.normal((64, 64), key=mx.random.key(1))
+    dots = family("dots1")[0]
+    assert not hasattr(dots.layers[0].mlp, "gate")
+    assert dots.layers[0].self_attn.q_norm.weight.shape == (16,)
+    for layer in dots.layers[1:]:
+        moe = layer.mlp
+        assert moe.experts.gate_proj.weight.shape[0] == 4 and moe.gate.top_k == 2
+        assert float(mx.abs(moe.gate.e_score_correction_bias).min()) > 0
+        assert hasattr(moe.shared_experts, "down_proj")
+        assert _routes_apart(lambda t: t @ moe.gate.weight.T, x)
+        scores = mx.sigmoid(x @ moe.gate.weight.T)
+        assert (_pairs(scores) != _pairs(scores + moe.gate.e_score_correction_bias)).any()
+    ling = family("bailing_moe")[0]
+    assert "word_embeddings" in ling.model and "embed_tokens" not in ling.model
+    attn = ling.layers[0].attention
+    assert float(mx.abs(attn.query_key_value.bias).sum()) > 0 and "dense" in attn
+    assert float(mx.abs(attn.key_layernorm.weight - 1).max()) > 0.01 and attn.rope.dims == 8
+    for layer in ling.layers[1:]:
+        gate = layer.mlp.gate
+        assert (gate.score_function, gate.n_group, gate.topk_group, gate.top_k) == (
+            "sigmoid", 2, 1, 2)
+        assert float(mx.abs(gate.expert_bias).min()) > 0 and layer.mlp.shared_experts is not None
+        assert _routes_apart(gate.gate_proj, x)
+        scores = mx.sigmoid(gate.gate_proj(x))
+        assert (_pairs(scores) != _pairs(scores + gate.expert_bias)).any()
+
+
+def test_the_tiny_hunyuan_is_what_it_claims(family):
+    """Layers 1 and 3 have no k/v projections: they read the raw keys and values of 0 and 2
+    through their own (random, different) key norms, after RoPE; 2 of 4 experts (softmax)
+    routed apart, a shared MLP; the head is the embedding."""
+    model, _ = family("hunyuan")
+    a = ModelAdapter(model)
+    assert [a.kv_layer(i) for i in range(4)] == [0, 0, 2, 2]
+    assert ["k_proj" in layer.self_attn for layer in model.layers] == [True, False] * 2
+    norms = [layer.self_attn.key_layernorm.weight for layer in model.layers]
+    assert float(mx.abs(norms[1] - norms[0]).max()) > 0.05 and a.lm_head is None
+    x = mx.random.normal((64, 64), key=mx.random.key(1))
+    for layer in model.layers:
+        assert layer.mlp.top_k == 2 and hasattr(layer.mlp, "shared_mlp")
+        assert _routes_apart(layer.mlp.gate, x)
+
+
+def test_a_hunyuan_key_norm_with_a_zero_weight_is_refused(family_dir):
+    """A reading layer's keys cannot be made from a lower layer's cached keys normed by a
+    zero weight: one error, not infinities."""
+    model, _ = mlx_lm.load(str(family_dir("hunyuan")))
+    norm = model.layers[0].self_attn.key_layernorm
+    norm.weight = mx.where(mx.arange(16) == 3, 0.0, norm.weight)
+    with pytest.raises(UserInputError, match="layer 1 shares keys with a layer whose key norm"):
+        ModelAdapter(model)
+
+
+def test_the_tiny_llama4_models_are_what_they_claim(family):
+    """Llama 4 (a ``llama4`` checkpoint's text model): layers 0-2 attend within chunks of 24
+    positions (shorter than every test prompt) with RoPE and the weight-free q/k norm, layer
+    3 globally without either, its queries scaled from position 15 on (floor_scale 16);
+    layers 1 and 3 top-1 MoE beside a shared expert, 0 and 2 dense. mlx-lm's dense
+    ``llama4_text``: no RoPE in layer 3, its MLP at ``feed_forward``, an untied ``output``."""
+    model, _ = family("llama4")
+    text = model.language_model
+    assert model.model_type == "llama4" and text.args.attention_chunk_size == 24
+    assert sliding_windows(model) == [Chunks(24)] * 3 + [None]
+    attns = [layer.self_attn for layer in model.layers]
+    assert [a.use_rope for a in attns] == [1, 1, 1, 0] == [a.use_qk_norm for a in attns]
+    assert (attns[3].attn_temperature_tuning, attns[3].floor_scale) == (True, 16)
+    assert [layer.is_moe_layer for layer in model.layers] == [False, True] * 2
+    moe = model.layers[1].feed_forward
+    assert moe.top_k == 1 and hasattr(moe.shared_expert, "down_proj")
+    assert _routes_apart(moe.router, mx.random.normal((64, 64), key=mx.random.key(1)))
+    dense = family("llama4_text")[0]
+    assert ["rope" in layer.self_attn for layer in dense.layers] == [True] * 3 + [False]
+    assert dense.layers[0].self_attn.use_qk_norm and ModelAdapter(dense).lm_head is dense.output
+
+
+def test_chunked_position_mask():
+    """A query sees the keys of its own chunk, at or before it: by original position."""
+    q, k = np.array([3, 7, 8, 13]), np.array([0, 3, 4, 7, 8, 9, 12])
+    assert position_mask(q, k, Chunks(4)).astype(int).tolist() == [
+        [1, 1, 0, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 0, 0, 1]]
+    assert window_start(np.array([0, 23, 24, 50]), Chunks(24)).tolist() == [0, 0, 24, 48]
+
+
+@pytest.mark.parametrize("revival_block", [64, 2])
+def test_pruned_llama4_equals_a_dense_reference(family, monkeypatch, revival_block):
+    """Llama 4 under a cut after layer 0 (40% kept) and a decode step that revives, against
+    mlx-lm's blocks run densely with masks by original position: its chunked layers 1 and 2
+    over the kept keys of each query's own chunk of 24 (tokens pruned in a chunk do not let
+    it reach back), its global NoPE layer 3 over every kept key. The chunks are built here
+    from positions, not from the engine's mask."""
+    model = family("llama4")[0]
+    text = model.language_model
+    size = text.args.attention_chunk_size
+    engine, prompt, logits, kept, selections = cut_after_layer_0(
+        model, text.args.vocab_size, monkeypatch, revival_block)
+    n = len(prompt)
+
+    def masks(n, sees):
+        pos = np.arange(n)
+        chunk = pos[:, None] // size == pos[None, :] // size
+        return [dense_mask(n, None, [None] * n) & chunk] + [
+            dense_mask(n, None, sees) & (chunk if layer.self_attn.use_rope else True)
+            for layer in model.layers[1:]]
+
+    assert rel_err(logits, _dense_logits(text, prompt, masks(n, [kept] * n))) < LOGITS_TOL
+    # the last token's chunk holds pruned tokens, and kept ones lie before it
+    start = (n - 1) // size * size
+    assert not kept[start:].all() and kept[:start].any()
+    tokens, logits, _, sees, revived = decode_one(engine, prompt, logits, kept, selections)
+    assert engine.stats.revivals > 0 and len(revived)
+    assert rel_err(logits, _dense_logits(text, tokens, masks(n + 1, sees))) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("revival_block", [64, 2])
+def test_pruned_hunyuan_equals_a_dense_reference(family, monkeypatch, revival_block):
+    """Hunyuan under a cut after layer 0 (40% kept) and a decode step that revives, against
+    mlx-lm's blocks run densely with masks, each pair passing layer 0's (2's) raw keys and
+    values to layer 1 (3), as mlx-lm's forward does: the reading layers score the lower
+    layer's cached keys through their own key norm, over the kept keys only."""
+    model, _ = family("hunyuan")
+    engine, prompt, logits, kept, selections = cut_after_layer_0(
+        model, model.args.vocab_size, monkeypatch, revival_block)
+    n = len(prompt)
+
+    def dense(tokens, masks):
+        inner, shared = model.model, None
+        h = inner.embed_tokens(mx.array(tokens)[None])
+        for i, (block, mask) in enumerate(zip(inner.layers, masks)):
+            shared = None if i % model.args.cla_share_factor == 0 else shared
+            h, shared = block(h, mx.array(mask), None, shared)
+        return inner.embed_tokens.as_linear(inner.norm(h))[0, -1]
+
+    masks = [dense_mask(n, None, [None] * n)] + [dense_mask(n, None, [kept] * n)] * 3
+    assert rel_err(logits, dense(prompt, masks)) < LOGITS_TOL
+    tokens, logits, _, sees, revived = decode_one(engine, prompt, logits, kept, selections)
+    assert engine.stats.revivals > 0 and len(revived)
+    masks = [dense_mask(n + 1, None, [None] * (n + 1))] + [dense_mask(n + 1, None, sees)] * 3
+    assert rel_err(logits, dense(tokens, masks)) < LOGITS_TOL

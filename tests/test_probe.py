@@ -87,6 +87,17 @@ def test_probe_reports_every_layer_a_cut_may_follow(tiny_model_path, tmp_path, c
     assert capsys.readouterr().out.count("\n  layer ") == len(layers)
 
 
+def test_a_chunked_model_probe_names_its_chunks(tiny_model_dir, tmp_path, capsys):
+    """Llama 4's chunked layers (0-2, those a cut may follow here) are written as such: JSON
+    has no Chunks."""
+    out = tmp_path / "probe.json"
+    assert probe.main(["--model", str(tiny_model_dir("llama4")), "--samples", "1", "--length",
+                       "600", "--scorer", SCORER, "--out", str(out)]) == 0
+    layers = json.loads(out.read_text())["layers"]
+    assert [row["sliding_window"] for row in layers] == ["chunks of 24"] * 3
+    assert "(sliding window chunks of 24)" in capsys.readouterr().out
+
+
 def test_a_hybrid_probe_scores_only_its_attention_layers(tiny_model_dir, tmp_path, capsys):
     """Qwen3.5's recurrent layers give no attention to rank by: their rows say so, their
     numbers are null (strict JSON, no NaN), and no cut is cleared after one."""

@@ -17,12 +17,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from mlx_lazy.adapter import feed_forward
+
 KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4_5",
          "ernie4_5_moe", "phi3", "gemma3_text", "smollm3", "ministral3", "gpt_oss", "granite",
          "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5", "qwen3_next", "deepseek_v3",
          "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
-         "lfm2_moe")
+         "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -257,6 +259,33 @@ _KIND_CONFIG = {
                  "norm_topk_prob": True, "use_expert_bias": True, "num_dense_layers": 2,
                  "layer_types": ["conv", "conv", "full_attention", "conv", "full_attention",
                                  "conv"]},
+    # dots.llm1: per-head q/k norms; from layer 1 on 2 of 4 experts (sigmoid routing with a
+    # random correction bias, scaled by 2.5) beside a shared expert
+    "dots1": {"architectures": ["Dots1ForCausalLM"], "tie_word_embeddings": False,
+              "first_k_dense_replace": 1, "moe_intermediate_size": 32, "n_routed_experts": 4,
+              "n_shared_experts": 1, "norm_topk_prob": True, "num_experts_per_tok": 2,
+              "routed_scaling_factor": 2.5, "scoring_func": "noaux_tc"},
+    # Ling / Ring: fused q/k/v (biases), q/k norms before RoPE over half of each head; from
+    # layer 1 on 2 of 4 experts (sigmoid, 2 groups of which 1 taken, a random expert bias,
+    # scaled by 2.5) beside a shared expert; biases on the output and MLP projections
+    "bailing_moe": {"architectures": ["BailingMoeForCausalLM"], "tie_word_embeddings": False,
+                    "first_k_dense_replace": 1, "moe_intermediate_size": 32, "num_experts": 4,
+                    "num_shared_experts": 1, "norm_topk_prob": True, "num_experts_per_tok": 2,
+                    "use_qk_norm": True, "use_qkv_bias": True, "use_bias": True,
+                    "partial_rotary_factor": 0.5, "score_function": "sigmoid",
+                    "moe_router_enable_expert_bias": True, "n_group": 2, "topk_group": 1,
+                    "routed_scaling_factor": 2.5},
+    # Hunyuan: q/k norms after RoPE (NTK alpha-scaled base), layers 1 and 3 reading the keys
+    # and values of 0 and 2 (CLA); 2 of 4 experts (softmax) beside a shared MLP; tied head
+    "hunyuan": {"architectures": ["HunYuanMoEV1ForCausalLM"], "tie_word_embeddings": True,
+                "attention_bias": True, "moe_topk": 2, "num_experts": 4, "num_shared_expert": 1,
+                "use_mixed_mlp_moe": True, "use_qk_norm": True, "use_cla": True,
+                "cla_share_factor": 2, "moe_intermediate_size": 32,
+                "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"}},
+    # mlx-lm's llama4_text: dense, a weight-free q/k norm, no RoPE in layer 3
+    "llama4_text": {"architectures": ["Llama4ForCausalLM"], "tie_word_embeddings": False,
+                    "intermediate_size_mlp": 128, "no_rope_layers": [1, 1, 1, 0],
+                    "use_qk_norm": True},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -329,6 +358,18 @@ def tiny_config(kind: str) -> dict:
         return {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"],
                 "text_config": tiny_config("ministral3"),
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id")}}
+    if kind == "llama4":  # Llama 4 Scout's layout: chunks of 24, layer 3 global without RoPE
+        # (its queries scaled from position 15 on), top-1 experts in layers 1 and 3
+        text = {**_BASE, "model_type": "llama4_text", "attention_bias": False,
+                "attention_chunk_size": 24, "interleave_moe_layer_step": 2,
+                "intermediate_size": 32, "intermediate_size_mlp": 128, "num_local_experts": 4,
+                "num_experts_per_tok": 1, "use_qk_norm": True, "attn_temperature_tuning": True,
+                "floor_scale": 16, "attn_scale": 0.1, "rope_scaling": {
+                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
+        return {"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"],
+                "text_config": text,
+                **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
     if kind == "gemma4":
         return {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
                 "text_config": tiny_config("gemma4_text"),
@@ -386,13 +427,10 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     params = tree_map(lambda p: p.astype(mx.float32), model.parameters())
     model.update(params)
     for layer in model.layers:
-        # qwen3_5: linear, lfm2: convolution
-        attn = (getattr(layer, "self_attn", None) or getattr(layer, "linear_attn", None)
-                or layer.conv)
-        # the feed-forward: at mlp, at block_sparse_moe (mixtral, granitemoe, phimoe) or at
-        # feed_forward (lfm2)
-        mlp = next(layer[name] for name in ("mlp", "block_sparse_moe", "feed_forward")
-                   if name in layer)
+        # qwen3_5: linear; lfm2: convolution; bailing_moe: attention
+        attn = (getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
+                or getattr(layer, "linear_attn", None) or layer.conv)
+        mlp = feed_forward(layer)
         # every projection's bias (attention's, o_proj's, the MLP's and experts'), so that a
         # dropped one shows
         biases = [(name, 0.1 * mx.random.normal(p.shape)) for name, p in
@@ -410,9 +448,12 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
                 gate.e_score_correction_bias.shape)
         if "expert_bias" in mlp:  # lfm2_moe: zeros by default
             mlp.expert_bias = 0.1 * mx.random.normal(mlp.expert_bias.shape)
+        if getattr(gate, "expert_bias", None) is not None:  # bailing_moe's
+            gate.expert_bias = 0.1 * mx.random.normal(gate.expert_bias.shape)
         if "layer_scalar" in layer:  # gemma4: ones by default
             layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
-        for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm"):
+        for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm",
+                     "key_layernorm"):
             if hasattr(attn, name):
                 norm = getattr(attn, name)
                 norm.weight = 1.0 + 0.1 * mx.random.normal(norm.weight.shape)

@@ -35,7 +35,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from ..adapter import ModelAdapter
+from ..adapter import ModelAdapter, attention_module
 from ..selection import cuts_select, kept_count
 
 __all__ = ["PrefillCounts", "CostModel", "counts", "fit", "layer_params", "linear_params",
@@ -240,7 +240,7 @@ def head_dims(adapter: ModelAdapter) -> float:
     query-key pair's arithmetic scales with (the head size from the attention scale, 1/sqrt
     of it, where the module does not say it: Granite's scale is a multiplier of its own)."""
     dims = [0 if adapter.recurrent(i) else
-            getattr(layer.self_attn, "head_dim", None) or round(adapter.scale ** -2)
+            getattr(attention_module(layer), "head_dim", None) or round(adapter.scale ** -2)
             for i, layer in enumerate(adapter.layers)]
     return adapter.n_heads * sum(dims) / len(dims)
 

@@ -34,6 +34,7 @@ from .. import load
 from .._args import OneLineParser, path_arg
 from ..adapter import sliding_windows
 from ..api import context_length
+from ..attention import Chunks, Window
 from ..engine import LazyEngine
 from ..errors import UserInputError
 from ..folders import check_destination, write_text_atomic
@@ -141,7 +142,7 @@ def probe(model: Any, tokenizer: Any, samples: Sequence[Sample], scorer: Scorer)
     return need
 
 
-def summary(need: np.ndarray, windows: Sequence[Optional[int]]) -> List[Dict[str, Any]]:
+def summary(need: np.ndarray, windows: Sequence[Optional[Window]]) -> List[Dict[str, Any]]:
     """Per layer: the quantiles over prompts (:data:`QUANTILES`) of :func:`probe`'s fractions
     to keep every value token (``q50``...) and any (``any_q50``...), None after a recurrent
     layer (no cut may follow it), and its sliding window (None: global; a cut may follow
@@ -149,7 +150,9 @@ def summary(need: np.ndarray, windows: Sequence[Optional[int]]) -> List[Dict[str
     def quantile(values: np.ndarray, q: float) -> Optional[float]:
         return None if np.isnan(values).any() else float(np.quantile(values, q))
 
-    return [{"layer": layer, "sliding_window": windows[layer],
+    return [{"layer": layer, "sliding_window": (str(windows[layer])  # JSON: "chunks of 24"
+                                                if isinstance(windows[layer], Chunks)
+                                                else windows[layer]),
              **{f"{prefix}q{round(q * 100)}": quantile(need[k, :, layer], q)
                 for k, prefix in enumerate(("", "any_")) for q in QUANTILES}}
             for layer in range(need.shape[2])]
