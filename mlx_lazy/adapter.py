@@ -91,13 +91,27 @@ from .errors import UserInputError, shown
 # says, dynamic NTK RoPE); helium's head is the embedding where ``tie_word_embeddings``.
 # apertus: Llama's layout with per-head q/k norms, its norms named ``attention_layernorm``
 # and ``feedforward_layernorm``, a plain (not gated) xIELU MLP run as its module.
+# exaone (EXAONE 3.0/3.5): Llama's layout named otherwise (``transformer.wte``, ``h``,
+# ``ln_1``/``ln_2``, ``attn.attention`` with ``out_proj``, ``ln_f``; :func:`attention`), its
+# SwiGLU MLP (``c_fc_0``/``c_fc_1``/``c_proj``) run as its module.
+# hunyuan_v1_dense (Hunyuan dense): per-head q/k norms (``query_layernorm``,
+# ``key_layernorm``) AFTER RoPE, RoPE with NTK-alpha frequencies.
+# stablelm (StableLM 2, Zephyr): LayerNorms, RoPE over part of each head, optional per-head
+# q/k LayerNorms (``q_layernorm``, ``k_layernorm``) before it, optional parallel residual
+# (``use_parallel_residual``: attention and MLP on one norm, as cohere2's).
+# minicpm: Granite's multipliers from its own config: embeddings times ``scale_emb``,
+# residual branches times ``scale_depth / sqrt(layers)``, an untied head's logits divided
+# by ``hidden_size / dim_model_base`` (a tied one's not, as in mlx-lm).
+# mimo (Xiaomi MiMo): Qwen2's layout; its multi-token-prediction layers are dropped on
+# load by mlx-lm.
 SUPPORTED_MODEL_TYPES = ("apertus", "cohere2", "deepseek_v2", "deepseek_v3", "ernie4_5",
-                         "ernie4_5_moe", "exaone4", "gemma2", "gemma3", "gemma3_text", "gemma4",
-                         "gemma4_text", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss", "granite",
-                         "granitemoe", "helium", "internlm3", "llama", "ministral3", "mistral",
-                         "mistral3", "mixtral", "olmo2", "olmo3", "olmoe", "phi3", "phimoe",
-                         "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
-                         "qwen3_next", "seed_oss", "smollm3", "starcoder2")
+                         "ernie4_5_moe", "exaone", "exaone4", "gemma2", "gemma3", "gemma3_text",
+                         "gemma4", "gemma4_text", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss",
+                         "granite", "granitemoe", "helium", "hunyuan_v1_dense", "internlm3",
+                         "llama", "mimo", "minicpm", "ministral3", "mistral", "mistral3",
+                         "mixtral", "olmo2", "olmo3", "olmoe", "phi3", "phimoe", "qwen2",
+                         "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
+                         "qwen3_next", "seed_oss", "smollm3", "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -120,7 +134,11 @@ _WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # qk_nope_head_dim, kv_lora_rank, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, embed_q,
 # unembed_out}``; the feed-forward at ``mlp`` or ``block_sparse_moe``, mixtral's heads at
 # ``self_attn.{num_heads, num_key_value_heads}``, Gemma 2's
-# ``self_attn.attn_logit_softcapping``): at least the first, below the second. Same as
+# ``self_attn.attn_logit_softcapping``, EXAONE 3's ``transformer.{wte, h, ln_f}``,
+# ``ln_1``, ``ln_2``, ``attn.attention.out_proj``, Hunyuan's ``self_attn.{query_layernorm,
+# key_layernorm}``, StableLM's ``self_attn.{q_layernorm, k_layernorm, head_dim}`` and
+# ``args.use_parallel_residual``, MiniCPM's ``args.{scale_emb, scale_depth,
+# dim_model_base}``): at least the first, below the second. Same as
 # pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -191,7 +209,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[int]]:
     elif text.model_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in text.model.layers]
     else:
-        sliding = [False] * len(text.model.layers)
+        sliding = [False] * len(text.layers)
     return [int(window) if s else None for s in sliding]
 
 
@@ -212,7 +230,7 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     DeltaNet layers); () for every other family. Such a layer holds one state that has taken
     its tokens in order, not keys and values: a token pruned below it can never enter it
     later, and no cut can follow it (it gives no attention to score with)."""
-    return tuple(layer for layer, block in enumerate(_text_model(model).model.layers)
+    return tuple(layer for layer, block in enumerate(_text_model(model).layers)
                  if hasattr(block, "linear_attn"))
 
 
@@ -247,20 +265,29 @@ class ModelAdapter:
         self._gemma3 = model_type in GEMMA3_TYPES
         self._gemma4 = model_type in GEMMA4_TYPES
         self._post_norms = model_type in POST_NORM_TYPES
-        self._parallel = model_type in PARALLEL_TYPES
+        self._parallel = model_type in PARALLEL_TYPES or (
+            model_type == "stablelm" and self.text.args.use_parallel_residual)
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
         # the norms before attention and before the MLP, as each family names them
         self._norm_names = (("attention_layernorm", "feedforward_layernorm")
-                            if model_type == "apertus" else
+                            if model_type == "apertus" else ("ln_1", "ln_2")
+                            if model_type == "exaone" else
                             ("input_layernorm", "post_attention_layernorm"))
-        self.inner = self.text.model
-        self.layers = list(self.inner.layers)
+        # the embedding and the final norm (:attr:`embedding`, :attr:`final_norm`) by name
+        self._outer_names = ("wte", "ln_f") if model_type == "exaone" else ("embed_tokens", "norm")
+        # the per-head q/k norms by name; Hunyuan's act after RoPE, the others' before it
+        self._qk_norm_names = {"stablelm": ("q_layernorm", "k_layernorm"),
+                               "hunyuan_v1_dense": ("query_layernorm", "key_layernorm")
+                               }.get(model_type, ("q_norm", "k_norm"))
+        self._qk_norm_after_rope = model_type == "hunyuan_v1_dense"
+        self.inner = self.text.transformer if "transformer" in self.text else self.text.model
+        self.layers = list(self.text.layers)
         self._windows = sliding_windows(model)
         if any(getattr(layer, "use_sliding", False) and window is None
                for layer, window in zip(self.layers, self._windows)):
             raise UserInputError("sliding-window attention layers are not supported")
         self._recurrent = frozenset(recurrent_layers(model))
-        attn = next(block.self_attn for i, block in enumerate(self.layers)
+        attn = next(attention(block) for i, block in enumerate(self.layers)
                     if i not in self._recurrent)
         self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
         self._mla = model_type in MLA_TYPES
@@ -271,7 +298,8 @@ class ModelAdapter:
             self.n_heads = (getattr(attn, "n_heads", None) or getattr(attn, "num_heads", None)
                             or attn.num_attention_heads)  # mixtral: num_heads
             self.n_kv_heads = getattr(attn, "n_kv_heads", None) or attn.num_key_value_heads
-        self.scale: float = getattr(attn, "scale", None) or attn.sm_scale
+        self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
+                             or attn.head_dim ** -0.5)  # stablelm: 1/sqrt(head_dim)
         self.lm_head = getattr(self.text, "lm_head", None)
         if model_type == "helium" and self.text.args.tie_word_embeddings:
             self.lm_head = None  # mlx-lm builds one but uses the embedding
@@ -288,13 +316,19 @@ class ModelAdapter:
         self._softcap = getattr(args, "final_logit_softcapping", None) if gemma else None
         # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
         # rounded to bfloat16, as Gemma's reference does; Gemma 2 and 4 by sqrt(hidden), a float
+        granite, minicpm = model_type in GRANITE_TYPES, model_type == "minicpm"
         self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self._gemma3 else
                              args.hidden_size ** 0.5 if self._gemma2 or self._gemma4 else
-                             args.embedding_multiplier if model_type in GRANITE_TYPES else None)
-        granite = model_type in GRANITE_TYPES
-        self._residual_multiplier = args.residual_multiplier if granite else None
+                             args.embedding_multiplier if granite else
+                             args.scale_emb if minicpm else None)
+        # MiniCPM's multipliers as Granite's, in mlx-lm's arithmetic
+        self._residual_multiplier = (args.residual_multiplier if granite else
+                                     args.scale_depth / args.num_hidden_layers ** 0.5
+                                     if minicpm else None)
         self._logits_scaling = (args.logits_scaling if granite else
-                                1 / args.logit_scale if model_type == "cohere2" else None)
+                                1 / args.logit_scale if model_type == "cohere2" else
+                                args.hidden_size / args.dim_model_base
+                                if minicpm and not args.tie_word_embeddings else None)
 
     def sliding_window(self, layer: int) -> Optional[int]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -316,13 +350,13 @@ class ModelAdapter:
     def sinks(self, layer: int) -> Optional[mx.array]:
         """The layer's attention sinks, one logit per head that each head's softmax also
         weighs (gpt-oss); None for families without them."""
-        return getattr(self.layers[layer].self_attn, "sinks", None)
+        return getattr(attention(self.layers[layer]), "sinks", None)
 
     def softcap(self, layer: int) -> Optional[float]:
         """The layer's attention logit soft-cap c (Gemma 2's ``attn_logit_softcapping``):
         each logit s becomes ``c tanh(s / c)`` before the mask and softmax; None for
         families without one."""
-        return getattr(self.layers[layer].self_attn, "attn_logit_softcapping", None) or None
+        return getattr(attention(self.layers[layer]), "attn_logit_softcapping", None) or None
 
     @property
     def num_layers(self) -> int:
@@ -352,7 +386,7 @@ class ModelAdapter:
         Qwen2.5-0.5B, and also a model from its own quantized or cast copy. Both tensors are
         whole on every rank of a sharded model."""
         digest = hashlib.sha256()
-        for array in (self.inner.embed_tokens.weight[:16], self.inner.norm.weight):
+        for array in (self.embedding.weight[:16], self.final_norm.weight):
             digest.update(np.array(array.astype(mx.float32)).tobytes())
         return digest.hexdigest()[:16]
 
@@ -376,12 +410,13 @@ class ModelAdapter:
         # (Qwen's) holds rows no token uses, left as initialised
         rows = np.unique(np.linspace(0, max(0, int(0.9 * vocab) - 1),
                                      IDENTITY_ROWS).round().astype(np.int32))
-        out = self.inner.embed_tokens(mx.array(rows)).astype(mx.float32)
+        out = self.embedding(mx.array(rows)).astype(mx.float32)
         return np.array(out).ravel()
 
     def _norm_weights(self) -> np.ndarray:
         found = sorted(((name, p) for name, p in tree_flatten(self.inner.parameters())
-                        if p.ndim == 1 and "norm" in name), key=lambda item: item[0])
+                        if p.ndim == 1 and ("norm" in name or re.search(r"(^|\.)ln_", name))),
+                       key=lambda item: item[0])  # EXAONE 3's are ln_1, ln_2, ln_f
         if not found:
             return np.zeros(0, np.float32)
         return np.array(mx.concatenate([p.astype(mx.float32) for _, p in found]))
@@ -390,18 +425,28 @@ class ModelAdapter:
         """How the weights are stored: the float dtype of the unquantized parameters, then
         each quantization found (``+q4g64``: 4 bits, groups of 64; ``+mxfp4g32``), e.g.
         ``float32``, ``bfloat16+q4g64``, ``float32+q4g32+q8g32`` (SmolLM2's GGUF)."""
-        dtype = str(self.inner.norm.weight.dtype).removeprefix("mlx.core.")
+        dtype = str(self.final_norm.weight.dtype).removeprefix("mlx.core.")
         return dtype + "".join(f"+{q}" for q in quantizations(self.text))
+
+    @property
+    def embedding(self) -> nn.Module:
+        """The token embedding (EXAONE's ``wte``)."""
+        return self.inner[self._outer_names[0]]
+
+    @property
+    def final_norm(self) -> nn.Module:
+        """The norm before the LM head (EXAONE's ``ln_f``)."""
+        return self.inner[self._outer_names[1]]
 
     @property
     def vocab_size(self) -> int:
         """Rows of the embedding table: valid token ids are 0 to vocab_size - 1."""
-        return self.inner.embed_tokens.weight.shape[0]
+        return self.embedding.weight.shape[0]
 
     def embed(self, tokens: mx.array) -> mx.array:
         """(n,) token ids -> (1, n, D) hidden states (with Gemma 4 E2B/E4B's per-layer
         inputs after them: D is hidden_size + layers x their width)."""
-        h = self.inner.embed_tokens(tokens[None])
+        h = self.embedding(tokens[None])
         scale = self._embed_scale
         if scale is not None:
             h = h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
@@ -413,9 +458,9 @@ class ModelAdapter:
 
     def logits(self, h: mx.array) -> mx.array:
         """Final norm and LM head on (1, n, D) hidden states."""
-        h = self.inner.norm(h)
+        h = self.final_norm(h)
         if self.lm_head is None:
-            out = self.inner.embed_tokens.as_linear(h)
+            out = self.embedding.as_linear(h)
         else:
             out = self.lm_head(h)
         if self._softcap:  # Gemma 2 style final soft-capping, where a config has it
@@ -433,7 +478,7 @@ class ModelAdapter:
         (:meth:`kv_layer`); the gate (1, n, heads x head_dim) None but in a gated attention.
         """
         block = self.layers[layer]
-        attn = block.self_attn
+        attn = attention(block)
         n = h.shape[1]
         x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
         if not self._post_norms:
@@ -457,16 +502,16 @@ class ModelAdapter:
             v = attn.v_proj(x) if hasattr(attn, "v_proj") else k  # gemma4's k_eq_v layers
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
-        norms = hasattr(attn, "q_norm")
-        if norms and attn.q_norm.weight.shape[-1] == q.shape[-1]:  # olmo: over all heads
-            q, k = attn.q_norm(q), attn.k_norm(k)
-            norms = False
+        q_norm, k_norm = (getattr(attn, name, None) for name in self._qk_norm_names)
+        if q_norm is not None and "weight" in q_norm and q_norm.weight.shape[-1] == q.shape[-1]:
+            q, k = q_norm(q), k_norm(k)  # olmo: over all heads
+            q_norm = None
         kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4: by layer
         q = q.reshape(1, n, self.n_heads, -1)
         k = k.reshape(1, n, kv_heads, -1)
         v = v.reshape(1, n, kv_heads, -1)
-        if norms:  # per head: qwen3, gemma3, gemma4, exaone4
-            q, k = attn.q_norm(q), attn.k_norm(k)
+        if q_norm is not None and not self._qk_norm_after_rope:  # per head: qwen3, gemma3,
+            q, k = q_norm(q), k_norm(k)  # gemma4, exaone4, stablelm (a LayerNorm per head)
         if hasattr(attn, "v_norm"):  # gemma4
             v = attn.v_norm(v)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
@@ -474,6 +519,8 @@ class ModelAdapter:
         rope = getattr(attn, "rope", None) if getattr(attn, "use_sliding_window", True) else None
         if rope is not None:
             q, k = _rope(rope, q, positions), _rope(rope, k, positions)
+        if q_norm is not None and self._qk_norm_after_rope:  # hunyuan_v1_dense
+            q, k = q_norm(q), k_norm(k)
         if hasattr(attn, "scaling_beta"):  # ministral3
             q = q * _query_scale(positions, attn.scaling_beta,
                                  attn.original_max_position_embeddings).astype(q.dtype)
@@ -515,13 +562,14 @@ class ModelAdapter:
         """Output projection, residual and MLP: attention output (1, H, n, d), times the
         sigmoid of :meth:`qkv`'s ``gate`` where it gave one, -> new h."""
         block = self.layers[layer]
+        attn = attention(block)
         n = attn_out.shape[2]
-        if hasattr(block.self_attn, "unembed_out"):  # absorbed latent attention: the latent
-            attn_out = block.self_attn.unembed_out(attn_out)  # output to each head's values
+        if hasattr(attn, "unembed_out"):  # absorbed latent attention: the latent
+            attn_out = attn.unembed_out(attn_out)  # output to each head's values
         out = attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)
         if gate is not None:
             out = out * mx.sigmoid(gate)
-        r = block.self_attn.o_proj(self._blas_rows(out))
+        r = (attn["o_proj"] if "o_proj" in attn else attn.out_proj)(self._blas_rows(out))  # exaone
         if self._layer_input:  # gemma4 E2B/E4B: this layer's input, then the later layers'
             width = self._layer_input
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
@@ -711,6 +759,12 @@ def quantizations(model: nn.Module) -> List[str]:
             mode = getattr(module, "mode", "affine")
             found.add((f"q{bits}" if mode == "affine" else str(mode), int(module.group_size)))
     return [f"{kind}g{group}" for kind, group in sorted(found)]
+
+
+def attention(block: nn.Module) -> nn.Module:
+    """A layer's attention module, the one that holds its projections: ``block.self_attn``,
+    or EXAONE 3's ``block.attn.attention``."""
+    return block.self_attn if "self_attn" in block else block.attn.attention
 
 
 def feed_forward(block: nn.Module) -> nn.Module:

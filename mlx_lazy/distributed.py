@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import ModelAdapter, recurrent_layers
+from .adapter import ModelAdapter, attention, recurrent_layers
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -123,12 +123,12 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     splits Llama, for the models whose mlx-lm module lacks it (Gemma 3 and the text model of
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
-    StarCoder2):
+    StarCoder2, Hunyuan dense, MiniCPM, MiMo):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
-    Gemma's and EXAONE 4's q/k norms act per head (head_dim wide) and their other norms on
-    the whole hidden state after the all-sums, so they stay whole; so do the embedding and
-    the tied head. (OLMo's q/k norms span all heads: not split this way.)"""
+    Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
+    norms on the whole hidden state after the all-sums, so they stay whole; so do the
+    embedding and the tied head. (OLMo's q/k norms span all heads: not split this way.)"""
     from mlx.nn.layers.distributed import shard_linear
 
     n = group.size()
@@ -137,8 +137,9 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
         for name in ("q_proj", "k_proj", "v_proj"):
             setattr(attn, name, shard_linear(getattr(attn, name), "all-to-sharded", group=group))
         attn.o_proj = shard_linear(attn.o_proj, "sharded-to-all", group=group)
-        attn.n_heads //= n
-        attn.n_kv_heads //= n
+        for name in ("n_heads", "n_kv_heads", "num_heads", "num_key_value_heads"):  # minicpm:
+            if hasattr(attn, name):  # num_heads, num_key_value_heads
+                setattr(attn, name, getattr(attn, name) // n)
         for name in ("gate_proj", "up_proj", "c_fc"):  # c_fc, c_proj: StarCoder2's plain MLP
             if name in mlp:
                 setattr(mlp, name, shard_linear(getattr(mlp, name), "all-to-sharded", group=group))
@@ -150,13 +151,15 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
 #: Sharders for model types whose mlx-lm module has no ``shard`` method.
 SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
-             "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2")}
+             "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
+             "hunyuan_v1_dense", "minicpm", "mimo")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:
     """The group a model was sharded over by :func:`shard`, or None."""
-    attn = next(layer.self_attn for layer in model.layers if hasattr(layer, "self_attn"))
-    o_proj = attn.o_proj
+    attn = next(attention(layer) for layer in model.layers
+                if "self_attn" in layer or "attn" in layer)
+    o_proj = getattr(attn, "o_proj", None)  # EXAONE 3's out_proj: never sharded
     return o_proj.group if isinstance(o_proj, _SHARDED_TO_ALL) else None
 
 
