@@ -12,7 +12,7 @@ import hashlib
 import operator
 import re
 
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Collection, List, Mapping, Optional, Tuple
 
@@ -104,13 +104,18 @@ from .errors import UserInputError, shown
 # by ``hidden_size / dim_model_base`` (a tied one's not, as in mlx-lm).
 # mimo (Xiaomi MiMo): Qwen2's layout; its multi-token-prediction layers are dropped on
 # load by mlx-lm.
+# nanochat: EXAONE 3's names (``transformer.wte``, ``h``, ``attn``) with ``c_q``/``c_k``/
+# ``c_v``/``c_proj``; every norm weightless (mlx-lm's ``rms_norm``: the embeddings', before
+# each branch, the final one, and the q/k norms after RoPE), RoPE with negated frequencies
+# (mlx-lm's ``apply_rotary_emb``), a plain ReLU^2 MLP run as its module, logits soft-capped
+# at 15.
 SUPPORTED_MODEL_TYPES = ("apertus", "cohere2", "deepseek_v2", "deepseek_v3", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "gemma2", "gemma3", "gemma3_text",
                          "gemma4", "gemma4_text", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss",
                          "granite", "granitemoe", "helium", "hunyuan_v1_dense", "internlm3",
                          "llama", "mimo", "minicpm", "ministral3", "mistral", "mistral3",
-                         "mixtral", "olmo2", "olmo3", "olmoe", "phi3", "phimoe", "qwen2",
-                         "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
+                         "mixtral", "nanochat", "olmo2", "olmo3", "olmoe", "phi3", "phimoe",
+                         "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
                          "qwen3_next", "seed_oss", "smollm3", "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
@@ -274,12 +279,20 @@ class ModelAdapter:
                             if model_type == "exaone" else
                             ("input_layernorm", "post_attention_layernorm"))
         # the embedding and the final norm (:attr:`embedding`, :attr:`final_norm`) by name
-        self._outer_names = ("wte", "ln_f") if model_type == "exaone" else ("embed_tokens", "norm")
+        self._outer_names = (("wte", "ln_f") if model_type in ("exaone", "nanochat") else
+                             ("embed_tokens", "norm"))
+        # q, k, v and output projections by name
+        self._proj_names = (("q_proj", "k_proj", "v_proj", "out_proj") if model_type == "exaone"
+                            else ("c_q", "c_k", "c_v", "c_proj") if model_type == "nanochat"
+                            else ("q_proj", "k_proj", "v_proj", "o_proj"))
+        self._nanochat = model_type == "nanochat"
+        # every norm of nanochat: one function, no weights
+        self._weightless_norm = _nanochat_module().rms_norm if self._nanochat else None
         # the per-head q/k norms by name; Hunyuan's act after RoPE, the others' before it
         self._qk_norm_names = {"stablelm": ("q_layernorm", "k_layernorm"),
                                "hunyuan_v1_dense": ("query_layernorm", "key_layernorm")
                                }.get(model_type, ("q_norm", "k_norm"))
-        self._qk_norm_after_rope = model_type == "hunyuan_v1_dense"
+        self._qk_norm_after_rope = model_type in ("hunyuan_v1_dense", "nanochat")
         self.inner = self.text.transformer if "transformer" in self.text else self.text.model
         self.layers = list(self.text.layers)
         self._windows = sliding_windows(model)
@@ -297,7 +310,9 @@ class ModelAdapter:
         else:
             self.n_heads = (getattr(attn, "n_heads", None) or getattr(attn, "num_heads", None)
                             or attn.num_attention_heads)  # mixtral: num_heads
-            self.n_kv_heads = getattr(attn, "n_kv_heads", None) or attn.num_key_value_heads
+            self.n_kv_heads = (getattr(attn, "n_kv_heads", None)
+                               or getattr(attn, "num_kv_heads", None)  # nanochat
+                               or attn.num_key_value_heads)
         self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
                              or attn.head_dim ** -0.5)  # stablelm: 1/sqrt(head_dim)
         self.lm_head = getattr(self.text, "lm_head", None)
@@ -313,7 +328,8 @@ class ModelAdapter:
         self._kv_layers = list(getattr(self.inner, "previous_kvs", range(len(self.layers))))
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
         self._hidden = int(args.hidden_size)
-        self._softcap = getattr(args, "final_logit_softcapping", None) if gemma else None
+        self._softcap = (getattr(args, "final_logit_softcapping", None) if gemma else
+                         15.0 if self._nanochat else None)  # mlx-lm's nanochat.softcap
         # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
         # rounded to bfloat16, as Gemma's reference does; Gemma 2 and 4 by sqrt(hidden), a float
         granite, minicpm = model_type in GRANITE_TYPES, model_type == "minicpm"
@@ -386,7 +402,8 @@ class ModelAdapter:
         Qwen2.5-0.5B, and also a model from its own quantized or cast copy. Both tensors are
         whole on every rank of a sharded model."""
         digest = hashlib.sha256()
-        for array in (self.embedding.weight[:16], self.final_norm.weight):
+        norm = getattr(self.final_norm, "weight", None)  # nanochat's has none
+        for array in (self.embedding.weight[:16], *([] if norm is None else [norm])):
             digest.update(np.array(array.astype(mx.float32)).tobytes())
         return digest.hexdigest()[:16]
 
@@ -425,7 +442,11 @@ class ModelAdapter:
         """How the weights are stored: the float dtype of the unquantized parameters, then
         each quantization found (``+q4g64``: 4 bits, groups of 64; ``+mxfp4g32``), e.g.
         ``float32``, ``bfloat16+q4g64``, ``float32+q4g32+q8g32`` (SmolLM2's GGUF)."""
-        dtype = str(self.final_norm.weight.dtype).removeprefix("mlx.core.")
+        weight = getattr(self.final_norm, "weight", None)
+        if weight is None:  # nanochat: no norm weights; its float parameters' dtype
+            weight = next(p for _, p in tree_flatten(self.text.parameters())
+                          if mx.issubdtype(p.dtype, mx.floating))
+        dtype = str(weight.dtype).removeprefix("mlx.core.")
         return dtype + "".join(f"+{q}" for q in quantizations(self.text))
 
     @property
@@ -434,9 +455,13 @@ class ModelAdapter:
         return self.inner[self._outer_names[0]]
 
     @property
-    def final_norm(self) -> nn.Module:
-        """The norm before the LM head (EXAONE's ``ln_f``)."""
-        return self.inner[self._outer_names[1]]
+    def final_norm(self) -> Any:
+        """The norm before the LM head (EXAONE's ``ln_f``, nanochat's weightless function)."""
+        return self._weightless_norm or self.inner[self._outer_names[1]]
+
+    def _norm(self, block: nn.Module, which: int) -> Any:
+        """The layer's norm before attention (0) or before the MLP (1)."""
+        return self._weightless_norm or getattr(block, self._norm_names[which])
 
     @property
     def vocab_size(self) -> int:
@@ -447,6 +472,8 @@ class ModelAdapter:
         """(n,) token ids -> (1, n, D) hidden states (with Gemma 4 E2B/E4B's per-layer
         inputs after them: D is hidden_size + layers x their width)."""
         h = self.embedding(tokens[None])
+        if self._nanochat:  # normed embeddings
+            h = self._weightless_norm(h)
         scale = self._embed_scale
         if scale is not None:
             h = h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
@@ -482,7 +509,7 @@ class ModelAdapter:
         n = h.shape[1]
         x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
         if not self._post_norms:
-            x = getattr(block, self._norm_names[0])(x)
+            x = self._norm(block, 0)(x)
         gate = None
         if self._mla:
             return (*self._latent_qkv(attn, x, n, positions), None)
@@ -498,8 +525,9 @@ class ModelAdapter:
             q, gate = q.reshape(1, x.shape[1], -1), gate.reshape(1, x.shape[1], -1)[:, :n]
             k, v = attn.k_proj(x), attn.v_proj(x)
         else:
-            q, k = attn.q_proj(x), attn.k_proj(x)
-            v = attn.v_proj(x) if hasattr(attn, "v_proj") else k  # gemma4's k_eq_v layers
+            q_name, k_name, v_name, _ = self._proj_names
+            q, k = attn[q_name](x), attn[k_name](x)
+            v = attn[v_name](x) if v_name in attn else k  # gemma4's k_eq_v layers
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
         q_norm, k_norm = (getattr(attn, name, None) for name in self._qk_norm_names)
@@ -512,11 +540,15 @@ class ModelAdapter:
         v = v.reshape(1, n, kv_heads, -1)
         if q_norm is not None and not self._qk_norm_after_rope:  # per head: qwen3, gemma3,
             q, k = q_norm(q), k_norm(k)  # gemma4, exaone4, stablelm (a LayerNorm per head)
+        if self._nanochat:
+            q_norm = k_norm = self._weightless_norm
         if hasattr(attn, "v_norm"):  # gemma4
             v = attn.v_norm(v)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         # none in EXAONE 4's global layers; Command R7B's global layers skip theirs
         rope = getattr(attn, "rope", None) if getattr(attn, "use_sliding_window", True) else None
+        if self._nanochat:  # a function of the layer's negated frequencies
+            rope = partial(_nanochat_module().apply_rotary_emb, freqs=attn._rope_freqs)
         if rope is not None:
             q, k = _rope(rope, q, positions), _rope(rope, k, positions)
         if q_norm is not None and self._qk_norm_after_rope:  # hunyuan_v1_dense
@@ -569,7 +601,7 @@ class ModelAdapter:
         out = attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)
         if gate is not None:
             out = out * mx.sigmoid(gate)
-        r = (attn["o_proj"] if "o_proj" in attn else attn.out_proj)(self._blas_rows(out))  # exaone
+        r = attn[self._proj_names[3]](self._blas_rows(out))
         if self._layer_input:  # gemma4 E2B/E4B: this layer's input, then the later layers'
             width = self._layer_input
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
@@ -608,7 +640,7 @@ class ModelAdapter:
             h = h + self._mlp(layer, block.post_attention_layernorm(h)) * self._residual_multiplier
         else:
             h = h + r
-            h = h + self._mlp(layer, getattr(block, self._norm_names[1])(h))
+            h = h + self._mlp(layer, self._norm(block, 1)(h))
         return h[:, :n] if h.shape[1] > n else h
 
     def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]]
@@ -763,8 +795,16 @@ def quantizations(model: nn.Module) -> List[str]:
 
 def attention(block: nn.Module) -> nn.Module:
     """A layer's attention module, the one that holds its projections: ``block.self_attn``,
-    or EXAONE 3's ``block.attn.attention``."""
-    return block.self_attn if "self_attn" in block else block.attn.attention
+    EXAONE 3's ``block.attn.attention`` or nanochat's ``block.attn``."""
+    if "self_attn" in block:
+        return block.self_attn
+    return block.attn.attention if "attention" in block.attn else block.attn  # nanochat's
+
+
+def _nanochat_module() -> Any:
+    from mlx_lm.models import nanochat
+
+    return nanochat
 
 
 def feed_forward(block: nn.Module) -> nn.Module:

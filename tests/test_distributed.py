@@ -361,14 +361,15 @@ def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
 @pytest.mark.parametrize("kind", ["olmo2", "olmo3", "gemma4_text", "qwen3_5", "qwen3_next",
                                   "ernie4_5_moe", "glm4", "apertus",
                                   "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
-                                  "exaone", "stablelm"])
+                                  "exaone", "stablelm", "nanochat"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's
     share alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's,
     Qwen2-MoE's, OLMoE's, Granite MoE's and Phi-3.5-MoE's MoE blocks have no split here, nor
     GLM-4-0414's fused gate_up_proj (each rank would need rows of both halves) or Apertus's
     layers (plain up_proj MLP, heads named otherwise), EXAONE 3's (attention at
-    attn.attention) or StableLM 2's (its per-head q/k LayerNorms a list of modules). Refused
+    attn.attention), StableLM 2's (its per-head q/k LayerNorms a list of modules) or
+    nanochat's (projections named c_q, c_k, c_v, c_proj). Refused
     (mlx-lm has no ``shard`` for them either). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the
     engine runs them whole)."""

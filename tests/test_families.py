@@ -25,7 +25,8 @@ multipliers) and Phi-3.5-MoE (``phimoe``: LayerNorms, biases, longrope) with the
 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k norms
 after RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``:
 per-head q/k LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings,
-residuals and logits) and MiMo (``mimo``: Qwen2's layout, MTP weights dropped)."""
+residuals and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped) and nanochat
+(``nanochat``: weightless norms, soft-capped logits)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ from tiny_models import build_tiny_model, tiny_config
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
-DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo")
+DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
+         "nanochat")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -397,6 +399,22 @@ def test_the_tiny_dense_families_are_what_they_claim(family, family_dir):
         str(family_dir("mimo") / "model.safetensors"))
     assert not any("mtp" in name for name, _ in tree_flatten(mimo.parameters()))
     assert float(mx.abs(mimo.layers[0].self_attn.k_proj.bias).sum()) > 0
+
+
+def test_the_tiny_nanochat_is_what_it_claims(family):
+    """No norm weights anywhere (mlx-lm's rms_norm function is every norm, the identity's
+    norm part empty), no biases, 2 key/value heads to 4 query heads, raw logits far past
+    the soft-cap of 15, so that a dropped cap shows."""
+    from mlx_lm.models import nanochat
+
+    model, _ = family("nanochat")
+    a = ModelAdapter(model)
+    names = [name for name, _ in tree_flatten(model.parameters())]
+    assert not any("norm" in name or "bias" in name for name in names)
+    assert a.final_norm is nanochat.rms_norm and not decode_identity(a.identity())[1].any()
+    assert (a.n_heads, a.n_kv_heads, a.variant()) == (4, 2, "float32")
+    raw = model.lm_head(model.transformer(mx.array(random_prompt(64, a.vocab_size))[None]))
+    assert float(mx.abs(raw).max()) > 15 * 1.5
 
 
 def test_a_tied_minicpm_leaves_its_logits_unscaled(family):

@@ -22,7 +22,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5", "qwen3_next", "deepseek_v3",
          "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
-         "exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo")
+         "exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "nanochat")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -262,6 +262,9 @@ _KIND_CONFIG = {
     # mlx-lm drops, are written too
     "mimo": {"architectures": ["MiMoForCausalLM"], "tie_word_embeddings": False,
              "num_nextn_predict_layers": 1},
+    # nanochat: weightless norms, q/k norms after RoPE of negated frequencies, ReLU^2 MLP; its
+    # head's weights scaled up so that the soft-cap at 15 bends the logits
+    "nanochat": {"architectures": ["NanoChatForCausalLM"]},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -440,6 +443,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         if (kind.split("-")[0] in _RANDOM_NORM_MODULES
                 and isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and "weight" in module):
             module.weight = 1.0 + 0.1 * mx.random.normal(module.weight.shape)
+    if kind == "nanochat":
+        model.lm_head.weight = 30 * model.lm_head.weight
     if kind.startswith("gemma3"):
         model.pop("lm_head")  # tied, as Gemma 3 checkpoints are (mlx-lm ties when it is absent)
     mx.eval(model.parameters())
