@@ -93,7 +93,7 @@ from .errors import UserInputError, shown
 # and ``feedforward_layernorm``, a plain (not gated) xIELU MLP run as its module.
 # exaone (EXAONE 3.0/3.5): Llama's layout named otherwise (``transformer.wte``, ``h``,
 # ``ln_1``/``ln_2``, ``attn.attention`` with ``out_proj``, ``ln_f``; :func:`attention`), its
-# SwiGLU MLP (``c_fc_0``/``c_fc_1``/``c_proj``) run as its module.
+# SwiGLU MLP (gate ``c_fc_0``, up ``c_fc_1``, down ``c_proj``) through the CPU kernel.
 # hunyuan_v1_dense (Hunyuan dense): per-head q/k norms (``query_layernorm``,
 # ``key_layernorm``) AFTER RoPE, RoPE with NTK-alpha frequencies.
 # stablelm (StableLM 2, Zephyr): LayerNorms, RoPE over part of each head, optional per-head
@@ -665,6 +665,8 @@ class ModelAdapter:
             return mlp(x)
         if hasattr(mlp, "gate_up_proj"):  # phi3
             gate, up = mx.split(mlp.gate_up_proj(x), 2, axis=-1)
+        elif hasattr(mlp, "c_fc_0"):  # exaone
+            return mlp.c_proj(kernels.gated(mlp.c_fc_0(x), mlp.c_fc_1(x), activation))
         else:
             gate, up = mlp.gate_proj(x), mlp.up_proj(x)
         return mlp.down_proj(kernels.gated(gate, up, activation))
@@ -816,7 +818,10 @@ def feed_forward(block: nn.Module) -> nn.Module:
 
 def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     """The :func:`~mlx_lazy.kernels.gated` activation of mlx-lm's dense gated MLPs (Gemma's
-    ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE)."""
+    ``gelu_approx``, the others' SwiGLU, EXAONE 3's too); None for any other block (a
+    sparse MoE)."""
+    if hasattr(mlp, "c_fc_0"):  # exaone: silu(c_fc_0(x)) * c_fc_1(x), then c_proj
+        return "silu"
     if not hasattr(mlp, "down_proj"):
         return None
     if hasattr(mlp, "gate_up_proj") or (hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj")):

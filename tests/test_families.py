@@ -364,16 +364,17 @@ def _random(*weights) -> bool:
 def test_the_tiny_dense_families_are_what_they_claim(family, family_dir):
     """EXAONE 3.5 under its own names (``transformer.wte``, ``h``, ``ln_1``, ``ln_2``,
     ``attn.attention.out_proj``, ``ln_f``), its norms random and in the identity, biases, a
-    tied head; Hunyuan's per-head query/key norms random, its RoPE frequencies NTK-alpha
-    scaled; StableLM 2's LayerNorms random, RoPE over 4 of 16 head dims, the scale
-    1/sqrt(head_dim); its parallel variant's random per-head q/k LayerNorms and one norm per
-    layer; MiniCPM's multipliers unlike 1 and untied head; MiMo's checkpoint holding an MTP
-    layer that mlx-lm dropped, its q/k/v biases."""
+    tied head, its SwiGLU on the CPU kernel; Hunyuan's per-head query/key norms random, its
+    RoPE frequencies NTK-alpha scaled; StableLM 2's LayerNorms random, RoPE over 4 of 16
+    head dims, the scale 1/sqrt(head_dim); its parallel variant's random per-head q/k
+    LayerNorms and one norm per layer; MiniCPM's multipliers unlike 1 and untied head;
+    MiMo's checkpoint holding an MTP layer that mlx-lm dropped, its q/k/v biases."""
     exaone, _ = family("exaone")
     layer, a = exaone.layers[0], ModelAdapter(exaone)
     assert "self_attn" not in layer and attention(layer) is layer.attn.attention
     assert "out_proj" in attention(layer) and "bias" in attention(layer).out_proj
     assert a.embedding is exaone.transformer.wte and a.final_norm is exaone.transformer.ln_f
+    assert a._activations[0] == "silu"  # its c_fc_0/c_fc_1 SwiGLU through the CPU kernel
     assert a.lm_head is None and _random(layer.ln_1.weight, layer.ln_2.weight, a.final_norm.weight)
     assert np.abs(decode_identity(a.identity())[1]).max() > 0  # its norms, named ln_*
     hunyuan = family("hunyuan_v1_dense")[0].layers[0].self_attn
@@ -484,11 +485,12 @@ def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
 
 
 @pytest.mark.parametrize("kind", ["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
-                                  "deepseek_v2", "gemma2"])
+                                  "deepseek_v2", "gemma2", "exaone", "nanochat"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
     holding none and its tokens' per-layer inputs, latent attention's values narrower than
-    its keys) is written, checked on load and answers the next turn as the live cache
+    its keys, EXAONE 3's weights named otherwise, nanochat's without norm weights) is
+    written, checked on load and answers the next turn as the live cache
     does."""
     model, tokenizer = family(kind)
     config = PruningConfig("lazy", prune_layers=(1,), keep=(0.3,), complete="none")
