@@ -360,17 +360,14 @@ def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
 
 @pytest.mark.parametrize("kind", ["olmo2", "olmo3", "gemma4_text", "qwen3_5", "qwen3_next",
                                   "ernie4_5_moe", "glm4", "apertus",
-                                  "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
-                                  "exaone", "stablelm", "nanochat"])
+                                  "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's
     share alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's,
     Qwen2-MoE's, OLMoE's, Granite MoE's and Phi-3.5-MoE's MoE blocks have no split here, nor
     GLM-4-0414's fused gate_up_proj (each rank would need rows of both halves) or Apertus's
-    layers (plain up_proj MLP, heads named otherwise), EXAONE 3's (attention at
-    attn.attention), StableLM 2's (its per-head q/k LayerNorms a list of modules) or
-    nanochat's (projections named c_q, c_k, c_v, c_proj). Refused
-    (mlx-lm has no ``shard`` for them either). Qwen3.5's
+    layers (plain up_proj MLP, heads named otherwise). Refused (mlx-lm has no ``shard`` for
+    them either). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the
     engine runs them whole)."""
     class Group:
@@ -386,12 +383,15 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
 @pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                                   "exaone4", "glm4_moe", "seed_oss", "ernie4_5", "deepseek_v3",
                                   "glm4_moe_lite", "deepseek_v2", "gemma2", "cohere2", "helium",
-                                  "internlm3", "starcoder2", "hunyuan_v1_dense", "minicpm", "mimo"])
+                                  "internlm3", "starcoder2", "hunyuan_v1_dense", "minicpm", "mimo",
+                                  "exaone", "stablelm-parallel", "nanochat"])
 def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`;
     Gemma 2's soft-cap acts on each head's logits, whole on its rank; Command R7B's parallel
     branches each all-summed, StarCoder2's plain c_fc/c_proj MLP, Hunyuan's per-head q/k
-    norms after RoPE whole on each rank, MiniCPM's heads named num_heads, its multipliers),
+    norms after RoPE whole on each rank, MiniCPM's heads named num_heads, its multipliers,
+    EXAONE 3's and nanochat's projections named otherwise, StableLM's per-head q/k
+    LayerNorms split with their heads and its parallel branches),
     gpt-oss (mlx-lm's shard, its sinks split by head), GLM-4.5 (mlx-lm's shard: its MoE
     blocks sum their ranks' shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2
     (mlx-lm's shard: each rank its heads' queries, embed_q and unembed_out or kv_b_proj, the
