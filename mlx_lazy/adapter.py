@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
+from mlx_lm.models import nanochat
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 
@@ -143,7 +144,9 @@ _WRAPPERS = ("gemma3", "gemma4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``ln_1``, ``ln_2``, ``attn.attention.out_proj``, Hunyuan's ``self_attn.{query_layernorm,
 # key_layernorm}``, StableLM's ``self_attn.{q_layernorm, k_layernorm, head_dim}`` and
 # ``args.use_parallel_residual``, MiniCPM's ``args.{scale_emb, scale_depth,
-# dim_model_base}``): at least the first, below the second. Same as
+# dim_model_base}``, nanochat's ``models.nanochat.{rms_norm, apply_rotary_emb}``,
+# ``attn.{c_q, c_k, c_v, c_proj, num_kv_heads, _rope_freqs}`` and its soft-cap of 15): at
+# least the first, below the second. Same as
 # pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -287,7 +290,7 @@ class ModelAdapter:
                             else ("q_proj", "k_proj", "v_proj", "o_proj"))
         self._nanochat = model_type == "nanochat"
         # every norm of nanochat: one function, no weights
-        self._weightless_norm = _nanochat_module().rms_norm if self._nanochat else None
+        self._weightless_norm = nanochat.rms_norm if self._nanochat else None
         # the per-head q/k norms by name; Hunyuan's act after RoPE, the others' before it
         self._qk_norm_names = {"stablelm": ("q_layernorm", "k_layernorm"),
                                "hunyuan_v1_dense": ("query_layernorm", "key_layernorm")
@@ -540,7 +543,7 @@ class ModelAdapter:
         v = v.reshape(1, n, kv_heads, -1)
         if q_norm is not None and not self._qk_norm_after_rope:  # per head: qwen3, gemma3,
             q, k = q_norm(q), k_norm(k)  # gemma4, exaone4, stablelm (a LayerNorm per head)
-        if self._nanochat:
+        if self._nanochat:  # weightless q/k norms, after RoPE
             q_norm = k_norm = self._weightless_norm
         if hasattr(attn, "v_norm"):  # gemma4
             v = attn.v_norm(v)
@@ -548,10 +551,10 @@ class ModelAdapter:
         # none in EXAONE 4's global layers; Command R7B's global layers skip theirs
         rope = getattr(attn, "rope", None) if getattr(attn, "use_sliding_window", True) else None
         if self._nanochat:  # a function of the layer's negated frequencies
-            rope = partial(_nanochat_module().apply_rotary_emb, freqs=attn._rope_freqs)
+            rope = partial(nanochat.apply_rotary_emb, freqs=attn._rope_freqs)
         if rope is not None:
             q, k = _rope(rope, q, positions), _rope(rope, k, positions)
-        if q_norm is not None and self._qk_norm_after_rope:  # hunyuan_v1_dense
+        if q_norm is not None and self._qk_norm_after_rope:  # hunyuan_v1_dense, nanochat
             q, k = q_norm(q), k_norm(k)
         if hasattr(attn, "scaling_beta"):  # ministral3
             q = q * _query_scale(positions, attn.scaling_beta,
@@ -801,12 +804,6 @@ def attention(block: nn.Module) -> nn.Module:
     if "self_attn" in block:
         return block.self_attn
     return block.attn.attention if "attention" in block.attn else block.attn  # nanochat's
-
-
-def _nanochat_module() -> Any:
-    from mlx_lm.models import nanochat
-
-    return nanochat
 
 
 def feed_forward(block: nn.Module) -> nn.Module:
