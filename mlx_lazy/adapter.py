@@ -12,7 +12,7 @@ import hashlib
 import operator
 import re
 
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Collection, List, Mapping, Optional, Tuple
 
@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
+from mlx_lm.models import nanochat
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 
@@ -114,14 +115,33 @@ from .errors import UserInputError, shown
 # three layers of four; every fourth global, without RoPE, its queries scaled by position
 # (``attn_temperature_tuning``); MoE layers (top-1 sigmoid-weighted expert beside a shared
 # expert) every ``interleave_moe_layer_step``-th, both at ``block.feed_forward``.
+# exaone (EXAONE 3.0/3.5): Llama's layout named otherwise (``transformer.wte``, ``h``,
+# ``ln_1``/``ln_2``, ``attn.attention`` with ``out_proj``, ``ln_f``: :data:`_PART_NAMES`), its
+# SwiGLU MLP (gate ``c_fc_0``, up ``c_fc_1``, down ``c_proj``) through the CPU kernel.
+# hunyuan_v1_dense (Hunyuan dense): per-head q/k norms (``query_layernorm``,
+# ``key_layernorm``) AFTER RoPE, RoPE with NTK-alpha frequencies.
+# stablelm (StableLM 2, Zephyr): LayerNorms, RoPE over part of each head, optional per-head
+# q/k LayerNorms (``q_layernorm``, ``k_layernorm``) before it, optional parallel residual
+# (``use_parallel_residual``: attention and MLP on one norm, as cohere2's).
+# minicpm: Granite's multipliers from its own config: embeddings times ``scale_emb``,
+# residual branches times ``scale_depth / sqrt(layers)``, an untied head's logits divided
+# by ``hidden_size / dim_model_base`` (a tied one's not, as in mlx-lm).
+# mimo (Xiaomi MiMo): Qwen2's layout; its multi-token-prediction layers are dropped on
+# load by mlx-lm.
+# nanochat: EXAONE 3's names (``transformer.wte``, ``h``, ``attn``) with ``c_q``/``c_k``/
+# ``c_v``/``c_proj``; every norm weightless (mlx-lm's ``rms_norm``: the embeddings', before
+# each branch, the final one, and the q/k norms after RoPE), RoPE with negated frequencies
+# (mlx-lm's ``apply_rotary_emb``), a plain ReLU^2 MLP run as its module, logits soft-capped
+# at 15.
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere2", "deepseek_v2", "deepseek_v3", "dots1",
-                         "ernie4_5", "ernie4_5_moe", "exaone4", "gemma2", "gemma3", "gemma3_text",
-                         "gemma4", "gemma4_text", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss",
-                         "granite", "granitemoe", "helium", "hunyuan", "internlm3", "lfm2",
-                         "lfm2_moe", "llama", "llama4", "llama4_text", "ministral3", "mistral",
-                         "mistral3", "mixtral", "olmo2", "olmo3", "olmoe", "phi3", "phimoe",
+                         "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "gemma2", "gemma3",
+                         "gemma3_text", "gemma4", "gemma4_text", "glm4", "glm4_moe",
+                         "glm4_moe_lite", "gpt_oss", "granite", "granitemoe", "helium", "hunyuan",
+                         "hunyuan_v1_dense", "internlm3", "lfm2", "lfm2_moe", "llama", "llama4",
+                         "llama4_text", "mimo", "minicpm", "ministral3", "mistral", "mistral3",
+                         "mixtral", "nanochat", "olmo2", "olmo3", "olmoe", "phi3", "phimoe",
                          "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
-                         "qwen3_next", "seed_oss", "smollm3", "starcoder2")
+                         "qwen3_next", "seed_oss", "smollm3", "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -137,30 +157,43 @@ _LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "
 #: layout, by Llama's name (:meth:`ModelAdapter._part`).
 _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                            "post_attention_layernorm": "feedforward_layernorm"},
-               "bailing_moe": {"o_proj": "dense"},
+               "bailing_moe": {"o_proj": "dense", "q_norm": "query_layernorm",
+                               "k_norm": "key_layernorm", "embed_tokens": "word_embeddings"},
+               "exaone": {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
+                          "o_proj": "out_proj", "embed_tokens": "wte", "norm": "ln_f"},
+               **dict.fromkeys(("hunyuan", "hunyuan_v1_dense"),
+                               {"q_norm": "query_layernorm", "k_norm": "key_layernorm"}),
+               "nanochat": {"q_proj": "c_q", "k_proj": "c_k", "v_proj": "c_v", "o_proj": "c_proj",
+                            "embed_tokens": "wte", "norm": "ln_f"},
+               "stablelm": {"q_norm": "q_layernorm", "k_norm": "k_layernorm"},
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES)}
+#: Families whose per-head q/k norms act after RoPE (the others' before it).
+_NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
 _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
-# original_max_position_embeddings, sinks, is_local, v_norm, use_sliding_window}``,
-# ``use_sliding``, ``post_self_attn_layernorm``, ``post_mlp_layernorm``,
-# ``attention_layernorm``, ``feedforward_layernorm``, ``args.{logit_scale,
-# tie_word_embeddings}``, ``rope_utils.DynamicNTKScalingRoPE`` (its base from where a call
-# ends),
-# ``layer_types``, ``layer_scalar``, ``enable_moe``, ``router``, ``experts``,
-# ``embed_tokens.as_linear``, ``linear_attn`` (LFM2's ``conv``) called as ``(x, mask,
-# ArraysCache)``; LFM2's names in :data:`_LFM2_NAMES`; latent
-# attention's ``self_attn.{num_heads, q_lora_rank, q_proj, q_a_proj, q_a_layernorm, q_b_proj,
-# qk_nope_head_dim, kv_lora_rank, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, embed_q,
-# unembed_out}``; the feed-forward at ``mlp`` or ``block_sparse_moe``, mixtral's heads at
-# ``self_attn.{num_heads, num_key_value_heads}``, Gemma 2's
-# ``self_attn.attn_logit_softcapping``; bailing_moe's ``attention.{query_key_value, dense,
+# original_max_position_embeddings, sinks, is_local, v_norm, use_sliding_window}``, ``use_sliding``,
+# ``post_self_attn_layernorm``, ``post_mlp_layernorm``, ``attention_layernorm``,
+# ``feedforward_layernorm``, ``args.{logit_scale, tie_word_embeddings}``,
+# ``rope_utils.DynamicNTKScalingRoPE`` (its base from where a call ends), ``layer_types``,
+# ``layer_scalar``, ``enable_moe``, ``router``, ``experts``, ``embed_tokens.as_linear``,
+# ``linear_attn`` (LFM2's ``conv``) called as ``(x, mask, ArraysCache)``; LFM2's names in
+# :data:`_LFM2_NAMES`; latent attention's ``self_attn.{num_heads, q_lora_rank, q_proj, q_a_proj,
+# q_a_layernorm, q_b_proj, qk_nope_head_dim, kv_lora_rank, kv_a_proj_with_mqa, kv_a_layernorm,
+# kv_b_proj, embed_q, unembed_out}``; the feed-forward at ``mlp`` or ``block_sparse_moe``, mixtral's
+# heads at ``self_attn.{num_heads, num_key_value_heads}``, Gemma 2's
+# ``self_attn.attn_logit_softcapping``, EXAONE 3's ``transformer.{wte, h, ln_f}``, ``ln_1``,
+# ``ln_2``, ``attn.attention.out_proj``, Hunyuan's ``self_attn.{query_layernorm, key_layernorm}``,
+# StableLM's ``self_attn.{q_layernorm, k_layernorm, head_dim}`` and ``args.use_parallel_residual``,
+# MiniCPM's ``args.{scale_emb, scale_depth, dim_model_base}``, nanochat's
+# ``models.nanochat.{rms_norm, apply_rotary_emb}``, ``attn.{c_q, c_k, c_v, c_proj, num_kv_heads,
+# _rope_freqs}`` and its soft-cap of 15; bailing_moe's ``attention.{query_key_value, dense,
 # query_layernorm, key_layernorm}``, ``model.word_embeddings``; hunyuan's ``args.{use_cla,
-# cla_share_factor}``, ``self_attn.key_layernorm``; llama4's ``self_attn.{use_rope,
-# use_qk_norm, attn_temperature_tuning, floor_scale, attn_scale}``,
-# ``args.attention_chunk_size``, ``block.feed_forward``, llama4_text's ``output``): at least
-# the first, below the second. Same as pyproject.toml.
+# cla_share_factor}``, ``self_attn.key_layernorm``; llama4's ``self_attn.{use_rope, use_qk_norm,
+# attn_temperature_tuning, floor_scale, attn_scale}``, ``args.attention_chunk_size``,
+# ``block.feed_forward``, llama4_text's ``output``): at least the first, below the second. Same as
+# pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -211,6 +244,12 @@ def _text_model(model: nn.Module) -> nn.Module:
     return model.language_model if getattr(model, "model_type", None) in _WRAPPERS else model
 
 
+def _blocks(text: nn.Module) -> List[nn.Module]:
+    """The transformer blocks of a text model: ``model.layers``, or ``transformer.h`` (EXAONE
+    3's, nanochat's) through the model's ``layers``."""
+    return text.model.layers if "model" in text else text.layers
+
+
 def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
@@ -221,20 +260,20 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     text = _text_model(model)
     if getattr(model, "model_type", None) == "llama4":
         chunks = Chunks(int(text.args.attention_chunk_size))
-        return [chunks if block.self_attn.use_rope else None for block in text.model.layers]
+        return [chunks if block.self_attn.use_rope else None for block in _blocks(text)]
     window = getattr(text.args, "sliding_window", None)
     if getattr(model, "model_type", None) in GEMMA3_TYPES + GEMMA4_TYPES:
-        sliding = [block.self_attn.is_sliding for block in text.model.layers]
+        sliding = [block.self_attn.is_sliding for block in _blocks(text)]
     elif text.model_type == "ministral3":
-        sliding = [block.use_sliding for block in text.model.layers]
+        sliding = [block.use_sliding for block in _blocks(text)]
     elif text.model_type in ("gpt_oss", "olmo3"):
         sliding = [kind == "sliding_attention" for kind in text.model.layer_types]
     elif text.model_type == "exaone4":
-        sliding = [block.self_attn.is_local for block in text.model.layers]
+        sliding = [block.self_attn.is_local for block in _blocks(text)]
     elif text.model_type == "cohere2":
-        sliding = [block.self_attn.use_sliding_window for block in text.model.layers]
+        sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
     else:
-        sliding = [False] * len(text.model.layers)
+        sliding = [False] * len(_blocks(text))
     return [int(window) if s else None for s in sliding]
 
 
@@ -256,7 +295,7 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     one state that has taken its tokens in order, not keys and values: a token pruned below
     it can never enter it later, and no cut can follow it (it gives no attention to score
     with)."""
-    return tuple(layer for layer, block in enumerate(_text_model(model).model.layers)
+    return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
                  if hasattr(block, "linear_attn") or hasattr(block, "conv"))
 
 
@@ -291,11 +330,14 @@ class ModelAdapter:
         self._gemma3 = model_type in GEMMA3_TYPES
         self._gemma4 = model_type in GEMMA4_TYPES
         self._post_norms = model_type in POST_NORM_TYPES
-        self._parallel = model_type in PARALLEL_TYPES
+        self._parallel = model_type in PARALLEL_TYPES or (
+            model_type == "stablelm" and self.text.args.use_parallel_residual)
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
-        self.inner = self.text.model
+        self.inner = self.text.transformer if "transformer" in self.text else self.text.model
         self._names = _PART_NAMES.get(model_type, {})
-        self.layers = list(self.inner.layers)
+        self.layers = list(_blocks(self.text))
+        # nanochat's every norm: one function, no weights
+        self._weightless = nanochat.rms_norm if model_type == "nanochat" else None
         self._windows = sliding_windows(model)
         if any(getattr(layer, "use_sliding", False) and window is None
                for layer, window in zip(self.layers, self._windows)):
@@ -311,8 +353,11 @@ class ModelAdapter:
         else:
             self.n_heads = (getattr(attn, "n_heads", None) or getattr(attn, "num_heads", None)
                             or attn.num_attention_heads)  # mixtral: num_heads
-            self.n_kv_heads = getattr(attn, "n_kv_heads", None) or attn.num_key_value_heads
-        self.scale: float = getattr(attn, "scale", None) or attn.sm_scale
+            self.n_kv_heads = (getattr(attn, "n_kv_heads", None)
+                               or getattr(attn, "num_kv_heads", None)  # nanochat
+                               or attn.num_key_value_heads)
+        self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
+                             or attn.head_dim ** -0.5)  # stablelm: 1/sqrt(head_dim)
         self.lm_head = getattr(self.text, "lm_head", None)
         if model_type == "llama4_text" and not self.text.args.tie_word_embeddings:
             self.lm_head = self.text.output
@@ -328,26 +373,33 @@ class ModelAdapter:
         self._kv_layers = list(getattr(self.inner, "previous_kvs", range(len(self.layers))))
         if model_type == "hunyuan" and args.use_cla:  # the layer below, as mlx-lm shares
             self._kv_layers = [i - i % args.cla_share_factor for i in range(len(self.layers))]
-        # norms after RoPE (hunyuan's, llama4's); llama4(_text)'s weight-free norm's epsilon
-        self._norms_after_rope = model_type in ("hunyuan", "llama4")
+        self._norms_after_rope = model_type in _NORMS_AFTER_ROPE
+        # llama4(_text)'s weight-free q/k norm's epsilon
         self._l2_eps = (1e-6 if model_type == "llama4" else
                         args.rms_norm_eps if model_type == "llama4_text" else None)
         self._key_ratios = {layer: self._key_norm_ratio(layer) for layer, kv in
                             enumerate(self._kv_layers) if kv != layer and model_type == "hunyuan"}
-        self._embedding = (self.inner.word_embeddings if model_type == "bailing_moe"
-                           else self.inner.embed_tokens)
+        self._embedding = self._part(self.inner, "embed_tokens")
+        self._final_norm = self._weightless or self._part(self.inner, "norm")
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
         self._hidden = int(args.hidden_size)
-        self._softcap = getattr(args, "final_logit_softcapping", None) if gemma else None
+        self._softcap = (getattr(args, "final_logit_softcapping", None) if gemma else
+                         15.0 if model_type == "nanochat" else None)  # mlx-lm's nanochat.softcap
+        granite, minicpm = model_type in GRANITE_TYPES, model_type == "minicpm"
         # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
         # rounded to bfloat16, as Gemma's reference does; Gemma 2 and 4 by sqrt(hidden), a float
         self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self._gemma3 else
                              args.hidden_size ** 0.5 if self._gemma2 or self._gemma4 else
-                             args.embedding_multiplier if model_type in GRANITE_TYPES else None)
-        granite = model_type in GRANITE_TYPES
-        self._residual_multiplier = args.residual_multiplier if granite else None
+                             args.embedding_multiplier if granite else
+                             args.scale_emb if minicpm else None)
+        # MiniCPM's multipliers as Granite's, in mlx-lm's arithmetic
+        self._residual_multiplier = (args.residual_multiplier if granite else
+                                     args.scale_depth / args.num_hidden_layers ** 0.5
+                                     if minicpm else None)
         self._logits_scaling = (args.logits_scaling if granite else
-                                1 / args.logit_scale if model_type == "cohere2" else None)
+                                1 / args.logit_scale if model_type == "cohere2" else
+                                args.hidden_size / args.dim_model_base
+                                if minicpm and not args.tie_word_embeddings else None)
 
     def sliding_window(self, layer: int) -> Optional[Window]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -413,7 +465,8 @@ class ModelAdapter:
         Qwen2.5-0.5B, and also a model from its own quantized or cast copy. Both tensors are
         whole on every rank of a sharded model."""
         digest = hashlib.sha256()
-        for array in (self._embedding.weight[:16], self._part(self.inner, "norm").weight):
+        norm = getattr(self._final_norm, "weight", None)  # nanochat's has none
+        for array in (self._embedding.weight[:16], *([] if norm is None else [norm])):
             digest.update(np.array(array.astype(mx.float32)).tobytes())
         return digest.hexdigest()[:16]
 
@@ -442,7 +495,8 @@ class ModelAdapter:
 
     def _norm_weights(self) -> np.ndarray:
         found = sorted(((name, p) for name, p in tree_flatten(self.inner.parameters())
-                        if p.ndim == 1 and "norm" in name), key=lambda item: item[0])
+                        if p.ndim == 1 and ("norm" in name or re.search(r"(^|\.)ln_", name))),
+                       key=lambda item: item[0])  # EXAONE 3's are ln_1, ln_2, ln_f
         if not found:
             return np.zeros(0, np.float32)
         return np.array(mx.concatenate([p.astype(mx.float32) for _, p in found]))
@@ -451,7 +505,11 @@ class ModelAdapter:
         """How the weights are stored: the float dtype of the unquantized parameters, then
         each quantization found (``+q4g64``: 4 bits, groups of 64; ``+mxfp4g32``), e.g.
         ``float32``, ``bfloat16+q4g64``, ``float32+q4g32+q8g32`` (SmolLM2's GGUF)."""
-        dtype = str(self._part(self.inner, "norm").weight.dtype).removeprefix("mlx.core.")
+        weight = getattr(self._part(self.inner, "norm"), "weight", None)
+        if weight is None:  # nanochat: no norm weights; its float parameters' dtype
+            weight = next(p for _, p in tree_flatten(self.text.parameters())
+                          if mx.issubdtype(p.dtype, mx.floating))
+        dtype = str(weight.dtype).removeprefix("mlx.core.")
         return dtype + "".join(f"+{q}" for q in quantizations(self.text))
 
     @property
@@ -463,6 +521,8 @@ class ModelAdapter:
         """(n,) token ids -> (1, n, D) hidden states (with Gemma 4 E2B/E4B's per-layer
         inputs after them: D is hidden_size + layers x their width)."""
         h = self._embedding(tokens[None])
+        if self._weightless is not None:  # nanochat: normed embeddings
+            h = self._weightless(h)
         scale = self._embed_scale
         if scale is not None:
             h = h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
@@ -474,7 +534,7 @@ class ModelAdapter:
 
     def logits(self, h: mx.array) -> mx.array:
         """Final norm and LM head on (1, n, D) hidden states."""
-        h = self._part(self.inner, "norm")(h)
+        h = self._final_norm(h)
         if self.lm_head is None:
             out = self._embedding.as_linear(h)
         else:
@@ -498,7 +558,7 @@ class ModelAdapter:
         n = h.shape[1]
         x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
         if not self._post_norms:
-            x = self._part(block, "input_layernorm")(x)
+            x = self._norm(block, "input_layernorm")(x)
         gate = None
         if self._mla:
             return (*self._latent_qkv(attn, x, n, positions), None)
@@ -522,32 +582,32 @@ class ModelAdapter:
             q, gate = q.reshape(1, x.shape[1], -1), gate.reshape(1, x.shape[1], -1)[:, :n]
             k, v = attn.k_proj(x), attn.v_proj(x)
         else:
-            q, k = attn.q_proj(x), attn.k_proj(x)
-            v = attn.v_proj(x) if hasattr(attn, "v_proj") else k  # gemma4's k_eq_v layers
+            q, k = self._part(attn, "q_proj")(x), self._part(attn, "k_proj")(x)
+            v_proj = self._part(attn, "v_proj")
+            v = k if v_proj is None else v_proj(x)  # gemma4's k_eq_v layers
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
-        q_norm, k_norm = self._part(attn, "q_norm"), self._part(attn, "k_norm")
-        norms = q_norm is not None
-        if norms and q_norm.weight.shape[-1] == q.shape[-1]:  # olmo: over all heads
-            q, k = q_norm(q), k_norm(k)
-            norms = False
+        q_norm, k_norm = self._head_norms(attn)
+        if getattr(q_norm, "weight", None) is not None and q_norm.weight.shape[-1] == q.shape[-1]:
+            q, k = q_norm(q), k_norm(k)  # olmo: over all heads
+            q_norm = None
         kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4: by layer
         q = q.reshape(1, n, self.n_heads, -1)
         k = k.reshape(1, n, kv_heads, -1)
         v = v.reshape(1, n, kv_heads, -1)
-        if norms:  # per head: qwen3, gemma3, gemma4, exaone4, lfm2
+        if q_norm is not None and not self._norms_after_rope:
             q, k = q_norm(q), k_norm(k)
         if hasattr(attn, "v_norm"):  # gemma4
             v = attn.v_norm(v)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        if not self._norms_after_rope:
-            q, k = self._head_norms(attn, q, k)
         # none in EXAONE 4's global layers; Command R7B's global layers skip theirs
         rope = getattr(attn, "rope", None) if getattr(attn, "use_sliding_window", True) else None
+        if self._weightless is not None:  # nanochat: a function of the layer's frequencies
+            rope = partial(nanochat.apply_rotary_emb, freqs=attn._rope_freqs)
         if rope is not None:
             q, k = _rope(rope, q, positions), _rope(rope, k, positions)
-        if self._norms_after_rope:
-            q, k = self._head_norms(attn, q, k)
+        if q_norm is not None and self._norms_after_rope:
+            q, k = q_norm(q), k_norm(k)
         if hasattr(attn, "scaling_beta"):  # ministral3
             q = q * _query_scale(positions, attn.scaling_beta,
                                  attn.original_max_position_embeddings).astype(q.dtype)
@@ -555,17 +615,24 @@ class ModelAdapter:
             q = q * _query_scale(positions + 1, attn.attn_scale, attn.floor_scale).astype(q.dtype)
         return q, k, v, gate
 
-    def _head_norms(self, attn: nn.Module, q: mx.array, k: mx.array
-                    ) -> Tuple[mx.array, mx.array]:
-        """Per-head q/k norms named ``query_layernorm``/``key_layernorm`` (bailing_moe's,
-        hunyuan's) or Llama 4's weight-free RMS norm (``use_qk_norm``); q, k as they are in
-        other families (their norms: :meth:`qkv`)."""
-        if hasattr(attn, "query_layernorm"):
-            return attn.query_layernorm(q), attn.key_layernorm(k)
+    def _head_norms(self, attn: nn.Module) -> Tuple[Optional[Any], Optional[Any]]:
+        """The q/k norms of ``attn``: mlx-lm's modules (per head, or OLMo's over all heads),
+        or a weight-free RMS norm (nanochat's in every layer, Llama 4's where ``use_qk_norm``);
+        (None, None) without. They act before RoPE, or after it in :data:`_NORMS_AFTER_ROPE`."""
+        q_norm = self._part(attn, "q_norm")
+        if q_norm is not None:
+            return q_norm, self._part(attn, "k_norm")
+        if self._weightless is not None:
+            return self._weightless, self._weightless
         if self._l2_eps is not None and attn.use_qk_norm:
-            return (mx.fast.rms_norm(q, None, self._l2_eps),
-                    mx.fast.rms_norm(k, None, self._l2_eps))
-        return q, k
+            norm = partial(mx.fast.rms_norm, weight=None, eps=self._l2_eps)
+            return norm, norm
+        return None, None
+
+    def _norm(self, block: nn.Module, name: str) -> Any:
+        """The layer's norm that Llama's layout names ``name`` (:meth:`_part`; nanochat's
+        weight-free function)."""
+        return self._weightless or self._part(block, name)
 
     def _key_norm_ratio(self, layer: int) -> Optional[mx.array]:
         """Hunyuan's CLA: a layer's keys are the lower layer's raw keys through its OWN key
@@ -662,7 +729,7 @@ class ModelAdapter:
             h = h + self._mlp(layer, block.post_attention_layernorm(h)) * self._residual_multiplier
         else:
             h = h + r
-            h = h + self._mlp(layer, self._part(block, "post_attention_layernorm")(h))
+            h = h + self._mlp(layer, self._norm(block, "post_attention_layernorm")(h))
         return h[:, :n] if h.shape[1] > n else h
 
     def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]]
@@ -693,6 +760,8 @@ class ModelAdapter:
             return mlp.w2(kernels.gated(mlp.w1(x), mlp.w3(x), activation))
         if hasattr(mlp, "gate_up_proj"):  # phi3
             gate, up = mx.split(mlp.gate_up_proj(x), 2, axis=-1)
+        elif hasattr(mlp, "c_fc_0"):  # exaone
+            return mlp.c_proj(kernels.gated(mlp.c_fc_0(x), mlp.c_fc_1(x), activation))
         else:
             gate, up = mlp.gate_proj(x), mlp.up_proj(x)
         return mlp.down_proj(kernels.gated(gate, up, activation))
@@ -832,15 +901,19 @@ def feed_forward(block: nn.Module) -> nn.Module:
 
 
 def attention_module(block: nn.Module) -> nn.Module:
-    """A layer's attention module as mlx-lm's block calls it: ``block.self_attn``, or
-    bailing_moe's ``block.attention``."""
-    return block.self_attn if "self_attn" in block else block.attention
+    """A layer's attention module, the one that holds its projections: ``block.self_attn``,
+    bailing_moe's ``block.attention``, EXAONE 3's ``block.attn.attention`` or nanochat's
+    ``block.attn``."""
+    for name in ("self_attn", "attention"):
+        if name in block:
+            return block[name]
+    return block.attn.attention if "attention" in block.attn else block.attn
 
 
 def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     """The :func:`~mlx_lazy.kernels.gated` activation of mlx-lm's dense gated MLPs (Gemma's
     ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE)."""
-    if hasattr(mlp, "w2"):  # lfm2's SwiGLU
+    if hasattr(mlp, "w2") or hasattr(mlp, "c_fc_0"):  # lfm2's, exaone's SwiGLU
         return "silu"
     if not hasattr(mlp, "down_proj"):
         return None

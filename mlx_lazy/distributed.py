@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import ModelAdapter, recurrent_layers
+from .adapter import ModelAdapter, attention_module, recurrent_layers
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -123,23 +123,36 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     splits Llama, for the models whose mlx-lm module lacks it (Gemma 3 and the text model of
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
-    StarCoder2):
+    StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
-    Gemma's and EXAONE 4's q/k norms act per head (head_dim wide) and their other norms on
-    the whole hidden state after the all-sums, so they stay whole; so do the embedding and
-    the tied head. (OLMo's q/k norms span all heads: not split this way.)"""
+    Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
+    norms on the whole hidden state after the all-sums, so they stay whole; so do the
+    embedding and the tied head; StableLM's per-head LayerNorms (one module per head) are
+    split with their heads. (OLMo's q/k norms span all heads: not split this way.)"""
     from mlx.nn.layers.distributed import shard_linear
 
     n = group.size()
     for layer in layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for name in ("q_proj", "k_proj", "v_proj"):
-            setattr(attn, name, shard_linear(getattr(attn, name), "all-to-sharded", group=group))
-        attn.o_proj = shard_linear(attn.o_proj, "sharded-to-all", group=group)
-        attn.n_heads //= n
-        attn.n_kv_heads //= n
-        for name in ("gate_proj", "up_proj", "c_fc"):  # c_fc, c_proj: StarCoder2's plain MLP
+        attn, mlp = attention_module(layer), layer.mlp
+        # projections as each family names them: EXAONE 3's out_proj, nanochat's c_*
+        for name in ("q_proj", "k_proj", "v_proj", "c_q", "c_k", "c_v"):
+            if name in attn:
+                setattr(attn, name, shard_linear(attn[name], "all-to-sharded", group=group))
+        for name in ("o_proj", "out_proj", "c_proj"):
+            if name in attn:
+                setattr(attn, name, shard_linear(attn[name], "sharded-to-all", group=group))
+        for name in ("n_heads", "n_kv_heads", "num_heads", "num_key_value_heads",
+                     "num_kv_heads"):  # MiniCPM's, StableLM's, nanochat's named num_*
+            if hasattr(attn, name):
+                setattr(attn, name, getattr(attn, name) // n)
+        for name in ("q_layernorm", "k_layernorm"):  # StableLM's, one LayerNorm per head:
+            if name in attn:  # each rank keeps its heads'
+                norms = attn[name].norms
+                share = len(norms) // n
+                attn[name].norms = norms[group.rank() * share:(group.rank() + 1) * share]
+        # c_fc, c_proj: StarCoder2's and nanochat's plain MLP; c_fc_0, c_fc_1: EXAONE 3's
+        for name in ("gate_proj", "up_proj", "c_fc", "c_fc_0", "c_fc_1"):
             if name in mlp:
                 setattr(mlp, name, shard_linear(getattr(mlp, name), "all-to-sharded", group=group))
         for name in ("down_proj", "c_proj"):
@@ -150,13 +163,17 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
 #: Sharders for model types whose mlx-lm module has no ``shard`` method.
 SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
-             "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2")}
+             "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
+             "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:
     """The group a model was sharded over by :func:`shard`, or None."""
-    attn = next((layer.self_attn for layer in model.layers if hasattr(layer, "self_attn")), None)
-    o_proj = getattr(attn, "o_proj", None)  # None: LFM2's (out_proj), bailing_moe's; never sharded
+    attn = next((attention_module(layer) for layer in model.layers
+                 if any(name in layer for name in ("self_attn", "attention", "attn"))), None)
+    # None: no attention, or an output projection never sharded (LFM2's out_proj, Ling's dense)
+    o_proj = next((attn[name] for name in ("o_proj", "out_proj", "c_proj")
+                   if attn is not None and name in attn), None)
     return o_proj.group if isinstance(o_proj, _SHARDED_TO_ALL) else None
 
 

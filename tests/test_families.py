@@ -4,29 +4,34 @@ Llama 3.1/3.2's RoPE scaling (``llama-llama3``), Phi-3 (``phi3``: fused ``qkv_pr
 (``smollm3``: layers without RoPE) and Ministral 3 (``ministral3``, alone and as the text model
 of a ``mistral3`` checkpoint: YaRN RoPE, queries scaled by position, sliding-window layers in a
 variant), GLM-4.5 (``glm4_moe``: partial RoPE, q/k norms and biases, grouped sigmoid-routed
-experts beside a shared one), Seed-OSS (``seed_oss``: q/k/v biases, o_proj's here too), ERNIE
-4.5 (``ernie4_5``, ``ernie4_5_moe``: biases everywhere, traditional RoPE, softmax-routed
-experts), gpt-oss (``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases),
-Granite (``granite``: multipliers on the embeddings, residual branches, logits and attention),
-and the families with norms on each branch's output and none before: OLMo 2 and 3 (``olmo2``,
-``olmo3``: q/k norms over all heads at once; OLMo 3's sliding-window layers), EXAONE 4
-(``exaone4``: per-head q/k norms, sliding-window layers, global layers without RoPE) and Gemma 4
+experts beside a shared one), Seed-OSS (``seed_oss``: q/k/v biases, o_proj's here too), ERNIE 4.5
+(``ernie4_5``, ``ernie4_5_moe``: biases everywhere, traditional RoPE, softmax-routed experts),
+gpt-oss (``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases), Granite
+(``granite``: multipliers on the embeddings, residual branches, logits and attention), and the
+families with norms on each branch's output and none before: OLMo 2 and 3 (``olmo2``, ``olmo3``:
+q/k norms over all heads at once; OLMo 3's sliding-window layers), EXAONE 4 (``exaone4``:
+per-head q/k norms, sliding-window layers, global layers without RoPE) and Gemma 4
 (``gemma4_text``, alone, with its MoE block, in its E2B/E4B layout, and as the text model of a
-``gemma4`` checkpoint: head sizes and key/value heads by layer, values from the keys'
-projection, partial RoPE, a per-layer scalar; upper layers reading lower layers' keys and
-values, per-layer inputs) and the multi-head latent attention of DeepSeek-V3 and GLM-4.7-Flash
-(``deepseek_v3``, ``glm4_moe_lite``: one latent key/value head, queries absorbed into it) and
-DeepSeek-V2 (``deepseek_v2``: the latent expanded per head), with their MoE blocks, Gemma 2
-(``gemma2``: attention and final logits soft-capped, Gemma's norms and scaled embeddings).
-Sparse MoE families (:data:`MOE`): Mixtral (``mixtral``), Granite MoE (``granitemoe``: Granite's
-multipliers) and Phi-3.5-MoE (``phimoe``: LayerNorms, biases, longrope) with their MoE block at
+``gemma4`` checkpoint: head sizes and key/value heads by layer, values from the keys' projection,
+partial RoPE, a per-layer scalar; upper layers reading lower layers' keys and values, per-layer
+inputs) and the multi-head latent attention of DeepSeek-V3 and GLM-4.7-Flash (``deepseek_v3``,
+``glm4_moe_lite``: one latent key/value head, queries absorbed into it) and DeepSeek-V2
+(``deepseek_v2``: the latent expanded per head), with their MoE blocks, Gemma 2 (``gemma2``:
+attention and final logits soft-capped, Gemma's norms and scaled embeddings). Sparse MoE families
+(:data:`MOE`): Mixtral (``mixtral``), Granite MoE (``granitemoe``: Granite's multipliers) and
+Phi-3.5-MoE (``phimoe``: LayerNorms, biases, longrope) with their MoE block at
 ``block_sparse_moe``, Qwen2-MoE (``qwen2_moe``: biases, a gated shared expert) and OLMoE
 (``olmoe``: q/k norms over all heads) at ``mlp``. More MoE families (:data:`MOE2`): dots.llm1
 (``dots1``: q/k norms, sigmoid routing with a correction bias, shared experts), Ling/Ring
 (``bailing_moe``: fused q/k/v, attention at ``attention``, grouped routing with an expert bias),
-Hunyuan (``hunyuan``: q/k norms after RoPE, cross-layer attention reading the layer below's
-keys) and Llama 4 (``llama4``: chunked local attention, NoPE global layers with attention
-temperature, a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too)."""
+Hunyuan (``hunyuan``: q/k norms after RoPE, cross-layer attention reading the layer below's keys)
+and Llama 4 (``llama4``: chunked local attention, NoPE global layers with attention temperature,
+a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too). Dense families (:data:`DENSE`):
+EXAONE 3.5 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k
+norms after RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``:
+per-head q/k LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals
+and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped) and nanochat (``nanochat``:
+weightless norms, soft-capped logits)."""
 
 from __future__ import annotations
 
@@ -37,26 +42,30 @@ import mlx.nn as nn
 import mlx_lm
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load_prompt_cache,
                       make_prompt_cache as make_lazy_cache, resolve_config, save_prompt_cache)
-from mlx_lazy.adapter import ModelAdapter, feed_forward, identities_match, sliding_windows
+from mlx_lazy.adapter import (ModelAdapter, attention_module, decode_identity, feed_forward,
+                              identities_match, sliding_windows)
 from mlx_lazy.attention import Chunks, position_mask, window_start
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from test_gemma3 import cut_after_layer_0, decode_one, dense_mask
-from tiny_models import build_tiny_model
+from tiny_models import build_tiny_model, tiny_config
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
+DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
+         "nanochat")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
             "gemma4_text-e2b", "gemma4", *MLA, "gemma2", "glm4", "starcoder2", "cohere2",
-            "helium", "internlm3", "apertus", *MOE, *MOE2)
+            "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE)
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -354,6 +363,83 @@ def test_the_tiny_helium_and_internlm3_are_what_they_claim(family):
                                                           intern.layers[0].mlp.down_proj))
 
 
+def _random(*weights) -> bool:
+    """Whether every one of ``weights`` (norm weights) is away from the ones they start at."""
+    return all(float(mx.abs(w - 1).max()) > 0.05 for w in weights)
+
+
+def test_the_tiny_dense_families_are_what_they_claim(family, family_dir):
+    """EXAONE 3.5 under its own names (``transformer.wte``, ``h``, ``ln_1``, ``ln_2``,
+    ``attn.attention.out_proj``, ``ln_f``), its norms random and in the identity, biases, a
+    tied head, its SwiGLU on the CPU kernel; Hunyuan's per-head query/key norms random, its
+    RoPE frequencies NTK-alpha scaled; StableLM 2's LayerNorms random, RoPE over 4 of 16
+    head dims, the scale 1/sqrt(head_dim); its parallel variant's random per-head q/k
+    LayerNorms and one norm per layer; MiniCPM's multipliers unlike 1 and untied head;
+    MiMo's checkpoint holding an MTP layer that mlx-lm dropped, its q/k/v biases."""
+    exaone, _ = family("exaone")
+    layer, a = exaone.layers[0], ModelAdapter(exaone)
+    assert "self_attn" not in layer and attention_module(layer) is layer.attn.attention
+    assert "out_proj" in attention_module(layer) and "bias" in attention_module(layer).out_proj
+    assert a._embedding is exaone.transformer.wte and a._final_norm is exaone.transformer.ln_f
+    assert a._activations[0] == "silu"  # its c_fc_0/c_fc_1 SwiGLU through the CPU kernel
+    assert a.lm_head is None and _random(layer.ln_1.weight, layer.ln_2.weight, a._final_norm.weight)
+    assert np.abs(decode_identity(a.identity())[1]).max() > 0  # its norms, named ln_*
+    hunyuan = family("hunyuan_v1_dense")[0].layers[0].self_attn
+    assert _random(hunyuan.query_layernorm.weight, hunyuan.key_layernorm.weight)
+    plain = 10000.0 ** (mx.arange(0, 16, 2) / 16)
+    assert float((hunyuan.rope._freqs / plain)[-1]) > 100
+    stablelm, _ = family("stablelm")
+    layer, a = stablelm.layers[0], ModelAdapter(stablelm)
+    assert layer.self_attn.rope.dims == 4 and a.scale == 16 ** -0.5 and not a._parallel
+    assert _random(layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    assert float(mx.abs(layer.input_layernorm.bias).sum()) > 0
+    parallel, _ = family("stablelm-parallel")
+    layer = parallel.layers[0]
+    assert ModelAdapter(parallel)._parallel and "post_attention_layernorm" not in layer
+    assert _random(*(n.weight for n in layer.self_attn.q_layernorm.norms),
+                   *(n.weight for n in layer.self_attn.k_layernorm.norms))
+    minicpm, _ = family("minicpm")
+    args = minicpm.args
+    assert (args.scale_emb, args.scale_depth, args.dim_model_base) == (12.0, 1.4, 16)
+    assert not args.tie_word_embeddings and ModelAdapter(minicpm).lm_head is minicpm.lm_head
+    mimo, _ = family("mimo")
+    assert "model.mtp_layers.0.input_layernorm.weight" in mx.load(
+        str(family_dir("mimo") / "model.safetensors"))
+    assert not any("mtp" in name for name, _ in tree_flatten(mimo.parameters()))
+    assert float(mx.abs(mimo.layers[0].self_attn.k_proj.bias).sum()) > 0
+
+
+def test_the_tiny_nanochat_is_what_it_claims(family):
+    """No norm weights anywhere (mlx-lm's rms_norm function is every norm, the identity's
+    norm part empty), no biases, 2 key/value heads to 4 query heads, raw logits far past
+    the soft-cap of 15, so that a dropped cap shows."""
+    from mlx_lm.models import nanochat
+
+    model, _ = family("nanochat")
+    a = ModelAdapter(model)
+    names = [name for name, _ in tree_flatten(model.parameters())]
+    assert not any("norm" in name or "bias" in name for name in names)
+    assert a._final_norm is nanochat.rms_norm and not decode_identity(a.identity())[1].any()
+    assert (a.n_heads, a.n_kv_heads, a.variant()) == (4, 2, "float32")
+    raw = model.lm_head(model.transformer(mx.array(random_prompt(64, a.vocab_size))[None]))
+    assert float(mx.abs(raw).max()) > 15 * 1.5
+
+
+def test_a_tied_minicpm_leaves_its_logits_unscaled(family):
+    """mlx-lm's MiniCPM divides the logits by hidden_size / dim_model_base only through an
+    untied head; a tied one (which its loader cannot read: built here from the untied
+    model's weights) multiplies by the embedding unscaled, and so does the adapter."""
+    from mlx_lm.models import minicpm
+
+    untied, _ = family("minicpm")
+    model = minicpm.Model(minicpm.ModelArgs.from_dict(
+        {**tiny_config("minicpm"), "tie_word_embeddings": True}))
+    model.load_weights([(k, v) for k, v in tree_flatten(untied.parameters())
+                        if not k.startswith("lm_head")])
+    prompt = random_prompt(100, ModelAdapter(model).vocab_size, seed=2)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 4) < LOGITS_TOL
+
+
 def test_dynamic_ntk_rope_on_scattered_positions_is_one_call_over_their_span():
     """InternLM3's dynamic NTK RoPE takes its base from where a call ends (past
     max_position_embeddings, 64 here, the base grows): tokens at scattered positions get
@@ -378,7 +464,7 @@ def _mlx_lm_kv(model, layer_cache):
     latent attention caches the latent and rope(k_pe), whose concatenation is the engine's
     key and the latent its value."""
     keys, values = layer_cache.keys, layer_cache.values
-    if hasattr(getattr(model.layers[0], "self_attn", None), "embed_q"):  # not bailing_moe
+    if hasattr(attention_module(model.layers[0]), "embed_q"):
         return mx.concatenate([keys, values], axis=-1), keys
     return keys, values
 
@@ -406,11 +492,13 @@ def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
 
 
 @pytest.mark.parametrize("kind", ["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
-                                  "deepseek_v2", "gemma2", "hunyuan", "llama4"])
+                                  "deepseek_v2", "gemma2", "hunyuan", "llama4", "exaone",
+                                  "nanochat"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
     holding none and its tokens' per-layer inputs, latent attention's values narrower than
-    its keys) is written, checked on load and answers the next turn as the live cache
+    its keys, EXAONE 3's weights named otherwise, nanochat's without norm weights) is
+    written, checked on load and answers the next turn as the live cache
     does."""
     model, tokenizer = family(kind)
     config = PruningConfig("lazy", prune_layers=(1,), keep=(0.3,), complete="none")
@@ -508,7 +596,7 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
                                   "ernie4_5_moe", "gpt_oss", "olmo3", "exaone4",
                                   "gemma4_text-moe", "gemma4_text-e2b", "deepseek_v3",
                                   "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2",
-                                  "helium", "internlm3", "apertus", *MOE, *MOE2))
+                                  "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
     base = ModelAdapter(model).identity()

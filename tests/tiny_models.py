@@ -24,7 +24,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "olmo2", "olmo3", "exaone4", "gemma4_text", "qwen3_5", "qwen3_next", "deepseek_v3",
          "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
-         "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text")
+         "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
+         "stablelm", "minicpm", "mimo", "nanochat")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -286,6 +287,31 @@ _KIND_CONFIG = {
     "llama4_text": {"architectures": ["Llama4ForCausalLM"], "tie_word_embeddings": False,
                     "intermediate_size_mlp": 128, "no_rope_layers": [1, 1, 1, 0],
                     "use_qk_norm": True},
+    # EXAONE 3.5: Llama's layout under other names (transformer.wte, h, ln_1/ln_2, attn.attention
+    # with out_proj, c_fc_0/c_fc_1/c_proj, ln_f), biases here, a tied head
+    "exaone": {"architectures": ["ExaoneForCausalLM"], "num_layers": 4,
+               "layer_norm_epsilon": 1e-5, "attention_bias": True, "mlp_bias": True,
+               "tie_word_embeddings": True},
+    # Hunyuan dense: per-head q/k norms after RoPE, NTK-alpha RoPE (alpha 1000 as the 7B's),
+    # q/k/v/o biases, a tied head
+    "hunyuan_v1_dense": {"architectures": ["HunYuanDenseV1ForCausalLM"], "use_qk_norm": True,
+                         "attention_bias": True, "tie_word_embeddings": True,
+                         "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"}},
+    # StableLM 2 1.6B: LayerNorms (random biases), q/k/v biases, RoPE over a quarter of each
+    # head; head_dim is hidden_size / heads (16)
+    "stablelm": {"architectures": ["StableLmForCausalLM"], "use_qkv_bias": True,
+                 "partial_rotary_factor": 0.25, "layer_norm_eps": 1e-5},
+    # MiniCPM: embeddings times 12, residual branches times 1.4 / sqrt(4), an untied head's
+    # logits divided by 64 / 16
+    "minicpm": {"architectures": ["MiniCPMForCausalLM"], "tie_word_embeddings": False,
+                "scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 16},
+    # Xiaomi MiMo: Qwen2's layout (q/k/v biases); its checkpoint's MTP layer weights, which
+    # mlx-lm drops, are written too
+    "mimo": {"architectures": ["MiMoForCausalLM"], "tie_word_embeddings": False,
+             "num_nextn_predict_layers": 1},
+    # nanochat: weightless norms, q/k norms after RoPE of negated frequencies, ReLU^2 MLP; its
+    # head's weights scaled up so that the soft-cap at 15 bends the logits
+    "nanochat": {"architectures": ["NanoChatForCausalLM"]},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -297,7 +323,8 @@ _KIND_CONFIG = {
 #: and 1 (their MLPs twice as wide), every layer takes a 32-wide per-token input;
 #: ``qwen3_5-moe``, Qwen3.5's MoE layout (``qwen3_5_moe``): 2 of 4 experts and a shared one;
 #: ``qwen3_5-deep``, 16 layers (attention in 3, 7, 11, 15); ``qwen3_5-last``, 4 layers, only
-#: the last attending.
+#: the last attending; ``stablelm-parallel``, StableLM 2 12B's layout: per-head q/k
+#: LayerNorms, attention and the MLP in parallel on one norm.
 _VARIANTS = {
     # The MLA kinds as the conversion tests write them in llama.cpp's deepseek2 GGUF, which holds
     # one YaRN log multiplier (mscale = mscale_all_dim) and no renormalised softmax routing:
@@ -339,6 +366,7 @@ _VARIANTS = {
     "ministral3-sliding": ("ministral3", {
         "sliding_window": 24,
         "layer_types": ["sliding_attention", "full_attention"] * 2}),
+    "stablelm-parallel": ("stablelm", {"use_parallel_residual": True, "qk_layernorm": True}),
     "phi3-longrope": ("phi3", {
         "partial_rotary_factor": 0.75, "original_max_position_embeddings": 1024,
         "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6,
@@ -348,6 +376,8 @@ _VARIANTS = {
 
 # kinds whose norms (weights and LayerNorm biases) are random rather than ones and zeros
 _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
+# kinds whose every norm module's weight (the final norm's, per-head ones) is random
+_RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo")
 
 
 def tiny_config(kind: str) -> dict:
@@ -427,9 +457,10 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     params = tree_map(lambda p: p.astype(mx.float32), model.parameters())
     model.update(params)
     for layer in model.layers:
-        # qwen3_5: linear; lfm2: convolution; bailing_moe: attention
+        # qwen3_5: linear; lfm2: convolution; bailing_moe: attention; exaone, nanochat: attn
         attn = (getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
-                or getattr(layer, "linear_attn", None) or layer.conv)
+                or getattr(layer, "attn", None) or getattr(layer, "linear_attn", None)
+                or layer.conv)
         mlp = feed_forward(layer)
         # every projection's bias (attention's, o_proj's, the MLP's and experts'), so that a
         # dropped one shows
@@ -454,8 +485,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
         for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm",
                      "key_layernorm"):
-            if hasattr(attn, name):
-                norm = getattr(attn, name)
+            norm = getattr(attn, name, None)
+            if norm is not None and "weight" in norm:  # (StableLM's: a LayerNorm per head)
                 norm.weight = 1.0 + 0.1 * mx.random.normal(norm.weight.shape)
         if kind in _RANDOM_NORMS:  # every norm weight and bias, so a dropped norm shows
             layer.update(tree_unflatten([
@@ -479,10 +510,19 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     for _, module in model.named_modules():  # phimoe's LayerNorms: biases zero by default
         if isinstance(module, nn.LayerNorm) and "bias" in module:
             module.bias = 0.1 * mx.random.normal(module.bias.shape)
+        if (kind.split("-")[0] in _RANDOM_NORM_MODULES
+                and isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and "weight" in module):
+            module.weight = 1.0 + 0.1 * mx.random.normal(module.weight.shape)
+    if kind == "nanochat":
+        model.lm_head.weight = 30 * model.lm_head.weight
     if kind.startswith("gemma3"):
         model.pop("lm_head")  # tied, as Gemma 3 checkpoints are (mlx-lm ties when it is absent)
     mx.eval(model.parameters())
     save_model(folder, model)
+    if kind == "mimo":  # what mlx-lm's sanitize drops: a multi-token-prediction layer
+        weights = mx.load(str(folder / "model.safetensors"))
+        weights["model.mtp_layers.0.input_layernorm.weight"] = mx.ones((64,))
+        mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
     save_config(dict(config), folder / "config.json")
     build_tokenizer(folder)
     return folder
