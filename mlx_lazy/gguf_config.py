@@ -66,6 +66,8 @@ The architectures (llama.cpp's names), and what converting each involves:
   the logits.)
 * ``cohere2`` (Command R7B): attention and the MLP in parallel on one LayerNorm (no biases),
   the window in llama.cpp's pattern (every p-th layer global, without RoPE), the logit scale.
+* ``exaone`` (EXAONE 3.0/3.5): Llama's layers under GPT-2's names (mlx-lm's ``exaone``), Llama
+  3's RoPE scaling from ``rope_freqs``; no biases.
 * ``apertus``: q/k norms, its xIELU's parameters from llama.cpp's metadata, Llama 3's RoPE
   scaling from ``rope_freqs``; no biases (llama.cpp's loader reads none).
 
@@ -106,7 +108,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "mistral3": "Ministral3ForCausalLM",
                  "deepseek2": "DeepseekV2ForCausalLM",
                  "glm4": "Glm4ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
-                 "cohere2": "Cohere2ForCausalLM", "apertus": "ApertusForCausalLM"}
+                 "cohere2": "Cohere2ForCausalLM", "apertus": "ApertusForCausalLM",
+                 "exaone": "ExaoneForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -187,7 +190,7 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
              "short_factor": "rope_factors_short.weight"}
 # RoPE scaling held as tensors (config, not weights), and the architectures llama.cpp reads
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
-ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus",
+ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone",
                                        "gemma4"),  # Gemma 4: its global layers' partial RoPE
                 **dict.fromkeys(_LONGROPE.values(), ("phi3",))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
@@ -248,8 +251,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "feed_forward_length")
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
-    if arch in ("gemma2", "glm4", "apertus"):  # llama.cpp requires it (mlx-lm's gemma2 has
-        # no default either)
+    if arch in ("gemma2", "glm4", "apertus", "exaone"):  # llama.cpp requires it (mlx-lm's
+        # gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in _LAYER_NORM:
         required += ("attention.layer_norm_epsilon",)
@@ -355,6 +358,10 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                                  f"(mlx-lm's apertus scales by 1/sqrt({head_dim}))")
         xielu_parameters(meta, n_layers)  # required by llama.cpp: refused here, not half-written
         config.update(mlp_bias=False, attention_bias=False, post_norm=False, qk_norm=True)
+    if arch == "exaone":  # mlx-lm's exaone by its own names; llama.cpp reads no MLP or output
+        # biases (q/k/v ones it would, which mlx-lm's model takes with an output one: refused)
+        config.update(num_layers=n_layers, layer_norm_epsilon=config["rms_norm_eps"],
+                      attention_bias=False, mlp_bias=False)
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern

@@ -183,6 +183,11 @@ _APERTUS_LAYER_NAMES = {**_LAYER_NAMES, "attn_norm": "attention_layernorm",
                         "ffn_norm": "feedforward_layernorm",
                         **{f"xielu_{p}": f"mlp.act_fn.{p}"
                            for p in ("alpha_p", "alpha_n", "beta", "eps")}}
+# EXAONE 3.0/3.5: GPT-2's names in mlx-lm's exaone (the MLP's gate c_fc_0, its up c_fc_1)
+_EXAONE_LAYER_NAMES = {"attn_norm": "ln_1", "ffn_norm": "ln_2",
+                       **{f"attn_{p}": f"attn.attention.{p}_proj" for p in "qkv"},
+                       "attn_output": "attn.attention.out_proj", "ffn_gate": "mlp.c_fc_0",
+                       "ffn_up": "mlp.c_fc_1", "ffn_down": "mlp.c_proj"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
@@ -194,7 +199,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "olmo2": _POST_NORM_LAYER_NAMES,
                      "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,
                      "glm4": _GLM4_LAYER_NAMES, "starcoder2": _STARCODER2_LAYER_NAMES,
-                     "apertus": _APERTUS_LAYER_NAMES,
+                     "apertus": _APERTUS_LAYER_NAMES, "exaone": _EXAONE_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -203,6 +208,11 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "per_layer_token_embd": "model.embed_tokens_per_layer",
               "per_layer_model_proj": "model.per_layer_model_projection",
               "per_layer_proj_norm": "model.per_layer_projection_norm"}
+# Where mlx-lm's model holds its layers, and its top tensors' names, where not model.layers and
+# _TOP_NAMES: EXAONE 3.0/3.5's GPT-2 layout
+_ARCH_LAYOUT = {"exaone": ("transformer.h", {"token_embd": "transformer.wte",
+                                             "output_norm": "transformer.ln_f",
+                                             "output": "lm_head"})}
 
 
 def nextn_blocks(arch: str, meta: dict) -> int:
@@ -525,14 +535,15 @@ def _hf_name(gguf_name: str, arch: str = "llama") -> str:
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
     names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
+    layers, top = _ARCH_LAYOUT.get(arch, ("model.layers", _TOP_NAMES))
     if parts[0] == "blk" and len(parts) == 2 and suffix in names:  # no suffix: ssm_a
-        return f"model.layers.{parts[1]}.{names[suffix]}"
+        return f"{layers}.{parts[1]}.{names[suffix]}"
     if parts[0] == "blk" and len(parts) == 3 and f"{parts[2]}.{suffix}" in names:
-        return f"model.layers.{parts[1]}.{names[f'{parts[2]}.{suffix}']}"
+        return f"{layers}.{parts[1]}.{names[f'{parts[2]}.{suffix}']}"
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
-        return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
-    if base in _TOP_NAMES:
-        return f"{_TOP_NAMES[base]}.{suffix}"
+        return f"{layers}.{parts[1]}.{names[parts[2]]}.{suffix}"
+    if base in top:
+        return f"{top[base]}.{suffix}"
     raise UserInputError(f"unsupported GGUF tensor {gguf_name}")
 
 

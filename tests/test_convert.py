@@ -248,7 +248,12 @@ GGUF_KIND_LAYER_NAMES.update({
              "post_attention_layernorm": "ffn_norm", "post_mlp_layernorm": "post_ffw_norm"},
     "starcoder2": {**GGUF_LAYER_NAMES, "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"},
     "apertus": {**GGUF_LAYER_NAMES, "attention_layernorm": "attn_norm",
-                "feedforward_layernorm": "ffn_norm"}})
+                "feedforward_layernorm": "ffn_norm"},
+    # EXAONE 3.0/3.5's GPT-2 names (its top tensors': GGUF_TOP_NAMES)
+    "exaone": {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.attention.q_proj": "attn_q",
+               "attn.attention.k_proj": "attn_k", "attn.attention.v_proj": "attn_v",
+               "attn.attention.out_proj": "attn_output", "mlp.c_fc_0": "ffn_gate",
+               "mlp.c_fc_1": "ffn_up", "mlp.c_proj": "ffn_down"}})
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
@@ -267,7 +272,8 @@ MINISTRAL3_KEYS = {"yarn_beta_fast": "add_rope_scaling_yarn_beta_fast",
                    "yarn_log_mul": "add_rope_scaling_yarn_log_mul",
                    "temperature_scale": "add_attn_temperature_scale"}
 GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
-                  "lm_head": "output"}
+                  "lm_head": "output", "transformer.wte": "token_embd",
+                  "transformer.ln_f": "output_norm"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 
 
@@ -1381,6 +1387,43 @@ def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_m
     assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
 
 
+#: EXAONE 3.5 (no tiny kind of its own: the tiny Llama's shape under mlx-lm's exaone), its
+#: Llama 3 RoPE scaling from position 64 on; an RMS epsilon of its own
+EXAONE = {"model_type": "exaone", "architectures": ["ExaoneForCausalLM"], "num_layers": 4,
+          "rms_norm_eps": 2 ** -6, "layer_norm_epsilon": 2 ** -6,
+          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
+
+
+@pytest.mark.parametrize("dtype", ["float32", None])
+@pytest.mark.parametrize("overrides, types", [
+    (EXAONE, {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_gate": T.Q4_1, "output": T.F16,
+              "*": T.Q8_0}),
+    ({**EXAONE, **KQ, "tie_word_embeddings": True, "rope_scaling": None},  # EXAONE 3.5 2.4B's tie
+     {"attn_k": T.Q5_K, "ffn_up": T.Q6_K, "*": T.Q4_K}),
+], ids=["llama3-rope", "tied-kquants"])
+def test_exaone_from_gguf(overrides, types, dtype, tiny_model_dir, tmp_path):
+    """An EXAONE 3.0/3.5 GGUF becomes mlx-lm's exaone (its GPT-2 names, num_layers,
+    layer_norm_epsilon; Llama 3's RoPE scaling from rope_freqs) and computes what the GGUF's
+    tensors do in mlx-lm's model, float32 or kept quantized (tolerances as in
+    test_gguf_matches_its_dequantized_tensors)."""
+    config = {**tiny_config("llama"), **overrides}
+    extra = ({"rope_freqs.weight": llama_cpp_rope_freqs(config)} if config["rope_scaling"]
+             else {})
+    _, reference = write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"), types,
+                              extra=extra, **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype=dtype)
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model_type"] == "exaone" and saved["num_layers"] == 4
+    assert saved["layer_norm_epsilon"] == 2 ** -6
+    assert (saved.get("rope_scaling") or {}).get("rope_type") == (
+        "llama3" if config["rope_scaling"] else None)
+    model, _ = mlx_lm.load(str(out))
+    x = random_prompt(100, VOCAB_SIZE)[None]
+    tol = 1e-5 if dtype else 4e-3
+    assert rel_err(model(x), reference_model("exaone", config, reference)(x)) < tol
+
+
 def test_xielu_from_one_value_for_all_layers():
     """llama.cpp reads each xIELU key as one value for every layer or a value per layer."""
     meta = {"xielu.alpha_p": 0.5, "xielu.alpha_n": [0.1, 0.2, 0.3], "xielu.beta": np.float32(1),
@@ -2166,6 +2209,12 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "apertus_xielu": (lambda: gguf_of("a.gguf", "apertus", {"xielu_beta": None}),
                           "GGUF metadata xielu.beta must be a number or one per layer (4), got "
                           "None"),
+        "exaone_qkv_bias": (  # llama.cpp reads them, mlx-lm's exaone only with an output one
+            lambda: write_gguf(tmp / "e.gguf", "llama", tok_folder, extra={
+                f"blk.{i}.attn_output.bias": None for i in range(4)},
+                **{**EXAONE, "attention_bias": True, "rope_scaling": None}) and tmp / "e.gguf",
+            "GGUF tensors disagree with its metadata: it has an unexpected tensor "
+            "transformer.h.0.attn.attention.k_proj.bias"),
         "apertus_attention_scale": (
             lambda: gguf_of("a.gguf", "apertus", {"attention_scale": 0.5}),
             "GGUF apertus with attention scale 0.5 is not supported (mlx-lm's apertus scales "
@@ -2197,7 +2246,7 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "deepseek2_value_length", "deepseek2_softmax_groups", "deepseek2_softmax_eps",
               "deepseek2_yarn_log_mul", "deepseek2_tied", "cohere2_pattern", "cohere2_all_local",
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
-              "apertus_attention_scale"]
+              "apertus_attention_scale", "exaone_qkv_bias"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
