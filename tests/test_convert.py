@@ -1371,9 +1371,9 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs become mlx-lm's model of
-    their name with the settings llama.cpp reads (its defaults where the GGUF has no key), and
+    their name with the settings llama.cpp reads (its defaults where the GGUF has no key),
     compute what the GGUF's tensors do in mlx-lm's model of the original checkpoint, over a
-    prompt past Command R7B's window."""
+    prompt past Command R7B's window, and run in the engine unpruned as in mlx-lm."""
     config = {**tiny_config(kind), **overrides}
     _, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), meta=meta,
                               extra=extra, **overrides)
@@ -1385,6 +1385,8 @@ def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_m
     model, _ = mlx_lm.load(str(out))
     x = random_prompt(64, VOCAB_SIZE)[None]
     assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
+    prompt = random_prompt(300, VOCAB_SIZE)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
 
 
 #: EXAONE 3.5 (no tiny kind of its own: the tiny Llama's shape under mlx-lm's exaone), its
