@@ -37,9 +37,9 @@ from mlx_lm.utils import get_total_parameters
 
 from .errors import UserInputError, one_line
 from .folders import atomic_dir
-from .gguf_config import ARCHITECTURES, ROPE_TENSORS, mlx_lm_config
+from .gguf_config import ARCHITECTURES, ROPE_TENSORS, mlx_lm_config, xielu_parameters
 from .gguf_tensors import (DEFAULT_GGUF_DTYPE, NEXTN, REGROUPED, check_shapes, check_types,
-                           gguf_arrays, kept_quantization, trunk_tensors)
+                           gguf_arrays, kept_quantization, trunk_tensors, xielu_tensors)
 from .gguf_tokenizer import build_tokenizer, eos_ids
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -186,6 +186,8 @@ def convert_gguf(
         tensors.pop(name, None)
     if arch in REGROUPED:
         tensors = REGROUPED[arch](tensors, config)
+    if arch == "apertus":  # its activation's parameters are metadata in a GGUF
+        tensors = xielu_tensors(tensors, xielu_parameters(meta, config["num_hidden_layers"]))
     tokenizer, tokenizer_config = build_tokenizer(arch, meta)
     config["eos_token_id"] = eos_ids(meta)
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")

@@ -56,6 +56,20 @@ The architectures (llama.cpp's names), and what converting each involves:
   as each model holds its up-projection; leading dense layers, experts and shared experts,
   expert groups, YaRN with its log multiplier as ``mscale_all_dim``; traditional RoPE, q/k as
   they are. The NextN block dropped.
+* ``glm4`` (GLM-4-0414 9B/32B): norms after each branch, the MLP's gate then up rows in one
+  tensor (mlx-lm's ``gate_up_proj``), q/k/v biases, traditional RoPE over part of each head
+  (NeoX where the GGUF has MRoPE sections: GLM-4.1V's, GLM-OCR's text model, whose q/k rows
+  llama.cpp's converter reordered); the embedding as the head where the GGUF has none; the
+  NextN block dropped.
+* ``starcoder2``: LayerNorms and biases everywhere, a GELU MLP; no sliding window in llama.cpp
+  nor mlx-lm. (mlx-lm's GELU is the exact one, llama.cpp's the tanh approximation: ~1e-4 of
+  the logits.)
+* ``cohere2`` (Command R7B): attention and the MLP in parallel on one LayerNorm (no biases),
+  the window in llama.cpp's pattern (every p-th layer global, without RoPE), the logit scale.
+* ``exaone`` (EXAONE 3.0/3.5): Llama's layers under GPT-2's names (mlx-lm's ``exaone``), Llama
+  3's RoPE scaling from ``rope_freqs``; no biases.
+* ``apertus``: q/k norms, its xIELU's parameters from llama.cpp's metadata, Llama 3's RoPE
+  scaling from ``rope_freqs``; no biases (llama.cpp's loader reads none).
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -92,7 +106,10 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "ernie4_5": "Ernie4_5_ForCausalLM",
                  "ernie4_5-moe": "Ernie4_5_MoeForCausalLM",
                  "mistral3": "Ministral3ForCausalLM",
-                 "deepseek2": "DeepseekV2ForCausalLM"}
+                 "deepseek2": "DeepseekV2ForCausalLM",
+                 "glm4": "Glm4ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
+                 "cohere2": "Cohere2ForCausalLM", "apertus": "ApertusForCausalLM",
+                 "exaone": "ExaoneForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -107,9 +124,19 @@ _BIAS_TENSORS = {"attention_bias": "attn_q", "attention_out_bias": "attn_output"
 _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_bias", "mlp_bias")),
                   "seed_oss": ("attention_bias", "attention_out_bias", "mlp_bias"),
                   **dict.fromkeys(("ernie4_5", "ernie4_5-moe"), ("use_bias",)),
-                  **dict.fromkeys(("glm4moe", "granitemoe"), ("attention_bias",))}
-# The sparse MoE model types whose mlx-lm models take each head hidden / heads wide (no head_dim)
-_HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe")
+                  **dict.fromkeys(("glm4moe", "granitemoe", "glm4"), ("attention_bias",))}
+# The model types whose mlx-lm models take each head hidden / heads wide (no head_dim, or one
+# that must be so): sparse MoEs' and dense ones'
+_HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus")
+# The architectures with LayerNorms, whose epsilon llama.cpp requires
+_LAYER_NORM = ("starcoder2", "cohere2")
+# Command R7B: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the
+# GGUF says otherwise
+COHERE2_SLIDING_PATTERN = 4
+# Apertus: its xIELU activation's parameters, by llama.cpp's metadata keys (no architecture
+# prefix; one value or one per layer) and mlx-lm's names
+XIELU_KEYS = {"xielu.alpha_p": "alpha_p", "xielu.alpha_n": "alpha_n", "xielu.beta": "beta",
+              "xielu.eps": "eps"}
 # Gemma 2 and 3: the layers of the 27B, whose queries llama.cpp scales by 1/sqrt(hidden / heads)
 # (by 1/sqrt(head_dim) in the others)
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -146,7 +173,7 @@ EXAONE4_32B_PERIOD = 4
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
-_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe")
+_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -163,7 +190,7 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
              "short_factor": "rope_factors_short.weight"}
 # RoPE scaling held as tensors (config, not weights), and the architectures llama.cpp reads
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
-ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4",
+ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone",
                                        "gemma4"),  # Gemma 4: its global layers' partial RoPE
                 **dict.fromkeys(_LONGROPE.values(), ("phi3",))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
@@ -224,8 +251,11 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "feed_forward_length")
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
-    if arch == "gemma2":  # mlx-lm's gemma2 has no default either
+    if arch in ("gemma2", "glm4", "apertus", "exaone"):  # llama.cpp requires it (mlx-lm's
+        # gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
+    if arch in _LAYER_NORM:
+        required += ("attention.layer_norm_epsilon",)
     if any(g(k) is None for k in required):
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
@@ -258,6 +288,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                                               or rotary is None):
         raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's {head_dim} "
                              "dims is not supported")
+    _check_heads_of_hidden(arch, _MODEL_TYPES.get(arch, arch), n_heads, head_dim, hidden)
     if not (gemma4 or mla) and count("attention.value_length", head_dim) != head_dim:
         raise UserInputError(f"GGUF {arch} with values {g('attention.value_length')} wide and "
                              f"keys {head_dim} wide is not supported")
@@ -296,18 +327,41 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                    for switch in _BIAS_SWITCHES.get(arch, ())})
     if arch == "smollm3":
         config["no_rope_layer_interval"] = SMOLLM3_NO_ROPE_INTERVAL
+    if arch in ("granite", "granitemoe", "cohere2") and g("logit_scale") is None:
+        raise UserInputError(f"GGUF metadata lacks {arch}.logit_scale")  # llama.cpp refuses it too
     if arch in ("granite", "granitemoe"):
         # llama.cpp's switch for RoPE (its granitemoe loader reads none: RoPE in every layer)
         if arch == "granite" and not g("rope.scaling.finetuned", True):
             raise UserInputError("GGUF granite without RoPE (rope.scaling.finetuned false) is "
                                  "not supported")
-        if g("logit_scale") is None:  # llama.cpp refuses the GGUF too
-            raise UserInputError(f"GGUF metadata lacks {arch}.logit_scale")
         # the others as llama.cpp defaults them: no scaling, queries by 1/sqrt(head_dim)
         config.update(embedding_multiplier=positive("embedding_scale", 1.0),
                       residual_multiplier=positive("residual_scale", 1.0),
                       attention_multiplier=positive("attention.scale", head_dim ** -0.5),
                       logits_scaling=positive("logit_scale"))
+    if arch == "glm4":  # RoPE as llama.cpp turns it: traditional, but NeoX with MRoPE sections
+        # (GLM-4.1V's, GLM-OCR's text model, whose q/k rows its converter put in NeoX order; on
+        # text every section turns by one position); a head of its own (glm4_tensors')
+        sections = g("rope.dimension_sections") or []
+        mrope = len(sections) > 1 and sections[0] > 0 and sections[1] > 0
+        config.update(partial_rotary_factor=rotary, rope_traditional=not mrope,
+                      tie_word_embeddings=False)
+    if arch == "starcoder2":  # LayerNorms; its GELU MLP and biases everywhere are hard-wired
+        config.update(norm_epsilon=positive("attention.layer_norm_epsilon"),
+                      hidden_act="gelu_pytorch_tanh")
+    if arch == "cohere2":
+        config.update(_cohere2_config(g, count, real, positive, n_layers))
+    if arch == "apertus":  # llama.cpp reads no biases, hard-wires q/k norms and NeoX RoPE
+        scale = real("attention.scale", 0.0)  # llama.cpp: 0 is 1/sqrt(head_dim), mlx-lm's
+        if scale and not math.isclose(scale, head_dim ** -0.5, rel_tol=ATTN_FACTOR_RTOL):
+            raise UserInputError(f"GGUF apertus with attention scale {scale:.7g} is not supported "
+                                 f"(mlx-lm's apertus scales by 1/sqrt({head_dim}))")
+        xielu_parameters(meta, n_layers)  # required by llama.cpp: refused here, not half-written
+        config.update(mlp_bias=False, attention_bias=False, post_norm=False, qk_norm=True)
+    if arch == "exaone":  # mlx-lm's exaone by its own names; llama.cpp reads no MLP or output
+        # biases (q/k/v ones it would, which mlx-lm's model takes with an output one: refused)
+        config.update(num_layers=n_layers, layer_norm_epsilon=config["rms_norm_eps"],
+                      attention_bias=False, mlp_bias=False)
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -421,6 +475,54 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     return config
 
 
+def _check_heads_of_hidden(arch: str, model_type: str, heads: int, head_dim: int,
+                           hidden: int) -> None:
+    """Refuse heads of another width than hidden / heads where mlx-lm's ``model_type`` takes
+    that width (:data:`_HEADS_OF_HIDDEN`)."""
+    if model_type in _HEADS_OF_HIDDEN and head_dim * heads != hidden:
+        raise UserInputError(f"GGUF {arch} with {heads} heads {head_dim} wide is not "
+                             f"supported (mlx-lm's {model_type} takes hidden / heads: "
+                             f"{hidden / heads:g})")
+
+
+def xielu_parameters(meta: dict, n_layers: int) -> dict[str, list[float]]:
+    """Apertus's xIELU parameters of each layer, as its checkpoint holds them (llama.cpp's
+    converter writes them so; both models take softplus of the alphas): mlx-lm's name ->
+    a value per layer, from llama.cpp's keys (:data:`XIELU_KEYS`), which it requires."""
+    out = {}
+    for key, name in XIELU_KEYS.items():
+        value = meta.get(key)
+        values = value if isinstance(value, list) else [value] * n_layers
+        if len(values) != n_layers or not all(
+                isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_))
+                and np.isfinite(v) for v in values):
+            raise UserInputError(f"GGUF metadata {key} must be a number or one per layer "
+                                 f"({n_layers}), got {shown(value, 40)}")
+        out[name] = [float(v) for v in values]
+    return out
+
+
+def _cohere2_config(g: Any, count: Any, real: Any, positive: Any, n_layers: int) -> dict:
+    """mlx-lm's cohere2 settings of a Command R7B GGUF, read as llama.cpp reads it: LayerNorms
+    without biases (llama.cpp's converter drops Cohere's zero ones, its loader reads none);
+    the logits times ``logit_scale`` (0: unscaled); sliding layers by llama.cpp's pattern (a
+    flag per layer or a period, 4 where the GGUF gives none), which must be mlx-lm's: every
+    p-th layer global, without RoPE in both. (llama.cpp's graph turns the sliding layers at
+    ``rope.freq_base``: it reads ``rope.freq_base_swa`` but uses it nowhere.)"""
+    pattern = g("attention.sliding_window_pattern", COHERE2_SLIDING_PATTERN)
+    local = _local_layers(pattern, n_layers, "cohere2")
+    period = local.index(False) + 1 if False in local else None
+    if period is None or local != [(i + 1) % period != 0 for i in range(n_layers)]:
+        raise UserInputError(f"GGUF cohere2 with sliding-window pattern {shown(pattern, 40)} "
+                             "is not supported (mlx-lm's cohere2 makes every p-th layer "
+                             "global, the others sliding)")
+    return {"layer_norm_eps": positive("attention.layer_norm_epsilon"),
+            "layer_norm_bias": False, "attention_bias": False,
+            "logit_scale": real("logit_scale") or 1.0,
+            "sliding_window": count("attention.sliding_window"),
+            "sliding_window_pattern": period}
+
+
 def _delta_net_config(arch: str, g: Any, count: Any, experts: Any, n_layers: int,
                       rotary: float, theta: float) -> dict:
     """mlx-lm's qwen3_5 / qwen3_5_moe / qwen3_next config of a Qwen3.5/3.6 or Qwen3-Next GGUF:
@@ -472,11 +574,8 @@ def _sparse_moe_config(arch: str, count: Any, optional: Any, experts: Any, tenso
     heads other than hidden / heads wide where mlx-lm's model takes them so."""
     n_experts, n_used = experts()
     model_type = "mixtral" if arch == "llama" else config["model_type"]
-    heads, hidden = config["num_attention_heads"], config["hidden_size"]
-    if model_type in _HEADS_OF_HIDDEN and config["head_dim"] * heads != hidden:
-        raise UserInputError(f"GGUF {arch} with {heads} heads {config['head_dim']} wide is not "
-                             f"supported (mlx-lm's {model_type} takes hidden / heads: "
-                             f"{hidden / heads:g})")
+    _check_heads_of_hidden(arch, model_type, config["num_attention_heads"], config["head_dim"],
+                           config["hidden_size"])
     width = config["intermediate_size"]
     if arch == "llama":
         if "rope_freqs.weight" in tensors:

@@ -37,7 +37,7 @@ DELTA_NET = (*QWEN35, "qwen3next")
 # mlx-lm's model types whose value heads llama.cpp's converter tiles (Qwen3.5's, not Qwen3-Next's)
 _TILED_V_HEADS = ("qwen3_5", "qwen3_5_moe")
 # The architectures whose GGUFs may hold multi-token prediction (NextN) blocks after the model's
-NEXTN = (*DELTA_NET, "glm4moe", "deepseek2")
+NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -169,6 +169,25 @@ _DEEPSEEK2_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES, **_CORRECTION
                           "attn_kv_a_norm": "self_attn.kv_a_layernorm",
                           "attn_kv_b": "self_attn.kv_b_proj",
                           "attn_k_b": "self_attn.embed_q", "attn_v_b": "self_attn.unembed_out"}
+# GLM-4-0414: a norm after each branch (llama.cpp's post_attention_norm and post_ffw_norm) besides
+# the ones before it (its ffn_norm mlx-lm's post_attention_layernorm); the MLP's gate then up
+# rows in one tensor, as in mlx-lm's glm4
+_GLM4_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_self_attn_layernorm",
+                     "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj",
+                     "post_ffw_norm": "post_mlp_layernorm"}
+# StarCoder2: a plain GELU MLP
+_STARCODER2_LAYER_NAMES = {**_LAYER_NAMES, "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+# Apertus: its norms' names, and its xIELU's parameters (from llama.cpp's metadata:
+# xielu_tensors)
+_APERTUS_LAYER_NAMES = {**_LAYER_NAMES, "attn_norm": "attention_layernorm",
+                        "ffn_norm": "feedforward_layernorm",
+                        **{f"xielu_{p}": f"mlp.act_fn.{p}"
+                           for p in ("alpha_p", "alpha_n", "beta", "eps")}}
+# EXAONE 3.0/3.5: GPT-2's names in mlx-lm's exaone (the MLP's gate c_fc_0, its up c_fc_1)
+_EXAONE_LAYER_NAMES = {"attn_norm": "ln_1", "ffn_norm": "ln_2",
+                       **{f"attn_{p}": f"attn.attention.{p}_proj" for p in "qkv"},
+                       "attn_output": "attn.attention.out_proj", "ffn_gate": "mlp.c_fc_0",
+                       "ffn_up": "mlp.c_fc_1", "ffn_down": "mlp.c_proj"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
@@ -179,6 +198,8 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
                      "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,
+                     "glm4": _GLM4_LAYER_NAMES, "starcoder2": _STARCODER2_LAYER_NAMES,
+                     "apertus": _APERTUS_LAYER_NAMES, "exaone": _EXAONE_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -187,6 +208,11 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "per_layer_token_embd": "model.embed_tokens_per_layer",
               "per_layer_model_proj": "model.per_layer_model_projection",
               "per_layer_proj_norm": "model.per_layer_projection_norm"}
+# Where mlx-lm's model holds its layers, and its top tensors' names, where not model.layers and
+# _TOP_NAMES: EXAONE 3.0/3.5's GPT-2 layout
+_ARCH_LAYOUT = {"exaone": ("transformer.h", {"token_embd": "transformer.wte",
+                                             "output_norm": "transformer.ln_f",
+                                             "output": "lm_head"})}
 
 
 def nextn_blocks(arch: str, meta: dict) -> int:
@@ -472,10 +498,35 @@ def deepseek2_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def glm4_tensors(tensors: dict, config: dict) -> dict:
+    """A GLM-4-0414 GGUF's tensors with a head: the embedding's where it has no
+    ``output.weight``, as llama.cpp reads it (mlx-lm's glm4 always has a head of its own)."""
+    out = dict(tensors)
+    if "output.weight" not in tensors:
+        t = tensors["token_embd.weight"]
+        out["output.weight"] = _Part("output.weight", t.tensor_type, t.shape, t.data)
+    return out
+
+
+def xielu_tensors(tensors: dict, parameters: dict[str, list[float]]) -> dict:
+    """An Apertus GGUF's tensors with its xIELU parameters (llama.cpp's metadata, a value per
+    layer by mlx-lm's name: :func:`mlx_lazy.gguf_config.xielu_parameters`) as a float32
+    scalar each, as mlx-lm's apertus holds them."""
+    from gguf import GGMLQuantizationType as T
+
+    out = dict(tensors)
+    for name, values in parameters.items():
+        for i, v in enumerate(values):
+            key = f"blk.{i}.xielu_{name}"
+            out[key] = _Part(key, T.F32, np.array([], np.int64), np.array(v, np.float32))
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
-             "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors}
+             "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
+             "glm4": glm4_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -484,14 +535,15 @@ def _hf_name(gguf_name: str, arch: str = "llama") -> str:
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
     names = _ARCH_LAYER_NAMES.get(arch, _LAYER_NAMES)
+    layers, top = _ARCH_LAYOUT.get(arch, ("model.layers", _TOP_NAMES))
     if parts[0] == "blk" and len(parts) == 2 and suffix in names:  # no suffix: ssm_a
-        return f"model.layers.{parts[1]}.{names[suffix]}"
+        return f"{layers}.{parts[1]}.{names[suffix]}"
     if parts[0] == "blk" and len(parts) == 3 and f"{parts[2]}.{suffix}" in names:
-        return f"model.layers.{parts[1]}.{names[f'{parts[2]}.{suffix}']}"
+        return f"{layers}.{parts[1]}.{names[f'{parts[2]}.{suffix}']}"
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
-        return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
-    if base in _TOP_NAMES:
-        return f"{_TOP_NAMES[base]}.{suffix}"
+        return f"{layers}.{parts[1]}.{names[parts[2]]}.{suffix}"
+    if base in top:
+        return f"{top[base]}.{suffix}"
     raise UserInputError(f"unsupported GGUF tensor {gguf_name}")
 
 

@@ -28,6 +28,7 @@ from mlx.utils import tree_flatten
 from mlx_lazy import PruningConfig, models
 from mlx_lazy.convert import DEFAULT_GGUF_DTYPE, convert, main
 from mlx_lazy.errors import UserInputError
+from mlx_lazy.gguf_config import xielu_parameters
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import VOCAB_SIZE, tiny_config
@@ -240,6 +241,19 @@ GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          **dict.fromkeys(("mixtral", "granitemoe"), GGUF_BLOCK_SPARSE_MOE_NAMES),
                          "qwen2_moe": GGUF_QWEN2MOE_NAMES,
                          **dict.fromkeys(DEEPSEEK2_KINDS, GGUF_DEEPSEEK2_NAMES)}
+#: GLM-4-0414's norms after each branch (its ffn_norm the one before the MLP), StarCoder2's plain
+#: MLP, Apertus's norms
+GGUF_KIND_LAYER_NAMES.update({
+    "glm4": {**GGUF_LAYER_NAMES, "post_self_attn_layernorm": "post_attention_norm",
+             "post_attention_layernorm": "ffn_norm", "post_mlp_layernorm": "post_ffw_norm"},
+    "starcoder2": {**GGUF_LAYER_NAMES, "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"},
+    "apertus": {**GGUF_LAYER_NAMES, "attention_layernorm": "attn_norm",
+                "feedforward_layernorm": "ffn_norm"},
+    # EXAONE 3.0/3.5's GPT-2 names (its top tensors': GGUF_TOP_NAMES)
+    "exaone": {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.attention.q_proj": "attn_q",
+               "attn.attention.k_proj": "attn_k", "attn.attention.v_proj": "attn_v",
+               "attn.attention.out_proj": "attn_output", "mlp.c_fc_0": "ffn_gate",
+               "mlp.c_fc_1": "ffn_up", "mlp.c_proj": "ffn_down"}})
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
@@ -258,7 +272,8 @@ MINISTRAL3_KEYS = {"yarn_beta_fast": "add_rope_scaling_yarn_beta_fast",
                    "yarn_log_mul": "add_rope_scaling_yarn_log_mul",
                    "temperature_scale": "add_attn_temperature_scale"}
 GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
-                  "lm_head": "output"}
+                  "lm_head": "output", "transformer.wte": "token_embd",
+                  "transformer.ln_f": "output_norm"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 
 
@@ -574,6 +589,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     phi3_meta, arch_tensors = llama_cpp_phi3_rope(config) if model_type == "phi3" else ({}, {})
     if model_type == "ernie4_5_moe":
         arch_tensors = llama_cpp_ernie45_moe_biases(config)
+    if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
+        arch_tensors = {"rope_freqs.weight": llama_cpp_rope_freqs(config)}
     arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta,
                  "ministral3": llama_cpp_ministral3_meta}.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
@@ -630,6 +647,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if m.get("sliding_window_pattern") is not None:
             w.add_sliding_window_pattern(m["sliding_window_pattern"])
     w.add_layer_norm_rms_eps(m["rms_norm_eps"])
+    llama_cpp_dense_meta(w, m)
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
     if model_type == "glm4_moe":
@@ -658,7 +676,14 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
 
     rng = np.random.default_rng(0)
     reference = {}
+    xielu: dict[str, list[float]] = {}  # Apertus's activation: a value per layer, metadata
     for name, shape in shapes.items():
+        if ".act_fn." in name:  # xIELU's raw alphas (softplus taken in both), beta, eps < 0
+            key = name.rsplit(".", 1)[1]
+            value = np.float32(-1e-6 if key == "eps" else 0.5 + 0.2 * rng.normal())
+            xielu.setdefault(key, []).append(float(value))
+            reference[name] = mx.array(value)
+            continue
         gname = gguf_name(name, model_type)
         role = "ssm_a" if gname.endswith(".ssm_a") else gname.split(".")[-2]
         if gname in extra:  # left out, or replaced
@@ -694,12 +719,17 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                 heads = config["num_attention_heads" if part == "attn_q"
                                else "num_key_value_heads"]
                 data = gguf_permute(data, heads)
+            if model_type == "glm4" and m.get("mrope_section") and part in ("attn_q", "attn_k"):
+                data = glm4_normal_to_neox(data, config)
             if gname.replace(f".{role}", f".{part}") not in extra:  # one part left out
                 w.add_tensor(gname.replace(f".{role}", f".{part}"), data, raw_dtype=qtype)
         reference[name] = mx.array(restore(stored))
     for gname, data in extra.items():
         if data is not None:
             w.add_tensor(gname, np.asarray(data, np.float32), raw_dtype=T.F32)
+    for key, values in xielu.items():  # ApertusModel.modify_tensors: a value per layer
+        if m.get(f"xielu_{key}", values) is not None:
+            w.add_array(f"xielu.{key}", values)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -707,6 +737,41 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     if deepseek2:  # mlx-lm's model of the checkpoint (deepseek_v3's sanitize cuts kv_b_proj)
         reference = module.Model(module.ModelArgs.from_dict(config)).sanitize(reference)
     return config, reference
+
+
+def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
+    """The metadata llama.cpp's convert_hf_to_gguf.py writes for StarCoder2, Command R7B,
+    GLM-4-0414 and Apertus configs besides the shape (TextModel.set_gguf_parameters,
+    Cohere2Model's, Glm4Model's, ported): the LayerNorms' epsilon; Command R7B's logit scale
+    and window (no pattern: llama.cpp's default 4, unless ``swa_pattern`` gives one as written);
+    GLM's MRoPE sections and NextN blocks; an attention scale where ``attention_scale`` says."""
+    eps = m.get("norm_epsilon", m.get("layer_norm_eps"))
+    if m["model_type"] in ("starcoder2", "cohere2") and eps is not None:
+        w.add_layer_norm_eps(eps)
+    if m["model_type"] == "cohere2":
+        if m["logit_scale"] is not None:
+            w.add_logit_scale(m["logit_scale"])
+        w.add_sliding_window(m["sliding_window"])
+        if m.get("swa_pattern") is not None:
+            w.add_sliding_window_pattern(m["swa_pattern"])
+    if m["model_type"] == "glm4":
+        if m.get("mrope_section"):
+            w.add_rope_dimension_sections(m["mrope_section"])
+        if m.get("nextn_predict_layers"):
+            w.add_nextn_predict_layers(m["nextn_predict_layers"])
+    if m.get("attention_scale") is not None:
+        w.add_attention_scale(m["attention_scale"])
+
+
+def glm4_normal_to_neox(rows: np.ndarray, config: dict) -> np.ndarray:
+    """What llama.cpp's converter (Glm4Model.normal_to_neox, ported) does to q/k rows (and
+    biases) of a GLM-4 with MRoPE: in each head, the rotated dims' pairs from interleaved to
+    NeoX order (even dims, then odd ones), the other dims as they are."""
+    head, rotated = config["head_dim"], int(config["head_dim"] * config["partial_rotary_factor"])
+    order = np.concatenate([np.arange(0, rotated, 2), np.arange(1, rotated, 2),
+                            np.arange(rotated, head)])
+    heads = rows.shape[0] // head
+    return rows.reshape(heads, head, -1)[:, order].reshape(rows.shape)
 
 
 def reference_model(kind: str, config: dict, weights: dict) -> nn.Module:
@@ -897,6 +962,35 @@ GGUF_CASES.update({
     "granitemoe-legacy": ("granitemoe", {"ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0,
                                          "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32,
                                          "attn_k": T.Q4_0, "*": T.Q8_0}, {}),
+})
+#: Command R7B as llama.cpp's converter writes it: no biases (it drops Cohere's zero ones), no
+#: pattern (llama.cpp's default period 4: layers 0-2 slide, 3 is global)
+COHERE2_GGUF = {"attention_bias": False, "layer_norm_bias": False, "sliding_window_pattern": 4}
+GGUF_CASES.update({
+    # GLM-4-0414: norms after each branch, q/k/v biases, traditional RoPE over half of each head
+    # (q/k as they are), the MLP's gate then up rows in ffn_up (kept quantized as one tensor)
+    "glm4-legacy": ("glm4", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
+                             "ffn_up": T.Q4_0, "*": T.Q8_0}, {}),
+    "glm4-kquants": ("glm4", {"attn_q": T.Q4_K, "ffn_up": T.Q5_K, "ffn_down": T.Q6_K,
+                              "*": T.Q4_K}, KQ),
+    # StarCoder2: LayerNorms with biases, biases on every projection, a GELU MLP, a tied head,
+    # NeoX RoPE (q/k as they are)
+    "starcoder2-legacy": ("starcoder2", {"token_embd": T.Q8_0, "attn_q": T.Q4_0,
+                                         "ffn_up": T.Q4_1, "*": T.Q8_0}, {}),
+    "starcoder2-kquants": ("starcoder2", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
+                           KQ),
+    # Command R7B: attention and MLP in parallel on one LayerNorm, traditional RoPE in the
+    # sliding layers only, logits times 0.3, a tied head
+    "cohere2-legacy": ("cohere2", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_gate": T.Q4_1,
+                                   "*": T.Q8_0}, COHERE2_GGUF),
+    "cohere2-kquants": ("cohere2", {"token_embd": T.Q6_K, "attn_k": T.Q5_K, "*": T.Q4_K},
+                        {**KQ, **COHERE2_GGUF}),
+    # Apertus: per-head q/k norms, its xIELU's parameters as llama.cpp's metadata, Llama 3's RoPE
+    # scaling as rope_freqs, NeoX RoPE (q/k as they are); no MLP biases (llama.cpp reads none)
+    "apertus-legacy": ("apertus", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up": T.Q4_1,
+                                   "output": T.F16, "*": T.Q8_0}, {"mlp_bias": False}),
+    "apertus-kquants": ("apertus", {"attn_q": T.Q4_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
+                        {**KQ, "mlp_bias": False}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1233,17 +1327,111 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
 @pytest.mark.parametrize("case", ["seed_oss-legacy", "ernie4_5-legacy", "ernie4_5moe-legacy",
                                   "deepseek2-v2lite", "deepseek2-v3", "deepseek2-glm47flash",
                                   "mixtral-legacy", "qwen2moe-legacy", "olmoe-legacy",
-                                  "granitemoe-legacy"])
+                                  "granitemoe-legacy", "glm4-legacy", "starcoder2-legacy",
+                                  "cohere2-legacy", "apertus-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
-    quantized latent projections kept so) and the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
-    Granite MoE) GGUFs convert to folders the engine runs unpruned as mlx-lm does."""
+    quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
+    Granite MoE) and the dense GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs
+    convert to folders the engine runs unpruned as mlx-lm does."""
     kind, types, overrides = GGUF_CASES[case]
     write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types, **overrides)
     model, _ = mlx_lm.load(str(convert(tmp_path / "m.gguf", tmp_path / "out",
                                        dtype="float32")))
     prompt = random_prompt(300, VOCAB_SIZE)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("kind, overrides, meta, extra, settings", [
+    ("glm4", {}, {}, {}, {"rope_traditional": True, "partial_rotary_factor": 0.5,
+                          "attention_bias": True}),
+    # GLM-4.1V's / GLM-OCR's text model: MRoPE sections, q/k rows in NeoX order (llama.cpp's
+    # converter); tied (llama.cpp reads the embedding as the head); a NextN block dropped
+    ("glm4", {"mrope_section": [2, 1, 1, 0], "attention_bias": False},
+     {"num_hidden_layers": 5, "nextn_predict_layers": 1},
+     {"output.weight": None, **{f"blk.4.nextn.{n}.weight": np.ones(64) for n in ("enorm",
+                                                                                  "hnorm")}},
+     {"rope_traditional": False, "attention_bias": False, "num_hidden_layers": 4}),
+    ("starcoder2", {"norm_epsilon": 2 ** -6}, {}, {}, {"norm_epsilon": 2 ** -6}),
+    # Command R7B's window in every layer but each 2nd, by a flag per layer or llama.cpp's
+    # period; its default period (4, no key); every layer global; a logit scale of 0 (none)
+    ("cohere2", {**COHERE2_GGUF, "sliding_window_pattern": 2, "layer_norm_eps": 2 ** -6},
+     {"swa_pattern": [True, False] * 2}, {},
+     {"sliding_window": 24, "sliding_window_pattern": 2, "layer_norm_eps": 2 ** -6}),
+    ("cohere2", {**COHERE2_GGUF, "sliding_window_pattern": 2}, {"swa_pattern": 2}, {},
+     {"sliding_window_pattern": 2}),
+    ("cohere2", COHERE2_GGUF, {}, {}, {"sliding_window_pattern": 4}),
+    ("cohere2", {**COHERE2_GGUF, "sliding_window_pattern": 1}, {"swa_pattern": [False] * 4}, {},
+     {"sliding_window_pattern": 1}),
+    ("cohere2", {**COHERE2_GGUF, "logit_scale": 1.0}, {"logit_scale": 0.0}, {},
+     {"logit_scale": 1.0}),
+    ("apertus", {"mlp_bias": False}, {}, {}, {"mlp_bias": False, "qk_norm": True}),
+], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
+        "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus"])
+def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
+                                  tmp_path):
+    """GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs become mlx-lm's model of
+    their name with the settings llama.cpp reads (its defaults where the GGUF has no key),
+    compute what the GGUF's tensors do in mlx-lm's model of the original checkpoint, over a
+    prompt past Command R7B's window, and run in the engine unpruned as in mlx-lm."""
+    config = {**tiny_config(kind), **overrides}
+    _, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), meta=meta,
+                              extra=extra, **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model_type"] == kind and {k: saved[k] for k in settings} == settings
+    if "output.weight" in extra:  # llama.cpp's head of a tied GGUF: the embedding
+        reference["lm_head.weight"] = reference["model.embed_tokens.weight"]
+    model, _ = mlx_lm.load(str(out))
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
+    prompt = random_prompt(300, VOCAB_SIZE)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+#: EXAONE 3.5 (no tiny kind of its own: the tiny Llama's shape under mlx-lm's exaone), its
+#: Llama 3 RoPE scaling from position 64 on; an RMS epsilon of its own
+EXAONE = {"model_type": "exaone", "architectures": ["ExaoneForCausalLM"], "num_layers": 4,
+          "rms_norm_eps": 2 ** -6, "layer_norm_epsilon": 2 ** -6,
+          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
+
+
+@pytest.mark.parametrize("dtype", ["float32", None])
+@pytest.mark.parametrize("overrides, types", [
+    (EXAONE, {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_gate": T.Q4_1, "output": T.F16,
+              "*": T.Q8_0}),
+    ({**EXAONE, **KQ, "tie_word_embeddings": True, "rope_scaling": None},  # EXAONE 3.5 2.4B's tie
+     {"attn_k": T.Q5_K, "ffn_up": T.Q6_K, "*": T.Q4_K}),
+], ids=["llama3-rope", "tied-kquants"])
+def test_exaone_from_gguf(overrides, types, dtype, tiny_model_dir, tmp_path):
+    """An EXAONE 3.0/3.5 GGUF becomes mlx-lm's exaone (its GPT-2 names, num_layers,
+    layer_norm_epsilon; Llama 3's RoPE scaling from rope_freqs) and computes what the GGUF's
+    tensors do in mlx-lm's model, float32 or kept quantized (tolerances as in
+    test_gguf_matches_its_dequantized_tensors)."""
+    config = {**tiny_config("llama"), **overrides}
+    extra = ({"rope_freqs.weight": llama_cpp_rope_freqs(config)} if config["rope_scaling"]
+             else {})
+    _, reference = write_gguf(tmp_path / "m.gguf", "llama", tiny_model_dir("llama"), types,
+                              extra=extra, **overrides)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype=dtype)
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model_type"] == "exaone" and saved["num_layers"] == 4
+    assert saved["layer_norm_epsilon"] == 2 ** -6
+    assert (saved.get("rope_scaling") or {}).get("rope_type") == (
+        "llama3" if config["rope_scaling"] else None)
+    model, _ = mlx_lm.load(str(out))
+    x = random_prompt(100, VOCAB_SIZE)[None]
+    tol = 1e-5 if dtype else 4e-3
+    assert rel_err(model(x), reference_model("exaone", config, reference)(x)) < tol
+
+
+def test_xielu_from_one_value_for_all_layers():
+    """llama.cpp reads each xIELU key as one value for every layer or a value per layer."""
+    meta = {"xielu.alpha_p": 0.5, "xielu.alpha_n": [0.1, 0.2, 0.3], "xielu.beta": np.float32(1),
+            "xielu.eps": -1e-6}
+    assert xielu_parameters(meta, 3) == {"alpha_p": [0.5] * 3, "alpha_n": [0.1, 0.2, 0.3],
+                                         "beta": [1.0] * 3, "eps": [-1e-6] * 3}
 
 
 @pytest.mark.parametrize("case, model_type, settings", [
@@ -2007,6 +2195,32 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "granitemoe_logit_scale": (
             lambda: gguf_of("g.gguf", "granitemoe", {"logits_scaling": None}),
             "GGUF metadata lacks granitemoe.logit_scale"),
+        "cohere2_pattern": (
+            lambda: gguf_of("c.gguf", "cohere2", {"swa_pattern": [True, False, False, True]}),
+            "GGUF cohere2 with sliding-window pattern [True, False, False, True] is not "
+            "supported (mlx-lm's cohere2 makes every p-th layer global"),
+        "cohere2_all_local": (lambda: gguf_of("c.gguf", "cohere2", {"swa_pattern": 0}),
+                              "GGUF cohere2 with sliding-window pattern 0 is not supported"),
+        "cohere2_logit_scale": (lambda: gguf_of("c.gguf", "cohere2", {"logit_scale": None}),
+                                "GGUF metadata lacks cohere2.logit_scale"),
+        "starcoder2_head_dim": (lambda: gguf_of("s.gguf", "starcoder2", {"head_dim": 8}),
+                                "starcoder2 with 4 heads 8 wide is not supported (mlx-lm's "
+                                "starcoder2 takes hidden / heads: 16)"),
+        "starcoder2_eps": (lambda: gguf_of("s.gguf", "starcoder2", {"norm_epsilon": None}),
+                           "/ attention.layer_norm_epsilon"),
+        "apertus_xielu": (lambda: gguf_of("a.gguf", "apertus", {"xielu_beta": None}),
+                          "GGUF metadata xielu.beta must be a number or one per layer (4), got "
+                          "None"),
+        "exaone_qkv_bias": (  # llama.cpp reads them, mlx-lm's exaone only with an output one
+            lambda: write_gguf(tmp / "e.gguf", "llama", tok_folder, extra={
+                f"blk.{i}.attn_output.bias": None for i in range(4)},
+                **{**EXAONE, "attention_bias": True, "rope_scaling": None}) and tmp / "e.gguf",
+            "GGUF tensors disagree with its metadata: it has an unexpected tensor "
+            "transformer.h.0.attn.attention.k_proj.bias"),
+        "apertus_attention_scale": (
+            lambda: gguf_of("a.gguf", "apertus", {"attention_scale": 0.5}),
+            "GGUF apertus with attention scale 0.5 is not supported (mlx-lm's apertus scales "
+            "by 1/sqrt(16))"),
     }[case]
     return make(), fragment
 
@@ -2032,7 +2246,9 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "qwen3next_both", "qwen3next_shape", "glm4moe_negative_bias", "ernie_bias_size",
               "ernie_bias_dense", "deepseek2_half", "deepseek2_both", "deepseek2_rope_dims",
               "deepseek2_value_length", "deepseek2_softmax_groups", "deepseek2_softmax_eps",
-              "deepseek2_yarn_log_mul", "deepseek2_tied"]
+              "deepseek2_yarn_log_mul", "deepseek2_tied", "cohere2_pattern", "cohere2_all_local",
+              "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
+              "apertus_attention_scale", "exaone_qkv_bias"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
