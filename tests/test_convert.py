@@ -1408,7 +1408,7 @@ def test_exaone_from_gguf(overrides, types, dtype, tiny_model_dir, tmp_path):
     """An EXAONE 3.0/3.5 GGUF becomes mlx-lm's exaone (its GPT-2 names, num_layers,
     layer_norm_epsilon; Llama 3's RoPE scaling from rope_freqs) and computes what the GGUF's
     tensors do in mlx-lm's model, float32 or kept quantized (tolerances as in
-    test_gguf_matches_its_dequantized_tensors)."""
+    test_gguf_matches_its_dequantized_tensors), and runs in the engine unpruned as in mlx-lm."""
     config = {**tiny_config("llama"), **overrides}
     extra = ({"rope_freqs.weight": llama_cpp_rope_freqs(config)} if config["rope_scaling"]
              else {})
@@ -1424,6 +1424,9 @@ def test_exaone_from_gguf(overrides, types, dtype, tiny_model_dir, tmp_path):
     x = random_prompt(100, VOCAB_SIZE)[None]
     tol = 1e-5 if dtype else 4e-3
     assert rel_err(model(x), reference_model("exaone", config, reference)(x)) < tol
+    # and the engine runs it unpruned as mlx-lm does
+    assert mlx_lm_error(model, PruningConfig("full"), random_prompt(300, VOCAB_SIZE), 8,
+                        block_size=64) < LOGITS_TOL
 
 
 def test_xielu_from_one_value_for_all_layers():
