@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import re
 import math
 import os
 import stat
@@ -71,6 +72,17 @@ def assert_one_line_error(rc: int, err: str, fragment: str) -> None:
     assert rc == 2, err
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert fragment in lines[0], (fragment, lines[0])
+
+
+def assert_refused(src: Path, tmp_path: Path, capsys, fragment: str) -> None:
+    """Converting ``src`` is refused with ``fragment``: a UserInputError from the API, one
+    ``error:`` line and status 2 from the command line, nothing left in ``tmp_path``."""
+    before = set(tmp_path.iterdir())
+    with pytest.raises(UserInputError, match=re.escape(fragment)):
+        convert(src, tmp_path / "out")
+    rc, err = run_main(capsys, str(src), str(tmp_path / "new" / "out"))
+    assert_one_line_error(rc, err, fragment)
+    assert set(tmp_path.iterdir()) == before
 
 
 # ---------------------------------------------------------------- the real model (SmolLM2)
