@@ -70,6 +70,12 @@ The architectures (llama.cpp's names), and what converting each involves:
   3's RoPE scaling from ``rope_freqs``; no biases.
 * ``apertus``: q/k norms, its xIELU's parameters from llama.cpp's metadata, Llama 3's RoPE
   scaling from ``rope_freqs``; no biases (llama.cpp's loader reads none).
+* ``lfm2`` (LFM2 350M-2.6B) / ``lfm2moe`` (LFM2-8B-A1B, ``lfm2_moe``): short gated
+  convolutions in the layers llama.cpp gives no key/value heads (``attention.head_count_kv`` per
+  layer), attention with q/k norms in the others; the kernels from llama.cpp's (channels, width)
+  to MLX's Conv1d layout; ``token_embd_norm`` as the final norm (mlx-lm's ``embedding_norm``);
+  the MLP width as written (already auto-adjusted); a tied head only; LFM2-8B-A1B's leading
+  dense layers, sigmoid-routed experts with their selection bias, top weights renormalised.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -109,13 +115,14 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "deepseek2": "DeepseekV2ForCausalLM",
                  "glm4": "Glm4ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                  "cohere2": "Cohere2ForCausalLM", "apertus": "ApertusForCausalLM",
-                 "exaone": "ExaoneForCausalLM"}
+                 "exaone": "ExaoneForCausalLM", "lfm2": "Lfm2ForCausalLM",
+                 "lfm2moe": "Lfm2MoeForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
                 "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe", "qwen3next": "qwen3_next",
                 "glm4moe": "glm4_moe", "gemma4": "gemma4_text", "ernie4_5-moe": "ernie4_5_moe",
-                "mistral3": "ministral3", "deepseek2": "deepseek_v2"}
+                "mistral3": "ministral3", "deepseek2": "deepseek_v2", "lfm2moe": "lfm2_moe"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -127,7 +134,10 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
                   **dict.fromkeys(("glm4moe", "granitemoe", "glm4"), ("attention_bias",))}
 # The model types whose mlx-lm models take each head hidden / heads wide (no head_dim, or one
 # that must be so): sparse MoEs' and dense ones'
-_HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus")
+_HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
+                    "lfm2", "lfm2_moe")
+# LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
+LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
 _LAYER_NORM = ("starcoder2", "cohere2")
 # Command R7B: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the
@@ -251,22 +261,25 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "feed_forward_length")
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
-    if arch in ("gemma2", "glm4", "apertus", "exaone"):  # llama.cpp requires it (mlx-lm's
-        # gemma2 has no default either)
+    if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2):  # llama.cpp requires it
+        # (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
+    if arch in LFM2:
+        required += ("shortconv.l_cache",)
     if arch in _LAYER_NORM:
         required += ("attention.layer_norm_epsilon",)
     if any(g(k) is None for k in required):
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
+    by_layer = gemma4 or arch in LFM2  # (and LFM2's, 0 in its convolution layers: _lfm2_config)
     if isinstance(g("attention.head_count"), list) or \
-            (isinstance(g("attention.head_count_kv"), list) and not gemma4):
+            (isinstance(g("attention.head_count_kv"), list) and not by_layer):
         raise UserInputError("GGUF with per-layer head counts is not supported")
     n_heads, hidden, n_layers = (count("attention.head_count"), count("embedding_length"),
                                  count("block_count"))
     if arch in NEXTN:  # the multi-token prediction blocks after the model's own
         n_layers -= nextn_blocks(arch, meta)
-    n_kv = 1 if gemma4 else count("attention.head_count_kv", n_heads)
+    n_kv = 1 if by_layer else count("attention.head_count_kv", n_heads)
     if not tensors:  # llama.cpp's ggml-vocab-*.gguf files, say
         raise UserInputError("GGUF holds no tensors: a vocabulary-only file, no weights to "
                              "convert")
@@ -362,6 +375,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         # biases (q/k/v ones it would, which mlx-lm's model takes with an output one: refused)
         config.update(num_layers=n_layers, layer_norm_epsilon=config["rms_norm_eps"],
                       attention_bias=False, mlp_bias=False)
+    if arch in LFM2:
+        config.update(_lfm2_config(arch, g, count, optional, experts, tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -521,6 +536,62 @@ def _cohere2_config(g: Any, count: Any, real: Any, positive: Any, n_layers: int)
             "logit_scale": real("logit_scale") or 1.0,
             "sliding_window": count("attention.sliding_window"),
             "sliding_window_pattern": period}
+
+
+def _lfm2_config(arch: str, g: Any, count: Any, optional: Any, experts: Any, tensors: dict,
+                 config: dict) -> dict:
+    """mlx-lm's lfm2 / lfm2_moe settings of an LFM2 GGUF, read as llama.cpp reads it: a layer
+    without key/value heads (``attention.head_count_kv`` per layer: 0) is a short gated
+    convolution ``shortconv.l_cache`` wide, the others attention, with one count of key/value
+    heads (mlx-lm's); both kinds present (mlx-lm's model indexes one of each); the MLP's width as
+    written (llama.cpp's converter has applied LFM2's auto-adjustment); no biases, the head tied
+    (llama.cpp's loader reads none; mlx-lm's models always tie it); no window (mlx-lm's have
+    none), causal. LFM2-8B-A1B: sigmoid-routed experts from ``leading_dense_block_count`` on,
+    their top weights renormalised (hard-wired in llama.cpp), the selection bias required."""
+    n_layers, model_type = config["num_hidden_layers"], config["model_type"]
+    value = g("attention.head_count_kv", config["num_attention_heads"])
+    values = value if isinstance(value, list) else [value] * n_layers
+    if len(values) != n_layers:
+        raise UserInputError(f"GGUF metadata {arch}.attention.head_count_kv has {len(values)} "
+                             f"values for {n_layers} layers")
+    kv = [count("attention.head_count_kv", value=v, least=0) for v in values]
+    attention = [n for n in kv if n]
+    if len(attention) in (0, n_layers) or len(set(attention)) > 1:
+        what = (f"{len(attention)} attention layers of {n_layers}" if len(set(attention)) < 2
+                else "attention layers of " + " and ".join(map(str, sorted(set(attention))))
+                + " key/value heads")
+        raise UserInputError(f"GGUF {arch} with {what} is not supported (mlx-lm's {model_type} "
+                             "takes convolution and attention layers, one count of key/value "
+                             "heads)")
+    if "output.weight" in tensors:
+        raise UserInputError(f"GGUF {arch} with an output head of its own is not supported "
+                             f"(mlx-lm's {model_type} ties it to the embedding)")
+    if optional("attention.sliding_window"):
+        raise UserInputError(f"GGUF {arch} with a sliding window is not supported")
+    if not g("attention.causal", True):  # LFM2's bidirectional embedding models
+        raise UserInputError(f"GGUF {arch} with non-causal attention is not supported")
+    out = {"num_key_value_heads": attention[0], "norm_eps": config["rms_norm_eps"],
+           "conv_bias": False, "conv_L_cache": count("shortconv.l_cache", least=2),
+           "layer_types": ["full_attention" if n else "conv" for n in kv]}
+    if arch == "lfm2":  # the width as it is: no auto-adjustment (multiple and multiplier unused)
+        return {**out, "block_dim": config["hidden_size"],
+                "block_ff_dim": config["intermediate_size"], "block_auto_adjust_ff_dim": False,
+                "block_multiple_of": 1, "block_ffn_dim_multiplier": 1.0}
+    gating = g("expert_gating_func")  # required by llama.cpp
+    if gating != _SIGMOID_GATING:
+        raise UserInputError(f"GGUF lfm2moe with expert gating function {shown(gating, 20)} is "
+                             "not supported (mlx-lm's lfm2_moe routes by sigmoid)")
+    n_experts, n_used = experts()
+    width = g("expert_feed_forward_length")
+    widths = {count("expert_feed_forward_length", value=w)
+              for w in (width if isinstance(width, list) else [width])}
+    if len(widths) != 1:
+        raise UserInputError("GGUF lfm2moe with experts of different widths by layer is not "
+                             "supported")
+    return {**out, "num_experts": n_experts, "num_experts_per_tok": n_used,
+            "moe_intermediate_size": widths.pop(), "norm_topk_prob": True,
+            "use_expert_bias": True, "routed_scaling_factor": 1.0,
+            "num_dense_layers": optional("leading_dense_block_count")}
 
 
 def _delta_net_config(arch: str, g: Any, count: Any, experts: Any, n_layers: int,

@@ -6,7 +6,8 @@ onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) ont
 ``mxfp4``, and stay quantized unless a dtype is given (the experts' stacks too); the other
 types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
 llama (Mixtral's too), smollm3, granite, granitemoe and mistral3 q/k rows are un-permuted from
-llama.cpp's RoPE layout to the Hugging Face one.
+llama.cpp's RoPE layout to the Hugging Face one. LFM2's convolution kernels become MLX's Conv1d
+layout (:func:`lfm2_tensors`).
 """
 
 from __future__ import annotations
@@ -188,6 +189,23 @@ _EXAONE_LAYER_NAMES = {"attn_norm": "ln_1", "ffn_norm": "ln_2",
                        **{f"attn_{p}": f"attn.attention.{p}_proj" for p in "qkv"},
                        "attn_output": "attn.attention.out_proj", "ffn_gate": "mlp.c_fc_0",
                        "ffn_up": "mlp.c_fc_1", "ffn_down": "mlp.c_proj"}
+# LFM2: the operator's norm, attention (out_proj, q/k layernorms) or a short convolution
+# (llama.cpp's shortconv.*), a SwiGLU feed-forward (w1 the gate, w3 up, w2 down)
+_LFM2_LAYER_NAMES = {**{k: v for k, v in _LAYER_NAMES.items()
+                        if k.startswith("attn_") and k != "attn_output"},
+                     "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
+                     "attn_k_norm": "self_attn.k_layernorm", "attn_norm": "operator_norm",
+                     "ffn_norm": "ffn_norm",
+                     **{f"shortconv.{p}": f"conv.{p}" for p in ("conv", "in_proj", "out_proj")},
+                     "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3",
+                     "ffn_down": "feed_forward.w2"}
+# LFM2-8B-A1B: its dense layers' MLP by Llama's names, the router, experts' stacks and
+# selection bias at feed_forward
+_LFM2MOE_LAYER_NAMES = {**_LFM2_LAYER_NAMES,
+                        **{k: "feed_forward." + v.removeprefix("mlp.")
+                           for k, v in _LAYER_NAMES.items() if k.startswith("ffn_")
+                           and k != "ffn_norm"},
+                        "exp_probs_b.bias": "feed_forward.expert_bias"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
@@ -200,6 +218,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,
                      "glm4": _GLM4_LAYER_NAMES, "starcoder2": _STARCODER2_LAYER_NAMES,
                      "apertus": _APERTUS_LAYER_NAMES, "exaone": _EXAONE_LAYER_NAMES,
+                     "lfm2": _LFM2_LAYER_NAMES, "lfm2moe": _LFM2MOE_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -212,7 +231,11 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
 # _TOP_NAMES: EXAONE 3.0/3.5's GPT-2 layout
 _ARCH_LAYOUT = {"exaone": ("transformer.h", {"token_embd": "transformer.wte",
                                              "output_norm": "transformer.ln_f",
-                                             "output": "lm_head"})}
+                                             "output": "lm_head"}),
+                # LFM2's final norm: llama.cpp's token_embd_norm, mlx-lm's embedding_norm
+                **dict.fromkeys(("lfm2", "lfm2moe"), (
+                    "model.layers", {"token_embd": "model.embed_tokens",
+                                     "token_embd_norm": "model.embedding_norm"}))}
 
 
 def nextn_blocks(arch: str, meta: dict) -> int:
@@ -522,11 +545,28 @@ def xielu_tensors(tensors: dict, parameters: dict[str, list[float]]) -> dict:
     return out
 
 
+def lfm2_tensors(tensors: dict, config: dict) -> dict:
+    """An LFM2 GGUF's tensors with each short convolution's kernel, (channels, width) as
+    llama.cpp's converter squeezed it, in MLX's Conv1d layout (channels, width, 1): the same
+    taps in the same order (both convolve as a cross-correlation over the last width tokens)."""
+    from gguf import GGMLQuantizationType as T
+
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if name.endswith(".shortconv.conv.weight"):
+            shape = _shape(t)
+            if len(shape) != 2:
+                raise UserInputError(f"GGUF {name} has shape {shape}, not (channels, width)")
+            out[name] = _Part(name, T.F32, np.array([1, shape[1], shape[0]]),
+                              _Lazy(lambda t=t: dequantized(t)[..., None]))
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
-             "glm4": glm4_tensors}
+             "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -540,8 +580,9 @@ def _hf_name(gguf_name: str, arch: str = "llama") -> str:
         return f"{layers}.{parts[1]}.{names[suffix]}"
     if parts[0] == "blk" and len(parts) == 3 and f"{parts[2]}.{suffix}" in names:
         return f"{layers}.{parts[1]}.{names[f'{parts[2]}.{suffix}']}"
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
-        return f"{layers}.{parts[1]}.{names[parts[2]]}.{suffix}"
+    role = ".".join(parts[2:])  # LFM2's shortconv.conv too
+    if parts[0] == "blk" and len(parts) >= 3 and role in names:
+        return f"{layers}.{parts[1]}.{names[role]}.{suffix}"
     if base in top:
         return f"{top[base]}.{suffix}"
     raise UserInputError(f"unsupported GGUF tensor {gguf_name}")
