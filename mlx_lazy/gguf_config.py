@@ -70,6 +70,9 @@ The architectures (llama.cpp's names), and what converting each involves:
   3's RoPE scaling from ``rope_freqs``; no biases.
 * ``apertus``: q/k norms, its xIELU's parameters from llama.cpp's metadata, Llama 3's RoPE
   scaling from ``rope_freqs``; no biases (llama.cpp's loader reads none).
+* ``hunyuan-dense`` (Hunyuan 0.5B-7B dense, ``hunyuan_v1_dense``): q/k norms after RoPE, its
+  NTK-alpha RoPE as the base llama.cpp's converter folds alpha into (or ``rope.scaling.alpha``
+  folded in as llama.cpp's loader does); no biases (llama.cpp reads no output one).
 * ``lfm2`` (LFM2 350M-2.6B) / ``lfm2moe`` (LFM2-8B-A1B, ``lfm2_moe``): short gated
   convolutions in the layers llama.cpp gives no key/value heads (``attention.head_count_kv`` per
   layer), attention with q/k norms in the others; the kernels from llama.cpp's (channels, width)
@@ -116,13 +119,15 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "glm4": "Glm4ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                  "cohere2": "Cohere2ForCausalLM", "apertus": "ApertusForCausalLM",
                  "exaone": "ExaoneForCausalLM", "lfm2": "Lfm2ForCausalLM",
-                 "lfm2moe": "Lfm2MoeForCausalLM"}
+                 "lfm2moe": "Lfm2MoeForCausalLM",
+                 "hunyuan-dense": "HunYuanDenseV1ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
                 "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe", "qwen3next": "qwen3_next",
                 "glm4moe": "glm4_moe", "gemma4": "gemma4_text", "ernie4_5-moe": "ernie4_5_moe",
-                "mistral3": "ministral3", "deepseek2": "deepseek_v2", "lfm2moe": "lfm2_moe"}
+                "mistral3": "ministral3", "deepseek2": "deepseek_v2", "lfm2moe": "lfm2_moe",
+                "hunyuan-dense": "hunyuan_v1_dense"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -261,8 +266,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "feed_forward_length")
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
-    if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2):  # llama.cpp requires it
-        # (mlx-lm's gemma2 has no default either)
+    if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense"):
+        # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
         required += ("shortconv.l_cache",)
@@ -375,6 +380,14 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         # biases (q/k/v ones it would, which mlx-lm's model takes with an output one: refused)
         config.update(num_layers=n_layers, layer_norm_epsilon=config["rms_norm_eps"],
                       attention_bias=False, mlp_bias=False)
+    if arch == "hunyuan-dense":  # q/k norms (after RoPE in both) hard-wired in llama.cpp; its
+        # q/k/v biases, which mlx-lm's model takes only with an output one llama.cpp never reads,
+        # refused by the shape check; NTK-alpha RoPE (its converter folds alpha into the base; a
+        # GGUF's rope.scaling.alpha llama.cpp's loader folds in the same way)
+        alpha = real("rope.scaling.alpha", 0.0)
+        if alpha > 0:
+            config["rope_theta"] *= alpha ** (head_dim / (head_dim - 2))
+        config.update(attention_bias=False, use_qk_norm=True)
     if arch in LFM2:
         config.update(_lfm2_config(arch, g, count, optional, experts, tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's

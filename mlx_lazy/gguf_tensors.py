@@ -206,6 +206,9 @@ _LFM2MOE_LAYER_NAMES = {**_LFM2_LAYER_NAMES,
                            for k, v in _LAYER_NAMES.items() if k.startswith("ffn_")
                            and k != "ffn_norm"},
                         "exp_probs_b.bias": "feed_forward.expert_bias"}
+# Hunyuan dense: its q/k norms' names
+_HUNYUAN_LAYER_NAMES = {**_LAYER_NAMES, "attn_q_norm": "self_attn.query_layernorm",
+                        "attn_k_norm": "self_attn.key_layernorm"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
@@ -219,6 +222,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "glm4": _GLM4_LAYER_NAMES, "starcoder2": _STARCODER2_LAYER_NAMES,
                      "apertus": _APERTUS_LAYER_NAMES, "exaone": _EXAONE_LAYER_NAMES,
                      "lfm2": _LFM2_LAYER_NAMES, "lfm2moe": _LFM2MOE_LAYER_NAMES,
+                     "hunyuan-dense": _HUNYUAN_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",

@@ -249,6 +249,8 @@ GGUF_KIND_LAYER_NAMES.update({
     "starcoder2": {**GGUF_LAYER_NAMES, "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"},
     "apertus": {**GGUF_LAYER_NAMES, "attention_layernorm": "attn_norm",
                 "feedforward_layernorm": "ffn_norm"},
+    "hunyuan_v1_dense": {**GGUF_LAYER_NAMES, "self_attn.query_layernorm": "attn_q_norm",
+                         "self_attn.key_layernorm": "attn_k_norm"},
     # EXAONE 3.0/3.5's GPT-2 names (its top tensors': GGUF_TOP_NAMES)
     "exaone": {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.attention.q_proj": "attn_q",
                "attn.attention.k_proj": "attn_k", "attn.attention.v_proj": "attn_v",
@@ -258,7 +260,8 @@ GGUF_KIND_LAYER_NAMES.update({
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
              "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next",
-             "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2")}
+             "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2"),
+             "hunyuan_v1_dense": "hunyuan-dense"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe")
 #: Granite's multipliers by llama.cpp's writer methods
@@ -601,7 +604,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     deepseek2 = model_type in DEEPSEEK2_KINDS
     yarn = {"yarn": config["rope_scaling"], "num_key_value_heads": 1} if deepseek2 else {}
     m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **arch_meta,
-         **qwen_rope, **glm, **yarn, **(meta or {})}
+         **qwen_rope, **glm, **yarn, **llama_cpp_hunyuan_rope(config), **(meta or {})}
     module = model_module(model_type)
     shapes = {k: v.shape for k, v in
               tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
@@ -639,6 +642,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         w.add_rope_scaling_type(m["rope_scaling"])
     if m.get("rope_factor") is not None:
         w.add_rope_scaling_factor(m["rope_factor"])
+    if m.get("rope_alpha") is not None:
+        w.add_rope_scaling_alpha(m["rope_alpha"])
     for key, add in MINISTRAL3_KEYS.items():
         if m.get(key) is not None:
             getattr(w, add)(m[key])
@@ -737,6 +742,17 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     if deepseek2:  # mlx-lm's model of the checkpoint (deepseek_v3's sanitize cuts kv_b_proj)
         reference = module.Model(module.ModelArgs.from_dict(config)).sanitize(reference)
     return config, reference
+
+
+def llama_cpp_hunyuan_rope(config: dict) -> dict:
+    """The RoPE llama.cpp's converter writes for a Hunyuan dense config with NTK-alpha scaling
+    (HunYuanModel.set_gguf_parameters, ported): alpha folded into the base, no scaling."""
+    alpha = (config.get("rope_scaling") or {}).get("alpha")
+    if config["model_type"] != "hunyuan_v1_dense" or alpha is None:
+        return {}
+    dim = config["head_dim"]
+    return {"rope_theta": config["rope_theta"] * alpha ** (dim / (dim - 2)),
+            "rope_scaling": gguf.RopeScalingType.NONE, "rope_factor": 1.0}
 
 
 def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
@@ -991,6 +1007,15 @@ GGUF_CASES.update({
                                    "output": T.F16, "*": T.Q8_0}, {"mlp_bias": False}),
     "apertus-kquants": ("apertus", {"attn_q": T.Q4_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
                         {**KQ, "mlp_bias": False}),
+    # Hunyuan dense: per-head q/k norms after NeoX RoPE (q/k as they are), no biases (llama.cpp
+    # reads no output one), a tied head; NTK-alpha RoPE in test_dense_families_from_gguf
+    "hunyuan_dense-legacy": ("hunyuan_v1_dense", {"token_embd": T.Q8_0, "attn_q": T.Q4_0,
+                                                  "ffn_up": T.Q4_1, "*": T.Q8_0},
+                             {"attention_bias": False, "rope_scaling": None}),
+    "hunyuan_dense-kquants": ("hunyuan_v1_dense", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K,
+                                                   "*": T.Q4_K},
+                              {**KQ, "attention_bias": False, "rope_scaling": None,
+                               "tie_word_embeddings": False}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1328,7 +1353,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "deepseek2-v2lite", "deepseek2-v3", "deepseek2-glm47flash",
                                   "mixtral-legacy", "qwen2moe-legacy", "olmoe-legacy",
                                   "granitemoe-legacy", "glm4-legacy", "starcoder2-legacy",
-                                  "cohere2-legacy", "apertus-legacy"])
+                                  "cohere2-legacy", "apertus-legacy", "hunyuan_dense-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1366,8 +1391,15 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     ("cohere2", {**COHERE2_GGUF, "logit_scale": 1.0}, {"logit_scale": 0.0}, {},
      {"logit_scale": 1.0}),
     ("apertus", {"mlp_bias": False}, {}, {}, {"mlp_bias": False, "qk_norm": True}),
+    # Hunyuan dense's NTK-alpha RoPE (alpha 1000), which llama.cpp's converter folds into the base
+    ("hunyuan_v1_dense", {"attention_bias": False}, {}, {},
+     {"use_qk_norm": True, "attention_bias": False}),
+    # ... or given as rope.scaling.alpha beside the base, which llama.cpp's loader folds in
+    ("hunyuan_v1_dense", {"attention_bias": False},
+     {"rope_theta": 10000.0, "rope_alpha": 1000.0}, {}, {}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
-        "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus"])
+        "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
+        "hunyuan-dense-alpha", "hunyuan-dense-alpha-key"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs become mlx-lm's model of
@@ -2220,6 +2252,11 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                 **{**EXAONE, "attention_bias": True, "rope_scaling": None}) and tmp / "e.gguf",
             "GGUF tensors disagree with its metadata: it has an unexpected tensor "
             "transformer.h.0.attn.attention.k_proj.bias"),
+        "hunyuan_dense_qkv_bias": (  # llama.cpp reads them, mlx-lm's model only with an output one
+            lambda: write_gguf(tmp / "h.gguf", "hunyuan_v1_dense", tok_folder, extra={
+                f"blk.{i}.attn_output.bias": None for i in range(4)}) and tmp / "h.gguf",
+            "GGUF tensors disagree with its metadata: it has an unexpected tensor "
+            "model.layers.0.self_attn.k_proj.bias"),
         "apertus_attention_scale": (
             lambda: gguf_of("a.gguf", "apertus", {"attention_scale": 0.5}),
             "GGUF apertus with attention scale 0.5 is not supported (mlx-lm's apertus scales "
@@ -2251,7 +2288,7 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "deepseek2_value_length", "deepseek2_softmax_groups", "deepseek2_softmax_eps",
               "deepseek2_yarn_log_mul", "deepseek2_tied", "cohere2_pattern", "cohere2_all_local",
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
-              "apertus_attention_scale", "exaone_qkv_bias"]
+              "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
