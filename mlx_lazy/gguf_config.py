@@ -73,6 +73,9 @@ The architectures (llama.cpp's names), and what converting each involves:
 * ``hunyuan-dense`` (Hunyuan 0.5B-7B dense, ``hunyuan_v1_dense``): q/k norms after RoPE, its
   NTK-alpha RoPE as the base llama.cpp's converter folds alpha into (or ``rope.scaling.alpha``
   folded in as llama.cpp's loader does); no biases (llama.cpp reads no output one).
+* ``stablelm`` (StableLM 2 1.6B/12B, StableLM 3B): LayerNorms with biases, partial NeoX RoPE,
+  q/k/v biases, the 12B's per-head q/k LayerNorms (llama.cpp's stacks split) and parallel
+  residual, each where the tensors have them (as llama.cpp decides).
 * ``lfm2`` (LFM2 350M-2.6B) / ``lfm2moe`` (LFM2-8B-A1B, ``lfm2_moe``): short gated
   convolutions in the layers llama.cpp gives no key/value heads (``attention.head_count_kv`` per
   layer), attention with q/k norms in the others; the kernels from llama.cpp's (channels, width)
@@ -120,7 +123,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "cohere2": "Cohere2ForCausalLM", "apertus": "ApertusForCausalLM",
                  "exaone": "ExaoneForCausalLM", "lfm2": "Lfm2ForCausalLM",
                  "lfm2moe": "Lfm2MoeForCausalLM",
-                 "hunyuan-dense": "HunYuanDenseV1ForCausalLM"}
+                 "hunyuan-dense": "HunYuanDenseV1ForCausalLM",
+                 "stablelm": "StableLmForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -140,11 +144,11 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # The model types whose mlx-lm models take each head hidden / heads wide (no head_dim, or one
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
-                    "lfm2", "lfm2_moe")
+                    "lfm2", "lfm2_moe", "stablelm")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
-_LAYER_NORM = ("starcoder2", "cohere2")
+_LAYER_NORM = ("starcoder2", "cohere2", "stablelm")
 # Command R7B: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the
 # GGUF says otherwise
 COHERE2_SLIDING_PATTERN = 4
@@ -188,7 +192,7 @@ EXAONE4_32B_PERIOD = 4
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
-_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4")
+_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -367,6 +371,13 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "starcoder2":  # LayerNorms; its GELU MLP and biases everywhere are hard-wired
         config.update(norm_epsilon=positive("attention.layer_norm_epsilon"),
                       hidden_act="gelu_pytorch_tanh")
+    if arch == "stablelm":  # LayerNorms with biases; llama.cpp's choices by the tensors it finds:
+        # q/k/v biases, per-head q/k LayerNorms (StableLM 2 12B), no norm before the MLP being the
+        # parallel residual (the metadata's use_parallel_residual unread)
+        config.update(layer_norm_eps=positive("attention.layer_norm_epsilon"),
+                      partial_rotary_factor=rotary, use_qkv_bias="blk.0.attn_q.bias" in tensors,
+                      qk_layernorm="blk.0.attn_q_norm.weight" in tensors,
+                      use_parallel_residual="blk.0.ffn_norm.weight" not in tensors)
     if arch == "cohere2":
         config.update(_cohere2_config(g, count, real, positive, n_layers))
     if arch == "apertus":  # llama.cpp reads no biases, hard-wires q/k norms and NeoX RoPE

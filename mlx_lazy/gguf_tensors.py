@@ -209,6 +209,10 @@ _LFM2MOE_LAYER_NAMES = {**_LFM2_LAYER_NAMES,
 # Hunyuan dense: its q/k norms' names
 _HUNYUAN_LAYER_NAMES = {**_LAYER_NAMES, "attn_q_norm": "self_attn.query_layernorm",
                         "attn_k_norm": "self_attn.key_layernorm"}
+# StableLM: its per-head q/k LayerNorms, one module per head (stablelm_tensors splits llama.cpp's
+# stacks into attn_q_norm.norms.<head>)
+_STABLELM_LAYER_NAMES = {**_LAYER_NAMES, "attn_q_norm": "self_attn.q_layernorm",
+                         "attn_k_norm": "self_attn.k_layernorm"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
@@ -222,7 +226,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "glm4": _GLM4_LAYER_NAMES, "starcoder2": _STARCODER2_LAYER_NAMES,
                      "apertus": _APERTUS_LAYER_NAMES, "exaone": _EXAONE_LAYER_NAMES,
                      "lfm2": _LFM2_LAYER_NAMES, "lfm2moe": _LFM2MOE_LAYER_NAMES,
-                     "hunyuan-dense": _HUNYUAN_LAYER_NAMES,
+                     "hunyuan-dense": _HUNYUAN_LAYER_NAMES, "stablelm": _STABLELM_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -566,11 +570,32 @@ def lfm2_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def stablelm_tensors(tensors: dict, config: dict) -> dict:
+    """A StableLM GGUF's tensors with its q/k LayerNorms' weights, which llama.cpp's converter
+    stacked (heads, head_dim), one per head as mlx-lm's stablelm holds them
+    (``attn_q_norm.norms.<head>``)."""
+    from gguf import GGMLQuantizationType as T
+
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if not name.endswith((".attn_q_norm.weight", ".attn_k_norm.weight")):
+            continue
+        if len(_shape(t)) != 2:
+            raise UserInputError(f"GGUF {name} has shape {_shape(t)}, not (heads, head_dim)")
+        del out[name]
+        for h in range(_shape(t)[0]):
+            head = name.replace(".weight", f".norms.{h}.weight")
+            out[head] = _Part(head, T.F32, np.array([_shape(t)[1]]),
+                              _Lazy(lambda t=t, h=h: dequantized(t)[h]))
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
-             "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors}
+             "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
+             "stablelm": stablelm_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -584,9 +609,10 @@ def _hf_name(gguf_name: str, arch: str = "llama") -> str:
         return f"{layers}.{parts[1]}.{names[suffix]}"
     if parts[0] == "blk" and len(parts) == 3 and f"{parts[2]}.{suffix}" in names:
         return f"{layers}.{parts[1]}.{names[f'{parts[2]}.{suffix}']}"
-    role = ".".join(parts[2:])  # LFM2's shortconv.conv too
-    if parts[0] == "blk" and len(parts) >= 3 and role in names:
-        return f"{layers}.{parts[1]}.{names[role]}.{suffix}"
+    for end in range(len(parts), 2, -1):  # the longest role named: LFM2's shortconv.conv;
+        role = ".".join(parts[2:end])  # attn_q_norm of StableLM's attn_q_norm.norms.3
+        if parts[0] == "blk" and role in names:
+            return ".".join((f"{layers}.{parts[1]}.{names[role]}", *parts[end:], suffix))
     if base in top:
         return f"{top[base]}.{suffix}"
     raise UserInputError(f"unsupported GGUF tensor {gguf_name}")

@@ -249,6 +249,9 @@ GGUF_KIND_LAYER_NAMES.update({
     "starcoder2": {**GGUF_LAYER_NAMES, "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"},
     "apertus": {**GGUF_LAYER_NAMES, "attention_layernorm": "attn_norm",
                 "feedforward_layernorm": "ffn_norm"},
+    # StableLM's per-head q/k LayerNorms, stacked as llama.cpp's converter stacks them
+    "stablelm": {**GGUF_LAYER_NAMES, "self_attn.q_layernorm": "attn_q_norm",
+                 "self_attn.k_layernorm": "attn_k_norm"},
     "hunyuan_v1_dense": {**GGUF_LAYER_NAMES, "self_attn.query_layernorm": "attn_q_norm",
                          "self_attn.key_layernorm": "attn_k_norm"},
     # EXAONE 3.0/3.5's GPT-2 names (its top tensors': GGUF_TOP_NAMES)
@@ -608,6 +611,11 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     module = model_module(model_type)
     shapes = {k: v.shape for k, v in
               tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
+    for name in [k for k in shapes if ".norms.0." in k]:  # StableLM: a norm per head, stacked
+        heads = [k for k in shapes if k.startswith(name.split(".norms.")[0] + ".norms.")]
+        shapes[name.split(".norms.")[0] + ".weight"] = (len(heads), *shapes[name])
+        for k in heads:
+            del shapes[k]
     if deepseek2:  # the checkpoint's kv_b_proj where deepseek_v3's sanitize has made two of it
         for name in [k for k in shapes if k.endswith(".self_attn.embed_q.weight")]:
             del shapes[name], shapes[name.replace(".embed_q.", ".unembed_out.")]
@@ -693,9 +701,10 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         role = "ssm_a" if gname.endswith(".ssm_a") else gname.split(".")[-2]
         if gname in extra:  # left out, or replaced
             continue
-        # matrices and the experts' stacks of the types asked for (not the conv: llama.cpp
-        # keeps it float32), the other tensors float32
-        matrix = len(shape) >= 2 and name.endswith(".weight") and role != "ssm_conv1d"
+        # matrices and the experts' stacks of the types asked for (not the conv, nor StableLM's
+        # stacked norms: llama.cpp keeps them float32), the other tensors float32
+        matrix = (len(shape) >= 2 and name.endswith(".weight") and role != "ssm_conv1d"
+                  and "norm" not in role)
         if role == "ssm_conv1d":
             x = rng.normal(0, 0.5, shape)
         elif matrix:
@@ -739,6 +748,11 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    for name in [k for k in reference if model_type == "stablelm" and
+                 k.endswith((".q_layernorm.weight", ".k_layernorm.weight"))]:
+        stacked = reference.pop(name)  # StableLM's, one per head in mlx-lm's model
+        reference.update({name.replace(".weight", f".norms.{h}.weight"): w
+                          for h, w in enumerate(stacked)})
     if deepseek2:  # mlx-lm's model of the checkpoint (deepseek_v3's sanitize cuts kv_b_proj)
         reference = module.Model(module.ModelArgs.from_dict(config)).sanitize(reference)
     return config, reference
@@ -762,7 +776,7 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
     and window (no pattern: llama.cpp's default 4, unless ``swa_pattern`` gives one as written);
     GLM's MRoPE sections and NextN blocks; an attention scale where ``attention_scale`` says."""
     eps = m.get("norm_epsilon", m.get("layer_norm_eps"))
-    if m["model_type"] in ("starcoder2", "cohere2") and eps is not None:
+    if m["model_type"] in ("starcoder2", "cohere2", "stablelm") and eps is not None:
         w.add_layer_norm_eps(eps)
     if m["model_type"] == "cohere2":
         if m["logit_scale"] is not None:
@@ -1009,6 +1023,13 @@ GGUF_CASES.update({
                         {**KQ, "mlp_bias": False}),
     # Hunyuan dense: per-head q/k norms after NeoX RoPE (q/k as they are), no biases (llama.cpp
     # reads no output one), a tied head; NTK-alpha RoPE in test_dense_families_from_gguf
+    # StableLM 2 1.6B: LayerNorms with biases, q/k/v biases, NeoX RoPE over a quarter of each
+    # head (q/k as they are); 12B's per-head q/k LayerNorms (stacked) and parallel residual
+    "stablelm-legacy": ("stablelm", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up": T.Q4_1,
+                                     "*": T.Q8_0}, {"layer_norm_eps": 2 ** -6}),
+    "stablelm-kquants": ("stablelm", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
+    "stablelm-parallel-legacy": ("stablelm-parallel", {"attn_k": T.Q4_0, "ffn_down": T.Q4_1,
+                                                       "*": T.Q8_0}, {}),
     "hunyuan_dense-legacy": ("hunyuan_v1_dense", {"token_embd": T.Q8_0, "attn_q": T.Q4_0,
                                                   "ffn_up": T.Q4_1, "*": T.Q8_0},
                              {"attention_bias": False, "rope_scaling": None}),
@@ -1353,7 +1374,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "deepseek2-v2lite", "deepseek2-v3", "deepseek2-glm47flash",
                                   "mixtral-legacy", "qwen2moe-legacy", "olmoe-legacy",
                                   "granitemoe-legacy", "glm4-legacy", "starcoder2-legacy",
-                                  "cohere2-legacy", "apertus-legacy", "hunyuan_dense-legacy"])
+                                  "cohere2-legacy", "apertus-legacy", "hunyuan_dense-legacy",
+                                  "stablelm-legacy", "stablelm-parallel-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2243,6 +2265,12 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                                 "starcoder2 takes hidden / heads: 16)"),
         "starcoder2_eps": (lambda: gguf_of("s.gguf", "starcoder2", {"norm_epsilon": None}),
                            "/ attention.layer_norm_epsilon"),
+        "stablelm_eps": (lambda: gguf_of("s.gguf", "stablelm", {"layer_norm_eps": None}),
+                         "GGUF metadata lacks stablelm.attention.head_count / "),
+        "stablelm_qk_norm_shape": (  # llama.cpp's converter stacks a norm per head
+            lambda: write_gguf(tmp / "s.gguf", "stablelm-parallel", tok_folder, extra={
+                "blk.0.attn_q_norm.weight": np.ones(64)}) and tmp / "s.gguf",
+            "GGUF blk.0.attn_q_norm.weight has shape (64,), not (heads, head_dim)"),
         "apertus_xielu": (lambda: gguf_of("a.gguf", "apertus", {"xielu_beta": None}),
                           "GGUF metadata xielu.beta must be a number or one per layer (4), got "
                           "None"),
@@ -2288,7 +2316,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "deepseek2_value_length", "deepseek2_softmax_groups", "deepseek2_softmax_eps",
               "deepseek2_yarn_log_mul", "deepseek2_tied", "cohere2_pattern", "cohere2_all_local",
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
-              "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias"]
+              "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias",
+              "stablelm_eps", "stablelm_qk_norm_shape"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
