@@ -76,6 +76,9 @@ The architectures (llama.cpp's names), and what converting each involves:
 * ``stablelm`` (StableLM 2 1.6B/12B, StableLM 3B): LayerNorms with biases, partial NeoX RoPE,
   q/k/v biases, the 12B's per-head q/k LayerNorms (llama.cpp's stacks split) and parallel
   residual, each where the tensors have them (as llama.cpp decides).
+* ``minicpm`` (MiniCPM 1B/2B): q/k un-permuted, its embedding, residual and logit scales
+  (llama.cpp's defaults where the GGUF has none), the logits scaled through a head of its own
+  where the GGUF ties it.
 * ``lfm2`` (LFM2 350M-2.6B) / ``lfm2moe`` (LFM2-8B-A1B, ``lfm2_moe``): short gated
   convolutions in the layers llama.cpp gives no key/value heads (``attention.head_count_kv`` per
   layer), attention with q/k norms in the others; the kernels from llama.cpp's (channels, width)
@@ -124,7 +127,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "exaone": "ExaoneForCausalLM", "lfm2": "Lfm2ForCausalLM",
                  "lfm2moe": "Lfm2MoeForCausalLM",
                  "hunyuan-dense": "HunYuanDenseV1ForCausalLM",
-                 "stablelm": "StableLmForCausalLM"}
+                 "stablelm": "StableLmForCausalLM", "minicpm": "MiniCPMForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -270,7 +273,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "feed_forward_length")
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
-    if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense"):
+    if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -371,6 +374,16 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "starcoder2":  # LayerNorms; its GELU MLP and biases everywhere are hard-wired
         config.update(norm_epsilon=positive("attention.layer_norm_epsilon"),
                       hidden_act="gelu_pytorch_tanh")
+    if arch == "minicpm":  # Granite's graph in llama.cpp: the embedding, each branch and the
+        # logits scaled, by the GGUF's keys or MiniCPM's defaults (12, 1.4 / sqrt(layers),
+        # 256 / hidden); the logits divided even where the head is the embedding (glm4_tensors
+        # makes it one: mlx-lm's tied minicpm divides by nothing); queries by 1/sqrt(head_dim)
+        base = hidden / positive("logit_scale", 256 / hidden)
+        config.update(scale_emb=positive("embedding_scale", 12.0),
+                      scale_depth=positive("residual_scale", 1.4 / math.sqrt(n_layers))
+                      * math.sqrt(n_layers),
+                      dim_model_base=int(base) if base.is_integer() else base,
+                      tie_word_embeddings=False)
     if arch == "stablelm":  # LayerNorms with biases; llama.cpp's choices by the tensors it finds:
         # q/k/v biases, per-head q/k LayerNorms (StableLM 2 12B), no norm before the MLP being the
         # parallel residual (the metadata's use_parallel_residual unread)

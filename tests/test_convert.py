@@ -266,7 +266,7 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2"),
              "hunyuan_v1_dense": "hunyuan-dense"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
-GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe")
+GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm")
 #: Granite's multipliers by llama.cpp's writer methods
 GRANITE_SCALES = {"embedding_multiplier": "add_embedding_scale",
                   "residual_multiplier": "add_residual_scale",
@@ -791,6 +791,13 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
             w.add_nextn_predict_layers(m["nextn_predict_layers"])
     if m.get("attention_scale") is not None:
         w.add_attention_scale(m["attention_scale"])
+    if m["model_type"] == "minicpm":  # MiniCPMModel.set_gguf_parameters (None: left out)
+        if m["scale_emb"] is not None:
+            w.add_embedding_scale(m["scale_emb"])
+        if m["scale_depth"] is not None:
+            w.add_residual_scale(m["scale_depth"] / m["num_hidden_layers"] ** 0.5)
+        if m["dim_model_base"] is not None:
+            w.add_logit_scale(m["hidden_size"] / m["dim_model_base"])
 
 
 def glm4_normal_to_neox(rows: np.ndarray, config: dict) -> np.ndarray:
@@ -1030,6 +1037,11 @@ GGUF_CASES.update({
     "stablelm-kquants": ("stablelm", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
     "stablelm-parallel-legacy": ("stablelm-parallel", {"attn_k": T.Q4_0, "ffn_down": T.Q4_1,
                                                        "*": T.Q8_0}, {}),
+    # MiniCPM: embedding, residual and logit scales; q/k permuted by llama.cpp's converter
+    "minicpm-legacy": ("minicpm", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
+                                   "output": T.F16, "*": T.Q8_0},
+                       {"scale_emb": 3.0, "scale_depth": 2.0, "dim_model_base": 32}),
+    "minicpm-kquants": ("minicpm", {"attn_q": T.Q4_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
     "hunyuan_dense-legacy": ("hunyuan_v1_dense", {"token_embd": T.Q8_0, "attn_q": T.Q4_0,
                                                   "ffn_up": T.Q4_1, "*": T.Q8_0},
                              {"attention_bias": False, "rope_scaling": None}),
@@ -1375,7 +1387,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "mixtral-legacy", "qwen2moe-legacy", "olmoe-legacy",
                                   "granitemoe-legacy", "glm4-legacy", "starcoder2-legacy",
                                   "cohere2-legacy", "apertus-legacy", "hunyuan_dense-legacy",
-                                  "stablelm-legacy", "stablelm-parallel-legacy"])
+                                  "stablelm-legacy", "stablelm-parallel-legacy",
+                                  "minicpm-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1413,6 +1426,13 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     ("cohere2", {**COHERE2_GGUF, "logit_scale": 1.0}, {"logit_scale": 0.0}, {},
      {"logit_scale": 1.0}),
     ("apertus", {"mlp_bias": False}, {}, {}, {"mlp_bias": False, "qk_norm": True}),
+    # MiniCPM tied (llama.cpp divides the logits by its scale all the same, as Hugging Face's
+    # model does; mlx-lm's tied minicpm does not); its scales llama.cpp's defaults (no keys:
+    # 12, 1.4 / sqrt(4), 256 / 64, the tiny's own)
+    ("minicpm", {}, {}, {"output.weight": None},
+     {"tie_word_embeddings": False, "dim_model_base": 16}),
+    ("minicpm", {}, {"scale_emb": None, "scale_depth": None, "dim_model_base": None}, {},
+     {"scale_emb": 12.0, "dim_model_base": 16}),
     # Hunyuan dense's NTK-alpha RoPE (alpha 1000), which llama.cpp's converter folds into the base
     ("hunyuan_v1_dense", {"attention_bias": False}, {}, {},
      {"use_qk_norm": True, "attention_bias": False}),
@@ -1421,7 +1441,7 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
      {"rope_theta": 10000.0, "rope_alpha": 1000.0}, {}, {}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
-        "hunyuan-dense-alpha", "hunyuan-dense-alpha-key"])
+        "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs become mlx-lm's model of
