@@ -79,6 +79,10 @@ The architectures (llama.cpp's names), and what converting each involves:
 * ``minicpm`` (MiniCPM 1B/2B): q/k un-permuted, its embedding, residual and logit scales
   (llama.cpp's defaults where the GGUF has none), the logits scaled through a head of its own
   where the GGUF ties it.
+* ``dots1`` (dots.llm1): DeepSeek's MoE layout (GLM-4.5's reading: leading dense layers,
+  sigmoid-routed experts with their selection bias, zeros where the GGUF has none, as llama.cpp
+  then adds none; expert groups, shared experts, the weights' renormalisation and scale) beside
+  q/k norms before NeoX RoPE.
 * ``lfm2`` (LFM2 350M-2.6B) / ``lfm2moe`` (LFM2-8B-A1B, ``lfm2_moe``): short gated
   convolutions in the layers llama.cpp gives no key/value heads (``attention.head_count_kv`` per
   layer), attention with q/k norms in the others; the kernels from llama.cpp's (channels, width)
@@ -127,7 +131,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "exaone": "ExaoneForCausalLM", "lfm2": "Lfm2ForCausalLM",
                  "lfm2moe": "Lfm2MoeForCausalLM",
                  "hunyuan-dense": "HunYuanDenseV1ForCausalLM",
-                 "stablelm": "StableLmForCausalLM", "minicpm": "MiniCPMForCausalLM"}
+                 "stablelm": "StableLmForCausalLM", "minicpm": "MiniCPMForCausalLM",
+                 "dots1": "Dots1ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -273,7 +278,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "feed_forward_length")
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
-    if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm"):
+    if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
+                "dots1"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -439,6 +445,14 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in DELTA_NET:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
+    if arch == "dots1":  # llama.cpp aborts without a gating function; q/k norms hard-wired
+        if g("expert_gating_func") != _SIGMOID_GATING:
+            raise UserInputError(f"GGUF dots1 with expert gating function "
+                                 f"{shown(g('expert_gating_func'), 20)} is not supported "
+                                 "(mlx-lm's dots1 routes by sigmoid, llama.cpp's "
+                                 f"{_SIGMOID_GATING})")
+        config.update(_routed_experts(arch, "dots1", g, count, positive, optional, experts,
+                                      tensors, n_layers))
     if arch == "glm4moe":
         config.update(_glm4moe_config(g, count, positive, optional, experts, tensors, n_layers,
                                       rotary))

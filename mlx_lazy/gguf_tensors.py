@@ -213,6 +213,10 @@ _HUNYUAN_LAYER_NAMES = {**_LAYER_NAMES, "attn_q_norm": "self_attn.query_layernor
 # stacks into attn_q_norm.norms.<head>)
 _STABLELM_LAYER_NAMES = {**_LAYER_NAMES, "attn_q_norm": "self_attn.q_layernorm",
                          "attn_k_norm": "self_attn.k_layernorm"}
+# dots.llm1: GLM-4.5's router, correction bias and shared experts, its experts' stacks at
+# mlp.experts, the norm before the MLP llama.cpp's ffn_norm
+_DOTS1_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES, **_CORRECTION_BIAS_NAMES,
+                      **{f"ffn_{p}_exps": f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")}}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
@@ -227,6 +231,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "apertus": _APERTUS_LAYER_NAMES, "exaone": _EXAONE_LAYER_NAMES,
                      "lfm2": _LFM2_LAYER_NAMES, "lfm2moe": _LFM2MOE_LAYER_NAMES,
                      "hunyuan-dense": _HUNYUAN_LAYER_NAMES, "stablelm": _STABLELM_LAYER_NAMES,
+                     "dots1": _DOTS1_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -591,12 +596,26 @@ def stablelm_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def dots1_tensors(tensors: dict, config: dict) -> dict:
+    """A dots.llm1 GGUF's tensors with a zero correction bias in each sparse layer that has
+    none (llama.cpp's optional ``exp_probs_b``: no bias; mlx-lm's dots1 always holds one)."""
+    from gguf import GGMLQuantizationType as T
+
+    out = dict(tensors)
+    n = config["n_routed_experts"]
+    for i in range(config["first_k_dense_replace"], config["num_hidden_layers"]):
+        name = f"blk.{i}.exp_probs_b.bias"
+        if name not in out:
+            out[name] = _Part(name, T.F32, np.array([n]), np.zeros(n, np.float32))
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
-             "stablelm": stablelm_tensors, "minicpm": glm4_tensors}
+             "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -728,7 +747,7 @@ def dequantized(t: Any) -> np.ndarray:
 #: GGUF tensors whose mlx-lm parameter no quantized layer holds, by model type: GLM-4.5's and
 #: DeepSeek's routers (a matrix of mlx-lm's MoEGate; llama.cpp's quantizer leaves routers float
 #: anyway)
-_FLOAT_ONLY = dict.fromkeys(("glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite"),
+_FLOAT_ONLY = dict.fromkeys(("glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "dots1"),
                             ".ffn_gate_inp.weight")
 
 

@@ -250,6 +250,9 @@ GGUF_KIND_LAYER_NAMES.update({
     "apertus": {**GGUF_LAYER_NAMES, "attention_layernorm": "attn_norm",
                 "feedforward_layernorm": "ffn_norm"},
     # StableLM's per-head q/k LayerNorms, stacked as llama.cpp's converter stacks them
+    # dots.llm1's experts' stacks at mlp.experts, its shared experts
+    "dots1": {**GGUF_GLM4MOE_NAMES, "post_attention_layernorm": "ffn_norm",
+              **{f"mlp.experts.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}},
     "stablelm": {**GGUF_LAYER_NAMES, "self_attn.q_layernorm": "attn_q_norm",
                  "self_attn.k_layernorm": "attn_k_norm"},
     "hunyuan_v1_dense": {**GGUF_LAYER_NAMES, "self_attn.query_layernorm": "attn_q_norm",
@@ -603,7 +606,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
     glm = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID} \
-        if model_type == "glm4_moe" else {}
+        if model_type in ("glm4_moe", "dots1") else {}
     deepseek2 = model_type in DEEPSEEK2_KINDS
     yarn = {"yarn": config["rope_scaling"], "num_key_value_heads": 1} if deepseek2 else {}
     m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **arch_meta,
@@ -663,7 +666,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     llama_cpp_dense_meta(w, m)
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
-    if model_type == "glm4_moe":
+    if model_type in ("glm4_moe", "dots1"):  # Dots1Model's: Qwen2MoeModel's and these
         for key, add in GLM4MOE_KEYS.items():
             if m.get(key) is not None:
                 getattr(w, add)(m[key])
@@ -1042,6 +1045,14 @@ GGUF_CASES.update({
                                    "output": T.F16, "*": T.Q8_0},
                        {"scale_emb": 3.0, "scale_depth": 2.0, "dim_model_base": 32}),
     "minicpm-kquants": ("minicpm", {"attn_q": T.Q4_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
+    # dots.llm1: a dense layer, then 2 of 4 experts by sigmoid scores and a correction bias,
+    # renormalised and scaled by 2.5, beside a shared expert; q/k norms before NeoX RoPE
+    "dots1-legacy": ("dots1", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                               "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32, "attn_q": T.Q4_0,
+                               "*": T.Q8_0}, {}),
+    "dots1-kquants": ("dots1", {"ffn_gate_exps": T.Q4_K, "ffn_up_exps": T.Q6_K,
+                                "ffn_gate_inp": T.F32, "*": T.Q4_K},
+                      {**KQ, "moe_intermediate_size": 256}),
     "hunyuan_dense-legacy": ("hunyuan_v1_dense", {"token_embd": T.Q8_0, "attn_q": T.Q4_0,
                                                   "ffn_up": T.Q4_1, "*": T.Q8_0},
                              {"attention_bias": False, "rope_scaling": None}),
@@ -1388,7 +1399,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "granitemoe-legacy", "glm4-legacy", "starcoder2-legacy",
                                   "cohere2-legacy", "apertus-legacy", "hunyuan_dense-legacy",
                                   "stablelm-legacy", "stablelm-parallel-legacy",
-                                  "minicpm-legacy"])
+                                  "minicpm-legacy", "dots1-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1501,6 +1512,33 @@ def test_exaone_from_gguf(overrides, types, dtype, tiny_model_dir, tmp_path):
     # and the engine runs it unpruned as mlx-lm does
     assert mlx_lm_error(model, PruningConfig("full"), random_prompt(300, VOCAB_SIZE), 8,
                         block_size=64) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("overrides, no_bias, settings", [
+    ({}, False, {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                 "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+                 "norm_topk_prob": True, "n_group": 1}),
+    # expert groups (2, the best one taken), the weights not renormalised
+    ({"n_group": 2, "topk_group": 1, "norm_topk_prob": False}, False,
+     {"n_group": 2, "topk_group": 1, "norm_topk_prob": False}),
+    # no correction bias (llama.cpp's is optional): none added, zeros in mlx-lm's model
+    ({}, True, {}),
+], ids=["dots1", "groups", "no-bias"])
+def test_dots1_from_gguf(overrides, no_bias, settings, tiny_model_dir, tmp_path):
+    """A dots.llm1 GGUF becomes mlx-lm's dots1 with llama.cpp's reading of its experts and
+    computes what the GGUF's tensors do in mlx-lm's model of the checkpoint."""
+    config = {**tiny_config("dots1"), **overrides}
+    extra = {f"blk.{i}.exp_probs_b.bias": None for i in range(1, 4)} if no_bias else {}
+    _, reference = write_gguf(tmp_path / "m.gguf", "dots1", tiny_model_dir("dots1"),
+                              extra=extra, **overrides)
+    for i in range(1, 4) if no_bias else ():
+        reference[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = mx.zeros(4)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model_type"] == "dots1" and {k: saved[k] for k in settings} == settings
+    model, _ = mlx_lm.load(str(out))
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model("dots1", config, reference)(x)) < 1e-5
 
 
 def test_xielu_from_one_value_for_all_layers():
@@ -2285,6 +2323,9 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                                 "starcoder2 takes hidden / heads: 16)"),
         "starcoder2_eps": (lambda: gguf_of("s.gguf", "starcoder2", {"norm_epsilon": None}),
                            "/ attention.layer_norm_epsilon"),
+        "dots1_gating": (lambda: gguf_of("d.gguf", "dots1", {"expert_gating_func": None}),
+                         "GGUF dots1 with expert gating function None is not supported (mlx-lm's "
+                         "dots1 routes by sigmoid, llama.cpp's 2)"),
         "stablelm_eps": (lambda: gguf_of("s.gguf", "stablelm", {"layer_norm_eps": None}),
                          "GGUF metadata lacks stablelm.attention.head_count / "),
         "stablelm_qk_norm_shape": (  # llama.cpp's converter stacks a norm per head
@@ -2337,7 +2378,7 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "deepseek2_yarn_log_mul", "deepseek2_tied", "cohere2_pattern", "cohere2_all_local",
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
               "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias",
-              "stablelm_eps", "stablelm_qk_norm_shape"]
+              "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
