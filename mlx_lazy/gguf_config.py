@@ -83,6 +83,11 @@ The architectures (llama.cpp's names), and what converting each involves:
   sigmoid-routed experts with their selection bias, zeros where the GGUF has none, as llama.cpp
   then adds none; expert groups, shared experts, the weights' renormalisation and scale) beside
   q/k norms before NeoX RoPE.
+* ``llama4`` (Llama 4 Scout/Maverick's text model; mlx-lm's ``llama4``, its ``text_config``):
+  chunked attention and RoPE in 3 of every 4 layers, llama.cpp's chunk and attention temperature
+  in the others, weightless q/k norms (not Maverick's); one sigmoid-weighed expert a token beside
+  a shared expert every ``interleave_moe_layer_step``-th layer; Llama 3's RoPE scaling from
+  ``rope_freqs``. (mlx-lm's q/k norms take an epsilon of 1e-6, llama.cpp's the GGUF's.)
 * ``lfm2`` (LFM2 350M-2.6B) / ``lfm2moe`` (LFM2-8B-A1B, ``lfm2_moe``): short gated
   convolutions in the layers llama.cpp gives no key/value heads (``attention.head_count_kv`` per
   layer), attention with q/k norms in the others; the kernels from llama.cpp's (channels, width)
@@ -132,7 +137,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "lfm2moe": "Lfm2MoeForCausalLM",
                  "hunyuan-dense": "HunYuanDenseV1ForCausalLM",
                  "stablelm": "StableLmForCausalLM", "minicpm": "MiniCPMForCausalLM",
-                 "dots1": "Dots1ForCausalLM"}
+                 "dots1": "Dots1ForCausalLM", "llama4": "Llama4ForConditionalGeneration"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -190,6 +195,12 @@ GPT_OSS_SLIDING_PATTERN = 2
 # llama.cpp's YaRN betas: gpt-oss's (its loader reads no key for them), Ministral 3's unless the
 # GGUF gives them (its mistral3 loader)
 LLAMA_CPP_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
+# Llama 4: llama.cpp's hard-wired chunk of its chunked-attention layers, and its attention
+# temperature's floor scale and scale (the GGUF's window key only switches chunking off at 0);
+# Maverick's experts, whose layers llama.cpp gives no q/k norm
+LLAMA4_CHUNK = 8192
+LLAMA4_TEMPERATURE = {"floor_scale": 8192, "attn_scale": 0.1}
+LLAMA4_MAVERICK_EXPERTS = 128
 # SmolLM3: llama.cpp hard-wires RoPE off in every 4th layer (no GGUF key holds it)
 SMOLLM3_NO_ROPE_INTERVAL = 4
 # EXAONE 4.0 32B (64 layers): llama.cpp's hard-wired window and pattern period (3 local layers,
@@ -217,7 +228,7 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
              "short_factor": "rope_factors_short.weight"}
 # RoPE scaling held as tensors (config, not weights), and the architectures llama.cpp reads
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
-ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone",
+ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "llama4",
                                        "gemma4"),  # Gemma 4: its global layers' partial RoPE
                 **dict.fromkeys(_LONGROPE.values(), ("phi3",))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
@@ -279,7 +290,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
-                "dots1"):
+                "dots1", "llama4"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -453,6 +464,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                                  f"{_SIGMOID_GATING})")
         config.update(_routed_experts(arch, "dots1", g, count, positive, optional, experts,
                                       tensors, n_layers))
+    if arch == "llama4":
+        config.update(_llama4_config(g, count, experts, n_layers, config))
     if arch == "glm4moe":
         config.update(_glm4moe_config(g, count, positive, optional, experts, tensors, n_layers,
                                       rotary))
@@ -535,6 +548,11 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata {arch}.rope.scaling.attn_factor is "
                              f"{attn_factor:.7g}{times}, mlx-lm's {config['model_type']} scales "
                              f"by {scale:.7g}")
+    if arch == "llama4":  # mlx-lm's llama4 reads its text model's config; transformers'
+        # Llama4Config (loading the tokenizer reads it) takes no RoPE scaling beside it
+        config = {**{k: config[k] for k in ("architectures", "model_type", "vocab_size",
+                                            "num_attention_heads", "num_key_value_heads")},
+                  "text_config": {**config, "model_type": "llama4_text"}}
     bos = meta.get("tokenizer.ggml.bos_token_id")
     if bos is not None:
         config["bos_token_id"] = int(bos)
@@ -761,6 +779,40 @@ def _glm4moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: A
                               tensors, n_layers),
             "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
             "partial_rotary_factor": rotary, "rope_scaling": None}
+
+
+def _llama4_config(g: Any, count: Any, experts: Any, n_layers: int, config: dict) -> dict:
+    """mlx-lm's llama4 settings of a Llama 4 GGUF, read as llama.cpp reads it: chunked attention
+    (llama.cpp's chunk, whatever the window key but 0) in all layers but every 4th by
+    llama.cpp's pattern, which must be mlx-lm's hard-wired one; RoPE (traditional, q/k as they
+    are) and weightless q/k norms (not in Maverick) there, the attention temperature (llama.cpp's
+    constants) in the others; every ``interleave_moe_layer_step``-th layer an MoE of one expert
+    a token (mlx-lm's), weighed by its sigmoid before it, beside a shared expert as wide; the
+    others dense MLPs ``feed_forward_length`` wide; a head of its own (glm4_tensors makes one
+    of a tied GGUF's embedding)."""
+    if g("attention.sliding_window") == 0:  # MobileLLM-R1: llama.cpp then turns RoPE off in
+        # the last layer only
+        raise UserInputError("GGUF llama4 without chunked attention (sliding window 0) is not "
+                             "supported (mlx-lm's llama4 chunks 3 of every 4 layers)")
+    local = _local_layers(g("attention.sliding_window_pattern", 4), n_layers, "llama4")
+    if local != [(i + 1) % 4 != 0 for i in range(n_layers)]:
+        raise UserInputError("GGUF llama4 with a chunked-attention pattern other than 3 chunked "
+                             "layers, then a global one, is not supported (mlx-lm's llama4)")
+    if g("rope.freq_base_swa", config["rope_theta"]) != config["rope_theta"]:
+        raise UserInputError("GGUF llama4 with another RoPE base in its chunked layers is not "
+                             "supported")
+    n_experts, n_used = experts()
+    if n_used != 1:
+        raise UserInputError(f"GGUF llama4 with {n_used} experts a token is not supported "
+                             "(mlx-lm's llama4 routes each token to one)")
+    return {"attention_chunk_size": LLAMA4_CHUNK, **LLAMA4_TEMPERATURE,
+            "attn_temperature_tuning": True, "attention_bias": False,
+            "interleave_moe_layer_step": count("interleave_moe_layer_step"),
+            "num_local_experts": n_experts, "num_experts_per_tok": n_used,
+            "intermediate_size": count("expert_feed_forward_length"),
+            "intermediate_size_mlp": config["intermediate_size"],
+            "use_qk_norm": n_experts != LLAMA4_MAVERICK_EXPERTS, "tie_word_embeddings": False,
+            "rope_scaling": None}  # (Llama 3's from rope_freqs, where the GGUF has them)
 
 
 def _routed_experts(arch: str, model_type: str, g: Any, count: Any, positive: Any,

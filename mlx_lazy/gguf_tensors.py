@@ -217,6 +217,14 @@ _STABLELM_LAYER_NAMES = {**_LAYER_NAMES, "attn_q_norm": "self_attn.q_layernorm",
 # mlp.experts, the norm before the MLP llama.cpp's ffn_norm
 _DOTS1_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES, **_CORRECTION_BIAS_NAMES,
                       **{f"ffn_{p}_exps": f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")}}
+# Llama 4: its MLPs, the MoE's router, experts' stacks and shared expert at feed_forward
+_LLAMA4_LAYER_NAMES = {**_LAYER_NAMES,
+                       **{f"ffn_{p}": f"feed_forward.{p}_proj" for p in ("gate", "up", "down")},
+                       **{f"ffn_{p}_exps": f"feed_forward.experts.{p}_proj"
+                          for p in ("gate", "up", "down")},
+                       **{f"ffn_{p}_shexp": f"feed_forward.shared_expert.{p}_proj"
+                          for p in ("gate", "up", "down")},
+                       "ffn_gate_inp": "feed_forward.router"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
@@ -231,7 +239,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "apertus": _APERTUS_LAYER_NAMES, "exaone": _EXAONE_LAYER_NAMES,
                      "lfm2": _LFM2_LAYER_NAMES, "lfm2moe": _LFM2MOE_LAYER_NAMES,
                      "hunyuan-dense": _HUNYUAN_LAYER_NAMES, "stablelm": _STABLELM_LAYER_NAMES,
-                     "dots1": _DOTS1_LAYER_NAMES,
+                     "dots1": _DOTS1_LAYER_NAMES, "llama4": _LLAMA4_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -246,6 +254,11 @@ _ARCH_LAYOUT = {"exaone": ("transformer.h", {"token_embd": "transformer.wte",
                                              "output_norm": "transformer.ln_f",
                                              "output": "lm_head"}),
                 # LFM2's final norm: llama.cpp's token_embd_norm, mlx-lm's embedding_norm
+                # Llama 4: its text model's
+                "llama4": ("language_model.model.layers", {
+                    "token_embd": "language_model.model.embed_tokens",
+                    "output_norm": "language_model.model.norm",
+                    "output": "language_model.lm_head"}),
                 **dict.fromkeys(("lfm2", "lfm2moe"), (
                     "model.layers", {"token_embd": "model.embed_tokens",
                                      "token_embd_norm": "model.embedding_norm"}))}
@@ -615,7 +628,8 @@ def dots1_tensors(tensors: dict, config: dict) -> dict:
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
-             "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors}
+             "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
+             "llama4": glm4_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -1,6 +1,6 @@
-"""GGUF conversion of LFM2 (llama.cpp's ``lfm2``, mlx-lm's ``lfm2``) and LFM2-8B-A1B
-(``lfm2moe``, mlx-lm's ``lfm2_moe``): tiny GGUFs written as llama.cpp's converter writes them,
-converted, and compared with mlx-lm's model of the original checkpoint."""
+"""GGUF conversion of LFM2 (llama.cpp's ``lfm2``, mlx-lm's ``lfm2``), LFM2-8B-A1B
+(``lfm2moe``, mlx-lm's ``lfm2_moe``) and Llama 4 (``llama4``): tiny GGUFs written as llama.cpp's
+converter writes them, converted, and compared with mlx-lm's model of the original checkpoint."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from mlx.utils import tree_flatten
 from mlx_lazy import PruningConfig
 from mlx_lazy.convert import convert
 from numerics import rel_err
-from test_convert import T, add_bpe_vocab, assert_one_line_error, encode, run_main
+from test_convert import (T, add_bpe_vocab, assert_one_line_error, encode, llama_cpp_rope_freqs,
+                          run_main)
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from tiny_models import VOCAB_SIZE, tiny_config
 
@@ -80,18 +81,29 @@ def write_lfm2_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None 
                   expert_feed_forward_length=config["moe_intermediate_size"],
                   leading_dense_block_count=config["num_dense_layers"],
                   expert_gating_func=gguf.ExpertGatingFuncType.SIGMOID)
-    kv.update(meta or {})
-    w = gguf.GGUFWriter(str(path), GGUF_ARCH[kind])
+    return config, write_model(path, GGUF_ARCH[kind], shapes, gguf_name, {**kv, **(meta or {})},
+                               tok_folder, types, extra, "lfm2")
+
+
+def write_model(path: Path, arch: str, shapes: dict, name_of, kv: dict, tok_folder: Path,
+                types: dict, extra: dict | None, pre: str) -> dict:
+    """A GGUF of ``arch`` with the metadata ``kv`` (writer method suffix -> value; None left
+    out), the tokenizer of ``tok_folder`` and random tensors of mlx-lm's ``shapes`` under the
+    names ``name_of`` gives them (``types`` by role as write_lfm2_gguf's), and ``extra``
+    float32 ones; returns what the stored tensors dequantize to, by mlx-lm's names."""
+    w = gguf.GGUFWriter(str(path), arch)
     for key, value in kv.items():
         if value is not None:
             getattr(w, f"add_{key}")(value)
-    add_bpe_vocab(w, tok_folder, pre="lfm2")
+    add_bpe_vocab(w, tok_folder, pre=pre)
     rng = np.random.default_rng(0)
     reference = {}
     for name, shape in shapes.items():
-        gname = gguf_name(name)
+        gname = name_of(name)
         role = gname.split(".", 2)[2].rsplit(".", 1)[0] if gname.startswith("blk.") \
             else gname.split(".")[0]
+        if gname in (extra or {}):  # replaced
+            continue
         if role == "shortconv.conv":  # (channels, width, 1) in MLX; squeezed in the GGUF
             x = rng.normal(0, 0.5, shape[:2])
         elif len(shape) >= 2:
@@ -108,12 +120,13 @@ def write_lfm2_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None 
         stored = gguf.dequantize(data, qtype).reshape(x.shape)
         reference[name] = mx.array(stored.reshape(shape))
     for gname, data in (extra or {}).items():
-        w.add_tensor(gname, np.asarray(data, np.float32), raw_dtype=T.F32)
+        if data is not None:
+            w.add_tensor(gname, np.asarray(data, np.float32), raw_dtype=T.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return config, reference
+    return reference
 
 
 def reference_model(kind: str, config: dict, weights: dict):
@@ -194,6 +207,115 @@ def test_lfm2_bad_input(kind, meta, extra, fragment, tiny_model_dir, tmp_path, c
     """What mlx-lm's lfm2 / lfm2_moe cannot express (or llama.cpp requires) is refused in one
     line, nothing written."""
     write_lfm2_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), meta=meta, extra=extra)
+    before = set(tmp_path.iterdir())
+    rc, err = run_main(capsys, str(tmp_path / "m.gguf"), str(tmp_path / "out"))
+    assert_one_line_error(rc, err, fragment)
+    assert set(tmp_path.iterdir()) == before
+
+
+#: llama.cpp's names of mlx-lm's llama4 text model's layer parameters
+LLAMA4_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                "feed_forward.router": "ffn_gate_inp",
+                **{f"feed_forward.{p}_proj": f"ffn_{p}" for p in ("gate", "up", "down")},
+                **{f"feed_forward.experts.{p}_proj": f"ffn_{p}_exps"
+                   for p in ("gate", "up", "down")},
+                **{f"feed_forward.shared_expert.{p}_proj": f"ffn_{p}_shexp"
+                   for p in ("gate", "up", "down")}}
+
+
+def llama4_gguf_name(hf_name: str) -> str:
+    top = {"language_model.model.embed_tokens": "token_embd",
+           "language_model.model.norm": "output_norm", "language_model.lm_head": "output"}
+    base, suffix = hf_name.rsplit(".", 1)
+    if base in top:
+        return f"{top[base]}.{suffix}"
+    i, rest = base.removeprefix("language_model.model.layers.").split(".", 1)
+    return f"blk.{i}.{LLAMA4_NAMES[rest]}.{suffix}"
+
+
+def write_llama4_gguf(path: Path, tok_folder: Path, types: dict | None = None,
+                      meta: dict | None = None, extra: dict | None = None,
+                      **overrides) -> tuple[dict, dict]:
+    """A random-weight Llama 4 text model written as llama.cpp's converter writes it
+    (Llama4Model, ported: q/k as they are, the MLPs' width as feed_forward_length, the experts'
+    as expert_feed_forward_length, Llama 3's RoPE scaling as rope_freqs). Returns (mlx-lm's
+    config of the checkpoint with llama.cpp's hard-wired chunk and temperature, reference
+    weights)."""
+    config = tiny_config("llama4")
+    text = {**config["text_config"], "attention_chunk_size": 8192, "floor_scale": 8192,
+            **overrides}
+    config = {**config, "text_config": text}
+    module = importlib.import_module("mlx_lm.models.llama4")
+    shapes = {k: v.shape for k, v in
+              tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
+    kv = {"block_count": text["num_hidden_layers"],
+          "context_length": text["max_position_embeddings"],
+          "embedding_length": text["hidden_size"],
+          "feed_forward_length": text["intermediate_size_mlp"],
+          "head_count": text["num_attention_heads"],
+          "head_count_kv": text["num_key_value_heads"], "key_length": text["head_dim"],
+          "value_length": text["head_dim"], "rope_dimension_count": text["head_dim"],
+          "rope_freq_base": text["rope_theta"], "layer_norm_rms_eps": text["rms_norm_eps"],
+          "expert_count": text["num_local_experts"],
+          "expert_used_count": text["num_experts_per_tok"],
+          "expert_feed_forward_length": text["intermediate_size"],
+          "interleave_moe_layer_step": text["interleave_moe_layer_step"], **(meta or {})}
+    rope = {"rope_freqs.weight": llama_cpp_rope_freqs(text)} if text.get("rope_scaling") else {}
+    return config, write_model(path, "llama4", shapes, llama4_gguf_name, kv, tok_folder,
+                               types or {}, {**rope, **(extra or {})}, "llama4")
+
+
+@pytest.mark.parametrize("dtype", ["float32", None])
+@pytest.mark.parametrize("extra, overrides", [
+    ({}, {}),
+    # tied (llama.cpp reads the embedding as the head); no RoPE scaling
+    ({"output.weight": None}, {"rope_scaling": None}),
+], ids=["scout", "tied"])
+def test_llama4_from_gguf(extra, overrides, dtype, tiny_model_dir, tmp_path):
+    """A Llama 4 GGUF becomes mlx-lm's llama4 (its text_config: llama.cpp's chunk and
+    temperature, q/k norms, the MoE every 2nd layer, the MLPs' and experts' widths, Llama 3's
+    RoPE scaling) and computes what the GGUF's tensors do in mlx-lm's model of the checkpoint,
+    float32 or kept quantized (as test_lfm2_from_gguf: float32 scales); and runs in the engine
+    unpruned as in mlx-lm."""
+    types = {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_gate_exps": T.Q4_1,
+             "ffn_gate_inp": T.F32, "*": T.Q8_0} if dtype is None else None
+    config, reference = write_llama4_gguf(tmp_path / "m.gguf", tiny_model_dir("llama4"), types,
+                                          extra=extra, **overrides)
+    if extra:  # llama.cpp's head of a tied GGUF: the embedding
+        reference["language_model.lm_head.weight"] = \
+            reference["language_model.model.embed_tokens.weight"]
+    out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype=dtype)
+    saved = json.loads((out / "config.json").read_text())["text_config"]
+    settings = {"attention_chunk_size": 8192, "floor_scale": 8192, "attn_scale": 0.1,
+                "use_qk_norm": True, "interleave_moe_layer_step": 2, "intermediate_size": 32,
+                "intermediate_size_mlp": 128, "num_local_experts": 4, "num_experts_per_tok": 1}
+    assert {k: saved[k] for k in settings} == settings
+    assert (saved.get("rope_scaling") or {}).get("rope_type") == (
+        None if overrides else "llama3")
+    model, _ = mlx_lm.load(str(out))
+    if dtype is None:
+        model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())
+                            if k.endswith((".scales", ".biases"))], strict=False)
+    x = random_prompt(100, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model("llama4", config, reference)(x)) < 1e-5
+    assert mlx_lm_error(model, PruningConfig("full"), random_prompt(300, VOCAB_SIZE), 8,
+                        block_size=64) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("meta, fragment", [
+    ({"sliding_window": 0}, "GGUF llama4 without chunked attention (sliding window 0) is not "
+                            "supported (mlx-lm's llama4 chunks 3 of every 4 layers)"),
+    ({"sliding_window_pattern": 2}, "GGUF llama4 with a chunked-attention pattern other than 3 "
+                                    "chunked layers, then a global one, is not supported"),
+    ({"expert_used_count": 2}, "GGUF llama4 with 2 experts a token is not supported (mlx-lm's "
+                               "llama4 routes each token to one)"),
+    ({"rope_freq_base_swa": 500.0}, "GGUF llama4 with another RoPE base in its chunked layers"),
+], ids=["no-chunks", "pattern", "two-experts", "swa-base"])
+def test_llama4_bad_input(meta, fragment, tiny_model_dir, tmp_path, capsys):
+    """What mlx-lm's llama4 cannot express is refused in one line, nothing written."""
+    write_llama4_gguf(tmp_path / "m.gguf", tiny_model_dir("llama4"), meta=meta)
     before = set(tmp_path.iterdir())
     rc, err = run_main(capsys, str(tmp_path / "m.gguf"), str(tmp_path / "out"))
     assert_one_line_error(rc, err, fragment)
