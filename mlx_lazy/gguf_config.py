@@ -70,6 +70,30 @@ The architectures (llama.cpp's names), and what converting each involves:
   3's RoPE scaling from ``rope_freqs``; no biases.
 * ``apertus``: q/k norms, its xIELU's parameters from llama.cpp's metadata, Llama 3's RoPE
   scaling from ``rope_freqs``; no biases (llama.cpp's loader reads none).
+* ``hunyuan-dense`` (Hunyuan 0.5B-7B dense, ``hunyuan_v1_dense``): q/k norms after RoPE, its
+  NTK-alpha RoPE as the base llama.cpp's converter folds alpha into (or ``rope.scaling.alpha``
+  folded in as llama.cpp's loader does); no biases (llama.cpp reads no output one).
+* ``stablelm`` (StableLM 2 1.6B/12B, StableLM 3B): LayerNorms with biases, partial NeoX RoPE,
+  q/k/v biases, the 12B's per-head q/k LayerNorms (llama.cpp's stacks split) and parallel
+  residual, each where the tensors have them (as llama.cpp decides).
+* ``minicpm`` (MiniCPM 1B/2B): q/k un-permuted, its embedding, residual and logit scales
+  (llama.cpp's defaults where the GGUF has none), the logits scaled through a head of its own
+  where the GGUF ties it.
+* ``dots1`` (dots.llm1): DeepSeek's MoE layout (GLM-4.5's reading: leading dense layers,
+  sigmoid-routed experts with their selection bias, zeros where the GGUF has none, as llama.cpp
+  then adds none; expert groups, shared experts, the weights' renormalisation and scale) beside
+  q/k norms before NeoX RoPE.
+* ``llama4`` (Llama 4 Scout/Maverick's text model; mlx-lm's ``llama4``, its ``text_config``):
+  chunked attention and RoPE in 3 of every 4 layers, llama.cpp's chunk and attention temperature
+  in the others, weightless q/k norms (not Maverick's); one sigmoid-weighed expert a token beside
+  a shared expert every ``interleave_moe_layer_step``-th layer; Llama 3's RoPE scaling from
+  ``rope_freqs``. (mlx-lm's q/k norms take an epsilon of 1e-6, llama.cpp's the GGUF's.)
+* ``lfm2`` (LFM2 350M-2.6B) / ``lfm2moe`` (LFM2-8B-A1B, ``lfm2_moe``): short gated
+  convolutions in the layers llama.cpp gives no key/value heads (``attention.head_count_kv`` per
+  layer), attention with q/k norms in the others; the kernels from llama.cpp's (channels, width)
+  to MLX's Conv1d layout; ``token_embd_norm`` as the final norm (mlx-lm's ``embedding_norm``);
+  the MLP width as written (already auto-adjusted); a tied head only; LFM2-8B-A1B's leading
+  dense layers, sigmoid-routed experts with their selection bias, top weights renormalised.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -109,13 +133,18 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "deepseek2": "DeepseekV2ForCausalLM",
                  "glm4": "Glm4ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                  "cohere2": "Cohere2ForCausalLM", "apertus": "ApertusForCausalLM",
-                 "exaone": "ExaoneForCausalLM"}
+                 "exaone": "ExaoneForCausalLM", "lfm2": "Lfm2ForCausalLM",
+                 "lfm2moe": "Lfm2MoeForCausalLM",
+                 "hunyuan-dense": "HunYuanDenseV1ForCausalLM",
+                 "stablelm": "StableLmForCausalLM", "minicpm": "MiniCPMForCausalLM",
+                 "dots1": "Dots1ForCausalLM", "llama4": "Llama4ForConditionalGeneration"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
                 "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe", "qwen3next": "qwen3_next",
                 "glm4moe": "glm4_moe", "gemma4": "gemma4_text", "ernie4_5-moe": "ernie4_5_moe",
-                "mistral3": "ministral3", "deepseek2": "deepseek_v2"}
+                "mistral3": "ministral3", "deepseek2": "deepseek_v2", "lfm2moe": "lfm2_moe",
+                "hunyuan-dense": "hunyuan_v1_dense"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -127,9 +156,12 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
                   **dict.fromkeys(("glm4moe", "granitemoe", "glm4"), ("attention_bias",))}
 # The model types whose mlx-lm models take each head hidden / heads wide (no head_dim, or one
 # that must be so): sparse MoEs' and dense ones'
-_HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus")
+_HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
+                    "lfm2", "lfm2_moe", "stablelm")
+# LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
+LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
-_LAYER_NORM = ("starcoder2", "cohere2")
+_LAYER_NORM = ("starcoder2", "cohere2", "stablelm")
 # Command R7B: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the
 # GGUF says otherwise
 COHERE2_SLIDING_PATTERN = 4
@@ -163,6 +195,12 @@ GPT_OSS_SLIDING_PATTERN = 2
 # llama.cpp's YaRN betas: gpt-oss's (its loader reads no key for them), Ministral 3's unless the
 # GGUF gives them (its mistral3 loader)
 LLAMA_CPP_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
+# Llama 4: llama.cpp's hard-wired chunk of its chunked-attention layers, and its attention
+# temperature's floor scale and scale (the GGUF's window key only switches chunking off at 0);
+# Maverick's experts, whose layers llama.cpp gives no q/k norm
+LLAMA4_CHUNK = 8192
+LLAMA4_TEMPERATURE = {"floor_scale": 8192, "attn_scale": 0.1}
+LLAMA4_MAVERICK_EXPERTS = 128
 # SmolLM3: llama.cpp hard-wires RoPE off in every 4th layer (no GGUF key holds it)
 SMOLLM3_NO_ROPE_INTERVAL = 4
 # EXAONE 4.0 32B (64 layers): llama.cpp's hard-wired window and pattern period (3 local layers,
@@ -173,7 +211,7 @@ EXAONE4_32B_PERIOD = 4
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
-_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4")
+_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -190,7 +228,7 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
              "short_factor": "rope_factors_short.weight"}
 # RoPE scaling held as tensors (config, not weights), and the architectures llama.cpp reads
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
-ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone",
+ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "llama4",
                                        "gemma4"),  # Gemma 4: its global layers' partial RoPE
                 **dict.fromkeys(_LONGROPE.values(), ("phi3",))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
@@ -251,22 +289,26 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "feed_forward_length")
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
-    if arch in ("gemma2", "glm4", "apertus", "exaone"):  # llama.cpp requires it (mlx-lm's
-        # gemma2 has no default either)
+    if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
+                "dots1", "llama4"):
+        # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
+    if arch in LFM2:
+        required += ("shortconv.l_cache",)
     if arch in _LAYER_NORM:
         required += ("attention.layer_norm_epsilon",)
     if any(g(k) is None for k in required):
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
+    by_layer = gemma4 or arch in LFM2  # (and LFM2's, 0 in its convolution layers: _lfm2_config)
     if isinstance(g("attention.head_count"), list) or \
-            (isinstance(g("attention.head_count_kv"), list) and not gemma4):
+            (isinstance(g("attention.head_count_kv"), list) and not by_layer):
         raise UserInputError("GGUF with per-layer head counts is not supported")
     n_heads, hidden, n_layers = (count("attention.head_count"), count("embedding_length"),
                                  count("block_count"))
     if arch in NEXTN:  # the multi-token prediction blocks after the model's own
         n_layers -= nextn_blocks(arch, meta)
-    n_kv = 1 if gemma4 else count("attention.head_count_kv", n_heads)
+    n_kv = 1 if by_layer else count("attention.head_count_kv", n_heads)
     if not tensors:  # llama.cpp's ggml-vocab-*.gguf files, say
         raise UserInputError("GGUF holds no tensors: a vocabulary-only file, no weights to "
                              "convert")
@@ -349,6 +391,23 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "starcoder2":  # LayerNorms; its GELU MLP and biases everywhere are hard-wired
         config.update(norm_epsilon=positive("attention.layer_norm_epsilon"),
                       hidden_act="gelu_pytorch_tanh")
+    if arch == "minicpm":  # Granite's graph in llama.cpp: the embedding, each branch and the
+        # logits scaled, by the GGUF's keys or MiniCPM's defaults (12, 1.4 / sqrt(layers),
+        # 256 / hidden); the logits divided even where the head is the embedding (glm4_tensors
+        # makes it one: mlx-lm's tied minicpm divides by nothing); queries by 1/sqrt(head_dim)
+        base = hidden / positive("logit_scale", 256 / hidden)
+        config.update(scale_emb=positive("embedding_scale", 12.0),
+                      scale_depth=positive("residual_scale", 1.4 / math.sqrt(n_layers))
+                      * math.sqrt(n_layers),
+                      dim_model_base=int(base) if base.is_integer() else base,
+                      tie_word_embeddings=False)
+    if arch == "stablelm":  # LayerNorms with biases; llama.cpp's choices by the tensors it finds:
+        # q/k/v biases, per-head q/k LayerNorms (StableLM 2 12B), no norm before the MLP being the
+        # parallel residual (the metadata's use_parallel_residual unread)
+        config.update(layer_norm_eps=positive("attention.layer_norm_epsilon"),
+                      partial_rotary_factor=rotary, use_qkv_bias="blk.0.attn_q.bias" in tensors,
+                      qk_layernorm="blk.0.attn_q_norm.weight" in tensors,
+                      use_parallel_residual="blk.0.ffn_norm.weight" not in tensors)
     if arch == "cohere2":
         config.update(_cohere2_config(g, count, real, positive, n_layers))
     if arch == "apertus":  # llama.cpp reads no biases, hard-wires q/k norms and NeoX RoPE
@@ -362,6 +421,16 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         # biases (q/k/v ones it would, which mlx-lm's model takes with an output one: refused)
         config.update(num_layers=n_layers, layer_norm_epsilon=config["rms_norm_eps"],
                       attention_bias=False, mlp_bias=False)
+    if arch == "hunyuan-dense":  # q/k norms (after RoPE in both) hard-wired in llama.cpp; its
+        # q/k/v biases, which mlx-lm's model takes only with an output one llama.cpp never reads,
+        # refused by the shape check; NTK-alpha RoPE (its converter folds alpha into the base; a
+        # GGUF's rope.scaling.alpha llama.cpp's loader folds in the same way)
+        alpha = real("rope.scaling.alpha", 0.0)
+        if alpha > 0:
+            config["rope_theta"] *= alpha ** (head_dim / (head_dim - 2))
+        config.update(attention_bias=False, use_qk_norm=True)
+    if arch in LFM2:
+        config.update(_lfm2_config(arch, g, count, optional, experts, tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -387,6 +456,16 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in DELTA_NET:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
+    if arch == "dots1":  # llama.cpp aborts without a gating function; q/k norms hard-wired
+        if g("expert_gating_func") != _SIGMOID_GATING:
+            raise UserInputError(f"GGUF dots1 with expert gating function "
+                                 f"{shown(g('expert_gating_func'), 20)} is not supported "
+                                 "(mlx-lm's dots1 routes by sigmoid, llama.cpp's "
+                                 f"{_SIGMOID_GATING})")
+        config.update(_routed_experts(arch, "dots1", g, count, positive, optional, experts,
+                                      tensors, n_layers))
+    if arch == "llama4":
+        config.update(_llama4_config(g, count, experts, n_layers, config))
     if arch == "glm4moe":
         config.update(_glm4moe_config(g, count, positive, optional, experts, tensors, n_layers,
                                       rotary))
@@ -469,6 +548,11 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata {arch}.rope.scaling.attn_factor is "
                              f"{attn_factor:.7g}{times}, mlx-lm's {config['model_type']} scales "
                              f"by {scale:.7g}")
+    if arch == "llama4":  # mlx-lm's llama4 reads its text model's config; transformers'
+        # Llama4Config (loading the tokenizer reads it) takes no RoPE scaling beside it
+        config = {**{k: config[k] for k in ("architectures", "model_type", "vocab_size",
+                                            "num_attention_heads", "num_key_value_heads")},
+                  "text_config": {**config, "model_type": "llama4_text"}}
     bos = meta.get("tokenizer.ggml.bos_token_id")
     if bos is not None:
         config["bos_token_id"] = int(bos)
@@ -521,6 +605,62 @@ def _cohere2_config(g: Any, count: Any, real: Any, positive: Any, n_layers: int)
             "logit_scale": real("logit_scale") or 1.0,
             "sliding_window": count("attention.sliding_window"),
             "sliding_window_pattern": period}
+
+
+def _lfm2_config(arch: str, g: Any, count: Any, optional: Any, experts: Any, tensors: dict,
+                 config: dict) -> dict:
+    """mlx-lm's lfm2 / lfm2_moe settings of an LFM2 GGUF, read as llama.cpp reads it: a layer
+    without key/value heads (``attention.head_count_kv`` per layer: 0) is a short gated
+    convolution ``shortconv.l_cache`` wide, the others attention, with one count of key/value
+    heads (mlx-lm's); both kinds present (mlx-lm's model indexes one of each); the MLP's width as
+    written (llama.cpp's converter has applied LFM2's auto-adjustment); no biases, the head tied
+    (llama.cpp's loader reads none; mlx-lm's models always tie it); no window (mlx-lm's have
+    none), causal. LFM2-8B-A1B: sigmoid-routed experts from ``leading_dense_block_count`` on,
+    their top weights renormalised (hard-wired in llama.cpp), the selection bias required."""
+    n_layers, model_type = config["num_hidden_layers"], config["model_type"]
+    value = g("attention.head_count_kv", config["num_attention_heads"])
+    values = value if isinstance(value, list) else [value] * n_layers
+    if len(values) != n_layers:
+        raise UserInputError(f"GGUF metadata {arch}.attention.head_count_kv has {len(values)} "
+                             f"values for {n_layers} layers")
+    kv = [count("attention.head_count_kv", value=v, least=0) for v in values]
+    attention = [n for n in kv if n]
+    if len(attention) in (0, n_layers) or len(set(attention)) > 1:
+        what = (f"{len(attention)} attention layers of {n_layers}" if len(set(attention)) < 2
+                else "attention layers of " + " and ".join(map(str, sorted(set(attention))))
+                + " key/value heads")
+        raise UserInputError(f"GGUF {arch} with {what} is not supported (mlx-lm's {model_type} "
+                             "takes convolution and attention layers, one count of key/value "
+                             "heads)")
+    if "output.weight" in tensors:
+        raise UserInputError(f"GGUF {arch} with an output head of its own is not supported "
+                             f"(mlx-lm's {model_type} ties it to the embedding)")
+    if optional("attention.sliding_window"):
+        raise UserInputError(f"GGUF {arch} with a sliding window is not supported")
+    if not g("attention.causal", True):  # LFM2's bidirectional embedding models
+        raise UserInputError(f"GGUF {arch} with non-causal attention is not supported")
+    out = {"num_key_value_heads": attention[0], "norm_eps": config["rms_norm_eps"],
+           "conv_bias": False, "conv_L_cache": count("shortconv.l_cache", least=2),
+           "layer_types": ["full_attention" if n else "conv" for n in kv]}
+    if arch == "lfm2":  # the width as it is: no auto-adjustment (multiple and multiplier unused)
+        return {**out, "block_dim": config["hidden_size"],
+                "block_ff_dim": config["intermediate_size"], "block_auto_adjust_ff_dim": False,
+                "block_multiple_of": 1, "block_ffn_dim_multiplier": 1.0}
+    gating = g("expert_gating_func")  # required by llama.cpp
+    if gating != _SIGMOID_GATING:
+        raise UserInputError(f"GGUF lfm2moe with expert gating function {shown(gating, 20)} is "
+                             "not supported (mlx-lm's lfm2_moe routes by sigmoid)")
+    n_experts, n_used = experts()
+    width = g("expert_feed_forward_length")
+    widths = {count("expert_feed_forward_length", value=w)
+              for w in (width if isinstance(width, list) else [width])}
+    if len(widths) != 1:
+        raise UserInputError("GGUF lfm2moe with experts of different widths by layer is not "
+                             "supported")
+    return {**out, "num_experts": n_experts, "num_experts_per_tok": n_used,
+            "moe_intermediate_size": widths.pop(), "norm_topk_prob": True,
+            "use_expert_bias": True, "routed_scaling_factor": 1.0,
+            "num_dense_layers": optional("leading_dense_block_count")}
 
 
 def _delta_net_config(arch: str, g: Any, count: Any, experts: Any, n_layers: int,
@@ -639,6 +779,40 @@ def _glm4moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: A
                               tensors, n_layers),
             "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
             "partial_rotary_factor": rotary, "rope_scaling": None}
+
+
+def _llama4_config(g: Any, count: Any, experts: Any, n_layers: int, config: dict) -> dict:
+    """mlx-lm's llama4 settings of a Llama 4 GGUF, read as llama.cpp reads it: chunked attention
+    (llama.cpp's chunk, whatever the window key but 0) in all layers but every 4th by
+    llama.cpp's pattern, which must be mlx-lm's hard-wired one; RoPE (traditional, q/k as they
+    are) and weightless q/k norms (not in Maverick) there, the attention temperature (llama.cpp's
+    constants) in the others; every ``interleave_moe_layer_step``-th layer an MoE of one expert
+    a token (mlx-lm's), weighed by its sigmoid before it, beside a shared expert as wide; the
+    others dense MLPs ``feed_forward_length`` wide; a head of its own (glm4_tensors makes one
+    of a tied GGUF's embedding)."""
+    if g("attention.sliding_window") == 0:  # MobileLLM-R1: llama.cpp then turns RoPE off in
+        # the last layer only
+        raise UserInputError("GGUF llama4 without chunked attention (sliding window 0) is not "
+                             "supported (mlx-lm's llama4 chunks 3 of every 4 layers)")
+    local = _local_layers(g("attention.sliding_window_pattern", 4), n_layers, "llama4")
+    if local != [(i + 1) % 4 != 0 for i in range(n_layers)]:
+        raise UserInputError("GGUF llama4 with a chunked-attention pattern other than 3 chunked "
+                             "layers, then a global one, is not supported (mlx-lm's llama4)")
+    if g("rope.freq_base_swa", config["rope_theta"]) != config["rope_theta"]:
+        raise UserInputError("GGUF llama4 with another RoPE base in its chunked layers is not "
+                             "supported")
+    n_experts, n_used = experts()
+    if n_used != 1:
+        raise UserInputError(f"GGUF llama4 with {n_used} experts a token is not supported "
+                             "(mlx-lm's llama4 routes each token to one)")
+    return {"attention_chunk_size": LLAMA4_CHUNK, **LLAMA4_TEMPERATURE,
+            "attn_temperature_tuning": True, "attention_bias": False,
+            "interleave_moe_layer_step": count("interleave_moe_layer_step"),
+            "num_local_experts": n_experts, "num_experts_per_tok": n_used,
+            "intermediate_size": count("expert_feed_forward_length"),
+            "intermediate_size_mlp": config["intermediate_size"],
+            "use_qk_norm": n_experts != LLAMA4_MAVERICK_EXPERTS, "tie_word_embeddings": False,
+            "rope_scaling": None}  # (Llama 3's from rope_freqs, where the GGUF has them)
 
 
 def _routed_experts(arch: str, model_type: str, g: Any, count: Any, positive: Any,

@@ -5,8 +5,9 @@ Every tensor type the ``gguf`` package dequantizes is read. Q4_0/Q4_1/Q8_0 matri
 onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) onto MLX's
 ``mxfp4``, and stay quantized unless a dtype is given (the experts' stacks too); the other
 types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
-llama (Mixtral's too), smollm3, granite, granitemoe and mistral3 q/k rows are un-permuted from
-llama.cpp's RoPE layout to the Hugging Face one.
+llama (Mixtral's too), smollm3, granite, granitemoe, mistral3 and minicpm q/k rows are
+un-permuted from llama.cpp's RoPE layout to the Hugging Face one. LFM2's convolution kernels
+become MLX's Conv1d layout (:func:`lfm2_tensors`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ GGUF_GROUP_SIZE = 32
 DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
 # llama.cpp's converter permutes q/k rows (and biases) for its LlamaModel family (Ministral 3's
 # and Mistral's own format arrive in that layout too)
-LLAMA_FAMILY = ("llama", "smollm3", "granite", "granitemoe", "mistral3")
+LLAMA_FAMILY = ("llama", "smollm3", "granite", "granitemoe", "mistral3", "minicpm")
 # Qwen3.5/3.6 (Gated DeltaNet linear attention, every n-th layer full attention): llama.cpp's
 # architectures, and what mlx-lm's qwen3_5 names its parameters under
 QWEN35 = ("qwen35", "qwen35moe")
@@ -188,6 +189,42 @@ _EXAONE_LAYER_NAMES = {"attn_norm": "ln_1", "ffn_norm": "ln_2",
                        **{f"attn_{p}": f"attn.attention.{p}_proj" for p in "qkv"},
                        "attn_output": "attn.attention.out_proj", "ffn_gate": "mlp.c_fc_0",
                        "ffn_up": "mlp.c_fc_1", "ffn_down": "mlp.c_proj"}
+# LFM2: the operator's norm, attention (out_proj, q/k layernorms) or a short convolution
+# (llama.cpp's shortconv.*), a SwiGLU feed-forward (w1 the gate, w3 up, w2 down)
+_LFM2_LAYER_NAMES = {**{k: v for k, v in _LAYER_NAMES.items()
+                        if k.startswith("attn_") and k != "attn_output"},
+                     "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
+                     "attn_k_norm": "self_attn.k_layernorm", "attn_norm": "operator_norm",
+                     "ffn_norm": "ffn_norm",
+                     **{f"shortconv.{p}": f"conv.{p}" for p in ("conv", "in_proj", "out_proj")},
+                     "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3",
+                     "ffn_down": "feed_forward.w2"}
+# LFM2-8B-A1B: its dense layers' MLP by Llama's names, the router, experts' stacks and
+# selection bias at feed_forward
+_LFM2MOE_LAYER_NAMES = {**_LFM2_LAYER_NAMES,
+                        **{k: "feed_forward." + v.removeprefix("mlp.")
+                           for k, v in _LAYER_NAMES.items() if k.startswith("ffn_")
+                           and k != "ffn_norm"},
+                        "exp_probs_b.bias": "feed_forward.expert_bias"}
+# Hunyuan dense: its q/k norms' names
+_HUNYUAN_LAYER_NAMES = {**_LAYER_NAMES, "attn_q_norm": "self_attn.query_layernorm",
+                        "attn_k_norm": "self_attn.key_layernorm"}
+# StableLM: its per-head q/k LayerNorms, one module per head (stablelm_tensors splits llama.cpp's
+# stacks into attn_q_norm.norms.<head>)
+_STABLELM_LAYER_NAMES = {**_LAYER_NAMES, "attn_q_norm": "self_attn.q_layernorm",
+                         "attn_k_norm": "self_attn.k_layernorm"}
+# dots.llm1: GLM-4.5's router, correction bias and shared experts, its experts' stacks at
+# mlp.experts, the norm before the MLP llama.cpp's ffn_norm
+_DOTS1_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES, **_CORRECTION_BIAS_NAMES,
+                      **{f"ffn_{p}_exps": f"mlp.experts.{p}_proj" for p in ("gate", "up", "down")}}
+# Llama 4: its MLPs, the MoE's router, experts' stacks and shared expert at feed_forward
+_LLAMA4_LAYER_NAMES = {**_LAYER_NAMES,
+                       **{f"ffn_{p}": f"feed_forward.{p}_proj" for p in ("gate", "up", "down")},
+                       **{f"ffn_{p}_exps": f"feed_forward.experts.{p}_proj"
+                          for p in ("gate", "up", "down")},
+                       **{f"ffn_{p}_shexp": f"feed_forward.shared_expert.{p}_proj"
+                          for p in ("gate", "up", "down")},
+                       "ffn_gate_inp": "feed_forward.router"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
@@ -200,6 +237,9 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,
                      "glm4": _GLM4_LAYER_NAMES, "starcoder2": _STARCODER2_LAYER_NAMES,
                      "apertus": _APERTUS_LAYER_NAMES, "exaone": _EXAONE_LAYER_NAMES,
+                     "lfm2": _LFM2_LAYER_NAMES, "lfm2moe": _LFM2MOE_LAYER_NAMES,
+                     "hunyuan-dense": _HUNYUAN_LAYER_NAMES, "stablelm": _STABLELM_LAYER_NAMES,
+                     "dots1": _DOTS1_LAYER_NAMES, "llama4": _LLAMA4_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -212,7 +252,16 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
 # _TOP_NAMES: EXAONE 3.0/3.5's GPT-2 layout
 _ARCH_LAYOUT = {"exaone": ("transformer.h", {"token_embd": "transformer.wte",
                                              "output_norm": "transformer.ln_f",
-                                             "output": "lm_head"})}
+                                             "output": "lm_head"}),
+                # LFM2's final norm: llama.cpp's token_embd_norm, mlx-lm's embedding_norm
+                # Llama 4: its text model's
+                "llama4": ("language_model.model.layers", {
+                    "token_embd": "language_model.model.embed_tokens",
+                    "output_norm": "language_model.model.norm",
+                    "output": "language_model.lm_head"}),
+                **dict.fromkeys(("lfm2", "lfm2moe"), (
+                    "model.layers", {"token_embd": "model.embed_tokens",
+                                     "token_embd_norm": "model.embedding_norm"}))}
 
 
 def nextn_blocks(arch: str, meta: dict) -> int:
@@ -499,8 +548,9 @@ def deepseek2_tensors(tensors: dict, config: dict) -> dict:
 
 
 def glm4_tensors(tensors: dict, config: dict) -> dict:
-    """A GLM-4-0414 GGUF's tensors with a head: the embedding's where it has no
-    ``output.weight``, as llama.cpp reads it (mlx-lm's glm4 always has a head of its own)."""
+    """A GLM-4-0414 (or MiniCPM) GGUF's tensors with a head: the embedding's where it has no
+    ``output.weight``, as llama.cpp reads it (mlx-lm's glm4 always has a head of its own;
+    mlx-lm's minicpm scales the logits only through one)."""
     out = dict(tensors)
     if "output.weight" not in tensors:
         t = tensors["token_embd.weight"]
@@ -522,11 +572,64 @@ def xielu_tensors(tensors: dict, parameters: dict[str, list[float]]) -> dict:
     return out
 
 
+def lfm2_tensors(tensors: dict, config: dict) -> dict:
+    """An LFM2 GGUF's tensors with each short convolution's kernel, (channels, width) as
+    llama.cpp's converter squeezed it, in MLX's Conv1d layout (channels, width, 1): the same
+    taps in the same order (both convolve as a cross-correlation over the last width tokens)."""
+    from gguf import GGMLQuantizationType as T
+
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if name.endswith(".shortconv.conv.weight"):
+            shape = _shape(t)
+            if len(shape) != 2:
+                raise UserInputError(f"GGUF {name} has shape {shape}, not (channels, width)")
+            out[name] = _Part(name, T.F32, np.array([1, shape[1], shape[0]]),
+                              _Lazy(lambda t=t: dequantized(t)[..., None]))
+    return out
+
+
+def stablelm_tensors(tensors: dict, config: dict) -> dict:
+    """A StableLM GGUF's tensors with its q/k LayerNorms' weights, which llama.cpp's converter
+    stacked (heads, head_dim), one per head as mlx-lm's stablelm holds them
+    (``attn_q_norm.norms.<head>``)."""
+    from gguf import GGMLQuantizationType as T
+
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if not name.endswith((".attn_q_norm.weight", ".attn_k_norm.weight")):
+            continue
+        if len(_shape(t)) != 2:
+            raise UserInputError(f"GGUF {name} has shape {_shape(t)}, not (heads, head_dim)")
+        del out[name]
+        for h in range(_shape(t)[0]):
+            head = name.replace(".weight", f".norms.{h}.weight")
+            out[head] = _Part(head, T.F32, np.array([_shape(t)[1]]),
+                              _Lazy(lambda t=t, h=h: dequantized(t)[h]))
+    return out
+
+
+def dots1_tensors(tensors: dict, config: dict) -> dict:
+    """A dots.llm1 GGUF's tensors with a zero correction bias in each sparse layer that has
+    none (llama.cpp's optional ``exp_probs_b``: no bias; mlx-lm's dots1 always holds one)."""
+    from gguf import GGMLQuantizationType as T
+
+    out = dict(tensors)
+    n = config["n_routed_experts"]
+    for i in range(config["first_k_dense_replace"], config["num_hidden_layers"]):
+        name = f"blk.{i}.exp_probs_b.bias"
+        if name not in out:
+            out[name] = _Part(name, T.F32, np.array([n]), np.zeros(n, np.float32))
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
-             "glm4": glm4_tensors}
+             "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
+             "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
+             "llama4": glm4_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -540,8 +643,10 @@ def _hf_name(gguf_name: str, arch: str = "llama") -> str:
         return f"{layers}.{parts[1]}.{names[suffix]}"
     if parts[0] == "blk" and len(parts) == 3 and f"{parts[2]}.{suffix}" in names:
         return f"{layers}.{parts[1]}.{names[f'{parts[2]}.{suffix}']}"
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
-        return f"{layers}.{parts[1]}.{names[parts[2]]}.{suffix}"
+    for end in range(len(parts), 2, -1):  # the longest role named: LFM2's shortconv.conv;
+        role = ".".join(parts[2:end])  # attn_q_norm of StableLM's attn_q_norm.norms.3
+        if parts[0] == "blk" and role in names:
+            return ".".join((f"{layers}.{parts[1]}.{names[role]}", *parts[end:], suffix))
     if base in top:
         return f"{top[base]}.{suffix}"
     raise UserInputError(f"unsupported GGUF tensor {gguf_name}")
@@ -656,7 +761,7 @@ def dequantized(t: Any) -> np.ndarray:
 #: GGUF tensors whose mlx-lm parameter no quantized layer holds, by model type: GLM-4.5's and
 #: DeepSeek's routers (a matrix of mlx-lm's MoEGate; llama.cpp's quantizer leaves routers float
 #: anyway)
-_FLOAT_ONLY = dict.fromkeys(("glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite"),
+_FLOAT_ONLY = dict.fromkeys(("glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "dots1"),
                             ".ffn_gate_inp.weight")
 
 

@@ -95,7 +95,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
                      "midm-2.0", "lfm2"), _LLAMA3),
     **dict.fromkeys(("dbrx", "smaug-bpe"), _LLAMA3._replace(whole_words=False, bos=False)),
     "glm4": _LLAMA3._replace(bos=False),  # GLM-4.5/4.6/4.7: no BOS (its template writes [gMASK])
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan"),
                     PreTokenizer((_QWEN2_REGEX,), False, False)),
     "qwen35": PreTokenizer((_QWEN35_REGEX,), False, False),
     "seed-coder": PreTokenizer((_SEED_CODER_REGEX,), False, False),
@@ -104,7 +104,8 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
                     PreTokenizer((_GPT4O_REGEX,), False, False)),
     "deepseek-llm": PreTokenizer(_DEEPSEEK_LLM_SPLITS, False, False),
     "deepseek-coder": PreTokenizer(_DEEPSEEK_CODER_SPLITS, False, False),
-    "deepseek-v3": PreTokenizer(_DEEPSEEK_V3_SPLITS, False, False),
+    **dict.fromkeys(("deepseek-v3", "hunyuan-dense"),
+                    PreTokenizer(_DEEPSEEK_V3_SPLITS, False, False)),
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list;
 # llama.cpp makes them control tokens whatever the GGUF says: Gemma 4's converter writes

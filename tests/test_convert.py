@@ -261,6 +261,14 @@ GGUF_KIND_LAYER_NAMES.update({
     "starcoder2": {**GGUF_LAYER_NAMES, "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"},
     "apertus": {**GGUF_LAYER_NAMES, "attention_layernorm": "attn_norm",
                 "feedforward_layernorm": "ffn_norm"},
+    # StableLM's per-head q/k LayerNorms, stacked as llama.cpp's converter stacks them
+    # dots.llm1's experts' stacks at mlp.experts, its shared experts
+    "dots1": {**GGUF_GLM4MOE_NAMES, "post_attention_layernorm": "ffn_norm",
+              **{f"mlp.experts.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}},
+    "stablelm": {**GGUF_LAYER_NAMES, "self_attn.q_layernorm": "attn_q_norm",
+                 "self_attn.k_layernorm": "attn_k_norm"},
+    "hunyuan_v1_dense": {**GGUF_LAYER_NAMES, "self_attn.query_layernorm": "attn_q_norm",
+                         "self_attn.key_layernorm": "attn_k_norm"},
     # EXAONE 3.0/3.5's GPT-2 names (its top tensors': GGUF_TOP_NAMES)
     "exaone": {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.attention.q_proj": "attn_q",
                "attn.attention.k_proj": "attn_k", "attn.attention.v_proj": "attn_v",
@@ -270,9 +278,10 @@ GGUF_KIND_LAYER_NAMES.update({
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
              "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next",
-             "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2")}
+             "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2"),
+             "hunyuan_v1_dense": "hunyuan-dense"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
-GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe")
+GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm")
 #: Granite's multipliers by llama.cpp's writer methods
 GRANITE_SCALES = {"embedding_multiplier": "add_embedding_scale",
                   "residual_multiplier": "add_residual_scale",
@@ -609,14 +618,19 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
     glm = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID} \
-        if model_type == "glm4_moe" else {}
+        if model_type in ("glm4_moe", "dots1") else {}
     deepseek2 = model_type in DEEPSEEK2_KINDS
     yarn = {"yarn": config["rope_scaling"], "num_key_value_heads": 1} if deepseek2 else {}
     m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **arch_meta,
-         **qwen_rope, **glm, **yarn, **(meta or {})}
+         **qwen_rope, **glm, **yarn, **llama_cpp_hunyuan_rope(config), **(meta or {})}
     module = model_module(model_type)
     shapes = {k: v.shape for k, v in
               tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
+    for name in [k for k in shapes if ".norms.0." in k]:  # StableLM: a norm per head, stacked
+        heads = [k for k in shapes if k.startswith(name.split(".norms.")[0] + ".norms.")]
+        shapes[name.split(".norms.")[0] + ".weight"] = (len(heads), *shapes[name])
+        for k in heads:
+            del shapes[k]
     if deepseek2:  # the checkpoint's kv_b_proj where deepseek_v3's sanitize has made two of it
         for name in [k for k in shapes if k.endswith(".self_attn.embed_q.weight")]:
             del shapes[name], shapes[name.replace(".embed_q.", ".unembed_out.")]
@@ -651,6 +665,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         w.add_rope_scaling_type(m["rope_scaling"])
     if m.get("rope_factor") is not None:
         w.add_rope_scaling_factor(m["rope_factor"])
+    if m.get("rope_alpha") is not None:
+        w.add_rope_scaling_alpha(m["rope_alpha"])
     for key, add in MINISTRAL3_KEYS.items():
         if m.get(key) is not None:
             getattr(w, add)(m[key])
@@ -662,7 +678,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     llama_cpp_dense_meta(w, m)
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
-    if model_type == "glm4_moe":
+    if model_type in ("glm4_moe", "dots1"):  # Dots1Model's: Qwen2MoeModel's and these
         for key, add in GLM4MOE_KEYS.items():
             if m.get(key) is not None:
                 getattr(w, add)(m[key])
@@ -700,9 +716,10 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         role = "ssm_a" if gname.endswith(".ssm_a") else gname.split(".")[-2]
         if gname in extra:  # left out, or replaced
             continue
-        # matrices and the experts' stacks of the types asked for (not the conv: llama.cpp
-        # keeps it float32), the other tensors float32
-        matrix = len(shape) >= 2 and name.endswith(".weight") and role != "ssm_conv1d"
+        # matrices and the experts' stacks of the types asked for (not the conv, nor StableLM's
+        # stacked norms: llama.cpp keeps them float32), the other tensors float32
+        matrix = (len(shape) >= 2 and name.endswith(".weight") and role != "ssm_conv1d"
+                  and "norm" not in role)
         if role == "ssm_conv1d":
             x = rng.normal(0, 0.5, shape)
         elif matrix:
@@ -746,9 +763,25 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    for name in [k for k in reference if model_type == "stablelm" and
+                 k.endswith((".q_layernorm.weight", ".k_layernorm.weight"))]:
+        stacked = reference.pop(name)  # StableLM's, one per head in mlx-lm's model
+        reference.update({name.replace(".weight", f".norms.{h}.weight"): w
+                          for h, w in enumerate(stacked)})
     if deepseek2:  # mlx-lm's model of the checkpoint (deepseek_v3's sanitize cuts kv_b_proj)
         reference = module.Model(module.ModelArgs.from_dict(config)).sanitize(reference)
     return config, reference
+
+
+def llama_cpp_hunyuan_rope(config: dict) -> dict:
+    """The RoPE llama.cpp's converter writes for a Hunyuan dense config with NTK-alpha scaling
+    (HunYuanModel.set_gguf_parameters, ported): alpha folded into the base, no scaling."""
+    alpha = (config.get("rope_scaling") or {}).get("alpha")
+    if config["model_type"] != "hunyuan_v1_dense" or alpha is None:
+        return {}
+    dim = config["head_dim"]
+    return {"rope_theta": config["rope_theta"] * alpha ** (dim / (dim - 2)),
+            "rope_scaling": gguf.RopeScalingType.NONE, "rope_factor": 1.0}
 
 
 def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
@@ -758,7 +791,7 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
     and window (no pattern: llama.cpp's default 4, unless ``swa_pattern`` gives one as written);
     GLM's MRoPE sections and NextN blocks; an attention scale where ``attention_scale`` says."""
     eps = m.get("norm_epsilon", m.get("layer_norm_eps"))
-    if m["model_type"] in ("starcoder2", "cohere2") and eps is not None:
+    if m["model_type"] in ("starcoder2", "cohere2", "stablelm") and eps is not None:
         w.add_layer_norm_eps(eps)
     if m["model_type"] == "cohere2":
         if m["logit_scale"] is not None:
@@ -773,6 +806,13 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
             w.add_nextn_predict_layers(m["nextn_predict_layers"])
     if m.get("attention_scale") is not None:
         w.add_attention_scale(m["attention_scale"])
+    if m["model_type"] == "minicpm":  # MiniCPMModel.set_gguf_parameters (None: left out)
+        if m["scale_emb"] is not None:
+            w.add_embedding_scale(m["scale_emb"])
+        if m["scale_depth"] is not None:
+            w.add_residual_scale(m["scale_depth"] / m["num_hidden_layers"] ** 0.5)
+        if m["dim_model_base"] is not None:
+            w.add_logit_scale(m["hidden_size"] / m["dim_model_base"])
 
 
 def glm4_normal_to_neox(rows: np.ndarray, config: dict) -> np.ndarray:
@@ -1003,6 +1043,35 @@ GGUF_CASES.update({
                                    "output": T.F16, "*": T.Q8_0}, {"mlp_bias": False}),
     "apertus-kquants": ("apertus", {"attn_q": T.Q4_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
                         {**KQ, "mlp_bias": False}),
+    # Hunyuan dense: per-head q/k norms after NeoX RoPE (q/k as they are), no biases (llama.cpp
+    # reads no output one), a tied head; NTK-alpha RoPE in test_dense_families_from_gguf
+    # StableLM 2 1.6B: LayerNorms with biases, q/k/v biases, NeoX RoPE over a quarter of each
+    # head (q/k as they are); 12B's per-head q/k LayerNorms (stacked) and parallel residual
+    "stablelm-legacy": ("stablelm", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up": T.Q4_1,
+                                     "*": T.Q8_0}, {"layer_norm_eps": 2 ** -6}),
+    "stablelm-kquants": ("stablelm", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
+    "stablelm-parallel-legacy": ("stablelm-parallel", {"attn_k": T.Q4_0, "ffn_down": T.Q4_1,
+                                                       "*": T.Q8_0}, {}),
+    # MiniCPM: embedding, residual and logit scales; q/k permuted by llama.cpp's converter
+    "minicpm-legacy": ("minicpm", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
+                                   "output": T.F16, "*": T.Q8_0},
+                       {"scale_emb": 3.0, "scale_depth": 2.0, "dim_model_base": 32}),
+    "minicpm-kquants": ("minicpm", {"attn_q": T.Q4_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
+    # dots.llm1: a dense layer, then 2 of 4 experts by sigmoid scores and a correction bias,
+    # renormalised and scaled by 2.5, beside a shared expert; q/k norms before NeoX RoPE
+    "dots1-legacy": ("dots1", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                               "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32, "attn_q": T.Q4_0,
+                               "*": T.Q8_0}, {}),
+    "dots1-kquants": ("dots1", {"ffn_gate_exps": T.Q4_K, "ffn_up_exps": T.Q6_K,
+                                "ffn_gate_inp": T.F32, "*": T.Q4_K},
+                      {**KQ, "moe_intermediate_size": 256}),
+    "hunyuan_dense-legacy": ("hunyuan_v1_dense", {"token_embd": T.Q8_0, "attn_q": T.Q4_0,
+                                                  "ffn_up": T.Q4_1, "*": T.Q8_0},
+                             {"attention_bias": False, "rope_scaling": None}),
+    "hunyuan_dense-kquants": ("hunyuan_v1_dense", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K,
+                                                   "*": T.Q4_K},
+                              {**KQ, "attention_bias": False, "rope_scaling": None,
+                               "tie_word_embeddings": False}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1340,7 +1409,9 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "deepseek2-v2lite", "deepseek2-v3", "deepseek2-glm47flash",
                                   "mixtral-legacy", "qwen2moe-legacy", "olmoe-legacy",
                                   "granitemoe-legacy", "glm4-legacy", "starcoder2-legacy",
-                                  "cohere2-legacy", "apertus-legacy"])
+                                  "cohere2-legacy", "apertus-legacy", "hunyuan_dense-legacy",
+                                  "stablelm-legacy", "stablelm-parallel-legacy",
+                                  "minicpm-legacy", "dots1-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1378,8 +1449,22 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     ("cohere2", {**COHERE2_GGUF, "logit_scale": 1.0}, {"logit_scale": 0.0}, {},
      {"logit_scale": 1.0}),
     ("apertus", {"mlp_bias": False}, {}, {}, {"mlp_bias": False, "qk_norm": True}),
+    # MiniCPM tied (llama.cpp divides the logits by its scale all the same, as Hugging Face's
+    # model does; mlx-lm's tied minicpm does not); its scales llama.cpp's defaults (no keys:
+    # 12, 1.4 / sqrt(4), 256 / 64, the tiny's own)
+    ("minicpm", {}, {}, {"output.weight": None},
+     {"tie_word_embeddings": False, "dim_model_base": 16}),
+    ("minicpm", {}, {"scale_emb": None, "scale_depth": None, "dim_model_base": None}, {},
+     {"scale_emb": 12.0, "dim_model_base": 16}),
+    # Hunyuan dense's NTK-alpha RoPE (alpha 1000), which llama.cpp's converter folds into the base
+    ("hunyuan_v1_dense", {"attention_bias": False}, {}, {},
+     {"use_qk_norm": True, "attention_bias": False}),
+    # ... or given as rope.scaling.alpha beside the base, which llama.cpp's loader folds in
+    ("hunyuan_v1_dense", {"attention_bias": False},
+     {"rope_theta": 10000.0, "rope_alpha": 1000.0}, {}, {}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
-        "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus"])
+        "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
+        "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs become mlx-lm's model of
@@ -1439,6 +1524,33 @@ def test_exaone_from_gguf(overrides, types, dtype, tiny_model_dir, tmp_path):
     # and the engine runs it unpruned as mlx-lm does
     assert mlx_lm_error(model, PruningConfig("full"), random_prompt(300, VOCAB_SIZE), 8,
                         block_size=64) < LOGITS_TOL
+
+
+@pytest.mark.parametrize("overrides, no_bias, settings", [
+    ({}, False, {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                 "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+                 "norm_topk_prob": True, "n_group": 1}),
+    # expert groups (2, the best one taken), the weights not renormalised
+    ({"n_group": 2, "topk_group": 1, "norm_topk_prob": False}, False,
+     {"n_group": 2, "topk_group": 1, "norm_topk_prob": False}),
+    # no correction bias (llama.cpp's is optional): none added, zeros in mlx-lm's model
+    ({}, True, {}),
+], ids=["dots1", "groups", "no-bias"])
+def test_dots1_from_gguf(overrides, no_bias, settings, tiny_model_dir, tmp_path):
+    """A dots.llm1 GGUF becomes mlx-lm's dots1 with llama.cpp's reading of its experts and
+    computes what the GGUF's tensors do in mlx-lm's model of the checkpoint."""
+    config = {**tiny_config("dots1"), **overrides}
+    extra = {f"blk.{i}.exp_probs_b.bias": None for i in range(1, 4)} if no_bias else {}
+    _, reference = write_gguf(tmp_path / "m.gguf", "dots1", tiny_model_dir("dots1"),
+                              extra=extra, **overrides)
+    for i in range(1, 4) if no_bias else ():
+        reference[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = mx.zeros(4)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model_type"] == "dots1" and {k: saved[k] for k in settings} == settings
+    model, _ = mlx_lm.load(str(out))
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model("dots1", config, reference)(x)) < 1e-5
 
 
 def test_xielu_from_one_value_for_all_layers():
@@ -2223,6 +2335,15 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                                 "starcoder2 takes hidden / heads: 16)"),
         "starcoder2_eps": (lambda: gguf_of("s.gguf", "starcoder2", {"norm_epsilon": None}),
                            "/ attention.layer_norm_epsilon"),
+        "dots1_gating": (lambda: gguf_of("d.gguf", "dots1", {"expert_gating_func": None}),
+                         "GGUF dots1 with expert gating function None is not supported (mlx-lm's "
+                         "dots1 routes by sigmoid, llama.cpp's 2)"),
+        "stablelm_eps": (lambda: gguf_of("s.gguf", "stablelm", {"layer_norm_eps": None}),
+                         "GGUF metadata lacks stablelm.attention.head_count / "),
+        "stablelm_qk_norm_shape": (  # llama.cpp's converter stacks a norm per head
+            lambda: write_gguf(tmp / "s.gguf", "stablelm-parallel", tok_folder, extra={
+                "blk.0.attn_q_norm.weight": np.ones(64)}) and tmp / "s.gguf",
+            "GGUF blk.0.attn_q_norm.weight has shape (64,), not (heads, head_dim)"),
         "apertus_xielu": (lambda: gguf_of("a.gguf", "apertus", {"xielu_beta": None}),
                           "GGUF metadata xielu.beta must be a number or one per layer (4), got "
                           "None"),
@@ -2232,6 +2353,11 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                 **{**EXAONE, "attention_bias": True, "rope_scaling": None}) and tmp / "e.gguf",
             "GGUF tensors disagree with its metadata: it has an unexpected tensor "
             "transformer.h.0.attn.attention.k_proj.bias"),
+        "hunyuan_dense_qkv_bias": (  # llama.cpp reads them, mlx-lm's model only with an output one
+            lambda: write_gguf(tmp / "h.gguf", "hunyuan_v1_dense", tok_folder, extra={
+                f"blk.{i}.attn_output.bias": None for i in range(4)}) and tmp / "h.gguf",
+            "GGUF tensors disagree with its metadata: it has an unexpected tensor "
+            "model.layers.0.self_attn.k_proj.bias"),
         "apertus_attention_scale": (
             lambda: gguf_of("a.gguf", "apertus", {"attention_scale": 0.5}),
             "GGUF apertus with attention scale 0.5 is not supported (mlx-lm's apertus scales "
@@ -2263,7 +2389,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "deepseek2_value_length", "deepseek2_softmax_groups", "deepseek2_softmax_eps",
               "deepseek2_yarn_log_mul", "deepseek2_tied", "cohere2_pattern", "cohere2_all_local",
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
-              "apertus_attention_scale", "exaone_qkv_bias"]
+              "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias",
+              "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

@@ -349,7 +349,8 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
                      "minerva-7b"), (r"\p{N}", _CPP_GPT2)),
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
                      "midm-2.0", "lfm2", "dbrx", "smaug-bpe", "glm4"), (_CPP_LLAMA3,)),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"), (_CPP_QWEN2,)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan"),
+                    (_CPP_QWEN2,)),
     "qwen35": (_CPP_QWEN35,),
     "seed-coder": (_CPP_SEED_CODER,),
     "tekken": (_CPP_TEKKEN,),
@@ -360,9 +361,11 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
                      "\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+", "\\s+$", "[一-龥ࠀ-一가-\ud7ff]+",
                      "\\p{N}+"),
     "deepseek-coder": ("[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-\ud7ff]+", "\\p{N}"),
-    "deepseek-v3": ("\\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
-                    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
-                    "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"),
+    # Hunyuan dense's: DeepSeek-V3's
+    **dict.fromkeys(("deepseek-v3", "hunyuan-dense"), (
+        "\\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
+        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+        "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")),
 }
 # llama.cpp's ignore_merges groups, and those of them it adds BOS for (not GLM-4.5's)
 CPP_WHOLE_WORDS = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
