@@ -602,7 +602,7 @@ class ModelAdapter:
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         # none in EXAONE 4's global layers; Command R7B's global layers skip theirs
         rope = getattr(attn, "rope", None) if getattr(attn, "use_sliding_window", True) else None
-        if self._weightless is not None:  # nanochat: a function of the layer's frequencies
+        if hasattr(attn, "_rope_freqs"):  # nanochat's: a function of the layer's frequencies
             rope = partial(nanochat.apply_rotary_emb, freqs=attn._rope_freqs)
         if rope is not None:
             q, k = _rope(rope, q, positions), _rope(rope, k, positions)
