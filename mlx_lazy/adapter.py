@@ -343,8 +343,12 @@ class ModelAdapter:
                for layer, window in zip(self.layers, self._windows)):
             raise UserInputError("sliding-window attention layers are not supported")
         self._recurrent = frozenset(recurrent_layers(model))
-        attn = next(attention_module(block) for i, block in enumerate(self.layers)
-                    if i not in self._recurrent)
+        # each layer's attention module (None in a recurrent layer), found once: read per
+        # layer and step; sharding changes their projections in place, not the modules
+        self._attns = [None if i in self._recurrent else attention_module(block)
+                       for i, block in enumerate(self.layers)]
+        self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
+        attn = next(a for a in self._attns if a is not None)
         self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
         self._mla = model_type in MLA_TYPES
         if self._mla:  # the absorbed form (embed_q) has one key/value head, the latent
@@ -428,14 +432,13 @@ class ModelAdapter:
     def sinks(self, layer: int) -> Optional[mx.array]:
         """The layer's attention sinks, one logit per head that each head's softmax also
         weighs (gpt-oss); None for families without them."""
-        return getattr(attention_module(self.layers[layer]), "sinks", None)
+        return getattr(self._attns[layer], "sinks", None)
 
     def softcap(self, layer: int) -> Optional[float]:
         """The layer's attention logit soft-cap c (Gemma 2's ``attn_logit_softcapping``):
         each logit s becomes ``c tanh(s / c)`` before the mask and softmax; None for
         families without one."""
-        attn = attention_module(self.layers[layer])
-        return getattr(attn, "attn_logit_softcapping", None) or None
+        return self._softcaps[layer]
 
     @property
     def num_layers(self) -> int:
@@ -553,8 +556,7 @@ class ModelAdapter:
         its keys: :meth:`_latent_qkv`); keys and values None where the layer reads another's
         (:meth:`kv_layer`); the gate (1, n, heads x head_dim) None but in a gated attention.
         """
-        block = self.layers[layer]
-        attn = attention_module(block)
+        block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
         x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
         if not self._post_norms:
@@ -682,8 +684,7 @@ class ModelAdapter:
                gate: Optional[mx.array] = None) -> mx.array:
         """Output projection, residual and MLP: attention output (1, H, n, d), times the
         sigmoid of :meth:`qkv`'s ``gate`` where it gave one, -> new h."""
-        block = self.layers[layer]
-        attn = attention_module(block)
+        block, attn = self.layers[layer], self._attns[layer]
         n = attn_out.shape[2]
         if hasattr(attn, "unembed_out"):  # absorbed latent attention: the latent
             attn_out = attn.unembed_out(attn_out)  # output to each head's values
