@@ -133,22 +133,28 @@ from .errors import UserInputError, shown
 # each branch, the final one, and the q/k norms after RoPE), RoPE with negated frequencies
 # (mlx-lm's ``apply_rotary_emb``), a plain ReLU^2 MLP run as its module, logits soft-capped
 # at 15.
-SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere2", "deepseek_v2", "deepseek_v3", "dots1",
-                         "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "gemma2", "gemma3",
-                         "gemma3_text", "gemma4", "gemma4_text", "glm4", "glm4_moe",
-                         "glm4_moe_lite", "gpt_oss", "granite", "granitemoe", "helium", "hunyuan",
-                         "hunyuan_v1_dense", "internlm3", "lfm2", "lfm2_moe", "llama", "llama4",
-                         "llama4_text", "mimo", "minicpm", "ministral3", "mistral", "mistral3",
-                         "mixtral", "nanochat", "olmo2", "olmo3", "olmoe", "phi3", "phimoe",
-                         "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
-                         "qwen3_next", "seed_oss", "smollm3", "stablelm", "starcoder2")
+# gemma (Gemma 1, CodeGemma): Llama's layout with Gemma's RMSNorm (1 + w), embeddings scaled by
+# sqrt(hidden), head_dim from its config, an exact-GELU gated MLP (mlx-lm's ``nn.gelu``: run
+# as its module, not the CPU kernel); the head is the embedding.
+# cohere (Command R, R+, Aya 23): cohere2's parallel layers on one LayerNorm and its
+# ``logit_scale``, traditional RoPE in every layer, no windows; with ``use_qk_norm`` (R+)
+# per-head q/k LayerNorms (mlx-lm's ``LayerNorm2D``, a weight per head) before RoPE.
+SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek_v2",
+                         "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
+                         "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
+                         "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss", "granite", "granitemoe",
+                         "helium", "hunyuan", "hunyuan_v1_dense", "internlm3", "lfm2", "lfm2_moe",
+                         "llama", "llama4", "llama4_text", "mimo", "minicpm", "ministral3",
+                         "mistral", "mistral3", "mixtral", "nanochat", "olmo2", "olmo3", "olmoe",
+                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe",
+                         "qwen3_moe", "qwen3_next", "seed_oss", "smollm3", "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 GRANITE_TYPES = ("granite", "granitemoe")
-PARALLEL_TYPES = ("cohere2",)
+PARALLEL_TYPES = ("cohere2", "cohere")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
 _LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm",
                "o_proj": "out_proj", "q_norm": "q_layernorm", "k_norm": "k_layernorm",
@@ -370,7 +376,9 @@ class ModelAdapter:
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
         gemma = self._gemma2 or self._gemma3 or self._gemma4
         self._feed_forwards = [feed_forward(block) for block in self.layers]
-        self._activations = [_gated_activation(mlp, gemma) for mlp in self._feed_forwards]
+        # Gemma 1's exact GELU has no CPU kernel: mlx-lm's module runs it
+        self._activations = [None if model_type == "gemma" else _gated_activation(mlp, gemma)
+                             for mlp in self._feed_forwards]
         args = self.text.args
         # Gemma 4's E2B/E4B: the layer whose keys and values each layer attends over, and
         # the width of each layer's per-token input
@@ -391,9 +399,10 @@ class ModelAdapter:
                          15.0 if model_type == "nanochat" else None)  # mlx-lm's nanochat.softcap
         granite, minicpm = model_type in GRANITE_TYPES, model_type == "minicpm"
         # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
-        # rounded to bfloat16, as Gemma's reference does; Gemma 2 and 4 by sqrt(hidden), a float
+        # rounded to bfloat16, as Gemma's reference does; Gemma 1, 2 and 4 by sqrt(hidden), a
+        # float
         self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self._gemma3 else
-                             args.hidden_size ** 0.5 if self._gemma2 or self._gemma4 else
+                             args.hidden_size ** 0.5 if gemma or model_type == "gemma" else
                              args.embedding_multiplier if granite else
                              args.scale_emb if minicpm else None)
         # MiniCPM's multipliers as Granite's, in mlx-lm's arithmetic
@@ -401,7 +410,7 @@ class ModelAdapter:
                                      args.scale_depth / args.num_hidden_layers ** 0.5
                                      if minicpm else None)
         self._logits_scaling = (args.logits_scaling if granite else
-                                1 / args.logit_scale if model_type == "cohere2" else
+                                1 / args.logit_scale if model_type in ("cohere", "cohere2") else
                                 args.hidden_size / args.dim_model_base
                                 if minicpm and not args.tie_word_embeddings else None)
 

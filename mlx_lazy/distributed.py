@@ -123,13 +123,15 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     splits Llama, for the models whose mlx-lm module lacks it (Gemma 3 and the text model of
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
-    StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat):
+    StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, Gemma 1,
+    Command R):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
     norms on the whole hidden state after the all-sums, so they stay whole; so do the
-    embedding and the tied head; StableLM's per-head LayerNorms (one module per head) are
-    split with their heads. (OLMo's q/k norms span all heads: not split this way.)"""
+    embedding and the tied head; StableLM's per-head LayerNorms (one module per head) and
+    Command R+'s (one weight row per head) are split with their heads. (OLMo's q/k norms
+    span all heads: not split this way.)"""
     from mlx.nn.layers.distributed import shard_linear
 
     n = group.size()
@@ -151,6 +153,11 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
                 norms = attn[name].norms
                 share = len(norms) // n
                 attn[name].norms = norms[group.rank() * share:(group.rank() + 1) * share]
+        for name in ("q_norm", "k_norm"):  # Command R+'s LayerNorm2D: a weight row per head
+            norm = attn.get(name)
+            if norm is not None and norm.weight.ndim == 2:
+                share = norm.weight.shape[0] // n
+                norm.weight = norm.weight[group.rank() * share:(group.rank() + 1) * share]
         # c_fc, c_proj: StarCoder2's and nanochat's plain MLP; c_fc_0, c_fc_1: EXAONE 3's
         for name in ("gate_proj", "up_proj", "c_fc", "c_fc_0", "c_fc_1"):
             if name in mlp:
@@ -164,7 +171,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
 SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
-             "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat")}
+             "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat", "gemma",
+             "cohere")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

@@ -30,8 +30,10 @@ a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too). Dense families (:da
 EXAONE 3.5 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k
 norms after RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``:
 per-head q/k LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals
-and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped) and nanochat (``nanochat``:
-weightless norms, soft-capped logits)."""
+and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped), nanochat (``nanochat``:
+weightless norms, soft-capped logits), Gemma 1 (``gemma``: Gemma's norms and scaled
+embeddings, an exact-GELU MLP) and Command R+ (``cohere``: parallel layers, per-head q/k
+LayerNorms, scaled logits)."""
 
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
-         "nanochat")
+         "nanochat", "gemma", "cohere")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -424,6 +426,26 @@ def test_the_tiny_nanochat_is_what_it_claims(family):
     assert (a.n_heads, a.n_kv_heads, a.variant()) == (4, 2, "float32")
     raw = model.lm_head(model.transformer(mx.array(random_prompt(64, a.vocab_size))[None]))
     assert float(mx.abs(raw).max()) > 15 * 1.5
+
+
+def test_the_tiny_gemma_and_cohere_are_what_they_claim(family):
+    """Gemma 1: (1 + w) norms with w random, heads 32 wide (head_dim, not 64 / 4), a tied
+    head, its exact-GELU MLP run as mlx-lm's module (the CPU kernel's tanh GELU differs);
+    Command R+: one random LayerNorm a layer, every layer global with traditional RoPE,
+    per-head q/k LayerNorms (a random weight per head), logits times 0.3, a tied head."""
+    gemma, _ = family("gemma")
+    layer, a = gemma.layers[0], ModelAdapter(gemma)
+    assert float(mx.abs(layer.input_layernorm.weight).max()) > 0.05
+    assert layer.self_attn.head_dim == 32 and layer.self_attn.q_proj.weight.shape == (128, 64)
+    assert a.lm_head is None and a._activations == [None] * 4 and a._embed_scale == 8.0
+    cohere, _ = family("cohere")
+    layer, a = cohere.layers[0], ModelAdapter(cohere)
+    assert "post_attention_layernorm" not in layer and a._parallel
+    assert _random(layer.input_layernorm.weight) and "bias" not in layer.input_layernorm
+    assert sliding_windows(cohere) == [None] * 4 and layer.self_attn.rope.traditional
+    assert layer.self_attn.q_norm.weight.shape == (4, 16) and _random(
+        layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight)
+    assert cohere.args.logit_scale == 0.3 and a.lm_head is None
 
 
 def test_a_tied_minicpm_leaves_its_logits_unscaled(family):

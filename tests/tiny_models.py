@@ -25,7 +25,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
-         "stablelm", "minicpm", "mimo", "nanochat")
+         "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -312,6 +312,14 @@ _KIND_CONFIG = {
     # nanochat: weightless norms, q/k norms after RoPE of negated frequencies, ReLU^2 MLP; its
     # head's weights scaled up so that the soft-cap at 15 bends the logits
     "nanochat": {"architectures": ["NanoChatForCausalLM"]},
+    # Gemma 1: Gemma's (1 + w) norms (random w), embeddings times sqrt(64), an exact-GELU MLP,
+    # heads 32 wide (head_dim, not hidden / heads), a tied head
+    "gemma": {"architectures": ["GemmaForCausalLM"], "head_dim": 32},
+    # Command R+: cohere2's parallel layers on one LayerNorm (no bias, random weights) without
+    # windows, traditional RoPE everywhere, per-head q/k LayerNorms (random), q/k/v/o biases,
+    # logits times 0.3
+    "cohere": {"architectures": ["CohereForCausalLM"], "use_qk_norm": True, "logit_scale": 0.3,
+               "attention_bias": True, "layer_norm_eps": 1e-5},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -377,7 +385,7 @@ _VARIANTS = {
 # kinds whose norms (weights and LayerNorm biases) are random rather than ones and zeros
 _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
-_RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo")
+_RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere")
 
 
 def tiny_config(kind: str) -> dict:
@@ -498,11 +506,12 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             act = layer.mlp.act_fn
             for name in ("alpha_p", "alpha_n", "beta"):
                 setattr(act, name, getattr(act, name) + 0.2 * mx.random.normal(()))
-        if kind.startswith(("gemma2", "gemma3")):  # Gemma's (1 + w) norms: w = 0, the identity
-            for name in ("input_layernorm", "post_attention_layernorm",
+        if kind.startswith(("gemma2", "gemma3")) or kind == "gemma":  # Gemma's (1 + w) norms:
+            for name in ("input_layernorm", "post_attention_layernorm",  # w = 0, the identity
                          "pre_feedforward_layernorm", "post_feedforward_layernorm"):
-                norm = getattr(layer, name)
-                norm.weight = 0.1 * mx.random.normal(norm.weight.shape)
+                norm = getattr(layer, name, None)  # (Gemma 1's: the first two)
+                if norm is not None:
+                    norm.weight = 0.1 * mx.random.normal(norm.weight.shape)
         if kind.startswith("lfm2"):  # ones by default, and both after the block's input
             for name in ("operator_norm", "ffn_norm"):
                 norm = getattr(layer, name)
