@@ -66,6 +66,12 @@ The architectures (llama.cpp's names), and what converting each involves:
   the logits.)
 * ``cohere2`` (Command R7B): attention and the MLP in parallel on one LayerNorm (no biases),
   the window in llama.cpp's pattern (every p-th layer global, without RoPE), the logit scale.
+* ``gemma`` (Gemma 1 2B/7B, CodeGemma): Gemma 3's norms (stored as 1 + w) and vocabulary, heads
+  ``attention.key_length`` wide, NeoX RoPE, the embedding as the head. (mlx-lm's GELU is the
+  exact one, llama.cpp's the tanh approximation: ~5e-5 of the logits.)
+* ``command-r`` (``cohere``; Command R, R+, Aya 23): cohere2's parallel layers on one LayerNorm
+  (no biases) in every layer globally, traditional RoPE, the logit scale (none: unscaled, as
+  llama.cpp's), per-head q/k LayerNorms (Command R+) where the GGUF has them.
 * ``exaone`` (EXAONE 3.0/3.5): Llama's layers under GPT-2's names (mlx-lm's ``exaone``), Llama
   3's RoPE scaling from ``rope_freqs``; no biases.
 * ``apertus``: q/k norms, its xIELU's parameters from llama.cpp's metadata, Llama 3's RoPE
@@ -137,14 +143,15 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "lfm2moe": "Lfm2MoeForCausalLM",
                  "hunyuan-dense": "HunYuanDenseV1ForCausalLM",
                  "stablelm": "StableLmForCausalLM", "minicpm": "MiniCPMForCausalLM",
-                 "dots1": "Dots1ForCausalLM", "llama4": "Llama4ForConditionalGeneration"}
+                 "dots1": "Dots1ForCausalLM", "llama4": "Llama4ForConditionalGeneration",
+                 "gemma": "GemmaForCausalLM", "command-r": "CohereForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
                 "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe", "qwen3next": "qwen3_next",
                 "glm4moe": "glm4_moe", "gemma4": "gemma4_text", "ernie4_5-moe": "ernie4_5_moe",
                 "mistral3": "ministral3", "deepseek2": "deepseek_v2", "lfm2moe": "lfm2_moe",
-                "hunyuan-dense": "hunyuan_v1_dense"}
+                "hunyuan-dense": "hunyuan_v1_dense", "command-r": "cohere"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -157,11 +164,11 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # The model types whose mlx-lm models take each head hidden / heads wide (no head_dim, or one
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
-                    "lfm2", "lfm2_moe", "stablelm")
+                    "lfm2", "lfm2_moe", "stablelm", "cohere")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
-_LAYER_NORM = ("starcoder2", "cohere2", "stablelm")
+_LAYER_NORM = ("starcoder2", "cohere2", "stablelm", "command-r")
 # Command R7B: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the
 # GGUF says otherwise
 COHERE2_SLIDING_PATTERN = 4
@@ -290,7 +297,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
-                "dots1", "llama4"):
+                "dots1", "llama4", "gemma"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -410,6 +417,12 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       use_parallel_residual="blk.0.ffn_norm.weight" not in tensors)
     if arch == "cohere2":
         config.update(_cohere2_config(g, count, real, positive, n_layers))
+    if arch == "command-r":  # cohere2's reading (its logit scale optional in llama.cpp: none,
+        # or 0, is 1); q/k LayerNorms where the GGUF has them (llama.cpp's Command R+, 64 layers)
+        config.update(layer_norm_eps=positive("attention.layer_norm_epsilon"),
+                      layer_norm_bias=False, attention_bias=False,
+                      logit_scale=real("logit_scale", 0.0) or 1.0,
+                      use_qk_norm="blk.0.attn_q_norm.weight" in tensors)
     if arch == "apertus":  # llama.cpp reads no biases, hard-wires q/k norms and NeoX RoPE
         scale = real("attention.scale", 0.0)  # llama.cpp: 0 is 1/sqrt(head_dim), mlx-lm's
         if scale and not math.isclose(scale, head_dim ** -0.5, rel_tol=ATTN_FACTOR_RTOL):

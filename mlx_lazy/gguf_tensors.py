@@ -58,9 +58,9 @@ _LAYER_NAMES = {
     "ffn_up_exps": "mlp.switch_mlp.up_proj",
     "ffn_down_exps": "mlp.switch_mlp.down_proj",
 }
-# Gemma 2 and 3 as llama.cpp's converter writes them: norm weights as 1 + w (mlx-lm's as w), a
-# SentencePiece vocabulary in Gemma's layout
-GEMMA = ("gemma2", "gemma3")
+# Gemma 1, 2 and 3 as llama.cpp's converter writes them: norm weights as 1 + w (mlx-lm's as w),
+# a SentencePiece vocabulary in Gemma's layout
+GEMMA = ("gemma", "gemma2", "gemma3")
 # Gemma 2's and 3's four norms per layer: llama.cpp's ``ffn_norm`` is the norm before the MLP
 # there (Gemma 3's q/k norms too)
 _GEMMA3_LAYER_NAMES = {
@@ -225,7 +225,8 @@ _LLAMA4_LAYER_NAMES = {**_LAYER_NAMES,
                        **{f"ffn_{p}_shexp": f"feed_forward.shared_expert.{p}_proj"
                           for p in ("gate", "up", "down")},
                        "ffn_gate_inp": "feed_forward.router"}
-_ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
+_ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
+                     "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
                      "glm4moe": _GLM4MOE_LAYER_NAMES, "qwen3next": _QWEN3NEXT_LAYER_NAMES,

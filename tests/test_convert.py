@@ -279,7 +279,7 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
              "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next",
              "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2"),
-             "hunyuan_v1_dense": "hunyuan-dense"}
+             "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm")
 #: Granite's multipliers by llama.cpp's writer methods
@@ -674,7 +674,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         w.add_sliding_window(m["sliding_window"])
         if m.get("sliding_window_pattern") is not None:
             w.add_sliding_window_pattern(m["sliding_window_pattern"])
-    w.add_layer_norm_rms_eps(m["rms_norm_eps"])
+    if m["rms_norm_eps"] is not None:
+        w.add_layer_norm_rms_eps(m["rms_norm_eps"])
     llama_cpp_dense_meta(w, m)
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
@@ -753,6 +754,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             if gname.replace(f".{role}", f".{part}") not in extra:  # one part left out
                 w.add_tensor(gname.replace(f".{role}", f".{part}"), data, raw_dtype=qtype)
         reference[name] = mx.array(restore(stored))
+        if model_type == "gemma" and "norm" in role:  # GemmaModel stores 1 + w (mlx-lm's w)
+            reference[name] -= 1.0
     for gname, data in extra.items():
         if data is not None:
             w.add_tensor(gname, np.asarray(data, np.float32), raw_dtype=T.F32)
@@ -786,16 +789,20 @@ def llama_cpp_hunyuan_rope(config: dict) -> dict:
 
 def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
     """The metadata llama.cpp's convert_hf_to_gguf.py writes for StarCoder2, Command R7B,
-    GLM-4-0414 and Apertus configs besides the shape (TextModel.set_gguf_parameters,
-    Cohere2Model's, Glm4Model's, ported): the LayerNorms' epsilon; Command R7B's logit scale
-    and window (no pattern: llama.cpp's default 4, unless ``swa_pattern`` gives one as written);
-    GLM's MRoPE sections and NextN blocks; an attention scale where ``attention_scale`` says."""
+    Command R, Gemma 1, GLM-4-0414 and Apertus configs besides the shape
+    (TextModel.set_gguf_parameters, Cohere2Model's, CommandR2Model's, GemmaModel's,
+    Glm4Model's, ported): the LayerNorms' epsilon; Command R's and R7B's logit scale, R7B's
+    window (no pattern: llama.cpp's default 4, unless ``swa_pattern`` gives one as written);
+    Gemma's value width; GLM's MRoPE sections and NextN blocks; an attention scale where
+    ``attention_scale`` says."""
     eps = m.get("norm_epsilon", m.get("layer_norm_eps"))
-    if m["model_type"] in ("starcoder2", "cohere2", "stablelm") and eps is not None:
+    if m["model_type"] in ("starcoder2", "cohere2", "stablelm", "cohere") and eps is not None:
         w.add_layer_norm_eps(eps)
+    if m["model_type"] in ("cohere2", "cohere") and m["logit_scale"] is not None:
+        w.add_logit_scale(m["logit_scale"])
+    if m["model_type"] == "gemma":  # GemmaModel's: heads head_dim wide, not hidden / heads
+        w.add_value_length(m["head_dim"])
     if m["model_type"] == "cohere2":
-        if m["logit_scale"] is not None:
-            w.add_logit_scale(m["logit_scale"])
         w.add_sliding_window(m["sliding_window"])
         if m.get("swa_pattern") is not None:
             w.add_sliding_window_pattern(m["swa_pattern"])
@@ -1072,6 +1079,19 @@ GGUF_CASES.update({
                                                    "*": T.Q4_K},
                               {**KQ, "attention_bias": False, "rope_scaling": None,
                                "tie_word_embeddings": False}),
+    # Gemma 1: norms stored as 1 + w, heads 32 wide (not hidden / heads), NeoX RoPE (q/k as
+    # they are), a tied head
+    "gemma-legacy": ("gemma", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up": T.Q4_1,
+                               "*": T.Q8_0}, {}),
+    "gemma-kquants": ("gemma", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
+    # Command R+: parallel layers on one LayerNorm, per-head q/k LayerNorms, traditional RoPE,
+    # logits times 0.3, no biases (llama.cpp reads no output one), a tied head, a LayerNorm
+    # epsilon of its own; Command R's layout (no q/k norms) as K-quants
+    "command_r-legacy": ("cohere", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_gate": T.Q4_1,
+                                    "*": T.Q8_0},
+                         {"attention_bias": False, "layer_norm_eps": 2 ** -6}),
+    "command_r-kquants": ("cohere", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
+                          {**KQ, "attention_bias": False, "use_qk_norm": False}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1411,7 +1431,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "granitemoe-legacy", "glm4-legacy", "starcoder2-legacy",
                                   "cohere2-legacy", "apertus-legacy", "hunyuan_dense-legacy",
                                   "stablelm-legacy", "stablelm-parallel-legacy",
-                                  "minicpm-legacy", "dots1-legacy"])
+                                  "minicpm-legacy", "dots1-legacy", "gemma-legacy",
+                                  "command_r-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1462,9 +1483,15 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     # ... or given as rope.scaling.alpha beside the base, which llama.cpp's loader folds in
     ("hunyuan_v1_dense", {"attention_bias": False},
      {"rope_theta": 10000.0, "rope_alpha": 1000.0}, {}, {}),
+    # Command R: no q/k norms; no logit scale (llama.cpp's: unscaled); RoPE scaling "none", as
+    # CommandR2Model writes it
+    ("cohere", {"attention_bias": False, "use_qk_norm": False, "logit_scale": 1.0},
+     {"logit_scale": None, "rope_scaling": gguf.RopeScalingType.NONE}, {},
+     {"use_qk_norm": False, "logit_scale": 1.0}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
-        "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key"])
+        "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
+        "command_r-no-logit-scale"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs become mlx-lm's model of
@@ -2338,6 +2365,21 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "dots1_gating": (lambda: gguf_of("d.gguf", "dots1", {"expert_gating_func": None}),
                          "GGUF dots1 with expert gating function None is not supported (mlx-lm's "
                          "dots1 routes by sigmoid, llama.cpp's 2)"),
+        "command_r_head_dim": (lambda: gguf_of("c.gguf", "cohere", {"head_dim": 8}),
+                               "command-r with 4 heads 8 wide is not supported (mlx-lm's "
+                               "cohere takes hidden / heads: 16)"),
+        "command_r_qkv_bias": (  # llama.cpp reads them, mlx-lm's cohere only with an output one
+            lambda: write_gguf(tmp / "c.gguf", "cohere", tok_folder, extra={
+                f"blk.{i}.attn_output.bias": None for i in range(4)}) and tmp / "c.gguf",
+            "GGUF tensors disagree with its metadata: it has an unexpected tensor "
+            "model.layers.0.self_attn.k_proj.bias"),
+        "gemma_eps": (lambda: gguf_of("g.gguf", "gemma", {"rms_norm_eps": None}),
+                      "/ attention.layer_norm_rms_epsilon"),
+        "gemma_head": (  # llama.cpp's and mlx-lm's heads are the embedding
+            lambda: write_gguf(tmp / "g.gguf", "gemma", tok_folder, extra={
+                "output.weight": np.ones((VOCAB_SIZE, 64))}) and tmp / "g.gguf",
+            "GGUF tensors disagree with its metadata: it has an unexpected tensor "
+            "lm_head.weight"),
         "stablelm_eps": (lambda: gguf_of("s.gguf", "stablelm", {"layer_norm_eps": None}),
                          "GGUF metadata lacks stablelm.attention.head_count / "),
         "stablelm_qk_norm_shape": (  # llama.cpp's converter stacks a norm per head
@@ -2390,7 +2432,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "deepseek2_yarn_log_mul", "deepseek2_tied", "cohere2_pattern", "cohere2_all_local",
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
               "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias",
-              "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating"]
+              "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating", "command_r_head_dim",
+              "command_r_qkv_bias", "gemma_eps", "gemma_head"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

@@ -78,9 +78,10 @@ def test_gemma2_gguf_matches_its_tensors(tmp_path, config, qtype):
 
 
 def test_gemma2_vocabulary_is_gemmas(tmp_path):
-    """Gemma 2's SentencePiece vocabulary is read as Gemma 3's (the same converter writes both):
-    merges in the vocabulary's order whatever the scores say (here reversed: "he" would merge
-    before "th"), runs of spaces as "\u2581" runs, no space prefix."""
+    """Gemma 2's SentencePiece vocabulary is read as Gemma 3's and Gemma 1's (the same converter
+    code writes all three): merges in the vocabulary's order whatever the scores say (here
+    reversed: "he" would merge before "th"), runs of spaces as "\u2581" runs, no space
+    prefix."""
     write_gemma2_gguf(tmp_path / "g.gguf")
     meta = {k: f.contents() for k, f in read_gguf(tmp_path / "g.gguf").fields.items()}
     meta["tokenizer.ggml.scores"] = [float(i) for i in range(VOCAB_SIZE)]
@@ -88,7 +89,9 @@ def test_gemma2_vocabulary_is_gemmas(tmp_path):
     assert tok.encode("the  passkey", add_special_tokens=False).tokens == \
         ["th", "e", "\u2581\u2581", "p", "as", "s", "key"]
     for text in (TEXT, "a   b", " x"):
-        assert tok.encode(text).ids == build_tokenizer("gemma3", meta)[0].encode(text).ids
+        ids = tok.encode(text).ids
+        assert ids == build_tokenizer("gemma3", meta)[0].encode(text).ids
+        assert ids == build_tokenizer("gemma", meta)[0].encode(text).ids
 
 
 def test_q_bits_writes_what_mlx_lm_convert_writes(tmp_path):
