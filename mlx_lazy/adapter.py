@@ -204,7 +204,7 @@ MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
 #: Suffixes that name a variant of a supported type in :func:`supported_types`.
-_VARIANT_SUFFIXES = ("_text", "_moe", "_lite", "3")
+_VARIANT_SUFFIXES = ("_text", "_moe", "_lite")
 
 
 def supported_types() -> str:
