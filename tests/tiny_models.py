@@ -320,7 +320,8 @@ _KIND_CONFIG = {
     # LayerNorms, attention and the MLP in parallel (each its own norm); its MLP 4 x hidden
     "gpt_neox": {"architectures": ["GPTNeoXForCausalLM"], "num_key_value_heads": 4,
                  "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5,
-                 "use_parallel_residual": True, "tie_word_embeddings": False},
+                 "use_parallel_residual": True, "tie_word_embeddings": False,
+                 "intermediate_size": 256},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
