@@ -139,22 +139,31 @@ from .errors import UserInputError, shown
 # cohere (Command R, R+, Aya 23): cohere2's parallel layers on one LayerNorm and its
 # ``logit_scale``, traditional RoPE in every layer, no windows; with ``use_qk_norm`` (R+)
 # per-head q/k LayerNorms (mlx-lm's ``LayerNorm2D``, a weight per head) before RoPE.
+# phi (Phi-1.5, Phi-2): one LayerNorm (with bias) feeding attention and a plain GELU MLP
+# (``fc1``/``fc2``, run as its module) in parallel (:data:`PARALLEL_TYPES`), biases on q/k/v and
+# on the output ``dense``, RoPE over part of each head, ``final_layernorm``, a head with a bias.
+# gpt_neox (Pythia, GPT-NeoX): fused ``query_key_value`` holding each head's q, k and v in turn
+# (split per head, as mlx-lm does), attention at ``block.attention`` with its output ``dense``,
+# RoPE over ``rotary_pct`` of each head, LayerNorms with biases, a plain GELU MLP; with
+# ``use_parallel_residual`` attention and the MLP both on the block's input, each through its
+# own norm; ``embed_in``, ``final_layer_norm`` and the head ``embed_out`` inside ``model``.
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
-                         "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss", "granite", "granitemoe",
-                         "helium", "hunyuan", "hunyuan_v1_dense", "internlm3", "lfm2", "lfm2_moe",
-                         "llama", "llama4", "llama4_text", "mimo", "minicpm", "ministral3",
-                         "mistral", "mistral3", "mixtral", "nanochat", "olmo2", "olmo3", "olmoe",
-                         "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe",
-                         "qwen3_moe", "qwen3_next", "seed_oss", "smollm3", "stablelm", "starcoder2")
+                         "glm4", "glm4_moe", "glm4_moe_lite", "gpt_neox", "gpt_oss", "granite",
+                         "granitemoe", "helium", "hunyuan", "hunyuan_v1_dense", "internlm3",
+                         "lfm2", "lfm2_moe", "llama", "llama4", "llama4_text", "mimo", "minicpm",
+                         "ministral3", "mistral", "mistral3", "mixtral", "nanochat", "olmo2",
+                         "olmo3", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
+                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
+                         "smollm3", "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 GRANITE_TYPES = ("granite", "granitemoe")
-PARALLEL_TYPES = ("cohere2", "cohere")
+PARALLEL_TYPES = ("cohere2", "cohere", "phi")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
 _LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm",
                "o_proj": "out_proj", "q_norm": "q_layernorm", "k_norm": "k_layernorm",
@@ -172,6 +181,9 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                "nanochat": {"q_proj": "c_q", "k_proj": "c_k", "v_proj": "c_v", "o_proj": "c_proj",
                             "embed_tokens": "wte", "norm": "ln_f"},
                "stablelm": {"q_norm": "q_layernorm", "k_norm": "k_layernorm"},
+               "phi": {"o_proj": "dense", "norm": "final_layernorm"},
+               "gpt_neox": {"o_proj": "dense", "embed_tokens": "embed_in",
+                            "norm": "final_layer_norm"},
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES)}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
@@ -198,8 +210,9 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # query_layernorm, key_layernorm}``, ``model.word_embeddings``; hunyuan's ``args.{use_cla,
 # cla_share_factor}``, ``self_attn.key_layernorm``; llama4's ``self_attn.{use_rope, use_qk_norm,
 # attn_temperature_tuning, floor_scale, attn_scale}``, ``args.attention_chunk_size``,
-# ``block.feed_forward``, llama4_text's ``output``): at least the first, below the second. Same as
-# pyproject.toml.
+# ``block.feed_forward``, llama4_text's ``output``; phi's ``self_attn.dense``, ``final_layernorm``;
+# gpt_neox's ``model.{h, embed_in, embed_out, final_layer_norm}``, ``attention.{query_key_value,
+# dense, num_attention_heads}``): at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -252,8 +265,8 @@ def _text_model(model: nn.Module) -> nn.Module:
 
 def _blocks(text: nn.Module) -> List[nn.Module]:
     """The transformer blocks of a text model: ``model.layers``, or ``transformer.h`` (EXAONE
-    3's, nanochat's) through the model's ``layers``."""
-    return text.model.layers if "model" in text else text.layers
+    3's, nanochat's) and GPT-NeoX's ``model.h`` through the model's ``layers``."""
+    return text.model.layers if "model" in text and "layers" in text.model else text.layers
 
 
 def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
@@ -337,7 +350,11 @@ class ModelAdapter:
         self._gemma4 = model_type in GEMMA4_TYPES
         self._post_norms = model_type in POST_NORM_TYPES
         self._parallel = model_type in PARALLEL_TYPES or (
-            model_type == "stablelm" and self.text.args.use_parallel_residual)
+            model_type in ("stablelm", "gpt_neox") and self.text.args.use_parallel_residual)
+        # the norm a parallel block's MLP takes: attention's, but GPT-NeoX's own
+        self._parallel_norm = ("post_attention_layernorm" if model_type == "gpt_neox"
+                               else "input_layernorm")
+        self._qkv_by_head = model_type == "gpt_neox"  # its fused q, k, v: head by head
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
         self.inner = self.text.transformer if "transformer" in self.text else self.text.model
         self._names = _PART_NAMES.get(model_type, {})
@@ -365,12 +382,15 @@ class ModelAdapter:
                             or attn.num_attention_heads)  # mixtral: num_heads
             self.n_kv_heads = (getattr(attn, "n_kv_heads", None)
                                or getattr(attn, "num_kv_heads", None)  # nanochat
-                               or attn.num_key_value_heads)
+                               or getattr(attn, "num_key_value_heads", None)
+                               or self.n_heads)  # gpt_neox: no grouped heads
         self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
                              or attn.head_dim ** -0.5)  # stablelm: 1/sqrt(head_dim)
         self.lm_head = getattr(self.text, "lm_head", None)
         if model_type == "llama4_text" and not self.text.args.tie_word_embeddings:
             self.lm_head = self.text.output
+        if model_type == "gpt_neox":
+            self.lm_head = self.inner.embed_out
         if model_type == "helium" and self.text.args.tie_word_embeddings:
             self.lm_head = None  # mlx-lm builds one but uses the embedding
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
@@ -574,7 +594,9 @@ class ModelAdapter:
         if self._mla:
             return (*self._latent_qkv(attn, x, n, positions), None)
         fused = getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
-        if fused is not None:  # phi3, bailing_moe: one projection, split as mlx-lm does
+        if fused is not None and self._qkv_by_head:  # gpt_neox: each head's q, k, v in turn
+            q, k, v = mx.split(fused(x).reshape(1, x.shape[1], self.n_heads, -1), 3, axis=-1)
+        elif fused is not None:  # phi3, bailing_moe: one projection, split as mlx-lm does
             qkv = fused(x)
             q_end = self.n_heads * attn.head_dim
             q, k, v = mx.split(qkv, [q_end, q_end + self.n_kv_heads * attn.head_dim], axis=-1)
@@ -732,8 +754,8 @@ class ModelAdapter:
         elif self._sandwich:  # glm4
             h = h + block.post_self_attn_layernorm(r)
             h = h + block.post_mlp_layernorm(self._mlp(layer, block.post_attention_layernorm(h)))
-        elif self._parallel:  # attention and the MLP both on the one norm of the input
-            h = r + self._mlp(layer, block.input_layernorm(h)) + h
+        elif self._parallel:  # attention and the MLP both on the input (one norm, or two)
+            h = r + self._mlp(layer, self._part(block, self._parallel_norm)(h)) + h
         elif self._residual_multiplier is not None:  # granite
             h = h + r * self._residual_multiplier
             h = h + self._mlp(layer, block.post_attention_layernorm(h)) * self._residual_multiplier

@@ -82,6 +82,13 @@ The architectures (llama.cpp's names), and what converting each involves:
 * ``stablelm`` (StableLM 2 1.6B/12B, StableLM 3B): LayerNorms with biases, partial NeoX RoPE,
   q/k/v biases, the 12B's per-head q/k LayerNorms (llama.cpp's stacks split) and parallel
   residual, each where the tensors have them (as llama.cpp decides).
+* ``phi2`` (Phi-1.5, Phi-2; mlx-lm's ``phi``): attention and a GELU MLP in parallel on one
+  LayerNorm, biases everywhere (the head's too), partial NeoX RoPE; a fused ``attn_qkv`` (older
+  conversions) cut into q, k and v.
+* ``gptneox`` (Pythia, GPT-NeoX; ``gpt_neox``): ``attn_qkv`` (q, k, v rows, as llama.cpp's
+  converter reorders them) put back in each head's q, k, v order, partial NeoX RoPE,
+  LayerNorms with biases, the parallel residual or not (``use_parallel_residual``); grouped
+  key/value heads and an MLP other than 4 x hidden refused (mlx-lm's model has neither).
 * ``minicpm`` (MiniCPM 1B/2B): q/k un-permuted, its embedding, residual and logit scales
   (llama.cpp's defaults where the GGUF has none), the logits scaled through a head of its own
   where the GGUF ties it.
@@ -144,14 +151,16 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "hunyuan-dense": "HunYuanDenseV1ForCausalLM",
                  "stablelm": "StableLmForCausalLM", "minicpm": "MiniCPMForCausalLM",
                  "dots1": "Dots1ForCausalLM", "llama4": "Llama4ForConditionalGeneration",
-                 "gemma": "GemmaForCausalLM", "command-r": "CohereForCausalLM"}
+                 "gemma": "GemmaForCausalLM", "command-r": "CohereForCausalLM",
+                                  "phi2": "PhiForCausalLM", "gptneox": "GPTNeoXForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
                 "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe", "qwen3next": "qwen3_next",
                 "glm4moe": "glm4_moe", "gemma4": "gemma4_text", "ernie4_5-moe": "ernie4_5_moe",
                 "mistral3": "ministral3", "deepseek2": "deepseek_v2", "lfm2moe": "lfm2_moe",
-                "hunyuan-dense": "hunyuan_v1_dense", "command-r": "cohere"}
+                "hunyuan-dense": "hunyuan_v1_dense", "command-r": "cohere",
+                "phi2": "phi", "gptneox": "gpt_neox"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -164,11 +173,11 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # The model types whose mlx-lm models take each head hidden / heads wide (no head_dim, or one
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
-                    "lfm2", "lfm2_moe", "stablelm", "cohere")
+                    "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
-_LAYER_NORM = ("starcoder2", "cohere2", "stablelm", "command-r")
+_LAYER_NORM = ("starcoder2", "cohere2", "stablelm", "command-r", "phi2", "gptneox")
 # Command R7B: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the
 # GGUF says otherwise
 COHERE2_SLIDING_PATTERN = 4
@@ -218,7 +227,7 @@ EXAONE4_32B_PERIOD = 4
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
-_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm")
+_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -304,6 +313,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required += ("shortconv.l_cache",)
     if arch in _LAYER_NORM:
         required += ("attention.layer_norm_epsilon",)
+    if arch == "gptneox":  # llama.cpp requires it too
+        required += ("use_parallel_residual",)
     if any(g(k) is None for k in required):
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
@@ -415,6 +426,12 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       partial_rotary_factor=rotary, use_qkv_bias="blk.0.attn_q.bias" in tensors,
                       qk_layernorm="blk.0.attn_q_norm.weight" in tensors,
                       use_parallel_residual="blk.0.ffn_norm.weight" not in tensors)
+    if arch == "phi2":  # LayerNorms with biases, biases everywhere, a GELU MLP: hard-wired
+        config.update(layer_norm_eps=positive("attention.layer_norm_epsilon"),
+                      partial_rotary_factor=rotary)
+    if arch == "gptneox":
+        config.update(_gptneox_config(g, count, positive, n_heads, n_kv, hidden, rotary,
+                                      config["rope_theta"]))
     if arch == "cohere2":
         config.update(_cohere2_config(g, count, real, positive, n_layers))
     if arch == "command-r":  # cohere2's reading (its logit scale optional in llama.cpp: none,
@@ -570,6 +587,25 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if bos is not None:
         config["bos_token_id"] = int(bos)
     return config
+
+
+def _gptneox_config(g: Any, count: Any, positive: Any, n_heads: int, n_kv: int, hidden: int,
+                    rotary: float | None, base: float) -> dict:
+    """mlx-lm's gpt_neox settings of a gptneox GGUF: its LayerNorms' epsilon, RoPE over
+    ``rotary_pct`` of each head, the parallel residual llama.cpp reads; grouped key/value
+    heads and an MLP other than 4 x hidden (both hard-wired in mlx-lm's model) refused."""
+    parallel = g("use_parallel_residual")
+    if not isinstance(parallel, (bool, np.bool_)):
+        raise UserInputError(f"GGUF metadata gptneox.use_parallel_residual must be true or "
+                             f"false, got {shown(parallel, 40)}")
+    if n_kv != n_heads:
+        raise UserInputError(f"GGUF gptneox with {n_kv} key/value heads to {n_heads} query heads "
+                             "is not supported (mlx-lm's gpt_neox has one per query head)")
+    if count("feed_forward_length") != 4 * hidden:
+        raise UserInputError(f"GGUF gptneox with an MLP {g('feed_forward_length')} wide is not "
+                             f"supported (mlx-lm's gpt_neox's is 4 x hidden: {4 * hidden})")
+    return {"layer_norm_eps": positive("attention.layer_norm_epsilon"), "rotary_pct": rotary,
+            "rotary_emb_base": base, "use_parallel_residual": bool(parallel)}
 
 
 def _check_heads_of_hidden(arch: str, model_type: str, heads: int, head_dim: int,

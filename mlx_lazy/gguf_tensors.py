@@ -225,6 +225,15 @@ _LLAMA4_LAYER_NAMES = {**_LAYER_NAMES,
                        **{f"ffn_{p}_shexp": f"feed_forward.shared_expert.{p}_proj"
                           for p in ("gate", "up", "down")},
                        "ffn_gate_inp": "feed_forward.router"}
+# Phi-2: its output projection, plain MLP (fc1, fc2), q/k/v as three (phi2_tensors cuts a fused
+# attn_qkv)
+_PHI2_LAYER_NAMES = {**_LAYER_NAMES, "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1",
+                     "ffn_down": "mlp.fc2"}
+# GPT-NeoX: attention at ``attention``, its fused q/k/v (gptneox_tensors reorders its rows), a
+# plain MLP
+_GPTNEOX_LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                        "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense",
+                        "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
@@ -241,6 +250,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "lfm2": _LFM2_LAYER_NAMES, "lfm2moe": _LFM2MOE_LAYER_NAMES,
                      "hunyuan-dense": _HUNYUAN_LAYER_NAMES, "stablelm": _STABLELM_LAYER_NAMES,
                      "dots1": _DOTS1_LAYER_NAMES, "llama4": _LLAMA4_LAYER_NAMES,
+                     "phi2": _PHI2_LAYER_NAMES, "gptneox": _GPTNEOX_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -260,6 +270,11 @@ _ARCH_LAYOUT = {"exaone": ("transformer.h", {"token_embd": "transformer.wte",
                     "token_embd": "language_model.model.embed_tokens",
                     "output_norm": "language_model.model.norm",
                     "output": "language_model.lm_head"}),
+                # Phi-2's final norm; GPT-NeoX's layers at model.h, its head inside model
+                "phi2": ("model.layers", {**_TOP_NAMES, "output_norm": "model.final_layernorm"}),
+                "gptneox": ("model.h", {"token_embd": "model.embed_in",
+                                        "output_norm": "model.final_layer_norm",
+                                        "output": "model.embed_out"}),
                 **dict.fromkeys(("lfm2", "lfm2moe"), (
                     "model.layers", {"token_embd": "model.embed_tokens",
                                      "token_embd_norm": "model.embedding_norm"}))}
@@ -624,13 +639,61 @@ def dots1_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def _reordered_rows(t: Any, name: str, order: np.ndarray) -> _Part:
+    """The GGUF tensor ``t`` (a matrix or a bias) as ``name``, holding its rows in ``order``:
+    raw blocks moved whole (each row holds whole blocks), so quantized ones stay so."""
+    return _Part(name, t.tensor_type, np.array([*t.shape.tolist()[:-1], len(order)]),
+                 _rows([t], order, dequantize=False))
+
+
+def phi2_tensors(tensors: dict, config: dict) -> dict:
+    """A Phi-2 GGUF's tensors with a fused ``attn_qkv`` (weight, bias: every q row, then k, then
+    v, as older conversions and llama.cpp's loader take them) cut into mlx-lm's phi's q, k and
+    v projections."""
+    q = config["num_attention_heads"] * config["head_dim"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    out = {}
+    for name, t in tensors.items():
+        if ".attn_qkv." not in name:
+            out[name] = t
+            continue
+        if _shape(t)[0] != q + 2 * kv:
+            raise UserInputError(f"GGUF {name} has shape {_shape(t)}, not q, k and v rows "
+                                 f"({q} + {kv} + {kv})")
+        for part, rows in zip("qkv", (np.arange(q), np.arange(q, q + kv),
+                                      np.arange(q + kv, q + 2 * kv))):
+            split = name.replace(".attn_qkv.", f".attn_{part}.")
+            if split in tensors:
+                raise UserInputError(f"GGUF has both {name} and {split}")
+            out[split] = _reordered_rows(t, split, rows)
+    return out
+
+
+def gptneox_tensors(tensors: dict, config: dict) -> dict:
+    """A GPT-NeoX GGUF's tensors with ``attn_qkv``'s rows (weight, bias), which llama.cpp's
+    converter reordered to every head's q, then k, then v, back in the checkpoint's order that
+    mlx-lm's gpt_neox splits: each head's q, k and v rows in turn."""
+    heads, width = config["num_attention_heads"], config["hidden_size"]
+    head = width // heads
+    order = (np.arange(3)[None, :, None] * width + np.arange(heads)[:, None, None] * head
+             + np.arange(head)[None, None, :]).ravel()
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if ".attn_qkv." in name:
+            if _shape(t)[0] != len(order):
+                raise UserInputError(f"GGUF {name} has shape {_shape(t)}, not q, k and v rows "
+                                     f"(3 x {width})")
+            out[name] = _reordered_rows(t, name, order)
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
-             "llama4": glm4_tensors}
+             "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -273,13 +273,21 @@ GGUF_KIND_LAYER_NAMES.update({
     "exaone": {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.attention.q_proj": "attn_q",
                "attn.attention.k_proj": "attn_k", "attn.attention.v_proj": "attn_v",
                "attn.attention.out_proj": "attn_output", "mlp.c_fc_0": "ffn_gate",
-               "mlp.c_fc_1": "ffn_up", "mlp.c_proj": "ffn_down"}})
+               "mlp.c_fc_1": "ffn_up", "mlp.c_proj": "ffn_down"},
+    # Phi-2's output projection and plain MLP; GPT-NeoX's fused q/k/v (llama_cpp_gptneox) and
+    # names (its top tensors': GGUF_TOP_NAMES)
+    "phi": {**GGUF_LAYER_NAMES, "self_attn.dense": "attn_output", "mlp.fc1": "ffn_up",
+            "mlp.fc2": "ffn_down"},
+    "gpt_neox": {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                 "attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
+                 "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}})
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
              "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next",
              "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2"),
-             "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r"}
+             "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r",
+             "phi": "phi2", "gpt_neox": "gptneox"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm")
 #: Granite's multipliers by llama.cpp's writer methods
@@ -294,7 +302,9 @@ MINISTRAL3_KEYS = {"yarn_beta_fast": "add_rope_scaling_yarn_beta_fast",
                    "temperature_scale": "add_attn_temperature_scale"}
 GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
                   "lm_head": "output", "transformer.wte": "token_embd",
-                  "transformer.ln_f": "output_norm"}
+                  "transformer.ln_f": "output_norm", "model.final_layernorm": "output_norm",
+                  "model.embed_in": "token_embd", "model.final_layer_norm": "output_norm",
+                  "model.embed_out": "output"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 
 
@@ -504,6 +514,19 @@ def llama_cpp_deepseek2(role: str, x: np.ndarray, config: dict) -> tuple[dict, C
                                            stored["attn_v_b"]], axis=1).reshape(x.shape))
 
 
+def llama_cpp_gptneox(role: str, x: np.ndarray, config: dict) -> tuple[dict, Callable]:
+    """What llama.cpp's converter (GPTNeoXModel.modify_tensors, ported) writes of a tensor:
+    query_key_value's rows (weight, bias) from each head's q, k, v in turn to every head's q,
+    then k, then v; and what the stored tensor restores them to."""
+    if role != "attn_qkv":
+        return {role: x}, lambda stored: stored[role]
+    heads = config["num_attention_heads"]
+    return ({role: np.ascontiguousarray(x.reshape(heads, 3, -1, *x.shape[1:]).swapaxes(0, 1)
+                                        .reshape(x.shape))},
+            lambda stored: stored[role].reshape(3, heads, -1, *x.shape[1:]).swapaxes(0, 1)
+            .reshape(x.shape))
+
+
 def v_tiled(n_k: int, n_v: int, width: int) -> np.ndarray:
     """The order llama.cpp's converter (_LinearAttentionVReorderBase._reorder_v_heads) gives
     ``n_v`` value heads of ``width`` rows grouped by key head: tiled, all key heads' first
@@ -639,7 +662,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                                                  + config["v_head_dim"]), config["kv_lora_rank"])
 
     w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(model_type, model_type))
-    add_shape(w, m, key_length=model_type not in ("phi3", "granite", *DEEPSEEK2_KINDS),
+    add_shape(w, m, key_length=model_type not in ("phi3", "granite", *DEEPSEEK2_KINDS, "phi",
+                                                  "gpt_neox"),
               ff_length=model_type != "qwen3_5_moe")
     if deepseek2:
         llama_cpp_deepseek2_meta(w, m)
@@ -654,8 +678,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if m.get("moe_intermediate_size", m["intermediate_size"]) is not None:
             w.add_expert_feed_forward_length(m.get("moe_intermediate_size",
                                                    m["intermediate_size"]))
-    w.add_rope_dimension_count(m.get("qk_rope_head_dim")
-                               or int(m["head_dim"] * m.get("partial_rotary_factor", 1.0)))
+    w.add_rope_dimension_count(m.get("qk_rope_head_dim") or int(
+        m["head_dim"] * m.get("partial_rotary_factor", m.get("rotary_pct", 1.0))))
     w.add_rope_freq_base(m["rope_theta"])
     if m.get("original_max_position_embeddings") is not None:
         w.add_rope_scaling_orig_ctx_len(m["original_max_position_embeddings"])
@@ -740,6 +764,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             tensors, restore = llama_cpp_qwen3next(role, x, config)
         if deepseek2:
             tensors, restore = llama_cpp_deepseek2(role, x, config)
+        if model_type == "gpt_neox":
+            tensors, restore = llama_cpp_gptneox(role, x, config)
         stored = {}
         for part, y in tensors.items():
             qtype = types.get(part, types.get("*", T.F32)) if matrix else T.F32
@@ -796,12 +822,15 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
     Gemma's value width; GLM's MRoPE sections and NextN blocks; an attention scale where
     ``attention_scale`` says."""
     eps = m.get("norm_epsilon", m.get("layer_norm_eps"))
-    if m["model_type"] in ("starcoder2", "cohere2", "stablelm", "cohere") and eps is not None:
+    if m["model_type"] in ("starcoder2", "cohere2", "stablelm", "cohere", "phi",
+                              "gpt_neox") and eps is not None:
         w.add_layer_norm_eps(eps)
     if m["model_type"] in ("cohere2", "cohere") and m["logit_scale"] is not None:
         w.add_logit_scale(m["logit_scale"])
     if m["model_type"] == "gemma":  # GemmaModel's: heads head_dim wide, not hidden / heads
         w.add_value_length(m["head_dim"])
+    if m["model_type"] == "gpt_neox" and m["use_parallel_residual"] is not None:
+        w.add_parallel_residual(m["use_parallel_residual"])
     if m["model_type"] == "cohere2":
         w.add_sliding_window(m["sliding_window"])
         if m.get("swa_pattern") is not None:
@@ -1092,6 +1121,18 @@ GGUF_CASES.update({
                          {"attention_bias": False, "layer_norm_eps": 2 ** -6}),
     "command_r-kquants": ("cohere", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
                           {**KQ, "attention_bias": False, "use_qk_norm": False}),
+    # Phi-2: one LayerNorm for attention and the MLP in parallel, biases everywhere (the
+    # head's), NeoX RoPE over 6 of 16 dims (q/k as they are)
+    "phi2-legacy": ("phi", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up": T.Q4_1,
+                            "output": T.F16, "*": T.Q8_0}, {"layer_norm_eps": 2 ** -6}),
+    "phi2-kquants": ("phi", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
+                     {**KQ, "partial_rotary_factor": 0.5}),
+    # GPT-NeoX: attn_qkv's rows every head's q, k, v (kept quantized, reordered whole), NeoX
+    # RoPE over a quarter of each head, LayerNorms; parallel, or one branch after the other
+    "gptneox-legacy": ("gpt_neox", {"attn_qkv": T.Q4_0, "ffn_down": T.Q4_1, "*": T.Q8_0}, {}),
+    "gptneox-sequential-kquants": ("gpt_neox-sequential", {"attn_qkv": T.Q5_K, "ffn_up": T.Q6_K,
+                                                           "*": T.Q4_K},
+                                   {**KQ, "intermediate_size": 1024}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1432,7 +1473,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "cohere2-legacy", "apertus-legacy", "hunyuan_dense-legacy",
                                   "stablelm-legacy", "stablelm-parallel-legacy",
                                   "minicpm-legacy", "dots1-legacy", "gemma-legacy",
-                                  "command_r-legacy"])
+                                  "command_r-legacy", "phi2-legacy", "gptneox-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1477,6 +1518,11 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
      {"tie_word_embeddings": False, "dim_model_base": 16}),
     ("minicpm", {}, {"scale_emb": None, "scale_depth": None, "dim_model_base": None}, {},
      {"scale_emb": 12.0, "dim_model_base": 16}),
+    # Phi-2's epsilon and partial RoPE; GPT-NeoX's, its residual one branch after the other
+    ("phi", {"layer_norm_eps": 2 ** -6}, {}, {},
+     {"layer_norm_eps": 2 ** -6, "partial_rotary_factor": 0.375}),
+    ("gpt_neox", {"layer_norm_eps": 2 ** -6, "use_parallel_residual": False}, {}, {},
+     {"layer_norm_eps": 2 ** -6, "rotary_pct": 0.25, "use_parallel_residual": False}),
     # Hunyuan dense's NTK-alpha RoPE (alpha 1000), which llama.cpp's converter folds into the base
     ("hunyuan_v1_dense", {"attention_bias": False}, {}, {},
      {"use_qk_norm": True, "attention_bias": False}),
@@ -1491,7 +1537,7 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
         "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
-        "command_r-no-logit-scale"])
+        "command_r-no-logit-scale", "phi2", "gptneox-sequential"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs become mlx-lm's model of
@@ -1511,6 +1557,25 @@ def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_m
     assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
     prompt = random_prompt(300, VOCAB_SIZE)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
+
+
+def test_phi2_fused_qkv_from_gguf(tiny_model_dir, tmp_path):
+    """An older Phi-2 GGUF's fused attn_qkv (weight and bias: q rows, k rows, v rows, as
+    llama.cpp's loader reads them) is cut into mlx-lm's phi's q, k and v projections."""
+    _, separate = write_gguf(tmp_path / "s.gguf", "phi", tiny_model_dir("phi"))
+    names = [f"model.layers.{i}.self_attn.{p}_proj.{suffix}" for i in range(4) for p in "qkv"
+             for suffix in ("weight", "bias")]
+    fused = {f"blk.{i}.attn_{p}.{suffix}": None for i in range(4) for p in "qkv"
+             for suffix in ("weight", "bias")}
+    fused.update({f"blk.{i}.attn_qkv.{suffix}": np.concatenate([np.array(separate[
+        f"model.layers.{i}.self_attn.{p}_proj.{suffix}"]) for p in "qkv"])
+        for i in range(4) for suffix in ("weight", "bias")})
+    config, reference = write_gguf(tmp_path / "f.gguf", "phi", tiny_model_dir("phi"),
+                                   extra=fused)
+    reference.update({name: separate[name] for name in names})
+    model, _ = mlx_lm.load(str(convert(tmp_path / "f.gguf", tmp_path / "out", dtype="float32")))
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model("phi", config, reference)(x)) < 1e-5
 
 
 #: EXAONE 3.5 (no tiny kind of its own: the tiny Llama's shape under mlx-lm's exaone), its
@@ -2386,6 +2451,29 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             lambda: write_gguf(tmp / "s.gguf", "stablelm-parallel", tok_folder, extra={
                 "blk.0.attn_q_norm.weight": np.ones(64)}) and tmp / "s.gguf",
             "GGUF blk.0.attn_q_norm.weight has shape (64,), not (heads, head_dim)"),
+        # mlx-lm's gpt_neox: no grouped heads, an MLP 4 x hidden; llama.cpp requires the key
+        "gptneox_gqa": (lambda: gguf_of("n.gguf", "gpt_neox", {"num_key_value_heads": 2}),
+                        "GGUF gptneox with 2 key/value heads to 4 query heads is not supported"),
+        "gptneox_mlp_width": (lambda: gguf_of("n.gguf", "gpt_neox", {"intermediate_size": 128}),
+                              "GGUF gptneox with an MLP 128 wide is not supported"),
+        "gptneox_parallel_residual": (
+            lambda: gguf_of("n.gguf", "gpt_neox", {"use_parallel_residual": None}),
+            "/ attention.layer_norm_epsilon / use_parallel_residual"),
+        "gptneox_parallel_residual_type": (
+            lambda: write_gguf(tmp / "n.gguf", "gpt_neox", tok_folder,
+                               meta={"use_parallel_residual": None}, vocab=lambda w: (
+                                   add_bpe_vocab(w, tok_folder),
+                                   w.add_uint32("gptneox.use_parallel_residual", 1)))
+            and tmp / "n.gguf",
+            "GGUF metadata gptneox.use_parallel_residual must be true or false, got 1"),
+        "gptneox_qkv_rows": (
+            lambda: write_gguf(tmp / "n.gguf", "gpt_neox", tok_folder, extra={
+                "blk.0.attn_qkv.weight": np.ones((96, 64))}) and tmp / "n.gguf",
+            "GGUF blk.0.attn_qkv.weight has shape (96, 64), not q, k and v rows (3 x 64)"),
+        "phi2_qkv_twice": (
+            lambda: write_gguf(tmp / "p.gguf", "phi", tok_folder, extra={
+                "blk.0.attn_qkv.weight": np.ones((128, 64))}) and tmp / "p.gguf",
+            "GGUF has both blk.0.attn_qkv.weight and blk.0.attn_q.weight"),
         "apertus_xielu": (lambda: gguf_of("a.gguf", "apertus", {"xielu_beta": None}),
                           "GGUF metadata xielu.beta must be a number or one per layer (4), got "
                           "None"),
@@ -2433,7 +2521,9 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
               "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias",
               "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating", "command_r_head_dim",
-              "command_r_qkv_bias", "gemma_eps", "gemma_head"]
+              "command_r_qkv_bias", "gemma_eps", "gemma_head", "gptneox_gqa", "gptneox_mlp_width",
+              "gptneox_parallel_residual", "gptneox_parallel_residual_type", "gptneox_qkv_rows",
+              "phi2_qkv_twice"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

@@ -387,7 +387,8 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
                                   "exaone4", "glm4_moe", "seed_oss", "ernie4_5", "deepseek_v3",
                                   "glm4_moe_lite", "deepseek_v2", "gemma2", "cohere2", "helium",
                                   "internlm3", "starcoder2", "hunyuan_v1_dense", "minicpm", "mimo",
-                                  "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere"])
+                                  "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
+    "phi", "gpt_neox"])
 def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`;
     Gemma 2's soft-cap acts on each head's logits, whole on its rank; Command R7B's parallel
@@ -395,7 +396,8 @@ def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     norms after RoPE whole on each rank, MiniCPM's heads named num_heads, its multipliers,
     EXAONE 3's and nanochat's projections named otherwise, StableLM's per-head q/k
     LayerNorms split with their heads and its parallel branches, Gemma 1's heads wider than
-    hidden / heads, Command R+'s per-head q/k LayerNorm weights split with their heads),
+    hidden / heads, Command R+'s per-head q/k LayerNorm weights split with their heads,
+    Phi-2's and GPT-NeoX's parallel branches, GPT-NeoX's fused q/k/v split by head),
     gpt-oss (mlx-lm's shard, its sinks split by head), GLM-4.5 (mlx-lm's shard: its MoE
     blocks sum their ranks' shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2
     (mlx-lm's shard: each rank its heads' queries, embed_q and unembed_out or kv_b_proj, the

@@ -32,8 +32,10 @@ norms after RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablel
 per-head q/k LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals
 and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped), nanochat (``nanochat``:
 weightless norms, soft-capped logits), Gemma 1 (``gemma``: Gemma's norms and scaled
-embeddings, an exact-GELU MLP) and Command R+ (``cohere``: parallel layers, per-head q/k
-LayerNorms, scaled logits)."""
+embeddings, an exact-GELU MLP), Command R+ (``cohere``: parallel layers, per-head q/k
+LayerNorms, scaled logits), Phi-2 (``phi``: parallel attention and MLP on one LayerNorm,
+partial RoPE, biases) and GPT-NeoX (``gpt_neox``: fused per-head q/k/v, parallel attention
+and MLP each on its own LayerNorm; ``gpt_neox-sequential``: one after the other)."""
 
 from __future__ import annotations
 
@@ -61,13 +63,13 @@ MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
-         "nanochat", "gemma", "cohere")
+         "nanochat", "gemma", "cohere", "phi", "gpt_neox")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
             "gemma4_text-e2b", "gemma4", *MLA, "gemma2", "glm4", "starcoder2", "cohere2",
-            "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE)
+            "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE, "gpt_neox-sequential")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -446,6 +448,25 @@ def test_the_tiny_gemma_and_cohere_are_what_they_claim(family):
     assert layer.self_attn.q_norm.weight.shape == (4, 16) and _random(
         layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight)
     assert cohere.args.logit_scale == 0.3 and a.lm_head is None
+
+
+def test_the_tiny_phi_and_gpt_neox_are_what_they_claim(family):
+    """Phi-2: one random LayerNorm per layer, RoPE over 6 of 16 head dims, grouped heads, a
+    head with a bias; GPT-NeoX: one fused q/k/v (3 x 4 heads x 16), RoPE over 4 dims, two
+    random LayerNorms per layer (parallel, or one after the other), its head ``embed_out``."""
+    phi, _ = family("phi")
+    layer, a = phi.layers[0], ModelAdapter(phi)
+    assert a._parallel and "post_attention_layernorm" not in layer
+    assert layer.self_attn.rope.dims == 6 and a.n_kv_heads == 2 and a.n_heads == 4
+    assert _random(layer.input_layernorm.weight, a._final_norm.weight)
+    assert a.lm_head is phi.lm_head and float(mx.abs(phi.lm_head.bias).sum()) > 0
+    for kind, parallel in (("gpt_neox", True), ("gpt_neox-sequential", False)):
+        neox, _ = family(kind)
+        layer, a = neox.layers[0], ModelAdapter(neox)
+        assert layer.attention.query_key_value.weight.shape == (3 * 64, 64)
+        assert layer.attention.rope.dims == 4 and a.n_kv_heads == a.n_heads == 4
+        assert a._parallel == parallel and a.lm_head is neox.model.embed_out
+        assert _random(layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
 
 
 def test_a_tied_minicpm_leaves_its_logits_unscaled(family):

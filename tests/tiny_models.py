@@ -25,7 +25,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
-         "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere")
+         "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -320,6 +320,16 @@ _KIND_CONFIG = {
     # logits times 0.3
     "cohere": {"architectures": ["CohereForCausalLM"], "use_qk_norm": True, "logit_scale": 0.3,
                "attention_bias": True, "layer_norm_eps": 1e-5},
+    # Phi-2: q/k/v, dense, fc1/fc2 and head biases, RoPE over 6 of 16 head dims (0.4), one
+    # random LayerNorm per layer; grouped heads (2 key/value heads) as mlx-lm allows
+    "phi": {"architectures": ["PhiForCausalLM"], "partial_rotary_factor": 0.4,
+            "layer_norm_eps": 1e-5},
+    # Pythia: fused per-head query_key_value, RoPE over a quarter of each head, random
+    # LayerNorms, attention and the MLP in parallel (each its own norm); its MLP 4 x hidden
+    "gpt_neox": {"architectures": ["GPTNeoXForCausalLM"], "num_key_value_heads": 4,
+                 "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5,
+                 "use_parallel_residual": True, "tie_word_embeddings": False,
+                 "intermediate_size": 256},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -332,7 +342,8 @@ _KIND_CONFIG = {
 #: ``qwen3_5-moe``, Qwen3.5's MoE layout (``qwen3_5_moe``): 2 of 4 experts and a shared one;
 #: ``qwen3_5-deep``, 16 layers (attention in 3, 7, 11, 15); ``qwen3_5-last``, 4 layers, only
 #: the last attending; ``stablelm-parallel``, StableLM 2 12B's layout: per-head q/k
-#: LayerNorms, attention and the MLP in parallel on one norm.
+#: LayerNorms, attention and the MLP in parallel on one norm; ``gpt_neox-sequential``, GPT-NeoX
+#: with attention, then the MLP (``use_parallel_residual`` false).
 _VARIANTS = {
     # The MLA kinds as the conversion tests write them in llama.cpp's deepseek2 GGUF, which holds
     # one YaRN log multiplier (mscale = mscale_all_dim) and no renormalised softmax routing:
@@ -375,6 +386,7 @@ _VARIANTS = {
         "sliding_window": 24,
         "layer_types": ["sliding_attention", "full_attention"] * 2}),
     "stablelm-parallel": ("stablelm", {"use_parallel_residual": True, "qk_layernorm": True}),
+    "gpt_neox-sequential": ("gpt_neox", {"use_parallel_residual": False}),
     "phi3-longrope": ("phi3", {
         "partial_rotary_factor": 0.75, "original_max_position_embeddings": 1024,
         "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6,
@@ -385,7 +397,8 @@ _VARIANTS = {
 # kinds whose norms (weights and LayerNorm biases) are random rather than ones and zeros
 _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
-_RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere")
+_RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
+                        "phi", "gpt_neox")
 
 
 def tiny_config(kind: str) -> dict:
