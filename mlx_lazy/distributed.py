@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import ModelAdapter, attention_module, recurrent_layers
+from .adapter import ModelAdapter, attention_module, feed_forward, recurrent_layers
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -97,7 +97,8 @@ def shard(model: nn.Module, group: Group) -> None:
     args = adapter.text.args  # gemma3: its text model's
     sizes = {"attention heads": args.num_attention_heads,
              "key/value heads": args.num_key_value_heads,
-             "MLP width": args.intermediate_size}
+             # Qwen 1's MLP is half its intermediate_size wide
+             "MLP width": args.intermediate_size // (2 if model.model_type == "qwen" else 1)}
     if getattr(args, "moe_intermediate_size", None):
         sizes["expert MLP width"] = args.moe_intermediate_size
     for what, size in sizes.items():
@@ -123,27 +124,33 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     splits Llama, for the models whose mlx-lm module lacks it (Gemma 3 and the text model of
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
-    StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat):
+    StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, InternLM2, Qwen 1):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
     norms on the whole hidden state after the all-sums, so they stay whole; so do the
     embedding and the tied head; StableLM's per-head LayerNorms (one module per head) are
-    split with their heads. (OLMo's q/k norms span all heads: not split this way.)"""
+    split with their heads. (OLMo's q/k norms span all heads: not split this way.) Fused q/k/v
+    projections split as their rows lie: InternLM2's ``wqkv`` (each key/value head's queries,
+    key and value together) in one piece per rank, Qwen 1's ``c_attn`` (all queries, then
+    keys, then values) each third apart."""
     from mlx.nn.layers.distributed import shard_linear
 
     n = group.size()
     for layer in layers:
-        attn, mlp = attention_module(layer), layer.mlp
-        # projections as each family names them: EXAONE 3's out_proj, nanochat's c_*
-        for name in ("q_proj", "k_proj", "v_proj", "c_q", "c_k", "c_v"):
+        attn, mlp = attention_module(layer), feed_forward(layer)
+        # projections as each family names them: EXAONE 3's out_proj, nanochat's c_*,
+        # InternLM2's wqkv/wo, Qwen 1's c_attn (three segments)
+        for name in ("q_proj", "k_proj", "v_proj", "c_q", "c_k", "c_v", "wqkv", "c_attn"):
             if name in attn:
-                setattr(attn, name, shard_linear(attn[name], "all-to-sharded", group=group))
-        for name in ("o_proj", "out_proj", "c_proj"):
+                setattr(attn, name, shard_linear(attn[name], "all-to-sharded", group=group,
+                                                 segments=3 if name == "c_attn" else 1))
+        for name in ("o_proj", "out_proj", "c_proj", "wo"):
             if name in attn:
                 setattr(attn, name, shard_linear(attn[name], "sharded-to-all", group=group))
         for name in ("n_heads", "n_kv_heads", "num_heads", "num_key_value_heads",
-                     "num_kv_heads"):  # MiniCPM's, StableLM's, nanochat's named num_*
+                     "num_kv_heads", "num_attention_heads"):  # MiniCPM's, StableLM's,
+            # nanochat's, Qwen 1's named num_*
             if hasattr(attn, name):
                 setattr(attn, name, getattr(attn, name) // n)
         for name in ("q_layernorm", "k_layernorm"):  # StableLM's, one LayerNorm per head:
@@ -151,11 +158,13 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
                 norms = attn[name].norms
                 share = len(norms) // n
                 attn[name].norms = norms[group.rank() * share:(group.rank() + 1) * share]
-        # c_fc, c_proj: StarCoder2's and nanochat's plain MLP; c_fc_0, c_fc_1: EXAONE 3's
-        for name in ("gate_proj", "up_proj", "c_fc", "c_fc_0", "c_fc_1"):
-            if name in mlp:
+        # c_fc, c_proj: StarCoder2's and nanochat's plain MLP; c_fc_0, c_fc_1: EXAONE 3's;
+        # w1, w3, w2: InternLM2's gate, up, down; w1, w2, c_proj: Qwen 1's up, gate, down
+        downs = ("down_proj", "c_proj", "w2") if "w3" in mlp else ("down_proj", "c_proj")
+        for name in ("gate_proj", "up_proj", "c_fc", "c_fc_0", "c_fc_1", "w1", "w2", "w3"):
+            if name in mlp and name not in downs:
                 setattr(mlp, name, shard_linear(getattr(mlp, name), "all-to-sharded", group=group))
-        for name in ("down_proj", "c_proj"):
+        for name in downs:
             if name in mlp:
                 setattr(mlp, name, shard_linear(getattr(mlp, name), "sharded-to-all", group=group))
 
@@ -164,7 +173,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
 SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
-             "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat")}
+             "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat",
+             "internlm2", "qwen")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:
@@ -172,7 +182,7 @@ def model_group(model: nn.Module) -> Optional[Group]:
     attn = next((attention_module(layer) for layer in model.layers
                  if any(name in layer for name in ("self_attn", "attention", "attn"))), None)
     # None: no attention, or an output projection never sharded (LFM2's out_proj, Ling's dense)
-    o_proj = next((attn[name] for name in ("o_proj", "out_proj", "c_proj")
+    o_proj = next((attn[name] for name in ("o_proj", "out_proj", "c_proj", "wo")
                    if attn is not None and name in attn), None)
     return o_proj.group if isinstance(o_proj, _SHARDED_TO_ALL) else None
 

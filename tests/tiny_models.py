@@ -25,7 +25,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
-         "stablelm", "minicpm", "mimo", "nanochat")
+         "stablelm", "minicpm", "mimo", "nanochat", "internlm2", "qwen")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -312,6 +312,14 @@ _KIND_CONFIG = {
     # nanochat: weightless norms, q/k norms after RoPE of negated frequencies, ReLU^2 MLP; its
     # head's weights scaled up so that the soft-cap at 15 bends the logits
     "nanochat": {"architectures": ["NanoChatForCausalLM"]},
+    # InternLM2.5: one wqkv (biased, as wo) holding each key/value head's 2 queries, key and
+    # value; dynamic NTK RoPE (plain below max_position_embeddings); an untied head ``output``
+    "internlm2": {"architectures": ["InternLM2ForCausalLM"], "bias": True,
+                  "tie_word_embeddings": False, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+    # Qwen 1: GPT-2's names, fused c_attn, no GQA (mlx-lm reads no num_key_value_heads), an
+    # MLP half intermediate_size wide (w2 the gate); biases everywhere, the head's too
+    "qwen": {"architectures": ["QWenLMHeadModel"], "num_key_value_heads": 4, "kv_channels": 16,
+             "layer_norm_epsilon": 1e-6, "no_bias": False},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -377,7 +385,8 @@ _VARIANTS = {
 # kinds whose norms (weights and LayerNorm biases) are random rather than ones and zeros
 _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
-_RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo")
+_RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "internlm2",
+                        "qwen")
 
 
 def tiny_config(kind: str) -> dict:
