@@ -147,16 +147,24 @@ from .errors import UserInputError, shown
 # RoPE over ``rotary_pct`` of each head, LayerNorms with biases, a plain GELU MLP; with
 # ``use_parallel_residual`` attention and the MLP both on the block's input, each through its
 # own norm; ``embed_in``, ``final_layer_norm`` and the head ``embed_out`` inside ``model``.
+# internlm2 (InternLM2, InternLM2.5): Llama's layout under its own names (:data:`_PART_NAMES`:
+# ``tok_embeddings``, ``attention`` with ``wo``, ``attention_norm``, ``ffn_norm``, a
+# ``feed_forward`` of w1 the gate, w3 up, w2 down, the head ``output``), one fused ``wqkv``
+# holding, for each key/value head, its group's queries, then its key and value; mlx-lm's
+# linear or dynamic NTK RoPE.
+# qwen (Qwen 1): EXAONE 3's GPT-2 names (``transformer.wte``, ``h``, ``ln_1``/``ln_2``,
+# ``ln_f``), attention at ``attn``: a fused ``c_attn`` (all queries, keys, values; biases),
+# ``c_proj``, RoPE ``rotary_emb``; no GQA; an MLP of w2 the gate, w1 up, c_proj down.
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
                          "glm4", "glm4_moe", "glm4_moe_lite", "gpt_neox", "gpt_oss", "granite",
-                         "granitemoe", "helium", "hunyuan", "hunyuan_v1_dense", "internlm3",
-                         "lfm2", "lfm2_moe", "llama", "llama4", "llama4_text", "mimo", "minicpm",
-                         "ministral3", "mistral", "mistral3", "mixtral", "nanochat", "olmo2",
-                         "olmo3", "olmoe", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
-                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
-                         "smollm3", "stablelm", "starcoder2")
+                         "granitemoe", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
+                         "internlm3", "lfm2", "lfm2_moe", "llama", "llama4", "llama4_text", "mimo",
+                         "minicpm", "ministral3", "mistral", "mistral3", "mixtral", "nanochat",
+                         "olmo2", "olmo3", "olmoe", "phi", "phi3", "phimoe", "qwen", "qwen2",
+                         "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
+                         "seed_oss", "smollm3", "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -184,6 +192,12 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                "phi": {"o_proj": "dense", "norm": "final_layernorm"},
                "gpt_neox": {"o_proj": "dense", "embed_tokens": "embed_in",
                             "norm": "final_layer_norm"},
+               "internlm2": {"input_layernorm": "attention_norm",
+                             "post_attention_layernorm": "ffn_norm", "o_proj": "wo",
+                             "embed_tokens": "tok_embeddings"},
+               "qwen": {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
+                        "o_proj": "c_proj", "embed_tokens": "wte", "norm": "ln_f",
+                        "rope": "rotary_emb"},
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES)}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
@@ -212,7 +226,9 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # attn_temperature_tuning, floor_scale, attn_scale}``, ``args.attention_chunk_size``,
 # ``block.feed_forward``, llama4_text's ``output``; phi's ``self_attn.dense``, ``final_layernorm``;
 # gpt_neox's ``model.{h, embed_in, embed_out, final_layer_norm}``, ``attention.{query_key_value,
-# dense, num_attention_heads}``): at least the first, below the second. Same as pyproject.toml.
+# dense, num_attention_heads}``; internlm2's ``attention.{wqkv, n_kv_groups, head_dim}``,
+# ``output``; qwen's ``attn.{c_attn, rotary_emb}``, ``mlp.{w1, w2}``): at least the first, below
+# the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -387,7 +403,7 @@ class ModelAdapter:
         self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
                              or attn.head_dim ** -0.5)  # stablelm: 1/sqrt(head_dim)
         self.lm_head = getattr(self.text, "lm_head", None)
-        if model_type == "llama4_text" and not self.text.args.tie_word_embeddings:
+        if model_type in ("llama4_text", "internlm2") and not self.text.args.tie_word_embeddings:
             self.lm_head = self.text.output
         if model_type == "gpt_neox":
             self.lm_head = self.inner.embed_out
@@ -593,13 +609,19 @@ class ModelAdapter:
         gate = None
         if self._mla:
             return (*self._latent_qkv(attn, x, n, positions), None)
-        fused = getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
+        fused = (getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
+                 or getattr(attn, "c_attn", None))
         if fused is not None and self._qkv_by_head:  # gpt_neox: each head's q, k, v in turn
             q, k, v = mx.split(fused(x).reshape(1, x.shape[1], self.n_heads, -1), 3, axis=-1)
-        elif fused is not None:  # phi3, bailing_moe: one projection, split as mlx-lm does
+        elif fused is not None:  # phi3, bailing_moe, qwen: one projection, split as mlx-lm does
             qkv = fused(x)
-            q_end = self.n_heads * attn.head_dim
-            q, k, v = mx.split(qkv, [q_end, q_end + self.n_kv_heads * attn.head_dim], axis=-1)
+            head_dim = qkv.shape[-1] // (self.n_heads + 2 * self.n_kv_heads)
+            q_end = self.n_heads * head_dim
+            q, k, v = mx.split(qkv, [q_end, q_end + self.n_kv_heads * head_dim], axis=-1)
+        elif "wqkv" in attn:  # internlm2: each key/value head's queries, key and value
+            qkv = attn.wqkv(x).reshape(*x.shape[:2], -1, attn.n_kv_groups + 2, attn.head_dim)
+            q, k, v = (t.reshape(*x.shape[:2], -1) for t in
+                       (qkv[..., :-2, :], qkv[..., -2, :], qkv[..., -1, :]))
         elif self.kv_layer(layer) != layer and self._gemma4:  # a lower layer's keys, values
             q = attn.q_norm(attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1))
             return _rope(attn.rope, q.transpose(0, 2, 1, 3), positions), None, None, None
@@ -634,7 +656,7 @@ class ModelAdapter:
             v = attn.v_norm(v)
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         # none in EXAONE 4's global layers; Command R7B's global layers skip theirs
-        rope = getattr(attn, "rope", None) if getattr(attn, "use_sliding_window", True) else None
+        rope = self._part(attn, "rope") if getattr(attn, "use_sliding_window", True) else None
         if hasattr(attn, "_rope_freqs"):  # nanochat's: a function of the layer's frequencies
             rope = partial(nanochat.apply_rotary_emb, freqs=attn._rope_freqs)
         if rope is not None:
@@ -788,8 +810,10 @@ class ModelAdapter:
         mlp, activation = self._feed_forwards[layer], self._activations[layer]
         if activation is None or mx.default_device() != mx.cpu:
             return mlp(x)
-        if hasattr(mlp, "w2"):  # lfm2: w1 the gate, w3 up, w2 down
+        if hasattr(mlp, "w3"):  # lfm2, internlm2: w1 the gate, w3 up, w2 down
             return mlp.w2(kernels.gated(mlp.w1(x), mlp.w3(x), activation))
+        if hasattr(mlp, "w2"):  # qwen: w2 the gate, w1 up, c_proj down
+            return mlp.c_proj(kernels.gated(mlp.w2(x), mlp.w1(x), activation))
         if hasattr(mlp, "gate_up_proj"):  # phi3
             gate, up = mx.split(mlp.gate_up_proj(x), 2, axis=-1)
         elif hasattr(mlp, "c_fc_0"):  # exaone
@@ -945,7 +969,7 @@ def attention_module(block: nn.Module) -> nn.Module:
 def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     """The :func:`~mlx_lazy.kernels.gated` activation of mlx-lm's dense gated MLPs (Gemma's
     ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE)."""
-    if hasattr(mlp, "w2") or hasattr(mlp, "c_fc_0"):  # lfm2's, exaone's SwiGLU
+    if hasattr(mlp, "w2") or hasattr(mlp, "c_fc_0"):  # lfm2's, internlm2's, qwen's, exaone's
         return "silu"
     if not hasattr(mlp, "down_proj"):
         return None

@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import ModelAdapter, attention_module, recurrent_layers
+from .adapter import ModelAdapter, attention_module, feed_forward, recurrent_layers
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -97,7 +97,8 @@ def shard(model: nn.Module, group: Group) -> None:
     args = adapter.text.args  # gemma3: its text model's
     sizes = {"attention heads": args.num_attention_heads,
              "key/value heads": args.num_key_value_heads,
-             "MLP width": getattr(args, "intermediate_size", 4 * args.hidden_size)}  # gpt_neox: 4x
+             "MLP width": getattr(args, "intermediate_size", 4 * args.hidden_size)  # gpt_neox: 4x
+             // (2 if model.model_type == "qwen" else 1)}  # Qwen 1's: half its intermediate_size
     if getattr(args, "moe_intermediate_size", None):
         sizes["expert MLP width"] = args.moe_intermediate_size
     for what, size in sizes.items():
@@ -124,7 +125,7 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
     StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, Gemma 1,
-    Command R, Phi-2, GPT-NeoX):
+    Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
@@ -132,22 +133,28 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     embedding and the tied head; StableLM's per-head LayerNorms (one module per head) and
     Command R+'s (one weight row per head) are split with their heads; GPT-NeoX's fused
     ``query_key_value`` holds each head's q, k and v together, so its rows split by head too.
-    (OLMo's q/k norms span all heads: not split this way.)"""
+    (OLMo's q/k norms span all heads: not split this way.) Other fused q/k/v projections split
+    as their rows lie: InternLM2's ``wqkv`` (each key/value head's queries, key and value
+    together) in one piece per rank, Qwen 1's ``c_attn`` (all queries, then keys, then
+    values) each third apart."""
     from mlx.nn.layers.distributed import shard_linear
 
     n = group.size()
     for layer in layers:
-        attn, mlp = attention_module(layer), layer.mlp
-        # projections as each family names them: EXAONE 3's out_proj, nanochat's c_*
-        for name in ("q_proj", "k_proj", "v_proj", "c_q", "c_k", "c_v", "query_key_value"):
+        attn, mlp = attention_module(layer), feed_forward(layer)
+        # projections as each family names them: EXAONE 3's out_proj, nanochat's c_*,
+        # InternLM2's wqkv/wo, Qwen 1's c_attn (three segments), phi's and gpt_neox's dense
+        for name in ("q_proj", "k_proj", "v_proj", "c_q", "c_k", "c_v", "query_key_value",
+                     "wqkv", "c_attn"):
             if name in attn:
-                setattr(attn, name, shard_linear(attn[name], "all-to-sharded", group=group))
-        for name in ("o_proj", "out_proj", "c_proj", "dense"):  # phi's, gpt_neox's dense
+                setattr(attn, name, shard_linear(attn[name], "all-to-sharded", group=group,
+                                                 segments=3 if name == "c_attn" else 1))
+        for name in ("o_proj", "out_proj", "c_proj", "dense", "wo"):
             if name in attn:
                 setattr(attn, name, shard_linear(attn[name], "sharded-to-all", group=group))
         for name in ("n_heads", "n_kv_heads", "num_heads", "num_key_value_heads",
                      "num_kv_heads", "num_attention_heads"):  # MiniCPM's, StableLM's,
-            # nanochat's, GPT-NeoX's named num_*
+            # nanochat's, GPT-NeoX's, Qwen 1's named num_*
             if hasattr(attn, name):
                 setattr(attn, name, getattr(attn, name) // n)
         for name in ("q_layernorm", "k_layernorm"):  # StableLM's, one LayerNorm per head:
@@ -161,11 +168,14 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
                 share = norm.weight.shape[0] // n
                 norm.weight = norm.weight[group.rank() * share:(group.rank() + 1) * share]
         # c_fc, c_proj: StarCoder2's and nanochat's plain MLP; c_fc_0, c_fc_1: EXAONE 3's;
-        # fc1, fc2: Phi-2's; dense_h_to_4h, dense_4h_to_h: GPT-NeoX's
-        for name in ("gate_proj", "up_proj", "c_fc", "c_fc_0", "c_fc_1", "fc1", "dense_h_to_4h"):
-            if name in mlp:
+        # fc1, fc2: Phi-2's; dense_h_to_4h, dense_4h_to_h: GPT-NeoX's; w1, w3, w2: InternLM2's
+        # gate, up, down; w1, w2, c_proj: Qwen 1's up, gate, down
+        downs = ("down_proj", "c_proj", "fc2", "dense_4h_to_h", *(("w2",) if "w3" in mlp else ()))
+        for name in ("gate_proj", "up_proj", "c_fc", "c_fc_0", "c_fc_1", "fc1", "dense_h_to_4h",
+                     "w1", "w2", "w3"):
+            if name in mlp and name not in downs:
                 setattr(mlp, name, shard_linear(getattr(mlp, name), "all-to-sharded", group=group))
-        for name in ("down_proj", "c_proj", "fc2", "dense_4h_to_h"):
+        for name in downs:
             if name in mlp:
                 setattr(mlp, name, shard_linear(getattr(mlp, name), "sharded-to-all", group=group))
 
@@ -175,7 +185,7 @@ SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
              "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat", "gemma",
-             "cohere", "phi", "gpt_neox")}
+             "cohere", "phi", "gpt_neox", "internlm2", "qwen")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:
@@ -183,7 +193,7 @@ def model_group(model: nn.Module) -> Optional[Group]:
     attn = next((attention_module(layer) for layer in model.layers
                  if any(name in layer for name in ("self_attn", "attention", "attn"))), None)
     # None: no attention, or an output projection never sharded (LFM2's out_proj, Ling's dense)
-    o_proj = next((attn[name] for name in ("o_proj", "out_proj", "c_proj", "dense")
+    o_proj = next((attn[name] for name in ("o_proj", "out_proj", "c_proj", "dense", "wo")
                    if attn is not None and name in attn), None)
     return o_proj.group if isinstance(o_proj, _SHARDED_TO_ALL) else None
 

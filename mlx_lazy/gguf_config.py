@@ -107,6 +107,13 @@ The architectures (llama.cpp's names), and what converting each involves:
   to MLX's Conv1d layout; ``token_embd_norm`` as the final norm (mlx-lm's ``embedding_norm``);
   the MLP width as written (already auto-adjusted); a tied head only; LFM2-8B-A1B's leading
   dense layers, sigmoid-routed experts with their selection bias, top weights renormalised.
+* ``internlm2`` (InternLM2/2.5): q/k un-permuted and fused again with v into mlx-lm's ``wqkv``
+  (each key/value head's queries, key and value), llama.cpp's linear RoPE scaling (its
+  converter writes none for InternLM2.5's dynamic NTK: plain RoPE, as llama.cpp runs it); no
+  biases (llama.cpp reads no output one).
+* ``qwen`` (Qwen 1): fused q/k/v with its bias as mlx-lm's ``c_attn`` (NeoX RoPE, as they
+  are), the MLP's gate ``w2`` and up ``w1``; mlx-lm's hard-wired RoPE base and no
+  grouped-query attention, so other GGUFs are refused.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -152,7 +159,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "stablelm": "StableLmForCausalLM", "minicpm": "MiniCPMForCausalLM",
                  "dots1": "Dots1ForCausalLM", "llama4": "Llama4ForConditionalGeneration",
                  "gemma": "GemmaForCausalLM", "command-r": "CohereForCausalLM",
-                                  "phi2": "PhiForCausalLM", "gptneox": "GPTNeoXForCausalLM"}
+                 "phi2": "PhiForCausalLM", "gptneox": "GPTNeoXForCausalLM",
+                 "internlm2": "InternLM2ForCausalLM", "qwen": "QWenLMHeadModel"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -173,7 +181,8 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # The model types whose mlx-lm models take each head hidden / heads wide (no head_dim, or one
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
-                    "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox")
+                    "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
+    "qwen")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
@@ -224,6 +233,8 @@ SMOLLM3_NO_ROPE_INTERVAL = 4
 EXAONE4_32B_LAYERS = 64
 EXAONE4_32B_WINDOW = 4096
 EXAONE4_32B_PERIOD = 4
+# Qwen 1: the RoPE base mlx-lm's qwen hard-wires (nn.RoPE's default)
+QWEN_ROPE_BASE = 10000.0
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
@@ -306,7 +317,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
-                "dots1", "llama4", "gemma"):
+                "dots1", "llama4", "gemma", "internlm2", "qwen"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -359,7 +370,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     # today's key or the old one
     factor = g("rope.scaling.factor", g("rope.scale_linear"))
     scaling = g("rope.scaling.type") or ("linear" if factor not in (None, 0, 1) else None)
-    linear = arch == "gemma3" and scaling == "linear"  # Gemma 3 4B+: global layers only
+    # Gemma 3 4B+ (its global layers only), InternLM2
+    linear = arch in ("gemma3", "internlm2") and scaling == "linear"
     yarn = arch in ("gpt-oss", "mistral3", "deepseek2") and scaling == "yarn"
     if scaling not in (None, "none") and not (linear or yarn):
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
@@ -459,6 +471,20 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         if alpha > 0:
             config["rope_theta"] *= alpha ** (head_dim / (head_dim - 2))
         config.update(attention_bias=False, use_qk_norm=True)
+    if arch == "internlm2":  # llama.cpp reads no output bias (q/k/v ones internlm2_tensors
+        # refuses: mlx-lm's model takes them only with one)
+        config.update(bias=False, rope_scaling={"type": "linear", "factor": float(factor)}
+                      if linear else None)
+    if arch == "qwen":  # mlx-lm's qwen: no key/value head count, a RoPE base of its own; the
+        # c_attn bias and no other (no_bias), as llama.cpp reads them
+        if n_kv != n_heads:
+            raise UserInputError(f"GGUF qwen with {n_kv} key/value heads to {n_heads} heads is "
+                                 "not supported (mlx-lm's qwen has no grouped-query attention)")
+        if config["rope_theta"] != QWEN_ROPE_BASE:
+            raise UserInputError(f"GGUF qwen with RoPE base {config['rope_theta']:g} is not "
+                                 f"supported (mlx-lm's qwen turns at {QWEN_ROPE_BASE:g})")
+        config.update(layer_norm_epsilon=config["rms_norm_eps"], kv_channels=head_dim,
+                      no_bias=True)
     if arch in LFM2:
         config.update(_lfm2_config(arch, g, count, optional, experts, tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's

@@ -6,7 +6,8 @@ onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) ont
 ``mxfp4``, and stay quantized unless a dtype is given (the experts' stacks too); the other
 types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
 llama (Mixtral's too), smollm3, granite, granitemoe, mistral3 and minicpm q/k rows are
-un-permuted from llama.cpp's RoPE layout to the Hugging Face one. LFM2's convolution kernels
+un-permuted from llama.cpp's RoPE layout to the Hugging Face one (InternLM2's too, fused again:
+:func:`internlm2_tensors`). LFM2's convolution kernels
 become MLX's Conv1d layout (:func:`lfm2_tensors`).
 """
 
@@ -234,6 +235,15 @@ _PHI2_LAYER_NAMES = {**_LAYER_NAMES, "attn_output": "self_attn.dense", "ffn_up":
 _GPTNEOX_LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                         "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense",
                         "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}
+# InternLM2: its names (wqkv made of attn_q/k/v by internlm2_tensors; w1 the gate, w3 up)
+_INTERNLM2_LAYER_NAMES = {"attn_norm": "attention_norm", "ffn_norm": "ffn_norm",
+                          "attn_qkv": "attention.wqkv", "attn_output": "attention.wo",
+                          "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3",
+                          "ffn_down": "feed_forward.w2"}
+# Qwen 1: GPT-2's names in mlx-lm's qwen, q/k/v fused in c_attn, the MLP's gate w2 and up w1
+_QWEN_LAYER_NAMES = {"attn_norm": "ln_1", "ffn_norm": "ln_2", "attn_qkv": "attn.c_attn",
+                     "attn_output": "attn.c_proj", "ffn_gate": "mlp.w2", "ffn_up": "mlp.w1",
+                     "ffn_down": "mlp.c_proj"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
@@ -251,6 +261,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "hunyuan-dense": _HUNYUAN_LAYER_NAMES, "stablelm": _STABLELM_LAYER_NAMES,
                      "dots1": _DOTS1_LAYER_NAMES, "llama4": _LLAMA4_LAYER_NAMES,
                      "phi2": _PHI2_LAYER_NAMES, "gptneox": _GPTNEOX_LAYER_NAMES,
+                     "internlm2": _INTERNLM2_LAYER_NAMES, "qwen": _QWEN_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -260,10 +271,12 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "per_layer_model_proj": "model.per_layer_model_projection",
               "per_layer_proj_norm": "model.per_layer_projection_norm"}
 # Where mlx-lm's model holds its layers, and its top tensors' names, where not model.layers and
-# _TOP_NAMES: EXAONE 3.0/3.5's GPT-2 layout
-_ARCH_LAYOUT = {"exaone": ("transformer.h", {"token_embd": "transformer.wte",
-                                             "output_norm": "transformer.ln_f",
-                                             "output": "lm_head"}),
+# _TOP_NAMES: EXAONE 3.0/3.5's and Qwen 1's GPT-2 layout
+_ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
+                    "transformer.h", {"token_embd": "transformer.wte",
+                                      "output_norm": "transformer.ln_f", "output": "lm_head"})),
+                "internlm2": ("model.layers", {"token_embd": "model.tok_embeddings",
+                                               "output_norm": "model.norm", "output": "output"}),
                 # LFM2's final norm: llama.cpp's token_embd_norm, mlx-lm's embedding_norm
                 # Llama 4: its text model's
                 "llama4": ("language_model.model.layers", {
@@ -687,13 +700,59 @@ def gptneox_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def internlm2_tensors(tensors: dict, config: dict) -> dict:
+    """An InternLM2 GGUF's tensors with each layer's ``attn_q``, ``attn_k`` and ``attn_v``,
+    which llama.cpp's converter cut out of the checkpoint's ``wqkv`` (q/k rows permuted for its
+    RoPE), un-permuted and put back in its order: for each key/value head, the queries of its
+    group, its key, its value (one ``attn_qkv``). Kept quantized where the three are of one
+    type, else dequantized. Refused: q/k/v biases (mlx-lm's internlm2 takes them only with an
+    output one, which llama.cpp never reads) and llama.cpp's own fused ``attn_qkv``."""
+    from gguf import GGMLQuantizationType as T
+
+    heads, kv, hidden, d = (config["num_attention_heads"], config["num_key_value_heads"],
+                            config["hidden_size"], config["head_dim"])
+    q = _unpermute_rows(np.arange(heads * d), heads)
+    k = heads * d + _unpermute_rows(np.arange(kv * d), kv)
+    v = (heads + kv) * d + np.arange(kv * d)
+    group = heads // kv * d  # query rows of one key/value head
+    order = np.concatenate([np.r_[q[g * group:(g + 1) * group], k[g * d:(g + 1) * d],
+                                  v[g * d:(g + 1) * d]] for g in range(kv)])
+    out = dict(tensors)
+    for name in tensors:
+        if name.endswith((".attn_q.bias", ".attn_k.bias", ".attn_v.bias", ".attn_qkv.bias")):
+            raise UserInputError(f"GGUF internlm2 with q/k/v biases ({name}) is not supported "
+                                 "(mlx-lm's internlm2 takes them only with an output bias, "
+                                 "which llama.cpp never reads)")
+        if name.endswith(".attn_qkv.weight"):
+            raise UserInputError(f"GGUF internlm2 with fused q/k/v attention ({name}; "
+                                 "llama.cpp's --fuse-qkv) is not supported")
+        if not name.endswith(".attn_q.weight"):
+            continue
+        parts = [name.replace(".attn_q.", f".attn_{p}.") for p in "qkv"]
+        for part, rows in zip(parts, (heads * d, kv * d, kv * d)):
+            if part not in tensors:
+                raise UserInputError(f"GGUF has {name} without {part}")
+            if _shape(tensors[part]) != (rows, hidden):
+                raise UserInputError(f"GGUF {part} has shape {_shape(tensors[part])}, the "
+                                     f"metadata implies {(rows, hidden)}")
+        ts = [tensors[part] for part in parts]
+        same = len({t.tensor_type for t in ts}) == 1
+        fused = name.replace(".attn_q.", ".attn_qkv.")
+        out[fused] = _Part(fused, ts[0].tensor_type if same else T.F32,
+                           np.array([hidden, len(order)]), _rows(ts, order, dequantize=not same))
+        for part in parts:
+            del out[part]
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
-             "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors}
+             "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors,
+             "internlm2": internlm2_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

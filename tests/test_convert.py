@@ -280,7 +280,15 @@ GGUF_KIND_LAYER_NAMES.update({
             "mlp.fc2": "ffn_down"},
     "gpt_neox": {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                  "attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
-                 "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}})
+                 "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"},
+    # InternLM2's (its wqkv cut by llama_cpp_internlm2), Qwen 1's GPT-2 names (w2 the gate)
+    "internlm2": {"attention_norm": "attn_norm", "ffn_norm": "ffn_norm",
+                  "attention.wqkv": "attn_qkv", "attention.wo": "attn_output",
+                  "feed_forward.w1": "ffn_gate", "feed_forward.w3": "ffn_up",
+                  "feed_forward.w2": "ffn_down"},
+    "qwen": {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv",
+             "attn.c_proj": "attn_output", "mlp.w2": "ffn_gate", "mlp.w1": "ffn_up",
+             "mlp.c_proj": "ffn_down"}})
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
@@ -289,7 +297,8 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r",
              "phi": "phi2", "gpt_neox": "gptneox"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
-GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm")
+GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
+                 "internlm2")
 #: Granite's multipliers by llama.cpp's writer methods
 GRANITE_SCALES = {"embedding_multiplier": "add_embedding_scale",
                   "residual_multiplier": "add_residual_scale",
@@ -304,7 +313,8 @@ GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm
                   "lm_head": "output", "transformer.wte": "token_embd",
                   "transformer.ln_f": "output_norm", "model.final_layernorm": "output_norm",
                   "model.embed_in": "token_embd", "model.final_layer_norm": "output_norm",
-                  "model.embed_out": "output"}
+                  "model.embed_out": "output", "model.tok_embeddings": "token_embd",
+                  "output": "output"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 
 
@@ -567,6 +577,34 @@ def llama_cpp_qwen35(role: str, x: np.ndarray, config: dict) -> tuple[np.ndarray
     return (-np.exp(x) if role == "ssm_a" else x), restore
 
 
+def llama_cpp_internlm2(role: str, x: np.ndarray, config: dict) -> tuple[dict, Callable]:
+    """What llama.cpp's converter stores for mlx-lm's internlm2 array ``x`` of a tensor of
+    ``role`` (InternLM2Model.modify_tensors, ported, but for the q/k permutation write_gguf
+    makes): wqkv's rows (for each key/value head its queries, key, value) cut into attn_q,
+    attn_k and attn_v; and how their stored values read back as mlx-lm's array."""
+    if role != "attn_qkv":
+        return {role: x}, lambda stored: stored[role]
+    kv, d = config["num_key_value_heads"], config["head_dim"]
+    rows = x.reshape(kv, -1, d, *x.shape[1:])  # (kv heads, queries + 2, head_dim, ...)
+    flat = [t.reshape(-1, *x.shape[1:]) for t in (rows[:, :-2], rows[:, -2], rows[:, -1])]
+
+    def restore(stored: dict) -> np.ndarray:
+        q, k, v = (stored[p].reshape(kv, -1, d, *x.shape[1:]) for p in ("attn_q", "attn_k",
+                                                                         "attn_v"))
+        return np.concatenate([q, k, v], axis=1).reshape(x.shape)
+
+    return dict(zip(("attn_q", "attn_k", "attn_v"), flat)), restore
+
+
+def llama_cpp_linear_rope(config: dict) -> dict:
+    """The RoPE metadata llama.cpp's converter writes for linear scaling (TextModel's, ported):
+    its type and factor; nothing for InternLM2.5's dynamic NTK (or none)."""
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("type") != "linear":
+        return {}
+    return {"rope_scaling": gguf.RopeScalingType.LINEAR, "rope_factor": scaling["factor"]}
+
+
 def llama_cpp_qwen3next(role: str, x: np.ndarray, config: dict) -> tuple[dict, Callable]:
     """What llama.cpp's converter stores for mlx-lm's qwen3_next array ``x`` of a tensor of
     ``role`` (Qwen3NextModel.modify_tensors, ported): the GGUF tensors by role (in_proj_qkvz,
@@ -635,8 +673,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         arch_tensors = llama_cpp_ernie45_moe_biases(config)
     if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
         arch_tensors = {"rope_freqs.weight": llama_cpp_rope_freqs(config)}
-    arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta,
-                 "ministral3": llama_cpp_ministral3_meta}.get(model_type, lambda c: {})(config)
+    arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta, "ministral3": llama_cpp_ministral3_meta,
+                 "internlm2": llama_cpp_linear_rope}.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
@@ -762,6 +800,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             tensors, restore = {role: y}, (lambda stored, back=back: back(stored[role]))
         if model_type == "qwen3_next":
             tensors, restore = llama_cpp_qwen3next(role, x, config)
+        if model_type == "internlm2":
+            tensors, restore = llama_cpp_internlm2(role, x, config)
         if deepseek2:
             tensors, restore = llama_cpp_deepseek2(role, x, config)
         if model_type == "gpt_neox":
@@ -1134,6 +1174,29 @@ GGUF_CASES.update({
                                                            "*": T.Q4_K},
                                    {**KQ, "intermediate_size": 1024}),
 })
+#: InternLM2 as llama.cpp's converter writes it: no biases (its checkpoints have none; llama.cpp
+#: reads no output one), no RoPE scaling for InternLM2.5's dynamic NTK
+INTERNLM2_GGUF = {"bias": False, "rope_scaling": None}
+#: Qwen 1 as llama.cpp reads it: c_attn's bias only; an RMS epsilon of its own
+QWEN_GGUF = {"no_bias": True, "rms_norm_eps": 2 ** -6, "layer_norm_epsilon": 2 ** -6}
+GGUF_CASES.update({
+    # InternLM2: q/k permuted and cut out of wqkv by llama.cpp's converter, fused again: kept
+    # quantized where q, k and v are of one type, dequantized where they differ (with linear
+    # RoPE scaling); K-quants
+    "internlm2-legacy": ("internlm2", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_0,
+                                       "attn_v": T.Q4_0, "*": T.Q8_0}, INTERNLM2_GGUF),
+    "internlm2-linear": ("internlm2", {"attn_q": T.Q4_1, "attn_k": T.Q8_0, "attn_v": T.F16,
+                                       "*": T.Q4_0},
+                         {**INTERNLM2_GGUF, "rope_scaling": {"type": "linear", "factor": 4.0}}),
+    "internlm2-kquants": ("internlm2", {"attn_q": T.Q4_K, "attn_k": T.Q5_K, "*": T.Q4_K},
+                          {**INTERNLM2_GGUF, **KQ}),
+    # Qwen 1: fused q/k/v with its bias (NeoX RoPE, as they are), the MLP's gate ffn_gate (w2),
+    # half intermediate_size wide (rows of 256 for K-quants: 512)
+    "qwen-legacy": ("qwen", {"token_embd": T.Q8_0, "attn_qkv": T.Q4_0, "ffn_gate": T.Q4_1,
+                             "output": T.F16, "*": T.Q8_0}, QWEN_GGUF),
+    "qwen-kquants": ("qwen", {"attn_qkv": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
+                     {**QWEN_GGUF, **KQ, "kv_channels": 64, "intermediate_size": 512}),
+})
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
 
@@ -1473,7 +1536,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "cohere2-legacy", "apertus-legacy", "hunyuan_dense-legacy",
                                   "stablelm-legacy", "stablelm-parallel-legacy",
                                   "minicpm-legacy", "dots1-legacy", "gemma-legacy",
-                                  "command_r-legacy", "phi2-legacy", "gptneox-legacy"])
+                                  "command_r-legacy", "phi2-legacy", "gptneox-legacy",
+                                  "internlm2-linear", "qwen-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2488,6 +2552,20 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                 f"blk.{i}.attn_output.bias": None for i in range(4)}) and tmp / "h.gguf",
             "GGUF tensors disagree with its metadata: it has an unexpected tensor "
             "model.layers.0.self_attn.k_proj.bias"),
+        "internlm2_qkv_bias": (lambda: gguf_of("i.gguf", "internlm2", {}),  # the tiny's biases
+                               "GGUF internlm2 with q/k/v biases (blk.0.attn_q.bias) is not "
+                               "supported"),
+        "internlm2_fused_qkv": (
+            lambda: write_gguf(tmp / "i.gguf", "internlm2", tok_folder, extra={
+                "blk.0.attn_qkv.weight": np.zeros((128, 64))}, **INTERNLM2_GGUF) and tmp / "i.gguf",
+            "GGUF internlm2 with fused q/k/v attention (blk.0.attn_qkv.weight; llama.cpp's "
+            "--fuse-qkv) is not supported"),
+        "qwen_kv_heads": (lambda: gguf_of("q.gguf", "qwen", {"num_key_value_heads": 2}),
+                          "GGUF qwen with 2 key/value heads to 4 heads is not supported (mlx-lm's "
+                          "qwen has no grouped-query attention)"),
+        "qwen_rope_base": (lambda: gguf_of("q.gguf", "qwen", {"rope_theta": 1e6}),
+                           "GGUF qwen with RoPE base 1e+06 is not supported (mlx-lm's qwen turns "
+                           "at 10000)"),
         "apertus_attention_scale": (
             lambda: gguf_of("a.gguf", "apertus", {"attention_scale": 0.5}),
             "GGUF apertus with attention scale 0.5 is not supported (mlx-lm's apertus scales "
@@ -2523,7 +2601,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating", "command_r_head_dim",
               "command_r_qkv_bias", "gemma_eps", "gemma_head", "gptneox_gqa", "gptneox_mlp_width",
               "gptneox_parallel_residual", "gptneox_parallel_residual_type", "gptneox_qkv_rows",
-              "phi2_qkv_twice"]
+              "phi2_qkv_twice", "internlm2_qkv_bias", "internlm2_fused_qkv", "qwen_kv_heads",
+              "qwen_rope_base"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

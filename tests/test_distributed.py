@@ -30,6 +30,7 @@ from mlx_lazy.cli import main as cli_main
 
 from distributed_worker import greedy_run
 from numerics import rel_err
+from tiny_models import tiny_config
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
@@ -358,6 +359,21 @@ def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
     assert distributed.model_group(model) is None  # left unsharded
 
 
+def test_shard_checks_qwens_mlp_width_before_sharding():
+    """Qwen 1's MLP is half its intermediate_size wide: 132 divides over 4 ranks, its 66-wide
+    MLP does not."""
+    from mlx_lm.models import qwen
+
+    class Group:
+        def size(self):
+            return 4
+
+    model = qwen.Model(qwen.ModelArgs.from_dict({**tiny_config("qwen"), "intermediate_size": 132}))
+    with pytest.raises(UserInputError, match="66 MLP width cannot be split evenly over 4 ranks"):
+        distributed.shard(model, Group())
+    assert distributed.model_group(model) is None
+
+
 @pytest.mark.parametrize("kind", ["olmo2", "olmo3", "gemma4_text", "qwen3_5", "qwen3_next",
                                   "ernie4_5_moe", "glm4", "apertus",
                                   "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
@@ -388,7 +404,7 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
                                   "glm4_moe_lite", "deepseek_v2", "gemma2", "cohere2", "helium",
                                   "internlm3", "starcoder2", "hunyuan_v1_dense", "minicpm", "mimo",
                                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
-    "phi", "gpt_neox"])
+                                  "phi", "gpt_neox", "internlm2", "qwen"])
 def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`;
     Gemma 2's soft-cap acts on each head's logits, whole on its rank; Command R7B's parallel
@@ -397,7 +413,9 @@ def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     EXAONE 3's and nanochat's projections named otherwise, StableLM's per-head q/k
     LayerNorms split with their heads and its parallel branches, Gemma 1's heads wider than
     hidden / heads, Command R+'s per-head q/k LayerNorm weights split with their heads,
-    Phi-2's and GPT-NeoX's parallel branches, GPT-NeoX's fused q/k/v split by head),
+    Phi-2's and GPT-NeoX's parallel branches, GPT-NeoX's fused q/k/v split by head,
+    InternLM2's fused wqkv split by key/value head groups, Qwen 1's c_attn by thirds, its
+    w2-gated MLP),
     gpt-oss (mlx-lm's shard, its sinks split by head), GLM-4.5 (mlx-lm's shard: its MoE
     blocks sum their ranks' shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2
     (mlx-lm's shard: each rank its heads' queries, embed_q and unembed_out or kv_b_proj, the

@@ -34,8 +34,10 @@ and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped), nanochat (``n
 weightless norms, soft-capped logits), Gemma 1 (``gemma``: Gemma's norms and scaled
 embeddings, an exact-GELU MLP), Command R+ (``cohere``: parallel layers, per-head q/k
 LayerNorms, scaled logits), Phi-2 (``phi``: parallel attention and MLP on one LayerNorm,
-partial RoPE, biases) and GPT-NeoX (``gpt_neox``: fused per-head q/k/v, parallel attention
-and MLP each on its own LayerNorm; ``gpt_neox-sequential``: one after the other)."""
+partial RoPE, biases), GPT-NeoX (``gpt_neox``: fused per-head q/k/v, parallel attention
+and MLP each on its own LayerNorm; ``gpt_neox-sequential``: one after the other), InternLM2
+(``internlm2``: a fused wqkv grouped by key/value head) and Qwen 1 (``qwen``: GPT-2's names,
+a fused c_attn, w2 its MLP's gate)."""
 
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
-         "nanochat", "gemma", "cohere", "phi", "gpt_neox")
+         "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -412,6 +414,31 @@ def test_the_tiny_dense_families_are_what_they_claim(family, family_dir):
         str(family_dir("mimo") / "model.safetensors"))
     assert not any("mtp" in name for name, _ in tree_flatten(mimo.parameters()))
     assert float(mx.abs(mimo.layers[0].self_attn.k_proj.bias).sum()) > 0
+
+
+def test_the_tiny_internlm2_and_qwen_are_what_they_claim(family):
+    """InternLM2: one biased wqkv whose rows hold, for each of 2 key/value heads, its 2
+    queries, key and value (the adapter's q/k/v: those rows, not thirds); dynamic NTK RoPE,
+    random norms, the untied head ``output``. Qwen 1: one biased c_attn of thirds, as many
+    key/value heads as heads, random biases on c_proj and the MLP (w2 its gate), an lm_head
+    with a bias."""
+    intern, _ = family("internlm2")
+    attn, a = intern.layers[0].attention, ModelAdapter(intern)
+    assert (attn.n_kv_heads, attn.n_kv_groups, a.n_heads, a.n_kv_heads) == (2, 2, 4, 2)
+    assert attn.wqkv.weight.shape == (2 * (2 + 2) * 16, 64) and "bias" in attn.wo
+    assert type(attn.rope).__name__ == "DynamicNTKScalingRoPE" and a.lm_head is intern.output
+    assert _random(intern.layers[0].attention_norm.weight, intern.model.norm.weight)
+    x = a.embed(mx.array([1, 2, 3]))
+    q, k, v, _ = a.qkv(0, x, np.arange(3))
+    rows = attn.wqkv(intern.layers[0].attention_norm(x)).reshape(3, 2, 4, 16)
+    assert rel_err(v, rows[:, :, 3].transpose(1, 0, 2)[None]) < 1e-6
+    qwen, _ = family("qwen")
+    attn, a = qwen.layers[0].attn, ModelAdapter(qwen)
+    assert (a.n_heads, a.n_kv_heads, a.scale) == (4, 4, 16 ** -0.5) and a.lm_head is qwen.lm_head
+    assert attn.c_attn.weight.shape == (3 * 64, 64) and "bias" in qwen.lm_head
+    assert all(float(mx.abs(p.bias).sum()) > 0 for p in (attn.c_attn, attn.c_proj,
+                                                          qwen.layers[0].mlp.w2))
+    assert a._activations == ["silu"] * 4 and _random(qwen.transformer.ln_f.weight)
 
 
 def test_the_tiny_nanochat_is_what_it_claims(family):

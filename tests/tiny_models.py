@@ -25,7 +25,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
-         "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox")
+         "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
+    "internlm2", "qwen")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -330,6 +331,14 @@ _KIND_CONFIG = {
                  "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5,
                  "use_parallel_residual": True, "tie_word_embeddings": False,
                  "intermediate_size": 256},
+    # InternLM2.5: one wqkv (biased, as wo) holding each key/value head's 2 queries, key and
+    # value; dynamic NTK RoPE (plain below max_position_embeddings); an untied head ``output``
+    "internlm2": {"architectures": ["InternLM2ForCausalLM"], "bias": True,
+                  "tie_word_embeddings": False, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+    # Qwen 1: GPT-2's names, fused c_attn, no GQA (mlx-lm reads no num_key_value_heads), an
+    # MLP half intermediate_size wide (w2 the gate); biases everywhere, the head's too
+    "qwen": {"architectures": ["QWenLMHeadModel"], "num_key_value_heads": 4, "kv_channels": 16,
+             "layer_norm_epsilon": 1e-6, "no_bias": False},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -398,7 +407,7 @@ _VARIANTS = {
 _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
-                        "phi", "gpt_neox")
+                        "phi", "gpt_neox", "internlm2", "qwen")
 
 
 def tiny_config(kind: str) -> dict:
