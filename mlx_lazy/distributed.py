@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import ModelAdapter, attention_module, recurrent_layers
+from .adapter import ModelAdapter, attention_module, config_value, recurrent_layers
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -95,9 +95,10 @@ def shard(model: nn.Module, group: Group) -> None:
                              "their linear-attention layers are not split here")
     # mlx-lm's shard() only divides: uneven splits must be refused here
     args = adapter.text.args  # gemma3: its text model's
-    sizes = {"attention heads": args.num_attention_heads,
-             "key/value heads": args.num_key_value_heads,
-             "MLP width": args.intermediate_size}
+    sizes = {"attention heads": config_value(args, "num_attention_heads"),
+             "key/value heads": args.num_key_value_heads,  # GPT-2's MLP: 4 x hidden
+             "MLP width": config_value(args, "intermediate_size",
+                                       4 * config_value(args, "hidden_size"))}
     if getattr(args, "moe_intermediate_size", None):
         sizes["expert MLP width"] = args.moe_intermediate_size
     for what, size in sizes.items():
@@ -123,8 +124,9 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     splits Llama, for the models whose mlx-lm module lacks it (Gemma 3 and the text model of
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
-    StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat):
-    q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
+    StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, GPT-2):
+    q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP;
+    GPT-2's fused c_attn in its three parts, each rank its heads' rows of each),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
     norms on the whole hidden state after the all-sums, so they stay whole; so do the
@@ -139,11 +141,13 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
         for name in ("q_proj", "k_proj", "v_proj", "c_q", "c_k", "c_v"):
             if name in attn:
                 setattr(attn, name, shard_linear(attn[name], "all-to-sharded", group=group))
+        if "c_attn" in attn:  # GPT-2's queries, keys and values, each as many heads wide
+            attn.c_attn = shard_linear(attn.c_attn, "all-to-sharded", segments=3, group=group)
         for name in ("o_proj", "out_proj", "c_proj"):
             if name in attn:
                 setattr(attn, name, shard_linear(attn[name], "sharded-to-all", group=group))
         for name in ("n_heads", "n_kv_heads", "num_heads", "num_key_value_heads",
-                     "num_kv_heads"):  # MiniCPM's, StableLM's, nanochat's named num_*
+                     "num_kv_heads", "n_head"):  # MiniCPM's, StableLM's, nanochat's, GPT-2's
             if hasattr(attn, name):
                 setattr(attn, name, getattr(attn, name) // n)
         for name in ("q_layernorm", "k_layernorm"):  # StableLM's, one LayerNorm per head:
@@ -164,7 +168,7 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
 SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
-             "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat")}
+             "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat", "gpt2")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

@@ -25,7 +25,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
-         "stablelm", "minicpm", "mimo", "nanochat")
+         "stablelm", "minicpm", "mimo", "nanochat", "gpt2", "gpt_bigcode")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -312,6 +312,17 @@ _KIND_CONFIG = {
     # nanochat: weightless norms, q/k norms after RoPE of negated frequencies, ReLU^2 MLP; its
     # head's weights scaled up so that the soft-cap at 15 bends the logits
     "nanochat": {"architectures": ["NanoChatForCausalLM"]},
+    # GPT-2: learned positions (1,024; random), fused c_attn, LayerNorms and every projection
+    # with random biases, a tied head; its config's own names (Llama's left unread)
+    "gpt2": {"architectures": ["GPT2LMHeadModel"], "n_ctx": 1024, "n_embd": 64, "n_head": 4,
+             "n_layer": 4, "n_positions": 1024, "layer_norm_epsilon": 1e-5,
+             "num_key_value_heads": None},
+    # StarCoder 1 / SantaCoder: GPT-2's layout with multi-query attention (one key/value
+    # head), an exact-GELU MLP 128 wide, an untied head
+    "gpt_bigcode": {"architectures": ["GPTBigCodeForCausalLM"], "n_embd": 64, "n_head": 4,
+                    "n_layer": 4, "n_inner": 128, "n_positions": 1024,
+                    "layer_norm_epsilon": 1e-5, "multi_query": True, "num_key_value_heads": None,
+                    "tie_word_embeddings": False},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -377,7 +388,8 @@ _VARIANTS = {
 # kinds whose norms (weights and LayerNorm biases) are random rather than ones and zeros
 _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
-_RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo")
+_RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "gpt2",
+                        "gpt_bigcode")
 
 
 def tiny_config(kind: str) -> dict:
