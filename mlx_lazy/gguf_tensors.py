@@ -225,6 +225,9 @@ _LLAMA4_LAYER_NAMES = {**_LAYER_NAMES,
                        **{f"ffn_{p}_shexp": f"feed_forward.shared_expert.{p}_proj"
                           for p in ("gate", "up", "down")},
                        "ffn_gate_inp": "feed_forward.router"}
+# GPT-2, StarCoder 1: fused q/k/v (mlx-lm's c_attn, the same rows), LayerNorms, a plain MLP
+_GPT2_LAYER_NAMES = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
+                     "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
@@ -240,6 +243,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "lfm2": _LFM2_LAYER_NAMES, "lfm2moe": _LFM2MOE_LAYER_NAMES,
                      "hunyuan-dense": _HUNYUAN_LAYER_NAMES, "stablelm": _STABLELM_LAYER_NAMES,
                      "dots1": _DOTS1_LAYER_NAMES, "llama4": _LLAMA4_LAYER_NAMES,
+                     **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -259,6 +263,13 @@ _ARCH_LAYOUT = {"exaone": ("transformer.h", {"token_embd": "transformer.wte",
                     "token_embd": "language_model.model.embed_tokens",
                     "output_norm": "language_model.model.norm",
                     "output": "language_model.lm_head"}),
+                # GPT-2's (model.h) and StarCoder 1's (transformer.h), their learned positions
+                "gpt2": ("model.h", {"token_embd": "model.wte", "position_embd": "model.wpe",
+                                     "output_norm": "model.ln_f"}),
+                "starcoder": ("transformer.h", {"token_embd": "transformer.wte",
+                                                "position_embd": "transformer.wpe",
+                                                "output_norm": "transformer.ln_f",
+                                                "output": "lm_head"}),
                 **dict.fromkeys(("lfm2", "lfm2moe"), (
                     "model.layers", {"token_embd": "model.embed_tokens",
                                      "token_embd_norm": "model.embedding_norm"}))}
@@ -623,13 +634,25 @@ def dots1_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def gpt2_tensors(tensors: dict, config: dict) -> dict:
+    """A GPT-2 GGUF's tensors without ``output.weight`` where it is a copy of the embedding
+    (mlx-lm's gpt2 always reads the embedding as its head); a head of its own is refused."""
+    out = dict(tensors)
+    head, embedding = out.pop("output.weight", None), tensors["token_embd.weight"]
+    if head is not None and not (head.tensor_type == embedding.tensor_type
+                                 and np.array_equal(head.data, embedding.data)):
+        raise UserInputError("GGUF gpt2 with a head of its own (output.weight, not the "
+                             "embedding's copy) is not supported (mlx-lm's gpt2 ties it)")
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
-             "llama4": glm4_tensors}
+             "llama4": glm4_tensors, "gpt2": gpt2_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

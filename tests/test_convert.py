@@ -270,6 +270,9 @@ GGUF_KIND_LAYER_NAMES.update({
     "hunyuan_v1_dense": {**GGUF_LAYER_NAMES, "self_attn.query_layernorm": "attn_q_norm",
                          "self_attn.key_layernorm": "attn_k_norm"},
     # EXAONE 3.0/3.5's GPT-2 names (its top tensors': GGUF_TOP_NAMES)
+    **dict.fromkeys(("gpt2", "gpt_bigcode"), {
+        "ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+        "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}),
     "exaone": {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.attention.q_proj": "attn_q",
                "attn.attention.k_proj": "attn_k", "attn.attention.v_proj": "attn_v",
                "attn.attention.out_proj": "attn_output", "mlp.c_fc_0": "ffn_gate",
@@ -279,7 +282,7 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
              "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next",
              "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2"),
-             "hunyuan_v1_dense": "hunyuan-dense"}
+             "hunyuan_v1_dense": "hunyuan-dense", "gpt_bigcode": "starcoder"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm")
 #: Granite's multipliers by llama.cpp's writer methods
@@ -294,7 +297,9 @@ MINISTRAL3_KEYS = {"yarn_beta_fast": "add_rope_scaling_yarn_beta_fast",
                    "temperature_scale": "add_attn_temperature_scale"}
 GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
                   "lm_head": "output", "transformer.wte": "token_embd",
-                  "transformer.ln_f": "output_norm"}
+                  "transformer.ln_f": "output_norm", "model.wte": "token_embd",
+                  "model.ln_f": "output_norm", "model.wpe": "position_embd",
+                  "transformer.wpe": "position_embd"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 
 
@@ -790,8 +795,9 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
     Cohere2Model's, Glm4Model's, ported): the LayerNorms' epsilon; Command R7B's logit scale
     and window (no pattern: llama.cpp's default 4, unless ``swa_pattern`` gives one as written);
     GLM's MRoPE sections and NextN blocks; an attention scale where ``attention_scale`` says."""
-    eps = m.get("norm_epsilon", m.get("layer_norm_eps"))
-    if m["model_type"] in ("starcoder2", "cohere2", "stablelm") and eps is not None:
+    eps = m.get("norm_epsilon", m.get("layer_norm_eps", m.get("layer_norm_epsilon")))
+    if m["model_type"] in ("starcoder2", "cohere2", "stablelm", "gpt2", "gpt_bigcode") and \
+            eps is not None:
         w.add_layer_norm_eps(eps)
     if m["model_type"] == "cohere2":
         if m["logit_scale"] is not None:
@@ -1072,6 +1078,25 @@ GGUF_CASES.update({
                                                    "*": T.Q4_K},
                               {**KQ, "attention_bias": False, "rope_scaling": None,
                                "tie_word_embeddings": False}),
+})
+#: GPT-2's and StarCoder 1's shapes in rows of 256 (GPT-2's MLP 4 x hidden)
+GPT2_KQ = {**KQ, "n_embd": 256, "intermediate_size": 1024, "n_inner": 1024}
+GGUF_CASES.update({
+    # GPT-2: learned positions (float16 here, never quantized by llama.cpp), fused q/k/v,
+    # LayerNorms and biases everywhere, the embedding as the head
+    "gpt2-legacy": ("gpt2", {"token_embd": T.Q8_0, "position_embd": T.F16, "attn_qkv": T.Q4_0,
+                             "ffn_up": T.Q4_1, "*": T.Q8_0}, {"layer_norm_epsilon": 2 ** -6}),
+    "gpt2-kquants": ("gpt2", {"position_embd": T.F32, "attn_qkv": T.Q5_K, "ffn_down": T.Q6_K,
+                              "*": T.Q4_K}, GPT2_KQ),
+    # StarCoder 1: GPT-2's layout with one key/value head and a head of its own; in kquants as
+    # many key/value heads as query heads (multi_query off) and a tied head
+    "starcoder-legacy": ("gpt_bigcode", {"token_embd": T.Q8_0, "position_embd": T.F32,
+                                         "attn_qkv": T.Q4_1, "output": T.F16, "*": T.Q8_0},
+                         {}),
+    "starcoder-kquants": ("gpt_bigcode", {"position_embd": T.F16, "attn_qkv": T.Q4_K,
+                                          "ffn_up": T.Q6_K, "*": T.Q4_K},
+                          {**GPT2_KQ, "tie_word_embeddings": True, "multi_query": False,
+                           "num_key_value_heads": 4}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1411,7 +1436,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "granitemoe-legacy", "glm4-legacy", "starcoder2-legacy",
                                   "cohere2-legacy", "apertus-legacy", "hunyuan_dense-legacy",
                                   "stablelm-legacy", "stablelm-parallel-legacy",
-                                  "minicpm-legacy", "dots1-legacy"])
+                                  "minicpm-legacy", "dots1-legacy", "gpt2-legacy",
+                                  "starcoder-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2338,6 +2364,21 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "dots1_gating": (lambda: gguf_of("d.gguf", "dots1", {"expert_gating_func": None}),
                          "GGUF dots1 with expert gating function None is not supported (mlx-lm's "
                          "dots1 routes by sigmoid, llama.cpp's 2)"),
+        "gpt2_kv_heads": (lambda: gguf_of("g.gguf", "gpt2", {"num_key_value_heads": 1}),
+                          "GGUF gpt2 with 1 key/value heads to 4 query heads and an MLP 256 wide "
+                          "is not supported (mlx-lm's gpt2 takes as many key/value heads and 4 x "
+                          "hidden: 256)"),
+        "gpt2_mlp_width": (lambda: gguf_of("g.gguf", "gpt2", {"intermediate_size": 128}),
+                           "GGUF gpt2 with 4 key/value heads to 4 query heads and an MLP 128 "
+                           "wide is not supported"),
+        "gpt2_own_head": (  # a head that is no copy of the embedding
+            lambda: write_gguf(tmp / "g.gguf", "gpt2", tok_folder, extra={
+                "output.weight": np.ones((VOCAB_SIZE, 64))}) and tmp / "g.gguf",
+            "GGUF gpt2 with a head of its own (output.weight, not the embedding's copy) is not "
+            "supported (mlx-lm's gpt2 ties it)"),
+        "starcoder_kv_heads": (lambda: gguf_of("s.gguf", "gpt_bigcode", {"num_key_value_heads": 2}),
+                               "GGUF starcoder with 2 key/value heads is not supported (mlx-lm's "
+                               "gpt_bigcode takes 1 or as many as its 4 query heads)"),
         "stablelm_eps": (lambda: gguf_of("s.gguf", "stablelm", {"layer_norm_eps": None}),
                          "GGUF metadata lacks stablelm.attention.head_count / "),
         "stablelm_qk_norm_shape": (  # llama.cpp's converter stacks a norm per head
@@ -2390,7 +2431,22 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "deepseek2_yarn_log_mul", "deepseek2_tied", "cohere2_pattern", "cohere2_all_local",
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
               "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias",
-              "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating"]
+              "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating", "gpt2_kv_heads",
+              "gpt2_mlp_width", "gpt2_own_head", "starcoder_kv_heads"]
+
+
+def test_a_gpt2_head_copying_the_embedding_is_dropped():
+    """llama.cpp reads a GPT-2 GGUF's output.weight, where it has one, as the head; mlx-lm's
+    gpt2 always reads the embedding: a copy of it is dropped, another head refused."""
+    from mlx_lazy.gguf_tensors import _Part, gpt2_tensors
+
+    e = np.arange(12, dtype=np.float32).reshape(3, 4)
+    embd = _Part("token_embd.weight", T.F32, np.array([4, 3]), e)
+    copy = embd._replace(name="output.weight", data=e.copy())
+    assert list(gpt2_tensors({"token_embd.weight": embd, "output.weight": copy}, {})) == [
+        "token_embd.weight"]
+    with pytest.raises(UserInputError, match="a head of its own"):
+        gpt2_tensors({"token_embd.weight": embd, "output.weight": copy._replace(data=e + 1)}, {})
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

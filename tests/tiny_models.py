@@ -313,16 +313,17 @@ _KIND_CONFIG = {
     # head's weights scaled up so that the soft-cap at 15 bends the logits
     "nanochat": {"architectures": ["NanoChatForCausalLM"]},
     # GPT-2: learned positions (1,024; random), fused c_attn, LayerNorms and every projection
-    # with random biases, a tied head; its config's own names (Llama's left unread)
+    # with random biases, a tied head; its config's own names (Llama's, unread by mlx-lm, say
+    # the same for the GGUF tests)
     "gpt2": {"architectures": ["GPT2LMHeadModel"], "n_ctx": 1024, "n_embd": 64, "n_head": 4,
              "n_layer": 4, "n_positions": 1024, "layer_norm_epsilon": 1e-5,
-             "num_key_value_heads": None},
+             "num_key_value_heads": 4, "intermediate_size": 256, "max_position_embeddings": 1024},
     # StarCoder 1 / SantaCoder: GPT-2's layout with multi-query attention (one key/value
     # head), an exact-GELU MLP 128 wide, an untied head
     "gpt_bigcode": {"architectures": ["GPTBigCodeForCausalLM"], "n_embd": 64, "n_head": 4,
                     "n_layer": 4, "n_inner": 128, "n_positions": 1024,
-                    "layer_norm_epsilon": 1e-5, "multi_query": True, "num_key_value_heads": None,
-                    "tie_word_embeddings": False},
+                    "layer_norm_epsilon": 1e-5, "multi_query": True, "num_key_value_heads": 1,
+                    "tie_word_embeddings": False, "max_position_embeddings": 1024},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
