@@ -96,8 +96,8 @@ def shard(model: nn.Module, group: Group) -> None:
     # mlx-lm's shard() only divides: uneven splits must be refused here
     args = adapter.text.args  # gemma3: its text model's
     sizes = {"attention heads": config_value(args, "num_attention_heads"),
-             "key/value heads": args.num_key_value_heads,  # GPT-2's MLP: 4 x hidden
-             "MLP width": config_value(args, "intermediate_size",
+             "key/value heads": args.num_key_value_heads,
+             "MLP width": config_value(args, "intermediate_size",  # GPT-2's: 4 x hidden
                                        4 * config_value(args, "hidden_size"))}
     if getattr(args, "moe_intermediate_size", None):
         sizes["expert MLP width"] = args.moe_intermediate_size
