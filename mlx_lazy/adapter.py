@@ -155,16 +155,23 @@ from .errors import UserInputError, shown
 # qwen (Qwen 1): EXAONE 3's GPT-2 names (``transformer.wte``, ``h``, ``ln_1``/``ln_2``,
 # ``ln_f``), attention at ``attn``: a fused ``c_attn`` (all queries, keys, values; biases),
 # ``c_proj``, RoPE ``rotary_emb``; no GQA; an MLP of w2 the gate, w1 up, c_proj down.
+# gpt2 (GPT-2) and gpt_bigcode (StarCoder 1, SantaCoder; multi-query attention: one key/value
+# head) (:data:`LEARNED_POSITION_TYPES`): no RoPE but a learned position embedding ``wpe``
+# added to each token's embedding at its original position (:meth:`ModelAdapter.embed`),
+# EXAONE 3's names (``wte``, ``h``, ``ln_1``/``ln_2``, ``attn``, ``ln_f``), fused ``c_attn``
+# (split as mlx-lm splits it), LayerNorms with biases, a plain GELU MLP run as its module;
+# their config names (``n_embd``, ``n_head``, ``n_inner``) read through :func:`config_value`.
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
-                         "glm4", "glm4_moe", "glm4_moe_lite", "gpt_neox", "gpt_oss", "granite",
-                         "granitemoe", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
-                         "internlm3", "lfm2", "lfm2_moe", "llama", "llama4", "llama4_text", "mimo",
-                         "minicpm", "ministral3", "mistral", "mistral3", "mixtral", "nanochat",
-                         "olmo2", "olmo3", "olmoe", "phi", "phi3", "phimoe", "qwen", "qwen2",
-                         "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
-                         "seed_oss", "smollm3", "stablelm", "starcoder2")
+                         "glm4", "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox",
+                         "gpt_oss", "granite", "granitemoe", "helium", "hunyuan",
+                         "hunyuan_v1_dense", "internlm2", "internlm3", "lfm2", "lfm2_moe", "llama",
+                         "llama4", "llama4_text", "mimo", "minicpm", "ministral3", "mistral",
+                         "mistral3", "mixtral", "nanochat", "olmo2", "olmo3", "olmoe", "phi",
+                         "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3", "qwen3_5",
+                         "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss", "smollm3",
+                         "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -173,6 +180,10 @@ MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 GRANITE_TYPES = ("granite", "granitemoe")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
+LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode")
+#: Llama's config names as GPT-2's and StarCoder 1's configs spell them (:func:`config_value`).
+_GPT2_ARGS = {"hidden_size": "n_embd", "num_attention_heads": "n_head",
+              "intermediate_size": "n_inner"}
 _LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm",
                "o_proj": "out_proj", "q_norm": "q_layernorm", "k_norm": "k_layernorm",
                "linear_attn": "conv", "norm": "embedding_norm"}
@@ -198,6 +209,9 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                "qwen": {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
                         "o_proj": "c_proj", "embed_tokens": "wte", "norm": "ln_f",
                         "rope": "rotary_emb"},
+               **dict.fromkeys(LEARNED_POSITION_TYPES,
+                               {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
+                                "o_proj": "c_proj", "embed_tokens": "wte", "norm": "ln_f"}),
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES)}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
@@ -227,7 +241,8 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``block.feed_forward``, llama4_text's ``output``; phi's ``self_attn.dense``, ``final_layernorm``;
 # gpt_neox's ``model.{h, embed_in, embed_out, final_layer_norm}``, ``attention.{query_key_value,
 # dense, num_attention_heads}``; internlm2's ``attention.{wqkv, n_kv_groups, head_dim}``,
-# ``output``; qwen's ``attn.{c_attn, rotary_emb}``, ``mlp.{w1, w2}``): at least the first, below
+# ``output``; qwen's ``attn.{c_attn, rotary_emb}``, ``mlp.{w1, w2}``; GPT-2's and StarCoder 1's
+# ``attn.{c_attn, n_head, n_heads, n_kv_heads, head_dim}``, ``wpe``): at least the first, below
 # the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -275,13 +290,23 @@ def _installed_mlx_lm() -> str | None:
         return None
 
 
+def config_value(args: Any, name: str, default: Any = None) -> Any:
+    """``args.<name>`` (Llama's config name), or the same setting under GPT-2's and StarCoder
+    1's name (:data:`_GPT2_ARGS`: ``n_embd``, ...); ``default`` where neither is there (GPT-2's
+    MLP width, 4 x hidden in mlx-lm)."""
+    if hasattr(args, name):
+        return getattr(args, name)
+    return getattr(args, _GPT2_ARGS.get(name, name), default)
+
+
 def _text_model(model: nn.Module) -> nn.Module:
     return model.language_model if getattr(model, "model_type", None) in _WRAPPERS else model
 
 
 def _blocks(text: nn.Module) -> List[nn.Module]:
     """The transformer blocks of a text model: ``model.layers``, or ``transformer.h`` (EXAONE
-    3's, nanochat's) and GPT-NeoX's ``model.h`` through the model's ``layers``."""
+    3's, nanochat's, StarCoder 1's) and GPT-NeoX's and GPT-2's ``model.h`` through the model's
+    ``layers``."""
     return text.model.layers if "model" in text and "layers" in text.model else text.layers
 
 
@@ -395,11 +420,12 @@ class ModelAdapter:
             self.n_kv_heads: int = 1 if hasattr(attn, "embed_q") else attn.num_heads
         else:
             self.n_heads = (getattr(attn, "n_heads", None) or getattr(attn, "num_heads", None)
+                            or getattr(attn, "n_head", None)  # gpt2
                             or attn.num_attention_heads)  # mixtral: num_heads
             self.n_kv_heads = (getattr(attn, "n_kv_heads", None)
                                or getattr(attn, "num_kv_heads", None)  # nanochat
                                or getattr(attn, "num_key_value_heads", None)
-                               or self.n_heads)  # gpt_neox: no grouped heads
+                               or self.n_heads)  # gpt_neox, gpt2: one per query head
         self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
                              or attn.head_dim ** -0.5)  # stablelm: 1/sqrt(head_dim)
         self.lm_head = getattr(self.text, "lm_head", None)
@@ -428,9 +454,10 @@ class ModelAdapter:
         self._key_ratios = {layer: self._key_norm_ratio(layer) for layer, kv in
                             enumerate(self._kv_layers) if kv != layer and model_type == "hunyuan"}
         self._embedding = self._part(self.inner, "embed_tokens")
+        self._position_embedding = getattr(self.inner, "wpe", None)  # GPT-2's, StarCoder 1's
         self._final_norm = self._weightless or self._part(self.inner, "norm")
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
-        self._hidden = int(args.hidden_size)
+        self._hidden = int(config_value(args, "hidden_size"))
         self._softcap = (getattr(args, "final_logit_softcapping", None) if gemma else
                          15.0 if model_type == "nanochat" else None)  # mlx-lm's nanochat.softcap
         granite, minicpm = model_type in GRANITE_TYPES, model_type == "minicpm"
@@ -498,8 +525,9 @@ class ModelAdapter:
         return {
             "model_type": self.model.model_type,
             "num_layers": self.num_layers,
-            "hidden_size": int(args.hidden_size),
-            "num_attention_heads": int(args.num_attention_heads),  # all ranks' heads
+            "hidden_size": int(config_value(args, "hidden_size")),
+            # all ranks' heads
+            "num_attention_heads": int(config_value(args, "num_attention_heads")),
             "num_key_value_heads": int(args.num_key_value_heads),
             "vocab_size": int(args.vocab_size),
             "weights": self.weights_digest(),
@@ -565,10 +593,24 @@ class ModelAdapter:
         """Rows of the embedding table: valid token ids are 0 to vocab_size - 1."""
         return self._embedding.weight.shape[0]
 
-    def embed(self, tokens: mx.array) -> mx.array:
-        """(n,) token ids -> (1, n, D) hidden states (with Gemma 4 E2B/E4B's per-layer
-        inputs after them: D is hidden_size + layers x their width)."""
+    def embed(self, tokens: mx.array, positions: Optional[np.ndarray] = None) -> mx.array:
+        """(n,) token ids at ``positions`` (n,) (None: 0 .. n - 1) -> (1, n, D) hidden states
+        (with Gemma 4 E2B/E4B's per-layer inputs after them: D is hidden_size + layers x their
+        width). Only a learned position embedding (GPT-2's) reads the positions.
+
+        Raises:
+            UserInputError: a position past those a learned position embedding holds.
+        """
         h = self._embedding(tokens[None])
+        if self._position_embedding is not None:
+            table = self._position_embedding
+            positions = np.arange(len(tokens)) if positions is None else positions
+            if len(positions) and int(positions.max()) >= table.weight.shape[0]:
+                raise UserInputError(
+                    f"position {int(positions.max())} is past the model's "
+                    f"{table.weight.shape[0]} learned positions; shorten the prompt or the "
+                    "generation")
+            h = h + table(mx.array(positions))
         if self._weightless is not None:  # nanochat: normed embeddings
             h = self._weightless(h)
         scale = self._embed_scale
@@ -613,7 +655,7 @@ class ModelAdapter:
                  or getattr(attn, "c_attn", None))
         if fused is not None and self._qkv_by_head:  # gpt_neox: each head's q, k, v in turn
             q, k, v = mx.split(fused(x).reshape(1, x.shape[1], self.n_heads, -1), 3, axis=-1)
-        elif fused is not None:  # phi3, bailing_moe, qwen: one projection, split as mlx-lm does
+        elif fused is not None:  # phi3, bailing_moe, qwen, gpt2: projection, split as mlx-lm does
             qkv = fused(x)
             head_dim = qkv.shape[-1] // (self.n_heads + 2 * self.n_kv_heads)
             q_end = self.n_heads * head_dim

@@ -121,9 +121,10 @@ _NO_TOKENIZER_LIMIT = 10**12
 
 
 def context_length(model: nn.Module, tokenizer) -> Optional[int]:
-    """The model's context: ``max_position_embeddings`` of its config, else the tokenizer's
-    ``model_max_length``; None when neither states one."""
-    n = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    """The model's context: ``max_position_embeddings`` (GPT-2's ``n_positions``) of its
+    config, else the tokenizer's ``model_max_length``; None when neither states one."""
+    args = getattr(model, "args", None)
+    n = getattr(args, "max_position_embeddings", None) or getattr(args, "n_positions", None)
     if n:
         return int(n)
     n = getattr(tokenizer, "model_max_length", None)

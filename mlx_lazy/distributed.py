@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import ModelAdapter, attention_module, feed_forward, recurrent_layers
+from .adapter import ModelAdapter, attention_module, config_value, feed_forward, recurrent_layers
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -95,9 +95,10 @@ def shard(model: nn.Module, group: Group) -> None:
                              "their linear-attention layers are not split here")
     # mlx-lm's shard() only divides: uneven splits must be refused here
     args = adapter.text.args  # gemma3: its text model's
-    sizes = {"attention heads": args.num_attention_heads,
+    sizes = {"attention heads": config_value(args, "num_attention_heads"),
              "key/value heads": args.num_key_value_heads,
-             "MLP width": getattr(args, "intermediate_size", 4 * args.hidden_size)  # gpt_neox: 4x
+             "MLP width": config_value(args, "intermediate_size",  # GPT-2's: 4 x hidden
+                                       4 * config_value(args, "hidden_size"))
              // (2 if model.model_type == "qwen" else 1)}  # Qwen 1's: half its intermediate_size
     if getattr(args, "moe_intermediate_size", None):
         sizes["expert MLP width"] = args.moe_intermediate_size
@@ -125,7 +126,7 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
     StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, Gemma 1,
-    Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1):
+    Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1, GPT-2):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
@@ -153,8 +154,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
             if name in attn:
                 setattr(attn, name, shard_linear(attn[name], "sharded-to-all", group=group))
         for name in ("n_heads", "n_kv_heads", "num_heads", "num_key_value_heads",
-                     "num_kv_heads", "num_attention_heads"):  # MiniCPM's, StableLM's,
-            # nanochat's, GPT-NeoX's, Qwen 1's named num_*
+                     "num_kv_heads", "num_attention_heads", "n_head"):  # MiniCPM's,
+            # StableLM's, nanochat's, GPT-NeoX's, Qwen 1's named num_*, GPT-2's n_head
             if hasattr(attn, name):
                 setattr(attn, name, getattr(attn, name) // n)
         for name in ("q_layernorm", "k_layernorm"):  # StableLM's, one LayerNorm per head:
@@ -185,7 +186,7 @@ SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
              "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat", "gemma",
-             "cohere", "phi", "gpt_neox", "internlm2", "qwen")}
+             "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

@@ -249,7 +249,7 @@ class LazyEngine:
         (vocab,) logits after the last of them."""
         a, sched, cache, select = self.adapter, self.schedule, self.cache, self.selector
         comp = positions  # tokens computed at the current layer, sorted
-        h = a.embed(tokens)  # layer 0's _restrict drops tokens a random drop keeps out
+        h = a.embed(tokens, positions)  # layer 0's _restrict drops tokens a random drop keeps out
         chosen: Optional[Mask] = None  # by position, the tokens seen (None: all cached)
         # Once completion has left no token waiting, every token has KV wherever it may and is
         # seen there, and decode steps neither select nor revive: the cuts only spared

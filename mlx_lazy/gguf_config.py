@@ -114,6 +114,13 @@ The architectures (llama.cpp's names), and what converting each involves:
 * ``qwen`` (Qwen 1): fused q/k/v with its bias as mlx-lm's ``c_attn`` (NeoX RoPE, as they
   are), the MLP's gate ``w2`` and up ``w1``; mlx-lm's hard-wired RoPE base and no
   grouped-query attention, so other GGUFs are refused.
+* ``gpt2`` (GPT-2) / ``starcoder`` (StarCoder 1, SantaCoder; mlx-lm's ``gpt_bigcode``):
+  learned positions (``position_embd``, as many as the context), fused q/k/v (``attn_qkv`` as
+  mlx-lm's ``c_attn``), LayerNorms and biases everywhere, a GELU MLP. GPT-2: as many key/value
+  heads as query heads, the MLP 4 x hidden and the head the embedding (mlx-lm's gpt2 hard-wires
+  all three: anything else refused); StarCoder: one key/value head (multi-query) or as many as
+  the queries, a head of its own where the GGUF has one. (mlx-lm's gpt_bigcode GELU is the exact
+  one, llama.cpp's the tanh approximation.)
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -160,7 +167,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "dots1": "Dots1ForCausalLM", "llama4": "Llama4ForConditionalGeneration",
                  "gemma": "GemmaForCausalLM", "command-r": "CohereForCausalLM",
                  "phi2": "PhiForCausalLM", "gptneox": "GPTNeoXForCausalLM",
-                 "internlm2": "InternLM2ForCausalLM", "qwen": "QWenLMHeadModel"}
+                 "internlm2": "InternLM2ForCausalLM", "qwen": "QWenLMHeadModel",
+                 "gpt2": "GPT2LMHeadModel", "starcoder": "GPTBigCodeForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -168,7 +176,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "glm4moe": "glm4_moe", "gemma4": "gemma4_text", "ernie4_5-moe": "ernie4_5_moe",
                 "mistral3": "ministral3", "deepseek2": "deepseek_v2", "lfm2moe": "lfm2_moe",
                 "hunyuan-dense": "hunyuan_v1_dense", "command-r": "cohere",
-                "phi2": "phi", "gptneox": "gpt_neox"}
+                "phi2": "phi", "gptneox": "gpt_neox",
+                "starcoder": "gpt_bigcode"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -182,11 +191,14 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
-    "qwen")
+                    "qwen", "gpt2", "gpt_bigcode")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
-_LAYER_NORM = ("starcoder2", "cohere2", "stablelm", "command-r", "phi2", "gptneox")
+_LAYER_NORM = ("starcoder2", "cohere2", "stablelm", "command-r", "phi2", "gptneox", "gpt2",
+               "starcoder")
+# GPT-2 and StarCoder 1: learned positions, GPT-2's config names in mlx-lm's models
+LEARNED_POSITIONS = ("gpt2", "starcoder")
 # Command R7B: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the
 # GGUF says otherwise
 COHERE2_SLIDING_PATTERN = 4
@@ -452,6 +464,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       layer_norm_bias=False, attention_bias=False,
                       logit_scale=real("logit_scale", 0.0) or 1.0,
                       use_qk_norm="blk.0.attn_q_norm.weight" in tensors)
+    if arch in LEARNED_POSITIONS:
+        config.update(_gpt2_config(arch, n_heads, n_kv, positive, config))
     if arch == "apertus":  # llama.cpp reads no biases, hard-wires q/k norms and NeoX RoPE
         scale = real("attention.scale", 0.0)  # llama.cpp: 0 is 1/sqrt(head_dim), mlx-lm's
         if scale and not math.isclose(scale, head_dim ** -0.5, rel_tol=ATTN_FACTOR_RTOL):
@@ -632,6 +646,30 @@ def _gptneox_config(g: Any, count: Any, positive: Any, n_heads: int, n_kv: int, 
                              f"supported (mlx-lm's gpt_neox's is 4 x hidden: {4 * hidden})")
     return {"layer_norm_eps": positive("attention.layer_norm_epsilon"), "rotary_pct": rotary,
             "rotary_emb_base": base, "use_parallel_residual": bool(parallel)}
+
+
+def _gpt2_config(arch: str, n_heads: int, n_kv: int, positive: Any, config: dict) -> dict:
+    """GPT-2's and StarCoder 1's settings under their config names: learned positions as many as
+    the context (position_embd's rows, by the shape check), LayerNorms, biases everywhere (all
+    required by llama.cpp); what mlx-lm's gpt2 hard-wires (as many key/value heads as query
+    heads, the MLP 4 x hidden) or gpt_bigcode can hold (one key/value head or as many) checked."""
+    hidden, width = config["hidden_size"], config["intermediate_size"]
+    if arch == "gpt2" and (n_kv != n_heads or width != 4 * hidden):
+        raise UserInputError(f"GGUF gpt2 with {n_kv} key/value heads to {n_heads} query heads "
+                             f"and an MLP {width} wide is not supported (mlx-lm's gpt2 takes as "
+                             f"many key/value heads and 4 x hidden: {4 * hidden})")
+    if arch == "starcoder" and n_kv not in (1, n_heads):
+        raise UserInputError(f"GGUF starcoder with {n_kv} key/value heads is not supported "
+                             f"(mlx-lm's gpt_bigcode takes 1 or as many as its {n_heads} query "
+                             "heads)")
+    context = config["max_position_embeddings"]
+    out = {"n_embd": hidden, "n_head": n_heads, "n_layer": config["num_hidden_layers"],
+           "n_positions": context, "n_ctx": context,
+           "layer_norm_epsilon": positive("attention.layer_norm_epsilon")}
+    if arch == "gpt2":  # its head is the embedding (gpt2_tensors drops a copy of it)
+        return {**out, "tie_word_embeddings": True}
+    return {**out, "n_inner": width, "multi_query": n_kv == 1, "attention_bias": True,
+            "mlp_bias": True}
 
 
 def _check_heads_of_hidden(arch: str, model_type: str, heads: int, head_dim: int,

@@ -244,6 +244,9 @@ _INTERNLM2_LAYER_NAMES = {"attn_norm": "attention_norm", "ffn_norm": "ffn_norm",
 _QWEN_LAYER_NAMES = {"attn_norm": "ln_1", "ffn_norm": "ln_2", "attn_qkv": "attn.c_attn",
                      "attn_output": "attn.c_proj", "ffn_gate": "mlp.w2", "ffn_up": "mlp.w1",
                      "ffn_down": "mlp.c_proj"}
+# GPT-2, StarCoder 1: fused q/k/v (mlx-lm's c_attn, the same rows), LayerNorms, a plain MLP
+_GPT2_LAYER_NAMES = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
+                     "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
@@ -262,6 +265,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "dots1": _DOTS1_LAYER_NAMES, "llama4": _LLAMA4_LAYER_NAMES,
                      "phi2": _PHI2_LAYER_NAMES, "gptneox": _GPTNEOX_LAYER_NAMES,
                      "internlm2": _INTERNLM2_LAYER_NAMES, "qwen": _QWEN_LAYER_NAMES,
+                     **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -288,6 +292,13 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 "gptneox": ("model.h", {"token_embd": "model.embed_in",
                                         "output_norm": "model.final_layer_norm",
                                         "output": "model.embed_out"}),
+                # GPT-2's (model.h) and StarCoder 1's (transformer.h), their learned positions
+                "gpt2": ("model.h", {"token_embd": "model.wte", "position_embd": "model.wpe",
+                                     "output_norm": "model.ln_f"}),
+                "starcoder": ("transformer.h", {"token_embd": "transformer.wte",
+                                                "position_embd": "transformer.wpe",
+                                                "output_norm": "transformer.ln_f",
+                                                "output": "lm_head"}),
                 **dict.fromkeys(("lfm2", "lfm2moe"), (
                     "model.layers", {"token_embd": "model.embed_tokens",
                                      "token_embd_norm": "model.embedding_norm"}))}
@@ -745,6 +756,18 @@ def internlm2_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def gpt2_tensors(tensors: dict, config: dict) -> dict:
+    """A GPT-2 GGUF's tensors without ``output.weight`` where it is a copy of the embedding
+    (mlx-lm's gpt2 always reads the embedding as its head); a head of its own is refused."""
+    out = dict(tensors)
+    head, embedding = out.pop("output.weight", None), tensors["token_embd.weight"]
+    if head is not None and not (head.tensor_type == embedding.tensor_type
+                                 and np.array_equal(head.data, embedding.data)):
+        raise UserInputError("GGUF gpt2 with a head of its own (output.weight, not the "
+                             "embedding's copy) is not supported (mlx-lm's gpt2 ties it)")
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
@@ -752,7 +775,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
              "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors,
-             "internlm2": internlm2_tensors}
+             "internlm2": internlm2_tensors, "gpt2": gpt2_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -270,6 +270,9 @@ GGUF_KIND_LAYER_NAMES.update({
     "hunyuan_v1_dense": {**GGUF_LAYER_NAMES, "self_attn.query_layernorm": "attn_q_norm",
                          "self_attn.key_layernorm": "attn_k_norm"},
     # EXAONE 3.0/3.5's GPT-2 names (its top tensors': GGUF_TOP_NAMES)
+    **dict.fromkeys(("gpt2", "gpt_bigcode"), {
+        "ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+        "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}),
     "exaone": {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.attention.q_proj": "attn_q",
                "attn.attention.k_proj": "attn_k", "attn.attention.v_proj": "attn_v",
                "attn.attention.out_proj": "attn_output", "mlp.c_fc_0": "ffn_gate",
@@ -295,7 +298,8 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next",
              "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2"),
              "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r",
-             "phi": "phi2", "gpt_neox": "gptneox"}
+             "phi": "phi2", "gpt_neox": "gptneox",
+             "gpt_bigcode": "starcoder"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
                  "internlm2")
@@ -314,7 +318,9 @@ GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm
                   "transformer.ln_f": "output_norm", "model.final_layernorm": "output_norm",
                   "model.embed_in": "token_embd", "model.final_layer_norm": "output_norm",
                   "model.embed_out": "output", "model.tok_embeddings": "token_embd",
-                  "output": "output"}
+                  "output": "output", "model.wte": "token_embd",
+                  "model.ln_f": "output_norm", "model.wpe": "position_embd",
+                  "transformer.wpe": "position_embd"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 
 
@@ -861,9 +867,9 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
     window (no pattern: llama.cpp's default 4, unless ``swa_pattern`` gives one as written);
     Gemma's value width; GLM's MRoPE sections and NextN blocks; an attention scale where
     ``attention_scale`` says."""
-    eps = m.get("norm_epsilon", m.get("layer_norm_eps"))
-    if m["model_type"] in ("starcoder2", "cohere2", "stablelm", "cohere", "phi",
-                              "gpt_neox") and eps is not None:
+    eps = m.get("norm_epsilon", m.get("layer_norm_eps", m.get("layer_norm_epsilon")))
+    if m["model_type"] in ("starcoder2", "cohere2", "stablelm", "cohere", "phi", "gpt_neox",
+                           "gpt2", "gpt_bigcode") and eps is not None:
         w.add_layer_norm_eps(eps)
     if m["model_type"] in ("cohere2", "cohere") and m["logit_scale"] is not None:
         w.add_logit_scale(m["logit_scale"])
@@ -1196,6 +1202,25 @@ GGUF_CASES.update({
                              "output": T.F16, "*": T.Q8_0}, QWEN_GGUF),
     "qwen-kquants": ("qwen", {"attn_qkv": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
                      {**QWEN_GGUF, **KQ, "kv_channels": 64, "intermediate_size": 512}),
+})
+#: GPT-2's and StarCoder 1's shapes in rows of 256 (GPT-2's MLP 4 x hidden)
+GPT2_KQ = {**KQ, "n_embd": 256, "intermediate_size": 1024, "n_inner": 1024}
+GGUF_CASES.update({
+    # GPT-2: learned positions (float16 here, never quantized by llama.cpp), fused q/k/v,
+    # LayerNorms and biases everywhere, the embedding as the head
+    "gpt2-legacy": ("gpt2", {"token_embd": T.Q8_0, "position_embd": T.F16, "attn_qkv": T.Q4_0,
+                             "ffn_up": T.Q4_1, "*": T.Q8_0}, {"layer_norm_epsilon": 2 ** -6}),
+    "gpt2-kquants": ("gpt2", {"position_embd": T.F32, "attn_qkv": T.Q5_K, "ffn_down": T.Q6_K,
+                              "*": T.Q4_K}, GPT2_KQ),
+    # StarCoder 1: GPT-2's layout with one key/value head and a head of its own; in kquants as
+    # many key/value heads as query heads (multi_query off) and a tied head
+    "starcoder-legacy": ("gpt_bigcode", {"token_embd": T.Q8_0, "position_embd": T.F32,
+                                         "attn_qkv": T.Q4_1, "output": T.F16, "*": T.Q8_0},
+                         {}),
+    "starcoder-kquants": ("gpt_bigcode", {"position_embd": T.F16, "attn_qkv": T.Q4_K,
+                                          "ffn_up": T.Q6_K, "*": T.Q4_K},
+                          {**GPT2_KQ, "tie_word_embeddings": True, "multi_query": False,
+                           "num_key_value_heads": 4}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1537,7 +1562,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "stablelm-legacy", "stablelm-parallel-legacy",
                                   "minicpm-legacy", "dots1-legacy", "gemma-legacy",
                                   "command_r-legacy", "phi2-legacy", "gptneox-legacy",
-                                  "internlm2-linear", "qwen-legacy"])
+                                  "internlm2-linear", "qwen-legacy", "gpt2-legacy",
+                                  "starcoder-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2509,6 +2535,21 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                 "output.weight": np.ones((VOCAB_SIZE, 64))}) and tmp / "g.gguf",
             "GGUF tensors disagree with its metadata: it has an unexpected tensor "
             "lm_head.weight"),
+        "gpt2_kv_heads": (lambda: gguf_of("g.gguf", "gpt2", {"num_key_value_heads": 1}),
+                          "GGUF gpt2 with 1 key/value heads to 4 query heads and an MLP 256 wide "
+                          "is not supported (mlx-lm's gpt2 takes as many key/value heads and 4 x "
+                          "hidden: 256)"),
+        "gpt2_mlp_width": (lambda: gguf_of("g.gguf", "gpt2", {"intermediate_size": 128}),
+                           "GGUF gpt2 with 4 key/value heads to 4 query heads and an MLP 128 "
+                           "wide is not supported"),
+        "gpt2_own_head": (  # a head that is no copy of the embedding
+            lambda: write_gguf(tmp / "g.gguf", "gpt2", tok_folder, extra={
+                "output.weight": np.ones((VOCAB_SIZE, 64))}) and tmp / "g.gguf",
+            "GGUF gpt2 with a head of its own (output.weight, not the embedding's copy) is not "
+            "supported (mlx-lm's gpt2 ties it)"),
+        "starcoder_kv_heads": (lambda: gguf_of("s.gguf", "gpt_bigcode", {"num_key_value_heads": 2}),
+                               "GGUF starcoder with 2 key/value heads is not supported (mlx-lm's "
+                               "gpt_bigcode takes 1 or as many as its 4 query heads)"),
         "stablelm_eps": (lambda: gguf_of("s.gguf", "stablelm", {"layer_norm_eps": None}),
                          "GGUF metadata lacks stablelm.attention.head_count / "),
         "stablelm_qk_norm_shape": (  # llama.cpp's converter stacks a norm per head
@@ -2602,7 +2643,22 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "command_r_qkv_bias", "gemma_eps", "gemma_head", "gptneox_gqa", "gptneox_mlp_width",
               "gptneox_parallel_residual", "gptneox_parallel_residual_type", "gptneox_qkv_rows",
               "phi2_qkv_twice", "internlm2_qkv_bias", "internlm2_fused_qkv", "qwen_kv_heads",
-              "qwen_rope_base"]
+              "qwen_rope_base", "gpt2_kv_heads", "gpt2_mlp_width", "gpt2_own_head",
+              "starcoder_kv_heads"]
+
+
+def test_a_gpt2_head_copying_the_embedding_is_dropped():
+    """llama.cpp reads a GPT-2 GGUF's output.weight, where it has one, as the head; mlx-lm's
+    gpt2 always reads the embedding: a copy of it is dropped, another head refused."""
+    from mlx_lazy.gguf_tensors import _Part, gpt2_tensors
+
+    e = np.arange(12, dtype=np.float32).reshape(3, 4)
+    embd = _Part("token_embd.weight", T.F32, np.array([4, 3]), e)
+    copy = embd._replace(name="output.weight", data=e.copy())
+    assert list(gpt2_tensors({"token_embd.weight": embd, "output.weight": copy}, {})) == [
+        "token_embd.weight"]
+    with pytest.raises(UserInputError, match="a head of its own"):
+        gpt2_tensors({"token_embd.weight": embd, "output.weight": copy._replace(data=e + 1)}, {})
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

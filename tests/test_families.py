@@ -65,7 +65,8 @@ MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
-         "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen")
+         "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
+         "gpt_bigcode")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -509,6 +510,56 @@ def test_a_tied_minicpm_leaves_its_logits_unscaled(family):
                         if not k.startswith("lm_head")])
     prompt = random_prompt(100, ModelAdapter(model).vocab_size, seed=2)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 4) < LOGITS_TOL
+
+
+def test_the_tiny_gpt2_and_starcoder_are_what_they_claim(family):
+    """GPT-2 and StarCoder 1: fused c_attn (StarCoder's multi-query: one key/value head),
+    random LayerNorms, a tied (GPT-2) and an untied (StarCoder) head, config names of their
+    own; the learned positions random, added at the positions given (not the rows), none past
+    the table's 1,024 (refused in one line), which is also the context api reads."""
+    from mlx_lazy.api import context_length
+
+    gpt2, _ = family("gpt2")
+    starcoder, _ = family("gpt_bigcode")
+    for model, kv_heads in ((gpt2, 4), (starcoder, 1)):
+        a, layer = ModelAdapter(model), model.layers[0]
+        assert "c_attn" in layer.attn and "q_proj" not in layer.attn
+        assert (a.n_heads, a.n_kv_heads) == (4, kv_heads)
+        assert not hasattr(model.args, "hidden_size") and a.fingerprint()["hidden_size"] == 64
+        assert _random(layer.ln_1.weight, layer.ln_2.weight, a._final_norm.weight)
+        assert context_length(model, None) == 1024
+        tokens, positions = mx.array([5, 9]), np.array([0, 700])
+        expected = a._embedding(tokens) + a._position_embedding(mx.array(positions))
+        assert mx.array_equal(a.embed(tokens, positions)[0], expected)
+        assert not mx.array_equal(a.embed(tokens)[0], expected)
+        with pytest.raises(UserInputError, match="position 1024 is past the model's 1024"):
+            a.embed(tokens, np.array([1023, 1024]))
+    assert ModelAdapter(gpt2).lm_head is None
+    assert ModelAdapter(starcoder).lm_head is starcoder.lm_head
+
+
+@pytest.mark.parametrize("kind", ("gpt2", "gpt_bigcode"))
+def test_a_later_chunk_takes_its_learned_positions(family, kind):
+    """A follow-up prompt chunk (positions 200 to 299) gets the learned position embedding at
+    its tokens' original positions: those pruned at the cut and revived by decode steps have
+    the keys and values of mlx-lm's one forward over the whole prompt."""
+    model, _ = family(kind)
+    prompt = random_prompt(300, ModelAdapter(model).vocab_size, seed=3)
+    cache = make_prompt_cache(model)
+    model(prompt[None], cache=cache)
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
+                                                                   keep=(0.3,))))
+    engine.prefill(prompt[:200])
+    token = int(mx.argmax(engine.extend(prompt[200:])))
+    waiting = {p for p in engine.cache.aux[2].positions.tolist() if p >= 200}
+    for _ in range(16):
+        token = int(mx.argmax(engine.decode(token)))
+    kv = engine.cache.layers[2]
+    revived = [p for p in kv.cached_positions().tolist() if p in waiting]
+    assert revived, "the schedule should revive some tokens of the second chunk"
+    keys, values = kv.fetch(np.array(revived))
+    assert rel_err(keys, cache[2].keys[:, :, revived]) < 1e-5
+    assert rel_err(values, cache[2].values[:, :, revived]) < 1e-5
 
 
 def test_dynamic_ntk_rope_on_scattered_positions_is_one_call_over_their_span():

@@ -26,7 +26,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
-    "internlm2", "qwen")
+         "internlm2", "qwen", "gpt2", "gpt_bigcode")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -339,6 +339,18 @@ _KIND_CONFIG = {
     # MLP half intermediate_size wide (w2 the gate); biases everywhere, the head's too
     "qwen": {"architectures": ["QWenLMHeadModel"], "num_key_value_heads": 4, "kv_channels": 16,
              "layer_norm_epsilon": 1e-6, "no_bias": False},
+    # GPT-2: learned positions (1,024; random), fused c_attn, LayerNorms and every projection
+    # with random biases, a tied head; its config's own names (Llama's, unread by mlx-lm, say
+    # the same for the GGUF tests)
+    "gpt2": {"architectures": ["GPT2LMHeadModel"], "n_ctx": 1024, "n_embd": 64, "n_head": 4,
+             "n_layer": 4, "n_positions": 1024, "layer_norm_epsilon": 1e-5,
+             "num_key_value_heads": 4, "intermediate_size": 256, "max_position_embeddings": 1024},
+    # StarCoder 1 / SantaCoder: GPT-2's layout with multi-query attention (one key/value
+    # head), an exact-GELU MLP 128 wide, an untied head
+    "gpt_bigcode": {"architectures": ["GPTBigCodeForCausalLM"], "n_embd": 64, "n_head": 4,
+                    "n_layer": 4, "n_inner": 128, "n_positions": 1024,
+                    "layer_norm_epsilon": 1e-5, "multi_query": True, "num_key_value_heads": 1,
+                    "tie_word_embeddings": False, "max_position_embeddings": 1024},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -407,7 +419,7 @@ _VARIANTS = {
 _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
-                        "phi", "gpt_neox", "internlm2", "qwen")
+                        "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode")
 
 
 def tiny_config(kind: str) -> dict:
