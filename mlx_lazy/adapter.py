@@ -133,13 +133,21 @@ from .errors import UserInputError, shown
 # each branch, the final one, and the q/k norms after RoPE), RoPE with negated frequencies
 # (mlx-lm's ``apply_rotary_emb``), a plain ReLU^2 MLP run as its module, logits soft-capped
 # at 15.
+# nemotron (Nemotron-3, Minitron): Llama's layout with LayerNorms of (1 + w) and a bias
+# (mlx-lm's ``NemotronLayerNorm1P``, run as its modules), RoPE over part of each head, a plain
+# (not gated) squared-ReLU MLP ``up_proj``/``down_proj`` run as its module.
+# openelm (Apple's OpenELM): query and key/value heads and the MLP's width set per layer,
+# fused ``qkv_proj`` (split as phi3's, by the layer's own heads), per-head q/k norms, the
+# MLP's fused ``proj_1`` (gate, then up) and ``proj_2`` at ``block.ffn``, Llama's parts under
+# other names (:data:`_PART_NAMES`, config fields :data:`_ARG_NAMES`), a tied head.
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere2", "deepseek_v2", "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "gemma2", "gemma3",
                          "gemma3_text", "gemma4", "gemma4_text", "glm4", "glm4_moe",
                          "glm4_moe_lite", "gpt_oss", "granite", "granitemoe", "helium", "hunyuan",
                          "hunyuan_v1_dense", "internlm3", "lfm2", "lfm2_moe", "llama", "llama4",
                          "llama4_text", "mimo", "minicpm", "ministral3", "mistral", "mistral3",
-                         "mixtral", "nanochat", "olmo2", "olmo3", "olmoe", "phi3", "phimoe",
+                         "mixtral", "nanochat", "nemotron", "olmo2", "olmo3", "olmoe", "openelm",
+                         "phi3", "phimoe",
                          "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
                          "qwen3_next", "seed_oss", "smollm3", "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
@@ -165,8 +173,14 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                                {"q_norm": "query_layernorm", "k_norm": "key_layernorm"}),
                "nanochat": {"q_proj": "c_q", "k_proj": "c_k", "v_proj": "c_v", "o_proj": "c_proj",
                             "embed_tokens": "wte", "norm": "ln_f"},
+               "openelm": {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                           "o_proj": "out_proj", "embed_tokens": "token_embeddings"},
                "stablelm": {"q_norm": "q_layernorm", "k_norm": "k_layernorm"},
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES)}
+#: The config fields a family names otherwise than Llama's, by Llama's name
+#: (:meth:`ModelAdapter._arg`).
+_ARG_NAMES = {"openelm": {"hidden_size": "model_dim", "num_attention_heads": "num_query_heads",
+                          "num_key_value_heads": "num_kv_heads"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
@@ -192,8 +206,10 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # query_layernorm, key_layernorm}``, ``model.word_embeddings``; hunyuan's ``args.{use_cla,
 # cla_share_factor}``, ``self_attn.key_layernorm``; llama4's ``self_attn.{use_rope, use_qk_norm,
 # attn_temperature_tuning, floor_scale, attn_scale}``, ``args.attention_chunk_size``,
-# ``block.feed_forward``, llama4_text's ``output``): at least the first, below the second. Same as
-# pyproject.toml.
+# ``block.feed_forward``, llama4_text's ``output``; openelm's ``attn.{qkv_proj, out_proj, head_dim,
+# n_heads, n_kv_heads}``, ``ffn.{proj_1, proj_2}``, ``transformer.token_embeddings``,
+# ``args.{model_dim, num_query_heads, num_kv_heads}``): at least the first, below the second.
+# Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -386,7 +402,7 @@ class ModelAdapter:
         self._embedding = self._part(self.inner, "embed_tokens")
         self._final_norm = self._weightless or self._part(self.inner, "norm")
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
-        self._hidden = int(args.hidden_size)
+        self._hidden = self._arg("hidden_size")
         self._softcap = (getattr(args, "final_logit_softcapping", None) if gemma else
                          15.0 if model_type == "nanochat" else None)  # mlx-lm's nanochat.softcap
         granite, minicpm = model_type in GRANITE_TYPES, model_type == "minicpm"
@@ -424,6 +440,12 @@ class ModelAdapter:
         :meth:`recurrent_block`, not :meth:`qkv` and :meth:`finish`."""
         return layer in self._recurrent
 
+    def _arg(self, name: str) -> int:
+        """The text model's config field that Llama's names ``name`` (:data:`_ARG_NAMES`);
+        counts given per layer (OpenELM's heads) summed over the layers."""
+        value = getattr(self.text.args, _ARG_NAMES.get(self.model.model_type, {}).get(name, name))
+        return int(sum(value) if isinstance(value, list) else value)
+
     def _part(self, module: nn.Module, name: str) -> Optional[nn.Module]:
         """The part of ``module`` that Llama's layout names ``name`` (under the family's own
         name, :data:`_PART_NAMES`); None where it has none."""
@@ -453,9 +475,9 @@ class ModelAdapter:
         return {
             "model_type": self.model.model_type,
             "num_layers": self.num_layers,
-            "hidden_size": int(args.hidden_size),
-            "num_attention_heads": int(args.num_attention_heads),  # all ranks' heads
-            "num_key_value_heads": int(args.num_key_value_heads),
+            "hidden_size": self._hidden,
+            "num_attention_heads": self._arg("num_attention_heads"),  # all ranks' heads
+            "num_key_value_heads": self._arg("num_key_value_heads"),
             "vocab_size": int(args.vocab_size),
             "weights": self.weights_digest(),
             "identity": self.identity(),
@@ -564,11 +586,13 @@ class ModelAdapter:
         gate = None
         if self._mla:
             return (*self._latent_qkv(attn, x, n, positions), None)
+        heads = getattr(attn, "n_heads", self.n_heads)  # openelm: by layer
+        kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4, openelm: by layer
         fused = getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
-        if fused is not None:  # phi3, bailing_moe: one projection, split as mlx-lm does
+        if fused is not None:  # phi3, bailing_moe, openelm: one projection, split as mlx-lm does
             qkv = fused(x)
-            q_end = self.n_heads * attn.head_dim
-            q, k, v = mx.split(qkv, [q_end, q_end + self.n_kv_heads * attn.head_dim], axis=-1)
+            q_end = heads * attn.head_dim
+            q, k, v = mx.split(qkv, [q_end, q_end + kv_heads * attn.head_dim], axis=-1)
         elif self.kv_layer(layer) != layer and self._gemma4:  # a lower layer's keys, values
             q = attn.q_norm(attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1))
             return _rope(attn.rope, q.transpose(0, 2, 1, 3), positions), None, None, None
@@ -593,8 +617,7 @@ class ModelAdapter:
         if getattr(q_norm, "weight", None) is not None and q_norm.weight.shape[-1] == q.shape[-1]:
             q, k = q_norm(q), k_norm(k)  # olmo: over all heads
             q_norm = None
-        kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4: by layer
-        q = q.reshape(1, n, self.n_heads, -1)
+        q = q.reshape(1, n, heads, -1)
         k = k.reshape(1, n, kv_heads, -1)
         v = v.reshape(1, n, kv_heads, -1)
         if q_norm is not None and not self._norms_after_rope:
@@ -761,6 +784,9 @@ class ModelAdapter:
             return mlp.w2(kernels.gated(mlp.w1(x), mlp.w3(x), activation))
         if hasattr(mlp, "gate_up_proj"):  # phi3
             gate, up = mx.split(mlp.gate_up_proj(x), 2, axis=-1)
+        elif hasattr(mlp, "proj_1"):  # openelm
+            gate, up = mx.split(mlp.proj_1(x), 2, axis=-1)
+            return mlp.proj_2(kernels.gated(gate, up, activation))
         elif hasattr(mlp, "c_fc_0"):  # exaone
             return mlp.c_proj(kernels.gated(mlp.c_fc_0(x), mlp.c_fc_1(x), activation))
         else:
@@ -894,8 +920,8 @@ def quantizations(model: nn.Module) -> List[str]:
 def feed_forward(block: nn.Module) -> nn.Module:
     """A layer's feed-forward module as mlx-lm's block calls it: ``block.mlp`` (a dense MLP
     or a sparse MoE block), the ``block_sparse_moe`` of Mixtral, Granite MoE and
-    Phi-3.5-MoE, or LFM2's and Llama 4's ``feed_forward``."""
-    for name in ("mlp", "block_sparse_moe"):
+    Phi-3.5-MoE, LFM2's and Llama 4's ``feed_forward`` or OpenELM's ``ffn``."""
+    for name in ("mlp", "block_sparse_moe", "ffn"):
         if name in block:
             return block[name]
     return block.feed_forward
@@ -914,8 +940,8 @@ def attention_module(block: nn.Module) -> nn.Module:
 def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     """The :func:`~mlx_lazy.kernels.gated` activation of mlx-lm's dense gated MLPs (Gemma's
     ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE)."""
-    if hasattr(mlp, "w2") or hasattr(mlp, "c_fc_0"):  # lfm2's, exaone's SwiGLU
-        return "silu"
+    if hasattr(mlp, "w2") or hasattr(mlp, "c_fc_0") or hasattr(mlp, "proj_1"):
+        return "silu"  # lfm2's, exaone's, openelm's SwiGLU
     if not hasattr(mlp, "down_proj"):
         return None
     if hasattr(mlp, "gate_up_proj") or (hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj")):

@@ -30,8 +30,10 @@ a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too). Dense families (:da
 EXAONE 3.5 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k
 norms after RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``:
 per-head q/k LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals
-and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped) and nanochat (``nanochat``:
-weightless norms, soft-capped logits)."""
+and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped), nanochat (``nanochat``:
+weightless norms, soft-capped logits), Nemotron (``nemotron``: (1 + w) LayerNorms with biases,
+partial RoPE, squared-ReLU MLP) and OpenELM (``openelm``: heads and MLP widths per layer, fused
+q/k/v, per-head q/k norms, Llama's parts named otherwise)."""
 
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
-         "nanochat")
+         "nanochat", "nemotron", "openelm")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -424,6 +426,28 @@ def test_the_tiny_nanochat_is_what_it_claims(family):
     assert (a.n_heads, a.n_kv_heads, a.variant()) == (4, 2, "float32")
     raw = model.lm_head(model.transformer(mx.array(random_prompt(64, a.vocab_size))[None]))
     assert float(mx.abs(raw).max()) > 15 * 1.5
+
+
+def test_the_tiny_nemotron_and_openelm_are_what_they_claim(family):
+    """Nemotron's LayerNorms of (1 + w), their weights and biases random, RoPE over 8 of 16
+    head dims, a plain MLP (no CPU kernel); OpenELM's query and key/value heads differing by
+    layer (the fingerprint sums them), its norms (q/k per head) random and named otherwise,
+    its SwiGLU on the CPU kernel, a tied head."""
+    model, _ = family("nemotron")
+    layer, a = model.layers[0], ModelAdapter(model)
+    norm = layer.input_layernorm
+    assert type(norm).__name__ == "NemotronLayerNorm1P" and _random(norm.weight)
+    assert float(mx.abs(norm.bias).sum()) > 0 and layer.self_attn.rope.dims == 8
+    assert a._activations == [None] * 4 and a.lm_head is model.lm_head
+    model, _ = family("openelm")
+    a = ModelAdapter(model)
+    heads = [(layer.attn.n_heads, layer.attn.n_kv_heads) for layer in model.layers]
+    assert heads == [(2, 1), (4, 2), (4, 2), (6, 3)]
+    assert (a.fingerprint()["num_attention_heads"], a.fingerprint()["hidden_size"]) == (16, 64)
+    layer = model.layers[1]
+    assert _random(layer.attn_norm.weight, layer.ffn_norm.weight, layer.attn.q_norm.weight,
+                   a._final_norm.weight)
+    assert a._activations[0] == "silu" and a.lm_head is None
 
 
 def test_a_tied_minicpm_leaves_its_logits_unscaled(family):

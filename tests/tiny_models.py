@@ -25,7 +25,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
-         "stablelm", "minicpm", "mimo", "nanochat")
+         "stablelm", "minicpm", "mimo", "nanochat", "nemotron", "openelm")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -312,6 +312,16 @@ _KIND_CONFIG = {
     # nanochat: weightless norms, q/k norms after RoPE of negated frequencies, ReLU^2 MLP; its
     # head's weights scaled up so that the soft-cap at 15 bends the logits
     "nanochat": {"architectures": ["NanoChatForCausalLM"]},
+    # Nemotron: (1 + w) LayerNorms with biases (both random), q/k/v/o and MLP biases, RoPE over
+    # half of each head (its default), a squared-ReLU MLP, an untied head
+    "nemotron": {"architectures": ["NemotronForCausalLM"], "hidden_act": "relu2",
+                 "norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True},
+    # OpenELM: 2, 4, 4 and 6 query heads over 1, 2, 2 and 3 key/value heads, MLPs 32, 64, 96
+    # and 128 wide, per-head q/k norms (random), a tied head
+    "openelm": {"architectures": ["OpenELMForCausalLM"], "model_dim": 64,
+                "num_transformer_layers": 4, "num_query_heads": [2, 4, 4, 6],
+                "num_kv_heads": [1, 2, 2, 3], "ffn_multipliers": [0.5, 1.0, 1.5, 2.0],
+                "ffn_dim_divisor": 16, "share_input_output_layers": True},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -377,7 +387,8 @@ _VARIANTS = {
 # kinds whose norms (weights and LayerNorm biases) are random rather than ones and zeros
 _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
-_RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo")
+_RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "nemotron",
+                        "openelm")
 
 
 def tiny_config(kind: str) -> dict:
