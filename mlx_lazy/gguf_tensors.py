@@ -61,6 +61,9 @@ _LAYER_NAMES = {
 # Gemma 2 and 3 as llama.cpp's converter writes them: norm weights as 1 + w (mlx-lm's as w), a
 # SentencePiece vocabulary in Gemma's layout
 GEMMA = ("gemma2", "gemma3")
+# The architectures whose norm weights llama.cpp's converter stores as 1 + w (mlx-lm's models as
+# w): Gemma 2's and 3's, Nemotron's LayerNorms (not their biases)
+_NORMS_PLUS_ONE = (*GEMMA, "nemotron")
 # Gemma 2's and 3's four norms per layer: llama.cpp's ``ffn_norm`` is the norm before the MLP
 # there (Gemma 3's q/k norms too)
 _GEMMA3_LAYER_NAMES = {
@@ -225,6 +228,12 @@ _LLAMA4_LAYER_NAMES = {**_LAYER_NAMES,
                        **{f"ffn_{p}_shexp": f"feed_forward.shared_expert.{p}_proj"
                           for p in ("gate", "up", "down")},
                        "ffn_gate_inp": "feed_forward.router"}
+# OpenELM: its norms', attention's and MLP's names; the MLP's gate then up rows in one tensor
+# (ffn_gate_up, which openelm_tensors fuses from llama.cpp's ffn_gate and ffn_up)
+_OPENELM_LAYER_NAMES = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm",
+                        "attn_qkv": "attn.qkv_proj", "attn_q_norm": "attn.q_norm",
+                        "attn_k_norm": "attn.k_norm", "attn_output": "attn.out_proj",
+                        "ffn_gate_up": "ffn.proj_1", "ffn_down": "ffn.proj_2"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
@@ -240,6 +249,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "lfm2": _LFM2_LAYER_NAMES, "lfm2moe": _LFM2MOE_LAYER_NAMES,
                      "hunyuan-dense": _HUNYUAN_LAYER_NAMES, "stablelm": _STABLELM_LAYER_NAMES,
                      "dots1": _DOTS1_LAYER_NAMES, "llama4": _LLAMA4_LAYER_NAMES,
+                     "openelm": _OPENELM_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -259,6 +269,9 @@ _ARCH_LAYOUT = {"exaone": ("transformer.h", {"token_embd": "transformer.wte",
                     "token_embd": "language_model.model.embed_tokens",
                     "output_norm": "language_model.model.norm",
                     "output": "language_model.lm_head"}),
+                "openelm": ("transformer.layers", {"token_embd": "transformer.token_embeddings",
+                                                   "output_norm": "transformer.norm",
+                                                   "output": "lm_head"}),
                 **dict.fromkeys(("lfm2", "lfm2moe"), (
                     "model.layers", {"token_embd": "model.embed_tokens",
                                      "token_embd_norm": "model.embedding_norm"}))}
@@ -623,13 +636,42 @@ def dots1_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def openelm_tensors(tensors: dict, config: dict) -> dict:
+    """An OpenELM GGUF's tensors with each MLP's gate and up rows, which llama.cpp's converter
+    cut out of the checkpoint's ``proj_1``, fused again (gate rows first) as mlx-lm's openelm
+    holds them: kept quantized where both are of one type, else dequantized."""
+    from gguf import GGMLQuantizationType as T
+
+    out = dict(tensors)
+    for name in tensors:
+        if not name.endswith((".ffn_gate.weight", ".ffn_up.weight")):
+            continue
+        gate, up, fused = (f"blk.{name.split('.')[1]}.{role}.weight"
+                           for role in ("ffn_gate", "ffn_up", "ffn_gate_up"))
+        if gate not in tensors or up not in tensors:
+            raise UserInputError(f"GGUF has {name} without {up if gate in tensors else gate}")
+        if fused in out:
+            continue
+        halves = [tensors[gate], tensors[up]]
+        shapes = [_shape(t) for t in halves]
+        if shapes[0] != shapes[1] or len(shapes[0]) != 2:
+            raise UserInputError(f"GGUF {gate} and {up} have shapes {shapes[0]} and "
+                                 f"{shapes[1]}, not two halves of one projection")
+        same = halves[0].tensor_type == halves[1].tensor_type
+        out[fused] = _Part(fused, halves[0].tensor_type if same else T.F32,
+                           np.array([shapes[0][1], 2 * shapes[0][0]]),
+                           _rows(halves, np.arange(2 * shapes[0][0]), dequantize=not same))
+        del out[gate], out[up]
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
-             "llama4": glm4_tensors}
+             "llama4": glm4_tensors, "openelm": openelm_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -823,8 +865,8 @@ def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
             parts = {"weight": w, "scales": scales, "biases": biases}
         else:
             x = dequantized(t)
-            if arch in GEMMA and gname.endswith("norm.weight"):
-                # llama.cpp stores the multiplier 1 + w of Gemma's norms; mlx-lm adds the 1
+            if arch in _NORMS_PLUS_ONE and gname.endswith("norm.weight"):
+                # llama.cpp stores the multiplier 1 + w of these norms; mlx-lm adds the 1
                 x = x.astype(np.float32) - 1.0
             parts = {suffix: x}
         for key, x in parts.items():

@@ -315,7 +315,8 @@ _KIND_CONFIG = {
     # Nemotron: (1 + w) LayerNorms with biases (both random), q/k/v/o and MLP biases, RoPE over
     # half of each head (its default), a squared-ReLU MLP, an untied head
     "nemotron": {"architectures": ["NemotronForCausalLM"], "hidden_act": "relu2",
-                 "norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True},
+                 "norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
+                 "partial_rotary_factor": 0.5},
     # OpenELM: 2, 4, 4 and 6 query heads over 1, 2, 2 and 3 key/value heads, MLPs 32, 64, 96
     # and 128 wide, per-head q/k norms (random), a tied head
     "openelm": {"architectures": ["OpenELMForCausalLM"], "model_dim": 64,
