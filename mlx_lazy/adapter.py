@@ -538,6 +538,11 @@ class ModelAdapter:
         return dtype + "".join(f"+{q}" for q in quantizations(self.text))
 
     @property
+    def hidden_size(self) -> int:
+        """Width of a token's hidden state (without Gemma 4 E2B/E4B's per-layer inputs)."""
+        return self._hidden
+
+    @property
     def vocab_size(self) -> int:
         """Rows of the embedding table: valid token ids are 0 to vocab_size - 1."""
         return self._embedding.weight.shape[0]
