@@ -161,6 +161,13 @@ from .errors import UserInputError, shown
 # EXAONE 3's names (``wte``, ``h``, ``ln_1``/``ln_2``, ``attn``, ``ln_f``), fused ``c_attn``
 # (split as mlx-lm splits it), LayerNorms with biases, a plain GELU MLP run as its module;
 # their config names (``n_embd``, ``n_head``, ``n_inner``) read through :func:`config_value`.
+# nemotron (Nemotron-3, Minitron): Llama's layout with LayerNorms of (1 + w) and a bias
+# (mlx-lm's ``NemotronLayerNorm1P``, run as its modules), RoPE over part of each head, a plain
+# (not gated) squared-ReLU MLP ``up_proj``/``down_proj`` run as its module.
+# openelm (Apple's OpenELM): query and key/value heads and the MLP's width set per layer,
+# fused ``qkv_proj`` (split as phi3's, by the layer's own heads), per-head q/k norms, the
+# MLP's fused ``proj_1`` (gate, then up) and ``proj_2`` at ``block.ffn``, Llama's parts under
+# other names (:data:`_PART_NAMES`, config fields :func:`config_value`), a tied head.
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
@@ -168,10 +175,10 @@ SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepsee
                          "gpt_oss", "granite", "granitemoe", "helium", "hunyuan",
                          "hunyuan_v1_dense", "internlm2", "internlm3", "lfm2", "lfm2_moe", "llama",
                          "llama4", "llama4_text", "mimo", "minicpm", "ministral3", "mistral",
-                         "mistral3", "mixtral", "nanochat", "olmo2", "olmo3", "olmoe", "phi",
-                         "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3", "qwen3_5",
-                         "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss", "smollm3",
-                         "stablelm", "starcoder2")
+                         "mistral3", "mixtral", "nanochat", "nemotron", "olmo2", "olmo3", "olmoe",
+                         "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3",
+                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
+                         "smollm3", "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -181,9 +188,11 @@ GRANITE_TYPES = ("granite", "granitemoe")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode")
-#: Llama's config names as GPT-2's and StarCoder 1's configs spell them (:func:`config_value`).
-_GPT2_ARGS = {"hidden_size": "n_embd", "num_attention_heads": "n_head",
-              "intermediate_size": "n_inner"}
+#: Llama's config names as other families' configs spell them (:func:`config_value`): GPT-2's
+#: and StarCoder 1's, OpenELM's.
+_CONFIG_NAMES = {"hidden_size": ("n_embd", "model_dim"),
+                 "num_attention_heads": ("n_head", "num_query_heads"),
+                 "num_key_value_heads": ("num_kv_heads",), "intermediate_size": ("n_inner",)}
 _LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm",
                "o_proj": "out_proj", "q_norm": "q_layernorm", "k_norm": "k_layernorm",
                "linear_attn": "conv", "norm": "embedding_norm"}
@@ -199,6 +208,8 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                                {"q_norm": "query_layernorm", "k_norm": "key_layernorm"}),
                "nanochat": {"q_proj": "c_q", "k_proj": "c_k", "v_proj": "c_v", "o_proj": "c_proj",
                             "embed_tokens": "wte", "norm": "ln_f"},
+               "openelm": {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                           "o_proj": "out_proj", "embed_tokens": "token_embeddings"},
                "stablelm": {"q_norm": "q_layernorm", "k_norm": "k_layernorm"},
                "phi": {"o_proj": "dense", "norm": "final_layernorm"},
                "gpt_neox": {"o_proj": "dense", "embed_tokens": "embed_in",
@@ -213,6 +224,10 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                                {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
                                 "o_proj": "c_proj", "embed_tokens": "wte", "norm": "ln_f"}),
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES)}
+#: The config fields a family names otherwise than Llama's, by Llama's name
+#: (:meth:`ModelAdapter._arg`).
+_ARG_NAMES = {"openelm": {"hidden_size": "model_dim", "num_attention_heads": "num_query_heads",
+                          "num_key_value_heads": "num_kv_heads"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
@@ -242,8 +257,10 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # gpt_neox's ``model.{h, embed_in, embed_out, final_layer_norm}``, ``attention.{query_key_value,
 # dense, num_attention_heads}``; internlm2's ``attention.{wqkv, n_kv_groups, head_dim}``,
 # ``output``; qwen's ``attn.{c_attn, rotary_emb}``, ``mlp.{w1, w2}``; GPT-2's and StarCoder 1's
-# ``attn.{c_attn, n_head, n_heads, n_kv_heads, head_dim}``, ``wpe``): at least the first, below
-# the second. Same as pyproject.toml.
+# ``attn.{c_attn, n_head, n_heads, n_kv_heads, head_dim}``, ``wpe``; openelm's ``attn.{qkv_proj,
+# out_proj, head_dim, n_heads, n_kv_heads}``, ``ffn.{proj_1, proj_2}``,
+# ``transformer.token_embeddings``, ``args.{model_dim, num_query_heads, num_kv_heads}``): at
+# least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -291,12 +308,18 @@ def _installed_mlx_lm() -> str | None:
 
 
 def config_value(args: Any, name: str, default: Any = None) -> Any:
-    """``args.<name>`` (Llama's config name), or the same setting under GPT-2's and StarCoder
-    1's name (:data:`_GPT2_ARGS`: ``n_embd``, ...); ``default`` where neither is there (GPT-2's
-    MLP width, 4 x hidden in mlx-lm)."""
-    if hasattr(args, name):
-        return getattr(args, name)
-    return getattr(args, _GPT2_ARGS.get(name, name), default)
+    """``args.<name>`` (Llama's config name), or the same setting under another family's name
+    (:data:`_CONFIG_NAMES`: GPT-2's ``n_embd``, OpenELM's ``model_dim``, ...); ``default``
+    where none is there (GPT-2's MLP width, 4 x hidden in mlx-lm)."""
+    for spelling in (name, *_CONFIG_NAMES.get(name, ())):
+        if hasattr(args, spelling):
+            return getattr(args, spelling)
+    return default
+
+
+def _total(count: Any) -> int:
+    """A count, or the sum of one given per layer (OpenELM's heads)."""
+    return int(sum(count) if isinstance(count, list) else count)
 
 
 def _text_model(model: nn.Module) -> nn.Module:
@@ -496,6 +519,12 @@ class ModelAdapter:
         :meth:`recurrent_block`, not :meth:`qkv` and :meth:`finish`."""
         return layer in self._recurrent
 
+    def _arg(self, name: str) -> int:
+        """The text model's config field that Llama's names ``name`` (:data:`_ARG_NAMES`);
+        counts given per layer (OpenELM's heads) summed over the layers."""
+        value = getattr(self.text.args, _ARG_NAMES.get(self.model.model_type, {}).get(name, name))
+        return int(sum(value) if isinstance(value, list) else value)
+
     def _part(self, module: nn.Module, name: str) -> Optional[nn.Module]:
         """The part of ``module`` that Llama's layout names ``name`` (under the family's own
         name, :data:`_PART_NAMES`); None where it has none."""
@@ -525,10 +554,10 @@ class ModelAdapter:
         return {
             "model_type": self.model.model_type,
             "num_layers": self.num_layers,
-            "hidden_size": int(config_value(args, "hidden_size")),
-            # all ranks' heads
-            "num_attention_heads": int(config_value(args, "num_attention_heads")),
-            "num_key_value_heads": int(args.num_key_value_heads),
+            "hidden_size": self._hidden,
+            # all ranks' heads (OpenELM's, given per layer, summed)
+            "num_attention_heads": _total(config_value(args, "num_attention_heads")),
+            "num_key_value_heads": _total(config_value(args, "num_key_value_heads")),
             "vocab_size": int(args.vocab_size),
             "weights": self.weights_digest(),
             "identity": self.identity(),
@@ -587,6 +616,11 @@ class ModelAdapter:
                           if mx.issubdtype(p.dtype, mx.floating))
         dtype = str(weight.dtype).removeprefix("mlx.core.")
         return dtype + "".join(f"+{q}" for q in quantizations(self.text))
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of a token's hidden state (without Gemma 4 E2B/E4B's per-layer inputs)."""
+        return self._hidden
 
     @property
     def vocab_size(self) -> int:
@@ -651,15 +685,17 @@ class ModelAdapter:
         gate = None
         if self._mla:
             return (*self._latent_qkv(attn, x, n, positions), None)
+        heads = getattr(attn, "n_heads", self.n_heads)  # openelm: by layer
+        kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4, openelm: by layer
         fused = (getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
                  or getattr(attn, "c_attn", None))
         if fused is not None and self._qkv_by_head:  # gpt_neox: each head's q, k, v in turn
-            q, k, v = mx.split(fused(x).reshape(1, x.shape[1], self.n_heads, -1), 3, axis=-1)
-        elif fused is not None:  # phi3, bailing_moe, qwen, gpt2: projection, split as mlx-lm does
+            q, k, v = mx.split(fused(x).reshape(1, x.shape[1], heads, -1), 3, axis=-1)
+        elif fused is not None:  # phi3, bailing_moe, qwen, gpt2, openelm: split as mlx-lm does
             qkv = fused(x)
-            head_dim = qkv.shape[-1] // (self.n_heads + 2 * self.n_kv_heads)
-            q_end = self.n_heads * head_dim
-            q, k, v = mx.split(qkv, [q_end, q_end + self.n_kv_heads * head_dim], axis=-1)
+            head_dim = qkv.shape[-1] // (heads + 2 * kv_heads)
+            q_end = heads * head_dim
+            q, k, v = mx.split(qkv, [q_end, q_end + kv_heads * head_dim], axis=-1)
         elif "wqkv" in attn:  # internlm2: each key/value head's queries, key and value
             qkv = attn.wqkv(x).reshape(*x.shape[:2], -1, attn.n_kv_groups + 2, attn.head_dim)
             q, k, v = (t.reshape(*x.shape[:2], -1) for t in
@@ -688,8 +724,7 @@ class ModelAdapter:
         if getattr(q_norm, "weight", None) is not None and q_norm.weight.shape[-1] == q.shape[-1]:
             q, k = q_norm(q), k_norm(k)  # olmo: over all heads
             q_norm = None
-        kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4: by layer
-        q = q.reshape(1, n, self.n_heads, -1)
+        q = q.reshape(1, n, heads, -1)
         k = k.reshape(1, n, kv_heads, -1)
         v = v.reshape(1, n, kv_heads, -1)
         if q_norm is not None and not self._norms_after_rope:
@@ -858,6 +893,9 @@ class ModelAdapter:
             return mlp.c_proj(kernels.gated(mlp.w2(x), mlp.w1(x), activation))
         if hasattr(mlp, "gate_up_proj"):  # phi3
             gate, up = mx.split(mlp.gate_up_proj(x), 2, axis=-1)
+        elif hasattr(mlp, "proj_1"):  # openelm
+            gate, up = mx.split(mlp.proj_1(x), 2, axis=-1)
+            return mlp.proj_2(kernels.gated(gate, up, activation))
         elif hasattr(mlp, "c_fc_0"):  # exaone
             return mlp.c_proj(kernels.gated(mlp.c_fc_0(x), mlp.c_fc_1(x), activation))
         else:
@@ -991,8 +1029,8 @@ def quantizations(model: nn.Module) -> List[str]:
 def feed_forward(block: nn.Module) -> nn.Module:
     """A layer's feed-forward module as mlx-lm's block calls it: ``block.mlp`` (a dense MLP
     or a sparse MoE block), the ``block_sparse_moe`` of Mixtral, Granite MoE and
-    Phi-3.5-MoE, or LFM2's and Llama 4's ``feed_forward``."""
-    for name in ("mlp", "block_sparse_moe"):
+    Phi-3.5-MoE, LFM2's and Llama 4's ``feed_forward`` or OpenELM's ``ffn``."""
+    for name in ("mlp", "block_sparse_moe", "ffn"):
         if name in block:
             return block[name]
     return block.feed_forward
@@ -1011,8 +1049,8 @@ def attention_module(block: nn.Module) -> nn.Module:
 def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     """The :func:`~mlx_lazy.kernels.gated` activation of mlx-lm's dense gated MLPs (Gemma's
     ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE)."""
-    if hasattr(mlp, "w2") or hasattr(mlp, "c_fc_0"):  # lfm2's, internlm2's, qwen's, exaone's
-        return "silu"
+    if hasattr(mlp, "w2") or hasattr(mlp, "c_fc_0") or hasattr(mlp, "proj_1"):
+        return "silu"  # lfm2's, internlm2's, qwen's, exaone's, openelm's SwiGLU
     if not hasattr(mlp, "down_proj"):
         return None
     if hasattr(mlp, "gate_up_proj") or (hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj")):

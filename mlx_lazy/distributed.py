@@ -126,7 +126,7 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
     StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, Gemma 1,
-    Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1, GPT-2):
+    Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1, GPT-2, Nemotron):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
@@ -186,7 +186,7 @@ SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
              "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat", "gemma",
-             "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2")}
+             "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

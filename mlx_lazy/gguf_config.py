@@ -121,6 +121,12 @@ The architectures (llama.cpp's names), and what converting each involves:
   all three: anything else refused); StarCoder: one key/value head (multi-query) or as many as
   the queries, a head of its own where the GGUF has one. (mlx-lm's gpt_bigcode GELU is the exact
   one, llama.cpp's the tanh approximation.)
+* ``nemotron`` (Nemotron-3, Minitron): LayerNorms with biases whose weights llama.cpp stores as
+  1 + w (mlx-lm's ``nemotron`` adds the 1 itself), partial NeoX RoPE with its linear scaling, a
+  squared-ReLU MLP; q/k/v/o and MLP biases where the tensors have them.
+* ``openelm`` (OpenELM): query and key/value heads and MLP widths per layer (llama.cpp's
+  arrays), the fused q/k/v as it is, the MLP's gate and up halves (which llama.cpp's converter
+  cut apart) fused again; per-head q/k norms, a tied head.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -130,6 +136,7 @@ from __future__ import annotations
 from . import _blas  # noqa: F401  (must precede any mlx import)
 
 import math
+from functools import partial
 from typing import Any
 
 import mlx.core as mx
@@ -168,7 +175,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "gemma": "GemmaForCausalLM", "command-r": "CohereForCausalLM",
                  "phi2": "PhiForCausalLM", "gptneox": "GPTNeoXForCausalLM",
                  "internlm2": "InternLM2ForCausalLM", "qwen": "QWenLMHeadModel",
-                 "gpt2": "GPT2LMHeadModel", "starcoder": "GPTBigCodeForCausalLM"}
+                 "gpt2": "GPT2LMHeadModel", "starcoder": "GPTBigCodeForCausalLM",
+                 "nemotron": "NemotronForCausalLM", "openelm": "OpenELMForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -196,7 +204,7 @@ _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
 _LAYER_NORM = ("starcoder2", "cohere2", "stablelm", "command-r", "phi2", "gptneox", "gpt2",
-               "starcoder")
+               "starcoder", "nemotron")
 # GPT-2 and StarCoder 1: learned positions, GPT-2's config names in mlx-lm's models
 LEARNED_POSITIONS = ("gpt2", "starcoder")
 # Command R7B: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the
@@ -250,7 +258,7 @@ QWEN_ROPE_BASE = 10000.0
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
-_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox")
+_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -342,14 +350,22 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     by_layer = gemma4 or arch in LFM2  # (and LFM2's, 0 in its convolution layers: _lfm2_config)
-    if isinstance(g("attention.head_count"), list) or \
-            (isinstance(g("attention.head_count_kv"), list) and not by_layer):
+    openelm = arch == "openelm"  # every count by layer: _openelm_config's
+
+    def first(key: str) -> Any:
+        """OpenELM's first layer's count (here; all of them in _openelm_config)."""
+        value = g(key)
+        return value[0] if openelm and isinstance(value, list) and value else value
+
+    if (isinstance(g("attention.head_count"), list) and not openelm) or \
+            (isinstance(g("attention.head_count_kv"), list) and not (by_layer or openelm)):
         raise UserInputError("GGUF with per-layer head counts is not supported")
-    n_heads, hidden, n_layers = (count("attention.head_count"), count("embedding_length"),
-                                 count("block_count"))
+    n_heads, hidden, n_layers = (count("attention.head_count", value=first("attention.head_count")),
+                                 count("embedding_length"), count("block_count"))
     if arch in NEXTN:  # the multi-token prediction blocks after the model's own
         n_layers -= nextn_blocks(arch, meta)
-    n_kv = 1 if by_layer else count("attention.head_count_kv", n_heads)
+    n_kv = 1 if by_layer else count("attention.head_count_kv", n_heads,
+                                    value=first("attention.head_count_kv"))
     if not tensors:  # llama.cpp's ggml-vocab-*.gguf files, say
         raise UserInputError("GGUF holds no tensors: a vocabulary-only file, no weights to "
                              "convert")
@@ -382,8 +398,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     # today's key or the old one
     factor = g("rope.scaling.factor", g("rope.scale_linear"))
     scaling = g("rope.scaling.type") or ("linear" if factor not in (None, 0, 1) else None)
-    # Gemma 3 4B+ (its global layers only), InternLM2
-    linear = arch in ("gemma3", "internlm2") and scaling == "linear"
+    # Gemma 3 4B+ (its global layers only), InternLM2, Nemotron (all of them)
+    linear = arch in ("gemma3", "internlm2", "nemotron") and scaling == "linear"
     yarn = arch in ("gpt-oss", "mistral3", "deepseek2") and scaling == "yarn"
     if scaling not in (None, "none") and not (linear or yarn):
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
@@ -395,7 +411,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         "architectures": [ARCHITECTURES[arch]],
         "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
-        "intermediate_size": 1 if gemma4 else count("feed_forward_length", hidden),
+        "intermediate_size": 1 if gemma4 else count("feed_forward_length", hidden,
+                                                    value=first("feed_forward_length")),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
@@ -501,6 +518,17 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       no_bias=True)
     if arch in LFM2:
         config.update(_lfm2_config(arch, g, count, optional, experts, tensors, config))
+    if arch == "nemotron":  # its LayerNorms' epsilon; the switches for the biases it holds
+        # (mlx-lm's one for q/k/v and o_proj, one for the MLP: any other mix fails the shape
+        # check); RoPE's linear scaling under the key mlx-lm's nemotron reads
+        config.update(norm_eps=positive("attention.layer_norm_epsilon"), hidden_act="relu2",
+                      partial_rotary_factor=rotary,
+                      attention_bias="blk.0.attn_q.bias" in tensors,
+                      mlp_bias="blk.0.ffn_up.bias" in tensors)
+        if linear:
+            config["rope_scaling"] = {"type": "linear", "factor": float(factor or 1.0)}
+    if openelm:
+        config.update(_openelm_config(g, count, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -1148,16 +1176,7 @@ def _gemma4_config(g: Any, count: Any, positive: Any, optional: Any, experts: An
     the MLP in every layer (26B A4B). Any other layout is a :class:`UserInputError`.
     """
     n_layers, head_dim = config["num_hidden_layers"], config["head_dim"]
-
-    def per_layer(key: str, default: Any = None) -> list[int]:
-        """A count for each layer: one for all, or llama.cpp's array of them."""
-        value = g(key, default)
-        if not isinstance(value, list):
-            return [count(key, default)] * n_layers
-        if len(value) != n_layers:
-            raise UserInputError(f"GGUF metadata gemma4.{key} has {len(value)} values for "
-                                 f"{n_layers} layers")
-        return [count(key, value=v) for v in value]
+    per_layer = partial(_per_layer, "gemma4", g, count, n_layers)
 
     flags = g("attention.sliding_window_pattern")
     if not isinstance(flags, list) or len(flags) != n_layers:
@@ -1258,6 +1277,41 @@ def _gemma4_config(g: Any, count: Any, positive: Any, optional: Any, experts: An
                                     if softcap else None),
         **sparse,
     }
+
+
+def _per_layer(arch: str, g: Any, count: Any, n_layers: int, key: str,
+               default: Any = None) -> list[int]:
+    """A count for each layer: one for all, or llama.cpp's array of them."""
+    value = g(key, default)
+    if not isinstance(value, list):
+        return [count(key, default)] * n_layers
+    if len(value) != n_layers:
+        raise UserInputError(f"GGUF metadata {arch}.{key} has {len(value)} values for "
+                             f"{n_layers} layers")
+    return [count(key, value=v) for v in value]
+
+
+def _openelm_config(g: Any, count: Any, config: dict) -> dict:
+    """mlx-lm's openelm settings of an OpenELM GGUF, read as llama.cpp reads it: query and
+    key/value heads (as many as the queries where the GGUF gives none) and the MLP's width per
+    layer, each width as mlx-lm derives it from a multiplier (the width over the hidden size,
+    rounded to a multiple of 1: the width itself); RoPE over whole heads, per-head q/k norms
+    (llama.cpp hard-wires both); the head tied unless the GGUF has one of its own."""
+    n_layers, hidden = config["num_hidden_layers"], config["hidden_size"]
+    per_layer = partial(_per_layer, "openelm", g, count, n_layers)
+    heads = per_layer("attention.head_count")
+    kv = per_layer("attention.head_count_kv") if g("attention.head_count_kv") is not None \
+        else heads
+    for layer, (q, k) in enumerate(zip(heads, kv)):
+        if q % k:  # mlx-lm's attention repeats each key/value head for whole groups of queries
+            raise UserInputError(f"GGUF openelm with {q} query heads over {k} key/value heads "
+                                 f"in layer {layer} is not supported")
+    return {"model_dim": hidden, "num_transformer_layers": n_layers,
+            "num_query_heads": heads, "num_kv_heads": kv,
+            "ffn_multipliers": [w / hidden for w in per_layer("feed_forward_length")],
+            "ffn_dim_divisor": 1, "ffn_with_glu": True, "normalize_qk_projections": True,
+            "share_input_output_layers": config["tie_word_embeddings"],
+            "rope_freq_constant": config["rope_theta"]}
 
 
 def _ernie45_moe_config(count: Any, optional: Any, experts: Any) -> dict:

@@ -62,6 +62,9 @@ _LAYER_NAMES = {
 # Gemma 1, 2 and 3 as llama.cpp's converter writes them: norm weights as 1 + w (mlx-lm's as w),
 # a SentencePiece vocabulary in Gemma's layout
 GEMMA = ("gemma", "gemma2", "gemma3")
+# The architectures whose norm weights llama.cpp's converter stores as 1 + w (mlx-lm's models as
+# w): Gemma's, Nemotron's LayerNorms (not their biases)
+_NORMS_PLUS_ONE = (*GEMMA, "nemotron")
 # Gemma 2's and 3's four norms per layer: llama.cpp's ``ffn_norm`` is the norm before the MLP
 # there (Gemma 3's q/k norms too)
 _GEMMA3_LAYER_NAMES = {
@@ -247,6 +250,12 @@ _QWEN_LAYER_NAMES = {"attn_norm": "ln_1", "ffn_norm": "ln_2", "attn_qkv": "attn.
 # GPT-2, StarCoder 1: fused q/k/v (mlx-lm's c_attn, the same rows), LayerNorms, a plain MLP
 _GPT2_LAYER_NAMES = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
                      "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+# OpenELM: its norms', attention's and MLP's names; the MLP's gate then up rows in one tensor
+# (ffn_gate_up, which openelm_tensors fuses from llama.cpp's ffn_gate and ffn_up)
+_OPENELM_LAYER_NAMES = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm",
+                        "attn_qkv": "attn.qkv_proj", "attn_q_norm": "attn.q_norm",
+                        "attn_k_norm": "attn.k_norm", "attn_output": "attn.out_proj",
+                        "ffn_gate_up": "ffn.proj_1", "ffn_down": "ffn.proj_2"}
 _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "phi3": _PHI3_LAYER_NAMES,
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
@@ -266,6 +275,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "phi2": _PHI2_LAYER_NAMES, "gptneox": _GPTNEOX_LAYER_NAMES,
                      "internlm2": _INTERNLM2_LAYER_NAMES, "qwen": _QWEN_LAYER_NAMES,
                      **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),
+                     "openelm": _OPENELM_LAYER_NAMES,
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -299,6 +309,9 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                                                 "position_embd": "transformer.wpe",
                                                 "output_norm": "transformer.ln_f",
                                                 "output": "lm_head"}),
+                "openelm": ("transformer.layers", {"token_embd": "transformer.token_embeddings",
+                                                   "output_norm": "transformer.norm",
+                                                   "output": "lm_head"}),
                 **dict.fromkeys(("lfm2", "lfm2moe"), (
                     "model.layers", {"token_embd": "model.embed_tokens",
                                      "token_embd_norm": "model.embedding_norm"}))}
@@ -768,6 +781,35 @@ def gpt2_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def openelm_tensors(tensors: dict, config: dict) -> dict:
+    """An OpenELM GGUF's tensors with each MLP's gate and up rows, which llama.cpp's converter
+    cut out of the checkpoint's ``proj_1``, fused again (gate rows first) as mlx-lm's openelm
+    holds them: kept quantized where both are of one type, else dequantized."""
+    from gguf import GGMLQuantizationType as T
+
+    out = dict(tensors)
+    for name in tensors:
+        if not name.endswith((".ffn_gate.weight", ".ffn_up.weight")):
+            continue
+        gate, up, fused = (f"blk.{name.split('.')[1]}.{role}.weight"
+                           for role in ("ffn_gate", "ffn_up", "ffn_gate_up"))
+        if gate not in tensors or up not in tensors:
+            raise UserInputError(f"GGUF has {name} without {up if gate in tensors else gate}")
+        if fused in out:
+            continue
+        halves = [tensors[gate], tensors[up]]
+        shapes = [_shape(t) for t in halves]
+        if shapes[0] != shapes[1] or len(shapes[0]) != 2:
+            raise UserInputError(f"GGUF {gate} and {up} have shapes {shapes[0]} and "
+                                 f"{shapes[1]}, not two halves of one projection")
+        same = halves[0].tensor_type == halves[1].tensor_type
+        out[fused] = _Part(fused, halves[0].tensor_type if same else T.F32,
+                           np.array([shapes[0][1], 2 * shapes[0][0]]),
+                           _rows(halves, np.arange(2 * shapes[0][0]), dequantize=not same))
+        del out[gate], out[up]
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
@@ -775,7 +817,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
              "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors,
-             "internlm2": internlm2_tensors, "gpt2": gpt2_tensors}
+             "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -969,8 +1011,8 @@ def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
             parts = {"weight": w, "scales": scales, "biases": biases}
         else:
             x = dequantized(t)
-            if arch in GEMMA and gname.endswith("norm.weight"):
-                # llama.cpp stores the multiplier 1 + w of Gemma's norms; mlx-lm adds the 1
+            if arch in _NORMS_PLUS_ONE and gname.endswith("norm.weight"):
+                # llama.cpp stores the multiplier 1 + w of these norms; mlx-lm adds the 1
                 x = x.astype(np.float32) - 1.0
             parts = {suffix: x}
         for key, x in parts.items():

@@ -291,7 +291,13 @@ GGUF_KIND_LAYER_NAMES.update({
                   "feed_forward.w2": "ffn_down"},
     "qwen": {"ln_1": "attn_norm", "ln_2": "ffn_norm", "attn.c_attn": "attn_qkv",
              "attn.c_proj": "attn_output", "mlp.w2": "ffn_gate", "mlp.w1": "ffn_up",
-             "mlp.c_proj": "ffn_down"}})
+             "mlp.c_proj": "ffn_down"},
+    # OpenELM's names; its fused gate/up, which llama.cpp's converter cuts into ffn_gate and
+    # ffn_up (write_gguf)
+    "openelm": {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn.qkv_proj": "attn_qkv",
+                "attn.q_norm": "attn_q_norm", "attn.k_norm": "attn_k_norm",
+                "attn.out_proj": "attn_output", "ffn.proj_1": "ffn_gate_up",
+                "ffn.proj_2": "ffn_down"}})
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
@@ -320,7 +326,8 @@ GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm
                   "model.embed_out": "output", "model.tok_embeddings": "token_embd",
                   "output": "output", "model.wte": "token_embd",
                   "model.ln_f": "output_norm", "model.wpe": "position_embd",
-                  "transformer.wpe": "position_embd"}
+                  "transformer.wpe": "position_embd",
+                  "transformer.token_embeddings": "token_embd", "transformer.norm": "output_norm"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 
 
@@ -369,6 +376,21 @@ def add_shape(w: gguf.GGUFWriter, config: dict, key_length: bool = True,
     w.add_head_count_kv(config["num_key_value_heads"])
     if key_length:
         w.add_key_length(config["head_dim"])
+
+
+def llama_cpp_openelm_meta(config: dict) -> dict:
+    """The shape llama.cpp's convert_hf_to_gguf.py writes for an OpenELM config
+    (OpenELMModel.set_gguf_parameters, ported): heads and MLP widths per layer, its RoPE base."""
+    from mlx_lm.models.openelm import make_divisible
+
+    return {"hidden_size": config["model_dim"],
+            "num_hidden_layers": config["num_transformer_layers"],
+            "num_attention_heads": config["num_query_heads"],
+            "num_key_value_heads": config["num_kv_heads"],
+            "intermediate_size": [int(make_divisible(f * config["model_dim"],
+                                                     config["ffn_dim_divisor"]))
+                                  for f in config["ffn_multipliers"]],
+            "rope_theta": config.get("rope_freq_constant", 10000.0)}
 
 
 def llama_cpp_phi3_rope(config: dict) -> tuple[dict, dict]:
@@ -680,7 +702,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
         arch_tensors = {"rope_freqs.weight": llama_cpp_rope_freqs(config)}
     arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta, "ministral3": llama_cpp_ministral3_meta,
-                 "internlm2": llama_cpp_linear_rope}.get(model_type, lambda c: {})(config)
+                 "internlm2": llama_cpp_linear_rope,
+                 "openelm": llama_cpp_openelm_meta}.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
@@ -709,6 +732,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     add_shape(w, m, key_length=model_type not in ("phi3", "granite", *DEEPSEEK2_KINDS, "phi",
                                                   "gpt_neox"),
               ff_length=model_type != "qwen3_5_moe")
+    if model_type == "openelm":  # OpenELMModel.set_gguf_parameters (llama.cpp's default would
+        # be the hidden size over the first layer's heads)
+        w.add_value_length(m["head_dim"])
     if deepseek2:
         llama_cpp_deepseek2_meta(w, m)
     if model_type == "ernie4_5_moe":
@@ -812,6 +838,13 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             tensors, restore = llama_cpp_deepseek2(role, x, config)
         if model_type == "gpt_neox":
             tensors, restore = llama_cpp_gptneox(role, x, config)
+        if model_type == "nemotron" and "norm" in role and name.endswith(".weight"):
+            # NemotronModel.modify_tensors: its LayerNorms' 1 + w
+            tensors, restore = {role: x + 1}, (lambda stored: stored[role] - 1)
+        if role == "ffn_gate_up":  # OpenELMModel.modify_tensors: proj_1's gate and up halves
+            tensors, restore = (dict(zip(("ffn_gate", "ffn_up"), np.split(x, 2))),
+                                lambda stored: np.concatenate([stored["ffn_gate"],
+                                                               stored["ffn_up"]]))
         stored = {}
         for part, y in tensors.items():
             qtype = types.get(part, types.get("*", T.F32)) if matrix else T.F32
@@ -867,9 +900,10 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
     window (no pattern: llama.cpp's default 4, unless ``swa_pattern`` gives one as written);
     Gemma's value width; GLM's MRoPE sections and NextN blocks; an attention scale where
     ``attention_scale`` says."""
-    eps = m.get("norm_epsilon", m.get("layer_norm_eps", m.get("layer_norm_epsilon")))
+    eps = m.get("norm_epsilon", m.get("layer_norm_eps", m.get("layer_norm_epsilon",
+                                                                 m.get("norm_eps"))))
     if m["model_type"] in ("starcoder2", "cohere2", "stablelm", "cohere", "phi", "gpt_neox",
-                           "gpt2", "gpt_bigcode") and eps is not None:
+                           "gpt2", "gpt_bigcode", "nemotron") and eps is not None:
         w.add_layer_norm_eps(eps)
     if m["model_type"] in ("cohere2", "cohere") and m["logit_scale"] is not None:
         w.add_logit_scale(m["logit_scale"])
@@ -1221,6 +1255,21 @@ GGUF_CASES.update({
                                           "ffn_up": T.Q6_K, "*": T.Q4_K},
                           {**GPT2_KQ, "tie_word_embeddings": True, "multi_query": False,
                            "num_key_value_heads": 4}),
+    # Nemotron: (1 + w) LayerNorms with biases, NeoX RoPE over half of each head (q/k as they
+    # are), a squared-ReLU MLP; biases on q/k/v/o and the MLP, or on the MLP only
+    "nemotron-legacy": ("nemotron", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up": T.Q4_1,
+                                     "output": T.F16, "*": T.Q8_0}, {}),
+    "nemotron-kquants": ("nemotron", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
+                         {**KQ, "attention_bias": False}),
+    # OpenELM: heads and MLP widths per layer, fused q/k/v as it is, the MLP's gate and up
+    # halves fused again (kept quantized where both are of one type, else dequantized; K-quants
+    # with every row of 256 or 512)
+    "openelm-legacy": ("openelm", {"token_embd": T.Q8_0, "attn_qkv": T.Q4_0, "ffn_gate": T.Q4_1,
+                                   "ffn_up": T.Q4_1, "*": T.Q8_0}, {}),
+    "openelm-kquants": ("openelm", {"attn_qkv": T.Q5_K, "ffn_gate": T.Q4_K, "ffn_up": T.Q6_K,
+                                    "*": T.Q4_K},
+                        {"model_dim": 256, "head_dim": 64, "num_query_heads": [4, 4, 8, 8],
+                         "num_kv_heads": [1, 2, 2, 4], "ffn_multipliers": [1, 1, 2, 2]}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1563,7 +1612,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "minicpm-legacy", "dots1-legacy", "gemma-legacy",
                                   "command_r-legacy", "phi2-legacy", "gptneox-legacy",
                                   "internlm2-linear", "qwen-legacy", "gpt2-legacy",
-                                  "starcoder-legacy"])
+                                  "starcoder-legacy", "nemotron-legacy", "openelm-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1624,10 +1673,21 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     ("cohere", {"attention_bias": False, "use_qk_norm": False, "logit_scale": 1.0},
      {"logit_scale": None, "rope_scaling": gguf.RopeScalingType.NONE}, {},
      {"use_qk_norm": False, "logit_scale": 1.0}),
+    # Nemotron's linear RoPE scaling (Minitron's converter writes its factor), its LayerNorms'
+    # epsilon
+    ("nemotron", {"rope_scaling": {"type": "linear", "factor": 2.0}, "norm_eps": 2 ** -6},
+     {"rope_scaling": gguf.RopeScalingType.LINEAR, "rope_factor": 2.0}, {},
+     {"rope_scaling": {"type": "linear", "factor": 2.0}, "norm_eps": 2 ** -6,
+      "partial_rotary_factor": 0.5}),
+    # OpenELM with a head of its own (llama.cpp's always ties it: mlx-lm's openelm can hold one)
+    ("openelm", {"share_input_output_layers": False}, {}, {},
+     {"share_input_output_layers": False, "num_query_heads": [2, 4, 4, 6],
+      "num_kv_heads": [1, 2, 2, 3], "ffn_dim_divisor": 1}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
         "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
-        "command_r-no-logit-scale", "phi2", "gptneox-sequential"])
+        "command_r-no-logit-scale", "phi2", "gptneox-sequential", "nemotron-linear-rope",
+        "openelm-untied"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs become mlx-lm's model of
@@ -2246,8 +2306,8 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "missing": (lambda: tmp / "missing.gguf", "no such file or folder"),
         "not_gguf": (text_file, "not a GGUF file"),
         "truncated": (truncated, "is not a valid GGUF file"),
-        "architecture": (lambda: minimal_gguf(tmp / "gpt2.gguf", "gpt2"),
-                         "unsupported GGUF architecture 'gpt2'"),
+        "architecture": (lambda: minimal_gguf(tmp / "bloom.gguf", "bloom"),
+                         "unsupported GGUF architecture 'bloom'"),
         "tensor_type": (lambda: patched_type(tiny("i32.gguf"), "blk.0.attn_q.weight", T.I32),
                         "unsupported GGUF tensor type I32 for blk.0.attn_q.weight"),
         "no_metadata": (lambda: minimal_gguf(tmp / "nometa.gguf", "llama"),
@@ -2607,6 +2667,23 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "qwen_rope_base": (lambda: gguf_of("q.gguf", "qwen", {"rope_theta": 1e6}),
                            "GGUF qwen with RoPE base 1e+06 is not supported (mlx-lm's qwen turns "
                            "at 10000)"),
+        "nemotron_eps": (lambda: gguf_of("n.gguf", "nemotron", {"norm_eps": None}),
+                         "GGUF metadata lacks nemotron.attention.head_count / "),
+        "nemotron_qkv_bias": (  # llama.cpp reads either; mlx-lm's nemotron both or neither
+            lambda: write_gguf(tmp / "n.gguf", "nemotron", tok_folder, extra={
+                f"blk.{i}.attn_output.bias": None for i in range(4)}) and tmp / "n.gguf",
+            "GGUF tensors disagree with its metadata: it lacks "
+            "model.layers.0.self_attn.o_proj.bias"),
+        "openelm_groups": (lambda: gguf_of("o.gguf", "openelm", {
+            "num_key_value_heads": [1, 3, 2, 3]}), "GGUF openelm with 4 query heads over 3 "
+            "key/value heads in layer 1 is not supported"),
+        "openelm_rope_dims": (lambda: gguf_of("o.gguf", "openelm", {"partial_rotary_factor": 0.5}),
+                              "GGUF openelm with RoPE over 8 of each head's 16 dims is not "
+                              "supported"),
+        "openelm_half": (  # llama.cpp's converter writes both halves of proj_1
+            lambda: write_gguf(tmp / "o.gguf", "openelm", tok_folder, extra={
+                "blk.2.ffn_up.weight": None}) and tmp / "o.gguf",
+            "GGUF has blk.2.ffn_gate.weight without blk.2.ffn_up.weight"),
         "apertus_attention_scale": (
             lambda: gguf_of("a.gguf", "apertus", {"attention_scale": 0.5}),
             "GGUF apertus with attention scale 0.5 is not supported (mlx-lm's apertus scales "
@@ -2644,7 +2721,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "gptneox_parallel_residual", "gptneox_parallel_residual_type", "gptneox_qkv_rows",
               "phi2_qkv_twice", "internlm2_qkv_bias", "internlm2_fused_qkv", "qwen_kv_heads",
               "qwen_rope_base", "gpt2_kv_heads", "gpt2_mlp_width", "gpt2_own_head",
-              "starcoder_kv_heads"]
+              "starcoder_kv_heads", "nemotron_eps", "nemotron_qkv_bias", "openelm_groups",
+              "openelm_rope_dims", "openelm_half"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

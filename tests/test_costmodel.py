@@ -222,16 +222,20 @@ def test_prior_scales_with_layer_size(tiny_model):
     assert small.b == pytest.approx(102e-9 * a.num_attention_heads * head_dim / 576)
 
 
-@pytest.mark.parametrize("kind", ["gpt_oss", "mistral3", "granite", "bailing_moe"])
+@pytest.mark.parametrize("kind", ["gpt_oss", "mistral3", "granite", "bailing_moe", "openelm"])
 def test_prior_reads_heads_where_the_family_names_them(tiny_model, kind):
     """gpt-oss names its heads and scale otherwise (``num_attention_heads``, ``sm_scale``);
     a ``mistral3`` checkpoint's layers sit in its text model; Granite's scale is no head
     size (a multiplier of 0.1 here: 100 "dims" read from it); Ling's attention is
-    ``block.attention``."""
+    ``block.attention``; OpenELM's heads differ by layer (2, 4, 4, 6: 4 on average) and its
+    hidden size is ``model_dim``."""
     from mlx_lazy.bench.costmodel import prior
+    from mlx_lazy.bench.decode_cost import ModelShape
 
     cost = prior(tiny_model(kind)[0])
     assert cost.a > 0 and cost.b == pytest.approx(102e-9 * 4 * 16 / 576)
+    shape = ModelShape.of(tiny_model(kind)[0])
+    assert (shape.head_dims, shape.head_params) == (4 * 16, 384 * 64)
 
 
 def test_a_layers_weights_count_the_experts_a_token_takes_and_every_layer(tiny_model):

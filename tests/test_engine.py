@@ -241,9 +241,9 @@ def test_each_chunk_of_a_random_drop_draws_its_own(tiny_model):
 
 def test_unsupported_model_type_is_a_value_error(tiny_model):
     model, _ = tiny_model("llama")
-    model.model_type = "gpt2"
+    model.model_type = "bitnet"
     try:
-        with pytest.raises(ValueError, match="unsupported model type 'gpt2'.*llama"):
+        with pytest.raises(ValueError, match="unsupported model type 'bitnet'.*llama"):
             LazyEngine(model)
     finally:
         model.model_type = "llama"

@@ -36,8 +36,10 @@ embeddings, an exact-GELU MLP), Command R+ (``cohere``: parallel layers, per-hea
 LayerNorms, scaled logits), Phi-2 (``phi``: parallel attention and MLP on one LayerNorm,
 partial RoPE, biases), GPT-NeoX (``gpt_neox``: fused per-head q/k/v, parallel attention
 and MLP each on its own LayerNorm; ``gpt_neox-sequential``: one after the other), InternLM2
-(``internlm2``: a fused wqkv grouped by key/value head) and Qwen 1 (``qwen``: GPT-2's names,
-a fused c_attn, w2 its MLP's gate)."""
+(``internlm2``: a fused wqkv grouped by key/value head), Qwen 1 (``qwen``: GPT-2's names,
+a fused c_attn, w2 its MLP's gate), Nemotron (``nemotron``: (1 + w) LayerNorms with biases,
+partial RoPE, squared-ReLU MLP) and OpenELM (``openelm``: heads and MLP widths per layer,
+fused q/k/v, per-head q/k norms, Llama's parts named otherwise)."""
 
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
-         "gpt_bigcode")
+         "gpt_bigcode", "nemotron", "openelm")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -495,6 +497,28 @@ def test_the_tiny_phi_and_gpt_neox_are_what_they_claim(family):
         assert layer.attention.rope.dims == 4 and a.n_kv_heads == a.n_heads == 4
         assert a._parallel == parallel and a.lm_head is neox.model.embed_out
         assert _random(layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+
+
+def test_the_tiny_nemotron_and_openelm_are_what_they_claim(family):
+    """Nemotron's LayerNorms of (1 + w), their weights and biases random, RoPE over 8 of 16
+    head dims, a plain MLP (no CPU kernel); OpenELM's query and key/value heads differing by
+    layer (the fingerprint sums them), its norms (q/k per head) random and named otherwise,
+    its SwiGLU on the CPU kernel, a tied head."""
+    model, _ = family("nemotron")
+    layer, a = model.layers[0], ModelAdapter(model)
+    norm = layer.input_layernorm
+    assert type(norm).__name__ == "NemotronLayerNorm1P" and _random(norm.weight)
+    assert float(mx.abs(norm.bias).sum()) > 0 and layer.self_attn.rope.dims == 8
+    assert a._activations == [None] * 4 and a.lm_head is model.lm_head
+    model, _ = family("openelm")
+    a = ModelAdapter(model)
+    heads = [(layer.attn.n_heads, layer.attn.n_kv_heads) for layer in model.layers]
+    assert heads == [(2, 1), (4, 2), (4, 2), (6, 3)]
+    assert (a.fingerprint()["num_attention_heads"], a.fingerprint()["hidden_size"]) == (16, 64)
+    layer = model.layers[1]
+    assert _random(layer.attn_norm.weight, layer.ffn_norm.weight, layer.attn.q_norm.weight,
+                   a._final_norm.weight)
+    assert a._activations[0] == "silu" and a.lm_head is None
 
 
 def test_a_tied_minicpm_leaves_its_logits_unscaled(family):

@@ -167,12 +167,12 @@ def test_norms_left_as_stored_would_be_wrong(tmp_path):
 
 @pytest.mark.parametrize("case, fragment", [
     ("missing", "lacks model.layers.3.post_feedforward_layernorm.weight"),
-    ("architecture", "unsupported GGUF architecture 'gpt2'"),
+    ("architecture", "unsupported GGUF architecture 'bloom'"),
 ])
 def test_bad_gemma3_gguf_is_one_error_and_nothing_written(tmp_path, capsys, case, fragment):
     src = tmp_path / "bad.gguf"
     if case == "missing":
         write_gemma_gguf(src, drop="blk.3.post_ffw_norm.weight")
     else:
-        write_gemma_gguf(src, arch="gpt2")
+        write_gemma_gguf(src, arch="bloom")
     assert_refused(src, tmp_path, capsys, fragment)

@@ -26,7 +26,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
-         "internlm2", "qwen", "gpt2", "gpt_bigcode")
+         "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -351,6 +351,17 @@ _KIND_CONFIG = {
                     "n_layer": 4, "n_inner": 128, "n_positions": 1024,
                     "layer_norm_epsilon": 1e-5, "multi_query": True, "num_key_value_heads": 1,
                     "tie_word_embeddings": False, "max_position_embeddings": 1024},
+    # Nemotron: (1 + w) LayerNorms with biases (both random), q/k/v/o and MLP biases, RoPE over
+    # half of each head (its default), a squared-ReLU MLP, an untied head
+    "nemotron": {"architectures": ["NemotronForCausalLM"], "hidden_act": "relu2",
+                 "norm_eps": 1e-5, "attention_bias": True, "mlp_bias": True,
+                 "partial_rotary_factor": 0.5},
+    # OpenELM: 2, 4, 4 and 6 query heads over 1, 2, 2 and 3 key/value heads, MLPs 32, 64, 96
+    # and 128 wide, per-head q/k norms (random), a tied head
+    "openelm": {"architectures": ["OpenELMForCausalLM"], "model_dim": 64,
+                "num_transformer_layers": 4, "num_query_heads": [2, 4, 4, 6],
+                "num_kv_heads": [1, 2, 2, 3], "ffn_multipliers": [0.5, 1.0, 1.5, 2.0],
+                "ffn_dim_divisor": 16, "share_input_output_layers": True},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -419,7 +430,8 @@ _VARIANTS = {
 _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
-                        "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode")
+                        "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
+                        "openelm")
 
 
 def tiny_config(kind: str) -> dict:

@@ -84,7 +84,7 @@ class ModelShape:
         """The shape of an mlx-lm model of a family the engine runs (quantized layers counted
         at their float size)."""
         a = ModelAdapter(model)
-        return cls(a.num_layers, layer_params(a), a.vocab_size * a.text.args.hidden_size,
+        return cls(a.num_layers, layer_params(a), a.vocab_size * a.hidden_size,
                    head_dims(a))
 
 
