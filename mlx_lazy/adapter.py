@@ -133,13 +133,22 @@ from .errors import UserInputError, shown
 # each branch, the final one, and the q/k norms after RoPE), RoPE with negated frequencies
 # (mlx-lm's ``apply_rotary_emb``), a plain ReLU^2 MLP run as its module, logits soft-capped
 # at 15.
-SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere2", "deepseek_v2", "deepseek_v3", "dots1",
+# deepseek (DeepSeek-MoE 16B, DeepSeek LLM 1): Llama's layout, from ``first_k_dense_replace`` on
+# (every ``moe_layer_freq``-th) softmax-routed experts beside shared ones at ``block.mlp``.
+# mellum (JetBrains Mellum): per-head q/k norms before RoPE, sliding-window layers (its
+# ``args.layer_types``) with their own RoPE base, softmax-routed experts at ``block.mlp``.
+# nanbeige: Llama's layout whose stack runs ``num_loops`` times over the same weights, each
+# pass an engine layer of its own (:func:`_blocks`), the final norm also ending each loop but
+# the last unless ``skip_loop_final_norm``.
+SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere2", "deepseek", "deepseek_v2",
+                         "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "gemma2", "gemma3",
                          "gemma3_text", "gemma4", "gemma4_text", "glm4", "glm4_moe",
                          "glm4_moe_lite", "gpt_oss", "granite", "granitemoe", "helium", "hunyuan",
                          "hunyuan_v1_dense", "internlm3", "lfm2", "lfm2_moe", "llama", "llama4",
-                         "llama4_text", "mimo", "minicpm", "ministral3", "mistral", "mistral3",
-                         "mixtral", "nanochat", "olmo2", "olmo3", "olmoe", "phi3", "phimoe",
+                         "llama4_text", "mellum", "mimo", "minicpm", "ministral3", "mistral",
+                         "mistral3", "mixtral", "nanbeige", "nanochat", "olmo2", "olmo3", "olmoe",
+                         "phi3", "phimoe",
                          "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
                          "qwen3_next", "seed_oss", "smollm3", "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
@@ -192,7 +201,8 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # query_layernorm, key_layernorm}``, ``model.word_embeddings``; hunyuan's ``args.{use_cla,
 # cla_share_factor}``, ``self_attn.key_layernorm``; llama4's ``self_attn.{use_rope, use_qk_norm,
 # attn_temperature_tuning, floor_scale, attn_scale}``, ``args.attention_chunk_size``,
-# ``block.feed_forward``, llama4_text's ``output``): at least the first, below the second. Same as
+# ``block.feed_forward``, llama4_text's ``output``; mellum's ``args.layer_types``, nanbeige's
+# ``model.num_loops``, ``args.skip_loop_final_norm``): at least the first, below the second. Same as
 # pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -246,7 +256,10 @@ def _text_model(model: nn.Module) -> nn.Module:
 
 def _blocks(text: nn.Module) -> List[nn.Module]:
     """The transformer blocks of a text model: ``model.layers``, or ``transformer.h`` (EXAONE
-    3's, nanochat's) through the model's ``layers``."""
+    3's, nanochat's) through the model's ``layers``; Nanbeige's once per loop (its stack runs
+    ``num_loops`` times over the same weights, each pass a layer with its own keys and values)."""
+    if getattr(text, "model_type", None) == "nanbeige":
+        return text.model.layers * text.model.num_loops
     return text.model.layers if "model" in text else text.layers
 
 
@@ -254,7 +267,8 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
     attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
-    and Ministral 3's, gpt-oss's and OLMo 3's where the config says ``sliding_attention``;
+    and Ministral 3's, gpt-oss's, OLMo 3's and Mellum's where the config says
+    ``sliding_attention``;
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
     text = _text_model(model)
@@ -272,6 +286,8 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.is_local for block in _blocks(text)]
     elif text.model_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
+    elif text.model_type == "mellum":
+        sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     else:
         sliding = [False] * len(_blocks(text))
     return [int(window) if s else None for s in sliding]
@@ -385,6 +401,11 @@ class ModelAdapter:
                             enumerate(self._kv_layers) if kv != layer and model_type == "hunyuan"}
         self._embedding = self._part(self.inner, "embed_tokens")
         self._final_norm = self._weightless or self._part(self.inner, "norm")
+        # Nanbeige: the final norm also ends each loop but the last, unless skip_loop_final_norm
+        blocks = len(self.layers) // getattr(self.inner, "num_loops", 1)
+        self._loop_ends = frozenset(
+            () if getattr(args, "skip_loop_final_norm", True) else
+            range(blocks - 1, len(self.layers) - 1, blocks))
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
         self._hidden = int(args.hidden_size)
         self._softcap = (getattr(args, "final_logit_softcapping", None) if gemma else
@@ -731,7 +752,8 @@ class ModelAdapter:
         else:
             h = h + r
             h = h + self._mlp(layer, self._norm(block, "post_attention_layernorm")(h))
-        return h[:, :n] if h.shape[1] > n else h
+        h = h[:, :n] if h.shape[1] > n else h
+        return self._final_norm(h) if layer in self._loop_ends else h
 
     def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]]
                         ) -> mx.array:

@@ -123,7 +123,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     splits Llama, for the models whose mlx-lm module lacks it (Gemma 3 and the text model of
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
-    StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat):
+    StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, Nanbeige: each
+    block split once, though a looped model's ``layers`` name it once per loop):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
@@ -133,7 +134,7 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     from mlx.nn.layers.distributed import shard_linear
 
     n = group.size()
-    for layer in layers:
+    for layer in {id(layer): layer for layer in layers}.values():  # Nanbeige's: once per loop
         attn, mlp = attention_module(layer), layer.mlp
         # projections as each family names them: EXAONE 3's out_proj, nanochat's c_*
         for name in ("q_proj", "k_proj", "v_proj", "c_q", "c_k", "c_v"):
@@ -164,7 +165,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
 SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
-             "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat")}
+             "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat",
+             "nanbeige")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

@@ -26,12 +26,15 @@ Phi-3.5-MoE (``phimoe``: LayerNorms, biases, longrope) with their MoE block at
 (``bailing_moe``: fused q/k/v, attention at ``attention``, grouped routing with an expert bias),
 Hunyuan (``hunyuan``: q/k norms after RoPE, cross-layer attention reading the layer below's keys)
 and Llama 4 (``llama4``: chunked local attention, NoPE global layers with attention temperature,
-a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too). Dense families (:data:`DENSE`):
+a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too), DeepSeek-MoE (``deepseek``: dense
+layer 0, softmax routing, a shared expert) and Mellum (``mellum``: q/k norms, sliding-window
+layers with their own RoPE base). Dense families (:data:`DENSE`):
 EXAONE 3.5 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k
 norms after RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``:
 per-head q/k LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals
-and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped) and nanochat (``nanochat``:
-weightless norms, soft-capped logits)."""
+and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped), nanochat (``nanochat``:
+weightless norms, soft-capped logits) and Nanbeige (``nanbeige``: its blocks run twice, a norm
+between the loops; ``nanbeige-skip`` without it)."""
 
 from __future__ import annotations
 
@@ -57,15 +60,15 @@ from tiny_models import build_tiny_model, tiny_config
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
-MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
+MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
-         "nanochat")
+         "nanochat", "nanbeige")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
             "gemma4_text-e2b", "gemma4", *MLA, "gemma2", "glm4", "starcoder2", "cohere2",
-            "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE)
+            "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE, "nanbeige-skip")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -424,6 +427,18 @@ def test_the_tiny_nanochat_is_what_it_claims(family):
     assert (a.n_heads, a.n_kv_heads, a.variant()) == (4, 2, "float32")
     raw = model.lm_head(model.transformer(mx.array(random_prompt(64, a.vocab_size))[None]))
     assert float(mx.abs(raw).max()) > 15 * 1.5
+
+
+def test_the_tiny_nanbeige_is_what_it_claims(family):
+    """Nanbeige's 2 blocks run twice (``num_loops``), each pass with its own keys and values
+    (mlx-lm's cache has 4 entries): 4 layers to the engine, the final (random) norm also
+    after layer 1, where the first loop ends, but in the variant that skips it."""
+    model, _ = family("nanbeige")
+    a = ModelAdapter(model)
+    assert len(model.layers) == 2 and a.num_layers == 4 and len(make_prompt_cache(model)) == 4
+    assert a.layers[2] is a.layers[0] and a.layers[3] is a.layers[1]
+    assert a._loop_ends == {1} and _random(model.model.norm.weight)
+    assert not ModelAdapter(family("nanbeige-skip")[0])._loop_ends
 
 
 def test_a_tied_minicpm_leaves_its_logits_unscaled(family):
