@@ -509,11 +509,12 @@ def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
 
 @pytest.mark.parametrize("kind", ["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
                                   "deepseek_v2", "gemma2", "hunyuan", "llama4", "exaone",
-                                  "nanochat"])
+                                  "nanochat", "nanbeige"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
     holding none and its tokens' per-layer inputs, latent attention's values narrower than
-    its keys, EXAONE 3's weights named otherwise, nanochat's without norm weights) is
+    its keys, EXAONE 3's weights named otherwise, nanochat's without norm weights, Nanbeige's
+    layers twice its blocks) is
     written, checked on load and answers the next turn as the live cache
     does."""
     model, tokenizer = family(kind)
