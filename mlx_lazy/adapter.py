@@ -168,17 +168,24 @@ from .errors import UserInputError, shown
 # fused ``qkv_proj`` (split as phi3's, by the layer's own heads), per-head q/k norms, the
 # MLP's fused ``proj_1`` (gate, then up) and ``proj_2`` at ``block.ffn``, Llama's parts under
 # other names (:data:`_PART_NAMES`, config fields :func:`config_value`), a tied head.
-SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek_v2",
+# deepseek (DeepSeek-MoE 16B, DeepSeek LLM 1): Llama's layout, from ``first_k_dense_replace`` on
+# (every ``moe_layer_freq``-th) softmax-routed experts beside shared ones at ``block.mlp``.
+# mellum (JetBrains Mellum): per-head q/k norms before RoPE, sliding-window layers (its
+# ``args.layer_types``) with their own RoPE base, softmax-routed experts at ``block.mlp``.
+# nanbeige: Llama's layout whose stack runs ``num_loops`` times over the same weights, each
+# pass an engine layer of its own (:func:`_blocks`), the final norm also ending each loop but
+# the last unless ``skip_loop_final_norm``.
+SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
                          "glm4", "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox",
                          "gpt_oss", "granite", "granitemoe", "helium", "hunyuan",
                          "hunyuan_v1_dense", "internlm2", "internlm3", "lfm2", "lfm2_moe", "llama",
-                         "llama4", "llama4_text", "mimo", "minicpm", "ministral3", "mistral",
-                         "mistral3", "mixtral", "nanochat", "nemotron", "olmo2", "olmo3", "olmoe",
-                         "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3",
-                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
-                         "smollm3", "stablelm", "starcoder2")
+                         "llama4", "llama4_text", "mellum", "mimo", "minicpm", "ministral3",
+                         "mistral", "mistral3", "mixtral", "nanbeige", "nanochat", "nemotron",
+                         "olmo2", "olmo3", "olmoe", "openelm", "phi", "phi3", "phimoe", "qwen",
+                         "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
+                         "qwen3_next", "seed_oss", "smollm3", "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -259,8 +266,9 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``output``; qwen's ``attn.{c_attn, rotary_emb}``, ``mlp.{w1, w2}``; GPT-2's and StarCoder 1's
 # ``attn.{c_attn, n_head, n_heads, n_kv_heads, head_dim}``, ``wpe``; openelm's ``attn.{qkv_proj,
 # out_proj, head_dim, n_heads, n_kv_heads}``, ``ffn.{proj_1, proj_2}``,
-# ``transformer.token_embeddings``, ``args.{model_dim, num_query_heads, num_kv_heads}``): at
-# least the first, below the second. Same as pyproject.toml.
+# ``transformer.token_embeddings``, ``args.{model_dim, num_query_heads, num_kv_heads}``;
+# mellum's ``args.layer_types``, nanbeige's ``model.num_loops``, ``args.skip_loop_final_norm``):
+# at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -329,7 +337,10 @@ def _text_model(model: nn.Module) -> nn.Module:
 def _blocks(text: nn.Module) -> List[nn.Module]:
     """The transformer blocks of a text model: ``model.layers``, or ``transformer.h`` (EXAONE
     3's, nanochat's, StarCoder 1's) and GPT-NeoX's and GPT-2's ``model.h`` through the model's
-    ``layers``."""
+    ``layers``; Nanbeige's once per loop (its stack runs ``num_loops`` times over the same
+    weights, each pass a layer with its own keys and values)."""
+    if getattr(text, "model_type", None) == "nanbeige":
+        return text.model.layers * text.model.num_loops
     return text.model.layers if "model" in text and "layers" in text.model else text.layers
 
 
@@ -337,7 +348,8 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
     attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
-    and Ministral 3's, gpt-oss's and OLMo 3's where the config says ``sliding_attention``;
+    and Ministral 3's, gpt-oss's, OLMo 3's and Mellum's where the config says
+    ``sliding_attention``;
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
     text = _text_model(model)
@@ -355,6 +367,8 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.is_local for block in _blocks(text)]
     elif text.model_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
+    elif text.model_type == "mellum":
+        sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     else:
         sliding = [False] * len(_blocks(text))
     return [int(window) if s else None for s in sliding]
@@ -479,6 +493,11 @@ class ModelAdapter:
         self._embedding = self._part(self.inner, "embed_tokens")
         self._position_embedding = getattr(self.inner, "wpe", None)  # GPT-2's, StarCoder 1's
         self._final_norm = self._weightless or self._part(self.inner, "norm")
+        # Nanbeige: the final norm also ends each loop but the last, unless skip_loop_final_norm
+        blocks = len(self.layers) // getattr(self.inner, "num_loops", 1)
+        self._loop_ends = frozenset(
+            () if getattr(args, "skip_loop_final_norm", True) else
+            range(blocks - 1, len(self.layers) - 1, blocks))
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
         self._hidden = int(config_value(args, "hidden_size"))
         self._softcap = (getattr(args, "final_logit_softcapping", None) if gemma else
@@ -861,7 +880,8 @@ class ModelAdapter:
         else:
             h = h + r
             h = h + self._mlp(layer, self._norm(block, "post_attention_layernorm")(h))
-        return h[:, :n] if h.shape[1] > n else h
+        h = h[:, :n] if h.shape[1] > n else h
+        return self._final_norm(h) if layer in self._loop_ends else h
 
     def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]]
                         ) -> mx.array:

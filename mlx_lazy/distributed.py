@@ -126,7 +126,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
     StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, Gemma 1,
-    Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1, GPT-2, Nemotron):
+    Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1, GPT-2, Nemotron, Nanbeige: each block split
+    once, though a looped model's ``layers`` name it once per loop):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
@@ -141,7 +142,7 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     from mlx.nn.layers.distributed import shard_linear
 
     n = group.size()
-    for layer in layers:
+    for layer in {id(layer): layer for layer in layers}.values():  # Nanbeige's: once per loop
         attn, mlp = attention_module(layer), feed_forward(layer)
         # projections as each family names them: EXAONE 3's out_proj, nanochat's c_*,
         # InternLM2's wqkv/wo, Qwen 1's c_attn (three segments), phi's and gpt_neox's dense
@@ -186,7 +187,7 @@ SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
              "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat", "gemma",
-             "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron")}
+             "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron", "nanbeige")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

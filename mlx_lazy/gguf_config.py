@@ -127,6 +127,15 @@ The architectures (llama.cpp's names), and what converting each involves:
 * ``openelm`` (OpenELM): query and key/value heads and MLP widths per layer (llama.cpp's
   arrays), the fused q/k/v as it is, the MLP's gate and up halves (which llama.cpp's converter
   cut apart) fused again; per-head q/k norms, a tied head.
+* ``deepseek`` (DeepSeek-MoE 16B, DeepSeek LLM 1): q/k un-permuted, leading dense layers, then
+  softmax-routed experts (not renormalised; a weights scale other than 1 refused) beside shared
+  experts; the embedding as the head where the GGUF has none; no biases.
+* ``mellum`` (JetBrains Mellum): q/k norms before NeoX RoPE, the window in llama.cpp's pattern
+  (flags, or a period: 4 unless given), renormalised softmax-routed experts in every layer;
+  one RoPE base (llama.cpp's graph turns the sliding layers at the global one: a GGUF whose
+  ``rope.freq_base_swa`` differs is refused).
+* ``nanbeige``: q/k un-permuted, its stack run ``num_loops`` times with the final norm between
+  the loops unless ``skip_loop_final_norm``; no biases, no RoPE scaling.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -176,7 +185,9 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "phi2": "PhiForCausalLM", "gptneox": "GPTNeoXForCausalLM",
                  "internlm2": "InternLM2ForCausalLM", "qwen": "QWenLMHeadModel",
                  "gpt2": "GPT2LMHeadModel", "starcoder": "GPTBigCodeForCausalLM",
-                 "nemotron": "NemotronForCausalLM", "openelm": "OpenELMForCausalLM"}
+                 "nemotron": "NemotronForCausalLM", "openelm": "OpenELMForCausalLM",
+                 "deepseek": "DeepseekForCausalLM", "mellum": "MellumForCausalLM",
+                 "nanbeige": "NanbeigeForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -199,7 +210,7 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
-                    "qwen", "gpt2", "gpt_bigcode")
+                    "qwen", "gpt2", "gpt_bigcode", "deepseek")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
@@ -232,8 +243,12 @@ GEMMA4_LOCAL_ROPE_BASE = GEMMA3_LOCAL_ROPE_BASE
 GEMMA4_LOGIT_SOFTCAP = 30.0
 GEMMA4_UNROTATED = 1e29
 # The architectures whose sliding-window layers turn at the global RoPE base in mlx-lm's models
-# (llama.cpp's loaders read a base of their own)
-_ONE_ROPE_BASE = ("gpt-oss", "gemma2")
+# (llama.cpp's loaders read a base of their own), or in llama.cpp's graph (Mellum's, whose
+# mlx-lm model would take rope.freq_base_swa)
+_ONE_ROPE_BASE = ("gpt-oss", "gemma2", "mellum")
+# Mellum: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the GGUF
+# says otherwise
+MELLUM_SLIDING_PATTERN = 4
 # gpt-oss: llama.cpp's sliding-window pattern (a local layer, then a global one) unless the GGUF
 # says otherwise
 GPT_OSS_SLIDING_PATTERN = 2
@@ -337,7 +352,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
-                "dots1", "llama4", "gemma", "internlm2", "qwen"):
+                "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -564,6 +579,43 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                                       tensors, n_layers))
     if arch == "llama4":
         config.update(_llama4_config(g, count, experts, n_layers, config))
+    if arch == "deepseek":  # softmax over every expert's logit, the top weights not renormalised
+        # (both hard-wired in llama.cpp's graph, as in mlx-lm's deepseek); the head of its own
+        # made from the embedding where the GGUF ties it (glm4_tensors); no biases (llama.cpp
+        # reads no output one, mlx-lm's q/k/v ones only with it: refused by the shape check)
+        n_experts, n_used = experts()
+        if g("expert_weights_scale", 0) not in (0, 1):
+            raise UserInputError(f"GGUF deepseek with expert weights scale "
+                                 f"{shown(g('expert_weights_scale'), 20)} is not supported "
+                                 "(mlx-lm's deepseek does not scale its experts' weights)")
+        config.update(n_routed_experts=n_experts, num_experts_per_tok=n_used,
+                      moe_intermediate_size=count("expert_feed_forward_length"),
+                      n_shared_experts=count("expert_shared_count"),
+                      first_k_dense_replace=_leading_dense(arch, optional, n_layers),
+                      moe_layer_freq=1, attention_bias=False, tie_word_embeddings=False)
+    if arch == "mellum":  # every layer sparse, the top weights renormalised (llama.cpp's graph);
+        # the window in llama.cpp's pattern (flags, or a period: 4 unless given), none without
+        # a window; every layer's RoPE at rope.freq_base, as llama.cpp's graph turns them
+        n_experts, n_used = experts()
+        window = optional("attention.sliding_window")
+        pattern = (_sliding_pattern(g("attention.sliding_window_pattern",
+                                      MELLUM_SLIDING_PATTERN), n_layers, arch) if window else None)
+        rope = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+        config.update(num_experts=n_experts, num_experts_per_tok=n_used,
+                      moe_intermediate_size=count("expert_feed_forward_length"),
+                      norm_topk_prob=True, sliding_window=window if pattern else None,
+                      layer_types=["sliding_attention" if c == "L" else "full_attention"
+                                   for c in ((pattern or "G") * n_layers)[:n_layers]],
+                      rope_parameters=dict.fromkeys(("full_attention", "sliding_attention"), rope))
+    if arch == "nanbeige":  # its stack run num_loops times over the same weights, the final
+        # norm after each loop but the last unless skip_loop_final_norm (llama.cpp: 1, false);
+        # no biases (llama.cpp reads no output or MLP ones; q/k/v ones refused by the shape check)
+        skip = g("skip_loop_final_norm", False)
+        if not isinstance(skip, (bool, np.bool_)):
+            raise UserInputError(f"GGUF metadata {arch}.skip_loop_final_norm must be true or "
+                                 f"false, got {shown(skip, 40)}")
+        config.update(num_loops=count("num_loops", 1), skip_loop_final_norm=bool(skip),
+                      attention_bias=False, mlp_bias=False)
     if arch == "glm4moe":
         config.update(_glm4moe_config(g, count, positive, optional, experts, tensors, n_layers,
                                       rotary))
@@ -956,6 +1008,15 @@ def _llama4_config(g: Any, count: Any, experts: Any, n_layers: int, config: dict
             "rope_scaling": None}  # (Llama 3's from rope_freqs, where the GGUF has them)
 
 
+def _leading_dense(arch: str, optional: Any, n_layers: int) -> int:
+    """The layers before the first sparse one (``leading_dense_block_count``, 0 without)."""
+    dense = optional("leading_dense_block_count")
+    if dense > n_layers:
+        raise UserInputError(f"GGUF metadata {arch}.leading_dense_block_count ({dense}) exceeds "
+                             f"its {n_layers} layers")
+    return dense
+
+
 def _routed_experts(arch: str, model_type: str, g: Any, count: Any, positive: Any,
                     optional: Any, experts: Any, tensors: dict, n_layers: int) -> dict:
     """mlx-lm's settings of DeepSeek's MoE layout (GLM-4.5's and deepseek2's), read as
@@ -966,10 +1027,7 @@ def _routed_experts(arch: str, model_type: str, g: Any, count: Any, positive: An
     ``expert_weights_norm`` says so and scaled by ``expert_weights_scale`` (0 or none: 1).
     mlx-lm's model (``model_type``) has a head of its own: a tied one is refused."""
     n_experts, n_used = experts()
-    dense = optional("leading_dense_block_count")
-    if dense > n_layers:
-        raise UserInputError(f"GGUF metadata {arch}.leading_dense_block_count ({dense}) exceeds "
-                             f"its {n_layers} layers")
+    dense = _leading_dense(arch, optional, n_layers)
     groups, used_groups = optional("expert_group_count"), optional("expert_group_used_count")
     if groups > 1 and (n_experts % groups or groups >= n_experts
                        or not 0 < used_groups < groups):  # llama.cpp asserts as much

@@ -5,10 +5,10 @@ Every tensor type the ``gguf`` package dequantizes is read. Q4_0/Q4_1/Q8_0 matri
 onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) onto MLX's
 ``mxfp4``, and stay quantized unless a dtype is given (the experts' stacks too); the other
 types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
-llama (Mixtral's too), smollm3, granite, granitemoe, mistral3 and minicpm q/k rows are
-un-permuted from llama.cpp's RoPE layout to the Hugging Face one (InternLM2's too, fused again:
-:func:`internlm2_tensors`). LFM2's convolution kernels
-become MLX's Conv1d layout (:func:`lfm2_tensors`).
+llama (Mixtral's too), smollm3, granite, granitemoe, mistral3, minicpm, deepseek and nanbeige
+q/k rows are un-permuted from llama.cpp's RoPE layout to the Hugging Face one (InternLM2's too,
+fused again: :func:`internlm2_tensors`). LFM2's convolution kernels become MLX's Conv1d layout
+(:func:`lfm2_tensors`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ GGUF_GROUP_SIZE = 32
 DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
 # llama.cpp's converter permutes q/k rows (and biases) for its LlamaModel family (Ministral 3's
 # and Mistral's own format arrive in that layout too)
-LLAMA_FAMILY = ("llama", "smollm3", "granite", "granitemoe", "mistral3", "minicpm")
+LLAMA_FAMILY = ("llama", "smollm3", "granite", "granitemoe", "mistral3", "minicpm", "deepseek",
+                "nanbeige")
 # Qwen3.5/3.6 (Gated DeltaNet linear attention, every n-th layer full attention): llama.cpp's
 # architectures, and what mlx-lm's qwen3_5 names its parameters under
 QWEN35 = ("qwen35", "qwen35moe")
@@ -276,6 +277,8 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "internlm2": _INTERNLM2_LAYER_NAMES, "qwen": _QWEN_LAYER_NAMES,
                      **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),
                      "openelm": _OPENELM_LAYER_NAMES,
+                     # DeepSeek-MoE: Qwen3-MoE's router and experts' stacks, its shared experts
+                     "deepseek": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES},
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -601,9 +604,9 @@ def deepseek2_tensors(tensors: dict, config: dict) -> dict:
 
 
 def glm4_tensors(tensors: dict, config: dict) -> dict:
-    """A GLM-4-0414 (or MiniCPM) GGUF's tensors with a head: the embedding's where it has no
-    ``output.weight``, as llama.cpp reads it (mlx-lm's glm4 always has a head of its own;
-    mlx-lm's minicpm scales the logits only through one)."""
+    """A GLM-4-0414 (or MiniCPM, DeepSeek-MoE) GGUF's tensors with a head: the embedding's where
+    it has no ``output.weight``, as llama.cpp reads it (mlx-lm's glm4 and deepseek always have a
+    head of their own; mlx-lm's minicpm scales the logits only through one)."""
     out = dict(tensors)
     if "output.weight" not in tensors:
         t = tensors["token_embd.weight"]
@@ -817,7 +820,8 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
              "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors,
-             "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors}
+             "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
+             "deepseek": glm4_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -251,7 +251,7 @@ GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          **dict.fromkeys(QWEN35_KINDS, GGUF_QWEN35_NAMES),
                          "qwen3_next": GGUF_QWEN3NEXT_NAMES, "glm4_moe": GGUF_GLM4MOE_NAMES,
                          **dict.fromkeys(("mixtral", "granitemoe"), GGUF_BLOCK_SPARSE_MOE_NAMES),
-                         "qwen2_moe": GGUF_QWEN2MOE_NAMES,
+                         "qwen2_moe": GGUF_QWEN2MOE_NAMES, "deepseek": GGUF_ERNIE45_MOE_NAMES,
                          **dict.fromkeys(DEEPSEEK2_KINDS, GGUF_DEEPSEEK2_NAMES)}
 #: GLM-4-0414's norms after each branch (its ffn_norm the one before the MLP), StarCoder2's plain
 #: MLP, Apertus's norms
@@ -308,7 +308,7 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "gpt_bigcode": "starcoder"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
-                 "internlm2")
+                 "internlm2", "deepseek", "nanbeige")
 #: Granite's multipliers by llama.cpp's writer methods
 GRANITE_SCALES = {"embedding_multiplier": "add_embedding_scale",
                   "residual_multiplier": "add_residual_scale",
@@ -414,6 +414,21 @@ def llama_cpp_gpt_oss_meta(config: dict) -> dict:
     return {"rope_scaling": gguf.RopeScalingType.YARN, "rope_factor": scaling["factor"],
             "original_max_position_embeddings": scaling["original_max_position_embeddings"],
             "sliding_window": config["sliding_window"]}
+
+
+def llama_cpp_mellum_meta(config: dict) -> dict:
+    """The RoPE bases llama.cpp's convert_hf_to_gguf.py writes for a Mellum config
+    (TextModel.set_gguf_parameters): the full-attention layers' and the sliding ones'."""
+    return {f"rope_theta{end}": config["rope_parameters"][kind]["rope_theta"]
+            for end, kind in (("", "full_attention"), ("_swa", "sliding_attention"))}
+
+
+def llama_cpp_nanbeige_meta(w: gguf.GGUFWriter, m: dict) -> None:
+    """The loop keys llama.cpp's convert_hf_to_gguf.py writes for a Nanbeige config
+    (NanbeigeModel.set_gguf_parameters; this gguf package has no writer methods for them)."""
+    w.add_uint32("nanbeige.num_loops", m["num_loops"])
+    skip = m.get("skip_loop_final_norm", False)  # a number where a flag is due: refused
+    (w.add_bool if isinstance(skip, bool) else w.add_uint32)("nanbeige.skip_loop_final_norm", skip)
 
 
 def llama_cpp_ernie45_moe_meta(w: gguf.GGUFWriter, m: dict) -> None:
@@ -702,8 +717,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
         arch_tensors = {"rope_freqs.weight": llama_cpp_rope_freqs(config)}
     arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta, "ministral3": llama_cpp_ministral3_meta,
-                 "internlm2": llama_cpp_linear_rope,
-                 "openelm": llama_cpp_openelm_meta}.get(model_type, lambda c: {})(config)
+                 "internlm2": llama_cpp_linear_rope, "openelm": llama_cpp_openelm_meta,
+                 "mellum": llama_cpp_mellum_meta}.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
@@ -773,7 +788,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     llama_cpp_dense_meta(w, m)
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
-    if model_type in ("glm4_moe", "dots1"):  # Dots1Model's: Qwen2MoeModel's and these
+    if model_type in ("glm4_moe", "dots1", "deepseek"):  # their converters' MoE keys
         for key, add in GLM4MOE_KEYS.items():
             if m.get(key) is not None:
                 getattr(w, add)(m[key])
@@ -785,13 +800,18 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                 getattr(w, add)(m[key])
     if m.get("rope_finetuned") is not None:
         w.add_rope_scaling_finetuned(m["rope_finetuned"])
-    if model_type in ("exaone4", "olmo2", "ministral3") and m.get("sliding_window") is not None:
+    if model_type in ("exaone4", "olmo2", "ministral3", "mellum") and \
+            m.get("sliding_window") is not None:
         w.add_sliding_window(m["sliding_window"])
         pattern = m.get("swa_pattern")
         if pattern is None and m.get("layer_types"):
             pattern = [t == "sliding_attention" for t in m["layer_types"]]
         if pattern is not None:
             w.add_sliding_window_pattern(pattern)
+    if m.get("rope_theta_swa") is not None:
+        w.add_rope_freq_base_swa(m["rope_theta_swa"])
+    if model_type == "nanbeige":
+        llama_cpp_nanbeige_meta(w, m)
     if vocab is None:
         add_bpe_vocab(w, tok_folder, m["tokenizer_model"])
     else:
@@ -949,6 +969,9 @@ def reference_model(kind: str, config: dict, weights: dict) -> nn.Module:
     return model
 
 
+#: Mellum with one RoPE base (llama.cpp's graph turns its sliding layers at the global one)
+MELLUM_GGUF = {"rope_parameters": dict.fromkeys(("full_attention", "sliding_attention"),
+                                                {"rope_type": "default", "rope_theta": 10000.0})}
 GGUF_CASES = {
     "llama-legacy": ("llama", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
                                "output": T.F16, "*": T.Q8_0}, {}),
@@ -1130,6 +1153,21 @@ GGUF_CASES.update({
     "granitemoe-legacy": ("granitemoe", {"ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0,
                                          "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32,
                                          "attn_k": T.Q4_0, "*": T.Q8_0}, {}),
+    # DeepSeek-MoE: a dense layer, then 2 of 4 experts by a softmax over all (not renormalised)
+    # beside a shared expert; q/k permuted; the weights scale 1 its converter writes
+    "deepseek-legacy": ("deepseek", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                     "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32,
+                                     "ffn_up_shexp": T.Q4_0, "attn_q": T.Q4_0, "*": T.Q8_0},
+                        {"routed_scaling_factor": 1.0}),
+    # Mellum: per-head q/k norms before NeoX RoPE (q/k as they are), layers 0 and 2 sliding (a
+    # flag per layer), 2 of 4 experts renormalised; one RoPE base, as llama.cpp turns every layer
+    "mellum-legacy": ("mellum", {"ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0,
+                                 "ffn_down_exps": T.Q4_0, "ffn_gate_inp": T.F32,
+                                 "attn_k": T.Q4_1, "*": T.Q8_0}, MELLUM_GGUF),
+    # Nanbeige: its 2 blocks run twice, the final norm between the loops; q/k permuted; no
+    # biases (llama.cpp reads no output one)
+    "nanbeige-legacy": ("nanbeige", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up": T.Q4_1,
+                                     "*": T.Q8_0}, {"attention_bias": False}),
 })
 #: Command R7B as llama.cpp's converter writes it: no biases (it drops Cohere's zero ones), no
 #: pattern (llama.cpp's default period 4: layers 0-2 slide, 3 is global)
@@ -1612,12 +1650,14 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "minicpm-legacy", "dots1-legacy", "gemma-legacy",
                                   "command_r-legacy", "phi2-legacy", "gptneox-legacy",
                                   "internlm2-linear", "qwen-legacy", "gpt2-legacy",
-                                  "starcoder-legacy", "nemotron-legacy", "openelm-legacy"])
+                                  "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
+                                  "deepseek-legacy", "mellum-legacy", "nanbeige-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
-    Granite MoE) and the dense GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs
-    convert to folders the engine runs unpruned as mlx-lm does."""
+    Granite MoE, DeepSeek-MoE, Mellum) and the dense GLM-4-0414's, StarCoder2's, Command R7B's,
+    Apertus's and Nanbeige's (looped) GGUFs convert to folders the engine runs unpruned as
+    mlx-lm does."""
     kind, types, overrides = GGUF_CASES[case]
     write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), types, **overrides)
     model, _ = mlx_lm.load(str(convert(tmp_path / "m.gguf", tmp_path / "out",
@@ -1683,17 +1723,32 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     ("openelm", {"share_input_output_layers": False}, {}, {},
      {"share_input_output_layers": False, "num_query_heads": [2, 4, 4, 6],
       "num_kv_heads": [1, 2, 2, 3], "ffn_dim_divisor": 1}),
+    # DeepSeek-MoE tied: llama.cpp reads the embedding as the head (mlx-lm's has one of its own)
+    ("deepseek", {"routed_scaling_factor": 1.0}, {}, {"output.weight": None},
+     {"tie_word_embeddings": False, "first_k_dense_replace": 1, "n_shared_experts": 1,
+      "moe_layer_freq": 1}),
+    # Mellum without a pattern key (llama.cpp's period 4: layers 0-2 slide), and without a window
+    ("mellum", {**MELLUM_GGUF, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
+     {"layer_types": None}, {},
+     {"sliding_window": 24, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}),
+    ("mellum", {**MELLUM_GGUF, "layer_types": ["full_attention"] * 4}, {"sliding_window": None},
+     {}, {"sliding_window": None, "norm_topk_prob": True}),
+    # Nanbeige skipping the norm between its loops
+    ("nanbeige", {"attention_bias": False, "skip_loop_final_norm": True}, {}, {},
+     {"num_loops": 2, "skip_loop_final_norm": True}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
         "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
         "command_r-no-logit-scale", "phi2", "gptneox-sequential", "nemotron-linear-rope",
-        "openelm-untied"])
+        "openelm-untied", "deepseek-tied", "mellum-default-period", "mellum-global",
+        "nanbeige-skip"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
-    """GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs become mlx-lm's model of
-    their name with the settings llama.cpp reads (its defaults where the GGUF has no key),
-    compute what the GGUF's tensors do in mlx-lm's model of the original checkpoint, over a
-    prompt past Command R7B's window, and run in the engine unpruned as in mlx-lm."""
+    """GLM-4-0414's, StarCoder2's, Command R7B's, Apertus's (and DeepSeek-MoE's, Mellum's,
+    Nanbeige's) GGUFs become mlx-lm's model of their name with the settings llama.cpp reads
+    (its defaults where the GGUF has no key), compute what the GGUF's tensors do in mlx-lm's
+    model of the original checkpoint, over a prompt past Command R7B's window, and run in the
+    engine unpruned as in mlx-lm."""
     config = {**tiny_config(kind), **overrides}
     _, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind), meta=meta,
                               extra=extra, **overrides)
@@ -2642,6 +2697,24 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "apertus_xielu": (lambda: gguf_of("a.gguf", "apertus", {"xielu_beta": None}),
                           "GGUF metadata xielu.beta must be a number or one per layer (4), got "
                           "None"),
+        "deepseek_weights_scale": (
+            lambda: gguf_of("d.gguf", "deepseek", {"routed_scaling_factor": 2.5}),
+            "GGUF deepseek with expert weights scale 2.5 is not supported (mlx-lm's deepseek "
+            "does not scale its experts' weights)"),
+        "deepseek_qkv_bias": (  # llama.cpp reads them, mlx-lm's deepseek only with an output one
+            lambda: write_gguf(tmp / "d.gguf", "deepseek", tok_folder, attention_bias=True,
+                               extra={f"blk.{i}.attn_output.bias": None for i in range(4)})
+            and tmp / "d.gguf", "it has an unexpected tensor model.layers.0.self_attn.k_proj.bias"),
+        # Mellum: its sliding layers at a RoPE base of their own (llama.cpp's graph turns them at
+        # the global one), a window in every layer
+        "mellum_swa_base": (lambda: gguf_of("m.gguf", "mellum", {}),
+                            "GGUF mellum with another RoPE base in its sliding-window layers is "
+                            "not supported"),
+        "mellum_all_local": (lambda: gguf_of("m.gguf", "mellum", {"swa_pattern": [True] * 4}),
+                             "GGUF mellum with a sliding window in every layer is not supported"),
+        "nanbeige_skip_flag": (lambda: gguf_of("n.gguf", "nanbeige", {"skip_loop_final_norm": 1}),
+                               "GGUF metadata nanbeige.skip_loop_final_norm must be true or false, "
+                               "got 1"),
         "exaone_qkv_bias": (  # llama.cpp reads them, mlx-lm's exaone only with an output one
             lambda: write_gguf(tmp / "e.gguf", "llama", tok_folder, extra={
                 f"blk.{i}.attn_output.bias": None for i in range(4)},
@@ -2722,7 +2795,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "phi2_qkv_twice", "internlm2_qkv_bias", "internlm2_fused_qkv", "qwen_kv_heads",
               "qwen_rope_base", "gpt2_kv_heads", "gpt2_mlp_width", "gpt2_own_head",
               "starcoder_kv_heads", "nemotron_eps", "nemotron_qkv_bias", "openelm_groups",
-              "openelm_rope_dims", "openelm_half"]
+              "openelm_rope_dims", "openelm_half", "deepseek_weights_scale", "deepseek_qkv_bias",
+              "mellum_swa_base", "mellum_all_local", "nanbeige_skip_flag"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

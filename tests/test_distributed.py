@@ -379,18 +379,19 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
                                   "ernie4_5_moe", "glm4", "apertus",
                                   "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
-                                  "llama4_text", "llama4", "gpt_bigcode", "openelm"])
+                                  "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
+                                  "mellum"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
-    """OLMo's q/k norms span every head: split by heads they would normalise each rank's
-    share alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's,
-    Qwen2-MoE's, OLMoE's, Granite MoE's, Phi-3.5-MoE's, dots.llm1's, Ling's, Hunyuan's and
-    Llama 4's MoE blocks have no split here, nor mlx-lm's dense llama4_text's MLP (at
-    ``feed_forward``), GLM-4-0414's fused gate_up_proj (each rank would need rows of both
-    halves), Apertus's layers (plain up_proj MLP, heads named otherwise), OpenELM's (heads
+    """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
+    alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
+    OLMoE's, Granite MoE's, Phi-3.5-MoE's, dots.llm1's, Ling's, Hunyuan's, Llama 4's,
+    DeepSeek-MoE's and Mellum's MoE blocks have no split here, nor mlx-lm's dense llama4_text's
+    MLP (at ``feed_forward``), GLM-4-0414's fused gate_up_proj (each rank would need rows of
+    both halves), Apertus's layers (plain up_proj MLP, heads named otherwise), OpenELM's (heads
     by layer, a fused q/k/v and gate/up) or LFM2's convolutions, StarCoder 1's one key/value
     head (multi-query). Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's
-    linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the
-    engine runs them whole)."""
+    linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
+    runs them whole)."""
     class Group:
         def size(self):
             return 2
@@ -406,7 +407,8 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
                                   "glm4_moe_lite", "deepseek_v2", "gemma2", "cohere2", "helium",
                                   "internlm3", "starcoder2", "hunyuan_v1_dense", "minicpm", "mimo",
                                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
-                                  "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron"])
+                                  "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
+                                  "nanbeige"])
 def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`;
     Gemma 2's soft-cap acts on each head's logits, whole on its rank; Command R7B's parallel
@@ -418,7 +420,8 @@ def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     Phi-2's and GPT-NeoX's parallel branches, GPT-NeoX's fused q/k/v split by head,
     InternLM2's fused wqkv split by key/value head groups, Qwen 1's c_attn by thirds, its
     w2-gated MLP, GPT-2's fused c_attn split in its three parts and its learned positions
-    whole on every rank, Nemotron's plain squared-ReLU MLP and its biases),
+    whole on every rank, Nemotron's plain squared-ReLU MLP and its biases, Nanbeige's blocks
+    split once though run twice),
     gpt-oss (mlx-lm's shard, its sinks split by head), GLM-4.5 (mlx-lm's shard: its MoE
     blocks sum their ranks' shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2
     (mlx-lm's shard: each rank its heads' queries, embed_q and unembed_out or kv_b_proj, the

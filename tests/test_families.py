@@ -26,7 +26,9 @@ Phi-3.5-MoE (``phimoe``: LayerNorms, biases, longrope) with their MoE block at
 (``bailing_moe``: fused q/k/v, attention at ``attention``, grouped routing with an expert bias),
 Hunyuan (``hunyuan``: q/k norms after RoPE, cross-layer attention reading the layer below's keys)
 and Llama 4 (``llama4``: chunked local attention, NoPE global layers with attention temperature,
-a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too). Dense families (:data:`DENSE`):
+a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too), DeepSeek-MoE (``deepseek``: dense
+layer 0, softmax routing, a shared expert) and Mellum (``mellum``: q/k norms, sliding-window
+layers with their own RoPE base). Dense families (:data:`DENSE`):
 EXAONE 3.5 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k
 norms after RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``:
 per-head q/k LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals
@@ -38,8 +40,9 @@ partial RoPE, biases), GPT-NeoX (``gpt_neox``: fused per-head q/k/v, parallel at
 and MLP each on its own LayerNorm; ``gpt_neox-sequential``: one after the other), InternLM2
 (``internlm2``: a fused wqkv grouped by key/value head), Qwen 1 (``qwen``: GPT-2's names,
 a fused c_attn, w2 its MLP's gate), Nemotron (``nemotron``: (1 + w) LayerNorms with biases,
-partial RoPE, squared-ReLU MLP) and OpenELM (``openelm``: heads and MLP widths per layer,
-fused q/k/v, per-head q/k norms, Llama's parts named otherwise)."""
+partial RoPE, squared-ReLU MLP), OpenELM (``openelm``: heads and MLP widths per layer,
+fused q/k/v, per-head q/k norms, Llama's parts named otherwise) and Nanbeige (``nanbeige``:
+its blocks run twice, a norm between the loops; ``nanbeige-skip`` without it)."""
 
 from __future__ import annotations
 
@@ -65,16 +68,17 @@ from tiny_models import build_tiny_model, tiny_config
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
-MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
+MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
-         "gpt_bigcode", "nemotron", "openelm")
+         "gpt_bigcode", "nemotron", "openelm", "nanbeige")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
             "gemma4_text-e2b", "gemma4", *MLA, "gemma2", "glm4", "starcoder2", "cohere2",
-            "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE, "gpt_neox-sequential")
+            "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE, "gpt_neox-sequential",
+            "nanbeige-skip")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -521,6 +525,18 @@ def test_the_tiny_nemotron_and_openelm_are_what_they_claim(family):
     assert a._activations[0] == "silu" and a.lm_head is None
 
 
+def test_the_tiny_nanbeige_is_what_it_claims(family):
+    """Nanbeige's 2 blocks run twice (``num_loops``), each pass with its own keys and values
+    (mlx-lm's cache has 4 entries): 4 layers to the engine, the final (random) norm also
+    after layer 1, where the first loop ends, but in the variant that skips it."""
+    model, _ = family("nanbeige")
+    a = ModelAdapter(model)
+    assert len(model.layers) == 2 and a.num_layers == 4 and len(make_prompt_cache(model)) == 4
+    assert a.layers[2] is a.layers[0] and a.layers[3] is a.layers[1]
+    assert a._loop_ends == {1} and _random(model.model.norm.weight)
+    assert not ModelAdapter(family("nanbeige-skip")[0])._loop_ends
+
+
 def test_a_tied_minicpm_leaves_its_logits_unscaled(family):
     """mlx-lm's MiniCPM divides the logits by hidden_size / dim_model_base only through an
     untied head; a tied one (which its loader cannot read: built here from the untied
@@ -639,11 +655,12 @@ def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
 
 @pytest.mark.parametrize("kind", ["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
                                   "deepseek_v2", "gemma2", "hunyuan", "llama4", "exaone",
-                                  "nanochat"])
+                                  "nanochat", "nanbeige"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
     holding none and its tokens' per-layer inputs, latent attention's values narrower than
-    its keys, EXAONE 3's weights named otherwise, nanochat's without norm weights) is
+    its keys, EXAONE 3's weights named otherwise, nanochat's without norm weights, Nanbeige's
+    layers twice its blocks) is
     written, checked on load and answers the next turn as the live cache
     does."""
     model, tokenizer = family(kind)

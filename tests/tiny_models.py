@@ -26,7 +26,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
-         "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm")
+         "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
+         "nanbeige")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -362,6 +363,24 @@ _KIND_CONFIG = {
                 "num_transformer_layers": 4, "num_query_heads": [2, 4, 4, 6],
                 "num_kv_heads": [1, 2, 2, 3], "ffn_multipliers": [0.5, 1.0, 1.5, 2.0],
                 "ffn_dim_divisor": 16, "share_input_output_layers": True},
+    # DeepSeek-MoE: Llama's attention; layer 0 dense, then 2 of 4 experts (softmax over all,
+    # not renormalised) beside a shared expert
+    "deepseek": {"architectures": ["DeepseekForCausalLM"], "tie_word_embeddings": False,
+                 "first_k_dense_replace": 1, "moe_layer_freq": 1, "moe_intermediate_size": 32,
+                 "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2},
+    # Nanbeige: Llama's layout (biases here) whose 2 blocks run twice (num_loops), the final
+    # (random) norm also between the loops: 4 layers to the engine
+    "nanbeige": {"architectures": ["NanbeigeForCausalLM"], "tie_word_embeddings": False,
+                 "num_hidden_layers": 2, "num_loops": 2, "attention_bias": True},
+    # Mellum: per-head q/k norms; layers 0 and 2 slide over a 24-position window (RoPE base
+    # 10000), 1 and 3 are global (base 500000); 2 of 4 experts (renormalised) in every layer
+    "mellum": {"architectures": ["MellumForCausalLM"], "tie_word_embeddings": False,
+               "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+               "norm_topk_prob": True, "sliding_window": 24,
+               "layer_types": ["sliding_attention", "full_attention"] * 2,
+               "rope_parameters": {
+                   "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -375,7 +394,8 @@ _KIND_CONFIG = {
 #: ``qwen3_5-deep``, 16 layers (attention in 3, 7, 11, 15); ``qwen3_5-last``, 4 layers, only
 #: the last attending; ``stablelm-parallel``, StableLM 2 12B's layout: per-head q/k
 #: LayerNorms, attention and the MLP in parallel on one norm; ``gpt_neox-sequential``, GPT-NeoX
-#: with attention, then the MLP (``use_parallel_residual`` false).
+#: with attention, then the MLP (``use_parallel_residual`` false); ``nanbeige-skip``, Nanbeige
+#: with ``skip_loop_final_norm``: no norm between its loops.
 _VARIANTS = {
     # The MLA kinds as the conversion tests write them in llama.cpp's deepseek2 GGUF, which holds
     # one YaRN log multiplier (mscale = mscale_all_dim) and no renormalised softmax routing:
@@ -417,6 +437,7 @@ _VARIANTS = {
     "ministral3-sliding": ("ministral3", {
         "sliding_window": 24,
         "layer_types": ["sliding_attention", "full_attention"] * 2}),
+    "nanbeige-skip": ("nanbeige", {"skip_loop_final_norm": True}),
     "stablelm-parallel": ("stablelm", {"use_parallel_residual": True, "qk_layernorm": True}),
     "gpt_neox-sequential": ("gpt_neox", {"use_parallel_residual": False}),
     "phi3-longrope": ("phi3", {
@@ -431,7 +452,7 @@ _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
-                        "openelm")
+                        "openelm", "nanbeige")
 
 
 def tiny_config(kind: str) -> dict:
