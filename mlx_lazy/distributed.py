@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import ModelAdapter, attention_module, recurrent_layers
+from .adapter import ModelAdapter, attention_module, recurrent_layers, text_args
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -94,7 +94,7 @@ def shard(model: nn.Module, group: Group) -> None:
         raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
                              "their linear-attention layers are not split here")
     # mlx-lm's shard() only divides: uneven splits must be refused here
-    args = adapter.text.args  # gemma3: its text model's
+    args = text_args(adapter.text)  # gemma3: its text model's
     sizes = {"attention heads": args.num_attention_heads,
              "key/value heads": args.num_key_value_heads,
              "MLP width": args.intermediate_size}
@@ -123,7 +123,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     splits Llama, for the models whose mlx-lm module lacks it (Gemma 3 and the text model of
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
-    StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat):
+    StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, and the latent
+    attention of MiniCPM3 and Youtu-LLM: each rank its heads' q_b_proj and kv_b_proj rows):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
@@ -136,7 +137,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     for layer in layers:
         attn, mlp = attention_module(layer), layer.mlp
         # projections as each family names them: EXAONE 3's out_proj, nanochat's c_*
-        for name in ("q_proj", "k_proj", "v_proj", "c_q", "c_k", "c_v"):
+        # q_b_proj, kv_b_proj: latent attention's per-head projections (the latent stays whole)
+        for name in ("q_proj", "k_proj", "v_proj", "c_q", "c_k", "c_v", "q_b_proj", "kv_b_proj"):
             if name in attn:
                 setattr(attn, name, shard_linear(attn[name], "all-to-sharded", group=group))
         for name in ("o_proj", "out_proj", "c_proj"):
@@ -164,7 +166,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
 SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
-             "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat")}
+             "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat",
+             "minicpm3", "youtu_llm")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

@@ -31,7 +31,9 @@ EXAONE 3.5 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyua
 norms after RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``:
 per-head q/k LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals
 and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped) and nanochat (``nanochat``:
-weightless norms, soft-capped logits)."""
+weightless norms, soft-capped logits), and two with DeepSeek-V2's latent attention: MiniCPM3
+(``minicpm3``: low-rank queries, longrope, MiniCPM's multipliers) and Youtu-LLM (``youtu_llm``:
+its args named ``config``, traditional RoPE, biases, a tied head)."""
 
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
-         "nanochat")
+         "nanochat", "minicpm3", "youtu_llm")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -424,6 +426,39 @@ def test_the_tiny_nanochat_is_what_it_claims(family):
     assert (a.n_heads, a.n_kv_heads, a.variant()) == (4, 2, "float32")
     raw = model.lm_head(model.transformer(mx.array(random_prompt(64, a.vocab_size))[None]))
     assert float(mx.abs(raw).max()) > 15 * 1.5
+
+
+def test_the_tiny_minicpm3_and_youtu_are_what_they_claim(family):
+    """Both: latent attention expanded per head (``kv_b_proj``, no absorbed form) with
+    low-rank queries, random norms (the two low-rank ones too), 4 heads whose keys are 32
+    unrotated and 8 rotated dims, the scale 1/sqrt(40). MiniCPM3: values hidden / heads = 16
+    wide, longrope's SuScaledRoPE with long factors and a scale above 1, its scale named
+    ``softmax_scale``, MiniCPM's multipliers, an untied head. Youtu-LLM: its args at
+    ``config`` (no ``args``), values 24 wide, traditional RoPE, biases on q_a_proj, o_proj
+    and the MLP, a tied head."""
+    widths = {}
+    for kind in ("minicpm3", "youtu_llm"):
+        model, _ = family(kind)
+        attn, a = model.layers[0].self_attn, ModelAdapter(model)
+        assert hasattr(attn, "kv_b_proj") and not hasattr(attn, "embed_q")
+        assert attn.q_lora_rank == 32 and a._mla and a.scale == 40 ** -0.5
+        assert _random(attn.q_a_layernorm.weight, attn.kv_a_layernorm.weight,
+                       model.layers[0].input_layernorm.weight)
+        q, k, v, _ = a.qkv(0, a.embed(mx.array([1, 2, 3])), np.arange(3))
+        widths[kind] = q.shape[-1], k.shape[-1], v.shape[-1]
+    minicpm3, _ = family("minicpm3")
+    attn, args = minicpm3.layers[0].self_attn, minicpm3.args
+    assert type(attn.rope).__name__ == "SuScaledRoPE" and attn.rope._scale > 1
+    assert attn.softmax_scale == 40 ** -0.5 and not hasattr(attn, "scale")
+    assert (args.scale_emb, args.scale_depth, args.dim_model_base) == (12.0, 1.4, 16)
+    assert ModelAdapter(minicpm3).lm_head is minicpm3.lm_head
+    youtu, _ = family("youtu_llm")
+    attn = youtu.layers[0].self_attn
+    assert not hasattr(youtu, "args") and youtu.config.tie_word_embeddings
+    assert attn.rope.traditional and ModelAdapter(youtu).lm_head is None
+    assert all(float(mx.abs(p.bias).sum()) > 0 for p in (attn.q_a_proj, attn.o_proj,
+                                                          youtu.layers[0].mlp.down_proj))
+    assert widths == {"minicpm3": (40, 40, 16), "youtu_llm": (40, 40, 24)}
 
 
 def test_a_tied_minicpm_leaves_its_logits_unscaled(family):
