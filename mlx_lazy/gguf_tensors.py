@@ -229,7 +229,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(GEMMA, _GEMMA3_LAYER_NAMES), "phi3": _PHI3_
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
                      "glm4moe": _GLM4MOE_LAYER_NAMES, "qwen3next": _QWEN3NEXT_LAYER_NAMES,
-                     "deepseek2": _DEEPSEEK2_LAYER_NAMES,
+                     "deepseek2": _DEEPSEEK2_LAYER_NAMES, "minicpm3": _DEEPSEEK2_LAYER_NAMES,
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
@@ -548,9 +548,9 @@ def deepseek2_tensors(tensors: dict, config: dict) -> dict:
 
 
 def glm4_tensors(tensors: dict, config: dict) -> dict:
-    """A GLM-4-0414 (or MiniCPM) GGUF's tensors with a head: the embedding's where it has no
-    ``output.weight``, as llama.cpp reads it (mlx-lm's glm4 always has a head of its own;
-    mlx-lm's minicpm scales the logits only through one)."""
+    """A GLM-4-0414 (or MiniCPM, MiniCPM3) GGUF's tensors with a head: the embedding's where it
+    has no ``output.weight``, as llama.cpp reads it (mlx-lm's glm4 always has a head of its own;
+    mlx-lm's minicpm and minicpm3 scale the logits only through one)."""
     out = dict(tensors)
     if "output.weight" not in tensors:
         t = tensors["token_embd.weight"]
@@ -629,7 +629,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
-             "llama4": glm4_tensors}
+             "llama4": glm4_tensors, "minicpm3": glm4_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -252,7 +252,8 @@ GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          "qwen3_next": GGUF_QWEN3NEXT_NAMES, "glm4_moe": GGUF_GLM4MOE_NAMES,
                          **dict.fromkeys(("mixtral", "granitemoe"), GGUF_BLOCK_SPARSE_MOE_NAMES),
                          "qwen2_moe": GGUF_QWEN2MOE_NAMES,
-                         **dict.fromkeys(DEEPSEEK2_KINDS, GGUF_DEEPSEEK2_NAMES)}
+                         **dict.fromkeys(DEEPSEEK2_KINDS, GGUF_DEEPSEEK2_NAMES),
+                         "minicpm3": GGUF_DEEPSEEK2_NAMES}
 #: GLM-4-0414's norms after each branch (its ffn_norm the one before the MLP), StarCoder2's plain
 #: MLP, Apertus's norms
 GGUF_KIND_LAYER_NAMES.update({
@@ -612,6 +613,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         arch_tensors = llama_cpp_ernie45_moe_biases(config)
     if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
         arch_tensors = {"rope_freqs.weight": llama_cpp_rope_freqs(config)}
+    if model_type == "minicpm3":  # MiniCPM3Model.generate_extra_tensors: LongRoPE's factors
+        arch_tensors = {f"rope_factors_{k}.weight": config["rope_scaling"][f"{k}_factor"]
+                        for k in ("long", "short")}
     arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta,
                  "ministral3": llama_cpp_ministral3_meta}.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
@@ -639,7 +643,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                                                  + config["v_head_dim"]), config["kv_lora_rank"])
 
     w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(model_type, model_type))
-    add_shape(w, m, key_length=model_type not in ("phi3", "granite", *DEEPSEEK2_KINDS),
+    add_shape(w, m, key_length=model_type not in ("phi3", "granite", *DEEPSEEK2_KINDS,
+                                                  "minicpm3"),
               ff_length=model_type != "qwen3_5_moe")
     if deepseek2:
         llama_cpp_deepseek2_meta(w, m)
@@ -806,6 +811,12 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
             w.add_nextn_predict_layers(m["nextn_predict_layers"])
     if m.get("attention_scale") is not None:
         w.add_attention_scale(m["attention_scale"])
+    if m["model_type"] == "minicpm3":  # MiniCPM3Model.set_gguf_parameters (no scales)
+        w.add_q_lora_rank(m["q_lora_rank"])
+        w.add_kv_lora_rank(m["kv_lora_rank"])
+        w.add_key_length(m["qk_nope_head_dim"] + m["qk_rope_head_dim"])
+        if m.get("value_length") is not None:  # the converter writes none
+            w.add_value_length(m["value_length"])
     if m["model_type"] == "minicpm":  # MiniCPMModel.set_gguf_parameters (None: left out)
         if m["scale_emb"] is not None:
             w.add_embedding_scale(m["scale_emb"])
@@ -1015,6 +1026,11 @@ GGUF_CASES.update({
                                          "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32,
                                          "attn_k": T.Q4_0, "*": T.Q8_0}, {}),
 })
+#: MiniCPM3 as llama.cpp computes it: its scales hard-wired (dim_model_base 256), the original
+#: context its whole context (its converter writes none), the same long and short factors
+MINICPM3_GGUF = {"dim_model_base": 256, "rope_scaling": {
+    "type": "longrope", "original_max_position_embeddings": 4096,
+    **dict.fromkeys(("short_factor", "long_factor"), [1.0, 1.5, 2.0, 4.0])}}
 #: Command R7B as llama.cpp's converter writes it: no biases (it drops Cohere's zero ones), no
 #: pattern (llama.cpp's default period 4: layers 0-2 slide, 3 is global)
 COHERE2_GGUF = {"attention_bias": False, "layer_norm_bias": False, "sliding_window_pattern": 4}
@@ -1057,6 +1073,11 @@ GGUF_CASES.update({
                                    "output": T.F16, "*": T.Q8_0},
                        {"scale_emb": 3.0, "scale_depth": 2.0, "dim_model_base": 32}),
     "minicpm-kquants": ("minicpm", {"attn_q": T.Q4_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
+    # MiniCPM3: latent attention (attn_kv_b as it is), llama.cpp's hard-wired scales, NeoX RoPE
+    # (q/k as they are) by LongRoPE factors over its whole context
+    "minicpm3-legacy": ("minicpm3", {"token_embd": T.Q8_0, "attn_q_b": T.Q4_0,
+                                     "attn_kv_b": T.Q4_1, "output": T.F16, "*": T.Q8_0},
+                        MINICPM3_GGUF),
     # dots.llm1: a dense layer, then 2 of 4 experts by sigmoid scores and a correction bias,
     # renormalised and scaled by 2.5, beside a shared expert; q/k norms before NeoX RoPE
     "dots1-legacy": ("dots1", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
@@ -1456,6 +1477,11 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
      {"tie_word_embeddings": False, "dim_model_base": 16}),
     ("minicpm", {}, {"scale_emb": None, "scale_depth": None, "dim_model_base": None}, {},
      {"scale_emb": 12.0, "dim_model_base": 16}),
+    # MiniCPM3 tied (llama.cpp scales the logits all the same), long factors of their own, which
+    # llama.cpp leaves unused within the context (its original one)
+    ("minicpm3", MINICPM3_GGUF, {}, {"output.weight": None,
+                                     "rope_factors_long.weight": np.array([2.0, 3.0, 5.0, 8.0])},
+     {"tie_word_embeddings": False, **MINICPM3_GGUF, "scale_emb": 12.0, "scale_depth": 1.4}),
     # Hunyuan dense's NTK-alpha RoPE (alpha 1000), which llama.cpp's converter folds into the base
     ("hunyuan_v1_dense", {"attention_bias": False}, {}, {},
      {"use_qk_norm": True, "attention_bias": False}),
@@ -1464,7 +1490,8 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
      {"rope_theta": 10000.0, "rope_alpha": 1000.0}, {}, {}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
-        "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key"])
+        "minicpm-tied", "minicpm-defaults", "minicpm3-tied-long", "hunyuan-dense-alpha",
+        "hunyuan-dense-alpha-key"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's and Apertus's GGUFs become mlx-lm's model of
@@ -2358,6 +2385,21 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                 f"blk.{i}.attn_output.bias": None for i in range(4)}) and tmp / "h.gguf",
             "GGUF tensors disagree with its metadata: it has an unexpected tensor "
             "model.layers.0.self_attn.k_proj.bias"),
+        "minicpm3_values": (
+            lambda: gguf_of("m.gguf", "minicpm3", {"value_length": 8}),
+            "GGUF minicpm3 with 4 heads of values 8 wide is not supported (mlx-lm's minicpm3 "
+            "takes hidden / heads: 16)"),
+        "minicpm3_long_factors": (
+            lambda: write_gguf(tmp / "m.gguf", "minicpm3", tok_folder, meta={
+                "original_max_position_embeddings": 1024}, extra={
+                "rope_factors_long.weight": np.array([2.0, 3.0, 5.0, 8.0])}, **MINICPM3_GGUF)
+            and tmp / "m.gguf",
+            "GGUF minicpm3 with an original context shorter than its context and long RoPE "
+            "factors of their own is not supported"),
+        "minicpm3_attn_factor": (
+            lambda: gguf_of("m.gguf", "minicpm3", {"attn_factor": 1.2}),
+            "GGUF metadata minicpm3.rope.scaling.attn_factor is 1.2, mlx-lm's minicpm3 scales "
+            "by 1"),
         "apertus_attention_scale": (
             lambda: gguf_of("a.gguf", "apertus", {"attention_scale": 0.5}),
             "GGUF apertus with attention scale 0.5 is not supported (mlx-lm's apertus scales "
@@ -2390,7 +2432,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "deepseek2_yarn_log_mul", "deepseek2_tied", "cohere2_pattern", "cohere2_all_local",
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
               "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias",
-              "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating"]
+              "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating", "minicpm3_values",
+              "minicpm3_long_factors", "minicpm3_attn_factor"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
