@@ -55,7 +55,7 @@ The architectures (llama.cpp's names), and what converting each involves:
   from llama.cpp's MLA keys, ``attn_k_b`` / ``attn_v_b`` (or an older file's ``attn_kv_b``)
   as each model holds its up-projection; leading dense layers, experts and shared experts,
   expert groups, YaRN with its log multiplier as ``mscale_all_dim``; traditional RoPE, q/k as
-  they are. The NextN block dropped.
+  they are. The NextN block dropped. Without experts (Youtu-LLM) to ``youtu_llm``.
 * ``glm4`` (GLM-4-0414 9B/32B): norms after each branch, the MLP's gate then up rows in one
   tensor (mlx-lm's ``gate_up_proj``), q/k/v biases, traditional RoPE over part of each head
   (NeoX where the GGUF has MRoPE sections: GLM-4.1V's, GLM-OCR's text model, whose q/k rows
@@ -887,7 +887,9 @@ def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, 
     ``deepseek_v2``; sigmoid routing with a correction bias (DeepSeek-V3/R1, Kimi, Moonlight)
     ``deepseek_v3``, or ``glm4_moe_lite`` for GLM's GGUF (its "glm4" pre-tokenizer) and where
     the RMS epsilon is not the 1e-6 deepseek_v3 hard-wires for its latent norms (glm4_moe_lite
-    takes the config's; the same model otherwise).
+    takes the config's; the same model otherwise). Without experts, every layer dense
+    (Youtu-LLM, as llama.cpp's converter writes it), ``youtu_llm`` (the config's epsilon, a tied
+    head read as the embedding, no RoPE scaling).
 
     Multi-head latent attention: q through a rank ``attention.q_lora_rank`` (where the tensors
     have ``attn_q_a``; V2-Lite projects q directly), keys and values through
@@ -898,6 +900,21 @@ def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, 
     latent = _latent_attention("deepseek2", count, tensors, config, rope_dims)
     value_length = ("attention.value_length_mla" if g("attention.value_length_mla") is not None
                     else "attention.value_length")
+    if real("attention.temperature_scale", 0.0):  # Mistral Large 3's, in llama.cpp's deepseek2
+        raise UserInputError("GGUF deepseek2 with an attention temperature "
+                             "(attention.temperature_scale) is not supported")
+    if not optional("expert_count"):  # llama.cpp needs experts in every layer past the dense
+        dense = optional("leading_dense_block_count")
+        if dense != n_layers:
+            raise UserInputError(f"GGUF deepseek2 without experts has {n_layers - dense} sparse "
+                                 f"layers (leading_dense_block_count {dense} of {n_layers})")
+        if g("rope.scaling.type") not in (None, "none"):  # DeepSeek's YaRN is not youtu_llm's
+            raise UserInputError(f"GGUF deepseek2 without experts (Youtu-LLM) with RoPE scaling "
+                                 f"({shown(g('rope.scaling.type'), 20)}) is not supported")
+        return {"model_type": "youtu_llm", "architectures": ["YoutuForCausalLM"],
+                "num_key_value_heads": config["num_attention_heads"], **latent,
+                "v_head_dim": count(value_length), "attention_bias": False, "mlp_bias": False,
+                "rope_traditional": True, "rope_scaling": None}
     gating = g("expert_gating_func", _NO_GATING)
     if gating == _NO_GATING:  # llama.cpp's loader: older DeepSeek-V2/V2.5 files write none
         vocab = g("vocab_size", len(meta.get("tokenizer.ggml.tokens") or []))
@@ -931,9 +948,6 @@ def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, 
                                  "weights (expert_weights_norm) is not supported (mlx-lm's "
                                  "deepseek_v2 never does)")
         moe.update(scoring_func="softmax", topk_method="greedy")
-    if real("attention.temperature_scale", 0.0):  # Mistral Large 3's, in llama.cpp's deepseek2
-        raise UserInputError("GGUF deepseek2 with an attention temperature "
-                             "(attention.temperature_scale) is not supported")
     out = {"model_type": model_type,
            "architectures": [{"deepseek_v2": "DeepseekV2ForCausalLM",
                               "deepseek_v3": "DeepseekV3ForCausalLM",

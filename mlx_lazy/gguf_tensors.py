@@ -504,13 +504,13 @@ def deepseek2_tensors(tensors: dict, config: dict) -> dict:
     checkpoint's ``kv_b_proj`` (for each head its key rows, then its value rows), are
     deepseek_v3's and glm4_moe_lite's ``embed_q`` and ``unembed_out`` as they are, and fused
     back into ``attn_kv_b`` (dequantized: the key rows' blocks run along the other axis) for
-    deepseek_v2; an older file's ``attn_kv_b`` is deepseek_v2's as it is, and cut as mlx-lm's
-    sanitize cuts it for the others (its value rows moved whole, kept quantized)."""
+    deepseek_v2 and youtu_llm; an older file's ``attn_kv_b`` is theirs as it is, and cut as
+    mlx-lm's sanitize cuts it for the others (its value rows moved whole, kept quantized)."""
     from gguf import GGMLQuantizationType as T
 
     heads, rank = config["num_attention_heads"], config["kv_lora_rank"]
     nope, v = config["qk_nope_head_dim"], config["v_head_dim"]
-    fused = config["model_type"] == "deepseek_v2"
+    fused = config["model_type"] in ("deepseek_v2", "youtu_llm")
     shapes = {"attn_kv_b": (heads * (nope + v), rank), "attn_k_b": (heads, rank, nope),
               "attn_v_b": (heads, v, rank)}
     out = dict(tensors)

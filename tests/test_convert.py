@@ -221,7 +221,7 @@ GGUF_DEEPSEEK2_NAMES = {**GGUF_LAYER_NAMES, "self_attn.q_a_proj": "attn_q_a",
                         "self_attn.kv_b_proj": "attn_kv_b",
                         **{f"mlp.shared_experts.{p}_proj": f"ffn_{p}_shexp"
                            for p in ("gate", "up", "down")}}
-DEEPSEEK2_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # model types
+DEEPSEEK2_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "youtu_llm")  # model types
 #: Mixtral's and Granite MoE's router and experts' stacks at block_sparse_moe
 GGUF_BLOCK_SPARSE_MOE_NAMES = {
     **GGUF_LAYER_NAMES, "block_sparse_moe.gate": "ffn_gate_inp",
@@ -455,7 +455,9 @@ def llama_cpp_deepseek2_meta(w: gguf.GGUFWriter, m: dict) -> None:
     as key_length / value_length), the MoE's keys, the gating function of scoring_func, YaRN
     with 0.1 · mscale_all_dim as the log multiplier. ``add_shape`` writes the rest."""
     rank, rope = m["kv_lora_rank"], m["qk_rope_head_dim"]
-    w.add_leading_dense_block_count(m["first_k_dense_replace"])
+    moe = m.get("n_routed_experts") is not None  # else Youtu-LLM's: every layer dense
+    w.add_leading_dense_block_count(m.get("first_k_dense_replace", 0 if moe else
+                                          m["num_hidden_layers"]))
     w.add_vocab_size(m["vocab_size"])
     if m["q_lora_rank"] is not None:
         w.add_q_lora_rank(m["q_lora_rank"])
@@ -468,9 +470,12 @@ def llama_cpp_deepseek2_meta(w: gguf.GGUFWriter, m: dict) -> None:
         w.add_value_length(rank)
         w.add_key_length_mla(m["qk_nope_head_dim"] + rope)
         w.add_value_length_mla(m["v_head_dim"])
-    w.add_expert_shared_count(m["n_shared_experts"])
-    w.add_expert_weights_scale(m["routed_scaling_factor"])
-    if m["norm_topk_prob"]:
+    if not moe:  # the MLP's width as the experts' (required by llama.cpp)
+        w.add_expert_feed_forward_length(m["intermediate_size"])
+    w.add_expert_shared_count(m.get("n_shared_experts", 0))
+    if m.get("routed_scaling_factor") is not None:
+        w.add_expert_weights_scale(m["routed_scaling_factor"])
+    if m.get("norm_topk_prob"):
         w.add_expert_weights_norm(True)
     if m.get("n_group") is not None:
         w.add_expert_group_count(m["n_group"])
@@ -624,7 +629,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     glm = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID} \
         if model_type in ("glm4_moe", "dots1") else {}
     deepseek2 = model_type in DEEPSEEK2_KINDS
-    yarn = {"yarn": config["rope_scaling"], "num_key_value_heads": 1} if deepseek2 else {}
+    yarn = {"yarn": config.get("rope_scaling"), "num_key_value_heads": 1} if deepseek2 else {}
     m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **arch_meta,
          **qwen_rope, **glm, **yarn, **llama_cpp_hunyuan_rope(config), **(meta or {})}
     module = model_module(model_type)
@@ -1005,6 +1010,15 @@ GGUF_CASES.update({
                             {"legacy_kv_b": True}),
     "deepseek2-glm47flash": ("glm4_moe_lite-gguf", {"attn_k_b": T.Q4_0, "attn_v_b": T.Q8_0,
                                                     "ffn_up_shexp": T.Q4_1, "*": T.Q8_0}, {}),
+    # Youtu-LLM: deepseek2 without experts (every layer dense), no biases (llama.cpp reads
+    # none), tied, attn_k_b / attn_v_b fused back into kv_b_proj; or an older file's attn_kv_b
+    # as it is, a head of its own
+    "deepseek2-youtu": ("youtu_llm", {"attn_k_b": T.Q8_0, "attn_v_b": T.Q4_0,
+                                      "attn_q_b": T.Q4_1, "*": T.Q8_0},
+                        {"attention_bias": False, "mlp_bias": False}),
+    "deepseek2-youtu-legacy": ("youtu_llm", {"attn_kv_b": T.Q4_1, "*": T.Q8_0},
+                               {"attention_bias": False, "mlp_bias": False, "legacy_kv_b": True,
+                                "tie_word_embeddings": False}),
 })
 GGUF_CASES.update({
     # The sparse MoEs, every layer 2 of 4 experts, softmax-routed: Mixtral (a llama GGUF with
@@ -1432,7 +1446,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "granitemoe-legacy", "glm4-legacy", "starcoder2-legacy",
                                   "cohere2-legacy", "apertus-legacy", "hunyuan_dense-legacy",
                                   "stablelm-legacy", "stablelm-parallel-legacy",
-                                  "minicpm-legacy", "dots1-legacy"])
+                                  "minicpm-legacy", "dots1-legacy", "deepseek2-youtu"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2385,6 +2399,15 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                 f"blk.{i}.attn_output.bias": None for i in range(4)}) and tmp / "h.gguf",
             "GGUF tensors disagree with its metadata: it has an unexpected tensor "
             "model.layers.0.self_attn.k_proj.bias"),
+        "youtu_sparse": (  # no experts, yet a layer past the leading dense ones
+            lambda: gguf_of("y.gguf", "youtu_llm", {"first_k_dense_replace": 2}),
+            "GGUF deepseek2 without experts has 2 sparse layers (leading_dense_block_count 2 of "
+            "4)"),
+        "youtu_yarn": (
+            lambda: gguf_of("y.gguf", "youtu_llm", {"yarn": tiny_config("deepseek_v2-gguf")[
+                "rope_scaling"]}),
+            "GGUF deepseek2 without experts (Youtu-LLM) with RoPE scaling ('yarn') is not "
+            "supported"),
         "minicpm3_values": (
             lambda: gguf_of("m.gguf", "minicpm3", {"value_length": 8}),
             "GGUF minicpm3 with 4 heads of values 8 wide is not supported (mlx-lm's minicpm3 "
@@ -2433,7 +2456,7 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
               "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias",
               "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating", "minicpm3_values",
-              "minicpm3_long_factors", "minicpm3_attn_factor"]
+              "minicpm3_long_factors", "minicpm3_attn_factor", "youtu_sparse", "youtu_yarn"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
