@@ -251,8 +251,9 @@ def _text_model(model: nn.Module) -> nn.Module:
 
 
 def text_args(text: nn.Module) -> Any:
-    """The ``ModelArgs`` of a text model: its ``args`` (Youtu-LLM's ``config``)."""
-    return getattr(text, "args", None) or text.config
+    """The ``ModelArgs`` of a text model: its ``args`` (Youtu-LLM's ``config``); None for
+    neither."""
+    return getattr(text, "args", None) or getattr(text, "config", None)
 
 
 def _blocks(text: nn.Module) -> List[nn.Module]:

@@ -18,7 +18,7 @@ from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import distributed
-from .adapter import ModelAdapter
+from .adapter import ModelAdapter, text_args
 from .attention import implementation as attention_implementation
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line, shown
@@ -123,7 +123,7 @@ _NO_TOKENIZER_LIMIT = 10**12
 def context_length(model: nn.Module, tokenizer) -> Optional[int]:
     """The model's context: ``max_position_embeddings`` of its config, else the tokenizer's
     ``model_max_length``; None when neither states one."""
-    n = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    n = getattr(text_args(model), "max_position_embeddings", None)  # Youtu-LLM's config
     if n:
         return int(n)
     n = getattr(tokenizer, "model_max_length", None)
