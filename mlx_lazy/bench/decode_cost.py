@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from ..adapter import ModelAdapter
+from ..adapter import ModelAdapter, text_args
 from .costmodel import head_dims, layer_params
 
 #: Fractions of the published peaks a decode step reaches on an Apple GPU (assumed: MLX's
@@ -84,7 +84,7 @@ class ModelShape:
         """The shape of an mlx-lm model of a family the engine runs (quantized layers counted
         at their float size)."""
         a = ModelAdapter(model)
-        return cls(a.num_layers, layer_params(a), a.vocab_size * a.text.args.hidden_size,
+        return cls(a.num_layers, layer_params(a), a.vocab_size * text_args(a.text).hidden_size,
                    head_dims(a))
 
 
