@@ -966,15 +966,15 @@ def _latent_attention(arch: str, count: Any, tensors: dict, config: dict,
                       rope_dims: int) -> dict:
     """mlx-lm's settings of multi-head latent attention (:data:`MLA`): queries through a rank
     ``attention.q_lora_rank`` where the tensors have ``attn_q_a`` (DeepSeek-V2-Lite projects
-    them directly), keys and values through ``attention.kv_lora_rank``, the last
-    ``rope.dimension_count`` dims of each q/k head rotated; the config's ``head_dim`` dropped
-    (no key of these models)."""
+    them directly; MiniCPM3 never, as llama.cpp and mlx-lm require the rank), keys and values
+    through ``attention.kv_lora_rank``, the last ``rope.dimension_count`` dims of each q/k head
+    rotated; the config's ``head_dim`` dropped (no key of these models)."""
     head_dim = config.pop("head_dim")
     nope = head_dim - rope_dims
     if nope < 1:  # llama.cpp asserts as much
         raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's "
                              f"{head_dim} dims is not supported (it needs dims without RoPE)")
-    q_lora = "blk.0.attn_q_a.weight" in tensors
+    q_lora = arch == "minicpm3" or "blk.0.attn_q_a.weight" in tensors
     return {"q_lora_rank": count("attention.q_lora_rank") if q_lora else None,
             "kv_lora_rank": count("attention.kv_lora_rank"),
             "qk_rope_head_dim": rope_dims, "qk_nope_head_dim": nope}

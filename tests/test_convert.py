@@ -2419,6 +2419,11 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             and tmp / "m.gguf",
             "GGUF minicpm3 with an original context shorter than its context and long RoPE "
             "factors of their own is not supported"),
+        "minicpm3_q_proj": (  # queries projected directly: llama.cpp and mlx-lm need the rank
+            lambda: write_gguf(tmp / "m.gguf", "minicpm3", tok_folder, extra={
+                f"blk.{i}.attn_q_a.weight": None for i in range(4)}) and tmp / "m.gguf",
+            "GGUF tensors disagree with its metadata: it lacks "
+            "model.layers.0.self_attn.q_a_proj.weight"),
         "minicpm3_attn_factor": (
             lambda: gguf_of("m.gguf", "minicpm3", {"attn_factor": 1.2}),
             "GGUF metadata minicpm3.rope.scaling.attn_factor is 1.2, mlx-lm's minicpm3 scales "
@@ -2456,7 +2461,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
               "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias",
               "stablelm_eps", "stablelm_qk_norm_shape", "dots1_gating", "minicpm3_values",
-              "minicpm3_long_factors", "minicpm3_attn_factor", "youtu_sparse", "youtu_yarn"]
+              "minicpm3_long_factors", "minicpm3_attn_factor", "minicpm3_q_proj",
+              "youtu_sparse", "youtu_yarn"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
