@@ -175,22 +175,27 @@ from .errors import UserInputError, shown
 # nanbeige: Llama's layout whose stack runs ``num_loops`` times over the same weights, each
 # pass an engine layer of its own (:func:`_blocks`), the final norm also ending each loop but
 # the last unless ``skip_loop_final_norm``.
+# minicpm3 (MiniCPM3-4B) and youtu_llm (Youtu-LLM) (:data:`MLA_TYPES`): DeepSeek-V2's latent
+# attention expanded per head (``kv_b_proj``), low-rank queries, dense SwiGLU MLPs; MiniCPM3
+# with MiniCPM's multipliers, longrope's ``SuScaledRoPE`` and its scale ``softmax_scale``;
+# Youtu-LLM with traditional RoPE and, where ``tie_word_embeddings``, the embedding as head.
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
                          "glm4", "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox",
                          "gpt_oss", "granite", "granitemoe", "helium", "hunyuan",
                          "hunyuan_v1_dense", "internlm2", "internlm3", "lfm2", "lfm2_moe", "llama",
-                         "llama4", "llama4_text", "mellum", "mimo", "minicpm", "ministral3",
-                         "mistral", "mistral3", "mixtral", "nanbeige", "nanochat", "nemotron",
-                         "olmo2", "olmo3", "olmoe", "openelm", "phi", "phi3", "phimoe", "qwen",
-                         "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
-                         "qwen3_next", "seed_oss", "smollm3", "stablelm", "starcoder2")
+                         "llama4", "llama4_text", "mellum", "mimo", "minicpm", "minicpm3",
+                         "ministral3", "mistral", "mistral3", "mixtral", "nanbeige", "nanochat",
+                         "nemotron", "olmo2", "olmo3", "olmoe", "openelm", "phi", "phi3", "phimoe",
+                         "qwen", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe",
+                         "qwen3_moe", "qwen3_next", "seed_oss", "smollm3", "stablelm",
+                         "starcoder2", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu_llm")
 GRANITE_TYPES = ("granite", "granitemoe")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -199,7 +204,8 @@ LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode")
 #: and StarCoder 1's, OpenELM's.
 _CONFIG_NAMES = {"hidden_size": ("n_embd", "model_dim"),
                  "num_attention_heads": ("n_head", "num_query_heads"),
-                 "num_key_value_heads": ("num_kv_heads",), "intermediate_size": ("n_inner",)}
+                 "num_key_value_heads": ("num_kv_heads",), "intermediate_size": ("n_inner",),
+                 "max_position_embeddings": ("n_positions",)}
 _LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm",
                "o_proj": "out_proj", "q_norm": "q_layernorm", "k_norm": "k_layernorm",
                "linear_attn": "conv", "norm": "embedding_norm"}
@@ -254,7 +260,8 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``self_attn.attn_logit_softcapping``, EXAONE 3's ``transformer.{wte, h, ln_f}``, ``ln_1``,
 # ``ln_2``, ``attn.attention.out_proj``, Hunyuan's ``self_attn.{query_layernorm, key_layernorm}``,
 # StableLM's ``self_attn.{q_layernorm, k_layernorm, head_dim}`` and ``args.use_parallel_residual``,
-# MiniCPM's ``args.{scale_emb, scale_depth, dim_model_base}``, nanochat's
+# MiniCPM's ``args.{scale_emb, scale_depth, dim_model_base}``, MiniCPM3's
+# ``self_attn.softmax_scale``, nanochat's
 # ``models.nanochat.{rms_norm, apply_rotary_emb}``, ``attn.{c_q, c_k, c_v, c_proj, num_kv_heads,
 # _rope_freqs}`` and its soft-cap of 15; bailing_moe's ``attention.{query_key_value, dense,
 # query_layernorm, key_layernorm}``, ``model.word_embeddings``; hunyuan's ``args.{use_cla,
@@ -334,6 +341,12 @@ def _text_model(model: nn.Module) -> nn.Module:
     return model.language_model if getattr(model, "model_type", None) in _WRAPPERS else model
 
 
+def text_args(text: nn.Module) -> Any:
+    """The ``ModelArgs`` of a text model: its ``args`` (Youtu-LLM's ``config``); None for
+    neither."""
+    return getattr(text, "args", None) or getattr(text, "config", None)
+
+
 def _blocks(text: nn.Module) -> List[nn.Module]:
     """The transformer blocks of a text model: ``model.layers``, or ``transformer.h`` (EXAONE
     3's, nanochat's, StarCoder 1's) and GPT-NeoX's and GPT-2's ``model.h`` through the model's
@@ -356,7 +369,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     if getattr(model, "model_type", None) == "llama4":
         chunks = Chunks(int(text.args.attention_chunk_size))
         return [chunks if block.self_attn.use_rope else None for block in _blocks(text)]
-    window = getattr(text.args, "sliding_window", None)
+    window = getattr(text_args(text), "sliding_window", None)
     if getattr(model, "model_type", None) in GEMMA3_TYPES + GEMMA4_TYPES:
         sliding = [block.self_attn.is_sliding for block in _blocks(text)]
     elif text.model_type == "ministral3":
@@ -464,6 +477,7 @@ class ModelAdapter:
                                or getattr(attn, "num_key_value_heads", None)
                                or self.n_heads)  # gpt_neox, gpt2: one per query head
         self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
+                             or getattr(attn, "softmax_scale", None)  # minicpm3
                              or attn.head_dim ** -0.5)  # stablelm: 1/sqrt(head_dim)
         self.lm_head = getattr(self.text, "lm_head", None)
         if model_type in ("llama4_text", "internlm2") and not self.text.args.tie_word_embeddings:
@@ -478,7 +492,7 @@ class ModelAdapter:
         # Gemma 1's exact GELU has no CPU kernel: mlx-lm's module runs it
         self._activations = [None if model_type == "gemma" else _gated_activation(mlp, gemma)
                              for mlp in self._feed_forwards]
-        args = self.text.args
+        args = text_args(self.text)
         # Gemma 4's E2B/E4B: the layer whose keys and values each layer attends over, and
         # the width of each layer's per-token input
         self._kv_layers = list(getattr(self.inner, "previous_kvs", range(len(self.layers))))
@@ -502,7 +516,7 @@ class ModelAdapter:
         self._hidden = int(config_value(args, "hidden_size"))
         self._softcap = (getattr(args, "final_logit_softcapping", None) if gemma else
                          15.0 if model_type == "nanochat" else None)  # mlx-lm's nanochat.softcap
-        granite, minicpm = model_type in GRANITE_TYPES, model_type == "minicpm"
+        granite, minicpm = model_type in GRANITE_TYPES, model_type in ("minicpm", "minicpm3")
         # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
         # rounded to bfloat16, as Gemma's reference does; Gemma 1, 2 and 4 by sqrt(hidden), a
         # float
@@ -569,7 +583,7 @@ class ModelAdapter:
         prompt cache must match), weights up to quantization and dtype (:meth:`identity`:
         what a calibrated schedule must match, see :func:`identities_match`) and the variant
         of its weights (:meth:`variant`, informative)."""
-        args = self.text.args
+        args = text_args(self.text)
         return {
             "model_type": self.model.model_type,
             "num_layers": self.num_layers,
@@ -804,9 +818,9 @@ class ModelAdapter:
         (1, >= n, D): each head's query is [q_nope, rope(q_pe)], and every key shares one
         latent (``kv_a_layernorm`` of part of ``kv_a_proj_with_mqa``) and one rope(k_pe).
 
-        deepseek_v2 expands the latent per head (``kv_b_proj``) into [k_nope, rope(k_pe)]
-        keys and values, as mlx-lm does. The absorbed form (deepseek_v3, glm4_moe_lite)
-        keeps it: queries [embed_q(q_nope), rope(q_pe)] over ONE key head [latent,
+        deepseek_v2, minicpm3 and youtu_llm expand the latent per head (``kv_b_proj``) into
+        [k_nope, rope(k_pe)] keys and values, as mlx-lm does. The absorbed form (deepseek_v3,
+        glm4_moe_lite) keeps it: queries [embed_q(q_nope), rope(q_pe)] over ONE key head [latent,
         rope(k_pe)], ONE value head the latent (:meth:`finish` applies ``unembed_out``), so
         a score is mlx-lm's ``scale (embed_q(q_nope) . latent + q_pe . k_pe)`` and the cache
         holds the latent, not per-head keys."""
@@ -819,7 +833,7 @@ class ModelAdapter:
         latent = attn.kv_a_layernorm(latent)
         q_pe = _rope(attn.rope, q_pe, positions)
         k_pe = _rope(attn.rope, k_pe[:, None], positions)  # (1, 1, n, rope dims)
-        if hasattr(attn, "kv_b_proj"):  # deepseek_v2
+        if hasattr(attn, "kv_b_proj"):  # deepseek_v2, minicpm3, youtu_llm
             kv = attn.kv_b_proj(latent).reshape(1, n, heads, -1).transpose(0, 2, 1, 3)
             k_nope, v = mx.split(kv, [attn.qk_nope_head_dim], axis=-1)
             k_pe = mx.broadcast_to(k_pe, (1, heads, n, k_pe.shape[-1]))

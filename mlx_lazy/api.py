@@ -18,7 +18,7 @@ from mlx_lm.generate import generation_stream, wired_limit
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import distributed
-from .adapter import ModelAdapter
+from .adapter import ModelAdapter, config_value, text_args
 from .attention import implementation as attention_implementation
 from .engine import GenerationStats, LazyEngine, ProgressFn
 from .errors import UserInputError, one_line, shown
@@ -123,8 +123,7 @@ _NO_TOKENIZER_LIMIT = 10**12
 def context_length(model: nn.Module, tokenizer) -> Optional[int]:
     """The model's context: ``max_position_embeddings`` (GPT-2's ``n_positions``) of its
     config, else the tokenizer's ``model_max_length``; None when neither states one."""
-    args = getattr(model, "args", None)
-    n = getattr(args, "max_position_embeddings", None) or getattr(args, "n_positions", None)
+    n = config_value(text_args(model), "max_position_embeddings")  # Youtu-LLM's config
     if n:
         return int(n)
     n = getattr(tokenizer, "model_max_length", None)

@@ -29,7 +29,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import ModelAdapter, attention_module, config_value, feed_forward, recurrent_layers
+from .adapter import (ModelAdapter, attention_module, config_value, feed_forward, recurrent_layers,
+                      text_args)
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -94,7 +95,7 @@ def shard(model: nn.Module, group: Group) -> None:
         raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
                              "their linear-attention layers are not split here")
     # mlx-lm's shard() only divides: uneven splits must be refused here
-    args = adapter.text.args  # gemma3: its text model's
+    args = text_args(adapter.text)  # gemma3: its text model's
     sizes = {"attention heads": config_value(args, "num_attention_heads"),
              "key/value heads": args.num_key_value_heads,
              "MLP width": config_value(args, "intermediate_size",  # GPT-2's: 4 x hidden
@@ -127,7 +128,8 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
     StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, Gemma 1,
     Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1, GPT-2, Nemotron, Nanbeige: each block split
-    once, though a looped model's ``layers`` name it once per loop):
+    once, though a looped model's ``layers`` name it once per loop; and the latent attention
+    of MiniCPM3 and Youtu-LLM: each rank its heads' q_b_proj and kv_b_proj rows):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
@@ -145,9 +147,10 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     for layer in {id(layer): layer for layer in layers}.values():  # Nanbeige's: once per loop
         attn, mlp = attention_module(layer), feed_forward(layer)
         # projections as each family names them: EXAONE 3's out_proj, nanochat's c_*,
-        # InternLM2's wqkv/wo, Qwen 1's c_attn (three segments), phi's and gpt_neox's dense
+        # InternLM2's wqkv/wo, Qwen 1's c_attn (three segments), phi's and gpt_neox's dense;
+        # q_b_proj, kv_b_proj: latent attention's per-head projections (the latent stays whole)
         for name in ("q_proj", "k_proj", "v_proj", "c_q", "c_k", "c_v", "query_key_value",
-                     "wqkv", "c_attn"):
+                     "wqkv", "c_attn", "q_b_proj", "kv_b_proj"):
             if name in attn:
                 setattr(attn, name, shard_linear(attn[name], "all-to-sharded", group=group,
                                                  segments=3 if name == "c_attn" else 1))
@@ -187,7 +190,8 @@ SHARDERS = {kind: shard_by_heads for kind in
             ("ernie4_5", "exaone4", "gemma3", "gemma3_text", "granite", "mistral3", "seed_oss",
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
              "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat", "gemma",
-             "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron", "nanbeige")}
+             "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron", "nanbeige",
+             "minicpm3", "youtu_llm")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

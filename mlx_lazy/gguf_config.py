@@ -55,7 +55,7 @@ The architectures (llama.cpp's names), and what converting each involves:
   from llama.cpp's MLA keys, ``attn_k_b`` / ``attn_v_b`` (or an older file's ``attn_kv_b``)
   as each model holds its up-projection; leading dense layers, experts and shared experts,
   expert groups, YaRN with its log multiplier as ``mscale_all_dim``; traditional RoPE, q/k as
-  they are. The NextN block dropped.
+  they are. The NextN block dropped. Without experts (Youtu-LLM) to ``youtu_llm``.
 * ``glm4`` (GLM-4-0414 9B/32B): norms after each branch, the MLP's gate then up rows in one
   tensor (mlx-lm's ``gate_up_proj``), q/k/v biases, traditional RoPE over part of each head
   (NeoX where the GGUF has MRoPE sections: GLM-4.1V's, GLM-OCR's text model, whose q/k rows
@@ -92,6 +92,11 @@ The architectures (llama.cpp's names), and what converting each involves:
 * ``minicpm`` (MiniCPM 1B/2B): q/k un-permuted, its embedding, residual and logit scales
   (llama.cpp's defaults where the GGUF has none), the logits scaled through a head of its own
   where the GGUF ties it.
+* ``minicpm3`` (MiniCPM3-4B): deepseek2's latent attention with low-rank queries and its
+  ``attn_kv_b`` as mlx-lm's ``kv_b_proj``, values hidden / heads wide; the embedding, residual
+  and logit scales llama.cpp hard-wires (12, 1.4 / sqrt(layers), 256 / hidden), the logits
+  scaled through a head of its own where the GGUF ties it; NeoX RoPE (q/k as they are) by the
+  short LongRoPE factors, the ones llama.cpp turns by within the model's context.
 * ``dots1`` (dots.llm1): DeepSeek's MoE layout (GLM-4.5's reading: leading dense layers,
   sigmoid-routed experts with their selection bias, zeros where the GGUF has none, as llama.cpp
   then adds none; expert groups, shared experts, the weights' renormalisation and scale) beside
@@ -187,7 +192,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "gpt2": "GPT2LMHeadModel", "starcoder": "GPTBigCodeForCausalLM",
                  "nemotron": "NemotronForCausalLM", "openelm": "OpenELMForCausalLM",
                  "deepseek": "DeepseekForCausalLM", "mellum": "MellumForCausalLM",
-                 "nanbeige": "NanbeigeForCausalLM"}
+                 "nanbeige": "NanbeigeForCausalLM",
+                 "minicpm3": "MiniCPM3ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -277,6 +283,11 @@ _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gpt
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
+# The architectures of multi-head latent attention
+MLA = ("deepseek2", "minicpm3")
+# MiniCPM3: the embedding, residual and logit scales llama.cpp hard-wires (its converter writes
+# none), as mlx-lm's minicpm3 names them
+MINICPM3_SCALES = {"scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 256}
 # DeepSeek-V2/V3: the RMS epsilon mlx-lm's deepseek_v2 and deepseek_v3 hard-wire for their latent
 # norms (llama.cpp takes the GGUF's, as mlx-lm's glm4_moe_lite does), as a GGUF stores it
 DEEPSEEK_LATENT_EPS = np.float32(1e-6)
@@ -292,7 +303,7 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
 ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "llama4",
                                        "gemma4"),  # Gemma 4: its global layers' partial RoPE
-                **dict.fromkeys(_LONGROPE.values(), ("phi3",))}
+                **dict.fromkeys(_LONGROPE.values(), ("phi3", "minicpm3"))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
 ATTN_FACTOR_RTOL = 1e-6
@@ -352,7 +363,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "qwen35moe":  # llama.cpp's converter writes none: every layer is sparse
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
-                "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige"):
+                "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
+                "minicpm3"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -390,7 +402,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                              f"hold {len(blocks)} blocks")
     if "token_embd.weight" not in tensors:
         raise UserInputError("GGUF has no token_embd.weight tensor")
-    mla = arch == "deepseek2"  # its q/k heads' width under llama.cpp's MLA key, where written
+    mla = arch in MLA  # its q/k heads' width under llama.cpp's MLA key, where written
     key_length = ("attention.key_length_mla"
                   if mla and g("attention.key_length_mla") is not None else "attention.key_length")
     head_dim = count(key_length) if g(key_length) is not None else hidden // n_heads
@@ -619,7 +631,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "glm4moe":
         config.update(_glm4moe_config(g, count, positive, optional, experts, tensors, n_layers,
                                       rotary))
-    if mla:
+    if arch == "minicpm3":
+        config.update(_minicpm3_config(g, count, tensors, config, rope_dims))
+    if arch == "deepseek2":
         config.update(_deepseek2_config(meta, g, count, real, positive, optional, experts,
                                         tensors, config, rope_dims))
         if yarn:  # llama.cpp's betas (its deepseek2 loader reads none); mscale as mscale_all_dim
@@ -1073,20 +1087,34 @@ def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, 
     ``deepseek_v2``; sigmoid routing with a correction bias (DeepSeek-V3/R1, Kimi, Moonlight)
     ``deepseek_v3``, or ``glm4_moe_lite`` for GLM's GGUF (its "glm4" pre-tokenizer) and where
     the RMS epsilon is not the 1e-6 deepseek_v3 hard-wires for its latent norms (glm4_moe_lite
-    takes the config's; the same model otherwise).
+    takes the config's; the same model otherwise). Without experts, every layer dense
+    (Youtu-LLM, as llama.cpp's converter writes it), ``youtu_llm`` (the config's epsilon, a tied
+    head read as the embedding, no RoPE scaling).
 
     Multi-head latent attention: q through a rank ``attention.q_lora_rank`` (where the tensors
     have ``attn_q_a``; V2-Lite projects q directly), keys and values through
     ``attention.kv_lora_rank``; each q/k head ``key_length_mla`` wide (``key_length`` in a file
     without llama.cpp's MLA keys), its last ``rope.dimension_count`` dims rotated (traditional
     RoPE, in llama.cpp and mlx-lm alike), values ``value_length_mla`` (``value_length``) wide."""
-    head_dim, n_layers = config["head_dim"], config["num_hidden_layers"]
-    nope = head_dim - rope_dims
-    if nope < 1:  # llama.cpp asserts as much
-        raise UserInputError(f"GGUF deepseek2 with RoPE over {rope_dims} of each head's "
-                             f"{head_dim} dims is not supported (it needs dims without RoPE)")
+    n_layers = config["num_hidden_layers"]
+    latent = _latent_attention("deepseek2", count, tensors, config, rope_dims)
     value_length = ("attention.value_length_mla" if g("attention.value_length_mla") is not None
                     else "attention.value_length")
+    if real("attention.temperature_scale", 0.0):  # Mistral Large 3's, in llama.cpp's deepseek2
+        raise UserInputError("GGUF deepseek2 with an attention temperature "
+                             "(attention.temperature_scale) is not supported")
+    if not optional("expert_count"):  # llama.cpp needs experts in every layer past the dense
+        dense = optional("leading_dense_block_count")
+        if dense != n_layers:
+            raise UserInputError(f"GGUF deepseek2 without experts has {n_layers - dense} sparse "
+                                 f"layers (leading_dense_block_count {dense} of {n_layers})")
+        if g("rope.scaling.type") not in (None, "none"):  # DeepSeek's YaRN is not youtu_llm's
+            raise UserInputError(f"GGUF deepseek2 without experts (Youtu-LLM) with RoPE scaling "
+                                 f"({shown(g('rope.scaling.type'), 20)}) is not supported")
+        return {"model_type": "youtu_llm", "architectures": ["YoutuForCausalLM"],
+                "num_key_value_heads": config["num_attention_heads"], **latent,
+                "v_head_dim": count(value_length), "attention_bias": False, "mlp_bias": False,
+                "rope_traditional": True, "rope_scaling": None}
     gating = g("expert_gating_func", _NO_GATING)
     if gating == _NO_GATING:  # llama.cpp's loader: older DeepSeek-V2/V2.5 files write none
         vocab = g("vocab_size", len(meta.get("tokenizer.ggml.tokens") or []))
@@ -1120,26 +1148,65 @@ def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, 
                                  "weights (expert_weights_norm) is not supported (mlx-lm's "
                                  "deepseek_v2 never does)")
         moe.update(scoring_func="softmax", topk_method="greedy")
-    if real("attention.temperature_scale", 0.0):  # Mistral Large 3's, in llama.cpp's deepseek2
-        raise UserInputError("GGUF deepseek2 with an attention temperature "
-                             "(attention.temperature_scale) is not supported")
-    q_lora = "blk.0.attn_q_a.weight" in tensors  # else V2-Lite's q_proj
     out = {"model_type": model_type,
            "architectures": [{"deepseek_v2": "DeepseekV2ForCausalLM",
                               "deepseek_v3": "DeepseekV3ForCausalLM",
                               "glm4_moe_lite": "Glm4MoeLiteForCausalLM"}[model_type]],
            # the checkpoint's (llama.cpp writes MLA's one latent head)
-           "num_key_value_heads": config["num_attention_heads"],
-           "q_lora_rank": count("attention.q_lora_rank") if q_lora else None,
-           "kv_lora_rank": count("attention.kv_lora_rank"),
-           "qk_rope_head_dim": rope_dims, "qk_nope_head_dim": nope,
+           "num_key_value_heads": config["num_attention_heads"], **latent,
            "v_head_dim": count(value_length), "attention_bias": False,
            # deepseek_v2's RoPE reads a factor always (1: none)
            "rope_scaling": {"rope_type": "default", "factor": 1.0}
            if model_type == "deepseek_v2" else None,
            **moe}
-    config.pop("head_dim")  # no key of these models (q/k/v widths: the ones above)
     return out
+
+
+def _latent_attention(arch: str, count: Any, tensors: dict, config: dict,
+                      rope_dims: int) -> dict:
+    """mlx-lm's settings of multi-head latent attention (:data:`MLA`): queries through a rank
+    ``attention.q_lora_rank`` where the tensors have ``attn_q_a`` (DeepSeek-V2-Lite projects
+    them directly; MiniCPM3 never, as llama.cpp and mlx-lm require the rank), keys and values
+    through ``attention.kv_lora_rank``, the last ``rope.dimension_count`` dims of each q/k head
+    rotated; the config's ``head_dim`` dropped (no key of these models)."""
+    head_dim = config.pop("head_dim")
+    nope = head_dim - rope_dims
+    if nope < 1:  # llama.cpp asserts as much
+        raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's "
+                             f"{head_dim} dims is not supported (it needs dims without RoPE)")
+    q_lora = arch == "minicpm3" or "blk.0.attn_q_a.weight" in tensors
+    return {"q_lora_rank": count("attention.q_lora_rank") if q_lora else None,
+            "kv_lora_rank": count("attention.kv_lora_rank"),
+            "qk_rope_head_dim": rope_dims, "qk_nope_head_dim": nope}
+
+
+def _minicpm3_config(g: Any, count: Any, tensors: dict, config: dict, rope_dims: int) -> dict:
+    """mlx-lm's minicpm3 settings of a GGUF, read as llama.cpp reads it: latent attention
+    (:func:`_latent_attention`; llama.cpp requires the q rank) whose values are hidden / heads
+    wide (mlx-lm's), MiniCPM's scales as llama.cpp hard-wires them (:data:`MINICPM3_SCALES`;
+    a head of its own, ``glm4_tensors``'), no biases, and LongRoPE: llama.cpp turns by the
+    short factors (none: 1) up to the original context, which its converter leaves at the
+    model's context, and mlx-lm's SuScaledRoPE by its long ones at every length: the short
+    factors go there, the scale 1 (an attn_factor other than 1 is refused by the caller)."""
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    values = count("attention.value_length", hidden // heads)
+    if values * heads != hidden:
+        raise UserInputError(f"GGUF minicpm3 with {heads} heads of values {values} wide is not "
+                             f"supported (mlx-lm's minicpm3 takes hidden / heads: "
+                             f"{hidden / heads:g})")
+    context, long, short = (config["max_position_embeddings"], *_LONGROPE.values())
+    short = (_rope_factors(short, tensors, rope_dims) if short in tensors
+             else np.ones(rope_dims // 2, np.float32))
+    if count("rope.scaling.original_context_length", context) < context and long in tensors \
+            and not np.array_equal(_rope_factors(long, tensors, rope_dims), short):
+        raise UserInputError("GGUF minicpm3 with an original context shorter than its context "
+                             "and long RoPE factors of their own is not supported (mlx-lm's "
+                             "minicpm3 turns by one set of factors at every length)")
+    return {**_latent_attention("minicpm3", count, tensors, config, rope_dims),
+            **MINICPM3_SCALES, "tie_word_embeddings": False, "attention_bias": False,
+            "rope_scaling": {"type": "longrope", "original_max_position_embeddings": context,
+                             **dict.fromkeys(("short_factor", "long_factor"),
+                                             [float(str(v)) for v in short.astype(np.float32)])}}
 
 
 def _local_layers(pattern: Any, n_layers: int, arch: str) -> list[bool]:
@@ -1450,7 +1517,9 @@ def _rope_scale(config: dict, dims: int) -> float:
         return 1.0
     return SuScaledRoPE(dims, base=config["rope_theta"],
                         max_position_embeddings=config["max_position_embeddings"],
-                        original_max_position_embeddings=config["original_max_position_embeddings"],
+                        original_max_position_embeddings=scaling.get(
+                            "original_max_position_embeddings",
+                            config.get("original_max_position_embeddings")),
                         long_factor=scaling["long_factor"])._scale
 
 

@@ -262,7 +262,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
                      "glm4moe": _GLM4MOE_LAYER_NAMES, "qwen3next": _QWEN3NEXT_LAYER_NAMES,
-                     "deepseek2": _DEEPSEEK2_LAYER_NAMES,
+                     "deepseek2": _DEEPSEEK2_LAYER_NAMES, "minicpm3": _DEEPSEEK2_LAYER_NAMES,
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
@@ -560,13 +560,13 @@ def deepseek2_tensors(tensors: dict, config: dict) -> dict:
     checkpoint's ``kv_b_proj`` (for each head its key rows, then its value rows), are
     deepseek_v3's and glm4_moe_lite's ``embed_q`` and ``unembed_out`` as they are, and fused
     back into ``attn_kv_b`` (dequantized: the key rows' blocks run along the other axis) for
-    deepseek_v2; an older file's ``attn_kv_b`` is deepseek_v2's as it is, and cut as mlx-lm's
-    sanitize cuts it for the others (its value rows moved whole, kept quantized)."""
+    deepseek_v2 and youtu_llm; an older file's ``attn_kv_b`` is theirs as it is, and cut as
+    mlx-lm's sanitize cuts it for the others (its value rows moved whole, kept quantized)."""
     from gguf import GGMLQuantizationType as T
 
     heads, rank = config["num_attention_heads"], config["kv_lora_rank"]
     nope, v = config["qk_nope_head_dim"], config["v_head_dim"]
-    fused = config["model_type"] == "deepseek_v2"
+    fused = config["model_type"] in ("deepseek_v2", "youtu_llm")
     shapes = {"attn_kv_b": (heads * (nope + v), rank), "attn_k_b": (heads, rank, nope),
               "attn_v_b": (heads, v, rank)}
     out = dict(tensors)
@@ -604,9 +604,10 @@ def deepseek2_tensors(tensors: dict, config: dict) -> dict:
 
 
 def glm4_tensors(tensors: dict, config: dict) -> dict:
-    """A GLM-4-0414 (or MiniCPM, DeepSeek-MoE) GGUF's tensors with a head: the embedding's where
-    it has no ``output.weight``, as llama.cpp reads it (mlx-lm's glm4 and deepseek always have a
-    head of their own; mlx-lm's minicpm scales the logits only through one)."""
+    """A GLM-4-0414 (or MiniCPM, MiniCPM3, DeepSeek-MoE) GGUF's tensors with a head: the
+    embedding's where it has no ``output.weight``, as llama.cpp reads it (mlx-lm's glm4 and
+    deepseek always have a head of their own; mlx-lm's minicpm and minicpm3 scale the logits only
+    through one)."""
     out = dict(tensors)
     if "output.weight" not in tensors:
         t = tensors["token_embd.weight"]
@@ -821,7 +822,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
              "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors,
              "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
-             "deepseek": glm4_tensors}
+             "deepseek": glm4_tensors, "minicpm3": glm4_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

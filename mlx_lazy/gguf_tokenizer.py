@@ -70,6 +70,16 @@ _DEEPSEEK_V3_SPLITS = (
     r"\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
     r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|"""
     r" ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Youtu-LLM's: runs of Hangul, of CJK punctuation, of Bopomofo, of CJK and kana; then words as
+# llama.cpp reads its regex (its \p{Lu}, \p{Ll}, \p{Lt}, \p{Lm}, \p{Lo} are all \p{L} there:
+# one letter class, so a word's case changes never split it), each digit alone, punctuation runs
+# (and slashes after them), whitespace
+_YOUTU_SPLITS = (
+    "[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a"
+    "\uff1b\uff0c\u3001-\u303f\ufe30-\ufe4f]+|[\u3105-\u312f]+|"
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 class PreTokenizer(NamedTuple):
     """How llama.cpp tokenizes for one ``tokenizer.ggml.pre`` name."""
@@ -106,6 +116,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "deepseek-coder": PreTokenizer(_DEEPSEEK_CODER_SPLITS, False, False),
     **dict.fromkeys(("deepseek-v3", "hunyuan-dense"),
                     PreTokenizer(_DEEPSEEK_V3_SPLITS, False, False)),
+    "youtu": PreTokenizer(_YOUTU_SPLITS, True, False),
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list;
 # llama.cpp makes them control tokens whatever the GGUF says: Gemma 4's converter writes

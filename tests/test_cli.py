@@ -375,6 +375,8 @@ def test_prefill_progress_bar():
 def test_context_length_sources():
     model = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=2048))
     assert api.context_length(model, SimpleNamespace(model_max_length=512)) == 2048
+    youtu = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=4096))  # no args
+    assert api.context_length(youtu, SimpleNamespace(model_max_length=512)) == 4096
     bare = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=None))
     assert api.context_length(bare, SimpleNamespace(model_max_length=512)) == 512
     assert api.context_length(bare, SimpleNamespace(model_max_length=int(1e30))) is None

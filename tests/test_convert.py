@@ -221,7 +221,7 @@ GGUF_DEEPSEEK2_NAMES = {**GGUF_LAYER_NAMES, "self_attn.q_a_proj": "attn_q_a",
                         "self_attn.kv_b_proj": "attn_kv_b",
                         **{f"mlp.shared_experts.{p}_proj": f"ffn_{p}_shexp"
                            for p in ("gate", "up", "down")}}
-DEEPSEEK2_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # model types
+DEEPSEEK2_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "youtu_llm")  # model types
 #: Mixtral's and Granite MoE's router and experts' stacks at block_sparse_moe
 GGUF_BLOCK_SPARSE_MOE_NAMES = {
     **GGUF_LAYER_NAMES, "block_sparse_moe.gate": "ffn_gate_inp",
@@ -252,7 +252,8 @@ GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          "qwen3_next": GGUF_QWEN3NEXT_NAMES, "glm4_moe": GGUF_GLM4MOE_NAMES,
                          **dict.fromkeys(("mixtral", "granitemoe"), GGUF_BLOCK_SPARSE_MOE_NAMES),
                          "qwen2_moe": GGUF_QWEN2MOE_NAMES, "deepseek": GGUF_ERNIE45_MOE_NAMES,
-                         **dict.fromkeys(DEEPSEEK2_KINDS, GGUF_DEEPSEEK2_NAMES)}
+                         **dict.fromkeys(DEEPSEEK2_KINDS, GGUF_DEEPSEEK2_NAMES),
+                         "minicpm3": GGUF_DEEPSEEK2_NAMES}
 #: GLM-4-0414's norms after each branch (its ffn_norm the one before the MLP), StarCoder2's plain
 #: MLP, Apertus's norms
 GGUF_KIND_LAYER_NAMES.update({
@@ -517,7 +518,9 @@ def llama_cpp_deepseek2_meta(w: gguf.GGUFWriter, m: dict) -> None:
     as key_length / value_length), the MoE's keys, the gating function of scoring_func, YaRN
     with 0.1 · mscale_all_dim as the log multiplier. ``add_shape`` writes the rest."""
     rank, rope = m["kv_lora_rank"], m["qk_rope_head_dim"]
-    w.add_leading_dense_block_count(m["first_k_dense_replace"])
+    moe = m.get("n_routed_experts") is not None  # else Youtu-LLM's: every layer dense
+    w.add_leading_dense_block_count(m.get("first_k_dense_replace", 0 if moe else
+                                          m["num_hidden_layers"]))
     w.add_vocab_size(m["vocab_size"])
     if m["q_lora_rank"] is not None:
         w.add_q_lora_rank(m["q_lora_rank"])
@@ -530,9 +533,12 @@ def llama_cpp_deepseek2_meta(w: gguf.GGUFWriter, m: dict) -> None:
         w.add_value_length(rank)
         w.add_key_length_mla(m["qk_nope_head_dim"] + rope)
         w.add_value_length_mla(m["v_head_dim"])
-    w.add_expert_shared_count(m["n_shared_experts"])
-    w.add_expert_weights_scale(m["routed_scaling_factor"])
-    if m["norm_topk_prob"]:
+    if not moe:  # the MLP's width as the experts' (required by llama.cpp)
+        w.add_expert_feed_forward_length(m["intermediate_size"])
+    w.add_expert_shared_count(m.get("n_shared_experts", 0))
+    if m.get("routed_scaling_factor") is not None:
+        w.add_expert_weights_scale(m["routed_scaling_factor"])
+    if m.get("norm_topk_prob"):
         w.add_expert_weights_norm(True)
     if m.get("n_group") is not None:
         w.add_expert_group_count(m["n_group"])
@@ -716,6 +722,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         arch_tensors = llama_cpp_ernie45_moe_biases(config)
     if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
         arch_tensors = {"rope_freqs.weight": llama_cpp_rope_freqs(config)}
+    if model_type == "minicpm3":  # MiniCPM3Model.generate_extra_tensors: LongRoPE's factors
+        arch_tensors = {f"rope_factors_{k}.weight": config["rope_scaling"][f"{k}_factor"]
+                        for k in ("long", "short")}
     arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta, "ministral3": llama_cpp_ministral3_meta,
                  "internlm2": llama_cpp_linear_rope, "openelm": llama_cpp_openelm_meta,
                  "mellum": llama_cpp_mellum_meta}.get(model_type, lambda c: {})(config)
@@ -725,7 +734,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     glm = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID} \
         if model_type in ("glm4_moe", "dots1") else {}
     deepseek2 = model_type in DEEPSEEK2_KINDS
-    yarn = {"yarn": config["rope_scaling"], "num_key_value_heads": 1} if deepseek2 else {}
+    yarn = {"yarn": config.get("rope_scaling"), "num_key_value_heads": 1} if deepseek2 else {}
     m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **arch_meta,
          **qwen_rope, **glm, **yarn, **llama_cpp_hunyuan_rope(config), **(meta or {})}
     module = model_module(model_type)
@@ -745,7 +754,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
 
     w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(model_type, model_type))
     add_shape(w, m, key_length=model_type not in ("phi3", "granite", *DEEPSEEK2_KINDS, "phi",
-                                                  "gpt_neox"),
+                                                  "gpt_neox", "minicpm3"),
               ff_length=model_type != "qwen3_5_moe")
     if model_type == "openelm":  # OpenELMModel.set_gguf_parameters (llama.cpp's default would
         # be the hidden size over the first layer's heads)
@@ -942,6 +951,12 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
             w.add_nextn_predict_layers(m["nextn_predict_layers"])
     if m.get("attention_scale") is not None:
         w.add_attention_scale(m["attention_scale"])
+    if m["model_type"] == "minicpm3":  # MiniCPM3Model.set_gguf_parameters (no scales)
+        w.add_q_lora_rank(m["q_lora_rank"])
+        w.add_kv_lora_rank(m["kv_lora_rank"])
+        w.add_key_length(m["qk_nope_head_dim"] + m["qk_rope_head_dim"])
+        if m.get("value_length") is not None:  # the converter writes none
+            w.add_value_length(m["value_length"])
     if m["model_type"] == "minicpm":  # MiniCPMModel.set_gguf_parameters (None: left out)
         if m["scale_emb"] is not None:
             w.add_embedding_scale(m["scale_emb"])
@@ -1133,6 +1148,15 @@ GGUF_CASES.update({
                             {"legacy_kv_b": True}),
     "deepseek2-glm47flash": ("glm4_moe_lite-gguf", {"attn_k_b": T.Q4_0, "attn_v_b": T.Q8_0,
                                                     "ffn_up_shexp": T.Q4_1, "*": T.Q8_0}, {}),
+    # Youtu-LLM: deepseek2 without experts (every layer dense), no biases (llama.cpp reads
+    # none), tied, attn_k_b / attn_v_b fused back into kv_b_proj; or an older file's attn_kv_b
+    # as it is, a head of its own
+    "deepseek2-youtu": ("youtu_llm", {"attn_k_b": T.Q8_0, "attn_v_b": T.Q4_0,
+                                      "attn_q_b": T.Q4_1, "*": T.Q8_0},
+                        {"attention_bias": False, "mlp_bias": False}),
+    "deepseek2-youtu-legacy": ("youtu_llm", {"attn_kv_b": T.Q4_1, "*": T.Q8_0},
+                               {"attention_bias": False, "mlp_bias": False, "legacy_kv_b": True,
+                                "tie_word_embeddings": False}),
 })
 GGUF_CASES.update({
     # The sparse MoEs, every layer 2 of 4 experts, softmax-routed: Mixtral (a llama GGUF with
@@ -1169,6 +1193,11 @@ GGUF_CASES.update({
     "nanbeige-legacy": ("nanbeige", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up": T.Q4_1,
                                      "*": T.Q8_0}, {"attention_bias": False}),
 })
+#: MiniCPM3 as llama.cpp computes it: its scales hard-wired (dim_model_base 256), the original
+#: context its whole context (its converter writes none), the same long and short factors
+MINICPM3_GGUF = {"dim_model_base": 256, "rope_scaling": {
+    "type": "longrope", "original_max_position_embeddings": 4096,
+    **dict.fromkeys(("short_factor", "long_factor"), [1.0, 1.5, 2.0, 4.0])}}
 #: Command R7B as llama.cpp's converter writes it: no biases (it drops Cohere's zero ones), no
 #: pattern (llama.cpp's default period 4: layers 0-2 slide, 3 is global)
 COHERE2_GGUF = {"attention_bias": False, "layer_norm_bias": False, "sliding_window_pattern": 4}
@@ -1211,6 +1240,11 @@ GGUF_CASES.update({
                                    "output": T.F16, "*": T.Q8_0},
                        {"scale_emb": 3.0, "scale_depth": 2.0, "dim_model_base": 32}),
     "minicpm-kquants": ("minicpm", {"attn_q": T.Q4_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
+    # MiniCPM3: latent attention (attn_kv_b as it is), llama.cpp's hard-wired scales, NeoX RoPE
+    # (q/k as they are) by LongRoPE factors over its whole context
+    "minicpm3-legacy": ("minicpm3", {"token_embd": T.Q8_0, "attn_q_b": T.Q4_0,
+                                     "attn_kv_b": T.Q4_1, "output": T.F16, "*": T.Q8_0},
+                        MINICPM3_GGUF),
     # dots.llm1: a dense layer, then 2 of 4 experts by sigmoid scores and a correction bias,
     # renormalised and scaled by 2.5, beside a shared expert; q/k norms before NeoX RoPE
     "dots1-legacy": ("dots1", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
@@ -1651,7 +1685,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "command_r-legacy", "phi2-legacy", "gptneox-legacy",
                                   "internlm2-linear", "qwen-legacy", "gpt2-legacy",
                                   "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
-                                  "deepseek-legacy", "mellum-legacy", "nanbeige-legacy"])
+                                  "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
+                                  "deepseek2-youtu"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1702,6 +1737,11 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
      {"layer_norm_eps": 2 ** -6, "partial_rotary_factor": 0.375}),
     ("gpt_neox", {"layer_norm_eps": 2 ** -6, "use_parallel_residual": False}, {}, {},
      {"layer_norm_eps": 2 ** -6, "rotary_pct": 0.25, "use_parallel_residual": False}),
+    # MiniCPM3 tied (llama.cpp scales the logits all the same), long factors of their own, which
+    # llama.cpp leaves unused within the context (its original one)
+    ("minicpm3", MINICPM3_GGUF, {}, {"output.weight": None,
+                                     "rope_factors_long.weight": np.array([2.0, 3.0, 5.0, 8.0])},
+     {"tie_word_embeddings": False, **MINICPM3_GGUF, "scale_emb": 12.0, "scale_depth": 1.4}),
     # Hunyuan dense's NTK-alpha RoPE (alpha 1000), which llama.cpp's converter folds into the base
     ("hunyuan_v1_dense", {"attention_bias": False}, {}, {},
      {"use_qk_norm": True, "attention_bias": False}),
@@ -1741,7 +1781,7 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
         "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
         "command_r-no-logit-scale", "phi2", "gptneox-sequential", "nemotron-linear-rope",
         "openelm-untied", "deepseek-tied", "mellum-default-period", "mellum-global",
-        "nanbeige-skip"])
+        "nanbeige-skip", "minicpm3-tied-long"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's, Apertus's (and DeepSeek-MoE's, Mellum's,
@@ -2757,6 +2797,35 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             lambda: write_gguf(tmp / "o.gguf", "openelm", tok_folder, extra={
                 "blk.2.ffn_up.weight": None}) and tmp / "o.gguf",
             "GGUF has blk.2.ffn_gate.weight without blk.2.ffn_up.weight"),
+        "youtu_sparse": (  # no experts, yet a layer past the leading dense ones
+            lambda: gguf_of("y.gguf", "youtu_llm", {"first_k_dense_replace": 2}),
+            "GGUF deepseek2 without experts has 2 sparse layers (leading_dense_block_count 2 of "
+            "4)"),
+        "youtu_yarn": (
+            lambda: gguf_of("y.gguf", "youtu_llm", {"yarn": tiny_config("deepseek_v2-gguf")[
+                "rope_scaling"]}),
+            "GGUF deepseek2 without experts (Youtu-LLM) with RoPE scaling ('yarn') is not "
+            "supported"),
+        "minicpm3_values": (
+            lambda: gguf_of("m.gguf", "minicpm3", {"value_length": 8}),
+            "GGUF minicpm3 with 4 heads of values 8 wide is not supported (mlx-lm's minicpm3 "
+            "takes hidden / heads: 16)"),
+        "minicpm3_long_factors": (
+            lambda: write_gguf(tmp / "m.gguf", "minicpm3", tok_folder, meta={
+                "original_max_position_embeddings": 1024}, extra={
+                "rope_factors_long.weight": np.array([2.0, 3.0, 5.0, 8.0])}, **MINICPM3_GGUF)
+            and tmp / "m.gguf",
+            "GGUF minicpm3 with an original context shorter than its context and long RoPE "
+            "factors of their own is not supported"),
+        "minicpm3_q_proj": (  # queries projected directly: llama.cpp and mlx-lm need the rank
+            lambda: write_gguf(tmp / "m.gguf", "minicpm3", tok_folder, extra={
+                f"blk.{i}.attn_q_a.weight": None for i in range(4)}) and tmp / "m.gguf",
+            "GGUF tensors disagree with its metadata: it lacks "
+            "model.layers.0.self_attn.q_a_proj.weight"),
+        "minicpm3_attn_factor": (
+            lambda: gguf_of("m.gguf", "minicpm3", {"attn_factor": 1.2}),
+            "GGUF metadata minicpm3.rope.scaling.attn_factor is 1.2, mlx-lm's minicpm3 scales "
+            "by 1"),
         "apertus_attention_scale": (
             lambda: gguf_of("a.gguf", "apertus", {"attention_scale": 0.5}),
             "GGUF apertus with attention scale 0.5 is not supported (mlx-lm's apertus scales "
@@ -2796,7 +2865,9 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "qwen_rope_base", "gpt2_kv_heads", "gpt2_mlp_width", "gpt2_own_head",
               "starcoder_kv_heads", "nemotron_eps", "nemotron_qkv_bias", "openelm_groups",
               "openelm_rope_dims", "openelm_half", "deepseek_weights_scale", "deepseek_qkv_bias",
-              "mellum_swa_base", "mellum_all_local", "nanbeige_skip_flag"]
+              "mellum_swa_base", "mellum_all_local", "nanbeige_skip_flag", "minicpm3_values",
+              "minicpm3_long_factors", "minicpm3_attn_factor", "minicpm3_q_proj", "youtu_sparse",
+              "youtu_yarn"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

@@ -238,6 +238,17 @@ def test_prior_reads_heads_where_the_family_names_them(tiny_model, kind):
     assert (shape.head_dims, shape.head_params) == (4 * 16, 384 * 64)
 
 
+def test_prior_and_shape_read_youtu_llms_config(tiny_model):
+    """Youtu-LLM's settings are at ``model.config`` (no ``args``): the prior and the decode
+    cost's shape read them there; its latent heads' query-key width is 40 (32 + 8 RoPE)."""
+    from mlx_lazy.bench.costmodel import prior
+    from mlx_lazy.bench.decode_cost import ModelShape
+
+    model = tiny_model("youtu_llm")[0]
+    assert prior(model).b == pytest.approx(102e-9 * 4 * 40 / 576)
+    assert ModelShape.of(model).head_dims == 4 * 40
+
+
 def test_a_layers_weights_count_the_experts_a_token_takes_and_every_layer(tiny_model):
     """The prior scales by the weights a token runs through: gpt-oss's experts (2 of 4 per
     token: their weights were not counted at all, so its layers looked all attention) and

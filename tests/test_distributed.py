@@ -408,7 +408,7 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
                                   "internlm3", "starcoder2", "hunyuan_v1_dense", "minicpm", "mimo",
                                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
                                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
-                                  "nanbeige"])
+                                  "nanbeige", "minicpm3", "youtu_llm"])
 def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`;
     Gemma 2's soft-cap acts on each head's logits, whole on its rank; Command R7B's parallel
@@ -425,7 +425,8 @@ def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     gpt-oss (mlx-lm's shard, its sinks split by head), GLM-4.5 (mlx-lm's shard: its MoE
     blocks sum their ranks' shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2
     (mlx-lm's shard: each rank its heads' queries, embed_q and unembed_out or kv_b_proj, the
-    latent whole on every rank): unpruned, each rank's logits equal mlx-lm's; pruned, each
+    latent whole on every rank; MiniCPM3's and Youtu-LLM's split the same way by
+    shard_by_heads): unpruned, each rank's logits equal mlx-lm's; pruned, each
     rank selects what the single process selects and its logits equal it."""
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",

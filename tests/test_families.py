@@ -1,48 +1,50 @@
-"""Model families beyond the Llama layout, through the engine against mlx-lm's own forward pass:
-Llama 3.1/3.2's RoPE scaling (``llama-llama3``), Phi-3 (``phi3``: fused ``qkv_proj`` and
+"""Model families beyond the Llama layout, through the engine against mlx-lm's own forward pass: Llama
+3.1/3.2's RoPE scaling (``llama-llama3``), Phi-3 (``phi3``: fused ``qkv_proj`` and
 ``gate_up_proj``; plain RoPE, and longrope's SuScaledRoPE over part of each head), SmolLM3
-(``smollm3``: layers without RoPE) and Ministral 3 (``ministral3``, alone and as the text model
-of a ``mistral3`` checkpoint: YaRN RoPE, queries scaled by position, sliding-window layers in a
-variant), GLM-4.5 (``glm4_moe``: partial RoPE, q/k norms and biases, grouped sigmoid-routed
-experts beside a shared one), Seed-OSS (``seed_oss``: q/k/v biases, o_proj's here too), ERNIE 4.5
+(``smollm3``: layers without RoPE) and Ministral 3 (``ministral3``, alone and as the text model of
+a ``mistral3`` checkpoint: YaRN RoPE, queries scaled by position, sliding-window layers in a
+variant), GLM-4.5 (``glm4_moe``: partial RoPE, q/k norms and biases, grouped sigmoid-routed experts
+beside a shared one), Seed-OSS (``seed_oss``: q/k/v biases, o_proj's here too), ERNIE 4.5
 (``ernie4_5``, ``ernie4_5_moe``: biases everywhere, traditional RoPE, softmax-routed experts),
 gpt-oss (``gpt_oss``: attention sinks, sliding-window layers, a sparse MoE, biases), Granite
 (``granite``: multipliers on the embeddings, residual branches, logits and attention), and the
 families with norms on each branch's output and none before: OLMo 2 and 3 (``olmo2``, ``olmo3``:
-q/k norms over all heads at once; OLMo 3's sliding-window layers), EXAONE 4 (``exaone4``:
-per-head q/k norms, sliding-window layers, global layers without RoPE) and Gemma 4
-(``gemma4_text``, alone, with its MoE block, in its E2B/E4B layout, and as the text model of a
-``gemma4`` checkpoint: head sizes and key/value heads by layer, values from the keys' projection,
-partial RoPE, a per-layer scalar; upper layers reading lower layers' keys and values, per-layer
-inputs) and the multi-head latent attention of DeepSeek-V3 and GLM-4.7-Flash (``deepseek_v3``,
-``glm4_moe_lite``: one latent key/value head, queries absorbed into it) and DeepSeek-V2
-(``deepseek_v2``: the latent expanded per head), with their MoE blocks, Gemma 2 (``gemma2``:
-attention and final logits soft-capped, Gemma's norms and scaled embeddings). Sparse MoE families
-(:data:`MOE`): Mixtral (``mixtral``), Granite MoE (``granitemoe``: Granite's multipliers) and
-Phi-3.5-MoE (``phimoe``: LayerNorms, biases, longrope) with their MoE block at
-``block_sparse_moe``, Qwen2-MoE (``qwen2_moe``: biases, a gated shared expert) and OLMoE
-(``olmoe``: q/k norms over all heads) at ``mlp``. More MoE families (:data:`MOE2`): dots.llm1
-(``dots1``: q/k norms, sigmoid routing with a correction bias, shared experts), Ling/Ring
-(``bailing_moe``: fused q/k/v, attention at ``attention``, grouped routing with an expert bias),
-Hunyuan (``hunyuan``: q/k norms after RoPE, cross-layer attention reading the layer below's keys)
-and Llama 4 (``llama4``: chunked local attention, NoPE global layers with attention temperature,
-a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too), DeepSeek-MoE (``deepseek``: dense
-layer 0, softmax routing, a shared expert) and Mellum (``mellum``: q/k norms, sliding-window
-layers with their own RoPE base). Dense families (:data:`DENSE`):
-EXAONE 3.5 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k
-norms after RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``:
-per-head q/k LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals
-and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped), nanochat (``nanochat``:
-weightless norms, soft-capped logits), Gemma 1 (``gemma``: Gemma's norms and scaled
-embeddings, an exact-GELU MLP), Command R+ (``cohere``: parallel layers, per-head q/k
-LayerNorms, scaled logits), Phi-2 (``phi``: parallel attention and MLP on one LayerNorm,
-partial RoPE, biases), GPT-NeoX (``gpt_neox``: fused per-head q/k/v, parallel attention
-and MLP each on its own LayerNorm; ``gpt_neox-sequential``: one after the other), InternLM2
-(``internlm2``: a fused wqkv grouped by key/value head), Qwen 1 (``qwen``: GPT-2's names,
-a fused c_attn, w2 its MLP's gate), Nemotron (``nemotron``: (1 + w) LayerNorms with biases,
-partial RoPE, squared-ReLU MLP), OpenELM (``openelm``: heads and MLP widths per layer,
-fused q/k/v, per-head q/k norms, Llama's parts named otherwise) and Nanbeige (``nanbeige``:
-its blocks run twice, a norm between the loops; ``nanbeige-skip`` without it)."""
+q/k norms over all heads at once; OLMo 3's sliding-window layers), EXAONE 4 (``exaone4``: per-head
+q/k norms, sliding-window layers, global layers without RoPE) and Gemma 4 (``gemma4_text``, alone,
+with its MoE block, in its E2B/E4B layout, and as the text model of a ``gemma4`` checkpoint: head
+sizes and key/value heads by layer, values from the keys' projection, partial RoPE, a per-layer
+scalar; upper layers reading lower layers' keys and values, per-layer inputs) and the multi-head
+latent attention of DeepSeek-V3 and GLM-4.7-Flash (``deepseek_v3``, ``glm4_moe_lite``: one latent
+key/value head, queries absorbed into it) and DeepSeek-V2 (``deepseek_v2``: the latent expanded per
+head), with their MoE blocks, Gemma 2 (``gemma2``: attention and final logits soft-capped, Gemma's
+norms and scaled embeddings). Sparse MoE families (:data:`MOE`): Mixtral (``mixtral``), Granite MoE
+(``granitemoe``: Granite's multipliers) and Phi-3.5-MoE (``phimoe``: LayerNorms, biases, longrope)
+with their MoE block at ``block_sparse_moe``, Qwen2-MoE (``qwen2_moe``: biases, a gated shared
+expert) and OLMoE (``olmoe``: q/k norms over all heads) at ``mlp``. More MoE families
+(:data:`MOE2`): dots.llm1 (``dots1``: q/k norms, sigmoid routing with a correction bias, shared
+experts), Ling/Ring (``bailing_moe``: fused q/k/v, attention at ``attention``, grouped routing with
+an expert bias), Hunyuan (``hunyuan``: q/k norms after RoPE, cross-layer attention reading the
+layer below's keys) and Llama 4 (``llama4``: chunked local attention, NoPE global layers with
+attention temperature, a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too), DeepSeek-MoE
+(``deepseek``: dense layer 0, softmax routing, a shared expert) and Mellum (``mellum``: q/k norms,
+sliding-window layers with their own RoPE base). Dense families (:data:`DENSE`): EXAONE 3.5
+(``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k norms after
+RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``: per-head q/k
+LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals and logits),
+MiMo (``mimo``: Qwen2's layout, MTP weights dropped), nanochat (``nanochat``: weightless norms,
+soft-capped logits), Gemma 1 (``gemma``: Gemma's norms and scaled embeddings, an exact-GELU MLP),
+Command R+ (``cohere``: parallel layers, per-head q/k LayerNorms, scaled logits), Phi-2 (``phi``:
+parallel attention and MLP on one LayerNorm, partial RoPE, biases), GPT-NeoX (``gpt_neox``: fused
+per-head q/k/v, parallel attention and MLP each on its own LayerNorm; ``gpt_neox-sequential``: one
+after the other), InternLM2 (``internlm2``: a fused wqkv grouped by key/value head), Qwen 1
+(``qwen``: GPT-2's names, a fused c_attn, w2 its MLP's gate), GPT-2 and StarCoder 1 (``gpt2``,
+``gpt_bigcode``: learned positions, a fused c_attn; StarCoder's one key/value head), Nemotron
+(``nemotron``: (1 + w) LayerNorms with biases, partial RoPE, squared-ReLU MLP), OpenELM
+(``openelm``: heads and MLP widths per layer, fused q/k/v, per-head q/k norms, Llama's parts named
+otherwise), Nanbeige (``nanbeige``: its blocks run twice, a norm between the loops;
+``nanbeige-skip`` without it), and two with DeepSeek-V2's latent attention: MiniCPM3 (``minicpm3``:
+low-rank queries, longrope, MiniCPM's multipliers) and Youtu-LLM (``youtu_llm``: its args named
+``config``, traditional RoPE, biases, a tied head)."""
 
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
-         "gpt_bigcode", "nemotron", "openelm", "nanbeige")
+         "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -535,6 +537,39 @@ def test_the_tiny_nanbeige_is_what_it_claims(family):
     assert a.layers[2] is a.layers[0] and a.layers[3] is a.layers[1]
     assert a._loop_ends == {1} and _random(model.model.norm.weight)
     assert not ModelAdapter(family("nanbeige-skip")[0])._loop_ends
+
+
+def test_the_tiny_minicpm3_and_youtu_are_what_they_claim(family):
+    """Both: latent attention expanded per head (``kv_b_proj``, no absorbed form) with
+    low-rank queries, random norms (the two low-rank ones too), 4 heads whose keys are 32
+    unrotated and 8 rotated dims, the scale 1/sqrt(40). MiniCPM3: values hidden / heads = 16
+    wide, longrope's SuScaledRoPE with long factors and a scale above 1, its scale named
+    ``softmax_scale``, MiniCPM's multipliers, an untied head. Youtu-LLM: its args at
+    ``config`` (no ``args``), values 24 wide, traditional RoPE, biases on q_a_proj, o_proj
+    and the MLP, a tied head."""
+    widths = {}
+    for kind in ("minicpm3", "youtu_llm"):
+        model, _ = family(kind)
+        attn, a = model.layers[0].self_attn, ModelAdapter(model)
+        assert hasattr(attn, "kv_b_proj") and not hasattr(attn, "embed_q")
+        assert attn.q_lora_rank == 32 and a._mla and a.scale == 40 ** -0.5
+        assert _random(attn.q_a_layernorm.weight, attn.kv_a_layernorm.weight,
+                       model.layers[0].input_layernorm.weight)
+        q, k, v, _ = a.qkv(0, a.embed(mx.array([1, 2, 3])), np.arange(3))
+        widths[kind] = q.shape[-1], k.shape[-1], v.shape[-1]
+    minicpm3, _ = family("minicpm3")
+    attn, args = minicpm3.layers[0].self_attn, minicpm3.args
+    assert type(attn.rope).__name__ == "SuScaledRoPE" and attn.rope._scale > 1
+    assert attn.softmax_scale == 40 ** -0.5 and not hasattr(attn, "scale")
+    assert (args.scale_emb, args.scale_depth, args.dim_model_base) == (12.0, 1.4, 16)
+    assert ModelAdapter(minicpm3).lm_head is minicpm3.lm_head
+    youtu, _ = family("youtu_llm")
+    attn = youtu.layers[0].self_attn
+    assert not hasattr(youtu, "args") and youtu.config.tie_word_embeddings
+    assert attn.rope.traditional and ModelAdapter(youtu).lm_head is None
+    assert all(float(mx.abs(p.bias).sum()) > 0 for p in (attn.q_a_proj, attn.o_proj,
+                                                          youtu.layers[0].mlp.down_proj))
+    assert widths == {"minicpm3": (40, 40, 16), "youtu_llm": (40, 40, 24)}
 
 
 def test_a_tied_minicpm_leaves_its_logits_unscaled(family):

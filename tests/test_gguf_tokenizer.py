@@ -340,6 +340,10 @@ _CPP_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}*{_CPP_LOWER}+{_CPP_CONTRACTI
               rf"[^\r\n\p{{L}}\p{{N}}]?{_CPP_UPPER}+{_CPP_LOWER}*{_CPP_CONTRACTIONS}?|"
               r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CPP_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_CPP_YOUTU_WORDS = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                    + _CPP_CONTRACTIONS + r"?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+                    r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _CPP_CONTRACTIONS
+                    + r"?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
     **dict.fromkeys(("default", "gpt2"),  # llama.cpp's fallback ("gpt2" is no name of its)
                     (r"[\p{P}\$\+<=>\^~\|]+", _CPP_GPT2, r"\p{N}+", "[0-9][0-9][0-9]")),
@@ -366,11 +370,16 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
         "\\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
         "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
         "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")),
+    # Youtu-LLM's, its letter categories one class (llama.cpp collapses each to \p{L})
+    "youtu": ("[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+",
+              _CPP_YOUTU_WORDS.replace("\\p{Lu}", "\\p{L}").replace("\\p{Ll}", "\\p{L}")
+              .replace("\\p{Lt}", "\\p{L}").replace("\\p{Lm}", "\\p{L}")
+              .replace("\\p{Lo}", "\\p{L}")),
 }
 # llama.cpp's ignore_merges groups, and those of them it adds BOS for (not GLM-4.5's)
 CPP_WHOLE_WORDS = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                   "midm-2.0", "lfm2", "tekken", "glm4"}
-CPP_BOS = CPP_WHOLE_WORDS - {"glm4"}
+                   "midm-2.0", "lfm2", "tekken", "glm4", "youtu"}
+CPP_BOS = CPP_WHOLE_WORDS - {"glm4", "youtu"}
 SPLIT_TEXTS = TEXTS + [
     "I'm sure THEY'LL say it's HTTPServer's CamelCase: getHTTPResponseCode()",
     "Numbers 1234567 and 3.14159, paths a/b/c//d, URLs http://x.io/?q=1",

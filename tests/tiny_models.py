@@ -27,7 +27,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
-         "nanbeige")
+         "nanbeige", "minicpm3", "youtu_llm")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -381,6 +381,21 @@ _KIND_CONFIG = {
                "rope_parameters": {
                    "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # MiniCPM3: DeepSeek-V2's latent attention (per head, 4 heads over a 32-wide latent, 8
+    # RoPE dims, values hidden / heads = 16 wide), low-rank queries, longrope's SuScaledRoPE
+    # (its scale above 1: 4096 positions of 1024), MiniCPM's multipliers, an untied head
+    "minicpm3": {"architectures": ["MiniCPM3ForCausalLM"], "tie_word_embeddings": False,
+                 "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
+                 "qk_nope_head_dim": 32, "qk_rope_head_dim": 8, "scale_emb": 12.0,
+                 "scale_depth": 1.4, "dim_model_base": 16, "rope_scaling": {
+                     "type": "longrope", "original_max_position_embeddings": 1024,
+                     "short_factor": [1.0] * 4, "long_factor": [1.0, 1.5, 2.0, 4.0]}},
+    # Youtu-LLM: the same latent attention, values 24 wide, traditional RoPE, biases on the
+    # attention's and the MLP's projections, a tied head
+    "youtu_llm": {"architectures": ["YoutuForCausalLM"], "tie_word_embeddings": True,
+                  "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
+                  "qk_nope_head_dim": 32, "qk_rope_head_dim": 8, "v_head_dim": 24,
+                  "attention_bias": True, "mlp_bias": True},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -452,7 +467,7 @@ _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
-                        "openelm", "nanbeige")
+                        "openelm", "nanbeige", "minicpm3", "youtu_llm")
 
 
 def tiny_config(kind: str) -> dict:

@@ -35,7 +35,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from ..adapter import ModelAdapter, attention_module
+from ..adapter import ModelAdapter, attention_module, text_args
 from ..selection import cuts_select, kept_count
 
 __all__ = ["PrefillCounts", "CostModel", "counts", "fit", "layer_params", "linear_params",
@@ -229,7 +229,7 @@ def linear_params(module: Any, experts_per_token: Optional[int] = None) -> float
 def layer_params(adapter: ModelAdapter) -> float:
     """:func:`linear_params` of a token's layer, averaged over the layers (Gemma 4's differ;
     an MoE layer's experts at the share a token takes: k of E)."""
-    args = adapter.text.args
+    args = text_args(adapter.text)
     per_token = getattr(args, "num_experts_per_tok", None) or getattr(args, "top_k_experts", None)
     return sum(linear_params(layer, per_token) for layer in adapter.layers) / adapter.num_layers
 
