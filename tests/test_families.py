@@ -1,5 +1,5 @@
-"""Model families beyond the Llama layout, through the engine against mlx-lm's own forward pass: Llama
-3.1/3.2's RoPE scaling (``llama-llama3``), Phi-3 (``phi3``: fused ``qkv_proj`` and
+"""Model families beyond the Llama layout, through the engine against mlx-lm's own forward pass:
+Llama 3.1/3.2's RoPE scaling (``llama-llama3``), Phi-3 (``phi3``: fused ``qkv_proj`` and
 ``gate_up_proj``; plain RoPE, and longrope's SuScaledRoPE over part of each head), SmolLM3
 (``smollm3``: layers without RoPE) and Ministral 3 (``ministral3``, alone and as the text model of
 a ``mistral3`` checkpoint: YaRN RoPE, queries scaled by position, sliding-window layers in a
