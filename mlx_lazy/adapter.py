@@ -139,11 +139,17 @@ from .errors import UserInputError, shown
 # cohere (Command R, R+, Aya 23): cohere2's parallel layers on one LayerNorm and its
 # ``logit_scale``, traditional RoPE in every layer, no windows; with ``use_qk_norm`` (R+)
 # per-head q/k LayerNorms (mlx-lm's ``LayerNorm2D``, a weight per head) before RoPE.
+# granitemoehybrid (Granite 4.0 H-Tiny/H-Small/H-Micro, and Micro's all-attention layout):
+# Granite's multipliers; Mamba-2 layers (``block.mamba``, recurrent: a convolution state and an
+# SSM state) where ``layer_types`` says ``mamba``, attention (RoPE, or none where
+# ``position_embedding_type`` is ``nope``) elsewhere; a dense MLP, or sparse experts at
+# ``block.block_sparse_moe`` beside a ``shared_mlp``.
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
                          "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss", "granite", "granitemoe",
-                         "helium", "hunyuan", "hunyuan_v1_dense", "internlm3", "lfm2", "lfm2_moe",
+                         "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm3",
+                         "lfm2", "lfm2_moe",
                          "llama", "llama4", "llama4_text", "mimo", "minicpm", "ministral3",
                          "mistral", "mistral3", "mixtral", "nanochat", "olmo2", "olmo3", "olmoe",
                          "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe",
@@ -153,7 +159,7 @@ GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
-GRANITE_TYPES = ("granite", "granitemoe")
+GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
 _LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm",
@@ -172,7 +178,8 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                "nanochat": {"q_proj": "c_q", "k_proj": "c_k", "v_proj": "c_v", "o_proj": "c_proj",
                             "embed_tokens": "wte", "norm": "ln_f"},
                "stablelm": {"q_norm": "q_layernorm", "k_norm": "k_layernorm"},
-               **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES)}
+               **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES),
+               "granitemoehybrid": {"linear_attn": "mamba"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
@@ -184,7 +191,8 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``feedforward_layernorm``, ``args.{logit_scale, tie_word_embeddings}``,
 # ``rope_utils.DynamicNTKScalingRoPE`` (its base from where a call ends), ``layer_types``,
 # ``layer_scalar``, ``enable_moe``, ``router``, ``experts``, ``embed_tokens.as_linear``,
-# ``linear_attn`` (LFM2's ``conv``) called as ``(x, mask, ArraysCache)``; LFM2's names in
+# ``linear_attn`` (LFM2's ``conv``, Granite 4.0's ``mamba``) called as ``(x, mask, ArraysCache)``,
+# Granite 4.0's ``shared_mlp``; LFM2's names in
 # :data:`_LFM2_NAMES`; latent attention's ``self_attn.{num_heads, q_lora_rank, q_proj, q_a_proj,
 # q_a_layernorm, q_b_proj, qk_nope_head_dim, kv_lora_rank, kv_a_proj_with_mqa, kv_a_layernorm,
 # kv_b_proj, embed_q, unembed_out}``; the feed-forward at ``mlp`` or ``block_sparse_moe``, mixtral's
@@ -297,12 +305,13 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
-    DeltaNet layers, LFM2's convolutions); () for every other family. Such a layer holds
-    one state that has taken its tokens in order, not keys and values: a token pruned below
-    it can never enter it later, and no cut can follow it (it gives no attention to score
-    with)."""
+    DeltaNet layers, LFM2's convolutions, Granite 4.0's Mamba-2 layers); () for every other
+    family. Such a layer holds one state that has taken its tokens in order, not keys and
+    values: a token pruned below it can never enter it later, and no cut can follow it (it
+    gives no attention to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
-                 if hasattr(block, "linear_attn") or hasattr(block, "conv"))
+                 if hasattr(block, "linear_attn") or hasattr(block, "conv")
+                 or hasattr(block, "mamba"))
 
 
 class ModelAdapter:
@@ -376,6 +385,7 @@ class ModelAdapter:
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
         gemma = self._gemma2 or self._gemma3 or self._gemma4
         self._feed_forwards = [feed_forward(block) for block in self.layers]
+        self._shared_mlps = [getattr(block, "shared_mlp", None) for block in self.layers]
         # Gemma 1's exact GELU has no CPU kernel: mlx-lm's module runs it
         self._activations = [None if model_type == "gemma" else _gated_activation(mlp, gemma)
                              for mlp in self._feed_forwards]
@@ -746,17 +756,23 @@ class ModelAdapter:
                         ) -> mx.array:
         """A recurrent layer on hidden states ``h`` (1, n, D) of tokens that follow, in
         order, every token its ``state`` has taken (mlx-lm's ``ArraysCache`` parts: Qwen3.5's
-        ``[conv_state, recurrent_state]``, LFM2's ``[conv_state]``; empty before the first):
-        ``state`` advances over them in place; returns their hidden states after the layer,
-        MLP included."""
+        ``[conv_state, recurrent_state]``, Mamba-2's ``[conv_state, ssm_state]``, LFM2's
+        ``[conv_state]``; empty before the first): ``state`` advances over them in place;
+        returns their hidden states after the layer, MLP included (each branch times
+        Granite's residual multiplier)."""
         block, n = self.layers[layer], h.shape[1]
-        if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, 2 for DeltaNet
+        if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, else 2
             state.extend([None] * (1 if "conv" in block else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
-        h = self._blas_rows(h + mixer(norm(h), None, cache))
-        return (h + self._mlp(layer, self._part(block, "post_attention_layernorm")(h)))[:, :n]
+        h = self._blas_rows(h + self._branch(mixer(norm(h), None, cache)))
+        mlp = self._mlp(layer, self._part(block, "post_attention_layernorm")(h))
+        return (h + self._branch(mlp))[:, :n]
+
+    def _branch(self, x: mx.array) -> mx.array:
+        """A residual branch's output as it is added: times Granite's residual multiplier."""
+        return x if self._residual_multiplier is None else x * self._residual_multiplier
 
     def _mlp(self, layer: int, x: mx.array) -> mx.array:
         """The layer's feed-forward (:func:`feed_forward`); on the CPU a dense gated one takes
@@ -764,6 +780,9 @@ class ModelAdapter:
         there: half of a 4,096-token prompt's MLP time, and most of what a revived row adds to
         a layer)."""
         mlp, activation = self._feed_forwards[layer], self._activations[layer]
+        shared = self._shared_mlps[layer]
+        if shared is not None:  # granitemoehybrid: a shared MLP beside the experts
+            return mlp(x) + shared(x)
         if activation is None or mx.default_device() != mx.cpu:
             return mlp(x)
         if hasattr(mlp, "w2"):  # lfm2: w1 the gate, w3 up, w2 down

@@ -362,15 +362,16 @@ def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
                                   "ernie4_5_moe", "glm4", "apertus",
                                   "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
-                                  "llama4_text", "llama4"])
+                                  "llama4_text", "llama4", "granitemoehybrid"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's
     share alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's,
     Qwen2-MoE's, OLMoE's, Granite MoE's, Phi-3.5-MoE's, dots.llm1's, Ling's, Hunyuan's and
     Llama 4's MoE blocks have no split here, nor mlx-lm's dense llama4_text's MLP (at
     ``feed_forward``), GLM-4-0414's fused gate_up_proj (each rank would need rows of both
-    halves), Apertus's layers (plain up_proj MLP, heads named otherwise) or LFM2's
-    convolutions. Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's
+    halves), Apertus's layers (plain up_proj MLP, heads named otherwise), LFM2's
+    convolutions or Granite 4.0's layers (Mamba-2, shared MLPs).
+    Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the
     engine runs them whole)."""
     class Group:

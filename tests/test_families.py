@@ -32,8 +32,9 @@ norms after RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablel
 per-head q/k LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals
 and logits), MiMo (``mimo``: Qwen2's layout, MTP weights dropped), nanochat (``nanochat``:
 weightless norms, soft-capped logits), Gemma 1 (``gemma``: Gemma's norms and scaled
-embeddings, an exact-GELU MLP) and Command R+ (``cohere``: parallel layers, per-head q/k
-LayerNorms, scaled logits)."""
+embeddings, an exact-GELU MLP), Command R+ (``cohere``: parallel layers, per-head q/k
+LayerNorms, scaled logits) and Granite 4.0 Micro (``granitemoehybrid-micro``: Granite 4.0's
+layers, every one attention; its hybrids are in test_hybrid)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
-         "nanochat", "gemma", "cohere")
+         "nanochat", "gemma", "cohere", "granitemoehybrid-micro")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
