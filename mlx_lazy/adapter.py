@@ -363,7 +363,10 @@ class ModelAdapter:
         self._attns = [None if i in self._recurrent else attention_module(block)
                        for i, block in enumerate(self.layers)]
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
-        attn = next(a for a in self._attns if a is not None)
+        attn = next((a for a in self._attns if a is not None), None)
+        if attn is None:  # (a Mamba-only Granite 4.0 config, say)
+            raise UserInputError(f"this {model_type} model has no attention layer; mlx-lazy "
+                                 "runs models with at least one")
         self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
         self._mla = model_type in MLA_TYPES
         if self._mla:  # the absorbed form (embed_q) has one key/value head, the latent

@@ -351,6 +351,15 @@ def test_a_hybrid_attending_only_in_its_last_layer_takes_no_cut(tmp_path):
     assert resolve_config(model, "speed").prompt_depth == 3
 
 
+def test_a_model_without_attention_is_refused(tmp_path):
+    """A Granite 4.0 config of Mamba-2 layers only: nothing to prune with, refused in one line
+    (it stopped on an internal StopIteration)."""
+    model, _ = mlx_lm.load(str(build_tiny_model("granitemoehybrid-mamba", tmp_path)))
+    with pytest.raises(UserInputError, match="^this granitemoehybrid model has no attention "
+                                             "layer; mlx-lazy runs models with at least one$"):
+        ModelAdapter(model)
+
+
 @pytest.mark.parametrize("config, match", [
     (PruningConfig("lazy", complete="after-first"), "cannot come back: drop complete="),
     (PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), complete="exact"),

@@ -373,6 +373,9 @@ _VARIANTS = {
         "original_max_position_embeddings": 64}}),
     "qwen3_5-deep": ("qwen3_5", {"num_hidden_layers": 16}),
     "qwen3_5-last": ("qwen3_5", {"num_hidden_layers": 4}),
+    # no attention layer at all (mlx-lazy refuses it)
+    "granitemoehybrid-mamba": ("granitemoehybrid", {"num_hidden_layers": 2,
+                                                    "layer_types": ["mamba"] * 2}),
     # Granite 4.0 Micro's layout: every layer attention, with RoPE; a dense MLP
     "granitemoehybrid-micro": ("granitemoehybrid", {
         "num_hidden_layers": 4, "layer_types": ["attention"] * 4, "num_local_experts": 0,
