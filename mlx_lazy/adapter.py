@@ -144,6 +144,11 @@ from .errors import UserInputError, shown
 # SSM state) where ``layer_types`` says ``mamba``, attention (RoPE, or none where
 # ``position_embedding_type`` is ``nope``) elsewhere; a dense MLP, or sparse experts at
 # ``block.block_sparse_moe`` beside a ``shared_mlp``.
+# nemotron_h (Nemotron-H, Nemotron Nano 2, Nemotron 3 Nano): one mixer per layer after one norm
+# (``block.mixer``, ``block.norm``; embeddings ``backbone.embeddings``, final norm ``norm_f``), by
+# its ``hybrid_override_pattern``: Mamba-2 (``M``, recurrent), attention without RoPE (``*``: no
+# MLP after it), or a ReLU^2 MLP (``-``) or sparse experts (``E``) alone, taken as recurrent
+# layers that hold no state (no attention there to score with, nothing to revive).
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
@@ -151,7 +156,8 @@ SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepsee
                          "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm3",
                          "lfm2", "lfm2_moe",
                          "llama", "llama4", "llama4_text", "mimo", "minicpm", "ministral3",
-                         "mistral", "mistral3", "mixtral", "nanochat", "olmo2", "olmo3", "olmoe",
+                         "mistral", "mistral3", "mixtral", "nanochat", "nemotron_h", "olmo2",
+                         "olmo3", "olmoe",
                          "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe",
                          "qwen3_moe", "qwen3_next", "seed_oss", "smollm3", "stablelm", "starcoder2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
@@ -179,7 +185,9 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                             "embed_tokens": "wte", "norm": "ln_f"},
                "stablelm": {"q_norm": "q_layernorm", "k_norm": "k_layernorm"},
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES),
-               "granitemoehybrid": {"linear_attn": "mamba"}}
+               "granitemoehybrid": {"linear_attn": "mamba"},
+               "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
+                              "embed_tokens": "embeddings", "norm": "norm_f"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
@@ -305,13 +313,14 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
-    DeltaNet layers, LFM2's convolutions, Granite 4.0's Mamba-2 layers); () for every other
-    family. Such a layer holds one state that has taken its tokens in order, not keys and
-    values: a token pruned below it can never enter it later, and no cut can follow it (it
-    gives no attention to score with)."""
+    DeltaNet layers, LFM2's convolutions, Granite 4.0's and Nemotron-H's Mamba-2 layers, and
+    Nemotron-H's MLP-only ones, which hold no state); () for every other family. Such a
+    layer holds one state that has taken its tokens in order, not keys and values: a token
+    pruned below it can never enter it later, and no cut can follow it (it gives no
+    attention to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
                  if hasattr(block, "linear_attn") or hasattr(block, "conv")
-                 or hasattr(block, "mamba"))
+                 or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*")
 
 
 class ModelAdapter:
@@ -348,7 +357,9 @@ class ModelAdapter:
         self._parallel = model_type in PARALLEL_TYPES or (
             model_type == "stablelm" and self.text.args.use_parallel_residual)
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
-        self.inner = self.text.transformer if "transformer" in self.text else self.text.model
+        # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
+        self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
+                          if k in self.text)
         self._names = _PART_NAMES.get(model_type, {})
         self.layers = list(_blocks(self.text))
         # nanochat's every norm: one function, no weights
@@ -752,7 +763,8 @@ class ModelAdapter:
             h = h + self._mlp(layer, block.post_attention_layernorm(h)) * self._residual_multiplier
         else:
             h = h + r
-            h = h + self._mlp(layer, self._norm(block, "post_attention_layernorm")(h))
+            if self._feed_forwards[layer] is not None:  # (none after Nemotron-H's attention)
+                h = h + self._mlp(layer, self._norm(block, "post_attention_layernorm")(h))
         return h[:, :n] if h.shape[1] > n else h
 
     def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]]
@@ -764,12 +776,16 @@ class ModelAdapter:
         returns their hidden states after the layer, MLP included (each branch times
         Granite's residual multiplier)."""
         block, n = self.layers[layer], h.shape[1]
+        mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
+        if getattr(block, "block_type", None) in ("-", "E"):  # nemotron_h: an MLP, no state
+            return (h + mixer(norm(h)))[:, :n]
         if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, else 2
             state.extend([None] * (1 if "conv" in block else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
-        mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         h = self._blas_rows(h + self._branch(mixer(norm(h), None, cache)))
+        if self._feed_forwards[layer] is None:  # nemotron_h: the mixer alone
+            return h[:, :n]
         mlp = self._mlp(layer, self._part(block, "post_attention_layernorm")(h))
         return (h + self._branch(mlp))[:, :n]
 
@@ -922,21 +938,22 @@ def quantizations(model: nn.Module) -> List[str]:
     return [f"{kind}g{group}" for kind, group in sorted(found)]
 
 
-def feed_forward(block: nn.Module) -> nn.Module:
+def feed_forward(block: nn.Module) -> Optional[nn.Module]:
     """A layer's feed-forward module as mlx-lm's block calls it: ``block.mlp`` (a dense MLP
     or a sparse MoE block), the ``block_sparse_moe`` of Mixtral, Granite MoE and
-    Phi-3.5-MoE, or LFM2's and Llama 4's ``feed_forward``."""
+    Phi-3.5-MoE, or LFM2's and Llama 4's ``feed_forward``; None in Nemotron-H's blocks (one
+    mixer each: its MLPs are layers of their own)."""
     for name in ("mlp", "block_sparse_moe"):
         if name in block:
             return block[name]
-    return block.feed_forward
+    return getattr(block, "feed_forward", None)
 
 
 def attention_module(block: nn.Module) -> nn.Module:
     """A layer's attention module, the one that holds its projections: ``block.self_attn``,
-    bailing_moe's ``block.attention``, EXAONE 3's ``block.attn.attention`` or nanochat's
-    ``block.attn``."""
-    for name in ("self_attn", "attention"):
+    bailing_moe's ``block.attention``, Nemotron-H's ``block.mixer``, EXAONE 3's
+    ``block.attn.attention`` or nanochat's ``block.attn``."""
+    for name in ("self_attn", "attention", "mixer"):
         if name in block:
             return block[name]
     return block.attn.attention if "attention" in block.attn else block.attn

@@ -25,7 +25,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "glm4_moe_lite", "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2", "helium",
          "internlm3", "apertus", "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe", "lfm2",
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
-         "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "granitemoehybrid")
+         "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "granitemoehybrid",
+         "nemotron_h")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -275,6 +276,20 @@ _KIND_CONFIG = {
                          "mamba_n_groups": 2, "mamba_d_conv": 4, "mamba_conv_bias": True,
                          "mamba_proj_bias": False,
                          "layer_types": (["mamba"] * 3 + ["attention"]) * 2},
+    # Nemotron-H's layers in Qwen3.5's tiny's places: attention (no RoPE) in 3 and 7 of 8,
+    # Mamba-2 in 0, 2, 4 and 5 (8 heads of 16 in 2 groups), Nemotron 3 Nano's experts in 1 (2 of
+    # 4, sigmoid routing with a correction bias, scaled by 2.5, a shared expert), a ReLU^2 MLP
+    # in 6; biases in attention
+    "nemotron_h": {"architectures": ["NemotronHForCausalLM"], "num_hidden_layers": 8,
+                   "hybrid_override_pattern": ["M", "E", "M", "*", "M", "M", "-", "*"],
+                   "attention_bias": True, "mamba_num_heads": 8, "mamba_head_dim": 16,
+                   "mamba_proj_bias": False, "ssm_state_size": 16, "conv_kernel": 4,
+                   "n_groups": 2, "mlp_bias": False, "layer_norm_epsilon": 1e-5,
+                   "use_bias": False, "use_conv_bias": True, "tie_word_embeddings": False,
+                   "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "moe_shared_expert_intermediate_size": 32, "n_shared_experts": 1,
+                   "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+                   "routed_scaling_factor": 2.5},
     # dots.llm1: per-head q/k norms; from layer 1 on 2 of 4 experts (sigmoid routing with a
     # random correction bias, scaled by 2.5) beside a shared expert
     "dots1": {"architectures": ["Dots1ForCausalLM"], "tie_word_embeddings": False,
@@ -408,7 +423,7 @@ _VARIANTS = {
 _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
-                        "granitemoehybrid")
+                        "granitemoehybrid", "nemotron_h")
 
 
 def tiny_config(kind: str) -> dict:
@@ -489,11 +504,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     model.update(params)
     for layer in model.layers:
         # qwen3_5: linear; lfm2: convolution; bailing_moe: attention; exaone, nanochat: attn;
-        # granitemoehybrid: mamba
+        # granitemoehybrid: mamba; nemotron_h: its one mixer, the MLP or experts too
         attn = (getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
                 or getattr(layer, "attn", None) or getattr(layer, "linear_attn", None)
-                or getattr(layer, "conv", None) or layer.mamba)
-        mlp = feed_forward(layer)
+                or getattr(layer, "conv", None) or getattr(layer, "mamba", None) or layer.mixer)
+        mlp = feed_forward(layer) or attn
         # every projection's bias (attention's, o_proj's, the MLP's and experts'), so that a
         # dropped one shows
         biases = [(name, 0.1 * mx.random.normal(p.shape)) for name, p in
