@@ -659,14 +659,14 @@ def _hybrid_kv_heads(arch: str, g: Any, count: Any, config: dict, recurrent: str
 
 def _granitehybrid_config(g: Any, count: Any, optional: Any, real: Any, experts: Any,
                           tensors: dict, config: dict) -> dict:
-    """mlx-lm's granitemoehybrid settings of a Granite 4.0 GGUF, read as llama.cpp reads it: a
-    layer without key/value heads is Mamba-2 (heads ``ssm.time_step_rank`` in one group, as
-    Granite 4.0's: mlx-lm normalises the gated output over all groups at once, llama.cpp group by
-    group; an inner size twice the hidden one, as llama.cpp requires),
-    the others attention, with RoPE unless ``rope.scaling.finetuned`` is false; biases where
-    the tensors have them; Granite's multipliers, each 0 or missing taken as llama.cpp takes
-    it (no scaling; queries by 1/sqrt(head_dim)); with experts (softmax over the top ones, as
-    mlx-lm's), a shared MLP beside them (mlx-lm's model always has one)."""
+    """mlx-lm's granitemoehybrid settings of a Granite 4.0 GGUF, read as llama.cpp reads it: a layer
+    without key/value heads is Mamba-2 (heads ``ssm.time_step_rank`` in one group, as Granite 4.0's:
+    mlx-lm normalises the gated output over all groups at once, llama.cpp group by group; an inner
+    size twice the hidden one, as llama.cpp requires), the others attention, with RoPE unless
+    ``rope.scaling.finetuned`` is false; biases where the tensors have them; each head's time step
+    unclamped; Granite's multipliers, each 0 or missing taken as llama.cpp takes it (no scaling;
+    queries by 1/sqrt(head_dim)); with experts (softmax over the top ones, as mlx-lm's), a shared
+    MLP beside them (mlx-lm's model always has one)."""
     kv = _hybrid_kv_heads("granitehybrid", g, count, config, "Mamba-2")
     heads, inner, groups = (count(f"ssm.{k}") for k in ("time_step_rank", "inner_size",
                                                          "group_count"))
@@ -688,6 +688,9 @@ def _granitehybrid_config(g: Any, count: Any, optional: Any, real: Any, experts:
            "mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_n_groups": groups,
            "mamba_d_state": count("ssm.state_size"), "mamba_d_conv": count("ssm.conv_kernel"),
            "mamba_conv_bias": has("ssm_conv1d.bias"), "mamba_proj_bias": False,
+           # llama.cpp's dt unclamped (transformers' limits are 0 and inf; mlx-lm's default
+           # clamps to [0.001, 100])
+           "time_step_limit": [0.0, float(np.finfo(np.float32).max)],
            "embedding_multiplier": real("embedding_scale", 0.0) or 1.0,
            "residual_multiplier": real("residual_scale", 0.0) or 1.0,
            "logits_scaling": real("logit_scale", 0.0) or 1.0,

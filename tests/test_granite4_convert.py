@@ -119,10 +119,10 @@ CASES = {"h-tiny": {}, "dense-rope": {"num_local_experts": 0, "intermediate_size
 @pytest.mark.parametrize("dtype", ["float32", None])
 @pytest.mark.parametrize("case", CASES)
 def test_granitehybrid_from_gguf(case, dtype, tiny_model_dir, tmp_path):
-    """A Granite 4.0 GGUF becomes mlx-lm's granitemoehybrid (Mamba-2 and attention layers
-    where the original's are, its SSM's sizes, multipliers, RoPE or none, experts and shared
-    MLP or a dense one) and computes what the GGUF's tensors do in mlx-lm's model of the
-    original checkpoint, float32 or kept quantized (as test_lfm2_from_gguf: float32 scales;
+    """A Granite 4.0 GGUF becomes mlx-lm's granitemoehybrid (Mamba-2 and attention layers where the
+    original's are, its SSM's sizes, time steps unclamped as llama.cpp's, multipliers, RoPE or none,
+    experts and shared MLP or a dense one) and computes what the GGUF's tensors do in mlx-lm's model
+    of the original checkpoint, float32 or kept quantized (as test_lfm2_from_gguf: float32 scales;
     1e-5: sums in another order); and runs in the engine unpruned as in mlx-lm."""
     types = {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ssm_in": T.Q4_1, "ffn_gate_shexp": T.Q4_0,
              "ffn_up_shexp": T.Q4_0, "ffn_gate_exps": T.Q4_1, "ffn_gate_inp": T.F32,
@@ -141,12 +141,13 @@ def test_granitehybrid_from_gguf(case, dtype, tiny_model_dir, tmp_path):
                                          "logits_scaling", "attention_multiplier")}
     assert multipliers == pytest.approx({k: config[k] for k in multipliers})  # float32 there
     assert saved.get("num_local_experts", 0) == config["num_local_experts"]
+    assert saved["time_step_limit"] == [0.0, float(np.finfo(np.float32).max)]  # unclamped
     assert bool(saved.get("quantization")) == (dtype is None)
     model, _ = mlx_lm.load(str(out))
     if dtype is None:
         model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())
                             if k.endswith((".scales", ".biases"))], strict=False)
-    reference_config = {**config, **multipliers}
+    reference_config = {**config, **multipliers, "time_step_limit": saved["time_step_limit"]}
     x = random_prompt(64, VOCAB_SIZE)[None]
     want = reference_model("granitemoehybrid", reference_config, reference)(x)
     assert rel_err(model(x), want) < 1e-5
