@@ -214,8 +214,10 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # query_layernorm, key_layernorm}``, ``model.word_embeddings``; hunyuan's ``args.{use_cla,
 # cla_share_factor}``, ``self_attn.key_layernorm``; llama4's ``self_attn.{use_rope, use_qk_norm,
 # attn_temperature_tuning, floor_scale, attn_scale}``, ``args.attention_chunk_size``,
-# ``block.feed_forward``, llama4_text's ``output``): at least the first, below the second. Same as
-# pyproject.toml.
+# ``block.feed_forward``, llama4_text's ``output``; granitemoehybrid's ``block.{mamba,
+# shared_mlp}``; nemotron_h's ``backbone.{embeddings, norm_f}``, ``block.{norm, mixer,
+# block_type}``, its MLP mixers called as ``(x)``): at least the first, below the second. Same
+# as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
