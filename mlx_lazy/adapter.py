@@ -179,24 +179,34 @@ from .errors import UserInputError, shown
 # attention expanded per head (``kv_b_proj``), low-rank queries, dense SwiGLU MLPs; MiniCPM3
 # with MiniCPM's multipliers, longrope's ``SuScaledRoPE`` and its scale ``softmax_scale``;
 # Youtu-LLM with traditional RoPE and, where ``tie_word_embeddings``, the embedding as head.
+# granitemoehybrid (Granite 4.0 H-Tiny/H-Small/H-Micro, and Micro's all-attention layout):
+# Granite's multipliers; Mamba-2 layers (``block.mamba``, recurrent: a convolution state and an
+# SSM state) where ``layer_types`` says ``mamba``, attention (RoPE, or none where
+# ``position_embedding_type`` is ``nope``) elsewhere; a dense MLP, or sparse experts at
+# ``block.block_sparse_moe`` beside a ``shared_mlp``.
+# nemotron_h (Nemotron-H, Nemotron Nano 2, Nemotron 3 Nano): one mixer per layer after one norm
+# (``block.mixer``, ``block.norm``; embeddings ``backbone.embeddings``, final norm ``norm_f``), by
+# its ``hybrid_override_pattern``: Mamba-2 (``M``, recurrent), attention without RoPE (``*``: no
+# MLP after it), or a ReLU^2 MLP (``-``) or sparse experts (``E``) alone, taken as recurrent
+# layers that hold no state (no attention there to score with, nothing to revive).
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
                          "glm4", "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox",
-                         "gpt_oss", "granite", "granitemoe", "helium", "hunyuan",
-                         "hunyuan_v1_dense", "internlm2", "internlm3", "lfm2", "lfm2_moe", "llama",
-                         "llama4", "llama4_text", "mellum", "mimo", "minicpm", "minicpm3",
-                         "ministral3", "mistral", "mistral3", "mixtral", "nanbeige", "nanochat",
-                         "nemotron", "olmo2", "olmo3", "olmoe", "openelm", "phi", "phi3", "phimoe",
-                         "qwen", "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe",
-                         "qwen3_moe", "qwen3_next", "seed_oss", "smollm3", "stablelm",
-                         "starcoder2", "youtu_llm")
+                         "gpt_oss", "granite", "granitemoe", "granitemoehybrid", "helium",
+                         "hunyuan", "hunyuan_v1_dense", "internlm2", "internlm3", "lfm2",
+                         "lfm2_moe", "llama", "llama4", "llama4_text", "mellum", "mimo", "minicpm",
+                         "minicpm3", "ministral3", "mistral", "mistral3", "mixtral", "nanbeige",
+                         "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe",
+                         "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3",
+                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
+                         "smollm3", "stablelm", "starcoder2", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu_llm")
-GRANITE_TYPES = ("granite", "granitemoe")
+GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode")
@@ -236,11 +246,10 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                **dict.fromkeys(LEARNED_POSITION_TYPES,
                                {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
                                 "o_proj": "c_proj", "embed_tokens": "wte", "norm": "ln_f"}),
-               **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES)}
-#: The config fields a family names otherwise than Llama's, by Llama's name
-#: (:meth:`ModelAdapter._arg`).
-_ARG_NAMES = {"openelm": {"hidden_size": "model_dim", "num_attention_heads": "num_query_heads",
-                          "num_key_value_heads": "num_kv_heads"}}
+               **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES),
+               "granitemoehybrid": {"linear_attn": "mamba"},
+               "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
+                              "embed_tokens": "embeddings", "norm": "norm_f"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
@@ -252,7 +261,8 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``feedforward_layernorm``, ``args.{logit_scale, tie_word_embeddings}``,
 # ``rope_utils.DynamicNTKScalingRoPE`` (its base from where a call ends), ``layer_types``,
 # ``layer_scalar``, ``enable_moe``, ``router``, ``experts``, ``embed_tokens.as_linear``,
-# ``linear_attn`` (LFM2's ``conv``) called as ``(x, mask, ArraysCache)``; LFM2's names in
+# ``linear_attn`` (LFM2's ``conv``, Granite 4.0's ``mamba``) called as ``(x, mask, ArraysCache)``,
+# Granite 4.0's ``shared_mlp``; LFM2's names in
 # :data:`_LFM2_NAMES`; latent attention's ``self_attn.{num_heads, q_lora_rank, q_proj, q_a_proj,
 # q_a_layernorm, q_b_proj, qk_nope_head_dim, kv_lora_rank, kv_a_proj_with_mqa, kv_a_layernorm,
 # kv_b_proj, embed_q, unembed_out}``; the feed-forward at ``mlp`` or ``block_sparse_moe``, mixtral's
@@ -274,8 +284,10 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``attn.{c_attn, n_head, n_heads, n_kv_heads, head_dim}``, ``wpe``; openelm's ``attn.{qkv_proj,
 # out_proj, head_dim, n_heads, n_kv_heads}``, ``ffn.{proj_1, proj_2}``,
 # ``transformer.token_embeddings``, ``args.{model_dim, num_query_heads, num_kv_heads}``;
-# mellum's ``args.layer_types``, nanbeige's ``model.num_loops``, ``args.skip_loop_final_norm``):
-# at least the first, below the second. Same as pyproject.toml.
+# mellum's ``args.layer_types``, nanbeige's ``model.num_loops``, ``args.skip_loop_final_norm``;
+# granitemoehybrid's ``block.{mamba, shared_mlp}``; nemotron_h's ``backbone.{embeddings,
+# norm_f}``, ``block.{norm, mixer, block_type}``, its MLP mixers called as ``(x)``): at least the
+# first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -401,12 +413,14 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
-    DeltaNet layers, LFM2's convolutions); () for every other family. Such a layer holds
-    one state that has taken its tokens in order, not keys and values: a token pruned below
-    it can never enter it later, and no cut can follow it (it gives no attention to score
-    with)."""
+    DeltaNet layers, LFM2's convolutions, Granite 4.0's and Nemotron-H's Mamba-2 layers, and
+    Nemotron-H's MLP-only ones, which hold no state); () for every other family. Such a
+    layer holds one state that has taken its tokens in order, not keys and values: a token
+    pruned below it can never enter it later, and no cut can follow it (it gives no
+    attention to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
-                 if hasattr(block, "linear_attn") or hasattr(block, "conv"))
+                 if hasattr(block, "linear_attn") or hasattr(block, "conv")
+                 or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*")
 
 
 class ModelAdapter:
@@ -447,7 +461,9 @@ class ModelAdapter:
                                else "input_layernorm")
         self._qkv_by_head = model_type == "gpt_neox"  # its fused q, k, v: head by head
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
-        self.inner = self.text.transformer if "transformer" in self.text else self.text.model
+        # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
+        self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
+                          if k in self.text)
         self._names = _PART_NAMES.get(model_type, {})
         self.layers = list(_blocks(self.text))
         # nanochat's every norm: one function, no weights
@@ -462,7 +478,10 @@ class ModelAdapter:
         self._attns = [None if i in self._recurrent else attention_module(block)
                        for i, block in enumerate(self.layers)]
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
-        attn = next(a for a in self._attns if a is not None)
+        attn = next((a for a in self._attns if a is not None), None)
+        if attn is None:  # (a Mamba-only Granite 4.0 config, say)
+            raise UserInputError(f"this {model_type} model has no attention layer; mlx-lazy "
+                                 "runs models with at least one")
         self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
         self._mla = model_type in MLA_TYPES
         if self._mla:  # the absorbed form (embed_q) has one key/value head, the latent
@@ -489,6 +508,7 @@ class ModelAdapter:
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
         gemma = self._gemma2 or self._gemma3 or self._gemma4
         self._feed_forwards = [feed_forward(block) for block in self.layers]
+        self._shared_mlps = [getattr(block, "shared_mlp", None) for block in self.layers]
         # Gemma 1's exact GELU has no CPU kernel: mlx-lm's module runs it
         self._activations = [None if model_type == "gemma" else _gated_activation(mlp, gemma)
                              for mlp in self._feed_forwards]
@@ -551,12 +571,6 @@ class ModelAdapter:
         """Whether ``layer`` is recurrent (:func:`recurrent_layers`): it runs through
         :meth:`recurrent_block`, not :meth:`qkv` and :meth:`finish`."""
         return layer in self._recurrent
-
-    def _arg(self, name: str) -> int:
-        """The text model's config field that Llama's names ``name`` (:data:`_ARG_NAMES`);
-        counts given per layer (OpenELM's heads) summed over the layers."""
-        value = getattr(self.text.args, _ARG_NAMES.get(self.model.model_type, {}).get(name, name))
-        return int(sum(value) if isinstance(value, list) else value)
 
     def _part(self, module: nn.Module, name: str) -> Optional[nn.Module]:
         """The part of ``module`` that Llama's layout names ``name`` (under the family's own
@@ -893,7 +907,8 @@ class ModelAdapter:
             h = h + self._mlp(layer, block.post_attention_layernorm(h)) * self._residual_multiplier
         else:
             h = h + r
-            h = h + self._mlp(layer, self._norm(block, "post_attention_layernorm")(h))
+            if self._feed_forwards[layer] is not None:  # (none after Nemotron-H's attention)
+                h = h + self._mlp(layer, self._norm(block, "post_attention_layernorm")(h))
         h = h[:, :n] if h.shape[1] > n else h
         return self._final_norm(h) if layer in self._loop_ends else h
 
@@ -901,17 +916,27 @@ class ModelAdapter:
                         ) -> mx.array:
         """A recurrent layer on hidden states ``h`` (1, n, D) of tokens that follow, in
         order, every token its ``state`` has taken (mlx-lm's ``ArraysCache`` parts: Qwen3.5's
-        ``[conv_state, recurrent_state]``, LFM2's ``[conv_state]``; empty before the first):
-        ``state`` advances over them in place; returns their hidden states after the layer,
-        MLP included."""
+        ``[conv_state, recurrent_state]``, Mamba-2's ``[conv_state, ssm_state]``, LFM2's
+        ``[conv_state]``; empty before the first): ``state`` advances over them in place;
+        returns their hidden states after the layer, MLP included (each branch times
+        Granite's residual multiplier)."""
         block, n = self.layers[layer], h.shape[1]
-        if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, 2 for DeltaNet
+        mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
+        if getattr(block, "block_type", None) in ("-", "E"):  # nemotron_h: an MLP, no state
+            return (h + mixer(norm(h)))[:, :n]
+        if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, else 2
             state.extend([None] * (1 if "conv" in block else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
-        mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
-        h = self._blas_rows(h + mixer(norm(h), None, cache))
-        return (h + self._mlp(layer, self._part(block, "post_attention_layernorm")(h)))[:, :n]
+        h = self._blas_rows(h + self._branch(mixer(norm(h), None, cache)))
+        if self._feed_forwards[layer] is None:  # nemotron_h: the mixer alone
+            return h[:, :n]
+        mlp = self._mlp(layer, self._part(block, "post_attention_layernorm")(h))
+        return (h + self._branch(mlp))[:, :n]
+
+    def _branch(self, x: mx.array) -> mx.array:
+        """A residual branch's output as it is added: times Granite's residual multiplier."""
+        return x if self._residual_multiplier is None else x * self._residual_multiplier
 
     def _mlp(self, layer: int, x: mx.array) -> mx.array:
         """The layer's feed-forward (:func:`feed_forward`); on the CPU a dense gated one takes
@@ -919,6 +944,9 @@ class ModelAdapter:
         there: half of a 4,096-token prompt's MLP time, and most of what a revived row adds to
         a layer)."""
         mlp, activation = self._feed_forwards[layer], self._activations[layer]
+        shared = self._shared_mlps[layer]
+        if shared is not None:  # granitemoehybrid: a shared MLP beside the experts
+            return mlp(x) + shared(x)
         if activation is None or mx.default_device() != mx.cpu:
             return mlp(x)
         if hasattr(mlp, "w3"):  # lfm2, internlm2: w1 the gate, w3 up, w2 down
@@ -1060,21 +1088,22 @@ def quantizations(model: nn.Module) -> List[str]:
     return [f"{kind}g{group}" for kind, group in sorted(found)]
 
 
-def feed_forward(block: nn.Module) -> nn.Module:
+def feed_forward(block: nn.Module) -> Optional[nn.Module]:
     """A layer's feed-forward module as mlx-lm's block calls it: ``block.mlp`` (a dense MLP
     or a sparse MoE block), the ``block_sparse_moe`` of Mixtral, Granite MoE and
-    Phi-3.5-MoE, LFM2's and Llama 4's ``feed_forward`` or OpenELM's ``ffn``."""
+    Phi-3.5-MoE, LFM2's and Llama 4's ``feed_forward`` or OpenELM's ``ffn``; None in
+    Nemotron-H's blocks (one mixer each: its MLPs are layers of their own)."""
     for name in ("mlp", "block_sparse_moe", "ffn"):
         if name in block:
             return block[name]
-    return block.feed_forward
+    return getattr(block, "feed_forward", None)
 
 
 def attention_module(block: nn.Module) -> nn.Module:
     """A layer's attention module, the one that holds its projections: ``block.self_attn``,
-    bailing_moe's ``block.attention``, EXAONE 3's ``block.attn.attention`` or nanochat's
-    ``block.attn``."""
-    for name in ("self_attn", "attention"):
+    bailing_moe's ``block.attention``, Nemotron-H's ``block.mixer``, EXAONE 3's
+    ``block.attn.attention`` or nanochat's ``block.attn``."""
+    for name in ("self_attn", "attention", "mixer"):
         if name in block:
             return block[name]
     return block.attn.attention if "attention" in block.attn else block.attn

@@ -335,9 +335,10 @@ class LazyEngine:
     def _recurrent_layer(self, layer: int, h: mx.array, comp: np.ndarray, output: bool
                          ) -> Tuple[None, Optional[mx.array], np.ndarray, None]:
         """:meth:`_layer` for a recurrent layer (Qwen3.5's linear attention, LFM2's
-        convolutions): its state takes the tokens at ``comp`` in order. Every one must follow
-        the tokens it has taken; the schedules a hybrid model resolves to (no revival, no
-        completion) keep it so. No queries (no cut follows such a layer), no keys seen."""
+        convolutions, Mamba-2; Nemotron-H's stateless MLPs): its state takes the tokens at
+        ``comp`` in order. Every one must follow the tokens it has taken; the schedules a
+        hybrid model resolves to (no revival, no completion) keep it so. No queries (no cut
+        follows such a layer), no keys seen."""
         cache = self.cache
         # tokens from the first one on already taken there (O(new tokens): they are the newest)
         later = np.flatnonzero(cache.depth[comp[0]:] > layer)

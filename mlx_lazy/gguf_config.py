@@ -141,6 +141,13 @@ The architectures (llama.cpp's names), and what converting each involves:
   ``rope.freq_base_swa`` differs is refused).
 * ``nanbeige``: q/k un-permuted, its stack run ``num_loops`` times with the final norm between
   the loops unless ``skip_loop_final_norm``; no biases, no RoPE scaling.
+* ``granitehybrid`` (Granite 4.0 H-Tiny/H-Small/H-Micro, ``granitemoehybrid``): Mamba-2 layers
+  where llama.cpp gives no key/value heads, attention (RoPE where ``rope.scaling.finetuned``,
+  none otherwise) in the others; Granite's multipliers (llama.cpp's 0 or none: no scaling);
+  A_log of llama.cpp's -exp(A_log), the conv kernels in MLX's layout, A, D and the gated norm
+  as vectors; a dense MLP, or softmax-routed experts beside a shared MLP (its gate and up fused
+  as mlx-lm's ``input_linear``); an inner size of twice the hidden one (as llama.cpp requires),
+  one SSM group (as Granite 4.0's: mlx-lm's gated norm spans all groups, llama.cpp's each).
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -182,7 +189,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "glm4": "Glm4ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                  "cohere2": "Cohere2ForCausalLM", "apertus": "ApertusForCausalLM",
                  "exaone": "ExaoneForCausalLM", "lfm2": "Lfm2ForCausalLM",
-                 "lfm2moe": "Lfm2MoeForCausalLM",
+                 "lfm2moe": "Lfm2MoeForCausalLM", "granitehybrid": "GraniteMoeHybridForCausalLM",
                  "hunyuan-dense": "HunYuanDenseV1ForCausalLM",
                  "stablelm": "StableLmForCausalLM", "minicpm": "MiniCPMForCausalLM",
                  "dots1": "Dots1ForCausalLM", "llama4": "Llama4ForConditionalGeneration",
@@ -202,7 +209,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "mistral3": "ministral3", "deepseek2": "deepseek_v2", "lfm2moe": "lfm2_moe",
                 "hunyuan-dense": "hunyuan_v1_dense", "command-r": "cohere",
                 "phi2": "phi", "gptneox": "gpt_neox",
-                "starcoder": "gpt_bigcode"}
+                "starcoder": "gpt_bigcode",
+                "granitehybrid": "granitemoehybrid"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -216,7 +224,7 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
-                    "qwen", "gpt2", "gpt_bigcode", "deepseek")
+                    "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
@@ -364,11 +372,14 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3"):
+                "minicpm3", "granitehybrid"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
         required += ("shortconv.l_cache",)
+    if arch == "granitehybrid":
+        required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
+                                               "time_step_rank", "group_count"))
     if arch in _LAYER_NORM:
         required += ("attention.layer_norm_epsilon",)
     if arch == "gptneox":  # llama.cpp requires it too
@@ -376,7 +387,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if any(g(k) is None for k in required):
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
-    by_layer = gemma4 or arch in LFM2  # (and LFM2's, 0 in its convolution layers: _lfm2_config)
+    # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's
 
     def first(key: str) -> Any:
@@ -556,6 +568,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
             config["rope_scaling"] = {"type": "linear", "factor": float(factor or 1.0)}
     if openelm:
         config.update(_openelm_config(g, count, config))
+    if arch == "granitehybrid":
+        config.update(_granitehybrid_config(g, count, optional, real, experts, tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -814,16 +828,11 @@ def _cohere2_config(g: Any, count: Any, real: Any, positive: Any, n_layers: int)
             "sliding_window_pattern": period}
 
 
-def _lfm2_config(arch: str, g: Any, count: Any, optional: Any, experts: Any, tensors: dict,
-                 config: dict) -> dict:
-    """mlx-lm's lfm2 / lfm2_moe settings of an LFM2 GGUF, read as llama.cpp reads it: a layer
-    without key/value heads (``attention.head_count_kv`` per layer: 0) is a short gated
-    convolution ``shortconv.l_cache`` wide, the others attention, with one count of key/value
-    heads (mlx-lm's); both kinds present (mlx-lm's model indexes one of each); the MLP's width as
-    written (llama.cpp's converter has applied LFM2's auto-adjustment); no biases, the head tied
-    (llama.cpp's loader reads none; mlx-lm's models always tie it); no window (mlx-lm's have
-    none), causal. LFM2-8B-A1B: sigmoid-routed experts from ``leading_dense_block_count`` on,
-    their top weights renormalised (hard-wired in llama.cpp), the selection bias required."""
+def _hybrid_kv_heads(arch: str, g: Any, count: Any, config: dict, recurrent: str) -> list[int]:
+    """Each layer's key/value heads in a hybrid GGUF, as llama.cpp reads its
+    ``attention.head_count_kv`` (one value, or one per layer): 0 in a ``recurrent`` layer;
+    refused unless both kinds are there (mlx-lm's models index one of each) with one count in
+    every attention layer (mlx-lm's)."""
     n_layers, model_type = config["num_hidden_layers"], config["model_type"]
     value = g("attention.head_count_kv", config["num_attention_heads"])
     values = value if isinstance(value, list) else [value] * n_layers
@@ -837,8 +846,73 @@ def _lfm2_config(arch: str, g: Any, count: Any, optional: Any, experts: Any, ten
                 else "attention layers of " + " and ".join(map(str, sorted(set(attention))))
                 + " key/value heads")
         raise UserInputError(f"GGUF {arch} with {what} is not supported (mlx-lm's {model_type} "
-                             "takes convolution and attention layers, one count of key/value "
+                             f"takes {recurrent} and attention layers, one count of key/value "
                              "heads)")
+    return kv
+
+
+def _granitehybrid_config(g: Any, count: Any, optional: Any, real: Any, experts: Any,
+                          tensors: dict, config: dict) -> dict:
+    """mlx-lm's granitemoehybrid settings of a Granite 4.0 GGUF, read as llama.cpp reads it: a layer
+    without key/value heads is Mamba-2 (heads ``ssm.time_step_rank`` in one group, as Granite 4.0's:
+    mlx-lm normalises the gated output over all groups at once, llama.cpp group by group; an inner
+    size twice the hidden one, as llama.cpp requires), the others attention, with RoPE unless
+    ``rope.scaling.finetuned`` is false; biases where the tensors have them; each head's time step
+    unclamped; Granite's multipliers, each 0 or missing taken as llama.cpp takes it (no scaling;
+    queries by 1/sqrt(head_dim)); with experts (softmax over the top ones, as mlx-lm's), a shared
+    MLP beside them (mlx-lm's model always has one)."""
+    kv = _hybrid_kv_heads("granitehybrid", g, count, config, "Mamba-2")
+    heads, inner, groups = (count(f"ssm.{k}") for k in ("time_step_rank", "inner_size",
+                                                         "group_count"))
+    if groups != 1:  # Granite 4.0's have one
+        raise UserInputError(f"GGUF granitehybrid with {groups} SSM groups is not supported "
+                             "(mlx-lm's granitemoehybrid normalises the gated SSM output over "
+                             "all groups at once, llama.cpp group by group)")
+    if inner % heads or inner != 2 * config["hidden_size"]:
+        raise UserInputError(f"GGUF granitehybrid with an SSM inner size of {inner} for {heads} "
+                             "heads is not supported (the inner size must be twice the hidden "
+                             f"size {config['hidden_size']} and a multiple of the heads)")
+    def has(role: str) -> bool:
+        return any(name.endswith(f".{role}") for name in tensors)
+
+    out = {"num_key_value_heads": next(n for n in kv if n),
+           "layer_types": ["attention" if n else "mamba" for n in kv],
+           "position_embedding_type": "rope" if g("rope.scaling.finetuned", True) else "nope",
+           "attention_bias": has("attn_q.bias"), "mlp_bias": has("ffn_gate.bias"),
+           "mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_n_groups": groups,
+           "mamba_d_state": count("ssm.state_size"), "mamba_d_conv": count("ssm.conv_kernel"),
+           "mamba_conv_bias": has("ssm_conv1d.bias"), "mamba_proj_bias": False,
+           # llama.cpp's dt unclamped (transformers' limits are 0 and inf; mlx-lm's default
+           # clamps to [0.001, 100])
+           "time_step_limit": [0.0, float(np.finfo(np.float32).max)],
+           "embedding_multiplier": real("embedding_scale", 0.0) or 1.0,
+           "residual_multiplier": real("residual_scale", 0.0) or 1.0,
+           "logits_scaling": real("logit_scale", 0.0) or 1.0,
+           "attention_multiplier": real("attention.scale", 0.0) or config["head_dim"] ** -0.5}
+    if not optional("expert_count"):
+        return out
+    shared = optional("expert_shared_feed_forward_length")
+    if not shared:
+        raise UserInputError("GGUF granitehybrid with experts but no shared MLP is not "
+                             "supported (mlx-lm's granitemoehybrid has one beside them)")
+    n_experts, n_used = experts()
+    return {**out, "num_local_experts": n_experts, "num_experts_per_tok": n_used,
+            "shared_intermediate_size": shared}
+
+
+def _lfm2_config(arch: str, g: Any, count: Any, optional: Any, experts: Any, tensors: dict,
+                 config: dict) -> dict:
+    """mlx-lm's lfm2 / lfm2_moe settings of an LFM2 GGUF, read as llama.cpp reads it: a layer
+    without key/value heads (``attention.head_count_kv`` per layer: 0) is a short gated
+    convolution ``shortconv.l_cache`` wide, the others attention, with one count of key/value
+    heads (mlx-lm's); both kinds present (mlx-lm's model indexes one of each); the MLP's width as
+    written (llama.cpp's converter has applied LFM2's auto-adjustment); no biases, the head tied
+    (llama.cpp's loader reads none; mlx-lm's models always tie it); no window (mlx-lm's have
+    none), causal. LFM2-8B-A1B: sigmoid-routed experts from ``leading_dense_block_count`` on,
+    their top weights renormalised (hard-wired in llama.cpp), the selection bias required."""
+    model_type = config["model_type"]
+    kv = _hybrid_kv_heads(arch, g, count, config, "convolution")
+    attention = [n for n in kv if n]
     if "output.weight" in tensors:
         raise UserInputError(f"GGUF {arch} with an output head of its own is not supported "
                              f"(mlx-lm's {model_type} ties it to the embedding)")

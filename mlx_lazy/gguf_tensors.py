@@ -5,10 +5,11 @@ Every tensor type the ``gguf`` package dequantizes is read. Q4_0/Q4_1/Q8_0 matri
 onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) onto MLX's
 ``mxfp4``, and stay quantized unless a dtype is given (the experts' stacks too); the other
 types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
-llama (Mixtral's too), smollm3, granite, granitemoe, mistral3, minicpm, deepseek and nanbeige
-q/k rows are un-permuted from llama.cpp's RoPE layout to the Hugging Face one (InternLM2's too,
-fused again: :func:`internlm2_tensors`). LFM2's convolution kernels become MLX's Conv1d layout
-(:func:`lfm2_tensors`).
+llama (Mixtral's too), smollm3, granite, granitemoe, granitehybrid, mistral3, minicpm, deepseek
+and nanbeige q/k rows are un-permuted from llama.cpp's RoPE layout to the Hugging Face one
+(InternLM2's too, fused again: :func:`internlm2_tensors`). LFM2's convolution kernels become MLX's
+Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's Mamba-2 tensors mlx-lm's
+(:func:`granitehybrid_tensors`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
 # llama.cpp's converter permutes q/k rows (and biases) for its LlamaModel family (Ministral 3's
 # and Mistral's own format arrive in that layout too)
 LLAMA_FAMILY = ("llama", "smollm3", "granite", "granitemoe", "mistral3", "minicpm", "deepseek",
-                "nanbeige")
+                "nanbeige", "granitehybrid")
 # Qwen3.5/3.6 (Gated DeltaNet linear attention, every n-th layer full attention): llama.cpp's
 # architectures, and what mlx-lm's qwen3_5 names its parameters under
 QWEN35 = ("qwen35", "qwen35moe")
@@ -145,6 +146,15 @@ _BLOCK_SPARSE_MOE_NAMES = {**_LAYER_NAMES, **{
     if k.startswith("ffn_") and k.endswith(("_exps", "_inp"))}}
 _GRANITEMOE_LAYER_NAMES = {**_BLOCK_SPARSE_MOE_NAMES,
                            "ffn_gate_inp": "block_sparse_moe.router.layer"}
+# Granite 4.0 (H): Mamba-2 layers (A, D and the gated norm's weight as granitehybrid_tensors
+# shapes them, a key without a suffix naming A and D), attention, a dense MLP or experts beside
+# a shared MLP (its gate and up halves fused by granitehybrid_tensors)
+_GRANITEHYBRID_LAYER_NAMES = {**_GRANITEMOE_LAYER_NAMES, "ssm_in": "mamba.in_proj",
+                              "ssm_conv1d": "mamba.conv1d", "ssm_dt.bias": "mamba.dt_bias",
+                              "ssm_a": "mamba.A_log", "ssm_d": "mamba.D",
+                              "ssm_norm": "mamba.norm", "ssm_out": "mamba.out_proj",
+                              "ffn_gate_up_shexp": "shared_mlp.input_linear",
+                              "ffn_down_shexp": "shared_mlp.output_linear"}
 # The shared experts of ERNIE 4.5 MoE and GLM-4.5 (plural in mlx-lm's models)
 _SHARED_EXPERTS_NAMES = {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
                          for p in ("gate", "up", "down")}
@@ -264,6 +274,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "glm4moe": _GLM4MOE_LAYER_NAMES, "qwen3next": _QWEN3NEXT_LAYER_NAMES,
                      "deepseek2": _DEEPSEEK2_LAYER_NAMES, "minicpm3": _DEEPSEEK2_LAYER_NAMES,
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
+                     "granitehybrid": _GRANITEHYBRID_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
@@ -401,15 +412,20 @@ def _delta_net_layout(gguf_name: str, x: np.ndarray, config: dict) -> np.ndarray
         else:
             x = _untile_v_heads(x, axis, n_k, n_v)
     if role == "ssm_a":
-        a = x.astype(np.float64)
-        if not np.all(np.isfinite(a) & (a < 0)):
-            bad = a[~(np.isfinite(a) & (a < 0))][0]
-            raise UserInputError(f"GGUF {gguf_name} must hold negative numbers (llama.cpp "
-                                 f"stores -exp(A_log)), got {bad}")
-        x = np.log(-a).astype(np.float32)
+        x = _a_log(gguf_name, x)
     if role == "ssm_conv1d":
         x = x[..., None]
     return x
+
+
+def _a_log(gguf_name: str, a: np.ndarray) -> np.ndarray:
+    """A Mamba-2 or Gated DeltaNet layer's A_log of what llama.cpp stores, -exp(A_log)."""
+    a = a.astype(np.float64)
+    if not np.all(np.isfinite(a) & (a < 0)):
+        bad = a[~(np.isfinite(a) & (a < 0))][0]
+        raise UserInputError(f"GGUF {gguf_name} must hold negative numbers (llama.cpp "
+                             f"stores -exp(A_log)), got {bad}")
+    return np.log(-a).astype(np.float32)
 
 
 class _Part(NamedTuple):
@@ -629,20 +645,51 @@ def xielu_tensors(tensors: dict, parameters: dict[str, list[float]]) -> dict:
     return out
 
 
-def lfm2_tensors(tensors: dict, config: dict) -> dict:
-    """An LFM2 GGUF's tensors with each short convolution's kernel, (channels, width) as
-    llama.cpp's converter squeezed it, in MLX's Conv1d layout (channels, width, 1): the same
-    taps in the same order (both convolve as a cross-correlation over the last width tokens)."""
+def lfm2_tensors(tensors: dict, config: dict, conv: str = ".shortconv.conv.weight") -> dict:
+    """An LFM2 GGUF's tensors with each short convolution's kernel (those named ``*conv``),
+    (channels, width) as llama.cpp's converter squeezed it, in MLX's Conv1d layout (channels,
+    width, 1): the same taps in the same order (both convolve as a cross-correlation over the
+    last width tokens)."""
     from gguf import GGMLQuantizationType as T
 
     out = dict(tensors)
     for name, t in tensors.items():
-        if name.endswith(".shortconv.conv.weight"):
+        if name.endswith(conv):
             shape = _shape(t)
             if len(shape) != 2:
                 raise UserInputError(f"GGUF {name} has shape {shape}, not (channels, width)")
             out[name] = _Part(name, T.F32, np.array([1, shape[1], shape[0]]),
                               _Lazy(lambda t=t: dequantized(t)[..., None]))
+    return out
+
+
+def granitehybrid_tensors(tensors: dict, config: dict) -> dict:
+    """A Granite 4.0 GGUF's tensors as mlx-lm's granitemoehybrid has its parameters: the
+    Mamba-2 layers' conv kernels in MLX's layout (:func:`lfm2_tensors`), A_log of llama.cpp's
+    -exp(A_log), A and D (heads, 1) and the gated norm's weight (groups, inner / groups) as
+    vectors; each MoE layer's shared gate and up halves fused into ``input_linear`` (the gate
+    first, as mlx-lm splits it), kept quantized where both are of one type."""
+    from gguf import GGMLQuantizationType as T
+
+    out = lfm2_tensors(tensors, config, ".ssm_conv1d.weight")
+    for name, t in tensors.items():
+        if name.endswith((".ssm_a", ".ssm_d", ".ssm_norm.weight")):
+            size = int(np.prod(_shape(t)))
+            a = name.endswith(".ssm_a")
+            out[name] = _Part(name, T.F32, np.array([size]), _Lazy(
+                lambda t=t, a=a: _a_log(t.name, dequantized(t)).ravel() if a
+                else dequantized(t).ravel()))
+        if not name.endswith(".ffn_gate_shexp.weight"):
+            continue
+        up = name.replace(".ffn_gate_shexp.", ".ffn_up_shexp.")
+        if up not in tensors or _shape(tensors[up]) != _shape(t):
+            raise UserInputError(f"GGUF {name} needs an {up} of its shape {_shape(t)}")
+        fused, same = name.replace("_gate_shexp.", "_gate_up_shexp."), \
+            t.tensor_type == tensors[up].tensor_type
+        rows, cols = _shape(t)
+        out[fused] = _Part(fused, t.tensor_type if same else T.F32, np.array([cols, 2 * rows]),
+                           _rows([t, tensors[up]], np.arange(2 * rows), dequantize=not same))
+        del out[name], out[up]
     return out
 
 
@@ -822,7 +869,8 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
              "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors,
              "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
-             "deepseek": glm4_tensors, "minicpm3": glm4_tensors}
+             "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
+             "granitehybrid": granitehybrid_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -380,7 +380,7 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
                                   "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
-                                  "mellum"])
+                                  "mellum", "granitemoehybrid", "nemotron_h"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -388,10 +388,10 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     DeepSeek-MoE's and Mellum's MoE blocks have no split here, nor mlx-lm's dense llama4_text's
     MLP (at ``feed_forward``), GLM-4-0414's fused gate_up_proj (each rank would need rows of
     both halves), Apertus's layers (plain up_proj MLP, heads named otherwise), OpenELM's (heads
-    by layer, a fused q/k/v and gate/up) or LFM2's convolutions, StarCoder 1's one key/value
-    head (multi-query). Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's
-    linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
-    runs them whole)."""
+    by layer, a fused q/k/v and gate/up), LFM2's convolutions, StarCoder 1's one key/value head
+    (multi-query) or Granite 4.0's and Nemotron-H's layers (Mamba-2, shared MLPs). Refused
+    (mlx-lm has no ``shard`` for them either). Qwen3.5's linear-attention layers are not split
+    here (mlx-lm's ``shard`` splits them, but the engine runs them whole)."""
     class Group:
         def size(self):
             return 2

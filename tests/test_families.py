@@ -42,9 +42,11 @@ after the other), InternLM2 (``internlm2``: a fused wqkv grouped by key/value he
 (``nemotron``: (1 + w) LayerNorms with biases, partial RoPE, squared-ReLU MLP), OpenELM
 (``openelm``: heads and MLP widths per layer, fused q/k/v, per-head q/k norms, Llama's parts named
 otherwise), Nanbeige (``nanbeige``: its blocks run twice, a norm between the loops;
-``nanbeige-skip`` without it), and two with DeepSeek-V2's latent attention: MiniCPM3 (``minicpm3``:
+``nanbeige-skip`` without it), two with DeepSeek-V2's latent attention: MiniCPM3 (``minicpm3``:
 low-rank queries, longrope, MiniCPM's multipliers) and Youtu-LLM (``youtu_llm``: its args named
-``config``, traditional RoPE, biases, a tied head)."""
+``config``, traditional RoPE, biases, a tied head), and Granite 4.0 Micro
+(``granitemoehybrid-micro``: Granite 4.0's layers, every one attention; its hybrids are in
+test_hybrid)."""
 
 from __future__ import annotations
 
@@ -73,7 +75,8 @@ MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
-         "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm")
+         "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
+         "granitemoehybrid-micro")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",

@@ -1,6 +1,8 @@
 """Qwen3.5's and Qwen3-Next's hybrid layout through the engine (``qwen3_5``, ``qwen3_next``:
-three Gated DeltaNet layers, recurrent, to one of gated full attention), and LFM2's (``lfm2``,
-``lfm2_moe``: short gated convolutions, recurrent, and attention): unpruned equal to
+three Gated DeltaNet layers, recurrent, to one of gated full attention), LFM2's (``lfm2``,
+``lfm2_moe``: short gated convolutions, recurrent, and attention), Granite 4.0's
+(``granitemoehybrid``: Mamba-2 layers, recurrent, and attention) and Nemotron-H's
+(``nemotron_h``: Mamba-2, attention, MLP and MoE layers): unpruned equal to
 mlx-lm, in one prompt or in turns; pruning, which a recurrent layer allows only without
 revival, equal to a reference built from mlx-lm's own layers; interrupts, prompt caches and
 what a hybrid refuses."""
@@ -22,7 +24,8 @@ from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, build_schedule,
                       can_trim_prompt_cache, generate_step, load_prompt_cache,
                       make_prompt_cache as make_lazy_cache, resolve_config, save_prompt_cache,
                       trim_prompt_cache)
-from mlx_lazy.adapter import ModelAdapter, global_layers, identities_match, recurrent_layers
+from mlx_lazy.adapter import (ModelAdapter, attention_module, global_layers, identities_match,
+                              recurrent_layers)
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from test_prompt_cache import same_state
@@ -30,8 +33,10 @@ from tiny_models import build_tiny_model
 
 #: Qwen3.5 and Qwen3-Next, the same hybrid layout (Qwen3-Next's fuses the recurrent layers'
 #: projections and puts MoE blocks in), and LFM2 (convolutions for recurrent layers) in the
-#: same places, each through every test of the ``hybrid`` fixtures.
-KINDS = ("qwen3_5", "qwen3_next", "lfm2")
+#: same places, each through every test of the ``hybrid`` fixtures; Granite 4.0 H's too (Mamba-2
+#: layers for recurrent ones, attention without RoPE, Granite's multipliers, shared experts) and
+#: Nemotron-H's (a mixer a layer: Mamba-2, attention, or an MLP or experts, stateless).
+KINDS = ("qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h")
 STATIC = PruningConfig("static", prune_layers=(3,), keep=(0.3,))
 NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
 
@@ -62,12 +67,23 @@ def greedy(engine, prompt, steps):
 def test_the_tiny_hybrid_is_what_it_claims(hybrid):
     """Layers 3 and 7 attend, the others are recurrent; Qwen's q_proj gives a gate beside the
     queries, its RoPE turns half of each head; LFM2's recurrent layers are convolutions over
-    3 tokens (a state of 2), its attention has per-head q/k norms and RoPE over whole heads."""
+    3 tokens (a state of 2), its attention has per-head q/k norms and RoPE over whole heads;
+    Granite 4.0's are Mamba-2 layers (a convolution over 4 tokens, 8 heads in 2 groups), its
+    attention has no RoPE, its experts a shared MLP beside them; Nemotron-H's are Mamba-2
+    layers, experts in layer 1 and an MLP in 6 (layers of their own, stateless), its attention
+    has no RoPE."""
     model, _ = hybrid
     assert recurrent_layers(model) == (0, 1, 2, 4, 5, 6)
     assert global_layers(model) == (3,)  # a cut may follow an attention layer, not the last
-    attn = model.layers[3].self_attn
-    if model.model_type == "lfm2":
+    attn = attention_module(model.layers[3])
+    if model.model_type == "nemotron_h":
+        assert "".join(layer.block_type for layer in model.layers) == "MEM*MM-*"
+        assert not hasattr(attn, "rope") and model.layers[0].mixer.n_groups == 2
+    elif model.model_type == "granitemoehybrid":
+        mamba = model.layers[0].mamba
+        assert (mamba.conv_kernel_size, mamba.num_heads, mamba.n_groups) == (4, 8, 2)
+        assert attn.rope is None and "shared_mlp" in model.layers[3]
+    elif model.model_type == "lfm2":
         assert model.layers[0].conv.L_cache == 3 and not hasattr(model.layers[3], "conv")
         assert attn.q_layernorm.weight.shape == (attn.head_dim,) and attn.rope.dims == 16
     else:
@@ -171,35 +187,46 @@ def test_a_prompt_in_turns_matches_mlx_lm(hybrid):
 
 
 def _rope_at(rope, x, positions):
-    """RoPE at each token's own position (a pruned context's are scattered)."""
+    """RoPE at each token's own position (a pruned context's are scattered); none where
+    ``rope`` is None (Granite 4.0's, Nemotron-H's)."""
+    if rope is None:
+        return x
     offsets = mx.array(np.asarray(positions, np.int32))
     return rope(x.transpose(2, 1, 0, 3), offset=offsets).transpose(2, 1, 0, 3)
 
 
 def _attention_qkv(layer, h):
     """mlx-lm's attention block's queries, keys and values (1, heads, n, head_dim), RoPE not
-    applied, and output gate (None in LFM2's) of hidden states ``h``: Qwen's q_proj gives
-    each head's queries, then its gate; LFM2 names its parts its own way."""
-    attn, n, lfm2 = layer.self_attn, h.shape[1], hasattr(layer, "operator_norm")
-    x = layer.operator_norm(h) if lfm2 else layer.input_layernorm(h)
-    heads = attn.n_heads if lfm2 else attn.num_attention_heads
-    kv_heads = attn.n_kv_heads if lfm2 else attn.num_key_value_heads
+    applied, and output gate (None in LFM2's and Granite's) of hidden states ``h``: Qwen's
+    q_proj gives each head's queries, then its gate; LFM2 names its parts its own way;
+    Granite's has no q/k norms."""
+    attn, n, lfm2 = attention_module(layer), h.shape[1], hasattr(layer, "operator_norm")
+    qwen = hasattr(attn, "q_norm")
+    norm = getattr(layer, "operator_norm", None) or getattr(layer, "input_layernorm", None)
+    x = (norm or layer.norm)(h)  # nemotron_h: norm
+    heads = next(getattr(attn, k) for k in ("num_attention_heads", "n_heads", "num_heads")
+                 if hasattr(attn, k))
+    kv_heads = getattr(attn, "num_key_value_heads", None) or attn.n_kv_heads
     q, gate = attn.q_proj(x).reshape(1, n, heads, -1), None
-    if not lfm2:
+    if qwen:
         q, gate = mx.split(q, 2, axis=-1)
         gate = gate.reshape(1, n, -1)
     k = attn.k_proj(x).reshape(1, n, kv_heads, -1)
     v = attn.v_proj(x).reshape(1, n, kv_heads, -1).transpose(0, 2, 1, 3)
-    q_norm, k_norm = (attn.q_layernorm, attn.k_layernorm) if lfm2 else (attn.q_norm, attn.k_norm)
-    return q_norm(q).transpose(0, 2, 1, 3), k_norm(k).transpose(0, 2, 1, 3), v, gate
+    if lfm2 or qwen:
+        q_norm, k_norm = (attn.q_layernorm, attn.k_layernorm) if lfm2 else (attn.q_norm,
+                                                                             attn.k_norm)
+        q, k = q_norm(q), k_norm(k)
+    return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v, gate
 
 
 def _attention(layer, h, positions, store):
-    """mlx-lm's attention block (Qwen3NextAttention, LFM2's Attention) and the MLP after it
+    """mlx-lm's attention block (Qwen3NextAttention, LFM2's, Granite 4.0's) and the MLP after it
     for hidden states ``h`` at ``positions``, over the keys in ``store`` and their own."""
-    attn, n = layer.self_attn, h.shape[1]
+    attn, n = attention_module(layer), h.shape[1]
     q, k, v, gate = _attention_qkv(layer, h)
-    q, k = _rope_at(attn.rope, q, positions), _rope_at(attn.rope, k, positions)
+    rope = getattr(attn, "rope", None)
+    q, k = _rope_at(rope, q, positions), _rope_at(rope, k, positions)
     for name, new in (("keys", k), ("values", v)):
         store[name] = new if name not in store else mx.concatenate([store[name], new], axis=2)
     store["positions"] = np.concatenate([store.get("positions", []), positions])
@@ -210,6 +237,12 @@ def _attention(layer, h, positions, store):
     if hasattr(layer, "operator_norm"):  # lfm2
         h = h + attn.out_proj(out)
         return h + layer.feed_forward(layer.ffn_norm(h))
+    if "mixer" in layer:  # nemotron_h: attention alone
+        return h + attn.o_proj(out)
+    if gate is None:  # granitemoehybrid: residual multipliers, experts beside a shared MLP
+        h = h + attn.o_proj(out) * layer.residual_multiplier
+        x = layer.post_attention_layernorm(h)
+        return h + (layer.block_sparse_moe(x) + layer.shared_mlp(x)) * layer.residual_multiplier
     h = h + attn.o_proj(out * mx.sigmoid(gate))
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
@@ -221,14 +254,20 @@ def reference_static(model, prompt, keep, steps, cut=3):
     the recurrent layers above take the kept tokens in order, the attention layers attend
     over them at their own positions; generated tokens go through every layer."""
     outer = getattr(model, "language_model", model)  # Qwen3.5's text model, or the model
-    text = outer.model
+    text = getattr(outer, "backbone", None) or outer.model  # nemotron_h's backbone
     layers, caches, n = text.layers, make_prompt_cache(model), len(prompt)
-    h = text.embed_tokens(prompt[None])
+    if len(caches) < len(layers):  # nemotron_h: none for its MLP layers
+        given = iter(caches)
+        caches = [next(given) if layer.block_type in "M*" else None for layer in layers]
+    scale = getattr(text, "embedding_multiplier", 1.0)  # granitemoehybrid's multipliers
+    embed = getattr(text, "embed_tokens", None) or text.embeddings
+    h = embed(prompt[None]) * scale
     for i in range(cut + 1):
         h_in = h
         h = layers[i](h, mask="causal" if i == cut else None, cache=caches[i])
-    attn = layers[cut].self_attn
-    q = attn.rope(_attention_qkv(layers[cut], h_in[:, -1:])[0], offset=n - 1)
+    attn = attention_module(layers[cut])
+    q = _rope_at(getattr(attn, "rope", None), _attention_qkv(layers[cut], h_in[:, -1:])[0],
+                 [n - 1])
     keys = caches[cut].state[0][:, :, :n]
     keys = mx.repeat(keys, q.shape[1] // keys.shape[1], axis=1)
     scores = np.array(mx.softmax(q @ keys.transpose(0, 1, 3, 2) * attn.scale, axis=-1)
@@ -236,18 +275,19 @@ def reference_static(model, prompt, keep, steps, cut=3):
     scores[[0, n - 1]] = np.inf
     kept = np.sort(np.argsort(-scores, kind="stable")[: round(keep * n)])
     h, positions = h[:, mx.array(kept)], kept
-    stores = {i: {} for i in range(cut + 1, len(layers)) if hasattr(layers[i], "self_attn")}
-    head = getattr(outer, "lm_head", None) or text.embed_tokens.as_linear  # lfm2: tied
-    norm = getattr(text, "norm", None) or text.embedding_norm  # lfm2's final norm
+    stores = {i: {} for i in range(cut + 1, len(layers)) if i not in recurrent_layers(model)}
+    head = getattr(outer, "lm_head", None) or embed.as_linear  # lfm2: tied
+    norm = (getattr(text, "norm", None) or getattr(text, "embedding_norm", None)  # lfm2's
+            or text.norm_f)  # nemotron_h's final norm
     logits = []
     for step in range(steps + 1):
         for i in range(cut + 1, len(layers)):
             h = (_attention(layers[i], h, positions, stores[i]) if i in stores
                  else layers[i](h, mask=None, cache=caches[i]))
-        logits.append(head(norm(h[:, -1]))[0])
+        logits.append(head(norm(h[:, -1]))[0] / getattr(outer, "logits_scaling", 1.0))
         token = mx.argmax(logits[-1])
         positions = np.array([n + step])
-        h = text.embed_tokens(token.reshape(1, 1))
+        h = embed(token.reshape(1, 1)) * scale
         for i in range(cut + 1):
             h = layers[i](h, mask=None, cache=caches[i])
     return kept, logits
@@ -328,6 +368,15 @@ def test_a_hybrid_attending_only_in_its_last_layer_takes_no_cut(tmp_path):
     with pytest.raises(UserInputError, match="attends only in its last layer: use speed"):
         resolve_config(model, "lazy")
     assert resolve_config(model, "speed").prompt_depth == 3
+
+
+def test_a_model_without_attention_is_refused(tmp_path):
+    """A Granite 4.0 config of Mamba-2 layers only: nothing to prune with, refused in one line
+    (it stopped on an internal StopIteration)."""
+    model, _ = mlx_lm.load(str(build_tiny_model("granitemoehybrid-mamba", tmp_path)))
+    with pytest.raises(UserInputError, match="^this granitemoehybrid model has no attention "
+                                             "layer; mlx-lazy runs models with at least one$"):
+        ModelAdapter(model)
 
 
 @pytest.mark.parametrize("config, match", [

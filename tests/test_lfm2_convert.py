@@ -86,10 +86,11 @@ def write_lfm2_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None 
 
 
 def write_model(path: Path, arch: str, shapes: dict, name_of, kv: dict, tok_folder: Path,
-                types: dict, extra: dict | None, pre: str) -> dict:
+                types: dict, extra: dict | None, pre: str, layout=None) -> dict:
     """A GGUF of ``arch`` with the metadata ``kv`` (writer method suffix -> value; None left
     out), the tokenizer of ``tok_folder`` and random tensors of mlx-lm's ``shapes`` under the
-    names ``name_of`` gives them (``types`` by role as write_lfm2_gguf's), and ``extra``
+    names ``name_of`` gives them (``types`` by role as write_lfm2_gguf's; convolution kernels
+    float32), in llama.cpp's layout where ``layout(role, stored)`` gives one, and ``extra``
     float32 ones; returns what the stored tensors dequantize to, by mlx-lm's names."""
     w = gguf.GGUFWriter(str(path), arch)
     for key, value in kv.items():
@@ -114,11 +115,11 @@ def write_model(path: Path, arch: str, shapes: dict, name_of, kv: dict, tok_fold
             x = 1.0 + 0.1 * rng.normal(size=shape)
         x = x.astype(np.float32)
         qtype = types.get(role, types.get("*", T.F32)) \
-            if len(shape) >= 2 and role != "shortconv.conv" else T.F32
+            if len(shape) >= 2 and role not in ("shortconv.conv", "ssm_conv1d") else T.F32
         data = encode(x, qtype, rng)
-        w.add_tensor(gname, data, raw_dtype=qtype)
         stored = gguf.dequantize(data, qtype).reshape(x.shape)
         reference[name] = mx.array(stored.reshape(shape))
+        w.add_tensor(gname, data if layout is None else layout(role, data), raw_dtype=qtype)
     for gname, data in (extra or {}).items():
         if data is not None:
             w.add_tensor(gname, np.asarray(data, np.float32), raw_dtype=T.F32)

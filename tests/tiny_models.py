@@ -27,7 +27,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
-         "nanbeige", "minicpm3", "youtu_llm")
+         "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -262,6 +262,35 @@ _KIND_CONFIG = {
                  "norm_topk_prob": True, "use_expert_bias": True, "num_dense_layers": 2,
                  "layer_types": ["conv", "conv", "full_attention", "conv", "full_attention",
                                  "conv"]},
+    # Granite 4.0 H-Tiny's layout: Mamba-2 layers (8 heads of 16 in 2 groups, a state of 16, a
+    # convolution over 4 tokens) but in layers 3 and 7 of 8 as in Qwen3.5's tiny, there
+    # attention without RoPE; Granite's multipliers (far from 1); 2 of 4 experts beside a
+    # shared MLP
+    "granitemoehybrid": {"architectures": ["GraniteMoeHybridForCausalLM"],
+                         "tie_word_embeddings": True, "embedding_multiplier": 6.0,
+                         "residual_multiplier": 0.3, "logits_scaling": 4.0,
+                         "attention_multiplier": 0.1, "attention_bias": False,
+                         "position_embedding_type": "nope", "num_local_experts": 4,
+                         "num_experts_per_tok": 2, "intermediate_size": 32,
+                         "shared_intermediate_size": 32, "num_hidden_layers": 8,
+                         "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16,
+                         "mamba_n_groups": 2, "mamba_d_conv": 4, "mamba_conv_bias": True,
+                         "mamba_proj_bias": False,
+                         "layer_types": (["mamba"] * 3 + ["attention"]) * 2},
+    # Nemotron-H's layers in Qwen3.5's tiny's places: attention (no RoPE) in 3 and 7 of 8,
+    # Mamba-2 in 0, 2, 4 and 5 (8 heads of 16 in 2 groups), Nemotron 3 Nano's experts in 1 (2 of
+    # 4, sigmoid routing with a correction bias, scaled by 2.5, a shared expert), a ReLU^2 MLP
+    # in 6; biases in attention
+    "nemotron_h": {"architectures": ["NemotronHForCausalLM"], "num_hidden_layers": 8,
+                   "hybrid_override_pattern": ["M", "E", "M", "*", "M", "M", "-", "*"],
+                   "attention_bias": True, "mamba_num_heads": 8, "mamba_head_dim": 16,
+                   "mamba_proj_bias": False, "ssm_state_size": 16, "conv_kernel": 4,
+                   "n_groups": 2, "mlp_bias": False, "layer_norm_epsilon": 1e-5,
+                   "use_bias": False, "use_conv_bias": True, "tie_word_embeddings": False,
+                   "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "moe_shared_expert_intermediate_size": 32, "n_shared_experts": 1,
+                   "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+                   "routed_scaling_factor": 2.5},
     # dots.llm1: per-head q/k norms; from layer 1 on 2 of 4 experts (sigmoid routing with a
     # random correction bias, scaled by 2.5) beside a shared expert
     "dots1": {"architectures": ["Dots1ForCausalLM"], "tie_word_embeddings": False,
@@ -436,6 +465,13 @@ _VARIANTS = {
         "original_max_position_embeddings": 64}}),
     "qwen3_5-deep": ("qwen3_5", {"num_hidden_layers": 16}),
     "qwen3_5-last": ("qwen3_5", {"num_hidden_layers": 4}),
+    # no attention layer at all (mlx-lazy refuses it)
+    "granitemoehybrid-mamba": ("granitemoehybrid", {"num_hidden_layers": 2,
+                                                    "layer_types": ["mamba"] * 2}),
+    # Granite 4.0 Micro's layout: every layer attention, with RoPE; a dense MLP
+    "granitemoehybrid-micro": ("granitemoehybrid", {
+        "num_hidden_layers": 4, "layer_types": ["attention"] * 4, "num_local_experts": 0,
+        "intermediate_size": 128, "position_embedding_type": "rope"}),
     "qwen3_5-moe": ("qwen3_5", {"model_type": "qwen3_5_moe",
                                 "architectures": ["Qwen3_5MoeForConditionalGeneration"],
                                 "num_experts": 4, "num_experts_per_tok": 2,
@@ -467,7 +503,8 @@ _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
-                        "openelm", "nanbeige", "minicpm3", "youtu_llm")
+                        "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
+                        "nemotron_h")
 
 
 def tiny_config(kind: str) -> dict:
@@ -547,11 +584,12 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     params = tree_map(lambda p: p.astype(mx.float32), model.parameters())
     model.update(params)
     for layer in model.layers:
-        # qwen3_5: linear; lfm2: convolution; bailing_moe: attention; exaone, nanochat: attn
+        # qwen3_5: linear; lfm2: convolution; bailing_moe: attention; exaone, nanochat: attn;
+        # granitemoehybrid: mamba; nemotron_h: its one mixer, the MLP or experts too
         attn = (getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
                 or getattr(layer, "attn", None) or getattr(layer, "linear_attn", None)
-                or layer.conv)
-        mlp = feed_forward(layer)
+                or getattr(layer, "conv", None) or getattr(layer, "mamba", None) or layer.mixer)
+        mlp = feed_forward(layer) or attn
         # every projection's bias (attention's, o_proj's, the MLP's and experts'), so that a
         # dropped one shows
         biases = [(name, 0.1 * mx.random.normal(p.shape)) for name, p in
