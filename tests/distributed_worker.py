@@ -1,10 +1,12 @@
 """One rank of the tensor-parallel tests, started by ``mlx.launch`` (see test_distributed.py).
 
-``engine OUT MODEL --configs JSON --prompt-len N --steps S``: load MODEL sharded over every
-rank; for each run of ``{name: PruningConfig fields}`` (the method is the name unless the
-fields give one) prefill a seeded random prompt and decode S greedy steps; write
+``engine OUT MODEL [MODEL ...] --configs JSON --prompt-len N --steps S``: load each MODEL
+sharded over every rank; for each run of ``{name: PruningConfig fields}`` (the method is the name
+unless the fields give one) prefill a seeded random prompt and decode S greedy steps; write
 ``OUT/{name}-rank{r}.json`` (tokens, a digest of every selected token set, stats) and
-``OUT/{name}-rank{r}.npy`` (the logits). Also, unless ``--no-checks``,
+``OUT/{name}-rank{r}.npy`` (the logits), in ``OUT/{i}/`` for the i-th of several models (one
+launch for many families: each launch costs every rank's start). Also, with one model and
+unless ``--no-checks``,
 ``OUT/checks-rank{r}.json``: the cross-rank reductions on rank-dependent inputs, the tokens
 ``stream_generate`` returns when each rank's sampler draws a different token, and what is
 refused (ranks given different prompts, a prompt-cache file of a sharded model).
@@ -37,16 +39,20 @@ from mlx_lazy.adapter import ModelAdapter
 def run_engine(args: argparse.Namespace, out: Path) -> None:
     group = distributed.world()
     rank = group.rank()
-    model, tokenizer = load(args.model, group=group)
-    prompt = np.random.default_rng(0).integers(0, ModelAdapter(model).vocab_size, args.prompt_len)
-    for name, fields in json.loads(args.configs).items():
-        config = PruningConfig(**{"method": name, **fields})
-        engine = LazyEngine(model, resolve_config(model, config))
-        tokens, logits, selections = greedy_run(engine, prompt, args.steps)
-        np.save(out / f"{name}-rank{rank}.npy", logits)
-        (out / f"{name}-rank{rank}.json").write_text(json.dumps(
-            {"tokens": tokens, "selections": selections, "stats": engine.stats.as_dict()}))
-    if args.checks:
+    for i, path in enumerate(args.model):
+        folder = out / str(i) if len(args.model) > 1 else out
+        folder.mkdir(exist_ok=True)
+        model, tokenizer = load(path, group=group)
+        prompt = np.random.default_rng(0).integers(0, ModelAdapter(model).vocab_size,
+                                                   args.prompt_len)
+        for name, fields in json.loads(args.configs).items():
+            config = PruningConfig(**{"method": name, **fields})
+            engine = LazyEngine(model, resolve_config(model, config))
+            tokens, logits, selections = greedy_run(engine, prompt, args.steps)
+            np.save(folder / f"{name}-rank{rank}.npy", logits)
+            (folder / f"{name}-rank{rank}.json").write_text(json.dumps(
+                {"tokens": tokens, "selections": selections, "stats": engine.stats.as_dict()}))
+    if args.checks and len(args.model) == 1:
         write_checks(model, tokenizer, group, prompt, out)
 
 
@@ -131,7 +137,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["engine", "cli"])
     p.add_argument("out")
-    p.add_argument("model", nargs="?")
+    p.add_argument("model", nargs="*")
     p.add_argument("--configs", default='{"full": {}}',
                    help="JSON {method: PruningConfig fields}, run one after the other")
     p.add_argument("--prompt-len", type=int, default=200)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import List
 
 import mlx.core as mx
 import numpy as np
@@ -130,18 +131,31 @@ def run_engines(tmp_path: Path, model_dir: Path, n: int, configs: dict, prompt_l
     """Every method of ``configs`` sharded over ``n`` ranks, ``steps`` decode steps each; per
     method, each rank's record and logits. ``checks``: the ranks also write the worker's
     checks-rank*.json (which only ``two_rank_runs``' tests read)."""
-    r = launch(n, str(WORKER), "engine", str(tmp_path), str(model_dir),
+    return run_many_engines(tmp_path, [model_dir], n, configs, prompt_len, timeout, steps,
+                            checks)[0]
+
+
+def run_many_engines(tmp_path: Path, model_dirs: List[Path], n: int, configs: dict,
+                     prompt_len: int = 200, timeout: float = TIMEOUT, steps: int = STEPS,
+                     checks: bool = False) -> List[dict]:
+    """:func:`run_engines` for each of ``model_dirs`` in one launch (each launch costs every
+    rank's start): per model, per method, each rank's record and logits."""
+    r = launch(n, str(WORKER), "engine", str(tmp_path), *map(str, model_dirs),
                "--configs", json.dumps(configs), "--prompt-len", str(prompt_len),
                "--steps", str(steps), *(() if checks else ("--no-checks",)), timeout=timeout)
     assert r.returncode == 0, r.stderr
-    out = {}
-    for method in configs:
-        try:
-            out[method] = [(json.loads((tmp_path / f"{method}-rank{k}.json").read_text()),
-                            np.load(tmp_path / f"{method}-rank{k}.npy")) for k in range(n)]
-        except FileNotFoundError:
-            pytest.fail(f"rank output of {method} missing:\n{r.stdout}\n{r.stderr}")
-    return out
+    outs = []
+    for i in range(len(model_dirs)):
+        folder = tmp_path / str(i) if len(model_dirs) > 1 else tmp_path
+        out = {}
+        for method in configs:
+            try:
+                out[method] = [(json.loads((folder / f"{method}-rank{k}.json").read_text()),
+                                np.load(folder / f"{method}-rank{k}.npy")) for k in range(n)]
+            except FileNotFoundError:
+                pytest.fail(f"rank output of {method} missing:\n{r.stdout}\n{r.stderr}")
+        outs.append(out)
+    return outs
 
 
 def single_process(model, config: PruningConfig, prompt_len: int = 200, steps: int = STEPS):
@@ -402,14 +416,30 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     assert distributed.model_group(model) is None
 
 
-@pytest.mark.parametrize("kind", ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
-                                  "exaone4", "glm4_moe", "seed_oss", "ernie4_5", "deepseek_v3",
-                                  "glm4_moe_lite", "deepseek_v2", "gemma2", "cohere2", "helium",
-                                  "internlm3", "starcoder2", "hunyuan_v1_dense", "minicpm", "mimo",
-                                  "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
-                                  "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
-                                  "nanbeige", "minicpm3", "youtu_llm"])
-def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
+#: Families split over two ranks in one launch (:func:`test_families_over_two_ranks`)
+TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
+                  "exaone4", "glm4_moe", "seed_oss", "ernie4_5", "deepseek_v3",
+                  "glm4_moe_lite", "deepseek_v2", "gemma2", "cohere2", "helium",
+                  "internlm3", "starcoder2", "hunyuan_v1_dense", "minicpm", "mimo",
+                  "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
+                  "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
+                  "nanbeige", "minicpm3", "youtu_llm"]
+#: What each of them runs over two ranks and in one process
+TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
+
+
+@pytest.fixture(scope="module")
+def families_two_rank_runs(tiny_model_dir, tmp_path_factory) -> dict:
+    """Each of :data:`TWO_RANK_KINDS`, full and lazy over two ranks: one launch."""
+    runs = run_many_engines(tmp_path_factory.mktemp("families-two-ranks"),
+                            [tiny_model_dir(kind) for kind in TWO_RANK_KINDS], 2,
+                            {"full": {}, "lazy": TWO_RANK_LAZY},
+                            timeout=TIMEOUT * len(TWO_RANK_KINDS) / 4)
+    return dict(zip(TWO_RANK_KINDS, runs))
+
+
+@pytest.mark.parametrize("kind", TWO_RANK_KINDS)
+def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
     """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`;
     Gemma 2's soft-cap acts on each head's logits, whole on its rank; Command R7B's parallel
     branches each all-summed, StarCoder2's plain c_fc/c_proj MLP, Hunyuan's per-head q/k
@@ -431,13 +461,12 @@ def test_families_over_two_ranks(tiny_model, tiny_model_dir, tmp_path, kind):
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
                                                 "glm4_moe_lite", "deepseek_v2"))
-    lazy = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
-    runs = run_engines(tmp_path, tiny_model_dir(kind), 2, {"full": {}, "lazy": lazy})
+    runs = families_two_rank_runs[kind]
     (rec0, logits0), (rec1, logits1) = runs["full"]
     assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2
     assert rel_err(logits0, mlx_lm_logits(model, rec0["tokens"])) < 1e-5
     tokens, logits, _, selections = single_process(model, PruningConfig("lazy", **{
-        k: tuple(v) for k, v in lazy.items()}))
+        k: tuple(v) for k, v in TWO_RANK_LAZY.items()}))
     for rec, got in runs["lazy"]:
         assert rec["selections"] == selections and rec["tokens"] == tokens
         assert rel_err(got, logits) < 1e-5
