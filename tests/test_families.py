@@ -621,23 +621,9 @@ def test_a_later_chunk_takes_its_learned_positions(family, kind):
     """A follow-up prompt chunk (positions 200 to 299) gets the learned position embedding at
     its tokens' original positions: those pruned at the cut and revived by decode steps have
     the keys and values of mlx-lm's one forward over the whole prompt."""
-    model, _ = family(kind)
-    prompt = random_prompt(300, ModelAdapter(model).vocab_size, seed=3)
-    cache = make_prompt_cache(model)
-    model(prompt[None], cache=cache)
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
-                                                                   keep=(0.3,))))
-    engine.prefill(prompt[:200])
-    token = int(mx.argmax(engine.extend(prompt[200:])))
-    waiting = {p for p in engine.cache.aux[2].positions.tolist() if p >= 200}
-    for _ in range(16):
-        token = int(mx.argmax(engine.decode(token)))
-    kv = engine.cache.layers[2]
-    revived = [p for p in kv.cached_positions().tolist() if p in waiting]
-    assert revived, "the schedule should revive some tokens of the second chunk"
-    keys, values = kv.fetch(np.array(revived))
-    assert rel_err(keys, cache[2].keys[:, :, revived]) < 1e-5
-    assert rel_err(values, cache[2].values[:, :, revived]) < 1e-5
+    keys, values, ref_keys, ref_values = _revived_kv(family(kind)[0], first=200)
+    assert rel_err(keys, ref_keys) < 1e-5
+    assert rel_err(values, ref_values) < 1e-5
 
 
 def test_dynamic_ntk_rope_on_scattered_positions_is_one_call_over_their_span():
@@ -794,18 +780,22 @@ def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", [kind for kind in FAMILIES if kind != "gemma4_text-e2b"])
-def test_revived_token_kv_matches_full_forward(family, kind):
-    """Tokens pruned at the cut wait in the Aux Cache; revived, their keys and values (RoPE
-    at their original, scattered positions) equal mlx-lm's full forward."""
-    model, _ = family(kind)
+def _revived_kv(model, first: int = 300) -> tuple:
+    """Layer 2's keys and values of the prompt tokens a cut after layer 1 pruned and 16 decode
+    steps revived from the Aux Cache, beside mlx-lm's of the same tokens from one forward over
+    the whole 300-token prompt. ``first`` < 300: the rest is a follow-up chunk (``extend``) and
+    only its tokens count."""
     prompt = random_prompt(300, ModelAdapter(model).vocab_size, seed=3)
     cache = make_prompt_cache(model)
     model(prompt[None], cache=cache)
     engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
                                                                    keep=(0.3,))))
-    token = int(mx.argmax(engine.prefill(prompt)))
-    waiting = set(engine.cache.aux[2].positions.tolist())
+    logits = engine.prefill(prompt[:first])
+    start = 0
+    if first < len(prompt):
+        logits, start = engine.extend(prompt[first:]), first
+    waiting = {p for p in engine.cache.aux[2].positions.tolist() if p >= start}
+    token = int(mx.argmax(logits))
     for _ in range(16):
         token = int(mx.argmax(engine.decode(token)))
     kv = engine.cache.layers[2]
@@ -813,8 +803,16 @@ def test_revived_token_kv_matches_full_forward(family, kind):
     assert revived, "the schedule should revive some prompt tokens"
     keys, values = kv.fetch(np.array(revived))
     ref_keys, ref_values = _mlx_lm_kv(model, cache[2])
-    assert rel_err(keys, ref_keys[:, :, revived]) < 1e-5
-    assert rel_err(values, ref_values[:, :, revived]) < 1e-5
+    return keys, values, ref_keys[:, :, revived], ref_values[:, :, revived]
+
+
+@pytest.mark.parametrize("kind", [kind for kind in FAMILIES if kind != "gemma4_text-e2b"])
+def test_revived_token_kv_matches_full_forward(family, kind):
+    """Tokens pruned at the cut wait in the Aux Cache; revived, their keys and values (RoPE
+    at their original, scattered positions) equal mlx-lm's full forward."""
+    keys, values, ref_keys, ref_values = _revived_kv(family(kind)[0])
+    assert rel_err(keys, ref_keys) < 1e-5
+    assert rel_err(values, ref_values) < 1e-5
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
