@@ -361,10 +361,10 @@ class Worker:
         try:
             self.model, self.tokenizer = load(self.model_path)
             self.texts = TokenTexts(self.tokenizer)
-            self.num_layers = len(self.model.layers)
+            adapter = ModelAdapter(self.model)
+            self.num_layers = adapter.num_layers  # a looped Nanbeige's: each pass
             # A hybrid's caches cannot trim back to a prompt's end: keep that state too.
             self.keeps_prompt_ends = bool(recurrent_layers(self.model))
-            adapter = ModelAdapter(self.model)
             self.vocab_size, self.fingerprint = adapter.vocab_size, adapter.fingerprint()
             self.context = context_length(self.model, self.tokenizer)
         except Exception as e:  # reported by wait_ready on the main thread

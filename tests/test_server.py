@@ -1365,3 +1365,11 @@ def test_a_request_whose_client_left_while_queued_is_never_generated(server, tin
         before["cancelled"] + 3, before["completed"])
     r = server.client().completions.create(model="any", prompt="Count", max_tokens=3)
     assert r.choices[0].text == expected(tiny_model(), "Count", max_tokens=3)
+
+
+def test_a_looped_models_progress_counts_each_pass(tiny_model_dir):
+    """A job's progress counts the engine's layers: a looped Nanbeige (2 blocks run twice,
+    each pass with its own keys and values) has 4, not its 2 blocks."""
+    worker = Worker(str(tiny_model_dir("nanbeige")), max_queue=1)
+    worker.wait_ready()
+    assert worker.num_layers == 4
