@@ -189,9 +189,15 @@ from .errors import UserInputError, shown
 # its ``hybrid_override_pattern``: Mamba-2 (``M``, recurrent), attention without RoPE (``*``: no
 # MLP after it), or a ReLU^2 MLP (``-``) or sparse experts (``E``) alone, taken as recurrent
 # layers that hold no state (no attention there to score with, nothing to revive).
+# glm (GLM-4-9B-chat, ChatGLM's layout as mlx-lm's glm has it): Llama's layout with q/k/v
+# biases, traditional RoPE over each whole head, a fused ``gate_up_proj``, a tied head.
+# telechat3 (TeleChat 3): Llama's layout, biases on q/k/v and o_proj (``attention_bias``) and on
+# the MLP (``mlp_bias``) where its config says.
+# solar_open (Upstage Solar Open): mlx-lm's glm4_moe model under its own config (no q/k norms
+# or biases by default).
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
-                         "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
+                         "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm",
                          "glm4", "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox",
                          "gpt_oss", "granite", "granitemoe", "granitemoehybrid", "helium",
                          "hunyuan", "hunyuan_v1_dense", "internlm2", "internlm3", "lfm2",
@@ -200,7 +206,8 @@ SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepsee
                          "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe",
                          "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3",
                          "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
-                         "smollm3", "stablelm", "starcoder2", "youtu_llm")
+                         "smollm3", "solar_open", "stablelm", "starcoder2", "telechat3",
+                         "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")

@@ -127,10 +127,12 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     a ``gemma3`` checkpoint, SmolLM3, Granite, the text model of a ``mistral3`` checkpoint,
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
     StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, Gemma 1,
-    Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1, GPT-2, Nemotron, Nanbeige: each block split
+    Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1, GPT-2, Nemotron, Nanbeige, GLM-4-9B,
+    TeleChat 3: each block split
     once, though a looped model's ``layers`` name it once per loop; and the latent attention
     of MiniCPM3 and Youtu-LLM: each rank its heads' q_b_proj and kv_b_proj rows):
-    q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP),
+    q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP;
+    of a fused ``gate_up_proj``, its share of each half),
     o_proj and down_proj by input columns with an all-sum (a bias added once, after it).
     Gemma's, EXAONE 4's and Hunyuan's q/k norms act per head (head_dim wide) and their other
     norms on the whole hidden state after the all-sums, so they stay whole; so do the
@@ -177,9 +179,10 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
         # gate, up, down; w1, w2, c_proj: Qwen 1's up, gate, down
         downs = ("down_proj", "c_proj", "fc2", "dense_4h_to_h", *(("w2",) if "w3" in mlp else ()))
         for name in ("gate_proj", "up_proj", "c_fc", "c_fc_0", "c_fc_1", "fc1", "dense_h_to_4h",
-                     "w1", "w2", "w3"):
+                     "w1", "w2", "w3", "gate_up_proj"):  # GLM-4-9B's fused gate, then up
             if name in mlp and name not in downs:
-                setattr(mlp, name, shard_linear(getattr(mlp, name), "all-to-sharded", group=group))
+                setattr(mlp, name, shard_linear(getattr(mlp, name), "all-to-sharded", group=group,
+                                                segments=2 if name == "gate_up_proj" else 1))
         for name in downs:
             if name in mlp:
                 setattr(mlp, name, shard_linear(getattr(mlp, name), "sharded-to-all", group=group))
@@ -191,7 +194,7 @@ SHARDERS = {kind: shard_by_heads for kind in
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
              "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat", "gemma",
              "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron", "nanbeige",
-             "minicpm3", "youtu_llm")}
+             "minicpm3", "youtu_llm", "glm", "telechat3")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

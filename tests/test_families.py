@@ -46,7 +46,9 @@ otherwise), Nanbeige (``nanbeige``: its blocks run twice, a norm between the loo
 low-rank queries, longrope, MiniCPM's multipliers) and Youtu-LLM (``youtu_llm``: its args named
 ``config``, traditional RoPE, biases, a tied head), and Granite 4.0 Micro
 (``granitemoehybrid-micro``: Granite 4.0's layers, every one attention; its hybrids are in
-test_hybrid)."""
+test_hybrid), GLM-4-9B (``glm``: traditional RoPE over whole heads, a fused gate_up_proj, a tied
+head) and TeleChat 3 (``telechat3``: biases on attention and the MLP); Solar Open
+(``solar_open``, in MOE2: glm4_moe's model without q/k norms or biases)."""
 
 from __future__ import annotations
 
@@ -72,11 +74,12 @@ from tiny_models import build_tiny_model, tiny_config
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
-MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum")
+MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
+        "solar_open")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
-         "granitemoehybrid-micro")
+         "granitemoehybrid-micro", "glm", "telechat3")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",

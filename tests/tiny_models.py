@@ -27,7 +27,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
-         "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h")
+         "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
+         "telechat3", "solar_open")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -425,6 +426,20 @@ _KIND_CONFIG = {
                   "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
                   "qk_nope_head_dim": 32, "qk_rope_head_dim": 8, "v_head_dim": 24,
                   "attention_bias": True, "mlp_bias": True},
+    # GLM-4-9B (mlx-lm's glm): q/k/v biases, traditional RoPE over each whole head, a fused
+    # gate_up_proj, a tied head
+    "glm": {"architectures": ["GlmForCausalLM"], "tie_word_embeddings": True,
+            "attention_bias": True},
+    # TeleChat 3: biases on q/k/v, o_proj and the MLP, an untied head
+    "telechat3": {"architectures": ["Telechat3ForCausalLM"], "tie_word_embeddings": False,
+                  "attention_bias": True, "mlp_bias": True},
+    # Solar Open: glm4_moe's model without q/k norms or biases, RoPE over every head dim, MoE
+    # in every layer (2 of 4 experts, one group, sigmoid routing) beside a shared expert
+    "solar_open": {"architectures": ["SolarOpenForCausalLM"], "tie_word_embeddings": False,
+                   "moe_intermediate_size": 32, "norm_topk_prob": True, "n_group": 1,
+                   "topk_group": 1, "n_shared_experts": 1, "n_routed_experts": 4,
+                   "routed_scaling_factor": 1.0, "num_experts_per_tok": 2,
+                   "first_k_dense_replace": 0, "partial_rotary_factor": 1.0},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -504,7 +519,7 @@ _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
-                        "nemotron_h")
+                        "nemotron_h", "glm", "telechat3", "solar_open")
 
 
 def tiny_config(kind: str) -> dict:
