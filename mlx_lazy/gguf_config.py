@@ -148,6 +148,11 @@ The architectures (llama.cpp's names), and what converting each involves:
   as vectors; a dense MLP, or softmax-routed experts beside a shared MLP (its gate and up fused
   as mlx-lm's ``input_linear``); an inner size of twice the hidden one (as llama.cpp requires),
   one SSM group (as Granite 4.0's: mlx-lm's gated norm spans all groups, llama.cpp's each).
+* ``chatglm`` (GLM-4-9B, ChatGLM; mlx-lm's ``glm``): q/k/v separate or fused (``attn_qkv``, cut
+  apart as phi2's), their biases where the tensors have them, traditional RoPE (as they are)
+  over each whole head only (mlx-lm's glm turns every dim: a GGUF that turns a part, as GLM-4-9B's
+  own do, is refused), the MLP's gate and up fused as mlx-lm's ``gate_up_proj``, a tied or untied
+  head.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -200,7 +205,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nemotron": "NemotronForCausalLM", "openelm": "OpenELMForCausalLM",
                  "deepseek": "DeepseekForCausalLM", "mellum": "MellumForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
-                 "minicpm3": "MiniCPM3ForCausalLM"}
+                 "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -210,7 +215,7 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "hunyuan-dense": "hunyuan_v1_dense", "command-r": "cohere",
                 "phi2": "phi", "gptneox": "gpt_neox",
                 "starcoder": "gpt_bigcode",
-                "granitehybrid": "granitemoehybrid"}
+                "granitehybrid": "granitemoehybrid", "chatglm": "glm"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -372,7 +377,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid"):
+                "minicpm3", "granitehybrid", "chatglm"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -486,6 +491,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         mrope = len(sections) > 1 and sections[0] > 0 and sections[1] > 0
         config.update(partial_rotary_factor=rotary, rope_traditional=not mrope,
                       tie_word_embeddings=False)
+    if arch == "chatglm":  # q/k/v biases separate or in a fused attn_qkv (cut by phi2_tensors)
+        config["attention_bias"] = any(f"blk.0.{t}.bias" in tensors for t in ("attn_q", "attn_qkv"))
     if arch == "starcoder2":  # LayerNorms; its GELU MLP and biases everywhere are hard-wired
         config.update(norm_epsilon=positive("attention.layer_norm_epsilon"),
                       hidden_act="gelu_pytorch_tanh")

@@ -290,6 +290,8 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "openelm": _OPENELM_LAYER_NAMES,
                      # DeepSeek-MoE: Qwen3-MoE's router and experts' stacks, its shared experts
                      "deepseek": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES},
+                     # GLM-4-9B: the MLP's gate and up rows fused, as in mlx-lm's glm
+                     "chatglm": {**_LAYER_NAMES, "ffn_up": "mlp.gate_up_proj"},
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -735,9 +737,9 @@ def _reordered_rows(t: Any, name: str, order: np.ndarray) -> _Part:
 
 
 def phi2_tensors(tensors: dict, config: dict) -> dict:
-    """A Phi-2 GGUF's tensors with a fused ``attn_qkv`` (weight, bias: every q row, then k, then
-    v, as older conversions and llama.cpp's loader take them) cut into mlx-lm's phi's q, k and
-    v projections."""
+    """A Phi-2 (or GLM-4-9B) GGUF's tensors with a fused ``attn_qkv`` (weight, bias: every q
+    row, then k, then v, as older conversions and llama.cpp's loader take them) cut into
+    mlx-lm's phi's (glm's) q, k and v projections."""
     q = config["num_attention_heads"] * config["head_dim"]
     kv = config["num_key_value_heads"] * config["head_dim"]
     out = {}
@@ -870,7 +872,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors,
              "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
-             "granitehybrid": granitehybrid_tensors}
+             "granitehybrid": granitehybrid_tensors, "chatglm": phi2_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

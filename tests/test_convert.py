@@ -295,6 +295,8 @@ GGUF_KIND_LAYER_NAMES.update({
              "mlp.c_proj": "ffn_down"},
     # OpenELM's names; its fused gate/up, which llama.cpp's converter cuts into ffn_gate and
     # ffn_up (write_gguf)
+    # GLM-4-9B's fused gate and up (llama.cpp's ffn_up, twice the MLP's width)
+    "glm": {**GGUF_LAYER_NAMES, "mlp.gate_up_proj": "ffn_up"},
     "openelm": {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn.qkv_proj": "attn_qkv",
                 "attn.q_norm": "attn_q_norm", "attn.k_norm": "attn_k_norm",
                 "attn.out_proj": "attn_output", "ffn.proj_1": "ffn_gate_up",
@@ -306,7 +308,7 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2"),
              "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r",
              "phi": "phi2", "gpt_neox": "gptneox",
-             "gpt_bigcode": "starcoder"}
+             "gpt_bigcode": "starcoder", "glm": "chatglm"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
                  "internlm2", "deepseek", "nanbeige")
@@ -1342,6 +1344,12 @@ GGUF_CASES.update({
                                     "*": T.Q4_K},
                         {"model_dim": 256, "head_dim": 64, "num_query_heads": [4, 4, 8, 8],
                          "num_kv_heads": [1, 2, 2, 4], "ffn_multipliers": [1, 1, 2, 2]}),
+    # GLM-4-9B (chatglm): q/k/v biases, traditional RoPE over each whole head (q/k as they are),
+    # the MLP's gate and up fused; tied, and with a head of its own in K-quants
+    "chatglm-legacy": ("glm", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up": T.Q4_1,
+                               "*": T.Q8_0}, {}),
+    "chatglm-kquants": ("glm", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
+                        {**KQ, "tie_word_embeddings": False}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1686,7 +1694,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "internlm2-linear", "qwen-legacy", "gpt2-legacy",
                                   "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
-                                  "deepseek2-youtu"])
+                                  "deepseek2-youtu", "chatglm-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1804,10 +1812,12 @@ def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_m
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8, block_size=64) < LOGITS_TOL
 
 
-def test_phi2_fused_qkv_from_gguf(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("kind", ["phi", "glm"])
+def test_phi2_fused_qkv_from_gguf(kind, tiny_model_dir, tmp_path):
     """An older Phi-2 GGUF's fused attn_qkv (weight and bias: q rows, k rows, v rows, as
-    llama.cpp's loader reads them) is cut into mlx-lm's phi's q, k and v projections."""
-    _, separate = write_gguf(tmp_path / "s.gguf", "phi", tiny_model_dir("phi"))
+    llama.cpp's loader reads them) is cut into mlx-lm's phi's q, k and v projections; so is
+    GLM-4-9B's (ChatGLMModel's fused query_key_value) into mlx-lm's glm's."""
+    _, separate = write_gguf(tmp_path / "s.gguf", kind, tiny_model_dir(kind))
     names = [f"model.layers.{i}.self_attn.{p}_proj.{suffix}" for i in range(4) for p in "qkv"
              for suffix in ("weight", "bias")]
     fused = {f"blk.{i}.attn_{p}.{suffix}": None for i in range(4) for p in "qkv"
@@ -1815,12 +1825,12 @@ def test_phi2_fused_qkv_from_gguf(tiny_model_dir, tmp_path):
     fused.update({f"blk.{i}.attn_qkv.{suffix}": np.concatenate([np.array(separate[
         f"model.layers.{i}.self_attn.{p}_proj.{suffix}"]) for p in "qkv"])
         for i in range(4) for suffix in ("weight", "bias")})
-    config, reference = write_gguf(tmp_path / "f.gguf", "phi", tiny_model_dir("phi"),
+    config, reference = write_gguf(tmp_path / "f.gguf", kind, tiny_model_dir(kind),
                                    extra=fused)
     reference.update({name: separate[name] for name in names})
     model, _ = mlx_lm.load(str(convert(tmp_path / "f.gguf", tmp_path / "out", dtype="float32")))
     x = random_prompt(64, VOCAB_SIZE)[None]
-    assert rel_err(model(x), reference_model("phi", config, reference)(x)) < 1e-5
+    assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
 
 
 #: EXAONE 3.5 (no tiny kind of its own: the tiny Llama's shape under mlx-lm's exaone), its
@@ -2752,6 +2762,12 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                             "not supported"),
         "mellum_all_local": (lambda: gguf_of("m.gguf", "mellum", {"swa_pattern": [True] * 4}),
                              "GGUF mellum with a sliding window in every layer is not supported"),
+        # GLM-4-9B's own GGUFs turn half of each head (mlx-lm's glm turns it whole)
+        "chatglm_rope_dims": (lambda: gguf_of("g.gguf", "glm", {"partial_rotary_factor": 0.5}),
+                              "GGUF chatglm with RoPE over 8 of each head's 16 dims is not "
+                              "supported"),
+        "chatglm_eps": (lambda: gguf_of("g.gguf", "glm", {"rms_norm_eps": None}),
+                        "/ attention.layer_norm_rms_epsilon"),
         "nanbeige_skip_flag": (lambda: gguf_of("n.gguf", "nanbeige", {"skip_loop_final_norm": 1}),
                                "GGUF metadata nanbeige.skip_loop_final_norm must be true or false, "
                                "got 1"),
@@ -2865,7 +2881,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "qwen_rope_base", "gpt2_kv_heads", "gpt2_mlp_width", "gpt2_own_head",
               "starcoder_kv_heads", "nemotron_eps", "nemotron_qkv_bias", "openelm_groups",
               "openelm_rope_dims", "openelm_half", "deepseek_weights_scale", "deepseek_qkv_bias",
-              "mellum_swa_base", "mellum_all_local", "nanbeige_skip_flag", "minicpm3_values",
+              "mellum_swa_base", "mellum_all_local", "nanbeige_skip_flag", "chatglm_rope_dims",
+              "chatglm_eps", "minicpm3_values",
               "minicpm3_long_factors", "minicpm3_attn_factor", "minicpm3_q_proj", "youtu_sparse",
               "youtu_yarn"]
 
