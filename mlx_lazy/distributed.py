@@ -194,7 +194,7 @@ SHARDERS = {kind: shard_by_heads for kind in
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
              "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat", "gemma",
              "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron", "nanbeige",
-             "minicpm3", "youtu_llm", "glm", "telechat3")}
+             "minicpm3", "youtu_llm", "glm", "telechat3", "glm4")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

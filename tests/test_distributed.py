@@ -390,7 +390,7 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
 
 
 @pytest.mark.parametrize("kind", ["olmo2", "olmo3", "gemma4_text", "qwen3_5", "qwen3_next",
-                                  "ernie4_5_moe", "glm4", "apertus",
+                                  "ernie4_5_moe", "apertus",
                                   "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
@@ -400,12 +400,11 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
     OLMoE's, Granite MoE's, Phi-3.5-MoE's, dots.llm1's, Ling's, Hunyuan's, Llama 4's,
     DeepSeek-MoE's and Mellum's MoE blocks have no split here, nor mlx-lm's dense llama4_text's
-    MLP (at ``feed_forward``), GLM-4-0414's fused gate_up_proj (each rank would need rows of
-    both halves), Apertus's layers (plain up_proj MLP, heads named otherwise), OpenELM's (heads
-    by layer, a fused q/k/v and gate/up), LFM2's convolutions, StarCoder 1's one key/value head
-    (multi-query) or Granite 4.0's and Nemotron-H's layers (Mamba-2, shared MLPs). Refused
-    (mlx-lm has no ``shard`` for them either). Qwen3.5's linear-attention layers are not split
-    here (mlx-lm's ``shard`` splits them, but the engine runs them whole)."""
+    MLP (at ``feed_forward``), Apertus's layers (plain up_proj MLP, heads named otherwise),
+    OpenELM's (heads by layer, a fused q/k/v and gate/up), LFM2's convolutions, StarCoder 1's
+    one key/value head (multi-query) or Granite 4.0's and Nemotron-H's layers (Mamba-2, shared
+    MLPs). Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's linear-attention layers
+    are not split here (mlx-lm's ``shard`` splits them, but the engine runs them whole)."""
     class Group:
         def size(self):
             return 2
@@ -423,7 +422,7 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "internlm3", "starcoder2", "hunyuan_v1_dense", "minicpm", "mimo",
                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
-                  "nanbeige", "minicpm3", "youtu_llm", "glm", "telechat3", "solar_open"]
+                  "nanbeige", "minicpm3", "youtu_llm", "glm", "telechat3", "solar_open", "glm4"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
