@@ -189,12 +189,16 @@ from .errors import UserInputError, shown
 # its ``hybrid_override_pattern``: Mamba-2 (``M``, recurrent), attention without RoPE (``*``: no
 # MLP after it), or a ReLU^2 MLP (``-``) or sparse experts (``E``) alone, taken as recurrent
 # layers that hold no state (no attention there to score with, nothing to revive).
+# jamba (AI21 Jamba, Jamba 1.5/1.6/Mini/Large): Mamba (v1) layers (``block.mamba``, recurrent: a
+# convolution state and an SSM state; called as ``(x, cache)``) and, where ``layers_block_type``
+# says ``attention``, attention without RoPE; the MLP or sparse experts at ``block.feed_forward``
+# after ``pre_ff_layernorm``, the final norm ``final_layernorm``.
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
                          "glm4", "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox",
                          "gpt_oss", "granite", "granitemoe", "granitemoehybrid", "helium",
-                         "hunyuan", "hunyuan_v1_dense", "internlm2", "internlm3", "lfm2",
+                         "hunyuan", "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "lfm2",
                          "lfm2_moe", "llama", "llama4", "llama4_text", "mellum", "mimo", "minicpm",
                          "minicpm3", "ministral3", "mistral", "mistral3", "mixtral", "nanbeige",
                          "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe",
@@ -248,6 +252,8 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                                 "o_proj": "c_proj", "embed_tokens": "wte", "norm": "ln_f"}),
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES),
                "granitemoehybrid": {"linear_attn": "mamba"},
+               "jamba": {"linear_attn": "mamba", "post_attention_layernorm": "pre_ff_layernorm",
+                         "norm": "final_layernorm"},
                "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
                               "embed_tokens": "embeddings", "norm": "norm_f"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
@@ -286,7 +292,9 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``transformer.token_embeddings``, ``args.{model_dim, num_query_heads, num_kv_heads}``;
 # mellum's ``args.layer_types``, nanbeige's ``model.num_loops``, ``args.skip_loop_final_norm``;
 # granitemoehybrid's ``block.{mamba, shared_mlp}``; nemotron_h's ``backbone.{embeddings,
-# norm_f}``, ``block.{norm, mixer, block_type}``, its MLP mixers called as ``(x)``): at least the
+# norm_f}``, ``block.{norm, mixer, block_type}``, its MLP mixers called as ``(x)``; jamba's
+# ``block.{mamba, pre_ff_layernorm, feed_forward}`` (the mamba called as ``(x, ArraysCache)``),
+# ``model.final_layernorm``): at least the
 # first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -413,7 +421,8 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
-    DeltaNet layers, LFM2's convolutions, Granite 4.0's and Nemotron-H's Mamba-2 layers, and
+    DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
+    Mamba-2 layers, and
     Nemotron-H's MLP-only ones, which hold no state); () for every other family. Such a
     layer holds one state that has taken its tokens in order, not keys and values: a token
     pruned below it can never enter it later, and no cut can follow it (it gives no
@@ -473,6 +482,7 @@ class ModelAdapter:
                for layer, window in zip(self.layers, self._windows)):
             raise UserInputError("sliding-window attention layers are not supported")
         self._recurrent = frozenset(recurrent_layers(model))
+        self._mixer_mask = model_type != "jamba"  # Jamba's Mamba takes no mask
         # each layer's attention module (None in a recurrent layer), found once: read per
         # layer and step; sharding changes their projections in place, not the modules
         self._attns = [None if i in self._recurrent else attention_module(block)
@@ -916,10 +926,10 @@ class ModelAdapter:
                         ) -> mx.array:
         """A recurrent layer on hidden states ``h`` (1, n, D) of tokens that follow, in
         order, every token its ``state`` has taken (mlx-lm's ``ArraysCache`` parts: Qwen3.5's
-        ``[conv_state, recurrent_state]``, Mamba-2's ``[conv_state, ssm_state]``, LFM2's
-        ``[conv_state]``; empty before the first): ``state`` advances over them in place;
-        returns their hidden states after the layer, MLP included (each branch times
-        Granite's residual multiplier)."""
+        ``[conv_state, recurrent_state]``, Mamba's (Jamba's) and Mamba-2's ``[conv_state,
+        ssm_state]``, LFM2's ``[conv_state]``; empty before the first): ``state`` advances
+        over them in place; returns their hidden states after the layer, MLP included (each
+        branch times Granite's residual multiplier)."""
         block, n = self.layers[layer], h.shape[1]
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         if getattr(block, "block_type", None) in ("-", "E"):  # nemotron_h: an MLP, no state
@@ -928,7 +938,8 @@ class ModelAdapter:
             state.extend([None] * (1 if "conv" in block else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
-        h = self._blas_rows(h + self._branch(mixer(norm(h), None, cache)))
+        x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)
+        h = self._blas_rows(h + self._branch(x))
         if self._feed_forwards[layer] is None:  # nemotron_h: the mixer alone
             return h[:, :n]
         mlp = self._mlp(layer, self._part(block, "post_attention_layernorm")(h))

@@ -27,7 +27,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
-         "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h")
+         "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "jamba")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -291,6 +291,16 @@ _KIND_CONFIG = {
                    "moe_shared_expert_intermediate_size": 32, "n_shared_experts": 1,
                    "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
                    "routed_scaling_factor": 2.5},
+    # Jamba's layout in Qwen3.5's tiny's places: Mamba (v1) layers (an inner width of 128, a
+    # state of 16, a time-step rank of 32, a convolution over 4 tokens) but attention (no RoPE)
+    # in layers 3 and 7 of 8; 2 of 4 experts in the odd layers, a dense MLP in the even ones;
+    # an untied head
+    "jamba": {"architectures": ["JambaForCausalLM"], "num_hidden_layers": 8,
+              "attn_layer_offset": 3, "attn_layer_period": 4, "expert_layer_offset": 1,
+              "expert_layer_period": 2, "mamba_d_conv": 4, "mamba_d_state": 16,
+              "mamba_expand": 2, "mamba_dt_rank": 32, "num_experts": 4,
+              "num_experts_per_tok": 2, "intermediate_size": 32, "mamba_conv_bias": True,
+              "mamba_proj_bias": False, "tie_word_embeddings": False},
     # dots.llm1: per-head q/k norms; from layer 1 on 2 of 4 experts (sigmoid routing with a
     # random correction bias, scaled by 2.5) beside a shared expert
     "dots1": {"architectures": ["Dots1ForCausalLM"], "tie_word_embeddings": False,
@@ -504,7 +514,7 @@ _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
-                        "nemotron_h")
+                        "nemotron_h", "jamba")
 
 
 def tiny_config(kind: str) -> dict:
@@ -585,7 +595,7 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     model.update(params)
     for layer in model.layers:
         # qwen3_5: linear; lfm2: convolution; bailing_moe: attention; exaone, nanochat: attn;
-        # granitemoehybrid: mamba; nemotron_h: its one mixer, the MLP or experts too
+        # granitemoehybrid, jamba: mamba; nemotron_h: its one mixer, the MLP or experts too
         attn = (getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
                 or getattr(layer, "attn", None) or getattr(layer, "linear_attn", None)
                 or getattr(layer, "conv", None) or getattr(layer, "mamba", None) or layer.mixer)
@@ -609,6 +619,9 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             mlp.expert_bias = 0.1 * mx.random.normal(mlp.expert_bias.shape)
         if getattr(gate, "expert_bias", None) is not None:  # bailing_moe's
             gate.expert_bias = 0.1 * mx.random.normal(gate.expert_bias.shape)
+        if kind == "jamba" and "mamba" in layer:  # log(1..state) in every channel by default
+            attn.A_log = attn.A_log + 0.5 * mx.random.normal(attn.A_log.shape)
+            attn.D = 1.0 + 0.1 * mx.random.normal(attn.D.shape)
         if "layer_scalar" in layer:  # gemma4: ones by default
             layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
         for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm",
