@@ -193,6 +193,11 @@ from .errors import UserInputError, shown
 # convolution state and an SSM state; called as ``(x, cache)``) and, where ``layers_block_type``
 # says ``attention``, attention without RoPE; the MLP or sparse experts at ``block.feed_forward``
 # after ``pre_ff_layernorm``, the final norm ``final_layernorm``.
+# mistral4 (Mistral Small 4; also the text model of a ``mistral3`` checkpoint) (:data:`MLA_TYPES`):
+# DeepSeek-V3's absorbed latent attention whose queries are also scaled by position, as
+# ministral3's (``rope_parameters``' ``llama_4_scaling_beta`` and
+# ``original_max_position_embeddings``), softmax-routed experts beside shared ones at ``block.mlp``
+# from ``first_k_dense_replace`` on.
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
@@ -200,7 +205,8 @@ SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepsee
                          "gpt_oss", "granite", "granitemoe", "granitemoehybrid", "helium",
                          "hunyuan", "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "lfm2",
                          "lfm2_moe", "llama", "llama4", "llama4_text", "mellum", "mimo", "minicpm",
-                         "minicpm3", "ministral3", "mistral", "mistral3", "mixtral", "nanbeige",
+                         "minicpm3", "ministral3", "mistral", "mistral3", "mistral4", "mixtral",
+                         "nanbeige",
                          "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe",
                          "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3",
                          "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
@@ -209,7 +215,7 @@ GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu_llm")
+MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -456,9 +462,11 @@ class ModelAdapter:
             )
         self.model = model
         self.text = _text_model(model)
-        if model_type == "mistral3" and self.text.model_type not in ("llama", "ministral3"):
+        if model_type == "mistral3" and self.text.model_type not in ("llama", "ministral3",
+                                                                     "mistral4"):
             raise UserInputError(f"unsupported text model type {self.text.model_type!r} in a "
-                                 "mistral3 checkpoint; mlx-lazy supports llama, ministral3")
+                                 "mistral3 checkpoint; mlx-lazy supports llama, ministral3, "
+                                 "mistral4")
         self._gemma2 = model_type == "gemma2"
         self._gemma3 = model_type in GEMMA3_TYPES
         self._gemma4 = model_type in GEMMA4_TYPES
@@ -493,7 +501,7 @@ class ModelAdapter:
             raise UserInputError(f"this {model_type} model has no attention layer; mlx-lazy "
                                  "runs models with at least one")
         self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
-        self._mla = model_type in MLA_TYPES
+        self._mla = self.text.model_type in MLA_TYPES  # (a mistral3 checkpoint's mistral4)
         if self._mla:  # the absorbed form (embed_q) has one key/value head, the latent
             self.n_heads: int = attn.num_heads
             self.n_kv_heads: int = 1 if hasattr(attn, "embed_q") else attn.num_heads
@@ -529,6 +537,11 @@ class ModelAdapter:
         if model_type == "hunyuan" and args.use_cla:  # the layer below, as mlx-lm shares
             self._kv_layers = [i - i % args.cla_share_factor for i in range(len(self.layers))]
         self._norms_after_rope = model_type in _NORMS_AFTER_ROPE
+        # mistral4's (beta, original_max_position_embeddings) of Llama 4's attention temperature
+        self._query_scaling = (
+            (args.rope_parameters["llama_4_scaling_beta"],
+             args.rope_parameters["original_max_position_embeddings"])
+            if self.text.model_type == "mistral4" else None)
         # llama4(_text)'s weight-free q/k norm's epsilon
         self._l2_eps = (1e-6 if model_type == "llama4" else
                         args.rms_norm_eps if model_type == "llama4_text" else None)
@@ -741,7 +754,10 @@ class ModelAdapter:
             x = self._norm(block, "input_layernorm")(x)
         gate = None
         if self._mla:
-            return (*self._latent_qkv(attn, x, n, positions), None)
+            q, k, v = self._latent_qkv(attn, x, n, positions)
+            if self._query_scaling is not None:  # mistral4: every query scaled by position
+                q = q * _query_scale(positions, *self._query_scaling).astype(q.dtype)
+            return q, k, v, None
         heads = getattr(attn, "n_heads", self.n_heads)  # openelm: by layer
         kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4, openelm: by layer
         fused = (getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)

@@ -423,7 +423,7 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "internlm3", "starcoder2", "hunyuan_v1_dense", "minicpm", "mimo",
                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
-                  "nanbeige", "minicpm3", "youtu_llm"]
+                  "nanbeige", "minicpm3", "youtu_llm", "mistral4"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
@@ -455,12 +455,13 @@ def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
     gpt-oss (mlx-lm's shard, its sinks split by head), GLM-4.5 (mlx-lm's shard: its MoE
     blocks sum their ranks' shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2
     (mlx-lm's shard: each rank its heads' queries, embed_q and unembed_out or kv_b_proj, the
-    latent whole on every rank; MiniCPM3's and Youtu-LLM's split the same way by
+    latent whole on every rank; Mistral Small 4's too, its queries scaled by position on each
+    rank; MiniCPM3's and Youtu-LLM's split the same way by
     shard_by_heads): unpruned, each rank's logits equal mlx-lm's; pruned, each
     rank selects what the single process selects and its logits equal it."""
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
-                                                "glm4_moe_lite", "deepseek_v2"))
+                                                "glm4_moe_lite", "deepseek_v2", "mistral4"))
     runs = families_two_rank_runs[kind]
     (rec0, logits0), (rec1, logits1) = runs["full"]
     assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2

@@ -27,7 +27,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "lfm2_moe", "dots1", "bailing_moe", "hunyuan", "llama4_text", "exaone", "hunyuan_v1_dense",
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
-         "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "jamba")
+         "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "jamba", "mistral4")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -176,6 +176,14 @@ _KIND_CONFIG = {
                     "rope_scaling": {"type": "yarn", "factor": 4.0, "mscale": 1.0,
                                      "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
                                      "original_max_position_embeddings": 1024}},
+    # Mistral Small 4: DeepSeek-V3's absorbed latent attention, YaRN, queries scaled by position
+    # from 48 on (Llama 4's temperature, as ministral3's); softmax-routed MoE from layer 1 on
+    "mistral4": {"architectures": ["Mistral4ForCausalLM"], **_MLA, "q_lora_rank": 32,
+                 "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.5,
+                 "rope_parameters": {"type": "yarn", "factor": 4.0, "mscale": 1.0,
+                                     "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+                                     "original_max_position_embeddings": 48,
+                                     "llama_4_scaling_beta": 0.5, "rope_theta": 10000.0}},
     # GLM-4.7-Flash: DeepSeek-V3's layout, its low-rank norms' eps from the config, no RoPE
     # scaling
     "glm4_moe_lite": {"architectures": ["Glm4MoeLiteForCausalLM"], **_MLA, "q_lora_rank": 32,
@@ -521,9 +529,9 @@ def tiny_config(kind: str) -> dict:
     """The config.json of a tiny model of ``kind`` (one of KINDS, a variant of one such as
     ``phi3-longrope``, ``mistral3``: a Ministral 3 checkpoint, its text model a tiny
     ``ministral3``, or ``gemma4``: a Gemma 4 checkpoint of a tiny ``gemma4_text``)."""
-    if kind == "mistral3":
+    if kind in ("mistral3", "mistral3-mistral4"):  # (Mistral Small 4's: a mistral4 inside)
         return {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"],
-                "text_config": tiny_config("ministral3"),
+                "text_config": tiny_config("ministral3" if kind == "mistral3" else "mistral4"),
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id")}}
     if kind == "llama4":  # Llama 4 Scout's layout: chunks of 24, layer 3 global without RoPE
         # (its queries scaled from position 15 on), top-1 experts in layers 1 and 3
