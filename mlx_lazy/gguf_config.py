@@ -148,6 +148,11 @@ The architectures (llama.cpp's names), and what converting each involves:
   as vectors; a dense MLP, or softmax-routed experts beside a shared MLP (its gate and up fused
   as mlx-lm's ``input_linear``); an inner size of twice the hidden one (as llama.cpp requires),
   one SSM group (as Granite 4.0's: mlx-lm's gated norm spans all groups, llama.cpp's each).
+* ``jamba`` (AI21 Jamba without experts, ``jamba``): Mamba layers where llama.cpp gives no
+  key/value heads, attention without RoPE in the others, a dense MLP in every layer; A_log of
+  llama.cpp's -exp(A_log), the conv kernels in MLX's layout; an inner size of twice the hidden
+  one (as llama.cpp requires). Experts are refused: llama.cpp weighs the chosen ones by their
+  softmax over all experts, mlx-lm's jamba renormalises over the chosen ones.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -200,7 +205,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nemotron": "NemotronForCausalLM", "openelm": "OpenELMForCausalLM",
                  "deepseek": "DeepseekForCausalLM", "mellum": "MellumForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
-                 "minicpm3": "MiniCPM3ForCausalLM"}
+                 "minicpm3": "MiniCPM3ForCausalLM", "jamba": "JambaForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -224,7 +229,7 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
-                    "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid")
+                    "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
@@ -372,14 +377,15 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid"):
+                "minicpm3", "granitehybrid", "jamba"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
         required += ("shortconv.l_cache",)
-    if arch == "granitehybrid":
+    if arch in ("granitehybrid", "jamba"):
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
-                                               "time_step_rank", "group_count"))
+                                               "time_step_rank", "group_count")
+                          if arch == "granitehybrid" or k != "group_count")
     if arch in _LAYER_NORM:
         required += ("attention.layer_norm_epsilon",)
     if arch == "gptneox":  # llama.cpp requires it too
@@ -388,7 +394,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
-    by_layer = gemma4 or arch in (*LFM2, "granitehybrid")
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's
 
     def first(key: str) -> Any:
@@ -570,6 +576,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_openelm_config(g, count, config))
     if arch == "granitehybrid":
         config.update(_granitehybrid_config(g, count, optional, real, experts, tensors, config))
+    if arch == "jamba":
+        config.update(_jamba_config(g, count, tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -898,6 +906,38 @@ def _granitehybrid_config(g: Any, count: Any, optional: Any, real: Any, experts:
     n_experts, n_used = experts()
     return {**out, "num_local_experts": n_experts, "num_experts_per_tok": n_used,
             "shared_intermediate_size": shared}
+
+
+def _jamba_config(g: Any, count: Any, tensors: dict, config: dict) -> dict:
+    """mlx-lm's jamba settings of a Jamba GGUF, read as llama.cpp reads it: a layer without
+    key/value heads is Mamba (an inner size twice the hidden one, as llama.cpp requires; the
+    conv's bias, which llama.cpp requires, and no projection biases), the others attention
+    without RoPE; a dense MLP in every layer (experts refused: llama.cpp weighs the chosen ones
+    by their softmax over all experts, mlx-lm's jamba renormalises over the chosen ones)."""
+    kv = _hybrid_kv_heads("jamba", g, count, config, "Mamba")
+    if any(name.endswith(".ffn_gate_inp.weight") for name in tensors):
+        raise UserInputError("GGUF jamba with experts is not supported (llama.cpp weighs the "
+                             "chosen experts by their softmax over all of them, mlx-lm's jamba "
+                             "renormalises over the chosen ones)")
+    inner, hidden = count("ssm.inner_size"), config["hidden_size"]
+    if inner != 2 * hidden:
+        raise UserInputError(f"GGUF jamba with an SSM inner size of {inner} is not supported "
+                             f"(llama.cpp requires twice the hidden size {hidden})")
+    # the attention layers as mlx-lm's jamba (and transformers' config) place them: every
+    # attn_layer_period-th from attn_layer_offset
+    attention = [i for i, n in enumerate(kv) if n]
+    offset = attention[0]
+    period = attention[1] - offset if len(attention) > 1 else len(kv)
+    if offset >= period or attention != list(range(offset, len(kv), period)):
+        raise UserInputError(f"GGUF jamba with attention in layers {shown(attention, 40)} is "
+                             "not supported (mlx-lm's jamba takes them every "
+                             "attn_layer_period-th layer from attn_layer_offset)")
+    return {"num_key_value_heads": kv[offset], "attn_layer_offset": offset,
+            "attn_layer_period": period, "expert_layer_offset": 0, "expert_layer_period": 1,
+            "num_experts": 1,
+            "num_experts_per_tok": 1, "mamba_expand": 2, "mamba_d_conv": count("ssm.conv_kernel"),
+            "mamba_d_state": count("ssm.state_size"), "mamba_dt_rank": count("ssm.time_step_rank"),
+            "mamba_conv_bias": True, "mamba_proj_bias": False}
 
 
 def _lfm2_config(arch: str, g: Any, count: Any, optional: Any, experts: Any, tensors: dict,
