@@ -428,11 +428,10 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
     DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
-    Mamba-2 layers, and
-    Nemotron-H's MLP-only ones, which hold no state); () for every other family. Such a
-    layer holds one state that has taken its tokens in order, not keys and values: a token
-    pruned below it can never enter it later, and no cut can follow it (it gives no
-    attention to score with)."""
+    Mamba-2 layers, and Nemotron-H's MLP-only ones, which hold no state); () for every other
+    family. Such a layer holds one state that has taken its tokens in order, not keys and
+    values: a token pruned below it can never enter it later, and no cut can follow it (it
+    gives no attention to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
                  if hasattr(block, "linear_attn") or hasattr(block, "conv")
                  or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*")
