@@ -56,6 +56,11 @@ The architectures (llama.cpp's names), and what converting each involves:
   as each model holds its up-projection; leading dense layers, experts and shared experts,
   expert groups, YaRN with its log multiplier as ``mscale_all_dim``; traditional RoPE, q/k as
   they are. The NextN block dropped. Without experts (Youtu-LLM) to ``youtu_llm``.
+* ``mistral4`` (Mistral Small 4, llama.cpp's deepseek2 graph, ``mistral4``): deepseek2's latent
+  attention and experts, softmax-routed (the chosen weights renormalised where
+  ``expert_weights_norm``, expert groups ranked by their two best experts, as in both), YaRN;
+  Llama 4's attention temperature where the GGUF gives one (llama.cpp's converter writes none:
+  then none), the latent norms' epsilon 1e-6 (mlx-lm's, hard-wired).
 * ``glm4`` (GLM-4-0414 9B/32B): norms after each branch, the MLP's gate then up rows in one
   tensor (mlx-lm's ``gate_up_proj``), q/k/v biases, traditional RoPE over part of each head
   (NeoX where the GGUF has MRoPE sections: GLM-4.1V's, GLM-OCR's text model, whose q/k rows
@@ -205,7 +210,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nemotron": "NemotronForCausalLM", "openelm": "OpenELMForCausalLM",
                  "deepseek": "DeepseekForCausalLM", "mellum": "MellumForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
-                 "minicpm3": "MiniCPM3ForCausalLM", "jamba": "JambaForCausalLM"}
+                 "minicpm3": "MiniCPM3ForCausalLM", "jamba": "JambaForCausalLM",
+                 "mistral4": "Mistral4ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -297,7 +303,7 @@ _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gpt
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
 # The architectures of multi-head latent attention
-MLA = ("deepseek2", "minicpm3")
+MLA = ("deepseek2", "minicpm3", "mistral4")
 # MiniCPM3: the embedding, residual and logit scales llama.cpp hard-wires (its converter writes
 # none), as mlx-lm's minicpm3 names them
 MINICPM3_SCALES = {"scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 256}
@@ -445,7 +451,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     scaling = g("rope.scaling.type") or ("linear" if factor not in (None, 0, 1) else None)
     # Gemma 3 4B+ (its global layers only), InternLM2, Nemotron (all of them)
     linear = arch in ("gemma3", "internlm2", "nemotron") and scaling == "linear"
-    yarn = arch in ("gpt-oss", "mistral3", "deepseek2") and scaling == "yarn"
+    yarn = arch in ("gpt-oss", "mistral3", "deepseek2", "mistral4") and scaling == "yarn"
     if scaling not in (None, "none") and not (linear or yarn):
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
     for name, owners in ROPE_TENSORS.items():
@@ -658,15 +664,21 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "deepseek2":
         config.update(_deepseek2_config(meta, g, count, real, positive, optional, experts,
                                         tensors, config, rope_dims))
+    if arch == "mistral4":
+        config.update(_mistral4_config(g, count, positive, optional, experts, tensors, config,
+                                       rope_dims))
+    if arch in ("deepseek2", "mistral4"):
         if yarn:  # llama.cpp's betas (its deepseek2 loader reads none); mscale as mscale_all_dim
             # (llama.cpp's special case of deepseek2), which its converter wrote times 0.1
             log_mul = real("rope.scaling.yarn_log_multiplier", 0.0)
             if not log_mul:  # llama.cpp then scales the attention by YaRN's magnitude squared
-                raise UserInputError("GGUF deepseek2 with YaRN RoPE but no "
+                raise UserInputError(f"GGUF {arch} with YaRN RoPE but no "
                                      "rope.scaling.yarn_log_multiplier is not supported")
             scale = float(np.float32(log_mul) / DEEPSEEK2_LOG_MUL_SCALE)
             config["rope_scaling"] = {**yarn_rope(), **LLAMA_CPP_YARN_BETAS,
                                       "mscale": scale, "mscale_all_dim": scale}
+    if arch == "mistral4":  # mlx-lm's mistral4 reads rope_parameters, with the temperature
+        config["rope_parameters"] = _mistral4_rope(g, count, real, config)
     if arch in _ONE_ROPE_BASE and \
             g("rope.freq_base_swa", config["rope_theta"]) != config["rope_theta"]:
         raise UserInputError(f"GGUF {arch} with another RoPE base in its sliding-window layers "
@@ -1274,6 +1286,52 @@ def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, 
            if model_type == "deepseek_v2" else None,
            **moe}
     return out
+
+
+def _mistral4_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
+                     tensors: dict, config: dict, rope_dims: int) -> dict:
+    """mlx-lm's mistral4 settings of a Mistral Small 4 GGUF, read as llama.cpp's deepseek2 graph
+    (its mistral4's) reads it: latent attention (:func:`_latent_attention`) and DeepSeek's MoE
+    layout (:func:`_routed_experts`) routed by softmax (the only gating of mlx-lm's mistral4),
+    the latent norms' RMS epsilon the 1e-6 mlx-lm's mistral4 hard-wires."""
+    if not optional("expert_count"):
+        raise UserInputError("GGUF mistral4 without experts is not supported")
+    gating = g("expert_gating_func", _NO_GATING)  # none: llama.cpp's softmax
+    if gating not in (_NO_GATING, _SOFTMAX_GATING):
+        raise UserInputError(f"GGUF mistral4 with expert gating function {shown(gating, 20)} "
+                             f"is not supported (mlx-lm's mistral4 routes by softmax, "
+                             f"llama.cpp's {_SOFTMAX_GATING})")
+    if np.float32(config["rms_norm_eps"]) != DEEPSEEK_LATENT_EPS:
+        raise UserInputError(f"GGUF mistral4 with RMS epsilon {config['rms_norm_eps']:.7g} is "
+                             "not supported (mlx-lm's mistral4 normalises its latents with "
+                             "1e-06)")
+    latent = _latent_attention("mistral4", count, tensors, config, rope_dims)
+    moe = _routed_experts("mistral4", "mistral4", g, count, positive, optional, experts,
+                          tensors, config["num_hidden_layers"])
+    value_length = ("attention.value_length_mla" if g("attention.value_length_mla") is not None
+                    else "attention.value_length")
+    return {"num_key_value_heads": config["num_attention_heads"], **latent,
+            "v_head_dim": count(value_length), "attention_bias": False,
+            **{k: v for k, v in moe.items() if k not in ("scoring_func", "topk_method")}}
+
+
+def _mistral4_rope(g: Any, count: Any, real: Any, config: dict) -> dict:
+    """mlx-lm's mistral4 ``rope_parameters``: the RoPE (YaRN's, as deepseek2's) and Llama 4's
+    attention temperature (``attention.temperature_scale`` over ``temperature_length``, as
+    llama.cpp's deepseek2 loader reads it; none without it), whose floor scale is YaRN's
+    original context in mlx-lm's mistral4 (another is refused)."""
+    rope = {"rope_type": "default", "rope_theta": config["rope_theta"],
+            **(config.pop("rope_scaling", None) or {}), "llama_4_scaling_beta": 0.0}
+    rope.setdefault("original_max_position_embeddings", config["max_position_embeddings"])
+    beta = real("attention.temperature_scale", 0.0)
+    if beta:
+        floor = count("attention.temperature_length")
+        if "factor" in rope and floor != rope["original_max_position_embeddings"]:
+            raise UserInputError(f"GGUF mistral4 with an attention temperature over {floor} "
+                                 "positions is not supported (mlx-lm's mistral4 takes YaRN's "
+                                 f"original context, {rope['original_max_position_embeddings']})")
+        rope.update(llama_4_scaling_beta=beta, original_max_position_embeddings=floor)
+    return rope
 
 
 def _latent_attention(arch: str, count: Any, tensors: dict, config: dict,

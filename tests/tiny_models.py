@@ -474,6 +474,13 @@ _VARIANTS = {
         "topk_method": "noaux_tc", "n_routed_experts": 8,
         "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                          "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+    # Mistral Small 4 as llama.cpp converts it: no attention temperature (its converter writes
+    # none), YaRN over an original context of 64
+    "mistral4-gguf": ("mistral4", {
+        "qk_rope_head_dim": 16, "v_head_dim": 32, "rms_norm_eps": 1e-6, "n_routed_experts": 8,
+        "rope_parameters": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+                            "llama_4_scaling_beta": 0.0, "rope_theta": 10000.0}}),
     "glm4_moe_lite-gguf": ("glm4_moe_lite", {
         "qk_rope_head_dim": 16, "v_head_dim": 64, "scoring_func": "sigmoid",
         "topk_method": "noaux_tc", "rope_theta": 1e6, "num_nextn_predict_layers": 0}),
