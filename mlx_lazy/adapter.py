@@ -195,24 +195,33 @@ from .errors import UserInputError, shown
 # the MLP (``mlp_bias``) where its config says.
 # solar_open (Upstage Solar Open): mlx-lm's glm4_moe model under its own config (no q/k norms
 # or biases by default).
+# jamba (AI21 Jamba, Jamba 1.5/1.6/Mini/Large): Mamba (v1) layers (``block.mamba``, recurrent: a
+# convolution state and an SSM state; called as ``(x, cache)``) and, where ``layers_block_type``
+# says ``attention``, attention without RoPE; the MLP or sparse experts at ``block.feed_forward``
+# after ``pre_ff_layernorm``, the final norm ``final_layernorm``.
+# mistral4 (Mistral Small 4; also the text model of a ``mistral3`` checkpoint) (:data:`MLA_TYPES`):
+# DeepSeek-V3's absorbed latent attention whose queries are also scaled by position, as
+# ministral3's (``rope_parameters``' ``llama_4_scaling_beta`` and
+# ``original_max_position_embeddings``), softmax-routed experts beside shared ones at ``block.mlp``
+# from ``first_k_dense_replace`` on.
 SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek", "deepseek_v2",
                          "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
-                         "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm",
-                         "glm4", "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox",
-                         "gpt_oss", "granite", "granitemoe", "granitemoehybrid", "helium",
-                         "hunyuan", "hunyuan_v1_dense", "internlm2", "internlm3", "lfm2",
-                         "lfm2_moe", "llama", "llama4", "llama4_text", "mellum", "mimo", "minicpm",
-                         "minicpm3", "ministral3", "mistral", "mistral3", "mixtral", "nanbeige",
-                         "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe",
-                         "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3",
-                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
-                         "smollm3", "solar_open", "stablelm", "starcoder2", "telechat3",
-                         "youtu_llm")
+                         "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
+                         "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode",
+                         "gpt_neox", "gpt_oss", "granite", "granitemoe", "granitemoehybrid",
+                         "helium", "hunyuan", "hunyuan_v1_dense", "internlm2", "internlm3",
+                         "jamba", "lfm2", "lfm2_moe", "llama", "llama4", "llama4_text", "mellum",
+                         "mimo", "minicpm", "minicpm3", "ministral3", "mistral", "mistral3",
+                         "mistral4", "mixtral", "nanbeige", "nanochat", "nemotron", "nemotron_h",
+                         "olmo2", "olmo3", "olmoe", "openelm", "phi", "phi3", "phimoe", "qwen",
+                         "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
+                         "qwen3_next", "seed_oss", "smollm3", "solar_open", "stablelm",
+                         "starcoder2", "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu_llm")
+MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -255,6 +264,8 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                                 "o_proj": "c_proj", "embed_tokens": "wte", "norm": "ln_f"}),
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES),
                "granitemoehybrid": {"linear_attn": "mamba"},
+               "jamba": {"linear_attn": "mamba", "post_attention_layernorm": "pre_ff_layernorm",
+                         "norm": "final_layernorm"},
                "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
                               "embed_tokens": "embeddings", "norm": "norm_f"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
@@ -293,7 +304,9 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``transformer.token_embeddings``, ``args.{model_dim, num_query_heads, num_kv_heads}``;
 # mellum's ``args.layer_types``, nanbeige's ``model.num_loops``, ``args.skip_loop_final_norm``;
 # granitemoehybrid's ``block.{mamba, shared_mlp}``; nemotron_h's ``backbone.{embeddings,
-# norm_f}``, ``block.{norm, mixer, block_type}``, its MLP mixers called as ``(x)``): at least the
+# norm_f}``, ``block.{norm, mixer, block_type}``, its MLP mixers called as ``(x)``; jamba's
+# ``block.{mamba, pre_ff_layernorm, feed_forward}`` (the mamba called as ``(x, ArraysCache)``),
+# ``model.final_layernorm``): at least the
 # first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -420,11 +433,11 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
-    DeltaNet layers, LFM2's convolutions, Granite 4.0's and Nemotron-H's Mamba-2 layers, and
-    Nemotron-H's MLP-only ones, which hold no state); () for every other family. Such a
-    layer holds one state that has taken its tokens in order, not keys and values: a token
-    pruned below it can never enter it later, and no cut can follow it (it gives no
-    attention to score with)."""
+    DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
+    Mamba-2 layers, and Nemotron-H's MLP-only ones, which hold no state); () for every other
+    family. Such a layer holds one state that has taken its tokens in order, not keys and
+    values: a token pruned below it can never enter it later, and no cut can follow it (it
+    gives no attention to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
                  if hasattr(block, "linear_attn") or hasattr(block, "conv")
                  or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*")
@@ -454,9 +467,11 @@ class ModelAdapter:
             )
         self.model = model
         self.text = _text_model(model)
-        if model_type == "mistral3" and self.text.model_type not in ("llama", "ministral3"):
+        if model_type == "mistral3" and self.text.model_type not in ("llama", "ministral3",
+                                                                     "mistral4"):
             raise UserInputError(f"unsupported text model type {self.text.model_type!r} in a "
-                                 "mistral3 checkpoint; mlx-lazy supports llama, ministral3")
+                                 "mistral3 checkpoint; mlx-lazy supports llama, ministral3, "
+                                 "mistral4")
         self._gemma2 = model_type == "gemma2"
         self._gemma3 = model_type in GEMMA3_TYPES
         self._gemma4 = model_type in GEMMA4_TYPES
@@ -480,6 +495,7 @@ class ModelAdapter:
                for layer, window in zip(self.layers, self._windows)):
             raise UserInputError("sliding-window attention layers are not supported")
         self._recurrent = frozenset(recurrent_layers(model))
+        self._mixer_mask = model_type != "jamba"  # Jamba's Mamba takes no mask
         # each layer's attention module (None in a recurrent layer), found once: read per
         # layer and step; sharding changes their projections in place, not the modules
         self._attns = [None if i in self._recurrent else attention_module(block)
@@ -490,7 +506,7 @@ class ModelAdapter:
             raise UserInputError(f"this {model_type} model has no attention layer; mlx-lazy "
                                  "runs models with at least one")
         self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
-        self._mla = model_type in MLA_TYPES
+        self._mla = self.text.model_type in MLA_TYPES  # (a mistral3 checkpoint's mistral4)
         if self._mla:  # the absorbed form (embed_q) has one key/value head, the latent
             self.n_heads: int = attn.num_heads
             self.n_kv_heads: int = 1 if hasattr(attn, "embed_q") else attn.num_heads
@@ -526,6 +542,11 @@ class ModelAdapter:
         if model_type == "hunyuan" and args.use_cla:  # the layer below, as mlx-lm shares
             self._kv_layers = [i - i % args.cla_share_factor for i in range(len(self.layers))]
         self._norms_after_rope = model_type in _NORMS_AFTER_ROPE
+        # mistral4's (beta, original_max_position_embeddings) of Llama 4's attention temperature
+        self._query_scaling = (
+            (args.rope_parameters["llama_4_scaling_beta"],
+             args.rope_parameters["original_max_position_embeddings"])
+            if self.text.model_type == "mistral4" else None)
         # llama4(_text)'s weight-free q/k norm's epsilon
         self._l2_eps = (1e-6 if model_type == "llama4" else
                         args.rms_norm_eps if model_type == "llama4_text" else None)
@@ -738,7 +759,10 @@ class ModelAdapter:
             x = self._norm(block, "input_layernorm")(x)
         gate = None
         if self._mla:
-            return (*self._latent_qkv(attn, x, n, positions), None)
+            q, k, v = self._latent_qkv(attn, x, n, positions)
+            if self._query_scaling is not None:  # mistral4: every query scaled by position
+                q = q * _query_scale(positions, *self._query_scaling).astype(q.dtype)
+            return q, k, v, None
         heads = getattr(attn, "n_heads", self.n_heads)  # openelm: by layer
         kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4, openelm: by layer
         fused = (getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
@@ -923,10 +947,10 @@ class ModelAdapter:
                         ) -> mx.array:
         """A recurrent layer on hidden states ``h`` (1, n, D) of tokens that follow, in
         order, every token its ``state`` has taken (mlx-lm's ``ArraysCache`` parts: Qwen3.5's
-        ``[conv_state, recurrent_state]``, Mamba-2's ``[conv_state, ssm_state]``, LFM2's
-        ``[conv_state]``; empty before the first): ``state`` advances over them in place;
-        returns their hidden states after the layer, MLP included (each branch times
-        Granite's residual multiplier)."""
+        ``[conv_state, recurrent_state]``, Mamba's (Jamba's) and Mamba-2's ``[conv_state,
+        ssm_state]``, LFM2's ``[conv_state]``; empty before the first): ``state`` advances
+        over them in place; returns their hidden states after the layer, MLP included (each
+        branch times Granite's residual multiplier)."""
         block, n = self.layers[layer], h.shape[1]
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         if getattr(block, "block_type", None) in ("-", "E"):  # nemotron_h: an MLP, no state
@@ -935,7 +959,8 @@ class ModelAdapter:
             state.extend([None] * (1 if "conv" in block else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
-        h = self._blas_rows(h + self._branch(mixer(norm(h), None, cache)))
+        x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)
+        h = self._blas_rows(h + self._branch(x))
         if self._feed_forwards[layer] is None:  # nemotron_h: the mixer alone
             return h[:, :n]
         mlp = self._mlp(layer, self._part(block, "post_attention_layernorm")(h))

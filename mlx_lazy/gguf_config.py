@@ -56,6 +56,11 @@ The architectures (llama.cpp's names), and what converting each involves:
   as each model holds its up-projection; leading dense layers, experts and shared experts,
   expert groups, YaRN with its log multiplier as ``mscale_all_dim``; traditional RoPE, q/k as
   they are. The NextN block dropped. Without experts (Youtu-LLM) to ``youtu_llm``.
+* ``mistral4`` (Mistral Small 4, llama.cpp's deepseek2 graph, ``mistral4``): deepseek2's latent
+  attention and experts, softmax-routed (the chosen weights renormalised where
+  ``expert_weights_norm``, expert groups ranked by their two best experts, as in both), YaRN;
+  Llama 4's attention temperature where the GGUF gives one (llama.cpp's converter writes none:
+  then none), the latent norms' epsilon 1e-6 (mlx-lm's, hard-wired).
 * ``glm4`` (GLM-4-0414 9B/32B): norms after each branch, the MLP's gate then up rows in one
   tensor (mlx-lm's ``gate_up_proj``), q/k/v biases, traditional RoPE over part of each head
   (NeoX where the GGUF has MRoPE sections: GLM-4.1V's, GLM-OCR's text model, whose q/k rows
@@ -153,6 +158,11 @@ The architectures (llama.cpp's names), and what converting each involves:
   over each whole head only (mlx-lm's glm turns every dim: a GGUF that turns a part, as GLM-4-9B's
   own do, is refused), the MLP's gate and up fused as mlx-lm's ``gate_up_proj``, a tied or untied
   head.
+* ``jamba`` (AI21 Jamba without experts, ``jamba``): Mamba layers where llama.cpp gives no
+  key/value heads, attention without RoPE in the others, a dense MLP in every layer; A_log of
+  llama.cpp's -exp(A_log), the conv kernels in MLX's layout; an inner size of twice the hidden
+  one (as llama.cpp requires). Experts are refused: llama.cpp weighs the chosen ones by their
+  softmax over all experts, mlx-lm's jamba renormalises over the chosen ones.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -205,7 +215,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nemotron": "NemotronForCausalLM", "openelm": "OpenELMForCausalLM",
                  "deepseek": "DeepseekForCausalLM", "mellum": "MellumForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
-                 "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM"}
+                 "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
+                 "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -229,7 +240,7 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
-                    "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid")
+                    "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
@@ -297,7 +308,7 @@ _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gpt
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
 # The architectures of multi-head latent attention
-MLA = ("deepseek2", "minicpm3")
+MLA = ("deepseek2", "minicpm3", "mistral4")
 # MiniCPM3: the embedding, residual and logit scales llama.cpp hard-wires (its converter writes
 # none), as mlx-lm's minicpm3 names them
 MINICPM3_SCALES = {"scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 256}
@@ -377,14 +388,15 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid", "chatglm"):
+                "minicpm3", "granitehybrid", "chatglm", "jamba"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
         required += ("shortconv.l_cache",)
-    if arch == "granitehybrid":
+    if arch in ("granitehybrid", "jamba"):
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
-                                               "time_step_rank", "group_count"))
+                                               "time_step_rank", "group_count")
+                          if arch == "granitehybrid" or k != "group_count")
     if arch in _LAYER_NORM:
         required += ("attention.layer_norm_epsilon",)
     if arch == "gptneox":  # llama.cpp requires it too
@@ -393,7 +405,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
-    by_layer = gemma4 or arch in (*LFM2, "granitehybrid")
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's
 
     def first(key: str) -> Any:
@@ -444,7 +456,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     scaling = g("rope.scaling.type") or ("linear" if factor not in (None, 0, 1) else None)
     # Gemma 3 4B+ (its global layers only), InternLM2, Nemotron (all of them)
     linear = arch in ("gemma3", "internlm2", "nemotron") and scaling == "linear"
-    yarn = arch in ("gpt-oss", "mistral3", "deepseek2") and scaling == "yarn"
+    yarn = arch in ("gpt-oss", "mistral3", "deepseek2", "mistral4") and scaling == "yarn"
     if scaling not in (None, "none") and not (linear or yarn):
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
     for name, owners in ROPE_TENSORS.items():
@@ -577,6 +589,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_openelm_config(g, count, config))
     if arch == "granitehybrid":
         config.update(_granitehybrid_config(g, count, optional, real, experts, tensors, config))
+    if arch == "jamba":
+        config.update(_jamba_config(g, count, tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -657,15 +671,21 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "deepseek2":
         config.update(_deepseek2_config(meta, g, count, real, positive, optional, experts,
                                         tensors, config, rope_dims))
+    if arch == "mistral4":
+        config.update(_mistral4_config(g, count, positive, optional, experts, tensors, config,
+                                       rope_dims))
+    if arch in ("deepseek2", "mistral4"):
         if yarn:  # llama.cpp's betas (its deepseek2 loader reads none); mscale as mscale_all_dim
             # (llama.cpp's special case of deepseek2), which its converter wrote times 0.1
             log_mul = real("rope.scaling.yarn_log_multiplier", 0.0)
             if not log_mul:  # llama.cpp then scales the attention by YaRN's magnitude squared
-                raise UserInputError("GGUF deepseek2 with YaRN RoPE but no "
+                raise UserInputError(f"GGUF {arch} with YaRN RoPE but no "
                                      "rope.scaling.yarn_log_multiplier is not supported")
             scale = float(np.float32(log_mul) / DEEPSEEK2_LOG_MUL_SCALE)
             config["rope_scaling"] = {**yarn_rope(), **LLAMA_CPP_YARN_BETAS,
                                       "mscale": scale, "mscale_all_dim": scale}
+    if arch == "mistral4":  # mlx-lm's mistral4 reads rope_parameters, with the temperature
+        config["rope_parameters"] = _mistral4_rope(g, count, real, config)
     if arch in _ONE_ROPE_BASE and \
             g("rope.freq_base_swa", config["rope_theta"]) != config["rope_theta"]:
         raise UserInputError(f"GGUF {arch} with another RoPE base in its sliding-window layers "
@@ -905,6 +925,38 @@ def _granitehybrid_config(g: Any, count: Any, optional: Any, real: Any, experts:
     n_experts, n_used = experts()
     return {**out, "num_local_experts": n_experts, "num_experts_per_tok": n_used,
             "shared_intermediate_size": shared}
+
+
+def _jamba_config(g: Any, count: Any, tensors: dict, config: dict) -> dict:
+    """mlx-lm's jamba settings of a Jamba GGUF, read as llama.cpp reads it: a layer without
+    key/value heads is Mamba (an inner size twice the hidden one, as llama.cpp requires; the
+    conv's bias, which llama.cpp requires, and no projection biases), the others attention
+    without RoPE; a dense MLP in every layer (experts refused: llama.cpp weighs the chosen ones
+    by their softmax over all experts, mlx-lm's jamba renormalises over the chosen ones)."""
+    kv = _hybrid_kv_heads("jamba", g, count, config, "Mamba")
+    if any(name.endswith(".ffn_gate_inp.weight") for name in tensors):
+        raise UserInputError("GGUF jamba with experts is not supported (llama.cpp weighs the "
+                             "chosen experts by their softmax over all of them, mlx-lm's jamba "
+                             "renormalises over the chosen ones)")
+    inner, hidden = count("ssm.inner_size"), config["hidden_size"]
+    if inner != 2 * hidden:
+        raise UserInputError(f"GGUF jamba with an SSM inner size of {inner} is not supported "
+                             f"(llama.cpp requires twice the hidden size {hidden})")
+    # the attention layers as mlx-lm's jamba (and transformers' config) place them: every
+    # attn_layer_period-th from attn_layer_offset
+    attention = [i for i, n in enumerate(kv) if n]
+    offset = attention[0]
+    period = attention[1] - offset if len(attention) > 1 else len(kv)
+    if offset >= period or attention != list(range(offset, len(kv), period)):
+        raise UserInputError(f"GGUF jamba with attention in layers {shown(attention, 40)} is "
+                             "not supported (mlx-lm's jamba takes them every "
+                             "attn_layer_period-th layer from attn_layer_offset)")
+    return {"num_key_value_heads": kv[offset], "attn_layer_offset": offset,
+            "attn_layer_period": period, "expert_layer_offset": 0, "expert_layer_period": 1,
+            "num_experts": 1,
+            "num_experts_per_tok": 1, "mamba_expand": 2, "mamba_d_conv": count("ssm.conv_kernel"),
+            "mamba_d_state": count("ssm.state_size"), "mamba_dt_rank": count("ssm.time_step_rank"),
+            "mamba_conv_bias": True, "mamba_proj_bias": False}
 
 
 def _lfm2_config(arch: str, g: Any, count: Any, optional: Any, experts: Any, tensors: dict,
@@ -1241,6 +1293,52 @@ def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, 
            if model_type == "deepseek_v2" else None,
            **moe}
     return out
+
+
+def _mistral4_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
+                     tensors: dict, config: dict, rope_dims: int) -> dict:
+    """mlx-lm's mistral4 settings of a Mistral Small 4 GGUF, read as llama.cpp's deepseek2 graph
+    (its mistral4's) reads it: latent attention (:func:`_latent_attention`) and DeepSeek's MoE
+    layout (:func:`_routed_experts`) routed by softmax (the only gating of mlx-lm's mistral4),
+    the latent norms' RMS epsilon the 1e-6 mlx-lm's mistral4 hard-wires."""
+    if not optional("expert_count"):
+        raise UserInputError("GGUF mistral4 without experts is not supported")
+    gating = g("expert_gating_func", _NO_GATING)  # none: llama.cpp's softmax
+    if gating not in (_NO_GATING, _SOFTMAX_GATING):
+        raise UserInputError(f"GGUF mistral4 with expert gating function {shown(gating, 20)} "
+                             f"is not supported (mlx-lm's mistral4 routes by softmax, "
+                             f"llama.cpp's {_SOFTMAX_GATING})")
+    if np.float32(config["rms_norm_eps"]) != DEEPSEEK_LATENT_EPS:
+        raise UserInputError(f"GGUF mistral4 with RMS epsilon {config['rms_norm_eps']:.7g} is "
+                             "not supported (mlx-lm's mistral4 normalises its latents with "
+                             "1e-06)")
+    latent = _latent_attention("mistral4", count, tensors, config, rope_dims)
+    moe = _routed_experts("mistral4", "mistral4", g, count, positive, optional, experts,
+                          tensors, config["num_hidden_layers"])
+    value_length = ("attention.value_length_mla" if g("attention.value_length_mla") is not None
+                    else "attention.value_length")
+    return {"num_key_value_heads": config["num_attention_heads"], **latent,
+            "v_head_dim": count(value_length), "attention_bias": False,
+            **{k: v for k, v in moe.items() if k not in ("scoring_func", "topk_method")}}
+
+
+def _mistral4_rope(g: Any, count: Any, real: Any, config: dict) -> dict:
+    """mlx-lm's mistral4 ``rope_parameters``: the RoPE (YaRN's, as deepseek2's) and Llama 4's
+    attention temperature (``attention.temperature_scale`` over ``temperature_length``, as
+    llama.cpp's deepseek2 loader reads it; none without it), whose floor scale is YaRN's
+    original context in mlx-lm's mistral4 (another is refused)."""
+    rope = {"rope_type": "default", "rope_theta": config["rope_theta"],
+            **(config.pop("rope_scaling", None) or {}), "llama_4_scaling_beta": 0.0}
+    rope.setdefault("original_max_position_embeddings", config["max_position_embeddings"])
+    beta = real("attention.temperature_scale", 0.0)
+    if beta:
+        floor = count("attention.temperature_length")
+        if "factor" in rope and floor != rope["original_max_position_embeddings"]:
+            raise UserInputError(f"GGUF mistral4 with an attention temperature over {floor} "
+                                 "positions is not supported (mlx-lm's mistral4 takes YaRN's "
+                                 f"original context, {rope['original_max_position_embeddings']})")
+        rope.update(llama_4_scaling_beta=beta, original_max_position_embeddings=floor)
+    return rope
 
 
 def _latent_attention(arch: str, count: Any, tensors: dict, config: dict,

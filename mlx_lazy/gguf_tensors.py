@@ -8,8 +8,8 @@ types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is
 llama (Mixtral's too), smollm3, granite, granitemoe, granitehybrid, mistral3, minicpm, deepseek
 and nanbeige q/k rows are un-permuted from llama.cpp's RoPE layout to the Hugging Face one
 (InternLM2's too, fused again: :func:`internlm2_tensors`). LFM2's convolution kernels become MLX's
-Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's Mamba-2 tensors mlx-lm's
-(:func:`granitehybrid_tensors`).
+Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's Mamba-2 tensors and Jamba's Mamba ones
+mlx-lm's (:func:`granitehybrid_tensors`, :func:`jamba_tensors`).
 """
 
 from __future__ import annotations
@@ -155,6 +155,16 @@ _GRANITEHYBRID_LAYER_NAMES = {**_GRANITEMOE_LAYER_NAMES, "ssm_in": "mamba.in_pro
                               "ssm_norm": "mamba.norm", "ssm_out": "mamba.out_proj",
                               "ffn_gate_up_shexp": "shared_mlp.input_linear",
                               "ffn_down_shexp": "shared_mlp.output_linear"}
+# Jamba: Mamba layers (A_log as jamba_tensors makes it, A and D named without a suffix; the time
+# step's projection with its bias), attention, a dense MLP at feed_forward after pre_ff_layernorm
+_JAMBA_LAYER_NAMES = {**{k: v.replace("mlp.", "feed_forward.") for k, v in _LAYER_NAMES.items()
+                         if k in ("attn_q", "attn_k", "attn_v", "attn_output", "attn_norm",
+                                  "ffn_gate", "ffn_up", "ffn_down")},
+                      "ffn_norm": "pre_ff_layernorm", "ssm_in": "mamba.in_proj",
+                      "ssm_conv1d": "mamba.conv1d", "ssm_x": "mamba.x_proj",
+                      "ssm_dt": "mamba.dt_proj", "ssm_dt_norm": "mamba.dt_layernorm",
+                      "ssm_b_norm": "mamba.b_layernorm", "ssm_c_norm": "mamba.c_layernorm",
+                      "ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_out": "mamba.out_proj"}
 # The shared experts of ERNIE 4.5 MoE and GLM-4.5 (plural in mlx-lm's models)
 _SHARED_EXPERTS_NAMES = {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
                          for p in ("gate", "up", "down")}
@@ -272,9 +282,10 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "seed_oss": _POST_ATTENTION_NORM_NAMES,
                      "ernie4_5-moe": _ERNIE45_MOE_LAYER_NAMES,
                      "glm4moe": _GLM4MOE_LAYER_NAMES, "qwen3next": _QWEN3NEXT_LAYER_NAMES,
-                     "deepseek2": _DEEPSEEK2_LAYER_NAMES, "minicpm3": _DEEPSEEK2_LAYER_NAMES,
+                     **dict.fromkeys(("deepseek2", "minicpm3", "mistral4"),
+                                     _DEEPSEEK2_LAYER_NAMES),
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
-                     "granitehybrid": _GRANITEHYBRID_LAYER_NAMES,
+                     "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
@@ -313,8 +324,10 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                     "token_embd": "language_model.model.embed_tokens",
                     "output_norm": "language_model.model.norm",
                     "output": "language_model.lm_head"}),
-                # Phi-2's final norm; GPT-NeoX's layers at model.h, its head inside model
-                "phi2": ("model.layers", {**_TOP_NAMES, "output_norm": "model.final_layernorm"}),
+                # Phi-2's and Jamba's final norm; GPT-NeoX's layers at model.h, its head inside
+                # model
+                **dict.fromkeys(("phi2", "jamba"), (
+                    "model.layers", {**_TOP_NAMES, "output_norm": "model.final_layernorm"})),
                 "gptneox": ("model.h", {"token_embd": "model.embed_in",
                                         "output_norm": "model.final_layer_norm",
                                         "output": "model.embed_out"}),
@@ -695,6 +708,20 @@ def granitehybrid_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def jamba_tensors(tensors: dict, config: dict) -> dict:
+    """A Jamba GGUF's tensors as mlx-lm's jamba has its parameters: the Mamba layers' conv
+    kernels in MLX's layout (:func:`lfm2_tensors`), A_log (inner, state) of llama.cpp's
+    -exp(A_log)."""
+    from gguf import GGMLQuantizationType as T
+
+    out = lfm2_tensors(tensors, config, ".ssm_conv1d.weight")
+    for name, t in tensors.items():
+        if name.endswith(".ssm_a"):
+            out[name] = _Part(name, T.F32, np.array(t.shape),
+                              _Lazy(lambda t=t: _a_log(t.name, dequantized(t))))
+    return out
+
+
 def stablelm_tensors(tensors: dict, config: dict) -> dict:
     """A StableLM GGUF's tensors with its q/k LayerNorms' weights, which llama.cpp's converter
     stacked (heads, head_dim), one per head as mlx-lm's stablelm holds them
@@ -867,12 +894,14 @@ def openelm_tensors(tensors: dict, config: dict) -> dict:
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
+             "mistral4": deepseek2_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
              "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors,
              "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
-             "granitehybrid": granitehybrid_tensors, "chatglm": phi2_tensors}
+             "granitehybrid": granitehybrid_tensors, "chatglm": phi2_tensors,
+             "jamba": jamba_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -221,7 +221,8 @@ GGUF_DEEPSEEK2_NAMES = {**GGUF_LAYER_NAMES, "self_attn.q_a_proj": "attn_q_a",
                         "self_attn.kv_b_proj": "attn_kv_b",
                         **{f"mlp.shared_experts.{p}_proj": f"ffn_{p}_shexp"
                            for p in ("gate", "up", "down")}}
-DEEPSEEK2_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "youtu_llm")  # model types
+DEEPSEEK2_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "youtu_llm",  # model types
+                   "mistral4")  # (llama.cpp's mistral4: its deepseek2 written otherwise named)
 #: Mixtral's and Granite MoE's router and experts' stacks at block_sparse_moe
 GGUF_BLOCK_SPARSE_MOE_NAMES = {
     **GGUF_LAYER_NAMES, "block_sparse_moe.gate": "ffn_gate_inp",
@@ -243,7 +244,7 @@ GGUF_ERNIE45_MOE_NAMES = {**GGUF_LAYER_NAMES, **{f"mlp.shared_experts.{p}_proj":
 #: The Gated DeltaNet kinds, whose kept-quantized logits are compared with float32 scales
 DELTA_NET_KINDS = (*QWEN35_KINDS, "qwen3_next")
 #: ... and the MoE kinds whose tiny GGUFs' routing float16 scales flip (a token's second expert)
-FLOAT32_SCALES_KINDS = (*DELTA_NET_KINDS, "qwen2_moe", "olmoe")
+FLOAT32_SCALES_KINDS = (*DELTA_NET_KINDS, "qwen2_moe", "olmoe", "mistral4")
 GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          "seed_oss": GGUF_POST_ATTENTION_NAMES,
                          "ernie4_5_moe": GGUF_ERNIE45_MOE_NAMES,
@@ -308,7 +309,8 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2"),
              "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r",
              "phi": "phi2", "gpt_neox": "gptneox",
-             "gpt_bigcode": "starcoder", "glm": "chatglm"}
+             "gpt_bigcode": "starcoder", "glm": "chatglm",
+             "mistral4": "mistral4"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
                  "internlm2", "deepseek", "nanbeige")
@@ -318,10 +320,12 @@ GRANITE_SCALES = {"embedding_multiplier": "add_embedding_scale",
                   "attention_multiplier": "add_attention_scale",
                   "logits_scaling": "add_logit_scale"}
 #: Ministral 3's YaRN betas, log multiplier and attention temperature by llama.cpp's writer methods
+#: (and the temperature's floor scale, which llama.cpp's deepseek2 loader reads for Mistral 4)
 MINISTRAL3_KEYS = {"yarn_beta_fast": "add_rope_scaling_yarn_beta_fast",
                    "yarn_beta_slow": "add_rope_scaling_yarn_beta_slow",
                    "yarn_log_mul": "add_rope_scaling_yarn_log_mul",
-                   "temperature_scale": "add_attn_temperature_scale"}
+                   "temperature_scale": "add_attn_temperature_scale",
+                   "temperature_length": "add_attn_temperature_length"}
 GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
                   "lm_head": "output", "transformer.wte": "token_embd",
                   "transformer.ln_f": "output_norm", "model.final_layernorm": "output_norm",
@@ -736,7 +740,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     glm = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID} \
         if model_type in ("glm4_moe", "dots1") else {}
     deepseek2 = model_type in DEEPSEEK2_KINDS
-    yarn = {"yarn": config.get("rope_scaling"), "num_key_value_heads": 1} if deepseek2 else {}
+    yarn = {"yarn": config.get("rope_scaling") or config.get("rope_parameters"),  # mistral4's
+            "num_key_value_heads": 1} if deepseek2 else {}
     m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **arch_meta,
          **qwen_rope, **glm, **yarn, **llama_cpp_hunyuan_rope(config), **(meta or {})}
     module = model_module(model_type)
@@ -1148,6 +1153,17 @@ GGUF_CASES.update({
     "deepseek2-v3-legacy": ("deepseek_v3-gguf", {"attn_kv_b": T.Q8_0, "attn_kv_a_mqa": T.BF16,
                                                  "ffn_down_exps": T.Q5_1, "*": T.Q5_0},
                             {"legacy_kv_b": True}),
+    # Mistral Small 4 (llama.cpp's mistral4: deepseek2's tensors and keys; softmax routing
+    # renormalised, YaRN, no temperature) with attn_k_b / attn_v_b kept quantized
+    "mistral4": ("mistral4-gguf", {"attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1, "attn_q_b": T.Q4_0,
+                                   "ffn_gate_inp": T.F32, "*": T.Q8_0}, {}),
+    # a GGUF with Llama 4's attention temperature (llama.cpp's deepseek2 loader reads it; its
+    # converter writes none) from position 8 on, YaRN's original context too: TEXT spans 3
+    # scales
+    "mistral4-temperature": ("mistral4-gguf", {"*": T.Q8_0}, {
+        "rope_parameters": {**tiny_config("mistral4-gguf")["rope_parameters"],
+                            "original_max_position_embeddings": 8, "llama_4_scaling_beta": 0.5},
+        "temperature_scale": 0.5, "temperature_length": 8}),
     "deepseek2-glm47flash": ("glm4_moe_lite-gguf", {"attn_k_b": T.Q4_0, "attn_v_b": T.Q8_0,
                                                     "ffn_up_shexp": T.Q4_1, "*": T.Q8_0}, {}),
     # Youtu-LLM: deepseek2 without experts (every layer dense), no biases (llama.cpp reads
@@ -1694,7 +1710,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "internlm2-linear", "qwen-legacy", "gpt2-legacy",
                                   "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
-                                  "deepseek2-youtu", "chatglm-legacy"])
+                                  "deepseek2-youtu", "chatglm-legacy", "mistral4"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2634,6 +2650,18 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "deepseek2_softmax_eps": (
             lambda: gguf_of("d.gguf", "deepseek_v2-gguf", {"rms_norm_eps": 1e-5}),
             "deepseek2 with softmax routing and RMS epsilon 1e-05 is not supported"),
+        "mistral4_sigmoid": (
+            lambda: gguf_of("d.gguf", "mistral4-gguf", {"scoring_func": "sigmoid"}),
+            "GGUF mistral4 with expert gating function 2 is not supported (mlx-lm's mistral4 "
+            "routes by softmax"),
+        "mistral4_eps": (
+            lambda: gguf_of("d.gguf", "mistral4-gguf", {"rms_norm_eps": 1e-5}),
+            "GGUF mistral4 with RMS epsilon 1e-05 is not supported"),
+        "mistral4_temperature_length": (
+            lambda: gguf_of("d.gguf", "mistral4-gguf", {"temperature_scale": 0.5,
+                                                        "temperature_length": 32}),
+            "GGUF mistral4 with an attention temperature over 32 positions is not supported "
+            "(mlx-lm's mistral4 takes YaRN's original context, 64)"),
         "deepseek2_yarn_log_mul": (
             lambda: gguf_of("d.gguf", "deepseek_v3-gguf", {"yarn": {
                 **tiny_config("deepseek_v3-gguf")["rope_scaling"], "mscale_all_dim": None}}),
@@ -2884,7 +2912,7 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "mellum_swa_base", "mellum_all_local", "nanbeige_skip_flag", "chatglm_rope_dims",
               "chatglm_eps", "minicpm3_values",
               "minicpm3_long_factors", "minicpm3_attn_factor", "minicpm3_q_proj", "youtu_sparse",
-              "youtu_yarn"]
+              "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

@@ -16,7 +16,9 @@ sizes and key/value heads by layer, values from the keys' projection, partial Ro
 scalar; upper layers reading lower layers' keys and values, per-layer inputs) and the multi-head
 latent attention of DeepSeek-V3 and GLM-4.7-Flash (``deepseek_v3``, ``glm4_moe_lite``: one latent
 key/value head, queries absorbed into it) and DeepSeek-V2 (``deepseek_v2``: the latent expanded per
-head), with their MoE blocks, Gemma 2 (``gemma2``: attention and final logits soft-capped, Gemma's
+head), with their MoE blocks, Mistral Small 4 (``mistral4``, alone and as the text model of a
+``mistral3`` checkpoint: DeepSeek-V3's latent attention, queries scaled by position as
+Ministral 3's), Gemma 2 (``gemma2``: attention and final logits soft-capped, Gemma's
 norms and scaled embeddings). Sparse MoE families (:data:`MOE`): Mixtral (``mixtral``), Granite MoE
 (``granitemoe``: Granite's multipliers) and Phi-3.5-MoE (``phimoe``: LayerNorms, biases, longrope)
 with their MoE block at ``block_sparse_moe``, Qwen2-MoE (``qwen2_moe``: biases, a gated shared
@@ -84,7 +86,8 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
-            "gemma4_text-e2b", "gemma4", *MLA, "gemma2", "glm4", "starcoder2", "cohere2",
+            "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", "gemma2",
+            "glm4", "starcoder2", "cohere2",
             "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE, "gpt_neox-sequential",
             "nanbeige-skip")
 
@@ -771,7 +774,8 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
 @pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "glm4_moe", "seed_oss",
                                   "ernie4_5_moe", "gpt_oss", "olmo3", "exaone4",
                                   "gemma4_text-moe", "gemma4_text-e2b", "deepseek_v3",
-                                  "deepseek_v2", "gemma2", "glm4", "starcoder2", "cohere2",
+                                  "deepseek_v2", "mistral4", "gemma2", "glm4", "starcoder2",
+                                  "cohere2",
                                   "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
@@ -839,11 +843,12 @@ def test_pruning_runs_through(family, kind):
 
 
 def test_a_mistral3_checkpoint_of_another_text_model_is_refused(family_dir):
-    """mlx-lm's ``mistral3`` also wraps ``mistral4`` (latent attention), which the adapter
-    cannot run: one error naming the text model, not a failure inside a layer."""
+    """A ``mistral3`` checkpoint of a text model other than llama, ministral3 or mistral4
+    (what mlx-lm's ``mistral3`` wraps): one error naming the text model, not a failure inside
+    a layer."""
     model, _ = mlx_lm.load(str(family_dir("mistral3")))
-    model.language_model.model_type = "mistral4"
-    with pytest.raises(UserInputError, match="'mistral4' in a mistral3 checkpoint"):
+    model.language_model.model_type = "qwen2"
+    with pytest.raises(UserInputError, match="'qwen2' in a mistral3 checkpoint"):
         ModelAdapter(model)
 
 

@@ -2,7 +2,8 @@
 three Gated DeltaNet layers, recurrent, to one of gated full attention), LFM2's (``lfm2``,
 ``lfm2_moe``: short gated convolutions, recurrent, and attention), Granite 4.0's
 (``granitemoehybrid``: Mamba-2 layers, recurrent, and attention) and Nemotron-H's
-(``nemotron_h``: Mamba-2, attention, MLP and MoE layers): unpruned equal to
+(``nemotron_h``: Mamba-2, attention, MLP and MoE layers) and Jamba's (``jamba``: Mamba layers,
+recurrent, attention, MoE every other layer): unpruned equal to
 mlx-lm, in one prompt or in turns; pruning, which a recurrent layer allows only without
 revival, equal to a reference built from mlx-lm's own layers; interrupts, prompt caches and
 what a hybrid refuses."""
@@ -35,8 +36,9 @@ from tiny_models import build_tiny_model
 #: projections and puts MoE blocks in), and LFM2 (convolutions for recurrent layers) in the
 #: same places, each through every test of the ``hybrid`` fixtures; Granite 4.0 H's too (Mamba-2
 #: layers for recurrent ones, attention without RoPE, Granite's multipliers, shared experts) and
-#: Nemotron-H's (a mixer a layer: Mamba-2, attention, or an MLP or experts, stateless).
-KINDS = ("qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h")
+#: Nemotron-H's (a mixer a layer: Mamba-2, attention, or an MLP or experts, stateless) and
+#: Jamba's (Mamba layers for recurrent ones, attention without RoPE, experts every other layer).
+KINDS = ("qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "jamba")
 STATIC = PruningConfig("static", prune_layers=(3,), keep=(0.3,))
 NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
 
@@ -71,12 +73,18 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
     Granite 4.0's are Mamba-2 layers (a convolution over 4 tokens, 8 heads in 2 groups), its
     attention has no RoPE, its experts a shared MLP beside them; Nemotron-H's are Mamba-2
     layers, experts in layer 1 and an MLP in 6 (layers of their own, stateless), its attention
-    has no RoPE."""
+    has no RoPE; Jamba's are Mamba layers (a convolution over 4 tokens, a state of 16), its
+    attention has no RoPE, its odd layers experts."""
     model, _ = hybrid
     assert recurrent_layers(model) == (0, 1, 2, 4, 5, 6)
     assert global_layers(model) == (3,)  # a cut may follow an attention layer, not the last
     attn = attention_module(model.layers[3])
-    if model.model_type == "nemotron_h":
+    if model.model_type == "jamba":
+        mamba = model.layers[0].mamba
+        assert (mamba.conv_kernel_size, mamba.ssm_state_size) == (4, 16)
+        assert not hasattr(attn, "rope") and "switch_mlp" in model.layers[3].feed_forward
+        assert "switch_mlp" not in model.layers[2].feed_forward
+    elif model.model_type == "nemotron_h":
         assert "".join(layer.block_type for layer in model.layers) == "MEM*MM-*"
         assert not hasattr(attn, "rope") and model.layers[0].mixer.n_groups == 2
     elif model.model_type == "granitemoehybrid":
@@ -237,6 +245,9 @@ def _attention(layer, h, positions, store):
     if hasattr(layer, "operator_norm"):  # lfm2
         h = h + attn.out_proj(out)
         return h + layer.feed_forward(layer.ffn_norm(h))
+    if "pre_ff_layernorm" in layer:  # jamba
+        h = h + attn.o_proj(out)
+        return h + layer.feed_forward(layer.pre_ff_layernorm(h))
     if "mixer" in layer:  # nemotron_h: attention alone
         return h + attn.o_proj(out)
     if gate is None:  # granitemoehybrid: residual multipliers, experts beside a shared MLP
@@ -278,6 +289,7 @@ def reference_static(model, prompt, keep, steps, cut=3):
     stores = {i: {} for i in range(cut + 1, len(layers)) if i not in recurrent_layers(model)}
     head = getattr(outer, "lm_head", None) or embed.as_linear  # lfm2: tied
     norm = (getattr(text, "norm", None) or getattr(text, "embedding_norm", None)  # lfm2's
+            or getattr(text, "final_layernorm", None)  # jamba's
             or text.norm_f)  # nemotron_h's final norm
     logits = []
     for step in range(steps + 1):

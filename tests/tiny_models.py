@@ -28,7 +28,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
-         "telechat3", "solar_open")
+         "telechat3", "solar_open", "jamba", "mistral4")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -177,6 +177,14 @@ _KIND_CONFIG = {
                     "rope_scaling": {"type": "yarn", "factor": 4.0, "mscale": 1.0,
                                      "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
                                      "original_max_position_embeddings": 1024}},
+    # Mistral Small 4: DeepSeek-V3's absorbed latent attention, YaRN, queries scaled by position
+    # from 48 on (Llama 4's temperature, as ministral3's); softmax-routed MoE from layer 1 on
+    "mistral4": {"architectures": ["Mistral4ForCausalLM"], **_MLA, "q_lora_rank": 32,
+                 "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.5,
+                 "rope_parameters": {"type": "yarn", "factor": 4.0, "mscale": 1.0,
+                                     "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+                                     "original_max_position_embeddings": 48,
+                                     "llama_4_scaling_beta": 0.5, "rope_theta": 10000.0}},
     # GLM-4.7-Flash: DeepSeek-V3's layout, its low-rank norms' eps from the config, no RoPE
     # scaling
     "glm4_moe_lite": {"architectures": ["Glm4MoeLiteForCausalLM"], **_MLA, "q_lora_rank": 32,
@@ -292,6 +300,16 @@ _KIND_CONFIG = {
                    "moe_shared_expert_intermediate_size": 32, "n_shared_experts": 1,
                    "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
                    "routed_scaling_factor": 2.5},
+    # Jamba's layout in Qwen3.5's tiny's places: Mamba (v1) layers (an inner width of 128, a
+    # state of 16, a time-step rank of 32, a convolution over 4 tokens) but attention (no RoPE)
+    # in layers 3 and 7 of 8; 2 of 4 experts in the odd layers, a dense MLP in the even ones;
+    # an untied head
+    "jamba": {"architectures": ["JambaForCausalLM"], "num_hidden_layers": 8,
+              "attn_layer_offset": 3, "attn_layer_period": 4, "expert_layer_offset": 1,
+              "expert_layer_period": 2, "mamba_d_conv": 4, "mamba_d_state": 16,
+              "mamba_expand": 2, "mamba_dt_rank": 32, "num_experts": 4,
+              "num_experts_per_tok": 2, "intermediate_size": 32, "mamba_conv_bias": True,
+              "mamba_proj_bias": False, "tie_word_embeddings": False},
     # dots.llm1: per-head q/k norms; from layer 1 on 2 of 4 experts (sigmoid routing with a
     # random correction bias, scaled by 2.5) beside a shared expert
     "dots1": {"architectures": ["Dots1ForCausalLM"], "tie_word_embeddings": False,
@@ -471,6 +489,13 @@ _VARIANTS = {
         "topk_method": "noaux_tc", "n_routed_experts": 8,
         "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                          "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+    # Mistral Small 4 as llama.cpp converts it: no attention temperature (its converter writes
+    # none), YaRN over an original context of 64
+    "mistral4-gguf": ("mistral4", {
+        "qk_rope_head_dim": 16, "v_head_dim": 32, "rms_norm_eps": 1e-6, "n_routed_experts": 8,
+        "rope_parameters": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+                            "llama_4_scaling_beta": 0.0, "rope_theta": 10000.0}}),
     "glm4_moe_lite-gguf": ("glm4_moe_lite", {
         "qk_rope_head_dim": 16, "v_head_dim": 64, "scoring_func": "sigmoid",
         "topk_method": "noaux_tc", "rope_theta": 1e6, "num_nextn_predict_layers": 0}),
@@ -519,16 +544,16 @@ _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
-                        "nemotron_h", "glm", "telechat3", "solar_open")
+                        "nemotron_h", "glm", "telechat3", "solar_open", "jamba")
 
 
 def tiny_config(kind: str) -> dict:
     """The config.json of a tiny model of ``kind`` (one of KINDS, a variant of one such as
     ``phi3-longrope``, ``mistral3``: a Ministral 3 checkpoint, its text model a tiny
     ``ministral3``, or ``gemma4``: a Gemma 4 checkpoint of a tiny ``gemma4_text``)."""
-    if kind == "mistral3":
+    if kind in ("mistral3", "mistral3-mistral4"):  # (Mistral Small 4's: a mistral4 inside)
         return {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"],
-                "text_config": tiny_config("ministral3"),
+                "text_config": tiny_config("ministral3" if kind == "mistral3" else "mistral4"),
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id")}}
     if kind == "llama4":  # Llama 4 Scout's layout: chunks of 24, layer 3 global without RoPE
         # (its queries scaled from position 15 on), top-1 experts in layers 1 and 3
@@ -600,7 +625,7 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     model.update(params)
     for layer in model.layers:
         # qwen3_5: linear; lfm2: convolution; bailing_moe: attention; exaone, nanochat: attn;
-        # granitemoehybrid: mamba; nemotron_h: its one mixer, the MLP or experts too
+        # granitemoehybrid, jamba: mamba; nemotron_h: its one mixer, the MLP or experts too
         attn = (getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
                 or getattr(layer, "attn", None) or getattr(layer, "linear_attn", None)
                 or getattr(layer, "conv", None) or getattr(layer, "mamba", None) or layer.mixer)
@@ -624,6 +649,9 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             mlp.expert_bias = 0.1 * mx.random.normal(mlp.expert_bias.shape)
         if getattr(gate, "expert_bias", None) is not None:  # bailing_moe's
             gate.expert_bias = 0.1 * mx.random.normal(gate.expert_bias.shape)
+        if kind == "jamba" and "mamba" in layer:  # log(1..state) in every channel by default
+            attn.A_log = attn.A_log + 0.5 * mx.random.normal(attn.A_log.shape)
+            attn.D = 1.0 + 0.1 * mx.random.normal(attn.D.shape)
         if "layer_scalar" in layer:  # gemma4: ones by default
             layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
         for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm",
