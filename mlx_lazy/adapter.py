@@ -189,8 +189,19 @@ from .errors import UserInputError, shown
 # its ``hybrid_override_pattern``: Mamba-2 (``M``, recurrent), attention without RoPE (``*``: no
 # MLP after it), or a ReLU^2 MLP (``-``) or sparse experts (``E``) alone, taken as recurrent
 # layers that hold no state (no attention there to score with, nothing to revive).
-SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek", "deepseek_v2",
-                         "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
+# exaone_moe (K-EXAONE): Llama's layout with per-head q/k norms, sliding-window layers (its
+# ``layer_types``) with RoPE and global ones without (with RoPE where none slides), from
+# ``is_moe_layer`` on grouped sigmoid-routed experts beside a shared one at ``block.mlp``.
+# Klear (Kwai Klear): Llama's layout with per-head q/k norms, biases where ``attention_bias``,
+# sigmoid-routed experts mixed with a shared expert by learned coefficients at ``block.mlp``.
+# afmoe (Arcee AFM): embeddings times sqrt(hidden) where ``mup_enabled``, per-head q/k norms,
+# each head's output times a sigmoid gate (``gate_proj``, on the attention's input), norms
+# before and after each branch (``pre_mlp_layernorm``, ``post_mlp_layernorm``), sliding-window
+# layers (its ``layer_types``) with RoPE and global ones without, from ``num_dense_layers`` on
+# sigmoid-routed experts beside a shared one at ``block.mlp``.
+SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2",
+                         "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
+                         "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
                          "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
                          "glm4", "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox",
                          "gpt_oss", "granite", "granitemoe", "granitemoehybrid", "helium",
@@ -249,7 +260,9 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES),
                "granitemoehybrid": {"linear_attn": "mamba"},
                "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
-                              "embed_tokens": "embeddings", "norm": "norm_f"}}
+                              "embed_tokens": "embeddings", "norm": "norm_f"},
+               "afmoe": {"pre_feedforward_layernorm": "pre_mlp_layernorm",
+                         "post_feedforward_layernorm": "post_mlp_layernorm"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
@@ -373,7 +386,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
     attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
-    and Ministral 3's, gpt-oss's, OLMo 3's and Mellum's where the config says
+    and Ministral 3's, gpt-oss's, OLMo 3's, Mellum's, K-EXAONE's and AFM's where the config says
     ``sliding_attention``;
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
@@ -392,7 +405,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.is_local for block in _blocks(text)]
     elif text.model_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
-    elif text.model_type == "mellum":
+    elif text.model_type in ("mellum", "exaone_moe", "afmoe"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     else:
         sliding = [False] * len(_blocks(text))
@@ -461,6 +474,7 @@ class ModelAdapter:
                                else "input_layernorm")
         self._qkv_by_head = model_type == "gpt_neox"  # its fused q, k, v: head by head
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
+        self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
         self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
                           if k in self.text)
@@ -542,6 +556,7 @@ class ModelAdapter:
         # float
         self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self._gemma3 else
                              args.hidden_size ** 0.5 if gemma or model_type == "gemma" else
+                             args.hidden_size ** 0.5 if self._afmoe and args.mup_enabled else
                              args.embedding_multiplier if granite else
                              args.scale_emb if minicpm else None)
         # MiniCPM's multipliers as Granite's, in mlx-lm's arithmetic
@@ -765,6 +780,8 @@ class ModelAdapter:
             q, k = self._part(attn, "q_proj")(x), self._part(attn, "k_proj")(x)
             v_proj = self._part(attn, "v_proj")
             v = k if v_proj is None else v_proj(x)  # gemma4's k_eq_v layers
+            if "gate_proj" in attn:  # afmoe: an output gate from the attention's input
+                gate = attn.gate_proj(x)[:, :n]
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
         q_norm, k_norm = self._head_norms(attn)
@@ -874,13 +891,13 @@ class ModelAdapter:
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
                                h[..., self._hidden + width:])
         h = self._blas_rows(h)
-        if self._gemma2 or self._gemma3:  # norms after attention and around the MLP
+        if self._gemma2 or self._gemma3 or self._afmoe:  # norms after attention, around the MLP
             from mlx_lm.models.gemma3_text import clip_residual
 
             add = clip_residual if self._gemma3 else operator.add  # Gemma 3's float16-safe
             h = add(h, block.post_attention_layernorm(r))
-            h = add(h, block.post_feedforward_layernorm(
-                self._mlp(layer, block.pre_feedforward_layernorm(h))))
+            h = add(h, self._part(block, "post_feedforward_layernorm")(
+                self._mlp(layer, self._part(block, "pre_feedforward_layernorm")(h))))
         elif self._gemma4:
             h = h + block.post_attention_layernorm(r)
             x = self._mlp(layer, block.pre_feedforward_layernorm(h))

@@ -394,12 +394,12 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
                                   "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
-                                  "mellum", "granitemoehybrid", "nemotron_h"])
+                                  "mellum", "granitemoehybrid", "nemotron_h", "Klear", "afmoe"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
-    OLMoE's, Granite MoE's, Phi-3.5-MoE's, dots.llm1's, Ling's, Hunyuan's, Llama 4's,
-    DeepSeek-MoE's and Mellum's MoE blocks have no split here, nor mlx-lm's dense llama4_text's
+    OLMoE's, Granite MoE's, Phi-3.5-MoE's, dots.llm1's, Ling's, Hunyuan's, Llama 4's, Klear's,
+    AFM's, DeepSeek-MoE's, Mellum's MoE blocks have no split here, nor mlx-lm's dense llama4_text's
     MLP (at ``feed_forward``), GLM-4-0414's fused gate_up_proj (each rank would need rows of
     both halves), Apertus's layers (plain up_proj MLP, heads named otherwise), OpenELM's (heads
     by layer, a fused q/k/v and gate/up), LFM2's convolutions, StarCoder 1's one key/value head
@@ -423,7 +423,7 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "internlm3", "starcoder2", "hunyuan_v1_dense", "minicpm", "mimo",
                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
-                  "nanbeige", "minicpm3", "youtu_llm"]
+                  "nanbeige", "minicpm3", "youtu_llm", "exaone_moe"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
@@ -456,11 +456,12 @@ def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
     blocks sum their ranks' shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2
     (mlx-lm's shard: each rank its heads' queries, embed_q and unembed_out or kv_b_proj, the
     latent whole on every rank; MiniCPM3's and Youtu-LLM's split the same way by
-    shard_by_heads): unpruned, each rank's logits equal mlx-lm's; pruned, each
-    rank selects what the single process selects and its logits equal it."""
+    shard_by_heads), K-EXAONE (mlx-lm's shard: its MoE blocks sum their ranks' shares):
+    unpruned, each rank's logits equal mlx-lm's; pruned, each rank selects what the single
+    process selects and its logits equal it."""
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
-                                                "glm4_moe_lite", "deepseek_v2"))
+                                                "glm4_moe_lite", "deepseek_v2", "exaone_moe"))
     runs = families_two_rank_runs[kind]
     (rec0, logits0), (rec1, logits1) = runs["full"]
     assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2
