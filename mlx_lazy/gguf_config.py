@@ -139,6 +139,11 @@ The architectures (llama.cpp's names), and what converting each involves:
   (flags, or a period: 4 unless given), renormalised softmax-routed experts in every layer;
   one RoPE base (llama.cpp's graph turns the sliding layers at the global one: a GGUF whose
   ``rope.freq_base_swa`` differs is refused).
+* ``exaone-moe`` (K-EXAONE, ``exaone_moe``): per-head q/k norms, RoPE in the sliding-window
+  layers only (llama.cpp's pattern: flags, or a period, 4 unless given; a GGUF without a local
+  layer refused: mlx-lm's exaone_moe then turns every layer), one RoPE base; DeepSeek's MoE
+  reading (dots1's: leading dense layers, sigmoid-routed experts with their selection bias,
+  expert groups, shared experts, renormalisation and scale); the NextN blocks dropped.
 * ``nanbeige``: q/k un-permuted, its stack run ``num_loops`` times with the final norm between
   the loops unless ``skip_loop_final_norm``; no biases, no RoPE scaling.
 * ``granitehybrid`` (Granite 4.0 H-Tiny/H-Small/H-Micro, ``granitemoehybrid``): Mamba-2 layers
@@ -200,7 +205,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nemotron": "NemotronForCausalLM", "openelm": "OpenELMForCausalLM",
                  "deepseek": "DeepseekForCausalLM", "mellum": "MellumForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
-                 "minicpm3": "MiniCPM3ForCausalLM"}
+                 "minicpm3": "MiniCPM3ForCausalLM", "exaone-moe": "ExaoneMoEForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -210,7 +215,7 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "hunyuan-dense": "hunyuan_v1_dense", "command-r": "cohere",
                 "phi2": "phi", "gptneox": "gpt_neox",
                 "starcoder": "gpt_bigcode",
-                "granitehybrid": "granitemoehybrid"}
+                "granitehybrid": "granitemoehybrid", "exaone-moe": "exaone_moe"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -259,9 +264,9 @@ GEMMA4_UNROTATED = 1e29
 # The architectures whose sliding-window layers turn at the global RoPE base in mlx-lm's models
 # (llama.cpp's loaders read a base of their own), or in llama.cpp's graph (Mellum's, whose
 # mlx-lm model would take rope.freq_base_swa)
-_ONE_ROPE_BASE = ("gpt-oss", "gemma2", "mellum")
-# Mellum: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the GGUF
-# says otherwise
+_ONE_ROPE_BASE = ("gpt-oss", "gemma2", "mellum", "exaone-moe")
+# Mellum, K-EXAONE: llama.cpp's sliding-window pattern (3 local layers, then a global one)
+# unless the GGUF says otherwise
 MELLUM_SLIDING_PATTERN = 4
 # gpt-oss: llama.cpp's sliding-window pattern (a local layer, then a global one) unless the GGUF
 # says otherwise
@@ -372,7 +377,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid"):
+                "minicpm3", "granitehybrid", "exaone-moe"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -595,12 +600,13 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in DELTA_NET:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
-    if arch == "dots1":  # llama.cpp aborts without a gating function; q/k norms hard-wired
-        if g("expert_gating_func") != _SIGMOID_GATING:
-            raise UserInputError(f"GGUF dots1 with expert gating function "
-                                 f"{shown(g('expert_gating_func'), 20)} is not supported "
-                                 "(mlx-lm's dots1 routes by sigmoid, llama.cpp's "
-                                 f"{_SIGMOID_GATING})")
+    if arch in ("dots1", "exaone-moe") and g("expert_gating_func") != _SIGMOID_GATING:
+        # llama.cpp aborts without a gating function
+        raise UserInputError(f"GGUF {arch} with expert gating function "
+                             f"{shown(g('expert_gating_func'), 20)} is not supported "
+                             f"(mlx-lm's {config['model_type']} routes by sigmoid, llama.cpp's "
+                             f"{_SIGMOID_GATING})")
+    if arch == "dots1":  # q/k norms hard-wired
         config.update(_routed_experts(arch, "dots1", g, count, positive, optional, experts,
                                       tensors, n_layers))
     if arch == "llama4":
@@ -633,6 +639,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       layer_types=["sliding_attention" if c == "L" else "full_attention"
                                    for c in ((pattern or "G") * n_layers)[:n_layers]],
                       rope_parameters=dict.fromkeys(("full_attention", "sliding_attention"), rope))
+    if arch == "exaone-moe":
+        config.update(_exaone_moe_config(g, count, positive, optional, experts, tensors,
+                                         n_layers))
     if arch == "nanbeige":  # its stack run num_loops times over the same weights, the final
         # norm after each loop but the last unless skip_loop_final_norm (llama.cpp: 1, false);
         # no biases (llama.cpp reads no output or MLP ones; q/k/v ones refused by the shape check)
@@ -1151,6 +1160,30 @@ def _routed_experts(arch: str, model_type: str, g: Any, count: Any, positive: An
             "routed_scaling_factor": (positive("expert_weights_scale")
                                       if g("expert_weights_scale", 0) != 0 else 1.0),
             "norm_topk_prob": bool(norm), "scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+
+
+def _exaone_moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
+                       tensors: dict, n_layers: int) -> dict:
+    """mlx-lm's settings of a K-EXAONE GGUF: llama.cpp's window (required) in its pattern,
+    RoPE in the sliding layers only, which mlx-lm's exaone_moe takes only beside a global layer
+    (without a local one it turns every layer, llama.cpp's graph none: refused); DeepSeek's MoE
+    layout (:func:`_routed_experts`) under mlx-lm's exaone_moe names."""
+    arch = "exaone-moe"
+    pattern = _sliding_pattern(g("attention.sliding_window_pattern", MELLUM_SLIDING_PATTERN),
+                               n_layers, arch)
+    if pattern is None:
+        raise UserInputError("GGUF exaone-moe without a sliding-window layer is not supported "
+                             "(llama.cpp's graph then turns no layer by RoPE, mlx-lm's "
+                             "exaone_moe every layer)")
+    moe = _routed_experts(arch, "exaone_moe", g, count, positive, optional, experts, tensors,
+                          n_layers)
+    dense, routed, shared = (moe.pop(k) for k in ("first_k_dense_replace", "n_routed_experts",
+                                                  "n_shared_experts"))
+    return {**moe, "num_experts": routed, "num_shared_experts": shared,
+            "is_moe_layer": [i >= dense for i in range(n_layers)],
+            "sliding_window": count("attention.sliding_window"),
+            "layer_types": ["sliding_attention" if c == "L" else "full_attention"
+                            for c in (pattern * n_layers)[:n_layers]]}
 
 
 def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, optional: Any,

@@ -266,6 +266,8 @@ GGUF_KIND_LAYER_NAMES.update({
     # dots.llm1's experts' stacks at mlp.experts, its shared experts
     "dots1": {**GGUF_GLM4MOE_NAMES, "post_attention_layernorm": "ffn_norm",
               **{f"mlp.experts.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}},
+    # K-EXAONE's: Qwen3-MoE's router and stacks at mlp.gate and switch_mlp, its shared experts
+    "exaone_moe": {**GGUF_GLM4MOE_NAMES, "post_attention_layernorm": "ffn_norm"},
     "stablelm": {**GGUF_LAYER_NAMES, "self_attn.q_layernorm": "attn_q_norm",
                  "self_attn.k_layernorm": "attn_k_norm"},
     "hunyuan_v1_dense": {**GGUF_LAYER_NAMES, "self_attn.query_layernorm": "attn_q_norm",
@@ -306,7 +308,7 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "glm4_moe": "glm4moe", **dict.fromkeys(DEEPSEEK2_KINDS, "deepseek2"),
              "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r",
              "phi": "phi2", "gpt_neox": "gptneox",
-             "gpt_bigcode": "starcoder"}
+             "gpt_bigcode": "starcoder", "exaone_moe": "exaone-moe"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
                  "internlm2", "deepseek", "nanbeige")
@@ -732,7 +734,10 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
     glm = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID} \
-        if model_type in ("glm4_moe", "dots1") else {}
+        if model_type in ("glm4_moe", "dots1", "exaone_moe") else {}
+    if model_type == "exaone_moe":  # ExaoneMoEModel.set_gguf_parameters: GLM-4.5's keys
+        glm.update(n_shared_experts=config["num_shared_experts"],
+                   first_k_dense_replace=config["is_moe_layer"].index(True))
     deepseek2 = model_type in DEEPSEEK2_KINDS
     yarn = {"yarn": config.get("rope_scaling"), "num_key_value_heads": 1} if deepseek2 else {}
     m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **arch_meta,
@@ -797,7 +802,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     llama_cpp_dense_meta(w, m)
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
-    if model_type in ("glm4_moe", "dots1", "deepseek"):  # their converters' MoE keys
+    if model_type in ("glm4_moe", "dots1", "deepseek", "exaone_moe"):  # their converters' keys
         for key, add in GLM4MOE_KEYS.items():
             if m.get(key) is not None:
                 getattr(w, add)(m[key])
@@ -809,7 +814,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                 getattr(w, add)(m[key])
     if m.get("rope_finetuned") is not None:
         w.add_rope_scaling_finetuned(m["rope_finetuned"])
-    if model_type in ("exaone4", "olmo2", "ministral3", "mellum") and \
+    if model_type in ("exaone4", "olmo2", "ministral3", "mellum", "exaone_moe") and \
             m.get("sliding_window") is not None:
         w.add_sliding_window(m["sliding_window"])
         pattern = m.get("swa_pattern")
@@ -1250,6 +1255,13 @@ GGUF_CASES.update({
     "dots1-legacy": ("dots1", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
                                "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32, "attn_q": T.Q4_0,
                                "*": T.Q8_0}, {}),
+    # K-EXAONE: layers 0 and 2 sliding (a flag per layer) with NeoX RoPE, 1 and 3 global
+    # without; a dense layer, then 2 of 4 experts in 2 groups (1 taken) by sigmoid scores and a
+    # correction bias, renormalised and scaled by 2.5, beside a shared expert; its router Q8_0
+    # (mlx-lm's MoEGate holds a plain matrix: dequantized)
+    "exaone_moe-legacy": ("exaone_moe", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                         "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
+                                         "attn_q": T.Q4_0, "*": T.Q8_0}, {}),
     "dots1-kquants": ("dots1", {"ffn_gate_exps": T.Q4_K, "ffn_up_exps": T.Q6_K,
                                 "ffn_gate_inp": T.F32, "*": T.Q4_K},
                       {**KQ, "moe_intermediate_size": 256}),
@@ -1686,7 +1698,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "internlm2-linear", "qwen-legacy", "gpt2-legacy",
                                   "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
-                                  "deepseek2-youtu"])
+                                  "deepseek2-youtu", "exaone_moe-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2752,6 +2764,20 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                             "not supported"),
         "mellum_all_local": (lambda: gguf_of("m.gguf", "mellum", {"swa_pattern": [True] * 4}),
                              "GGUF mellum with a sliding window in every layer is not supported"),
+        # K-EXAONE: no local layer (llama.cpp's graph turns none, mlx-lm's model every one), no
+        # window, another RoPE base in the local layers, softmax routing
+        "exaone_moe_global": (lambda: gguf_of("x.gguf", "exaone_moe", {"swa_pattern": [False] * 4}),
+                              "GGUF exaone-moe without a sliding-window layer is not supported"),
+        "exaone_moe_window": (lambda: gguf_of("x.gguf", "exaone_moe", {"sliding_window": None}),
+                              "GGUF metadata exaone-moe.attention.sliding_window must be an "
+                              "integer"),
+        "exaone_moe_swa_base": (lambda: gguf_of("x.gguf", "exaone_moe", {"rope_theta_swa": 5e5}),
+                                "GGUF exaone-moe with another RoPE base in its sliding-window "
+                                "layers is not supported"),
+        "exaone_moe_gating": (
+            lambda: gguf_of("x.gguf", "exaone_moe", {"expert_gating_func": None}),
+            "GGUF exaone-moe with expert gating function None is not supported (mlx-lm's "
+            "exaone_moe routes by sigmoid, llama.cpp's 2)"),
         "nanbeige_skip_flag": (lambda: gguf_of("n.gguf", "nanbeige", {"skip_loop_final_norm": 1}),
                                "GGUF metadata nanbeige.skip_loop_final_norm must be true or false, "
                                "got 1"),
@@ -2867,7 +2893,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "openelm_rope_dims", "openelm_half", "deepseek_weights_scale", "deepseek_qkv_bias",
               "mellum_swa_base", "mellum_all_local", "nanbeige_skip_flag", "minicpm3_values",
               "minicpm3_long_factors", "minicpm3_attn_factor", "minicpm3_q_proj", "youtu_sparse",
-              "youtu_yarn"]
+              "youtu_yarn", "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base",
+              "exaone_moe_gating"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

@@ -417,7 +417,8 @@ _KIND_CONFIG = {
     "exaone_moe": {"architectures": ["ExaoneMoEForCausalLM"], "tie_word_embeddings": False,
                    "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
                    "num_shared_experts": 1, "n_group": 2, "topk_group": 1,
-                   "sliding_window": 24, "is_moe_layer": [False, True, True, True],
+                   "routed_scaling_factor": 2.5, "norm_topk_prob": True, "sliding_window": 24,
+                   "is_moe_layer": [False, True, True, True],
                    "layer_types": ["sliding_attention", "full_attention"] * 2},
     # Klear: per-head q/k norms, q/k/v/o biases; layers 1 and 3 with 2 of 4 experts (sigmoid,
     # a random expert bias, renormalised) mixed with a shared expert by a learned coefficient
