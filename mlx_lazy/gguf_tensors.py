@@ -287,6 +287,17 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      # K-EXAONE: Qwen3-MoE's router and stacks, the correction bias, shared experts
                      "exaone-moe": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES,
                                     **_CORRECTION_BIAS_NAMES},
+                     # AFM: Gemma 3's four norms (its own names), the output gate, the router
+                     # at router.gate, the selection bias and experts' stacks on the MoE block
+                     "afmoe": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES,
+                               "attn_gate": "self_attn.gate_proj",
+                               "post_attention_norm": "post_attention_layernorm",
+                               "ffn_norm": "pre_mlp_layernorm",
+                               "post_ffw_norm": "post_mlp_layernorm",
+                               "ffn_gate_inp": "mlp.router.gate",
+                               "exp_probs_b.bias": "mlp.expert_bias",
+                               **{f"ffn_{p}_exps": f"mlp.experts.{p}_proj"
+                                  for p in ("gate", "up", "down")}},
                      "phi2": _PHI2_LAYER_NAMES, "gptneox": _GPTNEOX_LAYER_NAMES,
                      "internlm2": _INTERNLM2_LAYER_NAMES, "qwen": _QWEN_LAYER_NAMES,
                      **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),

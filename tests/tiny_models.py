@@ -433,6 +433,7 @@ _KIND_CONFIG = {
     "afmoe": {"architectures": ["AfmoeForCausalLM"], "tie_word_embeddings": False,
               "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
               "num_shared_experts": 1, "num_dense_layers": 1, "route_scale": 2.826,
+              "route_norm": True,
               "sliding_window": 24, "mup_enabled": True,
               "layer_types": ["sliding_attention", "full_attention"] * 2},
     # MiniCPM3: DeepSeek-V2's latent attention (per head, 4 heads over a 32-wide latent, 8
