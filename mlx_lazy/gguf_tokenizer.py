@@ -28,6 +28,11 @@ _SEED_CODER_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{
 # Qwen3.5's: Qwen 2's with combining marks (\p{M}) inside words, not punctuation
 _QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
                  r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# K-EXAONE's (its tokenizer.json's): a word is letters (with their marks) and the single spaces
+# between them
+_EXAONE_MOE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?"
+                     r"(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?"
+                     r"|\s*[\r\n]|\s+(?!\S)|\s+")
 _TEKKEN_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
                  r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
                  r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -108,6 +113,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan"),
                     PreTokenizer((_QWEN2_REGEX,), False, False)),
     "qwen35": PreTokenizer((_QWEN35_REGEX,), False, False),
+    "exaone-moe": PreTokenizer((_EXAONE_MOE_REGEX,), False, False),
     "seed-coder": PreTokenizer((_SEED_CODER_REGEX,), False, False),
     "tekken": PreTokenizer((_TEKKEN_REGEX,), True, True),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"),

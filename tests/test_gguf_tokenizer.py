@@ -356,6 +356,10 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan"),
                     (_CPP_QWEN2,)),
     "qwen35": (_CPP_QWEN35,),
+    # K-EXAONE's, as llama-vocab.cpp writes it
+    "exaone-moe": ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+                   "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}"
+                   "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",),
     "seed-coder": (_CPP_SEED_CODER,),
     "tekken": (_CPP_TEKKEN,),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), (_CPP_GPT4O,)),
