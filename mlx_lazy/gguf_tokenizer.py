@@ -75,6 +75,13 @@ _DEEPSEEK_V3_SPLITS = (
     r"\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
     r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|"""
     r" ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# AFM's (Trinity): a digit run's leading len % 3 digits, then threes (llama.cpp's
+# \p{AFMoE_digits}); runs of CJK, kana, Hangul, Thai, Lao, Khmer, Myanmar and their neighbours;
+# then DeepSeek-V3's words
+_AFMOE_SPLITS = (
+    r"\p{N}{1,2}(?=(?:\p{N}{3})*(?!\p{N}))|\p{N}{3}",
+    "[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+",
+    _DEEPSEEK_V3_SPLITS[2])
 # Youtu-LLM's: runs of Hangul, of CJK punctuation, of Bopomofo, of CJK and kana; then words as
 # llama.cpp reads its regex (its \p{Lu}, \p{Ll}, \p{Lt}, \p{Lm}, \p{Lo} are all \p{L} there:
 # one letter class, so a word's case changes never split it), each digit alone, punctuation runs
@@ -123,6 +130,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("deepseek-v3", "hunyuan-dense"),
                     PreTokenizer(_DEEPSEEK_V3_SPLITS, False, False)),
     "youtu": PreTokenizer(_YOUTU_SPLITS, True, False),
+    "afmoe": PreTokenizer(_AFMOE_SPLITS, False, False),
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list;
 # llama.cpp makes them control tokens whatever the GGUF says: Gemma 4's converter writes
