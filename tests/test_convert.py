@@ -1922,6 +1922,26 @@ def test_dots1_from_gguf(overrides, no_bias, settings, tiny_model_dir, tmp_path)
     assert rel_err(model(x), reference_model("dots1", config, reference)(x)) < 1e-5
 
 
+def test_exaone_moe_from_gguf_without_its_nextn_block_or_biases(tiny_model_dir, tmp_path):
+    """A K-EXAONE GGUF with a NextN block after its layers (dropped) and no correction biases
+    (llama.cpp's exp_probs_b is optional: zeros in mlx-lm's model) computes what its tensors do
+    in mlx-lm's exaone_moe."""
+    config = tiny_config("exaone_moe")
+    n = config["num_hidden_layers"]
+    extra = {**llama_cpp_mtp_block(config, n),
+             **{f"blk.{i}.exp_probs_b.bias": None for i in range(1, n)}}
+    _, reference = write_gguf(tmp_path / "m.gguf", "exaone_moe", tiny_model_dir("exaone_moe"),
+                              meta={"num_hidden_layers": n + 1, "nextn_predict_layers": 1},
+                              extra=extra)
+    for i in range(1, n):
+        reference[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = mx.zeros(4)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == n
+    model, _ = mlx_lm.load(str(out))
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model("exaone_moe", config, reference)(x)) < 1e-5
+
+
 def test_xielu_from_one_value_for_all_layers():
     """llama.cpp reads each xIELU key as one value for every layer or a value per layer."""
     meta = {"xielu.alpha_p": 0.5, "xielu.alpha_n": [0.1, 0.2, 0.3], "xielu.beta": np.float32(1),
