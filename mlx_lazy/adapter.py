@@ -299,8 +299,10 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``transformer.token_embeddings``, ``args.{model_dim, num_query_heads, num_kv_heads}``;
 # mellum's ``args.layer_types``, nanbeige's ``model.num_loops``, ``args.skip_loop_final_norm``;
 # granitemoehybrid's ``block.{mamba, shared_mlp}``; nemotron_h's ``backbone.{embeddings,
-# norm_f}``, ``block.{norm, mixer, block_type}``, its MLP mixers called as ``(x)``): at least the
-# first, below the second. Same as pyproject.toml.
+# norm_f}``, ``block.{norm, mixer, block_type}``, its MLP mixers called as ``(x)``; exaone_moe's
+# and afmoe's ``args.layer_types``, afmoe's ``self_attn.gate_proj``, ``args.mup_enabled``,
+# ``block.{pre_mlp_layernorm, post_mlp_layernorm}``): at least the first, below the second. Same
+# as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -733,7 +735,7 @@ class ModelAdapter:
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
         """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied,
-        and the output gate of a gated attention (Qwen3.5's) for :meth:`finish`.
+        and the output gate of a gated attention (Qwen3.5's, AFM's) for :meth:`finish`.
 
         Returns arrays shaped (1, heads, n, head_dim) (latent attention's values narrower than
         its keys: :meth:`_latent_qkv`); keys and values None where the layer reads another's
