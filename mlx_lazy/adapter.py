@@ -204,19 +204,20 @@ from .errors import UserInputError, shown
 # ministral3's (``rope_parameters``' ``llama_4_scaling_beta`` and
 # ``original_max_position_embeddings``), softmax-routed experts beside shared ones at ``block.mlp``
 # from ``first_k_dense_replace`` on.
-SUPPORTED_MODEL_TYPES = ("apertus", "bailing_moe", "cohere", "cohere2", "deepseek", "deepseek_v2",
-                         "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
-                         "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
-                         "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode",
-                         "gpt_neox", "gpt_oss", "granite", "granitemoe", "granitemoehybrid",
-                         "helium", "hunyuan", "hunyuan_v1_dense", "internlm2", "internlm3",
-                         "jamba", "lfm2", "lfm2_moe", "llama", "llama4", "llama4_text", "mellum",
-                         "mimo", "minicpm", "minicpm3", "ministral3", "mistral", "mistral3",
-                         "mistral4", "mixtral", "nanbeige", "nanochat", "nemotron", "nemotron_h",
-                         "olmo2", "olmo3", "olmoe", "openelm", "phi", "phi3", "phimoe", "qwen",
-                         "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
-                         "qwen3_next", "seed_oss", "smollm3", "solar_open", "stablelm",
-                         "starcoder2", "telechat3", "youtu_llm")
+SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2",
+                         "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
+                         "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
+                         "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4",
+                         "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss",
+                         "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan",
+                         "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "lfm2", "lfm2_moe",
+                         "llama", "llama4", "llama4_text", "mellum", "mimo", "minicpm", "minicpm3",
+                         "ministral3", "mistral", "mistral3", "mistral4", "mixtral", "nanbeige",
+                         "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe",
+                         "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3",
+                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
+                         "smollm3", "solar_open", "stablelm", "starcoder2", "telechat3",
+                         "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -267,7 +268,9 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                "jamba": {"linear_attn": "mamba", "post_attention_layernorm": "pre_ff_layernorm",
                          "norm": "final_layernorm"},
                "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
-                              "embed_tokens": "embeddings", "norm": "norm_f"}}
+                              "embed_tokens": "embeddings", "norm": "norm_f"},
+               "afmoe": {"pre_feedforward_layernorm": "pre_mlp_layernorm",
+                         "post_feedforward_layernorm": "post_mlp_layernorm"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
@@ -306,8 +309,9 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # granitemoehybrid's ``block.{mamba, shared_mlp}``; nemotron_h's ``backbone.{embeddings,
 # norm_f}``, ``block.{norm, mixer, block_type}``, its MLP mixers called as ``(x)``; jamba's
 # ``block.{mamba, pre_ff_layernorm, feed_forward}`` (the mamba called as ``(x, ArraysCache)``),
-# ``model.final_layernorm``): at least the
-# first, below the second. Same as pyproject.toml.
+# ``model.final_layernorm``; exaone_moe's and afmoe's ``args.layer_types``, afmoe's
+# ``self_attn.gate_proj``, ``args.mup_enabled``, ``block.{pre_mlp_layernorm,
+# post_mlp_layernorm}``): at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -393,7 +397,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
     attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
-    and Ministral 3's, gpt-oss's, OLMo 3's and Mellum's where the config says
+    and Ministral 3's, gpt-oss's, OLMo 3's, Mellum's, K-EXAONE's and AFM's where the config says
     ``sliding_attention``;
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
@@ -412,7 +416,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.is_local for block in _blocks(text)]
     elif text.model_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
-    elif text.model_type == "mellum":
+    elif text.model_type in ("mellum", "exaone_moe", "afmoe"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     else:
         sliding = [False] * len(_blocks(text))
@@ -483,6 +487,7 @@ class ModelAdapter:
                                else "input_layernorm")
         self._qkv_by_head = model_type == "gpt_neox"  # its fused q, k, v: head by head
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
+        self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
         self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
                           if k in self.text)
@@ -570,6 +575,7 @@ class ModelAdapter:
         # float
         self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self._gemma3 else
                              args.hidden_size ** 0.5 if gemma or model_type == "gemma" else
+                             args.hidden_size ** 0.5 if self._afmoe and args.mup_enabled else
                              args.embedding_multiplier if granite else
                              args.scale_emb if minicpm else None)
         # MiniCPM's multipliers as Granite's, in mlx-lm's arithmetic
@@ -746,7 +752,7 @@ class ModelAdapter:
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
         """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied,
-        and the output gate of a gated attention (Qwen3.5's) for :meth:`finish`.
+        and the output gate of a gated attention (Qwen3.5's, AFM's) for :meth:`finish`.
 
         Returns arrays shaped (1, heads, n, head_dim) (latent attention's values narrower than
         its keys: :meth:`_latent_qkv`); keys and values None where the layer reads another's
@@ -796,6 +802,8 @@ class ModelAdapter:
             q, k = self._part(attn, "q_proj")(x), self._part(attn, "k_proj")(x)
             v_proj = self._part(attn, "v_proj")
             v = k if v_proj is None else v_proj(x)  # gemma4's k_eq_v layers
+            if "gate_proj" in attn:  # afmoe: an output gate from the attention's input
+                gate = attn.gate_proj(x)[:, :n]
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
         q_norm, k_norm = self._head_norms(attn)
@@ -905,13 +913,13 @@ class ModelAdapter:
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
                                h[..., self._hidden + width:])
         h = self._blas_rows(h)
-        if self._gemma2 or self._gemma3:  # norms after attention and around the MLP
+        if self._gemma2 or self._gemma3 or self._afmoe:  # norms after attention, around the MLP
             from mlx_lm.models.gemma3_text import clip_residual
 
             add = clip_residual if self._gemma3 else operator.add  # Gemma 3's float16-safe
             h = add(h, block.post_attention_layernorm(r))
-            h = add(h, block.post_feedforward_layernorm(
-                self._mlp(layer, block.pre_feedforward_layernorm(h))))
+            h = add(h, self._part(block, "post_feedforward_layernorm")(
+                self._mlp(layer, self._part(block, "pre_feedforward_layernorm")(h))))
         elif self._gemma4:
             h = h + block.post_attention_layernorm(r)
             x = self._mlp(layer, block.pre_feedforward_layernorm(h))

@@ -144,6 +144,16 @@ The architectures (llama.cpp's names), and what converting each involves:
   (flags, or a period: 4 unless given), renormalised softmax-routed experts in every layer;
   one RoPE base (llama.cpp's graph turns the sliding layers at the global one: a GGUF whose
   ``rope.freq_base_swa`` differs is refused).
+* ``exaone-moe`` (K-EXAONE, ``exaone_moe``): per-head q/k norms, RoPE in the sliding-window
+  layers only (llama.cpp's pattern: flags, or a period, 4 unless given; a GGUF without a local
+  layer refused: mlx-lm's exaone_moe then turns every layer), one RoPE base; DeepSeek's MoE
+  reading (dots1's: leading dense layers, sigmoid-routed experts with their selection bias,
+  expert groups, shared experts, renormalisation and scale); the NextN blocks dropped.
+* ``afmoe`` (Arcee AFM, Trinity): embeddings times sqrt(hidden) and each head's output gate
+  (``attn_gate``), norms before and after each branch, q/k norms; RoPE (one base) in every layer
+  but each 4th, as llama.cpp hard-wires it, which mlx-lm's afmoe turns in its sliding layers
+  only: a GGUF whose window pattern differs (or without a window) is refused; dots1's MoE
+  reading, sigmoid routing (llama.cpp's default), a tied head where the GGUF has none.
 * ``nanbeige``: q/k un-permuted, its stack run ``num_loops`` times with the final norm between
   the loops unless ``skip_loop_final_norm``; no biases, no RoPE scaling.
 * ``granitehybrid`` (Granite 4.0 H-Tiny/H-Small/H-Micro, ``granitemoehybrid``): Mamba-2 layers
@@ -216,7 +226,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "deepseek": "DeepseekForCausalLM", "mellum": "MellumForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
-                 "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM"}
+                 "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
+                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -226,7 +237,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "hunyuan-dense": "hunyuan_v1_dense", "command-r": "cohere",
                 "phi2": "phi", "gptneox": "gpt_neox",
                 "starcoder": "gpt_bigcode",
-                "granitehybrid": "granitemoehybrid", "chatglm": "glm"}
+                "granitehybrid": "granitemoehybrid", "chatglm": "glm",
+                "exaone-moe": "exaone_moe"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -275,10 +287,13 @@ GEMMA4_UNROTATED = 1e29
 # The architectures whose sliding-window layers turn at the global RoPE base in mlx-lm's models
 # (llama.cpp's loaders read a base of their own), or in llama.cpp's graph (Mellum's, whose
 # mlx-lm model would take rope.freq_base_swa)
-_ONE_ROPE_BASE = ("gpt-oss", "gemma2", "mellum")
-# Mellum: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the GGUF
-# says otherwise
+_ONE_ROPE_BASE = ("gpt-oss", "gemma2", "mellum", "exaone-moe", "afmoe")
+# Mellum, K-EXAONE: llama.cpp's sliding-window pattern (3 local layers, then a global one)
+# unless the GGUF says otherwise
 MELLUM_SLIDING_PATTERN = 4
+# AFM: llama.cpp's hard-wired period of the layers without RoPE (every 4th), and its window
+# pattern's default
+AFMOE_NO_ROPE_PERIOD = 4
 # gpt-oss: llama.cpp's sliding-window pattern (a local layer, then a global one) unless the GGUF
 # says otherwise
 GPT_OSS_SLIDING_PATTERN = 2
@@ -388,7 +403,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid", "chatglm", "jamba"):
+                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -616,12 +631,13 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in DELTA_NET:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
-    if arch == "dots1":  # llama.cpp aborts without a gating function; q/k norms hard-wired
-        if g("expert_gating_func") != _SIGMOID_GATING:
-            raise UserInputError(f"GGUF dots1 with expert gating function "
-                                 f"{shown(g('expert_gating_func'), 20)} is not supported "
-                                 "(mlx-lm's dots1 routes by sigmoid, llama.cpp's "
-                                 f"{_SIGMOID_GATING})")
+    if arch in ("dots1", "exaone-moe") and g("expert_gating_func") != _SIGMOID_GATING:
+        # llama.cpp aborts without a gating function
+        raise UserInputError(f"GGUF {arch} with expert gating function "
+                             f"{shown(g('expert_gating_func'), 20)} is not supported "
+                             f"(mlx-lm's {config['model_type']} routes by sigmoid, llama.cpp's "
+                             f"{_SIGMOID_GATING})")
+    if arch == "dots1":  # q/k norms hard-wired
         config.update(_routed_experts(arch, "dots1", g, count, positive, optional, experts,
                                       tensors, n_layers))
     if arch == "llama4":
@@ -654,6 +670,11 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       layer_types=["sliding_attention" if c == "L" else "full_attention"
                                    for c in ((pattern or "G") * n_layers)[:n_layers]],
                       rope_parameters=dict.fromkeys(("full_attention", "sliding_attention"), rope))
+    if arch == "exaone-moe":
+        config.update(_exaone_moe_config(g, count, positive, optional, experts, tensors,
+                                         n_layers))
+    if arch == "afmoe":
+        config.update(_afmoe_config(g, count, positive, optional, experts, tensors, n_layers))
     if arch == "nanbeige":  # its stack run num_loops times over the same weights, the final
         # norm after each loop but the last unless skip_loop_final_norm (llama.cpp: 1, false);
         # no biases (llama.cpp reads no output or MLP ones; q/k/v ones refused by the shape check)
@@ -1165,14 +1186,16 @@ def _leading_dense(arch: str, optional: Any, n_layers: int) -> int:
 
 
 def _routed_experts(arch: str, model_type: str, g: Any, count: Any, positive: Any,
-                    optional: Any, experts: Any, tensors: dict, n_layers: int) -> dict:
+                    optional: Any, experts: Any, tensors: dict, n_layers: int,
+                    tied: bool = False) -> dict:
     """mlx-lm's settings of DeepSeek's MoE layout (GLM-4.5's and deepseek2's), read as
     llama.cpp reads it: the first ``leading_dense_block_count`` layers dense, the others sparse
     beside ``expert_shared_count`` shared experts (at least one); sigmoid scores biased by
     ``exp_probs_b`` to choose the experts (within the best ``expert_group_used_count`` of
     ``expert_group_count`` groups) but not to weigh them, the chosen weights renormalised where
     ``expert_weights_norm`` says so and scaled by ``expert_weights_scale`` (0 or none: 1).
-    mlx-lm's model (``model_type``) has a head of its own: a tied one is refused."""
+    mlx-lm's model (``model_type``) has a head of its own: a tied one is refused, unless
+    ``tied`` (a model that ties it where the GGUF has none)."""
     n_experts, n_used = experts()
     dense = _leading_dense(arch, optional, n_layers)
     groups, used_groups = optional("expert_group_count"), optional("expert_group_used_count")
@@ -1196,7 +1219,7 @@ def _routed_experts(arch: str, model_type: str, g: Any, count: Any, positive: An
     if norm and n_used == 1:  # mlx-lm's models renormalise two or more only
         raise UserInputError(f"GGUF {arch} renormalising the weight of one expert a token is "
                              "not supported")
-    if "output.weight" not in tensors:  # llama.cpp reads the embedding then; mlx-lm cannot
+    if "output.weight" not in tensors and not tied:  # llama.cpp reads the embedding then
         raise UserInputError(f"GGUF {arch} without output.weight (tied embeddings) is not "
                              f"supported (mlx-lm's {model_type} has a head of its own)")
     # llama.cpp requires the count; none (0) would be n_shared_experts None to mlx-lm's
@@ -1210,6 +1233,63 @@ def _routed_experts(arch: str, model_type: str, g: Any, count: Any, positive: An
             "routed_scaling_factor": (positive("expert_weights_scale")
                                       if g("expert_weights_scale", 0) != 0 else 1.0),
             "norm_topk_prob": bool(norm), "scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+
+
+def _exaone_moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
+                       tensors: dict, n_layers: int) -> dict:
+    """mlx-lm's settings of a K-EXAONE GGUF: llama.cpp's window (required) in its pattern,
+    RoPE in the sliding layers only, which mlx-lm's exaone_moe takes only beside a global layer
+    (without a local one it turns every layer, llama.cpp's graph none: refused); DeepSeek's MoE
+    layout (:func:`_routed_experts`) under mlx-lm's exaone_moe names."""
+    arch = "exaone-moe"
+    pattern = _sliding_pattern(g("attention.sliding_window_pattern", MELLUM_SLIDING_PATTERN),
+                               n_layers, arch)
+    if pattern is None:
+        raise UserInputError("GGUF exaone-moe without a sliding-window layer is not supported "
+                             "(llama.cpp's graph then turns no layer by RoPE, mlx-lm's "
+                             "exaone_moe every layer)")
+    moe = _routed_experts(arch, "exaone_moe", g, count, positive, optional, experts, tensors,
+                          n_layers)
+    dense, routed, shared = (moe.pop(k) for k in ("first_k_dense_replace", "n_routed_experts",
+                                                  "n_shared_experts"))
+    return {**moe, "num_experts": routed, "num_shared_experts": shared,
+            "is_moe_layer": [i >= dense for i in range(n_layers)],
+            "sliding_window": count("attention.sliding_window"),
+            "layer_types": ["sliding_attention" if c == "L" else "full_attention"
+                            for c in (pattern * n_layers)[:n_layers]]}
+
+
+def _afmoe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
+                  tensors: dict, n_layers: int) -> dict:
+    """mlx-lm's settings of an AFM GGUF: llama.cpp's graph scales the embeddings (mup) and turns
+    RoPE in every layer but each :data:`AFMOE_NO_ROPE_PERIOD`-th, mlx-lm's afmoe in its sliding
+    layers: the window's pattern (llama.cpp's, period 4 unless given) must be that one;
+    DeepSeek's MoE layout (:func:`_routed_experts`) under mlx-lm's afmoe names, sigmoid-routed
+    (llama.cpp's default)."""
+    arch = "afmoe"
+    window = optional("attention.sliding_window")
+    pattern = _sliding_pattern(g("attention.sliding_window_pattern", AFMOE_NO_ROPE_PERIOD),
+                               n_layers, arch) if window else None
+    local = [c == "L" for c in ((pattern or "G") * n_layers)[:n_layers]]
+    if local != [(i + 1) % AFMOE_NO_ROPE_PERIOD != 0 for i in range(n_layers)]:
+        raise UserInputError(f"GGUF afmoe whose sliding-window layers are not every layer but "
+                             f"each {AFMOE_NO_ROPE_PERIOD}th is not supported (llama.cpp turns "
+                             "RoPE in those, mlx-lm's afmoe in its sliding layers)")
+    if g("expert_gating_func", _SIGMOID_GATING) not in (_NO_GATING, _SIGMOID_GATING):
+        raise UserInputError(f"GGUF afmoe with expert gating function "
+                             f"{shown(g('expert_gating_func'), 20)} is not supported (only "
+                             f"sigmoid, llama.cpp's {_SIGMOID_GATING}, is read here)")
+    moe = _routed_experts(arch, "afmoe", g, count, positive, optional, experts, tensors,
+                          n_layers, tied=True)
+    return {"num_experts": moe["n_routed_experts"],
+            "num_experts_per_tok": moe["num_experts_per_tok"],
+            "moe_intermediate_size": moe["moe_intermediate_size"],
+            "num_shared_experts": moe["n_shared_experts"],
+            "num_dense_layers": moe["first_k_dense_replace"], "route_norm": moe["norm_topk_prob"],
+            "route_scale": moe["routed_scaling_factor"], "score_func": "sigmoid",
+            "n_group": moe["n_group"], "topk_group": moe["topk_group"], "sliding_window": window,
+            "mup_enabled": True, "layer_types": ["sliding_attention" if x else "full_attention"
+                                                 for x in local]}
 
 
 def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, optional: Any,

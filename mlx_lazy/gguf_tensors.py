@@ -41,7 +41,7 @@ DELTA_NET = (*QWEN35, "qwen3next")
 # mlx-lm's model types whose value heads llama.cpp's converter tiles (Qwen3.5's, not Qwen3-Next's)
 _TILED_V_HEADS = ("qwen3_5", "qwen3_5_moe")
 # The architectures whose GGUFs may hold multi-token prediction (NextN) blocks after the model's
-NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4")
+NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4", "exaone-moe")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -295,6 +295,20 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "lfm2": _LFM2_LAYER_NAMES, "lfm2moe": _LFM2MOE_LAYER_NAMES,
                      "hunyuan-dense": _HUNYUAN_LAYER_NAMES, "stablelm": _STABLELM_LAYER_NAMES,
                      "dots1": _DOTS1_LAYER_NAMES, "llama4": _LLAMA4_LAYER_NAMES,
+                     # K-EXAONE: Qwen3-MoE's router and stacks, the correction bias, shared experts
+                     "exaone-moe": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES,
+                                    **_CORRECTION_BIAS_NAMES},
+                     # AFM: Gemma 3's four norms (its own names), the output gate, the router
+                     # at router.gate, the selection bias and experts' stacks on the MoE block
+                     "afmoe": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES,
+                               "attn_gate": "self_attn.gate_proj",
+                               "post_attention_norm": "post_attention_layernorm",
+                               "ffn_norm": "pre_mlp_layernorm",
+                               "post_ffw_norm": "post_mlp_layernorm",
+                               "ffn_gate_inp": "mlp.router.gate",
+                               "exp_probs_b.bias": "mlp.expert_bias",
+                               **{f"ffn_{p}_exps": f"mlp.experts.{p}_proj"
+                                  for p in ("gate", "up", "down")}},
                      "phi2": _PHI2_LAYER_NAMES, "gptneox": _GPTNEOX_LAYER_NAMES,
                      "internlm2": _INTERNLM2_LAYER_NAMES, "qwen": _QWEN_LAYER_NAMES,
                      **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),
@@ -743,13 +757,16 @@ def stablelm_tensors(tensors: dict, config: dict) -> dict:
 
 
 def dots1_tensors(tensors: dict, config: dict) -> dict:
-    """A dots.llm1 GGUF's tensors with a zero correction bias in each sparse layer that has
-    none (llama.cpp's optional ``exp_probs_b``: no bias; mlx-lm's dots1 always holds one)."""
+    """A dots.llm1 or K-EXAONE GGUF's tensors with a zero correction bias in each sparse layer
+    that has none (llama.cpp's optional ``exp_probs_b``: no bias; mlx-lm's dots1 and
+    exaone_moe always hold one)."""
     from gguf import GGMLQuantizationType as T
 
     out = dict(tensors)
-    n = config["n_routed_experts"]
-    for i in range(config["first_k_dense_replace"], config["num_hidden_layers"]):
+    n = config.get("n_routed_experts") or config["num_experts"]
+    sparse = config.get("is_moe_layer") or [
+        i >= config["first_k_dense_replace"] for i in range(config["num_hidden_layers"])]
+    for i in (i for i, moe in enumerate(sparse) if moe):
         name = f"blk.{i}.exp_probs_b.bias"
         if name not in out:
             out[name] = _Part(name, T.F32, np.array([n]), np.zeros(n, np.float32))
@@ -897,6 +914,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "mistral4": deepseek2_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
+             "exaone-moe": dots1_tensors,
              "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors,
              "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
@@ -1033,7 +1051,8 @@ def dequantized(t: Any) -> np.ndarray:
 #: GGUF tensors whose mlx-lm parameter no quantized layer holds, by model type: GLM-4.5's and
 #: DeepSeek's routers (a matrix of mlx-lm's MoEGate; llama.cpp's quantizer leaves routers float
 #: anyway)
-_FLOAT_ONLY = dict.fromkeys(("glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "dots1"),
+_FLOAT_ONLY = dict.fromkeys(("glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "dots1",
+                             "exaone_moe"),
                             ".ffn_gate_inp.weight")
 
 

@@ -28,6 +28,11 @@ _SEED_CODER_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{
 # Qwen3.5's: Qwen 2's with combining marks (\p{M}) inside words, not punctuation
 _QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
                  r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# K-EXAONE's (its tokenizer.json's): a word is letters (with their marks) and the single spaces
+# between them
+_EXAONE_MOE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?"
+                     r"(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?"
+                     r"|\s*[\r\n]|\s+(?!\S)|\s+")
 _TEKKEN_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
                  r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
                  r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -70,6 +75,13 @@ _DEEPSEEK_V3_SPLITS = (
     r"\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
     r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|"""
     r" ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# AFM's (Trinity): a digit run's leading len % 3 digits, then threes (llama.cpp's
+# \p{AFMoE_digits}); runs of CJK, kana, Hangul, Thai, Lao, Khmer, Myanmar and their neighbours;
+# then DeepSeek-V3's words
+_AFMOE_SPLITS = (
+    r"\p{N}{1,2}(?=(?:\p{N}{3})*(?!\p{N}))|\p{N}{3}",
+    "[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+",
+    _DEEPSEEK_V3_SPLITS[2])
 # Youtu-LLM's: runs of Hangul, of CJK punctuation, of Bopomofo, of CJK and kana; then words as
 # llama.cpp reads its regex (its \p{Lu}, \p{Ll}, \p{Lt}, \p{Lm}, \p{Lo} are all \p{L} there:
 # one letter class, so a word's case changes never split it), each digit alone, punctuation runs
@@ -108,6 +120,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan"),
                     PreTokenizer((_QWEN2_REGEX,), False, False)),
     "qwen35": PreTokenizer((_QWEN35_REGEX,), False, False),
+    "exaone-moe": PreTokenizer((_EXAONE_MOE_REGEX,), False, False),
     "seed-coder": PreTokenizer((_SEED_CODER_REGEX,), False, False),
     "tekken": PreTokenizer((_TEKKEN_REGEX,), True, True),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"),
@@ -117,6 +130,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("deepseek-v3", "hunyuan-dense"),
                     PreTokenizer(_DEEPSEEK_V3_SPLITS, False, False)),
     "youtu": PreTokenizer(_YOUTU_SPLITS, True, False),
+    "afmoe": PreTokenizer(_AFMOE_SPLITS, False, False),
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list;
 # llama.cpp makes them control tokens whatever the GGUF says: Gemma 4's converter writes

@@ -234,7 +234,8 @@ GGUF_QWEN2MOE_NAMES = {**GGUF_LAYER_NAMES, **{k: v for k, v in GGUF_QWEN35_NAMES
 #: Parameters of their own: Qwen3.5's A_log (stored as -exp(A_log), no suffix) and dt bias,
 #: GLM-4.5's expert-score correction bias
 GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias",
-                   "mlp.gate.e_score_correction_bias": "exp_probs_b.bias"}
+                   "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+                   "mlp.expert_bias": "exp_probs_b.bias"}
 QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
 #: gpt-oss's, Seed-OSS's norm before the MLP
 GGUF_POST_ATTENTION_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm"}
@@ -267,6 +268,12 @@ GGUF_KIND_LAYER_NAMES.update({
     # dots.llm1's experts' stacks at mlp.experts, its shared experts
     "dots1": {**GGUF_GLM4MOE_NAMES, "post_attention_layernorm": "ffn_norm",
               **{f"mlp.experts.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}},
+    # K-EXAONE's: Qwen3-MoE's router and stacks at mlp.gate and switch_mlp, its shared experts
+    "exaone_moe": {**GGUF_GLM4MOE_NAMES, "post_attention_layernorm": "ffn_norm"},
+    # AFM's: its norms around each branch, output gate, router at router.gate
+    "afmoe": {**GGUF_GLM4MOE_NAMES, "pre_mlp_layernorm": "ffn_norm",
+              "post_mlp_layernorm": "post_ffw_norm", "self_attn.gate_proj": "attn_gate",
+              "mlp.router.gate": "ffn_gate_inp"},
     "stablelm": {**GGUF_LAYER_NAMES, "self_attn.q_layernorm": "attn_q_norm",
                  "self_attn.k_layernorm": "attn_k_norm"},
     "hunyuan_v1_dense": {**GGUF_LAYER_NAMES, "self_attn.query_layernorm": "attn_q_norm",
@@ -310,7 +317,8 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r",
              "phi": "phi2", "gpt_neox": "gptneox",
              "gpt_bigcode": "starcoder", "glm": "chatglm",
-             "mistral4": "mistral4"}
+             "mistral4": "mistral4",
+             "exaone_moe": "exaone-moe", "afmoe": "afmoe"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
                  "internlm2", "deepseek", "nanbeige")
@@ -738,7 +746,15 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
     glm = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID} \
-        if model_type in ("glm4_moe", "dots1") else {}
+        if model_type in ("glm4_moe", "dots1", "exaone_moe") else {}
+    if model_type == "exaone_moe":  # ExaoneMoEModel.set_gguf_parameters: GLM-4.5's keys
+        glm.update(n_shared_experts=config["num_shared_experts"],
+                   first_k_dense_replace=config["is_moe_layer"].index(True))
+    if model_type == "afmoe":  # AfmoeModel.set_gguf_parameters: GLM-4.5's keys, no gating
+        glm = {"n_shared_experts": config["num_shared_experts"],
+               "first_k_dense_replace": config["num_dense_layers"],
+               "routed_scaling_factor": config["route_scale"],
+               "norm_topk_prob": config["route_norm"]}
     deepseek2 = model_type in DEEPSEEK2_KINDS
     yarn = {"yarn": config.get("rope_scaling") or config.get("rope_parameters"),  # mistral4's
             "num_key_value_heads": 1} if deepseek2 else {}
@@ -804,7 +820,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     llama_cpp_dense_meta(w, m)
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
-    if model_type in ("glm4_moe", "dots1", "deepseek"):  # their converters' MoE keys
+    if model_type in ("glm4_moe", "dots1", "deepseek", "exaone_moe", "afmoe"):  # converters' keys
         for key, add in GLM4MOE_KEYS.items():
             if m.get(key) is not None:
                 getattr(w, add)(m[key])
@@ -816,11 +832,12 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                 getattr(w, add)(m[key])
     if m.get("rope_finetuned") is not None:
         w.add_rope_scaling_finetuned(m["rope_finetuned"])
-    if model_type in ("exaone4", "olmo2", "ministral3", "mellum") and \
+    if model_type in ("exaone4", "olmo2", "ministral3", "mellum", "exaone_moe", "afmoe") and \
             m.get("sliding_window") is not None:
         w.add_sliding_window(m["sliding_window"])
         pattern = m.get("swa_pattern")
-        if pattern is None and m.get("layer_types"):
+        if pattern is None and m.get("layer_types") and model_type != "afmoe":  # AfmoeModel
+            # writes none: llama.cpp's period (4)
             pattern = [t == "sliding_attention" for t in m["layer_types"]]
         if pattern is not None:
             w.add_sliding_window_pattern(pattern)
@@ -994,6 +1011,8 @@ def reference_model(kind: str, config: dict, weights: dict) -> nn.Module:
 #: Mellum with one RoPE base (llama.cpp's graph turns its sliding layers at the global one)
 MELLUM_GGUF = {"rope_parameters": dict.fromkeys(("full_attention", "sliding_attention"),
                                                 {"rope_type": "default", "rope_theta": 10000.0})}
+#: AFM's layers as llama.cpp turns RoPE (all but every 4th), its window's default pattern
+AFMOE_GGUF = {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
 GGUF_CASES = {
     "llama-legacy": ("llama", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
                                "output": T.F16, "*": T.Q8_0}, {}),
@@ -1268,6 +1287,20 @@ GGUF_CASES.update({
     "dots1-legacy": ("dots1", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
                                "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.F32, "attn_q": T.Q4_0,
                                "*": T.Q8_0}, {}),
+    # K-EXAONE: layers 0 and 2 sliding (a flag per layer) with NeoX RoPE, 1 and 3 global
+    # without; a dense layer, then 2 of 4 experts in 2 groups (1 taken) by sigmoid scores and a
+    # correction bias, renormalised and scaled by 2.5, beside a shared expert; its router Q8_0
+    # (mlx-lm's MoEGate holds a plain matrix: dequantized)
+    "exaone_moe-legacy": ("exaone_moe", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                         "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
+                                         "attn_q": T.Q4_0, "*": T.Q8_0}, {}),
+    # AFM: layers 0-2 sliding with NeoX RoPE, 3 global without (llama.cpp's every 4th; its
+    # default pattern); scaled embeddings, output gates, four norms a layer; a dense layer, then
+    # 2 of 4 experts by sigmoid and a selection bias, renormalised and scaled, beside a shared one
+    "afmoe-legacy": ("afmoe", {"ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0,
+                               "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
+                               "attn_gate": T.Q4_0, "*": T.Q8_0}, AFMOE_GGUF),
+    "afmoe-tied": ("afmoe", {"*": T.Q8_0}, {**AFMOE_GGUF, "tie_word_embeddings": True}),
     "dots1-kquants": ("dots1", {"ffn_gate_exps": T.Q4_K, "ffn_up_exps": T.Q6_K,
                                 "ffn_gate_inp": T.F32, "*": T.Q4_K},
                       {**KQ, "moe_intermediate_size": 256}),
@@ -1710,7 +1743,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "internlm2-linear", "qwen-legacy", "gpt2-legacy",
                                   "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
-                                  "deepseek2-youtu", "chatglm-legacy", "mistral4"])
+                                  "deepseek2-youtu", "chatglm-legacy", "mistral4",
+                                  "exaone_moe-legacy", "afmoe-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1914,6 +1948,26 @@ def test_dots1_from_gguf(overrides, no_bias, settings, tiny_model_dir, tmp_path)
     model, _ = mlx_lm.load(str(out))
     x = random_prompt(64, VOCAB_SIZE)[None]
     assert rel_err(model(x), reference_model("dots1", config, reference)(x)) < 1e-5
+
+
+def test_exaone_moe_from_gguf_without_its_nextn_block_or_biases(tiny_model_dir, tmp_path):
+    """A K-EXAONE GGUF with a NextN block after its layers (dropped) and no correction biases
+    (llama.cpp's exp_probs_b is optional: zeros in mlx-lm's model) computes what its tensors do
+    in mlx-lm's exaone_moe."""
+    config = tiny_config("exaone_moe")
+    n = config["num_hidden_layers"]
+    extra = {**llama_cpp_mtp_block(config, n),
+             **{f"blk.{i}.exp_probs_b.bias": None for i in range(1, n)}}
+    _, reference = write_gguf(tmp_path / "m.gguf", "exaone_moe", tiny_model_dir("exaone_moe"),
+                              meta={"num_hidden_layers": n + 1, "nextn_predict_layers": 1},
+                              extra=extra)
+    for i in range(1, n):
+        reference[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = mx.zeros(4)
+    out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == n
+    model, _ = mlx_lm.load(str(out))
+    x = random_prompt(64, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model("exaone_moe", config, reference)(x)) < 1e-5
 
 
 def test_xielu_from_one_value_for_all_layers():
@@ -2796,6 +2850,34 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                               "supported"),
         "chatglm_eps": (lambda: gguf_of("g.gguf", "glm", {"rms_norm_eps": None}),
                         "/ attention.layer_norm_rms_epsilon"),
+        # K-EXAONE: no local layer (llama.cpp's graph turns none, mlx-lm's model every one), no
+        # window, another RoPE base in the local layers, softmax routing
+        "exaone_moe_global": (lambda: gguf_of("x.gguf", "exaone_moe", {"swa_pattern": [False] * 4}),
+                              "GGUF exaone-moe without a sliding-window layer is not supported"),
+        "exaone_moe_window": (lambda: gguf_of("x.gguf", "exaone_moe", {"sliding_window": None}),
+                              "GGUF metadata exaone-moe.attention.sliding_window must be an "
+                              "integer"),
+        "exaone_moe_swa_base": (lambda: gguf_of("x.gguf", "exaone_moe", {"rope_theta_swa": 5e5}),
+                                "GGUF exaone-moe with another RoPE base in its sliding-window "
+                                "layers is not supported"),
+        "exaone_moe_gating": (
+            lambda: gguf_of("x.gguf", "exaone_moe", {"expert_gating_func": None}),
+            "GGUF exaone-moe with expert gating function None is not supported (mlx-lm's "
+            "exaone_moe routes by sigmoid, llama.cpp's 2)"),
+        # AFM: windows other than llama.cpp's RoPE layers (a pattern, none), softmax routing,
+        # another RoPE base in the local layers
+        "afmoe_pattern": (lambda: gguf_of("a.gguf", "afmoe", {"swa_pattern": [True, False] * 2}),
+                          "GGUF afmoe whose sliding-window layers are not every layer but each "
+                          "4th is not supported"),
+        "afmoe_no_window": (lambda: gguf_of("a.gguf", "afmoe", {"sliding_window": None}),
+                            "GGUF afmoe whose sliding-window layers are not every layer but "
+                            "each 4th is not supported"),
+        "afmoe_gating": (lambda: gguf_of("a.gguf", "afmoe", {
+                             "expert_gating_func": gguf.ExpertGatingFuncType.SOFTMAX}),
+                         "GGUF afmoe with expert gating function 1 is not supported"),
+        "afmoe_swa_base": (lambda: gguf_of("a.gguf", "afmoe", {"rope_theta_swa": 5e5}),
+                           "GGUF afmoe with another RoPE base in its sliding-window layers is "
+                           "not supported"),
         "nanbeige_skip_flag": (lambda: gguf_of("n.gguf", "nanbeige", {"skip_loop_final_norm": 1}),
                                "GGUF metadata nanbeige.skip_loop_final_norm must be true or false, "
                                "got 1"),
@@ -2912,7 +2994,9 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "mellum_swa_base", "mellum_all_local", "nanbeige_skip_flag", "chatglm_rope_dims",
               "chatglm_eps", "minicpm3_values",
               "minicpm3_long_factors", "minicpm3_attn_factor", "minicpm3_q_proj", "youtu_sparse",
-              "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length"]
+              "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length",
+              "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
+              "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

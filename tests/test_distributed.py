@@ -394,17 +394,19 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
                                   "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
-                                  "mellum", "granitemoehybrid", "nemotron_h", "jamba"])
+                                  "mellum", "granitemoehybrid", "nemotron_h", "jamba", "Klear",
+                                  "afmoe"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
-    OLMoE's, Granite MoE's, Phi-3.5-MoE's, dots.llm1's, Ling's, Hunyuan's, Llama 4's,
-    DeepSeek-MoE's and Mellum's MoE blocks have no split here, nor mlx-lm's dense llama4_text's
-    MLP (at ``feed_forward``), Apertus's layers (plain up_proj MLP, heads named otherwise),
-    OpenELM's (heads by layer, a fused q/k/v and gate/up), LFM2's convolutions, StarCoder 1's
-    one key/value head (multi-query) or Granite 4.0's, Nemotron-H's and Jamba's layers (Mamba,
-    shared MLPs). Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's linear-attention
-    layers are not split here (mlx-lm's ``shard`` splits them, but the engine runs them whole)."""
+    OLMoE's, Granite MoE's, Phi-3.5-MoE's, dots.llm1's, Ling's, Hunyuan's, Llama 4's, Klear's,
+    AFM's, DeepSeek-MoE's and Mellum's MoE blocks have no split here, nor mlx-lm's dense
+    llama4_text's MLP (at ``feed_forward``), Apertus's layers (plain up_proj MLP, heads named
+    otherwise), OpenELM's (heads by layer, a fused q/k/v and gate/up), LFM2's convolutions,
+    StarCoder 1's one key/value head (multi-query) or Granite 4.0's, Nemotron-H's and Jamba's
+    layers (Mamba, shared MLPs). Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's
+    linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
+    runs them whole)."""
     class Group:
         def size(self):
             return 2
@@ -423,7 +425,7 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
                   "nanbeige", "minicpm3", "youtu_llm", "glm", "telechat3", "solar_open", "glm4",
-                  "mistral4"]
+                  "mistral4", "exaone_moe"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
@@ -440,31 +442,29 @@ def families_two_rank_runs(tiny_model_dir, tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("kind", TWO_RANK_KINDS)
 def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
-    """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`;
-    Gemma 2's soft-cap acts on each head's logits, whole on its rank; Command R7B's parallel
-    branches each all-summed, StarCoder2's plain c_fc/c_proj MLP, Hunyuan's per-head q/k
-    norms after RoPE whole on each rank, MiniCPM's heads named num_heads, its multipliers,
-    EXAONE 3's and nanochat's projections named otherwise, StableLM's per-head q/k
-    LayerNorms split with their heads and its parallel branches, Gemma 1's heads wider than
-    hidden / heads, Command R+'s per-head q/k LayerNorm weights split with their heads,
-    Phi-2's and GPT-NeoX's parallel branches, GPT-NeoX's fused q/k/v split by head,
-    InternLM2's fused wqkv split by key/value head groups, Qwen 1's c_attn by thirds, its
-    w2-gated MLP, GPT-2's fused c_attn split in its three parts and its learned positions
-    whole on every rank, Nemotron's plain squared-ReLU MLP and its biases, Nanbeige's blocks
-    split once though run twice, GLM-4-9B's fused gate_up_proj split in its two halves,
-    TeleChat 3's biases),
-    gpt-oss (mlx-lm's shard, its sinks split by head), GLM-4.5 and Solar Open (mlx-lm's
-    glm4_moe shard: its MoE
-    blocks sum their ranks' shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2
-    (mlx-lm's shard: each rank its heads' queries, embed_q and unembed_out or kv_b_proj, the
-    latent whole on every rank; Mistral Small 4's too, its queries scaled by position on each
-    rank; MiniCPM3's and Youtu-LLM's split the same way by
-    shard_by_heads): unpruned, each rank's logits equal mlx-lm's; pruned, each
-    rank selects what the single process selects and its logits equal it."""
+    """Models whose mlx-lm module cannot shard itself (:func:`distributed.shard_by_heads`; Gemma
+    2's soft-cap acts on each head's logits, whole on its rank; Command R7B's parallel branches
+    each all-summed, StarCoder2's plain c_fc/c_proj MLP, Hunyuan's per-head q/k norms after RoPE
+    whole on each rank, MiniCPM's heads named num_heads, its multipliers, EXAONE 3's and
+    nanochat's projections named otherwise, StableLM's per-head q/k LayerNorms split with their
+    heads and its parallel branches, Gemma 1's heads wider than hidden / heads, Command R+'s
+    per-head q/k LayerNorm weights split with their heads, Phi-2's and GPT-NeoX's parallel
+    branches, GPT-NeoX's fused q/k/v split by head, InternLM2's fused wqkv split by key/value
+    head groups, Qwen 1's c_attn by thirds, its w2-gated MLP, GPT-2's fused c_attn split in its
+    three parts and its learned positions whole on every rank, Nemotron's plain squared-ReLU MLP
+    and its biases, Nanbeige's blocks split once though run twice, GLM-4-9B's fused gate_up_proj
+    split in its two halves, TeleChat 3's biases), gpt-oss (mlx-lm's shard, its sinks split by
+    head), GLM-4.5 and Solar Open (mlx-lm's glm4_moe shard: its MoE blocks sum their ranks'
+    shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2 (mlx-lm's shard: each rank
+    its heads' queries, embed_q and unembed_out or kv_b_proj, the latent whole on every rank;
+    Mistral Small 4's too, its queries scaled by position on each rank; MiniCPM3's and
+    Youtu-LLM's split the same way by shard_by_heads), K-EXAONE (mlx-lm's shard: its MoE blocks
+    sum their ranks' shares): unpruned, each rank's logits equal mlx-lm's; pruned, each rank
+    selects what the single process selects and its logits equal it."""
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
                                                 "glm4_moe_lite", "deepseek_v2", "solar_open",
-                                                "mistral4"))
+                                                "mistral4", "exaone_moe"))
     runs = families_two_rank_runs[kind]
     (rec0, logits0), (rec1, logits1) = runs["full"]
     assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2

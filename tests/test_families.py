@@ -28,8 +28,10 @@ experts), Ling/Ring (``bailing_moe``: fused q/k/v, attention at ``attention``, g
 an expert bias), Hunyuan (``hunyuan``: q/k norms after RoPE, cross-layer attention reading the
 layer below's keys) and Llama 4 (``llama4``: chunked local attention, NoPE global layers with
 attention temperature, a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too), DeepSeek-MoE
-(``deepseek``: dense layer 0, softmax routing, a shared expert) and Mellum (``mellum``: q/k norms,
-sliding-window layers with their own RoPE base). Dense families (:data:`DENSE`): EXAONE 3.5
+(``deepseek``: dense layer 0, softmax routing, a shared expert), Mellum (``mellum``: q/k norms,
+sliding-window layers with their own RoPE base), K-EXAONE (``exaone_moe``: global layers without
+RoPE), Klear (``Klear``: a shared expert mixed by coefficients) and AFM (``afmoe``: an output
+gate, norms around each branch, scaled embeddings). Dense families (:data:`DENSE`): EXAONE 3.5
 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k norms after
 RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``: per-head q/k
 LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals and logits),
@@ -77,7 +79,7 @@ from tiny_models import build_tiny_model, tiny_config
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
-        "solar_open")
+        "solar_open", "exaone_moe", "Klear", "afmoe")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
@@ -965,6 +967,37 @@ def test_the_tiny_dots1_and_bailing_moe_are_what_they_claim(family):
         assert _routes_apart(gate.gate_proj, x)
         scores = mx.sigmoid(gate.gate_proj(x))
         assert (_pairs(scores) != _pairs(scores + gate.expert_bias)).any()
+
+
+def test_the_tiny_exaone_moe_klear_and_afmoe_are_what_they_claim(family):
+    """K-EXAONE and AFM: layers 0 and 2 slide over 24 positions with RoPE, 1 and 3 are global
+    without; layer 0 dense, then 2 of 4 experts routed by random weights (a random bias
+    moving the choice) beside a shared expert. AFM's output gate per head dim, its four
+    random norms, its embeddings times sqrt(hidden). Klear: random q/k/v biases, its experts
+    in layers 1 and 3 mixed with a shared one by learned coefficients."""
+    x = mx.random.normal((64, 64), key=mx.random.key(1))
+    for kind in ("exaone_moe", "afmoe"):
+        model = family(kind)[0]
+        assert sliding_windows(model) == [24, None, 24, None]
+        assert [hasattr(layer.self_attn, "rope") and layer.self_attn.rope is not None
+                for layer in model.layers] == [True, False, True, False]
+        assert hasattr(model.layers[0].mlp, "down_proj")
+        for layer in model.layers[1:]:
+            moe = layer.mlp
+            router = moe.router.gate if kind == "afmoe" else (lambda t: t @ moe.gate.weight.T)
+            bias = moe.expert_bias if kind == "afmoe" else moe.gate.e_score_correction_bias
+            assert hasattr(moe.shared_experts, "down_proj") and _routes_apart(router, x)
+            scores = mx.sigmoid(router(x))
+            assert (_pairs(scores) != _pairs(scores + bias)).any()
+    afmoe = family("afmoe")[0]
+    assert afmoe.args.mup_enabled and afmoe.layers[0].self_attn.gate_proj.weight.shape == (64, 64)
+    for name in ("post_attention_layernorm", "pre_mlp_layernorm", "post_mlp_layernorm"):
+        assert float(mx.abs(afmoe.layers[0][name].weight - 1).max()) > 0.01
+    klear = family("Klear")[0]
+    assert float(mx.abs(klear.layers[0].self_attn.q_proj.bias).sum()) > 0
+    assert [hasattr(layer.mlp, "coefficient") for layer in klear.layers] == [False, True] * 2
+    coef = mx.softmax(klear.layers[1].mlp.coefficient(x), axis=-1)
+    assert float(coef.min()) > 0.01 and float(coef.max()) < 0.99
 
 
 def test_the_tiny_hunyuan_is_what_it_claims(family):

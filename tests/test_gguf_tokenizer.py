@@ -356,6 +356,10 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan"),
                     (_CPP_QWEN2,)),
     "qwen35": (_CPP_QWEN35,),
+    # K-EXAONE's, as llama-vocab.cpp writes it
+    "exaone-moe": ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+                   "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}"
+                   "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",),
     "seed-coder": (_CPP_SEED_CODER,),
     "tekken": (_CPP_TEKKEN,),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), (_CPP_GPT4O,)),
@@ -370,6 +374,13 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
         "\\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
         "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
         "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")),
+    # AFM's: its digits (llama.cpp's custom \p{AFMoE_digits}: our regex, checked against
+    # unicode.cpp's rule in test_afmoe_digits_split_as_llama_cpp), llama-vocab.cpp's CJK class,
+    # DeepSeek-V3's words
+    "afmoe": (PRE_TOKENIZERS["afmoe"].splits[0],
+              "[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+",
+              "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+              "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"),
     # Youtu-LLM's, its letter categories one class (llama.cpp collapses each to \p{L})
     "youtu": ("[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+",
               _CPP_YOUTU_WORDS.replace("\\p{Lu}", "\\p{L}").replace("\\p{Ll}", "\\p{L}")
@@ -436,6 +447,18 @@ def test_byte_level_splits_are_llama_cpps(pre):
 #: variation selector
 MARKS_TEXT = ("cafe\u0301 e\u0300 \u0301x, \u0939\u093f\u0928\u094d\u0926\u0940, "
               "\u1797\u17b6\u179f\u17b6 \u2764\ufe0f!")
+
+
+def test_afmoe_digits_split_as_llama_cpp():
+    """AFM's digit runs as unicode.cpp's unicode_regex_split_custom_afmoe cuts them: the first
+    len % 3 digits (if any), then threes; any Unicode number (\\p{N}) counts."""
+    tok = build_tokenizer("afmoe", byte_level_meta("afmoe"))[0]
+    for n in range(1, 11):
+        for digit in ("7", "\u0663", "\u2460"):  # ASCII, Arabic-Indic, circled
+            run = digit * n
+            want = ([run[:n % 3]] if n % 3 else []) + [run[i:i + 3] for i in range(n % 3, n, 3)]
+            ours = [piece for piece, _ in tok.pre_tokenizer.pre_tokenize_str(f"x{run}y")]
+            assert ours == [byte_level(w) for w in ["x", *want, "y"]], (n, digit)
 
 
 def test_qwen35_words_take_in_combining_marks():

@@ -28,7 +28,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
-         "telechat3", "solar_open", "jamba", "mistral4")
+         "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -429,6 +429,31 @@ _KIND_CONFIG = {
                "rope_parameters": {
                    "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # K-EXAONE: per-head q/k norms; layers 0 and 2 slide over a 24-position window with RoPE,
+    # 1 and 3 are global without; layer 0 dense, then 2 of 4 experts (sigmoid, 2 groups of
+    # which 1 taken, a random correction bias, scaled by 2.5) beside a shared expert
+    "exaone_moe": {"architectures": ["ExaoneMoEForCausalLM"], "tie_word_embeddings": False,
+                   "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                   "num_shared_experts": 1, "n_group": 2, "topk_group": 1,
+                   "routed_scaling_factor": 2.5, "norm_topk_prob": True, "sliding_window": 24,
+                   "is_moe_layer": [False, True, True, True],
+                   "layer_types": ["sliding_attention", "full_attention"] * 2},
+    # Klear: per-head q/k norms, q/k/v/o biases; layers 1 and 3 with 2 of 4 experts (sigmoid,
+    # a random expert bias, renormalised) mixed with a shared expert by a learned coefficient
+    "Klear": {"architectures": ["KlearForCausalLM"], "attention_bias": True,
+              "mlp_only_layers": [], "decoder_sparse_step": 2, "num_experts": 4,
+              "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
+              "norm_topk_prob": True},
+    # AFM (afmoe): embeddings times sqrt(hidden), per-head q/k norms, a sigmoid output gate
+    # per head dim (gate_proj), norms before and after each branch; layers 0 and 2 slide over
+    # a 24-position window with RoPE, 1 and 3 are global without; layer 0 dense, then 2 of 4
+    # experts (sigmoid, a random expert bias, scaled) beside a shared expert
+    "afmoe": {"architectures": ["AfmoeForCausalLM"], "tie_word_embeddings": False,
+              "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+              "num_shared_experts": 1, "num_dense_layers": 1, "route_scale": 2.826,
+              "route_norm": True,
+              "sliding_window": 24, "mup_enabled": True,
+              "layer_types": ["sliding_attention", "full_attention"] * 2},
     # MiniCPM3: DeepSeek-V2's latent attention (per head, 4 heads over a 32-wide latent, 8
     # RoPE dims, values hidden / heads = 16 wide), low-rank queries, longrope's SuScaledRoPE
     # (its scale above 1: 4096 positions of 1024), MiniCPM's multipliers, an untied head
@@ -544,7 +569,8 @@ _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
-                        "nemotron_h", "glm", "telechat3", "solar_open", "jamba")
+                        "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
+                        "Klear", "afmoe")
 
 
 def tiny_config(kind: str) -> dict:
