@@ -96,17 +96,29 @@ def unsupported_model_path(tiny_model_path, tmp_path) -> Path:
     return folder
 
 
-@pytest.mark.slow  # runs a process of its own
+TINY_RUN = ("-p", PROMPT, "-m", "4", "--method", "lazy", "--verbose", "False")
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_generate_tiny(tiny_model_dir, kind, tmp_path):
-    """A plain run prints the response and writes a complete stats object."""
+def test_generate_tiny(tiny_model_dir, kind, tmp_path, capsys):
+    """A plain run prints the response and writes a complete stats object, for every family
+    (in this process: a process of its own costs seconds a family; the next test starts one)."""
     model = tiny_model_dir(kind)
     out = tmp_path / "stats.json"
-    proc = run_cli("--model", str(model), "-p", PROMPT, "-m", "4", "--method", "lazy",
-                   "--verbose", "False", "--stats-json", str(out))
-    assert proc.returncode == 0, proc.stderr.decode()
+    assert cli.main(["--model", str(model), *TINY_RUN, "--stats-json", str(out)]) == 0
     stats = json.loads(out.read_text())
     check_stats(stats, "lazy", model_depth(model))
+    assert capsys.readouterr().out == stats["text"] + "\n"
+
+
+@pytest.mark.slow  # runs a process of its own
+def test_generate_tiny_as_a_user_runs_it(tiny_model_path, tmp_path):
+    """``python -m mlx_lazy.generate``, as a user runs it, prints what the stats hold."""
+    out = tmp_path / "stats.json"
+    proc = run_cli("--model", str(tiny_model_path), *TINY_RUN, "--stats-json", str(out))
+    assert proc.returncode == 0, proc.stderr.decode()
+    stats = json.loads(out.read_text())
+    check_stats(stats, "lazy", model_depth(tiny_model_path))
     assert proc.stdout.decode() == stats["text"] + "\n"
 
 
