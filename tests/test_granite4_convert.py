@@ -14,13 +14,10 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_lazy import PruningConfig
 from mlx_lazy.convert import convert
-from numerics import rel_err
 from test_convert import T, assert_one_line_error, gguf_permute, run_main
-from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
-from test_lfm2_convert import reference_model, write_model
-from tiny_models import VOCAB_SIZE, tiny_config
+from test_lfm2_convert import assert_converted_runs, write_model
+from tiny_models import tiny_config
 
 #: llama.cpp's names of mlx-lm's granitemoehybrid layer parameters (gguf-py's tensor_mapping;
 #: the shared MLP's input_linear is written as its gate and up halves)
@@ -143,16 +140,9 @@ def test_granitehybrid_from_gguf(case, dtype, tiny_model_dir, tmp_path):
     assert saved.get("num_local_experts", 0) == config["num_local_experts"]
     assert saved["time_step_limit"] == [0.0, float(np.finfo(np.float32).max)]  # unclamped
     assert bool(saved.get("quantization")) == (dtype is None)
-    model, _ = mlx_lm.load(str(out))
-    if dtype is None:
-        model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())
-                            if k.endswith((".scales", ".biases"))], strict=False)
     reference_config = {**config, **multipliers, "time_step_limit": saved["time_step_limit"]}
-    x = random_prompt(64, VOCAB_SIZE)[None]
-    want = reference_model("granitemoehybrid", reference_config, reference)(x)
-    assert rel_err(model(x), want) < 1e-5
-    assert mlx_lm_error(model, PruningConfig("full"), random_prompt(300, VOCAB_SIZE), 8,
-                        block_size=64) < LOGITS_TOL
+    assert_converted_runs(mlx_lm.load(str(out))[0], "granitemoehybrid", reference_config,
+                          reference, dtype is None)
 
 
 @pytest.mark.parametrize("meta, extra, fragment", [

@@ -7,20 +7,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from mlx.utils import tree_flatten
 
-from mlx_lazy import PruningConfig
 from mlx_lazy.convert import convert
-from numerics import rel_err
 from test_convert import assert_one_line_error, run_main
-from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
-from test_lfm2_convert import reference_model, write_model
-from tiny_models import VOCAB_SIZE, tiny_config
+from test_lfm2_convert import assert_converted_runs, write_model
+from tiny_models import tiny_config
 
 #: llama.cpp's names of mlx-lm's jamba layer parameters (gguf-py's tensor_mapping)
 GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
@@ -104,14 +100,7 @@ def test_jamba_from_gguf(dtype, tiny_model_dir, tmp_path):
         "mamba_proj_bias", "num_experts", "tie_word_embeddings")}
     assert {k: saved[k] for k in settings} == settings
     assert bool(saved.get("quantization")) == (dtype is None)
-    model, _ = mlx_lm.load(str(out))
-    if dtype is None:
-        model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())
-                            if k.endswith((".scales", ".biases"))], strict=False)
-    x = random_prompt(64, VOCAB_SIZE)[None]
-    assert rel_err(model(x), reference_model("jamba", config, reference)(x)) < 1e-5
-    assert mlx_lm_error(model, PruningConfig("full"), random_prompt(300, VOCAB_SIZE), 8,
-                        block_size=64) < LOGITS_TOL
+    assert_converted_runs(mlx_lm.load(str(out))[0], "jamba", config, reference, dtype is None)
 
 
 @pytest.mark.parametrize("meta, extra, fragment", [

@@ -148,6 +148,21 @@ SETTINGS = {"lfm2": {"block_ff_dim": 96, "block_auto_adjust_ff_dim": False},
                          "num_experts_per_tok": 2}}
 
 
+def assert_converted_runs(model, kind: str, config: dict, reference: dict, quantized: bool,
+                          prompt: int = 64) -> None:
+    """A converted model (mlx-lm's load of the folder) has the logits of mlx-lm's model of the
+    GGUF's dequantized weights ``reference`` (relative 1e-5: float32 sums in another order; a
+    kept-quantized model's scales and biases in float32 first, as the reference dequantized
+    them) and runs unpruned through the engine as mlx-lm does."""
+    if quantized:
+        model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())
+                            if k.endswith((".scales", ".biases"))], strict=False)
+    x = random_prompt(prompt, VOCAB_SIZE)[None]
+    assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
+    assert mlx_lm_error(model, PruningConfig("full"), random_prompt(300, VOCAB_SIZE), 8,
+                        block_size=64) < LOGITS_TOL
+
+
 @pytest.mark.parametrize("dtype", ["float32", None])
 @pytest.mark.parametrize("kind", ["lfm2", "lfm2_moe"])
 def test_lfm2_from_gguf(kind, dtype, tiny_model_dir, tmp_path):
@@ -171,13 +186,7 @@ def test_lfm2_from_gguf(kind, dtype, tiny_model_dir, tmp_path):
     # LFM2's pre-tokenizer ("lfm2": Llama 3's, which adds BOS)
     ref_tok = mlx_lm.load(str(tiny_model_dir(kind)))[1]
     assert tok.encode("Hello world") == [tok.bos_token_id, *ref_tok.encode("Hello world")]
-    if dtype is None:
-        model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())
-                            if k.endswith((".scales", ".biases"))], strict=False)
-    x = random_prompt(64, VOCAB_SIZE)[None]
-    assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
-    assert mlx_lm_error(model, PruningConfig("full"), random_prompt(300, VOCAB_SIZE), 8,
-                        block_size=64) < LOGITS_TOL
+    assert_converted_runs(model, kind, config, reference, dtype is None)
 
 
 @pytest.mark.parametrize("kind, meta, extra, fragment", [
@@ -295,14 +304,8 @@ def test_llama4_from_gguf(extra, overrides, dtype, tiny_model_dir, tmp_path):
     assert {k: saved[k] for k in settings} == settings
     assert (saved.get("rope_scaling") or {}).get("rope_type") == (
         None if overrides else "llama3")
-    model, _ = mlx_lm.load(str(out))
-    if dtype is None:
-        model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())
-                            if k.endswith((".scales", ".biases"))], strict=False)
-    x = random_prompt(100, VOCAB_SIZE)[None]
-    assert rel_err(model(x), reference_model("llama4", config, reference)(x)) < 1e-5
-    assert mlx_lm_error(model, PruningConfig("full"), random_prompt(300, VOCAB_SIZE), 8,
-                        block_size=64) < LOGITS_TOL
+    assert_converted_runs(mlx_lm.load(str(out))[0], "llama4", config, reference,
+                          dtype is None, prompt=100)
 
 
 @pytest.mark.parametrize("meta, fragment", [
