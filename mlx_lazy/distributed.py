@@ -128,7 +128,7 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
     StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, Gemma 1,
     Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1, GPT-2, Nemotron, Nanbeige, GLM-4-9B,
-    TeleChat 3: each block split
+    GLM-4-0414, TeleChat 3: each block split
     once, though a looped model's ``layers`` name it once per loop; and the latent attention
     of MiniCPM3 and Youtu-LLM: each rank its heads' q_b_proj and kv_b_proj rows):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP;
