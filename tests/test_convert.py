@@ -891,8 +891,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             tensors, restore = llama_cpp_deepseek2(role, x, config)
         if model_type == "gpt_neox":
             tensors, restore = llama_cpp_gptneox(role, x, config)
-        if model_type == "nemotron" and "norm" in role and name.endswith(".weight"):
-            # NemotronModel.modify_tensors: its LayerNorms' 1 + w
+        if model_type in ("gemma", "nemotron") and "norm" in role and name.endswith(".weight"):
+            # GemmaModel's and NemotronModel's modify_tensors: norm weights stored as 1 + w
             tensors, restore = {role: x + 1}, (lambda stored: stored[role] - 1)
         if role == "ffn_gate_up":  # OpenELMModel.modify_tensors: proj_1's gate and up halves
             tensors, restore = (dict(zip(("ffn_gate", "ffn_up"), np.split(x, 2))),
@@ -912,8 +912,6 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             if gname.replace(f".{role}", f".{part}") not in extra:  # one part left out
                 w.add_tensor(gname.replace(f".{role}", f".{part}"), data, raw_dtype=qtype)
         reference[name] = mx.array(restore(stored))
-        if model_type == "gemma" and "norm" in role:  # GemmaModel stores 1 + w (mlx-lm's w)
-            reference[name] -= 1.0
     for gname, data in extra.items():
         if data is not None:
             w.add_tensor(gname, np.asarray(data, np.float32), raw_dtype=T.F32)
