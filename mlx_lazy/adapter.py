@@ -393,6 +393,12 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
     return text.model.layers if "model" in text and "layers" in text.model else text.layers
 
 
+def num_layers(model: nn.Module) -> int:
+    """The engine's depth on an mlx-lm ``model``: what a schedule's layer indices and depth
+    fractions count (a looped Nanbeige's passes, not ``len(model.layers)``, its blocks)."""
+    return len(_blocks(_text_model(model)))
+
+
 def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it

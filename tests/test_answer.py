@@ -96,3 +96,16 @@ def test_a_hybrid_model_runs_the_paths_it_can(tiny_model_dir, tmp_path):
     assert set(runs) == set(answer.HYBRID_PATHS)
     held = [[b > 0 for b in runs[p]["kv_bytes_per_layer"]] for p in ("mlx-lm", "full")]
     assert held[0] == held[1] == [layer in (3, 7) for layer in range(8)]
+
+
+def test_depth_fractions_count_a_looped_models_passes(tiny_model_dir, tmp_path):
+    """A looped Nanbeige's 2 blocks run twice: 4 engine layers, and ``at=0.75`` cuts after
+    layer 2 of them (of its 2 blocks it would cut after layer 0), as in mlx-lm's 4 caches."""
+    out = tmp_path / "answer.json"
+    answer.main(["--model", str(tiny_model_dir("nanbeige")), "--lengths", "64",
+                 "--answer-tokens", "2", "--repeats", "1", "--out", str(out),
+                 "--paths", "mlx-lm;lazy:at=0.75:keep=0.5:complete=none"])
+    runs = {r["method"]: r for r in json.loads(out.read_text())["runs"]}
+    prefill = runs["lazy:at=0.75:keep=0.5:complete=none"]["stats"]["prefill_tokens_per_layer"]
+    assert prefill[:3] == [64] * 3 and prefill[3] < 64
+    assert len(runs["mlx-lm"]["kv_bytes_per_layer"]) == 4

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .._args import OneLineParser
+from ..adapter import num_layers
 from ..errors import UserInputError
 from ..folders import make_folder, write_text_atomic
 from .methods import parse_method, parse_methods
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load(cfg.model)
     try:
         for m in cfg.methods:
-            parse_method(m, len(model.layers))
+            parse_method(m, num_layers(model))
         context = context_length(model, tokenizer)
         if context is not None and max(cfg.lengths) > context:
             raise ValueError(f"--lengths {max(cfg.lengths)} is beyond the model's context of "

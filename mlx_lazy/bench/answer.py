@@ -43,7 +43,7 @@ from typing import Any, Optional, Sequence
 
 from .. import load
 from .._args import OneLineParser, path_arg
-from ..adapter import recurrent_layers
+from ..adapter import num_layers, recurrent_layers
 from ..api import context_length
 from ..errors import UserInputError
 from ..folders import check_destination, write_text_atomic
@@ -81,7 +81,7 @@ def run(model: Any, tokenizer: Any, lengths: Sequence[int], answer_tokens: int, 
         info: Optional[dict] = None) -> dict[str, Any]:
     """Measure every path at every length (see the module docstring); returns the result dict
     (``runs`` and ``summary``), also written to ``out`` after every run."""
-    methods = [parse_method(p, len(model.layers)) for p in paths]
+    methods = [parse_method(p, num_layers(model)) for p in paths]
     shape = ModelShape.of(model)
     runs: list[RunRecord] = []
     result: dict[str, Any] = {"info": info or {}, "answer_tokens": answer_tokens, "runs": []}
@@ -245,7 +245,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
             args.paths = list(HYBRID_PATHS if recurrent_layers(model) else DEFAULT_PATHS)
         for path in args.paths:
             try:
-                method = parse_method(path, len(model.layers))
+                method = parse_method(path, num_layers(model))
             except ValueError as e:  # the method syntax's errors
                 raise UserInputError(f"--paths: {e}") from None
             if method.config is not None:  # and what only the model's depth refuses

@@ -59,7 +59,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import _blas  # noqa: F401  (OpenBLAS before mlx.core)
 from .. import PruningConfig, build_schedule, load
-from ..adapter import ModelAdapter, global_layers, recurrent_layers
+from ..adapter import ModelAdapter, global_layers, num_layers, recurrent_layers
 from ..api import context_length
 from .._args import OneLineParser, complete_arg
 from ..errors import UserInputError
@@ -165,7 +165,7 @@ def candidates(model: Any, gain_length: int,
         decode["revive"] = False
     else:
         decode["complete"] = decode.get("complete") or DEFAULT_COMPLETE
-    n_layers = len(model.layers)
+    n_layers = num_layers(model)
     cut_after = global_layers(model)
     cost = prior(model)
     full = build_schedule(PruningConfig("full"), n_layers)

@@ -31,6 +31,8 @@ from .. import _blas
 
 import mlx.core as mx  # noqa: E402  (after _blas: OpenBLAS must load first)
 
+from ..adapter import num_layers  # noqa: E402
+
 #: mlx-lm's own ``stream_generate``: the baseline every method is compared with.
 BASELINE = "mlx-lm"
 #: Our engine without pruning.
@@ -253,7 +255,7 @@ def measure(model: Any, tokenizer: Any, method: Method, prompt: Sequence[int], m
                                             max_tokens=max_tokens, prompt_cache=cache)
             timing, _, text = timed(stream)
         peak = mx.get_peak_memory()
-        n_layers = len(model.layers)  # mlx-lm keeps no cache for layers reading another's
+        n_layers = num_layers(model)  # mlx-lm keeps no cache for layers reading another's
         kv_per_layer = mlx_lm_kv_bytes_per_layer(cache, n_layers)
         # Every token at every layer: the prompt, then each generated token fed back but the last.
         fed = n + timing.generation_tokens - 1
@@ -312,7 +314,7 @@ def machine_info(model: Any, prog: str, argv: Sequence[str] | None = None) -> di
         "device": str(mx.default_device()),
         "openblas": _blas.loaded_path,
         "model_dtypes": dtypes,
-        "num_layers": len(model.layers),
+        "num_layers": num_layers(model),
     }
 
 

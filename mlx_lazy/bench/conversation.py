@@ -48,6 +48,7 @@ from .methods import parse_method, parse_methods
 from .metrics import score
 from .stats import paired, wilson
 from .._args import OneLineParser
+from ..adapter import num_layers
 from ..errors import UserInputError
 from ..folders import make_folder, write_text_atomic
 from ..prompt_cache import common_prefix
@@ -338,7 +339,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "mlx-lm" in kinds:
         paths += [Route(f"{MLX_LM}+cache", None, True), Route(MLX_LM, None, False)]
     try:
-        methods = [(spec, parse_method(spec, len(model.layers)).config)
+        methods = [(spec, parse_method(spec, num_layers(model)).config)
                    for spec in parse_methods(args.methods)]
         if any(config is None for _, config in methods):
             raise ValueError("--methods takes our methods (mlx-lm is a --paths kind)")

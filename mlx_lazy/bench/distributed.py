@@ -51,6 +51,7 @@ import mlx.core as mx
 
 from mlx_lazy import distributed, load, stream_generate
 from mlx_lazy._args import OneLineParser
+from mlx_lazy.adapter import num_layers
 from mlx_lazy.bench.common import fmt, markdown_table, median, no_eos, ratio, timed
 from mlx_lazy.bench.speed import schedule_config
 from mlx_lazy.bench.tasks import build_prompt
@@ -83,7 +84,7 @@ def rank_main(args: argparse.Namespace) -> None:
     methods = args.methods.split(",")
     for i in range(len(methods)):
         method = methods[(i + args.rotate) % len(methods)]
-        config = schedule_config(method, len(model.layers))
+        config = schedule_config(method, num_layers(model))
         before = Counter(counter.by_size) if counter else Counter()
         split: list[Counter] = []
 

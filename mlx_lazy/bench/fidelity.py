@@ -42,6 +42,7 @@ from .. import (GenerationStats, PruningConfig, generate_step, make_prompt_cache
 from .. import selection  # noqa: E402
 from ..api import Sampler, check_context, context_length  # noqa: E402
 from .._args import OneLineParser, path_arg  # noqa: E402
+from ..adapter import num_layers  # noqa: E402
 from ..errors import UserInputError  # noqa: E402
 from ..folders import make_folder, output_folder, write_text_atomic  # noqa: E402
 from ..models import MODELS  # noqa: E402
@@ -418,7 +419,7 @@ def resolve_methods(specs: Sequence[str], model: Any) -> dict[str, PruningConfig
             raise UserInputError("mlx-lm is not a method here: fidelity compares our engine's "
                                  "methods with `full`, our unpruned path")
         try:
-            config = parse_method(spec, len(model.layers)).config
+            config = parse_method(spec, num_layers(model)).config
         except ValueError as e:
             raise UserInputError(str(e)) from None
         make_prompt_cache(model, config)  # checks it against the model: fails now, not later

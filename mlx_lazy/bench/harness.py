@@ -26,6 +26,7 @@ from . import metrics, stats
 from .common import (BASELINE, FULL, MIB, Method, RunRecord, jsonable, fmt, geomean,
                      machine_info, markdown_table, mean, measure, paired_ratios)
 from ..folders import write_text_atomic
+from ..adapter import num_layers
 from .methods import parse_method
 from .tasks import QUICK_TASKS, TASKS, Sample, build_prompt, build_suite
 
@@ -114,7 +115,7 @@ def run_bench(
         from .. import load
 
         model, tokenizer = load(cfg.model)
-    methods = [parse_method(m, len(model.layers)) for m in cfg.methods]
+    methods = [parse_method(m, num_layers(model)) for m in cfg.methods]
     if not any(m.is_baseline for m in methods):
         methods.insert(0, parse_method(BASELINE))
     suite = build_suite(tokenizer, cfg.tasks, cfg.lengths, cfg.samples, cfg.seed)
@@ -158,7 +159,7 @@ def run_bench(
         "config": jsonable(dataclasses.asdict(cfg)),
         "machine": machine_info(model, "mlx_lazy.bench"),
         "methods": {m.name: m.schedule() for m in methods},
-        "n_layers": len(model.layers),
+        "n_layers": num_layers(model),
         "stopped_early": stopped,
         "samples_done": len(done),
         "samples_planned": len(suite),

@@ -100,6 +100,7 @@ import mlx.core as mx
 
 from mlx_lazy.bench.costmodel import CostModel
 from mlx_lazy._args import OneLineParser, path_arg
+from mlx_lazy.adapter import num_layers
 from mlx_lazy.api import context_length
 from mlx_lazy.errors import UserInputError
 from mlx_lazy.folders import check_destination, write_text_atomic
@@ -155,7 +156,7 @@ def run_benchmark(
     if max_tokens < 2:
         raise ValueError("--max-tokens must be >= 2 to measure time per output token")
     main_len = lengths[-1]
-    L = len(model.layers)
+    L = num_layers(model)
     methods: dict[str, Method] = {BASELINE: parse_method(BASELINE), FULL: parse_method(FULL)}
     methods |= {name: parse_method(name, L) for name in schedules if name not in methods}
     resolved, skipped = runnable(model, {n: m.config for n, m in methods.items()
@@ -559,7 +560,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         for s in schedules:
             if s != BASELINE:
                 try:
-                    schedule_config(s, len(model.layers))
+                    schedule_config(s, num_layers(model))
                 except ValueError as e:
                     raise UserInputError(f"--schedules: {e}") from None
     except UserInputError as e:
@@ -570,7 +571,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         print(f"note: model weights are {info['model_dtypes']}, not float32", file=sys.stderr)
     if args.decode_interleaved:
         n = args.lengths[-1]
-        L = len(model.layers)
+        L = num_layers(model)
         configs = {name: schedule_config(name, L) for name in dict.fromkeys([FULL, *schedules])
                    if name != BASELINE}
         _, skipped = runnable(model, configs)
