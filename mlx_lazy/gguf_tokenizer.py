@@ -138,7 +138,12 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
 _EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
               "<|return|>", "<|call|>", "<end_of_turn>", "<|end_of_text|>", "<EOT>", "_<EOT>",
               "<end_of_utterance>",
-              "<eos>", "<turn|>", "<|tool_response>")
+              "<eos>", "<turn|>", "<|tool_response>",
+              "<|flush|>", "<|calls|>",  # Solar Open
+              "[EOT]", "[EOS]",  # Kimi K2
+              "<｜end▁of▁sentence｜>",  # DeepSeek
+              "[e~[",  # MiniMax-M2
+              "</s>")
 # Special tokens whose following whitespace is dropped, in models llama.cpp names Phi-3 (as
 # Phi-3's own tokenizer.json has them), but these
 _PHI3_KEEPS_SPACE = ("<unk>", "<s>", "<|endoftext|>")
@@ -149,15 +154,20 @@ def eos_ids(meta: dict) -> list[int]:
     turn at by their text.
 
     As llama.cpp: where both ``<|return|>`` and ``<|call|>`` end generation (gpt-oss's
-    harmony format), ``<|end|>`` does not: it closes each message, the reasoning too."""
+    harmony format), or ``<|flush|>`` and ``<|calls|>`` (Solar Open's), ``<|end|>`` does not:
+    it closes each message, the reasoning too; beside ``<|tool_response>`` (Gemma 4) or
+    ``<|plamo:eos|>`` (PLaMo), ``</s>`` is a normal token."""
     ids = [int(meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "eot", "eom")
            if meta.get(f"tokenizer.ggml.{k}_token_id") is not None]
     tokens = meta.get("tokenizer.ggml.tokens") or []
     ids += [i for i, tok in enumerate(tokens) if tok in _EOG_TEXTS]  # of any type
     ids = list(dict.fromkeys(ids))
     texts = {tokens[i] if 0 <= i < len(tokens) else None: i for i in ids}
-    if "<|return|>" in texts and "<|call|>" in texts and "<|end|>" in texts:
+    calls = "<|call|>" in texts or "<|calls|>" in texts
+    if "<|end|>" in texts and calls and ("<|return|>" in texts or "<|flush|>" in texts):
         ids.remove(texts["<|end|>"])
+    if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+        ids.remove(texts["</s>"])
     return ids
 
 

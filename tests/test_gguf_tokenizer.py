@@ -706,6 +706,29 @@ def test_harmony_end_of_message_is_not_end_of_generation(has_call):
     assert sorted(eos_ids(meta)) == ([2, 3, 4] if has_call else [1, 2, 3])
 
 
+@pytest.mark.parametrize("tokens, expected", [
+    # Solar Open: <|flush|> and <|calls|> end a turn, <|end|> then closes a message only
+    (["<eos>", "<|end|>", "<|flush|>", "<|calls|>"], [0, 2, 3]),
+    (["<eos>", "<|end|>", "<|flush|>"], [0, 1, 2]),
+    (["<eos>", "[EOT]", "[EOS]"], [0, 1, 2]),  # Kimi K2
+    (["<eos>", "<\uff5cend\u2581of\u2581sentence\uff5c>"], [0, 1]),  # DeepSeek
+    (["<eos>", "[e~["], [0, 1]),  # MiniMax-M2
+    (["<eos>", "</s>"], [0, 1]),
+    # beside Gemma 4's <|tool_response> or PLaMo's EOS, </s> is a normal token
+    (["<eos>", "</s>", "<|tool_response>"], [0, 2]),
+    (["<|plamo:eos|>", "</s>"], [0]),
+], ids=["solar_open", "end_without_calls", "kimi_k2", "deepseek", "minimax_m2", "s",
+        "gemma4_s", "plamo_s"])
+def test_end_of_generation_texts_as_llama_cpp(tokens, expected):
+    """The tokens llama.cpp (0.3.36's llama-vocab.cpp) ends generation at by their text
+    beside the GGUF's EOS (id 0 here), and the two it takes back where a family's markers say
+    they close a message only."""
+    from mlx_lazy.gguf_tokenizer import eos_ids
+
+    meta = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.eos_token_id": 0}
+    assert sorted(eos_ids(meta)) == expected
+
+
 @pytest.mark.parametrize("meta, fragment", [
     ({"tokenizer.ggml.model": "gpt2"}, "lacks tokenizer.ggml.tokens"),
     ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": [1, 2]}, "must be strings"),
