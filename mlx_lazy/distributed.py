@@ -89,7 +89,9 @@ def shard(model: nn.Module, group: Group) -> None:
     n = group.size()
     adapter = ModelAdapter(model)  # unsupported architectures fail here, before any sharding
     sharder = SHARDERS.get(model.model_type)
-    if sharder is None and not hasattr(model, "shard"):
+    # a VL checkpoint without a shard of its own (Qwen2/3-VL's): its text model's
+    own = getattr(model, "shard", None) or getattr(adapter.text, "shard", None)
+    if sharder is None and own is None:
         raise UserInputError(f"mlx-lm cannot shard {model.model_type!r} models over ranks")
     if recurrent_layers(model):
         raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
@@ -112,7 +114,7 @@ def shard(model: nn.Module, group: Group) -> None:
     if sharder is not None:
         sharder(adapter.layers, group)
     else:
-        model.shard(group)
+        own(group)
     counter = AllSumCounter()
     model._mlx_lazy_allsums = counter
     for module in model.modules():

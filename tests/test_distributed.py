@@ -395,7 +395,7 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
                                   "mellum", "granitemoehybrid", "nemotron_h", "jamba", "Klear",
-                                  "afmoe"])
+                                  "afmoe", "lfm2-vl", "kimi_vl"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -425,7 +425,7 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
                   "nanbeige", "minicpm3", "youtu_llm", "glm", "telechat3", "solar_open", "glm4",
-                  "mistral4", "exaone_moe"]
+                  "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
@@ -464,7 +464,7 @@ def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
                                                 "glm4_moe_lite", "deepseek_v2", "solar_open",
-                                                "mistral4", "exaone_moe"))
+                                                "mistral4", "exaone_moe", "kimi_k25"))
     runs = families_two_rank_runs[kind]
     (rec0, logits0), (rec1, logits1) = runs["full"]
     assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2
