@@ -204,10 +204,11 @@ from .errors import UserInputError, shown
 # ministral3's (``rope_parameters``' ``llama_4_scaling_beta`` and
 # ``original_max_position_embeddings``), softmax-routed experts beside shared ones at ``block.mlp``
 # from ``first_k_dense_replace`` on.
-# qwen2_vl (Qwen2-VL, Qwen2.5-VL), qwen3_vl (Qwen3-VL), qwen3_vl_moe (Qwen3-VL MoE), lfm2-vl
-# (LFM2-VL), kimi_vl (Kimi-VL) and kimi_k25 (Kimi K2.5): vision-language checkpoints whose text
-# model (``model.language_model``; mlx-lm drops the vision tower) runs as the family
-# :data:`_WRAPPERS` names: qwen2, qwen3, qwen3_moe, lfm2, deepseek_v3.
+# qwen2_vl (Qwen2-VL; qwen2_5_vl: Qwen2.5-VL, read by mlx-lm's qwen2_vl), qwen3_vl (Qwen3-VL),
+# qwen3_vl_moe (Qwen3-VL MoE), lfm2-vl (LFM2-VL), kimi_vl (Kimi-VL) and kimi_k25 (Kimi K2.5):
+# vision-language checkpoints whose text model (``model.language_model``; mlx-lm drops the
+# vision tower) runs as the family :data:`_WRAPPERS` names: qwen2, qwen3, qwen3_moe, lfm2,
+# deepseek_v3.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2",
                          "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
@@ -220,7 +221,7 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "
                          "ministral3", "mistral", "mistral3", "mistral4", "mixtral", "nanbeige",
                          "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe",
                          "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe",
-                         "qwen2_vl", "qwen3",
+                         "qwen2_5_vl", "qwen2_vl", "qwen3",
                          "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl",
                          "qwen3_vl_moe", "seed_oss",
                          "smollm3", "solar_open", "stablelm", "starcoder2", "telechat3",
@@ -284,7 +285,7 @@ _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # with the type that text model runs as where the checkpoint says it (None: the text model's own
 # ``model_type``; a VL checkpoint's text model names its checkpoint, or nothing: Kimi's).
 _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "qwen3_5": None,
-             "qwen3_5_moe": None, "qwen2_vl": "qwen2", "qwen3_vl": "qwen3",
+             "qwen3_5_moe": None, "qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3",
              "qwen3_vl_moe": "qwen3_moe", "lfm2-vl": "lfm2", "kimi_vl": "deepseek_v3",
              "kimi_k25": "deepseek_v3"}
 # The mlx-lm releases whose model internals this adapter is tested against (it reads

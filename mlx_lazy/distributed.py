@@ -78,9 +78,9 @@ _SHARDED_TO_ALL = (nn.ShardedToAllLinear, nn.QuantizedShardedToAllLinear)
 
 
 def shard(model: nn.Module, group: Group) -> None:
-    """Split ``model`` over ``group`` with mlx-lm's ``model.shard(group)``, after checking
-    that it can be split evenly, and count the bytes its all-sums move
-    (:func:`allsum_counter`).
+    """Split ``model`` over ``group`` with mlx-lm's ``model.shard(group)`` (a vision-language
+    checkpoint without one: its text model's), after checking that it can be split evenly, and
+    count the bytes its all-sums move (:func:`allsum_counter`).
 
     Raises:
         UserInputError: an architecture mlx-lazy or mlx-lm cannot shard, or head counts or

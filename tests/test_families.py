@@ -53,8 +53,8 @@ low-rank queries, longrope, MiniCPM's multipliers) and Youtu-LLM (``youtu_llm``:
 test_hybrid), GLM-4-9B (``glm``: traditional RoPE over whole heads, a fused gate_up_proj, a tied
 head) and TeleChat 3 (``telechat3``: biases on attention and the MLP); Solar Open
 (``solar_open``, in MOE2: glm4_moe's model without q/k norms or biases). The text models of
-vision-language checkpoints (:data:`VL`: Qwen2-VL, Qwen3-VL, Qwen3-VL MoE, Kimi-VL, Kimi K2.5;
-LFM2-VL's in test_hybrid)."""
+vision-language checkpoints (:data:`VL`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL MoE, Kimi-VL,
+Kimi K2.5; LFM2-VL's in test_hybrid)."""
 
 from __future__ import annotations
 
@@ -80,8 +80,9 @@ from tiny_models import build_tiny_model, tiny_config
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 #: Vision-language checkpoints' text models (mlx-lm's wrappers): Qwen2-VL's qwen2 (its config
-#: flat), Qwen3-VL's qwen3 and qwen3_moe, Kimi-VL's and Kimi K2.5's DeepSeek-V3
-VL = ("qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25")
+#: flat), Qwen2.5-VL's (its own model_type, a text_config), Qwen3-VL's qwen3 and qwen3_moe,
+#: Kimi-VL's and Kimi K2.5's DeepSeek-V3
+VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
         "solar_open", "exaone_moe", "Klear", "afmoe")

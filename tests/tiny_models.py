@@ -537,9 +537,11 @@ _VARIANTS = {
     "granitemoehybrid-micro": ("granitemoehybrid", {
         "num_hidden_layers": 4, "layer_types": ["attention"] * 4, "num_local_experts": 0,
         "intermediate_size": 128, "position_embedding_type": "rope"}),
-    # Qwen2-VL's config.json: the text model's settings at the top (mlx-lm's qwen2_vl wraps them)
+    # Qwen2-VL's config.json: the text model's settings at the top (mlx-lm's qwen2_vl wraps them),
+    # its M-RoPE (plain RoPE in mlx-lm)
     "qwen2_vl": ("qwen2", {"model_type": "qwen2_vl",
-                           "architectures": ["Qwen2VLForConditionalGeneration"]}),
+                           "architectures": ["Qwen2VLForConditionalGeneration"],
+                           "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}),
     "qwen3_5-moe": ("qwen3_5", {"model_type": "qwen3_5_moe",
                                 "architectures": ["Qwen3_5MoeForConditionalGeneration"],
                                 "num_experts": 4, "num_experts_per_tok": 2,
@@ -571,6 +573,7 @@ _VARIANTS = {
 #: wrappers hold it (``model.language_model``): kind -> (the text model's kind, the checkpoint's
 #: architecture, the ``model_type`` its ``text_config`` names, as the real ones do)
 _WRAPPED = {"gemma4": ("gemma4_text", "Gemma4ForConditionalGeneration", "gemma4_text"),
+            "qwen2_5_vl": ("qwen2", "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl_text"),
             "qwen3_vl": ("qwen3", "Qwen3VLForConditionalGeneration", "qwen3_vl_text"),
             "qwen3_vl_moe": ("qwen3_moe", "Qwen3VLMoeForConditionalGeneration",
                              "qwen3_vl_moe_text"),
