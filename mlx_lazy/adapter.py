@@ -204,18 +204,26 @@ from .errors import UserInputError, shown
 # ministral3's (``rope_parameters``' ``llama_4_scaling_beta`` and
 # ``original_max_position_embeddings``), softmax-routed experts beside shared ones at ``block.mlp``
 # from ``first_k_dense_replace`` on.
+# qwen2_vl (Qwen2-VL; qwen2_5_vl: Qwen2.5-VL, read by mlx-lm's qwen2_vl), qwen3_vl (Qwen3-VL),
+# qwen3_vl_moe (Qwen3-VL MoE), lfm2-vl (LFM2-VL), kimi_vl (Kimi-VL) and kimi_k25 (Kimi K2.5):
+# vision-language checkpoints whose text model (``model.language_model``; mlx-lm drops the
+# vision tower) runs as the family :data:`_WRAPPERS` names: qwen2, qwen3, qwen3_moe, lfm2,
+# deepseek_v3.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2",
                          "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
                          "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4",
                          "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss",
                          "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan",
-                         "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "lfm2", "lfm2_moe",
-                         "llama", "llama4", "llama4_text", "mellum", "mimo", "minicpm", "minicpm3",
+                         "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "kimi_k25",
+                         "kimi_vl", "lfm2", "lfm2-vl", "lfm2_moe", "llama", "llama4",
+                         "llama4_text", "mellum", "mimo", "minicpm", "minicpm3",
                          "ministral3", "mistral", "mistral3", "mistral4", "mixtral", "nanbeige",
                          "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe",
-                         "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3",
-                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
+                         "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe",
+                         "qwen2_5_vl", "qwen2_vl", "qwen3",
+                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl",
+                         "qwen3_vl_moe", "seed_oss",
                          "smollm3", "solar_open", "stablelm", "starcoder2", "telechat3",
                          "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
@@ -273,8 +281,13 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                          "post_feedforward_layernorm": "post_mlp_layernorm"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
-# Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
-_WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
+# Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower), each
+# with the type that text model runs as where the checkpoint says it (None: the text model's own
+# ``model_type``; a VL checkpoint's text model names its checkpoint, or nothing: Kimi's).
+_WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "qwen3_5": None,
+             "qwen3_5_moe": None, "qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3",
+             "qwen3_vl_moe": "qwen3_moe", "lfm2-vl": "lfm2", "kimi_vl": "deepseek_v3",
+             "kimi_k25": "deepseek_v3"}
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm, use_sliding_window}``, ``use_sliding``,
@@ -377,6 +390,13 @@ def _text_model(model: nn.Module) -> nn.Module:
     return model.language_model if getattr(model, "model_type", None) in _WRAPPERS else model
 
 
+def _text_type(model: nn.Module) -> Optional[str]:
+    """The type a model's text model runs as (:data:`_WRAPPERS`): a VL checkpoint's text
+    model's family, else the text model's own ``model_type``."""
+    return (_WRAPPERS.get(getattr(model, "model_type", None))
+            or getattr(_text_model(model), "model_type", None))
+
+
 def text_args(text: nn.Module) -> Any:
     """The ``ModelArgs`` of a text model: its ``args`` (Youtu-LLM's ``config``); None for
     neither."""
@@ -411,18 +431,18 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     if getattr(model, "model_type", None) == "llama4":
         chunks = Chunks(int(text.args.attention_chunk_size))
         return [chunks if block.self_attn.use_rope else None for block in _blocks(text)]
-    window = getattr(text_args(text), "sliding_window", None)
+    window, text_type = getattr(text_args(text), "sliding_window", None), _text_type(model)
     if getattr(model, "model_type", None) in GEMMA3_TYPES + GEMMA4_TYPES:
         sliding = [block.self_attn.is_sliding for block in _blocks(text)]
-    elif text.model_type == "ministral3":
+    elif text_type == "ministral3":
         sliding = [block.use_sliding for block in _blocks(text)]
-    elif text.model_type in ("gpt_oss", "olmo3"):
+    elif text_type in ("gpt_oss", "olmo3"):
         sliding = [kind == "sliding_attention" for kind in text.model.layer_types]
-    elif text.model_type == "exaone4":
+    elif text_type == "exaone4":
         sliding = [block.self_attn.is_local for block in _blocks(text)]
-    elif text.model_type == "cohere2":
+    elif text_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
-    elif text.model_type in ("mellum", "exaone_moe", "afmoe"):
+    elif text_type in ("mellum", "exaone_moe", "afmoe"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     else:
         sliding = [False] * len(_blocks(text))
@@ -477,9 +497,11 @@ class ModelAdapter:
             )
         self.model = model
         self.text = _text_model(model)
-        if model_type == "mistral3" and self.text.model_type not in ("llama", "ministral3",
+        text_type = _text_type(model)
+        model_type = _WRAPPERS.get(model_type) or model_type  # a VL checkpoint's: its text's
+        if model_type == "mistral3" and text_type not in ("llama", "ministral3",
                                                                      "mistral4"):
-            raise UserInputError(f"unsupported text model type {self.text.model_type!r} in a "
+            raise UserInputError(f"unsupported text model type {text_type!r} in a "
                                  "mistral3 checkpoint; mlx-lazy supports llama, ministral3, "
                                  "mistral4")
         self._gemma2 = model_type == "gemma2"
@@ -517,7 +539,7 @@ class ModelAdapter:
             raise UserInputError(f"this {model_type} model has no attention layer; mlx-lazy "
                                  "runs models with at least one")
         self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
-        self._mla = self.text.model_type in MLA_TYPES  # (a mistral3 checkpoint's mistral4)
+        self._mla = text_type in MLA_TYPES  # (a mistral3 checkpoint's mistral4)
         if self._mla:  # the absorbed form (embed_q) has one key/value head, the latent
             self.n_heads: int = attn.num_heads
             self.n_kv_heads: int = 1 if hasattr(attn, "embed_q") else attn.num_heads
@@ -557,7 +579,7 @@ class ModelAdapter:
         self._query_scaling = (
             (args.rope_parameters["llama_4_scaling_beta"],
              args.rope_parameters["original_max_position_embeddings"])
-            if self.text.model_type == "mistral4" else None)
+            if text_type == "mistral4" else None)
         # llama4(_text)'s weight-free q/k norm's epsilon
         self._l2_eps = (1e-6 if model_type == "llama4" else
                         args.rms_norm_eps if model_type == "llama4_text" else None)

@@ -78,9 +78,9 @@ _SHARDED_TO_ALL = (nn.ShardedToAllLinear, nn.QuantizedShardedToAllLinear)
 
 
 def shard(model: nn.Module, group: Group) -> None:
-    """Split ``model`` over ``group`` with mlx-lm's ``model.shard(group)``, after checking
-    that it can be split evenly, and count the bytes its all-sums move
-    (:func:`allsum_counter`).
+    """Split ``model`` over ``group`` with mlx-lm's ``model.shard(group)`` (a vision-language
+    checkpoint without one: its text model's), after checking that it can be split evenly, and
+    count the bytes its all-sums move (:func:`allsum_counter`).
 
     Raises:
         UserInputError: an architecture mlx-lazy or mlx-lm cannot shard, or head counts or
@@ -89,7 +89,9 @@ def shard(model: nn.Module, group: Group) -> None:
     n = group.size()
     adapter = ModelAdapter(model)  # unsupported architectures fail here, before any sharding
     sharder = SHARDERS.get(model.model_type)
-    if sharder is None and not hasattr(model, "shard"):
+    # a VL checkpoint without a shard of its own (Qwen2/3-VL's): its text model's
+    own = getattr(model, "shard", None) or getattr(adapter.text, "shard", None)
+    if sharder is None and own is None:
         raise UserInputError(f"mlx-lm cannot shard {model.model_type!r} models over ranks")
     if recurrent_layers(model):
         raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
@@ -112,7 +114,7 @@ def shard(model: nn.Module, group: Group) -> None:
     if sharder is not None:
         sharder(adapter.layers, group)
     else:
-        model.shard(group)
+        own(group)
     counter = AllSumCounter()
     model._mlx_lazy_allsums = counter
     for module in model.modules():

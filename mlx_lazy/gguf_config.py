@@ -7,6 +7,11 @@ The architectures (llama.cpp's names), and what converting each involves:
 * ``llama``: Llama 2/3.x, Mistral's GGUFs too; Llama 3.1/3.2's ``rope_freqs`` become
   mlx-lm's ``llama3`` RoPE scaling. ``qwen2``, ``qwen3``; ``qwen3moe`` (mlx-lm's
   ``qwen3_moe``): the experts' stacked weights.
+* ``qwen2vl``, ``qwen3vl``, ``qwen3vlmoe`` (:data:`QWEN_VL`: the text model of Qwen2-VL /
+  Qwen2.5-VL, Qwen3-VL, Qwen3-VL MoE; the vision tower is llama.cpp's separate mmproj file):
+  mlx-lm's plain ``qwen2``, ``qwen3``, ``qwen3_moe``. Their M-RoPE turns every section by the
+  same position on text (NeoX RoPE, the sections unread but required, as llama.cpp requires
+  them); Qwen3-VL's deepstack layers add embedding slices that are zero for text tokens.
 * Sparse MoE (:func:`_sparse_moe_config`): a ``llama`` GGUF with experts is Mixtral
   (``mixtral``: its experts at ``block_sparse_moe``); ``qwen2moe`` (Qwen1.5/2-MoE,
   ``qwen2_moe``): a sigmoid-gated shared expert; ``olmoe``: q/k norms over all heads, the top
@@ -227,7 +232,9 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
-                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM"}
+                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
+                 "qwen2vl": "Qwen2ForCausalLM", "qwen3vl": "Qwen3ForCausalLM",
+                 "qwen3vlmoe": "Qwen3MoeForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -238,7 +245,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "phi2": "phi", "gptneox": "gpt_neox",
                 "starcoder": "gpt_bigcode",
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
-                "exaone-moe": "exaone_moe"}
+                "exaone-moe": "exaone_moe", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
+                "qwen3vlmoe": "qwen3_moe"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -253,6 +261,9 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
                     "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba")
+# Qwen2-VL's, Qwen3-VL's and Qwen3-VL MoE's text models: llama.cpp's M-RoPE (its sections) on
+# text is their text models' NeoX RoPE (mlx-lm's qwen2, qwen3, qwen3_moe)
+QWEN_VL = ("qwen2vl", "qwen3vl", "qwen3vlmoe")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
@@ -408,6 +419,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
         required += ("shortconv.l_cache",)
+    if arch in QWEN_VL:  # llama.cpp requires them (on text every section turns alike)
+        required += ("rope.dimension_sections",)
     if arch in ("granitehybrid", "jamba"):
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
                                                "time_step_rank", "group_count")
@@ -620,7 +633,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(rope_scaling=None, sliding_window=window, sliding_window_pattern=pattern,
                       layer_types=["sliding_attention" if c == "L" else "full_attention"
                                    for c in letters[:n_layers]])
-    if arch == "qwen3moe":  # every layer sparse, the top experts' weights renormalised
+    if arch in ("qwen3moe", "qwen3vlmoe"):  # every layer sparse, the top experts' weights
+        # renormalised
         n_experts, n_used = experts()
         config.update(num_experts=n_experts, num_experts_per_tok=n_used,
                       moe_intermediate_size=count("expert_feed_forward_length"),

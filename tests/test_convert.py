@@ -344,6 +344,9 @@ GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm
                   "transformer.wpe": "position_embd",
                   "transformer.token_embeddings": "token_embd", "transformer.norm": "output_norm"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
+#: Qwen-VL's M-RoPE sections over a tiny head's 8 dim pairs, as llama.cpp's converter pads them
+#: (Qwen3-VL's interleaved ones cover every pair, as in the original model)
+QWEN_VL_GGUF = {"mrope_section": [3, 3, 2, 0]}
 
 
 def gguf_name(hf_name: str, model_type: str = "llama") -> str:
@@ -775,7 +778,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                 config["num_attention_heads"] * (config["qk_nope_head_dim"]
                                                  + config["v_head_dim"]), config["kv_lora_rank"])
 
-    w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(model_type, model_type))
+    w = gguf.GGUFWriter(str(path), m.get("gguf_arch") or GGUF_ARCH.get(model_type, model_type))
     add_shape(w, m, key_length=model_type not in ("phi3", "granite", *DEEPSEEK2_KINDS, "phi",
                                                   "gpt_neox", "minicpm3"),
               ff_length=model_type != "qwen3_5_moe")
@@ -966,9 +969,11 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
         w.add_sliding_window(m["sliding_window"])
         if m.get("swa_pattern") is not None:
             w.add_sliding_window_pattern(m["swa_pattern"])
+    if m.get("mrope_section"):  # GLM-4's and Qwen-VL's (TextModel.set_gguf_parameters)
+        w.add_rope_dimension_sections(m["mrope_section"])
+    if m.get("num_deepstack_layers") is not None:  # Qwen3VLTextModel's
+        w.add_num_deepstack_layers(m["num_deepstack_layers"])
     if m["model_type"] == "glm4":
-        if m.get("mrope_section"):
-            w.add_rope_dimension_sections(m["mrope_section"])
         if m.get("nextn_predict_layers"):
             w.add_nextn_predict_layers(m["nextn_predict_layers"])
     if m.get("attention_scale") is not None:
@@ -1033,6 +1038,16 @@ GGUF_CASES = {
                                        "ffn_down_exps": T.Q5_K, "ffn_gate_inp": T.F32,
                                        "*": T.Q4_K},
                          {"mlp_only_layers": [], **KQ, "moe_intermediate_size": 256}),
+    # The text models of Qwen2-VL, Qwen3-VL and Qwen3-VL MoE (llama.cpp's qwen2vl, qwen3vl,
+    # qwen3vlmoe: M-RoPE sections, Qwen3-VL's deepstack layers) as plain qwen2, qwen3, qwen3_moe
+    "qwen2vl-legacy": ("qwen2", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "*": T.Q8_0},
+                       {**QWEN_VL_GGUF, "gguf_arch": "qwen2vl"}),
+    "qwen3vl-legacy": ("qwen3", {"attn_k": T.Q4_1, "*": T.Q8_0},
+                       {**QWEN_VL_GGUF, "gguf_arch": "qwen3vl", "num_deepstack_layers": 2}),
+    "qwen3vlmoe-legacy": ("qwen3_moe", {"ffn_up_exps": T.Q4_0, "ffn_gate_inp": T.F32,
+                                        "*": T.Q8_0},
+                          {**QWEN_VL_GGUF, "gguf_arch": "qwen3vlmoe", "num_deepstack_layers": 3,
+                           "mlp_only_layers": []}),
     # Phi-3: fused q/k/v and gate/up tensors (kept quantized as they are, or dequantized);
     # with LongRoPE factors over 12 of 16 head dims (Phi-3.5-mini's scaling, Phi-4-mini's
     # partial RoPE)
@@ -2876,6 +2891,10 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "afmoe_swa_base": (lambda: gguf_of("a.gguf", "afmoe", {"rope_theta_swa": 5e5}),
                            "GGUF afmoe with another RoPE base in its sliding-window layers is "
                            "not supported"),
+        # Qwen2-VL without its M-RoPE sections (llama.cpp requires them)
+        "qwen_vl_sections": (lambda: write_gguf(tmp / "v.gguf", "qwen2", tok_folder,
+                                                gguf_arch="qwen2vl") and tmp / "v.gguf",
+                             "/ rope.dimension_sections"),
         "nanbeige_skip_flag": (lambda: gguf_of("n.gguf", "nanbeige", {"skip_loop_final_norm": 1}),
                                "GGUF metadata nanbeige.skip_loop_final_norm must be true or false, "
                                "got 1"),
@@ -2994,7 +3013,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "minicpm3_long_factors", "minicpm3_attn_factor", "minicpm3_q_proj", "youtu_sparse",
               "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length",
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
-              "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base"]
+              "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
+              "qwen_vl_sections"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

@@ -395,7 +395,7 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
                                   "mellum", "granitemoehybrid", "nemotron_h", "jamba", "Klear",
-                                  "afmoe"])
+                                  "afmoe", "lfm2-vl", "kimi_vl"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -404,7 +404,9 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     llama4_text's MLP (at ``feed_forward``), Apertus's layers (plain up_proj MLP, heads named
     otherwise), OpenELM's (heads by layer, a fused q/k/v and gate/up), LFM2's convolutions,
     StarCoder 1's one key/value head (multi-query) or Granite 4.0's, Nemotron-H's and Jamba's
-    layers (Mamba, shared MLPs). Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's
+    layers (Mamba, shared MLPs), LFM2-VL's (LFM2's) or Kimi-VL's (DeepSeek-V3's absorbed
+    attention and experts, its wrapper without a ``shard``). Refused (mlx-lm has no ``shard`` for
+    them either). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
     runs them whole)."""
     class Group:
@@ -425,7 +427,7 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
                   "nanbeige", "minicpm3", "youtu_llm", "glm", "telechat3", "solar_open", "glm4",
-                  "mistral4", "exaone_moe"]
+                  "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
@@ -459,12 +461,14 @@ def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
     its heads' queries, embed_q and unembed_out or kv_b_proj, the latent whole on every rank;
     Mistral Small 4's too, its queries scaled by position on each rank; MiniCPM3's and
     Youtu-LLM's split the same way by shard_by_heads), K-EXAONE (mlx-lm's shard: its MoE blocks
-    sum their ranks' shares): unpruned, each rank's logits equal mlx-lm's; pruned, each rank
-    selects what the single process selects and its logits equal it."""
+    sum their ranks' shares), Qwen3-VL MoE (its text model's qwen3_moe shard: the wrapper has
+    none) and Kimi K2.5 (its wrapper's shard, DeepSeek-V3's): unpruned, each rank's logits equal
+    mlx-lm's; pruned, each rank selects what the single process selects and its logits equal
+    it."""
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
                                                 "glm4_moe_lite", "deepseek_v2", "solar_open",
-                                                "mistral4", "exaone_moe"))
+                                                "mistral4", "exaone_moe", "kimi_k25"))
     runs = families_two_rank_runs[kind]
     (rec0, logits0), (rec1, logits1) = runs["full"]
     assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2

@@ -52,7 +52,9 @@ low-rank queries, longrope, MiniCPM's multipliers) and Youtu-LLM (``youtu_llm``:
 (``granitemoehybrid-micro``: Granite 4.0's layers, every one attention; its hybrids are in
 test_hybrid), GLM-4-9B (``glm``: traditional RoPE over whole heads, a fused gate_up_proj, a tied
 head) and TeleChat 3 (``telechat3``: biases on attention and the MLP); Solar Open
-(``solar_open``, in MOE2: glm4_moe's model without q/k norms or biases)."""
+(``solar_open``, in MOE2: glm4_moe's model without q/k norms or biases). The text models of
+vision-language checkpoints (:data:`VL`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL MoE, Kimi-VL,
+Kimi K2.5; LFM2-VL's in test_hybrid)."""
 
 from __future__ import annotations
 
@@ -77,6 +79,10 @@ from test_gemma3 import cut_after_layer_0, decode_one, dense_mask
 from tiny_models import build_tiny_model, tiny_config
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
+#: Vision-language checkpoints' text models (mlx-lm's wrappers): Qwen2-VL's qwen2 (its config
+#: flat), Qwen2.5-VL's (its own model_type, a text_config), Qwen3-VL's qwen3 and qwen3_moe,
+#: Kimi-VL's and Kimi K2.5's DeepSeek-V3
+VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
         "solar_open", "exaone_moe", "Klear", "afmoe")
@@ -88,7 +94,7 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
-            "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", "gemma2",
+            "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", *VL, "gemma2",
             "glm4", "starcoder2", "cohere2",
             "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE, "gpt_neox-sequential",
             "nanbeige-skip")
@@ -776,8 +782,8 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
 @pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "glm4_moe", "seed_oss",
                                   "ernie4_5_moe", "gpt_oss", "olmo3", "exaone4",
                                   "gemma4_text-moe", "gemma4_text-e2b", "deepseek_v3",
-                                  "deepseek_v2", "mistral4", "gemma2", "glm4", "starcoder2",
-                                  "cohere2",
+                                  "deepseek_v2", "mistral4", "kimi_vl", "gemma2", "glm4",
+                                  "starcoder2", "cohere2",
                                   "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))

@@ -114,12 +114,20 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(hybrid):
     assert mlx_lm_error(model, nothing_pruned, prompt, 8) < LOGITS_TOL
 
 
-def test_the_moe_layout_matches_mlx_lm(tmp_path):
-    """``qwen3_5_moe``: its sparse MoE block (2 of 4 experts and a shared one) is the MLP."""
-    model, _ = mlx_lm.load(str(build_tiny_model("qwen3_5-moe", tmp_path)))
-    assert model.model_type == "qwen3_5_moe" and hasattr(model.layers[0].mlp, "shared_expert")
+@pytest.mark.parametrize("kind", ["qwen3_5-moe", "lfm2-vl"])
+def test_the_moe_layout_matches_mlx_lm(tmp_path, kind):
+    """``qwen3_5_moe``: its sparse MoE block (2 of 4 experts and a shared one) is the MLP;
+    ``lfm2-vl`` (LFM2-VL): LFM2 as the text model of a vision-language checkpoint, unpruned
+    and through a cut that keeps every token."""
+    model, _ = mlx_lm.load(str(build_tiny_model(kind, tmp_path)))
     prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=8)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 16) < LOGITS_TOL
+    if kind == "lfm2-vl":
+        assert model.model_type == "lfm2-vl" and "conv" in model.layers[0]
+        nothing_pruned = PruningConfig("static", prune_layers=(3,), keep=(1.0,))
+        assert mlx_lm_error(model, nothing_pruned, prompt, 8) < LOGITS_TOL
+    else:
+        assert model.model_type == "qwen3_5_moe" and hasattr(model.layers[0].mlp, "shared_expert")
     engine = LazyEngine(model, resolve_config(model, NO_REVIVAL))
     greedy(engine, prompt, 8)
     assert engine.stats.prefill_tokens_per_layer == [200] * 4 + [60] * 4

@@ -537,6 +537,11 @@ _VARIANTS = {
     "granitemoehybrid-micro": ("granitemoehybrid", {
         "num_hidden_layers": 4, "layer_types": ["attention"] * 4, "num_local_experts": 0,
         "intermediate_size": 128, "position_embedding_type": "rope"}),
+    # Qwen2-VL's config.json: the text model's settings at the top (mlx-lm's qwen2_vl wraps them),
+    # its M-RoPE (plain RoPE in mlx-lm)
+    "qwen2_vl": ("qwen2", {"model_type": "qwen2_vl",
+                           "architectures": ["Qwen2VLForConditionalGeneration"],
+                           "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}),
     "qwen3_5-moe": ("qwen3_5", {"model_type": "qwen3_5_moe",
                                 "architectures": ["Qwen3_5MoeForConditionalGeneration"],
                                 "num_experts": 4, "num_experts_per_tok": 2,
@@ -564,6 +569,17 @@ _VARIANTS = {
 
 
 # kinds whose norms (weights and LayerNorm biases) are random rather than ones and zeros
+#: Checkpoints of a tiny text model in a vision-language (or Gemma 4's) checkpoint, as mlx-lm's
+#: wrappers hold it (``model.language_model``): kind -> (the text model's kind, the checkpoint's
+#: architecture, the ``model_type`` its ``text_config`` names, as the real ones do)
+_WRAPPED = {"gemma4": ("gemma4_text", "Gemma4ForConditionalGeneration", "gemma4_text"),
+            "qwen2_5_vl": ("qwen2", "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl_text"),
+            "qwen3_vl": ("qwen3", "Qwen3VLForConditionalGeneration", "qwen3_vl_text"),
+            "qwen3_vl_moe": ("qwen3_moe", "Qwen3VLMoeForConditionalGeneration",
+                             "qwen3_vl_moe_text"),
+            "lfm2-vl": ("lfm2", "Lfm2VlForConditionalGeneration", "lfm2"),
+            "kimi_vl": ("deepseek_v3", "KimiVLForConditionalGeneration", "deepseek_v3"),
+            "kimi_k25": ("deepseek_v3", "KimiK25ForConditionalGeneration", "kimi_k2")}
 _RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
@@ -593,9 +609,10 @@ def tiny_config(kind: str) -> dict:
         return {"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"],
                 "text_config": text,
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
-    if kind == "gemma4":
-        return {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
-                "text_config": tiny_config("gemma4_text"),
+    if kind in _WRAPPED:
+        text, architecture, text_type = _WRAPPED[kind]
+        return {"model_type": kind, "architectures": [architecture],
+                "text_config": {**tiny_config(text), "model_type": text_type},
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
     if kind in _VARIANTS:
         base, extra = _VARIANTS[kind]
