@@ -168,6 +168,10 @@ The architectures (llama.cpp's names), and what converting each involves:
   over each whole head only (mlx-lm's glm turns every dim: a GGUF that turns a part, as GLM-4-9B's
   own do, is refused), the MLP's gate and up fused as mlx-lm's ``gate_up_proj``, a tied or untied
   head.
+* ``dbrx`` (DBRX): the fused ``attn_qkv`` as mlx-lm's ``Wqkv``, clipped at ``clamp_kqv`` (required
+  by llama.cpp, and positive: mlx-lm's dbrx always clips), LayerNorms without biases at
+  mlx-lm's hard-wired epsilon (1e-5), NeoX RoPE over each whole head, softmax-routed experts
+  (renormalised top weights, as both compute them) whose stacks are cut into mlx-lm's experts.
 * ``jamba`` (AI21 Jamba without experts, ``jamba``): Mamba layers where llama.cpp gives no
   key/value heads, attention without RoPE in the others, a dense MLP in every layer; A_log of
   llama.cpp's -exp(A_log), the conv kernels in MLX's layout; an inner size of twice the hidden
@@ -227,7 +231,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
-                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM"}
+                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
+                 "dbrx": "DbrxForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -252,12 +257,13 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
-                    "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba")
+                    "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba",
+                    "dbrx")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
 _LAYER_NORM = ("starcoder2", "cohere2", "stablelm", "command-r", "phi2", "gptneox", "gpt2",
-               "starcoder", "nemotron")
+               "starcoder", "nemotron", "dbrx")
 # GPT-2 and StarCoder 1: learned positions, GPT-2's config names in mlx-lm's models
 LEARNED_POSITIONS = ("gpt2", "starcoder")
 # Command R7B: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the
@@ -313,6 +319,9 @@ SMOLLM3_NO_ROPE_INTERVAL = 4
 EXAONE4_32B_LAYERS = 64
 EXAONE4_32B_WINDOW = 4096
 EXAONE4_32B_PERIOD = 4
+# DBRX: the LayerNorm epsilon mlx-lm's dbrx hard-wires (nn.LayerNorm's default), as a GGUF
+# stores it (llama.cpp's converter writes this one)
+DBRX_LAYER_NORM_EPS = np.float32(1e-5)
 # Qwen 1: the RoPE base mlx-lm's qwen hard-wires (nn.RoPE's default)
 QWEN_ROPE_BASE = 10000.0
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
@@ -416,6 +425,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required += ("attention.layer_norm_epsilon",)
     if arch == "gptneox":  # llama.cpp requires it too
         required += ("use_parallel_residual",)
+    if arch == "dbrx":  # llama.cpp requires it too
+        required += ("attention.clamp_kqv",)
     if any(g(k) is None for k in required):
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
@@ -540,6 +551,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       partial_rotary_factor=rotary, use_qkv_bias="blk.0.attn_q.bias" in tensors,
                       qk_layernorm="blk.0.attn_q_norm.weight" in tensors,
                       use_parallel_residual="blk.0.ffn_norm.weight" not in tensors)
+    if arch == "dbrx":
+        config.update(_dbrx_config(positive, experts, config))
     if arch == "phi2":  # LayerNorms with biases, biases everywhere, a GELU MLP: hard-wired
         config.update(layer_norm_eps=positive("attention.layer_norm_epsilon"),
                       partial_rotary_factor=rotary)
@@ -802,6 +815,24 @@ def _gptneox_config(g: Any, count: Any, positive: Any, n_heads: int, n_kv: int, 
                              f"supported (mlx-lm's gpt_neox's is 4 x hidden: {4 * hidden})")
     return {"layer_norm_eps": positive("attention.layer_norm_epsilon"), "rotary_pct": rotary,
             "rotary_emb_base": base, "use_parallel_residual": bool(parallel)}
+
+
+def _dbrx_config(positive: Any, experts: Any, config: dict) -> dict:
+    """mlx-lm's dbrx settings of a DBRX GGUF under its config names: q/k/v clipped at
+    ``clamp_kqv``, the experts (each MLP ``feed_forward_length`` wide); its LayerNorms' epsilon,
+    which mlx-lm's dbrx hard-wires, checked."""
+    eps = positive("attention.layer_norm_epsilon")
+    if np.float32(eps) != DBRX_LAYER_NORM_EPS:
+        raise UserInputError(f"GGUF dbrx with LayerNorm epsilon {eps:g} is not supported "
+                             f"(mlx-lm's dbrx hard-wires {float(DBRX_LAYER_NORM_EPS):g})")
+    n_experts, n_used = experts()
+    return {"d_model": config["hidden_size"], "n_heads": config["num_attention_heads"],
+            "n_layers": config["num_hidden_layers"], "tie_word_embeddings": False,
+            "attn_config": {"kv_n_heads": config["num_key_value_heads"],
+                            "clip_qkv": positive("attention.clamp_kqv"),
+                            "rope_theta": config["rope_theta"]},
+            "ffn_config": {"ffn_hidden_size": config["intermediate_size"],
+                           "moe_num_experts": n_experts, "moe_top_k": n_used}}
 
 
 def _gpt2_config(arch: str, n_heads: int, n_kv: int, positive: Any, config: dict) -> dict:
