@@ -172,6 +172,11 @@ The architectures (llama.cpp's names), and what converting each involves:
   by llama.cpp, and positive: mlx-lm's dbrx always clips), LayerNorms without biases at
   mlx-lm's hard-wired epsilon (1e-5), NeoX RoPE over each whole head, softmax-routed experts
   (renormalised top weights, as both compute them) whose stacks are cut into mlx-lm's experts.
+* ``phimoe`` (Phi-3.5-MoE): Mixtral's tensors with Phi-3's LongRoPE (its scale llama.cpp's
+  ``attn_factor``), biases on q/k/v, the output projection and the head, normed by mlx-lm's
+  phimoe as the checkpoint is: LayerNorms (with biases) and sparsemixer routing, where
+  llama.cpp's graph takes RMS norms (with the same biases) and softmax top-k routing, so the two
+  differ.
 * ``jamba`` (AI21 Jamba without experts, ``jamba``): Mamba layers where llama.cpp gives no
   key/value heads, attention without RoPE in the others, a dense MLP in every layer; A_log of
   llama.cpp's -exp(A_log), the conv kernels in MLX's layout; an inner size of twice the hidden
@@ -232,7 +237,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
                  "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
-                 "dbrx": "DbrxForCausalLM"}
+                 "dbrx": "DbrxForCausalLM", "phimoe": "PhiMoEForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -258,7 +263,7 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
                     "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba",
-                    "dbrx")
+                    "dbrx", "phimoe")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
@@ -351,7 +356,7 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
 ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "llama4",
                                        "gemma4"),  # Gemma 4: its global layers' partial RoPE
-                **dict.fromkeys(_LONGROPE.values(), ("phi3", "minicpm3"))}
+                **dict.fromkeys(_LONGROPE.values(), ("phi3", "minicpm3", "phimoe"))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
 ATTN_FACTOR_RTOL = 1e-6
@@ -412,7 +417,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe"):
+                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
+                "phimoe"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -765,14 +771,21 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
             config["rope_scaling"] = {"rope_type": "linear", "factor": float(factor or 1.0)}
     if gemma4:
         config.update(_gemma4_config(g, count, positive, optional, experts, tensors, config))
-    if arch == "phi3":  # its sliding window is ignored: llama.cpp disables it, mlx-lm has none
-        # without it llama.cpp takes the context as the original one: no LongRoPE scale
+    if arch in ("phi3", "phimoe"):  # its sliding window is ignored: llama.cpp disables it,
+        # mlx-lm has none; without it llama.cpp takes the context as the original one: no
+        # LongRoPE scale
         config["original_max_position_embeddings"] = count(
             "rope.scaling.original_context_length", config["max_position_embeddings"])
         if rope_dims != head_dim:
             config["partial_rotary_factor"] = rotary
         if any(name in tensors for name in _LONGROPE.values()):
-            config["rope_scaling"] = _longrope_scaling(tensors, rope_dims)
+            config["rope_scaling"] = _longrope_scaling(arch, tensors, rope_dims)
+    if arch == "phimoe":  # mlx-lm's phimoe takes LongRoPE's scale from the config: llama.cpp's
+        n_experts, n_used = experts()
+        config.update(num_local_experts=n_experts, num_experts_per_tok=n_used)
+        if "rope_scaling" in config:
+            mscale = positive("rope.scaling.attn_factor", 1.0)
+            config["rope_scaling"].update(short_mscale=mscale, long_mscale=mscale)
     if "rope_freqs.weight" in tensors and not gemma4:  # Llama 3.1 / 3.2: the scaling
         config["rope_scaling"] = _llama3_rope_scaling(
             _rope_factors("rope_freqs.weight", tensors, head_dim), config["rope_theta"],
@@ -1547,7 +1560,7 @@ def _rope_factors(name: str, tensors: dict, dims: int) -> np.ndarray:
     return x
 
 
-def _longrope_scaling(tensors: dict, dims: int) -> dict:
+def _longrope_scaling(arch: str, tensors: dict, dims: int) -> dict:
     """Phi-3's LongRoPE ``rope_scaling`` from llama.cpp's ``rope_factors_long`` and
     ``rope_factors_short`` tensors: what each RoPE frequency's wavelength is multiplied by
     beyond the original context and within it. (llama.cpp picks by the context it runs with;
@@ -1555,7 +1568,7 @@ def _longrope_scaling(tensors: dict, dims: int) -> dict:
     checkpoint.)"""
     missing = [name for name in _LONGROPE.values() if name not in tensors]
     if missing:
-        raise UserInputError(f"GGUF phi3 lacks {missing[0]}: LongRoPE needs "
+        raise UserInputError(f"GGUF {arch} lacks {missing[0]}: LongRoPE needs "
                              f"{' and '.join(_LONGROPE.values())}")
     # float32 as llama.cpp writes them; each as its shortest decimal, as the original config has it
     return {"type": "longrope", **{
@@ -1810,7 +1823,8 @@ def _rope_scale(config: dict, dims: int) -> float:
                         original_max_position_embeddings=scaling.get(
                             "original_max_position_embeddings",
                             config.get("original_max_position_embeddings")),
-                        long_factor=scaling["long_factor"])._scale
+                        long_factor=scaling["long_factor"],
+                        long_mscale=scaling.get("long_mscale"))._scale  # phimoe's
 
 
 def _llama3_rope_scaling(divisors: np.ndarray, base: float, dims: int) -> dict:

@@ -139,8 +139,8 @@ _GEMMA4_LAYER_NAMES = {
     "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm",
 }
-# Mixtral (a llama GGUF with experts; a dense one has none of these tensors) and Granite MoE: the
-# router and the experts' stacks at mlx-lm's block_sparse_moe
+# Mixtral (a llama GGUF with experts; a dense one has none of these tensors), Phi-3.5-MoE and
+# Granite MoE: the router and the experts' stacks at mlx-lm's block_sparse_moe
 _BLOCK_SPARSE_MOE_NAMES = {**_LAYER_NAMES, **{
     k: "block_sparse_moe." + v.removeprefix("mlp.") for k, v in _LAYER_NAMES.items()
     if k.startswith("ffn_") and k.endswith(("_exps", "_inp"))}}
@@ -285,6 +285,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      **dict.fromkeys(("deepseek2", "minicpm3", "mistral4"),
                                      _DEEPSEEK2_LAYER_NAMES),
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
+                     "phimoe": _BLOCK_SPARSE_MOE_NAMES,
                      "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,

@@ -252,7 +252,8 @@ GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          "olmo2": GGUF_POST_NORM_NAMES, "exaone4": GGUF_POST_NORM_NAMES,
                          **dict.fromkeys(QWEN35_KINDS, GGUF_QWEN35_NAMES),
                          "qwen3_next": GGUF_QWEN3NEXT_NAMES, "glm4_moe": GGUF_GLM4MOE_NAMES,
-                         **dict.fromkeys(("mixtral", "granitemoe"), GGUF_BLOCK_SPARSE_MOE_NAMES),
+                         **dict.fromkeys(("mixtral", "granitemoe", "phimoe"),
+                                         GGUF_BLOCK_SPARSE_MOE_NAMES),
                          "qwen2_moe": GGUF_QWEN2MOE_NAMES, "deepseek": GGUF_ERNIE45_MOE_NAMES,
                          **dict.fromkeys(DEEPSEEK2_KINDS, GGUF_DEEPSEEK2_NAMES),
                          "minicpm3": GGUF_DEEPSEEK2_NAMES}
@@ -324,7 +325,7 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r",
              "phi": "phi2", "gpt_neox": "gptneox",
              "gpt_bigcode": "starcoder", "glm": "chatglm",
-             "mistral4": "mistral4",
+             "mistral4": "mistral4", "phimoe": "phimoe",
              "exaone_moe": "exaone-moe", "afmoe": "afmoe"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
@@ -739,7 +740,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     """
     types, config = types or {}, {**tiny_config(kind), **overrides}
     model_type = config["model_type"]
-    phi3_meta, arch_tensors = llama_cpp_phi3_rope(config) if model_type == "phi3" else ({}, {})
+    phi3_meta, arch_tensors = (llama_cpp_phi3_rope(config) if model_type in ("phi3", "phimoe")
+                               else ({}, {}))
     if model_type == "ernie4_5_moe":
         arch_tensors = llama_cpp_ernie45_moe_biases(config)
     if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
@@ -789,7 +791,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                                                  + config["v_head_dim"]), config["kv_lora_rank"])
 
     w = gguf.GGUFWriter(str(path), GGUF_ARCH.get(model_type, model_type))
-    add_shape(w, m, key_length=model_type not in ("phi3", "granite", *DEEPSEEK2_KINDS, "phi",
+    add_shape(w, m, key_length=model_type not in ("phi3", "phimoe", "granite", *DEEPSEEK2_KINDS,
+                                                  "phi",
                                                   "gpt_neox", "minicpm3"),
               ff_length=model_type != "qwen3_5_moe")
     if model_type == "openelm":  # OpenELMModel.set_gguf_parameters (llama.cpp's default would
@@ -1359,6 +1362,10 @@ GGUF_CASES.update({
 INTERNLM2_GGUF = {"bias": False, "rope_scaling": None}
 #: Qwen 1 as llama.cpp reads it: c_attn's bias only; an RMS epsilon of its own
 QWEN_GGUF = {"no_bias": True, "rms_norm_eps": 2 ** -6, "layer_norm_epsilon": 2 ** -6}
+#: Phi-3.5-MoE as PhiMoeModel writes it: LongRoPE's scale its attention factor (sqrt(1.2) for
+#: the tiny's contexts: 4096 of 1024)
+PHIMOE_GGUF = {"rope_scaling": {**tiny_config("phimoe")["rope_scaling"],
+                                "short_mscale": math.sqrt(1.2), "long_mscale": math.sqrt(1.2)}}
 #: DBRX as DbrxModel writes it: the experts' width as the MLP's, their counts, its LayerNorms'
 #: epsilon (no RMS one)
 DBRX_GGUF = {"intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
@@ -1424,6 +1431,9 @@ GGUF_CASES.update({
     # mlx-lm's experts (kept quantized, each expert's blocks)
     "dbrx-legacy": ("dbrx", {"token_embd": T.Q8_0, "attn_qkv": T.Q4_0, "ffn_gate_exps": T.Q4_1,
                              "ffn_down_exps": T.Q4_0, "*": T.Q8_0}, DBRX_GGUF),
+    # Phi-3.5-MoE: Mixtral's experts' stacks, LayerNorms and biases, LongRoPE
+    "phimoe-legacy": ("phimoe", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up_exps": T.Q4_1,
+                                 "*": T.Q8_0}, PHIMOE_GGUF),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1769,7 +1779,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
                                   "deepseek2-youtu", "chatglm-legacy", "mistral4",
-                                  "exaone_moe-legacy", "afmoe-legacy", "dbrx-legacy"])
+                                  "exaone_moe-legacy", "afmoe-legacy", "dbrx-legacy",
+                                  "phimoe-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1859,12 +1870,15 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     # Nanbeige skipping the norm between its loops
     ("nanbeige", {"attention_bias": False, "skip_loop_final_norm": True}, {}, {},
      {"num_loops": 2, "skip_loop_final_norm": True}),
+    # Phi-3.5-MoE whose attention factor is not the one of its contexts (as its own config's
+    # mscale): mlx-lm's phimoe takes it
+    ("phimoe", {}, {"attn_factor": 1.2}, {}, {"num_local_experts": 4}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
         "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
         "command_r-no-logit-scale", "phi2", "gptneox-sequential", "nemotron-linear-rope",
         "openelm-untied", "deepseek-tied", "mellum-default-period", "mellum-global",
-        "nanbeige-skip", "minicpm3-tied-long"])
+        "nanbeige-skip", "minicpm3-tied-long", "phimoe-mscale"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's, Apertus's (and DeepSeek-MoE's, Mellum's,
@@ -2889,6 +2903,13 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             "/ attention.clamp_kqv" if clip is None else
             "GGUF metadata dbrx.attention.clamp_kqv must be a positive number, got 0")
            for clip in (None, 0.0)},
+        # Phi-3.5-MoE whose RoPE llama.cpp scales without LongRoPE's factors (mlx-lm's phimoe
+        # then turns plain RoPE, unscaled)
+        "phimoe_attn_factor": (
+            lambda: write_gguf(tmp / "p.gguf", "phimoe", tok_folder, **PHIMOE_GGUF, extra={
+                f"rope_factors_{k}.weight": None for k in ("long", "short")}) and tmp / "p.gguf",
+            "GGUF metadata phimoe.rope.scaling.attn_factor is 1.095445, mlx-lm's phimoe scales "
+            "by 1"),
         # K-EXAONE: no local layer (llama.cpp's graph turns none, mlx-lm's model every one), no
         # window, another RoPE base in the local layers, softmax routing
         "exaone_moe_global": (lambda: gguf_of("x.gguf", "exaone_moe", {"swa_pattern": [False] * 4}),
@@ -3036,7 +3057,7 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length",
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
               "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
-              "dbrx_eps", "dbrx_clamp_None", "dbrx_clamp_0.0"]
+              "dbrx_eps", "dbrx_clamp_None", "dbrx_clamp_0.0", "phimoe_attn_factor"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():
