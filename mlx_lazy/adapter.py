@@ -209,36 +209,44 @@ from .errors import UserInputError, shown
 # vision-language checkpoints whose text model (``model.language_model``; mlx-lm drops the
 # vision tower) runs as the family :data:`_WRAPPERS` names: qwen2, qwen3, qwen3_moe, lfm2,
 # deepseek_v3.
-SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2",
+# gptj (GPT-J): Phi-2's parallel attention and MLP on one LayerNorm ``ln_1`` (EXAONE 3's GPT-2
+# names: ``wte``, ``h``, ``attn`` with ``out_proj``, ``ln_f``, inside ``model``), traditional RoPE
+# over the first ``rotary_dim`` of each head, a plain GELU MLP ``fc_in``/``fc_out``, a biased head.
+# dbrx (DBRX): a fused ``Wqkv`` whose output is clipped to +-``clip_qkv``, attention and its two
+# LayerNorms (no biases) inside ``block.norm_attn_norm``, softmax-routed experts at ``block.ffn``,
+# ``transformer.{wte, blocks, norm_f}``.
+# phixtral (Phixtral): Phi-2's parallel layers on one LayerNorm ``ln`` with a fused, biased
+# ``Wqkv`` (``block.mixer``, no GQA), sparse experts at ``block.moe``, ``transformer.embd.wte``;
+# its head module ``lm_head`` holds the final norm ``ln`` and the head ``linear``.
+SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2", "dbrx",
                          "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
                          "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4",
                          "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss",
-                         "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan",
+                         "gptj", "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan",
                          "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "kimi_k25",
                          "kimi_vl", "lfm2", "lfm2-vl", "lfm2_moe", "llama", "llama4",
-                         "llama4_text", "mellum", "mimo", "minicpm", "minicpm3",
-                         "ministral3", "mistral", "mistral3", "mistral4", "mixtral", "nanbeige",
-                         "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe",
-                         "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe",
-                         "qwen2_5_vl", "qwen2_vl", "qwen3",
-                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl",
-                         "qwen3_vl_moe", "seed_oss",
-                         "smollm3", "solar_open", "stablelm", "starcoder2", "telechat3",
-                         "youtu_llm")
+                         "llama4_text", "mellum", "mimo", "minicpm", "minicpm3", "ministral3",
+                         "mistral", "mistral3", "mistral4", "mixtral", "nanbeige", "nanochat",
+                         "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe", "openelm", "phi",
+                         "phi3", "phimoe", "phixtral", "qwen", "qwen2", "qwen2_5_vl", "qwen2_moe",
+                         "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
+                         "qwen3_vl", "qwen3_vl_moe", "seed_oss", "smollm3", "solar_open",
+                         "stablelm", "starcoder2", "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
-PARALLEL_TYPES = ("cohere2", "cohere", "phi")
+PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode")
 #: Llama's config names as other families' configs spell them (:func:`config_value`): GPT-2's
-#: and StarCoder 1's, OpenELM's.
-_CONFIG_NAMES = {"hidden_size": ("n_embd", "model_dim"),
-                 "num_attention_heads": ("n_head", "num_query_heads"),
+#: and StarCoder 1's, OpenELM's, DBRX's and Phixtral's.
+_CONFIG_NAMES = {"hidden_size": ("n_embd", "model_dim", "d_model"),
+                 "num_attention_heads": ("n_head", "num_query_heads", "n_heads", "num_heads"),
+                 "vocab_size": ("num_vocab",),
                  "num_key_value_heads": ("num_kv_heads",), "intermediate_size": ("n_inner",),
                  "max_position_embeddings": ("n_positions",)}
 _LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm",
@@ -278,7 +286,14 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
                               "embed_tokens": "embeddings", "norm": "norm_f"},
                "afmoe": {"pre_feedforward_layernorm": "pre_mlp_layernorm",
-                         "post_feedforward_layernorm": "post_mlp_layernorm"}}
+                         "post_feedforward_layernorm": "post_mlp_layernorm"},
+               "gptj": {"input_layernorm": "ln_1", "o_proj": "out_proj", "embed_tokens": "wte",
+                        "norm": "ln_f"},
+               "dbrx": {"input_layernorm": "norm_attn_norm.norm_1",
+                        "post_attention_layernorm": "norm_attn_norm.norm_2", "o_proj": "out_proj",
+                        "embed_tokens": "wte", "norm": "norm_f"},
+               "phixtral": {"input_layernorm": "ln", "o_proj": "out_proj",
+                            "embed_tokens": "embd.wte"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower), each
@@ -324,7 +339,12 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # ``block.{mamba, pre_ff_layernorm, feed_forward}`` (the mamba called as ``(x, ArraysCache)``),
 # ``model.final_layernorm``; exaone_moe's and afmoe's ``args.layer_types``, afmoe's
 # ``self_attn.gate_proj``, ``args.mup_enabled``, ``block.{pre_mlp_layernorm,
-# post_mlp_layernorm}``): at least the first, below the second. Same as pyproject.toml.
+# post_mlp_layernorm}``; gptj's ``model.{wte, h, ln_f}``, ``block.{ln_1, attn, mlp}``,
+# ``attn.{out_proj, num_attention_heads, head_dim, rope}``; dbrx's ``transformer.{wte, blocks,
+# norm_f}``, ``block.{norm_attn_norm.{norm_1, attn, norm_2}, ffn}``, ``attn.{Wqkv, clip_qkv,
+# out_proj, num_heads, num_key_value_heads, scale}``; phixtral's ``transformer.{embd.wte, h}``,
+# ``block.{ln, mixer, moe}``, ``mixer.{Wqkv, out_proj, num_heads}``, ``lm_head.{ln, linear}``):
+# at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -379,6 +399,15 @@ def config_value(args: Any, name: str, default: Any = None) -> Any:
         if hasattr(args, spelling):
             return getattr(args, spelling)
     return default
+
+
+def kv_heads(args: Any) -> int:
+    """All ranks' key/value heads in a text model's config: ``num_key_value_heads`` (or its
+    name in :data:`_CONFIG_NAMES`), DBRX's ``attn_config["kv_n_heads"]``, else one per query head
+    (GPT-J, Phixtral: no GQA)."""
+    return _total(config_value(args, "num_key_value_heads")
+                  or (getattr(args, "attn_config", None) or {}).get("kv_n_heads")
+                  or config_value(args, "num_attention_heads"))
 
 
 def _total(count: Any) -> int:
@@ -551,9 +580,11 @@ class ModelAdapter:
                                or getattr(attn, "num_kv_heads", None)  # nanochat
                                or getattr(attn, "num_key_value_heads", None)
                                or self.n_heads)  # gpt_neox, gpt2: one per query head
+        head_dim = getattr(attn, "head_dim", None) or (  # phixtral's: hidden / heads
+            config_value(text_args(self.text), "hidden_size") // self.n_heads)
         self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
                              or getattr(attn, "softmax_scale", None)  # minicpm3
-                             or attn.head_dim ** -0.5)  # stablelm: 1/sqrt(head_dim)
+                             or head_dim ** -0.5)  # stablelm: 1/sqrt(head_dim)
         self.lm_head = getattr(self.text, "lm_head", None)
         if model_type in ("llama4_text", "internlm2") and not self.text.args.tie_word_embeddings:
             self.lm_head = self.text.output
@@ -588,6 +619,8 @@ class ModelAdapter:
         self._embedding = self._part(self.inner, "embed_tokens")
         self._position_embedding = getattr(self.inner, "wpe", None)  # GPT-2's, StarCoder 1's
         self._final_norm = self._weightless or self._part(self.inner, "norm")
+        if model_type == "phixtral":  # its head module: the final norm, then the head
+            self._final_norm, self.lm_head = self.text.lm_head.ln, self.text.lm_head.linear
         # Nanbeige: the final norm also ends each loop but the last, unless skip_loop_final_norm
         blocks = len(self.layers) // getattr(self.inner, "num_loops", 1)
         self._loop_ends = frozenset(
@@ -636,8 +669,10 @@ class ModelAdapter:
 
     def _part(self, module: nn.Module, name: str) -> Optional[nn.Module]:
         """The part of ``module`` that Llama's layout names ``name`` (under the family's own
-        name, :data:`_PART_NAMES`); None where it has none."""
-        return getattr(module, self._names.get(name, name), None)
+        name, :data:`_PART_NAMES`, a dotted path where it lies deeper); None where it has none."""
+        for part in self._names.get(name, name).split("."):  # dbrx's norm_attn_norm.norm_1
+            module = getattr(module, part, None)
+        return module
 
     def sinks(self, layer: int) -> Optional[mx.array]:
         """The layer's attention sinks, one logit per head that each head's softmax also
@@ -666,8 +701,8 @@ class ModelAdapter:
             "hidden_size": self._hidden,
             # all ranks' heads (OpenELM's, given per layer, summed)
             "num_attention_heads": _total(config_value(args, "num_attention_heads")),
-            "num_key_value_heads": _total(config_value(args, "num_key_value_heads")),
-            "vocab_size": int(args.vocab_size),
+            "num_key_value_heads": kv_heads(args),
+            "vocab_size": int(config_value(args, "vocab_size")),
             "weights": self.weights_digest(),
             "identity": self.identity(),
             "variant": self.variant(),
@@ -709,8 +744,8 @@ class ModelAdapter:
 
     def _norm_weights(self) -> np.ndarray:
         found = sorted(((name, p) for name, p in tree_flatten(self.inner.parameters())
-                        if p.ndim == 1 and ("norm" in name or re.search(r"(^|\.)ln_", name))),
-                       key=lambda item: item[0])  # EXAONE 3's are ln_1, ln_2, ln_f
+                        if p.ndim == 1 and ("norm" in name or re.search(r"(^|\.)ln[_.]", name))),
+                       key=lambda item: item[0])  # EXAONE 3's are ln_1, ln_2, ln_f; Phixtral's ln
         if not found:
             return np.zeros(0, np.float32)
         return np.array(mx.concatenate([p.astype(mx.float32) for _, p in found]))
@@ -800,11 +835,13 @@ class ModelAdapter:
         heads = getattr(attn, "n_heads", self.n_heads)  # openelm: by layer
         kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4, openelm: by layer
         fused = (getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
-                 or getattr(attn, "c_attn", None))
+                 or getattr(attn, "c_attn", None) or getattr(attn, "Wqkv", None))
         if fused is not None and self._qkv_by_head:  # gpt_neox: each head's q, k, v in turn
             q, k, v = mx.split(fused(x).reshape(1, x.shape[1], heads, -1), 3, axis=-1)
-        elif fused is not None:  # phi3, bailing_moe, qwen, gpt2, openelm: split as mlx-lm does
-            qkv = fused(x)
+        elif fused is not None:  # phi3, bailing_moe, qwen, gpt2, openelm, dbrx, phixtral: split
+            qkv = fused(x)  # as mlx-lm does
+            if getattr(attn, "clip_qkv", None):  # dbrx
+                qkv = mx.clip(qkv, -attn.clip_qkv, attn.clip_qkv)
             head_dim = qkv.shape[-1] // (heads + 2 * kv_heads)
             q_end = heads * head_dim
             q, k, v = mx.split(qkv, [q_end, q_end + kv_heads * head_dim], axis=-1)
@@ -1159,9 +1196,10 @@ def quantizations(model: nn.Module) -> List[str]:
 def feed_forward(block: nn.Module) -> Optional[nn.Module]:
     """A layer's feed-forward module as mlx-lm's block calls it: ``block.mlp`` (a dense MLP
     or a sparse MoE block), the ``block_sparse_moe`` of Mixtral, Granite MoE and
-    Phi-3.5-MoE, LFM2's and Llama 4's ``feed_forward`` or OpenELM's ``ffn``; None in
-    Nemotron-H's blocks (one mixer each: its MLPs are layers of their own)."""
-    for name in ("mlp", "block_sparse_moe", "ffn"):
+    Phi-3.5-MoE, LFM2's and Llama 4's ``feed_forward``, OpenELM's and DBRX's ``ffn`` or
+    Phixtral's ``moe``; None in Nemotron-H's blocks (one mixer each: its MLPs are layers of
+    their own)."""
+    for name in ("mlp", "block_sparse_moe", "ffn", "moe"):
         if name in block:
             return block[name]
     return getattr(block, "feed_forward", None)
@@ -1170,7 +1208,10 @@ def feed_forward(block: nn.Module) -> Optional[nn.Module]:
 def attention_module(block: nn.Module) -> nn.Module:
     """A layer's attention module, the one that holds its projections: ``block.self_attn``,
     bailing_moe's ``block.attention``, Nemotron-H's ``block.mixer``, EXAONE 3's
-    ``block.attn.attention`` or nanochat's ``block.attn``."""
+    ``block.attn.attention``, nanochat's and GPT-J's ``block.attn``, Phixtral's ``block.mixer`` or
+    DBRX's ``block.norm_attn_norm.attn``."""
+    if "norm_attn_norm" in block:
+        return block.norm_attn_norm.attn
     for name in ("self_attn", "attention", "mixer"):
         if name in block:
             return block[name]

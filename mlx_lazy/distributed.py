@@ -29,8 +29,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import (ModelAdapter, attention_module, config_value, feed_forward, recurrent_layers,
-                      text_args)
+from .adapter import (ModelAdapter, attention_module, config_value, feed_forward, kv_heads,
+                      recurrent_layers, text_args)
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -99,7 +99,7 @@ def shard(model: nn.Module, group: Group) -> None:
     # mlx-lm's shard() only divides: uneven splits must be refused here
     args = text_args(adapter.text)  # gemma3: its text model's
     sizes = {"attention heads": config_value(args, "num_attention_heads"),
-             "key/value heads": args.num_key_value_heads,
+             "key/value heads": kv_heads(args),
              "MLP width": config_value(args, "intermediate_size",  # GPT-2's: 4 x hidden
                                        4 * config_value(args, "hidden_size"))
              // (2 if model.model_type == "qwen" else 1)}  # Qwen 1's: half its intermediate_size
@@ -130,7 +130,7 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
     EXAONE 4, Seed-OSS, ERNIE 4.5's dense models, Gemma 2, Command R7B, Helium, InternLM3,
     StarCoder2, Hunyuan dense, MiniCPM, MiMo, EXAONE 3, StableLM, nanochat, Gemma 1,
     Command R, Phi-2, GPT-NeoX, InternLM2, Qwen 1, GPT-2, Nemotron, Nanbeige, GLM-4-9B,
-    GLM-4-0414, TeleChat 3: each block split
+    GLM-4-0414, TeleChat 3, GPT-J: each block split
     once, though a looped model's ``layers`` name it once per loop; and the latent attention
     of MiniCPM3 and Youtu-LLM: each rank its heads' q_b_proj and kv_b_proj rows):
     q/k/v and gate/up projections by output rows (each rank its heads, its share of the MLP;
@@ -177,11 +177,13 @@ def shard_by_heads(layers: List[nn.Module], group: Group) -> None:
                 share = norm.weight.shape[0] // n
                 norm.weight = norm.weight[group.rank() * share:(group.rank() + 1) * share]
         # c_fc, c_proj: StarCoder2's and nanochat's plain MLP; c_fc_0, c_fc_1: EXAONE 3's;
-        # fc1, fc2: Phi-2's; dense_h_to_4h, dense_4h_to_h: GPT-NeoX's; w1, w3, w2: InternLM2's
-        # gate, up, down; w1, w2, c_proj: Qwen 1's up, gate, down
-        downs = ("down_proj", "c_proj", "fc2", "dense_4h_to_h", *(("w2",) if "w3" in mlp else ()))
-        for name in ("gate_proj", "up_proj", "c_fc", "c_fc_0", "c_fc_1", "fc1", "dense_h_to_4h",
-                     "w1", "w2", "w3", "gate_up_proj"):  # GLM-4-9B's fused gate, then up
+        # fc1, fc2: Phi-2's; fc_in, fc_out: GPT-J's; dense_h_to_4h, dense_4h_to_h: GPT-NeoX's;
+        # w1, w3, w2: InternLM2's gate, up, down; w1, w2, c_proj: Qwen 1's up, gate, down
+        downs = ("down_proj", "c_proj", "fc2", "fc_out", "dense_4h_to_h",
+                 *(("w2",) if "w3" in mlp else ()))
+        for name in ("gate_proj", "up_proj", "c_fc", "c_fc_0", "c_fc_1", "fc1", "fc_in",
+                     "dense_h_to_4h", "w1", "w2", "w3",
+                     "gate_up_proj"):  # GLM-4-9B's fused gate, then up
             if name in mlp and name not in downs:
                 setattr(mlp, name, shard_linear(getattr(mlp, name), "all-to-sharded", group=group,
                                                 segments=2 if name == "gate_up_proj" else 1))
@@ -196,7 +198,7 @@ SHARDERS = {kind: shard_by_heads for kind in
              "smollm3", "gemma2", "cohere2", "helium", "internlm3", "starcoder2",
              "hunyuan_v1_dense", "minicpm", "mimo", "exaone", "stablelm", "nanochat", "gemma",
              "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron", "nanbeige",
-             "minicpm3", "youtu_llm", "glm", "telechat3", "glm4")}
+             "minicpm3", "youtu_llm", "glm", "telechat3", "glm4", "gptj")}
 
 
 def model_group(model: nn.Module) -> Optional[Group]:

@@ -173,6 +173,15 @@ The architectures (llama.cpp's names), and what converting each involves:
   over each whole head only (mlx-lm's glm turns every dim: a GGUF that turns a part, as GLM-4-9B's
   own do, is refused), the MLP's gate and up fused as mlx-lm's ``gate_up_proj``, a tied or untied
   head.
+* ``dbrx`` (DBRX): the fused ``attn_qkv`` as mlx-lm's ``Wqkv``, clipped at ``clamp_kqv`` (required
+  by llama.cpp, and positive: mlx-lm's dbrx always clips), LayerNorms without biases at
+  mlx-lm's hard-wired epsilon (1e-5), NeoX RoPE over each whole head, softmax-routed experts
+  (renormalised top weights, as both compute them) whose stacks are cut into mlx-lm's experts.
+* ``phimoe`` (Phi-3.5-MoE): Mixtral's tensors with Phi-3's LongRoPE (its scale llama.cpp's
+  ``attn_factor``), biases on q/k/v, the output projection and the head, normed by mlx-lm's
+  phimoe as the checkpoint is: LayerNorms (with biases) and sparsemixer routing, where
+  llama.cpp's graph takes RMS norms (with the same biases) and softmax top-k routing, so the two
+  differ.
 * ``jamba`` (AI21 Jamba without experts, ``jamba``): Mamba layers where llama.cpp gives no
   key/value heads, attention without RoPE in the others, a dense MLP in every layer; A_log of
   llama.cpp's -exp(A_log), the conv kernels in MLX's layout; an inner size of twice the hidden
@@ -234,7 +243,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
                  "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
                  "qwen2vl": "Qwen2ForCausalLM", "qwen3vl": "Qwen3ForCausalLM",
-                 "qwen3vlmoe": "Qwen3MoeForCausalLM"}
+                 "qwen3vlmoe": "Qwen3MoeForCausalLM", "dbrx": "DbrxForCausalLM",
+                 "phimoe": "PhiMoEForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -260,7 +270,8 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
-                    "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba")
+                    "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba",
+                    "dbrx", "phimoe")
 # Qwen2-VL's, Qwen3-VL's and Qwen3-VL MoE's text models: llama.cpp's M-RoPE (its sections) on
 # text is their text models' NeoX RoPE (mlx-lm's qwen2, qwen3, qwen3_moe)
 QWEN_VL = ("qwen2vl", "qwen3vl", "qwen3vlmoe")
@@ -268,7 +279,7 @@ QWEN_VL = ("qwen2vl", "qwen3vl", "qwen3vlmoe")
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
 _LAYER_NORM = ("starcoder2", "cohere2", "stablelm", "command-r", "phi2", "gptneox", "gpt2",
-               "starcoder", "nemotron")
+               "starcoder", "nemotron", "dbrx")
 # GPT-2 and StarCoder 1: learned positions, GPT-2's config names in mlx-lm's models
 LEARNED_POSITIONS = ("gpt2", "starcoder")
 # Command R7B: llama.cpp's sliding-window pattern (3 local layers, then a global one) unless the
@@ -324,6 +335,9 @@ SMOLLM3_NO_ROPE_INTERVAL = 4
 EXAONE4_32B_LAYERS = 64
 EXAONE4_32B_WINDOW = 4096
 EXAONE4_32B_PERIOD = 4
+# DBRX: the LayerNorm epsilon mlx-lm's dbrx hard-wires (nn.LayerNorm's default), as a GGUF
+# stores it (llama.cpp's converter writes this one)
+DBRX_LAYER_NORM_EPS = np.float32(1e-5)
 # Qwen 1: the RoPE base mlx-lm's qwen hard-wires (nn.RoPE's default)
 QWEN_ROPE_BASE = 10000.0
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
@@ -353,7 +367,7 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
 ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "llama4",
                                        "gemma4"),  # Gemma 4: its global layers' partial RoPE
-                **dict.fromkeys(_LONGROPE.values(), ("phi3", "minicpm3"))}
+                **dict.fromkeys(_LONGROPE.values(), ("phi3", "minicpm3", "phimoe"))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
 ATTN_FACTOR_RTOL = 1e-6
@@ -414,7 +428,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe"):
+                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
+                "phimoe"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -429,6 +444,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required += ("attention.layer_norm_epsilon",)
     if arch == "gptneox":  # llama.cpp requires it too
         required += ("use_parallel_residual",)
+    if arch == "dbrx":  # llama.cpp requires it too
+        required += ("attention.clamp_kqv",)
     if any(g(k) is None for k in required):
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
@@ -553,6 +570,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       partial_rotary_factor=rotary, use_qkv_bias="blk.0.attn_q.bias" in tensors,
                       qk_layernorm="blk.0.attn_q_norm.weight" in tensors,
                       use_parallel_residual="blk.0.ffn_norm.weight" not in tensors)
+    if arch == "dbrx":
+        config.update(_dbrx_config(positive, experts, config))
     if arch == "phi2":  # LayerNorms with biases, biases everywhere, a GELU MLP: hard-wired
         config.update(layer_norm_eps=positive("attention.layer_norm_epsilon"),
                       partial_rotary_factor=rotary)
@@ -766,14 +785,21 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
             config["rope_scaling"] = {"rope_type": "linear", "factor": float(factor or 1.0)}
     if gemma4:
         config.update(_gemma4_config(g, count, positive, optional, experts, tensors, config))
-    if arch == "phi3":  # its sliding window is ignored: llama.cpp disables it, mlx-lm has none
-        # without it llama.cpp takes the context as the original one: no LongRoPE scale
+    if arch in ("phi3", "phimoe"):  # its sliding window is ignored: llama.cpp disables it,
+        # mlx-lm has none; without it llama.cpp takes the context as the original one: no
+        # LongRoPE scale
         config["original_max_position_embeddings"] = count(
             "rope.scaling.original_context_length", config["max_position_embeddings"])
         if rope_dims != head_dim:
             config["partial_rotary_factor"] = rotary
         if any(name in tensors for name in _LONGROPE.values()):
-            config["rope_scaling"] = _longrope_scaling(tensors, rope_dims)
+            config["rope_scaling"] = _longrope_scaling(arch, tensors, rope_dims)
+    if arch == "phimoe":  # mlx-lm's phimoe takes LongRoPE's scale from the config: llama.cpp's
+        n_experts, n_used = experts()
+        config.update(num_local_experts=n_experts, num_experts_per_tok=n_used)
+        if "rope_scaling" in config:
+            mscale = positive("rope.scaling.attn_factor", 1.0)
+            config["rope_scaling"].update(short_mscale=mscale, long_mscale=mscale)
     if "rope_freqs.weight" in tensors and not gemma4:  # Llama 3.1 / 3.2: the scaling
         config["rope_scaling"] = _llama3_rope_scaling(
             _rope_factors("rope_freqs.weight", tensors, head_dim), config["rope_theta"],
@@ -816,6 +842,24 @@ def _gptneox_config(g: Any, count: Any, positive: Any, n_heads: int, n_kv: int, 
                              f"supported (mlx-lm's gpt_neox's is 4 x hidden: {4 * hidden})")
     return {"layer_norm_eps": positive("attention.layer_norm_epsilon"), "rotary_pct": rotary,
             "rotary_emb_base": base, "use_parallel_residual": bool(parallel)}
+
+
+def _dbrx_config(positive: Any, experts: Any, config: dict) -> dict:
+    """mlx-lm's dbrx settings of a DBRX GGUF under its config names: q/k/v clipped at
+    ``clamp_kqv``, the experts (each MLP ``feed_forward_length`` wide); its LayerNorms' epsilon,
+    which mlx-lm's dbrx hard-wires, checked."""
+    eps = positive("attention.layer_norm_epsilon")
+    if np.float32(eps) != DBRX_LAYER_NORM_EPS:
+        raise UserInputError(f"GGUF dbrx with LayerNorm epsilon {eps:g} is not supported "
+                             f"(mlx-lm's dbrx hard-wires {float(DBRX_LAYER_NORM_EPS):g})")
+    n_experts, n_used = experts()
+    return {"d_model": config["hidden_size"], "n_heads": config["num_attention_heads"],
+            "n_layers": config["num_hidden_layers"], "tie_word_embeddings": False,
+            "attn_config": {"kv_n_heads": config["num_key_value_heads"],
+                            "clip_qkv": positive("attention.clamp_kqv"),
+                            "rope_theta": config["rope_theta"]},
+            "ffn_config": {"ffn_hidden_size": config["intermediate_size"],
+                           "moe_num_experts": n_experts, "moe_top_k": n_used}}
 
 
 def _gpt2_config(arch: str, n_heads: int, n_kv: int, positive: Any, config: dict) -> dict:
@@ -1530,7 +1574,7 @@ def _rope_factors(name: str, tensors: dict, dims: int) -> np.ndarray:
     return x
 
 
-def _longrope_scaling(tensors: dict, dims: int) -> dict:
+def _longrope_scaling(arch: str, tensors: dict, dims: int) -> dict:
     """Phi-3's LongRoPE ``rope_scaling`` from llama.cpp's ``rope_factors_long`` and
     ``rope_factors_short`` tensors: what each RoPE frequency's wavelength is multiplied by
     beyond the original context and within it. (llama.cpp picks by the context it runs with;
@@ -1538,7 +1582,7 @@ def _longrope_scaling(tensors: dict, dims: int) -> dict:
     checkpoint.)"""
     missing = [name for name in _LONGROPE.values() if name not in tensors]
     if missing:
-        raise UserInputError(f"GGUF phi3 lacks {missing[0]}: LongRoPE needs "
+        raise UserInputError(f"GGUF {arch} lacks {missing[0]}: LongRoPE needs "
                              f"{' and '.join(_LONGROPE.values())}")
     # float32 as llama.cpp writes them; each as its shortest decimal, as the original config has it
     return {"type": "longrope", **{
@@ -1793,7 +1837,8 @@ def _rope_scale(config: dict, dims: int) -> float:
                         original_max_position_embeddings=scaling.get(
                             "original_max_position_embeddings",
                             config.get("original_max_position_embeddings")),
-                        long_factor=scaling["long_factor"])._scale
+                        long_factor=scaling["long_factor"],
+                        long_mscale=scaling.get("long_mscale"))._scale  # phimoe's
 
 
 def _llama3_rope_scaling(divisors: np.ndarray, base: float, dims: int) -> dict:

@@ -139,8 +139,8 @@ _GEMMA4_LAYER_NAMES = {
     "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm",
 }
-# Mixtral (a llama GGUF with experts; a dense one has none of these tensors) and Granite MoE: the
-# router and the experts' stacks at mlx-lm's block_sparse_moe
+# Mixtral (a llama GGUF with experts; a dense one has none of these tensors), Phi-3.5-MoE and
+# Granite MoE: the router and the experts' stacks at mlx-lm's block_sparse_moe
 _BLOCK_SPARSE_MOE_NAMES = {**_LAYER_NAMES, **{
     k: "block_sparse_moe." + v.removeprefix("mlp.") for k, v in _LAYER_NAMES.items()
     if k.startswith("ffn_") and k.endswith(("_exps", "_inp"))}}
@@ -285,6 +285,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      **dict.fromkeys(("deepseek2", "minicpm3", "mistral4"),
                                      _DEEPSEEK2_LAYER_NAMES),
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
+                     "phimoe": _BLOCK_SPARSE_MOE_NAMES,
                      "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
@@ -317,6 +318,13 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "deepseek": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES},
                      # GLM-4-9B: the MLP's gate and up rows fused, as in mlx-lm's glm
                      "chatglm": {**_LAYER_NAMES, "ffn_up": "mlp.gate_up_proj"},
+                     # DBRX: its attention and norms inside norm_attn_norm, its experts one MLP
+                     # each (dbrx_tensors cuts the stacks into ffn_exps.<expert>.<w1|v1|w2>)
+                     "dbrx": {"attn_norm": "norm_attn_norm.norm_1",
+                              "attn_qkv": "norm_attn_norm.attn.Wqkv",
+                              "attn_output": "norm_attn_norm.attn.out_proj",
+                              "attn_output_norm": "norm_attn_norm.norm_2",
+                              "ffn_gate_inp": "ffn.router.layer", "ffn_exps": "ffn.experts"},
                      # by mlx-lm's model type: the names in its text model
                      "qwen3_5": _QWEN35_LAYER_NAMES}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
@@ -351,6 +359,9 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 "starcoder": ("transformer.h", {"token_embd": "transformer.wte",
                                                 "position_embd": "transformer.wpe",
                                                 "output_norm": "transformer.ln_f",
+                                                "output": "lm_head"}),
+                "dbrx": ("transformer.blocks", {"token_embd": "transformer.wte",
+                                                "output_norm": "transformer.norm_f",
                                                 "output": "lm_head"}),
                 "openelm": ("transformer.layers", {"token_embd": "transformer.token_embeddings",
                                                    "output_norm": "transformer.norm",
@@ -907,6 +918,32 @@ def openelm_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+#: DBRX's experts' stacks, by the name of each expert's matrix in mlx-lm's dbrx
+_DBRX_EXPERTS = {"ffn_gate_exps": "w1", "ffn_up_exps": "v1", "ffn_down_exps": "w2"}
+
+
+def dbrx_tensors(tensors: dict, config: dict) -> dict:
+    """A DBRX GGUF's tensors with each experts' stack (gate, up: (experts, MLP, hidden); down:
+    (experts, hidden, MLP), as llama.cpp's converter transposes it) cut into mlx-lm's dbrx's
+    experts, one matrix each (``blk.<i>.ffn_exps.<expert>.<w1|v1|w2>``): raw blocks, so
+    quantized ones stay so."""
+    out = {}
+    for name, t in tensors.items():
+        role = name.split(".")[2] if name.startswith("blk.") else None
+        if role not in _DBRX_EXPERTS:
+            out[name] = t
+            continue
+        n = config["ffn_config"]["moe_num_experts"]
+        if len(t.shape) != 3 or int(t.shape[-1]) != n:
+            raise UserInputError(f"GGUF {name} has shape {_shape(t)}, not a stack of {n} "
+                                 "experts' matrices")
+        for e in range(n):
+            part = name.replace(f".{role}.", f".ffn_exps.{e}.{_DBRX_EXPERTS[role]}.")
+            out[part] = _Part(part, t.tensor_type, np.array(t.shape.tolist()[:-1]),
+                              _Lazy(lambda t=t, e=e: np.asarray(t.data)[e]))
+    return out
+
+
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
@@ -919,7 +956,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
              "granitehybrid": granitehybrid_tensors, "chatglm": phi2_tensors,
-             "jamba": jamba_tensors}
+             "jamba": jamba_tensors, "dbrx": dbrx_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -252,7 +252,8 @@ GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          "olmo2": GGUF_POST_NORM_NAMES, "exaone4": GGUF_POST_NORM_NAMES,
                          **dict.fromkeys(QWEN35_KINDS, GGUF_QWEN35_NAMES),
                          "qwen3_next": GGUF_QWEN3NEXT_NAMES, "glm4_moe": GGUF_GLM4MOE_NAMES,
-                         **dict.fromkeys(("mixtral", "granitemoe"), GGUF_BLOCK_SPARSE_MOE_NAMES),
+                         **dict.fromkeys(("mixtral", "granitemoe", "phimoe"),
+                                         GGUF_BLOCK_SPARSE_MOE_NAMES),
                          "qwen2_moe": GGUF_QWEN2MOE_NAMES, "deepseek": GGUF_ERNIE45_MOE_NAMES,
                          **dict.fromkeys(DEEPSEEK2_KINDS, GGUF_DEEPSEEK2_NAMES),
                          "minicpm3": GGUF_DEEPSEEK2_NAMES}
@@ -305,6 +306,13 @@ GGUF_KIND_LAYER_NAMES.update({
     # ffn_up (write_gguf)
     # GLM-4-9B's fused gate and up (llama.cpp's ffn_up, twice the MLP's width)
     "glm": {**GGUF_LAYER_NAMES, "mlp.gate_up_proj": "ffn_up"},
+    # DBRX's attention and norms inside norm_attn_norm, its experts' stacks (write_gguf stacks
+    # mlx-lm's experts)
+    "dbrx": {"norm_attn_norm.norm_1": "attn_norm", "norm_attn_norm.attn.Wqkv": "attn_qkv",
+             "norm_attn_norm.attn.out_proj": "attn_output",
+             "norm_attn_norm.norm_2": "attn_output_norm", "ffn.router.layer": "ffn_gate_inp",
+             "ffn.experts.w1": "ffn_gate_exps", "ffn.experts.v1": "ffn_up_exps",
+             "ffn.experts.w2": "ffn_down_exps"},
     "openelm": {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn.qkv_proj": "attn_qkv",
                 "attn.q_norm": "attn_q_norm", "attn.k_norm": "attn_k_norm",
                 "attn.out_proj": "attn_output", "ffn.proj_1": "ffn_gate_up",
@@ -317,7 +325,7 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r",
              "phi": "phi2", "gpt_neox": "gptneox",
              "gpt_bigcode": "starcoder", "glm": "chatglm",
-             "mistral4": "mistral4",
+             "mistral4": "mistral4", "phimoe": "phimoe",
              "exaone_moe": "exaone-moe", "afmoe": "afmoe"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
@@ -342,7 +350,8 @@ GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm
                   "output": "output", "model.wte": "token_embd",
                   "model.ln_f": "output_norm", "model.wpe": "position_embd",
                   "transformer.wpe": "position_embd",
-                  "transformer.token_embeddings": "token_embd", "transformer.norm": "output_norm"}
+                  "transformer.token_embeddings": "token_embd", "transformer.norm": "output_norm",
+                  "transformer.norm_f": "output_norm"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 #: Qwen-VL's M-RoPE sections over a tiny head's 8 dim pairs, as llama.cpp's converter pads them
 #: (Qwen3-VL's interleaved ones cover every pair, as in the original model)
@@ -734,7 +743,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     """
     types, config = types or {}, {**tiny_config(kind), **overrides}
     model_type = config["model_type"]
-    phi3_meta, arch_tensors = llama_cpp_phi3_rope(config) if model_type == "phi3" else ({}, {})
+    phi3_meta, arch_tensors = (llama_cpp_phi3_rope(config) if model_type in ("phi3", "phimoe")
+                               else ({}, {}))
     if model_type == "ernie4_5_moe":
         arch_tensors = llama_cpp_ernie45_moe_biases(config)
     if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
@@ -771,6 +781,11 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         shapes[name.split(".norms.")[0] + ".weight"] = (len(heads), *shapes[name])
         for k in heads:
             del shapes[k]
+    for name in [k for k in shapes if model_type == "dbrx" and ".experts.0." in k]:
+        n = config["ffn_config"]["moe_num_experts"]  # DbrxModel's stacks of the experts
+        shapes[name.replace(".experts.0.", ".experts.")] = (n, *shapes[name])
+        for e in range(n):
+            del shapes[name.replace(".experts.0.", f".experts.{e}.")]
     if deepseek2:  # the checkpoint's kv_b_proj where deepseek_v3's sanitize has made two of it
         for name in [k for k in shapes if k.endswith(".self_attn.embed_q.weight")]:
             del shapes[name], shapes[name.replace(".embed_q.", ".unembed_out.")]
@@ -779,7 +794,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                                                  + config["v_head_dim"]), config["kv_lora_rank"])
 
     w = gguf.GGUFWriter(str(path), m.get("gguf_arch") or GGUF_ARCH.get(model_type, model_type))
-    add_shape(w, m, key_length=model_type not in ("phi3", "granite", *DEEPSEEK2_KINDS, "phi",
+    add_shape(w, m, key_length=model_type not in ("phi3", "phimoe", "granite", *DEEPSEEK2_KINDS,
+                                                  "phi",
                                                   "gpt_neox", "minicpm3"),
               ff_length=model_type != "qwen3_5_moe")
     if model_type == "openelm":  # OpenELMModel.set_gguf_parameters (llama.cpp's default would
@@ -930,6 +946,10 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         stacked = reference.pop(name)  # StableLM's, one per head in mlx-lm's model
         reference.update({name.replace(".weight", f".norms.{h}.weight"): w
                           for h, w in enumerate(stacked)})
+    for name in [k for k in reference if model_type == "dbrx" and ".experts." in k
+                 and not k.split(".experts.")[1][0].isdigit()]:
+        reference.update({name.replace(".experts.", f".experts.{e}."): w
+                          for e, w in enumerate(reference.pop(name))})  # an expert each
     if deepseek2:  # mlx-lm's model of the checkpoint (deepseek_v3's sanitize cuts kv_b_proj)
         reference = module.Model(module.ModelArgs.from_dict(config)).sanitize(reference)
     return config, reference
@@ -957,8 +977,10 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
     eps = m.get("norm_epsilon", m.get("layer_norm_eps", m.get("layer_norm_epsilon",
                                                                  m.get("norm_eps"))))
     if m["model_type"] in ("starcoder2", "cohere2", "stablelm", "cohere", "phi", "gpt_neox",
-                           "gpt2", "gpt_bigcode", "nemotron") and eps is not None:
+                           "gpt2", "gpt_bigcode", "nemotron", "dbrx") and eps is not None:
         w.add_layer_norm_eps(eps)
+    if m["model_type"] == "dbrx" and m["attn_config"]["clip_qkv"] is not None:  # DbrxModel's
+        w.add_clamp_kqv(m["attn_config"]["clip_qkv"])
     if m["model_type"] in ("cohere2", "cohere") and m["logit_scale"] is not None:
         w.add_logit_scale(m["logit_scale"])
     if m["model_type"] == "gemma":  # GemmaModel's: heads head_dim wide, not hidden / heads
@@ -1355,6 +1377,14 @@ GGUF_CASES.update({
 INTERNLM2_GGUF = {"bias": False, "rope_scaling": None}
 #: Qwen 1 as llama.cpp reads it: c_attn's bias only; an RMS epsilon of its own
 QWEN_GGUF = {"no_bias": True, "rms_norm_eps": 2 ** -6, "layer_norm_epsilon": 2 ** -6}
+#: Phi-3.5-MoE as PhiMoeModel writes it: LongRoPE's scale its attention factor (sqrt(1.2) for
+#: the tiny's contexts: 4096 of 1024)
+PHIMOE_GGUF = {"rope_scaling": {**tiny_config("phimoe")["rope_scaling"],
+                                "short_mscale": math.sqrt(1.2), "long_mscale": math.sqrt(1.2)}}
+#: DBRX as DbrxModel writes it: the experts' width as the MLP's, their counts, its LayerNorms'
+#: epsilon (no RMS one)
+DBRX_GGUF = {"intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+             "rms_norm_eps": None, "layer_norm_eps": 1e-5}
 GGUF_CASES.update({
     # InternLM2: q/k permuted and cut out of wqkv by llama.cpp's converter, fused again: kept
     # quantized where q, k and v are of one type, dequantized where they differ (with linear
@@ -1412,6 +1442,13 @@ GGUF_CASES.update({
                                "*": T.Q8_0}, {}),
     "chatglm-kquants": ("glm", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
                         {**KQ, "tie_word_embeddings": False}),
+    # DBRX: its fused q/k/v clipped, LayerNorms without biases, the experts' stacks cut into
+    # mlx-lm's experts (kept quantized, each expert's blocks)
+    "dbrx-legacy": ("dbrx", {"token_embd": T.Q8_0, "attn_qkv": T.Q4_0, "ffn_gate_exps": T.Q4_1,
+                             "ffn_down_exps": T.Q4_0, "*": T.Q8_0}, DBRX_GGUF),
+    # Phi-3.5-MoE: Mixtral's experts' stacks, LayerNorms and biases, LongRoPE
+    "phimoe-legacy": ("phimoe", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up_exps": T.Q4_1,
+                                 "*": T.Q8_0}, PHIMOE_GGUF),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1757,7 +1794,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
                                   "deepseek2-youtu", "chatglm-legacy", "mistral4",
-                                  "exaone_moe-legacy", "afmoe-legacy"])
+                                  "exaone_moe-legacy", "afmoe-legacy", "dbrx-legacy",
+                                  "phimoe-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1847,12 +1885,15 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     # Nanbeige skipping the norm between its loops
     ("nanbeige", {"attention_bias": False, "skip_loop_final_norm": True}, {}, {},
      {"num_loops": 2, "skip_loop_final_norm": True}),
+    # Phi-3.5-MoE whose attention factor is not the one of its contexts (as its own config's
+    # mscale): mlx-lm's phimoe takes it
+    ("phimoe", {}, {"attn_factor": 1.2}, {}, {"num_local_experts": 4}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
         "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
         "command_r-no-logit-scale", "phi2", "gptneox-sequential", "nemotron-linear-rope",
         "openelm-untied", "deepseek-tied", "mellum-default-period", "mellum-global",
-        "nanbeige-skip", "minicpm3-tied-long"])
+        "nanbeige-skip", "minicpm3-tied-long", "phimoe-mscale"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's, Apertus's (and DeepSeek-MoE's, Mellum's,
@@ -2863,6 +2904,27 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                               "supported"),
         "chatglm_eps": (lambda: gguf_of("g.gguf", "glm", {"rms_norm_eps": None}),
                         "/ attention.layer_norm_rms_epsilon"),
+        # DBRX: a LayerNorm epsilon other than mlx-lm's hard-wired one; no clamp (llama.cpp
+        # requires one), or 0 (llama.cpp's: none; mlx-lm's dbrx always clips)
+        "dbrx_eps": (lambda: write_gguf(tmp / "d.gguf", "dbrx", tok_folder,
+                                        meta={"layer_norm_eps": 1e-6}, **DBRX_GGUF)
+                     and tmp / "d.gguf",
+                     "GGUF dbrx with LayerNorm epsilon 1e-06 is not supported (mlx-lm's dbrx "
+                     "hard-wires 1e-05)"),
+        **{f"dbrx_clamp_{clip}": (
+            lambda clip=clip: write_gguf(tmp / "d.gguf", "dbrx", tok_folder, meta={"attn_config": {
+                **tiny_config("dbrx")["attn_config"], "clip_qkv": clip}}, **DBRX_GGUF)
+            and tmp / "d.gguf",
+            "/ attention.clamp_kqv" if clip is None else
+            "GGUF metadata dbrx.attention.clamp_kqv must be a positive number, got 0")
+           for clip in (None, 0.0)},
+        # Phi-3.5-MoE whose RoPE llama.cpp scales without LongRoPE's factors (mlx-lm's phimoe
+        # then turns plain RoPE, unscaled)
+        "phimoe_attn_factor": (
+            lambda: write_gguf(tmp / "p.gguf", "phimoe", tok_folder, **PHIMOE_GGUF, extra={
+                f"rope_factors_{k}.weight": None for k in ("long", "short")}) and tmp / "p.gguf",
+            "GGUF metadata phimoe.rope.scaling.attn_factor is 1.095445, mlx-lm's phimoe scales "
+            "by 1"),
         # K-EXAONE: no local layer (llama.cpp's graph turns none, mlx-lm's model every one), no
         # window, another RoPE base in the local layers, softmax routing
         "exaone_moe_global": (lambda: gguf_of("x.gguf", "exaone_moe", {"swa_pattern": [False] * 4}),
@@ -3014,7 +3076,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length",
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
               "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
-              "qwen_vl_sections"]
+              "qwen_vl_sections", "dbrx_eps", "dbrx_clamp_None", "dbrx_clamp_0.0",
+              "phimoe_attn_factor"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

@@ -395,7 +395,7 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
                                   "mellum", "granitemoehybrid", "nemotron_h", "jamba", "Klear",
-                                  "afmoe", "lfm2-vl", "kimi_vl"])
+                                  "afmoe", "lfm2-vl", "kimi_vl", "dbrx", "phixtral"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -408,7 +408,7 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     attention and experts, its wrapper without a ``shard``). Refused (mlx-lm has no ``shard`` for
     them either). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
-    runs them whole)."""
+    runs them whole). Nor DBRX's and Phixtral's experts."""
     class Group:
         def size(self):
             return 2
@@ -427,7 +427,7 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
                   "nanbeige", "minicpm3", "youtu_llm", "glm", "telechat3", "solar_open", "glm4",
-                  "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25"]
+                  "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25", "gptj"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
@@ -455,7 +455,8 @@ def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
     head groups, Qwen 1's c_attn by thirds, its w2-gated MLP, GPT-2's fused c_attn split in its
     three parts and its learned positions whole on every rank, Nemotron's plain squared-ReLU MLP
     and its biases, Nanbeige's blocks split once though run twice, GLM-4-9B's fused gate_up_proj
-    split in its two halves, TeleChat 3's biases), gpt-oss (mlx-lm's shard, its sinks split by
+    split in its two halves, TeleChat 3's biases, GPT-J's parallel branches and its fc_in/fc_out
+    MLP), gpt-oss (mlx-lm's shard, its sinks split by
     head), GLM-4.5 and Solar Open (mlx-lm's glm4_moe shard: its MoE blocks sum their ranks'
     shares themselves), DeepSeek-V3, GLM-4.7-Flash and DeepSeek-V2 (mlx-lm's shard: each rank
     its heads' queries, embed_q and unembed_out or kv_b_proj, the latent whole on every rank;

@@ -31,7 +31,9 @@ attention temperature, a weight-free q/k norm; mlx-lm's dense ``llama4_text`` to
 (``deepseek``: dense layer 0, softmax routing, a shared expert), Mellum (``mellum``: q/k norms,
 sliding-window layers with their own RoPE base), K-EXAONE (``exaone_moe``: global layers without
 RoPE), Klear (``Klear``: a shared expert mixed by coefficients) and AFM (``afmoe``: an output
-gate, norms around each branch, scaled embeddings). Dense families (:data:`DENSE`): EXAONE 3.5
+gate, norms around each branch, scaled embeddings), DBRX (``dbrx``: a fused, clipped q/k/v, its
+attention inside its norms' module) and Phixtral (``phixtral``: Phi-2's parallel layers with
+experts). Dense families (:data:`DENSE`): EXAONE 3.5
 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k norms after
 RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``: per-head q/k
 LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals and logits),
@@ -51,7 +53,8 @@ low-rank queries, longrope, MiniCPM's multipliers) and Youtu-LLM (``youtu_llm``:
 ``config``, traditional RoPE, biases, a tied head), and Granite 4.0 Micro
 (``granitemoehybrid-micro``: Granite 4.0's layers, every one attention; its hybrids are in
 test_hybrid), GLM-4-9B (``glm``: traditional RoPE over whole heads, a fused gate_up_proj, a tied
-head) and TeleChat 3 (``telechat3``: biases on attention and the MLP); Solar Open
+head), TeleChat 3 (``telechat3``: biases on attention and the MLP) and GPT-J (``gptj``: parallel
+layers, traditional RoPE over part of each head, a biased head); Solar Open
 (``solar_open``, in MOE2: glm4_moe's model without q/k norms or biases). The text models of
 vision-language checkpoints (:data:`VL`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL MoE, Kimi-VL,
 Kimi K2.5; LFM2-VL's in test_hybrid)."""
@@ -85,11 +88,11 @@ MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
-        "solar_open", "exaone_moe", "Klear", "afmoe")
+        "solar_open", "exaone_moe", "Klear", "afmoe", "dbrx", "phixtral")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
-         "granitemoehybrid-micro", "glm", "telechat3")
+         "granitemoehybrid-micro", "glm", "telechat3", "gptj")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -520,6 +523,26 @@ def test_the_tiny_phi_and_gpt_neox_are_what_they_claim(family):
         assert layer.attention.rope.dims == 4 and a.n_kv_heads == a.n_heads == 4
         assert a._parallel == parallel and a.lm_head is neox.model.embed_out
         assert _random(layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+
+
+def test_the_tiny_gptj_dbrx_and_phixtral_are_what_they_claim(family):
+    """GPT-J: traditional RoPE over 6 of 16 head dims, parallel layers, a biased head; DBRX: its
+    clip_qkv (0.5) below two fifths of the fused q/k/v of random inputs, 2 key/value heads (in
+    its config's attn_config), LayerNorms without biases; Phixtral: the final norm and head of its
+    head module; each one's random norms in its identity."""
+    gptj, dbrx, phixtral = (family(kind)[0] for kind in ("gptj", "dbrx", "phixtral"))
+    rope = gptj.layers[0].attn.rope
+    assert rope.dims == 6 and rope.traditional and ModelAdapter(gptj)._parallel
+    assert float(mx.abs(gptj.lm_head.bias).sum()) > 0
+    attn = attention_module(dbrx.layers[0])
+    x = mx.random.normal((64, 64), key=mx.random.key(1))
+    assert attn.clip_qkv == 0.5 and float((mx.abs(attn.Wqkv(x)) > 0.5).mean()) > 0.3
+    assert ModelAdapter(dbrx).fingerprint()["num_key_value_heads"] == 2
+    assert "bias" not in dbrx.layers[0].norm_attn_norm.norm_1
+    a = ModelAdapter(phixtral)
+    assert a._final_norm is phixtral.lm_head.ln and a.lm_head is phixtral.lm_head.linear
+    for model in (gptj, dbrx, phixtral):
+        assert np.abs(decode_identity(ModelAdapter(model).identity())[1]).max() > 0
 
 
 def test_the_tiny_nemotron_and_openelm_are_what_they_claim(family):

@@ -28,7 +28,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
-         "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe")
+         "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
+         "dbrx", "phixtral")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -483,6 +484,20 @@ _KIND_CONFIG = {
                    "topk_group": 1, "n_shared_experts": 1, "n_routed_experts": 4,
                    "routed_scaling_factor": 1.0, "num_experts_per_tok": 2,
                    "first_k_dense_replace": 0, "partial_rotary_factor": 1.0},
+    # GPT-J: attention and a plain GELU MLP (4 x hidden) in parallel on one random LayerNorm,
+    # traditional RoPE over 6 of 16 head dims, no GQA, biases on the MLP and the head
+    "gptj": {"architectures": ["GPTJForCausalLM"], "n_embd": 64, "n_head": 4, "n_layer": 4,
+             "rotary_dim": 6, "n_positions": 2048, "layer_norm_epsilon": 1e-5},
+    # DBRX: a fused Wqkv clipped at 0.5 (two fifths of these random q/k/v), 2 key/value
+    # heads, LayerNorms without biases, 2 of 4 experts (softmax, renormalised) in every layer
+    "dbrx": {"architectures": ["DbrxForCausalLM"], "d_model": 64, "n_heads": 4, "n_layers": 4,
+             "attn_config": {"kv_n_heads": 2, "clip_qkv": 0.5, "rope_theta": 10000.0},
+             "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}},
+    # Phixtral: Phi-2's parallel layers (one random LayerNorm, a fused biased Wqkv, RoPE over 6
+    # of 16 head dims) with 2 of 4 biased GELU experts (4 x hidden) in every layer
+    "phixtral": {"architectures": ["PhiForCausalLM"], "num_vocab": VOCAB_SIZE, "model_dim": 64,
+                 "num_heads": 4, "num_layers": 4, "rotary_dim": 6, "num_local_experts": 4,
+                 "num_experts_per_tok": 2},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -586,7 +601,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
-                        "Klear", "afmoe")
+                        "Klear", "afmoe", "gptj", "dbrx", "phixtral")
 
 
 def tiny_config(kind: str) -> dict:
@@ -671,7 +686,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         # granitemoehybrid, jamba: mamba; nemotron_h: its one mixer, the MLP or experts too
         attn = (getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
                 or getattr(layer, "attn", None) or getattr(layer, "linear_attn", None)
-                or getattr(layer, "conv", None) or getattr(layer, "mamba", None) or layer.mixer)
+                or getattr(layer, "conv", None) or getattr(layer, "mamba", None)
+                or getattr(layer, "norm_attn_norm", None) or layer.mixer)  # dbrx: its norms' too
         mlp = feed_forward(layer) or attn
         # every projection's bias (attention's, o_proj's, the MLP's and experts'), so that a
         # dropped one shows
