@@ -103,7 +103,11 @@ def load(
         path, cached = model_folder(path_or_repo, local=group is not None)
         try:  # lazy when sharded: each rank reads only its share
             model, tokenizer = mlx_load(path, lazy=group is not None)
-        except (ValueError, OSError) as e:  # mlx-lm's checks of the files, or reading them
+        except (ValueError, OSError, TypeError) as e:  # mlx-lm's checks of the files,
+            # reading them, or a config lacking a field its ModelArgs requires (a TypeError
+            # naming the "required positional argument"; any other TypeError is a bug)
+            if isinstance(e, TypeError) and "required positional argument" not in str(e):
+                raise
             raise UserInputError(f"cannot load model {path}: {one_line(e)}"
                                  + (f"; delete {path} to rebuild it" if cached else "")
                                  ) from None

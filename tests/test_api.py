@@ -221,6 +221,7 @@ def test_a_hub_id_for_a_sharded_load_downloads_as_mlx_lm_does(monkeypatch, tmp_p
     ("mamba", ["unsupported model type 'mamba'"]),
     ("no weights", ["no model*.safetensors"]),
     ("missing", ["no such folder"]),
+    ("no hidden_size", ["cannot load model", "required positional argument: 'hidden_size'"]),
     ("a gguf file", ["a file, not a model folder", "mlx-lazy-convert"]),
 ])
 def test_broken_model_folders_are_one_short_message(tiny_model_path, tmp_path, case, fragments):
@@ -233,6 +234,7 @@ def test_broken_model_folders_are_one_short_message(tiny_model_path, tmp_path, c
         "mamba": _config_edit(_llama_config(tiny_model_path, model_type="mamba")),
         "no weights": lambda folder: (folder / "model.safetensors").unlink(),
         "missing": lambda folder: shutil.rmtree(folder),
+        "no hidden_size": _config_edit(_llama_config(tiny_model_path, hidden_size=None)),
         "a gguf file": lambda folder: None,
     }
     folder = _folder_with(tiny_model_path, tmp_path, edits[case])
@@ -246,6 +248,18 @@ def test_broken_model_folders_are_one_short_message(tiny_model_path, tmp_path, c
     # the path is pytest's; the listing of supported types grows with them
     short = message.replace(str(folder), "").replace(supported_types(), "")
     assert len(short) < 300 and "\n" not in message
+
+
+def test_a_bug_inside_mlx_lm_load_keeps_its_traceback(tiny_model_path, monkeypatch):
+    """Only a config lacking a required field is the user's TypeError; any other is a bug."""
+    import mlx_lm
+
+    def broken(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    monkeypatch.setattr(mlx_lm, "load", broken)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        load(tiny_model_path)
 
 
 def test_mlx_lm_load_errors_are_user_errors_and_short(tiny_model_path, tmp_path):
