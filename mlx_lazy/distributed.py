@@ -97,12 +97,16 @@ def shard(model: nn.Module, group: Group) -> None:
     # mlx-lm's shard() only divides: uneven splits must be refused here
     args = text_args(adapter.text)  # gemma3: its text model's
     sizes = {"attention heads": config_value(args, "num_attention_heads"),
-             "key/value heads": args.num_key_value_heads,
+             "key/value heads": config_value(args, "num_key_value_heads"),
              "MLP width": config_value(args, "intermediate_size",  # GPT-2's: 4 x hidden
                                        4 * config_value(args, "hidden_size"))
              // (2 if model.model_type == "qwen" else 1)}  # Qwen 1's: half its intermediate_size
     if getattr(args, "moe_intermediate_size", None):
         sizes["expert MLP width"] = args.moe_intermediate_size
+    other = getattr(args, "attention_other_setting", None)  # Step-3.5's sliding-window layers'
+    if other:
+        sizes["sliding-window attention heads"] = other["num_attention_heads"]
+        sizes["sliding-window key/value heads"] = other["num_attention_groups"]
     for what, size in sizes.items():
         if size % n:
             raise UserInputError(
