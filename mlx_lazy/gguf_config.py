@@ -154,6 +154,9 @@ The architectures (llama.cpp's names), and what converting each involves:
   but each 4th, as llama.cpp hard-wires it, which mlx-lm's afmoe turns in its sliding layers
   only: a GGUF whose window pattern differs (or without a window) is refused; dots1's MoE
   reading, sigmoid routing (llama.cpp's default), a tied head where the GGUF has none.
+* ``minimax-m2`` (MiniMax-M2/M2.1, ``minimax``): q/k norms over all heads, NeoX RoPE over
+  ``rope.dimension_count`` of each head, sigmoid-routed experts (llama.cpp's gating function
+  required) with their selection bias, renormalised, in every layer.
 * ``nanbeige``: q/k un-permuted, its stack run ``num_loops`` times with the final norm between
   the loops unless ``skip_loop_final_norm``; no biases, no RoPE scaling.
 * ``granitehybrid`` (Granite 4.0 H-Tiny/H-Small/H-Micro, ``granitemoehybrid``): Mamba-2 layers
@@ -227,7 +230,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
-                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM"}
+                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
+                 "minimax-m2": "MiniMaxM2ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -238,7 +242,7 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "phi2": "phi", "gptneox": "gpt_neox",
                 "starcoder": "gpt_bigcode",
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
-                "exaone-moe": "exaone_moe"}
+                "exaone-moe": "exaone_moe", "minimax-m2": "minimax"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -318,7 +322,8 @@ QWEN_ROPE_BASE = 10000.0
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
-_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron")
+_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron",
+                 "minimax-m2")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -403,7 +408,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe"):
+                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
+                "minimax-m2"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -631,7 +637,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in DELTA_NET:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
-    if arch in ("dots1", "exaone-moe") and g("expert_gating_func") != _SIGMOID_GATING:
+    if arch in ("dots1", "exaone-moe", "minimax-m2") and \
+            g("expert_gating_func") != _SIGMOID_GATING:
         # llama.cpp aborts without a gating function
         raise UserInputError(f"GGUF {arch} with expert gating function "
                              f"{shown(g('expert_gating_func'), 20)} is not supported "
@@ -673,6 +680,13 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "exaone-moe":
         config.update(_exaone_moe_config(g, count, positive, optional, experts, tensors,
                                          n_layers))
+    if arch == "minimax-m2":  # q/k norms over all heads, experts in every layer renormalised
+        # (llama.cpp's graph hard-wires both; it reads no expert weights scale, nor does mlx-lm)
+        n_experts, n_used = experts()
+        config.update(num_local_experts=n_experts, num_experts_per_tok=n_used,
+                      intermediate_size=count("expert_feed_forward_length"),
+                      shared_intermediate_size=0, rotary_dim=rope_dims, use_qk_norm=True,
+                      scoring_func="sigmoid")
     if arch == "afmoe":
         config.update(_afmoe_config(g, count, positive, optional, experts, tensors, n_layers))
     if arch == "nanbeige":  # its stack run num_loops times over the same weights, the final

@@ -144,6 +144,9 @@ _GEMMA4_LAYER_NAMES = {
 _BLOCK_SPARSE_MOE_NAMES = {**_LAYER_NAMES, **{
     k: "block_sparse_moe." + v.removeprefix("mlp.") for k, v in _LAYER_NAMES.items()
     if k.startswith("ffn_") and k.endswith(("_exps", "_inp"))}}
+# MiniMax-M2: Mixtral's, its experts' correction bias on the MoE block
+_MINIMAX_M2_LAYER_NAMES = {**_BLOCK_SPARSE_MOE_NAMES,
+                           "exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias"}
 _GRANITEMOE_LAYER_NAMES = {**_BLOCK_SPARSE_MOE_NAMES,
                            "ffn_gate_inp": "block_sparse_moe.router.layer"}
 # Granite 4.0 (H): Mamba-2 layers (A, D and the gated norm's weight as granitehybrid_tensors
@@ -285,6 +288,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      **dict.fromkeys(("deepseek2", "minicpm3", "mistral4"),
                                      _DEEPSEEK2_LAYER_NAMES),
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
+                     "minimax-m2": _MINIMAX_M2_LAYER_NAMES,
                      "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,

@@ -235,7 +235,8 @@ GGUF_QWEN2MOE_NAMES = {**GGUF_LAYER_NAMES, **{k: v for k, v in GGUF_QWEN35_NAMES
 #: GLM-4.5's expert-score correction bias
 GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias",
                    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
-                   "mlp.expert_bias": "exp_probs_b.bias"}
+                   "mlp.expert_bias": "exp_probs_b.bias",
+                   "block_sparse_moe.e_score_correction_bias": "exp_probs_b.bias"}
 QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
 #: gpt-oss's, Seed-OSS's norm before the MLP
 GGUF_POST_ATTENTION_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm"}
@@ -270,6 +271,8 @@ GGUF_KIND_LAYER_NAMES.update({
               **{f"mlp.experts.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}},
     # K-EXAONE's: Qwen3-MoE's router and stacks at mlp.gate and switch_mlp, its shared experts
     "exaone_moe": {**GGUF_GLM4MOE_NAMES, "post_attention_layernorm": "ffn_norm"},
+    # MiniMax-M2's: Mixtral's router and stacks at block_sparse_moe
+    "minimax": GGUF_BLOCK_SPARSE_MOE_NAMES,
     # AFM's: its norms around each branch, output gate, router at router.gate
     "afmoe": {**GGUF_GLM4MOE_NAMES, "pre_mlp_layernorm": "ffn_norm",
               "post_mlp_layernorm": "post_ffw_norm", "self_attn.gate_proj": "attn_gate",
@@ -318,7 +321,7 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "phi": "phi2", "gpt_neox": "gptneox",
              "gpt_bigcode": "starcoder", "glm": "chatglm",
              "mistral4": "mistral4",
-             "exaone_moe": "exaone-moe", "afmoe": "afmoe"}
+             "exaone_moe": "exaone-moe", "afmoe": "afmoe", "minimax": "minimax-m2"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
                  "internlm2", "deepseek", "nanbeige")
@@ -746,7 +749,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
     glm = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID} \
-        if model_type in ("glm4_moe", "dots1", "exaone_moe") else {}
+        if model_type in ("glm4_moe", "dots1", "exaone_moe", "minimax") else {}
     if model_type == "exaone_moe":  # ExaoneMoEModel.set_gguf_parameters: GLM-4.5's keys
         glm.update(n_shared_experts=config["num_shared_experts"],
                    first_k_dense_replace=config["is_moe_layer"].index(True))
@@ -795,7 +798,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if m.get("moe_intermediate_size", m["intermediate_size"]) is not None:
             w.add_expert_feed_forward_length(m.get("moe_intermediate_size",
                                                    m["intermediate_size"]))
-    w.add_rope_dimension_count(m.get("qk_rope_head_dim") or int(
+    w.add_rope_dimension_count(m.get("qk_rope_head_dim") or m.get("rotary_dim") or int(
         m["head_dim"] * m.get("partial_rotary_factor", m.get("rotary_pct", 1.0))))
     w.add_rope_freq_base(m["rope_theta"])
     if m.get("original_max_position_embeddings") is not None:
@@ -820,7 +823,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     llama_cpp_dense_meta(w, m)
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
-    if model_type in ("glm4_moe", "dots1", "deepseek", "exaone_moe", "afmoe"):  # converters' keys
+    if model_type in ("glm4_moe", "dots1", "deepseek", "exaone_moe", "afmoe",
+                      "minimax"):  # converters' keys
         for key, add in GLM4MOE_KEYS.items():
             if m.get(key) is not None:
                 getattr(w, add)(m[key])
@@ -1298,6 +1302,11 @@ GGUF_CASES.update({
     "afmoe-legacy": ("afmoe", {"ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0,
                                "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
                                "attn_gate": T.Q4_0, "*": T.Q8_0}, AFMOE_GGUF),
+    # MiniMax-M2: q/k norms over all heads, NeoX RoPE over 8 of 16 dims; 2 of 4 experts in
+    # every layer by sigmoid scores and a correction bias, renormalised
+    "minimax-legacy": ("minimax", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                   "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
+                                   "attn_q": T.Q4_0, "*": T.Q8_0}, {}),
     "afmoe-tied": ("afmoe", {"*": T.Q8_0}, {**AFMOE_GGUF, "tie_word_embeddings": True}),
     "dots1-kquants": ("dots1", {"ffn_gate_exps": T.Q4_K, "ffn_up_exps": T.Q6_K,
                                 "ffn_gate_inp": T.F32, "*": T.Q4_K},
@@ -1742,7 +1751,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
                                   "deepseek2-youtu", "chatglm-legacy", "mistral4",
-                                  "exaone_moe-legacy", "afmoe-legacy"])
+                                  "exaone_moe-legacy", "afmoe-legacy", "minimax-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2876,6 +2885,12 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "afmoe_swa_base": (lambda: gguf_of("a.gguf", "afmoe", {"rope_theta_swa": 5e5}),
                            "GGUF afmoe with another RoPE base in its sliding-window layers is "
                            "not supported"),
+        # MiniMax-M2: softmax routing (llama.cpp aborts without a gating function)
+        "minimax_gating": (
+            lambda: gguf_of("m.gguf", "minimax",
+                            {"expert_gating_func": gguf.ExpertGatingFuncType.SOFTMAX}),
+            "GGUF minimax-m2 with expert gating function 1 is not supported (mlx-lm's minimax "
+            "routes by sigmoid, llama.cpp's 2)"),
         "nanbeige_skip_flag": (lambda: gguf_of("n.gguf", "nanbeige", {"skip_loop_final_norm": 1}),
                                "GGUF metadata nanbeige.skip_loop_final_norm must be true or false, "
                                "got 1"),
@@ -2994,7 +3009,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "minicpm3_long_factors", "minicpm3_attn_factor", "minicpm3_q_proj", "youtu_sparse",
               "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length",
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
-              "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base"]
+              "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
+              "minimax_gating"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():
