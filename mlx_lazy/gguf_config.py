@@ -157,6 +157,10 @@ The architectures (llama.cpp's names), and what converting each involves:
 * ``minimax-m2`` (MiniMax-M2/M2.1, ``minimax``): q/k norms over all heads, NeoX RoPE over
   ``rope.dimension_count`` of each head, sigmoid-routed experts (llama.cpp's gating function
   required) with their selection bias, renormalised, in every layer.
+* ``mimo2`` (MiMo-V2-Flash, ``mimo_v2_flash``): sliding-window layers by a flag each, with their
+  own key/value heads, sinks and RoPE base (one setting for each kind of layer, as mlx-lm's
+  model takes), values narrower than keys and scaled, partial NeoX RoPE; sigmoid-routed experts
+  (a selection bias, renormalised) where a layer has a router; the NextN blocks dropped.
 * ``nanbeige``: q/k un-permuted, its stack run ``num_loops`` times with the final norm between
   the loops unless ``skip_loop_final_norm``; no biases, no RoPE scaling.
 * ``granitehybrid`` (Granite 4.0 H-Tiny/H-Small/H-Micro, ``granitemoehybrid``): Mamba-2 layers
@@ -231,7 +235,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
                  "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
-                 "minimax-m2": "MiniMaxM2ForCausalLM"}
+                 "minimax-m2": "MiniMaxM2ForCausalLM", "mimo2": "MiMoV2FlashForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -242,7 +246,7 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "phi2": "phi", "gptneox": "gpt_neox",
                 "starcoder": "gpt_bigcode",
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
-                "exaone-moe": "exaone_moe", "minimax-m2": "minimax"}
+                "exaone-moe": "exaone_moe", "minimax-m2": "minimax", "mimo2": "mimo_v2_flash"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -323,7 +327,7 @@ QWEN_ROPE_BASE = 10000.0
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
 _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron",
-                 "minimax-m2")
+                 "minimax-m2", "mimo2")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -409,7 +413,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
-                "minimax-m2"):
+                "minimax-m2", "mimo2"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -426,7 +430,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
-    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba")
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2")  # (MiMo's by kind)
     openelm = arch == "openelm"  # every count by layer: _openelm_config's
 
     def first(key: str) -> Any:
@@ -465,7 +469,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's {head_dim} "
                              "dims is not supported")
     _check_heads_of_hidden(arch, _MODEL_TYPES.get(arch, arch), n_heads, head_dim, hidden)
-    if not (gemma4 or mla) and count("attention.value_length", head_dim) != head_dim:
+    if not (gemma4 or mla or arch == "mimo2") and \
+            count("attention.value_length", head_dim) != head_dim:
         raise UserInputError(f"GGUF {arch} with values {g('attention.value_length')} wide and "
                              f"keys {head_dim} wide is not supported")
     vocab = int(tensors["token_embd.weight"].shape[1])
@@ -687,6 +692,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       intermediate_size=count("expert_feed_forward_length"),
                       shared_intermediate_size=0, rotary_dim=rope_dims, use_qk_norm=True,
                       scoring_func="sigmoid")
+    if arch == "mimo2":
+        config.update(_mimo2_config(g, count, real, positive, experts, tensors, config, rotary))
     if arch == "afmoe":
         config.update(_afmoe_config(g, count, positive, optional, experts, tensors, n_layers))
     if arch == "nanbeige":  # its stack run num_loops times over the same weights, the final
@@ -1271,6 +1278,59 @@ def _exaone_moe_config(g: Any, count: Any, positive: Any, optional: Any, experts
             "sliding_window": count("attention.sliding_window"),
             "layer_types": ["sliding_attention" if c == "L" else "full_attention"
                             for c in (pattern * n_layers)[:n_layers]]}
+
+
+def _mimo2_config(g: Any, count: Any, real: Any, positive: Any, experts: Any, tensors: dict,
+                  config: dict, rotary: float | None) -> dict:
+    """mlx-lm's settings of a MiMo-V2-Flash GGUF, read as llama.cpp reads it: the sliding-window
+    layers by a flag each, their window and RoPE base (``rope.freq_base_swa``, else the global
+    one); key/value heads by layer, one count for each kind of layer as mlx-lm's mimo_v2_flash
+    takes (its converter writes no other); sinks in every layer of a kind or in none; values
+    ``value_length`` wide, times ``value_scale`` (llama.cpp's 0 or 1: unscaled); experts where a
+    layer has a router, sigmoid-routed with their selection bias, renormalised and unscaled, no
+    shared ones (llama.cpp's graph hard-wires all of it); the NextN blocks dropped (the
+    metadata's arrays hold their values too)."""
+    arch, n_layers = "mimo2", config["num_hidden_layers"]
+    total = count("block_count")
+    if g("attention.sliding_window_pattern") is None:  # llama.cpp requires both
+        raise UserInputError("GGUF metadata lacks mimo2.attention.sliding_window_pattern")
+    local = _local_layers(g("attention.sliding_window_pattern"), total, arch)[:n_layers]
+    if all(local) or not any(local):
+        raise UserInputError("GGUF mimo2 without both sliding-window and global layers is not "
+                             "supported (mlx-lm's mimo_v2_flash needs one of each)")
+    kv = _per_layer(arch, g, count, total, "attention.head_count_kv",
+                    config["num_attention_heads"])[:n_layers]
+    sinks = [f"blk.{i}.attn_sinks.weight" in tensors for i in range(n_layers)]
+    kinds = {}
+    for kind, name in ((True, "sliding-window"), (False, "global")):
+        heads, sinks_of = ({x[i] for i in range(n_layers) if local[i] == kind} for x in (kv, sinks))
+        if len(heads) > 1 or len(sinks_of) > 1:
+            raise UserInputError(f"GGUF mimo2 whose {name} layers differ in key/value heads or "
+                                 "attention sinks is not supported (mlx-lm's mimo_v2_flash takes "
+                                 "one setting for each kind of layer)")
+        kinds[kind] = heads.pop(), sinks_of.pop()
+    if "output.weight" not in tensors:  # llama.cpp requires it too
+        raise UserInputError("GGUF mimo2 without output.weight (tied embeddings) is not "
+                             "supported (mlx-lm's mimo_v2_flash has a head of its own)")
+    n_experts, n_used = experts()
+    head_dim, values = config["head_dim"], count("attention.value_length", config["head_dim"])
+    value_scale = real("attention.value_scale", 1.0)
+    return {"hybrid_layer_pattern": [int(x) for x in local],
+            "moe_layer_freq": [int(f"blk.{i}.ffn_gate_inp.weight" in tensors)
+                               for i in range(n_layers)],
+            "sliding_window_size": count("attention.sliding_window"),
+            "swa_rope_theta": positive("rope.freq_base_swa", config["rope_theta"]),
+            "num_key_value_heads": kinds[False][0], "swa_num_key_value_heads": kinds[True][0],
+            "add_full_attention_sink_bias": kinds[False][1],
+            "add_swa_attention_sink_bias": kinds[True][1],
+            "swa_num_attention_heads": config["num_attention_heads"], "swa_head_dim": head_dim,
+            "v_head_dim": values, "swa_v_head_dim": values, "partial_rotary_factor": rotary,
+            "attention_value_scale": value_scale if value_scale not in (0, 1) else None,
+            "layernorm_epsilon": config["rms_norm_eps"], "tie_word_embeddings": False,
+            "n_routed_experts": n_experts, "num_experts_per_tok": n_used,
+            "moe_intermediate_size": count("expert_feed_forward_length"),
+            "n_shared_experts": None, "routed_scaling_factor": 1.0, "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid", "norm_topk_prob": True, "n_group": 1, "topk_group": 1}
 
 
 def _afmoe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,

@@ -236,7 +236,8 @@ GGUF_QWEN2MOE_NAMES = {**GGUF_LAYER_NAMES, **{k: v for k, v in GGUF_QWEN35_NAMES
 GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias",
                    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
                    "mlp.expert_bias": "exp_probs_b.bias",
-                   "block_sparse_moe.e_score_correction_bias": "exp_probs_b.bias"}
+                   "block_sparse_moe.e_score_correction_bias": "exp_probs_b.bias",
+                   "self_attn.attention_sink_bias": "attn_sinks.weight"}
 QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
 #: gpt-oss's, Seed-OSS's norm before the MLP
 GGUF_POST_ATTENTION_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm"}
@@ -321,7 +322,8 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "phi": "phi2", "gpt_neox": "gptneox",
              "gpt_bigcode": "starcoder", "glm": "chatglm",
              "mistral4": "mistral4",
-             "exaone_moe": "exaone-moe", "afmoe": "afmoe", "minimax": "minimax-m2"}
+             "exaone_moe": "exaone-moe", "afmoe": "afmoe", "minimax": "minimax-m2",
+             "mimo_v2_flash": "mimo2"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
                  "internlm2", "deepseek", "nanbeige")
@@ -439,6 +441,26 @@ def llama_cpp_mellum_meta(config: dict) -> dict:
     (TextModel.set_gguf_parameters): the full-attention layers' and the sliding ones'."""
     return {f"rope_theta{end}": config["rope_parameters"][kind]["rope_theta"]
             for end, kind in (("", "full_attention"), ("_swa", "sliding_attention"))}
+
+
+def llama_cpp_mimo2_shape(config: dict) -> dict:
+    """The shape llama.cpp's convert_hf_to_gguf.py writes for a MiMo-V2-Flash config
+    (MimoV2Model.set_gguf_parameters, TextModel's): key/value heads per layer by its kind, the
+    sliding layers' RoPE base."""
+    return {"num_key_value_heads": [
+                config["swa_num_key_value_heads" if s else "num_key_value_heads"]
+                for s in config["hybrid_layer_pattern"]],
+            "rope_theta_swa": config["swa_rope_theta"]}
+
+
+def llama_cpp_mimo2_meta(w: gguf.GGUFWriter, m: dict) -> None:
+    """MimoV2Model.set_gguf_parameters' other keys, ported: the window and a flag per layer,
+    the values' width and scale (this gguf package has no writer method for the scale)."""
+    w.add_sliding_window(m["sliding_window_size"])
+    w.add_sliding_window_pattern(m.get("swa_pattern", [s == 1 for s in m["hybrid_layer_pattern"]]))
+    w.add_value_length(m["v_head_dim"])
+    if m.get("attention_value_scale") is not None:
+        w.add_float32("mimo2.attention.value_scale", m["attention_value_scale"])
 
 
 def llama_cpp_nanbeige_meta(w: gguf.GGUFWriter, m: dict) -> None:
@@ -744,7 +766,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                         for k in ("long", "short")}
     arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta, "ministral3": llama_cpp_ministral3_meta,
                  "internlm2": llama_cpp_linear_rope, "openelm": llama_cpp_openelm_meta,
-                 "mellum": llama_cpp_mellum_meta}.get(model_type, lambda c: {})(config)
+                 "mellum": llama_cpp_mellum_meta,
+                 "mimo_v2_flash": llama_cpp_mimo2_shape}.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
@@ -849,6 +872,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         w.add_rope_freq_base_swa(m["rope_theta_swa"])
     if model_type == "nanbeige":
         llama_cpp_nanbeige_meta(w, m)
+    if model_type == "mimo_v2_flash":
+        llama_cpp_mimo2_meta(w, m)
     if vocab is None:
         add_bpe_vocab(w, tok_folder, m["tokenizer_model"])
     else:
@@ -1015,6 +1040,10 @@ MELLUM_GGUF = {"rope_parameters": dict.fromkeys(("full_attention", "sliding_atte
                                                 {"rope_type": "default", "rope_theta": 10000.0})}
 #: AFM's layers as llama.cpp turns RoPE (all but every 4th), its window's default pattern
 AFMOE_GGUF = {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
+#: MiMo-V2-Flash as llama.cpp's converter takes it: one head size in every layer (it asserts so),
+#: no shared experts, groups or weights scale (its graph has none)
+MIMO2_GGUF = {"swa_head_dim": 16, "swa_v_head_dim": 8, "n_shared_experts": None,
+              "routed_scaling_factor": None, "n_group": 1, "topk_group": 1}
 GGUF_CASES = {
     "llama-legacy": ("llama", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
                                "output": T.F16, "*": T.Q8_0}, {}),
@@ -1302,6 +1331,13 @@ GGUF_CASES.update({
     "afmoe-legacy": ("afmoe", {"ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0,
                                "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
                                "attn_gate": T.Q4_0, "*": T.Q8_0}, AFMOE_GGUF),
+    # MiMo-V2-Flash: layers 0 and 2 sliding (a flag per layer) with 1 key/value head, random
+    # sinks and their own RoPE base, 1 and 3 global with 2; values 8 wide times 0.707, NeoX RoPE
+    # over half of each head; a dense layer, then 2 of 4 experts by sigmoid scores and a
+    # correction bias, renormalised; its router Q8_0 (mlx-lm's MoEGate holds a plain matrix)
+    "mimo2-legacy": ("mimo_v2_flash", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                       "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
+                                       "attn_v": T.Q4_0, "*": T.Q8_0}, MIMO2_GGUF),
     # MiniMax-M2: q/k norms over all heads, NeoX RoPE over 8 of 16 dims; 2 of 4 experts in
     # every layer by sigmoid scores and a correction bias, renormalised
     "minimax-legacy": ("minimax", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
@@ -1751,7 +1787,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
                                   "deepseek2-youtu", "chatglm-legacy", "mistral4",
-                                  "exaone_moe-legacy", "afmoe-legacy", "minimax-legacy"])
+                                  "exaone_moe-legacy", "afmoe-legacy", "minimax-legacy",
+                                  "mimo2-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2462,6 +2499,10 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         write_gguf(tmp / name, "gpt_oss", tok_folder, **kw)
         return tmp / name
 
+    def mimo2(**kw) -> Path:
+        write_gguf(tmp / "m.gguf", "mimo_v2_flash", tok_folder, **kw, **MIMO2_GGUF)
+        return tmp / "m.gguf"
+
     def nan_scale() -> Path:  # a scale byte of 255 in an MXFP4 expert stack
         path = oss("nan.gguf", types={"ffn_up_exps": T.MXFP4})
         offset = next(int(t.data_offset) for t in gguf.GGUFReader(path).tensors
@@ -2885,6 +2926,15 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "afmoe_swa_base": (lambda: gguf_of("a.gguf", "afmoe", {"rope_theta_swa": 5e5}),
                            "GGUF afmoe with another RoPE base in its sliding-window layers is "
                            "not supported"),
+        # MiMo-V2-Flash: sinks in one sliding layer of two, no sliding layer, no head of its own
+        "mimo2_sinks": (lambda: mimo2(extra={"blk.2.attn_sinks.weight": None}),
+                        "GGUF mimo2 whose sliding-window layers differ in key/value heads or "
+                        "attention sinks is not supported"),
+        "mimo2_global": (lambda: mimo2(meta={"swa_pattern": [False] * 4}),
+                         "GGUF mimo2 without both sliding-window and global layers is not "
+                         "supported"),
+        "mimo2_tied": (lambda: mimo2(extra={"output.weight": None}),
+                       "GGUF mimo2 without output.weight (tied embeddings) is not supported"),
         # MiniMax-M2: softmax routing (llama.cpp aborts without a gating function)
         "minimax_gating": (
             lambda: gguf_of("m.gguf", "minimax",
@@ -3010,7 +3060,7 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length",
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
               "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
-              "minimax_gating"]
+              "minimax_gating", "mimo2_sinks", "mimo2_global", "mimo2_tied"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():
