@@ -161,6 +161,12 @@ The architectures (llama.cpp's names), and what converting each involves:
   own key/value heads, sinks and RoPE base (one setting for each kind of layer, as mlx-lm's
   model takes), values narrower than keys and scaled, partial NeoX RoPE; sigmoid-routed experts
   (a selection bias, renormalised) where a layer has a router; the NextN blocks dropped.
+* ``step35`` (Step-3.5, ``step3p5``): sliding-window layers by a flag each, with their own
+  heads, key/value heads, RoPE base and rotated dims (the global layers half of them, as
+  llama.cpp hard-wires it), per-head q/k norms (stored as 1 + w, as mlx-lm holds them) and
+  output gates; dense MLPs where a layer has no router, else sigmoid-routed experts (a
+  selection bias; renormalised and scaled where the GGUF says) beside a shared expert; SwiGLU
+  clamped per layer; the NextN blocks dropped. Not its Llama 3 ``rope_freqs``.
 * ``nanbeige``: q/k un-permuted, its stack run ``num_loops`` times with the final norm between
   the loops unless ``skip_loop_final_norm``; no biases, no RoPE scaling.
 * ``granitehybrid`` (Granite 4.0 H-Tiny/H-Small/H-Micro, ``granitemoehybrid``): Mamba-2 layers
@@ -235,7 +241,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
                  "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
-                 "minimax-m2": "MiniMaxM2ForCausalLM", "mimo2": "MiMoV2FlashForCausalLM"}
+                 "minimax-m2": "MiniMaxM2ForCausalLM", "mimo2": "MiMoV2FlashForCausalLM",
+                 "step35": "Step3p5ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -246,7 +253,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "phi2": "phi", "gptneox": "gpt_neox",
                 "starcoder": "gpt_bigcode",
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
-                "exaone-moe": "exaone_moe", "minimax-m2": "minimax", "mimo2": "mimo_v2_flash"}
+                "exaone-moe": "exaone_moe", "minimax-m2": "minimax", "mimo2": "mimo_v2_flash",
+                "step35": "step3p5"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -413,7 +421,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
-                "minimax-m2", "mimo2"):
+                "minimax-m2", "mimo2", "step35"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -430,15 +438,17 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
-    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2")  # (MiMo's by kind)
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2", "step35")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's
+    heads_by_layer = openelm or arch == "step35"  # (Step-3.5's by kind: _step35_config's)
 
     def first(key: str) -> Any:
-        """OpenELM's first layer's count (here; all of them in _openelm_config)."""
+        """OpenELM's (Step-3.5's) first layer's count (here; all of them in _openelm_config,
+        _step35_config)."""
         value = g(key)
-        return value[0] if openelm and isinstance(value, list) and value else value
+        return value[0] if heads_by_layer and isinstance(value, list) and value else value
 
-    if (isinstance(g("attention.head_count"), list) and not openelm) or \
+    if (isinstance(g("attention.head_count"), list) and not heads_by_layer) or \
             (isinstance(g("attention.head_count_kv"), list) and not (by_layer or openelm)):
         raise UserInputError("GGUF with per-layer head counts is not supported")
     n_heads, hidden, n_layers = (count("attention.head_count", value=first("attention.head_count")),
@@ -694,6 +704,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       scoring_func="sigmoid")
     if arch == "mimo2":
         config.update(_mimo2_config(g, count, real, positive, experts, tensors, config, rotary))
+    if arch == "step35":
+        config.update(_step35_config(g, count, real, positive, optional, experts, tensors,
+                                     config, rope_dims))
     if arch == "afmoe":
         config.update(_afmoe_config(g, count, positive, optional, experts, tensors, n_layers))
     if arch == "nanbeige":  # its stack run num_loops times over the same weights, the final
@@ -1291,13 +1304,7 @@ def _mimo2_config(g: Any, count: Any, real: Any, positive: Any, experts: Any, te
     shared ones (llama.cpp's graph hard-wires all of it); the NextN blocks dropped (the
     metadata's arrays hold their values too)."""
     arch, n_layers = "mimo2", config["num_hidden_layers"]
-    total = count("block_count")
-    if g("attention.sliding_window_pattern") is None:  # llama.cpp requires both
-        raise UserInputError("GGUF metadata lacks mimo2.attention.sliding_window_pattern")
-    local = _local_layers(g("attention.sliding_window_pattern"), total, arch)[:n_layers]
-    if all(local) or not any(local):
-        raise UserInputError("GGUF mimo2 without both sliding-window and global layers is not "
-                             "supported (mlx-lm's mimo_v2_flash needs one of each)")
+    local, total = _kinds_of_layers(arch, g, count, config)
     kv = _per_layer(arch, g, count, total, "attention.head_count_kv",
                     config["num_attention_heads"])[:n_layers]
     sinks = [f"blk.{i}.attn_sinks.weight" in tensors for i in range(n_layers)]
@@ -1331,6 +1338,93 @@ def _mimo2_config(g: Any, count: Any, real: Any, positive: Any, experts: Any, te
             "moe_intermediate_size": count("expert_feed_forward_length"),
             "n_shared_experts": None, "routed_scaling_factor": 1.0, "topk_method": "noaux_tc",
             "scoring_func": "sigmoid", "norm_topk_prob": True, "n_group": 1, "topk_group": 1}
+
+
+def _kinds_of_layers(arch: str, g: Any, count: Any, config: dict) -> tuple[list[bool], int]:
+    """Which of a GGUF's layers slide (a flag each, required), and how many blocks its
+    metadata's arrays cover (the NextN blocks' too); refused unless both kinds are there."""
+    total = count("block_count")
+    if g("attention.sliding_window_pattern") is None:  # llama.cpp requires it
+        raise UserInputError(f"GGUF metadata lacks {arch}.attention.sliding_window_pattern")
+    local = _local_layers(g("attention.sliding_window_pattern"), total,
+                          arch)[:config["num_hidden_layers"]]
+    if all(local) or not any(local):
+        raise UserInputError(f"GGUF {arch} without both sliding-window and global layers is not "
+                             f"supported (mlx-lm's {config['model_type']} needs one of each)")
+    return local, total
+
+
+def _step35_config(g: Any, count: Any, real: Any, positive: Any, optional: Any, experts: Any,
+                   tensors: dict, config: dict, rope_dims: int) -> dict:
+    """mlx-lm's settings of a Step-3.5 GGUF, read as llama.cpp reads it: sliding-window layers by
+    a flag each, with their own heads, key/value heads (one count for each kind of layer, as
+    mlx-lm's step3p5 takes), RoPE base (``rope.freq_base_swa``) and rotated dims
+    (``rope.dimension_count_swa``, else all of ``rope.dimension_count``; the global layers half
+    of it, as llama.cpp hard-wires); per-head q/k norms (stored as mlx-lm holds them, 1 + w)
+    and output gates, each in every layer or none; a dense MLP where a layer has no router,
+    else experts (sigmoid unless the GGUF names another gating function, their selection bias,
+    the weights renormalised and scaled where the GGUF says) beside a shared expert; SwiGLU
+    clamped per layer (``swiglu_clamp_exp``, ``swiglu_clamp_shexp``: 0 none)."""
+    arch, n_layers, head_dim = "step35", config["num_hidden_layers"], config["head_dim"]
+    local, total = _kinds_of_layers(arch, g, count, config)
+    heads = _per_layer(arch, g, count, total, "attention.head_count")[:n_layers]
+    kv = _per_layer(arch, g, count, total, "attention.head_count_kv")[:n_layers]
+    kinds = {}
+    for kind in (True, False):
+        setting = {(heads[i], kv[i]) for i in range(n_layers) if local[i] == kind}
+        if len(setting) > 1:
+            raise UserInputError(f"GGUF step35 whose {'sliding-window' if kind else 'global'} "
+                                 "layers differ in heads or key/value heads is not supported "
+                                 "(mlx-lm's step3p5 takes one setting for each kind of layer)")
+        kinds[kind] = setting.pop()
+    for name, what in (("attn_q_norm", "q/k norms"), ("attn_k_norm", "q/k norms"),
+                       ("attn_gate", "attention gates")):
+        held = {f"blk.{i}.{name}.weight" in tensors for i in range(n_layers)}
+        if held != {True} and (name != "attn_gate" or len(held) > 1):
+            raise UserInputError(f"GGUF step35 with {what} in some layers only, or none, is not "
+                                 "supported (mlx-lm's step3p5 has them in every layer, gates in "
+                                 "every layer or none)")
+    if g("expert_gating_func", _NO_GATING) not in (_NO_GATING, _SIGMOID_GATING):
+        raise UserInputError(f"GGUF step35 with expert gating function "
+                             f"{shown(g('expert_gating_func'), 20)} is not supported (mlx-lm's "
+                             f"step3p5 routes by sigmoid, llama.cpp's {_SIGMOID_GATING})")
+    if "output.weight" not in tensors:  # llama.cpp requires it too
+        raise UserInputError("GGUF step35 without output.weight (tied embeddings) is not "
+                             "supported (mlx-lm's step3p5 has a head of its own)")
+    rotated = {True: count("rope.dimension_count_swa", rope_dims), False: rope_dims // 2}
+    factors = {k: _rotary_factor(rotated[k], head_dim) for k in rotated}
+    if None in factors.values():
+        raise UserInputError(f"GGUF step35 with RoPE over {rotated[True]} and {rotated[False]} of "
+                             f"each head's {head_dim} dims is not supported")
+    bases = {True: positive("rope.freq_base_swa", config["rope_theta"]),
+             False: config["rope_theta"]}
+    n_experts, n_used = experts()
+    norm = g("expert_weights_norm", False)
+    clamps = {}
+    for key in ("swiglu_clamp_exp", "swiglu_clamp_shexp"):  # a limit per layer, or one for all
+        value = g(key, 0.0)
+        values = (value if isinstance(value, list) else [value] * total)[:n_layers]
+        if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number))
+               or not np.isfinite(v) for v in values):
+            raise UserInputError(f"GGUF metadata step35.{key} must be finite numbers, got "
+                                 f"{shown(value, 40)}")
+        clamps[key] = [float(v) for v in values]
+    return {"layer_types": ["sliding_attention" if x else "full_attention" for x in local],
+            "sliding_window": count("attention.sliding_window"),
+            "num_attention_heads": kinds[False][0], "num_attention_groups": kinds[False][1],
+            "attention_other_setting": {"num_attention_heads": kinds[True][0],
+                                        "num_attention_groups": kinds[True][1]},
+            "rope_theta": [bases[x] for x in local],
+            "partial_rotary_factors": [factors[x] for x in local],
+            "use_head_wise_attn_gate": "blk.0.attn_gate.weight" in tensors,
+            "moe_layers_enum": ",".join(str(i) for i in range(n_layers)
+                                        if f"blk.{i}.ffn_gate_inp.weight" in tensors),
+            "moe_num_experts": n_experts, "moe_top_k": n_used,
+            "moe_intermediate_size": count("expert_feed_forward_length"),
+            "share_expert_dim": count("expert_shared_feed_forward_length"),
+            "moe_router_scaling_factor": real("expert_weights_scale", 0.0) or 1.0,
+            "norm_expert_weight": bool(norm), "swiglu_limits": clamps["swiglu_clamp_exp"],
+            "swiglu_limits_shared": clamps["swiglu_clamp_shexp"], "tie_word_embeddings": False}
 
 
 def _afmoe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,

@@ -41,7 +41,7 @@ DELTA_NET = (*QWEN35, "qwen3next")
 # mlx-lm's model types whose value heads llama.cpp's converter tiles (Qwen3.5's, not Qwen3-Next's)
 _TILED_V_HEADS = ("qwen3_5", "qwen3_5_moe")
 # The architectures whose GGUFs may hold multi-token prediction (NextN) blocks after the model's
-NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4", "exaone-moe", "mimo2")
+NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4", "exaone-moe", "mimo2", "step35")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -292,6 +292,13 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      # MiMo-V2-Flash: DeepSeek's router at mlp.gate, its correction bias, sinks
                      "mimo2": {**_LAYER_NAMES, **_CORRECTION_BIAS_NAMES,
                                "attn_sinks.weight": "self_attn.attention_sink_bias"},
+                     # Step-3.5: its gates, router (and its selection bias) at mlp.gate.gate,
+                     # shared expert at mlp.share_expert
+                     "step35": {**_LAYER_NAMES, "attn_gate": "self_attn.g_proj",
+                                "ffn_gate_inp": "mlp.gate.gate",
+                                "exp_probs_b.bias": "mlp.gate.router_bias",
+                                **{f"ffn_{p}_shexp": f"mlp.share_expert.{p}_proj"
+                                   for p in ("gate", "up", "down")}},
                      "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,

@@ -237,7 +237,8 @@ GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.
                    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
                    "mlp.expert_bias": "exp_probs_b.bias",
                    "block_sparse_moe.e_score_correction_bias": "exp_probs_b.bias",
-                   "self_attn.attention_sink_bias": "attn_sinks.weight"}
+                   "self_attn.attention_sink_bias": "attn_sinks.weight",
+                   "mlp.gate.router_bias": "exp_probs_b.bias"}
 QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
 #: gpt-oss's, Seed-OSS's norm before the MLP
 GGUF_POST_ATTENTION_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm"}
@@ -272,6 +273,10 @@ GGUF_KIND_LAYER_NAMES.update({
               **{f"mlp.experts.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}},
     # K-EXAONE's: Qwen3-MoE's router and stacks at mlp.gate and switch_mlp, its shared experts
     "exaone_moe": {**GGUF_GLM4MOE_NAMES, "post_attention_layernorm": "ffn_norm"},
+    # Step-3.5's: its gates, router at mlp.gate.gate, shared expert at mlp.share_expert
+    "step3p5": {**GGUF_LAYER_NAMES, "self_attn.g_proj": "attn_gate",
+                "mlp.gate.gate": "ffn_gate_inp",
+                **{f"mlp.share_expert.{p}_proj": f"ffn_{p}_shexp" for p in ("gate", "up", "down")}},
     # MiniMax-M2's: Mixtral's router and stacks at block_sparse_moe
     "minimax": GGUF_BLOCK_SPARSE_MOE_NAMES,
     # AFM's: its norms around each branch, output gate, router at router.gate
@@ -323,7 +328,7 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "gpt_bigcode": "starcoder", "glm": "chatglm",
              "mistral4": "mistral4",
              "exaone_moe": "exaone-moe", "afmoe": "afmoe", "minimax": "minimax-m2",
-             "mimo_v2_flash": "mimo2"}
+             "mimo_v2_flash": "mimo2", "step3p5": "step35"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
                  "internlm2", "deepseek", "nanbeige")
@@ -461,6 +466,39 @@ def llama_cpp_mimo2_meta(w: gguf.GGUFWriter, m: dict) -> None:
     w.add_value_length(m["v_head_dim"])
     if m.get("attention_value_scale") is not None:
         w.add_float32("mimo2.attention.value_scale", m["attention_value_scale"])
+
+
+def llama_cpp_step35_shape(config: dict) -> dict:
+    """The shape llama.cpp's convert_hf_to_gguf.py writes for a Step-3.5 config
+    (Step35Model.set_gguf_parameters, TextModel's): heads and key/value heads per layer by its
+    kind, the global and sliding layers' RoPE bases (its rope_theta's first two)."""
+    other, sliding = (config["attention_other_setting"],
+                      [t == "sliding_attention" for t in config["layer_types"]])
+    return {"num_attention_heads": [other["num_attention_heads"] if s
+                                    else config["num_attention_heads"] for s in sliding],
+            "num_key_value_heads": [other["num_attention_groups"] if s
+                                    else config["num_attention_groups"] for s in sliding],
+            "rope_theta": config["rope_theta"][sliding.index(False)],
+            "rope_theta_swa": config["rope_theta"][sliding.index(True)]}
+
+
+def llama_cpp_step35_meta(w: gguf.GGUFWriter, m: dict) -> None:
+    """Step35Model.set_gguf_parameters' other keys, ported: the window and a flag per layer, the
+    experts', the leading dense layers, the SwiGLU limits per layer."""
+    w.add_sliding_window(m["sliding_window"])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in m["layer_types"]])
+    w.add_value_length(m["head_dim"])
+    w.add_expert_count(m["moe_num_experts"])
+    w.add_expert_used_count(m["moe_top_k"])
+    w.add_expert_feed_forward_length(m["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(m["share_expert_dim"])
+    w.add_expert_weights_scale(m["moe_router_scaling_factor"])
+    w.add_expert_weights_norm(m.get("norm_expert_weight", True))
+    w.add_leading_dense_block_count(int(m["moe_layers_enum"].split(",")[0]))
+    if m.get("expert_gating_func") is not None:
+        w.add_expert_gating_func(m["expert_gating_func"])
+    w.add_swiglu_clamp_exp([float(v) for v in m["swiglu_limits"]])
+    w.add_swiglu_clamp_shexp([float(v) for v in m["swiglu_limits_shared"]])
 
 
 def llama_cpp_nanbeige_meta(w: gguf.GGUFWriter, m: dict) -> None:
@@ -767,7 +805,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta, "ministral3": llama_cpp_ministral3_meta,
                  "internlm2": llama_cpp_linear_rope, "openelm": llama_cpp_openelm_meta,
                  "mellum": llama_cpp_mellum_meta,
-                 "mimo_v2_flash": llama_cpp_mimo2_shape}.get(model_type, lambda c: {})(config)
+                 "mimo_v2_flash": llama_cpp_mimo2_shape,
+                 "step3p5": llama_cpp_step35_shape}.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
@@ -874,6 +913,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         llama_cpp_nanbeige_meta(w, m)
     if model_type == "mimo_v2_flash":
         llama_cpp_mimo2_meta(w, m)
+    if model_type == "step3p5":
+        llama_cpp_step35_meta(w, m)
     if vocab is None:
         add_bpe_vocab(w, tok_folder, m["tokenizer_model"])
     else:
@@ -1338,6 +1379,13 @@ GGUF_CASES.update({
     "mimo2-legacy": ("mimo_v2_flash", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
                                        "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
                                        "attn_v": T.Q4_0, "*": T.Q8_0}, MIMO2_GGUF),
+    # Step-3.5: layers 0 and 2 sliding (a flag per layer) with 8 heads, RoPE over every head dim
+    # at their own base, 1 and 3 global with 4, RoPE over half; per-head q/k norms and gates; a
+    # dense layer, then 2 of 4 experts by sigmoid scores and a router bias, renormalised and
+    # scaled by 3, beside a shared expert; SwiGLU clamped by layer (not its Llama 3 RoPE)
+    "step35-legacy": ("step3p5", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                  "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
+                                  "attn_gate": T.Q4_0, "*": T.Q8_0}, {"rope_scaling": None}),
     # MiniMax-M2: q/k norms over all heads, NeoX RoPE over 8 of 16 dims; 2 of 4 experts in
     # every layer by sigmoid scores and a correction bias, renormalised
     "minimax-legacy": ("minimax", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
@@ -1788,7 +1836,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
                                   "deepseek2-youtu", "chatglm-legacy", "mistral4",
                                   "exaone_moe-legacy", "afmoe-legacy", "minimax-legacy",
-                                  "mimo2-legacy"])
+                                  "mimo2-legacy", "step35-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2499,9 +2547,15 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         write_gguf(tmp / name, "gpt_oss", tok_folder, **kw)
         return tmp / name
 
+    def kind_of(model_type: str, overrides: dict, **kw) -> Path:
+        write_gguf(tmp / "k.gguf", model_type, tok_folder, **kw, **overrides)
+        return tmp / "k.gguf"
+
     def mimo2(**kw) -> Path:
-        write_gguf(tmp / "m.gguf", "mimo_v2_flash", tok_folder, **kw, **MIMO2_GGUF)
-        return tmp / "m.gguf"
+        return kind_of("mimo_v2_flash", MIMO2_GGUF, **kw)
+
+    def step35(**kw) -> Path:
+        return kind_of("step3p5", {"rope_scaling": None}, **kw)
 
     def nan_scale() -> Path:  # a scale byte of 255 in an MXFP4 expert stack
         path = oss("nan.gguf", types={"ffn_up_exps": T.MXFP4})
@@ -2935,6 +2989,23 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                          "supported"),
         "mimo2_tied": (lambda: mimo2(extra={"output.weight": None}),
                        "GGUF mimo2 without output.weight (tied embeddings) is not supported"),
+        # Step-3.5: softmax routing, gates in some layers only, a layer without q/k norms, key/value
+        # heads that differ between sliding layers, no head of its own
+        "step35_gating": (
+            lambda: step35(meta={"expert_gating_func": gguf.ExpertGatingFuncType.SOFTMAX}),
+            "GGUF step35 with expert gating function 1 is not supported (mlx-lm's step3p5 routes "
+            "by sigmoid, llama.cpp's 2)"),
+        "step35_gates": (lambda: step35(extra={"blk.2.attn_gate.weight": None}),
+                         "GGUF step35 with attention gates in some layers only, or none, is not "
+                         "supported"),
+        "step35_norms": (lambda: step35(extra={"blk.1.attn_k_norm.weight": None}),
+                         "GGUF step35 with q/k norms in some layers only, or none, is not "
+                         "supported"),
+        "step35_heads": (lambda: step35(meta={"num_key_value_heads": [2, 2, 1, 2]}),
+                         "GGUF step35 whose sliding-window layers differ in heads or key/value "
+                         "heads is not supported"),
+        "step35_tied": (lambda: step35(extra={"output.weight": None}),
+                        "GGUF step35 without output.weight (tied embeddings) is not supported"),
         # MiniMax-M2: softmax routing (llama.cpp aborts without a gating function)
         "minimax_gating": (
             lambda: gguf_of("m.gguf", "minimax",
@@ -3060,7 +3131,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length",
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
               "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
-              "minimax_gating", "mimo2_sinks", "mimo2_global", "mimo2_tied"]
+              "minimax_gating", "mimo2_sinks", "mimo2_global", "mimo2_tied", "step35_gating",
+              "step35_gates", "step35_norms", "step35_heads", "step35_tied"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():
