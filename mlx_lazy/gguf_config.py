@@ -166,7 +166,8 @@ The architectures (llama.cpp's names), and what converting each involves:
   llama.cpp hard-wires it), per-head q/k norms (stored as 1 + w, as mlx-lm holds them) and
   output gates; dense MLPs where a layer has no router, else sigmoid-routed experts (a
   selection bias; renormalised and scaled where the GGUF says) beside a shared expert; SwiGLU
-  clamped per layer; the NextN blocks dropped. Not its Llama 3 ``rope_freqs``.
+  clamped per layer; Llama 3's RoPE scaling (``rope_freqs``) in the global layers; the NextN
+  blocks dropped.
 * ``nanbeige``: q/k un-permuted, its stack run ``num_loops`` times with the final norm between
   the loops unless ``skip_loop_final_norm``; no biases, no RoPE scaling.
 * ``granitehybrid`` (Granite 4.0 H-Tiny/H-Small/H-Micro, ``granitemoehybrid``): Mamba-2 layers
@@ -358,7 +359,8 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
 # RoPE scaling held as tensors (config, not weights), and the architectures llama.cpp reads
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
 ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "llama4",
-                                       "gemma4"),  # Gemma 4: its global layers' partial RoPE
+                                       "gemma4",  # Gemma 4: its global layers' partial RoPE
+                                       "step35"),  # Step-3.5: Llama 3's, in its global layers
                 **dict.fromkeys(_LONGROPE.values(), ("phi3", "minicpm3"))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
@@ -794,7 +796,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
             config["partial_rotary_factor"] = rotary
         if any(name in tensors for name in _LONGROPE.values()):
             config["rope_scaling"] = _longrope_scaling(tensors, rope_dims)
-    if "rope_freqs.weight" in tensors and not gemma4:  # Llama 3.1 / 3.2: the scaling
+    if "rope_freqs.weight" in tensors and not (gemma4 or arch == "step35"):  # Llama 3.1 / 3.2
         config["rope_scaling"] = _llama3_rope_scaling(
             _rope_factors("rope_freqs.weight", tensors, head_dim), config["rope_theta"],
             head_dim)
@@ -1360,7 +1362,8 @@ def _step35_config(g: Any, count: Any, real: Any, positive: Any, optional: Any, 
     a flag each, with their own heads, key/value heads (one count for each kind of layer, as
     mlx-lm's step3p5 takes), RoPE base (``rope.freq_base_swa``) and rotated dims
     (``rope.dimension_count_swa``, else all of ``rope.dimension_count``; the global layers half
-    of it, as llama.cpp hard-wires); per-head q/k norms (stored as mlx-lm holds them, 1 + w)
+    of it, as llama.cpp hard-wires, with Llama 3's scaling where the GGUF holds ``rope_freqs``,
+    whose first entries are theirs); per-head q/k norms (stored as mlx-lm holds them, 1 + w)
     and output gates, each in every layer or none; a dense MLP where a layer has no router,
     else experts (sigmoid unless the GGUF names another gating function, their selection bias,
     the weights renormalised and scaled where the GGUF says) beside a shared expert; SwiGLU
@@ -1398,6 +1401,11 @@ def _step35_config(g: Any, count: Any, real: Any, positive: Any, optional: Any, 
                              f"each head's {head_dim} dims is not supported")
     bases = {True: positive("rope.freq_base_swa", config["rope_theta"]),
              False: config["rope_theta"]}
+    # llama.cpp turns the global layers' RoPE by rope_freqs' first entries (Llama 3's scaling),
+    # mlx-lm's step3p5 by its Llama 3 scaling in yarn_only_types
+    scaling = None if "rope_freqs.weight" not in tensors else _llama3_rope_scaling(
+        _rope_factors("rope_freqs.weight", tensors, max(rotated.values()))[:rotated[False] // 2],
+        bases[False], rotated[False])
     n_experts, n_used = experts()
     norm = g("expert_weights_norm", False)
     clamps = {}
@@ -1414,7 +1422,8 @@ def _step35_config(g: Any, count: Any, real: Any, positive: Any, optional: Any, 
             "num_attention_heads": kinds[False][0], "num_attention_groups": kinds[False][1],
             "attention_other_setting": {"num_attention_heads": kinds[True][0],
                                         "num_attention_groups": kinds[True][1]},
-            "rope_theta": [bases[x] for x in local],
+            "rope_theta": [bases[x] for x in local], "rope_scaling": scaling,
+            "yarn_only_types": ["full_attention"],
             "partial_rotary_factors": [factors[x] for x in local],
             "use_head_wise_attn_gate": "blk.0.attn_gate.weight" in tensors,
             "moe_layers_enum": ",".join(str(i) for i in range(n_layers)

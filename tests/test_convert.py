@@ -482,6 +482,16 @@ def llama_cpp_step35_shape(config: dict) -> dict:
             "rope_theta_swa": config["rope_theta"][sliding.index(True)]}
 
 
+def llama_cpp_step35_rope_freqs(config: dict) -> np.ndarray:
+    """Step35Model.generate_extra_tensors, ported: Llama 3's divisors of the global layers'
+    rotated frequencies (at the global RoPE base), padded with ones to half a head."""
+    full = config["layer_types"].index("full_attention")
+    dims = int(config["head_dim"] * config["partial_rotary_factors"][full])
+    divisors = llama_cpp_rope_freqs({**config, "head_dim": dims,
+                                     "rope_theta": config["rope_theta"][full]})
+    return np.concatenate([divisors, np.ones(config["head_dim"] // 2 - len(divisors), np.float32)])
+
+
 def llama_cpp_step35_meta(w: gguf.GGUFWriter, m: dict) -> None:
     """Step35Model.set_gguf_parameters' other keys, ported: the window and a flag per layer, the
     experts', the leading dense layers, the SwiGLU limits per layer."""
@@ -799,6 +809,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         arch_tensors = llama_cpp_ernie45_moe_biases(config)
     if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
         arch_tensors = {"rope_freqs.weight": llama_cpp_rope_freqs(config)}
+    if model_type == "step3p5" and config.get("rope_scaling"):
+        arch_tensors = {"rope_freqs.weight": llama_cpp_step35_rope_freqs(config)}
     if model_type == "minicpm3":  # MiniCPM3Model.generate_extra_tensors: LongRoPE's factors
         arch_tensors = {f"rope_factors_{k}.weight": config["rope_scaling"][f"{k}_factor"]
                         for k in ("long", "short")}
@@ -1081,6 +1093,11 @@ MELLUM_GGUF = {"rope_parameters": dict.fromkeys(("full_attention", "sliding_atte
                                                 {"rope_type": "default", "rope_theta": 10000.0})}
 #: AFM's layers as llama.cpp turns RoPE (all but every 4th), its window's default pattern
 AFMOE_GGUF = {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
+#: Step-3.5's Llama 3 scaling with a smoothed band in its global layers' 4 frequencies (the
+#: tiny's has none: llama.cpp's rope_freqs would not tell its parameters), over a longer context
+STEP35_GGUF = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 64.0, "original_max_position_embeddings": 5000},
+               "max_position_embeddings": 8192}
 #: MiMo-V2-Flash as llama.cpp's converter takes it: one head size in every layer (it asserts so),
 #: no shared experts, groups or weights scale (its graph has none)
 MIMO2_GGUF = {"swa_head_dim": 16, "swa_v_head_dim": 8, "n_shared_experts": None,
@@ -1382,10 +1399,11 @@ GGUF_CASES.update({
     # Step-3.5: layers 0 and 2 sliding (a flag per layer) with 8 heads, RoPE over every head dim
     # at their own base, 1 and 3 global with 4, RoPE over half; per-head q/k norms and gates; a
     # dense layer, then 2 of 4 experts by sigmoid scores and a router bias, renormalised and
-    # scaled by 3, beside a shared expert; SwiGLU clamped by layer (not its Llama 3 RoPE)
+    # scaled by 3, beside a shared expert; SwiGLU clamped by layer; Llama 3's RoPE scaling in
+    # the global layers (rope_freqs)
     "step35-legacy": ("step3p5", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
                                   "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
-                                  "attn_gate": T.Q4_0, "*": T.Q8_0}, {"rope_scaling": None}),
+                                  "attn_gate": T.Q4_0, "*": T.Q8_0}, STEP35_GGUF),
     # MiniMax-M2: q/k norms over all heads, NeoX RoPE over 8 of 16 dims; 2 of 4 experts in
     # every layer by sigmoid scores and a correction bias, renormalised
     "minimax-legacy": ("minimax", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
@@ -2555,7 +2573,7 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         return kind_of("mimo_v2_flash", MIMO2_GGUF, **kw)
 
     def step35(**kw) -> Path:
-        return kind_of("step3p5", {"rope_scaling": None}, **kw)
+        return kind_of("step3p5", STEP35_GGUF, **kw)
 
     def nan_scale() -> Path:  # a scale byte of 255 in an MXFP4 expert stack
         path = oss("nan.gguf", types={"ffn_up_exps": T.MXFP4})
