@@ -466,6 +466,8 @@ def llama_cpp_mimo2_meta(w: gguf.GGUFWriter, m: dict) -> None:
     w.add_value_length(m["v_head_dim"])
     if m.get("attention_value_scale") is not None:
         w.add_float32("mimo2.attention.value_scale", m["attention_value_scale"])
+    if m.get("nextn_predict_layers"):
+        w.add_nextn_predict_layers(m["nextn_predict_layers"])
 
 
 def llama_cpp_step35_shape(config: dict) -> dict:
@@ -2060,24 +2062,36 @@ def test_dots1_from_gguf(overrides, no_bias, settings, tiny_model_dir, tmp_path)
     assert rel_err(model(x), reference_model("dots1", config, reference)(x)) < 1e-5
 
 
-def test_exaone_moe_from_gguf_without_its_nextn_block_or_biases(tiny_model_dir, tmp_path):
-    """A K-EXAONE GGUF with a NextN block after its layers (dropped) and no correction biases
-    (llama.cpp's exp_probs_b is optional: zeros in mlx-lm's model) computes what its tensors do
-    in mlx-lm's exaone_moe."""
-    config = tiny_config("exaone_moe")
+@pytest.mark.parametrize("kind, overrides, arrays", [
+    ("exaone_moe", {}, {}),
+    # MiMo-V2-Flash: its metadata's per-layer arrays hold the NextN block's entries too (a
+    # sliding layer's, as MimoV2Model writes them)
+    ("mimo_v2_flash", MIMO2_GGUF, {"swa_pattern": [True, False] * 2 + [True],
+                                   "num_key_value_heads": [1, 2] * 2 + [1]}),
+], ids=["exaone_moe", "mimo2"])
+def test_exaone_moe_from_gguf_without_its_nextn_block_or_biases(kind, overrides, arrays,
+                                                                tiny_model_dir, tmp_path):
+    """A K-EXAONE or MiMo-V2-Flash GGUF with a NextN block after its layers (dropped, and its
+    entries in the metadata's per-layer arrays) and no correction biases (llama.cpp's
+    exp_probs_b is optional: zeros in mlx-lm's model) computes what its tensors do in mlx-lm's
+    model."""
+    config = {**tiny_config(kind), **overrides}
     n = config["num_hidden_layers"]
     extra = {**llama_cpp_mtp_block(config, n),
              **{f"blk.{i}.exp_probs_b.bias": None for i in range(1, n)}}
-    _, reference = write_gguf(tmp_path / "m.gguf", "exaone_moe", tiny_model_dir("exaone_moe"),
-                              meta={"num_hidden_layers": n + 1, "nextn_predict_layers": 1},
-                              extra=extra)
+    _, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind),
+                              meta={"num_hidden_layers": n + 1, "nextn_predict_layers": 1,
+                                    **arrays}, extra=extra, **overrides)
     for i in range(1, n):
         reference[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = mx.zeros(4)
     out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
-    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == n
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["num_hidden_layers"] == n
+    for key in ("layer_types", "hybrid_layer_pattern"):  # the model's layers only
+        assert saved.get(key) == config.get(key), key
     model, _ = mlx_lm.load(str(out))
     x = random_prompt(64, VOCAB_SIZE)[None]
-    assert rel_err(model(x), reference_model("exaone_moe", config, reference)(x)) < 1e-5
+    assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
 
 
 def test_xielu_from_one_value_for_all_layers():
