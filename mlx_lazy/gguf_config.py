@@ -707,8 +707,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "mimo2":
         config.update(_mimo2_config(g, count, real, positive, experts, tensors, config, rotary))
     if arch == "step35":
-        config.update(_step35_config(g, count, real, positive, optional, experts, tensors,
-                                     config, rope_dims))
+        config.update(_step35_config(g, count, real, positive, experts, tensors, config,
+                                     rope_dims))
     if arch == "afmoe":
         config.update(_afmoe_config(g, count, positive, optional, experts, tensors, n_layers))
     if arch == "nanbeige":  # its stack run num_loops times over the same weights, the final
@@ -1356,8 +1356,8 @@ def _kinds_of_layers(arch: str, g: Any, count: Any, config: dict) -> tuple[list[
     return local, total
 
 
-def _step35_config(g: Any, count: Any, real: Any, positive: Any, optional: Any, experts: Any,
-                   tensors: dict, config: dict, rope_dims: int) -> dict:
+def _step35_config(g: Any, count: Any, real: Any, positive: Any, experts: Any, tensors: dict,
+                   config: dict, rope_dims: int) -> dict:
     """mlx-lm's settings of a Step-3.5 GGUF, read as llama.cpp reads it: sliding-window layers by
     a flag each, with their own heads, key/value heads (one count for each kind of layer, as
     mlx-lm's step3p5 takes), RoPE base (``rope.freq_base_swa``) and rotated dims
