@@ -218,6 +218,18 @@ from .errors import UserInputError, shown
 # phixtral (Phixtral): Phi-2's parallel layers on one LayerNorm ``ln`` with a fused, biased
 # ``Wqkv`` (``block.mixer``, no GQA), sparse experts at ``block.moe``, ``transformer.embd.wte``;
 # its head module ``lm_head`` holds the final norm ``ln`` and the head ``linear``.
+# minimax (MiniMax-M2, M2.1): q/k RMS norms over the whole projection (OLMo's; split over ranks by
+# mlx-lm's ``ShardedRMSNorm``), RoPE over ``rotary_dim`` of each head, sigmoid-routed experts (a
+# correction bias) at ``block.block_sparse_moe``; its heads named ``num_attention_heads``.
+# mimo_v2_flash (MiMo-V2-Flash): sliding-window layers (``hybrid_layer_pattern``, a window of
+# ``sliding_window_size``) with their own heads, head sizes and RoPE base, values narrower than
+# keys and times ``attention_value_scale``, per-head sinks (``attention_sink_bias``, as gpt-oss's),
+# partial RoPE; a layer of another head size has its own scale, folded into its queries;
+# DeepSeek-V3's grouped sigmoid routing at ``block.mlp`` where ``moe_layer_freq`` says.
+# step3p5 (Step-3.5): sliding-window layers (``layer_types``) with their own heads, RoPE base and
+# rotary fraction, per-head q/k norms, an output gate per head (``g_proj``, sigmoid), SwiGLU
+# clamped at a per-layer limit (a dense one run as its module), sigmoid-routed experts (a router
+# bias) beside a shared expert at ``block.mlp``.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2", "dbrx",
                          "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
@@ -226,13 +238,14 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "
                          "gptj", "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan",
                          "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "kimi_k25",
                          "kimi_vl", "lfm2", "lfm2-vl", "lfm2_moe", "llama", "llama4",
-                         "llama4_text", "mellum", "mimo", "minicpm", "minicpm3", "ministral3",
-                         "mistral", "mistral3", "mistral4", "mixtral", "nanbeige", "nanochat",
-                         "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe", "openelm", "phi",
-                         "phi3", "phimoe", "phixtral", "qwen", "qwen2", "qwen2_5_vl", "qwen2_moe",
-                         "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
-                         "qwen3_vl", "qwen3_vl_moe", "seed_oss", "smollm3", "solar_open",
-                         "stablelm", "starcoder2", "telechat3", "youtu_llm")
+                         "llama4_text", "mellum", "mimo", "mimo_v2_flash", "minicpm", "minicpm3",
+                         "minimax", "ministral3", "mistral", "mistral3", "mistral4", "mixtral",
+                         "nanbeige", "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3",
+                         "olmoe", "openelm", "phi", "phi3", "phimoe", "phixtral", "qwen", "qwen2",
+                         "qwen2_5_vl", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe",
+                         "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "seed_oss",
+                         "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5", "telechat3",
+                         "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -243,11 +256,12 @@ PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode")
 #: Llama's config names as other families' configs spell them (:func:`config_value`): GPT-2's
-#: and StarCoder 1's, OpenELM's, DBRX's and Phixtral's.
+#: and StarCoder 1's, OpenELM's, DBRX's, Phixtral's and Step-3.5's.
 _CONFIG_NAMES = {"hidden_size": ("n_embd", "model_dim", "d_model"),
                  "num_attention_heads": ("n_head", "num_query_heads", "n_heads", "num_heads"),
                  "vocab_size": ("num_vocab",),
-                 "num_key_value_heads": ("num_kv_heads",), "intermediate_size": ("n_inner",),
+                 "num_key_value_heads": ("num_kv_heads", "num_attention_groups"),
+                 "intermediate_size": ("n_inner",),
                  "max_position_embeddings": ("n_positions",)}
 _LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm",
                "o_proj": "out_proj", "q_norm": "q_layernorm", "k_norm": "k_layernorm",
@@ -343,8 +357,12 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # ``attn.{out_proj, num_attention_heads, head_dim, rope}``; dbrx's ``transformer.{wte, blocks,
 # norm_f}``, ``block.{norm_attn_norm.{norm_1, attn, norm_2}, ffn}``, ``attn.{Wqkv, clip_qkv,
 # out_proj, num_heads, num_key_value_heads, scale}``; phixtral's ``transformer.{embd.wte, h}``,
-# ``block.{ln, mixer, moe}``, ``mixer.{Wqkv, out_proj, num_heads}``, ``lm_head.{ln, linear}``):
-# at least the first, below the second. Same as pyproject.toml.
+# ``block.{ln, mixer, moe}``, ``mixer.{Wqkv, out_proj, num_heads}``, ``lm_head.{ln, linear}``;
+# minimax's ``self_attn.{num_attention_heads, num_key_value_heads}``,
+# ``block.block_sparse_moe``; mimo_v2_flash's ``self_attn.{attention_sink_bias, value_scale,
+# scale}``, ``block.is_sliding_window``, ``args.sliding_window_size``; step3p5's
+# ``self_attn.{num_heads, num_kv_heads, g_proj}``, ``block.is_sliding``, its MLP's ``limit``): at
+# least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -452,8 +470,8 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
     attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
-    and Ministral 3's, gpt-oss's, OLMo 3's, Mellum's, K-EXAONE's and AFM's where the config says
-    ``sliding_attention``;
+    and Ministral 3's, gpt-oss's, OLMo 3's, Mellum's, K-EXAONE's, AFM's and Step-3.5's where the
+    config says ``sliding_attention``, MiMo-V2-Flash's where ``hybrid_layer_pattern`` says 1;
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
     text = _text_model(model)
@@ -473,6 +491,11 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
     elif text_type in ("mellum", "exaone_moe", "afmoe"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
+    elif text_type == "step3p5":
+        sliding = [block.is_sliding for block in _blocks(text)]
+    elif text_type == "mimo_v2_flash":
+        window = text.args.sliding_window_size
+        sliding = [block.is_sliding_window for block in _blocks(text)]
     else:
         sliding = [False] * len(_blocks(text))
     return [int(window) if s else None for s in sliding]
@@ -585,6 +608,10 @@ class ModelAdapter:
         self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
                              or getattr(attn, "softmax_scale", None)  # minicpm3
                              or head_dim ** -0.5)  # stablelm: 1/sqrt(head_dim)
+        # mimo_v2_flash: a layer whose heads are of another size (its own scale) has its
+        # queries times (its scale / self.scale), the scale every layer's attention takes
+        self._query_ratios = [a.scale / self.scale if isinstance(getattr(a, "scale", None), float)
+                              and a.scale != self.scale else None for a in self._attns]
         self.lm_head = getattr(self.text, "lm_head", None)
         if model_type in ("llama4_text", "internlm2") and not self.text.args.tie_word_embeddings:
             self.lm_head = self.text.output
@@ -676,8 +703,10 @@ class ModelAdapter:
 
     def sinks(self, layer: int) -> Optional[mx.array]:
         """The layer's attention sinks, one logit per head that each head's softmax also
-        weighs (gpt-oss); None for families without them."""
-        return getattr(self._attns[layer], "sinks", None)
+        weighs (gpt-oss's ``sinks``, MiMo-V2-Flash's ``attention_sink_bias``); None for
+        families and layers without them."""
+        attn = self._attns[layer]
+        return getattr(attn, "sinks", getattr(attn, "attention_sink_bias", None))
 
     def softcap(self, layer: int) -> Optional[float]:
         """The layer's attention logit soft-cap c (Gemma 2's ``attn_logit_softcapping``):
@@ -815,7 +844,8 @@ class ModelAdapter:
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
         """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied,
-        and the output gate of a gated attention (Qwen3.5's, AFM's) for :meth:`finish`.
+        and the output gate of a gated attention (Qwen3.5's, AFM's; Step-3.5's, one per head,
+        repeated over its dims) for :meth:`finish`.
 
         Returns arrays shaped (1, heads, n, head_dim) (latent attention's values narrower than
         its keys: :meth:`_latent_qkv`); keys and values None where the layer reads another's
@@ -832,8 +862,10 @@ class ModelAdapter:
             if self._query_scaling is not None:  # mistral4: every query scaled by position
                 q = q * _query_scale(positions, *self._query_scaling).astype(q.dtype)
             return q, k, v, None
-        heads = getattr(attn, "n_heads", self.n_heads)  # openelm: by layer
-        kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4, openelm: by layer
+        # gemma4, openelm, mimo_v2_flash, step3p5 (num_*): by layer
+        heads = getattr(attn, "n_heads", None) or getattr(attn, "num_heads", self.n_heads)
+        kv_heads = getattr(attn, "n_kv_heads", None) or getattr(attn, "num_kv_heads",
+                                                                self.n_kv_heads)
         fused = (getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
                  or getattr(attn, "c_attn", None) or getattr(attn, "Wqkv", None))
         if fused is not None and self._qkv_by_head:  # gpt_neox: each head's q, k, v in turn
@@ -869,6 +901,8 @@ class ModelAdapter:
             v = k if v_proj is None else v_proj(x)  # gemma4's k_eq_v layers
             if "gate_proj" in attn:  # afmoe: an output gate from the attention's input
                 gate = attn.gate_proj(x)[:, :n]
+            if "g_proj" in attn:  # step3p5: one per head, for each of its dims
+                gate = mx.repeat(attn.g_proj(x)[:, :n], q.shape[-1] // heads, axis=-1)
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
         q_norm, k_norm = self._head_norms(attn)
@@ -882,6 +916,8 @@ class ModelAdapter:
             q, k = q_norm(q), k_norm(k)
         if hasattr(attn, "v_norm"):  # gemma4
             v = attn.v_norm(v)
+        if getattr(attn, "value_scale", None) is not None:  # mimo_v2_flash
+            v = v * attn.value_scale
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         # none in EXAONE 4's global layers; Command R7B's global layers skip theirs
         rope = self._part(attn, "rope") if getattr(attn, "use_sliding_window", True) else None
@@ -896,6 +932,8 @@ class ModelAdapter:
                                  attn.original_max_position_embeddings).astype(q.dtype)
         if getattr(attn, "attn_temperature_tuning", 0) and not attn.use_rope:  # llama4 NoPE
             q = q * _query_scale(positions + 1, attn.attn_scale, attn.floor_scale).astype(q.dtype)
+        if self._query_ratios[layer] is not None:
+            q = q * self._query_ratios[layer]
         return q, k, v, gate
 
     def _head_norms(self, attn: nn.Module) -> Tuple[Optional[Any], Optional[Any]]:
@@ -1220,7 +1258,10 @@ def attention_module(block: nn.Module) -> nn.Module:
 
 def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     """The :func:`~mlx_lazy.kernels.gated` activation of mlx-lm's dense gated MLPs (Gemma's
-    ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE)."""
+    ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE, Step-3.5's
+    clamped SwiGLU)."""
+    if getattr(mlp, "limit", None) is not None:
+        return None
     if hasattr(mlp, "w2") or hasattr(mlp, "c_fc_0") or hasattr(mlp, "proj_1"):
         return "silu"  # lfm2's, internlm2's, qwen's, exaone's, openelm's SwiGLU
     if not hasattr(mlp, "down_proj"):

@@ -105,6 +105,10 @@ def shard(model: nn.Module, group: Group) -> None:
              // (2 if model.model_type == "qwen" else 1)}  # Qwen 1's: half its intermediate_size
     if getattr(args, "moe_intermediate_size", None):
         sizes["expert MLP width"] = args.moe_intermediate_size
+    other = getattr(args, "attention_other_setting", None)  # Step-3.5's sliding-window layers'
+    if other:
+        sizes["sliding-window attention heads"] = other["num_attention_heads"]
+        sizes["sliding-window key/value heads"] = other["num_attention_groups"]
     for what, size in sizes.items():
         if size % n:
             raise UserInputError(

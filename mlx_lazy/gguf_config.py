@@ -159,6 +159,20 @@ The architectures (llama.cpp's names), and what converting each involves:
   but each 4th, as llama.cpp hard-wires it, which mlx-lm's afmoe turns in its sliding layers
   only: a GGUF whose window pattern differs (or without a window) is refused; dots1's MoE
   reading, sigmoid routing (llama.cpp's default), a tied head where the GGUF has none.
+* ``minimax-m2`` (MiniMax-M2/M2.1, ``minimax``): q/k norms over all heads, NeoX RoPE over
+  ``rope.dimension_count`` of each head, sigmoid-routed experts (llama.cpp's gating function
+  required) with their selection bias, renormalised, in every layer.
+* ``mimo2`` (MiMo-V2-Flash, ``mimo_v2_flash``): sliding-window layers by a flag each, with their
+  own key/value heads, sinks and RoPE base (one setting for each kind of layer, as mlx-lm's
+  model takes), values narrower than keys and scaled, partial NeoX RoPE; sigmoid-routed experts
+  (a selection bias, renormalised) where a layer has a router; the NextN blocks dropped.
+* ``step35`` (Step-3.5, ``step3p5``): sliding-window layers by a flag each, with their own
+  heads, key/value heads, RoPE base and rotated dims (the global layers half of them, as
+  llama.cpp hard-wires it), per-head q/k norms (stored as 1 + w, as mlx-lm holds them) and
+  output gates; dense MLPs where a layer has no router, else sigmoid-routed experts (a
+  selection bias; renormalised and scaled where the GGUF says) beside a shared expert; SwiGLU
+  clamped per layer; Llama 3's RoPE scaling (``rope_freqs``) in the global layers; the NextN
+  blocks dropped.
 * ``nanbeige``: q/k un-permuted, its stack run ``num_loops`` times with the final norm between
   the loops unless ``skip_loop_final_norm``; no biases, no RoPE scaling.
 * ``granitehybrid`` (Granite 4.0 H-Tiny/H-Small/H-Micro, ``granitemoehybrid``): Mamba-2 layers
@@ -244,7 +258,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
                  "qwen2vl": "Qwen2ForCausalLM", "qwen3vl": "Qwen3ForCausalLM",
                  "qwen3vlmoe": "Qwen3MoeForCausalLM", "dbrx": "DbrxForCausalLM",
-                 "phimoe": "PhiMoEForCausalLM"}
+                 "phimoe": "PhiMoEForCausalLM", "minimax-m2": "MiniMaxM2ForCausalLM",
+                 "mimo2": "MiMoV2FlashForCausalLM", "step35": "Step3p5ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -256,7 +271,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "starcoder": "gpt_bigcode",
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
                 "exaone-moe": "exaone_moe", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
-                "qwen3vlmoe": "qwen3_moe"}
+                "qwen3vlmoe": "qwen3_moe", "minimax-m2": "minimax", "mimo2": "mimo_v2_flash",
+                "step35": "step3p5"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -343,7 +359,8 @@ QWEN_ROPE_BASE = 10000.0
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
-_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron")
+_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron",
+                 "minimax-m2", "mimo2")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -366,7 +383,8 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
 # RoPE scaling held as tensors (config, not weights), and the architectures llama.cpp reads
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
 ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "llama4",
-                                       "gemma4"),  # Gemma 4: its global layers' partial RoPE
+                                       "gemma4",  # Gemma 4: its global layers' partial RoPE
+                                       "step35"),  # Step-3.5: Llama 3's, in its global layers
                 **dict.fromkeys(_LONGROPE.values(), ("phi3", "minicpm3", "phimoe"))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
@@ -429,7 +447,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
-                "phimoe"):
+                "phimoe", "minimax-m2", "mimo2", "step35"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -450,15 +468,17 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
-    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba")
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2", "step35")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's
+    heads_by_layer = openelm or arch == "step35"  # (Step-3.5's by kind: _step35_config's)
 
     def first(key: str) -> Any:
-        """OpenELM's first layer's count (here; all of them in _openelm_config)."""
+        """OpenELM's (Step-3.5's) first layer's count (here; all of them in _openelm_config,
+        _step35_config)."""
         value = g(key)
-        return value[0] if openelm and isinstance(value, list) and value else value
+        return value[0] if heads_by_layer and isinstance(value, list) and value else value
 
-    if (isinstance(g("attention.head_count"), list) and not openelm) or \
+    if (isinstance(g("attention.head_count"), list) and not heads_by_layer) or \
             (isinstance(g("attention.head_count_kv"), list) and not (by_layer or openelm)):
         raise UserInputError("GGUF with per-layer head counts is not supported")
     n_heads, hidden, n_layers = (count("attention.head_count", value=first("attention.head_count")),
@@ -489,7 +509,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's {head_dim} "
                              "dims is not supported")
     _check_heads_of_hidden(arch, _MODEL_TYPES.get(arch, arch), n_heads, head_dim, hidden)
-    if not (gemma4 or mla) and count("attention.value_length", head_dim) != head_dim:
+    if not (gemma4 or mla or arch == "mimo2") and \
+            count("attention.value_length", head_dim) != head_dim:
         raise UserInputError(f"GGUF {arch} with values {g('attention.value_length')} wide and "
                              f"keys {head_dim} wide is not supported")
     vocab = int(tensors["token_embd.weight"].shape[1])
@@ -664,7 +685,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in DELTA_NET:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
-    if arch in ("dots1", "exaone-moe") and g("expert_gating_func") != _SIGMOID_GATING:
+    if arch in ("dots1", "exaone-moe", "minimax-m2") and \
+            g("expert_gating_func") != _SIGMOID_GATING:
         # llama.cpp aborts without a gating function
         raise UserInputError(f"GGUF {arch} with expert gating function "
                              f"{shown(g('expert_gating_func'), 20)} is not supported "
@@ -706,6 +728,18 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "exaone-moe":
         config.update(_exaone_moe_config(g, count, positive, optional, experts, tensors,
                                          n_layers))
+    if arch == "minimax-m2":  # q/k norms over all heads, experts in every layer renormalised
+        # (llama.cpp's graph hard-wires both; it reads no expert weights scale, nor does mlx-lm)
+        n_experts, n_used = experts()
+        config.update(num_local_experts=n_experts, num_experts_per_tok=n_used,
+                      intermediate_size=count("expert_feed_forward_length"),
+                      shared_intermediate_size=0, rotary_dim=rope_dims, use_qk_norm=True,
+                      scoring_func="sigmoid")
+    if arch == "mimo2":
+        config.update(_mimo2_config(g, count, real, positive, experts, tensors, config, rotary))
+    if arch == "step35":
+        config.update(_step35_config(g, count, real, positive, experts, tensors, config,
+                                     rope_dims))
     if arch == "afmoe":
         config.update(_afmoe_config(g, count, positive, optional, experts, tensors, n_layers))
     if arch == "nanbeige":  # its stack run num_loops times over the same weights, the final
@@ -800,7 +834,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         if "rope_scaling" in config:
             mscale = positive("rope.scaling.attn_factor", 1.0)
             config["rope_scaling"].update(short_mscale=mscale, long_mscale=mscale)
-    if "rope_freqs.weight" in tensors and not gemma4:  # Llama 3.1 / 3.2: the scaling
+    if "rope_freqs.weight" in tensors and not (gemma4 or arch == "step35"):  # Llama 3.1 / 3.2
         config["rope_scaling"] = _llama3_rope_scaling(
             _rope_factors("rope_freqs.weight", tensors, head_dim), config["rope_theta"],
             head_dim)
@@ -1315,6 +1349,147 @@ def _exaone_moe_config(g: Any, count: Any, positive: Any, optional: Any, experts
             "sliding_window": count("attention.sliding_window"),
             "layer_types": ["sliding_attention" if c == "L" else "full_attention"
                             for c in (pattern * n_layers)[:n_layers]]}
+
+
+def _mimo2_config(g: Any, count: Any, real: Any, positive: Any, experts: Any, tensors: dict,
+                  config: dict, rotary: float | None) -> dict:
+    """mlx-lm's settings of a MiMo-V2-Flash GGUF, read as llama.cpp reads it: the sliding-window
+    layers by a flag each, their window and RoPE base (``rope.freq_base_swa``, else the global
+    one); key/value heads by layer, one count for each kind of layer as mlx-lm's mimo_v2_flash
+    takes (its converter writes no other); sinks in every layer of a kind or in none; values
+    ``value_length`` wide, times ``value_scale`` (llama.cpp's 0 or 1: unscaled); experts where a
+    layer has a router, sigmoid-routed with their selection bias, renormalised and unscaled, no
+    shared ones (llama.cpp's graph hard-wires all of it); the NextN blocks dropped (the
+    metadata's arrays hold their values too)."""
+    arch, n_layers = "mimo2", config["num_hidden_layers"]
+    local, total = _kinds_of_layers(arch, g, count, config)
+    kv = _per_layer(arch, g, count, total, "attention.head_count_kv",
+                    config["num_attention_heads"])[:n_layers]
+    sinks = [f"blk.{i}.attn_sinks.weight" in tensors for i in range(n_layers)]
+    kinds = {}
+    for kind, name in ((True, "sliding-window"), (False, "global")):
+        heads, sinks_of = ({x[i] for i in range(n_layers) if local[i] == kind} for x in (kv, sinks))
+        if len(heads) > 1 or len(sinks_of) > 1:
+            raise UserInputError(f"GGUF mimo2 whose {name} layers differ in key/value heads or "
+                                 "attention sinks is not supported (mlx-lm's mimo_v2_flash takes "
+                                 "one setting for each kind of layer)")
+        kinds[kind] = heads.pop(), sinks_of.pop()
+    if "output.weight" not in tensors:  # llama.cpp requires it too
+        raise UserInputError("GGUF mimo2 without output.weight (tied embeddings) is not "
+                             "supported (mlx-lm's mimo_v2_flash has a head of its own)")
+    n_experts, n_used = experts()
+    head_dim, values = config["head_dim"], count("attention.value_length", config["head_dim"])
+    value_scale = real("attention.value_scale", 1.0)
+    return {"hybrid_layer_pattern": [int(x) for x in local],
+            "moe_layer_freq": [int(f"blk.{i}.ffn_gate_inp.weight" in tensors)
+                               for i in range(n_layers)],
+            "sliding_window_size": count("attention.sliding_window"),
+            "swa_rope_theta": positive("rope.freq_base_swa", config["rope_theta"]),
+            "num_key_value_heads": kinds[False][0], "swa_num_key_value_heads": kinds[True][0],
+            "add_full_attention_sink_bias": kinds[False][1],
+            "add_swa_attention_sink_bias": kinds[True][1],
+            "swa_num_attention_heads": config["num_attention_heads"], "swa_head_dim": head_dim,
+            "v_head_dim": values, "swa_v_head_dim": values, "partial_rotary_factor": rotary,
+            "attention_value_scale": value_scale if value_scale not in (0, 1) else None,
+            "layernorm_epsilon": config["rms_norm_eps"], "tie_word_embeddings": False,
+            "n_routed_experts": n_experts, "num_experts_per_tok": n_used,
+            "moe_intermediate_size": count("expert_feed_forward_length"),
+            "n_shared_experts": None, "routed_scaling_factor": 1.0, "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid", "norm_topk_prob": True, "n_group": 1, "topk_group": 1}
+
+
+def _kinds_of_layers(arch: str, g: Any, count: Any, config: dict) -> tuple[list[bool], int]:
+    """Which of a GGUF's layers slide (a flag each, required), and how many blocks its
+    metadata's arrays cover (the NextN blocks' too); refused unless both kinds are there."""
+    total = count("block_count")
+    if g("attention.sliding_window_pattern") is None:  # llama.cpp requires it
+        raise UserInputError(f"GGUF metadata lacks {arch}.attention.sliding_window_pattern")
+    local = _local_layers(g("attention.sliding_window_pattern"), total,
+                          arch)[:config["num_hidden_layers"]]
+    if all(local) or not any(local):
+        raise UserInputError(f"GGUF {arch} without both sliding-window and global layers is not "
+                             f"supported (mlx-lm's {config['model_type']} needs one of each)")
+    return local, total
+
+
+def _step35_config(g: Any, count: Any, real: Any, positive: Any, experts: Any, tensors: dict,
+                   config: dict, rope_dims: int) -> dict:
+    """mlx-lm's settings of a Step-3.5 GGUF, read as llama.cpp reads it: sliding-window layers by
+    a flag each, with their own heads, key/value heads (one count for each kind of layer, as
+    mlx-lm's step3p5 takes), RoPE base (``rope.freq_base_swa``) and rotated dims
+    (``rope.dimension_count_swa``, else all of ``rope.dimension_count``; the global layers half
+    of it, as llama.cpp hard-wires, with Llama 3's scaling where the GGUF holds ``rope_freqs``,
+    whose first entries are theirs); per-head q/k norms (stored as mlx-lm holds them, 1 + w)
+    and output gates, each in every layer or none; a dense MLP where a layer has no router,
+    else experts (sigmoid unless the GGUF names another gating function, their selection bias,
+    the weights renormalised and scaled where the GGUF says) beside a shared expert; SwiGLU
+    clamped per layer (``swiglu_clamp_exp``, ``swiglu_clamp_shexp``: 0 none)."""
+    arch, n_layers, head_dim = "step35", config["num_hidden_layers"], config["head_dim"]
+    local, total = _kinds_of_layers(arch, g, count, config)
+    heads = _per_layer(arch, g, count, total, "attention.head_count")[:n_layers]
+    kv = _per_layer(arch, g, count, total, "attention.head_count_kv")[:n_layers]
+    kinds = {}
+    for kind in (True, False):
+        setting = {(heads[i], kv[i]) for i in range(n_layers) if local[i] == kind}
+        if len(setting) > 1:
+            raise UserInputError(f"GGUF step35 whose {'sliding-window' if kind else 'global'} "
+                                 "layers differ in heads or key/value heads is not supported "
+                                 "(mlx-lm's step3p5 takes one setting for each kind of layer)")
+        kinds[kind] = setting.pop()
+    for name, what in (("attn_q_norm", "q/k norms"), ("attn_k_norm", "q/k norms"),
+                       ("attn_gate", "attention gates")):
+        held = {f"blk.{i}.{name}.weight" in tensors for i in range(n_layers)}
+        if held != {True} and (name != "attn_gate" or len(held) > 1):
+            raise UserInputError(f"GGUF step35 with {what} in some layers only, or none, is not "
+                                 "supported (mlx-lm's step3p5 has them in every layer, gates in "
+                                 "every layer or none)")
+    if g("expert_gating_func", _NO_GATING) not in (_NO_GATING, _SIGMOID_GATING):
+        raise UserInputError(f"GGUF step35 with expert gating function "
+                             f"{shown(g('expert_gating_func'), 20)} is not supported (mlx-lm's "
+                             f"step3p5 routes by sigmoid, llama.cpp's {_SIGMOID_GATING})")
+    if "output.weight" not in tensors:  # llama.cpp requires it too
+        raise UserInputError("GGUF step35 without output.weight (tied embeddings) is not "
+                             "supported (mlx-lm's step3p5 has a head of its own)")
+    rotated = {True: count("rope.dimension_count_swa", rope_dims), False: rope_dims // 2}
+    factors = {k: _rotary_factor(rotated[k], head_dim) for k in rotated}
+    if None in factors.values():
+        raise UserInputError(f"GGUF step35 with RoPE over {rotated[True]} and {rotated[False]} of "
+                             f"each head's {head_dim} dims is not supported")
+    bases = {True: positive("rope.freq_base_swa", config["rope_theta"]),
+             False: config["rope_theta"]}
+    # llama.cpp turns the global layers' RoPE by rope_freqs' first entries (Llama 3's scaling),
+    # mlx-lm's step3p5 by its Llama 3 scaling in yarn_only_types
+    scaling = None if "rope_freqs.weight" not in tensors else _llama3_rope_scaling(
+        _rope_factors("rope_freqs.weight", tensors, max(rotated.values()))[:rotated[False] // 2],
+        bases[False], rotated[False])
+    n_experts, n_used = experts()
+    norm = g("expert_weights_norm", False)
+    clamps = {}
+    for key in ("swiglu_clamp_exp", "swiglu_clamp_shexp"):  # a limit per layer, or one for all
+        value = g(key, 0.0)
+        values = (value if isinstance(value, list) else [value] * total)[:n_layers]
+        if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number))
+               or not np.isfinite(v) for v in values):
+            raise UserInputError(f"GGUF metadata step35.{key} must be finite numbers, got "
+                                 f"{shown(value, 40)}")
+        clamps[key] = [float(v) for v in values]
+    return {"layer_types": ["sliding_attention" if x else "full_attention" for x in local],
+            "sliding_window": count("attention.sliding_window"),
+            "num_attention_heads": kinds[False][0], "num_attention_groups": kinds[False][1],
+            "attention_other_setting": {"num_attention_heads": kinds[True][0],
+                                        "num_attention_groups": kinds[True][1]},
+            "rope_theta": [bases[x] for x in local], "rope_scaling": scaling,
+            "yarn_only_types": ["full_attention"],
+            "partial_rotary_factors": [factors[x] for x in local],
+            "use_head_wise_attn_gate": "blk.0.attn_gate.weight" in tensors,
+            "moe_layers_enum": ",".join(str(i) for i in range(n_layers)
+                                        if f"blk.{i}.ffn_gate_inp.weight" in tensors),
+            "moe_num_experts": n_experts, "moe_top_k": n_used,
+            "moe_intermediate_size": count("expert_feed_forward_length"),
+            "share_expert_dim": count("expert_shared_feed_forward_length"),
+            "moe_router_scaling_factor": real("expert_weights_scale", 0.0) or 1.0,
+            "norm_expert_weight": bool(norm), "swiglu_limits": clamps["swiglu_clamp_exp"],
+            "swiglu_limits_shared": clamps["swiglu_clamp_shexp"], "tie_word_embeddings": False}
 
 
 def _afmoe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,

@@ -41,7 +41,7 @@ DELTA_NET = (*QWEN35, "qwen3next")
 # mlx-lm's model types whose value heads llama.cpp's converter tiles (Qwen3.5's, not Qwen3-Next's)
 _TILED_V_HEADS = ("qwen3_5", "qwen3_5_moe")
 # The architectures whose GGUFs may hold multi-token prediction (NextN) blocks after the model's
-NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4", "exaone-moe")
+NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4", "exaone-moe", "mimo2", "step35")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -144,6 +144,9 @@ _GEMMA4_LAYER_NAMES = {
 _BLOCK_SPARSE_MOE_NAMES = {**_LAYER_NAMES, **{
     k: "block_sparse_moe." + v.removeprefix("mlp.") for k, v in _LAYER_NAMES.items()
     if k.startswith("ffn_") and k.endswith(("_exps", "_inp"))}}
+# MiniMax-M2: Mixtral's, its experts' correction bias on the MoE block
+_MINIMAX_M2_LAYER_NAMES = {**_BLOCK_SPARSE_MOE_NAMES,
+                           "exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias"}
 _GRANITEMOE_LAYER_NAMES = {**_BLOCK_SPARSE_MOE_NAMES,
                            "ffn_gate_inp": "block_sparse_moe.router.layer"}
 # Granite 4.0 (H): Mamba-2 layers (A, D and the gated norm's weight as granitehybrid_tensors
@@ -286,6 +289,17 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                                      _DEEPSEEK2_LAYER_NAMES),
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
                      "phimoe": _BLOCK_SPARSE_MOE_NAMES,
+                     "minimax-m2": _MINIMAX_M2_LAYER_NAMES,
+                     # MiMo-V2-Flash: DeepSeek's router at mlp.gate, its correction bias, sinks
+                     "mimo2": {**_LAYER_NAMES, **_CORRECTION_BIAS_NAMES,
+                               "attn_sinks.weight": "self_attn.attention_sink_bias"},
+                     # Step-3.5: its gates, router (and its selection bias) at mlp.gate.gate,
+                     # shared expert at mlp.share_expert
+                     "step35": {**_LAYER_NAMES, "attn_gate": "self_attn.g_proj",
+                                "ffn_gate_inp": "mlp.gate.gate",
+                                "exp_probs_b.bias": "mlp.gate.router_bias",
+                                **{f"ffn_{p}_shexp": f"mlp.share_expert.{p}_proj"
+                                   for p in ("gate", "up", "down")}},
                      "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
@@ -768,14 +782,14 @@ def stablelm_tensors(tensors: dict, config: dict) -> dict:
 
 
 def dots1_tensors(tensors: dict, config: dict) -> dict:
-    """A dots.llm1 or K-EXAONE GGUF's tensors with a zero correction bias in each sparse layer
-    that has none (llama.cpp's optional ``exp_probs_b``: no bias; mlx-lm's dots1 and
-    exaone_moe always hold one)."""
+    """A dots.llm1, K-EXAONE or MiMo-V2-Flash GGUF's tensors with a zero correction bias in each
+    sparse layer that has none (llama.cpp's optional ``exp_probs_b``: no bias; mlx-lm's dots1,
+    exaone_moe and mimo_v2_flash always hold one)."""
     from gguf import GGMLQuantizationType as T
 
     out = dict(tensors)
     n = config.get("n_routed_experts") or config["num_experts"]
-    sparse = config.get("is_moe_layer") or [
+    sparse = config.get("is_moe_layer") or config.get("moe_layer_freq") or [
         i >= config["first_k_dense_replace"] for i in range(config["num_hidden_layers"])]
     for i in (i for i, moe in enumerate(sparse) if moe):
         name = f"blk.{i}.exp_probs_b.bias"
@@ -951,7 +965,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "mistral4": deepseek2_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
-             "exaone-moe": dots1_tensors,
+             "exaone-moe": dots1_tensors, "mimo2": dots1_tensors,
              "llama4": glm4_tensors, "phi2": phi2_tensors, "gptneox": gptneox_tensors,
              "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
@@ -1089,7 +1103,7 @@ def dequantized(t: Any) -> np.ndarray:
 #: DeepSeek's routers (a matrix of mlx-lm's MoEGate; llama.cpp's quantizer leaves routers float
 #: anyway)
 _FLOAT_ONLY = dict.fromkeys(("glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "dots1",
-                             "exaone_moe"),
+                             "exaone_moe", "mimo_v2_flash"),
                             ".ffn_gate_inp.weight")
 
 

@@ -235,7 +235,10 @@ GGUF_QWEN2MOE_NAMES = {**GGUF_LAYER_NAMES, **{k: v for k, v in GGUF_QWEN35_NAMES
 #: GLM-4.5's expert-score correction bias
 GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias",
                    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
-                   "mlp.expert_bias": "exp_probs_b.bias"}
+                   "mlp.expert_bias": "exp_probs_b.bias",
+                   "block_sparse_moe.e_score_correction_bias": "exp_probs_b.bias",
+                   "self_attn.attention_sink_bias": "attn_sinks.weight",
+                   "mlp.gate.router_bias": "exp_probs_b.bias"}
 QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
 #: gpt-oss's, Seed-OSS's norm before the MLP
 GGUF_POST_ATTENTION_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm"}
@@ -271,6 +274,12 @@ GGUF_KIND_LAYER_NAMES.update({
               **{f"mlp.experts.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}},
     # K-EXAONE's: Qwen3-MoE's router and stacks at mlp.gate and switch_mlp, its shared experts
     "exaone_moe": {**GGUF_GLM4MOE_NAMES, "post_attention_layernorm": "ffn_norm"},
+    # Step-3.5's: its gates, router at mlp.gate.gate, shared expert at mlp.share_expert
+    "step3p5": {**GGUF_LAYER_NAMES, "self_attn.g_proj": "attn_gate",
+                "mlp.gate.gate": "ffn_gate_inp",
+                **{f"mlp.share_expert.{p}_proj": f"ffn_{p}_shexp" for p in ("gate", "up", "down")}},
+    # MiniMax-M2's: Mixtral's router and stacks at block_sparse_moe
+    "minimax": GGUF_BLOCK_SPARSE_MOE_NAMES,
     # AFM's: its norms around each branch, output gate, router at router.gate
     "afmoe": {**GGUF_GLM4MOE_NAMES, "pre_mlp_layernorm": "ffn_norm",
               "post_mlp_layernorm": "post_ffw_norm", "self_attn.gate_proj": "attn_gate",
@@ -326,7 +335,8 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "phi": "phi2", "gpt_neox": "gptneox",
              "gpt_bigcode": "starcoder", "glm": "chatglm",
              "mistral4": "mistral4", "phimoe": "phimoe",
-             "exaone_moe": "exaone-moe", "afmoe": "afmoe"}
+             "exaone_moe": "exaone-moe", "afmoe": "afmoe", "minimax": "minimax-m2",
+             "mimo_v2_flash": "mimo2", "step3p5": "step35"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
                  "internlm2", "deepseek", "nanbeige")
@@ -448,6 +458,71 @@ def llama_cpp_mellum_meta(config: dict) -> dict:
     (TextModel.set_gguf_parameters): the full-attention layers' and the sliding ones'."""
     return {f"rope_theta{end}": config["rope_parameters"][kind]["rope_theta"]
             for end, kind in (("", "full_attention"), ("_swa", "sliding_attention"))}
+
+
+def llama_cpp_mimo2_shape(config: dict) -> dict:
+    """The shape llama.cpp's convert_hf_to_gguf.py writes for a MiMo-V2-Flash config
+    (MimoV2Model.set_gguf_parameters, TextModel's): key/value heads per layer by its kind, the
+    sliding layers' RoPE base."""
+    return {"num_key_value_heads": [
+                config["swa_num_key_value_heads" if s else "num_key_value_heads"]
+                for s in config["hybrid_layer_pattern"]],
+            "rope_theta_swa": config["swa_rope_theta"]}
+
+
+def llama_cpp_mimo2_meta(w: gguf.GGUFWriter, m: dict) -> None:
+    """MimoV2Model.set_gguf_parameters' other keys, ported: the window and a flag per layer,
+    the values' width and scale (this gguf package has no writer method for the scale)."""
+    w.add_sliding_window(m["sliding_window_size"])
+    w.add_sliding_window_pattern(m.get("swa_pattern", [s == 1 for s in m["hybrid_layer_pattern"]]))
+    w.add_value_length(m["v_head_dim"])
+    if m.get("attention_value_scale") is not None:
+        w.add_float32("mimo2.attention.value_scale", m["attention_value_scale"])
+    if m.get("nextn_predict_layers"):
+        w.add_nextn_predict_layers(m["nextn_predict_layers"])
+
+
+def llama_cpp_step35_shape(config: dict) -> dict:
+    """The shape llama.cpp's convert_hf_to_gguf.py writes for a Step-3.5 config
+    (Step35Model.set_gguf_parameters, TextModel's): heads and key/value heads per layer by its
+    kind, the global and sliding layers' RoPE bases (its rope_theta's first two)."""
+    other, sliding = (config["attention_other_setting"],
+                      [t == "sliding_attention" for t in config["layer_types"]])
+    return {"num_attention_heads": [other["num_attention_heads"] if s
+                                    else config["num_attention_heads"] for s in sliding],
+            "num_key_value_heads": [other["num_attention_groups"] if s
+                                    else config["num_attention_groups"] for s in sliding],
+            "rope_theta": config["rope_theta"][sliding.index(False)],
+            "rope_theta_swa": config["rope_theta"][sliding.index(True)]}
+
+
+def llama_cpp_step35_rope_freqs(config: dict) -> np.ndarray:
+    """Step35Model.generate_extra_tensors, ported: Llama 3's divisors of the global layers'
+    rotated frequencies (at the global RoPE base), padded with ones to half a head."""
+    full = config["layer_types"].index("full_attention")
+    dims = int(config["head_dim"] * config["partial_rotary_factors"][full])
+    divisors = llama_cpp_rope_freqs({**config, "head_dim": dims,
+                                     "rope_theta": config["rope_theta"][full]})
+    return np.concatenate([divisors, np.ones(config["head_dim"] // 2 - len(divisors), np.float32)])
+
+
+def llama_cpp_step35_meta(w: gguf.GGUFWriter, m: dict) -> None:
+    """Step35Model.set_gguf_parameters' other keys, ported: the window and a flag per layer, the
+    experts', the leading dense layers, the SwiGLU limits per layer."""
+    w.add_sliding_window(m["sliding_window"])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in m["layer_types"]])
+    w.add_value_length(m["head_dim"])
+    w.add_expert_count(m["moe_num_experts"])
+    w.add_expert_used_count(m["moe_top_k"])
+    w.add_expert_feed_forward_length(m["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(m["share_expert_dim"])
+    w.add_expert_weights_scale(m["moe_router_scaling_factor"])
+    w.add_expert_weights_norm(m.get("norm_expert_weight", True))
+    w.add_leading_dense_block_count(int(m["moe_layers_enum"].split(",")[0]))
+    if m.get("expert_gating_func") is not None:
+        w.add_expert_gating_func(m["expert_gating_func"])
+    w.add_swiglu_clamp_exp([float(v) for v in m["swiglu_limits"]])
+    w.add_swiglu_clamp_shexp([float(v) for v in m["swiglu_limits_shared"]])
 
 
 def llama_cpp_nanbeige_meta(w: gguf.GGUFWriter, m: dict) -> None:
@@ -749,17 +824,21 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         arch_tensors = llama_cpp_ernie45_moe_biases(config)
     if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
         arch_tensors = {"rope_freqs.weight": llama_cpp_rope_freqs(config)}
+    if model_type == "step3p5" and config.get("rope_scaling"):
+        arch_tensors = {"rope_freqs.weight": llama_cpp_step35_rope_freqs(config)}
     if model_type == "minicpm3":  # MiniCPM3Model.generate_extra_tensors: LongRoPE's factors
         arch_tensors = {f"rope_factors_{k}.weight": config["rope_scaling"][f"{k}_factor"]
                         for k in ("long", "short")}
     arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta, "ministral3": llama_cpp_ministral3_meta,
                  "internlm2": llama_cpp_linear_rope, "openelm": llama_cpp_openelm_meta,
-                 "mellum": llama_cpp_mellum_meta}.get(model_type, lambda c: {})(config)
+                 "mellum": llama_cpp_mellum_meta,
+                 "mimo_v2_flash": llama_cpp_mimo2_shape,
+                 "step3p5": llama_cpp_step35_shape}.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
     glm = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID} \
-        if model_type in ("glm4_moe", "dots1", "exaone_moe") else {}
+        if model_type in ("glm4_moe", "dots1", "exaone_moe", "minimax") else {}
     if model_type == "exaone_moe":  # ExaoneMoEModel.set_gguf_parameters: GLM-4.5's keys
         glm.update(n_shared_experts=config["num_shared_experts"],
                    first_k_dense_replace=config["is_moe_layer"].index(True))
@@ -814,7 +893,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if m.get("moe_intermediate_size", m["intermediate_size"]) is not None:
             w.add_expert_feed_forward_length(m.get("moe_intermediate_size",
                                                    m["intermediate_size"]))
-    w.add_rope_dimension_count(m.get("qk_rope_head_dim") or int(
+    w.add_rope_dimension_count(m.get("qk_rope_head_dim") or m.get("rotary_dim") or int(
         m["head_dim"] * m.get("partial_rotary_factor", m.get("rotary_pct", 1.0))))
     w.add_rope_freq_base(m["rope_theta"])
     if m.get("original_max_position_embeddings") is not None:
@@ -839,7 +918,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     llama_cpp_dense_meta(w, m)
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
-    if model_type in ("glm4_moe", "dots1", "deepseek", "exaone_moe", "afmoe"):  # converters' keys
+    if model_type in ("glm4_moe", "dots1", "deepseek", "exaone_moe", "afmoe",
+                      "minimax"):  # converters' keys
         for key, add in GLM4MOE_KEYS.items():
             if m.get(key) is not None:
                 getattr(w, add)(m[key])
@@ -864,6 +944,10 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         w.add_rope_freq_base_swa(m["rope_theta_swa"])
     if model_type == "nanbeige":
         llama_cpp_nanbeige_meta(w, m)
+    if model_type == "mimo_v2_flash":
+        llama_cpp_mimo2_meta(w, m)
+    if model_type == "step3p5":
+        llama_cpp_step35_meta(w, m)
     if vocab is None:
         add_bpe_vocab(w, tok_folder, m["tokenizer_model"])
     else:
@@ -1038,6 +1122,15 @@ MELLUM_GGUF = {"rope_parameters": dict.fromkeys(("full_attention", "sliding_atte
                                                 {"rope_type": "default", "rope_theta": 10000.0})}
 #: AFM's layers as llama.cpp turns RoPE (all but every 4th), its window's default pattern
 AFMOE_GGUF = {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
+#: Step-3.5's Llama 3 scaling with a smoothed band in its global layers' 4 frequencies (the
+#: tiny's has none: llama.cpp's rope_freqs would not tell its parameters), over a longer context
+STEP35_GGUF = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 64.0, "original_max_position_embeddings": 5000},
+               "max_position_embeddings": 8192}
+#: MiMo-V2-Flash as llama.cpp's converter takes it: one head size in every layer (it asserts so),
+#: no shared experts, groups or weights scale (its graph has none)
+MIMO2_GGUF = {"swa_head_dim": 16, "swa_v_head_dim": 8, "n_shared_experts": None,
+              "routed_scaling_factor": None, "n_group": 1, "topk_group": 1}
 GGUF_CASES = {
     "llama-legacy": ("llama", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
                                "output": T.F16, "*": T.Q8_0}, {}),
@@ -1335,6 +1428,26 @@ GGUF_CASES.update({
     "afmoe-legacy": ("afmoe", {"ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q8_0,
                                "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
                                "attn_gate": T.Q4_0, "*": T.Q8_0}, AFMOE_GGUF),
+    # MiMo-V2-Flash: layers 0 and 2 sliding (a flag per layer) with 1 key/value head, random
+    # sinks and their own RoPE base, 1 and 3 global with 2; values 8 wide times 0.707, NeoX RoPE
+    # over half of each head; a dense layer, then 2 of 4 experts by sigmoid scores and a
+    # correction bias, renormalised; its router Q8_0 (mlx-lm's MoEGate holds a plain matrix)
+    "mimo2-legacy": ("mimo_v2_flash", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                       "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
+                                       "attn_v": T.Q4_0, "*": T.Q8_0}, MIMO2_GGUF),
+    # Step-3.5: layers 0 and 2 sliding (a flag per layer) with 8 heads, RoPE over every head dim
+    # at their own base, 1 and 3 global with 4, RoPE over half; per-head q/k norms and gates; a
+    # dense layer, then 2 of 4 experts by sigmoid scores and a router bias, renormalised and
+    # scaled by 3, beside a shared expert; SwiGLU clamped by layer; Llama 3's RoPE scaling in
+    # the global layers (rope_freqs)
+    "step35-legacy": ("step3p5", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                  "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
+                                  "attn_gate": T.Q4_0, "*": T.Q8_0}, STEP35_GGUF),
+    # MiniMax-M2: q/k norms over all heads, NeoX RoPE over 8 of 16 dims; 2 of 4 experts in
+    # every layer by sigmoid scores and a correction bias, renormalised
+    "minimax-legacy": ("minimax", {"ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0,
+                                   "ffn_down_exps": T.Q4_1, "ffn_gate_inp": T.Q8_0,
+                                   "attn_q": T.Q4_0, "*": T.Q8_0}, {}),
     "afmoe-tied": ("afmoe", {"*": T.Q8_0}, {**AFMOE_GGUF, "tie_word_embeddings": True}),
     "dots1-kquants": ("dots1", {"ffn_gate_exps": T.Q4_K, "ffn_up_exps": T.Q6_K,
                                 "ffn_gate_inp": T.F32, "*": T.Q4_K},
@@ -1795,7 +1908,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
                                   "deepseek2-youtu", "chatglm-legacy", "mistral4",
                                   "exaone_moe-legacy", "afmoe-legacy", "dbrx-legacy",
-                                  "phimoe-legacy"])
+                                  "phimoe-legacy", "minimax-legacy", "mimo2-legacy",
+                                  "step35-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2004,24 +2118,36 @@ def test_dots1_from_gguf(overrides, no_bias, settings, tiny_model_dir, tmp_path)
     assert rel_err(model(x), reference_model("dots1", config, reference)(x)) < 1e-5
 
 
-def test_exaone_moe_from_gguf_without_its_nextn_block_or_biases(tiny_model_dir, tmp_path):
-    """A K-EXAONE GGUF with a NextN block after its layers (dropped) and no correction biases
-    (llama.cpp's exp_probs_b is optional: zeros in mlx-lm's model) computes what its tensors do
-    in mlx-lm's exaone_moe."""
-    config = tiny_config("exaone_moe")
+@pytest.mark.parametrize("kind, overrides, arrays", [
+    ("exaone_moe", {}, {}),
+    # MiMo-V2-Flash: its metadata's per-layer arrays hold the NextN block's entries too (a
+    # sliding layer's, as MimoV2Model writes them)
+    ("mimo_v2_flash", MIMO2_GGUF, {"swa_pattern": [True, False] * 2 + [True],
+                                   "num_key_value_heads": [1, 2] * 2 + [1]}),
+], ids=["exaone_moe", "mimo2"])
+def test_exaone_moe_from_gguf_without_its_nextn_block_or_biases(kind, overrides, arrays,
+                                                                tiny_model_dir, tmp_path):
+    """A K-EXAONE or MiMo-V2-Flash GGUF with a NextN block after its layers (dropped, and its
+    entries in the metadata's per-layer arrays) and no correction biases (llama.cpp's
+    exp_probs_b is optional: zeros in mlx-lm's model) computes what its tensors do in mlx-lm's
+    model."""
+    config = {**tiny_config(kind), **overrides}
     n = config["num_hidden_layers"]
     extra = {**llama_cpp_mtp_block(config, n),
              **{f"blk.{i}.exp_probs_b.bias": None for i in range(1, n)}}
-    _, reference = write_gguf(tmp_path / "m.gguf", "exaone_moe", tiny_model_dir("exaone_moe"),
-                              meta={"num_hidden_layers": n + 1, "nextn_predict_layers": 1},
-                              extra=extra)
+    _, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind),
+                              meta={"num_hidden_layers": n + 1, "nextn_predict_layers": 1,
+                                    **arrays}, extra=extra, **overrides)
     for i in range(1, n):
         reference[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = mx.zeros(4)
     out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
-    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == n
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["num_hidden_layers"] == n
+    for key in ("layer_types", "hybrid_layer_pattern"):  # the model's layers only
+        assert saved.get(key) == config.get(key), key
     model, _ = mlx_lm.load(str(out))
     x = random_prompt(64, VOCAB_SIZE)[None]
-    assert rel_err(model(x), reference_model("exaone_moe", config, reference)(x)) < 1e-5
+    assert rel_err(model(x), reference_model(kind, config, reference)(x)) < 1e-5
 
 
 def test_xielu_from_one_value_for_all_layers():
@@ -2509,6 +2635,16 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         write_gguf(tmp / name, "gpt_oss", tok_folder, **kw)
         return tmp / name
 
+    def kind_of(model_type: str, overrides: dict, **kw) -> Path:
+        write_gguf(tmp / "k.gguf", model_type, tok_folder, **kw, **overrides)
+        return tmp / "k.gguf"
+
+    def mimo2(**kw) -> Path:
+        return kind_of("mimo_v2_flash", MIMO2_GGUF, **kw)
+
+    def step35(**kw) -> Path:
+        return kind_of("step3p5", STEP35_GGUF, **kw)
+
     def nan_scale() -> Path:  # a scale byte of 255 in an MXFP4 expert stack
         path = oss("nan.gguf", types={"ffn_up_exps": T.MXFP4})
         offset = next(int(t.data_offset) for t in gguf.GGUFReader(path).tensors
@@ -2957,6 +3093,38 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "qwen_vl_sections": (lambda: write_gguf(tmp / "v.gguf", "qwen2", tok_folder,
                                                 gguf_arch="qwen2vl") and tmp / "v.gguf",
                              "/ rope.dimension_sections"),
+        # MiMo-V2-Flash: sinks in one sliding layer of two, no sliding layer, no head of its own
+        "mimo2_sinks": (lambda: mimo2(extra={"blk.2.attn_sinks.weight": None}),
+                        "GGUF mimo2 whose sliding-window layers differ in key/value heads or "
+                        "attention sinks is not supported"),
+        "mimo2_global": (lambda: mimo2(meta={"swa_pattern": [False] * 4}),
+                         "GGUF mimo2 without both sliding-window and global layers is not "
+                         "supported"),
+        "mimo2_tied": (lambda: mimo2(extra={"output.weight": None}),
+                       "GGUF mimo2 without output.weight (tied embeddings) is not supported"),
+        # Step-3.5: softmax routing, gates in some layers only, a layer without q/k norms, key/value
+        # heads that differ between sliding layers, no head of its own
+        "step35_gating": (
+            lambda: step35(meta={"expert_gating_func": gguf.ExpertGatingFuncType.SOFTMAX}),
+            "GGUF step35 with expert gating function 1 is not supported (mlx-lm's step3p5 routes "
+            "by sigmoid, llama.cpp's 2)"),
+        "step35_gates": (lambda: step35(extra={"blk.2.attn_gate.weight": None}),
+                         "GGUF step35 with attention gates in some layers only, or none, is not "
+                         "supported"),
+        "step35_norms": (lambda: step35(extra={"blk.1.attn_k_norm.weight": None}),
+                         "GGUF step35 with q/k norms in some layers only, or none, is not "
+                         "supported"),
+        "step35_heads": (lambda: step35(meta={"num_key_value_heads": [2, 2, 1, 2]}),
+                         "GGUF step35 whose sliding-window layers differ in heads or key/value "
+                         "heads is not supported"),
+        "step35_tied": (lambda: step35(extra={"output.weight": None}),
+                        "GGUF step35 without output.weight (tied embeddings) is not supported"),
+        # MiniMax-M2: softmax routing (llama.cpp aborts without a gating function)
+        "minimax_gating": (
+            lambda: gguf_of("m.gguf", "minimax",
+                            {"expert_gating_func": gguf.ExpertGatingFuncType.SOFTMAX}),
+            "GGUF minimax-m2 with expert gating function 1 is not supported (mlx-lm's minimax "
+            "routes by sigmoid, llama.cpp's 2)"),
         "nanbeige_skip_flag": (lambda: gguf_of("n.gguf", "nanbeige", {"skip_loop_final_norm": 1}),
                                "GGUF metadata nanbeige.skip_loop_final_norm must be true or false, "
                                "got 1"),
@@ -3077,7 +3245,9 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
               "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
               "qwen_vl_sections", "dbrx_eps", "dbrx_clamp_None", "dbrx_clamp_0.0",
-              "phimoe_attn_factor"]
+              "phimoe_attn_factor", "minimax_gating", "mimo2_sinks", "mimo2_global",
+              "mimo2_tied", "step35_gating", "step35_gates", "step35_norms", "step35_heads",
+              "step35_tied"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

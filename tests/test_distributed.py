@@ -361,8 +361,9 @@ def test_killed_rank_ends_the_run(tiny_model_path, tmp_path):
     assert not rc0.exists() or rc0.read_text() == "1"
 
 
-# MoE layers have no mlp.gate_proj; GPT-2's config names its heads n_head
-@pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "gpt2"])
+# MoE layers have no mlp.gate_proj; GPT-2's config names its heads n_head, Step-3.5's its
+# key/value heads num_attention_groups
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "gpt2", "step3p5"])
 def test_shard_checks_head_counts_before_sharding(tiny_model, kind):
     class Group:
         def size(self):
@@ -389,13 +390,32 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
     assert distributed.model_group(model) is None
 
 
+def test_shard_checks_step3p5s_sliding_window_heads_before_sharding():
+    """Step-3.5's sliding-window layers have heads of their own (``attention_other_setting``):
+    4 query and 2 key/value heads divide over 2 ranks, the sliding layers' 3 key/value heads do
+    not."""
+    from mlx_lm.models import step3p5
+
+    class Group:
+        def size(self):
+            return 2
+
+    other = {"num_attention_heads": 6, "num_attention_groups": 3}
+    model = step3p5.Model(step3p5.ModelArgs.from_dict({**tiny_config("step3p5"),
+                                                       "attention_other_setting": other}))
+    with pytest.raises(UserInputError, match="3 sliding-window key/value heads cannot be split"):
+        distributed.shard(model, Group())
+    assert distributed.model_group(model) is None
+
+
 @pytest.mark.parametrize("kind", ["olmo2", "olmo3", "gemma4_text", "qwen3_5", "qwen3_next",
                                   "ernie4_5_moe", "apertus",
                                   "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
                                   "mellum", "granitemoehybrid", "nemotron_h", "jamba", "Klear",
-                                  "afmoe", "lfm2-vl", "kimi_vl", "dbrx", "phixtral"])
+                                  "afmoe", "lfm2-vl", "kimi_vl", "dbrx", "phixtral",
+                                  "mimo_v2_flash"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -403,10 +423,10 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     AFM's, DeepSeek-MoE's and Mellum's MoE blocks have no split here, nor mlx-lm's dense
     llama4_text's MLP (at ``feed_forward``), Apertus's layers (plain up_proj MLP, heads named
     otherwise), OpenELM's (heads by layer, a fused q/k/v and gate/up), LFM2's convolutions,
-    StarCoder 1's one key/value head (multi-query) or Granite 4.0's, Nemotron-H's and Jamba's
-    layers (Mamba, shared MLPs), LFM2-VL's (LFM2's) or Kimi-VL's (DeepSeek-V3's absorbed
-    attention and experts, its wrapper without a ``shard``). Refused (mlx-lm has no ``shard`` for
-    them either). Qwen3.5's
+    StarCoder 1's one key/value head (multi-query), Granite 4.0's, Nemotron-H's and Jamba's
+    layers (Mamba, shared MLPs), LFM2-VL's (LFM2's), Kimi-VL's (DeepSeek-V3's absorbed
+    attention and experts, its wrapper without a ``shard``) or MiMo-V2-Flash's (heads and
+    sinks by layer, MoE blocks). Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
     runs them whole). Nor DBRX's and Phixtral's experts."""
     class Group:
@@ -427,7 +447,7 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
                   "nanbeige", "minicpm3", "youtu_llm", "glm", "telechat3", "solar_open", "glm4",
-                  "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25", "gptj"]
+                  "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25", "gptj", "minimax"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
@@ -463,13 +483,15 @@ def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
     Mistral Small 4's too, its queries scaled by position on each rank; MiniCPM3's and
     Youtu-LLM's split the same way by shard_by_heads), K-EXAONE (mlx-lm's shard: its MoE blocks
     sum their ranks' shares), Qwen3-VL MoE (its text model's qwen3_moe shard: the wrapper has
-    none) and Kimi K2.5 (its wrapper's shard, DeepSeek-V3's): unpruned, each rank's logits equal
-    mlx-lm's; pruned, each rank selects what the single process selects and its logits equal
-    it."""
+    none), Kimi K2.5 (its wrapper's shard, DeepSeek-V3's) and MiniMax-M2 (mlx-lm's shard: its
+    q/k norms over all heads split with them, their sums of squares all-summed): unpruned,
+    each rank's logits equal mlx-lm's; pruned, each rank selects what the single process
+    selects and its logits equal it."""
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
                                                 "glm4_moe_lite", "deepseek_v2", "solar_open",
-                                                "mistral4", "exaone_moe", "kimi_k25"))
+                                                "mistral4", "exaone_moe", "kimi_k25",
+                                                "minimax"))
     runs = families_two_rank_runs[kind]
     (rec0, logits0), (rec1, logits1) = runs["full"]
     assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2

@@ -30,10 +30,14 @@ layer below's keys) and Llama 4 (``llama4``: chunked local attention, NoPE globa
 attention temperature, a weight-free q/k norm; mlx-lm's dense ``llama4_text`` too), DeepSeek-MoE
 (``deepseek``: dense layer 0, softmax routing, a shared expert), Mellum (``mellum``: q/k norms,
 sliding-window layers with their own RoPE base), K-EXAONE (``exaone_moe``: global layers without
-RoPE), Klear (``Klear``: a shared expert mixed by coefficients) and AFM (``afmoe``: an output
+RoPE), Klear (``Klear``: a shared expert mixed by coefficients), AFM (``afmoe``: an output
 gate, norms around each branch, scaled embeddings), DBRX (``dbrx``: a fused, clipped q/k/v, its
-attention inside its norms' module) and Phixtral (``phixtral``: Phi-2's parallel layers with
-experts). Dense families (:data:`DENSE`): EXAONE 3.5
+attention inside its norms' module), Phixtral (``phixtral``: Phi-2's parallel layers with
+experts), MiniMax-M2 (``minimax``: q/k norms over all
+heads, partial RoPE), MiMo-V2-Flash (``mimo_v2_flash``: sliding-window layers with heads, head
+sizes and sinks of their own, scaled values narrower than keys) and Step-3.5 (``step3p5``:
+sliding-window layers with their own heads, a gate per head, clamped SwiGLU).
+Dense families (:data:`DENSE`): EXAONE 3.5
 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k norms after
 RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``: per-head q/k
 LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals and logits),
@@ -88,7 +92,8 @@ MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
-        "solar_open", "exaone_moe", "Klear", "afmoe", "dbrx", "phixtral")
+        "solar_open", "exaone_moe", "Klear", "afmoe", "dbrx", "phixtral", "minimax",
+        "mimo_v2_flash", "step3p5")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
@@ -1027,6 +1032,38 @@ def test_the_tiny_exaone_moe_klear_and_afmoe_are_what_they_claim(family):
     assert [hasattr(layer.mlp, "coefficient") for layer in klear.layers] == [False, True] * 2
     coef = mx.softmax(klear.layers[1].mlp.coefficient(x), axis=-1)
     assert float(coef.min()) > 0.01 and float(coef.max()) < 0.99
+
+
+def test_the_tiny_minimax_mimo_v2_flash_and_step3p5_are_what_they_claim(family):
+    """MiniMax-M2: q/k norms over all 4 heads (random), RoPE over 8 of 16 dims, 2 of 4 experts
+    moved by a random correction bias. MiMo-V2-Flash: layers 0 and 2 slide over 24 positions with
+    4 heads of 24 (values 16) and random sinks, 1 and 3 global with 4 of 16 (values 8), no sinks,
+    their queries rescaled to their own scale; values times 0.707. Step-3.5: 8 heads in the
+    sliding layers, 4 in the global ones, a gate per head, its clamp at 0.2 changing the dense
+    MLP's output, a random router bias."""
+    x = mx.random.normal((64, 64), key=mx.random.key(1))
+    minimax = family("minimax")[0]
+    attn, moe = minimax.layers[0].self_attn, minimax.layers[0].block_sparse_moe
+    assert attn.q_norm.weight.shape == (64,) and float(mx.abs(attn.q_norm.weight - 1).max()) > 0.01
+    assert attn.rope.dims == 8 and _routes_apart(moe.gate, x)
+    scores = mx.sigmoid(moe.gate(x))
+    assert (_pairs(scores) != _pairs(scores + moe.e_score_correction_bias)).any()
+    mimo = family("mimo_v2_flash")[0]
+    adapter = ModelAdapter(mimo)
+    assert sliding_windows(mimo) == [24, None, 24, None] and adapter._query_ratios[0] is None
+    assert adapter._query_ratios[1] == pytest.approx((16 / 24) ** -0.5)
+    assert [(layer.self_attn.v_proj.weight.shape[0], layer.self_attn.value_scale)
+            for layer in mimo.layers] == [(16, 0.707), (16, 0.707)] * 2
+    assert [float(mx.abs(adapter.sinks(i)).min()) > 0 if i % 2 == 0 else adapter.sinks(i) is None
+            for i in range(4)] == [True] * 4
+    step = family("step3p5")[0]
+    assert sliding_windows(step) == [24, None, 24, None]
+    assert [(layer.self_attn.num_heads, layer.self_attn.g_proj.weight.shape[0])
+            for layer in step.layers] == [(8, 8), (4, 4)] * 2
+    mlp = step.layers[0].mlp
+    clamped, plain = mlp(x), mlp.down_proj(nn.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+    assert mlp.limit == 0.2 and rel_err(clamped, plain) > 0.1
+    assert float(mx.abs(step.layers[1].mlp.gate.router_bias).min()) > 0
 
 
 def test_the_tiny_hunyuan_is_what_it_claims(family):

@@ -29,7 +29,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
-         "dbrx", "phixtral")
+         "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -498,6 +498,45 @@ _KIND_CONFIG = {
     "phixtral": {"architectures": ["PhiForCausalLM"], "num_vocab": VOCAB_SIZE, "model_dim": 64,
                  "num_heads": 4, "num_layers": 4, "rotary_dim": 6, "num_local_experts": 4,
                  "num_experts_per_tok": 2},
+    # MiniMax-M2: q/k norms over the whole projection, RoPE over 8 of 16 head dims; 2 of 4
+    # experts in every layer (sigmoid, a random correction bias, renormalised)
+    "minimax": {"architectures": ["MiniMaxM2ForCausalLM"], "tie_word_embeddings": False,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+                "shared_intermediate_size": 0, "rotary_dim": 8, "use_qk_norm": True},
+    # MiMo-V2-Flash: layers 0 and 2 slide over a 24-position window (4 heads of 24 over 1
+    # key/value head, values 16 wide, random sinks, RoPE base 10000), 1 and 3 are global (4
+    # heads of 16 over 2, values 8 wide, no sinks, base 500000), RoPE over half of each head,
+    # values times 0.707; layer 0 dense, then 2 of 4 experts (sigmoid, 2 groups of which 1
+    # taken, a random correction bias, scaled by 2.5) beside a shared expert
+    "mimo_v2_flash": {"architectures": ["MiMoV2FlashForCausalLM"], "num_experts_per_tok": 2,
+                      "hybrid_layer_pattern": [1, 0, 1, 0], "moe_layer_freq": [0, 1, 1, 1],
+                      "add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False,
+                      "sliding_window_size": 24, "moe_intermediate_size": 32,
+                      "n_shared_experts": 1, "n_routed_experts": 4, "routed_scaling_factor": 2.5,
+                      "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": True,
+                      "n_group": 2, "topk_group": 1, "layernorm_epsilon": 1e-5,
+                      "rope_theta": 500000.0, "swa_rope_theta": 10000.0,
+                      "swa_num_attention_heads": 4, "swa_num_key_value_heads": 1,
+                      "v_head_dim": 8, "swa_head_dim": 24, "swa_v_head_dim": 16,
+                      "partial_rotary_factor": 0.5, "attention_value_scale": 0.707},
+    # Step-3.5: layers 0 and 2 slide over a 24-position window (8 heads over 2 key/value
+    # heads, RoPE base 10000 over every head dim), 1 and 3 are global (4 over 2, base 500000
+    # over half of each head, Llama 3's scaling from position 64 on); per-head q/k norms and
+    # output gates; layer 0 dense, then 2 of 4 experts (sigmoid, a random router bias,
+    # renormalised, times 3) beside a shared expert; SwiGLU clamped at 0.2 in the dense MLP,
+    # the experts of layers 1 and 2 and the shared experts of 1 and 3
+    "step3p5": {"architectures": ["Step3p5ForCausalLM"], "tie_word_embeddings": False,
+                "num_attention_groups": 2, "sliding_window": 24,
+                "layer_types": ["sliding_attention", "full_attention"] * 2,
+                "attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 2},
+                "rope_theta": [10000.0, 500000.0] * 2, "partial_rotary_factors": [1.0, 0.5] * 2,
+                "yarn_only_types": ["full_attention"], "rope_scaling": {
+                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                "moe_num_experts": 4, "moe_top_k": 2, "moe_intermediate_size": 32,
+                "share_expert_dim": 32, "moe_layers_enum": "1,2,3",
+                "moe_router_scaling_factor": 3.0, "swiglu_limits": [0, 0.2, 0.2, 0],
+                "swiglu_limits_shared": [0.2, 0.2, 0, 0.2]},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -595,13 +634,13 @@ _WRAPPED = {"gemma4": ("gemma4_text", "Gemma4ForConditionalGeneration", "gemma4_
             "lfm2-vl": ("lfm2", "Lfm2VlForConditionalGeneration", "lfm2"),
             "kimi_vl": ("deepseek_v3", "KimiVLForConditionalGeneration", "deepseek_v3"),
             "kimi_k25": ("deepseek_v3", "KimiK25ForConditionalGeneration", "kimi_k2")}
-_RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus")
+_RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus", "step3p5")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
-                        "Klear", "afmoe", "gptj", "dbrx", "phixtral")
+                        "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash")
 
 
 def tiny_config(kind: str) -> dict:
@@ -706,6 +745,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
                 gate.e_score_correction_bias.shape)
         if "expert_bias" in mlp:  # lfm2_moe: zeros by default
             mlp.expert_bias = 0.1 * mx.random.normal(mlp.expert_bias.shape)
+        for owner, name in ((mlp, "e_score_correction_bias"), (gate, "router_bias")):
+            if owner is not None and name in owner:  # minimax's, step3p5's: zeros by default
+                setattr(owner, name, 0.1 * mx.random.normal(owner[name].shape))
+        if getattr(attn, "attention_sink_bias", None) is not None:  # mimo_v2_flash: ones
+            attn.attention_sink_bias = mx.random.normal(attn.attention_sink_bias.shape)
         if getattr(gate, "expert_bias", None) is not None:  # bailing_moe's
             gate.expert_bias = 0.1 * mx.random.normal(gate.expert_bias.shape)
         if kind == "jamba" and "mamba" in layer:  # log(1..state) in every channel by default
