@@ -204,6 +204,10 @@ from .errors import UserInputError, shown
 # ministral3's (``rope_parameters``' ``llama_4_scaling_beta`` and
 # ``original_max_position_embeddings``), softmax-routed experts beside shared ones at ``block.mlp``
 # from ``first_k_dense_replace`` on.
+# nemotron-nas (Llama-3.1/3.3-Nemotron Nano/Super/Ultra, DeciLM): Llama's layout whose
+# ``block_configs`` set each layer's key/value heads and MLP width; where a layer's attention is
+# a no-op or one linear map (``replace_with_linear``) it runs as a recurrent layer that holds no
+# state (:func:`_stateless`, as Nemotron-H's MLPs); a layer's MLP may be absent or linear too.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2",
                          "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
@@ -213,7 +217,8 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "
                          "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "lfm2", "lfm2_moe",
                          "llama", "llama4", "llama4_text", "mellum", "mimo", "minicpm", "minicpm3",
                          "ministral3", "mistral", "mistral3", "mistral4", "mixtral", "nanbeige",
-                         "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3", "olmoe",
+                         "nanochat", "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3",
+                         "olmoe",
                          "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3",
                          "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
                          "smollm3", "solar_open", "stablelm", "starcoder2", "telechat3",
@@ -311,7 +316,8 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``block.{mamba, pre_ff_layernorm, feed_forward}`` (the mamba called as ``(x, ArraysCache)``),
 # ``model.final_layernorm``; exaone_moe's and afmoe's ``args.layer_types``, afmoe's
 # ``self_attn.gate_proj``, ``args.mup_enabled``, ``block.{pre_mlp_layernorm,
-# post_mlp_layernorm}``): at least the first, below the second. Same as pyproject.toml.
+# post_mlp_layernorm}``; nemotron-nas's ``block.attention_config``, its blocks called as
+# ``(x)``): at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -444,7 +450,17 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     gives no attention to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
                  if hasattr(block, "linear_attn") or hasattr(block, "conv")
-                 or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*")
+                 or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
+                 or _stateless(block))
+
+
+def _stateless(block: nn.Module) -> bool:
+    """Whether ``block`` is a recurrent layer that holds no state, run as mlx-lm's own block:
+    Nemotron-H's MLP or experts alone, Nemotron-NAS's layers whose attention is a no-op or
+    a linear map."""
+    config = getattr(block, "attention_config", None)  # nemotron-nas
+    return (getattr(block, "block_type", None) in ("-", "E")
+            or config is not None and (config.no_op or config.replace_with_linear))
 
 
 class ModelAdapter:
@@ -638,7 +654,9 @@ class ModelAdapter:
             "hidden_size": self._hidden,
             # all ranks' heads (OpenELM's, given per layer, summed)
             "num_attention_heads": _total(config_value(args, "num_attention_heads")),
-            "num_key_value_heads": _total(config_value(args, "num_key_value_heads")),
+            # one per query head where a config names none (Nemotron-NAS's: by layer)
+            "num_key_value_heads": _total(config_value(args, "num_key_value_heads")
+                                          or config_value(args, "num_attention_heads")),
             "vocab_size": int(args.vocab_size),
             "weights": self.weights_digest(),
             "identity": self.identity(),
@@ -961,8 +979,8 @@ class ModelAdapter:
         branch times Granite's residual multiplier)."""
         block, n = self.layers[layer], h.shape[1]
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
-        if getattr(block, "block_type", None) in ("-", "E"):  # nemotron_h: an MLP, no state
-            return (h + mixer(norm(h)))[:, :n]
+        if _stateless(block):  # nemotron_h's MLPs, nemotron-nas's layers without attention
+            return block(h)[:, :n]
         if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, else 2
             state.extend([None] * (1 if "conv" in block else 2))
         cache = ArraysCache(len(state))

@@ -416,7 +416,7 @@ def test_the_supported_types_listing_names_each_type_once():
 
     expanded = []
     for item in supported_types().split(", "):
-        base, variants = re.fullmatch(r"(\w+)((?:\(\w+\))*)", item).groups()
+        base, variants = re.fullmatch(r"([\w-]+)((?:\(\w+\))*)", item).groups()
         expanded += [base] + [base + v for v in re.findall(r"\((\w+)\)", variants)]
     assert sorted(expanded) == sorted(SUPPORTED_MODEL_TYPES)
     # folded by suffix only: Gemma 3 and Qwen 3 stand apart from Gemma 1 and Qwen 1

@@ -28,7 +28,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "stablelm", "minicpm", "mimo", "nanochat", "gemma", "cohere", "phi", "gpt_neox",
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
-         "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe")
+         "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe",
+         "nemotron-nas")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -300,6 +301,19 @@ _KIND_CONFIG = {
                    "moe_shared_expert_intermediate_size": 32, "n_shared_experts": 1,
                    "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
                    "routed_scaling_factor": 2.5},
+    # Nemotron-NAS's layers in Qwen3.5's tiny's places: attention in 3 (2 key/value heads) and
+    # 7 (1, no MLP after it); none in 0, 2 and 5, a linear map in its place in 1, 4 and 6; an
+    # MLP 256 wide (ffn_mult's rounding) but none in 4, a linear map in 2
+    "nemotron-nas": {"architectures": ["DeciLMForCausalLM"], "num_hidden_layers": 8,
+                     "tie_word_embeddings": False, "block_configs": [
+                         {"attention": attention, "ffn": ffn} for attention, ffn in zip(
+                             [{"no_op": True}, {"replace_with_linear": True}, {"no_op": True},
+                              {"n_heads_in_group": 2}, {"replace_with_linear": True},
+                              {"no_op": True}, {"replace_with_linear": True},
+                              {"n_heads_in_group": 4}],
+                             [{"ffn_mult": 1.0}, {"ffn_mult": 1.5}, {"replace_with_linear": True},
+                              {"ffn_mult": 1.0}, {"no_op": True}, {"ffn_mult": 2.0},
+                              {"ffn_mult": 1.0}, {"no_op": True}])]},
     # Jamba's layout in Qwen3.5's tiny's places: Mamba (v1) layers (an inner width of 128, a
     # state of 16, a time-step rank of 32, a convolution over 4 tokens) but attention (no RoPE)
     # in layers 3 and 7 of 8; 2 of 4 experts in the odd layers, a dense MLP in the even ones;
@@ -570,7 +584,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
-                        "Klear", "afmoe")
+                        "Klear", "afmoe", "nemotron-nas")
 
 
 def tiny_config(kind: str) -> dict:
@@ -654,7 +668,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         # granitemoehybrid, jamba: mamba; nemotron_h: its one mixer, the MLP or experts too
         attn = (getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
                 or getattr(layer, "attn", None) or getattr(layer, "linear_attn", None)
-                or getattr(layer, "conv", None) or getattr(layer, "mamba", None) or layer.mixer)
+                or getattr(layer, "conv", None) or getattr(layer, "mamba", None)
+                or getattr(layer, "mixer", layer))  # nemotron-nas: the block, where none
         mlp = feed_forward(layer) or attn
         # every projection's bias (attention's, o_proj's, the MLP's and experts'), so that a
         # dropped one shows
