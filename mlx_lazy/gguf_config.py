@@ -173,6 +173,11 @@ The architectures (llama.cpp's names), and what converting each involves:
   llama.cpp's -exp(A_log), the conv kernels in MLX's layout; an inner size of twice the hidden
   one (as llama.cpp requires). Experts are refused: llama.cpp weighs the chosen ones by their
   softmax over all experts, mlx-lm's jamba renormalises over the chosen ones.
+* ``deci`` (Llama-3.1/3.3-Nemotron Nano/Super/Ultra, ``nemotron-nas``): each layer's heads,
+  key/value heads and MLP width (llama.cpp's arrays) as ``block_configs``: no heads, no
+  attention; heads without key/value heads, one linear map (its ``attn_output``); no MLP width,
+  no MLP (where such a layer has attention, llama.cpp's graph drops the layer's whole output,
+  mlx-lm's and Hugging Face's keep its attention); q/k un-permuted; Llama 3's ``rope_freqs``.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -181,6 +186,7 @@ from __future__ import annotations
 
 from . import _blas  # noqa: F401  (must precede any mlx import)
 
+import importlib
 import math
 from functools import partial
 from typing import Any
@@ -227,7 +233,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
-                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM"}
+                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
+                 "deci": "DeciLMForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -238,7 +245,7 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "phi2": "phi", "gptneox": "gpt_neox",
                 "starcoder": "gpt_bigcode",
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
-                "exaone-moe": "exaone_moe"}
+                "exaone-moe": "exaone_moe", "deci": "nemotron-nas"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -341,7 +348,8 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
 # RoPE scaling held as tensors (config, not weights), and the architectures llama.cpp reads
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
 ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "llama4",
-                                       "gemma4"),  # Gemma 4: its global layers' partial RoPE
+                                       "gemma4",  # Gemma 4: its global layers' partial RoPE
+                                       "deci"),
                 **dict.fromkeys(_LONGROPE.values(), ("phi3", "minicpm3"))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
@@ -403,7 +411,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe"):
+                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe", "deci"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -420,15 +428,18 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
-    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba")
-    openelm = arch == "openelm"  # every count by layer: _openelm_config's
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "deci")
+    openelm = arch == "openelm"  # every count by layer: _openelm_config's (deci's: _deci_config's)
 
     def first(key: str) -> Any:
-        """OpenELM's first layer's count (here; all of them in _openelm_config)."""
+        """OpenELM's first layer's count, deci's largest (here; all of them in their
+        functions)."""
         value = g(key)
-        return value[0] if openelm and isinstance(value, list) and value else value
+        if not (openelm or arch == "deci") or not isinstance(value, list) or not value:
+            return value
+        return value[0] if openelm else max(value)
 
-    if (isinstance(g("attention.head_count"), list) and not openelm) or \
+    if (isinstance(g("attention.head_count"), list) and not (openelm or arch == "deci")) or \
             (isinstance(g("attention.head_count_kv"), list) and not (by_layer or openelm)):
         raise UserInputError("GGUF with per-layer head counts is not supported")
     n_heads, hidden, n_layers = (count("attention.head_count", value=first("attention.head_count")),
@@ -606,6 +617,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_granitehybrid_config(g, count, optional, real, experts, tensors, config))
     if arch == "jamba":
         config.update(_jamba_config(g, count, tensors, config))
+    if arch == "deci":
+        config.update(_deci_config(g, count, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -779,6 +792,11 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config = {**{k: config[k] for k in ("architectures", "model_type", "vocab_size",
                                             "num_attention_heads", "num_key_value_heads")},
                   "text_config": {**config, "model_type": "llama4_text"}}
+    if arch == "deci" and config.get("rope_scaling"):  # Llama 3's as mlx-lm reads it first
+        # (``type``); loading the tokenizer reads the config through transformers (5.x), which
+        # fails on a llama3 ``rope_type`` without a model type it knows (nemotron-nas)
+        config["rope_scaling"] = {**config["rope_scaling"], "type": "llama3",
+                                  "rope_type": "default"}
     bos = meta.get("tokenizer.ggml.bos_token_id")
     if bos is not None:
         config["bos_token_id"] = int(bos)
@@ -1664,15 +1682,49 @@ def _gemma4_config(g: Any, count: Any, positive: Any, optional: Any, experts: An
 
 
 def _per_layer(arch: str, g: Any, count: Any, n_layers: int, key: str,
-               default: Any = None) -> list[int]:
-    """A count for each layer: one for all, or llama.cpp's array of them."""
+               default: Any = None, least: int = 1) -> list[int]:
+    """A count (``least`` or more) for each layer: one for all, or llama.cpp's array of them."""
     value = g(key, default)
     if not isinstance(value, list):
-        return [count(key, default)] * n_layers
+        return [count(key, default, least=least)] * n_layers
     if len(value) != n_layers:
         raise UserInputError(f"GGUF metadata {arch}.{key} has {len(value)} values for "
                              f"{n_layers} layers")
-    return [count(key, value=v) for v in value]
+    return [count(key, value=v, least=least) for v in value]
+
+
+def _deci_config(g: Any, count: Any, config: dict) -> dict:
+    """mlx-lm's nemotron-nas settings of a deci GGUF, read as llama.cpp reads it: each layer's
+    heads, key/value heads and MLP width as its ``block_configs`` entry (no heads: no attention;
+    heads but no key/value heads: a linear map; no width: no MLP), a width as mlx-lm derives it
+    from ``ffn_mult`` (a multiple of 256, as llama.cpp's converter writes it), every attention
+    layer with the model's heads (mlx-lm's take one count); no biases (llama.cpp reads none but
+    the output's, which mlx-lm's model takes only with q/k/v ones: refused by the shape check).
+    """
+    n_layers, heads, hidden = (config["num_hidden_layers"], config["num_attention_heads"],
+                               config["hidden_size"])
+    per_layer = partial(_per_layer, "deci", g, count, n_layers, least=0)
+    q, kv = per_layer("attention.head_count"), per_layer("attention.head_count_kv", heads)
+    widths = per_layer("feed_forward_length")
+    nas = importlib.import_module("mlx_lm.models.nemotron-nas")
+    blocks = []
+    for layer, (n_q, n_kv, width) in enumerate(zip(q, kv, widths)):
+        mult = 3 * width / (2 * hidden)  # mlx-lm's width of it: int(2 mult hidden / 3), rounded
+        # up to a multiple of 256 (the multiplier first to 6 decimals, as its config does)
+        if n_q not in (0, heads) or (n_kv and n_q % n_kv) or (n_kv and not n_q) or \
+                (width and width != nas._ffn_mult_to_intermediate_size(round(mult, 6), hidden)):
+            raise UserInputError(f"GGUF deci with {n_q} heads over {n_kv} key/value heads and "
+                                 f"an MLP {width} wide in layer {layer} is not supported "
+                                 f"(mlx-lm's nemotron-nas takes 0 or {heads} heads, groups of "
+                                 "them, widths of multiples of 256)")
+        attention = ({"no_op": True} if not n_q else {"replace_with_linear": True} if not n_kv
+                     else {"n_heads_in_group": n_q // n_kv})
+        blocks.append({"attention": attention,
+                       "ffn": {"ffn_mult": mult} if width else {"no_op": True}})
+    if not any(kv):
+        raise UserInputError("GGUF deci without an attention layer is not supported (mlx-lazy "
+                             "runs models with at least one)")
+    return {"block_configs": blocks, "attention_bias": False, "mlp_bias": False}
 
 
 def _openelm_config(g: Any, count: Any, config: dict) -> dict:

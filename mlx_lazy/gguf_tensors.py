@@ -5,11 +5,12 @@ Every tensor type the ``gguf`` package dequantizes is read. Q4_0/Q4_1/Q8_0 matri
 onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) onto MLX's
 ``mxfp4``, and stay quantized unless a dtype is given (the experts' stacks too); the other
 types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
-llama (Mixtral's too), smollm3, granite, granitemoe, granitehybrid, mistral3, minicpm, deepseek
-and nanbeige q/k rows are un-permuted from llama.cpp's RoPE layout to the Hugging Face one
-(InternLM2's too, fused again: :func:`internlm2_tensors`). LFM2's convolution kernels become MLX's
-Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's Mamba-2 tensors and Jamba's Mamba ones
-mlx-lm's (:func:`granitehybrid_tensors`, :func:`jamba_tensors`).
+llama (Mixtral's too), smollm3, granite, granitemoe, granitehybrid, mistral3, minicpm, deepseek,
+nanbeige and deci (by each layer's heads) q/k rows are un-permuted from llama.cpp's RoPE layout
+to the Hugging Face one (InternLM2's too, fused again: :func:`internlm2_tensors`). LFM2's
+convolution kernels become MLX's Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's Mamba-2
+tensors and Jamba's Mamba ones mlx-lm's (:func:`granitehybrid_tensors`, :func:`jamba_tensors`);
+a deci layer's linear map for attention its ``self_attn.linear`` (:func:`deci_tensors`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
 # llama.cpp's converter permutes q/k rows (and biases) for its LlamaModel family (Ministral 3's
 # and Mistral's own format arrive in that layout too)
 LLAMA_FAMILY = ("llama", "smollm3", "granite", "granitemoe", "mistral3", "minicpm", "deepseek",
-                "nanbeige", "granitehybrid")
+                "nanbeige", "granitehybrid", "deci")
 # Qwen3.5/3.6 (Gated DeltaNet linear attention, every n-th layer full attention): llama.cpp's
 # architectures, and what mlx-lm's qwen3_5 names its parameters under
 QWEN35 = ("qwen35", "qwen35moe")
@@ -286,6 +287,8 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                                      _DEEPSEEK2_LAYER_NAMES),
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
                      "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
+                     # Nemotron-NAS: a linear map for attention (deci_tensors' attn_linear)
+                     "deci": {**_LAYER_NAMES, "attn_linear": "self_attn.linear"},
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
@@ -736,6 +739,17 @@ def jamba_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def deci_tensors(tensors: dict, config: dict) -> dict:
+    """A deci GGUF's tensors as mlx-lm's nemotron-nas has its parameters: the ``attn_output``
+    of a layer whose attention is a linear map (llama.cpp's name for that map) as
+    ``attn_linear``, mlx-lm's ``self_attn.linear``."""
+    linear = {str(i) for i, block in enumerate(config["block_configs"])
+              if block["attention"].get("replace_with_linear")}
+    return {(name.replace(".attn_output.", ".attn_linear.")
+             if name.startswith("blk.") and name.split(".")[1] in linear else name): t
+            for name, t in tensors.items()}
+
+
 def stablelm_tensors(tensors: dict, config: dict) -> dict:
     """A StableLM GGUF's tensors with its q/k LayerNorms' weights, which llama.cpp's converter
     stacked (heads, head_dim), one per head as mlx-lm's stablelm holds them
@@ -919,7 +933,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
              "granitehybrid": granitehybrid_tensors, "chatglm": phi2_tensors,
-             "jamba": jamba_tensors}
+             "jamba": jamba_tensors, "deci": deci_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -1119,8 +1133,9 @@ def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
                 x = x.astype(np.float32) - 1.0
             parts = {suffix: x}
         for key, x in parts.items():
-            if n_heads is not None:
-                x = _unpermute_rows(x, n_heads)
+            if n_heads is not None:  # (deci's key/value heads by layer: its rows' heads)
+                x = _unpermute_rows(x, x.shape[0] // config["head_dim"] if arch == "deci"
+                                    else n_heads)
             if arch in DELTA_NET:
                 x = _delta_net_layout(gname, x, config)
             x = mx.array(x)

@@ -308,7 +308,9 @@ GGUF_KIND_LAYER_NAMES.update({
     "openelm": {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn.qkv_proj": "attn_qkv",
                 "attn.q_norm": "attn_q_norm", "attn.k_norm": "attn_k_norm",
                 "attn.out_proj": "attn_output", "ffn.proj_1": "ffn_gate_up",
-                "ffn.proj_2": "ffn_down"}})
+                "ffn.proj_2": "ffn_down"},
+    # Nemotron-NAS's linear map for attention: llama.cpp's attn_output
+    "nemotron-nas": {**GGUF_LAYER_NAMES, "self_attn.linear": "attn_output"}})
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
@@ -318,10 +320,10 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "phi": "phi2", "gpt_neox": "gptneox",
              "gpt_bigcode": "starcoder", "glm": "chatglm",
              "mistral4": "mistral4",
-             "exaone_moe": "exaone-moe", "afmoe": "afmoe"}
+             "exaone_moe": "exaone-moe", "afmoe": "afmoe", "nemotron-nas": "deci"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
-                 "internlm2", "deepseek", "nanbeige")
+                 "internlm2", "deepseek", "nanbeige", "nemotron-nas")
 #: Granite's multipliers by llama.cpp's writer methods
 GRANITE_SCALES = {"embedding_multiplier": "add_embedding_scale",
                   "residual_multiplier": "add_residual_scale",
@@ -406,6 +408,20 @@ def llama_cpp_openelm_meta(config: dict) -> dict:
                                                      config["ffn_dim_divisor"]))
                                   for f in config["ffn_multipliers"]],
             "rope_theta": config.get("rope_freq_constant", 10000.0)}
+
+
+def llama_cpp_deci_meta(config: dict) -> dict:
+    """The shape llama.cpp's convert_hf_to_gguf.py writes for a Nemotron-NAS config
+    (DeciModel.set_gguf_parameters, ported): heads (0 without attention), key/value heads (0
+    without, or with a linear map for it) and MLP widths (0 without one) per layer."""
+    nas, heads = model_module("nemotron-nas"), config["num_attention_heads"]
+    attention = [block["attention"] for block in config["block_configs"]]
+    return {"num_attention_heads": [0 if a.get("no_op") else heads for a in attention],
+            "num_key_value_heads": [heads // a["n_heads_in_group"] if a.get("n_heads_in_group")
+                                    else 0 for a in attention],
+            "intermediate_size": [
+                nas._ffn_mult_to_intermediate_size(block["ffn"]["ffn_mult"], config["hidden_size"])
+                if block["ffn"].get("ffn_mult") else 0 for block in config["block_configs"]]}
 
 
 def llama_cpp_phi3_rope(config: dict) -> tuple[dict, dict]:
@@ -734,14 +750,15 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     phi3_meta, arch_tensors = llama_cpp_phi3_rope(config) if model_type == "phi3" else ({}, {})
     if model_type == "ernie4_5_moe":
         arch_tensors = llama_cpp_ernie45_moe_biases(config)
-    if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
+    if model_type in ("apertus", "nemotron-nas") and config.get("rope_scaling"):  # Llama 3's
         arch_tensors = {"rope_freqs.weight": llama_cpp_rope_freqs(config)}
     if model_type == "minicpm3":  # MiniCPM3Model.generate_extra_tensors: LongRoPE's factors
         arch_tensors = {f"rope_factors_{k}.weight": config["rope_scaling"][f"{k}_factor"]
                         for k in ("long", "short")}
     arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta, "ministral3": llama_cpp_ministral3_meta,
                  "internlm2": llama_cpp_linear_rope, "openelm": llama_cpp_openelm_meta,
-                 "mellum": llama_cpp_mellum_meta}.get(model_type, lambda c: {})(config)
+                 "mellum": llama_cpp_mellum_meta,
+                 "nemotron-nas": llama_cpp_deci_meta}.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
@@ -779,8 +796,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     add_shape(w, m, key_length=model_type not in ("phi3", "granite", *DEEPSEEK2_KINDS, "phi",
                                                   "gpt_neox", "minicpm3"),
               ff_length=model_type != "qwen3_5_moe")
-    if model_type == "openelm":  # OpenELMModel.set_gguf_parameters (llama.cpp's default would
-        # be the hidden size over the first layer's heads)
+    if model_type in ("openelm", "nemotron-nas"):  # OpenELMModel's, DeciModel's
+        # set_gguf_parameters (llama.cpp's default would be the hidden size over the first
+        # layer's heads)
         w.add_value_length(m["head_dim"])
     if deepseek2:
         llama_cpp_deepseek2_meta(w, m)
@@ -904,8 +922,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             data = encode(y.astype(np.float32), qtype, rng)
             stored[part] = gguf.dequantize(data, qtype).reshape(y.shape)
             if model_type in GGUF_PERMUTED and part in ("attn_q", "attn_k"):
-                heads = config["num_attention_heads" if part == "attn_q"
-                               else "num_key_value_heads"]
+                heads = (config["num_attention_heads" if part == "attn_q"
+                                else "num_key_value_heads"] if model_type != "nemotron-nas"
+                         else y.shape[0] // config["head_dim"])  # its heads by layer
                 data = gguf_permute(data, heads)
             if model_type == "glm4" and m.get("mrope_section") and part in ("attn_q", "attn_k"):
                 data = glm4_normal_to_neox(data, config)
@@ -1011,6 +1030,13 @@ MELLUM_GGUF = {"rope_parameters": dict.fromkeys(("full_attention", "sliding_atte
                                                 {"rope_type": "default", "rope_theta": 10000.0})}
 #: AFM's layers as llama.cpp turns RoPE (all but every 4th), its window's default pattern
 AFMOE_GGUF = {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
+#: The tiny Nemotron-NAS with an MLP in layer 2, where its own has a linear map (llama.cpp's
+#: converter has no name for one)
+DECI_GGUF = {"block_configs": [{**block, "ffn": {"ffn_mult": 1.0}} if i == 2 else block for i, block
+                               in enumerate(tiny_config("nemotron-nas")["block_configs"])]}
+#: Llama 3's RoPE scaling over the tiny's heads (two of its frequencies smoothed)
+DECI_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 GGUF_CASES = {
     "llama-legacy": ("llama", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
                                "output": T.F16, "*": T.Q8_0}, {}),
@@ -1397,6 +1423,13 @@ GGUF_CASES.update({
                                "*": T.Q8_0}, {}),
     "chatglm-kquants": ("glm", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
                         {**KQ, "tie_word_embeddings": False}),
+    # Nemotron-NAS (deci): layers without attention, with a linear map for it (attn_output),
+    # with 2 and 1 key/value heads, without an MLP (q/k un-permuted by the layer's heads)
+    "deci-legacy": ("nemotron-nas", {"token_embd": T.Q8_0, "attn_q": T.Q4_0,
+                                     "attn_output": T.Q4_1, "output": T.F16, "*": T.Q8_0},
+                    DECI_GGUF),
+    "deci-kquants": ("nemotron-nas", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
+                     {**KQ, **DECI_GGUF}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1742,7 +1775,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
                                   "deepseek2-youtu", "chatglm-legacy", "mistral4",
-                                  "exaone_moe-legacy", "afmoe-legacy"])
+                                  "exaone_moe-legacy", "afmoe-legacy", "deci-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1832,12 +1865,16 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     # Nanbeige skipping the norm between its loops
     ("nanbeige", {"attention_bias": False, "skip_loop_final_norm": True}, {}, {},
      {"num_loops": 2, "skip_loop_final_norm": True}),
+    # Nemotron-NAS tied, with Llama 3's RoPE scaling (llama.cpp's rope_freqs)
+    ("nemotron-nas", {**DECI_GGUF, "tie_word_embeddings": True, "rope_scaling": DECI_LLAMA3},
+     {}, {}, {"tie_word_embeddings": True,
+              "rope_scaling": {**DECI_LLAMA3, "type": "llama3", "rope_type": "default"}}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
         "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
         "command_r-no-logit-scale", "phi2", "gptneox-sequential", "nemotron-linear-rope",
         "openelm-untied", "deepseek-tied", "mellum-default-period", "mellum-global",
-        "nanbeige-skip", "minicpm3-tied-long"])
+        "nanbeige-skip", "minicpm3-tied-long", "deci-tied-llama3"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's, Apertus's (and DeepSeek-MoE's, Mellum's,
@@ -2911,6 +2948,16 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                 f"blk.{i}.attn_output.bias": None for i in range(4)}) and tmp / "n.gguf",
             "GGUF tensors disagree with its metadata: it lacks "
             "model.layers.0.self_attn.o_proj.bias"),
+        "deci_heads": (lambda: write_gguf(tmp / "d.gguf", "nemotron-nas", tok_folder, meta={
+            "num_attention_heads": [0, 4, 0, 2, 4, 0, 4, 4]}, **DECI_GGUF) and tmp / "d.gguf",
+            "GGUF deci with 2 heads over 2 key/value heads and an MLP 256 wide in layer 3 is not "
+            "supported"),
+        "deci_width": (lambda: write_gguf(tmp / "d.gguf", "nemotron-nas", tok_folder, meta={
+            "intermediate_size": [200] + [256] * 7}, **DECI_GGUF) and tmp / "d.gguf",
+            "GGUF deci with 0 heads over 0 key/value heads and an MLP 200 wide in layer 0"),
+        "deci_no_attention": (lambda: write_gguf(tmp / "d.gguf", "nemotron-nas", tok_folder, meta={
+            "num_key_value_heads": [0] * 8}, **DECI_GGUF) and tmp / "d.gguf",
+            "GGUF deci without an attention layer is not supported"),
         "openelm_groups": (lambda: gguf_of("o.gguf", "openelm", {
             "num_key_value_heads": [1, 3, 2, 3]}), "GGUF openelm with 4 query heads over 3 "
             "key/value heads in layer 1 is not supported"),
@@ -2994,7 +3041,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "minicpm3_long_factors", "minicpm3_attn_factor", "minicpm3_q_proj", "youtu_sparse",
               "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length",
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
-              "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base"]
+              "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
+              "deci_heads", "deci_width", "deci_no_attention"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():
