@@ -208,6 +208,11 @@ from .errors import UserInputError, shown
 # ``block_configs`` set each layer's key/value heads and MLP width; where a layer's attention is
 # a no-op or one linear map (``replace_with_linear``) it runs as a recurrent layer that holds no
 # state (:func:`_stateless`, as Nemotron-H's MLPs); a layer's MLP may be absent or linear too.
+# plamo3 (PLaMo 3): Gemma 2's four norms (:data:`_PART_NAMES`; mlx-lm's norms add their own
+# offsets to the weights), attention at ``block.mixer`` with a fused ``qkv_proj`` (q, k, v, split
+# as phi3's), per-head q/k norms before RoPE, sliding-window layers (all but every
+# ``sliding_window_pattern``-th) with their own RoPE base, a fused ``gate_up_proj``; its blocks at
+# ``model.layers.layers``.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2",
                          "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
@@ -218,8 +223,8 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "
                          "llama", "llama4", "llama4_text", "mellum", "mimo", "minicpm", "minicpm3",
                          "ministral3", "mistral", "mistral3", "mistral4", "mixtral", "nanbeige",
                          "nanochat", "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3",
-                         "olmoe",
-                         "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3",
+                         "olmoe", "openelm", "phi", "phi3", "phimoe", "plamo3", "qwen", "qwen2",
+                         "qwen2_moe", "qwen3",
                          "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
                          "smollm3", "solar_open", "stablelm", "starcoder2", "telechat3",
                          "youtu_llm")
@@ -275,7 +280,11 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
                               "embed_tokens": "embeddings", "norm": "norm_f"},
                "afmoe": {"pre_feedforward_layernorm": "pre_mlp_layernorm",
-                         "post_feedforward_layernorm": "post_mlp_layernorm"}}
+                         "post_feedforward_layernorm": "post_mlp_layernorm"},
+               "plamo3": {"input_layernorm": "pre_mixer_norm",
+                          "post_attention_layernorm": "post_mixer_norm",
+                          "pre_feedforward_layernorm": "pre_mlp_norm",
+                          "post_feedforward_layernorm": "post_mlp_norm"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
@@ -396,7 +405,9 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
     weights, each pass a layer with its own keys and values)."""
     if getattr(text, "model_type", None) == "nanbeige":
         return text.model.layers * text.model.num_loops
-    return text.model.layers if "model" in text and "layers" in text.model else text.layers
+    # (PLaMo 3's model.layers is a module holding them: its model's layers)
+    return (text.model.layers if "model" in text and isinstance(text.model.get("layers"), list)
+            else text.layers)
 
 
 def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
@@ -424,6 +435,9 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
     elif text.model_type in ("mellum", "exaone_moe", "afmoe"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
+    elif text.model_type == "plamo3":  # the window of mlx-lm's caches and of llama.cpp (mlx-lm's
+        # prompt mask, window_size + 1 wide, disagrees with its own caches' window_size)
+        sliding, window = [not block.full_attn for block in _blocks(text)], text.config.window_size
     else:
         sliding = [False] * len(_blocks(text))
     return [int(window) if s else None for s in sliding]
@@ -504,6 +518,7 @@ class ModelAdapter:
         self._qkv_by_head = model_type == "gpt_neox"  # its fused q, k, v: head by head
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
         self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
+        self._four_norms = self._afmoe or model_type == "plamo3"  # (PLaMo 3's too)
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
         self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
                           if k in self.text)
@@ -534,10 +549,12 @@ class ModelAdapter:
         else:
             self.n_heads = (getattr(attn, "n_heads", None) or getattr(attn, "num_heads", None)
                             or getattr(attn, "n_head", None)  # gpt2
+                            or getattr(attn, "q_num_heads", None)  # plamo3
                             or attn.num_attention_heads)  # mixtral: num_heads
             self.n_kv_heads = (getattr(attn, "n_kv_heads", None)
                                or getattr(attn, "num_kv_heads", None)  # nanochat
                                or getattr(attn, "num_key_value_heads", None)
+                               or getattr(attn, "k_num_heads", None)  # plamo3
                                or self.n_heads)  # gpt_neox, gpt2: one per query head
         self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
                              or getattr(attn, "softmax_scale", None)  # minicpm3
@@ -931,11 +948,11 @@ class ModelAdapter:
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
                                h[..., self._hidden + width:])
         h = self._blas_rows(h)
-        if self._gemma2 or self._gemma3 or self._afmoe:  # norms after attention, around the MLP
-            from mlx_lm.models.gemma3_text import clip_residual
+        if self._gemma2 or self._gemma3 or self._four_norms:  # norms after attention, around
+            from mlx_lm.models.gemma3_text import clip_residual  # the MLP
 
             add = clip_residual if self._gemma3 else operator.add  # Gemma 3's float16-safe
-            h = add(h, block.post_attention_layernorm(r))
+            h = add(h, self._part(block, "post_attention_layernorm")(r))
             h = add(h, self._part(block, "post_feedforward_layernorm")(
                 self._mlp(layer, self._part(block, "pre_feedforward_layernorm")(h))))
         elif self._gemma4:

@@ -52,7 +52,9 @@ low-rank queries, longrope, MiniCPM's multipliers) and Youtu-LLM (``youtu_llm``:
 (``granitemoehybrid-micro``: Granite 4.0's layers, every one attention; its hybrids are in
 test_hybrid), GLM-4-9B (``glm``: traditional RoPE over whole heads, a fused gate_up_proj, a tied
 head) and TeleChat 3 (``telechat3``: biases on attention and the MLP); Solar Open
-(``solar_open``, in MOE2: glm4_moe's model without q/k norms or biases)."""
+(``solar_open``, in MOE2: glm4_moe's model without q/k norms or biases); PLaMo 3 (``plamo3``:
+fused q/k/v, per-head q/k norms, Gemma 2's four norms, sliding-window layers with their own RoPE
+base)."""
 
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", 
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
-         "granitemoehybrid-micro", "glm", "telechat3")
+         "granitemoehybrid-micro", "glm", "telechat3", "plamo3")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -536,6 +538,22 @@ def test_the_tiny_nemotron_and_openelm_are_what_they_claim(family):
     assert _random(layer.attn_norm.weight, layer.ffn_norm.weight, layer.attn.q_norm.weight,
                    a._final_norm.weight)
     assert a._activations[0] == "silu" and a.lm_head is None
+
+
+def test_the_tiny_plamo3_is_what_it_claims_and_slides_as_mlx_lms_caches(family):
+    """PLaMo 3's fused q/k/v and gate/up, its four norms (random weights beside mlx-lm's
+    offsets) named otherwise, layers 0 and 2 sliding with RoPE at base 10000, 1 and 3 global at
+    1e6; over a window of 24 the engine's decode steps see what mlx-lm's caches keep (24 keys;
+    mlx-lm's prompt mask sees 25, so the prompt stays inside the window)."""
+    model, _ = family("plamo3")
+    layer, a = model.layers[0], ModelAdapter(model)
+    assert "qkv_proj" in layer.mixer and "gate_up_proj" in layer.mlp and a._activations[0]
+    assert all(float(mx.abs(norm.weight).max()) > 0.05 for norm in (
+        layer.pre_mixer_norm, layer.post_mixer_norm, layer.pre_mlp_norm, layer.post_mlp_norm))
+    assert [lyr.mixer.rope.base for lyr in model.layers] == [10000.0, 1e6] * 2
+    assert sliding_windows(family("plamo3-window")[0]) == [24, None, 24, None]
+    prompt = random_prompt(16, a.vocab_size, seed=5)
+    assert mlx_lm_error(family("plamo3-window")[0], PruningConfig("full"), prompt, 30) < LOGITS_TOL
 
 
 def test_the_tiny_nanbeige_is_what_it_claims(family):

@@ -29,7 +29,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe",
-         "nemotron-nas")
+         "nemotron-nas", "plamo3")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -434,6 +434,11 @@ _KIND_CONFIG = {
     # (random) norm also between the loops: 4 layers to the engine
     "nanbeige": {"architectures": ["NanbeigeForCausalLM"], "tie_word_embeddings": False,
                  "num_hidden_layers": 2, "num_loops": 2, "attention_bias": True},
+    # PLaMo 3: fused q/k/v, per-head q/k norms, Gemma 2's four norms (random offsets from
+    # mlx-lm's), layers 0 and 2 sliding (RoPE base 10000) over a window wider than the tests'
+    # prompts, 1 and 3 global (base 1e6); plamo3-window's window is 24
+    "plamo3": {"architectures": ["Plamo3ForCausalLM"], "sliding_window_pattern": 2,
+               "window_size": 512, "rope_theta": 1e6, "rope_local_theta": 10000.0},
     # Mellum: per-head q/k norms; layers 0 and 2 slide over a 24-position window (RoPE base
     # 10000), 1 and 3 are global (base 500000); 2 of 4 experts (renormalised) in every layer
     "mellum": {"architectures": ["MellumForCausalLM"], "tie_word_embeddings": False,
@@ -570,6 +575,7 @@ _VARIANTS = {
     "nanbeige-skip": ("nanbeige", {"skip_loop_final_norm": True}),
     "stablelm-parallel": ("stablelm", {"use_parallel_residual": True, "qk_layernorm": True}),
     "gpt_neox-sequential": ("gpt_neox", {"use_parallel_residual": False}),
+    "plamo3-window": ("plamo3", {"window_size": 24}),
     "phi3-longrope": ("phi3", {
         "partial_rotary_factor": 0.75, "original_max_position_embeddings": 1024,
         "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6,
@@ -710,9 +716,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             act = layer.mlp.act_fn
             for name in ("alpha_p", "alpha_n", "beta"):
                 setattr(act, name, getattr(act, name) + 0.2 * mx.random.normal(()))
-        if kind.startswith(("gemma2", "gemma3")) or kind == "gemma":  # Gemma's (1 + w) norms:
-            for name in ("input_layernorm", "post_attention_layernorm",  # w = 0, the identity
-                         "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+        if kind.startswith(("gemma2", "gemma3", "plamo3")) or kind == "gemma":  # Gemma's (1 + w)
+            for name in ("input_layernorm", "post_attention_layernorm",  # norms: w = 0, the
+                         "pre_feedforward_layernorm", "post_feedforward_layernorm",  # identity
+                         "pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm",  # (PLaMo 3's,
+                         "post_mlp_norm"):  # w plus an offset)
                 norm = getattr(layer, name, None)  # (Gemma 1's: the first two)
                 if norm is not None:
                     norm.weight = 0.1 * mx.random.normal(norm.weight.shape)
