@@ -213,13 +213,19 @@ from .errors import UserInputError, shown
 # as phi3's), per-head q/k norms before RoPE, sliding-window layers (all but every
 # ``sliding_window_pattern``-th) with their own RoPE base, a fused ``gate_up_proj``; its blocks at
 # ``model.layers.layers``.
+# laguna (Poolside Laguna): query heads set per layer, per-head q/k norms, a softplus gain per
+# head on the attention's output (``g_proj`` of its input), sliding-window layers (its
+# ``layer_types``) with RoPE of their own (``rope_parameters`` by layer type: YaRN over part of
+# each head in the global layers), sigmoid-routed experts with a correction bias beside a shared
+# expert at ``block.mlp`` (where ``mlp_layer_types`` says ``sparse``).
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2",
                          "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
                          "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4",
                          "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss",
                          "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan",
-                         "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "lfm2", "lfm2_moe",
+                         "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "laguna", "lfm2",
+                         "lfm2_moe",
                          "llama", "llama4", "llama4_text", "mellum", "mimo", "minicpm", "minicpm3",
                          "ministral3", "mistral", "mistral3", "mistral4", "mixtral", "nanbeige",
                          "nanochat", "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3",
@@ -433,7 +439,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.is_local for block in _blocks(text)]
     elif text.model_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
-    elif text.model_type in ("mellum", "exaone_moe", "afmoe"):
+    elif text.model_type in ("mellum", "exaone_moe", "afmoe", "laguna"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     elif text.model_type == "plamo3":  # the window of mlx-lm's caches and of llama.cpp (mlx-lm's
         # prompt mask, window_size + 1 wide, disagrees with its own caches' window_size)
@@ -787,11 +793,12 @@ class ModelAdapter:
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
         """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied,
-        and the output gate of a gated attention (Qwen3.5's, AFM's) for :meth:`finish`.
+        and the output gate of a gated attention (Qwen3.5's, AFM's, Laguna's) for :meth:`finish`.
 
         Returns arrays shaped (1, heads, n, head_dim) (latent attention's values narrower than
         its keys: :meth:`_latent_qkv`); keys and values None where the layer reads another's
-        (:meth:`kv_layer`); the gate (1, n, heads x head_dim) None but in a gated attention.
+        (:meth:`kv_layer`); the gate (1, n, heads x head_dim; Laguna's (1, n, heads)) None but in
+        a gated attention.
         """
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
@@ -839,6 +846,8 @@ class ModelAdapter:
             v = k if v_proj is None else v_proj(x)  # gemma4's k_eq_v layers
             if "gate_proj" in attn:  # afmoe: an output gate from the attention's input
                 gate = attn.gate_proj(x)[:, :n]
+            if "g_proj" in attn:  # laguna: a gain per head from the attention's input
+                gate = attn.g_proj(x)[:, :n]
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
         q_norm, k_norm = self._head_norms(attn)
@@ -934,13 +943,17 @@ class ModelAdapter:
     def finish(self, layer: int, h: mx.array, attn_out: mx.array,
                gate: Optional[mx.array] = None) -> mx.array:
         """Output projection, residual and MLP: attention output (1, H, n, d), times the
-        sigmoid of :meth:`qkv`'s ``gate`` where it gave one, -> new h."""
+        sigmoid of :meth:`qkv`'s ``gate`` where it gave one (Laguna's: the softplus of a gain
+        per head), -> new h."""
         block, attn = self.layers[layer], self._attns[layer]
         n = attn_out.shape[2]
         if hasattr(attn, "unembed_out"):  # absorbed latent attention: the latent
             attn_out = attn.unembed_out(attn_out)  # output to each head's values
         out = attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)
-        if gate is not None:
+        if gate is not None and "g_proj" in attn:  # laguna: each head's, in float32 as mlx-lm's
+            gain = nn.softplus(gate.astype(mx.float32)).astype(out.dtype)
+            out = (out.reshape(1, n, gain.shape[-1], -1) * gain[..., None]).reshape(1, n, -1)
+        elif gate is not None:
             out = out * mx.sigmoid(gate)
         r = self._part(attn, "o_proj")(self._blas_rows(out))
         if self._layer_input:  # gemma4 E2B/E4B: this layer's input, then the later layers'

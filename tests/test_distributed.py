@@ -395,12 +395,12 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
                                   "mellum", "granitemoehybrid", "nemotron_h", "jamba", "Klear",
-                                  "afmoe", "nemotron-nas", "plamo3"])
+                                  "afmoe", "nemotron-nas", "plamo3", "laguna"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
     OLMoE's, Granite MoE's, Phi-3.5-MoE's, dots.llm1's, Ling's, Hunyuan's, Llama 4's, Klear's,
-    AFM's, DeepSeek-MoE's and Mellum's MoE blocks have no split here, nor mlx-lm's dense
+    AFM's, DeepSeek-MoE's, Mellum's and Laguna's MoE blocks have no split here, nor mlx-lm's dense
     llama4_text's MLP (at ``feed_forward``), Apertus's layers (plain up_proj MLP, heads named
     otherwise), OpenELM's (heads by layer, a fused q/k/v and gate/up), LFM2's convolutions,
     StarCoder 1's one key/value head (multi-query) or Granite 4.0's, Nemotron-H's and Jamba's

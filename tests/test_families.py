@@ -31,7 +31,9 @@ attention temperature, a weight-free q/k norm; mlx-lm's dense ``llama4_text`` to
 (``deepseek``: dense layer 0, softmax routing, a shared expert), Mellum (``mellum``: q/k norms,
 sliding-window layers with their own RoPE base), K-EXAONE (``exaone_moe``: global layers without
 RoPE), Klear (``Klear``: a shared expert mixed by coefficients) and AFM (``afmoe``: an output
-gate, norms around each branch, scaled embeddings). Dense families (:data:`DENSE`): EXAONE 3.5
+gate, norms around each branch, scaled embeddings), Laguna (``laguna``: query heads by layer, a
+softplus gain per head, sliding layers with RoPE of their own, YaRN over part of each head in the
+global ones). Dense families (:data:`DENSE`): EXAONE 3.5
 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k norms after
 RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``: per-head q/k
 LayerNorms, parallel residual), MiniCPM (``minicpm``: scaled embeddings, residuals and logits),
@@ -81,7 +83,7 @@ from tiny_models import build_tiny_model, tiny_config
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
-        "solar_open", "exaone_moe", "Klear", "afmoe")
+        "solar_open", "exaone_moe", "Klear", "afmoe", "laguna")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
@@ -554,6 +556,25 @@ def test_the_tiny_plamo3_is_what_it_claims_and_slides_as_mlx_lms_caches(family):
     assert sliding_windows(family("plamo3-window")[0]) == [24, None, 24, None]
     prompt = random_prompt(16, a.vocab_size, seed=5)
     assert mlx_lm_error(family("plamo3-window")[0], PruningConfig("full"), prompt, 30) < LOGITS_TOL
+
+
+def test_the_tiny_laguna_is_what_it_claims(family):
+    """Laguna's query heads by layer over 2 key/value heads, its gain per head (the softplus of
+    g_proj's, from 0.02 to 4 here: a gate taken as a sigmoid or dropped shows), RoPE over whole
+    heads in the sliding layers and YaRN over half of each in the global ones; layer 0 dense,
+    the others 2 of 4 experts beside a shared one."""
+    model, _ = family("laguna")
+    a = ModelAdapter(model)
+    assert [(lyr.self_attn.n_heads, lyr.self_attn.n_kv_heads) for lyr in model.layers] == [
+        (4, 2), (8, 2), (4, 2), (8, 2)]
+    assert sliding_windows(model) == [24, None, 24, None]
+    ropes = [(type(lyr.self_attn.rope).__name__, lyr.self_attn.rope.dims) for lyr in model.layers]
+    assert ropes == [("RoPE", 16), ("YarnRoPE", 8)] * 2
+    x = a.layers[1].input_layernorm(mx.random.normal((1, 64, 64), key=mx.random.key(0)))
+    gain = nn.softplus(model.layers[1].self_attn.g_proj(x))
+    assert gain.shape == (1, 64, 8) and float(gain.min()) < 0.5 < 2 < float(gain.max())
+    assert a._activations[0] == "silu" and model.layers[1].mlp.gate.top_k == 2
+    assert "shared_expert" in model.layers[1].mlp
 
 
 def test_the_tiny_nanbeige_is_what_it_claims(family):

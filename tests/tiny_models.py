@@ -29,7 +29,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe",
-         "nemotron-nas", "plamo3")
+         "nemotron-nas", "plamo3", "laguna")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -439,6 +439,20 @@ _KIND_CONFIG = {
     # prompts, 1 and 3 global (base 1e6); plamo3-window's window is 24
     "plamo3": {"architectures": ["Plamo3ForCausalLM"], "sliding_window_pattern": 2,
                "window_size": 512, "rope_theta": 1e6, "rope_local_theta": 10000.0},
+    # Laguna: 4, 8, 4 and 8 query heads over 2 key/value heads, per-head q/k norms, a softplus
+    # gain per head; layers 0 and 2 slide over 24 positions (RoPE base 10000 over whole heads), 1
+    # and 3 are global (YaRN at base 500000 over half of each head); layer 0 dense, then 2 of 4
+    # experts (sigmoid, a random correction bias, scaled by 2.5) beside a shared expert
+    "laguna": {"architectures": ["LagunaForCausalLM"], "tie_word_embeddings": False,
+               "num_attention_heads_per_layer": [4, 8, 4, 8], "sliding_window": 24,
+               "layer_types": ["sliding_attention", "full_attention"] * 2,
+               "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+               "shared_expert_intermediate_size": 32, "moe_routed_scaling_factor": 2.5,
+               "rope_parameters": {
+                   "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                                      "original_max_position_embeddings": 64,
+                                      "partial_rotary_factor": 0.5},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     # Mellum: per-head q/k norms; layers 0 and 2 slide over a 24-position window (RoPE base
     # 10000), 1 and 3 are global (base 500000); 2 of 4 experts (renormalised) in every layer
     "mellum": {"architectures": ["MellumForCausalLM"], "tie_word_embeddings": False,
@@ -590,7 +604,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
-                        "Klear", "afmoe", "nemotron-nas")
+                        "Klear", "afmoe", "nemotron-nas", "laguna")
 
 
 def tiny_config(kind: str) -> dict:
