@@ -218,6 +218,12 @@ from .errors import UserInputError, shown
 # ``layer_types``) with RoPE of their own (``rope_parameters`` by layer type: YaRN over part of
 # each head in the global layers), sigmoid-routed experts with a correction bias beside a shared
 # expert at ``block.mlp`` (where ``mlp_layer_types`` says ``sparse``).
+# talkie: every norm weightless (the embeddings', before each branch, the final one, q/k after
+# RoPE, epsilon ``rms_norm_eps``), nanochat's RoPE of negated frequencies, a gain per query head,
+# a gain on each branch and, in every layer, the normed embeddings added back times a gain (the
+# adapter's hidden state of a token carries them after its own, as Gemma 4's per-layer inputs);
+# its parts named ``attn_query``, ``attn_key``, ``attn_value``, ``attn_resid``, ``embed``, its
+# MLP run as its module, its head a bare matrix times a gain.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2",
                          "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
@@ -232,7 +238,7 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "
                          "olmoe", "openelm", "phi", "phi3", "phimoe", "plamo3", "qwen", "qwen2",
                          "qwen2_moe", "qwen3",
                          "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
-                         "smollm3", "solar_open", "stablelm", "starcoder2", "telechat3",
+                         "smollm3", "solar_open", "stablelm", "starcoder2", "talkie", "telechat3",
                          "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
@@ -287,12 +293,14 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                               "embed_tokens": "embeddings", "norm": "norm_f"},
                "afmoe": {"pre_feedforward_layernorm": "pre_mlp_layernorm",
                          "post_feedforward_layernorm": "post_mlp_layernorm"},
+               "talkie": {"q_proj": "attn_query", "k_proj": "attn_key", "v_proj": "attn_value",
+                          "o_proj": "attn_resid", "embed_tokens": "embed"},
                "plamo3": {"input_layernorm": "pre_mixer_norm",
                           "post_attention_layernorm": "post_mixer_norm",
                           "pre_feedforward_layernorm": "pre_mlp_norm",
                           "post_feedforward_layernorm": "post_mlp_norm"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
-_NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
+_NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talkie")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
 _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
@@ -332,7 +340,12 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``model.final_layernorm``; exaone_moe's and afmoe's ``args.layer_types``, afmoe's
 # ``self_attn.gate_proj``, ``args.mup_enabled``, ``block.{pre_mlp_layernorm,
 # post_mlp_layernorm}``; nemotron-nas's ``block.attention_config``, its blocks called as
-# ``(x)``): at least the first, below the second. Same as pyproject.toml.
+# ``(x)``; plamo3's ``model.layers.layers``, ``block.{mixer, full_attn, pre_mixer_norm,
+# post_mixer_norm, pre_mlp_norm, post_mlp_norm}``, ``mixer.{qkv_proj, q_num_heads, k_num_heads}``,
+# ``config.window_size``; laguna's ``self_attn.g_proj``, ``args.layer_types``; talkie's
+# ``model.{embed, blocks}``, ``attn.{attn_query, attn_key, attn_value, attn_resid, head_gain,
+# _rope_freqs}``, ``block.{attn_gain, mlp_gain, embed_skip}``, ``lm_head``, ``lm_head_gain``):
+# at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -532,6 +545,10 @@ class ModelAdapter:
         self.layers = list(_blocks(self.text))
         # nanochat's every norm: one function, no weights
         self._weightless = nanochat.rms_norm if model_type == "nanochat" else None
+        self._embed_skip = model_type == "talkie"  # the normed embeddings carried in h
+        if self._embed_skip:  # talkie's every norm: its own epsilon
+            self._weightless = partial(mx.fast.rms_norm, weight=None,
+                                       eps=text_args(self.text).rms_norm_eps)
         self._windows = sliding_windows(model)
         if any(getattr(layer, "use_sliding", False) and window is None
                for layer, window in zip(self.layers, self._windows)):
@@ -752,7 +769,8 @@ class ModelAdapter:
     def embed(self, tokens: mx.array, positions: Optional[np.ndarray] = None) -> mx.array:
         """(n,) token ids at ``positions`` (n,) (None: 0 .. n - 1) -> (1, n, D) hidden states
         (with Gemma 4 E2B/E4B's per-layer inputs after them: D is hidden_size + layers x their
-        width). Only a learned position embedding (GPT-2's) reads the positions.
+        width; Talkie's normed embeddings: twice hidden_size). Only a learned position
+        embedding (GPT-2's) reads the positions.
 
         Raises:
             UserInputError: a position past those a learned position embedding holds.
@@ -767,8 +785,10 @@ class ModelAdapter:
                     f"{table.weight.shape[0]} learned positions; shorten the prompt or the "
                     "generation")
             h = h + table(mx.array(positions))
-        if self._weightless is not None:  # nanochat: normed embeddings
+        if self._weightless is not None:  # nanochat, talkie: normed embeddings
             h = self._weightless(h)
+        if self._embed_skip:  # talkie: and a copy of them, which every layer adds back
+            return mx.concatenate([h, h], axis=-1)
         scale = self._embed_scale
         if scale is not None:
             h = h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
@@ -780,8 +800,10 @@ class ModelAdapter:
 
     def logits(self, h: mx.array) -> mx.array:
         """Final norm and LM head on (1, n, D) hidden states."""
-        h = self._final_norm(h)
-        if self.lm_head is None:
+        h = self._final_norm(h[..., :self._hidden] if self._embed_skip else h)
+        if self._embed_skip:  # talkie: a bare matrix times a gain
+            out = self.text.lm_head_gain(h @ self.text.lm_head.T)
+        elif self.lm_head is None:
             out = self._embedding.as_linear(h)
         else:
             out = self.lm_head(h)
@@ -802,7 +824,8 @@ class ModelAdapter:
         """
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
-        x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
+        x = self._blas_rows(h[..., :self._hidden] if self._layer_input or self._embed_skip
+                            else h)
         if not self._post_norms:
             x = self._norm(block, "input_layernorm")(x)
         gate = None
@@ -870,6 +893,8 @@ class ModelAdapter:
             q, k = _rope(rope, q, positions), _rope(rope, k, positions)
         if q_norm is not None and self._norms_after_rope:
             q, k = q_norm(q), k_norm(k)
+        if "head_gain" in attn:  # talkie: a gain per query head, after its norm
+            q = attn.head_gain(q)
         if hasattr(attn, "scaling_beta"):  # ministral3
             q = q * _query_scale(positions, attn.scaling_beta,
                                  attn.original_max_position_embeddings).astype(q.dtype)
@@ -984,6 +1009,11 @@ class ModelAdapter:
         elif self._post_norms:
             h = h + block.post_attention_layernorm(r)
             h = h + block.post_feedforward_layernorm(self._mlp(layer, h))
+        elif self._embed_skip:  # talkie: gains on each branch, the normed embeddings added back
+            x, embedded = h[..., :self._hidden], h[..., self._hidden:]
+            x = x + block.attn_gain(r)
+            x = x + block.mlp_gain(self._mlp(layer, self._weightless(x)))
+            h = mx.concatenate([x + block.embed_skip(embedded), embedded], axis=-1)
         elif self._sandwich:  # glm4
             h = h + block.post_self_attn_layernorm(r)
             h = h + block.post_mlp_layernorm(self._mlp(layer, block.post_attention_layernorm(h)))

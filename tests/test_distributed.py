@@ -395,7 +395,7 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
                                   "mellum", "granitemoehybrid", "nemotron_h", "jamba", "Klear",
-                                  "afmoe", "nemotron-nas", "plamo3", "laguna"])
+                                  "afmoe", "nemotron-nas", "plamo3", "laguna", "talkie"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -405,7 +405,8 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     otherwise), OpenELM's (heads by layer, a fused q/k/v and gate/up), LFM2's convolutions,
     StarCoder 1's one key/value head (multi-query) or Granite 4.0's, Nemotron-H's and Jamba's
     layers (Mamba, shared MLPs), nor Nemotron-NAS's layers (linear maps for attention), nor PLaMo
-    3's (a fused q/k/v of unequal parts). Refused
+    3's (a fused q/k/v of unequal parts) or Talkie's (its parts named otherwise, a gain per head).
+    Refused
     (mlx-lm has no ``shard`` for them either). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
     runs them whole)."""

@@ -56,7 +56,8 @@ test_hybrid), GLM-4-9B (``glm``: traditional RoPE over whole heads, a fused gate
 head) and TeleChat 3 (``telechat3``: biases on attention and the MLP); Solar Open
 (``solar_open``, in MOE2: glm4_moe's model without q/k norms or biases); PLaMo 3 (``plamo3``:
 fused q/k/v, per-head q/k norms, Gemma 2's four norms, sliding-window layers with their own RoPE
-base)."""
+base); Talkie (``talkie``: weightless norms, gains per query head, on each branch and on the
+normed embeddings every layer adds back)."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", 
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
-         "granitemoehybrid-micro", "glm", "telechat3", "plamo3")
+         "granitemoehybrid-micro", "glm", "telechat3", "plamo3", "talkie")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -575,6 +576,26 @@ def test_the_tiny_laguna_is_what_it_claims(family):
     assert gain.shape == (1, 64, 8) and float(gain.min()) < 0.5 < 2 < float(gain.max())
     assert a._activations[0] == "silu" and model.layers[1].mlp.gate.top_k == 2
     assert "shared_expert" in model.layers[1].mlp
+
+
+def test_the_tiny_talkie_is_what_it_claims(family):
+    """Talkie's gains random (a dropped one shows), its head a bare matrix; a token's hidden
+    state carries its normed embedding after its own (twice the hidden width), which no layer
+    changes."""
+    model, _ = family("talkie")
+    a, block = ModelAdapter(model), model.layers[1]
+    gains = [block.attn_gain.a_g, block.mlp_gain.a_g, block.embed_skip.a_g,
+             block.attn.head_gain.head_g, model.lm_head_gain.w_g]
+    assert all(float(mx.abs(g - 1).min()) > 0.01 and float(mx.abs(g).min()) > 0.4 for g in gains)
+    tokens = mx.array([5, 9, 11])
+    h = a.embed(tokens)
+    embedded = mx.fast.rms_norm(model.model.embed(tokens), None, model.args.rms_norm_eps)
+    assert h.shape == (1, 3, 128) and mx.array_equal(h[..., 64:], embedded[None])
+    positions = np.arange(3)
+    q, k, v, gate = a.qkv(0, h, positions)
+    out = a.finish(0, h, mx.fast.scaled_dot_product_attention(q, k, v, scale=a.scale,
+                                                              mask="causal"), gate)
+    assert mx.array_equal(out[..., 64:], h[..., 64:])
 
 
 def test_the_tiny_nanbeige_is_what_it_claims(family):

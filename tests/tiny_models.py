@@ -29,7 +29,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe",
-         "nemotron-nas", "plamo3", "laguna")
+         "nemotron-nas", "plamo3", "laguna", "talkie")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -453,6 +453,9 @@ _KIND_CONFIG = {
                                       "original_max_position_embeddings": 64,
                                       "partial_rotary_factor": 0.5},
                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # Talkie: weightless norms, RoPE of negated frequencies, 4 heads (no grouping); its gains
+    # (per query head, on each branch, on the embeddings added back, on the head) random
+    "talkie": {"architectures": ["TalkieForCausalLM"], "rope_theta": 10000.0},
     # Mellum: per-head q/k norms; layers 0 and 2 slide over a 24-position window (RoPE base
     # 10000), 1 and 3 are global (base 500000); 2 of 4 experts (renormalised) in every layer
     "mellum": {"architectures": ["MellumForCausalLM"], "tie_word_embeddings": False,
@@ -713,6 +716,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         if kind == "jamba" and "mamba" in layer:  # log(1..state) in every channel by default
             attn.A_log = attn.A_log + 0.5 * mx.random.normal(attn.A_log.shape)
             attn.D = 1.0 + 0.1 * mx.random.normal(attn.D.shape)
+        for name in ("attn_gain", "mlp_gain", "embed_skip"):  # talkie: 0.35 and 0 by default
+            if name in layer:
+                layer[name].a_g = 0.5 + mx.random.uniform(shape=(1,))
+        if "head_gain" in attn:  # talkie: ones by default
+            attn.head_gain.head_g = 0.5 + mx.random.uniform(shape=attn.head_gain.head_g.shape)
         if "layer_scalar" in layer:  # gemma4: ones by default
             layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
         for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm",
@@ -750,6 +758,9 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             module.weight = 1.0 + 0.1 * mx.random.normal(module.weight.shape)
     if kind == "nanochat":
         model.lm_head.weight = 30 * model.lm_head.weight
+    if kind == "talkie":  # a bare matrix, zeros by default, and its gain
+        model.lm_head = mx.random.normal(model.lm_head.shape)
+        model.lm_head_gain.w_g = mx.array([1.5])
     if kind.startswith("gemma3"):
         model.pop("lm_head")  # tied, as Gemma 3 checkpoints are (mlx-lm ties when it is absent)
     mx.eval(model.parameters())
