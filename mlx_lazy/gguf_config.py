@@ -178,6 +178,12 @@ The architectures (llama.cpp's names), and what converting each involves:
   attention; heads without key/value heads, one linear map (its ``attn_output``); no MLP width,
   no MLP (where such a layer has attention, llama.cpp's graph drops the layer's whole output,
   mlx-lm's and Hugging Face's keep its attention); q/k un-permuted; Llama 3's ``rope_freqs``.
+* ``talkie`` (``talkie``): its gains (per query head: ``attn_q_norm``; each branch's: the
+  ``.scale`` of ``attn_output`` and ``ffn_down``; the embeddings added back:
+  ``layer_output_scale``; the head's: the metadata's ``logit_scale``) as mlx-lm's parameters,
+  the q/k rows' second halves negated back (llama.cpp's converter negates them to turn
+  Talkie's RoPE of negated frequencies into NeoX's), the head a bare matrix; no grouped
+  key/value heads, as mlx-lm's talkie has none.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -234,7 +240,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
                  "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
-                 "deci": "DeciLMForCausalLM"}
+                 "deci": "DeciLMForCausalLM", "talkie": "TalkieForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -411,7 +417,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe", "deci"):
+                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe", "deci",
+                "talkie"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -619,6 +626,13 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_jamba_config(g, count, tensors, config))
     if arch == "deci":
         config.update(_deci_config(g, count, config))
+    if arch == "talkie":  # one key/value head per query head; the head's gain (llama.cpp
+        # requires it), which talkie_tensors makes a tensor
+        if n_kv != n_heads:
+            raise UserInputError(f"GGUF talkie with {n_kv} key/value heads to {n_heads} heads "
+                                 "is not supported (mlx-lm's talkie has no grouped-query "
+                                 "attention)")
+        config["logit_scale"] = real("logit_scale")
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern

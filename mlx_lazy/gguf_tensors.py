@@ -289,6 +289,15 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
                      # Nemotron-NAS: a linear map for attention (deci_tensors' attn_linear)
                      "deci": {**_LAYER_NAMES, "attn_linear": "self_attn.linear"},
+                     # Talkie: its parts' names, its gains (talkie_tensors)
+                     "talkie": {"attn_q": "attn.attn_query", "attn_k": "attn.attn_key",
+                                "attn_v": "attn.attn_value", "attn_output": "attn.attn_resid",
+                                "attn_q_norm.weight": "attn.head_gain.head_g",
+                                "attn_output.scale": "attn_gain.a_g",
+                                "ffn_down.scale": "mlp_gain.a_g",
+                                "layer_output_scale.weight": "embed_skip.a_g",
+                                "ffn_gate": "mlp.mlp_gate", "ffn_up": "mlp.mlp_linear",
+                                "ffn_down": "mlp.mlp_resid"},
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
@@ -345,6 +354,9 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 # model
                 **dict.fromkeys(("phi2", "jamba"), (
                     "model.layers", {**_TOP_NAMES, "output_norm": "model.final_layernorm"})),
+                # Talkie's blocks, embedding, its head a bare matrix and the head's gain
+                "talkie": ("model.blocks", {"token_embd": "model.embed", "output.weight": "lm_head",
+                                            "output_gain": "lm_head_gain"}),
                 "gptneox": ("model.h", {"token_embd": "model.embed_in",
                                         "output_norm": "model.final_layer_norm",
                                         "output": "model.embed_out"}),
@@ -750,6 +762,37 @@ def deci_tensors(tensors: dict, config: dict) -> dict:
             for name, t in tensors.items()}
 
 
+def talkie_tensors(tensors: dict, config: dict) -> dict:
+    """A Talkie GGUF's tensors as mlx-lm's talkie has its parameters: the second half of each
+    head's q/k rows negated back (llama.cpp's converter negates them: its NeoX RoPE then turns
+    them as Talkie's RoPE of negated frequencies does), dequantized; the query heads' gains
+    (heads, 1) as (heads,); the head's gain, the config's ``logit_scale`` (taken out of it), a
+    tensor."""
+    from gguf import GGMLQuantizationType as T
+
+    d = config["head_dim"]
+    signs = np.where(np.arange(d) < d // 2, 1.0, -1.0).astype(np.float32)[:, None]
+
+    def unflipped(t: Any) -> np.ndarray:
+        x = dequantized(t).astype(np.float32)
+        return (x.reshape(-1, d, x.shape[-1]) * signs).reshape(x.shape)
+
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith((".attn_q.weight", ".attn_k.weight")):
+            out[name] = _Part(name, T.F32, np.array(t.shape), _Lazy(lambda t=t: unflipped(t)))
+        elif name.endswith(".attn_q_norm.weight"):
+            out[name] = _Part(name, T.F32, np.array(t.shape[1:]),
+                              _Lazy(lambda t=t: dequantized(t).ravel()))
+        elif name == "output.weight":  # a bare matrix: never kept quantized
+            out[name] = _Part(name, T.F32, np.array(t.shape), _Lazy(lambda t=t: dequantized(t)))
+        else:
+            out[name] = t
+    scale = np.array([config.pop("logit_scale")], np.float32)
+    out["output_gain.w_g"] = _Part("output_gain.w_g", T.F32, np.array([1]), scale)
+    return out
+
+
 def stablelm_tensors(tensors: dict, config: dict) -> dict:
     """A StableLM GGUF's tensors with its q/k LayerNorms' weights, which llama.cpp's converter
     stacked (heads, head_dim), one per head as mlx-lm's stablelm holds them
@@ -933,7 +976,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
              "granitehybrid": granitehybrid_tensors, "chatglm": phi2_tensors,
-             "jamba": jamba_tensors, "deci": deci_tensors}
+             "jamba": jamba_tensors, "deci": deci_tensors, "talkie": talkie_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -951,6 +994,8 @@ def _hf_name(gguf_name: str, arch: str = "llama") -> str:
         role = ".".join(parts[2:end])  # attn_q_norm of StableLM's attn_q_norm.norms.3
         if parts[0] == "blk" and role in names:
             return ".".join((f"{layers}.{parts[1]}.{names[role]}", *parts[end:], suffix))
+    if gguf_name in top:  # a bare parameter (Talkie's head)
+        return top[gguf_name]
     if base in top:
         return f"{top[base]}.{suffix}"
     raise UserInputError(f"unsupported GGUF tensor {gguf_name}")
@@ -1117,7 +1162,7 @@ def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
     heads = {"self_attn.q_proj": config["num_attention_heads"],
              "self_attn.k_proj": config["num_key_value_heads"]}
     for gname, t in tensors.items():
-        module, suffix = _hf_name(gname, arch).rsplit(".", 1)
+        module, _, suffix = _hf_name(gname, arch).rpartition(".")  # (module "": bare)
         n_heads = heads.get(module.split(".", 3)[-1]) if arch in LLAMA_FAMILY else None
         kept = _kept(t, dtype, config)
         if kept and t.tensor_type == T.MXFP4:  # packed weights and their scale bytes
@@ -1145,4 +1190,4 @@ def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
             w, scales, biases = mx.quantize(parts["weight"], **requantize[module])
             parts = {"weight": w, "scales": scales, "biases": biases}
         for key, x in parts.items():
-            yield f"{module}.{key}", x
+            yield f"{module}.{key}" if module else key, x

@@ -123,7 +123,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "exaone-moe": PreTokenizer((_EXAONE_MOE_REGEX,), False, False),
     "seed-coder": PreTokenizer((_SEED_CODER_REGEX,), False, False),
     "tekken": PreTokenizer((_TEKKEN_REGEX,), True, True),
-    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"),
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2", "talkie"),
                     PreTokenizer((_GPT4O_REGEX,), False, False)),
     "deepseek-llm": PreTokenizer(_DEEPSEEK_LLM_SPLITS, False, False),
     "deepseek-coder": PreTokenizer(_DEEPSEEK_CODER_SPLITS, False, False),

@@ -235,7 +235,11 @@ GGUF_QWEN2MOE_NAMES = {**GGUF_LAYER_NAMES, **{k: v for k, v in GGUF_QWEN35_NAMES
 #: GLM-4.5's expert-score correction bias
 GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias",
                    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
-                   "mlp.expert_bias": "exp_probs_b.bias"}
+                   "mlp.expert_bias": "exp_probs_b.bias",
+                   # Talkie's gains (TalkieModel.modify_tensors' names)
+                   "attn.head_gain.head_g": "attn_q_norm.weight",
+                   "attn_gain.a_g": "attn_output.scale", "mlp_gain.a_g": "ffn_down.scale",
+                   "embed_skip.a_g": "layer_output_scale.weight"}
 QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
 #: gpt-oss's, Seed-OSS's norm before the MLP
 GGUF_POST_ATTENTION_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm"}
@@ -310,7 +314,10 @@ GGUF_KIND_LAYER_NAMES.update({
                 "attn.out_proj": "attn_output", "ffn.proj_1": "ffn_gate_up",
                 "ffn.proj_2": "ffn_down"},
     # Nemotron-NAS's linear map for attention: llama.cpp's attn_output
-    "nemotron-nas": {**GGUF_LAYER_NAMES, "self_attn.linear": "attn_output"}})
+    "nemotron-nas": {**GGUF_LAYER_NAMES, "self_attn.linear": "attn_output"},
+    "talkie": {"attn.attn_query": "attn_q", "attn.attn_key": "attn_k", "attn.attn_value": "attn_v",
+               "attn.attn_resid": "attn_output", "mlp.mlp_gate": "ffn_gate",
+               "mlp.mlp_linear": "ffn_up", "mlp.mlp_resid": "ffn_down"}})
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
@@ -344,12 +351,15 @@ GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm
                   "output": "output", "model.wte": "token_embd",
                   "model.ln_f": "output_norm", "model.wpe": "position_embd",
                   "transformer.wpe": "position_embd",
-                  "transformer.token_embeddings": "token_embd", "transformer.norm": "output_norm"}
+                  "transformer.token_embeddings": "token_embd", "transformer.norm": "output_norm",
+                  "model.embed": "token_embd"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 
 
 def gguf_name(hf_name: str, model_type: str = "llama") -> str:
     hf_name = hf_name.removeprefix("language_model.")  # qwen3_5's text model
+    if hf_name == "lm_head":  # Talkie's, a bare matrix
+        return "output.weight"
     if hf_name.endswith(".self_attn.sinks"):
         hf_name += ".weight"
     if hf_name.split(".", 3)[-1] in GGUF_PARAMETERS:
@@ -422,6 +432,13 @@ def llama_cpp_deci_meta(config: dict) -> dict:
             "intermediate_size": [
                 nas._ffn_mult_to_intermediate_size(block["ffn"]["ffn_mult"], config["hidden_size"])
                 if block["ffn"].get("ffn_mult") else 0 for block in config["block_configs"]]}
+
+
+def llama_cpp_talkie_flip(head_dim: int) -> Callable[[np.ndarray], np.ndarray]:
+    """What llama.cpp's converter (TalkieModel.modify_tensors, ported) does to q/k rows: the
+    second half of each head's negated (its own inverse)."""
+    signs = np.where(np.arange(head_dim) < head_dim // 2, 1.0, -1.0).astype(np.float32)[:, None]
+    return lambda x: (x.reshape(-1, head_dim, x.shape[-1]) * signs).reshape(x.shape)
 
 
 def llama_cpp_phi3_rope(config: dict) -> tuple[dict, dict]:
@@ -758,7 +775,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     arch_meta = {"gpt_oss": llama_cpp_gpt_oss_meta, "ministral3": llama_cpp_ministral3_meta,
                  "internlm2": llama_cpp_linear_rope, "openelm": llama_cpp_openelm_meta,
                  "mellum": llama_cpp_mellum_meta,
-                 "nemotron-nas": llama_cpp_deci_meta}.get(model_type, lambda c: {})(config)
+                 "nemotron-nas": llama_cpp_deci_meta,
+                 "talkie": lambda c: {"num_key_value_heads": c["num_attention_heads"]},
+                 }.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
@@ -878,6 +897,12 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             xielu.setdefault(key, []).append(float(value))
             reference[name] = mx.array(value)
             continue
+        if name == "lm_head_gain.w_g":  # TalkieModel.modify_tensors: metadata, not a tensor
+            value = np.float32(1.5 + 0.1 * rng.normal())
+            if m.get("logit_scale", value) is not None:
+                w.add_logit_scale(float(value))
+            reference[name] = mx.array(np.array([value]))
+            continue
         gname = gguf_name(name, model_type)
         role = "ssm_a" if gname.endswith(".ssm_a") else gname.split(".")[-2]
         if gname in extra:  # left out, or replaced
@@ -912,6 +937,11 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if model_type in ("gemma", "nemotron") and "norm" in role and name.endswith(".weight"):
             # GemmaModel's and NemotronModel's modify_tensors: norm weights stored as 1 + w
             tensors, restore = {role: x + 1}, (lambda stored: stored[role] - 1)
+        if model_type == "talkie" and role in ("attn_q", "attn_k"):  # TalkieModel's: each head's
+            flip = llama_cpp_talkie_flip(config["head_dim"])  # second half negated
+            tensors, restore = {role: flip(x)}, (lambda stored: flip(stored[role]))
+        if model_type == "talkie" and role == "attn_q_norm":  # its head gains as (heads, 1)
+            tensors, restore = {role: x[:, None]}, (lambda stored: stored[role][:, 0])
         if role == "ffn_gate_up":  # OpenELMModel.modify_tensors: proj_1's gate and up halves
             tensors, restore = (dict(zip(("ffn_gate", "ffn_up"), np.split(x, 2))),
                                 lambda stored: np.concatenate([stored["ffn_gate"],
@@ -1430,6 +1460,11 @@ GGUF_CASES.update({
                     DECI_GGUF),
     "deci-kquants": ("nemotron-nas", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
                      {**KQ, **DECI_GGUF}),
+    # Talkie: its gains as llama.cpp names them (the head's as metadata), q/k rows' second
+    # halves negated (dequantized to negate them back), its head a bare matrix (dequantized)
+    "talkie-legacy": ("talkie", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
+                                 "output": T.Q8_0, "*": T.Q8_0}, {}),
+    "talkie-kquants": ("talkie", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1775,7 +1810,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "starcoder-legacy", "nemotron-legacy", "openelm-legacy",
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
                                   "deepseek2-youtu", "chatglm-legacy", "mistral4",
-                                  "exaone_moe-legacy", "afmoe-legacy", "deci-legacy"])
+                                  "exaone_moe-legacy", "afmoe-legacy", "deci-legacy",
+                                  "talkie-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2958,6 +2994,11 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "deci_no_attention": (lambda: write_gguf(tmp / "d.gguf", "nemotron-nas", tok_folder, meta={
             "num_key_value_heads": [0] * 8}, **DECI_GGUF) and tmp / "d.gguf",
             "GGUF deci without an attention layer is not supported"),
+        "talkie_kv_heads": (lambda: gguf_of("t.gguf", "talkie", {"num_key_value_heads": 2}),
+                            "GGUF talkie with 2 key/value heads to 4 heads is not supported"),
+        "talkie_logit_scale": (lambda: gguf_of("t.gguf", "talkie", {"logit_scale": None}),
+                               "GGUF metadata talkie.logit_scale must be a finite number, got "
+                               "None"),
         "openelm_groups": (lambda: gguf_of("o.gguf", "openelm", {
             "num_key_value_heads": [1, 3, 2, 3]}), "GGUF openelm with 4 query heads over 3 "
             "key/value heads in layer 1 is not supported"),
@@ -3042,7 +3083,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length",
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
               "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
-              "deci_heads", "deci_width", "deci_no_attention"]
+              "deci_heads", "deci_width", "deci_no_attention", "talkie_kv_heads",
+              "talkie_logit_scale"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

@@ -362,7 +362,7 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
                    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",),
     "seed-coder": (_CPP_SEED_CODER,),
     "tekken": (_CPP_TEKKEN,),
-    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), (_CPP_GPT4O,)),
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2", "talkie"), (_CPP_GPT4O,)),
     # DeepSeek LLM's letter class (a thousand characters) as the module writes it: the real
     # vocabulary's test checks it
     "deepseek-llm": ("[\r\n]", PRE_TOKENIZERS["deepseek-llm"].splits[1],
