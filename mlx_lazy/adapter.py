@@ -433,8 +433,8 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
     attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
-    and Ministral 3's, gpt-oss's, OLMo 3's, Mellum's, K-EXAONE's and AFM's where the config says
-    ``sliding_attention``;
+    and Ministral 3's, gpt-oss's, OLMo 3's, Mellum's, K-EXAONE's, AFM's and Laguna's where the
+    config says ``sliding_attention``, PLaMo 3's but every ``sliding_window_pattern``-th;
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
     text = _text_model(model)
@@ -477,10 +477,10 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
     DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
-    Mamba-2 layers, and Nemotron-H's MLP-only ones, which hold no state); () for every other
-    family. Such a layer holds one state that has taken its tokens in order, not keys and
-    values: a token pruned below it can never enter it later, and no cut can follow it (it
-    gives no attention to score with)."""
+    Mamba-2 layers, and Nemotron-H's MLP-only ones and Nemotron-NAS's layers without attention,
+    which hold no state); () for every other family. Such a layer holds one state that has
+    taken its tokens in order, not keys and values: a token pruned below it can never enter it
+    later, and no cut can follow it (it gives no attention to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
                  if hasattr(block, "linear_attn") or hasattr(block, "conv")
                  or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
