@@ -178,6 +178,13 @@ The architectures (llama.cpp's names), and what converting each involves:
   attention; heads without key/value heads, one linear map (its ``attn_output``); no MLP width,
   no MLP (where such a layer has attention, llama.cpp's graph drops the layer's whole output,
   mlx-lm's and Hugging Face's keep its attention); q/k un-permuted; Llama 3's ``rope_freqs``.
+* ``laguna`` (Poolside Laguna-XS.2, S.2): query heads by layer, the output gate per head
+  (``attn_gate``; Laguna-M.1's per-element gate refused: mlx-lm's laguna has none), sliding
+  layers by llama.cpp's pattern (a period of 4, a global layer first, unless given) with plain
+  RoPE over ``rope.dimension_count_swa`` dims at ``rope.freq_base_swa``, YaRN (or plain RoPE)
+  over ``rope.dimension_count`` dims in the global ones; leading dense layers, then
+  sigmoid-routed experts (a correction bias, the top weights renormalised, as mlx-lm's are)
+  beside a shared expert.
 * ``talkie`` (``talkie``): its gains (per query head: ``attn_q_norm``; each branch's: the
   ``.scale`` of ``attn_output`` and ``ffn_down``; the embeddings added back:
   ``layer_output_scale``; the head's: the metadata's ``logit_scale``) as mlx-lm's parameters,
@@ -240,7 +247,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
                  "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
-                 "deci": "DeciLMForCausalLM", "talkie": "TalkieForCausalLM"}
+                 "deci": "DeciLMForCausalLM", "talkie": "TalkieForCausalLM",
+                 "laguna": "LagunaForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -304,6 +312,9 @@ _ONE_ROPE_BASE = ("gpt-oss", "gemma2", "mellum", "exaone-moe", "afmoe")
 # Mellum, K-EXAONE: llama.cpp's sliding-window pattern (3 local layers, then a global one)
 # unless the GGUF says otherwise
 MELLUM_SLIDING_PATTERN = 4
+# Laguna: llama.cpp's sliding-window period (a global layer, then 3 local ones) unless the GGUF
+# says otherwise
+LAGUNA_SLIDING_PATTERN = 4
 # AFM: llama.cpp's hard-wired period of the layers without RoPE (every 4th), and its window
 # pattern's default
 AFMOE_NO_ROPE_PERIOD = 4
@@ -331,7 +342,8 @@ QWEN_ROPE_BASE = 10000.0
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
-_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron")
+_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron",
+                 "laguna")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -418,7 +430,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe", "deci",
-                "talkie"):
+                "talkie", "laguna"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -442,11 +454,12 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         """OpenELM's first layer's count, deci's largest (here; all of them in their
         functions)."""
         value = g(key)
-        if not (openelm or arch == "deci") or not isinstance(value, list) or not value:
+        if not (openelm or arch in ("deci", "laguna")) or not isinstance(value, list) or not value:
             return value
         return value[0] if openelm else max(value)
 
-    if (isinstance(g("attention.head_count"), list) and not (openelm or arch == "deci")) or \
+    if (isinstance(g("attention.head_count"), list)
+            and not (openelm or arch in ("deci", "laguna"))) or \
             (isinstance(g("attention.head_count_kv"), list) and not (by_layer or openelm)):
         raise UserInputError("GGUF with per-layer head counts is not supported")
     n_heads, hidden, n_layers = (count("attention.head_count", value=first("attention.head_count")),
@@ -489,7 +502,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     scaling = g("rope.scaling.type") or ("linear" if factor not in (None, 0, 1) else None)
     # Gemma 3 4B+ (its global layers only), InternLM2, Nemotron (all of them)
     linear = arch in ("gemma3", "internlm2", "nemotron") and scaling == "linear"
-    yarn = arch in ("gpt-oss", "mistral3", "deepseek2", "mistral4") and scaling == "yarn"
+    yarn = arch in ("gpt-oss", "mistral3", "deepseek2", "mistral4", "laguna") and scaling == "yarn"
     if scaling not in (None, "none") and not (linear or yarn):
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
     for name, owners in ROPE_TENSORS.items():
@@ -626,6 +639,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_jamba_config(g, count, tensors, config))
     if arch == "deci":
         config.update(_deci_config(g, count, config))
+    if arch == "laguna":
+        config.update(_laguna_config(g, count, real, positive, optional, experts, tensors, config,
+                                     rotary, yarn_rope() if yarn else None))
     if arch == "talkie":  # one key/value head per query head; the head's gain (llama.cpp
         # requires it), which talkie_tensors makes a tensor
         if n_kv != n_heads:
@@ -1500,9 +1516,10 @@ def _minicpm3_config(g: Any, count: Any, tensors: dict, config: dict, rope_dims:
                                              [float(str(v)) for v in short.astype(np.float32)])}}
 
 
-def _local_layers(pattern: Any, n_layers: int, arch: str) -> list[bool]:
+def _local_layers(pattern: Any, n_layers: int, arch: str, dense_first: bool = False) -> list[bool]:
     """Which layers slide, by a GGUF's sliding-window pattern: a flag per layer, or llama.cpp's
-    period n (n - 1 local layers, then a global one; 0: every layer local)."""
+    period n (n - 1 local layers, then a global one, or with ``dense_first`` the global one
+    first; 0: every layer local)."""
     key = f"GGUF metadata {arch}.attention.sliding_window_pattern"
     if isinstance(pattern, list):
         if len(pattern) != n_layers:
@@ -1510,7 +1527,8 @@ def _local_layers(pattern: Any, n_layers: int, arch: str) -> list[bool]:
         return [bool(x) for x in pattern]
     if isinstance(pattern, (int, np.integer)) and not isinstance(pattern, (bool, np.bool_)) \
             and 0 <= pattern <= _MAX_COUNT:
-        return [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
+        return [pattern == 0 or (i % pattern != 0 if dense_first else i % pattern < pattern - 1)
+                for i in range(n_layers)]
     raise UserInputError(f"{key} must be a flag per layer or a period, got "
                          f"{shown(pattern, 40)}")
 
@@ -1705,6 +1723,63 @@ def _per_layer(arch: str, g: Any, count: Any, n_layers: int, key: str,
         raise UserInputError(f"GGUF metadata {arch}.{key} has {len(value)} values for "
                              f"{n_layers} layers")
     return [count(key, value=v, least=least) for v in value]
+
+
+def _laguna_config(g: Any, count: Any, real: Any, positive: Any, optional: Any, experts: Any,
+                   tensors: dict, config: dict, rotary: float | None,
+                   yarn: dict | None) -> dict:
+    """mlx-lm's laguna settings of a Laguna GGUF, read as llama.cpp reads it: query heads by
+    layer, each layer's output gate one per head (a per-element one refused); with a window,
+    llama.cpp's pattern (flags, or a period: 4, a global layer first, unless given), the sliding
+    layers' plain RoPE at rope.freq_base_swa over rope.dimension_count_swa dims, the global
+    ones' (YaRN ``yarn``, or none) over ``rotary`` of each head; without, every layer global;
+    leading_dense_block_count dense layers, then sigmoid-routed experts (a correction bias, the
+    top weights renormalised as mlx-lm's always are, scaled by expert_weights_scale) beside a
+    shared expert."""
+    n_layers, d = config["num_hidden_layers"], config["head_dim"]
+    heads = _per_layer("laguna", g, count, n_layers, "attention.head_count")
+    for layer, n in enumerate(heads):
+        gate = tensors.get(f"blk.{layer}.attn_gate.weight")
+        if gate is not None and int(gate.shape[1]) != n:
+            raise UserInputError(f"GGUF laguna with an output gate {int(gate.shape[1])} wide in "
+                                 f"layer {layer} is not supported (mlx-lm's laguna gates each "
+                                 f"of its {n} heads)")
+    n_experts, n_used = experts()
+    if not g("expert_weights_norm", False) or \
+            g("expert_gating_func", _SIGMOID_GATING) != _SIGMOID_GATING:
+        raise UserInputError("GGUF laguna whose experts' weights are not renormalised or not "
+                             "routed by sigmoid is not supported (mlx-lm's laguna does both)")
+    window = optional("attention.sliding_window")
+    local = (_local_layers(g("attention.sliding_window_pattern", LAGUNA_SLIDING_PATTERN),
+                           n_layers, "laguna", dense_first=True) if window else [False] * n_layers)
+    if all(local):
+        raise UserInputError("GGUF laguna with a sliding window in every layer is not supported "
+                             "(mlx-lm's laguna needs a global layer)")
+    full = {"rope_type": "default", "rope_theta": config["rope_theta"],
+            "partial_rotary_factor": rotary or 1.0}
+    if yarn is not None:  # llama.cpp's betas unless the GGUF gives them
+        full.update(yarn, **{key: positive(f"rope.scaling.yarn_{key}", value)
+                             for key, value in LLAMA_CPP_YARN_BETAS.items()})
+    swa_dims = count("rope.dimension_count_swa", d)
+    sliding = {"rope_type": "default", "rope_theta": positive("rope.freq_base_swa",
+                                                                config["rope_theta"]),
+               "partial_rotary_factor": _rotary_factor(swa_dims, d)}
+    if sliding["partial_rotary_factor"] is None:
+        raise UserInputError(f"GGUF laguna with RoPE over {swa_dims} of each head's {d} dims in "
+                             "its sliding layers is not supported")
+    dense = optional("leading_dense_block_count")
+    # no window: the key left out (transformers' config, which loading the tokenizer reads,
+    # takes no null; no layer slides)
+    return {"num_attention_heads": max(heads), "num_attention_heads_per_layer": heads,
+            **({"sliding_window": window} if window else {}), "gating": True,
+            "layer_types": ["sliding_attention" if x else "full_attention" for x in local],
+            "rope_parameters": {"full_attention": full, "sliding_attention": sliding},
+            "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(n_layers)],
+            "num_experts": n_experts, "num_experts_per_tok": n_used,
+            "moe_intermediate_size": count("expert_feed_forward_length"),
+            "shared_expert_intermediate_size": count("expert_shared_feed_forward_length"),
+            "moe_routed_scaling_factor": real("expert_weights_scale", 1.0),
+            "moe_router_score_func": "sigmoid", "qkv_bias": False, "attention_bias": False}
 
 
 def _deci_config(g: Any, count: Any, config: dict) -> dict:

@@ -289,6 +289,12 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
                      # Nemotron-NAS: a linear map for attention (deci_tensors' attn_linear)
                      "deci": {**_LAYER_NAMES, "attn_linear": "self_attn.linear"},
+                     # Laguna: its output gate, DeepSeek's router (a layer of its own) with the
+                     # correction bias, its shared expert
+                     "laguna": {**_LAYER_NAMES, **_CORRECTION_BIAS_NAMES,
+                                "attn_gate": "self_attn.g_proj", "ffn_gate_inp": "mlp.gate.proj",
+                                **{f"ffn_{p}_shexp": f"mlp.shared_expert.{p}_proj"
+                                   for p in ("gate", "up", "down")}},
                      # Talkie: its parts' names, its gains (talkie_tensors)
                      "talkie": {"attn_q": "attn.attn_query", "attn_k": "attn.attn_key",
                                 "attn_v": "attn.attn_value", "attn_output": "attn.attn_resid",

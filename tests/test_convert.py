@@ -315,6 +315,9 @@ GGUF_KIND_LAYER_NAMES.update({
                 "ffn.proj_2": "ffn_down"},
     # Nemotron-NAS's linear map for attention: llama.cpp's attn_output
     "nemotron-nas": {**GGUF_LAYER_NAMES, "self_attn.linear": "attn_output"},
+    # Laguna's output gate, router (a layer), shared expert
+    "laguna": {**GGUF_LAYER_NAMES, "self_attn.g_proj": "attn_gate", "mlp.gate.proj": "ffn_gate_inp",
+               **{f"mlp.shared_expert.{p}_proj": f"ffn_{p}_shexp" for p in ("gate", "up", "down")}},
     "talkie": {"attn.attn_query": "attn_q", "attn.attn_key": "attn_k", "attn.attn_value": "attn_v",
                "attn.attn_resid": "attn_output", "mlp.mlp_gate": "ffn_gate",
                "mlp.mlp_linear": "ffn_up", "mlp.mlp_resid": "ffn_down"}})
@@ -432,6 +435,29 @@ def llama_cpp_deci_meta(config: dict) -> dict:
             "intermediate_size": [
                 nas._ffn_mult_to_intermediate_size(block["ffn"]["ffn_mult"], config["hidden_size"])
                 if block["ffn"].get("ffn_mult") else 0 for block in config["block_configs"]]}
+
+
+def llama_cpp_laguna_meta(config: dict) -> dict:
+    """What llama.cpp's converter writes for a Laguna config besides the shape
+    (LagunaModel.set_gguf_parameters and TextModel's, ported): query heads per layer, the
+    global layers' RoPE (base, dims, YaRN), the sliding ones' base and dims, the experts' keys
+    (leading dense layers, the scale, renormalised, sigmoid)."""
+    full, sliding = (config["rope_parameters"][k] for k in ("full_attention", "sliding_attention"))
+    meta = {"num_attention_heads": config["num_attention_heads_per_layer"],
+            "rope_theta": full["rope_theta"],
+            "partial_rotary_factor": full.get("partial_rotary_factor", 1.0),
+            "rope_theta_swa": sliding["rope_theta"],
+            "rope_dims_swa": int(config["head_dim"] * sliding.get("partial_rotary_factor", 1.0)),
+            # (mlx-lm's laguna: one dense layer first unless mlp_layer_types says otherwise)
+            "first_k_dense_replace": (config.get("mlp_layer_types") or ["dense", "sparse"]).index(
+                "sparse"),
+            "routed_scaling_factor": config["moe_routed_scaling_factor"],
+            "norm_topk_prob": True, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID}
+    if full.get("rope_type") == "yarn":
+        meta.update(rope_scaling=gguf.RopeScalingType.YARN, rope_factor=full["factor"],
+                    original_max_position_embeddings=full["original_max_position_embeddings"],
+                    **{f"yarn_{k}": full[k] for k in ("beta_fast", "beta_slow") if k in full})
+    return meta
 
 
 def llama_cpp_talkie_flip(head_dim: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -777,6 +803,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                  "mellum": llama_cpp_mellum_meta,
                  "nemotron-nas": llama_cpp_deci_meta,
                  "talkie": lambda c: {"num_key_value_heads": c["num_attention_heads"]},
+                 "laguna": llama_cpp_laguna_meta,
                  }.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
@@ -857,11 +884,12 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     llama_cpp_dense_meta(w, m)
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
-    if model_type in ("glm4_moe", "dots1", "deepseek", "exaone_moe", "afmoe"):  # converters' keys
+    if model_type in ("glm4_moe", "dots1", "deepseek", "exaone_moe", "afmoe", "laguna"):  # keys
         for key, add in GLM4MOE_KEYS.items():
             if m.get(key) is not None:
                 getattr(w, add)(m[key])
-    if model_type in ("qwen2_moe", "granitemoe") and m.get("shared_expert_intermediate_size"):
+    if model_type in ("qwen2_moe", "granitemoe", "laguna") and \
+            m.get("shared_expert_intermediate_size"):
         w.add_expert_shared_feed_forward_length(m["shared_expert_intermediate_size"])
     if model_type in ("granite", "granitemoe"):
         for key, add in GRANITE_SCALES.items():
@@ -869,17 +897,19 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                 getattr(w, add)(m[key])
     if m.get("rope_finetuned") is not None:
         w.add_rope_scaling_finetuned(m["rope_finetuned"])
-    if model_type in ("exaone4", "olmo2", "ministral3", "mellum", "exaone_moe", "afmoe") and \
-            m.get("sliding_window") is not None:
+    if model_type in ("exaone4", "olmo2", "ministral3", "mellum", "exaone_moe", "afmoe",
+                      "laguna") and m.get("sliding_window") is not None:
         w.add_sliding_window(m["sliding_window"])
         pattern = m.get("swa_pattern")
-        if pattern is None and m.get("layer_types") and model_type != "afmoe":  # AfmoeModel
-            # writes none: llama.cpp's period (4)
+        if pattern is None and m.get("layer_types") and model_type not in ("afmoe", "laguna"):
+            # (AfmoeModel and LagunaModel write none: llama.cpp's period, 4)
             pattern = [t == "sliding_attention" for t in m["layer_types"]]
         if pattern is not None:
             w.add_sliding_window_pattern(pattern)
     if m.get("rope_theta_swa") is not None:
         w.add_rope_freq_base_swa(m["rope_theta_swa"])
+    if m.get("rope_dims_swa") is not None:
+        w.add_rope_dimension_count_swa(m["rope_dims_swa"])
     if model_type == "nanbeige":
         llama_cpp_nanbeige_meta(w, m)
     if vocab is None:
@@ -1064,6 +1094,10 @@ AFMOE_GGUF = {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
 #: converter has no name for one)
 DECI_GGUF = {"block_configs": [{**block, "ffn": {"ffn_mult": 1.0}} if i == 2 else block for i, block
                                in enumerate(tiny_config("nemotron-nas")["block_configs"])]}
+#: The tiny Laguna's layers as llama.cpp's default pattern has them: a global layer, then 3
+#: sliding ones
+LAGUNA_GGUF = {"layer_types": ["full_attention"] + ["sliding_attention"] * 3,
+               "rope_theta": 500000.0}  # (the global layers', which llama.cpp's key holds)
 #: Llama 3's RoPE scaling over the tiny's heads (two of its frequencies smoothed)
 DECI_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
@@ -1462,6 +1496,10 @@ GGUF_CASES.update({
                      {**KQ, **DECI_GGUF}),
     # Talkie: its gains as llama.cpp names them (the head's as metadata), q/k rows' second
     # halves negated (dequantized to negate them back), its head a bare matrix (dequantized)
+    # Laguna: query heads by layer, the output gate per head, layer 0 global (YaRN over half of
+    # each head) then 3 sliding, layer 0 dense then 2 of 4 experts beside a shared one
+    "laguna-legacy": ("laguna", {"token_embd": T.Q8_0, "attn_gate": T.Q4_0, "ffn_up_exps": T.Q4_1,
+                                 "ffn_gate_inp": T.Q8_0, "*": T.Q8_0}, LAGUNA_GGUF),
     "talkie-legacy": ("talkie", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
                                  "output": T.Q8_0, "*": T.Q8_0}, {}),
     "talkie-kquants": ("talkie", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
@@ -1811,7 +1849,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "deepseek-legacy", "mellum-legacy", "nanbeige-legacy",
                                   "deepseek2-youtu", "chatglm-legacy", "mistral4",
                                   "exaone_moe-legacy", "afmoe-legacy", "deci-legacy",
-                                  "talkie-legacy"])
+                                  "talkie-legacy", "laguna-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -1901,6 +1939,9 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     # Nanbeige skipping the norm between its loops
     ("nanbeige", {"attention_bias": False, "skip_loop_final_norm": True}, {}, {},
      {"num_loops": 2, "skip_loop_final_norm": True}),
+    # Laguna-M.1's layout: no window (every layer global, with YaRN)
+    ("laguna", {**LAGUNA_GGUF, "sliding_window": None, "layer_types": ["full_attention"] * 4},
+     {}, {}, {"layer_types": ["full_attention"] * 4}),
     # Nemotron-NAS tied, with Llama 3's RoPE scaling (llama.cpp's rope_freqs)
     ("nemotron-nas", {**DECI_GGUF, "tie_word_embeddings": True, "rope_scaling": DECI_LLAMA3},
      {}, {}, {"tie_word_embeddings": True,
@@ -1910,7 +1951,7 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
         "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
         "command_r-no-logit-scale", "phi2", "gptneox-sequential", "nemotron-linear-rope",
         "openelm-untied", "deepseek-tied", "mellum-default-period", "mellum-global",
-        "nanbeige-skip", "minicpm3-tied-long", "deci-tied-llama3"])
+        "nanbeige-skip", "minicpm3-tied-long", "laguna-global", "deci-tied-llama3"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's, Apertus's (and DeepSeek-MoE's, Mellum's,
@@ -2994,6 +3035,14 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "deci_no_attention": (lambda: write_gguf(tmp / "d.gguf", "nemotron-nas", tok_folder, meta={
             "num_key_value_heads": [0] * 8}, **DECI_GGUF) and tmp / "d.gguf",
             "GGUF deci without an attention layer is not supported"),
+        "laguna_element_gate": (  # Laguna-M.1's gate, one per element of the heads' output
+            lambda: write_gguf(tmp / "l.gguf", "laguna", tok_folder, extra={
+                "blk.0.attn_gate.weight": np.zeros((64, 64))}, **LAGUNA_GGUF) and tmp / "l.gguf",
+            "GGUF laguna with an output gate 64 wide in layer 0 is not supported"),
+        "laguna_weights_norm": (
+            lambda: write_gguf(tmp / "l.gguf", "laguna", tok_folder, meta={
+                "norm_topk_prob": False}, **LAGUNA_GGUF) and tmp / "l.gguf",
+            "GGUF laguna whose experts' weights are not renormalised"),
         "talkie_kv_heads": (lambda: gguf_of("t.gguf", "talkie", {"num_key_value_heads": 2}),
                             "GGUF talkie with 2 key/value heads to 4 heads is not supported"),
         "talkie_logit_scale": (lambda: gguf_of("t.gguf", "talkie", {"logit_scale": None}),
@@ -3084,7 +3133,7 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
               "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
               "deci_heads", "deci_width", "deci_no_attention", "talkie_kv_heads",
-              "talkie_logit_scale"]
+              "talkie_logit_scale", "laguna_element_gate", "laguna_weights_norm"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():
