@@ -237,15 +237,15 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "
                          "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss",
                          "gptj", "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan",
                          "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "kimi_k25",
-                         "kimi_vl", "lfm2", "lfm2-vl", "lfm2_moe", "llama", "llama4",
+                         "kimi_vl", "laguna", "lfm2", "lfm2-vl", "lfm2_moe", "llama", "llama4",
                          "llama4_text", "mellum", "mimo", "mimo_v2_flash", "minicpm", "minicpm3",
                          "minimax", "ministral3", "mistral", "mistral3", "mistral4", "mixtral",
-                         "nanbeige", "nanochat", "nemotron", "nemotron_h", "olmo2", "olmo3",
-                         "olmoe", "openelm", "phi", "phi3", "phimoe", "phixtral", "qwen", "qwen2",
-                         "qwen2_5_vl", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe",
-                         "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "seed_oss",
-                         "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5", "telechat3",
-                         "youtu_llm")
+                         "nanbeige", "nanochat", "nemotron", "nemotron-nas", "nemotron_h", "olmo2",
+                         "olmo3", "olmoe", "openelm", "phi", "phi3", "phimoe", "phixtral",
+                         "plamo3", "qwen", "qwen2", "qwen2_5_vl", "qwen2_moe", "qwen2_vl", "qwen3",
+                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl",
+                         "qwen3_vl_moe", "seed_oss", "smollm3", "solar_open", "stablelm",
+                         "starcoder2", "step3p5", "talkie", "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -307,9 +307,15 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                         "post_attention_layernorm": "norm_attn_norm.norm_2", "o_proj": "out_proj",
                         "embed_tokens": "wte", "norm": "norm_f"},
                "phixtral": {"input_layernorm": "ln", "o_proj": "out_proj",
-                            "embed_tokens": "embd.wte"}}
+                            "embed_tokens": "embd.wte"},
+               "talkie": {"q_proj": "attn_query", "k_proj": "attn_key", "v_proj": "attn_value",
+                          "o_proj": "attn_resid", "embed_tokens": "embed"},
+               "plamo3": {"input_layernorm": "pre_mixer_norm",
+                          "post_attention_layernorm": "post_mixer_norm",
+                          "pre_feedforward_layernorm": "pre_mlp_norm",
+                          "post_feedforward_layernorm": "post_mlp_norm"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
-_NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
+_NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talkie")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower), each
 # with the type that text model runs as where the checkpoint says it (None: the text model's own
 # ``model_type``; a VL checkpoint's text model names its checkpoint, or nothing: Kimi's).
@@ -361,8 +367,14 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # minimax's ``self_attn.{num_attention_heads, num_key_value_heads}``,
 # ``block.block_sparse_moe``; mimo_v2_flash's ``self_attn.{attention_sink_bias, value_scale,
 # scale}``, ``block.is_sliding_window``, ``args.sliding_window_size``; step3p5's
-# ``self_attn.{num_heads, num_kv_heads, g_proj}``, ``block.is_sliding``, its MLP's ``limit``): at
-# least the first, below the second. Same as pyproject.toml.
+# ``self_attn.{num_heads, num_kv_heads, g_proj}``, ``block.is_sliding``, its MLP's ``limit``;
+# nemotron-nas's ``block.attention_config``, its blocks called as
+# ``(x)``; plamo3's ``model.layers.layers``, ``block.{mixer, full_attn, pre_mixer_norm,
+# post_mixer_norm, pre_mlp_norm, post_mlp_norm}``, ``mixer.{qkv_proj, q_num_heads, k_num_heads}``,
+# ``config.window_size``; laguna's ``self_attn.g_proj``, ``args.layer_types``; talkie's
+# ``model.{embed, blocks}``, ``attn.{attn_query, attn_key, attn_value, attn_resid, head_gain,
+# _rope_freqs}``, ``block.{attn_gain, mlp_gain, embed_skip}``, ``lm_head``, ``lm_head_gain``):
+# at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -457,7 +469,9 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
     weights, each pass a layer with its own keys and values)."""
     if getattr(text, "model_type", None) == "nanbeige":
         return text.model.layers * text.model.num_loops
-    return text.model.layers if "model" in text and "layers" in text.model else text.layers
+    # (PLaMo 3's model.layers is a module holding them: its model's layers)
+    return (text.model.layers if "model" in text and isinstance(text.model.get("layers"), list)
+            else text.layers)
 
 
 def num_layers(model: nn.Module) -> int:
@@ -470,8 +484,9 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     """Each layer's sliding window on an mlx-lm ``model`` of :data:`SUPPORTED_MODEL_TYPES`
     (a query at position p sees keys at positions p - window + 1 .. p), None where it
     attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
-    and Ministral 3's, gpt-oss's, OLMo 3's, Mellum's, K-EXAONE's, AFM's and Step-3.5's where the
-    config says ``sliding_attention``, MiMo-V2-Flash's where ``hybrid_layer_pattern`` says 1;
+    and Ministral 3's, gpt-oss's, OLMo 3's, Mellum's, K-EXAONE's, AFM's, Step-3.5's and Laguna's
+    where the config says ``sliding_attention``, MiMo-V2-Flash's where ``hybrid_layer_pattern``
+    says 1, PLaMo 3's but every ``sliding_window_pattern``-th;
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
     text = _text_model(model)
@@ -489,13 +504,16 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.is_local for block in _blocks(text)]
     elif text_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
-    elif text_type in ("mellum", "exaone_moe", "afmoe"):
+    elif text_type in ("mellum", "exaone_moe", "afmoe", "laguna"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     elif text_type == "step3p5":
         sliding = [block.is_sliding for block in _blocks(text)]
     elif text_type == "mimo_v2_flash":
         window = text.args.sliding_window_size
         sliding = [block.is_sliding_window for block in _blocks(text)]
+    elif text_type == "plamo3":  # the window of mlx-lm's caches and of llama.cpp (mlx-lm's
+        # prompt mask, window_size + 1 wide, disagrees with its own caches' window_size)
+        sliding, window = [not block.full_attn for block in _blocks(text)], text.config.window_size
     else:
         sliding = [False] * len(_blocks(text))
     return [int(window) if s else None for s in sliding]
@@ -516,13 +534,23 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
     DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
-    Mamba-2 layers, and Nemotron-H's MLP-only ones, which hold no state); () for every other
-    family. Such a layer holds one state that has taken its tokens in order, not keys and
-    values: a token pruned below it can never enter it later, and no cut can follow it (it
-    gives no attention to score with)."""
+    Mamba-2 layers, and Nemotron-H's MLP-only ones and Nemotron-NAS's layers without attention,
+    which hold no state); () for every other family. Such a layer holds one state that has
+    taken its tokens in order, not keys and values: a token pruned below it can never enter it
+    later, and no cut can follow it (it gives no attention to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
                  if hasattr(block, "linear_attn") or hasattr(block, "conv")
-                 or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*")
+                 or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
+                 or _stateless(block))
+
+
+def _stateless(block: nn.Module) -> bool:
+    """Whether ``block`` is a recurrent layer that holds no state, run as mlx-lm's own block:
+    Nemotron-H's MLP or experts alone, Nemotron-NAS's layers whose attention is a no-op or
+    a linear map."""
+    config = getattr(block, "attention_config", None)  # nemotron-nas
+    return (getattr(block, "block_type", None) in ("-", "E")
+            or config is not None and (config.no_op or config.replace_with_linear))
 
 
 class ModelAdapter:
@@ -568,6 +596,8 @@ class ModelAdapter:
         self._qkv_by_head = model_type == "gpt_neox"  # its fused q, k, v: head by head
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
         self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
+        self._softplus_gate = model_type == "laguna"  # its g_proj's gain per head
+        self._four_norms = self._afmoe or model_type == "plamo3"  # (PLaMo 3's too)
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
         self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
                           if k in self.text)
@@ -575,6 +605,10 @@ class ModelAdapter:
         self.layers = list(_blocks(self.text))
         # nanochat's every norm: one function, no weights
         self._weightless = nanochat.rms_norm if model_type == "nanochat" else None
+        self._embed_skip = model_type == "talkie"  # the normed embeddings carried in h
+        if self._embed_skip:  # talkie's every norm: its own epsilon
+            self._weightless = partial(mx.fast.rms_norm, weight=None,
+                                       eps=text_args(self.text).rms_norm_eps)
         self._windows = sliding_windows(model)
         if any(getattr(layer, "use_sliding", False) and window is None
                for layer, window in zip(self.layers, self._windows)):
@@ -598,10 +632,12 @@ class ModelAdapter:
         else:
             self.n_heads = (getattr(attn, "n_heads", None) or getattr(attn, "num_heads", None)
                             or getattr(attn, "n_head", None)  # gpt2
+                            or getattr(attn, "q_num_heads", None)  # plamo3
                             or attn.num_attention_heads)  # mixtral: num_heads
             self.n_kv_heads = (getattr(attn, "n_kv_heads", None)
                                or getattr(attn, "num_kv_heads", None)  # nanochat
                                or getattr(attn, "num_key_value_heads", None)
+                               or getattr(attn, "k_num_heads", None)  # plamo3
                                or self.n_heads)  # gpt_neox, gpt2: one per query head
         head_dim = getattr(attn, "head_dim", None) or (  # phixtral's: hidden / heads
             config_value(text_args(self.text), "hidden_size") // self.n_heads)
@@ -803,7 +839,8 @@ class ModelAdapter:
     def embed(self, tokens: mx.array, positions: Optional[np.ndarray] = None) -> mx.array:
         """(n,) token ids at ``positions`` (n,) (None: 0 .. n - 1) -> (1, n, D) hidden states
         (with Gemma 4 E2B/E4B's per-layer inputs after them: D is hidden_size + layers x their
-        width). Only a learned position embedding (GPT-2's) reads the positions.
+        width; Talkie's normed embeddings: twice hidden_size). Only a learned position
+        embedding (GPT-2's) reads the positions.
 
         Raises:
             UserInputError: a position past those a learned position embedding holds.
@@ -818,8 +855,10 @@ class ModelAdapter:
                     f"{table.weight.shape[0]} learned positions; shorten the prompt or the "
                     "generation")
             h = h + table(mx.array(positions))
-        if self._weightless is not None:  # nanochat: normed embeddings
+        if self._weightless is not None:  # nanochat, talkie: normed embeddings
             h = self._weightless(h)
+        if self._embed_skip:  # talkie: and a copy of them, which every layer adds back
+            return mx.concatenate([h, h], axis=-1)
         scale = self._embed_scale
         if scale is not None:
             h = h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
@@ -831,8 +870,10 @@ class ModelAdapter:
 
     def logits(self, h: mx.array) -> mx.array:
         """Final norm and LM head on (1, n, D) hidden states."""
-        h = self._final_norm(h)
-        if self.lm_head is None:
+        h = self._final_norm(h[..., :self._hidden] if self._embed_skip else h)
+        if self._embed_skip:  # talkie: a bare matrix times a gain
+            out = self.text.lm_head_gain(h @ self.text.lm_head.T)
+        elif self.lm_head is None:
             out = self._embedding.as_linear(h)
         else:
             out = self.lm_head(h)
@@ -844,16 +885,18 @@ class ModelAdapter:
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
         """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied,
-        and the output gate of a gated attention (Qwen3.5's, AFM's; Step-3.5's, one per head,
-        repeated over its dims) for :meth:`finish`.
+        and the output gate of a gated attention (Qwen3.5's, AFM's; Step-3.5's and Laguna's, one
+        per head) for :meth:`finish`.
 
         Returns arrays shaped (1, heads, n, head_dim) (latent attention's values narrower than
         its keys: :meth:`_latent_qkv`); keys and values None where the layer reads another's
-        (:meth:`kv_layer`); the gate (1, n, heads x head_dim) None but in a gated attention.
+        (:meth:`kv_layer`); the gate (1, n, heads x head_dim; Laguna's (1, n, heads)) None but in
+        a gated attention.
         """
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
-        x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
+        x = self._blas_rows(h[..., :self._hidden] if self._layer_input or self._embed_skip
+                            else h)
         if not self._post_norms:
             x = self._norm(block, "input_layernorm")(x)
         gate = None
@@ -901,8 +944,8 @@ class ModelAdapter:
             v = k if v_proj is None else v_proj(x)  # gemma4's k_eq_v layers
             if "gate_proj" in attn:  # afmoe: an output gate from the attention's input
                 gate = attn.gate_proj(x)[:, :n]
-            if "g_proj" in attn:  # step3p5: one per head, for each of its dims
-                gate = mx.repeat(attn.g_proj(x)[:, :n], q.shape[-1] // heads, axis=-1)
+            if "g_proj" in attn:  # step3p5, laguna: one per head, from the attention's input
+                gate = attn.g_proj(x)[:, :n]
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
         q_norm, k_norm = self._head_norms(attn)
@@ -927,6 +970,8 @@ class ModelAdapter:
             q, k = _rope(rope, q, positions), _rope(rope, k, positions)
         if q_norm is not None and self._norms_after_rope:
             q, k = q_norm(q), k_norm(k)
+        if "head_gain" in attn:  # talkie: a gain per query head, after its norm
+            q = attn.head_gain(q)
         if hasattr(attn, "scaling_beta"):  # ministral3
             q = q * _query_scale(positions, attn.scaling_beta,
                                  attn.original_max_position_embeddings).astype(q.dtype)
@@ -1002,13 +1047,19 @@ class ModelAdapter:
     def finish(self, layer: int, h: mx.array, attn_out: mx.array,
                gate: Optional[mx.array] = None) -> mx.array:
         """Output projection, residual and MLP: attention output (1, H, n, d), times the
-        sigmoid of :meth:`qkv`'s ``gate`` where it gave one, -> new h."""
+        sigmoid of :meth:`qkv`'s ``gate`` where it gave one (Step-3.5's one per head; Laguna's:
+        the softplus of a gain per head), -> new h."""
         block, attn = self.layers[layer], self._attns[layer]
         n = attn_out.shape[2]
         if hasattr(attn, "unembed_out"):  # absorbed latent attention: the latent
             attn_out = attn.unembed_out(attn_out)  # output to each head's values
         out = attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)
-        if gate is not None:
+        if gate is not None and "g_proj" in attn:  # one gain per head: Laguna's softplus of it
+            # (in float32, as mlx-lm's), Step-3.5's sigmoid
+            gain = (nn.softplus(gate.astype(mx.float32)).astype(out.dtype) if self._softplus_gate
+                    else mx.sigmoid(gate))
+            out = (out.reshape(1, n, gain.shape[-1], -1) * gain[..., None]).reshape(1, n, -1)
+        elif gate is not None:
             out = out * mx.sigmoid(gate)
         r = self._part(attn, "o_proj")(self._blas_rows(out))
         if self._layer_input:  # gemma4 E2B/E4B: this layer's input, then the later layers'
@@ -1016,11 +1067,11 @@ class ModelAdapter:
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
                                h[..., self._hidden + width:])
         h = self._blas_rows(h)
-        if self._gemma2 or self._gemma3 or self._afmoe:  # norms after attention, around the MLP
-            from mlx_lm.models.gemma3_text import clip_residual
+        if self._gemma2 or self._gemma3 or self._four_norms:  # norms after attention, around
+            from mlx_lm.models.gemma3_text import clip_residual  # the MLP
 
             add = clip_residual if self._gemma3 else operator.add  # Gemma 3's float16-safe
-            h = add(h, block.post_attention_layernorm(r))
+            h = add(h, self._part(block, "post_attention_layernorm")(r))
             h = add(h, self._part(block, "post_feedforward_layernorm")(
                 self._mlp(layer, self._part(block, "pre_feedforward_layernorm")(h))))
         elif self._gemma4:
@@ -1039,6 +1090,11 @@ class ModelAdapter:
         elif self._post_norms:
             h = h + block.post_attention_layernorm(r)
             h = h + block.post_feedforward_layernorm(self._mlp(layer, h))
+        elif self._embed_skip:  # talkie: gains on each branch, the normed embeddings added back
+            x, embedded = h[..., :self._hidden], h[..., self._hidden:]
+            x = x + block.attn_gain(r)
+            x = x + block.mlp_gain(self._mlp(layer, self._weightless(x)))
+            h = mx.concatenate([x + block.embed_skip(embedded), embedded], axis=-1)
         elif self._sandwich:  # glm4
             h = h + block.post_self_attn_layernorm(r)
             h = h + block.post_mlp_layernorm(self._mlp(layer, block.post_attention_layernorm(h)))
@@ -1064,8 +1120,8 @@ class ModelAdapter:
         branch times Granite's residual multiplier)."""
         block, n = self.layers[layer], h.shape[1]
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
-        if getattr(block, "block_type", None) in ("-", "E"):  # nemotron_h: an MLP, no state
-            return (h + mixer(norm(h)))[:, :n]
+        if _stateless(block):  # nemotron_h's MLPs, nemotron-nas's layers without attention
+            return block(h)[:, :n]
         if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, else 2
             state.extend([None] * (1 if "conv" in block else 2))
         cache = ArraysCache(len(state))

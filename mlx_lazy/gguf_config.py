@@ -201,6 +201,24 @@ The architectures (llama.cpp's names), and what converting each involves:
   llama.cpp's -exp(A_log), the conv kernels in MLX's layout; an inner size of twice the hidden
   one (as llama.cpp requires). Experts are refused: llama.cpp weighs the chosen ones by their
   softmax over all experts, mlx-lm's jamba renormalises over the chosen ones.
+* ``deci`` (Llama-3.1/3.3-Nemotron Nano/Super/Ultra, ``nemotron-nas``): each layer's heads,
+  key/value heads and MLP width (llama.cpp's arrays) as ``block_configs``: no heads, no
+  attention; heads without key/value heads, one linear map (its ``attn_output``); no MLP width,
+  no MLP (where such a layer has attention, llama.cpp's graph drops the layer's whole output,
+  mlx-lm's and Hugging Face's keep its attention); q/k un-permuted; Llama 3's ``rope_freqs``.
+* ``laguna`` (Poolside Laguna-XS.2, S.2): query heads by layer, the output gate per head
+  (``attn_gate``; Laguna-M.1's per-element gate refused: mlx-lm's laguna has none), sliding
+  layers by llama.cpp's pattern (a period of 4, a global layer first, unless given) with plain
+  RoPE over ``rope.dimension_count_swa`` dims at ``rope.freq_base_swa``, YaRN (or plain RoPE)
+  over ``rope.dimension_count`` dims in the global ones; leading dense layers, then
+  sigmoid-routed experts (a correction bias, the top weights renormalised, as mlx-lm's are)
+  beside a shared expert.
+* ``talkie`` (``talkie``): its gains (per query head: ``attn_q_norm``; each branch's: the
+  ``.scale`` of ``attn_output`` and ``ffn_down``; the embeddings added back:
+  ``layer_output_scale``; the head's: the metadata's ``logit_scale``) as mlx-lm's parameters,
+  the q/k rows' second halves negated back (llama.cpp's converter negates them to turn
+  Talkie's RoPE of negated frequencies into NeoX's), the head a bare matrix; no grouped
+  key/value heads, as mlx-lm's talkie has none.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -209,6 +227,7 @@ from __future__ import annotations
 
 from . import _blas  # noqa: F401  (must precede any mlx import)
 
+import importlib
 import math
 from functools import partial
 from typing import Any
@@ -259,7 +278,9 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen2vl": "Qwen2ForCausalLM", "qwen3vl": "Qwen3ForCausalLM",
                  "qwen3vlmoe": "Qwen3MoeForCausalLM", "dbrx": "DbrxForCausalLM",
                  "phimoe": "PhiMoEForCausalLM", "minimax-m2": "MiniMaxM2ForCausalLM",
-                 "mimo2": "MiMoV2FlashForCausalLM", "step35": "Step3p5ForCausalLM"}
+                 "mimo2": "MiMoV2FlashForCausalLM", "step35": "Step3p5ForCausalLM",
+                 "deci": "DeciLMForCausalLM", "talkie": "TalkieForCausalLM",
+                 "laguna": "LagunaForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -272,7 +293,7 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
                 "exaone-moe": "exaone_moe", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                 "qwen3vlmoe": "qwen3_moe", "minimax-m2": "minimax", "mimo2": "mimo_v2_flash",
-                "step35": "step3p5"}
+                "step35": "step3p5", "deci": "nemotron-nas"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -329,6 +350,9 @@ _ONE_ROPE_BASE = ("gpt-oss", "gemma2", "mellum", "exaone-moe", "afmoe")
 # Mellum, K-EXAONE: llama.cpp's sliding-window pattern (3 local layers, then a global one)
 # unless the GGUF says otherwise
 MELLUM_SLIDING_PATTERN = 4
+# Laguna: llama.cpp's sliding-window period (a global layer, then 3 local ones) unless the GGUF
+# says otherwise
+LAGUNA_SLIDING_PATTERN = 4
 # AFM: llama.cpp's hard-wired period of the layers without RoPE (every 4th), and its window
 # pattern's default
 AFMOE_NO_ROPE_PERIOD = 4
@@ -360,7 +384,7 @@ QWEN_ROPE_BASE = 10000.0
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
 _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron",
-                 "minimax-m2", "mimo2")
+                 "minimax-m2", "mimo2", "laguna")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -384,7 +408,8 @@ _LONGROPE = {"long_factor": "rope_factors_long.weight",
 # each for (Llama 3.1/3.2's and EXAONE 4's divisors, Phi-3's factors)
 ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "llama4",
                                        "gemma4",  # Gemma 4: its global layers' partial RoPE
-                                       "step35"),  # Step-3.5: Llama 3's, in its global layers
+                                       "step35",  # Step-3.5: Llama 3's, in its global layers
+                                       "deci"),
                 **dict.fromkeys(_LONGROPE.values(), ("phi3", "minicpm3", "phimoe"))}
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
@@ -447,7 +472,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
-                "phimoe", "minimax-m2", "mimo2", "step35"):
+                "phimoe", "minimax-m2", "mimo2", "step35", "deci", "talkie", "laguna"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -468,15 +493,17 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
-    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2", "step35")
-    openelm = arch == "openelm"  # every count by layer: _openelm_config's
-    heads_by_layer = openelm or arch == "step35"  # (Step-3.5's by kind: _step35_config's)
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2", "step35", "deci")
+    openelm = arch == "openelm"  # every count by layer: _openelm_config's (deci's: _deci_config's)
+    heads_by_layer = openelm or arch in ("step35", "deci", "laguna")  # (Step-3.5's by kind)
 
     def first(key: str) -> Any:
-        """OpenELM's (Step-3.5's) first layer's count (here; all of them in _openelm_config,
-        _step35_config)."""
+        """OpenELM's and Step-3.5's first layer's count, deci's and Laguna's largest (here;
+        all of them in their functions)."""
         value = g(key)
-        return value[0] if heads_by_layer and isinstance(value, list) and value else value
+        if not heads_by_layer or not isinstance(value, list) or not value:
+            return value
+        return max(value) if arch in ("deci", "laguna") else value[0]
 
     if (isinstance(g("attention.head_count"), list) and not heads_by_layer) or \
             (isinstance(g("attention.head_count_kv"), list) and not (by_layer or openelm)):
@@ -522,7 +549,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     scaling = g("rope.scaling.type") or ("linear" if factor not in (None, 0, 1) else None)
     # Gemma 3 4B+ (its global layers only), InternLM2, Nemotron (all of them)
     linear = arch in ("gemma3", "internlm2", "nemotron") and scaling == "linear"
-    yarn = arch in ("gpt-oss", "mistral3", "deepseek2", "mistral4") and scaling == "yarn"
+    yarn = arch in ("gpt-oss", "mistral3", "deepseek2", "mistral4", "laguna") and scaling == "yarn"
     if scaling not in (None, "none") and not (linear or yarn):
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
     for name, owners in ROPE_TENSORS.items():
@@ -659,6 +686,18 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_granitehybrid_config(g, count, optional, real, experts, tensors, config))
     if arch == "jamba":
         config.update(_jamba_config(g, count, tensors, config))
+    if arch == "deci":
+        config.update(_deci_config(g, count, config))
+    if arch == "laguna":
+        config.update(_laguna_config(g, count, real, positive, optional, experts, tensors, config,
+                                     rotary, yarn_rope() if yarn else None))
+    if arch == "talkie":  # one key/value head per query head; the head's gain (llama.cpp
+        # requires it), which talkie_tensors makes a tensor
+        if n_kv != n_heads:
+            raise UserInputError(f"GGUF talkie with {n_kv} key/value heads to {n_heads} heads "
+                                 "is not supported (mlx-lm's talkie has no grouped-query "
+                                 "attention)")
+        config["logit_scale"] = real("logit_scale")
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -853,6 +892,11 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config = {**{k: config[k] for k in ("architectures", "model_type", "vocab_size",
                                             "num_attention_heads", "num_key_value_heads")},
                   "text_config": {**config, "model_type": "llama4_text"}}
+    if arch == "deci" and config.get("rope_scaling"):  # Llama 3's as mlx-lm reads it first
+        # (``type``); loading the tokenizer reads the config through transformers (5.x), which
+        # fails on a llama3 ``rope_type`` without a model type it knows (nemotron-nas)
+        config["rope_scaling"] = {**config["rope_scaling"], "type": "llama3",
+                                  "rope_type": "default"}
     bos = meta.get("tokenizer.ggml.bos_token_id")
     if bos is not None:
         config["bos_token_id"] = int(bos)
@@ -1701,9 +1745,10 @@ def _minicpm3_config(g: Any, count: Any, tensors: dict, config: dict, rope_dims:
                                              [float(str(v)) for v in short.astype(np.float32)])}}
 
 
-def _local_layers(pattern: Any, n_layers: int, arch: str) -> list[bool]:
+def _local_layers(pattern: Any, n_layers: int, arch: str, dense_first: bool = False) -> list[bool]:
     """Which layers slide, by a GGUF's sliding-window pattern: a flag per layer, or llama.cpp's
-    period n (n - 1 local layers, then a global one; 0: every layer local)."""
+    period n (n - 1 local layers, then a global one, or with ``dense_first`` the global one
+    first; 0: every layer local)."""
     key = f"GGUF metadata {arch}.attention.sliding_window_pattern"
     if isinstance(pattern, list):
         if len(pattern) != n_layers:
@@ -1711,7 +1756,8 @@ def _local_layers(pattern: Any, n_layers: int, arch: str) -> list[bool]:
         return [bool(x) for x in pattern]
     if isinstance(pattern, (int, np.integer)) and not isinstance(pattern, (bool, np.bool_)) \
             and 0 <= pattern <= _MAX_COUNT:
-        return [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
+        return [pattern == 0 or (i % pattern != 0 if dense_first else i % pattern < pattern - 1)
+                for i in range(n_layers)]
     raise UserInputError(f"{key} must be a flag per layer or a period, got "
                          f"{shown(pattern, 40)}")
 
@@ -1897,15 +1943,106 @@ def _gemma4_config(g: Any, count: Any, positive: Any, optional: Any, experts: An
 
 
 def _per_layer(arch: str, g: Any, count: Any, n_layers: int, key: str,
-               default: Any = None) -> list[int]:
-    """A count for each layer: one for all, or llama.cpp's array of them."""
+               default: Any = None, least: int = 1) -> list[int]:
+    """A count (``least`` or more) for each layer: one for all, or llama.cpp's array of them."""
     value = g(key, default)
     if not isinstance(value, list):
-        return [count(key, default)] * n_layers
+        return [count(key, default, least=least)] * n_layers
     if len(value) != n_layers:
         raise UserInputError(f"GGUF metadata {arch}.{key} has {len(value)} values for "
                              f"{n_layers} layers")
-    return [count(key, value=v) for v in value]
+    return [count(key, value=v, least=least) for v in value]
+
+
+def _laguna_config(g: Any, count: Any, real: Any, positive: Any, optional: Any, experts: Any,
+                   tensors: dict, config: dict, rotary: float | None,
+                   yarn: dict | None) -> dict:
+    """mlx-lm's laguna settings of a Laguna GGUF, read as llama.cpp reads it: query heads by
+    layer, each layer's output gate one per head (a per-element one refused); with a window,
+    llama.cpp's pattern (flags, or a period: 4, a global layer first, unless given), the sliding
+    layers' plain RoPE at rope.freq_base_swa over rope.dimension_count_swa dims, the global
+    ones' (YaRN ``yarn``, or none) over ``rotary`` of each head; without, every layer global;
+    leading_dense_block_count dense layers, then sigmoid-routed experts (a correction bias, the
+    top weights renormalised as mlx-lm's always are, scaled by expert_weights_scale) beside a
+    shared expert."""
+    n_layers, d = config["num_hidden_layers"], config["head_dim"]
+    heads = _per_layer("laguna", g, count, n_layers, "attention.head_count")
+    for layer, n in enumerate(heads):
+        gate = tensors.get(f"blk.{layer}.attn_gate.weight")
+        if gate is not None and int(gate.shape[1]) != n:
+            raise UserInputError(f"GGUF laguna with an output gate {int(gate.shape[1])} wide in "
+                                 f"layer {layer} is not supported (mlx-lm's laguna gates each "
+                                 f"of its {n} heads)")
+    n_experts, n_used = experts()
+    if not g("expert_weights_norm", False) or \
+            g("expert_gating_func", _SIGMOID_GATING) != _SIGMOID_GATING:
+        raise UserInputError("GGUF laguna whose experts' weights are not renormalised or not "
+                             "routed by sigmoid is not supported (mlx-lm's laguna does both)")
+    window = optional("attention.sliding_window")
+    local = (_local_layers(g("attention.sliding_window_pattern", LAGUNA_SLIDING_PATTERN),
+                           n_layers, "laguna", dense_first=True) if window else [False] * n_layers)
+    if all(local):
+        raise UserInputError("GGUF laguna with a sliding window in every layer is not supported "
+                             "(mlx-lm's laguna needs a global layer)")
+    full = {"rope_type": "default", "rope_theta": config["rope_theta"],
+            "partial_rotary_factor": rotary or 1.0}
+    if yarn is not None:  # llama.cpp's betas unless the GGUF gives them
+        full.update(yarn, **{key: positive(f"rope.scaling.yarn_{key}", value)
+                             for key, value in LLAMA_CPP_YARN_BETAS.items()})
+    swa_dims = count("rope.dimension_count_swa", d)
+    sliding = {"rope_type": "default", "rope_theta": positive("rope.freq_base_swa",
+                                                                config["rope_theta"]),
+               "partial_rotary_factor": _rotary_factor(swa_dims, d)}
+    if sliding["partial_rotary_factor"] is None:
+        raise UserInputError(f"GGUF laguna with RoPE over {swa_dims} of each head's {d} dims in "
+                             "its sliding layers is not supported")
+    dense = optional("leading_dense_block_count")
+    # no window: the key left out (transformers' config, which loading the tokenizer reads,
+    # takes no null; no layer slides)
+    return {"num_attention_heads": max(heads), "num_attention_heads_per_layer": heads,
+            **({"sliding_window": window} if window else {}), "gating": True,
+            "layer_types": ["sliding_attention" if x else "full_attention" for x in local],
+            "rope_parameters": {"full_attention": full, "sliding_attention": sliding},
+            "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(n_layers)],
+            "num_experts": n_experts, "num_experts_per_tok": n_used,
+            "moe_intermediate_size": count("expert_feed_forward_length"),
+            "shared_expert_intermediate_size": count("expert_shared_feed_forward_length"),
+            "moe_routed_scaling_factor": real("expert_weights_scale", 1.0),
+            "moe_router_score_func": "sigmoid", "qkv_bias": False, "attention_bias": False}
+
+
+def _deci_config(g: Any, count: Any, config: dict) -> dict:
+    """mlx-lm's nemotron-nas settings of a deci GGUF, read as llama.cpp reads it: each layer's
+    heads, key/value heads and MLP width as its ``block_configs`` entry (no heads: no attention;
+    heads but no key/value heads: a linear map; no width: no MLP), a width as mlx-lm derives it
+    from ``ffn_mult`` (a multiple of 256, as llama.cpp's converter writes it), every attention
+    layer with the model's heads (mlx-lm's take one count); no biases (llama.cpp reads none but
+    the output's, which mlx-lm's model takes only with q/k/v ones: refused by the shape check).
+    """
+    n_layers, heads, hidden = (config["num_hidden_layers"], config["num_attention_heads"],
+                               config["hidden_size"])
+    per_layer = partial(_per_layer, "deci", g, count, n_layers, least=0)
+    q, kv = per_layer("attention.head_count"), per_layer("attention.head_count_kv", heads)
+    widths = per_layer("feed_forward_length")
+    nas = importlib.import_module("mlx_lm.models.nemotron-nas")
+    blocks = []
+    for layer, (n_q, n_kv, width) in enumerate(zip(q, kv, widths)):
+        mult = 3 * width / (2 * hidden)  # mlx-lm's width of it: int(2 mult hidden / 3), rounded
+        # up to a multiple of 256 (the multiplier first to 6 decimals, as its config does)
+        if n_q not in (0, heads) or (n_kv and n_q % n_kv) or (n_kv and not n_q) or \
+                (width and width != nas._ffn_mult_to_intermediate_size(round(mult, 6), hidden)):
+            raise UserInputError(f"GGUF deci with {n_q} heads over {n_kv} key/value heads and "
+                                 f"an MLP {width} wide in layer {layer} is not supported "
+                                 f"(mlx-lm's nemotron-nas takes 0 or {heads} heads, groups of "
+                                 "them, widths of multiples of 256)")
+        attention = ({"no_op": True} if not n_q else {"replace_with_linear": True} if not n_kv
+                     else {"n_heads_in_group": n_q // n_kv})
+        blocks.append({"attention": attention,
+                       "ffn": {"ffn_mult": mult} if width else {"no_op": True}})
+    if not any(kv):
+        raise UserInputError("GGUF deci without an attention layer is not supported (mlx-lazy "
+                             "runs models with at least one)")
+    return {"block_configs": blocks, "attention_bias": False, "mlp_bias": False}
 
 
 def _openelm_config(g: Any, count: Any, config: dict) -> dict:

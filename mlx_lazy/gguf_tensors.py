@@ -5,11 +5,12 @@ Every tensor type the ``gguf`` package dequantizes is read. Q4_0/Q4_1/Q8_0 matri
 onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) onto MLX's
 ``mxfp4``, and stay quantized unless a dtype is given (the experts' stacks too); the other
 types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
-llama (Mixtral's too), smollm3, granite, granitemoe, granitehybrid, mistral3, minicpm, deepseek
-and nanbeige q/k rows are un-permuted from llama.cpp's RoPE layout to the Hugging Face one
-(InternLM2's too, fused again: :func:`internlm2_tensors`). LFM2's convolution kernels become MLX's
-Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's Mamba-2 tensors and Jamba's Mamba ones
-mlx-lm's (:func:`granitehybrid_tensors`, :func:`jamba_tensors`).
+llama (Mixtral's too), smollm3, granite, granitemoe, granitehybrid, mistral3, minicpm, deepseek,
+nanbeige and deci (by each layer's heads) q/k rows are un-permuted from llama.cpp's RoPE layout
+to the Hugging Face one (InternLM2's too, fused again: :func:`internlm2_tensors`). LFM2's
+convolution kernels become MLX's Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's Mamba-2
+tensors and Jamba's Mamba ones mlx-lm's (:func:`granitehybrid_tensors`, :func:`jamba_tensors`);
+a deci layer's linear map for attention its ``self_attn.linear`` (:func:`deci_tensors`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
 # llama.cpp's converter permutes q/k rows (and biases) for its LlamaModel family (Ministral 3's
 # and Mistral's own format arrive in that layout too)
 LLAMA_FAMILY = ("llama", "smollm3", "granite", "granitemoe", "mistral3", "minicpm", "deepseek",
-                "nanbeige", "granitehybrid")
+                "nanbeige", "granitehybrid", "deci")
 # Qwen3.5/3.6 (Gated DeltaNet linear attention, every n-th layer full attention): llama.cpp's
 # architectures, and what mlx-lm's qwen3_5 names its parameters under
 QWEN35 = ("qwen35", "qwen35moe")
@@ -301,6 +302,23 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                                 **{f"ffn_{p}_shexp": f"mlp.share_expert.{p}_proj"
                                    for p in ("gate", "up", "down")}},
                      "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
+                     # Nemotron-NAS: a linear map for attention (deci_tensors' attn_linear)
+                     "deci": {**_LAYER_NAMES, "attn_linear": "self_attn.linear"},
+                     # Laguna: its output gate, DeepSeek's router (a layer of its own) with the
+                     # correction bias, its shared expert
+                     "laguna": {**_LAYER_NAMES, **_CORRECTION_BIAS_NAMES,
+                                "attn_gate": "self_attn.g_proj", "ffn_gate_inp": "mlp.gate.proj",
+                                **{f"ffn_{p}_shexp": f"mlp.shared_expert.{p}_proj"
+                                   for p in ("gate", "up", "down")}},
+                     # Talkie: its parts' names, its gains (talkie_tensors)
+                     "talkie": {"attn_q": "attn.attn_query", "attn_k": "attn.attn_key",
+                                "attn_v": "attn.attn_value", "attn_output": "attn.attn_resid",
+                                "attn_q_norm.weight": "attn.head_gain.head_g",
+                                "attn_output.scale": "attn_gain.a_g",
+                                "ffn_down.scale": "mlp_gain.a_g",
+                                "layer_output_scale.weight": "embed_skip.a_g",
+                                "ffn_gate": "mlp.mlp_gate", "ffn_up": "mlp.mlp_linear",
+                                "ffn_down": "mlp.mlp_resid"},
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
@@ -364,6 +382,9 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 # model
                 **dict.fromkeys(("phi2", "jamba"), (
                     "model.layers", {**_TOP_NAMES, "output_norm": "model.final_layernorm"})),
+                # Talkie's blocks, embedding, its head a bare matrix and the head's gain
+                "talkie": ("model.blocks", {"token_embd": "model.embed", "output.weight": "lm_head",
+                                            "output_gain": "lm_head_gain"}),
                 "gptneox": ("model.h", {"token_embd": "model.embed_in",
                                         "output_norm": "model.final_layer_norm",
                                         "output": "model.embed_out"}),
@@ -761,6 +782,48 @@ def jamba_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def deci_tensors(tensors: dict, config: dict) -> dict:
+    """A deci GGUF's tensors as mlx-lm's nemotron-nas has its parameters: the ``attn_output``
+    of a layer whose attention is a linear map (llama.cpp's name for that map) as
+    ``attn_linear``, mlx-lm's ``self_attn.linear``."""
+    linear = {str(i) for i, block in enumerate(config["block_configs"])
+              if block["attention"].get("replace_with_linear")}
+    return {(name.replace(".attn_output.", ".attn_linear.")
+             if name.startswith("blk.") and name.split(".")[1] in linear else name): t
+            for name, t in tensors.items()}
+
+
+def talkie_tensors(tensors: dict, config: dict) -> dict:
+    """A Talkie GGUF's tensors as mlx-lm's talkie has its parameters: the second half of each
+    head's q/k rows negated back (llama.cpp's converter negates them: its NeoX RoPE then turns
+    them as Talkie's RoPE of negated frequencies does), dequantized; the query heads' gains
+    (heads, 1) as (heads,); the head's gain, the config's ``logit_scale`` (taken out of it), a
+    tensor."""
+    from gguf import GGMLQuantizationType as T
+
+    d = config["head_dim"]
+    signs = np.where(np.arange(d) < d // 2, 1.0, -1.0).astype(np.float32)[:, None]
+
+    def unflipped(t: Any) -> np.ndarray:
+        x = dequantized(t).astype(np.float32)
+        return (x.reshape(-1, d, x.shape[-1]) * signs).reshape(x.shape)
+
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith((".attn_q.weight", ".attn_k.weight")):
+            out[name] = _Part(name, T.F32, np.array(t.shape), _Lazy(lambda t=t: unflipped(t)))
+        elif name.endswith(".attn_q_norm.weight"):
+            out[name] = _Part(name, T.F32, np.array(t.shape[1:]),
+                              _Lazy(lambda t=t: dequantized(t).ravel()))
+        elif name == "output.weight":  # a bare matrix: never kept quantized
+            out[name] = _Part(name, T.F32, np.array(t.shape), _Lazy(lambda t=t: dequantized(t)))
+        else:
+            out[name] = t
+    scale = np.array([config.pop("logit_scale")], np.float32)
+    out["output_gain.w_g"] = _Part("output_gain.w_g", T.F32, np.array([1]), scale)
+    return out
+
+
 def stablelm_tensors(tensors: dict, config: dict) -> dict:
     """A StableLM GGUF's tensors with its q/k LayerNorms' weights, which llama.cpp's converter
     stacked (heads, head_dim), one per head as mlx-lm's stablelm holds them
@@ -970,7 +1033,8 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
              "granitehybrid": granitehybrid_tensors, "chatglm": phi2_tensors,
-             "jamba": jamba_tensors, "dbrx": dbrx_tensors}
+             "jamba": jamba_tensors, "dbrx": dbrx_tensors, "deci": deci_tensors,
+             "talkie": talkie_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -988,6 +1052,8 @@ def _hf_name(gguf_name: str, arch: str = "llama") -> str:
         role = ".".join(parts[2:end])  # attn_q_norm of StableLM's attn_q_norm.norms.3
         if parts[0] == "blk" and role in names:
             return ".".join((f"{layers}.{parts[1]}.{names[role]}", *parts[end:], suffix))
+    if gguf_name in top:  # a bare parameter (Talkie's head)
+        return top[gguf_name]
     if base in top:
         return f"{top[base]}.{suffix}"
     raise UserInputError(f"unsupported GGUF tensor {gguf_name}")
@@ -1154,7 +1220,7 @@ def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
     heads = {"self_attn.q_proj": config["num_attention_heads"],
              "self_attn.k_proj": config["num_key_value_heads"]}
     for gname, t in tensors.items():
-        module, suffix = _hf_name(gname, arch).rsplit(".", 1)
+        module, _, suffix = _hf_name(gname, arch).rpartition(".")  # (module "": bare)
         n_heads = heads.get(module.split(".", 3)[-1]) if arch in LLAMA_FAMILY else None
         kept = _kept(t, dtype, config)
         if kept and t.tensor_type == T.MXFP4:  # packed weights and their scale bytes
@@ -1170,8 +1236,9 @@ def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
                 x = x.astype(np.float32) - 1.0
             parts = {suffix: x}
         for key, x in parts.items():
-            if n_heads is not None:
-                x = _unpermute_rows(x, n_heads)
+            if n_heads is not None:  # (deci's key/value heads by layer: its rows' heads)
+                x = _unpermute_rows(x, x.shape[0] // config["head_dim"] if arch == "deci"
+                                    else n_heads)
             if arch in DELTA_NET:
                 x = _delta_net_layout(gname, x, config)
             x = mx.array(x)
@@ -1181,4 +1248,4 @@ def gguf_arrays(arch: str, tensors: dict, config: dict, dtype: str | None,
             w, scales, biases = mx.quantize(parts["weight"], **requantize[module])
             parts = {"weight": w, "scales": scales, "biases": biases}
         for key, x in parts.items():
-            yield f"{module}.{key}", x
+            yield f"{module}.{key}" if module else key, x

@@ -33,6 +33,10 @@ _QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|
 _EXAONE_MOE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?"
                      r"(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?"
                      r"|\s*[\r\n]|\s+(?!\S)|\s+")
+# Laguna's: lines apart first, then K-EXAONE's split without its marks and word runs
+_LAGUNA_SPLITS = (r"[^\n]+|[\n]+",
+                  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _TEKKEN_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
                  r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
                  r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -123,7 +127,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "exaone-moe": PreTokenizer((_EXAONE_MOE_REGEX,), False, False),
     "seed-coder": PreTokenizer((_SEED_CODER_REGEX,), False, False),
     "tekken": PreTokenizer((_TEKKEN_REGEX,), True, True),
-    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"),
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2", "talkie"),
                     PreTokenizer((_GPT4O_REGEX,), False, False)),
     "deepseek-llm": PreTokenizer(_DEEPSEEK_LLM_SPLITS, False, False),
     "deepseek-coder": PreTokenizer(_DEEPSEEK_CODER_SPLITS, False, False),
@@ -131,6 +135,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
                     PreTokenizer(_DEEPSEEK_V3_SPLITS, False, False)),
     "youtu": PreTokenizer(_YOUTU_SPLITS, True, False),
     "afmoe": PreTokenizer(_AFMOE_SPLITS, False, False),
+    "laguna": PreTokenizer(_LAGUNA_SPLITS, False, False),
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list;
 # llama.cpp makes them control tokens whatever the GGUF says: Gemma 4's converter writes

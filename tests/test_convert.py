@@ -238,7 +238,11 @@ GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.
                    "mlp.expert_bias": "exp_probs_b.bias",
                    "block_sparse_moe.e_score_correction_bias": "exp_probs_b.bias",
                    "self_attn.attention_sink_bias": "attn_sinks.weight",
-                   "mlp.gate.router_bias": "exp_probs_b.bias"}
+                   "mlp.gate.router_bias": "exp_probs_b.bias",
+                   # Talkie's gains (TalkieModel.modify_tensors' names)
+                   "attn.head_gain.head_g": "attn_q_norm.weight",
+                   "attn_gain.a_g": "attn_output.scale", "mlp_gain.a_g": "ffn_down.scale",
+                   "embed_skip.a_g": "layer_output_scale.weight"}
 QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
 #: gpt-oss's, Seed-OSS's norm before the MLP
 GGUF_POST_ATTENTION_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm"}
@@ -325,7 +329,15 @@ GGUF_KIND_LAYER_NAMES.update({
     "openelm": {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn.qkv_proj": "attn_qkv",
                 "attn.q_norm": "attn_q_norm", "attn.k_norm": "attn_k_norm",
                 "attn.out_proj": "attn_output", "ffn.proj_1": "ffn_gate_up",
-                "ffn.proj_2": "ffn_down"}})
+                "ffn.proj_2": "ffn_down"},
+    # Nemotron-NAS's linear map for attention: llama.cpp's attn_output
+    "nemotron-nas": {**GGUF_LAYER_NAMES, "self_attn.linear": "attn_output"},
+    # Laguna's output gate, router (a layer), shared expert
+    "laguna": {**GGUF_LAYER_NAMES, "self_attn.g_proj": "attn_gate", "mlp.gate.proj": "ffn_gate_inp",
+               **{f"mlp.shared_expert.{p}_proj": f"ffn_{p}_shexp" for p in ("gate", "up", "down")}},
+    "talkie": {"attn.attn_query": "attn_q", "attn.attn_key": "attn_k", "attn.attn_value": "attn_v",
+               "attn.attn_resid": "attn_output", "mlp.mlp_gate": "ffn_gate",
+               "mlp.mlp_linear": "ffn_up", "mlp.mlp_resid": "ffn_down"}})
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
@@ -336,10 +348,10 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "gpt_bigcode": "starcoder", "glm": "chatglm",
              "mistral4": "mistral4", "phimoe": "phimoe",
              "exaone_moe": "exaone-moe", "afmoe": "afmoe", "minimax": "minimax-m2",
-             "mimo_v2_flash": "mimo2", "step3p5": "step35"}
+             "mimo_v2_flash": "mimo2", "step3p5": "step35", "nemotron-nas": "deci"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
-                 "internlm2", "deepseek", "nanbeige")
+                 "internlm2", "deepseek", "nanbeige", "nemotron-nas")
 #: Granite's multipliers by llama.cpp's writer methods
 GRANITE_SCALES = {"embedding_multiplier": "add_embedding_scale",
                   "residual_multiplier": "add_residual_scale",
@@ -361,7 +373,7 @@ GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm
                   "model.ln_f": "output_norm", "model.wpe": "position_embd",
                   "transformer.wpe": "position_embd",
                   "transformer.token_embeddings": "token_embd", "transformer.norm": "output_norm",
-                  "transformer.norm_f": "output_norm"}
+                  "transformer.norm_f": "output_norm", "model.embed": "token_embd"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 #: Qwen-VL's M-RoPE sections over a tiny head's 8 dim pairs, as llama.cpp's converter pads them
 #: (Qwen3-VL's interleaved ones cover every pair, as in the original model)
@@ -370,6 +382,8 @@ QWEN_VL_GGUF = {"mrope_section": [3, 3, 2, 0]}
 
 def gguf_name(hf_name: str, model_type: str = "llama") -> str:
     hf_name = hf_name.removeprefix("language_model.")  # qwen3_5's text model
+    if hf_name == "lm_head":  # Talkie's, a bare matrix
+        return "output.weight"
     if hf_name.endswith(".self_attn.sinks"):
         hf_name += ".weight"
     if hf_name.split(".", 3)[-1] in GGUF_PARAMETERS:
@@ -428,6 +442,50 @@ def llama_cpp_openelm_meta(config: dict) -> dict:
                                                      config["ffn_dim_divisor"]))
                                   for f in config["ffn_multipliers"]],
             "rope_theta": config.get("rope_freq_constant", 10000.0)}
+
+
+def llama_cpp_deci_meta(config: dict) -> dict:
+    """The shape llama.cpp's convert_hf_to_gguf.py writes for a Nemotron-NAS config
+    (DeciModel.set_gguf_parameters, ported): heads (0 without attention), key/value heads (0
+    without, or with a linear map for it) and MLP widths (0 without one) per layer."""
+    nas, heads = model_module("nemotron-nas"), config["num_attention_heads"]
+    attention = [block["attention"] for block in config["block_configs"]]
+    return {"num_attention_heads": [0 if a.get("no_op") else heads for a in attention],
+            "num_key_value_heads": [heads // a["n_heads_in_group"] if a.get("n_heads_in_group")
+                                    else 0 for a in attention],
+            "intermediate_size": [
+                nas._ffn_mult_to_intermediate_size(block["ffn"]["ffn_mult"], config["hidden_size"])
+                if block["ffn"].get("ffn_mult") else 0 for block in config["block_configs"]]}
+
+
+def llama_cpp_laguna_meta(config: dict) -> dict:
+    """What llama.cpp's converter writes for a Laguna config besides the shape
+    (LagunaModel.set_gguf_parameters and TextModel's, ported): query heads per layer, the
+    global layers' RoPE (base, dims, YaRN), the sliding ones' base and dims, the experts' keys
+    (leading dense layers, the scale, renormalised, sigmoid)."""
+    full, sliding = (config["rope_parameters"][k] for k in ("full_attention", "sliding_attention"))
+    meta = {"num_attention_heads": config["num_attention_heads_per_layer"],
+            "rope_theta": full["rope_theta"],
+            "partial_rotary_factor": full.get("partial_rotary_factor", 1.0),
+            "rope_theta_swa": sliding["rope_theta"],
+            "rope_dims_swa": int(config["head_dim"] * sliding.get("partial_rotary_factor", 1.0)),
+            # (mlx-lm's laguna: one dense layer first unless mlp_layer_types says otherwise)
+            "first_k_dense_replace": (config.get("mlp_layer_types") or ["dense", "sparse"]).index(
+                "sparse"),
+            "routed_scaling_factor": config["moe_routed_scaling_factor"],
+            "norm_topk_prob": True, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID}
+    if full.get("rope_type") == "yarn":
+        meta.update(rope_scaling=gguf.RopeScalingType.YARN, rope_factor=full["factor"],
+                    original_max_position_embeddings=full["original_max_position_embeddings"],
+                    **{f"yarn_{k}": full[k] for k in ("beta_fast", "beta_slow") if k in full})
+    return meta
+
+
+def llama_cpp_talkie_flip(head_dim: int) -> Callable[[np.ndarray], np.ndarray]:
+    """What llama.cpp's converter (TalkieModel.modify_tensors, ported) does to q/k rows: the
+    second half of each head's negated (its own inverse)."""
+    signs = np.where(np.arange(head_dim) < head_dim // 2, 1.0, -1.0).astype(np.float32)[:, None]
+    return lambda x: (x.reshape(-1, head_dim, x.shape[-1]) * signs).reshape(x.shape)
 
 
 def llama_cpp_phi3_rope(config: dict) -> tuple[dict, dict]:
@@ -822,7 +880,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                                else ({}, {}))
     if model_type == "ernie4_5_moe":
         arch_tensors = llama_cpp_ernie45_moe_biases(config)
-    if model_type == "apertus" and config.get("rope_scaling"):  # LlamaModel's, Llama 3's
+    if model_type in ("apertus", "nemotron-nas") and config.get("rope_scaling"):  # Llama 3's
         arch_tensors = {"rope_freqs.weight": llama_cpp_rope_freqs(config)}
     if model_type == "step3p5" and config.get("rope_scaling"):
         arch_tensors = {"rope_freqs.weight": llama_cpp_step35_rope_freqs(config)}
@@ -833,7 +891,10 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                  "internlm2": llama_cpp_linear_rope, "openelm": llama_cpp_openelm_meta,
                  "mellum": llama_cpp_mellum_meta,
                  "mimo_v2_flash": llama_cpp_mimo2_shape,
-                 "step3p5": llama_cpp_step35_shape}.get(model_type, lambda c: {})(config)
+                 "step3p5": llama_cpp_step35_shape,
+                 "nemotron-nas": llama_cpp_deci_meta,
+                 "talkie": lambda c: {"num_key_value_heads": c["num_attention_heads"]},
+                 "laguna": llama_cpp_laguna_meta}.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
@@ -877,8 +938,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                                                   "phi",
                                                   "gpt_neox", "minicpm3"),
               ff_length=model_type != "qwen3_5_moe")
-    if model_type == "openelm":  # OpenELMModel.set_gguf_parameters (llama.cpp's default would
-        # be the hidden size over the first layer's heads)
+    if model_type in ("openelm", "nemotron-nas"):  # OpenELMModel's, DeciModel's
+        # set_gguf_parameters (llama.cpp's default would be the hidden size over the first
+        # layer's heads)
         w.add_value_length(m["head_dim"])
     if deepseek2:
         llama_cpp_deepseek2_meta(w, m)
@@ -919,11 +981,12 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
     if model_type in ("glm4_moe", "dots1", "deepseek", "exaone_moe", "afmoe",
-                      "minimax"):  # converters' keys
+                      "minimax", "laguna"):  # converters' keys
         for key, add in GLM4MOE_KEYS.items():
             if m.get(key) is not None:
                 getattr(w, add)(m[key])
-    if model_type in ("qwen2_moe", "granitemoe") and m.get("shared_expert_intermediate_size"):
+    if model_type in ("qwen2_moe", "granitemoe", "laguna") and \
+            m.get("shared_expert_intermediate_size"):
         w.add_expert_shared_feed_forward_length(m["shared_expert_intermediate_size"])
     if model_type in ("granite", "granitemoe"):
         for key, add in GRANITE_SCALES.items():
@@ -931,17 +994,19 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                 getattr(w, add)(m[key])
     if m.get("rope_finetuned") is not None:
         w.add_rope_scaling_finetuned(m["rope_finetuned"])
-    if model_type in ("exaone4", "olmo2", "ministral3", "mellum", "exaone_moe", "afmoe") and \
-            m.get("sliding_window") is not None:
+    if model_type in ("exaone4", "olmo2", "ministral3", "mellum", "exaone_moe", "afmoe",
+                      "laguna") and m.get("sliding_window") is not None:
         w.add_sliding_window(m["sliding_window"])
         pattern = m.get("swa_pattern")
-        if pattern is None and m.get("layer_types") and model_type != "afmoe":  # AfmoeModel
-            # writes none: llama.cpp's period (4)
+        if pattern is None and m.get("layer_types") and model_type not in ("afmoe", "laguna"):
+            # (AfmoeModel and LagunaModel write none: llama.cpp's period, 4)
             pattern = [t == "sliding_attention" for t in m["layer_types"]]
         if pattern is not None:
             w.add_sliding_window_pattern(pattern)
     if m.get("rope_theta_swa") is not None:
         w.add_rope_freq_base_swa(m["rope_theta_swa"])
+    if m.get("rope_dims_swa") is not None:
+        w.add_rope_dimension_count_swa(m["rope_dims_swa"])
     if model_type == "nanbeige":
         llama_cpp_nanbeige_meta(w, m)
     if model_type == "mimo_v2_flash":
@@ -962,6 +1027,12 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             value = np.float32(-1e-6 if key == "eps" else 0.5 + 0.2 * rng.normal())
             xielu.setdefault(key, []).append(float(value))
             reference[name] = mx.array(value)
+            continue
+        if name == "lm_head_gain.w_g":  # TalkieModel.modify_tensors: metadata, not a tensor
+            value = np.float32(1.5 + 0.1 * rng.normal())
+            if m.get("logit_scale", value) is not None:
+                w.add_logit_scale(float(value))
+            reference[name] = mx.array(np.array([value]))
             continue
         gname = gguf_name(name, model_type)
         role = "ssm_a" if gname.endswith(".ssm_a") else gname.split(".")[-2]
@@ -997,6 +1068,11 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if model_type in ("gemma", "nemotron") and "norm" in role and name.endswith(".weight"):
             # GemmaModel's and NemotronModel's modify_tensors: norm weights stored as 1 + w
             tensors, restore = {role: x + 1}, (lambda stored: stored[role] - 1)
+        if model_type == "talkie" and role in ("attn_q", "attn_k"):  # TalkieModel's: each head's
+            flip = llama_cpp_talkie_flip(config["head_dim"])  # second half negated
+            tensors, restore = {role: flip(x)}, (lambda stored: flip(stored[role]))
+        if model_type == "talkie" and role == "attn_q_norm":  # its head gains as (heads, 1)
+            tensors, restore = {role: x[:, None]}, (lambda stored: stored[role][:, 0])
         if role == "ffn_gate_up":  # OpenELMModel.modify_tensors: proj_1's gate and up halves
             tensors, restore = (dict(zip(("ffn_gate", "ffn_up"), np.split(x, 2))),
                                 lambda stored: np.concatenate([stored["ffn_gate"],
@@ -1007,8 +1083,9 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             data = encode(y.astype(np.float32), qtype, rng)
             stored[part] = gguf.dequantize(data, qtype).reshape(y.shape)
             if model_type in GGUF_PERMUTED and part in ("attn_q", "attn_k"):
-                heads = config["num_attention_heads" if part == "attn_q"
-                               else "num_key_value_heads"]
+                heads = (config["num_attention_heads" if part == "attn_q"
+                                else "num_key_value_heads"] if model_type != "nemotron-nas"
+                         else y.shape[0] // config["head_dim"])  # its heads by layer
                 data = gguf_permute(data, heads)
             if model_type == "glm4" and m.get("mrope_section") and part in ("attn_q", "attn_k"):
                 data = glm4_normal_to_neox(data, config)
@@ -1131,6 +1208,17 @@ STEP35_GGUF = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_
 #: no shared experts, groups or weights scale (its graph has none)
 MIMO2_GGUF = {"swa_head_dim": 16, "swa_v_head_dim": 8, "n_shared_experts": None,
               "routed_scaling_factor": None, "n_group": 1, "topk_group": 1}
+#: The tiny Nemotron-NAS with an MLP in layer 2, where its own has a linear map (llama.cpp's
+#: converter has no name for one)
+DECI_GGUF = {"block_configs": [{**block, "ffn": {"ffn_mult": 1.0}} if i == 2 else block for i, block
+                               in enumerate(tiny_config("nemotron-nas")["block_configs"])]}
+#: The tiny Laguna's layers as llama.cpp's default pattern has them: a global layer, then 3
+#: sliding ones
+LAGUNA_GGUF = {"layer_types": ["full_attention"] + ["sliding_attention"] * 3,
+               "rope_theta": 500000.0}  # (the global layers', which llama.cpp's key holds)
+#: Llama 3's RoPE scaling over the tiny's heads (two of its frequencies smoothed)
+DECI_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 GGUF_CASES = {
     "llama-legacy": ("llama", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
                                "output": T.F16, "*": T.Q8_0}, {}),
@@ -1562,6 +1650,22 @@ GGUF_CASES.update({
     # Phi-3.5-MoE: Mixtral's experts' stacks, LayerNorms and biases, LongRoPE
     "phimoe-legacy": ("phimoe", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "ffn_up_exps": T.Q4_1,
                                  "*": T.Q8_0}, PHIMOE_GGUF),
+    # Nemotron-NAS (deci): layers without attention, with a linear map for it (attn_output),
+    # with 2 and 1 key/value heads, without an MLP (q/k un-permuted by the layer's heads)
+    "deci-legacy": ("nemotron-nas", {"token_embd": T.Q8_0, "attn_q": T.Q4_0,
+                                     "attn_output": T.Q4_1, "output": T.F16, "*": T.Q8_0},
+                    DECI_GGUF),
+    "deci-kquants": ("nemotron-nas", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
+                     {**KQ, **DECI_GGUF}),
+    # Talkie: its gains as llama.cpp names them (the head's as metadata), q/k rows' second
+    # halves negated (dequantized to negate them back), its head a bare matrix (dequantized)
+    # Laguna: query heads by layer, the output gate per head, layer 0 global (YaRN over half of
+    # each head) then 3 sliding, layer 0 dense then 2 of 4 experts beside a shared one
+    "laguna-legacy": ("laguna", {"token_embd": T.Q8_0, "attn_gate": T.Q4_0, "ffn_up_exps": T.Q4_1,
+                                 "ffn_gate_inp": T.Q8_0, "*": T.Q8_0}, LAGUNA_GGUF),
+    "talkie-legacy": ("talkie", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
+                                 "output": T.Q8_0, "*": T.Q8_0}, {}),
+    "talkie-kquants": ("talkie", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -1909,7 +2013,8 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "deepseek2-youtu", "chatglm-legacy", "mistral4",
                                   "exaone_moe-legacy", "afmoe-legacy", "dbrx-legacy",
                                   "phimoe-legacy", "minimax-legacy", "mimo2-legacy",
-                                  "step35-legacy"])
+                                  "step35-legacy", "deci-legacy", "talkie-legacy",
+                                  "laguna-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2002,12 +2107,20 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     # Phi-3.5-MoE whose attention factor is not the one of its contexts (as its own config's
     # mscale): mlx-lm's phimoe takes it
     ("phimoe", {}, {"attn_factor": 1.2}, {}, {"num_local_experts": 4}),
+    # Laguna-M.1's layout: no window (every layer global, with YaRN)
+    ("laguna", {**LAGUNA_GGUF, "sliding_window": None, "layer_types": ["full_attention"] * 4},
+     {}, {}, {"layer_types": ["full_attention"] * 4}),
+    # Nemotron-NAS tied, with Llama 3's RoPE scaling (llama.cpp's rope_freqs)
+    ("nemotron-nas", {**DECI_GGUF, "tie_word_embeddings": True, "rope_scaling": DECI_LLAMA3},
+     {}, {}, {"tie_word_embeddings": True,
+              "rope_scaling": {**DECI_LLAMA3, "type": "llama3", "rope_type": "default"}}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
         "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
         "command_r-no-logit-scale", "phi2", "gptneox-sequential", "nemotron-linear-rope",
         "openelm-untied", "deepseek-tied", "mellum-default-period", "mellum-global",
-        "nanbeige-skip", "minicpm3-tied-long", "phimoe-mscale"])
+        "nanbeige-skip", "minicpm3-tied-long", "phimoe-mscale", "laguna-global",
+        "deci-tied-llama3"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's, Apertus's (and DeepSeek-MoE's, Mellum's,
@@ -3160,6 +3273,29 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                 f"blk.{i}.attn_output.bias": None for i in range(4)}) and tmp / "n.gguf",
             "GGUF tensors disagree with its metadata: it lacks "
             "model.layers.0.self_attn.o_proj.bias"),
+        "deci_heads": (lambda: write_gguf(tmp / "d.gguf", "nemotron-nas", tok_folder, meta={
+            "num_attention_heads": [0, 4, 0, 2, 4, 0, 4, 4]}, **DECI_GGUF) and tmp / "d.gguf",
+            "GGUF deci with 2 heads over 2 key/value heads and an MLP 256 wide in layer 3 is not "
+            "supported"),
+        "deci_width": (lambda: write_gguf(tmp / "d.gguf", "nemotron-nas", tok_folder, meta={
+            "intermediate_size": [200] + [256] * 7}, **DECI_GGUF) and tmp / "d.gguf",
+            "GGUF deci with 0 heads over 0 key/value heads and an MLP 200 wide in layer 0"),
+        "deci_no_attention": (lambda: write_gguf(tmp / "d.gguf", "nemotron-nas", tok_folder, meta={
+            "num_key_value_heads": [0] * 8}, **DECI_GGUF) and tmp / "d.gguf",
+            "GGUF deci without an attention layer is not supported"),
+        "laguna_element_gate": (  # Laguna-M.1's gate, one per element of the heads' output
+            lambda: write_gguf(tmp / "l.gguf", "laguna", tok_folder, extra={
+                "blk.0.attn_gate.weight": np.zeros((64, 64))}, **LAGUNA_GGUF) and tmp / "l.gguf",
+            "GGUF laguna with an output gate 64 wide in layer 0 is not supported"),
+        "laguna_weights_norm": (
+            lambda: write_gguf(tmp / "l.gguf", "laguna", tok_folder, meta={
+                "norm_topk_prob": False}, **LAGUNA_GGUF) and tmp / "l.gguf",
+            "GGUF laguna whose experts' weights are not renormalised"),
+        "talkie_kv_heads": (lambda: gguf_of("t.gguf", "talkie", {"num_key_value_heads": 2}),
+                            "GGUF talkie with 2 key/value heads to 4 heads is not supported"),
+        "talkie_logit_scale": (lambda: gguf_of("t.gguf", "talkie", {"logit_scale": None}),
+                               "GGUF metadata talkie.logit_scale must be a finite number, got "
+                               "None"),
         "openelm_groups": (lambda: gguf_of("o.gguf", "openelm", {
             "num_key_value_heads": [1, 3, 2, 3]}), "GGUF openelm with 4 query heads over 3 "
             "key/value heads in layer 1 is not supported"),
@@ -3247,7 +3383,9 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "qwen_vl_sections", "dbrx_eps", "dbrx_clamp_None", "dbrx_clamp_0.0",
               "phimoe_attn_factor", "minimax_gating", "mimo2_sinks", "mimo2_global",
               "mimo2_tied", "step35_gating", "step35_gates", "step35_norms", "step35_heads",
-              "step35_tied"]
+              "step35_tied", "deci_heads", "deci_width", "deci_no_attention",
+              "talkie_kv_heads", "talkie_logit_scale", "laguna_element_gate",
+              "laguna_weights_norm"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

@@ -415,18 +415,21 @@ def test_shard_checks_step3p5s_sliding_window_heads_before_sharding():
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
                                   "mellum", "granitemoehybrid", "nemotron_h", "jamba", "Klear",
                                   "afmoe", "lfm2-vl", "kimi_vl", "dbrx", "phixtral",
-                                  "mimo_v2_flash"])
+                                  "mimo_v2_flash", "nemotron-nas", "plamo3", "laguna",
+                                  "talkie"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
     OLMoE's, Granite MoE's, Phi-3.5-MoE's, dots.llm1's, Ling's, Hunyuan's, Llama 4's, Klear's,
-    AFM's, DeepSeek-MoE's and Mellum's MoE blocks have no split here, nor mlx-lm's dense
+    AFM's, DeepSeek-MoE's, Mellum's and Laguna's MoE blocks have no split here, nor mlx-lm's dense
     llama4_text's MLP (at ``feed_forward``), Apertus's layers (plain up_proj MLP, heads named
     otherwise), OpenELM's (heads by layer, a fused q/k/v and gate/up), LFM2's convolutions,
     StarCoder 1's one key/value head (multi-query), Granite 4.0's, Nemotron-H's and Jamba's
     layers (Mamba, shared MLPs), LFM2-VL's (LFM2's), Kimi-VL's (DeepSeek-V3's absorbed
-    attention and experts, its wrapper without a ``shard``) or MiMo-V2-Flash's (heads and
-    sinks by layer, MoE blocks). Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's
+    attention and experts, its wrapper without a ``shard``), MiMo-V2-Flash's (heads and
+    sinks by layer, MoE blocks), Nemotron-NAS's layers (linear maps for attention), PLaMo
+    3's (a fused q/k/v of unequal parts) or Talkie's (its parts named otherwise, a gain per
+    head). Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
     runs them whole). Nor DBRX's and Phixtral's experts."""
     class Group:

@@ -35,8 +35,10 @@ gate, norms around each branch, scaled embeddings), DBRX (``dbrx``: a fused, cli
 attention inside its norms' module), Phixtral (``phixtral``: Phi-2's parallel layers with
 experts), MiniMax-M2 (``minimax``: q/k norms over all
 heads, partial RoPE), MiMo-V2-Flash (``mimo_v2_flash``: sliding-window layers with heads, head
-sizes and sinks of their own, scaled values narrower than keys) and Step-3.5 (``step3p5``:
-sliding-window layers with their own heads, a gate per head, clamped SwiGLU).
+sizes and sinks of their own, scaled values narrower than keys), Step-3.5 (``step3p5``:
+sliding-window layers with their own heads, a gate per head, clamped SwiGLU) and Laguna
+(``laguna``: query heads by layer, a softplus gain per head, sliding layers with RoPE of their
+own, YaRN over part of each head in the global ones).
 Dense families (:data:`DENSE`): EXAONE 3.5
 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k norms after
 RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``: per-head q/k
@@ -59,7 +61,10 @@ low-rank queries, longrope, MiniCPM's multipliers) and Youtu-LLM (``youtu_llm``:
 test_hybrid), GLM-4-9B (``glm``: traditional RoPE over whole heads, a fused gate_up_proj, a tied
 head), TeleChat 3 (``telechat3``: biases on attention and the MLP) and GPT-J (``gptj``: parallel
 layers, traditional RoPE over part of each head, a biased head); Solar Open
-(``solar_open``, in MOE2: glm4_moe's model without q/k norms or biases). The text models of
+(``solar_open``, in MOE2: glm4_moe's model without q/k norms or biases); PLaMo 3 (``plamo3``:
+fused q/k/v, per-head q/k norms, Gemma 2's four norms, sliding-window layers with their own RoPE
+base); Talkie (``talkie``: weightless norms, gains per query head, on each branch and on the
+normed embeddings every layer adds back). The text models of
 vision-language checkpoints (:data:`VL`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL MoE, Kimi-VL,
 Kimi K2.5; LFM2-VL's in test_hybrid)."""
 
@@ -93,11 +98,11 @@ VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
         "solar_open", "exaone_moe", "Klear", "afmoe", "dbrx", "phixtral", "minimax",
-        "mimo_v2_flash", "step3p5")
+        "mimo_v2_flash", "step3p5", "laguna")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
-         "granitemoehybrid-micro", "glm", "telechat3", "gptj")
+         "granitemoehybrid-micro", "glm", "telechat3", "gptj", "plamo3", "talkie")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -570,6 +575,61 @@ def test_the_tiny_nemotron_and_openelm_are_what_they_claim(family):
     assert _random(layer.attn_norm.weight, layer.ffn_norm.weight, layer.attn.q_norm.weight,
                    a._final_norm.weight)
     assert a._activations[0] == "silu" and a.lm_head is None
+
+
+def test_the_tiny_plamo3_is_what_it_claims_and_slides_as_mlx_lms_caches(family):
+    """PLaMo 3's fused q/k/v and gate/up, its four norms (random weights beside mlx-lm's
+    offsets) named otherwise, layers 0 and 2 sliding with RoPE at base 10000, 1 and 3 global at
+    1e6; over a window of 24 the engine's decode steps see what mlx-lm's caches keep (24 keys;
+    mlx-lm's prompt mask sees 25, so the prompt stays inside the window)."""
+    model, _ = family("plamo3")
+    layer, a = model.layers[0], ModelAdapter(model)
+    assert "qkv_proj" in layer.mixer and "gate_up_proj" in layer.mlp and a._activations[0]
+    assert all(float(mx.abs(norm.weight).max()) > 0.05 for norm in (
+        layer.pre_mixer_norm, layer.post_mixer_norm, layer.pre_mlp_norm, layer.post_mlp_norm))
+    assert [lyr.mixer.rope.base for lyr in model.layers] == [10000.0, 1e6] * 2
+    assert sliding_windows(family("plamo3-window")[0]) == [24, None, 24, None]
+    prompt = random_prompt(16, a.vocab_size, seed=5)
+    assert mlx_lm_error(family("plamo3-window")[0], PruningConfig("full"), prompt, 30) < LOGITS_TOL
+
+
+def test_the_tiny_laguna_is_what_it_claims(family):
+    """Laguna's query heads by layer over 2 key/value heads, its gain per head (the softplus of
+    g_proj's, from 0.02 to 4 here: a gate taken as a sigmoid or dropped shows), RoPE over whole
+    heads in the sliding layers and YaRN over half of each in the global ones; layer 0 dense,
+    the others 2 of 4 experts beside a shared one."""
+    model, _ = family("laguna")
+    a = ModelAdapter(model)
+    assert [(lyr.self_attn.n_heads, lyr.self_attn.n_kv_heads) for lyr in model.layers] == [
+        (4, 2), (8, 2), (4, 2), (8, 2)]
+    assert sliding_windows(model) == [24, None, 24, None]
+    ropes = [(type(lyr.self_attn.rope).__name__, lyr.self_attn.rope.dims) for lyr in model.layers]
+    assert ropes == [("RoPE", 16), ("YarnRoPE", 8)] * 2
+    x = a.layers[1].input_layernorm(mx.random.normal((1, 64, 64), key=mx.random.key(0)))
+    gain = nn.softplus(model.layers[1].self_attn.g_proj(x))
+    assert gain.shape == (1, 64, 8) and float(gain.min()) < 0.5 < 2 < float(gain.max())
+    assert a._activations[0] == "silu" and model.layers[1].mlp.gate.top_k == 2
+    assert "shared_expert" in model.layers[1].mlp
+
+
+def test_the_tiny_talkie_is_what_it_claims(family):
+    """Talkie's gains random (a dropped one shows), its head a bare matrix; a token's hidden
+    state carries its normed embedding after its own (twice the hidden width), which no layer
+    changes."""
+    model, _ = family("talkie")
+    a, block = ModelAdapter(model), model.layers[1]
+    gains = [block.attn_gain.a_g, block.mlp_gain.a_g, block.embed_skip.a_g,
+             block.attn.head_gain.head_g, model.lm_head_gain.w_g]
+    assert all(float(mx.abs(g - 1).min()) > 0.01 and float(mx.abs(g).min()) > 0.4 for g in gains)
+    tokens = mx.array([5, 9, 11])
+    h = a.embed(tokens)
+    embedded = mx.fast.rms_norm(model.model.embed(tokens), None, model.args.rms_norm_eps)
+    assert h.shape == (1, 3, 128) and mx.array_equal(h[..., 64:], embedded[None])
+    positions = np.arange(3)
+    q, k, v, gate = a.qkv(0, h, positions)
+    out = a.finish(0, h, mx.fast.scaled_dot_product_attention(q, k, v, scale=a.scale,
+                                                              mask="causal"), gate)
+    assert mx.array_equal(out[..., 64:], h[..., 64:])
 
 
 def test_the_tiny_nanbeige_is_what_it_claims(family):

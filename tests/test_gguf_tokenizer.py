@@ -362,7 +362,7 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
                    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",),
     "seed-coder": (_CPP_SEED_CODER,),
     "tekken": (_CPP_TEKKEN,),
-    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), (_CPP_GPT4O,)),
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2", "talkie"), (_CPP_GPT4O,)),
     # DeepSeek LLM's letter class (a thousand characters) as the module writes it: the real
     # vocabulary's test checks it
     "deepseek-llm": ("[\r\n]", PRE_TOKENIZERS["deepseek-llm"].splits[1],
@@ -377,6 +377,10 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
     # AFM's: its digits (llama.cpp's custom \p{AFMoE_digits}: our regex, checked against
     # unicode.cpp's rule in test_afmoe_digits_split_as_llama_cpp), llama-vocab.cpp's CJK class,
     # DeepSeek-V3's words
+    # Laguna's, as llama-vocab.cpp writes it
+    "laguna": ("[^\\n]+|[\\n]+",
+               "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?"
+               "\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
     "afmoe": (PRE_TOKENIZERS["afmoe"].splits[0],
               "[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+",
               "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"

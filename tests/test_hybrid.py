@@ -3,7 +3,8 @@ three Gated DeltaNet layers, recurrent, to one of gated full attention), LFM2's 
 ``lfm2_moe``: short gated convolutions, recurrent, and attention), Granite 4.0's
 (``granitemoehybrid``: Mamba-2 layers, recurrent, and attention) and Nemotron-H's
 (``nemotron_h``: Mamba-2, attention, MLP and MoE layers) and Jamba's (``jamba``: Mamba layers,
-recurrent, attention, MoE every other layer): unpruned equal to
+recurrent, attention, MoE every other layer) and Nemotron-NAS's (``nemotron-nas``: layers without
+attention or with a linear map for it, stateless): unpruned equal to
 mlx-lm, in one prompt or in turns; pruning, which a recurrent layer allows only without
 revival, equal to a reference built from mlx-lm's own layers; interrupts, prompt caches and
 what a hybrid refuses."""
@@ -37,8 +38,10 @@ from tiny_models import build_tiny_model
 #: same places, each through every test of the ``hybrid`` fixtures; Granite 4.0 H's too (Mamba-2
 #: layers for recurrent ones, attention without RoPE, Granite's multipliers, shared experts) and
 #: Nemotron-H's (a mixer a layer: Mamba-2, attention, or an MLP or experts, stateless) and
-#: Jamba's (Mamba layers for recurrent ones, attention without RoPE, experts every other layer).
-KINDS = ("qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "jamba")
+#: Jamba's (Mamba layers for recurrent ones, attention without RoPE, experts every other layer) and
+#: Nemotron-NAS's (no attention, or a linear map for it, stateless; MLPs absent or linear too).
+KINDS = ("qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "jamba",
+         "nemotron-nas")
 STATIC = PruningConfig("static", prune_layers=(3,), keep=(0.3,))
 NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
 
@@ -74,7 +77,9 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
     attention has no RoPE, its experts a shared MLP beside them; Nemotron-H's are Mamba-2
     layers, experts in layer 1 and an MLP in 6 (layers of their own, stateless), its attention
     has no RoPE; Jamba's are Mamba layers (a convolution over 4 tokens, a state of 16), its
-    attention has no RoPE, its odd layers experts."""
+    attention has no RoPE, its odd layers experts; Nemotron-NAS's have no attention (0, 2, 5)
+    or a linear map for it (1, 4, 6), its layers 2 and 4 a linear MLP and none, its attention
+    layers 2 and 1 key/value heads."""
     model, _ = hybrid
     assert recurrent_layers(model) == (0, 1, 2, 4, 5, 6)
     assert global_layers(model) == (3,)  # a cut may follow an attention layer, not the last
@@ -84,6 +89,12 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
         assert (mamba.conv_kernel_size, mamba.ssm_state_size) == (4, 16)
         assert not hasattr(attn, "rope") and "switch_mlp" in model.layers[3].feed_forward
         assert "switch_mlp" not in model.layers[2].feed_forward
+    elif model.model_type == "nemotron-nas":
+        assert [type(layer.self_attn).__name__ for layer in model.layers[:3]] == [
+            "NoneType", "LinearSubblockReplacement", "NoneType"]
+        assert type(model.layers[2].mlp).__name__ == "LinearSubblockReplacement"
+        assert model.layers[4].mlp is None and model.layers[7].mlp is None
+        assert (attn.n_kv_heads, attention_module(model.layers[7]).n_kv_heads) == (2, 1)
     elif model.model_type == "nemotron_h":
         assert "".join(layer.block_type for layer in model.layers) == "MEM*MM-*"
         assert not hasattr(attn, "rope") and model.layers[0].mixer.n_groups == 2
@@ -258,6 +269,9 @@ def _attention(layer, h, positions, store):
         return h + layer.feed_forward(layer.pre_ff_layernorm(h))
     if "mixer" in layer:  # nemotron_h: attention alone
         return h + attn.o_proj(out)
+    if hasattr(layer, "ffn_config"):  # nemotron-nas: the MLP where the layer has one
+        h = h + attn.o_proj(out)
+        return h if layer.mlp is None else h + layer.mlp(layer.post_attention_layernorm(h))
     if gate is None:  # granitemoehybrid: residual multipliers, experts beside a shared MLP
         h = h + attn.o_proj(out) * layer.residual_multiplier
         x = layer.post_attention_layernorm(h)
@@ -275,9 +289,10 @@ def reference_static(model, prompt, keep, steps, cut=3):
     outer = getattr(model, "language_model", model)  # Qwen3.5's text model, or the model
     text = getattr(outer, "backbone", None) or outer.model  # nemotron_h's backbone
     layers, caches, n = text.layers, make_prompt_cache(model), len(prompt)
-    if len(caches) < len(layers):  # nemotron_h: none for its MLP layers
-        given = iter(caches)
-        caches = [next(given) if layer.block_type in "M*" else None for layer in layers]
+    if len(caches) < len(layers):  # nemotron_h: none for its MLP layers, nemotron-nas: for
+        given = iter(caches)  # those without attention or a linear map for it
+        caches = [next(given) if (layer.block_type in "M*" if "mixer" in layer
+                                  else layer.self_attn is not None) else None for layer in layers]
     scale = getattr(text, "embedding_multiplier", 1.0)  # granitemoehybrid's multipliers
     embed = getattr(text, "embed_tokens", None) or text.embeddings
     h = embed(prompt[None]) * scale
@@ -491,8 +506,9 @@ def test_a_pruned_prompt_cache_saves_and_loads(hybrid, tmp_path):
     assert rel_err(loaded.process(turn), cache.process(turn)) == 0
 
     arrays, metadata = mx.load(str(path), return_metadata=True)
-    last = len(cache.engine.cache.recurrent[4]) - 1  # Qwen's state has two parts, LFM2's one
-    for name, broken in ((f"recurrent.4.{last}", None), ("recurrent.5.0", mx.zeros((1, 2, 3)))):
+    state = cache.engine.cache.recurrent[4]  # Qwen's has two parts, LFM2's one, Nemotron-NAS's
+    for name, broken in ((f"recurrent.4.{len(state) - 1}", None),  # none (no state to break)
+                         ("recurrent.5.0", mx.zeros((1, 2, 3))))[:2 if state else 0]:
         bad = dict(arrays)
         if broken is None:
             del bad[name]

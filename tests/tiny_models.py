@@ -29,7 +29,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
-         "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5")
+         "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
+         "laguna", "talkie")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -301,6 +302,19 @@ _KIND_CONFIG = {
                    "moe_shared_expert_intermediate_size": 32, "n_shared_experts": 1,
                    "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
                    "routed_scaling_factor": 2.5},
+    # Nemotron-NAS's layers in Qwen3.5's tiny's places: attention in 3 (2 key/value heads) and
+    # 7 (1, no MLP after it); none in 0, 2 and 5, a linear map in its place in 1, 4 and 6; an
+    # MLP 256 wide (ffn_mult's rounding) but none in 4, a linear map in 2
+    "nemotron-nas": {"architectures": ["DeciLMForCausalLM"], "num_hidden_layers": 8,
+                     "tie_word_embeddings": False, "block_configs": [
+                         {"attention": attention, "ffn": ffn} for attention, ffn in zip(
+                             [{"no_op": True}, {"replace_with_linear": True}, {"no_op": True},
+                              {"n_heads_in_group": 2}, {"replace_with_linear": True},
+                              {"no_op": True}, {"replace_with_linear": True},
+                              {"n_heads_in_group": 4}],
+                             [{"ffn_mult": 1.0}, {"ffn_mult": 1.5}, {"replace_with_linear": True},
+                              {"ffn_mult": 1.0}, {"no_op": True}, {"ffn_mult": 2.0},
+                              {"ffn_mult": 1.0}, {"no_op": True}])]},
     # Jamba's layout in Qwen3.5's tiny's places: Mamba (v1) layers (an inner width of 128, a
     # state of 16, a time-step rank of 32, a convolution over 4 tokens) but attention (no RoPE)
     # in layers 3 and 7 of 8; 2 of 4 experts in the odd layers, a dense MLP in the even ones;
@@ -421,6 +435,28 @@ _KIND_CONFIG = {
     # (random) norm also between the loops: 4 layers to the engine
     "nanbeige": {"architectures": ["NanbeigeForCausalLM"], "tie_word_embeddings": False,
                  "num_hidden_layers": 2, "num_loops": 2, "attention_bias": True},
+    # PLaMo 3: fused q/k/v, per-head q/k norms, Gemma 2's four norms (random offsets from
+    # mlx-lm's), layers 0 and 2 sliding (RoPE base 10000) over a window wider than the tests'
+    # prompts, 1 and 3 global (base 1e6); plamo3-window's window is 24
+    "plamo3": {"architectures": ["Plamo3ForCausalLM"], "sliding_window_pattern": 2,
+               "window_size": 512, "rope_theta": 1e6, "rope_local_theta": 10000.0},
+    # Laguna: 4, 8, 4 and 8 query heads over 2 key/value heads, per-head q/k norms, a softplus
+    # gain per head; layers 0 and 2 slide over 24 positions (RoPE base 10000 over whole heads), 1
+    # and 3 are global (YaRN at base 500000 over half of each head); layer 0 dense, then 2 of 4
+    # experts (sigmoid, a random correction bias, scaled by 2.5) beside a shared expert
+    "laguna": {"architectures": ["LagunaForCausalLM"], "tie_word_embeddings": False,
+               "num_attention_heads_per_layer": [4, 8, 4, 8], "sliding_window": 24,
+               "layer_types": ["sliding_attention", "full_attention"] * 2,
+               "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+               "shared_expert_intermediate_size": 32, "moe_routed_scaling_factor": 2.5,
+               "rope_parameters": {
+                   "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                                      "original_max_position_embeddings": 64,
+                                      "partial_rotary_factor": 0.5},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # Talkie: weightless norms, RoPE of negated frequencies, 4 heads (no grouping); its gains
+    # (per query head, on each branch, on the embeddings added back, on the head) random
+    "talkie": {"architectures": ["TalkieForCausalLM"], "rope_theta": 10000.0},
     # Mellum: per-head q/k norms; layers 0 and 2 slide over a 24-position window (RoPE base
     # 10000), 1 and 3 are global (base 500000); 2 of 4 experts (renormalised) in every layer
     "mellum": {"architectures": ["MellumForCausalLM"], "tie_word_embeddings": False,
@@ -615,6 +651,7 @@ _VARIANTS = {
     "nanbeige-skip": ("nanbeige", {"skip_loop_final_norm": True}),
     "stablelm-parallel": ("stablelm", {"use_parallel_residual": True, "qk_layernorm": True}),
     "gpt_neox-sequential": ("gpt_neox", {"use_parallel_residual": False}),
+    "plamo3-window": ("plamo3", {"window_size": 24}),
     "phi3-longrope": ("phi3", {
         "partial_rotary_factor": 0.75, "original_max_position_embeddings": 1024,
         "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6,
@@ -640,7 +677,8 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
-                        "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash")
+                        "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
+                        "nemotron-nas", "laguna")
 
 
 def tiny_config(kind: str) -> dict:
@@ -726,7 +764,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         attn = (getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
                 or getattr(layer, "attn", None) or getattr(layer, "linear_attn", None)
                 or getattr(layer, "conv", None) or getattr(layer, "mamba", None)
-                or getattr(layer, "norm_attn_norm", None) or layer.mixer)  # dbrx: its norms' too
+                or getattr(layer, "norm_attn_norm", None)  # dbrx: its norms' too
+                or getattr(layer, "mixer", layer))  # nemotron-nas: the block, where none
         mlp = feed_forward(layer) or attn
         # every projection's bias (attention's, o_proj's, the MLP's and experts'), so that a
         # dropped one shows
@@ -755,6 +794,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         if kind == "jamba" and "mamba" in layer:  # log(1..state) in every channel by default
             attn.A_log = attn.A_log + 0.5 * mx.random.normal(attn.A_log.shape)
             attn.D = 1.0 + 0.1 * mx.random.normal(attn.D.shape)
+        for name in ("attn_gain", "mlp_gain", "embed_skip"):  # talkie: 0.35 and 0 by default
+            if name in layer:
+                layer[name].a_g = 0.5 + mx.random.uniform(shape=(1,))
+        if "head_gain" in attn:  # talkie: ones by default
+            attn.head_gain.head_g = 0.5 + mx.random.uniform(shape=attn.head_gain.head_g.shape)
         if "layer_scalar" in layer:  # gemma4: ones by default
             layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
         for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm",
@@ -772,9 +816,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             act = layer.mlp.act_fn
             for name in ("alpha_p", "alpha_n", "beta"):
                 setattr(act, name, getattr(act, name) + 0.2 * mx.random.normal(()))
-        if kind.startswith(("gemma2", "gemma3")) or kind == "gemma":  # Gemma's (1 + w) norms:
-            for name in ("input_layernorm", "post_attention_layernorm",  # w = 0, the identity
-                         "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+        if kind.startswith(("gemma2", "gemma3", "plamo3")) or kind == "gemma":  # Gemma's (1 + w)
+            for name in ("input_layernorm", "post_attention_layernorm",  # norms: w = 0, the
+                         "pre_feedforward_layernorm", "post_feedforward_layernorm",  # identity
+                         "pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm",  # (PLaMo 3's,
+                         "post_mlp_norm"):  # w plus an offset)
                 norm = getattr(layer, name, None)  # (Gemma 1's: the first two)
                 if norm is not None:
                     norm.weight = 0.1 * mx.random.normal(norm.weight.shape)
@@ -790,6 +836,9 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             module.weight = 1.0 + 0.1 * mx.random.normal(module.weight.shape)
     if kind == "nanochat":
         model.lm_head.weight = 30 * model.lm_head.weight
+    if kind == "talkie":  # a bare matrix, zeros by default, and its gain
+        model.lm_head = mx.random.normal(model.lm_head.shape)
+        model.lm_head_gain.w_g = mx.array([1.5])
     if kind.startswith("gemma3"):
         model.pop("lm_head")  # tied, as Gemma 3 checkpoints are (mlx-lm ties when it is absent)
     mx.eval(model.parameters())
