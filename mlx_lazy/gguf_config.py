@@ -173,6 +173,15 @@ The architectures (llama.cpp's names), and what converting each involves:
   llama.cpp's -exp(A_log), the conv kernels in MLX's layout; an inner size of twice the hidden
   one (as llama.cpp requires). Experts are refused: llama.cpp weighs the chosen ones by their
   softmax over all experts, mlx-lm's jamba renormalises over the chosen ones.
+* ``bailingmoe`` / ``bailingmoe2`` (Ling/Ring 1, Ling/Ring 2.0; mlx-lm's ``bailing_moe``): q/k/v
+  fused as ``query_key_value`` (Ling 1's un-permuted first, llama.cpp's converter having cut
+  them apart), DeepSeek's MoE reading beside shared experts (of their own width where the GGUF
+  says); Ling 1: softmax routing, full NeoX RoPE; Ling 2.0: leading dense layers, sigmoid
+  routing with the optional selection bias, expert groups, q/k norms, NeoX RoPE over part of
+  each head, the NextN block dropped. No biases (llama.cpp reads none).
+
+Refused with the reason (:data:`UNSUPPORTED_ARCHITECTURES`): ``hunyuan-moe`` (Hunyuan-A13B:
+llama.cpp renormalises the chosen experts' weights, mlx-lm's ``hunyuan`` does not).
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -189,7 +198,7 @@ import mlx.core as mx
 import numpy as np
 
 from .errors import UserInputError, shown
-from .gguf_tensors import DELTA_NET, NEXTN, QWEN35, dequantized, nextn_blocks
+from .gguf_tensors import BAILING, DELTA_NET, NEXTN, QWEN35, dequantized, nextn_blocks
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
@@ -227,7 +236,12 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
-                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM"}
+                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
+                 "bailingmoe": "BailingMoeForCausalLM",
+                 "bailingmoe2": "BailingMoeV2ForCausalLM"}
+#: llama.cpp architectures that no mlx-lm model computes, and why (each refused in one line)
+UNSUPPORTED_ARCHITECTURES = {
+    "hunyuan-moe": "llama.cpp renormalises the chosen experts' weights, mlx-lm's hunyuan does not"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -238,7 +252,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "phi2": "phi", "gptneox": "gpt_neox",
                 "starcoder": "gpt_bigcode",
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
-                "exaone-moe": "exaone_moe"}
+                "exaone-moe": "exaone_moe",
+                **dict.fromkeys(BAILING, "bailing_moe")}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -252,7 +267,8 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 # that must be so): sparse MoEs' and dense ones'
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
-                    "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba")
+                    "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba",
+                    "bailing_moe")
 # LFM2 and LFM2-MoE: short-convolution layers (no key/value heads) beside attention ones
 LFM2 = ("lfm2", "lfm2moe")
 # The architectures with LayerNorms, whose epsilon llama.cpp requires
@@ -318,7 +334,8 @@ QWEN_ROPE_BASE = 10000.0
 # Qwen3.5/3.6, Qwen3-Next: llama.cpp's default period of the full-attention layers
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
-_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron")
+_PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron",
+                 "bailingmoe2")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -403,7 +420,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe"):
+                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
+                *BAILING):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -631,7 +649,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in DELTA_NET:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
-    if arch in ("dots1", "exaone-moe") and g("expert_gating_func") != _SIGMOID_GATING:
+    if arch in ("dots1", "exaone-moe", "bailingmoe2") and \
+            g("expert_gating_func") != _SIGMOID_GATING:
         # llama.cpp aborts without a gating function
         raise UserInputError(f"GGUF {arch} with expert gating function "
                              f"{shown(g('expert_gating_func'), 20)} is not supported "
@@ -673,6 +692,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "exaone-moe":
         config.update(_exaone_moe_config(g, count, positive, optional, experts, tensors,
                                          n_layers))
+    if arch in BAILING:
+        config.update(_bailing_config(arch, g, count, positive, optional, experts, tensors,
+                                      n_layers, rope_dims))
     if arch == "afmoe":
         config.update(_afmoe_config(g, count, positive, optional, experts, tensors, n_layers))
     if arch == "nanbeige":  # its stack run num_loops times over the same weights, the final
@@ -1257,6 +1279,30 @@ def _exaone_moe_config(g: Any, count: Any, positive: Any, optional: Any, experts
             "sliding_window": count("attention.sliding_window"),
             "layer_types": ["sliding_attention" if c == "L" else "full_attention"
                             for c in (pattern * n_layers)[:n_layers]]}
+
+
+def _bailing_config(arch: str, g: Any, count: Any, positive: Any, optional: Any,
+                    experts: Any, tensors: dict, n_layers: int, rope_dims: int) -> dict:
+    """mlx-lm's bailing_moe settings of a Ling/Ring GGUF: DeepSeek's MoE reading
+    (:func:`_routed_experts`), a shared expert's width of its own where the GGUF gives one;
+    bailingmoe (Ling 1) softmax-routed (llama.cpp's graph reads no selection bias), bailingmoe2
+    (Ling/Ring 2.0) sigmoid-routed with its optional selection bias, q/k norms, RoPE over
+    ``rope_dims`` of each head; no biases (llama.cpp reads none but Ling 1's q/k/v ones, which
+    its checkpoints lack: refused by internlm2_tensors)."""
+    v2 = arch == "bailingmoe2"
+    moe = _routed_experts(arch, "bailing_moe", g, count, positive, optional, experts, tensors,
+                          n_layers)
+    return {"num_experts": moe["n_routed_experts"], "num_shared_experts": moe["n_shared_experts"],
+            **{k: moe[k] for k in ("num_experts_per_tok", "moe_intermediate_size", "n_group",
+                                   "topk_group", "routed_scaling_factor", "norm_topk_prob",
+                                   "first_k_dense_replace")},
+            "score_function": "sigmoid" if v2 else "softmax",
+            "moe_router_enable_expert_bias": v2 and any(
+                name.endswith(".exp_probs_b.bias") for name in tensors),
+            "moe_shared_expert_intermediate_size":
+                optional("expert_shared_feed_forward_length") or None,
+            "use_qk_norm": v2, "use_bias": False, "use_qkv_bias": False, "norm_head": False,
+            "rotary_dim": rope_dims}
 
 
 def _afmoe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
