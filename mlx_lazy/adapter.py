@@ -204,7 +204,13 @@ from .errors import UserInputError, shown
 # ministral3's (``rope_parameters``' ``llama_4_scaling_beta`` and
 # ``original_max_position_embeddings``), softmax-routed experts beside shared ones at ``block.mlp``
 # from ``first_k_dense_replace`` on.
-SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2",
+# bailing_moe_v3 (Ling 2.5/3) (:data:`MLA_TYPES`): Kimi Delta Attention layers (``is_linear``:
+# recurrent, a convolution state per projection and a delta-rule state, run as their module at
+# ``block.attention``) and, every ``layer_group_size``-th layer, DeepSeek-V3's absorbed latent
+# attention at ``block.attention`` with a sigmoid output gate per head (``g_proj``) before its
+# ``dense``; bailing_moe's grouped sigmoid routing and shared experts at ``block.mlp``.
+SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
+                         "cohere2",
                          "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
                          "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4",
@@ -222,7 +228,8 @@ GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm")
+MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm",
+             "bailing_moe_v3")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -242,6 +249,8 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                            "post_attention_layernorm": "feedforward_layernorm"},
                "bailing_moe": {"o_proj": "dense", "q_norm": "query_layernorm",
                                "k_norm": "key_layernorm", "embed_tokens": "word_embeddings"},
+               "bailing_moe_v3": {"o_proj": "dense", "embed_tokens": "word_embeddings",
+                                  "linear_attn": "attention"},
                "exaone": {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
                           "o_proj": "out_proj", "embed_tokens": "wte", "norm": "ln_f"},
                **dict.fromkeys(("hunyuan", "hunyuan_v1_dense"),
@@ -311,7 +320,9 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``block.{mamba, pre_ff_layernorm, feed_forward}`` (the mamba called as ``(x, ArraysCache)``),
 # ``model.final_layernorm``; exaone_moe's and afmoe's ``args.layer_types``, afmoe's
 # ``self_attn.gate_proj``, ``args.mup_enabled``, ``block.{pre_mlp_layernorm,
-# post_mlp_layernorm}``): at least the first, below the second. Same as pyproject.toml.
+# post_mlp_layernorm}``; bailing_moe_v3's ``block.is_linear``, ``attention.{g_proj, v_head_dim,
+# dense}`` and its KDA called as ``(x, mask, ArraysCache(4))``): at least the first, below the
+# second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -444,7 +455,8 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     gives no attention to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
                  if hasattr(block, "linear_attn") or hasattr(block, "conv")
-                 or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*")
+                 or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
+                 or getattr(block, "is_linear", False))  # bailing_moe_v3's KDA
 
 
 class ModelAdapter:
@@ -501,6 +513,7 @@ class ModelAdapter:
             raise UserInputError("sliding-window attention layers are not supported")
         self._recurrent = frozenset(recurrent_layers(model))
         self._mixer_mask = model_type != "jamba"  # Jamba's Mamba takes no mask
+        self._kda = model_type == "bailing_moe_v3"  # its recurrent layers' state: 4 arrays
         # each layer's attention module (None in a recurrent layer), found once: read per
         # layer and step; sharding changes their projections in place, not the modules
         self._attns = [None if i in self._recurrent else attention_module(block)
@@ -638,7 +651,8 @@ class ModelAdapter:
             "hidden_size": self._hidden,
             # all ranks' heads (OpenELM's, given per layer, summed)
             "num_attention_heads": _total(config_value(args, "num_attention_heads")),
-            "num_key_value_heads": _total(config_value(args, "num_key_value_heads")),
+            "num_key_value_heads": _total(config_value(  # bailing_moe_v3's: one per head
+                args, "num_key_value_heads", config_value(args, "num_attention_heads"))),
             "vocab_size": int(args.vocab_size),
             "weights": self.weights_digest(),
             "identity": self.identity(),
@@ -768,7 +782,9 @@ class ModelAdapter:
             q, k, v = self._latent_qkv(attn, x, n, positions)
             if self._query_scaling is not None:  # mistral4: every query scaled by position
                 q = q * _query_scale(positions, *self._query_scaling).astype(q.dtype)
-            return q, k, v, None
+            if "g_proj" in attn:  # bailing_moe_v3: a gate per head, over each head's values
+                gate = mx.repeat(attn.g_proj(x)[:, :n], attn.v_head_dim, axis=-1)
+            return q, k, v, gate
         heads = getattr(attn, "n_heads", self.n_heads)  # openelm: by layer
         kv_heads = getattr(attn, "n_kv_heads", self.n_kv_heads)  # gemma4, openelm: by layer
         fused = (getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
@@ -963,8 +979,9 @@ class ModelAdapter:
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         if getattr(block, "block_type", None) in ("-", "E"):  # nemotron_h: an MLP, no state
             return (h + mixer(norm(h)))[:, :n]
-        if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, else 2
-            state.extend([None] * (1 if "conv" in block else 2))
+        if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, 4 for KDA (a
+            # convolution of q, k and v each, the delta rule's), else 2
+            state.extend([None] * (1 if "conv" in block else 4 if self._kda else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
         x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)
