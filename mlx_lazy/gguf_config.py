@@ -179,6 +179,12 @@ The architectures (llama.cpp's names), and what converting each involves:
   says); Ling 1: softmax routing, full NeoX RoPE; Ling 2.0: leading dense layers, sigmoid
   routing with the optional selection bias, expert groups, q/k norms, NeoX RoPE over part of
   each head, the NextN block dropped. No biases (llama.cpp reads none).
+* ``nemotron_h_moe`` (Nemotron-H MoE, Nemotron 3 Nano; mlx-lm's ``nemotron_h``): a mixer a
+  layer by llama.cpp's per-layer counts: Mamba-2 (no key/value heads nor feed-forward width;
+  A_log of llama.cpp's -exp(A_log), the conv kernels in MLX's layout, A, D and the gated norm
+  as vectors, its groups as llama.cpp's), attention without RoPE, or sigmoid-routed
+  squared-ReLU experts with their correction bias (DeepSeek's MoE reading), through latent
+  projections where ``moe_latent_size`` says, beside a shared expert; the NextN block dropped.
 
 Refused with the reason (:data:`UNSUPPORTED_ARCHITECTURES`): ``hunyuan-moe`` (Hunyuan-A13B:
 llama.cpp renormalises the chosen experts' weights, mlx-lm's ``hunyuan`` does not).
@@ -238,7 +244,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
                  "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
                  "bailingmoe": "BailingMoeForCausalLM",
-                 "bailingmoe2": "BailingMoeV2ForCausalLM"}
+                 "bailingmoe2": "BailingMoeV2ForCausalLM",
+                 "nemotron_h_moe": "NemotronHForCausalLM"}
 #: llama.cpp architectures that no mlx-lm model computes, and why (each refused in one line)
 UNSUPPORTED_ARCHITECTURES = {
     "hunyuan-moe": "llama.cpp renormalises the chosen experts' weights, mlx-lm's hunyuan does not"}
@@ -253,7 +260,7 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "starcoder": "gpt_bigcode",
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
                 "exaone-moe": "exaone_moe",
-                **dict.fromkeys(BAILING, "bailing_moe")}
+                **dict.fromkeys(BAILING, "bailing_moe"), "nemotron_h_moe": "nemotron_h"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -426,10 +433,12 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
         required += ("shortconv.l_cache",)
-    if arch in ("granitehybrid", "jamba"):
+    if arch in ("granitehybrid", "jamba", "nemotron_h_moe"):
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
                                                "time_step_rank", "group_count")
-                          if arch == "granitehybrid" or k != "group_count")
+                          if arch != "jamba" or k != "group_count")
+    if arch == "nemotron_h_moe":  # llama.cpp requires it (its RMS epsilon where none is given)
+        required += ("attention.layer_norm_epsilon",)
     if arch in _LAYER_NORM:
         required += ("attention.layer_norm_epsilon",)
     if arch == "gptneox":  # llama.cpp requires it too
@@ -438,7 +447,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
-    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba")
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "nemotron_h_moe")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's
 
     def first(key: str) -> Any:
@@ -500,8 +509,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         "architectures": [ARCHITECTURES[arch]],
         "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
-        "intermediate_size": 1 if gemma4 else count("feed_forward_length", hidden,
-                                                    value=first("feed_forward_length")),
+        "intermediate_size": 1 if gemma4 or arch == "nemotron_h_moe" else count(
+            "feed_forward_length", hidden, value=first("feed_forward_length")),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
@@ -624,6 +633,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_granitehybrid_config(g, count, optional, real, experts, tensors, config))
     if arch == "jamba":
         config.update(_jamba_config(g, count, tensors, config))
+    if arch == "nemotron_h_moe":
+        config.update(_nemotron_h_moe_config(g, count, positive, optional, experts, tensors,
+                                             config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -906,6 +918,8 @@ def _hybrid_kv_heads(arch: str, g: Any, count: Any, config: dict, recurrent: str
     n_layers, model_type = config["num_hidden_layers"], config["model_type"]
     value = g("attention.head_count_kv", config["num_attention_heads"])
     values = value if isinstance(value, list) else [value] * n_layers
+    if len(values) == g("block_count"):  # and a NextN block's after the model's (Nemotron-H's)
+        values = values[:n_layers]
     if len(values) != n_layers:
         raise UserInputError(f"GGUF metadata {arch}.attention.head_count_kv has {len(values)} "
                              f"values for {n_layers} layers")
@@ -968,6 +982,45 @@ def _granitehybrid_config(g: Any, count: Any, optional: Any, real: Any, experts:
     n_experts, n_used = experts()
     return {**out, "num_local_experts": n_experts, "num_experts_per_tok": n_used,
             "shared_intermediate_size": shared}
+
+
+def _nemotron_h_moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
+                           tensors: dict, config: dict) -> dict:
+    """mlx-lm's nemotron_h settings of a Nemotron-H MoE GGUF (Nemotron 3 Nano), read as
+    llama.cpp reads it: a layer without key/value heads nor a feed-forward width is Mamba-2
+    (heads ``ssm.time_step_rank`` in ``ssm.group_count`` groups, its gated norm group by group
+    in both), one with key/value heads attention (no RoPE; biases where the tensors have
+    them), the others sparse: DeepSeek's MoE reading (:func:`_routed_experts`: sigmoid routing
+    with the correction bias, llama.cpp's hard-wired) of squared-ReLU experts, through the
+    latent projections where ``moe_latent_size`` says, beside a shared squared-ReLU expert;
+    each time step unclamped (mlx-lm's nemotron_h's default, llama.cpp's)."""
+    arch, n_layers = "nemotron_h_moe", config["num_hidden_layers"]
+    kv = _hybrid_kv_heads(arch, g, count, config, "Mamba-2")
+    widths = g("feed_forward_length")
+    widths = (widths if isinstance(widths, list) else [widths] * n_layers)[:n_layers]
+    pattern = ["*" if n else "E" if count("feed_forward_length", value=w, least=0) else "M"
+               for n, w in zip(kv, widths)]
+    heads, inner = count("ssm.time_step_rank"), count("ssm.inner_size")
+    if inner % heads:
+        raise UserInputError(f"GGUF {arch} with an SSM inner size of {inner} for {heads} heads "
+                             "is not supported (mlx-lm's nemotron_h takes a multiple of them)")
+    moe = _routed_experts(arch, "nemotron_h", g, count, positive, optional, experts, tensors,
+                          n_layers, tied=True)
+    eps = positive("attention.layer_norm_rms_epsilon",
+                   positive("attention.layer_norm_epsilon"))
+    return {"hybrid_override_pattern": pattern, "num_key_value_heads": next(n for n in kv if n),
+            "attention_bias": "blk.{}.attn_q.bias".format(pattern.index("*")) in tensors,
+            "mamba_num_heads": heads, "mamba_head_dim": inner // heads,
+            "mamba_proj_bias": False, "ssm_state_size": count("ssm.state_size"),
+            "conv_kernel": count("ssm.conv_kernel"), "n_groups": count("ssm.group_count"),
+            "use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors),
+            "mlp_bias": False, "use_bias": False, "layer_norm_epsilon": eps,
+            "intermediate_size": moe["moe_intermediate_size"],
+            "moe_shared_expert_intermediate_size": count("expert_shared_feed_forward_length"),
+            "moe_latent_size": optional("moe_latent_size") or None,
+            **{k: moe[k] for k in ("n_routed_experts", "num_experts_per_tok",
+                                   "moe_intermediate_size", "n_shared_experts", "n_group",
+                                   "topk_group", "norm_topk_prob", "routed_scaling_factor")}}
 
 
 def _jamba_config(g: Any, count: Any, tensors: dict, config: dict) -> dict:

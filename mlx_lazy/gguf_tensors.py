@@ -42,7 +42,8 @@ DELTA_NET = (*QWEN35, "qwen3next")
 # mlx-lm's model types whose value heads llama.cpp's converter tiles (Qwen3.5's, not Qwen3-Next's)
 _TILED_V_HEADS = ("qwen3_5", "qwen3_5_moe")
 # The architectures whose GGUFs may hold multi-token prediction (NextN) blocks after the model's
-NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4", "exaone-moe", "bailingmoe2")
+NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4", "exaone-moe", "bailingmoe2",
+         "nemotron_h_moe")
 # Ling/Ring 1 and 2.0 (mlx-lm's bailing_moe)
 BAILING = ("bailingmoe", "bailingmoe2")
 
@@ -180,6 +181,19 @@ _BAILING_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES,
                         "attn_k_norm": "attention.key_layernorm",
                         "ffn_gate_inp": "mlp.gate.gate_proj",
                         "exp_probs_b.bias": "mlp.gate.expert_bias"}
+# Nemotron-H MoE: one mixer a layer after its norm: Mamba-2 (A, D and the gated norm's weight as
+# granitehybrid_tensors shapes them), attention, or squared-ReLU experts (their router and
+# correction bias at gate, latent projections) beside a shared expert
+_NEMOTRON_H_MOE_LAYER_NAMES = {
+    "attn_norm": "norm", **{f"attn_{p}": f"mixer.{p}_proj" for p in "qkv"},
+    "attn_output": "mixer.o_proj", "ssm_in": "mixer.in_proj", "ssm_conv1d": "mixer.conv1d",
+    "ssm_dt.bias": "mixer.dt_bias", "ssm_a": "mixer.A_log", "ssm_d": "mixer.D",
+    "ssm_norm": "mixer.norm", "ssm_out": "mixer.out_proj", "ffn_gate_inp": "mixer.gate",
+    "exp_probs_b.bias": "mixer.gate.e_score_correction_bias",
+    "ffn_up_exps": "mixer.switch_mlp.fc1", "ffn_down_exps": "mixer.switch_mlp.fc2",
+    "ffn_up_shexp": "mixer.shared_experts.up_proj",
+    "ffn_down_shexp": "mixer.shared_experts.down_proj",
+    "ffn_latent_down": "mixer.fc1_latent_proj", "ffn_latent_up": "mixer.fc2_latent_proj"}
 # ERNIE 4.5 MoE: Qwen3-MoE's router and experts' stacks, beside its shared experts (one MLP)
 _ERNIE45_MOE_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES}
 # Qwen3-Next: Qwen3.5's names, but its fused projections: q, k, v and z rows grouped by key head
@@ -326,6 +340,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),
                      "openelm": _OPENELM_LAYER_NAMES,
                      **dict.fromkeys(BAILING, _BAILING_LAYER_NAMES),
+                     "nemotron_h_moe": _NEMOTRON_H_MOE_LAYER_NAMES,
                      # DeepSeek-MoE: Qwen3-MoE's router and experts' stacks, its shared experts
                      "deepseek": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES},
                      # GLM-4-9B: the MLP's gate and up rows fused, as in mlx-lm's glm
@@ -368,6 +383,9 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 "openelm": ("transformer.layers", {"token_embd": "transformer.token_embeddings",
                                                    "output_norm": "transformer.norm",
                                                    "output": "lm_head"}),
+                "nemotron_h_moe": ("backbone.layers", {"token_embd": "backbone.embeddings",
+                                                       "output_norm": "backbone.norm_f",
+                                                       "output": "lm_head"}),
                 **dict.fromkeys(BAILING, ("model.layers", {
                     **_TOP_NAMES, "token_embd": "model.word_embeddings"})),
                 **dict.fromkeys(("lfm2", "lfm2moe"), (
@@ -938,7 +956,8 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
              "granitehybrid": granitehybrid_tensors, "chatglm": phi2_tensors,
              "jamba": jamba_tensors,
-             "bailingmoe": partial(internlm2_tensors, arch="bailingmoe")}
+             "bailingmoe": partial(internlm2_tensors, arch="bailingmoe"),
+             "nemotron_h_moe": granitehybrid_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -1071,7 +1090,7 @@ def dequantized(t: Any) -> np.ndarray:
 #: DeepSeek's routers (a matrix of mlx-lm's MoEGate; llama.cpp's quantizer leaves routers float
 #: anyway)
 _FLOAT_ONLY = dict.fromkeys(("glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "dots1",
-                             "exaone_moe"),
+                             "exaone_moe", "nemotron_h"),
                             ".ffn_gate_inp.weight")
 
 
