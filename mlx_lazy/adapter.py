@@ -209,8 +209,14 @@ from .errors import UserInputError, shown
 # ``block.attention``) and, every ``layer_group_size``-th layer, DeepSeek-V3's absorbed latent
 # attention at ``block.attention`` with a sigmoid output gate per head (``g_proj``) before its
 # ``dense``; bailing_moe's grouped sigmoid routing and shared experts at ``block.mlp``.
+# longcat_flash (LongCat-Flash) (:data:`MLA_TYPES`): blocks of two absorbed latent attentions
+# (queries and the normed latent scaled by ``mla_scale_q_lora``/``mla_scale_kv_lora``) and two
+# dense MLPs, each pair an engine layer (:func:`_sublayer`); the block's MoE (softmax-routed, its
+# identity "zero" experts adding the input) takes the first MLP's input and its output is added
+# after the second MLP: a token's hidden state after the first layer carries it
+# (:meth:`ModelAdapter.finish`), so pruned and revived tokens keep theirs.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
-                         "cohere2",
+                         "cohere2", "longcat_flash",
                          "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
                          "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4",
@@ -229,7 +235,7 @@ GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm",
-             "bailing_moe_v3")
+             "bailing_moe_v3", "longcat_flash")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -321,8 +327,10 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``model.final_layernorm``; exaone_moe's and afmoe's ``args.layer_types``, afmoe's
 # ``self_attn.gate_proj``, ``args.mup_enabled``, ``block.{pre_mlp_layernorm,
 # post_mlp_layernorm}``; bailing_moe_v3's ``block.is_linear``, ``attention.{g_proj, v_head_dim,
-# dense}`` and its KDA called as ``(x, mask, ArraysCache(4))``): at least the first, below the
-# second. Same as pyproject.toml.
+# dense}`` and its KDA called as ``(x, mask, ArraysCache(4))``; longcat_flash's ``block.{self_attn,
+# mlps, input_layernorm, post_attention_layernorm}`` as lists of two, ``block.mlp``,
+# ``self_attn.{num_attention_heads, mla_scale_q_lora, mla_scale_kv_lora}``): at least the first,
+# below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -401,7 +409,22 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
     weights, each pass a layer with its own keys and values)."""
     if getattr(text, "model_type", None) == "nanbeige":
         return text.model.layers * text.model.num_loops
+    if getattr(text, "model_type", None) == "longcat_flash":
+        return [_sublayer(block, i) for block in text.model.layers for i in range(2)]
     return text.model.layers if "model" in text and "layers" in text.model else text.layers
+
+
+def _sublayer(block: nn.Module, i: int) -> nn.Module:
+    """LongCat-Flash's decoder block as two layers of Llama's layout: the ``i``-th of its
+    attentions with its norms and dense MLP; the first also holds the block's MoE
+    (``shortcut``), which takes the first MLP's input and whose output the second adds last."""
+    layer = nn.Module()
+    for name in ("input_layernorm", "self_attn", "post_attention_layernorm"):
+        setattr(layer, name, block[name][i])
+    layer.mlp = block.mlps[i]
+    if i == 0:
+        layer.shortcut = block.mlp
+    return layer
 
 
 def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
@@ -514,6 +537,9 @@ class ModelAdapter:
         self._recurrent = frozenset(recurrent_layers(model))
         self._mixer_mask = model_type != "jamba"  # Jamba's Mamba takes no mask
         self._kda = model_type == "bailing_moe_v3"  # its recurrent layers' state: 4 arrays
+        # longcat_flash: a token's hidden state after each even layer carries its block's MoE
+        # output after its (hidden_size,) part, which the odd layer adds
+        self._shortcut = model_type == "longcat_flash"
         # each layer's attention module (None in a recurrent layer), found once: read per
         # layer and step; sharding changes their projections in place, not the modules
         self._attns = [None if i in self._recurrent else attention_module(block)
@@ -526,7 +552,7 @@ class ModelAdapter:
         self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
         self._mla = self.text.model_type in MLA_TYPES  # (a mistral3 checkpoint's mistral4)
         if self._mla:  # the absorbed form (embed_q) has one key/value head, the latent
-            self.n_heads: int = attn.num_heads
+            self.n_heads: int = getattr(attn, "num_heads", None) or attn.num_attention_heads
             self.n_kv_heads: int = 1 if hasattr(attn, "embed_q") else attn.num_heads
         else:
             self.n_heads = (getattr(attn, "n_heads", None) or getattr(attn, "num_heads", None)
@@ -774,7 +800,7 @@ class ModelAdapter:
         """
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
-        x = self._blas_rows(h[..., :self._hidden] if self._layer_input else h)
+        x = self._blas_rows(h[..., :self._hidden] if self._layer_input or self._shortcut else h)
         if not self._post_norms:
             x = self._norm(block, "input_layernorm")(x)
         gate = None
@@ -897,9 +923,11 @@ class ModelAdapter:
         q = attn.q_proj(x) if attn.q_lora_rank is None else attn.q_b_proj(
             attn.q_a_layernorm(attn.q_a_proj(x)))
         q = q[:, :n].reshape(1, n, heads, -1).transpose(0, 2, 1, 3)
+        # longcat_flash: queries and the normed latent scaled (sqrt(hidden / rank))
+        q = q * getattr(attn, "mla_scale_q_lora", 1.0)
         q_nope, q_pe = mx.split(q, [attn.qk_nope_head_dim], axis=-1)
         latent, k_pe = mx.split(attn.kv_a_proj_with_mqa(x)[:, :n], [attn.kv_lora_rank], axis=-1)
-        latent = attn.kv_a_layernorm(latent)
+        latent = attn.kv_a_layernorm(latent) * getattr(attn, "mla_scale_kv_lora", 1.0)
         q_pe = _rope(attn.rope, q_pe, positions)
         k_pe = _rope(attn.rope, k_pe[:, None], positions)  # (1, 1, n, rope dims)
         if hasattr(attn, "kv_b_proj"):  # deepseek_v2, minicpm3, youtu_llm
@@ -929,6 +957,9 @@ class ModelAdapter:
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
                                h[..., self._hidden + width:])
         h = self._blas_rows(h)
+        shortcut = None
+        if self._shortcut and layer % 2:  # longcat_flash: the first sublayer's MoE output
+            h, shortcut = h[..., :self._hidden], h[..., self._hidden:]
         if self._gemma2 or self._gemma3 or self._afmoe:  # norms after attention, around the MLP
             from mlx_lm.models.gemma3_text import clip_residual
 
@@ -960,6 +991,12 @@ class ModelAdapter:
         elif self._residual_multiplier is not None:  # granite
             h = h + r * self._residual_multiplier
             h = h + self._mlp(layer, block.post_attention_layernorm(h)) * self._residual_multiplier
+        elif self._shortcut:  # longcat_flash: its MoE beside the first MLP, added after the second
+            h = h + r
+            x = block.post_attention_layernorm(h)
+            h = h + self._mlp(layer, x)
+            h = (mx.concatenate([h, block.shortcut(x)], axis=-1) if shortcut is None
+                 else h + shortcut)
         else:
             h = h + r
             if self._feed_forwards[layer] is not None:  # (none after Nemotron-H's attention)

@@ -395,7 +395,7 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
                                   "mellum", "granitemoehybrid", "nemotron_h", "jamba", "Klear",
-                                  "afmoe", "bailing_moe_v3"])
+                                  "afmoe", "bailing_moe_v3", "longcat_flash"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -405,7 +405,8 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     otherwise), OpenELM's (heads by layer, a fused q/k/v and gate/up), LFM2's convolutions,
     StarCoder 1's one key/value head (multi-query) or Granite 4.0's, Nemotron-H's and Jamba's
     layers (Mamba, shared MLPs), Ling 2.5's (Kimi Delta Attention, latent attention, experts).
-    Refused (mlx-lm has no ``shard`` for them either). Qwen3.5's
+    Refused (mlx-lm has no ``shard`` for them either; LongCat-Flash's blocks of two attentions and
+    a shortcut MoE it splits, the engine's layers are half of one: refused here). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
     runs them whole)."""
     class Group:

@@ -29,7 +29,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron", "openelm", "deepseek", "mellum",
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe",
-         "bailing_moe_v3")
+         "bailing_moe_v3", "longcat_flash")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -336,6 +336,15 @@ _KIND_CONFIG = {
                        "num_experts": 4, "num_shared_experts": 1,
                        "moe_shared_expert_intermediate_size": 32, "n_group": 2, "topk_group": 1,
                        "routed_scaling_factor": 2.5, "short_conv_kernel_size": 4},
+    # LongCat-Flash: 2 blocks of two latent attentions (absorbed, low-rank queries, queries and
+    # latent scaled) and two MLPs each, the first MLP's input also through 2 of 4 experts and 2
+    # identity ("zero") experts, softmax-routed, scaled by 2.5, added after the second MLP
+    "longcat_flash": {"architectures": ["LongcatFlashForCausalLM"], **_MLA, "num_layers": 2,
+                      "q_lora_rank": 32, "ffn_hidden_size": 128, "expert_ffn_hidden_size": 32,
+                      "moe_topk": 2, "zero_expert_num": 2, "zero_expert_type": "identity",
+                      "attention_method": "MLA", "mla_scale_q_lora": True,
+                      "mla_scale_kv_lora": True, "attention_bias": False,
+                      "routed_scaling_factor": 2.5},
     # Hunyuan: q/k norms after RoPE (NTK alpha-scaled base), layers 1 and 3 reading the keys
     # and values of 0 and 2 (CLA); 2 of 4 experts (softmax) beside a shared MLP; tied head
     "hunyuan": {"architectures": ["HunYuanMoEV1ForCausalLM"], "tie_word_embeddings": True,
