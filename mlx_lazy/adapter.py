@@ -230,27 +230,40 @@ from .errors import UserInputError, shown
 # rotary fraction, per-head q/k norms, an output gate per head (``g_proj``, sigmoid), SwiGLU
 # clamped at a per-layer limit (a dense one run as its module), sigmoid-routed experts (a router
 # bias) beside a shared expert at ``block.mlp``.
-SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2", "dbrx",
-                         "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
-                         "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
-                         "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4",
+# bailing_moe_v3 (Ling 2.5/3) (:data:`MLA_TYPES`): Kimi Delta Attention layers (``is_linear``:
+# recurrent, a convolution state per projection and a delta-rule state, run as their module at
+# ``block.attention``) and, every ``layer_group_size``-th layer, DeepSeek-V3's absorbed latent
+# attention at ``block.attention`` with a sigmoid output gate per head (``g_proj``) before its
+# ``dense``; bailing_moe's grouped sigmoid routing and shared experts at ``block.mlp``.
+# longcat_flash (LongCat-Flash) (:data:`MLA_TYPES`): blocks of two absorbed latent attentions
+# (queries and the normed latent scaled by ``mla_scale_q_lora``/``mla_scale_kv_lora``) and two
+# dense MLPs, each pair an engine layer (:func:`_sublayer`); the block's MoE (softmax-routed, its
+# identity "zero" experts adding the input) takes the first MLP's input and its output is added
+# after the second MLP: a token's hidden state after the first layer carries it
+# (:meth:`ModelAdapter.finish`), so pruned and revived tokens keep theirs.
+SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
+                         "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
+                         "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma",
+                         "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4",
                          "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss",
                          "gptj", "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan",
                          "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "kimi_k25",
                          "kimi_vl", "laguna", "lfm2", "lfm2-vl", "lfm2_moe", "llama", "llama4",
-                         "llama4_text", "mellum", "mimo", "mimo_v2_flash", "minicpm", "minicpm3",
-                         "minimax", "ministral3", "mistral", "mistral3", "mistral4", "mixtral",
-                         "nanbeige", "nanochat", "nemotron", "nemotron-nas", "nemotron_h", "olmo2",
-                         "olmo3", "olmoe", "openelm", "phi", "phi3", "phimoe", "phixtral",
-                         "plamo3", "qwen", "qwen2", "qwen2_5_vl", "qwen2_moe", "qwen2_vl", "qwen3",
-                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl",
-                         "qwen3_vl_moe", "seed_oss", "smollm3", "solar_open", "stablelm",
-                         "starcoder2", "step3p5", "talkie", "telechat3", "youtu_llm")
+                         "llama4_text", "longcat_flash", "mellum", "mimo", "mimo_v2_flash",
+                         "minicpm", "minicpm3", "minimax", "ministral3", "mistral", "mistral3",
+                         "mistral4", "mixtral", "nanbeige", "nanochat", "nemotron", "nemotron-nas",
+                         "nemotron_h", "olmo2", "olmo3", "olmoe", "openelm", "phi", "phi3",
+                         "phimoe", "phixtral", "plamo3", "qwen", "qwen2", "qwen2_5_vl",
+                         "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
+                         "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "seed_oss", "smollm3",
+                         "solar_open", "stablelm", "starcoder2", "step3p5", "talkie", "telechat3",
+                         "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm")
+MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm",
+             "bailing_moe_v3", "longcat_flash")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -272,6 +285,8 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                            "post_attention_layernorm": "feedforward_layernorm"},
                "bailing_moe": {"o_proj": "dense", "q_norm": "query_layernorm",
                                "k_norm": "key_layernorm", "embed_tokens": "word_embeddings"},
+               "bailing_moe_v3": {"o_proj": "dense", "embed_tokens": "word_embeddings",
+                                  "linear_attn": "attention"},
                "exaone": {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
                           "o_proj": "out_proj", "embed_tokens": "wte", "norm": "ln_f"},
                **dict.fromkeys(("hunyuan", "hunyuan_v1_dense"),
@@ -373,8 +388,12 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # post_mixer_norm, pre_mlp_norm, post_mlp_norm}``, ``mixer.{qkv_proj, q_num_heads, k_num_heads}``,
 # ``config.window_size``; laguna's ``self_attn.g_proj``, ``args.layer_types``; talkie's
 # ``model.{embed, blocks}``, ``attn.{attn_query, attn_key, attn_value, attn_resid, head_gain,
-# _rope_freqs}``, ``block.{attn_gain, mlp_gain, embed_skip}``, ``lm_head``, ``lm_head_gain``):
-# at least the first, below the second. Same as pyproject.toml.
+# _rope_freqs}``, ``block.{attn_gain, mlp_gain, embed_skip}``, ``lm_head``, ``lm_head_gain``;
+# bailing_moe_v3's ``block.is_linear``, ``attention.{g_proj, v_head_dim,
+# dense}`` and its KDA called as ``(x, mask, ArraysCache(4))``; longcat_flash's ``block.{self_attn,
+# mlps, input_layernorm, post_attention_layernorm}`` as lists of two, ``block.mlp``,
+# ``self_attn.{num_attention_heads, mla_scale_q_lora, mla_scale_kv_lora}``): at least the first,
+# below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -469,6 +488,8 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
     weights, each pass a layer with its own keys and values)."""
     if getattr(text, "model_type", None) == "nanbeige":
         return text.model.layers * text.model.num_loops
+    if getattr(text, "model_type", None) == "longcat_flash":
+        return [_sublayer(block, i) for block in text.model.layers for i in range(2)]
     # (PLaMo 3's model.layers is a module holding them: its model's layers)
     return (text.model.layers if "model" in text and isinstance(text.model.get("layers"), list)
             else text.layers)
@@ -478,6 +499,19 @@ def num_layers(model: nn.Module) -> int:
     """The engine's depth on an mlx-lm ``model``: what a schedule's layer indices and depth
     fractions count (a looped Nanbeige's passes, not ``len(model.layers)``, its blocks)."""
     return len(_blocks(_text_model(model)))
+
+
+def _sublayer(block: nn.Module, i: int) -> nn.Module:
+    """LongCat-Flash's decoder block as two layers of Llama's layout: the ``i``-th of its
+    attentions with its norms and dense MLP; the first also holds the block's MoE
+    (``shortcut``), which takes the first MLP's input and whose output the second adds last."""
+    layer = nn.Module()
+    for name in ("input_layernorm", "self_attn", "post_attention_layernorm"):
+        setattr(layer, name, block[name][i])
+    layer.mlp = block.mlps[i]
+    if i == 0:
+        layer.shortcut = block.mlp
+    return layer
 
 
 def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
@@ -541,7 +575,7 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
                  if hasattr(block, "linear_attn") or hasattr(block, "conv")
                  or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
-                 or _stateless(block))
+                 or _stateless(block) or getattr(block, "is_linear", False))  # KDA
 
 
 def _stateless(block: nn.Module) -> bool:
@@ -615,6 +649,10 @@ class ModelAdapter:
             raise UserInputError("sliding-window attention layers are not supported")
         self._recurrent = frozenset(recurrent_layers(model))
         self._mixer_mask = model_type != "jamba"  # Jamba's Mamba takes no mask
+        self._kda = model_type == "bailing_moe_v3"  # its recurrent layers' state: 4 arrays
+        # longcat_flash: a token's hidden state after each even layer carries its block's MoE
+        # output after its (hidden_size,) part, which the odd layer adds
+        self._shortcut = model_type == "longcat_flash"
         # each layer's attention module (None in a recurrent layer), found once: read per
         # layer and step; sharding changes their projections in place, not the modules
         self._attns = [None if i in self._recurrent else attention_module(block)
@@ -627,7 +665,7 @@ class ModelAdapter:
         self._gated = model_type in HYBRID_TYPES  # q_proj gives queries, then output gates
         self._mla = text_type in MLA_TYPES  # (a mistral3 checkpoint's mistral4)
         if self._mla:  # the absorbed form (embed_q) has one key/value head, the latent
-            self.n_heads: int = attn.num_heads
+            self.n_heads: int = getattr(attn, "num_heads", None) or attn.num_attention_heads
             self.n_kv_heads: int = 1 if hasattr(attn, "embed_q") else attn.num_heads
         else:
             self.n_heads = (getattr(attn, "n_heads", None) or getattr(attn, "num_heads", None)
@@ -895,8 +933,8 @@ class ModelAdapter:
         """
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
-        x = self._blas_rows(h[..., :self._hidden] if self._layer_input or self._embed_skip
-                            else h)
+        x = self._blas_rows(h[..., :self._hidden]
+                            if self._layer_input or self._embed_skip or self._shortcut else h)
         if not self._post_norms:
             x = self._norm(block, "input_layernorm")(x)
         gate = None
@@ -904,7 +942,9 @@ class ModelAdapter:
             q, k, v = self._latent_qkv(attn, x, n, positions)
             if self._query_scaling is not None:  # mistral4: every query scaled by position
                 q = q * _query_scale(positions, *self._query_scaling).astype(q.dtype)
-            return q, k, v, None
+            if "g_proj" in attn:  # bailing_moe_v3: a gate per head (finish)
+                gate = attn.g_proj(x)[:, :n]
+            return q, k, v, gate
         # gemma4, openelm, mimo_v2_flash, step3p5 (num_*): by layer
         heads = getattr(attn, "n_heads", None) or getattr(attn, "num_heads", self.n_heads)
         kv_heads = getattr(attn, "n_kv_heads", None) or getattr(attn, "num_kv_heads",
@@ -1029,9 +1069,11 @@ class ModelAdapter:
         q = attn.q_proj(x) if attn.q_lora_rank is None else attn.q_b_proj(
             attn.q_a_layernorm(attn.q_a_proj(x)))
         q = q[:, :n].reshape(1, n, heads, -1).transpose(0, 2, 1, 3)
+        # longcat_flash: queries and the normed latent scaled (sqrt(hidden / rank))
+        q = q * getattr(attn, "mla_scale_q_lora", 1.0)
         q_nope, q_pe = mx.split(q, [attn.qk_nope_head_dim], axis=-1)
         latent, k_pe = mx.split(attn.kv_a_proj_with_mqa(x)[:, :n], [attn.kv_lora_rank], axis=-1)
-        latent = attn.kv_a_layernorm(latent)
+        latent = attn.kv_a_layernorm(latent) * getattr(attn, "mla_scale_kv_lora", 1.0)
         q_pe = _rope(attn.rope, q_pe, positions)
         k_pe = _rope(attn.rope, k_pe[:, None], positions)  # (1, 1, n, rope dims)
         if hasattr(attn, "kv_b_proj"):  # deepseek_v2, minicpm3, youtu_llm
@@ -1067,6 +1109,9 @@ class ModelAdapter:
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
                                h[..., self._hidden + width:])
         h = self._blas_rows(h)
+        shortcut = None
+        if self._shortcut and layer % 2:  # longcat_flash: the first sublayer's MoE output
+            h, shortcut = h[..., :self._hidden], h[..., self._hidden:]
         if self._gemma2 or self._gemma3 or self._four_norms:  # norms after attention, around
             from mlx_lm.models.gemma3_text import clip_residual  # the MLP
 
@@ -1103,6 +1148,12 @@ class ModelAdapter:
         elif self._residual_multiplier is not None:  # granite
             h = h + r * self._residual_multiplier
             h = h + self._mlp(layer, block.post_attention_layernorm(h)) * self._residual_multiplier
+        elif self._shortcut:  # longcat_flash: its MoE beside the first MLP, added after the second
+            h = h + r
+            x = block.post_attention_layernorm(h)
+            h = h + self._mlp(layer, x)
+            h = (mx.concatenate([h, block.shortcut(x)], axis=-1) if shortcut is None
+                 else h + shortcut)
         else:
             h = h + r
             if self._feed_forwards[layer] is not None:  # (none after Nemotron-H's attention)
@@ -1122,8 +1173,9 @@ class ModelAdapter:
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         if _stateless(block):  # nemotron_h's MLPs, nemotron-nas's layers without attention
             return block(h)[:, :n]
-        if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, else 2
-            state.extend([None] * (1 if "conv" in block else 2))
+        if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, 4 for KDA (a
+            # convolution of q, k and v each, the delta rule's), else 2
+            state.extend([None] * (1 if "conv" in block else 4 if self._kda else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
         x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)

@@ -37,7 +37,8 @@ from mlx_lm.utils import get_total_parameters
 
 from .errors import UserInputError, one_line
 from .folders import atomic_dir
-from .gguf_config import ARCHITECTURES, ROPE_TENSORS, mlx_lm_config, xielu_parameters
+from .gguf_config import (ARCHITECTURES, ROPE_TENSORS, UNSUPPORTED_ARCHITECTURES, mlx_lm_config,
+                          xielu_parameters)
 from .gguf_tensors import (DEFAULT_GGUF_DTYPE, NEXTN, REGROUPED, check_shapes, check_types,
                            gguf_arrays, kept_quantization, trunk_tensors, xielu_tensors)
 from .gguf_tokenizer import build_tokenizer, eos_ids
@@ -176,6 +177,8 @@ def convert_gguf(
     tensors = {t.name: t for t in reader.tensors}
     check_types(tensors)
     arch = meta.get("general.architecture")
+    if arch in UNSUPPORTED_ARCHITECTURES:
+        raise UserInputError(f"GGUF {arch} is not supported ({UNSUPPORTED_ARCHITECTURES[arch]})")
     if arch not in ARCHITECTURES:
         raise UserInputError(f"unsupported GGUF architecture {arch!r} "
                              f"(supported: {', '.join(map(repr, ARCHITECTURES))})")

@@ -96,6 +96,10 @@ def shard(model: nn.Module, group: Group) -> None:
     if recurrent_layers(model):
         raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
                              "their linear-attention layers are not split here")
+    if model.model_type == "longcat_flash":  # mlx-lm's shard splits them; the engine's blocks
+        # are half of one (mlx_lazy.adapter._sublayer), whose heads and group it reads otherwise
+        raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
+                             "their blocks' two attentions and shortcut MoE are not split here")
     # mlx-lm's shard() only divides: uneven splits must be refused here
     args = text_args(adapter.text)  # gemma3: its text model's
     sizes = {"attention heads": config_value(args, "num_attention_heads"),

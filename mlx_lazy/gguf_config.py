@@ -219,6 +219,21 @@ The architectures (llama.cpp's names), and what converting each involves:
   the q/k rows' second halves negated back (llama.cpp's converter negates them to turn
   Talkie's RoPE of negated frequencies into NeoX's), the head a bare matrix; no grouped
   key/value heads, as mlx-lm's talkie has none.
+* ``bailingmoe`` / ``bailingmoe2`` (Ling/Ring 1, Ling/Ring 2.0; mlx-lm's ``bailing_moe``): q/k/v
+  fused as ``query_key_value`` (Ling 1's un-permuted first, llama.cpp's converter having cut
+  them apart), DeepSeek's MoE reading beside shared experts (of their own width where the GGUF
+  says); Ling 1: softmax routing, full NeoX RoPE; Ling 2.0: leading dense layers, sigmoid
+  routing with the optional selection bias, expert groups, q/k norms, NeoX RoPE over part of
+  each head, the NextN block dropped. No biases (llama.cpp reads none).
+* ``nemotron_h_moe`` (Nemotron-H MoE, Nemotron 3 Nano; mlx-lm's ``nemotron_h``): a mixer a
+  layer by llama.cpp's per-layer counts: Mamba-2 (no key/value heads nor feed-forward width;
+  A_log of llama.cpp's -exp(A_log), the conv kernels in MLX's layout, A, D and the gated norm
+  as vectors, its groups as llama.cpp's), attention without RoPE, or sigmoid-routed
+  squared-ReLU experts with their correction bias (DeepSeek's MoE reading), through latent
+  projections where ``moe_latent_size`` says, beside a shared expert; the NextN block dropped.
+
+Refused with the reason (:data:`UNSUPPORTED_ARCHITECTURES`): ``hunyuan-moe`` (Hunyuan-A13B:
+llama.cpp renormalises the chosen experts' weights, mlx-lm's ``hunyuan`` does not).
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -236,7 +251,7 @@ import mlx.core as mx
 import numpy as np
 
 from .errors import UserInputError, shown
-from .gguf_tensors import DELTA_NET, NEXTN, QWEN35, dequantized, nextn_blocks
+from .gguf_tensors import BAILING, DELTA_NET, NEXTN, QWEN35, dequantized, nextn_blocks
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
@@ -280,7 +295,13 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "phimoe": "PhiMoEForCausalLM", "minimax-m2": "MiniMaxM2ForCausalLM",
                  "mimo2": "MiMoV2FlashForCausalLM", "step35": "Step3p5ForCausalLM",
                  "deci": "DeciLMForCausalLM", "talkie": "TalkieForCausalLM",
-                 "laguna": "LagunaForCausalLM"}
+                 "laguna": "LagunaForCausalLM",
+                 "bailingmoe": "BailingMoeForCausalLM",
+                 "bailingmoe2": "BailingMoeV2ForCausalLM",
+                 "nemotron_h_moe": "NemotronHForCausalLM"}
+#: llama.cpp architectures that no mlx-lm model computes, and why (each refused in one line)
+UNSUPPORTED_ARCHITECTURES = {
+    "hunyuan-moe": "llama.cpp renormalises the chosen experts' weights, mlx-lm's hunyuan does not"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -293,7 +314,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
                 "exaone-moe": "exaone_moe", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                 "qwen3vlmoe": "qwen3_moe", "minimax-m2": "minimax", "mimo2": "mimo_v2_flash",
-                "step35": "step3p5", "deci": "nemotron-nas"}
+                "step35": "step3p5", "deci": "nemotron-nas",
+                **dict.fromkeys(BAILING, "bailing_moe"), "nemotron_h_moe": "nemotron_h"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -308,7 +330,7 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
                     "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba",
-                    "dbrx", "phimoe")
+                    "dbrx", "phimoe", "bailing_moe")
 # Qwen2-VL's, Qwen3-VL's and Qwen3-VL MoE's text models: llama.cpp's M-RoPE (its sections) on
 # text is their text models' NeoX RoPE (mlx-lm's qwen2, qwen3, qwen3_moe)
 QWEN_VL = ("qwen2vl", "qwen3vl", "qwen3vlmoe")
@@ -384,7 +406,7 @@ QWEN_ROPE_BASE = 10000.0
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
 _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron",
-                 "minimax-m2", "mimo2", "laguna")
+                 "minimax-m2", "mimo2", "laguna", "bailingmoe2")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -472,17 +494,20 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
-                "phimoe", "minimax-m2", "mimo2", "step35", "deci", "talkie", "laguna"):
+                "phimoe", "minimax-m2", "mimo2", "step35", "deci", "talkie", "laguna",
+                *BAILING):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
         required += ("shortconv.l_cache",)
     if arch in QWEN_VL:  # llama.cpp requires them (on text every section turns alike)
         required += ("rope.dimension_sections",)
-    if arch in ("granitehybrid", "jamba"):
+    if arch in ("granitehybrid", "jamba", "nemotron_h_moe"):
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
                                                "time_step_rank", "group_count")
-                          if arch == "granitehybrid" or k != "group_count")
+                          if arch != "jamba" or k != "group_count")
+    if arch == "nemotron_h_moe":  # llama.cpp requires it (its RMS epsilon where none is given)
+        required += ("attention.layer_norm_epsilon",)
     if arch in _LAYER_NORM:
         required += ("attention.layer_norm_epsilon",)
     if arch == "gptneox":  # llama.cpp requires it too
@@ -493,7 +518,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
-    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2", "step35", "deci")
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2", "step35", "deci",
+                                  "nemotron_h_moe")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's (deci's: _deci_config's)
     heads_by_layer = openelm or arch in ("step35", "deci", "laguna")  # (Step-3.5's by kind)
 
@@ -560,8 +586,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         "architectures": [ARCHITECTURES[arch]],
         "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
-        "intermediate_size": 1 if gemma4 else count("feed_forward_length", hidden,
-                                                    value=first("feed_forward_length")),
+        "intermediate_size": 1 if gemma4 or arch == "nemotron_h_moe" else count(
+            "feed_forward_length", hidden, value=first("feed_forward_length")),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
@@ -698,6 +724,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                                  "is not supported (mlx-lm's talkie has no grouped-query "
                                  "attention)")
         config["logit_scale"] = real("logit_scale")
+    if arch == "nemotron_h_moe":
+        config.update(_nemotron_h_moe_config(g, count, positive, optional, experts, tensors,
+                                             config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -724,7 +753,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in DELTA_NET:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
-    if arch in ("dots1", "exaone-moe", "minimax-m2") and \
+    if arch in ("dots1", "exaone-moe", "minimax-m2", "bailingmoe2") and \
             g("expert_gating_func") != _SIGMOID_GATING:
         # llama.cpp aborts without a gating function
         raise UserInputError(f"GGUF {arch} with expert gating function "
@@ -779,6 +808,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "step35":
         config.update(_step35_config(g, count, real, positive, experts, tensors, config,
                                      rope_dims))
+    if arch in BAILING:
+        config.update(_bailing_config(arch, g, count, positive, optional, experts, tensors,
+                                      n_layers, rope_dims))
     if arch == "afmoe":
         config.update(_afmoe_config(g, count, positive, optional, experts, tensors, n_layers))
     if arch == "nanbeige":  # its stack run num_loops times over the same weights, the final
@@ -1020,6 +1052,8 @@ def _hybrid_kv_heads(arch: str, g: Any, count: Any, config: dict, recurrent: str
     n_layers, model_type = config["num_hidden_layers"], config["model_type"]
     value = g("attention.head_count_kv", config["num_attention_heads"])
     values = value if isinstance(value, list) else [value] * n_layers
+    if len(values) == g("block_count"):  # and a NextN block's after the model's (Nemotron-H's)
+        values = values[:n_layers]
     if len(values) != n_layers:
         raise UserInputError(f"GGUF metadata {arch}.attention.head_count_kv has {len(values)} "
                              f"values for {n_layers} layers")
@@ -1082,6 +1116,45 @@ def _granitehybrid_config(g: Any, count: Any, optional: Any, real: Any, experts:
     n_experts, n_used = experts()
     return {**out, "num_local_experts": n_experts, "num_experts_per_tok": n_used,
             "shared_intermediate_size": shared}
+
+
+def _nemotron_h_moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
+                           tensors: dict, config: dict) -> dict:
+    """mlx-lm's nemotron_h settings of a Nemotron-H MoE GGUF (Nemotron 3 Nano), read as
+    llama.cpp reads it: a layer without key/value heads nor a feed-forward width is Mamba-2
+    (heads ``ssm.time_step_rank`` in ``ssm.group_count`` groups, its gated norm group by group
+    in both), one with key/value heads attention (no RoPE; biases where the tensors have
+    them), the others sparse: DeepSeek's MoE reading (:func:`_routed_experts`: sigmoid routing
+    with the correction bias, llama.cpp's hard-wired) of squared-ReLU experts, through the
+    latent projections where ``moe_latent_size`` says, beside a shared squared-ReLU expert;
+    each time step unclamped (mlx-lm's nemotron_h's default, llama.cpp's)."""
+    arch, n_layers = "nemotron_h_moe", config["num_hidden_layers"]
+    kv = _hybrid_kv_heads(arch, g, count, config, "Mamba-2")
+    widths = g("feed_forward_length")
+    widths = (widths if isinstance(widths, list) else [widths] * n_layers)[:n_layers]
+    pattern = ["*" if n else "E" if count("feed_forward_length", value=w, least=0) else "M"
+               for n, w in zip(kv, widths)]
+    heads, inner = count("ssm.time_step_rank"), count("ssm.inner_size")
+    if inner % heads:
+        raise UserInputError(f"GGUF {arch} with an SSM inner size of {inner} for {heads} heads "
+                             "is not supported (mlx-lm's nemotron_h takes a multiple of them)")
+    moe = _routed_experts(arch, "nemotron_h", g, count, positive, optional, experts, tensors,
+                          n_layers, tied=True)
+    eps = positive("attention.layer_norm_rms_epsilon",
+                   positive("attention.layer_norm_epsilon"))
+    return {"hybrid_override_pattern": pattern, "num_key_value_heads": next(n for n in kv if n),
+            "attention_bias": "blk.{}.attn_q.bias".format(pattern.index("*")) in tensors,
+            "mamba_num_heads": heads, "mamba_head_dim": inner // heads,
+            "mamba_proj_bias": False, "ssm_state_size": count("ssm.state_size"),
+            "conv_kernel": count("ssm.conv_kernel"), "n_groups": count("ssm.group_count"),
+            "use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors),
+            "mlp_bias": False, "use_bias": False, "layer_norm_epsilon": eps,
+            "intermediate_size": moe["moe_intermediate_size"],
+            "moe_shared_expert_intermediate_size": count("expert_shared_feed_forward_length"),
+            "moe_latent_size": optional("moe_latent_size") or None,
+            **{k: moe[k] for k in ("n_routed_experts", "num_experts_per_tok",
+                                   "moe_intermediate_size", "n_shared_experts", "n_group",
+                                   "topk_group", "norm_topk_prob", "routed_scaling_factor")}}
 
 
 def _jamba_config(g: Any, count: Any, tensors: dict, config: dict) -> dict:
@@ -1534,6 +1607,28 @@ def _step35_config(g: Any, count: Any, real: Any, positive: Any, experts: Any, t
             "moe_router_scaling_factor": real("expert_weights_scale", 0.0) or 1.0,
             "norm_expert_weight": bool(norm), "swiglu_limits": clamps["swiglu_clamp_exp"],
             "swiglu_limits_shared": clamps["swiglu_clamp_shexp"], "tie_word_embeddings": False}
+def _bailing_config(arch: str, g: Any, count: Any, positive: Any, optional: Any,
+                    experts: Any, tensors: dict, n_layers: int, rope_dims: int) -> dict:
+    """mlx-lm's bailing_moe settings of a Ling/Ring GGUF: DeepSeek's MoE reading
+    (:func:`_routed_experts`), a shared expert's width of its own where the GGUF gives one;
+    bailingmoe (Ling 1) softmax-routed (llama.cpp's graph reads no selection bias), bailingmoe2
+    (Ling/Ring 2.0) sigmoid-routed with its optional selection bias, q/k norms, RoPE over
+    ``rope_dims`` of each head; no biases (llama.cpp reads none but Ling 1's q/k/v ones, which
+    its checkpoints lack: refused by internlm2_tensors)."""
+    v2 = arch == "bailingmoe2"
+    moe = _routed_experts(arch, "bailing_moe", g, count, positive, optional, experts, tensors,
+                          n_layers)
+    return {"num_experts": moe["n_routed_experts"], "num_shared_experts": moe["n_shared_experts"],
+            **{k: moe[k] for k in ("num_experts_per_tok", "moe_intermediate_size", "n_group",
+                                   "topk_group", "routed_scaling_factor", "norm_topk_prob",
+                                   "first_k_dense_replace")},
+            "score_function": "sigmoid" if v2 else "softmax",
+            "moe_router_enable_expert_bias": v2 and any(
+                name.endswith(".exp_probs_b.bias") for name in tensors),
+            "moe_shared_expert_intermediate_size":
+                optional("expert_shared_feed_forward_length") or None,
+            "use_qk_norm": v2, "use_bias": False, "use_qkv_bias": False, "norm_head": False,
+            "rotary_dim": rope_dims}
 
 
 def _afmoe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,

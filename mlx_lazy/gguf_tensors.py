@@ -7,10 +7,11 @@ onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) ont
 types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
 llama (Mixtral's too), smollm3, granite, granitemoe, granitehybrid, mistral3, minicpm, deepseek,
 nanbeige and deci (by each layer's heads) q/k rows are un-permuted from llama.cpp's RoPE layout
-to the Hugging Face one (InternLM2's too, fused again: :func:`internlm2_tensors`). LFM2's
-convolution kernels become MLX's Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's Mamba-2
-tensors and Jamba's Mamba ones mlx-lm's (:func:`granitehybrid_tensors`, :func:`jamba_tensors`);
-a deci layer's linear map for attention its ``self_attn.linear`` (:func:`deci_tensors`).
+to the Hugging Face one (InternLM2's and Ling 1's too, fused again: :func:`internlm2_tensors`).
+LFM2's convolution kernels become MLX's Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's
+Mamba-2 tensors and Jamba's Mamba ones mlx-lm's (:func:`granitehybrid_tensors`,
+:func:`jamba_tensors`); a deci layer's linear map for attention its ``self_attn.linear``
+(:func:`deci_tensors`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from . import _blas  # noqa: F401  (must precede any mlx import)
 
 import sys
+from functools import partial
 from typing import Any, Callable, Iterator, NamedTuple
 
 import mlx.core as mx
@@ -42,7 +44,10 @@ DELTA_NET = (*QWEN35, "qwen3next")
 # mlx-lm's model types whose value heads llama.cpp's converter tiles (Qwen3.5's, not Qwen3-Next's)
 _TILED_V_HEADS = ("qwen3_5", "qwen3_5_moe")
 # The architectures whose GGUFs may hold multi-token prediction (NextN) blocks after the model's
-NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4", "exaone-moe", "mimo2", "step35")
+NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4", "exaone-moe", "mimo2", "step35",
+         "bailingmoe2", "nemotron_h_moe")
+# Ling/Ring 1 and 2.0 (mlx-lm's bailing_moe)
+BAILING = ("bailingmoe", "bailingmoe2")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -172,6 +177,28 @@ _JAMBA_LAYER_NAMES = {**{k: v.replace("mlp.", "feed_forward.") for k, v in _LAYE
 # The shared experts of ERNIE 4.5 MoE and GLM-4.5 (plural in mlx-lm's models)
 _SHARED_EXPERTS_NAMES = {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
                          for p in ("gate", "up", "down")}
+# Ling/Ring: attention under its own names (q/k/v fused: bailingmoe2's attn_qkv as it is,
+# bailingmoe's attn_q/k/v fused again by internlm2_tensors), the router and its selection bias
+# at mlp.gate, the shared experts
+_BAILING_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES,
+                        "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense",
+                        "attn_q_norm": "attention.query_layernorm",
+                        "attn_k_norm": "attention.key_layernorm",
+                        "ffn_gate_inp": "mlp.gate.gate_proj",
+                        "exp_probs_b.bias": "mlp.gate.expert_bias"}
+# Nemotron-H MoE: one mixer a layer after its norm: Mamba-2 (A, D and the gated norm's weight as
+# granitehybrid_tensors shapes them), attention, or squared-ReLU experts (their router and
+# correction bias at gate, latent projections) beside a shared expert
+_NEMOTRON_H_MOE_LAYER_NAMES = {
+    "attn_norm": "norm", **{f"attn_{p}": f"mixer.{p}_proj" for p in "qkv"},
+    "attn_output": "mixer.o_proj", "ssm_in": "mixer.in_proj", "ssm_conv1d": "mixer.conv1d",
+    "ssm_dt.bias": "mixer.dt_bias", "ssm_a": "mixer.A_log", "ssm_d": "mixer.D",
+    "ssm_norm": "mixer.norm", "ssm_out": "mixer.out_proj", "ffn_gate_inp": "mixer.gate",
+    "exp_probs_b.bias": "mixer.gate.e_score_correction_bias",
+    "ffn_up_exps": "mixer.switch_mlp.fc1", "ffn_down_exps": "mixer.switch_mlp.fc2",
+    "ffn_up_shexp": "mixer.shared_experts.up_proj",
+    "ffn_down_shexp": "mixer.shared_experts.down_proj",
+    "ffn_latent_down": "mixer.fc1_latent_proj", "ffn_latent_up": "mixer.fc2_latent_proj"}
 # ERNIE 4.5 MoE: Qwen3-MoE's router and experts' stacks, beside its shared experts (one MLP)
 _ERNIE45_MOE_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES}
 # Qwen3-Next: Qwen3.5's names, but its fused projections: q, k, v and z rows grouped by key head
@@ -346,6 +373,8 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "internlm2": _INTERNLM2_LAYER_NAMES, "qwen": _QWEN_LAYER_NAMES,
                      **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),
                      "openelm": _OPENELM_LAYER_NAMES,
+                     **dict.fromkeys(BAILING, _BAILING_LAYER_NAMES),
+                     "nemotron_h_moe": _NEMOTRON_H_MOE_LAYER_NAMES,
                      # DeepSeek-MoE: Qwen3-MoE's router and experts' stacks, its shared experts
                      "deepseek": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES},
                      # GLM-4-9B: the MLP's gate and up rows fused, as in mlx-lm's glm
@@ -401,6 +430,11 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 "openelm": ("transformer.layers", {"token_embd": "transformer.token_embeddings",
                                                    "output_norm": "transformer.norm",
                                                    "output": "lm_head"}),
+                "nemotron_h_moe": ("backbone.layers", {"token_embd": "backbone.embeddings",
+                                                       "output_norm": "backbone.norm_f",
+                                                       "output": "lm_head"}),
+                **dict.fromkeys(BAILING, ("model.layers", {
+                    **_TOP_NAMES, "token_embd": "model.word_embeddings"})),
                 **dict.fromkeys(("lfm2", "lfm2moe"), (
                     "model.layers", {"token_embd": "model.embed_tokens",
                                      "token_embd_norm": "model.embedding_norm"}))}
@@ -432,7 +466,7 @@ def trunk_tensors(arch: str, meta: dict, tensors: dict) -> dict:
         if ".ffn_gate_up_exps." in name:
             raise UserInputError(f"GGUF {arch} with fused gate/up experts ({name}; llama.cpp's "
                                  "--fuse-gate-up-exps) is not supported")
-        if name.endswith(".attn_qkv.weight") and \
+        if name.endswith(".attn_qkv.weight") and arch != "bailingmoe2" and \
                 name.replace(".attn_qkv.", ".ssm_conv1d.") not in kept:  # no linear attention
             raise UserInputError(f"GGUF {arch} with fused q/k/v attention ({name}; llama.cpp's "
                                  "--fuse-qkv) is not supported")
@@ -909,13 +943,15 @@ def gptneox_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
-def internlm2_tensors(tensors: dict, config: dict) -> dict:
-    """An InternLM2 GGUF's tensors with each layer's ``attn_q``, ``attn_k`` and ``attn_v``,
-    which llama.cpp's converter cut out of the checkpoint's ``wqkv`` (q/k rows permuted for its
-    RoPE), un-permuted and put back in its order: for each key/value head, the queries of its
-    group, its key, its value (one ``attn_qkv``). Kept quantized where the three are of one
-    type, else dequantized. Refused: q/k/v biases (mlx-lm's internlm2 takes them only with an
-    output one, which llama.cpp never reads) and llama.cpp's own fused ``attn_qkv``."""
+def internlm2_tensors(tensors: dict, config: dict, arch: str = "internlm2") -> dict:
+    """An InternLM2 (or Ling 1: ``arch`` bailingmoe) GGUF's tensors with each layer's
+    ``attn_q``, ``attn_k`` and ``attn_v``, which llama.cpp's converter cut out of the
+    checkpoint's ``wqkv`` (``query_key_value``; q/k rows permuted for its RoPE), un-permuted and
+    put back in its order: for each key/value head, the queries of its group, its key, its value
+    (Ling's: every query row, then every key row, then every value row; one ``attn_qkv``). Kept
+    quantized where the three are of one type, else dequantized. Refused: q/k/v biases
+    (mlx-lm's internlm2 takes them only with an output one, which llama.cpp never reads) and
+    llama.cpp's own fused ``attn_qkv``."""
     from gguf import GGMLQuantizationType as T
 
     heads, kv, hidden, d = (config["num_attention_heads"], config["num_key_value_heads"],
@@ -925,15 +961,16 @@ def internlm2_tensors(tensors: dict, config: dict) -> dict:
     v = (heads + kv) * d + np.arange(kv * d)
     group = heads // kv * d  # query rows of one key/value head
     order = np.concatenate([np.r_[q[g * group:(g + 1) * group], k[g * d:(g + 1) * d],
-                                  v[g * d:(g + 1) * d]] for g in range(kv)])
+                                  v[g * d:(g + 1) * d]] for g in range(kv)]) \
+        if arch == "internlm2" else np.concatenate([q, k, v])
     out = dict(tensors)
     for name in tensors:
         if name.endswith((".attn_q.bias", ".attn_k.bias", ".attn_v.bias", ".attn_qkv.bias")):
-            raise UserInputError(f"GGUF internlm2 with q/k/v biases ({name}) is not supported "
-                                 "(mlx-lm's internlm2 takes them only with an output bias, "
-                                 "which llama.cpp never reads)")
+            raise UserInputError(f"GGUF {arch} with q/k/v biases ({name}) is not supported"
+                                 + (" (mlx-lm's internlm2 takes them only with an output bias, "
+                                    "which llama.cpp never reads)" if arch == "internlm2" else ""))
         if name.endswith(".attn_qkv.weight"):
-            raise UserInputError(f"GGUF internlm2 with fused q/k/v attention ({name}; "
+            raise UserInputError(f"GGUF {arch} with fused q/k/v attention ({name}; "
                                  "llama.cpp's --fuse-qkv) is not supported")
         if not name.endswith(".attn_q.weight"):
             continue
@@ -1034,7 +1071,9 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
              "granitehybrid": granitehybrid_tensors, "chatglm": phi2_tensors,
              "jamba": jamba_tensors, "dbrx": dbrx_tensors, "deci": deci_tensors,
-             "talkie": talkie_tensors}
+             "talkie": talkie_tensors,
+             "bailingmoe": partial(internlm2_tensors, arch="bailingmoe"),
+             "nemotron_h_moe": granitehybrid_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
@@ -1169,7 +1208,7 @@ def dequantized(t: Any) -> np.ndarray:
 #: DeepSeek's routers (a matrix of mlx-lm's MoEGate; llama.cpp's quantizer leaves routers float
 #: anyway)
 _FLOAT_ONLY = dict.fromkeys(("glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "dots1",
-                             "exaone_moe", "mimo_v2_flash"),
+                             "exaone_moe", "mimo_v2_flash", "nemotron_h"),
                             ".ffn_gate_inp.weight")
 
 

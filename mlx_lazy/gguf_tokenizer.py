@@ -121,7 +121,10 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
                      "midm-2.0", "lfm2"), _LLAMA3),
     **dict.fromkeys(("dbrx", "smaug-bpe"), _LLAMA3._replace(whole_words=False, bos=False)),
     "glm4": _LLAMA3._replace(bos=False),  # GLM-4.5/4.6/4.7: no BOS (its template writes [gMASK])
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan"),
+    # (Ling/Ring's bailingmoe, bailingmoe2, LLaDA-MoE's: llama.cpp's regex of their own splits
+    # as Qwen 2's)
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan",
+                     "bailingmoe", "bailingmoe2", "llada-moe"),
                     PreTokenizer((_QWEN2_REGEX,), False, False)),
     "qwen35": PreTokenizer((_QWEN35_REGEX,), False, False),
     "exaone-moe": PreTokenizer((_EXAONE_MOE_REGEX,), False, False),

@@ -242,7 +242,8 @@ GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.
                    # Talkie's gains (TalkieModel.modify_tensors' names)
                    "attn.head_gain.head_g": "attn_q_norm.weight",
                    "attn_gain.a_g": "attn_output.scale", "mlp_gain.a_g": "ffn_down.scale",
-                   "embed_skip.a_g": "layer_output_scale.weight"}
+                   "embed_skip.a_g": "layer_output_scale.weight",
+                   "mlp.gate.expert_bias": "exp_probs_b.bias"}
 QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
 #: gpt-oss's, Seed-OSS's norm before the MLP
 GGUF_POST_ATTENTION_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm"}
@@ -288,6 +289,10 @@ GGUF_KIND_LAYER_NAMES.update({
     "afmoe": {**GGUF_GLM4MOE_NAMES, "pre_mlp_layernorm": "ffn_norm",
               "post_mlp_layernorm": "post_ffw_norm", "self_attn.gate_proj": "attn_gate",
               "mlp.router.gate": "ffn_gate_inp"},
+    # Ling/Ring's attention (its query_key_value cut by llama_cpp_internlm2 for Ling 1), router
+    "bailing_moe": {**GGUF_ERNIE45_MOE_NAMES, "attention.query_key_value": "attn_qkv",
+                    "attention.dense": "attn_output", "attention.query_layernorm": "attn_q_norm",
+                    "attention.key_layernorm": "attn_k_norm", "mlp.gate.gate_proj": "ffn_gate_inp"},
     "stablelm": {**GGUF_LAYER_NAMES, "self_attn.q_layernorm": "attn_q_norm",
                  "self_attn.k_layernorm": "attn_k_norm"},
     "hunyuan_v1_dense": {**GGUF_LAYER_NAMES, "self_attn.query_layernorm": "attn_q_norm",
@@ -373,7 +378,8 @@ GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm
                   "model.ln_f": "output_norm", "model.wpe": "position_embd",
                   "transformer.wpe": "position_embd",
                   "transformer.token_embeddings": "token_embd", "transformer.norm": "output_norm",
-                  "transformer.norm_f": "output_norm", "model.embed": "token_embd"}
+                  "transformer.norm_f": "output_norm", "model.embed": "token_embd",
+                  "model.word_embeddings": "token_embd"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 #: Qwen-VL's M-RoPE sections over a tiny head's 8 dim pairs, as llama.cpp's converter pads them
 #: (Qwen3-VL's interleaved ones cover every pair, as in the original model)
@@ -786,13 +792,18 @@ def llama_cpp_qwen35(role: str, x: np.ndarray, config: dict) -> tuple[np.ndarray
 
 
 def llama_cpp_internlm2(role: str, x: np.ndarray, config: dict) -> tuple[dict, Callable]:
-    """What llama.cpp's converter stores for mlx-lm's internlm2 array ``x`` of a tensor of
-    ``role`` (InternLM2Model.modify_tensors, ported, but for the q/k permutation write_gguf
-    makes): wqkv's rows (for each key/value head its queries, key, value) cut into attn_q,
-    attn_k and attn_v; and how their stored values read back as mlx-lm's array."""
+    """What llama.cpp's converter stores for mlx-lm's internlm2 (or Ling 1's bailing_moe) array
+    ``x`` of a tensor of ``role`` (InternLM2Model.modify_tensors, BailingMoeModel's, ported, but
+    for the q/k permutation write_gguf makes): wqkv's rows (for each key/value head its queries,
+    key, value; Ling's every query, key, value row) cut into attn_q, attn_k and attn_v; and how
+    their stored values read back as mlx-lm's array."""
     if role != "attn_qkv":
         return {role: x}, lambda stored: stored[role]
     kv, d = config["num_key_value_heads"], config["head_dim"]
+    if config["model_type"] == "bailing_moe":
+        rows = np.cumsum([config["num_attention_heads"] * d, kv * d])
+        return (dict(zip(("attn_q", "attn_k", "attn_v"), np.split(x, rows))),
+                lambda stored: np.concatenate([stored[p] for p in ("attn_q", "attn_k", "attn_v")]))
     rows = x.reshape(kv, -1, d, *x.shape[1:])  # (kv heads, queries + 2, head_dim, ...)
     flat = [t.reshape(-1, *x.shape[1:]) for t in (rows[:, :-2], rows[:, -2], rows[:, -1])]
 
@@ -903,6 +914,13 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     if model_type == "exaone_moe":  # ExaoneMoEModel.set_gguf_parameters: GLM-4.5's keys
         glm.update(n_shared_experts=config["num_shared_experts"],
                    first_k_dense_replace=config["is_moe_layer"].index(True))
+    # Ling 1 (BailingMoeModel) or 2.0 (BailingMoeV2Model, with q/k norms): GLM-4.5's keys
+    arch = ("bailingmoe2" if config["use_qk_norm"] else "bailingmoe") \
+        if model_type == "bailing_moe" else GGUF_ARCH.get(model_type, model_type)
+    if model_type == "bailing_moe":
+        glm = {"n_shared_experts": config["num_shared_experts"],
+               **({"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID}
+                  if arch == "bailingmoe2" else {})}
     if model_type == "afmoe":  # AfmoeModel.set_gguf_parameters: GLM-4.5's keys, no gating
         glm = {"n_shared_experts": config["num_shared_experts"],
                "first_k_dense_replace": config["num_dense_layers"],
@@ -933,7 +951,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                 config["num_attention_heads"] * (config["qk_nope_head_dim"]
                                                  + config["v_head_dim"]), config["kv_lora_rank"])
 
-    w = gguf.GGUFWriter(str(path), m.get("gguf_arch") or GGUF_ARCH.get(model_type, model_type))
+    w = gguf.GGUFWriter(str(path), m.get("gguf_arch") or arch)
     add_shape(w, m, key_length=model_type not in ("phi3", "phimoe", "granite", *DEEPSEEK2_KINDS,
                                                   "phi",
                                                   "gpt_neox", "minicpm3"),
@@ -981,13 +999,17 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     if model_type in DELTA_NET_KINDS:
         llama_cpp_qwen35_meta(w, m)
     if model_type in ("glm4_moe", "dots1", "deepseek", "exaone_moe", "afmoe",
-                      "minimax", "laguna"):  # converters' keys
+                      "minimax", "laguna", "bailing_moe"):  # converters' keys
         for key, add in GLM4MOE_KEYS.items():
             if m.get(key) is not None:
                 getattr(w, add)(m[key])
     if model_type in ("qwen2_moe", "granitemoe", "laguna") and \
             m.get("shared_expert_intermediate_size"):
         w.add_expert_shared_feed_forward_length(m["shared_expert_intermediate_size"])
+    if arch == "bailingmoe2":
+        w.add_expert_shared_feed_forward_length(m.get("moe_shared_expert_intermediate_size") or
+                                                m["moe_intermediate_size"] *
+                                                m["num_shared_experts"])
     if model_type in ("granite", "granitemoe"):
         for key, add in GRANITE_SCALES.items():
             if m[key] is not None:
@@ -1059,7 +1081,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             tensors, restore = {role: y}, (lambda stored, back=back: back(stored[role]))
         if model_type == "qwen3_next":
             tensors, restore = llama_cpp_qwen3next(role, x, config)
-        if model_type == "internlm2":
+        if model_type == "internlm2" or arch == "bailingmoe":
             tensors, restore = llama_cpp_internlm2(role, x, config)
         if deepseek2:
             tensors, restore = llama_cpp_deepseek2(role, x, config)
@@ -1082,7 +1104,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             qtype = types.get(part, types.get("*", T.F32)) if matrix else T.F32
             data = encode(y.astype(np.float32), qtype, rng)
             stored[part] = gguf.dequantize(data, qtype).reshape(y.shape)
-            if model_type in GGUF_PERMUTED and part in ("attn_q", "attn_k"):
+            if (model_type in GGUF_PERMUTED or arch == "bailingmoe") and \
+                    part in ("attn_q", "attn_k"):
                 heads = (config["num_attention_heads" if part == "attn_q"
                                 else "num_key_value_heads"] if model_type != "nemotron-nas"
                          else y.shape[0] // config["head_dim"])  # its heads by layer
@@ -1604,6 +1627,12 @@ GGUF_CASES.update({
     "qwen-kquants": ("qwen", {"attn_qkv": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K},
                      {**QWEN_GGUF, **KQ, "kv_channels": 64, "intermediate_size": 512}),
 })
+#: Ling/Ring as llama.cpp reads it: no biases; Ling 1's softmax-routed experts in every layer,
+#: full RoPE, no q/k norms
+BAILING_NO_BIAS = {"use_qkv_bias": False, "use_bias": False}
+BAILINGMOE_GGUF = {**BAILING_NO_BIAS, "use_qk_norm": False, "partial_rotary_factor": 1.0,
+                   "score_function": "softmax", "moe_router_enable_expert_bias": False,
+                   "n_group": 1, "topk_group": 1, "first_k_dense_replace": 0}
 #: GPT-2's and StarCoder 1's shapes in rows of 256 (GPT-2's MLP 4 x hidden)
 GPT2_KQ = {**KQ, "n_embd": 256, "intermediate_size": 1024, "n_inner": 1024}
 GGUF_CASES.update({
@@ -1666,6 +1695,19 @@ GGUF_CASES.update({
     "talkie-legacy": ("talkie", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
                                  "output": T.Q8_0, "*": T.Q8_0}, {}),
     "talkie-kquants": ("talkie", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
+    # Ling 1 (bailingmoe): q/k permuted and cut out of query_key_value, fused again (kept
+    # quantized, or dequantized where their types differ); softmax routing in every layer, the
+    # weights renormalised and scaled; Ling 2.0 (bailingmoe2): the tiny's (q/k norms, RoPE over
+    # half of each head, a leading dense layer, sigmoid routing in expert groups with a
+    # selection bias), a shared expert wider than the others, no biases (llama.cpp reads none)
+    "bailingmoe-legacy": ("bailing_moe", {"token_embd": T.Q8_0, "attn_q": T.Q4_0,
+                                          "attn_k": T.Q4_0, "attn_v": T.Q4_0, "*": T.Q8_0},
+                          BAILINGMOE_GGUF),
+    "bailingmoe-mixed": ("bailing_moe", {"attn_q": T.Q4_1, "attn_k": T.Q8_0, "attn_v": T.F16,
+                                         "*": T.Q4_0}, BAILINGMOE_GGUF),
+    "bailingmoe2-legacy": ("bailing_moe", {"token_embd": T.Q8_0, "attn_qkv": T.Q4_0,
+                                           "ffn_up_exps": T.Q4_1, "*": T.Q8_0},
+                           {**BAILING_NO_BIAS, "moe_shared_expert_intermediate_size": 64}),
 })
 TEXT = "The passkey is 12345. Remember it. Ünïcödé!"
 
@@ -2237,13 +2279,14 @@ def test_dots1_from_gguf(overrides, no_bias, settings, tiny_model_dir, tmp_path)
     # sliding layer's, as MimoV2Model writes them)
     ("mimo_v2_flash", MIMO2_GGUF, {"swa_pattern": [True, False] * 2 + [True],
                                    "num_key_value_heads": [1, 2] * 2 + [1]}),
-], ids=["exaone_moe", "mimo2"])
+    ("bailing_moe", {**BAILING_NO_BIAS, "moe_router_enable_expert_bias": False}, {}),
+], ids=["exaone_moe", "mimo2", "bailingmoe2"])
 def test_exaone_moe_from_gguf_without_its_nextn_block_or_biases(kind, overrides, arrays,
                                                                 tiny_model_dir, tmp_path):
-    """A K-EXAONE or MiMo-V2-Flash GGUF with a NextN block after its layers (dropped, and its
-    entries in the metadata's per-layer arrays) and no correction biases (llama.cpp's
-    exp_probs_b is optional: zeros in mlx-lm's model) computes what its tensors do in mlx-lm's
-    model."""
+    """A K-EXAONE, MiMo-V2-Flash or Ling 2.0 GGUF with a NextN block after its layers (dropped,
+    and its entries in the metadata's per-layer arrays) and no correction biases (llama.cpp's
+    exp_probs_b is optional: zeros in mlx-lm's model; none in its bailing_moe) computes what
+    its tensors do in mlx-lm's model."""
     config = {**tiny_config(kind), **overrides}
     n = config["num_hidden_layers"]
     extra = {**llama_cpp_mtp_block(config, n),
@@ -2251,7 +2294,7 @@ def test_exaone_moe_from_gguf_without_its_nextn_block_or_biases(kind, overrides,
     _, reference = write_gguf(tmp_path / "m.gguf", kind, tiny_model_dir(kind),
                               meta={"num_hidden_layers": n + 1, "nextn_predict_layers": 1,
                                     **arrays}, extra=extra, **overrides)
-    for i in range(1, n):
+    for i in range(1, n) if kind != "bailing_moe" else ():
         reference[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = mx.zeros(4)
     out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
     saved = json.loads((out / "config.json").read_text())
@@ -2786,6 +2829,9 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "truncated": (truncated, "is not a valid GGUF file"),
         "architecture": (lambda: minimal_gguf(tmp / "bloom.gguf", "bloom"),
                          "unsupported GGUF architecture 'bloom'"),
+        "hunyuan_moe": (lambda: minimal_gguf(tmp / "h.gguf", "hunyuan-moe"),
+                        "GGUF hunyuan-moe is not supported (llama.cpp renormalises the chosen "
+                        "experts' weights, mlx-lm's hunyuan does not)"),
         "tensor_type": (lambda: patched_type(tiny("i32.gguf"), "blk.0.attn_q.weight", T.I32),
                         "unsupported GGUF tensor type I32 for blk.0.attn_q.weight"),
         "no_metadata": (lambda: minimal_gguf(tmp / "nometa.gguf", "llama"),
@@ -3335,6 +3381,26 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             lambda: gguf_of("m.gguf", "minicpm3", {"attn_factor": 1.2}),
             "GGUF metadata minicpm3.rope.scaling.attn_factor is 1.2, mlx-lm's minicpm3 scales "
             "by 1"),
+        "bailingmoe2_gating": (
+            lambda: write_gguf(tmp / "b.gguf", "bailing_moe", tok_folder, meta={
+                "expert_gating_func": gguf.ExpertGatingFuncType.SOFTMAX}, **BAILING_NO_BIAS)
+            and tmp / "b.gguf",
+            "GGUF bailingmoe2 with expert gating function 1 is not supported (mlx-lm's "
+            "bailing_moe routes by sigmoid"),
+        "bailingmoe_qkv_bias": (  # llama.cpp would read them; Ling 1 has none
+            lambda: write_gguf(tmp / "b.gguf", "bailing_moe", tok_folder, **{
+                **BAILINGMOE_GGUF, "use_qkv_bias": True}) and tmp / "b.gguf",
+            "GGUF bailingmoe with q/k/v biases (blk.0.attn_q.bias) is not supported"),
+        "bailingmoe_fused_qkv": (
+            lambda: write_gguf(tmp / "b.gguf", "bailing_moe", tok_folder, extra={
+                "blk.0.attn_qkv.weight": np.zeros((96, 64))}, **BAILINGMOE_GGUF)
+            and tmp / "b.gguf",
+            "GGUF bailingmoe with fused q/k/v attention (blk.0.attn_qkv.weight; llama.cpp's "
+            "--fuse-qkv) is not supported"),
+        "bailingmoe_rope_dims": (  # llama.cpp's bailingmoe turns part of each head's dims
+            lambda: write_gguf(tmp / "b.gguf", "bailing_moe", tok_folder, **{
+                **BAILINGMOE_GGUF, "partial_rotary_factor": 0.5}) and tmp / "b.gguf",
+            "GGUF bailingmoe with RoPE over 8 of each head's 16 dims is not supported"),
         "apertus_attention_scale": (
             lambda: gguf_of("a.gguf", "apertus", {"attention_scale": 0.5}),
             "GGUF apertus with attention scale 0.5 is not supported (mlx-lm's apertus scales "
@@ -3385,7 +3451,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "mimo2_tied", "step35_gating", "step35_gates", "step35_norms", "step35_heads",
               "step35_tied", "deci_heads", "deci_width", "deci_no_attention",
               "talkie_kv_heads", "talkie_logit_scale", "laguna_element_gate",
-              "laguna_weights_norm"]
+              "laguna_weights_norm", "bailingmoe2_gating", "bailingmoe_qkv_bias",
+              "bailingmoe_fused_qkv", "bailingmoe_rope_dims", "hunyuan_moe"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

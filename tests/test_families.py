@@ -36,9 +36,10 @@ attention inside its norms' module), Phixtral (``phixtral``: Phi-2's parallel la
 experts), MiniMax-M2 (``minimax``: q/k norms over all
 heads, partial RoPE), MiMo-V2-Flash (``mimo_v2_flash``: sliding-window layers with heads, head
 sizes and sinks of their own, scaled values narrower than keys), Step-3.5 (``step3p5``:
-sliding-window layers with their own heads, a gate per head, clamped SwiGLU) and Laguna
+sliding-window layers with their own heads, a gate per head, clamped SwiGLU), Laguna
 (``laguna``: query heads by layer, a softplus gain per head, sliding layers with RoPE of their
-own, YaRN over part of each head in the global ones).
+own, YaRN over part of each head in the global ones) and LongCat-Flash (``longcat_flash``: two
+latent attentions and MLPs a block, a shortcut MoE with identity experts).
 Dense families (:data:`DENSE`): EXAONE 3.5
 (``exaone``: Llama's layout named otherwise), Hunyuan dense (``hunyuan_v1_dense``: q/k norms after
 RoPE), StableLM 2 (``stablelm``: LayerNorms, partial RoPE; ``stablelm-parallel``: per-head q/k
@@ -98,7 +99,7 @@ VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
         "solar_open", "exaone_moe", "Klear", "afmoe", "dbrx", "phixtral", "minimax",
-        "mimo_v2_flash", "step3p5", "laguna")
+        "mimo_v2_flash", "step3p5", "laguna", "longcat_flash")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
@@ -752,7 +753,8 @@ def _mlx_lm_kv(model, layer_cache):
     latent attention caches the latent and rope(k_pe), whose concatenation is the engine's
     key and the latent its value."""
     keys, values = layer_cache.keys, layer_cache.values
-    if hasattr(attention_module(model.layers[0]), "embed_q"):
+    if hasattr(attention_module(ModelAdapter(model).layers[0]), "embed_q"):  # (longcat_flash's
+        # blocks hold two attentions)
         return mx.concatenate([keys, values], axis=-1), keys
     return keys, values
 
@@ -883,29 +885,31 @@ def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
 
 
-def _revived_kv(model, first: int = 300) -> tuple:
-    """Layer 2's keys and values of the prompt tokens a cut after layer 1 pruned and 16 decode
-    steps revived from the Aux Cache, beside mlx-lm's of the same tokens from one forward over
-    the whole 300-token prompt. ``first`` < 300: the rest is a follow-up chunk (``extend``) and
-    only its tokens count."""
+def _revived_kv(model, first: int = 300, layer: int = 2) -> tuple:
+    """Layer ``layer``'s keys and values of the prompt tokens a cut after the layer below pruned
+    and 16 decode steps revived from the Aux Cache, beside mlx-lm's of the same tokens from one
+    forward over the whole 300-token prompt (LongCat-Flash's: two layers a block, a cache each).
+    ``first`` < 300: the rest is a follow-up chunk (``extend``) and only its tokens count."""
     prompt = random_prompt(300, ModelAdapter(model).vocab_size, seed=3)
     cache = make_prompt_cache(model)
     model(prompt[None], cache=cache)
-    engine = LazyEngine(model, resolve_config(model, PruningConfig("lazy", prune_layers=(1,),
-                                                                   keep=(0.3,))))
+    engine = LazyEngine(model, resolve_config(model, PruningConfig(
+        "lazy", prune_layers=(layer - 1,), keep=(0.3,))))
     logits = engine.prefill(prompt[:first])
     start = 0
     if first < len(prompt):
         logits, start = engine.extend(prompt[first:]), first
-    waiting = {p for p in engine.cache.aux[2].positions.tolist() if p >= start}
+    waiting = {p for p in engine.cache.aux[layer].positions.tolist() if p >= start}
     token = int(mx.argmax(logits))
     for _ in range(16):
         token = int(mx.argmax(engine.decode(token)))
-    kv = engine.cache.layers[2]
+    kv = engine.cache.layers[layer]
     revived = [p for p in kv.cached_positions().tolist() if p in waiting]
     assert revived, "the schedule should revive some prompt tokens"
     keys, values = kv.fetch(np.array(revived))
-    ref_keys, ref_values = _mlx_lm_kv(model, cache[2])
+    longcat = model.model_type == "longcat_flash"
+    ref_keys, ref_values = _mlx_lm_kv(
+        model, cache[layer // 2][layer % 2] if longcat else cache[layer])
     return keys, values, ref_keys[:, :, revived], ref_values[:, :, revived]
 
 
@@ -1061,6 +1065,23 @@ def test_the_tiny_dots1_and_bailing_moe_are_what_they_claim(family):
         assert _routes_apart(gate.gate_proj, x)
         scores = mx.sigmoid(gate.gate_proj(x))
         assert (_pairs(scores) != _pairs(scores + gate.expert_bias)).any()
+
+
+def test_the_tiny_longcat_flash_is_what_it_claims(family):
+    """LongCat-Flash: each of its 2 blocks two engine layers (its two latent attentions, with
+    their norms and MLPs; the block's MoE beside the first MLP), queries and latents scaled,
+    4 experts and 2 identity ones, 2 a token. A token pruned after an even layer waits with its
+    MoE output, which the odd layer adds: revived there, its keys and values are mlx-lm's."""
+    model, _ = family("longcat_flash")
+    a = ModelAdapter(model)
+    block = model.layers[0]
+    assert a.num_layers == 4 and len(model.layers) == 2
+    assert attention_module(a.layers[1]) is block.self_attn[1]
+    assert feed_forward(a.layers[1]) is block.mlps[1] and "shortcut" not in a.layers[1]
+    assert a.layers[0].shortcut is block.mlp and block.mlp.router.n_routed_experts == 6
+    assert block.self_attn[0].mla_scale_q_lora == 2 ** 0.5 == block.self_attn[0].mla_scale_kv_lora
+    keys, values, ref_keys, ref_values = _revived_kv(model, layer=1)
+    assert rel_err(keys, ref_keys) < 1e-5 and rel_err(values, ref_values) < 1e-5
 
 
 def test_the_tiny_exaone_moe_klear_and_afmoe_are_what_they_claim(family):

@@ -356,6 +356,10 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan"),
                     (_CPP_QWEN2,)),
     "qwen35": (_CPP_QWEN35,),
+    # Ling/Ring's, as llama-vocab.cpp writes it (its own regex: Qwen 2's splits)
+    **dict.fromkeys(("bailingmoe", "bailingmoe2", "llada-moe"), (
+        "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+        "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",)),
     # K-EXAONE's, as llama-vocab.cpp writes it
     "exaone-moe": ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
                    "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}"

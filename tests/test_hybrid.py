@@ -3,8 +3,9 @@ three Gated DeltaNet layers, recurrent, to one of gated full attention), LFM2's 
 ``lfm2_moe``: short gated convolutions, recurrent, and attention), Granite 4.0's
 (``granitemoehybrid``: Mamba-2 layers, recurrent, and attention) and Nemotron-H's
 (``nemotron_h``: Mamba-2, attention, MLP and MoE layers) and Jamba's (``jamba``: Mamba layers,
-recurrent, attention, MoE every other layer) and Nemotron-NAS's (``nemotron-nas``: layers without
-attention or with a linear map for it, stateless): unpruned equal to
+recurrent, attention, MoE every other layer), Nemotron-NAS's (``nemotron-nas``: layers without
+attention or with a linear map for it, stateless) and Ling 2.5's (``bailing_moe_v3``: Kimi
+Delta Attention layers, recurrent, gated latent attention, MoE): unpruned equal to
 mlx-lm, in one prompt or in turns; pruning, which a recurrent layer allows only without
 revival, equal to a reference built from mlx-lm's own layers; interrupts, prompt caches and
 what a hybrid refuses."""
@@ -20,6 +21,7 @@ import mlx.nn as nn
 import mlx_lm
 import numpy as np
 import pytest
+from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, build_schedule,
@@ -38,10 +40,11 @@ from tiny_models import build_tiny_model
 #: same places, each through every test of the ``hybrid`` fixtures; Granite 4.0 H's too (Mamba-2
 #: layers for recurrent ones, attention without RoPE, Granite's multipliers, shared experts) and
 #: Nemotron-H's (a mixer a layer: Mamba-2, attention, or an MLP or experts, stateless) and
-#: Jamba's (Mamba layers for recurrent ones, attention without RoPE, experts every other layer) and
-#: Nemotron-NAS's (no attention, or a linear map for it, stateless; MLPs absent or linear too).
+#: Jamba's (Mamba layers for recurrent ones, attention without RoPE, experts every other layer),
+#: Nemotron-NAS's (no attention, or a linear map for it, stateless; MLPs absent or linear too)
+#: and Ling 2.5's (Kimi Delta Attention for recurrent ones, gated latent attention, experts).
 KINDS = ("qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "jamba",
-         "nemotron-nas")
+         "nemotron-nas", "bailing_moe_v3")
 STATIC = PruningConfig("static", prune_layers=(3,), keep=(0.3,))
 NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
 
@@ -79,7 +82,9 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
     has no RoPE; Jamba's are Mamba layers (a convolution over 4 tokens, a state of 16), its
     attention has no RoPE, its odd layers experts; Nemotron-NAS's have no attention (0, 2, 5)
     or a linear map for it (1, 4, 6), its layers 2 and 4 a linear MLP and none, its attention
-    layers 2 and 1 key/value heads."""
+    layers 2 and 1 key/value heads; Ling 2.5's are Kimi Delta Attention layers
+    (convolutions over 4 tokens), its attention absorbed latent attention with traditional RoPE
+    and a gate per head, its layers from 1 on experts."""
     model, _ = hybrid
     assert recurrent_layers(model) == (0, 1, 2, 4, 5, 6)
     assert global_layers(model) == (3,)  # a cut may follow an attention layer, not the last
@@ -95,6 +100,10 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
         assert type(model.layers[2].mlp).__name__ == "LinearSubblockReplacement"
         assert model.layers[4].mlp is None and model.layers[7].mlp is None
         assert (attn.n_kv_heads, attention_module(model.layers[7]).n_kv_heads) == (2, 1)
+    elif model.model_type == "bailing_moe_v3":
+        assert model.layers[0].attention.conv_kernel_size == 4 and hasattr(attn, "embed_q")
+        assert attn.g_proj.weight.shape[0] == attn.num_heads and attn.rope.traditional
+        assert "switch_mlp" in model.layers[1].mlp and "switch_mlp" not in model.layers[0].mlp
     elif model.model_type == "nemotron_h":
         assert "".join(layer.block_type for layer in model.layers) == "MEM*MM-*"
         assert not hasattr(attn, "rope") and model.layers[0].mixer.n_groups == 2
@@ -222,15 +231,27 @@ def _rope_at(rope, x, positions):
     return rope(x.transpose(2, 1, 0, 3), offset=offsets).transpose(2, 1, 0, 3)
 
 
-def _attention_qkv(layer, h):
-    """mlx-lm's attention block's queries, keys and values (1, heads, n, head_dim), RoPE not
-    applied, and output gate (None in LFM2's and Granite's) of hidden states ``h``: Qwen's
-    q_proj gives each head's queries, then its gate; LFM2 names its parts its own way;
-    Granite's has no q/k norms."""
+def _attention_qkv(layer, h, positions):
+    """mlx-lm's attention block's queries, keys and values (1, heads, n, head_dim), RoPE
+    applied at ``positions``, and output gate (None in LFM2's and Granite's) of hidden states
+    ``h``: Qwen's q_proj gives each head's queries, then its gate; LFM2 names its parts its own
+    way; Granite's has no q/k norms; Ling 2.5's latent attention (absorbed: one key head
+    [latent, k_pe], the latent its value) a gate per head."""
     attn, n, lfm2 = attention_module(layer), h.shape[1], hasattr(layer, "operator_norm")
     qwen = hasattr(attn, "q_norm")
     norm = getattr(layer, "operator_norm", None) or getattr(layer, "input_layernorm", None)
     x = (norm or layer.norm)(h)  # nemotron_h: norm
+    rope = getattr(attn, "rope", None)
+    if "embed_q" in attn:  # bailing_moe_v3
+        q = attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x)))
+        q_nope, q_pe = mx.split(q.reshape(1, n, attn.num_heads, -1).transpose(0, 2, 1, 3),
+                                [attn.qk_nope_head_dim], axis=-1)
+        latent, k_pe = mx.split(attn.kv_a_proj_with_mqa(x), [attn.kv_lora_rank], axis=-1)
+        latent = attn.kv_a_layernorm(latent)[:, None]
+        q = mx.concatenate([attn.embed_q(q_nope), _rope_at(rope, q_pe, positions)], axis=-1)
+        k = mx.concatenate([latent, _rope_at(rope, k_pe[:, None], positions)], axis=-1)
+        gate = mx.repeat(attn.g_proj(x), attn.v_head_dim, axis=-1)
+        return q, k, latent, gate
     heads = next(getattr(attn, k) for k in ("num_attention_heads", "n_heads", "num_heads")
                  if hasattr(attn, k))
     kv_heads = getattr(attn, "num_key_value_heads", None) or attn.n_kv_heads
@@ -244,22 +265,23 @@ def _attention_qkv(layer, h):
         q_norm, k_norm = (attn.q_layernorm, attn.k_layernorm) if lfm2 else (attn.q_norm,
                                                                              attn.k_norm)
         q, k = q_norm(q), k_norm(k)
-    return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v, gate
+    q, k = (_rope_at(rope, t.transpose(0, 2, 1, 3), positions) for t in (q, k))
+    return q, k, v, gate
 
 
 def _attention(layer, h, positions, store):
     """mlx-lm's attention block (Qwen3NextAttention, LFM2's, Granite 4.0's) and the MLP after it
     for hidden states ``h`` at ``positions``, over the keys in ``store`` and their own."""
     attn, n = attention_module(layer), h.shape[1]
-    q, k, v, gate = _attention_qkv(layer, h)
-    rope = getattr(attn, "rope", None)
-    q, k = _rope_at(rope, q, positions), _rope_at(rope, k, positions)
+    q, k, v, gate = _attention_qkv(layer, h, positions)
     for name, new in (("keys", k), ("values", v)):
         store[name] = new if name not in store else mx.concatenate([store[name], new], axis=2)
     store["positions"] = np.concatenate([store.get("positions", []), positions])
     mask = mx.array(store["positions"][None, :] <= np.asarray(positions)[:, None])
     out = mx.fast.scaled_dot_product_attention(q, store["keys"], store["values"],
                                                scale=attn.scale, mask=mask)
+    if "unembed_out" in attn:  # bailing_moe_v3: the latent output to each head's values
+        out = attn.unembed_out(out)
     out = out.transpose(0, 2, 1, 3).reshape(1, n, -1)
     if hasattr(layer, "operator_norm"):  # lfm2
         h = h + attn.out_proj(out)
@@ -276,7 +298,8 @@ def _attention(layer, h, positions, store):
         h = h + attn.o_proj(out) * layer.residual_multiplier
         x = layer.post_attention_layernorm(h)
         return h + (layer.block_sparse_moe(x) + layer.shared_mlp(x)) * layer.residual_multiplier
-    h = h + attn.o_proj(out * mx.sigmoid(gate))
+    o_proj = attn.dense if "dense" in attn else attn.o_proj  # bailing_moe_v3's
+    h = h + o_proj(out * mx.sigmoid(gate))
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
@@ -294,15 +317,17 @@ def reference_static(model, prompt, keep, steps, cut=3):
         caches = [next(given) if (layer.block_type in "M*" if "mixer" in layer
                                   else layer.self_attn is not None) else None for layer in layers]
     scale = getattr(text, "embedding_multiplier", 1.0)  # granitemoehybrid's multipliers
-    embed = getattr(text, "embed_tokens", None) or text.embeddings
+    embed = (getattr(text, "embed_tokens", None) or getattr(text, "word_embeddings", None)
+             or text.embeddings)  # bailing_moe_v3's, nemotron_h's
     h = embed(prompt[None]) * scale
     for i in range(cut + 1):
         h_in = h
-        h = layers[i](h, mask="causal" if i == cut else None, cache=caches[i])
+        h = layers[i](h, mask=create_attention_mask(h, return_array=True) if i == cut else None,
+                      cache=caches[i])
     attn = attention_module(layers[cut])
-    q = _rope_at(getattr(attn, "rope", None), _attention_qkv(layers[cut], h_in[:, -1:])[0],
-                 [n - 1])
-    keys = caches[cut].state[0][:, :, :n]
+    q = _attention_qkv(layers[cut], h_in[:, -1:], [n - 1])[0]
+    state = caches[cut].state  # bailing_moe_v3: the latent, then k_pe (its key together)
+    keys = (mx.concatenate(state[:2], axis=-1) if "embed_q" in attn else state[0])[:, :, :n]
     keys = mx.repeat(keys, q.shape[1] // keys.shape[1], axis=1)
     scores = np.array(mx.softmax(q @ keys.transpose(0, 1, 3, 2) * attn.scale, axis=-1)
                       .mean(axis=1)[0, 0])

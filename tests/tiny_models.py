@@ -30,7 +30,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
-         "laguna", "talkie")
+         "laguna", "talkie", "bailing_moe_v3", "longcat_flash")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -341,6 +341,24 @@ _KIND_CONFIG = {
                     "partial_rotary_factor": 0.5, "score_function": "sigmoid",
                     "moe_router_enable_expert_bias": True, "n_group": 2, "topk_group": 1,
                     "routed_scaling_factor": 2.5},
+    # Ling 2.5: Kimi Delta Attention (recurrent) in Qwen3.5's tiny's places, latent attention
+    # (absorbed, low-rank queries, 8 interleaved RoPE dims, values 24 wide, a gate per head)
+    # in layers 3 and 7 of 8; from layer 1 on 2 of 4 experts (sigmoid, 2 groups of which 1
+    # taken, a random expert bias, scaled by 2.5) beside a shared expert
+    "bailing_moe_v3": {"architectures": ["BailingMoeV3ForCausalLM"], **_MLA,
+                       "num_hidden_layers": 8, "layer_group_size": 4, "q_lora_rank": 32,
+                       "num_experts": 4, "num_shared_experts": 1,
+                       "moe_shared_expert_intermediate_size": 32, "n_group": 2, "topk_group": 1,
+                       "routed_scaling_factor": 2.5, "short_conv_kernel_size": 4},
+    # LongCat-Flash: 2 blocks of two latent attentions (absorbed, low-rank queries, queries and
+    # latent scaled) and two MLPs each, the first MLP's input also through 2 of 4 experts and 2
+    # identity ("zero") experts, softmax-routed, scaled by 2.5, added after the second MLP
+    "longcat_flash": {"architectures": ["LongcatFlashForCausalLM"], **_MLA, "num_layers": 2,
+                      "q_lora_rank": 32, "ffn_hidden_size": 128, "expert_ffn_hidden_size": 32,
+                      "moe_topk": 2, "zero_expert_num": 2, "zero_expert_type": "identity",
+                      "attention_method": "MLA", "mla_scale_q_lora": True,
+                      "mla_scale_kv_lora": True, "attention_bias": False,
+                      "routed_scaling_factor": 2.5},
     # Hunyuan: q/k norms after RoPE (NTK alpha-scaled base), layers 1 and 3 reading the keys
     # and values of 0 and 2 (CLA); 2 of 4 experts (softmax) beside a shared MLP; tied head
     "hunyuan": {"architectures": ["HunYuanMoEV1ForCausalLM"], "tie_word_embeddings": True,
@@ -678,7 +696,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
                         "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
-                        "nemotron-nas", "laguna")
+                        "nemotron-nas", "laguna", "bailing_moe_v3")
 
 
 def tiny_config(kind: str) -> dict:
