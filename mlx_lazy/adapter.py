@@ -23,6 +23,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import nanochat
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
+from mlx_lm.utils import MODEL_REMAPPING
 
 from . import _blas, kernels
 from .attention import Chunks, Window
@@ -253,11 +254,10 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_mo
                          "minicpm", "minicpm3", "minimax", "ministral3", "mistral", "mistral3",
                          "mistral4", "mixtral", "nanbeige", "nanochat", "nemotron", "nemotron-nas",
                          "nemotron_h", "olmo2", "olmo3", "olmoe", "openelm", "phi", "phi3",
-                         "phimoe", "phixtral", "plamo3", "qwen", "qwen2", "qwen2_5_vl",
-                         "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
-                         "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "seed_oss", "smollm3",
-                         "solar_open", "stablelm", "starcoder2", "step3p5", "talkie", "telechat3",
-                         "youtu_llm")
+                         "phimoe", "phixtral", "plamo3", "qwen", "qwen2", "qwen2_moe", "qwen2_vl",
+                         "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl",
+                         "qwen3_vl_moe", "seed_oss", "smollm3", "solar_open", "stablelm",
+                         "starcoder2", "step3p5", "talkie", "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -335,7 +335,7 @@ _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talki
 # with the type that text model runs as where the checkpoint says it (None: the text model's own
 # ``model_type``; a VL checkpoint's text model names its checkpoint, or nothing: Kimi's).
 _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "qwen3_5": None,
-             "qwen3_5_moe": None, "qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3",
+             "qwen3_5_moe": None, "qwen2_vl": "qwen2", "qwen3_vl": "qwen3",
              "qwen3_vl_moe": "qwen3_moe", "lfm2-vl": "lfm2", "kimi_vl": "deepseek_v3",
              "kimi_k25": "deepseek_v3"}
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
@@ -464,15 +464,26 @@ def _total(count: Any) -> int:
     return int(sum(count) if isinstance(count, list) else count)
 
 
+def model_family(model_type: Optional[str]) -> Optional[str]:
+    """The model type a checkpoint's ``model_type`` runs as: mlx-lm builds some under another
+    one's module (its ``MODEL_REMAPPING``: Kimi K2's ``kimi_k2`` as ``deepseek_v3``,
+    MiniMax-M2's ``minimax_m2`` as ``minimax``, ``xverse`` as ``llama``, ``qwen2_5_vl`` as
+    ``qwen2_vl``) and the model keeps the checkpoint's name."""
+    return MODEL_REMAPPING.get(model_type, model_type)
+
+
+def _family(module: nn.Module) -> Optional[str]:
+    return model_family(getattr(module, "model_type", None))
+
+
 def _text_model(model: nn.Module) -> nn.Module:
-    return model.language_model if getattr(model, "model_type", None) in _WRAPPERS else model
+    return model.language_model if _family(model) in _WRAPPERS else model
 
 
 def _text_type(model: nn.Module) -> Optional[str]:
     """The type a model's text model runs as (:data:`_WRAPPERS`): a VL checkpoint's text
-    model's family, else the text model's own ``model_type``."""
-    return (_WRAPPERS.get(getattr(model, "model_type", None))
-            or getattr(_text_model(model), "model_type", None))
+    model's family, else the text model's own ``model_type``'s family."""
+    return _WRAPPERS.get(_family(model)) or _family(_text_model(model))
 
 
 def text_args(text: nn.Module) -> Any:
@@ -486,9 +497,9 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
     3's, nanochat's, StarCoder 1's) and GPT-NeoX's and GPT-2's ``model.h`` through the model's
     ``layers``; Nanbeige's once per loop (its stack runs ``num_loops`` times over the same
     weights, each pass a layer with its own keys and values)."""
-    if getattr(text, "model_type", None) == "nanbeige":
+    if _family(text) == "nanbeige":
         return text.model.layers * text.model.num_loops
-    if getattr(text, "model_type", None) == "longcat_flash":
+    if _family(text) == "longcat_flash":
         return [_sublayer(block, i) for block in text.model.layers for i in range(2)]
     # (PLaMo 3's model.layers is a module holding them: its model's layers)
     return (text.model.layers if "model" in text and isinstance(text.model.get("layers"), list)
@@ -524,11 +535,11 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
     text = _text_model(model)
-    if getattr(model, "model_type", None) == "llama4":
+    if _family(model) == "llama4":
         chunks = Chunks(int(text.args.attention_chunk_size))
         return [chunks if block.self_attn.use_rope else None for block in _blocks(text)]
     window, text_type = getattr(text_args(text), "sliding_window", None), _text_type(model)
-    if getattr(model, "model_type", None) in GEMMA3_TYPES + GEMMA4_TYPES:
+    if _family(model) in GEMMA3_TYPES + GEMMA4_TYPES:
         sliding = [block.self_attn.is_sliding for block in _blocks(text)]
     elif text_type == "ministral3":
         sliding = [block.use_sliding for block in _blocks(text)]
@@ -604,11 +615,10 @@ class ModelAdapter:
         if not isinstance(model, nn.Module):  # a name or a path: "unsupported model type None"
             raise UserInputError(f"the model must be one that mlx_lazy.load returns, got "
                                  f"{type(model).__name__} {shown(model, 80)}")
-        model_type = getattr(model, "model_type", None)
+        model_type = _family(model)
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise UserInputError(
-                f"unsupported model type {model_type!r}; mlx-lazy supports {supported_types()}"
-            )
+            raise UserInputError(f"unsupported model type {getattr(model, 'model_type', None)!r}; "
+                                 f"mlx-lazy supports {supported_types()}")
         self.model = model
         self.text = _text_model(model)
         text_type = _text_type(model)

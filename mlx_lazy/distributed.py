@@ -30,7 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .adapter import (ModelAdapter, attention_module, config_value, feed_forward, kv_heads,
-                      recurrent_layers, text_args)
+                      model_family, recurrent_layers, text_args)
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -88,7 +88,8 @@ def shard(model: nn.Module, group: Group) -> None:
     """
     n = group.size()
     adapter = ModelAdapter(model)  # unsupported architectures fail here, before any sharding
-    sharder = SHARDERS.get(model.model_type)
+    family = model_family(model.model_type)  # (Kimi K2's: DeepSeek-V3's)
+    sharder = SHARDERS.get(family)
     # a VL checkpoint without a shard of its own (Qwen2/3-VL's): its text model's
     own = getattr(model, "shard", None) or getattr(adapter.text, "shard", None)
     if sharder is None and own is None:
@@ -96,7 +97,7 @@ def shard(model: nn.Module, group: Group) -> None:
     if recurrent_layers(model):
         raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
                              "their linear-attention layers are not split here")
-    if model.model_type == "longcat_flash":  # mlx-lm's shard splits them; the engine's blocks
+    if family == "longcat_flash":  # mlx-lm's shard splits them; the engine's blocks
         # are half of one (mlx_lazy.adapter._sublayer), whose heads and group it reads otherwise
         raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
                              "their blocks' two attentions and shortcut MoE are not split here")
@@ -106,7 +107,7 @@ def shard(model: nn.Module, group: Group) -> None:
              "key/value heads": kv_heads(args),
              "MLP width": config_value(args, "intermediate_size",  # GPT-2's: 4 x hidden
                                        4 * config_value(args, "hidden_size"))
-             // (2 if model.model_type == "qwen" else 1)}  # Qwen 1's: half its intermediate_size
+             // (2 if family == "qwen" else 1)}  # Qwen 1's: half its intermediate_size
     if getattr(args, "moe_intermediate_size", None):
         sizes["expert MLP width"] = args.moe_intermediate_size
     other = getattr(args, "attention_other_setting", None)  # Step-3.5's sliding-window layers'

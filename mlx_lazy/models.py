@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Tuple, Union
 
-from .adapter import SUPPORTED_MODEL_TYPES, supported_types
+from .adapter import SUPPORTED_MODEL_TYPES, model_family, supported_types
 from .conversion import convert, is_hub_id
 from .errors import UserInputError, one_line
 from .folders import CACHE_ENV, atomic_file, cache_root, sweep_stale_temps
@@ -339,7 +339,7 @@ def check_model_folder(path: Path) -> None:
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise UserInputError(f"{config_file} has no model_type (a string such as \"llama\")")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_family(model_type) not in SUPPORTED_MODEL_TYPES:
         raise UserInputError(
             f"unsupported model type {model_type!r} in {config_file}; supported: "
             f"{supported_types()}"

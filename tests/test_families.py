@@ -71,6 +71,9 @@ Kimi K2.5; LFM2-VL's in test_hybrid)."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import mlx_lazy  # noqa: F401  (OpenBLAS before mlx)
 
 import mlx.core as mx
@@ -80,11 +83,13 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import MODEL_REMAPPING
 
-from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load_prompt_cache,
-                      make_prompt_cache as make_lazy_cache, resolve_config, save_prompt_cache)
-from mlx_lazy.adapter import (ModelAdapter, attention_module, decode_identity, feed_forward,
-                              identities_match, sliding_windows)
+from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load,
+                      load_prompt_cache, make_prompt_cache as make_lazy_cache, resolve_config,
+                      save_prompt_cache)
+from mlx_lazy.adapter import (SUPPORTED_MODEL_TYPES, ModelAdapter, attention_module,
+                              decode_identity, feed_forward, identities_match, sliding_windows)
 from mlx_lazy.attention import Chunks, position_mask, window_start
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
@@ -940,6 +945,33 @@ def test_pruning_runs_through(family, kind):
     assert 0 < stats.prompt_tokens_computed_pct < 100
     text = generate(model, tokenizer, "The quick brown fox " * 20, max_tokens=4, config="lazy")
     assert isinstance(text, str)
+
+
+#: mlx-lm's other names of supported types (its ``MODEL_REMAPPING``): Kimi K2's, MiniMax-M2's,
+#: XVERSE's, Qwen2.5-VL's, LLaVA-format Mistral 3's and others'
+ALIASES = sorted(alias for alias, family in MODEL_REMAPPING.items()
+                 if family in SUPPORTED_MODEL_TYPES)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_checkpoint_under_another_name_runs_as_its_family(family_dir, alias, tmp_path):
+    """A checkpoint whose config names a type mlx-lm builds under another one's module (the
+    model keeps the checkpoint's name) loads, runs unpruned equal to mlx-lm, and prunes."""
+    folder = tmp_path / alias
+    shutil.copytree(family_dir(MODEL_REMAPPING[alias]), folder)
+    config = json.loads((folder / "config.json").read_text())
+    # without rope_scaling: transformers' AutoTokenizer refuses an unknown type's (Kimi K2's),
+    # through mlx-lm's load as through ours
+    (folder / "config.json").write_text(json.dumps(
+        {**config, "model_type": alias, "rope_scaling": None}))
+    model, _ = load(folder)
+    assert model.model_type == alias
+    prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=5)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 8) < LOGITS_TOL
+    engine = LazyEngine(model, resolve_config(model, PruningConfig(
+        "lazy", prune_layers=(1,), keep=(0.3,), complete="none")))
+    engine.prefill(prompt)
+    assert engine.stats.prefill_tokens_per_layer[2] == 60
 
 
 def test_a_mistral3_checkpoint_of_another_text_model_is_refused(family_dir):
