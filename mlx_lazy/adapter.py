@@ -21,7 +21,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import nanochat
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 
 from . import _blas, kernels
@@ -204,6 +204,15 @@ from .errors import UserInputError, shown
 # ministral3's (``rope_parameters``' ``llama_4_scaling_beta`` and
 # ``original_max_position_embeddings``), softmax-routed experts beside shared ones at ``block.mlp``
 # from ``first_k_dense_replace`` on.
+# falcon_h1 (Falcon-H1): in every layer a Mamba-2 mixer (``block.mamba``) and attention (RoPE)
+# side by side on one normed input, then an MLP at ``block.feed_forward``; each layer runs as
+# mlx-lm's block, a recurrent one (its state: the mixer's and the keys and values of every
+# token it took), so no layer is one a cut may follow; the tied head's logits times
+# ``lm_head_multiplier / embedding_multiplier`` (its other multipliers are in the weights).
+# plamo2 (PLaMo 2): Mamba layers (``block.mixer`` where ``is_mamba``, run as mlx-lm's block,
+# recurrent) and attention layers (a fused ``qkv_proj``, a weight-free q/k RMS norm times a
+# per-head ``q_weight``/``k_weight`` before RoPE, global as mlx-lm runs it); Gemma 2's four
+# norms under its own names (:data:`_PART_NAMES`), the blocks at ``model.layers.layers``.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "cohere2",
                          "deepseek", "deepseek_v2", "deepseek_v3", "dots1", "ernie4_5",
                          "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma", "gemma2",
@@ -217,7 +226,7 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "cohere", "
                          "openelm", "phi", "phi3", "phimoe", "qwen", "qwen2", "qwen2_moe", "qwen3",
                          "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "seed_oss",
                          "smollm3", "solar_open", "stablelm", "starcoder2", "telechat3",
-                         "youtu_llm")
+                         "youtu_llm", "falcon_h1", "plamo2")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -270,7 +279,14 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
                               "embed_tokens": "embeddings", "norm": "norm_f"},
                "afmoe": {"pre_feedforward_layernorm": "pre_mlp_layernorm",
-                         "post_feedforward_layernorm": "post_mlp_layernorm"}}
+                         "post_feedforward_layernorm": "post_mlp_layernorm"},
+               "falcon_h1": {"linear_attn": "mamba",
+                             "post_attention_layernorm": "pre_ff_layernorm",
+                             "norm": "final_layernorm"},
+               "plamo2": {"input_layernorm": "pre_mixer_norm",
+                          "post_attention_layernorm": "post_mixer_norm",
+                          "pre_feedforward_layernorm": "pre_mlp_norm",
+                          "post_feedforward_layernorm": "post_mlp_norm"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower).
@@ -311,7 +327,12 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``block.{mamba, pre_ff_layernorm, feed_forward}`` (the mamba called as ``(x, ArraysCache)``),
 # ``model.final_layernorm``; exaone_moe's and afmoe's ``args.layer_types``, afmoe's
 # ``self_attn.gate_proj``, ``args.mup_enabled``, ``block.{pre_mlp_layernorm,
-# post_mlp_layernorm}``): at least the first, below the second. Same as pyproject.toml.
+# post_mlp_layernorm}``; falcon_h1's blocks called as ``(h, (ArraysCache, KVCache), mask, None)``,
+# ``self_attn``, ``args.{lm_head_multiplier, embedding_multiplier}``, ``model.final_layernorm``;
+# plamo2's ``model.layers.layers`` (its ``layers``), ``block.{is_mamba, mixer, pre_mixer_norm,
+# post_mixer_norm, pre_mlp_norm, post_mlp_norm}``, its Mamba blocks called as ``(h, None,
+# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``): at least
+# the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -390,6 +411,8 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
     weights, each pass a layer with its own keys and values)."""
     if getattr(text, "model_type", None) == "nanbeige":
         return text.model.layers * text.model.num_loops
+    if getattr(text, "model_type", None) == "plamo2":  # its model.layers: a PlamoDecoder
+        return text.layers
     return text.model.layers if "model" in text and "layers" in text.model else text.layers
 
 
@@ -438,13 +461,15 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
     DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
-    Mamba-2 layers, and Nemotron-H's MLP-only ones, which hold no state); () for every other
+    Mamba-2 layers, and Nemotron-H's MLP-only ones, which hold no state; PLaMo 2's Mamba layers;
+    every Falcon-H1 layer, its Mamba-2 mixer beside its attention); () for every other
     family. Such a layer holds one state that has taken its tokens in order, not keys and
     values: a token pruned below it can never enter it later, and no cut can follow it (it
     gives no attention to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
                  if hasattr(block, "linear_attn") or hasattr(block, "conv")
-                 or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*")
+                 or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
+                 or getattr(block, "is_mamba", False))
 
 
 class ModelAdapter:
@@ -488,6 +513,7 @@ class ModelAdapter:
         self._qkv_by_head = model_type == "gpt_neox"  # its fused q, k, v: head by head
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
         self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
+        self._plamo2 = model_type == "plamo2"  # (so are PLaMo 2's)
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
         self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
                           if k in self.text)
@@ -503,8 +529,10 @@ class ModelAdapter:
         self._mixer_mask = model_type != "jamba"  # Jamba's Mamba takes no mask
         # each layer's attention module (None in a recurrent layer), found once: read per
         # layer and step; sharding changes their projections in place, not the modules
-        self._attns = [None if i in self._recurrent else attention_module(block)
-                       for i, block in enumerate(self.layers)]
+        # (Falcon-H1's recurrent layers each hold one, beside the mixer)
+        self._falcon_h1 = model_type == "falcon_h1"
+        self._attns = [None if i in self._recurrent and not self._falcon_h1
+                       else attention_module(block) for i, block in enumerate(self.layers)]
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
         attn = next((a for a in self._attns if a is not None), None)
         if attn is None:  # (a Mamba-only Granite 4.0 config, say)
@@ -518,10 +546,12 @@ class ModelAdapter:
         else:
             self.n_heads = (getattr(attn, "n_heads", None) or getattr(attn, "num_heads", None)
                             or getattr(attn, "n_head", None)  # gpt2
+                            or getattr(attn, "q_num_heads", None)  # plamo2
                             or attn.num_attention_heads)  # mixtral: num_heads
             self.n_kv_heads = (getattr(attn, "n_kv_heads", None)
                                or getattr(attn, "num_kv_heads", None)  # nanochat
                                or getattr(attn, "num_key_value_heads", None)
+                               or getattr(attn, "k_num_heads", None)  # plamo2
                                or self.n_heads)  # gpt_neox, gpt2: one per query head
         self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
                              or getattr(attn, "softmax_scale", None)  # minicpm3
@@ -585,7 +615,9 @@ class ModelAdapter:
         self._logits_scaling = (args.logits_scaling if granite else
                                 1 / args.logit_scale if model_type in ("cohere", "cohere2") else
                                 args.hidden_size / args.dim_model_base
-                                if minicpm and not args.tie_word_embeddings else None)
+                                if minicpm and not args.tie_word_embeddings else
+                                args.embedding_multiplier / args.lm_head_multiplier
+                                if self._falcon_h1 and args.tie_word_embeddings else None)
 
     def sliding_window(self, layer: int) -> Optional[Window]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -840,6 +872,9 @@ class ModelAdapter:
         q_norm = self._part(attn, "q_norm")
         if q_norm is not None:
             return q_norm, self._part(attn, "k_norm")
+        if "q_weight" in attn:  # plamo2: weight-free, then times a weight per head
+            return (partial(_scaled_rms_norm, weight=attn.q_weight),
+                    partial(_scaled_rms_norm, weight=attn.k_weight))
         if self._weightless is not None:
             return self._weightless, self._weightless
         if self._l2_eps is not None and attn.use_qk_norm:
@@ -913,11 +948,11 @@ class ModelAdapter:
             h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
                                h[..., self._hidden + width:])
         h = self._blas_rows(h)
-        if self._gemma2 or self._gemma3 or self._afmoe:  # norms after attention, around the MLP
-            from mlx_lm.models.gemma3_text import clip_residual
+        if self._gemma2 or self._gemma3 or self._afmoe or self._plamo2:  # norms after attention,
+            from mlx_lm.models.gemma3_text import clip_residual  # around the MLP
 
             add = clip_residual if self._gemma3 else operator.add  # Gemma 3's float16-safe
-            h = add(h, block.post_attention_layernorm(r))
+            h = add(h, self._part(block, "post_attention_layernorm")(r))
             h = add(h, self._part(block, "post_feedforward_layernorm")(
                 self._mlp(layer, self._part(block, "pre_feedforward_layernorm")(h))))
         elif self._gemma4:
@@ -956,23 +991,41 @@ class ModelAdapter:
         """A recurrent layer on hidden states ``h`` (1, n, D) of tokens that follow, in
         order, every token its ``state`` has taken (mlx-lm's ``ArraysCache`` parts: Qwen3.5's
         ``[conv_state, recurrent_state]``, Mamba's (Jamba's) and Mamba-2's ``[conv_state,
-        ssm_state]``, LFM2's ``[conv_state]``; empty before the first): ``state`` advances
+        ssm_state]``, LFM2's ``[conv_state]``, Falcon-H1's ``[conv_state, ssm_state, keys,
+        values]``; empty before the first): ``state`` advances
         over them in place; returns their hidden states after the layer, MLP included (each
         branch times Granite's residual multiplier)."""
         block, n = self.layers[layer], h.shape[1]
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         if getattr(block, "block_type", None) in ("-", "E"):  # nemotron_h: an MLP, no state
             return (h + mixer(norm(h)))[:, :n]
-        if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, else 2
-            state.extend([None] * (1 if "conv" in block else 2))
+        if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, else 2 (and
+            # Falcon-H1's keys and values)
+            state.extend([None] * (1 if "conv" in block else 4 if self._falcon_h1 else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
+        if self._falcon_h1:
+            return self._falcon_h1_block(block, h, cache)
+        if self._plamo2:  # a Mamba layer: mlx-lm's block, its norms and MLP included
+            return block(h, None, cache)
         x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)
         h = self._blas_rows(h + self._branch(x))
         if self._feed_forwards[layer] is None:  # nemotron_h: the mixer alone
             return h[:, :n]
         mlp = self._mlp(layer, self._part(block, "post_attention_layernorm")(h))
         return (h + self._branch(mlp))[:, :n]
+
+    def _falcon_h1_block(self, block: nn.Module, h: mx.array, cache: ArraysCache) -> mx.array:
+        """Falcon-H1's layer as mlx-lm runs it on ``h`` (1, n, D), the tokens that follow
+        those ``cache`` has taken: its Mamba-2 state in ``cache[0]``, ``cache[1]``, the keys
+        and values (RoPE applied) of every token before in ``cache[2]``, ``cache[3]``, which
+        the new tokens attend over (causally among themselves) and join."""
+        kv = KVCache()
+        if cache[2] is not None:
+            kv.keys, kv.values, kv.offset = cache[2], cache[3], cache[2].shape[2]
+        h = block(h, (cache, kv), "causal" if h.shape[1] > 1 else None, None)
+        cache[2], cache[3] = kv.keys[..., :kv.offset, :], kv.values[..., :kv.offset, :]
+        return h
 
     def _branch(self, x: mx.array) -> mx.array:
         """A residual branch's output as it is added: times Granite's residual multiplier."""
@@ -1159,6 +1212,12 @@ def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     if hasattr(mlp, "gate_up_proj") or (hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj")):
         return "gelu_approx" if gemma else "silu"
     return None
+
+
+def _scaled_rms_norm(x: mx.array, weight: mx.array) -> mx.array:
+    """PLaMo 2's q/k norm of ``x`` (1, n, heads, head_dim): a weight-free RMS norm (epsilon
+    1e-6, as mlx-lm's), times ``weight`` (heads, head_dim)."""
+    return mx.fast.rms_norm(x, weight=None, eps=1e-6) * weight
 
 
 def _query_scale(positions: np.ndarray, beta: float, original_max: int) -> mx.array:

@@ -395,7 +395,7 @@ def test_shard_checks_qwens_mlp_width_before_sharding():
                                   "lfm2", "lfm2_moe", "dots1", "bailing_moe", "hunyuan",
                                   "llama4_text", "llama4", "gpt_bigcode", "openelm", "deepseek",
                                   "mellum", "granitemoehybrid", "nemotron_h", "jamba", "Klear",
-                                  "afmoe"])
+                                  "afmoe", "falcon_h1", "plamo2"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
