@@ -173,6 +173,12 @@ The architectures (llama.cpp's names), and what converting each involves:
   llama.cpp's -exp(A_log), the conv kernels in MLX's layout; an inner size of twice the hidden
   one (as llama.cpp requires). Experts are refused: llama.cpp weighs the chosen ones by their
   softmax over all experts, mlx-lm's jamba renormalises over the chosen ones.
+* ``nemotron_h`` (Nemotron-H, Nemotron Nano 2): a mixer a layer, by llama.cpp's per-layer
+  key/value heads and MLP widths: Mamba-2 (neither), attention without RoPE (heads, no MLP) or a
+  squared-ReLU MLP (a width); A_log of llama.cpp's -exp(A_log), the conv kernels in MLX's layout,
+  A, D and the group-wise gated norm as vectors; biases where the tensors have them, the
+  embedding as the head where the GGUF has none. Experts (Nemotron 3 Nano's ``nemotron_h_moe``)
+  and an attention scale other than 1/sqrt(head_dim) are refused.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -227,7 +233,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nanbeige": "NanbeigeForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
-                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM"}
+                 "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
+                 "nemotron_h": "NemotronHForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -408,10 +415,12 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
         required += ("shortconv.l_cache",)
-    if arch in ("granitehybrid", "jamba"):
+    if arch in ("granitehybrid", "jamba", "nemotron_h"):
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
                                                "time_step_rank", "group_count")
-                          if arch == "granitehybrid" or k != "group_count")
+                          if arch != "jamba" or k != "group_count")
+    if arch == "nemotron_h":  # llama.cpp requires it
+        required += ("attention.layer_norm_epsilon",)
     if arch in _LAYER_NORM:
         required += ("attention.layer_norm_epsilon",)
     if arch == "gptneox":  # llama.cpp requires it too
@@ -420,7 +429,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
-    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba")
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "nemotron_h")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's
 
     def first(key: str) -> Any:
@@ -482,8 +491,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         "architectures": [ARCHITECTURES[arch]],
         "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
-        "intermediate_size": 1 if gemma4 else count("feed_forward_length", hidden,
-                                                    value=first("feed_forward_length")),
+        # (Nemotron-H's MLP widths by layer: _nemotron_h_config's)
+        "intermediate_size": 1 if gemma4 or arch == "nemotron_h" else count(
+            "feed_forward_length", hidden, value=first("feed_forward_length")),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
@@ -606,6 +616,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_granitehybrid_config(g, count, optional, real, experts, tensors, config))
     if arch == "jamba":
         config.update(_jamba_config(g, count, tensors, config))
+    if arch == "nemotron_h":
+        config.update(_nemotron_h_config(g, count, optional, real, tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -978,6 +990,61 @@ def _jamba_config(g: Any, count: Any, tensors: dict, config: dict) -> dict:
             "num_experts_per_tok": 1, "mamba_expand": 2, "mamba_d_conv": count("ssm.conv_kernel"),
             "mamba_d_state": count("ssm.state_size"), "mamba_dt_rank": count("ssm.time_step_rank"),
             "mamba_conv_bias": True, "mamba_proj_bias": False}
+
+
+def _nemotron_h_config(g: Any, count: Any, optional: Any, real: Any, tensors: dict,
+                       config: dict) -> dict:
+    """mlx-lm's nemotron_h settings of a Nemotron-H GGUF, read as llama.cpp reads it: a layer
+    with an MLP width is a squared-ReLU MLP, else one with key/value heads attention (no RoPE,
+    queries by 1/sqrt(head_dim) as mlx-lm's: another ``attention.scale`` refused), else Mamba-2
+    (``ssm.time_step_rank`` heads in ``ssm.group_count`` groups); biases where the tensors have
+    them; experts refused (llama.cpp's ``nemotron_h_moe``)."""
+    n_layers, head_dim = config["num_hidden_layers"], config["head_dim"]
+
+    def by_layer(key: str, default: Any = None) -> list[int]:
+        """llama.cpp's value of ``key`` for each layer (one value, or one per layer)."""
+        value = g(key, default)
+        values = value if isinstance(value, list) else [value] * n_layers
+        if len(values) != n_layers:
+            raise UserInputError(f"GGUF metadata nemotron_h.{key} has {len(values)} values for "
+                                 f"{n_layers} layers")
+        return [count(key, value=v, least=0) for v in values]
+
+    widths = by_layer("feed_forward_length")
+    kv = by_layer("attention.head_count_kv", config["num_attention_heads"])
+    pattern = ["-" if w else "*" if n else "M" for w, n in zip(widths, kv)]
+    if "M" not in pattern or "*" not in pattern:
+        raise UserInputError(f"GGUF nemotron_h with layers {''.join(pattern)} is not supported "
+                             "(mlx-lm's nemotron_h indexes a Mamba-2 and an attention layer)")
+    if optional("expert_count"):
+        raise UserInputError("GGUF nemotron_h with experts is not supported")
+    mlp = {w for w in widths if w}
+    kv_heads = {n for n, c in zip(kv, pattern) if c == "*"}
+    if len(mlp) > 1 or len(kv_heads) > 1:
+        raise UserInputError("GGUF nemotron_h with MLP widths or key/value heads that differ "
+                             "by layer is not supported (mlx-lm's nemotron_h takes one of each)")
+    scale = real("attention.scale", 0.0)  # llama.cpp: 0 is 1/sqrt(head_dim), mlx-lm's
+    if scale and not math.isclose(scale, head_dim ** -0.5, rel_tol=ATTN_FACTOR_RTOL):
+        raise UserInputError(f"GGUF nemotron_h with attention scale {scale:.7g} is not "
+                             f"supported (mlx-lm's nemotron_h scales by 1/sqrt({head_dim}))")
+    heads, inner, groups = (count(f"ssm.{k}") for k in ("time_step_rank", "inner_size",
+                                                         "group_count"))
+    if inner % heads or heads % groups:
+        raise UserInputError(f"GGUF nemotron_h with an SSM inner size of {inner} for {heads} "
+                             f"heads in {groups} groups is not supported (each must divide it)")
+
+    def has(role: str) -> bool:
+        return any(name.endswith(f".{role}") for name in tensors)
+
+    return {"hybrid_override_pattern": pattern, "intermediate_size": max(mlp, default=1),
+            "num_key_value_heads": kv_heads.pop(), "attention_bias": has("attn_q.bias"),
+            "mlp_bias": has("ffn_up.bias"), "use_bias": False,
+            "layer_norm_epsilon": real("attention.layer_norm_rms_epsilon",
+                                       real("attention.layer_norm_epsilon")),
+            "mamba_num_heads": heads, "mamba_head_dim": inner // heads, "n_groups": groups,
+            "ssm_state_size": count("ssm.state_size"), "conv_kernel": count("ssm.conv_kernel"),
+            "use_conv_bias": has("ssm_conv1d.bias"), "mamba_proj_bias": False,
+            "tie_word_embeddings": False}
 
 
 def _lfm2_config(arch: str, g: Any, count: Any, optional: Any, experts: Any, tensors: dict,

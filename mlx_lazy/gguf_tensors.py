@@ -155,6 +155,13 @@ _GRANITEHYBRID_LAYER_NAMES = {**_GRANITEMOE_LAYER_NAMES, "ssm_in": "mamba.in_pro
                               "ssm_norm": "mamba.norm", "ssm_out": "mamba.out_proj",
                               "ffn_gate_up_shexp": "shared_mlp.input_linear",
                               "ffn_down_shexp": "shared_mlp.output_linear"}
+# Nemotron-H: one norm and one mixer a layer: Granite 4.0's Mamba-2 parts, attention (its q/k
+# rows as llama.cpp's converter permuted them, each head's alike: without RoPE the same scores)
+# or a squared-ReLU MLP
+_NEMOTRON_H_LAYER_NAMES = {"attn_norm": "norm", **{
+    k: "mixer." + v.split(".", 1)[1] for k, v in _GRANITEHYBRID_LAYER_NAMES.items()
+    if k.startswith("ssm_") or k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up",
+                                     "ffn_down")}}
 # Jamba: Mamba layers (A_log as jamba_tensors makes it, A and D named without a suffix; the time
 # step's projection with its bias), attention, a dense MLP at feed_forward after pre_ff_layernorm
 _JAMBA_LAYER_NAMES = {**{k: v.replace("mlp.", "feed_forward.") for k, v in _LAYER_NAMES.items()
@@ -286,6 +293,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                                      _DEEPSEEK2_LAYER_NAMES),
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
                      "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
+                     "nemotron_h": _NEMOTRON_H_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
@@ -342,6 +350,9 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 # model
                 **dict.fromkeys(("phi2", "jamba"), (
                     "model.layers", {**_TOP_NAMES, "output_norm": "model.final_layernorm"})),
+                "nemotron_h": ("backbone.layers", {"token_embd": "backbone.embeddings",
+                                                   "output_norm": "backbone.norm_f",
+                                                   "output": "lm_head"}),
                 "gptneox": ("model.h", {"token_embd": "model.embed_in",
                                         "output_norm": "model.final_layer_norm",
                                         "output": "model.embed_out"}),
@@ -919,7 +930,9 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "internlm2": internlm2_tensors, "gpt2": gpt2_tensors, "openelm": openelm_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
              "granitehybrid": granitehybrid_tensors, "chatglm": phi2_tensors,
-             "jamba": jamba_tensors}
+             "jamba": jamba_tensors,
+             # Granite 4.0's Mamba-2 layout and a head (mlx-lm's nemotron_h always has one)
+             "nemotron_h": lambda t, c: glm4_tensors(granitehybrid_tensors(t, c), c)}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:
