@@ -179,6 +179,12 @@ The architectures (llama.cpp's names), and what converting each involves:
   A, D and the group-wise gated norm as vectors; biases where the tensors have them, the
   embedding as the head where the GGUF has none. Experts (Nemotron 3 Nano's ``nemotron_h_moe``)
   and an attention scale other than 1/sqrt(head_dim) are refused.
+* ``falcon-h1`` (Falcon-H1, ``falcon_h1``): Mamba-2 beside attention (NeoX RoPE) in every layer,
+  a SwiGLU MLP; its multipliers as llama.cpp's converter folded them into the tensors, the head
+  its own (the embedding's where the GGUF has none); A_log of llama.cpp's -exp(A_log), the conv
+  kernels in MLX's layout; the gated norm where the GGUF has one, over one SSM group only
+  (mlx-lm's spans all groups, llama.cpp's each); an attention scale other than 1/sqrt(head_dim)
+  refused.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -234,7 +240,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
                  "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
-                 "nemotron_h": "NemotronHForCausalLM"}
+                 "nemotron_h": "NemotronHForCausalLM", "falcon-h1": "FalconH1ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -245,7 +251,7 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "phi2": "phi", "gptneox": "gpt_neox",
                 "starcoder": "gpt_bigcode",
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
-                "exaone-moe": "exaone_moe"}
+                "exaone-moe": "exaone_moe", "falcon-h1": "falcon_h1"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -410,12 +416,13 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required = required[:-1]
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
-                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe"):
+                "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
+                "falcon-h1"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
         required += ("shortconv.l_cache",)
-    if arch in ("granitehybrid", "jamba", "nemotron_h"):
+    if arch in ("granitehybrid", "jamba", "nemotron_h", "falcon-h1"):
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
                                                "time_step_rank", "group_count")
                           if arch != "jamba" or k != "group_count")
@@ -567,10 +574,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in LEARNED_POSITIONS:
         config.update(_gpt2_config(arch, n_heads, n_kv, positive, config))
     if arch == "apertus":  # llama.cpp reads no biases, hard-wires q/k norms and NeoX RoPE
-        scale = real("attention.scale", 0.0)  # llama.cpp: 0 is 1/sqrt(head_dim), mlx-lm's
-        if scale and not math.isclose(scale, head_dim ** -0.5, rel_tol=ATTN_FACTOR_RTOL):
-            raise UserInputError(f"GGUF apertus with attention scale {scale:.7g} is not supported "
-                                 f"(mlx-lm's apertus scales by 1/sqrt({head_dim}))")
+        _check_attention_scale(arch, real, head_dim, "apertus")
         xielu_parameters(meta, n_layers)  # required by llama.cpp: refused here, not half-written
         config.update(mlp_bias=False, attention_bias=False, post_norm=False, qk_norm=True)
     if arch == "exaone":  # mlx-lm's exaone by its own names; llama.cpp reads no MLP or output
@@ -616,6 +620,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_granitehybrid_config(g, count, optional, real, experts, tensors, config))
     if arch == "jamba":
         config.update(_jamba_config(g, count, tensors, config))
+    if arch == "falcon-h1":
+        config.update(_falcon_h1_config(g, count, real, tensors, config))
     if arch == "nemotron_h":
         config.update(_nemotron_h_config(g, count, optional, real, tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
@@ -992,6 +998,45 @@ def _jamba_config(g: Any, count: Any, tensors: dict, config: dict) -> dict:
             "mamba_conv_bias": True, "mamba_proj_bias": False}
 
 
+def _check_attention_scale(arch: str, real: Any, head_dim: int, model_type: str) -> None:
+    """Refuse a GGUF whose ``attention.scale`` is not 1/sqrt(head_dim), mlx-lm's (llama.cpp's
+    0 or none is that too)."""
+    scale = real("attention.scale", 0.0)
+    if scale and not math.isclose(scale, head_dim ** -0.5, rel_tol=ATTN_FACTOR_RTOL):
+        raise UserInputError(f"GGUF {arch} with attention scale {scale:.7g} is not supported "
+                             f"(mlx-lm's {model_type} scales by 1/sqrt({head_dim}))")
+
+
+def _falcon_h1_config(g: Any, count: Any, real: Any, tensors: dict, config: dict) -> dict:
+    """mlx-lm's falcon_h1 settings of a Falcon-H1 GGUF, read as llama.cpp reads it: Mamba-2
+    (``ssm.time_step_rank`` heads) beside attention (NeoX RoPE) in every layer, a SwiGLU MLP;
+    the multipliers are in the tensors (llama.cpp's converter folds them in, the head's too), so
+    the head is one of its own (the embedding's where the GGUF has none: llama.cpp's, unscaled);
+    the gated norm where the GGUF has one, gating first as llama.cpp's, over one group only
+    (mlx-lm's spans all groups at once, llama.cpp's each); the conv's and the MLP's biases where
+    the tensors have them."""
+    def has(role: str) -> bool:
+        return any(name.endswith(f".{role}") for name in tensors)
+
+    _check_attention_scale("falcon-h1", real, config["head_dim"], "falcon_h1")
+    heads, inner, groups = (count(f"ssm.{k}") for k in ("time_step_rank", "inner_size",
+                                                         "group_count"))
+    if inner % heads or heads % groups:
+        raise UserInputError(f"GGUF falcon-h1 with an SSM inner size of {inner} for {heads} "
+                             f"heads in {groups} groups is not supported (each must divide it)")
+    norm = has("ssm_norm.weight")
+    if norm and groups != 1:
+        raise UserInputError(f"GGUF falcon-h1 with a gated norm over {groups} SSM groups is not "
+                             "supported (mlx-lm's falcon_h1 normalises all groups at once, "
+                             "llama.cpp's each)")
+    return {"mamba_d_ssm": inner, "mamba_n_heads": heads, "mamba_d_head": inner // heads,
+            "mamba_n_groups": groups, "mamba_d_state": count("ssm.state_size"),
+            "mamba_d_conv": count("ssm.conv_kernel"), "mamba_conv_bias": has("ssm_conv1d.bias"),
+            "mamba_proj_bias": False, "projectors_bias": False, "mamba_rms_norm": norm,
+            "mamba_norm_before_gate": False, "attention_bias": False,
+            "mlp_bias": has("ffn_gate.bias"), "tie_word_embeddings": False}
+
+
 def _nemotron_h_config(g: Any, count: Any, optional: Any, real: Any, tensors: dict,
                        config: dict) -> dict:
     """mlx-lm's nemotron_h settings of a Nemotron-H GGUF, read as llama.cpp reads it: a layer
@@ -1023,10 +1068,7 @@ def _nemotron_h_config(g: Any, count: Any, optional: Any, real: Any, tensors: di
     if len(mlp) > 1 or len(kv_heads) > 1:
         raise UserInputError("GGUF nemotron_h with MLP widths or key/value heads that differ "
                              "by layer is not supported (mlx-lm's nemotron_h takes one of each)")
-    scale = real("attention.scale", 0.0)  # llama.cpp: 0 is 1/sqrt(head_dim), mlx-lm's
-    if scale and not math.isclose(scale, head_dim ** -0.5, rel_tol=ATTN_FACTOR_RTOL):
-        raise UserInputError(f"GGUF nemotron_h with attention scale {scale:.7g} is not "
-                             f"supported (mlx-lm's nemotron_h scales by 1/sqrt({head_dim}))")
+    _check_attention_scale("nemotron_h", real, head_dim, "nemotron_h")
     heads, inner, groups = (count(f"ssm.{k}") for k in ("time_step_rank", "inner_size",
                                                          "group_count"))
     if inner % heads or heads % groups:

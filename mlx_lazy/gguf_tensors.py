@@ -172,6 +172,13 @@ _JAMBA_LAYER_NAMES = {**{k: v.replace("mlp.", "feed_forward.") for k, v in _LAYE
                       "ssm_dt": "mamba.dt_proj", "ssm_dt_norm": "mamba.dt_layernorm",
                       "ssm_b_norm": "mamba.b_layernorm", "ssm_c_norm": "mamba.c_layernorm",
                       "ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_out": "mamba.out_proj"}
+# Falcon-H1: Jamba's attention and MLP names beside Granite 4.0's Mamba-2 parts; its MLP's norm
+# named without a suffix (llama.cpp's converter maps the checkpoint's whole name to ffn_norm)
+_FALCON_H1_LAYER_NAMES = {**{k: v for k, v in _JAMBA_LAYER_NAMES.items()
+                             if not k.startswith("ssm_")},
+                          **{k: v for k, v in _GRANITEHYBRID_LAYER_NAMES.items()
+                             if k.startswith("ssm_")},
+                          "ffn_norm": "pre_ff_layernorm.weight"}
 # The shared experts of ERNIE 4.5 MoE and GLM-4.5 (plural in mlx-lm's models)
 _SHARED_EXPERTS_NAMES = {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
                          for p in ("gate", "up", "down")}
@@ -293,7 +300,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                                      _DEEPSEEK2_LAYER_NAMES),
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
                      "granitehybrid": _GRANITEHYBRID_LAYER_NAMES, "jamba": _JAMBA_LAYER_NAMES,
-                     "nemotron_h": _NEMOTRON_H_LAYER_NAMES,
+                     "nemotron_h": _NEMOTRON_H_LAYER_NAMES, "falcon-h1": _FALCON_H1_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
@@ -348,7 +355,7 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                     "output": "language_model.lm_head"}),
                 # Phi-2's and Jamba's final norm; GPT-NeoX's layers at model.h, its head inside
                 # model
-                **dict.fromkeys(("phi2", "jamba"), (
+                **dict.fromkeys(("phi2", "jamba", "falcon-h1"), (
                     "model.layers", {**_TOP_NAMES, "output_norm": "model.final_layernorm"})),
                 "nemotron_h": ("backbone.layers", {"token_embd": "backbone.embeddings",
                                                    "output_norm": "backbone.norm_f",
@@ -733,6 +740,14 @@ def granitehybrid_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def mamba2_tensors_with_head(tensors: dict, config: dict) -> dict:
+    """A Nemotron-H or Falcon-H1 GGUF's tensors: Granite 4.0's Mamba-2 layout
+    (:func:`granitehybrid_tensors`) and a head, the embedding's where the GGUF has none
+    (:func:`glm4_tensors`: mlx-lm's nemotron_h always has one; llama.cpp's Falcon-H1 head is
+    the embedding as stored, which mlx-lm's tied falcon_h1 would scale)."""
+    return glm4_tensors(granitehybrid_tensors(tensors, config), config)
+
+
 def jamba_tensors(tensors: dict, config: dict) -> dict:
     """A Jamba GGUF's tensors as mlx-lm's jamba has its parameters: the Mamba layers' conv
     kernels in MLX's layout (:func:`lfm2_tensors`), A_log (inner, state) of llama.cpp's
@@ -931,8 +946,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "deepseek": glm4_tensors, "minicpm3": glm4_tensors,
              "granitehybrid": granitehybrid_tensors, "chatglm": phi2_tensors,
              "jamba": jamba_tensors,
-             # Granite 4.0's Mamba-2 layout and a head (mlx-lm's nemotron_h always has one)
-             "nemotron_h": lambda t, c: glm4_tensors(granitehybrid_tensors(t, c), c)}
+             "nemotron_h": mamba2_tensors_with_head, "falcon-h1": mamba2_tensors_with_head}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

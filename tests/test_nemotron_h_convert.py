@@ -27,6 +27,20 @@ GGUF_NAMES = {"norm": "attn_norm", "mixer.up_proj": "ffn_up", "mixer.down_proj":
 PATTERN = ["M", "-", "M", "*", "M", "M", "-", "*"]
 
 
+def mamba2_layout(role: str, x: np.ndarray, groups: int,
+                  heads: tuple[int, int] | None = None) -> np.ndarray:
+    """A tensor of llama.cpp's role ``role`` as its converter (Mamba2Model) stores it: A as
+    -exp(A_log) and A, D (heads, 1), the gated norm (groups, inner / groups), the conv kernels
+    squeezed; with ``heads`` (query, key/value heads), q/k rows permuted (its LlamaModel's)."""
+    if heads is not None and role in ("attn_q", "attn_k"):
+        return gguf_permute(x, heads[role == "attn_k"])
+    if role in ("ssm_a", "ssm_d"):
+        return (-np.exp(x) if role == "ssm_a" else x)[:, None]
+    if role == "ssm_norm":
+        return x.reshape(groups, -1)
+    return x[..., 0] if role == "ssm_conv1d" and x.ndim == 3 else x  # (not its bias)
+
+
 def gguf_name(hf_name: str) -> str:
     top = {"backbone.embeddings": "token_embd", "backbone.norm_f": "output_norm",
            "lm_head": "output"}
@@ -44,10 +58,9 @@ def write_nemotron_h_gguf(path: Path, tok_folder: Path, types: dict | None = Non
                           **overrides) -> tuple[dict, dict]:
     """A random-weight Nemotron-H written as llama.cpp's converter writes it (NemotronHModel, a
     GraniteHybridModel): key/value heads and MLP widths per layer (0 where a layer has none),
-    the SSM's sizes (heads as ssm.time_step_rank), head_dim as key/value length, q/k rows
-    permuted, A as -exp(A_log), A and D (heads, 1), the gated norm (groups, inner / groups), the
-    conv kernels squeezed. ``types``, ``meta``, ``extra``: as write_lfm2_gguf's. Returns (config,
-    reference weights in mlx-lm's layout)."""
+    the SSM's sizes (heads as ssm.time_step_rank), head_dim as key/value length, the tensors in
+    its layout (:func:`mamba2_layout`, q/k rows permuted). ``types``, ``meta``, ``extra``: as
+    write_lfm2_gguf's. Returns (config, reference weights in mlx-lm's layout)."""
     config = {**tiny_config("nemotron_h"), "hybrid_override_pattern": PATTERN, **overrides}
     module = importlib.import_module("mlx_lm.models.nemotron_h")
     shapes = {k: v.shape for k, v in tree_flatten(module.Model(module.ModelArgs.from_dict(
@@ -56,13 +69,7 @@ def write_nemotron_h_gguf(path: Path, tok_folder: Path, types: dict | None = Non
     inner = config["mamba_num_heads"] * config["mamba_head_dim"]
 
     def layout(role: str, x: np.ndarray) -> np.ndarray:
-        if role in ("attn_q", "attn_k"):
-            return gguf_permute(x, heads if role == "attn_q" else kv_heads)
-        if role in ("ssm_a", "ssm_d"):  # (heads, 1); A as -exp(A_log)
-            return (-np.exp(x) if role == "ssm_a" else x)[:, None]
-        if role == "ssm_norm":
-            return x.reshape(config["n_groups"], -1)
-        return x[..., 0] if role == "ssm_conv1d" and x.ndim == 3 else x  # (not its bias)
+        return mamba2_layout(role, x, config["n_groups"], (heads, kv_heads))
 
     pattern = config["hybrid_override_pattern"]
     kv = {"block_count": len(pattern), "context_length": config["max_position_embeddings"],
