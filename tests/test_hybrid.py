@@ -384,10 +384,11 @@ def test_a_hybrid_attending_only_in_its_last_layer_takes_no_cut(tmp_path):
 
 def test_falcon_h1_runs_as_mlx_lm_and_takes_no_cut(tmp_path):
     """``falcon_h1``: a Mamba-2 mixer and attention side by side in every layer, so every
-    layer is recurrent (its state holds its keys and values too) and none takes a cut; its
-    tied head scaled by its multipliers. Unpruned equal to mlx-lm, in one prompt and in turns
-    (of 37 tokens: the float32 matmuls' padding never reaches a state), quantized too; its
-    prompt cache, the keys and values grown by each turn, saves and loads."""
+    layer is recurrent (its state holds its keys and values too) and none takes a cut (lazy and
+    calibrate refused in one line); its tied head scaled by its multipliers. Unpruned equal to
+    mlx-lm, in one prompt and in turns (of 37 tokens: the float32 matmuls' padding never
+    reaches a state), quantized too; its prompt cache, the keys and values grown by each turn,
+    saves and loads."""
     model, _ = mlx_lm.load(str(build_tiny_model("falcon_h1", tmp_path / "model")))
     assert recurrent_layers(model) == (0, 1, 2, 3) and global_layers(model) == ()
     layer = model.layers[0]
@@ -404,6 +405,11 @@ def test_falcon_h1_runs_as_mlx_lm_and_takes_no_cut(tmp_path):
     with pytest.raises(UserInputError, match="'lazy' cuts after an attention layer, and this "
                                              "hybrid model has none a cut may follow"):
         resolve_config(model, "lazy")
+    from mlx_lazy.bench import calibrate
+
+    with pytest.raises(UserInputError, match="no layer a cut may follow .*: nothing to "
+                                             "calibrate; run speed, random or full$"):
+        calibrate.candidates(model, 512)
 
     cache = make_lazy_cache(model, "full")
     cache.process(prompt[:100].tolist())
