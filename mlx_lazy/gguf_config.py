@@ -179,6 +179,13 @@ The architectures (llama.cpp's names), and what converting each involves:
   A, D and the group-wise gated norm as vectors; biases where the tensors have them, the
   embedding as the head where the GGUF has none. Experts (Nemotron 3 Nano's ``nemotron_h_moe``)
   and an attention scale other than 1/sqrt(head_dim) are refused.
+* ``plamo2`` (PLaMo 2): Mamba layers where llama.cpp gives no key/value heads, attention (a
+  fused q/k/v, per-head q/k norm weights, NeoX RoPE) in the others, placed every
+  ``mamba_step``-th as mlx-lm's plamo2 places them (another layout refused); each norm's weight
+  less the offset llama.cpp's converter added, A_log of its -exp(A_log), the conv kernels in
+  MLX's layout; a RoPE base other than 10000 and a norm epsilon other than 1e-6 (mlx-lm's q/k
+  norms') refused. (mlx-lm's plamo2 clamps each time step to [0.001, 100], llama.cpp's does
+  not.) llama.cpp's PLaMo 2 vocabulary (``tokenizer.ggml.model`` "plamo2") is not converted.
 * ``falcon-h1`` (Falcon-H1, ``falcon_h1``): Mamba-2 beside attention (NeoX RoPE) in every layer,
   a SwiGLU MLP; its multipliers as llama.cpp's converter folded them into the tensors, the head
   its own (the embedding's where the GGUF has none); A_log of llama.cpp's -exp(A_log), the conv
@@ -240,7 +247,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "minicpm3": "MiniCPM3ForCausalLM", "chatglm": "GlmForCausalLM",
                  "jamba": "JambaForCausalLM", "mistral4": "Mistral4ForCausalLM",
                  "exaone-moe": "ExaoneMoEForCausalLM", "afmoe": "AfmoeForCausalLM",
-                 "nemotron_h": "NemotronHForCausalLM", "falcon-h1": "FalconH1ForCausalLM"}
+                 "nemotron_h": "NemotronHForCausalLM", "falcon-h1": "FalconH1ForCausalLM",
+                 "plamo2": "Plamo2ForCausalLM"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -359,6 +367,9 @@ ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
 ATTN_FACTOR_RTOL = 1e-6
+# mlx-lm's plamo2: its RoPE's base (nn.RoPE's default) and its q/k norms' epsilon
+PLAMO2_ROPE_BASE = 10000.0
+PLAMO2_QK_NORM_EPS = 1e-6
 #: The largest count a GGUF's metadata may give (heads, widths, context): far above any
 #: model's, far below what would make the shape check allocate without bound.
 _MAX_COUNT = 2**24
@@ -417,12 +428,12 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in ("gemma2", "glm4", "apertus", "exaone", *LFM2, "hunyuan-dense", "minicpm",
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
-                "falcon-h1"):
+                "falcon-h1", "plamo2"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
         required += ("shortconv.l_cache",)
-    if arch in ("granitehybrid", "jamba", "nemotron_h", "falcon-h1"):
+    if arch in ("granitehybrid", "jamba", "nemotron_h", "falcon-h1", "plamo2"):
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
                                                "time_step_rank", "group_count")
                           if arch != "jamba" or k != "group_count")
@@ -436,15 +447,18 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata lacks {arch}.{' / '.join(required)}")
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
-    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "nemotron_h")
+    by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "nemotron_h", "plamo2")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's
 
     def first(key: str) -> Any:
-        """OpenELM's first layer's count (here; all of them in _openelm_config)."""
+        """OpenELM's first layer's count (here; all of them in _openelm_config), PLaMo 2's
+        attention layers' (0 in its Mamba ones: _plamo2_config reads them)."""
         value = g(key)
+        if arch == "plamo2" and isinstance(value, list):
+            return max(value, default=None)
         return value[0] if openelm and isinstance(value, list) and value else value
 
-    if (isinstance(g("attention.head_count"), list) and not openelm) or \
+    if (isinstance(g("attention.head_count"), list) and not (openelm or arch == "plamo2")) or \
             (isinstance(g("attention.head_count_kv"), list) and not (by_layer or openelm)):
         raise UserInputError("GGUF with per-layer head counts is not supported")
     n_heads, hidden, n_layers = (count("attention.head_count", value=first("attention.head_count")),
@@ -622,6 +636,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_jamba_config(g, count, tensors, config))
     if arch == "falcon-h1":
         config.update(_falcon_h1_config(g, count, real, tensors, config))
+    if arch == "plamo2":
+        config.update(_plamo2_config(g, count, real, config))
     if arch == "nemotron_h":
         config.update(_nemotron_h_config(g, count, optional, real, tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
@@ -1035,6 +1051,44 @@ def _falcon_h1_config(g: Any, count: Any, real: Any, tensors: dict, config: dict
             "mamba_proj_bias": False, "projectors_bias": False, "mamba_rms_norm": norm,
             "mamba_norm_before_gate": False, "attention_bias": False,
             "mlp_bias": has("ffn_gate.bias"), "tie_word_embeddings": False}
+
+
+def _plamo2_config(g: Any, count: Any, real: Any, config: dict) -> dict:
+    """mlx-lm's plamo2 settings of a PLaMo 2 GGUF, read as llama.cpp reads it: a layer without
+    key/value heads is Mamba (``ssm.time_step_rank`` heads of head_dim, no groups, as llama.cpp
+    requires), the others attention; mlx-lm's plamo2 places them by ``mamba_step`` (every
+    step-th from step / 2 on), so another layout is refused, as are a RoPE base other than the
+    10000 its RoPE hard-wires and an epsilon other than the 1e-6 of its q/k norms (llama.cpp's
+    are the model's)."""
+    from mlx_lm.models.plamo2 import ModelArgs as Plamo2Args, is_mamba
+
+    n_layers, head_dim = config["num_hidden_layers"], config["head_dim"]
+    kv = _hybrid_kv_heads("plamo2", g, count, config, "Mamba")
+    for step in range(2, 2 * n_layers + 1):
+        args = Plamo2Args(num_hidden_layers=n_layers, mamba_step=step)
+        if [is_mamba(args, i) for i in range(n_layers)] == [not n for n in kv]:
+            break
+    else:
+        raise UserInputError(f"GGUF plamo2 with attention in layers "
+                             f"{shown([i for i, n in enumerate(kv) if n], 40)} is not supported "
+                             "(mlx-lm's plamo2 takes them every mamba_step-th layer from "
+                             "mamba_step / 2)")
+    heads, inner = count("ssm.time_step_rank"), count("ssm.inner_size")
+    if count("ssm.group_count", least=0) or inner != heads * head_dim:
+        raise UserInputError(f"GGUF plamo2 with SSM groups or an inner size of {inner} for "
+                             f"{heads} heads is not supported (mlx-lm's plamo2: none, and "
+                             f"heads x {head_dim})")
+    if config["rope_theta"] != PLAMO2_ROPE_BASE:
+        raise UserInputError(f"GGUF plamo2 with RoPE base {config['rope_theta']:g} is not "
+                             f"supported (mlx-lm's plamo2 turns at {PLAMO2_ROPE_BASE:g})")
+    eps = config["rms_norm_eps"]
+    if not math.isclose(eps, PLAMO2_QK_NORM_EPS, rel_tol=1e-6):
+        raise UserInputError(f"GGUF plamo2 with norm epsilon {eps:g} is not supported (mlx-lm's "
+                             f"plamo2 normalises q/k with {PLAMO2_QK_NORM_EPS:g})")
+    return {"num_key_value_heads": next(n for n in kv if n), "mamba_step": step,
+            "hidden_size_per_head": head_dim, "mamba_num_heads": heads,
+            "mamba_d_state": count("ssm.state_size"), "mamba_d_conv": count("ssm.conv_kernel"),
+            "mamba_enabled": True}
 
 
 def _nemotron_h_config(g: Any, count: Any, optional: Any, real: Any, tensors: dict,
