@@ -21,11 +21,11 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import nanochat
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 
 from . import _blas, kernels
-from .attention import Chunks, Window
+from .attention import Chunks, Window, attention
 from .errors import UserInputError, shown
 
 # qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
@@ -205,10 +205,11 @@ from .errors import UserInputError, shown
 # ``original_max_position_embeddings``), softmax-routed experts beside shared ones at ``block.mlp``
 # from ``first_k_dense_replace`` on.
 # falcon_h1 (Falcon-H1): in every layer a Mamba-2 mixer (``block.mamba``) and attention (RoPE)
-# side by side on one normed input, then an MLP at ``block.feed_forward``; each layer runs as
-# mlx-lm's block, a recurrent one (its state: the mixer's and the keys and values of every
-# token it took), so no layer is one a cut may follow; the tied head's logits times
-# ``lm_head_multiplier / embedding_multiplier`` (its other multipliers are in the weights).
+# side by side on one normed input, then an MLP at ``block.feed_forward``; each layer is a
+# recurrent one (its state: the mixer's and the keys and values of every token it took,
+# :meth:`ModelAdapter._falcon_h1_block`), so no layer is one a cut may follow; the tied head's
+# logits times ``lm_head_multiplier / embedding_multiplier`` (its other multipliers are in the
+# weights).
 # plamo2 (PLaMo 2): Mamba layers (``block.mixer`` where ``is_mamba``, run as mlx-lm's block,
 # recurrent) and attention layers (a fused ``qkv_proj``, a weight-free q/k RMS norm times a
 # per-head ``q_weight``/``k_weight`` before RoPE, global as mlx-lm runs it); Gemma 2's four
@@ -327,8 +328,9 @@ _WRAPPERS = ("gemma3", "gemma4", "llama4", "mistral3", "qwen3_5", "qwen3_5_moe")
 # ``block.{mamba, pre_ff_layernorm, feed_forward}`` (the mamba called as ``(x, ArraysCache)``),
 # ``model.final_layernorm``; exaone_moe's and afmoe's ``args.layer_types``, afmoe's
 # ``self_attn.gate_proj``, ``args.mup_enabled``, ``block.{pre_mlp_layernorm,
-# post_mlp_layernorm}``; falcon_h1's blocks called as ``(h, (ArraysCache, KVCache), mask, None)``,
-# ``self_attn``, ``args.{lm_head_multiplier, embedding_multiplier}``, ``model.final_layernorm``;
+# post_mlp_layernorm}``; falcon_h1's ``block.{mamba, self_attn, pre_ff_layernorm, feed_forward}``
+# (the mamba called as ``(x, cache=ArraysCache)``), ``args.{lm_head_multiplier,
+# embedding_multiplier}``, ``model.final_layernorm``;
 # plamo2's ``model.layers.layers`` (its ``layers``), ``block.{is_mamba, mixer, pre_mixer_norm,
 # post_mixer_norm, pre_mlp_norm, post_mlp_norm}``, its Mamba blocks called as ``(h, None,
 # ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``): at least
@@ -986,15 +988,16 @@ class ModelAdapter:
         h = h[:, :n] if h.shape[1] > n else h
         return self._final_norm(h) if layer in self._loop_ends else h
 
-    def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]]
-                        ) -> mx.array:
+    def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]],
+                        positions: np.ndarray) -> mx.array:
         """A recurrent layer on hidden states ``h`` (1, n, D) of tokens that follow, in
         order, every token its ``state`` has taken (mlx-lm's ``ArraysCache`` parts: Qwen3.5's
         ``[conv_state, recurrent_state]``, Mamba's (Jamba's) and Mamba-2's ``[conv_state,
         ssm_state]``, LFM2's ``[conv_state]``, Falcon-H1's ``[conv_state, ssm_state, keys,
-        values]``; empty before the first): ``state`` advances
-        over them in place; returns their hidden states after the layer, MLP included (each
-        branch times Granite's residual multiplier)."""
+        values]``; empty before the first) at ``positions`` (n,) (Falcon-H1's attention turns
+        its queries and keys by them): ``state`` advances over them in place; returns their
+        hidden states after the layer, MLP included (each branch times Granite's residual
+        multiplier)."""
         block, n = self.layers[layer], h.shape[1]
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         if getattr(block, "block_type", None) in ("-", "E"):  # nemotron_h: an MLP, no state
@@ -1005,7 +1008,7 @@ class ModelAdapter:
         cache = ArraysCache(len(state))
         cache.cache = state
         if self._falcon_h1:
-            return self._falcon_h1_block(block, h, cache)
+            return self._falcon_h1_block(layer, h, cache, positions)
         if self._plamo2:  # a Mamba layer: mlx-lm's block, its norms and MLP included
             return block(h, None, cache)
         x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)
@@ -1015,17 +1018,22 @@ class ModelAdapter:
         mlp = self._mlp(layer, self._part(block, "post_attention_layernorm")(h))
         return (h + self._branch(mlp))[:, :n]
 
-    def _falcon_h1_block(self, block: nn.Module, h: mx.array, cache: ArraysCache) -> mx.array:
-        """Falcon-H1's layer as mlx-lm runs it on ``h`` (1, n, D), the tokens that follow
-        those ``cache`` has taken: its Mamba-2 state in ``cache[0]``, ``cache[1]``, the keys
-        and values (RoPE applied) of every token before in ``cache[2]``, ``cache[3]``, which
-        the new tokens attend over (causally among themselves) and join."""
-        kv = KVCache()
+    def _falcon_h1_block(self, layer: int, h: mx.array, cache: ArraysCache,
+                         positions: np.ndarray) -> mx.array:
+        """Falcon-H1's layer on ``h`` (1, n, D) at ``positions``, the tokens that follow those
+        ``cache`` has taken: the Mamba-2 mixer (its state in ``cache[0]``, ``cache[1]``) and
+        attention over the keys and values of every token taken before (``cache[2]``,
+        ``cache[3]``, RoPE at each token's own position, which a token dropped below the
+        layer leaves a gap in) and its own, side by side on one normed input, then the MLP
+        (:meth:`finish`)."""
+        block = self.layers[layer]
+        mixed = block.mamba(self._norm(block, "input_layernorm")(h), cache=cache)
+        q, k, v, _ = self.qkv(layer, h, positions)
         if cache[2] is not None:
-            kv.keys, kv.values, kv.offset = cache[2], cache[3], cache[2].shape[2]
-        h = block(h, (cache, kv), "causal" if h.shape[1] > 1 else None, None)
-        cache[2], cache[3] = kv.keys[..., :kv.offset, :], kv.values[..., :kv.offset, :]
-        return h
+            k, v = mx.concatenate([cache[2], k], axis=2), mx.concatenate([cache[3], v], axis=2)
+        cache[2], cache[3] = k, v
+        out = attention(q, k, v, self.scale, "causal" if h.shape[1] > 1 else None)
+        return self.finish(layer, h + mixed, out)
 
     def _branch(self, x: mx.array) -> mx.array:
         """A residual branch's output as it is added: times Granite's residual multiplier."""

@@ -186,8 +186,8 @@ def model_tensors(adapter: ModelAdapter) -> ModelTensors:
         if adapter.recurrent(layer):
             state: List[Optional[mx.array]] = []
             longer: List[Optional[mx.array]] = []  # after two tokens: which axes grow
-            adapter.recurrent_block(layer, mx.concatenate([h, h], axis=1), longer)
-            h = adapter.recurrent_block(layer, h, state)
+            adapter.recurrent_block(layer, mx.concatenate([h, h], axis=1), longer, np.arange(2))
+            h = adapter.recurrent_block(layer, h, state, np.array([0]))
             mx.eval(h, state, longer)
             out.recurrent[layer] = [
                 (tuple(a if a == b else None for a, b in zip(part.shape[1:], two.shape[1:])),

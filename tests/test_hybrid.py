@@ -19,7 +19,7 @@ import mlx.nn as nn
 import mlx_lm
 import numpy as np
 import pytest
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, build_schedule,
                       can_trim_prompt_cache, generate_step, load_prompt_cache,
@@ -385,10 +385,11 @@ def test_a_hybrid_attending_only_in_its_last_layer_takes_no_cut(tmp_path):
 def test_falcon_h1_runs_as_mlx_lm_and_takes_no_cut(tmp_path):
     """``falcon_h1``: a Mamba-2 mixer and attention side by side in every layer, so every
     layer is recurrent (its state holds its keys and values too) and none takes a cut (lazy and
-    calibrate refused in one line); its tied head scaled by its multipliers. Unpruned equal to
-    mlx-lm, in one prompt and in turns (of 37 tokens: the float32 matmuls' padding never
-    reaches a state), quantized too; its prompt cache, the keys and values grown by each turn,
-    saves and loads."""
+    calibrate refused in one line); its tied head scaled by its multipliers; a layer's tokens
+    with gaps between them (others dropped below it) turned at their own positions. Unpruned
+    equal to mlx-lm, in one prompt and in turns (of 37 tokens: the float32 matmuls' padding
+    never reaches a state), quantized too; its prompt cache, the keys and values grown by each
+    turn, saves and loads."""
     model, _ = mlx_lm.load(str(build_tiny_model("falcon_h1", tmp_path / "model")))
     assert recurrent_layers(model) == (0, 1, 2, 3) and global_layers(model) == ()
     layer = model.layers[0]
@@ -410,6 +411,19 @@ def test_falcon_h1_runs_as_mlx_lm_and_takes_no_cut(tmp_path):
     with pytest.raises(UserInputError, match="no layer a cut may follow .*: nothing to "
                                              "calibrate; run speed, random or full$"):
         calibrate.candidates(model, 512)
+
+    # tokens with gaps between them (others dropped below the layer): RoPE at their own
+    # positions, as mlx-lm's parts compute the layer
+    h, positions, attn = mx.random.normal((1, 3, 64)), np.array([0, 5, 9]), layer.self_attn
+    x = layer.input_layernorm(h)
+    q, k, v = (proj(x).reshape(1, 3, -1, 16).transpose(0, 2, 1, 3)
+               for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    q, k = _rope_at(attn.rope, q, positions), _rope_at(attn.rope, k, positions)
+    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask="causal")
+    mid = h + layer.mamba(x, cache=ArraysCache(2)) + attn.o_proj(
+        out.transpose(0, 2, 1, 3).reshape(1, 3, -1))
+    want = mid + layer.feed_forward(layer.pre_ff_layernorm(mid))
+    assert rel_err(ModelAdapter(model).recurrent_block(0, h, [], positions), want) < LOGITS_TOL
 
     cache = make_lazy_cache(model, "full")
     cache.process(prompt[:100].tolist())
