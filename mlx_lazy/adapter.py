@@ -26,7 +26,7 @@ from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 from mlx_lm.utils import MODEL_REMAPPING
 
 from . import _blas, kernels
-from .attention import Chunks, Window
+from .attention import Chunks, Window, attention
 from .errors import UserInputError, shown
 
 # qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
@@ -242,22 +242,33 @@ from .errors import UserInputError, shown
 # identity "zero" experts adding the input) takes the first MLP's input and its output is added
 # after the second MLP: a token's hidden state after the first layer carries it
 # (:meth:`ModelAdapter.finish`), so pruned and revived tokens keep theirs.
+# falcon_h1 (Falcon-H1): in every layer a Mamba-2 mixer (``block.mamba``) and attention (RoPE)
+# side by side on one normed input, then an MLP at ``block.feed_forward``; each layer is a
+# recurrent one (its state: the mixer's and the keys and values of every token it took,
+# :meth:`ModelAdapter._falcon_h1_block`), so no layer is one a cut may follow; the tied head's
+# logits times ``lm_head_multiplier / embedding_multiplier`` (its other multipliers are in the
+# weights).
+# plamo2 (PLaMo 2): Mamba layers (``block.mixer`` where ``is_mamba``, run as mlx-lm's block,
+# recurrent) and attention layers (a fused ``qkv_proj``, a weight-free q/k RMS norm times a
+# per-head ``q_weight``/``k_weight`` before RoPE, global as mlx-lm runs it); Gemma 2's four
+# norms under its own names (:data:`_PART_NAMES`), the blocks at ``model.layers.layers``.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
-                         "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "gemma",
-                         "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4",
-                         "glm4_moe", "glm4_moe_lite", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss",
-                         "gptj", "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan",
-                         "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "kimi_k25",
-                         "kimi_vl", "laguna", "lfm2", "lfm2-vl", "lfm2_moe", "llama", "llama4",
-                         "llama4_text", "longcat_flash", "mellum", "mimo", "mimo_v2_flash",
-                         "minicpm", "minicpm3", "minimax", "ministral3", "mistral", "mistral3",
-                         "mistral4", "mixtral", "nanbeige", "nanochat", "nemotron", "nemotron-nas",
-                         "nemotron_h", "olmo2", "olmo3", "olmoe", "openelm", "phi", "phi3",
-                         "phimoe", "phixtral", "plamo3", "qwen", "qwen2", "qwen2_moe", "qwen2_vl",
-                         "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl",
-                         "qwen3_vl_moe", "seed_oss", "smollm3", "solar_open", "stablelm",
-                         "starcoder2", "step3p5", "talkie", "telechat3", "youtu_llm")
+                         "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
+                         "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
+                         "gemma4_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt2",
+                         "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
+                         "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
+                         "internlm3", "jamba", "kimi_k25", "kimi_vl", "laguna", "lfm2", "lfm2-vl",
+                         "lfm2_moe", "llama", "llama4", "llama4_text", "longcat_flash", "mellum",
+                         "mimo", "mimo_v2_flash", "minicpm", "minicpm3", "minimax", "ministral3",
+                         "mistral", "mistral3", "mistral4", "mixtral", "nanbeige", "nanochat",
+                         "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmoe",
+                         "openelm", "phi", "phi3", "phimoe", "phixtral", "plamo2", "plamo3",
+                         "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5",
+                         "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
+                         "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5",
+                         "talkie", "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -325,10 +336,14 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                             "embed_tokens": "embd.wte"},
                "talkie": {"q_proj": "attn_query", "k_proj": "attn_key", "v_proj": "attn_value",
                           "o_proj": "attn_resid", "embed_tokens": "embed"},
-               "plamo3": {"input_layernorm": "pre_mixer_norm",
-                          "post_attention_layernorm": "post_mixer_norm",
-                          "pre_feedforward_layernorm": "pre_mlp_norm",
-                          "post_feedforward_layernorm": "post_mlp_norm"}}
+               "falcon_h1": {"linear_attn": "mamba",
+                             "post_attention_layernorm": "pre_ff_layernorm",
+                             "norm": "final_layernorm"},
+               **dict.fromkeys(("plamo2", "plamo3"), {
+                   "input_layernorm": "pre_mixer_norm",
+                   "post_attention_layernorm": "post_mixer_norm",
+                   "pre_feedforward_layernorm": "pre_mlp_norm",
+                   "post_feedforward_layernorm": "post_mlp_norm"})}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talkie")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower), each
@@ -392,8 +407,14 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # bailing_moe_v3's ``block.is_linear``, ``attention.{g_proj, v_head_dim,
 # dense}`` and its KDA called as ``(x, mask, ArraysCache(4))``; longcat_flash's ``block.{self_attn,
 # mlps, input_layernorm, post_attention_layernorm}`` as lists of two, ``block.mlp``,
-# ``self_attn.{num_attention_heads, mla_scale_q_lora, mla_scale_kv_lora}``): at least the first,
-# below the second. Same as pyproject.toml.
+# ``self_attn.{num_attention_heads, mla_scale_q_lora, mla_scale_kv_lora}``;
+# falcon_h1's ``block.{mamba, self_attn, pre_ff_layernorm, feed_forward}``
+# (the mamba called as ``(x, cache=ArraysCache)``), ``args.{lm_head_multiplier,
+# embedding_multiplier}``, ``model.final_layernorm``;
+# plamo2's ``model.layers.layers`` (its ``layers``), ``block.{is_mamba, mixer, pre_mixer_norm,
+# post_mixer_norm, pre_mlp_norm, post_mlp_norm}``, its Mamba blocks called as ``(h, None,
+# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``): at least
+# the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -580,13 +601,16 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
     DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
     Mamba-2 layers, and Nemotron-H's MLP-only ones and Nemotron-NAS's layers without attention,
-    which hold no state); () for every other family. Such a layer holds one state that has
-    taken its tokens in order, not keys and values: a token pruned below it can never enter it
-    later, and no cut can follow it (it gives no attention to score with)."""
+    which hold no state; PLaMo 2's Mamba layers;
+    every Falcon-H1 layer, its Mamba-2 mixer beside its attention); () for every other
+    family. Such a layer holds one state that has taken its tokens in order, not keys and
+    values: a token pruned below it can never enter it later, and no cut can follow it (it
+    gives no attention to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
                  if hasattr(block, "linear_attn") or hasattr(block, "conv")
                  or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
-                 or _stateless(block) or getattr(block, "is_linear", False))  # KDA
+                 or getattr(block, "is_mamba", False) or _stateless(block)
+                 or getattr(block, "is_linear", False))  # KDA
 
 
 def _stateless(block: nn.Module) -> bool:
@@ -641,7 +665,8 @@ class ModelAdapter:
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
         self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
         self._softplus_gate = model_type == "laguna"  # its g_proj's gain per head
-        self._four_norms = self._afmoe or model_type == "plamo3"  # (PLaMo 3's too)
+        self._plamo2 = model_type == "plamo2"
+        self._four_norms = self._afmoe or self._plamo2 or model_type == "plamo3"  # (PLaMo's too)
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
         self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
                           if k in self.text)
@@ -665,8 +690,10 @@ class ModelAdapter:
         self._shortcut = model_type == "longcat_flash"
         # each layer's attention module (None in a recurrent layer), found once: read per
         # layer and step; sharding changes their projections in place, not the modules
-        self._attns = [None if i in self._recurrent else attention_module(block)
-                       for i, block in enumerate(self.layers)]
+        # (Falcon-H1's recurrent layers each hold one, beside the mixer)
+        self._falcon_h1 = model_type == "falcon_h1"
+        self._attns = [None if i in self._recurrent and not self._falcon_h1
+                       else attention_module(block) for i, block in enumerate(self.layers)]
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
         attn = next((a for a in self._attns if a is not None), None)
         if attn is None:  # (a Mamba-only Granite 4.0 config, say)
@@ -680,12 +707,12 @@ class ModelAdapter:
         else:
             self.n_heads = (getattr(attn, "n_heads", None) or getattr(attn, "num_heads", None)
                             or getattr(attn, "n_head", None)  # gpt2
-                            or getattr(attn, "q_num_heads", None)  # plamo3
+                            or getattr(attn, "q_num_heads", None)  # plamo2, plamo3
                             or attn.num_attention_heads)  # mixtral: num_heads
             self.n_kv_heads = (getattr(attn, "n_kv_heads", None)
                                or getattr(attn, "num_kv_heads", None)  # nanochat
                                or getattr(attn, "num_key_value_heads", None)
-                               or getattr(attn, "k_num_heads", None)  # plamo3
+                               or getattr(attn, "k_num_heads", None)  # plamo2, plamo3
                                or self.n_heads)  # gpt_neox, gpt2: one per query head
         head_dim = getattr(attn, "head_dim", None) or (  # phixtral's: hidden / heads
             config_value(text_args(self.text), "hidden_size") // self.n_heads)
@@ -757,7 +784,9 @@ class ModelAdapter:
         self._logits_scaling = (args.logits_scaling if granite else
                                 1 / args.logit_scale if model_type in ("cohere", "cohere2") else
                                 args.hidden_size / args.dim_model_base
-                                if minicpm and not args.tie_word_embeddings else None)
+                                if minicpm and not args.tie_word_embeddings else
+                                args.embedding_multiplier / args.lm_head_multiplier
+                                if self._falcon_h1 and args.tie_word_embeddings else None)
 
     def sliding_window(self, layer: int) -> Optional[Window]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -1038,6 +1067,9 @@ class ModelAdapter:
         q_norm = self._part(attn, "q_norm")
         if q_norm is not None:
             return q_norm, self._part(attn, "k_norm")
+        if "q_weight" in attn:  # plamo2: weight-free, then times a weight per head
+            return (partial(_scaled_rms_norm, weight=attn.q_weight),
+                    partial(_scaled_rms_norm, weight=attn.k_weight))
         if self._weightless is not None:
             return self._weightless, self._weightless
         if self._l2_eps is not None and attn.use_qk_norm:
@@ -1171,29 +1203,54 @@ class ModelAdapter:
         h = h[:, :n] if h.shape[1] > n else h
         return self._final_norm(h) if layer in self._loop_ends else h
 
-    def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]]
-                        ) -> mx.array:
+    def recurrent_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]],
+                        positions: np.ndarray) -> mx.array:
         """A recurrent layer on hidden states ``h`` (1, n, D) of tokens that follow, in
         order, every token its ``state`` has taken (mlx-lm's ``ArraysCache`` parts: Qwen3.5's
         ``[conv_state, recurrent_state]``, Mamba's (Jamba's) and Mamba-2's ``[conv_state,
-        ssm_state]``, LFM2's ``[conv_state]``; empty before the first): ``state`` advances
-        over them in place; returns their hidden states after the layer, MLP included (each
-        branch times Granite's residual multiplier)."""
+        ssm_state]``, LFM2's ``[conv_state]``, Falcon-H1's ``[conv_state, ssm_state, keys,
+        values]``; empty before the first) at ``positions`` (n,) (Falcon-H1's attention turns
+        its queries and keys by them): ``state`` advances over them in place; returns their
+        hidden states after the layer, MLP included (each branch times Granite's residual
+        multiplier)."""
         block, n = self.layers[layer], h.shape[1]
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         if _stateless(block):  # nemotron_h's MLPs, nemotron-nas's layers without attention
             return block(h)[:, :n]
         if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, 4 for KDA (a
-            # convolution of q, k and v each, the delta rule's), else 2
-            state.extend([None] * (1 if "conv" in block else 4 if self._kda else 2))
+            # convolution of q, k and v each, the delta rule's) and Falcon-H1 (its keys and
+            # values too), else 2
+            state.extend([None] * (1 if "conv" in block else 4 if self._kda or self._falcon_h1
+                                   else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
+        if self._falcon_h1:
+            return self._falcon_h1_block(layer, h, cache, positions)
+        if self._plamo2:  # a Mamba layer: mlx-lm's block, its norms and MLP included
+            return block(h, None, cache)
         x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)
         h = self._blas_rows(h + self._branch(x))
         if self._feed_forwards[layer] is None:  # nemotron_h: the mixer alone
             return h[:, :n]
         mlp = self._mlp(layer, self._part(block, "post_attention_layernorm")(h))
         return (h + self._branch(mlp))[:, :n]
+
+    def _falcon_h1_block(self, layer: int, h: mx.array, cache: ArraysCache,
+                         positions: np.ndarray) -> mx.array:
+        """Falcon-H1's layer on ``h`` (1, n, D) at ``positions``, the tokens that follow those
+        ``cache`` has taken: the Mamba-2 mixer (its state in ``cache[0]``, ``cache[1]``) and
+        attention over the keys and values of every token taken before (``cache[2]``,
+        ``cache[3]``, RoPE at each token's own position, which a token dropped below the
+        layer leaves a gap in) and its own, side by side on one normed input, then the MLP
+        (:meth:`finish`)."""
+        block = self.layers[layer]
+        mixed = block.mamba(self._norm(block, "input_layernorm")(h), cache=cache)
+        q, k, v, _ = self.qkv(layer, h, positions)
+        if cache[2] is not None:
+            k, v = mx.concatenate([cache[2], k], axis=2), mx.concatenate([cache[3], v], axis=2)
+        cache[2], cache[3] = k, v
+        out = attention(q, k, v, self.scale, "causal" if h.shape[1] > 1 else None)
+        return self.finish(layer, h + mixed, out)
 
     def _branch(self, x: mx.array) -> mx.array:
         """A residual branch's output as it is added: times Granite's residual multiplier."""
@@ -1387,6 +1444,12 @@ def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     if hasattr(mlp, "gate_up_proj") or (hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj")):
         return "gelu_approx" if gemma else "silu"
     return None
+
+
+def _scaled_rms_norm(x: mx.array, weight: mx.array) -> mx.array:
+    """PLaMo 2's q/k norm of ``x`` (1, n, heads, head_dim): a weight-free RMS norm (epsilon
+    1e-6, as mlx-lm's), times ``weight`` (heads, head_dim)."""
+    return mx.fast.rms_norm(x, weight=None, eps=1e-6) * weight
 
 
 def _query_scale(positions: np.ndarray, beta: float, original_max: int) -> mx.array:

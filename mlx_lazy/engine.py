@@ -346,7 +346,7 @@ class LazyEngine:
             raise RuntimeError(f"token {comp[0]} sent to recurrent layer {layer} after token "
                                f"{comp[0] + later[-1]}: its state takes tokens in order only")
         cache.mark_computed(layer, comp)
-        h = self.adapter.recurrent_block(layer, h, cache.recurrent_state(layer))
+        h = self.adapter.recurrent_block(layer, h, cache.recurrent_state(layer), comp)
         if layer == self.adapter.num_layers - 1:
             if not output:
                 return None, None, comp, None

@@ -234,6 +234,25 @@ The architectures (llama.cpp's names), and what converting each involves:
 
 Refused with the reason (:data:`UNSUPPORTED_ARCHITECTURES`): ``hunyuan-moe`` (Hunyuan-A13B:
 llama.cpp renormalises the chosen experts' weights, mlx-lm's ``hunyuan`` does not).
+* ``nemotron_h`` (Nemotron-H, Nemotron Nano 2): a mixer a layer, by llama.cpp's per-layer
+  key/value heads and MLP widths: Mamba-2 (neither), attention without RoPE (heads, no MLP) or a
+  squared-ReLU MLP (a width); A_log of llama.cpp's -exp(A_log), the conv kernels in MLX's layout,
+  A, D and the group-wise gated norm as vectors; biases where the tensors have them, the
+  embedding as the head where the GGUF has none. Experts (Nemotron 3 Nano's ``nemotron_h_moe``)
+  and an attention scale other than 1/sqrt(head_dim) are refused.
+* ``plamo2`` (PLaMo 2): Mamba layers where llama.cpp gives no key/value heads, attention (a
+  fused q/k/v, per-head q/k norm weights, NeoX RoPE) in the others, placed every
+  ``mamba_step``-th as mlx-lm's plamo2 places them (another layout refused); each norm's weight
+  less the offset llama.cpp's converter added, A_log of its -exp(A_log), the conv kernels in
+  MLX's layout; a RoPE base other than 10000 and a norm epsilon other than 1e-6 (mlx-lm's q/k
+  norms') refused. (mlx-lm's plamo2 clamps each time step to [0.001, 100], llama.cpp's does
+  not.) llama.cpp's PLaMo 2 vocabulary (``tokenizer.ggml.model`` "plamo2") is not converted.
+* ``falcon-h1`` (Falcon-H1, ``falcon_h1``): Mamba-2 beside attention (NeoX RoPE) in every layer,
+  a SwiGLU MLP; its multipliers as llama.cpp's converter folded them into the tensors, the head
+  its own (the embedding's where the GGUF has none); A_log of llama.cpp's -exp(A_log), the conv
+  kernels in MLX's layout; the gated norm where the GGUF has one, over one SSM group only
+  (mlx-lm's spans all groups, llama.cpp's each); an attention scale other than 1/sqrt(head_dim)
+  refused.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -298,7 +317,9 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "laguna": "LagunaForCausalLM",
                  "bailingmoe": "BailingMoeForCausalLM",
                  "bailingmoe2": "BailingMoeV2ForCausalLM",
-                 "nemotron_h_moe": "NemotronHForCausalLM"}
+                 "nemotron_h_moe": "NemotronHForCausalLM",
+                 "nemotron_h": "NemotronHForCausalLM", "falcon-h1": "FalconH1ForCausalLM",
+                 "plamo2": "Plamo2ForCausalLM"}
 #: llama.cpp architectures that no mlx-lm model computes, and why (each refused in one line)
 UNSUPPORTED_ARCHITECTURES = {
     "hunyuan-moe": "llama.cpp renormalises the chosen experts' weights, mlx-lm's hunyuan does not"}
@@ -315,7 +336,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "exaone-moe": "exaone_moe", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                 "qwen3vlmoe": "qwen3_moe", "minimax-m2": "minimax", "mimo2": "mimo_v2_flash",
                 "step35": "step3p5", "deci": "nemotron-nas",
-                **dict.fromkeys(BAILING, "bailing_moe"), "nemotron_h_moe": "nemotron_h"}
+                **dict.fromkeys(BAILING, "bailing_moe"), "nemotron_h_moe": "nemotron_h",
+                "falcon-h1": "falcon_h1"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -436,6 +458,9 @@ ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
 ATTN_FACTOR_RTOL = 1e-6
+# mlx-lm's plamo2: its RoPE's base (nn.RoPE's default) and its q/k norms' epsilon
+PLAMO2_ROPE_BASE = 10000.0
+PLAMO2_QK_NORM_EPS = 1e-6
 #: The largest count a GGUF's metadata may give (heads, widths, context): far above any
 #: model's, far below what would make the shape check allocate without bound.
 _MAX_COUNT = 2**24
@@ -495,18 +520,20 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
                 "phimoe", "minimax-m2", "mimo2", "step35", "deci", "talkie", "laguna",
-                *BAILING):
+                *BAILING, "falcon-h1", "plamo2"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
         required += ("shortconv.l_cache",)
     if arch in QWEN_VL:  # llama.cpp requires them (on text every section turns alike)
         required += ("rope.dimension_sections",)
-    if arch in ("granitehybrid", "jamba", "nemotron_h_moe"):
+    if arch in ("granitehybrid", "jamba", "nemotron_h", "nemotron_h_moe",
+                "falcon-h1", "plamo2"):
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
                                                "time_step_rank", "group_count")
                           if arch != "jamba" or k != "group_count")
-    if arch == "nemotron_h_moe":  # llama.cpp requires it (its RMS epsilon where none is given)
+    if arch in ("nemotron_h", "nemotron_h_moe"):  # llama.cpp requires it (its RMS epsilon
+        # where none is given)
         required += ("attention.layer_norm_epsilon",)
     if arch in _LAYER_NORM:
         required += ("attention.layer_norm_epsilon",)
@@ -519,17 +546,18 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
     by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2", "step35", "deci",
-                                  "nemotron_h_moe")
+                                  "nemotron_h", "nemotron_h_moe", "plamo2")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's (deci's: _deci_config's)
-    heads_by_layer = openelm or arch in ("step35", "deci", "laguna")  # (Step-3.5's by kind)
+    heads_by_layer = openelm or arch in ("step35", "deci", "laguna", "plamo2")
 
     def first(key: str) -> Any:
-        """OpenELM's and Step-3.5's first layer's count, deci's and Laguna's largest (here;
-        all of them in their functions)."""
+        """OpenELM's and Step-3.5's first layer's count, deci's, Laguna's and PLaMo 2's largest
+        (PLaMo 2's attention layers', 0 in its Mamba ones) (here; all of them in their
+        functions)."""
         value = g(key)
         if not heads_by_layer or not isinstance(value, list) or not value:
             return value
-        return max(value) if arch in ("deci", "laguna") else value[0]
+        return max(value) if arch in ("deci", "laguna", "plamo2") else value[0]
 
     if (isinstance(g("attention.head_count"), list) and not heads_by_layer) or \
             (isinstance(g("attention.head_count_kv"), list) and not (by_layer or openelm)):
@@ -586,7 +614,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         "architectures": [ARCHITECTURES[arch]],
         "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
-        "intermediate_size": 1 if gemma4 or arch == "nemotron_h_moe" else count(
+        # (Nemotron-H's MLP widths by layer: _nemotron_h_config's)
+        "intermediate_size": 1 if gemma4 or arch in ("nemotron_h", "nemotron_h_moe") else count(
             "feed_forward_length", hidden, value=first("feed_forward_length")),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
@@ -663,10 +692,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in LEARNED_POSITIONS:
         config.update(_gpt2_config(arch, n_heads, n_kv, positive, config))
     if arch == "apertus":  # llama.cpp reads no biases, hard-wires q/k norms and NeoX RoPE
-        scale = real("attention.scale", 0.0)  # llama.cpp: 0 is 1/sqrt(head_dim), mlx-lm's
-        if scale and not math.isclose(scale, head_dim ** -0.5, rel_tol=ATTN_FACTOR_RTOL):
-            raise UserInputError(f"GGUF apertus with attention scale {scale:.7g} is not supported "
-                                 f"(mlx-lm's apertus scales by 1/sqrt({head_dim}))")
+        _check_attention_scale(arch, real, head_dim, "apertus")
         xielu_parameters(meta, n_layers)  # required by llama.cpp: refused here, not half-written
         config.update(mlp_bias=False, attention_bias=False, post_norm=False, qk_norm=True)
     if arch == "exaone":  # mlx-lm's exaone by its own names; llama.cpp reads no MLP or output
@@ -727,6 +753,12 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "nemotron_h_moe":
         config.update(_nemotron_h_moe_config(g, count, positive, optional, experts, tensors,
                                              config))
+    if arch == "falcon-h1":
+        config.update(_falcon_h1_config(g, count, real, tensors, config))
+    if arch == "plamo2":
+        config.update(_plamo2_config(g, count, real, config))
+    if arch == "nemotron_h":
+        config.update(_nemotron_h_config(g, count, optional, real, tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -1187,6 +1219,135 @@ def _jamba_config(g: Any, count: Any, tensors: dict, config: dict) -> dict:
             "num_experts_per_tok": 1, "mamba_expand": 2, "mamba_d_conv": count("ssm.conv_kernel"),
             "mamba_d_state": count("ssm.state_size"), "mamba_dt_rank": count("ssm.time_step_rank"),
             "mamba_conv_bias": True, "mamba_proj_bias": False}
+
+
+def _check_attention_scale(arch: str, real: Any, head_dim: int, model_type: str) -> None:
+    """Refuse a GGUF whose ``attention.scale`` is not 1/sqrt(head_dim), mlx-lm's (llama.cpp's
+    0 or none is that too)."""
+    scale = real("attention.scale", 0.0)
+    if scale and not math.isclose(scale, head_dim ** -0.5, rel_tol=ATTN_FACTOR_RTOL):
+        raise UserInputError(f"GGUF {arch} with attention scale {scale:.7g} is not supported "
+                             f"(mlx-lm's {model_type} scales by 1/sqrt({head_dim}))")
+
+
+def _falcon_h1_config(g: Any, count: Any, real: Any, tensors: dict, config: dict) -> dict:
+    """mlx-lm's falcon_h1 settings of a Falcon-H1 GGUF, read as llama.cpp reads it: Mamba-2
+    (``ssm.time_step_rank`` heads) beside attention (NeoX RoPE) in every layer, a SwiGLU MLP;
+    the multipliers are in the tensors (llama.cpp's converter folds them in, the head's too), so
+    the head is one of its own (the embedding's where the GGUF has none: llama.cpp's, unscaled);
+    the gated norm where the GGUF has one, gating first as llama.cpp's, over one group only
+    (mlx-lm's spans all groups at once, llama.cpp's each); the conv's and the MLP's biases where
+    the tensors have them."""
+    def has(role: str) -> bool:
+        return any(name.endswith(f".{role}") for name in tensors)
+
+    _check_attention_scale("falcon-h1", real, config["head_dim"], "falcon_h1")
+    heads, inner, groups = (count(f"ssm.{k}") for k in ("time_step_rank", "inner_size",
+                                                         "group_count"))
+    if inner % heads or heads % groups:
+        raise UserInputError(f"GGUF falcon-h1 with an SSM inner size of {inner} for {heads} "
+                             f"heads in {groups} groups is not supported (each must divide it)")
+    norm = has("ssm_norm.weight")
+    if norm and groups != 1:
+        raise UserInputError(f"GGUF falcon-h1 with a gated norm over {groups} SSM groups is not "
+                             "supported (mlx-lm's falcon_h1 normalises all groups at once, "
+                             "llama.cpp's each)")
+    return {"mamba_d_ssm": inner, "mamba_n_heads": heads, "mamba_d_head": inner // heads,
+            "mamba_n_groups": groups, "mamba_d_state": count("ssm.state_size"),
+            "mamba_d_conv": count("ssm.conv_kernel"), "mamba_conv_bias": has("ssm_conv1d.bias"),
+            "mamba_proj_bias": False, "projectors_bias": False, "mamba_rms_norm": norm,
+            "mamba_norm_before_gate": False, "attention_bias": False,
+            "mlp_bias": has("ffn_gate.bias"), "tie_word_embeddings": False}
+
+
+def _plamo2_config(g: Any, count: Any, real: Any, config: dict) -> dict:
+    """mlx-lm's plamo2 settings of a PLaMo 2 GGUF, read as llama.cpp reads it: a layer without
+    key/value heads is Mamba (``ssm.time_step_rank`` heads of head_dim, no groups, as llama.cpp
+    requires), the others attention; mlx-lm's plamo2 places them by ``mamba_step`` (every
+    step-th from step / 2 on), so another layout is refused, as are a RoPE base other than the
+    10000 its RoPE hard-wires and an epsilon other than the 1e-6 of its q/k norms (llama.cpp's
+    are the model's)."""
+    from mlx_lm.models.plamo2 import ModelArgs as Plamo2Args, is_mamba
+
+    n_layers, head_dim = config["num_hidden_layers"], config["head_dim"]
+    kv = _hybrid_kv_heads("plamo2", g, count, config, "Mamba")
+    for step in range(2, 2 * n_layers + 1):
+        args = Plamo2Args(num_hidden_layers=n_layers, mamba_step=step)
+        if [is_mamba(args, i) for i in range(n_layers)] == [not n for n in kv]:
+            break
+    else:
+        raise UserInputError(f"GGUF plamo2 with attention in layers "
+                             f"{shown([i for i, n in enumerate(kv) if n], 40)} is not supported "
+                             "(mlx-lm's plamo2 takes them every mamba_step-th layer from "
+                             "mamba_step / 2)")
+    heads, inner = count("ssm.time_step_rank"), count("ssm.inner_size")
+    if count("ssm.group_count", least=0) or inner != heads * head_dim:
+        raise UserInputError(f"GGUF plamo2 with SSM groups or an inner size of {inner} for "
+                             f"{heads} heads is not supported (mlx-lm's plamo2: none, and "
+                             f"heads x {head_dim})")
+    if config["rope_theta"] != PLAMO2_ROPE_BASE:
+        raise UserInputError(f"GGUF plamo2 with RoPE base {config['rope_theta']:g} is not "
+                             f"supported (mlx-lm's plamo2 turns at {PLAMO2_ROPE_BASE:g})")
+    eps = config["rms_norm_eps"]
+    if not math.isclose(eps, PLAMO2_QK_NORM_EPS, rel_tol=1e-6):
+        raise UserInputError(f"GGUF plamo2 with norm epsilon {eps:g} is not supported (mlx-lm's "
+                             f"plamo2 normalises q/k with {PLAMO2_QK_NORM_EPS:g})")
+    return {"num_key_value_heads": next(n for n in kv if n), "mamba_step": step,
+            "hidden_size_per_head": head_dim, "mamba_num_heads": heads,
+            "mamba_d_state": count("ssm.state_size"), "mamba_d_conv": count("ssm.conv_kernel"),
+            "mamba_enabled": True}
+
+
+def _nemotron_h_config(g: Any, count: Any, optional: Any, real: Any, tensors: dict,
+                       config: dict) -> dict:
+    """mlx-lm's nemotron_h settings of a Nemotron-H GGUF, read as llama.cpp reads it: a layer
+    with an MLP width is a squared-ReLU MLP, else one with key/value heads attention (no RoPE,
+    queries by 1/sqrt(head_dim) as mlx-lm's: another ``attention.scale`` refused), else Mamba-2
+    (``ssm.time_step_rank`` heads in ``ssm.group_count`` groups); biases where the tensors have
+    them; experts refused (llama.cpp's ``nemotron_h_moe``)."""
+    n_layers, head_dim = config["num_hidden_layers"], config["head_dim"]
+
+    def by_layer(key: str, default: Any = None) -> list[int]:
+        """llama.cpp's value of ``key`` for each layer (one value, or one per layer)."""
+        value = g(key, default)
+        values = value if isinstance(value, list) else [value] * n_layers
+        if len(values) != n_layers:
+            raise UserInputError(f"GGUF metadata nemotron_h.{key} has {len(values)} values for "
+                                 f"{n_layers} layers")
+        return [count(key, value=v, least=0) for v in values]
+
+    widths = by_layer("feed_forward_length")
+    kv = by_layer("attention.head_count_kv", config["num_attention_heads"])
+    pattern = ["-" if w else "*" if n else "M" for w, n in zip(widths, kv)]
+    if "M" not in pattern or "*" not in pattern:
+        raise UserInputError(f"GGUF nemotron_h with layers {''.join(pattern)} is not supported "
+                             "(mlx-lm's nemotron_h indexes a Mamba-2 and an attention layer)")
+    if optional("expert_count"):
+        raise UserInputError("GGUF nemotron_h with experts is not supported")
+    mlp = {w for w in widths if w}
+    kv_heads = {n for n, c in zip(kv, pattern) if c == "*"}
+    if len(mlp) > 1 or len(kv_heads) > 1:
+        raise UserInputError("GGUF nemotron_h with MLP widths or key/value heads that differ "
+                             "by layer is not supported (mlx-lm's nemotron_h takes one of each)")
+    _check_attention_scale("nemotron_h", real, head_dim, "nemotron_h")
+    heads, inner, groups = (count(f"ssm.{k}") for k in ("time_step_rank", "inner_size",
+                                                         "group_count"))
+    if inner % heads or heads % groups:
+        raise UserInputError(f"GGUF nemotron_h with an SSM inner size of {inner} for {heads} "
+                             f"heads in {groups} groups is not supported (each must divide it)")
+
+    def has(role: str) -> bool:
+        return any(name.endswith(f".{role}") for name in tensors)
+
+    return {"hybrid_override_pattern": pattern, "intermediate_size": max(mlp, default=1),
+            "num_key_value_heads": kv_heads.pop(), "attention_bias": has("attn_q.bias"),
+            "mlp_bias": has("ffn_up.bias"), "use_bias": False,
+            "layer_norm_epsilon": real("attention.layer_norm_rms_epsilon",
+                                       real("attention.layer_norm_epsilon")),
+            "mamba_num_heads": heads, "mamba_head_dim": inner // heads, "n_groups": groups,
+            "ssm_state_size": count("ssm.state_size"), "conv_kernel": count("ssm.conv_kernel"),
+            "use_conv_bias": has("ssm_conv1d.bias"), "mamba_proj_bias": False,
+            "tie_word_embeddings": False}
 
 
 def _lfm2_config(arch: str, g: Any, count: Any, optional: Any, experts: Any, tensors: dict,

@@ -164,6 +164,32 @@ _GRANITEHYBRID_LAYER_NAMES = {**_GRANITEMOE_LAYER_NAMES, "ssm_in": "mamba.in_pro
                               "ssm_norm": "mamba.norm", "ssm_out": "mamba.out_proj",
                               "ffn_gate_up_shexp": "shared_mlp.input_linear",
                               "ffn_down_shexp": "shared_mlp.output_linear"}
+# Nemotron-H: one norm and one mixer a layer: Granite 4.0's Mamba-2 parts, attention (its q/k
+# rows as llama.cpp's converter permuted them, each head's alike: without RoPE the same scores)
+# or a squared-ReLU MLP
+_NEMOTRON_H_LAYER_NAMES = {"attn_norm": "norm", **{
+    k: "mixer." + v.split(".", 1)[1] for k, v in _GRANITEHYBRID_LAYER_NAMES.items()
+    if k.startswith("ssm_") or k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up",
+                                     "ffn_down")}}
+# PLaMo 2: four norms a layer (the post ones named without a suffix), a fused q/k/v and the
+# per-head q/k weights, Mamba layers (their dt/B/C norms without a suffix; A_log as
+# plamo2_tensors makes it), the MLP's fused gate and up
+_PLAMO2_LAYER_NAMES = {"attn_norm": "pre_mixer_norm", "attn_qkv": "mixer.qkv_proj",
+                       "attn_output": "mixer.o_proj", "attn_q_norm.weight": "mixer.q_weight",
+                       "attn_k_norm.weight": "mixer.k_weight",
+                       "post_attention_norm": "post_mixer_norm.weight",
+                       "ffn_norm": "pre_mlp_norm", "post_ffw_norm": "post_mlp_norm.weight",
+                       "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj",
+                       "ssm_in": "mixer.in_proj", "ssm_conv1d": "mixer.conv1d",
+                       "ssm_x": "mixer.bcdt_proj", "ssm_dt": "mixer.dt_proj",
+                       "ssm_dt.bias": "mixer.dt_bias", "ssm_dt_norm": "mixer.dt_norm_weight",
+                       "ssm_b_norm": "mixer.B_norm_weight", "ssm_c_norm": "mixer.C_norm_weight",
+                       "ssm_a": "mixer.A_log", "ssm_d": "mixer.D", "ssm_out": "mixer.out_proj"}
+#: What llama.cpp's converter adds to each PLaMo 2 norm weight (mlx-lm's RMSNorm offsets), by
+#: the norm's GGUF name's end
+_PLAMO2_NORM_OFFSETS = {".attn_norm.weight": 1.0, ".post_attention_norm": 1 / 5,
+                       ".ffn_norm.weight": 1.0, ".post_ffw_norm": 1 / 5 ** 1.5,
+                       "output_norm.weight": 1.0}
 # Jamba: Mamba layers (A_log as jamba_tensors makes it, A and D named without a suffix; the time
 # step's projection with its bias), attention, a dense MLP at feed_forward after pre_ff_layernorm
 _JAMBA_LAYER_NAMES = {**{k: v.replace("mlp.", "feed_forward.") for k, v in _LAYER_NAMES.items()
@@ -174,6 +200,13 @@ _JAMBA_LAYER_NAMES = {**{k: v.replace("mlp.", "feed_forward.") for k, v in _LAYE
                       "ssm_dt": "mamba.dt_proj", "ssm_dt_norm": "mamba.dt_layernorm",
                       "ssm_b_norm": "mamba.b_layernorm", "ssm_c_norm": "mamba.c_layernorm",
                       "ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_out": "mamba.out_proj"}
+# Falcon-H1: Jamba's attention and MLP names beside Granite 4.0's Mamba-2 parts; its MLP's norm
+# named without a suffix (llama.cpp's converter maps the checkpoint's whole name to ffn_norm)
+_FALCON_H1_LAYER_NAMES = {**{k: v for k, v in _JAMBA_LAYER_NAMES.items()
+                             if not k.startswith("ssm_")},
+                          **{k: v for k, v in _GRANITEHYBRID_LAYER_NAMES.items()
+                             if k.startswith("ssm_")},
+                          "ffn_norm": "pre_ff_layernorm.weight"}
 # The shared experts of ERNIE 4.5 MoE and GLM-4.5 (plural in mlx-lm's models)
 _SHARED_EXPERTS_NAMES = {f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj"
                          for p in ("gate", "up", "down")}
@@ -346,6 +379,8 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                                 "layer_output_scale.weight": "embed_skip.a_g",
                                 "ffn_gate": "mlp.mlp_gate", "ffn_up": "mlp.mlp_linear",
                                 "ffn_down": "mlp.mlp_resid"},
+                     "nemotron_h": _NEMOTRON_H_LAYER_NAMES, "falcon-h1": _FALCON_H1_LAYER_NAMES,
+                     "plamo2": _PLAMO2_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
@@ -409,11 +444,15 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                     "output": "language_model.lm_head"}),
                 # Phi-2's and Jamba's final norm; GPT-NeoX's layers at model.h, its head inside
                 # model
-                **dict.fromkeys(("phi2", "jamba"), (
+                **dict.fromkeys(("phi2", "jamba", "falcon-h1"), (
                     "model.layers", {**_TOP_NAMES, "output_norm": "model.final_layernorm"})),
                 # Talkie's blocks, embedding, its head a bare matrix and the head's gain
                 "talkie": ("model.blocks", {"token_embd": "model.embed", "output.weight": "lm_head",
                                             "output_gain": "lm_head_gain"}),
+                "plamo2": ("model.layers.layers", _TOP_NAMES),  # its PlamoDecoder's layers
+                "nemotron_h": ("backbone.layers", {"token_embd": "backbone.embeddings",
+                                                   "output_norm": "backbone.norm_f",
+                                                   "output": "lm_head"}),
                 "gptneox": ("model.h", {"token_embd": "model.embed_in",
                                         "output_norm": "model.final_layer_norm",
                                         "output": "model.embed_out"}),
@@ -802,6 +841,31 @@ def granitehybrid_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
+def mamba2_tensors_with_head(tensors: dict, config: dict) -> dict:
+    """A Nemotron-H or Falcon-H1 GGUF's tensors: Granite 4.0's Mamba-2 layout
+    (:func:`granitehybrid_tensors`) and a head, the embedding's where the GGUF has none
+    (:func:`glm4_tensors`: mlx-lm's nemotron_h always has one; llama.cpp's Falcon-H1 head is
+    the embedding as stored, which mlx-lm's tied falcon_h1 would scale)."""
+    return glm4_tensors(granitehybrid_tensors(tensors, config), config)
+
+
+def plamo2_tensors(tensors: dict, config: dict) -> dict:
+    """A PLaMo 2 GGUF's tensors as mlx-lm's plamo2 has its parameters: each norm's weight less
+    the offset llama.cpp's converter added (:data:`_PLAMO2_NORM_OFFSETS`; mlx-lm's RMSNorm adds
+    it back), the Mamba layers' conv kernels in MLX's layout (:func:`lfm2_tensors`) and A_log
+    of llama.cpp's -exp(A_log)."""
+    from gguf import GGMLQuantizationType as T
+
+    out = lfm2_tensors(tensors, config, ".ssm_conv1d.weight")
+    for name, t in tensors.items():
+        offset = next((v for end, v in _PLAMO2_NORM_OFFSETS.items() if name.endswith(end)), None)
+        if offset is not None or name.endswith(".ssm_a"):
+            out[name] = _Part(name, T.F32, np.array(t.shape), _Lazy(
+                lambda t=t, offset=offset: _a_log(t.name, dequantized(t)) if offset is None
+                else (dequantized(t).astype(np.float64) - offset).astype(np.float32)))
+    return out
+
+
 def jamba_tensors(tensors: dict, config: dict) -> dict:
     """A Jamba GGUF's tensors as mlx-lm's jamba has its parameters: the Mamba layers' conv
     kernels in MLX's layout (:func:`lfm2_tensors`), A_log (inner, state) of llama.cpp's
@@ -1073,7 +1137,9 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "jamba": jamba_tensors, "dbrx": dbrx_tensors, "deci": deci_tensors,
              "talkie": talkie_tensors,
              "bailingmoe": partial(internlm2_tensors, arch="bailingmoe"),
-             "nemotron_h_moe": granitehybrid_tensors}
+             "nemotron_h_moe": granitehybrid_tensors,
+             "nemotron_h": mamba2_tensors_with_head, "falcon-h1": mamba2_tensors_with_head,
+             "plamo2": plamo2_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

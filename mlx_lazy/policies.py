@@ -459,8 +459,8 @@ def check_hybrid_schedule(schedule: Schedule, model: nn.Module) -> None:
         raise UserInputError(f"{NO_WAY_BACK}: use revive=False (--no-revive)")
     if schedule.prune_layers and not cut_layers:
         raise UserInputError(f"{schedule.method!r} cuts after an attention layer, and this "
-                             "hybrid model attends only in its last layer: use speed, random "
-                             "or full")
+                             "hybrid model has none a cut may follow (attention alone, not in "
+                             "its last layer): use speed, random or full")
     wrong = [layer for layer in schedule.prune_layers if layer not in cut_layers]
     if wrong:
         raise UserInputError(

@@ -154,7 +154,7 @@ def check_schedule(d: Any, num_layers: int) -> Schedule:
     return resolved
 
 
-Kind = Tuple[Tuple[int, ...], Any]
+Kind = Tuple[Tuple[Optional[int], ...], Any]
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,8 @@ class ModelTensors:
     """Shapes (without the token axis) and dtypes of what a model computes per token, by
     layer: keys and values (kv_heads, head_dim), scoring queries (heads, head_dim) (None at
     a recurrent layer), and by depth the hidden states (hidden_size,) after that many layers
-    (this process's heads, on a sharded model); by recurrent layer, its state's parts."""
+    (this process's heads, on a sharded model); by recurrent layer, its state's parts (None on
+    the axis of a part that grows by a row a token: Falcon-H1's keys and values)."""
 
     keys: List[Optional[Kind]]
     values: List[Optional[Kind]]
@@ -184,9 +185,13 @@ def model_tensors(adapter: ModelAdapter) -> ModelTensors:
     for layer in range(adapter.num_layers):
         if adapter.recurrent(layer):
             state: List[Optional[mx.array]] = []
-            h = adapter.recurrent_block(layer, h, state)
-            mx.eval(h, state)
-            out.recurrent[layer] = [(tuple(part.shape[1:]), part.dtype) for part in state]
+            longer: List[Optional[mx.array]] = []  # after two tokens: which axes grow
+            adapter.recurrent_block(layer, mx.concatenate([h, h], axis=1), longer, np.arange(2))
+            h = adapter.recurrent_block(layer, h, state, np.array([0]))
+            mx.eval(h, state, longer)
+            out.recurrent[layer] = [
+                (tuple(a if a == b else None for a, b in zip(part.shape[1:], two.shape[1:])),
+                 part.dtype) for part, two in zip(state, longer)]
             for kinds in (out.keys, out.values, out.queries):
                 kinds.append(None)
             out.hidden.append(((h.shape[2],), h.dtype))
@@ -257,7 +262,7 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
         # a layer reading a lower layer's keys and values (Gemma 4's E2B/E4B) holds none,
         # nor does a recurrent one, whose state has taken the tokens whose depth is above it
         if adapter.recurrent(layer):
-            _recurrent_state(layer, recurrent.pop(layer, {}), (depth > layer).any(),
+            _recurrent_state(layer, recurrent.pop(layer, {}), int((depth > layer).sum()),
                              shapes.recurrent[layer])
         has_kv = adapter.kv_layer(layer) == layer and not adapter.recurrent(layer)
         want = np.flatnonzero(depth > layer) if has_kv else []
@@ -319,10 +324,11 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
     return LazyCache.from_state(state, meta)
 
 
-def _recurrent_state(layer: int, parts: Dict[int, mx.array], took: bool,
+def _recurrent_state(layer: int, parts: Dict[int, mx.array], took: int,
                      kinds: List[Kind]) -> None:
     """Refuse a recurrent layer's state unless it is there exactly when the layer took a
-    token, every part shaped and typed as the model's and finite."""
+    token (``took`` tokens), every part shaped and typed as the model's (a growing part, a row
+    a token) and finite."""
     if not took:
         if parts:
             raise Corrupt(f"recurrent.{layer}: a state for a layer that took no token")
@@ -330,7 +336,8 @@ def _recurrent_state(layer: int, parts: Dict[int, mx.array], took: bool,
     for i, kind in enumerate(kinds):
         if i not in parts:
             raise Corrupt(f"array recurrent.{layer}.{i} is missing")
-        _array(f"recurrent.{layer}.{i}", parts.pop(i), (1, *kind[0]), kind[1])
+        _array(f"recurrent.{layer}.{i}", parts.pop(i),
+               (1, *(took if size is None else size for size in kind[0])), kind[1])
     if parts:
         raise Corrupt(f"unknown array recurrent.{layer}.{min(parts)}")
 

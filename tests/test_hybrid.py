@@ -22,7 +22,7 @@ import mlx_lm
 import numpy as np
 import pytest
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, build_schedule,
                       can_trim_prompt_cache, generate_step, load_prompt_cache,
@@ -425,9 +425,89 @@ def test_a_speed_cutoff_below_every_attention_layer_is_named(hybrid):
 
 def test_a_hybrid_attending_only_in_its_last_layer_takes_no_cut(tmp_path):
     model, _ = mlx_lm.load(str(build_tiny_model("qwen3_5-last", tmp_path)))
-    with pytest.raises(UserInputError, match="attends only in its last layer: use speed"):
+    with pytest.raises(UserInputError, match="has none a cut may follow .*: use speed"):
         resolve_config(model, "lazy")
     assert resolve_config(model, "speed").prompt_depth == 3
+
+
+def test_falcon_h1_runs_as_mlx_lm_and_takes_no_cut(tmp_path):
+    """``falcon_h1``: a Mamba-2 mixer and attention side by side in every layer, so every
+    layer is recurrent (its state holds its keys and values too) and none takes a cut (lazy and
+    calibrate refused in one line); its tied head scaled by its multipliers; a layer's tokens
+    with gaps between them (others dropped below it) turned at their own positions. Unpruned
+    equal to mlx-lm, in one prompt and in turns (of 37 tokens: the float32 matmuls' padding
+    never reaches a state), quantized too; its prompt cache, the keys and values grown by each
+    turn, saves and loads."""
+    model, _ = mlx_lm.load(str(build_tiny_model("falcon_h1", tmp_path / "model")))
+    assert recurrent_layers(model) == (0, 1, 2, 3) and global_layers(model) == ()
+    layer = model.layers[0]
+    assert layer.mamba.n_groups == 2 and layer.self_attn.rope.dims == 16
+    assert model.args.lm_head_multiplier / model.args.embedding_multiplier == 0.125
+    vocab = ModelAdapter(model).vocab_size
+    prompt = random_prompt(300, vocab, seed=1)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 16, block_size=64) < LOGITS_TOL
+    ref = model(prompt[None], cache=make_prompt_cache(model))[0, -1]
+    engine = LazyEngine(model)
+    engine.prefill(prompt[:100])
+    engine.extend(prompt[100:137])
+    assert rel_err(engine.extend(prompt[137:]), ref) < LOGITS_TOL
+    with pytest.raises(UserInputError, match="'lazy' cuts after an attention layer, and this "
+                                             "hybrid model has none a cut may follow"):
+        resolve_config(model, "lazy")
+    from mlx_lazy.bench import calibrate
+
+    with pytest.raises(UserInputError, match="no layer a cut may follow .*: nothing to "
+                                             "calibrate; run speed, random or full$"):
+        calibrate.candidates(model, 512)
+
+    # tokens with gaps between them (others dropped below the layer): RoPE at their own
+    # positions, as mlx-lm's parts compute the layer
+    h, positions, attn = mx.random.normal((1, 3, 64)), np.array([0, 5, 9]), layer.self_attn
+    x = layer.input_layernorm(h)
+    q, k, v = (proj(x).reshape(1, 3, -1, 16).transpose(0, 2, 1, 3)
+               for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    q, k = _rope_at(attn.rope, q, positions), _rope_at(attn.rope, k, positions)
+    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask="causal")
+    mid = h + layer.mamba(x, cache=ArraysCache(2)) + attn.o_proj(
+        out.transpose(0, 2, 1, 3).reshape(1, 3, -1))
+    want = mid + layer.feed_forward(layer.pre_ff_layernorm(mid))
+    assert rel_err(ModelAdapter(model).recurrent_block(0, h, [], positions), want) < LOGITS_TOL
+
+    cache = make_lazy_cache(model, "full")
+    cache.process(prompt[:100].tolist())
+    save_prompt_cache(tmp_path / "c.safetensors", cache)
+    loaded = load_prompt_cache(tmp_path / "c.safetensors", model)
+    turn = prompt[100:120].tolist()
+    assert rel_err(loaded.process(turn), cache.process(turn)) == 0
+
+    nn.quantize(model, group_size=32, bits=4)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt[:100], 4) < LOGITS_TOL
+
+
+def test_plamo2_matches_mlx_lm_and_cuts_after_its_attention(tmp_path):
+    """``plamo2`` (PLaMo 2): Mamba layers 0 and 2, attention in 1 and 3 (a fused q/k/v, a
+    weight-free q/k norm times a weight per head), four offset norms a layer. Unpruned and with
+    nothing pruned by a cut after layer 1 equal to mlx-lm, quantized too; a static cut there
+    keeps 30% of the prompt above it; its prompt cache saves and loads."""
+    model, _ = mlx_lm.load(str(build_tiny_model("plamo2", tmp_path / "model")))
+    assert recurrent_layers(model) == (0, 2) and global_layers(model) == (1,)
+    attn = model.layers[1].mixer
+    assert hasattr(attn, "qkv_proj") and attn.q_weight.shape == (4, 16)
+    prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=8)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 16) < LOGITS_TOL
+    nothing_pruned = PruningConfig("static", prune_layers=(1,), keep=(1.0,))
+    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
+    static = PruningConfig("static", prune_layers=(1,), keep=(0.3,))
+    cache = make_lazy_cache(model, static)
+    cache.process(prompt.tolist())
+    assert cache.engine.stats.prefill_tokens_per_layer == [200] * 2 + [60] * 2
+    save_prompt_cache(tmp_path / "c.safetensors", cache)
+    loaded = load_prompt_cache(tmp_path / "c.safetensors", model)
+    turn = random_prompt(20, ModelAdapter(model).vocab_size, seed=9).tolist()
+    assert rel_err(loaded.process(turn), cache.process(turn)) == 0
+
+    nn.quantize(model, group_size=32, bits=4)
+    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
 
 
 def test_a_model_without_attention_is_refused(tmp_path):

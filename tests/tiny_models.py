@@ -30,7 +30,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
-         "laguna", "talkie", "bailing_moe_v3", "longcat_flash")
+         "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -325,6 +325,20 @@ _KIND_CONFIG = {
               "mamba_expand": 2, "mamba_dt_rank": 32, "num_experts": 4,
               "num_experts_per_tok": 2, "intermediate_size": 32, "mamba_conv_bias": True,
               "mamba_proj_bias": False, "tie_word_embeddings": False},
+    # Falcon-H1's layers: Mamba-2 (8 heads of 16 in 2 groups, a state of 16, a convolution over
+    # 4 tokens, its gated norm) beside attention (RoPE) in each of 4; a tied head whose logits
+    # its multipliers scale by 0.5 / 4
+    "falcon_h1": {"architectures": ["FalconH1ForCausalLM"], "mamba_d_ssm": 128,
+                  "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16,
+                  "mamba_n_groups": 2, "mamba_d_conv": 4, "mamba_rms_norm": True,
+                  "mamba_chunk_size": 32, "embedding_multiplier": 4.0,
+                  "lm_head_multiplier": 0.5, "tie_word_embeddings": True},
+    # PLaMo 2's layout: Mamba layers (8 heads of 16, a state of 16) in 0 and 2, attention in 1
+    # and 3 (every mamba_step-th), its four offset norms random; a tied head
+    "plamo2": {"architectures": ["Plamo2ForCausalLM"], "hidden_size_per_head": 16,
+               "mamba_num_heads": 8, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_step": 2,
+               "mamba_chunk_size": 32, "attention_window_size": 4096,
+               "tie_word_embeddings": True},
     # dots.llm1: per-head q/k norms; from layer 1 on 2 of 4 experts (sigmoid routing with a
     # random correction bias, scaled by 2.5) beside a shared expert
     "dots1": {"architectures": ["Dots1ForCausalLM"], "tie_word_embeddings": False,
@@ -696,7 +710,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
                         "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
-                        "nemotron-nas", "laguna", "bailing_moe_v3")
+                        "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1")
 
 
 def tiny_config(kind: str) -> dict:
@@ -778,7 +792,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     model.update(params)
     for layer in model.layers:
         # qwen3_5: linear; lfm2: convolution; bailing_moe: attention; exaone, nanochat: attn;
-        # granitemoehybrid, jamba: mamba; nemotron_h: its one mixer, the MLP or experts too
+        # granitemoehybrid, jamba: mamba; nemotron_h, plamo2: its one mixer, the MLP or
+        # experts too
         attn = (getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
                 or getattr(layer, "attn", None) or getattr(layer, "linear_attn", None)
                 or getattr(layer, "conv", None) or getattr(layer, "mamba", None)
@@ -817,6 +832,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
                 layer[name].a_g = 0.5 + mx.random.uniform(shape=(1,))
         if "head_gain" in attn:  # talkie: ones by default
             attn.head_gain.head_g = 0.5 + mx.random.uniform(shape=attn.head_gain.head_g.shape)
+        if kind == "plamo2":  # offset norms (zeros, the offset's scale) and q/k weights (ones)
+            layer.update(tree_unflatten([
+                (name, p + 0.1 * mx.random.normal(p.shape))
+                for name, p in tree_flatten(layer.parameters()) if "norm" in name
+                or name.endswith(("q_weight", "k_weight"))]))
         if "layer_scalar" in layer:  # gemma4: ones by default
             layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
         for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm",

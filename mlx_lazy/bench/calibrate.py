@@ -157,12 +157,18 @@ def candidates(model: Any, gain_length: int,
 
     Raises:
         UserInputError: on a hybrid model, ``decode`` naming a revival setting
-            (:func:`~mlx_lazy.resolve.check_hybrid`).
+            (:func:`~mlx_lazy.resolve.check_hybrid`), or no layer a cut may follow (Falcon-H1's
+            attention beside Mamba-2 in every layer).
     """
     decode = dict(decode or {})
+    cut_after = global_layers(model)
     if recurrent_layers(model):
         check_hybrid(PruningConfig("lazy", **decode))
         decode["revive"] = False
+        if not cut_after:
+            raise UserInputError("this hybrid model has no layer a cut may follow (attention "
+                                 "alone, not in its last layer): nothing to calibrate; run "
+                                 "speed, random or full")
     else:
         decode["complete"] = decode.get("complete") or DEFAULT_COMPLETE
     n_layers = num_layers(model)
