@@ -750,15 +750,13 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                                  "is not supported (mlx-lm's talkie has no grouped-query "
                                  "attention)")
         config["logit_scale"] = real("logit_scale")
-    if arch == "nemotron_h_moe":
-        config.update(_nemotron_h_moe_config(g, count, positive, optional, experts, tensors,
-                                             config))
     if arch == "falcon-h1":
         config.update(_falcon_h1_config(g, count, real, tensors, config))
     if arch == "plamo2":
         config.update(_plamo2_config(g, count, real, config))
-    if arch == "nemotron_h":
-        config.update(_nemotron_h_config(g, count, optional, real, tensors, config))
+    if arch in ("nemotron_h", "nemotron_h_moe"):
+        config.update(_nemotron_h_config(arch, g, count, positive, optional, real, experts,
+                                         tensors, config))
     if arch == "olmo2" and g("attention.sliding_window"):  # llama.cpp: a window is OLMo 3's
         raise UserInputError("GGUF olmo2 with a sliding window (OLMo 3) is not supported")
     if arch == "exaone4":  # llama.cpp's 32B defaults where the GGUF gives no window or pattern
@@ -1150,45 +1148,6 @@ def _granitehybrid_config(g: Any, count: Any, optional: Any, real: Any, experts:
             "shared_intermediate_size": shared}
 
 
-def _nemotron_h_moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
-                           tensors: dict, config: dict) -> dict:
-    """mlx-lm's nemotron_h settings of a Nemotron-H MoE GGUF (Nemotron 3 Nano), read as
-    llama.cpp reads it: a layer without key/value heads nor a feed-forward width is Mamba-2
-    (heads ``ssm.time_step_rank`` in ``ssm.group_count`` groups, its gated norm group by group
-    in both), one with key/value heads attention (no RoPE; biases where the tensors have
-    them), the others sparse: DeepSeek's MoE reading (:func:`_routed_experts`: sigmoid routing
-    with the correction bias, llama.cpp's hard-wired) of squared-ReLU experts, through the
-    latent projections where ``moe_latent_size`` says, beside a shared squared-ReLU expert;
-    each time step unclamped (mlx-lm's nemotron_h's default, llama.cpp's)."""
-    arch, n_layers = "nemotron_h_moe", config["num_hidden_layers"]
-    kv = _hybrid_kv_heads(arch, g, count, config, "Mamba-2")
-    widths = g("feed_forward_length")
-    widths = (widths if isinstance(widths, list) else [widths] * n_layers)[:n_layers]
-    pattern = ["*" if n else "E" if count("feed_forward_length", value=w, least=0) else "M"
-               for n, w in zip(kv, widths)]
-    heads, inner = count("ssm.time_step_rank"), count("ssm.inner_size")
-    if inner % heads:
-        raise UserInputError(f"GGUF {arch} with an SSM inner size of {inner} for {heads} heads "
-                             "is not supported (mlx-lm's nemotron_h takes a multiple of them)")
-    moe = _routed_experts(arch, "nemotron_h", g, count, positive, optional, experts, tensors,
-                          n_layers, tied=True)
-    eps = positive("attention.layer_norm_rms_epsilon",
-                   positive("attention.layer_norm_epsilon"))
-    return {"hybrid_override_pattern": pattern, "num_key_value_heads": next(n for n in kv if n),
-            "attention_bias": "blk.{}.attn_q.bias".format(pattern.index("*")) in tensors,
-            "mamba_num_heads": heads, "mamba_head_dim": inner // heads,
-            "mamba_proj_bias": False, "ssm_state_size": count("ssm.state_size"),
-            "conv_kernel": count("ssm.conv_kernel"), "n_groups": count("ssm.group_count"),
-            "use_conv_bias": any(name.endswith(".ssm_conv1d.bias") for name in tensors),
-            "mlp_bias": False, "use_bias": False, "layer_norm_epsilon": eps,
-            "intermediate_size": moe["moe_intermediate_size"],
-            "moe_shared_expert_intermediate_size": count("expert_shared_feed_forward_length"),
-            "moe_latent_size": optional("moe_latent_size") or None,
-            **{k: moe[k] for k in ("n_routed_experts", "num_experts_per_tok",
-                                   "moe_intermediate_size", "n_shared_experts", "n_group",
-                                   "topk_group", "norm_topk_prob", "routed_scaling_factor")}}
-
-
 def _jamba_config(g: Any, count: Any, tensors: dict, config: dict) -> dict:
     """mlx-lm's jamba settings of a Jamba GGUF, read as llama.cpp reads it: a layer without
     key/value heads is Mamba (an inner size twice the hidden one, as llama.cpp requires; the
@@ -1298,56 +1257,75 @@ def _plamo2_config(g: Any, count: Any, real: Any, config: dict) -> dict:
             "mamba_enabled": True}
 
 
-def _nemotron_h_config(g: Any, count: Any, optional: Any, real: Any, tensors: dict,
-                       config: dict) -> dict:
-    """mlx-lm's nemotron_h settings of a Nemotron-H GGUF, read as llama.cpp reads it: a layer
-    with an MLP width is a squared-ReLU MLP, else one with key/value heads attention (no RoPE,
-    queries by 1/sqrt(head_dim) as mlx-lm's: another ``attention.scale`` refused), else Mamba-2
-    (``ssm.time_step_rank`` heads in ``ssm.group_count`` groups); biases where the tensors have
-    them; experts refused (llama.cpp's ``nemotron_h_moe``)."""
-    n_layers, head_dim = config["num_hidden_layers"], config["head_dim"]
+def _nemotron_h_config(arch: str, g: Any, count: Any, positive: Any, optional: Any,
+                       real: Any, experts: Any, tensors: dict, config: dict) -> dict:
+    """mlx-lm's nemotron_h settings of a Nemotron-H GGUF (``nemotron_h``: Nemotron-H, Nemotron
+    Nano 2; ``nemotron_h_moe``: Nemotron 3 Nano), read as llama.cpp reads both: a layer with a
+    feed-forward width is a squared-ReLU MLP (``nemotron_h``) or experts (``nemotron_h_moe``:
+    DeepSeek's MoE reading, :func:`_routed_experts`, sigmoid routing with the correction bias,
+    through the latent projections where ``moe_latent_size`` says, beside a shared squared-ReLU
+    expert), else one with key/value heads attention (no RoPE, queries by 1/sqrt(head_dim) as
+    mlx-lm's: another ``attention.scale`` refused), else Mamba-2 (``ssm.time_step_rank`` heads
+    in ``ssm.group_count`` groups, each time step unclamped as llama.cpp's); biases where the
+    tensors have them; a NextN block's entries in the per-layer arrays dropped."""
+    n_layers, head_dim, moe = config["num_hidden_layers"], config["head_dim"], arch.endswith("moe")
 
     def by_layer(key: str, default: Any = None) -> list[int]:
         """llama.cpp's value of ``key`` for each layer (one value, or one per layer)."""
         value = g(key, default)
         values = value if isinstance(value, list) else [value] * n_layers
+        if len(values) == g("block_count"):  # and the NextN block's after the model's
+            values = values[:n_layers]
         if len(values) != n_layers:
-            raise UserInputError(f"GGUF metadata nemotron_h.{key} has {len(values)} values for "
+            raise UserInputError(f"GGUF metadata {arch}.{key} has {len(values)} values for "
                                  f"{n_layers} layers")
         return [count(key, value=v, least=0) for v in values]
 
     widths = by_layer("feed_forward_length")
     kv = by_layer("attention.head_count_kv", config["num_attention_heads"])
-    pattern = ["-" if w else "*" if n else "M" for w, n in zip(widths, kv)]
+    pattern = [("E" if moe else "-") if w else "*" if n else "M" for w, n in zip(widths, kv)]
     if "M" not in pattern or "*" not in pattern:
-        raise UserInputError(f"GGUF nemotron_h with layers {''.join(pattern)} is not supported "
+        raise UserInputError(f"GGUF {arch} with layers {''.join(pattern)} is not supported "
                              "(mlx-lm's nemotron_h indexes a Mamba-2 and an attention layer)")
-    if optional("expert_count"):
-        raise UserInputError("GGUF nemotron_h with experts is not supported")
+    if not moe and optional("expert_count"):
+        raise UserInputError("GGUF nemotron_h with experts is not supported (llama.cpp reads "
+                             "them as nemotron_h_moe)")
     mlp = {w for w in widths if w}
     kv_heads = {n for n, c in zip(kv, pattern) if c == "*"}
-    if len(mlp) > 1 or len(kv_heads) > 1:
-        raise UserInputError("GGUF nemotron_h with MLP widths or key/value heads that differ "
-                             "by layer is not supported (mlx-lm's nemotron_h takes one of each)")
-    _check_attention_scale("nemotron_h", real, head_dim, "nemotron_h")
+    if (len(mlp) > 1 and not moe) or len(kv_heads) > 1:
+        raise UserInputError(f"GGUF {arch} with MLP widths or key/value heads that differ by "
+                             "layer is not supported (mlx-lm's nemotron_h takes one of each)")
+    _check_attention_scale(arch, real, head_dim, "nemotron_h")
     heads, inner, groups = (count(f"ssm.{k}") for k in ("time_step_rank", "inner_size",
                                                          "group_count"))
     if inner % heads or heads % groups:
-        raise UserInputError(f"GGUF nemotron_h with an SSM inner size of {inner} for {heads} "
+        raise UserInputError(f"GGUF {arch} with an SSM inner size of {inner} for {heads} "
                              f"heads in {groups} groups is not supported (each must divide it)")
 
     def has(role: str) -> bool:
         return any(name.endswith(f".{role}") for name in tensors)
 
-    return {"hybrid_override_pattern": pattern, "intermediate_size": max(mlp, default=1),
-            "num_key_value_heads": kv_heads.pop(), "attention_bias": has("attn_q.bias"),
-            "mlp_bias": has("ffn_up.bias"), "use_bias": False,
-            "layer_norm_epsilon": real("attention.layer_norm_rms_epsilon",
-                                       real("attention.layer_norm_epsilon")),
-            "mamba_num_heads": heads, "mamba_head_dim": inner // heads, "n_groups": groups,
-            "ssm_state_size": count("ssm.state_size"), "conv_kernel": count("ssm.conv_kernel"),
-            "use_conv_bias": has("ssm_conv1d.bias"), "mamba_proj_bias": False,
-            "tie_word_embeddings": False}
+    out = {"hybrid_override_pattern": pattern, "intermediate_size": max(mlp, default=1),
+           "num_key_value_heads": kv_heads.pop(), "attention_bias": has("attn_q.bias"),
+           "mlp_bias": has("ffn_up.bias"), "use_bias": False,
+           "layer_norm_epsilon": real("attention.layer_norm_rms_epsilon",
+                                      real("attention.layer_norm_epsilon")),
+           "mamba_num_heads": heads, "mamba_head_dim": inner // heads, "n_groups": groups,
+           "ssm_state_size": count("ssm.state_size"), "conv_kernel": count("ssm.conv_kernel"),
+           "use_conv_bias": has("ssm_conv1d.bias"), "mamba_proj_bias": False,
+           "tie_word_embeddings": False}
+    if moe:
+        routed = _routed_experts(arch, "nemotron_h", g, count, positive, optional, experts,
+                                 tensors, n_layers, tied=True)
+        out.update(intermediate_size=routed["moe_intermediate_size"],
+                   moe_shared_expert_intermediate_size=count(
+                       "expert_shared_feed_forward_length"),
+                   moe_latent_size=optional("moe_latent_size") or None,
+                   **{k: routed[k] for k in ("n_routed_experts", "num_experts_per_tok",
+                                             "moe_intermediate_size", "n_shared_experts",
+                                             "n_group", "topk_group", "norm_topk_prob",
+                                             "routed_scaling_factor")})
+    return out
 
 
 def _lfm2_config(arch: str, g: Any, count: Any, optional: Any, experts: Any, tensors: dict,

@@ -165,12 +165,19 @@ _GRANITEHYBRID_LAYER_NAMES = {**_GRANITEMOE_LAYER_NAMES, "ssm_in": "mamba.in_pro
                               "ffn_gate_up_shexp": "shared_mlp.input_linear",
                               "ffn_down_shexp": "shared_mlp.output_linear"}
 # Nemotron-H: one norm and one mixer a layer: Granite 4.0's Mamba-2 parts, attention (its q/k
-# rows as llama.cpp's converter permuted them, each head's alike: without RoPE the same scores)
-# or a squared-ReLU MLP
+# rows as llama.cpp's converter permuted them, each head's alike: without RoPE the same scores),
+# a squared-ReLU MLP or experts
 _NEMOTRON_H_LAYER_NAMES = {"attn_norm": "norm", **{
     k: "mixer." + v.split(".", 1)[1] for k, v in _GRANITEHYBRID_LAYER_NAMES.items()
     if k.startswith("ssm_") or k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up",
-                                     "ffn_down")}}
+                                     "ffn_down")},
+    # Nemotron 3 Nano's experts (their router and correction bias at gate, latent projections)
+    # beside a shared expert
+    "ffn_gate_inp": "mixer.gate", "exp_probs_b.bias": "mixer.gate.e_score_correction_bias",
+    "ffn_up_exps": "mixer.switch_mlp.fc1", "ffn_down_exps": "mixer.switch_mlp.fc2",
+    "ffn_up_shexp": "mixer.shared_experts.up_proj",
+    "ffn_down_shexp": "mixer.shared_experts.down_proj",
+    "ffn_latent_down": "mixer.fc1_latent_proj", "ffn_latent_up": "mixer.fc2_latent_proj"}
 # PLaMo 2: four norms a layer (the post ones named without a suffix), a fused q/k/v and the
 # per-head q/k weights, Mamba layers (their dt/B/C norms without a suffix; A_log as
 # plamo2_tensors makes it), the MLP's fused gate and up
@@ -219,19 +226,6 @@ _BAILING_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES,
                         "attn_k_norm": "attention.key_layernorm",
                         "ffn_gate_inp": "mlp.gate.gate_proj",
                         "exp_probs_b.bias": "mlp.gate.expert_bias"}
-# Nemotron-H MoE: one mixer a layer after its norm: Mamba-2 (A, D and the gated norm's weight as
-# granitehybrid_tensors shapes them), attention, or squared-ReLU experts (their router and
-# correction bias at gate, latent projections) beside a shared expert
-_NEMOTRON_H_MOE_LAYER_NAMES = {
-    "attn_norm": "norm", **{f"attn_{p}": f"mixer.{p}_proj" for p in "qkv"},
-    "attn_output": "mixer.o_proj", "ssm_in": "mixer.in_proj", "ssm_conv1d": "mixer.conv1d",
-    "ssm_dt.bias": "mixer.dt_bias", "ssm_a": "mixer.A_log", "ssm_d": "mixer.D",
-    "ssm_norm": "mixer.norm", "ssm_out": "mixer.out_proj", "ffn_gate_inp": "mixer.gate",
-    "exp_probs_b.bias": "mixer.gate.e_score_correction_bias",
-    "ffn_up_exps": "mixer.switch_mlp.fc1", "ffn_down_exps": "mixer.switch_mlp.fc2",
-    "ffn_up_shexp": "mixer.shared_experts.up_proj",
-    "ffn_down_shexp": "mixer.shared_experts.down_proj",
-    "ffn_latent_down": "mixer.fc1_latent_proj", "ffn_latent_up": "mixer.fc2_latent_proj"}
 # ERNIE 4.5 MoE: Qwen3-MoE's router and experts' stacks, beside its shared experts (one MLP)
 _ERNIE45_MOE_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES}
 # Qwen3-Next: Qwen3.5's names, but its fused projections: q, k, v and z rows grouped by key head
@@ -379,7 +373,8 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                                 "layer_output_scale.weight": "embed_skip.a_g",
                                 "ffn_gate": "mlp.mlp_gate", "ffn_up": "mlp.mlp_linear",
                                 "ffn_down": "mlp.mlp_resid"},
-                     "nemotron_h": _NEMOTRON_H_LAYER_NAMES, "falcon-h1": _FALCON_H1_LAYER_NAMES,
+                     **dict.fromkeys(("nemotron_h", "nemotron_h_moe"), _NEMOTRON_H_LAYER_NAMES),
+                     "falcon-h1": _FALCON_H1_LAYER_NAMES,
                      "plamo2": _PLAMO2_LAYER_NAMES,
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
@@ -409,7 +404,6 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),
                      "openelm": _OPENELM_LAYER_NAMES,
                      **dict.fromkeys(BAILING, _BAILING_LAYER_NAMES),
-                     "nemotron_h_moe": _NEMOTRON_H_MOE_LAYER_NAMES,
                      # DeepSeek-MoE: Qwen3-MoE's router and experts' stacks, its shared experts
                      "deepseek": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES},
                      # GLM-4-9B: the MLP's gate and up rows fused, as in mlx-lm's glm
@@ -450,9 +444,9 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 "talkie": ("model.blocks", {"token_embd": "model.embed", "output.weight": "lm_head",
                                             "output_gain": "lm_head_gain"}),
                 "plamo2": ("model.layers.layers", _TOP_NAMES),  # its PlamoDecoder's layers
-                "nemotron_h": ("backbone.layers", {"token_embd": "backbone.embeddings",
-                                                   "output_norm": "backbone.norm_f",
-                                                   "output": "lm_head"}),
+                **dict.fromkeys(("nemotron_h", "nemotron_h_moe"), (
+                    "backbone.layers", {"token_embd": "backbone.embeddings",
+                                        "output_norm": "backbone.norm_f", "output": "lm_head"})),
                 "gptneox": ("model.h", {"token_embd": "model.embed_in",
                                         "output_norm": "model.final_layer_norm",
                                         "output": "model.embed_out"}),
@@ -469,9 +463,6 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 "openelm": ("transformer.layers", {"token_embd": "transformer.token_embeddings",
                                                    "output_norm": "transformer.norm",
                                                    "output": "lm_head"}),
-                "nemotron_h_moe": ("backbone.layers", {"token_embd": "backbone.embeddings",
-                                                       "output_norm": "backbone.norm_f",
-                                                       "output": "lm_head"}),
                 **dict.fromkeys(BAILING, ("model.layers", {
                     **_TOP_NAMES, "token_embd": "model.word_embeddings"})),
                 **dict.fromkeys(("lfm2", "lfm2moe"), (
@@ -1137,8 +1128,8 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "jamba": jamba_tensors, "dbrx": dbrx_tensors, "deci": deci_tensors,
              "talkie": talkie_tensors,
              "bailingmoe": partial(internlm2_tensors, arch="bailingmoe"),
-             "nemotron_h_moe": granitehybrid_tensors,
-             "nemotron_h": mamba2_tensors_with_head, "falcon-h1": mamba2_tensors_with_head,
+             **dict.fromkeys(("nemotron_h", "nemotron_h_moe", "falcon-h1"),
+                             mamba2_tensors_with_head),
              "plamo2": plamo2_tensors}
 
 

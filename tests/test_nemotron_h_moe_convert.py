@@ -140,10 +140,8 @@ def test_nemotron_h_moe_from_gguf(case, dtype, tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("meta, fragment", [
     ({"expert_used_count": 1}, "GGUF nemotron_h_moe renormalising the weight of one expert a "
                                "token is not supported"),
-    ({"ssm_inner_size": 124}, "GGUF nemotron_h_moe with an SSM inner size of 124 for 8 heads is "
-                              "not supported"),
-    ({"head_count_kv": [0] * 8}, "GGUF nemotron_h_moe with 0 attention layers of 8 is not "
-                                 "supported"),
+    ({"ssm_inner_size": 124}, "GGUF nemotron_h_moe with an SSM inner size of 124 for 8 heads in "),
+    ({"head_count_kv": [0] * 8}, "GGUF nemotron_h_moe with layers "),
 ])
 def test_nemotron_h_moe_bad_input(meta, fragment, tiny_model_dir, tmp_path, capsys):
     """What mlx-lm's nemotron_h cannot express (or llama.cpp would not read): one line,
