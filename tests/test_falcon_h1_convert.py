@@ -4,6 +4,7 @@ the original checkpoint."""
 
 from __future__ import annotations
 
+from functools import partial
 import importlib
 import json
 from pathlib import Path
@@ -15,7 +16,7 @@ from mlx.utils import tree_flatten
 from mlx_lazy.convert import convert
 from test_convert import T, assert_one_line_error, run_main
 from test_granite4_convert import GGUF_NAMES as GRANITE_NAMES, GGUF_PARAMETERS
-from test_lfm2_convert import assert_converted_runs, write_model
+from test_lfm2_convert import assert_converted_runs, hybrid_gguf_name, write_model
 from test_nemotron_h_convert import mamba2_layout
 from tiny_models import tiny_config
 
@@ -23,22 +24,15 @@ from tiny_models import tiny_config
 #: Mamba-2 ones, the MLP at feed_forward after pre_ff_layernorm
 GGUF_NAMES = {**{k: v for k, v in GRANITE_NAMES.items()
                  if k.startswith(("self_attn.", "mamba.")) or k == "input_layernorm"},
-              **{f"feed_forward.{p}_proj": f"ffn_{p}" for p in ("gate", "up", "down")}}
+              **{f"feed_forward.{p}_proj": f"ffn_{p}" for p in ("gate", "up", "down")},
+              # its MLP's norm: llama.cpp's converter maps the whole name, no suffix
+              "pre_ff_layernorm": "ffn_norm."}
 
 
-def gguf_name(hf_name: str) -> str:
-    top = {"model.embed_tokens": "token_embd", "model.final_layernorm": "output_norm",
-           "lm_head": "output"}
-    base, suffix = hf_name.rsplit(".", 1)
-    if base in top:
-        return f"{top[base]}.{suffix}"
-    i, rest = base.removeprefix("model.layers.").split(".", 1)
-    if rest == "mamba" and suffix in GGUF_PARAMETERS:
-        return f"blk.{i}.{GGUF_PARAMETERS[suffix]}"
-    if rest == "pre_ff_layernorm":  # llama.cpp's converter maps the whole name: no suffix
-        return f"blk.{i}.ffn_norm"
-    return f"blk.{i}.{GGUF_NAMES[rest]}.{suffix}"
-
+gguf_name = partial(hybrid_gguf_name, layers="model.layers.", names=GGUF_NAMES,
+                    top={"model.embed_tokens": "token_embd", "model.final_layernorm": "output_norm",
+                         "lm_head": "output"},
+                    parameters={f"mamba.{k}": v for k, v in GGUF_PARAMETERS.items()})
 
 def write_falcon_h1_gguf(path: Path, tok_folder: Path, types: dict | None = None,
                          meta: dict | None = None, extra: dict | None = None,

@@ -4,6 +4,7 @@ compared with mlx-lm's model of the original checkpoint."""
 
 from __future__ import annotations
 
+from functools import partial
 import importlib
 import json
 from pathlib import Path
@@ -16,7 +17,7 @@ from mlx.utils import tree_flatten
 
 from mlx_lazy.convert import convert
 from test_convert import T, assert_one_line_error, gguf_permute, run_main
-from test_lfm2_convert import assert_converted_runs, write_model
+from test_lfm2_convert import assert_converted_runs, hybrid_gguf_name, write_model
 from tiny_models import tiny_config
 
 #: llama.cpp's names of mlx-lm's granitemoehybrid layer parameters (gguf-py's tensor_mapping;
@@ -36,16 +37,10 @@ GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
 GGUF_PARAMETERS = {"A_log": "ssm_a", "D": "ssm_d", "dt_bias": "ssm_dt.bias"}
 
 
-def gguf_name(hf_name: str) -> str:
-    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-    base, suffix = hf_name.rsplit(".", 1)
-    if base in top:
-        return f"{top[base]}.{suffix}"
-    i, rest = base.removeprefix("model.layers.").split(".", 1)
-    if rest == "mamba" and suffix in GGUF_PARAMETERS:
-        return f"blk.{i}.{GGUF_PARAMETERS[suffix]}"
-    return f"blk.{i}.{GGUF_NAMES[rest]}.{suffix}"
-
+gguf_name = partial(hybrid_gguf_name, layers="model.layers.", names=GGUF_NAMES,
+                    top={"model.embed_tokens": "token_embd", "model.norm": "output_norm",
+                         "lm_head": "output"},
+                    parameters={f"mamba.{k}": v for k, v in GGUF_PARAMETERS.items()})
 
 def write_granite_gguf(path: Path, tok_folder: Path, types: dict | None = None,
                        meta: dict | None = None, extra: dict | None = None,

@@ -153,6 +153,18 @@ def test_the_moe_layout_matches_mlx_lm(tmp_path, kind):
     assert engine.stats.prefill_tokens_per_layer == [200] * 4 + [60] * 4
 
 
+def assert_saves_loads_and_quantizes(model, cache, nothing_pruned: PruningConfig,
+                                     prompt: np.ndarray, tmp_path) -> None:
+    """``cache`` (a prompt processed) saves and loads, a turn after it answering alike; then a
+    4-bit copy of ``model`` under ``nothing_pruned`` is mlx-lm's."""
+    save_prompt_cache(tmp_path / "c.safetensors", cache)
+    loaded = load_prompt_cache(tmp_path / "c.safetensors", model)
+    turn = random_prompt(20, ModelAdapter(model).vocab_size, seed=9).tolist()
+    assert rel_err(loaded.process(turn), cache.process(turn)) == 0
+    nn.quantize(model, group_size=32, bits=4)
+    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
+
+
 def test_the_lfm2_moe_layout_matches_mlx_lm_and_a_reference(tmp_path):
     """``lfm2_moe`` (LFM2-8B-A1B's layout): attention in layers 2 and 4 of 6, the top layer
     a convolution, dense feed-forward in layers 0 and 1, then sparse MoE. Unpruned and with
@@ -176,13 +188,7 @@ def test_the_lfm2_moe_layout_matches_mlx_lm_and_a_reference(tmp_path):
 
     cache = make_lazy_cache(model, static)
     cache.process(prompt.tolist())
-    save_prompt_cache(tmp_path / "c.safetensors", cache)
-    loaded = load_prompt_cache(tmp_path / "c.safetensors", model)
-    turn = random_prompt(20, ModelAdapter(model).vocab_size, seed=9).tolist()
-    assert rel_err(loaded.process(turn), cache.process(turn)) == 0
-
-    nn.quantize(model, group_size=32, bits=4)
-    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
+    assert_saves_loads_and_quantizes(model, cache, nothing_pruned, prompt, tmp_path)
 
 
 @pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the kernel runs on the CPU only")
@@ -501,13 +507,7 @@ def test_plamo2_matches_mlx_lm_and_cuts_after_its_attention(tmp_path):
     cache = make_lazy_cache(model, static)
     cache.process(prompt.tolist())
     assert cache.engine.stats.prefill_tokens_per_layer == [200] * 2 + [60] * 2
-    save_prompt_cache(tmp_path / "c.safetensors", cache)
-    loaded = load_prompt_cache(tmp_path / "c.safetensors", model)
-    turn = random_prompt(20, ModelAdapter(model).vocab_size, seed=9).tolist()
-    assert rel_err(loaded.process(turn), cache.process(turn)) == 0
-
-    nn.quantize(model, group_size=32, bits=4)
-    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
+    assert_saves_loads_and_quantizes(model, cache, nothing_pruned, prompt, tmp_path)
 
 
 def test_a_model_without_attention_is_refused(tmp_path):

@@ -4,6 +4,7 @@ of the original checkpoint; what mlx-lm's jamba cannot compute as llama.cpp does
 
 from __future__ import annotations
 
+from functools import partial
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from mlx.utils import tree_flatten
 
 from mlx_lazy.convert import convert
 from test_convert import assert_one_line_error, run_main
-from test_lfm2_convert import assert_converted_runs, write_model
+from test_lfm2_convert import assert_converted_runs, hybrid_gguf_name, write_model
 from tiny_models import tiny_config
 
 #: llama.cpp's names of mlx-lm's jamba layer parameters (gguf-py's tensor_mapping)
@@ -29,17 +30,10 @@ GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
               "mamba.out_proj": "ssm_out"}
 
 
-def gguf_name(hf_name: str) -> str:
-    top = {"model.embed_tokens": "token_embd", "model.final_layernorm": "output_norm",
-           "lm_head": "output"}
-    base, suffix = hf_name.rsplit(".", 1)
-    if base in top:
-        return f"{top[base]}.{suffix}"
-    i, rest = base.removeprefix("model.layers.").split(".", 1)
-    if rest == "mamba" and suffix in ("A_log", "D"):  # no suffix in llama.cpp
-        return f"blk.{i}.ssm_{suffix[0].lower()}"
-    return f"blk.{i}.{GGUF_NAMES[rest]}.{suffix}"
-
+gguf_name = partial(hybrid_gguf_name, layers="model.layers.", names=GGUF_NAMES,
+                    top={"model.embed_tokens": "token_embd", "model.final_layernorm": "output_norm",
+                         "lm_head": "output"},
+                    parameters={"mamba.A_log": "ssm_a", "mamba.D": "ssm_d"})
 
 def write_jamba_gguf(path: Path, tok_folder: Path, types: dict | None = None,
                      meta: dict | None = None, extra: dict | None = None,

@@ -148,6 +148,23 @@ SETTINGS = {"lfm2": {"block_ff_dim": 96, "block_auto_adjust_ff_dim": False},
                          "num_experts_per_tok": 2}}
 
 
+def hybrid_gguf_name(hf_name: str, top: dict, layers: str, names: dict,
+                     parameters: dict) -> str:
+    """llama.cpp's name (its converter's) of a model's parameter ``hf_name``: ``top`` names the
+    modules outside the layers (``layers``: their prefix, up to the index); in a layer,
+    ``parameters`` names some by module and parameter (those llama.cpp names without a suffix,
+    as Mamba's A_log and D), ``names`` the others by module, the suffix kept (a name ending in
+    "." is written whole, without one)."""
+    base, suffix = hf_name.rsplit(".", 1)
+    if base in top:
+        return f"{top[base]}.{suffix}"
+    i, rest = hf_name.removeprefix(layers).split(".", 1)
+    if rest in parameters:
+        return f"blk.{i}.{parameters[rest]}"
+    name = names[rest.rsplit(".", 1)[0]]
+    return f"blk.{i}.{name[:-1]}" if name.endswith(".") else f"blk.{i}.{name}.{suffix}"
+
+
 def assert_converted_runs(model, kind: str, config: dict, reference: dict, quantized: bool,
                           prompt: int = 64) -> None:
     """A converted model (mlx-lm's load of the folder) has the logits of mlx-lm's model of the

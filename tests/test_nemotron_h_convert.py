@@ -4,6 +4,7 @@ of the original checkpoint."""
 
 from __future__ import annotations
 
+from functools import partial
 import importlib
 import json
 from pathlib import Path
@@ -16,7 +17,7 @@ from mlx.utils import tree_flatten
 from mlx_lazy.convert import convert
 from test_convert import T, assert_one_line_error, gguf_permute, run_main
 from test_granite4_convert import GGUF_NAMES as GRANITE_NAMES, GGUF_PARAMETERS
-from test_lfm2_convert import assert_converted_runs, write_model
+from test_lfm2_convert import assert_converted_runs, hybrid_gguf_name, write_model
 from tiny_models import tiny_config
 
 #: llama.cpp's names of mlx-lm's nemotron_h layer parameters: one norm, one mixer a layer
@@ -41,17 +42,10 @@ def mamba2_layout(role: str, x: np.ndarray, groups: int,
     return x[..., 0] if role == "ssm_conv1d" and x.ndim == 3 else x  # (not its bias)
 
 
-def gguf_name(hf_name: str) -> str:
-    top = {"backbone.embeddings": "token_embd", "backbone.norm_f": "output_norm",
-           "lm_head": "output"}
-    base, suffix = hf_name.rsplit(".", 1)
-    if base in top:
-        return f"{top[base]}.{suffix}"
-    i, rest = base.removeprefix("backbone.layers.").split(".", 1)
-    if rest == "mixer" and suffix in GGUF_PARAMETERS:
-        return f"blk.{i}.{GGUF_PARAMETERS[suffix]}"
-    return f"blk.{i}.{GGUF_NAMES[rest]}.{suffix}"
-
+gguf_name = partial(hybrid_gguf_name, layers="backbone.layers.", names=GGUF_NAMES,
+                    top={"backbone.embeddings": "token_embd", "backbone.norm_f": "output_norm",
+                         "lm_head": "output"},
+                    parameters={f"mixer.{k}": v for k, v in GGUF_PARAMETERS.items()})
 
 def write_nemotron_h_gguf(path: Path, tok_folder: Path, types: dict | None = None,
                           meta: dict | None = None, extra: dict | None = None,

@@ -4,6 +4,7 @@ compared with mlx-lm's model of the original checkpoint."""
 
 from __future__ import annotations
 
+from functools import partial
 import importlib
 import json
 from pathlib import Path
@@ -15,7 +16,7 @@ from mlx.utils import tree_flatten
 
 from mlx_lazy.convert import convert
 from test_convert import T, assert_refused, gguf_permute, llama_cpp_mtp_block
-from test_lfm2_convert import assert_converted_runs, write_model
+from test_lfm2_convert import assert_converted_runs, hybrid_gguf_name, write_model
 from tiny_models import tiny_config
 
 #: llama.cpp's names of mlx-lm's nemotron_h layer parameters (gguf-py's tensor_mapping)
@@ -32,17 +33,9 @@ GGUF_PARAMETERS = {"mixer.A_log": "ssm_a", "mixer.D": "ssm_d", "mixer.dt_bias": 
                    "mixer.gate.e_score_correction_bias": "exp_probs_b.bias"}
 
 
-def gguf_name(hf_name: str) -> str:
-    top = {"backbone.embeddings": "token_embd", "backbone.norm_f": "output_norm",
-           "lm_head": "output"}
-    base, suffix = hf_name.rsplit(".", 1)
-    if base in top:
-        return f"{top[base]}.{suffix}"
-    i, rest = hf_name.removeprefix("backbone.layers.").split(".", 1)
-    if rest in GGUF_PARAMETERS:
-        return f"blk.{i}.{GGUF_PARAMETERS[rest]}"
-    return f"blk.{i}.{GGUF_NAMES[base.split('.', 3)[3]]}.{suffix}"
-
+gguf_name = partial(hybrid_gguf_name, layers="backbone.layers.", names=GGUF_NAMES,
+                    top={"backbone.embeddings": "token_embd", "backbone.norm_f": "output_norm",
+                         "lm_head": "output"}, parameters=GGUF_PARAMETERS)
 
 def write_nemotron_h_moe_gguf(path: Path, tok_folder: Path, types: dict | None = None,
                               meta: dict | None = None, extra: dict | None = None,

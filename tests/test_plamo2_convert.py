@@ -4,6 +4,7 @@ original checkpoint."""
 
 from __future__ import annotations
 
+from functools import partial
 import importlib
 import json
 from pathlib import Path
@@ -15,7 +16,7 @@ from mlx.utils import tree_flatten
 
 from mlx_lazy.convert import convert
 from test_convert import T, assert_one_line_error, run_main
-from test_lfm2_convert import assert_converted_runs, write_model
+from test_lfm2_convert import assert_converted_runs, hybrid_gguf_name, write_model
 from tiny_models import tiny_config
 
 #: llama.cpp's names of mlx-lm's plamo2 layer parameters (gguf-py's tensor_mapping; a name
@@ -36,17 +37,10 @@ GGUF_PARAMETERS = {"q_weight": "attn_q_norm.weight", "k_weight": "attn_k_norm.we
                    "A_log": "ssm_a", "D": "ssm_d"}
 
 
-def gguf_name(hf_name: str) -> str:
-    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-    base, suffix = hf_name.rsplit(".", 1)
-    if base in top:
-        return f"{top[base]}.{suffix}"
-    i, rest = base.removeprefix("model.layers.layers.").split(".", 1)
-    if rest == "mixer" and suffix in GGUF_PARAMETERS:
-        return f"blk.{i}.{GGUF_PARAMETERS[suffix]}"
-    name = GGUF_NAMES[rest]
-    return f"blk.{i}.{name[:-1]}" if name.endswith(".") else f"blk.{i}.{name}.{suffix}"
-
+gguf_name = partial(hybrid_gguf_name, layers="model.layers.layers.", names=GGUF_NAMES,
+                    top={"model.embed_tokens": "token_embd", "model.norm": "output_norm",
+                         "lm_head": "output"},
+                    parameters={f"mixer.{k}": v for k, v in GGUF_PARAMETERS.items()})
 
 def write_plamo2_gguf(path: Path, tok_folder: Path, types: dict | None = None,
                       meta: dict | None = None, **overrides) -> tuple[dict, dict]:
