@@ -587,36 +587,43 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
 
 def global_layers(model: nn.Module) -> Tuple[int, ...]:
     """The layers a cut may follow on a ``model`` where not every layer may: those that
-    attend globally (not through a sliding window, not recurrent), but the last (see
-    :func:`mlx_lazy.policies.at_global_layers`); () on a model whose layers all attend
-    globally, where any may."""
-    windows, recurrent = sliding_windows(model), recurrent_layers(model)
-    if all(w is None for w in windows) and not recurrent:
+    attend globally (not through a sliding window, not recurrent nor without attention), but
+    the last (see :func:`mlx_lazy.policies.at_global_layers`); () on a model whose layers all
+    attend globally, where any may."""
+    windows = sliding_windows(model)
+    other = set(recurrent_layers(model)) | set(stateless_layers(model))
+    if all(w is None for w in windows) and not other:
         return ()
     return tuple(layer for layer, w in enumerate(windows[:-1])
-                 if w is None and layer not in recurrent)
+                 if w is None and layer not in other)
 
 
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
     DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
-    Mamba-2 layers, and Nemotron-H's MLP-only ones and Nemotron-NAS's layers without attention,
-    which hold no state; PLaMo 2's Mamba layers;
-    every Falcon-H1 layer, its Mamba-2 mixer beside its attention); () for every other
-    family. Such a layer holds one state that has taken its tokens in order, not keys and
-    values: a token pruned below it can never enter it later, and no cut can follow it (it
-    gives no attention to score with)."""
+    Mamba-2 layers, PLaMo 2's Mamba layers, Ling 2.5's Kimi Delta Attention layers, every
+    Falcon-H1 layer, its Mamba-2 mixer beside its attention); () for every other family. Such
+    a layer holds one state that has taken its tokens in order, not keys and values: a token
+    pruned below it can never enter it later, and no cut can follow it (it gives no attention
+    to score with)."""
     return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
-                 if hasattr(block, "linear_attn") or hasattr(block, "conv")
-                 or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
-                 or getattr(block, "is_mamba", False) or _stateless(block)
-                 or getattr(block, "is_linear", False))  # KDA
+                 if not _stateless(block) and (
+                     hasattr(block, "linear_attn") or hasattr(block, "conv")
+                     or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
+                     or getattr(block, "is_mamba", False)
+                     or getattr(block, "is_linear", False)))  # KDA
+
+
+def stateless_layers(model: nn.Module) -> Tuple[int, ...]:
+    """The layers of ``model`` without attention that compute each token alone, holding no
+    state (Nemotron-H's MLP or experts, Llama-Nemotron's layers whose attention is a no-op or
+    one linear map): run as mlx-lm's own block, on any tokens in any order (a revived one
+    too); no cut can follow one (it gives no attention to score with)."""
+    return tuple(layer for layer, block in enumerate(_blocks(_text_model(model)))
+                 if _stateless(block))
 
 
 def _stateless(block: nn.Module) -> bool:
-    """Whether ``block`` is a recurrent layer that holds no state, run as mlx-lm's own block:
-    Nemotron-H's MLP or experts alone, Nemotron-NAS's layers whose attention is a no-op or
-    a linear map."""
     config = getattr(block, "attention_config", None)  # nemotron-nas
     return (getattr(block, "block_type", None) in ("-", "E")
             or config is not None and (config.no_op or config.replace_with_linear))
@@ -683,16 +690,18 @@ class ModelAdapter:
                for layer, window in zip(self.layers, self._windows)):
             raise UserInputError("sliding-window attention layers are not supported")
         self._recurrent = frozenset(recurrent_layers(model))
+        self._stateless = frozenset(stateless_layers(model))
         self._mixer_mask = model_type != "jamba"  # Jamba's Mamba takes no mask
         self._kda = model_type == "bailing_moe_v3"  # its recurrent layers' state: 4 arrays
         # longcat_flash: a token's hidden state after each even layer carries its block's MoE
         # output after its (hidden_size,) part, which the odd layer adds
         self._shortcut = model_type == "longcat_flash"
-        # each layer's attention module (None in a recurrent layer), found once: read per
-        # layer and step; sharding changes their projections in place, not the modules
-        # (Falcon-H1's recurrent layers each hold one, beside the mixer)
+        # each layer's attention module (None in a recurrent or stateless layer), found once:
+        # read per layer and step; sharding changes their projections in place, not the
+        # modules (Falcon-H1's recurrent layers each hold one, beside the mixer)
         self._falcon_h1 = model_type == "falcon_h1"
-        self._attns = [None if i in self._recurrent and not self._falcon_h1
+        self._attns = [None if i in self._stateless
+                       or (i in self._recurrent and not self._falcon_h1)
                        else attention_module(block) for i, block in enumerate(self.layers)]
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
         attn = next((a for a in self._attns if a is not None), None)
@@ -806,6 +815,16 @@ class ModelAdapter:
         """Whether ``layer`` is recurrent (:func:`recurrent_layers`): it runs through
         :meth:`recurrent_block`, not :meth:`qkv` and :meth:`finish`."""
         return layer in self._recurrent
+
+    def stateless(self, layer: int) -> bool:
+        """Whether ``layer`` is one without attention that computes each token alone
+        (:func:`stateless_layers`): it runs through :meth:`stateless_block`."""
+        return layer in self._stateless
+
+    def stateless_block(self, layer: int, h: mx.array) -> mx.array:
+        """A layer of :func:`stateless_layers` on hidden states ``h`` (1, n, D): mlx-lm's own
+        block (its norms, the no-op or linear map for attention, the MLP)."""
+        return self.layers[layer](h)
 
     def _part(self, module: nn.Module, name: str) -> Optional[nn.Module]:
         """The part of ``module`` that Llama's layout names ``name`` (under the family's own
@@ -1215,8 +1234,6 @@ class ModelAdapter:
         multiplier)."""
         block, n = self.layers[layer], h.shape[1]
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
-        if _stateless(block):  # nemotron_h's MLPs, nemotron-nas's layers without attention
-            return block(h)[:, :n]
         if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, 4 for KDA (a
             # convolution of q, k and v each, the delta rule's) and Falcon-H1 (its keys and
             # values too), else 2

@@ -311,8 +311,8 @@ class LazyEngine:
         None.
         """
         a, cache = self.adapter, self.cache
-        if a.recurrent(layer):
-            return self._recurrent_layer(layer, h, comp, output)
+        if a.recurrent(layer) or a.stateless(layer):
+            return self._attention_free_layer(layer, h, comp, output)
         kv = cache.layers[a.kv_layer(layer)]
         q, k, v, gate = a.qkv(layer, h, comp)
         if k is not None:
@@ -332,21 +332,27 @@ class LazyEngine:
                              a.sliding_window(layer), a.sinks(layer), a.softcap(layer))
         return q, a.finish(layer, h, out, gate), rows, visible
 
-    def _recurrent_layer(self, layer: int, h: mx.array, comp: np.ndarray, output: bool
-                         ) -> Tuple[None, Optional[mx.array], np.ndarray, None]:
-        """:meth:`_layer` for a recurrent layer (Qwen3.5's linear attention, LFM2's
-        convolutions, Mamba-2; Nemotron-H's stateless MLPs): its state takes the tokens at
-        ``comp`` in order. Every one must follow the tokens it has taken; the schedules a
-        hybrid model resolves to (no revival, no completion) keep it so. No queries (no cut
-        follows such a layer), no keys seen."""
-        cache = self.cache
-        # tokens from the first one on already taken there (O(new tokens): they are the newest)
-        later = np.flatnonzero(cache.depth[comp[0]:] > layer)
-        if len(later):
-            raise RuntimeError(f"token {comp[0]} sent to recurrent layer {layer} after token "
-                               f"{comp[0] + later[-1]}: its state takes tokens in order only")
-        cache.mark_computed(layer, comp)
-        h = self.adapter.recurrent_block(layer, h, cache.recurrent_state(layer), comp)
+    def _attention_free_layer(self, layer: int, h: mx.array, comp: np.ndarray, output: bool
+                              ) -> Tuple[None, Optional[mx.array], np.ndarray, None]:
+        """:meth:`_layer` for a layer without attention: a recurrent one (Qwen3.5's linear
+        attention, LFM2's convolutions, Mamba-2), whose state takes the tokens at ``comp`` in
+        order (every one must follow the tokens it has taken; the schedules a hybrid model
+        resolves to, no revival and no completion, keep it so), or a stateless one (Nemotron-H's
+        MLPs, Llama-Nemotron's layers without attention), which takes any tokens. No queries
+        (no cut follows such a layer), no keys seen."""
+        a, cache = self.adapter, self.cache
+        if a.recurrent(layer):
+            # tokens from the first one on already taken there (O(new tokens): the newest)
+            later = np.flatnonzero(cache.depth[comp[0]:] > layer)
+            if len(later):
+                raise RuntimeError(f"token {comp[0]} sent to recurrent layer {layer} after "
+                                   f"token {comp[0] + later[-1]}: its state takes tokens in "
+                                   "order only")
+            cache.mark_computed(layer, comp)
+            h = a.recurrent_block(layer, h, cache.recurrent_state(layer), comp)
+        else:
+            cache.mark_computed(layer, comp)
+            h = a.stateless_block(layer, h)
         if layer == self.adapter.num_layers - 1:
             if not output:
                 return None, None, comp, None

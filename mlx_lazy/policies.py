@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import mlx.nn as nn
 
-from .adapter import global_layers, recurrent_layers
+from .adapter import global_layers, recurrent_layers, stateless_layers
 from .completion import DEFAULT_COMPLETE
 from .errors import UserInputError, shown
 from .inputs import is_int
@@ -445,25 +445,27 @@ NO_WAY_BACK = ("this model's recurrent (linear-attention) layers take tokens onl
 
 
 def check_hybrid_schedule(schedule: Schedule, model: nn.Module) -> None:
-    """Refuse a schedule a hybrid ``model`` cannot run (nothing on another model): one that
-    revives, or cuts after a recurrent layer (a cut follows an attention layer,
-    :func:`~mlx_lazy.adapter.global_layers`, whose scores rank the context).
+    """Refuse a schedule a ``model`` with layers without attention cannot run (nothing on
+    another model): on a hybrid one that revives; on any a cut after a recurrent or stateless
+    layer (a cut follows an attention layer, :func:`~mlx_lazy.adapter.global_layers`, whose
+    scores rank the context).
 
     Raises:
         UserInputError: naming the setting and what to use instead.
     """
-    if not recurrent_layers(model):
+    recurrent = recurrent_layers(model)
+    if not recurrent and not stateless_layers(model):
         return
     cut_layers = global_layers(model)
-    if schedule.revive:
+    if recurrent and schedule.revive:
         raise UserInputError(f"{NO_WAY_BACK}: use revive=False (--no-revive)")
     if schedule.prune_layers and not cut_layers:
         raise UserInputError(f"{schedule.method!r} cuts after an attention layer, and this "
-                             "hybrid model has none a cut may follow (attention alone, not in "
+                             "model has none a cut may follow (attention alone, not in "
                              "its last layer): use speed, random or full")
     wrong = [layer for layer in schedule.prune_layers if layer not in cut_layers]
     if wrong:
         raise UserInputError(
-            f"a cut must follow an attention layer of this hybrid model, not layer"
+            f"a cut must follow an attention layer of this model, not layer"
             f"{'s' if wrong[1:] else ''} {', '.join(map(str, wrong))}; its attention layers "
             f"(but the last): {', '.join(map(str, cut_layers))}")

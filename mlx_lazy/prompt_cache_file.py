@@ -183,15 +183,19 @@ def model_tensors(adapter: ModelAdapter) -> ModelTensors:
 
     kvs = {}
     for layer in range(adapter.num_layers):
-        if adapter.recurrent(layer):
-            state: List[Optional[mx.array]] = []
-            longer: List[Optional[mx.array]] = []  # after two tokens: which axes grow
-            adapter.recurrent_block(layer, mx.concatenate([h, h], axis=1), longer, np.arange(2))
-            h = adapter.recurrent_block(layer, h, state, np.array([0]))
-            mx.eval(h, state, longer)
-            out.recurrent[layer] = [
-                (tuple(a if a == b else None for a, b in zip(part.shape[1:], two.shape[1:])),
-                 part.dtype) for part, two in zip(state, longer)]
+        if adapter.recurrent(layer) or adapter.stateless(layer):
+            if adapter.recurrent(layer):
+                state: List[Optional[mx.array]] = []
+                longer: List[Optional[mx.array]] = []  # after two tokens: which axes grow
+                adapter.recurrent_block(layer, mx.concatenate([h, h], axis=1), longer,
+                                        np.arange(2))
+                h = adapter.recurrent_block(layer, h, state, np.array([0]))
+                mx.eval(h, state, longer)
+                out.recurrent[layer] = [
+                    (tuple(a if a == b else None for a, b in zip(part.shape[1:], two.shape[1:])),
+                     part.dtype) for part, two in zip(state, longer)]
+            else:
+                h = adapter.stateless_block(layer, h)
             for kinds in (out.keys, out.values, out.queries):
                 kinds.append(None)
             out.hidden.append(((h.shape[2],), h.dtype))
@@ -260,11 +264,13 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
     for layer in range(L):
         parts = entries.get(("layers", layer), {})
         # a layer reading a lower layer's keys and values (Gemma 4's E2B/E4B) holds none,
-        # nor does a recurrent one, whose state has taken the tokens whose depth is above it
+        # nor does a stateless one, nor a recurrent one, whose state has taken the tokens whose
+        # depth is above it
         if adapter.recurrent(layer):
             _recurrent_state(layer, recurrent.pop(layer, {}), int((depth > layer).sum()),
                              shapes.recurrent[layer])
-        has_kv = adapter.kv_layer(layer) == layer and not adapter.recurrent(layer)
+        has_kv = (adapter.kv_layer(layer) == layer and not adapter.recurrent(layer)
+                  and not adapter.stateless(layer))
         want = np.flatnonzero(depth > layer) if has_kv else []
         if not len(want) and not parts:
             continue

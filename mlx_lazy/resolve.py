@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import mlx.nn as nn
 
-from .adapter import ModelAdapter, global_layers, recurrent_layers
+from .adapter import ModelAdapter, global_layers, recurrent_layers, stateless_layers
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError
 from .policies import (NO_WAY_BACK, REVIVAL_IDLE, LazyCuts, ScoredCuts, check_hybrid_schedule,
@@ -79,7 +79,8 @@ def resolve_config(model: nn.Module, config: Union[PruningConfig, str, None] = N
                         cut_layers)
     if recurrent:
         check_hybrid(requested)
-        chosen = for_hybrid(chosen, cut_layers, fingerprint["num_layers"])
+    if recurrent or stateless_layers(model):
+        chosen = for_hybrid(chosen, cut_layers, fingerprint["num_layers"], bool(recurrent))
     check_model(chosen, fingerprint)
     schedule = build_schedule(chosen, fingerprint["num_layers"])
     check_hybrid_schedule(schedule, model)
@@ -101,17 +102,18 @@ def check_hybrid(requested: PruningConfig) -> None:
         raise UserInputError(f"{NO_WAY_BACK}: drop {named}")
 
 
-def for_hybrid(config: PruningConfig, cut_layers: Tuple[int, ...],
-               num_layers: int) -> PruningConfig:
-    """``config`` as a hybrid model runs it: LazyLLM without revival (``revive`` is True by
-    default everywhere, so it cannot mean a request; a calibrated schedule's or the transfer
-    rule's revival settings are dropped), and a preset's cuts moved onto the nearest of the
-    attention layers ``cut_layers`` below its SPEED cutoff, if any
+def for_hybrid(config: PruningConfig, cut_layers: Tuple[int, ...], num_layers: int,
+               recurrent: bool = True) -> PruningConfig:
+    """``config`` as a model with layers without attention runs it: on a hybrid
+    (``recurrent``), LazyLLM without revival (``revive`` is True by default everywhere, so it
+    cannot mean a request; a calibrated schedule's or the transfer rule's revival settings are
+    dropped); on any, a preset's cuts moved onto the nearest of the attention layers
+    ``cut_layers`` below its SPEED cutoff, if any
     (:func:`~mlx_lazy.policies.cuts_at_global_layers`), keeping the fractions the request
     gives for those; cuts the request gives stay as given
     (:func:`~mlx_lazy.policies.check_hybrid_schedule` refuses the wrong ones)."""
     policies = compose(config.method).values()
-    if any(issubclass(p, LazyCuts) for p in policies):
+    if recurrent and any(issubclass(p, LazyCuts) for p in policies):
         config = replace(config, revive=False, **{f: None for f in REVIVAL_IDLE})
     if config.prune_layers is None and any(issubclass(p, ScoredCuts) for p in policies):
         preset = build_schedule(replace(config, keep=None), num_layers)
@@ -119,7 +121,7 @@ def for_hybrid(config: PruningConfig, cut_layers: Tuple[int, ...],
         below = [layer for layer in cut_layers if layer < depth - 1]  # SPEED's cutoff
         if cut_layers and not below:
             raise UserInputError(
-                f"no attention layer of this hybrid model lies below the SPEED cutoff {depth} "
+                f"no attention layer of this model lies below the SPEED cutoff {depth} "
                 f"(a cut must follow one, with a layer after it below the cutoff; its "
                 f"attention layers: {', '.join(map(str, cut_layers))}): use speed alone, or "
                 f"a cutoff of at least {cut_layers[0] + 2} layers")

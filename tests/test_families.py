@@ -89,7 +89,8 @@ from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load,
                       load_prompt_cache, make_prompt_cache as make_lazy_cache, resolve_config,
                       save_prompt_cache)
 from mlx_lazy.adapter import (SUPPORTED_MODEL_TYPES, ModelAdapter, attention_module,
-                              decode_identity, feed_forward, identities_match, sliding_windows)
+                              decode_identity, feed_forward, global_layers, identities_match,
+                              recurrent_layers, sliding_windows, stateless_layers)
 from mlx_lazy.attention import Chunks, position_mask, window_start
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
@@ -753,13 +754,12 @@ def test_dynamic_ntk_rope_on_scattered_positions_is_one_call_over_their_span():
     assert rel_err(plain, want) > 1e-3
 
 
-def _mlx_lm_kv(model, layer_cache):
-    """mlx-lm's cached keys and values of one layer as the engine holds them: the absorbed
+def _mlx_lm_kv(model, layer: int, layer_cache):
+    """mlx-lm's cached keys and values of ``layer`` as the engine holds them: the absorbed
     latent attention caches the latent and rope(k_pe), whose concatenation is the engine's
     key and the latent its value."""
     keys, values = layer_cache.keys, layer_cache.values
-    if hasattr(attention_module(ModelAdapter(model).layers[0]), "embed_q"):  # (longcat_flash's
-        # blocks hold two attentions)
+    if hasattr(attention_module(ModelAdapter(model).layers[layer]), "embed_q"):
         return mx.concatenate([keys, values], axis=-1), keys
     return keys, values
 
@@ -890,21 +890,24 @@ def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
 
 
-def _revived_kv(model, first: int = 300, layer: int = 2) -> tuple:
-    """Layer ``layer``'s keys and values of the prompt tokens a cut after the layer below pruned
-    and 16 decode steps revived from the Aux Cache, beside mlx-lm's of the same tokens from one
-    forward over the whole 300-token prompt (LongCat-Flash's: two layers a block, a cache each).
-    ``first`` < 300: the rest is a follow-up chunk (``extend``) and only its tokens count."""
+def _revived_kv(model, first: int = 300, layer: int = 2, cut: int | None = None,
+                cache_of: int | None = None) -> tuple:
+    """Layer ``layer``'s keys and values of the prompt tokens a cut after ``cut`` (the layer
+    below by default) pruned and 16 decode steps revived from the Aux Cache, beside mlx-lm's of
+    the same tokens from one forward over the whole 300-token prompt, its cache ``cache_of``
+    (the layer's by default; LongCat-Flash's: two layers a block, a cache each). ``first`` <
+    300: the rest is a follow-up chunk (``extend``) and only its tokens count."""
     prompt = random_prompt(300, ModelAdapter(model).vocab_size, seed=3)
     cache = make_prompt_cache(model)
     model(prompt[None], cache=cache)
+    cut = layer - 1 if cut is None else cut
     engine = LazyEngine(model, resolve_config(model, PruningConfig(
-        "lazy", prune_layers=(layer - 1,), keep=(0.3,))))
+        "lazy", prune_layers=(cut,), keep=(0.3,))))
     logits = engine.prefill(prompt[:first])
     start = 0
     if first < len(prompt):
         logits, start = engine.extend(prompt[first:]), first
-    waiting = {p for p in engine.cache.aux[layer].positions.tolist() if p >= start}
+    waiting = {p for p in engine.cache.aux[cut + 1].positions.tolist() if p >= start}
     token = int(mx.argmax(logits))
     for _ in range(16):
         token = int(mx.argmax(engine.decode(token)))
@@ -914,7 +917,8 @@ def _revived_kv(model, first: int = 300, layer: int = 2) -> tuple:
     keys, values = kv.fetch(np.array(revived))
     longcat = model.model_type == "longcat_flash"
     ref_keys, ref_values = _mlx_lm_kv(
-        model, cache[layer // 2][layer % 2] if longcat else cache[layer])
+        model, layer, cache[layer // 2][layer % 2] if longcat
+        else cache[layer if cache_of is None else cache_of])
     return keys, values, ref_keys[:, :, revived], ref_values[:, :, revived]
 
 
@@ -972,6 +976,49 @@ def test_a_checkpoint_under_another_name_runs_as_its_family(family_dir, alias, t
         "lazy", prune_layers=(1,), keep=(0.3,), complete="none")))
     engine.prefill(prompt)
     assert engine.stats.prefill_tokens_per_layer[2] == 60
+
+
+def test_llama_nemotron_revives_through_its_layers_without_attention(family, tmp_path):
+    """Llama-Nemotron (``nemotron-nas``, the tiny's attention in layers 3 and 7; none in 0, 2
+    and 5; one linear map for it in 1, 4 and 6; a linear MLP in 2, none in 4 and 7): a layer
+    without attention computes each token alone, so the model prunes as a dense one does.
+    Unpruned, and with nothing pruned by a cut after layer 3, equal to mlx-lm; tokens that cut
+    prunes wait in the Aux Cache and, revived, pass through layers 4-6 to layer 7, whose keys
+    and values of them equal mlx-lm's forward (the 2nd of its caches: one per layer with
+    attention or a linear map for it); decoding on the pruned state revives, each (token,
+    layer) computed once; a plain ``lazy`` revives and cuts after layer 3 only; a pruned prompt
+    cache saves and loads; a
+    cut after a layer without attention is refused naming the one that has it."""
+    model, tokenizer = family("nemotron-nas")
+    assert recurrent_layers(model) == () and global_layers(model) == (3,)
+    assert stateless_layers(model) == (0, 1, 2, 4, 5, 6)
+    assert [type(layer.self_attn).__name__ for layer in model.layers[:3]] == [
+        "NoneType", "LinearSubblockReplacement", "NoneType"]
+    assert type(model.layers[2].mlp).__name__ == "LinearSubblockReplacement"
+    assert model.layers[4].mlp is None and model.layers[7].mlp is None
+    assert [attention_module(model.layers[i]).n_kv_heads for i in (3, 7)] == [2, 1]
+    prompt = random_prompt(300, ModelAdapter(model).vocab_size)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 16) < LOGITS_TOL
+    nothing_pruned = PruningConfig("lazy", prune_layers=(3,), keep=(1.0,))
+    assert mlx_lm_error(model, nothing_pruned, prompt[:200], 8) < LOGITS_TOL
+    keys, values, ref_keys, ref_values = _revived_kv(model, layer=7, cut=3, cache_of=4)
+    assert rel_err(keys, ref_keys) < 1e-5 and rel_err(values, ref_values) < 1e-5
+    schedule = resolve_config(model, "lazy")
+    assert schedule.revive and set(schedule.prune_layers) == {3}
+    config = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), complete="none")
+    live = make_lazy_cache(model, config)
+    generate(model, tokenizer, "The quick brown fox jumps over the lazy dog. " * 30,
+             max_tokens=8, prompt_cache=live, config=config)
+    stats = live.engine.stats
+    assert stats.max_computations_per_token_layer == 1 and stats.revivals > 0
+    save_prompt_cache(tmp_path / "c.safetensors", live)
+    loaded = load_prompt_cache(tmp_path / "c.safetensors", model)
+    answers = [generate(model, tokenizer, " And then?", max_tokens=8, prompt_cache=cache,
+                        config=config) for cache in (loaded, live)]
+    assert answers[0] == answers[1]
+    with pytest.raises(UserInputError, match="a cut must follow an attention layer of this "
+                                             "model, not layer 1; its attention layers .*: 3"):
+        resolve_config(model, PruningConfig("lazy", prune_layers=(1,), keep=(0.5,)))
 
 
 def test_a_mistral3_checkpoint_of_another_text_model_is_refused(family_dir):

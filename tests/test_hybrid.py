@@ -3,8 +3,7 @@ three Gated DeltaNet layers, recurrent, to one of gated full attention), LFM2's 
 ``lfm2_moe``: short gated convolutions, recurrent, and attention), Granite 4.0's
 (``granitemoehybrid``: Mamba-2 layers, recurrent, and attention) and Nemotron-H's
 (``nemotron_h``: Mamba-2, attention, MLP and MoE layers) and Jamba's (``jamba``: Mamba layers,
-recurrent, attention, MoE every other layer), Nemotron-NAS's (``nemotron-nas``: layers without
-attention or with a linear map for it, stateless) and Ling 2.5's (``bailing_moe_v3``: Kimi
+recurrent, attention, MoE every other layer) and Ling 2.5's (``bailing_moe_v3``: Kimi
 Delta Attention layers, recurrent, gated latent attention, MoE): unpruned equal to
 mlx-lm, in one prompt or in turns; pruning, which a recurrent layer allows only without
 revival, equal to a reference built from mlx-lm's own layers; interrupts, prompt caches and
@@ -29,7 +28,7 @@ from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, build_schedule,
                       make_prompt_cache as make_lazy_cache, resolve_config, save_prompt_cache,
                       trim_prompt_cache)
 from mlx_lazy.adapter import (ModelAdapter, attention_module, global_layers, identities_match,
-                              recurrent_layers)
+                              recurrent_layers, stateless_layers)
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from test_prompt_cache import same_state
@@ -40,11 +39,10 @@ from tiny_models import build_tiny_model
 #: same places, each through every test of the ``hybrid`` fixtures; Granite 4.0 H's too (Mamba-2
 #: layers for recurrent ones, attention without RoPE, Granite's multipliers, shared experts) and
 #: Nemotron-H's (a mixer a layer: Mamba-2, attention, or an MLP or experts, stateless) and
-#: Jamba's (Mamba layers for recurrent ones, attention without RoPE, experts every other layer),
-#: Nemotron-NAS's (no attention, or a linear map for it, stateless; MLPs absent or linear too)
+#: Jamba's (Mamba layers for recurrent ones, attention without RoPE, experts every other layer)
 #: and Ling 2.5's (Kimi Delta Attention for recurrent ones, gated latent attention, experts).
 KINDS = ("qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "jamba",
-         "nemotron-nas", "bailing_moe_v3")
+         "bailing_moe_v3")
 STATIC = PruningConfig("static", prune_layers=(3,), keep=(0.3,))
 NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
 
@@ -78,15 +76,16 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
     3 tokens (a state of 2), its attention has per-head q/k norms and RoPE over whole heads;
     Granite 4.0's are Mamba-2 layers (a convolution over 4 tokens, 8 heads in 2 groups), its
     attention has no RoPE, its experts a shared MLP beside them; Nemotron-H's are Mamba-2
-    layers, experts in layer 1 and an MLP in 6 (layers of their own, stateless), its attention
+    layers, experts in layer 1 and an MLP in 6 (layers of their own without state, which take
+    any tokens), its attention
     has no RoPE; Jamba's are Mamba layers (a convolution over 4 tokens, a state of 16), its
-    attention has no RoPE, its odd layers experts; Nemotron-NAS's have no attention (0, 2, 5)
-    or a linear map for it (1, 4, 6), its layers 2 and 4 a linear MLP and none, its attention
-    layers 2 and 1 key/value heads; Ling 2.5's are Kimi Delta Attention layers
+    attention has no RoPE, its odd layers experts; Ling 2.5's are Kimi Delta Attention layers
     (convolutions over 4 tokens), its attention absorbed latent attention with traditional RoPE
     and a gate per head, its layers from 1 on experts."""
     model, _ = hybrid
-    assert recurrent_layers(model) == (0, 1, 2, 4, 5, 6)
+    nemotron_h = model.model_type == "nemotron_h"  # its MLP layers 1 and 6 stateless
+    assert recurrent_layers(model) == ((0, 2, 4, 5) if nemotron_h else (0, 1, 2, 4, 5, 6))
+    assert stateless_layers(model) == ((1, 6) if nemotron_h else ())
     assert global_layers(model) == (3,)  # a cut may follow an attention layer, not the last
     attn = attention_module(model.layers[3])
     if model.model_type == "jamba":
@@ -94,12 +93,6 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
         assert (mamba.conv_kernel_size, mamba.ssm_state_size) == (4, 16)
         assert not hasattr(attn, "rope") and "switch_mlp" in model.layers[3].feed_forward
         assert "switch_mlp" not in model.layers[2].feed_forward
-    elif model.model_type == "nemotron-nas":
-        assert [type(layer.self_attn).__name__ for layer in model.layers[:3]] == [
-            "NoneType", "LinearSubblockReplacement", "NoneType"]
-        assert type(model.layers[2].mlp).__name__ == "LinearSubblockReplacement"
-        assert model.layers[4].mlp is None and model.layers[7].mlp is None
-        assert (attn.n_kv_heads, attention_module(model.layers[7]).n_kv_heads) == (2, 1)
     elif model.model_type == "bailing_moe_v3":
         assert model.layers[0].attention.conv_kernel_size == 4 and hasattr(attn, "embed_q")
         assert attn.g_proj.weight.shape[0] == attn.num_heads and attn.rope.traditional
@@ -297,9 +290,6 @@ def _attention(layer, h, positions, store):
         return h + layer.feed_forward(layer.pre_ff_layernorm(h))
     if "mixer" in layer:  # nemotron_h: attention alone
         return h + attn.o_proj(out)
-    if hasattr(layer, "ffn_config"):  # nemotron-nas: the MLP where the layer has one
-        h = h + attn.o_proj(out)
-        return h if layer.mlp is None else h + layer.mlp(layer.post_attention_layernorm(h))
     if gate is None:  # granitemoehybrid: residual multipliers, experts beside a shared MLP
         h = h + attn.o_proj(out) * layer.residual_multiplier
         x = layer.post_attention_layernorm(h)
@@ -318,10 +308,9 @@ def reference_static(model, prompt, keep, steps, cut=3):
     outer = getattr(model, "language_model", model)  # Qwen3.5's text model, or the model
     text = getattr(outer, "backbone", None) or outer.model  # nemotron_h's backbone
     layers, caches, n = text.layers, make_prompt_cache(model), len(prompt)
-    if len(caches) < len(layers):  # nemotron_h: none for its MLP layers, nemotron-nas: for
-        given = iter(caches)  # those without attention or a linear map for it
-        caches = [next(given) if (layer.block_type in "M*" if "mixer" in layer
-                                  else layer.self_attn is not None) else None for layer in layers]
+    if len(caches) < len(layers):  # nemotron_h: none for its MLP layers
+        given = iter(caches)
+        caches = [next(given) if layer.block_type in "M*" else None for layer in layers]
     scale = getattr(text, "embedding_multiplier", 1.0)  # granitemoehybrid's multipliers
     embed = (getattr(text, "embed_tokens", None) or getattr(text, "word_embeddings", None)
              or text.embeddings)  # bailing_moe_v3's, nemotron_h's
@@ -340,7 +329,8 @@ def reference_static(model, prompt, keep, steps, cut=3):
     scores[[0, n - 1]] = np.inf
     kept = np.sort(np.argsort(-scores, kind="stable")[: round(keep * n)])
     h, positions = h[:, mx.array(kept)], kept
-    stores = {i: {} for i in range(cut + 1, len(layers)) if i not in recurrent_layers(model)}
+    stores = {i: {} for i in range(cut + 1, len(layers))
+              if i not in recurrent_layers(model) + stateless_layers(model)}
     head = getattr(outer, "lm_head", None) or embed.as_linear  # lfm2: tied
     norm = (getattr(text, "norm", None) or getattr(text, "embedding_norm", None)  # lfm2's
             or getattr(text, "final_layernorm", None)  # jamba's
@@ -423,7 +413,7 @@ def test_a_speed_cutoff_below_every_attention_layer_is_named(hybrid):
     """lazy+speed under a cutoff that leaves no attention layer with one after it below it:
     the message said to cut after layer 3, which the cutoff then refused."""
     model, _ = hybrid
-    with pytest.raises(UserInputError, match="no attention layer of this hybrid model lies "
+    with pytest.raises(UserInputError, match="no attention layer of this model lies "
                                              "below the SPEED cutoff 4 .* at least 5 layers"):
         resolve_config(model, PruningConfig("lazy+speed", speed_cutoff=4))
     assert resolve_config(model, PruningConfig("lazy+speed", speed_cutoff=5)).prune_layers == (3,)
@@ -458,7 +448,7 @@ def test_falcon_h1_runs_as_mlx_lm_and_takes_no_cut(tmp_path):
     engine.extend(prompt[100:137])
     assert rel_err(engine.extend(prompt[137:]), ref) < LOGITS_TOL
     with pytest.raises(UserInputError, match="'lazy' cuts after an attention layer, and this "
-                                             "hybrid model has none a cut may follow"):
+                                             "model has none a cut may follow"):
         resolve_config(model, "lazy")
     from mlx_lazy.bench import calibrate
 
@@ -611,9 +601,9 @@ def test_a_pruned_prompt_cache_saves_and_loads(hybrid, tmp_path):
     assert rel_err(loaded.process(turn), cache.process(turn)) == 0
 
     arrays, metadata = mx.load(str(path), return_metadata=True)
-    state = cache.engine.cache.recurrent[4]  # Qwen's has two parts, LFM2's one, Nemotron-NAS's
-    for name, broken in ((f"recurrent.4.{len(state) - 1}", None),  # none (no state to break)
-                         ("recurrent.5.0", mx.zeros((1, 2, 3))))[:2 if state else 0]:
+    state = cache.engine.cache.recurrent[4]  # Qwen's has two parts, LFM2's one
+    for name, broken in ((f"recurrent.4.{len(state) - 1}", None),
+                         ("recurrent.5.0", mx.zeros((1, 2, 3)))):
         bad = dict(arrays)
         if broken is None:
             del bad[name]

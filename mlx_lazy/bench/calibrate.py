@@ -172,7 +172,6 @@ def candidates(model: Any, gain_length: int,
     else:
         decode["complete"] = decode.get("complete") or DEFAULT_COMPLETE
     n_layers = num_layers(model)
-    cut_after = global_layers(model)
     cost = prior(model)
     full = build_schedule(PruningConfig("full"), n_layers)
     full_counts = predicted_counts(full, gain_length)

@@ -236,11 +236,11 @@ def layer_params(adapter: ModelAdapter) -> float:
 
 def head_dims(adapter: ModelAdapter) -> float:
     """Query heads x head_dim of a layer, averaged over the layers (Gemma 4's global layers
-    have wider heads, OpenELM's layers more or fewer of them; a hybrid's recurrent layers pair
-    no query with a key, 0): what a
+    have wider heads, OpenELM's layers more or fewer of them; a hybrid's recurrent layers and
+    layers without attention pair no query with a key, 0): what a
     query-key pair's arithmetic scales with (the head size from the attention scale, 1/sqrt
     of it, where the module does not say it: Granite's scale is a multiplier of its own)."""
-    dims = [0 if adapter.recurrent(i) else
+    dims = [0 if adapter.recurrent(i) or adapter.stateless(i) else
             getattr(attention_module(layer), "n_heads", adapter.n_heads)
             * (getattr(attention_module(layer), "head_dim", None) or round(adapter.scale ** -2))
             for i, layer in enumerate(adapter.layers)]
