@@ -1270,19 +1270,10 @@ def _nemotron_h_config(arch: str, g: Any, count: Any, positive: Any, optional: A
     tensors have them; a NextN block's entries in the per-layer arrays dropped."""
     n_layers, head_dim, moe = config["num_hidden_layers"], config["head_dim"], arch.endswith("moe")
 
-    def by_layer(key: str, default: Any = None) -> list[int]:
-        """llama.cpp's value of ``key`` for each layer (one value, or one per layer)."""
-        value = g(key, default)
-        values = value if isinstance(value, list) else [value] * n_layers
-        if len(values) == g("block_count"):  # and the NextN block's after the model's
-            values = values[:n_layers]
-        if len(values) != n_layers:
-            raise UserInputError(f"GGUF metadata {arch}.{key} has {len(values)} values for "
-                                 f"{n_layers} layers")
-        return [count(key, value=v, least=0) for v in values]
-
-    widths = by_layer("feed_forward_length")
-    kv = by_layer("attention.head_count_kv", config["num_attention_heads"])
+    total = count("block_count")  # the model's layers and a NextN block's, whose entries go
+    widths = _per_layer(arch, g, count, total, "feed_forward_length", least=0)[:n_layers]
+    kv = _per_layer(arch, g, count, total, "attention.head_count_kv",
+                    config["num_attention_heads"], least=0)[:n_layers]
     pattern = [("E" if moe else "-") if w else "*" if n else "M" for w, n in zip(widths, kv)]
     if "M" not in pattern or "*" not in pattern:
         raise UserInputError(f"GGUF {arch} with layers {''.join(pattern)} is not supported "
