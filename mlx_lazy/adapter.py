@@ -654,8 +654,7 @@ class ModelAdapter:
         self.text = _text_model(model)
         text_type = _text_type(model)
         model_type = _WRAPPERS.get(model_type) or model_type  # a VL checkpoint's: its text's
-        if model_type == "mistral3" and text_type not in ("llama", "ministral3",
-                                                                     "mistral4"):
+        if model_type == "mistral3" and text_type not in ("llama", "ministral3", "mistral4"):
             raise UserInputError(f"unsupported text model type {text_type!r} in a "
                                  "mistral3 checkpoint; mlx-lazy supports llama, ministral3, "
                                  "mistral4")
@@ -815,6 +814,11 @@ class ModelAdapter:
         """Whether ``layer`` is recurrent (:func:`recurrent_layers`): it runs through
         :meth:`recurrent_block`, not :meth:`qkv` and :meth:`finish`."""
         return layer in self._recurrent
+
+    def attention_free(self, layer: int) -> bool:
+        """Whether ``layer`` runs without :meth:`qkv` and :meth:`finish`: a recurrent or a
+        stateless one (no queries: no cut can follow it)."""
+        return layer in self._recurrent or layer in self._stateless
 
     def stateless(self, layer: int) -> bool:
         """Whether ``layer`` is one without attention that computes each token alone

@@ -311,7 +311,7 @@ class LazyEngine:
         None.
         """
         a, cache = self.adapter, self.cache
-        if a.recurrent(layer) or a.stateless(layer):
+        if a.attention_free(layer):
             return self._attention_free_layer(layer, h, comp, output)
         kv = cache.layers[a.kv_layer(layer)]
         q, k, v, gate = a.qkv(layer, h, comp)

@@ -183,19 +183,18 @@ def model_tensors(adapter: ModelAdapter) -> ModelTensors:
 
     kvs = {}
     for layer in range(adapter.num_layers):
-        if adapter.recurrent(layer) or adapter.stateless(layer):
-            if adapter.recurrent(layer):
-                state: List[Optional[mx.array]] = []
-                longer: List[Optional[mx.array]] = []  # after two tokens: which axes grow
-                adapter.recurrent_block(layer, mx.concatenate([h, h], axis=1), longer,
-                                        np.arange(2))
-                h = adapter.recurrent_block(layer, h, state, np.array([0]))
-                mx.eval(h, state, longer)
-                out.recurrent[layer] = [
-                    (tuple(a if a == b else None for a, b in zip(part.shape[1:], two.shape[1:])),
-                     part.dtype) for part, two in zip(state, longer)]
-            else:
-                h = adapter.stateless_block(layer, h)
+        if adapter.stateless(layer):
+            h = adapter.stateless_block(layer, h)
+        elif adapter.recurrent(layer):
+            state: List[Optional[mx.array]] = []
+            longer: List[Optional[mx.array]] = []  # after two tokens: which axes grow
+            adapter.recurrent_block(layer, mx.concatenate([h, h], axis=1), longer, np.arange(2))
+            h = adapter.recurrent_block(layer, h, state, np.array([0]))
+            mx.eval(h, state, longer)
+            out.recurrent[layer] = [
+                (tuple(a if a == b else None for a, b in zip(part.shape[1:], two.shape[1:])),
+                 part.dtype) for part, two in zip(state, longer)]
+        if adapter.attention_free(layer):
             for kinds in (out.keys, out.values, out.queries):
                 kinds.append(None)
             out.hidden.append(((h.shape[2],), h.dtype))
@@ -269,8 +268,7 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
         if adapter.recurrent(layer):
             _recurrent_state(layer, recurrent.pop(layer, {}), int((depth > layer).sum()),
                              shapes.recurrent[layer])
-        has_kv = (adapter.kv_layer(layer) == layer and not adapter.recurrent(layer)
-                  and not adapter.stateless(layer))
+        has_kv = adapter.kv_layer(layer) == layer and not adapter.attention_free(layer)
         want = np.flatnonzero(depth > layer) if has_kv else []
         if not len(want) and not parts:
             continue

@@ -240,7 +240,7 @@ def head_dims(adapter: ModelAdapter) -> float:
     layers without attention pair no query with a key, 0): what a
     query-key pair's arithmetic scales with (the head size from the attention scale, 1/sqrt
     of it, where the module does not say it: Granite's scale is a multiplier of its own)."""
-    dims = [0 if adapter.recurrent(i) or adapter.stateless(i) else
+    dims = [0 if adapter.attention_free(i) else
             getattr(attention_module(layer), "n_heads", adapter.n_heads)
             * (getattr(attention_module(layer), "head_dim", None) or round(adapter.scale ** -2))
             for i, layer in enumerate(adapter.layers)]
