@@ -843,24 +843,24 @@ def mamba2_tensors_with_head(tensors: dict, config: dict) -> dict:
 def plamo2_tensors(tensors: dict, config: dict) -> dict:
     """A PLaMo 2 GGUF's tensors as mlx-lm's plamo2 has its parameters: each norm's weight less
     the offset llama.cpp's converter added (:data:`_PLAMO2_NORM_OFFSETS`; mlx-lm's RMSNorm adds
-    it back), the Mamba layers' conv kernels in MLX's layout (:func:`lfm2_tensors`) and A_log
-    of llama.cpp's -exp(A_log)."""
+    it back), the Mamba layers as Jamba's (:func:`jamba_tensors`: conv kernels in MLX's layout,
+    A_log of llama.cpp's -exp(A_log))."""
     from gguf import GGMLQuantizationType as T
 
-    out = lfm2_tensors(tensors, config, ".ssm_conv1d.weight")
+    out = jamba_tensors(tensors, config)
     for name, t in tensors.items():
         offset = next((v for end, v in _PLAMO2_NORM_OFFSETS.items() if name.endswith(end)), None)
-        if offset is not None or name.endswith(".ssm_a"):
+        if offset is not None:
             out[name] = _Part(name, T.F32, np.array(t.shape), _Lazy(
-                lambda t=t, offset=offset: _a_log(t.name, dequantized(t)) if offset is None
-                else (dequantized(t).astype(np.float64) - offset).astype(np.float32)))
+                lambda t=t, offset=offset:
+                (dequantized(t).astype(np.float64) - offset).astype(np.float32)))
     return out
 
 
 def jamba_tensors(tensors: dict, config: dict) -> dict:
-    """A Jamba GGUF's tensors as mlx-lm's jamba has its parameters: the Mamba layers' conv
-    kernels in MLX's layout (:func:`lfm2_tensors`), A_log (inner, state) of llama.cpp's
-    -exp(A_log)."""
+    """A Jamba GGUF's tensors as mlx-lm's jamba has its parameters (PLaMo 2's Mamba layers
+    too): the Mamba layers' conv kernels in MLX's layout (:func:`lfm2_tensors`), A_log (its
+    shape as stored) of llama.cpp's -exp(A_log)."""
     from gguf import GGMLQuantizationType as T
 
     out = lfm2_tensors(tensors, config, ".ssm_conv1d.weight")
