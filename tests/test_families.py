@@ -91,7 +91,7 @@ from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load,
 from mlx_lazy.adapter import (SUPPORTED_MODEL_TYPES, ModelAdapter, attention_module,
                               decode_identity, feed_forward, global_layers, identities_match,
                               recurrent_layers, sliding_windows, stateless_layers)
-from mlx_lazy.attention import Chunks, position_mask, window_start
+from mlx_lazy.attention import IMPLEMENTATIONS, Chunks, position_mask, window_start
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from test_gemma3 import cut_after_layer_0, decode_one, dense_mask
@@ -120,8 +120,50 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "nanbeige-skip")
 
 
-# Every test runs with both attention implementations (conftest's attention_implementation).
-pytestmark = pytest.mark.usefixtures("attention_implementation")
+#: The families whose attention asks more of an attention implementation than plain causal
+#: attention (:func:`attention_features`): sliding windows or chunks (a mask by position), sinks,
+#: values narrower than keys. Their engine tests run with both implementations (conftest's
+#: ``attention_implementation``); the other families' attention is the plain one test_engine
+#: runs with both, so theirs run with the GPU's (``fast``) alone.
+ATTENTION_FEATURED = frozenset((
+    "ministral3-sliding", "gpt_oss", "olmo3", "exaone4", "gemma4_text", "gemma4_text-moe",
+    "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", "kimi_vl", "kimi_k25",
+    "cohere2", "llama4", "mellum", "exaone_moe", "afmoe", "mimo_v2_flash", "step3p5", "laguna",
+    "longcat_flash", "minicpm3", "youtu_llm", "plamo3"))
+
+
+#: Runs a test once with each attention implementation.
+BOTH_IMPLEMENTATIONS = pytest.mark.usefixtures("attention_implementation")
+
+
+def by_implementation(kinds):
+    """Parametrizes a test over ``kinds``, a ``kind`` argument, each with both attention
+    implementations for the :data:`ATTENTION_FEATURED` families, ``fast`` for the others."""
+    cases = [pytest.param(kind, name, id=f"{kind}-{name}") for kind in kinds
+             for name in (IMPLEMENTATIONS if kind in ATTENTION_FEATURED else ("fast",))]
+    by_kind = pytest.mark.parametrize(("kind", "attention_implementation"), cases,
+                                      indirect=["attention_implementation"])
+    return lambda test: BOTH_IMPLEMENTATIONS(by_kind(test))
+
+
+def attention_features(model: nn.Module) -> set:
+    """What the model's attention asks of an attention implementation beyond plain causal
+    attention: ``"window"`` (sliding windows or chunks), ``"sinks"``, ``"narrow values"``."""
+    adapter = ModelAdapter(model)
+    h = adapter.embed(mx.array([1, 2]))
+    features = set()
+    for layer in range(adapter.num_layers):
+        if adapter.attention_free(layer):
+            continue
+        if adapter.sliding_window(layer) is not None:
+            features.add("window")
+        if adapter.sinks(layer) is not None:
+            features.add("sinks")
+        if adapter.kv_layer(layer) == layer:
+            _, k, v, *_ = adapter.qkv(layer, h, np.arange(2))
+            if v.shape[-1] < k.shape[-1]:
+                features.add("narrow values")
+    return features
 
 
 @pytest.fixture(scope="module")
@@ -584,6 +626,7 @@ def test_the_tiny_nemotron_and_openelm_are_what_they_claim(family):
     assert a._activations[0] == "silu" and a.lm_head is None
 
 
+@BOTH_IMPLEMENTATIONS
 def test_the_tiny_plamo3_is_what_it_claims_and_slides_as_mlx_lms_caches(family):
     """PLaMo 3's fused q/k/v and gate/up, its four norms (random weights beside mlx-lm's
     offsets) named otherwise, layers 0 and 2 sliding with RoPE at base 10000, 1 and 3 global at
@@ -764,6 +807,7 @@ def _mlx_lm_kv(model, layer: int, layer_cache):
     return keys, values
 
 
+@BOTH_IMPLEMENTATIONS
 def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
     """Gemma 4 E2B/E4B: a token pruned after layer 1 waits in the Aux Cache with its hidden
     state and the per-layer inputs of layers 2 and 3 (those mlx-lm's forward makes from its
@@ -786,7 +830,7 @@ def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
     assert engine.decode(int(prompt[-1])).shape == (a.vocab_size,)
 
 
-@pytest.mark.parametrize("kind", ["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
+@by_implementation(["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
                                   "deepseek_v2", "gemma2", "hunyuan", "llama4", "exaone",
                                   "nanochat", "nanbeige"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
@@ -831,6 +875,7 @@ def _seen_keys(engine):
     return seen
 
 
+@BOTH_IMPLEMENTATIONS
 @pytest.mark.parametrize("kind, config, reading", [
     ("gemma4_text-e2b", PruningConfig("speed", speed_cutoff=2), {2, 3}),
     ("gemma4_text-e2b", PruningConfig("lazy", prune_layers=(0, 1), keep=(0.6, 0.3),
@@ -859,13 +904,21 @@ def test_a_layer_reading_lower_keys_sees_only_tokens_computed_there(family, kind
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
+def test_the_families_run_with_both_attention_implementations_are_those_that_need_it(family,
+                                                                                     kind):
+    """:data:`ATTENTION_FEATURED` is exactly the families whose attention has a feature an
+    implementation may get wrong: a family gaining one runs with both, or this fails."""
+    assert bool(attention_features(family(kind)[0])) == (kind in ATTENTION_FEATURED)
+
+
+@by_implementation(FAMILIES)
 def test_unpruned_matches_mlx_lm(family, kind):
     model, _ = family(kind)
     prompt = random_prompt(300, ModelAdapter(model).vocab_size)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+@by_implementation(FAMILIES)
 def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
     """The pruning path (a cut that keeps everything, tokens at explicit positions) too."""
     model, _ = family(kind)
@@ -874,7 +927,7 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
     assert mlx_lm_error(model, config, prompt, 8) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", ("phi3", "smollm3", "mistral3", "glm4_moe", "seed_oss",
+@by_implementation(("phi3", "smollm3", "mistral3", "glm4_moe", "seed_oss",
                                   "ernie4_5_moe", "gpt_oss", "olmo3", "exaone4",
                                   "gemma4_text-moe", "gemma4_text-e2b", "deepseek_v3",
                                   "deepseek_v2", "mistral4", "kimi_vl", "gemma2", "glm4",
@@ -922,7 +975,7 @@ def _revived_kv(model, first: int = 300, layer: int = 2, cut: int | None = None,
     return keys, values, ref_keys[:, :, revived], ref_values[:, :, revived]
 
 
-@pytest.mark.parametrize("kind", [kind for kind in FAMILIES if kind != "gemma4_text-e2b"])
+@by_implementation([kind for kind in FAMILIES if kind != "gemma4_text-e2b"])
 def test_revived_token_kv_matches_full_forward(family, kind):
     """Tokens pruned at the cut wait in the Aux Cache; revived, their keys and values (RoPE
     at their original, scattered positions) equal mlx-lm's full forward."""
@@ -931,7 +984,7 @@ def test_revived_token_kv_matches_full_forward(family, kind):
     assert rel_err(values, ref_values) < 1e-5
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+@by_implementation(FAMILIES)
 def test_pruning_runs_through(family, kind):
     """An aggressive LazyLLM schedule runs through the family: each (token, layer) computed once,
     tokens revived, fewer prompt tokens computed; a plain ``lazy`` generates."""
@@ -1048,6 +1101,7 @@ def _dense_logits(model, tokens: np.ndarray, masks, head=None) -> mx.array:
     return mx.tanh(inner.embed_tokens.as_linear(inner.norm(h))[0, -1] / cap) * cap
 
 
+@BOTH_IMPLEMENTATIONS
 @pytest.mark.parametrize("revival_block", [64, 2])
 @pytest.mark.parametrize("kind", (*MLA, "gemma2"))
 def test_pruned_latent_attention_equals_a_dense_reference(family, monkeypatch, kind,
@@ -1073,6 +1127,7 @@ def test_pruned_latent_attention_equals_a_dense_reference(family, monkeypatch, k
     assert rel_err(logits, _dense_logits(model, tokens, masks)) < LOGITS_TOL
 
 
+@BOTH_IMPLEMENTATIONS
 @pytest.mark.parametrize("revival_block", [64, 2])
 def test_pruned_cohere2_equals_a_dense_reference(family, monkeypatch, revival_block):
     """Command R7B under a cut after layer 0 (40% kept) and a decode step that revives,
@@ -1283,6 +1338,7 @@ def test_chunked_position_mask():
     assert window_start(np.array([0, 23, 24, 50]), Chunks(24)).tolist() == [0, 0, 24, 48]
 
 
+@BOTH_IMPLEMENTATIONS
 @pytest.mark.parametrize("revival_block", [64, 2])
 def test_pruned_llama4_equals_a_dense_reference(family, monkeypatch, revival_block):
     """Llama 4 under a cut after layer 0 (40% kept) and a decode step that revives, against
@@ -1313,6 +1369,7 @@ def test_pruned_llama4_equals_a_dense_reference(family, monkeypatch, revival_blo
     assert rel_err(logits, _dense_logits(text, tokens, masks(n + 1, sees))) < LOGITS_TOL
 
 
+@BOTH_IMPLEMENTATIONS
 @pytest.mark.parametrize("revival_block", [64, 2])
 def test_pruned_hunyuan_equals_a_dense_reference(family, monkeypatch, revival_block):
     """Hunyuan under a cut after layer 0 (40% kept) and a decode step that revives, against
