@@ -84,7 +84,6 @@ import mlx_lm
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from mlx_lm.models.bitlinear_layers import BitLinear
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import MODEL_REMAPPING
 
@@ -98,7 +97,7 @@ from mlx_lazy.attention import Chunks, position_mask, window_start
 from numerics import rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from test_gemma3 import cut_after_layer_0, decode_one, dense_mask
-from tiny_models import bitlinear_matmul, build_tiny_model, tiny_config
+from tiny_models import build_tiny_model, tiny_config
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 #: Vision-language checkpoints' text models (mlx-lm's wrappers): Qwen2-VL's qwen2 (its config
@@ -126,16 +125,6 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
 pytestmark = pytest.mark.usefixtures("attention_implementation")
-
-
-@pytest.fixture(autouse=True)
-def bitlinear_without_metal(request, monkeypatch):
-    """A bitnet test on a machine without Metal: mlx-lm's BitLinear kernel in plain MLX
-    (:func:`tiny_models.bitlinear_matmul`), for mlx-lm's forward and the engine's alike."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec and callspec.params.get("kind") == "bitnet" and not mx.metal.is_available():
-        monkeypatch.setattr(BitLinear, "execute_matmul_kernel", bitlinear_matmul)
-        monkeypatch.setattr(mx.metal, "is_available", lambda: True)
 
 
 @pytest.fixture(scope="module")
