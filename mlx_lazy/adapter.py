@@ -252,6 +252,18 @@ from .errors import UserInputError, shown
 # recurrent) and attention layers (a fused ``qkv_proj``, a weight-free q/k RMS norm times a
 # per-head ``q_weight``/``k_weight`` before RoPE, global as mlx-lm runs it); Gemma 2's four
 # norms under its own names (:data:`_PART_NAMES`), the blocks at ``model.layers.layers``.
+# lille-130m (Lille 130M): a fused ``qkv_proj`` (split as phi3's) after a norm inside its
+# attention module (``block.attention.norm``), traditional RoPE, ``out_proj``; its SwiGLU MLP
+# (``block.feed_forward``) holds its own norm and runs as its module; ``transformer.{
+# tok_embeddings, norm}``, the embedding as head.
+# plamo (PLaMo 1): one norm feeding attention and the MLP in parallel (:data:`PARALLEL_TYPES`);
+# its ``ceil(heads / n_shared_head)`` key/value heads tiled (``mx.tile``: query head i reads
+# key/value head i mod their count), run as grouped-query attention over its query heads
+# reordered by the head they read (:meth:`ModelAdapter.qkv`, back in :meth:`ModelAdapter.finish`).
+# bitnet (BitNet b1.58): Llama's layout of ternary ``BitLinear`` projections (mlx-lm's Metal
+# kernel: refused without Metal), called as its modules; a norm on the attention output before
+# o_proj (``attn_sub_norm``); a ReLU^2-gated MLP with its ``ffn_sub_norm``, run as its module.
+# pixtral (Pixtral): a vision-language checkpoint whose text model is llama (:data:`_WRAPPERS`).
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
@@ -268,7 +280,8 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_mo
                          "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5",
                          "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
                          "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5",
-                         "talkie", "telechat3", "youtu_llm")
+                         "talkie", "telechat3", "youtu_llm", "bitnet", "lille-130m", "pixtral",
+                         "plamo")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -276,15 +289,15 @@ HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm",
              "bailing_moe_v3", "longcat_flash")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
-PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral")
+PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral", "plamo")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode")
 #: Llama's config names as other families' configs spell them (:func:`config_value`): GPT-2's
-#: and StarCoder 1's, OpenELM's, DBRX's, Phixtral's and Step-3.5's.
+#: and StarCoder 1's, OpenELM's, DBRX's, Phixtral's, Step-3.5's and Lille's.
 _CONFIG_NAMES = {"hidden_size": ("n_embd", "model_dim", "d_model"),
                  "num_attention_heads": ("n_head", "num_query_heads", "n_heads", "num_heads"),
                  "vocab_size": ("num_vocab",),
-                 "num_key_value_heads": ("num_kv_heads", "num_attention_groups"),
+                 "num_key_value_heads": ("num_kv_heads", "num_attention_groups", "n_kv_heads"),
                  "intermediate_size": ("n_inner",),
                  "max_position_embeddings": ("n_positions",)}
 _LFM2_NAMES = {"input_layernorm": "operator_norm", "post_attention_layernorm": "ffn_norm",
@@ -339,6 +352,9 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                "falcon_h1": {"linear_attn": "mamba",
                              "post_attention_layernorm": "pre_ff_layernorm",
                              "norm": "final_layernorm"},
+               "lille-130m": {"input_layernorm": "attention.norm", "o_proj": "out_proj",
+                              "embed_tokens": "tok_embeddings"},
+               "plamo": {"input_layernorm": "norm", "rope": "rotary_emb"},
                **dict.fromkeys(("plamo2", "plamo3"), {
                    "input_layernorm": "pre_mixer_norm",
                    "post_attention_layernorm": "post_mixer_norm",
@@ -352,7 +368,7 @@ _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talki
 _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "qwen3_5": None,
              "qwen3_5_moe": None, "qwen2_vl": "qwen2", "qwen3_vl": "qwen3",
              "qwen3_vl_moe": "qwen3_moe", "lfm2-vl": "lfm2", "kimi_vl": "deepseek_v3",
-             "kimi_k25": "deepseek_v3"}
+             "kimi_k25": "deepseek_v3", "pixtral": "llama"}
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm, use_sliding_window}``, ``use_sliding``,
@@ -413,8 +429,12 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # embedding_multiplier}``, ``model.final_layernorm``;
 # plamo2's ``model.layers.layers`` (its ``layers``), ``block.{is_mamba, mixer, pre_mixer_norm,
 # post_mixer_norm, pre_mlp_norm, post_mlp_norm}``, its Mamba blocks called as ``(h, None,
-# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``): at least
-# the first, below the second. Same as pyproject.toml.
+# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``;
+# lille-130m's ``transformer.{tok_embeddings, norm}``, ``block.{attention, feed_forward}``,
+# ``attention.{norm, qkv_proj, out_proj, n_head, n_kv_heads}``, its MLP called as ``(x)``;
+# plamo's ``block.norm``, ``self_attn.{rotary_emb, q_num_heads, k_num_heads}``,
+# ``args.n_shared_head``; bitnet's ``self_attn.attn_sub_norm``, its MLP called as ``(x)``): at
+# least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -699,6 +719,9 @@ class ModelAdapter:
         # read per layer and step; sharding changes their projections in place, not the
         # modules (Falcon-H1's recurrent layers each hold one, beside the mixer)
         self._falcon_h1 = model_type == "falcon_h1"
+        if model_type == "bitnet" and not mx.metal.is_available():
+            raise UserInputError("mlx-lazy cannot run bitnet models here: mlx-lm's BitLinear "
+                                 "layers are a Metal kernel, and this machine has no Metal")
         self._attns = [None if i in self._stateless
                        or (i in self._recurrent and not self._falcon_h1)
                        else attention_module(block) for i, block in enumerate(self.layers)]
@@ -742,10 +765,24 @@ class ModelAdapter:
         gemma = self._gemma2 or self._gemma3 or self._gemma4
         self._feed_forwards = [feed_forward(block) for block in self.layers]
         self._shared_mlps = [getattr(block, "shared_mlp", None) for block in self.layers]
-        # Gemma 1's exact GELU has no CPU kernel: mlx-lm's module runs it
-        self._activations = [None if model_type == "gemma" else _gated_activation(mlp, gemma)
-                             for mlp in self._feed_forwards]
+        # Gemma 1's exact GELU has no CPU kernel, nor BitNet's ReLU^2 and sub-norm, and Lille's
+        # MLP holds its own norm: mlx-lm's module runs them
+        self._mlp_normed = model_type == "lille-130m"
+        self._activations = [None if model_type in ("gemma", "bitnet") or self._mlp_normed
+                             else _gated_activation(mlp, gemma) for mlp in self._feed_forwards]
         args = text_args(self.text)
+        # plamo: its key/value heads tiled, query head i reading i mod their count; the
+        # engine's grouped-query attention has head i read i // (heads per key/value head):
+        # queries go in the order of the head they read, their outputs back (finish)
+        self._head_order = self._head_return = None
+        if model_type == "plamo":
+            if self.n_heads != self.n_kv_heads * args.n_shared_head:
+                raise UserInputError(
+                    f"this plamo model's {self.n_heads} heads are not its {self.n_kv_heads} "
+                    f"key/value heads times n_shared_head ({args.n_shared_head}); mlx-lazy "
+                    "cannot run it")
+            order = np.arange(self.n_heads).reshape(-1, self.n_kv_heads).T.ravel()
+            self._head_order, self._head_return = mx.array(order), mx.array(np.argsort(order))
         # Gemma 4's E2B/E4B: the layer whose keys and values each layer attends over, and
         # the width of each layer's per-token input
         self._kv_layers = list(getattr(self.inner, "previous_kvs", range(len(self.layers))))
@@ -1055,6 +1092,8 @@ class ModelAdapter:
             q, k = q_norm(q), k_norm(k)  # olmo: over all heads
             q_norm = None
         q = q.reshape(1, n, heads, -1)
+        if self._head_order is not None:
+            q = q[:, :, self._head_order]
         k = k.reshape(1, n, kv_heads, -1)
         v = v.reshape(1, n, kv_heads, -1)
         if q_norm is not None and not self._norms_after_rope:
@@ -1160,7 +1199,11 @@ class ModelAdapter:
         n = attn_out.shape[2]
         if hasattr(attn, "unembed_out"):  # absorbed latent attention: the latent
             attn_out = attn.unembed_out(attn_out)  # output to each head's values
+        if self._head_return is not None:
+            attn_out = attn_out[:, self._head_return]
         out = attn_out.transpose(0, 2, 1, 3).reshape(1, n, -1)
+        if "attn_sub_norm" in attn:  # bitnet
+            out = attn.attn_sub_norm(out)
         if gate is not None and "g_proj" in attn:  # one gain per head: Laguna's softplus of it
             # (in float32, as mlx-lm's), Step-3.5's sigmoid
             gain = (nn.softplus(gate.astype(mx.float32)).astype(out.dtype) if self._softplus_gate
@@ -1222,7 +1265,8 @@ class ModelAdapter:
         else:
             h = h + r
             if self._feed_forwards[layer] is not None:  # (none after Nemotron-H's attention)
-                h = h + self._mlp(layer, self._norm(block, "post_attention_layernorm")(h))
+                h = h + self._mlp(layer, h if self._mlp_normed
+                                  else self._norm(block, "post_attention_layernorm")(h))
         h = h[:, :n] if h.shape[1] > n else h
         return self._final_norm(h) if layer in self._loop_ends else h
 

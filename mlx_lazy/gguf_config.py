@@ -232,8 +232,19 @@ The architectures (llama.cpp's names), and what converting each involves:
   squared-ReLU experts with their correction bias (DeepSeek's MoE reading), through latent
   projections where ``moe_latent_size`` says, beside a shared expert; the NextN block dropped.
 
+* ``plamo`` (PLaMo 1): attention and a SwiGLU MLP in parallel on one norm, NeoX RoPE; the query
+  heads llama.cpp's converter put in grouped-query order (and the output projection's columns)
+  back in mlx-lm's, whose ``n_shared_head`` (heads / key/value heads) tiles the key/value heads.
+* ``plamo3`` (PLaMo 3): a fused q/k/v, per-head q/k norms, four norms a layer, a fused gate/up;
+  each norm's weight less the offset llama.cpp's converter added (PLaMo 2's, and 1 on the q/k
+  norms); sliding layers by llama.cpp's pattern (flags, or a period: 8 unless given), which must
+  make every p-th layer global as mlx-lm's plamo3 does, their window and RoPE base
+  (``rope.freq_base_swa``, else the global one); none without a window. Its vocabulary
+  (``tokenizer.ggml.model`` "plamo2") is not converted, as PLaMo 2's.
+
 Refused with the reason (:data:`UNSUPPORTED_ARCHITECTURES`): ``hunyuan-moe`` (Hunyuan-A13B:
-llama.cpp renormalises the chosen experts' weights, mlx-lm's ``hunyuan`` does not).
+llama.cpp renormalises the chosen experts' weights, mlx-lm's ``hunyuan`` does not), ``bitnet``
+(BitNet b1.58: llama.cpp's graph gates its MLP with SiLU, mlx-lm's ``bitnet`` with ReLU^2).
 * ``nemotron_h`` (Nemotron-H, Nemotron Nano 2): a mixer a layer, by llama.cpp's per-layer
   key/value heads and MLP widths: Mamba-2 (neither), attention without RoPE (heads, no MLP) or a
   squared-ReLU MLP (a width); A_log of llama.cpp's -exp(A_log), the conv kernels in MLX's layout,
@@ -319,10 +330,12 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "bailingmoe2": "BailingMoeV2ForCausalLM",
                  "nemotron_h_moe": "NemotronHForCausalLM",
                  "nemotron_h": "NemotronHForCausalLM", "falcon-h1": "FalconH1ForCausalLM",
-                 "plamo2": "Plamo2ForCausalLM"}
+                 "plamo2": "Plamo2ForCausalLM", "plamo": "PlamoForCausalLM",
+                 "plamo3": "Plamo3ForCausalLM"}
 #: llama.cpp architectures that no mlx-lm model computes, and why (each refused in one line)
 UNSUPPORTED_ARCHITECTURES = {
-    "hunyuan-moe": "llama.cpp renormalises the chosen experts' weights, mlx-lm's hunyuan does not"}
+    "hunyuan-moe": "llama.cpp renormalises the chosen experts' weights, mlx-lm's hunyuan does not",
+    "bitnet": "llama.cpp's graph gates its MLP with SiLU, mlx-lm's bitnet with ReLU^2"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",
@@ -352,7 +365,7 @@ _BIAS_SWITCHES = {**dict.fromkeys(("llama", "smollm3", "granite"), ("attention_b
 _HEADS_OF_HIDDEN = ("mixtral", "qwen2_moe", "granitemoe", "starcoder2", "cohere2", "apertus",
                     "lfm2", "lfm2_moe", "stablelm", "cohere", "phi", "gpt_neox", "internlm2",
                     "qwen", "gpt2", "gpt_bigcode", "deepseek", "granitemoehybrid", "jamba",
-                    "dbrx", "phimoe", "bailing_moe")
+                    "dbrx", "phimoe", "bailing_moe", "plamo")
 # Qwen2-VL's, Qwen3-VL's and Qwen3-VL MoE's text models: llama.cpp's M-RoPE (its sections) on
 # text is their text models' NeoX RoPE (mlx-lm's qwen2, qwen3, qwen3_moe)
 QWEN_VL = ("qwen2vl", "qwen3vl", "qwen3vlmoe")
@@ -461,6 +474,9 @@ ATTN_FACTOR_RTOL = 1e-6
 # mlx-lm's plamo2: its RoPE's base (nn.RoPE's default) and its q/k norms' epsilon
 PLAMO2_ROPE_BASE = 10000.0
 PLAMO2_QK_NORM_EPS = 1e-6
+# PLaMo 3: llama.cpp's sliding-window pattern (7 local layers, then a global one) unless the GGUF
+# says otherwise
+PLAMO3_SLIDING_PATTERN = 8
 #: The largest count a GGUF's metadata may give (heads, widths, context): far above any
 #: model's, far below what would make the shape check allocate without bound.
 _MAX_COUNT = 2**24
@@ -520,7 +536,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
                 "phimoe", "minimax-m2", "mimo2", "step35", "deci", "talkie", "laguna",
-                *BAILING, "falcon-h1", "plamo2"):
+                *BAILING, "falcon-h1", "plamo2", "plamo", "plamo3"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -754,6 +770,13 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config.update(_falcon_h1_config(g, count, real, tensors, config))
     if arch == "plamo2":
         config.update(_plamo2_config(g, count, real, config))
+    if arch == "plamo":  # its key/value heads tiled n_shared_head times (plamo_tensors)
+        if n_heads % n_kv:
+            raise UserInputError(f"GGUF plamo with {n_heads} heads over {n_kv} key/value heads "
+                                 "is not supported (mlx-lm's plamo tiles them evenly)")
+        config.update(n_shared_head=n_heads // n_kv, rope_traditional=False)
+    if arch == "plamo3":
+        config.update(_plamo3_config(g, count, positive, n_layers, config))
     if arch in ("nemotron_h", "nemotron_h_moe"):
         config.update(_nemotron_h_config(arch, g, count, positive, optional, real, experts,
                                          tensors, config))
@@ -1053,6 +1076,34 @@ def xielu_parameters(meta: dict, n_layers: int) -> dict[str, list[float]]:
     return out
 
 
+def _plamo3_config(g: Any, count: Any, positive: Any, n_layers: int, config: dict) -> dict:
+    """mlx-lm's plamo3 settings of a PLaMo 3 GGUF, read as llama.cpp reads it: without a window
+    every layer global; with one, sliding layers by its pattern (flags or a period, 8 unless
+    given), every p-th layer global (:func:`_global_period`), at ``rope.freq_base_swa`` (else the
+    global base)."""
+    window = count("attention.sliding_window", 0, least=0)
+    if not window:
+        return {"window_size": config["max_position_embeddings"], "sliding_window_pattern": 1}
+    return {"window_size": window, "rope_local_theta": positive("rope.freq_base_swa",
+                                                                config["rope_theta"]),
+            "sliding_window_pattern": _global_period(
+                "plamo3", g("attention.sliding_window_pattern", PLAMO3_SLIDING_PATTERN),
+                n_layers)}
+
+
+def _global_period(arch: str, pattern: Any, n_layers: int) -> int:
+    """The period p of a GGUF's sliding-window pattern (:func:`_local_layers`) that makes every
+    p-th layer global and the others sliding, as mlx-lm's cohere2 and plamo3 place them; another
+    pattern refused."""
+    local = _local_layers(pattern, n_layers, arch)
+    period = local.index(False) + 1 if False in local else None
+    if period is None or local != [(i + 1) % period != 0 for i in range(n_layers)]:
+        raise UserInputError(f"GGUF {arch} with sliding-window pattern {shown(pattern, 40)} "
+                             f"is not supported (mlx-lm's {arch} makes every p-th layer "
+                             "global, the others sliding)")
+    return period
+
+
 def _cohere2_config(g: Any, count: Any, real: Any, positive: Any, n_layers: int) -> dict:
     """mlx-lm's cohere2 settings of a Command R7B GGUF, read as llama.cpp reads it: LayerNorms
     without biases (llama.cpp's converter drops Cohere's zero ones, its loader reads none);
@@ -1060,13 +1111,8 @@ def _cohere2_config(g: Any, count: Any, real: Any, positive: Any, n_layers: int)
     flag per layer or a period, 4 where the GGUF gives none), which must be mlx-lm's: every
     p-th layer global, without RoPE in both. (llama.cpp's graph turns the sliding layers at
     ``rope.freq_base``: it reads ``rope.freq_base_swa`` but uses it nowhere.)"""
-    pattern = g("attention.sliding_window_pattern", COHERE2_SLIDING_PATTERN)
-    local = _local_layers(pattern, n_layers, "cohere2")
-    period = local.index(False) + 1 if False in local else None
-    if period is None or local != [(i + 1) % period != 0 for i in range(n_layers)]:
-        raise UserInputError(f"GGUF cohere2 with sliding-window pattern {shown(pattern, 40)} "
-                             "is not supported (mlx-lm's cohere2 makes every p-th layer "
-                             "global, the others sliding)")
+    period = _global_period(
+        "cohere2", g("attention.sliding_window_pattern", COHERE2_SLIDING_PATTERN), n_layers)
     return {"layer_norm_eps": positive("attention.layer_norm_epsilon"),
             "layer_norm_bias": False, "attention_bias": False,
             "logit_scale": real("logit_scale") or 1.0,

@@ -197,6 +197,11 @@ _PLAMO2_LAYER_NAMES = {"attn_norm": "pre_mixer_norm", "attn_qkv": "mixer.qkv_pro
 _PLAMO2_NORM_OFFSETS = {".attn_norm.weight": 1.0, ".post_attention_norm": 1 / 5,
                        ".ffn_norm.weight": 1.0, ".post_ffw_norm": 1 / 5 ** 1.5,
                        "output_norm.weight": 1.0}
+# PLaMo 3: PLaMo 2's attention layers with per-head q/k norms (their weights plus 1 too)
+_PLAMO3_LAYER_NAMES = {**_PLAMO2_LAYER_NAMES, "attn_q_norm.weight": "mixer.q_norm.weight",
+                       "attn_k_norm.weight": "mixer.k_norm.weight"}
+_PLAMO3_NORM_OFFSETS = {**_PLAMO2_NORM_OFFSETS, ".attn_q_norm.weight": 1.0,
+                        ".attn_k_norm.weight": 1.0}
 # Jamba: Mamba layers (A_log as jamba_tensors makes it, A and D named without a suffix; the time
 # step's projection with its bias), attention, a dense MLP at feed_forward after pre_ff_layernorm
 _JAMBA_LAYER_NAMES = {**{k: v.replace("mlp.", "feed_forward.") for k, v in _LAYER_NAMES.items()
@@ -375,7 +380,9 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                                 "ffn_down": "mlp.mlp_resid"},
                      **dict.fromkeys(("nemotron_h", "nemotron_h_moe"), _NEMOTRON_H_LAYER_NAMES),
                      "falcon-h1": _FALCON_H1_LAYER_NAMES,
-                     "plamo2": _PLAMO2_LAYER_NAMES,
+                     "plamo2": _PLAMO2_LAYER_NAMES, "plamo3": _PLAMO3_LAYER_NAMES,
+                     # PLaMo 1: one norm before attention and the MLP
+                     "plamo": {**_LAYER_NAMES, "attn_norm": "norm"},
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
@@ -443,7 +450,8 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 # Talkie's blocks, embedding, its head a bare matrix and the head's gain
                 "talkie": ("model.blocks", {"token_embd": "model.embed", "output.weight": "lm_head",
                                             "output_gain": "lm_head_gain"}),
-                "plamo2": ("model.layers.layers", _TOP_NAMES),  # its PlamoDecoder's layers
+                # their PlamoDecoder's layers
+                **dict.fromkeys(("plamo", "plamo2", "plamo3"), ("model.layers.layers", _TOP_NAMES)),
                 **dict.fromkeys(("nemotron_h", "nemotron_h_moe"), (
                     "backbone.layers", {"token_embd": "backbone.embeddings",
                                         "output_norm": "backbone.norm_f", "output": "lm_head"})),
@@ -840,20 +848,40 @@ def mamba2_tensors_with_head(tensors: dict, config: dict) -> dict:
     return glm4_tensors(granitehybrid_tensors(tensors, config), config)
 
 
-def plamo2_tensors(tensors: dict, config: dict) -> dict:
-    """A PLaMo 2 GGUF's tensors as mlx-lm's plamo2 has its parameters: each norm's weight less
-    the offset llama.cpp's converter added (:data:`_PLAMO2_NORM_OFFSETS`; mlx-lm's RMSNorm adds
-    it back), the Mamba layers as Jamba's (:func:`jamba_tensors`: conv kernels in MLX's layout,
-    A_log of llama.cpp's -exp(A_log))."""
+def plamo2_tensors(tensors: dict, config: dict, offsets: dict = _PLAMO2_NORM_OFFSETS) -> dict:
+    """A PLaMo 2 (or 3) GGUF's tensors as mlx-lm's plamo2 (plamo3) has its parameters: each
+    norm's weight less the offset llama.cpp's converter added (``offsets``: by the norm's GGUF
+    name's end; mlx-lm's RMSNorm adds it back), the Mamba layers as Jamba's
+    (:func:`jamba_tensors`: conv kernels in MLX's layout, A_log of llama.cpp's -exp(A_log))."""
     from gguf import GGMLQuantizationType as T
 
     out = jamba_tensors(tensors, config)
     for name, t in tensors.items():
-        offset = next((v for end, v in _PLAMO2_NORM_OFFSETS.items() if name.endswith(end)), None)
+        offset = next((v for end, v in offsets.items() if name.endswith(end)), None)
         if offset is not None:
             out[name] = _Part(name, T.F32, np.array(t.shape), _Lazy(
                 lambda t=t, offset=offset:
                 (dequantized(t).astype(np.float64) - offset).astype(np.float32)))
+    return out
+
+
+def plamo_tensors(tensors: dict, config: dict) -> dict:
+    """A PLaMo 1 GGUF's tensors as mlx-lm's plamo has its parameters: the query heads, which
+    llama.cpp's converter put in grouped-query order (head i * n_shared_head + j holding the
+    original head j * kv_heads + i, which reads key/value head i), back in the original order,
+    raw blocks moved whole; the output projection's columns likewise (dequantized)."""
+    from gguf import GGMLQuantizationType as T
+
+    kv, d = config["num_attention_heads"] // config["n_shared_head"], config["head_dim"]
+    heads = np.arange(config["num_attention_heads"]).reshape(kv, -1).T.ravel()
+    order = (heads[:, None] * d + np.arange(d)).ravel()
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if name.endswith(".attn_q.weight"):
+            out[name] = _reordered_rows(t, name, order)
+        elif name.endswith(".attn_output.weight"):
+            out[name] = _Part(name, T.F32, np.array(t.shape),
+                              _Lazy(lambda t=t: dequantized(t)[:, order]))
     return out
 
 
@@ -1130,7 +1158,8 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "bailingmoe": partial(internlm2_tensors, arch="bailingmoe"),
              **dict.fromkeys(("nemotron_h", "nemotron_h_moe", "falcon-h1"),
                              mamba2_tensors_with_head),
-             "plamo2": plamo2_tensors}
+             "plamo2": plamo2_tensors, "plamo": plamo_tensors,
+             "plamo3": partial(plamo2_tensors, offsets=_PLAMO3_NORM_OFFSETS)}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -25,10 +25,12 @@ import sys
 from pathlib import Path
 from typing import Callable, List
 
+import mlx.core as mx
 import pytest
+from mlx_lm.models.bitlinear_layers import BitLinear
 
 from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS
-from tiny_models import build_tiny_model
+from tiny_models import bitlinear_matmul, build_tiny_model
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
@@ -39,6 +41,17 @@ def attention_implementation(request, monkeypatch):
     implementation itself parametrizes it away."""
     monkeypatch.setenv(ENV_VAR, request.param)
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def bitlinear_without_metal(request, monkeypatch):
+    """A test of a bitnet ``kind`` on a machine without Metal: mlx-lm's BitLinear kernel in
+    plain MLX (:func:`tiny_models.bitlinear_matmul`), for mlx-lm's forward and the engine's
+    alike (the adapter refuses bitnet without Metal)."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec and callspec.params.get("kind") == "bitnet" and not mx.metal.is_available():
+        monkeypatch.setattr(BitLinear, "execute_matmul_kernel", bitlinear_matmul)
+        monkeypatch.setattr(mx.metal, "is_available", lambda: True)
 
 
 @pytest.fixture(scope="session")

@@ -243,7 +243,10 @@ GGUF_PARAMETERS = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.
                    "attn.head_gain.head_g": "attn_q_norm.weight",
                    "attn_gain.a_g": "attn_output.scale", "mlp_gain.a_g": "ffn_down.scale",
                    "embed_skip.a_g": "layer_output_scale.weight",
-                   "mlp.gate.expert_bias": "exp_probs_b.bias"}
+                   "mlp.gate.expert_bias": "exp_probs_b.bias",
+                   # PLaMo 3's norms after each branch (llama.cpp's names without a suffix)
+                   "post_mixer_norm.weight": "post_attention_norm",
+                   "post_mlp_norm.weight": "post_ffw_norm"}
 QWEN35_KINDS = ("qwen3_5", "qwen3_5_moe")
 #: gpt-oss's, Seed-OSS's norm before the MLP
 GGUF_POST_ATTENTION_NAMES = {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm"}
@@ -252,8 +255,9 @@ GGUF_ERNIE45_MOE_NAMES = {**GGUF_LAYER_NAMES, **{f"mlp.shared_experts.{p}_proj":
                                                  for p in ("gate", "up", "down")}}
 #: The Gated DeltaNet kinds, whose kept-quantized logits are compared with float32 scales
 DELTA_NET_KINDS = (*QWEN35_KINDS, "qwen3_next")
-#: ... and the MoE kinds whose tiny GGUFs' routing float16 scales flip (a token's second expert)
-FLOAT32_SCALES_KINDS = (*DELTA_NET_KINDS, "qwen2_moe", "olmoe", "mistral4")
+#: ... and the MoE kinds whose tiny GGUFs' routing float16 scales flip (a token's second expert),
+#: and PLaMo 3, whose tiny GGUF's logits float16 scales move by 0.5-1.1% (float32 ones: 1.4e-6)
+FLOAT32_SCALES_KINDS = (*DELTA_NET_KINDS, "qwen2_moe", "olmoe", "mistral4", "plamo3")
 GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          "seed_oss": GGUF_POST_ATTENTION_NAMES,
                          "ernie4_5_moe": GGUF_ERNIE45_MOE_NAMES,
@@ -342,7 +346,18 @@ GGUF_KIND_LAYER_NAMES.update({
                **{f"mlp.shared_expert.{p}_proj": f"ffn_{p}_shexp" for p in ("gate", "up", "down")}},
     "talkie": {"attn.attn_query": "attn_q", "attn.attn_key": "attn_k", "attn.attn_value": "attn_v",
                "attn.attn_resid": "attn_output", "mlp.mlp_gate": "ffn_gate",
-               "mlp.mlp_linear": "ffn_up", "mlp.mlp_resid": "ffn_down"}})
+               "mlp.mlp_linear": "ffn_up", "mlp.mlp_resid": "ffn_down"},
+    "plamo": {**GGUF_LAYER_NAMES, "norm": "attn_norm"},
+    "plamo3": {"pre_mixer_norm": "attn_norm", "mixer.qkv_proj": "attn_qkv",
+               "mixer.o_proj": "attn_output", "mixer.q_norm": "attn_q_norm",
+               "mixer.k_norm": "attn_k_norm", "pre_mlp_norm": "ffn_norm",
+               "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}})
+#: What llama.cpp's converter adds to each PLaMo 3 norm's weight (Plamo3Model.modify_tensors),
+#: by the GGUF name's end
+PLAMO3_NORM_OFFSETS = {".attn_norm.weight": 1.0, ".post_attention_norm": 1 / 5,
+                       ".ffn_norm.weight": 1.0, ".post_ffw_norm": 1 / 5 ** 1.5,
+                       ".attn_q_norm.weight": 1.0, ".attn_k_norm.weight": 1.0,
+                       "output_norm.weight": 1.0}
 #: llama.cpp's architecture name of a kind, where it differs
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ernie4_5-moe",
              "ministral3": "mistral3", "mixtral": "llama", "qwen2_moe": "qwen2moe",
@@ -387,7 +402,9 @@ QWEN_VL_GGUF = {"mrope_section": [3, 3, 2, 0]}
 
 
 def gguf_name(hf_name: str, model_type: str = "llama") -> str:
-    hf_name = hf_name.removeprefix("language_model.")  # qwen3_5's text model
+    # qwen3_5's text model; PLaMo's layers in its decoder
+    hf_name = hf_name.removeprefix("language_model.").replace("model.layers.layers.",
+                                                              "model.layers.")
     if hf_name == "lm_head":  # Talkie's, a bare matrix
         return "output.weight"
     if hf_name.endswith(".self_attn.sinks"):
@@ -815,6 +832,19 @@ def llama_cpp_internlm2(role: str, x: np.ndarray, config: dict) -> tuple[dict, C
     return dict(zip(("attn_q", "attn_k", "attn_v"), flat)), restore
 
 
+def llama_cpp_plamo_heads(role: str, x: np.ndarray, config: dict) -> tuple[dict, Callable]:
+    """PlamoModel.modify_tensors (ported from its 13B shapes): the query heads (attn_q's rows,
+    attn_output's columns) in grouped-query order, GGUF head i * n_shared_head + j holding head
+    j * kv_heads + i (which reads key/value head i in PLaMo's tiling); and back."""
+    heads, d = config["num_attention_heads"], config["head_dim"]
+    order = np.arange(heads).reshape(config["n_shared_head"], -1).T.ravel()
+    rows = (order[:, None] * d + np.arange(d)).ravel()
+    back = np.argsort(rows)
+    if role == "attn_q":
+        return {role: x[rows]}, lambda stored: stored[role][back]
+    return {role: x[:, rows]}, lambda stored: stored[role][:, back]
+
+
 def llama_cpp_linear_rope(config: dict) -> dict:
     """The RoPE metadata llama.cpp's converter writes for linear scaling (TextModel's, ported):
     its type and factor; nothing for InternLM2.5's dynamic NTK (or none)."""
@@ -1093,6 +1123,12 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         if model_type == "talkie" and role in ("attn_q", "attn_k"):  # TalkieModel's: each head's
             flip = llama_cpp_talkie_flip(config["head_dim"])  # second half negated
             tensors, restore = {role: flip(x)}, (lambda stored: flip(stored[role]))
+        if model_type == "plamo" and role in ("attn_q", "attn_output"):  # PlamoModel's: query
+            tensors, restore = llama_cpp_plamo_heads(role, x, config)  # heads in GQA order
+        if model_type == "plamo3" and gname.endswith(tuple(PLAMO3_NORM_OFFSETS)):
+            offset = next(v for end, v in PLAMO3_NORM_OFFSETS.items() if gname.endswith(end))
+            tensors, restore = ({role: x + np.float32(offset)},
+                                lambda stored, offset=offset: stored[role] - np.float32(offset))
         if model_type == "talkie" and role == "attn_q_norm":  # its head gains as (heads, 1)
             tensors, restore = {role: x[:, None]}, (lambda stored: stored[role][:, 0])
         if role == "ffn_gate_up":  # OpenELMModel.modify_tensors: proj_1's gate and up halves
@@ -1171,6 +1207,10 @@ def llama_cpp_dense_meta(w: gguf.GGUFWriter, m: dict) -> None:
         w.add_value_length(m["head_dim"])
     if m["model_type"] == "gpt_neox" and m["use_parallel_residual"] is not None:
         w.add_parallel_residual(m["use_parallel_residual"])
+    if m["model_type"] == "plamo3" and m.get("window_size") is not None:  # Plamo3Model's
+        w.add_sliding_window(m["window_size"])
+        w.add_sliding_window_pattern(m.get("swa_pattern", m["sliding_window_pattern"]))
+        w.add_rope_freq_base_swa(m["rope_local_theta"])
     if m["model_type"] == "cohere2":
         w.add_sliding_window(m["sliding_window"])
         if m.get("swa_pattern") is not None:
@@ -1695,6 +1735,12 @@ GGUF_CASES.update({
     "talkie-legacy": ("talkie", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
                                  "output": T.Q8_0, "*": T.Q8_0}, {}),
     "talkie-kquants": ("talkie", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
+    # PLaMo 1: its query heads in grouped-query order (put back: kept quantized, rows moving
+    # whole; attn_output's columns dequantized); PLaMo 3: norms plus offsets, sliding layers
+    "plamo-legacy": ("plamo", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_output": T.Q4_1,
+                               "*": T.Q8_0}, {}),
+    "plamo3-legacy": ("plamo3", {"token_embd": T.Q8_0, "attn_qkv": T.Q4_0, "ffn_up": T.Q4_1,
+                                 "*": T.Q8_0}, {}),
     # Ling 1 (bailingmoe): q/k permuted and cut out of query_key_value, fused again (kept
     # quantized, or dequantized where their types differ); softmax routing in every layer, the
     # weights renormalised and scaled; Ling 2.0 (bailingmoe2): the tiny's (q/k norms, RoPE over
@@ -2056,7 +2102,7 @@ def test_deepseek2_model_type_from_gguf(kind, overrides, meta, pre, mtp, model_t
                                   "exaone_moe-legacy", "afmoe-legacy", "dbrx-legacy",
                                   "phimoe-legacy", "minimax-legacy", "mimo2-legacy",
                                   "step35-legacy", "deci-legacy", "talkie-legacy",
-                                  "laguna-legacy"])
+                                  "laguna-legacy", "plamo-legacy", "plamo3-legacy"])
 def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir, tmp_path):
     """Seed-OSS, ERNIE 4.5 (dense and MoE), deepseek2 (DeepSeek-V2-Lite, V3, GLM-4.7-Flash:
     quantized latent projections kept so), the sparse MoEs' (Mixtral, Qwen1.5/2-MoE, OLMoE,
@@ -2156,13 +2202,23 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
     ("nemotron-nas", {**DECI_GGUF, "tie_word_embeddings": True, "rope_scaling": DECI_LLAMA3},
      {}, {}, {"tie_word_embeddings": True,
               "rope_scaling": {**DECI_LLAMA3, "type": "llama3", "rope_type": "default"}}),
+    # PLaMo 1's tiling: n_shared_head of its heads over key/value heads
+    ("plamo", {}, {}, {}, {"n_shared_head": 2, "rope_traditional": False}),
+    # PLaMo 3's window in every layer but each 2nd (a flag per layer; wider than the prompts:
+    # mlx-lm's prompt mask is one wider than its caches), its RoPE bases; without a window every
+    # layer global
+    ("plamo3", {"window_size": 400}, {"swa_pattern": [True, False] * 2}, {},
+     {"window_size": 400, "sliding_window_pattern": 2, "rope_local_theta": 10000.0,
+      "rope_theta": 1e6}),
+    ("plamo3", {"sliding_window_pattern": 1}, {"window_size": None}, {},
+     {"sliding_window_pattern": 1}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
         "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
         "command_r-no-logit-scale", "phi2", "gptneox-sequential", "nemotron-linear-rope",
         "openelm-untied", "deepseek-tied", "mellum-default-period", "mellum-global",
         "nanbeige-skip", "minicpm3-tied-long", "phimoe-mscale", "laguna-global",
-        "deci-tied-llama3"])
+        "deci-tied-llama3", "plamo", "plamo3-flags", "plamo3-global"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's, Apertus's (and DeepSeek-MoE's, Mellum's,
@@ -3337,6 +3393,15 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             lambda: write_gguf(tmp / "l.gguf", "laguna", tok_folder, meta={
                 "norm_topk_prob": False}, **LAGUNA_GGUF) and tmp / "l.gguf",
             "GGUF laguna whose experts' weights are not renormalised"),
+        "plamo_kv_heads": (lambda: gguf_of("p.gguf", "plamo", {"num_key_value_heads": 3}),
+                           "GGUF plamo with 4 heads over 3 key/value heads is not supported"),
+        "plamo3_pattern": (lambda: gguf_of("p.gguf", "plamo3", {"swa_pattern": [True, False,
+                                                                                True, True]}),
+                           "GGUF plamo3 with sliding-window pattern [True, False, True, True] "
+                           "is not supported (mlx-lm's plamo3 makes every p-th layer global"),
+        "bitnet": (lambda: minimal_gguf(tmp / "b.gguf", "bitnet"),
+                   "GGUF bitnet is not supported (llama.cpp's graph gates its MLP with SiLU, "
+                   "mlx-lm's bitnet with ReLU^2)"),
         "talkie_kv_heads": (lambda: gguf_of("t.gguf", "talkie", {"num_key_value_heads": 2}),
                             "GGUF talkie with 2 key/value heads to 4 heads is not supported"),
         "talkie_logit_scale": (lambda: gguf_of("t.gguf", "talkie", {"logit_scale": None}),
@@ -3452,7 +3517,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "step35_tied", "deci_heads", "deci_width", "deci_no_attention",
               "talkie_kv_heads", "talkie_logit_scale", "laguna_element_gate",
               "laguna_weights_norm", "bailingmoe2_gating", "bailingmoe_qkv_bias",
-              "bailingmoe_fused_qkv", "bailingmoe_rope_dims", "hunyuan_moe"]
+              "bailingmoe_fused_qkv", "bailingmoe_rope_dims", "hunyuan_moe", "plamo_kv_heads",
+              "plamo3_pattern", "bitnet"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

@@ -65,9 +65,11 @@ layers, traditional RoPE over part of each head, a biased head); Solar Open
 (``solar_open``, in MOE2: glm4_moe's model without q/k norms or biases); PLaMo 3 (``plamo3``:
 fused q/k/v, per-head q/k norms, Gemma 2's four norms, sliding-window layers with their own RoPE
 base); Talkie (``talkie``: weightless norms, gains per query head, on each branch and on the
-normed embeddings every layer adds back). The text models of
-vision-language checkpoints (:data:`VL`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL MoE, Kimi-VL,
-Kimi K2.5; LFM2-VL's in test_hybrid)."""
+normed embeddings every layer adds back); Lille 130M (``lille-130m``: a fused q/k/v, norms inside
+its attention and MLP modules), PLaMo 1 (``plamo``: parallel layers, tiled key/value heads) and
+BitNet b1.58 (``bitnet``: ternary BitLinear projections, sub-norms, a ReLU^2-gated MLP). The
+text models of vision-language checkpoints (:data:`VL`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL
+MoE, Kimi-VL, Kimi K2.5, Pixtral; LFM2-VL's in test_hybrid)."""
 
 from __future__ import annotations
 
@@ -101,7 +103,7 @@ MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 #: Vision-language checkpoints' text models (mlx-lm's wrappers): Qwen2-VL's qwen2 (its config
 #: flat), Qwen2.5-VL's (its own model_type, a text_config), Qwen3-VL's qwen3 and qwen3_moe,
 #: Kimi-VL's and Kimi K2.5's DeepSeek-V3
-VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25")
+VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25", "pixtral")
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
         "solar_open", "exaone_moe", "Klear", "afmoe", "dbrx", "phixtral", "minimax",
@@ -109,7 +111,8 @@ MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", 
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
-         "granitemoehybrid-micro", "glm", "telechat3", "gptj", "plamo3", "talkie")
+         "granitemoehybrid-micro", "glm", "telechat3", "gptj", "plamo3", "talkie", "lille-130m",
+         "plamo", "bitnet")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -641,6 +644,41 @@ def test_the_tiny_plamo3_is_what_it_claims_and_slides_as_mlx_lms_caches(family):
     assert sliding_windows(family("plamo3-window")[0]) == [24, None, 24, None]
     prompt = random_prompt(16, a.vocab_size, seed=5)
     assert mlx_lm_error(family("plamo3-window")[0], PruningConfig("full"), prompt, 30) < LOGITS_TOL
+
+
+def test_the_tiny_lille_plamo_and_bitnet_are_what_they_claim(family, monkeypatch):
+    """Lille's norms inside its attention and MLP modules, random, its MLP run as its module
+    (its norm once); PLaMo 1's one random norm, 2 key/value heads tiled over 4 query heads
+    (head i reads i mod 2), their order for the engine's groups; BitNet's every ternary value,
+    scales unlike 1, random sub-norms, its MLP run as its module; without Metal, refused."""
+    lille, _ = family("lille-130m")
+    layer, a = lille.layers[0], ModelAdapter(lille)
+    assert _random(layer.attention.norm.weight, layer.feed_forward.norm.weight)
+    assert a._activations == [None] * 4 and a.lm_head is None and "qkv_proj" in layer.attention
+    plamo, _ = family("plamo")
+    layer, a = plamo.layers[0], ModelAdapter(plamo)
+    assert _random(layer.norm.weight) and a._parallel and (a.n_heads, a.n_kv_heads) == (4, 2)
+    assert a._head_order.tolist() == [0, 2, 1, 3] and a._head_return.tolist() == [0, 2, 1, 3]
+    bitnet, _ = family("bitnet")
+    attn = bitnet.layers[0].self_attn
+    values = np.unique(np.concatenate([(np.array(attn.q_proj.weight) >> s) & 3
+                                       for s in (0, 2, 4, 6)]))
+    assert values.tolist() == [0, 1, 2] and abs(float(attn.q_proj.weight_scale[0]) - 1) > 0.5
+    assert _random(attn.attn_sub_norm.weight, bitnet.layers[0].mlp.ffn_sub_norm.weight)
+    monkeypatch.setattr(mx.metal, "is_available", lambda: False)
+    with pytest.raises(UserInputError, match="cannot run bitnet models here: .* no Metal"):
+        ModelAdapter(bitnet)
+    monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+    assert ModelAdapter(bitnet)._activations == [None] * 4
+
+
+def test_a_plamo_whose_heads_are_not_its_tiled_heads_is_refused():
+    """PLaMo 1 tiles ceil(heads / n_shared_head) key/value heads n_shared_head times: 4 heads
+    over n_shared_head 3 (2 key/value heads, 6 tiled) is no model mlx-lm runs either."""
+    model_class, args_class = mlx_lm.utils._get_classes(tiny_config("plamo"))
+    model = model_class(args_class.from_dict({**tiny_config("plamo"), "n_shared_head": 3}))
+    with pytest.raises(UserInputError, match="4 heads are not its 2 key/value heads times"):
+        ModelAdapter(model)
 
 
 def test_the_tiny_laguna_is_what_it_claims(family):

@@ -16,6 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx_lm.models.bitlinear_layers import BitLinear
 
 from mlx_lazy.adapter import feed_forward
 
@@ -30,7 +31,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
-         "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2")
+         "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2",
+         "lille-130m", "plamo", "bitnet")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -339,6 +341,17 @@ _KIND_CONFIG = {
                "mamba_num_heads": 8, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_step": 2,
                "mamba_chunk_size": 32, "attention_window_size": 4096,
                "tie_word_embeddings": True},
+    # Lille 130M: a fused q/k/v after its attention's own norm, traditional RoPE, an MLP 256 wide
+    # (its rounding) holding its own norm, both norms random; a tied head
+    "lille-130m": {"architectures": ["LilleForCausalLM"], "block_size": 4096,
+                   "layer_norm_eps": 1e-5, "n_embd": 64, "n_head": 4, "n_kv_heads": 2,
+                   "n_layer": 4},
+    # PLaMo 1: attention and MLP in parallel on one (random) norm; 2 key/value heads tiled over
+    # 4 query heads (n_shared_head 2: head i reads i mod 2, not grouped-query's i // 2)
+    "plamo": {"architectures": ["PlamoForCausalLM"], "n_shared_head": 2},
+    # BitNet b1.58: ternary BitLinear projections (random, random scales), random norms, the
+    # attention's and MLP's sub-norms too; a ReLU^2-gated MLP, a tied head
+    "bitnet": {"architectures": ["BitNetForCausalLM"], "tie_word_embeddings": True},
     # dots.llm1: per-head q/k norms; from layer 1 on 2 of 4 experts (sigmoid routing with a
     # random correction bias, scaled by 2.5) beside a shared expert
     "dots1": {"architectures": ["Dots1ForCausalLM"], "tie_word_embeddings": False,
@@ -702,15 +715,26 @@ _WRAPPED = {"gemma4": ("gemma4_text", "Gemma4ForConditionalGeneration", "gemma4_
                              "qwen3_vl_moe_text"),
             "lfm2-vl": ("lfm2", "Lfm2VlForConditionalGeneration", "lfm2"),
             "kimi_vl": ("deepseek_v3", "KimiVLForConditionalGeneration", "deepseek_v3"),
-            "kimi_k25": ("deepseek_v3", "KimiK25ForConditionalGeneration", "kimi_k2")}
-_RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus", "step3p5")
+            "kimi_k25": ("deepseek_v3", "KimiK25ForConditionalGeneration", "kimi_k2"),
+            "pixtral": ("llama", "LlavaForConditionalGeneration", "mistral")}
+_RANDOM_NORMS = ("glm4", "starcoder2", "cohere2", "apertus", "step3p5", "lille-130m")
 # kinds whose every norm module's weight (the final norm's, per-head ones) is random
 _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mimo", "cohere",
                         "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "gpt_bigcode", "nemotron",
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
                         "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
-                        "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1")
+                        "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "plamo",
+                        "bitnet")
+
+
+def bitlinear_matmul(self: BitLinear, x: mx.array, packed: mx.array) -> mx.array:
+    """mlx-lm's BitLinear kernel (Metal only) in plain MLX: output row ``j + i * rows`` of a
+    packed weight of ``rows`` rows takes field i (bits 2i, 2i + 1, less one) of row j."""
+    fields = [((packed >> (2 * i)) & 3).astype(x.dtype) - 1 for i in range(4)]
+    weight = mx.concatenate(fields, axis=0)[:self.out_features]
+    scale = 1 / self.weight_scale if self.invert_weight_scales else self.weight_scale
+    return (x @ weight.T) * scale
 
 
 def tiny_config(kind: str) -> dict:
@@ -872,6 +896,11 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         if (kind.split("-")[0] in _RANDOM_NORM_MODULES
                 and isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and "weight" in module):
             module.weight = 1.0 + 0.1 * mx.random.normal(module.weight.shape)
+    for _, module in model.named_modules():
+        if isinstance(module, BitLinear):  # bitnet: four ternary fields a byte (0, 1, 2: -1,
+            fields = mx.random.randint(0, 3, (4, *module.weight.shape))  # 0, 1), a scale
+            module.weight = sum(f << (2 * i) for i, f in enumerate(fields)).astype(mx.uint8)
+            module.weight_scale = 0.05 + 0.1 * mx.random.uniform(shape=(1,))
     if kind == "nanochat":
         model.lm_head.weight = 30 * model.lm_head.weight
     if kind == "talkie":  # a bare matrix, zeros by default, and its gain
