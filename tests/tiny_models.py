@@ -656,6 +656,17 @@ _VARIANTS = {
                                      "topk_method": "noaux_tc", "scoring_func": "sigmoid",
                                      "moe_layer_freq": 1, "attention_bias": False,
                                      "indexer_rope_interleave": True}),
+    # DeepSeek-V3.2 and GLM-5 as the conversion tests write them in llama.cpp's deepseek32 and
+    # glm-dsa GGUFs: DeepSeek-V3's (YaRN; GLM-5 without) with each query's top 8 keys (TEXT
+    # longer), 16 RoPE dims of 16-wide indexer heads
+    "deepseek_v32-gguf": ("deepseek_v3-gguf", {"model_type": "deepseek_v32",
+                                               "architectures": ["DeepseekV32ForCausalLM"],
+                                               "index_n_heads": 16, "index_head_dim": 16,
+                                               "index_topk": 8}),
+    "glm_moe_dsa-gguf": ("deepseek_v32-gguf", {
+        "model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"],
+        "rope_scaling": None, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "moe_layer_freq": 1, "attention_bias": False, "indexer_rope_interleave": True}),
     "glm4_moe_lite-gguf": ("glm4_moe_lite", {
         "qk_rope_head_dim": 16, "v_head_dim": 64, "scoring_func": "sigmoid",
         "topk_method": "noaux_tc", "rope_theta": 1e6, "num_nextn_predict_layers": 0}),
