@@ -264,30 +264,35 @@ from .errors import UserInputError, shown
 # kernel: refused without Metal), called as its modules; a norm on the attention output before
 # o_proj (``attn_sub_norm``); a ReLU^2-gated MLP with its ``ffn_sub_norm``, run as its module.
 # pixtral (Pixtral): a vision-language checkpoint whose text model is llama (:data:`_WRAPPERS`).
-SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
-                         "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
-                         "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
-                         "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
-                         "gemma4_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt2",
-                         "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
-                         "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
-                         "internlm3", "jamba", "kimi_k25", "kimi_vl", "laguna", "lfm2", "lfm2-vl",
-                         "lfm2_moe", "llama", "llama4", "llama4_text", "longcat_flash", "mellum",
-                         "mimo", "mimo_v2_flash", "minicpm", "minicpm3", "minimax", "ministral3",
+# deepseek_v32 (DeepSeek-V3.2) and glm_moe_dsa (GLM-5, deepseek_v32's model) (:data:`MLA_TYPES`):
+# DeepSeek-V3's absorbed latent attention whose every query sees only the ``index_topk`` keys
+# its lightning indexer (``self_attn.indexer``) scores highest among those present
+# (:meth:`ModelAdapter.index_mask`); the indexer's key of a token is cached after its key
+# (:meth:`ModelAdapter._latent_qkv`), its queries and head weights come as :meth:`qkv`'s gate.
+SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "bitnet",
+                         "cohere", "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
+                         "deepseek_v32", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
+                         "exaone_moe", "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text",
+                         "gemma4", "gemma4_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
+                         "glm_moe_dsa", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj",
+                         "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan",
+                         "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "kimi_k25",
+                         "kimi_vl", "laguna", "lfm2", "lfm2-vl", "lfm2_moe", "lille-130m", "llama",
+                         "llama4", "llama4_text", "longcat_flash", "mellum", "mimo",
+                         "mimo_v2_flash", "minicpm", "minicpm3", "minimax", "ministral3",
                          "mistral", "mistral3", "mistral4", "mixtral", "nanbeige", "nanochat",
                          "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmoe",
-                         "openelm", "phi", "phi3", "phimoe", "phixtral", "plamo2", "plamo3",
-                         "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5",
-                         "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
-                         "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5",
-                         "talkie", "telechat3", "youtu_llm", "bitnet", "lille-130m", "pixtral",
-                         "plamo")
+                         "openelm", "phi", "phi3", "phimoe", "phixtral", "pixtral", "plamo",
+                         "plamo2", "plamo3", "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3",
+                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl",
+                         "qwen3_vl_moe", "seed_oss", "smollm3", "solar_open", "stablelm",
+                         "starcoder2", "step3p5", "talkie", "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm",
-             "bailing_moe_v3", "longcat_flash")
+             "bailing_moe_v3", "longcat_flash", "deepseek_v32", "glm_moe_dsa")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral", "plamo")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -433,8 +438,10 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # lille-130m's ``transformer.{tok_embeddings, norm}``, ``block.{attention, feed_forward}``,
 # ``attention.{norm, qkv_proj, out_proj, n_head, n_kv_heads}``, its MLP called as ``(x)``;
 # plamo's ``block.norm``, ``self_attn.{rotary_emb, q_num_heads, k_num_heads}``,
-# ``args.n_shared_head``; bitnet's ``self_attn.attn_sub_norm``, its MLP called as ``(x)``): at
-# least the first, below the second. Same as pyproject.toml.
+# ``args.n_shared_head``; bitnet's ``self_attn.attn_sub_norm``, its MLP called as ``(x)``;
+# deepseek_v32's ``self_attn.indexer.{wq_b, wk, k_norm, weights_proj, rope, n_heads, head_dim,
+# softmax_scale, index_topk}``): at least the first, below the second. Same as
+# pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -1023,7 +1030,8 @@ class ModelAdapter:
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
         """Queries, keys and values of ``h`` (1, n, D) at ``positions`` (n,), RoPE applied,
         and the output gate of a gated attention (Qwen3.5's, AFM's; Step-3.5's and Laguna's, one
-        per head) for :meth:`finish`.
+        per head) for :meth:`finish`, or in a layer with a lightning indexer its queries
+        (:meth:`index_mask`; :meth:`finish` takes none there).
 
         Returns arrays shaped (1, heads, n, head_dim) (latent attention's values narrower than
         its keys: :meth:`_latent_qkv`); keys and values None where the layer reads another's
@@ -1038,7 +1046,7 @@ class ModelAdapter:
             x = self._norm(block, "input_layernorm")(x)
         gate = None
         if self._mla:
-            q, k, v = self._latent_qkv(attn, x, n, positions)
+            q, k, v, gate = self._latent_qkv(attn, x, n, positions)
             if self._query_scaling is not None:  # mistral4: every query scaled by position
                 q = q * _query_scale(positions, *self._query_scaling).astype(q.dtype)
             if "g_proj" in attn:  # bailing_moe_v3: a gate per head (finish)
@@ -1158,7 +1166,7 @@ class ModelAdapter:
         return norm.weight.astype(mx.float32) / below.astype(mx.float32)
 
     def _latent_qkv(self, attn: nn.Module, x: mx.array, n: int, positions: np.ndarray
-                    ) -> Tuple[mx.array, mx.array, mx.array]:
+                    ) -> Tuple[mx.array, mx.array, mx.array, Optional[mx.array]]:
         """:meth:`qkv` of multi-head latent attention (:data:`MLA_TYPES`) on normed ``x``
         (1, >= n, D): each head's query is [q_nope, rope(q_pe)], and every key shares one
         latent (``kv_a_layernorm`` of part of ``kv_a_proj_with_mqa``) and one rope(k_pe).
@@ -1168,10 +1176,15 @@ class ModelAdapter:
         glm4_moe_lite) keeps it: queries [embed_q(q_nope), rope(q_pe)] over ONE key head [latent,
         rope(k_pe)], ONE value head the latent (:meth:`finish` applies ``unembed_out``), so
         a score is mlx-lm's ``scale (embed_q(q_nope) . latent + q_pe . k_pe)`` and the cache
-        holds the latent, not per-head keys."""
+        holds the latent, not per-head keys.
+
+        With a lightning indexer (deepseek_v32, glm_moe_dsa) each key also holds, after
+        [latent, rope(k_pe)], the token's indexer key, and each query as many zeros (its
+        scores unchanged); the fourth array is the indexer's queries (:meth:`_indexer`), else
+        None."""
         heads = self.n_heads
-        q = attn.q_proj(x) if attn.q_lora_rank is None else attn.q_b_proj(
-            attn.q_a_layernorm(attn.q_a_proj(x)))
+        qr = None if attn.q_lora_rank is None else attn.q_a_layernorm(attn.q_a_proj(x))
+        q = attn.q_proj(x) if qr is None else attn.q_b_proj(qr)
         q = q[:, :n].reshape(1, n, heads, -1).transpose(0, 2, 1, 3)
         # longcat_flash: queries and the normed latent scaled (sqrt(hidden / rank))
         q = q * getattr(attn, "mla_scale_q_lora", 1.0)
@@ -1185,10 +1198,57 @@ class ModelAdapter:
             k_nope, v = mx.split(kv, [attn.qk_nope_head_dim], axis=-1)
             k_pe = mx.broadcast_to(k_pe, (1, heads, n, k_pe.shape[-1]))
             return (mx.concatenate([q_nope, q_pe], axis=-1),
-                    mx.concatenate([k_nope, k_pe], axis=-1), v)
+                    mx.concatenate([k_nope, k_pe], axis=-1), v, None)
         latent = latent[:, None]
-        return (mx.concatenate([attn.embed_q(q_nope), q_pe], axis=-1),
-                mx.concatenate([latent, k_pe], axis=-1), latent)
+        q, k = mx.concatenate([attn.embed_q(q_nope), q_pe], axis=-1), [latent, k_pe]
+        index = None
+        if "indexer" in attn:
+            index, index_keys = self._indexer(attn.indexer, x, qr, n, positions)
+            q = mx.pad(q, [(0, 0), (0, 0), (0, 0), (0, index_keys.shape[-1])])
+            k.append(index_keys)
+        return q, mx.concatenate(k, axis=-1), latent, index
+
+    @staticmethod
+    def _indexer(indexer: nn.Module, x: mx.array, qr: mx.array, n: int,
+                 positions: np.ndarray) -> Tuple[mx.array, mx.array]:
+        """DeepSeek-V3.2's lightning indexer on normed ``x`` (1, >= n, D) and the normed
+        low-rank queries ``qr``, as mlx-lm's ``Indexer`` computes them: its queries, each head's
+        (index_head_dim,) query then its weight, (1, n, heads, index_head_dim + 1), and its
+        keys (1, 1, n, index_head_dim), one per token, RoPE applied to both."""
+        q = indexer.wq_b(qr)[:, :n].reshape(1, n, indexer.n_heads, indexer.head_dim)
+        k = indexer.k_norm(indexer.wk(x)[:, :n])[:, None]
+        q = _rope(indexer.rope, q.swapaxes(1, 2), positions).swapaxes(1, 2)
+        weights = indexer.weights_proj(x)[:, :n] * (indexer.n_heads ** -0.5
+                                                    * indexer.softmax_scale)
+        return (mx.concatenate([q, weights[..., None].astype(q.dtype)], axis=-1),
+                _rope(indexer.rope, k, positions))
+
+    def index_topk(self, layer: int) -> Optional[int]:
+        """How many keys each query of ``layer`` sees at most, those its lightning indexer
+        scores highest (DeepSeek-V3.2's ``index_topk``); None for a layer without one."""
+        indexer = getattr(self._attns[layer], "indexer", None)
+        return None if indexer is None else indexer.index_topk
+
+    def index_mask(self, layer: int, index: mx.array, keys: mx.array,
+                   mask: mx.array) -> mx.array:
+        """``mask`` (m, S), which of the layer's cached ``keys`` (1, 1, S, d) each of m
+        queries sees, narrowed to the :meth:`index_topk` keys its lightning indexer scores
+        highest among them (all of them where a query sees no more): mlx-lm's ``Indexer``
+        scores, the sum over heads of each head's weight times its ReLU'd query . key, over
+        the indexer keys at the end of ``keys``, for the queries' ``index`` (1, m, heads,
+        index_head_dim + 1) from :meth:`qkv`."""
+        topk = self.index_topk(layer)
+        if keys.shape[2] <= topk:
+            return mask
+        q, weights = index[..., :-1].swapaxes(1, 2), index[..., -1:].swapaxes(1, 2)
+        scores = mx.maximum(q @ keys[..., -q.shape[-1]:].swapaxes(-1, -2), 0) * weights
+        # summed over heads as mlx-lm sums them (one by one for several rows)
+        scores = (scores.sum(axis=1, keepdims=True) if scores.shape[2] == 1
+                  else sum(scores[:, h:h + 1] for h in range(scores.shape[1])))
+        scores = mx.where(mask, scores, -mx.inf)
+        top = mx.argpartition(scores, kth=-topk, axis=-1)[..., -topk:]
+        chosen = mx.put_along_axis(mx.zeros(scores.shape, mx.bool_), top, mx.array(True), -1)
+        return chosen[0, 0] & mask
 
     def finish(self, layer: int, h: mx.array, attn_out: mx.array,
                gate: Optional[mx.array] = None) -> mx.array:
@@ -1197,6 +1257,8 @@ class ModelAdapter:
         the softplus of a gain per head), -> new h."""
         block, attn = self.layers[layer], self._attns[layer]
         n = attn_out.shape[2]
+        if "indexer" in attn:  # what qkv gave: the lightning indexer's queries, no gate
+            gate = None
         if hasattr(attn, "unembed_out"):  # absorbed latent attention: the latent
             attn_out = attn.unembed_out(attn_out)  # output to each head's values
         if self._head_return is not None:

@@ -10,7 +10,7 @@ and counts the (query, key) pairs each scores.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import mlx.core as mx
 import numpy as np
@@ -108,6 +108,28 @@ class CacheAttention:
         if isinstance(mask, np.ndarray):
             mask = None if mask.all() else mx.array(mask)
         return attention(q, keys, values, self.scale, mask, sinks, softcap)
+
+    def indexed(self, q: mx.array, kv: LayerKV, rows: np.ndarray, visible: Optional[Mask],
+                prompt: bool, narrow: Callable[[mx.array, mx.array, slice], mx.array]
+                ) -> mx.array:
+        """Attention of queries ``q`` at sorted positions ``rows`` over the whole layer cache
+        ``kv``, in query blocks, each row's keys (the ``visible`` ones at or before it) narrowed
+        by ``narrow(keys, mask, block)``: the (rows, keys) mask of the block (a slice of the
+        rows), narrowed (DeepSeek-V3.2's lightning indexer: a row's top-k keys)."""
+        keys, values = kv.fetch()
+        kpos = kv.cached_positions()
+        outs = []
+        for i in range(0, len(rows), self.block_size):
+            block = slice(i, min(i + self.block_size, len(rows)))
+            mask = mx.array(position_mask(rows[block], kpos))
+            if visible is not None:
+                mask = mask & mx.array(visible)[None]
+            self._count(len(rows[block]) * len(kpos), prompt)
+            outs.append(attention(q[:, :, block], keys, values, self.scale,
+                                  narrow(keys, mask, block)))
+            if len(rows) > self.block_size:  # one block's scores at a time
+                mx.eval(outs[-1])
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
     def revived(self, q: mx.array, kv: LayerKV, rows: np.ndarray, selected: np.ndarray,
                 prompt: bool = False, window: Optional[Window] = None,

@@ -66,6 +66,13 @@ The architectures (llama.cpp's names), and what converting each involves:
   ``expert_weights_norm``, expert groups ranked by their two best experts, as in both), YaRN;
   Llama 4's attention temperature where the GGUF gives one (llama.cpp's converter writes none:
   then none), the latent norms' epsilon 1e-6 (mlx-lm's, hard-wired).
+* ``deepseek32`` (DeepSeek-V3.2, ``deepseek_v32``) and ``glm-dsa`` (GLM-5, ``glm_moe_dsa``):
+  deepseek2's latent attention and sigmoid-routed experts (YaRN as deepseek2's) with each
+  layer's lightning indexer (``indexer.attn_q_b``, ``attn_k``, ``k_norm``, ``proj``; its heads,
+  width and top-k from ``attention.indexer.*``), its RoPE NeoX-style in DeepSeek-V3.2 and
+  traditional in GLM-5, as llama.cpp turns them; the latent norms' epsilon 1e-6 (mlx-lm's);
+  GLM-5.2's layers that reuse another's indexer refused. (mlx-lm's indexer key norm takes an
+  epsilon of 1e-5, llama.cpp's 1e-6: it can only move a near-tie at the top-k's edge.)
 * ``glm4`` (GLM-4-0414 9B/32B): norms after each branch, the MLP's gate then up rows in one
   tensor (mlx-lm's ``gate_up_proj``), q/k/v biases, traditional RoPE over part of each head
   (NeoX where the GGUF has MRoPE sections: GLM-4.1V's, GLM-OCR's text model, whose q/k rows
@@ -331,7 +338,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nemotron_h_moe": "NemotronHForCausalLM",
                  "nemotron_h": "NemotronHForCausalLM", "falcon-h1": "FalconH1ForCausalLM",
                  "plamo2": "Plamo2ForCausalLM", "plamo": "PlamoForCausalLM",
-                 "plamo3": "Plamo3ForCausalLM"}
+                 "plamo3": "Plamo3ForCausalLM", "deepseek32": "DeepseekV32ForCausalLM",
+                 "glm-dsa": "GlmMoeDsaForCausalLM"}
 #: llama.cpp architectures that no mlx-lm model computes, and why (each refused in one line)
 UNSUPPORTED_ARCHITECTURES = {
     "hunyuan-moe": "llama.cpp renormalises the chosen experts' weights, mlx-lm's hunyuan does not",
@@ -350,7 +358,7 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "qwen3vlmoe": "qwen3_moe", "minimax-m2": "minimax", "mimo2": "mimo_v2_flash",
                 "step35": "step3p5", "deci": "nemotron-nas",
                 **dict.fromkeys(BAILING, "bailing_moe"), "nemotron_h_moe": "nemotron_h",
-                "falcon-h1": "falcon_h1"}
+                "falcon-h1": "falcon_h1", "deepseek32": "deepseek_v32", "glm-dsa": "glm_moe_dsa"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -446,7 +454,9 @@ _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gpt
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
 # The architectures of multi-head latent attention
-MLA = ("deepseek2", "minicpm3", "mistral4")
+MLA = ("deepseek2", "minicpm3", "mistral4", "deepseek32", "glm-dsa")
+# DeepSeek's sparse attention (a lightning indexer per layer): DeepSeek-V3.2's, GLM-5's
+DSA = ("deepseek32", "glm-dsa")
 # MiniCPM3: the embedding, residual and logit scales llama.cpp hard-wires (its converter writes
 # none), as mlx-lm's minicpm3 names them
 MINICPM3_SCALES = {"scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 256}
@@ -619,7 +629,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     scaling = g("rope.scaling.type") or ("linear" if factor not in (None, 0, 1) else None)
     # Gemma 3 4B+ (its global layers only), InternLM2, Nemotron (all of them)
     linear = arch in ("gemma3", "internlm2", "nemotron") and scaling == "linear"
-    yarn = arch in ("gpt-oss", "mistral3", "deepseek2", "mistral4", "laguna") and scaling == "yarn"
+    yarn = arch in ("gpt-oss", "mistral3", "deepseek2", "mistral4", "laguna", *DSA) and \
+        scaling == "yarn"
     if scaling not in (None, "none") and not (linear or yarn):
         raise UserInputError(f"GGUF with RoPE scaling ({scaling}) is not supported")
     for name, owners in ROPE_TENSORS.items():
@@ -886,7 +897,10 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "mistral4":
         config.update(_mistral4_config(g, count, positive, optional, experts, tensors, config,
                                        rope_dims))
-    if arch in ("deepseek2", "mistral4"):
+    if arch in DSA:
+        config.update(_dsa_config(arch, g, count, positive, optional, experts, tensors, config,
+                                  rope_dims))
+    if arch in ("deepseek2", "mistral4", *DSA):
         if yarn:  # llama.cpp's betas (its deepseek2 loader reads none); mscale as mscale_all_dim
             # (llama.cpp's special case of deepseek2), which its converter wrote times 0.1
             log_mul = real("rope.scaling.yarn_log_multiplier", 0.0)
@@ -898,6 +912,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                                       "mscale": scale, "mscale_all_dim": scale}
     if arch == "mistral4":  # mlx-lm's mistral4 reads rope_parameters, with the temperature
         config["rope_parameters"] = _mistral4_rope(g, count, real, config)
+    if arch == "glm-dsa":  # mlx-lm's glm_moe_dsa reads its RoPE from rope_parameters only
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_theta"],
+                                     **(config.pop("rope_scaling", None) or {})}
     if arch in _ONE_ROPE_BASE and \
             g("rope.freq_base_swa", config["rope_theta"]) != config["rope_theta"]:
         raise UserInputError(f"GGUF {arch} with another RoPE base in its sliding-window layers "
@@ -1948,6 +1965,48 @@ def _mistral4_config(g: Any, count: Any, positive: Any, optional: Any, experts: 
     return {"num_key_value_heads": config["num_attention_heads"], **latent,
             "v_head_dim": count(value_length), "attention_bias": False,
             **{k: v for k, v in moe.items() if k not in ("scoring_func", "topk_method")}}
+
+
+def _dsa_config(arch: str, g: Any, count: Any, positive: Any, optional: Any, experts: Any,
+                tensors: dict, config: dict, rope_dims: int) -> dict:
+    """mlx-lm's deepseek_v32 (``deepseek32``) or glm_moe_dsa (``glm-dsa``) settings of a GGUF,
+    read as llama.cpp reads it: deepseek2's latent attention (:func:`_latent_attention`) and
+    DeepSeek's MoE layout (:func:`_routed_experts`) routed by sigmoid (the only gating of
+    mlx-lm's model; GLM-5's by default), the latent norms' RMS epsilon the 1e-6 mlx-lm
+    hard-wires, and a lightning indexer in every layer (``attention.indexer.head_count``,
+    ``key_length``, ``top_k``) whose RoPE turns the first ``rope.dimension_count`` dims of its
+    heads, NeoX-style in DeepSeek-V3.2, traditional in GLM-5 (as in llama.cpp and mlx-lm).
+    GLM-5.2's layers reusing another's top-k (``attention.indexer.types``, or its default
+    pattern from a context of 2**20 on) are refused: mlx-lm's model has an indexer in each."""
+    gating = g("expert_gating_func", _NO_GATING if arch == "glm-dsa" else None)
+    if gating not in (_NO_GATING, _SIGMOID_GATING):
+        raise UserInputError(f"GGUF {arch} with expert gating function {shown(gating, 20)} is "
+                             f"not supported (mlx-lm's {_MODEL_TYPES[arch]} routes by sigmoid, "
+                             f"llama.cpp's {_SIGMOID_GATING})")
+    if np.float32(config["rms_norm_eps"]) != DEEPSEEK_LATENT_EPS:
+        raise UserInputError(f"GGUF {arch} with RMS epsilon {config['rms_norm_eps']:.7g} is not "
+                             f"supported (mlx-lm's {_MODEL_TYPES[arch]} normalises its latents "
+                             "with 1e-06)")
+    types = g("attention.indexer.types")
+    if arch == "glm-dsa" and (not all(types) if isinstance(types, list) else
+                              types is None and config["max_position_embeddings"] >= 2 ** 20):
+        raise UserInputError("GGUF glm-dsa with layers reusing another layer's indexer "
+                             "(GLM-5.2's attention.indexer.types) is not supported (mlx-lm's "
+                             "glm_moe_dsa has an indexer in every layer)")
+    index_dims = count("attention.indexer.key_length")
+    if rope_dims > index_dims:  # llama.cpp asserts as much
+        raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} dims of indexer heads "
+                             f"{index_dims} wide is not supported")
+    latent = _latent_attention(arch, count, tensors, config, rope_dims)
+    moe = _routed_experts(arch, _MODEL_TYPES[arch], g, count, positive, optional, experts,
+                          tensors, config["num_hidden_layers"])
+    value_length = ("attention.value_length_mla" if g("attention.value_length_mla") is not None
+                    else "attention.value_length")
+    return {"num_key_value_heads": config["num_attention_heads"], **latent,
+            "v_head_dim": count(value_length), "attention_bias": False, "moe_layer_freq": 1,
+            "index_n_heads": count("attention.indexer.head_count"), "index_head_dim": index_dims,
+            "index_topk": count("attention.indexer.top_k"),
+            "indexer_rope_interleave": arch == "glm-dsa", **moe}
 
 
 def _mistral4_rope(g: Any, count: Any, real: Any, config: dict) -> dict:

@@ -45,7 +45,7 @@ DELTA_NET = (*QWEN35, "qwen3next")
 _TILED_V_HEADS = ("qwen3_5", "qwen3_5_moe")
 # The architectures whose GGUFs may hold multi-token prediction (NextN) blocks after the model's
 NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4", "exaone-moe", "mimo2", "step35",
-         "bailingmoe2", "nemotron_h_moe")
+         "bailingmoe2", "nemotron_h_moe", "deepseek32", "glm-dsa")
 # Ling/Ring 1 and 2.0 (mlx-lm's bailing_moe)
 BAILING = ("bailingmoe", "bailingmoe2")
 
@@ -258,6 +258,11 @@ _DEEPSEEK2_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES, **_CORRECTION
                           "attn_kv_a_norm": "self_attn.kv_a_layernorm",
                           "attn_kv_b": "self_attn.kv_b_proj",
                           "attn_k_b": "self_attn.embed_q", "attn_v_b": "self_attn.unembed_out"}
+# DeepSeek-V3.2, GLM-5: deepseek2's and each layer's lightning indexer
+_DSA_LAYER_NAMES = {**_DEEPSEEK2_LAYER_NAMES, "indexer.attn_q_b": "self_attn.indexer.wq_b",
+                    "indexer.attn_k": "self_attn.indexer.wk",
+                    "indexer.k_norm": "self_attn.indexer.k_norm",
+                    "indexer.proj": "self_attn.indexer.weights_proj"}
 # GLM-4-0414: a norm after each branch (llama.cpp's post_attention_norm and post_ffw_norm) besides
 # the ones before it (its ffn_norm mlx-lm's post_attention_layernorm); the MLP's gate then up
 # rows in one tensor, as in mlx-lm's glm4
@@ -347,6 +352,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "glm4moe": _GLM4MOE_LAYER_NAMES, "qwen3next": _QWEN3NEXT_LAYER_NAMES,
                      **dict.fromkeys(("deepseek2", "minicpm3", "mistral4"),
                                      _DEEPSEEK2_LAYER_NAMES),
+                     **dict.fromkeys(("deepseek32", "glm-dsa"), _DSA_LAYER_NAMES),
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
                      "phimoe": _BLOCK_SPARSE_MOE_NAMES,
                      "minimax-m2": _MINIMAX_M2_LAYER_NAMES,
@@ -1145,7 +1151,8 @@ def dbrx_tensors(tensors: dict, config: dict) -> dict:
 #: known (split, fused, or made up where llama.cpp takes a default)
 REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
-             "mistral4": deepseek2_tensors,
+             "mistral4": deepseek2_tensors, "deepseek32": deepseek2_tensors,
+             "glm-dsa": deepseek2_tensors,
              "glm4": glm4_tensors, "lfm2": lfm2_tensors, "lfm2moe": lfm2_tensors,
              "stablelm": stablelm_tensors, "minicpm": glm4_tensors, "dots1": dots1_tensors,
              "exaone-moe": dots1_tensors, "mimo2": dots1_tensors,
@@ -1294,7 +1301,8 @@ def dequantized(t: Any) -> np.ndarray:
 #: DeepSeek's routers (a matrix of mlx-lm's MoEGate; llama.cpp's quantizer leaves routers float
 #: anyway)
 _FLOAT_ONLY = dict.fromkeys(("glm4_moe", "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "dots1",
-                             "exaone_moe", "mimo_v2_flash", "nemotron_h"),
+                             "exaone_moe", "mimo_v2_flash", "nemotron_h", "deepseek_v32",
+                             "glm_moe_dsa"),
                             ".ffn_gate_inp.weight")
 
 

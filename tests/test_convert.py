@@ -222,7 +222,8 @@ GGUF_DEEPSEEK2_NAMES = {**GGUF_LAYER_NAMES, "self_attn.q_a_proj": "attn_q_a",
                         **{f"mlp.shared_experts.{p}_proj": f"ffn_{p}_shexp"
                            for p in ("gate", "up", "down")}}
 DEEPSEEK2_KINDS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "youtu_llm",  # model types
-                   "mistral4")  # (llama.cpp's mistral4: its deepseek2 written otherwise named)
+                   "mistral4",  # (llama.cpp's mistral4: its deepseek2 written otherwise named)
+                   "deepseek_v32", "glm_moe_dsa")  # (deepseek32, glm-dsa: a lightning indexer)
 #: Mixtral's and Granite MoE's router and experts' stacks at block_sparse_moe
 GGUF_BLOCK_SPARSE_MOE_NAMES = {
     **GGUF_LAYER_NAMES, "block_sparse_moe.gate": "ffn_gate_inp",
@@ -257,7 +258,8 @@ GGUF_ERNIE45_MOE_NAMES = {**GGUF_LAYER_NAMES, **{f"mlp.shared_experts.{p}_proj":
 DELTA_NET_KINDS = (*QWEN35_KINDS, "qwen3_next")
 #: ... and the MoE kinds whose tiny GGUFs' routing float16 scales flip (a token's second expert),
 #: and PLaMo 3, whose tiny GGUF's logits float16 scales move by 0.5-1.1% (float32 ones: 1.4e-6)
-FLOAT32_SCALES_KINDS = (*DELTA_NET_KINDS, "qwen2_moe", "olmoe", "mistral4", "plamo3")
+FLOAT32_SCALES_KINDS = (*DELTA_NET_KINDS, "qwen2_moe", "olmoe", "mistral4", "plamo3",
+                        "deepseek_v32", "glm_moe_dsa")
 GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          "seed_oss": GGUF_POST_ATTENTION_NAMES,
                          "ernie4_5_moe": GGUF_ERNIE45_MOE_NAMES,
@@ -268,7 +270,13 @@ GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                                          GGUF_BLOCK_SPARSE_MOE_NAMES),
                          "qwen2_moe": GGUF_QWEN2MOE_NAMES, "deepseek": GGUF_ERNIE45_MOE_NAMES,
                          **dict.fromkeys(DEEPSEEK2_KINDS, GGUF_DEEPSEEK2_NAMES),
-                         "minicpm3": GGUF_DEEPSEEK2_NAMES}
+                         "minicpm3": GGUF_DEEPSEEK2_NAMES,
+                         # DeepSeek-V3.2's and GLM-5's lightning indexer
+                         **dict.fromkeys(("deepseek_v32", "glm_moe_dsa"), {
+                             **GGUF_DEEPSEEK2_NAMES, "self_attn.indexer.wq_b": "indexer.attn_q_b",
+                             "self_attn.indexer.wk": "indexer.attn_k",
+                             "self_attn.indexer.k_norm": "indexer.k_norm",
+                             "self_attn.indexer.weights_proj": "indexer.proj"})}
 #: GLM-4-0414's norms after each branch (its ffn_norm the one before the MLP), StarCoder2's plain
 #: MLP, Apertus's norms
 GGUF_KIND_LAYER_NAMES.update({
@@ -366,7 +374,8 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "hunyuan_v1_dense": "hunyuan-dense", "cohere": "command-r",
              "phi": "phi2", "gpt_neox": "gptneox",
              "gpt_bigcode": "starcoder", "glm": "chatglm",
-             "mistral4": "mistral4", "phimoe": "phimoe",
+             "mistral4": "mistral4", "phimoe": "phimoe", "deepseek_v32": "deepseek32",
+             "glm_moe_dsa": "glm-dsa",
              "exaone_moe": "exaone-moe", "afmoe": "afmoe", "minimax": "minimax-m2",
              "mimo_v2_flash": "mimo2", "step3p5": "step35", "nemotron-nas": "deci"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
@@ -738,6 +747,12 @@ def llama_cpp_deepseek2_meta(w: gguf.GGUFWriter, m: dict) -> None:
             w.add_rope_scaling_yarn_log_mul(0.1 * scaling["mscale_all_dim"])
     if m.get("nextn_predict_layers") is not None:
         w.add_nextn_predict_layers(m["nextn_predict_layers"])
+    if m.get("index_topk") is not None:  # DeepseekV32Model's, GlmMoeDsaModel's
+        w.add_indexer_head_count(m["index_n_heads"])
+        w.add_indexer_key_length(m["index_head_dim"])
+        w.add_indexer_top_k(m["index_topk"])
+    if m.get("indexer_types") is not None:  # GLM-5.2's: whether each layer has an indexer
+        w.add_array(f"{w.arch}.attention.indexer.types", m["indexer_types"])
 
 
 def llama_cpp_deepseek2(role: str, x: np.ndarray, config: dict) -> tuple[dict, Callable]:
@@ -1473,6 +1488,12 @@ GGUF_CASES.update({
     "deepseek2-youtu-legacy": ("youtu_llm", {"attn_kv_b": T.Q4_1, "*": T.Q8_0},
                                {"attention_bias": False, "mlp_bias": False, "legacy_kv_b": True,
                                 "tie_word_embeddings": False}),
+    # DeepSeek-V3.2 (deepseek32: V3's with a lightning indexer, its RoPE NeoX-style, YaRN) and
+    # GLM-5 (glm-dsa: its indexer's RoPE traditional, no YaRN), attn_k_b / attn_v_b and the
+    # indexer's projections kept quantized; each query's top 8 keys of TEXT's 27
+    "deepseek32": ("deepseek_v32-gguf", {"attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1,
+                                         "attn_q_b": T.Q4_0, "*": T.Q8_0}, {}),
+    "glm-dsa": ("glm_moe_dsa-gguf", {"attn_k_b": T.Q4_0, "attn_k": T.Q4_1, "*": T.Q8_0}, {}),
 })
 GGUF_CASES.update({
     # The sparse MoEs, every layer 2 of 4 experts, softmax-routed: Mixtral (a llama GGUF with
@@ -3121,6 +3142,17 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                                                         "temperature_length": 32}),
             "GGUF mistral4 with an attention temperature over 32 positions is not supported "
             "(mlx-lm's mistral4 takes YaRN's original context, 64)"),
+        "dsa_gating": (
+            lambda: gguf_of("d.gguf", "deepseek_v32-gguf", {"scoring_func": "softmax"}),
+            "GGUF deepseek32 with expert gating function 1 is not supported (mlx-lm's "
+            "deepseek_v32 routes by sigmoid"),
+        "dsa_eps": (
+            lambda: gguf_of("d.gguf", "glm_moe_dsa-gguf", {"rms_norm_eps": 1e-5}),
+            "GGUF glm-dsa with RMS epsilon 1e-05 is not supported"),
+        "dsa_shared_indexer": (
+            lambda: gguf_of("d.gguf", "glm_moe_dsa-gguf", {"indexer_types": [True, False] * 2}),
+            "GGUF glm-dsa with layers reusing another layer's indexer (GLM-5.2's "
+            "attention.indexer.types) is not supported"),
         "deepseek2_yarn_log_mul": (
             lambda: gguf_of("d.gguf", "deepseek_v3-gguf", {"yarn": {
                 **tiny_config("deepseek_v3-gguf")["rope_scaling"], "mscale_all_dim": None}}),
@@ -3509,6 +3541,7 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "chatglm_eps", "minicpm3_values",
               "minicpm3_long_factors", "minicpm3_attn_factor", "minicpm3_q_proj", "youtu_sparse",
               "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length",
+              "dsa_gating", "dsa_eps", "dsa_shared_indexer",
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
               "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
               "qwen_vl_sections", "dbrx_eps", "dbrx_clamp_None", "dbrx_clamp_0.0",

@@ -84,7 +84,7 @@ import mlx_lm
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import CacheList, make_prompt_cache
 from mlx_lm.utils import MODEL_REMAPPING
 
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load,
@@ -100,6 +100,8 @@ from test_gemma3 import cut_after_layer_0, decode_one, dense_mask
 from tiny_models import build_tiny_model, tiny_config
 
 MLA = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
+#: DeepSeek-V3.2's sparse attention (its lightning indexer) and GLM-5's
+DSA = ("deepseek_v32", "glm_moe_dsa")
 #: Vision-language checkpoints' text models (mlx-lm's wrappers): Qwen2-VL's qwen2 (its config
 #: flat), Qwen2.5-VL's (its own model_type, a text_config), Qwen3-VL's qwen3 and qwen3_moe,
 #: Kimi-VL's and Kimi K2.5's DeepSeek-V3
@@ -118,7 +120,7 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
             "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", *VL, "gemma2",
-            "glm4", "starcoder2", "cohere2",
+            "glm4", "starcoder2", "cohere2", *DSA,
             "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE, "gpt_neox-sequential",
             "nanbeige-skip")
 
@@ -132,7 +134,7 @@ ATTENTION_FEATURED = frozenset((
     "ministral3-sliding", "gpt_oss", "olmo3", "exaone4", "gemma4_text", "gemma4_text-moe",
     "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", "kimi_vl", "kimi_k25",
     "cohere2", "llama4", "mellum", "exaone_moe", "afmoe", "mimo_v2_flash", "step3p5", "laguna",
-    "longcat_flash", "minicpm3", "youtu_llm", "plamo3"))
+    "longcat_flash", "minicpm3", "youtu_llm", "plamo3", "deepseek_v32", "glm_moe_dsa"))
 
 
 #: Runs a test once with each attention implementation.
@@ -342,6 +344,31 @@ def test_the_tiny_latent_attention_models_are_what_they_claim(family):
     assert type(family("deepseek_v3")[0].layers[0].self_attn.rope).__name__ == "YarnRoPE"
     assert type(family("deepseek_v2")[0].layers[0].self_attn.rope).__name__ == \
         "DeepseekV2YarnRotaryEmbedding"
+
+
+def test_the_tiny_deepseek_v32_and_glm5_are_what_they_claim(family):
+    """DeepSeek-V3.2's and GLM-5's latent attention with a lightning indexer: 4 heads 16 wide,
+    RoPE over 8 of them (GLM-5's traditional), each query's top 24 keys. As the adapter sees
+    them: keys [latent, k_pe, indexer key] (32 + 8 + 16 wide), queries as wide with zeros at
+    the end; a query over more than 24 keys sees the 24 its indexer scores highest (the sum
+    over heads of each head's weight times its ReLU'd query . key), the others all theirs."""
+    n = 40
+    for kind in DSA:
+        model, _ = family(kind)
+        indexer, a = model.layers[0].self_attn.indexer, ModelAdapter(model)
+        assert (indexer.n_heads, indexer.head_dim, a.index_topk(0)) == (16, 16, 24)
+        assert indexer.rope.traditional == (kind == "glm_moe_dsa")
+        q, k, v, index = a.qkv(0, a.embed(mx.arange(1, n + 1)), np.arange(n))
+        assert (q.shape, k.shape, v.shape, index.shape) == (
+            (1, 4, n, 56), (1, 1, n, 56), (1, 1, n, 32), (1, n, 16, 17))
+        assert not mx.any(q[..., 40:]).item()
+        mask = position_mask(np.arange(n), np.arange(n))
+        seen = np.array(a.index_mask(0, index, k, mx.array(mask)))
+        assert (seen.sum(axis=1) == np.minimum(np.arange(1, n + 1), 24)).all()
+        assert not (seen & ~mask).any()
+        index, keys = np.array(index[0]), np.array(k[0, 0, :, 40:])
+        scores = (np.maximum(index[:, :, :-1] @ keys.T, 0) * index[:, :, -1:]).sum(axis=1)
+        assert set(np.flatnonzero(seen[-1])) == set(np.argsort(scores[-1])[-24:])
 
 
 def test_the_tiny_moe_families_are_what_they_claim(family):
@@ -838,10 +865,14 @@ def test_dynamic_ntk_rope_on_scattered_positions_is_one_call_over_their_span():
 def _mlx_lm_kv(model, layer: int, layer_cache):
     """mlx-lm's cached keys and values of ``layer`` as the engine holds them: the absorbed
     latent attention caches the latent and rope(k_pe), whose concatenation is the engine's
-    key and the latent its value."""
+    key and the latent its value; DeepSeek-V3.2's its indexer keys too (a second cache), after
+    them in the engine's."""
+    index_keys = []
+    if isinstance(layer_cache, CacheList):
+        layer_cache, index_keys = layer_cache[0], [layer_cache[1].keys]
     keys, values = layer_cache.keys, layer_cache.values
     if hasattr(attention_module(ModelAdapter(model).layers[layer]), "embed_q"):
-        return mx.concatenate([keys, values], axis=-1), keys
+        return mx.concatenate([keys, values, *index_keys], axis=-1), keys
     return keys, values
 
 
@@ -870,7 +901,7 @@ def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
 
 @by_implementation(["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
                                   "deepseek_v2", "gemma2", "hunyuan", "llama4", "exaone",
-                                  "nanochat", "nanbeige"])
+                                  "nanochat", "nanbeige", "deepseek_v32"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
     holding none and its tokens' per-layer inputs, latent attention's values narrower than
@@ -969,7 +1000,7 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(family, kind):
                                   "ernie4_5_moe", "gpt_oss", "olmo3", "exaone4",
                                   "gemma4_text-moe", "gemma4_text-e2b", "deepseek_v3",
                                   "deepseek_v2", "mistral4", "kimi_vl", "gemma2", "glm4",
-                                  "starcoder2", "cohere2",
+                                  "starcoder2", "cohere2", "deepseek_v32",
                                   "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE))
 def test_quantized_unpruned_matches_mlx_lm(family_dir, kind):
     model, _ = mlx_lm.load(str(family_dir(kind)))
@@ -1141,7 +1172,7 @@ def _dense_logits(model, tokens: np.ndarray, masks, head=None) -> mx.array:
 
 @BOTH_IMPLEMENTATIONS
 @pytest.mark.parametrize("revival_block", [64, 2])
-@pytest.mark.parametrize("kind", (*MLA, "gemma2"))
+@pytest.mark.parametrize("kind", (*MLA, "deepseek_v32", "gemma2"))
 def test_pruned_latent_attention_equals_a_dense_reference(family, monkeypatch, kind,
                                                           revival_block):
     """A cut after layer 0 keeps 40%; a decode step re-selects and revives tokens. Against

@@ -656,6 +656,33 @@ _VARIANTS = {
         "rope_parameters": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                             "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
                             "llama_4_scaling_beta": 0.0, "rope_theta": 10000.0}}),
+    # DeepSeek-V3.2: DeepSeek-V3's with a lightning indexer (16 heads 16 wide, RoPE over the
+    # first 8 of them) letting each query see its top 24 keys; GLM-5's its model with the
+    # indexer's RoPE traditional (interleaved), no RoPE scaling. (With 4 heads many scores are
+    # exactly 0, every head's ReLU'd: ties at the top-k's edge, which argpartition breaks by
+    # order; keys within float rounding of the edge differ from mlx-lm's at 16 on the tests'
+    # prompts, at 24 at none.)
+    "deepseek_v32": ("deepseek_v3", {"model_type": "deepseek_v32",
+                                     "architectures": ["DeepseekV32ForCausalLM"],
+                                     "index_n_heads": 16, "index_head_dim": 16, "index_topk": 24}),
+    "glm_moe_dsa": ("deepseek_v32", {"model_type": "glm_moe_dsa",
+                                     "architectures": ["GlmMoeDsaForCausalLM"],
+                                     "rope_parameters": {"rope_theta": 10000.0,
+                                                         "rope_type": "default"},
+                                     "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+                                     "moe_layer_freq": 1, "attention_bias": False,
+                                     "indexer_rope_interleave": True}),
+    # DeepSeek-V3.2 and GLM-5 as the conversion tests write them in llama.cpp's deepseek32 and
+    # glm-dsa GGUFs: DeepSeek-V3's (YaRN; GLM-5 without) with each query's top 8 keys (TEXT
+    # longer), 16 RoPE dims of 16-wide indexer heads
+    "deepseek_v32-gguf": ("deepseek_v3-gguf", {"model_type": "deepseek_v32",
+                                               "architectures": ["DeepseekV32ForCausalLM"],
+                                               "index_n_heads": 16, "index_head_dim": 16,
+                                               "index_topk": 8}),
+    "glm_moe_dsa-gguf": ("deepseek_v32-gguf", {
+        "model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"],
+        "rope_scaling": None, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "moe_layer_freq": 1, "attention_bias": False, "indexer_rope_interleave": True}),
     "glm4_moe_lite-gguf": ("glm4_moe_lite", {
         "qk_rope_head_dim": 16, "v_head_dim": 64, "scoring_func": "sigmoid",
         "topk_method": "noaux_tc", "rope_theta": 1e6, "num_nextn_predict_layers": 0}),
@@ -725,7 +752,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
                         "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
                         "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "plamo",
-                        "bitnet")
+                        "bitnet", "deepseek_v32", "glm_moe_dsa")
 
 
 def bitlinear_matmul(self: BitLinear, x: mx.array, packed: mx.array) -> mx.array:
