@@ -20,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.models import nanochat
+from mlx_lm.models import gear, nanochat
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 from mlx_lm.utils import MODEL_REMAPPING
@@ -252,11 +252,21 @@ from .errors import UserInputError, shown
 # recurrent) and attention layers (a fused ``qkv_proj``, a weight-free q/k RMS norm times a
 # per-head ``q_weight``/``k_weight`` before RoPE, global as mlx-lm runs it); Gemma 2's four
 # norms under its own names (:data:`_PART_NAMES`), the blocks at ``model.layers.layers``.
+# gear (Gear): Gemma 3's four (1 + w) norms, scaled embeddings, per-head q/k norms, sliding-window
+# layers (``layer_types``) with their own RoPE base, optional attention and final logit soft-caps;
+# ``conv_mixer`` layers (``block.local_mixer``: keys and values through short convolutions, gated
+# by the queries, no softmax) are recurrent, run as mlx-lm's block (their state: the last few
+# tokens' keys and values).
+# recurrent_gemma (RecurrentGemma, Griffin): RG-LRU layers (``temporal_block``: a convolution and
+# a gated linear recurrence, recurrent, run as mlx-lm's block) and local attention (one key/value
+# head, RoPE over half of each head, every one a sliding window: no cut may follow any layer);
+# Gemma's (1 + w) norms ``temporal_pre_norm``/``channel_pre_norm``, a GELU MLP ``mlp_block``,
+# scaled embeddings, logits soft-capped at ``logits_soft_cap``.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
                          "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
-                         "gemma4_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt2",
+                         "gemma4_text", "gear", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt2",
                          "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
                          "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
                          "internlm3", "jamba", "kimi_k25", "kimi_vl", "laguna", "lfm2", "lfm2-vl",
@@ -267,8 +277,8 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_mo
                          "openelm", "phi", "phi3", "phimoe", "phixtral", "plamo2", "plamo3",
                          "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5",
                          "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
-                         "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5",
-                         "talkie", "telechat3", "youtu_llm")
+                         "recurrent_gemma", "seed_oss", "smollm3", "solar_open", "stablelm",
+                         "starcoder2", "step3p5", "talkie", "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -343,7 +353,11 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                    "input_layernorm": "pre_mixer_norm",
                    "post_attention_layernorm": "post_mixer_norm",
                    "pre_feedforward_layernorm": "pre_mlp_norm",
-                   "post_feedforward_layernorm": "post_mlp_norm"})}
+                   "post_feedforward_layernorm": "post_mlp_norm"}),
+               "gear": {"linear_attn": "local_mixer"},
+               "recurrent_gemma": {"input_layernorm": "temporal_pre_norm",
+                                   "post_attention_layernorm": "channel_pre_norm",
+                                   "linear_attn": "temporal_block", "norm": "final_norm"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
 _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talkie")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower), each
@@ -413,7 +427,12 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # embedding_multiplier}``, ``model.final_layernorm``;
 # plamo2's ``model.layers.layers`` (its ``layers``), ``block.{is_mamba, mixer, pre_mixer_norm,
 # post_mixer_norm, pre_mlp_norm, post_mlp_norm}``, its Mamba blocks called as ``(h, None,
-# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``): at least
+# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``; gear's
+# ``block.local_mixer``, ``models.gear._activation``, ``args.{hidden_activation,
+# final_logit_softcapping}``, its blocks called as ``(h, mask=None, cache=ArraysCache(2))``;
+# recurrent_gemma's ``block.{temporal_block, temporal_block_type, temporal_pre_norm,
+# channel_pre_norm, mlp_block}``, ``model.final_norm``, ``args.{attention_window_size,
+# logits_soft_cap, embeddings_scale_by_sqrt_dim}``, its blocks called likewise): at least
 # the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -570,10 +589,13 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.is_local for block in _blocks(text)]
     elif text_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
-    elif text_type in ("mellum", "exaone_moe", "afmoe", "laguna"):
+    elif text_type in ("mellum", "exaone_moe", "afmoe", "laguna", "gear"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     elif text_type == "step3p5":
         sliding = [block.is_sliding for block in _blocks(text)]
+    elif text_type == "recurrent_gemma":  # every attention layer
+        window = text.args.attention_window_size
+        sliding = [block.temporal_block_type == "attention" for block in _blocks(text)]
     elif text_type == "mimo_v2_flash":
         window = text.args.sliding_window_size
         sliding = [block.is_sliding_window for block in _blocks(text)]
@@ -611,7 +633,9 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
                      hasattr(block, "linear_attn") or hasattr(block, "conv")
                      or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
                      or getattr(block, "is_mamba", False)
-                     or getattr(block, "is_linear", False)))  # KDA
+                     or getattr(block, "is_linear", False)  # KDA
+                     or hasattr(block, "local_mixer")  # gear
+                     or getattr(block, "temporal_block_type", None) == "recurrent"))
 
 
 def stateless_layers(model: nn.Module) -> Tuple[int, ...]:
@@ -672,7 +696,10 @@ class ModelAdapter:
         self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
         self._softplus_gate = model_type == "laguna"  # its g_proj's gain per head
         self._plamo2 = model_type == "plamo2"
-        self._four_norms = self._afmoe or self._plamo2 or model_type == "plamo3"  # (PLaMo's too)
+        self._four_norms = (self._afmoe or self._plamo2 or  # (PLaMo's too)
+                            model_type in ("plamo3", "gear"))
+        # recurrent layers run as mlx-lm's whole block (their norms and MLP)
+        self._whole_block = self._plamo2 or model_type in ("gear", "recurrent_gemma")
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
         self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
                           if k in self.text)
@@ -722,6 +749,8 @@ class ModelAdapter:
                                or getattr(attn, "num_key_value_heads", None)
                                or getattr(attn, "k_num_heads", None)  # plamo2, plamo3
                                or self.n_heads)  # gpt_neox, gpt2: one per query head
+            if model_type == "recurrent_gemma":  # one key/value head (its config's unread)
+                self.n_kv_heads = 1
         head_dim = getattr(attn, "head_dim", None) or (  # phixtral's: hidden / heads
             config_value(text_args(self.text), "hidden_size") // self.n_heads)
         self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
@@ -742,9 +771,13 @@ class ModelAdapter:
         gemma = self._gemma2 or self._gemma3 or self._gemma4
         self._feed_forwards = [feed_forward(block) for block in self.layers]
         self._shared_mlps = [getattr(block, "shared_mlp", None) for block in self.layers]
-        # Gemma 1's exact GELU has no CPU kernel: mlx-lm's module runs it
-        self._activations = [None if model_type == "gemma" else _gated_activation(mlp, gemma)
-                             for mlp in self._feed_forwards]
+        # Gear's MLP activation, by its config (tanh GELU, exact GELU or SiLU)
+        gear_act = (gear._activation(text_args(self.text).hidden_activation)
+                    if model_type == "gear" else None)
+        gelu = gemma or model_type == "recurrent_gemma" or gear_act is nn.gelu_approx
+        # Gemma 1's (and Gear's) exact GELU has no CPU kernel: mlx-lm's module runs it
+        self._activations = [None if model_type == "gemma" or gear_act is nn.gelu
+                             else _gated_activation(mlp, gelu) for mlp in self._feed_forwards]
         args = text_args(self.text)
         # Gemma 4's E2B/E4B: the layer whose keys and values each layer attends over, and
         # the width of each layer's per-token input
@@ -774,14 +807,18 @@ class ModelAdapter:
             range(blocks - 1, len(self.layers) - 1, blocks))
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
         self._hidden = int(config_value(args, "hidden_size"))
-        self._softcap = (getattr(args, "final_logit_softcapping", None) if gemma else
+        self._softcap = (getattr(args, "final_logit_softcapping", None)
+                         if gemma or model_type == "gear" else
+                         args.logits_soft_cap if model_type == "recurrent_gemma" else
                          15.0 if model_type == "nanochat" else None)  # mlx-lm's nanochat.softcap
         granite, minicpm = model_type in GRANITE_TYPES, model_type in ("minicpm", "minicpm3")
         # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
         # rounded to bfloat16, as Gemma's reference does; Gemma 1, 2 and 4 by sqrt(hidden), a
         # float
         self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self._gemma3 else
-                             args.hidden_size ** 0.5 if gemma or model_type == "gemma" else
+                             args.hidden_size ** 0.5 if gemma or model_type in ("gemma", "gear")
+                             else args.hidden_size ** 0.5 if model_type == "recurrent_gemma"
+                             and args.embeddings_scale_by_sqrt_dim else
                              args.hidden_size ** 0.5 if self._afmoe and args.mup_enabled else
                              args.embedding_multiplier if granite else
                              args.scale_emb if minicpm else None)
@@ -1247,8 +1284,8 @@ class ModelAdapter:
         cache.cache = state
         if self._falcon_h1:
             return self._falcon_h1_block(layer, h, cache, positions)
-        if self._plamo2:  # a Mamba layer: mlx-lm's block, its norms and MLP included
-            return block(h, None, cache)
+        if self._whole_block:  # mlx-lm's block, its norms and MLP included
+            return block(h, mask=None, cache=cache)
         x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)
         h = self._blas_rows(h + self._branch(x))
         if self._feed_forwards[layer] is None:  # nemotron_h: the mixer alone
@@ -1433,7 +1470,7 @@ def feed_forward(block: nn.Module) -> Optional[nn.Module]:
     Phi-3.5-MoE, LFM2's and Llama 4's ``feed_forward``, OpenELM's and DBRX's ``ffn`` or
     Phixtral's ``moe``; None in Nemotron-H's blocks (one mixer each: its MLPs are layers of
     their own)."""
-    for name in ("mlp", "block_sparse_moe", "ffn", "moe"):
+    for name in ("mlp", "block_sparse_moe", "ffn", "moe", "mlp_block"):
         if name in block:
             return block[name]
     return getattr(block, "feed_forward", None)
@@ -1446,7 +1483,7 @@ def attention_module(block: nn.Module) -> nn.Module:
     DBRX's ``block.norm_attn_norm.attn``."""
     if "norm_attn_norm" in block:
         return block.norm_attn_norm.attn
-    for name in ("self_attn", "attention", "mixer"):
+    for name in ("self_attn", "attention", "mixer", "temporal_block"):
         if name in block:
             return block[name]
     return block.attn.attention if "attention" in block.attn else block.attn

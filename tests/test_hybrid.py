@@ -500,6 +500,47 @@ def test_plamo2_matches_mlx_lm_and_cuts_after_its_attention(tmp_path):
     assert_saves_loads_and_quantizes(model, cache, nothing_pruned, prompt, tmp_path)
 
 
+@pytest.mark.parametrize("kind", ["gear", "recurrent_gemma"])
+def test_gear_and_recurrent_gemma_match_mlx_lm(tmp_path, kind):
+    """``gear``: convolution mixers (recurrent, run as mlx-lm's block) in layers 0, 2 and 4,
+    attention over a window of 24 in 1 and 5 and global in 3 (soft-capped, Gemma's four norms):
+    a cut may follow layer 3 only; ``recurrent_gemma``: RG-LRU layers (recurrent) in 0, 1, 3 and
+    4, local attention over 24 positions in 2 and 5, so no cut may follow any (lazy refused in
+    one line). Unpruned equal to mlx-lm over 200 tokens (past the windows), quantized too;
+    Gear's with nothing pruned by its cut, its static cut keeping 30% above it, its prompt cache
+    saving and loading; neither split over ranks (mlx-lm has no ``shard`` for them). Loaded
+    without a tokenizer: transformers cannot read Gear's config (its ``conv_mixer`` layers)."""
+    from mlx_lm.utils import load_model
+
+    from mlx_lazy import distributed
+
+    class TwoRanks:
+        def size(self):
+            return 2
+
+    model, _ = load_model(build_tiny_model(kind, tmp_path / "model"))
+    gear = kind == "gear"
+    assert recurrent_layers(model) == ((0, 2, 4) if gear else (0, 1, 3, 4))
+    assert global_layers(model) == ((3,) if gear else ())
+    prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=8)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 16, block_size=64) < LOGITS_TOL
+    with pytest.raises(UserInputError, match=f"cannot shard '{kind}' models"):
+        distributed.shard(model, TwoRanks())
+    if not gear:
+        with pytest.raises(UserInputError, match="'lazy' cuts after an attention layer, and "
+                                                 "this model has none a cut may follow"):
+            resolve_config(model, "lazy")
+        nn.quantize(model, group_size=32, bits=4)
+        assert mlx_lm_error(model, PruningConfig("full"), prompt[:100], 4) < LOGITS_TOL
+        return
+    nothing_pruned = PruningConfig("static", prune_layers=(3,), keep=(1.0,))
+    assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
+    cache = make_lazy_cache(model, PruningConfig("static", prune_layers=(3,), keep=(0.3,)))
+    cache.process(prompt.tolist())
+    assert cache.engine.stats.prefill_tokens_per_layer == [200] * 4 + [60] * 2
+    assert_saves_loads_and_quantizes(model, cache, nothing_pruned, prompt, tmp_path)
+
+
 def test_a_model_without_attention_is_refused(tmp_path):
     """A Granite 4.0 config of Mamba-2 layers only: nothing to prune with, refused in one line
     (it stopped on an internal StopIteration)."""
