@@ -20,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.models import gear, nanochat
+from mlx_lm.models import afm7, gear, nanochat
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 from mlx_lm.utils import MODEL_REMAPPING
@@ -262,9 +262,14 @@ from .errors import UserInputError, shown
 # head, RoPE over half of each head, every one a sliding window: no cut may follow any layer);
 # Gemma's (1 + w) norms ``temporal_pre_norm``/``channel_pre_norm``, a GELU MLP ``mlp_block``,
 # scaled embeddings, logits soft-capped at ``logits_soft_cap``.
-SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
-                         "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
-                         "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
+# afm7 (Apple Foundation Model): a fused ``qkv_proj`` (mlx-lm's ``FusedLinear``, split by its own
+# sizes), per-head q/k norms after traditional RoPE, keys and values rounded as mlx-lm's
+# ``fake_8bit_quant`` does; its last ``num_kv_reuse_layers`` layers (``kv_reuse_layers``) attend
+# over the keys and values of the last layer before them (:meth:`ModelAdapter.kv_layer`), their
+# own queries only; Llama's parts under other names (:data:`_PART_NAMES`), a tied head.
+SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3",
+                         "cohere", "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
+                         "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
                          "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
                          "gemma4_text", "gear", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt2",
                          "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
@@ -291,7 +296,7 @@ LFM2_TYPES = ("lfm2", "lfm2_moe")
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode")
 #: Llama's config names as other families' configs spell them (:func:`config_value`): GPT-2's
 #: and StarCoder 1's, OpenELM's, DBRX's, Phixtral's and Step-3.5's.
-_CONFIG_NAMES = {"hidden_size": ("n_embd", "model_dim", "d_model"),
+_CONFIG_NAMES = {"hidden_size": ("n_embd", "model_dim", "d_model", "hidden_dim"),
                  "num_attention_heads": ("n_head", "num_query_heads", "n_heads", "num_heads"),
                  "vocab_size": ("num_vocab",),
                  "num_key_value_heads": ("num_kv_heads", "num_attention_groups"),
@@ -355,11 +360,12 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                    "pre_feedforward_layernorm": "pre_mlp_norm",
                    "post_feedforward_layernorm": "post_mlp_norm"}),
                "gear": {"linear_attn": "local_mixer"},
+               "afm7": {"o_proj": "out_proj", "embed_tokens": "embedding", "norm": "output_norm"},
                "recurrent_gemma": {"input_layernorm": "temporal_pre_norm",
                                    "post_attention_layernorm": "channel_pre_norm",
                                    "linear_attn": "temporal_block", "norm": "final_norm"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
-_NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talkie")
+_NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talkie", "afm7")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower), each
 # with the type that text model runs as where the checkpoint says it (None: the text model's own
 # ``model_type``; a VL checkpoint's text model names its checkpoint, or nothing: Kimi's).
@@ -432,8 +438,10 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # final_logit_softcapping}``, its blocks called as ``(h, mask=None, cache=ArraysCache(2))``;
 # recurrent_gemma's ``block.{temporal_block, temporal_block_type, temporal_pre_norm,
 # channel_pre_norm, mlp_block}``, ``model.final_norm``, ``args.{attention_window_size,
-# logits_soft_cap, embeddings_scale_by_sqrt_dim}``, its blocks called likewise): at least
-# the first, below the second. Same as pyproject.toml.
+# logits_soft_cap, embeddings_scale_by_sqrt_dim}``, its blocks called likewise; afm7's
+# ``model.{embedding, layers, kv_reuse_layers, output_norm}``, ``self_attn.{qkv_proj, out_proj,
+# quant_key_scale, quant_value_scale}``, ``FusedLinear.indices``, ``afm7.fake_8bit_quant``): at
+# least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -541,9 +549,10 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
         return text.model.layers * text.model.num_loops
     if _family(text) == "longcat_flash":
         return [_sublayer(block, i) for block in text.model.layers for i in range(2)]
-    # (PLaMo 3's model.layers is a module holding them: its model's layers)
-    return (text.model.layers if "model" in text and isinstance(text.model.get("layers"), list)
-            else text.layers)
+    # (PLaMo 3's model.layers is a module holding them: its model's layers; AFM's, its layers
+    # before the KV-reuse ones: its model's layers)
+    return (text.model.layers if _family(text) != "afm7" and "model" in text
+            and isinstance(text.model.get("layers"), list) else text.layers)
 
 
 def num_layers(model: nn.Module) -> int:
@@ -784,6 +793,9 @@ class ModelAdapter:
         self._kv_layers = list(getattr(self.inner, "previous_kvs", range(len(self.layers))))
         if model_type == "hunyuan" and args.use_cla:  # the layer below, as mlx-lm shares
             self._kv_layers = [i - i % args.cla_share_factor for i in range(len(self.layers))]
+        if model_type == "afm7":  # the KV-reuse layers: those of the last layer before them
+            below = len(self.inner.layers)
+            self._kv_layers = [min(i, below - 1) for i in range(len(self.layers))]
         self._norms_after_rope = model_type in _NORMS_AFTER_ROPE
         # mistral4's (beta, original_max_position_embeddings) of Llama 4's attention temperature
         self._query_scaling = (
@@ -1052,6 +1064,8 @@ class ModelAdapter:
                  or getattr(attn, "c_attn", None) or getattr(attn, "Wqkv", None))
         if fused is not None and self._qkv_by_head:  # gpt_neox: each head's q, k, v in turn
             q, k, v = mx.split(fused(x).reshape(1, x.shape[1], heads, -1), 3, axis=-1)
+        elif fused is not None and "indices" in fused:  # afm7's FusedLinear: split as it splits
+            q, k, v = fused(x)
         elif fused is not None:  # phi3, bailing_moe, qwen, gpt2, openelm, dbrx, phixtral: split
             qkv = fused(x)  # as mlx-lm does
             if getattr(attn, "clip_qkv", None):  # dbrx
@@ -1066,12 +1080,15 @@ class ModelAdapter:
         elif self.kv_layer(layer) != layer and self._gemma4:  # a lower layer's keys, values
             q = attn.q_norm(attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1))
             return _rope(attn.rope, q.transpose(0, 2, 1, 3), positions), None, None, None
-        elif self.kv_layer(layer) != layer:  # hunyuan's CLA: those of the layer below
+        elif self.kv_layer(layer) != layer:  # hunyuan's CLA: those of the layer below (afm7's
+            # KV reuse: of the last layer before them)
             q = attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1).transpose(0, 2, 1, 3)
             q = _rope(attn.rope, q, positions)
-            ratio = self._key_ratios[layer]
+            ratio = self._key_ratios.get(layer)
             if ratio is not None:
                 q = attn.query_layernorm(q) * ratio.astype(q.dtype)
+            elif "q_norm" in attn:  # afm7: after RoPE
+                q = attn.q_norm(q)
             return q, None, None, None
         elif self._gated:  # each head's queries, then its gate, as mlx-lm splits them
             q, gate = mx.split(attn.q_proj(x).reshape(1, x.shape[1], self.n_heads, -1), 2, -1)
@@ -1109,6 +1126,9 @@ class ModelAdapter:
             q, k = _rope(rope, q, positions), _rope(rope, k, positions)
         if q_norm is not None and self._norms_after_rope:
             q, k = q_norm(q), k_norm(k)
+        if "quant_key_scale" in attn:  # afm7: keys and values rounded to 8-bit steps
+            k, v = (afm7.fake_8bit_quant(k, attn.quant_key_scale),
+                    afm7.fake_8bit_quant(v, attn.quant_value_scale))
         if "head_gain" in attn:  # talkie: a gain per query head, after its norm
             q = attn.head_gain(q)
         if hasattr(attn, "scaling_beta"):  # ministral3

@@ -31,7 +31,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
          "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2", "gear",
-         "recurrent_gemma")
+         "recurrent_gemma", "afm7")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -354,6 +354,11 @@ _KIND_CONFIG = {
                         "attention_bias": False, "conv1d_width": 4, "logits_soft_cap": 5.0,
                         "num_key_value_heads": 1, "attention_window_size": 24,
                         "block_types": ["recurrent", "recurrent", "attention"]},
+    # AFM: fused q/k/v, q/k norms after traditional RoPE, keys and values rounded to whole
+    # numbers (mlx-lm's quantization scales of 1); layer 3 reuses layer 2's keys and values
+    "afm7": {"architectures": ["AFMForCausalLM"], "hidden_dim": 64, "num_layers": 4,
+             "num_kv_reuse_layers": 1, "num_heads": 4, "num_kv_heads": 2,
+             "hidden_dim_scale_factor": 2.0},
     # dots.llm1: per-head q/k norms; from layer 1 on 2 of 4 experts (sigmoid routing with a
     # random correction bias, scaled by 2.5) beside a shared expert
     "dots1": {"architectures": ["Dots1ForCausalLM"], "tie_word_embeddings": False,
