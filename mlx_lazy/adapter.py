@@ -267,9 +267,16 @@ from .errors import UserInputError, shown
 # ``fake_8bit_quant`` does; its last ``num_kv_reuse_layers`` layers (``kv_reuse_layers``) attend
 # over the keys and values of the last layer before them (:meth:`ModelAdapter.kv_layer`), their
 # own queries only; Llama's parts under other names (:data:`_PART_NAMES`), a tied head.
-SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3",
-                         "cohere", "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
-                         "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
+# baichuan_m1 (Baichuan-M1): a fused ``W_pack`` (queries, keys, values), each key and value a
+# convolution of its own and the previous token's (``conv_k``, ``conv_v``) before RoPE, so a
+# token's keys need the token before it at that layer: every layer is a recurrent one (its state:
+# the last raw key and value, and the keys and values of every token it took,
+# :meth:`ModelAdapter._conv_kv_block`) and no cut may follow any; sliding-window layers
+# (``sliding_window_layers``) with their own heads; an untied head mlx-lm normalises on load.
+SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "bailing_moe",
+                         "bailing_moe_v3", "cohere", "cohere2", "dbrx", "deepseek", "deepseek_v2",
+                         "deepseek_v3", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
+                         "exaone_moe",
                          "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
                          "gemma4_text", "gear", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt2",
                          "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
@@ -440,8 +447,10 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # channel_pre_norm, mlp_block}``, ``model.final_norm``, ``args.{attention_window_size,
 # logits_soft_cap, embeddings_scale_by_sqrt_dim}``, its blocks called likewise; afm7's
 # ``model.{embedding, layers, kv_reuse_layers, output_norm}``, ``self_attn.{qkv_proj, out_proj,
-# quant_key_scale, quant_value_scale}``, ``FusedLinear.indices``, ``afm7.fake_8bit_quant``): at
-# least the first, below the second. Same as pyproject.toml.
+# quant_key_scale, quant_value_scale}``, ``FusedLinear.indices``, ``afm7.fake_8bit_quant``;
+# baichuan_m1's ``self_attn.{W_pack, conv_k, conv_v, num_kv_heads, head_dim,
+# _custom_convolution}``, ``config.sliding_window_layers``): at least the first, below the
+# second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -602,6 +611,8 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     elif text_type == "step3p5":
         sliding = [block.is_sliding for block in _blocks(text)]
+    elif text_type == "baichuan_m1":
+        sliding = [i in text.config.sliding_window_layers for i in range(len(_blocks(text)))]
     elif text_type == "recurrent_gemma":  # every attention layer
         window = text.args.attention_window_size
         sliding = [block.temporal_block_type == "attention" for block in _blocks(text)]
@@ -644,6 +655,7 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
                      or getattr(block, "is_mamba", False)
                      or getattr(block, "is_linear", False)  # KDA
                      or hasattr(block, "local_mixer")  # gear
+                     or "conv_k" in getattr(block, "self_attn", {})  # baichuan_m1
                      or getattr(block, "temporal_block_type", None) == "recurrent"))
 
 
@@ -735,8 +747,9 @@ class ModelAdapter:
         # read per layer and step; sharding changes their projections in place, not the
         # modules (Falcon-H1's recurrent layers each hold one, beside the mixer)
         self._falcon_h1 = model_type == "falcon_h1"
+        self._conv_kv = model_type == "baichuan_m1"  # its recurrent layers attend too
         self._attns = [None if i in self._stateless
-                       or (i in self._recurrent and not self._falcon_h1)
+                       or (i in self._recurrent and not (self._falcon_h1 or self._conv_kv))
                        else attention_module(block) for i, block in enumerate(self.layers)]
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
         attn = next((a for a in self._attns if a is not None), None)
@@ -1297,13 +1310,15 @@ class ModelAdapter:
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, 4 for KDA (a
             # convolution of q, k and v each, the delta rule's) and Falcon-H1 (its keys and
-            # values too), else 2
-            state.extend([None] * (1 if "conv" in block else 4 if self._kda or self._falcon_h1
-                                   else 2))
+            # values too), 5 for Baichuan-M1 (:meth:`_conv_kv_block`), else 2
+            state.extend([None] * (1 if "conv" in block else 5 if self._conv_kv
+                                   else 4 if self._kda or self._falcon_h1 else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
         if self._falcon_h1:
             return self._falcon_h1_block(layer, h, cache, positions)
+        if self._conv_kv:
+            return self._conv_kv_block(layer, h, cache, positions)
         if self._whole_block:  # mlx-lm's block, its norms and MLP included
             return block(h, mask=None, cache=cache)
         x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)
@@ -1329,6 +1344,36 @@ class ModelAdapter:
         cache[2], cache[3] = k, v
         out = attention(q, k, v, self.scale, "causal" if h.shape[1] > 1 else None)
         return self.finish(layer, h + mixed, out)
+
+    def _conv_kv_block(self, layer: int, h: mx.array, cache: ArraysCache,
+                       positions: np.ndarray) -> mx.array:
+        """Baichuan-M1's layer on ``h`` (1, n, D) at ``positions``, the tokens that follow those
+        ``cache`` has taken: each key and value mixed with the raw one of the token before it
+        (mlx-lm's convolution; ``cache[0]``, ``cache[1]``: the last raw key and value taken),
+        keys turned at their own positions, attention over the keys and values of every token
+        taken before (``cache[2]``, ``cache[3]``, at positions ``cache[4]``; a sliding-window
+        layer's within its window) and their own, then the MLP (:meth:`finish`)."""
+        attn, n = self._attns[layer], h.shape[1]
+        x = self._norm(self.layers[layer], "input_layernorm")(h)
+        kv_width = attn.num_kv_heads * attn.head_dim
+        q, k, v = (t.reshape(1, n, -1, attn.head_dim).transpose(0, 2, 1, 3) for t in mx.split(
+            attn.W_pack(x), [self._hidden, self._hidden + kv_width], axis=-1))
+        mixed_k = attn._custom_convolution(k, attn.conv_k, state=cache[0])
+        mixed_v = attn._custom_convolution(v, attn.conv_v, state=cache[1])
+        cache[0], cache[1] = k[:, :, -1:], v[:, :, -1:]
+        q, k = _rope(attn.rope, q, positions), _rope(attn.rope, mixed_k, positions)
+        at = mx.array(positions.astype(np.int32))[None]  # (1, n), as every part: batch first
+        keys = at if cache[4] is None else mx.concatenate([cache[4], at], axis=1)
+        if cache[2] is not None:
+            k, mixed_v = (mx.concatenate([cache[2], k], axis=2),
+                          mx.concatenate([cache[3], mixed_v], axis=2))
+        cache[2], cache[3], cache[4] = k, mixed_v, keys
+        at = at.T
+        mask = keys <= at
+        window = self._windows[layer]
+        if window is not None:
+            mask = mask & (keys > at - window)
+        return self.finish(layer, h, attention(q, k, mixed_v, attn.scale, mask))
 
     def _branch(self, x: mx.array) -> mx.array:
         """A residual branch's output as it is added: times Granite's residual multiplier."""

@@ -31,7 +31,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
          "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2", "gear",
-         "recurrent_gemma", "afm7")
+         "recurrent_gemma", "afm7", "baichuan_m1")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -359,6 +359,12 @@ _KIND_CONFIG = {
     "afm7": {"architectures": ["AFMForCausalLM"], "hidden_dim": 64, "num_layers": 4,
              "num_kv_reuse_layers": 1, "num_heads": 4, "num_kv_heads": 2,
              "hidden_dim_scale_factor": 2.0},
+    # Baichuan-M1: its keys and values mixed with the previous token's (random weights); layers
+    # 0 and 2 slide over 24 positions with 8 heads of 8 over 4 key/value heads
+    "baichuan_m1": {"architectures": ["BaichuanM1ForCausalLM"], "conv_window": 2,
+                    "sliding_window": 24, "sliding_window_layers": [0, 2],
+                    "num_swa_attention_heads": 8, "num_swa_key_value_heads": 4,
+                    "tie_word_embeddings": False},
     # dots.llm1: per-head q/k norms; from layer 1 on 2 of 4 experts (sigmoid routing with a
     # random correction bias, scaled by 2.5) beside a shared expert
     "dots1": {"architectures": ["Dots1ForCausalLM"], "tie_word_embeddings": False,
@@ -857,6 +863,9 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
                 (name, p + 0.1 * mx.random.normal(p.shape))
                 for name, p in tree_flatten(layer.parameters()) if "norm" in name
                 or name.endswith(("q_weight", "k_weight"))]))
+        for name in ("conv_k", "conv_v"):  # baichuan_m1: zeros by default
+            if name in attn:
+                setattr(attn, name, mx.random.normal(attn[name].shape))
         if getattr(layer, "temporal_block_type", None) == "recurrent":  # zeros by default
             layer.temporal_block.update(tree_unflatten([
                 (name, 0.3 * mx.random.normal(p.shape))
