@@ -589,7 +589,9 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
     and Ministral 3's, gpt-oss's, OLMo 3's, Mellum's, K-EXAONE's, AFM's, Step-3.5's and Laguna's
     where the config says ``sliding_attention``, MiMo-V2-Flash's where ``hybrid_layer_pattern``
-    says 1, PLaMo 3's but every ``sliding_window_pattern``-th;
+    says 1, PLaMo 3's but every ``sliding_window_pattern``-th, Gear's where ``layer_types`` says
+    ``sliding_attention``, Baichuan-M1's ``sliding_window_layers``, every RecurrentGemma
+    attention layer;
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
     text = _text_model(model)
@@ -644,7 +646,9 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
     DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
     Mamba-2 layers, PLaMo 2's Mamba layers, Ling 2.5's Kimi Delta Attention layers, every
-    Falcon-H1 layer, its Mamba-2 mixer beside its attention); () for every other family. Such
+    Falcon-H1 layer, its Mamba-2 mixer beside its attention, Gear's convolution mixers,
+    RecurrentGemma's RG-LRU layers, every Baichuan-M1 layer, its keys mixing in the previous
+    token's); () for every other family. Such
     a layer holds one state that has taken its tokens in order, not keys and values: a token
     pruned below it can never enter it later, and no cut can follow it (it gives no attention
     to score with)."""
@@ -1533,8 +1537,8 @@ def feed_forward(block: nn.Module) -> Optional[nn.Module]:
     """A layer's feed-forward module as mlx-lm's block calls it: ``block.mlp`` (a dense MLP
     or a sparse MoE block), the ``block_sparse_moe`` of Mixtral, Granite MoE and
     Phi-3.5-MoE, LFM2's and Llama 4's ``feed_forward``, OpenELM's and DBRX's ``ffn`` or
-    Phixtral's ``moe``; None in Nemotron-H's blocks (one mixer each: its MLPs are layers of
-    their own)."""
+    Phixtral's ``moe``, RecurrentGemma's ``mlp_block``; None in Nemotron-H's blocks (one mixer
+    each: its MLPs are layers of their own)."""
     for name in ("mlp", "block_sparse_moe", "ffn", "moe", "mlp_block"):
         if name in block:
             return block[name]
@@ -1545,7 +1549,7 @@ def attention_module(block: nn.Module) -> nn.Module:
     """A layer's attention module, the one that holds its projections: ``block.self_attn``,
     bailing_moe's ``block.attention``, Nemotron-H's ``block.mixer``, EXAONE 3's
     ``block.attn.attention``, nanochat's and GPT-J's ``block.attn``, Phixtral's ``block.mixer`` or
-    DBRX's ``block.norm_attn_norm.attn``."""
+    DBRX's ``block.norm_attn_norm.attn``, RecurrentGemma's ``block.temporal_block``."""
     if "norm_attn_norm" in block:
         return block.norm_attn_norm.attn
     for name in ("self_attn", "attention", "mixer", "temporal_block"):

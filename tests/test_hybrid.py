@@ -515,10 +515,11 @@ def test_gear_recurrent_gemma_and_baichuan_m1_match_mlx_lm(tmp_path, kind):
     values mix in the previous token's in every layer, so each is recurrent (layers 0 and 2 over
     a window of 24, with 8 heads to the others' 4). Unpruned equal to mlx-lm over 200 tokens
     (past the windows), quantized too, and its prompt cache saves and loads; Gear's with nothing
-    pruned by its cut and its static cut keeping 30% above it; the others take no cut (lazy
-    refused in one line) and run a prompt in turns as mlx-lm runs it whole. None is split over
-    ranks (mlx-lm has no ``shard`` for them). Loaded without a tokenizer: transformers cannot
-    read Gear's config (its ``conv_mixer`` layers)."""
+    pruned by its cut, its static cut keeping 30% above it and a plain lazy cutting there
+    without revival; the others take no cut (lazy refused in one line) and run a prompt in
+    turns as mlx-lm runs it whole. None is split over ranks (mlx-lm has no ``shard`` for them).
+    Loaded without a tokenizer: transformers cannot read Gear's config (its ``conv_mixer``
+    layers)."""
     from mlx_lm.utils import load_model
 
     from mlx_lazy import distributed
@@ -536,7 +537,9 @@ def test_gear_recurrent_gemma_and_baichuan_m1_match_mlx_lm(tmp_path, kind):
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 16, block_size=64) < LOGITS_TOL
     with pytest.raises(UserInputError, match=f"cannot shard '{kind}' models"):
         distributed.shard(model, TwoRanks())
-    if cuts:
+    if cuts:  # a plain lazy: its cut moved onto the global attention layer, no revival
+        schedule = resolve_config(model, "lazy")
+        assert schedule.prune_layers == cuts and not schedule.revive
         nothing_pruned = PruningConfig("static", prune_layers=cuts, keep=(1.0,))
         assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
         cache = make_lazy_cache(model, PruningConfig("static", prune_layers=cuts, keep=(0.3,)))
