@@ -20,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.models import nanochat
+from mlx_lm.models import afm7, gear, nanochat
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 from mlx_lm.utils import MODEL_REMAPPING
@@ -269,24 +269,46 @@ from .errors import UserInputError, shown
 # its lightning indexer (``self_attn.indexer``) scores highest among those present
 # (:meth:`ModelAdapter.index_mask`); the indexer's key of a token is cached after its key
 # (:meth:`ModelAdapter._latent_qkv`), its queries and head weights come as :meth:`qkv`'s gate.
-SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "bitnet",
-                         "cohere", "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
-                         "deepseek_v32", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
-                         "exaone_moe", "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text",
-                         "gemma4", "gemma4_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
-                         "glm_moe_dsa", "gpt2", "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj",
-                         "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan",
-                         "hunyuan_v1_dense", "internlm2", "internlm3", "jamba", "kimi_k25",
-                         "kimi_vl", "laguna", "lfm2", "lfm2-vl", "lfm2_moe", "lille-130m", "llama",
-                         "llama4", "llama4_text", "longcat_flash", "mellum", "mimo",
-                         "mimo_v2_flash", "minicpm", "minicpm3", "minimax", "ministral3",
-                         "mistral", "mistral3", "mistral4", "mixtral", "nanbeige", "nanochat",
-                         "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmoe",
-                         "openelm", "phi", "phi3", "phimoe", "phixtral", "pixtral", "plamo",
-                         "plamo2", "plamo3", "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3",
-                         "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl",
-                         "qwen3_vl_moe", "seed_oss", "smollm3", "solar_open", "stablelm",
-                         "starcoder2", "step3p5", "talkie", "telechat3", "youtu_llm")
+# gear (Gear): Gemma 3's four (1 + w) norms, scaled embeddings, per-head q/k norms, sliding-window
+# layers (``layer_types``) with their own RoPE base, optional attention and final logit soft-caps;
+# ``conv_mixer`` layers (``block.local_mixer``: keys and values through short convolutions, gated
+# by the queries, no softmax) are recurrent, run as mlx-lm's block (their state: the last few
+# tokens' keys and values).
+# recurrent_gemma (RecurrentGemma, Griffin): RG-LRU layers (``temporal_block``: a convolution and
+# a gated linear recurrence, recurrent, run as mlx-lm's block) and local attention (one key/value
+# head, RoPE over half of each head, every one a sliding window: no cut may follow any layer);
+# Gemma's (1 + w) norms ``temporal_pre_norm``/``channel_pre_norm``, a GELU MLP ``mlp_block``,
+# scaled embeddings, logits soft-capped at ``logits_soft_cap``.
+# afm7 (Apple Foundation Model): a fused ``qkv_proj`` (mlx-lm's ``FusedLinear``, split by its own
+# sizes), per-head q/k norms after traditional RoPE, keys and values rounded as mlx-lm's
+# ``fake_8bit_quant`` does; its last ``num_kv_reuse_layers`` layers (``kv_reuse_layers``) attend
+# over the keys and values of the last layer before them (:meth:`ModelAdapter.kv_layer`), their
+# own queries only; Llama's parts under other names (:data:`_PART_NAMES`), a tied head.
+# baichuan_m1 (Baichuan-M1): a fused ``W_pack`` (queries, keys, values), each key and value a
+# convolution of its own and the previous token's (``conv_k``, ``conv_v``) before RoPE, so a
+# token's keys need the token before it at that layer: every layer is a recurrent one (its state:
+# the last raw key and value, and the keys and values of every token it took,
+# :meth:`ModelAdapter._conv_kv_block`) and no cut may follow any; sliding-window layers
+# (``sliding_window_layers``) with their own heads; an untied head mlx-lm normalises on load.
+SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "bailing_moe",
+                         "bailing_moe_v3", "bitnet", "cohere", "cohere2", "dbrx", "deepseek",
+                         "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5",
+                         "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon_h1", "gear",
+                         "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
+                         "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt2",
+                         "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
+                         "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
+                         "internlm3", "jamba", "kimi_k25", "kimi_vl", "laguna", "lfm2", "lfm2-vl",
+                         "lfm2_moe", "lille-130m", "llama", "llama4", "llama4_text",
+                         "longcat_flash", "mellum", "mimo", "mimo_v2_flash", "minicpm", "minicpm3",
+                         "minimax", "ministral3", "mistral", "mistral3", "mistral4", "mixtral",
+                         "nanbeige", "nanochat", "nemotron", "nemotron-nas", "nemotron_h", "olmo2",
+                         "olmo3", "olmoe", "openelm", "phi", "phi3", "phimoe", "phixtral",
+                         "pixtral", "plamo", "plamo2", "plamo3", "qwen", "qwen2", "qwen2_moe",
+                         "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
+                         "qwen3_vl", "qwen3_vl_moe", "recurrent_gemma", "seed_oss", "smollm3",
+                         "solar_open", "stablelm", "starcoder2", "step3p5", "talkie", "telechat3",
+                         "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -298,8 +320,8 @@ PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral", "plamo")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode")
 #: Llama's config names as other families' configs spell them (:func:`config_value`): GPT-2's
-#: and StarCoder 1's, OpenELM's, DBRX's, Phixtral's, Step-3.5's and Lille's.
-_CONFIG_NAMES = {"hidden_size": ("n_embd", "model_dim", "d_model"),
+#: and StarCoder 1's, OpenELM's, DBRX's, Phixtral's, Step-3.5's, Lille's and AFM's.
+_CONFIG_NAMES = {"hidden_size": ("n_embd", "model_dim", "d_model", "hidden_dim"),
                  "num_attention_heads": ("n_head", "num_query_heads", "n_heads", "num_heads"),
                  "vocab_size": ("num_vocab",),
                  "num_key_value_heads": ("num_kv_heads", "num_attention_groups", "n_kv_heads"),
@@ -364,9 +386,14 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                    "input_layernorm": "pre_mixer_norm",
                    "post_attention_layernorm": "post_mixer_norm",
                    "pre_feedforward_layernorm": "pre_mlp_norm",
-                   "post_feedforward_layernorm": "post_mlp_norm"})}
+                   "post_feedforward_layernorm": "post_mlp_norm"}),
+               "gear": {"linear_attn": "local_mixer"},
+               "afm7": {"o_proj": "out_proj", "embed_tokens": "embedding", "norm": "output_norm"},
+               "recurrent_gemma": {"input_layernorm": "temporal_pre_norm",
+                                   "post_attention_layernorm": "channel_pre_norm",
+                                   "linear_attn": "temporal_block", "norm": "final_norm"}}
 #: Families whose per-head q/k norms act after RoPE (the others' before it).
-_NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talkie")
+_NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talkie", "afm7")
 # Checkpoints whose text model is ``model.language_model`` (mlx-lm drops the vision tower), each
 # with the type that text model runs as where the checkpoint says it (None: the text model's own
 # ``model_type``; a VL checkpoint's text model names its checkpoint, or nothing: Kimi's).
@@ -440,8 +467,17 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # plamo's ``block.norm``, ``self_attn.{rotary_emb, q_num_heads, k_num_heads}``,
 # ``args.n_shared_head``; bitnet's ``self_attn.attn_sub_norm``, its MLP called as ``(x)``;
 # deepseek_v32's ``self_attn.indexer.{wq_b, wk, k_norm, weights_proj, rope, n_heads, head_dim,
-# softmax_scale, index_topk}``): at least the first, below the second. Same as
-# pyproject.toml.
+# softmax_scale, index_topk}``; gear's ``block.local_mixer``, ``models.gear._activation``,
+# ``args.{hidden_activation, final_logit_softcapping}``, its blocks called as ``(h, mask=None,
+# cache=ArraysCache(2))``;
+# recurrent_gemma's ``block.{temporal_block, temporal_block_type, temporal_pre_norm,
+# channel_pre_norm, mlp_block}``, ``model.final_norm``, ``args.{attention_window_size,
+# logits_soft_cap, embeddings_scale_by_sqrt_dim}``, its blocks called likewise; afm7's
+# ``model.{embedding, layers, kv_reuse_layers, output_norm}``, ``self_attn.{qkv_proj, out_proj,
+# quant_key_scale, quant_value_scale}``, ``FusedLinear.indices``, ``afm7.fake_8bit_quant``;
+# baichuan_m1's ``self_attn.{W_pack, conv_k, conv_v, num_kv_heads, head_dim,
+# _custom_convolution}``, ``config.sliding_window_layers``): at least the first, below the
+# second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -549,9 +585,10 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
         return text.model.layers * text.model.num_loops
     if _family(text) == "longcat_flash":
         return [_sublayer(block, i) for block in text.model.layers for i in range(2)]
-    # (PLaMo 3's model.layers is a module holding them: its model's layers)
-    return (text.model.layers if "model" in text and isinstance(text.model.get("layers"), list)
-            else text.layers)
+    # (PLaMo 3's model.layers is a module holding them: its model's layers; AFM's, its layers
+    # before the KV-reuse ones: its model's layers)
+    return (text.model.layers if _family(text) != "afm7" and "model" in text
+            and isinstance(text.model.get("layers"), list) else text.layers)
 
 
 def num_layers(model: nn.Module) -> int:
@@ -579,7 +616,9 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
     and Ministral 3's, gpt-oss's, OLMo 3's, Mellum's, K-EXAONE's, AFM's, Step-3.5's and Laguna's
     where the config says ``sliding_attention``, MiMo-V2-Flash's where ``hybrid_layer_pattern``
-    says 1, PLaMo 3's but every ``sliding_window_pattern``-th;
+    says 1, PLaMo 3's but every ``sliding_window_pattern``-th, Gear's where ``layer_types`` says
+    ``sliding_attention``, Baichuan-M1's ``sliding_window_layers``, every RecurrentGemma
+    attention layer;
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
     text = _text_model(model)
@@ -597,10 +636,15 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.is_local for block in _blocks(text)]
     elif text_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
-    elif text_type in ("mellum", "exaone_moe", "afmoe", "laguna"):
+    elif text_type in ("mellum", "exaone_moe", "afmoe", "laguna", "gear"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     elif text_type == "step3p5":
         sliding = [block.is_sliding for block in _blocks(text)]
+    elif text_type == "baichuan_m1":
+        sliding = [i in text.config.sliding_window_layers for i in range(len(_blocks(text)))]
+    elif text_type == "recurrent_gemma":  # every attention layer
+        window = text.args.attention_window_size
+        sliding = [block.temporal_block_type == "attention" for block in _blocks(text)]
     elif text_type == "mimo_v2_flash":
         window = text.args.sliding_window_size
         sliding = [block.is_sliding_window for block in _blocks(text)]
@@ -629,7 +673,9 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
     DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
     Mamba-2 layers, PLaMo 2's Mamba layers, Ling 2.5's Kimi Delta Attention layers, every
-    Falcon-H1 layer, its Mamba-2 mixer beside its attention); () for every other family. Such
+    Falcon-H1 layer, its Mamba-2 mixer beside its attention, Gear's convolution mixers,
+    RecurrentGemma's RG-LRU layers, every Baichuan-M1 layer, its keys mixing in the previous
+    token's); () for every other family. Such
     a layer holds one state that has taken its tokens in order, not keys and values: a token
     pruned below it can never enter it later, and no cut can follow it (it gives no attention
     to score with)."""
@@ -638,7 +684,10 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
                      hasattr(block, "linear_attn") or hasattr(block, "conv")
                      or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
                      or getattr(block, "is_mamba", False)
-                     or getattr(block, "is_linear", False)))  # KDA
+                     or getattr(block, "is_linear", False)  # KDA
+                     or hasattr(block, "local_mixer")  # gear
+                     or "conv_k" in getattr(block, "self_attn", {})  # baichuan_m1
+                     or getattr(block, "temporal_block_type", None) == "recurrent"))
 
 
 def stateless_layers(model: nn.Module) -> Tuple[int, ...]:
@@ -699,7 +748,10 @@ class ModelAdapter:
         self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
         self._softplus_gate = model_type == "laguna"  # its g_proj's gain per head
         self._plamo2 = model_type == "plamo2"
-        self._four_norms = self._afmoe or self._plamo2 or model_type == "plamo3"  # (PLaMo's too)
+        self._four_norms = (self._afmoe or self._plamo2 or  # (PLaMo's too)
+                            model_type in ("plamo3", "gear"))
+        # recurrent layers run as mlx-lm's whole block (their norms and MLP)
+        self._whole_block = self._plamo2 or model_type in ("gear", "recurrent_gemma")
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
         self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
                           if k in self.text)
@@ -729,8 +781,9 @@ class ModelAdapter:
         if model_type == "bitnet" and not mx.metal.is_available():
             raise UserInputError("mlx-lazy cannot run bitnet models here: mlx-lm's BitLinear "
                                  "layers are a Metal kernel, and this machine has no Metal")
+        self._conv_kv = model_type == "baichuan_m1"  # its recurrent layers attend too
         self._attns = [None if i in self._stateless
-                       or (i in self._recurrent and not self._falcon_h1)
+                       or (i in self._recurrent and not (self._falcon_h1 or self._conv_kv))
                        else attention_module(block) for i, block in enumerate(self.layers)]
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
         attn = next((a for a in self._attns if a is not None), None)
@@ -752,6 +805,8 @@ class ModelAdapter:
                                or getattr(attn, "num_key_value_heads", None)
                                or getattr(attn, "k_num_heads", None)  # plamo2, plamo3
                                or self.n_heads)  # gpt_neox, gpt2: one per query head
+            if model_type == "recurrent_gemma":  # one key/value head (its config's unread)
+                self.n_kv_heads = 1
         head_dim = getattr(attn, "head_dim", None) or (  # phixtral's: hidden / heads
             config_value(text_args(self.text), "hidden_size") // self.n_heads)
         self.scale: float = (getattr(attn, "scale", None) or getattr(attn, "sm_scale", None)
@@ -772,11 +827,16 @@ class ModelAdapter:
         gemma = self._gemma2 or self._gemma3 or self._gemma4
         self._feed_forwards = [feed_forward(block) for block in self.layers]
         self._shared_mlps = [getattr(block, "shared_mlp", None) for block in self.layers]
-        # Gemma 1's exact GELU has no CPU kernel, nor BitNet's ReLU^2 and sub-norm, and Lille's
-        # MLP holds its own norm: mlx-lm's module runs them
+        # Gear's MLP activation, by its config (tanh GELU, exact GELU or SiLU)
+        gear_act = (gear._activation(text_args(self.text).hidden_activation)
+                    if model_type == "gear" else None)
+        gelu = gemma or model_type == "recurrent_gemma" or gear_act is nn.gelu_approx
+        # Gemma 1's and Gear's exact GELU have no CPU kernel, nor BitNet's ReLU^2 and sub-norm,
+        # and Lille's MLP holds its own norm: mlx-lm's module runs them
         self._mlp_normed = model_type == "lille-130m"
         self._activations = [None if model_type in ("gemma", "bitnet") or self._mlp_normed
-                             else _gated_activation(mlp, gemma) for mlp in self._feed_forwards]
+                             or gear_act is nn.gelu else _gated_activation(mlp, gelu)
+                             for mlp in self._feed_forwards]
         args = text_args(self.text)
         # plamo: its key/value heads tiled, query head i reading i mod their count; the
         # engine's grouped-query attention has head i read i // (heads per key/value head):
@@ -795,6 +855,9 @@ class ModelAdapter:
         self._kv_layers = list(getattr(self.inner, "previous_kvs", range(len(self.layers))))
         if model_type == "hunyuan" and args.use_cla:  # the layer below, as mlx-lm shares
             self._kv_layers = [i - i % args.cla_share_factor for i in range(len(self.layers))]
+        if model_type == "afm7":  # the KV-reuse layers: those of the last layer before them
+            below = len(self.inner.layers)
+            self._kv_layers = [min(i, below - 1) for i in range(len(self.layers))]
         self._norms_after_rope = model_type in _NORMS_AFTER_ROPE
         # mistral4's (beta, original_max_position_embeddings) of Llama 4's attention temperature
         self._query_scaling = (
@@ -818,14 +881,18 @@ class ModelAdapter:
             range(blocks - 1, len(self.layers) - 1, blocks))
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
         self._hidden = int(config_value(args, "hidden_size"))
-        self._softcap = (getattr(args, "final_logit_softcapping", None) if gemma else
+        self._softcap = (getattr(args, "final_logit_softcapping", None)
+                         if gemma or model_type == "gear" else
+                         args.logits_soft_cap if model_type == "recurrent_gemma" else
                          15.0 if model_type == "nanochat" else None)  # mlx-lm's nanochat.softcap
         granite, minicpm = model_type in GRANITE_TYPES, model_type in ("minicpm", "minicpm3")
         # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
         # rounded to bfloat16, as Gemma's reference does; Gemma 1, 2 and 4 by sqrt(hidden), a
         # float
         self._embed_scale = (mx.array(args.hidden_size ** 0.5, mx.bfloat16) if self._gemma3 else
-                             args.hidden_size ** 0.5 if gemma or model_type == "gemma" else
+                             args.hidden_size ** 0.5 if gemma or model_type in ("gemma", "gear")
+                             else args.hidden_size ** 0.5 if model_type == "recurrent_gemma"
+                             and args.embeddings_scale_by_sqrt_dim else
                              args.hidden_size ** 0.5 if self._afmoe and args.mup_enabled else
                              args.embedding_multiplier if granite else
                              args.scale_emb if minicpm else None)
@@ -1060,6 +1127,8 @@ class ModelAdapter:
                  or getattr(attn, "c_attn", None) or getattr(attn, "Wqkv", None))
         if fused is not None and self._qkv_by_head:  # gpt_neox: each head's q, k, v in turn
             q, k, v = mx.split(fused(x).reshape(1, x.shape[1], heads, -1), 3, axis=-1)
+        elif fused is not None and "indices" in fused:  # afm7's FusedLinear: split as it splits
+            q, k, v = fused(x)
         elif fused is not None:  # phi3, bailing_moe, qwen, gpt2, openelm, dbrx, phixtral: split
             qkv = fused(x)  # as mlx-lm does
             if getattr(attn, "clip_qkv", None):  # dbrx
@@ -1074,12 +1143,15 @@ class ModelAdapter:
         elif self.kv_layer(layer) != layer and self._gemma4:  # a lower layer's keys, values
             q = attn.q_norm(attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1))
             return _rope(attn.rope, q.transpose(0, 2, 1, 3), positions), None, None, None
-        elif self.kv_layer(layer) != layer:  # hunyuan's CLA: those of the layer below
+        elif self.kv_layer(layer) != layer:  # hunyuan's CLA: those of the layer below (afm7's
+            # KV reuse: of the last layer before them)
             q = attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1).transpose(0, 2, 1, 3)
             q = _rope(attn.rope, q, positions)
-            ratio = self._key_ratios[layer]
+            ratio = self._key_ratios.get(layer)
             if ratio is not None:
                 q = attn.query_layernorm(q) * ratio.astype(q.dtype)
+            elif "q_norm" in attn:  # afm7: after RoPE
+                q = attn.q_norm(q)
             return q, None, None, None
         elif self._gated:  # each head's queries, then its gate, as mlx-lm splits them
             q, gate = mx.split(attn.q_proj(x).reshape(1, x.shape[1], self.n_heads, -1), 2, -1)
@@ -1119,6 +1191,9 @@ class ModelAdapter:
             q, k = _rope(rope, q, positions), _rope(rope, k, positions)
         if q_norm is not None and self._norms_after_rope:
             q, k = q_norm(q), k_norm(k)
+        if "quant_key_scale" in attn:  # afm7: keys and values rounded to 8-bit steps
+            k, v = (afm7.fake_8bit_quant(k, attn.quant_key_scale),
+                    afm7.fake_8bit_quant(v, attn.quant_value_scale))
         if "head_gain" in attn:  # talkie: a gain per query head, after its norm
             q = attn.head_gain(q)
         if hasattr(attn, "scaling_beta"):  # ministral3
@@ -1346,15 +1421,17 @@ class ModelAdapter:
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, 4 for KDA (a
             # convolution of q, k and v each, the delta rule's) and Falcon-H1 (its keys and
-            # values too), else 2
-            state.extend([None] * (1 if "conv" in block else 4 if self._kda or self._falcon_h1
-                                   else 2))
+            # values too), 5 for Baichuan-M1 (:meth:`_conv_kv_block`), else 2
+            state.extend([None] * (1 if "conv" in block else 5 if self._conv_kv
+                                   else 4 if self._kda or self._falcon_h1 else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
         if self._falcon_h1:
             return self._falcon_h1_block(layer, h, cache, positions)
-        if self._plamo2:  # a Mamba layer: mlx-lm's block, its norms and MLP included
-            return block(h, None, cache)
+        if self._conv_kv:
+            return self._conv_kv_block(layer, h, cache, positions)
+        if self._whole_block:  # mlx-lm's block, its norms and MLP included
+            return block(h, mask=None, cache=cache)
         x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)
         h = self._blas_rows(h + self._branch(x))
         if self._feed_forwards[layer] is None:  # nemotron_h: the mixer alone
@@ -1378,6 +1455,36 @@ class ModelAdapter:
         cache[2], cache[3] = k, v
         out = attention(q, k, v, self.scale, "causal" if h.shape[1] > 1 else None)
         return self.finish(layer, h + mixed, out)
+
+    def _conv_kv_block(self, layer: int, h: mx.array, cache: ArraysCache,
+                       positions: np.ndarray) -> mx.array:
+        """Baichuan-M1's layer on ``h`` (1, n, D) at ``positions``, the tokens that follow those
+        ``cache`` has taken: each key and value mixed with the raw one of the token before it
+        (mlx-lm's convolution; ``cache[0]``, ``cache[1]``: the last raw key and value taken),
+        keys turned at their own positions, attention over the keys and values of every token
+        taken before (``cache[2]``, ``cache[3]``, at positions ``cache[4]``; a sliding-window
+        layer's within its window) and their own, then the MLP (:meth:`finish`)."""
+        attn, n = self._attns[layer], h.shape[1]
+        x = self._norm(self.layers[layer], "input_layernorm")(h)
+        kv_width = attn.num_kv_heads * attn.head_dim
+        q, k, v = (t.reshape(1, n, -1, attn.head_dim).transpose(0, 2, 1, 3) for t in mx.split(
+            attn.W_pack(x), [self._hidden, self._hidden + kv_width], axis=-1))
+        mixed_k = attn._custom_convolution(k, attn.conv_k, state=cache[0])
+        mixed_v = attn._custom_convolution(v, attn.conv_v, state=cache[1])
+        cache[0], cache[1] = k[:, :, -1:], v[:, :, -1:]
+        q, k = _rope(attn.rope, q, positions), _rope(attn.rope, mixed_k, positions)
+        at = mx.array(positions.astype(np.int32))[None]  # (1, n), as every part: batch first
+        keys = at if cache[4] is None else mx.concatenate([cache[4], at], axis=1)
+        if cache[2] is not None:
+            k, mixed_v = (mx.concatenate([cache[2], k], axis=2),
+                          mx.concatenate([cache[3], mixed_v], axis=2))
+        cache[2], cache[3], cache[4] = k, mixed_v, keys
+        at = at.T
+        mask = keys <= at
+        window = self._windows[layer]
+        if window is not None:
+            mask = mask & (keys > at - window)
+        return self.finish(layer, h, attention(q, k, mixed_v, attn.scale, mask))
 
     def _branch(self, x: mx.array) -> mx.array:
         """A residual branch's output as it is added: times Granite's residual multiplier."""
@@ -1537,9 +1644,9 @@ def feed_forward(block: nn.Module) -> Optional[nn.Module]:
     """A layer's feed-forward module as mlx-lm's block calls it: ``block.mlp`` (a dense MLP
     or a sparse MoE block), the ``block_sparse_moe`` of Mixtral, Granite MoE and
     Phi-3.5-MoE, LFM2's and Llama 4's ``feed_forward``, OpenELM's and DBRX's ``ffn`` or
-    Phixtral's ``moe``; None in Nemotron-H's blocks (one mixer each: its MLPs are layers of
-    their own)."""
-    for name in ("mlp", "block_sparse_moe", "ffn", "moe"):
+    Phixtral's ``moe``, RecurrentGemma's ``mlp_block``; None in Nemotron-H's blocks (one mixer
+    each: its MLPs are layers of their own)."""
+    for name in ("mlp", "block_sparse_moe", "ffn", "moe", "mlp_block"):
         if name in block:
             return block[name]
     return getattr(block, "feed_forward", None)
@@ -1549,10 +1656,10 @@ def attention_module(block: nn.Module) -> nn.Module:
     """A layer's attention module, the one that holds its projections: ``block.self_attn``,
     bailing_moe's ``block.attention``, Nemotron-H's ``block.mixer``, EXAONE 3's
     ``block.attn.attention``, nanochat's and GPT-J's ``block.attn``, Phixtral's ``block.mixer`` or
-    DBRX's ``block.norm_attn_norm.attn``."""
+    DBRX's ``block.norm_attn_norm.attn``, RecurrentGemma's ``block.temporal_block``."""
     if "norm_attn_norm" in block:
         return block.norm_attn_norm.attn
-    for name in ("self_attn", "attention", "mixer"):
+    for name in ("self_attn", "attention", "mixer", "temporal_block"):
         if name in block:
             return block[name]
     return block.attn.attention if "attention" in block.attn else block.attn

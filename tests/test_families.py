@@ -122,7 +122,7 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", *VL, "gemma2",
             "glm4", "starcoder2", "cohere2", *DSA,
             "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE, "gpt_neox-sequential",
-            "nanbeige-skip")
+            "nanbeige-skip", "afm7")
 
 
 #: The families whose attention asks more of an attention implementation than plain causal
@@ -952,7 +952,9 @@ def _seen_keys(engine):
     ("gemma4_text-e2b", PruningConfig("lazy", prune_layers=(1, 2), keep=(0.5, 0.2),
                                       complete="progressive:40"), {2, 3}),
     ("hunyuan", PruningConfig("lazy", prune_layers=(0, 2), keep=(0.5, 0.3),
-                              complete="progressive:40"), {1, 3})])
+                              complete="progressive:40"), {1, 3}),
+    ("afm7", PruningConfig("lazy", prune_layers=(1, 2), keep=(0.5, 0.3),
+                           complete="progressive:40"), {3})])
 def test_a_layer_reading_lower_keys_sees_only_tokens_computed_there(family, kind, config,
                                                                      reading):
     """Gemma 4's layers 2 and 3 read the keys and values of layers 0 and 1, Hunyuan's CLA

@@ -503,6 +503,66 @@ def test_plamo2_matches_mlx_lm_and_cuts_after_its_attention(tmp_path):
     assert_saves_loads_and_quantizes(model, cache, nothing_pruned, prompt, tmp_path)
 
 
+#: Hybrids run against mlx-lm in :func:`test_gear_recurrent_gemma_and_baichuan_m1_match_mlx_lm`:
+#: their recurrent layers and the layers a cut may follow
+RECURRENT_AND_CUTS = {"gear": ((0, 2, 4), (3,)), "recurrent_gemma": ((0, 1, 3, 4), ()),
+                      "baichuan_m1": ((0, 1, 2, 3), ())}
+
+
+@pytest.mark.parametrize("kind", RECURRENT_AND_CUTS)
+def test_gear_recurrent_gemma_and_baichuan_m1_match_mlx_lm(tmp_path, kind):
+    """``gear``: convolution mixers (recurrent, run as mlx-lm's block) in layers 0, 2 and 4,
+    attention over a window of 24 in 1 and 5 and global in 3 (soft-capped, Gemma's four norms):
+    a cut may follow layer 3 only; ``recurrent_gemma``: RG-LRU layers (recurrent) in 0, 1, 3 and
+    4, local attention over 24 positions in 2 and 5; ``baichuan_m1``: attention whose keys and
+    values mix in the previous token's in every layer, so each is recurrent (layers 0 and 2 over
+    a window of 24, with 8 heads to the others' 4). Unpruned equal to mlx-lm over 200 tokens
+    (past the windows), quantized too, and its prompt cache saves and loads; Gear's with nothing
+    pruned by its cut, its static cut keeping 30% above it and a plain lazy cutting there
+    without revival; the others take no cut (lazy refused in one line) and run a prompt in
+    turns as mlx-lm runs it whole. None is split over ranks (mlx-lm has no ``shard`` for them).
+    Loaded without a tokenizer: transformers cannot read Gear's config (its ``conv_mixer``
+    layers)."""
+    from mlx_lm.utils import load_model
+
+    from mlx_lazy import distributed
+
+    class TwoRanks:
+        def size(self):
+            return 2
+
+    model, _ = load_model(build_tiny_model(kind, tmp_path / "model"))
+    recurrent, cuts = RECURRENT_AND_CUTS[kind]
+    assert recurrent_layers(model) == recurrent and global_layers(model) == cuts
+    if kind == "baichuan_m1":
+        assert [layer.self_attn.num_heads for layer in model.layers] == [8, 4, 8, 4]
+    prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=8)
+    assert mlx_lm_error(model, PruningConfig("full"), prompt, 16, block_size=64) < LOGITS_TOL
+    with pytest.raises(UserInputError, match=f"cannot shard '{kind}' models"):
+        distributed.shard(model, TwoRanks())
+    if cuts:  # a plain lazy: its cut moved onto the global attention layer, no revival
+        schedule = resolve_config(model, "lazy")
+        assert schedule.prune_layers == cuts and not schedule.revive
+        nothing_pruned = PruningConfig("static", prune_layers=cuts, keep=(1.0,))
+        assert mlx_lm_error(model, nothing_pruned, prompt, 4) < LOGITS_TOL
+        cache = make_lazy_cache(model, PruningConfig("static", prune_layers=cuts, keep=(0.3,)))
+        cache.process(prompt.tolist())
+        assert cache.engine.stats.prefill_tokens_per_layer == [200] * 4 + [60] * 2
+        assert_saves_loads_and_quantizes(model, cache, nothing_pruned, prompt, tmp_path)
+        return
+    with pytest.raises(UserInputError, match="'lazy' cuts after an attention layer, and "
+                                             "this model has none a cut may follow"):
+        resolve_config(model, "lazy")
+    ref = model(prompt[None], cache=make_prompt_cache(model))[0, -1]
+    engine = LazyEngine(model)
+    engine.prefill(prompt[:100])
+    engine.extend(prompt[100:137])
+    assert rel_err(engine.extend(prompt[137:]), ref) < LOGITS_TOL
+    cache = make_lazy_cache(model, "full")
+    cache.process(prompt[:100].tolist())
+    assert_saves_loads_and_quantizes(model, cache, PruningConfig("full"), prompt[:100], tmp_path)
+
+
 def test_a_model_without_attention_is_refused(tmp_path):
     """A Granite 4.0 config of Mamba-2 layers only: nothing to prune with, refused in one line
     (it stopped on an internal StopIteration)."""

@@ -32,7 +32,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
          "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2",
-         "lille-130m", "plamo", "bitnet")
+         "lille-130m", "plamo", "bitnet", "gear", "recurrent_gemma", "afm7", "baichuan_m1")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -352,6 +352,31 @@ _KIND_CONFIG = {
     # BitNet b1.58: ternary BitLinear projections (random, random scales), random norms, the
     # attention's and MLP's sub-norms too; a ReLU^2-gated MLP, a tied head
     "bitnet": {"architectures": ["BitNetForCausalLM"], "tie_word_embeddings": True},
+    # Gear: convolution mixers (recurrent) in 0, 2 and 4, sliding-window attention over 24
+    # positions in 1 and 5, global in 3; Gemma 2's scale unlike head_dim and soft-caps; biases
+    "gear": {"architectures": ["GearForCausalLM"], "num_hidden_layers": 6, "conv_L_cache": 3,
+             "layer_types": ["conv_mixer", "sliding_attention", "conv_mixer", "full_attention",
+                             "conv_mixer", "sliding_attention"], "sliding_window": 24,
+             "rope_local_base_freq": 10000.0, "rope_theta": 1e6, "query_pre_attn_scalar": 4,
+             "attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0,
+             "attention_bias": True, "tie_word_embeddings": True},
+    # RecurrentGemma: RG-LRU layers (a convolution over 4 tokens) in 0, 1, 3 and 4, local
+    # attention (one key/value head) over 24 positions in 2 and 5; logits soft-capped at 5
+    "recurrent_gemma": {"architectures": ["RecurrentGemmaForCausalLM"], "num_hidden_layers": 6,
+                        "attention_bias": False, "conv1d_width": 4, "logits_soft_cap": 5.0,
+                        "num_key_value_heads": 1, "attention_window_size": 24,
+                        "block_types": ["recurrent", "recurrent", "attention"]},
+    # AFM: fused q/k/v, q/k norms after traditional RoPE, keys and values rounded to whole
+    # numbers (mlx-lm's quantization scales of 1); layer 3 reuses layer 2's keys and values
+    "afm7": {"architectures": ["AFMForCausalLM"], "hidden_dim": 64, "num_layers": 4,
+             "num_kv_reuse_layers": 1, "num_heads": 4, "num_kv_heads": 2,
+             "hidden_dim_scale_factor": 2.0},
+    # Baichuan-M1: its keys and values mixed with the previous token's (random weights); layers
+    # 0 and 2 slide over 24 positions with 8 heads of 8 over 4 key/value heads
+    "baichuan_m1": {"architectures": ["BaichuanM1ForCausalLM"], "conv_window": 2,
+                    "sliding_window": 24, "sliding_window_layers": [0, 2],
+                    "num_swa_attention_heads": 8, "num_swa_key_value_heads": 4,
+                    "tie_word_embeddings": False},
     # dots.llm1: per-head q/k norms; from layer 1 on 2 of 4 experts (sigmoid routing with a
     # random correction bias, scaled by 2.5) beside a shared expert
     "dots1": {"architectures": ["Dots1ForCausalLM"], "tie_word_embeddings": False,
@@ -888,6 +913,15 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
                 (name, p + 0.1 * mx.random.normal(p.shape))
                 for name, p in tree_flatten(layer.parameters()) if "norm" in name
                 or name.endswith(("q_weight", "k_weight"))]))
+        for name in ("conv_k", "conv_v"):  # baichuan_m1: zeros by default
+            if name in attn:
+                setattr(attn, name, mx.random.normal(attn[name].shape))
+        if getattr(layer, "temporal_block_type", None) == "recurrent":  # zeros by default
+            layer.temporal_block.update(tree_unflatten([
+                (name, 0.3 * mx.random.normal(p.shape))
+                for name, p in tree_flatten(layer.temporal_block.parameters())
+                if name in ("conv_1d.weight", "rg_lru.input_gate_weight",
+                            "rg_lru.recurrent_gate_weight")]))
         if "layer_scalar" in layer:  # gemma4: ones by default
             layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
         for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm",
@@ -905,11 +939,13 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             act = layer.mlp.act_fn
             for name in ("alpha_p", "alpha_n", "beta"):
                 setattr(act, name, getattr(act, name) + 0.2 * mx.random.normal(()))
-        if kind.startswith(("gemma2", "gemma3", "plamo3")) or kind == "gemma":  # Gemma's (1 + w)
+        if kind.startswith(("gemma2", "gemma3", "plamo3", "gear", "recurrent_gemma")) or (
+                kind == "gemma"):  # Gemma's (1 + w)
             for name in ("input_layernorm", "post_attention_layernorm",  # norms: w = 0, the
                          "pre_feedforward_layernorm", "post_feedforward_layernorm",  # identity
                          "pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm",  # (PLaMo 3's,
-                         "post_mlp_norm"):  # w plus an offset)
+                         "post_mlp_norm",  # w plus an offset)
+                         "temporal_pre_norm", "channel_pre_norm"):  # (RecurrentGemma's)
                 norm = getattr(layer, name, None)  # (Gemma 1's: the first two)
                 if norm is not None:
                     norm.weight = 0.1 * mx.random.normal(norm.weight.shape)
