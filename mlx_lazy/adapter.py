@@ -252,6 +252,14 @@ from .errors import UserInputError, shown
 # recurrent) and attention layers (a fused ``qkv_proj``, a weight-free q/k RMS norm times a
 # per-head ``q_weight``/``k_weight`` before RoPE, global as mlx-lm runs it); Gemma 2's four
 # norms under its own names (:data:`_PART_NAMES`), the blocks at ``model.layers.layers``.
+# olmo_hybrid (OLMo Hybrid): Gated DeltaNet layers (``block.linear_attn``, recurrent: a
+# convolution state per projection and a delta-rule state) with pre-norms, and, where
+# ``layer_types`` says ``full_attention``, OLMo 3's layers (:data:`POST_NORM_TYPES`: norms on
+# each branch's output, q/k norms over all heads).
+# kimi_linear (Kimi Linear) (:data:`MLA_TYPES`): Kimi Delta Attention layers (those
+# ``linear_attn_config``'s ``kda_layers`` counts from 1; recurrent, at ``block.self_attn``) and
+# DeepSeek-V3's absorbed latent attention without RoPE (plain ``q_proj``); sigmoid-routed
+# experts (a correction bias) beside shared ones at ``block.mlp``.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
@@ -259,11 +267,13 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_mo
                          "gemma4_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt2",
                          "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
                          "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
-                         "internlm3", "jamba", "kimi_k25", "kimi_vl", "laguna", "lfm2", "lfm2-vl",
+                         "internlm3", "jamba", "kimi_k25", "kimi_linear", "kimi_vl", "laguna",
+                         "lfm2", "lfm2-vl",
                          "lfm2_moe", "llama", "llama4", "llama4_text", "longcat_flash", "mellum",
                          "mimo", "mimo_v2_flash", "minicpm", "minicpm3", "minimax", "ministral3",
                          "mistral", "mistral3", "mistral4", "mixtral", "nanbeige", "nanochat",
-                         "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmoe",
+                         "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmo_hybrid",
+                         "olmoe",
                          "openelm", "phi", "phi3", "phimoe", "phixtral", "plamo2", "plamo3",
                          "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5",
                          "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
@@ -271,10 +281,10 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_mo
                          "talkie", "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
-POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
+POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3", "olmo_hybrid")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm",
-             "bailing_moe_v3", "longcat_flash")
+             "bailing_moe_v3", "longcat_flash", "kimi_linear")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -321,6 +331,7 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                                 "o_proj": "c_proj", "embed_tokens": "wte", "norm": "ln_f"}),
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES),
                "granitemoehybrid": {"linear_attn": "mamba"},
+               "kimi_linear": {"linear_attn": "self_attn"},
                "jamba": {"linear_attn": "mamba", "post_attention_layernorm": "pre_ff_layernorm",
                          "norm": "final_layernorm"},
                "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
@@ -413,7 +424,10 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # embedding_multiplier}``, ``model.final_layernorm``;
 # plamo2's ``model.layers.layers`` (its ``layers``), ``block.{is_mamba, mixer, pre_mixer_norm,
 # post_mixer_norm, pre_mlp_norm, post_mlp_norm}``, its Mamba blocks called as ``(h, None,
-# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``): at least
+# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``;
+# olmo_hybrid's ``block.linear_attn`` called as ``(x, mask, ArraysCache(4))``; kimi_linear's
+# ``block.{is_linear, self_attn}``, its KDA called as ``(x, mask, ArraysCache(4))``, its latent
+# attention's ``self_attn.{num_heads, q_proj, embed_q, unembed_out}`` without ``rope``): at least
 # the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -691,7 +705,8 @@ class ModelAdapter:
         self._recurrent = frozenset(recurrent_layers(model))
         self._stateless = frozenset(stateless_layers(model))
         self._mixer_mask = model_type != "jamba"  # Jamba's Mamba takes no mask
-        self._kda = model_type == "bailing_moe_v3"  # its recurrent layers' state: 4 arrays
+        # its recurrent layers' state: 4 arrays (KDA's; OLMo Hybrid's Gated DeltaNet's too)
+        self._kda = model_type in ("bailing_moe_v3", "kimi_linear", "olmo_hybrid")
         # longcat_flash: a token's hidden state after each even layer carries its block's MoE
         # output after its (hidden_size,) part, which the odd layer adds
         self._shortcut = model_type == "longcat_flash"
@@ -1131,7 +1146,7 @@ class ModelAdapter:
         a score is mlx-lm's ``scale (embed_q(q_nope) . latent + q_pe . k_pe)`` and the cache
         holds the latent, not per-head keys."""
         heads = self.n_heads
-        q = attn.q_proj(x) if attn.q_lora_rank is None else attn.q_b_proj(
+        q = attn.q_proj(x) if getattr(attn, "q_lora_rank", None) is None else attn.q_b_proj(
             attn.q_a_layernorm(attn.q_a_proj(x)))
         q = q[:, :n].reshape(1, n, heads, -1).transpose(0, 2, 1, 3)
         # longcat_flash: queries and the normed latent scaled (sqrt(hidden / rank))
@@ -1139,8 +1154,9 @@ class ModelAdapter:
         q_nope, q_pe = mx.split(q, [attn.qk_nope_head_dim], axis=-1)
         latent, k_pe = mx.split(attn.kv_a_proj_with_mqa(x)[:, :n], [attn.kv_lora_rank], axis=-1)
         latent = attn.kv_a_layernorm(latent) * getattr(attn, "mla_scale_kv_lora", 1.0)
-        q_pe = _rope(attn.rope, q_pe, positions)
-        k_pe = _rope(attn.rope, k_pe[:, None], positions)  # (1, 1, n, rope dims)
+        k_pe = k_pe[:, None]  # (1, 1, n, rope dims)
+        if "rope" in attn:  # (none in kimi_linear's)
+            q_pe, k_pe = _rope(attn.rope, q_pe, positions), _rope(attn.rope, k_pe, positions)
         if hasattr(attn, "kv_b_proj"):  # deepseek_v2, minicpm3, youtu_llm
             kv = attn.kv_b_proj(latent).reshape(1, n, heads, -1).transpose(0, 2, 1, 3)
             k_nope, v = mx.split(kv, [attn.qk_nope_head_dim], axis=-1)
