@@ -11,6 +11,7 @@ import base64
 import hashlib
 import operator
 import re
+import sys
 
 from functools import lru_cache, partial
 from importlib.metadata import PackageNotFoundError, version
@@ -260,7 +261,14 @@ from .errors import UserInputError, shown
 # ``linear_attn_config``'s ``kda_layers`` counts from 1; recurrent, at ``block.self_attn``) and
 # DeepSeek-V3's absorbed latent attention without RoPE (plain ``q_proj``); sigmoid-routed
 # experts (a correction bias) beside shared ones at ``block.mlp``.
-SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
+# bailing_moe_linear (Ring-mini-linear, Ling-linear) and bailing_hybrid (Ring-2.5/Ling-2.5
+# linear) (:data:`LIGHTNING_TYPES`): lightning (decaying linear) attention layers
+# (``block.attention`` where not ``is_global``; recurrent: one state per head, run by
+# :meth:`ModelAdapter._lightning_attention`, RoPE at each token's own position) and, every
+# ``layer_group_size``-th layer, bailing_moe's attention (bailing_moe_linear) or DeepSeek-V3's
+# absorbed latent attention (bailing_hybrid); grouped routing and shared experts at ``block.mlp``.
+SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_hybrid", "bailing_moe",
+                         "bailing_moe_linear", "bailing_moe_v3", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
                          "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
@@ -284,7 +292,8 @@ GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3", "olmo_hybrid")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm",
-             "bailing_moe_v3", "longcat_flash", "kimi_linear")
+             "bailing_moe_v3", "longcat_flash", "kimi_linear", "bailing_hybrid")
+LIGHTNING_TYPES = ("bailing_moe_linear", "bailing_hybrid")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -308,6 +317,9 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                                "k_norm": "key_layernorm", "embed_tokens": "word_embeddings"},
                "bailing_moe_v3": {"o_proj": "dense", "embed_tokens": "word_embeddings",
                                   "linear_attn": "attention"},
+               **dict.fromkeys(LIGHTNING_TYPES, {
+                   "o_proj": "dense", "q_norm": "query_layernorm", "k_norm": "key_layernorm",
+                   "embed_tokens": "word_embeddings", "linear_attn": "attention"}),
                "exaone": {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
                           "o_proj": "out_proj", "embed_tokens": "wte", "norm": "ln_f"},
                **dict.fromkeys(("hunyuan", "hunyuan_v1_dense"),
@@ -427,8 +439,11 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``;
 # olmo_hybrid's ``block.linear_attn`` called as ``(x, mask, ArraysCache(4))``; kimi_linear's
 # ``block.{is_linear, self_attn}``, its KDA called as ``(x, mask, ArraysCache(4))``, its latent
-# attention's ``self_attn.{num_heads, q_proj, embed_q, unembed_out}`` without ``rope``): at least
-# the first, below the second. Same as pyproject.toml.
+# attention's ``self_attn.{num_heads, q_proj, embed_q, unembed_out}`` without ``rope``;
+# bailing_moe_linear's and bailing_hybrid's ``block.is_global``, lightning attention's
+# ``attention.{query_key_value, use_qk_norm, query_layernorm, key_layernorm, rope, _slope, scale,
+# g_norm, g_proj, dense, head_dim}``, its module's ``recurrent_gla(q, k, v, g, scale=, h=)``): at
+# least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -615,7 +630,8 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
     DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
-    Mamba-2 layers, PLaMo 2's Mamba layers, Ling 2.5's Kimi Delta Attention layers, every
+    Mamba-2 layers, PLaMo 2's Mamba layers, Ling 2.5's and Kimi Linear's Kimi Delta Attention
+    layers, OLMo Hybrid's Gated DeltaNet layers, Ring-linear's lightning attention layers, every
     Falcon-H1 layer, its Mamba-2 mixer beside its attention); () for every other family. Such
     a layer holds one state that has taken its tokens in order, not keys and values: a token
     pruned below it can never enter it later, and no cut can follow it (it gives no attention
@@ -625,7 +641,8 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
                      hasattr(block, "linear_attn") or hasattr(block, "conv")
                      or hasattr(block, "mamba") or getattr(block, "block_type", "*") != "*"
                      or getattr(block, "is_mamba", False)
-                     or getattr(block, "is_linear", False)))  # KDA
+                     or getattr(block, "is_linear", False)  # KDA
+                     or not getattr(block, "is_global", True)))  # lightning attention
 
 
 def stateless_layers(model: nn.Module) -> Tuple[int, ...]:
@@ -707,6 +724,7 @@ class ModelAdapter:
         self._mixer_mask = model_type != "jamba"  # Jamba's Mamba takes no mask
         # its recurrent layers' state: 4 arrays (KDA's; OLMo Hybrid's Gated DeltaNet's too)
         self._kda = model_type in ("bailing_moe_v3", "kimi_linear", "olmo_hybrid")
+        self._lightning = model_type in LIGHTNING_TYPES  # its recurrent layers' state: 1 array
         # longcat_flash: a token's hidden state after each even layer carries its block's MoE
         # output after its (hidden_size,) part, which the odd layer adds
         self._shortcut = model_type == "longcat_flash"
@@ -1248,29 +1266,47 @@ class ModelAdapter:
         order, every token its ``state`` has taken (mlx-lm's ``ArraysCache`` parts: Qwen3.5's
         ``[conv_state, recurrent_state]``, Mamba's (Jamba's) and Mamba-2's ``[conv_state,
         ssm_state]``, LFM2's ``[conv_state]``, Falcon-H1's ``[conv_state, ssm_state, keys,
-        values]``; empty before the first) at ``positions`` (n,) (Falcon-H1's attention turns
-        its queries and keys by them): ``state`` advances over them in place; returns their
-        hidden states after the layer, MLP included (each branch times Granite's residual
-        multiplier)."""
+        values]``, lightning attention's ``[state]``; empty before the first) at ``positions``
+        (n,) (Falcon-H1's attention and lightning attention turn queries and keys by them):
+        ``state`` advances over them in place; returns their hidden states after the layer,
+        MLP included (each branch times Granite's residual multiplier)."""
         block, n = self.layers[layer], h.shape[1]
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, 4 for KDA (a
             # convolution of q, k and v each, the delta rule's) and Falcon-H1 (its keys and
             # values too), else 2
-            state.extend([None] * (1 if "conv" in block else 4 if self._kda or self._falcon_h1
-                                   else 2))
+            state.extend([None] * (1 if "conv" in block or self._lightning
+                                   else 4 if self._kda or self._falcon_h1 else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
         if self._falcon_h1:
             return self._falcon_h1_block(layer, h, cache, positions)
         if self._plamo2:  # a Mamba layer: mlx-lm's block, its norms and MLP included
             return block(h, None, cache)
-        x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)
+        x = (self._lightning_attention(mixer, norm(h), cache, positions) if self._lightning
+             else mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache))
         h = self._blas_rows(h + self._branch(x))
         if self._feed_forwards[layer] is None:  # nemotron_h: the mixer alone
             return h[:, :n]
         mlp = self._mlp(layer, self._part(block, "post_attention_layernorm")(h))
         return (h + self._branch(mlp))[:, :n]
+
+    def _lightning_attention(self, attn: nn.Module, x: mx.array, cache: ArraysCache,
+                             positions: np.ndarray) -> mx.array:
+        """bailing_moe_linear's and bailing_hybrid's linear attention on normed ``x`` (1, n, D)
+        at ``positions``, its state (one per head) in ``cache[0]``: mlx-lm's module but for
+        RoPE, which it turns from one offset and which turns here each token at its own
+        position (a cut's gaps), as attention does."""
+        n, heads = x.shape[1], attn.num_attention_heads
+        qkv = attn.query_key_value(x).reshape(1, n, -1, attn.head_dim).transpose(0, 2, 1, 3)
+        q, k, v = mx.split(qkv, [heads, heads + attn.num_key_value_heads], axis=1)
+        if attn.use_qk_norm:
+            q, k = attn.query_layernorm(q), attn.key_layernorm(k)
+        q, k = _rope(attn.rope, q, positions), _rope(attn.rope, k, positions)
+        recurrence = sys.modules[type(attn).__module__].recurrent_gla  # (the module's own)
+        out, cache[0] = recurrence(q, k, v, attn._slope, scale=attn.scale, h=cache[0])
+        out = attn.g_norm(out.transpose(0, 2, 1, 3).reshape(1, n, -1))
+        return attn.dense(out * mx.sigmoid(attn.g_proj(x)))
 
     def _falcon_h1_block(self, layer: int, h: mx.array, cache: ArraysCache,
                          positions: np.ndarray) -> mx.array:

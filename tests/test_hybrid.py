@@ -42,9 +42,10 @@ from tiny_models import build_tiny_model
 #: Jamba's (Mamba layers for recurrent ones, attention without RoPE, experts every other layer)
 #: and Ling 2.5's (Kimi Delta Attention for recurrent ones, gated latent attention, experts)
 #: and Kimi Linear's (the same, its latent attention without RoPE or gate) and OLMo Hybrid's
-#: (Gated DeltaNet for recurrent ones, OLMo 3's post-norm attention).
+#: (Gated DeltaNet for recurrent ones, OLMo 3's post-norm attention) and Ring-linear's and Ling
+#: 2.5 linear's (lightning attention for recurrent ones, Ling's attention or latent attention).
 KINDS = ("qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "jamba",
-         "bailing_moe_v3", "olmo_hybrid", "kimi_linear")
+         "bailing_moe_v3", "olmo_hybrid", "kimi_linear", "bailing_moe_linear", "bailing_hybrid")
 STATIC = PruningConfig("static", prune_layers=(3,), keep=(0.3,))
 NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
 
@@ -86,7 +87,9 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
     and a gate per head, its layers from 1 on experts; Kimi Linear's are Kimi Delta Attention
     layers, its attention absorbed latent attention without RoPE, its layers from 1 on experts;
     OLMo Hybrid's are Gated DeltaNet layers, its attention has no norm before it, one after it
-    and q/k norms over all heads."""
+    and q/k norms over all heads; Ring-linear's and Ling 2.5 linear's are lightning attention
+    layers (RoPE over half of each head, a decay per head), their attention Ling's (fused
+    q/k/v) or absorbed latent attention."""
     model, _ = hybrid
     nemotron_h = model.model_type == "nemotron_h"  # its MLP layers 1 and 6 stateless
     assert recurrent_layers(model) == ((0, 2, 4, 5) if nemotron_h else (0, 1, 2, 4, 5, 6))
@@ -108,6 +111,10 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
     elif model.model_type == "olmo_hybrid":
         assert "linear_attn" in model.layers[0] and "input_layernorm" not in model.layers[3]
         assert attn.q_norm.weight.shape[0] == attn.num_attention_heads * attn.head_dim
+    elif model.model_type in ("bailing_moe_linear", "bailing_hybrid"):
+        lightning = model.layers[0].attention
+        assert lightning._slope.shape == (4,) and lightning.rope.dims == 8
+        assert ("embed_q" in attn) == (model.model_type == "bailing_hybrid")
     elif model.model_type == "nemotron_h":
         assert "".join(layer.block_type for layer in model.layers) == "MEM*MM-*"
         assert not hasattr(attn, "rope") and model.layers[0].mixer.n_groups == 2
@@ -247,7 +254,8 @@ def _attention_qkv(layer, h, positions):
     ``h``: Qwen's q_proj gives each head's queries, then its gate; LFM2 names its parts its own
     way; Granite's has no q/k norms; Ling 2.5's latent attention (absorbed: one key head
     [latent, k_pe], the latent its value) a gate per head, Kimi Linear's neither low-rank
-    queries, RoPE nor gate; OLMo Hybrid's no norm before it, q/k norms over all heads."""
+    queries, RoPE nor gate, Ling 2.5 linear's no gate; OLMo Hybrid's no norm before it, q/k
+    norms over all heads; Ring-linear's fused q/k/v, per-head q/k norms."""
     attn, n, lfm2 = attention_module(layer), h.shape[1], hasattr(layer, "operator_norm")
     olmo = "post_feedforward_layernorm" in layer  # olmo_hybrid: no norm before attention
     qwen = hasattr(attn, "q_norm") and not olmo
@@ -269,6 +277,12 @@ def _attention_qkv(layer, h, positions):
     heads = next(getattr(attn, k) for k in ("num_attention_heads", "n_heads", "num_heads")
                  if hasattr(attn, k))
     kv_heads = getattr(attn, "num_key_value_heads", None) or attn.n_kv_heads
+    if "query_key_value" in attn:  # bailing_moe_linear
+        q, k, v = mx.split(attn.query_key_value(x).reshape(1, n, -1, attn.head_dim),
+                           [heads, heads + kv_heads], axis=2)
+        q, k = attn.query_layernorm(q), attn.key_layernorm(k)
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+        return _rope_at(rope, q, positions), _rope_at(rope, k, positions), v, None
     q, k = attn.q_proj(x), attn.k_proj(x)
     if olmo:
         q, k = attn.q_norm(q), attn.k_norm(k)
@@ -311,8 +325,8 @@ def _attention(layer, h, positions, store):
     if "post_feedforward_layernorm" in layer:  # olmo_hybrid: norms after each branch
         h = h + layer.post_attention_layernorm(attn.o_proj(out))
         return h + layer.post_feedforward_layernorm(layer.mlp(h))
-    if "embed_q" in attn and gate is None:  # kimi_linear
-        h = h + attn.o_proj(out)
+    if ("embed_q" in attn or "query_key_value" in attn) and gate is None:  # kimi_linear, the
+        h = h + (attn.dense if "dense" in attn else attn.o_proj)(out)  # bailing hybrids
         return h + layer.mlp(layer.post_attention_layernorm(h))
     if gate is None:  # granitemoehybrid: residual multipliers, experts beside a shared MLP
         h = h + attn.o_proj(out) * layer.residual_multiplier
@@ -321,6 +335,16 @@ def _attention(layer, h, positions, store):
     o_proj = attn.dense if "dense" in attn else attn.o_proj  # bailing_moe_v3's
     h = h + o_proj(out * mx.sigmoid(gate))
     return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def _recurrent(layer, h, positions, cache):
+    """mlx-lm's block (recurrent, or attention over its cache) on hidden states ``h`` at
+    ``positions``; a lightning-attention one (bailing_moe_linear's, bailing_hybrid's) a token at
+    a time, its RoPE's offset the token's own position."""
+    if getattr(layer, "is_global", True):
+        return layer(h, mask=None, cache=cache)
+    return mx.concatenate([layer(h[:, j:j + 1], None, cache, offset=int(p))
+                           for j, p in enumerate(positions)], axis=1)
 
 
 def reference_static(model, prompt, keep, steps, cut=3):
@@ -363,13 +387,13 @@ def reference_static(model, prompt, keep, steps, cut=3):
     for step in range(steps + 1):
         for i in range(cut + 1, len(layers)):
             h = (_attention(layers[i], h, positions, stores[i]) if i in stores
-                 else layers[i](h, mask=None, cache=caches[i]))
+                 else _recurrent(layers[i], h, positions, caches[i]))
         logits.append(head(norm(h[:, -1]))[0] / getattr(outer, "logits_scaling", 1.0))
         token = mx.argmax(logits[-1])
         positions = np.array([n + step])
         h = embed(token.reshape(1, 1)) * scale
         for i in range(cut + 1):
-            h = layers[i](h, mask=None, cache=caches[i])
+            h = _recurrent(layers[i], h, positions, caches[i])
     return kept, logits
 
 

@@ -639,6 +639,17 @@ _KIND_CONFIG = {
 #: with attention, then the MLP (``use_parallel_residual`` false); ``nanbeige-skip``, Nanbeige
 #: with ``skip_loop_final_norm``: no norm between its loops.
 _VARIANTS = {
+    # Ring-linear: Ling's tiny (q/k norms, biases, partial RoPE, its experts from layer 1 on)
+    # with lightning attention (recurrent; its output norm in groups of 2 heads) in Qwen3.5's
+    # tiny's places, attention in layers 3 and 7 of 8
+    "bailing_moe_linear": ("bailing_moe", {
+        "model_type": "bailing_moe_linear", "architectures": ["BailingMoeLinearV2ForCausalLM"],
+        "num_hidden_layers": 8, "layer_group_size": 4, "group_norm_size": 2}),
+    # Ling 2.5 linear: Ling 2.5's tiny (latent attention in layers 3 and 7 of 8, its experts)
+    # with lightning attention (RoPE over half of each head) for Kimi Delta Attention
+    "bailing_hybrid": ("bailing_moe_v3", {
+        "model_type": "bailing_hybrid", "architectures": ["BailingMoeV2_5ForCausalLM"],
+        "group_norm_size": 2}),
     # The MLA kinds as the conversion tests write them in llama.cpp's deepseek2 GGUF, which holds
     # one YaRN log multiplier (mscale = mscale_all_dim) and no renormalised softmax routing:
     # 16 RoPE dims, values as wide as the unrotated dims (GLM-4.7-Flash's wider), V2's two shared
@@ -729,7 +740,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
                         "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
                         "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "olmo_hybrid",
-                        "kimi_linear")
+                        "kimi_linear", "bailing_moe_linear", "bailing_hybrid")
 
 
 def tiny_config(kind: str) -> dict:
