@@ -253,6 +253,16 @@ _DEEPSEEK2_LAYER_NAMES = {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES, **_CORRECTION
                           "attn_kv_a_norm": "self_attn.kv_a_layernorm",
                           "attn_kv_b": "self_attn.kv_b_proj",
                           "attn_k_b": "self_attn.embed_q", "attn_v_b": "self_attn.unembed_out"}
+# Kimi Linear: deepseek2's latent attention (queries in one step) and experts, the selection
+# bias beside the router; Kimi Delta Attention's convolutions, gate and decay projections,
+# A_log (named without a suffix) and dt_bias, its output norm
+_KIMI_LINEAR_LAYER_NAMES = {**_DEEPSEEK2_LAYER_NAMES,
+                            "exp_probs_b.bias": "mlp.e_score_correction_bias",
+                            **{f"ssm_conv1d_{p}": f"self_attn.{p}_conv.conv" for p in "qkv"},
+                            **{f"ssm_{p}_{ab}": f"self_attn.{p}_{ab}_proj"
+                               for p in "fg" for ab in "ab"},
+                            "ssm_beta": "self_attn.b_proj", "ssm_a": "self_attn.A_log",
+                            "ssm_dt.bias": "self_attn.dt_bias", "ssm_norm": "self_attn.o_norm"}
 # GLM-4-0414: a norm after each branch (llama.cpp's post_attention_norm and post_ffw_norm) besides
 # the ones before it (its ffn_norm mlx-lm's post_attention_layernorm); the MLP's gate then up
 # rows in one tensor, as in mlx-lm's glm4
@@ -403,6 +413,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "internlm2": _INTERNLM2_LAYER_NAMES, "qwen": _QWEN_LAYER_NAMES,
                      **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),
                      "openelm": _OPENELM_LAYER_NAMES,
+                     "kimi-linear": _KIMI_LINEAR_LAYER_NAMES,
                      **dict.fromkeys(BAILING, _BAILING_LAYER_NAMES),
                      # DeepSeek-MoE: Qwen3-MoE's router and experts' stacks, its shared experts
                      "deepseek": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES},
@@ -857,18 +868,33 @@ def plamo2_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
-def jamba_tensors(tensors: dict, config: dict) -> dict:
+def jamba_tensors(tensors: dict, config: dict, conv: Any = ".ssm_conv1d.weight") -> dict:
     """A Jamba GGUF's tensors as mlx-lm's jamba has its parameters (PLaMo 2's Mamba layers
-    too): the Mamba layers' conv kernels in MLX's layout (:func:`lfm2_tensors`), A_log (its
-    shape as stored) of llama.cpp's -exp(A_log)."""
+    too, Kimi Linear's KDA ones: :func:`kimi_linear_tensors`): the conv kernels (those named
+    ``*conv``) in MLX's layout (:func:`lfm2_tensors`), A_log (its shape as stored) of llama.cpp's
+    -exp(A_log)."""
     from gguf import GGMLQuantizationType as T
 
-    out = lfm2_tensors(tensors, config, ".ssm_conv1d.weight")
+    out = lfm2_tensors(tensors, config, conv)
     for name, t in tensors.items():
         if name.endswith(".ssm_a"):
             out[name] = _Part(name, T.F32, np.array(t.shape),
                               _Lazy(lambda t=t: _a_log(t.name, dequantized(t))))
     return out
+
+
+def kimi_linear_tensors(tensors: dict, config: dict) -> dict:
+    """A Kimi Linear GGUF's tensors as mlx-lm's kimi_linear has its parameters: its latent
+    attention's ``attn_k_b`` / ``attn_v_b`` as they are (:func:`deepseek2_tensors`), the KDA
+    layers' conv kernels, ggml's (width, 1, channels, 1) as llama.cpp's converter writes them,
+    and A_log as Jamba's (:func:`jamba_tensors`)."""
+    out = deepseek2_tensors(tensors, config)
+    convs = tuple(f".ssm_conv1d_{p}.weight" for p in "qkv")
+    for name, t in tensors.items():
+        if name.endswith(convs):  # (channels, width), the same bytes
+            out[name] = _Part(name, t.tensor_type, np.array([t.shape[0], np.prod(t.shape[1:])]),
+                              t.data)
+    return jamba_tensors(out, config, convs)
 
 
 def deci_tensors(tensors: dict, config: dict) -> dict:
@@ -1130,7 +1156,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              "bailingmoe": partial(internlm2_tensors, arch="bailingmoe"),
              **dict.fromkeys(("nemotron_h", "nemotron_h_moe", "falcon-h1"),
                              mamba2_tensors_with_head),
-             "plamo2": plamo2_tensors}
+             "plamo2": plamo2_tensors, "kimi-linear": kimi_linear_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

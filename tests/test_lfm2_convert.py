@@ -115,7 +115,7 @@ def write_model(path: Path, arch: str, shapes: dict, name_of, kv: dict, tok_fold
             x = 1.0 + 0.1 * rng.normal(size=shape)
         x = x.astype(np.float32)
         qtype = types.get(role, types.get("*", T.F32)) \
-            if len(shape) >= 2 and role not in ("shortconv.conv", "ssm_conv1d") else T.F32
+            if len(shape) >= 2 and not role.startswith(("shortconv.conv", "ssm_conv1d")) else T.F32
         data = encode(x, qtype, rng)
         stored = gguf.dequantize(data, qtype).reshape(x.shape)
         reference[name] = mx.array(stored.reshape(shape))
