@@ -327,7 +327,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "bailingmoe2": "BailingMoeV2ForCausalLM",
                  "nemotron_h_moe": "NemotronHForCausalLM",
                  "nemotron_h": "NemotronHForCausalLM", "falcon-h1": "FalconH1ForCausalLM",
-                 "plamo2": "Plamo2ForCausalLM", "kimi-linear": "KimiLinearForCausalLM"}
+                 "plamo2": "Plamo2ForCausalLM", "kimi-linear": "KimiLinearForCausalLM",
+                 "bailingmoe3": "BailingMoeV3ForCausalLM"}
 #: llama.cpp architectures that no mlx-lm model computes, and why (each refused in one line)
 UNSUPPORTED_ARCHITECTURES = {
     "hunyuan-moe": "llama.cpp renormalises the chosen experts' weights, mlx-lm's hunyuan does not"}
@@ -345,7 +346,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "qwen3vlmoe": "qwen3_moe", "minimax-m2": "minimax", "mimo2": "mimo_v2_flash",
                 "step35": "step3p5", "deci": "nemotron-nas",
                 **dict.fromkeys(BAILING, "bailing_moe"), "nemotron_h_moe": "nemotron_h",
-                "falcon-h1": "falcon_h1", "kimi-linear": "kimi_linear"}
+                "falcon-h1": "falcon_h1", "kimi-linear": "kimi_linear",
+                "bailingmoe3": "bailing_moe_v3"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -441,7 +443,7 @@ _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gpt
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
 # The architectures of multi-head latent attention
-MLA = ("deepseek2", "minicpm3", "mistral4", "kimi-linear")
+MLA = ("deepseek2", "minicpm3", "mistral4", "kimi-linear", "bailingmoe3")
 # MiniCPM3: the embedding, residual and logit scales llama.cpp hard-wires (its converter writes
 # none), as mlx-lm's minicpm3 names them
 MINICPM3_SCALES = {"scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 256}
@@ -531,7 +533,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
                 "phimoe", "minimax-m2", "mimo2", "step35", "deci", "talkie", "laguna",
-                *BAILING, "falcon-h1", "plamo2", "kimi-linear"):
+                *BAILING, "falcon-h1", "plamo2", "kimi-linear", "bailingmoe3"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -543,8 +545,10 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
                                                "time_step_rank", "group_count")
                           if arch != "jamba" or k != "group_count")
-    if arch == "kimi-linear":  # llama.cpp requires them
+    if arch in ("kimi-linear", "bailingmoe3"):  # llama.cpp requires them
         required += ("ssm.conv_kernel", "kda.head_dim", "expert_gating_func")
+    if arch == "bailingmoe3":
+        required += ("kda.gate_lower_bound", "expert_shared_count", "leading_dense_block_count")
     if arch in ("nemotron_h", "nemotron_h_moe"):  # llama.cpp requires it (its RMS epsilon
         # where none is given)
         required += ("attention.layer_norm_epsilon",)
@@ -559,7 +563,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
     by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2", "step35", "deci",
-                                  "nemotron_h", "nemotron_h_moe", "plamo2", "kimi-linear")
+                                  "nemotron_h", "nemotron_h_moe", "plamo2", "kimi-linear",
+                                  "bailingmoe3")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's (deci's: _deci_config's)
     heads_by_layer = openelm or arch in ("step35", "deci", "laguna", "plamo2")
 
@@ -856,6 +861,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                                       n_layers, rope_dims))
     if arch == "kimi-linear":
         config.update(_kimi_linear_config(g, count, real, optional, experts, tensors, config,
+                                          rope_dims))
+    if arch == "bailingmoe3":
+        config.update(_bailingmoe3_config(g, count, real, optional, experts, tensors, config,
                                           rope_dims))
     if arch == "afmoe":
         config.update(_afmoe_config(g, count, positive, optional, experts, tensors, n_layers))
@@ -1951,7 +1959,7 @@ def _latent_attention(arch: str, count: Any, tensors: dict, config: dict,
     if nope < 1:  # llama.cpp asserts as much
         raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's "
                              f"{head_dim} dims is not supported (it needs dims without RoPE)")
-    q_lora = arch == "minicpm3" or "blk.0.attn_q_a.weight" in tensors
+    q_lora = arch == "minicpm3" or any(name.endswith(".attn_q_a.weight") for name in tensors)
     return {"q_lora_rank": count("attention.q_lora_rank") if q_lora else None,
             "kv_lora_rank": count("attention.kv_lora_rank"),
             "qk_rope_head_dim": rope_dims, "qk_nope_head_dim": nope}
@@ -1981,11 +1989,7 @@ def _kimi_linear_config(g: Any, count: Any, real: Any, optional: Any, experts: A
     if n_used == 1:
         raise UserInputError(f"GGUF {arch} with one expert per token is not supported (llama.cpp "
                              "renormalises its weight to 1, mlx-lm's kimi_linear keeps its score)")
-    eps = config["rms_norm_eps"]
-    if not math.isclose(eps, KDA_QK_NORM_EPS, rel_tol=1e-6):
-        raise UserInputError(f"GGUF {arch} with norm epsilon {eps:g} is not supported (llama.cpp "
-                             "normalises the KDA layers' q/k with it, mlx-lm's kimi_linear with "
-                             f"{KDA_QK_NORM_EPS:g})")
+    _check_kda_eps(arch, config)
     head_dim = config["head_dim"]
     latent = _latent_attention(arch, count, tensors, config, rope_dims)
     return {**latent, "head_dim": head_dim, "mla_use_nope": True,
@@ -2003,6 +2007,67 @@ def _kimi_linear_config(g: Any, count: Any, real: Any, optional: Any, experts: A
             "moe_layer_freq": 1, "moe_router_activation_func": gating, "moe_renormalize": True,
             "routed_scaling_factor": real("expert_weights_scale", 0.0) or 1.0,
             "use_grouped_topk": False, "num_expert_group": 1, "topk_group": 1}
+
+
+def _check_kda_eps(arch: str, config: dict) -> None:
+    """Refuse an RMS epsilon other than mlx-lm's KDA q/k L2 norms' (llama.cpp's take it)."""
+    eps = config["rms_norm_eps"]
+    if not math.isclose(eps, KDA_QK_NORM_EPS, rel_tol=1e-6):
+        raise UserInputError(f"GGUF {arch} with norm epsilon {eps:g} is not supported (llama.cpp "
+                             "normalises the KDA layers' q/k with it, mlx-lm's "
+                             f"{config['model_type']} with {KDA_QK_NORM_EPS:g})")
+
+
+def _bailingmoe3_config(g: Any, count: Any, real: Any, optional: Any, experts: Any,
+                        tensors: dict, config: dict, rope_dims: int) -> dict:
+    """mlx-lm's bailing_moe_v3 settings of a GGUF, read as llama.cpp reads it: Kimi Delta
+    Attention (``attention.head_count`` heads ``kda.head_dim`` wide, ``ssm.conv_kernel``, the
+    safe gate's ``kda.gate_lower_bound``) where a layer has no key/value heads, gated latent
+    attention (traditional RoPE) every ``layer_group_size``-th layer and in the last ones as
+    mlx-lm places it (another layout refused), sigmoid-routed experts in groups, renormalised
+    and scaled, beside one shared MLP ``expert_shared_feed_forward_length`` wide, from
+    ``leading_dense_block_count`` on; what mlx-lm's model does not compute refused (another
+    gating, unrenormalised weights, SwiGLU clamps, an RMS epsilon other than its KDA q/k
+    norms')."""
+    arch, n_layers = "bailingmoe3", config["num_hidden_layers"]
+    kv = _hybrid_kv_heads(arch, g, count, config, "Kimi Delta Attention")
+    group = next(i for i, n in enumerate(kv) if n) + 1
+    if [bool(n) for n in kv] != [(i + 1) % group == 0 or i >= n_layers // group * group
+                                 for i in range(n_layers)]:
+        raise UserInputError(f"GGUF {arch} with attention in layers "
+                             f"{[i for i, n in enumerate(kv) if n]} is not supported (mlx-lm's "
+                             "bailing_moe_v3 takes it every layer_group_size-th layer)")
+    if g("expert_gating_func") != _SIGMOID_GATING or not g("expert_weights_norm", False):
+        raise UserInputError(f"GGUF {arch} with expert gating function "
+                             f"{shown(g('expert_gating_func'), 20)} and weights norm "
+                             f"{shown(g('expert_weights_norm', False), 20)} is not supported "
+                             f"(mlx-lm's bailing_moe_v3 routes by sigmoid ({_SIGMOID_GATING}), "
+                             "renormalised)")
+    for key in ("swiglu_clamp_exp", "swiglu_clamp_shexp"):
+        if any(np.atleast_1d(g(key, 0.0))):
+            raise UserInputError(f"GGUF {arch} with {key} is not supported (mlx-lm's "
+                                 "bailing_moe_v3 clamps no SwiGLU)")
+    if not g("kda.safe_gate", True) or real("kda.gate_lower_bound") >= 0:
+        raise UserInputError(f"GGUF {arch} needs a safe KDA gate with a negative "
+                             "kda.gate_lower_bound (llama.cpp asserts both)")
+    _check_kda_eps(arch, config)
+    n_experts, n_used = experts()
+    ff_exp = count("expert_feed_forward_length")
+    latent = _latent_attention(arch, count, tensors, config, rope_dims)
+    return {**latent, "head_dim": count("kda.head_dim"),
+            "v_head_dim": count("attention.value_length_mla"), "layer_group_size": group,
+            "short_conv_kernel_size": count("ssm.conv_kernel"),
+            "kda_lower_bound": real("kda.gate_lower_bound"), "kda_safe_gate": True,
+            "no_kda_lora": True, "rope_interleave": True,
+            "num_experts": n_experts, "num_experts_per_tok": n_used,
+            "moe_intermediate_size": ff_exp, "num_shared_experts": 1,
+            "moe_shared_expert_intermediate_size": count(
+                "expert_shared_feed_forward_length",
+                ff_exp * max(1, count("expert_shared_count", least=0))),
+            "first_k_dense_replace": _leading_dense(arch, optional, n_layers),
+            "n_group": optional("expert_group_count") or 1,
+            "topk_group": optional("expert_group_used_count") or 1,
+            "routed_scaling_factor": real("expert_weights_scale", 0.0) or 1.0}
 
 
 def _minicpm3_config(g: Any, count: Any, tensors: dict, config: dict, rope_dims: int) -> dict:
