@@ -10,8 +10,9 @@ nanbeige and deci (by each layer's heads) q/k rows are un-permuted from llama.cp
 to the Hugging Face one (InternLM2's and Ling 1's too, fused again: :func:`internlm2_tensors`).
 LFM2's convolution kernels become MLX's Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's
 Mamba-2 tensors and Jamba's Mamba ones mlx-lm's (:func:`granitehybrid_tensors`,
-:func:`jamba_tensors`); a deci layer's linear map for attention its ``self_attn.linear``
-(:func:`deci_tensors`).
+:func:`jamba_tensors`), Kimi Linear's and Ling 2.5/3's Kimi Delta Attention ones mlx-lm's
+(:func:`kimi_linear_tensors`, :func:`bailingmoe3_tensors`); a deci layer's linear map for attention
+its ``self_attn.linear`` (:func:`deci_tensors`).
 """
 
 from __future__ import annotations
