@@ -11,6 +11,7 @@ import base64
 import hashlib
 import operator
 import re
+import sys
 
 from functools import lru_cache, partial
 from importlib.metadata import PackageNotFoundError, version
@@ -290,31 +291,48 @@ from .errors import UserInputError, shown
 # the last raw key and value, and the keys and values of every token it took,
 # :meth:`ModelAdapter._conv_kv_block`) and no cut may follow any; sliding-window layers
 # (``sliding_window_layers``) with their own heads; an untied head mlx-lm normalises on load.
-SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "bailing_moe",
-                         "bailing_moe_v3", "bitnet", "cohere", "cohere2", "dbrx", "deepseek",
-                         "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5",
-                         "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon_h1", "gear",
-                         "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
-                         "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt2",
-                         "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
-                         "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
-                         "internlm3", "jamba", "kimi_k25", "kimi_vl", "laguna", "lfm2", "lfm2-vl",
+# olmo_hybrid (OLMo Hybrid): Gated DeltaNet layers (``block.linear_attn``, recurrent: a
+# convolution state per projection and a delta-rule state) with pre-norms, and, where
+# ``layer_types`` says ``full_attention``, OLMo 3's layers (:data:`POST_NORM_TYPES`: norms on
+# each branch's output, q/k norms over all heads).
+# kimi_linear (Kimi Linear) (:data:`MLA_TYPES`): Kimi Delta Attention layers (those
+# ``linear_attn_config``'s ``kda_layers`` counts from 1; recurrent, at ``block.self_attn``) and
+# DeepSeek-V3's absorbed latent attention without RoPE (plain ``q_proj``); sigmoid-routed
+# experts (a correction bias) beside shared ones at ``block.mlp``.
+# bailing_moe_linear (Ring-mini-linear, Ling-linear) and bailing_hybrid (Ring-2.5/Ling-2.5
+# linear) (:data:`LIGHTNING_TYPES`): lightning (decaying linear) attention layers
+# (``block.attention`` where not ``is_global``; recurrent: one state per head, run by
+# :meth:`ModelAdapter._lightning_attention`, RoPE at each token's own position) and, every
+# ``layer_group_size``-th layer, bailing_moe's attention (bailing_moe_linear) or DeepSeek-V3's
+# absorbed latent attention (bailing_hybrid); grouped routing and shared experts at ``block.mlp``.
+SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "bailing_hybrid",
+                         "bailing_moe", "bailing_moe_linear", "bailing_moe_v3", "bitnet", "cohere",
+                         "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
+                         "deepseek_v32", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
+                         "exaone_moe", "falcon_h1", "gear", "gemma", "gemma2", "gemma3",
+                         "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4", "glm4_moe",
+                         "glm4_moe_lite", "glm_moe_dsa", "gpt2", "gpt_bigcode", "gpt_neox",
+                         "gpt_oss", "gptj", "granite", "granitemoe", "granitemoehybrid", "helium",
+                         "hunyuan", "hunyuan_v1_dense", "internlm2", "internlm3", "jamba",
+                         "kimi_k25", "kimi_linear", "kimi_vl", "laguna", "lfm2", "lfm2-vl",
                          "lfm2_moe", "lille-130m", "llama", "llama4", "llama4_text",
                          "longcat_flash", "mellum", "mimo", "mimo_v2_flash", "minicpm", "minicpm3",
                          "minimax", "ministral3", "mistral", "mistral3", "mistral4", "mixtral",
                          "nanbeige", "nanochat", "nemotron", "nemotron-nas", "nemotron_h", "olmo2",
-                         "olmo3", "olmoe", "openelm", "phi", "phi3", "phimoe", "phixtral",
-                         "pixtral", "plamo", "plamo2", "plamo3", "qwen", "qwen2", "qwen2_moe",
-                         "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next",
-                         "qwen3_vl", "qwen3_vl_moe", "recurrent_gemma", "seed_oss", "smollm3",
-                         "solar_open", "stablelm", "starcoder2", "step3p5", "talkie", "telechat3",
-                         "youtu_llm")
+                         "olmo3", "olmo_hybrid", "olmoe", "openelm", "phi", "phi3", "phimoe",
+                         "phixtral", "pixtral", "plamo", "plamo2", "plamo3", "qwen", "qwen2",
+                         "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
+                         "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "recurrent_gemma", "seed_oss",
+                         "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5", "talkie",
+                         "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
-POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
+POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3", "olmo_hybrid")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm",
-             "bailing_moe_v3", "longcat_flash", "deepseek_v32", "glm_moe_dsa")
+             "bailing_moe_v3", "longcat_flash", "deepseek_v32", "glm_moe_dsa", "kimi_linear",
+             "bailing_hybrid")
+LIGHTNING_TYPES = ("bailing_moe_linear", "bailing_hybrid")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral", "plamo")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -338,6 +356,9 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                                "k_norm": "key_layernorm", "embed_tokens": "word_embeddings"},
                "bailing_moe_v3": {"o_proj": "dense", "embed_tokens": "word_embeddings",
                                   "linear_attn": "attention"},
+               **dict.fromkeys(LIGHTNING_TYPES, {
+                   "o_proj": "dense", "q_norm": "query_layernorm", "k_norm": "key_layernorm",
+                   "embed_tokens": "word_embeddings", "linear_attn": "attention"}),
                "exaone": {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
                           "o_proj": "out_proj", "embed_tokens": "wte", "norm": "ln_f"},
                **dict.fromkeys(("hunyuan", "hunyuan_v1_dense"),
@@ -361,6 +382,7 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                                 "o_proj": "c_proj", "embed_tokens": "wte", "norm": "ln_f"}),
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES),
                "granitemoehybrid": {"linear_attn": "mamba"},
+               "kimi_linear": {"linear_attn": "self_attn"},
                "jamba": {"linear_attn": "mamba", "post_attention_layernorm": "pre_ff_layernorm",
                          "norm": "final_layernorm"},
                "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
@@ -476,8 +498,14 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # ``model.{embedding, layers, kv_reuse_layers, output_norm}``, ``self_attn.{qkv_proj, out_proj,
 # quant_key_scale, quant_value_scale}``, ``FusedLinear.indices``, ``afm7.fake_8bit_quant``;
 # baichuan_m1's ``self_attn.{W_pack, conv_k, conv_v, num_kv_heads, head_dim,
-# _custom_convolution}``, ``config.sliding_window_layers``): at least the first, below the
-# second. Same as pyproject.toml.
+# _custom_convolution}``, ``config.sliding_window_layers``;
+# olmo_hybrid's ``block.linear_attn`` called as ``(x, mask, ArraysCache(4))``; kimi_linear's
+# ``block.{is_linear, self_attn}``, its KDA called as ``(x, mask, ArraysCache(4))``, its latent
+# attention's ``self_attn.{num_heads, q_proj, embed_q, unembed_out}`` without ``rope``;
+# bailing_moe_linear's and bailing_hybrid's ``block.is_global``, lightning attention's
+# ``attention.{query_key_value, use_qk_norm, query_layernorm, key_layernorm, rope, _slope, scale,
+# g_norm, g_proj, dense, head_dim}``, its module's ``recurrent_gla(q, k, v, g, scale=, h=)``): at
+# least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -672,7 +700,8 @@ def global_layers(model: nn.Module) -> Tuple[int, ...]:
 def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     """The recurrent (linear-attention) layers of a hybrid ``model`` (Qwen3.5's Gated
     DeltaNet layers, LFM2's convolutions, Jamba's Mamba layers, Granite 4.0's and Nemotron-H's
-    Mamba-2 layers, PLaMo 2's Mamba layers, Ling 2.5's Kimi Delta Attention layers, every
+    Mamba-2 layers, PLaMo 2's Mamba layers, Ling 2.5's and Kimi Linear's Kimi Delta Attention
+    layers, OLMo Hybrid's Gated DeltaNet layers, Ring-linear's lightning attention layers, every
     Falcon-H1 layer, its Mamba-2 mixer beside its attention, Gear's convolution mixers,
     RecurrentGemma's RG-LRU layers, every Baichuan-M1 layer, its keys mixing in the previous
     token's); () for every other family. Such
@@ -687,7 +716,8 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
                      or getattr(block, "is_linear", False)  # KDA
                      or hasattr(block, "local_mixer")  # gear
                      or "conv_k" in getattr(block, "self_attn", {})  # baichuan_m1
-                     or getattr(block, "temporal_block_type", None) == "recurrent"))
+                     or getattr(block, "temporal_block_type", None) == "recurrent"
+                     or not getattr(block, "is_global", True)))  # lightning attention
 
 
 def stateless_layers(model: nn.Module) -> Tuple[int, ...]:
@@ -770,7 +800,9 @@ class ModelAdapter:
         self._recurrent = frozenset(recurrent_layers(model))
         self._stateless = frozenset(stateless_layers(model))
         self._mixer_mask = model_type != "jamba"  # Jamba's Mamba takes no mask
-        self._kda = model_type == "bailing_moe_v3"  # its recurrent layers' state: 4 arrays
+        # its recurrent layers' state: 4 arrays (KDA's; OLMo Hybrid's Gated DeltaNet's too)
+        self._kda = model_type in ("bailing_moe_v3", "kimi_linear", "olmo_hybrid")
+        self._lightning = model_type in LIGHTNING_TYPES  # its recurrent layers' state: 1 array
         # longcat_flash: a token's hidden state after each even layer carries its block's MoE
         # output after its (hidden_size,) part, which the odd layer adds
         self._shortcut = model_type == "longcat_flash"
@@ -1258,7 +1290,8 @@ class ModelAdapter:
         scores unchanged); the fourth array is the indexer's queries (:meth:`_indexer`), else
         None."""
         heads = self.n_heads
-        qr = None if attn.q_lora_rank is None else attn.q_a_layernorm(attn.q_a_proj(x))
+        qr = (None if getattr(attn, "q_lora_rank", None) is None  # kimi_linear: one step
+              else attn.q_a_layernorm(attn.q_a_proj(x)))
         q = attn.q_proj(x) if qr is None else attn.q_b_proj(qr)
         q = q[:, :n].reshape(1, n, heads, -1).transpose(0, 2, 1, 3)
         # longcat_flash: queries and the normed latent scaled (sqrt(hidden / rank))
@@ -1266,8 +1299,9 @@ class ModelAdapter:
         q_nope, q_pe = mx.split(q, [attn.qk_nope_head_dim], axis=-1)
         latent, k_pe = mx.split(attn.kv_a_proj_with_mqa(x)[:, :n], [attn.kv_lora_rank], axis=-1)
         latent = attn.kv_a_layernorm(latent) * getattr(attn, "mla_scale_kv_lora", 1.0)
-        q_pe = _rope(attn.rope, q_pe, positions)
-        k_pe = _rope(attn.rope, k_pe[:, None], positions)  # (1, 1, n, rope dims)
+        k_pe = k_pe[:, None]  # (1, 1, n, rope dims)
+        if "rope" in attn:  # (none in kimi_linear's)
+            q_pe, k_pe = _rope(attn.rope, q_pe, positions), _rope(attn.rope, k_pe, positions)
         if hasattr(attn, "kv_b_proj"):  # deepseek_v2, minicpm3, youtu_llm
             kv = attn.kv_b_proj(latent).reshape(1, n, heads, -1).transpose(0, 2, 1, 3)
             k_nope, v = mx.split(kv, [attn.qk_nope_head_dim], axis=-1)
@@ -1413,16 +1447,16 @@ class ModelAdapter:
         order, every token its ``state`` has taken (mlx-lm's ``ArraysCache`` parts: Qwen3.5's
         ``[conv_state, recurrent_state]``, Mamba's (Jamba's) and Mamba-2's ``[conv_state,
         ssm_state]``, LFM2's ``[conv_state]``, Falcon-H1's ``[conv_state, ssm_state, keys,
-        values]``; empty before the first) at ``positions`` (n,) (Falcon-H1's attention turns
-        its queries and keys by them): ``state`` advances over them in place; returns their
-        hidden states after the layer, MLP included (each branch times Granite's residual
-        multiplier)."""
+        values]``, lightning attention's ``[state]``; empty before the first) at ``positions``
+        (n,) (Falcon-H1's attention and lightning attention turn queries and keys by them):
+        ``state`` advances over them in place; returns their hidden states after the layer,
+        MLP included (each branch times Granite's residual multiplier)."""
         block, n = self.layers[layer], h.shape[1]
         mixer, norm = self._part(block, "linear_attn"), self._part(block, "input_layernorm")
         if not state:  # mlx-lm's make_cache: ArraysCache(1) for a convolution, 4 for KDA (a
             # convolution of q, k and v each, the delta rule's) and Falcon-H1 (its keys and
             # values too), 5 for Baichuan-M1 (:meth:`_conv_kv_block`), else 2
-            state.extend([None] * (1 if "conv" in block else 5 if self._conv_kv
+            state.extend([None] * (1 if "conv" in block or self._lightning else 5 if self._conv_kv
                                    else 4 if self._kda or self._falcon_h1 else 2))
         cache = ArraysCache(len(state))
         cache.cache = state
@@ -1432,12 +1466,30 @@ class ModelAdapter:
             return self._conv_kv_block(layer, h, cache, positions)
         if self._whole_block:  # mlx-lm's block, its norms and MLP included
             return block(h, mask=None, cache=cache)
-        x = mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache)
+        x = (self._lightning_attention(mixer, norm(h), cache, positions) if self._lightning
+             else mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache))
         h = self._blas_rows(h + self._branch(x))
         if self._feed_forwards[layer] is None:  # nemotron_h: the mixer alone
             return h[:, :n]
         mlp = self._mlp(layer, self._part(block, "post_attention_layernorm")(h))
         return (h + self._branch(mlp))[:, :n]
+
+    def _lightning_attention(self, attn: nn.Module, x: mx.array, cache: ArraysCache,
+                             positions: np.ndarray) -> mx.array:
+        """bailing_moe_linear's and bailing_hybrid's linear attention on normed ``x`` (1, n, D)
+        at ``positions``, its state (one per head) in ``cache[0]``: mlx-lm's module but for
+        RoPE, which it turns from one offset and which turns here each token at its own
+        position (a cut's gaps), as attention does."""
+        n, heads = x.shape[1], attn.num_attention_heads
+        qkv = attn.query_key_value(x).reshape(1, n, -1, attn.head_dim).transpose(0, 2, 1, 3)
+        q, k, v = mx.split(qkv, [heads, heads + attn.num_key_value_heads], axis=1)
+        if attn.use_qk_norm:
+            q, k = attn.query_layernorm(q), attn.key_layernorm(k)
+        q, k = _rope(attn.rope, q, positions), _rope(attn.rope, k, positions)
+        recurrence = sys.modules[type(attn).__module__].recurrent_gla  # (the module's own)
+        out, cache[0] = recurrence(q, k, v, attn._slope, scale=attn.scale, h=cache[0])
+        out = attn.g_norm(out.transpose(0, 2, 1, 3).reshape(1, n, -1))
+        return attn.dense(out * mx.sigmoid(attn.g_proj(x)))
 
     def _falcon_h1_block(self, layer: int, h: mx.array, cache: ArraysCache,
                          positions: np.ndarray) -> mx.array:

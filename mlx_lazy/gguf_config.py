@@ -271,6 +271,14 @@ llama.cpp renormalises the chosen experts' weights, mlx-lm's ``hunyuan`` does no
   kernels in MLX's layout; the gated norm where the GGUF has one, over one SSM group only
   (mlx-lm's spans all groups, llama.cpp's each); an attention scale other than 1/sqrt(head_dim)
   refused.
+* ``kimi-linear`` (Kimi Linear, ``kimi_linear``): Kimi Delta Attention layers where llama.cpp
+  gives no key/value heads (A_log of llama.cpp's -exp(A_log), the conv kernels in MLX's layout,
+  ``ssm_dt.bias`` the gate's ``dt_bias``), absorbed latent attention without RoPE in the others
+  (``attn_k_b`` / ``attn_v_b`` as ``embed_q`` / ``unembed_out``), experts (sigmoid or softmax
+  routing with the selection bias, renormalised, times ``expert_weights_scale``) beside shared
+  ones from ``leading_dense_block_count`` on; low-rank queries (mlx-lm's model projects them in
+  one step), one expert per token (llama.cpp renormalises its weight to 1) and an RMS epsilon
+  other than 1e-6 (llama.cpp's KDA q/k L2 norms take it, mlx-lm's are 1e-6) refused.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -339,7 +347,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "nemotron_h": "NemotronHForCausalLM", "falcon-h1": "FalconH1ForCausalLM",
                  "plamo2": "Plamo2ForCausalLM", "plamo": "PlamoForCausalLM",
                  "plamo3": "Plamo3ForCausalLM", "deepseek32": "DeepseekV32ForCausalLM",
-                 "glm-dsa": "GlmMoeDsaForCausalLM"}
+                 "glm-dsa": "GlmMoeDsaForCausalLM", "kimi-linear": "KimiLinearForCausalLM",
+                 "bailingmoe3": "BailingMoeV3ForCausalLM"}
 #: llama.cpp architectures that no mlx-lm model computes, and why (each refused in one line)
 UNSUPPORTED_ARCHITECTURES = {
     "hunyuan-moe": "llama.cpp renormalises the chosen experts' weights, mlx-lm's hunyuan does not",
@@ -358,7 +367,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "qwen3vlmoe": "qwen3_moe", "minimax-m2": "minimax", "mimo2": "mimo_v2_flash",
                 "step35": "step3p5", "deci": "nemotron-nas",
                 **dict.fromkeys(BAILING, "bailing_moe"), "nemotron_h_moe": "nemotron_h",
-                "falcon-h1": "falcon_h1", "deepseek32": "deepseek_v32", "glm-dsa": "glm_moe_dsa"}
+                "falcon-h1": "falcon_h1", "deepseek32": "deepseek_v32", "glm-dsa": "glm_moe_dsa",
+                "kimi-linear": "kimi_linear", "bailingmoe3": "bailing_moe_v3"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -454,7 +464,8 @@ _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gpt
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
 # The architectures of multi-head latent attention
-MLA = ("deepseek2", "minicpm3", "mistral4", "deepseek32", "glm-dsa")
+MLA = ("deepseek2", "minicpm3", "mistral4", "deepseek32", "glm-dsa", "kimi-linear",
+       "bailingmoe3")
 # DeepSeek's sparse attention (a lightning indexer per layer): DeepSeek-V3.2's, GLM-5's
 DSA = ("deepseek32", "glm-dsa")
 # MiniCPM3: the embedding, residual and logit scales llama.cpp hard-wires (its converter writes
@@ -487,6 +498,9 @@ PLAMO2_QK_NORM_EPS = 1e-6
 # PLaMo 3: llama.cpp's sliding-window pattern (7 local layers, then a global one) unless the GGUF
 # says otherwise
 PLAMO3_SLIDING_PATTERN = 8
+# mlx-lm's kimi_linear: the epsilon of its KDA layers' q/k L2 norms (llama.cpp's: the GGUF's RMS
+# norm epsilon)
+KDA_QK_NORM_EPS = 1e-6
 #: The largest count a GGUF's metadata may give (heads, widths, context): far above any
 #: model's, far below what would make the shape check allocate without bound.
 _MAX_COUNT = 2**24
@@ -546,7 +560,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
                 "phimoe", "minimax-m2", "mimo2", "step35", "deci", "talkie", "laguna",
-                *BAILING, "falcon-h1", "plamo2", "plamo", "plamo3"):
+                *BAILING, "falcon-h1", "plamo2", "plamo", "plamo3", "kimi-linear", "bailingmoe3"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -558,6 +572,10 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
                                                "time_step_rank", "group_count")
                           if arch != "jamba" or k != "group_count")
+    if arch in ("kimi-linear", "bailingmoe3"):  # llama.cpp requires them
+        required += ("ssm.conv_kernel", "kda.head_dim", "expert_gating_func")
+    if arch == "bailingmoe3":
+        required += ("kda.gate_lower_bound", "expert_shared_count", "leading_dense_block_count")
     if arch in ("nemotron_h", "nemotron_h_moe"):  # llama.cpp requires it (its RMS epsilon
         # where none is given)
         required += ("attention.layer_norm_epsilon",)
@@ -572,7 +590,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     gemma4 = arch == "gemma4"  # key/value heads and MLP widths by layer: _gemma4_config's
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
     by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2", "step35", "deci",
-                                  "nemotron_h", "nemotron_h_moe", "plamo2")
+                                  "nemotron_h", "nemotron_h_moe", "plamo2", "kimi-linear",
+                                  "bailingmoe3")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's (deci's: _deci_config's)
     heads_by_layer = openelm or arch in ("step35", "deci", "laguna", "plamo2")
 
@@ -875,6 +894,12 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in BAILING:
         config.update(_bailing_config(arch, g, count, positive, optional, experts, tensors,
                                       n_layers, rope_dims))
+    if arch == "kimi-linear":
+        config.update(_kimi_linear_config(g, count, real, optional, experts, tensors, config,
+                                          rope_dims))
+    if arch == "bailingmoe3":
+        config.update(_bailingmoe3_config(g, count, real, optional, experts, tensors, config,
+                                          rope_dims))
     if arch == "afmoe":
         config.update(_afmoe_config(g, count, positive, optional, experts, tensors, n_layers))
     if arch == "nanbeige":  # its stack run num_loops times over the same weights, the final
@@ -2040,10 +2065,115 @@ def _latent_attention(arch: str, count: Any, tensors: dict, config: dict,
     if nope < 1:  # llama.cpp asserts as much
         raise UserInputError(f"GGUF {arch} with RoPE over {rope_dims} of each head's "
                              f"{head_dim} dims is not supported (it needs dims without RoPE)")
-    q_lora = arch == "minicpm3" or "blk.0.attn_q_a.weight" in tensors
+    q_lora = arch == "minicpm3" or any(name.endswith(".attn_q_a.weight") for name in tensors)
     return {"q_lora_rank": count("attention.q_lora_rank") if q_lora else None,
             "kv_lora_rank": count("attention.kv_lora_rank"),
             "qk_rope_head_dim": rope_dims, "qk_nope_head_dim": nope}
+
+
+def _kimi_linear_config(g: Any, count: Any, real: Any, optional: Any, experts: Any,
+                        tensors: dict, config: dict, rope_dims: int) -> dict:
+    """mlx-lm's kimi_linear settings of a GGUF, read as llama.cpp reads it: Kimi Delta
+    Attention (``attention.head_count`` heads ``kda.head_dim`` wide, ``ssm.conv_kernel``) where
+    a layer has no key/value heads, latent attention without RoPE in the others (queries in one
+    step: low-rank ones refused), experts from ``leading_dense_block_count`` on, routed by the
+    gating function (sigmoid or softmax; no groups), their top weights renormalised (one expert
+    a token refused: llama.cpp's weight 1, mlx-lm's its score) and scaled; an RMS epsilon other
+    than mlx-lm's KDA q/k norms' (llama.cpp's take it) refused."""
+    arch = "kimi-linear"
+    if any(".attn_q_a." in name for name in tensors):
+        raise UserInputError(f"GGUF {arch} with low-rank queries (attn_q_a) is not supported "
+                             "(mlx-lm's kimi_linear projects its queries in one step)")
+    kv = _hybrid_kv_heads(arch, g, count, config, "Kimi Delta Attention")
+    gating = {_SOFTMAX_GATING: "softmax", _SIGMOID_GATING: "sigmoid"}.get(g("expert_gating_func"))
+    if gating is None:
+        raise UserInputError(f"GGUF {arch} with expert gating function "
+                             f"{shown(g('expert_gating_func'), 20)} is not supported (mlx-lm's "
+                             f"kimi_linear routes by softmax ({_SOFTMAX_GATING}) or sigmoid "
+                             f"({_SIGMOID_GATING}))")
+    n_experts, n_used = experts()
+    if n_used == 1:
+        raise UserInputError(f"GGUF {arch} with one expert per token is not supported (llama.cpp "
+                             "renormalises its weight to 1, mlx-lm's kimi_linear keeps its score)")
+    _check_kda_eps(arch, config)
+    head_dim = config["head_dim"]
+    latent = _latent_attention(arch, count, tensors, config, rope_dims)
+    return {**latent, "head_dim": head_dim, "mla_use_nope": True,
+            "v_head_dim": count("attention.value_length_mla"),
+            "linear_attn_config": {
+                "kda_layers": [i + 1 for i, n in enumerate(kv) if not n],
+                "full_attn_layers": [i + 1 for i, n in enumerate(kv) if n],
+                "num_heads": config["num_attention_heads"], "head_dim": count("kda.head_dim"),
+                "short_conv_kernel_size": count("ssm.conv_kernel")},
+            "model_max_length": config["max_position_embeddings"],
+            "num_experts": n_experts, "num_experts_per_token": n_used,
+            "moe_intermediate_size": count("expert_feed_forward_length"),
+            "num_shared_experts": optional("expert_shared_count"),
+            "first_k_dense_replace": _leading_dense(arch, optional, config["num_hidden_layers"]),
+            "moe_layer_freq": 1, "moe_router_activation_func": gating, "moe_renormalize": True,
+            "routed_scaling_factor": real("expert_weights_scale", 0.0) or 1.0,
+            "use_grouped_topk": False, "num_expert_group": 1, "topk_group": 1}
+
+
+def _check_kda_eps(arch: str, config: dict) -> None:
+    """Refuse an RMS epsilon other than mlx-lm's KDA q/k L2 norms' (llama.cpp's take it)."""
+    eps = config["rms_norm_eps"]
+    if not math.isclose(eps, KDA_QK_NORM_EPS, rel_tol=1e-6):
+        raise UserInputError(f"GGUF {arch} with norm epsilon {eps:g} is not supported (llama.cpp "
+                             "normalises the KDA layers' q/k with it, mlx-lm's "
+                             f"{config['model_type']} with {KDA_QK_NORM_EPS:g})")
+
+
+def _bailingmoe3_config(g: Any, count: Any, real: Any, optional: Any, experts: Any,
+                        tensors: dict, config: dict, rope_dims: int) -> dict:
+    """mlx-lm's bailing_moe_v3 settings of a GGUF, read as llama.cpp reads it: Kimi Delta
+    Attention (``attention.head_count`` heads ``kda.head_dim`` wide, ``ssm.conv_kernel``, the
+    safe gate's ``kda.gate_lower_bound``) where a layer has no key/value heads, gated latent
+    attention (traditional RoPE) every ``layer_group_size``-th layer and in the last ones as
+    mlx-lm places it (another layout refused), sigmoid-routed experts in groups, renormalised
+    and scaled, beside one shared MLP ``expert_shared_feed_forward_length`` wide, from
+    ``leading_dense_block_count`` on; what mlx-lm's model does not compute refused (another
+    gating, unrenormalised weights, SwiGLU clamps, an RMS epsilon other than its KDA q/k
+    norms')."""
+    arch, n_layers = "bailingmoe3", config["num_hidden_layers"]
+    kv = _hybrid_kv_heads(arch, g, count, config, "Kimi Delta Attention")
+    group = next(i for i, n in enumerate(kv) if n) + 1
+    if [bool(n) for n in kv] != [(i + 1) % group == 0 or i >= n_layers // group * group
+                                 for i in range(n_layers)]:
+        raise UserInputError(f"GGUF {arch} with attention in layers "
+                             f"{[i for i, n in enumerate(kv) if n]} is not supported (mlx-lm's "
+                             "bailing_moe_v3 takes it every layer_group_size-th layer)")
+    if g("expert_gating_func") != _SIGMOID_GATING or not g("expert_weights_norm", False):
+        raise UserInputError(f"GGUF {arch} with expert gating function "
+                             f"{shown(g('expert_gating_func'), 20)} and weights norm "
+                             f"{shown(g('expert_weights_norm', False), 20)} is not supported "
+                             f"(mlx-lm's bailing_moe_v3 routes by sigmoid ({_SIGMOID_GATING}), "
+                             "renormalised)")
+    for key in ("swiglu_clamp_exp", "swiglu_clamp_shexp"):
+        if any(np.atleast_1d(g(key, 0.0))):
+            raise UserInputError(f"GGUF {arch} with {key} is not supported (mlx-lm's "
+                                 "bailing_moe_v3 clamps no SwiGLU)")
+    if not g("kda.safe_gate", True) or real("kda.gate_lower_bound") >= 0:
+        raise UserInputError(f"GGUF {arch} needs a safe KDA gate with a negative "
+                             "kda.gate_lower_bound (llama.cpp asserts both)")
+    _check_kda_eps(arch, config)
+    n_experts, n_used = experts()
+    ff_exp = count("expert_feed_forward_length")
+    latent = _latent_attention(arch, count, tensors, config, rope_dims)
+    return {**latent, "head_dim": count("kda.head_dim"),
+            "v_head_dim": count("attention.value_length_mla"), "layer_group_size": group,
+            "short_conv_kernel_size": count("ssm.conv_kernel"),
+            "kda_lower_bound": real("kda.gate_lower_bound"), "kda_safe_gate": True,
+            "no_kda_lora": True, "rope_interleave": True,
+            "num_experts": n_experts, "num_experts_per_tok": n_used,
+            "moe_intermediate_size": ff_exp, "num_shared_experts": 1,
+            "moe_shared_expert_intermediate_size": count(
+                "expert_shared_feed_forward_length",
+                ff_exp * max(1, count("expert_shared_count", least=0))),
+            "first_k_dense_replace": _leading_dense(arch, optional, n_layers),
+            "n_group": optional("expert_group_count") or 1,
+            "topk_group": optional("expert_group_used_count") or 1,
+            "routed_scaling_factor": real("expert_weights_scale", 0.0) or 1.0}
 
 
 def _minicpm3_config(g: Any, count: Any, tensors: dict, config: dict, rope_dims: int) -> dict:

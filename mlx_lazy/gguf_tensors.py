@@ -10,8 +10,9 @@ nanbeige and deci (by each layer's heads) q/k rows are un-permuted from llama.cp
 to the Hugging Face one (InternLM2's and Ling 1's too, fused again: :func:`internlm2_tensors`).
 LFM2's convolution kernels become MLX's Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's
 Mamba-2 tensors and Jamba's Mamba ones mlx-lm's (:func:`granitehybrid_tensors`,
-:func:`jamba_tensors`); a deci layer's linear map for attention its ``self_attn.linear``
-(:func:`deci_tensors`).
+:func:`jamba_tensors`), Kimi Linear's and Ling 2.5/3's Kimi Delta Attention ones mlx-lm's
+(:func:`kimi_linear_tensors`, :func:`bailingmoe3_tensors`); a deci layer's linear map for attention
+its ``self_attn.linear`` (:func:`deci_tensors`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ DELTA_NET = (*QWEN35, "qwen3next")
 _TILED_V_HEADS = ("qwen3_5", "qwen3_5_moe")
 # The architectures whose GGUFs may hold multi-token prediction (NextN) blocks after the model's
 NEXTN = (*DELTA_NET, "glm4moe", "deepseek2", "glm4", "exaone-moe", "mimo2", "step35",
-         "bailingmoe2", "nemotron_h_moe", "deepseek32", "glm-dsa")
+         "bailingmoe2", "nemotron_h_moe", "deepseek32", "glm-dsa", "bailingmoe3")
 # Ling/Ring 1 and 2.0 (mlx-lm's bailing_moe)
 BAILING = ("bailingmoe", "bailingmoe2")
 
@@ -263,6 +264,25 @@ _DSA_LAYER_NAMES = {**_DEEPSEEK2_LAYER_NAMES, "indexer.attn_q_b": "self_attn.ind
                     "indexer.attn_k": "self_attn.indexer.wk",
                     "indexer.k_norm": "self_attn.indexer.k_norm",
                     "indexer.proj": "self_attn.indexer.weights_proj"}
+# Kimi Linear: deepseek2's latent attention (queries in one step) and experts, the selection
+# bias beside the router; Kimi Delta Attention's convolutions, gate and decay projections,
+# A_log (named without a suffix) and dt_bias, its output norm
+_KIMI_LINEAR_LAYER_NAMES = {**_DEEPSEEK2_LAYER_NAMES,
+                            "exp_probs_b.bias": "mlp.e_score_correction_bias",
+                            **{f"ssm_conv1d_{p}": f"self_attn.{p}_conv.conv" for p in "qkv"},
+                            **{f"ssm_{p}_{ab}": f"self_attn.{p}_{ab}_proj"
+                               for p in "fg" for ab in "ab"},
+                            "ssm_beta": "self_attn.b_proj", "ssm_a": "self_attn.A_log",
+                            "ssm_dt.bias": "self_attn.dt_bias", "ssm_norm": "self_attn.o_norm"}
+# Ling 2.5/3: Kimi Linear's names at block.attention (the KDA layers' full-rank gate projections
+# f_proj and g_proj), the latent attention's output dense (bailingmoe3_tensors names it apart)
+# and gate per head; Ling's router, its selection bias, its experts and shared ones
+_BAILINGMOE3_LAYER_NAMES = {
+    **{k: v.replace("self_attn.", "attention.").replace("_conv.conv", "_conv1d")
+       for k, v in _KIMI_LINEAR_LAYER_NAMES.items() if not k.startswith(("ssm_f_", "ssm_g_"))},
+    "ssm_f_a": "attention.f_proj", "ssm_g_a": "attention.g_proj", "attn_gate": "attention.g_proj",
+    "attn_dense": "attention.dense", "ffn_gate_inp": "mlp.gate",
+    "exp_probs_b.bias": "mlp.gate.expert_bias"}
 # GLM-4-0414: a norm after each branch (llama.cpp's post_attention_norm and post_ffw_norm) besides
 # the ones before it (its ffn_norm mlx-lm's post_attention_layernorm); the MLP's gate then up
 # rows in one tensor, as in mlx-lm's glm4
@@ -416,6 +436,8 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "internlm2": _INTERNLM2_LAYER_NAMES, "qwen": _QWEN_LAYER_NAMES,
                      **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),
                      "openelm": _OPENELM_LAYER_NAMES,
+                     "kimi-linear": _KIMI_LINEAR_LAYER_NAMES,
+                     "bailingmoe3": _BAILINGMOE3_LAYER_NAMES,
                      **dict.fromkeys(BAILING, _BAILING_LAYER_NAMES),
                      # DeepSeek-MoE: Qwen3-MoE's router and experts' stacks, its shared experts
                      "deepseek": {**_LAYER_NAMES, **_SHARED_EXPERTS_NAMES},
@@ -477,7 +499,7 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 "openelm": ("transformer.layers", {"token_embd": "transformer.token_embeddings",
                                                    "output_norm": "transformer.norm",
                                                    "output": "lm_head"}),
-                **dict.fromkeys(BAILING, ("model.layers", {
+                **dict.fromkeys((*BAILING, "bailingmoe3"), ("model.layers", {
                     **_TOP_NAMES, "token_embd": "model.word_embeddings"})),
                 **dict.fromkeys(("lfm2", "lfm2moe"), (
                     "model.layers", {"token_embd": "model.embed_tokens",
@@ -891,18 +913,69 @@ def plamo_tensors(tensors: dict, config: dict) -> dict:
     return out
 
 
-def jamba_tensors(tensors: dict, config: dict) -> dict:
+def jamba_tensors(tensors: dict, config: dict, conv: Any = ".ssm_conv1d.weight") -> dict:
     """A Jamba GGUF's tensors as mlx-lm's jamba has its parameters (PLaMo 2's Mamba layers
-    too): the Mamba layers' conv kernels in MLX's layout (:func:`lfm2_tensors`), A_log (its
-    shape as stored) of llama.cpp's -exp(A_log)."""
+    too, Kimi Linear's KDA ones: :func:`kimi_linear_tensors`): the conv kernels (those named
+    ``*conv``) in MLX's layout (:func:`lfm2_tensors`), A_log (its shape as stored) of llama.cpp's
+    -exp(A_log)."""
     from gguf import GGMLQuantizationType as T
 
-    out = lfm2_tensors(tensors, config, ".ssm_conv1d.weight")
+    out = lfm2_tensors(tensors, config, conv)
     for name, t in tensors.items():
         if name.endswith(".ssm_a"):
             out[name] = _Part(name, T.F32, np.array(t.shape),
                               _Lazy(lambda t=t: _a_log(t.name, dequantized(t))))
     return out
+
+
+def _kda_tensors(tensors: dict, config: dict) -> dict:
+    """A KDA hybrid's tensors (Kimi Linear's, Ling 2.5's) with its latent attention's
+    ``attn_k_b`` / ``attn_v_b`` as they are (:func:`deepseek2_tensors`) and its KDA layers'
+    conv kernels, ggml's (width, 1, channels, 1) as llama.cpp's converter writes them, in
+    MLX's layout (:func:`lfm2_tensors`)."""
+    out = deepseek2_tensors(tensors, config)
+    for name, t in tensors.items():
+        if name.endswith(_KDA_CONVS):  # (channels, width), the same bytes
+            out[name] = _Part(name, t.tensor_type, np.array([t.shape[0], np.prod(t.shape[1:])]),
+                              t.data)
+    return lfm2_tensors(out, config, _KDA_CONVS)
+
+
+_KDA_CONVS = tuple(f".ssm_conv1d_{p}.weight" for p in "qkv")
+
+
+def kimi_linear_tensors(tensors: dict, config: dict) -> dict:
+    """A Kimi Linear GGUF's tensors as mlx-lm's kimi_linear has its parameters
+    (:func:`_kda_tensors`), A_log of llama.cpp's -exp(A_log) as Jamba's
+    (:func:`jamba_tensors`)."""
+    return jamba_tensors(_kda_tensors(tensors, config), config, ())
+
+
+def bailingmoe3_tensors(tensors: dict, config: dict) -> dict:
+    """A Ling 2.5/3 GGUF's tensors as mlx-lm's bailing_moe_v3 has its parameters
+    (:func:`_kda_tensors`): A_log (heads,) of llama.cpp's exp(A_log) (heads, 1), the latent
+    attention layers' output named apart from the KDA layers' (mlx-lm's ``dense``, the others'
+    ``o_proj``)."""
+    from gguf import GGMLQuantizationType as T
+
+    out = _kda_tensors(tensors, config)
+    for name, t in tensors.items():
+        if name.endswith(".ssm_a"):
+            out[name] = _Part(name, T.F32, np.array([np.prod(t.shape)]),
+                              _Lazy(lambda t=t: _log_a(t.name, dequantized(t))))
+        if name.endswith(".attn_output.weight") and \
+                name.replace(".attn_output.", ".attn_kv_a_mqa.") in tensors:
+            out[name.replace(".attn_output.", ".attn_dense.")] = out.pop(name)
+    return out
+
+
+def _log_a(gguf_name: str, a: np.ndarray) -> np.ndarray:
+    """A KDA layer's A_log (heads,) of what llama.cpp's bailingmoe3 stores, exp(A_log)."""
+    a = a.astype(np.float64).reshape(-1)
+    if not np.all(np.isfinite(a) & (a > 0)):
+        raise UserInputError(f"GGUF {gguf_name} must hold positive numbers (llama.cpp stores "
+                             f"exp(A_log)), got {a[~(np.isfinite(a) & (a > 0))][0]}")
+    return np.log(a).astype(np.float32)
 
 
 def deci_tensors(tensors: dict, config: dict) -> dict:
@@ -1166,7 +1239,8 @@ REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
              **dict.fromkeys(("nemotron_h", "nemotron_h_moe", "falcon-h1"),
                              mamba2_tensors_with_head),
              "plamo2": plamo2_tensors, "plamo": plamo_tensors,
-             "plamo3": partial(plamo2_tensors, offsets=_PLAMO3_NORM_OFFSETS)}
+             "plamo3": partial(plamo2_tensors, offsets=_PLAMO3_NORM_OFFSETS),
+             "kimi-linear": kimi_linear_tensors, "bailingmoe3": bailingmoe3_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

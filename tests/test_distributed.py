@@ -418,7 +418,8 @@ def test_shard_checks_step3p5s_sliding_window_heads_before_sharding():
                                   "mimo_v2_flash", "nemotron-nas", "plamo3", "laguna",
                                   "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1",
                                   "plamo2", "lille-130m", "plamo", "recurrent_gemma", "afm7",
-                                  "baichuan_m1"])
+                                  "baichuan_m1", "olmo_hybrid", "kimi_linear",
+                                  "bailing_moe_linear", "bailing_hybrid"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -431,7 +432,9 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     attention and experts, its wrapper without a ``shard``), MiMo-V2-Flash's (heads and
     sinks by layer, MoE blocks), Nemotron-NAS's layers (linear maps for attention), PLaMo
     3's (a fused q/k/v of unequal parts), Talkie's (its parts named otherwise, a gain per
-    head) or Ling 2.5's (Kimi Delta Attention, latent attention, experts). Refused (mlx-lm
+    head), Ling 2.5's or Kimi Linear's (Kimi Delta Attention, latent attention, experts) or OLMo
+    Hybrid's (Gated DeltaNet, OLMo's q/k norms) or Ring-linear's and Ling 2.5 linear's
+    (lightning attention, experts). Refused (mlx-lm
     has no ``shard`` for them either; LongCat-Flash's blocks of two attentions and a
     shortcut MoE it splits, the engine's layers are half of one: refused here). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine

@@ -40,9 +40,12 @@ from tiny_models import build_tiny_model
 #: layers for recurrent ones, attention without RoPE, Granite's multipliers, shared experts) and
 #: Nemotron-H's (a mixer a layer: Mamba-2, attention, or an MLP or experts, stateless) and
 #: Jamba's (Mamba layers for recurrent ones, attention without RoPE, experts every other layer)
-#: and Ling 2.5's (Kimi Delta Attention for recurrent ones, gated latent attention, experts).
+#: and Ling 2.5's (Kimi Delta Attention for recurrent ones, gated latent attention, experts)
+#: and Kimi Linear's (the same, its latent attention without RoPE or gate) and OLMo Hybrid's
+#: (Gated DeltaNet for recurrent ones, OLMo 3's post-norm attention) and Ring-linear's and Ling
+#: 2.5 linear's (lightning attention for recurrent ones, Ling's attention or latent attention).
 KINDS = ("qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "jamba",
-         "bailing_moe_v3")
+         "bailing_moe_v3", "olmo_hybrid", "kimi_linear", "bailing_moe_linear", "bailing_hybrid")
 STATIC = PruningConfig("static", prune_layers=(3,), keep=(0.3,))
 NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
 
@@ -84,7 +87,12 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
     has no RoPE; Jamba's are Mamba layers (a convolution over 4 tokens, a state of 16), its
     attention has no RoPE, its odd layers experts; Ling 2.5's are Kimi Delta Attention layers
     (convolutions over 4 tokens), its attention absorbed latent attention with traditional RoPE
-    and a gate per head, its layers from 1 on experts."""
+    and a gate per head, its layers from 1 on experts; Kimi Linear's are Kimi Delta Attention
+    layers, its attention absorbed latent attention without RoPE, its layers from 1 on experts;
+    OLMo Hybrid's are Gated DeltaNet layers, its attention has no norm before it, one after it
+    and q/k norms over all heads; Ring-linear's and Ling 2.5 linear's are lightning attention
+    layers (RoPE over half of each head, a decay per head), their attention Ling's (fused
+    q/k/v) or absorbed latent attention."""
     model, _ = hybrid
     nemotron_h = model.model_type == "nemotron_h"  # its MLP layers 1 and 6 stateless
     assert recurrent_layers(model) == ((0, 2, 4, 5) if nemotron_h else (0, 1, 2, 4, 5, 6))
@@ -100,6 +108,16 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
         assert model.layers[0].attention.conv_kernel_size == 4 and hasattr(attn, "embed_q")
         assert attn.g_proj.weight.shape[0] == attn.num_heads and attn.rope.traditional
         assert "switch_mlp" in model.layers[1].mlp and "switch_mlp" not in model.layers[0].mlp
+    elif model.model_type == "kimi_linear":
+        assert model.layers[0].self_attn.conv_kernel == 4 and hasattr(attn, "embed_q")
+        assert "rope" not in attn and "switch_mlp" in model.layers[1].mlp
+    elif model.model_type == "olmo_hybrid":
+        assert "linear_attn" in model.layers[0] and "input_layernorm" not in model.layers[3]
+        assert attn.q_norm.weight.shape[0] == attn.num_attention_heads * attn.head_dim
+    elif model.model_type in ("bailing_moe_linear", "bailing_hybrid"):
+        lightning = model.layers[0].attention
+        assert lightning._slope.shape == (4,) and lightning.rope.dims == 8
+        assert ("embed_q" in attn) == (model.model_type == "bailing_hybrid")
     elif model.model_type == "nemotron_h":
         assert "".join(layer.block_type for layer in model.layers) == "MEM*MM-*"
         assert not hasattr(attn, "rope") and model.layers[0].mixer.n_groups == 2
@@ -238,30 +256,44 @@ def _attention_qkv(layer, h, positions):
     applied at ``positions``, and output gate (None in LFM2's and Granite's) of hidden states
     ``h``: Qwen's q_proj gives each head's queries, then its gate; LFM2 names its parts its own
     way; Granite's has no q/k norms; Ling 2.5's latent attention (absorbed: one key head
-    [latent, k_pe], the latent its value) a gate per head."""
+    [latent, k_pe], the latent its value) a gate per head, Kimi Linear's neither low-rank
+    queries, RoPE nor gate, Ling 2.5 linear's no gate; OLMo Hybrid's no norm before it, q/k
+    norms over all heads; Ring-linear's fused q/k/v, per-head q/k norms."""
     attn, n, lfm2 = attention_module(layer), h.shape[1], hasattr(layer, "operator_norm")
-    qwen = hasattr(attn, "q_norm")
+    olmo = "post_feedforward_layernorm" in layer  # olmo_hybrid: no norm before attention
+    qwen = hasattr(attn, "q_norm") and not olmo
     norm = getattr(layer, "operator_norm", None) or getattr(layer, "input_layernorm", None)
-    x = (norm or layer.norm)(h)  # nemotron_h: norm
+    x = h if olmo else (norm or layer.norm)(h)  # nemotron_h: norm
     rope = getattr(attn, "rope", None)
     if "embed_q" in attn:  # bailing_moe_v3
-        q = attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x)))
+        q = (attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x))) if "q_a_proj" in attn
+             else attn.q_proj(x))  # kimi_linear: a plain q_proj
         q_nope, q_pe = mx.split(q.reshape(1, n, attn.num_heads, -1).transpose(0, 2, 1, 3),
                                 [attn.qk_nope_head_dim], axis=-1)
         latent, k_pe = mx.split(attn.kv_a_proj_with_mqa(x), [attn.kv_lora_rank], axis=-1)
         latent = attn.kv_a_layernorm(latent)[:, None]
         q = mx.concatenate([attn.embed_q(q_nope), _rope_at(rope, q_pe, positions)], axis=-1)
         k = mx.concatenate([latent, _rope_at(rope, k_pe[:, None], positions)], axis=-1)
-        gate = mx.repeat(attn.g_proj(x), attn.v_head_dim, axis=-1)
+        gate = (mx.repeat(attn.g_proj(x), attn.v_head_dim, axis=-1) if "g_proj" in attn
+                else None)
         return q, k, latent, gate
     heads = next(getattr(attn, k) for k in ("num_attention_heads", "n_heads", "num_heads")
                  if hasattr(attn, k))
     kv_heads = getattr(attn, "num_key_value_heads", None) or attn.n_kv_heads
-    q, gate = attn.q_proj(x).reshape(1, n, heads, -1), None
+    if "query_key_value" in attn:  # bailing_moe_linear
+        q, k, v = mx.split(attn.query_key_value(x).reshape(1, n, -1, attn.head_dim),
+                           [heads, heads + kv_heads], axis=2)
+        q, k = attn.query_layernorm(q), attn.key_layernorm(k)
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+        return _rope_at(rope, q, positions), _rope_at(rope, k, positions), v, None
+    q, k = attn.q_proj(x), attn.k_proj(x)
+    if olmo:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, gate = q.reshape(1, n, heads, -1), None
     if qwen:
         q, gate = mx.split(q, 2, axis=-1)
         gate = gate.reshape(1, n, -1)
-    k = attn.k_proj(x).reshape(1, n, kv_heads, -1)
+    k = k.reshape(1, n, kv_heads, -1)
     v = attn.v_proj(x).reshape(1, n, kv_heads, -1).transpose(0, 2, 1, 3)
     if lfm2 or qwen:
         q_norm, k_norm = (attn.q_layernorm, attn.k_layernorm) if lfm2 else (attn.q_norm,
@@ -293,6 +325,12 @@ def _attention(layer, h, positions, store):
         return h + layer.feed_forward(layer.pre_ff_layernorm(h))
     if "mixer" in layer:  # nemotron_h: attention alone
         return h + attn.o_proj(out)
+    if "post_feedforward_layernorm" in layer:  # olmo_hybrid: norms after each branch
+        h = h + layer.post_attention_layernorm(attn.o_proj(out))
+        return h + layer.post_feedforward_layernorm(layer.mlp(h))
+    if ("embed_q" in attn or "query_key_value" in attn) and gate is None:  # kimi_linear, the
+        h = h + (attn.dense if "dense" in attn else attn.o_proj)(out)  # bailing hybrids
+        return h + layer.mlp(layer.post_attention_layernorm(h))
     if gate is None:  # granitemoehybrid: residual multipliers, experts beside a shared MLP
         h = h + attn.o_proj(out) * layer.residual_multiplier
         x = layer.post_attention_layernorm(h)
@@ -300,6 +338,16 @@ def _attention(layer, h, positions, store):
     o_proj = attn.dense if "dense" in attn else attn.o_proj  # bailing_moe_v3's
     h = h + o_proj(out * mx.sigmoid(gate))
     return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def _recurrent(layer, h, positions, cache):
+    """mlx-lm's block (recurrent, or attention over its cache) on hidden states ``h`` at
+    ``positions``; a lightning-attention one (bailing_moe_linear's, bailing_hybrid's) a token at
+    a time, its RoPE's offset the token's own position."""
+    if getattr(layer, "is_global", True):
+        return layer(h, mask=None, cache=cache)
+    return mx.concatenate([layer(h[:, j:j + 1], None, cache, offset=int(p))
+                           for j, p in enumerate(positions)], axis=1)
 
 
 def reference_static(model, prompt, keep, steps, cut=3):
@@ -342,13 +390,13 @@ def reference_static(model, prompt, keep, steps, cut=3):
     for step in range(steps + 1):
         for i in range(cut + 1, len(layers)):
             h = (_attention(layers[i], h, positions, stores[i]) if i in stores
-                 else layers[i](h, mask=None, cache=caches[i]))
+                 else _recurrent(layers[i], h, positions, caches[i]))
         logits.append(head(norm(h[:, -1]))[0] / getattr(outer, "logits_scaling", 1.0))
         token = mx.argmax(logits[-1])
         positions = np.array([n + step])
         h = embed(token.reshape(1, 1)) * scale
         for i in range(cut + 1):
-            h = layers[i](h, mask=None, cache=caches[i])
+            h = _recurrent(layers[i], h, positions, caches[i])
     return kept, logits
 
 

@@ -87,14 +87,19 @@ def write_lfm2_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None 
 
 def write_model(path: Path, arch: str, shapes: dict, name_of, kv: dict, tok_folder: Path,
                 types: dict, extra: dict | None, pre: str, layout=None) -> dict:
-    """A GGUF of ``arch`` with the metadata ``kv`` (writer method suffix -> value; None left
-    out), the tokenizer of ``tok_folder`` and random tensors of mlx-lm's ``shapes`` under the
-    names ``name_of`` gives them (``types`` by role as write_lfm2_gguf's; convolution kernels
+    """A GGUF of ``arch`` with the metadata ``kv`` (writer method suffix -> value, or a key
+    under ``arch`` with a dot -> a bool, int or float; None left out), the tokenizer of
+    ``tok_folder`` and random tensors of mlx-lm's ``shapes`` under the names ``name_of`` gives
+    them (``types`` by role as write_lfm2_gguf's; convolution kernels
     float32), in llama.cpp's layout where ``layout(role, stored)`` gives one, and ``extra``
     float32 ones; returns what the stored tensors dequantize to, by mlx-lm's names."""
     w = gguf.GGUFWriter(str(path), arch)
     for key, value in kv.items():
-        if value is not None:
+        if value is not None and "." in key:  # a key gguf's writer has no method for
+            add = (w.add_bool if isinstance(value, bool) else
+                   w.add_uint32 if isinstance(value, int) else w.add_float32)
+            add(f"{arch}.{key}", value)
+        elif value is not None:
             getattr(w, f"add_{key}")(value)
     add_bpe_vocab(w, tok_folder, pre=pre)
     rng = np.random.default_rng(0)
@@ -115,7 +120,7 @@ def write_model(path: Path, arch: str, shapes: dict, name_of, kv: dict, tok_fold
             x = 1.0 + 0.1 * rng.normal(size=shape)
         x = x.astype(np.float32)
         qtype = types.get(role, types.get("*", T.F32)) \
-            if len(shape) >= 2 and role not in ("shortconv.conv", "ssm_conv1d") else T.F32
+            if len(shape) >= 2 and not role.startswith(("shortconv.conv", "ssm_conv1d")) else T.F32
         data = encode(x, qtype, rng)
         stored = gguf.dequantize(data, qtype).reshape(x.shape)
         reference[name] = mx.array(stored.reshape(shape))

@@ -32,7 +32,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
          "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2",
-         "lille-130m", "plamo", "bitnet", "gear", "recurrent_gemma", "afm7", "baichuan_m1")
+         "lille-130m", "plamo", "bitnet", "gear", "recurrent_gemma", "afm7", "baichuan_m1",
+         "olmo_hybrid", "kimi_linear")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -402,6 +403,23 @@ _KIND_CONFIG = {
                        "num_experts": 4, "num_shared_experts": 1,
                        "moe_shared_expert_intermediate_size": 32, "n_group": 2, "topk_group": 1,
                        "routed_scaling_factor": 2.5, "short_conv_kernel_size": 4},
+    # OLMo Hybrid: Gated DeltaNet layers (recurrent, pre-norms) in Qwen3.5's tiny's places,
+    # OLMo 3's post-norm attention (q/k norms over all heads) in layers 3 and 7 of 8
+    "olmo_hybrid": {"architectures": ["OlmoHybridForCausalLM"], "tie_word_embeddings": False,
+                    "num_hidden_layers": 8, "linear_num_value_heads": 4,
+                    "linear_num_key_heads": 2, "linear_key_head_dim": 16,
+                    "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+                    "linear_allow_neg_eigval": True, "attention_bias": False},
+    # Kimi Linear: Kimi Delta Attention (recurrent) in Qwen3.5's tiny's places, latent
+    # attention (absorbed, no RoPE, a plain q_proj, values 24 wide) in layers 3 and 7 of 8;
+    # from layer 1 on 2 of 4 experts (sigmoid, 2 groups of which 1 taken, a random
+    # correction bias, scaled by 2.5) beside a shared expert
+    "kimi_linear": {"architectures": ["KimiLinearForCausalLM"], **_MLA, "num_hidden_layers": 8,
+                    "linear_attn_config": {"kda_layers": [1, 2, 3, 5, 6, 7], "num_heads": 2,
+                                           "head_dim": 32, "short_conv_kernel_size": 4},
+                    "model_max_length": 4096, "num_experts": 4, "num_experts_per_token": 2,
+                    "num_shared_experts": 1, "num_expert_group": 2, "topk_group": 1,
+                    "routed_scaling_factor": 2.5, "mla_use_nope": True},
     # LongCat-Flash: 2 blocks of two latent attentions (absorbed, low-rank queries, queries and
     # latent scaled) and two MLPs each, the first MLP's input also through 2 of 4 experts and 2
     # identity ("zero") experts, softmax-routed, scaled by 2.5, added after the second MLP
@@ -659,6 +677,17 @@ _KIND_CONFIG = {
 #: with attention, then the MLP (``use_parallel_residual`` false); ``nanbeige-skip``, Nanbeige
 #: with ``skip_loop_final_norm``: no norm between its loops.
 _VARIANTS = {
+    # Ring-linear: Ling's tiny (q/k norms, biases, partial RoPE, its experts from layer 1 on)
+    # with lightning attention (recurrent; its output norm in groups of 2 heads) in Qwen3.5's
+    # tiny's places, attention in layers 3 and 7 of 8
+    "bailing_moe_linear": ("bailing_moe", {
+        "model_type": "bailing_moe_linear", "architectures": ["BailingMoeLinearV2ForCausalLM"],
+        "num_hidden_layers": 8, "layer_group_size": 4, "group_norm_size": 2}),
+    # Ling 2.5 linear: Ling 2.5's tiny (latent attention in layers 3 and 7 of 8, its experts)
+    # with lightning attention (RoPE over half of each head) for Kimi Delta Attention
+    "bailing_hybrid": ("bailing_moe_v3", {
+        "model_type": "bailing_hybrid", "architectures": ["BailingMoeV2_5ForCausalLM"],
+        "group_norm_size": 2}),
     # The MLA kinds as the conversion tests write them in llama.cpp's deepseek2 GGUF, which holds
     # one YaRN log multiplier (mscale = mscale_all_dim) and no renormalised softmax routing:
     # 16 RoPE dims, values as wide as the unrotated dims (GLM-4.7-Flash's wider), V2's two shared
@@ -777,7 +806,8 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
                         "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
                         "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "plamo",
-                        "bitnet", "deepseek_v32", "glm_moe_dsa")
+                        "bitnet", "deepseek_v32", "glm_moe_dsa", "olmo_hybrid", "kimi_linear",
+                        "bailing_moe_linear", "bailing_hybrid")
 
 
 def bitlinear_matmul(self: BitLinear, x: mx.array, packed: mx.array) -> mx.array:
