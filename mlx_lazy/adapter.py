@@ -252,10 +252,19 @@ from .errors import UserInputError, shown
 # recurrent) and attention layers (a fused ``qkv_proj``, a weight-free q/k RMS norm times a
 # per-head ``q_weight``/``k_weight`` before RoPE, global as mlx-lm runs it); Gemma 2's four
 # norms under its own names (:data:`_PART_NAMES`), the blocks at ``model.layers.layers``.
+# gemma3n (Gemma 3n E2B/E4B, its text model ``model.language_model``): Gemma 4 E2B's windows,
+# shared keys and values (``layer_idx_to_cache_idx``) and per-layer inputs, with plain RMS norms,
+# AltUp (``altup_num_inputs`` streams of the hidden state, each layer predicting them all from
+# them, running its attention and MLP on the active one and correcting them all by the result:
+# :meth:`ModelAdapter.finish`; a token's hidden state holds them all, then its per-layer inputs),
+# LAuReL (a low-rank branch beside attention), sparse MLP gates (a Gaussian top-k in the layers
+# ``activation_sparsity_pattern`` names: run as its module); the streams merged into one by
+# ``altup_unembed_projections`` before the final norm (:meth:`ModelAdapter.logits`).
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
-                         "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4",
+                         "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma3n",
+                         "gemma4",
                          "gemma4_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt2",
                          "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
                          "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
@@ -498,6 +507,8 @@ def _family(module: nn.Module) -> Optional[str]:
 
 
 def _text_model(model: nn.Module) -> nn.Module:
+    if _family(model) == "gemma3n":  # (its vision and audio towers dropped)
+        return model.model.language_model
     return model.language_model if _family(model) in _WRAPPERS else model
 
 
@@ -552,7 +563,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     attends globally: Gemma 3's, Gemma 4's, EXAONE 4's and Command R7B's local layers have one,
     and Ministral 3's, gpt-oss's, OLMo 3's, Mellum's, K-EXAONE's, AFM's, Step-3.5's and Laguna's
     where the config says ``sliding_attention``, MiMo-V2-Flash's where ``hybrid_layer_pattern``
-    says 1, PLaMo 3's but every ``sliding_window_pattern``-th;
+    says 1, PLaMo 3's but every ``sliding_window_pattern``-th, Gemma 3n's as Gemma 3's;
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
     text = _text_model(model)
@@ -560,7 +571,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         chunks = Chunks(int(text.args.attention_chunk_size))
         return [chunks if block.self_attn.use_rope else None for block in _blocks(text)]
     window, text_type = getattr(text_args(text), "sliding_window", None), _text_type(model)
-    if _family(model) in GEMMA3_TYPES + GEMMA4_TYPES:
+    if _family(model) in (*GEMMA3_TYPES, *GEMMA4_TYPES, "gemma3n"):
         sliding = [block.self_attn.is_sliding for block in _blocks(text)]
     elif text_type == "ministral3":
         sliding = [block.use_sliding for block in _blocks(text)]
@@ -661,6 +672,7 @@ class ModelAdapter:
         self._gemma2 = model_type == "gemma2"
         self._gemma3 = model_type in GEMMA3_TYPES
         self._gemma4 = model_type in GEMMA4_TYPES
+        self._gemma3n = model_type == "gemma3n"
         self._post_norms = model_type in POST_NORM_TYPES
         self._parallel = model_type in PARALLEL_TYPES or (
             model_type in ("stablelm", "gpt_neox") and self.text.args.use_parallel_residual)
@@ -674,8 +686,8 @@ class ModelAdapter:
         self._plamo2 = model_type == "plamo2"
         self._four_norms = self._afmoe or self._plamo2 or model_type == "plamo3"  # (PLaMo's too)
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
-        self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
-                          if k in self.text)
+        self.inner = next((self.text[k] for k in ("transformer", "backbone", "model")
+                           if k in self.text), self.text)  # (Gemma 3n's: the text model)
         self._names = _PART_NAMES.get(model_type, {})
         self.layers = list(_blocks(self.text))
         # nanochat's every norm: one function, no weights
@@ -739,16 +751,20 @@ class ModelAdapter:
         if model_type == "helium" and self.text.args.tie_word_embeddings:
             self.lm_head = None  # mlx-lm builds one but uses the embedding
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
-        gemma = self._gemma2 or self._gemma3 or self._gemma4
+        gemma = self._gemma2 or self._gemma3 or self._gemma4 or self._gemma3n
         self._feed_forwards = [feed_forward(block) for block in self.layers]
         self._shared_mlps = [getattr(block, "shared_mlp", None) for block in self.layers]
-        # Gemma 1's exact GELU has no CPU kernel: mlx-lm's module runs it
-        self._activations = [None if model_type == "gemma" else _gated_activation(mlp, gemma)
-                             for mlp in self._feed_forwards]
+        # Gemma 1's exact GELU has no CPU kernel, nor Gemma 3n's sparse gates (a top-k of each
+        # token's gate values): mlx-lm's module runs them
+        self._activations = [None if model_type == "gemma"
+                             or getattr(mlp, "activation_sparsity", 0) > 0
+                             else _gated_activation(mlp, gemma) for mlp in self._feed_forwards]
         args = text_args(self.text)
         # Gemma 4's E2B/E4B: the layer whose keys and values each layer attends over, and
         # the width of each layer's per-token input
-        self._kv_layers = list(getattr(self.inner, "previous_kvs", range(len(self.layers))))
+        self._kv_layers = list(getattr(self.inner, "previous_kvs", None)
+                               or getattr(self.inner, "layer_idx_to_cache_idx", None)  # gemma3n
+                               or range(len(self.layers)))
         if model_type == "hunyuan" and args.use_cla:  # the layer below, as mlx-lm shares
             self._kv_layers = [i - i % args.cla_share_factor for i in range(len(self.layers))]
         self._norms_after_rope = model_type in _NORMS_AFTER_ROPE
@@ -772,8 +788,12 @@ class ModelAdapter:
         self._loop_ends = frozenset(
             () if getattr(args, "skip_loop_final_norm", True) else
             range(blocks - 1, len(self.layers) - 1, blocks))
-        self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
+        self._layer_input = ((args.hidden_size_per_layer_input or 0)
+                             if self._gemma4 or self._gemma3n else 0)
         self._hidden = int(config_value(args, "hidden_size"))
+        # Gemma 3n's AltUp: the width of a token's streams (all of them), its active stream
+        self._streams = self._hidden * (args.altup_num_inputs if self._gemma3n else 1)
+        self._active = args.altup_active_idx if self._gemma3n else 0
         self._softcap = (getattr(args, "final_logit_softcapping", None) if gemma else
                          15.0 if model_type == "nanochat" else None)  # mlx-lm's nanochat.softcap
         granite, minicpm = model_type in GRANITE_TYPES, model_type in ("minicpm", "minicpm3")
@@ -928,7 +948,8 @@ class ModelAdapter:
 
     @property
     def hidden_size(self) -> int:
-        """Width of a token's hidden state (without Gemma 4 E2B/E4B's per-layer inputs)."""
+        """Width of a token's hidden state (without Gemma 4 E2B/E4B's per-layer inputs; one
+        of Gemma 3n's AltUp streams)."""
         return self._hidden
 
     @property
@@ -939,7 +960,8 @@ class ModelAdapter:
     def embed(self, tokens: mx.array, positions: Optional[np.ndarray] = None) -> mx.array:
         """(n,) token ids at ``positions`` (n,) (None: 0 .. n - 1) -> (1, n, D) hidden states
         (with Gemma 4 E2B/E4B's per-layer inputs after them: D is hidden_size + layers x their
-        width; Talkie's normed embeddings: twice hidden_size). Only a learned position
+        width; Gemma 3n's: its AltUp streams, altup_num_inputs x hidden_size, then those
+        inputs; Talkie's normed embeddings: twice hidden_size). Only a learned position
         embedding (GPT-2's) reads the positions.
 
         Raises:
@@ -964,12 +986,24 @@ class ModelAdapter:
             h = h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
         if not self._layer_input:
             return h
-        inner = self.inner  # mlx-lm's own two steps, as its forward takes them
-        inputs = inner._project_per_layer_inputs(h, inner._get_per_layer_inputs(tokens[None]))
+        inner = self.inner  # mlx-lm's own two steps, as its forward takes them (Gemma 3n's
+        # named without the underscore)
+        get = getattr(inner, "_get_per_layer_inputs", None) or inner.get_per_layer_inputs
+        project = (getattr(inner, "_project_per_layer_inputs", None)
+                   or inner.project_per_layer_inputs)
+        inputs = project(h, get(tokens[None]))
+        if self._gemma3n:  # AltUp's other streams: projections of the embeddings, rescaled
+            h = mx.concatenate([h, *(_rescaled(p(h), h) for p in inner.altup_projections)], -1)
         return mx.concatenate([h, inputs.reshape(*h.shape[:2], -1).astype(h.dtype)], axis=-1)
 
     def logits(self, h: mx.array) -> mx.array:
         """Final norm and LM head on (1, n, D) hidden states."""
+        if self._gemma3n:  # AltUp's streams merged: the others projected back, at the
+            # active one's magnitude, and all averaged
+            first, others = h[..., :self._hidden], h[..., self._hidden:]
+            others = [_rescaled(p(others[..., i * self._hidden:(i + 1) * self._hidden]), first)
+                      for i, p in enumerate(self.inner.altup_unembed_projections)]
+            h = mx.mean(mx.stack([first, *others]), axis=0)
         h = self._final_norm(h[..., :self._hidden] if self._embed_skip else h)
         if self._embed_skip:  # talkie: a bare matrix times a gain
             out = self.text.lm_head_gain(h @ self.text.lm_head.T)
@@ -995,7 +1029,8 @@ class ModelAdapter:
         """
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
-        x = self._blas_rows(h[..., :self._hidden]
+        x = self._blas_rows(self._altup_predict(block, h)[self._active] if self._gemma3n else
+                            h[..., :self._hidden]
                             if self._layer_input or self._embed_skip or self._shortcut else h)
         if not self._post_norms:
             x = self._norm(block, "input_layernorm")(x)
@@ -1026,7 +1061,8 @@ class ModelAdapter:
             qkv = attn.wqkv(x).reshape(*x.shape[:2], -1, attn.n_kv_groups + 2, attn.head_dim)
             q, k, v = (t.reshape(*x.shape[:2], -1) for t in
                        (qkv[..., :-2, :], qkv[..., -2, :], qkv[..., -1, :]))
-        elif self.kv_layer(layer) != layer and self._gemma4:  # a lower layer's keys, values
+        elif self.kv_layer(layer) != layer and (self._gemma4 or self._gemma3n):  # a lower
+            # layer's keys and values
             q = attn.q_norm(attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1))
             return _rope(attn.rope, q.transpose(0, 2, 1, 3), positions), None, None, None
         elif self.kv_layer(layer) != layer:  # hunyuan's CLA: those of the layer below
@@ -1170,9 +1206,9 @@ class ModelAdapter:
             out = out * mx.sigmoid(gate)
         r = self._part(attn, "o_proj")(self._blas_rows(out))
         if self._layer_input:  # gemma4 E2B/E4B: this layer's input, then the later layers'
-            width = self._layer_input
-            h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
-                               h[..., self._hidden + width:])
+            width = self._layer_input  # (after Gemma 3n's streams)
+            h, given, later = (h[..., :self._streams], h[..., self._streams:self._streams + width],
+                               h[..., self._streams + width:])
         h = self._blas_rows(h)
         shortcut = None
         if self._shortcut and layer % 2:  # longcat_flash: the first sublayer's MoE output
@@ -1184,6 +1220,8 @@ class ModelAdapter:
             h = add(h, self._part(block, "post_attention_layernorm")(r))
             h = add(h, self._part(block, "post_feedforward_layernorm")(
                 self._mlp(layer, self._part(block, "pre_feedforward_layernorm")(h))))
+        elif self._gemma3n:
+            return mx.concatenate([self._altup_finish(layer, h, r, given, n), later], axis=-1)
         elif self._gemma4:
             h = h + block.post_attention_layernorm(r)
             x = self._mlp(layer, block.pre_feedforward_layernorm(h))
@@ -1272,6 +1310,36 @@ class ModelAdapter:
         cache[2], cache[3] = k, v
         out = attention(q, k, v, self.scale, "causal" if h.shape[1] > 1 else None)
         return self.finish(layer, h + mixed, out)
+
+    def _altup_predict(self, block: nn.Module, h: mx.array) -> mx.array:
+        """Gemma 3n's AltUp: a layer's prediction (S, 1, n, D) of the S streams of hidden
+        states ``h`` (1, n, S x D + ...), its active one its attention's input."""
+        n = h.shape[1]
+        streams = h[..., :self._streams].reshape(1, n, -1, self._hidden).transpose(2, 0, 1, 3)
+        return block.altup.predict(streams)
+
+    def _altup_finish(self, layer: int, h: mx.array, r: mx.array, given: mx.array,
+                      n: int) -> mx.array:
+        """Gemma 3n's layer after attention's ``o_proj`` output ``r`` on the streams ``h``
+        (1, >= n, S x D) of n tokens whose per-layer inputs are ``given`` (1, n, width):
+        attention, LAuReL and the MLP on the active predicted stream, the streams corrected by
+        the result, the per-layer input's projection added to all but the active one; ->
+        (1, n, S x D)."""
+        block = self.layers[layer]
+        predictions = self._altup_predict(block, h)
+        active = predictions[self._active]
+        x = active + block.post_attention_layernorm(r)
+        x = (x + block.laurel(block.input_layernorm(active))) * 2.0 ** -0.5
+        x = x + block.post_feedforward_layernorm(
+            self._mlp(layer, block.pre_feedforward_layernorm(x)))
+        corrected = block.altup.correct(predictions, x)[:, :, :n]
+        first = corrected[self._active]
+        if block.config.altup_correct_scale:
+            first = first * block.altup.correct_output_scale
+        first = nn.gelu_approx(block.per_layer_input_gate(first)) * given
+        corrected[1:] = corrected[1:] + block.post_per_layer_input_norm(
+            block.per_layer_projection(first))
+        return corrected.transpose(1, 2, 0, 3).reshape(1, n, -1)
 
     def _branch(self, x: mx.array) -> mx.array:
         """A residual branch's output as it is added: times Granite's residual multiplier."""
@@ -1471,6 +1539,14 @@ def _scaled_rms_norm(x: mx.array, weight: mx.array) -> mx.array:
     """PLaMo 2's q/k norm of ``x`` (1, n, heads, head_dim): a weight-free RMS norm (epsilon
     1e-6, as mlx-lm's), times ``weight`` (heads, head_dim)."""
     return mx.fast.rms_norm(x, weight=None, eps=1e-6) * weight
+
+
+def _rescaled(x: mx.array, like: mx.array) -> mx.array:
+    """Gemma 3n's AltUp: ``x`` scaled, token by token, to the RMS magnitude of ``like``, in
+    mlx-lm's arithmetic."""
+    magnitude = mx.mean(x ** 2, axis=-1, keepdims=True) ** 0.5
+    target = mx.mean(like ** 2, axis=-1, keepdims=True) ** 0.5
+    return x * (target / mx.maximum(magnitude, mx.finfo(like.dtype).min))
 
 
 def _query_scale(positions: np.ndarray, beta: float, original_max: int) -> mx.array:
