@@ -422,8 +422,12 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # embedding_multiplier}``, ``model.final_layernorm``;
 # plamo2's ``model.layers.layers`` (its ``layers``), ``block.{is_mamba, mixer, pre_mixer_norm,
 # post_mixer_norm, pre_mlp_norm, post_mlp_norm}``, its Mamba blocks called as ``(h, None,
-# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``): at least
-# the first, below the second. Same as pyproject.toml.
+# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``;
+# gemma3n's ``model.language_model``, its ``{get,project}_per_layer_inputs``,
+# ``layer_idx_to_cache_idx``, ``altup_projections``, ``altup_unembed_projections``,
+# ``block.{altup.{predict, correct, correct_output_scale}, laurel, config.altup_correct_scale,
+# per_layer_input_gate, per_layer_projection, post_per_layer_input_norm}``,
+# ``mlp.activation_sparsity``): at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
