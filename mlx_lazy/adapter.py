@@ -305,26 +305,34 @@ from .errors import UserInputError, shown
 # :meth:`ModelAdapter._lightning_attention`, RoPE at each token's own position) and, every
 # ``layer_group_size``-th layer, bailing_moe's attention (bailing_moe_linear) or DeepSeek-V3's
 # absorbed latent attention (bailing_hybrid); grouped routing and shared experts at ``block.mlp``.
+# gemma3n (Gemma 3n E2B/E4B, its text model ``model.language_model``): Gemma 4 E2B's windows,
+# shared keys and values (``layer_idx_to_cache_idx``) and per-layer inputs, with plain RMS norms,
+# AltUp (``altup_num_inputs`` streams of the hidden state, each layer predicting them all from
+# them, running its attention and MLP on the active one and correcting them all by the result:
+# :meth:`ModelAdapter.finish`; a token's hidden state holds them all, then its per-layer inputs),
+# LAuReL (a low-rank branch beside attention), sparse MLP gates (a Gaussian top-k in the layers
+# ``activation_sparsity_pattern`` names: run as its module); the streams merged into one by
+# ``altup_unembed_projections`` before the final norm (:meth:`ModelAdapter.logits`).
 SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "bailing_hybrid",
                          "bailing_moe", "bailing_moe_linear", "bailing_moe_v3", "bitnet", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
                          "deepseek_v32", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
                          "exaone_moe", "falcon_h1", "gear", "gemma", "gemma2", "gemma3",
-                         "gemma3_text", "gemma4", "gemma4_text", "glm", "glm4", "glm4_moe",
-                         "glm4_moe_lite", "glm_moe_dsa", "gpt2", "gpt_bigcode", "gpt_neox",
-                         "gpt_oss", "gptj", "granite", "granitemoe", "granitemoehybrid", "helium",
-                         "hunyuan", "hunyuan_v1_dense", "internlm2", "internlm3", "jamba",
-                         "kimi_k25", "kimi_linear", "kimi_vl", "laguna", "lfm2", "lfm2-vl",
-                         "lfm2_moe", "lille-130m", "llama", "llama4", "llama4_text",
-                         "longcat_flash", "mellum", "mimo", "mimo_v2_flash", "minicpm", "minicpm3",
-                         "minimax", "ministral3", "mistral", "mistral3", "mistral4", "mixtral",
-                         "nanbeige", "nanochat", "nemotron", "nemotron-nas", "nemotron_h", "olmo2",
-                         "olmo3", "olmo_hybrid", "olmoe", "openelm", "phi", "phi3", "phimoe",
-                         "phixtral", "pixtral", "plamo", "plamo2", "plamo3", "qwen", "qwen2",
-                         "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
-                         "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "recurrent_gemma", "seed_oss",
-                         "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5", "talkie",
-                         "telechat3", "youtu_llm")
+                         "gemma3_text", "gemma3n", "gemma4", "gemma4_text", "glm", "glm4",
+                         "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt2", "gpt_bigcode",
+                         "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
+                         "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
+                         "internlm3", "jamba", "kimi_k25", "kimi_linear", "kimi_vl", "laguna",
+                         "lfm2", "lfm2-vl", "lfm2_moe", "lille-130m", "llama", "llama4",
+                         "llama4_text", "longcat_flash", "mellum", "mimo", "mimo_v2_flash",
+                         "minicpm", "minicpm3", "minimax", "ministral3", "mistral", "mistral3",
+                         "mistral4", "mixtral", "nanbeige", "nanochat", "nemotron", "nemotron-nas",
+                         "nemotron_h", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "openelm", "phi",
+                         "phi3", "phimoe", "phixtral", "pixtral", "plamo", "plamo2", "plamo3",
+                         "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5",
+                         "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
+                         "recurrent_gemma", "seed_oss", "smollm3", "solar_open", "stablelm",
+                         "starcoder2", "step3p5", "talkie", "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3", "olmo_hybrid")
@@ -504,8 +512,12 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # attention's ``self_attn.{num_heads, q_proj, embed_q, unembed_out}`` without ``rope``;
 # bailing_moe_linear's and bailing_hybrid's ``block.is_global``, lightning attention's
 # ``attention.{query_key_value, use_qk_norm, query_layernorm, key_layernorm, rope, _slope, scale,
-# g_norm, g_proj, dense, head_dim}``, its module's ``recurrent_gla(q, k, v, g, scale=, h=)``): at
-# least the first, below the second. Same as pyproject.toml.
+# g_norm, g_proj, dense, head_dim}``, its module's ``recurrent_gla(q, k, v, g, scale=, h=)``;
+# gemma3n's ``model.language_model``, its ``{get,project}_per_layer_inputs``,
+# ``layer_idx_to_cache_idx``, ``altup_projections``, ``altup_unembed_projections``,
+# ``block.{altup.{predict, correct, correct_output_scale}, laurel, config.altup_correct_scale,
+# per_layer_input_gate, per_layer_projection, post_per_layer_input_norm}``,
+# ``mlp.activation_sparsity``): at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -589,6 +601,8 @@ def _family(module: nn.Module) -> Optional[str]:
 
 
 def _text_model(model: nn.Module) -> nn.Module:
+    if _family(model) == "gemma3n":  # (its vision and audio towers dropped)
+        return model.model.language_model
     return model.language_model if _family(model) in _WRAPPERS else model
 
 
@@ -646,7 +660,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     where the config says ``sliding_attention``, MiMo-V2-Flash's where ``hybrid_layer_pattern``
     says 1, PLaMo 3's but every ``sliding_window_pattern``-th, Gear's where ``layer_types`` says
     ``sliding_attention``, Baichuan-M1's ``sliding_window_layers``, every RecurrentGemma
-    attention layer;
+    attention layer, Gemma 3n's as Gemma 3's;
     Llama 4's local layers (those with RoPE, as mlx-lm picks them) attend within chunks
     (:class:`~mlx_lazy.attention.Chunks`); no other supported family's do."""
     text = _text_model(model)
@@ -654,7 +668,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         chunks = Chunks(int(text.args.attention_chunk_size))
         return [chunks if block.self_attn.use_rope else None for block in _blocks(text)]
     window, text_type = getattr(text_args(text), "sliding_window", None), _text_type(model)
-    if _family(model) in GEMMA3_TYPES + GEMMA4_TYPES:
+    if _family(model) in (*GEMMA3_TYPES, *GEMMA4_TYPES, "gemma3n"):
         sliding = [block.self_attn.is_sliding for block in _blocks(text)]
     elif text_type == "ministral3":
         sliding = [block.use_sliding for block in _blocks(text)]
@@ -767,6 +781,7 @@ class ModelAdapter:
         self._gemma2 = model_type == "gemma2"
         self._gemma3 = model_type in GEMMA3_TYPES
         self._gemma4 = model_type in GEMMA4_TYPES
+        self._gemma3n = model_type == "gemma3n"
         self._post_norms = model_type in POST_NORM_TYPES
         self._parallel = model_type in PARALLEL_TYPES or (
             model_type in ("stablelm", "gpt_neox") and self.text.args.use_parallel_residual)
@@ -783,8 +798,8 @@ class ModelAdapter:
         # recurrent layers run as mlx-lm's whole block (their norms and MLP)
         self._whole_block = self._plamo2 or model_type in ("gear", "recurrent_gemma")
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
-        self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
-                          if k in self.text)
+        self.inner = next((self.text[k] for k in ("transformer", "backbone", "model")
+                           if k in self.text), self.text)  # (Gemma 3n's: the text model)
         self._names = _PART_NAMES.get(model_type, {})
         self.layers = list(_blocks(self.text))
         # nanochat's every norm: one function, no weights
@@ -856,7 +871,7 @@ class ModelAdapter:
         if model_type == "helium" and self.text.args.tie_word_embeddings:
             self.lm_head = None  # mlx-lm builds one but uses the embedding
         self._float32 = self.variant() == "float32"  # OpenBLAS runs its matmuls on the CPU
-        gemma = self._gemma2 or self._gemma3 or self._gemma4
+        gemma = self._gemma2 or self._gemma3 or self._gemma4 or self._gemma3n
         self._feed_forwards = [feed_forward(block) for block in self.layers]
         self._shared_mlps = [getattr(block, "shared_mlp", None) for block in self.layers]
         # Gear's MLP activation, by its config (tanh GELU, exact GELU or SiLU)
@@ -864,11 +879,12 @@ class ModelAdapter:
                     if model_type == "gear" else None)
         gelu = gemma or model_type == "recurrent_gemma" or gear_act is nn.gelu_approx
         # Gemma 1's and Gear's exact GELU have no CPU kernel, nor BitNet's ReLU^2 and sub-norm,
-        # and Lille's MLP holds its own norm: mlx-lm's module runs them
+        # nor Gemma 3n's sparse gates (a top-k of each token's gate values), and Lille's MLP
+        # holds its own norm: mlx-lm's module runs them
         self._mlp_normed = model_type == "lille-130m"
         self._activations = [None if model_type in ("gemma", "bitnet") or self._mlp_normed
-                             or gear_act is nn.gelu else _gated_activation(mlp, gelu)
-                             for mlp in self._feed_forwards]
+                             or gear_act is nn.gelu or getattr(mlp, "activation_sparsity", 0) > 0
+                             else _gated_activation(mlp, gelu) for mlp in self._feed_forwards]
         args = text_args(self.text)
         # plamo: its key/value heads tiled, query head i reading i mod their count; the
         # engine's grouped-query attention has head i read i // (heads per key/value head):
@@ -884,7 +900,9 @@ class ModelAdapter:
             self._head_order, self._head_return = mx.array(order), mx.array(np.argsort(order))
         # Gemma 4's E2B/E4B: the layer whose keys and values each layer attends over, and
         # the width of each layer's per-token input
-        self._kv_layers = list(getattr(self.inner, "previous_kvs", range(len(self.layers))))
+        self._kv_layers = list(getattr(self.inner, "previous_kvs", None)
+                               or getattr(self.inner, "layer_idx_to_cache_idx", None)  # gemma3n
+                               or range(len(self.layers)))
         if model_type == "hunyuan" and args.use_cla:  # the layer below, as mlx-lm shares
             self._kv_layers = [i - i % args.cla_share_factor for i in range(len(self.layers))]
         if model_type == "afm7":  # the KV-reuse layers: those of the last layer before them
@@ -911,8 +929,12 @@ class ModelAdapter:
         self._loop_ends = frozenset(
             () if getattr(args, "skip_loop_final_norm", True) else
             range(blocks - 1, len(self.layers) - 1, blocks))
-        self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
+        self._layer_input = ((args.hidden_size_per_layer_input or 0)
+                             if self._gemma4 or self._gemma3n else 0)
         self._hidden = int(config_value(args, "hidden_size"))
+        # Gemma 3n's AltUp: the width of a token's streams (all of them), its active stream
+        self._streams = self._hidden * (args.altup_num_inputs if self._gemma3n else 1)
+        self._active = args.altup_active_idx if self._gemma3n else 0
         self._softcap = (getattr(args, "final_logit_softcapping", None)
                          if gemma or model_type == "gear" else
                          args.logits_soft_cap if model_type == "recurrent_gemma" else
@@ -1071,7 +1093,8 @@ class ModelAdapter:
 
     @property
     def hidden_size(self) -> int:
-        """Width of a token's hidden state (without Gemma 4 E2B/E4B's per-layer inputs)."""
+        """Width of a token's hidden state (without Gemma 4 E2B/E4B's per-layer inputs; one
+        of Gemma 3n's AltUp streams)."""
         return self._hidden
 
     @property
@@ -1082,7 +1105,8 @@ class ModelAdapter:
     def embed(self, tokens: mx.array, positions: Optional[np.ndarray] = None) -> mx.array:
         """(n,) token ids at ``positions`` (n,) (None: 0 .. n - 1) -> (1, n, D) hidden states
         (with Gemma 4 E2B/E4B's per-layer inputs after them: D is hidden_size + layers x their
-        width; Talkie's normed embeddings: twice hidden_size). Only a learned position
+        width; Gemma 3n's: its AltUp streams, altup_num_inputs x hidden_size, then those
+        inputs; Talkie's normed embeddings: twice hidden_size). Only a learned position
         embedding (GPT-2's) reads the positions.
 
         Raises:
@@ -1107,12 +1131,24 @@ class ModelAdapter:
             h = h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
         if not self._layer_input:
             return h
-        inner = self.inner  # mlx-lm's own two steps, as its forward takes them
-        inputs = inner._project_per_layer_inputs(h, inner._get_per_layer_inputs(tokens[None]))
+        inner = self.inner  # mlx-lm's own two steps, as its forward takes them (Gemma 3n's
+        # named without the underscore)
+        get = getattr(inner, "_get_per_layer_inputs", None) or inner.get_per_layer_inputs
+        project = (getattr(inner, "_project_per_layer_inputs", None)
+                   or inner.project_per_layer_inputs)
+        inputs = project(h, get(tokens[None]))
+        if self._gemma3n:  # AltUp's other streams: projections of the embeddings, rescaled
+            h = mx.concatenate([h, *(_rescaled(p(h), h) for p in inner.altup_projections)], -1)
         return mx.concatenate([h, inputs.reshape(*h.shape[:2], -1).astype(h.dtype)], axis=-1)
 
     def logits(self, h: mx.array) -> mx.array:
         """Final norm and LM head on (1, n, D) hidden states."""
+        if self._gemma3n:  # AltUp's streams merged: the others projected back, at the
+            # active one's magnitude, and all averaged
+            first, others = h[..., :self._hidden], h[..., self._hidden:]
+            others = [_rescaled(p(others[..., i * self._hidden:(i + 1) * self._hidden]), first)
+                      for i, p in enumerate(self.inner.altup_unembed_projections)]
+            h = mx.mean(mx.stack([first, *others]), axis=0)
         h = self._final_norm(h[..., :self._hidden] if self._embed_skip else h)
         if self._embed_skip:  # talkie: a bare matrix times a gain
             out = self.text.lm_head_gain(h @ self.text.lm_head.T)
@@ -1139,7 +1175,8 @@ class ModelAdapter:
         """
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
-        x = self._blas_rows(h[..., :self._hidden]
+        x = self._blas_rows(self._altup_predict(block, h)[self._active] if self._gemma3n else
+                            h[..., :self._hidden]
                             if self._layer_input or self._embed_skip or self._shortcut else h)
         if not self._post_norms:
             x = self._norm(block, "input_layernorm")(x)
@@ -1172,7 +1209,8 @@ class ModelAdapter:
             qkv = attn.wqkv(x).reshape(*x.shape[:2], -1, attn.n_kv_groups + 2, attn.head_dim)
             q, k, v = (t.reshape(*x.shape[:2], -1) for t in
                        (qkv[..., :-2, :], qkv[..., -2, :], qkv[..., -1, :]))
-        elif self.kv_layer(layer) != layer and self._gemma4:  # a lower layer's keys, values
+        elif self.kv_layer(layer) != layer and (self._gemma4 or self._gemma3n):  # a lower
+            # layer's keys and values
             q = attn.q_norm(attn.q_proj(x)[:, :n].reshape(1, n, self.n_heads, -1))
             return _rope(attn.rope, q.transpose(0, 2, 1, 3), positions), None, None, None
         elif self.kv_layer(layer) != layer:  # hunyuan's CLA: those of the layer below (afm7's
@@ -1384,9 +1422,9 @@ class ModelAdapter:
             out = out * mx.sigmoid(gate)
         r = self._part(attn, "o_proj")(self._blas_rows(out))
         if self._layer_input:  # gemma4 E2B/E4B: this layer's input, then the later layers'
-            width = self._layer_input
-            h, given, later = (h[..., :self._hidden], h[..., self._hidden:self._hidden + width],
-                               h[..., self._hidden + width:])
+            width = self._layer_input  # (after Gemma 3n's streams)
+            h, given, later = (h[..., :self._streams], h[..., self._streams:self._streams + width],
+                               h[..., self._streams + width:])
         h = self._blas_rows(h)
         shortcut = None
         if self._shortcut and layer % 2:  # longcat_flash: the first sublayer's MoE output
@@ -1398,6 +1436,8 @@ class ModelAdapter:
             h = add(h, self._part(block, "post_attention_layernorm")(r))
             h = add(h, self._part(block, "post_feedforward_layernorm")(
                 self._mlp(layer, self._part(block, "pre_feedforward_layernorm")(h))))
+        elif self._gemma3n:
+            return mx.concatenate([self._altup_finish(layer, h, r, given, n), later], axis=-1)
         elif self._gemma4:
             h = h + block.post_attention_layernorm(r)
             x = self._mlp(layer, block.pre_feedforward_layernorm(h))
@@ -1537,6 +1577,36 @@ class ModelAdapter:
         if window is not None:
             mask = mask & (keys > at - window)
         return self.finish(layer, h, attention(q, k, mixed_v, attn.scale, mask))
+
+    def _altup_predict(self, block: nn.Module, h: mx.array) -> mx.array:
+        """Gemma 3n's AltUp: a layer's prediction (S, 1, n, D) of the S streams of hidden
+        states ``h`` (1, n, S x D + ...), its active one its attention's input."""
+        n = h.shape[1]
+        streams = h[..., :self._streams].reshape(1, n, -1, self._hidden).transpose(2, 0, 1, 3)
+        return block.altup.predict(streams)
+
+    def _altup_finish(self, layer: int, h: mx.array, r: mx.array, given: mx.array,
+                      n: int) -> mx.array:
+        """Gemma 3n's layer after attention's ``o_proj`` output ``r`` on the streams ``h``
+        (1, >= n, S x D) of n tokens whose per-layer inputs are ``given`` (1, n, width):
+        attention, LAuReL and the MLP on the active predicted stream, the streams corrected by
+        the result, the per-layer input's projection added to all but the active one; ->
+        (1, n, S x D)."""
+        block = self.layers[layer]
+        predictions = self._altup_predict(block, h)
+        active = predictions[self._active]
+        x = active + block.post_attention_layernorm(r)
+        x = (x + block.laurel(block.input_layernorm(active))) * 2.0 ** -0.5
+        x = x + block.post_feedforward_layernorm(
+            self._mlp(layer, block.pre_feedforward_layernorm(x)))
+        corrected = block.altup.correct(predictions, x)[:, :, :n]
+        first = corrected[self._active]
+        if block.config.altup_correct_scale:
+            first = first * block.altup.correct_output_scale
+        first = nn.gelu_approx(block.per_layer_input_gate(first)) * given
+        corrected[1:] = corrected[1:] + block.post_per_layer_input_norm(
+            block.per_layer_projection(first))
+        return corrected.transpose(1, 2, 0, 3).reshape(1, n, -1)
 
     def _branch(self, x: mx.array) -> mx.array:
         """A residual branch's output as it is added: times Granite's residual multiplier."""
@@ -1736,6 +1806,14 @@ def _scaled_rms_norm(x: mx.array, weight: mx.array) -> mx.array:
     """PLaMo 2's q/k norm of ``x`` (1, n, heads, head_dim): a weight-free RMS norm (epsilon
     1e-6, as mlx-lm's), times ``weight`` (heads, head_dim)."""
     return mx.fast.rms_norm(x, weight=None, eps=1e-6) * weight
+
+
+def _rescaled(x: mx.array, like: mx.array) -> mx.array:
+    """Gemma 3n's AltUp: ``x`` scaled, token by token, to the RMS magnitude of ``like``, in
+    mlx-lm's arithmetic."""
+    magnitude = mx.mean(x ** 2, axis=-1, keepdims=True) ** 0.5
+    target = mx.mean(like ** 2, axis=-1, keepdims=True) ** 0.5
+    return x * (target / mx.maximum(magnitude, mx.finfo(like.dtype).min))
 
 
 def _query_scale(positions: np.ndarray, beta: float, original_max: int) -> mx.array:

@@ -28,6 +28,13 @@ The architectures (llama.cpp's names), and what converting each involves:
   layer has no ``attn_v``, the global layers' partial RoPE from ``rope_freqs`` as mlx-lm's
   proportional RoPE, the experts' fused gate/up stacks split, shared keys, double-wide MLPs
   and per-layer inputs; its "gemma4" BPE vocabulary.
+* ``gemma3n`` (Gemma 3n E2B/E4B's text model; mlx-lm's ``gemma3n``, its ``text_config``): its
+  norms as stored (w), AltUp's stacked projections split per stream, LAuReL, per-layer inputs
+  (every row of their embedding read by token id, as llama.cpp does), what llama.cpp's graph
+  hard-wires as settings (AltUp's 4 streams with the first active, sparse MLP gates in the
+  first 10 layers, keys and values shared from the 20th layer on, a logit soft-cap of 30, no
+  clip of AltUp's coefficients); a GGUF whose metadata says otherwise is refused; Gemma's
+  SentencePiece vocabulary.
 * ``phi3`` (Phi-3/3.5, Phi-4-mini): fused q/k/v and gate/up tensors as mlx-lm's ``phi3``
   has them, partial RoPE, LongRoPE factors.
 * ``gpt-oss`` (``gpt_oss``): attention sinks, biases, the sliding-window layers, YaRN RoPE;
@@ -290,6 +297,7 @@ from . import _blas  # noqa: F401  (must precede any mlx import)
 import importlib
 import math
 from functools import partial
+from statistics import NormalDist
 from typing import Any
 
 import mlx.core as mx
@@ -313,6 +321,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3next": "Qwen3NextForCausalLM",
                  "glm4moe": "Glm4MoeForCausalLM",
                  "gemma4": "Gemma4ForCausalLM",
+                 "gemma3n": "Gemma3nForConditionalGeneration",
                  "seed_oss": "SeedOssForCausalLM",
                  "ernie4_5": "Ernie4_5_ForCausalLM",
                  "ernie4_5-moe": "Ernie4_5_MoeForCausalLM",
@@ -418,6 +427,15 @@ GEMMA3_LOCAL_ROPE_BASE = 10000.0
 GEMMA4_LOCAL_ROPE_BASE = GEMMA3_LOCAL_ROPE_BASE
 GEMMA4_LOGIT_SOFTCAP = 30.0
 GEMMA4_UNROTATED = 1e29
+# Gemma 3n: what llama.cpp's graph hard-wires (its converter writes some of it as metadata,
+# which its loader does not read): AltUp's streams, the active one, the layers with sparse MLP
+# gates and their sparsity (0.95: the gate's 1.645-sigma cut), the layers with keys and
+# values of their own (those after read the last of their kind among them), the soft-cap
+GEMMA3N_STREAMS = 4
+GEMMA3N_SPARSE_LAYERS = 10
+GEMMA3N_SPARSITY = 0.95
+GEMMA3N_KV_LAYERS = 20
+GEMMA3N_LOGIT_SOFTCAP = 30.0
 # The architectures whose sliding-window layers turn at the global RoPE base in mlx-lm's models
 # (llama.cpp's loaders read a base of their own), or in llama.cpp's graph (Mellum's, whose
 # mlx-lm model would take rope.freq_base_swa)
@@ -560,7 +578,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "dots1", "llama4", "gemma", "internlm2", "qwen", "deepseek", "mellum", "nanbeige",
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
                 "phimoe", "minimax-m2", "mimo2", "step35", "deci", "talkie", "laguna",
-                *BAILING, "falcon-h1", "plamo2", "plamo", "plamo3", "kimi-linear", "bailingmoe3"):
+                *BAILING, "falcon-h1", "plamo2", "plamo", "plamo3", "kimi-linear", "bailingmoe3",
+                "gemma3n"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -661,7 +680,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
         # (Nemotron-H's MLP widths by layer: _nemotron_h_config's)
-        "intermediate_size": 1 if gemma4 or arch in ("nemotron_h", "nemotron_h_moe") else count(
+        "intermediate_size": 1 if gemma4 or arch in ("nemotron_h", "nemotron_h_moe",
+                                                     "gemma3n") else count(
             "feed_forward_length", hidden, value=first("feed_forward_length")),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
@@ -985,6 +1005,8 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
             config["rope_scaling"] = {"rope_type": "linear", "factor": float(factor or 1.0)}
     if gemma4:
         config.update(_gemma4_config(g, count, positive, optional, experts, tensors, config))
+    if arch == "gemma3n":
+        config.update(_gemma3n_config(g, count, positive, optional, tensors, config))
     if arch in ("phi3", "phimoe"):  # its sliding window is ignored: llama.cpp disables it,
         # mlx-lm has none; without it llama.cpp takes the context as the original one: no
         # LongRoPE scale
@@ -1019,6 +1041,11 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         config = {**{k: config[k] for k in ("architectures", "model_type", "vocab_size",
                                             "num_attention_heads", "num_key_value_heads")},
                   "text_config": {**config, "model_type": "llama4_text"}}
+    if arch == "gemma3n":  # mlx-lm's gemma3n reads its text model's config (the heads at the
+        # top for the conversion's own reading)
+        config = {**{k: config[k] for k in ("architectures", "model_type", "vocab_size",
+                                            "num_attention_heads", "num_key_value_heads")},
+                  "text_config": {**config, "model_type": "gemma3n_text"}}
     if arch == "deci" and config.get("rope_scaling"):  # Llama 3's as mlx-lm reads it first
         # (``type``); loading the tokenizer reads the config through transformers (5.x), which
         # fails on a llama3 ``rope_type`` without a model type it knows (nemotron-nas)
@@ -2327,13 +2354,7 @@ def _gemma4_config(g: Any, count: Any, positive: Any, optional: Any, experts: An
     if n_shared and first_shared < 2:  # llama.cpp asserts as much
         raise UserInputError(f"GGUF metadata gemma4.attention.shared_kv_layers ({n_shared}) "
                              f"leaves fewer than 2 of {n_layers} layers their own keys")
-    for i in range(first_shared, n_layers):  # llama.cpp's source layer, mlx-lm's
-        source = first_shared - (2 if local[i] else 1)
-        own = [j for j in range(first_shared) if local[j] == local[i]]
-        if not own or own[-1] != source:
-            raise UserInputError(f"GGUF gemma4 whose layer {i} reads the keys of layer {source} "
-                                 "(llama.cpp's rule), not of the last layer of its kind below "
-                                 "the shared ones (mlx-lm's), is not supported")
+    _check_shared_kv("gemma4", local, first_shared)
     kv = per_layer("attention.head_count_kv", config["num_attention_heads"])
     heads = {}
     for kind in (True, False):
@@ -2378,7 +2399,6 @@ def _gemma4_config(g: Any, count: Any, positive: Any, optional: Any, experts: An
                       moe_intermediate_size=widths.pop())
 
     per_input = optional("embedding_length_per_layer_input")
-    embd = tensors.get("per_layer_token_embd.weight")
     softcap = g("final_logit_softcapping", GEMMA4_LOGIT_SOFTCAP)
     return {
         "hidden_act": "gelu_pytorch_tanh", "head_dim": swa_dim, "global_head_dim": head_dim,
@@ -2386,8 +2406,7 @@ def _gemma4_config(g: Any, count: Any, positive: Any, optional: Any, experts: An
         "num_global_key_value_heads": heads[False] if k_eq_v else None,
         "attention_k_eq_v": k_eq_v, "intermediate_size": width, "use_double_wide_mlp": double,
         "num_kv_shared_layers": n_shared, "hidden_size_per_layer_input": per_input,
-        "vocab_size_per_layer_input": (int(embd.shape[1]) if embd is not None
-                                       else config["vocab_size"]),
+        "vocab_size_per_layer_input": _per_layer_vocabulary(tensors, config),
         "sliding_window": count("attention.sliding_window"),
         "layer_types": ["sliding_attention" if x else "full_attention" for x in local],
         "rope_parameters": {
@@ -2400,6 +2419,83 @@ def _gemma4_config(g: Any, count: Any, positive: Any, optional: Any, experts: An
                                     if softcap else None),
         **sparse,
     }
+
+
+def _check_shared_kv(arch: str, local: list[bool], first_shared: int) -> None:
+    """Refuse a Gemma 4 or 3n GGUF whose layers from ``first_shared`` on would read other keys
+    and values in llama.cpp (the layer 2 or 1 below the first shared one, by kind) than in
+    mlx-lm (the last layer of its kind below it), ``local`` the sliding layers."""
+    for i in range(first_shared, len(local)):
+        source = first_shared - (2 if local[i] else 1)
+        own = [j for j in range(first_shared) if local[j] == local[i]]
+        if not own or own[-1] != source:
+            raise UserInputError(f"GGUF {arch} whose layer {i} reads the keys of layer {source} "
+                                 "(llama.cpp's rule), not of the last layer of its kind below "
+                                 "the shared ones (mlx-lm's), is not supported")
+
+
+def _gemma3n_config(g: Any, count: Any, positive: Any, optional: Any, tensors: dict,
+                    config: dict) -> dict:
+    """mlx-lm's gemma3n text settings of a Gemma 3n GGUF, read as llama.cpp reads it: sliding
+    layers by a flag each or a period (5 unless given), MLP widths by layer, the per-layer
+    inputs' width, LAuReL's rank from its tensor, and what llama.cpp's graph hard-wires
+    (:data:`GEMMA3N_STREAMS` and the rest); metadata that says otherwise, a head of its own, or
+    no sliding or no global layer among those with keys (mlx-lm's gemma3n indexes both) is a
+    :class:`UserInputError`."""
+    n_layers = config["num_hidden_layers"]
+    local = _local_layers(g("attention.sliding_window_pattern", 5), n_layers, "gemma3n")
+    first_shared = min(n_layers, GEMMA3N_KV_LAYERS)
+    if all(local[:first_shared]) or not any(local[:first_shared]):
+        raise UserInputError(f"GGUF gemma3n with {'no' if all(local[:first_shared]) else 'only'} "
+                             "global layers among those with keys of their own is not "
+                             "supported (mlx-lm's gemma3n needs both kinds)")
+    _check_shared_kv("gemma3n", local, first_shared)
+    sparse = min(n_layers, GEMMA3N_SPARSE_LAYERS)
+    cut = NormalDist().inv_cdf(GEMMA3N_SPARSITY)  # what llama.cpp's converter writes
+    written = {"altup.num_inputs": (g("altup.num_inputs"), GEMMA3N_STREAMS),
+               "altup.active_idx": (g("altup.active_idx"), 0),
+               "attention.shared_kv_layers": (g("attention.shared_kv_layers"),
+                                              n_layers - first_shared),
+               "final_logit_softcapping": (g("final_logit_softcapping"), GEMMA3N_LOGIT_SOFTCAP),
+               "activation_sparsity_scale": (g("activation_sparsity_scale"),
+                                             [cut] * sparse + [-np.inf] * (n_layers - sparse))}
+    for key, (value, wired) in written.items():
+        try:
+            agrees = value is None or np.allclose(np.asarray(value, np.float64), wired, rtol=1e-6)
+        except (TypeError, ValueError):  # not numbers, or not one per layer
+            agrees = False
+        if not agrees:
+            raise UserInputError(f"GGUF metadata gemma3n.{key} is {shown(value, 40)}; llama.cpp's "
+                                 f"graph hard-wires {shown(wired, 40)}")
+    if "output.weight" in tensors:
+        raise UserInputError("GGUF gemma3n with a head of its own (output.weight) is not "
+                             "supported (mlx-lm's gemma3n's head is the embedding)")
+    ff = _per_layer("gemma3n", g, count, n_layers, "feed_forward_length")
+    laurel = tensors.get("blk.0.laurel_l.weight")
+    return {
+        "hidden_act": "gelu_pytorch_tanh",
+        "intermediate_size": ff[0] if ff == [ff[0]] * n_layers else ff,
+        "num_kv_shared_layers": n_layers - first_shared,
+        "hidden_size_per_layer_input": count("embedding_length_per_layer_input", 256),
+        "vocab_size_per_layer_input": _per_layer_vocabulary(tensors, config),
+        "laurel_rank": int(laurel.shape[1]) if laurel is not None else 64,
+        "sliding_window": count("attention.sliding_window"),
+        "layer_types": ["sliding_attention" if x else "full_attention" for x in local],
+        "rope_local_base_freq": positive("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE),
+        "final_logit_softcapping": GEMMA3N_LOGIT_SOFTCAP,
+        "activation_sparsity_pattern": [GEMMA3N_SPARSITY] * sparse + [0.0] * (n_layers - sparse),
+        # no clip of AltUp's coefficients (llama.cpp has none; transformers' config, which
+        # loading the tokenizer reads, wants a number)
+        "altup_num_inputs": GEMMA3N_STREAMS, "altup_active_idx": 0,
+        "altup_coef_clip": float(np.finfo(np.float32).max), "altup_correct_scale": True,
+    }
+
+
+def _per_layer_vocabulary(tensors: dict, config: dict) -> int:
+    """Gemma 4's and 3n's per-layer inputs: the rows of their embedding (llama.cpp reads every
+    one by token id, the zero rows its converter pads with too), the vocabulary without one."""
+    embd = tensors.get("per_layer_token_embd.weight")
+    return int(embd.shape[1]) if embd is not None else config["vocab_size"]
 
 
 def _per_layer(arch: str, g: Any, count: Any, n_layers: int, key: str,

@@ -71,6 +71,8 @@ _LAYER_NAMES = {
 # Gemma 1, 2 and 3 as llama.cpp's converter writes them: norm weights as 1 + w (mlx-lm's as w),
 # a SentencePiece vocabulary in Gemma's layout
 GEMMA = ("gemma", "gemma2", "gemma3")
+# The architectures with Gemma's SentencePiece vocabulary: Gemma 3n's too (its norms stored as w)
+GEMMA_VOCABULARY = (*GEMMA, "gemma3n")
 # The architectures whose norm weights llama.cpp's converter stores as 1 + w (mlx-lm's models as
 # w): Gemma's, Nemotron's LayerNorms (not their biases)
 _NORMS_PLUS_ONE = (*GEMMA, "nemotron")
@@ -145,6 +147,20 @@ _GEMMA4_LAYER_NAMES = {
     "inp_gate": "per_layer_input_gate",
     "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm",
+}
+# Gemma 3n: Gemma 3's four norms (stored as w), Gemma 4's per-layer input gates, AltUp's
+# coefficients, router and output scale, LAuReL's two projections and norm
+_GEMMA3N_LAYER_NAMES = {
+    **_GEMMA3_LAYER_NAMES,
+    **{k: _GEMMA4_LAYER_NAMES[k] for k in ("inp_gate", "proj", "post_norm")},
+    "altup_correct_coef": "altup.correction_coefs",
+    "altup_correct_scale.weight": "altup.correct_output_scale",
+    "altup_predict_coef": "altup.prediction_coefs",
+    "altup_router": "altup.modality_router",
+    "altup_router_norm": "altup.router_norm",
+    "laurel_l": "laurel.linear_left",
+    "laurel_r": "laurel.linear_right",
+    "laurel_post_norm": "laurel.post_laurel_norm",
 }
 # Mixtral (a llama GGUF with experts; a dense one has none of these tensors), Phi-3.5-MoE and
 # Granite MoE: the router and the experts' stacks at mlx-lm's block_sparse_moe
@@ -410,7 +426,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      # PLaMo 1: one norm before attention and the MLP
                      "plamo": {**_LAYER_NAMES, "attn_norm": "norm"},
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
-                     "gemma4": _GEMMA4_LAYER_NAMES,
+                     "gemma4": _GEMMA4_LAYER_NAMES, "gemma3n": _GEMMA3N_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
                      "exaone4": _POST_NORM_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES,
                      "glm4": _GLM4_LAYER_NAMES, "starcoder2": _STARCODER2_LAYER_NAMES,
@@ -480,6 +496,13 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                                             "output_gain": "lm_head_gain"}),
                 # their PlamoDecoder's layers
                 **dict.fromkeys(("plamo", "plamo2", "plamo3"), ("model.layers.layers", _TOP_NAMES)),
+                # Gemma 3n: its text model's, AltUp's projections a matrix per stream (split by
+                # gemma3n_tensors)
+                "gemma3n": ("model.language_model.layers", {
+                    **{k: v.replace("model.", "model.language_model.", 1)
+                       for k, v in _TOP_NAMES.items() if k != "output"},
+                    "altup_proj": "model.language_model.altup_projections",
+                    "altup_unembd_proj": "model.language_model.altup_unembed_projections"}),
                 **dict.fromkeys(("nemotron_h", "nemotron_h_moe"), (
                     "backbone.layers", {"token_embd": "backbone.embeddings",
                                         "output_norm": "backbone.norm_f", "output": "lm_head"})),
@@ -650,6 +673,24 @@ def gemma4_tensors(tensors: dict, config: dict) -> dict:
         for name, n in ones.items():
             if name not in out:
                 out[name] = _Part(name, T.F32, np.array([n]), np.ones(n, np.float32))
+    return out
+
+
+def gemma3n_tensors(tensors: dict, config: dict) -> dict:
+    """A Gemma 3n GGUF's tensors as mlx-lm's gemma3n has its parameters: AltUp's stacked
+    projections (``altup_proj``, ``altup_unembd_proj``: a matrix for each stream but the
+    first) cut into one tensor each, ``<name>.<i>.weight``."""
+    out: dict[str, Any] = {}
+    for name, t in tensors.items():
+        if name not in ("altup_proj.weight", "altup_unembd_proj.weight"):
+            out[name] = t
+            continue
+        shape = np.array(t.shape.tolist())
+        if len(shape) != 3:
+            raise UserInputError(f"GGUF {name} has shape {_shape(t)}, not a stack of matrices")
+        for i, data in enumerate(np.asarray(t.data)):
+            part = name.replace(".weight", f".{i}.weight")
+            out[part] = _Part(part, t.tensor_type, shape[:2], data)
     return out
 
 
@@ -1222,7 +1263,7 @@ def dbrx_tensors(tensors: dict, config: dict) -> dict:
 
 #: The architectures whose tensors are regrouped into mlx-lm's parameters once the config is
 #: known (split, fused, or made up where llama.cpp takes a default)
-REGROUPED = {"gemma4": gemma4_tensors, "qwen3next": qwen3next_tensors,
+REGROUPED = {"gemma4": gemma4_tensors, "gemma3n": gemma3n_tensors, "qwen3next": qwen3next_tensors,
              "ernie4_5-moe": ernie45_moe_tensors, "deepseek2": deepseek2_tensors,
              "mistral4": deepseek2_tensors, "deepseek32": deepseek2_tensors,
              "glm-dsa": deepseek2_tensors,
@@ -1262,6 +1303,8 @@ def _hf_name(gguf_name: str, arch: str = "llama") -> str:
         return top[gguf_name]
     if base in top:
         return f"{top[base]}.{suffix}"
+    if len(parts) == 2 and parts[0] in top and parts[1].isdigit():  # one matrix of a stack
+        return f"{top[parts[0]]}.{parts[1]}.{suffix}"
     raise UserInputError(f"unsupported GGUF tensor {gguf_name}")
 
 

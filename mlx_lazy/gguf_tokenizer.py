@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from .errors import UserInputError, one_line
-from .gguf_tensors import GEMMA
+from .gguf_tensors import GEMMA_VOCABULARY
 
 # Split regexes of the models' own tokenizer.json files, as llama.cpp groups its pre-tokenizers
 # (llama.cpp runs adapted copies of them), and llama.cpp's own for GPT-2 and its default.
@@ -314,7 +314,7 @@ def _sentencepiece_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
     from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
     raw = _vocabulary(meta)
-    gemma = arch in GEMMA
+    gemma = arch in GEMMA_VOCABULARY
     # Gemma's GGUF stores runs of spaces as spaces; its tokenizer spells them with "\u2581"
     tokens = ["\u2581" * len(t) if gemma and t and not t.strip(" ") else t for t in raw]
     vocab = {t: i for i, t in enumerate(tokens)}

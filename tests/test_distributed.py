@@ -419,7 +419,7 @@ def test_shard_checks_step3p5s_sliding_window_heads_before_sharding():
                                   "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1",
                                   "plamo2", "lille-130m", "plamo", "recurrent_gemma", "afm7",
                                   "baichuan_m1", "olmo_hybrid", "kimi_linear",
-                                  "bailing_moe_linear", "bailing_hybrid"])
+                                  "bailing_moe_linear", "bailing_hybrid", "gemma3n"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,

@@ -120,7 +120,7 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
             "olmo3", "exaone4", "exaone4-global", "gemma4_text", "gemma4_text-moe",
             "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", *VL, "gemma2",
-            "glm4", "starcoder2", "cohere2", *DSA,
+            "glm4", "starcoder2", "cohere2", *DSA, "gemma3n",
             "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE, "gpt_neox-sequential",
             "nanbeige-skip", "afm7")
 
@@ -134,7 +134,8 @@ ATTENTION_FEATURED = frozenset((
     "ministral3-sliding", "gpt_oss", "olmo3", "exaone4", "gemma4_text", "gemma4_text-moe",
     "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", "kimi_vl", "kimi_k25",
     "cohere2", "llama4", "mellum", "exaone_moe", "afmoe", "mimo_v2_flash", "step3p5", "laguna",
-    "longcat_flash", "minicpm3", "youtu_llm", "plamo3", "deepseek_v32", "glm_moe_dsa"))
+    "longcat_flash", "minicpm3", "youtu_llm", "plamo3", "deepseek_v32", "glm_moe_dsa",
+    "gemma3n"))
 
 
 #: Runs a test once with each attention implementation.
@@ -899,14 +900,49 @@ def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
     assert engine.decode(int(prompt[-1])).shape == (a.vocab_size,)
 
 
+@BOTH_IMPLEMENTATIONS
+def test_a_waiting_gemma3n_token_keeps_its_streams_and_the_inputs_ahead(family):
+    """Gemma 3n (the tiny one: sparse MLP gates in layers 0 and 1, layers 0 and 2 sliding,
+    layer 3 reading layer 1's keys and values, AltUp's output scale not zero): a token pruned
+    after layer 1 waits with its 4 AltUp streams as mlx-lm's own layers 0 and 1 leave them, then
+    the per-layer inputs of layers 2 and 3; a revival or a completion goes on from them."""
+    from mlx_lm.models.base import create_attention_mask
+
+    model, _ = family("gemma3n")
+    a, text = ModelAdapter(model), model.model.language_model
+    assert [layer.mlp.activation_sparsity for layer in a.layers] == [0.95, 0.95, 0.0, 0.0]
+    assert [a.kv_layer(layer) for layer in range(4)] == [0, 1, 2, 1]
+    assert sliding_windows(model) == [24, None, 24, None]
+    assert all(float(mx.abs(layer.altup.correct_output_scale).min()) > 0.5 for layer in a.layers)
+    prompt = random_prompt(200, a.vocab_size, seed=6)
+    engine = LazyEngine(model, resolve_config(model, PruningConfig(
+        "lazy", prune_layers=(1,), keep=(0.3,), complete="none")))
+    engine.prefill(prompt)
+    entry = engine.cache.aux[2]
+    h = text.embed_tokens(prompt[None]) * 64 ** 0.5  # mlx-lm's forward, up to layer 2
+    inputs = text.project_per_layer_inputs(h, text.get_per_layer_inputs(prompt[None]))
+    streams = mx.stack([h, *(p(h) for p in text.altup_projections)])
+    rms = [mx.mean(x ** 2, axis=-1, keepdims=True) ** 0.5 for x in (h, streams[1:])]
+    streams[1:] = streams[1:] * (rms[0] / rms[1])
+    for layer, window in enumerate((24, None)):
+        streams = text.layers[layer](streams, create_attention_mask(h, None, window), None,
+                                     inputs[:, :, layer])
+    rows = mx.array(entry.positions.astype(np.int32))
+    want = mx.concatenate([streams[:, 0, rows].transpose(1, 0, 2).reshape(len(rows), -1),
+                           inputs[0, rows, 2:].reshape(len(rows), -1)], axis=-1)
+    assert entry.data.shape == (1, len(rows), 4 * 64 + 2 * 16)
+    assert rel_err(entry.data[0], want) < 1e-5
+    assert engine.decode(int(prompt[-1])).shape == (a.vocab_size,)
+
+
 @by_implementation(["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
                                   "deepseek_v2", "gemma2", "hunyuan", "llama4", "exaone",
-                                  "nanochat", "nanbeige", "deepseek_v32"])
+                                  "nanochat", "nanbeige", "deepseek_v32", "gemma3n"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
     holding none and its tokens' per-layer inputs, latent attention's values narrower than
     its keys, EXAONE 3's weights named otherwise, nanochat's without norm weights, Nanbeige's
-    layers twice its blocks) is
+    layers twice its blocks, Gemma 3n's AltUp streams) is
     written, checked on load and answers the next turn as the live cache
     does."""
     model, tokenizer = family(kind)

@@ -51,6 +51,22 @@ def tokens_and_types() -> tuple[list[str], list[int]]:
     return tokens + [f"<unused{i}>" for i in range(pad)], types + [3] * pad
 
 
+def add_gemma_vocabulary(w: gguf.GGUFWriter) -> None:
+    """The tiny SentencePiece vocabulary's metadata, as llama.cpp's Gemma converters write it."""
+    tokens, types = tokens_and_types()
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([-1000.0 if t != 1 else -float(i) for i, t in enumerate(types)])
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+
+
 def write_gemma_gguf(path: Path, drop: str | None = None, arch: str = "gemma3",
                      qtype: T = T.F32, config: dict = CONFIG, meta: dict | None = None) -> dict:
     """A random-weight tiny Gemma (Gemma 3's ``config`` unless another is given) as llama.cpp
@@ -65,18 +81,7 @@ def write_gemma_gguf(path: Path, drop: str | None = None, arch: str = "gemma3",
     for key, value in values.items():
         if value is not None:
             getattr(w, f"add_{key}")(value)
-    tokens, types = tokens_and_types()
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores([-1000.0 if t != 1 else -float(i) for i, t in enumerate(types)])
-    w.add_token_types(types)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
-    w.add_unk_token_id(3)
-    w.add_pad_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_space_prefix(False)
+    add_gemma_vocabulary(w)
     module = model_module(c["model_type"])
     model = module.Model(module.ModelArgs.from_dict(c))
     rng = np.random.default_rng(0)

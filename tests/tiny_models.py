@@ -807,7 +807,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
                         "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "plamo",
                         "bitnet", "deepseek_v32", "glm_moe_dsa", "olmo_hybrid", "kimi_linear",
-                        "bailing_moe_linear", "bailing_hybrid")
+                        "bailing_moe_linear", "bailing_hybrid", "gemma3n")
 
 
 def bitlinear_matmul(self: BitLinear, x: mx.array, packed: mx.array) -> mx.array:
@@ -837,6 +837,20 @@ def tiny_config(kind: str) -> dict:
                     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
         return {"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"],
+                "text_config": text,
+                **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
+    if kind == "gemma3n":  # Gemma 3n E2B's layout: 4 AltUp streams, LAuReL, 16-wide per-layer
+        # inputs (a per-layer vocabulary short of the whole), sparse MLP gates in layers 0 and 1,
+        # layers 0 and 2 sliding over 24 positions, layer 3 reading layer 1's keys and values
+        text = {**_BASE, "model_type": "gemma3n_text", "num_kv_shared_layers": 1,
+                "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 16,
+                "sliding_window": 24, "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0,
+                "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6,
+                "layer_types": ["sliding_attention", "full_attention"] * 2,
+                "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0], "altup_num_inputs": 4,
+                "altup_coef_clip": 120.0, "altup_correct_scale": True, "altup_active_idx": 0,
+                "laurel_rank": 8}
+        return {"model_type": "gemma3n", "architectures": ["Gemma3nForConditionalGeneration"],
                 "text_config": text,
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
     if kind in _WRAPPED:
@@ -952,6 +966,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
                 for name, p in tree_flatten(layer.temporal_block.parameters())
                 if name in ("conv_1d.weight", "rg_lru.input_gate_weight",
                             "rg_lru.recurrent_gate_weight")]))
+        if "altup" in layer:  # gemma3n: zeros by default (no per-layer input would count)
+            layer.altup.correct_output_scale = 1.0 + 0.1 * mx.random.normal((layer.hidden_size,))
         if "layer_scalar" in layer:  # gemma4: ones by default
             layer.layer_scalar = 0.5 + mx.random.uniform(shape=layer.layer_scalar.shape)
         for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm",
@@ -969,7 +985,7 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             act = layer.mlp.act_fn
             for name in ("alpha_p", "alpha_n", "beta"):
                 setattr(act, name, getattr(act, name) + 0.2 * mx.random.normal(()))
-        if kind.startswith(("gemma2", "gemma3", "plamo3", "gear", "recurrent_gemma")) or (
+        if kind.startswith(("gemma2", "gemma3_", "plamo3", "gear", "recurrent_gemma")) or (
                 kind == "gemma"):  # Gemma's (1 + w)
             for name in ("input_layernorm", "post_attention_layernorm",  # norms: w = 0, the
                          "pre_feedforward_layernorm", "post_feedforward_layernorm",  # identity
@@ -999,7 +1015,7 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     if kind == "talkie":  # a bare matrix, zeros by default, and its gain
         model.lm_head = mx.random.normal(model.lm_head.shape)
         model.lm_head_gain.w_g = mx.array([1.5])
-    if kind.startswith("gemma3"):
+    if kind.startswith("gemma3_"):
         model.pop("lm_head")  # tied, as Gemma 3 checkpoints are (mlx-lm ties when it is absent)
     mx.eval(model.parameters())
     save_model(folder, model)
