@@ -252,6 +252,14 @@ from .errors import UserInputError, shown
 # recurrent) and attention layers (a fused ``qkv_proj``, a weight-free q/k RMS norm times a
 # per-head ``q_weight``/``k_weight`` before RoPE, global as mlx-lm runs it); Gemma 2's four
 # norms under its own names (:data:`_PART_NAMES`), the blocks at ``model.layers.layers``.
+# muse_glimmer (Muse Glimmer's text model): Gemma 2's four norms as (1 + w) RMS norms, a
+# weight-free RMS norm on the embeddings and on each head's queries (then times
+# ``qk_scale_factor``) and keys, a sigmoid output gate (``gate_proj``, as AFM's); sliding-window
+# layers (``layer_types``) with RoPE, global ones without; logits times ``output_multiplier``,
+# then soft-capped.
+# spark2_5 (Spark 2.5): a fused ``q_k_v_proj``, a sigmoid output gate per head (``g_proj``, as
+# Step-3.5's), ``out_proj``; sliding-window layers (``layer_types``), each kind with its own RoPE
+# (base, rotary fraction); an exact-GELU gated MLP run as its module; ``model.embedding``.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
@@ -268,7 +276,8 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_mo
                          "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5",
                          "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
                          "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5",
-                         "talkie", "telechat3", "youtu_llm")
+                         "talkie", "telechat3", "youtu_llm",
+                         "muse_glimmer", "spark2_5")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -334,6 +343,7 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                         "embed_tokens": "wte", "norm": "norm_f"},
                "phixtral": {"input_layernorm": "ln", "o_proj": "out_proj",
                             "embed_tokens": "embd.wte"},
+               "spark2_5": {"o_proj": "out_proj", "embed_tokens": "embedding"},
                "talkie": {"q_proj": "attn_query", "k_proj": "attn_key", "v_proj": "attn_value",
                           "o_proj": "attn_resid", "embed_tokens": "embed"},
                "falcon_h1": {"linear_attn": "mamba",
@@ -413,7 +423,10 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # embedding_multiplier}``, ``model.final_layernorm``;
 # plamo2's ``model.layers.layers`` (its ``layers``), ``block.{is_mamba, mixer, pre_mixer_norm,
 # post_mixer_norm, pre_mlp_norm, post_mlp_norm}``, its Mamba blocks called as ``(h, None,
-# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``): at least
+# ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``;
+# muse_glimmer's ``self_attn.{qk_scale_factor, eps, gate_proj, use_rope}``, ``args.{layer_types,
+# output_multiplier, final_logit_softcapping}``; spark2_5's ``self_attn.{q_k_v_proj, g_proj,
+# out_proj}``, ``model.embedding``, ``args.layer_types``): at least
 # the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -570,7 +583,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.is_local for block in _blocks(text)]
     elif text_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
-    elif text_type in ("mellum", "exaone_moe", "afmoe", "laguna"):
+    elif text_type in ("mellum", "exaone_moe", "afmoe", "laguna", "muse_glimmer", "spark2_5"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     elif text_type == "step3p5":
         sliding = [block.is_sliding for block in _blocks(text)]
@@ -672,7 +685,8 @@ class ModelAdapter:
         self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
         self._softplus_gate = model_type == "laguna"  # its g_proj's gain per head
         self._plamo2 = model_type == "plamo2"
-        self._four_norms = self._afmoe or self._plamo2 or model_type == "plamo3"  # (PLaMo's too)
+        self._four_norms = (self._afmoe or self._plamo2  # (PLaMo's, Muse Glimmer's too)
+                            or model_type in ("plamo3", "muse_glimmer"))
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
         self.inner = next(self.text[k] for k in ("transformer", "backbone", "model")
                           if k in self.text)
@@ -684,6 +698,10 @@ class ModelAdapter:
         if self._embed_skip:  # talkie's every norm: its own epsilon
             self._weightless = partial(mx.fast.rms_norm, weight=None,
                                        eps=text_args(self.text).rms_norm_eps)
+        # the norm on the embeddings: nanochat's and Talkie's weightless one, Muse Glimmer's
+        self._embed_norm = self._weightless or (
+            partial(mx.fast.rms_norm, weight=None, eps=text_args(self.text).rms_norm_eps)
+            if model_type == "muse_glimmer" else None)
         self._windows = sliding_windows(model)
         if any(getattr(layer, "use_sliding", False) and window is None
                for layer, window in zip(self.layers, self._windows)):
@@ -742,9 +760,9 @@ class ModelAdapter:
         gemma = self._gemma2 or self._gemma3 or self._gemma4
         self._feed_forwards = [feed_forward(block) for block in self.layers]
         self._shared_mlps = [getattr(block, "shared_mlp", None) for block in self.layers]
-        # Gemma 1's exact GELU has no CPU kernel: mlx-lm's module runs it
-        self._activations = [None if model_type == "gemma" else _gated_activation(mlp, gemma)
-                             for mlp in self._feed_forwards]
+        # Gemma 1's and Spark 2.5's exact GELU has no CPU kernel: mlx-lm's module runs it
+        self._activations = [None if model_type in ("gemma", "spark2_5")
+                             else _gated_activation(mlp, gemma) for mlp in self._feed_forwards]
         args = text_args(self.text)
         # Gemma 4's E2B/E4B: the layer whose keys and values each layer attends over, and
         # the width of each layer's per-token input
@@ -774,7 +792,8 @@ class ModelAdapter:
             range(blocks - 1, len(self.layers) - 1, blocks))
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
         self._hidden = int(config_value(args, "hidden_size"))
-        self._softcap = (getattr(args, "final_logit_softcapping", None) if gemma else
+        self._softcap = (getattr(args, "final_logit_softcapping", None)
+                         if gemma or model_type == "muse_glimmer" else
                          15.0 if model_type == "nanochat" else None)  # mlx-lm's nanochat.softcap
         granite, minicpm = model_type in GRANITE_TYPES, model_type in ("minicpm", "minicpm3")
         # what the embeddings are multiplied by: mlx-lm's Gemma 3 multiplies by sqrt(hidden)
@@ -794,7 +813,9 @@ class ModelAdapter:
                                 args.hidden_size / args.dim_model_base
                                 if minicpm and not args.tie_word_embeddings else
                                 args.embedding_multiplier / args.lm_head_multiplier
-                                if self._falcon_h1 and args.tie_word_embeddings else None)
+                                if self._falcon_h1 and args.tie_word_embeddings else
+                                1 / args.output_multiplier if model_type == "muse_glimmer"
+                                else None)
 
     def sliding_window(self, layer: int) -> Optional[Window]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -955,8 +976,8 @@ class ModelAdapter:
                     f"{table.weight.shape[0]} learned positions; shorten the prompt or the "
                     "generation")
             h = h + table(mx.array(positions))
-        if self._weightless is not None:  # nanochat, talkie: normed embeddings
-            h = self._weightless(h)
+        if self._embed_norm is not None:  # nanochat, talkie, muse_glimmer: normed embeddings
+            h = self._embed_norm(h)
         if self._embed_skip:  # talkie: and a copy of them, which every layer adds back
             return mx.concatenate([h, h], axis=-1)
         scale = self._embed_scale
@@ -977,10 +998,10 @@ class ModelAdapter:
             out = self._embedding.as_linear(h)
         else:
             out = self.lm_head(h)
+        if self._logits_scaling is not None:
+            out = out / self._logits_scaling
         if self._softcap:  # Gemma 2 style final soft-capping, where a config has it
             out = mx.tanh(out / self._softcap) * self._softcap
-        elif self._logits_scaling is not None:
-            out = out / self._logits_scaling
         return out
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
@@ -1012,7 +1033,8 @@ class ModelAdapter:
         kv_heads = getattr(attn, "n_kv_heads", None) or getattr(attn, "num_kv_heads",
                                                                 self.n_kv_heads)
         fused = (getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
-                 or getattr(attn, "c_attn", None) or getattr(attn, "Wqkv", None))
+                 or getattr(attn, "c_attn", None) or getattr(attn, "Wqkv", None)
+                 or getattr(attn, "q_k_v_proj", None))  # spark2_5's
         if fused is not None and self._qkv_by_head:  # gpt_neox: each head's q, k, v in turn
             q, k, v = mx.split(fused(x).reshape(1, x.shape[1], heads, -1), 3, axis=-1)
         elif fused is not None:  # phi3, bailing_moe, qwen, gpt2, openelm, dbrx, phixtral: split
@@ -1046,8 +1068,8 @@ class ModelAdapter:
             v = k if v_proj is None else v_proj(x)  # gemma4's k_eq_v layers
             if "gate_proj" in attn:  # afmoe: an output gate from the attention's input
                 gate = attn.gate_proj(x)[:, :n]
-            if "g_proj" in attn:  # step3p5, laguna: one per head, from the attention's input
-                gate = attn.g_proj(x)[:, :n]
+        if "g_proj" in attn:  # step3p5, laguna, spark2_5: one per head, from the attention's input
+            gate = attn.g_proj(x)[:, :n]
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
         q_norm, k_norm = self._head_norms(attn)
@@ -1093,6 +1115,9 @@ class ModelAdapter:
         if "q_weight" in attn:  # plamo2: weight-free, then times a weight per head
             return (partial(_scaled_rms_norm, weight=attn.q_weight),
                     partial(_scaled_rms_norm, weight=attn.k_weight))
+        if hasattr(attn, "qk_scale_factor"):  # muse_glimmer: weight-free, queries then scaled
+            return (partial(_scaled_rms_norm, weight=attn.qk_scale_factor, eps=attn.eps),
+                    partial(mx.fast.rms_norm, weight=None, eps=attn.eps))
         if self._weightless is not None:
             return self._weightless, self._weightless
         if self._l2_eps is not None and attn.use_qk_norm:
@@ -1467,10 +1492,10 @@ def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     return None
 
 
-def _scaled_rms_norm(x: mx.array, weight: mx.array) -> mx.array:
+def _scaled_rms_norm(x: mx.array, weight: mx.array | float, eps: float = 1e-6) -> mx.array:
     """PLaMo 2's q/k norm of ``x`` (1, n, heads, head_dim): a weight-free RMS norm (epsilon
-    1e-6, as mlx-lm's), times ``weight`` (heads, head_dim)."""
-    return mx.fast.rms_norm(x, weight=None, eps=1e-6) * weight
+    1e-6, as mlx-lm's), times ``weight`` (heads, head_dim; Muse Glimmer's queries: a scalar)."""
+    return mx.fast.rms_norm(x, weight=None, eps=eps) * weight
 
 
 def _query_scale(positions: np.ndarray, beta: float, original_max: int) -> mx.array:

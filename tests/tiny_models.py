@@ -30,7 +30,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
-         "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2")
+         "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2",
+         "muse_glimmer", "spark2_5")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -605,6 +606,21 @@ _KIND_CONFIG = {
                 "share_expert_dim": 32, "moe_layers_enum": "1,2,3",
                 "moe_router_scaling_factor": 3.0, "swiglu_limits": [0, 0.2, 0.2, 0],
                 "swiglu_limits_shared": [0.2, 0.2, 0, 0.2]},
+    # Muse Glimmer: (1 + w) norms around each branch (random w), weight-free norms on the
+    # embeddings and q/k (queries times 3.87), a sigmoid output gate; layers 0 and 2 slide over
+    # 24 positions with RoPE, 1 and 3 are global without; logits times 4 (up to 8 here),
+    # soft-capped at 20
+    "muse_glimmer": {"architectures": ["MuseGlimmerForCausalLM"], "sliding_window": 24,
+                     "layer_types": ["sliding_attention", "full_attention"] * 2,
+                     "output_multiplier": 4.0},
+    # Spark 2.5: a fused q/k/v, a sigmoid gate per head; layers 0 and 2 slide over 24 positions
+    # (RoPE base 10000), 1 and 3 are global (base 500000 over half of each head); an exact-GELU
+    # gated MLP; the head tied
+    "spark2_5": {"architectures": ["Spark2_5ForCausalLM"], "sliding_window": 24,
+                 "layer_types": ["sliding_attention", "full_attention"] * 2,
+                 "rope_parameters": {
+                     "full_attention": {"rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+                     "sliding_attention": {"rope_theta": 10000.0}}},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -710,7 +726,8 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
                         "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
-                        "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1")
+                        "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "muse_glimmer",
+                        "spark2_5")
 
 
 def tiny_config(kind: str) -> dict:
@@ -854,7 +871,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             act = layer.mlp.act_fn
             for name in ("alpha_p", "alpha_n", "beta"):
                 setattr(act, name, getattr(act, name) + 0.2 * mx.random.normal(()))
-        if kind.startswith(("gemma2", "gemma3", "plamo3")) or kind == "gemma":  # Gemma's (1 + w)
+        if (kind.startswith(("gemma2", "gemma3", "plamo3", "muse_glimmer"))  # Gemma's (1 + w)
+                or kind == "gemma"):
             for name in ("input_layernorm", "post_attention_layernorm",  # norms: w = 0, the
                          "pre_feedforward_layernorm", "post_feedforward_layernorm",  # identity
                          "pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm",  # (PLaMo 3's,
