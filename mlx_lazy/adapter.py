@@ -257,6 +257,11 @@ from .errors import UserInputError, shown
 # ``qk_scale_factor``) and keys, a sigmoid output gate (``gate_proj``, as AFM's); sliding-window
 # layers (``layer_types``) with RoPE, global ones without; logits times ``output_multiplier``,
 # then soft-capped.
+# iquestloopcoder (IQuest-Coder's Loop models): Llama's layout whose stack runs twice over the
+# same weights (each pass an engine layer of its own, as nanbeige's); a layer of the second loop
+# attends with its queries over the keys and values of its first-loop layer (globally) and
+# over its own (in a ``loop_window_size`` window), the two outputs mixed per head by a sigmoid
+# gate of its queries (``model.gate_projections``, :meth:`ModelAdapter.mix_loops`).
 # spark2_5 (Spark 2.5): a fused ``q_k_v_proj``, a sigmoid output gate per head (``g_proj``, as
 # Step-3.5's), ``out_proj``; sliding-window layers (``layer_types``), each kind with its own RoPE
 # (base, rotary fraction); an exact-GELU gated MLP run as its module; ``model.embedding``.
@@ -277,7 +282,7 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_mo
                          "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
                          "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5",
                          "talkie", "telechat3", "youtu_llm",
-                         "muse_glimmer", "spark2_5")
+                         "muse_glimmer", "spark2_5", "iquestloopcoder")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
@@ -426,7 +431,8 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # ArraysCache)``, ``mixer.{qkv_proj, q_weight, k_weight, q_num_heads, k_num_heads}``;
 # muse_glimmer's ``self_attn.{qk_scale_factor, eps, gate_proj, use_rope}``, ``args.{layer_types,
 # output_multiplier, final_logit_softcapping}``; spark2_5's ``self_attn.{q_k_v_proj, g_proj,
-# out_proj}``, ``model.embedding``, ``args.layer_types``): at least
+# out_proj}``, ``model.embedding``, ``args.layer_types``; iquestloopcoder's ``model.{loop_num,
+# gate_projections}`` (called as ``(queries)``), ``args.loop_window_size``): at least
 # the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -530,9 +536,10 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
     """The transformer blocks of a text model: ``model.layers``, or ``transformer.h`` (EXAONE
     3's, nanochat's, StarCoder 1's) and GPT-NeoX's and GPT-2's ``model.h`` through the model's
     ``layers``; Nanbeige's once per loop (its stack runs ``num_loops`` times over the same
-    weights, each pass a layer with its own keys and values)."""
-    if _family(text) == "nanbeige":
-        return text.model.layers * text.model.num_loops
+    weights, each pass a layer with its own keys and values; IQuest-Loop-Coder's twice, its
+    ``loop_num``)."""
+    if _family(text) in ("nanbeige", "iquestloopcoder"):
+        return text.model.layers * (getattr(text.model, "num_loops", None) or text.model.loop_num)
     if _family(text) == "longcat_flash":
         return [_sublayer(block, i) for block in text.model.layers for i in range(2)]
     # (PLaMo 3's model.layers is a module holding them: its model's layers)
@@ -590,6 +597,9 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     elif text_type == "mimo_v2_flash":
         window = text.args.sliding_window_size
         sliding = [block.is_sliding_window for block in _blocks(text)]
+    elif text_type == "iquestloopcoder":  # the second loop's own keys and values
+        window, blocks = text.args.loop_window_size, len(text.model.layers)
+        sliding = [False] * blocks + [True] * blocks
     elif text_type == "plamo3":  # the window of mlx-lm's caches and of llama.cpp (mlx-lm's
         # prompt mask, window_size + 1 wide, disagrees with its own caches' window_size)
         sliding, window = [not block.full_attn for block in _blocks(text)], text.config.window_size
@@ -790,6 +800,11 @@ class ModelAdapter:
         self._loop_ends = frozenset(
             () if getattr(args, "skip_loop_final_norm", True) else
             range(blocks - 1, len(self.layers) - 1, blocks))
+        # IQuest-Loop-Coder: the first-loop layer each second-loop layer also attends over
+        first_loop = len(self.inner.layers)
+        self._loop_sources = [layer - first_loop if model_type == "iquestloopcoder"
+                              and layer >= first_loop else None
+                              for layer in range(len(self.layers))]
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
         self._hidden = int(config_value(args, "hidden_size"))
         self._softcap = (getattr(args, "final_logit_softcapping", None)
@@ -830,6 +845,19 @@ class ModelAdapter:
         Hunyuan's cross-layer attention the first of its group of ``cla_share_factor``,
         whose cache it reads; :meth:`qkv` gives them no keys and values."""
         return self._kv_layers[layer]
+
+    def loop_source(self, layer: int) -> Optional[int]:
+        """The first-loop layer whose keys and values a second-loop layer of IQuest-Loop-Coder
+        also attends over, globally, beside its own in a window (:meth:`mix_loops`); None for
+        every other layer and family."""
+        return self._loop_sources[layer]
+
+    def mix_loops(self, layer: int, q: mx.array, first: mx.array, own: mx.array) -> mx.array:
+        """A second-loop layer's attention output (1, H, n, head_dim): ``first`` (over the keys
+        of :meth:`loop_source`) and ``own`` (over its own) mixed per head by the sigmoid gate
+        of its queries ``q`` (RoPE applied), as mlx-lm's iquestloopcoder mixes them."""
+        gate = self.inner.gate_projections[self._loop_sources[layer]](q)
+        return gate * first + (1 - gate) * own
 
     def recurrent(self, layer: int) -> bool:
         """Whether ``layer`` is recurrent (:func:`recurrent_layers`): it runs through

@@ -330,6 +330,12 @@ class LazyEngine:
             visible = _and(visible, cache.depth[kv.cached_positions()] > layer)
         out = self.attention(q, kv, rows, visible, prompt, cache.length,
                              a.sliding_window(layer), a.sinks(layer), a.softcap(layer))
+        source = a.loop_source(layer)
+        if source is not None:  # IQuest's second loop: also over the first loop's keys, of the
+            first = cache.layers[source]  # tokens seen that reached this layer
+            seen_there = _and(first.mask_at(seen), cache.depth[first.cached_positions()] > layer)
+            out = a.mix_loops(layer, q, self.attention(q, first, rows, seen_there, prompt,
+                                                       cache.length), out)
         return q, a.finish(layer, h, out, gate), rows, visible
 
     def _attention_free_layer(self, layer: int, h: mx.array, comp: np.ndarray, output: bool

@@ -454,7 +454,8 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
                   "nanbeige", "minicpm3", "youtu_llm", "glm", "telechat3", "solar_open", "glm4",
-                  "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25", "gptj", "minimax"]
+                  "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25", "gptj", "minimax",
+                  "iquestloopcoder"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
@@ -491,14 +492,15 @@ def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
     Youtu-LLM's split the same way by shard_by_heads), K-EXAONE (mlx-lm's shard: its MoE blocks
     sum their ranks' shares), Qwen3-VL MoE (its text model's qwen3_moe shard: the wrapper has
     none), Kimi K2.5 (its wrapper's shard, DeepSeek-V3's) and MiniMax-M2 (mlx-lm's shard: its
-    q/k norms over all heads split with them, their sums of squares all-summed): unpruned,
+    q/k norms over all heads split with them, their sums of squares all-summed),
+    IQuest-Loop-Coder (mlx-lm's shard: each rank its heads' loop gates): unpruned,
     each rank's logits equal mlx-lm's; pruned, each rank selects what the single process
     selects and its logits equal it."""
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
                                                 "glm4_moe_lite", "deepseek_v2", "solar_open",
                                                 "mistral4", "exaone_moe", "kimi_k25",
-                                                "minimax"))
+                                                "minimax", "iquestloopcoder"))
     runs = families_two_rank_runs[kind]
     (rec0, logits0), (rec1, logits1) = runs["full"]
     assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2

@@ -68,7 +68,9 @@ base); Talkie (``talkie``: weightless norms, gains per query head, on each branc
 normed embeddings every layer adds back); Muse Glimmer (``muse_glimmer``: (1 + w) norms around
 each branch, weight-free norms on the embeddings and q/k, an output gate, sliding layers with RoPE
 and global ones without, scaled and soft-capped logits); Spark 2.5 (``spark2_5``: a fused q/k/v,
-a gate per head, sliding layers with RoPE of their own, an exact-GELU MLP). The text models of
+a gate per head, sliding layers with RoPE of their own, an exact-GELU MLP); IQuest-Loop-Coder
+(``iquestloopcoder``: its blocks run twice, the second loop attending over its own keys in a
+window and the first loop's, mixed by a gate per head). The text models of
 vision-language checkpoints (:data:`VL`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL MoE, Kimi-VL,
 Kimi K2.5; LFM2-VL's in test_hybrid)."""
 
@@ -113,7 +115,7 @@ DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
          "granitemoehybrid-micro", "glm", "telechat3", "gptj", "plamo3", "talkie",
-         "muse_glimmer", "spark2_5")
+         "muse_glimmer", "spark2_5", "iquestloopcoder")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -842,11 +844,14 @@ def _seen_keys(engine):
     ("gemma4_text-e2b", PruningConfig("lazy", prune_layers=(1, 2), keep=(0.5, 0.2),
                                       complete="progressive:40"), {2, 3}),
     ("hunyuan", PruningConfig("lazy", prune_layers=(0, 2), keep=(0.5, 0.3),
-                              complete="progressive:40"), {1, 3})])
+                              complete="progressive:40"), {1, 3}),
+    ("iquestloopcoder", PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.3),
+                                      complete="progressive:40"), {2, 3})])
 def test_a_layer_reading_lower_keys_sees_only_tokens_computed_there(family, kind, config,
                                                                      reading):
     """Gemma 4's layers 2 and 3 read the keys and values of layers 0 and 1, Hunyuan's CLA
-    layers 1 and 3 those of 0 and 2, which also hold the tokens that stopped below them
+    layers 1 and 3 those of 0 and 2, IQuest-Loop-Coder's second loop (2, 3) those of its first
+    beside its own, which also hold the tokens that stopped below them
     (SPEED's prompt, pruned tokens): each sees, as a layer with its own keys would, only the
     keys of tokens computed at it, through prefill, decode steps (revivals) and completion."""
     model, _ = family(kind)
@@ -1230,11 +1235,13 @@ def test_the_tiny_minimax_mimo_v2_flash_and_step3p5_are_what_they_claim(family):
     assert float(mx.abs(step.layers[1].mlp.gate.router_bias).min()) > 0
 
 
-def test_the_tiny_muse_glimmer_and_spark2_5_are_what_they_claim(family):
+def test_the_tiny_muse_glimmer_spark2_5_and_iquestloopcoder_are_what_they_claim(family):
     """Muse Glimmer: layers 0 and 2 slide over 24 positions with RoPE, 1 and 3 are global
     without; random (1 + w) norms, queries times 3.87, logits times 4 then soft-capped at 20 where
     the cap bites. Spark 2.5: the same windows, RoPE over whole heads (base 10000) in the
-    sliding layers and half of each (500000) in the global ones, a gate per head, exact GELU."""
+    sliding layers and half of each (500000) in the global ones, a gate per head, exact GELU.
+    IQuest-Loop-Coder: 2 blocks run twice, the second loop's own keys in a 24-position window,
+    its loop gates random (zeros would mix the two attentions half and half)."""
     glimmer = family("muse_glimmer")[0]
     assert sliding_windows(glimmer) == [24, None, 24, None]
     assert [layer.self_attn.use_rope for layer in glimmer.layers] == [True, False] * 2
@@ -1248,6 +1255,10 @@ def test_the_tiny_muse_glimmer_and_spark2_5_are_what_they_claim(family):
         (16, 10000.0), (8, 500000.0)] * 2
     assert spark.layers[0].self_attn.g_proj.weight.shape == (4, 64)
     assert ModelAdapter(spark)._activations == [None] * 4 and spark.args.tie_word_embeddings
+    loop = family("iquestloopcoder")[0]
+    assert sliding_windows(loop) == [None, None, 24, 24]
+    gate = loop.model.gate_projections[1]
+    assert float(mx.abs(gate.weight).max()) > 0.5 and float(mx.abs(gate.bias).max()) > 0.5
 
 
 def test_the_tiny_hunyuan_is_what_it_claims(family):

@@ -31,7 +31,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
          "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2",
-         "muse_glimmer", "spark2_5")
+         "muse_glimmer", "spark2_5", "iquestloopcoder")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -621,6 +621,10 @@ _KIND_CONFIG = {
                  "rope_parameters": {
                      "full_attention": {"rope_theta": 500000.0, "partial_rotary_factor": 0.5},
                      "sliding_attention": {"rope_theta": 10000.0}}},
+    # IQuest-Loop-Coder: 2 blocks run twice (4 engine layers); the second loop's own keys in a
+    # 24-position window, mixed with the first loop's by a random gate per head
+    "iquestloopcoder": {"architectures": ["IQuestLoopCoderForCausalLM"], "num_hidden_layers": 2,
+                        "loop_num": 2, "loop_window_size": 24},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -727,7 +731,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
                         "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
                         "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "muse_glimmer",
-                        "spark2_5")
+                        "spark2_5", "iquestloopcoder")
 
 
 def tiny_config(kind: str) -> dict:
@@ -884,6 +888,9 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             for name in ("operator_norm", "ffn_norm"):
                 norm = getattr(layer, name)
                 norm.weight = 1.0 + 0.1 * mx.random.normal(norm.weight.shape)
+    for gate in getattr(model.model, "gate_projections", ()):  # iquestloopcoder's: zeros
+        gate.weight = mx.random.normal(gate.weight.shape)
+        gate.bias = mx.random.normal(gate.bias.shape)
     for _, module in model.named_modules():  # phimoe's LayerNorms: biases zero by default
         if isinstance(module, nn.LayerNorm) and "bias" in module:
             module.bias = 0.1 * mx.random.normal(module.bias.shape)
