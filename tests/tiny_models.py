@@ -612,7 +612,7 @@ _KIND_CONFIG = {
     # soft-capped at 20
     "muse_glimmer": {"architectures": ["MuseGlimmerForCausalLM"], "sliding_window": 24,
                      "layer_types": ["sliding_attention", "full_attention"] * 2,
-                     "output_multiplier": 4.0},
+                     "output_multiplier": 4.0, "final_logit_softcapping": 20.0},
     # Spark 2.5: a fused q/k/v, a sigmoid gate per head; layers 0 and 2 slide over 24 positions
     # (RoPE base 10000), 1 and 3 are global (base 500000 over half of each head); an exact-GELU
     # gated MLP; the head tied
