@@ -801,9 +801,9 @@ class ModelAdapter:
             () if getattr(args, "skip_loop_final_norm", True) else
             range(blocks - 1, len(self.layers) - 1, blocks))
         # IQuest-Loop-Coder: the first-loop layer each second-loop layer also attends over
-        first_loop = len(self.inner.layers)
-        self._loop_sources = [layer - first_loop if model_type == "iquestloopcoder"
-                              and layer >= first_loop else None
+        first_loop = (len(self.inner.layers) if model_type == "iquestloopcoder"
+                      else len(self.layers))
+        self._loop_sources = [layer - first_loop if layer >= first_loop else None
                               for layer in range(len(self.layers))]
         self._layer_input = (args.hidden_size_per_layer_input or 0) if self._gemma4 else 0
         self._hidden = int(config_value(args, "hidden_size"))

@@ -301,8 +301,10 @@ class LazyEngine:
         keys cached there at or before its position (those ``seen`` marks, by position,
         when given), o_proj and MLP. A layer that reads a lower layer's keys and values
         (Gemma 4's E2B/E4B, :meth:`~mlx_lazy.adapter.ModelAdapter.kv_layer`) stores none and
-        sees those of the tokens computed at it, as a layer with its own would. Every
-        forward, completion and recompute goes through here.
+        sees those of the tokens computed at it, as a layer with its own would; so does a
+        second-loop layer of IQuest-Loop-Coder over its first-loop layer's, beside its own
+        (:meth:`~mlx_lazy.adapter.ModelAdapter.loop_source`). Every forward, completion and
+        recompute goes through here.
 
         Returns the queries, the hidden states after the layer, the positions they belong to
         and the keys they saw (``seen`` at the layer's cached keys; None: all). At the top
