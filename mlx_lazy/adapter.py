@@ -313,6 +313,19 @@ from .errors import UserInputError, shown
 # LAuReL (a low-rank branch beside attention), sparse MLP gates (a Gaussian top-k in the layers
 # ``activation_sparsity_pattern`` names: run as its module); the streams merged into one by
 # ``altup_unembed_projections`` before the final norm (:meth:`ModelAdapter.logits`).
+# muse_glimmer (Muse Glimmer's text model): Gemma 2's four norms as (1 + w) RMS norms, a
+# weight-free RMS norm on the embeddings and on each head's queries (then times
+# ``qk_scale_factor``) and keys, a sigmoid output gate (``gate_proj``, as AFM's); sliding-window
+# layers (``layer_types``) with RoPE, global ones without; logits times ``output_multiplier``,
+# then soft-capped.
+# iquestloopcoder (IQuest-Coder's Loop models): Llama's layout whose stack runs twice over the
+# same weights (each pass an engine layer of its own, as nanbeige's); a layer of the second loop
+# attends with its queries over the keys and values of its first-loop layer (globally) and
+# over its own (in a ``loop_window_size`` window), the two outputs mixed per head by a sigmoid
+# gate of its queries (``model.gate_projections``, :meth:`ModelAdapter.mix_loops`).
+# spark2_5 (Spark 2.5): a fused ``q_k_v_proj``, a sigmoid output gate per head (``g_proj``, as
+# Step-3.5's), ``out_proj``; sliding-window layers (``layer_types``), each kind with its own RoPE
+# (base, rotary fraction); an exact-GELU gated MLP run as its module; ``model.embedding``.
 SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "bailing_hybrid",
                          "bailing_moe", "bailing_moe_linear", "bailing_moe_v3", "bitnet", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
@@ -332,7 +345,8 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "ba
                          "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5",
                          "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
                          "recurrent_gemma", "seed_oss", "smollm3", "solar_open", "stablelm",
-                         "starcoder2", "step3p5", "talkie", "telechat3", "youtu_llm")
+                         "starcoder2", "step3p5", "talkie", "telechat3", "youtu_llm",
+                         "muse_glimmer", "spark2_5", "iquestloopcoder")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3", "olmo_hybrid")
@@ -404,6 +418,7 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                         "embed_tokens": "wte", "norm": "norm_f"},
                "phixtral": {"input_layernorm": "ln", "o_proj": "out_proj",
                             "embed_tokens": "embd.wte"},
+               "spark2_5": {"o_proj": "out_proj", "embed_tokens": "embedding"},
                "talkie": {"q_proj": "attn_query", "k_proj": "attn_key", "v_proj": "attn_value",
                           "o_proj": "attn_resid", "embed_tokens": "embed"},
                "falcon_h1": {"linear_attn": "mamba",
@@ -517,7 +532,12 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # ``layer_idx_to_cache_idx``, ``altup_projections``, ``altup_unembed_projections``,
 # ``block.{altup.{predict, correct, correct_output_scale}, laurel, config.altup_correct_scale,
 # per_layer_input_gate, per_layer_projection, post_per_layer_input_norm}``,
-# ``mlp.activation_sparsity``): at least the first, below the second. Same as pyproject.toml.
+# ``mlp.activation_sparsity``;
+# muse_glimmer's ``self_attn.{qk_scale_factor, eps, gate_proj, use_rope}``, ``args.{layer_types,
+# output_multiplier, final_logit_softcapping}``; spark2_5's ``self_attn.{q_k_v_proj, g_proj,
+# out_proj}``, ``model.embedding``, ``args.layer_types``; iquestloopcoder's ``model.{loop_num,
+# gate_projections}`` (called as ``(queries)``), ``args.loop_window_size``): at least
+# the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -622,9 +642,10 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
     """The transformer blocks of a text model: ``model.layers``, or ``transformer.h`` (EXAONE
     3's, nanochat's, StarCoder 1's) and GPT-NeoX's and GPT-2's ``model.h`` through the model's
     ``layers``; Nanbeige's once per loop (its stack runs ``num_loops`` times over the same
-    weights, each pass a layer with its own keys and values)."""
-    if _family(text) == "nanbeige":
-        return text.model.layers * text.model.num_loops
+    weights, each pass a layer with its own keys and values; IQuest-Loop-Coder's twice, its
+    ``loop_num``)."""
+    if _family(text) in ("nanbeige", "iquestloopcoder"):
+        return text.model.layers * (getattr(text.model, "num_loops", None) or text.model.loop_num)
     if _family(text) == "longcat_flash":
         return [_sublayer(block, i) for block in text.model.layers for i in range(2)]
     # (PLaMo 3's model.layers is a module holding them: its model's layers; AFM's, its layers
@@ -678,7 +699,8 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
         sliding = [block.self_attn.is_local for block in _blocks(text)]
     elif text_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
-    elif text_type in ("mellum", "exaone_moe", "afmoe", "laguna", "gear"):
+    elif text_type in ("mellum", "exaone_moe", "afmoe", "laguna", "gear", "muse_glimmer",
+                       "spark2_5"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     elif text_type == "step3p5":
         sliding = [block.is_sliding for block in _blocks(text)]
@@ -690,6 +712,9 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     elif text_type == "mimo_v2_flash":
         window = text.args.sliding_window_size
         sliding = [block.is_sliding_window for block in _blocks(text)]
+    elif text_type == "iquestloopcoder":  # the second loop's own keys and values
+        window, blocks = text.args.loop_window_size, len(text.model.layers)
+        sliding = [False] * blocks + [True] * blocks
     elif text_type == "plamo3":  # the window of mlx-lm's caches and of llama.cpp (mlx-lm's
         # prompt mask, window_size + 1 wide, disagrees with its own caches' window_size)
         sliding, window = [not block.full_attn for block in _blocks(text)], text.config.window_size
@@ -793,8 +818,8 @@ class ModelAdapter:
         self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
         self._softplus_gate = model_type == "laguna"  # its g_proj's gain per head
         self._plamo2 = model_type == "plamo2"
-        self._four_norms = (self._afmoe or self._plamo2 or  # (PLaMo's too)
-                            model_type in ("plamo3", "gear"))
+        self._four_norms = (self._afmoe or self._plamo2  # (PLaMo's, Muse Glimmer's too)
+                            or model_type in ("plamo3", "gear", "muse_glimmer"))
         # recurrent layers run as mlx-lm's whole block (their norms and MLP)
         self._whole_block = self._plamo2 or model_type in ("gear", "recurrent_gemma")
         # EXAONE 3's and nanochat's transformer, Nemotron-H's backbone, or the model
@@ -808,6 +833,10 @@ class ModelAdapter:
         if self._embed_skip:  # talkie's every norm: its own epsilon
             self._weightless = partial(mx.fast.rms_norm, weight=None,
                                        eps=text_args(self.text).rms_norm_eps)
+        # the norm on the embeddings: nanochat's and Talkie's weightless one, Muse Glimmer's
+        self._embed_norm = self._weightless or (
+            partial(mx.fast.rms_norm, weight=None, eps=text_args(self.text).rms_norm_eps)
+            if model_type == "muse_glimmer" else None)
         self._windows = sliding_windows(model)
         if any(getattr(layer, "use_sliding", False) and window is None
                for layer, window in zip(self.layers, self._windows)):
@@ -878,12 +907,13 @@ class ModelAdapter:
         gear_act = (gear._activation(text_args(self.text).hidden_activation)
                     if model_type == "gear" else None)
         gelu = gemma or model_type == "recurrent_gemma" or gear_act is nn.gelu_approx
-        # Gemma 1's and Gear's exact GELU have no CPU kernel, nor BitNet's ReLU^2 and sub-norm,
-        # nor Gemma 3n's sparse gates (a top-k of each token's gate values), and Lille's MLP
-        # holds its own norm: mlx-lm's module runs them
+        # Gemma 1's, Gear's and Spark 2.5's exact GELU have no CPU kernel, nor BitNet's ReLU^2
+        # and sub-norm, nor Gemma 3n's sparse gates (a top-k of each token's gate values), and
+        # Lille's MLP holds its own norm: mlx-lm's module runs them
         self._mlp_normed = model_type == "lille-130m"
-        self._activations = [None if model_type in ("gemma", "bitnet") or self._mlp_normed
-                             or gear_act is nn.gelu or getattr(mlp, "activation_sparsity", 0) > 0
+        self._activations = [None if model_type in ("gemma", "bitnet", "spark2_5")
+                             or self._mlp_normed or gear_act is nn.gelu
+                             or getattr(mlp, "activation_sparsity", 0) > 0
                              else _gated_activation(mlp, gelu) for mlp in self._feed_forwards]
         args = text_args(self.text)
         # plamo: its key/value heads tiled, query head i reading i mod their count; the
@@ -929,6 +959,11 @@ class ModelAdapter:
         self._loop_ends = frozenset(
             () if getattr(args, "skip_loop_final_norm", True) else
             range(blocks - 1, len(self.layers) - 1, blocks))
+        # IQuest-Loop-Coder: the first-loop layer each second-loop layer also attends over
+        first_loop = (len(self.inner.layers) if model_type == "iquestloopcoder"
+                      else len(self.layers))
+        self._loop_sources = [layer - first_loop if layer >= first_loop else None
+                              for layer in range(len(self.layers))]
         self._layer_input = ((args.hidden_size_per_layer_input or 0)
                              if self._gemma4 or self._gemma3n else 0)
         self._hidden = int(config_value(args, "hidden_size"))
@@ -936,7 +971,7 @@ class ModelAdapter:
         self._streams = self._hidden * (args.altup_num_inputs if self._gemma3n else 1)
         self._active = args.altup_active_idx if self._gemma3n else 0
         self._softcap = (getattr(args, "final_logit_softcapping", None)
-                         if gemma or model_type == "gear" else
+                         if gemma or model_type in ("gear", "muse_glimmer") else
                          args.logits_soft_cap if model_type == "recurrent_gemma" else
                          15.0 if model_type == "nanochat" else None)  # mlx-lm's nanochat.softcap
         granite, minicpm = model_type in GRANITE_TYPES, model_type in ("minicpm", "minicpm3")
@@ -959,7 +994,9 @@ class ModelAdapter:
                                 args.hidden_size / args.dim_model_base
                                 if minicpm and not args.tie_word_embeddings else
                                 args.embedding_multiplier / args.lm_head_multiplier
-                                if self._falcon_h1 and args.tie_word_embeddings else None)
+                                if self._falcon_h1 and args.tie_word_embeddings else
+                                1 / args.output_multiplier if model_type == "muse_glimmer"
+                                else None)
 
     def sliding_window(self, layer: int) -> Optional[Window]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -974,6 +1011,19 @@ class ModelAdapter:
         Hunyuan's cross-layer attention the first of its group of ``cla_share_factor``,
         whose cache it reads; :meth:`qkv` gives them no keys and values."""
         return self._kv_layers[layer]
+
+    def loop_source(self, layer: int) -> Optional[int]:
+        """The first-loop layer whose keys and values a second-loop layer of IQuest-Loop-Coder
+        also attends over, globally, beside its own in a window (:meth:`mix_loops`); None for
+        every other layer and family."""
+        return self._loop_sources[layer]
+
+    def mix_loops(self, layer: int, q: mx.array, first: mx.array, own: mx.array) -> mx.array:
+        """A second-loop layer's attention output (1, H, n, head_dim): ``first`` (over the keys
+        of :meth:`loop_source`) and ``own`` (over its own) mixed per head by the sigmoid gate
+        of its queries ``q`` (RoPE applied), as mlx-lm's iquestloopcoder mixes them."""
+        gate = self.inner.gate_projections[self._loop_sources[layer]](q)
+        return gate * first + (1 - gate) * own
 
     def recurrent(self, layer: int) -> bool:
         """Whether ``layer`` is recurrent (:func:`recurrent_layers`): it runs through
@@ -1122,8 +1172,8 @@ class ModelAdapter:
                     f"{table.weight.shape[0]} learned positions; shorten the prompt or the "
                     "generation")
             h = h + table(mx.array(positions))
-        if self._weightless is not None:  # nanochat, talkie: normed embeddings
-            h = self._weightless(h)
+        if self._embed_norm is not None:  # nanochat, talkie, muse_glimmer: normed embeddings
+            h = self._embed_norm(h)
         if self._embed_skip:  # talkie: and a copy of them, which every layer adds back
             return mx.concatenate([h, h], axis=-1)
         scale = self._embed_scale
@@ -1156,10 +1206,10 @@ class ModelAdapter:
             out = self._embedding.as_linear(h)
         else:
             out = self.lm_head(h)
+        if self._logits_scaling is not None:
+            out = out / self._logits_scaling
         if self._softcap:  # Gemma 2 style final soft-capping, where a config has it
             out = mx.tanh(out / self._softcap) * self._softcap
-        elif self._logits_scaling is not None:
-            out = out / self._logits_scaling
         return out
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
@@ -1193,7 +1243,8 @@ class ModelAdapter:
         kv_heads = getattr(attn, "n_kv_heads", None) or getattr(attn, "num_kv_heads",
                                                                 self.n_kv_heads)
         fused = (getattr(attn, "qkv_proj", None) or getattr(attn, "query_key_value", None)
-                 or getattr(attn, "c_attn", None) or getattr(attn, "Wqkv", None))
+                 or getattr(attn, "c_attn", None) or getattr(attn, "Wqkv", None)
+                 or getattr(attn, "q_k_v_proj", None))  # spark2_5's
         if fused is not None and self._qkv_by_head:  # gpt_neox: each head's q, k, v in turn
             q, k, v = mx.split(fused(x).reshape(1, x.shape[1], heads, -1), 3, axis=-1)
         elif fused is not None and "indices" in fused:  # afm7's FusedLinear: split as it splits
@@ -1233,8 +1284,8 @@ class ModelAdapter:
             v = k if v_proj is None else v_proj(x)  # gemma4's k_eq_v layers
             if "gate_proj" in attn:  # afmoe: an output gate from the attention's input
                 gate = attn.gate_proj(x)[:, :n]
-            if "g_proj" in attn:  # step3p5, laguna: one per head, from the attention's input
-                gate = attn.g_proj(x)[:, :n]
+        if "g_proj" in attn:  # step3p5, laguna, spark2_5: one per head, from the attention's input
+            gate = attn.g_proj(x)[:, :n]
         if q.shape[1] > n:
             q, k, v = q[:, :n], k[:, :n], v[:, :n]
         q_norm, k_norm = self._head_norms(attn)
@@ -1285,6 +1336,9 @@ class ModelAdapter:
         if "q_weight" in attn:  # plamo2: weight-free, then times a weight per head
             return (partial(_scaled_rms_norm, weight=attn.q_weight),
                     partial(_scaled_rms_norm, weight=attn.k_weight))
+        if hasattr(attn, "qk_scale_factor"):  # muse_glimmer: weight-free, queries then scaled
+            return (partial(_scaled_rms_norm, weight=attn.qk_scale_factor, eps=attn.eps),
+                    partial(mx.fast.rms_norm, weight=None, eps=attn.eps))
         if self._weightless is not None:
             return self._weightless, self._weightless
         if self._l2_eps is not None and attn.use_qk_norm:
@@ -1802,10 +1856,10 @@ def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     return None
 
 
-def _scaled_rms_norm(x: mx.array, weight: mx.array) -> mx.array:
+def _scaled_rms_norm(x: mx.array, weight: mx.array | float, eps: float = 1e-6) -> mx.array:
     """PLaMo 2's q/k norm of ``x`` (1, n, heads, head_dim): a weight-free RMS norm (epsilon
-    1e-6, as mlx-lm's), times ``weight`` (heads, head_dim)."""
-    return mx.fast.rms_norm(x, weight=None, eps=1e-6) * weight
+    1e-6, as mlx-lm's), times ``weight`` (heads, head_dim; Muse Glimmer's queries: a scalar)."""
+    return mx.fast.rms_norm(x, weight=None, eps=eps) * weight
 
 
 def _rescaled(x: mx.array, like: mx.array) -> mx.array:

@@ -301,8 +301,10 @@ class LazyEngine:
         keys cached there at or before its position (those ``seen`` marks, by position,
         when given), o_proj and MLP. A layer that reads a lower layer's keys and values
         (Gemma 4's E2B/E4B, :meth:`~mlx_lazy.adapter.ModelAdapter.kv_layer`) stores none and
-        sees those of the tokens computed at it, as a layer with its own would. Every
-        forward, completion and recompute goes through here.
+        sees those of the tokens computed at it, as a layer with its own would; so does a
+        second-loop layer of IQuest-Loop-Coder over its first-loop layer's, beside its own
+        (:meth:`~mlx_lazy.adapter.ModelAdapter.loop_source`). Every forward, completion and
+        recompute goes through here.
 
         Returns the queries, the hidden states after the layer, the positions they belong to
         and the keys they saw (``seen`` at the layer's cached keys; None: all). At the top
@@ -335,6 +337,12 @@ class LazyEngine:
             return q, a.finish(layer, h, out), rows, visible
         out = self.attention(q, kv, rows, visible, prompt, cache.length,
                              a.sliding_window(layer), a.sinks(layer), a.softcap(layer))
+        source = a.loop_source(layer)
+        if source is not None:  # IQuest's second loop: also over the first loop's keys, of the
+            first = cache.layers[source]  # tokens seen that reached this layer
+            seen_there = _and(first.mask_at(seen), cache.depth[first.cached_positions()] > layer)
+            out = a.mix_loops(layer, q, self.attention(q, first, rows, seen_there, prompt,
+                                                       cache.length), out)
         return q, a.finish(layer, h, out, gate), rows, visible
 
     def _attention_free_layer(self, layer: int, h: mx.array, comp: np.ndarray, output: bool

@@ -255,6 +255,17 @@ The architectures (llama.cpp's names), and what converting each involves:
   make every p-th layer global as mlx-lm's plamo3 does, their window and RoPE base
   (``rope.freq_base_swa``, else the global one); none without a window. Its vocabulary
   (``tokenizer.ggml.model`` "plamo2") is not converted, as PLaMo 2's.
+* ``muse-glimmer`` (Muse Glimmer's text model, ``muse_glimmer``): q/k un-permuted, the four norms
+  around each branch stored as 1 + w (the final one as w), the q/k norm weights llama.cpp's
+  converter makes of ``qk_scale_factor`` (every query weight) and ones (the keys') read back as
+  that factor (any others refused), sliding-window layers by llama.cpp's pattern (flags, or a
+  period: 4 unless given) with RoPE at ``rope.freq_base_swa``, global ones without; the logits
+  times ``logit_scale`` and soft-capped (a GGUF without a cap refused: mlx-lm's model caps).
+* ``spark2_5`` (Spark 2.5): the fused ``attn_qkv`` as mlx-lm's ``q_k_v_proj``, the output gate
+  per head, sliding-window layers by a flag each, each kind of layer with its RoPE (the global
+  ones' ``rope.dimension_count`` and ``rope.freq_base``, the sliding ones' ``_swa`` keys);
+  mlx-lm's exact GELU where llama.cpp's graph takes its tanh approximation (the two differ by
+  about 1e-3 of an activation).
 
 Refused with the reason (:data:`UNSUPPORTED_ARCHITECTURES`): ``hunyuan-moe`` (Hunyuan-A13B:
 llama.cpp renormalises the chosen experts' weights, mlx-lm's ``hunyuan`` does not), ``bitnet``
@@ -357,7 +368,9 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "plamo2": "Plamo2ForCausalLM", "plamo": "PlamoForCausalLM",
                  "plamo3": "Plamo3ForCausalLM", "deepseek32": "DeepseekV32ForCausalLM",
                  "glm-dsa": "GlmMoeDsaForCausalLM", "kimi-linear": "KimiLinearForCausalLM",
-                 "bailingmoe3": "BailingMoeV3ForCausalLM"}
+                 "bailingmoe3": "BailingMoeV3ForCausalLM",
+                 "muse-glimmer": "MuseGlimmerForConditionalGeneration",
+                 "spark2_5": "Spark2_5ForCausalLM"}
 #: llama.cpp architectures that no mlx-lm model computes, and why (each refused in one line)
 UNSUPPORTED_ARCHITECTURES = {
     "hunyuan-moe": "llama.cpp renormalises the chosen experts' weights, mlx-lm's hunyuan does not",
@@ -377,7 +390,8 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "step35": "step3p5", "deci": "nemotron-nas",
                 **dict.fromkeys(BAILING, "bailing_moe"), "nemotron_h_moe": "nemotron_h",
                 "falcon-h1": "falcon_h1", "deepseek32": "deepseek_v32", "glm-dsa": "glm_moe_dsa",
-                "kimi-linear": "kimi_linear", "bailingmoe3": "bailing_moe_v3"}
+                "kimi-linear": "kimi_linear", "bailingmoe3": "bailing_moe_v3",
+                "muse-glimmer": "muse_glimmer"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -440,6 +454,11 @@ GEMMA3N_LOGIT_SOFTCAP = 30.0
 # (llama.cpp's loaders read a base of their own), or in llama.cpp's graph (Mellum's, whose
 # mlx-lm model would take rope.freq_base_swa)
 _ONE_ROPE_BASE = ("gpt-oss", "gemma2", "mellum", "exaone-moe", "afmoe")
+# Muse Glimmer: llama.cpp's sliding-window period (3 local layers, then a global one) unless the
+# GGUF says otherwise, and the epsilon of the norms after each branch it hard-wires (mlx-lm's
+# post_norm_eps)
+MUSE_GLIMMER_SLIDING_PATTERN = 4
+MUSE_GLIMMER_POST_NORM_EPS = 1e-8
 # Mellum, K-EXAONE: llama.cpp's sliding-window pattern (3 local layers, then a global one)
 # unless the GGUF says otherwise
 MELLUM_SLIDING_PATTERN = 4
@@ -477,7 +496,7 @@ QWEN_ROPE_BASE = 10000.0
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
 _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron",
-                 "minimax-m2", "mimo2", "laguna", "bailingmoe2")
+                 "minimax-m2", "mimo2", "laguna", "bailingmoe2", "spark2_5")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -579,7 +598,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
                 "phimoe", "minimax-m2", "mimo2", "step35", "deci", "talkie", "laguna",
                 *BAILING, "falcon-h1", "plamo2", "plamo", "plamo3", "kimi-linear", "bailingmoe3",
-                "gemma3n"):
+                "gemma3n", "muse-glimmer", "spark2_5"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -816,6 +835,10 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                                  "is not supported (mlx-lm's talkie has no grouped-query "
                                  "attention)")
         config["logit_scale"] = real("logit_scale")
+    if arch == "muse-glimmer":
+        config.update(_muse_glimmer_config(g, count, positive, tensors, config))
+    if arch == "spark2_5":
+        config.update(_spark2_5_config(g, count, positive, config, rotary))
     if arch == "falcon-h1":
         config.update(_falcon_h1_config(g, count, real, tensors, config))
     if arch == "plamo2":
@@ -2565,6 +2588,64 @@ def _laguna_config(g: Any, count: Any, real: Any, positive: Any, optional: Any, 
             "shared_expert_intermediate_size": count("expert_shared_feed_forward_length"),
             "moe_routed_scaling_factor": real("expert_weights_scale", 1.0),
             "moe_router_score_func": "sigmoid", "qkv_bias": False, "attention_bias": False}
+
+
+def _muse_glimmer_config(g: Any, count: Any, positive: Any, tensors: dict, config: dict) -> dict:
+    """mlx-lm's muse_glimmer settings of a Muse Glimmer GGUF, read as llama.cpp reads it: the
+    window (required) in llama.cpp's pattern (flags, or a period: 4 unless given), RoPE in the
+    sliding layers only at rope.freq_base_swa (rope.freq_base unless given); the q/k norm
+    weights, which llama.cpp's converter makes of qk_scale_factor (the queries') and ones (the
+    keys'), as that factor; the logits times logit_scale, then soft-capped."""
+    arch, n_layers = "muse-glimmer", config["num_hidden_layers"]
+    if g("final_logit_softcapping") is None:
+        raise UserInputError("GGUF muse-glimmer without a final logit soft-cap is not supported "
+                             "(mlx-lm's muse_glimmer always soft-caps its logits)")
+    norms = {p: [tensors.get(f"blk.{i}.attn_{p}_norm.weight") for i in range(n_layers)]
+             for p in "qk"}
+    if any(t is None for ts in norms.values() for t in ts):
+        raise UserInputError("GGUF muse-glimmer lacks a layer's attn_q_norm or attn_k_norm "
+                             "(llama.cpp requires both)")
+    q, k = (np.concatenate([dequantized(t).ravel() for t in norms[p]]) for p in "qk")
+    if not (np.all(q == q[0]) and np.all(k == 1)):
+        raise UserInputError("GGUF muse-glimmer whose q/k norm weights are not one query scale "
+                             "and ones is not supported (mlx-lm's muse_glimmer scales every "
+                             "query by one qk_scale_factor)")
+    local = _local_layers(g("attention.sliding_window_pattern", MUSE_GLIMMER_SLIDING_PATTERN),
+                          n_layers, arch)
+    return {"sliding_window": count("attention.sliding_window"),
+            "layer_types": ["sliding_attention" if x else "full_attention" for x in local],
+            "rope_theta": positive("rope.freq_base_swa", config["rope_theta"]),
+            "qk_scale_factor": float(str(np.float32(q[0]))),
+            "output_multiplier": positive("logit_scale"),
+            "final_logit_softcapping": positive("final_logit_softcapping"),
+            "post_norm_eps": MUSE_GLIMMER_POST_NORM_EPS}
+
+
+def _spark2_5_config(g: Any, count: Any, positive: Any, config: dict,
+                     rotary: float | None) -> dict:
+    """mlx-lm's spark2_5 settings of a Spark 2.5 GGUF, read as llama.cpp reads it: the window
+    and its pattern (a flag per layer; both required), the global layers' RoPE over ``rotary``
+    of each head at rope.freq_base, the sliding ones' over rope.dimension_count_swa dims at
+    rope.freq_base_swa (the global ones' unless given); a GELU MLP, no biases (llama.cpp reads
+    none)."""
+    arch, n_layers, d = "spark2_5", config["num_hidden_layers"], config["head_dim"]
+    if g("attention.sliding_window_pattern") is None:  # llama.cpp requires it
+        raise UserInputError(f"GGUF metadata lacks {arch}.attention.sliding_window_pattern")
+    local = _local_layers(g("attention.sliding_window_pattern"), n_layers, arch)
+    swa_dims = count("rope.dimension_count_swa", int(d * (rotary or 1.0)))
+    swa_rotary = _rotary_factor(swa_dims, d)
+    if swa_rotary is None or swa_dims % 2:
+        raise UserInputError(f"GGUF {arch} with RoPE over {swa_dims} of each head's {d} dims in "
+                             "its sliding layers is not supported")
+    return {"sliding_window": count("attention.sliding_window"),
+            "layer_types": ["sliding_attention" if x else "full_attention" for x in local],
+            "rope_parameters": {
+                "full_attention": {"rope_theta": config["rope_theta"],
+                                   "partial_rotary_factor": rotary or 1.0},
+                "sliding_attention": {"rope_theta": positive("rope.freq_base_swa",
+                                                             config["rope_theta"]),
+                                      "partial_rotary_factor": swa_rotary}},
+            "hidden_act": "gelu", "attention_bias": False, "mlp_bias": False}
 
 
 def _deci_config(g: Any, count: Any, config: dict) -> dict:

@@ -6,8 +6,9 @@ onto MLX affine quantization (group size 32), MXFP4 ones (gpt-oss's experts) ont
 ``mxfp4``, and stay quantized unless a dtype is given (the experts' stacks too); the other
 types are dequantized (to float32 on Linux, float16 elsewhere, unless a dtype is given).
 llama (Mixtral's too), smollm3, granite, granitemoe, granitehybrid, mistral3, minicpm, deepseek,
-nanbeige and deci (by each layer's heads) q/k rows are un-permuted from llama.cpp's RoPE layout
-to the Hugging Face one (InternLM2's and Ling 1's too, fused again: :func:`internlm2_tensors`).
+nanbeige, muse-glimmer and deci (by each layer's heads) q/k rows are un-permuted from
+llama.cpp's RoPE layout to the Hugging Face one (InternLM2's and Ling 1's too, fused again:
+:func:`internlm2_tensors`).
 LFM2's convolution kernels become MLX's Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's
 Mamba-2 tensors and Jamba's Mamba ones mlx-lm's (:func:`granitehybrid_tensors`,
 :func:`jamba_tensors`), Kimi Linear's and Ling 2.5/3's Kimi Delta Attention ones mlx-lm's
@@ -35,7 +36,7 @@ DEFAULT_GGUF_DTYPE = "float32" if sys.platform == "linux" else "float16"
 # llama.cpp's converter permutes q/k rows (and biases) for its LlamaModel family (Ministral 3's
 # and Mistral's own format arrive in that layout too)
 LLAMA_FAMILY = ("llama", "smollm3", "granite", "granitemoe", "mistral3", "minicpm", "deepseek",
-                "nanbeige", "granitehybrid", "deci")
+                "nanbeige", "granitehybrid", "deci", "muse-glimmer")
 # Qwen3.5/3.6 (Gated DeltaNet linear attention, every n-th layer full attention): llama.cpp's
 # architectures, and what mlx-lm's qwen3_5 names its parameters under
 QWEN35 = ("qwen35", "qwen35moe")
@@ -425,6 +426,13 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "plamo2": _PLAMO2_LAYER_NAMES, "plamo3": _PLAMO3_LAYER_NAMES,
                      # PLaMo 1: one norm before attention and the MLP
                      "plamo": {**_LAYER_NAMES, "attn_norm": "norm"},
+                     # Muse Glimmer: Gemma 3's four norms, the output gate (muse_glimmer_tensors
+                     # drops the q/k norms: the config's qk_scale_factor)
+                     "muse-glimmer": {**_GEMMA3_LAYER_NAMES, "attn_gate": "self_attn.gate_proj"},
+                     # Spark 2.5: the fused q/k/v, the gate per head, the output projection
+                     "spark2_5": {**_LAYER_NAMES, "attn_qkv": "self_attn.q_k_v_proj",
+                                  "attn_gate": "self_attn.g_proj",
+                                  "attn_output": "self_attn.out_proj"},
                      "qwen2moe": {**_LAYER_NAMES, **_SHARED_EXPERT_NAMES},
                      "gemma4": _GEMMA4_LAYER_NAMES, "gemma3n": _GEMMA3N_LAYER_NAMES,
                      "olmo2": _POST_NORM_LAYER_NAMES,
@@ -503,6 +511,7 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                        for k, v in _TOP_NAMES.items() if k != "output"},
                     "altup_proj": "model.language_model.altup_projections",
                     "altup_unembd_proj": "model.language_model.altup_unembed_projections"}),
+                "spark2_5": ("model.layers", {**_TOP_NAMES, "token_embd": "model.embedding"}),
                 **dict.fromkeys(("nemotron_h", "nemotron_h_moe"), (
                     "backbone.layers", {"token_embd": "backbone.embeddings",
                                         "output_norm": "backbone.norm_f", "output": "lm_head"})),
@@ -919,12 +928,18 @@ def mamba2_tensors_with_head(tensors: dict, config: dict) -> dict:
 
 def plamo2_tensors(tensors: dict, config: dict, offsets: dict = _PLAMO2_NORM_OFFSETS) -> dict:
     """A PLaMo 2 (or 3) GGUF's tensors as mlx-lm's plamo2 (plamo3) has its parameters: each
-    norm's weight less the offset llama.cpp's converter added (``offsets``: by the norm's GGUF
-    name's end; mlx-lm's RMSNorm adds it back), the Mamba layers as Jamba's
-    (:func:`jamba_tensors`: conv kernels in MLX's layout, A_log of llama.cpp's -exp(A_log))."""
+    norm's weight less the offset llama.cpp's converter added (``offsets``, by the norm's GGUF
+    name's end: :func:`_offsets_removed`), the Mamba layers as Jamba's (:func:`jamba_tensors`:
+    conv kernels in MLX's layout, A_log of llama.cpp's -exp(A_log))."""
+    return _offsets_removed(jamba_tensors(tensors, config), offsets)
+
+
+def _offsets_removed(tensors: dict, offsets: dict[str, float]) -> dict:
+    """``tensors`` with each one whose name ends as a key of ``offsets`` less that offset (which
+    llama.cpp's converter added; mlx-lm's norm adds it back), dequantized to float32."""
     from gguf import GGMLQuantizationType as T
 
-    out = jamba_tensors(tensors, config)
+    out = dict(tensors)
     for name, t in tensors.items():
         offset = next((v for end, v in offsets.items() if name.endswith(end)), None)
         if offset is not None:
@@ -932,6 +947,20 @@ def plamo2_tensors(tensors: dict, config: dict, offsets: dict = _PLAMO2_NORM_OFF
                 lambda t=t, offset=offset:
                 (dequantized(t).astype(np.float64) - offset).astype(np.float32)))
     return out
+
+
+#: Muse Glimmer's norms around each branch: llama.cpp's converter stores 1 + w (its final norm
+#: as it is), mlx-lm's CenteredRMSNorm w
+_MUSE_GLIMMER_NORM_OFFSETS = dict.fromkeys((".attn_norm.weight", ".post_attention_norm.weight",
+                                            ".ffn_norm.weight", ".post_ffw_norm.weight"), 1.0)
+
+
+def muse_glimmer_tensors(tensors: dict, config: dict) -> dict:
+    """A Muse Glimmer GGUF's tensors as mlx-lm's muse_glimmer has its parameters: its four
+    norms around each branch less the 1 llama.cpp's converter added; the q/k norm weights
+    dropped (the config's ``qk_scale_factor``: mlx-lm's q/k norms have none)."""
+    return {name: t for name, t in _offsets_removed(tensors, _MUSE_GLIMMER_NORM_OFFSETS).items()
+            if not name.endswith((".attn_q_norm.weight", ".attn_k_norm.weight"))}
 
 
 def plamo_tensors(tensors: dict, config: dict) -> dict:
@@ -1281,7 +1310,8 @@ REGROUPED = {"gemma4": gemma4_tensors, "gemma3n": gemma3n_tensors, "qwen3next": 
                              mamba2_tensors_with_head),
              "plamo2": plamo2_tensors, "plamo": plamo_tensors,
              "plamo3": partial(plamo2_tensors, offsets=_PLAMO3_NORM_OFFSETS),
-             "kimi-linear": kimi_linear_tensors, "bailingmoe3": bailingmoe3_tensors}
+             "kimi-linear": kimi_linear_tensors, "bailingmoe3": bailingmoe3_tensors,
+             "muse-glimmer": muse_glimmer_tensors}
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str:

@@ -79,6 +79,10 @@ _DEEPSEEK_V3_SPLITS = (
     r"\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
     r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|"""
     r" ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Spark 2.5's: DeepSeek-V3's with a newline alone (none after punctuation, no runs of them), then
+# every digit apart
+_SPARK2_5_SPLITS = (*_DEEPSEEK_V3_SPLITS[:2],
+                    _DEEPSEEK_V3_SPLITS[2].replace(r"[\r\n]*|\s*[\r\n]+|", r"|[\r\n]|"), r"\p{N}")
 # AFM's (Trinity): a digit run's leading len % 3 digits, then threes (llama.cpp's
 # \p{AFMoE_digits}); runs of CJK, kana, Hangul, Thai, Lao, Khmer, Myanmar and their neighbours;
 # then DeepSeek-V3's words
@@ -138,6 +142,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
                     PreTokenizer(_DEEPSEEK_V3_SPLITS, False, False)),
     "youtu": PreTokenizer(_YOUTU_SPLITS, True, False),
     "afmoe": PreTokenizer(_AFMOE_SPLITS, False, False),
+    "spark2_5": PreTokenizer(_SPARK2_5_SPLITS, False, False),
     "laguna": PreTokenizer(_LAGUNA_SPLITS, False, False),
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list;

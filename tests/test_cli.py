@@ -56,10 +56,10 @@ def assert_bad_input(proc: subprocess.CompletedProcess, *fragments: str) -> str:
 
 
 def model_depth(model_path) -> int:
-    """Number of layers from the model folder's config.json (a looped Nanbeige's once per
-    loop)."""
+    """Number of layers from the model folder's config.json (a looped Nanbeige's and
+    IQuest-Loop-Coder's once per loop)."""
     config = json.loads((Path(model_path) / "config.json").read_text())
-    return config["num_hidden_layers"] * config.get("num_loops", 1)
+    return config["num_hidden_layers"] * config.get("num_loops", config.get("loop_num", 1))
 
 
 def check_stats(stats: dict, method: str, depth: int) -> None:

@@ -257,9 +257,10 @@ GGUF_ERNIE45_MOE_NAMES = {**GGUF_LAYER_NAMES, **{f"mlp.shared_experts.{p}_proj":
 #: The Gated DeltaNet kinds, whose kept-quantized logits are compared with float32 scales
 DELTA_NET_KINDS = (*QWEN35_KINDS, "qwen3_next")
 #: ... and the MoE kinds whose tiny GGUFs' routing float16 scales flip (a token's second expert),
-#: and PLaMo 3, whose tiny GGUF's logits float16 scales move by 0.5-1.1% (float32 ones: 1.4e-6)
+#: and PLaMo 3, whose tiny GGUF's logits float16 scales move by 0.5-1.1% (float32 ones: 1.4e-6),
+#: and Muse Glimmer, whose queries (a weight-free norm times 3.87) sharpen its attention
 FLOAT32_SCALES_KINDS = (*DELTA_NET_KINDS, "qwen2_moe", "olmoe", "mistral4", "plamo3",
-                        "deepseek_v32", "glm_moe_dsa")
+                        "deepseek_v32", "glm_moe_dsa", "muse_glimmer")
 GGUF_KIND_LAYER_NAMES = {"gpt_oss": GGUF_POST_ATTENTION_NAMES,
                          "seed_oss": GGUF_POST_ATTENTION_NAMES,
                          "ernie4_5_moe": GGUF_ERNIE45_MOE_NAMES,
@@ -359,7 +360,15 @@ GGUF_KIND_LAYER_NAMES.update({
     "plamo3": {"pre_mixer_norm": "attn_norm", "mixer.qkv_proj": "attn_qkv",
                "mixer.o_proj": "attn_output", "mixer.q_norm": "attn_q_norm",
                "mixer.k_norm": "attn_k_norm", "pre_mlp_norm": "ffn_norm",
-               "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}})
+               "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"},
+    # Muse Glimmer's norms around each branch (Gemma 3's names) and output gate
+    "muse_glimmer": {**GGUF_LAYER_NAMES, "post_attention_layernorm": "post_attention_norm",
+                     "pre_feedforward_layernorm": "ffn_norm",
+                     "post_feedforward_layernorm": "post_ffw_norm",
+                     "self_attn.gate_proj": "attn_gate"},
+    # Spark 2.5's fused q/k/v, gate per head and output projection
+    "spark2_5": {**GGUF_LAYER_NAMES, "self_attn.q_k_v_proj": "attn_qkv",
+                 "self_attn.g_proj": "attn_gate", "self_attn.out_proj": "attn_output"}})
 #: What llama.cpp's converter adds to each PLaMo 3 norm's weight (Plamo3Model.modify_tensors),
 #: by the GGUF name's end
 PLAMO3_NORM_OFFSETS = {".attn_norm.weight": 1.0, ".post_attention_norm": 1 / 5,
@@ -377,10 +386,11 @@ GGUF_ARCH = {"qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss", "ernie4_5_moe": "ern
              "mistral4": "mistral4", "phimoe": "phimoe", "deepseek_v32": "deepseek32",
              "glm_moe_dsa": "glm-dsa",
              "exaone_moe": "exaone-moe", "afmoe": "afmoe", "minimax": "minimax-m2",
-             "mimo_v2_flash": "mimo2", "step3p5": "step35", "nemotron-nas": "deci"}
+             "mimo_v2_flash": "mimo2", "step3p5": "step35", "nemotron-nas": "deci",
+             "muse_glimmer": "muse-glimmer"}
 #: The kinds whose q/k rows (and biases) llama.cpp's converter permutes (its LlamaModel family)
 GGUF_PERMUTED = ("llama", "smollm3", "granite", "ministral3", "mixtral", "granitemoe", "minicpm",
-                 "internlm2", "deepseek", "nanbeige", "nemotron-nas")
+                 "internlm2", "deepseek", "nanbeige", "nemotron-nas", "muse_glimmer")
 #: Granite's multipliers by llama.cpp's writer methods
 GRANITE_SCALES = {"embedding_multiplier": "add_embedding_scale",
                   "residual_multiplier": "add_residual_scale",
@@ -403,7 +413,7 @@ GGUF_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm
                   "transformer.wpe": "position_embd",
                   "transformer.token_embeddings": "token_embd", "transformer.norm": "output_norm",
                   "transformer.norm_f": "output_norm", "model.embed": "token_embd",
-                  "model.word_embeddings": "token_embd"}
+                  "model.word_embeddings": "token_embd", "model.embedding": "token_embd"}
 KQ = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of 256 for K-quants
 #: Qwen-VL's M-RoPE sections over a tiny head's 8 dim pairs, as llama.cpp's converter pads them
 #: (Qwen3-VL's interleaved ones cover every pair, as in the original model)
@@ -594,6 +604,24 @@ def llama_cpp_step35_rope_freqs(config: dict) -> np.ndarray:
     divisors = llama_cpp_rope_freqs({**config, "head_dim": dims,
                                      "rope_theta": config["rope_theta"][full]})
     return np.concatenate([divisors, np.ones(config["head_dim"] // 2 - len(divisors), np.float32)])
+
+
+def llama_cpp_muse_glimmer_qk_norms(config: dict) -> dict:
+    """The q/k norm weights llama.cpp's converter makes for a Muse Glimmer config
+    (MuseGlimmerModel.modify_tensors, ported): qk_scale_factor in every query weight, ones."""
+    d, scale = config["head_dim"], config.get("qk_scale_factor", 3.87)  # (mlx-lm's default)
+    return {f"blk.{i}.attn_{p}_norm.weight": np.full(d, scale if p == "q" else 1.0, np.float32)
+            for i in range(config["num_hidden_layers"]) for p in "qk"}
+
+
+def llama_cpp_spark2_5_rope(config: dict) -> dict:
+    """The RoPE llama.cpp's converter writes for a Spark 2.5 config (Spark2_5Model's
+    set_gguf_parameters, ported): the global layers' base and dims, the sliding ones'."""
+    full, swa = (config["rope_parameters"][f"{t}_attention"] for t in ("full", "sliding"))
+    return {"rope_theta": full["rope_theta"],
+            "partial_rotary_factor": full.get("partial_rotary_factor", 1.0),
+            "rope_theta_swa": swa["rope_theta"],
+            "rope_dims_swa": int(config["head_dim"] * swa.get("partial_rotary_factor", 1.0))}
 
 
 def llama_cpp_step35_meta(w: gguf.GGUFWriter, m: dict) -> None:
@@ -940,6 +968,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         arch_tensors = {"rope_freqs.weight": llama_cpp_rope_freqs(config)}
     if model_type == "step3p5" and config.get("rope_scaling"):
         arch_tensors = {"rope_freqs.weight": llama_cpp_step35_rope_freqs(config)}
+    if model_type == "muse_glimmer":  # MuseGlimmerModel.modify_tensors: q/k norm weights
+        arch_tensors = llama_cpp_muse_glimmer_qk_norms(config)
     if model_type == "minicpm3":  # MiniCPM3Model.generate_extra_tensors: LongRoPE's factors
         arch_tensors = {f"rope_factors_{k}.weight": config["rope_scaling"][f"{k}_factor"]
                         for k in ("long", "short")}
@@ -950,7 +980,8 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                  "step3p5": llama_cpp_step35_shape,
                  "nemotron-nas": llama_cpp_deci_meta,
                  "talkie": lambda c: {"num_key_value_heads": c["num_attention_heads"]},
-                 "laguna": llama_cpp_laguna_meta}.get(model_type, lambda c: {})(config)
+                 "laguna": llama_cpp_laguna_meta,
+                 "spark2_5": llama_cpp_spark2_5_rope}.get(model_type, lambda c: {})(config)
     extra = {**arch_tensors, **(extra or {})}
     qwen_rope = {k: v for k, v in (config.get("rope_parameters") or {}).items()
                  if k in ("rope_theta", "partial_rotary_factor")}  # Qwen3.5's
@@ -1062,7 +1093,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     if m.get("rope_finetuned") is not None:
         w.add_rope_scaling_finetuned(m["rope_finetuned"])
     if model_type in ("exaone4", "olmo2", "ministral3", "mellum", "exaone_moe", "afmoe",
-                      "laguna") and m.get("sliding_window") is not None:
+                      "laguna", "muse_glimmer", "spark2_5") and m.get("sliding_window") is not None:
         w.add_sliding_window(m["sliding_window"])
         pattern = m.get("swa_pattern")
         if pattern is None and m.get("layer_types") and model_type not in ("afmoe", "laguna"):
@@ -1080,6 +1111,11 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
         llama_cpp_mimo2_meta(w, m)
     if model_type == "step3p5":
         llama_cpp_step35_meta(w, m)
+    if model_type == "muse_glimmer":  # MuseGlimmerModel.set_gguf_parameters' (None: left out)
+        for key, add in (("final_logit_softcapping", w.add_final_logit_softcapping),
+                         ("output_multiplier", w.add_logit_scale)):
+            if m[key] is not None:
+                add(m[key])
     if vocab is None:
         add_bpe_vocab(w, tok_folder, m["tokenizer_model"])
     else:
@@ -1132,8 +1168,10 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             tensors, restore = llama_cpp_deepseek2(role, x, config)
         if model_type == "gpt_neox":
             tensors, restore = llama_cpp_gptneox(role, x, config)
-        if model_type in ("gemma", "nemotron") and "norm" in role and name.endswith(".weight"):
-            # GemmaModel's and NemotronModel's modify_tensors: norm weights stored as 1 + w
+        if (model_type in ("gemma", "nemotron") or model_type == "muse_glimmer"
+                and role != "output_norm") and "norm" in role and name.endswith(".weight"):
+            # GemmaModel's, NemotronModel's and MuseGlimmerModel's modify_tensors: norm weights
+            # stored as 1 + w (Muse Glimmer's final norm as it is)
             tensors, restore = {role: x + 1}, (lambda stored: stored[role] - 1)
         if model_type == "talkie" and role in ("attn_q", "attn_k"):  # TalkieModel's: each head's
             flip = llama_cpp_talkie_flip(config["head_dim"])  # second half negated
@@ -1753,6 +1791,15 @@ GGUF_CASES.update({
     # each head) then 3 sliding, layer 0 dense then 2 of 4 experts beside a shared one
     "laguna-legacy": ("laguna", {"token_embd": T.Q8_0, "attn_gate": T.Q4_0, "ffn_up_exps": T.Q4_1,
                                  "ffn_gate_inp": T.Q8_0, "*": T.Q8_0}, LAGUNA_GGUF),
+    # Muse Glimmer: q/k permuted, its four norms as 1 + w, the q/k norms made of
+    # qk_scale_factor, layers 0 and 2 sliding with RoPE, logits scaled and soft-capped
+    "muse-glimmer-legacy": ("muse_glimmer", {"token_embd": T.Q8_0, "attn_q": T.Q4_0,
+                                             "attn_gate": T.Q4_1, "output": T.F16, "*": T.Q8_0},
+                            {}),
+    # Spark 2.5: the fused q/k/v, a gate per head, each kind of layer's RoPE, a tied head
+    "spark2_5-legacy": ("spark2_5", {"token_embd": T.Q8_0, "attn_qkv": T.Q4_0,
+                                     "attn_gate": T.Q8_0, "ffn_up": T.Q4_1, "*": T.Q8_0},
+                        {"rope_theta": 500000.0}),  # (the global layers', llama.cpp's key's)
     "talkie-legacy": ("talkie", {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q4_1,
                                  "output": T.Q8_0, "*": T.Q8_0}, {}),
     "talkie-kquants": ("talkie", {"attn_k": T.Q5_K, "ffn_down": T.Q6_K, "*": T.Q4_K}, KQ),
@@ -2233,13 +2280,20 @@ def test_converted_families_run_in_the_engine_as_in_mlx_lm(case, tiny_model_dir,
       "rope_theta": 1e6}),
     ("plamo3", {"sliding_window_pattern": 1}, {"window_size": None}, {},
      {"sliding_window_pattern": 1}),
+    # Muse Glimmer without a pattern key (llama.cpp's period 4: layers 0-2 slide), its sliding
+    # layers' RoPE base of its own (the global one unused: no RoPE there)
+    ("muse_glimmer", {"layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
+     {"layer_types": None, "rope_theta": 1e6, "rope_theta_swa": 10000.0}, {},
+     {"rope_theta": 10000.0, "qk_scale_factor": 3.87, "output_multiplier": 4.0,
+      "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}),
 ], ids=["glm4", "glm4-mrope-tied-nextn", "starcoder2", "cohere2-flags", "cohere2-period",
         "cohere2-default", "cohere2-global", "cohere2-no-logit-scale", "apertus",
         "minicpm-tied", "minicpm-defaults", "hunyuan-dense-alpha", "hunyuan-dense-alpha-key",
         "command_r-no-logit-scale", "phi2", "gptneox-sequential", "nemotron-linear-rope",
         "openelm-untied", "deepseek-tied", "mellum-default-period", "mellum-global",
         "nanbeige-skip", "minicpm3-tied-long", "phimoe-mscale", "laguna-global",
-        "deci-tied-llama3", "plamo", "plamo3-flags", "plamo3-global"])
+        "deci-tied-llama3", "plamo", "plamo3-flags", "plamo3-global",
+        "muse-glimmer-default-period"])
 def test_dense_families_from_gguf(kind, overrides, meta, extra, settings, tiny_model_dir,
                                   tmp_path):
     """GLM-4-0414's, StarCoder2's, Command R7B's, Apertus's (and DeepSeek-MoE's, Mellum's,
@@ -3498,6 +3552,20 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             lambda: write_gguf(tmp / "b.gguf", "bailing_moe", tok_folder, **{
                 **BAILINGMOE_GGUF, "partial_rotary_factor": 0.5}) and tmp / "b.gguf",
             "GGUF bailingmoe with RoPE over 8 of each head's 16 dims is not supported"),
+        "muse_glimmer_qk_norms": (
+            lambda: write_gguf(tmp / "g.gguf", "muse_glimmer", tok_folder, extra={
+                "blk.2.attn_q_norm.weight": np.full(16, 2.0)}) and tmp / "g.gguf",
+            "GGUF muse-glimmer whose q/k norm weights are not one query scale and ones is not "
+            "supported"),
+        "muse_glimmer_softcap": (
+            lambda: gguf_of("g.gguf", "muse_glimmer", {"final_logit_softcapping": None}),
+            "GGUF muse-glimmer without a final logit soft-cap is not supported"),
+        "spark2_5_pattern": (lambda: gguf_of("s.gguf", "spark2_5", {"sliding_window": None}),
+                             "GGUF metadata lacks spark2_5.attention.sliding_window_pattern"),
+        "spark2_5_swa_rope_dims": (
+            lambda: gguf_of("s.gguf", "spark2_5", {"rope_dims_swa": 7}),
+            "GGUF spark2_5 with RoPE over 7 of each head's 16 dims in its sliding layers is not "
+            "supported"),
         "apertus_attention_scale": (
             lambda: gguf_of("a.gguf", "apertus", {"attention_scale": 0.5}),
             "GGUF apertus with attention scale 0.5 is not supported (mlx-lm's apertus scales "
@@ -3551,7 +3619,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "talkie_kv_heads", "talkie_logit_scale", "laguna_element_gate",
               "laguna_weights_norm", "bailingmoe2_gating", "bailingmoe_qkv_bias",
               "bailingmoe_fused_qkv", "bailingmoe_rope_dims", "hunyuan_moe", "plamo_kv_heads",
-              "plamo3_pattern", "bitnet"]
+              "plamo3_pattern", "bitnet", "muse_glimmer_qk_norms", "muse_glimmer_softcap",
+              "spark2_5_pattern", "spark2_5_swa_rope_dims"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

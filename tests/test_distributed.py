@@ -419,7 +419,8 @@ def test_shard_checks_step3p5s_sliding_window_heads_before_sharding():
                                   "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1",
                                   "plamo2", "lille-130m", "plamo", "recurrent_gemma", "afm7",
                                   "baichuan_m1", "olmo_hybrid", "kimi_linear",
-                                  "bailing_moe_linear", "bailing_hybrid", "gemma3n"])
+                                  "bailing_moe_linear", "bailing_hybrid", "gemma3n",
+                                  "muse_glimmer", "spark2_5"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -439,7 +440,9 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     shortcut MoE it splits, the engine's layers are half of one: refused here). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
     runs them whole). Nor DBRX's and Phixtral's experts, Lille's fused q/k/v (its norms inside
-    its modules) or PLaMo 1's tiled key/value heads (mlx-lm has no ``shard`` for either)."""
+    its modules), PLaMo 1's tiled key/value heads, Muse Glimmer's output gate (a projection
+    beside q_proj) or Spark 2.5's fused q/k/v and gate per head (mlx-lm has no ``shard`` for
+    any)."""
     class Group:
         def size(self):
             return 2
@@ -459,7 +462,7 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
                   "nanbeige", "minicpm3", "youtu_llm", "glm", "telechat3", "solar_open", "glm4",
                   "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25", "gptj", "minimax",
-                  "deepseek_v32"]
+                  "deepseek_v32", "iquestloopcoder"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
@@ -497,14 +500,15 @@ def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
     sum their ranks' shares), Qwen3-VL MoE (its text model's qwen3_moe shard: the wrapper has
     none), Kimi K2.5 (its wrapper's shard, DeepSeek-V3's) and MiniMax-M2 (mlx-lm's shard: its
     q/k norms over all heads split with them, their sums of squares all-summed), DeepSeek-V3.2
-    (mlx-lm's shard, DeepSeek-V3's; its lightning indexer whole on every rank): unpruned,
+    (mlx-lm's shard, DeepSeek-V3's; its lightning indexer whole on every rank),
+    IQuest-Loop-Coder (mlx-lm's shard: each rank its heads' loop gates): unpruned,
     each rank's logits equal mlx-lm's; pruned, each rank selects what the single process
     selects and its logits equal it."""
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
                                                 "glm4_moe_lite", "deepseek_v2", "solar_open",
                                                 "mistral4", "exaone_moe", "kimi_k25",
-                                                "minimax", "deepseek_v32"))
+                                                "minimax", "deepseek_v32", "iquestloopcoder"))
     runs = families_two_rank_runs[kind]
     (rec0, logits0), (rec1, logits1) = runs["full"]
     assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2

@@ -66,10 +66,15 @@ layers, traditional RoPE over part of each head, a biased head); Solar Open
 fused q/k/v, per-head q/k norms, Gemma 2's four norms, sliding-window layers with their own RoPE
 base); Talkie (``talkie``: weightless norms, gains per query head, on each branch and on the
 normed embeddings every layer adds back); Lille 130M (``lille-130m``: a fused q/k/v, norms inside
-its attention and MLP modules), PLaMo 1 (``plamo``: parallel layers, tiled key/value heads) and
-BitNet b1.58 (``bitnet``: ternary BitLinear projections, sub-norms, a ReLU^2-gated MLP). The
-text models of vision-language checkpoints (:data:`VL`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL
-MoE, Kimi-VL, Kimi K2.5, Pixtral; LFM2-VL's in test_hybrid)."""
+its attention and MLP modules), PLaMo 1 (``plamo``: parallel layers, tiled key/value heads),
+BitNet b1.58 (``bitnet``: ternary BitLinear projections, sub-norms, a ReLU^2-gated MLP), Muse
+Glimmer (``muse_glimmer``: (1 + w) norms around each branch, weight-free norms on the embeddings
+and q/k, an output gate, sliding layers with RoPE and global ones without, scaled and soft-capped
+logits), Spark 2.5 (``spark2_5``: a fused q/k/v, a gate per head, sliding layers with RoPE of
+their own, an exact-GELU MLP) and IQuest-Loop-Coder (``iquestloopcoder``: its blocks run twice,
+the second loop attending over its own keys in a window and the first loop's, mixed by a gate per
+head). The text models of vision-language checkpoints (:data:`VL`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+Qwen3-VL MoE, Kimi-VL, Kimi K2.5, Pixtral; LFM2-VL's in test_hybrid)."""
 
 from __future__ import annotations
 
@@ -114,7 +119,7 @@ DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
          "granitemoehybrid-micro", "glm", "telechat3", "gptj", "plamo3", "talkie", "lille-130m",
-         "plamo", "bitnet")
+         "plamo", "bitnet", "muse_glimmer", "spark2_5", "iquestloopcoder")
 FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "ministral3-sliding", "mistral3",
             "glm4_moe", "seed_oss", "ernie4_5", "ernie4_5_moe", "gpt_oss", "granite", "olmo2",
@@ -990,11 +995,14 @@ def _seen_keys(engine):
     ("hunyuan", PruningConfig("lazy", prune_layers=(0, 2), keep=(0.5, 0.3),
                               complete="progressive:40"), {1, 3}),
     ("afm7", PruningConfig("lazy", prune_layers=(1, 2), keep=(0.5, 0.3),
-                           complete="progressive:40"), {3})])
+                           complete="progressive:40"), {3}),
+    ("iquestloopcoder", PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.3),
+                                      complete="progressive:40"), {2, 3})])
 def test_a_layer_reading_lower_keys_sees_only_tokens_computed_there(family, kind, config,
                                                                      reading):
     """Gemma 4's layers 2 and 3 read the keys and values of layers 0 and 1, Hunyuan's CLA
-    layers 1 and 3 those of 0 and 2, which also hold the tokens that stopped below them
+    layers 1 and 3 those of 0 and 2, IQuest-Loop-Coder's second loop (2, 3) those of its first
+    beside its own, which also hold the tokens that stopped below them
     (SPEED's prompt, pruned tokens): each sees, as a layer with its own keys would, only the
     keys of tokens computed at it, through prefill, decode steps (revivals) and completion."""
     model, _ = family(kind)
@@ -1386,6 +1394,32 @@ def test_the_tiny_minimax_mimo_v2_flash_and_step3p5_are_what_they_claim(family):
     clamped, plain = mlp(x), mlp.down_proj(nn.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
     assert mlp.limit == 0.2 and rel_err(clamped, plain) > 0.1
     assert float(mx.abs(step.layers[1].mlp.gate.router_bias).min()) > 0
+
+
+def test_the_tiny_muse_glimmer_spark2_5_and_iquestloopcoder_are_what_they_claim(family):
+    """Muse Glimmer: layers 0 and 2 slide over 24 positions with RoPE, 1 and 3 are global
+    without; random (1 + w) norms, queries times 3.87, logits times 4 then soft-capped at 20 where
+    the cap bites. Spark 2.5: the same windows, RoPE over whole heads (base 10000) in the
+    sliding layers and half of each (500000) in the global ones, a gate per head, exact GELU.
+    IQuest-Loop-Coder: 2 blocks run twice, the second loop's own keys in a 24-position window,
+    its loop gates random (zeros would mix the two attentions half and half)."""
+    glimmer = family("muse_glimmer")[0]
+    assert sliding_windows(glimmer) == [24, None, 24, None]
+    assert [layer.self_attn.use_rope for layer in glimmer.layers] == [True, False] * 2
+    norm = glimmer.layers[0].post_feedforward_layernorm
+    assert float(mx.abs(norm.weight).min()) > 0 and glimmer.layers[0].self_attn.qk_scale_factor > 1
+    raw = glimmer.lm_head(glimmer.model(mx.array([[5, 6, 7]]))) * glimmer.args.output_multiplier
+    assert glimmer.args.final_logit_softcapping == 20 and float(mx.abs(raw).max()) > 5
+    spark = family("spark2_5")[0]
+    assert sliding_windows(spark) == [24, None, 24, None]
+    assert [(layer.self_attn.rope.dims, layer.self_attn.rope.base) for layer in spark.layers] == [
+        (16, 10000.0), (8, 500000.0)] * 2
+    assert spark.layers[0].self_attn.g_proj.weight.shape == (4, 64)
+    assert ModelAdapter(spark)._activations == [None] * 4 and spark.args.tie_word_embeddings
+    loop = family("iquestloopcoder")[0]
+    assert sliding_windows(loop) == [None, None, 24, 24]
+    gate = loop.model.gate_projections[1]
+    assert float(mx.abs(gate.weight).max()) > 0.5 and float(mx.abs(gate.bias).max()) > 0.5
 
 
 def test_the_tiny_hunyuan_is_what_it_claims(family):

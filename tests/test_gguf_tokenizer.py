@@ -389,6 +389,10 @@ CPP_SPLITS = {  # each name's regexes, applied in turn, by llama.cpp's switch
               "[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+",
               "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
               "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"),
+    # Spark 2.5's, as llama-vocab.cpp writes it
+    "spark2_5": ("\\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
+                 "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+                 "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+", "\\p{N}"),
     # Youtu-LLM's, its letter categories one class (llama.cpp collapses each to \p{L})
     "youtu": ("[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+",
               _CPP_YOUTU_WORDS.replace("\\p{Lu}", "\\p{L}").replace("\\p{Ll}", "\\p{L}")

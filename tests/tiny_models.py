@@ -33,7 +33,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
          "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2",
          "lille-130m", "plamo", "bitnet", "gear", "recurrent_gemma", "afm7", "baichuan_m1",
-         "olmo_hybrid", "kimi_linear")
+         "olmo_hybrid", "kimi_linear", "muse_glimmer", "spark2_5", "iquestloopcoder")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -661,6 +661,25 @@ _KIND_CONFIG = {
                 "share_expert_dim": 32, "moe_layers_enum": "1,2,3",
                 "moe_router_scaling_factor": 3.0, "swiglu_limits": [0, 0.2, 0.2, 0],
                 "swiglu_limits_shared": [0.2, 0.2, 0, 0.2]},
+    # Muse Glimmer: (1 + w) norms around each branch (random w), weight-free norms on the
+    # embeddings and q/k (queries times 3.87), a sigmoid output gate; layers 0 and 2 slide over
+    # 24 positions with RoPE, 1 and 3 are global without; logits times 4 (up to 8 here),
+    # soft-capped at 20
+    "muse_glimmer": {"architectures": ["MuseGlimmerForCausalLM"], "sliding_window": 24,
+                     "layer_types": ["sliding_attention", "full_attention"] * 2,
+                     "output_multiplier": 4.0, "final_logit_softcapping": 20.0},
+    # Spark 2.5: a fused q/k/v, a sigmoid gate per head; layers 0 and 2 slide over 24 positions
+    # (RoPE base 10000), 1 and 3 are global (base 500000 over half of each head); an exact-GELU
+    # gated MLP; the head tied
+    "spark2_5": {"architectures": ["Spark2_5ForCausalLM"], "sliding_window": 24,
+                 "layer_types": ["sliding_attention", "full_attention"] * 2,
+                 "rope_parameters": {
+                     "full_attention": {"rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+                     "sliding_attention": {"rope_theta": 10000.0}}},
+    # IQuest-Loop-Coder: 2 blocks run twice (4 engine layers); the second loop's own keys in a
+    # 24-position window, mixed with the first loop's by a random gate per head
+    "iquestloopcoder": {"architectures": ["IQuestLoopCoderForCausalLM"], "num_hidden_layers": 2,
+                        "loop_num": 2, "loop_window_size": 24},
 }
 #: Variants of a kind: ``llama-llama3``, Llama 3.1/3.2's RoPE scaling (mlx-lm's Llama3RoPE);
 #: ``phi3-longrope``, phi3 with longrope scaling (mlx-lm's SuScaledRoPE
@@ -807,7 +826,8 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
                         "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "plamo",
                         "bitnet", "deepseek_v32", "glm_moe_dsa", "olmo_hybrid", "kimi_linear",
-                        "bailing_moe_linear", "bailing_hybrid", "gemma3n")
+                        "bailing_moe_linear", "bailing_hybrid", "gemma3n", "muse_glimmer",
+                        "spark2_5", "iquestloopcoder")
 
 
 def bitlinear_matmul(self: BitLinear, x: mx.array, packed: mx.array) -> mx.array:
@@ -985,8 +1005,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             act = layer.mlp.act_fn
             for name in ("alpha_p", "alpha_n", "beta"):
                 setattr(act, name, getattr(act, name) + 0.2 * mx.random.normal(()))
-        if kind.startswith(("gemma2", "gemma3_", "plamo3", "gear", "recurrent_gemma")) or (
-                kind == "gemma"):  # Gemma's (1 + w)
+        if kind.startswith(("gemma2", "gemma3_", "plamo3", "gear", "recurrent_gemma",
+                            "muse_glimmer")) or kind == "gemma":  # Gemma's (1 + w)
             for name in ("input_layernorm", "post_attention_layernorm",  # norms: w = 0, the
                          "pre_feedforward_layernorm", "post_feedforward_layernorm",  # identity
                          "pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm",  # (PLaMo 3's,
@@ -999,6 +1019,9 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             for name in ("operator_norm", "ffn_norm"):
                 norm = getattr(layer, name)
                 norm.weight = 1.0 + 0.1 * mx.random.normal(norm.weight.shape)
+    for gate in model.get("model", {}).get("gate_projections", []):  # iquestloopcoder's: zeros
+        gate.weight = mx.random.normal(gate.weight.shape)
+        gate.bias = mx.random.normal(gate.bias.shape)
     for _, module in model.named_modules():  # phimoe's LayerNorms: biases zero by default
         if isinstance(module, nn.LayerNorm) and "bias" in module:
             module.bias = 0.1 * mx.random.normal(module.bias.shape)
