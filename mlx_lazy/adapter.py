@@ -26,7 +26,7 @@ from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 from mlx_lm.utils import MODEL_REMAPPING
 
 from . import _blas, kernels
-from .attention import Chunks, Window, attention
+from .attention import BlockSparse, Chunks, Window, attention
 from .errors import UserInputError, shown
 
 # qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
@@ -252,6 +252,14 @@ from .errors import UserInputError, shown
 # recurrent) and attention layers (a fused ``qkv_proj``, a weight-free q/k RMS norm times a
 # per-head ``q_weight``/``k_weight`` before RoPE, global as mlx-lm runs it); Gemma 2's four
 # norms under its own names (:data:`_PART_NAMES`), the blocks at ``model.layers.layers``.
+# phi3small (Phi-3-small): a fused ``query_key_value`` holding, for each key/value head, its
+# group's queries, then its key and value (InternLM2's layout, biased), LayerNorms, a GeGELU MLP
+# (``up_proj`` interleaving gate and linear halves, clipped, run as its module); block-sparse
+# attention (:class:`~mlx_lazy.attention.BlockSparse`: local blocks and vertical strides, a
+# pattern per head, by original positions) in every ``dense_attention_every_n_layers``-th layer
+# from 0 and dense attention in the others; muP: embeddings times ``mup_embedding_multiplier``,
+# attention scale ``mup_attn_multiplier / head_dim``, the tied head's logits divided by
+# ``mup_width_multiplier``, mlx-lm's dummy token ids masked to -inf.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
@@ -265,6 +273,7 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_mo
                          "mistral", "mistral3", "mistral4", "mixtral", "nanbeige", "nanochat",
                          "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmoe",
                          "openelm", "phi", "phi3", "phimoe", "phixtral", "plamo2", "plamo3",
+                         "phi3small",
                          "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5",
                          "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
                          "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5",
@@ -308,6 +317,7 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                            "o_proj": "out_proj", "embed_tokens": "token_embeddings"},
                "stablelm": {"q_norm": "q_layernorm", "k_norm": "k_layernorm"},
                "phi": {"o_proj": "dense", "norm": "final_layernorm"},
+               "phi3small": {"o_proj": "dense", "norm": "final_layernorm"},
                "gpt_neox": {"o_proj": "dense", "embed_tokens": "embed_in",
                             "norm": "final_layer_norm"},
                "internlm2": {"input_layernorm": "attention_norm",
@@ -577,6 +587,11 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     elif text_type == "mimo_v2_flash":
         window = text.args.sliding_window_size
         sliding = [block.is_sliding_window for block in _blocks(text)]
+    elif text_type == "phi3small":  # its block-sparse layers: a pattern, not a window
+        args = text.args
+        pattern = BlockSparse(args.blocksparse_block_size, args.blocksparse_num_local_blocks,
+                              args.blocksparse_vert_stride, args.num_attention_heads)
+        return [pattern if block.self_attn.block_sparse else None for block in _blocks(text)]
     elif text_type == "plamo3":  # the window of mlx-lm's caches and of llama.cpp (mlx-lm's
         # prompt mask, window_size + 1 wide, disagrees with its own caches' window_size)
         sliding, window = [not block.full_attn for block in _blocks(text)], text.config.window_size
@@ -668,6 +683,8 @@ class ModelAdapter:
         self._parallel_norm = ("post_attention_layernorm" if model_type == "gpt_neox"
                                else "input_layernorm")
         self._qkv_by_head = model_type == "gpt_neox"  # its fused q, k, v: head by head
+        # each key/value head's queries, then its key and value (InternLM2's wqkv's layout)
+        self._qkv_grouped = model_type == "phi3small"
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
         self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
         self._softplus_gate = model_type == "laguna"  # its g_proj's gain per head
@@ -784,7 +801,9 @@ class ModelAdapter:
                              args.hidden_size ** 0.5 if gemma or model_type == "gemma" else
                              args.hidden_size ** 0.5 if self._afmoe and args.mup_enabled else
                              args.embedding_multiplier if granite else
-                             args.scale_emb if minicpm else None)
+                             args.scale_emb if minicpm else
+                             args.mup_embedding_multiplier or None
+                             if model_type == "phi3small" else None)
         # MiniCPM's multipliers as Granite's, in mlx-lm's arithmetic
         self._residual_multiplier = (args.residual_multiplier if granite else
                                      args.scale_depth / args.num_hidden_layers ** 0.5
@@ -794,7 +813,13 @@ class ModelAdapter:
                                 args.hidden_size / args.dim_model_base
                                 if minicpm and not args.tie_word_embeddings else
                                 args.embedding_multiplier / args.lm_head_multiplier
-                                if self._falcon_h1 and args.tie_word_embeddings else None)
+                                if self._falcon_h1 and args.tie_word_embeddings else
+                                args.mup_width_multiplier or None
+                                if model_type == "phi3small" else None)
+        # phi3small: the ids mlx-lm's head masks to -inf (those inside the vocabulary)
+        masked = getattr(self.text, "_dummy_tokenizer_ids", None)
+        self._masked_ids = (None if masked is None else
+                            mx.array([i for i in masked.tolist() if i < self.vocab_size]))
 
     def sliding_window(self, layer: int) -> Optional[Window]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -981,6 +1006,8 @@ class ModelAdapter:
             out = mx.tanh(out / self._softcap) * self._softcap
         elif self._logits_scaling is not None:
             out = out / self._logits_scaling
+        if self._masked_ids is not None:
+            out[..., self._masked_ids] = -mx.inf
         return out
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
@@ -1015,15 +1042,17 @@ class ModelAdapter:
                  or getattr(attn, "c_attn", None) or getattr(attn, "Wqkv", None))
         if fused is not None and self._qkv_by_head:  # gpt_neox: each head's q, k, v in turn
             q, k, v = mx.split(fused(x).reshape(1, x.shape[1], heads, -1), 3, axis=-1)
-        elif fused is not None:  # phi3, bailing_moe, qwen, gpt2, openelm, dbrx, phixtral: split
+        elif fused is not None and not self._qkv_grouped:  # phi3, bailing_moe, qwen, gpt2,
+            # openelm, dbrx, phixtral: split
             qkv = fused(x)  # as mlx-lm does
             if getattr(attn, "clip_qkv", None):  # dbrx
                 qkv = mx.clip(qkv, -attn.clip_qkv, attn.clip_qkv)
             head_dim = qkv.shape[-1] // (heads + 2 * kv_heads)
             q_end = heads * head_dim
             q, k, v = mx.split(qkv, [q_end, q_end + kv_heads * head_dim], axis=-1)
-        elif "wqkv" in attn:  # internlm2: each key/value head's queries, key and value
-            qkv = attn.wqkv(x).reshape(*x.shape[:2], -1, attn.n_kv_groups + 2, attn.head_dim)
+        elif "wqkv" in attn or self._qkv_grouped:  # internlm2, phi3small: each key/value
+            # head's queries, key and value
+            qkv = (fused or attn.wqkv)(x).reshape(*x.shape[:2], kv_heads, -1, attn.head_dim)
             q, k, v = (t.reshape(*x.shape[:2], -1) for t in
                        (qkv[..., :-2, :], qkv[..., -2, :], qkv[..., -1, :]))
         elif self.kv_layer(layer) != layer and self._gemma4:  # a lower layer's keys, values

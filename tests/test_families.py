@@ -92,7 +92,7 @@ from mlx_lazy.adapter import (SUPPORTED_MODEL_TYPES, ModelAdapter, attention_mod
                               decode_identity, feed_forward, global_layers, identities_match,
                               recurrent_layers, sliding_windows, stateless_layers)
 from mlx_lazy.attention import Chunks, position_mask, window_start
-from numerics import rel_err
+from numerics import max_rel_err, rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from test_gemma3 import cut_after_layer_0, decode_one, dense_mask
 from tiny_models import build_tiny_model, tiny_config
@@ -460,6 +460,41 @@ def test_the_tiny_dense_families_are_what_they_claim(family, family_dir):
         str(family_dir("mimo") / "model.safetensors"))
     assert not any("mtp" in name for name, _ in tree_flatten(mimo.parameters()))
     assert float(mx.abs(mimo.layers[0].self_attn.k_proj.bias).sum()) > 0
+
+
+def test_the_tiny_phi3small_is_what_it_claims_and_matches_mlx_lm(family):
+    """Phi-3-small: block-sparse layers 0 and 2 (their pattern, per head, by original
+    positions: on any tokens the rows and columns of mlx-lm's dense mask), dense 1 and 3, a
+    fused q/k/v grouped by key/value head, muP multipliers unlike 1, masked dummy ids. Unpruned
+    and through a cut that keeps all, our logits are mlx-lm's fed the prompt one token a step:
+    its prompt pass adds its boolean causal mask to the block-sparse layers' scores (+1, not
+    -inf) and aligns query blocks to the prompt's end, so there a query sees the later keys
+    of its block, and a prompt's logits differ from its decode steps'."""
+    model, _ = family("phi3small")
+    windows, a = sliding_windows(model), ModelAdapter(model)
+    assert [w is None for w in windows] == [False, True, False, True]
+    assert global_layers(model) == (1,) and a.scale == 2.0 / 16
+    assert a._embed_scale == 10.0 and a._logits_scaling == 8.0 and a._activations[0] is None
+    _, dense = model.layers[0].self_attn._block_sparse_mask(320, 320)
+    causal = np.tril(np.ones((320, 320), bool))
+    rng = np.random.default_rng(0)
+    rows, keys = (np.sort(rng.choice(320, size, replace=False)) for size in (40, 120))
+    want = (np.array(dense).reshape(4, 320, 320) & causal)[:, rows][:, :, keys]
+    assert np.array_equal(position_mask(rows, keys, windows[0]), want)
+    assert 0.2 < want.mean() < 0.5 and not np.array_equal(want[0], want[1])
+    logits = a.logits(a.embed(mx.array([5])))
+    assert bool(mx.isinf(logits[0, 0, 100256])) and not bool(mx.isinf(logits[0, 0, 100255]))
+    prompt = random_prompt(120, a.vocab_size)  # 4 blocks, the last one partial
+    for config in (PruningConfig("full"), PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))):
+        cache = make_prompt_cache(model)
+        for token in prompt[:-1]:  # (the inner model: no 100,352 logits a step)
+            model.model(token.reshape(1, 1), cache=cache)
+        engine = LazyEngine(model, resolve_config(model, config), block_size=64)
+        pairs = [(model(prompt[-1:][None], cache=cache)[0, -1], engine.prefill(prompt))]
+        for _ in range(8):
+            token = int(mx.argmax(pairs[-1][0]))
+            pairs.append((model(mx.array([[token]]), cache=cache)[0, -1], engine.decode(token)))
+        assert max_rel_err(pairs) < LOGITS_TOL
 
 
 def test_the_tiny_internlm2_and_qwen_are_what_they_claim(family):
@@ -931,7 +966,7 @@ def test_revived_token_kv_matches_full_forward(family, kind):
     assert rel_err(values, ref_values) < 1e-5
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+@pytest.mark.parametrize("kind", (*FAMILIES, "phi3small"))
 def test_pruning_runs_through(family, kind):
     """An aggressive LazyLLM schedule runs through the family: each (token, layer) computed once,
     tokens revived, fewer prompt tokens computed; a plain ``lazy`` generates."""

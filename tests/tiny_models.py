@@ -30,7 +30,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid", "nemotron_h", "glm",
          "telechat3", "solar_open", "jamba", "mistral4", "exaone_moe", "Klear", "afmoe", "gptj",
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
-         "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2")
+         "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2",
+         "phi3small")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -373,6 +374,16 @@ _KIND_CONFIG = {
                       "attention_method": "MLA", "mla_scale_q_lora": True,
                       "mla_scale_kv_lora": True, "attention_bias": False,
                       "routed_scaling_factor": 2.5},
+    # Phi-3-small: block-sparse attention in layers 0 and 2 (blocks of 32, 2 local, every third
+    # earlier block by head: 300 tokens span 10 blocks), dense in 1 and 3; a GeGELU clipped at 2
+    # (20 in the real one), muP multipliers; its vocabulary as wide as the real one's, whose
+    # last ids mlx-lm's head masks
+    "phi3small": {"architectures": ["Phi3SmallForCausalLM"], "dense_attention_every_n_layers": 2,
+                  "ff_intermediate_size": 64, "gegelu_limit": 2.0, "layer_norm_epsilon": 1e-5,
+                  "vocab_size": 100352, "mup_attn_multiplier": 2.0,
+                  "mup_embedding_multiplier": 10.0, "mup_width_multiplier": 8.0,
+                  "rope_embedding_base": 1000000, "blocksparse_block_size": 32,
+                  "blocksparse_num_local_blocks": 2, "blocksparse_vert_stride": 3},
     # Hunyuan: q/k norms after RoPE (NTK alpha-scaled base), layers 1 and 3 reading the keys
     # and values of 0 and 2 (CLA); 2 of 4 experts (softmax) beside a shared MLP; tied head
     "hunyuan": {"architectures": ["HunYuanMoEV1ForCausalLM"], "tie_word_embeddings": True,
@@ -710,7 +721,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "openelm", "nanbeige", "minicpm3", "youtu_llm", "granitemoehybrid",
                         "nemotron_h", "glm", "telechat3", "solar_open", "jamba", "exaone_moe",
                         "Klear", "afmoe", "gptj", "dbrx", "phixtral", "minimax", "mimo_v2_flash",
-                        "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1")
+                        "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "phi3small")
 
 
 def tiny_config(kind: str) -> dict:
