@@ -260,6 +260,9 @@ from .errors import UserInputError, shown
 # from 0 and dense attention in the others; muP: embeddings times ``mup_embedding_multiplier``,
 # attention scale ``mup_attn_multiplier / head_dim``, the tied head's logits divided by
 # ``mup_width_multiplier``, mlx-lm's dummy token ids masked to -inf.
+# prism_hadamard_qwen35 (Qwen3.5 packs of 2-bit linears with a Hadamard rotation folded into
+# their inputs): mlx-lm's qwen3_5 text model whose packed modules (embedding and head included)
+# rotate their own inputs, run as qwen3_5 (:data:`_WRAPPERS`) through those modules.
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
@@ -273,7 +276,7 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_mo
                          "mistral", "mistral3", "mistral4", "mixtral", "nanbeige", "nanochat",
                          "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmoe",
                          "openelm", "phi", "phi3", "phimoe", "phixtral", "plamo2", "plamo3",
-                         "phi3small",
+                         "phi3small", "prism_hadamard_qwen35",
                          "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5",
                          "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
                          "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "step3p5",
@@ -362,7 +365,7 @@ _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talki
 _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "qwen3_5": None,
              "qwen3_5_moe": None, "qwen2_vl": "qwen2", "qwen3_vl": "qwen3",
              "qwen3_vl_moe": "qwen3_moe", "lfm2-vl": "lfm2", "kimi_vl": "deepseek_v3",
-             "kimi_k25": "deepseek_v3"}
+             "kimi_k25": "deepseek_v3", "prism_hadamard_qwen35": "qwen3_5"}
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm, use_sliding_window}``, ``use_sliding``,

@@ -662,6 +662,8 @@ _VARIANTS = {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}}),
     "qwen3_5-deep": ("qwen3_5", {"num_hidden_layers": 16}),
+    # a width a 512-wide Hadamard block divides (the packed checkpoint's base)
+    "qwen3_5-wide": ("qwen3_5", {"hidden_size": 512}),
     "qwen3_5-last": ("qwen3_5", {"num_hidden_layers": 4}),
     # no attention layer at all (mlx-lazy refuses it)
     "granitemoehybrid-mamba": ("granitemoehybrid", {"num_hidden_layers": 2,
@@ -724,6 +726,44 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "phi3small")
 
 
+#: Packed checkpoints built from a tiny float one: kind -> its base's kind.
+_PACKED = {"prism_hadamard_qwen35": "qwen3_5-wide"}
+
+
+def _hadamard_modules(layers: int) -> list:
+    """The manifest of the tiny ``prism_hadamard_qwen35``: its embedding, head, every MLP's
+    gate (a 512-wide Hadamard block) and up and down projections (none), the attention
+    layers' q_proj and the recurrent ones' in_proj_qkv (512)."""
+    paths = [("model.embed_tokens", 512), ("lm_head", 512)]
+    for i in range(layers):
+        paths += [(f"model.layers.{i}.mlp.gate_proj", 512), (f"model.layers.{i}.mlp.up_proj", 0),
+                  (f"model.layers.{i}.mlp.down_proj", 0),
+                  (f"model.layers.{i}." + ("self_attn.q_proj" if i % 4 == 3
+                                           else "linear_attn.in_proj_qkv"), 512)]
+    return [{"path": path, "embedding": path.endswith("embed_tokens"), "dtype": "float16",
+             "block": block} for path, block in paths]
+
+
+def _pack_hadamard(folder: Path, config: dict) -> None:
+    """Rewrite a float checkpoint's modules that ``config``'s manifest names as the Hadamard
+    pack holds them: each row times random signs and rotated in its blocks (the rotation its
+    input then takes cancels), quantized to 2 bits in groups of 128, with its signs."""
+    from mlx_lm.models.prism_hadamard_qwen35 import hadamard_rotate
+
+    weights = mx.load(str(folder / "model.safetensors"))
+    for record in config["modules"]:
+        key, block = f"language_model.{record['path']}", record["block"]
+        weight = weights.pop(f"{key}.weight")
+        if block:
+            signs = mx.where(mx.random.uniform(shape=weight.shape[-1:]) < 0.5, -1.0, 1.0)
+            weight, weights[f"{key}.signs"] = hadamard_rotate(weight, block, signs), signs
+        packed, scales, biases = mx.quantize(weight, group_size=128, bits=2)
+        weights.update({f"{key}.weight": packed, f"{key}.scales": scales.astype(mx.float16),
+                        f"{key}.biases": biases.astype(mx.float16)})
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+
+
 def tiny_config(kind: str) -> dict:
     """The config.json of a tiny model of ``kind`` (one of KINDS, a variant of one such as
     ``phi3-longrope``, ``mistral3``: a Ministral 3 checkpoint, its text model a tiny
@@ -743,6 +783,14 @@ def tiny_config(kind: str) -> dict:
                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
         return {"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"],
                 "text_config": text,
+                **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
+    if kind == "prism_hadamard_qwen35":  # Qwen3.5's text model, Hadamard-packed
+        text = tiny_config(_PACKED[kind])
+        return {"model_type": kind, "architectures": ["Qwen3_5ForCausalLM"], "text_config": text,
+                "schema_version": 1, "tensor_namespace": "mlx-lm-text",
+                "gdn_activation_layout": "grouped",
+                "quantization": {"bits": 2, "group_size": 128, "mode": "affine"},
+                "modules": _hadamard_modules(text["num_hidden_layers"]),
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
     if kind in _WRAPPED:
         text, architecture, text_type = _WRAPPED[kind]
@@ -792,6 +840,9 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     from mlx_lm.utils import _get_classes, save_config, save_model
 
     folder = Path(folder)
+    if kind in _PACKED:  # built as its float base, then packed
+        _pack_hadamard(build_tiny_model(_PACKED[kind], folder, seed), tiny_config(kind))
+        return folder
     folder.mkdir(parents=True, exist_ok=True)
     config = tiny_config(kind)
     model_class, args_class = _get_classes(config)
