@@ -263,6 +263,10 @@ from .errors import UserInputError, shown
 # prism_hadamard_qwen35 (Qwen3.5 packs of 2-bit linears with a Hadamard rotation folded into
 # their inputs): mlx-lm's qwen3_5 text model whose packed modules (embedding and head included)
 # rotate their own inputs, run as qwen3_5 (:data:`_WRAPPERS`) through those modules.
+# longcat_flash_ngram (LongCat-Flash with an n-gram embedding): LongCat-Flash's blocks; a token's
+# embedding adds those of the n-grams it ends (their ids hashed from the ids of the
+# ``emb_neighbor_num - 1`` tokens before it) to its own, all computed before any pruning
+# (:meth:`ModelAdapter.embed`, its state the ids of the last tokens, :data:`EMBEDDING_STATE`).
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
@@ -271,7 +275,8 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_mo
                          "gpt_bigcode", "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
                          "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
                          "internlm3", "jamba", "kimi_k25", "kimi_vl", "laguna", "lfm2", "lfm2-vl",
-                         "lfm2_moe", "llama", "llama4", "llama4_text", "longcat_flash", "mellum",
+                         "lfm2_moe", "llama", "llama4", "llama4_text", "longcat_flash",
+                         "longcat_flash_ngram", "mellum",
                          "mimo", "mimo_v2_flash", "minicpm", "minicpm3", "minimax", "ministral3",
                          "mistral", "mistral3", "mistral4", "mixtral", "nanbeige", "nanochat",
                          "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmoe",
@@ -286,7 +291,8 @@ GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm",
-             "bailing_moe_v3", "longcat_flash")
+             "bailing_moe_v3", "longcat_flash", "longcat_flash_ngram")
+LONGCAT_TYPES = ("longcat_flash", "longcat_flash_ngram")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -308,6 +314,7 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                            "post_attention_layernorm": "feedforward_layernorm"},
                "bailing_moe": {"o_proj": "dense", "q_norm": "query_layernorm",
                                "k_norm": "key_layernorm", "embed_tokens": "word_embeddings"},
+               "longcat_flash_ngram": {"embed_tokens": "ngram_embeddings.word_embeddings"},
                "bailing_moe_v3": {"o_proj": "dense", "embed_tokens": "word_embeddings",
                                   "linear_attn": "attention"},
                "exaone": {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
@@ -533,7 +540,7 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
     weights, each pass a layer with its own keys and values)."""
     if _family(text) == "nanbeige":
         return text.model.layers * text.model.num_loops
-    if _family(text) == "longcat_flash":
+    if _family(text) in LONGCAT_TYPES:
         return [_sublayer(block, i) for block in text.model.layers for i in range(2)]
     # (PLaMo 3's model.layers is a module holding them: its model's layers)
     return (text.model.layers if "model" in text and isinstance(text.model.get("layers"), list)
@@ -714,7 +721,7 @@ class ModelAdapter:
         self._kda = model_type == "bailing_moe_v3"  # its recurrent layers' state: 4 arrays
         # longcat_flash: a token's hidden state after each even layer carries its block's MoE
         # output after its (hidden_size,) part, which the odd layer adds
-        self._shortcut = model_type == "longcat_flash"
+        self._shortcut = model_type in LONGCAT_TYPES
         # each layer's attention module (None in a recurrent or stateless layer), found once:
         # read per layer and step; sharding changes their projections in place, not the
         # modules (Falcon-H1's recurrent layers each hold one, beside the mixer)
@@ -783,6 +790,7 @@ class ModelAdapter:
         self._key_ratios = {layer: self._key_norm_ratio(layer) for layer, kv in
                             enumerate(self._kv_layers) if kv != layer and model_type == "hunyuan"}
         self._embedding = self._part(self.inner, "embed_tokens")
+        self._ngram = getattr(self.inner, "ngram_embeddings", None)  # longcat_flash_ngram
         self._position_embedding = getattr(self.inner, "wpe", None)  # GPT-2's, StarCoder 1's
         self._final_norm = self._weightless or self._part(self.inner, "norm")
         if model_type == "phixtral":  # its head module: the final norm, then the head
@@ -964,15 +972,32 @@ class ModelAdapter:
         """Rows of the embedding table: valid token ids are 0 to vocab_size - 1."""
         return self._embedding.weight.shape[0]
 
-    def embed(self, tokens: mx.array, positions: Optional[np.ndarray] = None) -> mx.array:
+    @property
+    def context_width(self) -> int:
+        """How many earlier tokens' ids a token's embedding reads (LongCat-Flash-Ngram's
+        ``emb_neighbor_num - 1``); 0 for the others."""
+        return 0 if self._ngram is None else self._ngram.n - 1
+
+    def embed(self, tokens: mx.array, positions: Optional[np.ndarray] = None,
+              context: Optional[List[Optional[mx.array]]] = None) -> mx.array:
         """(n,) token ids at ``positions`` (n,) (None: 0 .. n - 1) -> (1, n, D) hidden states
         (with Gemma 4 E2B/E4B's per-layer inputs after them: D is hidden_size + layers x their
         width; Talkie's normed embeddings: twice hidden_size). Only a learned position
-        embedding (GPT-2's) reads the positions.
+        embedding (GPT-2's) reads the positions; only an n-gram embedding
+        (:attr:`context_width`) the ``context``, the ids (1, <= context_width) of the last
+        tokens before these (mlx-lm's ``ArraysCache`` part, empty before the first; None:
+        these start the sequence), which it advances in place.
 
         Raises:
             UserInputError: a position past those a learned position embedding holds.
         """
+        if self._ngram is not None:
+            cache = None
+            if context is not None:
+                context.extend([None] * (1 - len(context)))
+                cache = ArraysCache(1)
+                cache.cache = context
+            return self._ngram(tokens[None], cache)
         h = self._embedding(tokens[None])
         if self._position_embedding is not None:
             table = self._position_embedding

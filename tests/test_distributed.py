@@ -417,7 +417,8 @@ def test_shard_checks_step3p5s_sliding_window_heads_before_sharding():
                                   "afmoe", "lfm2-vl", "kimi_vl", "dbrx", "phixtral",
                                   "mimo_v2_flash", "nemotron-nas", "plamo3", "laguna",
                                   "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1",
-                                  "plamo2", "phi3small", "prism_hadamard_qwen35"])
+                                  "plamo2", "phi3small", "prism_hadamard_qwen35",
+                                  "longcat_flash_ngram"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -432,7 +433,8 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     3's (a fused q/k/v of unequal parts), Talkie's (its parts named otherwise, a gain per
     head) or Ling 2.5's (Kimi Delta Attention, latent attention, experts). Refused (mlx-lm
     has no ``shard`` for them either; LongCat-Flash's blocks of two attentions and a
-    shortcut MoE it splits, the engine's layers are half of one: refused here). Qwen3.5's
+    shortcut MoE it splits, the engine's layers are half of one: refused here, as with an n-gram
+    embedding). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
     runs them whole; nor those of its Hadamard packs). Nor DBRX's and Phixtral's experts, nor
     Phi-3-small's layers (block-sparse patterns by each head's index among all heads)."""

@@ -88,10 +88,11 @@ from mlx_lm.utils import MODEL_REMAPPING
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load,
                       load_prompt_cache, make_prompt_cache as make_lazy_cache, resolve_config,
                       save_prompt_cache)
-from mlx_lazy.adapter import (SUPPORTED_MODEL_TYPES, ModelAdapter, attention_module,
+from mlx_lazy.adapter import (LONGCAT_TYPES, SUPPORTED_MODEL_TYPES, ModelAdapter, attention_module,
                               decode_identity, feed_forward, global_layers, identities_match,
                               recurrent_layers, sliding_windows, stateless_layers)
 from mlx_lazy.attention import Chunks, position_mask, window_start
+from mlx_lazy.cache import EMBEDDING_STATE
 from numerics import max_rel_err, rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from test_gemma3 import cut_after_layer_0, decode_one, dense_mask
@@ -117,7 +118,7 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", *VL, "gemma2",
             "glm4", "starcoder2", "cohere2",
             "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE, "gpt_neox-sequential",
-            "nanbeige-skip")
+            "nanbeige-skip", "longcat_flash_ngram")
 
 
 # Every test runs with both attention implementations (conftest's attention_implementation).
@@ -823,7 +824,7 @@ def test_a_waiting_token_keeps_the_inputs_of_the_layers_ahead(family):
 
 @pytest.mark.parametrize("kind", ["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
                                   "deepseek_v2", "gemma2", "hunyuan", "llama4", "exaone",
-                                  "nanochat", "nanbeige"])
+                                  "nanochat", "nanbeige", "longcat_flash_ngram"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
     holding none and its tokens' per-layer inputs, latent attention's values narrower than
@@ -950,9 +951,9 @@ def _revived_kv(model, first: int = 300, layer: int = 2, cut: int | None = None,
     revived = [p for p in kv.cached_positions().tolist() if p in waiting]
     assert revived, "the schedule should revive some prompt tokens"
     keys, values = kv.fetch(np.array(revived))
-    longcat = model.model_type == "longcat_flash"
+    longcat = model.model_type in LONGCAT_TYPES  # (the n-gram model's first: its context)
     ref_keys, ref_values = _mlx_lm_kv(
-        model, layer, cache[layer // 2][layer % 2] if longcat
+        model, layer, cache[-len(model.layers):][layer // 2][layer % 2] if longcat
         else cache[layer if cache_of is None else cache_of])
     return keys, values, ref_keys[:, :, revived], ref_values[:, :, revived]
 
@@ -1196,6 +1197,29 @@ def test_the_tiny_longcat_flash_is_what_it_claims(family):
     assert block.self_attn[0].mla_scale_q_lora == 2 ** 0.5 == block.self_attn[0].mla_scale_kv_lora
     keys, values, ref_keys, ref_values = _revived_kv(model, layer=1)
     assert rel_err(keys, ref_keys) < 1e-5 and rel_err(values, ref_values) < 1e-5
+
+
+def test_the_tiny_longcat_flash_ngram_embeds_tokens_by_the_ids_before_them(family, tmp_path):
+    """LongCat-Flash-Ngram: a token's embedding reads the ids of the 3 tokens before it, which
+    the engine's state keeps past the prompt (decode steps, later turns, the revived tokens'
+    hidden states carry theirs); a prompt-cache file's must be the last 3 tokens' ids."""
+    model, tokenizer = family("longcat_flash_ngram")
+    a = ModelAdapter(model)
+    assert a.context_width == 3 and a.vocab_size == 384
+    token = mx.array([7])
+    after = [a.embed(token, context=[mx.array([[i, 5, 6]], mx.int64)]) for i in (4, 9)]
+    assert rel_err(after[0], after[1]) > 0.01  # the 4-gram's part
+    assert rel_err(after[0], a.embed(token)) > 0.01  # and the sequence's start
+    cache = make_lazy_cache(model, "full")
+    generate(model, tokenizer, "The quick brown fox", max_tokens=2, prompt_cache=cache)
+    context = cache.engine.cache.recurrent[EMBEDDING_STATE][0]
+    assert context.tolist() == [cache.tokens[-3:]]
+    save_prompt_cache(tmp_path / "c.safetensors", cache)
+    arrays, meta = mx.load(str(tmp_path / "c.safetensors"), return_metadata=True)
+    arrays[f"recurrent.{EMBEDDING_STATE}.0"] = context + 1
+    mx.save_safetensors(str(tmp_path / "bad.safetensors"), arrays, metadata=meta)
+    with pytest.raises(UserInputError, match="the ids of the last 3 tokens"):
+        load_prompt_cache(tmp_path / "bad.safetensors", model)
 
 
 def test_the_tiny_exaone_moe_klear_and_afmoe_are_what_they_claim(family):

@@ -662,6 +662,12 @@ _VARIANTS = {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}}),
     "qwen3_5-deep": ("qwen3_5", {"num_hidden_layers": 16}),
+    # LongCat-Flash's blocks after an n-gram embedding: 2- to 4-grams, each split 4 ways (12
+    # tables 5 wide of about 3,000 rows)
+    "longcat_flash_ngram": ("longcat_flash", {"model_type": "longcat_flash_ngram",
+                                              "architectures": ["LongcatFlashNgramForCausalLM"],
+                                              "ngram_vocab_size_ratio": 8,
+                                              "emb_neighbor_num": 4, "emb_split_num": 4}),
     # a width a 512-wide Hadamard block divides (the packed checkpoint's base)
     "qwen3_5-wide": ("qwen3_5", {"hidden_size": 512}),
     "qwen3_5-last": ("qwen3_5", {"num_hidden_layers": 4}),
