@@ -267,6 +267,12 @@ from .errors import UserInputError, shown
 # embedding adds those of the n-grams it ends (their ids hashed from the ids of the
 # ``emb_neighbor_num - 1`` tokens before it) to its own, all computed before any pruning
 # (:meth:`ModelAdapter.embed`, its state the ids of the last tokens, :data:`EMBEDDING_STATE`).
+# minimax_m3_vl (MiniMax-M3, its text model ``language_model``): Gemma's (1 + w) norms, per-head
+# q/k norms, RoPE over ``rotary_dim`` of each head, SwiGLU-OAI (clamped) dense MLPs and, where
+# ``moe_layer_freq`` says, sigmoid-routed experts (a correction bias) beside a shared expert at
+# ``block.block_sparse_moe``; its sparse-attention layers' indexer keeps every key block while
+# the context fits ``index_topk_blocks`` blocks, where they attend densely, and a longer
+# context is refused (:meth:`ModelAdapter.qkv`: the engine does not run its block choice).
 SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_moe_v3", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3", "dots1",
                          "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe",
@@ -277,7 +283,8 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afmoe", "apertus", "bailing_moe", "bailing_mo
                          "internlm3", "jamba", "kimi_k25", "kimi_vl", "laguna", "lfm2", "lfm2-vl",
                          "lfm2_moe", "llama", "llama4", "llama4_text", "longcat_flash",
                          "longcat_flash_ngram", "mellum",
-                         "mimo", "mimo_v2_flash", "minicpm", "minicpm3", "minimax", "ministral3",
+                         "mimo", "mimo_v2_flash", "minicpm", "minicpm3", "minimax", "minimax_m3_vl",
+                         "ministral3",
                          "mistral", "mistral3", "mistral4", "mixtral", "nanbeige", "nanochat",
                          "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmoe",
                          "openelm", "phi", "phi3", "phimoe", "phixtral", "plamo2", "plamo3",
@@ -372,7 +379,8 @@ _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talki
 _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "qwen3_5": None,
              "qwen3_5_moe": None, "qwen2_vl": "qwen2", "qwen3_vl": "qwen3",
              "qwen3_vl_moe": "qwen3_moe", "lfm2-vl": "lfm2", "kimi_vl": "deepseek_v3",
-             "kimi_k25": "deepseek_v3", "prism_hadamard_qwen35": "qwen3_5"}
+             "kimi_k25": "deepseek_v3", "prism_hadamard_qwen35": "qwen3_5",
+             "minimax_m3_vl": "minimax_m3_vl"}
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm, use_sliding_window}``, ``use_sliding``,
@@ -730,6 +738,9 @@ class ModelAdapter:
                        or (i in self._recurrent and not self._falcon_h1)
                        else attention_module(block) for i, block in enumerate(self.layers)]
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
+        # minimax_m3_vl: the context up to which a sparse-attention layer keeps every key block
+        self._dense_until = [a.index_topk_blocks * a.index_block_size
+                             if getattr(a, "is_sparse_attn", False) else None for a in self._attns]
         attn = next((a for a in self._attns if a is not None), None)
         if attn is None:  # (a Mamba-only Granite 4.0 config, say)
             raise UserInputError(f"this {model_type} model has no attention layer; mlx-lazy "
@@ -1050,6 +1061,12 @@ class ModelAdapter:
         """
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
+        if self._dense_until[layer] is not None and positions[-1] >= self._dense_until[layer]:
+            raise UserInputError(
+                f"this model's sparse-attention layers choose key blocks past "
+                f"{self._dense_until[layer]} tokens ({attn.index_topk_blocks} blocks of "
+                f"{attn.index_block_size}), which mlx-lazy does not run; keep the prompt and "
+                "answer under that")
         x = self._blas_rows(h[..., :self._hidden]
                             if self._layer_input or self._embed_skip or self._shortcut else h)
         if not self._post_norms:
@@ -1513,8 +1530,8 @@ def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     """The :func:`~mlx_lazy.kernels.gated` activation of mlx-lm's dense gated MLPs (Gemma's
     ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE, Step-3.5's
     clamped SwiGLU)."""
-    if getattr(mlp, "limit", None) is not None:
-        return None
+    if getattr(mlp, "limit", None) is not None or hasattr(mlp, "activation"):
+        return None  # (MiniMax-M3's SwiGLU-OAI: its module)
     if hasattr(mlp, "w2") or hasattr(mlp, "c_fc_0") or hasattr(mlp, "proj_1"):
         return "silu"  # lfm2's, internlm2's, qwen's, exaone's, openelm's SwiGLU
     if not hasattr(mlp, "down_proj"):

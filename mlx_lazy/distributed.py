@@ -110,6 +110,8 @@ def shard(model: nn.Module, group: Group) -> None:
              // (2 if family == "qwen" else 1)}  # Qwen 1's: half its intermediate_size
     if getattr(args, "moe_intermediate_size", None):
         sizes["expert MLP width"] = args.moe_intermediate_size
+    if getattr(args, "index_n_heads", None):  # MiniMax-M3's sparse layers' indexer
+        sizes["indexer heads"] = args.index_n_heads
     other = getattr(args, "attention_other_setting", None)  # Step-3.5's sliding-window layers'
     if other:
         sizes["sliding-window attention heads"] = other["num_attention_heads"]

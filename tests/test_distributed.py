@@ -408,6 +408,23 @@ def test_shard_checks_step3p5s_sliding_window_heads_before_sharding():
     assert distributed.model_group(model) is None
 
 
+def test_shard_checks_minimax_m3s_indexer_heads_before_sharding():
+    """MiniMax-M3's sparse layers' indexer has heads of its own, split with the query heads:
+    4 query and 2 key/value heads divide over 2 ranks, 3 indexer heads do not."""
+    from mlx_lm.models import minimax_m3_vl
+
+    class Group:
+        def size(self):
+            return 2
+
+    config = tiny_config("minimax_m3_vl")
+    config["text_config"]["sparse_attention_config"]["sparse_num_index_heads"] = 3
+    model = minimax_m3_vl.Model(minimax_m3_vl.ModelArgs.from_dict(config))
+    with pytest.raises(UserInputError, match="3 indexer heads cannot be split evenly"):
+        distributed.shard(model, Group())
+    assert distributed.model_group(model) is None
+
+
 @pytest.mark.parametrize("kind", ["olmo2", "olmo3", "gemma4_text", "qwen3_5", "qwen3_next",
                                   "ernie4_5_moe", "apertus",
                                   "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
@@ -456,7 +473,8 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "exaone", "stablelm-parallel", "nanochat", "gemma", "cohere",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
                   "nanbeige", "minicpm3", "youtu_llm", "glm", "telechat3", "solar_open", "glm4",
-                  "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25", "gptj", "minimax"]
+                  "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25", "gptj", "minimax",
+                  "minimax_m3_vl"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
@@ -493,14 +511,15 @@ def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
     Youtu-LLM's split the same way by shard_by_heads), K-EXAONE (mlx-lm's shard: its MoE blocks
     sum their ranks' shares), Qwen3-VL MoE (its text model's qwen3_moe shard: the wrapper has
     none), Kimi K2.5 (its wrapper's shard, DeepSeek-V3's) and MiniMax-M2 (mlx-lm's shard: its
-    q/k norms over all heads split with them, their sums of squares all-summed): unpruned,
+    q/k norms over all heads split with them, their sums of squares all-summed) and MiniMax-M3
+    (mlx-lm's shard: per-head q/k norms, indexer heads with the query heads): unpruned,
     each rank's logits equal mlx-lm's; pruned, each rank selects what the single process
     selects and its logits equal it."""
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
                                                 "glm4_moe_lite", "deepseek_v2", "solar_open",
                                                 "mistral4", "exaone_moe", "kimi_k25",
-                                                "minimax"))
+                                                "minimax", "minimax_m3_vl"))
     runs = families_two_rank_runs[kind]
     (rec0, logits0), (rec1, logits1) = runs["full"]
     assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2

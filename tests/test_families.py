@@ -82,7 +82,7 @@ import mlx_lm
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import CacheList, make_prompt_cache
 from mlx_lm.utils import MODEL_REMAPPING
 
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load,
@@ -106,7 +106,7 @@ VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
         "solar_open", "exaone_moe", "Klear", "afmoe", "dbrx", "phixtral", "minimax",
-        "mimo_v2_flash", "step3p5", "laguna", "longcat_flash")
+        "mimo_v2_flash", "step3p5", "laguna", "longcat_flash", "minimax_m3_vl")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
@@ -794,6 +794,8 @@ def _mlx_lm_kv(model, layer: int, layer_cache):
     """mlx-lm's cached keys and values of ``layer`` as the engine holds them: the absorbed
     latent attention caches the latent and rope(k_pe), whose concatenation is the engine's
     key and the latent its value."""
+    if isinstance(layer_cache, CacheList):  # MiniMax-M3's: its indexer's keys beside
+        layer_cache = layer_cache[0]
     keys, values = layer_cache.keys, layer_cache.values
     if hasattr(attention_module(ModelAdapter(model).layers[layer]), "embed_q"):
         return mx.concatenate([keys, values], axis=-1), keys
@@ -1220,6 +1222,24 @@ def test_the_tiny_longcat_flash_ngram_embeds_tokens_by_the_ids_before_them(famil
     mx.save_safetensors(str(tmp_path / "bad.safetensors"), arrays, metadata=meta)
     with pytest.raises(UserInputError, match="the ids of the last 3 tokens"):
         load_prompt_cache(tmp_path / "bad.safetensors", model)
+
+
+def test_the_tiny_minimax_m3_is_what_it_claims(family):
+    """MiniMax-M3's text model: layers 1 and 3 sparse (an indexer over blocks of 32 keeping 16:
+    every block up to 512 tokens, where they attend densely, as mlx-lm's), Gemma's norms, RoPE
+    over half of each head, its SwiGLU-OAI run as its module, experts from layer 1 on. A
+    context past 512 tokens is refused in one line, the state left as it was."""
+    model, _ = family("minimax_m3_vl")
+    a = ModelAdapter(model)
+    assert [layer.self_attn.is_sparse_attn for layer in model.layers] == [False, True] * 2
+    assert a._dense_until == [None, 512] * 2 and a._activations == [None] * 4
+    assert model.layers[0].self_attn.rope.dims == 8 and "block_sparse_moe" in model.layers[1]
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("full")))
+    engine.prefill(random_prompt(500, a.vocab_size))
+    with pytest.raises(UserInputError, match="choose key blocks past 512 tokens"):
+        engine.extend(random_prompt(20, a.vocab_size))
+    assert engine.cache.length == 500
+    engine.decode(3)
 
 
 def test_the_tiny_exaone_moe_klear_and_afmoe_are_what_they_claim(family):

@@ -798,6 +798,18 @@ def tiny_config(kind: str) -> dict:
                 "quantization": {"bits": 2, "group_size": 128, "mode": "affine"},
                 "modules": _hadamard_modules(text["num_hidden_layers"]),
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
+    if kind == "minimax_m3_vl":  # MiniMax-M3's text model: layer 0 dense, then 2 of 4 experts
+        # beside a shared one; layers 1 and 3 sparse, keeping every block up to 16 x 32 tokens
+        text = {**_BASE, "intermediate_size": 32, "dense_intermediate_size": 128,
+                "shared_intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "rotary_dim": 8, "swiglu_limit": 1.0, "moe_layer_freq": [0, 1, 1, 1],
+                "sparse_attention_config": {
+                    "sparse_num_index_heads": 2, "sparse_index_dim": 16,
+                    "sparse_block_size": 32, "sparse_topk_blocks": 16, "sparse_local_block": 1,
+                    "sparse_attention_freq": [0, 1, 0, 1]}}
+        return {"model_type": kind, "architectures": ["MiniMaxM3ForConditionalGeneration"],
+                "text_config": text,
+                **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
     if kind in _WRAPPED:
         text, architecture, text_type = _WRAPPED[kind]
         return {"model_type": kind, "architectures": [architecture],
@@ -922,7 +934,8 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             act = layer.mlp.act_fn
             for name in ("alpha_p", "alpha_n", "beta"):
                 setattr(act, name, getattr(act, name) + 0.2 * mx.random.normal(()))
-        if kind.startswith(("gemma2", "gemma3", "plamo3")) or kind == "gemma":  # Gemma's (1 + w)
+        # Gemma's (1 + w) (and MiniMax-M3's)
+        if kind.startswith(("gemma2", "gemma3", "plamo3")) or kind in ("gemma", "minimax_m3_vl"):
             for name in ("input_layernorm", "post_attention_layernorm",  # norms: w = 0, the
                          "pre_feedforward_layernorm", "post_feedforward_layernorm",  # identity
                          "pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm",  # (PLaMo 3's,
