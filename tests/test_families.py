@@ -1225,14 +1225,14 @@ def test_the_tiny_longcat_flash_ngram_embeds_tokens_by_the_ids_before_them(famil
 
 
 def test_the_tiny_minimax_m3_is_what_it_claims(family):
-    """MiniMax-M3's text model: layers 1 and 3 sparse (an indexer over blocks of 32 keeping 16:
+    """MiniMax-M3's text model: layers 1 to 3 sparse (an indexer over blocks of 32 keeping 16:
     every block up to 512 tokens, where they attend densely, as mlx-lm's), Gemma's norms, RoPE
     over half of each head, its SwiGLU-OAI run as its module, experts from layer 1 on. A
     context past 512 tokens is refused in one line, the state left as it was."""
     model, _ = family("minimax_m3_vl")
     a = ModelAdapter(model)
-    assert [layer.self_attn.is_sparse_attn for layer in model.layers] == [False, True] * 2
-    assert a._dense_until == [None, 512] * 2 and a._activations == [None] * 4
+    assert [layer.self_attn.is_sparse_attn for layer in model.layers] == [False] + [True] * 3
+    assert a._dense_until == [None] + [512] * 3 and a._activations == [None] * 4
     assert model.layers[0].self_attn.rope.dims == 8 and "block_sparse_moe" in model.layers[1]
     engine = LazyEngine(model, resolve_config(model, PruningConfig("full")))
     engine.prefill(random_prompt(500, a.vocab_size))
