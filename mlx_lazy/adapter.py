@@ -841,7 +841,8 @@ class ModelAdapter:
         # phi3small: the ids mlx-lm's head masks to -inf (those inside the vocabulary)
         masked = getattr(self.text, "_dummy_tokenizer_ids", None)
         self._masked_ids = (None if masked is None else
-                            mx.array([i for i in masked.tolist() if i < self.vocab_size]))
+                            mx.array([i for i in masked.tolist() if i < self.vocab_size],
+                                     mx.int32))
 
     def sliding_window(self, layer: int) -> Optional[Window]:
         """The window of a sliding-window layer (a query at position p sees keys at
