@@ -498,6 +498,43 @@ def test_the_tiny_phi3small_is_what_it_claims_and_matches_mlx_lm(family):
         assert max_rel_err(pairs) < LOGITS_TOL
 
 
+def _phi3small_dense_logits(model, tokens: np.ndarray, masks, monkeypatch) -> mx.array:
+    """mlx-lm's Phi-3-small blocks over every token, dense (its block-sparse layers' own
+    pattern off: the masks, per head there, carry it), each with its boolean mask as 0/-inf;
+    the last token's logits."""
+    inner = model.model
+    h = inner.embed_tokens(mx.array(tokens)[None]) * model.args.mup_embedding_multiplier
+    for block, mask in zip(inner.layers, masks):
+        monkeypatch.setattr(block.self_attn, "block_sparse", False)
+        h = block(h, mx.where(mx.array(mask), 0.0, -mx.inf), None)
+    out = inner.embed_tokens.as_linear(inner.final_layernorm(h))[0, -1]
+    out = out / model.args.mup_width_multiplier
+    out[model._dummy_tokenizer_ids] = -mx.inf
+    return out
+
+
+@pytest.mark.parametrize("revival_block", [64, 2])
+def test_phi3small_block_sparse_under_pruning_equals_a_dense_reference(family, monkeypatch,
+                                                                       revival_block):
+    """A cut after layer 0 (block-sparse) keeps 40%; a decode step re-selects and revives
+    tokens. Against mlx-lm's blocks run densely with masks by original position: in the
+    block-sparse layer 2 each head's pattern of the kept (prefill) or selected (revived, new)
+    tokens, pruned ones neither shifting nor widening it; ``revival_block`` 2 sends the decode
+    step's rows through the gathered block path, 64 through the masked whole-cache path."""
+    model, _ = family("phi3small")
+    engine, prompt, logits, kept, selections = cut_after_layer_0(
+        model, ModelAdapter(model).vocab_size, monkeypatch, revival_block)
+    n, windows = len(prompt), sliding_windows(model)
+    masks = [dense_mask(n, windows[0], [None] * n)]
+    masks += [dense_mask(n, w, [kept] * n) for w in windows[1:]]
+    assert rel_err(logits, _phi3small_dense_logits(model, prompt, masks, monkeypatch)) < LOGITS_TOL
+    tokens, logits, _, sees, revived = decode_one(engine, prompt, logits, kept, selections)
+    assert len(revived)
+    masks = [dense_mask(n + 1, windows[0], [None] * (n + 1))]
+    masks += [dense_mask(n + 1, w, sees) for w in windows[1:]]
+    assert rel_err(logits, _phi3small_dense_logits(model, tokens, masks, monkeypatch)) < LOGITS_TOL
+
+
 def test_the_tiny_internlm2_and_qwen_are_what_they_claim(family):
     """InternLM2: one biased wqkv whose rows hold, for each of 2 key/value heads, its 2
     queries, key and value (the adapter's q/k/v: those rows, not thirds); dynamic NTK RoPE,
