@@ -27,7 +27,7 @@ from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 from mlx_lm.utils import MODEL_REMAPPING
 
 from . import _blas, kernels
-from .attention import Chunks, Window, attention
+from .attention import BlockSparse, Chunks, Window, attention
 from .errors import UserInputError, shown
 
 # qwen3_moe: its sparse MoE block sits at ``block.mlp`` and works per token like a dense MLP.
@@ -326,6 +326,27 @@ from .errors import UserInputError, shown
 # spark2_5 (Spark 2.5): a fused ``q_k_v_proj``, a sigmoid output gate per head (``g_proj``, as
 # Step-3.5's), ``out_proj``; sliding-window layers (``layer_types``), each kind with its own RoPE
 # (base, rotary fraction); an exact-GELU gated MLP run as its module; ``model.embedding``.
+# phi3small (Phi-3-small): a fused ``query_key_value`` holding, for each key/value head, its
+# group's queries, then its key and value (InternLM2's layout, biased), LayerNorms, a GeGELU MLP
+# (``up_proj`` interleaving gate and linear halves, clipped, run as its module); block-sparse
+# attention (:class:`~mlx_lazy.attention.BlockSparse`: local blocks and vertical strides, a
+# pattern per head, by original positions) in every ``dense_attention_every_n_layers``-th layer
+# from 0 and dense attention in the others; muP: embeddings times ``mup_embedding_multiplier``,
+# attention scale ``mup_attn_multiplier / head_dim``, the tied head's logits divided by
+# ``mup_width_multiplier``, mlx-lm's dummy token ids masked to -inf.
+# prism_hadamard_qwen35 (Qwen3.5 packs of 2-bit linears with a Hadamard rotation folded into
+# their inputs): mlx-lm's qwen3_5 text model whose packed modules (embedding and head included)
+# rotate their own inputs, run as qwen3_5 (:data:`_WRAPPERS`) through those modules.
+# longcat_flash_ngram (LongCat-Flash with an n-gram embedding): LongCat-Flash's blocks; a token's
+# embedding adds those of the n-grams it ends (their ids hashed from the ids of the
+# ``emb_neighbor_num - 1`` tokens before it) to its own, all computed before any pruning
+# (:meth:`ModelAdapter.embed`, its state the ids of the last tokens, :data:`EMBEDDING_STATE`).
+# minimax_m3_vl (MiniMax-M3, its text model ``language_model``): Gemma's (1 + w) norms, per-head
+# q/k norms, RoPE over ``rotary_dim`` of each head, SwiGLU-OAI (clamped) dense MLPs and, where
+# ``moe_layer_freq`` says, sigmoid-routed experts (a correction bias) beside a shared expert at
+# ``block.block_sparse_moe``; its sparse-attention layers' indexer keeps every key block while
+# the context fits ``index_topk_blocks`` blocks, where they attend densely, and a longer
+# context is refused (:meth:`ModelAdapter.qkv`: the engine does not run its block choice).
 SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "bailing_hybrid",
                          "bailing_moe", "bailing_moe_linear", "bailing_moe_v3", "bitnet", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
@@ -335,26 +356,28 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "ba
                          "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt2", "gpt_bigcode",
                          "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
                          "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
-                         "internlm3", "jamba", "kimi_k25", "kimi_linear", "kimi_vl", "laguna",
-                         "lfm2", "lfm2-vl", "lfm2_moe", "lille-130m", "llama", "llama4",
-                         "llama4_text", "longcat_flash", "mellum", "mimo", "mimo_v2_flash",
-                         "minicpm", "minicpm3", "minimax", "ministral3", "mistral", "mistral3",
-                         "mistral4", "mixtral", "nanbeige", "nanochat", "nemotron", "nemotron-nas",
-                         "nemotron_h", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "openelm", "phi",
-                         "phi3", "phimoe", "phixtral", "pixtral", "plamo", "plamo2", "plamo3",
-                         "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5",
-                         "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe",
-                         "recurrent_gemma", "seed_oss", "smollm3", "solar_open", "stablelm",
-                         "starcoder2", "step3p5", "talkie", "telechat3", "youtu_llm",
-                         "muse_glimmer", "spark2_5", "iquestloopcoder")
+                         "internlm3", "iquestloopcoder", "jamba", "kimi_k25", "kimi_linear",
+                         "kimi_vl", "laguna", "lfm2", "lfm2-vl", "lfm2_moe", "lille-130m", "llama",
+                         "llama4", "llama4_text", "longcat_flash", "longcat_flash_ngram", "mellum",
+                         "mimo", "mimo_v2_flash", "minicpm", "minicpm3", "minimax",
+                         "minimax_m3_vl", "ministral3", "mistral", "mistral3", "mistral4",
+                         "mixtral", "muse_glimmer", "nanbeige", "nanochat", "nemotron",
+                         "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmo_hybrid", "olmoe",
+                         "openelm", "phi", "phi3", "phi3small", "phimoe", "phixtral", "pixtral",
+                         "plamo", "plamo2", "plamo3", "prism_hadamard_qwen35", "qwen", "qwen2",
+                         "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
+                         "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "recurrent_gemma", "seed_oss",
+                         "smollm3", "solar_open", "spark2_5", "stablelm", "starcoder2", "step3p5",
+                         "talkie", "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3", "olmo_hybrid")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm",
              "bailing_moe_v3", "longcat_flash", "deepseek_v32", "glm_moe_dsa", "kimi_linear",
-             "bailing_hybrid")
+             "bailing_hybrid", "longcat_flash_ngram")
 LIGHTNING_TYPES = ("bailing_moe_linear", "bailing_hybrid")
+LONGCAT_TYPES = ("longcat_flash", "longcat_flash_ngram")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
 PARALLEL_TYPES = ("cohere2", "cohere", "phi", "gptj", "phixtral", "plamo")
 LFM2_TYPES = ("lfm2", "lfm2_moe")
@@ -376,6 +399,7 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                            "post_attention_layernorm": "feedforward_layernorm"},
                "bailing_moe": {"o_proj": "dense", "q_norm": "query_layernorm",
                                "k_norm": "key_layernorm", "embed_tokens": "word_embeddings"},
+               "longcat_flash_ngram": {"embed_tokens": "ngram_embeddings.word_embeddings"},
                "bailing_moe_v3": {"o_proj": "dense", "embed_tokens": "word_embeddings",
                                   "linear_attn": "attention"},
                **dict.fromkeys(LIGHTNING_TYPES, {
@@ -391,6 +415,7 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                            "o_proj": "out_proj", "embed_tokens": "token_embeddings"},
                "stablelm": {"q_norm": "q_layernorm", "k_norm": "k_layernorm"},
                "phi": {"o_proj": "dense", "norm": "final_layernorm"},
+               "phi3small": {"o_proj": "dense", "norm": "final_layernorm"},
                "gpt_neox": {"o_proj": "dense", "embed_tokens": "embed_in",
                             "norm": "final_layer_norm"},
                "internlm2": {"input_layernorm": "attention_norm",
@@ -445,7 +470,8 @@ _NORMS_AFTER_ROPE = ("hunyuan", "hunyuan_v1_dense", "llama4", "nanochat", "talki
 _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "qwen3_5": None,
              "qwen3_5_moe": None, "qwen2_vl": "qwen2", "qwen3_vl": "qwen3",
              "qwen3_vl_moe": "qwen3_moe", "lfm2-vl": "lfm2", "kimi_vl": "deepseek_v3",
-             "kimi_k25": "deepseek_v3", "pixtral": "llama"}
+             "kimi_k25": "deepseek_v3", "pixtral": "llama",
+             "prism_hadamard_qwen35": "qwen3_5", "minimax_m3_vl": "minimax_m3_vl"}
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm, use_sliding_window}``, ``use_sliding``,
@@ -646,7 +672,7 @@ def _blocks(text: nn.Module) -> List[nn.Module]:
     ``loop_num``)."""
     if _family(text) in ("nanbeige", "iquestloopcoder"):
         return text.model.layers * (getattr(text.model, "num_loops", None) or text.model.loop_num)
-    if _family(text) == "longcat_flash":
+    if _family(text) in LONGCAT_TYPES:
         return [_sublayer(block, i) for block in text.model.layers for i in range(2)]
     # (PLaMo 3's model.layers is a module holding them: its model's layers; AFM's, its layers
     # before the KV-reuse ones: its model's layers)
@@ -712,6 +738,11 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     elif text_type == "mimo_v2_flash":
         window = text.args.sliding_window_size
         sliding = [block.is_sliding_window for block in _blocks(text)]
+    elif text_type == "phi3small":  # its block-sparse layers: a pattern, not a window
+        args = text.args
+        pattern = BlockSparse(args.blocksparse_block_size, args.blocksparse_num_local_blocks,
+                              args.blocksparse_vert_stride, args.num_attention_heads)
+        return [pattern if block.self_attn.block_sparse else None for block in _blocks(text)]
     elif text_type == "iquestloopcoder":  # the second loop's own keys and values
         window, blocks = text.args.loop_window_size, len(text.model.layers)
         sliding = [False] * blocks + [True] * blocks
@@ -814,6 +845,8 @@ class ModelAdapter:
         self._parallel_norm = ("post_attention_layernorm" if model_type == "gpt_neox"
                                else "input_layernorm")
         self._qkv_by_head = model_type == "gpt_neox"  # its fused q, k, v: head by head
+        # each key/value head's queries, then its key and value (InternLM2's wqkv's layout)
+        self._qkv_grouped = model_type == "phi3small"
         self._sandwich = model_type == "glm4"  # a norm before and after each branch
         self._afmoe = model_type == "afmoe"  # Gemma 2's four norms under its own names
         self._softplus_gate = model_type == "laguna"  # its g_proj's gain per head
@@ -849,7 +882,7 @@ class ModelAdapter:
         self._lightning = model_type in LIGHTNING_TYPES  # its recurrent layers' state: 1 array
         # longcat_flash: a token's hidden state after each even layer carries its block's MoE
         # output after its (hidden_size,) part, which the odd layer adds
-        self._shortcut = model_type == "longcat_flash"
+        self._shortcut = model_type in LONGCAT_TYPES
         # each layer's attention module (None in a recurrent or stateless layer), found once:
         # read per layer and step; sharding changes their projections in place, not the
         # modules (Falcon-H1's recurrent layers each hold one, beside the mixer)
@@ -862,6 +895,9 @@ class ModelAdapter:
                        or (i in self._recurrent and not (self._falcon_h1 or self._conv_kv))
                        else attention_module(block) for i, block in enumerate(self.layers)]
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
+        # minimax_m3_vl: the context up to which a sparse-attention layer keeps every key block
+        self._dense_until = [a.index_topk_blocks * a.index_block_size
+                             if getattr(a, "is_sparse_attn", False) else None for a in self._attns]
         attn = next((a for a in self._attns if a is not None), None)
         if attn is None:  # (a Mamba-only Granite 4.0 config, say)
             raise UserInputError(f"this {model_type} model has no attention layer; mlx-lazy "
@@ -950,6 +986,7 @@ class ModelAdapter:
         self._key_ratios = {layer: self._key_norm_ratio(layer) for layer, kv in
                             enumerate(self._kv_layers) if kv != layer and model_type == "hunyuan"}
         self._embedding = self._part(self.inner, "embed_tokens")
+        self._ngram = getattr(self.inner, "ngram_embeddings", None)  # longcat_flash_ngram
         self._position_embedding = getattr(self.inner, "wpe", None)  # GPT-2's, StarCoder 1's
         self._final_norm = self._weightless or self._part(self.inner, "norm")
         if model_type == "phixtral":  # its head module: the final norm, then the head
@@ -984,7 +1021,9 @@ class ModelAdapter:
                              and args.embeddings_scale_by_sqrt_dim else
                              args.hidden_size ** 0.5 if self._afmoe and args.mup_enabled else
                              args.embedding_multiplier if granite else
-                             args.scale_emb if minicpm else None)
+                             args.scale_emb if minicpm else
+                             args.mup_embedding_multiplier or None
+                             if model_type == "phi3small" else None)
         # MiniCPM's multipliers as Granite's, in mlx-lm's arithmetic
         self._residual_multiplier = (args.residual_multiplier if granite else
                                      args.scale_depth / args.num_hidden_layers ** 0.5
@@ -996,7 +1035,13 @@ class ModelAdapter:
                                 args.embedding_multiplier / args.lm_head_multiplier
                                 if self._falcon_h1 and args.tie_word_embeddings else
                                 1 / args.output_multiplier if model_type == "muse_glimmer"
-                                else None)
+                                else args.mup_width_multiplier or None
+                                if model_type == "phi3small" else None)
+        # phi3small: the ids mlx-lm's head masks to -inf (those inside the vocabulary)
+        masked = getattr(self.text, "_dummy_tokenizer_ids", None)
+        self._masked_ids = (None if masked is None else
+                            mx.array([i for i in masked.tolist() if i < self.vocab_size],
+                                     mx.int32))
 
     def sliding_window(self, layer: int) -> Optional[Window]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -1152,16 +1197,33 @@ class ModelAdapter:
         """Rows of the embedding table: valid token ids are 0 to vocab_size - 1."""
         return self._embedding.weight.shape[0]
 
-    def embed(self, tokens: mx.array, positions: Optional[np.ndarray] = None) -> mx.array:
+    @property
+    def context_width(self) -> int:
+        """How many earlier tokens' ids a token's embedding reads (LongCat-Flash-Ngram's
+        ``emb_neighbor_num - 1``); 0 for the others."""
+        return 0 if self._ngram is None else self._ngram.n - 1
+
+    def embed(self, tokens: mx.array, positions: Optional[np.ndarray] = None,
+              context: Optional[List[Optional[mx.array]]] = None) -> mx.array:
         """(n,) token ids at ``positions`` (n,) (None: 0 .. n - 1) -> (1, n, D) hidden states
         (with Gemma 4 E2B/E4B's per-layer inputs after them: D is hidden_size + layers x their
         width; Gemma 3n's: its AltUp streams, altup_num_inputs x hidden_size, then those
         inputs; Talkie's normed embeddings: twice hidden_size). Only a learned position
-        embedding (GPT-2's) reads the positions.
+        embedding (GPT-2's) reads the positions; only an n-gram embedding
+        (:attr:`context_width`) the ``context``, the ids (1, <= context_width) of the last
+        tokens before these (mlx-lm's ``ArraysCache`` part, empty before the first; None:
+        these start the sequence), which it advances in place.
 
         Raises:
             UserInputError: a position past those a learned position embedding holds.
         """
+        if self._ngram is not None:
+            cache = None
+            if context is not None:
+                context.extend([None] * (1 - len(context)))
+                cache = ArraysCache(1)
+                cache.cache = context
+            return self._ngram(tokens[None], cache)
         h = self._embedding(tokens[None])
         if self._position_embedding is not None:
             table = self._position_embedding
@@ -1210,6 +1272,8 @@ class ModelAdapter:
             out = out / self._logits_scaling
         if self._softcap:  # Gemma 2 style final soft-capping, where a config has it
             out = mx.tanh(out / self._softcap) * self._softcap
+        if self._masked_ids is not None:
+            out[..., self._masked_ids] = -mx.inf
         return out
 
     def qkv(self, layer: int, h: mx.array, positions: np.ndarray) -> Tuple[mx.array, ...]:
@@ -1225,6 +1289,12 @@ class ModelAdapter:
         """
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
+        if self._dense_until[layer] is not None and positions[-1] >= self._dense_until[layer]:
+            raise UserInputError(
+                f"this model's sparse-attention layers choose key blocks past "
+                f"{self._dense_until[layer]} tokens ({attn.index_topk_blocks} blocks of "
+                f"{attn.index_block_size}), which mlx-lazy does not run; keep the prompt and "
+                "answer under that")
         x = self._blas_rows(self._altup_predict(block, h)[self._active] if self._gemma3n else
                             h[..., :self._hidden]
                             if self._layer_input or self._embed_skip or self._shortcut else h)
@@ -1249,15 +1319,17 @@ class ModelAdapter:
             q, k, v = mx.split(fused(x).reshape(1, x.shape[1], heads, -1), 3, axis=-1)
         elif fused is not None and "indices" in fused:  # afm7's FusedLinear: split as it splits
             q, k, v = fused(x)
-        elif fused is not None:  # phi3, bailing_moe, qwen, gpt2, openelm, dbrx, phixtral: split
+        elif fused is not None and not self._qkv_grouped:  # phi3, bailing_moe, qwen, gpt2,
+            # openelm, dbrx, phixtral: split
             qkv = fused(x)  # as mlx-lm does
             if getattr(attn, "clip_qkv", None):  # dbrx
                 qkv = mx.clip(qkv, -attn.clip_qkv, attn.clip_qkv)
             head_dim = qkv.shape[-1] // (heads + 2 * kv_heads)
             q_end = heads * head_dim
             q, k, v = mx.split(qkv, [q_end, q_end + kv_heads * head_dim], axis=-1)
-        elif "wqkv" in attn:  # internlm2: each key/value head's queries, key and value
-            qkv = attn.wqkv(x).reshape(*x.shape[:2], -1, attn.n_kv_groups + 2, attn.head_dim)
+        elif "wqkv" in attn or self._qkv_grouped:  # internlm2, phi3small: each key/value
+            # head's queries, key and value
+            qkv = (fused or attn.wqkv)(x).reshape(*x.shape[:2], kv_heads, -1, attn.head_dim)
             q, k, v = (t.reshape(*x.shape[:2], -1) for t in
                        (qkv[..., :-2, :], qkv[..., -2, :], qkv[..., -1, :]))
         elif self.kv_layer(layer) != layer and (self._gemma4 or self._gemma3n):  # a lower
@@ -1845,8 +1917,8 @@ def _gated_activation(mlp: nn.Module, gemma: bool) -> Optional[str]:
     """The :func:`~mlx_lazy.kernels.gated` activation of mlx-lm's dense gated MLPs (Gemma's
     ``gelu_approx``, the others' SwiGLU); None for any other block (a sparse MoE, Step-3.5's
     clamped SwiGLU)."""
-    if getattr(mlp, "limit", None) is not None:
-        return None
+    if getattr(mlp, "limit", None) is not None or hasattr(mlp, "activation"):
+        return None  # (MiniMax-M3's SwiGLU-OAI: its module)
     if hasattr(mlp, "w2") or hasattr(mlp, "c_fc_0") or hasattr(mlp, "proj_1"):
         return "silu"  # lfm2's, internlm2's, qwen's, exaone's, openelm's SwiGLU
     if not hasattr(mlp, "down_proj"):

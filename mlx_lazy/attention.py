@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import mlx.core as mx
+import numpy as np
 
 from .errors import UserInputError
 from .kernels import LOG2E, exp2
@@ -62,9 +63,11 @@ def padded_attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
     if (n_pad, s_pad) == (n, s):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
                                                     sinks=sinks)
-    keep = mx.ones((n, s), mx.bool_) if mask is None else mx.broadcast_to(mask, (n, s))
-    keep = mx.pad(keep, [(0, n_pad - n), (0, s_pad - s)])  # padded keys: never seen
-    keep[n:, 0] = True  # a padded row sees the first key (a row that sees none is NaN)
+    keep = (mx.ones((n, s), mx.bool_) if mask is None  # (a block-sparse one: per head)
+            else mx.broadcast_to(mask, (*mask.shape[:-2], n, s)))
+    # padded keys: never seen
+    keep = mx.pad(keep, [(0, 0)] * (keep.ndim - 2) + [(0, n_pad - n), (0, s_pad - s)])
+    keep[..., n:, 0] = True  # a padded row sees the first key (a row that sees none is NaN)
 
     def rows(x: mx.array, size: int) -> mx.array:
         return mx.pad(x, [(0, 0), (0, 0), (0, size - x.shape[2]), (0, 0)])
@@ -93,24 +96,56 @@ class Chunks:
         return f"chunks of {self.size}"
 
 
-Window = Union[int, Chunks]
+@dataclass(frozen=True)
+class BlockSparse:
+    """The pattern of a block-sparse attention layer (Phi-3-small's, as mlx-lm masks it):
+    positions are cut into blocks of ``block_size``; a query of block b sees, in head h of
+    ``heads``, the keys of blocks b - local_blocks + 1 .. b and of every earlier block c with
+    (c + h + 1) % vert_stride == 0. Given where a sliding window (an int) is given; its masks
+    are per head (:func:`position_mask`)."""
+
+    block_size: int
+    local_blocks: int
+    vert_stride: int
+    heads: int
+
+    def __str__(self) -> str:
+        return (f"block-sparse: blocks of {self.block_size}, {self.local_blocks} local, "
+                f"a stride of {self.vert_stride}")
+
+    def pattern(self, qpos, kpos):
+        """(heads, len(qpos), len(kpos)) of which keys each head's queries may see (causality
+        aside), by positions (numpy or mx arrays)."""
+        xp = mx if isinstance(kpos, mx.array) else np
+        q_block, k_block = qpos // self.block_size, kpos // self.block_size
+        local = (q_block[:, None] - k_block[None, :]) < self.local_blocks
+        strided = (k_block[None, :] + xp.arange(1, self.heads + 1)[:, None]) % self.vert_stride
+        return local[None] | (strided == 0)[:, None, :]
+
+
+Window = Union[int, Chunks, BlockSparse]
 
 
 def window_start(qpos, window: Window):
     """The first key position a query at ``qpos`` (a number or an array) sees through its
     ``window``: qpos - window + 1 for a sliding window, the start of its chunk for
-    :class:`Chunks`."""
+    :class:`Chunks`, 0 for :class:`BlockSparse` (its strided blocks reach back to the first)."""
     if isinstance(window, Chunks):
         return qpos - qpos % window.size
+    if isinstance(window, BlockSparse):
+        return qpos * 0
     return qpos - window + 1
 
 
 def position_mask(qpos, kpos, window: Optional[Window] = None):
     """(len(qpos), len(kpos)) mask of which keys each query sees, by original positions
     (numpy or mx arrays, in any order): a key is visible iff ``kpos <= qpos`` and, with a
-    ``window`` (a sliding-window or chunked layer), ``kpos >= window_start(qpos, window)``.
+    ``window`` (a sliding-window or chunked layer), ``kpos >= window_start(qpos, window)``;
+    with a :class:`BlockSparse` one, (heads, len(qpos), len(kpos)): its pattern too.
     Positions, never indices: a pruned token's absence neither widens nor shifts a window."""
     mask = kpos[None, :] <= qpos[:, None]
+    if isinstance(window, BlockSparse):
+        return mask[None] & window.pattern(qpos, kpos)
     if window is not None:
         mask = mask & (kpos[None, :] >= window_start(qpos, window)[:, None])
     return mask
@@ -150,6 +185,8 @@ def attention_weights(q: mx.array, k: mx.array, scale: float, mask: Optional[mx.
     each head's sink logit joins every row's softmax (gpt-oss): in its maximum and its sum,
     with no value; with a ``softcap``, of the soft-capped logits (:func:`log2_scores`)."""
     scores = log2_scores(q, k, scale, softcap)
+    if mask is not None and mask.ndim == 3:  # a block-sparse layer's, per head (H, L, S)
+        mask = mask.reshape(k.shape[1], -1, *mask.shape[1:])
     if mask is not None:
         scores = masked(scores, mask)
     top = scores.max(axis=-1, keepdims=True)
@@ -173,7 +210,7 @@ def attention(
     """Attention of queries (1, H, L, d) over keys (1, kv_heads, S, d) and values
     (1, kv_heads, S, dv) -> (1, H, L, dv), grouped-query aware. ``mask``: None, ``"causal"``
     (aligned to the bottom right, as in ``mx.fast``) or a boolean array broadcastable to
-    (L, S), True = attend. Every query row must see a key.
+    (L, S) or, per head, (H, L, S), True = attend. Every query row must see a key.
     ``sinks``: None or (H,) logits of a sink each head's softmax also weighs (gpt-oss).
     ``softcap``: None or c, each logit s soft-capped to ``c tanh(s / c)`` before the mask
     and softmax (Gemma 2); ``mx.fast`` cannot, so then every implementation computes the

@@ -472,5 +472,9 @@ class LazyCache:
         return sum(e.data.nbytes for e in (*self.aux.values(), *self.stash.values()))
 
 
+#: The key in :attr:`LazyCache.recurrent` of an embedding's state where a token's embedding
+#: reads earlier tokens' ids (LongCat-Flash-Ngram's: the last ones'): kept, saved and trimmed
+#: (only to empty) as a recurrent layer's, before layer 0.
+EMBEDDING_STATE = -1
 #: The per-token numpy arrays of a :class:`LazyCache` and their dtypes.
 TOKEN_ARRAYS = {"depth": np.int64, "limit": np.int64, "computed": np.int32, "always_kept": np.int64}

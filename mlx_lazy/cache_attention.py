@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import mlx.core as mx
 import numpy as np
 
-from .attention import Window, attention, position_mask, window_start
+from .attention import BlockSparse, Window, attention, position_mask, window_start
 from .cache import LayerKV
 from .scorers import Mask
 
@@ -78,7 +78,9 @@ class CacheAttention:
             s, mask = 0, "causal"
             if window is not None:
                 s = int(np.searchsorted(positions, window_start(positions[i], window)))
-                if window_start(positions[j - 1], window) > positions[s]:  # a row starts later
+                # a row starts later, or a block-sparse pattern
+                if (isinstance(window, BlockSparse)
+                        or window_start(positions[j - 1], window) > positions[s]):
                     mask = mx.array(position_mask(positions[i:j], positions[s:j], window))
             self._count((j - i) * (j - s), prompt)
             outs.append(attention(q[:, :, i:j], k[:, :, s:j], v[:, :, s:j], self.scale, mask,

@@ -29,8 +29,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import (ModelAdapter, attention_module, config_value, feed_forward, kv_heads,
-                      model_family, recurrent_layers, text_args)
+from .adapter import (LONGCAT_TYPES, ModelAdapter, attention_module, config_value, feed_forward,
+                      kv_heads, model_family, recurrent_layers, text_args)
 from .errors import UserInputError
 
 Group = mx.distributed.Group
@@ -97,7 +97,7 @@ def shard(model: nn.Module, group: Group) -> None:
     if recurrent_layers(model):
         raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
                              "their linear-attention layers are not split here")
-    if family == "longcat_flash":  # mlx-lm's shard splits them; the engine's blocks
+    if family in LONGCAT_TYPES:  # mlx-lm's shard splits them; the engine's blocks
         # are half of one (mlx_lazy.adapter._sublayer), whose heads and group it reads otherwise
         raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
                              "their blocks' two attentions and shortcut MoE are not split here")
@@ -110,6 +110,8 @@ def shard(model: nn.Module, group: Group) -> None:
              // (2 if family == "qwen" else 1)}  # Qwen 1's: half its intermediate_size
     if getattr(args, "moe_intermediate_size", None):
         sizes["expert MLP width"] = args.moe_intermediate_size
+    if getattr(args, "index_n_heads", None):  # MiniMax-M3's sparse layers' indexer
+        sizes["indexer heads"] = args.index_n_heads
     other = getattr(args, "attention_other_setting", None)  # Step-3.5's sliding-window layers'
     if other:
         sizes["sliding-window attention heads"] = other["num_attention_heads"]

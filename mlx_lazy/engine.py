@@ -24,7 +24,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .adapter import ModelAdapter
-from .cache import LazyCache, Rows
+from .cache import EMBEDDING_STATE, LazyCache, Rows
 from .cache_attention import CacheAttention
 from .distributed import TensorParallel, model_group
 from .errors import UserInputError, shown
@@ -249,7 +249,10 @@ class LazyEngine:
         (vocab,) logits after the last of them."""
         a, sched, cache, select = self.adapter, self.schedule, self.cache, self.selector
         comp = positions  # tokens computed at the current layer, sorted
-        h = a.embed(tokens, positions)  # layer 0's _restrict drops tokens a random drop keeps out
+        # layer 0's _restrict drops tokens a random drop keeps out; an n-gram embedding reads
+        # the ids before them (computed before any pruning)
+        h = a.embed(tokens, positions,
+                    cache.recurrent_state(EMBEDDING_STATE) if a.context_width else None)
         chosen: Optional[Mask] = None  # by position, the tokens seen (None: all cached)
         # Once completion has left no token waiting, every token has KV wherever it may and is
         # seen there, and decode steps neither select nor revive: the cuts only spared

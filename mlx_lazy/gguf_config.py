@@ -176,6 +176,11 @@ The architectures (llama.cpp's names), and what converting each involves:
 * ``minimax-m2`` (MiniMax-M2/M2.1, ``minimax``): q/k norms over all heads, NeoX RoPE over
   ``rope.dimension_count`` of each head, sigmoid-routed experts (llama.cpp's gating function
   required) with their selection bias, renormalised, in every layer.
+* ``minimax-m3`` (MiniMax-M3's text model, ``minimax_m3_vl``'s ``text_config``): the norms as
+  stored (1 + w: plain RMS norms), per-head q/k norms, NeoX RoPE over ``rope.dimension_count``,
+  SwiGLU-OAI; DeepSeek's MoE reading after the leading dense layers (sigmoid routing with a
+  selection bias, renormalised, in one group: else refused, scaled) beside a shared expert; the
+  indexer (``attention.indexer.*``) in those MoE layers, llama.cpp's sparse ones.
 * ``mimo2`` (MiMo-V2-Flash, ``mimo_v2_flash``): sliding-window layers by a flag each, with their
   own key/value heads, sinks and RoPE base (one setting for each kind of layer, as mlx-lm's
   model takes), values narrower than keys and scaled, partial NeoX RoPE; sigmoid-routed experts
@@ -358,6 +363,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen2vl": "Qwen2ForCausalLM", "qwen3vl": "Qwen3ForCausalLM",
                  "qwen3vlmoe": "Qwen3MoeForCausalLM", "dbrx": "DbrxForCausalLM",
                  "phimoe": "PhiMoEForCausalLM", "minimax-m2": "MiniMaxM2ForCausalLM",
+                 "minimax-m3": "MiniMaxM3SparseForConditionalGeneration",
                  "mimo2": "MiMoV2FlashForCausalLM", "step35": "Step3p5ForCausalLM",
                  "deci": "DeciLMForCausalLM", "talkie": "TalkieForCausalLM",
                  "laguna": "LagunaForCausalLM",
@@ -387,6 +393,7 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 "granitehybrid": "granitemoehybrid", "chatglm": "glm",
                 "exaone-moe": "exaone_moe", "qwen2vl": "qwen2", "qwen3vl": "qwen3",
                 "qwen3vlmoe": "qwen3_moe", "minimax-m2": "minimax", "mimo2": "mimo_v2_flash",
+                "minimax-m3": "minimax_m3_vl",
                 "step35": "step3p5", "deci": "nemotron-nas",
                 **dict.fromkeys(BAILING, "bailing_moe"), "nemotron_h_moe": "nemotron_h",
                 "falcon-h1": "falcon_h1", "deepseek32": "deepseek_v32", "glm-dsa": "glm_moe_dsa",
@@ -496,7 +503,7 @@ QWEN_ROPE_BASE = 10000.0
 QWEN35_FULL_ATTENTION_INTERVAL = 4
 # The architectures whose RoPE may turn part of each head (mlx-lm's partial_rotary_factor)
 _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gptneox", "nemotron",
-                 "minimax-m2", "mimo2", "laguna", "bailingmoe2", "spark2_5")
+                 "minimax-m2", "mimo2", "laguna", "bailingmoe2", "spark2_5", "minimax-m3")
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
@@ -598,7 +605,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
                 "phimoe", "minimax-m2", "mimo2", "step35", "deci", "talkie", "laguna",
                 *BAILING, "falcon-h1", "plamo2", "plamo", "plamo3", "kimi-linear", "bailingmoe3",
-                "gemma3n", "muse-glimmer", "spark2_5"):
+                "gemma3n", "muse-glimmer", "spark2_5", "minimax-m3"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -879,7 +886,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in DELTA_NET:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
-    if arch in ("dots1", "exaone-moe", "minimax-m2", "bailingmoe2") and \
+    if arch in ("dots1", "exaone-moe", "minimax-m2", "minimax-m3", "bailingmoe2") and \
             g("expert_gating_func") != _SIGMOID_GATING:
         # llama.cpp aborts without a gating function
         raise UserInputError(f"GGUF {arch} with expert gating function "
@@ -929,6 +936,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                       intermediate_size=count("expert_feed_forward_length"),
                       shared_intermediate_size=0, rotary_dim=rope_dims, use_qk_norm=True,
                       scoring_func="sigmoid")
+    if arch == "minimax-m3":
+        config.update(_minimax_m3_config(g, count, positive, optional, experts, tensors,
+                                         n_layers, rope_dims))
     if arch == "mimo2":
         config.update(_mimo2_config(g, count, real, positive, experts, tensors, config, rotary))
     if arch == "step35":
@@ -1059,6 +1069,10 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         raise UserInputError(f"GGUF metadata {arch}.rope.scaling.attn_factor is "
                              f"{attn_factor:.7g}{times}, mlx-lm's {config['model_type']} scales "
                              f"by {scale:.7g}")
+    if arch == "minimax-m3":  # mlx-lm's minimax_m3_vl reads its text model's config
+        config = {**{k: config[k] for k in ("architectures", "model_type", "vocab_size",
+                                            "num_attention_heads", "num_key_value_heads")},
+                  "text_config": config}
     if arch == "llama4":  # mlx-lm's llama4 reads its text model's config; transformers'
         # Llama4Config (loading the tokenizer reads it) takes no RoPE scaling beside it
         config = {**{k: config[k] for k in ("architectures", "model_type", "vocab_size",
@@ -1710,6 +1724,39 @@ def _routed_experts(arch: str, model_type: str, g: Any, count: Any, positive: An
             "routed_scaling_factor": (positive("expert_weights_scale")
                                       if g("expert_weights_scale", 0) != 0 else 1.0),
             "norm_topk_prob": bool(norm), "scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+
+
+def _minimax_m3_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
+                       tensors: dict, n_layers: int, rope_dims: int) -> dict:
+    """mlx-lm's settings of a MiniMax-M3 GGUF's text model: DeepSeek's MoE layout
+    (:func:`_routed_experts`: leading dense layers, then sigmoid-routed experts with their
+    selection bias beside one shared MLP ``expert_shared_count`` experts wide), renormalised
+    in one group as mlx-lm's minimax_m3_vl always routes; its norms as stored (llama.cpp's
+    converter bakes Gemma's 1 + w in: mlx-lm's plain RMSNorm then); per-head q/k norms, RoPE
+    over ``rope.dimension_count``; the indexer (``attention.indexer.*``) in the sparse layers,
+    which llama.cpp's graph makes the MoE ones. The SwiGLU-OAI's alpha and limit are
+    llama.cpp's hard-wired 1.702 and 7, mlx-lm's defaults."""
+    arch = "minimax-m3"
+    moe = _routed_experts(arch, "minimax_m3_vl", g, count, positive, optional, experts, tensors,
+                          n_layers)
+    if moe["n_group"] != 1 or not moe["norm_topk_prob"]:
+        raise UserInputError("GGUF minimax-m3 with expert groups or unrenormalised expert "
+                             "weights is not supported (mlx-lm's minimax_m3_vl renormalises "
+                             "the experts it picks among all)")
+    sparse = [int(i >= moe["first_k_dense_replace"]) for i in range(n_layers)]
+    index = {key: count(f"attention.indexer.{name}") for key, name in (
+        ("sparse_num_index_heads", "head_count"), ("sparse_index_dim", "key_length"),
+        ("sparse_block_size", "block_size"), ("sparse_topk_blocks", "top_k"))}
+    return {"num_local_experts": moe["n_routed_experts"],
+            "num_experts_per_tok": moe["num_experts_per_tok"],
+            "intermediate_size": moe["moe_intermediate_size"],
+            "shared_intermediate_size": moe["moe_intermediate_size"] * moe["n_shared_experts"],
+            "dense_intermediate_size": count("feed_forward_length"),
+            "routed_scaling_factor": moe["routed_scaling_factor"], "rotary_dim": rope_dims,
+            "use_qk_norm": True, "use_gemma_norm": False, "moe_layer_freq": sparse,
+            "sparse_attention_config": {
+                **index, "sparse_local_block": optional("attention.indexer.local_blocks"),
+                "sparse_attention_freq": sparse}}
 
 
 def _exaone_moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,

@@ -171,6 +171,12 @@ _BLOCK_SPARSE_MOE_NAMES = {**_LAYER_NAMES, **{
 # MiniMax-M2: Mixtral's, its experts' correction bias on the MoE block
 _MINIMAX_M2_LAYER_NAMES = {**_BLOCK_SPARSE_MOE_NAMES,
                            "exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias"}
+# MiniMax-M3: M2's, the shared expert beside the experts and the sparse layers' indexer
+_MINIMAX_M3_LAYER_NAMES = {
+    **_MINIMAX_M2_LAYER_NAMES,
+    **{f"ffn_{p}_shexp": f"block_sparse_moe.shared_experts.{p}_proj"
+       for p in ("gate", "up", "down")},
+    **{f"indexer.{p}": f"self_attn.index_{p}" for p in ("q_proj", "k_proj", "q_norm", "k_norm")}}
 _GRANITEMOE_LAYER_NAMES = {**_BLOCK_SPARSE_MOE_NAMES,
                            "ffn_gate_inp": "block_sparse_moe.router.layer"}
 # Granite 4.0 (H): Mamba-2 layers (A, D and the gated norm's weight as granitehybrid_tensors
@@ -393,6 +399,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "llama": _BLOCK_SPARSE_MOE_NAMES, "granitemoe": _GRANITEMOE_LAYER_NAMES,
                      "phimoe": _BLOCK_SPARSE_MOE_NAMES,
                      "minimax-m2": _MINIMAX_M2_LAYER_NAMES,
+                     "minimax-m3": _MINIMAX_M3_LAYER_NAMES,
                      # MiMo-V2-Flash: DeepSeek's router at mlp.gate, its correction bias, sinks
                      "mimo2": {**_LAYER_NAMES, **_CORRECTION_BIAS_NAMES,
                                "attn_sinks.weight": "self_attn.attention_sink_bias"},
@@ -492,6 +499,11 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                 # LFM2's final norm: llama.cpp's token_embd_norm, mlx-lm's embedding_norm
                 # Llama 4: its text model's
                 "llama4": ("language_model.model.layers", {
+                    "token_embd": "language_model.model.embed_tokens",
+                    "output_norm": "language_model.model.norm",
+                    "output": "language_model.lm_head"}),
+                # MiniMax-M3: its text model's
+                "minimax-m3": ("language_model.model.layers", {
                     "token_embd": "language_model.model.embed_tokens",
                     "output_norm": "language_model.model.norm",
                     "output": "language_model.lm_head"}),

@@ -39,7 +39,7 @@ import numpy as np
 
 from .adapter import ModelAdapter
 from .attention import attention
-from .cache import TOKEN_ARRAYS, ROW_MAPS, LazyCache
+from .cache import EMBEDDING_STATE, TOKEN_ARRAYS, ROW_MAPS, LazyCache
 from .config import PruningConfig, build_schedule
 from .errors import UserInputError, shown
 from .inputs import is_int
@@ -224,6 +224,7 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
     entries: Dict[Tuple[str, int], Dict[str, mx.array]] = {}
     choices = {}
     recurrent: Dict[int, Dict[int, mx.array]] = {}
+    context = None  # an n-gram embedding's state (EMBEDDING_STATE)
     for name, array in arrays.items():
         m = _ARRAY_NAME.fullmatch(name)
         if name in TOKEN_ARRAYS:
@@ -234,6 +235,9 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
         r = _RECURRENT_NAME.fullmatch(name)
         if r is not None and int(r[1]) < L and adapter.recurrent(int(r[1])):
             recurrent.setdefault(int(r[1]), {})[int(r[2])] = array
+            continue
+        if name == f"recurrent.{EMBEDDING_STATE}.0" and adapter.context_width:
+            context = array
             continue
         if m is None or m[3] not in _PARTS[m[1]] or (m[1] == "layers" and int(m[2]) >= L):
             raise Corrupt(f"unknown array {shown(name, SHOWN)}")
@@ -259,6 +263,8 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
     if not ((0 <= kept) & (kept < n)).all():
         raise Corrupt(f"always_kept must hold positions in [0, {n})")
 
+    if adapter.context_width:
+        _embedding_state(context, tokens, adapter.context_width)
     shapes = model_tensors(adapter)
     for layer in range(L):
         parts = entries.get(("layers", layer), {})
@@ -344,6 +350,16 @@ def _recurrent_state(layer: int, parts: Dict[int, mx.array], took: int,
                (1, *(took if size is None else size for size in kind[0])), kind[1])
     if parts:
         raise Corrupt(f"unknown array recurrent.{layer}.{min(parts)}")
+
+
+def _embedding_state(context: Optional[mx.array], tokens: List[int], width: int) -> None:
+    """Refuse an n-gram embedding's state unless it holds, as int64, the ids of the last
+    ``width`` of ``tokens`` (none before the first)."""
+    want = np.array(tokens[-width:], np.int64)[None] if tokens else None
+    if (context is None) != (want is None) or context is not None and (
+            context.dtype != mx.int64 or not np.array_equal(np.array(context), want)):
+        raise Corrupt(f"recurrent.{EMBEDDING_STATE}.0 must hold the ids of the last {width} "
+                      "tokens (the n-gram embedding's context)")
 
 
 def _keys(where: str, d: Any, names: Any) -> None:

@@ -17,9 +17,15 @@ import numpy as np
 
 
 def rel_err(got, want) -> float:
-    """``max|got - want| / max|want|`` of two arrays (mlx or numpy), computed in float64."""
+    """``max|got - want| / max|want|`` of two arrays (mlx or numpy), computed in float64, over
+    the finite values of ``want``; its infinite ones (logits a head masks) ``got`` must equal,
+    or the error is infinite."""
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape, (got.shape, want.shape)
+    finite = np.isfinite(want)
+    if not np.array_equal(got[~finite], want[~finite]):
+        return float("inf")
+    got, want = got[finite], want[finite]
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 

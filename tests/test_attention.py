@@ -144,7 +144,7 @@ def test_attention_weights_match_softmax_grouped_by_key_head(softcap):
 
 
 @pytest.mark.parametrize("n,s,mask_kind", [(5, 300, "random"), (3, 10, None), (17, 257, "keys"),
-                                           (64, 512, "random")])
+                                           (64, 512, "random"), (17, 257, "heads")])
 def test_padded_attention_matches_unpadded(n, s, mask_kind):
     # CUDA's shape buckets: padded keys masked out, padded rows dropped; the same sums plus
     # exact zeros, so within the summation-order tolerance of mx.fast itself.
@@ -154,7 +154,9 @@ def test_padded_attention_matches_unpadded(n, s, mask_kind):
     rng = np.random.default_rng(n)
     mask = {None: None,
             "random": mx.array(rng.random((n, s)) < 0.4) | (mx.arange(s) == 0),
-            "keys": mx.array(rng.random(s) < 0.5) | (mx.arange(s) == 1)}[mask_kind]
+            "keys": mx.array(rng.random(s) < 0.5) | (mx.arange(s) == 1),
+            # a mask per head (Phi-3-small's block-sparse layers)
+            "heads": mx.array(rng.random((9, n, s)) < 0.4) | (mx.arange(s) == 0)}[mask_kind]
     out = A.padded_attention(q, k, v, 0.3, mask)
     assert out.shape == (1, 9, n, 16)
     assert rel_err(out, _reference(q, k, v, 0.3, mask)) < TOL

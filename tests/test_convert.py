@@ -4019,3 +4019,86 @@ def test_a_named_model_and_a_conversion_do_not_mix(args, fragment, capsys):
         main(args)
     err = capsys.readouterr().err
     assert_one_line_error(stop.value.code, err, fragment)
+
+
+#: MiniMax-M3's text model's parameters by llama.cpp's names (the norms' 1 + w baked in by its
+#: converter, MiniMaxM3Model.modify_tensors)
+MINIMAX_M3_NAMES = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm", "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm", "block_sparse_moe.gate": "ffn_gate_inp",
+    "block_sparse_moe.e_score_correction_bias": "exp_probs_b",
+    **{f"mlp.{p}_proj": f"ffn_{p}" for p in ("gate", "up", "down")},
+    **{f"block_sparse_moe.switch_mlp.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")},
+    **{f"block_sparse_moe.shared_experts.{p}_proj": f"ffn_{p}_shexp"
+       for p in ("gate", "up", "down")},
+    **{f"self_attn.index_{p}": f"indexer.{p}" for p in ("q_proj", "k_proj", "q_norm", "k_norm")}}
+
+
+def write_minimax_m3_gguf(path: Path, model: nn.Module, tok_folder: Path,
+                          norm: bool = True) -> Path:
+    """The tiny MiniMax-M3 text model as llama.cpp's converter writes it (float32): its keys
+    (MiniMaxM3Model.set_gguf_parameters: M2's, shared experts, renormalised and scaled expert
+    weights unless ``norm`` is false, the indexer's, the leading dense layers) and tensors."""
+    args = model.language_model.args
+    w = gguf.GGUFWriter(str(path), "minimax-m3")
+    w.add_block_count(args.num_hidden_layers)
+    w.add_context_length(args.max_position_embeddings)
+    w.add_embedding_length(args.hidden_size)
+    w.add_feed_forward_length(args.dense_intermediate_size)
+    w.add_head_count(args.num_attention_heads)
+    w.add_head_count_kv(args.num_key_value_heads)
+    w.add_key_length(args.head_dim)
+    w.add_value_length(args.head_dim)
+    w.add_rope_dimension_count(args.rotary_dim)
+    w.add_rope_freq_base(args.rope_theta)
+    w.add_layer_norm_rms_eps(args.rms_norm_eps)
+    w.add_expert_count(args.num_local_experts)
+    w.add_expert_used_count(args.num_experts_per_tok)
+    w.add_expert_feed_forward_length(args.intermediate_size)
+    w.add_expert_shared_count(args.shared_intermediate_size // args.intermediate_size)
+    w.add_expert_weights_scale(args.routed_scaling_factor)
+    w.add_expert_weights_norm(norm)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_leading_dense_block_count(args.moe_layer_freq.index(1))
+    for key, value in (("head_count", args.index_n_heads), ("key_length", args.index_head_dim),
+                       ("top_k", args.index_topk_blocks), ("block_size", args.index_block_size),
+                       ("local_blocks", args.index_local_blocks)):
+        w.add_uint32(f"minimax-m3.attention.indexer.{key}", value)
+    add_bpe_vocab(w, tok_folder)
+    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    for name, p in tree_flatten(model.language_model.parameters()):
+        module, suffix = ((name, "bias") if name.endswith("correction_bias")  # (a parameter)
+                          else name.rsplit(".", 1))
+        parts = module.split(".")
+        gname = (top[module] if module in top else
+                 f"blk.{parts[2]}.{MINIMAX_M3_NAMES['.'.join(parts[3:])]}")
+        x = np.array(p, np.float32)
+        w.add_tensor(f"{gname}.{suffix}", x + 1 if module.endswith("norm") else x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_minimax_m3_from_gguf(tiny_model, tiny_model_dir, tmp_path, capsys):
+    """A MiniMax-M3 GGUF (llama.cpp's minimax-m3: its text model) becomes mlx-lm's
+    minimax_m3_vl with plain RMS norms over the stored 1 + w, experts after the leading dense
+    layer, the shared expert and the MoE layers' indexer: its logits are the tiny model's. One
+    whose experts' weights are not renormalised is refused in one line."""
+    model, _ = tiny_model("minimax_m3_vl")
+    folder = tiny_model_dir("minimax_m3_vl")
+    out = convert(write_minimax_m3_gguf(tmp_path / "m.gguf", model, folder), tmp_path / "out",
+                  dtype="float32")
+    text = json.loads((out / "config.json").read_text())["text_config"]
+    assert not text["use_gemma_norm"] and text["moe_layer_freq"] == [0, 1, 1, 1]
+    assert text["sparse_attention_config"]["sparse_attention_freq"] == [0, 1, 1, 1]
+    converted, _ = mlx_lm.load(str(out))
+    x = mx.array(random_prompt(100, VOCAB_SIZE))[None]
+    assert rel_err(converted(x), model(x)) < LOGITS_TOL
+    src = write_minimax_m3_gguf(tmp_path / "src" / "n.gguf", model, folder, norm=False) \
+        if (tmp_path / "src").mkdir() is None else None
+    assert_refused(src, tmp_path / "src", capsys, "GGUF minimax-m3 with expert groups or "
+                   "unrenormalised expert weights is not supported")

@@ -408,6 +408,23 @@ def test_shard_checks_step3p5s_sliding_window_heads_before_sharding():
     assert distributed.model_group(model) is None
 
 
+def test_shard_checks_minimax_m3s_indexer_heads_before_sharding():
+    """MiniMax-M3's sparse layers' indexer has heads of its own, split with the query heads:
+    4 query and 2 key/value heads divide over 2 ranks, 3 indexer heads do not."""
+    from mlx_lm.models import minimax_m3_vl
+
+    class Group:
+        def size(self):
+            return 2
+
+    config = tiny_config("minimax_m3_vl")
+    config["text_config"]["sparse_attention_config"]["sparse_num_index_heads"] = 3
+    model = minimax_m3_vl.Model(minimax_m3_vl.ModelArgs.from_dict(config))
+    with pytest.raises(UserInputError, match="3 indexer heads cannot be split evenly"):
+        distributed.shard(model, Group())
+    assert distributed.model_group(model) is None
+
+
 @pytest.mark.parametrize("kind", ["olmo2", "olmo3", "gemma4_text", "qwen3_5", "qwen3_next",
                                   "ernie4_5_moe", "apertus",
                                   "mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe",
@@ -420,7 +437,8 @@ def test_shard_checks_step3p5s_sliding_window_heads_before_sharding():
                                   "plamo2", "lille-130m", "plamo", "recurrent_gemma", "afm7",
                                   "baichuan_m1", "olmo_hybrid", "kimi_linear",
                                   "bailing_moe_linear", "bailing_hybrid", "gemma3n",
-                                  "muse_glimmer", "spark2_5"])
+                                  "muse_glimmer", "spark2_5", "phi3small",
+                                  "prism_hadamard_qwen35", "longcat_flash_ngram"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -437,12 +455,14 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     Hybrid's (Gated DeltaNet, OLMo's q/k norms) or Ring-linear's and Ling 2.5 linear's
     (lightning attention, experts). Refused (mlx-lm
     has no ``shard`` for them either; LongCat-Flash's blocks of two attentions and a
-    shortcut MoE it splits, the engine's layers are half of one: refused here). Qwen3.5's
+    shortcut MoE it splits, the engine's layers are half of one: refused here, as with an n-gram
+    embedding). Qwen3.5's
     linear-attention layers are not split here (mlx-lm's ``shard`` splits them, but the engine
-    runs them whole). Nor DBRX's and Phixtral's experts, Lille's fused q/k/v (its norms inside
-    its modules), PLaMo 1's tiled key/value heads, Muse Glimmer's output gate (a projection
-    beside q_proj) or Spark 2.5's fused q/k/v and gate per head (mlx-lm has no ``shard`` for
-    any)."""
+    runs them whole; nor those of its Hadamard packs). Nor DBRX's and Phixtral's experts,
+    Lille's fused q/k/v (its norms inside its modules), PLaMo 1's tiled key/value heads, Muse
+    Glimmer's output gate (a projection beside q_proj) or Spark 2.5's fused q/k/v and gate per
+    head (mlx-lm has no ``shard`` for any), nor Phi-3-small's layers (block-sparse patterns by
+    each head's index among all heads)."""
     class Group:
         def size(self):
             return 2
@@ -462,7 +482,7 @@ TWO_RANK_KINDS = ["gemma3_text", "smollm3", "mistral3", "granite", "gpt_oss",
                   "phi", "gpt_neox", "internlm2", "qwen", "gpt2", "nemotron",
                   "nanbeige", "minicpm3", "youtu_llm", "glm", "telechat3", "solar_open", "glm4",
                   "mistral4", "exaone_moe", "qwen3_vl_moe", "kimi_k25", "gptj", "minimax",
-                  "deepseek_v32", "iquestloopcoder"]
+                  "deepseek_v32", "iquestloopcoder", "minimax_m3_vl"]
 #: What each of them runs over two ranks and in one process
 TWO_RANK_LAZY = {"prune_layers": [0, 2], "keep": [0.5, 0.3]}
 
@@ -501,14 +521,16 @@ def test_families_over_two_ranks(tiny_model, families_two_rank_runs, kind):
     none), Kimi K2.5 (its wrapper's shard, DeepSeek-V3's) and MiniMax-M2 (mlx-lm's shard: its
     q/k norms over all heads split with them, their sums of squares all-summed), DeepSeek-V3.2
     (mlx-lm's shard, DeepSeek-V3's; its lightning indexer whole on every rank),
-    IQuest-Loop-Coder (mlx-lm's shard: each rank its heads' loop gates): unpruned,
+    IQuest-Loop-Coder (mlx-lm's shard: each rank its heads' loop gates) and MiniMax-M3 (mlx-lm's
+    shard: per-head q/k norms, indexer heads with the query heads): unpruned,
     each rank's logits equal mlx-lm's; pruned, each rank selects what the single process
     selects and its logits equal it."""
     model = tiny_model(kind)[0]
     assert hasattr(model, "shard") == (kind in ("gpt_oss", "glm4_moe", "deepseek_v3",
                                                 "glm4_moe_lite", "deepseek_v2", "solar_open",
                                                 "mistral4", "exaone_moe", "kimi_k25",
-                                                "minimax", "deepseek_v32", "iquestloopcoder"))
+                                                "minimax", "deepseek_v32", "iquestloopcoder",
+                                                "minimax_m3_vl"))
     runs = families_two_rank_runs[kind]
     (rec0, logits0), (rec1, logits1) = runs["full"]
     assert rec0["tokens"] == rec1["tokens"] and rec0["stats"]["ranks"] == 2

@@ -95,11 +95,12 @@ from mlx_lm.utils import MODEL_REMAPPING
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, generate, load,
                       load_prompt_cache, make_prompt_cache as make_lazy_cache, resolve_config,
                       save_prompt_cache)
-from mlx_lazy.adapter import (SUPPORTED_MODEL_TYPES, ModelAdapter, attention_module,
+from mlx_lazy.adapter import (LONGCAT_TYPES, SUPPORTED_MODEL_TYPES, ModelAdapter, attention_module,
                               decode_identity, feed_forward, global_layers, identities_match,
                               recurrent_layers, sliding_windows, stateless_layers)
 from mlx_lazy.attention import IMPLEMENTATIONS, Chunks, position_mask, window_start
-from numerics import rel_err
+from mlx_lazy.cache import EMBEDDING_STATE
+from numerics import max_rel_err, rel_err
 from test_engine import LOGITS_TOL, mlx_lm_error, random_prompt
 from test_gemma3 import cut_after_layer_0, decode_one, dense_mask
 from tiny_models import build_tiny_model, tiny_config
@@ -114,7 +115,7 @@ VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25
 MOE = ("mixtral", "qwen2_moe", "olmoe", "granitemoe", "phimoe")
 MOE2 = ("dots1", "bailing_moe", "hunyuan", "llama4_text", "llama4", "deepseek", "mellum",
         "solar_open", "exaone_moe", "Klear", "afmoe", "dbrx", "phixtral", "minimax",
-        "mimo_v2_flash", "step3p5", "laguna", "longcat_flash")
+        "mimo_v2_flash", "step3p5", "laguna", "longcat_flash", "minimax_m3_vl")
 DENSE = ("exaone", "hunyuan_v1_dense", "stablelm", "stablelm-parallel", "minicpm", "mimo",
          "nanochat", "gemma", "cohere", "phi", "gpt_neox", "internlm2", "qwen", "gpt2",
          "gpt_bigcode", "nemotron", "openelm", "nanbeige", "minicpm3", "youtu_llm",
@@ -127,7 +128,7 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
             "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", *VL, "gemma2",
             "glm4", "starcoder2", "cohere2", *DSA, "gemma3n",
             "helium", "internlm3", "apertus", *MOE, *MOE2, *DENSE, "gpt_neox-sequential",
-            "nanbeige-skip", "afm7")
+            "nanbeige-skip", "afm7", "longcat_flash_ngram")
 
 
 #: The families whose attention asks more of an attention implementation than plain causal
@@ -540,6 +541,78 @@ def test_the_tiny_dense_families_are_what_they_claim(family, family_dir):
     assert float(mx.abs(mimo.layers[0].self_attn.k_proj.bias).sum()) > 0
 
 
+def test_the_tiny_phi3small_is_what_it_claims_and_matches_mlx_lm(family):
+    """Phi-3-small: block-sparse layers 0 and 2 (their pattern, per head, by original
+    positions: on any tokens the rows and columns of mlx-lm's dense mask), dense 1 and 3, a
+    fused q/k/v grouped by key/value head, muP multipliers unlike 1, masked dummy ids. Unpruned
+    and through a cut that keeps all, our logits are mlx-lm's fed the prompt one token a step:
+    its prompt pass adds its boolean causal mask to the block-sparse layers' scores (+1, not
+    -inf) and aligns query blocks to the prompt's end, so there a query sees the later keys
+    of its block, and a prompt's logits differ from its decode steps'."""
+    model, _ = family("phi3small")
+    windows, a = sliding_windows(model), ModelAdapter(model)
+    assert [w is None for w in windows] == [False, True, False, True]
+    assert global_layers(model) == (1,) and a.scale == 2.0 / 16
+    assert a._embed_scale == 10.0 and a._logits_scaling == 8.0 and a._activations[0] is None
+    _, dense = model.layers[0].self_attn._block_sparse_mask(320, 320)
+    causal = np.tril(np.ones((320, 320), bool))
+    rng = np.random.default_rng(0)
+    rows, keys = (np.sort(rng.choice(320, size, replace=False)) for size in (40, 120))
+    want = (np.array(dense).reshape(4, 320, 320) & causal)[:, rows][:, :, keys]
+    assert np.array_equal(position_mask(rows, keys, windows[0]), want)
+    assert 0.2 < want.mean() < 0.5 and not np.array_equal(want[0], want[1])
+    logits = a.logits(a.embed(mx.array([5])))
+    assert bool(mx.isinf(logits[0, 0, 100256])) and not bool(mx.isinf(logits[0, 0, 100255]))
+    prompt = random_prompt(120, a.vocab_size)  # 4 blocks, the last one partial
+    for config in (PruningConfig("full"), PruningConfig("lazy", prune_layers=(1,), keep=(1.0,))):
+        cache = make_prompt_cache(model)
+        for token in prompt[:-1]:  # (the inner model: no 100,352 logits a step)
+            model.model(token.reshape(1, 1), cache=cache)
+        engine = LazyEngine(model, resolve_config(model, config), block_size=64)
+        pairs = [(model(prompt[-1:][None], cache=cache)[0, -1], engine.prefill(prompt))]
+        for _ in range(8):
+            token = int(mx.argmax(pairs[-1][0]))
+            pairs.append((model(mx.array([[token]]), cache=cache)[0, -1], engine.decode(token)))
+        assert max_rel_err(pairs) < LOGITS_TOL
+
+
+def _phi3small_dense_logits(model, tokens: np.ndarray, masks, monkeypatch) -> mx.array:
+    """mlx-lm's Phi-3-small blocks over every token, dense (its block-sparse layers' own
+    pattern off: the masks, per head there, carry it), each with its boolean mask as 0/-inf;
+    the last token's logits."""
+    inner = model.model
+    h = inner.embed_tokens(mx.array(tokens)[None]) * model.args.mup_embedding_multiplier
+    for block, mask in zip(inner.layers, masks):
+        monkeypatch.setattr(block.self_attn, "block_sparse", False)
+        h = block(h, mx.where(mx.array(mask), 0.0, -mx.inf), None)
+    out = inner.embed_tokens.as_linear(inner.final_layernorm(h))[0, -1]
+    out = out / model.args.mup_width_multiplier
+    out[model._dummy_tokenizer_ids] = -mx.inf
+    return out
+
+
+@pytest.mark.parametrize("revival_block", [64, 2])
+def test_phi3small_block_sparse_under_pruning_equals_a_dense_reference(family, monkeypatch,
+                                                                       revival_block):
+    """A cut after layer 0 (block-sparse) keeps 40%; a decode step re-selects and revives
+    tokens. Against mlx-lm's blocks run densely with masks by original position: in the
+    block-sparse layer 2 each head's pattern of the kept (prefill) or selected (revived, new)
+    tokens, pruned ones neither shifting nor widening it; ``revival_block`` 2 sends the decode
+    step's rows through the gathered block path, 64 through the masked whole-cache path."""
+    model, _ = family("phi3small")
+    engine, prompt, logits, kept, selections = cut_after_layer_0(
+        model, ModelAdapter(model).vocab_size, monkeypatch, revival_block)
+    n, windows = len(prompt), sliding_windows(model)
+    masks = [dense_mask(n, windows[0], [None] * n)]
+    masks += [dense_mask(n, w, [kept] * n) for w in windows[1:]]
+    assert rel_err(logits, _phi3small_dense_logits(model, prompt, masks, monkeypatch)) < LOGITS_TOL
+    tokens, logits, _, sees, revived = decode_one(engine, prompt, logits, kept, selections)
+    assert len(revived)
+    masks = [dense_mask(n + 1, windows[0], [None] * (n + 1))]
+    masks += [dense_mask(n + 1, w, sees) for w in windows[1:]]
+    assert rel_err(logits, _phi3small_dense_logits(model, tokens, masks, monkeypatch)) < LOGITS_TOL
+
+
 def test_the_tiny_internlm2_and_qwen_are_what_they_claim(family):
     """InternLM2: one biased wqkv whose rows hold, for each of 2 key/value heads, its 2
     queries, key and value (the adapter's q/k/v: those rows, not thirds); dynamic NTK RoPE,
@@ -872,10 +945,13 @@ def _mlx_lm_kv(model, layer: int, layer_cache):
     """mlx-lm's cached keys and values of ``layer`` as the engine holds them: the absorbed
     latent attention caches the latent and rope(k_pe), whose concatenation is the engine's
     key and the latent its value; DeepSeek-V3.2's its indexer keys too (a second cache), after
-    them in the engine's."""
+    them in the engine's (MiniMax-M3's indexer keys, beside too, are not the engine's: it runs
+    no block choice)."""
     index_keys = []
     if isinstance(layer_cache, CacheList):
         layer_cache, index_keys = layer_cache[0], [layer_cache[1].keys]
+        if model.model_type == "minimax_m3_vl":
+            index_keys = []
     keys, values = layer_cache.keys, layer_cache.values
     if hasattr(attention_module(ModelAdapter(model).layers[layer]), "embed_q"):
         return mx.concatenate([keys, values, *index_keys], axis=-1), keys
@@ -942,7 +1018,8 @@ def test_a_waiting_gemma3n_token_keeps_its_streams_and_the_inputs_ahead(family):
 
 @by_implementation(["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
                                   "deepseek_v2", "gemma2", "hunyuan", "llama4", "exaone",
-                                  "nanochat", "nanbeige", "deepseek_v32", "gemma3n"])
+                                  "nanochat", "nanbeige", "deepseek_v32", "gemma3n",
+                                  "longcat_flash_ngram"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
     holding none and its tokens' per-layer inputs, latent attention's values narrower than
@@ -1083,9 +1160,9 @@ def _revived_kv(model, first: int = 300, layer: int = 2, cut: int | None = None,
     revived = [p for p in kv.cached_positions().tolist() if p in waiting]
     assert revived, "the schedule should revive some prompt tokens"
     keys, values = kv.fetch(np.array(revived))
-    longcat = model.model_type == "longcat_flash"
+    longcat = model.model_type in LONGCAT_TYPES  # (the n-gram model's first: its context)
     ref_keys, ref_values = _mlx_lm_kv(
-        model, layer, cache[layer // 2][layer % 2] if longcat
+        model, layer, cache[-len(model.layers):][layer // 2][layer % 2] if longcat
         else cache[layer if cache_of is None else cache_of])
     return keys, values, ref_keys[:, :, revived], ref_values[:, :, revived]
 
@@ -1099,7 +1176,7 @@ def test_revived_token_kv_matches_full_forward(family, kind):
     assert rel_err(values, ref_values) < 1e-5
 
 
-@by_implementation(FAMILIES)
+@by_implementation((*FAMILIES, "phi3small"))
 def test_pruning_runs_through(family, kind):
     """An aggressive LazyLLM schedule runs through the family: each (token, layer) computed once,
     tokens revived, fewer prompt tokens computed; a plain ``lazy`` generates."""
@@ -1331,6 +1408,47 @@ def test_the_tiny_longcat_flash_is_what_it_claims(family):
     assert block.self_attn[0].mla_scale_q_lora == 2 ** 0.5 == block.self_attn[0].mla_scale_kv_lora
     keys, values, ref_keys, ref_values = _revived_kv(model, layer=1)
     assert rel_err(keys, ref_keys) < 1e-5 and rel_err(values, ref_values) < 1e-5
+
+
+def test_the_tiny_longcat_flash_ngram_embeds_tokens_by_the_ids_before_them(family, tmp_path):
+    """LongCat-Flash-Ngram: a token's embedding reads the ids of the 3 tokens before it, which
+    the engine's state keeps past the prompt (decode steps, later turns, the revived tokens'
+    hidden states carry theirs); a prompt-cache file's must be the last 3 tokens' ids."""
+    model, tokenizer = family("longcat_flash_ngram")
+    a = ModelAdapter(model)
+    assert a.context_width == 3 and a.vocab_size == 384
+    token = mx.array([7])
+    after = [a.embed(token, context=[mx.array([[i, 5, 6]], mx.int64)]) for i in (4, 9)]
+    assert rel_err(after[0], after[1]) > 0.01  # the 4-gram's part
+    assert rel_err(after[0], a.embed(token)) > 0.01  # and the sequence's start
+    cache = make_lazy_cache(model, "full")
+    generate(model, tokenizer, "The quick brown fox", max_tokens=2, prompt_cache=cache)
+    context = cache.engine.cache.recurrent[EMBEDDING_STATE][0]
+    assert context.tolist() == [cache.tokens[-3:]]
+    save_prompt_cache(tmp_path / "c.safetensors", cache)
+    arrays, meta = mx.load(str(tmp_path / "c.safetensors"), return_metadata=True)
+    arrays[f"recurrent.{EMBEDDING_STATE}.0"] = context + 1
+    mx.save_safetensors(str(tmp_path / "bad.safetensors"), arrays, metadata=meta)
+    with pytest.raises(UserInputError, match="the ids of the last 3 tokens"):
+        load_prompt_cache(tmp_path / "bad.safetensors", model)
+
+
+def test_the_tiny_minimax_m3_is_what_it_claims(family):
+    """MiniMax-M3's text model: layers 1 to 3 sparse (an indexer over blocks of 32 keeping 16:
+    every block up to 512 tokens, where they attend densely, as mlx-lm's), Gemma's norms, RoPE
+    over half of each head, its SwiGLU-OAI run as its module, experts from layer 1 on. A
+    context past 512 tokens is refused in one line, the state left as it was."""
+    model, _ = family("minimax_m3_vl")
+    a = ModelAdapter(model)
+    assert [layer.self_attn.is_sparse_attn for layer in model.layers] == [False] + [True] * 3
+    assert a._dense_until == [None] + [512] * 3 and a._activations == [None] * 4
+    assert model.layers[0].self_attn.rope.dims == 8 and "block_sparse_moe" in model.layers[1]
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("full")))
+    engine.prefill(random_prompt(500, a.vocab_size))
+    with pytest.raises(UserInputError, match="choose key blocks past 512 tokens"):
+        engine.extend(random_prompt(20, a.vocab_size))
+    assert engine.cache.length == 500
+    engine.decode(3)
 
 
 def test_the_tiny_exaone_moe_klear_and_afmoe_are_what_they_claim(family):

@@ -89,13 +89,13 @@ def _window_of(model, layer):
 
 def dense_mask(n, window, sees):
     """Causal (and windowed) by position, each query ``i`` restricted to keys ``sees[i]``
-    (a boolean row; None: all)."""
+    (a boolean row; None: all); a block-sparse layer's per head."""
     pos = np.arange(n)
     mask = position_mask(pos, pos, window)
     for i, row in enumerate(sees):
         if row is not None:
-            mask[i] &= row
-        mask[i, i] = True  # rows the engine never computes: anything that attends to a key
+            mask[..., i, :] &= row
+        mask[..., i, i] = True  # rows the engine never computes: anything that attends to a key
     return mask
 
 

@@ -148,18 +148,26 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(hybrid):
     assert mlx_lm_error(model, nothing_pruned, prompt, 8) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5-moe", "lfm2-vl"])
+@pytest.mark.parametrize("kind", ["qwen3_5-moe", "lfm2-vl", "prism_hadamard_qwen35"])
 def test_the_moe_layout_matches_mlx_lm(tmp_path, kind):
     """``qwen3_5_moe``: its sparse MoE block (2 of 4 experts and a shared one) is the MLP;
-    ``lfm2-vl`` (LFM2-VL): LFM2 as the text model of a vision-language checkpoint, unpruned
-    and through a cut that keeps every token."""
+    ``lfm2-vl`` (LFM2-VL): LFM2 as the text model of a vision-language checkpoint;
+    ``prism_hadamard_qwen35``: Qwen3.5's with 2-bit packed linears, embedding and head that
+    rotate their inputs (blocks of 512) or not; unpruned and through a cut that keeps every
+    token (those two)."""
     model, _ = mlx_lm.load(str(build_tiny_model(kind, tmp_path)))
     prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=8)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 16) < LOGITS_TOL
-    if kind == "lfm2-vl":
-        assert model.model_type == "lfm2-vl" and "conv" in model.layers[0]
+    if kind != "qwen3_5-moe":
         nothing_pruned = PruningConfig("static", prune_layers=(3,), keep=(1.0,))
         assert mlx_lm_error(model, nothing_pruned, prompt, 8) < LOGITS_TOL
+    if kind == "lfm2-vl":
+        assert model.model_type == "lfm2-vl" and "conv" in model.layers[0]
+    elif kind == "prism_hadamard_qwen35":
+        blocks = [m.block for _, m in model.named_modules() if hasattr(m, "signs")]
+        assert type(ModelAdapter(model)._embedding).__name__ == "HadamardQuantizedEmbedding"
+        assert len(blocks) == 2 + 2 * 8 and set(blocks) == {512}
+        assert ModelAdapter(model).variant() == "float32+q2g128"
     else:
         assert model.model_type == "qwen3_5_moe" and hasattr(model.layers[0].mlp, "shared_expert")
     engine = LazyEngine(model, resolve_config(model, NO_REVIVAL))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from mlx_lazy import PruningConfig, resolve_config, selection
+from mlx_lazy.attention import BlockSparse
 from mlx_lazy.bench import probe
 from mlx_lazy.bench.tasks import build_samples
 from mlx_lazy.engine import LazyEngine
@@ -96,6 +97,9 @@ def test_a_chunked_model_probe_names_its_chunks(tiny_model_dir, tmp_path, capsys
     layers = json.loads(out.read_text())["layers"]
     assert [row["sliding_window"] for row in layers] == ["chunks of 24"] * 3
     assert "(sliding window chunks of 24)" in capsys.readouterr().out
+    rows = probe.summary(np.zeros((2, 1, 2)), [BlockSparse(32, 2, 3, 4), None])  # Phi-3-small's
+    assert [row["sliding_window"] for row in rows] == [
+        "block-sparse: blocks of 32, 2 local, a stride of 3", None]
 
 
 def test_a_hybrid_probe_scores_only_its_attention_layers(tiny_model_dir, tmp_path, capsys):

@@ -33,7 +33,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
          "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2",
          "lille-130m", "plamo", "bitnet", "gear", "recurrent_gemma", "afm7", "baichuan_m1",
-         "olmo_hybrid", "kimi_linear", "muse_glimmer", "spark2_5", "iquestloopcoder")
+         "olmo_hybrid", "kimi_linear", "muse_glimmer", "spark2_5", "iquestloopcoder", "phi3small")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -429,6 +429,16 @@ _KIND_CONFIG = {
                       "attention_method": "MLA", "mla_scale_q_lora": True,
                       "mla_scale_kv_lora": True, "attention_bias": False,
                       "routed_scaling_factor": 2.5},
+    # Phi-3-small: block-sparse attention in layers 0 and 2 (blocks of 32, 2 local, every third
+    # earlier block by head: 300 tokens span 10 blocks), dense in 1 and 3; a GeGELU clipped at 2
+    # (20 in the real one), muP multipliers; its vocabulary as wide as the real one's, whose
+    # last ids mlx-lm's head masks
+    "phi3small": {"architectures": ["Phi3SmallForCausalLM"], "dense_attention_every_n_layers": 2,
+                  "ff_intermediate_size": 64, "gegelu_limit": 2.0, "layer_norm_epsilon": 1e-5,
+                  "vocab_size": 100352, "mup_attn_multiplier": 2.0,
+                  "mup_embedding_multiplier": 10.0, "mup_width_multiplier": 8.0,
+                  "rope_embedding_base": 1000000, "blocksparse_block_size": 32,
+                  "blocksparse_num_local_blocks": 2, "blocksparse_vert_stride": 3},
     # Hunyuan: q/k norms after RoPE (NTK alpha-scaled base), layers 1 and 3 reading the keys
     # and values of 0 and 2 (CLA); 2 of 4 experts (softmax) beside a shared MLP; tied head
     "hunyuan": {"architectures": ["HunYuanMoEV1ForCausalLM"], "tie_word_embeddings": True,
@@ -764,6 +774,14 @@ _VARIANTS = {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}}),
     "qwen3_5-deep": ("qwen3_5", {"num_hidden_layers": 16}),
+    # LongCat-Flash's blocks after an n-gram embedding: 2- to 4-grams, each split 4 ways (12
+    # tables 5 wide of about 3,000 rows)
+    "longcat_flash_ngram": ("longcat_flash", {"model_type": "longcat_flash_ngram",
+                                              "architectures": ["LongcatFlashNgramForCausalLM"],
+                                              "ngram_vocab_size_ratio": 8,
+                                              "emb_neighbor_num": 4, "emb_split_num": 4}),
+    # a width a 512-wide Hadamard block divides (the packed checkpoint's base)
+    "qwen3_5-wide": ("qwen3_5", {"hidden_size": 512}),
     "qwen3_5-last": ("qwen3_5", {"num_hidden_layers": 4}),
     # no attention layer at all (mlx-lazy refuses it)
     "granitemoehybrid-mamba": ("granitemoehybrid", {"num_hidden_layers": 2,
@@ -827,7 +845,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "plamo",
                         "bitnet", "deepseek_v32", "glm_moe_dsa", "olmo_hybrid", "kimi_linear",
                         "bailing_moe_linear", "bailing_hybrid", "gemma3n", "muse_glimmer",
-                        "spark2_5", "iquestloopcoder")
+                        "spark2_5", "iquestloopcoder", "phi3small")
 
 
 def bitlinear_matmul(self: BitLinear, x: mx.array, packed: mx.array) -> mx.array:
@@ -837,6 +855,44 @@ def bitlinear_matmul(self: BitLinear, x: mx.array, packed: mx.array) -> mx.array
     weight = mx.concatenate(fields, axis=0)[:self.out_features]
     scale = 1 / self.weight_scale if self.invert_weight_scales else self.weight_scale
     return (x @ weight.T) * scale
+
+
+#: Packed checkpoints built from a tiny float one: kind -> its base's kind.
+_PACKED = {"prism_hadamard_qwen35": "qwen3_5-wide"}
+
+
+def _hadamard_modules(layers: int) -> list:
+    """The manifest of the tiny ``prism_hadamard_qwen35``: its embedding, head, every MLP's
+    gate (a 512-wide Hadamard block) and up and down projections (none), the attention
+    layers' q_proj and the recurrent ones' in_proj_qkv (512)."""
+    paths = [("model.embed_tokens", 512), ("lm_head", 512)]
+    for i in range(layers):
+        paths += [(f"model.layers.{i}.mlp.gate_proj", 512), (f"model.layers.{i}.mlp.up_proj", 0),
+                  (f"model.layers.{i}.mlp.down_proj", 0),
+                  (f"model.layers.{i}." + ("self_attn.q_proj" if i % 4 == 3
+                                           else "linear_attn.in_proj_qkv"), 512)]
+    return [{"path": path, "embedding": path.endswith("embed_tokens"), "dtype": "float16",
+             "block": block} for path, block in paths]
+
+
+def _pack_hadamard(folder: Path, config: dict) -> None:
+    """Rewrite a float checkpoint's modules that ``config``'s manifest names as the Hadamard
+    pack holds them: each row times random signs and rotated in its blocks (the rotation its
+    input then takes cancels), quantized to 2 bits in groups of 128, with its signs."""
+    from mlx_lm.models.prism_hadamard_qwen35 import hadamard_rotate
+
+    weights = mx.load(str(folder / "model.safetensors"))
+    for record in config["modules"]:
+        key, block = f"language_model.{record['path']}", record["block"]
+        weight = weights.pop(f"{key}.weight")
+        if block:
+            signs = mx.where(mx.random.uniform(shape=weight.shape[-1:]) < 0.5, -1.0, 1.0)
+            weight, weights[f"{key}.signs"] = hadamard_rotate(weight, block, signs), signs
+        packed, scales, biases = mx.quantize(weight, group_size=128, bits=2)
+        weights.update({f"{key}.weight": packed, f"{key}.scales": scales.astype(mx.float16),
+                        f"{key}.biases": biases.astype(mx.float16)})
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def tiny_config(kind: str) -> dict:
@@ -871,6 +927,27 @@ def tiny_config(kind: str) -> dict:
                 "altup_coef_clip": 120.0, "altup_correct_scale": True, "altup_active_idx": 0,
                 "laurel_rank": 8}
         return {"model_type": "gemma3n", "architectures": ["Gemma3nForConditionalGeneration"],
+                "text_config": text,
+                **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
+    if kind == "prism_hadamard_qwen35":  # Qwen3.5's text model, Hadamard-packed
+        text = tiny_config(_PACKED[kind])
+        return {"model_type": kind, "architectures": ["Qwen3_5ForCausalLM"], "text_config": text,
+                "schema_version": 1, "tensor_namespace": "mlx-lm-text",
+                "gdn_activation_layout": "grouped",
+                "quantization": {"bits": 2, "group_size": 128, "mode": "affine"},
+                "modules": _hadamard_modules(text["num_hidden_layers"]),
+                **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
+    if kind == "minimax_m3_vl":  # MiniMax-M3's text model: layer 0 dense, then 2 of 4 experts
+        # beside a shared one (two experts wide), their layers sparse (as llama.cpp's), keeping
+        # every block up to 16 x 32 tokens
+        text = {**_BASE, "intermediate_size": 32, "dense_intermediate_size": 128,
+                "shared_intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "rotary_dim": 8, "moe_layer_freq": [0, 1, 1, 1],
+                "sparse_attention_config": {
+                    "sparse_num_index_heads": 2, "sparse_index_dim": 16,
+                    "sparse_block_size": 32, "sparse_topk_blocks": 16, "sparse_local_block": 1,
+                    "sparse_attention_freq": [0, 1, 1, 1]}}
+        return {"model_type": kind, "architectures": ["MiniMaxM3ForConditionalGeneration"],
                 "text_config": text,
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
     if kind in _WRAPPED:
@@ -921,6 +998,9 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
     from mlx_lm.utils import _get_classes, save_config, save_model
 
     folder = Path(folder)
+    if kind in _PACKED:  # built as its float base, then packed
+        _pack_hadamard(build_tiny_model(_PACKED[kind], folder, seed), tiny_config(kind))
+        return folder
     folder.mkdir(parents=True, exist_ok=True)
     config = tiny_config(kind)
     model_class, args_class = _get_classes(config)
@@ -1005,8 +1085,9 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
             act = layer.mlp.act_fn
             for name in ("alpha_p", "alpha_n", "beta"):
                 setattr(act, name, getattr(act, name) + 0.2 * mx.random.normal(()))
+        # Gemma's (1 + w) (and MiniMax-M3's)
         if kind.startswith(("gemma2", "gemma3_", "plamo3", "gear", "recurrent_gemma",
-                            "muse_glimmer")) or kind == "gemma":  # Gemma's (1 + w)
+                            "muse_glimmer")) or kind in ("gemma", "minimax_m3_vl"):
             for name in ("input_layernorm", "post_attention_layernorm",  # norms: w = 0, the
                          "pre_feedforward_layernorm", "post_feedforward_layernorm",  # identity
                          "pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm",  # (PLaMo 3's,

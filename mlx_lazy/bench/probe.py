@@ -34,7 +34,7 @@ from .. import load
 from .._args import OneLineParser, path_arg
 from ..adapter import sliding_windows
 from ..api import context_length
-from ..attention import Chunks, Window
+from ..attention import BlockSparse, Chunks, Window
 from ..engine import LazyEngine
 from ..errors import UserInputError
 from ..folders import check_destination, write_text_atomic
@@ -151,7 +151,8 @@ def summary(need: np.ndarray, windows: Sequence[Optional[Window]]) -> List[Dict[
         return None if np.isnan(values).any() else float(np.quantile(values, q))
 
     return [{"layer": layer, "sliding_window": (str(windows[layer])  # JSON: "chunks of 24"
-                                                if isinstance(windows[layer], Chunks)
+                                                if isinstance(windows[layer],
+                                                              (Chunks, BlockSparse))
                                                 else windows[layer]),
              **{f"{prefix}q{round(q * 100)}": quantile(need[k, :, layer], q)
                 for k, prefix in enumerate(("", "any_")) for q in QUANTILES}}
