@@ -133,15 +133,17 @@ FAMILIES = ("llama-llama3", "phi3", "phi3-longrope", "smollm3", "ministral3",
 
 #: The families whose attention asks more of an attention implementation than plain causal
 #: attention (:func:`attention_features`): sliding windows or chunks (a mask by position), sinks,
-#: values narrower than keys. Their engine tests run with both implementations (conftest's
-#: ``attention_implementation``); the other families' attention is the plain one test_engine
-#: runs with both, so theirs run with the GPU's (``fast``) alone.
+#: values narrower than keys, Phi-3-small's block-sparse patterns (a mask per head). Their engine
+#: tests run with both implementations (conftest's ``attention_implementation``); the other
+#: families' attention is the plain one test_engine runs with both, so theirs run with the GPU's
+#: (``fast``) alone.
 ATTENTION_FEATURED = frozenset((
     "ministral3-sliding", "gpt_oss", "olmo3", "exaone4", "gemma4_text", "gemma4_text-moe",
     "gemma4_text-e2b", "gemma4", *MLA, "mistral4", "mistral3-mistral4", "kimi_vl", "kimi_k25",
     "cohere2", "llama4", "mellum", "exaone_moe", "afmoe", "mimo_v2_flash", "step3p5", "laguna",
     "longcat_flash", "minicpm3", "youtu_llm", "plamo3", "deepseek_v32", "glm_moe_dsa",
-    "gemma3n"))
+    "gemma3n", "muse_glimmer", "spark2_5", "iquestloopcoder", "longcat_flash_ngram",
+    "phi3small"))
 
 
 #: Runs a test once with each attention implementation.
@@ -353,6 +355,7 @@ def test_the_tiny_latent_attention_models_are_what_they_claim(family):
         "DeepseekV2YarnRotaryEmbedding"
 
 
+@BOTH_IMPLEMENTATIONS
 def test_the_tiny_deepseek_v32_and_glm5_are_what_they_claim(family):
     """DeepSeek-V3.2's and GLM-5's latent attention with a lightning indexer: 4 heads 16 wide,
     RoPE over 8 of them (GLM-5's traditional), each query's top 24 keys. As the adapter sees
@@ -541,6 +544,7 @@ def test_the_tiny_dense_families_are_what_they_claim(family, family_dir):
     assert float(mx.abs(mimo.layers[0].self_attn.k_proj.bias).sum()) > 0
 
 
+@BOTH_IMPLEMENTATIONS
 def test_the_tiny_phi3small_is_what_it_claims_and_matches_mlx_lm(family):
     """Phi-3-small: block-sparse layers 0 and 2 (their pattern, per head, by original
     positions: on any tokens the rows and columns of mlx-lm's dense mask), dense 1 and 3, a
@@ -591,6 +595,7 @@ def _phi3small_dense_logits(model, tokens: np.ndarray, masks, monkeypatch) -> mx
     return out
 
 
+@BOTH_IMPLEMENTATIONS
 @pytest.mark.parametrize("revival_block", [64, 2])
 def test_phi3small_block_sparse_under_pruning_equals_a_dense_reference(family, monkeypatch,
                                                                        revival_block):
@@ -1410,6 +1415,7 @@ def test_the_tiny_longcat_flash_is_what_it_claims(family):
     assert rel_err(keys, ref_keys) < 1e-5 and rel_err(values, ref_values) < 1e-5
 
 
+@BOTH_IMPLEMENTATIONS
 def test_the_tiny_longcat_flash_ngram_embeds_tokens_by_the_ids_before_them(family, tmp_path):
     """LongCat-Flash-Ngram: a token's embedding reads the ids of the 3 tokens before it, which
     the engine's state keeps past the prompt (decode steps, later turns, the revived tokens'
