@@ -82,14 +82,15 @@ def check_stats(stats: dict, method: str, depth: int) -> None:
 
 @pytest.fixture
 def unsupported_model_path(tiny_model_path, tmp_path) -> Path:
-    """A tiny BitNet b1.58 (``bitnet``, random weights, the tiny llama's tokenizer): mlx-lm
-    loads it, mlx-lazy does not run it."""
+    """A tiny Mamba (``mamba``, random weights, the tiny llama's tokenizer): mlx-lm loads it,
+    mlx-lazy does not run it (no attention layer)."""
     from mlx_lm.utils import _get_classes, save_config, save_model
 
-    folder = tmp_path / "bitnet"
+    folder = tmp_path / "mamba"
     shutil.copytree(tiny_model_path, folder, ignore=shutil.ignore_patterns("*.safetensors*"))
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="bitnet", architectures=["BitnetForCausalLM"])
+    config.update(model_type="mamba", architectures=["MambaForCausalLM"], state_size=8,
+                  conv_kernel=4, use_bias=False, use_conv_bias=True, time_step_rank=4)
     model_class, args_class = _get_classes(config)
     save_model(folder, model_class(args_class.from_dict(config)))
     save_config(config, folder / "config.json")
@@ -222,7 +223,7 @@ def test_model_folder_without_config(tmp_path):
 @pytest.mark.slow  # runs a process of its own
 def test_unsupported_architecture(unsupported_model_path):
     assert_bad_input(run_cli("--model", str(unsupported_model_path), "-p", "hi"),
-                     "unsupported model type 'bitnet'")
+                     "unsupported model type 'mamba'")
 
 
 @pytest.mark.slow  # runs a process of its own

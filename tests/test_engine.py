@@ -241,9 +241,9 @@ def test_each_chunk_of_a_random_drop_draws_its_own(tiny_model):
 
 def test_unsupported_model_type_is_a_value_error(tiny_model):
     model, _ = tiny_model("llama")
-    model.model_type = "bitnet"
+    model.model_type = "rwkv7"
     try:
-        with pytest.raises(ValueError, match="unsupported model type 'bitnet'.*llama"):
+        with pytest.raises(ValueError, match="unsupported model type 'rwkv7'.*llama"):
             LazyEngine(model)
     finally:
         model.model_type = "llama"
