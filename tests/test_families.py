@@ -1448,7 +1448,8 @@ def test_the_tiny_minimax_m3_is_what_it_claims(family):
     its SwiGLU-OAI run as its module, experts from layer 1 on. As the adapter sees a sparse
     layer: keys with the indexer's key after each key head's (queries as wide, zeros at the
     end); the blocks each query sees are those mlx-lm's ``_block_mask`` keeps under the same
-    mask (some keys absent), whatever order the cache holds the keys in."""
+    mask (some keys absent), whatever order the cache holds the keys in. A follow-up chunk
+    past the budget (its queries' blocks by position, after the cached ones) equals mlx-lm's."""
     model, _ = family("minimax_m3_vl")
     a = ModelAdapter(model)
     assert [layer.self_attn.is_sparse_attn for layer in model.layers] == [False] + [True] * 3
@@ -1472,6 +1473,13 @@ def test_the_tiny_minimax_m3_is_what_it_claims(family):
     assert (seen == want[..., order]).all() and want.shape == (4, n, n)
     chosen = [len({p // 16 for p in np.flatnonzero(row)}) for row in want[0]]
     assert max(chosen) == 4 and not (want & ~mask).any()
+    prompt = random_prompt(300, a.vocab_size)
+    cache = make_prompt_cache(model)
+    model(prompt[None, :200], cache=cache)
+    engine = LazyEngine(model, resolve_config(model, PruningConfig("full")))
+    engine.prefill(prompt[:200])
+    assert rel_err(engine.extend(prompt[200:]),
+                   model(prompt[None, 200:], cache=cache)[0, -1]) < LOGITS_TOL
 
 
 def test_the_tiny_exaone_moe_klear_and_afmoe_are_what_they_claim(family):
