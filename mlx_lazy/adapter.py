@@ -344,9 +344,11 @@ from .errors import UserInputError, shown
 # minimax_m3_vl (MiniMax-M3, its text model ``language_model``): Gemma's (1 + w) norms, per-head
 # q/k norms, RoPE over ``rotary_dim`` of each head, SwiGLU-OAI (clamped) dense MLPs and, where
 # ``moe_layer_freq`` says, sigmoid-routed experts (a correction bias) beside a shared expert at
-# ``block.block_sparse_moe``; its sparse-attention layers' indexer keeps every key block while
-# the context fits ``index_topk_blocks`` blocks, where they attend densely, and a longer
-# context is refused (:meth:`ModelAdapter.qkv`: the engine does not run its block choice).
+# ``block.block_sparse_moe``; in its sparse-attention layers each query sees the keys of the
+# ``index_topk_blocks`` blocks (of ``index_block_size`` original positions: a pruned token is
+# absent from its block) its indexer scores highest, its own block always
+# (:meth:`ModelAdapter.index_mask`); the indexer's key of a token is cached after each of its
+# keys, its queries come as :meth:`qkv`'s gate.
 SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "bailing_hybrid",
                          "bailing_moe", "bailing_moe_linear", "bailing_moe_v3", "bitnet", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
@@ -895,9 +897,8 @@ class ModelAdapter:
                        or (i in self._recurrent and not (self._falcon_h1 or self._conv_kv))
                        else attention_module(block) for i, block in enumerate(self.layers)]
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
-        # minimax_m3_vl: the context up to which a sparse-attention layer keeps every key block
-        self._dense_until = [a.index_topk_blocks * a.index_block_size
-                             if getattr(a, "is_sparse_attn", False) else None for a in self._attns]
+        # minimax_m3_vl: its sparse-attention layers, whose indexer chooses key blocks
+        self._block_indexed = [getattr(a, "is_sparse_attn", False) for a in self._attns]
         attn = next((a for a in self._attns if a is not None), None)
         if attn is None:  # (a Mamba-only Granite 4.0 config, say)
             raise UserInputError(f"this {model_type} model has no attention layer; mlx-lazy "
@@ -1289,12 +1290,6 @@ class ModelAdapter:
         """
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
-        if self._dense_until[layer] is not None and positions[-1] >= self._dense_until[layer]:
-            raise UserInputError(
-                f"this model's sparse-attention layers choose key blocks past "
-                f"{self._dense_until[layer]} tokens ({attn.index_topk_blocks} blocks of "
-                f"{attn.index_block_size}), which mlx-lazy does not run; keep the prompt and "
-                "answer under that")
         x = self._blas_rows(self._altup_predict(block, h)[self._active] if self._gemma3n else
                             h[..., :self._hidden]
                             if self._layer_input or self._embed_skip or self._shortcut else h)
@@ -1396,6 +1391,11 @@ class ModelAdapter:
             q = q * _query_scale(positions + 1, attn.attn_scale, attn.floor_scale).astype(q.dtype)
         if self._query_ratios[layer] is not None:
             q = q * self._query_ratios[layer]
+        if self._block_indexed[layer]:  # minimax_m3_vl: the indexer's key after each key
+            gate, index_keys = self._block_indexer(attn, x, n, positions)
+            q = mx.pad(q, [(0, 0), (0, 0), (0, 0), (0, index_keys.shape[-1])])
+            k = mx.concatenate([k, mx.broadcast_to(index_keys, (*k.shape[:3],
+                                                                index_keys.shape[-1]))], axis=-1)
         return q, k, v, gate
 
     def _head_norms(self, attn: nn.Module) -> Tuple[Optional[Any], Optional[Any]]:
@@ -1496,20 +1496,41 @@ class ModelAdapter:
         return (mx.concatenate([q, weights[..., None].astype(q.dtype)], axis=-1),
                 _rope(indexer.rope, k, positions))
 
+    @staticmethod
+    def _block_indexer(attn: nn.Module, x: mx.array, n: int, positions: np.ndarray
+                       ) -> Tuple[mx.array, mx.array]:
+        """MiniMax-M3's block indexer on normed ``x`` (1, >= n, D), as mlx-lm's ``Attention``
+        computes it: its queries (1, n, index heads, index_head_dim) and its keys (1, 1, n,
+        index_head_dim), one per token, normed, RoPE applied to both."""
+        x = x[:, :n]
+        q = attn.index_q_norm(attn.index_q_proj(x).reshape(1, n, attn.index_n_heads, -1))
+        k = attn.index_k_norm(attn.index_k_proj(x).reshape(1, n, 1, -1))
+        q = _rope(attn.index_rope, q.swapaxes(1, 2), positions).swapaxes(1, 2)
+        return q, _rope(attn.index_rope, k.swapaxes(1, 2), positions)
+
     def index_topk(self, layer: int) -> Optional[int]:
-        """How many keys each query of ``layer`` sees at most, those its lightning indexer
-        scores highest (DeepSeek-V3.2's ``index_topk``); None for a layer without one."""
-        indexer = getattr(self._attns[layer], "indexer", None)
+        """How many keys each query of ``layer`` sees at most, those its indexer scores
+        highest (DeepSeek-V3.2's lightning indexer's ``index_topk``; MiniMax-M3's
+        ``index_topk_blocks`` blocks of ``index_block_size``); None for a layer without one."""
+        attn = self._attns[layer]
+        if self._block_indexed[layer]:
+            return attn.index_topk_blocks * attn.index_block_size
+        indexer = getattr(attn, "indexer", None)
         return None if indexer is None else indexer.index_topk
 
-    def index_mask(self, layer: int, index: mx.array, keys: mx.array,
-                   mask: mx.array) -> mx.array:
-        """``mask`` (m, S), which of the layer's cached ``keys`` (1, 1, S, d) each of m
-        queries sees, narrowed to the :meth:`index_topk` keys its lightning indexer scores
-        highest among them (all of them where a query sees no more): mlx-lm's ``Indexer``
-        scores, the sum over heads of each head's weight times its ReLU'd query . key, over
-        the indexer keys at the end of ``keys``, for the queries' ``index`` (1, m, heads,
-        index_head_dim + 1) from :meth:`qkv`."""
+    def index_mask(self, layer: int, index: mx.array, keys: mx.array, mask: mx.array,
+                   rows: np.ndarray, kpos: np.ndarray) -> mx.array:
+        """``mask`` (m, S), which of the layer's cached ``keys`` (1, kv_heads, S, d) at
+        positions ``kpos`` each of m queries at positions ``rows`` sees, narrowed to the
+        :meth:`index_topk` keys its indexer scores highest among them (all of them where a
+        query sees no more), for the queries' ``index`` from :meth:`qkv`; MiniMax-M3's per
+        query head, (heads, m, S).
+
+        DeepSeek-V3.2's lightning indexer (``index`` (1, m, heads, index_head_dim + 1)): mlx-lm's
+        ``Indexer`` scores, the sum over heads of each head's weight times its ReLU'd query .
+        key, over the indexer keys at the end of ``keys``. MiniMax-M3's: :meth:`_block_mask`."""
+        if self._block_indexed[layer]:
+            return self._block_mask(self._attns[layer], index, keys, mask, rows, kpos)
         topk = self.index_topk(layer)
         if keys.shape[2] <= topk:
             return mask
@@ -1523,6 +1544,39 @@ class ModelAdapter:
         chosen = mx.put_along_axis(mx.zeros(scores.shape, mx.bool_), top, mx.array(True), -1)
         return chosen[0, 0] & mask
 
+    @staticmethod
+    def _block_mask(attn: nn.Module, index: mx.array, keys: mx.array, mask: mx.array,
+                    rows: np.ndarray, kpos: np.ndarray) -> mx.array:
+        """:meth:`index_mask` of MiniMax-M3's block indexer, as mlx-lm's ``_block_mask``
+        chooses: each index head's scores (query . key, float32) over the keys ``mask`` shows,
+        a block's score the highest of its keys' (blocks of ``index_block_size`` ORIGINAL
+        positions: a pruned or unseen token is absent from its block, whose score it leaves),
+        each query's ``index_local_blocks`` last blocks (its own one on) always kept, then the
+        ``index_topk_blocks`` best. Returns (heads, m, S): each index head's choice for the
+        query heads of its group."""
+        size, topk = attn.index_block_size, attn.index_topk_blocks
+        n_blocks = int(rows[-1]) // size + 1
+        if n_blocks <= topk:  # every block fits the budget
+            return mask
+        q = index.swapaxes(1, 2).astype(mx.float32)  # (1, index heads, m, index_head_dim)
+        scores = q @ keys[:, :1, :, -q.shape[-1]:].astype(mx.float32).swapaxes(-1, -2)
+        scores = mx.where(mask, scores, -mx.inf)
+        # the scores by position (a key past the last block, never seen, left out), -inf where
+        # no key is cached: one column appended
+        inside = np.flatnonzero(kpos < n_blocks * size)
+        slot = np.full(n_blocks * size, len(kpos), np.int32)
+        slot[kpos[inside]] = inside
+        scores = mx.concatenate([scores, mx.full((*scores.shape[:-1], 1), -mx.inf)], axis=-1)
+        blocks = scores[..., mx.array(slot)].reshape(*scores.shape[:-1], n_blocks, size)
+        blocks = blocks.max(axis=-1)
+        own = mx.array(rows // size)[:, None]
+        ids = mx.arange(n_blocks)
+        blocks = mx.where((ids <= own) & (ids > own - attn.index_local_blocks), mx.inf, blocks)
+        top = mx.argpartition(-blocks, kth=topk - 1, axis=-1)[..., :topk]
+        chosen = mx.put_along_axis(mx.zeros(blocks.shape, mx.bool_), top, mx.array(True), -1)
+        chosen = chosen[0][..., mx.array(np.minimum(kpos // size, n_blocks - 1))] & mask
+        return mx.repeat(chosen, attn.num_attention_heads // attn.index_n_heads, axis=0)
+
     def finish(self, layer: int, h: mx.array, attn_out: mx.array,
                gate: Optional[mx.array] = None) -> mx.array:
         """Output projection, residual and MLP: attention output (1, H, n, d), times the
@@ -1530,8 +1584,8 @@ class ModelAdapter:
         the softplus of a gain per head), -> new h."""
         block, attn = self.layers[layer], self._attns[layer]
         n = attn_out.shape[2]
-        if "indexer" in attn:  # what qkv gave: the lightning indexer's queries, no gate
-            gate = None
+        if "indexer" in attn or self._block_indexed[layer]:  # what qkv gave: the indexer's
+            gate = None  # queries, no gate
         if hasattr(attn, "unembed_out"):  # absorbed latent attention: the latent
             attn_out = attn.unembed_out(attn_out)  # output to each head's values
         if self._head_return is not None:

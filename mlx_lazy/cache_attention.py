@@ -117,7 +117,8 @@ class CacheAttention:
         """Attention of queries ``q`` at sorted positions ``rows`` over the whole layer cache
         ``kv``, in query blocks, each row's keys (the ``visible`` ones at or before it) narrowed
         by ``narrow(keys, mask, block)``: the (rows, keys) mask of the block (a slice of the
-        rows), narrowed (DeepSeek-V3.2's lightning indexer: a row's top-k keys)."""
+        rows), narrowed (DeepSeek-V3.2's lightning indexer: a row's top-k keys; MiniMax-M3's
+        block indexer: per head, the keys of a row's top-k blocks)."""
         keys, values = kv.fetch()
         kpos = kv.cached_positions()
         outs = []

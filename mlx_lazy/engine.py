@@ -333,10 +333,12 @@ class LazyEngine:
         visible = kv.mask_at(seen)
         if k is None:  # the lower layer also holds tokens that stopped below this one
             visible = _and(visible, cache.depth[kv.cached_positions()] > layer)
-        if a.index_topk(layer) is not None:  # DeepSeek-V3.2: each row's keys narrowed by
-            # its lightning indexer (gate: its queries), among those present
+        if a.index_topk(layer) is not None:  # DeepSeek-V3.2, MiniMax-M3: each row's keys
+            # narrowed by its indexer (gate: its queries), among those present
+            kpos = kv.cached_positions()
             out = self.attention.indexed(q, kv, rows, visible, prompt, lambda keys, mask, block:
-                                         a.index_mask(layer, gate[:, block], keys, mask))
+                                         a.index_mask(layer, gate[:, block], keys, mask,
+                                                      rows[block], kpos))
             return q, a.finish(layer, h, out), rows, visible
         out = self.attention(q, kv, rows, visible, prompt, cache.length,
                              a.sliding_window(layer), a.sinks(layer), a.softcap(layer))

@@ -143,7 +143,7 @@ ATTENTION_FEATURED = frozenset((
     "cohere2", "llama4", "mellum", "exaone_moe", "afmoe", "mimo_v2_flash", "step3p5", "laguna",
     "longcat_flash", "minicpm3", "youtu_llm", "plamo3", "deepseek_v32", "glm_moe_dsa",
     "gemma3n", "muse_glimmer", "spark2_5", "iquestloopcoder", "longcat_flash_ngram",
-    "phi3small"))
+    "phi3small", "minimax_m3_vl"))
 
 
 #: Runs a test once with each attention implementation.
@@ -373,7 +373,7 @@ def test_the_tiny_deepseek_v32_and_glm5_are_what_they_claim(family):
             (1, 4, n, 56), (1, 1, n, 56), (1, 1, n, 32), (1, n, 16, 17))
         assert not mx.any(q[..., 40:]).item()
         mask = position_mask(np.arange(n), np.arange(n))
-        seen = np.array(a.index_mask(0, index, k, mx.array(mask)))
+        seen = np.array(a.index_mask(0, index, k, mx.array(mask), np.arange(n), np.arange(n)))
         assert (seen.sum(axis=1) == np.minimum(np.arange(1, n + 1), 24)).all()
         assert not (seen & ~mask).any()
         index, keys = np.array(index[0]), np.array(k[0, 0, :, 40:])
@@ -950,16 +950,16 @@ def _mlx_lm_kv(model, layer: int, layer_cache):
     """mlx-lm's cached keys and values of ``layer`` as the engine holds them: the absorbed
     latent attention caches the latent and rope(k_pe), whose concatenation is the engine's
     key and the latent its value; DeepSeek-V3.2's its indexer keys too (a second cache), after
-    them in the engine's (MiniMax-M3's indexer keys, beside too, are not the engine's: it runs
-    no block choice)."""
+    them in the engine's; MiniMax-M3's sparse layers' indexer keys after each key head's."""
     index_keys = []
     if isinstance(layer_cache, CacheList):
-        layer_cache, index_keys = layer_cache[0], [layer_cache[1].keys]
-        if model.model_type == "minimax_m3_vl":
-            index_keys = []
+        layer_cache, index_keys = layer_cache[0], [c.keys for c in layer_cache.caches[1:]]
     keys, values = layer_cache.keys, layer_cache.values
     if hasattr(attention_module(ModelAdapter(model).layers[layer]), "embed_q"):
         return mx.concatenate([keys, values, *index_keys], axis=-1), keys
+    if index_keys:  # MiniMax-M3
+        index_keys = mx.broadcast_to(index_keys[0], (*keys.shape[:3], index_keys[0].shape[-1]))
+        return mx.concatenate([keys, index_keys], axis=-1), values
     return keys, values
 
 
@@ -1024,12 +1024,13 @@ def test_a_waiting_gemma3n_token_keeps_its_streams_and_the_inputs_ahead(family):
 @by_implementation(["gemma4_text-e2b", "gpt_oss", "olmo3", "deepseek_v3",
                                   "deepseek_v2", "gemma2", "hunyuan", "llama4", "exaone",
                                   "nanochat", "nanbeige", "deepseek_v32", "gemma3n",
-                                  "longcat_flash_ngram"])
+                                  "longcat_flash_ngram", "minimax_m3_vl"])
 def test_a_pruned_prompt_cache_saves_and_loads(family, kind, tmp_path):
     """A pruned prompt cache (tokens waiting, KV at some layers only, Gemma 4 E2B's layers
     holding none and its tokens' per-layer inputs, latent attention's values narrower than
     its keys, EXAONE 3's weights named otherwise, nanochat's without norm weights, Nanbeige's
-    layers twice its blocks, Gemma 3n's AltUp streams) is
+    layers twice its blocks, Gemma 3n's AltUp streams, MiniMax-M3's indexer keys after its
+    keys, past its block budget) is
     written, checked on load and answers the next turn as the live cache
     does."""
     model, tokenizer = family(kind)
@@ -1285,7 +1286,7 @@ def _dense_logits(model, tokens: np.ndarray, masks, head=None) -> mx.array:
     """mlx-lm's own blocks of a Llama-layout ``model`` (or Gemma 2's: embeddings scaled by
     sqrt(hidden), a tied head, soft-capped logits) over every token, dense, with a (n, n)
     boolean mask per layer; the last token's logits through ``head`` (the model's lm_head by
-    default)."""
+    default; MiniMax-M3's its text model's)."""
     inner = model.model
     h = inner.embed_tokens(mx.array(tokens)[None])
     if model.model_type == "gemma2":
@@ -1293,14 +1294,14 @@ def _dense_logits(model, tokens: np.ndarray, masks, head=None) -> mx.array:
     for block, mask in zip(inner.layers, masks):
         h = block(h, mx.array(mask), None)
     if model.model_type != "gemma2":
-        return (head or model.lm_head)(inner.norm(h))[0, -1]
+        return (head or getattr(model, "language_model", model).lm_head)(inner.norm(h))[0, -1]
     cap = model.final_logit_softcapping
     return mx.tanh(inner.embed_tokens.as_linear(inner.norm(h))[0, -1] / cap) * cap
 
 
 @BOTH_IMPLEMENTATIONS
 @pytest.mark.parametrize("revival_block", [64, 2])
-@pytest.mark.parametrize("kind", (*MLA, "deepseek_v32", "gemma2"))
+@pytest.mark.parametrize("kind", (*MLA, "deepseek_v32", "gemma2", "minimax_m3_vl"))
 def test_pruned_latent_attention_equals_a_dense_reference(family, monkeypatch, kind,
                                                           revival_block):
     """A cut after layer 0 keeps 40%; a decode step re-selects and revives tokens. Against
@@ -1308,7 +1309,9 @@ def test_pruned_latent_attention_equals_a_dense_reference(family, monkeypatch, k
     kept keys, a revived token and the new one exactly this step's selection.
     ``revival_block`` 2 sends the decode step's rows through the gathered block path, 64
     through the masked whole-cache path. Gemma 2 too: its soft-capped attention in each
-    path."""
+    path; and MiniMax-M3, its indexer choosing among blocks of original positions (10 of 16
+    tokens, 4 kept) from which the pruned tokens are absent, as mlx-lm's chooses under the
+    mask."""
     model, _ = family(kind)
     engine, prompt, logits, kept, selections = cut_after_layer_0(
         model, ModelAdapter(model).vocab_size, monkeypatch, revival_block)
@@ -1440,21 +1443,43 @@ def test_the_tiny_longcat_flash_ngram_embeds_tokens_by_the_ids_before_them(famil
 
 
 def test_the_tiny_minimax_m3_is_what_it_claims(family):
-    """MiniMax-M3's text model: layers 1 to 3 sparse (an indexer over blocks of 32 keeping 16:
-    every block up to 512 tokens, where they attend densely, as mlx-lm's), Gemma's norms, RoPE
-    over half of each head, its SwiGLU-OAI run as its module, experts from layer 1 on. A
-    context past 512 tokens is refused in one line, the state left as it was."""
+    """MiniMax-M3's text model: layers 1 to 3 sparse (an indexer of 2 heads 16 wide over
+    blocks of 16 keeping 4, its own block always), Gemma's norms, RoPE over half of each head,
+    its SwiGLU-OAI run as its module, experts from layer 1 on. As the adapter sees a sparse
+    layer: keys with the indexer's key after each key head's (queries as wide, zeros at the
+    end); the blocks each query sees are those mlx-lm's ``_block_mask`` keeps under the same
+    mask (some keys absent), whatever order the cache holds the keys in. A follow-up chunk
+    past the budget (its queries' blocks by position, after the cached ones) equals mlx-lm's."""
     model, _ = family("minimax_m3_vl")
     a = ModelAdapter(model)
     assert [layer.self_attn.is_sparse_attn for layer in model.layers] == [False] + [True] * 3
-    assert a._dense_until == [None] + [512] * 3 and a._activations == [None] * 4
+    assert a._block_indexed == [False] + [True] * 3 and a._activations == [None] * 4
+    assert a.index_topk(0) is None and a.index_topk(1) == 64
     assert model.layers[0].self_attn.rope.dims == 8 and "block_sparse_moe" in model.layers[1]
+    n, attn = 150, model.layers[1].self_attn
+    x = a.embed(mx.arange(1, n + 1))
+    q, k, v, index = a.qkv(1, x, np.arange(n))
+    assert (q.shape, k.shape, v.shape, index.shape) == (
+        (1, 4, n, 32), (1, 2, n, 32), (1, 2, n, 16), (1, n, 2, 16))
+    assert not mx.any(q[..., 16:]).item()
+    mask = position_mask(np.arange(n), np.arange(n))
+    mask[:, np.random.default_rng(0).random(n) < 0.3] = False  # pruned tokens
+    mask[np.arange(n), np.arange(n)] = True
+    want = np.array(attn._block_mask(model.layers[1].input_layernorm(x), mx.array(mask), 0,
+                                     None))[0]
+    order = np.random.default_rng(1).permutation(n)  # the cache's own order
+    seen = np.array(a.index_mask(1, index, k[:, :, mx.array(order)], mx.array(mask[:, order]),
+                                 np.arange(n), order))
+    assert (seen == want[..., order]).all() and want.shape == (4, n, n)
+    chosen = [len({p // 16 for p in np.flatnonzero(row)}) for row in want[0]]
+    assert max(chosen) == 4 and not (want & ~mask).any()
+    prompt = random_prompt(300, a.vocab_size)
+    cache = make_prompt_cache(model)
+    model(prompt[None, :200], cache=cache)
     engine = LazyEngine(model, resolve_config(model, PruningConfig("full")))
-    engine.prefill(random_prompt(500, a.vocab_size))
-    with pytest.raises(UserInputError, match="choose key blocks past 512 tokens"):
-        engine.extend(random_prompt(20, a.vocab_size))
-    assert engine.cache.length == 500
-    engine.decode(3)
+    engine.prefill(prompt[:200])
+    assert rel_err(engine.extend(prompt[200:]),
+                   model(prompt[None, 200:], cache=cache)[0, -1]) < LOGITS_TOL
 
 
 def test_the_tiny_exaone_moe_klear_and_afmoe_are_what_they_claim(family):

@@ -939,13 +939,13 @@ def tiny_config(kind: str) -> dict:
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
     if kind == "minimax_m3_vl":  # MiniMax-M3's text model: layer 0 dense, then 2 of 4 experts
         # beside a shared one (two experts wide), their layers sparse (as llama.cpp's), keeping
-        # every block up to 16 x 32 tokens
+        # 4 blocks of 16 tokens: a prompt of a few hundred tokens is several times the budget
         text = {**_BASE, "intermediate_size": 32, "dense_intermediate_size": 128,
                 "shared_intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
                 "rotary_dim": 8, "moe_layer_freq": [0, 1, 1, 1],
                 "sparse_attention_config": {
                     "sparse_num_index_heads": 2, "sparse_index_dim": 16,
-                    "sparse_block_size": 32, "sparse_topk_blocks": 16, "sparse_local_block": 1,
+                    "sparse_block_size": 16, "sparse_topk_blocks": 4, "sparse_local_block": 1,
                     "sparse_attention_freq": [0, 1, 1, 1]}}
         return {"model_type": kind, "architectures": ["MiniMaxM3ForConditionalGeneration"],
                 "text_config": text,
