@@ -34,8 +34,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
          "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2",
          "lille-130m", "plamo", "bitnet", "gear", "recurrent_gemma", "afm7", "baichuan_m1",
-         "olmo_hybrid", "kimi_linear", "muse_glimmer", "spark2_5", "iquestloopcoder", "phi3small",
-         "muse_spark")
+         "olmo_hybrid", "kimi_linear", "muse_glimmer", "spark2_5", "iquestloopcoder", "phi3small")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
