@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.models import afm7, gear, nanochat
+from mlx_lm.models import afm7, gear, muse_spark, nanochat
 from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 from mlx_lm.utils import MODEL_REMAPPING
@@ -318,6 +318,14 @@ from .errors import UserInputError, shown
 # ``qk_scale_factor``) and keys, a sigmoid output gate (``gate_proj``, as AFM's); sliding-window
 # layers (``layer_types``) with RoPE, global ones without; logits times ``output_multiplier``,
 # then soft-capped.
+# muse_spark (Muse Spark's text model, ``model.language_model``; the vision tower dropped): mlx-lm's
+# fused kernels (Metal only: refused without Metal) called on the tokens the engine has, each on
+# its own token's row: the attention input (bfloat16 into the first layer, then the fused norm
+# of the layer below, in the dtype mlx-lm's forward gives it), a fused ``qkvg_proj`` whose q/k
+# norms, query scale and RoPE (layers with a ``layer_rope_theta``) are one kernel (each token a
+# batch row at its own position), values and a sigmoid output gate after a norm per head, fixed
+# gated residuals (``add_*_alpha``/``beta``) with norms, and a compressed-width MoE run as its
+# module; logits as Muse Glimmer's.
 # iquestloopcoder (IQuest-Coder's Loop models): Llama's layout whose stack runs twice over the
 # same weights (each pass an engine layer of its own, as nanbeige's); a layer of the second loop
 # attends with its queries over the keys and values of its first-loop layer (globally) and
@@ -363,7 +371,8 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "ba
                          "llama4", "llama4_text", "longcat_flash", "longcat_flash_ngram", "mellum",
                          "mimo", "mimo_v2_flash", "minicpm", "minicpm3", "minimax",
                          "minimax_m3_vl", "ministral3", "mistral", "mistral3", "mistral4",
-                         "mixtral", "muse_glimmer", "nanbeige", "nanochat", "nemotron",
+                         "mixtral", "muse_glimmer", "muse_spark", "nanbeige", "nanochat",
+                         "nemotron",
                          "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmo_hybrid", "olmoe",
                          "openelm", "phi", "phi3", "phi3small", "phimoe", "phixtral", "pixtral",
                          "plamo", "plamo2", "plamo3", "prism_hadamard_qwen35", "qwen", "qwen2",
@@ -473,7 +482,8 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
              "qwen3_5_moe": None, "qwen2_vl": "qwen2", "qwen3_vl": "qwen3",
              "qwen3_vl_moe": "qwen3_moe", "lfm2-vl": "lfm2", "kimi_vl": "deepseek_v3",
              "kimi_k25": "deepseek_v3", "pixtral": "llama",
-             "prism_hadamard_qwen35": "qwen3_5", "minimax_m3_vl": "minimax_m3_vl"}
+             "prism_hadamard_qwen35": "qwen3_5", "minimax_m3_vl": "minimax_m3_vl",
+             "muse_spark": "muse_spark"}
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm, use_sliding_window}``, ``use_sliding``,
@@ -564,7 +574,11 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # muse_glimmer's ``self_attn.{qk_scale_factor, eps, gate_proj, use_rope}``, ``args.{layer_types,
 # output_multiplier, final_logit_softcapping}``; spark2_5's ``self_attn.{q_k_v_proj, g_proj,
 # out_proj}``, ``model.embedding``, ``args.layer_types``; iquestloopcoder's ``model.{loop_num,
-# gate_projections}`` (called as ``(queries)``), ``args.loop_window_size``): at least
+# gate_projections}`` (called as ``(queries)``), ``args.loop_window_size``; muse_spark's
+# ``model.language_model``, ``models.muse_spark.{qk_norm_rope, qk_norm, rms_norm_sigmoid_gate,
+# norm_add_norm, pre_norm}``, ``self_attn.{qkvg_proj, use_rope, query_scale, eps}``,
+# ``block.{add_attn_alpha, add_attn_beta, add_ffn_alpha, add_ffn_beta, post_norm_eps}``, its
+# blocks called as ``(h, attn_input=, next_norm=)``): at least
 # the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
@@ -649,7 +663,7 @@ def _family(module: nn.Module) -> Optional[str]:
 
 
 def _text_model(model: nn.Module) -> nn.Module:
-    if _family(model) == "gemma3n":  # (its vision and audio towers dropped)
+    if _family(model) in ("gemma3n", "muse_spark"):  # (their vision and audio towers dropped)
         return model.model.language_model
     return model.language_model if _family(model) in _WRAPPERS else model
 
@@ -728,7 +742,7 @@ def sliding_windows(model: nn.Module) -> List[Optional[Window]]:
     elif text_type == "cohere2":
         sliding = [block.self_attn.use_sliding_window for block in _blocks(text)]
     elif text_type in ("mellum", "exaone_moe", "afmoe", "laguna", "gear", "muse_glimmer",
-                       "spark2_5"):
+                       "spark2_5", "muse_spark"):
         sliding = [kind == "sliding_attention" for kind in text.args.layer_types]
     elif text_type == "step3p5":
         sliding = [block.is_sliding for block in _blocks(text)]
@@ -871,7 +885,7 @@ class ModelAdapter:
         # the norm on the embeddings: nanochat's and Talkie's weightless one, Muse Glimmer's
         self._embed_norm = self._weightless or (
             partial(mx.fast.rms_norm, weight=None, eps=text_args(self.text).rms_norm_eps)
-            if model_type == "muse_glimmer" else None)
+            if model_type in ("muse_glimmer", "muse_spark") else None)
         self._windows = sliding_windows(model)
         if any(getattr(layer, "use_sliding", False) and window is None
                for layer, window in zip(self.layers, self._windows)):
@@ -892,6 +906,10 @@ class ModelAdapter:
         if model_type == "bitnet" and not mx.metal.is_available():
             raise UserInputError("mlx-lazy cannot run bitnet models here: mlx-lm's BitLinear "
                                  "layers are a Metal kernel, and this machine has no Metal")
+        self._fused = model_type == "muse_spark"  # mlx-lm's fused kernels (Metal only)
+        if self._fused and not mx.metal.is_available():
+            raise UserInputError("mlx-lazy cannot run muse_spark models here: mlx-lm runs their "
+                                 "layers with Metal kernels, and this machine has no Metal")
         self._conv_kv = model_type == "baichuan_m1"  # its recurrent layers attend too
         self._attns = [None if i in self._stateless
                        or (i in self._recurrent and not (self._falcon_h1 or self._conv_kv))
@@ -992,6 +1010,8 @@ class ModelAdapter:
         self._final_norm = self._weightless or self._part(self.inner, "norm")
         if model_type == "phixtral":  # its head module: the final norm, then the head
             self._final_norm, self.lm_head = self.text.lm_head.ln, self.text.lm_head.linear
+        if self._fused:  # the head on the wrapper
+            self.lm_head = model.lm_head
         # Nanbeige: the final norm also ends each loop but the last, unless skip_loop_final_norm
         blocks = len(self.layers) // getattr(self.inner, "num_loops", 1)
         self._loop_ends = frozenset(
@@ -1005,11 +1025,14 @@ class ModelAdapter:
         self._layer_input = ((args.hidden_size_per_layer_input or 0)
                              if self._gemma4 or self._gemma3n else 0)
         self._hidden = int(config_value(args, "hidden_size"))
+        # muse_spark: the dtype of each layer's attention input in mlx-lm's forward (read off
+        # one token's graph through its blocks, never evaluated)
+        self._input_dtypes = self._fused_input_dtypes() if self._fused else None
         # Gemma 3n's AltUp: the width of a token's streams (all of them), its active stream
         self._streams = self._hidden * (args.altup_num_inputs if self._gemma3n else 1)
         self._active = args.altup_active_idx if self._gemma3n else 0
         self._softcap = (getattr(args, "final_logit_softcapping", None)
-                         if gemma or model_type in ("gear", "muse_glimmer") else
+                         if gemma or model_type in ("gear", "muse_glimmer", "muse_spark") else
                          args.logits_soft_cap if model_type == "recurrent_gemma" else
                          15.0 if model_type == "nanochat" else None)  # mlx-lm's nanochat.softcap
         granite, minicpm = model_type in GRANITE_TYPES, model_type in ("minicpm", "minicpm3")
@@ -1035,7 +1058,8 @@ class ModelAdapter:
                                 if minicpm and not args.tie_word_embeddings else
                                 args.embedding_multiplier / args.lm_head_multiplier
                                 if self._falcon_h1 and args.tie_word_embeddings else
-                                1 / args.output_multiplier if model_type == "muse_glimmer"
+                                1 / args.output_multiplier
+                                if model_type in ("muse_glimmer", "muse_spark")
                                 else args.mup_width_multiplier or None
                                 if model_type == "phi3small" else None)
         # phi3small: the ids mlx-lm's head masks to -inf (those inside the vocabulary)
@@ -1043,6 +1067,17 @@ class ModelAdapter:
         self._masked_ids = (None if masked is None else
                             mx.array([i for i in masked.tolist() if i < self.vocab_size],
                                      mx.int32))
+
+    def _fused_input_dtypes(self) -> List[mx.Dtype]:
+        """Muse Spark: each block's attention input's dtype in mlx-lm's forward (bfloat16
+        into the first, then that of the fused norm of the block below: its MLP's output's)."""
+        h = mx.zeros((1, 1, self._hidden), mx.float32)
+        x = self.layers[0].input_layernorm(h).astype(mx.bfloat16)
+        dtypes = [x.dtype]
+        for block, above in zip(self.layers, self.layers[1:]):
+            h, x = block(h, attn_input=x, next_norm=above.input_layernorm)
+            dtypes.append(x.dtype)
+        return dtypes
 
     def sliding_window(self, layer: int) -> Optional[Window]:
         """The window of a sliding-window layer (a query at position p sees keys at
@@ -1263,6 +1298,8 @@ class ModelAdapter:
                       for i, p in enumerate(self.inner.altup_unembed_projections)]
             h = mx.mean(mx.stack([first, *others]), axis=0)
         h = self._final_norm(h[..., :self._hidden] if self._embed_skip else h)
+        if self._fused:  # muse_spark: rounded to bfloat16 before the head, as mlx-lm's
+            h = h.astype(mx.bfloat16)
         if self._embed_skip:  # talkie: a bare matrix times a gain
             out = self.text.lm_head_gain(h @ self.text.lm_head.T)
         elif self.lm_head is None:
@@ -1288,6 +1325,8 @@ class ModelAdapter:
         (:meth:`kv_layer`); the gate (1, n, heads x head_dim; Laguna's (1, n, heads)) None but in
         a gated attention.
         """
+        if self._fused:
+            return self._fused_qkv(layer, h, positions)
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
         x = self._blas_rows(self._altup_predict(block, h)[self._active] if self._gemma3n else
@@ -1397,6 +1436,43 @@ class ModelAdapter:
             k = mx.concatenate([k, mx.broadcast_to(index_keys, (*k.shape[:3],
                                                                 index_keys.shape[-1]))], axis=-1)
         return q, k, v, gate
+
+    def _fused_qkv(self, layer: int, h: mx.array, positions: np.ndarray
+                   ) -> Tuple[mx.array, mx.array, mx.array, mx.array]:
+        """Muse Spark's :meth:`qkv`: its attention input as mlx-lm's forward makes it, then its
+        fused q/k norms (and RoPE) with each token a batch row of its own, at its position."""
+        block, attn = self.layers[layer], self._attns[layer]
+        n, norm, stream = h.shape[1], block.input_layernorm, h.astype(mx.float32)
+        x = (norm(stream).astype(mx.bfloat16) if layer == 0 else
+             muse_spark.pre_norm(stream, norm, dtype=self._input_dtypes[layer]))
+        qkvg = attn.qkvg_proj(x).reshape(n, 1, -1)
+        sizes = {"n_heads": attn.n_heads, "n_kv_heads": attn.n_kv_heads,
+                 "head_dim": attn.head_dim, "eps": attn.eps, "query_scale": attn.query_scale}
+        if attn.use_rope:
+            q, k = muse_spark.qk_norm_rope(qkvg, **sizes, rope_base=attn.rope.base,
+                                           offset=mx.array(positions.astype(np.int32)))
+        else:
+            q, k = muse_spark.qk_norm(qkvg, **sizes)
+        q_end, kv_width = attn.n_heads * attn.head_dim, attn.n_kv_heads * attn.head_dim
+        v = qkvg[..., q_end + kv_width:q_end + 2 * kv_width]
+        gate = qkvg[..., q_end + 2 * kv_width:].reshape(1, n, -1)
+        q, k, v = (t.reshape(1, n, -1, attn.head_dim).transpose(0, 2, 1, 3) for t in (q, k, v))
+        return q, k, v, gate
+
+    def _fused_finish(self, block: nn.Module, h: mx.array, attn_out: mx.array,
+                      gate: mx.array) -> mx.array:
+        """Muse Spark's :meth:`finish`, as its block: the output norm and gate per head, the
+        fixed-gated residuals (the MLP's branch under its norm), the MoE as its module."""
+        attn = block.self_attn
+        out = muse_spark.rms_norm_sigmoid_gate(attn_out, gate, eps=attn.eps)
+        h, x = muse_spark.norm_add_norm(
+            attn.o_proj(out), h.astype(mx.float32), alpha=block.add_attn_alpha,
+            beta=block.add_attn_beta, post_weight=None, post_eps=block.post_norm_eps,
+            next_norm=block.pre_feedforward_layernorm)
+        post = block.post_feedforward_layernorm
+        return muse_spark.norm_add_norm(block.mlp(x), h, alpha=block.add_ffn_alpha,
+                                        beta=block.add_ffn_beta, post_weight=post.weight,
+                                        post_eps=post.eps, next_norm=None)[0]
 
     def _head_norms(self, attn: nn.Module) -> Tuple[Optional[Any], Optional[Any]]:
         """The q/k norms of ``attn``: mlx-lm's modules (per head, or OLMo's over all heads),
@@ -1583,6 +1659,8 @@ class ModelAdapter:
         sigmoid of :meth:`qkv`'s ``gate`` where it gave one (Step-3.5's one per head; Laguna's:
         the softplus of a gain per head), -> new h."""
         block, attn = self.layers[layer], self._attns[layer]
+        if self._fused:
+            return self._fused_finish(block, h, attn_out, gate)
         n = attn_out.shape[2]
         if "indexer" in attn or self._block_indexed[layer]:  # what qkv gave: the indexer's
             gate = None  # queries, no gate

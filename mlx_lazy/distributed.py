@@ -101,6 +101,9 @@ def shard(model: nn.Module, group: Group) -> None:
         # are half of one (mlx_lazy.adapter._sublayer), whose heads and group it reads otherwise
         raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
                              "their blocks' two attentions and shortcut MoE are not split here")
+    if family == "muse_spark":  # mlx-lm's shard splits the head, gathered in its own forward
+        raise UserInputError(f"mlx-lazy cannot shard {model.model_type!r} models over ranks: "
+                             "their head and experts, as mlx-lm splits them, are not run here")
     # mlx-lm's shard() only divides: uneven splits must be refused here
     args = text_args(adapter.text)  # gemma3: its text model's
     sizes = {"attention heads": config_value(args, "num_attention_heads"),

@@ -28,8 +28,10 @@ from typing import Callable, List
 import mlx.core as mx
 import pytest
 from mlx_lm.models.bitlinear_layers import BitLinear
+from mlx_lm.models import muse_spark
 
 from mlx_lazy.attention import ENV_VAR, IMPLEMENTATIONS
+from muse_spark_kernels import KERNELS
 from tiny_models import bitlinear_matmul, build_tiny_model
 
 
@@ -51,6 +53,18 @@ def bitlinear_without_metal(request, monkeypatch):
     callspec = getattr(request.node, "callspec", None)
     if callspec and callspec.params.get("kind") == "bitnet" and not mx.metal.is_available():
         monkeypatch.setattr(BitLinear, "execute_matmul_kernel", bitlinear_matmul)
+        monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+
+
+@pytest.fixture(autouse=True)
+def muse_spark_without_metal(request, monkeypatch):
+    """A test of a muse_spark ``kind`` on a machine without Metal: mlx-lm's fused kernels in
+    plain MLX (:mod:`muse_spark_kernels`), for mlx-lm's forward and the engine's alike (the
+    adapter refuses muse_spark without Metal)."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec and callspec.params.get("kind") == "muse_spark" and not mx.metal.is_available():
+        for name, kernel in KERNELS.items():
+            monkeypatch.setattr(muse_spark, name, kernel)
         monkeypatch.setattr(mx.metal, "is_available", lambda: True)
 
 

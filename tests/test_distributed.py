@@ -438,7 +438,7 @@ def test_shard_checks_minimax_m3s_indexer_heads_before_sharding():
                                   "baichuan_m1", "olmo_hybrid", "kimi_linear",
                                   "bailing_moe_linear", "bailing_hybrid", "gemma3n",
                                   "muse_glimmer", "spark2_5", "phi3small",
-                                  "prism_hadamard_qwen35", "longcat_flash_ngram"])
+                                  "prism_hadamard_qwen35", "longcat_flash_ngram", "muse_spark"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -462,7 +462,8 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     Lille's fused q/k/v (its norms inside its modules), PLaMo 1's tiled key/value heads, Muse
     Glimmer's output gate (a projection beside q_proj) or Spark 2.5's fused q/k/v and gate per
     head (mlx-lm has no ``shard`` for any), nor Phi-3-small's layers (block-sparse patterns by
-    each head's index among all heads)."""
+    each head's index among all heads). Nor Muse Spark's (mlx-lm's shard splits its head, which
+    its own forward gathers, and its experts' compressed projections)."""
     class Group:
         def size(self):
             return 2

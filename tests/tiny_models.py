@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from mlx_lm.models.bitlinear_layers import BitLinear
+from mlx_lm.models.muse_spark import residual_gate_coefficients
 
 from mlx_lazy.adapter import feed_forward
 
@@ -845,7 +846,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "plamo",
                         "bitnet", "deepseek_v32", "glm_moe_dsa", "olmo_hybrid", "kimi_linear",
                         "bailing_moe_linear", "bailing_hybrid", "gemma3n", "muse_glimmer",
-                        "spark2_5", "iquestloopcoder", "phi3small")
+                        "spark2_5", "iquestloopcoder", "phi3small", "muse_spark")
 
 
 def bitlinear_matmul(self: BitLinear, x: mx.array, packed: mx.array) -> mx.array:
@@ -929,6 +930,26 @@ def tiny_config(kind: str) -> dict:
         return {"model_type": "gemma3n", "architectures": ["Gemma3nForConditionalGeneration"],
                 "text_config": text,
                 **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id", "vocab_size")}}
+    if kind == "muse_spark":  # Muse Spark's text model: layers 0 and 2 slide over 24 positions
+        # with RoPE, 1 and 3 are global without; 2 of 4 experts at a compressed width of 32;
+        # logits (and router logits) times 4, soft-capped at 20
+        text = {**{key: _BASE[key] for key in ("hidden_size", "num_hidden_layers",
+                                               "num_attention_heads", "num_key_value_heads",
+                                               "head_dim", "rms_norm_eps", "vocab_size",
+                                               "bos_token_id", "eos_token_id")},
+                "post_norm_eps": 1e-5, "rope_parameters": {"rope_theta": 10000.0},
+                "layer_rope_theta": [10000.0, 0, 10000.0, 0],
+                "layer_types": ["sliding_attention", "full_attention"] * 2,
+                "sliding_window": 24, "final_logit_softcapping": 20.0,
+                "output_multiplier": 4.0, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "moe_hidden_size": 32, "moe_intermediate_size": 32,
+                # (not 5.47: sharper attention on random weights amplifies float32 differences
+                # of summation order past the final bfloat16 rounding, 6e-4 of the logits)
+                "qk_scale_factor": 1.0,
+                "mlp_layer_types": ["sparse"] * 4}
+        return {"model_type": kind, "architectures": ["MuseSparkForConditionalGeneration"],
+                "text_config": text, "audio_config": {"out_hidden_size": 64},  # (transformers')
+                **{key: _BASE[key] for key in ("bos_token_id", "eos_token_id")}}
     if kind == "prism_hadamard_qwen35":  # Qwen3.5's text model, Hadamard-packed
         text = tiny_config(_PACKED[kind])
         return {"model_type": kind, "architectures": ["Qwen3_5ForCausalLM"], "text_config": text,
@@ -1096,6 +1117,14 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
                 norm = getattr(layer, name, None)  # (Gemma 1's: the first two)
                 if norm is not None:
                     norm.weight = 0.1 * mx.random.normal(norm.weight.shape)
+        if kind == "muse_spark":  # input-scale norms (ones) and residual gates (zero) at random
+            for norm in (layer.post_feedforward_layernorm, layer.mlp.experts.post_expert_norm):
+                norm.weight = 1.0 + 0.1 * mx.random.normal(norm.weight.shape)
+            for name in ("add_attn", "add_ffn"):
+                alpha, beta = residual_gate_coefficients(
+                    mx.random.normal(layer.input_layernorm.weight.shape))
+                setattr(layer, f"{name}_alpha", alpha)
+                setattr(layer, f"{name}_beta", beta)
         if kind.startswith("lfm2"):  # ones by default, and both after the block's input
             for name in ("operator_norm", "ffn_norm"):
                 norm = getattr(layer, name)
