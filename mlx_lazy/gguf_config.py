@@ -2035,10 +2035,7 @@ def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, 
     moe = _routed_experts("deepseek2", model_type, g, count, positive, optional, experts,
                           tensors, n_layers)
     if model_type == "deepseek_v2":  # greedy softmax top-k, as DeepSeek-V2-Lite routes
-        if not latent_eps:
-            raise UserInputError(f"GGUF deepseek2 with softmax routing and RMS epsilon "
-                                 f"{config['rms_norm_eps']:.7g} is not supported (mlx-lm's "
-                                 "deepseek_v2 normalises its latents with 1e-06)")
+        _check_latent_eps("deepseek2 with softmax routing and", "deepseek_v2", config)
         if moe["n_group"] > 1:  # V2's group_limited_greedy, which llama.cpp computes otherwise
             raise UserInputError("GGUF deepseek2 with softmax routing within expert groups is "
                                  "not supported (llama.cpp ranks a group by its two best "
@@ -2075,10 +2072,7 @@ def _mistral4_config(g: Any, count: Any, positive: Any, optional: Any, experts: 
         raise UserInputError(f"GGUF mistral4 with expert gating function {shown(gating, 20)} "
                              f"is not supported (mlx-lm's mistral4 routes by softmax, "
                              f"llama.cpp's {_SOFTMAX_GATING})")
-    if np.float32(config["rms_norm_eps"]) != DEEPSEEK_LATENT_EPS:
-        raise UserInputError(f"GGUF mistral4 with RMS epsilon {config['rms_norm_eps']:.7g} is "
-                             "not supported (mlx-lm's mistral4 normalises its latents with "
-                             "1e-06)")
+    _check_latent_eps("mistral4 with", "mistral4", config)
     latent = _latent_attention("mistral4", count, tensors, config, rope_dims)
     moe = _routed_experts("mistral4", "mistral4", g, count, positive, optional, experts,
                           tensors, config["num_hidden_layers"])
@@ -2087,6 +2081,15 @@ def _mistral4_config(g: Any, count: Any, positive: Any, optional: Any, experts: 
     return {"num_key_value_heads": config["num_attention_heads"], **latent,
             "v_head_dim": count(value_length), "attention_bias": False,
             **{k: v for k, v in moe.items() if k not in ("scoring_func", "topk_method")}}
+
+
+def _check_latent_eps(what: str, model_type: str, config: dict) -> None:
+    """Refuse a GGUF (``what``: its architecture and the words before the epsilon) whose RMS
+    epsilon is not the 1e-6 mlx-lm's ``model_type`` hard-wires in its latent norms."""
+    if np.float32(config["rms_norm_eps"]) != DEEPSEEK_LATENT_EPS:
+        raise UserInputError(f"GGUF {what} RMS epsilon {config['rms_norm_eps']:.7g} is not "
+                             f"supported (mlx-lm's {model_type} normalises its latents with "
+                             "1e-06)")
 
 
 def _dsa_config(arch: str, g: Any, count: Any, positive: Any, optional: Any, experts: Any,
@@ -2105,10 +2108,7 @@ def _dsa_config(arch: str, g: Any, count: Any, positive: Any, optional: Any, exp
         raise UserInputError(f"GGUF {arch} with expert gating function {shown(gating, 20)} is "
                              f"not supported (mlx-lm's {_MODEL_TYPES[arch]} routes by sigmoid, "
                              f"llama.cpp's {_SIGMOID_GATING})")
-    if np.float32(config["rms_norm_eps"]) != DEEPSEEK_LATENT_EPS:
-        raise UserInputError(f"GGUF {arch} with RMS epsilon {config['rms_norm_eps']:.7g} is not "
-                             f"supported (mlx-lm's {_MODEL_TYPES[arch]} normalises its latents "
-                             "with 1e-06)")
+    _check_latent_eps(f"{arch} with", _MODEL_TYPES[arch], config)
     types = g("attention.indexer.types")
     if arch == "glm-dsa" and (not all(types) if isinstance(types, list) else
                               types is None and config["max_position_embeddings"] >= 2 ** 20):
