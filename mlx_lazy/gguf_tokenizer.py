@@ -101,6 +101,17 @@ _YOUTU_SPLITS = (
     r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+# Kimi K2's, as llama.cpp's unicode.cpp runs it (by hand, not the model's regex): runs of Han
+# (its ranges: CJK ideographs and their extensions, compatibility ideographs), then words of any
+# other letters (one class, whatever their case; without marks), each with one other character
+# before it and a contraction after, numbers in threes, punctuation runs, whitespace
+_KIMI_K2_HAN = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df"
+                "\U0002a700-\U0002ebef\U0002f800-\U0002fa1f")
+_KIMI_K2_REGEX = (f"[{_KIMI_K2_HAN}]+|[^\\r\\n\\p{{L}}\\p{{N}}]?[\\p{{L}}&&[^{_KIMI_K2_HAN}]]+"
+                  r"(?:'[sStTmMdD]|'[rR][eE]|'[vV][eE]|'[lL][lL])?|\p{N}{1,3}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 class PreTokenizer(NamedTuple):
     """How llama.cpp tokenizes for one ``tokenizer.ggml.pre`` name."""
     splits: tuple[str, ...]  # regexes splitting the text, each the words the last one left
@@ -144,6 +155,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "afmoe": PreTokenizer(_AFMOE_SPLITS, False, False),
     "spark2_5": PreTokenizer(_SPARK2_5_SPLITS, False, False),
     "laguna": PreTokenizer(_LAGUNA_SPLITS, False, False),
+    "kimi-k2": PreTokenizer((_KIMI_K2_REGEX,), False, False),
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list;
 # llama.cpp makes them control tokens whatever the GGUF says: Gemma 4's converter writes
