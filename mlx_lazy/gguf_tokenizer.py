@@ -213,6 +213,17 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
         return _sentencepiece_tokenizer(arch, meta)
     if kind == "gemma4":
         return _gemma4_tokenizer(arch, meta)
+    if kind == "plamo2":
+        # llama.cpp's llm_tokenizer_plamo2 is a Unigram's Viterbi over integer scores (round(
+        # score * 1e4)), but it takes, of segmentations of equal score, the one whose first token
+        # is longest, then the next; Hugging Face's Unigram (and SentencePiece's) the one whose
+        # last token is longest. No scores can turn one rule into the other where the two hold
+        # the same tokens in another order, as a run of spaces no token spells whole does (and
+        # code is full of them), so the vocabulary is not rebuilt.
+        raise UserInputError("GGUF tokenizer model 'plamo2' (PLaMo 2/3) is not supported: of "
+                             "equally scored splits llama.cpp takes the longest first token "
+                             "(5 spaces as 4 + 1), a Hugging Face Unigram the longest last "
+                             "(1 + 4)")
     if kind != "gpt2":
         raise UserInputError(f"unsupported GGUF tokenizer model {kind!r} (supported: 'gpt2' "
                              "byte-level BPE, 'llama' SentencePiece, 'gemma4' BPE)")
