@@ -101,6 +101,17 @@ _YOUTU_SPLITS = (
     r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+# Kimi K2's, as llama.cpp's unicode.cpp runs it (by hand, not the model's regex): runs of Han
+# (its ranges: CJK ideographs and their extensions, compatibility ideographs), then words of any
+# other letters (one class, whatever their case; without marks), each with one other character
+# before it and a contraction after, numbers in threes, punctuation runs, whitespace
+_KIMI_K2_HAN = ("\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df"
+                "\U0002a700-\U0002ebef\U0002f800-\U0002fa1f")
+_KIMI_K2_REGEX = (f"[{_KIMI_K2_HAN}]+|[^\\r\\n\\p{{L}}\\p{{N}}]?[\\p{{L}}&&[^{_KIMI_K2_HAN}]]+"
+                  r"(?:'[sStTmMdD]|'[rR][eE]|'[vV][eE]|'[lL][lL])?|\p{N}{1,3}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 class PreTokenizer(NamedTuple):
     """How llama.cpp tokenizes for one ``tokenizer.ggml.pre`` name."""
     splits: tuple[str, ...]  # regexes splitting the text, each the words the last one left
@@ -144,6 +155,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "afmoe": PreTokenizer(_AFMOE_SPLITS, False, False),
     "spark2_5": PreTokenizer(_SPARK2_5_SPLITS, False, False),
     "laguna": PreTokenizer(_LAGUNA_SPLITS, False, False),
+    "kimi-k2": PreTokenizer((_KIMI_K2_REGEX,), False, False),
 }
 # Control tokens that end a turn although the GGUF names another EOS (llama.cpp's EOG list;
 # llama.cpp makes them control tokens whatever the GGUF says: Gemma 4's converter writes
@@ -201,6 +213,17 @@ def build_tokenizer(arch: str, meta: dict) -> tuple[Any, dict]:
         return _sentencepiece_tokenizer(arch, meta)
     if kind == "gemma4":
         return _gemma4_tokenizer(arch, meta)
+    if kind == "plamo2":
+        # llama.cpp's llm_tokenizer_plamo2 is a Unigram's Viterbi over integer scores (round(
+        # score * 1e4)), but it takes, of segmentations of equal score, the one whose first token
+        # is longest, then the next; Hugging Face's Unigram (and SentencePiece's) the one whose
+        # last token is longest. No scores can turn one rule into the other where the two hold
+        # the same tokens in another order, as a run of spaces no token spells whole does (and
+        # code is full of them), so the vocabulary is not rebuilt.
+        raise UserInputError("GGUF tokenizer model 'plamo2' (PLaMo 2/3) is not supported: of "
+                             "equally scored splits llama.cpp takes the longest first token "
+                             "(5 spaces as 4 + 1), a Hugging Face Unigram the longest last "
+                             "(1 + 4)")
     if kind != "gpt2":
         raise UserInputError(f"unsupported GGUF tokenizer model {kind!r} (supported: 'gpt2' "
                              "byte-level BPE, 'llama' SentencePiece, 'gemma4' BPE)")

@@ -2987,6 +2987,10 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             "GGUF metadata lacks tokenizer.ggml.scores"),
         "tokenizer_model": (lambda: tiny("rwkv.gguf", meta={"tokenizer_model": "rwkv"}),
                             "unsupported GGUF tokenizer model 'rwkv'"),
+        # llama.cpp's PLaMo vocabulary breaks ties as no Hugging Face tokenizer does
+        "plamo2_vocabulary": (lambda: tiny("plamo2.gguf", meta={"tokenizer_model": "plamo2"}),
+                              "GGUF tokenizer model 'plamo2' (PLaMo 2/3) is not supported: of "
+                              "equally scored splits llama.cpp takes the longest first token"),
         "rope_scaling": (lambda: tiny("yarn.gguf",
                                       meta={"rope_scaling": gguf.RopeScalingType.YARN}),
                          "RoPE scaling (yarn) is not supported"),
@@ -3578,7 +3582,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "qwen2moe_shared_gate", "granitemoe_shared", "granitemoe_logit_scale",
               "missing", "not_gguf", "truncated", "architecture", "tensor_type", "no_metadata",
               "shapes", "layers", "huge_layers", "nan_rope", "zero_heads", "negative_eps",
-              "sentencepiece_without_scores", "tokenizer_model", "rope_scaling",
+              "sentencepiece_without_scores", "tokenizer_model", "plamo2_vocabulary",
+              "rope_scaling",
               "rope_factor_untyped", "rope_freqs",
               "rope_freqs_shape", "rope_freqs_qwen2", "rope_freqs_nan", "rope_factors_llama",
               "longrope_length", "longrope_inf", "longrope_pair", "attn_factor", "phi3_rope_dims",
