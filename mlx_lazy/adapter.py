@@ -357,13 +357,18 @@ from .errors import UserInputError, shown
 # absent from its block) its indexer scores highest, its own block always
 # (:meth:`ModelAdapter.index_mask`); the indexer's key of a token is cached after each of its
 # keys, its queries come as :meth:`qkv`'s gate.
+# deepseek_v41 (DeepSeek-V4): every layer runs as mlx-lm's block, a recurrent one (its state: its
+# sliding window of keys, its compressed keys and its open group; no cut may follow any: a
+# compressed key pools every token of a group), on a token's hidden state holding its
+# hyper-connection streams, their collapse weights and what a layer hands to later ones of the
+# same step (:meth:`ModelAdapter._deepseek_v4_block`); candidate blocks are refused.
 SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "bailing_hybrid",
                          "bailing_moe", "bailing_moe_linear", "bailing_moe_v3", "bitnet", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
-                         "deepseek_v32", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
-                         "exaone_moe", "falcon_h1", "gear", "gemma", "gemma2", "gemma3",
-                         "gemma3_text", "gemma3n", "gemma4", "gemma4_text", "glm", "glm4",
-                         "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt2", "gpt_bigcode",
+                         "deepseek_v32", "deepseek_v41", "dots1", "ernie4_5", "ernie4_5_moe",
+                         "exaone", "exaone4", "exaone_moe", "falcon_h1", "gear", "gemma", "gemma2",
+                         "gemma3", "gemma3_text", "gemma3n", "gemma4", "gemma4_text", "glm",
+                         "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt2", "gpt_bigcode",
                          "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
                          "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
                          "internlm3", "iquestloopcoder", "jamba", "kimi_k25", "kimi_linear",
@@ -372,14 +377,13 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "ba
                          "mimo", "mimo_v2_flash", "minicpm", "minicpm3", "minimax",
                          "minimax_m3_vl", "ministral3", "mistral", "mistral3", "mistral4",
                          "mixtral", "muse_glimmer", "muse_spark", "nanbeige", "nanochat",
-                         "nemotron",
-                         "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmo_hybrid", "olmoe",
-                         "openelm", "phi", "phi3", "phi3small", "phimoe", "phixtral", "pixtral",
-                         "plamo", "plamo2", "plamo3", "prism_hadamard_qwen35", "qwen", "qwen2",
-                         "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe",
-                         "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "recurrent_gemma", "seed_oss",
-                         "smollm3", "solar_open", "spark2_5", "stablelm", "starcoder2", "step3p5",
-                         "talkie", "telechat3", "youtu_llm")
+                         "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmo_hybrid",
+                         "olmoe", "openelm", "phi", "phi3", "phi3small", "phimoe", "phixtral",
+                         "pixtral", "plamo", "plamo2", "plamo3", "prism_hadamard_qwen35", "qwen",
+                         "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe",
+                         "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "recurrent_gemma",
+                         "seed_oss", "smollm3", "solar_open", "spark2_5", "stablelm", "starcoder2",
+                         "step3p5", "talkie", "telechat3", "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3", "olmo_hybrid")
@@ -790,7 +794,8 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
     layers, OLMo Hybrid's Gated DeltaNet layers, Ring-linear's lightning attention layers, every
     Falcon-H1 layer, its Mamba-2 mixer beside its attention, Gear's convolution mixers,
     RecurrentGemma's RG-LRU layers, every Baichuan-M1 layer, its keys mixing in the previous
-    token's); () for every other family. Such
+    token's, every DeepSeek-V4 layer, its compressed keys pooling groups of tokens); () for
+    every other family. Such
     a layer holds one state that has taken its tokens in order, not keys and values: a token
     pruned below it can never enter it later, and no cut can follow it (it gives no attention
     to score with)."""
@@ -802,6 +807,7 @@ def recurrent_layers(model: nn.Module) -> Tuple[int, ...]:
                      or getattr(block, "is_linear", False)  # KDA
                      or hasattr(block, "local_mixer")  # gear
                      or "conv_k" in getattr(block, "self_attn", {})  # baichuan_m1
+                     or hasattr(block, "attn_hc")  # deepseek_v41
                      or getattr(block, "temporal_block_type", None) == "recurrent"
                      or not getattr(block, "is_global", True)))  # lightning attention
 
@@ -911,8 +917,10 @@ class ModelAdapter:
             raise UserInputError("mlx-lazy cannot run muse_spark models here: mlx-lm runs their "
                                  "layers with Metal kernels, and this machine has no Metal")
         self._conv_kv = model_type == "baichuan_m1"  # its recurrent layers attend too
+        self._deepseek_v4 = model_type == "deepseek_v41"  # (so do these)
         self._attns = [None if i in self._stateless
-                       or (i in self._recurrent and not (self._falcon_h1 or self._conv_kv))
+                       or (i in self._recurrent
+                           and not (self._falcon_h1 or self._conv_kv or self._deepseek_v4))
                        else attention_module(block) for i, block in enumerate(self.layers)]
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
         # minimax_m3_vl: its sparse-attention layers, whose indexer chooses key blocks
@@ -1028,6 +1036,8 @@ class ModelAdapter:
         # muse_spark: the dtype of each layer's attention input in mlx-lm's forward (read off
         # one token's graph through its blocks, never evaluated)
         self._input_dtypes = self._fused_input_dtypes() if self._fused else None
+        if self._deepseek_v4:
+            self._check_deepseek_v4(args)
         # Gemma 3n's AltUp: the width of a token's streams (all of them), its active stream
         self._streams = self._hidden * (args.altup_num_inputs if self._gemma3n else 1)
         self._active = args.altup_active_idx if self._gemma3n else 0
@@ -1277,6 +1287,9 @@ class ModelAdapter:
         scale = self._embed_scale
         if scale is not None:
             h = h * (scale.astype(h.dtype) if isinstance(scale, mx.array) else scale)
+        if self._deepseek_v4:
+            return self._deepseek_v4_hidden(
+                mx.broadcast_to(h[:, :, None], (*h.shape[:2], self._hc, self._hidden)))
         if not self._layer_input:
             return h
         inner = self.inner  # mlx-lm's own two steps, as its forward takes them (Gemma 3n's
@@ -1297,6 +1310,10 @@ class ModelAdapter:
             others = [_rescaled(p(others[..., i * self._hidden:(i + 1) * self._hidden]), first)
                       for i, p in enumerate(self.inner.altup_unembed_projections)]
             h = mx.mean(mx.stack([first, *others]), axis=0)
+        if self._deepseek_v4:  # the streams collapsed by the last layer's weights
+            from mlx_lm.models.deepseek_v41 import _collapse
+
+            h = _collapse(*self._deepseek_v4_parts(h)[:2])
         h = self._final_norm(h[..., :self._hidden] if self._embed_skip else h)
         if self._fused:  # muse_spark: rounded to bfloat16 before the head, as mlx-lm's
             h = h.astype(mx.bfloat16)
@@ -1762,6 +1779,8 @@ class ModelAdapter:
             return self._falcon_h1_block(layer, h, cache, positions)
         if self._conv_kv:
             return self._conv_kv_block(layer, h, cache, positions)
+        if self._deepseek_v4:
+            return self._deepseek_v4_block(layer, h, state, positions)
         if self._whole_block:  # mlx-lm's block, its norms and MLP included
             return block(h, mask=None, cache=cache)
         x = (self._lightning_attention(mixer, norm(h), cache, positions) if self._lightning
@@ -1835,6 +1854,118 @@ class ModelAdapter:
         if window is not None:
             mask = mask & (keys > at - window)
         return self.finish(layer, h, attention(q, k, mixed_v, attn.scale, mask))
+
+    def _check_deepseek_v4(self, args: Any) -> None:
+        """Keep DeepSeek-V4's widths; refuse candidate blocks (a layer's choice of key blocks
+        that a later indexer keeps to: their width grows with the context, so no token's
+        hidden state can hand them on)."""
+        from mlx_lm.models.deepseek_v41 import _shared_reads
+
+        if any("candidates" in _shared_reads(args, layer) for layer in range(len(self.layers))):
+            raise UserInputError(
+                f"this deepseek_v41 model's indexers keep to candidate key blocks (layer "
+                f"{args.candidate_source_layer_id} chooses them), which mlx-lazy does not run")
+        self._hc = args.hc_mult
+        # a token's hidden state: its streams, their collapse weights (the last layer's), the
+        # compressed key and index key of a group the last source closed in this step (the
+        # step's new ones in its first tokens' rows) and the last indexer's picks (-1 after
+        # them)
+        self._v4_widths = [self._hc * self._hidden, self._hc, args.head_dim,
+                           args.index_head_dim, args.index_topk]
+        self._v4_dtype = self._embedding(mx.array([0])).dtype  # the streams'
+        # the width and dtype of each part of a layer's state (its compressor's in float32)
+        self._v4_state = [(args.head_dim, self._v4_dtype), (args.head_dim, self._v4_dtype),
+                          (args.index_head_dim, self._v4_dtype), (args.head_dim, mx.float32),
+                          (args.head_dim, mx.float32)]
+
+    def _deepseek_v4_hidden(self, streams: mx.array, *parts: mx.array) -> mx.array:
+        """A DeepSeek-V4 token's hidden state (float32, which holds each part exactly) from its
+        streams (1, n, hc, D) and the parts after them (none: those the embedding starts)."""
+        n = streams.shape[1]
+        if not parts:
+            first = mx.arange(self._hc) == 0  # mlx-lm's first collapse: the first stream
+            parts = (mx.broadcast_to(first.astype(mx.float32), (1, n, self._hc)),
+                     *(mx.zeros((1, n, w)) for w in self._v4_widths[2:4]),
+                     mx.full((1, n, self._v4_widths[4]), -1.0))
+        return mx.concatenate([streams.reshape(1, n, -1).astype(mx.float32),
+                               *(p.astype(mx.float32) for p in parts)], axis=-1)
+
+    def _deepseek_v4_parts(self, h: mx.array) -> List[mx.array]:
+        """:meth:`_deepseek_v4_hidden`'s parts: the streams (1, n, hc, D) in their dtype, the
+        collapse weights, the compressed key and index key rows, the picks (int32)."""
+        bounds = np.cumsum(self._v4_widths)[:-1].tolist()
+        streams, pre_mix, kv, index_k, topk = mx.split(h, bounds, axis=-1)
+        return [streams.reshape(*h.shape[:2], self._hc, -1).astype(self._v4_dtype), pre_mix,
+                kv.astype(self._v4_dtype), index_k.astype(self._v4_dtype),
+                topk.astype(mx.int32)]
+
+    def _deepseek_v4_block(self, layer: int, h: mx.array, state: List[Optional[mx.array]],
+                           positions: np.ndarray) -> mx.array:
+        """DeepSeek-V4's layer as mlx-lm's block: ``state`` holds its ``LayerCache`` (window,
+        compressed keys, index keys, the open group's rows and gates; empty ones 0 rows wide);
+        what mlx-lm's forward shares from earlier layers comes in ``h``
+        (:meth:`_deepseek_v4_hidden`), the compressed and index keys a layer reads from its
+        source appended to its own copy of them. Returns the next hidden states."""
+        from mlx_lm.models import deepseek_v41 as v4
+
+        args, n = text_args(self.text), h.shape[1]
+        streams, pre_mix, kv, index_k, topk = self._deepseek_v4_parts(h)
+        cache = v4.LayerCache(args.sliding_window)
+        fields = ("window", "compress_kv", "index_k", "pending_kv", "pending_gate")
+        for name, part in zip(fields, state or [None] * len(fields)):
+            setattr(cache, name, None if part is None or part.shape[1] == 0 else part)
+        start, end = int(positions[0]), int(positions[0]) + n
+        if positions[-1] != end - 1:  # (mlx-lm's block runs from an offset on)
+            raise RuntimeError(f"deepseek_v41 layer {layer} sent positions {positions[0]}.."
+                               f"{positions[-1]} that do not follow each other")
+        cache.offset = start
+        reads, shared, before = v4._shared_reads(args, layer), {}, {}
+        for key, rows in (("compress_kv", kv), ("index_k", index_k)):
+            source = reads.get(key)
+            before[key] = 0 if getattr(cache, key) is None else getattr(cache, key).shape[1]
+            if source is not None and source != layer:  # another layer's: its new ones
+                new = v4._entries(args, source, end) - v4._entries(args, source, start)
+                if new:
+                    setattr(cache, key, v4._append(getattr(cache, key), rows[:, :new]))
+                shared[key] = getattr(cache, key)
+        if "topk_idx" in reads:
+            width = min(args.index_topk, v4._index_keys(args, reads["topk_idx"], end))
+            shared["topk_idx"] = topk[..., :width]
+        previous = 0 if cache.window is None else cache.window.shape[1]
+        window = v4._window_indices(previous=previous, length=n, window=args.sliding_window)
+        streams, pre_mix = self.layers[layer](streams, pre_mix, start_pos=start,
+                                              window_idx=window[None], cache=cache,
+                                              shared=shared)
+        handed = []
+        for key, rows in (("compress_kv", kv), ("index_k", index_k)):
+            if reads.get(key) == layer and getattr(cache, key) is not None:  # its own new ones
+                new = getattr(cache, key)[:, before[key]:]
+                rows = mx.concatenate([new.astype(rows.dtype), rows[:, new.shape[1]:]], axis=1)
+            handed.append(rows)
+        attn = self.layers[layer].self_attn
+        if "indexer" in attn and attn.ratio:  # its own picks (an indexer picks where it compresses)
+            picks = shared["topk_idx"]
+            topk = mx.pad(picks, [(0, 0), (0, 0), (0, args.index_topk - picks.shape[-1])],
+                          constant_values=-1)
+        state[:] = [mx.zeros((1, 0, width), dtype) if getattr(cache, name) is None
+                    else getattr(cache, name)
+                    for name, (width, dtype) in zip(fields, self._v4_state)]
+        return self._deepseek_v4_hidden(streams, pre_mix, *handed, topk)
+
+    def state_rows(self, layer: int, took: int) -> Optional[List[int]]:
+        """The rows of each part of recurrent ``layer``'s state after ``took`` tokens where
+        they do not grow by one a token (DeepSeek-V4's: :meth:`_deepseek_v4_block`); None for
+        every other family."""
+        if not self._deepseek_v4:
+            return None
+        from mlx_lm.models.deepseek_v41 import _entries, _shared_reads
+
+        args = text_args(self.text)
+        reads = _shared_reads(args, layer)
+        ratio = args.compress_ratios[layer] if reads.get("compress_kv") == layer else 0
+        pending = took % ratio if ratio > 1 else 0  # the open group's
+        return [min(took, args.sliding_window), _entries(args, reads.get("compress_kv"), took),
+                _entries(args, reads.get("index_k"), took), pending, pending]
 
     def _altup_predict(self, block: nn.Module, h: mx.array) -> mx.array:
         """Gemma 3n's AltUp: a layer's prediction (S, 1, n, D) of the S streams of hidden

@@ -274,7 +274,9 @@ The architectures (llama.cpp's names), and what converting each involves:
 
 Refused with the reason (:data:`UNSUPPORTED_ARCHITECTURES`): ``hunyuan-moe`` (Hunyuan-A13B:
 llama.cpp renormalises the chosen experts' weights, mlx-lm's ``hunyuan`` does not), ``bitnet``
-(BitNet b1.58: llama.cpp's graph gates its MLP with SiLU, mlx-lm's ``bitnet`` with ReLU^2).
+(BitNet b1.58: llama.cpp's graph gates its MLP with SiLU, mlx-lm's ``bitnet`` with ReLU^2),
+``deepseek4`` (DeepSeek-V4: position embeddings on its compressed groups, the indexer's own
+compressor, experts routed by token id, a hyper-connection head; not mlx-lm's ``deepseek_v41``).
 * ``nemotron_h`` (Nemotron-H, Nemotron Nano 2): a mixer a layer, by llama.cpp's per-layer
   key/value heads and MLP widths: Mamba-2 (neither), attention without RoPE (heads, no MLP) or a
   squared-ReLU MLP (a width); A_log of llama.cpp's -exp(A_log), the conv kernels in MLX's layout,
@@ -380,7 +382,11 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
 #: llama.cpp architectures that no mlx-lm model computes, and why (each refused in one line)
 UNSUPPORTED_ARCHITECTURES = {
     "hunyuan-moe": "llama.cpp renormalises the chosen experts' weights, mlx-lm's hunyuan does not",
-    "bitnet": "llama.cpp's graph gates its MLP with SiLU, mlx-lm's bitnet with ReLU^2"}
+    "bitnet": "llama.cpp's graph gates its MLP with SiLU, mlx-lm's bitnet with ReLU^2",
+    "deepseek4": "llama.cpp's DeepSeek-V4 adds position embeddings to its compressed groups, "
+                 "gives its indexer a compressor of its own, routes its first layers' experts "
+                 "by token id and merges the streams with a hyper-connection head, none of which "
+                 "mlx-lm's deepseek_v41 (DeepSeek-V4.1) has"}
 # mlx-lm's model type of each GGUF architecture (the same name unless listed)
 _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                 "gpt-oss": "gpt_oss",

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import mlx.nn as nn
 
-from .adapter import global_layers, recurrent_layers, stateless_layers
+from .adapter import global_layers, model_family, recurrent_layers, stateless_layers
 from .completion import DEFAULT_COMPLETE
 from .errors import UserInputError, shown
 from .inputs import is_int
@@ -448,7 +448,7 @@ def check_hybrid_schedule(schedule: Schedule, model: nn.Module) -> None:
     """Refuse a schedule a ``model`` with layers without attention cannot run (nothing on
     another model): on a hybrid one that revives; on any a cut after a recurrent or stateless
     layer (a cut follows an attention layer, :func:`~mlx_lazy.adapter.global_layers`, whose
-    scores rank the context).
+    scores rank the context); on DeepSeek-V4 a SPEED cutoff below its last layer.
 
     Raises:
         UserInputError: naming the setting and what to use instead.
@@ -459,6 +459,12 @@ def check_hybrid_schedule(schedule: Schedule, model: nn.Module) -> None:
     cut_layers = global_layers(model)
     if recurrent and schedule.revive:
         raise UserInputError(f"{NO_WAY_BACK}: use revive=False (--no-revive)")
+    if (schedule.prompt_depth < schedule.num_layers
+            and model_family(getattr(model, "model_type", None)) == "deepseek_v41"):
+        raise UserInputError(
+            f"a SPEED cutoff at layer {schedule.prompt_depth} of {schedule.num_layers} would "
+            "leave this deepseek_v41 model's upper layers without the compressed keys the "
+            "layers below make of the prompt: use speed_cutoff=1.0 or full")
     if schedule.prune_layers and not cut_layers:
         raise UserInputError(f"{schedule.method!r} cuts after an attention layer, and this "
                              "model has none a cut may follow (attention alone, not in "

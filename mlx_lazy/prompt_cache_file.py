@@ -272,8 +272,9 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
         # nor does a stateless one, nor a recurrent one, whose state has taken the tokens whose
         # depth is above it
         if adapter.recurrent(layer):
-            _recurrent_state(layer, recurrent.pop(layer, {}), int((depth > layer).sum()),
-                             shapes.recurrent[layer])
+            took = int((depth > layer).sum())
+            _recurrent_state(layer, recurrent.pop(layer, {}), took, shapes.recurrent[layer],
+                             adapter.state_rows(layer, took))
         has_kv = adapter.kv_layer(layer) == layer and not adapter.attention_free(layer)
         want = np.flatnonzero(depth > layer) if has_kv else []
         if not len(want) and not parts:
@@ -335,10 +336,10 @@ def check_state(arrays: Dict[str, mx.array], meta: Dict[str, int], tokens: List[
 
 
 def _recurrent_state(layer: int, parts: Dict[int, mx.array], took: int,
-                     kinds: List[Kind]) -> None:
+                     kinds: List[Kind], rows: Optional[List[int]] = None) -> None:
     """Refuse a recurrent layer's state unless it is there exactly when the layer took a
     token (``took`` tokens), every part shaped and typed as the model's (a growing part, a row
-    a token) and finite."""
+    a token, or where given each part's ``rows``) and finite."""
     if not took:
         if parts:
             raise Corrupt(f"recurrent.{layer}: a state for a layer that took no token")
@@ -346,8 +347,9 @@ def _recurrent_state(layer: int, parts: Dict[int, mx.array], took: int,
     for i, kind in enumerate(kinds):
         if i not in parts:
             raise Corrupt(f"array recurrent.{layer}.{i} is missing")
-        _array(f"recurrent.{layer}.{i}", parts.pop(i),
-               (1, *(took if size is None else size for size in kind[0])), kind[1])
+        shape = ((rows[i], *kind[0][1:]) if rows else
+                 tuple(took if size is None else size for size in kind[0]))
+        _array(f"recurrent.{layer}.{i}", parts.pop(i), (1, *shape), kind[1])
     if parts:
         raise Corrupt(f"unknown array recurrent.{layer}.{min(parts)}")
 

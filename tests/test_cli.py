@@ -110,7 +110,8 @@ def test_generate_tiny(tiny_model_dir, kind, tmp_path, capsys):
     keys mix in the previous token's: every layer recurrent)."""
     model = tiny_model_dir(kind)
     out = tmp_path / "stats.json"
-    method = "speed" if kind in ("falcon_h1", "recurrent_gemma", "baichuan_m1") else "lazy"
+    method = ("speed" if kind in ("falcon_h1", "recurrent_gemma", "baichuan_m1")
+              else "full" if kind == "deepseek_v41" else "lazy")
     run = [method if arg == "lazy" else arg for arg in TINY_RUN]
     assert cli.main(["--model", str(model), *run, "--stats-json", str(out)]) == 0
     stats = json.loads(out.read_text())

@@ -3492,6 +3492,9 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "bitnet": (lambda: minimal_gguf(tmp / "b.gguf", "bitnet"),
                    "GGUF bitnet is not supported (llama.cpp's graph gates its MLP with SiLU, "
                    "mlx-lm's bitnet with ReLU^2)"),
+        "deepseek4": (lambda: minimal_gguf(tmp / "d.gguf", "deepseek4"),
+                      "GGUF deepseek4 is not supported (llama.cpp's DeepSeek-V4 adds position "
+                      "embeddings to its compressed groups"),
         "talkie_kv_heads": (lambda: gguf_of("t.gguf", "talkie", {"num_key_value_heads": 2}),
                             "GGUF talkie with 2 key/value heads to 4 heads is not supported"),
         "talkie_logit_scale": (lambda: gguf_of("t.gguf", "talkie", {"logit_scale": None}),
@@ -3625,7 +3628,7 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "laguna_weights_norm", "bailingmoe2_gating", "bailingmoe_qkv_bias",
               "bailingmoe_fused_qkv", "bailingmoe_rope_dims", "hunyuan_moe", "plamo_kv_heads",
               "plamo3_pattern", "bitnet", "muse_glimmer_qk_norms", "muse_glimmer_softcap",
-              "spark2_5_pattern", "spark2_5_swa_rope_dims"]
+              "spark2_5_pattern", "spark2_5_swa_rope_dims", "deepseek4"]
 
 
 def test_a_gpt2_head_copying_the_embedding_is_dropped():

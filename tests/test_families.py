@@ -1234,6 +1234,8 @@ def test_a_checkpoint_under_another_name_runs_as_its_family(family_dir, alias, t
     assert model.model_type == alias
     prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=5)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 8) < LOGITS_TOL
+    if alias == "deepseek_v41_text":  # (DeepSeek-V4's text model: no cut follows its layers)
+        return
     engine = LazyEngine(model, resolve_config(model, PruningConfig(
         "lazy", prune_layers=(1,), keep=(0.3,), complete="none")))
     engine.prefill(prompt)

@@ -562,7 +562,7 @@ def test_plamo2_matches_mlx_lm_and_cuts_after_its_attention(tmp_path):
 #: Hybrids run against mlx-lm in :func:`test_gear_recurrent_gemma_and_baichuan_m1_match_mlx_lm`:
 #: their recurrent layers and the layers a cut may follow
 RECURRENT_AND_CUTS = {"gear": ((0, 2, 4), (3,)), "recurrent_gemma": ((0, 1, 3, 4), ()),
-                      "baichuan_m1": ((0, 1, 2, 3), ())}
+                      "baichuan_m1": ((0, 1, 2, 3), ()), "deepseek_v41": ((0, 1, 2, 3), ())}
 
 
 @pytest.mark.parametrize("kind", RECURRENT_AND_CUTS)
@@ -572,7 +572,11 @@ def test_gear_recurrent_gemma_and_baichuan_m1_match_mlx_lm(tmp_path, kind):
     a cut may follow layer 3 only; ``recurrent_gemma``: RG-LRU layers (recurrent) in 0, 1, 3 and
     4, local attention over 24 positions in 2 and 5; ``baichuan_m1``: attention whose keys and
     values mix in the previous token's in every layer, so each is recurrent (layers 0 and 2 over
-    a window of 24, with 8 heads to the others' 4). Unpruned equal to mlx-lm over 200 tokens
+    a window of 24, with 8 heads to the others' 4); ``deepseek_v41``: DeepSeek-V4's layers,
+    each recurrent (hyper-connection streams, compressed keys and indexers reading another
+    layer's; one whose indexer keeps to candidate blocks refused in one line, as is a SPEED
+    cutoff below its last layer; SPEED at full depth equal to mlx-lm). Unpruned equal
+    to mlx-lm over 200 tokens
     (past the windows), quantized too, and its prompt cache saves and loads; Gear's with nothing
     pruned by its cut, its static cut keeping 30% above it and a plain lazy cutting there
     without revival; the others take no cut (lazy refused in one line) and run a prompt in
@@ -592,8 +596,20 @@ def test_gear_recurrent_gemma_and_baichuan_m1_match_mlx_lm(tmp_path, kind):
     assert recurrent_layers(model) == recurrent and global_layers(model) == cuts
     if kind == "baichuan_m1":
         assert [layer.self_attn.num_heads for layer in model.layers] == [8, 4, 8, 4]
+    if kind == "deepseek_v41":  # layer 3's indexer keeping to the blocks layer 1 chooses
+        config = json.loads((tmp_path / "model" / "config.json").read_text())
+        args = model.args.from_dict({**config, "candidate_source_layer_id": 1})
+        with pytest.raises(UserInputError, match="^this deepseek_v41 model's indexers keep to "
+                                                 "candidate key blocks .layer 1 chooses them.,"):
+            ModelAdapter(type(model)(args))
+        with pytest.raises(UserInputError, match="^a SPEED cutoff at layer 3 of 4 would leave "
+                                                 "this deepseek_v41 model's upper layers"):
+            resolve_config(model, "speed")
     prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=8)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 16, block_size=64) < LOGITS_TOL
+    if kind == "deepseek_v41":  # SPEED at full depth
+        speed = PruningConfig("speed", speed_cutoff=1.0)
+        assert mlx_lm_error(model, speed, prompt, 4) < LOGITS_TOL
     with pytest.raises(UserInputError, match=f"cannot shard '{kind}' models"):
         distributed.shard(model, TwoRanks())
     if cuts:  # a plain lazy: its cut moved onto the global attention layer, no revival

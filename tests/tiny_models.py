@@ -34,7 +34,8 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "dbrx", "phixtral", "minimax", "mimo_v2_flash", "step3p5", "nemotron-nas", "plamo3",
          "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2",
          "lille-130m", "plamo", "bitnet", "gear", "recurrent_gemma", "afm7", "baichuan_m1",
-         "olmo_hybrid", "kimi_linear", "muse_glimmer", "spark2_5", "iquestloopcoder", "phi3small")
+         "olmo_hybrid", "kimi_linear", "muse_glimmer", "spark2_5", "iquestloopcoder", "phi3small",
+         "deepseek_v41")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -379,6 +380,17 @@ _KIND_CONFIG = {
                     "sliding_window": 24, "sliding_window_layers": [0, 2],
                     "num_swa_attention_heads": 8, "num_swa_key_value_heads": 4,
                     "tie_word_embeddings": False},
+    # DeepSeek-V4: 4 hyper-connection streams; layer 0 attends over a window of 24 only, layer 1
+    # compresses groups of 3 (keys and index keys; 100 tokens leave one open) and picks 4 of them
+    # for itself and layer 2, which reads them, as does layer 3, whose own indexer picks again;
+    # 2 of 4 experts beside a shared one
+    "deepseek_v41": {"architectures": ["DeepseekV4ForCausalLM"], "head_dim": 32,
+                     "q_lora_rank": 32, "qk_rope_head_dim": 8, "o_groups": 2, "o_lora_rank": 16,
+                     "moe_intermediate_size": 32, "n_routed_experts": 4,
+                     "num_experts_per_tok": 2, "sliding_window": 24,
+                     "compress_ratios": [0, 3, 3, 3], "kv_source_layer_ids": [1],
+                     "index_source_layer_ids": [1, 3], "index_n_heads": 2,
+                     "index_head_dim": 32, "index_topk": 4, "hc_mult": 4},
     # dots.llm1: per-head q/k norms; from layer 1 on 2 of 4 experts (sigmoid routing with a
     # random correction bias, scaled by 2.5) beside a shared expert
     "dots1": {"architectures": ["Dots1ForCausalLM"], "tie_word_embeddings": False,
@@ -1048,6 +1060,10 @@ def build_tiny_model(kind: str, folder: str | Path, seed: int = 0) -> Path:
         layer.update(tree_unflatten(biases))
         if hasattr(attn, "sinks"):  # gpt_oss: zeros by default
             attn.sinks = mx.random.normal(attn.sinks.shape)
+        for hc in ("attn_hc", "ffn_hc"):  # deepseek_v41: zeros mix every token's streams alike
+            if hc in layer:
+                layer[hc].update({name: 0.1 * mx.random.normal(layer[hc][name].shape)
+                                  for name in ("fn", "base")})
         gate = getattr(mlp, "gate", None)
         weight = getattr(gate, "weight", None)
         # glm4_moe's, DeepSeek's routers: zeros route no token apart
