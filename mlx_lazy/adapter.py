@@ -362,6 +362,13 @@ from .errors import UserInputError, shown
 # compressed key pools every token of a group), on a token's hidden state holding its
 # hyper-connection streams, their collapse weights and what a layer hands to later ones of the
 # same step (:meth:`ModelAdapter._deepseek_v4_block`); candidate blocks are refused.
+# kimi_k3 (Kimi K3, its text model ``language_model``): Kimi Linear's layout (its KDA layers'
+# q/k/v in one projection and convolution), latent attention with a sigmoid output gate
+# (``mla_use_output_gate``), SiTU MLPs and experts (run as their modules; the experts on a
+# low-rank latent) and attention residuals (``attn_res_block_size``): each layer's attention and
+# MLP take a softmax mix of the inputs of the blocks begun so far and the sum since the last
+# one (mlx-lm's ``_attn_res_mix``), so a token's hidden state carries, after that sum, its
+# blocks' inputs (one more at each block's first layer; :meth:`ModelAdapter.finish`).
 SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "bailing_hybrid",
                          "bailing_moe", "bailing_moe_linear", "bailing_moe_v3", "bitnet", "cohere",
                          "cohere2", "dbrx", "deepseek", "deepseek_v2", "deepseek_v3",
@@ -371,26 +378,27 @@ SUPPORTED_MODEL_TYPES = ("Klear", "afm7", "afmoe", "apertus", "baichuan_m1", "ba
                          "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt2", "gpt_bigcode",
                          "gpt_neox", "gpt_oss", "gptj", "granite", "granitemoe",
                          "granitemoehybrid", "helium", "hunyuan", "hunyuan_v1_dense", "internlm2",
-                         "internlm3", "iquestloopcoder", "jamba", "kimi_k25", "kimi_linear",
-                         "kimi_vl", "laguna", "lfm2", "lfm2-vl", "lfm2_moe", "lille-130m", "llama",
-                         "llama4", "llama4_text", "longcat_flash", "longcat_flash_ngram", "mellum",
-                         "mimo", "mimo_v2_flash", "minicpm", "minicpm3", "minimax",
-                         "minimax_m3_vl", "ministral3", "mistral", "mistral3", "mistral4",
-                         "mixtral", "muse_glimmer", "muse_spark", "nanbeige", "nanochat",
-                         "nemotron", "nemotron-nas", "nemotron_h", "olmo2", "olmo3", "olmo_hybrid",
-                         "olmoe", "openelm", "phi", "phi3", "phi3small", "phimoe", "phixtral",
-                         "pixtral", "plamo", "plamo2", "plamo3", "prism_hadamard_qwen35", "qwen",
-                         "qwen2", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_5", "qwen3_5_moe",
-                         "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "recurrent_gemma",
-                         "seed_oss", "smollm3", "solar_open", "spark2_5", "stablelm", "starcoder2",
-                         "step3p5", "talkie", "telechat3", "youtu_llm")
+                         "internlm3", "iquestloopcoder", "jamba", "kimi_k25", "kimi_k3",
+                         "kimi_linear", "kimi_vl", "laguna", "lfm2", "lfm2-vl", "lfm2_moe",
+                         "lille-130m", "llama", "llama4", "llama4_text", "longcat_flash",
+                         "longcat_flash_ngram", "mellum", "mimo", "mimo_v2_flash", "minicpm",
+                         "minicpm3", "minimax", "minimax_m3_vl", "ministral3", "mistral",
+                         "mistral3", "mistral4", "mixtral", "muse_glimmer", "muse_spark",
+                         "nanbeige", "nanochat", "nemotron", "nemotron-nas", "nemotron_h", "olmo2",
+                         "olmo3", "olmo_hybrid", "olmoe", "openelm", "phi", "phi3", "phi3small",
+                         "phimoe", "phixtral", "pixtral", "plamo", "plamo2", "plamo3",
+                         "prism_hadamard_qwen35", "qwen", "qwen2", "qwen2_moe", "qwen2_vl",
+                         "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_moe", "qwen3_next", "qwen3_vl",
+                         "qwen3_vl_moe", "recurrent_gemma", "seed_oss", "smollm3", "solar_open",
+                         "spark2_5", "stablelm", "starcoder2", "step3p5", "talkie", "telechat3",
+                         "youtu_llm")
 GEMMA3_TYPES = ("gemma3", "gemma3_text")
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 POST_NORM_TYPES = ("exaone4", "olmo2", "olmo3", "olmo_hybrid")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "mistral4", "youtu_llm",
              "bailing_moe_v3", "longcat_flash", "deepseek_v32", "glm_moe_dsa", "kimi_linear",
-             "bailing_hybrid", "longcat_flash_ngram")
+             "bailing_hybrid", "longcat_flash_ngram", "kimi_k3")
 LIGHTNING_TYPES = ("bailing_moe_linear", "bailing_hybrid")
 LONGCAT_TYPES = ("longcat_flash", "longcat_flash_ngram")
 GRANITE_TYPES = ("granite", "granitemoe", "granitemoehybrid")
@@ -444,7 +452,7 @@ _PART_NAMES = {"apertus": {"input_layernorm": "attention_layernorm",
                                 "o_proj": "c_proj", "embed_tokens": "wte", "norm": "ln_f"}),
                **dict.fromkeys(LFM2_TYPES, _LFM2_NAMES),
                "granitemoehybrid": {"linear_attn": "mamba"},
-               "kimi_linear": {"linear_attn": "self_attn"},
+               **dict.fromkeys(("kimi_linear", "kimi_k3"), {"linear_attn": "self_attn"}),
                "jamba": {"linear_attn": "mamba", "post_attention_layernorm": "pre_ff_layernorm",
                          "norm": "final_layernorm"},
                "nemotron_h": {"input_layernorm": "norm", "linear_attn": "mixer",
@@ -487,7 +495,7 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
              "qwen3_vl_moe": "qwen3_moe", "lfm2-vl": "lfm2", "kimi_vl": "deepseek_v3",
              "kimi_k25": "deepseek_v3", "pixtral": "llama",
              "prism_hadamard_qwen35": "qwen3_5", "minimax_m3_vl": "minimax_m3_vl",
-             "muse_spark": "muse_spark"}
+             "muse_spark": "muse_spark", "kimi_k3": "kimi_k3"}
 # The mlx-lm releases whose model internals this adapter is tested against (it reads
 # ``self_attn.{rope, scale, n_heads, n_kv_heads, q_norm, k_norm, scaling_beta,
 # original_max_position_embeddings, sinks, is_local, v_norm, use_sliding_window}``, ``use_sliding``,
@@ -582,8 +590,11 @@ _WRAPPERS = {"gemma3": None, "gemma4": None, "llama4": None, "mistral3": None, "
 # ``model.language_model``, ``models.muse_spark.{qk_norm_rope, qk_norm, rms_norm_sigmoid_gate,
 # norm_add_norm, pre_norm}``, ``self_attn.{qkvg_proj, use_rope, query_scale, eps}``,
 # ``block.{add_attn_alpha, add_attn_beta, add_ffn_alpha, add_ffn_beta, post_norm_eps}``, its
-# blocks called as ``(h, attn_input=, next_norm=)``): at least
-# the first, below the second. Same as pyproject.toml.
+# blocks called as ``(h, attn_input=, next_norm=)``; kimi_k3's
+# ``block.{is_block_start, self_attention_res_norm, self_attention_res_proj, mlp_res_norm,
+# mlp_res_proj}``, ``model.{output_attn_res_norm, output_attn_res_proj}``,
+# ``kimi_k3.{ResidualBlocks, _attn_res_mix}``, its KDA called as ``(x, mask, ArraysCache(2))``):
+# at least the first, below the second. Same as pyproject.toml.
 MLX_LM_VERSIONS = ((0, 32), (0, 33))
 
 
@@ -902,6 +913,9 @@ class ModelAdapter:
         # its recurrent layers' state: 4 arrays (KDA's; OLMo Hybrid's Gated DeltaNet's too)
         self._kda = model_type in ("bailing_moe_v3", "kimi_linear", "olmo_hybrid")
         self._lightning = model_type in LIGHTNING_TYPES  # its recurrent layers' state: 1 array
+        # kimi_k3's attention residuals: a token's hidden state (1 + blocks) x hidden_size wide
+        self._attn_res = (model_type == "kimi_k3"
+                          and text_args(self.text).attn_res_block_size is not None)
         # longcat_flash: a token's hidden state after each even layer carries its block's MoE
         # output after its (hidden_size,) part, which the odd layer adds
         self._shortcut = model_type in LONGCAT_TYPES
@@ -972,9 +986,9 @@ class ModelAdapter:
         gelu = gemma or model_type == "recurrent_gemma" or gear_act is nn.gelu_approx
         # Gemma 1's, Gear's and Spark 2.5's exact GELU have no CPU kernel, nor BitNet's ReLU^2
         # and sub-norm, nor Gemma 3n's sparse gates (a top-k of each token's gate values), and
-        # Lille's MLP holds its own norm: mlx-lm's module runs them
+        # Lille's MLP holds its own norm (and Kimi K3's SiTU): mlx-lm's module runs them
         self._mlp_normed = model_type == "lille-130m"
-        self._activations = [None if model_type in ("gemma", "bitnet", "spark2_5")
+        self._activations = [None if model_type in ("gemma", "bitnet", "spark2_5", "kimi_k3")
                              or self._mlp_normed or gear_act is nn.gelu
                              or getattr(mlp, "activation_sparsity", 0) > 0
                              else _gated_activation(mlp, gelu) for mlp in self._feed_forwards]
@@ -1314,6 +1328,9 @@ class ModelAdapter:
             from mlx_lm.models.deepseek_v41 import _collapse
 
             h = _collapse(*self._deepseek_v4_parts(h)[:2])
+        if self._attn_res:  # kimi_k3: the blocks' inputs and the last sum mixed
+            h = self._residual_mix(h, self.inner.output_attn_res_norm,
+                                   self.inner.output_attn_res_proj)
         h = self._final_norm(h[..., :self._hidden] if self._embed_skip else h)
         if self._fused:  # muse_spark: rounded to bfloat16 before the head, as mlx-lm's
             h = h.astype(mx.bfloat16)
@@ -1347,7 +1364,9 @@ class ModelAdapter:
         block, attn = self.layers[layer], self._attns[layer]
         n = h.shape[1]
         x = self._blas_rows(self._altup_predict(block, h)[self._active] if self._gemma3n else
-                            h[..., :self._hidden]
+                            self._residual_mix(h, block.self_attention_res_norm,
+                                               block.self_attention_res_proj)
+                            if self._attn_res else h[..., :self._hidden]
                             if self._layer_input or self._embed_skip or self._shortcut else h)
         if not self._post_norms:
             x = self._norm(block, "input_layernorm")(x)
@@ -1696,6 +1715,8 @@ class ModelAdapter:
         elif gate is not None:
             out = out * mx.sigmoid(gate)
         r = self._part(attn, "o_proj")(self._blas_rows(out))
+        if self._attn_res:
+            return self._residual_finish(layer, h[:, :n], r[:, :n])
         if self._layer_input:  # gemma4 E2B/E4B: this layer's input, then the later layers'
             width = self._layer_input  # (after Gemma 3n's streams)
             h, given, later = (h[..., :self._streams], h[..., self._streams:self._streams + width],
@@ -1783,6 +1804,9 @@ class ModelAdapter:
             return self._deepseek_v4_block(layer, h, state, positions)
         if self._whole_block:  # mlx-lm's block, its norms and MLP included
             return block(h, mask=None, cache=cache)
+        if self._attn_res:  # kimi_k3
+            x = self._residual_mix(h, block.self_attention_res_norm, block.self_attention_res_proj)
+            return self._residual_finish(layer, h, mixer(norm(x), None, cache)[:, :n])
         x = (self._lightning_attention(mixer, norm(h), cache, positions) if self._lightning
              else mixer(norm(h), None, cache) if self._mixer_mask else mixer(norm(h), cache))
         h = self._blas_rows(h + self._branch(x))
@@ -1996,6 +2020,35 @@ class ModelAdapter:
         corrected[1:] = corrected[1:] + block.post_per_layer_input_norm(
             block.per_layer_projection(first))
         return corrected.transpose(1, 2, 0, 3).reshape(1, n, -1)
+
+    def _residual_mix(self, h: mx.array, norm: nn.Module, proj: nn.Module) -> mx.array:
+        """Kimi K3's attention residuals: the input (1, n, D) that a layer's attention or MLP
+        (its ``norm`` and ``proj``), or the final norm, takes from hidden states ``h``
+        (1, n, (1 + K) x D: the sum since the last block began, then the K blocks' inputs):
+        mlx-lm's softmax mix of them all, by its own function."""
+        from mlx_lm.models.kimi_k3 import ResidualBlocks, _attn_res_mix
+
+        blocks, d = ResidualBlocks(text_args(self.text).rms_norm_eps), self._hidden
+        for k in range(1, h.shape[-1] // d):
+            blocks.append(h[..., k * d:(k + 1) * d])
+        weight = norm.weight.astype(mx.float32) * proj.weight.reshape(-1)
+        return _attn_res_mix(blocks, h[..., :d], weight, blocks.eps)
+
+    def _residual_finish(self, layer: int, h: mx.array, r: mx.array) -> mx.array:
+        """Kimi K3's layer after its attention (or KDA) output ``r`` (1, n, D) on hidden
+        states ``h`` (1, n, (1 + K) x D, :meth:`_residual_mix`): at a block's first layer the
+        sum so far becomes the new block's input and the sum restarts from ``r``, else ``r`` is
+        added to it; then the MLP on the mix, added to the sum."""
+        block, d = self.layers[layer], self._hidden
+        total, blocks = h[..., :d], h[..., d:]
+        if block.is_block_start:
+            total, blocks = r, mx.concatenate([blocks, total], axis=-1)
+        else:
+            total = total + r
+        x = self._residual_mix(mx.concatenate([total, blocks], axis=-1), block.mlp_res_norm,
+                               block.mlp_res_proj)
+        total = total + self._mlp(layer, block.post_attention_layernorm(x))
+        return mx.concatenate([total, blocks], axis=-1)
 
     def _branch(self, x: mx.array) -> mx.array:
         """A residual branch's output as it is added: times Granite's residual multiplier."""

@@ -304,6 +304,13 @@ compressor, experts routed by token id, a hyper-connection head; not mlx-lm's ``
   ones from ``leading_dense_block_count`` on; low-rank queries (mlx-lm's model projects them in
   one step), one expert per token (llama.cpp renormalises its weight to 1) and an RMS epsilon
   other than 1e-6 (llama.cpp's KDA q/k L2 norms take it, mlx-lm's are 1e-6) refused.
+* ``kimi-k3`` (Kimi K3's text model, ``kimi_k3``): Kimi Linear's reading, low-rank queries too,
+  the KDA layers' q/k/v and conv kernels fused as mlx-lm's (``qkv_proj``, ``qkv_conv``), their
+  full-rank gate ``ssm_g`` and ``kda.gate_lower_bound``; the latent attention's output gate
+  ``attn_gate``; sigmoid-routed experts on an ``expert_latent_length`` latent (``ffn_routed_*``),
+  renormalised where ``expert_weights_norm``; SiTU (``activation.situ_*beta``); attention
+  residuals in blocks of ``attn_res.block_size``, each fused score (``*_res_score``) a res_proj
+  under a norm of ones. What one config cannot say for every layer is refused by the shapes.
 
 Every failure on bad metadata is a :class:`UserInputError` with a one-line message.
 """
@@ -376,6 +383,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "plamo2": "Plamo2ForCausalLM", "plamo": "PlamoForCausalLM",
                  "plamo3": "Plamo3ForCausalLM", "deepseek32": "DeepseekV32ForCausalLM",
                  "glm-dsa": "GlmMoeDsaForCausalLM", "kimi-linear": "KimiLinearForCausalLM",
+                 "kimi-k3": "KimiK3ForConditionalGeneration",
                  "bailingmoe3": "BailingMoeV3ForCausalLM",
                  "muse-glimmer": "MuseGlimmerForConditionalGeneration",
                  "spark2_5": "Spark2_5ForCausalLM"}
@@ -404,7 +412,7 @@ _MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "q
                 **dict.fromkeys(BAILING, "bailing_moe"), "nemotron_h_moe": "nemotron_h",
                 "falcon-h1": "falcon_h1", "deepseek32": "deepseek_v32", "glm-dsa": "glm_moe_dsa",
                 "kimi-linear": "kimi_linear", "bailingmoe3": "bailing_moe_v3",
-                "muse-glimmer": "muse_glimmer"}
+                "muse-glimmer": "muse_glimmer", "kimi-k3": "kimi_k3"}
 # mlx-lm's switches for optional biases, each by the tensor that has one when it is on, and the
 # switches of each architecture's model (llama.cpp's seed_oss and ERNIE 4.5 graphs apply q/k/v
 # biases only; mlx-lm's models take every bias the GGUF holds)
@@ -515,7 +523,7 @@ _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gpt
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
 # The architectures of multi-head latent attention
 MLA = ("deepseek2", "minicpm3", "mistral4", "deepseek32", "glm-dsa", "kimi-linear",
-       "bailingmoe3")
+       "bailingmoe3", "kimi-k3")
 # DeepSeek's sparse attention (a lightning indexer per layer): DeepSeek-V3.2's, GLM-5's
 DSA = ("deepseek32", "glm-dsa")
 # MiniCPM3: the embedding, residual and logit scales llama.cpp hard-wires (its converter writes
@@ -611,7 +619,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
                 "minicpm3", "granitehybrid", "chatglm", "jamba", "exaone-moe", "afmoe",
                 "phimoe", "minimax-m2", "mimo2", "step35", "deci", "talkie", "laguna",
                 *BAILING, "falcon-h1", "plamo2", "plamo", "plamo3", "kimi-linear", "bailingmoe3",
-                "gemma3n", "muse-glimmer", "spark2_5", "minimax-m3"):
+                "kimi-k3", "gemma3n", "muse-glimmer", "spark2_5", "minimax-m3"):
         # llama.cpp requires it (mlx-lm's gemma2 has no default either)
         required += ("attention.layer_norm_rms_epsilon",)
     if arch in LFM2:
@@ -623,8 +631,11 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
         required += tuple(f"ssm.{k}" for k in ("conv_kernel", "inner_size", "state_size",
                                                "time_step_rank", "group_count")
                           if arch != "jamba" or k != "group_count")
-    if arch in ("kimi-linear", "bailingmoe3"):  # llama.cpp requires them
+    if arch in ("kimi-linear", "bailingmoe3", "kimi-k3"):  # llama.cpp requires them
         required += ("ssm.conv_kernel", "kda.head_dim", "expert_gating_func")
+    if arch == "kimi-k3":
+        required += ("attn_res.block_size", "activation.situ_beta",
+                     "activation.situ_linear_beta", "expert_shared_count")
     if arch == "bailingmoe3":
         required += ("kda.gate_lower_bound", "expert_shared_count", "leading_dense_block_count")
     if arch in ("nemotron_h", "nemotron_h_moe"):  # llama.cpp requires it (its RMS epsilon
@@ -642,7 +653,7 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     # (and LFM2's and Granite 4.0's, 0 in their recurrent layers: _hybrid_kv_heads)
     by_layer = gemma4 or arch in (*LFM2, "granitehybrid", "jamba", "mimo2", "step35", "deci",
                                   "nemotron_h", "nemotron_h_moe", "plamo2", "kimi-linear",
-                                  "bailingmoe3")
+                                  "bailingmoe3", "kimi-k3")
     openelm = arch == "openelm"  # every count by layer: _openelm_config's (deci's: _deci_config's)
     heads_by_layer = openelm or arch in ("step35", "deci", "laguna", "plamo2")
 
@@ -956,6 +967,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch == "kimi-linear":
         config.update(_kimi_linear_config(g, count, real, optional, experts, tensors, config,
                                           rope_dims))
+    if arch == "kimi-k3":
+        config.update(_kimi_k3_config(g, count, real, positive, optional, experts, tensors,
+                                      config, rope_dims))
     if arch == "bailingmoe3":
         config.update(_bailingmoe3_config(g, count, real, optional, experts, tensors, config,
                                           rope_dims))
@@ -2175,16 +2189,17 @@ def _latent_attention(arch: str, count: Any, tensors: dict, config: dict,
 
 
 def _kimi_linear_config(g: Any, count: Any, real: Any, optional: Any, experts: Any,
-                        tensors: dict, config: dict, rope_dims: int) -> dict:
+                        tensors: dict, config: dict, rope_dims: int,
+                        arch: str = "kimi-linear") -> dict:
     """mlx-lm's kimi_linear settings of a GGUF, read as llama.cpp reads it: Kimi Delta
     Attention (``attention.head_count`` heads ``kda.head_dim`` wide, ``ssm.conv_kernel``) where
     a layer has no key/value heads, latent attention without RoPE in the others (queries in one
     step: low-rank ones refused), experts from ``leading_dense_block_count`` on, routed by the
     gating function (sigmoid or softmax; no groups), their top weights renormalised (one expert
     a token refused: llama.cpp's weight 1, mlx-lm's its score) and scaled; an RMS epsilon other
-    than mlx-lm's KDA q/k norms' (llama.cpp's take it) refused."""
-    arch = "kimi-linear"
-    if any(".attn_q_a." in name for name in tensors):
+    than mlx-lm's KDA q/k norms' (llama.cpp's take it) refused. (Kimi K3's ``arch``: its
+    low-rank queries taken, :func:`_kimi_k3_config`.)"""
+    if arch == "kimi-linear" and any(".attn_q_a." in name for name in tensors):
         raise UserInputError(f"GGUF {arch} with low-rank queries (attn_q_a) is not supported "
                              "(mlx-lm's kimi_linear projects its queries in one step)")
     kv = _hybrid_kv_heads(arch, g, count, config, "Kimi Delta Attention")
@@ -2197,7 +2212,8 @@ def _kimi_linear_config(g: Any, count: Any, real: Any, optional: Any, experts: A
     n_experts, n_used = experts()
     if n_used == 1:
         raise UserInputError(f"GGUF {arch} with one expert per token is not supported (llama.cpp "
-                             "renormalises its weight to 1, mlx-lm's kimi_linear keeps its score)")
+                             f"renormalises its weight to 1, mlx-lm's {config['model_type']} "
+                             "keeps its score)")
     _check_kda_eps(arch, config)
     head_dim = config["head_dim"]
     latent = _latent_attention(arch, count, tensors, config, rope_dims)
@@ -2216,6 +2232,38 @@ def _kimi_linear_config(g: Any, count: Any, real: Any, optional: Any, experts: A
             "moe_layer_freq": 1, "moe_router_activation_func": gating, "moe_renormalize": True,
             "routed_scaling_factor": real("expert_weights_scale", 0.0) or 1.0,
             "use_grouped_topk": False, "num_expert_group": 1, "topk_group": 1}
+
+
+def _kimi_k3_config(g: Any, count: Any, real: Any, positive: Any, optional: Any,
+                    experts: Any, tensors: dict, config: dict, rope_dims: int) -> dict:
+    """mlx-lm's kimi_k3 settings of a GGUF, read as llama.cpp reads it: Kimi Linear's
+    (:func:`_kimi_linear_config`; low-rank queries where it has them, sigmoid routing only), the
+    KDA layers' full-rank gate and ``kda.gate_lower_bound`` (none without), the latent
+    attention's output gate where it has ``attn_gate``, experts on an ``expert_latent_length``
+    latent (normed where ``ffn_routed_norm``) renormalised where ``expert_weights_norm``, SiTU's
+    betas (llama.cpp's up branch untouched where its beta is not positive) and attention
+    residuals in blocks of ``attn_res.block_size`` (none where 0)."""
+    arch = "kimi-k3"
+    if g("expert_gating_func") != _SIGMOID_GATING:
+        raise UserInputError(f"GGUF {arch} with expert gating function "
+                             f"{shown(g('expert_gating_func'), 20)} is not supported (mlx-lm's "
+                             f"kimi_k3 routes by sigmoid ({_SIGMOID_GATING}))")
+    settings = _kimi_linear_config(g, count, real, optional, experts, tensors, config,
+                                   rope_dims, arch)
+    settings["linear_attn_config"].update(use_full_rank_gate=True)
+    if g("kda.gate_lower_bound") is not None:
+        settings["linear_attn_config"]["gate_lower_bound"] = real("kda.gate_lower_bound")
+    linear_beta = real("activation.situ_linear_beta")
+    block = optional("attn_res.block_size")
+    return {**settings, "hidden_act": "situ",
+            "activation_situ_beta": positive("activation.situ_beta"),
+            "activation_situ_linear_beta": linear_beta if linear_beta > 0 else None,
+            "attn_res_block_size": block or None,
+            "mla_use_output_gate": any(n.endswith(".attn_gate.weight") for n in tensors),
+            "routed_expert_hidden_size": optional("expert_latent_length") or None,
+            "latent_moe_use_norm": any(".ffn_routed_norm." in n for n in tensors),
+            "moe_renormalize": bool(g("expert_weights_norm", False)),
+            "tie_word_embeddings": False}
 
 
 def _check_kda_eps(arch: str, config: dict) -> None:

@@ -12,7 +12,8 @@ llama.cpp's RoPE layout to the Hugging Face one (InternLM2's and Ling 1's too, f
 LFM2's convolution kernels become MLX's Conv1d layout (:func:`lfm2_tensors`), Granite 4.0's
 Mamba-2 tensors and Jamba's Mamba ones mlx-lm's (:func:`granitehybrid_tensors`,
 :func:`jamba_tensors`), Kimi Linear's and Ling 2.5/3's Kimi Delta Attention ones mlx-lm's
-(:func:`kimi_linear_tensors`, :func:`bailingmoe3_tensors`); a deci layer's linear map for attention
+(:func:`kimi_linear_tensors`, :func:`bailingmoe3_tensors`; Kimi K3's fused as mlx-lm's:
+:func:`kimi_k3_tensors`); a deci layer's linear map for attention
 its ``self_attn.linear`` (:func:`deci_tensors`).
 """
 
@@ -297,6 +298,18 @@ _KIMI_LINEAR_LAYER_NAMES = {**_DEEPSEEK2_LAYER_NAMES,
                                for p in "fg" for ab in "ab"},
                             "ssm_beta": "self_attn.b_proj", "ssm_a": "self_attn.A_log",
                             "ssm_dt.bias": "self_attn.dt_bias", "ssm_norm": "self_attn.o_norm"}
+# Kimi K3: Kimi Linear's, the KDA layers' q/k/v projections and kernels fused (kimi_k3_tensors),
+# their full-rank gate and the latent attention's output gate (both g_proj), the residual
+# scores as res_proj (under norms of ones), the experts' latent projections and norm
+_KIMI_K3_LAYER_NAMES = {**_KIMI_LINEAR_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj",
+                        "ssm_conv1d_qkv": "self_attn.qkv_conv.conv", "ssm_g": "self_attn.g_proj",
+                        "attn_gate": "self_attn.g_proj",
+                        **{f"{a}_res_{b}": f"{m}_res_{b.replace('score', 'proj')}"
+                           for a, m in (("attn", "self_attention"), ("ffn", "mlp"))
+                           for b in ("score", "norm")},
+                        "ffn_routed_down": "mlp.routed_expert_down_proj",
+                        "ffn_routed_up": "mlp.routed_expert_up_proj",
+                        "ffn_routed_norm": "mlp.routed_expert_norm"}
 # Ling 2.5/3: Kimi Linear's names at block.attention (the KDA layers' full-rank gate projections
 # f_proj and g_proj), the latent attention's output dense (bailingmoe3_tensors names it apart)
 # and gate per head; Ling's router, its selection bias, its experts and shared ones
@@ -467,7 +480,7 @@ _ARCH_LAYER_NAMES = {**dict.fromkeys(("gemma2", "gemma3"), _GEMMA3_LAYER_NAMES),
                      "internlm2": _INTERNLM2_LAYER_NAMES, "qwen": _QWEN_LAYER_NAMES,
                      **dict.fromkeys(("gpt2", "starcoder"), _GPT2_LAYER_NAMES),
                      "openelm": _OPENELM_LAYER_NAMES,
-                     "kimi-linear": _KIMI_LINEAR_LAYER_NAMES,
+                     "kimi-linear": _KIMI_LINEAR_LAYER_NAMES, "kimi-k3": _KIMI_K3_LAYER_NAMES,
                      "bailingmoe3": _BAILINGMOE3_LAYER_NAMES,
                      **dict.fromkeys(BAILING, _BAILING_LAYER_NAMES),
                      # DeepSeek-MoE: Qwen3-MoE's router and experts' stacks, its shared experts
@@ -502,6 +515,13 @@ _ARCH_LAYOUT = {**dict.fromkeys(("exaone", "qwen"), (
                     "token_embd": "language_model.model.embed_tokens",
                     "output_norm": "language_model.model.norm",
                     "output": "language_model.lm_head"}),
+                # Kimi K3: its text model's, with the final residual score and its norm
+                "kimi-k3": ("language_model.model.layers", {
+                    "token_embd": "language_model.model.embed_tokens",
+                    "output_norm": "language_model.model.norm",
+                    "output": "language_model.lm_head",
+                    **{f"output_res_{p}": f"language_model.model.output_attn_res_{q}"
+                       for p, q in (("score", "proj"), ("norm", "norm"))}}),
                 # MiniMax-M3: its text model's
                 "minimax-m3": ("language_model.model.layers", {
                     "token_embd": "language_model.model.embed_tokens",
@@ -1033,6 +1053,35 @@ def kimi_linear_tensors(tensors: dict, config: dict) -> dict:
     return jamba_tensors(_kda_tensors(tensors, config), config, ())
 
 
+def kimi_k3_tensors(tensors: dict, config: dict) -> dict:
+    """A Kimi K3 GGUF's tensors as mlx-lm's kimi_k3 has its parameters: Kimi Linear's
+    (:func:`kimi_linear_tensors`), each KDA layer's q, k and v projections and conv kernels
+    fused, their rows in that order (``qkv_proj``, ``qkv_conv``; kept quantized where of one
+    type), and each residual score (llama.cpp's converter multiplied the res_norm weight into
+    the res_proj row) a (1, hidden) res_proj under a norm of ones."""
+    from gguf import GGMLQuantizationType as T
+
+    out = kimi_linear_tensors(tensors, config)
+    for i in (layer - 1 for layer in config["linear_attn_config"]["kda_layers"]):
+        for roles, role in ((("attn_q", "attn_k", "attn_v"), "attn_qkv"),
+                            (tuple(f"ssm_conv1d_{p}" for p in "qkv"), "ssm_conv1d_qkv")):
+            names = [f"blk.{i}.{r}.weight" for r in roles]
+            if not all(name in out for name in names):
+                continue  # (check_shapes names what is missing)
+            parts, fused = [out.pop(name) for name in names], f"blk.{i}.{role}.weight"
+            shape = np.array(parts[0].shape.tolist())
+            shape[-1] = sum(int(p.shape[-1]) for p in parts)
+            same = len({p.tensor_type for p in parts}) == 1
+            out[fused] = _Part(fused, parts[0].tensor_type if same else T.F32, shape,
+                               _rows(parts, np.arange(shape[-1]), dequantize=not same))
+    for name, t in tensors.items():
+        if name.endswith("res_score.weight"):
+            norm, size = name.replace("_score.", "_norm."), int(np.prod(t.shape))
+            out[name] = _Part(name, t.tensor_type, np.array([size, 1]), t.data)
+            out[norm] = _Part(norm, T.F32, np.array([size]), np.ones(size, np.float32))
+    return out
+
+
 def bailingmoe3_tensors(tensors: dict, config: dict) -> dict:
     """A Ling 2.5/3 GGUF's tensors as mlx-lm's bailing_moe_v3 has its parameters
     (:func:`_kda_tensors`): A_log (heads,) of llama.cpp's exp(A_log) (heads, 1), the latent
@@ -1323,6 +1372,7 @@ REGROUPED = {"gemma4": gemma4_tensors, "gemma3n": gemma3n_tensors, "qwen3next": 
              "plamo2": plamo2_tensors, "plamo": plamo_tensors,
              "plamo3": partial(plamo2_tensors, offsets=_PLAMO3_NORM_OFFSETS),
              "kimi-linear": kimi_linear_tensors, "bailingmoe3": bailingmoe3_tensors,
+             "kimi-k3": kimi_k3_tensors,
              "muse-glimmer": muse_glimmer_tensors}
 
 

@@ -438,7 +438,8 @@ def test_shard_checks_minimax_m3s_indexer_heads_before_sharding():
                                   "baichuan_m1", "olmo_hybrid", "kimi_linear",
                                   "bailing_moe_linear", "bailing_hybrid", "gemma3n",
                                   "muse_glimmer", "spark2_5", "phi3small",
-                                  "prism_hadamard_qwen35", "longcat_flash_ngram", "muse_spark"])
+                                  "prism_hadamard_qwen35", "longcat_flash_ngram", "muse_spark",
+                                  "kimi_k3"])
 def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     """OLMo's q/k norms span every head: split by heads they would normalise each rank's share
     alone; Gemma 4's global layers have one key/value head; ERNIE 4.5's, Mixtral's, Qwen2-MoE's,
@@ -451,7 +452,8 @@ def test_a_model_no_sharder_splits_is_refused(tiny_model, kind):
     attention and experts, its wrapper without a ``shard``), MiMo-V2-Flash's (heads and
     sinks by layer, MoE blocks), Nemotron-NAS's layers (linear maps for attention), PLaMo
     3's (a fused q/k/v of unequal parts), Talkie's (its parts named otherwise, a gain per
-    head), Ling 2.5's or Kimi Linear's (Kimi Delta Attention, latent attention, experts) or OLMo
+    head), Ling 2.5's, Kimi Linear's or Kimi K3's (Kimi Delta Attention, latent attention,
+    experts; mlx-lm splits Kimi K3's, the engine runs its KDA layers whole) or OLMo
     Hybrid's (Gated DeltaNet, OLMo's q/k norms) or Ring-linear's and Ling 2.5 linear's
     (lightning attention, experts). Refused (mlx-lm
     has no ``shard`` for them either; LongCat-Flash's blocks of two attentions and a

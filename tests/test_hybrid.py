@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+from mlx_lm.models.kimi_k3 import ResidualBlocks, _attn_res_mix
 
 from mlx_lazy import (LazyEngine, PruningConfig, UserInputError, build_schedule,
                       can_trim_prompt_cache, generate_step, load_prompt_cache,
@@ -43,9 +44,11 @@ from tiny_models import build_tiny_model
 #: and Ling 2.5's (Kimi Delta Attention for recurrent ones, gated latent attention, experts)
 #: and Kimi Linear's (the same, its latent attention without RoPE or gate) and OLMo Hybrid's
 #: (Gated DeltaNet for recurrent ones, OLMo 3's post-norm attention) and Ring-linear's and Ling
-#: 2.5 linear's (lightning attention for recurrent ones, Ling's attention or latent attention).
+#: 2.5 linear's (lightning attention for recurrent ones, Ling's attention or latent attention)
+#: and Kimi K3's (Kimi Linear's, with attention residuals: each token's blocks carried).
 KINDS = ("qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "nemotron_h", "jamba",
-         "bailing_moe_v3", "olmo_hybrid", "kimi_linear", "bailing_moe_linear", "bailing_hybrid")
+         "bailing_moe_v3", "olmo_hybrid", "kimi_linear", "bailing_moe_linear", "bailing_hybrid",
+         "kimi_k3")
 STATIC = PruningConfig("static", prune_layers=(3,), keep=(0.3,))
 NO_REVIVAL = PruningConfig("lazy", prune_layers=(3,), keep=(0.3,), revive=False)
 
@@ -89,6 +92,9 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
     (convolutions over 4 tokens), its attention absorbed latent attention with traditional RoPE
     and a gate per head, its layers from 1 on experts; Kimi Linear's are Kimi Delta Attention
     layers, its attention absorbed latent attention without RoPE, its layers from 1 on experts;
+    Kimi K3's too, its latent attention with low-rank queries and a full-width gate, its
+    experts on a normed latent, its SiTU's betas its config's, its residual blocks starting at
+    layers 0, 3 and 6;
     OLMo Hybrid's are Gated DeltaNet layers, its attention has no norm before it, one after it
     and q/k norms over all heads; Ring-linear's and Ling 2.5 linear's are lightning attention
     layers (RoPE over half of each head, a decay per head), their attention Ling's (fused
@@ -111,6 +117,13 @@ def test_the_tiny_hybrid_is_what_it_claims(hybrid):
     elif model.model_type == "kimi_linear":
         assert model.layers[0].self_attn.conv_kernel == 4 and hasattr(attn, "embed_q")
         assert "rope" not in attn and "switch_mlp" in model.layers[1].mlp
+    elif model.model_type == "kimi_k3":
+        assert model.layers[0].self_attn.conv_kernel == 4 and "rope" not in attn
+        assert "q_a_proj" in attn and attn.g_proj.weight.shape[0] == 4 * attn.v_head_dim
+        moe = model.layers[1].mlp
+        assert "switch_mlp" in moe and moe.routed_expert_norm.weight.shape == (32,)
+        assert (model.layers[0].mlp.beta, moe.switch_mlp.activation.linear_beta) == (2.0, 3.0)
+        assert [layer.is_block_start for layer in model.layers] == [i % 3 == 0 for i in range(8)]
     elif model.model_type == "olmo_hybrid":
         assert "linear_attn" in model.layers[0] and "input_layernorm" not in model.layers[3]
         assert attn.q_norm.weight.shape[0] == attn.num_attention_heads * attn.head_dim
@@ -148,13 +161,15 @@ def test_nothing_pruned_by_a_cut_matches_mlx_lm(hybrid):
     assert mlx_lm_error(model, nothing_pruned, prompt, 8) < LOGITS_TOL
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5-moe", "lfm2-vl", "prism_hadamard_qwen35"])
+@pytest.mark.parametrize("kind", ["qwen3_5-moe", "lfm2-vl", "prism_hadamard_qwen35",
+                                  "kimi_k3-plain"])
 def test_the_moe_layout_matches_mlx_lm(tmp_path, kind):
     """``qwen3_5_moe``: its sparse MoE block (2 of 4 experts and a shared one) is the MLP;
     ``lfm2-vl`` (LFM2-VL): LFM2 as the text model of a vision-language checkpoint;
     ``prism_hadamard_qwen35``: Qwen3.5's with 2-bit packed linears, embedding and head that
-    rotate their inputs (blocks of 512) or not; unpruned and through a cut that keeps every
-    token (those two)."""
+    rotate their inputs (blocks of 512) or not; ``kimi_k3-plain``: Kimi K3's without attention
+    residuals, output gate or low-rank queries; unpruned and through a cut that keeps every
+    token (those three)."""
     model, _ = mlx_lm.load(str(build_tiny_model(kind, tmp_path)))
     prompt = random_prompt(200, ModelAdapter(model).vocab_size, seed=8)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 16) < LOGITS_TOL
@@ -168,6 +183,9 @@ def test_the_moe_layout_matches_mlx_lm(tmp_path, kind):
         assert type(ModelAdapter(model)._embedding).__name__ == "HadamardQuantizedEmbedding"
         assert len(blocks) == 2 + 2 * 8 and set(blocks) == {512}
         assert ModelAdapter(model).variant() == "float32+q2g128"
+    elif kind == "kimi_k3-plain":
+        attn = model.layers[3].self_attn
+        assert not model.layers[0].use_attn_res and "q_proj" in attn and "g_proj" not in attn
     else:
         assert model.model_type == "qwen3_5_moe" and hasattr(model.layers[0].mlp, "shared_expert")
     engine = LazyEngine(model, resolve_config(model, NO_REVIVAL))
@@ -230,7 +248,9 @@ def test_lfm2s_feed_forward_takes_its_activation_from_the_cpu_kernel(tmp_path, m
 def test_a_quantized_copy_matches_mlx_lm_and_keeps_its_identity(hybrid_dir):
     model, _ = mlx_lm.load(str(hybrid_dir))
     base = ModelAdapter(model).identity()
-    nn.quantize(model, group_size=32, bits=4)
+    nn.quantize(model, group_size=32, bits=4,  # (not Kimi K3's 1-wide res_proj: mlx-lm's nor)
+                class_predicate=lambda path, m: hasattr(m, "to_quantized")
+                and not path.endswith("res_proj"))
     assert identities_match(base, ModelAdapter(model).identity())
     prompt = random_prompt(100, ModelAdapter(model).vocab_size, seed=2)
     nothing_pruned = PruningConfig("lazy", prune_layers=(3,), keep=(1.0,), revive=False)
@@ -271,6 +291,8 @@ def _attention_qkv(layer, h, positions):
     olmo = "post_feedforward_layernorm" in layer  # olmo_hybrid: no norm before attention
     qwen = hasattr(attn, "q_norm") and not olmo
     norm = getattr(layer, "operator_norm", None) or getattr(layer, "input_layernorm", None)
+    if "self_attention_res_norm" in layer:  # kimi_k3: the mix of its residual blocks
+        h = _attn_res_mix(*_residual_blocks(h, layer)[::-1], layer._attn_res_w_eff, layer.eps)
     x = h if olmo else (norm or layer.norm)(h)  # nemotron_h: norm
     rope = getattr(attn, "rope", None)
     if "embed_q" in attn:  # bailing_moe_v3
@@ -348,6 +370,28 @@ def _attention(layer, h, positions, store):
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
+def _residual_blocks(h, layer):
+    """Kimi K3's hidden states ``h`` carrying each token's residual blocks after its sum (the
+    engine's layout) as mlx-lm's layer takes them: the sum and a ``ResidualBlocks``."""
+    d = layer.mlp_res_norm.weight.shape[0]
+    blocks = ResidualBlocks(layer.eps)
+    for k in range(1, h.shape[-1] // d):
+        blocks.append(h[..., k * d:(k + 1) * d])
+    return h[..., :d], blocks
+
+
+def _carrying_blocks(layer):
+    """Kimi K3's block called as the others' are, on hidden states that carry the residual
+    blocks (:func:`_residual_blocks`), with mlx-lm's model's masks (causal in attention; its
+    attention has no RoPE, so the kept tokens' positions change nothing)."""
+    def call(h, mask=None, cache=None):
+        h, blocks = _residual_blocks(h, layer)
+        mask = None if layer.is_linear else create_attention_mask(h, cache, return_array=True)
+        h, blocks = layer(h, mask=mask, cache=cache, blocks=blocks)
+        return mx.concatenate([h, *blocks.raw], axis=-1)
+    return call
+
+
 def _recurrent(layer, h, positions, cache):
     """mlx-lm's block (recurrent, or attention over its cache) on hidden states ``h`` at
     ``positions``; a lightning-attention one (bailing_moe_linear's, bailing_hybrid's) a token at
@@ -367,6 +411,7 @@ def reference_static(model, prompt, keep, steps, cut=3):
     outer = getattr(model, "language_model", model)  # Qwen3.5's text model, or the model
     text = getattr(outer, "backbone", None) or outer.model  # nemotron_h's backbone
     layers, caches, n = text.layers, make_prompt_cache(model), len(prompt)
+    calls = [_carrying_blocks(layer) if "mlp_res_norm" in layer else layer for layer in layers]
     if len(caches) < len(layers):  # nemotron_h: none for its MLP layers
         given = iter(caches)
         caches = [next(given) if layer.block_type in "M*" else None for layer in layers]
@@ -376,8 +421,8 @@ def reference_static(model, prompt, keep, steps, cut=3):
     h = embed(prompt[None]) * scale
     for i in range(cut + 1):
         h_in = h
-        h = layers[i](h, mask=create_attention_mask(h, return_array=True) if i == cut else None,
-                      cache=caches[i])
+        h = calls[i](h, mask=create_attention_mask(h, return_array=True) if i == cut else None,
+                     cache=caches[i])
     attn = attention_module(layers[cut])
     q = _attention_qkv(layers[cut], h_in[:, -1:], [n - 1])[0]
     state = caches[cut].state  # bailing_moe_v3: the latent, then k_pe (its key together)
@@ -388,8 +433,9 @@ def reference_static(model, prompt, keep, steps, cut=3):
     scores[[0, n - 1]] = np.inf
     kept = np.sort(np.argsort(-scores, kind="stable")[: round(keep * n)])
     h, positions = h[:, mx.array(kept)], kept
-    stores = {i: {} for i in range(cut + 1, len(layers))
-              if i not in recurrent_layers(model) + stateless_layers(model)}
+    stores = {i: {} for i in range(cut + 1, len(layers))  # (kimi_k3's attention: its own)
+              if i not in recurrent_layers(model) + stateless_layers(model)
+              and calls[i] is layers[i]}
     head = getattr(outer, "lm_head", None) or embed.as_linear  # lfm2: tied
     norm = (getattr(text, "norm", None) or getattr(text, "embedding_norm", None)  # lfm2's
             or getattr(text, "final_layernorm", None)  # jamba's
@@ -398,13 +444,18 @@ def reference_static(model, prompt, keep, steps, cut=3):
     for step in range(steps + 1):
         for i in range(cut + 1, len(layers)):
             h = (_attention(layers[i], h, positions, stores[i]) if i in stores
-                 else _recurrent(layers[i], h, positions, caches[i]))
-        logits.append(head(norm(h[:, -1]))[0] / getattr(outer, "logits_scaling", 1.0))
+                 else _recurrent(calls[i], h, positions, caches[i]))
+        last = h[:, -1]
+        if "output_attn_res_norm" in text:  # kimi_k3: its residual blocks and sum mixed
+            weight = text.output_attn_res_norm.weight * text.output_attn_res_proj.weight[0]
+            last = _attn_res_mix(*_residual_blocks(last, layers[0])[::-1], weight,
+                                 layers[0].eps)
+        logits.append(head(norm(last))[0] / getattr(outer, "logits_scaling", 1.0))
         token = mx.argmax(logits[-1])
         positions = np.array([n + step])
         h = embed(token.reshape(1, 1)) * scale
         for i in range(cut + 1):
-            h = _recurrent(layers[i], h, positions, caches[i])
+            h = _recurrent(calls[i], h, positions, caches[i])
     return kept, logits
 
 

@@ -88,14 +88,16 @@ def write_lfm2_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None 
 def write_model(path: Path, arch: str, shapes: dict, name_of, kv: dict, tok_folder: Path,
                 types: dict, extra: dict | None, pre: str, layout=None) -> dict:
     """A GGUF of ``arch`` with the metadata ``kv`` (writer method suffix -> value, or a key
-    under ``arch`` with a dot -> a bool, int or float; None left out), the tokenizer of
+    under ``arch`` with a dot or no such method -> a bool, int or float; None left
+    out), the tokenizer of
     ``tok_folder`` and random tensors of mlx-lm's ``shapes`` under the names ``name_of`` gives
     them (``types`` by role as write_lfm2_gguf's; convolution kernels
     float32), in llama.cpp's layout where ``layout(role, stored)`` gives one, and ``extra``
     float32 ones; returns what the stored tensors dequantize to, by mlx-lm's names."""
     w = gguf.GGUFWriter(str(path), arch)
     for key, value in kv.items():
-        if value is not None and "." in key:  # a key gguf's writer has no method for
+        # a key gguf's writer has no method for
+        if value is not None and ("." in key or not hasattr(w, f"add_{key}")):
             add = (w.add_bool if isinstance(value, bool) else
                    w.add_uint32 if isinstance(value, int) else w.add_float32)
             add(f"{arch}.{key}", value)

@@ -35,7 +35,7 @@ KINDS = ("llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "seed_oss", "ernie4
          "laguna", "talkie", "bailing_moe_v3", "longcat_flash", "falcon_h1", "plamo2",
          "lille-130m", "plamo", "bitnet", "gear", "recurrent_gemma", "afm7", "baichuan_m1",
          "olmo_hybrid", "kimi_linear", "muse_glimmer", "spark2_5", "iquestloopcoder", "phi3small",
-         "deepseek_v41")
+         "deepseek_v41", "kimi_k3")
 VOCAB_SIZE = 384
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -433,6 +433,18 @@ _KIND_CONFIG = {
                     "model_max_length": 4096, "num_experts": 4, "num_experts_per_token": 2,
                     "num_shared_experts": 1, "num_expert_group": 2, "topk_group": 1,
                     "routed_scaling_factor": 2.5, "mla_use_nope": True},
+    # Kimi K3: Kimi Linear's layout with low-rank queries and a sigmoid output gate in its
+    # latent attention, SiTU MLPs, the experts on a 32-wide latent (normed) and attention
+    # residuals: blocks of 3 layers (starting at 0, 3, 6), each layer's input a softmax mix of
+    # the blocks' inputs and its own
+    "kimi_k3": {"architectures": ["KimiK3ForCausalLM"], **_MLA, "num_hidden_layers": 8,
+                "linear_attn_config": {"kda_layers": [1, 2, 3, 5, 6, 7], "num_heads": 2,
+                                       "head_dim": 32, "short_conv_kernel_size": 4},
+                "q_lora_rank": 32, "mla_use_output_gate": True, "num_experts": 4,
+                "num_experts_per_token": 2, "num_shared_experts": 1, "num_expert_group": 2,
+                "topk_group": 1, "routed_scaling_factor": 2.5, "routed_expert_hidden_size": 32,
+                "latent_moe_use_norm": True, "hidden_act": "situ", "activation_situ_beta": 2.0,
+                "activation_situ_linear_beta": 3.0, "attn_res_block_size": 3},
     # LongCat-Flash: 2 blocks of two latent attentions (absorbed, low-rank queries, queries and
     # latent scaled) and two MLPs each, the first MLP's input also through 2 of 4 experts and 2
     # identity ("zero") experts, softmax-routed, scaled by 2.5, added after the second MLP
@@ -808,6 +820,9 @@ _VARIANTS = {
     "qwen2_vl": ("qwen2", {"model_type": "qwen2_vl",
                            "architectures": ["Qwen2VLForConditionalGeneration"],
                            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}),
+    # Kimi K3 without attention residuals, output gate or low-rank queries
+    "kimi_k3-plain": ("kimi_k3", {"attn_res_block_size": None, "mla_use_output_gate": False,
+                                  "q_lora_rank": None}),
     "qwen3_5-moe": ("qwen3_5", {"model_type": "qwen3_5_moe",
                                 "architectures": ["Qwen3_5MoeForConditionalGeneration"],
                                 "num_experts": 4, "num_experts_per_tok": 2,
@@ -858,7 +873,7 @@ _RANDOM_NORM_MODULES = ("exaone", "hunyuan_v1_dense", "stablelm", "minicpm", "mi
                         "nemotron-nas", "laguna", "bailing_moe_v3", "falcon_h1", "plamo",
                         "bitnet", "deepseek_v32", "glm_moe_dsa", "olmo_hybrid", "kimi_linear",
                         "bailing_moe_linear", "bailing_hybrid", "gemma3n", "muse_glimmer",
-                        "spark2_5", "iquestloopcoder", "phi3small", "muse_spark")
+                        "spark2_5", "iquestloopcoder", "phi3small", "muse_spark", "kimi_k3")
 
 
 def bitlinear_matmul(self: BitLinear, x: mx.array, packed: mx.array) -> mx.array:
