@@ -38,7 +38,7 @@ sys.exit(os.path.realpath(os.path.dirname(mlx_lazy.__file__)) != os.path.realpat
         "$PWD/mlx_lazy") >/dev/null 2>&1
 }
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! installed_here \
-        || ! "$PYTHON" -c "import mlx_lazy, mlx_lm, fastapi, uvicorn, sse_starlette, matplotlib, pytest, openai, hypothesis, ruff" >/dev/null 2>&1; then
+        || ! "$PYTHON" -c "import mlx_lazy, mlx_lm, fastapi, uvicorn, sse_starlette, matplotlib, pytest, xdist, openai, hypothesis, ruff" >/dev/null 2>&1; then
     "$PYTHON" -m pip install -q -e ".[test]"
     touch "$stamp"
 fi
