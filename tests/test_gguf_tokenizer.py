@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 from mlx_lazy.conversion import read_gguf
 from mlx_lazy.convert import convert
 from mlx_lazy.errors import UserInputError
+from mlx_lazy.folders import atomic_file
 from mlx_lazy.gguf_tokenizer import PRE_TOKENIZERS, build_tokenizer
 from mlx_lazy.models import cache_dir
 from test_convert import assert_one_line_error, run_main, write_gguf
@@ -560,9 +561,10 @@ def llama_cpp_vocabs() -> Path:
         with tarfile.open(sdists[0]) as tar:
             for member in tar.getmembers():
                 name = member.name.rpartition("/")[2]
-                if name in files:  # written whole, then renamed into place
-                    (folder / f"{name}.part").write_bytes(tar.extractfile(member).read())
-                    (folder / f"{name}.part").replace(folder / name)
+                if name in files:  # written whole, then renamed into place (another
+                    # test worker may be writing the same file beside: each its own temporary)
+                    with atomic_file(folder / name, "wb") as f:
+                        f.write(tar.extractfile(member).read())
     return folder
 
 
