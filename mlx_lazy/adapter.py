@@ -939,6 +939,10 @@ class ModelAdapter:
         self._softcaps = [getattr(a, "attn_logit_softcapping", None) or None for a in self._attns]
         # minimax_m3_vl: its sparse-attention layers, whose indexer chooses key blocks
         self._block_indexed = [getattr(a, "is_sparse_attn", False) for a in self._attns]
+        # what index_topk gives, read once: the engine asks at every layer of every step
+        self._index_topks = [attn.index_topk_blocks * attn.index_block_size if sparse else
+                             getattr(getattr(attn, "indexer", None), "index_topk", None)
+                             for attn, sparse in zip(self._attns, self._block_indexed)]
         attn = next((a for a in self._attns if a is not None), None)
         if attn is None:  # (a Mamba-only Granite 4.0 config, say)
             raise UserInputError(f"this {model_type} model has no attention layer; mlx-lazy "
@@ -1624,11 +1628,7 @@ class ModelAdapter:
         """How many keys each query of ``layer`` sees at most, those its indexer scores
         highest (DeepSeek-V3.2's lightning indexer's ``index_topk``; MiniMax-M3's
         ``index_topk_blocks`` blocks of ``index_block_size``); None for a layer without one."""
-        attn = self._attns[layer]
-        if self._block_indexed[layer]:
-            return attn.index_topk_blocks * attn.index_block_size
-        indexer = getattr(attn, "indexer", None)
-        return None if indexer is None else indexer.index_topk
+        return self._index_topks[layer]
 
     def index_mask(self, layer: int, index: mx.array, keys: mx.array, mask: mx.array,
                    rows: np.ndarray, kpos: np.ndarray) -> mx.array:
