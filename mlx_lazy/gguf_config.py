@@ -2,6 +2,14 @@
 :mod:`mlx_lazy.conversion`; its tensors become mlx-lm's arrays in :mod:`mlx_lazy.gguf_tensors`,
 its vocabulary a tokenizer in :mod:`mlx_lazy.gguf_tokenizer`).
 
+The converted model is mlx-lm's model of the checkpoint. Where llama.cpp computes otherwise
+and another of mlx-lm's models computes what llama.cpp does, the GGUF becomes that one
+(``deepseek2`` with another latent epsilon: ``glm4_moe_lite``); where none does, a difference
+is refused in one line, but for the epsilon of norms that the original model and mlx-lm's
+port hard-wire apart from the config's (the latent norms of DeepSeek's MLA, Kimi Delta
+Attention's q/k L2 norms, PLaMo 2's and Llama 4's q/k norms), where llama.cpp takes the GGUF's
+one epsilon: those keep the original's, the difference measured in docs/conversion.md.
+
 The architectures (llama.cpp's names), and what converting each involves:
 
 * ``llama``: Llama 2/3.x, Mistral's GGUFs too; Llama 3.1/3.2's ``rope_freqs`` become
@@ -72,12 +80,13 @@ The architectures (llama.cpp's names), and what converting each involves:
   attention and experts, softmax-routed (the chosen weights renormalised where
   ``expert_weights_norm``, expert groups ranked by their two best experts, as in both), YaRN;
   Llama 4's attention temperature where the GGUF gives one (llama.cpp's converter writes none:
-  then none), the latent norms' epsilon 1e-6 (mlx-lm's, hard-wired).
+  then none), the latent norms' epsilon 1e-6 (mlx-lm's, hard-wired; llama.cpp's the GGUF's).
 * ``deepseek32`` (DeepSeek-V3.2, ``deepseek_v32``) and ``glm-dsa`` (GLM-5, ``glm_moe_dsa``):
   deepseek2's latent attention and sigmoid-routed experts (YaRN as deepseek2's) with each
   layer's lightning indexer (``indexer.attn_q_b``, ``attn_k``, ``k_norm``, ``proj``; its heads,
   width and top-k from ``attention.indexer.*``), its RoPE NeoX-style in DeepSeek-V3.2 and
-  traditional in GLM-5, as llama.cpp turns them; the latent norms' epsilon 1e-6 (mlx-lm's);
+  traditional in GLM-5, as llama.cpp turns them; the latent norms' epsilon 1e-6 (mlx-lm's and
+  the original models', whatever the GGUF's: GLM-5's is 1e-5, which llama.cpp takes there);
   GLM-5.2's layers that reuse another's indexer refused. (mlx-lm's indexer key norm takes an
   epsilon of 1e-5, llama.cpp's 1e-6: it can only move a near-tie at the top-k's edge.)
 * ``glm4`` (GLM-4-0414 9B/32B): norms after each branch, the MLP's gate then up rows in one
@@ -287,8 +296,8 @@ compressor, experts routed by token id, a hyper-connection head; not mlx-lm's ``
   fused q/k/v, per-head q/k norm weights, NeoX RoPE) in the others, placed every
   ``mamba_step``-th as mlx-lm's plamo2 places them (another layout refused); each norm's weight
   less the offset llama.cpp's converter added, A_log of its -exp(A_log), the conv kernels in
-  MLX's layout; a RoPE base other than 10000 and a norm epsilon other than 1e-6 (mlx-lm's q/k
-  norms') refused. (mlx-lm's plamo2 clamps each time step to [0.001, 100], llama.cpp's does
+  MLX's layout; a RoPE base other than 10000 refused (its q/k norms' epsilon is mlx-lm's 1e-6,
+  llama.cpp's the GGUF's). (mlx-lm's plamo2 clamps each time step to [0.001, 100], llama.cpp's does
   not.) llama.cpp's PLaMo 2 vocabulary (``tokenizer.ggml.model`` "plamo2") is not converted.
 * ``falcon-h1`` (Falcon-H1, ``falcon_h1``): Mamba-2 beside attention (NeoX RoPE) in every layer,
   a SwiGLU MLP; its multipliers as llama.cpp's converter folded them into the tensors, the head
@@ -302,8 +311,8 @@ compressor, experts routed by token id, a hyper-connection head; not mlx-lm's ``
   (``attn_k_b`` / ``attn_v_b`` as ``embed_q`` / ``unembed_out``), experts (sigmoid or softmax
   routing with the selection bias, renormalised, times ``expert_weights_scale``) beside shared
   ones from ``leading_dense_block_count`` on; low-rank queries (mlx-lm's model projects them in
-  one step), one expert per token (llama.cpp renormalises its weight to 1) and an RMS epsilon
-  other than 1e-6 (llama.cpp's KDA q/k L2 norms take it, mlx-lm's are 1e-6) refused.
+  one step) and one expert per token (llama.cpp renormalises its weight to 1) refused. The
+  KDA q/k L2 norms take mlx-lm's 1e-6 (llama.cpp's the GGUF's RMS epsilon, Kimi Linear's 1e-5).
 * ``kimi-k3`` (Kimi K3's text model, ``kimi_k3``): Kimi Linear's reading, low-rank queries too,
   the KDA layers' q/k/v and conv kernels fused as mlx-lm's (``qkv_proj``, ``qkv_conv``), their
   full-rank gate ``ssm_g`` and ``kda.gate_lower_bound``; the latent attention's output gate
@@ -550,15 +559,11 @@ ROPE_TENSORS = {"rope_freqs.weight": ("llama", "exaone4", "apertus", "exaone", "
 #: How far a GGUF's ``rope.scaling.attn_factor`` may be from mlx-lm's RoPE scale, relatively:
 #: llama.cpp writes it in float32 (rounding ~6e-8), other formulas miss by percents.
 ATTN_FACTOR_RTOL = 1e-6
-# mlx-lm's plamo2: its RoPE's base (nn.RoPE's default) and its q/k norms' epsilon
+# mlx-lm's plamo2: its RoPE's base (nn.RoPE's default)
 PLAMO2_ROPE_BASE = 10000.0
-PLAMO2_QK_NORM_EPS = 1e-6
 # PLaMo 3: llama.cpp's sliding-window pattern (7 local layers, then a global one) unless the GGUF
 # says otherwise
 PLAMO3_SLIDING_PATTERN = 8
-# mlx-lm's kimi_linear: the epsilon of its KDA layers' q/k L2 norms (llama.cpp's: the GGUF's RMS
-# norm epsilon)
-KDA_QK_NORM_EPS = 1e-6
 #: The largest count a GGUF's metadata may give (heads, widths, context): far above any
 #: model's, far below what would make the shape check allocate without bound.
 _MAX_COUNT = 2**24
@@ -1136,7 +1141,8 @@ def _gptneox_config(g: Any, count: Any, positive: Any, n_heads: int, n_kv: int, 
 def _dbrx_config(positive: Any, experts: Any, config: dict) -> dict:
     """mlx-lm's dbrx settings of a DBRX GGUF under its config names: q/k/v clipped at
     ``clamp_kqv``, the experts (each MLP ``feed_forward_length`` wide); its LayerNorms' epsilon,
-    which mlx-lm's dbrx hard-wires, checked."""
+    which mlx-lm's dbrx hard-wires, checked (the GGUF's is that of every norm, not a general one
+    that the original model overrides in some)."""
     eps = positive("attention.layer_norm_epsilon")
     if np.float32(eps) != DBRX_LAYER_NORM_EPS:
         raise UserInputError(f"GGUF dbrx with LayerNorm epsilon {eps:g} is not supported "
@@ -1395,9 +1401,9 @@ def _plamo2_config(g: Any, count: Any, real: Any, config: dict) -> dict:
     """mlx-lm's plamo2 settings of a PLaMo 2 GGUF, read as llama.cpp reads it: a layer without
     key/value heads is Mamba (``ssm.time_step_rank`` heads of head_dim, no groups, as llama.cpp
     requires), the others attention; mlx-lm's plamo2 places them by ``mamba_step`` (every
-    step-th from step / 2 on), so another layout is refused, as are a RoPE base other than the
-    10000 its RoPE hard-wires and an epsilon other than the 1e-6 of its q/k norms (llama.cpp's
-    are the model's)."""
+    step-th from step / 2 on), so another layout is refused, as is a RoPE base other than the
+    10000 its RoPE hard-wires. (Its q/k norms take the 1e-6 mlx-lm hard-wires, PLaMo 2's own;
+    llama.cpp's the GGUF's epsilon.)"""
     from mlx_lm.models.plamo2 import ModelArgs as Plamo2Args, is_mamba
 
     n_layers, head_dim = config["num_hidden_layers"], config["head_dim"]
@@ -1419,10 +1425,6 @@ def _plamo2_config(g: Any, count: Any, real: Any, config: dict) -> dict:
     if config["rope_theta"] != PLAMO2_ROPE_BASE:
         raise UserInputError(f"GGUF plamo2 with RoPE base {config['rope_theta']:g} is not "
                              f"supported (mlx-lm's plamo2 turns at {PLAMO2_ROPE_BASE:g})")
-    eps = config["rms_norm_eps"]
-    if not math.isclose(eps, PLAMO2_QK_NORM_EPS, rel_tol=1e-6):
-        raise UserInputError(f"GGUF plamo2 with norm epsilon {eps:g} is not supported (mlx-lm's "
-                             f"plamo2 normalises q/k with {PLAMO2_QK_NORM_EPS:g})")
     return {"num_key_value_heads": next(n for n in kv if n), "mamba_step": step,
             "hidden_size_per_head": head_dim, "mamba_num_heads": heads,
             "mamba_d_state": count("ssm.state_size"), "mamba_d_conv": count("ssm.conv_kernel"),
@@ -2055,7 +2057,6 @@ def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, 
     moe = _routed_experts("deepseek2", model_type, g, count, positive, optional, experts,
                           tensors, n_layers)
     if model_type == "deepseek_v2":  # greedy softmax top-k, as DeepSeek-V2-Lite routes
-        _check_latent_eps("deepseek2 with softmax routing and", "deepseek_v2", config)
         if moe["n_group"] > 1:  # V2's group_limited_greedy, which llama.cpp computes otherwise
             raise UserInputError("GGUF deepseek2 with softmax routing within expert groups is "
                                  "not supported (llama.cpp ranks a group by its two best "
@@ -2084,7 +2085,8 @@ def _mistral4_config(g: Any, count: Any, positive: Any, optional: Any, experts: 
     """mlx-lm's mistral4 settings of a Mistral Small 4 GGUF, read as llama.cpp's deepseek2 graph
     (its mistral4's) reads it: latent attention (:func:`_latent_attention`) and DeepSeek's MoE
     layout (:func:`_routed_experts`) routed by softmax (the only gating of mlx-lm's mistral4),
-    the latent norms' RMS epsilon the 1e-6 mlx-lm's mistral4 hard-wires."""
+    the latent norms' RMS epsilon the 1e-6 mlx-lm's mistral4 hard-wires (llama.cpp's: the
+    GGUF's)."""
     if not optional("expert_count"):
         raise UserInputError("GGUF mistral4 without experts is not supported")
     gating = g("expert_gating_func", _NO_GATING)  # none: llama.cpp's softmax
@@ -2092,7 +2094,6 @@ def _mistral4_config(g: Any, count: Any, positive: Any, optional: Any, experts: 
         raise UserInputError(f"GGUF mistral4 with expert gating function {shown(gating, 20)} "
                              f"is not supported (mlx-lm's mistral4 routes by softmax, "
                              f"llama.cpp's {_SOFTMAX_GATING})")
-    _check_latent_eps("mistral4 with", "mistral4", config)
     latent = _latent_attention("mistral4", count, tensors, config, rope_dims)
     moe = _routed_experts("mistral4", "mistral4", g, count, positive, optional, experts,
                           tensors, config["num_hidden_layers"])
@@ -2103,32 +2104,23 @@ def _mistral4_config(g: Any, count: Any, positive: Any, optional: Any, experts: 
             **{k: v for k, v in moe.items() if k not in ("scoring_func", "topk_method")}}
 
 
-def _check_latent_eps(what: str, model_type: str, config: dict) -> None:
-    """Refuse a GGUF (``what``: its architecture and the words before the epsilon) whose RMS
-    epsilon is not the 1e-6 mlx-lm's ``model_type`` hard-wires in its latent norms."""
-    if np.float32(config["rms_norm_eps"]) != DEEPSEEK_LATENT_EPS:
-        raise UserInputError(f"GGUF {what} RMS epsilon {config['rms_norm_eps']:.7g} is not "
-                             f"supported (mlx-lm's {model_type} normalises its latents with "
-                             "1e-06)")
-
-
 def _dsa_config(arch: str, g: Any, count: Any, positive: Any, optional: Any, experts: Any,
                 tensors: dict, config: dict, rope_dims: int) -> dict:
     """mlx-lm's deepseek_v32 (``deepseek32``) or glm_moe_dsa (``glm-dsa``) settings of a GGUF,
     read as llama.cpp reads it: deepseek2's latent attention (:func:`_latent_attention`) and
     DeepSeek's MoE layout (:func:`_routed_experts`) routed by sigmoid (the only gating of
     mlx-lm's model; GLM-5's by default), the latent norms' RMS epsilon the 1e-6 mlx-lm
-    hard-wires, and a lightning indexer in every layer (``attention.indexer.head_count``,
-    ``key_length``, ``top_k``) whose RoPE turns the first ``rope.dimension_count`` dims of its
-    heads, NeoX-style in DeepSeek-V3.2, traditional in GLM-5 (as in llama.cpp and mlx-lm).
-    GLM-5.2's layers reusing another's top-k (``attention.indexer.types``, or its default
-    pattern from a context of 2**20 on) are refused: mlx-lm's model has an indexer in each."""
+    hard-wires (llama.cpp's: the GGUF's), and a lightning indexer in every layer
+    (``attention.indexer.head_count``, ``key_length``, ``top_k``) whose RoPE turns the first
+    ``rope.dimension_count`` dims of its heads, NeoX-style in DeepSeek-V3.2, traditional in
+    GLM-5 (as in llama.cpp and mlx-lm). GLM-5.2's layers reusing another's top-k
+    (``attention.indexer.types``, or its default pattern from a context of 2**20 on) are
+    refused: mlx-lm's model has an indexer in each."""
     gating = g("expert_gating_func", _NO_GATING if arch == "glm-dsa" else None)
     if gating not in (_NO_GATING, _SIGMOID_GATING):
         raise UserInputError(f"GGUF {arch} with expert gating function {shown(gating, 20)} is "
                              f"not supported (mlx-lm's {_MODEL_TYPES[arch]} routes by sigmoid, "
                              f"llama.cpp's {_SIGMOID_GATING})")
-    _check_latent_eps(f"{arch} with", _MODEL_TYPES[arch], config)
     types = g("attention.indexer.types")
     if arch == "glm-dsa" and (not all(types) if isinstance(types, list) else
                               types is None and config["max_position_embeddings"] >= 2 ** 20):
@@ -2196,9 +2188,9 @@ def _kimi_linear_config(g: Any, count: Any, real: Any, optional: Any, experts: A
     a layer has no key/value heads, latent attention without RoPE in the others (queries in one
     step: low-rank ones refused), experts from ``leading_dense_block_count`` on, routed by the
     gating function (sigmoid or softmax; no groups), their top weights renormalised (one expert
-    a token refused: llama.cpp's weight 1, mlx-lm's its score) and scaled; an RMS epsilon other
-    than mlx-lm's KDA q/k norms' (llama.cpp's take it) refused. (Kimi K3's ``arch``: its
-    low-rank queries taken, :func:`_kimi_k3_config`.)"""
+    a token refused: llama.cpp's weight 1, mlx-lm's its score) and scaled; the KDA q/k norms'
+    epsilon mlx-lm's 1e-6 (llama.cpp's: the GGUF's). (Kimi K3's ``arch``: its low-rank queries
+    taken, :func:`_kimi_k3_config`.)"""
     if arch == "kimi-linear" and any(".attn_q_a." in name for name in tensors):
         raise UserInputError(f"GGUF {arch} with low-rank queries (attn_q_a) is not supported "
                              "(mlx-lm's kimi_linear projects its queries in one step)")
@@ -2214,7 +2206,6 @@ def _kimi_linear_config(g: Any, count: Any, real: Any, optional: Any, experts: A
         raise UserInputError(f"GGUF {arch} with one expert per token is not supported (llama.cpp "
                              f"renormalises its weight to 1, mlx-lm's {config['model_type']} "
                              "keeps its score)")
-    _check_kda_eps(arch, config)
     head_dim = config["head_dim"]
     latent = _latent_attention(arch, count, tensors, config, rope_dims)
     return {**latent, "head_dim": head_dim, "mla_use_nope": True,
@@ -2266,15 +2257,6 @@ def _kimi_k3_config(g: Any, count: Any, real: Any, positive: Any, optional: Any,
             "tie_word_embeddings": False}
 
 
-def _check_kda_eps(arch: str, config: dict) -> None:
-    """Refuse an RMS epsilon other than mlx-lm's KDA q/k L2 norms' (llama.cpp's take it)."""
-    eps = config["rms_norm_eps"]
-    if not math.isclose(eps, KDA_QK_NORM_EPS, rel_tol=1e-6):
-        raise UserInputError(f"GGUF {arch} with norm epsilon {eps:g} is not supported (llama.cpp "
-                             "normalises the KDA layers' q/k with it, mlx-lm's "
-                             f"{config['model_type']} with {KDA_QK_NORM_EPS:g})")
-
-
 def _bailingmoe3_config(g: Any, count: Any, real: Any, optional: Any, experts: Any,
                         tensors: dict, config: dict, rope_dims: int) -> dict:
     """mlx-lm's bailing_moe_v3 settings of a GGUF, read as llama.cpp reads it: Kimi Delta
@@ -2284,8 +2266,8 @@ def _bailingmoe3_config(g: Any, count: Any, real: Any, optional: Any, experts: A
     mlx-lm places it (another layout refused), sigmoid-routed experts in groups, renormalised
     and scaled, beside one shared MLP ``expert_shared_feed_forward_length`` wide, from
     ``leading_dense_block_count`` on; what mlx-lm's model does not compute refused (another
-    gating, unrenormalised weights, SwiGLU clamps, an RMS epsilon other than its KDA q/k
-    norms')."""
+    gating, unrenormalised weights, SwiGLU clamps). The KDA q/k norms' epsilon is mlx-lm's 1e-6
+    (llama.cpp's: the GGUF's)."""
     arch, n_layers = "bailingmoe3", config["num_hidden_layers"]
     kv = _hybrid_kv_heads(arch, g, count, config, "Kimi Delta Attention")
     group = next(i for i, n in enumerate(kv) if n) + 1
@@ -2307,7 +2289,6 @@ def _bailingmoe3_config(g: Any, count: Any, real: Any, optional: Any, experts: A
     if not g("kda.safe_gate", True) or real("kda.gate_lower_bound") >= 0:
         raise UserInputError(f"GGUF {arch} needs a safe KDA gate with a negative "
                              "kda.gate_lower_bound (llama.cpp asserts both)")
-    _check_kda_eps(arch, config)
     n_experts, n_used = experts()
     ff_exp = count("expert_feed_forward_length")
     latent = _latent_attention(arch, count, tensors, config, rope_dims)

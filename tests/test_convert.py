@@ -1492,12 +1492,14 @@ GGUF_CASES.update({
     # file's attn_kv_b as it is; DeepSeek-V3 (q through its latent, sigmoid routing with a
     # correction bias in groups, YaRN) with attn_k_b / attn_v_b kept quantized as embed_q /
     # unembed_out, or attn_kv_b cut into them; GLM-4.7-Flash (values wider than the keys'
-    # unrotated dims, RMS epsilon 1e-5 in the latent norms: glm4_moe_lite)
+    # unrotated dims, RMS epsilon 1e-5 in the latent norms: glm4_moe_lite). An older V2-Lite
+    # file with an RMS epsilon of 1e-5: deepseek_v2's latent norms keep the 1e-6 it hard-wires
     "deepseek2-v2lite": ("deepseek_v2-gguf", {
         "ffn_gate_exps": T.Q8_0, "ffn_up_exps": T.Q4_0, "ffn_down_exps": T.Q4_1,
         "attn_k_b": T.Q8_0, "attn_v_b": T.Q4_0, "ffn_gate_inp": T.F32, "*": T.Q8_0}, {}),
     "deepseek2-v2lite-legacy": ("deepseek_v2-gguf", {"attn_kv_b": T.Q4_1, "attn_q": T.F16,
-                                                     "*": T.Q8_0}, {"legacy_kv_b": True}),
+                                                     "*": T.Q8_0},
+                                {"legacy_kv_b": True, "rms_norm_eps": 1e-5}),
     "deepseek2-v3": ("deepseek_v3-gguf", {"attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1,
                                           "attn_q_b": T.Q4_0, "ffn_gate_inp": T.Q8_0,
                                           "*": T.Q8_0}, {}),
@@ -1510,11 +1512,11 @@ GGUF_CASES.update({
                                    "ffn_gate_inp": T.F32, "*": T.Q8_0}, {}),
     # a GGUF with Llama 4's attention temperature (llama.cpp's deepseek2 loader reads it; its
     # converter writes none) from position 8 on, YaRN's original context too: TEXT spans 3
-    # scales
+    # scales; an RMS epsilon of 1e-5 (the latent norms keep mlx-lm's 1e-6)
     "mistral4-temperature": ("mistral4-gguf", {"*": T.Q8_0}, {
         "rope_parameters": {**tiny_config("mistral4-gguf")["rope_parameters"],
                             "original_max_position_embeddings": 8, "llama_4_scaling_beta": 0.5},
-        "temperature_scale": 0.5, "temperature_length": 8}),
+        "temperature_scale": 0.5, "temperature_length": 8, "rms_norm_eps": 1e-5}),
     "deepseek2-glm47flash": ("glm4_moe_lite-gguf", {"attn_k_b": T.Q4_0, "attn_v_b": T.Q8_0,
                                                     "ffn_up_shexp": T.Q4_1, "*": T.Q8_0}, {}),
     # Youtu-LLM: deepseek2 without experts (every layer dense), no biases (llama.cpp reads
@@ -1528,10 +1530,12 @@ GGUF_CASES.update({
                                 "tie_word_embeddings": False}),
     # DeepSeek-V3.2 (deepseek32: V3's with a lightning indexer, its RoPE NeoX-style, YaRN) and
     # GLM-5 (glm-dsa: its indexer's RoPE traditional, no YaRN), attn_k_b / attn_v_b and the
-    # indexer's projections kept quantized; each query's top 8 keys of TEXT's 27
+    # indexer's projections kept quantized; each query's top 8 keys of TEXT's 27. GLM-5's RMS
+    # epsilon, 1e-5: its latent norms keep mlx-lm's (and GLM-5's own) 1e-6
     "deepseek32": ("deepseek_v32-gguf", {"attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1,
                                          "attn_q_b": T.Q4_0, "*": T.Q8_0}, {}),
-    "glm-dsa": ("glm_moe_dsa-gguf", {"attn_k_b": T.Q4_0, "attn_k": T.Q4_1, "*": T.Q8_0}, {}),
+    "glm-dsa": ("glm_moe_dsa-gguf", {"attn_k_b": T.Q4_0, "attn_k": T.Q4_1, "*": T.Q8_0},
+                {"rms_norm_eps": 1e-5}),
 })
 GGUF_CASES.update({
     # The sparse MoEs, every layer 2 of 4 experts, softmax-routed: Mixtral (a llama GGUF with
@@ -3185,16 +3189,10 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "deepseek2_softmax_groups": (
             lambda: gguf_of("d.gguf", "deepseek_v2-gguf", {"n_group": 2, "topk_group": 1}),
             "deepseek2 with softmax routing within expert groups is not supported"),
-        "deepseek2_softmax_eps": (
-            lambda: gguf_of("d.gguf", "deepseek_v2-gguf", {"rms_norm_eps": 1e-5}),
-            "deepseek2 with softmax routing and RMS epsilon 1e-05 is not supported"),
         "mistral4_sigmoid": (
             lambda: gguf_of("d.gguf", "mistral4-gguf", {"scoring_func": "sigmoid"}),
             "GGUF mistral4 with expert gating function 2 is not supported (mlx-lm's mistral4 "
             "routes by softmax"),
-        "mistral4_eps": (
-            lambda: gguf_of("d.gguf", "mistral4-gguf", {"rms_norm_eps": 1e-5}),
-            "GGUF mistral4 with RMS epsilon 1e-05 is not supported"),
         "mistral4_temperature_length": (
             lambda: gguf_of("d.gguf", "mistral4-gguf", {"temperature_scale": 0.5,
                                                         "temperature_length": 32}),
@@ -3204,9 +3202,6 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             lambda: gguf_of("d.gguf", "deepseek_v32-gguf", {"scoring_func": "softmax"}),
             "GGUF deepseek32 with expert gating function 1 is not supported (mlx-lm's "
             "deepseek_v32 routes by sigmoid"),
-        "dsa_eps": (
-            lambda: gguf_of("d.gguf", "glm_moe_dsa-gguf", {"rms_norm_eps": 1e-5}),
-            "GGUF glm-dsa with RMS epsilon 1e-05 is not supported"),
         "dsa_shared_indexer": (
             lambda: gguf_of("d.gguf", "glm_moe_dsa-gguf", {"indexer_types": [True, False] * 2}),
             "GGUF glm-dsa with layers reusing another layer's indexer (GLM-5.2's "
@@ -3602,7 +3597,7 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "glm4moe_shared", "glm4moe_one_expert", "glm4moe_tied", "glm4moe_fused_qkv",
               "qwen3next_both", "qwen3next_shape", "glm4moe_negative_bias", "ernie_bias_size",
               "ernie_bias_dense", "deepseek2_half", "deepseek2_both", "deepseek2_rope_dims",
-              "deepseek2_value_length", "deepseek2_softmax_groups", "deepseek2_softmax_eps",
+              "deepseek2_value_length", "deepseek2_softmax_groups",
               "deepseek2_yarn_log_mul", "deepseek2_tied", "cohere2_pattern", "cohere2_all_local",
               "cohere2_logit_scale", "starcoder2_head_dim", "starcoder2_eps", "apertus_xielu",
               "apertus_attention_scale", "exaone_qkv_bias", "hunyuan_dense_qkv_bias",
@@ -3616,8 +3611,8 @@ BAD_INPUTS = ["mixtral_used", "mixtral_missing_expert", "mixtral_rope_freqs", "m
               "mellum_swa_base", "mellum_all_local", "nanbeige_skip_flag", "chatglm_rope_dims",
               "chatglm_eps", "minicpm3_values",
               "minicpm3_long_factors", "minicpm3_attn_factor", "minicpm3_q_proj", "youtu_sparse",
-              "youtu_yarn", "mistral4_sigmoid", "mistral4_eps", "mistral4_temperature_length",
-              "dsa_gating", "dsa_eps", "dsa_shared_indexer",
+              "youtu_yarn", "mistral4_sigmoid", "mistral4_temperature_length",
+              "dsa_gating", "dsa_shared_indexer",
               "exaone_moe_global", "exaone_moe_window", "exaone_moe_swa_base", "exaone_moe_gating",
               "afmoe_pattern", "afmoe_no_window", "afmoe_gating", "afmoe_swa_base",
               "qwen_vl_sections", "dbrx_eps", "dbrx_clamp_None", "dbrx_clamp_0.0",

@@ -47,10 +47,11 @@ gguf_name = partial(hybrid_gguf_name, layers="model.layers.", names=GGUF_NAMES,
                     parameters={"self_attn.A_log": "ssm_a", "self_attn.dt_bias": "ssm_dt.bias",
                                 "mlp.e_score_correction_bias": "exp_probs_b.bias"})
 #: The tiny kind as llama.cpp can hold it: KDA heads as many as attention heads, no expert
-#: groups, the RMS epsilon of mlx-lm's KDA q/k norms (llama.cpp's take the GGUF's)
+#: groups; Kimi Linear's RMS epsilon, 1e-5 (mlx-lm's KDA q/k norms keep their 1e-6, llama.cpp's
+#: take the GGUF's)
 GGUF_CONFIG = {"linear_attn_config": {**tiny_config("kimi_linear")["linear_attn_config"],
                                       "num_heads": 4, "head_dim": 16},
-               "num_expert_group": 1, "topk_group": 1, "rms_norm_eps": 1e-6}
+               "num_expert_group": 1, "topk_group": 1, "rms_norm_eps": 1e-5}
 #: Kimi K3's as llama.cpp's converter writes it: besides, the KDA layers' full-rank gate (the
 #: only one llama.cpp reads) and lower-bounded decay
 K3_GGUF_CONFIG = {**GGUF_CONFIG, "linear_attn_config": {
@@ -209,10 +210,6 @@ K3_SETTINGS = ("q_lora_rank", "attn_res_block_size", "activation_situ_beta",
                                "(mlx-lm's kimi_linear takes Kimi Delta Attention and attention "
                                "layers"),
     ("kimi_linear", {"kda_head_dim": None}, {}, "GGUF metadata lacks kimi-linear."),
-    ("kimi_linear", {"layer_norm_rms_eps": 1e-5}, {},
-     "GGUF kimi-linear with norm epsilon 1e-05 is not "
-                                       "supported (llama.cpp normalises the KDA layers' q/k with "
-                                       "it, mlx-lm's kimi_linear with 1e-06)"),
     ("kimi_linear", {}, {"blk.0.ssm_a": np.full((1, 1, 4, 1), 0.5)},
      "GGUF blk.0.ssm_a must hold negative numbers (llama.cpp stores -exp(A_log)), got 0.5"),
     ("kimi_k3", {"expert_gating_func": ExpertGatingFuncType.SOFTMAX}, {},
@@ -224,7 +221,7 @@ K3_SETTINGS = ("q_lora_rank", "attn_res_block_size", "activation_situ_beta",
     ("kimi_k3", {"attn_res.block_size": None}, {}, "GGUF metadata lacks kimi-k3."),
     ("kimi_k3", {"activation.situ_beta": 0.0}, {}, "GGUF metadata kimi-k3.activation.situ_beta "
                                                    "must be a positive number, got 0.0"),
-], ids=["low-rank-queries", "one-expert", "gating", "all-attention", "no-kda-head-dim", "eps",
+], ids=["low-rank-queries", "one-expert", "gating", "all-attention", "no-kda-head-dim",
         "a-not-negative", "k3-softmax", "k3-one-gate", "k3-no-blocks", "k3-situ-beta"])
 def test_kimi_linear_bad_input(kind, meta, extra, fragment, tiny_model_dir, tmp_path, capsys):
     """What mlx-lm's kimi_linear (kimi_k3) cannot compute as llama.cpp does (or llama.cpp

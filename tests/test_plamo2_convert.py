@@ -88,10 +88,12 @@ def test_plamo2_from_gguf(dtype, tiny_model_dir, tmp_path):
     are, by mamba_step; its SSM's sizes; each norm less llama.cpp's offset) and computes what
     the GGUF's tensors do in mlx-lm's model of the original checkpoint, float32 or kept quantized
     (as test_lfm2_from_gguf: 1e-5, sums in another order); and runs in the engine unpruned as in
-    mlx-lm."""
+    mlx-lm. The float32 one has an RMS epsilon other than PLaMo 2's: its q/k norms keep the 1e-6
+    mlx-lm's plamo2 hard-wires (llama.cpp's take the GGUF's)."""
     types = {"token_embd": T.Q8_0, "attn_qkv": T.Q4_0, "ssm_in": T.Q4_1, "ffn_up": T.Q4_0,
              "*": T.Q8_0} if dtype is None else None
-    config, reference = write_plamo2_gguf(tmp_path / "m.gguf", tiny_model_dir("plamo2"), types)
+    config, reference = write_plamo2_gguf(tmp_path / "m.gguf", tiny_model_dir("plamo2"), types,
+                                          rms_norm_eps=1e-5 if dtype else 1e-6)
     out = convert(tmp_path / "m.gguf", tmp_path / "out", dtype=dtype)
     saved = json.loads((out / "config.json").read_text())
     settings = {k: config[k] for k in (
@@ -108,9 +110,8 @@ def test_plamo2_from_gguf(dtype, tiny_model_dir, tmp_path):
                                       "supported (mlx-lm's plamo2 takes them every mamba_step"),
     ({"ssm_group_count": 1}, "GGUF plamo2 with SSM groups or an inner size of 128 for 8 heads"),
     ({"rope_freq_base": 1e6}, "GGUF plamo2 with RoPE base 1e+06 is not supported"),
-    ({"layer_norm_rms_eps": 1e-5}, "GGUF plamo2 with norm epsilon 1e-05 is not supported"),
     ({"ssm_state_size": None}, "GGUF metadata lacks plamo2."),
-], ids=["layout", "groups", "rope-base", "eps", "no-state"])
+], ids=["layout", "groups", "rope-base", "no-state"])
 def test_plamo2_bad_input(meta, fragment, tiny_model_dir, tmp_path, capsys):
     """What mlx-lm's plamo2 cannot express as llama.cpp runs it (or llama.cpp requires) is
     refused in one line, nothing written."""
