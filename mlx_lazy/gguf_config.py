@@ -530,6 +530,8 @@ _PARTIAL_ROPE = ("phi3", *DELTA_NET, "glm4moe", "glm4", "stablelm", "phi2", "gpt
 # llama.cpp's expert gating functions (gguf's ExpertGatingFuncType): none given is sigmoid for
 # GLM-4.5 (the only one mlx-lm's glm4_moe has); softmax for deepseek2 but in GLM-4.7-Flash
 _NO_GATING, _SOFTMAX_GATING, _SIGMOID_GATING = 0, 1, 2
+# mlx-lm's names of llama.cpp's gating functions
+_GATING_NAMES = {_SOFTMAX_GATING: "softmax", _SIGMOID_GATING: "sigmoid"}
 # The architectures of multi-head latent attention
 MLA = ("deepseek2", "minicpm3", "mistral4", "deepseek32", "glm-dsa", "kimi-linear",
        "bailingmoe3", "kimi-k3")
@@ -908,13 +910,9 @@ def mlx_lm_config(arch: str, meta: dict, tensors: dict) -> dict:
     if arch in DELTA_NET:
         config.update(_delta_net_config(arch, g, count, experts, n_layers, rotary,
                                         config["rope_theta"]))
-    if arch in ("dots1", "exaone-moe", "minimax-m2", "minimax-m3", "bailingmoe2") and \
-            g("expert_gating_func") != _SIGMOID_GATING:
-        # llama.cpp aborts without a gating function
-        raise UserInputError(f"GGUF {arch} with expert gating function "
-                             f"{shown(g('expert_gating_func'), 20)} is not supported "
-                             f"(mlx-lm's {config['model_type']} routes by sigmoid, llama.cpp's "
-                             f"{_SIGMOID_GATING})")
+    if arch in ("dots1", "exaone-moe", "minimax-m2", "minimax-m3", "bailingmoe2"):
+        # (llama.cpp aborts without a gating function)
+        _check_gating(arch, config["model_type"], g("expert_gating_func"), (_SIGMOID_GATING,))
     if arch == "dots1":  # q/k norms hard-wired
         config.update(_routed_experts(arch, "dots1", g, count, positive, optional, experts,
                                       tensors, n_layers))
@@ -1520,10 +1518,7 @@ def _lfm2_config(arch: str, g: Any, count: Any, optional: Any, experts: Any, ten
         return {**out, "block_dim": config["hidden_size"],
                 "block_ff_dim": config["intermediate_size"], "block_auto_adjust_ff_dim": False,
                 "block_multiple_of": 1, "block_ffn_dim_multiplier": 1.0}
-    gating = g("expert_gating_func")  # required by llama.cpp
-    if gating != _SIGMOID_GATING:
-        raise UserInputError(f"GGUF lfm2moe with expert gating function {shown(gating, 20)} is "
-                             "not supported (mlx-lm's lfm2_moe routes by sigmoid)")
+    _check_gating("lfm2moe", "lfm2_moe", g("expert_gating_func"), (_SIGMOID_GATING,))
     n_experts, n_used = experts()
     width = g("expert_feed_forward_length")
     widths = {count("expert_feed_forward_length", value=w)
@@ -1644,11 +1639,8 @@ def _glm4moe_config(g: Any, count: Any, positive: Any, optional: Any, experts: A
     q/k/v biases and q/k norms where the tensors have them; RoPE over ``rope.dimension_count``
     of each head's dims, NeoX-style (its MRoPE sections, GLM-4.5V's, turn by one position on
     text: the same RoPE)."""
-    gating = g("expert_gating_func", _NO_GATING)
-    if gating not in (_NO_GATING, _SIGMOID_GATING):
-        raise UserInputError(f"GGUF glm4moe with expert gating function {shown(gating, 20)} is "
-                             "not supported (mlx-lm's glm4_moe routes by sigmoid, llama.cpp's "
-                             f"{_SIGMOID_GATING})")
+    _check_gating("glm4moe", "glm4_moe", g("expert_gating_func", _NO_GATING),
+                  (_NO_GATING, _SIGMOID_GATING))
     return {**_routed_experts("glm4moe", "glm4_moe", g, count, positive, optional, experts,
                               tensors, n_layers),
             "use_qk_norm": "blk.0.attn_q_norm.weight" in tensors,
@@ -1897,10 +1889,8 @@ def _step35_config(g: Any, count: Any, real: Any, positive: Any, experts: Any, t
             raise UserInputError(f"GGUF step35 with {what} in some layers only, or none, is not "
                                  "supported (mlx-lm's step3p5 has them in every layer, gates in "
                                  "every layer or none)")
-    if g("expert_gating_func", _NO_GATING) not in (_NO_GATING, _SIGMOID_GATING):
-        raise UserInputError(f"GGUF step35 with expert gating function "
-                             f"{shown(g('expert_gating_func'), 20)} is not supported (mlx-lm's "
-                             f"step3p5 routes by sigmoid, llama.cpp's {_SIGMOID_GATING})")
+    _check_gating("step35", "step3p5", g("expert_gating_func", _NO_GATING),
+                  (_NO_GATING, _SIGMOID_GATING))
     if "output.weight" not in tensors:  # llama.cpp requires it too
         raise UserInputError("GGUF step35 without output.weight (tied embeddings) is not "
                              "supported (mlx-lm's step3p5 has a head of its own)")
@@ -1984,10 +1974,8 @@ def _afmoe_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any
         raise UserInputError(f"GGUF afmoe whose sliding-window layers are not every layer but "
                              f"each {AFMOE_NO_ROPE_PERIOD}th is not supported (llama.cpp turns "
                              "RoPE in those, mlx-lm's afmoe in its sliding layers)")
-    if g("expert_gating_func", _SIGMOID_GATING) not in (_NO_GATING, _SIGMOID_GATING):
-        raise UserInputError(f"GGUF afmoe with expert gating function "
-                             f"{shown(g('expert_gating_func'), 20)} is not supported (only "
-                             f"sigmoid, llama.cpp's {_SIGMOID_GATING}, is read here)")
+    _check_gating(arch, "afmoe", g("expert_gating_func", _SIGMOID_GATING),
+                  (_NO_GATING, _SIGMOID_GATING))
     moe = _routed_experts(arch, "afmoe", g, count, positive, optional, experts, tensors,
                           n_layers, tied=True)
     return {"num_experts": moe["n_routed_experts"],
@@ -2043,10 +2031,8 @@ def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, 
         layers = {n_layers, g("block_count")}
         glm = vocab == GLM47_FLASH_VOCAB and bool(layers & set(GLM47_FLASH_LAYERS))
         gating = _SIGMOID_GATING if glm else _SOFTMAX_GATING
-    if gating not in (_SOFTMAX_GATING, _SIGMOID_GATING):
-        raise UserInputError(f"GGUF deepseek2 with expert gating function {shown(gating, 20)} "
-                             "is not supported (mlx-lm's deepseek models route by softmax, "
-                             f"llama.cpp's {_SOFTMAX_GATING}, or sigmoid, {_SIGMOID_GATING})")
+    _check_gating("deepseek2", "deepseek_v2/deepseek_v3", gating,
+                  (_SOFTMAX_GATING, _SIGMOID_GATING))
     latent_eps = np.float32(config["rms_norm_eps"]) == DEEPSEEK_LATENT_EPS
     if gating == _SOFTMAX_GATING:
         model_type = "deepseek_v2"
@@ -2080,6 +2066,16 @@ def _deepseek2_config(meta: dict, g: Any, count: Any, real: Any, positive: Any, 
     return out
 
 
+def _check_gating(arch: str, model_type: str, gating: Any, routes: tuple[int, ...]) -> None:
+    """Refuse in one line a GGUF whose expert gating function (llama.cpp's number, ``None``
+    where it gives none) is not in ``routes``, those mlx-lm's ``model_type`` routes by (with
+    :data:`_NO_GATING` where llama.cpp's default for ``arch`` is one of them)."""
+    if gating not in routes:
+        names = " or ".join(f"{_GATING_NAMES[r]} ({r})" for r in routes if r != _NO_GATING)
+        raise UserInputError(f"GGUF {arch} with expert gating function {shown(gating, 20)} is "
+                             f"not supported (mlx-lm's {model_type} routes by {names})")
+
+
 def _mistral4_config(g: Any, count: Any, positive: Any, optional: Any, experts: Any,
                      tensors: dict, config: dict, rope_dims: int) -> dict:
     """mlx-lm's mistral4 settings of a Mistral Small 4 GGUF, read as llama.cpp's deepseek2 graph
@@ -2089,11 +2085,9 @@ def _mistral4_config(g: Any, count: Any, positive: Any, optional: Any, experts: 
     GGUF's)."""
     if not optional("expert_count"):
         raise UserInputError("GGUF mistral4 without experts is not supported")
-    gating = g("expert_gating_func", _NO_GATING)  # none: llama.cpp's softmax
-    if gating not in (_NO_GATING, _SOFTMAX_GATING):
-        raise UserInputError(f"GGUF mistral4 with expert gating function {shown(gating, 20)} "
-                             f"is not supported (mlx-lm's mistral4 routes by softmax, "
-                             f"llama.cpp's {_SOFTMAX_GATING})")
+    # (none: llama.cpp's softmax)
+    _check_gating("mistral4", "mistral4", g("expert_gating_func", _NO_GATING),
+                  (_NO_GATING, _SOFTMAX_GATING))
     latent = _latent_attention("mistral4", count, tensors, config, rope_dims)
     moe = _routed_experts("mistral4", "mistral4", g, count, positive, optional, experts,
                           tensors, config["num_hidden_layers"])
@@ -2116,11 +2110,9 @@ def _dsa_config(arch: str, g: Any, count: Any, positive: Any, optional: Any, exp
     GLM-5 (as in llama.cpp and mlx-lm). GLM-5.2's layers reusing another's top-k
     (``attention.indexer.types``, or its default pattern from a context of 2**20 on) are
     refused: mlx-lm's model has an indexer in each."""
-    gating = g("expert_gating_func", _NO_GATING if arch == "glm-dsa" else None)
-    if gating not in (_NO_GATING, _SIGMOID_GATING):
-        raise UserInputError(f"GGUF {arch} with expert gating function {shown(gating, 20)} is "
-                             f"not supported (mlx-lm's {_MODEL_TYPES[arch]} routes by sigmoid, "
-                             f"llama.cpp's {_SIGMOID_GATING})")
+    _check_gating(arch, _MODEL_TYPES[arch],
+                  g("expert_gating_func", _NO_GATING if arch == "glm-dsa" else None),
+                  (_NO_GATING, _SIGMOID_GATING))
     types = g("attention.indexer.types")
     if arch == "glm-dsa" and (not all(types) if isinstance(types, list) else
                               types is None and config["max_position_embeddings"] >= 2 ** 20):
@@ -2195,12 +2187,8 @@ def _kimi_linear_config(g: Any, count: Any, real: Any, optional: Any, experts: A
         raise UserInputError(f"GGUF {arch} with low-rank queries (attn_q_a) is not supported "
                              "(mlx-lm's kimi_linear projects its queries in one step)")
     kv = _hybrid_kv_heads(arch, g, count, config, "Kimi Delta Attention")
-    gating = {_SOFTMAX_GATING: "softmax", _SIGMOID_GATING: "sigmoid"}.get(g("expert_gating_func"))
-    if gating is None:
-        raise UserInputError(f"GGUF {arch} with expert gating function "
-                             f"{shown(g('expert_gating_func'), 20)} is not supported (mlx-lm's "
-                             f"kimi_linear routes by softmax ({_SOFTMAX_GATING}) or sigmoid "
-                             f"({_SIGMOID_GATING}))")
+    gating = g("expert_gating_func")
+    _check_gating(arch, "kimi_linear", gating, (_SOFTMAX_GATING, _SIGMOID_GATING))
     n_experts, n_used = experts()
     if n_used == 1:
         raise UserInputError(f"GGUF {arch} with one expert per token is not supported (llama.cpp "
@@ -2220,7 +2208,8 @@ def _kimi_linear_config(g: Any, count: Any, real: Any, optional: Any, experts: A
             "moe_intermediate_size": count("expert_feed_forward_length"),
             "num_shared_experts": optional("expert_shared_count"),
             "first_k_dense_replace": _leading_dense(arch, optional, config["num_hidden_layers"]),
-            "moe_layer_freq": 1, "moe_router_activation_func": gating, "moe_renormalize": True,
+            "moe_layer_freq": 1, "moe_router_activation_func": _GATING_NAMES[gating],
+            "moe_renormalize": True,
             "routed_scaling_factor": real("expert_weights_scale", 0.0) or 1.0,
             "use_grouped_topk": False, "num_expert_group": 1, "topk_group": 1}
 
@@ -2235,10 +2224,7 @@ def _kimi_k3_config(g: Any, count: Any, real: Any, positive: Any, optional: Any,
     betas (llama.cpp's up branch untouched where its beta is not positive) and attention
     residuals in blocks of ``attn_res.block_size`` (none where 0)."""
     arch = "kimi-k3"
-    if g("expert_gating_func") != _SIGMOID_GATING:
-        raise UserInputError(f"GGUF {arch} with expert gating function "
-                             f"{shown(g('expert_gating_func'), 20)} is not supported (mlx-lm's "
-                             f"kimi_k3 routes by sigmoid ({_SIGMOID_GATING}))")
+    _check_gating(arch, "kimi_k3", g("expert_gating_func"), (_SIGMOID_GATING,))
     settings = _kimi_linear_config(g, count, real, optional, experts, tensors, config,
                                    rope_dims, arch)
     settings["linear_attn_config"].update(use_full_rank_gate=True)
@@ -2276,12 +2262,11 @@ def _bailingmoe3_config(g: Any, count: Any, real: Any, optional: Any, experts: A
         raise UserInputError(f"GGUF {arch} with attention in layers "
                              f"{[i for i, n in enumerate(kv) if n]} is not supported (mlx-lm's "
                              "bailing_moe_v3 takes it every layer_group_size-th layer)")
-    if g("expert_gating_func") != _SIGMOID_GATING or not g("expert_weights_norm", False):
-        raise UserInputError(f"GGUF {arch} with expert gating function "
-                             f"{shown(g('expert_gating_func'), 20)} and weights norm "
-                             f"{shown(g('expert_weights_norm', False), 20)} is not supported "
-                             f"(mlx-lm's bailing_moe_v3 routes by sigmoid ({_SIGMOID_GATING}), "
-                             "renormalised)")
+    _check_gating(arch, "bailing_moe_v3", g("expert_gating_func"), (_SIGMOID_GATING,))
+    if not g("expert_weights_norm", False):
+        raise UserInputError(f"GGUF {arch} without renormalised expert weights "
+                             "(expert_weights_norm) is not supported (mlx-lm's bailing_moe_v3 "
+                             "renormalises them)")
     for key in ("swiglu_clamp_exp", "swiglu_clamp_shexp"):
         if any(np.atleast_1d(g(key, 0.0))):
             raise UserInputError(f"GGUF {arch} with {key} is not supported (mlx-lm's "

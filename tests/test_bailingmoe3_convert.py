@@ -127,8 +127,8 @@ def test_bailingmoe3_from_gguf(dtype, tiny_model_dir, tmp_path):
     ({"head_count_kv": [0, 0, 1, 0, 0, 0, 1, 0]}, {},
      "GGUF bailingmoe3 with attention in layers [2, 6] is not supported (mlx-lm's "
      "bailing_moe_v3 takes it every layer_group_size-th layer)"),
-    ({"expert_weights_norm": False}, {}, "GGUF bailingmoe3 with expert gating function 2 and "
-                                         "weights norm False is not supported"),
+    ({"expert_weights_norm": False}, {}, "GGUF bailingmoe3 without renormalised expert weights "
+                                         "(expert_weights_norm) is not supported"),
     ({"swiglu_clamp_exp": [0.0] + [7.0] * 7}, {},
      "GGUF bailingmoe3 with swiglu_clamp_exp is not supported"),
     ({"kda.gate_lower_bound": 1.0}, {}, "GGUF bailingmoe3 needs a safe KDA gate with a "

@@ -3256,7 +3256,7 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
                            "/ attention.layer_norm_epsilon"),
         "dots1_gating": (lambda: gguf_of("d.gguf", "dots1", {"expert_gating_func": None}),
                          "GGUF dots1 with expert gating function None is not supported (mlx-lm's "
-                         "dots1 routes by sigmoid, llama.cpp's 2)"),
+                         "dots1 routes by sigmoid (2))"),
         "command_r_head_dim": (lambda: gguf_of("c.gguf", "cohere", {"head_dim": 8}),
                                "command-r with 4 heads 8 wide is not supported (mlx-lm's "
                                "cohere takes hidden / heads: 16)"),
@@ -3374,7 +3374,7 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "exaone_moe_gating": (
             lambda: gguf_of("x.gguf", "exaone_moe", {"expert_gating_func": None}),
             "GGUF exaone-moe with expert gating function None is not supported (mlx-lm's "
-            "exaone_moe routes by sigmoid, llama.cpp's 2)"),
+            "exaone_moe routes by sigmoid (2))"),
         # AFM: windows other than llama.cpp's RoPE layers (a pattern, none), softmax routing,
         # another RoPE base in the local layers
         "afmoe_pattern": (lambda: gguf_of("a.gguf", "afmoe", {"swa_pattern": [True, False] * 2}),
@@ -3407,7 +3407,7 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
         "step35_gating": (
             lambda: step35(meta={"expert_gating_func": gguf.ExpertGatingFuncType.SOFTMAX}),
             "GGUF step35 with expert gating function 1 is not supported (mlx-lm's step3p5 routes "
-            "by sigmoid, llama.cpp's 2)"),
+            "by sigmoid (2))"),
         "step35_gates": (lambda: step35(extra={"blk.2.attn_gate.weight": None}),
                          "GGUF step35 with attention gates in some layers only, or none, is not "
                          "supported"),
@@ -3424,7 +3424,7 @@ def bad_input(case: str, tmp: Path, tok_folder: Path) -> tuple[Path, str]:
             lambda: gguf_of("m.gguf", "minimax",
                             {"expert_gating_func": gguf.ExpertGatingFuncType.SOFTMAX}),
             "GGUF minimax-m2 with expert gating function 1 is not supported (mlx-lm's minimax "
-            "routes by sigmoid, llama.cpp's 2)"),
+            "routes by sigmoid (2))"),
         "nanbeige_skip_flag": (lambda: gguf_of("n.gguf", "nanbeige", {"skip_loop_final_norm": 1}),
                                "GGUF metadata nanbeige.skip_loop_final_norm must be true or false, "
                                "got 1"),

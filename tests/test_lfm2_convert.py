@@ -234,7 +234,7 @@ def test_lfm2_from_gguf(kind, dtype, tiny_model_dir, tmp_path):
      "model.layers.0.conv.conv.bias"),
     ("lfm2_moe", {"expert_gating_func": gguf.ExpertGatingFuncType.SOFTMAX}, {},
      "GGUF lfm2moe with expert gating function 1 is not supported (mlx-lm's lfm2_moe routes by "
-     "sigmoid)"),
+     "sigmoid (2))"),
 ], ids=["all-attention", "no-attention", "two-kv-counts", "kv-length", "untied", "window",
         "non-causal", "no-l-cache", "no-eps", "conv-bias", "softmax-gating"])
 def test_lfm2_bad_input(kind, meta, extra, fragment, tiny_model_dir, tmp_path, capsys):
