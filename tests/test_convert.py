@@ -958,7 +958,29 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     tensors by their GGUF names (None leaves one out, the model's too). Returns (config,
     reference weights in the HF layout: what the stored tensors dequantize to).
     """
-    types, config = types or {}, {**tiny_config(kind), **overrides}
+    config = {**tiny_config(kind), **overrides}
+    arch, m, extra = llama_cpp_metadata(config, meta, extra)
+    module, shapes = checkpoint_shapes(config)
+    w = gguf.GGUFWriter(str(path), m.get("gguf_arch") or arch)
+    add_llama_cpp_keys(w, m, config["model_type"], arch)
+    if vocab is None:
+        add_bpe_vocab(w, tok_folder, m["tokenizer_model"])
+    else:
+        vocab(w)
+    reference = add_llama_cpp_tensors(w, shapes, config, m, arch, types or {}, extra)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return config, mlx_lm_weights(config, module, reference)
+
+
+def llama_cpp_metadata(config: dict, meta: dict | None,
+                       extra: dict | None) -> tuple[str, dict, dict]:
+    """What llama.cpp's converter writes for ``config`` (write_gguf's) beside the tensors: its
+    architecture, the metadata values by config name (each family's keys: phi3's RoPE, ERNIE
+    4.5 MoE's, GLM-4.5's MoE keys, DeepSeek's YaRN, ...; ``meta`` over them) and the tensors
+    it adds (LongRoPE factors, ``rope_freqs``, routers' biases; ``extra`` over them)."""
     model_type = config["model_type"]
     phi3_meta, arch_tensors = (llama_cpp_phi3_rope(config) if model_type in ("phi3", "phimoe")
                                else ({}, {}))
@@ -1007,6 +1029,14 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
             "num_key_value_heads": 1} if deepseek2 else {}
     m = {**config, "tokenizer_model": "gpt2", "rope_scaling": None, **phi3_meta, **arch_meta,
          **qwen_rope, **glm, **yarn, **llama_cpp_hunyuan_rope(config), **(meta or {})}
+    return arch, m, extra
+
+
+def checkpoint_shapes(config: dict) -> tuple[object, dict]:
+    """mlx-lm's module of ``config`` and the shapes of the checkpoint's tensors as llama.cpp's
+    converter reads them: StableLM's per-head norms and DBRX's experts stacked, DeepSeek's
+    ``kv_b_proj`` whole (where deepseek_v3's sanitize has cut it in two)."""
+    model_type, deepseek2 = config["model_type"], config["model_type"] in DEEPSEEK2_KINDS
     module = model_module(model_type)
     shapes = {k: v.shape for k, v in
               tree_flatten(module.Model(module.ModelArgs.from_dict(config)).parameters())}
@@ -1027,7 +1057,13 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                 config["num_attention_heads"] * (config["qk_nope_head_dim"]
                                                  + config["v_head_dim"]), config["kv_lora_rank"])
 
-    w = gguf.GGUFWriter(str(path), m.get("gguf_arch") or arch)
+    return module, shapes
+
+
+def add_llama_cpp_keys(w: gguf.GGUFWriter, m: dict, model_type: str, arch: str) -> None:
+    """Write the metadata ``m`` (llama_cpp_metadata's) under llama.cpp's keys, as its converter
+    writes them for ``model_type``."""
+    deepseek2 = model_type in DEEPSEEK2_KINDS
     add_shape(w, m, key_length=model_type not in ("phi3", "phimoe", "granite", *DEEPSEEK2_KINDS,
                                                   "phi",
                                                   "gpt_neox", "minicpm3"),
@@ -1116,11 +1152,15 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                          ("output_multiplier", w.add_logit_scale)):
             if m[key] is not None:
                 add(m[key])
-    if vocab is None:
-        add_bpe_vocab(w, tok_folder, m["tokenizer_model"])
-    else:
-        vocab(w)
 
+
+def add_llama_cpp_tensors(w: gguf.GGUFWriter, shapes: dict, config: dict, m: dict, arch: str,
+                          types: dict, extra: dict) -> dict:
+    """Write random weights of ``shapes`` (checkpoint_shapes') as llama.cpp's converter stores
+    them (each family's layout: permuted q/k, Gemma's 1 + w norms, DeepSeek's split kv_b, ...)
+    in the ``types`` asked for, and ``extra`` beside them; return what each stored tensor
+    dequantizes to, back in the checkpoint's layout."""
+    model_type, deepseek2 = config["model_type"], config["model_type"] in DEEPSEEK2_KINDS
     rng = np.random.default_rng(0)
     reference = {}
     xielu: dict[str, list[float]] = {}  # Apertus's activation: a value per layer, metadata
@@ -1210,10 +1250,13 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
     for key, values in xielu.items():  # ApertusModel.modify_tensors: a value per layer
         if m.get(f"xielu_{key}", values) is not None:
             w.add_array(f"xielu.{key}", values)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    return reference
+
+
+def mlx_lm_weights(config: dict, module: object, reference: dict) -> dict:
+    """The checkpoint's weights (add_llama_cpp_tensors') as mlx-lm's model of ``config`` holds
+    them: StableLM's norms and DBRX's experts one each, DeepSeek's as its sanitize cuts them."""
+    model_type, deepseek2 = config["model_type"], config["model_type"] in DEEPSEEK2_KINDS
     for name in [k for k in reference if model_type == "stablelm" and
                  k.endswith((".q_layernorm.weight", ".k_layernorm.weight"))]:
         stacked = reference.pop(name)  # StableLM's, one per head in mlx-lm's model
@@ -1225,7 +1268,7 @@ def write_gguf(path: Path, kind: str, tok_folder: Path, types: dict | None = Non
                           for e, w in enumerate(reference.pop(name))})  # an expert each
     if deepseek2:  # mlx-lm's model of the checkpoint (deepseek_v3's sanitize cuts kv_b_proj)
         reference = module.Model(module.ModelArgs.from_dict(config)).sanitize(reference)
-    return config, reference
+    return reference
 
 
 def llama_cpp_hunyuan_rope(config: dict) -> dict:
