@@ -405,9 +405,11 @@ def _run(args: argparse.Namespace, group=None) -> None:
     show_progress = bool(args.verbose) and sys.stderr.isatty() and distributed.is_rank0(group)
     # the baseline is the unpruned plan itself: the run's one resolve was the config's, above
     baseline = Schedule.full(cache.schedule.num_layers)
-    caches = [make_prompt_cache(model, baseline), cache] if args.compare else [cache]
     results = []
-    for run_cache in caches:
+    for plan in ([baseline, None] if args.compare else [None]):
+        # The baseline's cache is let go before the next run, so that each run's peak memory
+        # is its own, not the baseline's KV held beside it.
+        run_cache = cache if plan is None else make_prompt_cache(model, plan)
         method = run_cache.schedule.method
         if args.verbose:
             print("=" * 10 + (f" {method}" if args.compare else ""))

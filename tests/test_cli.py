@@ -140,6 +140,22 @@ def test_compare_without_verbose_prints_both_responses(tiny_model_path, capsys):
     assert lines[2].startswith("metric")
 
 
+def test_compare_reports_each_runs_own_peak_memory(tiny_model_path, tmp_path, capsys):
+    """--compare lets the baseline's cache go before the pruned run: the pruned run's peak
+    is its own (it held the baseline's KV beside it, and read 1.02x the baseline's peak where
+    alone it is 0.95x: a long prompt, 20% kept after layer 0, decoding on the pruned
+    state)."""
+    out = tmp_path / "stats.json"
+    prompt = " ".join(f"w{i % 97}" for i in range(900))  # 3,499 tokens
+    assert cli.main(["--model", str(tiny_model_path), "-p", prompt, "-m", "4", "--method",
+                     "lazy", "--prune-layers", "0", "--keep", "0.2", "--complete", "none",
+                     "--ignore-chat-template", "--compare", "--verbose", "False",
+                     "--stats-json", str(out)]) == 0
+    both = json.loads(out.read_text())
+    assert both["lazy"]["kv_bytes"] < both["full"]["kv_bytes"]
+    assert both["lazy"]["peak_memory_bytes"] < both["full"]["peak_memory_bytes"]
+
+
 @pytest.mark.slow  # runs a process of its own
 def test_compare_and_overrides(tiny_model_path, tmp_path):
     """--compare prints both runs and a table; explicit flags override the preset;
