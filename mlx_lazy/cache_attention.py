@@ -142,7 +142,7 @@ class CacheAttention:
         when given), in query blocks whose keys stop at the block's last row (block-causal,
         like prefill) and, with a window, start at the first inside its first row's."""
         keys, values = kv.fetch(selected)
-        outs = []
+        outs, pending = [], 0
         for i in range(0, len(rows), self.revival_block):
             block = rows[i : i + self.revival_block]
             end = int(np.searchsorted(selected, block[-1], side="right"))
@@ -153,6 +153,10 @@ class CacheAttention:
             outs.append(attention(q[:, :, i : i + len(block)], keys[:, :, s:end],
                                   values[:, :, s:end], self.scale, mx.array(mask), sinks,
                                   softcap))
+            pending += len(block)
+            if pending >= self.block_size:  # a prefill block's rows of scores at a time
+                mx.eval(outs)
+                pending = 0
         return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
     def _count(self, pairs: int, prompt: bool) -> None:
