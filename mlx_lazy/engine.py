@@ -100,6 +100,11 @@ class LazyEngine:
             cannot run (a hybrid's: :func:`~mlx_lazy.policies.check_hybrid_schedule`).
     """
 
+    #: The most rows of a layer whose output projection and MLP run as one graph: a long
+    #: prompt's activations stay this many rows' (mlx-lm's prefill_step_size), where the
+    #: whole prompt's MLP activations would outgrow the weights (Qwen2.5-Coder-0.5B at 16K).
+    finish_rows = 2048
+
     def __init__(self, model: nn.Module, schedule: Optional[Schedule] = None,
                  block_size: int = 256):
         self.adapter = ModelAdapter(model)
@@ -339,7 +344,7 @@ class LazyEngine:
             out = self.attention.indexed(q, kv, rows, visible, prompt, lambda keys, mask, block:
                                          a.index_mask(layer, gate[:, block], keys, mask,
                                                       rows[block], kpos))
-            return q, a.finish(layer, h, out), rows, visible
+            return q, self._finish(layer, h, out), rows, visible
         out = self.attention(q, kv, rows, visible, prompt, cache.length,
                              a.sliding_window(layer), a.sinks(layer), a.softcap(layer))
         source = a.loop_source(layer)
@@ -348,7 +353,23 @@ class LazyEngine:
             seen_there = _and(first.mask_at(seen), cache.depth[first.cached_positions()] > layer)
             out = a.mix_loops(layer, q, self.attention(q, first, rows, seen_there, prompt,
                                                        cache.length), out)
-        return q, a.finish(layer, h, out, gate), rows, visible
+        return q, self._finish(layer, h, out, gate), rows, visible
+
+    def _finish(self, layer: int, h: mx.array, out: mx.array,
+                gate: Optional[mx.array] = None) -> mx.array:
+        """The layer's output for its rows from their attention ``out`` (1, H, n, d)
+        (:meth:`~mlx_lazy.adapter.ModelAdapter.finish`, row by row alike), in blocks of
+        :attr:`finish_rows` rows, each evaluated before the next is built."""
+        n, step = out.shape[2], self.finish_rows
+        if n <= step or h.shape[1] != n:
+            return self.adapter.finish(layer, h, out, gate)
+        parts = []
+        for i in range(0, n, step):
+            rows = slice(i, i + step)
+            parts.append(self.adapter.finish(layer, h[:, rows], out[:, :, rows],
+                                             None if gate is None else gate[:, rows]))
+            mx.eval(parts[-1])
+        return mx.concatenate(parts, axis=1)
 
     def _attention_free_layer(self, layer: int, h: mx.array, comp: np.ndarray, output: bool
                               ) -> Tuple[None, Optional[mx.array], np.ndarray, None]:

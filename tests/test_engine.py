@@ -51,10 +51,12 @@ def mlx_lm_error(model, config, prompt, steps, **engine_options):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_unpruned_matches_mlx_lm(tiny_model, kind):
+def test_unpruned_matches_mlx_lm(tiny_model, kind, monkeypatch):
     model, _ = tiny_model(kind)
     prompt = random_prompt(300, model.args.vocab_size)
-    # Small query blocks so the block-causal path runs several blocks.
+    # Small query blocks so the block-causal path runs several blocks, and a layer's output
+    # projection and MLP several row blocks.
+    monkeypatch.setattr(LazyEngine, "finish_rows", 64)
     assert mlx_lm_error(model, PruningConfig("full"), prompt, 32, block_size=64) < LOGITS_TOL
 
 
