@@ -5,10 +5,10 @@ its vocabulary a tokenizer in :mod:`mlx_lazy.gguf_tokenizer`).
 The converted model is mlx-lm's model of the checkpoint. Where llama.cpp computes otherwise
 and another of mlx-lm's models computes what llama.cpp does, the GGUF becomes that one
 (``deepseek2`` with another latent epsilon: ``glm4_moe_lite``); where none does, a difference
-is refused in one line, but for the epsilon of norms that the original model and mlx-lm's
-port hard-wire apart from the config's (the latent norms of DeepSeek's MLA, Kimi Delta
-Attention's q/k L2 norms, PLaMo 2's and Llama 4's q/k norms), where llama.cpp takes the GGUF's
-one epsilon: those keep the original's, the difference measured in docs/conversion.md.
+is refused in one line, but for the epsilon of norms that mlx-lm's port fixes apart from the
+config's, where llama.cpp takes the GGUF's one epsilon (the latent norms of DeepSeek's MLA and
+Kimi Delta Attention's q/k L2 norms, whose fixed 1e-6 is the original model's too; PLaMo 2's
+and Llama 4's q/k norms): those keep mlx-lm's, the difference measured in docs/conversion.md.
 
 The architectures (llama.cpp's names), and what converting each involves:
 
