@@ -365,9 +365,9 @@ class LazyEngine:
             return self.adapter.finish(layer, h, out, gate)
         parts = []
         for i in range(0, n, step):
-            rows = slice(i, i + step)
-            parts.append(self.adapter.finish(layer, h[:, rows], out[:, :, rows],
-                                             None if gate is None else gate[:, rows]))
+            block = slice(i, i + step)
+            parts.append(self.adapter.finish(layer, h[:, block], out[:, :, block],
+                                             None if gate is None else gate[:, block]))
             mx.eval(parts[-1])
         return mx.concatenate(parts, axis=1)
 
