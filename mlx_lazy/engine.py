@@ -361,7 +361,7 @@ class LazyEngine:
         (:meth:`~mlx_lazy.adapter.ModelAdapter.finish`, row by row alike), in blocks of
         :attr:`finish_rows` rows, each evaluated before the next is built."""
         n, step = out.shape[2], self.finish_rows
-        if n <= step or h.shape[1] != n:
+        if n <= step:
             return self.adapter.finish(layer, h, out, gate)
         parts = []
         for i in range(0, n, step):

@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PYTHON="${PYTHON:-python3}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python
-"$PYTHON" -m ruff check mlx_lazy tests convert
+"$PYTHON" -m ruff check mlx_lazy tests convert examples
 exec "$PYTHON" -m pytest -q -n 2 tests "$@"
