@@ -178,8 +178,10 @@ def add_pruning_arguments(p: argparse.ArgumentParser,
                         "decoding is the unpruned model's), "
                         "after-first (only the pruned tokens are carried on, from the Aux "
                         "Cache, each token-layer once), none (the paper: computed when a "
-                        "decode step selects them) or progressive:K (K token-layers per "
-                        "output token)")
+                        "decode step selects them), progressive:K (K token-layers per "
+                        "output token) or promote:P (none, but before the second token the "
+                        "best-scoring pruned tokens are carried on until P%% of the prompt "
+                        "has every layer, and decode steps keep P%%)")
     g.add_argument("--quality", choices=QUALITIES, default=None,
                    help="LazyLLM: which calibrated schedule --method lazy takes: default (the "
                         "fastest that deviates from full at most as much as 4-bit weights) or "

@@ -3,7 +3,8 @@
 A mode is a small frozen class with one hook, :meth:`Completion.before_decode`, that the
 engine calls before each decode step; adding a mode is one class plus its name in
 :data:`COMPLETIONS`. ``PruningConfig.complete`` and the command lines name a mode by its spec
-(:func:`parse_completion`): ``none``, ``after-first``, ``exact`` or ``progressive:K``.
+(:func:`parse_completion`): ``none``, ``after-first``, ``exact``, ``progressive:K`` or
+``promote:P``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ class Completing(Protocol):
     cache: Any  # the LazyCache: its aux and stash say whether tokens wait
 
     def complete(self, max_token_layers: Optional[int] = None) -> int: ...
+
+    def promote(self, share: float) -> int: ...
 
 #: The mode of a config that names none and whose schedule records none.
 DEFAULT_COMPLETE = "exact"
@@ -48,6 +51,12 @@ class Completion:
     def spec(self) -> str:
         """The mode as :func:`parse_completion` reads it."""
         return self.name
+
+    @property
+    def decode_keep(self) -> float:
+        """The least share of the context a decode step keeps at every cut (0: each cut's
+        own fraction, as in the prompt)."""
+        return 0.0
 
     def before_decode(self, engine: Completing) -> None:
         """Called by ``engine`` before each decode step."""
@@ -108,17 +117,50 @@ class Progressive(Completion):
         engine.complete(self.budget)
 
 
+@dataclass(frozen=True)
+class Promote(Completion):
+    """The paper's decode (:class:`Never`) over a wider choice: the prompt is pruned at each
+    cut's own fraction, so the first token comes as soon, then before the first decode step
+    the best-scoring tokens waiting at each cut are carried through their remaining layers
+    in one batch until ``percent``% of the context has keys above it, and every decode step
+    keeps that share at each cut (at least the cut's own). The paper revives such tokens a
+    few per step, each step's revivals a small batch; here they are one. Each (token, layer)
+    is still computed once."""
+
+    percent: int = 40
+    name = "promote"
+    form = "promote:P"
+    keeps_selecting = True
+    waits = True
+
+    def __post_init__(self) -> None:
+        p = self.percent
+        if not is_int(p) or not 0 < p <= 100:
+            raise UserInputError(f"promote:P takes a percentage P from 1 to 100, got {shown(p)}")
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}:{self.percent}"
+
+    @property
+    def decode_keep(self) -> float:
+        return self.percent / 100
+
+    def before_decode(self, engine: Completing) -> None:
+        engine.promote(self.decode_keep)
+
+
 #: spec name -> mode class.
 COMPLETIONS: Dict[str, Type[Completion]] = {
-    c.name: c for c in (Never, AfterFirst, Exact, Progressive)}
+    c.name: c for c in (Never, AfterFirst, Exact, Progressive, Promote)}
 #: The specs, for help texts.
 COMPLETE_MODES = tuple(c.form or c.name for c in COMPLETIONS.values())
 
 
 def parse_completion(spec: Any) -> Completion:
     """The mode a spec names (one of :data:`COMPLETE_MODES`: ``none``, ``after-first``,
-    ``exact`` or ``progressive:K``, K a positive integer); a :class:`Completion` passes
-    through.
+    ``exact``, ``progressive:K``, K a positive integer, or ``promote:P``, P a percentage); a
+    :class:`Completion` passes through.
 
     Raises:
         UserInputError: any other value.
@@ -135,4 +177,5 @@ def parse_completion(spec: Any) -> Completion:
         if cls is not None and not cls.form and not sep:
             return cls()
     raise UserInputError(f"complete must be one of {', '.join(COMPLETE_MODES[:-1])} or "
-                         f"{COMPLETE_MODES[-1]} with K a positive integer, got {shown(spec)}")
+                         f"{COMPLETE_MODES[-1]} (K a positive integer, P a percentage from 1 "
+                         f"to 100), got {shown(spec)}")

@@ -97,7 +97,9 @@ class PruningConfig:
             Aux Cache, each (token, layer) computed once; the kept tokens' deep states stay
             as pruned. ``"none"`` (the paper): tokens are computed only when a decode step
             selects them. ``"progressive:K"``: K waiting token-layers after each output
-            token, lowest layer first. Once no token waits, every token is attended to at
+            token, lowest layer first. ``"promote:P"``: as ``"none"``, but before the first
+            decode step the best-scoring waiting tokens are carried on in one batch until P%
+            of the context has keys above each cut, and decode steps keep that share. Once no token waits, every token is attended to at
             every layer and decode steps do not re-select: the cuts spared the prompt's
             computation only. Measured (docs/fidelity.md): ``exact`` and ``after-first``
             decode at the unpruned speed, ``exact``'s second token comes a little later;

@@ -33,7 +33,7 @@ from .kernels import prepare
 from .policies import check_hybrid_schedule
 from .schedule import Schedule
 from .scorers import Mask
-from .selection import Selector, cuts_select
+from .selection import Selector, cuts_select, kept_count
 from .token_ids import check_tokens, token_ids
 
 ProgressFn = Callable[[int, int], None]
@@ -275,7 +275,7 @@ class LazyEngine:
             h, comp = self._restrict(layer, h, comp)
             seen = None if completing else chosen
             q, h, rows, visible = self._layer(layer, h, comp, seen, prompt)
-            keep = sched.keep_after(layer) if selects else None
+            keep = sched.keep_after(layer, decoding=not prompt) if selects else None
             if keep is not None:
                 m = min(self.scorer.n_queries, int((rows >= first).sum()))  # new tokens last
                 window = select.window(cache, layer, q[:, :, -m:], rows[-m:])
@@ -447,6 +447,27 @@ class LazyEngine:
             more, _ = self._carry_up(0, np.empty(0, np.int64), None, budget, should_stop,
                                      self.cache.aux_put, absorb=True)
         return done + more
+
+    def promote(self, share: float) -> int:
+        """Before a decode step (:class:`~mlx_lazy.completion.Promote`): at each cut, lowest
+        first, carry the best-scoring tokens waiting there through their remaining layers
+        until ``share`` of the context (:func:`~mlx_lazy.selection.kept_count`) has keys above
+        it; once it has, nothing. Returns the token-layers computed."""
+        cache, done = self.cache, 0
+        for layer in self.schedule.prune_layers:
+            depth = layer + 1
+            if depth not in cache.aux:
+                continue
+            have = int((cache.depth[: cache.length] > depth).sum())
+            n = kept_count(share, cache.length) - have
+            if n <= 0:
+                continue
+            best = self.selector.best_waiting(cache, layer, n)
+            positions, h = _merged(np.empty(0, np.int64), None,
+                                   *cache.aux_take(depth, best, revival=False))
+            more, _ = self._carry_up(depth, positions, h, None, None, cache.aux_put)
+            done += more
+        return done
 
     def _carry_up(self, start: int, carried: np.ndarray, h: Optional[mx.array],
                   budget: Optional[int], should_stop: Optional[Callable[[], bool]],

@@ -86,10 +86,13 @@ class Schedule:
             self.prompt_depth < self.num_layers
         )
 
-    def keep_after(self, layer: int) -> Optional[float]:
-        """Fraction kept after ``layer``, or None when ``layer`` is not a pruning layer."""
+    def keep_after(self, layer: int, decoding: bool = False) -> Optional[float]:
+        """Fraction kept after ``layer`` (by a decode step: at least the completion mode's
+        :attr:`~mlx_lazy.completion.Completion.decode_keep`), or None when ``layer`` is not a
+        pruning layer."""
         if layer in self.prune_layers:
-            return self.keep[self.prune_layers.index(layer)]
+            keep = self.keep[self.prune_layers.index(layer)]
+            return max(keep, self.completion.decode_keep) if decoding else keep
         return None
 
     def as_dict(self) -> dict:

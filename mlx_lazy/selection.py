@@ -217,6 +217,19 @@ class Selector:
         chosen[kv.device_positions()] = kept
         return chosen
 
+    def best_waiting(self, cache: LazyCache, layer: int, n: int) -> np.ndarray:
+        """Sorted positions of the ``n`` best-scoring tokens waiting at depth ``layer + 1`` (by
+        the scorer's scores of the window's queries at ``layer``, ties to the lower position;
+        one host sync): those :meth:`~mlx_lazy.engine.LazyEngine.promote` carries on."""
+        kv = cache.layers[self.kv_layer(layer)]
+        positions = kv.cached_positions()
+        waiting = np.isin(positions, cache.aux[layer + 1].positions)
+        scores = self._scores(layer, cache.window[layer], kv, waiting, None, decoding=False)
+        best = np.array(top_k(scores, positions, waiting, np.zeros_like(waiting), n,
+                              kv.position_order()))
+        self.host_syncs += 1
+        return np.sort(positions[best])
+
     def _candidates(self, cache: LazyCache, layer: int, positions: np.ndarray,
                     n_ctx: int) -> Tuple[np.ndarray, np.ndarray]:
         """Of the keys at ``positions``: those able to reach ``layer + 1`` (before visibility),

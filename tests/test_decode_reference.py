@@ -11,7 +11,10 @@ must make the same selections, revive the same tokens and give the same logits. 
 ``revive_margin`` (beyond the paper), a waiting token's score is divided by 1 + margin; with
 ``reselect_every`` K (beyond the paper), only every K-th step (counted from the last
 selection, the prefill's included) selects, and the steps between see what it chose plus the
-tokens generated since, reviving nothing.
+tokens generated since, reviving nothing. With ``promote:P`` (beyond the paper), before the
+first decode step the best-scoring waiting tokens (by the prompt's last query at the cut) go
+through the upper layers in one batch, over every key there, until P% of the context has keys
+above the cut, and every step keeps that share.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ class Reference:
     """The tiny llama in numpy with LazyLLM's state: per layer the keys and values by
     position, and the Aux Cache (hidden states waiting at depth ``CUT + 1``)."""
 
-    def __init__(self, model, margin: float = 0.0, every: int = 1):
-        self.margin, self.every = margin, every
+    def __init__(self, model, margin: float = 0.0, every: int = 1, share: float = 0.0):
+        self.margin, self.every, self.share = margin, every, share
+        self.last_q = None  # the newest token's queries at the cut
         self.held, self.held_at = [], 0  # the last selection and the context length then
         f = lambda a: np.array(a.astype(mx.float32), dtype=np.float64)  # noqa: E731
         m, args = model.model, model.args
@@ -87,23 +91,42 @@ class Reference:
         g = x @ w["gate"].T
         return h + ((g / (1 + np.exp(-g))) * (x @ w["up"].T)) @ w["down"].T, q
 
-    def select(self, q, n_ctx):
-        """Positions kept after the cut: the newest token's attention over the cut layer's
-        keys, mean over heads; the top round(KEEP * n_ctx), anchor and newest kept."""
+    def scores(self, q, positions):
+        """The attention of queries ``q`` (heads, d) over the cut layer's keys at
+        ``positions``, mean over heads."""
         rep = self.heads // self.kv_heads
-        positions = sorted(self.kv[CUT])
         K = np.stack([self.kv[CUT][j][0] for j in positions])
         probs = []
         for hd in range(self.heads):
             s = K[:, hd // rep] @ q[hd] / np.sqrt(self.d)
             a = np.exp(s - s.max())
             probs.append(a / a.sum())
-        score = np.mean(probs, axis=0)
+        return np.mean(probs, axis=0)
+
+    def select(self, q, n_ctx, keep):
+        """Positions kept after the cut: the newest token's attention over the cut layer's
+        keys, mean over heads; the top round(keep * n_ctx), anchor and newest kept."""
+        positions = sorted(self.kv[CUT])
+        score = self.scores(q, positions)
         score /= np.where([p in self.aux for p in positions], 1 + self.margin, 1)
         forced = {0, n_ctx - 1}
         order = sorted(range(len(positions)),
                        key=lambda r: (positions[r] not in forced, -score[r], positions[r]))
-        return sorted(positions[r] for r in order[:max(round(KEEP * n_ctx), len(forced))])
+        return sorted(positions[r] for r in order[:max(round(keep * n_ctx), len(forced))])
+
+    def promote(self, n_ctx):
+        """Before a decode step: the best-scoring waiting tokens by the newest token's
+        queries at the cut, carried through the upper layers as one batch attending over
+        every key there, until round(share * n_ctx) tokens have keys above the cut."""
+        n = round(self.share * n_ctx) - len(self.kv[CUT + 1])
+        if n <= 0:
+            return
+        positions = sorted(self.kv[CUT])
+        score = dict(zip(positions, self.scores(self.last_q, positions)))
+        carried = sorted(sorted(self.aux, key=lambda p: (-score[p], p))[:n])
+        h = np.stack([self.aux.pop(p) for p in carried])
+        for i in range(CUT + 1, len(self.layers)):
+            h, _ = self.layer(i, h, np.array(carried), self.kv[i].keys() | set(carried))
 
     def forward(self, tokens, positions):
         """New tokens at ``positions`` (the newest of the context) through every layer;
@@ -117,7 +140,10 @@ class Reference:
             if i == CUT and held:
                 selected = self.held + list(range(self.held_at, n_ctx))
             elif i == CUT:
-                selected = self.select(q[comp.index(n_ctx - 1)], n_ctx)
+                self.last_q = q[comp.index(n_ctx - 1)]
+                # a decode step keeps at least the promoted share
+                keep = KEEP if len(positions) > 1 else max(KEEP, self.share)
+                selected = self.select(self.last_q, n_ctx, keep)
                 self.held, self.held_at = selected, n_ctx
                 for r, p in enumerate(comp):
                     if p not in selected:
@@ -132,24 +158,28 @@ class Reference:
         return logits, selected
 
 
-@pytest.mark.parametrize("revival_block, margin, every",
-                         [(64, 0.0, 1), (4, 0.0, 1), (64, 0.3, 1), (64, 0.0, 3)])
-def test_the_decode_step_is_the_papers(tiny_model, revival_block, margin, every):
+@pytest.mark.parametrize("revival_block, margin, every, promote",
+                         [(64, 0.0, 1, 0), (4, 0.0, 1, 0), (64, 0.3, 1, 0), (64, 0.0, 3, 0),
+                          (64, 0.0, 1, 50)])
+def test_the_decode_step_is_the_papers(tiny_model, revival_block, margin, every, promote):
     """Prefill and several decode steps: the same selection at the cut, the same tokens
     revived (the upper layers hold keys for exactly the reference's tokens) and the same
     logits. ``revival_block=4`` sends the revived rows through block-causal attention;
     ``margin`` handicaps revivals, and its selections must differ from the paper's; with
-    ``every`` 3 the steps between selections select nothing (no selection counted)."""
+    ``every`` 3 the steps between selections select nothing (no selection counted); with
+    ``promote`` P (``complete="promote:P"``) the first step carries the best waiting tokens
+    on first, once, and the steps keep P%."""
     model, _ = tiny_model("llama")
     prompt = np.random.default_rng(5).integers(0, model.args.vocab_size, PROMPT)
     config = PruningConfig("lazy", prune_layers=(CUT,), keep=(KEEP,), scorer="last",
-                           complete="none", revive_margin=margin, reselect_every=every)
+                           complete=f"promote:{promote}" if promote else "none",
+                           revive_margin=margin, reselect_every=every)
     engine = LazyEngine(model, resolve_config(model, config))
     engine.attention.revival_block = revival_block
     chosen = []
     on_host = engine.selector.on_host
     engine.selector.on_host = lambda *a, **k: chosen.append((r := on_host(*a, **k))[0]) or r
-    ref, paper = Reference(model, margin, every), Reference(model)
+    ref, paper = Reference(model, margin, every, promote / 100), Reference(model)
 
     got = engine.prefill(mx.array(prompt.astype(np.int32)))
     want, selected = ref.forward(prompt, list(range(PROMPT)))
@@ -158,7 +188,8 @@ def test_the_decode_step_is_the_papers(tiny_model, revival_block, margin, every)
     for step in range(STEPS + 1):
         since = list(range(ref.held_at, PROMPT + step))  # generated after the last selection
         assert chosen[-1].tolist() + since == selected, f"step {step}"
-        assert engine.stats.selections == 1 + step // every, f"step {step}"
+        promoted_once = bool(promote and step)  # its choice of tokens scores once too
+        assert engine.stats.selections == 1 + step // every + promoted_once, f"step {step}"
         upper = engine.cache.layers[CUT + 1].cached_positions()
         assert sorted(upper.tolist()) == sorted(ref.kv[CUT + 1])
         assert rel_err(got, mx.array(want.astype(np.float32))) < LOGITS_TOL
@@ -168,8 +199,12 @@ def test_the_decode_step_is_the_papers(tiny_model, revival_block, margin, every)
             break
         token = int(np.argmax(want))
         got = engine.decode(token)
+        ref.promote(PROMPT + step)
         want, selected = ref.forward(np.array([token]), [PROMPT + step])
         differed |= paper.forward(np.array([token]), [PROMPT + step])[1] != selected
     assert revived > 0  # the steps revived tokens: the revival path was compared
-    assert differed == (margin > 0 or every > 1)
+    assert differed == (margin > 0 or every > 1 or promote > 0)
     assert engine.stats.max_computations_per_token_layer == 1
+    # the promoted tokens' upper layers, once: the first step brought 50% of the context up
+    promoted = round(promote / 100 * PROMPT) - round(KEEP * PROMPT) if promote else 0
+    assert engine.stats.completed_token_layers == promoted * (len(ref.layers) - CUT - 1)

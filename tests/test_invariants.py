@@ -104,7 +104,8 @@ COMBOS += [Combo(m, None, (("revive", False),)) for m in METHODS if _takes_compl
 COMBOS += [Combo("lazy", "none", (("scorer", "window:size=8"),)),
            Combo("lazy", "exact", (("scorer", "window:size=8"),)),
            Combo("lazy", "none", (("max_revivals", 2),)),
-           Combo("lazy", "none", (("reselect_every", 3),))]
+           Combo("lazy", "none", (("reselect_every", 3),)),
+           Combo("lazy", "promote:60", (("max_revivals", 2),))]  # promote:3 promotes nothing
 
 
 def test_the_matrix_covers_every_method_and_mode():

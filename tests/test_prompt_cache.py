@@ -515,7 +515,7 @@ def test_progressive_completion_spends_its_budget_per_step(tiny_model):
 
 @pytest.mark.slow
 def test_complete_flag_is_checked(tiny_model, tiny_model_path):
-    for bad in ("progressive:0", "progressive:x", "sometimes"):
+    for bad in ("progressive:0", "progressive:x", "promote:0", "promote:101", "sometimes"):
         proc = run_tool("mlx_lazy.generate", "--model", str(tiny_model_path), "--method", "lazy",
                         "--complete", bad)
         err = proc.stderr.decode().strip().splitlines()
