@@ -99,11 +99,12 @@ class PruningConfig:
             selects them. ``"progressive:K"``: K waiting token-layers after each output
             token, lowest layer first. ``"promote:P"``: as ``"none"``, but before the first
             decode step the best-scoring waiting tokens are carried on in one batch until P%
-            of the context has keys above each cut, and decode steps keep that share. Once no token waits, every token is attended to at
-            every layer and decode steps do not re-select: the cuts spared the prompt's
-            computation only. Measured (docs/fidelity.md): ``exact`` and ``after-first``
-            decode at the unpruned speed, ``exact``'s second token comes a little later;
-            ``none`` decodes 2.0-2.2x slower per token on a CPU and drifts most.
+            of the context has keys above each cut, and decode steps keep that share. Once
+            no token waits, every token is attended to at every layer and decode steps do
+            not re-select: the cuts spared the prompt's computation only. Measured
+            (docs/fidelity.md): ``exact`` and ``after-first`` decode at the unpruned speed,
+            ``exact``'s second token comes a little later; ``none`` decodes 2.0-2.2x slower
+            per token on a CPU and drifts most.
         max_revivals: LazyLLM with revive only: the most tokens one decode step revives at
             one cut, the best-scoring of those it selected; the others stay in the Aux Cache
             and may come back in a later step. It bounds a decode step's work (selections
