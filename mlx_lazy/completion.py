@@ -123,9 +123,9 @@ class Promote(Completion):
     cut's own fraction, so the first token comes as soon, then before the first decode step
     the best-scoring tokens waiting at each cut are carried through their remaining layers
     in one batch until ``percent``% of the context has keys above it, and every decode step
-    keeps that share at each cut (at least the cut's own). The paper revives such tokens a
-    few per step, each step's revivals a small batch; here they are one. Each (token, layer)
-    is still computed once."""
+    keeps that share at each cut (at least the cut's own). Where the paper's decode would
+    revive such tokens a few per step, they go as one batch. Each (token, layer) is still
+    computed once."""
 
     percent: int = 40
     name = "promote"
