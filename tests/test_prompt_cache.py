@@ -487,6 +487,32 @@ def test_after_first_completes_once_the_first_token_is_out(tiny_model):
     assert cache.engine.stats.completed_token_layers > 0
 
 
+def test_promote_tops_up_every_cut_once_before_the_second_token(tiny_model):
+    """``complete="promote:60"`` with two cuts keeping 50% and 20%: the first token is the
+    pruned prefill's (the same logits as ``none``); the first decode step brings each cut up
+    to 60% of the context with keys above it, the second cut too (the tokens carried from the
+    first count there); later steps carry nothing more, and no token-layer is computed twice.
+    Without revivals, so that only the top-up can give a pruned token its upper layers."""
+    model, _ = tiny_model("llama")
+    prompt = ids(300, model.args.vocab_size, 72)
+    cuts = dict(prune_layers=(0, 1), keep=(0.5, 0.2), max_revivals=0)
+    config = PruningConfig("lazy", complete="promote:60", **cuts)
+    none = make_prompt_cache(model, PruningConfig("lazy", complete="none", **cuts))
+    cache = make_prompt_cache(model, config)
+    first = cache.process(prompt)
+    assert rel_err(first, none.process(prompt)) < REL_TOL
+    engine, state = cache.engine, cache.engine.cache
+    engine.decode(int(mx.argmax(first)))
+    for cut in (0, 1):  # keys above the cut: 60% of the prompt, no more (the best of them)
+        assert (state.depth[: len(prompt)] > cut + 1).sum() == round(0.6 * len(prompt))
+    carried = engine.stats.completed_token_layers
+    assert carried > 0
+    for token in (5, 6, 7):
+        engine.decode(token)
+    assert engine.stats.completed_token_layers == carried
+    assert engine.stats.max_computations_per_token_layer == 1
+
+
 def test_progressive_completion_spends_its_budget_per_step(tiny_model):
     model, _ = tiny_model("llama")
     config = PruningConfig("lazy", prune_layers=(0, 1), keep=(0.5, 0.2), complete="progressive:40")
